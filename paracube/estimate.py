@@ -1,0 +1,117 @@
+"""What a cost model predicts and what the executor records: CommEvent, MemoryBreakdown, StepEstimate.
+
+A CommEvent is one collective call. `payload_bytes` is the size of the whole (unsharded) tensor the
+collective is about: the *output* of an all-gather, the *input* of a reduce-scatter, the tensor of an
+all-reduce / broadcast / reduce, the message of a send. Bytes a rank actually sends follow from it
+(`sent_bytes`, ring algorithms). The executor and the analytic model must produce equal multisets of
+`key()` for one training step (tests/test_fidelity.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send"]
+COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                                     "all_to_all", "send")
+
+
+@dataclass(frozen=True)
+class CommEvent:
+    kind: str
+    axes: tuple[str, ...]  # mesh axes of the group, first major; ("dp",), ("x", "y"), ...
+    group_size: int
+    payload_bytes: int
+    dtype: str = "float32"  # torch dtype name without the "torch." prefix
+    phase: str = ""  # fwd | bwd | recompute | grad_sync | optimizer | metrics | pipeline: for breakdowns only
+    label: str = ""  # where in the model (e.g. "layers.0.mlp.fc.dA"): for humans only
+
+    def key(self) -> tuple[str, tuple[str, ...], int, str]:
+        """What must agree between prediction and execution."""
+        return (self.kind, self.axes, self.payload_bytes, self.dtype)
+
+    def sent_bytes(self) -> float:
+        """Bytes one rank sends with the bandwidth-optimal ring algorithm."""
+        n = self.group_size
+        if n <= 1:
+            return 0.0
+        if self.kind == "all_reduce":
+            return 2.0 * (n - 1) / n * self.payload_bytes
+        if self.kind in ("all_gather", "reduce_scatter", "all_to_all"):
+            return (n - 1) / n * self.payload_bytes
+        # broadcast / reduce (pipelined ring: every rank but one forwards the whole message), send
+        return (n - 1) / n * self.payload_bytes if self.kind in ("broadcast", "reduce") else float(self.payload_bytes)
+
+
+def traffic_counter(events: Iterable[CommEvent]) -> Counter[tuple[str, tuple[str, ...], int, str]]:
+    return Counter(e.key() for e in events)
+
+
+def traffic_difference(predicted: Iterable[CommEvent], recorded: Iterable[CommEvent]) -> dict[str, Counter]:
+    """Events predicted but not recorded, and recorded but not predicted (both empty means equal)."""
+    p, r = traffic_counter(predicted), traffic_counter(recorded)
+    return {"missing_in_executor": p - r, "unpredicted": r - p}
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per device at the peak of a training step."""
+
+    parameters: float = 0.0
+    gradients: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    temporaries: float = 0.0  # gathered weights / activations alive only inside one layer
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.temporaries
+
+    def to_dict(self) -> dict[str, float]:
+        return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """One training step of one layout, as a cost model (analytic or event) predicts it."""
+
+    layout: str
+    engine: str
+    step_time_s: float
+    compute_time_s: float
+    comm_time_s: float  # all communication time, as if serialized
+    exposed_comm_time_s: float  # communication not hidden under compute
+    bubble_time_s: float
+    memory: MemoryBreakdown
+    comm_bytes_per_gpu: float  # sent by one device in one step
+    flops_per_gpu: float  # model FLOPs (recomputation excluded) per device per step
+    mfu: float
+    comm_time_by_axis: dict[str, float] = field(default_factory=dict)
+    comm_time_by_kind: dict[str, float] = field(default_factory=dict)
+    events: tuple[CommEvent, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self, with_events: bool = False) -> dict[str, Any]:
+        out = {
+            "layout": self.layout,
+            "engine": self.engine,
+            "step_time_s": self.step_time_s,
+            "compute_time_s": self.compute_time_s,
+            "comm_time_s": self.comm_time_s,
+            "exposed_comm_time_s": self.exposed_comm_time_s,
+            "bubble_time_s": self.bubble_time_s,
+            "memory_per_gpu_bytes": self.memory.total,
+            "memory_breakdown_bytes": self.memory.to_dict(),
+            "comm_bytes_per_gpu": self.comm_bytes_per_gpu,
+            "flops_per_gpu": self.flops_per_gpu,
+            "mfu": self.mfu,
+            "comm_time_by_axis": dict(self.comm_time_by_axis),
+            "comm_time_by_kind": dict(self.comm_time_by_kind),
+            "notes": list(self.notes),
+        }
+        if with_events:
+            out["events"] = [{**asdict(e), "axes": list(e.axes)} for e in self.events]
+        return out

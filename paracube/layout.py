@@ -1,0 +1,210 @@
+"""A parallel layout: data parallel x pipeline parallel x one tensor mode, and its placement on ranks.
+
+The rank grid is one `arange(world).reshape(...)`; every process group is a slice of it. Mesh axes:
+
+| mode | tensor axes (outer -> inner) | sizes | activations [T, h]: tokens split over | hidden split over |
+|------|------------------------------|-------|----------------------------------------|-------------------|
+| none | -                            | -     | -                                      | -                 |
+| 1d   | tp                           | p     | - (replicated)                         | - (replicated)    |
+| 2d   | row, col                     | q, q  | row                                    | col               |
+| 2.5d | dep, row, col                | d,q,q | dep (major), row                       | col               |
+| 3d   | z, y, x                      | q,q,q | x (major), y                           | z                 |
+
+An axis is named after the coordinate that varies along it: the group of axis `col` is the q ranks of one
+grid row. `placement` lists every axis from innermost (consecutive ranks, i.e. the same node) to outermost;
+the default keeps the tensor axes innermost, then dp, then pp (Megatron's order).
+Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp][,place=x.y.z.dp.pp]`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from paracube.errors import ParacubeError, check
+
+TensorMode = Literal["none", "1d", "2d", "2.5d", "3d"]
+TENSOR_MODES: tuple[str, ...] = ("none", "1d", "2d", "2.5d", "3d")
+TENSOR_AXES: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "1d": ("tp",),
+    "2d": ("row", "col"),
+    "2.5d": ("dep", "row", "col"),
+    "3d": ("z", "y", "x"),
+}
+SHAPE_RULES = {
+    "none": "no tensor parallelism (omit tp= or write tp=none)",
+    "1d": "tp=1d:p, any p >= 1",
+    "2d": "tp=2d:qxq, a square grid (q x q = 4, 9, 16, 64, ...)",
+    "2.5d": "tp=2.5d:qxqxd, q x q grids stacked d deep (e.g. 2x2x2, 4x4x2)",
+    "3d": "tp=3d:qxqxq, a cube (q^3 = 8, 27, 64, 512, ...)",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    pp: int = 1
+    mode: TensorMode = "none"
+    shape: tuple[int, ...] = ()
+    placement: tuple[str, ...] = field(default=())  # innermost first; () means the default order
+    micro_batch: int | None = None  # sequences per micro-batch per data-parallel replica
+    interleave: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
+    sequence_parallel: bool = False  # 1D only (Korthikanti et al. 2022)
+
+    def __post_init__(self) -> None:
+        check(self.mode in TENSOR_MODES, f"tensor mode {self.mode!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
+        for name, value in (("dp", self.dp), ("pp", self.pp), ("interleave", self.interleave)):
+            check(isinstance(value, int) and value >= 1, f"{name}={value!r} must be a positive integer")
+        check(self.micro_batch is None or (isinstance(self.micro_batch, int) and self.micro_batch >= 1),
+              f"mb={self.micro_batch!r} must be a positive integer")
+        shape = self.shape
+        ok = {
+            "none": len(shape) == 0,
+            "1d": len(shape) == 1 and shape[0] >= 1,
+            "2d": len(shape) == 2 and shape[0] == shape[1] >= 1,
+            "2.5d": len(shape) == 3 and shape[0] == shape[1] >= 1 and shape[2] >= 1,
+            "3d": len(shape) == 3 and shape[0] == shape[1] == shape[2] >= 1,
+        }[self.mode]
+        check(ok, f"tensor shape {'x'.join(map(str, shape)) or '()'} is not valid for {self.mode}: {SHAPE_RULES[self.mode]}")
+        check(not self.sequence_parallel or self.mode == "1d",
+              f"sequence parallelism (sp) applies to tp=1d only, not {self.mode}")
+        check(self.interleave == 1 or self.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
+        if self.placement:
+            # Axes of size 1 may be left out: they go outermost.
+            missing = tuple(a for a in self.default_placement if a not in self.placement and self.axis_size(a) == 1)
+            object.__setattr__(self, "placement", tuple(self.placement) + missing)
+            check(sorted(self.placement) == sorted(self.axis_names),
+                  f"place={'.'.join(self.placement)} must list each of the axes {', '.join(self.default_placement)} once")
+
+    # --- sizes -----------------------------------------------------------------------------------------
+    @property
+    def q(self) -> int:
+        """Grid side of 2D/2.5D/3D; p for 1D; 1 without tensor parallelism."""
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def depth(self) -> int:
+        return self.shape[2] if self.mode == "2.5d" else 1
+
+    @property
+    def tensor_size(self) -> int:
+        return math.prod(self.shape) if self.shape else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tensor_size
+
+    @property
+    def token_split(self) -> int:
+        """Ways the tensor group splits the tokens of a micro-batch (along the batch dimension)."""
+        return {"none": 1, "1d": 1, "2d": self.q, "2.5d": self.q * self.depth, "3d": self.q * self.q}[self.mode]
+
+    @property
+    def tensor_axes(self) -> tuple[str, ...]:
+        return TENSOR_AXES[self.mode]
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """Canonical order, outermost first."""
+        return ("pp", "dp", *self.tensor_axes)
+
+    def axis_size(self, axis: str) -> int:
+        sizes = {"pp": self.pp, "dp": self.dp}
+        if self.mode == "1d":
+            sizes["tp"] = self.shape[0]
+        elif self.mode == "2d":
+            sizes.update(row=self.q, col=self.q)
+        elif self.mode == "2.5d":
+            sizes.update(dep=self.depth, row=self.q, col=self.q)
+        elif self.mode == "3d":
+            sizes.update(x=self.q, y=self.q, z=self.q)
+        if axis not in sizes:
+            raise ParacubeError(f"axis {axis!r} is not part of layout {self}; axes: {', '.join(sizes)}")
+        return sizes[axis]
+
+    @property
+    def default_placement(self) -> tuple[str, ...]:
+        return tuple(reversed(self.axis_names))
+
+    @property
+    def effective_placement(self) -> tuple[str, ...]:
+        return self.placement or self.default_placement
+
+    # --- rank grid ---------------------------------------------------------------------------------------
+    def rank_grid(self) -> np.ndarray:
+        """Ranks indexed by canonical coordinates (pp, dp, *tensor axes)."""
+        outer_first = tuple(reversed(self.effective_placement))
+        grid = np.arange(self.world_size).reshape([self.axis_size(a) for a in outer_first])
+        return grid.transpose([outer_first.index(a) for a in self.axis_names])
+
+    def groups(self, axes: tuple[str, ...] | str) -> np.ndarray:
+        """[n_groups, group_size]: every group of ranks that differ only along `axes` (first axis major)."""
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        grid = self.rank_grid()
+        src = [self.axis_names.index(a) for a in axes]
+        moved = np.moveaxis(grid, src, list(range(grid.ndim - len(axes), grid.ndim)))
+        return moved.reshape(-1, math.prod(self.axis_size(a) for a in axes))
+
+    def coords(self, rank: int) -> dict[str, int]:
+        where = np.argwhere(self.rank_grid() == rank)
+        check(len(where) == 1, f"rank {rank} is outside world size {self.world_size}")
+        return dict(zip(self.axis_names, (int(c) for c in where[0]), strict=True))
+
+    # --- text --------------------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        parts = [f"dp={self.dp}"]
+        if self.pp > 1:
+            parts.append(f"pp={self.pp}")
+        parts.append("tp=none" if self.mode == "none" else f"tp={self.mode}:{'x'.join(map(str, self.shape))}")
+        if self.micro_batch is not None:
+            parts.append(f"mb={self.micro_batch}")
+        if self.interleave > 1:
+            parts.append(f"v={self.interleave}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.placement and self.placement != self.default_placement:
+            parts.append("place=" + ".".join(self.placement))
+        return ",".join(parts)
+
+    def with_(self, **changes: object) -> Layout:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+LAYOUT_SYNTAX = "dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2"
+
+
+def parse_layout(text: str) -> Layout:
+    """Parse `dp=2,pp=4,tp=3d:4x4x4,mb=1,v=2,sp,place=x.y.z.dp.pp`. Missing parts default to 1/none."""
+    check(isinstance(text, str) and text.strip() != "", f"empty layout; expected {LAYOUT_SYNTAX}")
+    fields: dict[str, object] = {}
+    seen: set[str] = set()
+    for raw in text.strip().split(","):
+        part = raw.strip()
+        key, _, value = part.partition("=")
+        key = key.strip().lower()
+        check(key not in seen, f"layout {text!r}: {key!r} given twice")
+        seen.add(key)
+        if key == "sp" and not value:
+            fields["sequence_parallel"] = True
+        elif key in ("dp", "pp", "mb", "v"):
+            check(value.strip().isdigit() and int(value) >= 1,
+                  f"layout {text!r}: {key}={value!r} must be a positive integer")
+            fields[{"dp": "dp", "pp": "pp", "mb": "micro_batch", "v": "interleave"}[key]] = int(value)
+        elif key == "tp":
+            mode, _, shape = value.strip().lower().partition(":")
+            check(mode in TENSOR_MODES, f"layout {text!r}: tensor mode {mode!r} is not valid; "
+                  f"valid: {', '.join(TENSOR_MODES)} (e.g. tp=1d:8, tp=2d:4x4, tp=2.5d:4x4x2, tp=3d:4x4x4)")
+            dims = shape.split("x") if shape else []
+            check(all(d.strip().isdigit() and int(d) >= 1 for d in dims),
+                  f"layout {text!r}: tensor shape {shape!r} must be positive integers joined by 'x' ({SHAPE_RULES[mode]})")
+            fields["mode"] = mode
+            fields["shape"] = tuple(int(d) for d in dims)
+        elif key == "place":
+            fields["placement"] = tuple(a.strip() for a in value.split(".") if a.strip())
+        else:
+            raise ParacubeError(f"layout {text!r}: unknown part {part!r}; expected {LAYOUT_SYNTAX}")
+    return Layout(**fields)  # type: ignore[arg-type]

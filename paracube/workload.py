@@ -1,0 +1,232 @@
+"""What is trained: the model's shape (ModelSpec) and how it is trained (TrainingSpec).
+
+Presets: GPT-2 (Radford et al. 2019), the GPT-3 family (Brown et al. 2020, Table 2.1), LLaMA-2
+(Touvron et al. 2023), and `tiny`, the embedded default that trains in seconds on CPU ranks.
+Any Hugging Face `config.json` (GPT-2, GPT-NeoX/OPT-like, LLaMA-like keys) loads as well.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from paracube.errors import ParacubeError, check
+
+Family = Literal["gpt", "llama"]
+DType = Literal["fp32", "fp16", "bf16"]
+Recompute = Literal["none", "selective", "full"]
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer.
+
+    `gpt`: learned positions, LayerNorm with bias, GELU MLP with biases (what the executor trains).
+    `llama`: rotary positions, RMSNorm, SwiGLU MLP, no biases, grouped-query attention.
+    Embeddings are untied unless `tied_embeddings` (the executor always unties: see docs/algorithms.md).
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn_hidden: int
+    vocab: int
+    seq_len: int
+    family: Family = "gpt"
+    kv_heads: int | None = None
+    tied_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for attr in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
+            value = getattr(self, attr)
+            check(isinstance(value, int) and value > 0, f"model {self.name!r}: {attr}={value!r} must be a positive integer")
+        check(self.family in ("gpt", "llama"), f"model {self.name!r}: family={self.family!r}; valid: gpt, llama")
+        check(self.hidden % self.heads == 0, f"model {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}")
+        if self.kv_heads is not None:
+            check(self.kv_heads > 0 and self.heads % self.kv_heads == 0,
+                  f"model {self.name!r}: heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    def layer_parameters(self) -> int:
+        """Parameters of one transformer block."""
+        h, f = self.hidden, self.ffn_hidden
+        if self.family == "gpt":
+            # ln1 + qkv (w, b) + proj (w, b) + ln2 + fc (w, b) + fc2 (w, b)
+            return 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h)
+        kv = self.num_kv_heads * self.head_dim
+        # rms1 + q + k,v + o + rms2 + gate, up + down
+        return h + h * h + 2 * h * kv + h * h + h + 2 * h * f + f * h
+
+    def embedding_parameters(self) -> int:
+        """Token (and learned position) embeddings, final norm and output head."""
+        h = self.hidden
+        positions = self.seq_len * h if self.family == "gpt" else 0
+        final_norm = 2 * h if self.family == "gpt" else h
+        head = 0 if self.tied_embeddings else self.vocab * h
+        return self.vocab * h + positions + final_norm + head
+
+    def num_parameters(self) -> int:
+        return self.layers * self.layer_parameters() + self.embedding_parameters()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "model") -> ModelSpec:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        check(not unknown, f"{source}: unknown model fields {unknown}; valid: {sorted(known)}")
+        missing = sorted(f for f in ("name", "layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len") if f not in data)
+        check(not missing, f"{source}: missing model fields {missing}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ParacubeError(f"{source}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """How the model is trained.
+
+    `global_batch` sequences of `seq_len` tokens per optimizer step. `dtype` is the compute dtype:
+    fp32, or bf16/fp16 under autocast with fp32 master weights, fp32 gradients and fp32 AdamW
+    state (16 bytes per parameter in every case, as the executor keeps them).
+    """
+
+    global_batch: int = 8
+    seq_len: int | None = None  # None: the model's seq_len
+    dtype: DType = "fp32"
+    recompute: Recompute = "none"
+    optimizer: Literal["adamw"] = "adamw"
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.global_batch, int) and self.global_batch > 0,
+              f"global batch {self.global_batch!r} must be a positive integer")
+        check(self.seq_len is None or (isinstance(self.seq_len, int) and self.seq_len > 0),
+              f"sequence length {self.seq_len!r} must be a positive integer")
+        check(self.dtype in DTYPE_BYTES, f"dtype {self.dtype!r} is not valid; valid: {', '.join(DTYPE_BYTES)}")
+        check(self.recompute in ("none", "selective", "full"),
+              f"recompute {self.recompute!r} is not valid; valid: none, selective, full")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def sequence_length(self, model: ModelSpec) -> int:
+        return self.seq_len or model.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "training") -> TrainingSpec:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        check(not unknown, f"{source}: unknown training fields {unknown}; valid: {sorted(known)}")
+        return cls(**data)
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 50257) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, 4 * hidden, vocab, seq)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, ffn, 32000, 4096, family="llama", kv_heads=kv)
+
+
+PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
+    # The embedded default: trains in seconds on 8 CPU ranks in any layout up to a 2x2x2 cube.
+    ModelSpec("tiny", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=256, seq_len=64),
+    ModelSpec("small", layers=4, hidden=256, heads=8, ffn_hidden=1024, vocab=256, seq_len=128),
+    _gpt("gpt2-small", 12, 768, 12, seq=1024),
+    _gpt("gpt2-medium", 24, 1024, 16, seq=1024),
+    _gpt("gpt2-large", 36, 1280, 20, seq=1024),
+    _gpt("gpt2-xl", 48, 1600, 25, seq=1024),
+    _gpt("gpt3-125m", 12, 768, 12),
+    _gpt("gpt3-350m", 24, 1024, 16),
+    _gpt("gpt3-760m", 24, 1536, 16),
+    # Table 2.1 lists 24 heads of 128 for 1.3B (24 x 128 != 2048); 16 heads of 128 keep d_head and d_model.
+    _gpt("gpt3-1.3b", 24, 2048, 16),
+    _gpt("gpt3-2.7b", 32, 2560, 32),
+    _gpt("gpt3-6.7b", 32, 4096, 32),
+    # Table 2.1 prints d_model=5140 for 13B; 5120 (= 40 x 128) is the value that divides its 40 heads.
+    _gpt("gpt3-13b", 40, 5120, 40),
+    _gpt("gpt3-175b", 96, 12288, 96),
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672),
+]}
+
+DEFAULT_MODEL = "tiny"
+
+
+def from_hf_config(path: Path) -> ModelSpec:
+    """A ModelSpec from a Hugging Face `config.json` (GPT-2 style `n_*` keys or LLaMA style keys)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ParacubeError(f"cannot read model config {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ParacubeError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    check(isinstance(data, dict), f"{path}: expected a JSON object with model hyper-parameters")
+
+    def pick(*keys: str, default: Any = None) -> Any:
+        for key in keys:
+            if key in data:
+                return data[key]
+        if default is None:
+            raise ParacubeError(f"{path}: missing field; expected one of {list(keys)}")
+        return default
+
+    arch = " ".join(data.get("architectures") or []) + " " + str(data.get("model_type", ""))
+    family: Family = "llama" if any(k in arch.lower() for k in ("llama", "mistral", "qwen")) else "gpt"
+    hidden = pick("n_embd", "hidden_size", "d_model")
+    try:
+        return ModelSpec(
+            name=str(data.get("_name_or_path") or path.stem),
+            layers=pick("n_layer", "num_hidden_layers", "num_layers"),
+            hidden=hidden,
+            heads=pick("n_head", "num_attention_heads"),
+            ffn_hidden=pick("n_inner", "intermediate_size", "ffn_dim", default=4 * hidden) or 4 * hidden,
+            vocab=pick("vocab_size"),
+            seq_len=pick("n_positions", "max_position_embeddings", "n_ctx"),
+            family=family,
+            kv_heads=data.get("num_key_value_heads"),
+            tied_embeddings=bool(data.get("tie_word_embeddings", family == "gpt")),
+        )
+    except TypeError as exc:
+        raise ParacubeError(f"{path}: {exc}") from None
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    """A preset by name, or a Hugging Face config.json by path."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if path.is_dir():
+            path = path / "config.json"
+        check(path.exists(), f"model config file {str(path)!r} does not exist")
+        return from_hf_config(path)
+    raise ParacubeError(f"unknown model {name_or_path!r}; valid presets: {', '.join(PRESETS)} "
+                        "(or a path to a Hugging Face config.json)")
+
+
+def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
+    return model if seq_len is None else replace(model, seq_len=seq_len)
+
+
+__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "PRESETS", "ModelSpec", "TrainingSpec", "from_hf_config",
+           "resolve_model", "with_seq_len"]
