@@ -1,0 +1,5 @@
+import sys
+
+from paracube.cli.main import main
+
+sys.exit(main())

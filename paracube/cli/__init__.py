@@ -1,0 +1,1 @@
+"""The `paracube` command line."""

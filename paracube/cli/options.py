@@ -1,0 +1,91 @@
+"""Options shared by plan / compare / simulate / sweep, and turning them into typed specs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from paracube.errors import ParacubeError
+from paracube.layout import Layout, parse_layout
+from paracube.workload import DEFAULT_MODEL, ModelSpec, TrainingSpec, resolve_model, with_seq_len
+
+DEFAULT_CLUSTER = "local-cpu"
+DEFAULT_GPUS = 8
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def add_workload_options(p: argparse.ArgumentParser, layout_help: str = "fix the layout, e.g. dp=2,tp=3d:2x2x2") -> None:
+    g = p.add_argument_group("workload and cluster")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset name or HF config.json (default {DEFAULT_MODEL})")
+    g.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"topology preset or YAML file (default {DEFAULT_CLUSTER})")
+    g.add_argument("--gpus", type=positive_int, default=None, help=f"number of devices (default {DEFAULT_GPUS})")
+    g.add_argument("--global-batch", type=positive_int, default=None, help="sequences per step (default 8, or 512 "
+                   "for models of 100M+ parameters)")
+    g.add_argument("--micro-batch", type=positive_int, default=None, help="sequences per micro-batch per replica")
+    g.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
+    g.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"], help="compute dtype (default bf16)")
+    g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    g.add_argument("--layout", default=None, help=layout_help)
+    g.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: str
+    gpus: int
+    layout: Layout | None
+
+    @property
+    def topology(self):  # noqa: ANN201 - imported lazily: topologies may be heavy to build
+        from paracube.topologies import load_topology
+
+        return load_topology(self.cluster, gpus=self.gpus)
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    model = with_seq_len(resolve_model(args.model), args.seq)
+    layout = parse_layout(args.layout) if args.layout else None
+    if layout is not None and args.micro_batch is not None:
+        layout = layout.with_(micro_batch=args.micro_batch)
+    gpus = args.gpus or (layout.world_size if layout else DEFAULT_GPUS)
+    if layout is not None and layout.world_size != gpus:
+        raise ParacubeError(f"layout {layout} uses {layout.world_size} ranks but --gpus is {gpus}")
+    default_batch = 512 if model.num_parameters() >= 100e6 else 8
+    training = TrainingSpec(global_batch=args.global_batch or default_batch, seq_len=args.seq, dtype=args.dtype,
+                            recompute=args.recompute)
+    return Workload(model, training, args.cluster, gpus, layout)
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
