@@ -69,7 +69,8 @@ class Layout:
             "2.5d": len(shape) == 3 and shape[0] == shape[1] >= 1 and shape[2] >= 1,
             "3d": len(shape) == 3 and shape[0] == shape[1] == shape[2] >= 1,
         }[self.mode]
-        check(ok, f"tensor shape {'x'.join(map(str, shape)) or '()'} is not valid for {self.mode}: {SHAPE_RULES[self.mode]}")
+        shape_text = "x".join(map(str, shape)) or "()"
+        check(ok, f"tensor shape {shape_text} is not valid for {self.mode}: {SHAPE_RULES[self.mode]}")
         check(not self.sequence_parallel or self.mode == "1d",
               f"sequence parallelism (sp) applies to tp=1d only, not {self.mode}")
         check(self.interleave == 1 or self.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
@@ -78,7 +79,8 @@ class Layout:
             missing = tuple(a for a in self.default_placement if a not in self.placement and self.axis_size(a) == 1)
             object.__setattr__(self, "placement", tuple(self.placement) + missing)
             check(sorted(self.placement) == sorted(self.axis_names),
-                  f"place={'.'.join(self.placement)} must list each of the axes {', '.join(self.default_placement)} once")
+                  f"place={'.'.join(self.placement)} must list each of the axes "
+                  f"{', '.join(self.default_placement)} once")
 
     # --- sizes -----------------------------------------------------------------------------------------
     @property
@@ -200,7 +202,8 @@ def parse_layout(text: str) -> Layout:
                   f"valid: {', '.join(TENSOR_MODES)} (e.g. tp=1d:8, tp=2d:4x4, tp=2.5d:4x4x2, tp=3d:4x4x4)")
             dims = shape.split("x") if shape else []
             check(all(d.strip().isdigit() and int(d) >= 1 for d in dims),
-                  f"layout {text!r}: tensor shape {shape!r} must be positive integers joined by 'x' ({SHAPE_RULES[mode]})")
+                  f"layout {text!r}: tensor shape {shape!r} must be positive integers joined by 'x' "
+                  f"({SHAPE_RULES[mode]})")
             fields["mode"] = mode
             fields["shape"] = tuple(int(d) for d in dims)
         elif key == "place":

@@ -154,7 +154,8 @@ def load_plan(path: str | Path) -> Plan:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ParacubeError(f"plan file {str(path)!r} does not exist (make one with `paracube plan -o {path}`)") from None
+        raise ParacubeError(f"plan file {str(path)!r} does not exist "
+                            f"(make one with `paracube plan -o {path}`)") from None
     except OSError as exc:
         raise ParacubeError(f"cannot read plan file {str(path)!r}: {exc.strerror}") from None
     try:

@@ -44,9 +44,11 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for attr in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
             value = getattr(self, attr)
-            check(isinstance(value, int) and value > 0, f"model {self.name!r}: {attr}={value!r} must be a positive integer")
+            check(isinstance(value, int) and value > 0,
+                  f"model {self.name!r}: {attr}={value!r} must be a positive integer")
         check(self.family in ("gpt", "llama"), f"model {self.name!r}: family={self.family!r}; valid: gpt, llama")
-        check(self.hidden % self.heads == 0, f"model {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}")
+        check(self.hidden % self.heads == 0,
+              f"model {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}")
         if self.kv_heads is not None:
             check(self.kv_heads > 0 and self.heads % self.kv_heads == 0,
                   f"model {self.name!r}: heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
@@ -88,7 +90,8 @@ class ModelSpec:
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         check(not unknown, f"{source}: unknown model fields {unknown}; valid: {sorted(known)}")
-        missing = sorted(f for f in ("name", "layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len") if f not in data)
+        required = ("name", "layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+        missing = sorted(f for f in required if f not in data)
         check(not missing, f"{source}: missing model fields {missing}")
         try:
             return cls(**data)

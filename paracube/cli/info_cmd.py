@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
-from paracube.cli.options import human_bytes, print_json
+from paracube.cli.options import console, human_bytes, print_json
 from paracube.workload import PRESETS
 
 
@@ -32,7 +31,7 @@ def models(args: argparse.Namespace) -> int:
         n = m.num_parameters()
         table.add_row(m.name, m.family, f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M", str(m.layers),
                       str(m.hidden), str(m.heads), str(m.num_kv_heads), str(m.ffn_hidden), str(m.vocab), str(m.seq_len))
-    Console().print(table)
+    console().print(table)
     return 0
 
 
@@ -54,5 +53,5 @@ def topologies(args: argparse.Namespace) -> int:
             f"{float(d.get('intra_node_bandwidth', 0)) / 1e9:.0f} GB/s",
             f"{float(d.get('inter_node_bandwidth', 0)) / 1e9:.1f} GB/s",
         )
-    Console().print(table)
+    console().print(table)
     return 0

@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from rich.console import Console
+
 from paracube.errors import ParacubeError
 from paracube.layout import Layout, parse_layout
 from paracube.workload import DEFAULT_MODEL, ModelSpec, TrainingSpec, resolve_model, with_seq_len
@@ -26,16 +28,19 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_workload_options(p: argparse.ArgumentParser, layout_help: str = "fix the layout, e.g. dp=2,tp=3d:2x2x2") -> None:
+def add_workload_options(p: argparse.ArgumentParser,
+                         layout_help: str = "fix the layout, e.g. dp=2,tp=3d:2x2x2") -> None:
     g = p.add_argument_group("workload and cluster")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset name or HF config.json (default {DEFAULT_MODEL})")
-    g.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"topology preset or YAML file (default {DEFAULT_CLUSTER})")
+    g.add_argument("--cluster", default=DEFAULT_CLUSTER,
+                   help=f"topology preset or YAML file (default {DEFAULT_CLUSTER})")
     g.add_argument("--gpus", type=positive_int, default=None, help=f"number of devices (default {DEFAULT_GPUS})")
     g.add_argument("--global-batch", type=positive_int, default=None, help="sequences per step (default 8, or 512 "
                    "for models of 100M+ parameters)")
     g.add_argument("--micro-batch", type=positive_int, default=None, help="sequences per micro-batch per replica")
     g.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
-    g.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"], help="compute dtype (default bf16)")
+    g.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"],
+                   help="compute dtype (default fp32 on local-cpu, else bf16)")
     g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     g.add_argument("--layout", default=None, help=layout_help)
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -65,9 +70,16 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     if layout is not None and layout.world_size != gpus:
         raise ParacubeError(f"layout {layout} uses {layout.world_size} ranks but --gpus is {gpus}")
     default_batch = 512 if model.num_parameters() >= 100e6 else 8
-    training = TrainingSpec(global_batch=args.global_batch or default_batch, seq_len=args.seq, dtype=args.dtype,
+    training = TrainingSpec(global_batch=args.global_batch or default_batch, seq_len=args.seq,
+                            dtype=args.dtype or ("fp32" if args.cluster == "local-cpu" else "bf16"),
                             recompute=args.recompute)
     return Workload(model, training, args.cluster, gpus, layout)
+
+
+def console() -> Console:
+    """Wide enough for the layout tables even when stdout is a pipe (rich would assume 80 columns)."""
+    con = Console()
+    return con if con.is_terminal else Console(width=160)
 
 
 def print_json(data: Any) -> None:

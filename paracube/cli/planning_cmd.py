@@ -1,0 +1,231 @@
+"""`paracube plan`, `paracube compare`, `paracube simulate`: search layouts, compare modes, break one down."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from paracube.cli.options import (
+    Workload,
+    add_workload_options,
+    human_bytes,
+    human_time,
+    positive_int,
+    print_json,
+    workload_from_args,
+)
+from paracube.cli.options import (
+    console as make_console,
+)
+from paracube.errors import ParacubeError
+from paracube.estimate import StepEstimate
+from paracube.layout import Layout, parse_layout
+from paracube.plan import LaunchSpec, Plan, load_plan
+
+MODE_ORDER = ("none", "1d", "2d", "2.5d", "3d")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="rank every valid layout and write the best as a plan file")
+    add_workload_options(p, layout_help="constrain the search, e.g. tp=3d:4x4x4 or dp=2,tp=1d:8")
+    p.add_argument("--top", type=positive_int, default=10, help="rows to show (default 10)")
+    p.add_argument("--refine", type=positive_int, default=0, metavar="K",
+                   help="re-rank the best K with the discrete-event engine")
+    p.add_argument("-o", "--out", default="plan.json", help="plan file to write (default plan.json)")
+    p.set_defaults(handler=plan_cmd)
+
+    p = sub.add_parser("compare", help="the best layout of each tensor mode side by side")
+    add_workload_options(p)
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="write a time/memory picture")
+    p.set_defaults(handler=compare_cmd)
+
+    p = sub.add_parser("simulate", help="full breakdown of one layout (a plan file, or options + --layout)")
+    p.add_argument("plan", nargs="?", default=None, help="plan file (default: options below)")
+    add_workload_options(p, layout_help="the layout to simulate (default dp=1,tp=3d:2x2x2,mb=4 on 8 ranks)")
+    p.add_argument("--sequence-parallel", action="store_true", help="1D only: Megatron sequence parallelism")
+    p.add_argument("--interleave", type=positive_int, default=None, metavar="V", help="virtual pipeline chunks")
+    p.add_argument("--engine", default="analytic", choices=["analytic", "event"])
+    p.add_argument("--events", action="store_true", help="list every collective of the step")
+    p.add_argument("--plot", default=None, metavar="FILE.png")
+    p.add_argument("--trace", default=None, metavar="FILE.json", help="event engine: Chrome/Perfetto trace")
+    p.add_argument("--timeline", default=None, metavar="FILE.png", help="event engine: Gantt picture")
+    p.set_defaults(handler=simulate_cmd)
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+def estimate_with(engine: str, w: Workload, layout: Layout, topo: object, **kwargs: object) -> StepEstimate:
+    if engine == "event":
+        from paracube.cost_models.event import estimate_event
+
+        return estimate_event(w.model, w.training, layout, topo, **kwargs)
+    from paracube.cost_models import estimate
+
+    return estimate(w.model, w.training, layout, topo)
+
+
+def _row(est: StepEstimate) -> list[str]:
+    return [human_time(est.step_time_s), human_time(est.compute_time_s), human_time(est.exposed_comm_time_s),
+            human_time(est.bubble_time_s), human_bytes(est.memory.total), human_bytes(est.comm_bytes_per_gpu),
+            f"{est.mfu * 100:.1f}%"]
+
+
+ROW_COLUMNS = ("step time", "compute", "exposed comm", "bubble", "memory/GPU", "sent/GPU", "MFU")
+
+
+def _summary(w: Workload) -> str:
+    return (f"{w.model.name} ({w.model.num_parameters() / 1e9:.2f}B params) on {w.gpus} x {w.cluster}, global batch "
+            f"{w.training.global_batch} x {w.training.sequence_length(w.model)} tokens, {w.training.dtype}")
+
+
+def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> Plan:
+    per_node = min(w.gpus, int(getattr(topo, "devices_per_node", w.gpus)))
+    if w.gpus % per_node:
+        per_node = w.gpus
+    return Plan(model=w.model, training=w.training, layout=layout, cluster=w.cluster, gpus=w.gpus,
+                launch=LaunchSpec(nproc_per_node=per_node, nnodes=w.gpus // per_node),
+                prediction=est.to_dict(), notes=est.notes)
+
+
+def _search(w: Workload, topo: object, top_k: int, modes: list[str] | None = None):  # noqa: ANN202
+    from paracube.planner import search
+
+    with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
+        return search(w.model, w.training, topo, w.gpus, modes=modes, fixed=w.layout, top_k=top_k)
+
+
+# --- commands -----------------------------------------------------------------------------------------------
+def plan_cmd(args: argparse.Namespace) -> int:
+    w = workload_from_args(args)
+    topo = w.topology
+    result = _search(w, topo, max(args.top, args.refine))
+    ranked = result.ranked
+    if args.refine:
+        refined = [(lay, estimate_with("event", w, lay, topo)) for lay, _ in ranked[: args.refine]]
+        ranked = sorted(refined, key=lambda r: r[1].step_time_s) + ranked[args.refine:]
+    best_layout, best_est = ranked[0]
+    plan = make_plan(w, best_layout, best_est, topo)
+    path = plan.save(args.out)
+    if args.json:
+        print_json({"plan_file": str(path), "best": {"layout": str(best_layout), **best_est.to_dict()},
+                    "ranked": [{"layout": str(lay), **est.to_dict()} for lay, est in ranked[: args.top]],
+                    "scored": result.scored, "rejected": dict(result.rejected), "elapsed_s": result.elapsed_s})
+        return 0
+    console = make_console()
+    table = Table(title=_summary(w))
+    table.add_column("#", justify="right")
+    table.add_column("layout")
+    for col in ROW_COLUMNS:
+        table.add_column(col, justify="right")
+    for i, (lay, est) in enumerate(ranked[: args.top], 1):
+        table.add_row(str(i), str(lay), *_row(est))
+    console.print(table)
+    rejected = ", ".join(f"{n} {reason}" for reason, n in result.rejected.most_common(4))
+    console.print(f"scored {result.scored} layouts in {result.elapsed_s:.2f} s"
+                  + (f"; rejected: {rejected}" if rejected else "")
+                  + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
+    console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`")
+    return 0
+
+
+def compare_cmd(args: argparse.Namespace) -> int:
+    w = workload_from_args(args)
+    topo = w.topology
+    result = _search(w, topo, top_k=1)
+    best = {m: result.best_per_mode[m] for m in MODE_ORDER if m in result.best_per_mode}
+    base = best.get("1d")
+    rows = []
+    for mode, (lay, est) in best.items():
+        speedup = base[1].step_time_s / est.step_time_s if base else None
+        rows.append((mode, lay, est, speedup))
+    if args.json:
+        print_json({"workload": _summary(w), "modes": [
+            {"mode": m, "speedup_over_1d": s, **est.to_dict(), "layout": str(lay)} for m, lay, est, s in rows],
+            "no_layout": result.explanations})
+    else:
+        table = Table(title=_summary(w) + ": best layout per tensor mode")
+        table.add_column("mode")
+        table.add_column("best layout")
+        for col in ROW_COLUMNS:
+            table.add_column(col, justify="right")
+        table.add_column("speedup vs 1D", justify="right")
+        for mode, lay, est, speedup in rows:
+            table.add_row(mode, str(lay), *_row(est), f"{speedup:.2f}x" if speedup else "-")
+        console = make_console()
+        console.print(table)
+        for mode, why in result.explanations.items():
+            console.print(f"{mode}: no valid layout: {why}")
+    if args.plot:
+        from paracube.plots import plot_estimates
+
+        plot_estimates([r[2] for r in rows], [f"{m}\n{lay}" for m, lay, _, _ in rows], args.plot,
+                       title=_summary(w))
+        if not args.json:
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def simulate_cmd(args: argparse.Namespace) -> int:
+    if args.plan:
+        plan = load_plan(args.plan)
+        w = Workload(plan.model, plan.training, plan.cluster, plan.gpus, plan.layout)
+        layout = plan.layout
+    else:
+        if args.layout is None and args.gpus is None:
+            args.layout = "dp=1,tp=3d:2x2x2,mb=4"
+        w = workload_from_args(args)
+        if w.layout is None:
+            raise ParacubeError("simulate needs a layout: give a plan file or --layout (e.g. --layout dp=2,tp=2d:2x2)")
+        layout = w.layout
+    if args.sequence_parallel:
+        layout = layout.with_(sequence_parallel=True)
+    if args.interleave:
+        layout = layout.with_(interleave=args.interleave)
+    layout = parse_layout(str(layout))  # re-validate after the flags
+    topo = w.topology
+    kwargs: dict[str, object] = {}
+    est = estimate_with(args.engine, w, layout, topo, **kwargs)
+    if args.engine == "event" and (args.trace or args.timeline):
+        from paracube.cost_models.event import plot_timeline, write_chrome_trace
+
+        if args.trace:
+            write_chrome_trace(est, args.trace)
+        if args.timeline:
+            plot_timeline(est, args.timeline)
+    elif args.trace or args.timeline:
+        raise ParacubeError("--trace and --timeline need the event engine: add --engine event")
+    if args.plot:
+        from paracube.plots import plot_estimates
+
+        plot_estimates([est], [str(layout)], args.plot, title=_summary(w))
+    if args.json:
+        print_json(est.to_dict(with_events=args.events))
+        return 0
+    console = make_console()
+    console.print(f"[bold]{layout}[/bold]: {_summary(w)} ({args.engine} engine)")
+    table = Table(show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for name, value in zip(ROW_COLUMNS, _row(est), strict=True):
+        table.add_row(name, value)
+    for part, value in est.memory.to_dict().items():
+        if part != "total":
+            table.add_row(f"  memory: {part}", human_bytes(value))
+    for axis, t in sorted(est.comm_time_by_axis.items(), key=lambda kv: -kv[1]):
+        table.add_row(f"  comm on axis {axis}", human_time(t))
+    for kind, t in sorted(est.comm_time_by_kind.items(), key=lambda kv: -kv[1]):
+        table.add_row(f"  comm {kind}", human_time(t))
+    table.add_row("collectives per step", str(len(est.events)))
+    console.print(table)
+    for note in est.notes:
+        console.print(f"note: {note}")
+    if args.events:
+        for e in est.events:
+            axes = ".".join(e.axes)
+            console.print(f"{e.phase:>9} {e.kind:<15} {axes:<8} {e.payload_bytes:>12} B {e.dtype:<9} {e.label}")
+    for out in (args.plot, args.trace, args.timeline):
+        if out:
+            console.print(f"wrote {Path(out)}")
+    return 0
