@@ -1,0 +1,217 @@
+"""Load a topology by preset name or from a YAML file; save one to YAML.
+
+YAML, compact form (GPUs of a node share one switch, NICs go to a two-level fat tree):
+
+    name: mycluster
+    device: {name: A100-80GB, peak_flops: {fp32: 19.5e12, bf16: 312e12, fp16: 312e12},
+             memory_bytes: 80e9, memory_bandwidth: 2.0e12}   # or a known device name, e.g. A100-SXM-80GB
+    nodes: 4
+    devices_per_node: 8
+    intra_node: {bandwidth: 300e9, latency: 2e-6}         # per GPU to the node's switch, bytes/s each way
+    inter_node: {bandwidth: 25e9, latency: 5e-6, nics_per_node: 8,   # per NIC to its leaf
+                 nodes_per_leaf: 20, oversubscription: 1.0, spine_latency: 3e-7,   # optional
+                 pcie_bandwidth: 31.5e9, pcie_latency: 1e-6}     # optional: GPU (or switch) to NIC
+    calibration: {...}      # optional, free-form (written by `paracube calibrate`)
+
+Explicit form (what `save_topology` writes): instead of intra_node/inter_node, a `graph` with
+`nodes: [{id, kind (gpu|nic|switch|cpu), node_index, local_rank, ...}]` and
+`links: [{a, b, bandwidth, latency}]`; see `paracube.topologies.topology` for the graph conventions.
+Numbers may be written as 300e9 (YAML 1.1 reads that as a string; numeric fields accept it as a number).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import networkx as nx
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from paracube.errors import ParacubeError, check
+from paracube.topologies.presets import DEVICES, PRESETS, Preset, build_switched
+from paracube.topologies.topology import DeviceSpec, Topology
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceModel(_Model):
+    name: str
+    peak_flops: dict[str, float]
+    memory_bytes: float = Field(gt=0)
+    memory_bandwidth: float = Field(gt=0)
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _dtypes(cls, value: dict[str, float]) -> dict[str, float]:
+        missing = [k for k in ("fp32", "fp16", "bf16") if k not in value]
+        if missing:
+            raise ValueError(f"missing keys {missing}; expected fp32, fp16, bf16 (FLOP/s)")
+        bad = {k: v for k, v in value.items() if not v > 0}
+        if bad:
+            raise ValueError(f"{bad} must be positive FLOP/s")
+        return value
+
+
+class LinkModel(_Model):
+    bandwidth: float = Field(gt=0)
+    latency: float = Field(gt=0)
+
+
+class InterNodeModel(LinkModel):
+    nics_per_node: int = Field(default=1, ge=1)
+    nodes_per_leaf: int | None = Field(default=None, ge=1)
+    oversubscription: float = Field(default=1.0, ge=1.0)
+    spine_latency: float = Field(default=3e-7, gt=0)
+    pcie_bandwidth: float = Field(default=31.5e9, gt=0)
+    pcie_latency: float = Field(default=1e-6, gt=0)
+
+
+class GraphNodeModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    kind: Literal["gpu", "nic", "switch", "cpu"]
+    node_index: int | None = None
+    local_rank: int | None = None
+
+
+class GraphLinkModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    a: str
+    b: str
+    bandwidth: float  # positivity is checked by Topology, which names the link
+    latency: float
+
+
+class GraphModel(_Model):
+    nodes: list[GraphNodeModel]
+    links: list[GraphLinkModel]
+
+
+class TopologyFile(_Model):
+    name: str
+    device: DeviceModel | str
+    nodes: int = Field(ge=1)
+    devices_per_node: int = Field(ge=1)
+    intra_node: LinkModel | None = None
+    inter_node: InterNodeModel | None = None
+    graph: GraphModel | None = None
+    calibration: dict[str, Any] | None = None
+
+
+def list_topologies() -> list[str]:
+    return list(PRESETS)
+
+
+def _sizes(where: str, dpn: int, default_nodes: int, gpus: int | None, nodes: int | None) -> tuple[int, int]:
+    """(nodes, devices per node) from the requested counts; fewer GPUs than one node use part of a node."""
+    check(nodes is None or (isinstance(nodes, int) and nodes >= 1), f"{where}: nodes={nodes!r} must be >= 1")
+    if gpus is None:
+        return (nodes or default_nodes), dpn
+    check(isinstance(gpus, int) and gpus >= 1, f"{where}: gpus={gpus!r} must be a positive integer")
+    if gpus < dpn:
+        check(nodes in (None, 1), f"{where}: gpus={gpus} fit in one node, but nodes={nodes}")
+        return 1, gpus
+    check(gpus % dpn == 0, f"{where}: gpus={gpus} is not a multiple of the {dpn} devices per node "
+          f"(or fewer than one node); try {gpus // dpn * dpn} or {(gpus // dpn + 1) * dpn}")
+    check(nodes is None or nodes * dpn == gpus,
+          f"{where}: gpus={gpus} and nodes={nodes} disagree ({dpn} devices per node)")
+    return gpus // dpn, dpn
+
+
+def _from_preset(preset: Preset, gpus: int | None, nodes: int | None) -> Topology:
+    if preset.fixed_nodes:  # local-cpu: one node; gpus = number of processes
+        check(nodes in (None, 1), f"{preset.name}: nodes={nodes!r}; valid: 1 (this machine)")
+        check(gpus is None or (isinstance(gpus, int) and gpus >= 1),
+              f"{preset.name}: gpus={gpus!r} must be >= 1")
+        return preset.build(1, gpus or preset.devices_per_node)
+    n, per = _sizes(preset.name, preset.devices_per_node, preset.default_nodes, gpus, nodes)
+    return preset.build(n, per)
+
+
+def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = None,
+                       nodes: int | None = None) -> Topology:
+    """Build from the YAML structure (either form). `source` names the file in error messages."""
+    check(isinstance(data, dict), f"{source}: expected a mapping with name, device, nodes, devices_per_node, "
+          f"...; got {type(data).__name__}")
+    try:
+        spec = TopologyFile.model_validate(data)  # lax mode: "300e9" strings become floats
+    except ValidationError as exc:
+        # A union (device: mapping | name) reports one error per branch: show the mapping branch's.
+        errs = exc.errors()
+        err = next((e for e in errs if "str" not in e["loc"]), errs[0])
+        field = ".".join(str(p) for p in err["loc"] if p not in ("DeviceModel", "str")) or "(top level)"
+        shown = err["type"] != "missing" and not isinstance(err["input"], dict)
+        value = f" (got {err['input']!r})" if shown else ""
+        raise ParacubeError(f"{source}: field {field}: {err['msg']}{value}") from None
+    if isinstance(spec.device, str):
+        check(spec.device in DEVICES, f"{source}: field device: unknown device {spec.device!r}; "
+              f"give a mapping or one of {', '.join(DEVICES)}")
+        device = DEVICES[spec.device]
+    else:
+        device = DeviceSpec(**spec.device.model_dump())
+    if spec.graph is not None:
+        check(spec.intra_node is None and spec.inter_node is None,
+              f"{source}: give either graph or intra_node/inter_node, not both")
+        check((gpus is None or gpus == spec.nodes * spec.devices_per_node) and nodes in (None, spec.nodes),
+              f"{source}: an explicit graph has {spec.nodes} nodes x {spec.devices_per_node} devices; "
+              f"it cannot be resized to gpus={gpus}, nodes={nodes}")
+        g = nx.Graph()
+        for node in spec.graph.nodes:
+            attrs = node.model_dump(exclude={"id"})
+            g.add_node(node.id, **{k: v for k, v in attrs.items() if v is not None})
+        for link in spec.graph.links:
+            for end in (link.a, link.b):
+                check(end in g, f"{source}: link {link.a!r}-{link.b!r} names node {end!r}, "
+                      "which is not in graph.nodes")
+            g.add_edge(link.a, link.b, **link.model_dump(exclude={"a", "b"}))
+        try:
+            return Topology(spec.name, g, device, spec.nodes, spec.devices_per_node, spec.calibration)
+        except ParacubeError as exc:  # name the file too
+            raise ParacubeError(f"{source}: {exc}") from None
+    check(spec.intra_node is not None, f"{source}: field intra_node: missing; expected "
+          "{bandwidth: bytes/s, latency: s} (or an explicit graph)")
+    n, per = _sizes(source, spec.devices_per_node, spec.nodes, gpus, nodes)
+    inter = spec.inter_node
+    check(inter is not None or n == 1, f"{source}: field inter_node: missing; expected {{bandwidth: bytes/s, "
+          f"latency: s, nics_per_node: N}} for {n} nodes")
+    assert spec.intra_node is not None
+    kw: dict[str, Any] = {}
+    if inter is not None:
+        kw = dict(inter_bandwidth=inter.bandwidth, inter_latency=inter.latency,
+                  nics_per_node=min(inter.nics_per_node, per), pcie_bandwidth=inter.pcie_bandwidth,
+                  pcie_latency=inter.pcie_latency, nodes_per_leaf=inter.nodes_per_leaf,
+                  oversubscription=inter.oversubscription, spine_latency=inter.spine_latency)
+    else:
+        kw = dict(inter_bandwidth=1.0, inter_latency=1.0, nics_per_node=1)  # unused: one node has no NICs
+    topo = build_switched(spec.name, device, n, per, spec.intra_node.bandwidth, spec.intra_node.latency, **kw)
+    topo.calibration = spec.calibration
+    return topo
+
+
+def load_topology(name_or_path: str, gpus: int | None = None, nodes: int | None = None) -> Topology:
+    """A preset by name (see `list_topologies()`), or a YAML file path."""
+    check(isinstance(name_or_path, str) and name_or_path != "", f"empty topology name; valid presets: "
+          f"{', '.join(PRESETS)}, or a .yaml file")
+    if name_or_path in PRESETS:
+        return _from_preset(PRESETS[name_or_path], gpus, nodes)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ParacubeError(f"unknown topology {name_or_path!r}; valid presets: {', '.join(PRESETS)}, "
+                            "or the path of a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ParacubeError(f"cannot read topology file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ParacubeError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return topology_from_dict(data, str(path), gpus, nodes)
+
+
+def save_topology(topo: Topology, path: str | Path) -> None:
+    """Write the explicit form; `load_topology(path)` gives an equal topology."""
+    Path(path).write_text(yaml.safe_dump(topo.to_dict(), sort_keys=False, width=120))

@@ -1,0 +1,417 @@
+"""A cluster as a networkx graph, and what a collective over a group of ranks sees on it.
+
+Graph: nodes have `kind` in {"gpu", "nic", "switch", "cpu"}. A "gpu" node is the compute device that holds
+one rank (a CPU process for `local-cpu`) and carries `node_index` and `local_rank`; rank r is local GPU
+r % devices_per_node of node r // devices_per_node. Other nodes that belong to one machine (its NICs, CPUs,
+NVSwitch) may carry `node_index` too; nodes without it form the network fabric (leaf and spine switches).
+A GPU may name its NIC in a `nic` attribute; otherwise it uses the nearest NIC of its node. Edges carry
+`bandwidth` (bytes/s in one direction; links are full duplex) and `latency` (s), both > 0.
+
+Routing (`route`): inside a node, the shortest path in that node's own subgraph; between nodes,
+GPU -> its NIC (inside the node) -> the NIC's fabric switch -> shortest fabric path -> the peer NIC -> GPU.
+Graphs without that structure fall back to a shortest path on the whole graph. Paths are cached per pair.
+
+`group_link(ranks, concurrent)`: the group runs a ring in node-major order (ranks sorted by node, then local
+rank, i.e. by rank), so only node boundaries cross the network. Every hop of that ring, and of the rings
+of all `concurrent` groups (other groups of the same mesh axis that run at the same time; the group itself
+may be listed among them, it is counted once), is routed with `route`. Each directed link's bandwidth is
+shared equally by the ring hops that cross it. The group's bandwidth is the minimum over its own hops of the
+bottleneck (link bandwidth / hops sharing it) along the hop's path; its latency is the maximum over its own
+hops of the summed link latencies on the path. A group of one rank: infinite bandwidth, zero latency.
+Results are cached per (sorted group, set of sorted concurrent groups), so reordered queries hit the cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from paracube.errors import check
+
+NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
+REQUIRED_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
+
+Edge = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    peak_flops: dict[str, float]  # keys "fp32", "fp16", "bf16" (more allowed, e.g. "tf32"): dense peak FLOP/s
+    memory_bytes: float
+    memory_bandwidth: float  # bytes/s
+
+    def __post_init__(self) -> None:
+        missing = [k for k in REQUIRED_DTYPES if k not in self.peak_flops]
+        check(not missing, f"device {self.name!r}: peak_flops lacks {', '.join(missing)}; "
+              f"expected keys {', '.join(REQUIRED_DTYPES)}")
+        for key, value in self.peak_flops.items():
+            check(_positive(value),
+                  f"device {self.name!r}: peak_flops[{key!r}]={value!r} must be a positive number")
+        for attr in ("memory_bytes", "memory_bandwidth"):
+            value = getattr(self, attr)
+            check(_positive(value), f"device {self.name!r}: {attr}={value!r} must be a positive number")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "peak_flops": dict(self.peak_flops)}
+
+
+@dataclass(frozen=True)
+class GroupLink:
+    bandwidth: float  # bytes/s each rank of a ring over the group gets, after link sharing
+    latency: float  # seconds per ring step (alpha)
+    nodes: int  # nodes the group spans
+    ranks_per_node: int  # max ranks of the group in one node
+
+
+def _positive(value: object) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value > 0  # type: ignore[arg-type,operator]
+
+
+class Topology:
+    """A homogeneous cluster: `num_nodes` machines of `devices_per_node` devices of one DeviceSpec.
+
+    The graph is frozen on construction (queries are cached). `calibration` is a free-form dict that
+    `paracube calibrate` fills (GEMM efficiency, per-axis alpha/beta); it round-trips through YAML.
+    """
+
+    def __init__(self, name: str, graph: nx.Graph, device: DeviceSpec, num_nodes: int, devices_per_node: int,
+                 calibration: dict[str, Any] | None = None) -> None:
+        check(isinstance(num_nodes, int) and num_nodes >= 1,
+              f"topology {name!r}: nodes={num_nodes!r} must be >= 1")
+        check(isinstance(devices_per_node, int) and devices_per_node >= 1,
+              f"topology {name!r}: devices_per_node={devices_per_node!r} must be >= 1")
+        self.name = name
+        self.device = device
+        self.num_nodes = num_nodes
+        self.devices_per_node = devices_per_node
+        self.calibration = calibration
+        self.graph: nx.Graph = nx.freeze(graph.copy())
+        self._ranks: list[str] = self._validate()
+        g = self.graph
+        self._adj: dict[str, tuple[str, ...]] = {u: tuple(g.adj[u]) for u in g.nodes}
+        self._node_of: dict[str, int | None] = {u: g.nodes[u].get("node_index") for u in g.nodes}
+        self._bw: dict[Edge, float] = {}
+        self._lat: dict[Edge, float] = {}
+        for u, v, data in g.edges(data=True):
+            self._bw[(u, v)] = self._bw[(v, u)] = float(data["bandwidth"])
+            self._lat[(u, v)] = self._lat[(v, u)] = float(data["latency"])
+        self._paths: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._members: dict[int, list[str]] = {}
+        for u, ni in self._node_of.items():
+            if ni is not None:
+                self._members.setdefault(ni, []).append(u)
+        self._templates: dict[int, tuple[int, str]] = {}
+        self._sig_ids: dict[tuple[frozenset, frozenset], int] = {}
+        self._tpl_paths: dict[tuple[int, str, str], tuple[str, ...] | None] = {}
+        self._fabric: dict[str, dict[str, str | None]] = {}
+        self._egress: dict[str, str | None] = {}
+        self._tpl_nics: dict[tuple[int, str], str | None] = {}
+        # Per-instance caches (no global state): keyed by canonical (sorted) rank tuples.
+        self._link_cached = lru_cache(maxsize=4096)(self._group_link_uncached)
+        self._load_cached = lru_cache(maxsize=512)(self._link_load)
+
+    # --- validation -----------------------------------------------------------------------------------
+    def _validate(self) -> list[str]:
+        g, where = self.graph, f"topology {self.name!r}"
+        slots: dict[tuple[int, int], str] = {}
+        for node, data in g.nodes(data=True):
+            kind = data.get("kind")
+            check(kind in NODE_KINDS,
+                  f"{where}: node {node!r} has kind={kind!r}; valid: {', '.join(NODE_KINDS)}")
+            ni = data.get("node_index")
+            check(ni is None or (isinstance(ni, int) and 0 <= ni < self.num_nodes),
+                  f"{where}: node {node!r} has node_index={ni!r}; valid: 0..{self.num_nodes - 1}")
+            if kind != "gpu":
+                continue
+            lr = data.get("local_rank")
+            check(ni is not None and isinstance(lr, int) and 0 <= lr < self.devices_per_node,
+                  f"{where}: device {node!r} needs node_index in 0..{self.num_nodes - 1} and local_rank in "
+                  f"0..{self.devices_per_node - 1}; got node_index={ni!r}, local_rank={lr!r}")
+            check((ni, lr) not in slots, f"{where}: devices {slots.get((ni, lr))!r} and {node!r} both claim "
+                  f"node_index={ni}, local_rank={lr}")
+            slots[(ni, lr)] = node
+            nic = data.get("nic")
+            check(nic is None or (nic in g and g.nodes[nic].get("kind") == "nic"),
+                  f"{where}: device {node!r} names nic={nic!r}, which is not a nic node of the graph")
+        expected = self.num_nodes * self.devices_per_node
+        check(len(slots) == expected, f"{where}: {len(slots)} devices on the graph, expected nodes x "
+              f"devices_per_node = {self.num_nodes} x {self.devices_per_node} = {expected}")
+        for u, v, data in g.edges(data=True):
+            for attr in ("bandwidth", "latency"):
+                value = data.get(attr)
+                check(_positive(value), f"{where}: link {u!r}-{v!r} has {attr}={value!r}; "
+                      "expected a positive number (bytes/s for bandwidth, seconds for latency)")
+        ranks = [slots[(r // self.devices_per_node, r % self.devices_per_node)] for r in range(expected)]
+        reachable = nx.node_connected_component(g, ranks[0])
+        for node in ranks:
+            check(node in reachable, f"{where}: device {node!r} is disconnected from device {ranks[0]!r}")
+        return ranks
+
+    # --- basic queries --------------------------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def _rank(self, rank: object) -> int:
+        ok = hasattr(rank, "__index__") and not isinstance(rank, bool)  # int or numpy integer
+        r = int(rank.__index__()) if ok else -1  # type: ignore[attr-defined]
+        check(ok and 0 <= r < self.num_devices,
+              f"rank {rank!r} is not on topology {self.name!r}; valid ranks: 0..{self.num_devices - 1}")
+        return r
+
+    def rank_node(self, rank: int) -> str:
+        """Graph node of rank's device: rank r = GPU r % dpn of node r // dpn."""
+        return self._ranks[self._rank(rank)]
+
+    def route(self, a: int, b: int) -> list[Edge]:
+        """Directed edges on the path from rank a's device to rank b's (empty when a == b)."""
+        path = self._path(self.rank_node(a), self.rank_node(b))
+        return list(zip(path, path[1:], strict=False))
+
+    # --- routing --------------------------------------------------------------------------------------
+    # Machines are usually identical: paths inside a node are computed once per *template* (the node's
+    # subgraph with the "n{i}." prefix stripped from names) and shared by every node with that template.
+    def _template(self, ni: int) -> tuple[int, str]:
+        if ni not in self._templates:
+            members, prefix = self._members[ni], f"n{ni}."
+            if not all(u.startswith(prefix) for u in members):
+                prefix = ""  # irregular names: a template of its own
+            cut = len(prefix)
+            attrs, bw, lat, node_of = self.graph.nodes, self._bw, self._lat, self._node_of
+            nodes = frozenset((u[cut:], attrs[u]["kind"], str(attrs[u].get("nic", ""))[cut:])
+                              for u in members)
+            edges = frozenset((u[cut:], v[cut:], bw[(u, v)], lat[(u, v)])  # both directions: no sorting
+                              for u in members for v in self._adj[u] if node_of[v] == ni)
+            sig = self._sig_ids.setdefault((nodes, edges), len(self._sig_ids))
+            self._templates[ni] = (sig, prefix)
+        return self._templates[ni]
+
+    def _bfs(self, src: str, dst: str, ni: int | None = None) -> tuple[str, ...] | None:
+        """Shortest path by hops (deterministic); with `ni`, only through nodes of machine `ni`."""
+        parent: dict[str, str | None] = {src: None}
+        queue = deque([src])
+        while queue:
+            u = queue.popleft()
+            if u == dst:
+                out = [u]
+                while parent[out[-1]] is not None:
+                    out.append(parent[out[-1]])  # type: ignore[arg-type]
+                return tuple(reversed(out))
+            for v in self._adj[u]:
+                if v not in parent and (ni is None or self._node_of[v] == ni):
+                    parent[v] = u
+                    queue.append(v)
+        return None
+
+    def _in_node(self, src: str, dst: str) -> tuple[str, ...] | None:
+        ni = self._node_of[src]
+        assert ni is not None
+        sig, prefix = self._template(ni)
+        cut = len(prefix)
+        key = (sig, src[cut:], dst[cut:])
+        if key not in self._tpl_paths:
+            path = self._bfs(src, dst, ni)
+            self._tpl_paths[key] = None if path is None else tuple(u[cut:] for u in path)
+        labels = self._tpl_paths[key]
+        return None if labels is None else tuple(prefix + u for u in labels)
+
+    def _nic_of(self, gpu: str) -> str | None:
+        """The GPU's `nic` attribute, else the nearest NIC of its node (BFS order breaks ties)."""
+        if gpu not in self._egress:
+            named = self.graph.nodes[gpu].get("nic")
+            ni = self._node_of[gpu]
+            sig, prefix = self._template(ni)  # type: ignore[arg-type]
+            key = (sig, gpu[len(prefix):])
+            if named is None and key in self._tpl_nics:  # same template, same answer
+                label = self._tpl_nics[key]
+                named = None if label is None else prefix + label
+            elif named is None:
+                seen, queue = {gpu}, deque([gpu])
+                while queue and named is None:
+                    u = queue.popleft()
+                    for v in self._adj[u]:
+                        if v not in seen and self._node_of[v] == ni:
+                            if self.graph.nodes[v]["kind"] == "nic":
+                                named = v
+                                break
+                            seen.add(v)
+                            queue.append(v)
+                self._tpl_nics[key] = None if named is None else named[len(prefix):]
+            self._egress[gpu] = named
+        return self._egress[gpu]
+
+    def _fabric_path(self, nic_a: str, nic_b: str) -> tuple[str, ...] | None:
+        """nic_a -> its (first) fabric switch -> shortest path over fabric nodes only -> nic_b."""
+        ups_a = [v for v in self._adj[nic_a] if self._node_of[v] is None]
+        ups_b = [v for v in self._adj[nic_b] if self._node_of[v] is None]
+        if not ups_a or not ups_b:
+            return None
+        sa, sb = ups_a[0], ups_b[0]
+        if sa not in self._fabric:  # one BFS tree per source switch, over fabric nodes only
+            parent: dict[str, str | None] = {sa: None}
+            queue = deque([sa])
+            while queue:
+                u = queue.popleft()
+                for v in self._adj[u]:
+                    if v not in parent and self._node_of[v] is None:
+                        parent[v] = u
+                        queue.append(v)
+            self._fabric[sa] = parent
+        tree = self._fabric[sa]
+        if sb not in tree:
+            return None
+        middle = [sb]
+        while tree[middle[-1]] is not None:
+            middle.append(tree[middle[-1]])  # type: ignore[arg-type]
+        return (nic_a, *reversed(middle), nic_b)
+
+    def _path(self, src: str, dst: str) -> tuple[str, ...]:
+        key = (src, dst)
+        cached = self._paths.get(key)
+        if cached is not None:
+            return cached
+        path: tuple[str, ...] | None = None
+        if self._node_of[src] == self._node_of[dst]:
+            path = self._in_node(src, dst)
+        else:
+            nic_a, nic_b = self._nic_of(src), self._nic_of(dst)
+            if nic_a is not None and nic_b is not None:
+                first, last = self._in_node(src, nic_a), self._in_node(nic_b, dst)
+                mid = self._fabric_path(nic_a, nic_b)
+                if first and mid and last:
+                    path = first[:-1] + mid + last[1:]
+        if path is None:  # irregular graph: plain shortest path (connectivity was validated)
+            path = self._bfs(src, dst)
+        assert path is not None
+        self._paths[key] = path
+        return path
+
+    # --- group queries --------------------------------------------------------------------------------
+    def _group(self, ranks: Iterable[object]) -> tuple[int, ...]:
+        group = tuple(sorted(self._rank(r) for r in ranks))
+        check(len(set(group)) == len(group), f"group {list(group)} lists a rank twice")
+        return group
+
+    @staticmethod
+    def _ring(group: tuple[int, ...]) -> list[tuple[int, int]]:
+        if len(group) < 2:
+            return []
+        # Two ranks: a->b and b->a, both directions of the path are used.
+        return list(zip(group, group[1:] + group[:1], strict=True))
+
+    def _link_load(self, groups: frozenset[tuple[int, ...]]) -> Counter[Edge]:
+        load: Counter[Edge] = Counter()
+        for group in groups:
+            for a, b in self._ring(group):
+                path = self._path(self._ranks[a], self._ranks[b])
+                load.update(zip(path, path[1:], strict=False))
+        return load
+
+    def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
+        per_node = Counter(r // self.devices_per_node for r in group)
+        if len(group) < 2:
+            return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
+        load = self._load_cached(groups)
+        bandwidth, latency = math.inf, 0.0
+        for a, b in self._ring(group):
+            path = self._path(self._ranks[a], self._ranks[b])
+            edges = list(zip(path, path[1:], strict=False))
+            bandwidth = min(bandwidth, min(self._bw[e] / load[e] for e in edges))
+            latency = max(latency, sum(self._lat[e] for e in edges))
+        return GroupLink(bandwidth, latency, len(per_node), max(per_node.values()))
+
+    def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
+        """Ring bandwidth and per-step latency of `ranks`, sharing links with `concurrent` groups."""
+        group = self._group(ranks)
+        return self._link_cached(group, self._groups(concurrent) | {group})
+
+    def _groups(self, concurrent: Sequence[Sequence[int]]) -> frozenset[tuple[int, ...]]:
+        """Canonical (sorted) groups; vectorized for the usual [n_groups, size] integer array."""
+        if len(concurrent) == 0:
+            return frozenset()
+        try:
+            arr = np.asarray(concurrent)
+        except ValueError:  # ragged lists
+            arr = None
+        if arr is None or arr.ndim != 2 or arr.dtype.kind not in "iu" or arr.size == 0:
+            return frozenset(self._group(g) for g in concurrent)
+        arr = np.sort(arr, axis=1)
+        bad = arr[(arr < 0) | (arr >= self.num_devices)]
+        if bad.size:
+            self._rank(int(bad[0]))  # raises, naming the rank
+        dup = np.nonzero((np.diff(arr, axis=1) == 0).any(axis=1))[0]
+        check(dup.size == 0, f"group {arr[dup[0]].tolist() if dup.size else []} lists a rank twice")
+        return frozenset(map(tuple, arr.tolist()))
+
+    # --- export ---------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """YAML-serializable explicit form; `load_topology` of it gives an equal topology."""
+        nodes = [{"id": n, **_plain(d)} for n, d in self.graph.nodes(data=True)]
+        links = [{"a": u, "b": v, **_plain(d)} for u, v, d in self.graph.edges(data=True)]
+        out: dict[str, Any] = {"name": self.name, "device": self.device.to_dict(), "nodes": self.num_nodes,
+                               "devices_per_node": self.devices_per_node,
+                               "graph": {"nodes": nodes, "links": links}}
+        if self.calibration is not None:
+            out["calibration"] = self.calibration
+        return out
+
+    def _canonical(self) -> tuple[Any, ...]:
+        d = self.to_dict()
+        nodes = sorted((n["id"], sorted(n.items())) for n in d["graph"]["nodes"])
+        links = sorted((tuple(sorted((l["a"], l["b"]))), sorted(_attrs(l)))
+                       for l in d["graph"]["links"])
+        return d["name"], d["device"], d["nodes"], d["devices_per_node"], d.get("calibration"), nodes, links
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Topology) and self._canonical() == other._canonical()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"Topology({self.name!r}, {self.num_nodes} nodes x {self.devices_per_node} "
+                f"{self.device.name}, {self.graph.number_of_nodes()} graph nodes)")
+
+    def describe(self) -> dict[str, Any]:
+        """Headline figures for `paracube topologies`."""
+        dpn = self.devices_per_node
+        node0 = self.group_link(range(dpn))
+        out: dict[str, Any] = {
+            "name": self.name, "device": self.device.name, "nodes": self.num_nodes, "devices_per_node": dpn,
+            "devices": self.num_devices, "peak_flops": dict(self.device.peak_flops),
+            "memory_bytes": self.device.memory_bytes, "memory_bandwidth": self.device.memory_bandwidth,
+            "intra_node_bandwidth": node0.bandwidth, "intra_node_latency": node0.latency,
+        }
+        if self.num_nodes > 1:
+            # One rank per node (local rank 0 on every node): what a cross-node ring of single GPUs gets.
+            inter = self.group_link(range(0, self.num_devices, dpn))
+            out.update(inter_node_bandwidth=inter.bandwidth, inter_node_latency=inter.latency)
+            nics = [n for n in self._members.get(0, []) if self.graph.nodes[n]["kind"] == "nic"]
+            out["nics_per_node"] = len(nics)
+            out["injection_bandwidth_per_node"] = sum(
+                self._bw[(n, v)] for n in nics for v in self._adj[n] if self._node_of[v] is None)
+        if self.calibration is not None:
+            out["calibrated"] = True
+        return out
+
+
+def _plain(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Attributes as YAML-safe Python scalars (numpy scalars become int/float)."""
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+            value = value.item()
+        out[key] = value
+    return out
+
+
+def _attrs(link: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in link.items() if k not in ("a", "b")]

@@ -1,0 +1,297 @@
+"""Topology presets, routing, group_link (alone and under contention), YAML round trips, bad inputs.
+
+Expected figures are derived by hand from the preset constants (spec-sheet rates) in the comments.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from paracube.errors import ParacubeError
+from paracube.layout import parse_layout
+from paracube.topologies import (
+    PRESETS,
+    DeviceSpec,
+    Topology,
+    list_topologies,
+    load_topology,
+    save_topology,
+    topology_from_dict,
+)
+from paracube.topologies import presets as P
+
+HDR, EDR = 200e9 / 8, 100e9 / 8  # bytes/s per direction
+
+
+# --- presets ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "nodes", "per_node", "device", "bf16"), [
+    ("longhorn", 16, 4, "V100-SXM2-16GB", 15.7e12),  # no bf16 units on V100: fp32 rate
+    ("frontera-rtx", 16, 4, "Quadro-RTX-5000-16GB", 11.2e12),
+    ("dgx-a100", 16, 8, "A100-SXM-80GB", 312e12),
+    ("dgx-h100", 16, 8, "H100-SXM-80GB", 989e12),
+    ("local-cpu", 1, 8, "cpu-process", 25e9),
+])
+def test_preset_default_sizes_and_device(name: str, nodes: int, per_node: int, device: str,
+                                         bf16: float) -> None:
+    topo = load_topology(name)
+    assert (topo.num_nodes, topo.devices_per_node, topo.num_devices) == (nodes, per_node, nodes * per_node)
+    assert topo.device.name == device and topo.device.peak_flops["bf16"] == bf16
+    gpus = [n for n, d in topo.graph.nodes(data=True) if d["kind"] == "gpu"]
+    assert len(gpus) == nodes * per_node
+    assert set(list_topologies()) == set(PRESETS)
+
+
+def test_preset_spec_sheet_figures() -> None:
+    a100, h100 = load_topology("dgx-a100").device, load_topology("dgx-h100").device
+    assert a100.peak_flops == {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12}
+    assert a100.memory_bytes == 80 * 2**30 and a100.memory_bandwidth == 2039e9
+    assert h100.peak_flops["fp32"] == 67e12 and h100.memory_bandwidth == 3.35e12
+    v100 = load_topology("longhorn").device
+    assert v100.peak_flops["fp16"] == 125e12 and v100.memory_bytes == 16 * 2**30
+    d = load_topology("dgx-a100", gpus=32).describe()
+    # 600 GB/s bidirectional NVSwitch per GPU = 300 GB/s each way; one HDR NIC per GPU, 8 per node.
+    assert d["intra_node_bandwidth"] == 300e9 and d["inter_node_bandwidth"] == HDR
+    assert d["nics_per_node"] == 8 and d["injection_bandwidth_per_node"] == 8 * HDR
+    h = load_topology("dgx-h100", gpus=16).describe()
+    assert h["intra_node_bandwidth"] == 450e9 and h["inter_node_bandwidth"] == 400e9 / 8
+    f = load_topology("frontera-rtx", gpus=8).describe()
+    assert f["inter_node_bandwidth"] == pytest.approx(56e9 * 64 / 66 / 8)  # FDR, 64b/66b
+
+
+def test_gpu_counts_resize_presets() -> None:
+    assert load_topology("dgx-a100", gpus=1024).num_nodes == 128
+    assert load_topology("longhorn", nodes=3).num_devices == 12
+    part = load_topology("dgx-h100", gpus=4)  # fewer than one node: part of a node
+    assert (part.num_nodes, part.devices_per_node) == (1, 4)
+    assert load_topology("local-cpu", gpus=4).num_devices == 4
+    with pytest.raises(ParacubeError, match=r"gpus=12 is not a multiple of the 8 devices per node"):
+        load_topology("dgx-a100", gpus=12)
+    with pytest.raises(ParacubeError, match="disagree"):
+        load_topology("longhorn", gpus=16, nodes=3)
+
+
+def test_local_cpu_figures() -> None:
+    topo = load_topology("local-cpu")
+    assert topo.device.peak_flops["fp32"] == 50e9
+    link = topo.group_link(range(8))  # every process -> hub -> process: 2 GB/s, 2 x 25 us
+    assert link.bandwidth == 2e9 and link.latency == pytest.approx(50e-6)
+
+
+# --- routing ---------------------------------------------------------------------------------------------
+def test_routes_follow_the_hardware() -> None:
+    dgx = load_topology("dgx-a100", gpus=16)
+    assert dgx.rank_node(9) == "n1.gpu1"
+    assert dgx.route(0, 1) == [("n0.gpu0", "n0.switch"), ("n0.switch", "n0.gpu1")]
+    # Same rail: NIC 0 -> rail-0 leaf -> NIC 0.
+    assert dgx.route(0, 8) == [("n0.gpu0", "n0.nic0"), ("n0.nic0", "leaf0.rail0"), ("leaf0.rail0", "n1.nic0"),
+                               ("n1.nic0", "n1.gpu0")]
+    # Across rails the hop climbs to the spine.
+    assert dgx.route(7, 8) == [("n0.gpu7", "n0.nic7"), ("n0.nic7", "leaf0.rail7"), ("leaf0.rail7", "spine"),
+                               ("spine", "leaf0.rail0"), ("leaf0.rail0", "n1.nic0"), ("n1.nic0", "n1.gpu0")]
+    assert dgx.route(3, 3) == []
+    # AC922: GPUs 0,1 share socket 0, GPUs 2,3 socket 1; the HCA hangs off socket 0.
+    lh = load_topology("longhorn", nodes=2)
+    assert lh.route(0, 1) == [("n0.gpu0", "n0.gpu1")]
+    assert lh.route(1, 2) == [("n0.gpu1", "n0.cpu0"), ("n0.cpu0", "n0.cpu1"), ("n0.cpu1", "n0.gpu2")]
+    assert lh.route(2, 4)[:4] == [("n0.gpu2", "n0.cpu1"), ("n0.cpu1", "n0.cpu0"), ("n0.cpu0", "n0.nic0"),
+                                  ("n0.nic0", "leaf0")]
+    for a in range(8):
+        for b in range(8):
+            path = lh.route(a, b)
+            assert all(lh.graph.has_edge(u, v) for u, v in path)
+            if path:
+                assert path[0][0] == lh.rank_node(a) and path[-1][1] == lh.rank_node(b)
+                assert all(path[i][1] == path[i + 1][0] for i in range(len(path) - 1))
+
+
+# --- group_link ------------------------------------------------------------------------------------------
+def test_group_inside_an_nvswitch_node_gets_the_intra_node_bandwidth() -> None:
+    dgx = load_topology("dgx-a100", gpus=16)
+    link = dgx.group_link(range(8))
+    # Each GPU's link to the NVSwitch carries one ring hop per direction: 300 GB/s; path = 2 x 0.5 us.
+    assert (link.bandwidth, link.nodes, link.ranks_per_node) == (300e9, 1, 8)
+    assert link.latency == pytest.approx(2 * P.NVLINK_LAT)
+    # Concurrent groups in the other node share nothing with it.
+    assert dgx.group_link(range(8), concurrent=[range(8, 16)]).bandwidth == 300e9
+
+
+def test_longhorn_intra_node_pairs_and_x_bus() -> None:
+    lh = load_topology("longhorn", nodes=1)
+    assert lh.group_link([0, 1]).bandwidth == 75e9  # 3 NVLink 2.0 bricks x 25 GB/s
+    # A 4-GPU ring crosses the X-bus once each way (1->2 and 3->0): bottleneck 32 GB/s.
+    assert lh.group_link(range(4)).bandwidth == 32e9
+
+
+def test_group_on_eight_nodes_gets_the_nic_bandwidth() -> None:
+    lh = load_topology("longhorn", nodes=8)
+    ranks = list(range(0, 32, 4))  # local rank 0 of each node, one EDR HCA per node
+    link = lh.group_link(ranks)
+    assert (link.bandwidth, link.nodes, link.ranks_per_node) == (EDR, 8, 1)
+    # gpu->cpu0 (NVLink) + cpu0->nic (PCIe) + nic->leaf + leaf->nic + nic->cpu0 (PCIe) + cpu0->gpu (NVLink)
+    assert link.latency == pytest.approx(2 * P.NVLINK_LAT + 2 * P.PCIE_LAT + 2 * P.NIC_LAT)
+
+
+def test_two_concurrent_groups_sharing_one_nic_each_get_half() -> None:
+    lh = load_topology("longhorn", nodes=8)
+    a, b = list(range(0, 32, 4)), list(range(1, 32, 4))  # local ranks 0 and 1 of every node
+    # Each node's single NIC uplink carries one hop of each ring: 12.5 GB/s / 2.
+    assert lh.group_link(a, concurrent=[b]).bandwidth == EDR / 2
+    assert lh.group_link(b, concurrent=[a, b]).bandwidth == EDR / 2  # itself listed: counted once
+    assert lh.group_link(b).bandwidth == EDR
+    # On a rail-optimized DGX the two groups use different NICs: no sharing.
+    dgx = load_topology("dgx-a100", nodes=8)
+    assert dgx.group_link(range(0, 64, 8), concurrent=[range(1, 64, 8)]).bandwidth == HDR
+
+
+def test_oversubscribed_spine_is_shared_by_all_crossing_hops() -> None:
+    # 40 nodes = two 20-node leaf blocks per rail. Node i talks to node 20+i on rail 0, all 20 pairs at
+    # once: 20 hops leave leaf0.rail0 for the spine, whose uplink is 20 x 25 GB/s / oversubscription.
+    pairs = [[8 * i, 8 * (20 + i)] for i in range(20)]
+    full = load_topology("dgx-a100", nodes=40).group_link(pairs[0], concurrent=pairs)
+    assert full.bandwidth == HDR  # non-blocking: the NIC is the bottleneck
+    half = P.dgx_a100(40, oversubscription=2.0).group_link(pairs[0], concurrent=pairs)
+    assert half.bandwidth == 20 * HDR / 2 / 20
+
+
+def test_single_rank_group_and_equivalent_queries() -> None:
+    dgx = load_topology("dgx-a100", gpus=64)
+    one = dgx.group_link([5])
+    assert math.isinf(one.bandwidth) and one.latency == 0.0 and (one.nodes, one.ranks_per_node) == (1, 1)
+    groups = parse_layout("dp=4,tp=2d:4x4").groups("row")  # numpy [16, 4]
+    ref = dgx.group_link(groups[0], groups)
+    assert dgx.group_link(list(reversed(groups[0].tolist())), groups[::-1].tolist()) == ref
+    assert dgx.group_link(groups[0].tolist(), concurrent=groups[1:].tolist()) == ref
+
+
+# --- YAML ------------------------------------------------------------------------------------------------
+def test_yaml_round_trip_of_presets(tmp_path: Path) -> None:
+    for name in ("longhorn", "dgx-h100", "local-cpu"):
+        topo = load_topology(name, gpus=8)
+        topo.calibration = {"gemm": {"peak_fraction": 0.61}, "axes": {"x": {"alpha": 3e-6, "beta": 1e-10}}}
+        path = tmp_path / f"{name}.yaml"
+        save_topology(topo, path)
+        back = load_topology(str(path))
+        assert back == topo and back.calibration == topo.calibration
+        assert back.group_link(range(8)) == topo.group_link(range(8))
+        assert topology_from_dict(topo.to_dict()) == topo
+
+
+COMPACT = """\
+name: mycluster
+device: {name: A100-80GB, peak_flops: {fp32: 19.5e12, bf16: 312e12, fp16: 312e12}, memory_bytes: 80e9,
+         memory_bandwidth: 2.0e12}
+nodes: 4
+devices_per_node: 8
+intra_node: {bandwidth: 300e9, latency: 2e-6}
+inter_node: {bandwidth: 25e9, latency: 5e-6, nics_per_node: 2}
+"""
+
+
+def test_compact_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(COMPACT)
+    topo = load_topology(str(path))
+    assert (topo.name, topo.num_nodes, topo.devices_per_node) == ("mycluster", 4, 8)
+    assert topo.device.peak_flops["bf16"] == 312e12  # "312e12" is a string to YAML 1.1: read as a number
+    assert topo.group_link(range(8)).bandwidth == 300e9
+    # GPUs 0-3 use NIC 0, 4-7 NIC 1: the local-rank-0 and local-rank-1 rings share NIC 0 -> half of 25 GB/s.
+    a, b = list(range(0, 32, 8)), list(range(1, 32, 8))
+    assert topo.group_link(a, concurrent=[b]).bandwidth == 25e9 / 2
+    assert topo.group_link(a, concurrent=[list(range(4, 32, 8))]).bandwidth == 25e9
+    assert load_topology(str(path), gpus=64).num_nodes == 8
+    save_topology(topo, tmp_path / "x.yaml")
+    assert load_topology(str(tmp_path / "x.yaml")) == topo
+
+
+# --- bad inputs ------------------------------------------------------------------------------------------
+def test_unknown_preset_lists_the_valid_ones() -> None:
+    with pytest.raises(ParacubeError) as err:
+        load_topology("dgx-z100")
+    assert "dgx-z100" in str(err.value) and all(name in str(err.value) for name in PRESETS)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (COMPACT.replace("devices_per_node: 8\n", ""), r"field devices_per_node: Field required"),
+    (COMPACT.replace("bandwidth: 300e9", "bandwidth: 0"), r"field intra_node\.bandwidth: .*greater than 0"),
+    (COMPACT.replace("nodes: 4", "nodes: four"), r"field nodes: .*integer.*'four'"),
+    (COMPACT.replace("fp16: 312e12", "half: 1"), r"field device.*fp16"),
+    (COMPACT.replace("2.0e12}", "2.0e12"), r"c\.yaml: not valid YAML \(line \d+, column \d+\)"),
+    (COMPACT.replace("{name: A100-80GB,", "{name: A100-80GB, color: red,"),
+     r"field device\.color: Extra inputs"),
+    ("- just a list", r"expected a mapping"),
+])
+def test_bad_yaml_names_file_and_field(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ParacubeError, match=message) as err:
+        load_topology(str(path))
+    assert str(path) in str(err.value)
+
+
+def _tiny_graph() -> nx.Graph:
+    g = nx.Graph()
+    g.add_node("sw", kind="switch", node_index=0)
+    for j in range(2):
+        g.add_node(f"g{j}", kind="gpu", node_index=0, local_rank=j)
+        g.add_edge(f"g{j}", "sw", bandwidth=10e9, latency=1e-6)
+    return g
+
+
+DEV = DeviceSpec("d", {"fp32": 1e12, "fp16": 2e12, "bf16": 2e12}, 1e9, 1e11)
+
+
+def test_bad_graphs_name_the_element() -> None:
+    assert Topology("t", _tiny_graph(), DEV, 1, 2).group_link([0, 1]).bandwidth == 10e9
+    g = _tiny_graph()
+    g.edges["g1", "sw"]["bandwidth"] = 0.0
+    with pytest.raises(ParacubeError, match=r"link '(g1'-'sw|sw'-'g1)' has bandwidth=0\.0"):
+        Topology("t", g, DEV, 1, 2)
+    g = _tiny_graph()
+    g.edges["g0", "sw"]["latency"] = -1e-6
+    with pytest.raises(ParacubeError, match=r"link '(g0'-'sw|sw'-'g0)' has latency=-1e-06"):
+        Topology("t", g, DEV, 1, 2)
+    g = _tiny_graph()
+    g.remove_edge("g1", "sw")
+    with pytest.raises(ParacubeError, match=r"device 'g1' is disconnected"):
+        Topology("t", g, DEV, 1, 2)
+    with pytest.raises(ParacubeError, match=r"2 devices on the graph, expected .* = 3"):
+        Topology("t", _tiny_graph(), DEV, 1, 3)
+    g = _tiny_graph()
+    g.nodes["sw"]["kind"] = "router"
+    with pytest.raises(ParacubeError, match=r"node 'sw' has kind='router'"):
+        Topology("t", g, DEV, 1, 2)
+    with pytest.raises(ParacubeError, match=r"peak_flops lacks bf16"):
+        DeviceSpec("d", {"fp32": 1e12, "fp16": 2e12}, 1e9, 1e11)
+
+
+def test_explicit_yaml_graph_errors(tmp_path: Path) -> None:
+    data = Topology("t", _tiny_graph(), DEV, 1, 2).to_dict()
+    data["graph"]["links"][0]["bandwidth"] = -5.0
+    with pytest.raises(ParacubeError, match=r"f\.yaml: .*link '(g0'-'sw|sw'-'g0)' has bandwidth=-5\.0"):
+        topology_from_dict(data, "f.yaml")
+    data = Topology("t", _tiny_graph(), DEV, 1, 2).to_dict()
+    data["graph"]["links"].append({"a": "g0", "b": "ghost", "bandwidth": 1e9, "latency": 1e-6})
+    with pytest.raises(ParacubeError, match=r"f\.yaml: link 'g0'-'ghost' names node 'ghost'"):
+        topology_from_dict(data, "f.yaml")
+    with pytest.raises(ParacubeError, match="cannot be resized"):
+        topology_from_dict(Topology("t", _tiny_graph(), DEV, 1, 2).to_dict(), "f.yaml", gpus=4)
+
+
+def test_ranks_not_on_the_graph() -> None:
+    topo = load_topology("local-cpu")
+    for call in (lambda: topo.group_link([0, 8]), lambda: topo.route(0, -1), lambda: topo.rank_node(99),
+                 lambda: topo.group_link([0, 1], concurrent=np.array([[2, 30]]))):
+        msg = r"rank -?\d+ is not on topology 'local-cpu'; valid ranks: 0..7"
+        with pytest.raises(ParacubeError, match=msg):
+            call()
+    with pytest.raises(ParacubeError, match=r"lists a rank twice"):
+        topo.group_link([1, 1])
+    with pytest.raises(ParacubeError, match=r"lists a rank twice"):
+        topo.group_link([0], concurrent=[[2, 2]])
+    with pytest.raises(ParacubeError, match=r"rank 1\.5"):
+        topo.group_link([0, 1.5])  # type: ignore[list-item]
