@@ -44,12 +44,14 @@ def topologies(args: argparse.Namespace) -> int:
         print_json(described)
         return 0
     table = Table(title="cluster presets (default size; --gpus N to resize)")
-    for col in ("name", "device", "devices", "per node", "bf16 TFLOP/s", "memory", "intra-node", "inter-node"):
+    for col in ("name", "device", "devices", "per node", "fp16/bf16 TFLOP/s", "fp32 TFLOP/s", "memory",
+                "intra-node", "inter-node"):
         table.add_column(col)
     for d in described:
         table.add_row(
             str(d.get("name")), str(d.get("device")), str(d.get("devices")), str(d.get("devices_per_node")),
-            f"{d.get('peak_flops', {}).get('bf16', 0) / 1e12:.0f}", human_bytes(float(d.get("memory_bytes", 0))),
+            f"{max(d['peak_flops'].get('bf16', 0), d['peak_flops'].get('fp16', 0)) / 1e12:.3g}",
+            f"{d['peak_flops'].get('fp32', 0) / 1e12:.3g}", human_bytes(float(d.get("memory_bytes", 0))),
             f"{float(d.get('intra_node_bandwidth', 0)) / 1e9:.0f} GB/s",
             f"{float(d.get('inter_node_bandwidth', 0)) / 1e9:.1f} GB/s",
         )

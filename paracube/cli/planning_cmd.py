@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("compare", help="the best layout of each tensor mode side by side")
     add_workload_options(p)
+    p.add_argument("--tensor-only", action="store_true",
+                   help="all devices in one tensor group (dp=pp=1), as in Bian et al.'s experiments")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="write a time/memory picture")
     p.set_defaults(handler=compare_cmd)
 
@@ -130,11 +132,52 @@ def plan_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tensor_only_shapes(gpus: int) -> dict[str, list[tuple[int, ...]]]:
+    def root(n: int, k: int) -> int | None:
+        r = round(n ** (1 / k))
+        return next((c for c in (r - 1, r, r + 1) if c >= 1 and c**k == n), None)
+
+    shapes: dict[str, list[tuple[int, ...]]] = {"1d": [(gpus,)]}
+    if (q := root(gpus, 2)) and q > 1:
+        shapes["2d"] = [(q, q)]
+    shapes["2.5d"] = [(q, q, gpus // (q * q)) for q in range(2, gpus + 1)
+                      if gpus % (q * q) == 0 and gpus // (q * q) > 1]
+    if (q := root(gpus, 3)) and q > 1:
+        shapes["3d"] = [(q, q, q)]
+    return shapes
+
+
+def _tensor_only_best(w: Workload, topo: object) -> tuple[dict[str, tuple[Layout, StepEstimate]], dict[str, str]]:
+    """Best layout per mode with every device in the tensor group (the paper's setting)."""
+    from paracube.planner import search
+
+    best: dict[str, tuple[Layout, StepEstimate]] = {}
+    why: dict[str, str] = {}
+    for mode, shapes in _tensor_only_shapes(w.gpus).items():
+        for shape in shapes:
+            try:
+                found = search(w.model, w.training, topo, w.gpus, fixed=Layout(mode=mode, shape=shape), top_k=1)
+            except ParacubeError as exc:
+                why.setdefault(mode, str(exc))
+                continue
+            lay, est = found.ranked[0]
+            if mode not in best or est.step_time_s < best[mode][1].step_time_s:
+                best[mode] = (lay, est)
+    for mode in MODE_ORDER[1:]:
+        if mode not in best and mode not in why:
+            why[mode] = f"{w.gpus} devices do not form a {mode} tensor group"
+    return best, why
+
+
 def compare_cmd(args: argparse.Namespace) -> int:
     w = workload_from_args(args)
     topo = w.topology
-    result = _search(w, topo, top_k=1)
-    best = {m: result.best_per_mode[m] for m in MODE_ORDER if m in result.best_per_mode}
+    if args.tensor_only:
+        best, explanations = _tensor_only_best(w, topo)
+    else:
+        result = _search(w, topo, top_k=1)
+        best = {m: result.best_per_mode[m] for m in MODE_ORDER if m in result.best_per_mode}
+        explanations = result.explanations
     base = best.get("1d")
     rows = []
     for mode, (lay, est) in best.items():
@@ -143,7 +186,7 @@ def compare_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"workload": _summary(w), "modes": [
             {"mode": m, "speedup_over_1d": s, **est.to_dict(), "layout": str(lay)} for m, lay, est, s in rows],
-            "no_layout": result.explanations})
+            "no_layout": explanations})
     else:
         table = Table(title=_summary(w) + ": best layout per tensor mode")
         table.add_column("mode")
@@ -155,7 +198,7 @@ def compare_cmd(args: argparse.Namespace) -> int:
             table.add_row(mode, str(lay), *_row(est), f"{speedup:.2f}x" if speedup else "-")
         console = make_console()
         console.print(table)
-        for mode, why in result.explanations.items():
+        for mode, why in explanations.items():
             console.print(f"{mode}: no valid layout: {why}")
     if args.plot:
         from paracube.plots import plot_estimates
