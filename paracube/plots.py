@@ -17,15 +17,16 @@ def plot_estimates(estimates: Sequence[StepEstimate], labels: Sequence[str], pat
 
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
     x = range(len(estimates))
-    compute = [e.compute_time_s * 1e3 for e in estimates]
-    comm = [e.exposed_comm_time_s * 1e3 for e in estimates]
-    bubble = [e.bubble_time_s * 1e3 for e in estimates]
+    scale, unit = (1.0, "s") if max(e.step_time_s for e in estimates) > 5 else (1e3, "ms")
+    compute = [e.compute_time_s * scale for e in estimates]
+    comm = [e.exposed_comm_time_s * scale for e in estimates]
+    bubble = [e.bubble_time_s * scale for e in estimates]
     ax_time.bar(x, compute, label="compute", color="#4c72b0")
     ax_time.bar(x, comm, bottom=compute, label="exposed communication", color="#dd8452")
     ax_time.bar(x, bubble, bottom=[c + m for c, m in zip(compute, comm, strict=True)], label="pipeline bubble",
                 color="#8c8c8c")
     ax_time.set_xticks(list(x), labels, rotation=15, ha="right", fontsize=8)
-    ax_time.set_ylabel("time per training step (ms)")
+    ax_time.set_ylabel(f"time per training step ({unit})")
     ax_time.set_title("step time breakdown")
     ax_time.legend(fontsize=8)
 

@@ -1,0 +1,115 @@
+"""FLOPs and compute time per device, vectorized over layouts.
+
+FLOPs: a matmul [m, k] x [k, n] is 2mnk; per block the four linears, plus attention scores (QK^T) and
+values (PV), 2 b s^2 h each; the head 2 T h V. Backward = 2 x forward. Full recompute adds one forward of
+every block; selective recompute re-does the attention core (scores, softmax, values) only.
+
+Time: roofline per GEMM with an efficiency that falls for small local matrices,
+    eff(m, n, k) = eff_max * m/(m + m0) * n/(n + n0) * k/(k + k0)
+(defaults eff_max = 0.85, m0 = n0 = k0 = 64: a 4096^3 GEMM runs at ~81% of peak, 1024^3 at ~71%, 256^3 at
+~54%, 64^3 at ~11%; `topology.calibration["gemm"]` may override any of the four). Each linear runs three
+GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
+Memory-bound elementwise work (norms, residual adds, bias, GELU, softmax, cross-entropy) is priced at
+memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc
++ 3 b heads s^2 / t), backward twice that (a coarse count of reads + writes).
+Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
+  none [T, h_in] x [h_in, h_out]; 1d column [T, h_in] x [h_in, h_out/t], row [T, h_in/t] x [h_in/t, h_out];
+  2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
+  3d [T/q, h_in/q] x [h_in/q, h_out/q].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from paracube.cost_models.dims import Dims
+
+Arr = np.ndarray
+
+
+@dataclass(frozen=True)
+class GemmModel:
+    peak: float  # FLOP/s of the compute dtype
+    mem_bw: float  # bytes/s
+    eff_max: float = 0.85
+    m0: float = 64.0
+    n0: float = 64.0
+    k0: float = 64.0
+    mem_eff: float = 0.8
+
+    def eff(self, m: Arr, n: Arr, k: Arr) -> Arr:
+        return self.eff_max * m / (m + self.m0) * n / (n + self.n0) * k / (k + self.k0)
+
+    def gemm_time(self, m: Arr, n: Arr, k: Arr) -> Arr:
+        m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+        return 2.0 * m * n * k / (self.peak * self.eff(m, n, k))
+
+    def linear_time(self, m: Arr, n: Arr, k: Arr) -> tuple[Arr, Arr]:
+        """(forward, backward) time of one linear with local shapes X [m, k], A [k, n]."""
+        return self.gemm_time(m, n, k), self.gemm_time(m, k, n) + self.gemm_time(k, n, m)
+
+
+def gemm_model(topo: object, dtype: str) -> GemmModel:
+    device = topo.device  # type: ignore[attr-defined]
+    cal = (getattr(topo, "calibration", None) or {}).get("gemm", {}) or {}
+    known = {k: float(v) for k, v in cal.items() if k in ("eff_max", "m0", "n0", "k0", "mem_eff")}
+    return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known)
+
+
+def local_shape(
+    mode: str, T: Arr, h_in: int, h_out: Arr, column: bool, a: dict[str, Arr]
+) -> tuple[Arr, Arr, Arr]:
+    """(m, n, k) of the forward GEMM of one linear on one rank."""
+    t, q, dd = a["t"], a["q"], a["d"]
+    if mode == "none":
+        return T, h_out, h_in
+    if mode == "1d":
+        return (T, h_out / t, h_in) if column else (T, h_out, h_in / t)
+    if mode in ("2d", "2.5d"):
+        return T / (dd * q), h_out / q, h_in
+    return T / q, h_out / q, h_in / q
+
+
+def model_flops_per_step(d: Dims) -> float:
+    """Model FLOPs of one optimizer step for the whole model (fwd + bwd, no recomputation)."""
+    T = d.global_batch * d.s
+    per_layer = 2 * T * d.sum_w() + 4 * d.global_batch * d.s * d.s * d.h
+    return 3.0 * (d.L * per_layer + 2 * T * d.h * d.V)
+
+
+def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: GemmModel) -> Arr:
+    """Compute time of one step on one rank of a stage (all micro-batches, recompute included)."""
+    dp, pp, t, mb = a["dp"], a["pp"], a["t"], a["mb"]
+    N = d.global_batch // (dp * mb)
+    T = (mb * d.s).astype(float)
+    Ls = d.L // pp
+    c = d.c
+    fwd_blk = np.zeros_like(T)
+    bwd_blk = np.zeros_like(T)
+    for n, (_, h_in, h_out, _) in enumerate(d.linears):
+        f, b = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), a))
+        fwd_blk, bwd_blk = fwd_blk + f, bwd_blk + b
+    # Attention core: mb*heads/t (sequence, head) pairs per rank, each two [s, s]-sized GEMMs.
+    hd = d.h // d.heads
+    pairs = mb * d.heads / t
+    attn_f = pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
+    act = np.where(a["sp"] > 0, t, 1) if mode == "1d" else t
+    h_loc = T * d.h / act
+    f_loc = T * d.f / t
+    softmax = 3.0 * mb * d.heads * d.s * d.s / t
+    elem_f = c * (12 * h_loc + 4 * f_loc + softmax) / (g.mem_bw * g.mem_eff)
+    attn_elem = c * softmax / (g.mem_bw * g.mem_eff)
+    per_block = fwd_blk + bwd_blk + 3 * (attn_f + elem_f)
+    if d.recompute == "full":
+        per_block = per_block + fwd_blk + attn_f + elem_f
+    elif d.recompute == "selective":
+        per_block = per_block + attn_f + attn_elem
+    # Head (vocab-parallel linear h -> V) and cross-entropy on the last stage.
+    split = {"none": 1, "1d": t, "2d": a["q"], "2.5d": a["q"], "3d": a["q"] ** 2}[mode]
+    V = -(-d.V // split) * split
+    hf, hb = g.linear_time(*local_shape(mode, T, d.h, V, True, a))
+    ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
+    per_micro = Ls * per_block + last * (hf + hb + ce)
+    return N * per_micro

@@ -1,0 +1,82 @@
+"""Topology queries for the groups of a layout, cached by what actually determines them.
+
+The ranks of a group over mesh axes A depend only on the placement (innermost first) of the axes of size
+> 1 and on which of them belong to A. Adjacent axes with the same membership merge (a 2 x 4 block of
+consecutive ranks is an 8 block), so thousands of layouts share a few hundred distinct queries. For each
+distinct query we call `topo.group_link(groups[0], concurrent=groups[1:])` once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from paracube.layout import Layout
+
+Runs = tuple[tuple[int, bool], ...]
+
+
+def runs_for(placement: Sequence[tuple[str, int]], axes: Sequence[str]) -> Runs:
+    """Merged (size, member) runs, innermost first, of a placement given as (axis, size) pairs."""
+    runs: list[list] = []
+    for axis, size in placement:
+        if size == 1:
+            continue
+        member = axis in axes
+        if runs and runs[-1][1] == member:
+            runs[-1][0] *= size
+        else:
+            runs.append([size, member])
+    return tuple((s, m) for s, m in runs)
+
+
+def groups_from_runs(runs: Runs) -> np.ndarray:
+    """[n_groups, group_size] rank groups (the same sets as Layout.groups, member order innermost-minor)."""
+    world = math.prod(s for s, _ in runs) if runs else 1
+    outer_first = list(reversed(runs))
+    grid = np.arange(world).reshape([s for s, _ in outer_first] or [1])
+    members = [i for i, (_, m) in enumerate(outer_first) if m]
+    others = [i for i, (_, m) in enumerate(outer_first) if not m]
+    size = math.prod(outer_first[i][0] for i in members) if members else 1
+    return grid.transpose(others + members).reshape(-1, size)
+
+
+class LinkCache:
+    """(bandwidth B/s, latency s) of the groups over given axes, per placement; one topology query each."""
+
+    def __init__(self, topo: object) -> None:
+        self.topo = topo
+        self._cache: dict[Runs, tuple[float, float]] = {}
+        self._keyed: dict[bytes, tuple[float, float]] = {}
+        self.queries = 0
+
+    def get_runs(self, runs: Runs) -> tuple[float, float]:
+        hit = self._cache.get(runs)
+        if hit is None:
+            if not any(m for _, m in runs):
+                hit = (math.inf, 0.0)  # a group of one rank: nothing is sent
+            else:
+                groups = groups_from_runs(runs)
+                link = self.topo.group_link(groups[0].tolist(), concurrent=groups[1:].tolist())  # type: ignore[attr-defined]
+                hit = (float(link.bandwidth), float(link.latency))
+                self.queries += 1
+            self._cache[runs] = hit
+        return hit
+
+    def get_keyed(
+        self, key: bytes, placement: Sequence[tuple[str, int]], axes: Sequence[str]
+    ) -> tuple[float, float]:
+        """Like get, memoized under a caller's precomputed key (the planner's encoded runs)."""
+        hit = self._keyed.get(key)
+        if hit is None:
+            hit = self._keyed[key] = self.get(placement, axes)
+        return hit
+
+    def get(self, placement: Sequence[tuple[str, int]], axes: Sequence[str]) -> tuple[float, float]:
+        return self.get_runs(runs_for(placement, axes))
+
+
+def placement_of(layout: Layout) -> tuple[tuple[str, int], ...]:
+    return tuple((a, layout.axis_size(a)) for a in layout.effective_placement)

@@ -1,0 +1,121 @@
+"""Enumerate the layouts of N GPUs: tensor shapes per mode, dp x pp splits, distinct placements.
+
+Tensor shapes: 1d p >= 2 (p = 1 is `none`); 2d q x q, q >= 2; 2.5d q x q x d, q >= 2, d >= 2 (d = 1 is
+2d); 3d q^3, q >= 2. Placements: every order of the axes of size > 1 (axes of size 1 do not change
+any group), deduplicated by what the cost model sees: two orders whose groups over every axis set the
+model queries are the same rank sets (same merged runs, links.runs_for) score identically, so only
+the first is kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from paracube.cost_models.comm import axes_used
+from paracube.layout import TENSOR_AXES
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def tensor_shapes(mode: str, gpus: int) -> list[tuple[int, ...]]:
+    if mode == "none":
+        return [()]
+    if mode == "1d":
+        return [(p,) for p in divisors(gpus) if p >= 2]
+    if mode == "2d":
+        return [(q, q) for q in range(2, math.isqrt(gpus) + 1) if gpus % (q * q) == 0]
+    if mode == "2.5d":
+        return [
+            (q, q, d)
+            for q in range(2, math.isqrt(gpus) + 1)
+            for d in divisors(gpus // (q * q))
+            if gpus % (q * q) == 0 and d >= 2
+        ]
+    return [(q, q, q) for q in range(2, round(gpus ** (1 / 3)) + 2) if gpus % q**3 == 0]
+
+
+NO_SHAPE = {
+    "1d": "1d needs at least 2 tensor ranks: {n} GPUs leave none",
+    "2d": "2d needs a square number of tensor ranks (4, 9, 16, ...) dividing the GPU count: {n} has none",
+    "2.5d": "2.5d needs q x q x d tensor ranks (q, d >= 2: 8, 16, 18, ...) dividing the GPU count: "
+    "{n} has none",
+    "3d": "3d needs a cube number of tensor ranks (8, 27, 64, ...) dividing the GPU count: {n} has none",
+}
+
+
+@dataclass(frozen=True)
+class Structure:
+    """A mode, tensor shape, dp and pp: everything but micro-batch, interleave, sp and placement."""
+
+    mode: str
+    shape: tuple[int, ...]
+    dp: int
+    pp: int
+
+    def sizes(self) -> dict[str, int]:
+        s: dict[str, int] = {"pp": self.pp, "dp": self.dp}
+        names = TENSOR_AXES[self.mode]
+        if self.mode == "1d":
+            s["tp"] = self.shape[0]
+        elif self.mode == "2.5d":
+            s.update(dep=self.shape[2], row=self.shape[0], col=self.shape[1])
+        else:
+            s.update(zip(names, self.shape, strict=True))
+        return s
+
+    def placements(self) -> list[tuple[tuple[tuple[str, int], ...], list[bytes]]]:
+        """Distinct placements, innermost first, as (axis, size) pairs (size-1 axes left out), each with one
+        key per axis set of axes_used(mode): equal keys mean equal rank groups (see _keys)."""
+        sizes = self.sizes()
+        big = [a for a in ("pp", "dp", *TENSOR_AXES[self.mode]) if sizes[a] > 1]
+        default = tuple(reversed(big))  # tensor axes innermost, then dp, then pp (Megatron's order)
+        perms = [default, *(p for p in itertools.permutations(big) if p != default)]
+        used = axes_used(self.mode)
+        keys = _keys(perms, sizes, used)
+        _, first = np.unique(keys.reshape(len(perms), -1), axis=0, return_index=True)
+        return [
+            (tuple((a, sizes[a]) for a in perms[i]), [keys[i, j].tobytes() for j in range(len(used))])
+            for i in sorted(first)
+        ]
+
+
+def _keys(perms: list[tuple[str, ...]], sizes: dict[str, int], used: list[tuple[str, ...]]) -> np.ndarray:
+    """[P, J, k + 2] int64: for placement p and axis set j, the merged runs of links.runs_for encoded as the
+    first axis' membership, the prefix products of sizes where membership changes (0 elsewhere), and the
+    world size. Two placements with equal rows have equal groups over that axis set."""
+    P, k, J = len(perms), len(perms[0]) if perms else 0, len(used)
+    if k == 0:
+        return np.zeros((max(P, 1), J, 2), dtype=np.int64)
+    idx = {a: i for i, a in enumerate(perms[0])}
+    order = np.array([[idx[a] for a in p] for p in perms])
+    names = perms[0]
+    size = np.array([sizes[a] for a in names])[order]  # [P, k]
+    member = np.array([[a in ax for ax in used] for a in names])[order]  # [P, k, J]
+    prefix = np.cumprod(size, axis=1)
+    change = np.zeros_like(member)
+    change[:, 1:] = member[:, 1:] != member[:, :-1]
+    bounds = np.where(change, np.concatenate([np.ones((P, 1), int), prefix[:, :-1]], axis=1)[:, :, None], 0)
+    return np.concatenate(
+        [
+            member[:, :1].transpose(0, 2, 1).astype(np.int64),
+            bounds.transpose(0, 2, 1),
+            prefix[:, -1:, None].repeat(J, axis=1),
+        ],
+        axis=2,
+    )
+
+
+def structures(mode: str, gpus: int, layers: int) -> list[Structure]:
+    out = []
+    for shape in tensor_shapes(mode, gpus):
+        t = math.prod(shape) if shape else 1
+        for pp in divisors(gpus // t):
+            if layers % pp == 0:
+                out.append(Structure(mode, shape, gpus // t // pp, pp))
+    return out

@@ -1,0 +1,132 @@
+"""Memory per device: exact parameter counts per rank, Korthikanti et al. (2022) activations, pipelines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paracube.cost_models.analytic import estimate
+from paracube.cost_models.comm import stage_layers_params
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.memory import _block_acts, in_flight, stage_memory
+from paracube.cost_models.traffic import local_parameter_count
+from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
+from paracube.cost_models.validity import layout_arrays
+from paracube.layout import Layout, parse_layout
+from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+
+TINY = PRESETS["tiny"]
+ONE = np.array([1])
+
+
+def topo(gpus: int) -> UniformTopology:
+    dev = DeviceSpec("fake", {"fp32": 1e13, "fp16": 1e14, "bf16": 1e14}, 1e12, 1e12)
+    return UniformTopology(dev, gpus, 8, 100e9, 2e-6, 10e9, 10e-6)
+
+
+def _params(model: ModelSpec, layout: Layout) -> tuple[int, int]:
+    d = dims_of(model, TrainingSpec())
+    closed = int(stage_layers_params(d, layout.mode, layout_arrays(layout, 1), ONE, ONE)[0])
+    return closed, local_parameter_count(layout, d)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([2, 3, 4]), st.integers(1, 3), st.integers(1, 3), st.sampled_from(["gpt", "llama"]))
+def test_3d_and_2d_parameters_per_rank_exact(q: int, k: int, layers: int, family: str) -> None:
+    """docs/algorithms.md: 2d and 3d store every parameter exactly once: per rank total/q^2, total/q^3."""
+    h = q**3 * k * q  # divisible by q^3 and by heads = q
+    m = ModelSpec(
+        "m",
+        layers=layers,
+        hidden=h,
+        heads=q,
+        ffn_hidden=4 * h,
+        vocab=q * q * 7,
+        seq_len=q * q * 3,
+        family=family,
+    )
+    total = m.num_parameters()
+    assert _params(m, Layout(mode="3d", shape=(q, q, q))) == (total // q**3, total // q**3)
+    assert total % q**3 == 0
+    assert _params(m, Layout(mode="2d", shape=(q, q))) == (total // q**2, total // q**2)
+
+
+def test_1d_parameters_by_hand() -> None:
+    """tiny, p=2: per block norms 4h = 256 and row biases 2h = 128 are replicated, the other
+    49984 - 384 = 49600 split -> 24800 + 384 = 25184; tok_emb 256*64/2 = 8192, pos_emb 64*64 = 4096
+    replicated, ln_f 128, head 8192 -> 20608. Total 2 * 25184 + 20608 = 70976."""
+    assert _params(TINY, Layout(mode="1d", shape=(2,))) == (70976, 70976)
+
+
+def test_static_memory_is_16_bytes_per_local_parameter() -> None:
+    est = estimate(
+        TINY, TrainingSpec(global_batch=8), parse_layout("tp=3d:2x2x2,mb=4"), topo(8), with_events=False
+    )
+    n = TINY.num_parameters() // 8
+    assert (est.memory.parameters, est.memory.gradients, est.memory.optimizer) == (4 * n, 4 * n, 8 * n)
+
+
+GPT175 = PRESETS["gpt3-175b"]  # s = 2048, h = 12288, a = 96, f = 4h
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_1d_activations_match_korthikanti(t: int) -> None:
+    """Korthikanti et al. 2022, bytes per layer with 16-bit activations (bf16 -> no scaling), b = 1:
+    no TP sbh(34 + 5as/h); TP sbh(10 + 24/t + 5as/(ht)); TP+SP sbh/t(34 + 5as/h); selective+SP 34 sbh/t;
+    selective without SP sbh(10 + 24/t); full recompute 2 sbh (2 sbh/t with SP)."""
+    s, b, h, a = 2048, 1, 12288, 96
+    sbh = s * b * h
+
+    def acts(recompute: str, sp: bool) -> float:
+        d = dims_of(GPT175, TrainingSpec(global_batch=1, dtype="bf16", recompute=recompute))
+        lay = Layout(mode="1d", shape=(t,), sequence_parallel=sp) if t > 1 else Layout()
+        return float(_block_acts(d, lay.mode, layout_arrays(lay, b), recompute)[0])
+
+    assert acts("none", False) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert acts("selective", False) == pytest.approx(sbh * (10 + 24 / t))
+    assert acts("full", False) == pytest.approx(2 * sbh)
+    if t > 1:
+        assert acts("none", True) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+        assert acts("selective", True) == pytest.approx(34 * sbh / t)
+        assert acts("full", True) == pytest.approx(2 * sbh / t)
+    else:
+        assert acts("none", False) == pytest.approx(sbh * (34 + 5 * a * s / h))
+
+
+def test_fp32_doubles_activations_and_3d_splits_them() -> None:
+    """fp32 scales the 16-bit formula by 4/2; 3d q=2 splits the no-TP memory 8 ways and adds the gathered
+    inputs c (T/q) sum(h_in)/q (1 - 1/q) and weights c sum(h_in h_out)/q^2 the linears keep for backward."""
+    d16 = dims_of(TINY, TrainingSpec(dtype="bf16"))
+    d32 = dims_of(TINY, TrainingSpec(dtype="fp32"))
+    none = Layout()
+    a = layout_arrays(none, 4)
+    assert _block_acts(d32, "none", a, "none")[0] == pytest.approx(2 * _block_acts(d16, "none", a, "none")[0])
+    cube = Layout(mode="3d", shape=(2, 2, 2))
+    T = 4 * 64
+    gathered = 4 * (T / 2 * (64 + 64 + 64 + 256) / 2 * 0.5 + 49152 / 4)
+    got = _block_acts(d32, "3d", layout_arrays(cube, 4), "none")[0]
+    assert got == pytest.approx(_block_acts(d32, "none", a, "none")[0] / 8 + gathered)
+
+
+def test_pipeline_in_flight() -> None:
+    """1F1B: the first stage holds min(pp, N) micro-batches; interleaved v: pp (1 + (pp-1)/(pp v))
+    (Narayanan et al.); the last stage 1 (1F1B)."""
+    a = layout_arrays(Layout(pp=4, interleave=2), 1)
+    assert in_flight(a, np.array([16.0]), True)[0] == pytest.approx(4 * (1 + 3 / 8))
+    a1 = layout_arrays(Layout(pp=4), 1)
+    assert in_flight(a1, np.array([16.0]), True)[0] == 4
+    assert in_flight(a1, np.array([2.0]), True)[0] == 2
+    assert in_flight(a1, np.array([16.0]), False)[0] == 1
+    # tiny, fp32, full recompute, mb=1: a block keeps 2 sbh * (4/2) = 2*64*64*2 = 16384 B, the embedding
+    # output 4 T h = 16384 B. pp=1: 2 blocks + embedding = 49152. pp=2 (N = 8): the first stage keeps
+    # min(2, 8) = 2 micro-batches of 1 block + embedding = 65536; the last stage 1 block of 1 micro-batch.
+    d = dims_of(TINY, TrainingSpec(global_batch=8, recompute="full"))
+    one = stage_memory(d, "none", layout_arrays(Layout(), 1), True, True)["activations"][0]
+    a2 = layout_arrays(Layout(pp=2), 1)
+    assert (
+        one,
+        stage_memory(d, "none", a2, True, False)["activations"][0],
+        stage_memory(d, "none", a2, False, True)["activations"][0],
+    ) == (49152, 65536, 16384)
