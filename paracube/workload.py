@@ -185,32 +185,39 @@ def from_hf_config(path: Path) -> ModelSpec:
         raise ParacubeError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     check(isinstance(data, dict), f"{path}: expected a JSON object with model hyper-parameters")
 
-    def pick(*keys: str, default: Any = None) -> Any:
+    def pick(*keys: str, default: int | None = None) -> int:
         for key in keys:
-            if key in data:
-                return data[key]
+            if key in data and data[key] is not None:
+                value = data[key]
+                check(isinstance(value, int) and not isinstance(value, bool),
+                      f"{path}: field {key!r} must be an integer, got {value!r}")
+                return value
         if default is None:
             raise ParacubeError(f"{path}: missing field; expected one of {list(keys)}")
         return default
 
-    arch = " ".join(data.get("architectures") or []) + " " + str(data.get("model_type", ""))
+    archs = data.get("architectures") or []
+    check(isinstance(archs, list) and all(isinstance(a, str) for a in archs),
+          f"{path}: field 'architectures' must be a list of names, got {archs!r}")
+    arch = " ".join(archs) + " " + str(data.get("model_type", ""))
     family: Family = "llama" if any(k in arch.lower() for k in ("llama", "mistral", "qwen")) else "gpt"
     hidden = pick("n_embd", "hidden_size", "d_model")
-    try:
-        return ModelSpec(
-            name=str(data.get("_name_or_path") or path.stem),
-            layers=pick("n_layer", "num_hidden_layers", "num_layers"),
-            hidden=hidden,
-            heads=pick("n_head", "num_attention_heads"),
-            ffn_hidden=pick("n_inner", "intermediate_size", "ffn_dim", default=4 * hidden) or 4 * hidden,
-            vocab=pick("vocab_size"),
-            seq_len=pick("n_positions", "max_position_embeddings", "n_ctx"),
-            family=family,
-            kv_heads=data.get("num_key_value_heads"),
-            tied_embeddings=bool(data.get("tie_word_embeddings", family == "gpt")),
-        )
-    except TypeError as exc:
-        raise ParacubeError(f"{path}: {exc}") from None
+    kv_heads = data.get("num_key_value_heads")
+    check(kv_heads is None or (isinstance(kv_heads, int) and not isinstance(kv_heads, bool)),
+          f"{path}: field 'num_key_value_heads' must be an integer, got {kv_heads!r}")
+    name = data.get("_name_or_path") or path.parent.name or path.stem
+    return ModelSpec(
+        name=str(name),
+        layers=pick("n_layer", "num_hidden_layers", "num_layers"),
+        hidden=hidden,
+        heads=pick("n_head", "num_attention_heads"),
+        ffn_hidden=pick("n_inner", "intermediate_size", "ffn_dim", default=4 * hidden),
+        vocab=pick("vocab_size"),
+        seq_len=pick("n_positions", "max_position_embeddings", "n_ctx"),
+        family=family,
+        kv_heads=kv_heads,
+        tied_embeddings=bool(data.get("tie_word_embeddings", family == "gpt")),
+    )
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
