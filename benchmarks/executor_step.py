@@ -1,0 +1,212 @@
+"""One training step of the same GPT on 8 gloo CPU ranks: our 1D, 2D, 3D and PyTorch's own tensor parallel.
+
+PyTorch's peer is 1D (Megatron) tensor parallelism with DTensor: `parallelize_module` with ColwiseParallel on
+qkv/fc and RowwiseParallel on proj/fc2 of a plain GPT (embeddings, LayerNorms and head replicated). Every
+run: AdamW, global-norm clipping, the same global batch and micro-batches. 2D needs a square grid, so its 8
+ranks are dp=2 x 2x2. Prints step time (mean over timed steps of the slowest rank) and bytes sent per rank
+(ring algorithms; ours from the recorded CommEvents, PyTorch's from the collectives its DTensors dispatch).
+Usage: python benchmarks/executor_step.py [--model small] [--steps 5] [--warmup 2] [--global-batch 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from paracube.estimate import CommEvent  # noqa: E402
+from paracube.workload import ModelSpec, resolve_model  # noqa: E402
+
+OURS = {"ours 1D": "dp=1,tp=1d:8,mb=4", "ours 2D": "dp=2,tp=2d:2x2,mb=4", "ours 3D": "dp=1,tp=3d:2x2x2,mb=4"}
+KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
+
+
+# --- PyTorch's tensor parallel on a plain GPT ------------------------------------------------------------
+class _Block(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h = spec.hidden
+        self.heads = spec.heads
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc, self.fc2 = nn.Linear(h, spec.ffn_hidden), nn.Linear(spec.ffn_hidden, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        qkv = self.qkv(self.ln1(x))  # local heads after ColwiseParallel: [b, s, heads_local * 3 * d]
+        d = x.shape[-1] // self.heads
+        q, k, v = qkv.view(b, s, -1, 3, d).permute(3, 0, 2, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
+        x = x + self.proj(a)
+        return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class _PlainGPT(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(spec.vocab, spec.hidden), nn.Embedding(spec.seq_len, spec.hidden)
+        self.blocks = nn.ModuleList(_Block(spec) for _ in range(spec.layers))
+        self.ln_f, self.head = nn.LayerNorm(spec.hidden), nn.Linear(spec.hidden, spec.vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids) + self.pos.weight[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+class _Traffic(TorchDispatchMode):
+    """Collects the c10d functional collectives DTensor dispatches, as CommEvents."""
+
+    def __init__(self, world: int):
+        super().__init__()
+        self.world, self.events = world, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func._overloadpacket.__name__
+        if func.namespace == "_c10d_functional" and name in KINDS:
+            t = args[0]
+            payload = t.numel() * t.element_size() * (self.world if KINDS[name] == "all_gather" else 1)
+            self.events.append(CommEvent(KINDS[name], ("tp",), self.world, payload))
+        return func(*args, **(kwargs or {}))
+
+
+def _clip(model: nn.Module, mesh: object, max_norm: float) -> None:
+    """Global-norm clipping as ours does it: sharded squares summed by one [1] all-reduce, replicated
+    parameters counted once. (clip_grad_norm_ refuses a mix of DTensor and plain gradients.)"""
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.tensor import DTensor, Shard
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    sharded = torch.zeros(1)
+    replicated = torch.zeros(1)
+    for g in grads:
+        if isinstance(g, DTensor) and any(isinstance(pl, Shard) for pl in g.placements):
+            sharded += g.to_local().float().pow(2).sum()
+        else:
+            replicated += (g.to_local() if isinstance(g, DTensor) else g).float().pow(2).sum()
+    total = funcol.all_reduce(sharded, "sum", mesh.get_group())  # type: ignore[attr-defined]
+    coef = max_norm / (math.sqrt(float(total + replicated)) + 1e-6)
+    if coef < 1.0:
+        for g in grads:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
+
+
+def _torch_tp(rank: int, world: int, spec: ModelSpec, batches: list, steps: int, warmup: int) -> tuple:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = _PlainGPT(spec)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        parallelize_module(block, mesh, {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
+                                         "fc": ColwiseParallel(), "fc2": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = sum(ids.numel() for ids, _ in batches)
+
+    def step() -> None:
+        for ids, labels in batches:
+            logits = model(ids)
+            (F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / tokens).backward()
+        _clip(model, mesh, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _time(step, steps, warmup, lambda: _Traffic(world))
+
+
+# --- ours ----------------------------------------------------------------------------------------------
+def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch: int, steps: int,
+          warmup: int) -> tuple:
+    from paracube.executor.data import parse_source, replica_micro_batches
+    from paracube.executor.gpt import build_model
+    from paracube.executor.mesh import Mesh
+    from paracube.executor.step import train_step
+    from paracube.layout import parse_layout
+
+    layout = parse_layout(layout_text)
+    mesh = Mesh(layout, rank)
+    model = build_model(spec, mesh, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    source = parse_source("synthetic", spec.vocab, spec.seq_len)
+    dp_index = mesh.coord("dp")
+    micro = replica_micro_batches(source, 1, global_batch, layout.dp, dp_index, layout.micro_batch or 1)
+    recorder = mesh.recorder
+
+    class _Rec:
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            recorder.reset()
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.events = list(recorder.events)
+
+    return _time(lambda: train_step(model, opt, mesh, micro, global_batch * spec.seq_len), steps, warmup, _Rec)
+
+
+def _time(step, steps: int, warmup: int, traffic) -> tuple:  # type: ignore[no-untyped-def]
+    for _ in range(warmup):
+        step()
+    with traffic() as t:
+        step()  # one traced step for the bytes (tracing slows it: not timed)
+    sent = sum(e.sent_bytes() for e in t.events)
+    times = []
+    for _ in range(steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    slowest = torch.tensor(times)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest.mean()), sent, len(t.events)
+
+
+def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: int, warmup: int) -> list:
+    from paracube.executor.data import parse_source, replica_micro_batches
+
+    spec = resolve_model(model_name)
+    rows = []
+    for name, layout in OURS.items():
+        rows.append((name, layout, *_ours(rank, world, spec, layout, global_batch, steps, warmup)))
+    src = parse_source("synthetic", spec.vocab, spec.seq_len)
+    batches = replica_micro_batches(src, 1, global_batch, 1, 0, 4)
+    rows.append(("torch DTensor 1D", "tp=8 (Colwise/Rowwise)",
+                 *_torch_tp(rank, world, spec, batches, steps, warmup)))
+    return rows
+
+
+def main() -> None:
+    from dist_helpers import run_distributed
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="small")
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args()
+    spec = resolve_model(args.model)
+    t0 = time.perf_counter()
+    rows = run_distributed(_worker, 8, args.model, args.global_batch, args.steps, args.warmup, timeout=1200)[0]
+    print(f"model {spec.name}: L={spec.layers} h={spec.hidden} heads={spec.heads} f={spec.ffn_hidden} "
+          f"V={spec.vocab} s={spec.seq_len}; global batch {args.global_batch}, micro-batch 4; 8 gloo CPU ranks "
+          f"(torch {torch.__version__}); {args.steps} timed steps after {args.warmup} warmup")
+    print(f"{'run':18} {'layout':26} {'step time':>11} {'sent/rank':>12} {'collectives':>12}")
+    for name, layout, dt, sent, n in rows:
+        print(f"{name:18} {layout:26} {dt * 1e3:8.1f} ms {sent / 2**20:8.2f} MiB {n:12d}")
+    print(f"(wall {time.perf_counter() - t0:.0f} s; tokens per step {args.global_batch * spec.seq_len})")
+
+
+if __name__ == "__main__":
+    main()

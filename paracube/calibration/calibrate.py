@@ -1,0 +1,188 @@
+"""`paracube calibrate`: measure this machine under training load, fit the cost model, write a topology.
+
+The file is the base preset in explicit form with (a) the device's fp32 peak and memory bandwidth set to
+the fitted values (fp16/bf16 peaks keep the preset's ratio to fp32), (b) for a one-node hub preset
+(local-cpu) the hub links set to the joint alpha/beta fit, and (c) a `calibration:` section (shape in
+fit.py's docstring) that records the machine it was measured on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paracube.calibration.fit import Fit, fit_alpha_beta, fit_elementwise, fit_gemm
+from paracube.calibration.microbench import KINDS, BenchConfig, BenchResult, resolve_backend, run_benchmarks
+from paracube.errors import ParacubeError, check
+from paracube.layout import parse_layout
+from paracube.workload import PRESETS, ModelSpec
+
+SCHEMA = 1
+MACHINE_KEYS = ("hostname", "cpu_model", "nproc", "torch_version")
+REQUIRED = ("schema", "machine", "gemm", "elementwise", "comm", "link", "residuals")
+# Layouts of the default model whose local GEMM shapes the benchmark covers (8 ranks, micro-batch 4).
+DEFAULT_LAYOUTS = ("dp=2,tp=1d:4,mb=4", "dp=2,tp=2d:2x2,mb=4", "tp=3d:2x2x2,mb=4")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(nproc: int, backend: str) -> dict[str, Any]:
+    """What must match for a calibration to apply (plus the backend, for information)."""
+    return {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "nproc": nproc,
+            "torch_version": str(torch.__version__), "backend": backend, "cpu_count": os.cpu_count()}
+
+
+def layout_gemm_shapes(model: ModelSpec, layout_text: str) -> set[tuple[int, int, int]]:
+    """Forward and backward (m, n, k) of every linear of one block and the head, on one rank."""
+    lay = parse_layout(layout_text)
+    T, h, f, V, q, t = (lay.micro_batch or 1) * model.seq_len, model.hidden, model.ffn_hidden, model.vocab, \
+        lay.q, lay.tensor_size
+    linears = [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False), (h, V, True)]
+    shapes: set[tuple[int, int, int]] = set()
+    for h_in, h_out, column in linears:
+        if lay.mode == "1d":
+            m, n, k = (T, h_out // t, h_in) if column else (T, h_out, h_in // t)
+        elif lay.mode == "2d":
+            m, n, k = T // q, h_out // q, h_in
+        elif lay.mode == "3d":
+            m, n, k = T // q, h_out // q, h_in // q
+        else:
+            m, n, k = T, h_out, h_in
+        shapes |= {(m, n, k), (m, k, n), (k, n, m)}  # Y = XA, dX = dY A^T, dA = X^T dY
+    return shapes
+
+
+def bench_config(nproc: int, quick: bool, backend: str = "auto") -> BenchConfig:
+    tiny = PRESETS["tiny"]
+    shapes: set[tuple[int, int, int]] = set()
+    for text in DEFAULT_LAYOUTS:
+        shapes |= layout_gemm_shapes(tiny, text)
+    shapes |= {(s, s, s) for s in ((32, 128, 512) if quick else (16, 32, 64, 128, 256, 512))}
+    patterns = [(n, 1) for n in (2, 4, 8) if nproc % n == 0]
+    if not quick:  # outer mesh axes: the same group sizes with a stride
+        patterns += [(n, nproc // n) for n in (2, 4) if nproc % n == 0 and nproc // n > 1]
+    sizes = (256, 8192, 131072) if quick else (64, 1024, 8192, 65536, 262144, 1 << 20)
+    return BenchConfig(nproc=nproc, gemm_shapes=tuple(sorted(shapes)), comm_bytes=sizes,
+                       patterns=tuple(dict.fromkeys(patterns)), reps=5 if quick else 20,
+                       warmup=1 if quick else 3, min_time_s=0.03 if quick else 0.1,
+                       backend=backend)
+
+
+def fit_all(result: BenchResult) -> dict[str, Fit | dict[str, dict[str, Fit]]]:
+    comm: dict[str, dict[str, Fit]] = {}
+    for kind in KINDS:
+        for n in sorted({int(p["n"]) for p in result.collective}):
+            pts = [(kind, n, p["bytes"], p["time_s"]) for p in result.collective if p["kind"] == kind and p["n"] == n]
+            comm.setdefault(kind, {})[str(n)] = fit_alpha_beta(pts)
+    return {
+        "gemm": fit_gemm([(p["m"], p["n"], p["k"], p["time_s"]) for p in result.gemm]),
+        "elementwise": fit_elementwise([(p["bytes"], p["time_s"]) for p in result.elementwise]),
+        "link": fit_alpha_beta([(p["kind"], p["n"], p["bytes"], p["time_s"]) for p in result.collective]),
+        "comm": comm,
+    }
+
+
+def build_calibration(result: BenchResult, machine: dict[str, Any]) -> dict[str, Any]:
+    """The `calibration:` dict (fit.py's docstring) from measured points."""
+    fits = fit_all(result)
+    gemm, elem, link = fits["gemm"], fits["elementwise"], fits["link"]
+    assert isinstance(gemm, Fit) and isinstance(elem, Fit) and isinstance(link, Fit)
+    comm_fits = fits["comm"]
+    assert isinstance(comm_fits, dict)
+    comm = {kind: {n: {**f.params, "rms_rel_err": f.rms} for n, f in by_n.items()}
+            for kind, by_n in comm_fits.items()}
+    all_comm = [e for by_n in comm_fits.values() for f in by_n.values() for e in f.rel_err]
+    return {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine,
+        "gemm": {"eff_max": 1.0, "m0": gemm.params["m0"], "n0": gemm.params["n0"], "k0": gemm.params["k0"],
+                 "mem_eff": 1.0, "peak_flops": gemm.params["peak_flops"], "rms_rel_err": gemm.rms},
+        "elementwise": {**elem.params, "rms_rel_err": elem.rms},
+        "comm": comm,
+        "link": {**link.params, "rms_rel_err": link.rms},
+        "residuals": {"gemm": gemm.rms, "elementwise": elem.rms, "comm": float(
+            (sum(e * e for e in all_comm) / max(1, len(all_comm))) ** 0.5), "link": link.rms},
+    }
+
+
+def calibrated_topology(cluster: str, nproc: int, calibration: dict[str, Any]) -> Any:
+    """The base preset (sized to nproc ranks) with fitted device figures, hub links and the calibration."""
+    from paracube.topologies import load_topology, topology_from_dict
+
+    base = load_topology(cluster, gpus=nproc)
+    data = base.to_dict()
+    fp32 = float(data["device"]["peak_flops"]["fp32"])
+    scale = calibration["gemm"]["peak_flops"] / fp32
+    data["device"]["peak_flops"] = {k: float(v) * scale for k, v in data["device"]["peak_flops"].items()}
+    data["device"]["memory_bandwidth"] = float(calibration["elementwise"]["bandwidth"])
+    data["device"]["name"] = f"{data['device']['name']} (calibrated)"
+    if base.num_nodes == 1:
+        # One ring hop crosses two hub links: latency a/2 each, bandwidth B (fit.py's docstring).
+        for link in data["graph"]["links"]:
+            link["latency"] = calibration["link"]["latency"] / 2
+            link["bandwidth"] = calibration["link"]["bandwidth"]
+    data["calibration"] = calibration
+    return topology_from_dict(data, source=f"calibrated {cluster}")
+
+
+def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
+              backend: str = "auto") -> tuple[Any, BenchResult, dict[str, Any]]:
+    """Run the microbenchmarks on nproc local ranks and fit; returns (topology, measurements, fits)."""
+    check(isinstance(nproc, int) and nproc >= 2, f"--nproc {nproc!r} must be an integer >= 2")
+    check(cluster == "local-cpu" or torch.cuda.is_available(),
+          f"--cluster {cluster!r}: calibrating a GPU cluster needs CUDA on this machine; valid here: local-cpu")
+    cfg = bench_config(nproc, quick, backend)
+    chosen = resolve_backend(cfg.backend)
+    result = run_benchmarks(cfg)
+    calibration = build_calibration(result, machine_info(nproc, chosen))
+    return calibrated_topology(cluster, nproc, calibration), result, calibration
+
+
+def check_calibration(topo: Any, source: str, world: int | None = None) -> dict[str, Any]:
+    """The topology's calibration if it applies to this machine (and world size); ParacubeError otherwise."""
+    cal = getattr(topo, "calibration", None)
+    check(isinstance(cal, dict), f"{source}: no calibration section; run `paracube calibrate --out {source}`")
+    missing = [k for k in REQUIRED if k not in cal]
+    check(not missing, f"{source}: calibration lacks {', '.join(missing)}; re-run `paracube calibrate`")
+    check(cal["schema"] == SCHEMA, f"{source}: calibration schema {cal['schema']!r}; this paracube reads {SCHEMA}")
+    machine = cal["machine"]
+    check(isinstance(machine, dict) and all(k in machine for k in MACHINE_KEYS),
+          f"{source}: calibration.machine needs {', '.join(MACHINE_KEYS)}; re-run `paracube calibrate`")
+    here = machine_info(int(machine["nproc"]), "")
+    for key in ("hostname", "cpu_model", "torch_version"):
+        if machine[key] != here[key]:
+            raise ParacubeError(f"{source}: calibrated on {key}={machine[key]!r} but this machine has "
+                                f"{here[key]!r}; re-run `paracube calibrate` here")
+    if world is not None and int(machine["nproc"]) != world:
+        raise ParacubeError(f"{source}: calibrated with nproc={machine['nproc']} ranks but the plan runs {world}; "
+                            f"re-run `paracube calibrate --nproc {world}`")
+    return cal
+
+
+def write_topology(topo: Any, path: str | Path) -> Path:
+    from paracube.topologies import save_topology
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_topology(topo, path)
+    return path
+
+
+__all__ = ["DEFAULT_LAYOUTS", "MACHINE_KEYS", "bench_config", "build_calibration", "calibrate",
+           "calibrated_topology", "check_calibration", "fit_all", "layout_gemm_shapes", "machine_info",
+           "write_topology"]

@@ -1,0 +1,219 @@
+"""Microbenchmarks that every rank runs at once (what a training step sees: all ranks busy together).
+
+`run_benchmarks(config)` starts `nproc` ranks (torch.multiprocessing, forkserver, gloo on CPU / NCCL on
+CUDA, 127.0.0.1 and a free port, one thread per rank) and returns the measured points:
+- gemm: seconds of one [m, k] x [k, n] matmul per shape, every rank multiplying concurrently;
+- elementwise: seconds of one `add` over a tensor of `bytes` (per-op overhead + memory bandwidth);
+- collective: seconds of one call per (kind, group size, stride, payload bytes), all groups of that
+  pattern running concurrently (the other groups of the same mesh axis), payload = the whole tensor
+  (all-gather output, reduce-scatter input, all-reduce tensor), as in paracube/estimate.py.
+Times are the mean over ranks of each rank's mean over `reps` calls after `warmup` calls.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from paracube.errors import ParacubeError
+
+KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    nproc: int = 8
+    gemm_shapes: tuple[tuple[int, int, int], ...] = ()
+    elementwise_bytes: tuple[int, ...] = (256, 4096, 65536, 1 << 20)
+    comm_bytes: tuple[int, ...] = (256, 4096, 65536, 1 << 20)
+    patterns: tuple[tuple[int, int], ...] = ((2, 1), (4, 1), (8, 1))  # (group size, rank stride)
+    reps: int = 10
+    warmup: int = 2
+    min_time_s: float = 0.05  # per GEMM / elementwise point: long enough for all ranks to overlap
+    backend: str = "auto"
+    timeout_s: float = 300.0
+
+
+@dataclass
+class BenchResult:
+    gemm: list[dict[str, Any]] = field(default_factory=list)  # {m, n, k, time_s}
+    elementwise: list[dict[str, Any]] = field(default_factory=list)  # {bytes, time_s}
+    collective: list[dict[str, Any]] = field(default_factory=list)  # {kind, n, stride, bytes, time_s}
+
+
+def pattern_groups(world: int, n: int, stride: int) -> list[list[int]]:
+    """Disjoint groups of n ranks spaced `stride` apart covering 0..world-1 (a mesh axis of that stride)."""
+    if n < 2 or world % (n * stride):
+        raise ParacubeError(f"group size {n} with stride {stride} does not tile {world} ranks; "
+                            f"valid: n * stride dividing {world}")
+    groups = []
+    for block in range(0, world, n * stride):
+        for offset in range(stride):
+            groups.append([block + offset + i * stride for i in range(n)])
+    return groups
+
+
+def _timed(fn: Any, reps: int, warmup: int, sync: Any) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / reps
+
+
+def _timed_for(fn: Any, min_time: float, sync: Any) -> float:
+    """Mean seconds per call, calling for at least `min_time` s so that the ranks' loops overlap in time
+    (local work only: collectives need equal call counts on every rank)."""
+    fn()
+    sync()
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        for _ in range(8):
+            fn()
+        calls += 8
+        sync()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_time:
+            return elapsed / calls
+
+
+def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -> BenchResult:
+    out = BenchResult()
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    # GEMMs: barrier first so that every rank multiplies at the same time (shared cores, as in training).
+    for m, n, k in cfg.gemm_shapes:
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        dist.barrier()
+        t = _timed_for(lambda a=a, b=b: torch.mm(a, b), cfg.min_time_s, sync)
+        out.gemm.append({"m": m, "n": n, "k": k, "time_s": t})
+    for nbytes in cfg.elementwise_bytes:
+        x = torch.zeros(max(1, nbytes // 4), device=device)
+        dist.barrier()
+        t = _timed_for(lambda x=x: x.add_(1.0), cfg.min_time_s, sync)
+        out.elementwise.append({"bytes": nbytes, "time_s": t})
+    for n, stride in cfg.patterns:
+        groups = pattern_groups(world, n, stride)
+        handles = [dist.new_group(g) for g in groups]  # every rank creates every group, same order
+        mine = next(h for g, h in zip(groups, handles, strict=True) if rank in g)
+        for nbytes in cfg.comm_bytes:
+            numel = max(n, nbytes // 4 // n * n)  # whole-tensor elements, divisible by n
+            full = torch.ones(numel, device=device)
+            shard = torch.ones(numel // n, device=device)
+            parts = [torch.empty_like(shard) for _ in range(n)]
+            chunks = list(full.chunk(n))
+            calls = {
+                "all_reduce": lambda full=full, g=mine: dist.all_reduce(full, group=g),
+                "all_gather": lambda parts=parts, shard=shard, g=mine: dist.all_gather(parts, shard, group=g),
+                "reduce_scatter": lambda shard=shard, chunks=chunks, g=mine: dist.reduce_scatter(
+                    shard, chunks, group=g),
+            }
+            for kind in KINDS:
+                dist.barrier()
+                t = _timed(calls[kind], cfg.reps, cfg.warmup, sync)
+                out.collective.append({"kind": kind, "n": n, "stride": stride, "bytes": numel * 4, "time_s": t})
+    return out
+
+
+def _worker(rank: int, nproc: int, port: int, backend: str, fn: Callable[..., Any], args: tuple,
+            results: Any) -> None:
+    torch.set_num_threads(1)  # ranks share the cores, as the executor's workers do
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        device = torch.device("cpu")
+        if backend == "nccl":
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, rank=rank, world_size=nproc)
+        results.put((rank, True, fn(rank, nproc, device, *args)))
+    except BaseException:  # report to the parent instead of hanging it
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_backend(backend: str) -> str:
+    return backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "auto",
+                 timeout_s: float = 300.0, what: str = "run") -> list[Any]:
+    """fn(rank, nproc, device, *args) on nproc local ranks (forkserver; fn importable at module level);
+    results in rank order. ParacubeError naming the rank if one fails, dies or the run times out."""
+    backend = resolve_backend(backend)
+    ctx = mp.get_context("forkserver")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, fn, args, results), daemon=True)
+             for r in range(nproc)]
+    for p in procs:
+        p.start()
+    outs: dict[int, Any] = {}
+    error = ""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(outs) < nproc and not error:
+            try:
+                rank, ok, out = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outs]
+                if dead:  # a rank died without reporting (e.g. could not start): do not wait for the rest
+                    error = f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}"
+                elif time.monotonic() > deadline:
+                    error = f"timed out after {timeout_s:.0f} s"
+                continue
+            if ok:
+                outs[rank] = out
+            else:
+                error = f"rank {rank} failed: {out.strip().splitlines()[-1]}"
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not error else 0.1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if error:
+        raise ParacubeError(f"{what}: {error}")
+    return [outs[r] for r in range(nproc)]
+
+
+def _average(per_rank: list[BenchResult]) -> BenchResult:
+    """Mean over ranks of every measured point (ranks measured the same list in the same order)."""
+    out = BenchResult()
+    for name in ("gemm", "elementwise", "collective"):
+        rows = [getattr(r, name) for r in per_rank]
+        for i, row in enumerate(rows[0]):
+            getattr(out, name).append({**row, "time_s": sum(r[i]["time_s"] for r in rows) / len(rows)})
+    return out
+
+
+def run_benchmarks(cfg: BenchConfig) -> BenchResult:
+    """Run the microbenchmarks on cfg.nproc local ranks; ParacubeError if a rank fails or times out."""
+    for n, stride in cfg.patterns:
+        pattern_groups(cfg.nproc, n, stride)  # validate before starting anything
+    per_rank = run_on_ranks(_bench_rank, cfg.nproc, (cfg,), cfg.backend, cfg.timeout_s, "calibration")
+    return _average(per_rank)
+
+
+__all__ = ["KINDS", "BenchConfig", "BenchResult", "pattern_groups", "resolve_backend", "run_benchmarks", "run_on_ranks"]

@@ -1,0 +1,107 @@
+"""`paracube calibrate` and `paracube validate`: measure this machine, and check predictions against runs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from paracube.cli.options import human_bytes, human_time, positive_int, print_json
+from paracube.errors import ParacubeError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("calibrate", help="measure GEMMs and collectives on local ranks, fit the cost model")
+    p.add_argument("--cluster", default="local-cpu", help="base topology preset (default local-cpu)")
+    p.add_argument("--nproc", type=positive_int, default=8, help="ranks to measure with (default 8)")
+    p.add_argument("--out", default="cluster.yaml", help="topology file to write (default cluster.yaml)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes, sizes and repetitions (~1 minute)")
+    p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    p.set_defaults(handler=calibrate_command)
+    p = subparsers.add_parser("validate", help="run a plan on local ranks: predicted vs measured per step")
+    p.add_argument("plan", nargs="?", default=None, help="plan JSON (default: the embedded default plan)")
+    p.add_argument("--steps", type=positive_int, default=5, help="steps to run; step 1 is warm-up (default 5)")
+    p.add_argument("--cluster", default=None, help="calibrated topology file (default: the plan's cluster)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(handler=validate_command)
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    from paracube.calibration.calibrate import calibrate, fit_all, write_topology
+
+    t0 = time.perf_counter()
+    topo, result, cal = calibrate(args.cluster, args.nproc, quick=args.quick)
+    path = write_topology(topo, args.out)
+    if args.json:
+        print_json(cal)
+        return 0
+    fits = fit_all(result)
+    table = Table(title=f"calibration fit residuals ({args.nproc} ranks, {cal['machine']['backend']})")
+    for col in ("point", "measured", "fit", "rel err"):
+        table.add_column(col, justify="left" if col == "point" else "right")
+    gemm = fits["gemm"]
+    for p, e in zip(result.gemm, gemm.rel_err, strict=True):  # type: ignore[union-attr]
+        table.add_row(f"gemm {p['m']}x{p['n']}x{p['k']}", human_time(p["time_s"]),
+                      human_time(p["time_s"] * (1 + e)), f"{e:+.1%}")
+    comm = fits["comm"]
+    for p in result.collective:
+        f = comm[p["kind"]][str(p["n"])]  # type: ignore[index]
+        i = [q for q in result.collective if q["kind"] == p["kind"] and q["n"] == p["n"]].index(p)
+        e = f.rel_err[i]
+        table.add_row(f"{p['kind']} n={p['n']} stride={p['stride']} {human_bytes(p['bytes'])}",
+                      human_time(p["time_s"]), human_time(p["time_s"] * (1 + e)), f"{e:+.1%}")
+    console = Console()
+    console.print(table)
+    r = cal["residuals"]
+    console.print(f"RMS relative error: gemm {r['gemm']:.1%}, elementwise {r['elementwise']:.1%}, "
+                  f"collectives (per kind and size) {r['comm']:.1%}, joint link {r['link']:.1%}")
+    g, link = cal["gemm"], cal["link"]
+    console.print(f"GEMM peak {g['peak_flops'] / 1e9:.1f} GFLOP/s per rank (m0={g['m0']:.3g}, n0={g['n0']:.3g}, "
+                  f"k0={g['k0']:.3g}); link alpha {human_time(link['latency'])}, beta "
+                  f"{link['bandwidth'] / 1e9:.3g} GB/s; op overhead {human_time(cal['elementwise']['op_overhead_s'])}")
+    console.print(f"wrote {path} ({time.perf_counter() - t0:.0f} s); use it with --cluster {path}")
+    return 0
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from paracube.plan import default_plan, load_plan
+    from paracube.topologies import PRESETS, load_topology
+    from paracube.validation.validate import validate
+
+    plan = load_plan(args.plan) if args.plan else default_plan()
+    world = plan.layout.world_size
+    source = args.cluster or plan.cluster
+    if args.cluster is None and plan.cluster != "local-cpu":
+        raise ParacubeError(f"plan cluster {plan.cluster!r} is not this machine; validate runs on local ranks: "
+                            "pass --cluster FILE from `paracube calibrate` (or plan for local-cpu)")
+    # A calibrated file is fixed in size: load it as written and say so if the plan needs another size.
+    topo = load_topology(source, gpus=world if source in PRESETS else None)
+    if topo.num_devices != world:
+        raise ParacubeError(f"cluster {source!r} has {topo.num_devices} devices but the plan's layout "
+                            f"{plan.layout} needs {world}; calibrate with --nproc {world}")
+    out = validate(plan, args.steps, topo, source)
+    if args.json:
+        print_json(out)
+        return 0
+    console = Console()
+    steps = Table(title=f"validate {out['layout']} on {source} (measured, mean over ranks)")
+    for col in ("step", "time", "comm time", "bytes sent/rank", "memory/rank"):
+        steps.add_column(col, justify="right")
+    for s in out["steps"]:
+        steps.add_row(str(s["step"]) + (" (warm-up)" if s["step"] not in out["measured_steps"] else ""),
+                      human_time(s["step_time_s"]), human_time(s["comm_time_s"]),
+                      human_bytes(s["bytes_sent_per_rank"]), human_bytes(s["memory_bytes"]))
+    console.print(steps)
+    table = Table(title="predicted vs measured (steps after warm-up)")
+    for col in ("quantity", "predicted", "measured", "rel err", "band"):
+        table.add_column(col, justify="left" if col == "quantity" else "right")
+    for c in out["comparisons"]:
+        fmt = human_time if c["name"].endswith("_s") else human_bytes
+        table.add_row(c["name"], fmt(c["predicted"]), fmt(c["measured"]), f"{c['rel_err']:+.1%}",
+                      f"±{c['band']:.0%}" if c["band"] else "")
+    console.print(table)
+    if not out["calibrated"]:
+        console.print("note: uncalibrated cluster; run `paracube calibrate` for predictions of this machine")
+    return 0

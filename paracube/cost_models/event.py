@@ -1,0 +1,297 @@
+"""The discrete-event engine (simpy): one training step replayed on the topology, with link contention.
+
+Same inputs and output (StepEstimate, engine="event") as the analytic `estimate`; `estimate_with(engine,
+...)` dispatches between the two. Memory, FLOPs and the CommEvent list are the analytic model's (they do not
+depend on timing); the times come from the simulation:
+- one representative device per pipeline stage runs its program (event_program.py) on a compute stream and
+  a communication stream, following the stage's 1F1B or interleaved-1F1B schedule; stages exchange
+  activations / their gradients with sends that travel the network;
+- every collective is a ring on the representative group (node-major order), decomposed into its steps,
+  whose transfers share links max-min fairly with the concurrent groups of the same axis in that stage
+  (event_network.py explains the weighting that stands in for them) and with whatever else the simulated
+  devices run at the same time;
+- by default collectives are synchronous (the executor runs them in line: no overlap); `overlap=True`
+  hides dA / bias-gradient reduce-scatters under the dX GEMM and buckets the data-parallel gradient
+  all-reduce into the last backward;
+- collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import simpy
+
+from paracube.cost_models.analytic import estimate as analytic_estimate
+from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
+from paracube.cost_models.event_program import Op, StageProgram, build_stage, schedule
+from paracube.cost_models.event_trace import Span, Timeline
+from paracube.cost_models.validity import resolve_micro_batch
+from paracube.errors import ParacubeError, check
+from paracube.estimate import CommEvent, StepEstimate
+from paracube.layout import Layout
+from paracube.workload import ModelSpec, TrainingSpec
+
+ENGINES = ("analytic", "event")
+
+
+@dataclass
+class EventResult:
+    estimate: StepEstimate
+    timeline: Timeline
+    stats: dict[str, float] = field(default_factory=dict)  # events, wall seconds, ring steps, ...
+
+
+def _steps(e: CommEvent) -> tuple[int, float]:
+    """(ring steps, bytes per step per rank) of one collective."""
+    n = e.group_size
+    if e.kind == "send":
+        return 1, float(e.payload_bytes)
+    if e.kind == "all_reduce":
+        return 2 * (n - 1), e.payload_bytes / n
+    return n - 1, e.payload_bytes / n  # all_gather, reduce_scatter, broadcast/reduce (pipelined ring)
+
+
+@dataclass
+class _Stage:
+    busy: float = 0.0  # compute seconds so far
+    busy_since: float | None = None
+    compute: float = 0.0
+    comm: float = 0.0
+    exposed: float = 0.0
+    by_axis: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    end: float = 0.0
+
+    def busy_at(self, now: float) -> float:
+        return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
+
+
+class _Sim:
+    def __init__(self, layout: Layout, topo: object, programs: list[StageProgram], n_micro: int,
+                 overlap: bool, timeline: bool) -> None:
+        self.layout, self.topo, self.programs, self.n_micro = layout, topo, programs, n_micro
+        self.overlap, self.record = overlap, timeline
+        self.env = simpy.Environment()
+        self.links = LinkTable(topo)
+        self.grid = layout.rank_grid()
+        self.reps = [int(self.grid[s].flat[0]) for s in range(layout.pp)]
+        self.stage_of = np.empty(layout.world_size, dtype=np.int64)
+        for s in range(layout.pp):
+            self.stage_of[self.grid[s].ravel()] = s
+        self._templates: dict[tuple, Template] = {}
+        self.net: FlowNetwork | None = None
+        self.stages = [_Stage() for _ in range(layout.pp)]
+        self.spans: list[Span] = []
+        self.arrivals: dict[tuple[str, int, int], simpy.Event] = {}
+        self.barriers: dict[int, list] = {}
+        self.barrier_seen = [0] * layout.pp
+        self.streams = [simpy.Resource(self.env, 1) for _ in range(layout.pp)]
+
+    # --- templates --------------------------------------------------------------------------------
+    def template(self, stage: int, axes: tuple[str, ...]) -> Template:
+        key = (stage if "pp" not in axes else -1, axes)
+        tpl = self._templates.get(key)
+        if tpl is None:
+            groups = self.layout.groups(axes)
+            if "pp" not in axes:
+                groups = groups[self.stage_of[groups[:, 0]] == stage]
+            rep = self.reps[0 if "pp" in axes else stage]
+            prefer = int(np.nonzero((groups == rep).any(axis=1))[0][0])
+            hops = [ring_hops(g) for g in groups.tolist()]
+            tpl = self.links.template(f"stage{stage}:{'.'.join(axes)}", hops, prefer)
+            self._templates[key] = tpl
+        return tpl
+
+    def send_template(self, src: int, dst: int) -> Template:
+        key = ("send", src, dst)
+        tpl = self._templates.get(key)
+        if tpl is None:
+            pairs = [[(a, b)] for a, b in zip(self.grid[src].ravel().tolist(), self.grid[dst].ravel().tolist(),
+                                              strict=True)]
+            tpl = self.links.template(f"send{src}->{dst}", pairs)
+            self._templates[key] = tpl
+        return tpl
+
+    # --- recording --------------------------------------------------------------------------------
+    def _comm_done(self, stage: int, name: str, e: CommEvent, t0: float, busy0: float) -> None:
+        st, now = self.stages[stage], self.env.now
+        dur = now - t0
+        hidden = st.busy_at(now) - busy0  # compute that ran meanwhile (only for asynchronous ones)
+        exposed = max(0.0, dur - hidden)
+        axis = ".".join(e.axes)
+        st.comm += dur
+        st.exposed += exposed
+        st.by_axis[axis] += exposed
+        st.by_kind[e.kind] += exposed
+        if self.record:
+            self.spans.append(Span(stage, "comm", name, t0, now, f"{e.phase}:{e.kind}"))
+
+    # --- processes --------------------------------------------------------------------------------
+    def comm(self, stage: int, op: Op):
+        e = op.event
+        assert e is not None and self.net is not None
+        steps, chunk = _steps(e)
+        if "pp" in e.axes:  # spans stages: every stage's representative waits for the others
+            yield from self._barrier(stage, e, steps, chunk)
+            return
+        req = self.streams[stage].request() if self.overlap else None
+        if req is not None:
+            yield req
+        t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+        yield self.net.run(self.template(stage, e.axes), steps, chunk)
+        if req is not None:
+            self.streams[stage].release(req)
+        self._comm_done(stage, op.name, e, t0, busy0)
+
+    def _barrier(self, stage: int, e: CommEvent, steps: int, chunk: float):
+        assert self.net is not None
+        # The k-th stage-spanning collective of every stage is the same call.
+        k = self.barrier_seen[stage]
+        self.barrier_seen[stage] += 1
+        slot = self.barriers.setdefault(k, [0, self.env.event()])
+        t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+        slot[0] += 1
+        if slot[0] == self.layout.pp:
+            del self.barriers[k]
+            yield self.net.run(self.template(0, e.axes), steps, chunk)
+            slot[1].succeed()
+        else:
+            yield slot[1]
+        self._comm_done(stage, e.label, e, t0, busy0)
+
+    def run_ops(self, stage: int, ops: list[Op], pending: list):
+        st = self.stages[stage]
+        for op in ops:
+            if op.kind == "compute":
+                t0 = self.env.now
+                st.busy_since = t0
+                yield self.env.timeout(op.seconds)
+                st.busy += op.seconds
+                st.busy_since = None
+                st.compute += op.seconds
+                if self.record:
+                    phase = "bwd" if op.name.endswith(("dX", "dA", "bwd")) else op.name.rsplit(".", 1)[-1]
+                    self.spans.append(Span(stage, "compute", op.name, t0, self.env.now, phase))
+            elif op.kind == "wait":
+                if pending:
+                    yield simpy.AllOf(self.env, pending)
+                    pending.clear()
+            elif op.asynchronous and self.overlap:
+                pending.append(self.env.process(self.comm(stage, op)))
+            else:
+                yield from self.comm(stage, op)
+
+    def _arrival(self, kind: str, vstage: int, micro: int) -> simpy.Event:
+        key = (kind, vstage, micro)
+        if key not in self.arrivals:
+            self.arrivals[key] = self.env.event()
+        return self.arrivals[key]
+
+    def send(self, stage: int, kind: str, to_vstage: int, micro: int, nbytes: int):
+        assert self.net is not None
+        dst = to_vstage % self.layout.pp
+        if dst != stage:
+            t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+            yield self.net.run(self.send_template(stage, dst), 1, float(nbytes))
+            ev = CommEvent("send", ("pp",), 2, nbytes, "", "pipeline", kind)
+            self._comm_done(stage, f"send {kind} mb{micro} -> stage {dst}", ev, t0, busy0)
+        self._arrival(kind, to_vstage, micro).succeed()
+
+    def device(self, stage: int):
+        prog, pp, v = self.programs[stage], self.layout.pp, self.layout.interleave
+        last_v = pp * v - 1
+        pending: list = []
+        for kind, c, m in schedule(pp, v, self.n_micro, stage):
+            vs = c * pp + stage
+            if kind == "F":
+                if vs > 0:
+                    yield self._arrival("act", vs, m)
+                yield from self.run_ops(stage, prog.fwd[c], pending)
+                if vs < last_v:
+                    yield from self.send(stage, "act", vs + 1, m, prog.send_bytes)
+            else:
+                if vs < last_v:
+                    yield self._arrival("grad", vs, m)
+                yield from self.run_ops(stage, prog.bwd_last[c] if m == self.n_micro - 1 else prog.bwd[c], pending)
+                if vs > 0:
+                    yield from self.send(stage, "grad", vs - 1, m, prog.send_bytes)
+        yield from self.run_ops(stage, [*prog.tail, Op("wait", "end")], pending)
+        self.stages[stage].end = self.env.now
+
+    def run(self) -> None:
+        self.net = FlowNetwork(self.env, self.links.cap)
+        for s in range(self.layout.pp):
+            self.env.process(self.device(s))
+        self.net.cap = self.links.cap  # the table grows as templates are built: share the same list
+        self.env.run()
+
+
+def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object, overlap: bool = False,
+             timeline: bool = True, with_events: bool = True) -> EventResult:
+    """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats."""
+    check(isinstance(layout, Layout), f"layout {layout!r} is not a Layout; parse it with parse_layout")
+    n_dev = getattr(topo, "num_devices", None)
+    check(isinstance(n_dev, int), f"topology {topo!r} has no num_devices; load one with load_topology")
+    check(layout.world_size <= n_dev, f"layout {layout} needs {layout.world_size} devices; topology "
+          f"{getattr(topo, 'name', topo)!r} has {n_dev} (ranks 0..{n_dev - 1})")
+    base = analytic_estimate(model, training, layout, topo, with_events=with_events)
+    d = dims_of(model, training)
+    mb, _ = resolve_micro_batch(layout, d)
+    n_micro = d.global_batch // (layout.dp * mb)
+    if layout.interleave > 1 and n_micro % layout.pp:
+        raise ParacubeError(f"layout {layout}: interleaved 1F1B needs the micro-batch count ({n_micro}) to be "
+                            f"a multiple of pp={layout.pp}; change the global batch or mb")
+    g = gemm_model(topo, training.dtype)
+    programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap) for s in range(layout.pp)]
+    sim = _Sim(layout, topo, programs, n_micro, overlap, timeline)
+    wall = time.perf_counter()
+    sim.run()
+    wall = time.perf_counter() - wall
+    step = max(st.end for st in sim.stages)
+    crit = max(range(layout.pp), key=lambda s: sim.stages[s].compute + sim.stages[s].exposed)
+    st = sim.stages[crit]
+    peak = g.peak
+    flops = base.flops_per_gpu * layout.world_size
+    notes = [n for n in base.notes if not n.startswith("pipeline:")]
+    notes.append(f"event engine: {layout.pp} representative device(s), one per pipeline stage; breakdown of "
+                 f"stage {crit}; comm_time_by_axis/kind are exposed seconds"
+                 + ("; overlap on" if overlap else "; no overlap (as the executor)"))
+    est = replace(base, engine="event", step_time_s=step, compute_time_s=st.compute, comm_time_s=st.comm,
+                  exposed_comm_time_s=st.exposed, bubble_time_s=max(0.0, step - st.compute - st.exposed),
+                  mfu=flops / (step * peak * layout.world_size), comm_time_by_axis=dict(st.by_axis),
+                  comm_time_by_kind=dict(st.by_kind), notes=tuple(notes))
+    # simpy numbers every scheduled event (a private counter): the next id is the number scheduled.
+    scheduled = float(next(sim.env._eid)) if hasattr(sim.env, "_eid") else float("nan")  # type: ignore[attr-defined]
+    stats = {"wall_s": wall, "simpy_events": scheduled}
+    stats.update({k: float(v) for k, v in sim.net.stats.items()})  # type: ignore[union-attr]
+    devices = [f"stage {s} (rank {r})" for s, r in enumerate(sim.reps)]
+    return EventResult(est, Timeline(devices, sim.spans), stats)
+
+
+def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object,
+                   with_events: bool = True, overlap: bool = False) -> StepEstimate:
+    """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
+    return simulate(model, training, layout, topo, overlap=overlap, timeline=False,
+                    with_events=with_events).estimate
+
+
+def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object,
+                  with_events: bool = True, **options: object) -> StepEstimate:
+    """`--engine analytic|event`: one entry point for the CLI. Options: overlap=True (event only)."""
+    if engine == "analytic":
+        check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
+        return analytic_estimate(model, training, layout, topo, with_events=with_events)
+    if engine == "event":
+        unknown = sorted(set(options) - {"overlap"})
+        check(not unknown, f"unknown event-engine options {unknown}; valid: overlap")
+        return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)))
+    raise ParacubeError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+
+
+__all__ = ["ENGINES", "EventResult", "estimate_event", "estimate_with", "simulate"]

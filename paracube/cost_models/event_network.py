@@ -1,0 +1,321 @@
+"""Flow-level network for the event engine: ring steps whose transfers share links max-min fairly.
+
+Why flow level: a packet-level model (ns-3 style) costs orders of magnitude more events per byte, and what
+decides a collective's time here is how a link's bandwidth is split between the transfers crossing it,
+which flow-level max-min fair sharing reproduces (TCP/IB congestion control converges to it).
+
+Symmetry (scale): one *representative* group per (pipeline stage, mesh axes) is simulated: of the groups
+that run the collective at the same time, the one whose worst hop sees the most loaded link (ties: the
+group of the stage's first rank), since the others wait for it at the next collective that couples them.
+This catches groups that straddle a node boundary where the group of rank 0 does not. Its ring hops
+are flow *classes*: on a link e a representative hop stands for `weight = k(e) / r(e)` flows, where k(e)
+counts the hops of every concurrent group of that axis in the stage crossing e and r(e) the
+representative's own hops crossing e. Weighted max-min (sum of weight x rate <= capacity on every link) then
+gives each hop the rate it would get with all concurrent groups simulated, when they are symmetric.
+
+A job is one collective: `steps` synchronized ring steps; in each, a latency `alpha` then every hop moves
+`chunk` bytes; the step ends when its slowest hop ends. Rates are recomputed whenever a transfer starts or
+ends. Fast path: a job whose links no other active job uses runs its remaining steps in one jump (the
+step time is cached per template); when another job arrives on its links it is materialized back into
+step-by-step mode (its position inside the current step is interpolated linearly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+from paracube.errors import ParacubeError, check
+
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Template:
+    """A representative group's ring on the topology: hop classes and their weighted links."""
+
+    tid: int
+    name: str
+    hops: tuple[tuple[tuple[int, float], ...], ...]  # per hop: (link id, weight) along its path
+    alpha: float  # latency of one ring step: max over hops of the summed link latencies
+    links: frozenset[int]
+
+
+def weighted_maxmin(hops: Sequence[tuple[tuple[int, float], ...]], cap: Sequence[float]) -> list[float]:
+    """Progressive filling: all unfrozen hops rise together to a common level; a link saturates at
+    level (capacity - frozen load) / (unfrozen weight), the first to saturate freezes its hops there.
+    Links saturating at the same level (to 1e-9) are frozen in one round: symmetric rings take few rounds."""
+    n = len(hops)
+    rates = [math.inf] * n
+    frozen = [False] * n
+    used: dict[int, float] = {}
+    wsum: dict[int, float] = {}
+    users: dict[int, list[tuple[int, float]]] = {}
+    for i, hop in enumerate(hops):
+        for link, w in hop:
+            users.setdefault(link, []).append((i, w))
+            wsum[link] = wsum.get(link, 0.0) + w
+            used.setdefault(link, 0.0)
+    live = set(wsum)
+    while live:
+        levels = {link: (cap[link] - used[link]) / wsum[link] for link in live}
+        best = min(levels.values())
+        for link in [link for link, lv in levels.items() if lv <= best * (1 + 1e-9)]:
+            for i, _ in users[link]:
+                if frozen[i]:
+                    continue
+                rates[i], frozen[i] = best, True
+                for other, w in hops[i]:
+                    used[other] += w * best
+                    wsum[other] -= w
+        live = {link for link in live if wsum[link] > 1e-12}
+    return rates
+
+
+@dataclass
+class _Job:
+    tpl: Template
+    steps: int
+    chunk: float
+    done: simpy.Event
+    step: int = 0
+    mode: str = "lat"  # lat | xfer | iso
+    until: float = 0.0  # end of the latency phase (lat) or of the whole job (iso)
+    iso_start: float = 0.0
+    remaining: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+
+
+class FlowNetwork:
+    """Links with capacities (B/s); jobs (collectives) over templates; simpy drives the clock."""
+
+    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
+        self.env = env
+        self.cap = list(capacities)
+        self.active: list[_Job] = []
+        self.link_jobs: Counter[int] = Counter()
+        self._last = 0.0
+        self._gen = 0
+        self._rate_cache: dict[tuple, list[float]] = {}
+        self._step_cache: dict[tuple[int, float], float] = {}
+        self.stats = Counter()
+
+    # --- public -----------------------------------------------------------------------------------
+    def run(self, tpl: Template, steps: int, chunk: float) -> simpy.Event:
+        """Start a collective; the returned event fires when its last step ends."""
+        done = self.env.event()
+        self.stats["jobs"] += 1
+        self.stats["ring_steps"] += steps
+        if steps <= 0:
+            done.succeed()
+            return done
+        self._advance()
+        job = _Job(tpl, steps, float(chunk), done)
+        sharing = [j for j in self.active if j.tpl.links & tpl.links]
+        for other in sharing:
+            if other.mode == "iso":
+                self._materialize(other)
+        self.active.append(job)
+        for link in tpl.links:
+            self.link_jobs[link] += 1
+        if sharing:
+            job.mode, job.until = "lat", self.env.now + tpl.alpha
+        else:
+            self._go_iso(job)
+        self._reschedule()
+        return done
+
+    def step_time(self, tpl: Template, chunk: float) -> float:
+        """One ring step alone on the network: latency + fluid transfer with rates recomputed as hops end."""
+        key = (tpl.tid, chunk)
+        hit = self._step_cache.get(key)
+        if hit is None:
+            remaining = [chunk] * len(tpl.hops)
+            live = list(range(len(tpl.hops)))
+            t = 0.0
+            while live:
+                rates = weighted_maxmin([tpl.hops[i] for i in live], self.cap)
+                dt = min(remaining[i] / r for i, r in zip(live, rates, strict=True))
+                t += dt
+                for i, r in zip(live, rates, strict=True):
+                    remaining[i] -= r * dt
+                live = [i for i in live if remaining[i] > chunk * 1e-9]
+            hit = self._step_cache[key] = tpl.alpha + t
+        return hit
+
+    # --- internals --------------------------------------------------------------------------------
+    def _go_iso(self, job: _Job) -> None:
+        job.mode, job.iso_start = "iso", self.env.now
+        job.until = self.env.now + (job.steps - job.step) * self.step_time(job.tpl, job.chunk)
+
+    def _materialize(self, job: _Job) -> None:
+        """Back to step-by-step mode at the current time (position inside the step interpolated)."""
+        per = self.step_time(job.tpl, job.chunk)
+        elapsed = self.env.now - job.iso_start
+        done_steps = min(int(elapsed / per + EPS), job.steps - job.step - 1) if per > 0 else 0
+        job.step += done_steps
+        into = elapsed - done_steps * per
+        alpha = job.tpl.alpha
+        if into < alpha:
+            job.mode, job.until = "lat", self.env.now + (alpha - into)
+        else:
+            frac = min(1.0, (into - alpha) / max(per - alpha, EPS))
+            job.mode, job.remaining = "xfer", [job.chunk * (1 - frac)] * len(job.tpl.hops)
+        self.stats["materialized"] += 1
+
+    def _advance(self) -> None:
+        now = self.env.now
+        dt = now - self._last
+        if dt > 0:
+            for job in self.active:
+                if job.mode == "xfer":
+                    job.remaining = [max(0.0, r - rate * dt)
+                                     for r, rate in zip(job.remaining, job.rates, strict=True)]
+        self._last = now
+
+    def _transitions(self) -> None:
+        now = self.env.now
+        tol = EPS * (1.0 + now)  # below the clock's resolution at `now`: would never advance time
+        finished: list[_Job] = []
+        for job in self.active:
+            if job.mode == "iso" and job.until <= now + tol:
+                job.step = job.steps
+                finished.append(job)
+            elif job.mode == "lat" and job.until <= now + tol:
+                job.mode, job.remaining = "xfer", [job.chunk] * len(job.tpl.hops)
+            elif job.mode == "xfer" and len(job.rates) == len(job.remaining):
+                job.remaining = [0.0 if rate > 0 and r / rate <= tol else r
+                                 for r, rate in zip(job.remaining, job.rates, strict=True)]
+            if job.mode == "xfer" and all(r <= job.chunk * 1e-9 for r in job.remaining):
+                job.step += 1
+                if job.step >= job.steps:
+                    finished.append(job)
+                elif any(j is not job and j.tpl.links & job.tpl.links for j in self.active):
+                    job.mode, job.until = "lat", now + job.tpl.alpha
+                else:
+                    self._go_iso(job)  # alone again: jump over the remaining steps
+        for job in finished:
+            self.active.remove(job)
+            for link in job.tpl.links:
+                self.link_jobs[link] -= 1
+            job.done.succeed()
+
+    def _rates(self) -> None:
+        # Deterministic order (template, hop) so the max-min solution can be cached by the active set.
+        xfer = sorted(((j, i) for j in self.active if j.mode == "xfer" for i, r in enumerate(j.remaining)
+                       if r > j.chunk * 1e-9), key=lambda ji: (ji[0].tpl.tid, ji[1]))
+        key = tuple((j.tpl.tid, i) for j, i in xfer)
+        rates = self._rate_cache.get(key)
+        if rates is None:
+            self.stats["maxmin_solves"] += 1
+            rates = self._rate_cache[key] = weighted_maxmin([j.tpl.hops[i] for j, i in xfer], self.cap)
+        for job in self.active:
+            if job.mode == "xfer":
+                job.rates = [0.0] * len(job.remaining)
+        for (job, i), rate in zip(xfer, rates, strict=True):
+            job.rates[i] = rate
+
+    def _reschedule(self) -> None:
+        self._transitions()
+        self._rates()
+        now, nxt = self.env.now, math.inf
+        for job in self.active:
+            if job.mode in ("iso", "lat"):
+                nxt = min(nxt, job.until)
+            else:
+                for r, rate in zip(job.remaining, job.rates, strict=True):
+                    if r > job.chunk * 1e-9:
+                        nxt = min(nxt, now + r / rate if rate > 0 else math.inf)
+        if math.isinf(nxt):
+            return
+        self._gen += 1
+        gen = self._gen
+        ev = self.env.timeout(max(0.0, nxt - now))
+        ev.callbacks.append(lambda _e, g=gen: self._wake(g))
+
+    def _wake(self, gen: int) -> None:
+        if gen != self._gen:
+            return  # superseded by a later reschedule
+        self.stats["wakeups"] += 1
+        self._advance()
+        self._reschedule()
+
+
+class LinkTable:
+    """Directed links of a topology as integer ids with capacities; builds templates from rank groups."""
+
+    def __init__(self, topo: object) -> None:
+        self.topo = topo
+        self.ids: dict[tuple[str, str], int] = {}
+        self.cap: list[float] = []
+        self.latency: list[float] = []
+        self.names: list[str] = []
+        self._tid = 0
+
+    def _link(self, u: str, v: str) -> int:
+        lid = self.ids.get((u, v))
+        if lid is None:
+            data = self.topo.graph.edges[u, v]  # type: ignore[attr-defined]
+            name = f"{u!r}-{v!r}"
+            bw = data.get("bandwidth")
+            ok = isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0
+            check(ok, f"link {name} has bandwidth={bw!r}; expected a positive number (bytes/s)")
+            lat = data.get("latency")
+            check(isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0,
+                  f"link {name} has latency={lat!r}; expected a non-negative number (s)")
+            lid = self.ids[(u, v)] = len(self.cap)
+            self.cap.append(float(bw))
+            self.latency.append(float(lat))
+            self.names.append(name)
+        return lid
+
+    def path(self, a: int, b: int) -> list[int]:
+        n = self.topo.num_devices  # type: ignore[attr-defined]
+        for r in (a, b):
+            check(0 <= r < n, f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")  # type: ignore[attr-defined]
+        try:
+            edges = self.topo.route(a, b)  # type: ignore[attr-defined]
+        except (AssertionError, KeyError) as exc:  # a graph with a device cut off from the others
+            raise ParacubeError(f"no route from rank {a} to rank {b} on topology "
+                                f"{self.topo.name!r}: device disconnected ({exc})") from None  # type: ignore[attr-defined]
+        check(a == b or len(edges) > 0, f"no route from rank {a} to rank {b}: device disconnected")
+        return [self._link(u, v) for u, v in edges]
+
+    def template(self, name: str, groups: Sequence[Sequence[tuple[int, int]]], prefer: int = 0) -> Template:
+        """Template of the slowest of `groups` (each a list of (src, dst) rank hops) that move at the same
+        time. All of them load the links; the one whose worst hop sees the most loaded link (load /
+        capacity; then the longest latency) is simulated, since the others wait for it at the next
+        collective that couples them (`prefer` wins ties: the group of the stage's representative rank)."""
+        load: Counter[int] = Counter()
+        paths = [[self.path(a, b) for a, b in hops] for hops in groups]
+        for group in paths:
+            for p in group:
+                load.update(p)
+
+        def score(i: int) -> tuple[float, float, int]:
+            worst = max((load[link] / self.cap[link] for p in paths[i] for link in p), default=0.0)
+            alpha = max((sum(self.latency[link] for link in p) for p in paths[i]), default=0.0)
+            return round(worst, 12), round(alpha, 15), int(i == prefer)
+
+        mine = paths[max(range(len(paths)), key=score)] if paths else []
+        own: Counter[int] = Counter(link for p in mine for link in p)
+        out = tuple(tuple((link, max(load[link], own[link]) / own[link]) for link in p) for p in mine)
+        alpha = max((sum(self.latency[link] for link in p) for p in mine), default=0.0)
+        self._tid += 1
+        return Template(self._tid, name, out, alpha, frozenset(own))
+
+
+def ring_hops(group: Sequence[int]) -> list[tuple[int, int]]:
+    """Node-major ring (ranks sorted: consecutive ranks share a node), so only node boundaries cross the
+    network; two ranks use both directions."""
+    ranks = sorted(int(r) for r in group)
+    if len(ranks) < 2:
+        return []
+    return list(zip(ranks, ranks[1:] + ranks[:1], strict=True))
+
+
+__all__ = ["FlowNetwork", "LinkTable", "Template", "ring_hops", "weighted_maxmin"]

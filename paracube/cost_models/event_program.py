@@ -1,0 +1,233 @@
+"""The program one representative device of a pipeline stage runs: compute ops and collectives, in order.
+
+Communication comes from `traffic.stage_events` (the contract of docs/algorithms.md) for ONE micro-batch,
+regrouped into execution order: forward of layers 0..L-1, then backward of layers L-1..0 with each
+layer's recompute (full recomputation) just before its backward. Compute times come from compute.py:
+per linear the three GEMMs (Y = X A, dX = dY A^T, dA = X^T dY) at their local shapes; the rest of a block
+(attention core, norms, elementwise) is `stage_compute_time` of one block minus its GEMMs, one third
+forward, two thirds backward (a quarter each for forward and recompute under full recomputation).
+Inside a unit (a linear, a norm, or in 1D a whole attention / MLP half) the order is the executor's:
+forward: input gathers -> GEMM -> output reduce-scatter / all-reduce; backward: dY gather -> dX GEMM ->
+dX reduce-scatter -> dA GEMM -> dA (and bias) reduce-scatter. With `overlap=True` the dA GEMM runs before
+the dX GEMM and the dA / dbias reduce-scatters are asynchronous (hidden under the dX GEMM), and the
+data-parallel gradient all-reduce is split into per-layer buckets issued during the last backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from paracube.cost_models.compute import GemmModel, local_shape, stage_compute_time
+from paracube.cost_models.dims import Dims, padded_vocab, vocab_split
+from paracube.cost_models.traffic import act_split, stage_events
+from paracube.estimate import CommEvent
+from paracube.layout import Layout
+
+PER_STEP = ("grad_sync", "optimizer", "metrics")
+LAYER_UNITS = ("ln1", "qkv", "proj", "ln2", "fc", "fc2")
+UNITS_1D = ("attn", "mlp")
+BEFORE_FWD = ("X", "A", "bias", "in", "stats", "param")  # the rest (Y, g, out) come after the GEMM
+BEFORE_BWD = ("dY", "out", "stats")
+AFTER_DX = ("dX", "f", "in")  # then dA GEMM, then dA / dbias / param
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # compute | comm | wait (join outstanding asynchronous collectives)
+    name: str
+    seconds: float = 0.0
+    event: CommEvent | None = None
+    asynchronous: bool = False
+
+
+@dataclass
+class StageProgram:
+    stage: int
+    fwd: list[list[Op]]  # per model chunk (interleaving), one micro-batch
+    bwd: list[list[Op]]
+    bwd_last: list[list[Op]]  # the last micro-batch's backward (grad buckets when overlapping)
+    tail: list[Op]  # per-step collectives after the last backward
+    send_bytes: int = 0
+    compute_fwd: float = 0.0
+    compute_bwd: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _arrays(layout: Layout, mb: int) -> dict[str, np.ndarray]:
+    vals = {"dp": layout.dp, "pp": layout.pp, "t": layout.tensor_size, "q": layout.q, "d": layout.depth,
+            "mb": mb, "v": layout.interleave, "sp": int(layout.sequence_parallel)}
+    return {k: np.array([v], dtype=np.int64) for k, v in vals.items()}
+
+
+def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tuple[float, float, float]]:
+    """(forward, dX part, dA part) seconds per unit of one block, plus 'head' and '_recompute'."""
+    mode, a = layout.mode, _arrays(layout, mb)
+    one = replace(d, L=layout.pp, global_batch=layout.dp * mb)  # one block, one micro-batch per stage
+    block = float(stage_compute_time(one, mode, a, np.array([0]), g)[0])
+    with_head = float(stage_compute_time(one, mode, a, np.array([1]), g)[0])
+    T = np.array([mb * d.s], dtype=float)
+    out: dict[str, tuple[float, float, float]] = {}
+    gemm_total, fwd_total = 0.0, 0.0
+    for n, (name, h_in, h_out, _) in enumerate(d.linears):
+        m, nn, k = local_shape(mode, T, h_in, h_out, n in (0, 2), a)
+        f, dx, da = (float(g.gemm_time(*s)[0]) for s in ((m, nn, k), (m, k, nn), (k, nn, m)))
+        out[name] = (f, dx, da)
+        gemm_total += f + dx + da
+        fwd_total += f
+    full = d.recompute == "full"
+    rest = block - gemm_total - (fwd_total if full else 0.0)
+    rest_f = rest / (4 if full else 3)
+    rest_b = rest - rest_f * (2 if full else 1)
+    half = (rest_f / 2, rest_b / 2, 0.0)
+    if mode == "1d":
+        out["attn"] = tuple(x + y + z for x, y, z in zip(out["qkv"], out["proj"], half, strict=True))  # type: ignore[assignment]
+        out["mlp"] = tuple(x + y + z for x, y, z in zip(out["fc"], out["fc2"], half, strict=True))  # type: ignore[assignment]
+    else:
+        out["ln1"] = out["ln2"] = half
+    V = padded_vocab(d.V, vocab_split(mode, layout.tensor_size, layout.q))
+    m, nn, k = local_shape(mode, T, d.h, V, True, a)
+    hf, hdx, hda = (float(g.gemm_time(*s)[0]) for s in ((m, nn, k), (m, k, nn), (k, nn, m)))
+    ce = (with_head - block) - (hf + hdx + hda)
+    out["head"] = (hf + ce / 3, hdx + 2 * ce / 3, hda)
+    out["_recompute"] = (fwd_total + rest_f, 0.0, 0.0) if full else (0.0, 0.0, 0.0)
+    return out
+
+
+def _unit_of(label: str) -> tuple[int, str, str]:
+    """(layer or -1, unit, suffix) of a traffic label."""
+    parts = label.split(".")
+    if parts[0] == "layers":
+        return int(parts[1]), parts[2], parts[3] if len(parts) > 3 else ""
+    return -1, parts[0], parts[1] if len(parts) > 1 else ""
+
+
+def _units_fwd(units: tuple[str, ...], events: dict[str, list[CommEvent]], comp: dict, prefix: str,
+               phase: str) -> list[Op]:
+    ops: list[Op] = []
+    for u in units:
+        evs = events.get(u, [])
+        ops += [Op("comm", e.label, event=e) for e in evs if _unit_of(e.label)[2] in BEFORE_FWD]
+        f = comp.get(u, (0.0, 0.0, 0.0))[0]
+        if f > 0:
+            ops.append(Op("compute", f"{prefix}{u}.{phase}", f))
+        ops += [Op("comm", e.label, event=e) for e in evs if _unit_of(e.label)[2] not in BEFORE_FWD]
+    return ops
+
+
+def _units_bwd(units: tuple[str, ...], events: dict[str, list[CommEvent]], comp: dict, prefix: str,
+               overlap: bool) -> list[Op]:
+    ops: list[Op] = []
+    for u in reversed(units):
+        evs = events.get(u, [])
+        suffix = [(_unit_of(e.label)[2], e) for e in evs]
+        _, dx, da = comp.get(u, (0.0, 0.0, 0.0))
+        ops += [Op("comm", e.label, event=e) for s, e in suffix if s in BEFORE_BWD]
+        late = [Op("comm", e.label, event=e, asynchronous=overlap) for s, e in suffix
+                if s not in BEFORE_BWD and s not in AFTER_DX]
+        dx_ops = [Op("compute", f"{prefix}{u}.dX", dx)] if dx > 0 else []
+        dx_ops += [Op("comm", e.label, event=e) for s, e in suffix if s in AFTER_DX]
+        da_ops = [Op("compute", f"{prefix}{u}.dA", da)] if da > 0 else []
+        # overlap: dA first, its reduce-scatter runs while dX is computed (Bian et al. 2021, section 3)
+        ops += da_ops + late + dx_ops if overlap else dx_ops + da_ops + late
+    return ops
+
+
+def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False) -> StageProgram:
+    pp, v = layout.pp, layout.interleave
+    kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
+    first, last = pp == 1 or stage == 0, pp == 1 or stage == pp - 1
+    # One micro-batch's events of this stage: pipeline sends are rebuilt from the schedule instead.
+    events = [e for e in stage_events(layout, replace(d, global_batch=layout.dp * mb), mb, kind)
+              if e.kind != "send"]
+    comp = unit_compute(d, layout, mb, g)
+    units = UNITS_1D if layout.mode == "1d" else LAYER_UNITS
+    layers = d.L // pp
+    per_chunk = max(1, layers // v)
+    by_layer: dict[tuple[int, str], dict[str, list[CommEvent]]] = {}
+    tail: list[Op] = []
+    for e in events:
+        if e.phase in PER_STEP:
+            tail.append(Op("comm", e.label, event=e))
+            continue
+        layer, unit, _ = _unit_of(e.label)
+        ph = "bwd" if e.phase == "bwd" else ("recompute" if e.phase == "recompute" else "fwd")
+        if layer < 0:
+            unit = {"tok_emb": "emb", "pos_emb": "emb", "embedding": "emb"}.get(unit, unit)
+        by_layer.setdefault((layer, ph), {}).setdefault(unit, []).append(e)
+    rec = comp["_recompute"][0]
+    fwd: list[list[Op]] = [[] for _ in range(v)]
+    bwd: list[list[Op]] = [[] for _ in range(v)]
+    bwd_last: list[list[Op]] = [[] for _ in range(v)]
+    grad = next((op for op in tail if op.event and op.event.label == "gradients"), None)
+    buckets = overlap and grad is not None
+    if buckets:
+        tail.remove(grad)  # type: ignore[arg-type]
+    for c in range(v):
+        head_units = ("ln_f", "head", "loss")
+        if first and c == 0:
+            fwd[c] += _units_fwd(("emb",), by_layer.get((-1, "fwd"), {}), {}, "", "fwd")
+        lo, hi = c * per_chunk, (c + 1) * per_chunk if c < v - 1 else layers
+        for i in range(lo, hi):
+            fwd[c] += _units_fwd(units, by_layer.get((i, "fwd"), {}), comp, f"layers.{i}.", "fwd")
+        if last and c == v - 1:
+            fwd[c] += _units_fwd(head_units, by_layer.get((-1, "fwd"), {}), comp, "", "fwd")
+            bwd[c] += _units_bwd(head_units, by_layer.get((-1, "bwd"), {}), comp, "", overlap)
+        bwd_last[c] = list(bwd[c])
+        for i in reversed(range(lo, hi)):
+            ops: list[Op] = []
+            if rec > 0:
+                ops += _units_fwd(units, by_layer.get((i, "recompute"), {}), {}, f"layers.{i}.", "recompute")
+                ops.append(Op("compute", f"layers.{i}.recompute", rec))
+            ops += _units_bwd(units, by_layer.get((i, "bwd"), {}), comp, f"layers.{i}.", overlap)
+            bwd[c] += ops
+            bwd_last[c] += ops
+            if buckets:
+                share = grad.event.payload_bytes // layers  # type: ignore[union-attr]
+                if i == 0:
+                    share = grad.event.payload_bytes - share * (layers - 1)  # type: ignore[union-attr]
+                ev = replace(grad.event, payload_bytes=share, label=f"gradients.layers.{i}")  # type: ignore[union-attr]
+                bwd_last[c].append(Op("comm", ev.label, event=ev, asynchronous=True))
+        if first and c == 0:
+            emb = _units_bwd(("emb",), by_layer.get((-1, "bwd"), {}), {}, "", False)
+            bwd[c] += emb
+            bwd_last[c] += emb
+    if buckets:
+        tail.insert(0, Op("wait", "gradients.wait"))
+    prog = StageProgram(stage, fwd, bwd, bwd_last, tail, send_bytes=d.c * mb * d.s * d.h // act_split(layout))
+    prog.compute_fwd = sum(op.seconds for ch in fwd for op in ch if op.kind == "compute")
+    prog.compute_bwd = sum(op.seconds for ch in bwd for op in ch if op.kind == "compute")
+    return prog
+
+
+def schedule(pp: int, v: int, n_micro: int, stage: int) -> list[tuple[str, int, int]]:
+    """Order of (F|B, chunk, micro-batch) on `stage`: 1F1B (v = 1) or Megatron's interleaved 1F1B."""
+    total = n_micro * v
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (pp * v)) // pp
+        return c if forward else v - 1 - c
+
+    def micro(k: int) -> int:
+        return (k // (pp * v)) * pp + k % pp
+
+    # Megatron: 1F1B warms up with pp-1-s forwards; interleaved with (pp-1-s)*2 + (v-1)*pp.
+    warm = min(pp - stage - 1, n_micro) if v == 1 else min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+    out: list[tuple[str, int, int]] = []
+    f = b = 0
+    for _ in range(warm):
+        out.append(("F", chunk(f, True), micro(f) if v > 1 else f))
+        f += 1
+    while f < total:
+        out.append(("F", chunk(f, True), micro(f) if v > 1 else f))
+        f += 1
+        out.append(("B", chunk(b, False), micro(b) if v > 1 else b))
+        b += 1
+    while b < total:
+        out.append(("B", chunk(b, False), micro(b) if v > 1 else b))
+        b += 1
+    return out
+
+
+__all__ = ["Op", "StageProgram", "build_stage", "schedule", "unit_compute"]

@@ -1,0 +1,179 @@
+"""Starting the ranks: checks before any rank starts, torchrun's agent for local/multi-node runs, Slurm.
+
+Ranks are `python -m paracube.executor.run --worker ...` processes started by torch's elastic agent
+(`torch.distributed.launcher.api.elastic_launch`, what `torchrun` runs), static rendezvous at
+`master_addr:master_port` (127.0.0.1 and a free port for local runs), no restarts. When a rank dies the
+agent stops the others and we report which rank died; workers also carry a gloo/NCCL timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from paracube.errors import ParacubeError, check
+from paracube.executor import checkpoint as ckpt
+from paracube.executor.data import parse_source
+from paracube.plan import Plan
+from paracube.workload import with_seq_len
+
+WORKER_MODULE = "paracube.executor.run"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """This node's share of the job."""
+
+    nnodes: int = 1
+    nproc_per_node: int | None = None  # None: the plan's
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port (local runs only)
+
+
+def backend_for(plan: Plan) -> str:
+    if plan.launch.backend != "auto":
+        return plan.launch.backend
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: str | None = None,
+              resume: bool = False, check_devices: bool = True, seed: int = 0) -> int:
+    """Everything that can be checked before a rank starts; returns processes per node.
+    Raises ParacubeError (one line: the bad value and what is valid)."""
+    from paracube.executor.step import check_divisibility
+
+    nproc = node.nproc_per_node or plan.launch.nproc_per_node
+    world = plan.layout.world_size
+    check(node.nnodes * nproc == world,
+          f"--nnodes={node.nnodes} x nproc_per_node={nproc} = {node.nnodes * nproc} ranks, but layout "
+          f"{plan.layout} needs {world}")
+    check(0 <= node.node_rank < node.nnodes, f"--node-rank={node.node_rank} must be in 0..{node.nnodes - 1}")
+    check(node.nnodes == 1 or (node.master_addr not in ("", "127.0.0.1", "localhost") and node.master_port),
+          "a run over several nodes needs --master-addr (the address of node 0, reachable from every node) "
+          "and --master-port")
+    check(plan.layout.pp == 1, f"the executor runs pp=1 only; layout {plan.layout} has pp={plan.layout.pp}")
+    check(plan.layout.mode != "2.5d", f"the executor runs tensor modes none, 1d, 2d and 3d, not {plan.layout.mode}")
+    backend = backend_for(plan) if check_devices else plan.launch.backend
+    if backend == "nccl" and check_devices:
+        have = torch.cuda.device_count()
+        check(have >= nproc, f"backend nccl needs {nproc} GPUs on this node; it has {have} (use backend gloo)")
+    seq = plan.seq_len
+    check_divisibility(with_seq_len(plan.model, seq), plan.layout, plan.micro_batch, plan.training.global_batch, seq)
+    parse_source(data, plan.model.vocab, seq)
+    if checkpoint_dir is not None:
+        if resume:
+            saved = ckpt.read_meta(ckpt.find_checkpoint(checkpoint_dir)).get("data", {})
+            check(saved.get("source") == data and saved.get("seed") == seed,
+                  f"the checkpoint in {checkpoint_dir!r} was trained on --data {saved.get('source')} --seed "
+                  f"{saved.get('seed')}; resume with the same")
+        elif ckpt.has_checkpoint(Path(checkpoint_dir)):
+            raise ParacubeError(f"checkpoint directory {checkpoint_dir!r} already holds checkpoints; pass --resume "
+                                "to continue them or choose another directory")
+    elif resume:
+        raise ParacubeError("--resume needs --checkpoint-dir")
+    return nproc
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _importable() -> Iterator[None]:
+    """Workers are fresh interpreters: make sure they import this paracube even when it is not installed."""
+    root = str(Path(__file__).resolve().parents[2])
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def describe_failure(failures: dict[int, object]) -> str:
+    """One line naming the rank that died first (a signal other than the agent's SIGTERM, else earliest)."""
+    items = sorted(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0))
+
+    def killed(f: object) -> bool:
+        code = getattr(f, "exitcode", 0)
+        return code < 0 and -code != signal.SIGTERM
+
+    rank, first = next(((r, f) for r, f in items if killed(f)), items[0])
+    code = getattr(first, "exitcode", "?")
+    how = f"signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0 else f"exit code {code}"
+    msg = str(getattr(first, "message", "") or "").strip().splitlines()
+    detail = f": {msg[-1][:200]}" if msg and "Signal" not in msg[-1] and "exitcode" not in msg[-1] else ""
+    others = sorted(r for r in failures if r != rank)
+    tail = f"; ranks {others} stopped after it" if others else "; the other ranks were stopped"
+    return f"rank {rank} died ({how}){detail}{tail}"
+
+
+def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str], run_id: str = "paracube") -> int:
+    """Start this node's ranks with torch's elastic agent and wait; returns the exit status (0 ok, 1 failed)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    port = node.master_port or free_port()
+    config = LaunchConfig(
+        min_nodes=node.nnodes, max_nodes=node.nnodes, nproc_per_node=nproc, run_id=run_id,
+        rdzv_backend="static", rdzv_endpoint=f"{node.master_addr}:{port}",
+        rdzv_configs={"rank": node.node_rank, "timeout": 600}, max_restarts=0, monitor_interval=0.1,
+        local_addr=node.master_addr if node.nnodes == 1 else None,
+    )
+    try:
+        with _importable():
+            elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE, "--worker", *worker_args)
+    except ChildFailedError as exc:
+        print(f"paracube: run failed: {describe_failure(exc.failures)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def torchrun_argv(node_args: Sequence[str], worker_args: Sequence[str]) -> list[str]:
+    return ["python", "-m", "torch.distributed.run", *node_args, "--max-restarts=0", "-m", WORKER_MODULE,
+            "--worker", *worker_args]
+
+
+def slurm_script(plan: Plan, worker_args: Sequence[str], job_name: str = "paracube", time_limit: str = "01:00:00",
+                 partition: str | None = None, master_port: int = 29500) -> str:
+    """A ready sbatch script: one torchrun agent per node (srun), c10d rendezvous at node 0, explicit."""
+    nnodes, nproc = plan.launch.nnodes, plan.launch.nproc_per_node
+    # The script runs on the cluster, not here: GPUs unless the plan says gloo or targets local CPUs.
+    gpus = plan.launch.backend == "nccl" or (plan.launch.backend == "auto" and plan.cluster != "local-cpu")
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nnodes}",
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --time={time_limit}"]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={nproc}")
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    node_args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+                 '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"']
+    cmd = " ".join(torchrun_argv(node_args, [shlex.quote(a) for a in worker_args]))
+    lines += [
+        "set -euo pipefail",
+        f"# layout {plan.layout}: {plan.layout.world_size} ranks = {nnodes} nodes x {nproc} per node",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"MASTER_PORT={master_port}",
+        "export MASTER_ADDR MASTER_PORT",
+        f"srun --kill-on-bad-exit=1 {cmd}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["NodeSpec", "backend_for", "describe_failure", "free_port", "launch", "preflight", "slurm_script",
+           "torchrun_argv"]

@@ -1,0 +1,102 @@
+"""The process groups of one layout, and this rank's place in them.
+
+Every process group is a slice of `Layout.rank_grid()`. torch orders a group's ranks by global rank,
+which need not match our index order (first axis major), so `order(axes)` maps index -> group rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from paracube.errors import check
+from paracube.executor.comm import CommRecorder
+from paracube.layout import Layout
+
+
+def group_axes(layout: Layout) -> list[tuple[str, ...]]:
+    """Every axis combination the algorithms use, in one fixed order (all ranks create them alike)."""
+    tensor = layout.tensor_axes
+    combos: list[tuple[str, ...]] = [(a,) for a in layout.axis_names]
+    if len(tensor) > 1:
+        combos.append(tensor)
+    if layout.mode == "3d":
+        combos += [("x", "y"), ("x", "z")]  # planes: LayerNorm/embedding (x, y); linear biases (W, O)
+    if tensor:
+        combos.append(("dp", *tensor))  # metrics
+    return list(dict.fromkeys(combos))
+
+
+class Mesh:
+    def __init__(self, layout: Layout, rank: int, recorder: CommRecorder | None = None):
+        check(0 <= rank < layout.world_size, f"rank {rank} is outside world size {layout.world_size}")
+        self.layout = layout
+        self.rank = rank
+        self.recorder = recorder if recorder is not None else CommRecorder()
+        self._coords = layout.coords(rank)
+        self._groups: dict[tuple[str, ...], ProcessGroup | None] = {}
+        self._order: dict[tuple[str, ...], list[int]] = {}
+        for axes in group_axes(layout):
+            self._add_group(axes)
+
+    def _add_group(self, axes: tuple[str, ...]) -> None:
+        groups = self.layout.groups(axes)
+        if groups.shape[1] == 1:
+            self._groups[axes] = None
+            return
+        mine = None
+        for ranks in groups.tolist():
+            # Every rank calls new_group for every group, in the same order (torch requires it).
+            pg = dist.new_group(sorted(ranks))
+            if self.rank in ranks:
+                mine = pg
+                by_rank = sorted(ranks)
+                self._order[axes] = [by_rank.index(r) for r in ranks]
+        self._groups[axes] = mine
+
+    @classmethod
+    def single(cls, layout: Layout | None = None) -> Mesh:
+        """A one-rank mesh: no process group, nothing communicated (serial runs)."""
+        layout = layout or Layout()
+        check(layout.world_size == 1, f"Mesh.single needs a layout of world size 1, not {layout}")
+        return cls(layout, 0)
+
+    # --- queries ---------------------------------------------------------------------------------------
+    def _known(self, axes: tuple[str, ...]) -> None:
+        check(axes in self._groups, f"no process group for axes {axes}; known: {sorted(self._groups)}")
+
+    def group(self, axes: tuple[str, ...]) -> ProcessGroup | None:
+        axes = tuple(axes)
+        if self.size(axes) == 1:
+            return None
+        self._known(axes)
+        return self._groups[axes]
+
+    def order(self, axes: tuple[str, ...]) -> list[int]:
+        """order[k] = group rank (torch's numbering) of the member with index k."""
+        self._known(tuple(axes))
+        return self._order[tuple(axes)]
+
+    def size(self, axes: tuple[str, ...]) -> int:
+        return math.prod(self.layout.axis_size(a) for a in axes)
+
+    def index(self, axes: tuple[str, ...]) -> int:
+        """This rank's index in the group of `axes`, first axis major."""
+        idx = 0
+        for a in axes:
+            idx = idx * self.layout.axis_size(a) + self._coords[a]
+        return idx
+
+    def coord(self, axis: str) -> int:
+        return self._coords[axis]
+
+    @property
+    def tensor_axes(self) -> tuple[str, ...]:
+        return self.layout.tensor_axes
+
+    def __repr__(self) -> str:
+        return f"Mesh({self.layout}, rank={self.rank}, coords={self._coords})"
+
+

@@ -1,0 +1,103 @@
+"""The serial reference (tensor mode "none"): plain torch ops only, same parameter names as every mode.
+
+Also the Mode interface the parallel modes implement; gpt.py assembles a GPT from any Mode.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from paracube.executor.mesh import Mesh
+from paracube.executor.shards import ShardSpec, make_spec
+from paracube.workload import ModelSpec
+
+
+class ShardedModule(nn.Module):
+    """A module whose parameters are blocks of full tensors: `shard_specs[param name]`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shard_specs: dict[str, ShardSpec] = {}
+
+    def add_param(self, name: str, spec: ShardSpec) -> None:
+        self.shard_specs[name] = spec
+        self.register_parameter(name, nn.Parameter(torch.empty(spec.sizes)))
+
+
+class SerialLinear(ShardedModule):
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool):
+        super().__init__()
+        self.add_param("weight", make_spec(mesh, (h_in, h_out), {}))
+        if bias:
+            self.add_param("bias", make_spec(mesh, (h_out,), {}))
+        self.has_bias = bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = x @ self.weight
+        return y + self.bias if self.has_bias else y
+
+
+class SerialLayerNorm(ShardedModule):
+    def __init__(self, mesh: Mesh, hidden: int):
+        super().__init__()
+        self.add_param("weight", make_spec(mesh, (hidden,), {}))
+        self.add_param("bias", make_spec(mesh, (hidden,), {}))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x.float(), x.shape[-1:], self.weight, self.bias, eps=1e-5)
+
+
+class SerialTokenEmbedding(ShardedModule):
+    def __init__(self, mesh: Mesh, vocab: int, hidden: int):
+        super().__init__()
+        self.add_param("weight", make_spec(mesh, (vocab, hidden), {}))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class SerialPositionEmbedding(ShardedModule):
+    def __init__(self, mesh: Mesh, seq_len: int, hidden: int):
+        super().__init__()
+        self.add_param("weight", make_spec(mesh, (seq_len, hidden), {}))
+
+    def forward(self, s: int) -> Tensor:
+        return self.weight[:s]
+
+
+class Mode:
+    """How one tensor mode builds the GPT's layers; "none" (serial) is this base class."""
+
+    name = "none"
+    token_split = 1
+
+    def __init__(self, spec: ModelSpec, mesh: Mesh):
+        self.spec, self.mesh = spec, mesh
+
+    @property
+    def heads_local(self) -> int:
+        return self.spec.heads
+
+    def split_tokens(self, t: Tensor) -> Tensor:
+        """This rank's sequences of the replica's micro-batch, in the loss (head output) layout."""
+        return t
+
+    def token_embedding(self) -> ShardedModule:
+        return SerialTokenEmbedding(self.mesh, self.spec.vocab, self.spec.hidden)
+
+    def position_embedding(self) -> ShardedModule:
+        return SerialPositionEmbedding(self.mesh, self.spec.seq_len, self.spec.hidden)
+
+    def layer_norm(self) -> ShardedModule:
+        return SerialLayerNorm(self.mesh, self.spec.hidden)
+
+    def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
+        """kind: qkv | proj | fc | fc2 | head (the role decides the split)."""
+        return SerialLinear(self.mesh, h_in, h_out, bias)
+
+    def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Per-token cross-entropy (fp32) of the local logits against the local labels."""
+        flat = logits.float().reshape(-1, logits.shape[-1])
+        return F.cross_entropy(flat, labels.reshape(-1), reduction="none").view(labels.shape)

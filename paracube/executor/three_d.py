@@ -1,0 +1,151 @@
+"""3D (Bian et al. 2021) over axes x (i), y (j), z (k), q x q x q.
+
+Block-boundary activations [b, s, h]: sequences split over (x major, y minor), hidden over z. A linear
+takes roles (I, W, O) = input, weight and output axes. Traffic and layouts: docs/algorithms.md "3D".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
+from paracube.executor.functional import compute_dtype, split_layer_norm, vocab_parallel_ce
+from paracube.executor.mesh import Mesh
+from paracube.executor.serial import Mode, ShardedModule
+from paracube.executor.shards import block, make_spec
+from paracube.workload import ModelSpec
+
+PLANE = ("x", "y")  # LayerNorm and embedding parameters, embedding output scatter
+# qkv, fc and head read the block layout; proj and fc2 bring the layout back (two linears per sub-block).
+ROLES: dict[str, tuple[str, str, str]] = {
+    "qkv": ("y", "x", "z"), "fc": ("y", "x", "z"), "head": ("y", "x", "z"),
+    "proj": ("z", "x", "y"), "fc2": ("z", "x", "y"),
+}
+
+
+class _Linear3D(torch.autograd.Function):
+    """Input: sequences over (W major, I minor), hidden over O. Output: sequences over (W, O), hidden over I."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, roles: tuple[str, str, str], label: str) -> Tensor:
+        i_ax, w_ax, o_ax = ((r,) for r in roles)
+        c = compute_dtype(x)
+        xg = all_gather(x.to(c), mesh, i_ax, dim=0, label=f"{label}.X")
+        ag = all_gather(a.to(c), mesh, w_ax, dim=0, label=f"{label}.A")
+        ctx.save_for_backward(xg, ag)
+        ctx.args = (mesh, roles, label, c, x.dtype, a.dtype)
+        # X A is partial over the h_in split (held along O): sum there, keep sequence block o.
+        return reduce_scatter(xg @ ag, mesh, o_ax, dim=0, label=f"{label}.Y")
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+        xg, ag = ctx.saved_tensors
+        mesh, roles, label, c, x_dtype, a_dtype = ctx.args
+        i_ax, w_ax, o_ax = ((r,) for r in roles)
+        dyg = all_gather(dy.to(c).contiguous(), mesh, o_ax, dim=0, backward=True, label=f"{label}.dY")
+        dx = reduce_scatter(dyg @ ag.t(), mesh, i_ax, dim=0, backward=True, label=f"{label}.dX")
+        da_part = xg.reshape(-1, xg.shape[-1]).t() @ dyg.reshape(-1, dyg.shape[-1])
+        da = reduce_scatter(da_part, mesh, w_ax, dim=0, backward=True, label=f"{label}.dA")
+        return dx.to(x_dtype), da.to(a_dtype), None, None, None
+
+
+class Linear3D(ShardedModule):
+    """Weight block: h_in block (o*q + w) of h_in/q^2 rows x h_out block i; bias: h_out block i split
+    over the plane (W, O)."""
+
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, roles: tuple[str, str, str], label: str):
+        super().__init__()
+        self.mesh, self.roles, self.label, self.has_bias = mesh, roles, label, bias
+        i_ax, w_ax, o_ax = roles
+        self.add_param("weight", make_spec(mesh, (h_in, h_out),
+                                           {0: block(h_in, mesh, (o_ax, w_ax)), 1: block(h_out, mesh, (i_ax,))}))
+        if bias:
+            self.add_param("bias", make_spec(mesh, (h_out,), {0: block(h_out, mesh, roles)}))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = _Linear3D.apply(x, self.weight, self.mesh, self.roles, self.label)
+        if self.has_bias:
+            _, w_ax, o_ax = self.roles
+            y = y + gather_fn(self.bias, self.mesh, (w_ax, o_ax), 0, label=f"{self.label}.b")
+        return y
+
+
+class LayerNorm3D(ShardedModule):
+    """Hidden over z (statistics all-reduced there); gamma/beta: block k split over the plane (x, y)."""
+
+    def __init__(self, mesh: Mesh, hidden: int):
+        super().__init__()
+        self.mesh, self.hidden = mesh, hidden
+        for name in ("weight", "bias"):
+            self.add_param(name, make_spec(mesh, (hidden,), {0: block(hidden, mesh, ("z", *PLANE))}))
+
+    def forward(self, x: Tensor) -> Tensor:
+        gamma = gather_fn(self.weight, self.mesh, PLANE, 0, label="ln.gamma")
+        beta = gather_fn(self.bias, self.mesh, PLANE, 0, label="ln.beta")
+        return split_layer_norm(x, gamma, beta, self.mesh, ("z",), self.hidden)
+
+
+class TokenEmbedding3D(ShardedModule):
+    """Vocab block x*q + y, hidden block z; lookup of the whole micro-batch, reduce-scatter over (x, y)."""
+
+    def __init__(self, mesh: Mesh, vocab: int, hidden: int):
+        super().__init__()
+        self.mesh = mesh
+        self.v0, self.vl = block(vocab, mesh, PLANE)
+        self.add_param("weight", make_spec(mesh, (vocab, hidden),
+                                           {0: (self.v0, self.vl), 1: block(hidden, mesh, ("z",))}))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        local = ids - self.v0
+        inside = (local >= 0) & (local < self.vl)
+        emb = F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1)
+        return scatter_fn(emb, self.mesh, PLANE, 0, label="tok_emb")
+
+
+class PositionEmbedding3D(ShardedModule):
+    def __init__(self, mesh: Mesh, seq_len: int, hidden: int):
+        super().__init__()
+        self.mesh = mesh
+        self.add_param("weight", make_spec(mesh, (seq_len, hidden),
+                                           {0: block(seq_len, mesh, PLANE), 1: block(hidden, mesh, ("z",))}))
+
+    def forward(self, s: int) -> Tensor:
+        return gather_fn(self.weight, self.mesh, PLANE, 0, label="pos_emb")[:s]
+
+
+class Mode3D(Mode):
+    name = "3d"
+
+    def __init__(self, spec: ModelSpec, mesh: Mesh):
+        super().__init__(spec, mesh)
+        self.q = mesh.size(("x",))
+        self.token_split = self.q * self.q
+
+    @property
+    def heads_local(self) -> int:
+        return self.spec.heads // self.q
+
+    def split_tokens(self, t: Tensor) -> Tensor:
+        # The head's output (roles y, x, z) holds sequences over (x major, z minor).
+        start, size = block(t.shape[0], self.mesh, ("x", "z"))
+        return t[start:start + size]
+
+    def token_embedding(self) -> ShardedModule:
+        return TokenEmbedding3D(self.mesh, self.spec.vocab, self.spec.hidden)
+
+    def position_embedding(self) -> ShardedModule:
+        return PositionEmbedding3D(self.mesh, self.spec.seq_len, self.spec.hidden)
+
+    def layer_norm(self) -> ShardedModule:
+        return LayerNorm3D(self.mesh, self.spec.hidden)
+
+    def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
+        return Linear3D(self.mesh, h_in, h_out, bias, ROLES[kind], kind)
+
+    def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
+        v0, _ = block(self.spec.vocab, self.mesh, ("y",))
+        return vocab_parallel_ce(logits, labels, v0, self.mesh, ("y",))

@@ -1,0 +1,143 @@
+"""2D (SUMMA in collective form) over axes `row` (i) and `col` (j), q x q.
+
+Activations [b, s, h]: rank (i, j) holds sequences block i and hidden block j. Traffic and shard
+layouts: docs/algorithms.md "2D".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
+from paracube.executor.functional import compute_dtype, split_layer_norm, vocab_parallel_ce
+from paracube.executor.mesh import Mesh
+from paracube.executor.serial import Mode, ShardedModule
+from paracube.executor.shards import block, make_spec
+from paracube.workload import ModelSpec
+
+ROW, COL = ("row",), ("col",)
+
+
+class _Linear2D(torch.autograd.Function):
+    """Y = allgather_col(X) @ allgather_row(A); backward reduce-scatters dX over col and dA over row."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str) -> Tensor:
+        c = compute_dtype(x)
+        # Cast before gathering: the X and A collectives run in the compute dtype.
+        xg = all_gather(x.to(c), mesh, COL, dim=-1, label=f"{label}.X")
+        ag = all_gather(a.to(c), mesh, ROW, dim=0, label=f"{label}.A")
+        ctx.save_for_backward(xg, ag)
+        ctx.args = (mesh, label, c, x.dtype, a.dtype)
+        return xg @ ag
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+        xg, ag = ctx.saved_tensors
+        mesh, label, c, x_dtype, a_dtype = ctx.args
+        dy = dy.to(c)
+        dx = reduce_scatter(dy @ ag.t(), mesh, COL, dim=-1, backward=True, label=f"{label}.dX")
+        da_part = xg.reshape(-1, xg.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])
+        da = reduce_scatter(da_part, mesh, ROW, dim=0, backward=True, label=f"{label}.dA")
+        return dx.to(x_dtype), da.to(a_dtype), None, None
+
+
+class Linear2D(ShardedModule):
+    """Weight block (i, j) = A[rows block i, cols block j]; bias: cols block j split over row."""
+
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str):
+        super().__init__()
+        self.mesh, self.label, self.has_bias = mesh, label, bias
+        self.add_param("weight", make_spec(mesh, (h_in, h_out),
+                                           {0: block(h_in, mesh, ROW), 1: block(h_out, mesh, COL)}))
+        if bias:
+            self.add_param("bias", make_spec(mesh, (h_out,), {0: block(h_out, mesh, ("col", "row"))}))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = _Linear2D.apply(x, self.weight, self.mesh, self.label)
+        if self.has_bias:
+            y = y + gather_fn(self.bias, self.mesh, ROW, 0, label=f"{self.label}.b")
+        return y
+
+
+class LayerNorm2D(ShardedModule):
+    """Hidden split over col (statistics all-reduced there); gamma/beta: block j split over row."""
+
+    def __init__(self, mesh: Mesh, hidden: int):
+        super().__init__()
+        self.mesh, self.hidden = mesh, hidden
+        for name in ("weight", "bias"):
+            self.add_param(name, make_spec(mesh, (hidden,), {0: block(hidden, mesh, ("col", "row"))}))
+
+    def forward(self, x: Tensor) -> Tensor:
+        gamma = gather_fn(self.weight, self.mesh, ROW, 0, label="ln.gamma")
+        beta = gather_fn(self.bias, self.mesh, ROW, 0, label="ln.beta")
+        return split_layer_norm(x, gamma, beta, self.mesh, COL, self.hidden)
+
+
+class TokenEmbedding2D(ShardedModule):
+    """Block (i, j): vocab rows block i, hidden block j. Lookup of the whole micro-batch, then
+    reduce-scatter over row along sequences (sums the vocab split, keeps sequence block i)."""
+
+    def __init__(self, mesh: Mesh, vocab: int, hidden: int):
+        super().__init__()
+        self.mesh = mesh
+        self.v0, self.vl = block(vocab, mesh, ROW)
+        self.add_param("weight", make_spec(mesh, (vocab, hidden),
+                                           {0: (self.v0, self.vl), 1: block(hidden, mesh, COL)}))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        local = ids - self.v0
+        inside = (local >= 0) & (local < self.vl)
+        emb = F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1)
+        return scatter_fn(emb, self.mesh, ROW, 0, label="tok_emb")
+
+
+class PositionEmbedding2D(ShardedModule):
+    """Hidden block j, positions split over row; gathered over row in forward."""
+
+    def __init__(self, mesh: Mesh, seq_len: int, hidden: int):
+        super().__init__()
+        self.mesh = mesh
+        self.add_param("weight", make_spec(mesh, (seq_len, hidden),
+                                           {0: block(seq_len, mesh, ROW), 1: block(hidden, mesh, COL)}))
+
+    def forward(self, s: int) -> Tensor:
+        return gather_fn(self.weight, self.mesh, ROW, 0, label="pos_emb")[:s]
+
+
+class Mode2D(Mode):
+    name = "2d"
+
+    def __init__(self, spec: ModelSpec, mesh: Mesh):
+        super().__init__(spec, mesh)
+        self.q = mesh.size(ROW)
+        self.token_split = self.q
+
+    @property
+    def heads_local(self) -> int:
+        return self.spec.heads // self.q
+
+    def split_tokens(self, t: Tensor) -> Tensor:
+        start, size = block(t.shape[0], self.mesh, ROW)
+        return t[start:start + size]
+
+    def token_embedding(self) -> ShardedModule:
+        return TokenEmbedding2D(self.mesh, self.spec.vocab, self.spec.hidden)
+
+    def position_embedding(self) -> ShardedModule:
+        return PositionEmbedding2D(self.mesh, self.spec.seq_len, self.spec.hidden)
+
+    def layer_norm(self) -> ShardedModule:
+        return LayerNorm2D(self.mesh, self.spec.hidden)
+
+    def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
+        return Linear2D(self.mesh, h_in, h_out, bias, kind)
+
+    def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
+        v0, _ = block(self.spec.vocab, self.mesh, COL)
+        return vocab_parallel_ce(logits, labels, v0, self.mesh, COL)

@@ -1,0 +1,157 @@
+"""`paracube validate`: run a plan for N steps on local ranks and compare with the cost model's prediction.
+
+Each rank runs the executor's `train()` (the same loop as `paracube run`). Around it, the validation
+worker times every torch.distributed collective the executor issues (measured communication time,
+waiting for peers included) and marks step boundaries by wrapping `train_step`. Measured memory is the
+growth of the rank's peak RSS over its value before the model is built (the interpreter and torch are
+not what the cost model predicts). Step 1 (warm-up) is left out of the measured means.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from paracube.calibration.calibrate import check_calibration
+from paracube.calibration.microbench import run_on_ranks
+from paracube.errors import check
+from paracube.plan import Plan
+
+TIMED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    predicted: float
+    measured: float
+    band: float = 0.0  # relative uncertainty of the prediction
+
+    @property
+    def rel_err(self) -> float:
+        """(predicted - measured) / measured."""
+        if self.measured == 0:
+            return 0.0 if self.predicted == 0 else math.inf
+        return (self.predicted - self.measured) / self.measured
+
+    def to_dict(self) -> dict[str, float | str]:
+        return {"name": self.name, "predicted": self.predicted, "measured": self.measured,
+                "rel_err": self.rel_err, "band": self.band}
+
+
+@contextmanager
+def _timed_collectives(log: list[float]) -> Iterator[None]:
+    """Append the wall time of every collective call to `log` (this worker process only; restored after)."""
+    saved = {name: getattr(dist, name) for name in TIMED}
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                log.append(time.perf_counter() - t0)
+        return timed
+
+    for name, fn in saved.items():
+        setattr(dist, name, wrap(fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+def _validate_rank(rank: int, world: int, device: torch.device, plan: Plan, steps: int) -> dict[str, Any]:
+    from paracube.executor import step as step_module
+    from paracube.executor.train import TrainConfig, train
+
+    calls: list[float] = []
+    per_step: list[float] = []
+    original = step_module.train_step
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        start = len(calls)
+        out = original(*args, **kwargs)
+        per_step.append(sum(calls[start:]))
+        return out
+
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    step_module.train_step = marked  # train() imports it at call time
+    try:
+        with _timed_collectives(calls):
+            result = train(plan, rank, world, steps, config=TrainConfig(data="synthetic"), local_rank=rank)
+    finally:
+        step_module.train_step = original
+    rows = [{**m, "comm_time_s": c} for m, c in zip(result.metrics, per_step, strict=True)]
+    return {"rows": rows, "base_rss": base_rss}
+
+
+def measure(plan: Plan, steps: int, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    """Per-rank results of `steps` training steps of `plan` on local ranks."""
+    return run_on_ranks(_validate_rank, plan.layout.world_size, (plan, steps), plan.launch.backend, timeout_s,
+                        "validate")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def compare(estimate: Any, per_rank: list[dict[str, Any]], calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """Predicted vs measured: per-step rows (rank-mean) and the summary over steps 2.. (step 1 is warm-up)."""
+    n_steps = len(per_rank[0]["rows"])
+    steps = []
+    for i in range(n_steps):
+        rows = [r["rows"][i] for r in per_rank]
+        steps.append({
+            "step": rows[0]["step"],
+            "step_time_s": _mean([r["step_time_s"] for r in rows]),
+            "comm_time_s": _mean([r["comm_time_s"] for r in rows]),
+            "bytes_sent_per_rank": max(r["bytes_sent_per_rank"] for r in rows),
+            "memory_bytes": max(r["peak_memory_bytes"] - p["base_rss"] for r, p in zip(rows, per_rank, strict=True)),
+        })
+    kept = steps[1:] or steps  # skip warm-up when there is more than one step
+    t_meas = _mean([s["step_time_s"] for s in kept])
+    c_meas = _mean([s["comm_time_s"] for s in kept])
+    res = (calibration or {}).get("residuals", {})
+    step = max(estimate.step_time_s, 1e-30)
+    # Uncertainty: each part's share of the step times its fit's RMS relative error, added in quadrature.
+    band = math.hypot(estimate.compute_time_s / step * float(res.get("gemm", 0.0)),
+                      estimate.comm_time_s / step * float(res.get("comm", 0.0)))
+    comparisons = [
+        Comparison("step_time_s", estimate.step_time_s, t_meas, band),
+        Comparison("compute_time_s", estimate.compute_time_s, t_meas - c_meas, float(res.get("gemm", 0.0))),
+        Comparison("comm_time_s", estimate.comm_time_s, c_meas, float(res.get("comm", 0.0))),
+        Comparison("bytes_sent_per_rank", estimate.comm_bytes_per_gpu, kept[-1]["bytes_sent_per_rank"]),
+        Comparison("memory_bytes", estimate.memory.total, max(s["memory_bytes"] for s in steps)),
+    ]
+    return {"layout": estimate.layout, "steps": steps, "measured_steps": [s["step"] for s in kept],
+            "comparisons": [c.to_dict() for c in comparisons],
+            "bytes_equal": comparisons[3].predicted == comparisons[3].measured}
+
+
+def validate(plan: Plan, steps: int, topo: Any, source: str) -> dict[str, Any]:
+    """Predict with the analytic cost model on `topo`, run, compare. `source` names the cluster in errors."""
+    from paracube.cost_models import estimate
+
+    check(steps >= 1, f"--steps {steps} must be >= 1 (2 or more: step 1 is warm-up)")
+    calibration = None
+    if getattr(topo, "calibration", None) is not None:
+        calibration = check_calibration(topo, source, plan.layout.world_size)
+    layout = plan.layout.with_(micro_batch=plan.micro_batch)
+    est = estimate(plan.model, plan.training, layout, topo, with_events=False)
+    out = compare(est, measure(plan, steps), calibration)
+    out["cluster"] = source
+    out["calibrated"] = calibration is not None
+    return out
+
+
+__all__ = ["Comparison", "compare", "measure", "validate"]

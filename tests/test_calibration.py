@@ -1,0 +1,139 @@
+"""Calibration: fits recover known parameters, the topology file round-trips, bad files are refused."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from paracube.calibration.calibrate import (
+    build_calibration,
+    calibrated_topology,
+    check_calibration,
+    layout_gemm_shapes,
+    machine_info,
+    write_topology,
+)
+from paracube.calibration.fit import collective_time, fit_alpha_beta, fit_elementwise, fit_gemm, gemm_time
+from paracube.calibration.microbench import BenchConfig, BenchResult, pattern_groups, run_benchmarks
+from paracube.errors import ParacubeError
+from paracube.topologies import load_topology
+from paracube.workload import PRESETS
+
+SIZES = (256, 4096, 65536, 1 << 20)
+
+
+def test_fit_recovers_alpha_beta_exactly() -> None:
+    # Synthetic ring times with alpha = 30 us, B = 2 GB/s: all-reduce n=4, 1 MiB is 6a + 1.5 MiB / B.
+    alpha, bw = 30e-6, 2e9
+    pts = [(k, n, p, collective_time(k, n, p, alpha, bw)) for k in ("all_reduce", "all_gather")
+           for n in (2, 4, 8) for p in SIZES]
+    assert pts[-1][3] == pytest.approx(7 * 30e-6 + 7 / 8 * (1 << 20) / 2e9)
+    fit = fit_alpha_beta(pts)
+    assert fit.params["latency"] == pytest.approx(alpha, rel=1e-6)
+    assert fit.params["bandwidth"] == pytest.approx(bw, rel=1e-6)
+    assert fit.rms < 1e-6
+
+
+def test_fit_alpha_beta_with_noise_and_residuals() -> None:
+    rng = np.random.default_rng(0)
+    alpha, bw = 1e-3, 5e8
+    pts = [("reduce_scatter", 4, p, collective_time("reduce_scatter", 4, p, alpha, bw) * (1 + rng.normal(0, 0.02)))
+           for p in SIZES for _ in range(3)]
+    fit = fit_alpha_beta(pts)
+    assert fit.params["latency"] == pytest.approx(alpha, rel=0.05)
+    assert fit.params["bandwidth"] == pytest.approx(bw, rel=0.1)
+    assert len(fit.rel_err) == len(pts) and 0.005 < fit.rms < 0.05
+
+
+def test_fit_gemm_and_elementwise_recover_parameters() -> None:
+    peak, m0, n0, k0 = 40e9, 20.0, 30.0, 10.0
+    shapes = [(m, n, k) for m in (16, 64, 256) for n in (32, 128, 512) for k in (16, 64, 256)]
+    pts = [(m, n, k, float(gemm_time(np.array(m), np.array(n), np.array(k), peak, m0, n0, k0))) for m, n, k in shapes]
+    fit = fit_gemm(pts)
+    for key, want in (("peak_flops", peak), ("m0", m0), ("n0", n0), ("k0", k0)):
+        assert fit.params[key] == pytest.approx(want, rel=1e-3)
+    elem = fit_elementwise([(b, 5e-6 + b / 10e9) for b in SIZES])
+    assert elem.params["op_overhead_s"] == pytest.approx(5e-6, rel=1e-6)
+    assert elem.params["bandwidth"] == pytest.approx(10e9, rel=1e-6)
+
+
+def test_fit_needs_enough_points() -> None:
+    with pytest.raises(ParacubeError, match="at least 2"):
+        fit_alpha_beta([("all_reduce", 2, 256, 1e-5)])
+
+
+def test_pattern_groups_tile_the_ranks() -> None:
+    assert pattern_groups(8, 2, 1) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert pattern_groups(8, 2, 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert pattern_groups(8, 4, 2) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    with pytest.raises(ParacubeError, match="does not tile"):
+        pattern_groups(8, 3, 1)
+
+
+def test_layout_gemm_shapes_of_the_3d_cube() -> None:
+    # tiny: h=64, f=256, V=256, s=64; mb=4 -> T=256; 3D q=2: X [T/q, h_in/q] x A [h_in/q, h_out/q].
+    shapes = layout_gemm_shapes(PRESETS["tiny"], "tp=3d:2x2x2,mb=4")
+    assert (128, 96, 32) in shapes  # qkv forward: [128, 32] x [32, 96]
+    assert (128, 32, 96) in shapes  # qkv dX
+    assert (32, 96, 128) in shapes  # qkv dA
+    assert (128, 32, 128) in shapes  # fc2 forward: [128, 128] x [128, 32]
+
+
+def _synthetic_result() -> BenchResult:
+    alpha, bw = 200e-6, 1e9
+    res = BenchResult()
+    res.gemm = [{"m": m, "n": n, "k": k, "time_s": float(gemm_time(np.array(m), np.array(n), np.array(k),
+                                                                   30e9, 16, 16, 16))}
+                for m, n, k in [(32, 32, 32), (64, 128, 32), (128, 128, 128), (256, 64, 512), (512, 512, 512)]]
+    res.elementwise = [{"bytes": b, "time_s": 10e-6 + b / 5e9} for b in SIZES]
+    res.collective = [{"kind": k, "n": n, "stride": 1, "bytes": p, "time_s": collective_time(k, n, p, alpha, bw)}
+                      for k in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4) for p in SIZES]
+    return res
+
+
+def test_calibration_file_round_trip(tmp_path) -> None:
+    cal = build_calibration(_synthetic_result(), machine_info(4, "gloo"))
+    assert cal["comm"]["all_gather"]["4"]["latency"] == pytest.approx(200e-6, rel=1e-6)
+    assert cal["link"]["bandwidth"] == pytest.approx(1e9, rel=1e-6)
+    topo = calibrated_topology("local-cpu", 4, cal)
+    path = write_topology(topo, tmp_path / "cluster.yaml")
+    back = load_topology(str(path), gpus=4)
+    assert back == topo
+    assert back.calibration["gemm"]["peak_flops"] == pytest.approx(30e9, rel=1e-3)
+    assert back.device.peak_flops["fp32"] == pytest.approx(30e9, rel=1e-3)
+    # The graph carries the joint fit: a ring hop crosses two hub links of latency alpha/2.
+    link = back.group_link([0, 1, 2, 3])
+    assert link.latency == pytest.approx(200e-6, rel=1e-6)
+    assert link.bandwidth == pytest.approx(1e9, rel=1e-6)
+    assert check_calibration(back, str(path), world=4) is back.calibration
+
+
+def test_calibration_from_another_machine_or_incomplete_is_refused(tmp_path) -> None:
+    cal = build_calibration(_synthetic_result(), machine_info(4, "gloo"))
+    other = copy.deepcopy(cal)
+    other["machine"]["hostname"] = "some-other-host"
+    topo = calibrated_topology("local-cpu", 4, other)
+    with pytest.raises(ParacubeError, match="hostname='some-other-host'"):
+        check_calibration(topo, "c.yaml")
+    partial = {k: v for k, v in cal.items() if k != "comm"}
+    with pytest.raises(ParacubeError, match="calibration lacks comm"):
+        check_calibration(SimpleNamespace(calibration=partial), "c.yaml")
+    with pytest.raises(ParacubeError, match="nproc=4 ranks but the plan runs 8"):
+        check_calibration(calibrated_topology("local-cpu", 4, cal), "c.yaml", world=8)
+    with pytest.raises(ParacubeError, match="no calibration section"):
+        check_calibration(load_topology("local-cpu", gpus=4), "local-cpu")
+
+
+@pytest.mark.slow
+def test_microbenchmarks_run_on_two_ranks() -> None:
+    cfg = BenchConfig(nproc=2, gemm_shapes=((32, 32, 32), (64, 64, 64)), elementwise_bytes=(256, 4096),
+                      comm_bytes=(256, 4096), patterns=((2, 1),), reps=2, warmup=1, min_time_s=0.005,
+                      timeout_s=120)
+    res = run_benchmarks(cfg)
+    assert [(p["m"], p["n"], p["k"]) for p in res.gemm] == [(32, 32, 32), (64, 64, 64)]
+    assert len(res.collective) == 3 * 2  # 3 kinds x 2 sizes
+    assert {p["bytes"] for p in res.collective} == {256, 4096}
+    assert all(p["time_s"] > 0 for p in res.gemm + res.elementwise + res.collective)

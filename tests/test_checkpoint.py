@@ -1,0 +1,153 @@
+"""Sharded checkpoints: resume identity, cross-layout resharding, export, bad and partial checkpoints.
+
+One 8-rank gloo job runs every distributed phase in sequence (one process start instead of four):
+  A  3D 2x2x2, steps 1..4, saves step_2 and step_4                     (the uninterrupted reference)
+  B  3D 2x2x2, resumes A's step_2 (next to a killed save's .tmp dirs)  -> losses 3..4 bit-identical to A
+  C  dp=2 x 1D tp=4, resumes A's step_2 (3D -> 1D), step 3             -> loss equals A's (fp32 tolerance)
+  D  3D 2x2x2, resumes C's step_3 (1D -> 3D), step 4                   -> loss and parameters equal A's
+(C is 1D tensor parallelism over 4 ranks, twice: dp=2 exercises the replica fill on load as well.)
+The reference values are A's own losses: every layout computes the serial model's math (docs/algorithms.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from dist_helpers import run_distributed
+
+from paracube.errors import ParacubeError
+from paracube.executor.checkpoint import export_full_state_dict, find_checkpoint, read_meta
+from paracube.executor.data import parse_source, replica_micro_batches
+from paracube.executor.gpt import serial_reference
+from paracube.plan import default_plan
+
+CUBE = "dp=1,tp=3d:2x2x2,mb=4"
+ONE_D = "dp=2,tp=1d:4,mb=4"
+DATA = "synthetic"
+
+
+
+def _losses(path: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def _copy_checkpoint(src: Path, dst_root: Path) -> None:
+    """dst_root/ holding one complete checkpoint copied from src, `latest` pointing at it."""
+    dst_root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dst_root / src.name)
+    (dst_root / "latest").write_text(src.name + "\n")
+
+
+def _worker(rank: int, world: int, root: str) -> None:
+    import torch.distributed as dist
+
+    from paracube.executor.train import TrainConfig, train
+
+    r = Path(root)
+    # Same schedule (4 steps) in every phase, so interrupted runs follow the same learning rates.
+    cfg = TrainConfig(data=DATA, schedule_steps=4, warmup_steps=2)
+
+    def phase(layout: str, steps: int, name: str, save_every: int, resume: bool) -> None:
+        train(default_plan(layout), rank, world, steps, metrics_path=r / f"{name}.jsonl",
+              checkpoint_dir=r / name, save_every=save_every, resume=resume, config=cfg)
+
+    phase(CUBE, 4, "A", 2, False)
+    if rank == 0:
+        _copy_checkpoint(r / "A" / "step_2", r / "B")
+        (r / "B" / "step_4.tmp").mkdir()  # a save killed before its rename: garbage, never read
+        (r / "B" / "step_4.tmp" / ".metadata").write_bytes(b"\x00garbage")
+        (r / "B" / "step_9.tmp").mkdir()
+        _copy_checkpoint(r / "A" / "step_2", r / "C")
+    dist.barrier()
+    phase(CUBE, 4, "B", 2, True)
+    phase(ONE_D, 3, "C", 1, True)
+    if rank == 0:
+        _copy_checkpoint(r / "C" / "step_3", r / "D")
+    dist.barrier()
+    phase(CUBE, 4, "D", 1, True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ckpt")
+    run_distributed(_worker, 8, str(root))
+    return root
+
+
+@pytest.mark.slow
+def test_resume_is_bit_identical(runs: Path) -> None:
+    a, b = _losses(runs / "A.jsonl"), _losses(runs / "B.jsonl")
+    assert sorted(b) == [3, 4]
+    assert [b[k] for k in (3, 4)] == [a[k] for k in (3, 4)]  # exact float equality
+    full_a, full_b = export_full_state_dict(runs / "A"), export_full_state_dict(runs / "B")
+    assert all(torch.equal(full_a[k], full_b[k]) for k in full_a)
+    # The killed save's directory was replaced by the real one; the other stays ignored.
+    assert find_checkpoint(runs / "B").name == "step_4" and not (runs / "B" / "step_4.tmp").exists()
+
+
+@pytest.mark.slow
+def test_reshard_3d_to_1d_and_back(runs: Path) -> None:
+    a, c, d = _losses(runs / "A.jsonl"), _losses(runs / "C.jsonl"), _losses(runs / "D.jsonl")
+    assert sorted(c) == [3] and sorted(d) == [4]
+    for step, loss in {**c, **d}.items():
+        assert loss == pytest.approx(a[step], rel=1e-5, abs=1e-6)
+    assert read_meta(find_checkpoint(runs / "C"))["layout"] == ONE_D
+    full_a, full_d = export_full_state_dict(runs / "A"), export_full_state_dict(runs / "D")
+    assert set(full_a) == set(full_d)
+    for name in full_a:
+        torch.testing.assert_close(full_d[name], full_a[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_export_loads_into_serial_model(runs: Path) -> None:
+    """A's step_2 exported, in the serial model, gives A's logged loss of step 3 (params after 2 updates)."""
+    plan = default_plan(CUBE)
+    full = export_full_state_dict(runs / "A" / "step_2")
+    model = serial_reference(plan.model, seed=0)
+    model.load_full_state_dict(full)
+    source = parse_source(DATA, plan.model.vocab, plan.seq_len, seed=0)
+    total, count = 0.0, 0.0
+    with torch.no_grad():
+        for ids, labels in replica_micro_batches(source, 3, plan.training.global_batch, 1, 0, 8):
+            s, n = model(ids, labels)
+            total, count = total + float(s), count + float(n)
+    assert total / count == pytest.approx(_losses(runs / "A.jsonl")[3], rel=1e-5)
+
+
+def test_missing_checkpoint_names_the_directory(tmp_path: Path) -> None:
+    with pytest.raises(ParacubeError, match="does not exist"):
+        find_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(ParacubeError, match="no checkpoint in"):
+        find_checkpoint(tmp_path)
+
+
+def test_partial_save_is_never_taken(tmp_path: Path) -> None:
+    (tmp_path / "step_4.tmp").mkdir()
+    (tmp_path / "step_4.tmp" / "paracube.json").write_text('{"format": 1, "step": 4}')
+    (tmp_path / "step_4.tmp" / ".metadata").write_bytes(b"x")
+    with pytest.raises(ParacubeError, match="no checkpoint in"):
+        find_checkpoint(tmp_path)
+    (tmp_path / "latest").write_text("step_4.tmp\n")
+    with pytest.raises(ParacubeError, match="not a complete checkpoint"):
+        find_checkpoint(tmp_path)
+
+
+def test_corrupt_checkpoint_names_the_file_and_changes_nothing(tmp_path: Path) -> None:
+    ck = tmp_path / "step_2"
+    ck.mkdir()
+    (ck / ".metadata").write_bytes(b"\x80\x04not a pickle")
+    (ck / "paracube.json").write_text("{truncated")
+    (tmp_path / "latest").write_text("step_2\n")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ParacubeError, match=r"paracube\.json.*corrupt"):
+        export_full_state_dict(tmp_path)
+    (ck / "paracube.json").write_text('{"format": 1, "step": 2}')
+    with pytest.raises(ParacubeError, match=r"\.metadata.*corrupt"):
+        export_full_state_dict(tmp_path)
+    (ck / "paracube.json").write_text('{"format": 1, "step": 2}')
+    before[ck / "paracube.json"] = (ck / "paracube.json").read_bytes()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

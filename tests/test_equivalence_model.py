@@ -1,0 +1,300 @@
+"""The whole GPT in every layout against the serial reference: loss, every gradient, parameters after 3
+AdamW steps through train_step, and the collectives one train_step records (docs/algorithms.md).
+
+One process pool per layout runs every check; the tests below assert on its results.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from dist_helpers import rel_err, run_distributed
+
+from paracube.errors import ParacubeError
+from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.executor.gpt import ParallelGPT
+from paracube.layout import Layout, parse_layout
+from paracube.workload import ModelSpec
+
+SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
+B = 4  # sequences per micro-batch per replica (3D splits them q^2 = 4 ways)
+N_MICRO = 2
+STEPS = 3
+MAX_NORM = 0.3  # below every layout's first gradient norm, so clipping is exercised
+TOL = 1e-5
+LAYOUTS = ["dp=1", "dp=1,tp=1d:2", "dp=1,tp=1d:4", "dp=1,tp=1d:8", "dp=1,tp=2d:2x2", "dp=2,tp=2d:2x2",
+           "dp=1,tp=3d:2x2x2", "dp=8"]
+
+
+def global_batch(layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    n = layout.dp * B * N_MICRO
+    gen = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, SPEC.vocab, (n, SPEC.seq_len), generator=gen)
+    labels = torch.randint(0, SPEC.vocab, (n, SPEC.seq_len), generator=gen)
+    return ids, labels
+
+
+def replica_micro_batches(layout: Layout, dp_index: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    ids, labels = global_batch(layout)
+    start = dp_index * B * N_MICRO
+    return [(ids[start + m * B:start + (m + 1) * B], labels[start + m * B:start + (m + 1) * B])
+            for m in range(N_MICRO)]
+
+
+def serial_token_losses(ref: ParallelGPT, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    x = ref.embed(ids)
+    for block in ref.blocks:
+        x = block(x)
+    return ref.token_losses(x, labels)
+
+
+def adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
+    # eps well above fp32 noise: the key bias has an exactly-zero true gradient (softmax ignores a shift
+    # of all scores), and with a tiny eps Adam would turn its rounding noise into lr-sized updates.
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
+
+
+def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    layout = parse_layout(layout_text)
+    mesh = Mesh(layout, rank) if world > 1 else Mesh.single(layout)
+    out: dict[str, Any] = {"errors": {}}
+    errs = out["errors"]
+    model = build_model(SPEC, mesh, seed=7)
+    ref = serial_reference(SPEC, seed=7)
+    dp_index = mesh.coord("dp")
+    micro = replica_micro_batches(layout, dp_index)
+    tokens_per_step = layout.dp * B * N_MICRO * SPEC.seq_len
+
+    # Initial parameters: gathered full tensors equal the serial initialization exactly.
+    full = model.full_state_dict()
+    out["init_exact"] = all(torch.equal(full[n], p) for n, p in ref.named_parameters())
+
+    # Forward: this rank's loss sum equals the serial per-token losses of the tokens it computes.
+    ids, labels = micro[0]
+    local_sum, count = model(ids, labels)
+    ref_losses = serial_token_losses(ref, ids, labels)
+    mine = model.mode.split_tokens(ref_losses)
+    errs["loss_sum"] = rel_err(local_sum, mine.sum())
+    out["count_ok"] = float(count) == mine.numel()
+
+    # Gradients of one micro-batch (no dp sync): every shard equals its block of the serial gradient.
+    (local_sum / tokens_per_step).backward()
+    (ref_losses.sum() / tokens_per_step).backward()
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        spec = model.shard_specs[name]
+        errs[f"grad:{name}"] = rel_err(p.grad, spec.take(ref_params[name].grad))
+
+    # Three AdamW steps through train_step, against serial steps over the whole global batch.
+    model = build_model(SPEC, mesh, seed=7)
+    ref = serial_reference(SPEC, seed=7)
+    opt, ref_opt = adamw(model), adamw(ref)
+    all_micro = [mb for d in range(layout.dp) for mb in replica_micro_batches(layout, d)]
+    for step in range(STEPS):
+        mesh.recorder.reset()
+        res = train_step(model, opt, mesh, micro, tokens_per_step, MAX_NORM)
+        ref_res = train_step(ref, ref_opt, ref.mesh, all_micro, tokens_per_step, MAX_NORM)
+        if step == 0:
+            out["events"] = list(mesh.recorder.events)
+            out["clipped"] = ref_res.grad_norm > MAX_NORM
+        errs[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
+        errs[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
+    out["local_params"] = sum(p.numel() for p in model.parameters())
+    # Export and re-import: full tensors from the shards, then shards from the full tensors.
+    exported = model.full_state_dict()
+    fresh = build_model(SPEC, mesh, seed=8)
+    fresh.load_full_state_dict(exported)
+    out["reload_exact"] = all(torch.equal(p, q) for p, q in zip(fresh.parameters(), model.parameters(), strict=True))
+    if layout.tensor_size > 1:
+        out.update(check_recompute_and_bf16(mesh, micro, tokens_per_step))
+    return out
+
+
+def fwd_bwd_events(spec: ModelSpec, mesh: Mesh, micro: tuple[torch.Tensor, torch.Tensor], tokens: int,
+                   recompute: str) -> tuple[list, dict[str, torch.Tensor]]:
+    """Events and gradients of one micro-batch's forward and backward."""
+    model = build_model(spec, mesh, seed=7, recompute=recompute)
+    mesh.recorder.reset()
+    with mesh.recorder.phase("fwd"):
+        local_sum, _ = model(*micro)
+    with mesh.recorder.phase("bwd"):
+        (local_sum / tokens).backward()
+    return list(mesh.recorder.events), {n: p.grad for n, p in model.named_parameters()}
+
+
+def check_recompute_and_bf16(mesh: Mesh, micro: list, tokens: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    plain, grads = fwd_bwd_events(SPEC, mesh, micro[0], tokens, "none")
+    again, grads_rc = fwd_bwd_events(SPEC, mesh, micro[0], tokens, "full")
+    one_layer, _ = fwd_bwd_events(replace(SPEC, layers=1), mesh, micro[0], tokens, "none")
+
+    def keys(events: list, phase: str) -> Counter:
+        return Counter(e.key() for e in events if e.phase == phase)
+
+    block = keys(plain, "fwd") - keys(one_layer, "fwd")  # one block's forward collectives
+    out["recompute_events_ok"] = (keys(again, "recompute") == Counter({k: SPEC.layers * n for k, n in block.items()})
+                                  and keys(again, "fwd") == keys(plain, "fwd")
+                                  and keys(again, "bwd") == keys(plain, "bwd") and sum(block.values()) > 0)
+    out["recompute_grad_err"] = max(rel_err(grads_rc[n], g) for n, g in grads.items())
+
+    # bf16 autocast: matmul operands travel in bf16, everything else stays fp32; the loss stays close.
+    model = build_model(SPEC, mesh, seed=7)
+    mesh.recorder.reset()
+    res16 = train_step(model, adamw(model), mesh, micro, tokens, MAX_NORM, autocast_dtype=torch.bfloat16)
+    out["bf16_dtypes"] = sorted({(e.label.rsplit(".", 1)[-1], e.dtype) for e in mesh.recorder.events})
+    model = build_model(SPEC, mesh, seed=7)
+    res32 = train_step(model, adamw(model), mesh, micro, tokens, MAX_NORM)
+    out["bf16_loss_err"] = abs(res16.loss - res32.loss) / res32.loss
+    return out
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def layout_results(request: pytest.FixtureRequest) -> tuple[Layout, list[dict[str, Any]]]:
+    layout = parse_layout(request.param)
+    if layout.world_size == 1:
+        return layout, [check_model(0, 1, request.param)]
+    return layout, run_distributed(check_model, layout.world_size, request.param)
+
+
+def test_initial_parameters_are_the_serial_ones(layout_results: tuple[Layout, list[dict]]) -> None:
+    _, results = layout_results
+    assert all(r["init_exact"] for r in results)
+
+
+def test_loss_gradients_and_parameters_match_serial(layout_results: tuple[Layout, list[dict]]) -> None:
+    _, results = layout_results
+    for rank, r in enumerate(results):
+        assert r["count_ok"], f"rank {rank}: token count"
+        bad = {k: v for k, v in r["errors"].items() if not v <= TOL}
+        assert not bad, f"rank {rank}: relative errors above {TOL}: {bad}"
+        assert any(k.startswith("grad:blocks.1.mlp.fc2") for k in r["errors"])  # every parameter compared
+    # The step really clips (norm > 1), so the global norm across shards is exercised.
+    assert results[0]["clipped"]
+
+
+def test_parameters_are_stored_once_across_the_tensor_group(layout_results: tuple[Layout, list[dict]]) -> None:
+    layout, results = layout_results
+    if layout.mode in ("2d", "3d"):
+        # Every parameter is split over the whole tensor group: per-rank count = total / group size.
+        assert all(r["local_params"] * layout.tensor_size == SPEC.num_parameters() for r in results)
+
+
+def expected_counts(layout: Layout) -> Counter:
+    """(kind, axes) -> number of collectives in one train_step, from docs/algorithms.md.
+    L layers, n = N_MICRO micro-batches; each block has 2 LayerNorms and 4 biased linears."""
+    L, n = SPEC.layers, N_MICRO
+    c: Counter = Counter()
+    t = layout.tensor_axes
+    if layout.mode == "1d":
+        # per micro: embedding 1 + g 2L (fwd) + CE 2 (fwd) + f 2L (bwd) + head f 1 (bwd)
+        c["all_reduce", ("tp",)] = n * (4 * L + 4)
+    elif layout.mode == "2d":
+        lns, linears = 2 * L + 1, 4 * L  # LayerNorms; biased linears (the head has no bias)
+        c["all_gather", ("col",)] = n * (linears + 1)  # X of every linear and the head
+        c["reduce_scatter", ("col",)] = n * (linears + 1)  # dX
+        # A and bias of each linear, head A, gamma+beta per LN, pos_emb fwd; tok_emb bwd
+        c["all_gather", ("row",)] = n * (2 * linears + 1 + 2 * lns + 1 + 1)
+        c["reduce_scatter", ("row",)] = n * (2 * linears + 1 + 2 * lns + 1 + 1)
+        c["all_reduce", ("col",)] = n * (2 * lns + 2)  # LN stats fwd+bwd, CE max+sum
+    elif layout.mode == "3d":
+        lns = 2 * L + 1
+        a_role, b_role = 2 * L + 1, 2 * L  # (y, x, z): qkv, fc, head; (z, x, y): proj, fc2
+        lines = a_role + b_role
+        for axis in ("x", "y", "z"):  # every linear: one all_gather and one reduce_scatter per role axis
+            c["all_gather", (axis,)] = n * lines
+            c["reduce_scatter", (axis,)] = n * lines
+        c["all_gather", ("x", "z")] = c["reduce_scatter", ("x", "z")] = n * 2 * L  # qkv, fc biases
+        # proj/fc2 biases, gamma+beta per LN, pos_emb (fwd gather, bwd scatter) and tok_emb (the reverse)
+        c["all_gather", ("x", "y")] = c["reduce_scatter", ("x", "y")] = n * (2 * L + 2 * lns + 2)
+        c["all_reduce", ("z",)] = n * 2 * lns
+        c["all_reduce", ("y",)] = n * 2
+    if t:
+        c["all_reduce", t] += 1  # gradient norm
+    if layout.world_size > 1:
+        c["all_reduce", ("dp", *t)] += 1  # metrics
+    if layout.dp > 1:
+        c["all_reduce", ("dp",)] += 1  # gradient sum
+    return c
+
+
+def test_recorded_collectives_of_one_step(layout_results: tuple[Layout, list[dict]]) -> None:
+    layout, results = layout_results
+    T = B * SPEC.seq_len  # tokens of one micro-batch
+    h, q = SPEC.hidden, layout.q
+    for r in results:
+        events = r["events"]
+        assert Counter((e.kind, e.axes) for e in events) == expected_counts(layout)
+        by_label = {e.label: e for e in events}
+        if layout.world_size > 1:
+            assert by_label["metrics"].payload_bytes == 8 and by_label["metrics"].phase == "metrics"
+        if layout.tensor_size > 1:
+            assert by_label["grad_norm"].payload_bytes == 4 and by_label["grad_norm"].phase == "optimizer"
+        if layout.dp > 1:
+            # one flat fp32 buffer of all local gradients
+            assert by_label["grads"].payload_bytes == 4 * r["local_params"]
+            assert by_label["grads"].phase == "grad_sync"
+        if layout.mode == "1d":
+            assert by_label["tok_emb"].payload_bytes == T * h * 4  # [T, h] fp32
+            assert by_label["ce.max"].payload_bytes == T * 4 and by_label["ce.sum"].payload_bytes == 2 * T * 4
+        if layout.mode == "2d":
+            assert by_label["qkv.X"].payload_bytes == (T // q) * h * 4  # [T/q, h_in] gathered over col
+            assert by_label["qkv.A"].payload_bytes == h * (3 * h // q) * 4  # [h_in, h_out/q] over row
+        if layout.mode == "3d":
+            assert by_label["tok_emb"].payload_bytes == T * (h // q) * 4  # [T, h/q] over (x, y)
+            assert by_label["qkv.X"].payload_bytes == (T // q) * (h // q) * 4  # [T/q, h_in/q] over y
+            assert by_label["fc2.Y"].payload_bytes == (T // q) * (h // q) * 4  # [T/q, h_out/q] over y
+        assert {e.phase for e in events} <= {"fwd", "bwd", "grad_sync", "optimizer", "metrics"}
+
+
+def test_recompute_repeats_block_forward_collectives(layout_results: tuple[Layout, list[dict]]) -> None:
+    layout, results = layout_results
+    if layout.tensor_size == 1:
+        pytest.skip("no tensor-parallel collectives to repeat")
+    for r in results:
+        assert r["recompute_events_ok"]
+        assert r["recompute_grad_err"] <= TOL
+
+
+def test_bf16_autocast_moves_matmul_operands_in_bf16(layout_results: tuple[Layout, list[dict]]) -> None:
+    layout, results = layout_results
+    if layout.tensor_size == 1:
+        pytest.skip("no tensor-parallel collectives")
+    for r in results:
+        dtypes = dict(r["bf16_dtypes"])
+        assert r["bf16_loss_err"] < 2e-2  # bf16 rounding, not a different model
+        if layout.mode in ("2d", "3d"):
+            assert dtypes["X"] == "bfloat16" and dtypes["A"] == "bfloat16" and dtypes["dX"] == "bfloat16"
+            assert dtypes["stats"] == "float32" and dtypes["gamma"] == "float32"  # LayerNorm stays fp32
+        else:
+            assert dtypes["g"] == "bfloat16" and dtypes["f"] == "bfloat16" and dtypes["tok_emb"] == "float32"
+        assert dtypes["max"] == "float32" and dtypes["sum"] == "float32"  # cross-entropy in fp32
+
+
+def test_reload_from_full_state_dict_restores_every_shard(layout_results: tuple[Layout, list[dict]]) -> None:
+    _, results = layout_results
+    assert all(r["reload_exact"] for r in results)
+
+
+@pytest.mark.parametrize(("layout", "micro", "global_", "message"), [
+    ("tp=1d:3", 4, 8, "heads=8 is not divisible by 3"),
+    ("tp=2d:2x2", 3, 6, "micro_batch=3 is not divisible by 2"),
+    ("tp=3d:2x2x2", 2, 8, "micro_batch=2 is not divisible by 4"),
+    ("dp=2,tp=2d:2x2", 4, 12, "global_batch=12 is not divisible by 8"),
+    ("tp=3d:4x4x4", 16, 16, "hidden=32 is not divisible by 64"),
+])
+def test_sizes_that_do_not_divide_are_refused_up_front(layout: str, micro: int, global_: int, message: str) -> None:
+    with pytest.raises(ParacubeError, match=message):
+        check_divisibility(SPEC, parse_layout(layout), micro, global_, SPEC.seq_len)
+
+
+def test_sizes_that_divide_pass() -> None:
+    for text in LAYOUTS:
+        check_divisibility(SPEC, parse_layout(text), B, parse_layout(text).dp * B * N_MICRO, SPEC.seq_len)

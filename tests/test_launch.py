@@ -1,0 +1,129 @@
+"""`paracube run` / `paracube launch`: refusals before any rank starts, Slurm script, a rank that dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from paracube.cli.main import main
+from paracube.executor.checkpoint import export_full_state_dict, find_checkpoint
+from paracube.executor.launch import describe_failure
+from paracube.executor.train import KILL_ENV
+from paracube.plan import LaunchSpec, default_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _plan_file(tmp_path: Path, layout: str = "dp=1,tp=1d:2,mb=4", **launch: int) -> Path:
+    plan = default_plan(layout)
+    if launch:
+        plan = replace(plan, cluster="dgx-h100", launch=LaunchSpec(**launch))
+    return plan.save(tmp_path / "plan.json")
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def test_world_size_mismatch_is_refused_before_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _plan_file(tmp_path)
+    data = json.loads(path.read_text())
+    data["gpus"], data["launch"]["nproc_per_node"] = 4, 4  # the layout needs 2 ranks
+    path.write_text(json.dumps(data))
+    code, err = _run(["run", str(path), "--metrics", str(tmp_path / "m.jsonl")], capsys)
+    assert code == 2 and "needs 2 ranks but the plan has gpus=4" in err and len(err.splitlines()) == 1
+    code, err = _run(["run", "--nnodes", "2", "--master-addr", "10.0.0.1", "--master-port", "29500"], capsys)
+    assert code == 2 and "16 ranks, but layout dp=1,tp=3d:2x2x2,mb=4 needs 8" in err
+    assert not (tmp_path / "m.jsonl").exists()  # no rank ever started
+
+
+def test_non_divisible_sizes_are_refused_before_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 3D 2x2x2 splits each micro-batch over q^2 = 4 token blocks: mb=2 cannot be split.
+    path = _plan_file(tmp_path, "dp=1,tp=3d:2x2x2,mb=2")
+    code, err = _run(["run", str(path), "--metrics", str(tmp_path / "m.jsonl")], capsys)
+    assert code == 2 and "micro_batch=2 is not divisible by 4" in err
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_checkpoint_directory_mistakes_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _plan_file(tmp_path)
+    code, err = _run(["run", str(path), "--resume", "--checkpoint-dir", str(tmp_path / "none")], capsys)
+    assert code == 2 and "does not exist" in err
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "latest").write_text("step_3\n")
+    code, err = _run(["run", str(path), "--checkpoint-dir", str(tmp_path / "ck")], capsys)
+    assert code == 2 and "already holds checkpoints" in err  # a fresh run never overwrites a checkpoint
+    code, err = _run(["run", str(path), "--data", "text:/no/such/file"], capsys)
+    assert code == 2 and "cannot read data file" in err
+
+
+def test_slurm_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _plan_file(tmp_path, "dp=2,tp=3d:2x2x2,mb=4", nproc_per_node=8, nnodes=2)
+    assert main(["launch", str(path), "--slurm", "--steps", "50", "--partition", "gpu"]) == 0
+    script = capsys.readouterr().out
+    assert script.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=gpu", "MASTER_PORT=29500"):
+        assert line in script.splitlines()
+    srun = next(x for x in script.splitlines() if x.startswith("srun "))
+    for part in ("torch.distributed.run", "--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d",
+                 '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', "--max-restarts=0", "-m paracube.executor.run",
+                 f"--worker {path.resolve()}", "--steps 50"):
+        assert part in srun
+    assert main(["launch", str(path)]) == 2  # no format asked for
+
+
+def test_describe_failure_names_the_rank_that_died_first() -> None:
+    failures = {0: SimpleNamespace(exitcode=1, timestamp=5, message="Connection reset by peer"),
+                3: SimpleNamespace(exitcode=-int(signal.SIGKILL), timestamp=7, message=""),
+                2: SimpleNamespace(exitcode=-int(signal.SIGTERM), timestamp=6, message="")}
+    assert describe_failure(failures) == "rank 3 died (signal SIGKILL); ranks [0, 2] stopped after it"
+    only = {1: SimpleNamespace(exitcode=2, timestamp=1, message="Traceback\nValueError: boom")}
+    assert describe_failure(only) == "rank 1 died (exit code 2): ValueError: boom; the other ranks were stopped"
+
+
+def _processes_mentioning(token: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.slow
+def test_a_dead_rank_stops_the_run_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
+    """Two ranks through torchrun's agent; rank 1 is SIGKILLed at the start of step 3; then resume."""
+    path = _plan_file(tmp_path)
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    env = {**os.environ, KILL_ENV: "1:3", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "paracube", "run", str(path), "--steps", "5", "--save-every", "1",
+            "--checkpoint-dir", str(ck), "--metrics", str(metrics), "--no-progress", "--data", "synthetic",
+            "--comm-timeout", "60"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "paracube: run failed: rank 1 died (signal SIGKILL)" in proc.stderr
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2]
+    assert find_checkpoint(ck).name == "step_2"
+    full = export_full_state_dict(ck)  # the last good checkpoint still loads
+    assert full["head.weight"].shape == (64, 256)
+    assert _processes_mentioning(str(ck)) == []  # the agent left no rank behind
+    # The run resumes from it through the same command; the metrics file continues where the checkpoint was.
+    del env[KILL_ENV]
+    proc = subprocess.run([*argv[:5], "--steps", "4", "--resume", *argv[7:]], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2, 3, 4]
+    assert find_checkpoint(ck).name == "step_4"
