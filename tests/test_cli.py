@@ -122,3 +122,25 @@ def test_console_script_entry_point() -> None:
     done = subprocess.run([sys.executable, "-m", "paracube", "plan", "--layout", "tp=9d:2"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "tensor mode '9d'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_simulate_event_engine_writes_trace_and_timeline(tmp_path, capsys) -> None:
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    code, out, _ = run_cli(capsys, "simulate", "--engine", "event", "--trace", str(trace), "--timeline", str(png),
+                           "--json")
+    assert code == 0
+    est = json.loads(out)
+    assert est["engine"] == "event" and est["step_time_s"] > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)
+    assert png.stat().st_size > 5_000
+    code, _, err = run_cli(capsys, "simulate", "--trace", str(trace))
+    assert code == 2 and "--engine event" in err
+
+
+def test_plan_refine_reranks_with_the_event_engine(tmp_path, capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--refine", "3", "--top", "3", "-o", str(tmp_path / "p.json"), "--json")
+    assert code == 0
+    ranked = json.loads(out)["ranked"]
+    assert [r["engine"] for r in ranked] == ["event"] * 3
+    assert [r["step_time_s"] for r in ranked] == sorted(r["step_time_s"] for r in ranked)

@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sequence-parallel", action="store_true", help="1D only: Megatron sequence parallelism")
     p.add_argument("--interleave", type=positive_int, default=None, metavar="V", help="virtual pipeline chunks")
     p.add_argument("--engine", default="analytic", choices=["analytic", "event"])
+    p.add_argument("--overlap", action="store_true",
+                   help="event engine: overlap weight-gradient reduce-scatters and dp all-reduce with backward")
     p.add_argument("--events", action="store_true", help="list every collective of the step")
     p.add_argument("--plot", default=None, metavar="FILE.png")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="event engine: Chrome/Perfetto trace")
@@ -58,14 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
-def estimate_with(engine: str, w: Workload, layout: Layout, topo: object, **kwargs: object) -> StepEstimate:
-    if engine == "event":
-        from paracube.cost_models.event import estimate_event
+def estimate_with(engine: str, w: Workload, layout: Layout, topo: object, **options: object) -> StepEstimate:
+    from paracube.cost_models.event import estimate_with as dispatch
 
-        return estimate_event(w.model, w.training, layout, topo, **kwargs)
-    from paracube.cost_models import estimate
-
-    return estimate(w.model, w.training, layout, topo)
+    return dispatch(engine, w.model, w.training, layout, topo, **options)
 
 
 def _row(est: StepEstimate) -> list[str]:
@@ -228,17 +226,22 @@ def simulate_cmd(args: argparse.Namespace) -> int:
         layout = layout.with_(interleave=args.interleave)
     layout = parse_layout(str(layout))  # re-validate after the flags
     topo = w.topology
-    kwargs: dict[str, object] = {}
-    est = estimate_with(args.engine, w, layout, topo, **kwargs)
-    if args.engine == "event" and (args.trace or args.timeline):
-        from paracube.cost_models.event import plot_timeline, write_chrome_trace
+    if (args.trace or args.timeline or args.overlap) and args.engine != "event":
+        raise ParacubeError("--trace, --timeline and --overlap need the event engine: add --engine event")
+    if args.engine == "event":
+        from paracube.cost_models.event import simulate
+        from paracube.cost_models.event_trace import plot_timeline, write_chrome_trace
 
+        with make_console().status("simulating one step ..."):
+            result = simulate(w.model, w.training, layout, topo, overlap=args.overlap,
+                              timeline=bool(args.trace or args.timeline))
+        est = result.estimate
         if args.trace:
-            write_chrome_trace(est, args.trace)
+            write_chrome_trace(result, args.trace)
         if args.timeline:
-            plot_timeline(est, args.timeline)
-    elif args.trace or args.timeline:
-        raise ParacubeError("--trace and --timeline need the event engine: add --engine event")
+            plot_timeline(result, args.timeline)
+    else:
+        est = estimate_with("analytic", w, layout, topo)
     if args.plot:
         from paracube.plots import plot_estimates
 
