@@ -46,11 +46,15 @@ class CommEvent:
         return (n - 1) / n * self.payload_bytes if self.kind in ("broadcast", "reduce") else float(self.payload_bytes)
 
 
-def traffic_counter(events: Iterable[CommEvent]) -> Counter[tuple[str, tuple[str, ...], int, str]]:
-    return Counter(e.key() for e in events)
+EventKey = tuple[str, tuple[str, ...], int, str]
 
 
-def traffic_difference(predicted: Iterable[CommEvent], recorded: Iterable[CommEvent]) -> dict[str, Counter]:
+def traffic_counter(events: Iterable[CommEvent | EventKey]) -> Counter[EventKey]:
+    return Counter(e.key() if isinstance(e, CommEvent) else e for e in events)
+
+
+def traffic_difference(predicted: Iterable[CommEvent | EventKey],
+                       recorded: Iterable[CommEvent | EventKey]) -> dict[str, Counter]:
     """Events predicted but not recorded, and recorded but not predicted (both empty means equal)."""
     p, r = traffic_counter(predicted), traffic_counter(recorded)
     return {"missing_in_executor": p - r, "unpredicted": r - p}

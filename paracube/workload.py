@@ -113,6 +113,10 @@ class TrainingSpec:
     dtype: DType = "fp32"
     recompute: Recompute = "none"
     optimizer: Literal["adamw"] = "adamw"
+    # Which implementation's saved activations the memory model counts: "paracube" (this executor: fp32
+    # residual stream, fused SDPA attention, no dropout) or "megatron" (Korthikanti et al. 2022: 16-bit
+    # activations, dropout, attention scores kept).
+    activations: Literal["paracube", "megatron"] = "paracube"
 
     def __post_init__(self) -> None:
         check(isinstance(self.global_batch, int) and self.global_batch > 0,
@@ -122,6 +126,8 @@ class TrainingSpec:
         check(self.dtype in DTYPE_BYTES, f"dtype {self.dtype!r} is not valid; valid: {', '.join(DTYPE_BYTES)}")
         check(self.recompute in ("none", "selective", "full"),
               f"recompute {self.recompute!r} is not valid; valid: none, selective, full")
+        check(self.activations in ("paracube", "megatron"),
+              f"activations {self.activations!r} is not valid; valid: paracube, megatron")
 
     @property
     def dtype_bytes(self) -> int:

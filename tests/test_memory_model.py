@@ -112,7 +112,7 @@ def test_fp32_doubles_activations_and_3d_splits_them() -> None:
 
 def test_pipeline_in_flight() -> None:
     """1F1B: the first stage holds min(pp, N) micro-batches; interleaved v: pp (1 + (pp-1)/(pp v))
-    (Narayanan et al.); the last stage 1 (1F1B)."""
+    (Narayanan et al.); the last stage 1 (1F1B). Megatron's activation accounting (Korthikanti)."""
     a = layout_arrays(Layout(pp=4, interleave=2), 1)
     assert in_flight(a, np.array([16.0]), True)[0] == pytest.approx(4 * (1 + 3 / 8))
     a1 = layout_arrays(Layout(pp=4), 1)
@@ -122,7 +122,7 @@ def test_pipeline_in_flight() -> None:
     # tiny, fp32, full recompute, mb=1: a block keeps 2 sbh * (4/2) = 2*64*64*2 = 16384 B, the embedding
     # output 4 T h = 16384 B. pp=1: 2 blocks + embedding = 49152. pp=2 (N = 8): the first stage keeps
     # min(2, 8) = 2 micro-batches of 1 block + embedding = 65536; the last stage 1 block of 1 micro-batch.
-    d = dims_of(TINY, TrainingSpec(global_batch=8, recompute="full"))
+    d = dims_of(TINY, TrainingSpec(global_batch=8, recompute="full", activations="megatron"))
     one = stage_memory(d, "none", layout_arrays(Layout(), 1), True, True)["activations"][0]
     a2 = layout_arrays(Layout(pp=2), 1)
     assert (

@@ -32,6 +32,7 @@ class Dims:
     dtype: str  # torch dtype name of the compute dtype
     recompute: str
     global_batch: int
+    activations: str = "paracube"  # TrainingSpec.activations: whose saved tensors memory.py counts
 
     @property
     def linears(self) -> tuple[tuple[str, int, int, bool], ...]:
@@ -95,6 +96,7 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         dtype=DTYPE_NAMES[training.dtype],
         recompute=training.recompute,
         global_batch=training.global_batch,
+        activations=training.activations,
     )
 
 

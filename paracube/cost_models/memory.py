@@ -27,8 +27,11 @@ after the activations are freed: temporaries = max(that, buffer - activations).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from paracube.cost_models import activations
 from paracube.cost_models.comm import stage_layers_params
 from paracube.cost_models.dims import Dims
 
@@ -77,10 +80,14 @@ def stage_memory(d: Dims, mode: str, a: dict[str, Arr], first: bool, last: bool)
     T = (mb * d.s).astype(float)
     t_act = np.where(a["sp"] > 0, t, 1) if mode == "1d" else t
     fl = np.where(F > 0, in_flight(a, N, True), in_flight(a, N, False))
-    acts = fl * (Ls * _block_acts(d, mode, a, d.recompute) + F * 4 * T * d.h / t_act)
-    # Temporaries of the largest linear.
     split = {"none": 1, "1d": t, "2d": q, "2.5d": q, "3d": q * q}[mode]
     V = -(-d.V // split) * split
+    if d.activations == "paracube":
+        acts = fl * (Ls * activations.block_bytes(d, mode, a) + F * activations.first_stage_bytes(d, mode, a)
+                     + H * activations.last_stage_bytes(d, mode, a, V))
+    else:
+        acts = fl * (Ls * _block_acts(d, mode, a, d.recompute) + F * 4 * T * d.h / t_act)
+    # Temporaries of the largest linear.
     c = d.c
     temp = np.zeros_like(T)
     for _, h_in, h_out, _ in [*d.linears, ("head", d.h, 0, False)]:
@@ -97,7 +104,9 @@ def stage_memory(d: Dims, mode: str, a: dict[str, Arr], first: bool, last: bool)
         temp = np.maximum(temp, x)
     temp = temp + H * 2 * 4.0 * T * V / t
     if d.recompute == "full":
-        temp = temp + _block_acts(d, mode, a, "none")
+        full = d if d.activations == "megatron" else replace(d, recompute="none")
+        temp = temp + (_block_acts(d, mode, a, "none") if d.activations == "megatron"
+                       else activations.block_bytes(full, mode, a))
     grad_buffer = np.where(dp * (dd if mode == "2.5d" else 1) > 1, 4 * n_local, 0.0)
     temp = np.maximum(temp, grad_buffer - acts)
     return {
