@@ -166,12 +166,25 @@ def worker_main(argv: Sequence[str]) -> int:
 
     @record
     def _go() -> None:
-        train(_plan(args), rank, world, args.steps, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir,
-              save_every=args.save_every, resume=args.resume, config=config,
-              progress=not args.no_progress and rank == 0, local_rank=local_rank)
+        result = train(_plan(args), rank, world, args.steps, metrics_path=args.metrics,
+                       checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, resume=args.resume,
+                       config=config, progress=not args.no_progress and rank == 0, local_rank=local_rank)
+        if rank == 0 and result.metrics:
+            print(summary_line(result.metrics), flush=True)
 
     _go()
     return 0
+
+
+def summary_line(metrics: list[dict]) -> str:
+    """One line a user reads after a run: loss from first to last step, speed and traffic per rank."""
+    first, last = metrics[0], metrics[-1]
+    timed = metrics[1:] or metrics  # step 1 includes warm-up
+    step_s = sum(m["step_time_s"] for m in timed) / len(timed)
+    tokens_s = sum(m["tokens_per_s"] for m in timed) / len(timed)
+    return (f"steps {first['step']}-{last['step']}: loss {first['loss']:.3f} -> {last['loss']:.3f}; "
+            f"{step_s * 1e3:.0f} ms/step, {tokens_s:,.0f} tokens/s, "
+            f"{last['bytes_sent_per_rank'] / 2**20:.2f} MiB sent per rank per step")
 
 
 if __name__ == "__main__":
