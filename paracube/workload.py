@@ -211,7 +211,7 @@ def from_hf_config(path: Path) -> ModelSpec:
     kv_heads = data.get("num_key_value_heads")
     check(kv_heads is None or (isinstance(kv_heads, int) and not isinstance(kv_heads, bool)),
           f"{path}: field 'num_key_value_heads' must be an integer, got {kv_heads!r}")
-    name = data.get("_name_or_path") or path.parent.name or path.stem
+    name = data.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem)
     return ModelSpec(
         name=str(name),
         layers=pick("n_layer", "num_hidden_layers", "num_layers"),

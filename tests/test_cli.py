@@ -144,3 +144,16 @@ def test_plan_refine_reranks_with_the_event_engine(tmp_path, capsys) -> None:
     ranked = json.loads(out)["ranked"]
     assert [r["engine"] for r in ranked] == ["event"] * 3
     assert [r["step_time_s"] for r in ranked] == sorted(r["step_time_s"] for r in ranked)
+
+
+def test_plan_runnable_gives_a_plan_the_executor_accepts(tmp_path, capsys) -> None:
+    from paracube.executor.sizes import check_divisibility
+
+    out_file = tmp_path / "p.json"
+    code, out, _ = run_cli(capsys, "plan", "--model", "small", "--cluster", "dgx-h100", "--gpus", "16", "--runnable",
+                           "--global-batch", "64", "-o", str(out_file), "--json")
+    assert code == 0
+    for row in json.loads(out)["ranked"]:
+        assert ",pp=" not in row["layout"] and ",sp" not in row["layout"] and "2.5d" not in row["layout"]
+    plan = load_plan(out_file)
+    check_divisibility(plan.model, plan.layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)

@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refine", type=positive_int, default=0, metavar="K",
                    help="re-rank the best K with the discrete-event engine")
     p.add_argument("-o", "--out", default="plan.json", help="plan file to write (default plan.json)")
+    p.add_argument("--runnable", action="store_true",
+                   help="only layouts paracube's executor runs (pp=1; none/1d/2d/3d; no sequence parallelism)")
     p.set_defaults(handler=plan_cmd)
 
     p = sub.add_parser("compare", help="the best layout of each tensor mode side by side")
@@ -89,18 +91,18 @@ def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> P
                 prediction=est.to_dict(), notes=est.notes)
 
 
-def _search(w: Workload, topo: object, top_k: int, modes: list[str] | None = None):  # noqa: ANN202
+def _search(w: Workload, topo: object, top_k: int, runnable: bool = False):  # noqa: ANN202
     from paracube.planner import search
 
     with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
-        return search(w.model, w.training, topo, w.gpus, modes=modes, fixed=w.layout, top_k=top_k)
+        return search(w.model, w.training, topo, w.gpus, fixed=w.layout, top_k=top_k, runnable=runnable)
 
 
 # --- commands -----------------------------------------------------------------------------------------------
 def plan_cmd(args: argparse.Namespace) -> int:
     w = workload_from_args(args)
     topo = w.topology
-    result = _search(w, topo, max(args.top, args.refine))
+    result = _search(w, topo, max(args.top, args.refine), runnable=args.runnable)
     ranked = result.ranked
     if args.refine:
         refined = [(lay, estimate_with("event", w, lay, topo)) for lay, _ in ranked[: args.refine]]
@@ -126,7 +128,13 @@ def plan_cmd(args: argparse.Namespace) -> int:
     console.print(f"scored {result.scored} layouts in {result.elapsed_s:.2f} s"
                   + (f"; rejected: {rejected}" if rejected else "")
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
-    console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`")
+    from paracube.planner.search import RUNNABLE_MODES
+
+    if best_layout.pp == 1 and not best_layout.sequence_parallel and best_layout.mode in RUNNABLE_MODES:
+        console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`")
+    else:
+        console.print(f"wrote {path} (best: {best_layout}); paracube's executor runs pp=1 without sp: "
+                      "add --runnable for a plan `paracube run` executes")
     return 0
 
 

@@ -31,6 +31,7 @@ from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
 from paracube.workload import ModelSpec, TrainingSpec
 
 KEYS = ("dp", "pp", "t", "q", "d", "mb", "v", "sp")
+RUNNABLE_MODES = ("none", "1d", "2d", "3d")  # what paracube.executor implements (pipeline and sp: cost model only)
 
 
 @dataclass
@@ -48,11 +49,12 @@ class SearchResult:
         return (self.scored + sum(self.rejected.values())) / max(self.elapsed_s, 1e-9)
 
 
-def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int] | None) -> list[tuple]:
+def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int] | None,
+             runnable: bool = False) -> list[tuple]:
     per_replica = d_global // st.dp if d_global % st.dp == 0 else 0
     mbs = micro_batches or (divisors(per_replica) if per_replica else [1])
     vs = [v for v in divisors(layers // st.pp)] if st.pp > 1 else [1]
-    sps = (0, 1) if st.mode == "1d" else (0,)
+    sps = (0, 1) if st.mode == "1d" and not runnable else (0,)
     q = st.shape[0] if st.shape else 1
     t = int(np.prod(st.shape)) if st.shape else 1
     d = st.shape[2] if st.mode == "2.5d" else 1
@@ -94,8 +96,10 @@ def search(
     fixed: Layout | None = None,
     micro_batches: list[int] | None = None,
     top_k: int = 10,
+    runnable: bool = False,
 ) -> SearchResult:
-    """Rank every valid layout of `gpus` devices by predicted step time; raise ParacubeError if none fits."""
+    """Rank every valid layout of `gpus` devices by predicted step time; raise ParacubeError if none fits.
+    `runnable`: only layouts paracube's executor runs (RUNNABLE_MODES, pp = 1, no sequence parallelism)."""
     t0 = time.perf_counter()
     check(isinstance(gpus, int) and gpus >= 1, f"gpus={gpus!r} must be a positive integer")
     modes = list(modes or TENSOR_MODES)
@@ -122,6 +126,16 @@ def search(
         if not sts:
             explanations[mode] = NO_SHAPE.get(mode, "no layout").format(n=gpus)
             continue
+        if runnable:
+            # The executor does not pad the vocabulary: its vocab split must divide it exactly.
+            split = {"1d": lambda st: st.shape[0], "2d": lambda st: st.shape[0], "3d": lambda st: st.shape[0] ** 2}
+            sts = [st for st in sts if st.pp == 1 and mode in RUNNABLE_MODES
+                   and (mode == "none" or model.vocab % split[mode](st) == 0)]
+            if not sts:
+                explanations[mode] = (f"paracube's executor does not run {mode}" if mode not in RUNNABLE_MODES else
+                                      f"the executor needs vocab {model.vocab} divisible by its vocab split "
+                                      "(pad it, e.g. 50304 for GPT-2/3)")
+                continue
         if fixed is not None:
             # Filter on the structure first, so the reasons below speak of the layouts asked for.
             sts = [st for st in sts if (not fixed.shape or st.shape == fixed.shape)
@@ -134,7 +148,7 @@ def search(
         rows, owners = [], []
         places = {st: st.placements() for st in sts}
         for st in sts:
-            for cfg in _configs(st, d.global_batch, d.L, micro_batches):
+            for cfg in _configs(st, d.global_batch, d.L, micro_batches, runnable):
                 rows.append(cfg)
                 owners.append(st)
         a = {k: np.array([r[i] for r in rows], dtype=np.int64) for i, k in enumerate(KEYS)}
