@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paracube.cli.options import int_at_least
 from paracube.errors import ParacubeError
 from paracube.plan import Plan, default_plan, load_plan
 
@@ -32,14 +33,7 @@ stops the others (exit 1, naming it); the last complete checkpoint stays loadabl
 Several nodes: run the same command on each with --nnodes, --node-rank, --master-addr, --master-port."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+_positive = int_at_least(0)
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
