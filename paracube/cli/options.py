@@ -51,6 +51,9 @@ def add_workload_options(p: argparse.ArgumentParser,
     g.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"],
                    help="compute dtype (default fp32 on local-cpu, else bf16)")
     g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    g.add_argument("--activations", default="paracube", choices=["paracube", "megatron"],
+                   help="whose saved activations to count: paracube's executor (fp32 residual stream, fused "
+                   "attention; default) or Megatron's (Korthikanti et al. 2022)")
     g.add_argument("--layout", default=None, help=layout_help)
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -81,7 +84,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     default_batch = 512 if model.num_parameters() >= 100e6 else 8
     training = TrainingSpec(global_batch=args.global_batch or default_batch, seq_len=args.seq,
                             dtype=args.dtype or ("fp32" if args.cluster == "local-cpu" else "bf16"),
-                            recompute=args.recompute)
+                            recompute=args.recompute, activations=args.activations)
     return Workload(model, training, args.cluster, gpus, layout)
 
 
