@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,12 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from paracube.cli.main import main
-from paracube.executor.checkpoint import export_full_state_dict, find_checkpoint
 from paracube.executor.launch import describe_failure
-from paracube.executor.train import KILL_ENV
 from paracube.plan import LaunchSpec, default_plan
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _plan_file(tmp_path: Path, layout: str = "dp=1,tp=1d:2,mb=4", **launch: int) -> Path:
@@ -91,39 +84,4 @@ def test_describe_failure_names_the_rank_that_died_first() -> None:
     assert describe_failure(only) == "rank 1 died (exit code 2): ValueError: boom; the other ranks were stopped"
 
 
-def _processes_mentioning(token: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if token in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
-
-
-@pytest.mark.slow
-def test_a_dead_rank_stops_the_run_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
-    """Two ranks through torchrun's agent; rank 1 is SIGKILLed at the start of step 3; then resume."""
-    path = _plan_file(tmp_path)
-    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
-    env = {**os.environ, KILL_ENV: "1:3", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "paracube", "run", str(path), "--steps", "5", "--save-every", "1",
-            "--checkpoint-dir", str(ck), "--metrics", str(metrics), "--no-progress", "--data", "synthetic",
-            "--comm-timeout", "60"]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "paracube: run failed: rank 1 died (signal SIGKILL)" in proc.stderr
-    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2]
-    assert find_checkpoint(ck).name == "step_2"
-    full = export_full_state_dict(ck)  # the last good checkpoint still loads
-    assert full["head.weight"].shape == (64, 256)
-    assert _processes_mentioning(str(ck)) == []  # the agent left no rank behind
-    # The run resumes from it through the same command; the metrics file continues where the checkpoint was.
-    del env[KILL_ENV]
-    proc = subprocess.run([*argv[:5], "--steps", "4", "--resume", *argv[7:]], env=env, capture_output=True,
-                          text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2, 3, 4]
-    assert find_checkpoint(ck).name == "step_4"
+# A rank that dies (SIGKILL) and the resume after it: tests/test_reliability.py.

@@ -9,15 +9,19 @@ Parameters and AdamW moments are ShardedTensors whose shards are each rank's rec
 is written once. On load DCP reads, for every local block, the saved chunks that overlap it: a checkpoint
 of one layout loads into any other (3D 2x2x2 -> 1D 4 -> back). Non-leader replicas receive their copy
 from the leader by a sum over the replica group (the others contribute zeros: exact).
-Small state (step, LR schedule, data position, RNG, plan, layout) lives in `paracube.json`.
+Small state (step, LR schedule, data position, RNG, plan, layout) lives in `paracube.json`, with the size
+and sha256 of every other file: DCP does not notice flipped bytes, so loads verify them first.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
+import signal
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +38,7 @@ FORMAT_VERSION = 1
 META_FILE = "paracube.json"
 LATEST_FILE = "latest"
 MOMENTS = ("exp_avg", "exp_avg_sq")
+SAVE_KILL_ENV = "PARACUBE_FAULT_KILL_SAVE"  # "RANK:STEP": that rank dies mid-save, after writing its shard file
 
 
 @contextmanager
@@ -99,6 +104,73 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
         raise ParacubeError(f"checkpoint file {str(meta_path)!r} is not a paracube checkpoint of format "
                             f"{FORMAT_VERSION}")
     return meta
+
+
+# --- integrity ------------------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_manifest(ckpt: Path, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """name -> {bytes, sha256} of `names` (default: every file of the directory but our own metadata)."""
+    ckpt = Path(ckpt)
+    if names is None:
+        names = sorted(p.name for p in ckpt.iterdir() if p.is_file() and p.name != META_FILE)
+    return {n: {"bytes": (ckpt / n).stat().st_size, "sha256": _sha256(ckpt / n)} for n in names}
+
+
+def _shared_manifest(tmp: Path, rank: int) -> dict[str, dict[str, Any]] | None:
+    """Collective, after dcp.save: each rank hashes the files it wrote (`__RANK_*`, in parallel, on its own
+    node); rank 0 adds the rest (DCP's `.metadata`) and gets the whole manifest, the others None."""
+    mine = file_manifest(tmp, sorted(p.name for p in tmp.glob(f"__{rank}_*") if p.is_file()))
+    everyone: list[Any] = [None] * dist.get_world_size() if rank == 0 else None  # type: ignore[assignment]
+    dist.gather_object(mine, everyone, dst=0)
+    if rank != 0:
+        return None
+    files = {k: v for part in everyone for k, v in part.items()}
+    rest = sorted(p.name for p in tmp.iterdir() if p.is_file() and p.name != META_FILE and p.name not in files)
+    return dict(sorted({**files, **file_manifest(tmp, rest)}.items()))
+
+
+def verify_checkpoint(ckpt: str | Path, meta: dict[str, Any] | None = None, hashes: bool = True,
+                      share: tuple[int, int] = (0, 1)) -> None:
+    """Raise ParacubeError naming the first file that is missing, truncated/extended or (with `hashes`)
+    altered since the save. `share=(i, n)`: check only every n-th file from the i-th (ranks split the work).
+    Checkpoints written before manifests existed (no `files` entry) are not checked."""
+    ckpt = Path(ckpt)
+    files = (meta if meta is not None else read_meta(ckpt)).get("files")
+    if not isinstance(files, dict):
+        return
+    for name, want in sorted(files.items())[share[0]::share[1]]:
+        path = ckpt / name
+        if not path.is_file():
+            raise ParacubeError(f"checkpoint file {str(path)!r} is missing; the checkpoint is incomplete")
+        size = path.stat().st_size
+        if size != want.get("bytes"):
+            raise ParacubeError(f"checkpoint file {str(path)!r} is corrupt: {size} bytes, {want.get('bytes')} "
+                                "were saved (truncated or overwritten)")
+        if hashes and _sha256(path) != want.get("sha256"):
+            raise ParacubeError(f"checkpoint file {str(path)!r} is corrupt: its sha256 differs from the one "
+                                "recorded at save time")
+
+
+def _verify_everywhere(ckpt: Path, meta: dict[str, Any]) -> None:
+    """Collective: each rank hashes a share of the files; every rank raises the same (first) error."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    error = None
+    try:
+        verify_checkpoint(ckpt, meta, share=(rank, world))
+    except ParacubeError as exc:
+        error = str(exc)
+    errors: list[Any] = [None] * world
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise ParacubeError(first)
 
 
 # --- building the sharded state dict -------------------------------------------------------------------
@@ -171,6 +243,24 @@ def _adam_step(optimizer: torch.optim.Optimizer | None) -> float | None:
 
 
 # --- save ----------------------------------------------------------------------------------------------
+def _writer(tmp: Path, rank: int, step: int) -> dcp.FileSystemWriter:
+    """DCP's file writer; under SAVE_KILL_ENV="RANK:STEP" (fault-injection tests) that rank SIGKILLs itself
+    right after writing its own shard file, while the others are still inside the save."""
+    if os.environ.get(SAVE_KILL_ENV, "") != f"{rank}:{step}":
+        return dcp.FileSystemWriter(str(tmp))
+
+    class _DyingWriter(dcp.FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            written = super().write_data(plan, planner)
+            written.wait()
+            print(f"[paracube] rank {rank}: killed by {SAVE_KILL_ENV} while saving step {step}", file=sys.stderr,
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return written
+
+    return _DyingWriter(str(tmp))
+
+
 def _fsync_write(path: Path, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
@@ -192,7 +282,8 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
     dist.barrier()
     sd = _state_dict(model, optimizer, rank, for_load=False)
     with _quiet():
-        dcp.save(sd, checkpoint_id=str(tmp))
+        dcp.save(sd, checkpoint_id=str(tmp), storage_writer=_writer(tmp, rank, step))
+    files = _shared_manifest(tmp, rank)  # dcp.save returned: every rank's files are written
     if rank == 0:
         record = {
             "format": FORMAT_VERSION,
@@ -202,6 +293,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
             "params": {n: list(s.global_shape) for n, s in model.shard_specs.items()},  # type: ignore[attr-defined]
             "rng": {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()},
             **meta,
+            "files": files,
         }
         _fsync_write(tmp / META_FILE, json.dumps(record, indent=1) + "\n")
         old = root / f"step_{step}.old"
@@ -251,6 +343,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     ckpt = find_checkpoint(path)
     meta = read_meta(ckpt)
     _check_shapes(ckpt, meta, model)
+    _verify_everywhere(ckpt, meta)
     load_optim = optimizer is not None and bool(meta.get("has_optimizer"))
     sd = _state_dict(model, optimizer if load_optim else None, dist.get_rank(), for_load=True)
     try:
@@ -278,7 +371,7 @@ def export_full_state_dict(checkpoint_dir: str | Path) -> dict[str, torch.Tensor
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     ckpt = find_checkpoint(checkpoint_dir)
-    read_meta(ckpt)
+    verify_checkpoint(ckpt, read_meta(ckpt))
     try:
         md = FileSystemReader(str(ckpt)).read_metadata()
     except Exception as exc:
@@ -298,5 +391,6 @@ def export_full_state_dict(checkpoint_dir: str | Path) -> dict[str, torch.Tensor
     return full
 
 
-__all__ = ["FORMAT_VERSION", "LATEST_FILE", "META_FILE", "export_full_state_dict", "find_checkpoint",
-           "has_checkpoint", "is_complete", "load_checkpoint", "read_meta", "save_checkpoint", "step_dir"]
+__all__ = ["FORMAT_VERSION", "LATEST_FILE", "META_FILE", "SAVE_KILL_ENV", "export_full_state_dict", "file_manifest",
+           "find_checkpoint", "has_checkpoint", "is_complete", "load_checkpoint", "read_meta", "save_checkpoint",
+           "step_dir", "verify_checkpoint"]

@@ -4,18 +4,22 @@ Ranks are `python -m paracube.executor.run --worker ...` processes started by to
 (`torch.distributed.launcher.api.elastic_launch`, what `torchrun` runs), static rendezvous at
 `master_addr:master_port` (127.0.0.1 and a free port for local runs), no restarts. When a rank dies the
 agent stops the others and we report which rank died; workers also carry a gloo/NCCL timeout.
+Local runs listen on loopback only: the agent's TCPStore (which torch binds to every interface) is started
+by us on a socket bound to 127.0.0.1, and gloo (and NCCL's bootstrap) are pinned to the loopback interface.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shlex
 import signal
 import socket
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -40,6 +44,16 @@ class NodeSpec:
     master_port: int | None = None  # None: a free port (local runs only)
 
 
+def is_loopback(addr: str) -> bool:
+    """127.x.x.x, ::1 or localhost (what a single-node run uses; never enough for several nodes)."""
+    if addr.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr.strip()).is_loopback
+    except ValueError:
+        return False
+
+
 def backend_for(plan: Plan) -> str:
     if plan.launch.backend != "auto":
         return plan.launch.backend
@@ -58,7 +72,7 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
           f"--nnodes={node.nnodes} x nproc_per_node={nproc} = {node.nnodes * nproc} ranks, but layout "
           f"{plan.layout} needs {world}")
     check(0 <= node.node_rank < node.nnodes, f"--node-rank={node.node_rank} must be in 0..{node.nnodes - 1}")
-    check(node.nnodes == 1 or (node.master_addr not in ("", "127.0.0.1", "localhost") and node.master_port),
+    check(node.nnodes == 1 or (node.master_addr.strip() and not is_loopback(node.master_addr) and node.master_port),
           "a run over several nodes needs --master-addr (the address of node 0, reachable from every node) "
           "and --master-port")
     check(plan.layout.pp == 1, f"the executor runs pp=1 only; layout {plan.layout} has pp={plan.layout.pp}")
@@ -72,7 +86,11 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
     parse_source(data, plan.model.vocab, seq)
     if checkpoint_dir is not None:
         if resume:
-            saved = ckpt.read_meta(ckpt.find_checkpoint(checkpoint_dir)).get("data", {})
+            found = ckpt.find_checkpoint(checkpoint_dir)
+            meta = ckpt.read_meta(found)
+            # Missing or truncated files are reported here, before any rank starts; the ranks hash them.
+            ckpt.verify_checkpoint(found, meta, hashes=False)
+            saved = meta.get("data", {})
             check(saved.get("source") == data and saved.get("seed") == seed,
                   f"the checkpoint in {checkpoint_dir!r} was trained on --data {saved.get('source')} --seed "
                   f"{saved.get('seed')}; resume with the same")
@@ -105,6 +123,46 @@ def _importable() -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
+@contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """Set an environment variable for the workers (they inherit ours), unless the user set it."""
+    if value is None or name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+def _loopback_interface() -> str | None:
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+@contextmanager
+def _loopback_store(port: int) -> Iterator[None]:
+    """A TCPStore server listening on 127.0.0.1:port only. torch's static rendezvous then creates its
+    store with multi_tenant=True, which reuses this server instead of binding one to every interface."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ParacubeError(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}); choose another --master-port") \
+            from None
+    store = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=600), wait_for_workers=False,
+                          multi_tenant=True, master_listen_fd=sock.detach())  # the store owns the socket now
+    try:
+        yield
+    finally:
+        del store
+
+
 def describe_failure(failures: dict[int, object]) -> str:
     """One line naming the rank that died first (a signal other than the agent's SIGTERM, else earliest)."""
     items = sorted(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0))
@@ -129,6 +187,7 @@ def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str], r
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     port = node.master_port or free_port()
+    local = node.nnodes == 1 and is_loopback(node.master_addr) and ":" not in node.master_addr  # IPv4 loopback
     config = LaunchConfig(
         min_nodes=node.nnodes, max_nodes=node.nnodes, nproc_per_node=nproc, run_id=run_id,
         rdzv_backend="static", rdzv_endpoint=f"{node.master_addr}:{port}",
@@ -136,7 +195,12 @@ def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str], r
         local_addr=node.master_addr if node.nnodes == 1 else None,
     )
     try:
-        with _importable():
+        with ExitStack() as stack:
+            stack.enter_context(_importable())
+            if local:
+                stack.enter_context(_loopback_store(port))
+                for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # pairs / NCCL bootstrap on loopback
+                    stack.enter_context(_env(var, _loopback_interface()))
             elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE, "--worker", *worker_args)
     except ChildFailedError as exc:
         print(f"paracube: run failed: {describe_failure(exc.failures)}", file=sys.stderr)
@@ -175,5 +239,5 @@ def slurm_script(plan: Plan, worker_args: Sequence[str], job_name: str = "paracu
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["NodeSpec", "backend_for", "describe_failure", "free_port", "launch", "preflight", "slurm_script",
-           "torchrun_argv"]
+__all__ = ["NodeSpec", "backend_for", "describe_failure", "free_port", "is_loopback", "launch", "preflight",
+           "slurm_script", "torchrun_argv"]
