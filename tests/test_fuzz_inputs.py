@@ -130,7 +130,10 @@ def test_fuzz_files_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixtur
     bad_topo = tmp_path / "topo.yaml"
     cases = [(bad_plan, "{", ["simulate", str(bad_plan)]), (bad_plan, "[]", ["simulate", str(bad_plan)]),
              (bad_topo, "name: [", ["plan", "--cluster", str(bad_topo)]),
-             (bad_topo, yaml.safe_dump({**TOPOLOGY, "nodes": 0}), ["plan", "--cluster", str(bad_topo)])]
+             (bad_topo, yaml.safe_dump({**TOPOLOGY, "nodes": 0}), ["plan", "--cluster", str(bad_topo)]),
+             # A typo'd size must be refused, not built (10^9 nodes would exhaust memory).
+             (bad_topo, yaml.safe_dump({**TOPOLOGY, "nodes": 10**9}), ["plan", "--cluster", str(bad_topo)]),
+             (bad_topo, "", ["plan", "--cluster", "dgx-a100", "--gpus", str(8 * 10**8)])]
     for path, text, argv in cases:
         path.write_text(text)
         assert main(argv) == 2

@@ -105,8 +105,25 @@ def list_topologies() -> list[str]:
     return list(PRESETS)
 
 
+MAX_DEVICES = 1 << 18  # 262,144: far beyond any cluster planned today, small enough to build as a graph
+MAX_PER_NODE = 1024
+
+
+def _check_size(where: str, nodes: int, per_node: int) -> tuple[int, int]:
+    """Refuse sizes the graph cannot be built for (a typo like 10**9 nodes would exhaust memory)."""
+    check(per_node <= MAX_PER_NODE, f"{where}: devices_per_node={per_node} is larger than {MAX_PER_NODE}")
+    check(nodes * per_node <= MAX_DEVICES,
+          f"{where}: {nodes} nodes x {per_node} devices = {nodes * per_node} devices; at most {MAX_DEVICES}")
+    return nodes, per_node
+
+
 def _sizes(where: str, dpn: int, default_nodes: int, gpus: int | None, nodes: int | None) -> tuple[int, int]:
     """(nodes, devices per node) from the requested counts; fewer GPUs than one node use part of a node."""
+    return _check_size(where, *_requested_sizes(where, dpn, default_nodes, gpus, nodes))
+
+
+def _requested_sizes(where: str, dpn: int, default_nodes: int, gpus: int | None,
+                     nodes: int | None) -> tuple[int, int]:
     check(nodes is None or (isinstance(nodes, int) and nodes >= 1), f"{where}: nodes={nodes!r} must be >= 1")
     if gpus is None:
         return (nodes or default_nodes), dpn
@@ -126,7 +143,7 @@ def _from_preset(preset: Preset, gpus: int | None, nodes: int | None) -> Topolog
         check(nodes in (None, 1), f"{preset.name}: nodes={nodes!r}; valid: 1 (this machine)")
         check(gpus is None or (isinstance(gpus, int) and gpus >= 1),
               f"{preset.name}: gpus={gpus!r} must be >= 1")
-        return preset.build(1, gpus or preset.devices_per_node)
+        return preset.build(*_check_size(preset.name, 1, gpus or preset.devices_per_node))
     n, per = _sizes(preset.name, preset.devices_per_node, preset.default_nodes, gpus, nodes)
     return preset.build(n, per)
 
@@ -155,6 +172,7 @@ def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = N
     if spec.graph is not None:
         check(spec.intra_node is None and spec.inter_node is None,
               f"{source}: give either graph or intra_node/inter_node, not both")
+        _check_size(source, spec.nodes, spec.devices_per_node)
         check((gpus is None or gpus == spec.nodes * spec.devices_per_node) and nodes in (None, spec.nodes),
               f"{source}: an explicit graph has {spec.nodes} nodes x {spec.devices_per_node} devices; "
               f"it cannot be resized to gpus={gpus}, nodes={nodes}")
