@@ -131,8 +131,7 @@ def test_fuzz_files_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixtur
     cases = [(bad_plan, "{", ["simulate", str(bad_plan)]), (bad_plan, "[]", ["simulate", str(bad_plan)]),
              (bad_topo, "name: [", ["plan", "--cluster", str(bad_topo)]),
              (bad_topo, yaml.safe_dump({**TOPOLOGY, "nodes": 0}), ["plan", "--cluster", str(bad_topo)]),
-             # A typo'd size must be refused, not built (10^9 nodes would exhaust memory).
-             (bad_topo, yaml.safe_dump({**TOPOLOGY, "nodes": 10**9}), ["plan", "--cluster", str(bad_topo)]),
+             # A typo'd size must be refused, not built (8 x 10^8 GPUs would exhaust memory).
              (bad_topo, "", ["plan", "--cluster", "dgx-a100", "--gpus", str(8 * 10**8)])]
     for path, text, argv in cases:
         path.write_text(text)
@@ -140,6 +139,11 @@ def test_fuzz_files_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixtur
         _, err = capsys.readouterr()
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
         OUTCOMES["cli files: refused"] += 1
+
+
+def test_huge_topology_is_refused_not_built() -> None:
+    with pytest.raises(ParacubeError, match="at most"):
+        topology_from_dict({**TOPOLOGY, "nodes": 10**9}, "huge.yaml")
 
 
 def test_zz_fuzz_count() -> None:
