@@ -137,3 +137,13 @@ def test_microbenchmarks_run_on_two_ranks() -> None:
     assert len(res.collective) == 3 * 2  # 3 kinds x 2 sizes
     assert {p["bytes"] for p in res.collective} == {256, 4096}
     assert all(p["time_s"] > 0 for p in res.gemm + res.elementwise + res.collective)
+    assert {p["stride"] for p in res.collective} == {"1"}
+
+
+def test_bench_config_cycles_every_mesh_axis_of_each_group_size() -> None:
+    # 8 ranks: groups of 2 exist at strides 1, 2, 4 (the x, y, z axes of a 2x2x2 cube; tp/dp of 1D dp=2),
+    # groups of 4 at strides 1, 2, groups of 8 at stride 1; each size's strides are cycled in one loop.
+    from paracube.calibration.calibrate import bench_config
+
+    assert bench_config(8, quick=True).patterns == ((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1))
+    assert bench_config(4, quick=True).patterns == ((2, 1), (2, 2), (4, 1))

@@ -72,9 +72,8 @@ def bench_config(nproc: int, quick: bool, backend: str = "auto") -> BenchConfig:
     for text in DEFAULT_LAYOUTS:
         shapes |= layout_gemm_shapes(tiny, text)
     shapes |= {(s, s, s) for s in ((32, 128, 512) if quick else (16, 32, 64, 128, 256, 512))}
-    patterns = [(n, 1) for n in (2, 4, 8) if nproc % n == 0]
-    if not quick:  # outer mesh axes: the same group sizes with a stride
-        patterns += [(n, nproc // n) for n in (2, 4) if nproc % n == 0 and nproc // n > 1]
+    # Every stride of each group size (all mesh axes of that size), cycled through: see microbench.py.
+    patterns = [(n, s) for n in (2, 4, 8) if nproc % n == 0 for s in (1, 2, 4, 8, 16, 32) if nproc % (n * s) == 0]
     sizes = (256, 8192, 131072) if quick else (64, 1024, 8192, 65536, 262144, 1 << 20)
     return BenchConfig(nproc=nproc, gemm_shapes=tuple(sorted(shapes)), comm_bytes=sizes,
                        patterns=tuple(dict.fromkeys(patterns)), reps=5 if quick else 20,
@@ -84,15 +83,21 @@ def bench_config(nproc: int, quick: bool, backend: str = "auto") -> BenchConfig:
 
 def fit_all(result: BenchResult) -> dict[str, Fit | dict[str, dict[str, Fit]]]:
     comm: dict[str, dict[str, Fit]] = {}
+    alternating: dict[str, dict[str, Fit]] = {}
     for kind in KINDS:
         for n in sorted({int(p["n"]) for p in result.collective}):
-            pts = [(kind, n, p["bytes"], p["time_s"]) for p in result.collective if p["kind"] == kind and p["n"] == n]
-            comm.setdefault(kind, {})[str(n)] = fit_alpha_beta(pts)
+            for alt, table in ((False, comm), (True, alternating)):
+                pts = [(kind, n, p["bytes"], p["time_s"]) for p in result.collective
+                       if p["kind"] == kind and p["n"] == n and bool(p.get("alternating")) == alt]
+                if len(pts) >= 2:
+                    table.setdefault(kind, {})[str(n)] = fit_alpha_beta(pts)
     return {
         "gemm": fit_gemm([(p["m"], p["n"], p["k"], p["time_s"]) for p in result.gemm]),
         "elementwise": fit_elementwise([(p["bytes"], p["time_s"]) for p in result.elementwise]),
-        "link": fit_alpha_beta([(p["kind"], p["n"], p["bytes"], p["time_s"]) for p in result.collective]),
+        "link": fit_alpha_beta([(p["kind"], p["n"], p["bytes"], p["time_s"]) for p in result.collective
+                                if not p.get("alternating")]),
         "comm": comm,
+        "comm_alternating": alternating,
     }
 
 
@@ -101,11 +106,12 @@ def build_calibration(result: BenchResult, machine: dict[str, Any]) -> dict[str,
     fits = fit_all(result)
     gemm, elem, link = fits["gemm"], fits["elementwise"], fits["link"]
     assert isinstance(gemm, Fit) and isinstance(elem, Fit) and isinstance(link, Fit)
-    comm_fits = fits["comm"]
-    assert isinstance(comm_fits, dict)
-    comm = {kind: {n: {**f.params, "rms_rel_err": f.rms} for n, f in by_n.items()}
-            for kind, by_n in comm_fits.items()}
-    all_comm = [e for by_n in comm_fits.values() for f in by_n.values() for e in f.rel_err]
+    comm_fits, alt_fits = fits["comm"], fits["comm_alternating"]
+    assert isinstance(comm_fits, dict) and isinstance(alt_fits, dict)
+    comm, alternating = ({kind: {n: {**f.params, "rms_rel_err": f.rms} for n, f in by_n.items()}
+                          for kind, by_n in table.items()} for table in (comm_fits, alt_fits))
+    all_comm = [e for table in (comm_fits, alt_fits) for by_n in table.values() for f in by_n.values()
+                for e in f.rel_err]
     return {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -114,6 +120,7 @@ def build_calibration(result: BenchResult, machine: dict[str, Any]) -> dict[str,
                  "mem_eff": 1.0, "peak_flops": gemm.params["peak_flops"], "rms_rel_err": gemm.rms},
         "elementwise": {**elem.params, "rms_rel_err": elem.rms},
         "comm": comm,
+        "comm_alternating": alternating,
         "link": {**link.params, "rms_rel_err": link.rms},
         "residuals": {"gemm": gemm.rms, "elementwise": elem.rms, "comm": float(
             (sum(e * e for e in all_comm) / max(1, len(all_comm))) ** 0.5), "link": link.rms},

@@ -11,6 +11,7 @@ The `calibration:` section of a topology file (what `paracube calibrate` writes;
         all_reduce: {"2": {latency, bandwidth, rms_rel_err}, "4": {...}, "8": {...}}
         all_gather: {...}
         reduce_scatter: {...}
+      comm_alternating: {...}                  # the same, calls cycling through every stride of each size
       link: {latency, bandwidth, rms_rel_err}  # one joint fit over every kind and size
       residuals: {gemm, elementwise, comm, link}   # RMS relative error of each fit
 
@@ -18,10 +19,14 @@ What the cost model reads: `compute.gemm_model` reads gemm.{eff_max, m0, n0, k0,
 memory bandwidth come from the device, which calibrate sets to the fitted peak_flops and bandwidth, so
 eff_max = 1 and mem_eff = 1). comm.py prices a call on a group of n ranks with link (B, a) as
     all_reduce: 2(n-1) a + 2(n-1)/n P / B,   all_gather / reduce_scatter: (n-1) a + (n-1)/n P / B;
-the per-kind, per-size (latency, bandwidth) here are the a and B of exactly that formula. Until
-comm.py reads `comm[kind][str(n)]`, calibrate writes the joint `link` fit into the topology graph
-(hub links of latency a/2 and bandwidth B: a ring hop crosses two of them), which comm.py does read.
-`elementwise.op_overhead_s` is the fixed cost of one small kernel launch from Python (not yet priced).
+the per-kind, per-size (latency, bandwidth) here are the a and B of exactly that formula, and comm.py
+uses them in place of the link's for that kind and group size (`compute.gemm_model` carries them). The joint
+`link` fit also goes into the topology graph (hub links of latency a/2 and bandwidth B: a ring hop crosses two
+of them) for kinds and sizes that were not measured. Modes whose collectives alternate mesh axes (2D, 2.5D,
+3D) read `comm_alternating` (microbench.py: measured with calls cycling through the groups of every stride,
+which includes the wait for peers last synchronized with other ranks), for every collective of the step;
+other modes read `comm`. `elementwise.op_overhead_s` is the cost of one dispatched op with every rank
+busy; compute.py prices `ops_per_step` of them per step.
 """
 
 from __future__ import annotations

@@ -4,14 +4,17 @@
 CUDA, 127.0.0.1 and a free port, one thread per rank) and returns the measured points:
 - gemm: seconds of one [m, k] x [k, n] matmul per shape, every rank multiplying concurrently;
 - elementwise: seconds of one `add` over a tensor of `bytes` (per-op overhead + memory bandwidth);
-- collective: seconds of one call per (kind, group size, stride, payload bytes), all groups of that
-  pattern running concurrently (the other groups of the same mesh axis), payload = the whole tensor
+- collective: seconds of one call per (kind, group size, payload bytes, fixed or alternating groups), all
+  groups of a pattern running concurrently (the other groups of the same mesh axis); "alternating" calls
+  cycle through the patterns (strides) of that group size, as a 2D/3D step alternates mesh axes, "fixed"
+  calls stay on stride 1; payload = the whole tensor
   (all-gather output, reduce-scatter input, all-reduce tensor), as in paracube/estimate.py.
 Times are the mean over ranks of each rank's mean over `reps` calls after `warmup` calls.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import socket
@@ -36,7 +39,8 @@ class BenchConfig:
     gemm_shapes: tuple[tuple[int, int, int], ...] = ()
     elementwise_bytes: tuple[int, ...] = (256, 4096, 65536, 1 << 20)
     comm_bytes: tuple[int, ...] = (256, 4096, 65536, 1 << 20)
-    patterns: tuple[tuple[int, int], ...] = ((2, 1), (4, 1), (8, 1))  # (group size, rank stride)
+    # (group size, rank stride); the strides of one size are cycled through in one timed loop
+    patterns: tuple[tuple[int, int], ...] = ((2, 1), (4, 1), (8, 1))
     reps: int = 10
     warmup: int = 2
     min_time_s: float = 0.05  # per GEMM / elementwise point: long enough for all ranks to overlap
@@ -105,26 +109,41 @@ def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -
         dist.barrier()
         t = _timed_for(lambda x=x: x.add_(1.0), cfg.min_time_s, sync)
         out.elementwise.append({"bytes": nbytes, "time_s": t})
+    # Collectives, per group size n, two ways: "fixed" calls one group (stride 1) over and over, as 1D's
+    # tensor group does, so its members stay in step; "alternating" cycles through every stride given for n
+    # (the mesh axes of that size), as 2D/3D alternate axes call after call, so a call waits on peers that were
+    # just busy in another group: synchronization skew is measured, not modelled. Every rank creates every
+    # group in the same order (torch requires it).
+    by_n: dict[int, list[int]] = {}
     for n, stride in cfg.patterns:
-        groups = pattern_groups(world, n, stride)
-        handles = [dist.new_group(g) for g in groups]  # every rank creates every group, same order
-        mine = next(h for g, h in zip(groups, handles, strict=True) if rank in g)
+        by_n.setdefault(n, []).append(stride)
+    for n, strides in by_n.items():
+        mine = []
+        for stride in strides:
+            groups = pattern_groups(world, n, stride)
+            handles = [dist.new_group(g) for g in groups]
+            mine.append(next(h for g, h in zip(groups, handles, strict=True) if rank in g))
+        cycles = [(str(strides[0]), mine[:1])] + ([(",".join(map(str, strides)), mine)] if len(mine) > 1 else [])
         for nbytes in cfg.comm_bytes:
             numel = max(n, nbytes // 4 // n * n)  # whole-tensor elements, divisible by n
             full = torch.ones(numel, device=device)
             shard = torch.ones(numel // n, device=device)
             parts = [torch.empty_like(shard) for _ in range(n)]
             chunks = list(full.chunk(n))
-            calls = {
-                "all_reduce": lambda full=full, g=mine: dist.all_reduce(full, group=g),
-                "all_gather": lambda parts=parts, shard=shard, g=mine: dist.all_gather(parts, shard, group=g),
-                "reduce_scatter": lambda shard=shard, chunks=chunks, g=mine: dist.reduce_scatter(
-                    shard, chunks, group=g),
-            }
-            for kind in KINDS:
-                dist.barrier()
-                t = _timed(calls[kind], cfg.reps, cfg.warmup, sync)
-                out.collective.append({"kind": kind, "n": n, "stride": stride, "bytes": numel * 4, "time_s": t})
+            for label, cycle in cycles:
+                for kind in KINDS:
+                    nxt = itertools.cycle(cycle).__next__  # the next group of the cycle
+                    call = {
+                        "all_reduce": lambda full=full, nxt=nxt: dist.all_reduce(full, group=nxt()),
+                        "all_gather": lambda parts=parts, shard=shard, nxt=nxt: dist.all_gather(
+                            parts, shard, group=nxt()),
+                        "reduce_scatter": lambda shard=shard, chunks=chunks, nxt=nxt: dist.reduce_scatter(
+                            shard, chunks, group=nxt()),
+                    }[kind]
+                    dist.barrier()
+                    t = _timed(call, cfg.reps * len(cycle), cfg.warmup * len(cycle), sync)
+                    out.collective.append({"kind": kind, "n": n, "stride": label, "alternating": len(cycle) > 1,
+                                           "bytes": numel * 4, "time_s": t})
     return out
 
 

@@ -45,13 +45,15 @@ def calibrate_command(args: argparse.Namespace) -> int:
     for p, e in zip(result.gemm, gemm.rel_err, strict=True):  # type: ignore[union-attr]
         table.add_row(f"gemm {p['m']}x{p['n']}x{p['k']}", human_time(p["time_s"]),
                       human_time(p["time_s"] * (1 + e)), f"{e:+.1%}")
-    comm = fits["comm"]
-    for p in result.collective:
-        f = comm[p["kind"]][str(p["n"])]  # type: ignore[index]
-        i = [q for q in result.collective if q["kind"] == p["kind"] and q["n"] == p["n"]].index(p)
-        e = f.rel_err[i]
-        table.add_row(f"{p['kind']} n={p['n']} stride={p['stride']} {human_bytes(p['bytes'])}",
-                      human_time(p["time_s"]), human_time(p["time_s"] * (1 + e)), f"{e:+.1%}")
+    for table_name in ("comm", "comm_alternating"):
+        table_fits = fits[table_name]
+        points = [p for p in result.collective if bool(p.get("alternating")) == (table_name != "comm")]
+        for p in points:
+            f = table_fits[p["kind"]][str(p["n"])]  # type: ignore[index]
+            same = [q for q in points if q["kind"] == p["kind"] and q["n"] == p["n"]]
+            e = f.rel_err[same.index(p)]
+            table.add_row(f"{p['kind']} n={p['n']} strides {p['stride']} {human_bytes(p['bytes'])}",
+                          human_time(p["time_s"]), human_time(p["time_s"] * (1 + e)), f"{e:+.1%}")
     console = Console()
     console.print(table)
     r = cal["residuals"]

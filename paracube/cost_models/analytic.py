@@ -15,8 +15,14 @@ from collections import defaultdict
 
 import numpy as np
 
-from paracube.cost_models.comm import Entry, axes_used, comm_entries
-from paracube.cost_models.compute import GemmModel, gemm_model, model_flops_per_step, stage_compute_time
+from paracube.cost_models.comm import ALTERNATING_MODES, Entry, axes_used, calibrated_link, comm_entries
+from paracube.cost_models.compute import (
+    GemmModel,
+    gemm_model,
+    model_flops_per_step,
+    ops_per_step,
+    stage_compute_time,
+)
 from paracube.cost_models.dims import Dims, dims_of
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total
@@ -50,7 +56,7 @@ def _stage(d: Dims, mode: str, a: dict[str, Arr], links: Links, g: GemmModel, st
     for e in entries:
         if not np.any(e.count):
             continue
-        bw, lat = links[e.axes]
+        bw, lat = calibrated_link(g.comm, e.kind, e.n[rows], *links[e.axes], mode in ALTERNATING_MODES)
         lat_f = 2.0 * (e.n - 1) if e.kind == "all_reduce" else (1.0 if e.kind == "send" else e.n - 1.0)
         e_sent = e.sent()
         tm = (e.count * lat_f)[rows] * lat + e_sent[rows] / bw
@@ -60,7 +66,8 @@ def _stage(d: Dims, mode: str, a: dict[str, Arr], links: Links, g: GemmModel, st
         else:
             micro += tm
         sent += np.where(e.count > 0, e_sent, 0.0)
-    compute = stage_compute_time(d, mode, a, H, g)[rows]
+    # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
+    compute = (stage_compute_time(d, mode, a, H, g) + g.op_overhead * ops_per_step(d, mode, a, F, H))[rows]
     return {"entries": entries, "micro": micro, "step": step, "sent": sent[rows], "compute": compute}
 
 
@@ -139,7 +146,7 @@ def estimate(
     for e in chosen["entries"]:
         e: Entry
         if e.count[0] > 0:
-            tm = float(e.time(*links[e.axes])[0])
+            tm = float(e.time(*links[e.axes], g.comm, layout.mode in ALTERNATING_MODES)[0])
             by_axis[".".join(e.axes)] += tm
             by_kind[e.kind] += tm
     world = layout.world_size

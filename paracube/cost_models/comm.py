@@ -12,6 +12,13 @@ Time of one call on a group of n ranks with link (bandwidth B, latency a), paylo
 - all_reduce:                  2(n-1) a + 2(n-1)/n P / B      (ring reduce-scatter + all-gather)
 - send:                        a + P / B
 A group spanning nodes is priced with the (hierarchical) bandwidth the topology's group_link reports.
+With a calibration (`topology.calibration["comm"][kind][str(n)]`, measured by `paracube calibrate` with every
+rank busy), the fitted (a, B) of that kind and group size replace the link's in the same formula: on a
+shared machine a collective's cost depends on its kind and size (thread hand-offs, peers' scheduling),
+not only on the wire. Modes whose consecutive collectives alternate mesh axes (2D, 2.5D, 3D) read
+`comm_alternating` instead, measured with calls cycling through the groups of every stride: a call then
+waits on peers last synchronized with other ranks, the synchronization skew of an oversubscribed machine.
+Kinds or sizes that were not measured keep the topology's link.
 No overlap: the executor runs tensor-parallel collectives in line with compute and the data-parallel
 gradient all_reduce after the last backward, so all communication time is exposed.
 """
@@ -41,11 +48,33 @@ class Entry:
     def sent(self) -> Arr:
         return sent_factor(self.kind, self.n) * self.payload
 
-    def time(self, bw: Arr, lat: Arr) -> Arr:
+    def time(self, bw: Arr, lat: Arr, table: Table = (), alternating: bool = False) -> Arr:
+        bw, lat = calibrated_link(table, self.kind, self.n, bw, lat, alternating)
         lat_f = {"all_reduce": 2.0 * (self.n - 1), "send": np.ones_like(self.n, dtype=float)}.get(
             self.kind, self.n - 1.0
         )
         return np.where(self.count > 0, self.count * lat_f * lat + self.sent() / bw, 0.0)
+
+
+Table = tuple[tuple[str, int, bool, float, float], ...]  # (kind, n, alternating, latency, bandwidth)
+ALTERNATING_MODES = ("2d", "2.5d", "3d")  # consecutive collectives switch mesh axes
+
+
+def calibrated_link(table: Table, kind: str, n: Arr, bw: Arr, lat: Arr, alternating: bool = False
+                    ) -> tuple[Arr, Arr]:
+    """(bandwidth, latency) per element of `n` (group sizes): the calibrated pair of (kind, n) where the
+    table has one (the alternating-groups fit if asked for and measured, else the fixed-group one), else
+    the topology link's `bw`, `lat`."""
+    # Fixed-group rows first, alternating ones after: a later match overrides an earlier one.
+    rows = [(size, a, b) for k, size, alt, a, b in sorted(table, key=lambda r: r[2])
+            if k == kind and (not alt or alternating)]
+    if not rows:
+        return bw, lat
+    n = np.asarray(n)
+    for size, a, b in rows:
+        hit = n == size
+        bw, lat = np.where(hit, b, bw), np.where(hit, a, lat)
+    return bw, lat
 
 
 def sent_factor(kind: str, n: Arr) -> Arr:

@@ -16,6 +16,9 @@ Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   none [T, h_in] x [h_in, h_out]; 1d column [T, h_in] x [h_in, h_out/t], row [T, h_in/t] x [h_in/t, h_out];
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
   3d [T/q, h_in/q] x [h_in/q, h_out/q].
+Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counted from the executor) costs
+`calibration["elementwise"]["op_overhead_s"]` on top (Python dispatch and launch, which dominate small
+models on CPUs; measured with every rank busy, so it includes core sharing). Without one it is 0.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ class GemmModel:
     n0: float = 64.0
     k0: float = 64.0
     mem_eff: float = 0.8
+    # Calibrated extras (zero / empty without a calibration). They ride on the device model so that every
+    # caller that builds it with `gemm_model(topo)` (estimate, the planner's vectorized path) reads the same.
+    op_overhead: float = 0.0  # seconds per launched op (Python dispatch + kernel launch), ops.py counts them
+    # (kind, group size, alternating, latency s, bandwidth B/s): comm.calibrated_link reads it
+    comm: tuple[tuple[str, int, bool, float, float], ...] = ()
 
     def eff(self, m: Arr, n: Arr, k: Arr) -> Arr:
         return self.eff_max * m / (m + self.m0) * n / (n + self.n0) * k / (k + self.k0)
@@ -55,7 +63,13 @@ def gemm_model(topo: object, dtype: str) -> GemmModel:
     device = topo.device  # type: ignore[attr-defined]
     cal = (getattr(topo, "calibration", None) or {}).get("gemm", {}) or {}
     known = {k: float(v) for k, v in cal.items() if k in ("eff_max", "m0", "n0", "k0", "mem_eff")}
-    return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known)
+    full = getattr(topo, "calibration", None) or {}
+    overhead = float((full.get("elementwise") or {}).get("op_overhead_s", 0.0))
+    comm = tuple((kind, int(n), alt, float(f["latency"]), float(f["bandwidth"]))
+                 for key, alt in (("comm", False), ("comm_alternating", True))
+                 for kind, by_n in sorted((full.get(key) or {}).items()) for n, f in sorted(by_n.items()))
+    return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
+                     op_overhead=overhead, comm=comm)
 
 
 def local_shape(
@@ -113,3 +127,33 @@ def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: Gemm
     ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
     per_micro = Ls * per_block + last * (hf + hb + ce)
     return N * per_micro
+
+
+# Ops (torch dispatches: kernels, views, collectives) one rank launches per training step of the executor:
+#   ops = N * (Ls * OPS_LAYER + (F + H) / 2 * OPS_EDGE) + n_tensors * OPS_TENSOR + OPS_STEP (+ 3 with a tensor group)
+#         + (dp > 1) * (n_tensors * OPS_DP_TENSOR + OPS_DP)
+# N micro-batches, Ls blocks of the stage, F / H: the stage holds the embedding / the head (their ops and the
+# loss's are OPS_EDGE, split evenly between first and last stage: exact without pipelining), n_tensors the
+# rank's parameter tensors (12 per block, 2 embedding, 3 final norm + head). Per tensor and step: AdamW's 10
+# (step += 1, decay, lerp, mul + addcmul, item, sqrt, div, add eps, addcdiv), the grad norm's 3 (pow, sum,
+# add) on the tensor's norm leader; the data-parallel flatten / unflatten 3 (view, slice, view). Per step:
+# zeros, stack, item, metrics and norm all-reduces (detach, clone, collective). The per-block and edge counts
+# are each mode's forward + backward dispatch sequence (executor/one_d.py, two_d.py, three_d.py); all of them
+# were counted with validation/ops.py on tiny (L = 2, 3; N = 1, 2; dp = 1, 2); the formula reproduces those
+# counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a stray dispatch or two);
+# tests/test_cost_model.py re-counts configurations the constants were not read from.
+# 2.5D is assumed to dispatch like 2D (the executor has no 2.5D); 1D with sequence parallelism like 1D.
+OPS_LAYER = {"none": 85, "1d": 99, "2d": 287, "2.5d": 287, "3d": 323}
+OPS_EDGE = {"none": 43, "1d": 85, "2d": 162, "2.5d": 162, "3d": 175}
+OPS_TENSOR, OPS_STEP, OPS_TENSOR_GROUP, OPS_DP_TENSOR, OPS_DP = 13, 16, 3, 3, 4
+
+
+def ops_per_step(d: Dims, mode: str, a: dict[str, Arr], first: Arr, last: Arr) -> Arr:
+    """Dispatched ops of one step on one rank of a stage (formula above), as an array over configurations."""
+    N = d.global_batch // (a["dp"] * a["mb"])
+    Ls = d.L // a["pp"]
+    tensors = 12 * Ls + 2 * first + 3 * last
+    micro = Ls * OPS_LAYER[mode] + (first + last) / 2 * OPS_EDGE[mode]
+    step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if mode != "none" else 0)
+    dp_sync = (a["dp"] > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
+    return (N * micro + step + dp_sync).astype(float)
