@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paracube.cost_models.dims import Dims
+from paracube.layout import TENSOR_AXES
 
 F32 = "float32"
 Arr = np.ndarray
@@ -203,13 +204,7 @@ def comm_entries(d: Dims, mode: str, a: dict[str, Arr], first: Arr, last: Arr) -
     add("send", ("pp",), d.dtype, sends, sends * (c * T * h // split), np.where(pp > 1, 2, 1))
     # Per step: gradients, grad-norm, metrics.
     n_local = stage_layers_params(d, mode, a, F, H)
-    tensor_axes = {
-        "none": (),
-        "1d": ("tp",),
-        "2d": ("row", "col"),
-        "2.5d": ("dep", "row", "col"),
-        "3d": ("z", "y", "x"),
-    }[mode]
+    tensor_axes = TENSOR_AXES[mode]
     if mode == "2.5d":
         add("all_reduce", ("dp", "dep"), F32, one, 4 * n_local, dp * dd, True)
     else:
@@ -222,13 +217,7 @@ def comm_entries(d: Dims, mode: str, a: dict[str, Arr], first: Arr, last: Arr) -
 
 def axes_used(mode: str) -> list[tuple[str, ...]]:
     """Every group (mesh axes) the closed forms of `mode` may use: the planner asks the topology for these."""
-    tensor = {
-        "none": (),
-        "1d": ("tp",),
-        "2d": ("row", "col"),
-        "2.5d": ("dep", "row", "col"),
-        "3d": ("z", "y", "x"),
-    }[mode]
+    tensor = TENSOR_AXES[mode]
     per_mode = {
         "none": [],
         "1d": [("tp",)],
