@@ -32,7 +32,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     from paracube.calibration.calibrate import calibrate, fit_all, write_topology
 
     t0 = time.perf_counter()
-    topo, result, cal = calibrate(args.cluster, args.nproc, quick=args.quick)
+    with Console(stderr=True).status(f"calibrating: microbenchmarks on {args.nproc} ranks ..."):
+        topo, result, cal = calibrate(args.cluster, args.nproc, quick=args.quick)
     path = write_topology(topo, args.out)
     if args.json:
         print_json(cal)
@@ -83,7 +84,8 @@ def validate_command(args: argparse.Namespace) -> int:
     if topo.num_devices != world:
         raise ParacubeError(f"cluster {source!r} has {topo.num_devices} devices but the plan's layout "
                             f"{plan.layout} needs {world}; calibrate with --nproc {world}")
-    out = validate(plan, args.steps, topo, source)
+    with Console(stderr=True).status(f"validating: {args.steps} steps of {plan.layout} on {world} ranks ..."):
+        out = validate(plan, args.steps, topo, source)
     if args.json:
         print_json(out)
         return 0
