@@ -3,26 +3,45 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from paracube.calibration.calibrate import (
+    add_costs,
     build_calibration,
     calibrated_topology,
     check_calibration,
+    fit_op_overheads,
     layout_gemm_shapes,
     machine_info,
+    probe_layouts,
+    timing_basis,
     write_topology,
 )
 from paracube.calibration.fit import collective_time, fit_alpha_beta, fit_elementwise, fit_gemm, gemm_time
-from paracube.calibration.microbench import BenchConfig, BenchResult, pattern_groups, run_benchmarks
+from paracube.calibration.microbench import (
+    PROBE_MICRO_BATCH,
+    PROBE_MODEL,
+    BenchConfig,
+    BenchResult,
+    pattern_groups,
+    run_benchmarks,
+)
+from paracube.cost_models import estimate
+from paracube.cost_models.compute import ops_per_step
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
+from paracube.executor import affinity
+from paracube.layout import parse_layout
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS
+from paracube.workload import PRESETS, TrainingSpec
 
 SIZES = (256, 4096, 65536, 1 << 20)
+WALL = {"basis": "wall", "ranks_per_core": 1.0, "cores": 8}
 
 
 def test_fit_recovers_alpha_beta_exactly() -> None:
@@ -82,7 +101,8 @@ def test_layout_gemm_shapes_of_the_3d_cube() -> None:
     assert (128, 32, 128) in shapes  # fc2 forward: [128, 128] x [128, 32]
 
 
-def _synthetic_result() -> BenchResult:
+def _synthetic_result(cpu_fraction: float = 1.0) -> BenchResult:
+    """Points with wall times of known parameters; CPU seconds = cpu_fraction x wall."""
     alpha, bw = 200e-6, 1e9
     res = BenchResult()
     res.gemm = [{"m": m, "n": n, "k": k, "time_s": float(gemm_time(np.array(m), np.array(n), np.array(k),
@@ -91,7 +111,9 @@ def _synthetic_result() -> BenchResult:
     res.elementwise = [{"bytes": b, "time_s": 10e-6 + b / 5e9} for b in SIZES]
     res.collective = [{"kind": k, "n": n, "stride": 1, "bytes": p, "time_s": collective_time(k, n, p, alpha, bw)}
                       for k in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4) for p in SIZES]
-    return res
+    for p in res.gemm + res.elementwise + res.collective:
+        p["cpu_s"] = cpu_fraction * p["time_s"]
+    return add_costs(res, WALL)
 
 
 def test_calibration_file_round_trip(tmp_path) -> None:
@@ -132,12 +154,73 @@ def test_microbenchmarks_run_on_two_ranks() -> None:
     cfg = BenchConfig(nproc=2, gemm_shapes=((32, 32, 32), (64, 64, 64)), elementwise_bytes=(256, 4096),
                       comm_bytes=(256, 4096), patterns=((2, 1),), reps=2, warmup=1, min_time_s=0.005,
                       timeout_s=120)
+    cfg = replace(cfg, probe_layouts=probe_layouts(2), probe_steps=2)
     res = run_benchmarks(cfg)
     assert [(p["m"], p["n"], p["k"]) for p in res.gemm] == [(32, 32, 32), (64, 64, 64)]
     assert len(res.collective) == 3 * 2  # 3 kinds x 2 sizes
     assert {p["bytes"] for p in res.collective} == {256, 4096}
-    assert all(p["time_s"] > 0 for p in res.gemm + res.elementwise + res.collective)
+    points = res.gemm + res.elementwise + res.collective + res.probe
+    assert all(p["time_s"] > 0 and p["cpu_s"] > 0 for p in points)
     assert {p["stride"] for p in res.collective} == {"1"}
+    # Step probes: the serial GPT and 1D on both ranks; their dispatch counts are the cost model's, plus at
+    # most one mul per parameter tensor (29 here) when the gradient norm is clipped, which the formula omits.
+    assert [p["layout"] for p in res.probe] == ["dp=1", "dp=1,tp=1d:2"]
+    for p in res.probe:
+        layout = parse_layout(p["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
+        d = dims_of(PROBE_MODEL, TrainingSpec(global_batch=PROBE_MICRO_BATCH))
+        one = np.ones(1, dtype=np.int64)
+        predicted = ops_per_step(d, layout.mode, layout_arrays(layout, PROBE_MICRO_BATCH), one, one)[0]
+        assert predicted - 4 <= p["ops"] <= predicted + 29 + 4, (p, predicted)
+
+
+def test_cpu_ranks_sharing_cores_are_priced_by_cpu_time(monkeypatch) -> None:
+    """8 gloo ranks on 2 cores: a point costs 4 x its CPU seconds (the step is CPU-throughput bound);
+    with a core per rank, or on GPUs, its wall time."""
+    monkeypatch.setattr(affinity, "available_cores", lambda: [0, 1])
+    shared = timing_basis(8, "gloo")
+    assert shared == {"basis": "cpu", "ranks_per_core": 4.0, "cores": 2}
+    assert timing_basis(2, "gloo")["basis"] == "wall"
+    assert timing_basis(8, "nccl")["basis"] == "wall"
+    res = add_costs(_synthetic_result(cpu_fraction=0.2), shared)
+    assert all(p["cost_s"] == pytest.approx(0.8 * p["time_s"]) for p in res.gemm + res.collective)
+    cal = build_calibration(res, machine_info(8, "gloo"), shared)
+    assert cal["timing"] == shared
+    assert cal["comm"]["all_gather"]["4"]["latency"] == pytest.approx(0.8 * 200e-6, rel=1e-6)
+
+
+def test_op_overhead_per_mode_is_what_the_fit_leaves_of_the_probe_step() -> None:
+    """A probe whose measured step is the model's step (which prices every op at the elementwise fit's
+    overhead, 10 us here) plus 30 us per dispatched op yields 40 us for its mode; a probe faster than the
+    model's GEMMs and collectives alone yields 0 (never negative)."""
+    cal = build_calibration(_synthetic_result(), machine_info(8, "gloo"))
+    topo = calibrated_topology("local-cpu", 8, cal)
+    probes = []
+    for text, extra in (("dp=2,tp=1d:4", 30e-6), ("tp=3d:2x2x2", -1.0)):
+        layout = parse_layout(text).with_(micro_batch=PROBE_MICRO_BATCH)
+        tr = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp)
+        base = estimate(PROBE_MODEL, tr, layout, topo, with_events=False).step_time_s
+        d = dims_of(PROBE_MODEL, tr)
+        one = np.ones(1, dtype=np.int64)
+        ops = float(ops_per_step(d, layout.mode, layout_arrays(layout, PROBE_MICRO_BATCH), one, one)[0])
+        probes.append({"layout": text, "time_s": base + ops * extra if extra > 0 else base / 2})
+    fitted = fit_op_overheads(topo, probes)
+    assert cal["elementwise"]["op_overhead_s"] == pytest.approx(10e-6, rel=1e-6)
+    assert fitted == {"1d": pytest.approx(40e-6, rel=1e-6), "3d": 0.0}
+    assert "op_overhead_by_mode" not in topo.calibration["elementwise"]  # the probe fit leaves no trace
+    cal["elementwise"]["op_overhead_by_mode"] = fitted
+    priced = calibrated_topology("local-cpu", 8, cal)
+    layout = parse_layout("dp=2,tp=1d:4").with_(micro_batch=PROBE_MICRO_BATCH)
+    tr = TrainingSpec(global_batch=PROBE_MICRO_BATCH * 2)
+    assert estimate(PROBE_MODEL, tr, layout, priced, with_events=False).step_time_s == pytest.approx(
+        probes[0]["time_s"], rel=1e-6)
+
+
+def test_calibration_with_other_cpu_binding_is_refused(monkeypatch) -> None:
+    cal = build_calibration(_synthetic_result(), machine_info(4, "gloo"))
+    monkeypatch.setenv(affinity.ENV, "none")
+    with pytest.raises(ParacubeError, match="calibrated with PARACUBE_CPU_BIND=spread but this run uses "
+                                            "PARACUBE_CPU_BIND=none"):
+        check_calibration(calibrated_topology("local-cpu", 4, cal), "c.yaml")
 
 
 def test_bench_config_cycles_every_mesh_axis_of_each_group_size() -> None:

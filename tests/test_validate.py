@@ -79,3 +79,28 @@ def test_validate_rejects_zero_steps(capsys) -> None:
         main(["validate", "--steps", "0"])
     assert exc.value.code == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_compare_measures_communication_on_the_calibration_basis() -> None:
+    """Per-rank rows of 3 steps (step 1 is warm-up): step 100 ms, 60 ms of wall time inside collectives of
+    which 10 ms CPU. Wall basis: comm = 60 ms; CPU basis with 4 ranks per core: comm = 4 x 10 = 40 ms;
+    compute is the rest of the step either way."""
+    from types import SimpleNamespace
+
+    from paracube.validation.validate import compare
+
+    def rows(step_s: float) -> list[dict]:
+        return [{"step": k, "step_time_s": step_s, "comm_time_s": 0.06, "comm_cpu_s": 0.01,
+                 "bytes_sent_per_rank": 1000, "peak_memory_bytes": 5000} for k in (1, 2, 3)]
+
+    per_rank = [{"rows": rows(0.1), "base_rss": 1000} for _ in range(2)]
+    est = SimpleNamespace(step_time_s=0.09, compute_time_s=0.05, comm_time_s=0.04, comm_bytes_per_gpu=1000,
+                          memory=SimpleNamespace(total=4000), layout="dp=2")
+    for timing, comm in (({"basis": "wall", "ranks_per_core": 1.0}, 0.06), ({"basis": "cpu", "ranks_per_core": 4.0},
+                                                                             0.04)):
+        out = compare(est, per_rank, {"timing": timing, "residuals": {}})
+        by = {c["name"]: c for c in out["comparisons"]}
+        assert by["comm_time_s"]["measured"] == pytest.approx(comm)
+        assert by["compute_time_s"]["measured"] == pytest.approx(0.1 - comm)
+        assert by["step_time_s"]["rel_err"] == pytest.approx(-0.1)
+        assert out["bytes_equal"] and by["memory_bytes"]["measured"] == 4000

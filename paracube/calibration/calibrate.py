@@ -20,6 +20,7 @@ import torch
 from paracube.calibration.fit import Fit, fit_alpha_beta, fit_elementwise, fit_gemm
 from paracube.calibration.microbench import KINDS, BenchConfig, BenchResult, resolve_backend, run_benchmarks
 from paracube.errors import ParacubeError, check
+from paracube.executor import affinity
 from paracube.layout import parse_layout
 from paracube.workload import PRESETS, ModelSpec
 
@@ -43,7 +44,69 @@ def cpu_model() -> str:
 def machine_info(nproc: int, backend: str) -> dict[str, Any]:
     """What must match for a calibration to apply (plus the backend, for information)."""
     return {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "nproc": nproc,
-            "torch_version": str(torch.__version__), "backend": backend, "cpu_count": os.cpu_count()}
+            "torch_version": str(torch.__version__), "backend": backend, "cpu_count": os.cpu_count(),
+            "cpu_bind": affinity.policy_from_env()}
+
+
+def timing_basis(nproc: int, backend: str) -> dict[str, Any]:
+    """How a measured point becomes the cost model's seconds: "wall" time per call, or, for CPU ranks that
+    outnumber the cores they share, "cpu": ranks_per_core x the process CPU seconds per call.
+
+    Why: on a shared host the step is bound by CPU throughput. While a rank waits in a collective, the
+    ranks sharing its core run, so a call's wall time (peers' scheduling included) is not what it adds to
+    the step; its CPU seconds (its own and its communication threads'), times the ranks taking turns on a
+    core, are. Measured on this 2-core machine with 8 ranks: step wall = 1.07-1.10 x 4 x the mean CPU
+    seconds per rank per step for 1D, 2D and 3D alike, while the wall time inside collectives was 1.2-2.4x
+    the lockstep microbenchmark's for groups of 2 (their waits absorb the other groups' work)."""
+    cores = len(affinity.available_cores())
+    if backend == "gloo" and nproc > cores:
+        return {"basis": "cpu", "ranks_per_core": nproc / cores, "cores": cores}
+    return {"basis": "wall", "ranks_per_core": 1.0, "cores": cores}
+
+
+def add_costs(result: BenchResult, timing: dict[str, Any]) -> BenchResult:
+    """Give every point `cost_s`, the seconds the fits use (timing_basis)."""
+    share = float(timing["ranks_per_core"])
+    for p in result.gemm + result.elementwise + result.collective:
+        p["cost_s"] = share * p["cpu_s"] if timing["basis"] == "cpu" else p["time_s"]
+    return result
+
+
+def probe_layouts(nproc: int) -> tuple[str, ...]:
+    """Step-probe layouts (microbench.PROBE_MODEL): serial, and 1D, 2D, 3D on nproc ranks where they tile it."""
+    out = ["dp=1"]
+    t = next((t for t in (4, 2) if nproc % t == 0), 0)
+    if t:
+        out.append(f"dp={nproc // t},tp=1d:{t}")
+    if nproc % 4 == 0:
+        out.append(f"dp={nproc // 4},tp=2d:2x2")
+    if nproc % 8 == 0:
+        out.append(f"dp={nproc // 8},tp=3d:2x2x2")
+    return tuple(out)
+
+
+def fit_op_overheads(topo: Any, probes: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per dispatched op of each probed tensor mode: what the fitted model (GEMMs, elementwise
+    bandwidth, collectives) leaves unexplained of the probe's measured step, spread over the step's ops
+    (compute.ops_per_step). On a shared CPU host that is the executor's glue code, autograd, the waits for
+    peers and idle cores; at least 0."""
+    from paracube.calibration.microbench import PROBE_MICRO_BATCH, PROBE_MODEL
+    from paracube.cost_models import estimate
+    from paracube.workload import TrainingSpec
+
+    out: dict[str, float] = {}
+    elementwise = topo.calibration["elementwise"]
+    for probe in probes:
+        layout = parse_layout(probe["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
+        training = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp)
+        steps = []
+        for per_op in (0.0, 1e-3):
+            elementwise["op_overhead_by_mode"] = {layout.mode: per_op}
+            steps.append(estimate(PROBE_MODEL, training, layout, topo, with_events=False).step_time_s)
+        ops = (steps[1] - steps[0]) / 1e-3
+        out[layout.mode] = max(0.0, (probe["time_s"] - steps[0]) / ops)
+    elementwise.pop("op_overhead_by_mode", None)
+    return out
 
 
 def layout_gemm_shapes(model: ModelSpec, layout_text: str) -> set[tuple[int, int, int]]:
@@ -74,11 +137,12 @@ def bench_config(nproc: int, quick: bool, backend: str = "auto") -> BenchConfig:
     shapes |= {(s, s, s) for s in ((32, 128, 512) if quick else (16, 32, 64, 128, 256, 512))}
     # Every stride of each group size (all mesh axes of that size), cycled through: see microbench.py.
     patterns = [(n, s) for n in (2, 4, 8) if nproc % n == 0 for s in (1, 2, 4, 8, 16, 32) if nproc % (n * s) == 0]
-    sizes = (256, 8192, 131072) if quick else (64, 1024, 8192, 65536, 262144, 1 << 20)
+    # From 256 B: below that gloo takes a cheaper path for a few floats per rank, which no model's calls hit.
+    sizes = (256, 8192, 131072) if quick else (256, 1024, 8192, 65536, 262144, 1 << 20)
     return BenchConfig(nproc=nproc, gemm_shapes=tuple(sorted(shapes)), comm_bytes=sizes,
                        patterns=tuple(dict.fromkeys(patterns)), reps=5 if quick else 20,
                        warmup=1 if quick else 3, min_time_s=0.03 if quick else 0.1,
-                       backend=backend)
+                       backend=backend, probe_layouts=probe_layouts(nproc), probe_steps=5 if quick else 15)
 
 
 def fit_all(result: BenchResult) -> dict[str, Fit | dict[str, dict[str, Fit]]]:
@@ -87,22 +151,23 @@ def fit_all(result: BenchResult) -> dict[str, Fit | dict[str, dict[str, Fit]]]:
     for kind in KINDS:
         for n in sorted({int(p["n"]) for p in result.collective}):
             for alt, table in ((False, comm), (True, alternating)):
-                pts = [(kind, n, p["bytes"], p["time_s"]) for p in result.collective
+                pts = [(kind, n, p["bytes"], p["cost_s"]) for p in result.collective
                        if p["kind"] == kind and p["n"] == n and bool(p.get("alternating")) == alt]
                 if len(pts) >= 2:
                     table.setdefault(kind, {})[str(n)] = fit_alpha_beta(pts)
     return {
-        "gemm": fit_gemm([(p["m"], p["n"], p["k"], p["time_s"]) for p in result.gemm]),
-        "elementwise": fit_elementwise([(p["bytes"], p["time_s"]) for p in result.elementwise]),
-        "link": fit_alpha_beta([(p["kind"], p["n"], p["bytes"], p["time_s"]) for p in result.collective
+        "gemm": fit_gemm([(p["m"], p["n"], p["k"], p["cost_s"]) for p in result.gemm]),
+        "elementwise": fit_elementwise([(p["bytes"], p["cost_s"]) for p in result.elementwise]),
+        "link": fit_alpha_beta([(p["kind"], p["n"], p["bytes"], p["cost_s"]) for p in result.collective
                                 if not p.get("alternating")]),
         "comm": comm,
         "comm_alternating": alternating,
     }
 
 
-def build_calibration(result: BenchResult, machine: dict[str, Any]) -> dict[str, Any]:
-    """The `calibration:` dict (fit.py's docstring) from measured points."""
+def build_calibration(result: BenchResult, machine: dict[str, Any], timing: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
+    """The `calibration:` dict (fit.py's docstring) from measured points (with `cost_s`: add_costs)."""
     fits = fit_all(result)
     gemm, elem, link = fits["gemm"], fits["elementwise"], fits["link"]
     assert isinstance(gemm, Fit) and isinstance(elem, Fit) and isinstance(link, Fit)
@@ -116,6 +181,7 @@ def build_calibration(result: BenchResult, machine: dict[str, Any]) -> dict[str,
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine,
+        "timing": timing or {"basis": "wall", "ranks_per_core": 1.0, "cores": machine.get("cpu_count")},
         "gemm": {"eff_max": 1.0, "m0": gemm.params["m0"], "n0": gemm.params["n0"], "k0": gemm.params["k0"],
                  "mem_eff": 1.0, "peak_flops": gemm.params["peak_flops"], "rms_rel_err": gemm.rms},
         "elementwise": {**elem.params, "rms_rel_err": elem.rms},
@@ -155,8 +221,12 @@ def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
           f"--cluster {cluster!r}: calibrating a GPU cluster needs CUDA on this machine; valid here: local-cpu")
     cfg = bench_config(nproc, quick, backend)
     chosen = resolve_backend(cfg.backend)
-    result = run_benchmarks(cfg)
-    calibration = build_calibration(result, machine_info(nproc, chosen))
+    timing = timing_basis(nproc, chosen)
+    result = add_costs(run_benchmarks(cfg), timing)
+    calibration = build_calibration(result, machine_info(nproc, chosen), timing)
+    topo = calibrated_topology(cluster, nproc, calibration)
+    calibration["elementwise"]["op_overhead_by_mode"] = fit_op_overheads(topo, result.probe)
+    calibration["probes"] = [{k: p[k] for k in ("layout", "ops", "time_s", "cpu_s")} for p in result.probe]
     return calibrated_topology(cluster, nproc, calibration), result, calibration
 
 
@@ -175,6 +245,10 @@ def check_calibration(topo: Any, source: str, world: int | None = None) -> dict[
         if machine[key] != here[key]:
             raise ParacubeError(f"{source}: calibrated on {key}={machine[key]!r} but this machine has "
                                 f"{here[key]!r}; re-run `paracube calibrate` here")
+    bind = machine.get("cpu_bind", "spread")
+    if bind != here["cpu_bind"]:  # CPU ranks bound differently run at different speeds (executor/affinity.py)
+        raise ParacubeError(f"{source}: calibrated with {affinity.ENV}={bind} but this run uses "
+                            f"{affinity.ENV}={here['cpu_bind']}; set it alike or re-run `paracube calibrate`")
     if world is not None and int(machine["nproc"]) != world:
         raise ParacubeError(f"{source}: calibrated with nproc={machine['nproc']} ranks but the plan runs {world}; "
                             f"re-run `paracube calibrate --nproc {world}`")
@@ -192,4 +266,4 @@ def write_topology(topo: Any, path: str | Path) -> Path:
 
 __all__ = ["DEFAULT_LAYOUTS", "MACHINE_KEYS", "bench_config", "build_calibration", "calibrate",
            "calibrated_topology", "check_calibration", "fit_all", "layout_gemm_shapes", "machine_info",
-           "write_topology"]
+           "timing_basis", "add_costs", "write_topology"]

@@ -1,15 +1,17 @@
 """Microbenchmarks that every rank runs at once (what a training step sees: all ranks busy together).
 
 `run_benchmarks(config)` starts `nproc` ranks (torch.multiprocessing, forkserver, gloo on CPU / NCCL on
-CUDA, 127.0.0.1 and a free port, one thread per rank) and returns the measured points:
-- gemm: seconds of one [m, k] x [k, n] matmul per shape, every rank multiplying concurrently;
-- elementwise: seconds of one `add` over a tensor of `bytes` (per-op overhead + memory bandwidth);
-- collective: seconds of one call per (kind, group size, payload bytes, fixed or alternating groups), all
+CUDA, 127.0.0.1 and a free port, CPU ranks bound to cores as the executor binds them) and returns the
+measured points. Every point has `time_s` (wall seconds per call) and `cpu_s` (this process's CPU seconds per call, its
+communication threads included), each the mean over ranks:
+- gemm: one [m, k] x [k, n] matmul per shape, every rank multiplying concurrently;
+- elementwise: one `add` over a tensor of `bytes` (per-op overhead + memory bandwidth);
+- collective: one call per (kind, group size, payload bytes, fixed or alternating groups), all
   groups of a pattern running concurrently (the other groups of the same mesh axis); "alternating" calls
   cycle through the patterns (strides) of that group size, as a 2D/3D step alternates mesh axes, "fixed"
   calls stay on stride 1; payload = the whole tensor
   (all-gather output, reduce-scatter input, all-reduce tensor), as in paracube/estimate.py.
-Times are the mean over ranks of each rank's mean over `reps` calls after `warmup` calls.
+Collectives: each rank's mean over `reps` calls after `warmup` calls.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from paracube.errors import ParacubeError
+from paracube.executor.affinity import bind_cpu_rank
+from paracube.workload import ModelSpec
 
 KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -46,6 +50,10 @@ class BenchConfig:
     min_time_s: float = 0.05  # per GEMM / elementwise point: long enough for all ranks to overlap
     backend: str = "auto"
     timeout_s: float = 300.0
+    # Executor steps of PROBE_MODEL (negligible FLOPs and bytes) per layout: what a step of each tensor mode
+    # costs beyond GEMMs and collectives. Layouts of world size 1 or nproc.
+    probe_layouts: tuple[str, ...] = ()
+    probe_steps: int = 10
 
 
 @dataclass
@@ -53,6 +61,7 @@ class BenchResult:
     gemm: list[dict[str, Any]] = field(default_factory=list)  # {m, n, k, time_s}
     elementwise: list[dict[str, Any]] = field(default_factory=list)  # {bytes, time_s}
     collective: list[dict[str, Any]] = field(default_factory=list)  # {kind, n, stride, bytes, time_s}
+    probe: list[dict[str, Any]] = field(default_factory=list)  # {layout, ops, time_s, cpu_s} per step
 
 
 def pattern_groups(world: int, n: int, stride: int) -> list[list[int]]:
@@ -67,23 +76,24 @@ def pattern_groups(world: int, n: int, stride: int) -> list[list[int]]:
     return groups
 
 
-def _timed(fn: Any, reps: int, warmup: int, sync: Any) -> float:
+def _timed(fn: Any, reps: int, warmup: int, sync: Any) -> tuple[float, float]:
+    """(wall, process CPU) seconds per call."""
     for _ in range(warmup):
         fn()
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(reps):
         fn()
     sync()
-    return (time.perf_counter() - t0) / reps
+    return (time.perf_counter() - t0) / reps, (time.process_time() - c0) / reps
 
 
-def _timed_for(fn: Any, min_time: float, sync: Any) -> float:
-    """Mean seconds per call, calling for at least `min_time` s so that the ranks' loops overlap in time
-    (local work only: collectives need equal call counts on every rank)."""
+def _timed_for(fn: Any, min_time: float, sync: Any) -> tuple[float, float]:
+    """(wall, process CPU) seconds per call, calling for at least `min_time` s so that the ranks' loops
+    overlap in time (local work only: collectives need equal call counts on every rank)."""
     fn()
     sync()
-    calls, t0 = 0, time.perf_counter()
+    calls, t0, c0 = 0, time.perf_counter(), time.process_time()
     while True:
         for _ in range(8):
             fn()
@@ -91,24 +101,63 @@ def _timed_for(fn: Any, min_time: float, sync: Any) -> float:
         sync()
         elapsed = time.perf_counter() - t0
         if elapsed >= min_time:
-            return elapsed / calls
+            return elapsed / calls, (time.process_time() - c0) / calls
+
+
+# Few FLOPs, so that a step's time is mostly its ops' dispatch and its collectives' latency; hidden 64 so
+# that every collective moves at least ~1 KiB (gloo's path for a few floats per rank is ~2x cheaper, and no
+# model sends so little).
+PROBE_MODEL = ModelSpec("step-probe", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=64, seq_len=16)
+PROBE_MICRO_BATCH = 4  # 3D splits a micro-batch's sequences over q^2 = 4
+
+
+def _step_probe(rank: int, device: torch.device, layout_text: str, steps: int) -> dict[str, Any]:
+    """One executor training step (forward, backward, gradient sync, clipping, AdamW) of PROBE_MODEL on
+    `layout_text` (one micro-batch of PROBE_MICRO_BATCH sequences per data-parallel replica): dispatched
+    ops, wall and CPU seconds. A serial layout runs one model per rank, every rank busy."""
+    from paracube.executor.gpt import build_model
+    from paracube.executor.mesh import Mesh
+    from paracube.executor.step import train_step
+    from paracube.layout import parse_layout
+    from paracube.validation.ops import DispatchCounter
+
+    layout = parse_layout(layout_text)
+    mesh = Mesh.single(layout) if layout.world_size == 1 else Mesh(layout, rank)
+    model = build_model(PROBE_MODEL, mesh).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)  # the same tokens on every rank
+    ids = torch.randint(0, PROBE_MODEL.vocab, (PROBE_MICRO_BATCH, PROBE_MODEL.seq_len), generator=gen).to(device)
+    batch = [(ids, ids.roll(-1, dims=1))]
+
+    def step() -> None:
+        train_step(model, opt, mesh, batch, PROBE_MODEL.seq_len * PROBE_MICRO_BATCH * layout.dp)
+
+    step()  # creates the optimizer state
+    counter = DispatchCounter()
+    with counter:
+        step()
+    dist.barrier()
+    t, c = _timed(step, steps, 1, lambda: None)
+    return {"layout": layout_text, "ops": sum(counter.counts.values()), "time_s": t, "cpu_s": c}
 
 
 def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -> BenchResult:
     out = BenchResult()
+    for text in cfg.probe_layouts:
+        out.probe.append(_step_probe(rank, device, text, cfg.probe_steps))
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     # GEMMs: barrier first so that every rank multiplies at the same time (shared cores, as in training).
     for m, n, k in cfg.gemm_shapes:
         a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         dist.barrier()
-        t = _timed_for(lambda a=a, b=b: torch.mm(a, b), cfg.min_time_s, sync)
-        out.gemm.append({"m": m, "n": n, "k": k, "time_s": t})
+        t, c = _timed_for(lambda a=a, b=b: torch.mm(a, b), cfg.min_time_s, sync)
+        out.gemm.append({"m": m, "n": n, "k": k, "time_s": t, "cpu_s": c})
     for nbytes in cfg.elementwise_bytes:
         x = torch.zeros(max(1, nbytes // 4), device=device)
         dist.barrier()
-        t = _timed_for(lambda x=x: x.add_(1.0), cfg.min_time_s, sync)
-        out.elementwise.append({"bytes": nbytes, "time_s": t})
+        t, c = _timed_for(lambda x=x: x.add_(1.0), cfg.min_time_s, sync)
+        out.elementwise.append({"bytes": nbytes, "time_s": t, "cpu_s": c})
     # Collectives, per group size n, two ways: "fixed" calls one group (stride 1) over and over, as 1D's
     # tensor group does, so its members stay in step; "alternating" cycles through every stride given for n
     # (the mesh axes of that size), as 2D/3D alternate axes call after call, so a call waits on peers that were
@@ -141,15 +190,18 @@ def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -
                             shard, chunks, group=nxt()),
                     }[kind]
                     dist.barrier()
-                    t = _timed(call, cfg.reps * len(cycle), cfg.warmup * len(cycle), sync)
+                    t, c = _timed(call, cfg.reps * len(cycle), cfg.warmup * len(cycle), sync)
                     out.collective.append({"kind": kind, "n": n, "stride": label, "alternating": len(cycle) > 1,
-                                           "bytes": numel * 4, "time_s": t})
+                                           "bytes": numel * 4, "time_s": t, "cpu_s": c})
     return out
 
 
 def _worker(rank: int, nproc: int, port: int, backend: str, fn: Callable[..., Any], args: tuple,
             results: Any) -> None:
-    torch.set_num_threads(1)  # ranks share the cores, as the executor's workers do
+    if backend == "gloo":
+        bind_cpu_rank(rank, nproc)  # as the executor's CPU workers do
+    else:
+        torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     try:
@@ -220,10 +272,11 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: 
 def _average(per_rank: list[BenchResult]) -> BenchResult:
     """Mean over ranks of every measured point (ranks measured the same list in the same order)."""
     out = BenchResult()
-    for name in ("gemm", "elementwise", "collective"):
+    for name in ("gemm", "elementwise", "collective", "probe"):
         rows = [getattr(r, name) for r in per_rank]
         for i, row in enumerate(rows[0]):
-            getattr(out, name).append({**row, "time_s": sum(r[i]["time_s"] for r in rows) / len(rows)})
+            getattr(out, name).append({**row, **{key: sum(r[i][key] for r in rows) / len(rows)
+                                                 for key in ("time_s", "cpu_s")}})
     return out
 
 

@@ -30,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def calibrate_command(args: argparse.Namespace) -> int:
     from paracube.calibration.calibrate import calibrate, fit_all, write_topology
+    from paracube.layout import parse_layout
 
     t0 = time.perf_counter()
     with Console(stderr=True).status(f"calibrating: microbenchmarks on {args.nproc} ranks ..."):
@@ -44,8 +45,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
         table.add_column(col, justify="left" if col == "point" else "right")
     gemm = fits["gemm"]
     for p, e in zip(result.gemm, gemm.rel_err, strict=True):  # type: ignore[union-attr]
-        table.add_row(f"gemm {p['m']}x{p['n']}x{p['k']}", human_time(p["time_s"]),
-                      human_time(p["time_s"] * (1 + e)), f"{e:+.1%}")
+        table.add_row(f"gemm {p['m']}x{p['n']}x{p['k']}", human_time(p["cost_s"]),
+                      human_time(p["cost_s"] * (1 + e)), f"{e:+.1%}")
     for table_name in ("comm", "comm_alternating"):
         table_fits = fits[table_name]
         points = [p for p in result.collective if bool(p.get("alternating")) == (table_name != "comm")]
@@ -54,7 +55,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
             same = [q for q in points if q["kind"] == p["kind"] and q["n"] == p["n"]]
             e = f.rel_err[same.index(p)]
             table.add_row(f"{p['kind']} n={p['n']} strides {p['stride']} {human_bytes(p['bytes'])}",
-                          human_time(p["time_s"]), human_time(p["time_s"] * (1 + e)), f"{e:+.1%}")
+                          human_time(p["cost_s"]), human_time(p["cost_s"] * (1 + e)), f"{e:+.1%}")
     console = Console()
     console.print(table)
     r = cal["residuals"]
@@ -64,6 +65,18 @@ def calibrate_command(args: argparse.Namespace) -> int:
     console.print(f"GEMM peak {g['peak_flops'] / 1e9:.1f} GFLOP/s per rank (m0={g['m0']:.3g}, n0={g['n0']:.3g}, "
                   f"k0={g['k0']:.3g}); link alpha {human_time(link['latency'])}, beta "
                   f"{link['bandwidth'] / 1e9:.3g} GB/s; op overhead {human_time(cal['elementwise']['op_overhead_s'])}")
+    timing = cal["timing"]
+    if timing["basis"] == "cpu":
+        console.print(f"{args.nproc} ranks share {timing['cores']} cores: every point is priced at "
+                      f"{timing['ranks_per_core']:g} x its CPU time (the step is CPU-throughput bound)")
+    probes = Table(title="step probes (executor steps of a model with few FLOPs)")
+    for col in ("layout", "ops", "measured step", "per op"):
+        probes.add_column(col, justify="left" if col == "layout" else "right")
+    by_mode = cal["elementwise"].get("op_overhead_by_mode", {})
+    for p in cal.get("probes", []):
+        mode = parse_layout(p["layout"]).mode
+        probes.add_row(p["layout"], str(p["ops"]), human_time(p["time_s"]), human_time(by_mode.get(mode, 0.0)))
+    console.print(probes)
     console.print(f"wrote {path} ({time.perf_counter() - t0:.0f} s); use it with --cluster {path}")
     return 0
 

@@ -67,7 +67,7 @@ def _stage(d: Dims, mode: str, a: dict[str, Arr], links: Links, g: GemmModel, st
             micro += tm
         sent += np.where(e.count > 0, e_sent, 0.0)
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
-    compute = (stage_compute_time(d, mode, a, H, g) + g.op_overhead * ops_per_step(d, mode, a, F, H))[rows]
+    compute = (stage_compute_time(d, mode, a, H, g) + g.op_cost(mode) * ops_per_step(d, mode, a, F, H))[rows]
     return {"entries": entries, "micro": micro, "step": step, "sent": sent[rows], "compute": compute}
 
 

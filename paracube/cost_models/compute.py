@@ -17,8 +17,10 @@ Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
   3d [T/q, h_in/q] x [h_in/q, h_out/q].
 Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counted from the executor) costs
-`calibration["elementwise"]["op_overhead_s"]` on top (Python dispatch and launch, which dominate small
-models on CPUs; measured with every rank busy, so it includes core sharing). Without one it is 0.
+`calibration["elementwise"]["op_overhead_by_mode"][mode]` (else `op_overhead_s`) on top: Python dispatch,
+autograd and launch, which dominate small models on CPUs. calibrate.py measures it per tensor mode with
+step probes, so it also carries what a mode's step costs beyond its fitted GEMMs and collectives (the
+executor's glue code, waits for peers, idle cores on a shared host). Without a calibration it is 0.
 """
 
 from __future__ import annotations
@@ -44,8 +46,15 @@ class GemmModel:
     # Calibrated extras (zero / empty without a calibration). They ride on the device model so that every
     # caller that builds it with `gemm_model(topo)` (estimate, the planner's vectorized path) reads the same.
     op_overhead: float = 0.0  # seconds per launched op (Python dispatch + kernel launch), ops.py counts them
+    # per tensor mode, where calibrate's step probes measured it (mode, seconds per op); else op_overhead
+    op_overhead_by_mode: tuple[tuple[str, float], ...] = ()
     # (kind, group size, alternating, latency s, bandwidth B/s): comm.calibrated_link reads it
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
+
+    def op_cost(self, mode: str) -> float:
+        """Seconds per dispatched op in a step of `mode` (2.5D dispatches like 2D: compute.OPS_LAYER)."""
+        by_mode = dict(self.op_overhead_by_mode)
+        return by_mode.get(mode, by_mode.get("2d" if mode == "2.5d" else mode, self.op_overhead))
 
     def eff(self, m: Arr, n: Arr, k: Arr) -> Arr:
         return self.eff_max * m / (m + self.m0) * n / (n + self.n0) * k / (k + self.k0)
@@ -64,12 +73,14 @@ def gemm_model(topo: object, dtype: str) -> GemmModel:
     cal = (getattr(topo, "calibration", None) or {}).get("gemm", {}) or {}
     known = {k: float(v) for k, v in cal.items() if k in ("eff_max", "m0", "n0", "k0", "mem_eff")}
     full = getattr(topo, "calibration", None) or {}
-    overhead = float((full.get("elementwise") or {}).get("op_overhead_s", 0.0))
+    elementwise = full.get("elementwise") or {}
+    overhead = float(elementwise.get("op_overhead_s", 0.0))
+    by_mode = tuple(sorted((str(m), float(v)) for m, v in (elementwise.get("op_overhead_by_mode") or {}).items()))
     comm = tuple((kind, int(n), alt, float(f["latency"]), float(f["bandwidth"]))
                  for key, alt in (("comm", False), ("comm_alternating", True))
                  for kind, by_n in sorted((full.get(key) or {}).items()) for n, f in sorted(by_n.items()))
     return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
-                     op_overhead=overhead, comm=comm)
+                     op_overhead=overhead, op_overhead_by_mode=by_mode, comm=comm)
 
 
 def local_shape(

@@ -142,7 +142,8 @@ def launch_command(args: argparse.Namespace) -> int:
 def worker_main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from paracube.executor.train import TrainConfig, train
+    from paracube.executor.affinity import bind_cpu_rank
+    from paracube.executor.train import TrainConfig, backend_of, train
 
     p = argparse.ArgumentParser(prog="paracube-worker")
     p.add_argument("--worker", action="store_true")
@@ -150,17 +151,15 @@ def worker_main(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if "OMP_NUM_THREADS" not in os.environ:
-        import torch
-
-        # Ranks share the node's cores: oversubscribed threads slow every rank down.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    plan = _plan(args)
+    if backend_of(plan) == "gloo":  # CPU ranks share the node's cores: bind them (affinity.py)
+        bind_cpu_rank(local_rank, local_world)
     config = TrainConfig(lr=args.lr, warmup_steps=args.warmup, seed=args.seed, data=args.data,
                          on_nonfinite=args.on_nonfinite, comm_timeout_s=args.comm_timeout)
 
     @record
     def _go() -> None:
-        result = train(_plan(args), rank, world, args.steps, metrics_path=args.metrics,
+        result = train(plan, rank, world, args.steps, metrics_path=args.metrics,
                        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, resume=args.resume,
                        config=config, progress=not args.no_progress and rank == 0, local_rank=local_rank)
         if rank == 0 and result.metrics:

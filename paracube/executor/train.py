@@ -92,7 +92,7 @@ def _peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def _backend(plan: Plan) -> str:
+def backend_of(plan: Plan) -> str:
     if plan.launch.backend != "auto":
         return plan.launch.backend
     return "nccl" if torch.cuda.is_available() else "gloo"
@@ -180,7 +180,7 @@ def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Pat
                             "--resume to continue them or choose another directory")
     source: DataSource = parse_source(config.data, spec.vocab, seq_len, config.seed)
 
-    backend = _backend(plan)
+    backend = backend_of(plan)
     owns_pg = not dist.is_initialized()
     if owns_pg:
         dist.init_process_group(backend, rank=rank, world_size=world,

@@ -1,8 +1,10 @@
 """`paracube validate`: run a plan for N steps on local ranks and compare with the cost model's prediction.
 
 Each rank runs the executor's `train()` (the same loop as `paracube run`). Around it, the validation
-worker times every torch.distributed collective the executor issues (measured communication time,
-waiting for peers included) and marks step boundaries by wrapping `train_step`. Measured memory is the
+worker times every torch.distributed collective the executor issues (wall time, waiting for peers
+included, and process CPU time) and marks step boundaries by wrapping `train_step`. The communication
+part is measured as the calibration prices it: wall time, or for a CPU-basis calibration (ranks sharing
+cores) ranks-per-core x CPU time; compute is the rest of the step. Measured memory is the
 growth of the rank's peak RSS over its value before the model is built (the interpreter and torch are
 not what the cost model predicts). Step 1 (warm-up) is left out of the measured means.
 """
@@ -48,17 +50,18 @@ class Comparison:
 
 
 @contextmanager
-def _timed_collectives(log: list[float]) -> Iterator[None]:
-    """Append the wall time of every collective call to `log` (this worker process only; restored after)."""
+def _timed_collectives(log: list[tuple[float, float]]) -> Iterator[None]:
+    """Append (wall, process CPU) seconds of every collective call to `log` (this worker process only;
+    restored after)."""
     saved = {name: getattr(dist, name) for name in TIMED}
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                log.append(time.perf_counter() - t0)
+                log.append((time.perf_counter() - t0, time.process_time() - c0))
         return timed
 
     for name, fn in saved.items():
@@ -74,14 +77,14 @@ def _validate_rank(rank: int, world: int, device: torch.device, plan: Plan, step
     from paracube.executor import step as step_module
     from paracube.executor.train import TrainConfig, train
 
-    calls: list[float] = []
-    per_step: list[float] = []
+    calls: list[tuple[float, float]] = []
+    per_step: list[tuple[float, float]] = []
     original = step_module.train_step
 
     def marked(*args: Any, **kwargs: Any) -> Any:
         start = len(calls)
         out = original(*args, **kwargs)
-        per_step.append(sum(calls[start:]))
+        per_step.append((sum(c[0] for c in calls[start:]), sum(c[1] for c in calls[start:])))
         return out
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -91,7 +94,8 @@ def _validate_rank(rank: int, world: int, device: torch.device, plan: Plan, step
             result = train(plan, rank, world, steps, config=TrainConfig(data="synthetic"), local_rank=rank)
     finally:
         step_module.train_step = original
-    rows = [{**m, "comm_time_s": c} for m, c in zip(result.metrics, per_step, strict=True)]
+    rows = [{**m, "comm_time_s": wall, "comm_cpu_s": cpu} for m, (wall, cpu) in zip(result.metrics, per_step,
+                                                                                   strict=True)]
     return {"rows": rows, "base_rss": base_rss}
 
 
@@ -115,12 +119,19 @@ def compare(estimate: Any, per_rank: list[dict[str, Any]], calibration: dict[str
             "step": rows[0]["step"],
             "step_time_s": _mean([r["step_time_s"] for r in rows]),
             "comm_time_s": _mean([r["comm_time_s"] for r in rows]),
+            "comm_cpu_s": _mean([r.get("comm_cpu_s", math.nan) for r in rows]),
             "bytes_sent_per_rank": max(r["bytes_sent_per_rank"] for r in rows),
             "memory_bytes": max(r["peak_memory_bytes"] - p["base_rss"] for r, p in zip(rows, per_rank, strict=True)),
         })
     kept = steps[1:] or steps  # skip warm-up when there is more than one step
     t_meas = _mean([s["step_time_s"] for s in kept])
-    c_meas = _mean([s["comm_time_s"] for s in kept])
+    timing = (calibration or {}).get("timing", {})
+    if timing.get("basis") == "cpu":
+        # A CPU-basis calibration prices a call by the CPU it takes times the ranks sharing a core
+        # (calibrate.timing_basis); measure the communication part the same way.
+        c_meas = float(timing["ranks_per_core"]) * _mean([s["comm_cpu_s"] for s in kept])
+    else:
+        c_meas = _mean([s["comm_time_s"] for s in kept])
     res = (calibration or {}).get("residuals", {})
     step = max(estimate.step_time_s, 1e-30)
     # Uncertainty: each part's share of the step times its fit's RMS relative error, added in quadrature.
