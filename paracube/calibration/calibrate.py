@@ -1,5 +1,10 @@
 """`paracube calibrate`: measure this machine under training load, fit the cost model, write a topology.
 
+Measured (microbench.py): GEMMs, elementwise ops, collectives per kind / group size / payload / axis pattern,
+and step probes (executor steps of a model with few FLOPs, serial and 1D/2D/3D). Priced on the basis the host
+calls for (timing_basis: wall time, or CPU time x ranks per core when ranks share cores), fitted (fit.py),
+then each mode's per-op overhead set so the model reproduces its probe step (fit_op_overheads).
+
 The file is the base preset in explicit form with (a) the device's fp32 peak and memory bandwidth set to
 the fitted values (fp16/bf16 peaks keep the preset's ratio to fp32), (b) for a one-node hub preset
 (local-cpu) the hub links set to the joint alpha/beta fit, and (c) a `calibration:` section (shape in
@@ -55,9 +60,11 @@ def timing_basis(nproc: int, backend: str) -> dict[str, Any]:
     Why: on a shared host the step is bound by CPU throughput. While a rank waits in a collective, the
     ranks sharing its core run, so a call's wall time (peers' scheduling included) is not what it adds to
     the step; its CPU seconds (its own and its communication threads'), times the ranks taking turns on a
-    core, are. Measured on this 2-core machine with 8 ranks: step wall = 1.07-1.10 x 4 x the mean CPU
-    seconds per rank per step for 1D, 2D and 3D alike, while the wall time inside collectives was 1.2-2.4x
-    the lockstep microbenchmark's for groups of 2 (their waits absorb the other groups' work)."""
+    core, are. Measured on a 2-core VM with 8 bound ranks (1D, 2D, 3D plans of tiny and of a smaller
+    model): step wall = 1.06-1.14 x 4 x the mean CPU seconds per rank per step, in every mode; the wall time
+    inside collectives on groups of 2 was 1.2-2.4x (the data-parallel all-reduce 6x) what the lockstep
+    microbenchmark measured, their waits absorbing the other groups' work. What this leaves out (idle
+    cores, the executor's glue) is in the per-mode op overhead of the step probes (fit_op_overheads)."""
     cores = len(affinity.available_cores())
     if backend == "gloo" and nproc > cores:
         return {"basis": "cpu", "ranks_per_core": nproc / cores, "cores": cores}

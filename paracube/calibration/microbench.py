@@ -10,7 +10,8 @@ communication threads included), each the mean over ranks:
   groups of a pattern running concurrently (the other groups of the same mesh axis); "alternating" calls
   cycle through the patterns (strides) of that group size, as a 2D/3D step alternates mesh axes, "fixed"
   calls stay on stride 1; payload = the whole tensor
-  (all-gather output, reduce-scatter input, all-reduce tensor), as in paracube/estimate.py.
+  (all-gather output, reduce-scatter input, all-reduce tensor), as in paracube/estimate.py;
+- probe: one executor training step of PROBE_MODEL per layout, with its dispatched ops (_step_probe).
 Collectives: each rank's mean over `reps` calls after `warmup` calls.
 """
 

@@ -1,10 +1,11 @@
 """Which CPU cores a rank of a CPU (gloo) job runs on.
 
-Left to the scheduler, ranks that outnumber the cores migrate between cores: on a 2-core machine an
-8-rank step of the default plan took 110 ms unbound and 85 ms bound (rank r on core r mod 2), and a
-collective's cost varied by +-25% from run to run instead of +-10% (benchmarks/validate_local.py,
-numbers in the README). Binding is the usual practice of CPU training (torchrun --numa-binding, MPI's
---bind-to core); `paracube calibrate`, `validate` and `run` bind alike, so calibrations describe the runs.
+Left to the scheduler, ranks that outnumber the cores migrate between them. Measured on a 2-core VM, 8 ranks,
+the default model: steps of dp=2,tp=1d:4 / dp=2,tp=2d:2x2 / tp=3d:2x2x2 took 110 / 267 / 605 ms unbound and
+85 / 227 / 545 ms bound (rank r on core r mod 2); a 64 KiB all-reduce on groups of 4 took 6.2-9.6 ms per call
+over four trials unbound and 4.2-5.1 ms bound. Binding is the usual practice of CPU training (torchrun
+--numa-binding, MPI's --bind-to core); `paracube calibrate`, `validate` and `run` bind alike, so that a
+calibration describes the runs.
 
 Policy "spread" (default): with at least as many ranks as cores, local rank r gets core r mod C (ranks of
 a tensor group, consecutive in the rank grid, land on different cores and compute in parallel); with fewer
