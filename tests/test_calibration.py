@@ -18,6 +18,7 @@ from paracube.calibration.calibrate import (
     layout_gemm_shapes,
     machine_info,
     probe_layouts,
+    probe_spread,
     timing_basis,
     write_topology,
 )
@@ -154,7 +155,7 @@ def test_microbenchmarks_run_on_two_ranks() -> None:
     cfg = BenchConfig(nproc=2, gemm_shapes=((32, 32, 32), (64, 64, 64)), elementwise_bytes=(256, 4096),
                       comm_bytes=(256, 4096), patterns=((2, 1),), reps=2, warmup=1, min_time_s=0.005,
                       timeout_s=120)
-    cfg = replace(cfg, probe_layouts=probe_layouts(2), probe_steps=2)
+    cfg = replace(cfg, probe_layouts=probe_layouts(2), probe_dtypes=("fp32", "bf16"), probe_steps=2)
     res = run_benchmarks(cfg)
     assert [(p["m"], p["n"], p["k"]) for p in res.gemm] == [(32, 32, 32), (64, 64, 64)]
     assert len(res.collective) == 3 * 2  # 3 kinds x 2 sizes
@@ -164,8 +165,10 @@ def test_microbenchmarks_run_on_two_ranks() -> None:
     assert {p["stride"] for p in res.collective} == {"1"}
     # Step probes: the serial GPT and 1D on both ranks; their dispatch counts are the cost model's, plus at
     # most one mul per parameter tensor (29 here) when the gradient norm is clipped, which the formula omits.
-    assert [p["layout"] for p in res.probe] == ["dp=1", "dp=1,tp=1d:2"]
-    for p in res.probe:
+    assert [(p["layout"], p["dtype"]) for p in res.probe] == [
+        ("dp=1", "fp32"), ("dp=1,tp=1d:2", "fp32"), ("dp=1", "bf16"), ("dp=1,tp=1d:2", "bf16")]
+    assert all(bf["ops"] > fp["ops"] for fp, bf in zip(res.probe[:2], res.probe[2:], strict=True))  # casts
+    for p in res.probe[:2]:
         layout = parse_layout(p["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
         d = dims_of(PROBE_MODEL, TrainingSpec(global_batch=PROBE_MICRO_BATCH))
         one = np.ones(1, dtype=np.int64)
@@ -205,7 +208,7 @@ def test_op_overhead_per_mode_is_what_the_fit_leaves_of_the_probe_step() -> None
         probes.append({"layout": text, "time_s": base + ops * extra if extra > 0 else base / 2})
     fitted = fit_op_overheads(topo, probes)
     assert cal["elementwise"]["op_overhead_s"] == pytest.approx(10e-6, rel=1e-6)
-    assert fitted == {"1d": pytest.approx(40e-6, rel=1e-6), "3d": 0.0}
+    assert fitted == {"fp32": {"1d": pytest.approx(40e-6, rel=1e-6), "3d": 0.0}}
     assert "op_overhead_by_mode" not in topo.calibration["elementwise"]  # the probe fit leaves no trace
     cal["elementwise"]["op_overhead_by_mode"] = fitted
     priced = calibrated_topology("local-cpu", 8, cal)
@@ -230,3 +233,26 @@ def test_bench_config_cycles_every_mesh_axis_of_each_group_size() -> None:
 
     assert bench_config(8, quick=True).patterns == ((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1))
     assert bench_config(4, quick=True).patterns == ((2, 1), (2, 2), (4, 1))
+
+
+def test_op_overhead_is_read_per_dtype_and_mode() -> None:
+    """fp16 dispatches like bf16 (the same autocast casts), 2.5D like 2D; unprobed modes and dtypes fall back
+    to the elementwise fit's op_overhead_s."""
+    from paracube.cost_models.compute import gemm_model
+
+    cal = build_calibration(_synthetic_result(), machine_info(8, "gloo"))
+    cal["elementwise"]["op_overhead_by_mode"] = {"fp32": {"1d": 1e-5, "2d": 2e-5}, "bf16": {"1d": 3e-5}}
+    topo = calibrated_topology("local-cpu", 8, cal)
+    base = cal["elementwise"]["op_overhead_s"]
+    assert gemm_model(topo, "fp32").op_cost("1d") == 1e-5
+    assert gemm_model(topo, "fp32").op_cost("2.5d") == 2e-5
+    assert gemm_model(topo, "fp32").op_cost("3d") == base
+    assert gemm_model(topo, "fp16").op_cost("1d") == gemm_model(topo, "bf16").op_cost("1d") == 3e-5
+    assert gemm_model(topo, "bf16").op_cost("2d") == base
+
+
+def test_probe_spread_is_the_rms_relative_std_over_rounds() -> None:
+    # Rounds 90, 100, 110 ms: std 10 ms, 10%; rounds 2, 2 s: 0; a single round carries no spread.
+    probes = [{"round_times_s": [0.09, 0.1, 0.11]}, {"round_times_s": [2.0, 2.0]}, {"round_times_s": [1.0]}]
+    assert probe_spread(probes) == pytest.approx((0.1**2 / 2) ** 0.5)
+    assert probe_spread([]) == 0.0

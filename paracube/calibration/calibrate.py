@@ -92,26 +92,27 @@ def probe_layouts(nproc: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def fit_op_overheads(topo: Any, probes: list[dict[str, Any]]) -> dict[str, float]:
-    """Seconds per dispatched op of each probed tensor mode: what the fitted model (GEMMs, elementwise
-    bandwidth, collectives) leaves unexplained of the probe's measured step, spread over the step's ops
-    (compute.ops_per_step). On a shared CPU host that is the executor's glue code, autograd, the waits for
-    peers and idle cores; at least 0."""
+def fit_op_overheads(topo: Any, probes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Seconds per dispatched op of each probed dtype and tensor mode: what the fitted model (GEMMs,
+    elementwise bandwidth, collectives) leaves unexplained of the probe's measured step, spread over the
+    step's ops (compute.ops_per_step). On a shared CPU host that is the executor's glue code, autograd
+    (and autocast's casts in bf16), the waits for peers and idle cores; at least 0."""
     from paracube.calibration.microbench import PROBE_MICRO_BATCH, PROBE_MODEL
     from paracube.cost_models import estimate
     from paracube.workload import TrainingSpec
 
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {}
     elementwise = topo.calibration["elementwise"]
     for probe in probes:
         layout = parse_layout(probe["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
-        training = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp)
+        dtype = probe.get("dtype", "fp32")
+        training = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp, dtype=dtype)
         steps = []
         for per_op in (0.0, 1e-3):
-            elementwise["op_overhead_by_mode"] = {layout.mode: per_op}
+            elementwise["op_overhead_by_mode"] = {dtype: {layout.mode: per_op}}
             steps.append(estimate(PROBE_MODEL, training, layout, topo, with_events=False).step_time_s)
         ops = (steps[1] - steps[0]) / 1e-3
-        out[layout.mode] = max(0.0, (probe["time_s"] - steps[0]) / ops)
+        out.setdefault(dtype, {})[layout.mode] = max(0.0, (probe["time_s"] - steps[0]) / ops)
     elementwise.pop("op_overhead_by_mode", None)
     return out
 
@@ -149,7 +150,8 @@ def bench_config(nproc: int, quick: bool, backend: str = "auto") -> BenchConfig:
     return BenchConfig(nproc=nproc, gemm_shapes=tuple(sorted(shapes)), comm_bytes=sizes,
                        patterns=tuple(dict.fromkeys(patterns)), reps=5 if quick else 20,
                        warmup=1 if quick else 3, min_time_s=0.03 if quick else 0.1,
-                       backend=backend, probe_layouts=probe_layouts(nproc), probe_steps=5 if quick else 15)
+                       backend=backend, probe_layouts=probe_layouts(nproc), probe_dtypes=("fp32", "bf16"),
+                       probe_steps=5 if quick else 15, probe_rounds=1 if quick else 3)
 
 
 def fit_all(result: BenchResult) -> dict[str, Fit | dict[str, dict[str, Fit]]]:
@@ -170,6 +172,17 @@ def fit_all(result: BenchResult) -> dict[str, Fit | dict[str, dict[str, Fit]]]:
         "comm": comm,
         "comm_alternating": alternating,
     }
+
+
+def probe_spread(probes: list[dict[str, Any]]) -> float:
+    """RMS over probes of the relative standard deviation of their rounds' step times (0 with one round)."""
+    rel = []
+    for p in probes:
+        rounds = p.get("round_times_s", [])
+        if len(rounds) > 1:
+            mean = sum(rounds) / len(rounds)
+            rel.append((sum((r - mean) ** 2 for r in rounds) / (len(rounds) - 1)) ** 0.5 / mean)
+    return float((sum(r * r for r in rel) / len(rel)) ** 0.5) if rel else 0.0
 
 
 def build_calibration(result: BenchResult, machine: dict[str, Any], timing: dict[str, Any] | None = None
@@ -196,7 +209,8 @@ def build_calibration(result: BenchResult, machine: dict[str, Any], timing: dict
         "comm_alternating": alternating,
         "link": {**link.params, "rms_rel_err": link.rms},
         "residuals": {"gemm": gemm.rms, "elementwise": elem.rms, "comm": float(
-            (sum(e * e for e in all_comm) / max(1, len(all_comm))) ** 0.5), "link": link.rms},
+            (sum(e * e for e in all_comm) / max(1, len(all_comm))) ** 0.5), "link": link.rms,
+            "probe": probe_spread(result.probe)},
     }
 
 
@@ -233,7 +247,7 @@ def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
     calibration = build_calibration(result, machine_info(nproc, chosen), timing)
     topo = calibrated_topology(cluster, nproc, calibration)
     calibration["elementwise"]["op_overhead_by_mode"] = fit_op_overheads(topo, result.probe)
-    calibration["probes"] = [{k: p[k] for k in ("layout", "ops", "time_s", "cpu_s")} for p in result.probe]
+    calibration["probes"] = [{k: p[k] for k in ("layout", "dtype", "ops", "time_s", "cpu_s")} for p in result.probe]
     return calibrated_topology(cluster, nproc, calibration), result, calibration
 
 

@@ -11,7 +11,7 @@ communication threads included), each the mean over ranks:
   cycle through the patterns (strides) of that group size, as a 2D/3D step alternates mesh axes, "fixed"
   calls stay on stride 1; payload = the whole tensor
   (all-gather output, reduce-scatter input, all-reduce tensor), as in paracube/estimate.py;
-- probe: one executor training step of PROBE_MODEL per layout, with its dispatched ops (_step_probe).
+- probe: one executor training step of PROBE_MODEL per layout and dtype, with its dispatched ops (_step_probe).
 Collectives: each rank's mean over `reps` calls after `warmup` calls.
 """
 
@@ -54,7 +54,9 @@ class BenchConfig:
     # Executor steps of PROBE_MODEL (negligible FLOPs and bytes) per layout: what a step of each tensor mode
     # costs beyond GEMMs and collectives. Layouts of world size 1 or nproc.
     probe_layouts: tuple[str, ...] = ()
+    probe_dtypes: tuple[str, ...] = ("fp32",)  # bf16: under autocast, as the executor trains it
     probe_steps: int = 10
+    probe_rounds: int = 1
 
 
 @dataclass
@@ -62,7 +64,7 @@ class BenchResult:
     gemm: list[dict[str, Any]] = field(default_factory=list)  # {m, n, k, time_s}
     elementwise: list[dict[str, Any]] = field(default_factory=list)  # {bytes, time_s}
     collective: list[dict[str, Any]] = field(default_factory=list)  # {kind, n, stride, bytes, time_s}
-    probe: list[dict[str, Any]] = field(default_factory=list)  # {layout, ops, time_s, cpu_s} per step
+    probe: list[dict[str, Any]] = field(default_factory=list)  # {layout, dtype, ops, time_s, cpu_s} per step
 
 
 def pattern_groups(world: int, n: int, stride: int) -> list[list[int]]:
@@ -112,13 +114,14 @@ PROBE_MODEL = ModelSpec("step-probe", layers=2, hidden=64, heads=4, ffn_hidden=2
 PROBE_MICRO_BATCH = 4  # 3D splits a micro-batch's sequences over q^2 = 4
 
 
-def _step_probe(rank: int, device: torch.device, layout_text: str, steps: int) -> dict[str, Any]:
-    """One executor training step (forward, backward, gradient sync, clipping, AdamW) of PROBE_MODEL on
-    `layout_text` (one micro-batch of PROBE_MICRO_BATCH sequences per data-parallel replica): dispatched
-    ops, wall and CPU seconds. A serial layout runs one model per rank, every rank busy."""
+def _step_probe(rank: int, device: torch.device, layout_text: str, dtype: str) -> tuple[Callable[[], None], int]:
+    """(step, dispatched ops of one step): one executor training step (forward, backward, gradient sync,
+    clipping, AdamW) of PROBE_MODEL on `layout_text`, one micro-batch of PROBE_MICRO_BATCH sequences per
+    data-parallel replica, autocast for bf16. A serial layout runs one model per rank, every rank busy."""
     from paracube.executor.gpt import build_model
     from paracube.executor.mesh import Mesh
     from paracube.executor.step import train_step
+    from paracube.executor.train import AUTOCAST
     from paracube.layout import parse_layout
     from paracube.validation.ops import DispatchCounter
 
@@ -131,21 +134,40 @@ def _step_probe(rank: int, device: torch.device, layout_text: str, steps: int) -
     batch = [(ids, ids.roll(-1, dims=1))]
 
     def step() -> None:
-        train_step(model, opt, mesh, batch, PROBE_MODEL.seq_len * PROBE_MICRO_BATCH * layout.dp)
+        train_step(model, opt, mesh, batch, PROBE_MODEL.seq_len * PROBE_MICRO_BATCH * layout.dp,
+                   autocast_dtype=AUTOCAST[dtype])
 
     step()  # creates the optimizer state
     counter = DispatchCounter()
     with counter:
         step()
-    dist.barrier()
-    t, c = _timed(step, steps, 1, lambda: None)
-    return {"layout": layout_text, "ops": sum(counter.counts.values()), "time_s": t, "cpu_s": c}
+    return step, sum(counter.counts.values())
+
+
+def _probe_all(rank: int, device: torch.device, cfg: BenchConfig) -> list[dict[str, Any]]:
+    """Every (dtype, layout) probe, timed in `probe_rounds` rounds of probe_steps / rounds steps each, the
+    probes taking turns: a machine's speed drifts over seconds, and the rounds spread each probe over the
+    whole measurement (their spread is the probe's uncertainty)."""
+    probes = [(dtype, text, *_step_probe(rank, device, text, dtype))
+              for dtype in cfg.probe_dtypes for text in cfg.probe_layouts]
+    per_round = max(1, cfg.probe_steps // cfg.probe_rounds)
+    times: list[list[tuple[float, float]]] = [[] for _ in probes]
+    for _ in range(cfg.probe_rounds):
+        for i, (_, _, step, _) in enumerate(probes):
+            dist.barrier()
+            times[i].append(_timed(step, per_round, 0, lambda: None))
+    out = []
+    for (dtype, text, _, ops), ts in zip(probes, times, strict=True):
+        walls = [t for t, _ in ts]
+        out.append({"layout": text, "dtype": dtype, "ops": ops, "time_s": sum(walls) / len(walls),
+                    "cpu_s": sum(c for _, c in ts) / len(ts), "round_times_s": walls})
+    return out
 
 
 def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -> BenchResult:
     out = BenchResult()
-    for text in cfg.probe_layouts:
-        out.probe.append(_step_probe(rank, device, text, cfg.probe_steps))
+    if cfg.probe_layouts:
+        out.probe = _probe_all(rank, device, cfg)
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     # GEMMs: barrier first so that every rank multiplies at the same time (shared cores, as in training).
@@ -276,8 +298,11 @@ def _average(per_rank: list[BenchResult]) -> BenchResult:
     for name in ("gemm", "elementwise", "collective", "probe"):
         rows = [getattr(r, name) for r in per_rank]
         for i, row in enumerate(rows[0]):
-            getattr(out, name).append({**row, **{key: sum(r[i][key] for r in rows) / len(rows)
-                                                 for key in ("time_s", "cpu_s")}})
+            mean = {key: sum(r[i][key] for r in rows) / len(rows) for key in ("time_s", "cpu_s")}
+            if "round_times_s" in row:
+                mean["round_times_s"] = [sum(vals) / len(vals) for vals in zip(*(r[i]["round_times_s"] for r in rows),
+                                                                               strict=True)]
+            getattr(out, name).append({**row, **mean})
     return out
 
 

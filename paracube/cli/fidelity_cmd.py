@@ -60,7 +60,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     console.print(table)
     r = cal["residuals"]
     console.print(f"RMS relative error: gemm {r['gemm']:.1%}, elementwise {r['elementwise']:.1%}, "
-                  f"collectives (per kind and size) {r['comm']:.1%}, joint link {r['link']:.1%}")
+                  f"collectives (per kind and size) {r['comm']:.1%}, joint link {r['link']:.1%}, "
+                  f"step probes over rounds {r.get('probe', 0.0):.1%}")
     g, link = cal["gemm"], cal["link"]
     console.print(f"GEMM peak {g['peak_flops'] / 1e9:.1f} GFLOP/s per rank (m0={g['m0']:.3g}, n0={g['n0']:.3g}, "
                   f"k0={g['k0']:.3g}); link alpha {human_time(link['latency'])}, beta "
@@ -70,12 +71,13 @@ def calibrate_command(args: argparse.Namespace) -> int:
         console.print(f"{args.nproc} ranks share {timing['cores']} cores: every point is priced at "
                       f"{timing['ranks_per_core']:g} x its CPU time (the step is CPU-throughput bound)")
     probes = Table(title="step probes (executor steps of a model with few FLOPs)")
-    for col in ("layout", "ops", "measured step", "per op"):
+    for col in ("layout", "dtype", "ops", "measured step", "per op"):
         probes.add_column(col, justify="left" if col == "layout" else "right")
     by_mode = cal["elementwise"].get("op_overhead_by_mode", {})
     for p in cal.get("probes", []):
         mode = parse_layout(p["layout"]).mode
-        probes.add_row(p["layout"], str(p["ops"]), human_time(p["time_s"]), human_time(by_mode.get(mode, 0.0)))
+        per_op = by_mode.get(p["dtype"], {}).get(mode, 0.0)
+        probes.add_row(p["layout"], p["dtype"], str(p["ops"]), human_time(p["time_s"]), human_time(per_op))
     console.print(probes)
     console.print(f"wrote {path} ({time.perf_counter() - t0:.0f} s); use it with --cluster {path}")
     return 0

@@ -17,7 +17,7 @@ Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
   3d [T/q, h_in/q] x [h_in/q, h_out/q].
 Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counted from the executor) costs
-`calibration["elementwise"]["op_overhead_by_mode"][mode]` (else `op_overhead_s`) on top: Python dispatch,
+`calibration["elementwise"]["op_overhead_by_mode"][dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
 autograd and launch, which dominate small models on CPUs. calibrate.py measures it per tensor mode with
 step probes, so it also carries what a mode's step costs beyond its fitted GEMMs and collectives (the
 executor's glue code, waits for peers, idle cores on a shared host). Without a calibration it is 0.
@@ -75,7 +75,10 @@ def gemm_model(topo: object, dtype: str) -> GemmModel:
     full = getattr(topo, "calibration", None) or {}
     elementwise = full.get("elementwise") or {}
     overhead = float(elementwise.get("op_overhead_s", 0.0))
-    by_mode = tuple(sorted((str(m), float(v)) for m, v in (elementwise.get("op_overhead_by_mode") or {}).items()))
+    # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
+    by_dtype = elementwise.get("op_overhead_by_mode") or {}
+    per_mode = by_dtype.get(dtype) or by_dtype.get("bf16" if dtype == "fp16" else dtype) or {}
+    by_mode = tuple(sorted((str(m), float(v)) for m, v in per_mode.items()))
     comm = tuple((kind, int(n), alt, float(f["latency"]), float(f["bandwidth"]))
                  for key, alt in (("comm", False), ("comm_alternating", True))
                  for kind, by_n in sorted((full.get(key) or {}).items()) for n, f in sorted(by_n.items()))

@@ -134,9 +134,10 @@ def compare(estimate: Any, per_rank: list[dict[str, Any]], calibration: dict[str
         c_meas = _mean([s["comm_time_s"] for s in kept])
     res = (calibration or {}).get("residuals", {})
     step = max(estimate.step_time_s, 1e-30)
-    # Uncertainty: each part's share of the step times its fit's RMS relative error, added in quadrature.
+    # Uncertainty: each part's share of the step times its fit's RMS relative error, and the step probes'
+    # spread over rounds (the per-op overhead is fitted to them), added in quadrature.
     band = math.hypot(estimate.compute_time_s / step * float(res.get("gemm", 0.0)),
-                      estimate.comm_time_s / step * float(res.get("comm", 0.0)))
+                      estimate.comm_time_s / step * float(res.get("comm", 0.0)), float(res.get("probe", 0.0)))
     comparisons = [
         Comparison("step_time_s", estimate.step_time_s, t_meas, band),
         Comparison("compute_time_s", estimate.compute_time_s, t_meas - c_meas, float(res.get("gemm", 0.0))),
