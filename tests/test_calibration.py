@@ -155,7 +155,8 @@ def test_microbenchmarks_run_on_two_ranks() -> None:
     cfg = BenchConfig(nproc=2, gemm_shapes=((32, 32, 32), (64, 64, 64)), elementwise_bytes=(256, 4096),
                       comm_bytes=(256, 4096), patterns=((2, 1),), reps=2, warmup=1, min_time_s=0.005,
                       timeout_s=120)
-    cfg = replace(cfg, probe_layouts=probe_layouts(2), probe_dtypes=("fp32", "bf16"), probe_steps=2)
+    cfg = replace(cfg, probe_layouts=probe_layouts(2), probe_dtypes=("fp32", "bf16"), probe_steps=2,
+                  probe_rounds=2)
     res = run_benchmarks(cfg)
     assert [(p["m"], p["n"], p["k"]) for p in res.gemm] == [(32, 32, 32), (64, 64, 64)]
     assert len(res.collective) == 3 * 2  # 3 kinds x 2 sizes
@@ -168,6 +169,7 @@ def test_microbenchmarks_run_on_two_ranks() -> None:
     assert [(p["layout"], p["dtype"]) for p in res.probe] == [
         ("dp=1", "fp32"), ("dp=1,tp=1d:2", "fp32"), ("dp=1", "bf16"), ("dp=1,tp=1d:2", "bf16")]
     assert all(bf["ops"] > fp["ops"] for fp, bf in zip(res.probe[:2], res.probe[2:], strict=True))  # casts
+    assert all(len(p["round_times_s"]) == 2 and min(p["round_times_s"]) > 0 for p in res.probe)
     for p in res.probe[:2]:
         layout = parse_layout(p["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
         d = dims_of(PROBE_MODEL, TrainingSpec(global_batch=PROBE_MICRO_BATCH))

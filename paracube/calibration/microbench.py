@@ -144,30 +144,43 @@ def _step_probe(rank: int, device: torch.device, layout_text: str, dtype: str) -
     return step, sum(counter.counts.values())
 
 
-def _probe_all(rank: int, device: torch.device, cfg: BenchConfig) -> list[dict[str, Any]]:
-    """Every (dtype, layout) probe, timed in `probe_rounds` rounds of probe_steps / rounds steps each, the
-    probes taking turns: a machine's speed drifts over seconds, and the rounds spread each probe over the
-    whole measurement (their spread is the probe's uncertainty)."""
-    probes = [(dtype, text, *_step_probe(rank, device, text, dtype))
-              for dtype in cfg.probe_dtypes for text in cfg.probe_layouts]
-    per_round = max(1, cfg.probe_steps // cfg.probe_rounds)
-    times: list[list[tuple[float, float]]] = [[] for _ in probes]
-    for _ in range(cfg.probe_rounds):
-        for i, (_, _, step, _) in enumerate(probes):
+class _Probes:
+    """Every (dtype, layout) probe of the config, timed in rounds of probe_steps / probe_rounds steps, the
+    probes taking turns. _bench_rank spreads the rounds over the whole calibration (start, between the
+    benchmarks, end): a machine's speed drifts over tens of seconds, and the rounds' spread is the probes'
+    uncertainty."""
+
+    def __init__(self, rank: int, device: torch.device, cfg: BenchConfig):
+        self.probes = [(dtype, text, *_step_probe(rank, device, text, dtype))
+                       for dtype in cfg.probe_dtypes for text in cfg.probe_layouts]
+        self.per_round = max(1, cfg.probe_steps // max(1, cfg.probe_rounds))
+        self.times: list[list[tuple[float, float]]] = [[] for _ in self.probes]
+
+    def round(self) -> None:
+        for i, (_, _, step, _) in enumerate(self.probes):
             dist.barrier()
-            times[i].append(_timed(step, per_round, 0, lambda: None))
-    out = []
-    for (dtype, text, _, ops), ts in zip(probes, times, strict=True):
-        walls = [t for t, _ in ts]
-        out.append({"layout": text, "dtype": dtype, "ops": ops, "time_s": sum(walls) / len(walls),
-                    "cpu_s": sum(c for _, c in ts) / len(ts), "round_times_s": walls})
-    return out
+            self.times[i].append(_timed(step, self.per_round, 0, lambda: None))
+
+    def results(self) -> list[dict[str, Any]]:
+        out = []
+        for (dtype, text, _, ops), ts in zip(self.probes, self.times, strict=True):
+            walls = [t for t, _ in ts]
+            out.append({"layout": text, "dtype": dtype, "ops": ops, "time_s": sum(walls) / len(walls),
+                        "cpu_s": sum(c for _, c in ts) / len(ts), "round_times_s": walls})
+        return out
 
 
 def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -> BenchResult:
     out = BenchResult()
-    if cfg.probe_layouts:
-        out.probe = _probe_all(rank, device, cfg)
+    probes = _Probes(rank, device, cfg) if cfg.probe_layouts else None
+    # Probe rounds at the start (stage 0), after the GEMM and elementwise points (1) and at the end (2).
+    stages = [min(k * 3 // cfg.probe_rounds, 2) for k in range(cfg.probe_rounds)] if probes else []
+
+    def probe_rounds(stage: int) -> None:
+        for _ in range(stages.count(stage)):
+            probes.round()  # type: ignore[union-attr]
+
+    probe_rounds(0)
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     # GEMMs: barrier first so that every rank multiplies at the same time (shared cores, as in training).
@@ -181,6 +194,7 @@ def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -
         dist.barrier()
         t, c = _timed_for(lambda x=x: x.add_(1.0), cfg.min_time_s, sync)
         out.elementwise.append({"bytes": nbytes, "time_s": t, "cpu_s": c})
+    probe_rounds(1)
     # Collectives, per group size n, two ways: "fixed" calls one group (stride 1) over and over, as 1D's
     # tensor group does, so its members stay in step; "alternating" cycles through every stride given for n
     # (the mesh axes of that size), as 2D/3D alternate axes call after call, so a call waits on peers that were
@@ -216,6 +230,9 @@ def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -
                     t, c = _timed(call, cfg.reps * len(cycle), cfg.warmup * len(cycle), sync)
                     out.collective.append({"kind": kind, "n": n, "stride": label, "alternating": len(cycle) > 1,
                                            "bytes": numel * 4, "time_s": t, "cpu_s": c})
+    probe_rounds(2)
+    if probes is not None:
+        out.probe = probes.results()
     return out
 
 
