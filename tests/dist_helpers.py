@@ -1,7 +1,7 @@
 """Multi-process test harness: run `fn(rank, world_size, *args)` on `world_size` gloo ranks.
 
-forkserver start method, 127.0.0.1 and a free port, one thread per worker, a timeout that fails the
-test (never hangs). `fn` must be importable (module level) and return something picklable.
+forkserver start method, 127.0.0.1 and a free port, workers bound to cores as the executor binds them,
+a timeout that fails the test (never hangs). `fn` must be importable (module level) and return something picklable.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from paracube.executor.affinity import bind_cpu_rank
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -26,7 +28,7 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, results: Any, fn: Callable[..., Any], args: tuple) -> None:
-    torch.set_num_threads(1)
+    bind_cpu_rank(rank, world_size)  # as the executor's CPU workers run (paracube/executor/affinity.py)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     try:
