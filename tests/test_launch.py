@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -85,3 +87,24 @@ def test_describe_failure_names_the_rank_that_died_first() -> None:
 
 
 # A rank that dies (SIGKILL) and the resume after it: tests/test_reliability.py.
+
+
+@pytest.mark.skipif(os.name != "posix" or sys.version_info < (3, 11), reason="process groups: POSIX, Python 3.11")
+def test_agent_starts_workers_in_our_session_in_their_own_process_group() -> None:
+    """Each worker leads its own process group (the agent kills it by group) but stays in the launcher's
+    session: a session per worker is a scheduling group per worker under Linux autogroup (launch.py)."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    from paracube.executor.launch import _workers_in_our_session
+
+    original = SubprocessHandler._popen
+    with _workers_in_our_session():
+        handler = SubprocessHandler(sys.executable, ("-c", "import time; time.sleep(30)"), {}, None, None, 0, None)
+    assert SubprocessHandler._popen is original  # torch's own behaviour outside our launches
+    try:
+        pid = handler.proc.pid
+        assert os.getpgid(pid) == pid and os.getsid(pid) == os.getsid(0)
+        handler.close()
+        assert handler.proc.wait(timeout=10) != 0  # killed through its group
+    finally:
+        handler.proc.kill()
