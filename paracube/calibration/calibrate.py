@@ -23,7 +23,14 @@ from typing import Any
 import torch
 
 from paracube.calibration.fit import Fit, fit_alpha_beta, fit_elementwise, fit_gemm
-from paracube.calibration.microbench import KINDS, BenchConfig, BenchResult, resolve_backend, run_benchmarks
+from paracube.calibration.microbench import (
+    KINDS,
+    BenchConfig,
+    BenchResult,
+    resolve_backend,
+    run_benchmarks,
+    run_probes,
+)
 from paracube.errors import ParacubeError, check
 from paracube.executor import affinity
 from paracube.layout import parse_layout
@@ -77,6 +84,9 @@ def add_costs(result: BenchResult, timing: dict[str, Any]) -> BenchResult:
     for p in result.gemm + result.elementwise + result.collective:
         p["cost_s"] = share * p["cpu_s"] if timing["basis"] == "cpu" else p["time_s"]
     return result
+
+
+PROBE_DTYPES = ("fp32", "bf16")  # bf16 under autocast, as the executor trains it; fp16 dispatches alike
 
 
 def probe_layouts(nproc: int) -> tuple[str, ...]:
@@ -150,8 +160,7 @@ def bench_config(nproc: int, quick: bool, backend: str = "auto") -> BenchConfig:
     return BenchConfig(nproc=nproc, gemm_shapes=tuple(sorted(shapes)), comm_bytes=sizes,
                        patterns=tuple(dict.fromkeys(patterns)), reps=5 if quick else 20,
                        warmup=1 if quick else 3, min_time_s=0.03 if quick else 0.1,
-                       backend=backend, probe_layouts=probe_layouts(nproc), probe_dtypes=("fp32", "bf16"),
-                       probe_steps=5 if quick else 15, probe_rounds=1 if quick else 3)
+                       backend=backend)
 
 
 def fit_all(result: BenchResult) -> dict[str, Fit | dict[str, dict[str, Fit]]]:
@@ -243,7 +252,18 @@ def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
     cfg = bench_config(nproc, quick, backend)
     chosen = resolve_backend(cfg.backend)
     timing = timing_basis(nproc, chosen)
+    # Probe rounds before and after the microbenchmarks: a machine's speed drifts over tens of seconds, and
+    # the rounds' spread is the probes' uncertainty (probe_spread).
+    rounds, steps = (1, 3) if quick else (2, 6)
+    layouts = probe_layouts(nproc)
+    probe_runs = [run_probes(layouts, PROBE_DTYPES, steps, nproc, backend, cfg.timeout_s)]
     result = add_costs(run_benchmarks(cfg), timing)
+    probe_runs += [run_probes(layouts, PROBE_DTYPES, steps, nproc, backend, cfg.timeout_s)
+                   for _ in range(rounds - 1)]
+    result.probe = [{**first, "time_s": sum(r[i]["time_s"] for r in probe_runs) / rounds,
+                     "cpu_s": sum(r[i]["cpu_s"] for r in probe_runs) / rounds,
+                     "round_times_s": [r[i]["time_s"] for r in probe_runs]}
+                    for i, first in enumerate(probe_runs[0])]
     calibration = build_calibration(result, machine_info(nproc, chosen), timing)
     topo = calibrated_topology(cluster, nproc, calibration)
     calibration["elementwise"]["op_overhead_by_mode"] = fit_op_overheads(topo, result.probe)

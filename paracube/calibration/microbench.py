@@ -2,8 +2,8 @@
 
 `run_benchmarks(config)` starts `nproc` ranks (torch.multiprocessing, forkserver, gloo on CPU / NCCL on
 CUDA, 127.0.0.1 and a free port, CPU ranks bound to cores as the executor binds them) and returns the
-measured points. Every point has `time_s` (wall seconds per call) and `cpu_s` (this process's CPU seconds per call, its
-communication threads included), each the mean over ranks:
+measured points. Every point has `time_s` (wall seconds per call) and `cpu_s` (this process's CPU seconds
+per call, its communication threads included), each the mean over ranks:
 - gemm: one [m, k] x [k, n] matmul per shape, every rank multiplying concurrently;
 - elementwise: one `add` over a tensor of `bytes` (per-op overhead + memory bandwidth);
 - collective: one call per (kind, group size, payload bytes, fixed or alternating groups), all
@@ -11,8 +11,9 @@ communication threads included), each the mean over ranks:
   cycle through the patterns (strides) of that group size, as a 2D/3D step alternates mesh axes, "fixed"
   calls stay on stride 1; payload = the whole tensor
   (all-gather output, reduce-scatter input, all-reduce tensor), as in paracube/estimate.py;
-- probe: one executor training step of PROBE_MODEL per layout and dtype, with its dispatched ops (_step_probe).
-Collectives: each rank's mean over `reps` calls after `warmup` calls.
+  each rank's mean over `reps` calls after `warmup` calls.
+`run_probes` (one launch per layout): executor training steps of PROBE_MODEL per layout and dtype, with
+their dispatched ops (_step_probe).
 """
 
 from __future__ import annotations
@@ -51,12 +52,6 @@ class BenchConfig:
     min_time_s: float = 0.05  # per GEMM / elementwise point: long enough for all ranks to overlap
     backend: str = "auto"
     timeout_s: float = 300.0
-    # Executor steps of PROBE_MODEL (negligible FLOPs and bytes) per layout: what a step of each tensor mode
-    # costs beyond GEMMs and collectives. Layouts of world size 1 or nproc.
-    probe_layouts: tuple[str, ...] = ()
-    probe_dtypes: tuple[str, ...] = ("fp32",)  # bf16: under autocast, as the executor trains it
-    probe_steps: int = 10
-    probe_rounds: int = 1
 
 
 @dataclass
@@ -64,7 +59,8 @@ class BenchResult:
     gemm: list[dict[str, Any]] = field(default_factory=list)  # {m, n, k, time_s}
     elementwise: list[dict[str, Any]] = field(default_factory=list)  # {bytes, time_s}
     collective: list[dict[str, Any]] = field(default_factory=list)  # {kind, n, stride, bytes, time_s}
-    probe: list[dict[str, Any]] = field(default_factory=list)  # {layout, dtype, ops, time_s, cpu_s} per step
+    # {layout, dtype, ops, time_s, cpu_s, round_times_s} per step (run_probes, in rounds: calibrate.py)
+    probe: list[dict[str, Any]] = field(default_factory=list)
 
 
 def pattern_groups(world: int, n: int, stride: int) -> list[list[int]]:
@@ -144,43 +140,32 @@ def _step_probe(rank: int, device: torch.device, layout_text: str, dtype: str) -
     return step, sum(counter.counts.values())
 
 
-class _Probes:
-    """Every (dtype, layout) probe of the config, timed in rounds of probe_steps / probe_rounds steps, the
-    probes taking turns. _bench_rank spreads the rounds over the whole calibration (start, between the
-    benchmarks, end): a machine's speed drifts over tens of seconds, and the rounds' spread is the probes'
-    uncertainty."""
+def _probe_rank(rank: int, world: int, device: torch.device, layout_text: str, dtypes: tuple[str, ...],
+                steps: int) -> list[dict[str, Any]]:
+    """One probe job: every dtype of one layout, in a process holding that one mesh (as `run` and
+    `validate` do: process groups of other layouts in the same process slowed the 1D probe by 5-15%)."""
+    probes = [(dtype, *_step_probe(rank, device, layout_text, dtype)) for dtype in dtypes]
+    out = []
+    for dtype, step, ops in probes:
+        dist.barrier()
+        t, c = _timed(step, steps, 0, lambda: None)
+        out.append({"layout": layout_text, "dtype": dtype, "ops": ops, "time_s": t, "cpu_s": c})
+    return out
 
-    def __init__(self, rank: int, device: torch.device, cfg: BenchConfig):
-        self.probes = [(dtype, text, *_step_probe(rank, device, text, dtype))
-                       for dtype in cfg.probe_dtypes for text in cfg.probe_layouts]
-        self.per_round = max(1, cfg.probe_steps // max(1, cfg.probe_rounds))
-        self.times: list[list[tuple[float, float]]] = [[] for _ in self.probes]
 
-    def round(self) -> None:
-        for i, (_, _, step, _) in enumerate(self.probes):
-            dist.barrier()
-            self.times[i].append(_timed(step, self.per_round, 0, lambda: None))
-
-    def results(self) -> list[dict[str, Any]]:
-        out = []
-        for (dtype, text, _, ops), ts in zip(self.probes, self.times, strict=True):
-            walls = [t for t, _ in ts]
-            out.append({"layout": text, "dtype": dtype, "ops": ops, "time_s": sum(walls) / len(walls),
-                        "cpu_s": sum(c for _, c in ts) / len(ts), "round_times_s": walls})
-        return out
+def run_probes(layouts: tuple[str, ...], dtypes: tuple[str, ...], steps: int, nproc: int, backend: str = "auto",
+               timeout_s: float = 300.0) -> list[dict[str, Any]]:
+    """Step probes of every (dtype, layout) on nproc local ranks, one launch per layout; rank means."""
+    out = []
+    for text in layouts:
+        per_rank = run_on_ranks(_probe_rank, nproc, (text, dtypes, steps), backend, timeout_s, "calibration probe")
+        for i, row in enumerate(per_rank[0]):
+            out.append({**row, **{key: sum(r[i][key] for r in per_rank) / nproc for key in ("time_s", "cpu_s")}})
+    return out
 
 
 def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -> BenchResult:
     out = BenchResult()
-    probes = _Probes(rank, device, cfg) if cfg.probe_layouts else None
-    # Probe rounds at the start (stage 0), after the GEMM and elementwise points (1) and at the end (2).
-    stages = [min(k * 3 // cfg.probe_rounds, 2) for k in range(cfg.probe_rounds)] if probes else []
-
-    def probe_rounds(stage: int) -> None:
-        for _ in range(stages.count(stage)):
-            probes.round()  # type: ignore[union-attr]
-
-    probe_rounds(0)
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     # GEMMs: barrier first so that every rank multiplies at the same time (shared cores, as in training).
@@ -194,7 +179,6 @@ def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -
         dist.barrier()
         t, c = _timed_for(lambda x=x: x.add_(1.0), cfg.min_time_s, sync)
         out.elementwise.append({"bytes": nbytes, "time_s": t, "cpu_s": c})
-    probe_rounds(1)
     # Collectives, per group size n, two ways: "fixed" calls one group (stride 1) over and over, as 1D's
     # tensor group does, so its members stay in step; "alternating" cycles through every stride given for n
     # (the mesh axes of that size), as 2D/3D alternate axes call after call, so a call waits on peers that were
@@ -230,9 +214,6 @@ def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -
                     t, c = _timed(call, cfg.reps * len(cycle), cfg.warmup * len(cycle), sync)
                     out.collective.append({"kind": kind, "n": n, "stride": label, "alternating": len(cycle) > 1,
                                            "bytes": numel * 4, "time_s": t, "cpu_s": c})
-    probe_rounds(2)
-    if probes is not None:
-        out.probe = probes.results()
     return out
 
 
@@ -274,6 +255,8 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: 
     results in rank order. ParacubeError naming the rank if one fails, dies or the run times out."""
     backend = resolve_backend(backend)
     ctx = mp.get_context("forkserver")
+    # Ranks fork from a server that has imported torch once: a launch takes ~0.3 s instead of seconds.
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "paracube.executor.train", "paracube.validation.ops"])
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, fn, args, results), daemon=True)
@@ -312,13 +295,10 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: 
 def _average(per_rank: list[BenchResult]) -> BenchResult:
     """Mean over ranks of every measured point (ranks measured the same list in the same order)."""
     out = BenchResult()
-    for name in ("gemm", "elementwise", "collective", "probe"):
+    for name in ("gemm", "elementwise", "collective"):
         rows = [getattr(r, name) for r in per_rank]
         for i, row in enumerate(rows[0]):
             mean = {key: sum(r[i][key] for r in rows) / len(rows) for key in ("time_s", "cpu_s")}
-            if "round_times_s" in row:
-                mean["round_times_s"] = [sum(vals) / len(vals) for vals in zip(*(r[i]["round_times_s"] for r in rows),
-                                                                               strict=True)]
             getattr(out, name).append({**row, **mean})
     return out
 
@@ -331,4 +311,5 @@ def run_benchmarks(cfg: BenchConfig) -> BenchResult:
     return _average(per_rank)
 
 
-__all__ = ["KINDS", "BenchConfig", "BenchResult", "pattern_groups", "resolve_backend", "run_benchmarks", "run_on_ranks"]
+__all__ = ["KINDS", "BenchConfig", "BenchResult", "pattern_groups", "resolve_backend", "run_benchmarks", "run_on_ranks",
+           "run_probes"]
