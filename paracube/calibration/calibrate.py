@@ -267,7 +267,8 @@ def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
     calibration = build_calibration(result, machine_info(nproc, chosen), timing)
     topo = calibrated_topology(cluster, nproc, calibration)
     calibration["elementwise"]["op_overhead_by_mode"] = fit_op_overheads(topo, result.probe)
-    calibration["probes"] = [{k: p[k] for k in ("layout", "dtype", "ops", "time_s", "cpu_s")} for p in result.probe]
+    calibration["probes"] = [{k: p[k] for k in ("layout", "dtype", "ops", "time_s", "cpu_s", "round_times_s")}
+                             for p in result.probe]
     return calibrated_topology(cluster, nproc, calibration), result, calibration
 
 

@@ -17,7 +17,7 @@ The `calibration:` section of a topology file (what `paracube calibrate` writes;
       link: {latency, bandwidth, rms_rel_err}  # one joint fit over every kind and size
       residuals: {gemm, elementwise, comm, link, probe}   # RMS relative error of each fit; probe: spread of
                                                           # the step probes over rounds (calibrate.probe_spread)
-      probes: [{layout, dtype, ops, time_s, cpu_s}]   # the step probes op_overhead_by_mode was fitted to
+      probes: [{layout, dtype, ops, time_s, cpu_s, round_times_s}]   # what op_overhead_by_mode was fitted to
 
 Every fit reads a point's cost: its wall time per call, or, when CPU ranks outnumber the cores they share
 (`timing.basis: cpu`), ranks_per_core x its CPU seconds per call (calibrate.timing_basis says why).

@@ -110,19 +110,16 @@ PROBE_MODEL = ModelSpec("step-probe", layers=2, hidden=64, heads=4, ffn_hidden=2
 PROBE_MICRO_BATCH = 4  # 3D splits a micro-batch's sequences over q^2 = 4
 
 
-def _step_probe(rank: int, device: torch.device, layout_text: str, dtype: str) -> tuple[Callable[[], None], int]:
+def _step_probe(mesh: Any, device: torch.device, dtype: str) -> tuple[Callable[[], None], int]:
     """(step, dispatched ops of one step): one executor training step (forward, backward, gradient sync,
-    clipping, AdamW) of PROBE_MODEL on `layout_text`, one micro-batch of PROBE_MICRO_BATCH sequences per
-    data-parallel replica, autocast for bf16. A serial layout runs one model per rank, every rank busy."""
+    clipping, AdamW) of PROBE_MODEL on `mesh`, one micro-batch of PROBE_MICRO_BATCH sequences per
+    data-parallel replica, autocast for bf16."""
     from paracube.executor.gpt import build_model
-    from paracube.executor.mesh import Mesh
     from paracube.executor.step import train_step
     from paracube.executor.train import AUTOCAST
-    from paracube.layout import parse_layout
     from paracube.validation.ops import DispatchCounter
 
-    layout = parse_layout(layout_text)
-    mesh = Mesh.single(layout) if layout.world_size == 1 else Mesh(layout, rank)
+    layout = mesh.layout
     model = build_model(PROBE_MODEL, mesh).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)  # the same tokens on every rank
@@ -143,12 +140,19 @@ def _step_probe(rank: int, device: torch.device, layout_text: str, dtype: str) -
 def _probe_rank(rank: int, world: int, device: torch.device, layout_text: str, dtypes: tuple[str, ...],
                 steps: int) -> list[dict[str, Any]]:
     """One probe job: every dtype of one layout, in a process holding that one mesh (as `run` and
-    `validate` do: process groups of other layouts in the same process slowed the 1D probe by 5-15%)."""
-    probes = [(dtype, *_step_probe(rank, device, layout_text, dtype)) for dtype in dtypes]
+    `validate` do: process groups of other layouts in the same process slowed the 1D probe by 5-15%).
+    A serial layout runs one model per rank, every rank busy."""
+    from paracube.executor.mesh import Mesh
+    from paracube.layout import parse_layout
+
+    layout = parse_layout(layout_text)
+    mesh = Mesh.single(layout) if layout.world_size == 1 else Mesh(layout, rank)
+    probes = [(dtype, *_step_probe(mesh, device, dtype)) for dtype in dtypes]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out = []
     for dtype, step, ops in probes:
         dist.barrier()
-        t, c = _timed(step, steps, 0, lambda: None)
+        t, c = _timed(step, steps, 0, sync)
         out.append({"layout": layout_text, "dtype": dtype, "ops": ops, "time_s": t, "cpu_s": c})
     return out
 
