@@ -243,6 +243,14 @@ def _worker(rank: int, nproc: int, port: int, backend: str, fn: Callable[..., An
             dist.destroy_process_group()
 
 
+class RanksFailed(ParacubeError):
+    """A local multi-rank run failed; `details` holds the failing rank's whole traceback (tests print it)."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -256,7 +264,8 @@ def resolve_backend(backend: str) -> str:
 def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "auto",
                  timeout_s: float = 300.0, what: str = "run") -> list[Any]:
     """fn(rank, nproc, device, *args) on nproc local ranks (forkserver; fn importable at module level);
-    results in rank order. ParacubeError naming the rank if one fails, dies or the run times out."""
+    results in rank order. RanksFailed (a ParacubeError) naming the rank if one fails, dies or the run times
+    out."""
     backend = resolve_backend(backend)
     ctx = mp.get_context("forkserver")
     # Ranks fork from a server that has imported torch once: a launch takes ~0.3 s instead of seconds.
@@ -268,7 +277,7 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: 
     for p in procs:
         p.start()
     outs: dict[int, Any] = {}
-    error = ""
+    error, details = "", ""
     try:
         deadline = time.monotonic() + timeout_s
         while len(outs) < nproc and not error:
@@ -284,7 +293,7 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: 
             if ok:
                 outs[rank] = out
             else:
-                error = f"rank {rank} failed: {out.strip().splitlines()[-1]}"
+                error, details = f"rank {rank} failed: {out.strip().splitlines()[-1]}", out
     finally:
         for p in procs:
             p.join(timeout=5 if not error else 0.1)
@@ -292,7 +301,7 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: 
                 p.kill()
                 p.join()
     if error:
-        raise ParacubeError(f"{what}: {error}")
+        raise RanksFailed(f"{what}: {error}", details)
     return [outs[r] for r in range(nproc)]
 
 
@@ -315,5 +324,5 @@ def run_benchmarks(cfg: BenchConfig) -> BenchResult:
     return _average(per_rank)
 
 
-__all__ = ["KINDS", "BenchConfig", "BenchResult", "pattern_groups", "resolve_backend", "run_benchmarks", "run_on_ranks",
-           "run_probes"]
+__all__ = ["KINDS", "BenchConfig", "BenchResult", "RanksFailed", "pattern_groups", "resolve_backend",
+           "run_benchmarks", "run_on_ranks", "run_probes"]
