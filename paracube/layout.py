@@ -13,7 +13,9 @@ The rank grid is one `arange(world).reshape(...)`; every process group is a slic
 An axis is named after the coordinate that varies along it: the group of axis `col` is the q ranks of one
 grid row. `placement` lists every axis from innermost (consecutive ranks, i.e. the same node) to outermost;
 the default keeps the tensor axes innermost, then dp, then pp (Megatron's order).
-Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp][,place=x.y.z.dp.pp]`.
+Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp][,zero=1][,place=x.y.z.dp.pp]`.
+`zero`: 0 none; 1 optimizer state and fp32 master weights sharded over dp (distributed optimizer / ZeRO-1,
+Rajbhandari et al. 2020); 3 parameters fully sharded over dp (ZeRO-3 / FSDP).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ TENSOR_AXES: dict[str, tuple[str, ...]] = {
     "2.5d": ("dep", "row", "col"),
     "3d": ("z", "y", "x"),
 }
+ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
 SHAPE_RULES = {
     "none": "no tensor parallelism (omit tp= or write tp=none)",
     "1d": "tp=1d:p, any p >= 1",
@@ -54,6 +57,7 @@ class Layout:
     micro_batch: int | None = None  # sequences per micro-batch per data-parallel replica
     interleave: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
     sequence_parallel: bool = False  # 1D only (Korthikanti et al. 2022)
+    zero: int = 0  # ZERO_STAGES: 0 none, 1 optimizer state sharded over dp, 3 parameters too
 
     def __post_init__(self) -> None:
         check(self.mode in TENSOR_MODES, f"tensor mode {self.mode!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
@@ -73,6 +77,8 @@ class Layout:
         check(ok, f"tensor shape {shape_text} is not valid for {self.mode}: {SHAPE_RULES[self.mode]}")
         check(not self.sequence_parallel or self.mode == "1d",
               f"sequence parallelism (sp) applies to tp=1d only, not {self.mode}")
+        check(self.zero in ZERO_STAGES, f"zero={self.zero!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))} "
+              "(0 none, 1 optimizer state sharded over dp, 3 parameters sharded too)")
         check(self.interleave == 1 or self.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
         if self.placement:
             # Axes of size 1 may be left out: they go outermost.
@@ -168,6 +174,8 @@ class Layout:
             parts.append(f"v={self.interleave}")
         if self.sequence_parallel:
             parts.append("sp")
+        if self.zero:
+            parts.append(f"zero={self.zero}")
         if self.placement and self.placement != self.default_placement:
             parts.append("place=" + ".".join(self.placement))
         return ",".join(parts)
@@ -176,11 +184,11 @@ class Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-LAYOUT_SYNTAX = "dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2"
+LAYOUT_SYNTAX = "dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp][,zero=0|1|3][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2"
 
 
 def parse_layout(text: str) -> Layout:
-    """Parse `dp=2,pp=4,tp=3d:4x4x4,mb=1,v=2,sp,place=x.y.z.dp.pp`. Missing parts default to 1/none."""
+    """Parse `dp=2,pp=4,tp=3d:4x4x4,mb=1,v=2,sp,zero=1,place=x.y.z.dp.pp`. Missing parts default to 1/none."""
     check(isinstance(text, str) and text.strip() != "", f"empty layout; expected {LAYOUT_SYNTAX}")
     fields: dict[str, object] = {}
     seen: set[str] = set()
@@ -196,6 +204,10 @@ def parse_layout(text: str) -> Layout:
             check(value.strip().isdigit() and int(value) >= 1,
                   f"layout {text!r}: {key}={value!r} must be a positive integer")
             fields[{"dp": "dp", "pp": "pp", "mb": "micro_batch", "v": "interleave"}[key]] = int(value)
+        elif key == "zero":
+            check(value.strip().isdigit() and int(value) in ZERO_STAGES,
+                  f"layout {text!r}: zero={value!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))}")
+            fields["zero"] = int(value)
         elif key == "tp":
             mode, _, shape = value.strip().lower().partition(":")
             check(mode in TENSOR_MODES, f"layout {text!r}: tensor mode {mode!r} is not valid; "

@@ -16,6 +16,9 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"tensor mode {mode!r} is not supported by the executor; valid: none, 1d, 2d, 3d")
     if layout.sequence_parallel:
         raise ParacubeError(f"sequence parallelism (sp) is not implemented by the executor; drop sp from {layout}")
+    if layout.zero:
+        raise ParacubeError(f"zero={layout.zero} (sharded optimizer/parameters) is not implemented by the executor; "
+                            f"drop zero from {layout} or export the plan (`paracube export`)")
     if layout.pp != 1:
         raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only")
     if seq_len > spec.seq_len:
