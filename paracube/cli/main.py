@@ -27,6 +27,7 @@ HEAVY_COMMANDS = {
     "validate": ("paracube.cli.fidelity_cmd", "run a plan and compare predicted with measured"),
 }
 LIGHT_MODULES = ("paracube.cli.planning_cmd", "paracube.cli.info_cmd", "paracube.cli.sweep_cmd")
+LIGHT_MODULES += ("paracube.cli.export_cmd", "paracube.cli.schema_cmd")  # issue 16: export, schema
 
 
 def _import(module_name: str):  # noqa: ANN202

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -29,10 +28,9 @@ import torch
 from paracube.errors import ParacubeError, check
 from paracube.executor import checkpoint as ckpt
 from paracube.executor.data import parse_source
+from paracube.launch_text import WORKER_MODULE, slurm_script, torchrun_argv
 from paracube.plan import Plan
 from paracube.workload import with_seq_len
-
-WORKER_MODULE = "paracube.executor.run"
 
 
 @dataclass(frozen=True)
@@ -235,37 +233,6 @@ def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str], r
         print(f"paracube: run failed: {describe_failure(exc.failures)}", file=sys.stderr)
         return 1
     return 0
-
-
-def torchrun_argv(node_args: Sequence[str], worker_args: Sequence[str]) -> list[str]:
-    return ["python", "-m", "torch.distributed.run", *node_args, "--max-restarts=0", "-m", WORKER_MODULE,
-            "--worker", *worker_args]
-
-
-def slurm_script(plan: Plan, worker_args: Sequence[str], job_name: str = "paracube", time_limit: str = "01:00:00",
-                 partition: str | None = None, master_port: int = 29500) -> str:
-    """A ready sbatch script: one torchrun agent per node (srun), c10d rendezvous at node 0, explicit."""
-    nnodes, nproc = plan.launch.nnodes, plan.launch.nproc_per_node
-    # The script runs on the cluster, not here: GPUs unless the plan says gloo or targets local CPUs.
-    gpus = plan.launch.backend == "nccl" or (plan.launch.backend == "auto" and plan.cluster != "local-cpu")
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nnodes}",
-             "#SBATCH --ntasks-per-node=1", f"#SBATCH --time={time_limit}"]
-    if gpus:
-        lines.append(f"#SBATCH --gpus-per-node={nproc}")
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    node_args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-                 '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"']
-    cmd = " ".join(torchrun_argv(node_args, [shlex.quote(a) for a in worker_args]))
-    lines += [
-        "set -euo pipefail",
-        f"# layout {plan.layout}: {plan.layout.world_size} ranks = {nnodes} nodes x {nproc} per node",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"MASTER_PORT={master_port}",
-        "export MASTER_ADDR MASTER_PORT",
-        f"srun --kill-on-bad-exit=1 {cmd}",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 __all__ = ["NodeSpec", "backend_for", "describe_failure", "free_port", "is_loopback", "launch", "preflight",

@@ -1,0 +1,153 @@
+"""Export a plan to Megatron-LM: a shell script that runs `pretrain_gpt.py` with torchrun.
+
+Argument names are those of Megatron-LM's `megatron/training/arguments.py` (core_r0.13.0):
+tensor / pipeline sizes, `--num-layers-per-virtual-pipeline-stage` = layers / (pp x v) (interleaved 1F1B,
+Narayanan et al. 2021), `--sequence-parallel` (Korthikanti et al. 2022), `--use-distributed-optimizer`
+(zero=1: optimizer state and fp32 master weights sharded over dp). Megatron orders ranks tp, then dp,
+then pp (innermost first), or tp, pp, dp with `--use-tp-pp-dp-mapping`; another placement is written
+with a note (the same training, other communication costs). Model shape from the plan's ModelSpec;
+family llama adds rotary positions, RMSNorm, SwiGLU, no biases and grouped-query attention.
+"""
+
+from __future__ import annotations
+
+from paracube.export.common import (
+    EXPRESSIBLE,
+    Export,
+    accumulation_steps,
+    comment,
+    header,
+    one_d_only,
+    refuse_unless_expressible,
+    shell_command,
+    tensor_size,
+)
+from paracube.plan import Plan
+
+WRITTEN_FOR = "Megatron-LM core_r0.13.0 (pretrain_gpt.py arguments)"
+VOCAB_DIVISOR = 128  # Megatron's default --make-vocab-size-divisible-by
+
+
+def why_not(plan: Plan) -> str | None:
+    if (why := one_d_only(plan)) is not None:
+        return why
+    if plan.layout.zero == 3:
+        return "zero=3 (fully sharded parameters) has no pretrain_gpt.py equivalent here"
+    return None
+
+
+EXPRESSIBLE["megatron"] = why_not
+
+
+def big_axes(plan: Plan, order: tuple[str, ...]) -> tuple[str, ...]:
+    """`order` (innermost first) without the axes of size 1, which do not change any group."""
+    return tuple(a for a in order if plan.layout.axis_size(a) > 1)
+
+
+def placement_args(plan: Plan) -> tuple[list[str], list[str]]:
+    """(arguments, notes) for the plan's rank placement."""
+    lay = plan.layout
+    if lay.mode == "none":
+        tensor: tuple[str, ...] = ()
+    else:
+        tensor = ("tp",)
+    have = big_axes(plan, lay.effective_placement)
+    if have == big_axes(plan, (*tensor, "dp", "pp")):
+        return [], []
+    if have == big_axes(plan, (*tensor, "pp", "dp")):
+        return ["--use-tp-pp-dp-mapping"], []
+    return [], [f"the plan places ranks {'.'.join(have)} (innermost first); Megatron orders them tp, dp, pp: "
+                "the same training, other communication costs than predicted"]
+
+
+def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
+    """(arguments, notes): parallel sizes, batch, recomputation and precision."""
+    lay, t = plan.layout, plan.training
+    args = [f"--tensor-model-parallel-size {tensor_size(plan)}", f"--pipeline-model-parallel-size {lay.pp}"]
+    notes: list[str] = []
+    if lay.interleave > 1:
+        args.append(f"--num-layers-per-virtual-pipeline-stage {plan.model.layers // (lay.pp * lay.interleave)}")
+        if accumulation_steps(plan) % lay.pp:
+            notes.append(f"interleaving needs micro-batches per step ({accumulation_steps(plan)}) divisible by pp")
+    if lay.sequence_parallel:
+        args.append("--sequence-parallel")
+    placement, more = placement_args(plan)
+    args += placement
+    notes += more
+    args += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {t.global_batch}"]
+    if t.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    elif t.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if t.dtype != "fp32":
+        args.append(f"--{t.dtype}")
+    if t.dtype == "bf16":
+        args.append("--accumulate-allreduce-grads-in-fp32")  # paracube keeps fp32 gradients
+    return args, notes
+
+
+def model_args(plan: Plan) -> list[str]:
+    m = plan.model
+    args = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--num-attention-heads {m.heads}",
+            f"--ffn-hidden-size {m.ffn_hidden}", f"--seq-length {plan.seq_len}",
+            f"--max-position-embeddings {m.seq_len}", f"--make-vocab-size-divisible-by {VOCAB_DIVISOR}"]
+    if m.family == "llama":
+        args += ["--position-embedding-type rope", "--normalization RMSNorm", "--swiglu", "--disable-bias-linear"]
+        if m.num_kv_heads != m.heads:
+            args += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    return args
+
+
+def tokenizer_args(plan: Plan) -> tuple[list[str], list[str]]:
+    """(variables the user must set, arguments)."""
+    if plan.model.family == "llama":
+        return ["TOKENIZER_MODEL"], ["--tokenizer-type Llama2Tokenizer", '--tokenizer-model "$TOKENIZER_MODEL"']
+    return (["VOCAB_FILE", "MERGE_FILE"],
+            ["--tokenizer-type GPT2BPETokenizer", '--vocab-file "$VOCAB_FILE"', '--merge-file "$MERGE_FILE"'])
+
+
+TRAINING_ARGS = ['--data-path "$DATA_PATH"', "--split 949,50,1", '--train-iters "${TRAIN_ITERS:-1000}"',
+                 '--lr "${LR:-1.5e-4}"', "--min-lr 1.5e-5", "--lr-decay-style cosine", "--lr-warmup-fraction 0.01",
+                 "--weight-decay 0.1", "--adam-beta1 0.9", "--adam-beta2 0.95", "--clip-grad 1.0",
+                 "--log-interval 10", "--eval-interval 1000", "--eval-iters 10"]
+
+
+def torchrun_prologue(plan: Plan, needed: list[str]) -> list[str]:
+    """Shell lines before the command: required variables, the node's rank and the rendezvous."""
+    lines = ["set -euo pipefail"]
+    lines += [f': "${{{v}:?set {v}}}"' for v in needed]
+    lines += ['NODE_RANK="${NODE_RANK:-0}"', 'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"',
+              'MASTER_PORT="${MASTER_PORT:-29500}"',
+              "export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron: orders tensor-parallel communication before compute"]
+    return lines
+
+
+def torchrun_words(plan: Plan) -> list[str]:
+    return ["torchrun", f"--nnodes={plan.launch.nnodes}", f"--nproc-per-node={plan.launch.nproc_per_node}",
+            '--node-rank="$NODE_RANK"', '--master-addr="$MASTER_ADDR"', '--master-port="$MASTER_PORT"']
+
+
+def export(plan: Plan) -> Export:
+    refuse_unless_expressible("megatron", plan)
+    lay, m = plan.layout, plan.model
+    parallel, notes = parallel_args(plan)
+    if lay.zero == 1:
+        parallel.append("--use-distributed-optimizer")
+    if lay.dp > 1:
+        parallel.append("--overlap-grad-reduce")
+        if lay.zero == 1:
+            parallel.append("--overlap-param-gather")
+    split = tensor_size(plan) * VOCAB_DIVISOR
+    info = f"Megatron pads the vocabulary {m.vocab} to {-(-m.vocab // split) * split} (a multiple of 128 x tp)"
+    needed, tokenizer = tokenizer_args(plan)
+    lines = ["#!/bin/bash", comment([*header(plan, "megatron", WRITTEN_FOR, notes), info]).rstrip("\n"),
+             "# run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) from a Megatron-LM checkout",
+             *torchrun_prologue(plan, ["MEGATRON_LM", "DATA_PATH", *needed])]
+    command = shell_command([*torchrun_words(plan), '"$MEGATRON_LM/pretrain_gpt.py"'],
+                            [*parallel, *model_args(plan), *tokenizer, *TRAINING_ARGS])
+    return Export("megatron", "\n".join(lines) + "\n" + command, tuple(notes))
+
+
+__all__ = ["WRITTEN_FOR", "export", "model_args", "parallel_args", "torchrun_prologue", "torchrun_words", "why_not"]
