@@ -165,6 +165,29 @@ def load_plan(path: str | Path) -> Plan:
     return plan_from_dict(data, source=str(path))
 
 
+def is_cluster_file(cluster: str) -> bool:
+    """A cluster named by a YAML file path (presets are plain names)."""
+    return "/" in cluster or cluster.endswith((".yaml", ".yml"))
+
+
+def recorded_cluster(cluster: str) -> str:
+    """What a plan records for `--cluster`: a preset name as given, a file as its absolute path (so that
+    validate / simulate / export reload it from any directory)."""
+    path = Path(cluster)
+    return str(path.resolve()) if is_cluster_file(cluster) and path.is_file() else cluster
+
+
+def plan_cluster(plan: Plan, override: str | None = None, source: str = "plan") -> str:
+    """The cluster to use for a plan: `override` (--cluster) if given, else the plan's own. A file the plan
+    records must still exist (one line naming it)."""
+    if override:
+        return override
+    check(not is_cluster_file(plan.cluster) or Path(plan.cluster).is_file(),
+          f"{source}: its cluster file {plan.cluster!r} does not exist (moved or deleted?); "
+          "pass --cluster FILE to use another")
+    return plan.cluster
+
+
 DEFAULT_LAYOUT = "dp=1,tp=3d:2x2x2,mb=4"
 
 

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from paracube.cli.options import (
+    DEFAULT_CLUSTER,
     Workload,
     add_workload_options,
     human_bytes,
@@ -23,9 +24,10 @@ from paracube.cli.options import (
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout, parse_layout
-from paracube.plan import LaunchSpec, Plan, load_plan
+from paracube.plan import LaunchSpec, Plan, load_plan, plan_cluster, recorded_cluster
 
 MODE_ORDER = ("none", "1d", "2d", "2.5d", "3d")
+EXPLAIN_POOL = 100  # ranked layouts the runner-ups of `plan` are looked for in (planner/explain.py)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="full breakdown of one layout (a plan file, or options + --layout)")
     p.add_argument("plan", nargs="?", default=None, help="plan file (default: options below)")
     add_workload_options(p, layout_help="the layout to simulate (default dp=1,tp=3d:2x2x2,mb=4 on 8 ranks)")
+    p.set_defaults(cluster=None)  # with a plan file: the plan's cluster unless --cluster is given
     p.add_argument("--sequence-parallel", action="store_true", help="1D only: Megatron sequence parallelism")
     p.add_argument("--interleave", type=positive_int, default=None, metavar="V", help="virtual pipeline chunks")
     p.add_argument("--engine", default="analytic", choices=["analytic", "event"])
@@ -77,8 +80,13 @@ def _row(est: StepEstimate) -> list[str]:
 ROW_COLUMNS = ("step time", "compute", "exposed comm", "bubble", "memory/GPU", "sent/GPU", "MFU")
 
 
+def human_params(n: float) -> str:
+    """13.11B, 354.87M, 0.14M: a unit that keeps small models readable."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
 def _summary(w: Workload) -> str:
-    return (f"{w.model.name} ({w.model.num_parameters() / 1e9:.2f}B params) on {w.gpus} x {w.cluster}, global batch "
+    return (f"{w.model.name} ({human_params(w.model.num_parameters())} params) on {w.gpus} x {w.cluster}, global batch "
             f"{w.training.global_batch} x {w.training.sequence_length(w.model)} tokens, {w.training.dtype}")
 
 
@@ -86,7 +94,7 @@ def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> P
     per_node = min(w.gpus, int(getattr(topo, "devices_per_node", w.gpus)))
     if w.gpus % per_node:
         per_node = w.gpus
-    return Plan(model=w.model, training=w.training, layout=layout, cluster=w.cluster, gpus=w.gpus,
+    return Plan(model=w.model, training=w.training, layout=layout, cluster=recorded_cluster(w.cluster), gpus=w.gpus,
                 launch=LaunchSpec(nproc_per_node=per_node, nnodes=w.gpus // per_node),
                 prediction=est.to_dict(), notes=est.notes)
 
@@ -102,17 +110,25 @@ def _search(w: Workload, topo: object, top_k: int, runnable: bool = False):  # n
 def plan_cmd(args: argparse.Namespace) -> int:
     w = workload_from_args(args)
     topo = w.topology
-    result = _search(w, topo, max(args.top, args.refine), runnable=args.runnable)
-    ranked = result.ranked
+    from paracube.planner.explain import dedupe, explain
+
+    pool = max(args.top, args.refine, EXPLAIN_POOL)
+    result = _search(w, topo, pool, runnable=args.runnable)
+    ranked = _with_zero(dedupe(result.ranked), w.layout)
+    exhaustive = len(result.ranked) < pool
     if args.refine:
         refined = [(lay, estimate_with("event", w, lay, topo)) for lay, _ in ranked[: args.refine]]
         ranked = sorted(refined, key=lambda r: r[1].step_time_s) + ranked[args.refine:]
+        choices = explain(ranked[: args.refine], w.layout)
+    else:
+        choices = explain(ranked, w.layout, exhaustive)
     best_layout, best_est = ranked[0]
     plan = make_plan(w, best_layout, best_est, topo)
     path = plan.save(args.out)
     if args.json:
         print_json({"plan_file": str(path), "best": {"layout": str(best_layout), **best_est.to_dict()},
                     "ranked": [{"layout": str(lay), **est.to_dict()} for lay, est in ranked[: args.top]],
+                    "choices": [c.to_dict() for c in choices],
                     "scored": result.scored, "rejected": dict(result.rejected), "elapsed_s": result.elapsed_s})
         return 0
     console = make_console()
@@ -124,6 +140,9 @@ def plan_cmd(args: argparse.Namespace) -> int:
     for i, (lay, est) in enumerate(ranked[: args.top], 1):
         table.add_row(str(i), str(lay), *_row(est))
     console.print(table)
+    console.print("why this layout (pinned: given by --layout; chosen: the runner-up it beat, predicted step time):")
+    for c in choices:
+        console.print(f"  {c.line()}", highlight=False, markup=False)
     rejected = ", ".join(f"{n} {reason}" for reason, n in result.rejected.most_common(4))
     console.print(f"scored {result.scored} layouts in {result.elapsed_s:.2f} s"
                   + (f"; rejected: {rejected}" if rejected else "")
@@ -136,6 +155,13 @@ def plan_cmd(args: argparse.Namespace) -> int:
         console.print(f"wrote {path} (best: {best_layout}); paracube's executor runs pp=1 without sp: "
                       "add --runnable for a plan `paracube run` executes")
     return 0
+
+
+def _with_zero(ranked: list, fixed: Layout | None) -> list:
+    """The search does not vary zero: a pinned zero=N applies to every ranked layout."""
+    if fixed is None or not fixed.zero:
+        return ranked
+    return [(lay.with_(zero=fixed.zero), est) for lay, est in ranked]
 
 
 def _tensor_only_shapes(gpus: int) -> dict[str, list[tuple[int, ...]]]:
@@ -219,9 +245,10 @@ def compare_cmd(args: argparse.Namespace) -> int:
 def simulate_cmd(args: argparse.Namespace) -> int:
     if args.plan:
         plan = load_plan(args.plan)
-        w = Workload(plan.model, plan.training, plan.cluster, plan.gpus, plan.layout)
+        w = Workload(plan.model, plan.training, plan_cluster(plan, args.cluster, args.plan), plan.gpus, plan.layout)
         layout = plan.layout
     else:
+        args.cluster = args.cluster or DEFAULT_CLUSTER
         if args.layout is None and args.gpus is None:
             args.layout = "dp=1,tp=3d:2x2x2,mb=4"
         w = workload_from_args(args)

@@ -1,0 +1,118 @@
+"""Why the planner chose each part of the best layout: pinned vs chosen, and the runner-up it beat.
+
+Works on the search's ranked results only (planner.search's `ranked`, plus `best_per_mode`): for each
+part of the best layout (dp, pp, tensor mode and shape, micro-batch, interleave v, sequence parallelism,
+placement) that was not pinned by the user's --layout, the runner-up is the best-ranked layout with a
+different value of that part (for placement: the same layout otherwise), and the margin is its predicted
+step time relative to the best: (t_runner_up - t_best) / t_best. v is a choice only with pp > 1, sp only
+with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid
+layout (fewer rows than asked for), a part with no other value is reported as the only valid one.
+Rows that differ only in where size-1 axes sit are the same layout (size-1 axes change no group):
+`dedupe` keeps the first of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from paracube.estimate import StepEstimate
+from paracube.layout import Layout
+
+Ranked = Sequence[tuple[Layout, StepEstimate]]
+
+
+def big_placement(layout: Layout) -> tuple[str, ...]:
+    """The placement (innermost first) without axes of size 1."""
+    return tuple(a for a in layout.effective_placement if layout.axis_size(a) > 1)
+
+
+def canonical_key(layout: Layout) -> tuple:
+    return (layout.dp, layout.pp, layout.mode, layout.shape, layout.micro_batch, layout.interleave,
+            layout.sequence_parallel, layout.zero, big_placement(layout))
+
+
+def dedupe(ranked: Ranked) -> list[tuple[Layout, StepEstimate]]:
+    seen: set[tuple] = set()
+    out = []
+    for lay, est in ranked:
+        key = canonical_key(lay)
+        if key not in seen:
+            seen.add(key)
+            out.append((lay, est))
+    return out
+
+
+def _tensor(lay: Layout) -> str:
+    return "tp=none" if lay.mode == "none" else f"tp={lay.mode}:{'x'.join(map(str, lay.shape))}"
+
+
+# part -> (value label of a layout, is the part pinned by `fixed`)
+PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
+    "dp": (lambda lay: f"dp={lay.dp}", lambda f: f.dp != 1),
+    "pp": (lambda lay: f"pp={lay.pp}", lambda f: f.pp != 1),
+    "tensor": (_tensor, lambda f: f.mode != "none"),
+    "mb": (lambda lay: f"mb={lay.micro_batch}", lambda f: f.micro_batch is not None),
+    "v": (lambda lay: f"v={lay.interleave}", lambda f: f.interleave != 1),
+    "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
+    "placement": (lambda lay: "place=" + ".".join(big_placement(lay) or ("-",)), lambda f: bool(f.placement)),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    part: str
+    value: str
+    pinned: bool
+    runner_up: str | None = None  # the other value's label
+    runner_up_layout: str | None = None
+    runner_up_step_time_s: float | None = None
+    margin: float | None = None  # (t_runner_up - t_best) / t_best
+    only_value: bool = False  # no other value is valid (the ranked list was exhaustive)
+
+    def line(self) -> str:
+        if self.pinned:
+            return f"{self.value} pinned"
+        if self.runner_up is None:
+            why = "the only valid value" if self.only_value else "no other value among the ranked layouts"
+            return f"{self.value} chosen; {why}"
+        t = self.runner_up_step_time_s or 0.0
+        shown = f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
+        return (f"{self.value} chosen; best with {self.runner_up}: {shown} ({(self.margin or 0):+.1%})"
+                f" [{self.runner_up_layout}]")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"part": self.part, "value": self.value, "pinned": self.pinned, "runner_up": self.runner_up,
+                "runner_up_layout": self.runner_up_layout, "runner_up_step_time_s": self.runner_up_step_time_s,
+                "margin": self.margin, "only_value": self.only_value, "line": self.line()}
+
+
+def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = False) -> list[Choice]:
+    """One Choice per part of ranked[0]'s layout (ranked: best first, by step time)."""
+    rows = sorted(dedupe(ranked), key=lambda r: r[1].step_time_s)
+    best, best_est = rows[0]
+    t0 = best_est.step_time_s
+    out = []
+    for part, (label, is_pinned) in PARTS.items():
+        if (part == "v" and best.pp == 1) or (part == "sp" and best.mode != "1d") or \
+                (part == "placement" and len(big_placement(best)) < 2):
+            continue  # not a choice of its own
+        value = label(best)
+        if fixed is not None and is_pinned(fixed):
+            out.append(Choice(part, value, True))
+            continue
+        same = (lambda lay: canonical_key(lay)[:-1] == canonical_key(best)[:-1]) if part == "placement" else None
+        other = next(((lay, est) for lay, est in rows[1:] if label(lay) != value and (same is None or same(lay))),
+                     None)
+        if other is None:
+            out.append(Choice(part, value, False, only_value=exhaustive))
+            continue
+        lay, est = other
+        out.append(Choice(part, value, False, label(lay), str(lay), est.step_time_s, est.step_time_s / t0 - 1))
+    if best.zero or (fixed is not None and fixed.zero):
+        out.append(Choice("zero", f"zero={best.zero}", True))
+    return out
+
+
+__all__ = ["Choice", "big_placement", "canonical_key", "dedupe", "explain"]
