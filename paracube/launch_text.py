@@ -62,7 +62,7 @@ def torchrun_script(plan: Plan, worker_args: Sequence[str], master_port: int = 2
     else:
         lines += ["# run on every node: NODE_RANK=0..N-1, MASTER_ADDR = the address of node 0",
                   ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"',
-                  ': "${NODE_RANK:?set NODE_RANK to this node\'s rank (0 on the master)}"',
+                  ': "${NODE_RANK:?set NODE_RANK to the rank of this node, 0 on the master}"',
                   f'MASTER_PORT="${{MASTER_PORT:-{master_port}}}"']
         node_args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", '--node-rank="$NODE_RANK"',
                      "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']

@@ -7,6 +7,7 @@ Any Hugging Face `config.json` (GPT-2, GPT-NeoX/OPT-like, LLaMA-like keys) loads
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -181,6 +182,17 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
 DEFAULT_MODEL = "tiny"
 
 
+def config_name(path: Path, name_or_path: object = None) -> str:
+    """The name a config.json model shows in headers: its `_name_or_path` (last part), else the file's
+    name (`llama-7b.json` -> llama-7b; `.../llama-7b/config.json` -> llama-7b)."""
+    if isinstance(name_or_path, str) and name_or_path.strip().strip("/"):
+        return name_or_path.strip().rstrip("/").split("/")[-1]
+    if path.name == "config.json":
+        parent = path.resolve().parent.name
+        return parent or "config"
+    return path.stem
+
+
 def from_hf_config(path: Path) -> ModelSpec:
     """A ModelSpec from a Hugging Face `config.json` (GPT-2 style `n_*` keys or LLaMA style keys)."""
     try:
@@ -211,7 +223,7 @@ def from_hf_config(path: Path) -> ModelSpec:
     kv_heads = data.get("num_key_value_heads")
     check(kv_heads is None or (isinstance(kv_heads, int) and not isinstance(kv_heads, bool)),
           f"{path}: field 'num_key_value_heads' must be an integer, got {kv_heads!r}")
-    name = data.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem)
+    name = config_name(path, data.get("_name_or_path"))
     return ModelSpec(
         name=str(name),
         layers=pick("n_layer", "num_hidden_layers", "num_layers"),
@@ -236,7 +248,9 @@ def resolve_model(name_or_path: str) -> ModelSpec:
             path = path / "config.json"
         check(path.exists(), f"model config file {str(path)!r} does not exist")
         return from_hf_config(path)
-    raise ParacubeError(f"unknown model {name_or_path!r}; valid presets: {', '.join(PRESETS)} "
+    close = difflib.get_close_matches(name_or_path.lower(), list(PRESETS), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise ParacubeError(f"unknown model {name_or_path!r}; {hint}valid presets: {', '.join(PRESETS)} "
                         "(or a path to a Hugging Face config.json)")
 
 

@@ -84,16 +84,17 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from paracube.plan import default_plan, load_plan
+    from paracube.plan import default_plan, load_plan, plan_cluster
     from paracube.topologies import PRESETS, load_topology
     from paracube.validation.validate import validate
 
     plan = load_plan(args.plan) if args.plan else default_plan()
     world = plan.layout.world_size
-    source = args.cluster or plan.cluster
-    if args.cluster is None and plan.cluster != "local-cpu":
-        raise ParacubeError(f"plan cluster {plan.cluster!r} is not this machine; validate runs on local ranks: "
-                            "pass --cluster FILE from `paracube calibrate` (or plan for local-cpu)")
+    # The plan's cluster (a calibrated file is recorded by its absolute path); --cluster only overrides.
+    source = plan_cluster(plan, args.cluster, args.plan or "the default plan")
+    if args.cluster is None and source in PRESETS and source != "local-cpu":
+        raise ParacubeError(f"cluster {source!r} is not this machine; validate runs on local ranks: "
+                            "pass --cluster FILE from `paracube calibrate` (or plan with --cluster FILE)")
     # A calibrated file is fixed in size: load it as written and say so if the plan needs another size.
     topo = load_topology(source, gpus=world if source in PRESETS else None)
     if topo.num_devices != world:

@@ -1,0 +1,167 @@
+"""`paracube export`: each target's text equals its golden file (tests/golden/export/; regenerate with
+PARACUBE_UPDATE_GOLDEN=1 after an intended change and review the diff), the scripts are valid shell, the
+DeepSpeed config's batch arithmetic holds, and every refusal is one line, exit 2, nothing written.
+No target's own argument parser is installed here (Megatron-LM, torchtitan, DeepSpeed), so the
+argument names are checked against the golden files, which were reviewed against their sources."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paracube.cli.main import main
+from paracube.export import TARGETS, export_plan
+from paracube.layout import parse_layout
+from paracube.plan import LaunchSpec, Plan, default_plan, load_plan
+from paracube.workload import PRESETS, TrainingSpec
+
+GOLDEN = Path(__file__).parent / "golden" / "export"
+LAYOUT_13B = "dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1"  # 64 GPUs: 8 nodes of 8
+
+
+def plan_13b(layout: str = LAYOUT_13B) -> Plan:
+    lay = parse_layout(layout)
+    return Plan(PRESETS["gpt3-13b"], TrainingSpec(global_batch=512, dtype="bf16", recompute="selective"), lay,
+                "dgx-a100", lay.world_size, LaunchSpec(nproc_per_node=8, nnodes=lay.world_size // 8))
+
+
+def plan_for(target: str) -> Plan:
+    """The 13B plan for the framework targets; paracube's own launch runs pp=1 plans (the default plan)."""
+    if target in ("torchrun", "slurm"):
+        lay = parse_layout("dp=2,tp=2d:2x2,mb=2")
+        return Plan(PRESETS["tiny"], TrainingSpec(global_batch=8), lay, "dgx-a100", 8,
+                    LaunchSpec(nproc_per_node=4, nnodes=2))
+    return plan_13b()
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("PARACUBE_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with PARACUBE_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_export_equals_golden(target: str) -> None:
+    result = export_plan(plan_for(target), target, plan_path="/jobs/plan.json", steps=50)
+    check_golden(f"{target}.sh", result.text)
+    assert result.text.startswith("#!/bin/bash\n")
+    assert "written by paracube" in result.text and f"--to {target}" in result.text
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("target", TARGETS)
+def test_exports_are_valid_shell(target: str, tmp_path: Path) -> None:
+    script = tmp_path / "x.sh"
+    script.write_text(export_plan(plan_for(target), target, plan_path="/jobs/plan.json").text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_megatron_arguments_follow_the_layout() -> None:
+    text = export_plan(plan_13b(), "megatron").text
+    args = dict(re.findall(r"--([a-z0-9-]+)(?: (\S+))? ?\\?$", text, flags=re.M))
+    assert args["tensor-model-parallel-size"] == "4" and args["pipeline-model-parallel-size"] == "4"
+    assert args["num-layers-per-virtual-pipeline-stage"] == str(40 // (4 * 2))
+    assert args["micro-batch-size"] == "1" and args["global-batch-size"] == "512"
+    assert args["recompute-granularity"] == "selective"
+    for flag in ("sequence-parallel", "use-distributed-optimizer", "bf16", "overlap-grad-reduce",
+                 "overlap-param-gather", "untie-embeddings-and-output-weights"):
+        assert flag in args
+    assert "--nnodes=8 --nproc-per-node=8" in text
+    llama = Plan(PRESETS["llama2-70b"], TrainingSpec(global_batch=64, dtype="bf16", recompute="full"),
+                 parse_layout("dp=2,pp=4,tp=1d:8,mb=1"), "dgx-a100", 64, LaunchSpec(8, 8))
+    text = export_plan(llama, "megatron").text
+    for flag in ("--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--group-query-attention",
+                 "--num-query-groups 8", "--recompute-granularity full", "--recompute-method uniform"):
+        assert flag in text
+    assert "--use-distributed-optimizer" not in text and "--sequence-parallel" not in text
+
+
+def test_deepspeed_config_batch_arithmetic() -> None:
+    plan = plan_13b()
+    text = export_plan(plan, "deepspeed").text
+    config = json.loads(text.split("<<'JSON'\n")[1].split("\nJSON\n")[0])
+    dp = plan.layout.dp
+    assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
+                                          * config["gradient_accumulation_steps"] * dp) == 512
+    assert config["zero_optimization"]["stage"] == 1 and config["bf16"]["enabled"] is True
+    assert "activation_checkpointing" in config and "--zero-stage 1" in text
+
+
+def test_torchtitan_dp_shard_or_replicate() -> None:
+    text = export_plan(plan_13b(), "torchtitan").text
+    assert "--parallelism.data_parallel_replicate_degree 4" in text
+    assert "--parallelism.data_parallel_shard_degree 1" in text
+    assert "--parallelism.pipeline_parallel_schedule Interleaved1F1B" in text
+    fsdp = export_plan(plan_13b("dp=16,tp=1d:4,mb=1,zero=3"), "torchtitan").text
+    assert "--parallelism.data_parallel_shard_degree 16" in fsdp and "replicate_degree 1" in fsdp
+    assert "pipeline_parallel_schedule" not in fsdp and "--parallelism.enable_sequence_parallel False" in fsdp
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_writes_the_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_file = plan_13b().save(tmp_path / "p.json")
+    out = tmp_path / "run.sh"
+    code, _, err = run_cli(capsys, "export", str(plan_file), "--to", "megatron", "-o", str(out))
+    assert code == 0 and "wrote" in err
+    assert out.read_text() == export_plan(load_plan(plan_file), "megatron").text
+    code, printed, _ = run_cli(capsys, "export", str(plan_file), "--to", "deepspeed")
+    assert code == 0 and printed == export_plan(load_plan(plan_file), "deepspeed").text
+
+
+def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("paracube: error: ") and "Traceback" not in err
+    return err
+
+
+def test_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    two_d = default_plan("dp=2,tp=2d:2x2,mb=2").save(tmp_path / "2d.json")
+    out = tmp_path / "x.sh"
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        err = refusal(capsys, "export", str(two_d), "--to", target, "-o", str(out))
+        assert "tensor mode 2d" in err and "targets that run it: torchrun, slurm" in err
+    pipelined = plan_13b().save(tmp_path / "13b.json")
+    err = refusal(capsys, "export", str(pipelined), "--to", "torchrun", "-o", str(out))
+    assert "pp=1" in err and "targets that run it: megatron, torchtitan, deepspeed" in err
+    zero3 = plan_13b("dp=4,pp=4,tp=1d:4,mb=1,zero=3").save(tmp_path / "z3.json")
+    err = refusal(capsys, "export", str(zero3), "--to", "megatron", "-o", str(out))
+    assert "zero=3" in err and "targets that run it: torchtitan" in err and "deepspeed" not in err
+    three_d_25 = default_plan("dp=1,tp=2.5d:2x2x2,mb=4").save(tmp_path / "25d.json")
+    assert "no export target runs it" in refusal(capsys, "export", str(three_d_25), "--to", "slurm")
+    assert "unknown export target 'nemo'" in refusal(capsys, "export", str(pipelined), "--to", "nemo", "-o", str(out))
+    data = json.loads(pipelined.read_text())
+    data["schema_version"] = 99
+    (tmp_path / "v99.json").write_text(json.dumps(data))
+    err = refusal(capsys, "export", str(tmp_path / "v99.json"), "--to", "megatron", "-o", str(out))
+    assert "schema_version=99" in err
+    err = refusal(capsys, "export", str(pipelined), "--to", "megatron", "-o", str(tmp_path / "nodir" / "x.sh"))
+    assert "nodir" in err and "does not exist" in err
+    assert not out.exists() and not (tmp_path / "nodir").exists()
+
+
+def test_export_imports_no_torch(tmp_path: Path) -> None:
+    """The export and schema modules never import torch (the CLI's own lazy import is tested with it)."""
+    plan_file = plan_13b().save(tmp_path / "p.json")
+    code = ("import sys, argparse; import paracube.cli.export_cmd as e, paracube.cli.schema_cmd as s; "
+            "from paracube.export import export_plan, TARGETS; from paracube.plan import load_plan; "
+            f"p = load_plan({str(plan_file)!r}); [export_plan(p, t) for t in TARGETS[:3]]; "
+            f"e.export_cmd(argparse.Namespace(plan={str(plan_file)!r}, to='megatron', out=None, steps=1)); "
+            "s.schema_cmd(argparse.Namespace(which='plan')); "
+            "assert not [m for m in sys.modules if m.startswith('torch')], 'torch imported'")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
