@@ -1,0 +1,166 @@
+"""Planning-side usability (issue 16): `plan` marks pinned vs chosen parts with the runner-up each choice
+beat (recomputed here from the ranked rows), size-1-axis duplicates are listed once, zero=N is pinned
+through to the plan file, a plan made with a cluster file is reloaded by simulate / validate without
+--cluster, model names get suggestions, headers name config.json models and show small parameter
+counts readably, and the JSON Schemas (`paracube schema`) accept what paracube writes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from paracube.cli.main import main
+from paracube.errors import ParacubeError
+from paracube.layout import Layout, parse_layout
+from paracube.plan import load_plan
+from paracube.planner import search
+from paracube.planner.explain import PARTS, canonical_key, dedupe, explain
+from paracube.schemas import EstimateSchema, PlanSchema, ValidateSchema, json_schema
+from paracube.topologies import load_topology
+from paracube.workload import PRESETS, TrainingSpec, resolve_model
+
+FAKE_CLUSTER = """name: fakecal
+device: {name: cpu-fake, peak_flops: {fp32: 5.0e10, bf16: 2.5e10, fp16: 2.5e10}, memory_bytes: 3.0e9,
+         memory_bandwidth: 1.0e10}
+nodes: 1
+devices_per_node: 8
+intra_node: {bandwidth: 2.0e9, latency: 2.0e-5}
+"""
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_runner_ups_are_the_best_other_value_of_each_part() -> None:
+    topo = load_topology("dgx-a100", gpus=64)
+    training = TrainingSpec(global_batch=512, dtype="bf16")
+    fixed = parse_layout("tp=1d:4")
+    result = search(PRESETS["gpt3-2.7b"], training, topo, 64, fixed=fixed, top_k=60)
+    rows = dedupe(result.ranked)
+    choices = {c.part: c for c in explain(rows, fixed)}
+    best, best_est = rows[0]
+    assert choices["tensor"].pinned and choices["tensor"].value == "tp=1d:4"
+    for part, (label, _) in PARTS.items():
+        if part not in choices or choices[part].pinned:
+            continue
+        c = choices[part]
+        others = [est.step_time_s for lay, est in rows if label(lay) != label(best)
+                  and (part != "placement" or canonical_key(lay)[:-1] == canonical_key(best)[:-1])]
+        if not others:
+            assert c.runner_up is None
+            continue
+        assert c.runner_up_step_time_s == min(others)
+        assert math.isclose(c.margin, min(others) / best_est.step_time_s - 1)
+        assert c.margin >= 0 and c.line().startswith(f"{c.value} chosen; best with {c.runner_up}: ")
+
+
+def test_size_one_axis_placements_are_one_row() -> None:
+    a = Layout(dp=2, mode="1d", shape=(4,), placement=("tp", "dp", "pp"))
+    b = Layout(dp=2, mode="1d", shape=(4,), placement=("tp", "pp", "dp"))
+    c = Layout(dp=2, mode="1d", shape=(4,), placement=("dp", "tp", "pp"))
+    assert str(a) != str(b) and canonical_key(a) == canonical_key(b) != canonical_key(c)
+    est = search(PRESETS["tiny"], TrainingSpec(), load_topology("local-cpu", gpus=8), 8, top_k=1).ranked[0][1]
+    assert [lay for lay, _ in dedupe([(a, est), (b, est), (c, est)])] == [a, c]
+
+
+def test_plan_prints_pinned_and_chosen_and_keeps_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    code, text, _ = run_cli(capsys, "plan", "--model", "gpt3-2.7b", "--cluster", "dgx-a100", "--gpus", "32",
+                            "--layout", "dp=4,pp=2,tp=1d:4,zero=1", "-o", str(out))
+    assert code == 0
+    assert "dp=4 pinned" in text and "pp=2 pinned" in text and "tp=1d:4 pinned" in text and "zero=1 pinned" in text
+    assert "chosen; best with mb=" in text
+    assert load_plan(out).layout.zero == 1
+    code, text, _ = run_cli(capsys, "plan", "--json", "-o", str(out))
+    lines = [c["line"] for c in json.loads(text)["choices"]]
+    assert any(line.startswith("dp=") for line in lines) and all("pinned" not in line for line in lines)
+    ranked = [r["layout"] for r in json.loads(text)["ranked"]]
+    assert len({canonical_key(parse_layout(r)) for r in ranked}) == len(ranked)
+
+
+def test_the_plan_keeps_its_cluster_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "fake.yaml").write_text(FAKE_CLUSTER)
+    monkeypatch.chdir(tmp_path / "cal")
+    assert run_cli(capsys, "plan", "--cluster", "fake.yaml", "--gpus", "4", "-o", "p4.json")[0] == 0
+    assert run_cli(capsys, "plan", "--cluster", "fake.yaml", "--gpus", "8", "-o", "p8.json")[0] == 0
+    recorded = str((tmp_path / "cal" / "fake.yaml").resolve())
+    assert load_plan("p8.json").cluster == recorded
+    monkeypatch.chdir(tmp_path)  # elsewhere: the recorded absolute path still loads
+    code, text, _ = run_cli(capsys, "simulate", "cal/p8.json", "--json")
+    assert code == 0 and json.loads(text)["step_time_s"] == load_plan("cal/p8.json").prediction["step_time_s"]
+    code, text, _ = run_cli(capsys, "simulate", "cal/p8.json")
+    assert code == 0 and f"on 8 x {recorded}" in text.replace("\n", "")
+    # validate reloads the file without --cluster (before any rank starts: the file has 8 devices, the plan 4)
+    code, _, err = run_cli(capsys, "validate", "cal/p4.json")
+    assert code == 2 and f"cluster {recorded!r} has 8 devices" in err
+    (tmp_path / "cal" / "fake.yaml").unlink()
+    for command in ("validate", "simulate"):
+        code, _, err = run_cli(capsys, command, "cal/p8.json")
+        assert code == 2 and f"cluster file {recorded!r} does not exist" in err and err.count("\n") == 1
+    code, text, _ = run_cli(capsys, "simulate", "cal/p8.json", "--cluster", "local-cpu")  # --cluster overrides
+    assert code == 0 and "on 8 x local-cpu" in text
+
+
+def test_model_names_suggest_and_headers_read_well(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ParacubeError, match="unknown model 'gpt3-13'; did you mean gpt3-13b"):
+        resolve_model("gpt3-13")
+    with pytest.raises(ParacubeError, match="did you mean llama2-7b"):
+        resolve_model("Llama2-7B")
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 688, "vocab_size": 1024, "max_position_embeddings": 128}
+    (tmp_path / "my-llama").mkdir()
+    (tmp_path / "my-llama" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "small-llama.json").write_text(json.dumps(config))
+    assert resolve_model(str(tmp_path / "my-llama" / "config.json")).name == "my-llama"
+    assert resolve_model(str(tmp_path / "my-llama")).name == "my-llama"
+    assert resolve_model(str(tmp_path / "small-llama.json")).name == "small-llama"
+    code, text, _ = run_cli(capsys, "simulate")
+    assert code == 0 and "tiny (0.14M params)" in text
+
+
+def test_schemas_accept_what_paracube_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    assert run_cli(capsys, "plan", "--layout", "dp=2,tp=1d:4,zero=1", "-o", str(out))[0] == 0
+    plan_json = json.loads(out.read_text())
+    PlanSchema.model_validate(plan_json)
+    code, text, _ = run_cli(capsys, "schema", "plan")
+    jsonschema.validate(plan_json, json.loads(text))
+    code, text, _ = run_cli(capsys, "simulate", str(out), "--json", "--events")
+    estimate = json.loads(text)
+    EstimateSchema.model_validate(estimate)
+    jsonschema.validate(estimate, json_schema("estimate"))
+    from paracube.validation.validate import compare
+
+    est = search(PRESETS["tiny"], TrainingSpec(), load_topology("local-cpu", gpus=8), 8, top_k=1).ranked[0][1]
+    row = {"step": 1, "step_time_s": 0.1, "comm_time_s": 0.01, "comm_cpu_s": 0.01, "bytes_sent_per_rank": 10,
+           "peak_memory_bytes": 2000}
+    per_rank = [{"rows": [row, {**row, "step": 2}], "base_rss": 1000}] * 2
+    validated = {**compare(est, per_rank, None), "cluster": "local-cpu", "calibrated": False}
+    ValidateSchema.model_validate(validated)
+    jsonschema.validate(json.loads(json.dumps(validated)), json_schema("validate"))
+    code, _, err = run_cli(capsys, "schema", "plans")
+    assert code == 2 and "unknown schema 'plans'; valid: plan, estimate, validate" in err
+
+
+def test_zero_field_parses_prints_and_is_refused_by_the_executor() -> None:
+    lay = parse_layout("dp=4,pp=2,tp=1d:2,mb=1,v=2,sp,zero=3")
+    assert lay.zero == 3 and str(lay) == "dp=4,pp=2,tp=1d:2,mb=1,v=2,sp,zero=3" and parse_layout(str(lay)) == lay
+    assert "zero" not in str(parse_layout("dp=2,zero=0")) and parse_layout("dp=2").zero == 0
+    for bad in ("dp=2,zero=2", "dp=2,zero=-1", "dp=2,zero=one"):
+        with pytest.raises(ParacubeError, match="zero=.* is not valid; valid: 0, 1, 3"):
+            parse_layout(bad)
+    with pytest.raises(ParacubeError, match="zero=2 is not valid; valid: 0, 1, 3"):
+        Layout(dp=2, zero=2)
+    from paracube.executor.sizes import check_divisibility
+
+    with pytest.raises(ParacubeError, match="zero=1 .* is not implemented by the executor"):
+        check_divisibility(PRESETS["tiny"], parse_layout("dp=8,zero=1"), 1, 8, 64)
