@@ -96,7 +96,15 @@ def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> P
         per_node = w.gpus
     return Plan(model=w.model, training=w.training, layout=layout, cluster=recorded_cluster(w.cluster), gpus=w.gpus,
                 launch=LaunchSpec(nproc_per_node=per_node, nnodes=w.gpus // per_node),
-                prediction=est.to_dict(), notes=est.notes)
+                prediction=est.to_dict(), notes=est.notes + _unpriced(layout, est))
+
+
+def _unpriced(layout: Layout, est: StepEstimate) -> tuple[str, ...]:
+    """A pinned zero the cost model did not see (its estimate's layout has no zero=) is said in the plan."""
+    if layout.zero and "zero=" not in est.layout:
+        return (f"zero={layout.zero} is pinned but not priced: the prediction is that of zero=0 "
+                "(optimizer state and parameters replicated over dp)",)
+    return ()
 
 
 def _search(w: Workload, topo: object, top_k: int, runnable: bool = False):  # noqa: ANN202
@@ -147,6 +155,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
     console.print(f"scored {result.scored} layouts in {result.elapsed_s:.2f} s"
                   + (f"; rejected: {rejected}" if rejected else "")
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
+    for note in _unpriced(best_layout, best_est):
+        console.print(f"note: {note}", markup=False)
     from paracube.planner.search import RUNNABLE_MODES
 
     if best_layout.pp == 1 and not best_layout.sequence_parallel and best_layout.mode in RUNNABLE_MODES:
