@@ -48,7 +48,7 @@ def parallelism_flags(plan: Plan) -> tuple[list[str], list[str]]:
              f"--parallelism.pipeline_parallel_degree {lay.pp}"]
     notes = []
     if lay.zero == 1:
-        notes.append("torchtitan has no ZeRO-1: dp replicates the optimizer state (more memory per GPU than planned)")
+        notes.append("torchtitan has no ZeRO-1: dp replicates the optimizer state, as with zero=0")
     if lay.pp > 1:
         schedule = "Interleaved1F1B" if lay.interleave > 1 else "1F1B"
         flags += [f"--parallelism.pipeline_parallel_schedule {schedule}",
