@@ -93,7 +93,7 @@ def validate_command(args: argparse.Namespace) -> int:
     # The plan's cluster (a calibrated file is recorded by its absolute path); --cluster only overrides.
     source = plan_cluster(plan, args.cluster, args.plan or "the default plan")
     if args.cluster is None and source in PRESETS and source != "local-cpu":
-        raise ParacubeError(f"cluster {source!r} is not this machine; validate runs on local ranks: "
+        raise ParacubeError(f"plan cluster {source!r} is not this machine; validate runs on local ranks: "
                             "pass --cluster FILE from `paracube calibrate` (or plan with --cluster FILE)")
     # A calibrated file is fixed in size: load it as written and say so if the plan needs another size.
     topo = load_topology(source, gpus=world if source in PRESETS else None)
