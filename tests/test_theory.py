@@ -8,14 +8,23 @@ Bian et al.).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from paracube.cli.main import main
+from paracube.cost_models.analytic import estimate
+from paracube.estimate import CommEvent, MemoryBreakdown, StepEstimate
+from paracube.layout import Layout, parse_layout
 from paracube.planner.theory import (
     layer_bytes_table,
     scaling_exponent,
     shape_for,
     theory_layer_bytes,
 )
+from paracube.planner.verdict import PURPOSES, byte_shares, crosses_nodes, explain_winner
+from paracube.topologies import load_topology
+from paracube.workload import ModelSpec, TrainingSpec
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +85,73 @@ def test_theory_closed_forms_by_hand() -> None:
     assert theory_layer_bytes("2.5d", 2, 4, 8, (2, 2, 1)) == theory_layer_bytes("2d", 2, 4, 8, (2, 2))
     assert shape_for("2.5d", 64) == (4, 4, 4) and shape_for("2.5d", 32, depth=2) == (4, 4, 2)
     assert shape_for("2d", 8) is None and shape_for("3d", 64) == (4, 4, 4)
+
+
+# --- why a mode wins (paracube/planner/verdict.py) ----------------------------------------------------------
+def _estimate(mode: str, shape: tuple[int, ...], step: float, comm: float, sent: float, by_axis: dict[str, float],
+              events: tuple[CommEvent, ...]) -> tuple[Layout, StepEstimate]:
+    est = StepEstimate(layout=mode, engine="analytic", step_time_s=step, compute_time_s=step - comm, comm_time_s=comm,
+                       exposed_comm_time_s=comm, bubble_time_s=0.0, memory=MemoryBreakdown(), comm_bytes_per_gpu=sent,
+                       flops_per_gpu=1.0, mfu=0.1, comm_time_by_axis=by_axis, events=events)
+    return Layout(mode=mode, shape=shape), est  # type: ignore[arg-type]
+
+
+def _ev(label: str, axes: tuple[str, ...], n: int, payload: int, phase: str = "fwd") -> CommEvent:
+    return CommEvent("all_gather", axes, n, payload, "float16", phase, label)
+
+
+def test_fewer_bytes_names_the_runner_ups_largest_purpose() -> None:
+    loser_events = (_ev("layers.0.qkv.X", ("col",), 4, 4000), _ev("tok_emb", ("row",), 4, 800))
+    sent = sum(e.sent_bytes() for e in loser_events)
+    best = {"3d": _estimate("3d", (2, 2, 2), 1.0, 0.5, sent / 3, {"z": 0.5}, (_ev("layers.0.fc.Y", ("z",), 2, 2000),)),
+            "2d": _estimate("2d", (2, 2), 2.0, 1.5, sent, {"col": 1.0, "row": 0.5}, loser_events)}
+    line = explain_winner(best, devices_per_node=4)
+    assert line.startswith("3d wins, 2.00x faster than 2d: 3.00x fewer bytes per GPU")
+    assert f"{3000 / sent:.0%} of 2d's are activations" in line
+
+
+def test_about_as_many_bytes_points_at_the_slow_axis_and_its_tier() -> None:
+    events = (_ev("layers.0.qkv.X", ("col",), 4, 4000), _ev("layers.0.qkv.A", ("row",), 4, 4000))
+    sent = sum(e.sent_bytes() for e in events)
+    best = {"2d": _estimate("2d", (4, 4), 2.0, 1.5, sent, {"col": 0.25, "row": 1.25}, events),
+            "3d": _estimate("3d", (2, 2, 2), 1.0, 0.5, 1.2 * sent, {"z": 0.5}, events)}
+    line = explain_winner(best, devices_per_node=4)  # row: stride 4 over 16 ranks -> crosses nodes of 4
+    assert line.startswith("3d wins, 2.00x faster than 2d: faster links, not fewer bytes (3d sends 1.20x")
+    assert "2d's axis row crosses nodes (InfiniBand)" in line and "83% of its comm time" in line
+    line = explain_winner(best, devices_per_node=16)
+    assert "2d's axis row stays inside a node" in line
+
+
+def test_compute_difference_is_named_when_it_dominates() -> None:
+    best = {"1d": _estimate("1d", (8,), 3.0, 0.5, 10.0, {"tp": 0.5}, ()),
+            "2d": _estimate("2d", (2, 2), 1.0, 0.6, 10.0, {"col": 0.6}, ())}
+    assert explain_winner(best, 8).startswith("2d wins, 3.00x faster than 1d: less compute per GPU")
+    assert explain_winner({"2d": best["2d"]}, 8) == "2d wins: the only mode with a valid layout"
+
+
+def test_crosses_nodes_follows_the_placement() -> None:
+    cube = Layout(mode="3d", shape=(4, 4, 4))  # x innermost: consecutive ranks
+    assert not crosses_nodes(cube, "x", 4) and crosses_nodes(cube, "y", 4) and crosses_nodes(cube, "x.y", 4)
+    assert crosses_nodes(cube.with_(placement=("z", "y", "x", "dp", "pp")), "x", 4)
+    assert not crosses_nodes(cube, "x.y", 16)
+
+
+@pytest.mark.parametrize("layout", ["tp=1d:8", "tp=1d:8,sp", "tp=2d:2x2,dp=2", "tp=2.5d:2x2x2", "tp=3d:2x2x2"])
+def test_every_byte_of_a_step_has_a_purpose(layout: str) -> None:
+    model = ModelSpec("t", layers=2, hidden=256, heads=8, ffn_hidden=1024, vocab=512, seq_len=64)
+    topo = load_topology("dgx-h100", gpus=8)
+    est = estimate(model, TrainingSpec(global_batch=16), parse_layout(layout + ",mb=4"), topo)
+    shares = byte_shares(est)
+    assert sum(shares.values()) == pytest.approx(est.comm_bytes_per_gpu, rel=1e-12)
+    assert set(shares) <= set(PURPOSES) and "other" not in shares or shares["other"] < 1e-3 * est.comm_bytes_per_gpu
+    assert "activations" in shares
+    assert ("weights" in shares) == ("1d" not in layout)  # only 2D/2.5D/3D gather weight blocks
+
+
+def test_compare_tensor_only_prints_the_winner_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--tensor-only", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    winner = min(out["modes"], key=lambda m: m["step_time_s"])["mode"]
+    assert out["verdict"].startswith(f"{winner} wins, ")
+    assert main(["compare", "--tensor-only"]) == 0
+    assert out["verdict"] in " ".join(capsys.readouterr().out.split())
