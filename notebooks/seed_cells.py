@@ -61,8 +61,10 @@ once and keeps them for backward, where SUMMA broadcasts them again. That consta
 at = {r.mode: r for r in rows if r.p == 64}
 summa = theory_layer_bytes("2d", PAPER["batch"], PAPER["seq"], h, (8, 8), e)
 print(f"per layer at p=64, T={T}, h={h}: 1d {at['1d'].model_bytes/1e6:.0f} MB, 2d {at['2d'].model_bytes/1e6:.0f} MB "
-      f"(SUMMA as published: {summa/1e6:.0f} MB), 2.5d {at['2.5d'].model_bytes/1e6:.0f} MB, 3d {at['3d'].model_bytes/1e6:.0f} MB")
-print(f"bytes 1d/3d = {at['1d'].model_bytes/at['3d'].model_bytes:.2f}x; SUMMA-2d/3d = {summa/at['3d'].model_bytes:.2f}x; "
+      f"(SUMMA as published: {summa/1e6:.0f} MB), 2.5d {at['2.5d'].model_bytes/1e6:.0f} MB, "
+      f"3d {at['3d'].model_bytes/1e6:.0f} MB")
+print(f"bytes 1d/3d = {at['1d'].model_bytes/at['3d'].model_bytes:.2f}x; "
+      f"SUMMA-2d/3d = {summa/at['3d'].model_bytes:.2f}x; "
       f"paracube-2d/3d = {at['2d'].model_bytes/at['3d'].model_bytes:.2f}x")
 # Why 3D's p^(1/6) edge over 2D is small at p = 64: 3D moves each activation in (X) AND out (Y, a reduce-scatter
 # of partial sums): sum(h_in + h_out) = 16h per layer against 2D's sum(h_in) = 7h.
@@ -77,14 +79,16 @@ as sqrt(p) (2048, 3072, 4096, 6144), so the weights per GPU stay about constant,
 WEAK_H = {8: 2048, 16: 3072, 32: 4096, 64: 6144}
 CLUSTERS = ["longhorn", "dgx-a100", "dgx-h100"]
 train = lambda n: TrainingSpec(global_batch=PAPER["batch"], dtype="fp16")
-runs = {"strong": scaling(CLUSTERS, COUNTS, lambda n: gpt(PAPER["hidden"], PAPER["layers"], PAPER["seq"], n), train, topo),
-        "weak": scaling(CLUSTERS, COUNTS, lambda n: gpt(WEAK_H[n], PAPER["layers"], PAPER["seq"], n), train, topo)}
+model_of = {"strong": lambda n: gpt(PAPER["hidden"], PAPER["layers"], PAPER["seq"], n),
+            "weak": lambda n: gpt(WEAK_H[n], PAPER["layers"], PAPER["seq"], n)}
+runs = {kind: scaling(CLUSTERS, COUNTS, make, train, topo) for kind, make in model_of.items()}
 for kind, points in runs.items():
     fig, axes = plt.subplots(len(CLUSTERS), 3, figsize=(13, 3.1 * len(CLUSTERS)), sharex=True)
     for row, cluster in zip(axes, CLUSTERS):
         for mode in MODES:
             pts = [p for p in points if p.cluster == cluster and p.mode == mode]
-            for ax, get in zip(row, (lambda p: p.step_time_s, lambda p: p.memory_bytes / 2**30, lambda p: p.bytes_per_gpu / 1e9)):
+            metrics = (lambda p: p.step_time_s, lambda p: p.memory_bytes / 2**30, lambda p: p.bytes_per_gpu / 1e9)
+            for ax, get in zip(row, metrics):
                 ax.plot([p.gpus for p in pts], [get(p) for p in pts], "o-", color=COLORS[mode], label=mode)
         for ax, what in zip(row, ("step time (s)", "memory per GPU (GiB)", "sent per GPU per step (GB)")):
             ax.set_xscale("log", base=2); ax.set_title(f"{cluster}: {what}", fontsize=9)
@@ -105,7 +109,8 @@ runner-up. Middle and right: 3D's speed-up over 1D and over 2D; the contour mark
 the star the assumed paper setting."""),
     ("code", """BATCHES = [8, 16, 32, 64, 128, 256, 512]
 HIDDENS = [1024, 2048, 4096, 8192, 16384]
-maps = {c: win_map(topo(c, 64), 64, BATCHES, HIDDENS, seq=PAPER["seq"], layers=PAPER["layers"]) for c in ("longhorn", "dgx-h100")}
+maps = {c: win_map(topo(c, 64), 64, BATCHES, HIDDENS, seq=PAPER["seq"], layers=PAPER["layers"])
+        for c in ("longhorn", "dgx-h100")}
 
 def plot_map(cluster, times):
     stack = np.stack([np.where(np.isnan(times[m]), np.inf, times[m]) for m in MODES])
@@ -119,7 +124,8 @@ def plot_map(cluster, times):
     valid = np.isfinite(stack.min(axis=0))
     axes[0].imshow(np.ma.masked_where(~valid, win), cmap=cmap, vmin=-0.5, vmax=3.5, origin="lower", aspect="auto")
     for (i, j), w in np.ndenumerate(win):
-        text = (f"{MODES[w]}\\n{margin[i, j]:.2f}x" if np.isfinite(margin[i, j]) else f"{MODES[w]}\\nonly") if valid[i, j] else "none\\nfits"
+        text = f"{MODES[w]}\\n{margin[i, j]:.2f}x" if np.isfinite(margin[i, j]) else f"{MODES[w]}\\nonly"
+        text = text if valid[i, j] else "none\\nfits"
         axes[0].text(j, i, text, ha="center", va="center", fontsize=7, color="white" if valid[i, j] else "k")
     axes[0].set_title(f"{cluster}, 64 GPUs: winner, margin over runner-up", fontsize=9)
     for ax, base, paper in ((axes[1], "1d", 2.32), (axes[2], "2d", 1.57)):
@@ -169,9 +175,11 @@ for x, (mode, (lay, est)) in enumerate(best.items()):
     across = est.comm_time_s - inside
     ax_t.bar(x, est.compute_time_s, color="#4c72b0", label="compute" if x == 0 else None)
     ax_t.bar(x, inside, bottom=est.compute_time_s, color="#55a868", label="comm inside nodes" if x == 0 else None)
-    ax_t.bar(x, across, bottom=est.compute_time_s + inside, color="#c44e52", label="comm across nodes (IB)" if x == 0 else None)
+    ax_t.bar(x, across, bottom=est.compute_time_s + inside, color="#c44e52",
+             label="comm across nodes (IB)" if x == 0 else None)
     print(f"{mode:5s} {str(lay):42s} step {est.step_time_s:6.3f} s  sent {est.comm_bytes_per_gpu/1e9:6.2f} GB  "
-          + ", ".join(f"{k} {v / est.comm_bytes_per_gpu:.0%}" for k, v in shares.items() if v > 0.005 * est.comm_bytes_per_gpu)
+          + ", ".join(f"{k} {v / est.comm_bytes_per_gpu:.0%}" for k, v in shares.items()
+                      if v > 0.005 * est.comm_bytes_per_gpu)
           + f"  | comm {est.comm_time_s:.3f} s, across nodes {across / est.comm_time_s:.0%}")
     for axis, t in sorted(est.comm_time_by_axis.items(), key=lambda kv: -kv[1])[:2]:
         moved = axis_bytes(est).get(axis, 0.0)
@@ -182,8 +190,8 @@ for ax, what in ((ax_b, "sent per GPU per step (GB)"), (ax_t, "time per step (s)
 fig.suptitle("longhorn, 64 V100, 12 x 4096 GPT, 64 x 512 tokens, fp16 (the assumed paper point)")
 fig.tight_layout(); save(fig, "seed_gap_longhorn.png"); plt.close(fig)
 print(explain_modes(best, model, training, c))"""),
-    ("md", """**Reading the numbers.** The model reproduces the *direction* of the paper (3D ahead of 1D by more than 2x on
-Longhorn) but not 3D's 1.57x over 2D at this point, for reasons the cells above quantify:
+    ("md", """**Reading the numbers.** The model reproduces the *direction* of the paper (3D ahead of 1D by more
+than 2x on Longhorn) but not 3D's 1.57x over 2D at this point, for reasons the cells above quantify:
 
 - *2D is not Optimus.* paracube's 2D gathers X and A once and keeps them for backward (2 passes of traffic);
   Optimus' SUMMA broadcasts again in backward (3 passes). Against SUMMA as published, 3D sends ~1.7x fewer bytes
