@@ -72,6 +72,8 @@ def _gb(x: float) -> str:
 
 
 def _slowest_axis(lay: Layout, est: StepEstimate, per_node: int) -> str:
+    if not est.comm_time_by_axis:
+        return "communication is not broken down by axis"
     axis, t = max(est.comm_time_by_axis.items(), key=lambda kv: kv[1])
     moved = axis_bytes(est).get(axis, 0.0)
     tier = "crosses nodes (InfiniBand)" if crosses_nodes(lay, axis, per_node) else "stays inside a node"
@@ -100,7 +102,9 @@ def explain_winner(best: Best, devices_per_node: int) -> str:
                 f"communication {we.exposed_comm_time_s:.3g} s vs {re.exposed_comm_time_s:.3g} s)")
     if main == "bubble":
         return f"{head}: a smaller pipeline bubble ({we.bubble_time_s:.3g} s vs {re.bubble_time_s:.3g} s)"
-    ratio = re.comm_bytes_per_gpu / we.comm_bytes_per_gpu if we.comm_bytes_per_gpu else float("inf")
+    if not we.comm_bytes_per_gpu:
+        return f"{head}: it sends nothing ({run} sends {_gb(re.comm_bytes_per_gpu)} per GPU)"
+    ratio = re.comm_bytes_per_gpu / we.comm_bytes_per_gpu
     if ratio >= 1.15:
         shares = byte_shares(re)
         top = max(shares, key=lambda k: shares[k]) if shares else "other"
