@@ -6,6 +6,7 @@ from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from seed_cells import CELLS as SEED_CELLS  # notebook 05's cells live next to this file
 
 HERE = Path(__file__).parent
 
@@ -176,6 +177,7 @@ fig.tight_layout()"""),
 measures it (GEMMs and every collective under the load of a real run) and `paracube validate plan.json
 --cluster cal.yaml` prints predicted against measured time, bytes and memory per rank."""),
     ],
+    "05_seed_experiment": SEED_CELLS,
 }
 
 

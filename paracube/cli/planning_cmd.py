@@ -205,10 +205,18 @@ def _tensor_only_best(w: Workload, topo: object) -> tuple[dict[str, tuple[Layout
             lay, est = found.ranked[0]
             if mode not in best or est.step_time_s < best[mode][1].step_time_s:
                 best[mode] = (lay, est)
+    why = {m: text for m, text in why.items() if m not in best}  # another shape of the mode was valid
     for mode in MODE_ORDER[1:]:
         if mode not in best and mode not in why:
             why[mode] = f"{w.gpus} devices do not form a {mode} tensor group"
     return best, why
+
+
+def _tensor_only_verdict(w: Workload, topo: object, best: dict[str, tuple[Layout, StepEstimate]]) -> str:
+    """Which mode wins and the main reason, in one line (planner/verdict.py)."""
+    from paracube.planner.verdict import explain_modes
+
+    return explain_modes(best, w.model, w.training, topo)
 
 
 def compare_cmd(args: argparse.Namespace) -> int:
@@ -225,10 +233,11 @@ def compare_cmd(args: argparse.Namespace) -> int:
     for mode, (lay, est) in best.items():
         speedup = base[1].step_time_s / est.step_time_s if base else None
         rows.append((mode, lay, est, speedup))
+    verdict = _tensor_only_verdict(w, topo, best) if args.tensor_only and best else None
     if args.json:
         print_json({"workload": _summary(w), "modes": [
             {"mode": m, "speedup_over_1d": s, **est.to_dict(), "layout": str(lay)} for m, lay, est, s in rows],
-            "no_layout": explanations})
+            "no_layout": explanations, **({"verdict": verdict} if verdict else {})})
     else:
         table = Table(title=_summary(w) + ": best layout per tensor mode")
         table.add_column("mode")
@@ -242,6 +251,8 @@ def compare_cmd(args: argparse.Namespace) -> int:
         console.print(table)
         for mode, why in explanations.items():
             console.print(f"{mode}: no valid layout: {why}")
+        if verdict:
+            console.print(verdict, highlight=False)
     if args.plot:
         from paracube.plots import plot_estimates
 
