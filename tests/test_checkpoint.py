@@ -5,7 +5,7 @@ One 8-rank gloo job runs every distributed phase in sequence (one process start 
   B  3D 2x2x2, resumes A's step_2 (next to a killed save's .tmp dirs)  -> losses 3..4 bit-identical to A
   C  dp=2 x 1D tp=4, resumes A's step_2 (3D -> 1D), step 3             -> loss equals A's (fp32 tolerance)
   D  3D 2x2x2, resumes C's step_3 (1D -> 3D), step 4                   -> loss and parameters equal A's
-(C is 1D tensor parallelism over 4 ranks, twice: dp=2 exercises the replica fill on load as well.)
+(C is 1D tensor parallelism over 4 ranks, twice: dp=2 has replicas, which save nothing and load their own copy.)
 The reference values are A's own losses: every layout computes the serial model's math (docs/algorithms.md).
 """
 
