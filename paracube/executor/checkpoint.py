@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from paracube.errors import ParacubeError
-from paracube.executor.checkpoint_planners import BlockLoadPlanner, BlockSavePlanner
+from paracube.executor.checkpoint_planners import BlockLoadPlanner, BlockSavePlanner, check_blocks
 from paracube.executor.shards import ShardSpec
 
 FORMAT_VERSION = 1
@@ -242,12 +242,13 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
     root = Path(root)
     rank = dist.get_rank()
     final, tmp = step_dir(root, step), root / f"step_{step}.tmp"
+    sd, specs = _state_dict(model, optimizer, for_load=False)
+    check_blocks(sd, specs)  # before anything is written (the planner checks again, inside DCP)
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():  # left by a killed save: never complete, safe to drop
             shutil.rmtree(tmp)
     dist.barrier()
-    sd, specs = _state_dict(model, optimizer, for_load=False)
     dcp.save(sd, checkpoint_id=str(tmp), storage_writer=_writer(tmp, rank, step, after_shard_written),
              planner=BlockSavePlanner(specs))
     files = _shared_manifest(tmp, rank)  # dcp.save returned: every rank's files are written
@@ -296,6 +297,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     _verify_everywhere(ckpt, meta)
     load_optim = optimizer is not None and bool(meta.get("has_optimizer"))
     sd, specs = _state_dict(model, optimizer if load_optim else None, for_load=True)
+    check_blocks(sd, specs)
     try:
         dcp.load(sd, checkpoint_id=str(ckpt), planner=BlockLoadPlanner(specs))
     except Exception as exc:  # DCP gathers every rank's failure into one CheckpointException
