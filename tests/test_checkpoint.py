@@ -5,7 +5,7 @@ One 8-rank gloo job runs every distributed phase in sequence (one process start 
   B  3D 2x2x2, resumes A's step_2 (next to a killed save's .tmp dirs)  -> losses 3..4 bit-identical to A
   C  dp=2 x 1D tp=4, resumes A's step_2 (3D -> 1D), step 3             -> loss equals A's (fp32 tolerance)
   D  3D 2x2x2, resumes C's step_3 (1D -> 3D), step 4                   -> loss and parameters equal A's
-(C is 1D tensor parallelism over 4 ranks, twice: dp=2 exercises the replica fill on load as well.)
+(C is 1D tensor parallelism over 4 ranks, twice: dp=2 has replicas, which save nothing and load their own copy.)
 The reference values are A's own losses: every layout computes the serial model's math (docs/algorithms.md).
 """
 
@@ -20,9 +20,12 @@ import torch
 from dist_helpers import run_distributed
 
 from paracube.errors import ParacubeError
+from paracube.executor import checkpoint as ckpt
 from paracube.executor.checkpoint import export_full_state_dict, find_checkpoint, read_meta
+from paracube.executor.checkpoint_planners import BlockLoadPlanner, BlockSavePlanner
 from paracube.executor.data import parse_source, replica_micro_batches
 from paracube.executor.gpt import serial_reference
+from paracube.executor.shards import ShardSpec
 from paracube.plan import default_plan
 
 CUBE = "dp=1,tp=3d:2x2x2,mb=4"
@@ -151,3 +154,79 @@ def test_corrupt_checkpoint_names_the_file_and_changes_nothing(tmp_path: Path) -
     (ck / "paracube.json").write_text('{"format": 1, "step": 2}')
     before[ck / "paracube.json"] = (ck / "paracube.json").read_bytes()
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+# --- one process: the planners and the save hook -----------------------------------------------------------------
+@pytest.fixture
+def one_rank(tmp_path: Path):
+    """A 1-rank gloo process group (a file store: no port), destroyed afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _block(full_shape: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]) -> ShardSpec:
+    return ShardSpec(full_shape, offsets, sizes, replica_leader=True, replicated_axes=())
+
+
+def test_every_block_of_a_grid_loads_from_a_full_save(one_rank: None, tmp_path: Path) -> None:
+    """Resharding in one process: a tensor saved whole, read back as each block of a 2x3 grid (what a rank of
+    a 2D layout asks for), equals that block of the tensor; a block saved at an offset reads back as itself."""
+    import torch.distributed.checkpoint as dcp
+
+    full = torch.arange(4 * 6, dtype=torch.float32).reshape(4, 6)
+    whole = _block((4, 6), (0, 0), (4, 6))
+    dcp.save({"w": full}, checkpoint_id=str(tmp_path / "whole"), planner=BlockSavePlanner({"w": whole}))
+    for i in range(2):
+        for j in range(3):
+            spec = _block((4, 6), (2 * i, 2 * j), (2, 2))
+            local = torch.full((2, 2), -1.0)
+            dcp.load({"w": local}, checkpoint_id=str(tmp_path / "whole"), planner=BlockLoadPlanner({"w": spec}))
+            assert torch.equal(local, spec.take(full))
+    # One block of a larger tensor, saved by its only owner, reads back into the same block.
+    spec = _block((8, 6), (4, 2), (4, 4))
+    dcp.save({"w": full[:, :4].clone()}, checkpoint_id=str(tmp_path / "part"), planner=BlockSavePlanner({"w": spec}))
+    back = torch.zeros(4, 4)
+    dcp.load({"w": back}, checkpoint_id=str(tmp_path / "part"), planner=BlockLoadPlanner({"w": spec}))
+    assert torch.equal(back, full[:, :4])
+
+
+def test_a_block_of_the_wrong_shape_is_refused_before_anything_is_written(one_rank: None, tmp_path: Path) -> None:
+    import dataclasses
+
+    from paracube.executor.gpt import build_model
+    from paracube.executor.mesh import Mesh
+
+    plan = default_plan("dp=1,mb=4")
+    model = build_model(plan.model, Mesh(plan.layout, 0), seed=0)
+    spec = model.shard_specs["head.weight"]
+    model.shard_specs["head.weight"] = dataclasses.replace(spec, sizes=(spec.sizes[0] // 2, spec.sizes[1]))
+    with pytest.raises(ParacubeError, match=r"model\.head\.weight: local shard shape \(64, 256\) != ShardSpec "
+                                            r"sizes \(32, 256\)"):
+        ckpt.save_checkpoint(tmp_path / "ck", 1, model, None, {})
+    assert not (tmp_path / "ck").exists()
+
+
+def test_save_hook_runs_once_the_shard_is_written_before_the_checkpoint_exists(one_rank: None,
+                                                                               tmp_path: Path) -> None:
+    from paracube.executor.gpt import build_model
+    from paracube.executor.mesh import Mesh
+
+    plan = default_plan("dp=1,mb=4")
+    model = build_model(plan.model, Mesh(plan.layout, 0), seed=0)
+    seen: list[tuple] = []
+
+    def hook(rank: int, step: int) -> None:
+        tmp = tmp_path / "ck" / f"step_{step}.tmp"
+        seen.append((rank, step, sorted(p.name for p in tmp.iterdir()), (tmp_path / "ck" / f"step_{step}").exists()))
+
+    path = ckpt.save_checkpoint(tmp_path / "ck", 7, model, None, {"layout": str(plan.layout)}, after_shard_written=hook)
+    assert seen == [(0, 7, ["__0_0.distcp"], False)]  # its data, neither DCP's metadata nor ours, not renamed
+    assert ckpt.is_complete(path) and find_checkpoint(tmp_path / "ck") == path
+    exported = export_full_state_dict(path)
+    assert set(exported) == set(model.shard_specs)
+    assert all(torch.equal(exported[n], p.detach()) for n, p in model.named_parameters())

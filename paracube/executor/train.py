@@ -157,9 +157,11 @@ class _Progress:
 
 def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Path | None = None,
           checkpoint_dir: str | Path | None = None, save_every: int = 0, resume: bool = False,
-          config: TrainConfig | None = None, progress: bool = False, local_rank: int | None = None) -> TrainResult:
+          config: TrainConfig | None = None, progress: bool = False, local_rank: int | None = None,
+          after_shard_written: ckpt.ShardWrittenHook | None = None) -> TrainResult:
     """Train `plan` on this rank up to step `steps` (from 0, or from the checkpoint with `resume`).
-    Initializes torch.distributed from the environment (MASTER_ADDR/PORT) if it is not yet."""
+    Initializes torch.distributed from the environment (MASTER_ADDR/PORT) if it is not yet.
+    `after_shard_written`: passed to every save_checkpoint (fault-injection tests)."""
     from paracube.executor.comm import CommRecorder
     from paracube.executor.gpt import build_model
     from paracube.executor.mesh import Mesh
@@ -251,7 +253,8 @@ def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Pat
                 meta = {"schedule": asdict(schedule), "data": {"source": config.data, "seed": config.seed,
                                                                "next_step": step + 1},
                         "plan": plan.to_dict(), "layout": str(layout)}
-                result.last_checkpoint = str(ckpt.save_checkpoint(checkpoint_dir, step, model, opt, meta))
+                result.last_checkpoint = str(ckpt.save_checkpoint(checkpoint_dir, step, model, opt, meta,
+                                                                  after_shard_written))
     finally:
         stack.close()
         if bar is not None:
