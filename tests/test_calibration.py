@@ -21,7 +21,7 @@ from paracube.calibration.calibrate import (
     timing_basis,
     write_topology,
 )
-from paracube.calibration.fit import collective_time, fit_alpha_beta, fit_elementwise, fit_gemm, gemm_time
+from paracube.calibration.fit import fit_alpha_beta, fit_elementwise, fit_gemm, gemm_time
 from paracube.calibration.microbench import (
     PROBE_MICRO_BATCH,
     PROBE_MODEL,
@@ -32,6 +32,7 @@ from paracube.calibration.microbench import (
     run_probes,
 )
 from paracube.cost_models import estimate
+from paracube.cost_models.collective import collective_time as _time
 from paracube.cost_models.compute import ops_per_step
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.validity import layout_arrays
@@ -42,6 +43,11 @@ from paracube.topologies import load_topology
 from paracube.workload import PRESETS, TrainingSpec
 
 SIZES = (256, 4096, 65536, 1 << 20)
+
+
+def collective_time(kind: str, n: int, payload: float, latency: float, bandwidth: float) -> float:
+    """Seconds of one call (collective.py's ring formula)."""
+    return float(_time(kind, n, 1, payload, bandwidth, latency))
 WALL = {"basis": "wall", "ranks_per_core": 1.0, "cores": 8}
 
 

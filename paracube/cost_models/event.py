@@ -6,7 +6,8 @@ depend on timing); the times come from the simulation:
 - one representative device per pipeline stage runs its program (event_program.py) on a compute stream and
   a communication stream, following the stage's 1F1B or interleaved-1F1B schedule; stages exchange
   activations / their gradients with sends that travel the network;
-- every collective is a ring on the representative group (node-major order), decomposed into its steps,
+- every collective is a ring on the representative group (node-major order), decomposed into its steps
+  (collective.ring_steps),
   whose transfers share links max-min fairly with the concurrent groups of the same axis in that stage
   (event_network.py explains the weighting that stands in for them) and with whatever else the simulated
   devices run at the same time;
@@ -26,6 +27,7 @@ import numpy as np
 import simpy
 
 from paracube.cost_models.analytic import estimate as analytic_estimate
+from paracube.cost_models.collective import ring_steps
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
@@ -45,16 +47,6 @@ class EventResult:
     estimate: StepEstimate
     timeline: Timeline
     stats: dict[str, float] = field(default_factory=dict)  # events, wall seconds, ring steps, ...
-
-
-def _steps(e: CommEvent) -> tuple[int, float]:
-    """(ring steps, bytes per step per rank) of one collective."""
-    n = e.group_size
-    if e.kind == "send":
-        return 1, float(e.payload_bytes)
-    if e.kind == "all_reduce":
-        return 2 * (n - 1), e.payload_bytes / n
-    return n - 1, e.payload_bytes / n  # all_gather, reduce_scatter, broadcast/reduce (pipelined ring)
 
 
 @dataclass
@@ -136,7 +128,7 @@ class _Sim:
     def comm(self, stage: int, op: Op):
         e = op.event
         assert e is not None and self.net is not None
-        steps, chunk = _steps(e)
+        steps, chunk = ring_steps(e.kind, e.group_size, e.payload_bytes)
         if "pp" in e.axes:  # spans stages: every stage's representative waits for the others
             yield from self._barrier(stage, e, steps, chunk)
             return
