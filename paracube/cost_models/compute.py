@@ -7,7 +7,7 @@ every block; selective recompute re-does the attention core (scores, softmax, va
 Time: roofline per GEMM with an efficiency that falls for small local matrices,
     eff(m, n, k) = eff_max * m/(m + m0) * n/(n + n0) * k/(k + k0)
 (defaults eff_max = 0.85, m0 = n0 = k0 = 64: a 4096^3 GEMM runs at ~81% of peak, 1024^3 at ~71%, 256^3 at
-~54%, 64^3 at ~11%; `topology.calibration["gemm"]` may override any of the four). Each linear runs three
+~54%, 64^3 at ~11%; the topology's calibration.gemm may override any of the four). Each linear runs three
 GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
 Memory-bound elementwise work (norms, residual adds, bias, GELU, softmax, cross-entropy) is priced at
 memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc
@@ -17,7 +17,7 @@ Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
   3d [T/q, h_in/q] x [h_in/q, h_out/q].
 Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counted from the executor) costs
-`calibration["elementwise"]["op_overhead_by_mode"][dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
+`calibration.elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
 autograd and launch, which dominate small models on CPUs. calibrate.py measures it per tensor mode with
 step probes, so it also carries what a mode's step costs beyond its fitted GEMMs and collectives (the
 executor's glue code, waits for peers, idle cores on a shared host). Without a calibration it is 0.
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from paracube.cost_models.dims import Dims
+from paracube.topologies.calibration import as_calibration
+from paracube.topologies.protocol import Topology
 
 Arr = np.ndarray
 
@@ -48,7 +50,7 @@ class GemmModel:
     op_overhead: float = 0.0  # seconds per launched op (Python dispatch + kernel launch), ops.py counts them
     # per tensor mode, where calibrate's step probes measured it (mode, seconds per op); else op_overhead
     op_overhead_by_mode: tuple[tuple[str, float], ...] = ()
-    # (kind, group size, alternating, latency s, bandwidth B/s): comm.calibrated_link reads it
+    # (kind, group size, alternating, latency s, bandwidth B/s): collective.calibrated_link reads it
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
 
     def op_cost(self, mode: str) -> float:
@@ -68,22 +70,20 @@ class GemmModel:
         return self.gemm_time(m, n, k), self.gemm_time(m, k, n) + self.gemm_time(k, n, m)
 
 
-def gemm_model(topo: object, dtype: str) -> GemmModel:
-    device = topo.device  # type: ignore[attr-defined]
-    cal = (getattr(topo, "calibration", None) or {}).get("gemm", {}) or {}
-    known = {k: float(v) for k, v in cal.items() if k in ("eff_max", "m0", "n0", "k0", "mem_eff")}
-    full = getattr(topo, "calibration", None) or {}
-    elementwise = full.get("elementwise") or {}
-    overhead = float(elementwise.get("op_overhead_s", 0.0))
+def gemm_model(topo: Topology, dtype: str) -> GemmModel:
+    """The device's roofline for `dtype` with the topology's calibration (if any) applied."""
+    device = topo.device
+    cal = as_calibration(topo.calibration)
+    if cal is None:
+        return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth))
+    gemm = cal.gemm
+    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff")
+             if gemm is not None and getattr(gemm, k) is not None}
+    overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
     # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
-    by_dtype = elementwise.get("op_overhead_by_mode") or {}
-    per_mode = by_dtype.get(dtype) or by_dtype.get("bf16" if dtype == "fp16" else dtype) or {}
-    by_mode = tuple(sorted((str(m), float(v)) for m, v in per_mode.items()))
-    comm = tuple((kind, int(n), alt, float(f["latency"]), float(f["bandwidth"]))
-                 for key, alt in (("comm", False), ("comm_alternating", True))
-                 for kind, by_n in sorted((full.get(key) or {}).items()) for n, f in sorted(by_n.items()))
+    by_mode = tuple(sorted(cal.op_overheads(dtype).items()))
     return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
-                     op_overhead=overhead, op_overhead_by_mode=by_mode, comm=comm)
+                     op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table())
 
 
 def local_shape(

@@ -37,6 +37,7 @@ from paracube.cost_models.validity import resolve_micro_batch
 from paracube.errors import ParacubeError, check
 from paracube.estimate import CommEvent, StepEstimate
 from paracube.layout import Layout
+from paracube.topologies.protocol import RoutedTopology
 from paracube.workload import ModelSpec, TrainingSpec
 
 ENGINES = ("analytic", "event")
@@ -65,7 +66,7 @@ class _Stage:
 
 
 class _Sim:
-    def __init__(self, layout: Layout, topo: object, programs: list[StageProgram], n_micro: int,
+    def __init__(self, layout: Layout, topo: RoutedTopology, programs: list[StageProgram], n_micro: int,
                  overlap: bool, timeline: bool) -> None:
         self.layout, self.topo, self.programs, self.n_micro = layout, topo, programs, n_micro
         self.overlap, self.record = overlap, timeline
@@ -224,8 +225,8 @@ class _Sim:
         self.env.run()
 
 
-def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object, overlap: bool = False,
-             timeline: bool = True, with_events: bool = True) -> EventResult:
+def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
+             overlap: bool = False, timeline: bool = True, with_events: bool = True) -> EventResult:
     """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats."""
     check(isinstance(layout, Layout), f"layout {layout!r} is not a Layout; parse it with parse_layout")
     n_dev = getattr(topo, "num_devices", None)
@@ -266,14 +267,14 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: obj
     return EventResult(est, Timeline(devices, sim.spans), stats)
 
 
-def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object,
+def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                    with_events: bool = True, overlap: bool = False) -> StepEstimate:
     """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
     return simulate(model, training, layout, topo, overlap=overlap, timeline=False,
                     with_events=with_events).estimate
 
 
-def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object,
+def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                   with_events: bool = True, **options: object) -> StepEstimate:
     """`--engine analytic|event`: one entry point for the CLI. Options: overlap=True (event only)."""
     if engine == "analytic":

@@ -11,7 +11,7 @@ YAML, compact form (GPUs of a node share one switch, NICs go to a two-level fat 
     inter_node: {bandwidth: 25e9, latency: 5e-6, nics_per_node: 8,   # per NIC to its leaf
                  nodes_per_leaf: 20, oversubscription: 1.0, spine_latency: 3e-7,   # optional
                  pcie_bandwidth: 31.5e9, pcie_latency: 1e-6}     # optional: GPU (or switch) to NIC
-    calibration: {...}      # optional, free-form (written by `paracube calibrate`)
+    calibration: {...}      # optional (written by `paracube calibrate`): topologies/calibration.py parses it
 
 Explicit form (what `save_topology` writes): instead of intra_node/inter_node, a `graph` with
 `nodes: [{id, kind (gpu|nic|switch|cpu), node_index, local_rank, ...}]` and
@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from paracube.errors import ParacubeError, check
+from paracube.topologies.calibration import as_calibration
 from paracube.topologies.presets import DEVICES, PRESETS, Preset, build_switched
 from paracube.topologies.topology import DeviceSpec, Topology
 
@@ -163,6 +164,10 @@ def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = N
         shown = err["type"] != "missing" and not isinstance(err["input"], dict)
         value = f" (got {err['input']!r})" if shown else ""
         raise ParacubeError(f"{source}: field {field}: {err['msg']}{value}") from None
+    try:
+        calibration = as_calibration(spec.calibration)
+    except ParacubeError as exc:  # name the file too
+        raise ParacubeError(f"{source}: {exc}") from None
     if isinstance(spec.device, str):
         check(spec.device in DEVICES, f"{source}: field device: unknown device {spec.device!r}; "
               f"give a mapping or one of {', '.join(DEVICES)}")
@@ -186,7 +191,7 @@ def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = N
                       "which is not in graph.nodes")
             g.add_edge(link.a, link.b, **link.model_dump(exclude={"a", "b"}))
         try:
-            return Topology(spec.name, g, device, spec.nodes, spec.devices_per_node, spec.calibration)
+            return Topology(spec.name, g, device, spec.nodes, spec.devices_per_node, calibration)
         except ParacubeError as exc:  # name the file too
             raise ParacubeError(f"{source}: {exc}") from None
     check(spec.intra_node is not None, f"{source}: field intra_node: missing; expected "
@@ -205,7 +210,7 @@ def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = N
     else:
         kw = dict(inter_bandwidth=1.0, inter_latency=1.0, nics_per_node=1)  # unused: one node has no NICs
     topo = build_switched(spec.name, device, n, per, spec.intra_node.bandwidth, spec.intra_node.latency, **kw)
-    topo.calibration = spec.calibration
+    topo.calibration = calibration
     return topo
 
 
