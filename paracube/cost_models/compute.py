@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from paracube.cost_models.dims import Dims
+from paracube.modes import MODES, LayoutBatch
+from paracube.modes.base import padded
 from paracube.topologies.calibration import as_calibration
 from paracube.topologies.protocol import Topology
 
@@ -87,17 +89,10 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
 
 
 def local_shape(
-    mode: str, T: Arr, h_in: int, h_out: Arr, column: bool, a: dict[str, Arr]
+    mode: str, T: Arr, h_in: int, h_out: Arr, column: bool, b: LayoutBatch
 ) -> tuple[Arr, Arr, Arr]:
-    """(m, n, k) of the forward GEMM of one linear on one rank."""
-    t, q, dd = a["t"], a["q"], a["d"]
-    if mode == "none":
-        return T, h_out, h_in
-    if mode == "1d":
-        return (T, h_out / t, h_in) if column else (T, h_out, h_in / t)
-    if mode in ("2d", "2.5d"):
-        return T / (dd * q), h_out / q, h_in
-    return T / q, h_out / q, h_in / q
+    """(m, n, k) of the forward GEMM of one linear on one rank (the mode's gemm_shape)."""
+    return MODES[mode].gemm_shape(T, h_in, h_out, column, b.t, b.q, b.depth)
 
 
 def model_flops_per_step(d: Dims) -> float:
@@ -107,9 +102,10 @@ def model_flops_per_step(d: Dims) -> float:
     return 3.0 * (d.L * per_layer + 2 * T * d.h * d.V)
 
 
-def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: GemmModel) -> Arr:
+def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel) -> Arr:
     """Compute time of one step on one rank of a stage (all micro-batches, recompute included)."""
-    dp, pp, t, mb = a["dp"], a["pp"], a["t"], a["mb"]
+    m = MODES[mode]
+    dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
     N = d.global_batch // (dp * mb)
     T = (mb * d.s).astype(float)
     Ls = d.L // pp
@@ -117,14 +113,13 @@ def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: Gemm
     fwd_blk = np.zeros_like(T)
     bwd_blk = np.zeros_like(T)
     for n, (_, h_in, h_out, _) in enumerate(d.linears):
-        f, b = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), a))
-        fwd_blk, bwd_blk = fwd_blk + f, bwd_blk + b
+        fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b))
+        fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
     # Attention core: mb*heads/t (sequence, head) pairs per rank, each two [s, s]-sized GEMMs.
     hd = d.h // d.heads
     pairs = mb * d.heads / t
     attn_f = pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
-    act = np.where(a["sp"] > 0, t, 1) if mode == "1d" else t
-    h_loc = T * d.h / act
+    h_loc = T * d.h / m.act_split(t, b.sp)
     f_loc = T * d.f / t
     softmax = 3.0 * mb * d.heads * d.s * d.s / t
     elem_f = c * (12 * h_loc + 4 * f_loc + softmax) / (g.mem_bw * g.mem_eff)
@@ -135,9 +130,8 @@ def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: Gemm
     elif d.recompute == "selective":
         per_block = per_block + attn_f + attn_elem
     # Head (vocab-parallel linear h -> V) and cross-entropy on the last stage.
-    split = {"none": 1, "1d": t, "2d": a["q"], "2.5d": a["q"], "3d": a["q"] ** 2}[mode]
-    V = -(-d.V // split) * split
-    hf, hb = g.linear_time(*local_shape(mode, T, d.h, V, True, a))
+    V = padded(d.V, m.vocab_split(t, b.q))
+    hf, hb = g.linear_time(*local_shape(mode, T, d.h, V, True, b))
     ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
     per_micro = Ls * per_block + last * (hf + hb + ce)
     return N * per_micro
@@ -157,17 +151,19 @@ def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: Gemm
 # counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a stray dispatch or two);
 # tests/test_cost_model.py re-counts configurations the constants were not read from.
 # 2.5D is assumed to dispatch like 2D (the executor has no 2.5D); 1D with sequence parallelism like 1D.
-OPS_LAYER = {"none": 85, "1d": 99, "2d": 287, "2.5d": 287, "3d": 323}
-OPS_EDGE = {"none": 43, "1d": 85, "2d": 162, "2.5d": 162, "3d": 175}
+# Per mode: TensorMode.ops_layer / ops_edge (paracube/modes).
+OPS_LAYER = {name: m.ops_layer for name, m in MODES.items()}
+OPS_EDGE = {name: m.ops_edge for name, m in MODES.items()}
 OPS_TENSOR, OPS_STEP, OPS_TENSOR_GROUP, OPS_DP_TENSOR, OPS_DP = 13, 16, 3, 3, 4
 
 
-def ops_per_step(d: Dims, mode: str, a: dict[str, Arr], first: Arr, last: Arr) -> Arr:
+def ops_per_step(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
     """Dispatched ops of one step on one rank of a stage (formula above), as an array over configurations."""
-    N = d.global_batch // (a["dp"] * a["mb"])
-    Ls = d.L // a["pp"]
+    m = MODES[mode]
+    N = d.global_batch // (b.dp * b.mb)
+    Ls = d.L // b.pp
     tensors = 12 * Ls + 2 * first + 3 * last
-    micro = Ls * OPS_LAYER[mode] + (first + last) / 2 * OPS_EDGE[mode]
-    step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if mode != "none" else 0)
-    dp_sync = (a["dp"] > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
+    micro = Ls * m.ops_layer + (first + last) / 2 * m.ops_edge
+    step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if m.axes else 0)
+    dp_sync = (b.dp > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
     return (N * micro + step + dp_sync).astype(float)
