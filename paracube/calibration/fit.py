@@ -1,6 +1,7 @@
 """Fits of the cost model's parameters to measured microbenchmarks (scipy), with their residuals.
 
-The `calibration:` section of a topology file (what `paracube calibrate` writes; schema 1):
+The `calibration:` section of a topology file (what `paracube calibrate` writes; schema 1; parsed and checked
+at load time into topologies.calibration.Calibration):
 
     calibration:
       schema: 1

@@ -14,62 +14,14 @@ and `comm_alternating` (`comm_table`, the rows cost_models/collective.calibrated
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
-from paracube.errors import ParacubeError
 from paracube.estimate import COLLECTIVE_KINDS
+from paracube.topologies.fields import field_error, floats, known, mapping, number, plain
 
 SECTIONS = ("schema", "created", "machine", "timing", "gemm", "elementwise", "comm", "comm_alternating", "link",
             "residuals", "probes")
-
-
-def _fail(where: str, expected: str, value: object) -> ParacubeError:
-    return ParacubeError(f"field {where}: expected {expected}, got {value!r}")
-
-
-def _number(where: str, value: object, low: float = -math.inf, positive: bool = False) -> float:
-    """A finite number (YAML 1.1 reads 3e-6 as a string: accepted) >= low, or > 0 if positive."""
-    expected = "a number > 0" if positive else ("a number" if low == -math.inf else f"a number >= {low:g}")
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise _fail(where, expected, value)
-    try:
-        number = float(value)
-    except ValueError:
-        raise _fail(where, expected, value) from None
-    if not math.isfinite(number) or number < low or (positive and number <= 0):
-        raise _fail(where, expected, value)
-    return number
-
-
-def _mapping(where: str, value: object) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise _fail(where, "a mapping", value)
-    return value
-
-
-def _known(where: str, data: Mapping[str, Any], valid: tuple[str, ...]) -> None:
-    unknown = [str(k) for k in data if k not in valid]
-    if unknown:
-        raise ParacubeError(f"field {where}.{unknown[0]}: unknown; valid: {', '.join(valid)}")
-
-
-def _floats(where: str, cls: type, data: object, required: tuple[str, ...] = ()) -> Any:
-    """A dataclass of optional float fields (required ones must be present) from a mapping."""
-    data = _mapping(where, data)
-    names = tuple(f.name for f in fields(cls))
-    _known(where, data, names)
-    for name in required:
-        if name not in data:
-            raise ParacubeError(f"field {where}.{name}: missing; expected a number")
-    positive = getattr(cls, "POSITIVE", ())
-    return cls(**{k: _number(f"{where}.{k}", v, 0.0, k in positive) for k, v in data.items()})
-
-
-def _plain(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in fields(obj) if getattr(obj, f.name) is not None}
 
 
 @dataclass(frozen=True)
@@ -86,8 +38,8 @@ class Machine:
 
     @staticmethod
     def parse(where: str, data: object) -> Machine:
-        data = _mapping(where, data)
-        _known(where, data, tuple(f.name for f in fields(Machine)))
+        data = mapping(where, data)
+        known(where, data, tuple(f.name for f in fields(Machine)))
         out: dict[str, Any] = {}
         for key, value in data.items():
             if key in ("nproc", "cpu_count"):
@@ -97,7 +49,7 @@ class Machine:
             else:
                 ok, expected = isinstance(value, str), "a string"
             if not ok:
-                raise _fail(f"{where}.{key}", expected, value)
+                raise field_error(f"{where}.{key}", expected, value)
             out[key] = value
         return Machine(**out)
 
@@ -112,15 +64,15 @@ class Timing:
 
     @staticmethod
     def parse(where: str, data: object) -> Timing:
-        data = _mapping(where, data)
-        _known(where, data, ("basis", "ranks_per_core", "cores"))
+        data = mapping(where, data)
+        known(where, data, ("basis", "ranks_per_core", "cores"))
         basis = data.get("basis", "wall")
         if basis not in ("wall", "cpu"):
-            raise _fail(f"{where}.basis", "wall or cpu", basis)
+            raise field_error(f"{where}.basis", "wall or cpu", basis)
         cores = data.get("cores")
         if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
-            raise _fail(f"{where}.cores", "a positive integer", cores)
-        return Timing(basis, _number(f"{where}.ranks_per_core", data.get("ranks_per_core", 1.0), positive=True),
+            raise field_error(f"{where}.cores", "a positive integer", cores)
+        return Timing(basis, number(f"{where}.ranks_per_core", data.get("ranks_per_core", 1.0), positive=True),
                       cores)
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,17 +114,17 @@ class Elementwise:
 
     @staticmethod
     def parse(where: str, data: object) -> Elementwise:
-        data = dict(_mapping(where, data))
-        by_dtype = _mapping(f"{where}.op_overhead_by_mode", data.pop("op_overhead_by_mode", None) or {})
-        by_mode = {str(dt): {str(m): _number(f"{where}.op_overhead_by_mode.{dt}.{m}", s, 0.0)
-                             for m, s in _mapping(f"{where}.op_overhead_by_mode.{dt}", modes).items()}
+        data = dict(mapping(where, data))
+        by_dtype = mapping(f"{where}.op_overhead_by_mode", data.pop("op_overhead_by_mode", None) or {})
+        by_mode = {str(dt): {str(m): number(f"{where}.op_overhead_by_mode.{dt}.{m}", s, 0.0)
+                             for m, s in mapping(f"{where}.op_overhead_by_mode.{dt}", modes).items()}
                    for dt, modes in by_dtype.items()}
-        _known(where, data, ("op_overhead_s", "bandwidth", "rms_rel_err"))
-        base = {k: _number(f"{where}.{k}", v, 0.0, k == "bandwidth") for k, v in data.items()}
+        known(where, data, ("op_overhead_s", "bandwidth", "rms_rel_err"))
+        base = {k: number(f"{where}.{k}", v, 0.0, k == "bandwidth") for k, v in data.items()}
         return Elementwise(**base, op_overhead_by_mode=by_mode)
 
     def to_dict(self, with_modes: bool) -> dict[str, Any]:
-        out = {k: v for k, v in _plain(self).items() if k != "op_overhead_by_mode"}
+        out = {k: v for k, v in plain(self).items() if k != "op_overhead_by_mode"}
         return {**out, "op_overhead_by_mode": self.op_overhead_by_mode} if with_modes else out
 
 
@@ -189,13 +141,13 @@ class CommFit(NamedTuple):
 
 def _comm(where: str, data: object, alternating: bool) -> tuple[CommFit, ...]:
     out = []
-    for kind, by_n in _mapping(where, data).items():
+    for kind, by_n in mapping(where, data).items():
         if kind not in COLLECTIVE_KINDS:
-            raise _fail(f"{where}.{kind}", f"a collective kind ({', '.join(COLLECTIVE_KINDS)})", kind)
-        for n, fit in _mapping(f"{where}.{kind}", by_n).items():
+            raise field_error(f"{where}.{kind}", f"a collective kind ({', '.join(COLLECTIVE_KINDS)})", kind)
+        for n, fit in mapping(f"{where}.{kind}", by_n).items():
             if not str(n).isdigit() or int(n) < 1:
-                raise _fail(f"{where}.{kind}.{n}", "a group size (a positive integer) as the key", n)
-            f = _floats(f"{where}.{kind}.{n}", LinkFit, fit, ("latency", "bandwidth"))
+                raise field_error(f"{where}.{kind}.{n}", "a group size (a positive integer) as the key", n)
+            f = floats(f"{where}.{kind}.{n}", LinkFit, fit, ("latency", "bandwidth"))
             out.append(CommFit(str(kind), int(n), alternating, f.latency, f.bandwidth, f.rms_rel_err))
     return tuple(out)
 
@@ -222,22 +174,22 @@ class Probe:
 
     @staticmethod
     def parse(where: str, data: object) -> Probe:
-        data = _mapping(where, data)
-        _known(where, data, tuple(f.name for f in fields(Probe)))
+        data = mapping(where, data)
+        known(where, data, tuple(f.name for f in fields(Probe)))
         for key in ("layout", "dtype"):
             if not isinstance(data.get(key), str):
-                raise _fail(f"{where}.{key}", "a string", data.get(key))
+                raise field_error(f"{where}.{key}", "a string", data.get(key))
         rounds = data.get("round_times_s", [])
         if not isinstance(rounds, (list, tuple)):
-            raise _fail(f"{where}.round_times_s", "a list of seconds", rounds)
-        nums = {k: _number(f"{where}.{k}", data.get(k), 0.0) for k in ("ops", "time_s", "cpu_s")}
+            raise field_error(f"{where}.round_times_s", "a list of seconds", rounds)
+        nums = {k: number(f"{where}.{k}", data.get(k), 0.0) for k in ("ops", "time_s", "cpu_s")}
         if isinstance(data["ops"], int):
             nums["ops"] = data["ops"]  # a count: written back as the integer it was
         return Probe(data["layout"], data["dtype"], **nums,
-                     round_times_s=tuple(_number(f"{where}.round_times_s", r, 0.0) for r in rounds))
+                     round_times_s=tuple(number(f"{where}.round_times_s", r, 0.0) for r in rounds))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**_plain(self), "round_times_s": list(self.round_times_s)}
+        return {**plain(self), "round_times_s": list(self.round_times_s)}
 
 
 @dataclass(frozen=True)
@@ -259,8 +211,8 @@ class Calibration:
     @staticmethod
     def from_dict(data: object, where: str = "calibration") -> Calibration:
         """Parse and check; ParacubeError "field calibration.X: expected ..., got ..." when malformed."""
-        data = _mapping(where, data)
-        _known(where, data, SECTIONS)
+        data = mapping(where, data)
+        known(where, data, SECTIONS)
         out: dict[str, Any] = {}
         for key, value in data.items():
             out[key] = _section(f"{where}.{key}", key, value)
@@ -282,7 +234,7 @@ class Calibration:
             elif key == "timing":
                 value = value.to_dict()
             elif key in ("machine", "gemm", "link"):
-                value = _plain(value)
+                value = plain(value)
             elif key == "residuals":
                 value = dict(value)
             out[key] = value
@@ -309,23 +261,23 @@ def _section(where: str, key: str, value: object) -> Any:
     """One top-level section of the calibration, parsed."""
     if key == "schema":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _fail(where, "an integer schema version", value)
+            raise field_error(where, "an integer schema version", value)
         return value
     if key == "created":
         if not isinstance(value, str):
-            raise _fail(where, "an ISO date string", value)
+            raise field_error(where, "an ISO date string", value)
         return value
     if key in ("comm", "comm_alternating"):
         return _comm(where, value, key == "comm_alternating")
     if key == "residuals":
-        return {str(k): _number(f"{where}.{k}", v, 0.0) for k, v in _mapping(where, value).items()}
+        return {str(k): number(f"{where}.{k}", v, 0.0) for k, v in mapping(where, value).items()}
     if key == "probes":
         if not isinstance(value, (list, tuple)):
-            raise _fail(where, "a list of step probes", value)
+            raise field_error(where, "a list of step probes", value)
         return tuple(Probe.parse(f"{where}[{i}]", p) for i, p in enumerate(value))
     parsers = {"machine": Machine.parse, "timing": Timing.parse, "elementwise": Elementwise.parse,
-               "gemm": lambda w, v: _floats(w, GemmFit, v),
-               "link": lambda w, v: _floats(w, LinkFit, v, ("latency", "bandwidth"))}
+               "gemm": lambda w, v: floats(w, GemmFit, v),
+               "link": lambda w, v: floats(w, LinkFit, v, ("latency", "bandwidth"))}
     return parsers[key](where, value)
 
 
