@@ -139,14 +139,7 @@ def layout_gemm_shapes(model: ModelSpec, layout_text: str) -> set[tuple[int, int
     linears = [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False), (h, V, True)]
     shapes: set[tuple[int, int, int]] = set()
     for h_in, h_out, column in linears:
-        if lay.mode == "1d":
-            m, n, k = (T, h_out // t, h_in) if column else (T, h_out, h_in // t)
-        elif lay.mode == "2d":
-            m, n, k = T // q, h_out // q, h_in
-        elif lay.mode == "3d":
-            m, n, k = T // q, h_out // q, h_in // q
-        else:
-            m, n, k = T, h_out, h_in
+        m, n, k = lay.tensor_mode.gemm_shape(T, h_in, h_out, column, t, q, lay.depth)  # paracube/modes
         shapes |= {(m, n, k), (m, k, n), (k, n, m)}  # Y = XA, dX = dY A^T, dA = X^T dY
     return shapes
 

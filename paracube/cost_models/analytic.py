@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paracube.cost_models.collective import calibrated_link, latency_factor
+from paracube.cost_models.collective import calibrated_link
 from paracube.cost_models.comm import Entry, StepTraffic, axes_used
 from paracube.cost_models.compute import (
     GemmModel,
@@ -93,7 +93,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         bw, lat = calibrated_link(g.comm, e.kind, e.n[rows], *links[e.axes], alternating)
         # collective.collective_time, with the per-configuration factors computed before indexing by layout
         e_sent = e.sent()
-        tm = (e.count * latency_factor(e.kind, e.n))[rows] * lat + e_sent[rows] / bw
+        tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw
         tm = np.where(e.count[rows] > 0, tm, 0.0)
         if e.per_step:
             step += tm

@@ -22,6 +22,7 @@ after the last backward, so all communication time is exposed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -48,9 +49,19 @@ class Entry:
     payload: Arr
     n: Arr  # group size
     per_step: bool = False  # once per step (gradients, grad norm, metrics), not per micro-batch
+    factors: tuple[Arr, Arr] | None = None  # (latency_factor, sent_factor) of (kind, n): computed once
+
+    def _factors(self) -> tuple[Arr, Arr]:
+        if self.factors is None:
+            self.factors = (latency_factor(self.kind, self.n), sent_factor(self.kind, self.n))
+        return self.factors
+
+    def latency_steps(self) -> Arr:
+        """Latency-bound steps of one call (collective.latency_factor)."""
+        return self._factors()[0]
 
     def sent(self) -> Arr:
-        return sent_factor(self.kind, self.n) * self.payload
+        return self._factors()[1] * self.payload
 
     def time(self, bw: Arr, lat: Arr, table: Table = (), alternating: bool = False) -> Arr:
         bw, lat = calibrated_link(table, self.kind, self.n, bw, lat, alternating)
@@ -72,6 +83,7 @@ class StepTraffic:
         self.groups = {"dp": b.dp, "pp": b.pp, **m.axis_sizes(b.q, b.t, b.depth)}
         self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)))
         self.sums: dict[Key, dict[str, list]] = {}
+        self._groups: dict[tuple, tuple[Arr, Arr, dict]] = {}  # (axes, tag) -> (n, live, factors by kind)
         for source in SOURCES:
             for c in getattr(m, source)(d):
                 mask = self._mask(c)
@@ -106,7 +118,8 @@ class StepTraffic:
             out.append(self._entry(kind, axes, dtype, count, payload))
         sends = N * (2 * b.v - first - last)
         shard = d.c * self.sizes.T * d.h // self.mode.act_split(b.t, b.sp)
-        out.append(self._entry("send", ("pp",), d.dtype, sends, sends * shard, n=np.where(b.pp > 1, 2, 1)))
+        out.append(self._entry("send", ("pp",), d.dtype, sends, sends * shard,
+                               n=lambda: np.where(b.pp > 1, 2, 1), tag="send"))
         return out + self._per_step(first, last, layers)
 
     def _per_step(self, first: Arr, last: Arr, layers: Arr) -> list[Entry]:
@@ -120,17 +133,25 @@ class StepTraffic:
         out.append(self._entry("all_reduce", m.grad_axes, F32, one, 4 * n_local, per_step=True))
         tensor = m.axes
         single = b.pp == 1
-        out.append(self._entry("all_reduce", tensor, F32, single * one, 4 * one, np.where(single, b.t, 1), True))
+        out.append(self._entry("all_reduce", tensor, F32, single * one, 4 * one, lambda: np.where(single, b.t, 1),
+                               True, "norm"))
         out.append(self._entry("all_reduce", ("pp", *tensor), F32, ~single * one, 4 * one,
-                               np.where(single, 1, b.pp * b.t), True))
-        out.append(self._entry("all_reduce", ("dp", *tensor), F32, one, 8 * one, b.dp * b.t, True))
+                               lambda: np.where(single, 1, b.pp * b.t), True, "norm"))
+        out.append(self._entry("all_reduce", ("dp", *tensor), F32, one, 8 * one, lambda: b.dp * b.t, True, "metrics"))
         return out
 
     def _entry(self, kind: str, axes: tuple[str, ...], dtype: str, count: Arr, payload: Arr,
-               n: Arr | None = None, per_step: bool = False) -> Entry:
-        n = self.group_size(axes) if n is None else np.asarray(n) * np.ones_like(self.b.dp)
-        live = (n > 1).astype(np.int64)
-        return Entry(kind, axes, dtype, count * live, payload * live, n, per_step)
+               n: Callable[[], Arr] | None = None, per_step: bool = False, tag: str = "") -> Entry:
+        """An Entry on the group of `axes` (size n(), default the product of the axes' sizes); group sizes
+        and the collective factors of (kind, n) are computed once per batch, shared by the stages."""
+        slot = (axes, tag)  # `tag` names a group whose size is not the product of its axes' sizes
+        if slot not in self._groups:
+            size = self.group_size(axes) if n is None else np.asarray(n()) * np.ones_like(self.b.dp)
+            self._groups[slot] = (size, (size > 1).astype(np.int64), {})
+        size, live, factors = self._groups[slot]
+        if kind not in factors:
+            factors[kind] = (latency_factor(kind, size), sent_factor(kind, size))
+        return Entry(kind, axes, dtype, count * live, payload * live, size, per_step, factors[kind])
 
 
 def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> list[Entry]:

@@ -27,4 +27,11 @@ def runnable_modes() -> tuple[str, ...]:
     return tuple(name for name, m in MODES.items() if m.executor is not None)
 
 
-__all__ = ["COMPARE_BASELINE", "MODES", "LayoutBatch", "TensorMode", "runnable_modes"]
+def executor_runs(mode: str, pp: int = 1, sequence_parallel: bool = False) -> bool:
+    """paracube's executor runs this mode with these options."""
+    support = MODES[mode].executor
+    return (support is not None and (pp == 1 or support.pipeline)
+            and (not sequence_parallel or support.sequence_parallel))
+
+
+__all__ = ["COMPARE_BASELINE", "MODES", "LayoutBatch", "TensorMode", "executor_runs", "runnable_modes"]
