@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from paracube.errors import ParacubeError, check
-from paracube.modes import MODES
+from paracube.modes import MODES, TensorMode
 
-TensorMode = str  # a key of paracube.modes.MODES
+ModeName = str  # a key of paracube.modes.MODES
 TENSOR_MODES: tuple[str, ...] = tuple(MODES)
 TENSOR_AXES: dict[str, tuple[str, ...]] = {name: m.axes for name, m in MODES.items()}
 SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
@@ -36,7 +36,7 @@ SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
 class Layout:
     dp: int = 1
     pp: int = 1
-    mode: TensorMode = "none"
+    mode: ModeName = "none"
     shape: tuple[int, ...] = ()
     placement: tuple[str, ...] = field(default=())  # innermost first; () means the default order
     micro_batch: int | None = None  # sequences per micro-batch per data-parallel replica
@@ -72,7 +72,7 @@ class Layout:
         return self.shape[0] if self.shape else 1
 
     @property
-    def tensor_mode(self):  # noqa: ANN201 (paracube.modes.base.TensorMode)
+    def tensor_mode(self) -> TensorMode:
         """The mode's declaration (paracube/modes)."""
         return MODES[self.mode]
 

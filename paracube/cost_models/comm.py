@@ -36,8 +36,7 @@ Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
 SOURCES = ("layer_fwd", "layer_bwd", "embedding", "head")
 
-__all__ = ["Entry", "StepTraffic", "Table", "axes_used", "calibrated_link", "comm_entries", "latency_factor",
-           "sent_factor", "stage_layers_params"]
+__all__ = ["Entry", "StepTraffic", "axes_used", "comm_entries", "stage_layers_params"]
 
 
 @dataclass

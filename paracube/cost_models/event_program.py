@@ -127,17 +127,8 @@ def _units_bwd(units: tuple[str, ...], events: dict[str, list[CommEvent]], comp:
     return ops
 
 
-def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False) -> StageProgram:
-    pp, v = layout.pp, layout.interleave
-    kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
-    first, last = pp == 1 or stage == 0, pp == 1 or stage == pp - 1
-    # One micro-batch's events of this stage: pipeline sends are rebuilt from the schedule instead.
-    events = [e for e in stage_events(layout, replace(d, global_batch=layout.dp * mb), mb, kind)
-              if e.kind != "send"]
-    comp = unit_compute(d, layout, mb, g)
-    units = layout.tensor_mode.program_units
-    layers = d.L // pp
-    per_chunk = max(1, layers // v)
+def _group(events: list[CommEvent]) -> tuple[dict[tuple[int, str], dict[str, list[CommEvent]]], list[Op]]:
+    """Per (layer or -1, phase) and unit: the events of one micro-batch; and the per-step tail."""
     by_layer: dict[tuple[int, str], dict[str, list[CommEvent]]] = {}
     tail: list[Op] = []
     for e in events:
@@ -149,6 +140,21 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
         if layer < 0:
             unit = {"tok_emb": "emb", "pos_emb": "emb", "embedding": "emb"}.get(unit, unit)
         by_layer.setdefault((layer, ph), {}).setdefault(unit, []).append(e)
+    return by_layer, tail
+
+
+def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False) -> StageProgram:
+    pp, v = layout.pp, layout.interleave
+    kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
+    first, last = pp == 1 or stage == 0, pp == 1 or stage == pp - 1
+    # One micro-batch's events of this stage: pipeline sends are rebuilt from the schedule instead.
+    events = [e for e in stage_events(layout, replace(d, global_batch=layout.dp * mb), mb, kind)
+              if e.kind != "send"]
+    comp = unit_compute(d, layout, mb, g)
+    units = layout.tensor_mode.program_units
+    layers = d.L // pp
+    per_chunk = max(1, layers // v)
+    by_layer, tail = _group(events)
     rec = comp["_recompute"][0]
     fwd: list[list[Op]] = [[] for _ in range(v)]
     bwd: list[list[Op]] = [[] for _ in range(v)]
