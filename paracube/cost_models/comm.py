@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -72,6 +73,13 @@ def stage_layers_params(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Ar
     return MODES[mode].local_params(d, b.t, b.q, d.L // b.pp, first, last)
 
 
+@lru_cache(maxsize=64)
+def _declared(mode: str, d: Dims) -> tuple[tuple[str, tuple[Collective, ...]], ...]:
+    """The mode's per-micro-batch collectives by source (built once per mode and model dimensions)."""
+    m = MODES[mode]
+    return tuple((source, tuple(getattr(m, source)(d))) for source in SOURCES)
+
+
 class StepTraffic:
     """The declared collectives of one mode summed per (kind, axes, dtype) and per source (layer forward,
     layer backward, embedding, head) for every layout of a batch; `entries` scales them to a stage."""
@@ -83,8 +91,8 @@ class StepTraffic:
         self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)))
         self.sums: dict[Key, dict[str, list]] = {}
         self._groups: dict[tuple, tuple[Arr, Arr, dict]] = {}  # (axes, tag) -> (n, live, factors by kind)
-        for source in SOURCES:
-            for c in getattr(m, source)(d):
+        for source, colls in _declared(mode, d):
+            for c in colls:
                 mask = self._mask(c)
                 slot = self.sums.setdefault(self._key(c), {}).setdefault(source, [0, 0])
                 slot[0] = slot[0] + mask
