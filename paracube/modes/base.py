@@ -207,22 +207,13 @@ class TensorMode:
 
 
 def _total_params(d: Any, V: IntOrArr, layers: IntOrArr, first: IntOrArr, last: IntOrArr) -> IntOrArr:
+    """Every parameter of a stage of `layers` blocks, unsplit (V: the padded vocabulary)."""
     return layers * d.layer_params() + first * (V * d.h + d.pos_params) + last * (V * d.h + d.norm_vectors * d.h)
-
-
-def total_params(d: Any, V: IntOrArr, layers: IntOrArr, first: IntOrArr, last: IntOrArr) -> IntOrArr:
-    """Every parameter of a stage, unsplit (the split modes divide it by their grid)."""
-    return _total_params(d, V, layers, first, last)
 
 
 def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def int_root(n: int, k: int) -> int | None:
-    r = round(n ** (1 / k))
-    return next((c for c in (r - 1, r, r + 1) if c >= 1 and c**k == n), None)
-
-
-__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "Collective", "ExecutorSupport", "Rule", "Sizes", "TensorMode",
-           "coll", "divides", "divisors", "int_root", "padded", "split", "total_params"]
+__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "Collective", "ExecutorSupport", "IntOrArr", "Rule", "Sizes",
+           "TensorMode", "coll", "divides", "divisors", "padded", "split"]
