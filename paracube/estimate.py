@@ -3,7 +3,7 @@
 A CommEvent is one collective call. `payload_bytes` is the size of the whole (unsharded) tensor the
 collective is about: the *output* of an all-gather, the *input* of a reduce-scatter, the tensor of an
 all-reduce / broadcast / reduce, the message of a send. Bytes a rank actually sends follow from it
-(`sent_bytes`, ring algorithms). The executor and the analytic model must produce equal multisets of
+(`sent_bytes`, `ring_sent_factor`: ring algorithms). The executor and the analytic model must produce equal multisets of
 `key()` for one training step (tests/test_fidelity.py).
 """
 
@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+import numpy as np
 
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send"]
 COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
@@ -34,16 +36,28 @@ class CommEvent:
         return (self.kind, self.axes, self.payload_bytes, self.dtype)
 
     def sent_bytes(self) -> float:
-        """Bytes one rank sends with the bandwidth-optimal ring algorithm."""
-        n = self.group_size
-        if n <= 1:
-            return 0.0
-        if self.kind == "all_reduce":
-            return 2.0 * (n - 1) / n * self.payload_bytes
-        if self.kind in ("all_gather", "reduce_scatter", "all_to_all"):
-            return (n - 1) / n * self.payload_bytes
-        # broadcast / reduce (pipelined ring: every rank but one forwards the whole message), send
-        return (n - 1) / n * self.payload_bytes if self.kind in ("broadcast", "reduce") else float(self.payload_bytes)
+        """Bytes one rank sends with the bandwidth-optimal ring algorithm (ring_sent_factor)."""
+        return float(ring_sent_factor(self.kind, self.group_size) * self.payload_bytes)
+
+
+def ring_sent_factor(kind: str, n: Any) -> Any:
+    """Bytes one rank sends per payload byte in a ring over n ranks (n: a number or a numpy array):
+    all_reduce 2(n-1)/n (reduce-scatter then all-gather); all_gather, reduce_scatter, all_to_all, and
+    broadcast / reduce as a pipelined ring (every rank but one forwards each chunk) (n-1)/n; send 1;
+    0 for a group of one rank. Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009.
+
+    It lives here, with the payload convention it completes, because the executor records bytes sent with
+    it (CommEvent.sent_bytes) and the cost models price them with it (cost_models/collective.py builds
+    its latency and time terms on it): one formula for both sides of the traffic contract.
+    """
+    n = np.asarray(n, dtype=float)
+    if kind == "all_reduce":
+        factor = 2.0 * (n - 1) / n
+    elif kind == "send":
+        factor = np.ones_like(n)
+    else:
+        factor = (n - 1) / n
+    return np.where(n > 1, factor, 0.0)
 
 
 EventKey = tuple[str, tuple[str, ...], int, str]

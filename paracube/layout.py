@@ -22,36 +22,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import numpy as np
 
 from paracube.errors import ParacubeError, check
+from paracube.modes import MODES, TensorMode
 
-TensorMode = Literal["none", "1d", "2d", "2.5d", "3d"]
-TENSOR_MODES: tuple[str, ...] = ("none", "1d", "2d", "2.5d", "3d")
-TENSOR_AXES: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "1d": ("tp",),
-    "2d": ("row", "col"),
-    "2.5d": ("dep", "row", "col"),
-    "3d": ("z", "y", "x"),
-}
+ModeName = str  # a key of paracube.modes.MODES
+TENSOR_MODES: tuple[str, ...] = tuple(MODES)
+TENSOR_AXES: dict[str, tuple[str, ...]] = {name: m.axes for name, m in MODES.items()}
+SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
 ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
-SHAPE_RULES = {
-    "none": "no tensor parallelism (omit tp= or write tp=none)",
-    "1d": "tp=1d:p, any p >= 1",
-    "2d": "tp=2d:qxq, a square grid (q x q = 4, 9, 16, 64, ...)",
-    "2.5d": "tp=2.5d:qxqxd, q x q grids stacked d deep (e.g. 2x2x2, 4x4x2)",
-    "3d": "tp=3d:qxqxq, a cube (q^3 = 8, 27, 64, 512, ...)",
-}
 
 
 @dataclass(frozen=True)
 class Layout:
     dp: int = 1
     pp: int = 1
-    mode: TensorMode = "none"
+    mode: ModeName = "none"
     shape: tuple[int, ...] = ()
     placement: tuple[str, ...] = field(default=())  # innermost first; () means the default order
     micro_batch: int | None = None  # sequences per micro-batch per data-parallel replica
@@ -66,17 +54,12 @@ class Layout:
         check(self.micro_batch is None or (isinstance(self.micro_batch, int) and self.micro_batch >= 1),
               f"mb={self.micro_batch!r} must be a positive integer")
         shape = self.shape
-        ok = {
-            "none": len(shape) == 0,
-            "1d": len(shape) == 1 and shape[0] >= 1,
-            "2d": len(shape) == 2 and shape[0] == shape[1] >= 1,
-            "2.5d": len(shape) == 3 and shape[0] == shape[1] >= 1 and shape[2] >= 1,
-            "3d": len(shape) == 3 and shape[0] == shape[1] == shape[2] >= 1,
-        }[self.mode]
         shape_text = "x".join(map(str, shape)) or "()"
-        check(ok, f"tensor shape {shape_text} is not valid for {self.mode}: {SHAPE_RULES[self.mode]}")
-        check(not self.sequence_parallel or self.mode == "1d",
-              f"sequence parallelism (sp) applies to tp=1d only, not {self.mode}")
+        check(MODES[self.mode].shape_ok(shape),
+              f"tensor shape {shape_text} is not valid for {self.mode}: {SHAPE_RULES[self.mode]}")
+        with_sp = [name for name, m in MODES.items() if m.sequence_parallel]
+        check(not self.sequence_parallel or self.mode in with_sp,
+              f"sequence parallelism (sp) applies to tp={'/'.join(with_sp)} only, not {self.mode}")
         check(self.zero in ZERO_STAGES, f"zero={self.zero!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))} "
               "(0 none, 1 optimizer state sharded over dp, 3 parameters sharded too)")
         check(self.interleave == 1 or self.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
@@ -95,8 +78,14 @@ class Layout:
         return self.shape[0] if self.shape else 1
 
     @property
+    def tensor_mode(self) -> TensorMode:
+        """The mode's declaration (paracube/modes)."""
+        return MODES[self.mode]
+
+    @property
     def depth(self) -> int:
-        return self.shape[2] if self.mode == "2.5d" else 1
+        """2.5D depth; 1 for every other mode."""
+        return MODES[self.mode].depth(self.shape)
 
     @property
     def tensor_size(self) -> int:
@@ -109,7 +98,7 @@ class Layout:
     @property
     def token_split(self) -> int:
         """Ways the tensor group splits the tokens of a micro-batch (along the batch dimension)."""
-        return {"none": 1, "1d": 1, "2d": self.q, "2.5d": self.q * self.depth, "3d": self.q * self.q}[self.mode]
+        return MODES[self.mode].token_split(self.q, self.depth)
 
     @property
     def tensor_axes(self) -> tuple[str, ...]:
@@ -121,15 +110,7 @@ class Layout:
         return ("pp", "dp", *self.tensor_axes)
 
     def axis_size(self, axis: str) -> int:
-        sizes = {"pp": self.pp, "dp": self.dp}
-        if self.mode == "1d":
-            sizes["tp"] = self.shape[0]
-        elif self.mode == "2d":
-            sizes.update(row=self.q, col=self.q)
-        elif self.mode == "2.5d":
-            sizes.update(dep=self.depth, row=self.q, col=self.q)
-        elif self.mode == "3d":
-            sizes.update(x=self.q, y=self.q, z=self.q)
+        sizes = {"pp": self.pp, "dp": self.dp, **MODES[self.mode].axis_sizes(self.q, self.tensor_size, self.depth)}
         if axis not in sizes:
             raise ParacubeError(f"axis {axis!r} is not part of layout {self}; axes: {', '.join(sizes)}")
         return sizes[axis]

@@ -21,7 +21,7 @@ from paracube.calibration.calibrate import (
     timing_basis,
     write_topology,
 )
-from paracube.calibration.fit import collective_time, fit_alpha_beta, fit_elementwise, fit_gemm, gemm_time
+from paracube.calibration.fit import fit_alpha_beta, fit_elementwise, fit_gemm, gemm_time
 from paracube.calibration.microbench import (
     PROBE_MICRO_BATCH,
     PROBE_MODEL,
@@ -32,6 +32,7 @@ from paracube.calibration.microbench import (
     run_probes,
 )
 from paracube.cost_models import estimate
+from paracube.cost_models.collective import collective_time as _time
 from paracube.cost_models.compute import ops_per_step
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.validity import layout_arrays
@@ -42,6 +43,11 @@ from paracube.topologies import load_topology
 from paracube.workload import PRESETS, TrainingSpec
 
 SIZES = (256, 4096, 65536, 1 << 20)
+
+
+def collective_time(kind: str, n: int, payload: float, latency: float, bandwidth: float) -> float:
+    """Seconds of one call (collective.py's ring formula)."""
+    return float(_time(kind, n, 1, payload, bandwidth, latency))
 WALL = {"basis": "wall", "ranks_per_core": 1.0, "cores": 8}
 
 
@@ -125,13 +131,13 @@ def test_calibration_file_round_trip(tmp_path) -> None:
     path = write_topology(topo, tmp_path / "cluster.yaml")
     back = load_topology(str(path), gpus=4)
     assert back == topo
-    assert back.calibration["gemm"]["peak_flops"] == pytest.approx(30e9, rel=1e-3)
+    assert back.calibration.gemm.peak_flops == pytest.approx(30e9, rel=1e-3)
     assert back.device.peak_flops["fp32"] == pytest.approx(30e9, rel=1e-3)
     # The graph carries the joint fit: a ring hop crosses two hub links of latency alpha/2.
     link = back.group_link([0, 1, 2, 3])
     assert link.latency == pytest.approx(200e-6, rel=1e-6)
     assert link.bandwidth == pytest.approx(1e9, rel=1e-6)
-    assert check_calibration(back, str(path), world=4) is back.calibration
+    assert check_calibration(back, str(path), world=4) == back.calibration.to_dict() == cal
 
 
 def test_calibration_from_another_machine_or_incomplete_is_refused(tmp_path) -> None:
@@ -209,7 +215,7 @@ def test_op_overhead_per_mode_is_what_the_fit_leaves_of_the_probe_step() -> None
     fitted = fit_op_overheads(topo, probes)
     assert cal["elementwise"]["op_overhead_s"] == pytest.approx(10e-6, rel=1e-6)
     assert fitted == {"fp32": {"1d": pytest.approx(40e-6, rel=1e-6), "3d": 0.0}}
-    assert "op_overhead_by_mode" not in topo.calibration["elementwise"]  # the probe fit leaves no trace
+    assert topo.calibration.elementwise.op_overhead_by_mode == {}  # the probe fit leaves no trace
     cal["elementwise"]["op_overhead_by_mode"] = fitted
     priced = calibrated_topology("local-cpu", 8, cal)
     layout = parse_layout("dp=2,tp=1d:4").with_(micro_batch=PROBE_MICRO_BATCH)

@@ -172,7 +172,8 @@ def test_single_rank_group_and_equivalent_queries() -> None:
 def test_yaml_round_trip_of_presets(tmp_path: Path) -> None:
     for name in ("longhorn", "dgx-h100", "local-cpu"):
         topo = load_topology(name, gpus=8)
-        topo.calibration = {"gemm": {"peak_fraction": 0.61}, "axes": {"x": {"alpha": 3e-6, "beta": 1e-10}}}
+        topo.calibration = {"gemm": {"eff_max": 0.61},
+                            "comm": {"all_reduce": {"2": {"latency": 3e-6, "bandwidth": 1e10}}}}
         path = tmp_path / f"{name}.yaml"
         save_topology(topo, path)
         back = load_topology(str(path))

@@ -68,7 +68,7 @@ def test_calibration_file_with_missing_fields_exits_2(tmp_path, capsys) -> None:
                           tmp_path / "c.yaml")
     data = path.read_text().replace("  link:\n    latency: 0.0001\n    bandwidth: 1000000000.0\n", "")
     path.write_text(data)
-    assert load_topology(str(path), gpus=4).calibration.get("link") is None
+    assert load_topology(str(path), gpus=4).calibration.link is None
     assert main(["validate", str(plan_path), "--cluster", str(path)]) == 2
     assert "calibration lacks link" in capsys.readouterr().err
 

@@ -34,6 +34,8 @@ from paracube.calibration.microbench import (
 from paracube.errors import ParacubeError, check
 from paracube.executor import affinity
 from paracube.layout import parse_layout
+from paracube.topologies.calibration import Calibration, as_calibration
+from paracube.topologies.topology import Topology
 from paracube.workload import PRESETS, ModelSpec
 
 SCHEMA = 1
@@ -102,28 +104,30 @@ def probe_layouts(nproc: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def fit_op_overheads(topo: Any, probes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def fit_op_overheads(topo: Topology, probes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Seconds per dispatched op of each probed dtype and tensor mode: what the fitted model (GEMMs,
     elementwise bandwidth, collectives) leaves unexplained of the probe's measured step, spread over the
     step's ops (compute.ops_per_step). On a shared CPU host that is the executor's glue code, autograd
-    (and autocast's casts in bf16), the waits for peers and idle cores; at least 0."""
+    (and autocast's casts in bf16), the waits for peers and idle cores; at least 0. `topo` is left as is:
+    the trials price a private copy."""
     from paracube.calibration.microbench import PROBE_MICRO_BATCH, PROBE_MODEL
     from paracube.cost_models import estimate
+    from paracube.topologies import topology_from_dict
     from paracube.workload import TrainingSpec
 
+    trial = topology_from_dict(topo.to_dict(), source="calibration trial")
+    base = trial.calibration or Calibration()
     out: dict[str, dict[str, float]] = {}
-    elementwise = topo.calibration["elementwise"]
     for probe in probes:
         layout = parse_layout(probe["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
         dtype = probe.get("dtype", "fp32")
         training = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp, dtype=dtype)
         steps = []
         for per_op in (0.0, 1e-3):
-            elementwise["op_overhead_by_mode"] = {dtype: {layout.mode: per_op}}
-            steps.append(estimate(PROBE_MODEL, training, layout, topo, with_events=False).step_time_s)
+            trial.calibration = base.with_op_overheads({dtype: {layout.mode: per_op}})
+            steps.append(estimate(PROBE_MODEL, training, layout, trial, with_events=False).step_time_s)
         ops = (steps[1] - steps[0]) / 1e-3
         out.setdefault(dtype, {})[layout.mode] = max(0.0, (probe["time_s"] - steps[0]) / ops)
-    elementwise.pop("op_overhead_by_mode", None)
     return out
 
 
@@ -135,14 +139,7 @@ def layout_gemm_shapes(model: ModelSpec, layout_text: str) -> set[tuple[int, int
     linears = [(h, 3 * h, True), (h, h, False), (h, f, True), (f, h, False), (h, V, True)]
     shapes: set[tuple[int, int, int]] = set()
     for h_in, h_out, column in linears:
-        if lay.mode == "1d":
-            m, n, k = (T, h_out // t, h_in) if column else (T, h_out, h_in // t)
-        elif lay.mode == "2d":
-            m, n, k = T // q, h_out // q, h_in
-        elif lay.mode == "3d":
-            m, n, k = T // q, h_out // q, h_in // q
-        else:
-            m, n, k = T, h_out, h_in
+        m, n, k = lay.tensor_mode.gemm_shape(T, h_in, h_out, column, t, q, lay.depth)  # paracube/modes
         shapes |= {(m, n, k), (m, k, n), (k, n, m)}  # Y = XA, dX = dY A^T, dA = X^T dY
     return shapes
 
@@ -223,7 +220,7 @@ def build_calibration(result: BenchResult, machine: dict[str, Any], timing: dict
     }
 
 
-def calibrated_topology(cluster: str, nproc: int, calibration: dict[str, Any]) -> Any:
+def calibrated_topology(cluster: str, nproc: int, calibration: dict[str, Any]) -> Topology:
     """The base preset (sized to nproc ranks) with fitted device figures, hub links and the calibration."""
     from paracube.topologies import load_topology, topology_from_dict
 
@@ -273,28 +270,34 @@ def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
 
 
 def check_calibration(topo: Any, source: str, world: int | None = None) -> dict[str, Any]:
-    """The topology's calibration if it applies to this machine (and world size); ParacubeError otherwise."""
-    cal = getattr(topo, "calibration", None)
-    check(isinstance(cal, dict), f"{source}: no calibration section; run `paracube calibrate --out {source}`")
-    missing = [k for k in REQUIRED if k not in cal]
+    """The topology's calibration, as its YAML mapping, if it applies to this machine (and world size);
+    ParacubeError otherwise. `topo.calibration` may be a Calibration or a mapping in the YAML shape."""
+    try:
+        cal = as_calibration(getattr(topo, "calibration", None))
+    except ParacubeError as exc:
+        raise ParacubeError(f"{source}: {exc}") from None
+    check(cal is not None, f"{source}: no calibration section; run `paracube calibrate --out {source}`")
+    assert cal is not None
+    missing = [k for k in REQUIRED if getattr(cal, k) is None]
     check(not missing, f"{source}: calibration lacks {', '.join(missing)}; re-run `paracube calibrate`")
-    check(cal["schema"] == SCHEMA, f"{source}: calibration schema {cal['schema']!r}; this paracube reads {SCHEMA}")
-    machine = cal["machine"]
-    check(isinstance(machine, dict) and all(k in machine for k in MACHINE_KEYS),
+    check(cal.schema == SCHEMA, f"{source}: calibration schema {cal.schema!r}; this paracube reads {SCHEMA}")
+    machine = cal.machine
+    check(machine is not None and all(getattr(machine, k) is not None for k in MACHINE_KEYS),
           f"{source}: calibration.machine needs {', '.join(MACHINE_KEYS)}; re-run `paracube calibrate`")
-    here = machine_info(int(machine["nproc"]), "")
+    assert machine is not None and machine.nproc is not None
+    here = machine_info(machine.nproc, "")
     for key in ("hostname", "cpu_model", "torch_version"):
-        if machine[key] != here[key]:
-            raise ParacubeError(f"{source}: calibrated on {key}={machine[key]!r} but this machine has "
+        if getattr(machine, key) != here[key]:
+            raise ParacubeError(f"{source}: calibrated on {key}={getattr(machine, key)!r} but this machine has "
                                 f"{here[key]!r}; re-run `paracube calibrate` here")
-    bind = machine.get("cpu_bind", "spread")
+    bind = machine.cpu_bind or "spread"
     if bind != here["cpu_bind"]:  # CPU ranks bound differently run at different speeds (executor/affinity.py)
         raise ParacubeError(f"{source}: calibrated with {affinity.ENV}={bind} but this run uses "
                             f"{affinity.ENV}={here['cpu_bind']}; set it alike or re-run `paracube calibrate`")
-    if world is not None and int(machine["nproc"]) != world:
-        raise ParacubeError(f"{source}: calibrated with nproc={machine['nproc']} ranks but the plan runs {world}; "
+    if world is not None and machine.nproc != world:
+        raise ParacubeError(f"{source}: calibrated with nproc={machine.nproc} ranks but the plan runs {world}; "
                             f"re-run `paracube calibrate --nproc {world}`")
-    return cal
+    return cal.to_dict()
 
 
 def write_topology(topo: Any, path: str | Path) -> Path:

@@ -1,6 +1,7 @@
 """Fits of the cost model's parameters to measured microbenchmarks (scipy), with their residuals.
 
-The `calibration:` section of a topology file (what `paracube calibrate` writes; schema 1):
+The `calibration:` section of a topology file (what `paracube calibrate` writes; schema 1; parsed and checked
+at load time into topologies.calibration.Calibration):
 
     calibration:
       schema: 1
@@ -24,10 +25,12 @@ Every fit reads a point's cost: its wall time per call, or, when CPU ranks outnu
 
 What the cost model reads: `compute.gemm_model` reads gemm.{eff_max, m0, n0, k0, mem_eff} (peak and
 memory bandwidth come from the device, which calibrate sets to the fitted peak_flops and bandwidth, so
-eff_max = 1 and mem_eff = 1). comm.py prices a call on a group of n ranks with link (B, a) as
+eff_max = 1 and mem_eff = 1). cost_models/collective.py prices a call on a group of n ranks with link (B, a)
+as latency_factor(kind, n) a + sent_factor(kind, n) P / B (ring), e.g.
     all_reduce: 2(n-1) a + 2(n-1)/n P / B,   all_gather / reduce_scatter: (n-1) a + (n-1)/n P / B;
-the per-kind, per-size (latency, bandwidth) here are the a and B of exactly that formula, and comm.py
-uses them in place of the link's for that kind and group size (`compute.gemm_model` carries them). The joint
+the per-kind, per-size (latency, bandwidth) here are the a and B of exactly that formula (fit_alpha_beta
+uses collective.py's factors), and the cost model uses them in place of the link's for that kind and group
+size (collective.calibrated_link; `compute.gemm_model` carries them). The joint
 `link` fit also goes into the topology graph (hub links of latency a/2 and bandwidth B: a ring hop crosses two
 of them) for kinds and sizes that were not measured. Modes whose collectives alternate mesh axes (2D, 2.5D,
 3D) read `comm_alternating` (microbench.py: measured with calls cycling through the groups of every stride,
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
+from paracube.cost_models.collective import latency_factor, sent_factor
 from paracube.errors import check
 
 
@@ -61,22 +65,6 @@ class Fit:
 
 def rms(values: Sequence[float]) -> float:
     return float(math.sqrt(np.mean(np.square(values)))) if len(values) else 0.0
-
-
-def latency_factor(kind: str, n: int | np.ndarray) -> np.ndarray:
-    """Ring steps that pay the latency (comm.py's formula)."""
-    n = np.asarray(n, dtype=float)
-    return 2.0 * (n - 1) if kind == "all_reduce" else n - 1.0
-
-
-def sent_factor(kind: str, n: int | np.ndarray) -> np.ndarray:
-    """Fraction of the payload one rank sends (ring)."""
-    n = np.asarray(n, dtype=float)
-    return 2.0 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
-
-
-def collective_time(kind: str, n: int, payload: float, latency: float, bandwidth: float) -> float:
-    return float(latency_factor(kind, n) * latency + sent_factor(kind, n) * payload / bandwidth)
 
 
 def _nonneg_linear(A: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -138,5 +126,4 @@ def fit_elementwise(points: Sequence[tuple[int, float]]) -> Fit:
     return Fit({"op_overhead_s": float(o), "bandwidth": float(1.0 / inv_bw)}, tuple((pred - t) / t))
 
 
-__all__ = ["Fit", "collective_time", "fit_alpha_beta", "fit_elementwise", "fit_gemm", "gemm_time",
-           "latency_factor", "rms", "sent_factor"]
+__all__ = ["Fit", "fit_alpha_beta", "fit_elementwise", "fit_gemm", "gemm_time", "rms"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -24,9 +25,10 @@ from paracube.cli.options import (
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout, parse_layout
+from paracube.modes import COMPARE_BASELINE, MODES, executor_runs
 from paracube.plan import LaunchSpec, Plan, load_plan, plan_cluster, recorded_cluster
 
-MODE_ORDER = ("none", "1d", "2d", "2.5d", "3d")
+MODE_ORDER = tuple(MODES)  # the registry's order (paracube/modes)
 EXPLAIN_POOL = 100  # ranked layouts the runner-ups of `plan` are looked for in (planner/explain.py)
 
 
@@ -157,9 +159,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
     for note in _unpriced(best_layout, best_est):
         console.print(f"note: {note}", markup=False)
-    from paracube.planner.search import RUNNABLE_MODES
-
-    if best_layout.pp == 1 and not best_layout.sequence_parallel and best_layout.mode in RUNNABLE_MODES:
+    if executor_runs(best_layout.mode, best_layout.pp, best_layout.sequence_parallel):
         console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`")
     else:
         console.print(f"wrote {path} (best: {best_layout}); paracube's executor runs pp=1 without sp: "
@@ -175,18 +175,8 @@ def _with_zero(ranked: list, fixed: Layout | None) -> list:
 
 
 def _tensor_only_shapes(gpus: int) -> dict[str, list[tuple[int, ...]]]:
-    def root(n: int, k: int) -> int | None:
-        r = round(n ** (1 / k))
-        return next((c for c in (r - 1, r, r + 1) if c >= 1 and c**k == n), None)
-
-    shapes: dict[str, list[tuple[int, ...]]] = {"1d": [(gpus,)]}
-    if (q := root(gpus, 2)) and q > 1:
-        shapes["2d"] = [(q, q)]
-    shapes["2.5d"] = [(q, q, gpus // (q * q)) for q in range(2, gpus + 1)
-                      if gpus % (q * q) == 0 and gpus // (q * q) > 1]
-    if (q := root(gpus, 3)) and q > 1:
-        shapes["3d"] = [(q, q, q)]
-    return shapes
+    """Per tensor mode, its shapes of exactly `gpus` ranks (every device in the tensor group)."""
+    return {name: [s for s in m.shapes(gpus) if math.prod(s) == gpus] for name, m in MODES.items() if m.axes}
 
 
 def _tensor_only_best(w: Workload, topo: object) -> tuple[dict[str, tuple[Layout, StepEstimate]], dict[str, str]]:
@@ -206,7 +196,7 @@ def _tensor_only_best(w: Workload, topo: object) -> tuple[dict[str, tuple[Layout
             if mode not in best or est.step_time_s < best[mode][1].step_time_s:
                 best[mode] = (lay, est)
     why = {m: text for m, text in why.items() if m not in best}  # another shape of the mode was valid
-    for mode in MODE_ORDER[1:]:
+    for mode in _tensor_only_shapes(w.gpus):
         if mode not in best and mode not in why:
             why[mode] = f"{w.gpus} devices do not form a {mode} tensor group"
     return best, why
@@ -228,7 +218,7 @@ def compare_cmd(args: argparse.Namespace) -> int:
         result = _search(w, topo, top_k=1)
         best = {m: result.best_per_mode[m] for m in MODE_ORDER if m in result.best_per_mode}
         explanations = result.explanations
-    base = best.get("1d")
+    base = best.get(COMPARE_BASELINE)
     rows = []
     for mode, (lay, est) in best.items():
         speedup = base[1].step_time_s / est.step_time_s if base else None

@@ -26,37 +26,31 @@ from __future__ import annotations
 import numpy as np
 
 from paracube.cost_models.dims import Dims
+from paracube.modes import MODES, LayoutBatch
 
 Arr = np.ndarray
 E = 4.0  # fp32: residual stream, LayerNorm, bias-added outputs, softmax
 
 
-def _split(mode: str, a: dict[str, Arr]) -> dict[str, Arr]:
-    """Token split (tq), hidden split of activations (th), gathered-operand divisors, per layout."""
-    t, q, dd = (a[k].astype(float) for k in ("t", "q", "d"))
-    one = np.ones_like(t)
-    if mode in ("2d", "2.5d"):
-        tq = q * dd
-        return {"tok": tq, "all": t, "gx": tq, "gw": q, "vocab": q}
-    if mode == "3d":
-        return {"tok": q * q, "all": t, "gx": q * q, "gw": q * q, "vocab": q}
-    if mode == "1d":
-        return {"tok": one, "all": t, "gx": one, "gw": t, "vocab": t}
-    return {"tok": one, "all": one, "gx": one, "gw": one, "vocab": one}
+def _split(mode: str, b: LayoutBatch) -> dict[str, Arr]:
+    """Token split (tok), hidden split of activations (all), gathered-operand divisors, per layout: the
+    mode's activation_split."""
+    return MODES[mode].activation_split(b.t.astype(float), b.q.astype(float), b.depth.astype(float))
 
 
-def block_bytes(d: Dims, mode: str, a: dict[str, Arr]) -> Arr:
+def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     """Bytes one transformer block keeps for backward, one micro-batch, one rank."""
-    mb = a["mb"].astype(float)
+    mb = b.mb.astype(float)
     T = mb * d.s
     h, f, c = float(d.h), float(d.f), float(d.c)
-    sp = _split(mode, a)
+    sp = _split(mode, b)
+    replicated = MODES[mode].replicates_activations
     if d.recompute == "full":
-        return E * T * h / (np.ones_like(T) if mode == "1d" else sp["all"])
+        return E * T * h / (np.ones_like(T) if replicated else sp["all"])
     h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
     attention = c * T * (h_qkv + h) / sp["all"] + 4.0 * mb * d.heads * d.s / sp["all"]
     act_fn_input = E * T * f / sp["all"]
-    if mode in ("none", "1d"):
+    if replicated:
         norms = 2 * (E * T * h + 8 * T)
         linear_inputs = c * T * 2 * h + c * T * f / sp["all"]  # qkv and fc inputs whole; fc2's split
         weights = c * d.sum_w() / sp["gw"] if d.c < 4 else 0.0  # autocast keeps a cast copy of each weight
@@ -67,16 +61,16 @@ def block_bytes(d: Dims, mode: str, a: dict[str, Arr]) -> Arr:
     return norms + linear_inputs + weights + attention + act_fn_input
 
 
-def first_stage_bytes(d: Dims, mode: str, a: dict[str, Arr]) -> Arr:
-    return 8.0 * a["mb"].astype(float) * d.s  # token ids kept by the embedding's backward
+def first_stage_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
+    return 8.0 * b.mb.astype(float) * d.s  # token ids kept by the embedding's backward
 
 
-def last_stage_bytes(d: Dims, mode: str, a: dict[str, Arr], vocab: int) -> Arr:
-    T = a["mb"].astype(float) * d.s
-    sp = _split(mode, a)
+def last_stage_bytes(d: Dims, mode: str, b: LayoutBatch, vocab: Arr) -> Arr:
+    T = b.mb.astype(float) * d.s
+    sp = _split(mode, b)
     h, c = float(d.h), float(d.c)
     tokens = T / sp["tok"]
-    if mode in ("none", "1d"):
+    if MODES[mode].replicates_activations:
         norm = E * T * h + 8 * T
         head = c * T * h + (c * h * vocab / sp["vocab"] if d.c < 4 else 0.0)
     else:

@@ -7,7 +7,7 @@ every block; selective recompute re-does the attention core (scores, softmax, va
 Time: roofline per GEMM with an efficiency that falls for small local matrices,
     eff(m, n, k) = eff_max * m/(m + m0) * n/(n + n0) * k/(k + k0)
 (defaults eff_max = 0.85, m0 = n0 = k0 = 64: a 4096^3 GEMM runs at ~81% of peak, 1024^3 at ~71%, 256^3 at
-~54%, 64^3 at ~11%; `topology.calibration["gemm"]` may override any of the four). Each linear runs three
+~54%, 64^3 at ~11%; the topology's calibration.gemm may override any of the four). Each linear runs three
 GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
 Memory-bound elementwise work (norms, residual adds, bias, GELU, softmax, cross-entropy) is priced at
 memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc
@@ -17,7 +17,7 @@ Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
   3d [T/q, h_in/q] x [h_in/q, h_out/q].
 Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counted from the executor) costs
-`calibration["elementwise"]["op_overhead_by_mode"][dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
+`calibration.elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
 autograd and launch, which dominate small models on CPUs. calibrate.py measures it per tensor mode with
 step probes, so it also carries what a mode's step costs beyond its fitted GEMMs and collectives (the
 executor's glue code, waits for peers, idle cores on a shared host). Without a calibration it is 0.
@@ -30,6 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from paracube.cost_models.dims import Dims
+from paracube.modes import MODES, LayoutBatch
+from paracube.modes.base import padded
+from paracube.topologies.calibration import as_calibration
+from paracube.topologies.protocol import Topology
 
 Arr = np.ndarray
 
@@ -48,7 +52,7 @@ class GemmModel:
     op_overhead: float = 0.0  # seconds per launched op (Python dispatch + kernel launch), ops.py counts them
     # per tensor mode, where calibrate's step probes measured it (mode, seconds per op); else op_overhead
     op_overhead_by_mode: tuple[tuple[str, float], ...] = ()
-    # (kind, group size, alternating, latency s, bandwidth B/s): comm.calibrated_link reads it
+    # (kind, group size, alternating, latency s, bandwidth B/s): collective.calibrated_link reads it
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
 
     def op_cost(self, mode: str) -> float:
@@ -68,36 +72,27 @@ class GemmModel:
         return self.gemm_time(m, n, k), self.gemm_time(m, k, n) + self.gemm_time(k, n, m)
 
 
-def gemm_model(topo: object, dtype: str) -> GemmModel:
-    device = topo.device  # type: ignore[attr-defined]
-    cal = (getattr(topo, "calibration", None) or {}).get("gemm", {}) or {}
-    known = {k: float(v) for k, v in cal.items() if k in ("eff_max", "m0", "n0", "k0", "mem_eff")}
-    full = getattr(topo, "calibration", None) or {}
-    elementwise = full.get("elementwise") or {}
-    overhead = float(elementwise.get("op_overhead_s", 0.0))
+def gemm_model(topo: Topology, dtype: str) -> GemmModel:
+    """The device's roofline for `dtype` with the topology's calibration (if any) applied."""
+    device = topo.device
+    cal = as_calibration(topo.calibration)
+    if cal is None:
+        return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth))
+    gemm = cal.gemm
+    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff")
+             if gemm is not None and getattr(gemm, k) is not None}
+    overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
     # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
-    by_dtype = elementwise.get("op_overhead_by_mode") or {}
-    per_mode = by_dtype.get(dtype) or by_dtype.get("bf16" if dtype == "fp16" else dtype) or {}
-    by_mode = tuple(sorted((str(m), float(v)) for m, v in per_mode.items()))
-    comm = tuple((kind, int(n), alt, float(f["latency"]), float(f["bandwidth"]))
-                 for key, alt in (("comm", False), ("comm_alternating", True))
-                 for kind, by_n in sorted((full.get(key) or {}).items()) for n, f in sorted(by_n.items()))
+    by_mode = tuple(sorted(cal.op_overheads(dtype).items()))
     return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
-                     op_overhead=overhead, op_overhead_by_mode=by_mode, comm=comm)
+                     op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table())
 
 
 def local_shape(
-    mode: str, T: Arr, h_in: int, h_out: Arr, column: bool, a: dict[str, Arr]
+    mode: str, T: Arr, h_in: int, h_out: Arr, column: bool, b: LayoutBatch
 ) -> tuple[Arr, Arr, Arr]:
-    """(m, n, k) of the forward GEMM of one linear on one rank."""
-    t, q, dd = a["t"], a["q"], a["d"]
-    if mode == "none":
-        return T, h_out, h_in
-    if mode == "1d":
-        return (T, h_out / t, h_in) if column else (T, h_out, h_in / t)
-    if mode in ("2d", "2.5d"):
-        return T / (dd * q), h_out / q, h_in
-    return T / q, h_out / q, h_in / q
+    """(m, n, k) of the forward GEMM of one linear on one rank (the mode's gemm_shape)."""
+    return MODES[mode].gemm_shape(T, h_in, h_out, column, b.t, b.q, b.depth)
 
 
 def model_flops_per_step(d: Dims) -> float:
@@ -107,9 +102,10 @@ def model_flops_per_step(d: Dims) -> float:
     return 3.0 * (d.L * per_layer + 2 * T * d.h * d.V)
 
 
-def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: GemmModel) -> Arr:
+def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel) -> Arr:
     """Compute time of one step on one rank of a stage (all micro-batches, recompute included)."""
-    dp, pp, t, mb = a["dp"], a["pp"], a["t"], a["mb"]
+    m = MODES[mode]
+    dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
     N = d.global_batch // (dp * mb)
     T = (mb * d.s).astype(float)
     Ls = d.L // pp
@@ -117,14 +113,13 @@ def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: Gemm
     fwd_blk = np.zeros_like(T)
     bwd_blk = np.zeros_like(T)
     for n, (_, h_in, h_out, _) in enumerate(d.linears):
-        f, b = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), a))
-        fwd_blk, bwd_blk = fwd_blk + f, bwd_blk + b
+        fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b))
+        fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
     # Attention core: mb*heads/t (sequence, head) pairs per rank, each two [s, s]-sized GEMMs.
     hd = d.h // d.heads
     pairs = mb * d.heads / t
     attn_f = pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
-    act = np.where(a["sp"] > 0, t, 1) if mode == "1d" else t
-    h_loc = T * d.h / act
+    h_loc = T * d.h / m.act_split(t, b.sp)
     f_loc = T * d.f / t
     softmax = 3.0 * mb * d.heads * d.s * d.s / t
     elem_f = c * (12 * h_loc + 4 * f_loc + softmax) / (g.mem_bw * g.mem_eff)
@@ -135,9 +130,8 @@ def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: Gemm
     elif d.recompute == "selective":
         per_block = per_block + attn_f + attn_elem
     # Head (vocab-parallel linear h -> V) and cross-entropy on the last stage.
-    split = {"none": 1, "1d": t, "2d": a["q"], "2.5d": a["q"], "3d": a["q"] ** 2}[mode]
-    V = -(-d.V // split) * split
-    hf, hb = g.linear_time(*local_shape(mode, T, d.h, V, True, a))
+    V = padded(d.V, m.vocab_split(t, b.q))
+    hf, hb = g.linear_time(*local_shape(mode, T, d.h, V, True, b))
     ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
     per_micro = Ls * per_block + last * (hf + hb + ce)
     return N * per_micro
@@ -157,17 +151,19 @@ def stage_compute_time(d: Dims, mode: str, a: dict[str, Arr], last: Arr, g: Gemm
 # counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a stray dispatch or two);
 # tests/test_cost_model.py re-counts configurations the constants were not read from.
 # 2.5D is assumed to dispatch like 2D (the executor has no 2.5D); 1D with sequence parallelism like 1D.
-OPS_LAYER = {"none": 85, "1d": 99, "2d": 287, "2.5d": 287, "3d": 323}
-OPS_EDGE = {"none": 43, "1d": 85, "2d": 162, "2.5d": 162, "3d": 175}
+# Per mode: TensorMode.ops_layer / ops_edge (paracube/modes).
+OPS_LAYER = {name: m.ops_layer for name, m in MODES.items()}
+OPS_EDGE = {name: m.ops_edge for name, m in MODES.items()}
 OPS_TENSOR, OPS_STEP, OPS_TENSOR_GROUP, OPS_DP_TENSOR, OPS_DP = 13, 16, 3, 3, 4
 
 
-def ops_per_step(d: Dims, mode: str, a: dict[str, Arr], first: Arr, last: Arr) -> Arr:
+def ops_per_step(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
     """Dispatched ops of one step on one rank of a stage (formula above), as an array over configurations."""
-    N = d.global_batch // (a["dp"] * a["mb"])
-    Ls = d.L // a["pp"]
+    m = MODES[mode]
+    N = d.global_batch // (b.dp * b.mb)
+    Ls = d.L // b.pp
     tensors = 12 * Ls + 2 * first + 3 * last
-    micro = Ls * OPS_LAYER[mode] + (first + last) / 2 * OPS_EDGE[mode]
-    step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if mode != "none" else 0)
-    dp_sync = (a["dp"] > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
+    micro = Ls * m.ops_layer + (first + last) / 2 * m.ops_edge
+    step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if m.axes else 0)
+    dp_sync = (b.dp > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
     return (N * micro + step + dp_sync).astype(float)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paracube.modes import MODES
 from paracube.workload import ModelSpec, TrainingSpec
 
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -102,7 +103,7 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
 
 def vocab_split(mode: str, t: int, q: int) -> int:
     """Ways the vocabulary (embedding rows, head columns) is split inside the tensor group."""
-    return {"none": 1, "1d": t, "2d": q, "2.5d": q, "3d": q * q}[mode]
+    return MODES[mode].vocab_split(t, q)
 
 
 def padded_vocab(V: int, split: int) -> int:
@@ -110,23 +111,6 @@ def padded_vocab(V: int, split: int) -> int:
 
 
 def local_params(d: Dims, mode: str, t: int, q: int, layers: int, first: bool, last: bool) -> int:
-    """Closed form of the parameters one rank stores (one pipeline stage of `layers` blocks).
-
-    none: everything. 1d (p = t): weights and column biases / p; LayerNorms, row-parallel biases and pos_emb
-    replicated. 2d / 2.5d: every parameter once per q x q grid -> total / q^2. 3d: total / q^3.
-    """
-    V = padded_vocab(d.V, vocab_split(mode, t, q))
-    h = d.h
-    emb = V * h + d.pos_params if first else 0
-    head = V * h + d.norm_vectors * h if last else 0
-    total = layers * d.layer_params() + emb + head
-    if mode == "none":
-        return total
-    if mode == "1d":
-        rep_layer = 2 * d.norm_vectors * h + d.row_bias
-        split_layer = d.layer_params() - rep_layer
-        rep = layers * rep_layer + (d.pos_params if first else 0) + (d.norm_vectors * h if last else 0)
-        split = layers * split_layer + (V * h if first else 0) + (V * h if last else 0)
-        return rep + split // t
-    div = q * q if mode in ("2d", "2.5d") else q**3
-    return total // div
+    """Closed form of the parameters one rank stores (one pipeline stage of `layers` blocks): each mode's
+    `local_params` (paracube/modes), on ints."""
+    return int(MODES[mode].local_params(d, t, q, layers, int(first), int(last)))

@@ -6,7 +6,8 @@ depend on timing); the times come from the simulation:
 - one representative device per pipeline stage runs its program (event_program.py) on a compute stream and
   a communication stream, following the stage's 1F1B or interleaved-1F1B schedule; stages exchange
   activations / their gradients with sends that travel the network;
-- every collective is a ring on the representative group (node-major order), decomposed into its steps,
+- every collective is a ring on the representative group (node-major order), decomposed into its steps
+  (collective.ring_steps),
   whose transfers share links max-min fairly with the concurrent groups of the same axis in that stage
   (event_network.py explains the weighting that stands in for them) and with whatever else the simulated
   devices run at the same time;
@@ -26,6 +27,7 @@ import numpy as np
 import simpy
 
 from paracube.cost_models.analytic import estimate as analytic_estimate
+from paracube.cost_models.collective import ring_steps
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
@@ -35,6 +37,7 @@ from paracube.cost_models.validity import resolve_micro_batch
 from paracube.errors import ParacubeError, check
 from paracube.estimate import CommEvent, StepEstimate
 from paracube.layout import Layout
+from paracube.topologies.protocol import RoutedTopology
 from paracube.workload import ModelSpec, TrainingSpec
 
 ENGINES = ("analytic", "event")
@@ -45,16 +48,6 @@ class EventResult:
     estimate: StepEstimate
     timeline: Timeline
     stats: dict[str, float] = field(default_factory=dict)  # events, wall seconds, ring steps, ...
-
-
-def _steps(e: CommEvent) -> tuple[int, float]:
-    """(ring steps, bytes per step per rank) of one collective."""
-    n = e.group_size
-    if e.kind == "send":
-        return 1, float(e.payload_bytes)
-    if e.kind == "all_reduce":
-        return 2 * (n - 1), e.payload_bytes / n
-    return n - 1, e.payload_bytes / n  # all_gather, reduce_scatter, broadcast/reduce (pipelined ring)
 
 
 @dataclass
@@ -73,7 +66,7 @@ class _Stage:
 
 
 class _Sim:
-    def __init__(self, layout: Layout, topo: object, programs: list[StageProgram], n_micro: int,
+    def __init__(self, layout: Layout, topo: RoutedTopology, programs: list[StageProgram], n_micro: int,
                  overlap: bool, timeline: bool) -> None:
         self.layout, self.topo, self.programs, self.n_micro = layout, topo, programs, n_micro
         self.overlap, self.record = overlap, timeline
@@ -136,7 +129,7 @@ class _Sim:
     def comm(self, stage: int, op: Op):
         e = op.event
         assert e is not None and self.net is not None
-        steps, chunk = _steps(e)
+        steps, chunk = ring_steps(e.kind, e.group_size, e.payload_bytes)
         if "pp" in e.axes:  # spans stages: every stage's representative waits for the others
             yield from self._barrier(stage, e, steps, chunk)
             return
@@ -232,8 +225,8 @@ class _Sim:
         self.env.run()
 
 
-def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object, overlap: bool = False,
-             timeline: bool = True, with_events: bool = True) -> EventResult:
+def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
+             overlap: bool = False, timeline: bool = True, with_events: bool = True) -> EventResult:
     """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats."""
     check(isinstance(layout, Layout), f"layout {layout!r} is not a Layout; parse it with parse_layout")
     n_dev = getattr(topo, "num_devices", None)
@@ -274,14 +267,14 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: obj
     return EventResult(est, Timeline(devices, sim.spans), stats)
 
 
-def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object,
+def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                    with_events: bool = True, overlap: bool = False) -> StepEstimate:
     """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
     return simulate(model, training, layout, topo, overlap=overlap, timeline=False,
                     with_events=with_events).estimate
 
 
-def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object,
+def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                   with_events: bool = True, **options: object) -> StepEstimate:
     """`--engine analytic|event`: one entry point for the CLI. Options: overlap=True (event only)."""
     if engine == "analytic":

@@ -14,10 +14,11 @@ representative's own hops crossing e. Weighted max-min (sum of weight x rate <= 
 gives each hop the rate it would get with all concurrent groups simulated, when they are symmetric.
 
 A job is one collective: `steps` synchronized ring steps; in each, a latency `alpha` then every hop moves
-`chunk` bytes; the step ends when its slowest hop ends. Rates are recomputed whenever a transfer starts or
-ends. Fast path: a job whose links no other active job uses runs its remaining steps in one jump (the
-step time is cached per template); when another job arrives on its links it is materialized back into
-step-by-step mode (its position inside the current step is interpolated linearly).
+`chunk` bytes (cost_models/collective.ring_steps: steps x chunk = the bytes a rank sends); the step ends when
+its slowest hop ends. Rates are recomputed whenever a transfer starts or ends. Fast path: a job whose links no
+other active job uses runs its remaining steps in one jump (the step time is cached per template); when
+another job arrives on its links it is materialized back into step-by-step mode (its position inside the
+current step is interpolated linearly).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from paracube.errors import ParacubeError, check
+from paracube.topologies.protocol import RoutedTopology
 
 EPS = 1e-12
 
@@ -248,7 +250,7 @@ class FlowNetwork:
 class LinkTable:
     """Directed links of a topology as integer ids with capacities; builds templates from rank groups."""
 
-    def __init__(self, topo: object) -> None:
+    def __init__(self, topo: RoutedTopology) -> None:
         self.topo = topo
         self.ids: dict[tuple[str, str], int] = {}
         self.cap: list[float] = []
@@ -259,7 +261,7 @@ class LinkTable:
     def _link(self, u: str, v: str) -> int:
         lid = self.ids.get((u, v))
         if lid is None:
-            data = self.topo.graph.edges[u, v]  # type: ignore[attr-defined]
+            data = self.topo.graph.edges[u, v]
             name = f"{u!r}-{v!r}"
             bw = data.get("bandwidth")
             ok = isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0
@@ -274,14 +276,14 @@ class LinkTable:
         return lid
 
     def path(self, a: int, b: int) -> list[int]:
-        n = self.topo.num_devices  # type: ignore[attr-defined]
+        n = self.topo.num_devices
         for r in (a, b):
-            check(0 <= r < n, f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")  # type: ignore[attr-defined]
+            check(0 <= r < n, f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")
         try:
-            edges = self.topo.route(a, b)  # type: ignore[attr-defined]
+            edges = self.topo.route(a, b)
         except (AssertionError, KeyError) as exc:  # a graph with a device cut off from the others
             raise ParacubeError(f"no route from rank {a} to rank {b} on topology "
-                                f"{self.topo.name!r}: device disconnected ({exc})") from None  # type: ignore[attr-defined]
+                                f"{self.topo.name!r}: device disconnected ({exc})") from None
         check(a == b or len(edges) > 0, f"no route from rank {a} to rank {b}: device disconnected")
         return [self._link(u, v) for u, v in edges]
 

@@ -20,14 +20,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from paracube.cost_models.compute import GemmModel, local_shape, stage_compute_time
-from paracube.cost_models.dims import Dims, padded_vocab, vocab_split
+from paracube.cost_models.dims import Dims, padded_vocab
 from paracube.cost_models.traffic import act_split, stage_events
+from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 
 PER_STEP = ("grad_sync", "optimizer", "metrics")
-LAYER_UNITS = ("ln1", "qkv", "proj", "ln2", "fc", "fc2")
-UNITS_1D = ("attn", "mlp")
 BEFORE_FWD = ("X", "A", "bias", "in", "stats", "param")  # the rest (Y, g, out) come after the GEMM
 BEFORE_BWD = ("dY", "out", "stats")
 AFTER_DX = ("dX", "f", "in")  # then dA GEMM, then dA / dbias / param
@@ -55,15 +54,9 @@ class StageProgram:
     notes: list[str] = field(default_factory=list)
 
 
-def _arrays(layout: Layout, mb: int) -> dict[str, np.ndarray]:
-    vals = {"dp": layout.dp, "pp": layout.pp, "t": layout.tensor_size, "q": layout.q, "d": layout.depth,
-            "mb": mb, "v": layout.interleave, "sp": int(layout.sequence_parallel)}
-    return {k: np.array([v], dtype=np.int64) for k, v in vals.items()}
-
-
 def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tuple[float, float, float]]:
     """(forward, dX part, dA part) seconds per unit of one block, plus 'head' and '_recompute'."""
-    mode, a = layout.mode, _arrays(layout, mb)
+    mode, a = layout.mode, layout_arrays(layout, mb)
     one = replace(d, L=layout.pp, global_batch=layout.dp * mb)  # one block, one micro-batch per stage
     block = float(stage_compute_time(one, mode, a, np.array([0]), g)[0])
     with_head = float(stage_compute_time(one, mode, a, np.array([1]), g)[0])
@@ -81,12 +74,12 @@ def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tu
     rest_f = rest / (4 if full else 3)
     rest_b = rest - rest_f * (2 if full else 1)
     half = (rest_f / 2, rest_b / 2, 0.0)
-    if mode == "1d":
-        out["attn"] = tuple(x + y + z for x, y, z in zip(out["qkv"], out["proj"], half, strict=True))  # type: ignore[assignment]
-        out["mlp"] = tuple(x + y + z for x, y, z in zip(out["fc"], out["fc2"], half, strict=True))  # type: ignore[assignment]
-    else:
+    merged = layout.tensor_mode.merged_units  # 1D: a unit per block half runs two linears
+    for unit, (lin_a, lin_b) in merged:
+        out[unit] = tuple(x + y + z for x, y, z in zip(out[lin_a], out[lin_b], half, strict=True))  # type: ignore[assignment]
+    if not merged:
         out["ln1"] = out["ln2"] = half
-    V = padded_vocab(d.V, vocab_split(mode, layout.tensor_size, layout.q))
+    V = padded_vocab(d.V, layout.tensor_mode.vocab_split(layout.tensor_size, layout.q))
     m, nn, k = local_shape(mode, T, d.h, V, True, a)
     hf, hdx, hda = (float(g.gemm_time(*s)[0]) for s in ((m, nn, k), (m, k, nn), (k, nn, m)))
     ce = (with_head - block) - (hf + hdx + hda)
@@ -134,17 +127,8 @@ def _units_bwd(units: tuple[str, ...], events: dict[str, list[CommEvent]], comp:
     return ops
 
 
-def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False) -> StageProgram:
-    pp, v = layout.pp, layout.interleave
-    kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
-    first, last = pp == 1 or stage == 0, pp == 1 or stage == pp - 1
-    # One micro-batch's events of this stage: pipeline sends are rebuilt from the schedule instead.
-    events = [e for e in stage_events(layout, replace(d, global_batch=layout.dp * mb), mb, kind)
-              if e.kind != "send"]
-    comp = unit_compute(d, layout, mb, g)
-    units = UNITS_1D if layout.mode == "1d" else LAYER_UNITS
-    layers = d.L // pp
-    per_chunk = max(1, layers // v)
+def _group(events: list[CommEvent]) -> tuple[dict[tuple[int, str], dict[str, list[CommEvent]]], list[Op]]:
+    """Per (layer or -1, phase) and unit: the events of one micro-batch; and the per-step tail."""
     by_layer: dict[tuple[int, str], dict[str, list[CommEvent]]] = {}
     tail: list[Op] = []
     for e in events:
@@ -156,6 +140,21 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
         if layer < 0:
             unit = {"tok_emb": "emb", "pos_emb": "emb", "embedding": "emb"}.get(unit, unit)
         by_layer.setdefault((layer, ph), {}).setdefault(unit, []).append(e)
+    return by_layer, tail
+
+
+def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False) -> StageProgram:
+    pp, v = layout.pp, layout.interleave
+    kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
+    first, last = pp == 1 or stage == 0, pp == 1 or stage == pp - 1
+    # One micro-batch's events of this stage: pipeline sends are rebuilt from the schedule instead.
+    events = [e for e in stage_events(layout, replace(d, global_batch=layout.dp * mb), mb, kind)
+              if e.kind != "send"]
+    comp = unit_compute(d, layout, mb, g)
+    units = layout.tensor_mode.program_units
+    layers = d.L // pp
+    per_chunk = max(1, layers // v)
+    by_layer, tail = _group(events)
     rec = comp["_recompute"][0]
     fwd: list[list[Op]] = [[] for _ in range(v)]
     bwd: list[list[Op]] = [[] for _ in range(v)]

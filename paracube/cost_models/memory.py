@@ -34,80 +34,71 @@ import numpy as np
 from paracube.cost_models import activations
 from paracube.cost_models.comm import stage_layers_params
 from paracube.cost_models.dims import Dims
+from paracube.modes import MODES, LayoutBatch
+from paracube.modes.base import padded
 
 Arr = np.ndarray
 
 
-def _block_acts(d: Dims, mode: str, a: dict[str, Arr], recompute: str) -> Arr:
-    t, q, dd, mb = (a[k].astype(float) for k in ("t", "q", "d", "mb"))
-    sp = a["sp"] > 0
+def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
+    """Korthikanti et al.'s bytes of one block (the formulas above; per mode: TensorMode.megatron_block)."""
+    t, q, depth, mb = (x.astype(float) for x in (b.t, b.q, b.depth, b.mb))
+    m = MODES[mode]
     s, h = d.s, d.h
     sbh = mb * s * h
     X = 18 * sbh + (4 if d.family == "gpt" else 6) * mb * s * d.f
     att = 5.0 * d.heads * s * s * mb if recompute == "none" else 0.0
     scale = d.c / 2.0
     if recompute == "full":
-        t_act = np.where(sp, t, 1.0) if mode == "1d" else t
-        return scale * 2 * sbh / t_act
-    if mode == "none":
-        return scale * (X + att)
-    if mode == "1d":
-        return scale * np.where(sp, (X + att) / t, 10 * sbh + (X - 10 * sbh) / t + att / t)
-    T = mb * s
-    if mode == "3d":
-        G = d.c * (T / q * d.sum_hin() / q * (1 - 1 / q) + d.sum_w() / q**2)
-    else:
-        G = d.c * (T / (dd * q) * d.sum_hin() * (1 - 1 / q) + d.sum_w() / q)
-    return scale * (X + att) / t + G
+        return scale * 2 * sbh / m.act_split(t, b.sp)
+    return m.megatron_block(d, X, att, sbh, mb * s, t, q, depth, b.sp, scale)
 
 
-def in_flight(a: dict[str, Arr], N: Arr, first: bool) -> Arr:
-    pp, v = a["pp"].astype(float), a["v"].astype(float)
+def in_flight(b: LayoutBatch, N: Arr, first: bool) -> Arr:
+    pp, v = b.pp.astype(float), b.v.astype(float)
     interleaved = pp * (1 + (pp - 1) / (pp * v)) if first else 1 + (pp - 1) / v
     return np.minimum(N, np.where(v > 1, interleaved, pp if first else 1.0))
 
 
-def stage_memory(d: Dims, mode: str, a: dict[str, Arr], first: bool, last: bool) -> dict[str, Arr]:
-    """Bytes per device of a stage (first / last flags as Python bools) for every layout in `a`."""
-    dp, pp, t, q, dd, mb = (a[k] for k in ("dp", "pp", "t", "q", "d", "mb"))
+def _temporaries(d: Dims, mode: str, b: LayoutBatch, T: Arr, V: Arr) -> Arr:
+    """The largest linear's gathered operands and output (the head's output is the padded vocabulary)."""
+    m = MODES[mode]
+    t, q, depth = b.t, b.q, b.depth
+    temp = np.zeros_like(T)
+    for _, h_in, h_out, _ in [*d.linears, ("head", d.h, 0, False)]:
+        h_out = V if h_out == 0 else h_out
+        temp = np.maximum(temp, m.linear_temporaries(d.c, T, h_in, h_out, t, q, depth))
+    return temp
+
+
+def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool) -> dict[str, Arr]:
+    """Bytes per device of a stage (first / last flags as Python bools) for every layout in `b`."""
+    m = MODES[mode]
+    dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
     ones = np.ones(len(dp), dtype=np.int64)
     F, H = (first or False) * ones, (last or False) * ones
     F = np.where(pp == 1, 1, F)
     H = np.where(pp == 1, 1, H)
-    n_local = stage_layers_params(d, mode, a, F, H).astype(float)
+    n_local = stage_layers_params(d, mode, b, F, H).astype(float)
     N = (d.global_batch // (dp * mb)).astype(float)
     Ls = d.L // pp
     T = (mb * d.s).astype(float)
-    t_act = np.where(a["sp"] > 0, t, 1) if mode == "1d" else t
-    fl = np.where(F > 0, in_flight(a, N, True), in_flight(a, N, False))
-    split = {"none": 1, "1d": t, "2d": q, "2.5d": q, "3d": q * q}[mode]
-    V = -(-d.V // split) * split
+    fl = np.where(F > 0, in_flight(b, N, True), in_flight(b, N, False))
+    V = padded(d.V, m.vocab_split(t, b.q))
     if d.activations == "paracube":
-        acts = fl * (Ls * activations.block_bytes(d, mode, a) + F * activations.first_stage_bytes(d, mode, a)
-                     + H * activations.last_stage_bytes(d, mode, a, V))
+        acts = fl * (Ls * activations.block_bytes(d, mode, b) + F * activations.first_stage_bytes(d, mode, b)
+                     + H * activations.last_stage_bytes(d, mode, b, V))
     else:
-        acts = fl * (Ls * _block_acts(d, mode, a, d.recompute) + F * 4 * T * d.h / t_act)
-    # Temporaries of the largest linear.
-    c = d.c
-    temp = np.zeros_like(T)
-    for _, h_in, h_out, _ in [*d.linears, ("head", d.h, 0, False)]:
-        h_out = V if h_out == 0 else h_out
-        if mode in ("2d", "2.5d"):
-            tq = T / (dd * q)
-            x = c * (tq * h_in + 2 * h_in * h_out / q + tq * h_out)
-        elif mode == "3d":
-            x = c * (T / q * h_in / q + 2 * h_in * h_out / q**2 + T / q * h_out / q)
-        elif mode == "1d":
-            x = c * T * (h_in + h_out / t)
-        else:
-            x = c * T * (h_in + h_out)
-        temp = np.maximum(temp, x)
-    temp = temp + H * 2 * 4.0 * T * V / t
+        acts = fl * (Ls * _block_acts(d, mode, b, d.recompute) + F * 4 * T * d.h / m.act_split(t, b.sp))
+    temp = _temporaries(d, mode, b, T, V) + H * 2 * 4.0 * T * V / t
     if d.recompute == "full":
         full = d if d.activations == "megatron" else replace(d, recompute="none")
-        temp = temp + (_block_acts(d, mode, a, "none") if d.activations == "megatron"
-                       else activations.block_bytes(full, mode, a))
-    grad_buffer = np.where(dp * (dd if mode == "2.5d" else 1) > 1, 4 * n_local, 0.0)
+        temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
+                       else activations.block_bytes(full, mode, b))
+    grad_group = dp
+    for axis in m.grad_axes[1:]:
+        grad_group = grad_group * m.axis_sizes(b.q, t, b.depth)[axis]
+    grad_buffer = np.where(grad_group > 1, 4 * n_local, 0.0)
     temp = np.maximum(temp, grad_buffer - acts)
     return {
         "parameters": 4 * n_local,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from paracube.topologies.calibration import Calibration, as_calibration
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -37,7 +39,10 @@ class UniformTopology:
     intra_latency: float
     inter_bandwidth: float
     inter_latency: float
-    calibration: dict | None = field(default=None)
+    calibration: Calibration | None = field(default=None)  # a mapping in the YAML shape is parsed
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "calibration", as_calibration(self.calibration))
 
     @property
     def num_nodes(self) -> int:

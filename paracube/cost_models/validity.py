@@ -1,106 +1,55 @@
 """Size rules a layout must satisfy (docs/algorithms.md), vectorized so the planner can check many at once.
 
-Each rule is (reason text, predicate that must hold). Arrays carry one entry per layout: dp, pp, t (tensor
-ranks), q (grid side), d (2.5D depth), mb (sequences per micro-batch per replica), v (interleave), sp.
+Each rule is (reason text, predicate that must hold) over a LayoutBatch (paracube/modes/batch.py: dp, pp,
+t tensor ranks, q grid side, depth 2.5D depth, mb sequences per micro-batch per replica, v interleave,
+sp). COMMON rules hold for every mode; each mode declares its own (`TensorMode.rules`, paracube/modes).
 The vocabulary is NOT required to divide: for cost only it is padded to a multiple of the vocab split
 (the executor checks exact divisibility itself).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from paracube.cost_models.dims import Dims
 from paracube.errors import ParacubeError
 from paracube.layout import Layout
-
-Arrays = dict[str, np.ndarray]
-Rule = tuple[str, Callable[[Dims, Arrays], np.ndarray]]
-
-
-def _div(a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray:
-    return np.asarray(a) % np.asarray(b) == 0
-
+from paracube.modes import MODES, LayoutBatch
+from paracube.modes.base import Rule, divides
 
 COMMON: list[Rule] = [
-    ("global batch % (dp * micro-batch) != 0", lambda d, a: _div(d.global_batch, a["dp"] * a["mb"])),
-    ("layers % (pp * interleave) != 0", lambda d, a: _div(d.L, a["pp"] * a["v"])),
+    ("global batch % (dp * micro-batch) != 0", lambda d, b: divides(d.global_batch, b.dp * b.mb)),
+    ("layers % (pp * interleave) != 0", lambda d, b: divides(d.L, b.pp * b.v)),
     (
         "interleaved 1F1B needs micro-batches % pp == 0",
-        lambda d, a: (a["v"] == 1) | _div(d.global_batch // (a["dp"] * a["mb"]), a["pp"]),
+        lambda d, b: (b.v == 1) | divides(d.global_batch // (b.dp * b.mb), b.pp),
     ),
 ]
 
-MODE_RULES: dict[str, list[Rule]] = {
-    "none": [],
-    "1d": [
-        ("heads % p != 0", lambda d, a: _div(d.heads, a["t"])),
-        ("ffn hidden % p != 0", lambda d, a: _div(d.f, a["t"])),
-        ("kv heads % p != 0", lambda d, a: _div(d.kv // (d.h // d.heads), a["t"])),
-        ("sequence parallel: seq % p != 0", lambda d, a: ~a["sp"].astype(bool) | _div(d.s, a["t"])),
-    ],
-    "2d": [
-        ("micro-batch % q != 0", lambda d, a: _div(a["mb"], a["q"])),
-        ("heads % q != 0", lambda d, a: _div(d.heads, a["q"])),
-        ("kv heads % q != 0", lambda d, a: _div(d.kv // (d.h // d.heads), a["q"])),
-        ("hidden % q^2 != 0", lambda d, a: _div(d.h, a["q"] ** 2)),
-        ("ffn hidden % q^2 != 0", lambda d, a: _div(d.f, a["q"] ** 2)),
-        ("seq % q != 0", lambda d, a: _div(d.s, a["q"])),
-    ],
-    "2.5d": [
-        ("micro-batch % (q * depth) != 0", lambda d, a: _div(a["mb"], a["q"] * a["d"])),
-        ("heads % q != 0", lambda d, a: _div(d.heads, a["q"])),
-        ("kv heads % q != 0", lambda d, a: _div(d.kv // (d.h // d.heads), a["q"])),
-        ("hidden % q^2 != 0", lambda d, a: _div(d.h, a["q"] ** 2)),
-        ("ffn hidden % q^2 != 0", lambda d, a: _div(d.f, a["q"] ** 2)),
-        ("seq % q != 0", lambda d, a: _div(d.s, a["q"])),
-    ],
-    "3d": [
-        ("micro-batch % q^2 != 0", lambda d, a: _div(a["mb"], a["q"] ** 2)),
-        ("heads % q != 0", lambda d, a: _div(d.heads, a["q"])),
-        ("kv heads % q != 0", lambda d, a: _div(d.kv // (d.h // d.heads), a["q"])),
-        ("hidden % q^3 != 0", lambda d, a: _div(d.h, a["q"] ** 3)),
-        ("3 * hidden % q^3 != 0", lambda d, a: _div(3 * d.h, a["q"] ** 3)),
-        ("ffn hidden % q^3 != 0", lambda d, a: _div(d.f, a["q"] ** 3)),
-        ("seq % q^2 != 0", lambda d, a: _div(d.s, a["q"] ** 2)),
-    ],
-}
-
 
 def rules(mode: str) -> list[Rule]:
-    return COMMON + MODE_RULES[mode]
+    return COMMON + list(MODES[mode].rules)
 
 
-def first_violation(mode: str, d: Dims, arrays: Arrays) -> np.ndarray:
+def first_violation(mode: str, d: Dims, batch: LayoutBatch) -> np.ndarray:
     """Index into rules(mode) of the first broken rule per layout, -1 where all hold."""
-    n = len(next(iter(arrays.values())))
+    n = len(batch)
     out = np.full(n, -1, dtype=np.int64)
     for i, (_, pred) in enumerate(rules(mode)):
-        bad = (out < 0) & ~np.broadcast_to(pred(d, arrays), (n,))
+        bad = (out < 0) & ~np.broadcast_to(pred(d, batch), (n,))
         out[bad] = i
     return out
 
 
-def layout_arrays(layout: Layout, mb: int) -> Arrays:
-    """One layout as length-1 arrays (the vectorized formulas take these)."""
-    vals = {
-        "dp": layout.dp,
-        "pp": layout.pp,
-        "t": layout.tensor_size,
-        "q": layout.q,
-        "d": layout.depth,
-        "mb": mb,
-        "v": layout.interleave,
-        "sp": int(layout.sequence_parallel),
-    }
-    return {k: np.array([v], dtype=np.int64) for k, v in vals.items()}
+def layout_arrays(layout: Layout, mb: int) -> LayoutBatch:
+    """One layout as a batch of one (the vectorized formulas take these)."""
+    return LayoutBatch.one(dp=layout.dp, pp=layout.pp, t=layout.tensor_size, q=layout.q, depth=layout.depth,
+                           mb=mb, v=layout.interleave, sp=int(layout.sequence_parallel))
 
 
 def violations(layout: Layout, d: Dims, mb: int) -> list[str]:
-    arrays = layout_arrays(layout, mb)
-    return [text for text, pred in rules(layout.mode) if not bool(np.all(pred(d, arrays)))]
+    batch = layout_arrays(layout, mb)
+    return [text for text, pred in rules(layout.mode) if not bool(np.all(pred(d, batch)))]
 
 
 def micro_batch_candidates(layout: Layout, d: Dims) -> list[int]:

@@ -7,6 +7,7 @@ so a seed gives the same model in every layout.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Iterator
 
@@ -17,15 +18,22 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from paracube.errors import ParacubeError, check
 from paracube.executor.functional import local_attention
 from paracube.executor.mesh import Mesh
-from paracube.executor.one_d import Mode1D
 from paracube.executor.serial import Mode
 from paracube.executor.shards import ShardSpec, gather_full
 from paracube.executor.sizes import check_divisibility
-from paracube.executor.three_d import Mode3D
-from paracube.executor.two_d import Mode2D
+from paracube.modes import MODES as TENSOR_MODES
 from paracube.workload import ModelSpec
 
-MODES: dict[str, type[Mode]] = {"none": Mode, "1d": Mode1D, "2d": Mode2D, "3d": Mode3D}
+
+def _implementation(impl: str) -> type[Mode]:
+    """The executor's Mode class named by a mode's ExecutorSupport.impl ("module:Class")."""
+    module, _, name = impl.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# What the executor runs: every mode whose declaration (paracube/modes) names an implementation.
+MODES: dict[str, type[Mode]] = {name: _implementation(m.executor.impl)
+                                for name, m in TENSOR_MODES.items() if m.executor is not None}
 RECOMPUTE = ("none", "full")
 
 

@@ -65,6 +65,7 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
     """Everything that can be checked before a rank starts; returns processes per node.
     Raises ParacubeError (one line: the bad value and what is valid)."""
     from paracube.executor.step import check_divisibility
+    from paracube.modes import runnable_modes
 
     nproc = node.nproc_per_node or plan.launch.nproc_per_node
     world = plan.layout.world_size
@@ -75,8 +76,10 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
     check(node.nnodes == 1 or (node.master_addr.strip() and not is_loopback(node.master_addr) and node.master_port),
           "a run over several nodes needs --master-addr (the address of node 0, reachable from every node) "
           "and --master-port")
-    check(plan.layout.pp == 1, f"the executor runs pp=1 only; layout {plan.layout} has pp={plan.layout.pp}")
-    check(plan.layout.mode != "2.5d", f"the executor runs tensor modes none, 1d, 2d and 3d, not {plan.layout.mode}")
+    support = plan.layout.tensor_mode.executor  # paracube/modes: what the executor runs
+    check(plan.layout.pp == 1 or (support is not None and support.pipeline),
+          f"the executor runs pp=1 only; layout {plan.layout} has pp={plan.layout.pp}")
+    check(support is not None, f"the executor runs tensor modes {', '.join(runnable_modes())}, not {plan.layout.mode}")
     backend = backend_for(plan) if check_devices else plan.launch.backend
     if backend == "nccl" and check_devices:
         have = torch.cuda.device_count()

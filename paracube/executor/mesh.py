@@ -22,8 +22,7 @@ def group_axes(layout: Layout) -> list[tuple[str, ...]]:
     combos: list[tuple[str, ...]] = [(a,) for a in layout.axis_names]
     if len(tensor) > 1:
         combos.append(tensor)
-    if layout.mode == "3d":
-        combos += [("x", "y"), ("x", "z")]  # planes: LayerNorm/embedding (x, y); linear biases (W, O)
+    combos += list(layout.tensor_mode.mesh_groups)  # the mode's extra groups (3D: its planes)
     if tensor:
         combos.append(("dp", *tensor))  # metrics
     return list(dict.fromkeys(combos))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from paracube.errors import ParacubeError
 from paracube.layout import Layout
+from paracube.modes import MODES, runnable_modes
 from paracube.workload import ModelSpec
 
 
@@ -12,28 +13,21 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     """Raise ParacubeError naming the first size the layout cannot split (before any rank starts).
     micro_batch None checks the model's sizes only."""
     mode, q = layout.mode, layout.q
-    if mode not in ("none", "1d", "2d", "3d"):
-        raise ParacubeError(f"tensor mode {mode!r} is not supported by the executor; valid: none, 1d, 2d, 3d")
-    if layout.sequence_parallel:
+    support = MODES[mode].executor  # what the executor runs: paracube/modes (ExecutorSupport)
+    if support is None:
+        raise ParacubeError(f"tensor mode {mode!r} is not supported by the executor; "
+                            f"valid: {', '.join(runnable_modes())}")
+    if layout.sequence_parallel and not support.sequence_parallel:
         raise ParacubeError(f"sequence parallelism (sp) is not implemented by the executor; drop sp from {layout}")
     if layout.zero:
         raise ParacubeError(f"zero={layout.zero} (sharded optimizer/parameters) is not implemented by the executor; "
                             f"drop zero from {layout} or export the plan (`paracube export`)")
-    if layout.pp != 1:
+    if layout.pp != 1 and not support.pipeline:
         raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only")
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads
-    rules: list[tuple[str, int, int]] = []
-    if mode == "1d":
-        rules = [("heads", H, q), ("ffn_hidden", f, q), ("vocab", V, q)]
-    elif mode == "2d":
-        rules = [("micro_batch", micro_batch or q, q), ("heads", H, q), ("hidden", h, q * q),
-                 ("ffn_hidden", f, q * q), ("vocab", V, q), ("seq_len", s, q)]
-    elif mode == "3d":
-        rules = [("micro_batch", micro_batch or q * q, q * q), ("heads", H, q), ("hidden", h, q ** 3),
-                 ("3*hidden", 3 * h, q ** 3), ("ffn_hidden", f, q ** 3), ("vocab", V, q * q),
-                 ("seq_len", s, q * q)]
+    rules = MODES[mode].executor_rules(s, h, f, V, H, q, micro_batch)
     if micro_batch is not None:
         rules.append(("global_batch", global_batch, layout.dp * micro_batch))
     for name, value, divisor in rules:

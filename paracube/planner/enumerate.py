@@ -1,10 +1,10 @@
 """Enumerate the layouts of N GPUs: tensor shapes per mode, dp x pp splits, distinct placements.
 
-Tensor shapes: 1d p >= 2 (p = 1 is `none`); 2d q x q, q >= 2; 2.5d q x q x d, q >= 2, d >= 2 (d = 1 is
-2d); 3d q^3, q >= 2. Placements: every order of the axes of size > 1 (axes of size 1 do not change
-any group), deduplicated by what the cost model sees: two orders whose groups over every axis set the
-model queries are the same rank sets (same merged runs, links.runs_for) score identically, so only
-the first is kept.
+Tensor shapes: each mode's `shapes` (paracube/modes): 1d p >= 2 (p = 1 is `none`); 2d q x q, q >= 2;
+2.5d q x q x d, q >= 2, d >= 2 (d = 1 is 2d); 3d q^3, q >= 2. Placements: every order of the axes of
+size > 1 (axes of size 1 do not change any group), deduplicated by what the cost model sees: two orders
+whose groups over every axis set the model queries are the same rank sets (same merged runs,
+links.runs_for) score identically, so only the first is kept.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from paracube.cost_models.comm import axes_used
 from paracube.layout import TENSOR_AXES
+from paracube.modes import MODES
 
 
 def divisors(n: int) -> list[int]:
@@ -24,29 +25,10 @@ def divisors(n: int) -> list[int]:
 
 
 def tensor_shapes(mode: str, gpus: int) -> list[tuple[int, ...]]:
-    if mode == "none":
-        return [()]
-    if mode == "1d":
-        return [(p,) for p in divisors(gpus) if p >= 2]
-    if mode == "2d":
-        return [(q, q) for q in range(2, math.isqrt(gpus) + 1) if gpus % (q * q) == 0]
-    if mode == "2.5d":
-        return [
-            (q, q, d)
-            for q in range(2, math.isqrt(gpus) + 1)
-            for d in divisors(gpus // (q * q))
-            if gpus % (q * q) == 0 and d >= 2
-        ]
-    return [(q, q, q) for q in range(2, round(gpus ** (1 / 3)) + 2) if gpus % q**3 == 0]
+    return MODES[mode].shapes(gpus)
 
 
-NO_SHAPE = {
-    "1d": "1d needs at least 2 tensor ranks: {n} GPUs leave none",
-    "2d": "2d needs a square number of tensor ranks (4, 9, 16, ...) dividing the GPU count: {n} has none",
-    "2.5d": "2.5d needs q x q x d tensor ranks (q, d >= 2: 8, 16, 18, ...) dividing the GPU count: "
-    "{n} has none",
-    "3d": "3d needs a cube number of tensor ranks (8, 27, 64, ...) dividing the GPU count: {n} has none",
-}
+NO_SHAPE = {name: m.no_shape for name, m in MODES.items()}
 
 
 @dataclass(frozen=True)
@@ -59,15 +41,9 @@ class Structure:
     pp: int
 
     def sizes(self) -> dict[str, int]:
-        s: dict[str, int] = {"pp": self.pp, "dp": self.dp}
-        names = TENSOR_AXES[self.mode]
-        if self.mode == "1d":
-            s["tp"] = self.shape[0]
-        elif self.mode == "2.5d":
-            s.update(dep=self.shape[2], row=self.shape[0], col=self.shape[1])
-        else:
-            s.update(zip(names, self.shape, strict=True))
-        return s
+        m = MODES[self.mode]
+        q, t = (self.shape[0] if self.shape else 1), math.prod(self.shape)
+        return {"pp": self.pp, "dp": self.dp, **m.axis_sizes(q, t, m.depth(self.shape))}
 
     def placements(self) -> list[tuple[tuple[tuple[str, int], ...], list[bytes]]]:
         """Distinct placements, innermost first, as (axis, size) pairs (size-1 axes left out), each with one

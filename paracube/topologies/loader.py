@@ -11,7 +11,7 @@ YAML, compact form (GPUs of a node share one switch, NICs go to a two-level fat 
     inter_node: {bandwidth: 25e9, latency: 5e-6, nics_per_node: 8,   # per NIC to its leaf
                  nodes_per_leaf: 20, oversubscription: 1.0, spine_latency: 3e-7,   # optional
                  pcie_bandwidth: 31.5e9, pcie_latency: 1e-6}     # optional: GPU (or switch) to NIC
-    calibration: {...}      # optional, free-form (written by `paracube calibrate`)
+    calibration: {...}      # optional (written by `paracube calibrate`): topologies/calibration.py parses it
 
 Explicit form (what `save_topology` writes): instead of intra_node/inter_node, a `graph` with
 `nodes: [{id, kind (gpu|nic|switch|cpu), node_index, local_rank, ...}]` and
@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from paracube.errors import ParacubeError, check
+from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.presets import DEVICES, PRESETS, Preset, build_switched
 from paracube.topologies.topology import DeviceSpec, Topology
 
@@ -151,18 +152,11 @@ def _from_preset(preset: Preset, gpus: int | None, nodes: int | None) -> Topolog
 def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = None,
                        nodes: int | None = None) -> Topology:
     """Build from the YAML structure (either form). `source` names the file in error messages."""
-    check(isinstance(data, dict), f"{source}: expected a mapping with name, device, nodes, devices_per_node, "
-          f"...; got {type(data).__name__}")
+    spec = _validated(data, source)
     try:
-        spec = TopologyFile.model_validate(data)  # lax mode: "300e9" strings become floats
-    except ValidationError as exc:
-        # A union (device: mapping | name) reports one error per branch: show the mapping branch's.
-        errs = exc.errors()
-        err = next((e for e in errs if "str" not in e["loc"]), errs[0])
-        field = ".".join(str(p) for p in err["loc"] if p not in ("DeviceModel", "str")) or "(top level)"
-        shown = err["type"] != "missing" and not isinstance(err["input"], dict)
-        value = f" (got {err['input']!r})" if shown else ""
-        raise ParacubeError(f"{source}: field {field}: {err['msg']}{value}") from None
+        calibration = as_calibration(spec.calibration)
+    except ParacubeError as exc:  # name the file too
+        raise ParacubeError(f"{source}: {exc}") from None
     if isinstance(spec.device, str):
         check(spec.device in DEVICES, f"{source}: field device: unknown device {spec.device!r}; "
               f"give a mapping or one of {', '.join(DEVICES)}")
@@ -170,25 +164,7 @@ def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = N
     else:
         device = DeviceSpec(**spec.device.model_dump())
     if spec.graph is not None:
-        check(spec.intra_node is None and spec.inter_node is None,
-              f"{source}: give either graph or intra_node/inter_node, not both")
-        _check_size(source, spec.nodes, spec.devices_per_node)
-        check((gpus is None or gpus == spec.nodes * spec.devices_per_node) and nodes in (None, spec.nodes),
-              f"{source}: an explicit graph has {spec.nodes} nodes x {spec.devices_per_node} devices; "
-              f"it cannot be resized to gpus={gpus}, nodes={nodes}")
-        g = nx.Graph()
-        for node in spec.graph.nodes:
-            attrs = node.model_dump(exclude={"id"})
-            g.add_node(node.id, **{k: v for k, v in attrs.items() if v is not None})
-        for link in spec.graph.links:
-            for end in (link.a, link.b):
-                check(end in g, f"{source}: link {link.a!r}-{link.b!r} names node {end!r}, "
-                      "which is not in graph.nodes")
-            g.add_edge(link.a, link.b, **link.model_dump(exclude={"a", "b"}))
-        try:
-            return Topology(spec.name, g, device, spec.nodes, spec.devices_per_node, spec.calibration)
-        except ParacubeError as exc:  # name the file too
-            raise ParacubeError(f"{source}: {exc}") from None
+        return _from_graph(spec, device, calibration, source, gpus, nodes)
     check(spec.intra_node is not None, f"{source}: field intra_node: missing; expected "
           "{bandwidth: bytes/s, latency: s} (or an explicit graph)")
     n, per = _sizes(source, spec.devices_per_node, spec.nodes, gpus, nodes)
@@ -205,8 +181,49 @@ def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = N
     else:
         kw = dict(inter_bandwidth=1.0, inter_latency=1.0, nics_per_node=1)  # unused: one node has no NICs
     topo = build_switched(spec.name, device, n, per, spec.intra_node.bandwidth, spec.intra_node.latency, **kw)
-    topo.calibration = spec.calibration
+    topo.calibration = calibration
     return topo
+
+
+def _validated(data: Any, source: str) -> TopologyFile:
+    """The file's structure checked by pydantic; one line naming the first bad field otherwise."""
+    check(isinstance(data, dict), f"{source}: expected a mapping with name, device, nodes, devices_per_node, "
+          f"...; got {type(data).__name__}")
+    try:
+        return TopologyFile.model_validate(data)  # lax mode: "300e9" strings become floats
+    except ValidationError as exc:
+        # A union (device: mapping | name) reports one error per branch: show the mapping branch's.
+        errs = exc.errors()
+        err = next((e for e in errs if "str" not in e["loc"]), errs[0])
+        field = ".".join(str(p) for p in err["loc"] if p not in ("DeviceModel", "str")) or "(top level)"
+        shown = err["type"] != "missing" and not isinstance(err["input"], dict)
+        value = f" (got {err['input']!r})" if shown else ""
+        raise ParacubeError(f"{source}: field {field}: {err['msg']}{value}") from None
+
+
+def _from_graph(spec: TopologyFile, device: DeviceSpec, calibration: Calibration | None, source: str,
+                gpus: int | None, nodes: int | None) -> Topology:
+    """The explicit form: the file's graph as is (it cannot be resized)."""
+    assert spec.graph is not None
+    check(spec.intra_node is None and spec.inter_node is None,
+          f"{source}: give either graph or intra_node/inter_node, not both")
+    _check_size(source, spec.nodes, spec.devices_per_node)
+    check((gpus is None or gpus == spec.nodes * spec.devices_per_node) and nodes in (None, spec.nodes),
+          f"{source}: an explicit graph has {spec.nodes} nodes x {spec.devices_per_node} devices; "
+          f"it cannot be resized to gpus={gpus}, nodes={nodes}")
+    g = nx.Graph()
+    for node in spec.graph.nodes:
+        attrs = node.model_dump(exclude={"id"})
+        g.add_node(node.id, **{k: v for k, v in attrs.items() if v is not None})
+    for link in spec.graph.links:
+        for end in (link.a, link.b):
+            check(end in g, f"{source}: link {link.a!r}-{link.b!r} names node {end!r}, "
+                  "which is not in graph.nodes")
+        g.add_edge(link.a, link.b, **link.model_dump(exclude={"a", "b"}))
+    try:
+        return Topology(spec.name, g, device, spec.nodes, spec.devices_per_node, calibration)
+    except ParacubeError as exc:  # name the file too
+        raise ParacubeError(f"{source}: {exc}") from None
 
 
 def load_topology(name_or_path: str, gpus: int | None = None, nodes: int | None = None) -> Topology:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
@@ -34,6 +34,7 @@ import networkx as nx
 import numpy as np
 
 from paracube.errors import check
+from paracube.topologies.calibration import Calibration, as_calibration
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 REQUIRED_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
@@ -79,12 +80,13 @@ def _positive(value: object) -> bool:
 class Topology:
     """A homogeneous cluster: `num_nodes` machines of `devices_per_node` devices of one DeviceSpec.
 
-    The graph is frozen on construction (queries are cached). `calibration` is a free-form dict that
-    `paracube calibrate` fills (GEMM efficiency, per-axis alpha/beta); it round-trips through YAML.
+    The graph is frozen on construction (queries are cached). `calibration` is what `paracube calibrate`
+    measured (topologies.calibration.Calibration; a mapping in the YAML shape is parsed on assignment, a
+    malformed one refused); it round-trips through YAML.
     """
 
     def __init__(self, name: str, graph: nx.Graph, device: DeviceSpec, num_nodes: int, devices_per_node: int,
-                 calibration: dict[str, Any] | None = None) -> None:
+                 calibration: Calibration | Mapping[str, Any] | None = None) -> None:
         check(isinstance(num_nodes, int) and num_nodes >= 1,
               f"topology {name!r}: nodes={num_nodes!r} must be >= 1")
         check(isinstance(devices_per_node, int) and devices_per_node >= 1,
@@ -93,7 +95,7 @@ class Topology:
         self.device = device
         self.num_nodes = num_nodes
         self.devices_per_node = devices_per_node
-        self.calibration = calibration
+        self.calibration = calibration  # parsed by the setter
         self.graph: nx.Graph = nx.freeze(graph.copy())
         self._ranks: list[str] = self._validate()
         g = self.graph
@@ -118,6 +120,14 @@ class Topology:
         # Per-instance caches (no global state): keyed by canonical (sorted) rank tuples.
         self._link_cached = lru_cache(maxsize=4096)(self._group_link_uncached)
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
+
+    @property
+    def calibration(self) -> Calibration | None:
+        return self._calibration
+
+    @calibration.setter
+    def calibration(self, value: Calibration | Mapping[str, Any] | None) -> None:
+        self._calibration = as_calibration(value)
 
     # --- validation -----------------------------------------------------------------------------------
     def _validate(self) -> list[str]:
@@ -361,7 +371,7 @@ class Topology:
                                "devices_per_node": self.devices_per_node,
                                "graph": {"nodes": nodes, "links": links}}
         if self.calibration is not None:
-            out["calibration"] = self.calibration
+            out["calibration"] = self.calibration.to_dict()
         return out
 
     def _canonical(self) -> tuple[Any, ...]:

@@ -1,0 +1,136 @@
+"""The cost of one collective call: the one home of the alpha-beta formulas every engine and fit uses.
+
+A call of kind K on a group of n ranks, whose (whole, unsharded) payload is P bytes (estimate.CommEvent
+says which tensor that is), over a link of bandwidth B (bytes/s) and latency a (s per step), takes
+
+    time = latency_factor(K, n) * a + sent_factor(K, n) * P / B
+
+Ring algorithms (the default; what gloo and NCCL run for the large payloads of training, and what the
+executor's calls were measured with). Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
+communication operations in MPICH", section 4; bandwidth-optimality of the ring all_reduce: Patarasuk &
+Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of workstations":
+
+    kind                                 latency_factor   sent_factor (bytes one rank sends / P)
+    all_gather, reduce_scatter           n - 1            (n - 1) / n
+    all_reduce (reduce_scatter + gather) 2 (n - 1)        2 (n - 1) / n
+    broadcast, reduce (pipelined ring)   n - 1            (n - 1) / n
+    all_to_all                           n - 1            (n - 1) / n
+    send (point to point)                1                1
+
+A group of one rank sends nothing (sent_factor 0). The ring runs latency_factor synchronized steps, each
+moving P / n bytes per rank (a send: one step of P): `ring_steps` gives the event engine that
+decomposition, so that steps x bytes per step = sent_factor x P.
+
+Tree all_reduce (`algorithm="tree"`): binomial-tree reduce to a root, then binomial-tree broadcast
+(Thakur et al. 2005, section 4.4, short messages): 2 ceil(log2 n) steps, each moving the whole payload,
+
+    time = 2 ceil(log2 n) (a + P / B)      (sent_factor = 2 ceil(log2 n): bytes on a rank's critical path)
+
+It beats the ring when latency dominates, i.e. for small payloads on large groups
+((n - 1 - ceil(log2 n)) a > (ceil(log2 n) - (n - 1)/n) P / B); `best_algorithm` picks the faster per call.
+Nothing uses it by default: the executor's collectives are rings (gloo; NCCL on large payloads), and
+calibrations were fitted with the ring factors. Only all_reduce has a tree variant.
+
+Calibrated links. `paracube calibrate` fits (a, B) per collective kind and group size, with every rank busy,
+once with fixed groups and once with calls cycling through the groups of every stride (`alternating`,
+what modes whose consecutive collectives switch mesh axes see: 2D, 2.5D, 3D). `calibrated_link` replaces the
+topology link's (B, a) by the fitted pair where the calibration has one for (kind, n); the formula is the
+same. A table row is (kind, n, alternating, latency, bandwidth) (topologies.calibration.Calibration.comm_table).
+
+API (numpy arrays or scalars for n, count, payload, bandwidth, latency; results are float arrays):
+    latency_factor(kind, n, algorithm="ring") -> Arr
+    sent_factor(kind, n, algorithm="ring") -> Arr
+    ring_steps(kind, n, payload) -> (steps: int, bytes per step per rank: float)     # one call, scalars
+    collective_time(kind, n, count, payload, bw, lat, algorithm="ring") -> Arr
+        `count` calls whose payloads sum to `payload`; 0 where count == 0
+    calibrated_link(table, kind, n, bw, lat, alternating=False) -> (bw, lat)
+    best_algorithm(kind, n, payload, bw, lat) -> "ring" | "tree"                      # one call, scalars
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paracube.errors import ParacubeError, check
+from paracube.estimate import COLLECTIVE_KINDS, ring_sent_factor
+
+Arr = np.ndarray
+Table = tuple[tuple[str, int, bool, float, float], ...]  # (kind, n, alternating, latency s, bandwidth B/s)
+ALGORITHMS = ("ring", "tree")
+
+
+def _check(kind: str, algorithm: str) -> None:
+    check(kind in COLLECTIVE_KINDS, f"collective kind {kind!r}; valid: {', '.join(COLLECTIVE_KINDS)}")
+    if algorithm == "tree" and kind != "all_reduce":
+        raise ParacubeError(f"algorithm 'tree' is defined for all_reduce only; valid for {kind}: ring")
+    check(algorithm in ALGORITHMS, f"collective algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+
+
+def _tree_depth(n: Arr) -> Arr:
+    """ceil(log2 n) for n >= 1 (0 for one rank), exact for integers held as floats."""
+    return np.ceil(np.log2(np.maximum(n, 1.0)) - 1e-12).clip(min=0.0)
+
+
+def latency_factor(kind: str, n: int | Arr, algorithm: str = "ring") -> Arr:
+    """Steps of one call that each pay the link latency (table in the module docstring)."""
+    _check(kind, algorithm)
+    n = np.asarray(n, dtype=float)
+    if algorithm == "tree":
+        return 2.0 * _tree_depth(n)
+    if kind == "all_reduce":
+        return 2.0 * (n - 1)
+    if kind == "send":
+        return np.ones_like(n)
+    return n - 1.0
+
+
+def sent_factor(kind: str, n: int | Arr, algorithm: str = "ring") -> Arr:
+    """Bytes one rank sends per payload byte (ring: estimate.ring_sent_factor; tree: its critical path)."""
+    _check(kind, algorithm)
+    n = np.asarray(n, dtype=float)
+    if algorithm == "tree":
+        return 2.0 * _tree_depth(n)
+    return np.asarray(ring_sent_factor(kind, n), dtype=float)
+
+
+def ring_steps(kind: str, n: int, payload: float) -> tuple[int, float]:
+    """(ring steps, bytes per step per rank) of one call: steps x bytes = sent_factor x payload."""
+    steps = int(latency_factor(kind, n))
+    return steps, float(payload) if kind == "send" else payload / n
+
+
+def collective_time(kind: str, n: int | Arr, count: int | Arr, payload: float | Arr, bw: float | Arr,
+                    lat: float | Arr, algorithm: str = "ring") -> Arr:
+    """Seconds of `count` calls whose payloads sum to `payload` bytes (0 where count is 0)."""
+    count = np.asarray(count, dtype=float)
+    t = count * latency_factor(kind, n, algorithm) * lat + sent_factor(kind, n, algorithm) * payload / bw
+    return np.where(count > 0, t, 0.0)
+
+
+def calibrated_link(table: Table, kind: str, n: int | Arr, bw: Arr, lat: Arr, alternating: bool = False
+                    ) -> tuple[Arr, Arr]:
+    """(bandwidth, latency) per element of `n` (group sizes): the calibrated pair of (kind, n) where the
+    table has one (the alternating-groups fit if asked for and measured, else the fixed-group one), else
+    the topology link's `bw`, `lat` (returned as given when no row applies)."""
+    # Fixed-group rows first, alternating ones after: a later match overrides an earlier one.
+    rows = [(size, a, b) for k, size, alt, a, b in sorted(table, key=lambda r: r[2])
+            if k == kind and (not alt or alternating)]
+    if not rows:
+        return bw, lat
+    n = np.asarray(n)
+    for size, a, b in rows:
+        hit = n == size
+        bw, lat = np.where(hit, b, bw), np.where(hit, a, lat)
+    return bw, lat
+
+
+def best_algorithm(kind: str, n: int, payload: float, bw: float, lat: float) -> str:
+    """The faster algorithm for one call ("ring" on ties and for kinds without a tree)."""
+    if kind != "all_reduce":
+        return "ring"
+    ring, tree = (float(collective_time(kind, n, 1, payload, bw, lat, alg)) for alg in ALGORITHMS)
+    return "tree" if tree < ring else "ring"
+
+
+__all__ = ["ALGORITHMS", "Table", "best_algorithm", "calibrated_link", "collective_time", "latency_factor",
+           "ring_steps", "sent_factor"]

@@ -1,0 +1,219 @@
+"""What one tensor mode declares: mesh axes, shapes, size rules, splits, parameters, collectives, costs.
+
+A mode is a `TensorMode` subclass in its own module (none.py, one_d.py, two_d.py, two_half_d.py,
+three_d.py), registered by one line in paracube/modes/__init__.py. Everything here is torch-free and works
+on Python ints (one layout) and on numpy int64 arrays (a LayoutBatch) alike, so ONE declaration feeds:
+- the explicit per-event list of a step (cost_models/traffic.py, compared with what the executor records),
+- the vectorized per-(kind, axes, dtype) sums of the analytic model (cost_models/comm.py),
+- memory, activations and compute (cost_models/*), the planner and the executor's mode dispatch.
+
+Collectives (`Collective`): kind, mesh axes, dtype (COMPUTE = the training's compute dtype, or float32),
+payload bytes as a function of `Sizes`, label, phase (edge and per-step collectives; a layer's forward
+list is issued once per forward phase: fwd, plus recompute under full recomputation; its backward list
+once, phase bwd) and `when` ("sp" / "no_sp": only with / without sequence parallelism). Per micro-batch a
+stage issues: `embedding` (first stage), `layer_fwd` and `layer_bwd` per block, `head` (last stage); per
+step `step_collectives`, then the generic gradient / grad-norm / metrics all-reduces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+F32 = "float32"
+COMPUTE = "compute"  # the training's compute dtype (Dims.dtype)
+LAYER_UNITS = ("ln1", "qkv", "proj", "ln2", "fc", "fc2")  # a block, in forward order
+IntOrArr = Any  # int (one layout) or np.ndarray of int64 (a LayoutBatch)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Sizes a payload depends on: T tokens of a micro-batch, tensor ranks t, grid side q, 2.5D depth,
+    sp flag, V the padded vocabulary, and (per-step collectives) blocks of the stage and its edge flags."""
+
+    T: IntOrArr
+    t: IntOrArr
+    q: IntOrArr
+    depth: IntOrArr
+    sp: IntOrArr
+    V: IntOrArr
+    layers: IntOrArr = 0
+    first: IntOrArr = 0
+    last: IntOrArr = 0
+
+
+Payload = Callable[[Sizes], IntOrArr]
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str  # all_gather | reduce_scatter | all_reduce | send
+    axes: tuple[str, ...]
+    dtype: str  # COMPUTE or F32
+    payload: Payload  # bytes, per call
+    label: str
+    phase: str = "fwd"  # edge / per-step collectives; layer collectives take theirs from their list
+    when: str = ""  # "sp" | "no_sp" | "" (always)
+
+
+def coll(kind: str, axes: tuple[str, ...] | str, dtype: str, payload: Payload, label: str,
+         phase: str = "fwd", when: str = "") -> Collective:
+    return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when)
+
+
+def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:
+    """x / k: exact integer division on ints, true division on float arrays (compute and memory models)."""
+    if isinstance(x, (int, np.integer)) and isinstance(k, (int, np.integer)):
+        return x // k
+    return x / k
+
+
+def padded(V: int, by: IntOrArr) -> IntOrArr:
+    """The vocabulary padded up to a multiple of its split (cost only; the executor needs exact division)."""
+    return -(-V // by) * by
+
+
+def divides(a: IntOrArr, b: IntOrArr) -> np.ndarray:
+    return np.asarray(a) % np.asarray(b) == 0
+
+
+Rule = tuple[str, Callable[[Any, Any], np.ndarray]]  # (reason, predicate(dims, LayoutBatch))
+
+
+@dataclass(frozen=True)
+class ExecutorSupport:
+    """paracube's executor runs this mode: its Mode class (module:Class) and the options it implements."""
+
+    impl: str
+    pipeline: bool = False
+    sequence_parallel: bool = False
+
+
+class TensorMode:
+    """Defaults describe a mode without tensor parallelism; each mode module overrides what differs."""
+
+    name: str = ""
+    axes: tuple[str, ...] = ()  # tensor mesh axes, outer -> inner
+    shape_rule: str = ""  # the syntax and what a valid shape is
+    no_shape: str = "no layout"  # why N GPUs have no shape of this mode ({n} = GPU count)
+    sequence_parallel: bool = False  # accepts the sp option
+    alternating: bool = False  # consecutive collectives switch mesh axes (calibration's alternating fit)
+    grad_axes: tuple[str, ...] = ("dp",)  # the per-step gradient all_reduce group
+    collective_axes: tuple[tuple[str, ...], ...] = ()  # every tensor group its collectives use
+    mesh_groups: tuple[tuple[str, ...], ...] = ()  # extra process groups the executor builds
+    executor: ExecutorSupport | None = None
+    ops_layer: int = 0  # torch dispatches per block, forward + backward (compute.ops_per_step)
+    ops_edge: int = 0  # embedding + head + loss dispatches
+    program_units: tuple[str, ...] = LAYER_UNITS  # units of a block in the event engine's program
+    merged_units: tuple[tuple[str, tuple[str, ...]], ...] = ()  # program unit -> its linears (1D halves)
+    replicates_activations: bool = True  # block activations are whole on every tensor rank (none, 1D)
+    rules: tuple[Rule, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<tensor mode {self.name}>"
+
+    # --- shapes and sizes ---------------------------------------------------------------------------------
+    def shape_ok(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == 0
+
+    def shapes(self, gpus: int) -> list[tuple[int, ...]]:
+        """Tensor shapes whose size divides `gpus` (the planner's enumeration)."""
+        return [()]
+
+    def depth(self, shape: tuple[int, ...]) -> int:
+        return 1
+
+    def axis_sizes(self, q: IntOrArr, t: IntOrArr, depth: IntOrArr) -> dict[str, IntOrArr]:
+        """Size of each tensor axis (ints or arrays)."""
+        return {}
+
+    def token_split(self, q: int, depth: int) -> int:
+        """Ways the tensor group splits the tokens of a micro-batch."""
+        return 1
+
+    def vocab_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
+        """Ways the vocabulary (embedding rows, head columns) is split."""
+        return 1
+
+    def act_split(self, t: IntOrArr, sp: IntOrArr) -> IntOrArr:
+        """Ways one rank's share of the block-boundary activations [T, h] is split (pipeline sends)."""
+        return t
+
+    # --- parameters -----------------------------------------------------------------------------------------
+    def local_params(self, d: Any, t: IntOrArr, q: IntOrArr, layers: IntOrArr, first: IntOrArr,
+                     last: IntOrArr) -> IntOrArr:
+        """Closed form of the parameters one rank stores (one stage of `layers` blocks)."""
+        return _total_params(d, padded(d.V, self.vocab_split(t, q)), layers, first, last)
+
+    def linear_shard(self, h_in: int, h_out: int, bias: bool, row: bool, t: int, q: int) -> int:
+        """Elements of one linear's weight and bias shard on a rank (row: row-parallel in 1D)."""
+        return h_in * h_out + (h_out if bias else 0)
+
+    def vector_shard(self, h: int, t: int, q: int) -> int:
+        """Local length of one norm parameter vector."""
+        return h
+
+    def embedding_shard(self, V: int, pos: int, h: int, t: int, q: int) -> int:
+        return V * h + pos * h
+
+    def head_shard(self, h: int, V: int, t: int, q: int) -> int:
+        return h * V
+
+    # --- collectives ------------------------------------------------------------------------------------------
+    def embedding(self, d: Any) -> list[Collective]:
+        return []
+
+    def layer_fwd(self, d: Any) -> list[Collective]:
+        return []
+
+    def layer_bwd(self, d: Any) -> list[Collective]:
+        return []
+
+    def head(self, d: Any) -> list[Collective]:
+        return []
+
+    def step_collectives(self, d: Any) -> list[Collective]:
+        """Mode-specific per-step collectives (before the generic gradients / grad norm / metrics)."""
+        return []
+
+    # --- compute and memory ---------------------------------------------------------------------------------------
+    def gemm_shape(self, T: IntOrArr, h_in: IntOrArr, h_out: IntOrArr, column: bool, t: IntOrArr,
+                   q: IntOrArr, depth: IntOrArr) -> tuple[IntOrArr, IntOrArr, IntOrArr]:
+        """(m, n, k) of the forward GEMM of one linear on one rank: X [m, k] x A [k, n]."""
+        return T, h_out, h_in
+
+    def activation_split(self, t: Any, q: Any, depth: Any) -> dict[str, Any]:
+        """Divisors of saved activations: tok (tokens), all (tokens x hidden), gx (gathered linear inputs),
+        gw (gathered weights), vocab (the head's output)."""
+        one = np.ones_like(t)
+        return {"tok": one, "all": one, "gx": one, "gw": one, "vocab": one}
+
+    def megatron_block(self, d: Any, X: Any, att: Any, sbh: Any, T: Any, t: Any, q: Any, depth: Any,
+                       sp: Any, scale: float) -> Any:
+        """Korthikanti et al.'s activations of one block in bytes (memory.py; `scale` = c / 2)."""
+        return scale * (X + att)
+
+    def linear_temporaries(self, c: int, T: Any, h_in: int, h_out: Any, t: Any, q: Any, depth: Any) -> Any:
+        """Bytes of one linear's gathered operands and output while it runs."""
+        return c * T * (h_in + h_out)
+
+    def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
+                       micro_batch: int | None) -> list[tuple[str, int, int]]:
+        """(name, value, divisor) the executor needs to divide exactly (executor/sizes.py)."""
+        return []
+
+
+def _total_params(d: Any, V: IntOrArr, layers: IntOrArr, first: IntOrArr, last: IntOrArr) -> IntOrArr:
+    """Every parameter of a stage of `layers` blocks, unsplit (V: the padded vocabulary)."""
+    return layers * d.layer_params() + first * (V * d.h + d.pos_params) + last * (V * d.h + d.norm_vectors * d.h)
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "Collective", "ExecutorSupport", "IntOrArr", "Rule", "Sizes",
+           "TensorMode", "coll", "divides", "divisors", "padded", "split"]

@@ -1,0 +1,15 @@
+"""No tensor parallelism: every rank holds the whole model (data and pipeline parallelism only)."""
+
+from __future__ import annotations
+
+from paracube.modes.base import ExecutorSupport, TensorMode
+
+
+class NoTensorMode(TensorMode):
+    name = "none"
+    shape_rule = "no tensor parallelism (omit tp= or write tp=none)"
+    executor = ExecutorSupport("paracube.executor.serial:Mode")
+    ops_layer, ops_edge = 85, 43  # counted with validation/ops.py (see compute.ops_per_step)
+
+
+MODE = NoTensorMode()

@@ -1,0 +1,181 @@
+"""3D tensor parallelism (Bian et al. 2021). Mesh axes z, y, x of a q x q x q cube.
+
+Activations [T, h]: tokens split over x (major) and y, hidden over z. A linear with roles (I, W, O)
+(qkv, fc: (y, x, z); proj, fc2: (z, x, y), so consecutive linears alternate) gathers its input over I
+and its weight block over W (compute dtype), reduce-scatters its output over O, and gathers its bias over
+(W, O) (fp32); backward gathers dY over O, reduce-scatters dX over I, dA over W, dbias over (W, O).
+A LayerNorm all-reduces its statistics over z and gathers gamma (beta) over the (x, y) plane; the
+embedding reduce-scatters its output over (x, y); the vocabulary is split q^2 ways and the
+cross-entropy all-reduces max and sum over y. Every parameter is stored once per cube: total / q^3.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paracube.modes.base import (
+    COMPUTE,
+    F32,
+    Collective,
+    ExecutorSupport,
+    IntOrArr,
+    TensorMode,
+    coll,
+    divides,
+    split,
+)
+from paracube.modes.two_d import block
+
+PLANE = ("x", "y")
+ROLES = ("yxz", "zxy", "yxz", "zxy")  # qkv, proj, fc, fc2: (I, W, O)
+HEAD_ROLES = "yxz"
+
+
+def _norm(d: Any, label: str, backward: bool) -> list[Collective]:
+    phase = "bwd" if backward else "fwd"
+    out = [coll("all_reduce", "z", F32, lambda z: 4 * d.stat_width * z.T // (z.q * z.q), f"{label}.stats", phase)]
+    kind = "reduce_scatter" if backward else "all_gather"
+    out += [coll(kind, PLANE, F32, lambda z: 4 * d.h // z.q, f"{label}.param", phase)] * d.norm_vectors
+    return out
+
+
+def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, roles: str,
+            backward: bool) -> list[Collective]:
+    """h_out None: the vocabulary (head)."""
+    I, W, O = roles  # noqa: N806 (the paper's names)
+
+    def width(z: Any) -> Any:
+        return z.V if h_out is None else h_out
+
+    def x_bytes(z: Any) -> Any:
+        return d.c * z.T * h_in // (z.q * z.q)
+
+    def a_bytes(z: Any) -> Any:
+        return d.c * h_in * width(z) // (z.q * z.q)
+
+    def y_bytes(z: Any) -> Any:
+        return d.c * z.T * width(z) // (z.q * z.q)
+
+    def b_bytes(z: Any) -> Any:
+        return 4 * width(z) // z.q
+
+    if not backward:
+        out = [coll("all_gather", I, COMPUTE, x_bytes, f"{label}.X"),
+               coll("all_gather", W, COMPUTE, a_bytes, f"{label}.A"),
+               coll("reduce_scatter", O, COMPUTE, y_bytes, f"{label}.Y")]
+        return out + ([coll("all_gather", (W, O), F32, b_bytes, f"{label}.bias")] if bias else [])
+    out = [coll("all_gather", O, COMPUTE, y_bytes, f"{label}.dY", "bwd"),
+           coll("reduce_scatter", I, COMPUTE, x_bytes, f"{label}.dX", "bwd"),
+           coll("reduce_scatter", W, COMPUTE, a_bytes, f"{label}.dA", "bwd")]
+    return out + ([coll("reduce_scatter", (W, O), F32, b_bytes, f"{label}.dbias", "bwd")] if bias else [])
+
+
+def _block_linear(d: Any, n: int, label: str, h_in: int, h_out: int, bias: bool, backward: bool) -> list[Collective]:
+    return _linear(d, label, h_in, h_out, bias, ROLES[n], backward)
+
+
+class ThreeD(TensorMode):
+    name = "3d"
+    axes = ("z", "y", "x")
+    shape_rule = "tp=3d:qxqxq, a cube (q^3 = 8, 27, 64, 512, ...)"
+    no_shape = "3d needs a cube number of tensor ranks (8, 27, 64, ...) dividing the GPU count: {n} has none"
+    alternating = True
+    collective_axes = (("x",), ("y",), ("z",), ("x", "z"), ("x", "y"))
+    mesh_groups = (("x", "y"), ("x", "z"))  # planes: LayerNorm / embedding (x, y); linear biases (W, O)
+    executor = ExecutorSupport("paracube.executor.three_d:Mode3D")
+    ops_layer, ops_edge = 323, 175
+    replicates_activations = False
+    rules = (
+        ("micro-batch % q^2 != 0", lambda d, b: divides(b.mb, b.q**2)),
+        ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
+        ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
+        ("hidden % q^3 != 0", lambda d, b: divides(d.h, b.q**3)),
+        ("3 * hidden % q^3 != 0", lambda d, b: divides(3 * d.h, b.q**3)),
+        ("ffn hidden % q^3 != 0", lambda d, b: divides(d.f, b.q**3)),
+        ("seq % q^2 != 0", lambda d, b: divides(d.s, b.q**2)),
+    )
+
+    def shape_ok(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == 3 and shape[0] == shape[1] == shape[2] >= 1
+
+    def shapes(self, gpus: int) -> list[tuple[int, ...]]:
+        return [(q, q, q) for q in range(2, round(gpus ** (1 / 3)) + 2) if gpus % q**3 == 0]
+
+    def axis_sizes(self, q: IntOrArr, t: IntOrArr, depth: IntOrArr) -> dict[str, IntOrArr]:
+        return {"z": q, "y": q, "x": q}
+
+    def token_split(self, q: int, depth: int) -> int:
+        return q * q
+
+    def vocab_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
+        return q * q
+
+    # --- parameters: every parameter once per cube ----------------------------------------------------------
+    def local_params(self, d: Any, t: IntOrArr, q: IntOrArr, layers: IntOrArr, first: IntOrArr,
+                     last: IntOrArr) -> IntOrArr:
+        return super().local_params(d, t, q, layers, first, last) // q**3
+
+    def linear_shard(self, h_in: int, h_out: int, bias: bool, row: bool, t: int, q: int) -> int:
+        return (h_in // (q * q)) * (h_out // q) + ((h_out // q) // (q * q) if bias else 0)
+
+    def vector_shard(self, h: int, t: int, q: int) -> int:
+        return h // q // (q * q)
+
+    def embedding_shard(self, V: int, pos: int, h: int, t: int, q: int) -> int:
+        return V // (q * q) * (h // q) + pos // (q * q) * (h // q)
+
+    def head_shard(self, h: int, V: int, t: int, q: int) -> int:
+        return (h // (q * q)) * (V // q)
+
+    # --- collectives ----------------------------------------------------------------------------------------
+    def embedding(self, d: Any) -> list[Collective]:
+        def tok(z: Any) -> Any:
+            return 4 * z.T * d.h // z.q
+
+        def pos(z: Any) -> Any:
+            return 4 * d.s * d.h // z.q
+
+        out = [coll("reduce_scatter", PLANE, F32, tok, "tok_emb"),
+               coll("all_gather", PLANE, F32, tok, "tok_emb", "bwd")]
+        if d.family == "gpt":
+            out += [coll("all_gather", PLANE, F32, pos, "pos_emb"),
+                    coll("reduce_scatter", PLANE, F32, pos, "pos_emb", "bwd")]
+        return out
+
+    def layer_fwd(self, d: Any) -> list[Collective]:
+        return block(d, False, _norm, _block_linear)
+
+    def layer_bwd(self, d: Any) -> list[Collective]:
+        return block(d, True, _norm, _block_linear)
+
+    def head(self, d: Any) -> list[Collective]:
+        out: list[Collective] = []
+        for backward in (False, True):
+            out += _norm(d, "ln_f", backward) + _linear(d, "head", d.h, None, False, HEAD_ROLES, backward)
+        return out + [coll("all_reduce", "y", F32, lambda z: 4 * z.T // (z.q * z.q), "loss.max"),
+                      coll("all_reduce", "y", F32, lambda z: 8 * z.T // (z.q * z.q), "loss.sum")]
+
+    # --- compute and memory ---------------------------------------------------------------------------------
+    def gemm_shape(self, T: IntOrArr, h_in: IntOrArr, h_out: IntOrArr, column: bool, t: IntOrArr,
+                   q: IntOrArr, depth: IntOrArr) -> tuple[IntOrArr, IntOrArr, IntOrArr]:
+        return split(T, q), split(h_out, q), split(h_in, q)
+
+    def activation_split(self, t: Any, q: Any, depth: Any) -> dict[str, Any]:
+        return {"tok": q * q, "all": t, "gx": q * q, "gw": q * q, "vocab": q}
+
+    def megatron_block(self, d: Any, X: Any, att: Any, sbh: Any, T: Any, t: Any, q: Any, depth: Any,
+                       sp: Any, scale: float) -> Any:
+        """(X + att)/t + c (T/q sum(h_in)/q (1 - 1/q) + sum(h_in h_out)/q^2) gathered and saved."""
+        gathered = d.c * (T / q * d.sum_hin() / q * (1 - 1 / q) + d.sum_w() / q**2)
+        return scale * (X + att) / t + gathered
+
+    def linear_temporaries(self, c: int, T: Any, h_in: int, h_out: Any, t: Any, q: Any, depth: Any) -> Any:
+        return c * (T / q * h_in / q + 2 * h_in * h_out / q**2 + T / q * h_out / q)
+
+    def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
+                       micro_batch: int | None) -> list[tuple[str, int, int]]:
+        return [("micro_batch", micro_batch or q * q, q * q), ("heads", heads, q), ("hidden", h, q**3),
+                ("3*hidden", 3 * h, q**3), ("ffn_hidden", f, q**3), ("vocab", V, q * q), ("seq_len", s, q * q)]
+
+
+MODE = ThreeD()

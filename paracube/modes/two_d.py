@@ -1,0 +1,188 @@
+"""2D tensor parallelism (SUMMA; Xu et al. 2021, Optimus). Mesh axes row, col of a q x q grid.
+
+Activations [T, h]: tokens split over `row`, hidden over `col`; every weight [h_in, h_out] is split in
+q x q blocks (rows of A over `col`, columns over `row`). A linear gathers X over `col` and its weight
+block over `row` (compute dtype) and its bias over `row` (fp32); backward reduce-scatters dX over `col`
+and dA, dbias over `row`. A LayerNorm all-reduces its statistics over `col` and gathers gamma (beta)
+over `row`. The embedding reduce-scatters its fp32 output over `row` (pos_emb gathered over `row`); the
+vocabulary is split q ways and the cross-entropy all-reduces max and sum over `col`. `depth` stays 1
+here; 2.5D (two_half_d.py) runs this on each of its depth layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from paracube.modes.base import (
+    COMPUTE,
+    F32,
+    Collective,
+    ExecutorSupport,
+    IntOrArr,
+    TensorMode,
+    coll,
+    divides,
+    split,
+)
+
+ROW, COL = ("row",), ("col",)
+
+
+def tokens_per_rank(z: Any) -> Any:
+    """Tq: tokens of one rank (each depth layer works on T/d, split q ways over row)."""
+    return z.T // z.depth // z.q
+
+
+def _norm(d: Any, label: str, backward: bool) -> list[Collective]:
+    phase = "bwd" if backward else "fwd"
+    out = [coll("all_reduce", COL, F32, lambda z: 4 * d.stat_width * tokens_per_rank(z), f"{label}.stats", phase)]
+    kind = "reduce_scatter" if backward else "all_gather"
+    out += [coll(kind, ROW, F32, lambda z: 4 * d.h // z.q, f"{label}.param", phase)] * d.norm_vectors
+    return out
+
+
+def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backward: bool) -> list[Collective]:
+    """h_out None: the vocabulary (head)."""
+
+    def width(z: Any) -> Any:
+        return z.V if h_out is None else h_out
+
+    def x_bytes(z: Any) -> Any:
+        return d.c * tokens_per_rank(z) * h_in
+
+    def a_bytes(z: Any) -> Any:
+        return d.c * h_in * width(z) // z.q
+
+    def b_bytes(z: Any) -> Any:
+        return 4 * width(z) // z.q
+
+    phase = "bwd" if backward else "fwd"
+    if not backward:
+        out = [coll("all_gather", COL, COMPUTE, x_bytes, f"{label}.X"),
+               coll("all_gather", ROW, COMPUTE, a_bytes, f"{label}.A")]
+        return out + ([coll("all_gather", ROW, F32, b_bytes, f"{label}.bias")] if bias else [])
+    out = [coll("reduce_scatter", COL, COMPUTE, x_bytes, f"{label}.dX", phase),
+           coll("reduce_scatter", ROW, COMPUTE, a_bytes, f"{label}.dA", phase)]
+    return out + ([coll("reduce_scatter", ROW, F32, b_bytes, f"{label}.dbias", phase)] if bias else [])
+
+
+def block(d: Any, backward: bool, norm: Any, linear: Any) -> list[Collective]:
+    """A block's collectives in forward order: ln1, qkv, proj, ln2, fc, fc2 (shared with 3D).
+    norm(d, label, backward); linear(d, index, label, h_in, h_out, bias, backward)."""
+    out: list[Collective] = []
+    for n, (name, h_in, h_out, bias) in enumerate(d.linears):
+        if n in (0, 2):
+            out += norm(d, f"ln{n // 2 + 1}", backward)
+        out += linear(d, n, name, h_in, h_out, bias, backward)
+    return out
+
+
+def _block_linear(d: Any, n: int, label: str, h_in: int, h_out: int, bias: bool, backward: bool) -> list[Collective]:
+    return _linear(d, label, h_in, h_out, bias, backward)
+
+
+class TwoD(TensorMode):
+    name = "2d"
+    axes = ("row", "col")
+    shape_rule = "tp=2d:qxq, a square grid (q x q = 4, 9, 16, 64, ...)"
+    no_shape = "2d needs a square number of tensor ranks (4, 9, 16, ...) dividing the GPU count: {n} has none"
+    alternating = True
+    collective_axes = (ROW, COL)
+    executor = ExecutorSupport("paracube.executor.two_d:Mode2D")
+    ops_layer, ops_edge = 287, 162
+    replicates_activations = False
+    rules = (
+        ("micro-batch % q != 0", lambda d, b: divides(b.mb, b.q)),
+        ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
+        ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
+        ("hidden % q^2 != 0", lambda d, b: divides(d.h, b.q**2)),
+        ("ffn hidden % q^2 != 0", lambda d, b: divides(d.f, b.q**2)),
+        ("seq % q != 0", lambda d, b: divides(d.s, b.q)),
+    )
+
+    def shape_ok(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == 2 and shape[0] == shape[1] >= 1
+
+    def shapes(self, gpus: int) -> list[tuple[int, ...]]:
+        return [(q, q) for q in range(2, math.isqrt(gpus) + 1) if gpus % (q * q) == 0]
+
+    def axis_sizes(self, q: IntOrArr, t: IntOrArr, depth: IntOrArr) -> dict[str, IntOrArr]:
+        return {"row": q, "col": q}
+
+    def token_split(self, q: int, depth: int) -> int:
+        return q * depth
+
+    def vocab_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
+        return q
+
+    # --- parameters: every parameter once per q x q grid ------------------------------------------------------
+    def local_params(self, d: Any, t: IntOrArr, q: IntOrArr, layers: IntOrArr, first: IntOrArr,
+                     last: IntOrArr) -> IntOrArr:
+        return super().local_params(d, t, q, layers, first, last) // (q * q)
+
+    def linear_shard(self, h_in: int, h_out: int, bias: bool, row: bool, t: int, q: int) -> int:
+        return (h_in // q) * (h_out // q) + ((h_out // q) // q if bias else 0)
+
+    def vector_shard(self, h: int, t: int, q: int) -> int:
+        return h // q // q
+
+    def embedding_shard(self, V: int, pos: int, h: int, t: int, q: int) -> int:
+        return V // q * (h // q) + pos // q * (h // q)
+
+    def head_shard(self, h: int, V: int, t: int, q: int) -> int:
+        return (h // q) * (V // q)
+
+    # --- collectives ----------------------------------------------------------------------------------------
+    def embedding(self, d: Any) -> list[Collective]:
+        def tok(z: Any) -> Any:
+            return 4 * (z.T // z.depth) * d.h // z.q
+
+        def pos(z: Any) -> Any:
+            return 4 * d.s * d.h // z.q
+
+        out = [coll("reduce_scatter", ROW, F32, tok, "tok_emb"), coll("all_gather", ROW, F32, tok, "tok_emb", "bwd")]
+        if d.family == "gpt":
+            out += [coll("all_gather", ROW, F32, pos, "pos_emb"),
+                    coll("reduce_scatter", ROW, F32, pos, "pos_emb", "bwd")]
+        return out
+
+    def layer_fwd(self, d: Any) -> list[Collective]:
+        return block(d, False, _norm, _block_linear)
+
+    def layer_bwd(self, d: Any) -> list[Collective]:
+        return block(d, True, _norm, _block_linear)
+
+    def head(self, d: Any) -> list[Collective]:
+        out: list[Collective] = []
+        for backward in (False, True):
+            out += _norm(d, "ln_f", backward) + _linear(d, "head", d.h, None, False, backward)
+        return out + [coll("all_reduce", COL, F32, lambda z: 4 * tokens_per_rank(z), "loss.max"),
+                      coll("all_reduce", COL, F32, lambda z: 8 * tokens_per_rank(z), "loss.sum")]
+
+    # --- compute and memory ---------------------------------------------------------------------------------
+    def gemm_shape(self, T: IntOrArr, h_in: IntOrArr, h_out: IntOrArr, column: bool, t: IntOrArr,
+                   q: IntOrArr, depth: IntOrArr) -> tuple[IntOrArr, IntOrArr, IntOrArr]:
+        return split(T, depth * q), split(h_out, q), h_in
+
+    def activation_split(self, t: Any, q: Any, depth: Any) -> dict[str, Any]:
+        return {"tok": q * depth, "all": t, "gx": q * depth, "gw": q, "vocab": q}
+
+    def megatron_block(self, d: Any, X: Any, att: Any, sbh: Any, T: Any, t: Any, q: Any, depth: Any,
+                       sp: Any, scale: float) -> Any:
+        """(X + att)/t + the gathered inputs and weights the linears save: c (T/(dq) sum(h_in) (1 - 1/q)
+        + sum(h_in h_out)/q)."""
+        gathered = d.c * (T / (depth * q) * d.sum_hin() * (1 - 1 / q) + d.sum_w() / q)
+        return scale * (X + att) / t + gathered
+
+    def linear_temporaries(self, c: int, T: Any, h_in: int, h_out: Any, t: Any, q: Any, depth: Any) -> Any:
+        tq = T / (depth * q)
+        return c * (tq * h_in + 2 * h_in * h_out / q + tq * h_out)
+
+    def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
+                       micro_batch: int | None) -> list[tuple[str, int, int]]:
+        return [("micro_batch", micro_batch or q, q), ("heads", heads, q), ("hidden", h, q * q),
+                ("ffn_hidden", f, q * q), ("vocab", V, q), ("seq_len", s, q)]
+
+
+MODE = TwoD()

@@ -1,0 +1,45 @@
+"""2.5D tensor parallelism (Tesseract; Wang et al. 2021). Mesh axes dep, row, col: q x q grids stacked
+d deep.
+
+Each depth layer runs the 2D algorithm (two_d.py) on its T/d tokens (axes row/col unchanged, payloads
+with T/d); weights are replicated over `dep`, so the per-step gradient all_reduce runs over ("dp", "dep")
+as one fused, data-parallel style group. Cost model only: the executor does not run 2.5D.
+"""
+
+from __future__ import annotations
+
+import math
+
+from paracube.modes.base import IntOrArr, divides, divisors
+from paracube.modes.two_d import TwoD
+
+
+class TwoHalfD(TwoD):
+    name = "2.5d"
+    axes = ("dep", "row", "col")
+    shape_rule = "tp=2.5d:qxqxd, q x q grids stacked d deep (e.g. 2x2x2, 4x4x2)"
+    no_shape = ("2.5d needs q x q x d tensor ranks (q, d >= 2: 8, 16, 18, ...) dividing the GPU count: "
+                "{n} has none")
+    grad_axes = ("dp", "dep")
+    executor = None
+    # dispatches assumed like 2D (no executor to count them)
+    rules = (
+        ("micro-batch % (q * depth) != 0", lambda d, b: divides(b.mb, b.q * b.depth)),
+        *TwoD.rules[1:],
+    )
+
+    def shape_ok(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == 3 and shape[0] == shape[1] >= 1 and shape[2] >= 1
+
+    def shapes(self, gpus: int) -> list[tuple[int, ...]]:
+        return [(q, q, d) for q in range(2, math.isqrt(gpus) + 1) for d in divisors(gpus // (q * q))
+                if gpus % (q * q) == 0 and d >= 2]
+
+    def depth(self, shape: tuple[int, ...]) -> int:
+        return shape[2]
+
+    def axis_sizes(self, q: IntOrArr, t: IntOrArr, depth: IntOrArr) -> dict[str, IntOrArr]:
+        return {"dep": depth, "row": q, "col": q}
+
+
+MODE = TwoHalfD()
