@@ -21,12 +21,10 @@ class _Parser(argparse.ArgumentParser):
 
 # Commands whose modules import torch: registered only when asked for, so planning stays fast.
 HEAVY_COMMANDS = {
-    "run": ("paracube.executor.run", "train a plan on local ranks (torchrun underneath)"),
-    "launch": ("paracube.executor.run", "print the torchrun / Slurm command of a plan for a cluster"),
     "calibrate": ("paracube.cli.fidelity_cmd", "measure this machine and fit the cost model"),
     "validate": ("paracube.cli.fidelity_cmd", "run a plan and compare predicted with measured"),
 }
-LIGHT_MODULES = ("paracube.cli.planning_cmd", "paracube.cli.info_cmd", "paracube.cli.sweep_cmd")
+LIGHT_MODULES = ("paracube.cli.planning_cmd", "paracube.cli.info_cmd", "paracube.cli.sweep_cmd", "paracube.cli.run_cmd")
 
 
 def _import(module_name: str):  # noqa: ANN202

@@ -207,7 +207,7 @@ def compare_cmd(args: argparse.Namespace) -> int:
         for mode, why in explanations.items():
             console.print(f"{mode}: no valid layout: {why}")
     if args.plot:
-        from paracube.plots import plot_estimates
+        from paracube.cli.plots import plot_estimates
 
         plot_estimates([r[2] for r in rows], [f"{m}\n{lay}" for m, lay, _, _ in rows], args.plot,
                        title=_summary(w))
@@ -251,7 +251,7 @@ def simulate_cmd(args: argparse.Namespace) -> int:
     else:
         est = estimate_with("analytic", w, layout, topo)
     if args.plot:
-        from paracube.plots import plot_estimates
+        from paracube.cli.plots import plot_estimates
 
         plot_estimates([est], [str(layout)], args.plot, title=_summary(w))
     if args.json:
