@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from dataclasses import replace
@@ -146,3 +147,57 @@ def test_interrupted_line_names_the_step_and_the_last_checkpoint(tmp_path: Path)
                                           "none (no --checkpoint-dir)")
     assert interrupted_line({"step": 3, "steps": 20}, str(tmp_path)) == (
         "paracube: interrupted during step 4 (3 of 20 done); last checkpoint: none saved yet")
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live processes of session `sid` (from /proc: field 6 of stat is the session id)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_ctrl_c_stops_every_rank_with_one_line(tmp_path: Path) -> None:
+    """The default plan on 8 CPU ranks, interrupted once it trains: exit 130, one line naming the step and the
+    last checkpoint (after the run's own header lines: at most 3 on stderr), no process left behind."""
+    import subprocess
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    metrics, ck = tmp_path / "m.jsonl", tmp_path / "ck"
+    argv = [sys.executable, "-m", "paracube", "run", "--steps", "200", "--metrics", str(metrics),
+            "--checkpoint-dir", str(ck), "--save-every", "1", "--data", "synthetic"]
+    with open(tmp_path / "err", "w") as err, open(tmp_path / "out", "w") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)  # its own session
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and not (ck / "step_2").exists():
+            time.sleep(0.1)
+        assert proc.poll() is None, (tmp_path / "err").read_text()[-2000:]
+        assert len(_session_members(proc.pid)) == 9  # the launcher and its 8 ranks
+        proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches the launcher
+        code = proc.wait(timeout=60)
+        time.sleep(0.5)
+        left = _session_members(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = (tmp_path / "err").read_text().strip().splitlines()
+    assert code == 130 and len(lines) <= 3, lines
+    # Rank 0 reports a step once its metrics row is written and its checkpoint saved: the kill may fall between.
+    rows = len(metrics.read_text().splitlines())
+    found = re.fullmatch(rf"paracube: interrupted during step (\d+) \((\d+) of 200 done\); last checkpoint: "
+                         rf"{re.escape(str(ck))}/step_(\d+)", lines[-1])
+    assert found is not None, lines
+    step, done, saved = (int(g) for g in found.groups())
+    assert step == done + 1 and done in (rows - 1, rows) and saved in (done, done + 1) and saved >= 2
+    assert left == []
