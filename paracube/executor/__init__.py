@@ -16,6 +16,7 @@ _WHERE = {
     "ParallelGPT": "paracube.executor.gpt",
     "ShardSpec": "paracube.executor.shards",
     "StepResult": "paracube.executor.step",
+    "TrainHooks": "paracube.executor.hooks",
     "all_gather": "paracube.executor.comm",
     "all_reduce": "paracube.executor.comm",
     "build_model": "paracube.executor.gpt",
