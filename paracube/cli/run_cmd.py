@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from paracube.errors import ParacubeError
 from paracube.executor.run_args import add_train_args, int_at_least, worker_args
-from paracube.plan import Plan, default_plan, load_plan
+
+if TYPE_CHECKING:
+    from paracube.plan import Plan
 
 RUN_HELP = """Train a plan: one process per rank (gloo on CPU, NCCL on CUDA).
 Without PLAN: the embedded default (tiny GPT, 3D 2x2x2, 8 local CPU ranks). World size, divisibility,
@@ -65,6 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
+    from paracube.plan import default_plan, load_plan  # pydantic: only once a plan is needed
+
     return load_plan(args.plan) if args.plan else default_plan()
 
 
