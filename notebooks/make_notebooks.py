@@ -46,7 +46,7 @@ base = results["1d"][1].step_time_s
 for mode, (layout, est) in results.items():
     print(f"{mode}: {layout}  step {est.step_time_s:.2f} s  speedup over 1D {base / est.step_time_s:.2f}x  "
           f"memory {est.memory.total / 2**30:.1f} GiB  sent {est.comm_bytes_per_gpu / 2**30:.1f} GiB/GPU")"""),
-        ("code", """from paracube.plots import plot_estimates
+        ("code", """from paracube.cli.plots import plot_estimates
 plot_estimates([e for _, e in results.values()], [f"{m} {l.shape}" for m, (l, _) in results.items()],
                "paper_64_v100.png", title="GPT (12 x 4096) on 64 V100 (longhorn), all GPUs tensor-parallel")
 from IPython.display import Image

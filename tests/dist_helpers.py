@@ -1,6 +1,6 @@
 """Multi-process test harness: run `fn(rank, world_size, *args)` on `world_size` gloo ranks.
 
-The same launcher as `paracube calibrate` and `validate` (paracube.calibration.microbench.run_on_ranks:
+The same launcher as `paracube calibrate` and `validate` (paracube.executor.local_ranks.run_on_ranks:
 forkserver with torch preloaded, 127.0.0.1 and a free port, ranks bound to cores as the executor binds
 them, a timeout that fails the test instead of hanging it); failures become AssertionErrors carrying the
 failing rank's whole traceback. `fn` must be importable (module level) and return something picklable.
@@ -8,19 +8,12 @@ failing rank's whole traceback. `fn` must be importable (module level) and retur
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from paracube.calibration.microbench import RanksFailed, run_on_ranks
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from paracube.executor.local_ranks import RanksFailed, free_port, run_on_ranks
 
 
 def _without_device(rank: int, world_size: int, device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
@@ -49,3 +42,5 @@ def layout_from(text: str) -> Any:
     from paracube.layout import parse_layout
 
     return parse_layout(text)
+
+__all__ = ["free_port", "layout_from", "rel_err", "run_distributed"]

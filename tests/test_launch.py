@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from dataclasses import replace
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from paracube.cli.main import main
-from paracube.executor.launch import describe_failure
+from paracube.executor.rank_procs import describe_failure
 from paracube.plan import LaunchSpec, default_plan
 
 
@@ -90,21 +91,113 @@ def test_describe_failure_names_the_rank_that_died_first() -> None:
 
 
 @pytest.mark.skipif(os.name != "posix" or sys.version_info < (3, 11), reason="process groups: POSIX, Python 3.11")
-def test_agent_starts_workers_in_our_session_in_their_own_process_group() -> None:
-    """Each worker leads its own process group (the agent kills it by group) but stays in the launcher's
-    session: a session per worker is a scheduling group per worker under Linux autogroup (launch.py)."""
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+def test_workers_lead_their_own_process_group_in_our_session(tmp_path: Path) -> None:
+    """Each worker leads its own process group (stopped by group; a terminal's Ctrl-C reaches the launcher only)
+    but stays in the launcher's session: a session per worker is a scheduling group per worker under Linux
+    autogroup (rank_procs.py). It gets torchrun's environment; a failed rank stops the others."""
+    from paracube.executor.rank_procs import RankProcs
 
-    from paracube.executor.launch import _workers_in_our_session
-
-    original = SubprocessHandler._popen
-    with _workers_in_our_session():
-        handler = SubprocessHandler(sys.executable, ("-c", "import time; time.sleep(30)"), {}, None, None, 0, None)
-    assert SubprocessHandler._popen is original  # torch's own behaviour outside our launches
+    script = ("import os, sys, time\n"
+              "e = os.environ\n"
+              "print(e['RANK'], e['LOCAL_RANK'], e['WORLD_SIZE'], e['LOCAL_WORLD_SIZE'], e['MASTER_PORT'], "
+              "file=open(sys.argv[1] + e['RANK'], 'w'))\n"
+              "while e['RANK'] == '3' and not os.path.exists(sys.argv[1] + '2'):\n"
+              "    time.sleep(0.05)\n"
+              "time.sleep(0.2 if e['RANK'] == '3' else 60)\n"
+              "sys.exit(3 if e['RANK'] == '3' else 0)\n")
+    procs = RankProcs.start([sys.executable, "-c", script, str(tmp_path / "rank")], 2, node_rank=1, nnodes=2,
+                            env={"MASTER_PORT": "29999"}, workdir=tmp_path)
     try:
-        pid = handler.proc.pid
-        assert os.getpgid(pid) == pid and os.getsid(pid) == os.getsid(0)
-        handler.close()
-        assert handler.proc.wait(timeout=10) != 0  # killed through its group
+        for p in procs.procs:
+            assert os.getpgid(p.pid) == p.pid and os.getsid(p.pid) == os.getsid(0)
+        failures = procs.wait(grace_s=5.0)
     finally:
-        handler.proc.kill()
+        procs.stop(grace_s=0.1)
+    assert sorted(failures) == [2, 3] and failures[3].exitcode == 3 and failures[2].exitcode == -signal.SIGTERM
+    assert describe_failure(failures) == "rank 3 died (exit code 3); ranks [2] stopped after it"
+    assert [(tmp_path / f"rank{r}").read_text().split() for r in (2, 3)] == [
+        ["2", "0", "4", "2", "29999"], ["3", "1", "4", "2", "29999"]]
+    assert all(p.poll() is not None for p in procs.procs)
+
+
+def test_bad_run_arguments_are_refused_before_any_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in ((["--nproc-per-node", "0"], "--nproc-per-node: 0 must be >= 1"),
+                          (["--steps", "0"], "--steps: 0 must be >= 1"),
+                          (["--nnodes", "0"], "--nnodes: 0 must be >= 1"),
+                          (["--master-port", "70000"], "--master-port: 70000 must be <= 65535"),
+                          (["--lr", "-1"], "--lr: -1.0 must be > 0")):
+        with pytest.raises(SystemExit) as exc:
+            main(["run", *argv])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_oversubscription_is_said_once_with_the_slowdown() -> None:
+    from paracube.cli.run_cmd import oversubscription_line
+
+    assert oversubscription_line(8, 8) is None and oversubscription_line(2, 4) is None
+    assert oversubscription_line(8, 2) == ("paracube run: 8 ranks share 2 CPU cores: expect steps about 4.0x "
+                                           "slower than with a core per rank")
+
+
+def test_interrupted_line_names_the_step_and_the_last_checkpoint(tmp_path: Path) -> None:
+    from paracube.executor.launch import interrupted_line
+
+    assert interrupted_line({}, None) == ("paracube: interrupted before the first step finished; last checkpoint: "
+                                          "none (no --checkpoint-dir)")
+    assert interrupted_line({"step": 3, "steps": 20}, str(tmp_path)) == (
+        "paracube: interrupted during step 4 (3 of 20 done); last checkpoint: none saved yet")
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live processes of session `sid` (from /proc: field 6 of stat is the session id)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_ctrl_c_stops_every_rank_with_one_line(tmp_path: Path) -> None:
+    """The default plan on 8 CPU ranks, interrupted once it trains: exit 130, one line naming the step and the
+    last checkpoint (after the run's own header lines: at most 3 on stderr), no process left behind."""
+    import subprocess
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    metrics, ck = tmp_path / "m.jsonl", tmp_path / "ck"
+    argv = [sys.executable, "-m", "paracube", "run", "--steps", "200", "--metrics", str(metrics),
+            "--checkpoint-dir", str(ck), "--save-every", "1", "--data", "synthetic"]
+    with open(tmp_path / "err", "w") as err, open(tmp_path / "out", "w") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)  # its own session
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and not (ck / "step_2").exists():
+            time.sleep(0.1)
+        assert proc.poll() is None, (tmp_path / "err").read_text()[-2000:]
+        assert len(_session_members(proc.pid)) == 9  # the launcher and its 8 ranks
+        proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches the launcher
+        code = proc.wait(timeout=60)
+        time.sleep(0.5)
+        left = _session_members(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = (tmp_path / "err").read_text().strip().splitlines()
+    assert code == 130 and len(lines) <= 3, lines
+    # Rank 0 reports a step once its metrics row is written and its checkpoint saved: the kill may fall between.
+    rows = len(metrics.read_text().splitlines())
+    found = re.fullmatch(rf"paracube: interrupted during step (\d+) \((\d+) of 200 done\); last checkpoint: "
+                         rf"{re.escape(str(ck))}/step_(\d+)", lines[-1])
+    assert found is not None, lines
+    step, done, saved = (int(g) for g in found.groups())
+    assert step == done + 1 and done in (rows - 1, rows) and saved in (done, done + 1) and saved >= 2
+    assert left == []

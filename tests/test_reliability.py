@@ -152,11 +152,12 @@ def _die_saving_step_3(notes: Path, rank: int, step: int) -> None:
 
 def _run_x(rank: int, world: int, root: str) -> None:
     """What `paracube run --save-every 1 --data synthetic` runs on each rank (argv of _argv), plus the hook."""
+    from paracube.executor.hooks import TrainHooks
     from paracube.executor.train import TrainConfig, train
 
     train(default_plan(LAYOUT), rank, world, STEPS, metrics_path=Path(root) / "m.jsonl",
           checkpoint_dir=Path(root) / "ck", save_every=1, config=TrainConfig(data="synthetic", comm_timeout_s=60),
-          after_shard_written=functools.partial(_die_saving_step_3, Path(root) / "X.killed.json"))
+          hooks=TrainHooks(after_shard_written=functools.partial(_die_saving_step_3, Path(root) / "X.killed.json")))
 
 
 @dataclass

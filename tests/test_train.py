@@ -12,6 +12,7 @@ from dist_helpers import run_distributed
 
 from paracube.errors import ParacubeError
 from paracube.executor.data import _text_bytes, parse_source, replica_micro_batches
+from paracube.executor.hooks import TrainHooks
 from paracube.executor.train import LRSchedule, TrainConfig
 
 # --- data -------------------------------------------------------------------------------------------------
@@ -134,21 +135,23 @@ def test_bf16_follows_fp32_loosely(metrics: dict[str, list[dict]]) -> None:
 # --- NaN/inf: stop or skip (one in-process rank; the step is poisoned on purpose) ----------------------------
 
 
-def _poisoned_step(monkeypatch: pytest.MonkeyPatch, bad_step: int) -> None:
-    """train_step whose `bad_step`-th call sees NaN parameters (so its loss, gradients and update are NaN)."""
-    import paracube.executor.step as step_module
+def _poisoned_step(bad_step: int) -> TrainHooks:
+    """Hooks whose step wrapper makes the `bad_step`-th step see NaN parameters (so its loss, gradients and
+    update are NaN)."""
+    calls: list[int] = []
 
-    real, calls = step_module.train_step, []
+    def wrap(real):  # type: ignore[no-untyped-def]
+        def poisoned(model, optimizer, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            if len(calls) == bad_step:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(float("nan"))
+            return real(model, optimizer, *args, **kwargs)
 
-    def poisoned(model, optimizer, *args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        if len(calls) == bad_step:
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.fill_(float("nan"))
-        return real(model, optimizer, *args, **kwargs)
+        return poisoned
 
-    monkeypatch.setattr(step_module, "train_step", poisoned)
+    return TrainHooks(wrap_step=wrap)
 
 
 @pytest.fixture
@@ -162,25 +165,47 @@ def one_rank(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     return default_plan("dp=1,mb=4")
 
 
-def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(one_rank, monkeypatch, tmp_path: Path) -> None:
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(one_rank, tmp_path: Path) -> None:
     from paracube.executor.checkpoint import export_full_state_dict, find_checkpoint
     from paracube.executor.train import TrainingDiverged, train
 
-    _poisoned_step(monkeypatch, bad_step=3)
     with pytest.raises(TrainingDiverged, match=r"loss is nan .* at step 3; stopped.*step_2"):
-        train(one_rank, 0, 1, 5, checkpoint_dir=tmp_path, save_every=1, config=TrainConfig(data="synthetic"))
+        train(one_rank, 0, 1, 5, checkpoint_dir=tmp_path, save_every=1, config=TrainConfig(data="synthetic"),
+              hooks=_poisoned_step(bad_step=3))
     assert find_checkpoint(tmp_path).name == "step_2"
     assert all(bool(t.isfinite().all()) for t in export_full_state_dict(tmp_path).values())
 
 
-def test_nonfinite_loss_can_skip_the_step(one_rank, monkeypatch, tmp_path: Path) -> None:
+def test_nonfinite_loss_can_skip_the_step(one_rank, tmp_path: Path) -> None:
     from paracube.executor.train import train
 
-    _poisoned_step(monkeypatch, bad_step=2)
     cfg = TrainConfig(data="synthetic", on_nonfinite="skip")
-    rows = train(one_rank, 0, 1, 4, metrics_path=tmp_path / "m.jsonl", config=cfg).metrics
+    rows = train(one_rank, 0, 1, 4, metrics_path=tmp_path / "m.jsonl", config=cfg,
+                 hooks=_poisoned_step(bad_step=2)).metrics
     assert [r.get("skipped", False) for r in rows] == [False, True, False, False]
     assert math.isnan(rows[1]["loss"])
     # The skipped step left no trace: steps 3 and 4 see the parameters after step 1, and learn on.
     assert all(math.isfinite(r["loss"]) for r in (rows[0], rows[2], rows[3]))
     assert rows[3]["loss"] < rows[0]["loss"]
+
+
+class _Fault(Exception):
+    """What the fault hook raises: the run must stop there and keep what it saved."""
+
+
+def test_hooks_see_every_step_and_a_fault_hook_stops_the_run(one_rank, tmp_path: Path) -> None:
+    from paracube.executor.checkpoint import find_checkpoint
+    from paracube.executor.train import train
+
+    seen: list[tuple[int, str]] = []
+
+    def fault(step: int) -> None:
+        if step == 3:
+            raise _Fault(f"step {step}")
+
+    hooks = TrainHooks(before_step=fault, after_step=lambda row, ck: seen.append((row["step"], Path(ck).name)))
+    with pytest.raises(_Fault, match="step 3"):
+        train(one_rank, 0, 1, 5, checkpoint_dir=tmp_path, save_every=1, config=TrainConfig(data="synthetic"),
+              hooks=hooks)
+    assert seen == [(1, "step_1"), (2, "step_2")]  # after each step, once its checkpoint is saved
+    assert find_checkpoint(tmp_path).name == "step_2" and not torch.distributed.is_initialized()

@@ -27,12 +27,12 @@ from paracube.calibration.microbench import (
     KINDS,
     BenchConfig,
     BenchResult,
-    resolve_backend,
     run_benchmarks,
     run_probes,
 )
 from paracube.errors import ParacubeError, check
 from paracube.executor import affinity
+from paracube.executor.local_ranks import resolve_backend
 from paracube.layout import parse_layout
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.topology import Topology

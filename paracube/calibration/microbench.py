@@ -1,7 +1,7 @@
 """Microbenchmarks that every rank runs at once (what a training step sees: all ranks busy together).
 
-`run_benchmarks(config)` starts `nproc` ranks (torch.multiprocessing, forkserver, gloo on CPU / NCCL on
-CUDA, 127.0.0.1 and a free port, CPU ranks bound to cores as the executor binds them) and returns the
+`run_benchmarks(config)` starts `nproc` ranks (paracube.executor.local_ranks: forkserver, gloo on CPU / NCCL
+on CUDA, 127.0.0.1 and a free port, CPU ranks bound to cores as the executor binds them) and returns the
 measured points. Every point has `time_s` (wall seconds per call) and `cpu_s` (this process's CPU seconds
 per call, its communication threads included), each the mean over ranks:
 - gemm: one [m, k] x [k, n] matmul per shape, every rank multiplying concurrently;
@@ -19,21 +19,16 @@ their dispatched ops (_step_probe).
 from __future__ import annotations
 
 import itertools
-import os
-import queue
-import socket
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from paracube.errors import ParacubeError
-from paracube.executor.affinity import bind_cpu_rank
+from paracube.executor.local_ranks import run_on_ranks
 from paracube.workload import ModelSpec
 
 KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
@@ -115,9 +110,9 @@ def _step_probe(mesh: Any, device: torch.device, dtype: str) -> tuple[Callable[[
     clipping, AdamW) of PROBE_MODEL on `mesh`, one micro-batch of PROBE_MICRO_BATCH sequences per
     data-parallel replica, autocast for bf16."""
     from paracube.executor.gpt import build_model
+    from paracube.executor.op_count import DispatchCounter
     from paracube.executor.step import train_step
     from paracube.executor.train import AUTOCAST
-    from paracube.validation.ops import DispatchCounter
 
     layout = mesh.layout
     model = build_model(PROBE_MODEL, mesh).to(device)
@@ -221,90 +216,6 @@ def _bench_rank(rank: int, world: int, device: torch.device, cfg: BenchConfig) -
     return out
 
 
-def _worker(rank: int, nproc: int, port: int, backend: str, fn: Callable[..., Any], args: tuple,
-            results: Any) -> None:
-    if backend == "gloo":
-        bind_cpu_rank(rank, nproc)  # as the executor's CPU workers do
-    else:
-        torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    try:
-        device = torch.device("cpu")
-        if backend == "nccl":
-            device = torch.device("cuda", rank % torch.cuda.device_count())
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend, rank=rank, world_size=nproc)
-        results.put((rank, True, fn(rank, nproc, device, *args)))
-    except BaseException:  # report to the parent instead of hanging it
-        results.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-class RanksFailed(ParacubeError):
-    """A local multi-rank run failed; `details` holds the failing rank's whole traceback (tests print it)."""
-
-    def __init__(self, message: str, details: str = ""):
-        super().__init__(message)
-        self.details = details
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def resolve_backend(backend: str) -> str:
-    return backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
-
-
-def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "auto",
-                 timeout_s: float = 300.0, what: str = "run") -> list[Any]:
-    """fn(rank, nproc, device, *args) on nproc local ranks (forkserver; fn importable at module level);
-    results in rank order. RanksFailed (a ParacubeError) naming the rank if one fails, dies or the run times
-    out."""
-    backend = resolve_backend(backend)
-    ctx = mp.get_context("forkserver")
-    # Ranks fork from a server that has imported torch once: a launch takes ~0.3 s instead of seconds.
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "paracube.executor.train", "paracube.validation.ops"])
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, fn, args, results), daemon=True)
-             for r in range(nproc)]
-    for p in procs:
-        p.start()
-    outs: dict[int, Any] = {}
-    error, details = "", ""
-    try:
-        deadline = time.monotonic() + timeout_s
-        while len(outs) < nproc and not error:
-            try:
-                rank, ok, out = results.get(timeout=1.0)
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outs]
-                if dead:  # a rank died without reporting (e.g. could not start): do not wait for the rest
-                    error = f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}"
-                elif time.monotonic() > deadline:
-                    error = f"timed out after {timeout_s:.0f} s"
-                continue
-            if ok:
-                outs[rank] = out
-            else:
-                error, details = f"rank {rank} failed: {out.strip().splitlines()[-1]}", out
-    finally:
-        for p in procs:
-            p.join(timeout=5 if not error else 0.1)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if error:
-        raise RanksFailed(f"{what}: {error}", details)
-    return [outs[r] for r in range(nproc)]
-
-
 def _average(per_rank: list[BenchResult]) -> BenchResult:
     """Mean over ranks of every measured point (ranks measured the same list in the same order)."""
     out = BenchResult()
@@ -324,5 +235,4 @@ def run_benchmarks(cfg: BenchConfig) -> BenchResult:
     return _average(per_rank)
 
 
-__all__ = ["KINDS", "BenchConfig", "BenchResult", "RanksFailed", "pattern_groups", "resolve_backend",
-           "run_benchmarks", "run_on_ranks", "run_probes"]
+__all__ = ["KINDS", "BenchConfig", "BenchResult", "pattern_groups", "run_benchmarks", "run_probes"]

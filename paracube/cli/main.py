@@ -19,15 +19,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"paracube: error: {self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
-# Commands whose modules import torch: registered only when asked for, so planning stays fast.
-HEAVY_COMMANDS = {
-    "run": ("paracube.executor.run", "train a plan on local ranks (torchrun underneath)"),
-    "launch": ("paracube.executor.run", "print the torchrun / Slurm command of a plan for a cluster"),
+# Every command: the module that registers it (and imports what it needs in its handler), and its help line.
+# Only the module of the command asked for is imported: `paracube topologies` or `plan` never import torch,
+# and the others (listed by `paracube --help`) cost nothing.
+COMMANDS = {
+    "plan": ("paracube.cli.planning_cmd", "rank every valid layout and write the best as a plan file"),
+    "compare": ("paracube.cli.planning_cmd", "the best layout of each tensor mode side by side"),
+    "simulate": ("paracube.cli.planning_cmd", "full breakdown of one layout (a plan file, or options + --layout)"),
+    "sweep": ("paracube.cli.sweep_cmd", "time and cost to train over cluster types and sizes, with the Pareto front"),
+    "models": ("paracube.cli.info_cmd", "list the model presets"),
+    "topologies": ("paracube.cli.info_cmd", "list the cluster presets"),
+    "run": ("paracube.cli.run_cmd", "train a plan on local (or several) nodes"),
+    "launch": ("paracube.cli.run_cmd", "print a batch script that runs a plan (--slurm)"),
     "calibrate": ("paracube.cli.fidelity_cmd", "measure this machine and fit the cost model"),
     "validate": ("paracube.cli.fidelity_cmd", "run a plan and compare predicted with measured"),
+    "export": ("paracube.cli.export_cmd", "a plan as a Megatron-LM / torchtitan / DeepSpeed / torchrun / Slurm script"),
+    "schema": ("paracube.cli.schema_cmd", "print the JSON Schema of plan, estimate or validate JSON"),
 }
-LIGHT_MODULES = ("paracube.cli.planning_cmd", "paracube.cli.info_cmd", "paracube.cli.sweep_cmd")
-LIGHT_MODULES += ("paracube.cli.export_cmd", "paracube.cli.schema_cmd")  # issue 16: export, schema
 
 
 def _import(module_name: str):  # noqa: ANN202
@@ -43,29 +51,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="paracube", description=__doc__)
     parser.add_argument("--version", action="version", version=f"paracube {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module_name in LIGHT_MODULES:
-        module = _import(module_name)
-        if module is not None:
-            module.register(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    registered: set[str] = set()
-    for command, (module_name, _help) in HEAVY_COMMANDS.items():
-        if command == wanted and module_name not in registered:
-            module = _import(module_name)
-            if module is not None:
-                module.register(sub)
-                registered.add(module_name)
-    for command, (module_name, help_text) in HEAVY_COMMANDS.items():
-        if module_name not in registered and _import_spec_exists(module_name):
+    if wanted in COMMANDS:
+        module = _import(COMMANDS[wanted][0])
+        if module is not None:
+            module.register(sub)
+    for command, (_module, help_text) in COMMANDS.items():
+        if command not in sub.choices:  # listed by --help; asking for it imports its module
             sub.add_parser(command, help=help_text, add_help=False)
     return parser
-
-
-def _import_spec_exists(module_name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module_name) is not None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -244,7 +244,7 @@ def compare_cmd(args: argparse.Namespace) -> int:
         if verdict:
             console.print(verdict, highlight=False)
     if args.plot:
-        from paracube.plots import plot_estimates
+        from paracube.cli.plots import plot_estimates
 
         plot_estimates([r[2] for r in rows], [f"{m}\n{lay}" for m, lay, _, _ in rows], args.plot,
                        title=_summary(w))
@@ -289,7 +289,7 @@ def simulate_cmd(args: argparse.Namespace) -> int:
     else:
         est = estimate_with("analytic", w, layout, topo)
     if args.plot:
-        from paracube.plots import plot_estimates
+        from paracube.cli.plots import plot_estimates
 
         plot_estimates([est], [str(layout)], args.plot, title=_summary(w))
     if args.json:

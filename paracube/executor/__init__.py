@@ -1,11 +1,36 @@
 """The executor: a mesh of process groups, recorded collectives, 1D/2D/3D parallel layers, the GPT and
-one training step (docs/algorithms.md is the contract for their algorithms and traffic)."""
+one training step (docs/algorithms.md is the contract for their algorithms and traffic).
 
-from paracube.executor.comm import CommRecorder, all_gather, all_reduce, reduce_scatter
-from paracube.executor.gpt import ParallelGPT, build_model, serial_reference
-from paracube.executor.mesh import Mesh
-from paracube.executor.shards import ShardSpec
-from paracube.executor.step import StepResult, check_divisibility, train_step
+Names are loaded on first use (PEP 562): importing a torch-free submodule (run_args.py, the CLI's options
+of `paracube run`) must not import torch, so that every command starts fast.
+"""
 
-__all__ = ["CommRecorder", "Mesh", "ParallelGPT", "ShardSpec", "StepResult", "all_gather", "all_reduce",
-           "build_model", "check_divisibility", "reduce_scatter", "serial_reference", "train_step"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "CommRecorder": "paracube.executor.recorder",
+    "Mesh": "paracube.executor.mesh",
+    "ParallelGPT": "paracube.executor.gpt",
+    "ShardSpec": "paracube.executor.shards",
+    "StepResult": "paracube.executor.step",
+    "TrainHooks": "paracube.executor.hooks",
+    "all_gather": "paracube.executor.comm",
+    "all_reduce": "paracube.executor.comm",
+    "build_model": "paracube.executor.gpt",
+    "check_divisibility": "paracube.executor.sizes",
+    "reduce_scatter": "paracube.executor.comm",
+    "serial_reference": "paracube.executor.gpt",
+    "train_step": "paracube.executor.step",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'paracube.executor' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
+
+__all__ = sorted(_WHERE)

@@ -1,4 +1,5 @@
-"""Recorded collectives: every call appends one CommEvent (see paracube/estimate.py for payload rules).
+"""Recorded collectives: every call appends one CommEvent to the mesh's recorder (recorder.py; payload rules:
+paracube/estimate.py) and runs inside the recorder's observers.
 
 Plain functions (`all_gather`, `reduce_scatter`, `all_reduce`) plus the autograd Functions the parallel
 layers are built from. Megatron's f/g are our own Functions because torch.distributed.nn's all_reduce
@@ -7,50 +8,16 @@ also all-reduces in backward. A group of size 1 issues and records nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from paracube.estimate import CommEvent
+from paracube.executor.recorder import Axes, CommRecorder
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # mesh.py imports recorder.py, not this module: no cycle
     from paracube.executor.mesh import Mesh
-
-Axes = tuple[str, ...]
-
-
-class CommRecorder:
-    """Appends a CommEvent per collective; `phase` tags them (fwd, bwd, recompute, grad_sync, ...)."""
-
-    def __init__(self) -> None:
-        self.events: list[CommEvent] = []
-        self.current_phase: str = ""
-
-    def reset(self) -> None:
-        self.events.clear()
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        previous, self.current_phase = self.current_phase, name
-        try:
-            yield
-        finally:
-            self.current_phase = previous
-
-    def record(self, kind: str, axes: Axes, group_size: int, t: Tensor, payload_numel: int,
-               backward: bool, label: str) -> None:
-        phase = self.current_phase
-        if backward:
-            phase = "bwd"
-        elif phase == "bwd":
-            # A forward collective issued while backward runs: activation recomputation.
-            phase = "recompute"
-        self.events.append(CommEvent(kind, tuple(axes), group_size, payload_numel * t.element_size(),
-                                     str(t.dtype).removeprefix("torch."), phase, label))
 
 
 # --- plain collectives -----------------------------------------------------------------------------------
@@ -60,9 +27,9 @@ def all_gather(t: Tensor, mesh: Mesh, axes: Axes, dim: int, backward: bool = Fal
     if n == 1:
         return t
     t = t.contiguous()
-    mesh.recorder.record("all_gather", axes, n, t, t.numel() * n, backward, label)
     parts = [torch.empty_like(t) for _ in range(n)]
-    dist.all_gather(parts, t, group=mesh.group(axes))
+    with mesh.recorder.issue("all_gather", axes, n, t, t.numel() * n, backward, label):
+        dist.all_gather(parts, t, group=mesh.group(axes))
     order = mesh.order(axes)  # index k lives on group rank order[k]
     return torch.cat([parts[order[k]] for k in range(n)], dim=dim)
 
@@ -72,14 +39,14 @@ def reduce_scatter(t: Tensor, mesh: Mesh, axes: Axes, dim: int, backward: bool =
     n = mesh.size(axes)
     if n == 1:
         return t
-    mesh.recorder.record("reduce_scatter", axes, n, t, t.numel(), backward, label)
     chunks = [c.contiguous() for c in t.chunk(n, dim=dim)]
     order = mesh.order(axes)
     by_group_rank: list[Tensor] = [chunks[0]] * n
     for k in range(n):
         by_group_rank[order[k]] = chunks[k]
     out = torch.empty_like(chunks[0])
-    dist.reduce_scatter(out, by_group_rank, group=mesh.group(axes))
+    with mesh.recorder.issue("reduce_scatter", axes, n, t, t.numel(), backward, label):
+        dist.reduce_scatter(out, by_group_rank, group=mesh.group(axes))
     return out
 
 
@@ -89,10 +56,10 @@ def all_reduce(t: Tensor, mesh: Mesh, axes: Axes, op: str = "sum", backward: boo
     n = mesh.size(axes)
     if n == 1:
         return t
-    mesh.recorder.record("all_reduce", axes, n, t, t.numel(), backward, label)
     out = t.detach().clone().contiguous()
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-    dist.all_reduce(out, op=reduce_op, group=mesh.group(axes))
+    with mesh.recorder.issue("all_reduce", axes, n, t, t.numel(), backward, label):
+        dist.all_reduce(out, op=reduce_op, group=mesh.group(axes))
     return out
 
 

@@ -1,21 +1,25 @@
-"""Starting the ranks: checks before any rank starts, torchrun's agent for local/multi-node runs, Slurm.
+"""Starting the ranks: checks before any rank starts, this node's rank processes, Slurm scripts.
 
-Ranks are `python -m paracube.executor.run --worker ...` processes started by torch's elastic agent
-(`torch.distributed.launcher.api.elastic_launch`, what `torchrun` runs), static rendezvous at
-`master_addr:master_port` (127.0.0.1 and a free port for local runs), no restarts. When a rank dies the
-agent stops the others and we report which rank died; workers also carry a gloo/NCCL timeout.
-Local runs listen on loopback only: the agent's TCPStore (which torch binds to every interface) is started
-by us on a socket bound to 127.0.0.1, and gloo (and NCCL's bootstrap) are pinned to the loopback interface.
+Ranks are `python -m paracube.executor.run --worker ...` processes (rank_procs.py: torchrun's worker
+environment, one process group each, in our session), env:// rendezvous at `master_addr:master_port`
+(127.0.0.1 and a free port for local runs), no restarts. When a rank dies the others are stopped and one
+line names the rank that died; workers also carry a gloo/NCCL timeout. Ctrl-C (or SIGTERM) stops every rank
+and prints one line: the step cut short and the last complete checkpoint (rank 0 reports its progress in a
+status file). Local runs listen on loopback only: the rendezvous TCPStore is ours, on a socket bound to
+127.0.0.1 (every rank is its client, TORCHELASTIC_USE_AGENT_STORE), and gloo (and NCCL's bootstrap) are pinned
+to the loopback interface. On a cluster the Slurm script runs the same worker under torchrun.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import socket
-import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
@@ -28,7 +32,8 @@ import torch
 from paracube.errors import ParacubeError, check
 from paracube.executor import checkpoint as ckpt
 from paracube.executor.data import parse_source
-from paracube.launch_text import WORKER_MODULE, slurm_script, torchrun_argv
+from paracube.executor.rank_procs import RankProcs, describe_failure, worker_command
+from paracube.launch_text import slurm_script, torchrun_argv
 from paracube.plan import Plan
 from paracube.workload import with_seq_len
 
@@ -111,60 +116,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextmanager
-def _importable() -> Iterator[None]:
-    """Workers are fresh interpreters: make sure they import this paracube even when it is not installed."""
-    root = str(Path(__file__).resolve().parents[2])
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
-
-
-@contextmanager
-def _workers_in_our_session() -> Iterator[None]:
-    """torch's agent starts every worker in a new session, to be able to kill the worker's process group.
-    With Linux's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled, on by default in many
-    kernels) each session is its own CPU scheduling group, and ranks sharing cores then wake each other's
-    communication threads late: the default plan (8 ranks, 2 cores) took 1,480-1,500 ms per step that way
-    and 910-950 ms with the same workers in one session. Start each worker in a new process group of this
-    session instead (Python >= 3.11): the agent still kills each worker's group."""
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler as handler
-
-    cls = handler.SubprocessHandler
-    if os.name != "posix" or sys.version_info < (3, 11) or not hasattr(cls, "_popen"):
-        yield
-        return
-    original = cls._popen
-
-    def popen(self: Any, args: tuple, env: dict[str, str]) -> subprocess.Popen:
-        return subprocess.Popen(args=args, env=env, stdout=self._stdout, stderr=self._stderr, process_group=0)
-
-    cls._popen = popen  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        cls._popen = original  # type: ignore[method-assign]
-
-
-@contextmanager
-def _env(name: str, value: str | None) -> Iterator[None]:
-    """Set an environment variable for the workers (they inherit ours), unless the user set it."""
-    if value is None or name in os.environ:
-        yield
-        return
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        os.environ.pop(name, None)
-
-
 def _loopback_interface() -> str | None:
     names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
     return next((n for n in ("lo", "lo0") if n in names), None)
@@ -192,51 +143,91 @@ def _loopback_store(port: int) -> Iterator[None]:
         del store
 
 
-def describe_failure(failures: dict[int, object]) -> str:
-    """One line naming the rank that died first (a signal other than the agent's SIGTERM, else earliest)."""
-    items = sorted(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0))
+def _worker_env(node: NodeSpec, port: int, local: bool) -> dict[str, str]:
+    """Rendezvous and sockets for the workers. Local runs: the launcher's loopback store (all ranks are its
+    clients, as under torchrun's agent) and gloo/NCCL bootstrap on the loopback interface unless the user
+    chose one. Several nodes: rank 0 hosts the store at master_addr:master_port (env:// rendezvous)."""
+    root = str(Path(__file__).resolve().parents[2])  # workers import this paracube even when not installed
+    old = os.environ.get("PYTHONPATH")
+    env = {"PYTHONPATH": root + (os.pathsep + old if old else ""), "MASTER_ADDR": node.master_addr,
+           "MASTER_PORT": str(port)}
+    if local:
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        lo = _loopback_interface()
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if lo is not None and var not in os.environ:
+                env[var] = lo
+    return env
 
-    def killed(f: object) -> bool:
-        code = getattr(f, "exitcode", 0)
-        return code < 0 and -code != signal.SIGTERM
 
-    rank, first = next(((r, f) for r, f in items if killed(f)), items[0])
-    code = getattr(first, "exitcode", "?")
-    how = f"signal {signal.Signals(-code).name}" if isinstance(code, int) and code < 0 else f"exit code {code}"
-    msg = str(getattr(first, "message", "") or "").strip().splitlines()
-    detail = f": {msg[-1][:200]}" if msg and "Signal" not in msg[-1] and "exitcode" not in msg[-1] else ""
-    others = sorted(r for r in failures if r != rank)
-    tail = f"; ranks {others} stopped after it" if others else "; the other ranks were stopped"
-    return f"rank {rank} died ({how}){detail}{tail}"
+class _Terminated(Exception):
+    """SIGTERM reached the launcher (e.g. a batch system's cancel): stop the ranks as for Ctrl-C."""
 
 
-def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str], run_id: str = "paracube") -> int:
-    """Start this node's ranks with torch's elastic agent and wait; returns the exit status (0 ok, 1 failed)."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
 
+
+def _read_status(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def interrupted_line(status: dict[str, Any], checkpoint_dir: str | None) -> str:
+    """One line after Ctrl-C: the step that was cut short and the last complete checkpoint."""
+    done = status.get("step")
+    where = f"during step {done + 1}" if isinstance(done, int) else "before the first step finished"
+    if isinstance(done, int) and status.get("steps"):
+        where += f" ({done} of {status['steps']} done)"
+    last = "none (no --checkpoint-dir)"
+    if checkpoint_dir is not None:
+        try:
+            last = str(ckpt.find_checkpoint(checkpoint_dir))
+        except ParacubeError:
+            last = "none saved yet"
+    return f"paracube: interrupted {where}; last checkpoint: {last}"
+
+
+def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str],
+           checkpoint_dir: str | None = None) -> int:
+    """Start this node's ranks (rank_procs.py) and wait. Returns 0 (done), 1 (a rank failed: one line names
+    it), 130 (Ctrl-C) or 143 (SIGTERM): every rank stopped, one line with the step and last checkpoint."""
     port = node.master_port or free_port()
     local = node.nnodes == 1 and is_loopback(node.master_addr) and ":" not in node.master_addr  # IPv4 loopback
-    config = LaunchConfig(
-        min_nodes=node.nnodes, max_nodes=node.nnodes, nproc_per_node=nproc, run_id=run_id,
-        rdzv_backend="static", rdzv_endpoint=f"{node.master_addr}:{port}",
-        rdzv_configs={"rank": node.node_rank, "timeout": 600}, max_restarts=0, monitor_interval=0.1,
-        local_addr=node.master_addr if node.nnodes == 1 else None,
-    )
+    in_main = threading.current_thread() is threading.main_thread()
+    handlers = (signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, _on_sigterm)) if in_main else None
+    procs: RankProcs | None = None
     try:
         with ExitStack() as stack:
-            stack.enter_context(_importable())
-            stack.enter_context(_workers_in_our_session())
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="paracube-run-")))
             if local:
                 stack.enter_context(_loopback_store(port))
-                for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # pairs / NCCL bootstrap on loopback
-                    stack.enter_context(_env(var, _loopback_interface()))
-            elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE, "--worker", *worker_args)
-    except ChildFailedError as exc:
-        print(f"paracube: run failed: {describe_failure(exc.failures)}", file=sys.stderr)
-        return 1
-    return 0
+            command = worker_command([*worker_args, "--status-file", str(workdir / "status.json")])
+            try:
+                procs = RankProcs.start(command, nproc, node.node_rank, node.nnodes, _worker_env(node, port, local),
+                                        workdir)
+                failures = procs.wait()
+            except (KeyboardInterrupt, _Terminated) as exc:
+                if in_main:
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up
+                if procs is not None:
+                    procs.stop(grace_s=5.0)
+                if sys.stdout.isatty():
+                    sys.stdout.write("\x1b[?25h\n")  # rank 0's progress bar had hidden the cursor
+                    sys.stdout.flush()
+                print(interrupted_line(_read_status(workdir / "status.json"), checkpoint_dir), file=sys.stderr)
+                return 143 if isinstance(exc, _Terminated) else 130
+        if failures:
+            print(f"paracube: run failed: {describe_failure(failures)}", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        if handlers is not None:
+            signal.signal(signal.SIGINT, handlers[0])
+            signal.signal(signal.SIGTERM, handlers[1])
 
 
-__all__ = ["NodeSpec", "backend_for", "describe_failure", "free_port", "is_loopback", "launch", "preflight",
-           "slurm_script", "torchrun_argv"]
+__all__ = ["NodeSpec", "backend_for", "describe_failure", "free_port", "interrupted_line", "is_loopback", "launch",
+           "preflight", "slurm_script", "torchrun_argv"]

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from paracube.errors import check
-from paracube.executor.comm import CommRecorder
+from paracube.executor.recorder import CommRecorder
 from paracube.layout import Layout
 
 

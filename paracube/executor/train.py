@@ -1,25 +1,23 @@
 """The training loop one rank runs: model, AdamW, LR schedule, metrics, checkpoints, resume.
 
-`train(plan, rank, world, steps, ...)` is what every rank calls (torchrun worker or test process). Step k
-(1-based) trains on the batch of step k (data.py: a function of (seed, k)) with the parameters after k-1
-updates; the checkpoint `step_N` holds the state after N updates, so resuming from it continues at N+1
-with bit-identical losses (same layout, fp32). Metrics are JSON lines written by rank 0.
+`train(plan, rank, world, steps, ..., hooks=TrainHooks(...))` is what every rank calls (the worker of
+`paracube run`, validation, tests). Step k (1-based) trains on the batch of step k (data.py: a function of
+(seed, k)) with the parameters after k-1 updates; the checkpoint `step_N` holds the state after N updates,
+so resuming from it continues at N+1 with bit-identical losses (same layout, fp32). Metrics are JSON lines
+written by rank 0. Whatever watches or perturbs the run comes in through `hooks` (hooks.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import resource
-import signal
-import sys
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -27,11 +25,17 @@ import torch.distributed as dist
 from paracube.errors import ParacubeError, check
 from paracube.executor import checkpoint as ckpt
 from paracube.executor.data import DataSource, parse_source, replica_micro_batches
+from paracube.executor.gpt import build_model
+from paracube.executor.hooks import NO_HOOKS, StepFn, TrainHooks
+from paracube.executor.mesh import Mesh
+from paracube.executor.progress import Progress
+from paracube.executor.recorder import CommRecorder
+from paracube.executor.sizes import check_divisibility
+from paracube.executor.step import train_step
 from paracube.plan import Plan
-from paracube.workload import with_seq_len
+from paracube.workload import ModelSpec, with_seq_len
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-KILL_ENV = "PARACUBE_FAULT_KILL"  # "RANK:STEP": that rank kills itself at that step (tests of rank death)
 
 
 class TrainingDiverged(RuntimeError):
@@ -126,142 +130,171 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
     path.write_text("".join(x + "\n" for x in keep))
 
 
-def _maybe_die(rank: int, step: int) -> None:
-    spec = os.environ.get(KILL_ENV, "")
-    if spec and spec == f"{rank}:{step}":
-        print(f"[paracube] rank {rank}: killed by {KILL_ENV} at step {step}", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+@dataclass
+class _Run:
+    """What one rank's loop works with, built once by _setup."""
+
+    plan: Plan
+    config: TrainConfig
+    device: torch.device
+    recorder: CommRecorder
+    mesh: Mesh
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    source: DataSource
+    step_fn: StepFn
+    dp_index: int
+    schedule: LRSchedule
+    hooks: TrainHooks
+    start: int = 0
 
 
-class _Progress:
-    """A rich progress bar on rank 0 (a no-op elsewhere)."""
-
-    def __init__(self, enabled: bool, total: int, start: int) -> None:
-        self.bar = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
-            self.task = self.bar.add_task("train", total=total, completed=start, info="")
-            self.bar.start()
-
-    def update(self, info: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, advance=1, info=info)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Path | None = None,
-          checkpoint_dir: str | Path | None = None, save_every: int = 0, resume: bool = False,
-          config: TrainConfig | None = None, progress: bool = False, local_rank: int | None = None,
-          after_shard_written: ckpt.ShardWrittenHook | None = None) -> TrainResult:
-    """Train `plan` on this rank up to step `steps` (from 0, or from the checkpoint with `resume`).
-    Initializes torch.distributed from the environment (MASTER_ADDR/PORT) if it is not yet.
-    `after_shard_written`: passed to every save_checkpoint (fault-injection tests)."""
-    from paracube.executor.comm import CommRecorder
-    from paracube.executor.gpt import build_model
-    from paracube.executor.mesh import Mesh
-    from paracube.executor.step import check_divisibility, train_step
-
-    config = config or TrainConfig()
-    layout, tr = plan.layout, plan.training
+def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Path | None, save_every: int,
+                   resume: bool, config: TrainConfig) -> ModelSpec:
+    """Every refusal before the process group exists (a rank started by torchrun directly checks too)."""
+    layout = plan.layout
     check(world == layout.world_size, f"world size {world} != the {layout.world_size} ranks layout {layout} needs")
     check(steps >= 0, f"steps={steps} must be >= 0")
     check(save_every >= 0, f"save_every={save_every} must be >= 0")
     check(not (resume or save_every) or checkpoint_dir is not None, "--resume and --save-every need --checkpoint-dir")
     check(config.on_nonfinite in ("stop", "skip"), f"on_nonfinite={config.on_nonfinite!r}; valid: stop, skip")
-    seq_len = plan.seq_len
-    spec = with_seq_len(plan.model, seq_len)
-    check_divisibility(spec, layout, plan.micro_batch, tr.global_batch, seq_len)
+    spec = with_seq_len(plan.model, plan.seq_len)
+    check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
     if checkpoint_dir is not None and not resume and ckpt.has_checkpoint(Path(checkpoint_dir)):
         raise ParacubeError(f"checkpoint directory {str(checkpoint_dir)!r} already holds checkpoints; pass "
                             "--resume to continue them or choose another directory")
-    source: DataSource = parse_source(config.data, spec.vocab, seq_len, config.seed)
+    return spec
 
+
+def _device(backend: str, rank: int, local_rank: int | None) -> torch.device:
+    if backend != "nccl":
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank if local_rank is not None else rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _setup(plan: Plan, spec: ModelSpec, source: DataSource, rank: int, device: torch.device, steps: int,
+           config: TrainConfig, hooks: TrainHooks) -> _Run:
+    recorder = CommRecorder(hooks.observe_collective)
+    mesh = Mesh(plan.layout, rank, recorder=recorder)
+    model = build_model(spec, mesh, seed=config.seed, recompute=plan.training.recompute).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+    step_fn = hooks.wrap_step(train_step) if hooks.wrap_step is not None else train_step
+    dp_index = mesh.coord("dp") if plan.layout.dp > 1 else 0
+    return _Run(plan, config, device, recorder, mesh, model, opt, source, step_fn, dp_index, config.schedule(steps),
+                hooks)
+
+
+def _resume(run: _Run, checkpoint_dir: str | Path, result: TrainResult) -> None:
+    """Load the latest checkpoint into the run: its step, its LR schedule (the run continues on it)."""
+    config = run.config
+    found = ckpt.find_checkpoint(checkpoint_dir)
+    saved = ckpt.read_meta(found)
+    check(saved.get("data", {}).get("source") == config.data and saved["data"].get("seed") == config.seed,
+          f"checkpoint was trained on data {saved.get('data')}; resume with the same --data and --seed")
+    meta = ckpt.load_checkpoint(checkpoint_dir, run.model, run.opt, run.mesh)
+    run.start = meta["step"]
+    run.schedule = LRSchedule(**meta["schedule"])
+    result.last_checkpoint = str(found)
+
+
+def _one_step(run: _Run, step: int) -> dict[str, Any]:
+    """Train step `step`; its metrics row. A non-finite loss stops (TrainingDiverged) or, with
+    on_nonfinite=skip, restores the parameters and optimizer state from before the step."""
+    plan, tr, device = run.plan, run.plan.training, run.device
+    lr = run.schedule(step)
+    for group in run.opt.param_groups:
+        group["lr"] = lr
+    micro = [(ids.to(device), labels.to(device)) for ids, labels in
+             replica_micro_batches(run.source, step, tr.global_batch, plan.layout.dp, run.dp_index, plan.micro_batch)]
+    snap = _snapshot(run.model, run.opt) if run.config.on_nonfinite == "skip" else None
+    tokens_per_step = tr.global_batch * plan.seq_len
+    run.recorder.reset()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    out = run.step_fn(run.model, run.opt, run.mesh, micro, tokens_per_step, max_grad_norm=run.config.max_grad_norm,
+                      autocast_dtype=AUTOCAST[tr.dtype])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dt = time.perf_counter() - t0
+    loss, gnorm = float(out.loss), float(out.grad_norm)
+    finite = math.isfinite(loss) and math.isfinite(gnorm)
+    if not finite and snap is not None:
+        _restore(run.model, run.opt, snap)
+    row = {"step": step, "loss": loss, "lr": lr, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
+           "bytes_sent_per_rank": sum(e.sent_bytes() for e in run.recorder.events),
+           "peak_memory_bytes": _peak_memory_bytes(device), "grad_norm": gnorm}
+    if not finite:
+        row["skipped"] = True
+    return row
+
+
+def _save(run: _Run, checkpoint_dir: str | Path, step: int) -> str:
+    config = run.config
+    meta = {"schedule": asdict(run.schedule), "data": {"source": config.data, "seed": config.seed,
+                                                       "next_step": step + 1},
+            "plan": run.plan.to_dict(), "layout": str(run.plan.layout)}
+    return str(ckpt.save_checkpoint(checkpoint_dir, step, run.model, run.opt, meta,
+                                    after_shard_written=run.hooks.after_shard_written))
+
+
+def _open_metrics(stack: ExitStack, path: str | Path | None, rank: int, resume: bool, start: int) -> IO[str] | None:
+    if not path or rank != 0:
+        return None
+    if resume:  # continue the interrupted run's metrics, minus rows past the checkpoint
+        _truncate_metrics(Path(path), start)
+    return stack.enter_context(open(path, "a" if resume else "w"))  # noqa: SIM115
+
+
+def _loop(run: _Run, steps: int, result: TrainResult, metrics_file: IO[str] | None, bar: Progress,
+          checkpoint_dir: str | Path | None, save_every: int, hooks: TrainHooks) -> None:
+    for step in range(run.start + 1, steps + 1):
+        if hooks.before_step is not None:
+            hooks.before_step(step)
+        row = _one_step(run, step)
+        if "skipped" in row and run.config.on_nonfinite == "stop":
+            raise TrainingDiverged(f"loss is {row['loss']} (grad norm {row['grad_norm']}) at step {step}; stopped. "
+                                   f"Last good checkpoint: {result.last_checkpoint or 'none'}")
+        result.metrics.append(row)
+        if metrics_file is not None:
+            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.flush()
+        bar.update(row["loss"], row["step_time_s"], skipped="skipped" in row)
+        if checkpoint_dir is not None and save_every and (step % save_every == 0 or step == steps):
+            result.last_checkpoint = _save(run, checkpoint_dir, step)
+        if hooks.after_step is not None:
+            hooks.after_step(row, result.last_checkpoint)
+
+
+def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Path | None = None,
+          checkpoint_dir: str | Path | None = None, save_every: int = 0, resume: bool = False,
+          config: TrainConfig | None = None, progress: bool = False, local_rank: int | None = None,
+          hooks: TrainHooks = NO_HOOKS) -> TrainResult:
+    """Train `plan` on this rank up to step `steps` (from 0, or from the checkpoint with `resume`).
+    Initializes torch.distributed from the environment (MASTER_ADDR/PORT) if it is not yet."""
+    config = config or TrainConfig()
+    spec = _check_request(plan, world, steps, checkpoint_dir, save_every, resume, config)
+    source = parse_source(config.data, spec.vocab, plan.seq_len, config.seed)  # refused before the group too
     backend = backend_of(plan)
     owns_pg = not dist.is_initialized()
     if owns_pg:
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=config.comm_timeout_s))
-    device = torch.device("cpu")
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank if local_rank is not None else rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=config.comm_timeout_s))
     result = TrainResult()
-    bar, metrics_file, stack = None, None, ExitStack()
     try:
-        recorder = CommRecorder()
-        mesh = Mesh(layout, rank, recorder=recorder)
-        model = build_model(spec, mesh, seed=config.seed, recompute=tr.recompute).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
-                                weight_decay=config.weight_decay)
-        schedule, start = config.schedule(steps), 0
+        run = _setup(plan, spec, source, rank, _device(backend, rank, local_rank), steps, config, hooks)
         if resume:
-            saved = ckpt.read_meta(ckpt.find_checkpoint(checkpoint_dir))  # type: ignore[arg-type]
-            check(saved.get("data", {}).get("source") == config.data and saved["data"].get("seed") == config.seed,
-                  f"checkpoint was trained on data {saved.get('data')}; resume with the same --data and --seed")
-            meta = ckpt.load_checkpoint(checkpoint_dir, model, opt, mesh)  # type: ignore[arg-type]
-            start = meta["step"]
-            schedule = LRSchedule(**meta["schedule"])  # the run continues on its original schedule
-            result.last_checkpoint = str(ckpt.find_checkpoint(checkpoint_dir))  # type: ignore[arg-type]
-        dp_index = mesh.coord("dp") if layout.dp > 1 else 0
-        tokens_per_step = tr.global_batch * seq_len
-        if metrics_path and rank == 0:
-            if resume:  # continue the interrupted run's metrics, minus rows past the checkpoint
-                _truncate_metrics(Path(metrics_path), start)
-            metrics_file = stack.enter_context(open(metrics_path, "a" if resume else "w"))  # noqa: SIM115
-        bar = _Progress(progress and rank == 0, steps, min(start, steps))
-        for step in range(start + 1, steps + 1):
-            _maybe_die(rank, step)
-            lr = schedule(step)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            micro = [(ids.to(device), labels.to(device)) for ids, labels in
-                     replica_micro_batches(source, step, tr.global_batch, layout.dp, dp_index, plan.micro_batch)]
-            snap = _snapshot(model, opt) if config.on_nonfinite == "skip" else None
-            recorder.reset()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            out = train_step(model, opt, mesh, micro, tokens_per_step, max_grad_norm=config.max_grad_norm,
-                             autocast_dtype=AUTOCAST[tr.dtype])
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            dt = time.perf_counter() - t0
-            loss, gnorm = float(out.loss), float(out.grad_norm)
-            finite = math.isfinite(loss) and math.isfinite(gnorm)
-            if not finite and snap is None:
-                raise TrainingDiverged(f"loss is {loss} (grad norm {gnorm}) at step {step}; stopped. Last good "
-                                       f"checkpoint: {result.last_checkpoint or 'none'}")
-            if not finite and snap is not None:
-                _restore(model, opt, snap)
-            row = {"step": step, "loss": loss, "lr": lr, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-                   "bytes_sent_per_rank": sum(e.sent_bytes() for e in recorder.events),
-                   "peak_memory_bytes": _peak_memory_bytes(device), "grad_norm": gnorm}
-            if not finite:
-                row["skipped"] = True
-            result.metrics.append(row)
-            if metrics_file is not None:
-                metrics_file.write(json.dumps(row) + "\n")
-                metrics_file.flush()
-            bar.update(f"loss {loss:.4f}" + (" (skipped)" if not finite else ""))
-            if checkpoint_dir is not None and save_every and (step % save_every == 0 or step == steps):
-                meta = {"schedule": asdict(schedule), "data": {"source": config.data, "seed": config.seed,
-                                                               "next_step": step + 1},
-                        "plan": plan.to_dict(), "layout": str(layout)}
-                result.last_checkpoint = str(ckpt.save_checkpoint(checkpoint_dir, step, model, opt, meta,
-                                                                  after_shard_written))
+            _resume(run, checkpoint_dir, result)  # type: ignore[arg-type]
+        with ExitStack() as stack:
+            metrics_file = _open_metrics(stack, metrics_path, rank, resume, run.start)
+            bar = Progress(progress and rank == 0, steps, min(run.start, steps))
+            stack.callback(bar.close)
+            _loop(run, steps, result, metrics_file, bar, checkpoint_dir, save_every, hooks)
     finally:
-        stack.close()
-        if bar is not None:
-            bar.close()
         if owns_pg and dist.is_initialized():
             dist.destroy_process_group()
     return result
 
 
-__all__ = ["AUTOCAST", "KILL_ENV", "LRSchedule", "TrainConfig", "TrainResult", "TrainingDiverged", "train"]
+__all__ = ["AUTOCAST", "LRSchedule", "TrainConfig", "TrainHooks", "TrainResult", "TrainingDiverged", "train"]

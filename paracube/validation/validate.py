@@ -1,8 +1,8 @@
 """`paracube validate`: run a plan for N steps on local ranks and compare with the cost model's prediction.
 
-Each rank runs the executor's `train()` (the same loop as `paracube run`). Around it, the validation
-worker times every torch.distributed collective the executor issues (wall time, waiting for peers
-included, and process CPU time) and marks step boundaries by wrapping `train_step`. The communication
+Each rank runs the executor's `train()` (the same loop as `paracube run`) with hooks (executor/hooks.py):
+a collective observer times every collective the executor issues (wall time, waiting for peers included,
+and process CPU time) and a step wrapper marks step boundaries. The communication
 part is measured as the calibration prices it: wall time, or for a CPU-basis calibration (ranks sharing
 cores) ranks-per-core x CPU time; compute is the rest of the step. Measured memory is the
 growth of the rank's peak RSS over its value before the model is built (the interpreter and torch are
@@ -14,20 +14,19 @@ from __future__ import annotations
 import math
 import resource
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from paracube.calibration.calibrate import check_calibration
-from paracube.calibration.microbench import run_on_ranks
 from paracube.errors import check
+from paracube.estimate import CommEvent
+from paracube.executor.hooks import StepFn, TrainHooks
+from paracube.executor.local_ranks import run_on_ranks
 from paracube.plan import Plan
-
-TIMED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv")
 
 
 @dataclass(frozen=True)
@@ -49,52 +48,44 @@ class Comparison:
                 "rel_err": self.rel_err, "band": self.band}
 
 
-@contextmanager
-def _timed_collectives(log: list[tuple[float, float]]) -> Iterator[None]:
-    """Append (wall, process CPU) seconds of every collective call to `log` (this worker process only;
-    restored after)."""
-    saved = {name: getattr(dist, name) for name in TIMED}
+class CollectiveTimer:
+    """Hooks for train(): the (wall, process CPU) seconds of every collective the executor issues (an observer,
+    executor/recorder.py), summed per training step (a step wrapper): `per_step[i]` for the i-th step."""
 
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0, c0 = time.perf_counter(), time.process_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                log.append((time.perf_counter() - t0, time.process_time() - c0))
-        return timed
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float]] = []
+        self.per_step: list[tuple[float, float]] = []
 
-    for name, fn in saved.items():
-        setattr(dist, name, wrap(fn))
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
+    @contextmanager
+    def observe(self, event: CommEvent) -> Iterator[None]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.calls.append((time.perf_counter() - t0, time.process_time() - c0))
+
+    def wrap(self, step: StepFn) -> StepFn:
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            start = len(self.calls)
+            out = step(*args, **kwargs)
+            mine = self.calls[start:]
+            self.per_step.append((sum(c[0] for c in mine), sum(c[1] for c in mine)))
+            return out
+
+        return marked
+
+    def hooks(self) -> TrainHooks:
+        return TrainHooks(wrap_step=self.wrap, observe_collective=(self.observe,))
 
 
 def _validate_rank(rank: int, world: int, device: torch.device, plan: Plan, steps: int) -> dict[str, Any]:
-    from paracube.executor import step as step_module
     from paracube.executor.train import TrainConfig, train
 
-    calls: list[tuple[float, float]] = []
-    per_step: list[tuple[float, float]] = []
-    original = step_module.train_step
-
-    def marked(*args: Any, **kwargs: Any) -> Any:
-        start = len(calls)
-        out = original(*args, **kwargs)
-        per_step.append((sum(c[0] for c in calls[start:]), sum(c[1] for c in calls[start:])))
-        return out
-
+    timer = CollectiveTimer()
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    step_module.train_step = marked  # train() imports it at call time
-    try:
-        with _timed_collectives(calls):
-            result = train(plan, rank, world, steps, config=TrainConfig(data="synthetic"), local_rank=rank)
-    finally:
-        step_module.train_step = original
-    rows = [{**m, "comm_time_s": wall, "comm_cpu_s": cpu} for m, (wall, cpu) in zip(result.metrics, per_step,
+    result = train(plan, rank, world, steps, config=TrainConfig(data="synthetic"), local_rank=rank,
+                   hooks=timer.hooks())
+    rows = [{**m, "comm_time_s": wall, "comm_cpu_s": cpu} for m, (wall, cpu) in zip(result.metrics, timer.per_step,
                                                                                    strict=True)]
     return {"rows": rows, "base_rss": base_rss}
 
@@ -102,7 +93,7 @@ def _validate_rank(rank: int, world: int, device: torch.device, plan: Plan, step
 def measure(plan: Plan, steps: int, timeout_s: float = 600.0) -> list[dict[str, Any]]:
     """Per-rank results of `steps` training steps of `plan` on local ranks."""
     return run_on_ranks(_validate_rank, plan.layout.world_size, (plan, steps), plan.launch.backend, timeout_s,
-                        "validate")
+                        "validate", preload=(__name__,))
 
 
 def _mean(values: list[float]) -> float:
@@ -166,4 +157,4 @@ def validate(plan: Plan, steps: int, topo: Any, source: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["Comparison", "compare", "measure", "validate"]
+__all__ = ["CollectiveTimer", "Comparison", "compare", "measure", "validate"]

@@ -1,0 +1,117 @@
+"""`paracube run` and `paracube launch`: options, checks and handlers (the ranks: paracube/executor/run.py).
+
+  paracube run [PLAN] [--steps N] [--metrics F.jsonl] [--checkpoint-dir D] [--save-every K] [--resume]
+               [--nnodes N --node-rank R --nproc-per-node P --master-addr A --master-port P]
+  paracube launch [PLAN] --slurm        prints an sbatch script (srun + torchrun, rendezvous explicit)
+Without PLAN: the default plan (tiny GPT, 3D 2x2x2, 8 local CPU ranks). Every check that can fail is made
+before any rank starts (exit 2 with one line). Registering these commands imports no torch: the handlers do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from paracube.errors import ParacubeError
+from paracube.executor.run_args import add_train_args, int_at_least, worker_args
+
+if TYPE_CHECKING:
+    from paracube.plan import Plan
+
+RUN_HELP = """Train a plan: one process per rank (gloo on CPU, NCCL on CUDA).
+Without PLAN: the embedded default (tiny GPT, 3D 2x2x2, 8 local CPU ranks). World size, divisibility,
+data and checkpoint directory are checked before any rank starts (exit 2, one line). A rank that dies
+stops the others (exit 1, naming it); the last complete checkpoint stays loadable. Ctrl-C stops every rank
+(exit 130, one line: the step and the last checkpoint).
+Several nodes: run the same command on each with --nnodes, --node-rank, --master-addr, --master-port."""
+
+
+def _port(text: str) -> int:
+    value = int_at_least(1)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} must be <= 65535")
+    return value
+
+
+def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("run", help="train a plan on local (or several) nodes",
+                              description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_args(p)
+    g = p.add_argument_group("nodes")
+    g.add_argument("--nnodes", type=int_at_least(1), default=1, help="number of nodes (default 1)")
+    g.add_argument("--node-rank", type=int_at_least(0), default=0, help="this node's rank (default 0)")
+    g.add_argument("--nproc-per-node", type=int_at_least(1), default=None,
+                   help="ranks on this node (default: the plan's)")
+    g.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    g.add_argument("--master-port", type=_port, default=None, help="port on node 0 (default: a free port)")
+    p.set_defaults(handler=run_command)
+    return p
+
+
+def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("launch", help="print a batch script that runs a plan (--slurm)")
+    add_train_args(p)
+    p.add_argument("--slurm", action="store_true", help="print an sbatch script (the only format so far)")
+    p.add_argument("--job-name", default="paracube")
+    p.add_argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
+    p.add_argument("--partition", default=None)
+    p.add_argument("--master-port", type=_port, default=29500)
+    p.set_defaults(handler=launch_command)
+    return p
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """For paracube/cli/main.py."""
+    add_run_parser(subparsers)
+    add_launch_parser(subparsers)
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    from paracube.plan import default_plan, load_plan  # pydantic: only once a plan is needed
+
+    return load_plan(args.plan) if args.plan else default_plan()
+
+
+def oversubscription_line(nproc: int, cores: int) -> str | None:
+    """Said once when local CPU ranks outnumber the cores they share: each step is then ~nproc/cores slower
+    than with a core per rank (ranks take turns on the cores)."""
+    if nproc <= cores:
+        return None
+    return (f"paracube run: {nproc} ranks share {cores} CPU core{'s' if cores > 1 else ''}: expect steps about "
+            f"{nproc / cores:.1f}x slower than with a core per rank")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from paracube.executor.affinity import available_cores
+    from paracube.executor.launch import NodeSpec, backend_for, launch, preflight
+
+    plan = _plan(args)
+    node = NodeSpec(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, node_rank=args.node_rank,
+                    master_addr=args.master_addr, master_port=args.master_port)
+    nproc = preflight(plan, node, data=args.data, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                      seed=args.seed)
+    print(f"paracube run: {plan.model.name}, layout {plan.layout}, {plan.layout.world_size} ranks "
+          f"({node.nnodes} node(s) x {nproc}), steps up to {args.steps}", file=sys.stderr)
+    crowded = oversubscription_line(nproc, len(available_cores())) if backend_for(plan) == "gloo" else None
+    if crowded:
+        print(crowded, file=sys.stderr)
+    return launch(plan, node, nproc, worker_args(args), checkpoint_dir=args.checkpoint_dir)
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    from paracube.executor.launch import NodeSpec, preflight, slurm_script
+
+    if not args.slurm:
+        raise ParacubeError("paracube launch needs a format; valid: --slurm")
+    plan = _plan(args)
+    # Same checks as `run`, for the plan's own node shape (the script runs elsewhere: no GPU count check).
+    node = NodeSpec(nnodes=plan.launch.nnodes, master_addr="node0", master_port=args.master_port)
+    preflight(plan, node, data=args.data, check_devices=False)
+    sys.stdout.write(slurm_script(plan, worker_args(args), job_name=args.job_name, time_limit=args.time,
+                                  partition=args.partition, master_port=args.master_port))
+    return 0
+
+
+__all__ = ["add_launch_parser", "add_run_parser", "launch_command", "oversubscription_line", "register",
+           "run_command"]

@@ -1,0 +1,122 @@
+"""One local multi-rank harness: `run_on_ranks(fn, nproc, args)` runs fn(rank, nproc, device, *args) on nproc
+processes of this machine and returns the results in rank order.
+
+Used by calibration (microbenchmarks, step probes), validation and the multi-process tests. Ranks fork from a
+forkserver that has imported torch once (a launch takes ~0.3 s instead of seconds), rendezvous at 127.0.0.1
+on a free port, use gloo on CPU (bound to cores as `paracube run` binds them, affinity.py) or NCCL on CUDA,
+and report back through a queue. A rank that fails, dies or outlives `timeout_s` raises RanksFailed (a
+ParacubeError naming the rank; `details` holds its whole traceback); the others are then stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from paracube.errors import ParacubeError
+from paracube.executor.affinity import bind_cpu_rank
+
+# What the forkserver imports once; callers add the modules their `fn` lives in.
+PRELOAD = ("torch", "torch.distributed", "paracube.executor.train")
+
+
+class RanksFailed(ParacubeError):
+    """A local multi-rank run failed; `details` holds the failing rank's whole traceback (tests print it)."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_backend(backend: str) -> str:
+    return backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def _worker(rank: int, nproc: int, port: int, backend: str, fn: Callable[..., Any], args: tuple,
+            results: Any) -> None:
+    if backend == "gloo":
+        bind_cpu_rank(rank, nproc)  # as the executor's CPU workers do
+    else:
+        torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        device = torch.device("cpu")
+        if backend == "nccl":
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, rank=rank, world_size=nproc)
+        results.put((rank, True, fn(rank, nproc, device, *args)))
+    except BaseException:  # report to the parent instead of hanging it
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _collect(procs: list[Any], results: Any, nproc: int, timeout_s: float) -> tuple[dict[int, Any], str, str]:
+    """(results by rank, error, the failing rank's traceback): stops at the first failure."""
+    outs: dict[int, Any] = {}
+    error, details = "", ""
+    deadline = time.monotonic() + timeout_s
+    while len(outs) < nproc and not error:
+        try:
+            rank, ok, out = results.get(timeout=1.0)
+        except queue.Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outs]
+            if dead:  # a rank died without reporting (e.g. could not start): do not wait for the rest
+                error = f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}"
+            elif time.monotonic() > deadline:
+                error = f"timed out after {timeout_s:.0f} s"
+            continue
+        if ok:
+            outs[rank] = out
+        else:
+            error, details = f"rank {rank} failed: {out.strip().splitlines()[-1]}", out
+    return outs, error, details
+
+
+def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "auto",
+                 timeout_s: float = 300.0, what: str = "run", preload: Sequence[str] = ()) -> list[Any]:
+    """fn(rank, nproc, device, *args) on nproc local ranks (fn importable at module level); results in rank
+    order. RanksFailed naming the rank if one fails, dies or the run times out. `preload`: modules the
+    forkserver imports once (honoured by the first call of this process, which starts the server)."""
+    backend = resolve_backend(backend)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, fn, args, results), daemon=True)
+             for r in range(nproc)]
+    for p in procs:
+        p.start()
+    error = "not finished"
+    try:
+        outs, error, details = _collect(procs, results, nproc, timeout_s)
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not error else 0.1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if error:
+        raise RanksFailed(f"{what}: {error}", details)
+    return [outs[r] for r in range(nproc)]
+
+
+__all__ = ["RanksFailed", "free_port", "resolve_backend", "run_on_ranks"]
