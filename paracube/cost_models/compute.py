@@ -56,9 +56,11 @@ class GemmModel:
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
 
     def op_cost(self, mode: str) -> float:
-        """Seconds per dispatched op in a step of `mode` (2.5D dispatches like 2D: compute.OPS_LAYER)."""
+        """Seconds per dispatched op in a step of `mode`, else of the mode it dispatches like (its
+        `dispatches_like`: 2.5D borrows 2D's), else the device's op_overhead."""
         by_mode = dict(self.op_overhead_by_mode)
-        return by_mode.get(mode, by_mode.get("2d" if mode == "2.5d" else mode, self.op_overhead))
+        like = MODES[mode].dispatches_like if mode in MODES else ""
+        return by_mode.get(mode, by_mode.get(like or mode, self.op_overhead))
 
     def eff(self, m: Arr, n: Arr, k: Arr) -> Arr:
         return self.eff_max * m / (m + self.m0) * n / (n + self.n0) * k / (k + self.k0)

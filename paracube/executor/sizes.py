@@ -19,7 +19,7 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
                             f"valid: {', '.join(runnable_modes())}")
     if layout.sequence_parallel and not support.sequence_parallel:
         raise ParacubeError(f"sequence parallelism (sp) is not implemented by the executor; drop sp from {layout}")
-    if layout.zero:
+    if layout.zero and not support.zero:
         raise ParacubeError(f"zero={layout.zero} (sharded optimizer/parameters) is not implemented by the executor; "
                             f"drop zero from {layout} or export the plan (`paracube export`)")
     if layout.pp != 1 and not support.pipeline:

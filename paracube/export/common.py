@@ -43,8 +43,9 @@ def refuse_unless_expressible(target: str, plan: Plan) -> None:
 
 
 def tensor_size(plan: Plan) -> int:
-    """1D tensor-parallel size (1 without tensor parallelism); callers have refused 2D/2.5D/3D."""
-    return plan.layout.shape[0] if plan.layout.mode == "1d" else 1
+    """Megatron-style (1D) tensor-parallel size (1 without tensor parallelism); callers have refused the
+    other modes."""
+    return plan.layout.tensor_size if plan.layout.tensor_mode.megatron_style else 1
 
 
 def accumulation_steps(plan: Plan) -> int:
@@ -55,7 +56,7 @@ def accumulation_steps(plan: Plan) -> int:
 
 def one_d_only(plan: Plan) -> str | None:
     mode = plan.layout.mode
-    if mode in ("none", "1d"):
+    if plan.layout.tensor_mode.megatron_style:
         return None
     return f"its tensor parallelism is 1D (Megatron-style); tensor mode {mode} has no equivalent"
 

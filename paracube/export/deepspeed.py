@@ -88,7 +88,7 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     if lay.interleave > 1:
         notes.append(f"DeepSpeed's pipeline engine does not interleave: v={lay.interleave} runs as v=1 "
                      "(a larger pipeline bubble than predicted)")
-    tensor = ("tp",) if lay.mode == "1d" else ()
+    tensor = lay.tensor_axes
     if big_axes(plan, lay.effective_placement) != big_axes(plan, (*tensor, "dp", "pp")):
         notes.append("DeepSpeed orders ranks tp, dp, pp (innermost first): the plan's placement "
                      f"{'.'.join(big_axes(plan, lay.effective_placement))} is not kept")

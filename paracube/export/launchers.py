@@ -1,7 +1,8 @@
 """Export a plan as paracube's own launch: a torchrun script or an sbatch script (what `paracube launch
 --slurm` prints; the same text builder, paracube/launch_text.py). The ranks run paracube's executor, so
-the plan must be one it runs: pp = 1, tensor mode none/1d/2d/3d, no sequence parallelism, zero = 0
-(the same rules as `paracube run`'s checks before any rank starts, without importing torch here).
+the plan must be one it runs: a tensor mode with ExecutorSupport and the options it declares (pipeline,
+sequence parallelism, zero; paracube/modes), the same rules as `paracube run`'s checks before any rank
+starts (executor/sizes.py), without importing torch here.
 """
 
 from __future__ import annotations
@@ -9,21 +10,22 @@ from __future__ import annotations
 from paracube.export.common import EXPRESSIBLE, Export, header
 from paracube.export.common import refuse_unless_expressible as refuse
 from paracube.launch_text import slurm_script, torchrun_script
+from paracube.modes import runnable_modes
 from paracube.plan import Plan
 
 WRITTEN_FOR = "paracube's executor (python -m paracube.executor.run --worker) under torchrun, torch >= 2.4"
-EXECUTOR_MODES = ("none", "1d", "2d", "3d")
 
 
 def why_not(plan: Plan) -> str | None:
     lay = plan.layout
-    if lay.mode not in EXECUTOR_MODES:
-        return f"paracube's executor runs tensor modes {', '.join(EXECUTOR_MODES)}, not {lay.mode}"
-    if lay.pp > 1:
+    support = lay.tensor_mode.executor
+    if support is None:
+        return f"paracube's executor runs tensor modes {', '.join(runnable_modes())}, not {lay.mode}"
+    if lay.pp > 1 and not support.pipeline:
         return f"paracube's executor runs pp=1 only (pp={lay.pp})"
-    if lay.sequence_parallel:
+    if lay.sequence_parallel and not support.sequence_parallel:
         return "paracube's executor does not implement sequence parallelism (sp)"
-    if lay.zero:
+    if lay.zero and not support.zero:
         return f"paracube's executor does not implement zero={lay.zero}"
     return None
 

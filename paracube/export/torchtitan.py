@@ -54,7 +54,7 @@ def parallelism_flags(plan: Plan) -> tuple[list[str], list[str]]:
         flags += [f"--parallelism.pipeline_parallel_schedule {schedule}",
                   f"--parallelism.pipeline_parallel_layers_per_stage {plan.model.layers // (lay.pp * lay.interleave)}",
                   f"--parallelism.num_pp_microbatches {plan.training.global_batch // (lay.dp * plan.micro_batch)}"]
-    tensor = ("tp",) if lay.mode == "1d" else ()
+    tensor = lay.tensor_axes
     if big_axes(plan, lay.effective_placement) != big_axes(plan, (*tensor, "dp", "pp")):
         notes.append("torchtitan's device mesh puts tp innermost, then dp, then pp: the plan's placement "
                      f"{'.'.join(big_axes(plan, lay.effective_placement))} is not kept")

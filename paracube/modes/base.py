@@ -17,7 +17,8 @@ step `step_collectives`, then the generic gradient / grad-norm / metrics all-red
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,7 @@ class ExecutorSupport:
     impl: str
     pipeline: bool = False
     sequence_parallel: bool = False
+    zero: bool = False  # sharded optimizer state / parameters (zero >= 1)
 
 
 class TensorMode:
@@ -111,6 +113,9 @@ class TensorMode:
     merged_units: tuple[tuple[str, tuple[str, ...]], ...] = ()  # program unit -> its linears (1D halves)
     replicates_activations: bool = True  # block activations are whole on every tensor rank (none, 1D)
     rules: tuple[Rule, ...] = ()
+    dispatches_like: str = ""  # the mode whose calibrated per-op overhead this one borrows ("": its own)
+    megatron_style: bool = False  # the tensor layout Megatron-LM / DeepSpeed / torchtitan run (export)
+    paper: str = ""  # the paper whose closed form `paper_layer_bytes` states
 
     def __repr__(self) -> str:
         return f"<tensor mode {self.name}>"
@@ -136,6 +141,10 @@ class TensorMode:
 
     def vocab_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
         """Ways the vocabulary (embedding rows, head columns) is split."""
+        return 1
+
+    def head_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
+        """Ways the attention heads are split (the head count must divide by it)."""
         return 1
 
     def act_split(self, t: IntOrArr, sp: IntOrArr) -> IntOrArr:
@@ -199,6 +208,13 @@ class TensorMode:
     def linear_temporaries(self, c: int, T: Any, h_in: int, h_out: Any, t: Any, q: Any, depth: Any) -> Any:
         """Bytes of one linear's gathered operands and output while it runs."""
         return c * T * (h_in + h_out)
+
+    def paper_layer_bytes(self, T: float, linears: Sequence[tuple[str, int, int]], shape: tuple[int, ...],
+                          e: float) -> float:
+        """The paper's closed form (`paper`) of the bytes one rank sends for one transformer layer, forward +
+        backward, one micro-batch of T tokens; linears: (name, h_in, h_out); e bytes per element.
+        planner/theory.py compares it with the cost model. NaN: no tensor parallelism, nothing to send."""
+        return math.nan
 
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:

@@ -9,6 +9,7 @@ class NoTensorMode(TensorMode):
     name = "none"
     shape_rule = "no tensor parallelism (omit tp= or write tp=none)"
     executor = ExecutorSupport("paracube.executor.serial:Mode")
+    megatron_style = True
     ops_layer, ops_edge = 85, 43  # counted with validation/ops.py (see compute.ops_per_step)
 
 

@@ -13,6 +13,7 @@ gradient all_reduce over tp per step. The executor runs 1D without sp.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,8 @@ class OneD(TensorMode):
     shape_rule = "tp=1d:p, any p >= 1"
     no_shape = "1d needs at least 2 tensor ranks: {n} GPUs leave none"
     sequence_parallel = True
+    megatron_style = True
+    paper = "Megatron-LM (Shoeybi et al. 2019, section 3)"
     collective_axes = (TP,)
     executor = ExecutorSupport("paracube.executor.one_d:Mode1D")
     ops_layer, ops_edge = 99, 85  # 1D with sp assumed to dispatch like 1D
@@ -76,6 +79,16 @@ class OneD(TensorMode):
 
     def vocab_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
         return t
+
+    def head_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
+        return t
+
+    def paper_layer_bytes(self, T: float, linears: Sequence[tuple[str, int, int]], shape: tuple[int, ...],
+                          e: float) -> float:
+        """Two `g` all-reduces forward and two `f` all-reduces backward per layer, each of the [T, h] block
+        output (h: the first linear's input width), ring all-reduce 2(p-1)/p n:  4 * 2(p-1)/p * T h e = O(bsh)."""
+        p, h = shape[0], linears[0][1]
+        return 4 * 2 * (p - 1) / p * T * h * e
 
     def act_split(self, t: IntOrArr, sp: IntOrArr) -> IntOrArr:
         if isinstance(sp, np.ndarray):

@@ -11,6 +11,7 @@ cross-entropy all-reduces max and sum over y. Every parameter is stored once per
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from paracube.modes.base import (
@@ -80,6 +81,7 @@ class ThreeD(TensorMode):
     shape_rule = "tp=3d:qxqxq, a cube (q^3 = 8, 27, 64, 512, ...)"
     no_shape = "3d needs a cube number of tensor ranks (8, 27, 64, ...) dividing the GPU count: {n} has none"
     alternating = True
+    paper = "Bian et al. 2021 (3D)"
     collective_axes = (("x",), ("y",), ("z",), ("x", "z"), ("x", "y"))
     mesh_groups = (("x", "y"), ("x", "z"))  # planes: LayerNorm / embedding (x, y); linear biases (W, O)
     executor = ExecutorSupport("paracube.executor.three_d:Mode3D")
@@ -109,6 +111,18 @@ class ThreeD(TensorMode):
 
     def vocab_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
         return q * q
+
+    def head_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
+        return q
+
+    def paper_layer_bytes(self, T: float, linears: Sequence[tuple[str, int, int]], shape: tuple[int, ...],
+                          e: float) -> float:
+        """p = q^3: per linear all-gather X over the input group (T h_in / q^2), all-gather A over the weight
+        group (h_in h_out / q^2), reduce-scatter Y over the output group (T h_out / q^2), and the three
+        mirrored collectives backward:  2 * (q-1)/q * sum(T h_in + T h_out + h_in h_out) / q^2 * e
+        = O((bsh + h^2)/p^(2/3))."""
+        q = shape[0]
+        return 2 * (q - 1) / q * sum(T * i + T * o + i * o for _, i, o in linears) / q**2 * e
 
     # --- parameters: every parameter once per cube ----------------------------------------------------------
     def local_params(self, d: Any, t: IntOrArr, q: IntOrArr, layers: IntOrArr, first: IntOrArr,

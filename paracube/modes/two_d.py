@@ -12,6 +12,7 @@ here; 2.5D (two_half_d.py) runs this on each of its depth layers.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from paracube.modes.base import (
@@ -88,6 +89,7 @@ class TwoD(TensorMode):
     shape_rule = "tp=2d:qxq, a square grid (q x q = 4, 9, 16, 64, ...)"
     no_shape = "2d needs a square number of tensor ranks (4, 9, 16, ...) dividing the GPU count: {n} has none"
     alternating = True
+    paper = "Optimus (Xu et al. 2021), SUMMA"
     collective_axes = (ROW, COL)
     executor = ExecutorSupport("paracube.executor.two_d:Mode2D")
     ops_layer, ops_edge = 287, 162
@@ -115,6 +117,18 @@ class TwoD(TensorMode):
 
     def vocab_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
         return q
+
+    def head_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
+        return q
+
+    def paper_layer_bytes(self, T: float, linears: Sequence[tuple[str, int, int]], shape: tuple[int, ...],
+                          e: float) -> float:
+        """SUMMA on a q x q grid (p = q^2): forward C = AB takes q steps, each a broadcast of an activation
+        block (T h_in / q^2) along the row and of a weight block (h_in h_out / q^2) along the column; backward
+        runs the two SUMMA variants (dX = dY B^T: broadcast B, reduce dX; dB = X^T dY: broadcast X, reduce
+        dB), twice the forward volume:  3 * (q-1)/q * sum(T h_in + h_in h_out) / q * e = O((bsh + h^2)/p^(1/2))."""
+        q = shape[0]
+        return 3 * (q - 1) / q * sum(T * i + i * o for _, i, o in linears) / q * e
 
     # --- parameters: every parameter once per q x q grid ------------------------------------------------------
     def local_params(self, d: Any, t: IntOrArr, q: IntOrArr, layers: IntOrArr, first: IntOrArr,

@@ -9,6 +9,7 @@ as one fused, data-parallel style group. Cost model only: the executor does not 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from paracube.modes.base import IntOrArr, divides, divisors
 from paracube.modes.two_d import TwoD
@@ -22,7 +23,8 @@ class TwoHalfD(TwoD):
                 "{n} has none")
     grad_axes = ("dp", "dep")
     executor = None
-    # dispatches assumed like 2D (no executor to count them)
+    dispatches_like = TwoD.name  # no executor to count its dispatches: assumed like 2D
+    paper = "Tesseract (Wang et al. 2021)"
     rules = (
         ("micro-batch % (q * depth) != 0", lambda d, b: divides(b.mb, b.q * b.depth)),
         *TwoD.rules[1:],
@@ -40,6 +42,15 @@ class TwoHalfD(TwoD):
 
     def axis_sizes(self, q: IntOrArr, t: IntOrArr, depth: IntOrArr) -> dict[str, IntOrArr]:
         return {"dep": depth, "row": q, "col": q}
+
+    def paper_layer_bytes(self, T: float, linears: Sequence[tuple[str, int, int]], shape: tuple[int, ...],
+                          e: float) -> float:
+        """p = q^2 d: SUMMA (TwoD's closed form) on each of d layers over T/d tokens, weights replicated over
+        depth and their gradients all-reduced over it (ring, 2(d-1)/d):
+            3 * (q-1)/q * sum(T h_in / d + h_in h_out) / q * e + 2(d-1)/d * sum(h_in h_out) / q^2 * e"""
+        q, d = shape[0], self.depth(shape)
+        depth_sync = 2 * (d - 1) / d * sum(i * o for _, i, o in linears) / q**2 * e
+        return super().paper_layer_bytes(T / d, linears, shape, e) + depth_sync
 
 
 MODE = TwoHalfD()

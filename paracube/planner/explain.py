@@ -95,7 +95,7 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
     t0 = best_est.step_time_s
     out = []
     for part, (label, is_pinned) in PARTS.items():
-        if (part == "v" and best.pp == 1) or (part == "sp" and best.mode != "1d") or \
+        if (part == "v" and best.pp == 1) or (part == "sp" and not best.tensor_mode.sequence_parallel) or \
                 (part == "placement" and len(big_placement(best)) < 2):
             continue  # not a choice of its own
         value = label(best)

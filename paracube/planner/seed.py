@@ -8,7 +8,6 @@ is absent from the result. Model shape: a GPT with f = 4h, 64 heads (1D over p >
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.planner.search import search
-from paracube.planner.theory import MODES, shape_for
+from paracube.planner.theory import MODES, exact_shapes
 from paracube.workload import ModelSpec, TrainingSpec
 
 Best = dict[str, tuple[Layout, StepEstimate]]
@@ -32,11 +31,8 @@ def gpt(hidden: int, layers: int = 12, seq: int = 512, gpus: int = 64, vocab: in
 
 
 def shapes(mode: str, gpus: int) -> list[tuple[int, ...]]:
-    if mode != "2.5d":
-        shape = shape_for(mode, gpus)
-        return [shape] if shape else []
-    return [(q, q, gpus // (q * q)) for q in range(2, math.isqrt(gpus) + 1)
-            if gpus % (q * q) == 0 and gpus // (q * q) >= 2]
+    """Every shape of the mode with all `gpus` devices in the tensor group (2.5D: each q x q x d, d >= 2)."""
+    return exact_shapes(mode, gpus)
 
 
 def tensor_only_best(model: ModelSpec, training: TrainingSpec, topo: object, gpus: int,

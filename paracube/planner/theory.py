@@ -4,7 +4,9 @@ Per-rank bytes sent by one transformer layer (forward + backward, one micro-batc
 hidden h, FFN hidden f, p tensor ranks, e bytes per element; ring collectives: an all-reduce of n bytes
 sends 2(g-1)/g n per rank, an all-gather / reduce-scatter / pipelined broadcast or reduce (g-1)/g n).
 The layer's linears (h_in, h_out): qkv (h, 3h), proj (h, h), fc (h, f), fc2 (f, h); with f = 4h:
-sum h_in = 7h, sum h_out = 9h, sum h_in*h_out = 12h^2.
+sum h_in = 7h, sum h_out = 9h, sum h_in*h_out = 12h^2. Each closed form is declared by its mode
+(`TensorMode.paper_layer_bytes` and `.paper` in paracube/modes/<mode>.py, derivation in its docstring);
+this overview restates them:
 
 - 1D, Megatron-LM (Shoeybi et al. 2019, section 3; per layer two `g` all-reduces forward and two `f`
   all-reduces backward, each of the [T, h] block output):   4 * 2(p-1)/p * T h e          = O(bsh)
@@ -43,9 +45,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from paracube.layout import Layout
+from paracube.modes import MODES as DECLARED
+from paracube.modes import TensorMode
 from paracube.workload import DTYPE_BYTES, ModelSpec, TrainingSpec
 
-MODES = ("1d", "2d", "2.5d", "3d")
+MODES = tuple(name for name, m in DECLARED.items() if m.axes)  # the tensor modes: each has a paper's closed form
 
 
 def layer_linears(h: int, f: int | None = None) -> list[tuple[str, int, int]]:
@@ -54,26 +58,26 @@ def layer_linears(h: int, f: int | None = None) -> list[tuple[str, int, int]]:
     return [("qkv", h, 3 * h), ("proj", h, h), ("fc", h, f), ("fc2", f, h)]
 
 
+def _mode(mode: str) -> TensorMode:
+    """The declaration of a tensor mode (ValueError naming the valid ones otherwise)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}; valid: {', '.join(MODES)}")
+    return DECLARED[mode]
+
+
+def exact_shapes(mode: str, p: int) -> list[tuple[int, ...]]:
+    """The mode's shapes of exactly p ranks with every axis > 1 (all p GPUs in one tensor group)."""
+    return [s for s in _mode(mode).shapes(p) if math.prod(s) == p and all(x > 1 for x in s)]
+
+
 def shape_for(mode: str, p: int, depth: int | None = None) -> tuple[int, ...] | None:
-    """The tensor shape of `mode` over p ranks used in the tables (2.5D: depth `depth`, or by default the
-    largest q with depth >= 2)."""
-    if mode == "1d":
-        return (p,)
-    if mode == "2d":
-        q = math.isqrt(p)
-        return (q, q) if q > 1 and q * q == p else None
-    if mode == "3d":
-        q = round(p ** (1 / 3))
-        return (q, q, q) if q > 1 and q**3 == p else None
-    if mode == "2.5d" and depth:
-        q = math.isqrt(p // depth)
-        return (q, q, depth) if q > 1 and q * q * depth == p else None
-    if mode == "2.5d":
-        for q in range(math.isqrt(p), 1, -1):
-            if p % (q * q) == 0 and p // (q * q) >= 2:
-                return (q, q, p // (q * q))
-        return None
-    raise ValueError(f"mode {mode!r}; valid: {', '.join(MODES)}")
+    """The tensor shape of `mode` over p ranks used in the tables: the largest grid side among
+    `exact_shapes` (a mode with a depth axis, 2.5D: depth `depth`, or by default the largest q with depth
+    >= 2)."""
+    m, shapes = _mode(mode), exact_shapes(mode, p)
+    if depth and any(m.depth(s) != 1 for s in shapes):
+        shapes = [s for s in shapes if m.depth(s) == depth]
+    return max(shapes, key=lambda s: s[0], default=None)
 
 
 def ring_factor(mode: str, shape: tuple[int, ...]) -> float:
@@ -85,40 +89,29 @@ def ring_factor(mode: str, shape: tuple[int, ...]) -> float:
 
 def theory_layer_bytes(mode: str, b: int, s: int, h: int, shape: tuple[int, ...], e: int = 2,
                        f: int | None = None) -> float:
-    """Bytes one rank sends for one transformer layer, forward + backward, per the papers (module docstring)."""
-    T = b * s
-    lin = layer_linears(h, f)
-    if mode == "1d":
-        p = shape[0]
-        return 4 * 2 * (p - 1) / p * T * h * e
-    q = shape[0]
-    rf = (q - 1) / q
-    if mode == "2d":
-        return 3 * rf * sum(T * i + i * o for _, i, o in lin) / q * e
-    if mode == "2.5d":
-        d = shape[2]
-        summa = 3 * rf * sum(T * i / d + i * o for _, i, o in lin) / q * e
-        return summa + 2 * (d - 1) / d * sum(i * o for _, i, o in lin) / q**2 * e
-    if mode == "3d":
-        return 2 * rf * sum(T * i + T * o + i * o for _, i, o in lin) / q**2 * e
-    raise ValueError(f"mode {mode!r}; valid: {', '.join(MODES)}")
+    """Bytes one rank sends for one transformer layer, forward + backward, per the papers (the mode's
+    `paper_layer_bytes`; module docstring)."""
+    return _mode(mode).paper_layer_bytes(b * s, layer_linears(h, f), shape, e)
 
 
 def model_layer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object,
                       layer: int = 0) -> float:
     """Bytes one rank sends for transformer layer `layer` in one micro-batch, from the cost model's events.
 
-    `training.global_batch` must equal dp * micro-batch (one micro-batch per step). 2.5D: plus the layer's
-    share of the per-step depth gradient all-reduce, unless the model already labels it per layer."""
+    `training.global_batch` must equal dp * micro-batch (one micro-batch per step). A mode whose gradients
+    are also all-reduced over tensor axes (`grad_axes` beyond dp; 2.5D's depth): plus the layer's share of
+    that per-step all-reduce, unless the model already labels it per layer."""
     from paracube.cost_models.analytic import estimate  # local: the tables are optional
 
     est = estimate(model, training, layout, topo)
     prefix = f"layers.{layer}."
     mine = [ev for ev in est.events if ev.label.startswith(prefix)]
     sent = sum(ev.sent_bytes() for ev in mine)
-    if layout.mode == "2.5d" and not any("dep" in ev.axes for ev in mine):
+    tensor_grad = set(DECLARED[layout.mode].grad_axes) - {"dp"}
+    if tensor_grad and not any(tensor_grad & set(ev.axes) for ev in mine):
         share = model.layer_parameters() / model.num_parameters()
-        sent += share * sum(ev.sent_bytes() for ev in est.events if ev.phase == "grad_sync" and "dep" in ev.axes)
+        sent += share * sum(ev.sent_bytes() for ev in est.events
+                            if ev.phase == "grad_sync" and tensor_grad & set(ev.axes))
     return sent
 
 
@@ -139,9 +132,9 @@ class LayerRow:
         return self.model_bytes / self.theory_bytes
 
 
-def _spec(h: int, p: int, mode: str, s: int) -> ModelSpec:
-    """A GPT whose sizes divide every mode at p ranks (heads a multiple of the head split)."""
-    heads = max(64, p) if mode == "1d" else 64
+def _spec(h: int, shape: tuple[int, ...], mode: str, s: int) -> ModelSpec:
+    """A GPT whose sizes divide the mode at this shape (64 heads, or the mode's head split if larger)."""
+    heads = max(64, int(_mode(mode).head_split(math.prod(shape), shape[0])))
     return ModelSpec(f"theory-h{h}", layers=2, hidden=h, heads=min(heads, h), ffn_hidden=4 * h,
                      vocab=51200, seq_len=s)
 
@@ -166,7 +159,7 @@ def layer_bytes_table(modes: Sequence[str] = MODES, batches: Iterable[int] = (64
         if topo is None and p not in topos:
             topos[p] = load_topology("dgx-h100", gpus=p)  # bytes do not depend on the machine
         try:
-            got = model_layer_bytes(_spec(h, p, mode, s), TrainingSpec(global_batch=b, dtype=dtype),  # type: ignore[arg-type]
+            got = model_layer_bytes(_spec(h, shape, mode, s), TrainingSpec(global_batch=b, dtype=dtype),  # type: ignore[arg-type]
                                     lay, topo or topos[p])
         except ParacubeError:
             continue
@@ -202,5 +195,5 @@ def format_table(rows: Sequence[LayerRow]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MODES", "LayerRow", "format_table", "layer_bytes_table", "layer_linears", "model_layer_bytes",
-           "ring_factor", "scaling_exponent", "shape_for", "theory_layer_bytes"]
+__all__ = ["MODES", "LayerRow", "exact_shapes", "format_table", "layer_bytes_table", "layer_linears",
+           "model_layer_bytes", "ring_factor", "scaling_exponent", "shape_for", "theory_layer_bytes"]
