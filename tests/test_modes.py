@@ -138,3 +138,20 @@ def test_registry_shapes_axes_and_splits(name: str) -> None:
         assert mode.shape_ok(shape) and math.prod(sizes) == layout.tensor_size and 64 % layout.tensor_size == 0
         assert layout.tensor_size % layout.token_split == 0
         assert layout.tensor_size % mode.vocab_split(layout.tensor_size, layout.q) == 0
+
+
+def test_a_mode_is_named_only_where_it_is_declared() -> None:
+    """Issue 11: no branch on a mode's name outside its own modules (paracube/modes/<mode>.py, the executor's
+    <mode>.py) and the registry; everything else reads the declaration (`MODES[name].<field>`)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "paracube"
+    names = [re.escape(f'"{m}"') for m in MODES if MODES[m].axes]
+    pattern = re.compile("|".join(names))
+    found = {str(p.relative_to(root)) for p in root.rglob("*.py") if pattern.search(p.read_text())}
+    own = {f"{pkg}/{stem}.py" for pkg in ("modes", "executor") for stem in ("one_d", "two_d", "two_half_d", "three_d")}
+    assert found <= own | {"modes/__init__.py"}, sorted(found - own)
+    for name, mode in MODES.items():  # the declarations those readers use
+        assert mode.dispatches_like in ("", *MODES) and mode.dispatches_like != name
+        assert (not mode.axes) == math.isnan(mode.paper_layer_bytes(64, [("qkv", 8, 24)], (2,) * len(mode.axes), 2))
