@@ -54,7 +54,7 @@ class OneD(TensorMode):
     no_shape = "1d needs at least 2 tensor ranks: {n} GPUs leave none"
     sequence_parallel = True
     collective_axes = (TP,)
-    executor = ExecutorSupport("paracube.executor.one_d:Mode1D")
+    executor = ExecutorSupport("paracube.executor.one_d:Mode1D", pipeline=True)
     ops_layer, ops_edge = 99, 85  # 1D with sp assumed to dispatch like 1D
     program_units = ("attn", "mlp")
     merged_units = (("attn", ("qkv", "proj")), ("mlp", ("fc", "fc2")))

@@ -89,7 +89,7 @@ class TwoD(TensorMode):
     no_shape = "2d needs a square number of tensor ranks (4, 9, 16, ...) dividing the GPU count: {n} has none"
     alternating = True
     collective_axes = (ROW, COL)
-    executor = ExecutorSupport("paracube.executor.two_d:Mode2D")
+    executor = ExecutorSupport("paracube.executor.two_d:Mode2D", pipeline=True)
     ops_layer, ops_edge = 287, 162
     replicates_activations = False
     rules = (
