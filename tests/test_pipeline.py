@@ -193,3 +193,47 @@ def test_uneven_split_is_priced_and_valid() -> None:
                 TrainingSpec(global_batch=64))
     assert not violations(parse_layout("pp=16"), d, 1)
     assert violations(parse_layout("pp=16"), replace(d, L=125), 1)
+
+
+@pytest.mark.slow
+def test_killed_stage_rank_stops_every_rank(tmp_path) -> None:
+    """`paracube run` of a pp=2 plan: SIGKILL the last stage's rank mid-run (the first stage is then blocked in
+    a receive); the launcher ends every rank within 60 s (as tests/test_reliability.py for dp / tp)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from test_reliability import _alive, _env_of, _tree
+
+    from paracube.plan import default_plan
+
+    default_plan("pp=2,mb=2").save(tmp_path / "plan.json")
+    metrics = tmp_path / "m.jsonl"
+    argv = [sys.executable, "-m", "paracube", "run", str(tmp_path / "plan.json"), "--steps", "100000",
+            "--metrics", str(metrics), "--no-progress", "--data", "synthetic", "--comm-timeout", "60"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "err").read_text()[-2000:]
+            time.sleep(0.05)
+        tree = _tree(proc.pid)
+        last = [p for p in tree if _env_of(p).get("RANK") == "1" and p != proc.pid]
+        assert len(last) == 1, tree
+        os.kill(last[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        code = proc.wait(timeout=90)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # our own session: the launcher and its ranks
+            proc.wait()
+    err_text = (tmp_path / "err").read_text()
+    assert code != 0 and "rank 1 died" in err_text, err_text[-2000:]
+    assert elapsed < 60, elapsed
+    assert [p for p in tree if _alive(p)] == []

@@ -24,7 +24,7 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"zero={layout.zero} (sharded optimizer/parameters) is not implemented by the executor; "
                             f"drop zero from {layout} or export the plan (`paracube export`)")
     if layout.pp != 1 and not support.pipeline:
-        raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only")
+        raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only for tensor mode {mode}")
     if layout.pp > 1 and not split_ok(spec.layers, layout.pp, layout.interleave):
         raise ParacubeError(f"layers={spec.layers} do not split over pp={layout.pp} x v={layout.interleave} "
                             "virtual stages (even, or one block less on the first and/or last); change pp or v")

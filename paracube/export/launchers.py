@@ -19,8 +19,9 @@ def why_not(plan: Plan) -> str | None:
     lay = plan.layout
     if lay.mode not in EXECUTOR_MODES:
         return f"paracube's executor runs tensor modes {', '.join(EXECUTOR_MODES)}, not {lay.mode}"
-    if lay.pp > 1:
-        return f"paracube's executor runs pp=1 only (pp={lay.pp})"
+    support = lay.tensor_mode.executor
+    if lay.pp > 1 and not (support is not None and support.pipeline):
+        return f"paracube's executor runs pp=1 only for {lay.mode} (pp={lay.pp})"
     if lay.sequence_parallel:
         return "paracube's executor does not implement sequence parallelism (sp)"
     if lay.zero:
