@@ -1,5 +1,7 @@
 """One training step: micro-batches, data-parallel gradient sum, global-norm clipping, AdamW step, metrics.
-Collectives: docs/algorithms.md "Per-step collectives common to all modes"."""
+Collectives: docs/algorithms.md "Per-step collectives common to all modes". With pp > 1 the micro-batches
+run through the pipeline schedule (executor/pipeline.py), the grad norm is summed over (pp, *tensor axes)
+and the metrics over every rank (the loss is on the last stage), as cost_models/traffic.py declares."""
 
 from __future__ import annotations
 
