@@ -5,7 +5,10 @@ qkv/fc and RowwiseParallel on proj/fc2 of a plain GPT (embeddings, LayerNorms an
 run: AdamW, global-norm clipping, the same global batch and micro-batches. 2D needs a square grid, so its 8
 ranks are dp=2 x 2x2. Prints step time (mean over timed steps of the slowest rank) and bytes sent per rank
 (ring algorithms; ours from the recorded CommEvents, PyTorch's from the collectives its DTensors dispatch).
+"ours pp=1" / "ours pp=2" compare pipeline parallelism (1F1B, executor/pipeline.py) with data parallelism
+on the same 1D tensor group of 4.
 Usage: python benchmarks/executor_step.py [--model small] [--steps 5] [--warmup 2] [--global-batch 8]
+       [--only pp]   (only the pp=1 / pp=2 rows)
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from paracube.estimate import CommEvent  # noqa: E402
 from paracube.workload import ModelSpec, resolve_model  # noqa: E402
 
-OURS = {"ours 1D": "dp=1,tp=1d:8,mb=4", "ours 2D": "dp=2,tp=2d:2x2,mb=4", "ours 3D": "dp=1,tp=3d:2x2x2,mb=4"}
+OURS = {"ours 1D": "dp=1,tp=1d:8,mb=4", "ours 2D": "dp=2,tp=2d:2x2,mb=4", "ours 3D": "dp=1,tp=3d:2x2x2,mb=4",
+        # pipeline vs none on the same tensor group: the second replica becomes a second stage (1F1B)
+        "ours pp=1": "dp=2,tp=1d:4,mb=2", "ours pp=2": "dp=1,pp=2,tp=1d:4,mb=2"}
 KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
 
@@ -173,13 +178,18 @@ def _time(step, steps: int, warmup: int, traffic) -> tuple:  # type: ignore[no-u
     return float(slowest.mean()), sent, len(t.events)
 
 
-def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: int, warmup: int) -> list:
+def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: int, warmup: int,
+            only: str = "") -> list:
     from paracube.executor.data import parse_source, replica_micro_batches
 
     spec = resolve_model(model_name)
     rows = []
     for name, layout in OURS.items():
+        if only and only not in name:
+            continue
         rows.append((name, layout, *_ours(rank, world, spec, layout, global_batch, steps, warmup)))
+    if only:
+        return rows
     src = parse_source("synthetic", spec.vocab, spec.seq_len)
     batches = replica_micro_batches(src, 1, global_batch, 1, 0, 4)
     rows.append(("torch DTensor 1D", "tp=8 (Colwise/Rowwise)",
@@ -195,10 +205,12 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--only", default="", help="run only our rows whose name contains this (e.g. pp)")
     args = p.parse_args()
     spec = resolve_model(args.model)
     t0 = time.perf_counter()
-    rows = run_distributed(_worker, 8, args.model, args.global_batch, args.steps, args.warmup, timeout=1200)[0]
+    rows = run_distributed(_worker, 8, args.model, args.global_batch, args.steps, args.warmup, args.only,
+                           timeout=1200)[0]
     print(f"model {spec.name}: L={spec.layers} h={spec.hidden} heads={spec.heads} f={spec.ffn_hidden} "
           f"V={spec.vocab} s={spec.seq_len}; global batch {args.global_batch}, micro-batch 4; 8 gloo CPU ranks "
           f"(torch {torch.__version__}); {args.steps} timed steps after {args.warmup} warmup")

@@ -162,7 +162,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
     if executor_runs(best_layout.mode, best_layout.pp, best_layout.sequence_parallel):
         console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`")
     else:
-        console.print(f"wrote {path} (best: {best_layout}); paracube's executor runs pp=1 without sp: "
+        console.print(f"wrote {path} (best: {best_layout}); paracube's executor does not run this layout (see each "
+                      "mode's ExecutorSupport: pipeline, sequence parallelism): "
                       "add --runnable for a plan `paracube run` executes")
     return 0
 

@@ -101,7 +101,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             micro += tm
         sent += np.where(e.count > 0, e_sent, 0.0)
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
-    compute = (stage_compute_time(d, mode, b, H, g) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
+    compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
     return StageScores(entries, micro, step, sent[rows], compute)
 
 

@@ -32,6 +32,7 @@ from paracube.cost_models.collective import Table, calibrated_link, collective_t
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
+from paracube.modes.stages import stage_layers
 
 Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
@@ -70,7 +71,7 @@ class Entry:
 
 def stage_layers_params(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
     """Closed form of local parameters per rank of a stage (the mode's `local_params`, vectorized)."""
-    return MODES[mode].local_params(d, b.t, b.q, d.L // b.pp, first, last)
+    return MODES[mode].local_params(d, b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last)
 
 
 @lru_cache(maxsize=64)
@@ -114,7 +115,7 @@ class StepTraffic:
         """Every (kind, axes, dtype) of one step on a stage with these edge flags, then the per-step ones."""
         d, b = self.d, self.b
         N = b.micro_batches(d.global_batch)
-        layers = d.L // b.pp
+        layers = stage_layers(d.L, b.pp, b.v, first, last)
         recompute = 2 if d.recompute == "full" else 1
         scale = {"layer_fwd": N * recompute * layers, "layer_bwd": N * layers, "embedding": N * first,
                  "head": N * last}
@@ -144,7 +145,10 @@ class StepTraffic:
                                True, "norm"))
         out.append(self._entry("all_reduce", ("pp", *tensor), F32, ~single * one, 4 * one,
                                lambda: np.where(single, 1, b.pp * b.t), True, "norm"))
-        out.append(self._entry("all_reduce", ("dp", *tensor), F32, one, 8 * one, lambda: b.dp * b.t, True, "metrics"))
+        out.append(self._entry("all_reduce", ("dp", *tensor), F32, single * one, 8 * one,
+                               lambda: np.where(single, b.dp * b.t, 1), True, "metrics"))
+        out.append(self._entry("all_reduce", ("pp", "dp", *tensor), F32, ~single * one, 8 * one,
+                               lambda: np.where(single, 1, b.pp * b.dp * b.t), True, "metrics_pp"))
         return out
 
     def _entry(self, kind: str, axes: tuple[str, ...], dtype: str, count: Arr, payload: Arr,
@@ -170,4 +174,5 @@ def axes_used(mode: str) -> list[tuple[str, ...]]:
     m = MODES[mode]
     tensor = m.axes
     extra = [tensor] if tensor else []
-    return list(dict.fromkeys([*m.collective_axes, m.grad_axes, *extra, ("pp", *tensor), ("dp", *tensor), ("pp",)]))
+    return list(dict.fromkeys([*m.collective_axes, m.grad_axes, *extra, ("pp", *tensor), ("dp", *tensor), ("pp",),
+                                ("pp", "dp", *tensor)]))

@@ -32,6 +32,7 @@ import numpy as np
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
+from paracube.modes.stages import stage_layers
 from paracube.topologies.calibration import as_calibration
 from paracube.topologies.protocol import Topology
 
@@ -104,13 +105,13 @@ def model_flops_per_step(d: Dims) -> float:
     return 3.0 * (d.L * per_layer + 2 * T * d.h * d.V)
 
 
-def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel) -> Arr:
+def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel, first: Arr | int = 0) -> Arr:
     """Compute time of one step on one rank of a stage (all micro-batches, recompute included)."""
     m = MODES[mode]
     dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
     N = d.global_batch // (dp * mb)
     T = (mb * d.s).astype(float)
-    Ls = d.L // pp
+    Ls = stage_layers(d.L, pp, b.v, np.where(pp == 1, 1, first), last)
     c = d.c
     fwd_blk = np.zeros_like(T)
     bwd_blk = np.zeros_like(T)
@@ -163,7 +164,7 @@ def ops_per_step(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> A
     """Dispatched ops of one step on one rank of a stage (formula above), as an array over configurations."""
     m = MODES[mode]
     N = d.global_batch // (b.dp * b.mb)
-    Ls = d.L // b.pp
+    Ls = stage_layers(d.L, b.pp, b.v, first, last)
     tensors = 12 * Ls + 2 * first + 3 * last
     micro = Ls * m.ops_layer + (first + last) / 2 * m.ops_edge
     step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if m.axes else 0)

@@ -25,6 +25,7 @@ from paracube.cost_models.traffic import act_split, stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
+from paracube.modes.stages import schedule, stage_chunks
 
 PER_STEP = ("grad_sync", "optimizer", "metrics")
 BEFORE_FWD = ("X", "A", "bias", "in", "stats", "param")  # the rest (Y, g, out) come after the GEMM
@@ -152,8 +153,9 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
               if e.kind != "send"]
     comp = unit_compute(d, layout, mb, g)
     units = layout.tensor_mode.program_units
-    layers = d.L // pp
-    per_chunk = max(1, layers // v)
+    sizes = [len(c) for c in stage_chunks(d.L, pp, v, stage)]  # modes/stages.py: uneven splits too
+    layers = sum(sizes)
+    bounds = [sum(sizes[:c]) for c in range(v + 1)]
     by_layer, tail = _group(events)
     rec = comp["_recompute"][0]
     fwd: list[list[Op]] = [[] for _ in range(v)]
@@ -167,7 +169,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
         head_units = ("ln_f", "head", "loss")
         if first and c == 0:
             fwd[c] += _units_fwd(("emb",), by_layer.get((-1, "fwd"), {}), {}, "", "fwd")
-        lo, hi = c * per_chunk, (c + 1) * per_chunk if c < v - 1 else layers
+        lo, hi = bounds[c], bounds[c + 1]
         for i in range(lo, hi):
             fwd[c] += _units_fwd(units, by_layer.get((i, "fwd"), {}), comp, f"layers.{i}.", "fwd")
         if last and c == v - 1:
@@ -198,35 +200,6 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     prog.compute_fwd = sum(op.seconds for ch in fwd for op in ch if op.kind == "compute")
     prog.compute_bwd = sum(op.seconds for ch in bwd for op in ch if op.kind == "compute")
     return prog
-
-
-def schedule(pp: int, v: int, n_micro: int, stage: int) -> list[tuple[str, int, int]]:
-    """Order of (F|B, chunk, micro-batch) on `stage`: 1F1B (v = 1) or Megatron's interleaved 1F1B."""
-    total = n_micro * v
-
-    def chunk(k: int, forward: bool) -> int:
-        c = (k % (pp * v)) // pp
-        return c if forward else v - 1 - c
-
-    def micro(k: int) -> int:
-        return (k // (pp * v)) * pp + k % pp
-
-    # Megatron: 1F1B warms up with pp-1-s forwards; interleaved with (pp-1-s)*2 + (v-1)*pp.
-    warm = min(pp - stage - 1, n_micro) if v == 1 else min((pp - stage - 1) * 2 + (v - 1) * pp, total)
-    out: list[tuple[str, int, int]] = []
-    f = b = 0
-    for _ in range(warm):
-        out.append(("F", chunk(f, True), micro(f) if v > 1 else f))
-        f += 1
-    while f < total:
-        out.append(("F", chunk(f, True), micro(f) if v > 1 else f))
-        f += 1
-        out.append(("B", chunk(b, False), micro(b) if v > 1 else b))
-        b += 1
-    while b < total:
-        out.append(("B", chunk(b, False), micro(b) if v > 1 else b))
-        b += 1
-    return out
 
 
 __all__ = ["Op", "StageProgram", "build_stage", "schedule", "unit_compute"]

@@ -18,7 +18,9 @@ nothing): 2d/2.5d: c (T/(dq) sum(h_in) (1 - 1/q) + sum(h_in h_out)/q); 3d: c (T/
 + sum(h_in h_out)/q^2).
 Pipeline: blocks on a stage x micro-batches in flight: 1 without pipelining; 1F1B first stage min(pp, N);
 interleaved first stage min(N, pp (1 + (pp-1)/(pp v))) (Narayanan factor); last stage 1 (1F1B) or
-min(N, 1 + (pp-1)/v) interleaved. Embedding output 4 T h / t_act on the first stage.
+min(N, 1 + (pp-1)/v) interleaved. Embedding output 4 T h / t_act on the first stage. Blocks of a stage:
+modes/stages.py (uneven splits). The first stage's embedding tensors are held by its chunk-0 forwards only
+(interleaved: at most min(N, 2 pp) alive), the head's by the last chunk of the last stage (one alive).
 Temporaries: the largest linear's gathered operands and output (2d/3d), or gathered input + widest output
 (1d), plus fp32 logits and their gradient on the last stage, plus one block's full activations while it
 is recomputed (full recompute). The fp32 flat gradient buffer of grad_sync (4 x params, dp > 1) lives
@@ -36,6 +38,7 @@ from paracube.cost_models.comm import stage_layers_params
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
+from paracube.modes.stages import stage_layers
 
 Arr = np.ndarray
 
@@ -81,15 +84,18 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool) ->
     H = np.where(pp == 1, 1, H)
     n_local = stage_layers_params(d, mode, b, F, H).astype(float)
     N = (d.global_batch // (dp * mb)).astype(float)
-    Ls = d.L // pp
+    Ls = stage_layers(d.L, pp, b.v, F, H)
     T = (mb * d.s).astype(float)
     fl = np.where(F > 0, in_flight(b, N, True), in_flight(b, N, False))
+    # Edge tensors live in one chunk only: the embedding's in chunk 0 of the first stage (interleaved: up to
+    # min(N, 2 pp) of its forwards alive), the head's in the last chunk of the last stage (1 alive).
+    fl_first = np.where(b.v > 1, np.minimum(N, 2.0 * pp), fl)
     V = padded(d.V, m.vocab_split(t, b.q))
     if d.activations == "paracube":
-        acts = fl * (Ls * activations.block_bytes(d, mode, b) + F * activations.first_stage_bytes(d, mode, b)
-                     + H * activations.last_stage_bytes(d, mode, b, V))
+        acts = (fl * Ls * activations.block_bytes(d, mode, b) + F * fl_first * activations.first_stage_bytes(d, mode, b)
+                + H * np.minimum(fl, 1.0) * activations.last_stage_bytes(d, mode, b, V))
     else:
-        acts = fl * (Ls * _block_acts(d, mode, b, d.recompute) + F * 4 * T * d.h / m.act_split(t, b.sp))
+        acts = fl * Ls * _block_acts(d, mode, b, d.recompute) + F * fl_first * 4 * T * d.h / m.act_split(t, b.sp)
     temp = _temporaries(d, mode, b, T, V) + H * 2 * 4.0 * T * V / t
     if d.recompute == "full":
         full = d if d.activations == "megatron" else replace(d, recompute="none")

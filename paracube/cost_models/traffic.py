@@ -10,7 +10,9 @@ holds this list equal to what the executor records. Generic parts:
   [T, h] / act_split (compute dtype) over ("pp",) at every virtual-stage boundary it owns: first stage
   v fwd + (v-1) bwd, middle v + v, last (v-1) fwd + v bwd;
 - per step: the mode's own (1D + sp: the sequence-parallel parameters), then the gradient all_reduce over
-  the mode's grad_axes, the grad-norm all_reduce over ("pp", *tensor axes) and the metrics all_reduce.
+  the mode's grad_axes, the grad-norm all_reduce over ("pp", *tensor axes) and the metrics all_reduce
+  (over ("dp", *tensor axes); with pp > 1 over ("pp", "dp", *tensor axes): the loss is on the last stage).
+Blocks per stage: modes/stages.py (uneven splits: one block less on the first and / or last stage).
 A group of size 1 issues nothing.
 """
 
@@ -21,6 +23,7 @@ from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes
+from paracube.modes.stages import stage_layers
 
 
 class _Log:
@@ -81,7 +84,7 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first") -> list
     pp, v = layout.pp, layout.interleave
     first = pp == 1 or stage == "first"
     last = pp == 1 or stage == "last"
-    layers = d.L // pp
+    layers = int(stage_layers(d.L, pp, v, int(first), int(last)))
     log = _Log(layout, d, layout_sizes(layout, d, mb, layers, first, last))
     n_micro = d.global_batch // (layout.dp * mb)
     T = mb * d.s
@@ -100,7 +103,8 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first") -> list
     log.add("all_reduce", mode.grad_axes, 4 * n_local, F32, "grad_sync", "gradients")
     opt_axes = (("pp",) if pp > 1 else ()) + layout.tensor_axes
     log.add("all_reduce", opt_axes, 4, F32, "optimizer", "grad_norm")
-    log.add("all_reduce", ("dp", *layout.tensor_axes), 8, F32, "metrics", "loss")
+    metric_axes = ("pp", "dp", *layout.tensor_axes) if pp > 1 else ("dp", *layout.tensor_axes)
+    log.add("all_reduce", metric_axes, 8, F32, "metrics", "loss")
     return log.events
 
 
@@ -114,7 +118,7 @@ def local_parameter_count(layout: Layout, d: Dims, stage: str = "first") -> int:
     V = padded_vocab(d.V, mode.vocab_split(t, q))
     nv = d.norm_vectors
     total = 0
-    for _ in range(d.L // pp):
+    for _ in range(int(stage_layers(d.L, pp, layout.interleave, int(first), int(last)))):
         for n, (_, h_in, h_out, bias) in enumerate(d.linears):
             total += mode.linear_shard(h_in, h_out, bias, n in (1, 3), t, q)
         total += 2 * nv * mode.vector_shard(h, t, q)

@@ -16,10 +16,12 @@ from paracube.errors import ParacubeError
 from paracube.layout import Layout
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import Rule, divides
+from paracube.modes.stages import split_ok
 
 COMMON: list[Rule] = [
     ("global batch % (dp * micro-batch) != 0", lambda d, b: divides(d.global_batch, b.dp * b.mb)),
-    ("layers % (pp * interleave) != 0", lambda d, b: divides(d.L, b.pp * b.v)),
+    ("layers do not split over pp * interleave virtual stages (even, or one block less on the first and/or "
+     "last; modes/stages.py)", lambda d, b: split_ok(d.L, b.pp, b.v)),
     (
         "interleaved 1F1B needs micro-batches % pp == 0",
         lambda d, b: (b.v == 1) | divides(d.global_batch // (b.dp * b.mb), b.pp),

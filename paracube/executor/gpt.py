@@ -22,6 +22,7 @@ from paracube.executor.serial import Mode
 from paracube.executor.shards import ShardSpec, gather_full
 from paracube.executor.sizes import check_divisibility
 from paracube.modes import MODES as TENSOR_MODES
+from paracube.modes.stages import stage_chunks
 from paracube.workload import ModelSpec
 
 
@@ -73,6 +74,25 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class StageBlocks(nn.Module):
+    """The blocks a pipeline stage holds, under their global indices (so parameter names stay the serial
+    model's, `blocks.<i>.`); iterates in order like a ModuleList."""
+
+    def __init__(self, mode: Mode, indices: list[int]):
+        super().__init__()
+        for i in indices:
+            self.add_module(str(i), Block(mode))
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self._modules.values())  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __getitem__(self, i: int) -> nn.Module:
+        return self._modules[str(i)]  # type: ignore[return-value]
+
+
 def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
     """The serial initialization, one full tensor at a time, in a fixed order (the doc's init)."""
     gen = torch.Generator().manual_seed(seed)
@@ -108,11 +128,18 @@ class ParallelGPT(nn.Module):
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
         self.mode = MODES[mode_name](spec, mesh)
-        self.tok_emb = self.mode.token_embedding()
-        self.pos_emb = self.mode.position_embedding()
-        self.blocks = nn.ModuleList(Block(self.mode) for _ in range(spec.layers))
-        self.ln_f = self.mode.layer_norm()
-        self.head = self.mode.linear("head", spec.hidden, spec.vocab, False)
+        # Pipeline stage (modes/stages.py): this stage's model chunks; embedding first, head + loss last.
+        layout = mesh.layout
+        stage = mesh.coord("pp") if layout.pp > 1 else 0
+        self.chunks = stage_chunks(spec.layers, layout.pp, layout.interleave, stage)
+        self.first_stage, self.last_stage = stage == 0, stage == layout.pp - 1
+        if self.first_stage:
+            self.tok_emb = self.mode.token_embedding()
+            self.pos_emb = self.mode.position_embedding()
+        self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk])
+        if self.last_stage:
+            self.ln_f = self.mode.layer_norm()
+            self.head = self.mode.linear("head", spec.hidden, spec.vocab, False)
         self.shard_specs: dict[str, ShardSpec] = {}
         for prefix, module in self.named_modules():
             for pname, pspec in getattr(module, "shard_specs", {}).items():
@@ -136,18 +163,33 @@ class ParallelGPT(nn.Module):
         """Per-token losses of the local tokens: x in block layout, labels already split."""
         return self.mode.token_losses(self.head(self.ln_f(x)), labels)
 
-    def forward(self, ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    def check_batch(self, ids: Tensor, labels: Tensor) -> None:
         b, s = ids.shape
         split = self.mode.token_split
         if b % split or s > self.spec.seq_len or labels.shape != ids.shape:
             raise ParacubeError(f"micro-batch ids {tuple(ids.shape)} / labels {tuple(labels.shape)}: need equal "
                                 f"shapes, batch divisible by {split} and seq_len <= {self.spec.seq_len}")
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = self.run_block(block, x)
+
+    def chunk_forward(self, chunk: int, x: Tensor | None, ids: Tensor,
+                      labels: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Model chunk `chunk` of this stage: from the ids (first chunk of the first stage) or the received
+        activations `x`, to the activations it passes on or, on the last chunk of the last stage, the local
+        (loss sum, token count)."""
+        if x is None:
+            self.check_batch(ids, labels)
+            x = self.embed(ids)
+        for i in self.chunks[chunk]:
+            x = self.run_block(self.blocks[i], x)
+        if not (self.last_stage and chunk == len(self.chunks) - 1):
+            return x
         local_labels = self.mode.split_tokens(labels)
         losses = self.token_losses(x, local_labels)
         return losses.sum(), torch.tensor(float(local_labels.numel()), device=losses.device)
+
+    def forward(self, ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        check(self.first_stage and self.last_stage and len(self.chunks) == 1,
+              "a pipeline stage runs through executor/pipeline.py, not forward()")
+        return self.chunk_forward(0, None, ids, labels)  # type: ignore[return-value]
 
     # --- full tensors ----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -164,8 +206,9 @@ class ParallelGPT(nn.Module):
     @torch.no_grad()
     def load_init(self, seed: int) -> None:
         params = dict(self.named_parameters())
-        for name, full in init_tensors(self.spec, seed):
-            params[name].copy_(self.shard_specs[name].take(full))
+        for name, full in init_tensors(self.spec, seed):  # the whole serial draw; keep this stage's tensors
+            if name in params:
+                params[name].copy_(self.shard_specs[name].take(full))
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, Tensor]:

@@ -25,6 +25,8 @@ def group_axes(layout: Layout) -> list[tuple[str, ...]]:
     combos += list(layout.tensor_mode.mesh_groups)  # the mode's extra groups (3D: its planes)
     if tensor:
         combos.append(("dp", *tensor))  # metrics
+    if layout.pp > 1:  # pipeline: grad norm over (pp, *tensor), metrics over every rank
+        combos += [("pp", *tensor), ("pp", "dp", *tensor)]
     return list(dict.fromkeys(combos))
 
 
@@ -87,6 +89,12 @@ class Mesh:
         for a in axes:
             idx = idx * self.layout.axis_size(a) + self._coords[a]
         return idx
+
+    def pp_peer(self, offset: int) -> int:
+        """Global rank of the stage `offset` stages after this one (cyclic), same other coordinates."""
+        row = self.layout.groups(("pp",))
+        mine = row[(row == self.rank).any(axis=1)][0]
+        return int(mine[(self._coords["pp"] + offset) % self.layout.pp])
 
     def coord(self, axis: str) -> int:
         return self._coords[axis]

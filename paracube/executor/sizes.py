@@ -5,6 +5,7 @@ from __future__ import annotations
 from paracube.errors import ParacubeError
 from paracube.layout import Layout
 from paracube.modes import MODES, runnable_modes
+from paracube.modes.stages import split_ok
 from paracube.workload import ModelSpec
 
 
@@ -23,7 +24,14 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"zero={layout.zero} (sharded optimizer/parameters) is not implemented by the executor; "
                             f"drop zero from {layout} or export the plan (`paracube export`)")
     if layout.pp != 1 and not support.pipeline:
-        raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only")
+        raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only for tensor mode {mode}")
+    if layout.pp > 1 and not split_ok(spec.layers, layout.pp, layout.interleave):
+        raise ParacubeError(f"layers={spec.layers} do not split over pp={layout.pp} x v={layout.interleave} "
+                            "virtual stages (even, or one block less on the first and/or last); change pp or v")
+    n_micro = global_batch // (layout.dp * micro_batch) if micro_batch else 0
+    if layout.interleave > 1 and n_micro % layout.pp:
+        raise ParacubeError(f"interleaved 1F1B needs the micro-batch count ({n_micro}) to be a multiple of "
+                            f"pp={layout.pp}; change the global batch or mb")
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads

@@ -1,5 +1,7 @@
 """One training step: micro-batches, data-parallel gradient sum, global-norm clipping, AdamW step, metrics.
-Collectives: docs/algorithms.md "Per-step collectives common to all modes"."""
+Collectives: docs/algorithms.md "Per-step collectives common to all modes". With pp > 1 the micro-batches
+run through the pipeline schedule (executor/pipeline.py), the grad norm is summed over (pp, *tensor axes)
+and the metrics over every rank (the loss is on the last stage), as cost_models/traffic.py declares."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from torch import Tensor
 from paracube.executor.comm import all_reduce
 from paracube.executor.gpt import ParallelGPT
 from paracube.executor.mesh import Mesh
+from paracube.executor.pipeline import run_pipeline
 from paracube.executor.sizes import check_divisibility
 
 
@@ -30,7 +33,10 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     device = params[0].device
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     count = torch.zeros((), dtype=torch.float32, device=device)
-    for ids, labels in micro_batches:
+    pipelined = mesh.layout.pp > 1
+    if pipelined:  # executor/pipeline.py: 1F1B / interleaved schedule over the pp axis
+        loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, autocast_dtype)
+    for ids, labels in micro_batches if not pipelined else []:
         amp = (torch.autocast(ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
                else nullcontext())
         with rec.phase("fwd"), amp:
@@ -58,9 +64,10 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         if all(mesh.coord(a) == 0 for a in spec.replicated_axes):
             sq += g.float().pow(2).sum()
     tensor_axes = mesh.layout.tensor_axes
+    norm_axes = (("pp",) if pipelined else ()) + tensor_axes  # stages hold disjoint parameters
     with rec.phase("optimizer"):
-        if tensor_axes:
-            sq = all_reduce(sq, mesh, tensor_axes, label="grad_norm")
+        if norm_axes:
+            sq = all_reduce(sq, mesh, norm_axes, label="grad_norm")
         norm = math.sqrt(float(sq.item()))
         if max_grad_norm is not None:
             coef = max_grad_norm / (norm + 1e-6)
@@ -72,7 +79,9 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
 
     with rec.phase("metrics"):
         metrics = torch.stack([loss_sum, count]).float()
-        metrics = all_reduce(metrics, mesh, ("dp", *tensor_axes), label="metrics")
+        # With pp > 1 the loss lives on the last stage: the metrics sum runs over every rank.
+        metric_axes = ("pp", "dp", *tensor_axes) if pipelined else ("dp", *tensor_axes)
+        metrics = all_reduce(metrics, mesh, metric_axes, label="metrics")
     return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm)
 
 

@@ -22,7 +22,7 @@ def why_not(plan: Plan) -> str | None:
     if support is None:
         return f"paracube's executor runs tensor modes {', '.join(runnable_modes())}, not {lay.mode}"
     if lay.pp > 1 and not support.pipeline:
-        return f"paracube's executor runs pp=1 only (pp={lay.pp})"
+        return f"paracube's executor runs pp=1 only for {lay.mode} (pp={lay.pp})"
     if lay.sequence_parallel and not support.sequence_parallel:
         return "paracube's executor does not implement sequence parallelism (sp)"
     if lay.zero and not support.zero:

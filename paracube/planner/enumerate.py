@@ -18,6 +18,7 @@ import numpy as np
 from paracube.cost_models.comm import axes_used
 from paracube.layout import TENSOR_AXES
 from paracube.modes import MODES
+from paracube.modes.stages import split_ok
 
 
 def divisors(n: int) -> list[int]:
@@ -92,6 +93,6 @@ def structures(mode: str, gpus: int, layers: int) -> list[Structure]:
     for shape in tensor_shapes(mode, gpus):
         t = math.prod(shape) if shape else 1
         for pp in divisors(gpus // t):
-            if layers % pp == 0:
+            if pp == 1 or split_ok(layers, pp, 1):  # even, or uneven by modes/stages.py's rule
                 out.append(Structure(mode, shape, gpus // t // pp, pp))
     return out

@@ -28,6 +28,7 @@ from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import TENSOR_MODES, Layout
 from paracube.modes import MODES, LayoutBatch, runnable_modes
+from paracube.modes.stages import split_ok
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -76,7 +77,7 @@ def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int]
     m = MODES[st.mode]
     per_replica = d_global // st.dp if d_global % st.dp == 0 else 0
     mbs = micro_batches or (divisors(per_replica) if per_replica else [1])
-    vs = [v for v in divisors(layers // st.pp)] if st.pp > 1 else [1]
+    vs = [v for v in divisors(-(-layers // st.pp)) if split_ok(layers, st.pp, v)] if st.pp > 1 else [1]
     with_sp = m.sequence_parallel and not (runnable and not (m.executor and m.executor.sequence_parallel))
     sps = (0, 1) if with_sp else (0,)
     q = st.shape[0] if st.shape else 1

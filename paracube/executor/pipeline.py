@@ -1,0 +1,140 @@
+"""Pipeline parallelism over the `pp` mesh axis: 1F1B and interleaved 1F1B (Narayanan et al. 2021).
+
+Each rank runs its stage's model chunks (ParallelGPT.chunks; the split rule is modes/stages.py, the one the
+cost models price) in the order `modes.stages.schedule` gives, the same order the event engine simulates:
+warm-up forwards, one forward / one backward, cool-down backwards. Virtual stage j = chunk c * pp + stage s
+receives its input from j - 1 (stage s - 1, cyclic) and its output gradient from j + 1.
+
+What crosses stages (traffic.stage_events, kind "send" over ("pp",), phase "pipeline"): per micro-batch and
+virtual-stage boundary, the rank's LOCAL block-layout activation shard [T, h] / act_split in the compute
+dtype ("activations") and, in backward, its gradient ("activation_grads"). Nothing else: shapes are known
+on both sides (`activation_shape`), so no metadata travels. Sends and receives are torch.distributed P2POps
+issued with batch_isend_irecv: a send is posted together with the rank's next receive (or at the end of the
+step), so a rank only ever blocks on a receive whose matching send its peer has already posted or will
+post before blocking itself (the schedule is deadlock-free under these asynchronous-send semantics). Each
+message has its own tag (kind, virtual stage, micro-batch), so two messages between the same pair of ranks
+cannot be confused (gloo matches tags; NCCL ignores them but then matches by order, which is the same on
+both sides because both follow the same schedule).
+
+Why not torch.distributed.pipelining: its PipelineStage exchanges shape / dtype metadata between stages at
+start-up and issues its own P2P inside the schedule, which the CommRecorder cannot observe per message, so
+recorded traffic could not equal the model's; our parallel modules also need the tensor-parallel recorder
+context around every chunk. This file is the small explicit schedule instead.
+
+The loss lives on the last stage: `local_sum / tokens_per_step` starts backward there, exactly as
+train_step does without pipelining, so gradients are the serial model's.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from paracube.executor.gpt import ParallelGPT
+from paracube.executor.mesh import Mesh
+from paracube.modes import MODES
+from paracube.modes.stages import schedule
+
+ACT, GRAD = 0, 1
+
+
+def activation_shape(model: ParallelGPT, ids: Tensor) -> tuple[int, ...]:
+    """Shape of the local block-layout activations of a micro-batch `ids` [b, s] on this rank."""
+    layout = model.mesh.layout
+    act_split = int(MODES[layout.mode].act_split(layout.tensor_size, int(layout.sequence_parallel)))
+    tokens = model.mode.split_tokens(ids).shape
+    return (*tokens, model.spec.hidden * model.mode.token_split // act_split)
+
+
+class _P2P:
+    """Sends posted lazily with the next receive (one batch_isend_irecv), each recorded as a CommEvent."""
+
+    def __init__(self, mesh: Mesh, n_tags: int) -> None:
+        self.mesh, self.n_tags = mesh, n_tags
+        self.pending: list[dist.P2POp] = []
+        self.inflight: list[tuple[object, Tensor]] = []  # requests and the buffers they use
+
+    def tag(self, kind: int, vstage: int, micro: int) -> int:
+        return (micro * self.n_tags + vstage) * 2 + kind
+
+    def send(self, t: Tensor, peer: int, tag: int, label: str) -> None:
+        t = t.detach().contiguous()
+        rec = self.mesh.recorder
+        with rec.phase("pipeline"), rec.issue("send", ("pp",), self.mesh.layout.pp, t, t.numel(), False, label):
+            self.pending.append(dist.P2POp(dist.isend, t, peer, tag=tag))
+
+    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, peer: int, tag: int) -> Tensor:
+        buf = torch.empty(shape, dtype=dtype, device=device)
+        ops = [*self.pending, dist.P2POp(dist.irecv, buf, peer, tag=tag)]
+        reqs = dist.batch_isend_irecv(ops)
+        self.inflight += [(r, op.tensor) for r, op in zip(reqs[:-1], self.pending, strict=True)]
+        self.pending = []
+        reqs[-1].wait()
+        return buf
+
+    def flush(self) -> None:
+        if self.pending:
+            reqs = dist.batch_isend_irecv(self.pending)
+            self.inflight += [(r, op.tensor) for r, op in zip(reqs, self.pending, strict=True)]
+            self.pending = []
+        for req, _ in self.inflight:
+            req.wait()  # type: ignore[attr-defined]
+        self.inflight = []
+
+
+def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tensor, Tensor]], tokens_per_step: int,
+                 autocast_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """Forward and backward of every micro-batch through the pipeline; gradients accumulate in the stage's
+    parameters. Returns this rank's (loss sum, token count): zeros except on the last stage."""
+    layout, rec = mesh.layout, mesh.recorder
+    pp, v, n = layout.pp, layout.interleave, len(micro_batches)
+    stage = mesh.coord("pp")
+    last_v = pp * v - 1
+    prev, nxt = mesh.pp_peer(-1), mesh.pp_peer(1)
+    p2p = _P2P(mesh, pp * v)
+    device = next(model.parameters()).device
+    dtype = autocast_dtype or torch.float32
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    count = torch.zeros((), dtype=torch.float32, device=device)
+    saved: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}  # (chunk, micro) -> (input, output)
+
+    def amp() -> AbstractContextManager[object]:
+        return (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
+                else nullcontext())
+
+    for op, c, m in schedule(pp, v, n, stage):
+        j = c * pp + stage
+        ids, labels = micro_batches[m]
+        if op == "F":
+            x = None
+            if j > 0:
+                x = p2p.recv(activation_shape(model, ids), dtype, device, prev, p2p.tag(ACT, j - 1, m))
+                x = x.float().requires_grad_()  # the residual stream stays fp32 (as without pipelining)
+            with rec.phase("fwd"), amp():
+                out = model.chunk_forward(c, x, ids, labels)
+            if j == last_v:
+                local_sum, local_count = out  # type: ignore[misc]
+                loss_sum += local_sum.detach().float()
+                count += local_count
+                saved[c, m] = (x, local_sum / tokens_per_step)
+            else:
+                p2p.send(out.to(dtype), nxt, p2p.tag(ACT, j, m), "activations")  # type: ignore[union-attr]
+                saved[c, m] = (x, out)  # type: ignore[assignment]
+        else:
+            x, out = saved.pop((c, m))
+            with rec.phase("bwd"):
+                if j == last_v:
+                    out.backward()
+                else:
+                    grad = p2p.recv(tuple(out.shape), dtype, device, nxt, p2p.tag(GRAD, j + 1, m))
+                    torch.autograd.backward(out, grad.to(out.dtype))
+            if x is not None:
+                p2p.send(x.grad.to(dtype), prev, p2p.tag(GRAD, j, m), "activation_grads")  # type: ignore[union-attr]
+    p2p.flush()
+    return loss_sum, count
+
+
+__all__ = ["activation_shape", "run_pipeline"]

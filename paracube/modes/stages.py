@@ -1,0 +1,92 @@
+"""Pipeline stages: which blocks each (virtual) stage holds, and the order a stage runs its micro-batches.
+
+Read by the cost models (layers per stage, schedule of the event engine) and by the executor (the blocks a
+rank builds, executor/pipeline.py), so both split and schedule a pipeline the same way.
+
+Layers per virtual stage (pp stages x v model chunks; virtual stage j = chunk c * pp + stage s, Narayanan
+et al. 2021): base = ceil(L / (pp v)), deficit = pp v base - L.
+- deficit 0: every virtual stage holds base blocks (the even split);
+- deficit 1: the LAST virtual stage holds base - 1 (it also runs the final norm, head and loss);
+- deficit 2: the first and the last virtual stage hold base - 1 (Llama 3, Dubey et al. 2024, sec. 3.3.2:
+  "we reduce one Transformer layer each from the first and the last stages": 126 layers on 16 stages ->
+  7, 8 x 14, 7);
+anything else (or a virtual stage left without blocks) is not a valid split (`split_ok`).
+So a physical stage holds v base blocks, minus one on the first stage when deficit = 2 and minus one on the
+last stage when deficit >= 1 (`stage_layers`, vectorized over layouts).
+
+Schedule (`schedule`): 1F1B (v = 1) warms up with pp - 1 - s forwards; Megatron's interleaved 1F1B warms up
+with (pp - 1 - s) 2 + (v - 1) pp chunk-forwards; then one forward, one backward, then the cool-down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _base_deficit(L: Any, n: Any) -> tuple[Any, Any]:
+    base = -(-L // n)
+    return base, n * base - L
+
+
+def split_ok(L: Any, pp: Any, v: Any) -> Any:
+    """The split rule holds (ints or arrays): deficit <= 2 and every virtual stage keeps a block."""
+    base, deficit = _base_deficit(L, pp * v)
+    return (deficit == 0) | ((deficit <= 2) & (base >= 2) & (pp * v >= deficit))
+
+
+def chunk_layers(L: int, pp: int, v: int = 1) -> list[int]:
+    """Blocks of every virtual stage j = 0 .. pp v - 1."""
+    n = pp * v
+    base, deficit = _base_deficit(L, n)
+    out = [base] * n
+    if deficit >= 1:
+        out[-1] -= 1
+    if deficit == 2:
+        out[0] -= 1
+    return out
+
+
+def stage_chunks(L: int, pp: int, v: int, stage: int) -> list[list[int]]:
+    """Global block indices of each model chunk c = 0 .. v-1 on physical stage `stage`."""
+    sizes = chunk_layers(L, pp, v)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    return [list(range(starts[c * pp + stage], starts[c * pp + stage + 1])) for c in range(v)]
+
+
+def stage_layers(L: int, pp: Any, v: Any, first: Any, last: Any) -> Any:
+    """Blocks on a stage with these edge flags (ints or arrays; pp = 1 is both first and last: L)."""
+    base, deficit = _base_deficit(L, pp * v)
+    return v * base - first * (deficit == 2) - last * (deficit >= 1)
+
+
+def schedule(pp: int, v: int, n_micro: int, stage: int) -> list[tuple[str, int, int]]:
+    """Order of (F|B, chunk, micro-batch) on `stage`: 1F1B (v = 1) or Megatron's interleaved 1F1B."""
+    total = n_micro * v
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (pp * v)) // pp
+        return c if forward else v - 1 - c
+
+    def micro(k: int) -> int:
+        return (k // (pp * v)) * pp + k % pp if v > 1 else k
+
+    warm = min(pp - stage - 1, n_micro) if v == 1 else min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+    out: list[tuple[str, int, int]] = []
+    f = b = 0
+    for _ in range(warm):
+        out.append(("F", chunk(f, True), micro(f)))
+        f += 1
+    while f < total:
+        out.append(("F", chunk(f, True), micro(f)))
+        f += 1
+        out.append(("B", chunk(b, False), micro(b)))
+        b += 1
+    while b < total:
+        out.append(("B", chunk(b, False), micro(b)))
+        b += 1
+    return out
+
+
+__all__ = ["chunk_layers", "schedule", "split_ok", "stage_chunks", "stage_layers"]
