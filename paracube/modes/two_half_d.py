@@ -3,14 +3,15 @@ d deep.
 
 Each depth layer runs the 2D algorithm (two_d.py) on its T/d tokens (axes row/col unchanged, payloads
 with T/d); weights are replicated over `dep`, so the per-step gradient all_reduce runs over ("dp", "dep")
-as one fused, data-parallel style group. Cost model only: the executor does not run 2.5D.
+as one fused, data-parallel style group. The executor runs it (executor/two_half_d.py): the micro-batch's
+sequences split over (dep major, row), every parameter stored once per q x q grid.
 """
 
 from __future__ import annotations
 
 import math
 
-from paracube.modes.base import IntOrArr, divides, divisors
+from paracube.modes.base import ExecutorSupport, IntOrArr, divides, divisors
 from paracube.modes.two_d import TwoD
 
 
@@ -21,8 +22,7 @@ class TwoHalfD(TwoD):
     no_shape = ("2.5d needs q x q x d tensor ranks (q, d >= 2: 8, 16, 18, ...) dividing the GPU count: "
                 "{n} has none")
     grad_axes = ("dp", "dep")
-    executor = None
-    # dispatches assumed like 2D (no executor to count them)
+    executor = ExecutorSupport("paracube.executor.two_half_d:Mode25D")  # runs 2D's layers: 2D's dispatch counts
     rules = (
         ("micro-batch % (q * depth) != 0", lambda d, b: divides(b.mb, b.q * b.depth)),
         *TwoD.rules[1:],
