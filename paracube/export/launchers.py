@@ -1,6 +1,7 @@
 """Export a plan as paracube's own launch: a torchrun script or an sbatch script (what `paracube launch
 --slurm` prints; the same text builder, paracube/launch_text.py). The ranks run paracube's executor, so
-the plan must be one it runs: pp = 1, tensor mode none/1d/2d/3d, no sequence parallelism, zero = 0
+the plan must be one it runs: pp = 1, a tensor mode it implements (paracube/modes: ExecutorSupport), no
+sequence parallelism, zero = 0
 (the same rules as `paracube run`'s checks before any rank starts, without importing torch here).
 """
 
@@ -9,10 +10,11 @@ from __future__ import annotations
 from paracube.export.common import EXPRESSIBLE, Export, header
 from paracube.export.common import refuse_unless_expressible as refuse
 from paracube.launch_text import slurm_script, torchrun_script
+from paracube.modes import runnable_modes
 from paracube.plan import Plan
 
 WRITTEN_FOR = "paracube's executor (python -m paracube.executor.run --worker) under torchrun, torch >= 2.4"
-EXECUTOR_MODES = ("none", "1d", "2d", "3d")
+EXECUTOR_MODES = runnable_modes()
 
 
 def why_not(plan: Plan) -> str | None:
