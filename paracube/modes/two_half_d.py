@@ -22,7 +22,8 @@ class TwoHalfD(TwoD):
     no_shape = ("2.5d needs q x q x d tensor ranks (q, d >= 2: 8, 16, 18, ...) dividing the GPU count: "
                 "{n} has none")
     grad_axes = ("dp", "dep")
-    executor = ExecutorSupport("paracube.executor.two_half_d:Mode25D")  # runs 2D's layers: 2D's dispatch counts
+    executor = ExecutorSupport("paracube.executor.two_half_d:Mode25D")
+    ops_layer, ops_edge = TwoD.ops_layer, TwoD.ops_edge + 1  # 2D's layers, plus the depth slice of the ids
     rules = (
         ("micro-batch % (q * depth) != 0", lambda d, b: divides(b.mb, b.q * b.depth)),
         *TwoD.rules[1:],
