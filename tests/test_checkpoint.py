@@ -5,6 +5,9 @@ One 8-rank gloo job runs every distributed phase in sequence (one process start 
   B  3D 2x2x2, resumes A's step_2 (next to a killed save's .tmp dirs)  -> losses 3..4 bit-identical to A
   C  dp=2 x 1D tp=4, resumes A's step_2 (3D -> 1D), step 3             -> loss equals A's (fp32 tolerance)
   D  3D 2x2x2, resumes C's step_3 (1D -> 3D), step 4                   -> loss and parameters equal A's
+  E  2.5D 2x2x2, resumes A's step_2 (3D -> 2.5D), step 3               -> loss equals A's
+  F  3D 2x2x2, resumes E's step_3 (2.5D -> 3D), step 4                 -> loss and parameters equal A's
+  R  A's step_2 loaded into 2.5D and saved (R1), into 3D and saved (R2), into 2.5D again (R3) -> identical
 (C is 1D tensor parallelism over 4 ranks, twice: dp=2 has replicas, which save nothing and load their own copy.)
 The reference values are A's own losses: every layout computes the serial model's math (docs/algorithms.md).
 """
@@ -30,6 +33,7 @@ from paracube.plan import default_plan
 
 CUBE = "dp=1,tp=3d:2x2x2,mb=4"
 ONE_D = "dp=2,tp=1d:4,mb=4"
+HALF = "dp=1,tp=2.5d:2x2x2,mb=4"
 DATA = "synthetic"
 
 
@@ -72,6 +76,29 @@ def _worker(rank: int, world: int, root: str) -> None:
         _copy_checkpoint(r / "C" / "step_3", r / "D")
     dist.barrier()
     phase(CUBE, 4, "D", 1, True)
+    if rank == 0:
+        _copy_checkpoint(r / "A" / "step_2", r / "E")
+    dist.barrier()
+    phase(HALF, 3, "E", 1, True)
+    if rank == 0:
+        _copy_checkpoint(r / "E" / "step_3", r / "F")
+    dist.barrier()
+    phase(CUBE, 4, "F", 1, True)
+    _round_trip(rank, r)
+
+
+def _round_trip(rank: int, r: Path) -> None:
+    """A's step_2 through 2.5D (R1), 3D (R2) and 2.5D again (R3): each loads the previous save and saves."""
+    from paracube.executor.gpt import build_model
+    from paracube.executor.mesh import Mesh
+
+    src = r / "A" / "step_2"
+    for layout, name in ((HALF, "R1"), (CUBE, "R2"), (HALF, "R3")):
+        plan = default_plan(layout)
+        model = build_model(plan.model, Mesh(plan.layout, rank), seed=1)  # not A's seed: the load must set all
+        opt = torch.optim.AdamW(model.parameters())
+        meta = ckpt.load_checkpoint(src, model, opt)
+        src = ckpt.save_checkpoint(r / name, meta["step"], model, opt, {"layout": layout})
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +130,23 @@ def test_reshard_3d_to_1d_and_back(runs: Path) -> None:
     assert set(full_a) == set(full_d)
     for name in full_a:
         torch.testing.assert_close(full_d[name], full_a[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_reshard_3d_to_2_5d_and_back(runs: Path) -> None:
+    a, e, f = _losses(runs / "A.jsonl"), _losses(runs / "E.jsonl"), _losses(runs / "F.jsonl")
+    assert sorted(e) == [3] and sorted(f) == [4]
+    for step, loss in {**e, **f}.items():
+        assert loss == pytest.approx(a[step], rel=1e-5, abs=1e-6)
+    assert read_meta(find_checkpoint(runs / "E"))["layout"] == HALF
+    full_a, full_f = export_full_state_dict(runs / "A"), export_full_state_dict(runs / "F")
+    for name in full_a:
+        torch.testing.assert_close(full_f[name], full_a[name], rtol=1e-4, atol=1e-5)
+    # Saved by 2.5D, loaded into 3D, saved, loaded into 2.5D: every parameter bit-identical to A's.
+    ref = export_full_state_dict(runs / "A" / "step_2")
+    for name in ("R1", "R2", "R3"):
+        got = export_full_state_dict(runs / name)
+        assert set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in ref), name
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ One process pool per layout runs every check; the tests below assert on its resu
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -16,18 +17,19 @@ from dist_helpers import rel_err, run_distributed
 
 from paracube.errors import ParacubeError
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.executor.comm import all_reduce
 from paracube.executor.gpt import ParallelGPT
 from paracube.layout import Layout, parse_layout
 from paracube.workload import ModelSpec
 
 SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
-B = 4  # sequences per micro-batch per replica (3D splits them q^2 = 4 ways)
+B = 4  # sequences per micro-batch per replica (3D splits them q^2 = 4 ways, 2.5D 2x2x2 q d = 4 ways)
 N_MICRO = 2
 STEPS = 3
 MAX_NORM = 0.3  # below every layout's first gradient norm, so clipping is exercised
 TOL = 1e-5
 LAYOUTS = ["dp=1", "dp=1,tp=1d:2", "dp=1,tp=1d:4", "dp=1,tp=1d:8", "dp=1,tp=2d:2x2", "dp=2,tp=2d:2x2",
-           "dp=1,tp=3d:2x2x2", "dp=8"]
+           "dp=1,tp=2.5d:2x2x2", "dp=1,tp=3d:2x2x2", "dp=8"]
 
 
 def global_batch(layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,9 +88,11 @@ def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
     (local_sum / tokens_per_step).backward()
     (ref_losses.sum() / tokens_per_step).backward()
     ref_params = dict(ref.named_parameters())
+    depth_axes = tuple(a for a in layout.tensor_mode.grad_axes if a != "dp")  # 2.5D: the depth layers' shares
     for name, p in model.named_parameters():
         spec = model.shard_specs[name]
-        errs[f"grad:{name}"] = rel_err(p.grad, spec.take(ref_params[name].grad))
+        grad = all_reduce(p.grad, mesh, depth_axes) if depth_axes else p.grad
+        errs[f"grad:{name}"] = rel_err(grad, spec.take(ref_params[name].grad))
 
     # Three AdamW steps through train_step, against serial steps over the whole global batch.
     model = build_model(SPEC, mesh, seed=7)
@@ -185,6 +189,9 @@ def test_parameters_are_stored_once_across_the_tensor_group(layout_results: tupl
     if layout.mode in ("2d", "3d"):
         # Every parameter is split over the whole tensor group: per-rank count = total / group size.
         assert all(r["local_params"] * layout.tensor_size == SPEC.num_parameters() for r in results)
+    if layout.mode == "2.5d":
+        # Once per q x q grid, replicated over depth.
+        assert all(r["local_params"] * layout.q**2 == SPEC.num_parameters() for r in results)
 
 
 def expected_counts(layout: Layout) -> Counter:
@@ -196,7 +203,7 @@ def expected_counts(layout: Layout) -> Counter:
     if layout.mode == "1d":
         # per micro: embedding 1 + g 2L (fwd) + CE 2 (fwd) + f 2L (bwd) + head f 1 (bwd)
         c["all_reduce", ("tp",)] = n * (4 * L + 4)
-    elif layout.mode == "2d":
+    elif layout.mode in ("2d", "2.5d"):  # 2.5D: each depth layer runs 2D; nothing over dep per micro-batch
         lns, linears = 2 * L + 1, 4 * L  # LayerNorms; biased linears (the head has no bias)
         c["all_gather", ("col",)] = n * (linears + 1)  # X of every linear and the head
         c["reduce_scatter", ("col",)] = n * (linears + 1)  # dX
@@ -220,8 +227,9 @@ def expected_counts(layout: Layout) -> Counter:
         c["all_reduce", t] += 1  # gradient norm
     if layout.world_size > 1:
         c["all_reduce", ("dp", *t)] += 1  # metrics
-    if layout.dp > 1:
-        c["all_reduce", ("dp",)] += 1  # gradient sum
+    grad_axes = layout.tensor_mode.grad_axes  # ("dp",); 2.5D ("dp", "dep")
+    if math.prod(layout.axis_size(a) for a in grad_axes) > 1:
+        c["all_reduce", grad_axes] += 1  # gradient sum
     return c
 
 
@@ -237,15 +245,16 @@ def test_recorded_collectives_of_one_step(layout_results: tuple[Layout, list[dic
             assert by_label["metrics"].payload_bytes == 8 and by_label["metrics"].phase == "metrics"
         if layout.tensor_size > 1:
             assert by_label["grad_norm"].payload_bytes == 4 and by_label["grad_norm"].phase == "optimizer"
-        if layout.dp > 1:
+        if ("all_reduce", layout.tensor_mode.grad_axes) in expected_counts(layout):
             # one flat fp32 buffer of all local gradients
             assert by_label["grads"].payload_bytes == 4 * r["local_params"]
             assert by_label["grads"].phase == "grad_sync"
         if layout.mode == "1d":
             assert by_label["tok_emb"].payload_bytes == T * h * 4  # [T, h] fp32
             assert by_label["ce.max"].payload_bytes == T * 4 and by_label["ce.sum"].payload_bytes == 2 * T * 4
-        if layout.mode == "2d":
-            assert by_label["qkv.X"].payload_bytes == (T // q) * h * 4  # [T/q, h_in] gathered over col
+        if layout.mode in ("2d", "2.5d"):
+            Tq = T // layout.token_split  # 2.5D: T / (d q)
+            assert by_label["qkv.X"].payload_bytes == Tq * h * 4  # [T/q, h_in] gathered over col
             assert by_label["qkv.A"].payload_bytes == h * (3 * h // q) * 4  # [h_in, h_out/q] over row
         if layout.mode == "3d":
             assert by_label["tok_emb"].payload_bytes == T * (h // q) * 4  # [T, h/q] over (x, y)
@@ -270,7 +279,7 @@ def test_bf16_autocast_moves_matmul_operands_in_bf16(layout_results: tuple[Layou
     for r in results:
         dtypes = dict(r["bf16_dtypes"])
         assert r["bf16_loss_err"] < 2e-2  # bf16 rounding, not a different model
-        if layout.mode in ("2d", "3d"):
+        if layout.mode in ("2d", "2.5d", "3d"):
             assert dtypes["X"] == "bfloat16" and dtypes["A"] == "bfloat16" and dtypes["dX"] == "bfloat16"
             assert dtypes["stats"] == "float32" and dtypes["gamma"] == "float32"  # LayerNorm stays fp32
         else:
@@ -287,6 +296,7 @@ def test_reload_from_full_state_dict_restores_every_shard(layout_results: tuple[
     ("tp=1d:3", 4, 8, "heads=8 is not divisible by 3"),
     ("tp=2d:2x2", 3, 6, "micro_batch=3 is not divisible by 2"),
     ("tp=3d:2x2x2", 2, 8, "micro_batch=2 is not divisible by 4"),
+    ("tp=2.5d:2x2x2", 2, 8, "micro_batch=2 is not divisible by 4"),
     ("dp=2,tp=2d:2x2", 4, 12, "global_batch=12 is not divisible by 8"),
     ("tp=3d:4x4x4", 16, 16, "hidden=32 is not divisible by 64"),
 ])

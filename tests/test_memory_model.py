@@ -35,7 +35,8 @@ def _params(model: ModelSpec, layout: Layout) -> tuple[int, int]:
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from([2, 3, 4]), st.integers(1, 3), st.integers(1, 3), st.sampled_from(["gpt", "llama"]))
 def test_3d_and_2d_parameters_per_rank_exact(q: int, k: int, layers: int, family: str) -> None:
-    """docs/algorithms.md: 2d and 3d store every parameter exactly once: per rank total/q^2, total/q^3."""
+    """docs/algorithms.md: 2d and 3d store every parameter exactly once: per rank total/q^2, total/q^3
+    (2.5d: once per q x q grid, total/q^2)."""
     h = q**3 * k * q  # divisible by q^3 and by heads = q
     m = ModelSpec(
         "m",
@@ -51,6 +52,8 @@ def test_3d_and_2d_parameters_per_rank_exact(q: int, k: int, layers: int, family
     assert _params(m, Layout(mode="3d", shape=(q, q, q))) == (total // q**3, total // q**3)
     assert total % q**3 == 0
     assert _params(m, Layout(mode="2d", shape=(q, q))) == (total // q**2, total // q**2)
+    # 2.5d: the 2d grid's shards, replicated over depth
+    assert _params(m, Layout(mode="2.5d", shape=(q, q, 2))) == (total // q**2, total // q**2)
 
 
 def test_1d_parameters_by_hand() -> None:

@@ -29,7 +29,8 @@ from paracube.workload import ModelSpec, TrainingSpec
 
 SPEC = ModelSpec("modes", layers=1, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
 B = 4  # sequences of the micro-batch
-LAYOUTS = ["dp=1,tp=1d:2", "dp=1,tp=2d:2x2", "dp=1,tp=3d:2x2x2"]  # every runnable mode with a tensor group
+LAYOUTS = ["dp=1,tp=1d:2", "dp=1,tp=2d:2x2", "dp=1,tp=2.5d:2x2x2", "dp=1,tp=3d:2x2x2"]  # every runnable mode
+# with a tensor group
 DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 Key = tuple[str, tuple[str, ...], int, str, str]  # kind, axes, payload bytes, dtype, phase
 

@@ -87,6 +87,8 @@ def _worker(rank: int, world: int, root: str) -> None:
     train(plan, rank, world, 20, metrics_path=Path(root) / "fp32.jsonl")
     bf16 = default_plan(training=TrainingSpec(global_batch=8, dtype="bf16"))
     train(bf16, rank, world, 3, metrics_path=Path(root) / "bf16.jsonl", config=TrainConfig(schedule_steps=20))
+    half = default_plan("dp=1,tp=2.5d:2x2x2,mb=4")  # the same model, data and seed in 2.5D
+    train(half, rank, world, 5, metrics_path=Path(root) / "2.5d.jsonl", config=TrainConfig(schedule_steps=20))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,7 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("train")
     run_distributed(_worker, 8, str(root))
     return {name: [json.loads(line) for line in (root / f"{name}.jsonl").read_text().splitlines()]
-            for name in ("fp32", "bf16")}
+            for name in ("fp32", "bf16", "2.5d")}
 
 
 @pytest.mark.slow
@@ -130,6 +132,14 @@ def test_bf16_follows_fp32_loosely(metrics: dict[str, list[dict]]) -> None:
     assert bf16 != fp32  # and they did run in bf16
     # bf16 collectives of X, A, dY... carry half the bytes of fp32 ones.
     assert metrics["bf16"][0]["bytes_sent_per_rank"] < metrics["fp32"][0]["bytes_sent_per_rank"]
+
+
+@pytest.mark.slow
+def test_2_5d_trains_like_3d(metrics: dict[str, list[dict]]) -> None:
+    """The 2.5D plan computes the serial model's math: the default (3D) run's losses, and they fall."""
+    half = [r["loss"] for r in metrics["2.5d"]]
+    assert half == pytest.approx([r["loss"] for r in metrics["fp32"][:5]], rel=1e-5)
+    assert half[-1] < half[0]
 
 
 # --- NaN/inf: stop or skip (one in-process rank; the step is poisoned on purpose) ----------------------------

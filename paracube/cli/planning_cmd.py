@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-rank the best K with the discrete-event engine")
     p.add_argument("-o", "--out", default="plan.json", help="plan file to write (default plan.json)")
     p.add_argument("--runnable", action="store_true",
-                   help="only layouts paracube's executor runs (pp=1; none/1d/2d/3d; no sequence parallelism)")
+                   help="only layouts paracube's executor runs (pp=1; none/1d/2d/2.5d/3d; no sequence parallelism)")
     p.set_defaults(handler=plan_cmd)
 
     p = sub.add_parser("compare", help="the best layout of each tensor mode side by side")

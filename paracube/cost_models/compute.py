@@ -153,7 +153,8 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
 # were counted with validation/ops.py on tiny (L = 2, 3; N = 1, 2; dp = 1, 2); the formula reproduces those
 # counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a stray dispatch or two);
 # tests/test_cost_model.py re-counts configurations the constants were not read from.
-# 2.5D is assumed to dispatch like 2D (the executor has no 2.5D); 1D with sequence parallelism like 1D.
+# 2.5D dispatches like 2D plus one slice of the ids per micro-batch (counted on tiny 2x2x2) and the gradient
+# sync over (dp, dep) at any dp; 1D with sequence parallelism is assumed to dispatch like 1D.
 # Per mode: TensorMode.ops_layer / ops_edge (paracube/modes).
 OPS_LAYER = {name: m.ops_layer for name, m in MODES.items()}
 OPS_EDGE = {name: m.ops_edge for name, m in MODES.items()}
@@ -168,5 +169,8 @@ def ops_per_step(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> A
     tensors = 12 * Ls + 2 * first + 3 * last
     micro = Ls * m.ops_layer + (first + last) / 2 * m.ops_edge
     step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if m.axes else 0)
-    dp_sync = (b.dp > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
+    grad_group = b.dp
+    for axis in m.grad_axes[1:]:  # 2.5D: dp x dep
+        grad_group = grad_group * m.axis_sizes(b.q, b.t, b.depth)[axis]
+    dp_sync = (grad_group > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
     return (N * micro + step + dp_sync).astype(float)

@@ -1,4 +1,4 @@
-"""The executor: a mesh of process groups, recorded collectives, 1D/2D/3D parallel layers, the GPT and
+"""The executor: a mesh of process groups, recorded collectives, 1D/2D/2.5D/3D parallel layers, the GPT and
 one training step (docs/algorithms.md is the contract for their algorithms and traffic).
 
 Names are loaded on first use (PEP 562): importing a torch-free submodule (run_args.py, the CLI's options

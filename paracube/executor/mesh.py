@@ -23,6 +23,7 @@ def group_axes(layout: Layout) -> list[tuple[str, ...]]:
     if len(tensor) > 1:
         combos.append(tensor)
     combos += list(layout.tensor_mode.mesh_groups)  # the mode's extra groups (3D: its planes)
+    combos.append(layout.tensor_mode.grad_axes)  # the gradient sync (2.5D: dp and dep)
     if tensor:
         combos.append(("dp", *tensor))  # metrics
     if layout.pp > 1:  # pipeline: grad norm over (pp, *tensor), metrics over every rank

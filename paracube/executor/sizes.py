@@ -37,6 +37,8 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads
     rules = MODES[mode].executor_rules(s, h, f, V, H, q, micro_batch)
     if micro_batch is not None:
+        # The tensor group splits a micro-batch's sequences token_split ways (2.5D: q * depth).
+        rules.append(("micro_batch", micro_batch, layout.token_split))
         rules.append(("global_batch", global_batch, layout.dp * micro_batch))
     for name, value, divisor in rules:
         if value % divisor:

@@ -47,10 +47,11 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         count += local_count
 
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    if mesh.layout.dp > 1:
+    grad_axes = mesh.layout.tensor_mode.grad_axes  # the mode's declaration: ("dp",); 2.5D ("dp", "dep")
+    if mesh.size(grad_axes) > 1:
         # One flat fp32 buffer: one collective instead of one per parameter.
         with rec.phase("grad_sync"):
-            flat = all_reduce(torch.cat([g.reshape(-1).float() for g in grads]), mesh, ("dp",), label="grads")
+            flat = all_reduce(torch.cat([g.reshape(-1).float() for g in grads]), mesh, grad_axes, label="grads")
         offset = 0
         for p, g in zip(params, grads, strict=True):
             p.grad = flat[offset:offset + g.numel()].view_as(p).to(p.dtype)
