@@ -152,7 +152,7 @@ def fit_cluster(runs: list[Run], start: Fit, layouts: list[Layout]) -> tuple[Fit
 
     def fit_of(x: np.ndarray) -> Fit:
         values = {**{p: getattr(start, p) for p in PARAMS}, **dict(zip(free, x, strict=True))}
-        return Fit(**values)
+        return Fit(**{k: float(v) for k, v in values.items()})
 
     def residuals(x: np.ndarray) -> np.ndarray:
         f = fit_of(x)
@@ -208,3 +208,29 @@ def predict(run: Run, topo: object) -> tuple[Layout, float]:
     res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1])
     lay, est = res.ranked[0]
     return lay, est.step_time_s
+
+
+def cluster_file(cluster: str, fit: Fit) -> dict[str, object]:
+    """The calibrated cluster as a topology file (loader.py's intra_node / inter_node form, any GPU count):
+    the preset's nominal rates times the fitted fabric efficiencies, its device by name, the fitted GEMM and
+    memory efficiencies as `calibration.gemm`."""
+    preset = PRESETS[cluster]
+    per = preset.devices_per_node
+    topo = preset.build(2, per, fit=fit)
+    g = topo.graph  # type: ignore[attr-defined]
+    intra = g.edges["n0.gpu0", "n0.switch"]
+    nic = next(n for n in g.neighbors("n0.gpu0") if str(n).startswith("n0.nic")) if per == len(
+        [n for n in g.nodes if str(n).startswith("n0.nic")]) else "n0.nic0"
+    leaf = next(n for n in g.neighbors(nic) if str(n).startswith("leaf"))
+    nics = len([n for n in g.nodes if str(n).startswith("n0.nic")])
+    pcie = next(d for a, b, d in g.edges(nic, data=True) if not str(b).startswith("leaf"))
+    spine = g.edges[leaf, "spine"] if g.has_edge(leaf, "spine") else None
+    inter: dict[str, object] = {"bandwidth": float(g.edges[nic, leaf]["bandwidth"]), "latency": g.edges[nic, leaf]["latency"],
+                                "nics_per_node": nics, "pcie_bandwidth": float(pcie["bandwidth"]),
+                                "pcie_latency": pcie["latency"]}
+    if spine is not None:
+        inter["spine_latency"] = spine["latency"]
+    return {"name": f"{cluster}-calibrated", "device": topo.device.name, "nodes": preset.default_nodes,  # type: ignore[attr-defined]
+            "devices_per_node": per, "intra_node": {"bandwidth": float(intra["bandwidth"]), "latency": intra["latency"]},
+            "inter_node": inter, "calibration": {"gemm": {"eff_max": fit.eff_max, "m0": fit.m0, "n0": fit.m0,
+                                                          "k0": fit.m0, "mem_eff": fit.mem_eff}}}
