@@ -36,7 +36,8 @@ def main() -> None:
     for split in ("fit", "held_out"):
         sel = [x for x in rows if x[0].split == split]
         print(f"\n{split} rows")
-        print(f"{'run':12s} {'cluster':10s} {'gpus':>5s} {'measured s':>10s} {'predicted s':>11s} {'error':>7s}  layout")
+        head = ("run", "cluster", "gpus", "measured s", "predicted s", "error")
+        print("{:12s} {:10s} {:>5s} {:>10s} {:>11s} {:>7s}  layout".format(*head))
         for r, lay, pred, err in sel:
             print(f"{r.name:12s} {r.cluster:10s} {r.gpus:5d} {r.measured_s:10.3f} {pred:11.3f} {err:+7.1%}  {lay}")
         if sel:

@@ -213,24 +213,26 @@ def predict(run: Run, topo: object) -> tuple[Layout, float]:
 def cluster_file(cluster: str, fit: Fit) -> dict[str, object]:
     """The calibrated cluster as a topology file (loader.py's intra_node / inter_node form, any GPU count):
     the preset's nominal rates times the fitted fabric efficiencies, its device by name, the fitted GEMM and
-    memory efficiencies as `calibration.gemm`."""
+    memory efficiencies as `calibration.gemm`. Rates and leaf size are read off a 64-node build of the preset."""
     preset = PRESETS[cluster]
     per = preset.devices_per_node
-    topo = preset.build(2, per, fit=fit)
+    topo = preset.build(64, per, fit=fit)
     g = topo.graph  # type: ignore[attr-defined]
+    nics = sorted(n for n in g.nodes if str(n).startswith("n0.nic"))
+    leaf = next(n for n in g.neighbors(nics[0]) if str(n).startswith("leaf"))
+    pcie = next(d for _, b, d in g.edges(nics[0], data=True) if not str(b).startswith("leaf"))
+    link = g.edges[nics[0], leaf]
+    inter: dict[str, object] = {"bandwidth": float(link["bandwidth"]), "latency": float(link["latency"]),
+                                "nics_per_node": len(nics), "pcie_bandwidth": float(pcie["bandwidth"]),
+                                "pcie_latency": float(pcie["latency"])}
+    per_leaf = sum(1 for n in g.neighbors(leaf) if str(n).startswith("n"))
+    if per_leaf < 64:
+        inter["nodes_per_leaf"] = per_leaf
+    if g.has_edge(leaf, "spine"):
+        inter["spine_latency"] = float(g.edges[leaf, "spine"]["latency"])
     intra = g.edges["n0.gpu0", "n0.switch"]
-    nic = next(n for n in g.neighbors("n0.gpu0") if str(n).startswith("n0.nic")) if per == len(
-        [n for n in g.nodes if str(n).startswith("n0.nic")]) else "n0.nic0"
-    leaf = next(n for n in g.neighbors(nic) if str(n).startswith("leaf"))
-    nics = len([n for n in g.nodes if str(n).startswith("n0.nic")])
-    pcie = next(d for a, b, d in g.edges(nic, data=True) if not str(b).startswith("leaf"))
-    spine = g.edges[leaf, "spine"] if g.has_edge(leaf, "spine") else None
-    inter: dict[str, object] = {"bandwidth": float(g.edges[nic, leaf]["bandwidth"]), "latency": g.edges[nic, leaf]["latency"],
-                                "nics_per_node": nics, "pcie_bandwidth": float(pcie["bandwidth"]),
-                                "pcie_latency": pcie["latency"]}
-    if spine is not None:
-        inter["spine_latency"] = spine["latency"]
-    return {"name": f"{cluster}-calibrated", "device": topo.device.name, "nodes": preset.default_nodes,  # type: ignore[attr-defined]
-            "devices_per_node": per, "intra_node": {"bandwidth": float(intra["bandwidth"]), "latency": intra["latency"]},
-            "inter_node": inter, "calibration": {"gemm": {"eff_max": fit.eff_max, "m0": fit.m0, "n0": fit.m0,
-                                                          "k0": fit.m0, "mem_eff": fit.mem_eff}}}
+    gemm = {"eff_max": fit.eff_max, "m0": fit.m0, "n0": fit.m0, "k0": fit.m0, "mem_eff": fit.mem_eff}
+    return {"name": f"{cluster}-calibrated", "device": topo.device.name,  # type: ignore[attr-defined]
+            "nodes": preset.default_nodes, "devices_per_node": per,
+            "intra_node": {"bandwidth": float(intra["bandwidth"]), "latency": float(intra["latency"])},
+            "inter_node": inter, "calibration": {"gemm": gemm}}

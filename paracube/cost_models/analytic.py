@@ -27,8 +27,8 @@ from paracube.cost_models.compute import (
     GemmModel,
     gemm_model,
     model_flops_per_step,
-    optimizer_time,
     ops_per_step,
+    optimizer_time,
     stage_compute_time,
 )
 from paracube.cost_models.dims import Dims, dims_of, with_pins
@@ -149,8 +149,9 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     cidx = np.arange(len(heavy))
     parts = {k: np.stack([m[k] for m in mems])[heavy, cidx][rows] for k in MEM_KEYS}
     optim = pick("optim")
-    return Scores(step_time=W + bubble + step_comm + optim, compute=pick("compute") + optim, comm=pick("micro") + pick("step"),
-                  bubble=bubble, sent_bytes=pick("sent"), memory=tot[heavy, cidx][rows], memory_parts=parts,
+    return Scores(step_time=W + bubble + step_comm + optim, compute=pick("compute") + optim,
+                  comm=pick("micro") + pick("step"), bubble=bubble, sent_bytes=pick("sent"),
+                  memory=tot[heavy, cidx][rows], memory_parts=parts,
                   stage=slow, stages=stages)
 
 
