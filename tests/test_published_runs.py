@@ -140,8 +140,8 @@ def test_fit_and_calibrated_file_reproduce_predictions(tmp_path: Path) -> None:
         assert 0.1 <= getattr(fit, name) <= 1.0
     data = cluster_file("dgx2-v100", fit)
     for r, lay, pred in rows:
-        _, again = predict(r, topology_from_dict(data, gpus=r.gpus))
-        assert again == pytest.approx(pred, rel=1e-9)
+        lay_again, again = predict(r, topology_from_dict(data, gpus=r.gpus))
+        assert lay_again == lay and again == pytest.approx(pred, rel=1e-9)
         assert predict(r, preset_topology(r, fit))[1] == pytest.approx(pred, rel=1e-9)
 
 
