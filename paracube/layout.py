@@ -13,7 +13,9 @@ The rank grid is one `arange(world).reshape(...)`; every process group is a slic
 An axis is named after the coordinate that varies along it: the group of axis `col` is the q ranks of one
 grid row. `placement` lists every axis from innermost (consecutive ranks, i.e. the same node) to outermost;
 the default keeps the tensor axes innermost, then dp, then pp (Megatron's order).
-Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp][,zero=1][,place=x.y.z.dp.pp]`.
+Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full][,place=x.y.z.dp.pp]`.
+`sp=0` forbids sequence parallelism and `rc=` pins activation recomputation: pins the planner respects
+(it searches what a layout leaves open). `overlap`: data-parallel gradient reduction overlapped with backward.
 `zero`: 0 none; 1 optimizer state and fp32 master weights sharded over dp (distributed optimizer / ZeRO-1,
 Rajbhandari et al. 2020); 3 parameters fully sharded over dp (ZeRO-3 / FSDP).
 """
@@ -33,6 +35,7 @@ TENSOR_MODES: tuple[str, ...] = tuple(MODES)
 TENSOR_AXES: dict[str, tuple[str, ...]] = {name: m.axes for name, m in MODES.items()}
 SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
 ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
+RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,13 @@ class Layout:
     interleave: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
     sequence_parallel: bool = False  # 1D only (Korthikanti et al. 2022)
     zero: int = 0  # ZERO_STAGES: 0 none, 1 optimizer state sharded over dp, 3 parameters too
+    # Pins for the search (the planner fills in what is not pinned): `sp=0` forbids sequence parallelism,
+    # `rc=none|selective|full` fixes activation recomputation (None: TrainingSpec.recompute, or searched).
+    forbid_sp: bool = False
+    recompute: str | None = None
+    # `overlap`: the data-parallel gradient reduction runs during the last micro-batch's backward (DDP
+    # buckets, Megatron's overlap_grad_reduce); the analytic model then exposes only what backward does not hide.
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         check(self.mode in TENSOR_MODES, f"tensor mode {self.mode!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
@@ -62,6 +72,9 @@ class Layout:
               f"sequence parallelism (sp) applies to tp={'/'.join(with_sp)} only, not {self.mode}")
         check(self.zero in ZERO_STAGES, f"zero={self.zero!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))} "
               "(0 none, 1 optimizer state sharded over dp, 3 parameters sharded too)")
+        check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
+        check(self.recompute is None or self.recompute in RECOMPUTES,
+              f"rc={self.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
         check(self.interleave == 1 or self.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
         if self.placement:
             # Axes of size 1 may be left out: they go outermost.
@@ -155,8 +168,14 @@ class Layout:
             parts.append(f"v={self.interleave}")
         if self.sequence_parallel:
             parts.append("sp")
+        if self.forbid_sp:
+            parts.append("sp=0")
         if self.zero:
             parts.append(f"zero={self.zero}")
+        if self.recompute is not None:
+            parts.append(f"rc={self.recompute}")
+        if self.overlap:
+            parts.append("overlap")
         if self.placement and self.placement != self.default_placement:
             parts.append("place=" + ".".join(self.placement))
         return ",".join(parts)
@@ -165,7 +184,8 @@ class Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-LAYOUT_SYNTAX = "dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp][,zero=0|1|3][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2"
+LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|3][,rc=none|selective|full][,overlap]"
+                 "[,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
 def parse_layout(text: str) -> Layout:
@@ -179,8 +199,16 @@ def parse_layout(text: str) -> Layout:
         key = key.strip().lower()
         check(key not in seen, f"layout {text!r}: {key!r} given twice")
         seen.add(key)
-        if key == "sp" and not value:
-            fields["sequence_parallel"] = True
+        if key == "sp":
+            check(value.strip() in ("", "0", "1"), f"layout {text!r}: sp={value!r}; valid: sp, sp=1, sp=0 (forbid)")
+            fields["forbid_sp" if value.strip() == "0" else "sequence_parallel"] = True
+        elif key == "overlap":
+            check(value.strip() in ("", "0", "1"), f"layout {text!r}: overlap={value!r}; valid: overlap, overlap=0|1")
+            fields["overlap"] = value.strip() != "0"
+        elif key == "rc":
+            check(value.strip() in RECOMPUTES,
+                  f"layout {text!r}: rc={value!r} is not valid; valid: {', '.join(RECOMPUTES)}")
+            fields["recompute"] = value.strip()
         elif key in ("dp", "pp", "mb", "v"):
             check(value.strip().isdigit() and int(value) >= 1,
                   f"layout {text!r}: {key}={value!r} must be a positive integer")

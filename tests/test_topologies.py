@@ -24,6 +24,7 @@ from paracube.topologies import (
     topology_from_dict,
 )
 from paracube.topologies import presets as P
+from paracube.topologies.presets import FABRIC_EFF
 
 HDR, EDR = 200e9 / 8, 100e9 / 8  # bytes/s per direction
 
@@ -54,11 +55,14 @@ def test_preset_spec_sheet_figures() -> None:
     v100 = load_topology("longhorn").device
     assert v100.peak_flops["fp16"] == 125e12 and v100.memory_bytes == 16 * 2**30
     d = load_topology("dgx-a100", gpus=32).describe()
-    # 600 GB/s bidirectional NVSwitch per GPU = 300 GB/s each way; one HDR NIC per GPU, 8 per node.
-    assert d["intra_node_bandwidth"] == 300e9 and d["inter_node_bandwidth"] == HDR
-    assert d["nics_per_node"] == 8 and d["injection_bandwidth_per_node"] == 8 * HDR
+    # 600 GB/s bidirectional NVSwitch per GPU = 300 GB/s each way; one HDR NIC per GPU, 8 per node; the links
+    # carry the spec rate times the fabric efficiency fitted on the published runs (presets.FABRIC_EFF).
+    nv3, hdr = FABRIC_EFF["nvlink3-nvswitch"], FABRIC_EFF["hdr-ib"]
+    assert d["intra_node_bandwidth"] == 300e9 * nv3 and d["inter_node_bandwidth"] == HDR * hdr
+    assert d["nics_per_node"] == 8 and d["injection_bandwidth_per_node"] == 8 * HDR * hdr
     h = load_topology("dgx-h100", gpus=16).describe()
-    assert h["intra_node_bandwidth"] == 450e9 and h["inter_node_bandwidth"] == 400e9 / 8
+    assert h["intra_node_bandwidth"] == 450e9 * FABRIC_EFF["nvlink4-nvswitch"]
+    assert h["inter_node_bandwidth"] == 400e9 / 8 * FABRIC_EFF["ndr-ib"]
     f = load_topology("frontera-rtx", gpus=8).describe()
     assert f["inter_node_bandwidth"] == pytest.approx(56e9 * 64 / 66 / 8)  # FDR, 64b/66b
 
@@ -113,11 +117,13 @@ def test_routes_follow_the_hardware() -> None:
 def test_group_inside_an_nvswitch_node_gets_the_intra_node_bandwidth() -> None:
     dgx = load_topology("dgx-a100", gpus=16)
     link = dgx.group_link(range(8))
-    # Each GPU's link to the NVSwitch carries one ring hop per direction: 300 GB/s; path = 2 x 0.5 us.
-    assert (link.bandwidth, link.nodes, link.ranks_per_node) == (300e9, 1, 8)
+    # Each GPU's link to the NVSwitch carries one ring hop per direction: 300 GB/s (x the fitted fabric
+    # efficiency); path = 2 x 0.5 us.
+    nv3 = 300e9 * FABRIC_EFF["nvlink3-nvswitch"]
+    assert (link.bandwidth, link.nodes, link.ranks_per_node) == (nv3, 1, 8)
     assert link.latency == pytest.approx(2 * P.NVLINK_LAT)
     # Concurrent groups in the other node share nothing with it.
-    assert dgx.group_link(range(8), concurrent=[range(8, 16)]).bandwidth == 300e9
+    assert dgx.group_link(range(8), concurrent=[range(8, 16)]).bandwidth == nv3
 
 
 def test_longhorn_intra_node_pairs_and_x_bus() -> None:
@@ -145,7 +151,7 @@ def test_two_concurrent_groups_sharing_one_nic_each_get_half() -> None:
     assert lh.group_link(b).bandwidth == EDR
     # On a rail-optimized DGX the two groups use different NICs: no sharing.
     dgx = load_topology("dgx-a100", nodes=8)
-    assert dgx.group_link(range(0, 64, 8), concurrent=[range(1, 64, 8)]).bandwidth == HDR
+    assert dgx.group_link(range(0, 64, 8), concurrent=[range(1, 64, 8)]).bandwidth == HDR * FABRIC_EFF["hdr-ib"]
 
 
 def test_oversubscribed_spine_is_shared_by_all_crossing_hops() -> None:
@@ -153,9 +159,10 @@ def test_oversubscribed_spine_is_shared_by_all_crossing_hops() -> None:
     # once: 20 hops leave leaf0.rail0 for the spine, whose uplink is 20 x 25 GB/s / oversubscription.
     pairs = [[8 * i, 8 * (20 + i)] for i in range(20)]
     full = load_topology("dgx-a100", nodes=40).group_link(pairs[0], concurrent=pairs)
-    assert full.bandwidth == HDR  # non-blocking: the NIC is the bottleneck
+    hdr = HDR * FABRIC_EFF["hdr-ib"]  # the links carry the fitted fabric efficiency
+    assert full.bandwidth == hdr  # non-blocking: the NIC is the bottleneck
     half = P.dgx_a100(40, oversubscription=2.0).group_link(pairs[0], concurrent=pairs)
-    assert half.bandwidth == 20 * HDR / 2 / 20
+    assert half.bandwidth == pytest.approx(20 * hdr / 2 / 20)
 
 
 def test_single_rank_group_and_equivalent_queries() -> None:

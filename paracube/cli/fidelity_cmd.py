@@ -19,16 +19,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="cluster.yaml", help="topology file to write (default cluster.yaml)")
     p.add_argument("--quick", action="store_true", help="fewer shapes, sizes and repetitions (~1 minute)")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    p.add_argument("--from-runs", default=None, metavar="CSV",
+                   help="fit the --cluster preset's efficiencies on measured runs instead (cli/runs_cmd.py)")
     p.set_defaults(handler=calibrate_command)
     p = subparsers.add_parser("validate", help="run a plan on local ranks: predicted vs measured per step")
     p.add_argument("plan", nargs="?", default=None, help="plan JSON (default: the embedded default plan)")
     p.add_argument("--steps", type=positive_int, default=5, help="steps to run; step 1 is warm-up (default 5)")
     p.add_argument("--cluster", default=None, help="calibrated topology file (default: the plan's cluster)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--from-runs", default=None, metavar="CSV",
+                   help="predicted vs measured for every run of a runs CSV on --cluster (cli/runs_cmd.py)")
     p.set_defaults(handler=validate_command)
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
+    if args.from_runs:
+        from paracube.cli.runs_cmd import calibrate_from_runs
+
+        return calibrate_from_runs(args)
     from paracube.calibration.calibrate import calibrate, fit_all, write_topology
     from paracube.layout import parse_layout
 
@@ -84,6 +92,10 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 
 def validate_command(args: argparse.Namespace) -> int:
+    if args.from_runs:
+        from paracube.cli.runs_cmd import validate_from_runs
+
+        return validate_from_runs(args)
     from paracube.plan import default_plan, load_plan, plan_cluster
     from paracube.topologies import PRESETS, load_topology
     from paracube.validation.validate import validate

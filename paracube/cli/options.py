@@ -50,7 +50,9 @@ def add_workload_options(p: argparse.ArgumentParser,
     g.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
     g.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"],
                    help="compute dtype (default fp32 on local-cpu, else bf16)")
-    g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    g.add_argument("--recompute", default=None, choices=["none", "selective", "full"],
+                   help="activation recomputation (default: plan searches none, selective, full; other "
+                   "commands use none)")
     g.add_argument("--activations", default="paracube", choices=["paracube", "megatron"],
                    help="whose saved activations to count: paracube's executor (fp32 residual stream, fused "
                    "attention; default) or Megatron's (Korthikanti et al. 2022)")
@@ -65,6 +67,7 @@ class Workload:
     cluster: str
     gpus: int
     layout: Layout | None
+    search_recompute: bool = False  # --recompute not given: the planner chooses it
 
     @property
     def topology(self):  # noqa: ANN201 - imported lazily: topologies may be heavy to build
@@ -84,8 +87,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     default_batch = 512 if model.num_parameters() >= 100e6 else 8
     training = TrainingSpec(global_batch=args.global_batch or default_batch, seq_len=args.seq,
                             dtype=args.dtype or ("fp32" if args.cluster == "local-cpu" else "bf16"),
-                            recompute=args.recompute, activations=args.activations)
-    return Workload(model, training, args.cluster, gpus, layout)
+                            recompute=args.recompute or "none", activations=args.activations)
+    return Workload(model, training, args.cluster, gpus, layout, args.recompute is None)
 
 
 def console() -> Console:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -96,7 +97,9 @@ def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> P
     per_node = min(w.gpus, int(getattr(topo, "devices_per_node", w.gpus)))
     if w.gpus % per_node:
         per_node = w.gpus
-    return Plan(model=w.model, training=w.training, layout=layout, cluster=recorded_cluster(w.cluster), gpus=w.gpus,
+    # A searched (or rc=-pinned) recomputation is the plan's training recomputation.
+    training = replace(w.training, recompute=layout.recompute) if layout.recompute else w.training
+    return Plan(model=w.model, training=training, layout=layout, cluster=recorded_cluster(w.cluster), gpus=w.gpus,
                 launch=LaunchSpec(nproc_per_node=per_node, nnodes=w.gpus // per_node),
                 prediction=est.to_dict(), notes=est.notes + _unpriced(layout, est))
 
@@ -110,10 +113,14 @@ def _unpriced(layout: Layout, est: StepEstimate) -> tuple[str, ...]:
 
 
 def _search(w: Workload, topo: object, top_k: int, runnable: bool = False):  # noqa: ANN202
+    from paracube.layout import RECOMPUTES
     from paracube.planner import search
 
+    # Without --recompute the planner chooses recomputation; zero=1 where paracube's executor need not run it.
     with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
-        return search(w.model, w.training, topo, w.gpus, fixed=w.layout, top_k=top_k, runnable=runnable)
+        return search(w.model, w.training, topo, w.gpus, fixed=w.layout, top_k=top_k, runnable=runnable,
+                      recomputes=list(RECOMPUTES) if w.search_recompute else None,
+                      zeros=[0] if runnable else [0, 1])
 
 
 # --- commands -----------------------------------------------------------------------------------------------

@@ -5,8 +5,13 @@
 Pipeline (1F1B, interleaved with v chunks; Narayanan et al. 2021): with W the per-step work of the slowest
 stage (compute + its per-micro-batch communication over N micro-batches), step = W (1 + (pp-1)/(v N))
 + per-step communication (gradients, grad norm, metrics). The stages considered are first (embedding),
-middle and last (head, loss); memory is that of the most loaded stage. No compute/communication overlap
-(see comm.py), so exposed communication = all communication.
+middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
+communication is not overlapped (see comm.py). The data-parallel gradient reduction is exposed whole unless
+the layout overlaps it (`overlap`, Layout.overlap): its buckets are reduced while the last micro-batch's
+backward runs (torch DDP, Megatron's overlap_grad_reduce), so
+    exposed gradient time = max(0, gradient time - backward time of one micro-batch),
+the backward share of a micro-batch's compute being 2/3 (3/4 with full recomputation: the recomputed
+forward runs inside backward). Everything else per step (grad norm, metrics) stays exposed.
 """
 
 from __future__ import annotations
@@ -17,17 +22,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from paracube.cost_models.collective import calibrated_link
-from paracube.cost_models.comm import Entry, StepTraffic, axes_used
+from paracube.cost_models.comm import Entry, StepTraffic, axes_used, stage_layers_params
 from paracube.cost_models.compute import (
     GemmModel,
     gemm_model,
     model_flops_per_step,
     ops_per_step,
+    optimizer_time,
     stage_compute_time,
 )
-from paracube.cost_models.dims import Dims, dims_of
+from paracube.cost_models.dims import Dims, dims_of, with_pins
 from paracube.cost_models.links import LinkCache, placement_of
-from paracube.cost_models.memory import stage_memory, total
+from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.errors import ParacubeError
@@ -52,6 +58,8 @@ class StageScores:
     step: Arr
     sent: Arr
     compute: Arr
+    grad: Arr  # the data-parallel gradient reduction's part of `step` (s), what overlap may hide
+    optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
 
 
 @dataclass(frozen=True)
@@ -79,14 +87,15 @@ def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
 
 
 def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Links, g: GemmModel, stage: str,
-           rows: Arr) -> StageScores:
+           rows: Arr, zero: Arr | None = None) -> StageScores:
     """Per-config quantities (counts, payloads, compute) are computed once per configuration of `b`;
     only the link-dependent times are evaluated per layout (`rows` maps layouts to configurations)."""
     F, H = _flags(stage, b.pp)
     entries = traffic.entries(F, H)
     n = len(rows)
-    micro, step, sent = np.zeros(n), np.zeros(n), np.zeros(len(b))
+    micro, step, sent, grad = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n)
     alternating = MODES[mode].alternating
+    grad_axes = MODES[mode].grad_axes
     for e in entries:
         if not np.any(e.count):
             continue
@@ -97,21 +106,26 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         tm = np.where(e.count[rows] > 0, tm, 0.0)
         if e.per_step:
             step += tm
+            if e.axes == grad_axes and np.any(e.payload > 64):  # the gradients (not norm or metrics scalars)
+                grad += tm
         else:
             micro += tm
         sent += np.where(e.count > 0, e_sent, 0.0)
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
     compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
-    return StageScores(entries, micro, step, sent[rows], compute)
+    n_local = stage_layers_params(d, mode, b, F, H)
+    optim = optimizer_time(n_local, d.c, g, np.where(zero >= 1, b.dp, 1) if zero is not None else 1.0)[rows]
+    return StageScores(entries, micro, step, sent[rows], compute, grad, optim)
 
 
-def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None) -> Scores:
+def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
+             zero: Arr | None = None, overlap: bool = False) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
     latency) arrays per layout."""
     rows = np.arange(len(b)) if rows is None else rows
     traffic = StepTraffic(d, mode, b)
-    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows) for s in STAGES)
+    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero) for s in STAGES)
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
     idx = np.arange(len(slow))
@@ -123,13 +137,21 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     W = work[slow, idx]
     bubble = (b.pp - 1)[rows] / (b.v[rows] * N) * W
     step_comm = pick("step")
+    if overlap:  # exposed gradient reduction: what one micro-batch's backward does not hide (docstring)
+        share = 0.75 if d.recompute == "full" else 2.0 / 3.0
+        grad = pick("grad")
+        step_comm = step_comm - grad + np.maximum(0.0, grad - share * pick("compute") / N)
     mems = [stage_memory(d, mode, b, s == "first", s == "last") for s in ("first", "last")]
+    if zero is not None:  # per configuration: 1 = optimizer state sharded over dp (memory.with_zero)
+        mems = [with_zero(m, b.dp, zero) for m in mems]
     tot = np.stack([total(m) for m in mems])
     heavy = np.argmax(tot, axis=0)
     cidx = np.arange(len(heavy))
     parts = {k: np.stack([m[k] for m in mems])[heavy, cidx][rows] for k in MEM_KEYS}
-    return Scores(step_time=W + bubble + step_comm, compute=pick("compute"), comm=pick("micro") + step_comm,
-                  bubble=bubble, sent_bytes=pick("sent"), memory=tot[heavy, cidx][rows], memory_parts=parts,
+    optim = pick("optim")
+    return Scores(step_time=W + bubble + step_comm + optim, compute=pick("compute") + optim,
+                  comm=pick("micro") + pick("step"), bubble=bubble, sent_bytes=pick("sent"),
+                  memory=tot[heavy, cidx][rows], memory_parts=parts,
                   stage=slow, stages=stages)
 
 
@@ -178,14 +200,16 @@ def estimate(
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
-    d = dims_of(model, training)
+    d = with_pins(dims_of(model, training), layout)
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb)
     if bad:
         raise ParacubeError(f"layout {layout}: {'; '.join(bad)}")
     g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]
     links = layout_links(layout, cache or LinkCache(topo))
-    res = evaluate(d, layout.mode, layout_arrays(layout, mb), links, g)
+    batch = layout_arrays(layout, mb)
+    res = evaluate(d, layout.mode, batch, links, g, zero=np.full(1, 1 if layout.zero == 1 else 0),
+                   overlap=layout.overlap)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size
@@ -193,13 +217,14 @@ def estimate(
     step = float(res.step_time[0])
     events = tuple(stage_events(layout.with_(micro_batch=mb), d, mb, stage)) if with_events else ()
     comm = float(res.comm[0])
+    exposed = step - float(res.compute[0]) - float(res.bubble[0])
     return StepEstimate(
         layout=str(layout.with_(micro_batch=mb)),
         engine="analytic",
         step_time_s=step,
         compute_time_s=float(res.compute[0]),
         comm_time_s=comm,
-        exposed_comm_time_s=comm,
+        exposed_comm_time_s=exposed,
         bubble_time_s=float(res.bubble[0]),
         memory=MemoryBreakdown(**{k: float(v[0]) for k, v in res.memory_parts.items()}),
         comm_bytes_per_gpu=float(res.sent_bytes[0]),

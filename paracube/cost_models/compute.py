@@ -16,6 +16,10 @@ Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   none [T, h_in] x [h_in, h_out]; 1d column [T, h_in] x [h_in, h_out/t], row [T, h_in/t] x [h_in/t, h_out];
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
   3d [T/q, h_in/q] x [h_in/q, h_out/q].
+Optimizer step (once per step, after the last backward): a fused Adam (Megatron's, apex FusedAdam) is
+memory bound: per local parameter it reads and writes the fp32 master weight, both moments and reads the
+fp32 gradient (28 bytes), and writes the 16-bit copy the next forward reads (c bytes at c < 4):
+    optimizer_time = n_local (28 + c [c < 4]) / (mem_bw mem_eff) / shard     (shard = dp with zero >= 1).
 Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counted from the executor) costs
 `calibration.elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
 autograd and launch, which dominate small models on CPUs. calibrate.py measures it per tensor mode with
@@ -138,6 +142,12 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
     per_micro = Ls * per_block + last * (hf + hb + ce)
     return N * per_micro
+
+
+def optimizer_time(n_local: Arr, c: int, g: GemmModel, shard: Arr | float = 1.0) -> Arr:
+    """Seconds of one fused Adam step over `n_local` parameters (module docstring), 1/shard of them updated."""
+    per_param = 28.0 + (c if c < 4 else 0)
+    return np.asarray(n_local, dtype=float) * per_param / (g.mem_bw * g.mem_eff) / shard
 
 
 # Ops (torch dispatches: kernels, views, collectives) one rank launches per training step of the executor:

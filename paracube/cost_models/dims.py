@@ -10,7 +10,7 @@ executor itself requires exact divisibility (see validity.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paracube.modes import MODES
 from paracube.workload import ModelSpec, TrainingSpec
@@ -99,6 +99,12 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         global_batch=training.global_batch,
         activations=training.activations,
     )
+
+
+def with_pins(d: Dims, layout: object) -> Dims:
+    """`d` with the layout's pinned recomputation (Layout.recompute, `rc=`) if it pins one."""
+    rc = getattr(layout, "recompute", None)
+    return d if rc is None or rc == d.recompute else replace(d, recompute=rc)
 
 
 def vocab_split(mode: str, t: int, q: int) -> int:

@@ -29,7 +29,7 @@ import simpy
 from paracube.cost_models.analytic import estimate as analytic_estimate
 from paracube.cost_models.collective import ring_steps
 from paracube.cost_models.compute import gemm_model
-from paracube.cost_models.dims import dims_of
+from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
 from paracube.cost_models.event_program import Op, StageProgram, build_stage, schedule
 from paracube.cost_models.event_trace import Span, Timeline
@@ -234,7 +234,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     check(layout.world_size <= n_dev, f"layout {layout} needs {layout.world_size} devices; topology "
           f"{getattr(topo, 'name', topo)!r} has {n_dev} (ranks 0..{n_dev - 1})")
     base = analytic_estimate(model, training, layout, topo, with_events=with_events)
-    d = dims_of(model, training)
+    d = with_pins(dims_of(model, training), layout)
     mb, _ = resolve_micro_batch(layout, d)
     n_micro = d.global_batch // (layout.dp * mb)
     if layout.interleave > 1 and n_micro % layout.pp:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from paracube.cost_models.compute import GemmModel, local_shape, stage_compute_time
-from paracube.cost_models.dims import Dims, padded_vocab
+from paracube.cost_models.compute import GemmModel, local_shape, optimizer_time, stage_compute_time
+from paracube.cost_models.dims import Dims, local_params, padded_vocab
 from paracube.cost_models.traffic import act_split, stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
@@ -196,6 +196,10 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
             bwd_last[c] += emb
     if buckets:
         tail.insert(0, Op("wait", "gradients.wait"))
+    # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
+    n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
+    tail.append(Op("compute", "optimizer", float(optimizer_time(
+        n_local, d.c, g, layout.dp if layout.zero >= 1 else 1))))
     prog = StageProgram(stage, fwd, bwd, bwd_last, tail, send_bytes=d.c * mb * d.s * d.h // act_split(layout))
     prog.compute_fwd = sum(op.seconds for ch in fwd for op in ch if op.kind == "compute")
     prog.compute_bwd = sum(op.seconds for ch in bwd for op in ch if op.kind == "compute")

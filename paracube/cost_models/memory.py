@@ -117,3 +117,11 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool) ->
 
 def total(mem: dict[str, Arr]) -> Arr:
     return mem["parameters"] + mem["gradients"] + mem["optimizer"] + mem["activations"] + mem["temporaries"]
+
+
+def with_zero(mem: dict[str, Arr], dp: Arr, zero: Arr) -> dict[str, Arr]:
+    """Memory parts with the optimizer state sharded over dp where zero >= 1 (distributed optimizer /
+    ZeRO-1, Rajbhandari et al. 2020: each dp rank keeps 1/dp of the Adam moments). Minimal pricing kept
+    apart so that helper J's zero=1 static memory (params / grads / optimizer) can replace it."""
+    shard = np.where(np.asarray(zero) >= 1, np.asarray(dp, dtype=float), 1.0)
+    return {**mem, "optimizer": mem["optimizer"] / shard}

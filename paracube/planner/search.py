@@ -6,14 +6,21 @@ sequence parallelism for 1d) checked against the size rules (cost_models/validit
 distinct placement. Scoring is vectorized (cost_models.analytic.evaluate). A rejected configuration counts
 once per placement of its structure, so `scored + sum(rejected) == enumerated layouts`.
 `fixed`: a Layout whose non-default fields (mode and shape, dp, pp, micro_batch, interleave, sp, placement)
-every result must match.
+every result must match; its pins `sp=0` (no sequence parallelism), `rc=` (recomputation) and `zero=` are
+respected too; `overlap` (or a fixed layout's) prices every layout with the gradient reduction overlapped
+with backward (analytic.py). Recomputation: `recomputes` lists the choices to search (default: TrainingSpec.recompute
+only; `paracube plan` without --recompute passes none, selective, full); each choice is a pass over the
+configurations with its own Dims, and a layout found so carries it (`rc=`). Distributed optimizer:
+`zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage under
+which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
+of the all_reduce they replace, so its step time is that of zero=0).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -22,11 +29,11 @@ from paracube.cost_models.comm import axes_used
 from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import Dims, dims_of
 from paracube.cost_models.links import LinkCache
-from paracube.cost_models.memory import stage_memory, total
+from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.validity import first_violation, rules
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
-from paracube.layout import TENSOR_MODES, Layout
+from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
 from paracube.modes import MODES, LayoutBatch, runnable_modes
 from paracube.modes.stages import split_ok
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
@@ -64,6 +71,9 @@ class _Search:
     micro_batches: list[int] | None
     runnable: bool
     top_k: int
+    zeros: tuple[int, ...] = (0,)
+    rc_pin: bool = False  # the layouts found carry their recomputation (rc=): it was searched or pinned
+    overlap: bool = False  # gradient reduction overlapped with backward (Layout.overlap) in every layout
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
@@ -72,7 +82,7 @@ class _Search:
 
 
 def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int] | None,
-             runnable: bool = False) -> list[tuple[int, ...]]:
+             runnable: bool = False, fixed: Layout | None = None) -> list[tuple[int, ...]]:
     """(dp, pp, t, q, depth, mb, v, sp) rows (LayoutBatch order) of one structure."""
     m = MODES[st.mode]
     per_replica = d_global // st.dp if d_global % st.dp == 0 else 0
@@ -80,6 +90,8 @@ def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int]
     vs = [v for v in divisors(-(-layers // st.pp)) if split_ok(layers, st.pp, v)] if st.pp > 1 else [1]
     with_sp = m.sequence_parallel and not (runnable and not (m.executor and m.executor.sequence_parallel))
     sps = (0, 1) if with_sp else (0,)
+    if fixed is not None and fixed.forbid_sp:
+        sps = (0,)
     q = st.shape[0] if st.shape else 1
     t = int(np.prod(st.shape)) if st.shape else 1
     depth = m.depth(st.shape)
@@ -93,14 +105,20 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
     for name in ("dp", "pp", "micro_batch", "interleave", "sequence_parallel"):
         if getattr(fixed, name) != getattr(base, name) and getattr(fixed, name) != getattr(layout, name):
             return False
+    if fixed.forbid_sp and layout.sequence_parallel:
+        return False
     if fixed.mode != "none" and (fixed.mode, fixed.shape) != (layout.mode, layout.shape):
         return False
     return not fixed.placement or fixed.effective_placement == layout.effective_placement
 
 
-def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...]) -> Layout:
+def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
+            recompute: str | None = None, overlap: bool = False) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
+        overlap=overlap and st.dp > 1,
+        zero=zero,
+        recompute=recompute,
         dp=st.dp,
         pp=st.pp,
         mode=st.mode,
@@ -145,9 +163,11 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
     return sts
 
 
-def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter) -> np.ndarray:
+def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the configurations that pass the size rules and fit in device memory (placement changes
-    neither); each rejection counts once per placement of its structure."""
+    neither), and each one's zero stage (the lowest of `s.zeros` that fits); each rejection counts once per
+    placement of its structure."""
     viol = first_violation(mode, s.d, batch)
     for i, (text, _) in enumerate(rules(mode)):
         cnt = int(n_places[viol == i].sum())
@@ -155,15 +175,20 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
             rejected[text] += cnt
     idx = np.nonzero(viol < 0)[0]
     if not len(idx):
-        return idx
+        return idx, idx
     sub = batch.take(idx)
-    mem = np.maximum(total(stage_memory(s.d, mode, sub, True, False)),
-                     total(stage_memory(s.d, mode, sub, False, True)))
-    fits = mem <= s.mem_cap
+    mems = [stage_memory(s.d, mode, sub, True, False), stage_memory(s.d, mode, sub, False, True)]
+    zero = np.full(len(idx), -1)
+    for z in sorted(s.zeros):
+        if z and not np.any(sub.dp > 1):
+            continue
+        mem = np.maximum(*(total(with_zero(m, sub.dp, z * np.ones_like(sub.dp))) for m in mems))
+        zero = np.where((zero < 0) & (mem <= s.mem_cap) & ((z == 0) | (sub.dp > 1)), z, zero)
+    fits = zero >= 0
     over = int(n_places[idx[~fits]].sum())
     if over:
         rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
-    return idx[fits]
+    return idx[fits], zero[fits]
 
 
 def _link_matrix(s: _Search, mode: str, idx: np.ndarray, owners: list[Structure],
@@ -189,13 +214,14 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     owners: list[Structure] = []
     rows: list[tuple[int, ...]] = []
     for st in sts:
-        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.runnable):
+        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.runnable, s.fixed):
             rows.append(cfg)
             owners.append(st)
     batch = LayoutBatch.of_rows(rows)
     n_places = np.array([len(places[st]) for st in owners])
     mode_rej: Counter = Counter()
-    idx = _valid(s, mode, batch, n_places, mode_rej)
+    idx, zeros = _valid(s, mode, batch, n_places, mode_rej)
+    zero_of = dict(zip(idx.tolist(), zeros.tolist(), strict=True))
     layout_rows, link_mat = _link_matrix(s, mode, idx, owners, places, n_places)
     s.rejected.update(mode_rej)
     if not len(layout_rows):
@@ -204,16 +230,22 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         return
     place_idx = np.concatenate([np.arange(c) for c in n_places[idx]])
     links = {ax: (link_mat[:, n, 0], link_mat[:, n, 1]) for n, ax in enumerate(axes_used(mode))}
-    res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows)
+    zero_all = np.zeros(len(batch), dtype=np.int64)
+    zero_all[idx] = zeros
+    res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows, zero=zero_all if s.zeros != (0,) else None,
+                   overlap=s.overlap)
     s.scored += len(layout_rows)
     taken = 0
     for j in np.argsort(res.step_time, kind="stable"):
         st = owners[layout_rows[j]]
-        lay = _layout(st, batch.row(int(layout_rows[j])), places[st][place_idx[j]][0])
+        row = int(layout_rows[j])
+        lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], zero_of[row],
+                      s.d.recompute if s.rc_pin else None, s.overlap)
         if not _matches(lay, s.fixed):
             continue
         s.best.append((float(res.step_time[j]), lay))
-        s.per_mode_best.setdefault(mode, s.best[-1])
+        if mode not in s.per_mode_best or s.best[-1][0] < s.per_mode_best[mode][0]:
+            s.per_mode_best[mode] = s.best[-1]
         taken += 1
         if taken >= s.top_k:
             break
@@ -234,6 +266,19 @@ def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None) -> list[str
     return modes
 
 
+def _choices(training: TrainingSpec, fixed: Layout | None, recomputes: list[str] | None,
+             zeros: list[int] | None) -> tuple[list[str], tuple[int, ...]]:
+    """Recomputations and zero stages to search: the layout's pins first, then the caller's lists."""
+    rcs = [fixed.recompute] if fixed is not None and fixed.recompute else list(recomputes or [training.recompute])
+    for rc in rcs:
+        check(rc in RECOMPUTES, f"recompute {rc!r} is not valid; valid: {', '.join(RECOMPUTES)}")
+    # A pinned zero=3 is not priced: searched as zero=0 (the CLI carries the pin and says so).
+    zs = (fixed.zero,) if fixed is not None and fixed.zero == 1 else tuple(zeros or (0,))
+    for z in zs:
+        check(z in (0, 1), f"zero={z!r} is not searched; valid: 0, 1 (zero=3 is not priced)")
+    return rcs, zs
+
+
 def search(
     model: ModelSpec,
     training: TrainingSpec,
@@ -244,6 +289,9 @@ def search(
     micro_batches: list[int] | None = None,
     top_k: int = 10,
     runnable: bool = False,
+    recomputes: list[str] | None = None,
+    zeros: list[int] | None = None,
+    overlap: bool = False,
 ) -> SearchResult:
     """Rank every valid layout of `gpus` devices by predicted step time; raise ParacubeError if none fits.
     `runnable`: only layouts paracube's executor runs (each mode's ExecutorSupport: pp = 1, no sequence
@@ -251,12 +299,18 @@ def search(
     t0 = time.perf_counter()
     modes = _modes(modes, gpus, fixed)
     d = dims_of(model, training)
+    rcs, zs = _choices(training, fixed, recomputes, zeros)
     s = _Search(model, d, gemm_model(topo, training.dtype), float(topo.device.memory_bytes),  # type: ignore[arg-type, attr-defined]
-                LinkCache(topo), fixed, micro_batches, runnable, top_k)
-    for mode in modes:
-        sts = _mode_structures(s, mode, gpus)
-        if sts:
-            _search_mode(s, mode, sts)
+                LinkCache(topo), fixed, micro_batches, runnable, top_k, zs,
+                len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
+                overlap or (fixed is not None and fixed.overlap))
+    for rc in rcs:
+        s.d = replace(d, recompute=rc)
+        for mode in modes:
+            sts = _mode_structures(s, mode, gpus)
+            if sts:
+                _search_mode(s, mode, sts)
+    s.d = d
     if not s.best:
         lines = "; ".join(f"{m}: {why}" for m, why in s.explanations.items())
         raise ParacubeError(

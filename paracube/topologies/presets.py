@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from paracube.errors import check
+from paracube.topologies.calibration import Calibration, GemmFit
 from paracube.topologies.topology import DeviceSpec, Topology
 
 # --- link rates (bytes/s, one direction) ------------------------------------------------------------------
@@ -41,6 +42,9 @@ GiB = 2**30
 # V100 SXM2 datasheet: 125 TF tensor fp16, 15.7 TF fp32, 900 GB/s HBM2. No bf16 hardware: bf16 at fp32 speed.
 V100_SXM2_16GB = DeviceSpec("V100-SXM2-16GB", {"fp32": 15.7e12, "fp16": 125e12, "bf16": 15.7e12},
                             16 * GiB, 900e9)
+# V100 SXM3 32GB (DGX-2 datasheet: 2 PFLOPS fp16 tensor over 16 GPUs = 125 TF each), 900 GB/s HBM2.
+V100_SXM3_32GB = DeviceSpec("V100-SXM3-32GB", {"fp32": 15.7e12, "fp16": 125e12, "bf16": 15.7e12},
+                            32 * GiB, 900e9)
 # Quadro RTX 5000 datasheet: 89.2 TF tensor fp16, 11.2 TF fp32, 448 GB/s GDDR6. No bf16 (Turing).
 RTX5000_16GB = DeviceSpec("Quadro-RTX-5000-16GB", {"fp32": 11.2e12, "fp16": 89.2e12, "bf16": 11.2e12},
                           16 * GiB, 448e9)
@@ -52,7 +56,68 @@ H100_SXM_80GB = DeviceSpec("H100-SXM-80GB", {"fp32": 67e12, "tf32": 494.7e12, "f
                            80 * GiB, 3.35e12)
 
 DEVICES: dict[str, DeviceSpec] = {
-    d.name: d for d in (V100_SXM2_16GB, RTX5000_16GB, A100_SXM_80GB, H100_SXM_80GB)}
+    d.name: d for d in (V100_SXM2_16GB, V100_SXM3_32GB, RTX5000_16GB, A100_SXM_80GB, H100_SXM_80GB)}
+
+
+# --- efficiencies fitted once on the published runs ------------------------------------------------------
+# Peaks above stay the spec sheets'. These few efficiencies, the same for every run, were fitted by
+# `paracube calibrate --from-runs benchmarks/data/published_runs.csv` (calibration/from_runs.py; fit and
+# held-out rows: benchmarks/published_runs.py). Per device: GEMM efficiency curve eff_max x m/(m+m0) x
+# n/(n+m0) x k/(k+m0) (compute.GemmModel, m0 = n0 = k0) and the memory-bound efficiency mem_eff (fraction
+# of HBM bandwidth the fused elementwise kernels and Adam reach). Per fabric: the fraction of the nominal
+# per-direction rate a collective reaches (NCCL bus bandwidth / link rate).
+# Fitted 2026-11 on the fit rows of benchmarks/data/published_runs.csv (eff_max and mem_eff end at the upper
+# ends of their plausible ranges, 0.95 and 0.9; with m0 ~ 330 a 4096^3 fp16 GEMM runs at 75% of peak).
+DEVICE_EFF: dict[str, dict[str, float]] = {
+    "A100-SXM-80GB": {"eff_max": 0.95, "m0": 332.0, "mem_eff": 0.90},
+    "V100-SXM3-32GB": {"eff_max": 0.95, "m0": 171.0, "mem_eff": 0.90},
+}
+FABRIC_EFF: dict[str, float] = {"nvlink2-nvswitch": 0.47, "nvlink3-nvswitch": 0.50, "hdr-ib": 0.78}
+# Not exercised by any published run of the set: H100 / NVLink4 / NDR take the A100 generation's figures,
+# EDR the HDR one (stated, not fitted).
+DEVICE_EFF["H100-SXM-80GB"] = DEVICE_EFF["A100-SXM-80GB"]
+FABRIC_EFF.update({"nvlink4-nvswitch": FABRIC_EFF["nvlink3-nvswitch"], "ndr-ib": FABRIC_EFF["hdr-ib"],
+                   "edr-ib": FABRIC_EFF["hdr-ib"]})
+
+
+def fabric_eff(name: str) -> float:
+    """The fitted efficiency of a fabric (H100's NVLink4 / NDR default to the A100 generation's)."""
+    return FABRIC_EFF.get(name, 1.0)
+
+
+def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = None) -> Calibration | None:
+    """The device's fitted GEMM / memory efficiencies (or `eff`) as a calibration (None: no fit)."""
+    eff = eff or DEVICE_EFF.get(device.name)
+    if eff is None:
+        return None
+    m0 = eff["m0"]
+    return Calibration(gemm=GemmFit(eff_max=eff["eff_max"], m0=m0, n0=m0, k0=m0, mem_eff=eff["mem_eff"]))
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Efficiencies of one cluster (a device and its two fabrics), as fitted by calibration/from_runs.py;
+    a preset built with `fit=` uses them instead of the shipped DEVICE_EFF / FABRIC_EFF."""
+
+    eff_max: float
+    m0: float
+    mem_eff: float
+    intra: float  # NVLink / NVSwitch: fraction of the nominal rate a collective reaches
+    inter: float  # InfiniBand
+
+    def device(self) -> dict[str, float]:
+        return {"eff_max": self.eff_max, "m0": self.m0, "mem_eff": self.mem_eff}
+
+
+def _eff(fit: Fit | None, fabric: str) -> float:
+    if fit is None:
+        return fabric_eff(fabric)
+    return fit.intra if fabric.startswith("nvlink") else fit.inter
+
+
+def _fitted(topo: Topology, fit: Fit | None = None) -> Topology:
+    topo.calibration = published_calibration(topo.device, None if fit is None else fit.device())
+    return topo
 
 
 def _gpu(g: nx.Graph, node: int, local: int, **attrs: object) -> str:
@@ -173,26 +238,41 @@ def frontera_rtx(nodes: int = 16, gpus_per_node: int = 4, oversubscription: floa
     return Topology("frontera-rtx", g, RTX5000_16GB, nodes, gpus_per_node)
 
 
-def dgx_a100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 1.0) -> Topology:
+def dgx_a100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 1.0,
+             fit: Fit | None = None) -> Topology:
     """NVIDIA DGX A100 (datasheet): 8 x A100-SXM-80GB on NVSwitch, 600 GB/s bidirectional per GPU (300 each
     way); 8 x ConnectX-6 HDR 200 Gb/s compute NICs, one per GPU behind a PCIe Gen4 switch. SuperPOD
     reference architecture: rail-optimized, scalable units of 20 nodes on 40-port HDR leaves (20 down/20 up).
     """
     check(1 <= gpus_per_node <= 8, f"dgx-a100: gpus_per_node={gpus_per_node!r}; valid: 1..8")
-    return build_switched("dgx-a100", A100_SXM_80GB, nodes, gpus_per_node, 300e9, NVLINK_LAT, HDR_IB, NIC_LAT,
-                          nics_per_node=gpus_per_node, pcie_bandwidth=PCIE4_X16, nodes_per_leaf=20,
-                          oversubscription=oversubscription)
+    return _fitted(build_switched(
+        "dgx-a100", A100_SXM_80GB, nodes, gpus_per_node, 300e9 * _eff(fit, "nvlink3-nvswitch"), NVLINK_LAT,
+        HDR_IB * _eff(fit, "hdr-ib"), NIC_LAT, nics_per_node=gpus_per_node, pcie_bandwidth=PCIE4_X16,
+        nodes_per_leaf=20, oversubscription=oversubscription), fit)
 
 
-def dgx_h100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 1.0) -> Topology:
+def dgx2_v100(nodes: int = 16, gpus_per_node: int = 16, oversubscription: float = 1.0,
+              fit: Fit | None = None) -> Topology:
+    """NVIDIA DGX-2 (datasheet): 16 x V100-SXM3-32GB on 12 NVSwitches, 6 NVLink 2.0 bricks per GPU = 150 GB/s
+    each way; 8 x Mellanox EDR 100 Gb/s NICs (one per GPU pair, behind PCIe Gen3 switches)."""
+    check(1 <= gpus_per_node <= 16, f"dgx2-v100: gpus_per_node={gpus_per_node!r}; valid: 1..16")
+    return _fitted(build_switched(
+        "dgx2-v100", V100_SXM3_32GB, nodes, gpus_per_node, 6 * NVLINK2_BRICK * _eff(fit, "nvlink2-nvswitch"),
+        NVLINK_LAT, EDR_IB * _eff(fit, "edr-ib"), NIC_LAT, nics_per_node=max(1, gpus_per_node // 2),
+        pcie_bandwidth=PCIE3_X16, nodes_per_leaf=18, oversubscription=oversubscription), fit)
+
+
+def dgx_h100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 1.0,
+             fit: Fit | None = None) -> Topology:
     """NVIDIA DGX H100 (datasheet): 8 x H100-SXM-80GB on NVSwitch, 900 GB/s bidirectional per GPU (450 each
     way); 8 x ConnectX-7 NDR 400 Gb/s compute NICs, one per GPU (PCIe Gen5). SuperPOD: rail-optimized,
     scalable units of 32 nodes on 64-port NDR leaves (32 down/32 up).
     """
     check(1 <= gpus_per_node <= 8, f"dgx-h100: gpus_per_node={gpus_per_node!r}; valid: 1..8")
-    return build_switched("dgx-h100", H100_SXM_80GB, nodes, gpus_per_node, 450e9, NVLINK_LAT, NDR_IB, NIC_LAT,
-                          nics_per_node=gpus_per_node, pcie_bandwidth=PCIE5_X16, nodes_per_leaf=32,
-                          oversubscription=oversubscription)
+    return _fitted(build_switched(
+        "dgx-h100", H100_SXM_80GB, nodes, gpus_per_node, 450e9 * _eff(fit, "nvlink4-nvswitch"), NVLINK_LAT,
+        NDR_IB * _eff(fit, "ndr-ib"), NIC_LAT, nics_per_node=gpus_per_node, pcie_bandwidth=PCIE5_X16,
+        nodes_per_leaf=32, oversubscription=oversubscription), fit)
 
 
 def _host_memory_bytes() -> float:
@@ -233,6 +313,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("longhorn", longhorn, 4, 16, "TACC Longhorn: 4 x V100-SXM2-16GB (NVLink 2.0 pairs), 1 x EDR IB"),
     Preset("frontera-rtx", frontera_rtx, 4, 16, "TACC Frontera RTX: 4 x Quadro RTX 5000, PCIe 3, 1 x FDR IB"),
+    Preset("dgx2-v100", dgx2_v100, 16, 16, "DGX-2: 16 x V100-SXM3-32GB, NVSwitch 150 GB/s, 8 x EDR 100 Gb/s"),
     Preset("dgx-a100", dgx_a100, 8, 16, "DGX A100: 8 x A100-SXM-80GB, NVSwitch 300 GB/s, 8 x HDR 200 Gb/s"),
     Preset("dgx-h100", dgx_h100, 8, 16, "DGX H100: 8 x H100-SXM-80GB, NVSwitch 450 GB/s, 8 x NDR 400 Gb/s"),
     Preset("local-cpu", local_cpu, 8, 1, "this machine: 8 gloo CPU processes (calibrate to measure)",

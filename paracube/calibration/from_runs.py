@@ -1,0 +1,238 @@
+"""Published (or your own) training runs as a table: parse, predict, fit a few device/fabric efficiencies.
+
+A runs CSV has one row per measured run. Columns (one line of error naming row and field on bad input):
+    run            a name
+    cluster        a preset name (topologies/presets.py), e.g. dgx-a100
+    gpus           world size (the layout's dp x pp x tensor ranks must equal it)
+    model          a model preset (workload.resolve_model) -- or hidden, heads, layers, vocab (gpt, ffn = 4h)
+    seq, global_batch, dtype, recompute (none | selective | full)
+    layout         layout text (layout.parse_layout); fields it leaves open (mb, v) the planner chooses
+    measured_step_s  measured seconds per optimizer step
+    split          optional: fit | held_out (default fit)
+
+Prediction: the planner's best layout matching the row's layout (search with `fixed`), its analytic step
+time. Fit (`fit_runs`): least squares on log(predicted / measured) over the fit rows of the few
+`calibration.gemm` efficiencies (eff_max, the shape constant m0 = n0 = k0, mem_eff) and the fabric
+efficiencies (`link.intra_eff`, `link.inter_eff`: fraction of the spec-sheet NVLink / InfiniBand rate a
+collective reaches), the same for every run: never a per-run factor.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from paracube.errors import ParacubeError, check
+from paracube.layout import Layout, parse_layout
+from paracube.topologies.presets import PRESETS, Fit
+from paracube.workload import ModelSpec, TrainingSpec, resolve_model
+
+REQUIRED = ("run", "cluster", "gpus", "seq", "global_batch", "dtype", "recompute", "layout", "measured_step_s")
+SHAPE = ("hidden", "heads", "layers", "vocab")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    cluster: str
+    gpus: int
+    model: ModelSpec
+    training: TrainingSpec
+    layout: Layout
+    measured_s: float
+    split: str = "fit"
+
+
+def _int(where: str, value: str) -> int:
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise ParacubeError(f"{where}={value!r} must be a positive integer") from None
+    if out < 1:
+        raise ParacubeError(f"{where}={value!r} must be a positive integer")
+    return out
+
+
+def _float(where: str, value: str) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ParacubeError(f"{where}={value!r} must be a positive number of seconds") from None
+    if not out > 0:
+        raise ParacubeError(f"{where}={value!r} must be a positive number of seconds")
+    return out
+
+
+def _model(where: str, row: dict[str, str], seq: int) -> ModelSpec:
+    if row.get("model"):
+        try:
+            return resolve_model(row["model"])
+        except ParacubeError as e:
+            raise ParacubeError(f"{where}: model: {e}") from None
+    missing = [k for k in SHAPE if not row.get(k)]
+    if missing:
+        raise ParacubeError(f"{where}: missing column {missing[0]!r} (give model=PRESET or {', '.join(SHAPE)})")
+    h, heads, layers, vocab = (_int(f"{where}: {k}", row[k]) for k in SHAPE)
+    try:
+        return ModelSpec(row["run"] or "run", layers, h, heads, 4 * h, vocab, seq)
+    except ParacubeError as e:
+        raise ParacubeError(f"{where}: {e}") from None
+
+
+def parse_row(i: int, row: dict[str, str], clusters: tuple[str, ...]) -> Run:
+    """One CSV row (line i of the file) -> Run; one ParacubeError line naming the row and the field."""
+    where = f"row {i} ({row.get('run') or '?'})"
+    for key in REQUIRED:
+        if not (row.get(key) or "").strip():
+            raise ParacubeError(f"{where}: missing {key!r}; columns needed: {', '.join(REQUIRED)}")
+    if row["cluster"] not in clusters:
+        raise ParacubeError(f"{where}: cluster={row['cluster']!r} is not a preset; valid: {', '.join(clusters)}")
+    gpus, seq, batch = (_int(f"{where}: {k}", row[k]) for k in ("gpus", "seq", "global_batch"))
+    model = _model(where, row, seq)
+    try:
+        training = TrainingSpec(global_batch=batch, seq_len=seq, dtype=row["dtype"],  # type: ignore[arg-type]
+                                recompute=row["recompute"], activations="megatron")  # type: ignore[arg-type]
+        layout = parse_layout(row["layout"])
+    except ParacubeError as e:
+        raise ParacubeError(f"{where}: {e}") from None
+    if layout.world_size != gpus:
+        raise ParacubeError(f"{where}: layout={row['layout']!r} has {layout.world_size} ranks, gpus={gpus}")
+    split = (row.get("split") or "fit").strip()
+    if split not in ("fit", "held_out"):
+        raise ParacubeError(f"{where}: split={split!r}; valid: fit, held_out")
+    return Run(row["run"], row["cluster"], gpus, model, training, layout,
+               _float(f"{where}: measured_step_s", row["measured_step_s"]), split)
+
+
+def read_runs(path: str | Path, clusters: tuple[str, ...]) -> list[Run]:
+    p = Path(path)
+    if not p.is_file():
+        raise ParacubeError(f"runs file {str(p)!r} does not exist")
+    with p.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [k for k in REQUIRED if k not in (reader.fieldnames or ())]
+        if missing:
+            raise ParacubeError(f"{p}: missing column {missing[0]!r}; columns needed: {', '.join(REQUIRED)}")
+        return [parse_row(i, row, clusters) for i, row in enumerate(reader, start=2)]
+
+
+def preset_topology(run: Run, fit: Fit | None = None) -> object:
+    """The run's cluster preset at its GPU count, with `fit`'s efficiencies (default: the shipped ones)."""
+    preset = PRESETS[run.cluster]
+    per = min(run.gpus, preset.devices_per_node)
+    check(run.gpus % per == 0, f"run {run.name}: gpus={run.gpus} is not a multiple of {per} per node")
+    if fit is None:
+        return preset.build(run.gpus // per, per)
+    return preset.build(run.gpus // per, per, fit=fit)
+
+
+def step_time(run: Run, layout: Layout, topo: object) -> float:
+    """Analytic step time of a fully specified layout (mb, v chosen) of the run."""
+    from paracube.cost_models.analytic import estimate  # local: calibration sits above cost_models
+
+    return estimate(run.model, run.training, layout, topo, with_events=False).step_time_s
+
+
+PARAMS = ("eff_max", "m0", "mem_eff", "intra", "inter")
+BOUNDS = ((0.2, 0.95), (16.0, 512.0), (0.2, 0.9), (0.1, 1.0), (0.1, 1.0))  # plausible ranges
+
+
+def fit_cluster(runs: list[Run], start: Fit, layouts: list[Layout]) -> tuple[Fit, list[float]]:
+    """Least squares on log(predicted / measured) over `runs` (one cluster) of the five efficiencies of
+    PARAMS, each run's layout (micro-batch, interleave) held at `layouts`. Parameters a run set does not
+    exercise (inter-node efficiency without a multi-node run) stay at `start`."""
+    from scipy.optimize import least_squares
+
+    multi = any(r.gpus > PRESETS[r.cluster].devices_per_node for r in runs)
+    multi_gpu = any(r.gpus > 1 for r in runs)
+    free = [p for p in PARAMS if (p != "inter" or multi) and (p != "intra" or multi_gpu)]
+
+    def fit_of(x: np.ndarray) -> Fit:
+        values = {**{p: getattr(start, p) for p in PARAMS}, **dict(zip(free, x, strict=True))}
+        return Fit(**{k: float(v) for k, v in values.items()})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        f = fit_of(x)
+        return np.array([np.log(step_time(r, lay, preset_topology(r, f)) / r.measured_s)
+                         for r, lay in zip(runs, layouts, strict=True)])
+
+    lo, hi = zip(*(BOUNDS[PARAMS.index(p)] for p in free), strict=True)
+    x0 = np.clip([getattr(start, p) for p in free], lo, hi)
+    res = least_squares(residuals, x0, bounds=(lo, hi), x_scale=np.maximum(x0, 1e-3), diff_step=1e-3,
+                        max_nfev=60)
+    return fit_of(res.x), [float(np.expm1(v)) for v in res.fun]
+
+
+def fit_runs(runs: list[Run], cluster: str, rounds: int = 2) -> tuple[Fit, list[tuple[Run, Layout, float]]]:
+    """Fit the cluster's efficiencies on its `fit` rows; between rounds every run's open choices (mb, v) are
+    re-searched with the new efficiencies. Returns the fit and (run, layout, predicted s) for every row."""
+    mine = [r for r in runs if r.cluster == cluster]
+    check(bool(mine), f"no run on cluster {cluster!r} in the runs file; clusters there: "
+          f"{', '.join(sorted({r.cluster for r in runs}))}")
+    fit_rows = [r for r in mine if r.split == "fit"]
+    check(bool(fit_rows), f"no fit row on cluster {cluster!r} (split column: fit | held_out)")
+    current = shipped_fit(PRESETS[cluster].build(1, 1).device.name, cluster)
+    for _ in range(rounds):
+        layouts = [predict(r, preset_topology(r, current))[0] for r in fit_rows]
+        current, _ = fit_cluster(fit_rows, current, layouts)
+    out = []
+    for r in mine:
+        lay, pred = predict(r, preset_topology(r, current))
+        out.append((r, lay, pred))
+    return current, out
+
+
+def shipped_fit(device: str, cluster: str) -> Fit:
+    """The efficiencies a preset ships (topologies/presets.py DEVICE_EFF, FABRIC_EFF) as a Fit."""
+    from paracube.topologies.presets import DEVICE_EFF, FABRIC_EFF
+
+    eff = DEVICE_EFF.get(device, {"eff_max": 0.85, "m0": 64.0, "mem_eff": 0.8})
+    intra, inter = CLUSTER_FABRICS.get(cluster, ("", ""))
+    return Fit(eff["eff_max"], eff["m0"], eff["mem_eff"], FABRIC_EFF.get(intra, 1.0), FABRIC_EFF.get(inter, 1.0))
+
+
+CLUSTER_FABRICS = {"dgx-a100": ("nvlink3-nvswitch", "hdr-ib"), "dgx2-v100": ("nvlink2-nvswitch", "edr-ib"),
+                   "dgx-h100": ("nvlink4-nvswitch", "ndr-ib")}
+FITTABLE = tuple(CLUSTER_FABRICS)
+
+
+def predict(run: Run, topo: object) -> tuple[Layout, float]:
+    """The planner's best layout matching the run's (its open fields chosen by the search) and its step time
+    (analytic engine). The run's recomputation is pinned; sequence parallelism only where the layout asks."""
+    from paracube.planner.search import search  # local: calibration sits above the planner in the layers
+
+    fixed = run.layout if run.layout.sequence_parallel else run.layout.with_(forbid_sp=True)
+    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1])
+    lay, est = res.ranked[0]
+    return lay, est.step_time_s
+
+
+def cluster_file(cluster: str, fit: Fit) -> dict[str, object]:
+    """The calibrated cluster as a topology file (loader.py's intra_node / inter_node form, any GPU count):
+    the preset's nominal rates times the fitted fabric efficiencies, its device by name, the fitted GEMM and
+    memory efficiencies as `calibration.gemm`. Rates and leaf size are read off a 64-node build of the preset."""
+    preset = PRESETS[cluster]
+    per = preset.devices_per_node
+    topo = preset.build(64, per, fit=fit)
+    g = topo.graph  # type: ignore[attr-defined]
+    nics = sorted(n for n in g.nodes if str(n).startswith("n0.nic"))
+    leaf = next(n for n in g.neighbors(nics[0]) if str(n).startswith("leaf"))
+    pcie = next(d for _, b, d in g.edges(nics[0], data=True) if not str(b).startswith("leaf"))
+    link = g.edges[nics[0], leaf]
+    inter: dict[str, object] = {"bandwidth": float(link["bandwidth"]), "latency": float(link["latency"]),
+                                "nics_per_node": len(nics), "pcie_bandwidth": float(pcie["bandwidth"]),
+                                "pcie_latency": float(pcie["latency"])}
+    per_leaf = sum(1 for n in g.neighbors(leaf) if str(n).startswith("n"))
+    if per_leaf < 64:
+        inter["nodes_per_leaf"] = per_leaf
+    if g.has_edge(leaf, "spine"):
+        inter["spine_latency"] = float(g.edges[leaf, "spine"]["latency"])
+    intra = g.edges["n0.gpu0", "n0.switch"]
+    gemm = {"eff_max": fit.eff_max, "m0": fit.m0, "n0": fit.m0, "k0": fit.m0, "mem_eff": fit.mem_eff}
+    return {"name": f"{cluster}-calibrated", "device": topo.device.name,  # type: ignore[attr-defined]
+            "nodes": preset.default_nodes, "devices_per_node": per,
+            "intra_node": {"bandwidth": float(intra["bandwidth"]), "latency": float(intra["latency"])},
+            "inter_node": inter, "calibration": {"gemm": gemm}}

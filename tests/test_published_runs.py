@@ -1,0 +1,156 @@
+"""Fidelity on published runs: layout pins, the search's recompute / zero / overlap choices, runs CSV input,
+and the calibrated cluster file (calibration/from_runs.py, cli/runs_cmd.py)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from paracube.calibration.from_runs import (
+    cluster_file,
+    fit_runs,
+    predict,
+    preset_topology,
+    read_runs,
+    shipped_fit,
+)
+from paracube.cli.main import main
+from paracube.cost_models.analytic import estimate
+from paracube.errors import ParacubeError
+from paracube.layout import parse_layout
+from paracube.planner import search
+from paracube.topologies import load_topology
+from paracube.topologies.loader import topology_from_dict
+from paracube.topologies.presets import PRESETS
+from paracube.workload import ModelSpec, TrainingSpec
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.csv"
+MODEL = ModelSpec("m", layers=8, hidden=1024, heads=16, ffn_hidden=4096, vocab=51200, seq_len=1024)
+
+
+def _rows() -> list[dict[str, str]]:
+    with DATA.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _write(path: Path, rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_layout_pins_round_trip() -> None:
+    for text in ("dp=2,tp=1d:4,sp=0,zero=1,rc=full,overlap", "dp=2,tp=1d:4,sp,rc=selective", "dp=8,tp=none"):
+        assert str(parse_layout(text)) == text
+        assert parse_layout(str(parse_layout(text))) == parse_layout(text)
+    for bad, word in (("dp=2,tp=1d:2,rc=some", "rc='some'"), ("dp=2,tp=1d:2,sp=2", "sp='2'"),
+                      ("dp=2,tp=1d:2,sp,sp=0", "twice"), ("dp=2,overlap=x", "overlap='x'")):
+        with pytest.raises(ParacubeError, match=word):
+            parse_layout(bad)
+
+
+def test_search_respects_pins_and_chooses_recompute() -> None:
+    topo = load_topology("dgx-a100", gpus=16)
+    training = TrainingSpec(global_batch=64, dtype="bf16")
+    free = search(MODEL, training, topo, 16, modes=["1d"], recomputes=["none", "selective", "full"], top_k=50)
+    chosen = {lay.recompute for lay, _ in free.ranked}
+    assert chosen <= {"none", "selective", "full"} and None not in chosen
+    # the best layout's estimate is that of its recomputation, as if pinned through TrainingSpec
+    lay, est = free.ranked[0]
+    direct = estimate(MODEL, replace(training, recompute=lay.recompute), lay.with_(recompute=None), topo)
+    assert est.step_time_s == pytest.approx(direct.step_time_s, rel=1e-9)
+    pinned = search(MODEL, training, topo, 16, fixed=parse_layout("dp=2,tp=1d:8,sp=0,rc=full"), top_k=20,
+                    recomputes=["none", "selective", "full"])
+    assert all(lay.recompute == "full" and not lay.sequence_parallel for lay, _ in pinned.ranked)
+
+
+def test_zero1_chosen_only_to_fit() -> None:
+    big = ModelSpec("big", layers=40, hidden=6144, heads=48, ffn_hidden=4 * 6144, vocab=51200, seq_len=2048)
+    training = TrainingSpec(global_batch=1024, dtype="fp16", recompute="full", activations="megatron")
+    fixed = parse_layout("dp=32,tp=1d:8,sp=0")
+    topo = load_topology("dgx-a100", gpus=256)
+    cap = topo.device.memory_bytes
+    lay, est = search(big, training, topo, 256, fixed=fixed, zeros=[0, 1], top_k=1).ranked[0]
+    assert lay.zero == 1 and est.memory.total <= cap
+    unsharded = estimate(big, training, lay.with_(zero=0), topo, with_events=False)
+    assert unsharded.memory.total > cap  # zero=1 was needed to fit this layout
+    assert unsharded.step_time_s == pytest.approx(est.step_time_s, rel=1e-2)  # only the Adam step shrinks
+    lay0, _ = search(big, training, topo, 256, fixed=fixed, zeros=[0], top_k=1).ranked[0]
+    assert lay0.zero == 0 and (lay0.micro_batch or 0) < (lay.micro_batch or 0)
+    small = search(MODEL, TrainingSpec(global_batch=64, dtype="bf16"), load_topology("dgx-a100", gpus=16), 16,
+                   zeros=[0, 1], top_k=5)
+    assert all(lay.zero == 0 for lay, _ in small.ranked)  # zero=1 changes no step time: taken only to fit
+
+
+def test_overlap_hides_gradient_reduction_up_to_one_backward() -> None:
+    topo = load_topology("dgx-a100", gpus=32)
+    training = TrainingSpec(global_batch=64, dtype="bf16")
+    lay = parse_layout("dp=32,tp=none,mb=1")
+    plain = estimate(MODEL, training, lay, topo)
+    over = estimate(MODEL, training, lay.with_(overlap=True), topo)
+    grad = plain.comm_time_by_axis["dp"]
+    n_micro = 64 // 32
+    hidden = min(grad, 2 / 3 * (plain.compute_time_s - _optim(plain)) / n_micro)
+    assert plain.step_time_s - over.step_time_s == pytest.approx(hidden, rel=1e-2)
+    assert over.exposed_comm_time_s < plain.exposed_comm_time_s
+
+
+def _optim(est: object) -> float:
+    """The optimizer step's part of compute: what compute has beyond the per-micro-batch work."""
+    from paracube.cost_models.compute import gemm_model, optimizer_time
+
+    g = gemm_model(load_topology("dgx-a100", gpus=32), "bf16")
+    return float(optimizer_time(MODEL.num_parameters(), 2, g))
+
+
+@pytest.mark.parametrize("field,value,word", [
+    ("measured_step_s", "abc", "measured_step_s='abc'"),
+    ("cluster", "dgx-z", "cluster='dgx-z'"),
+    ("layout", "dp=2,tp=1d:2", "layout='dp=2,tp=1d:2' has 4 ranks"),
+    ("recompute", "most", "recompute"),
+])
+def test_runs_csv_errors_name_row_and_field(tmp_path: Path, field: str, value: str, word: str) -> None:
+    rows = [r for r in _rows() if r["run"].startswith("v-")]
+    rows[1][field] = value
+    path = _write(tmp_path / "runs.csv", rows)
+    with pytest.raises(ParacubeError, match=r"row 3 \(v-2.03B\)") as err:
+        read_runs(path, tuple(PRESETS))
+    assert word in str(err.value) and "\n" not in str(err.value)
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--from-runs", str(path), "--cluster", "dgx2-v100", "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_runs_csv_missing_column(tmp_path: Path) -> None:
+    rows = [{k: v for k, v in r.items() if k != "global_batch"} for r in _rows()[:2]]
+    with pytest.raises(ParacubeError, match="missing column 'global_batch'"):
+        read_runs(_write(tmp_path / "runs.csv", rows), tuple(PRESETS))
+
+
+def test_fit_and_calibrated_file_reproduce_predictions(tmp_path: Path) -> None:
+    """Fit the V100 rows (single node: fast); the written cluster file predicts what the fit predicted."""
+    runs = [r for r in read_runs(DATA, tuple(PRESETS)) if r.cluster == "dgx2-v100"]
+    fit, rows = fit_runs(runs, "dgx2-v100", rounds=1)
+    for name in ("eff_max", "mem_eff", "intra"):
+        assert 0.1 <= getattr(fit, name) <= 1.0
+    data = cluster_file("dgx2-v100", fit)
+    for r, lay, pred in rows:
+        lay_again, again = predict(r, topology_from_dict(data, gpus=r.gpus))
+        assert lay_again == lay and again == pytest.approx(pred, rel=1e-9)
+        assert predict(r, preset_topology(r, fit))[1] == pytest.approx(pred, rel=1e-9)
+
+
+def test_largest_published_layouts_plannable() -> None:
+    """Table 1's largest rows (pp = 16, 35, 64) are plannable with the shipped presets, none refused."""
+    runs = [r for r in read_runs(DATA, tuple(PRESETS)) if r.split == "held_out" and r.gpus >= 1920]
+    assert len(runs) == 3
+    shipped = shipped_fit("A100-SXM-80GB", "dgx-a100")
+    for r in runs:
+        lay, pred = predict(r, preset_topology(r))
+        assert lay.pp == r.layout.pp and lay.mode == r.layout.mode and not lay.sequence_parallel
+        assert pred == pytest.approx(predict(r, preset_topology(r, shipped))[1], rel=1e-9)
