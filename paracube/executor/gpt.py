@@ -34,19 +34,25 @@ def _implementation(impl: str) -> type[Mode]:
 # What the executor runs: every mode whose declaration (paracube/modes) names an implementation.
 MODES: dict[str, type[Mode]] = {name: _implementation(m.executor.impl)
                                 for name, m in TENSOR_MODES.items() if m.executor is not None}
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "selective", "full")
 
 
 class Attention(nn.Module):
-    def __init__(self, mode: Mode):
+    def __init__(self, mode: Mode, selective: bool = False):
         super().__init__()
         h = mode.spec.hidden
-        self.heads = mode.heads_local
+        self.heads, self.selective = mode.heads_local, selective
         self.qkv = mode.linear("qkv", h, 3 * h, True)
         self.proj = mode.linear("proj", h, h, True)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(local_attention(self.qkv(x), self.heads))
+        qkv = self.qkv(x)
+        if self.selective and torch.is_grad_enabled():
+            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward.
+            out = checkpoint(local_attention, qkv, self.heads, use_reentrant=False, preserve_rng_state=False)
+        else:
+            out = local_attention(qkv, self.heads)
+        return self.proj(out)
 
 
 class MLP(nn.Module):
@@ -61,10 +67,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, mode: Mode):
+    def __init__(self, mode: Mode, selective: bool = False):
         super().__init__()
         self.ln1 = mode.layer_norm()
-        self.attn = Attention(mode)
+        self.attn = Attention(mode, selective)
         self.ln2 = mode.layer_norm()
         self.mlp = MLP(mode)
 
@@ -110,7 +116,7 @@ class ParallelGPT(nn.Module):
         self.mode = MODES[mode_name](spec, mesh)
         self.tok_emb = self.mode.token_embedding()
         self.pos_emb = self.mode.position_embedding()
-        self.blocks = nn.ModuleList(Block(self.mode) for _ in range(spec.layers))
+        self.blocks = nn.ModuleList(Block(self.mode, recompute == "selective") for _ in range(spec.layers))
         self.ln_f = self.mode.layer_norm()
         self.head = self.mode.linear("head", spec.hidden, spec.vocab, False)
         self.shard_specs: dict[str, ShardSpec] = {}
@@ -131,6 +137,13 @@ class ParallelGPT(nn.Module):
             with set_checkpoint_early_stop(False):
                 return checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
         return block(x)
+
+    def reduce_sequence_parallel_grads(self) -> None:
+        """Once per step, before the data-parallel gradient sum: 1D + sp sums the partial gradients of the
+        parameters used on sequence shards over tp (a no-op in every other layout)."""
+        reduce = getattr(self.mode, "reduce_sequence_parallel_grads", None)
+        if reduce is not None:
+            reduce()
 
     def token_losses(self, x: Tensor, labels: Tensor) -> Tensor:
         """Per-token losses of the local tokens: x in block layout, labels already split."""

@@ -28,6 +28,8 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads
     rules = MODES[mode].executor_rules(s, h, f, V, H, q, micro_batch)
+    if layout.sequence_parallel:
+        rules.append(("seq_len (sequence parallelism)", seq_len, layout.tensor_size))
     if micro_batch is not None:
         rules.append(("global_batch", global_batch, layout.dp * micro_batch))
     for name, value, divisor in rules:

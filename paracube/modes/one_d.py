@@ -8,7 +8,7 @@ fwd / identity bwd after the row linear, [T, h] in the compute dtype. With sp ev
 reduce_scatter (bwd all_gather) and every f an all_gather (bwd reduce_scatter); the embedding's fwd
 all_reduce becomes a reduce_scatter (bwd all_gather, fp32); the head gets fwd all_gather / bwd
 reduce_scatter; parameters used on sequence shards (norms, row biases, pos_emb) get one fused fp32
-gradient all_reduce over tp per step. The executor runs 1D without sp.
+gradient all_reduce over tp per step. The executor runs 1D with and without sp.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class OneD(TensorMode):
     no_shape = "1d needs at least 2 tensor ranks: {n} GPUs leave none"
     sequence_parallel = True
     collective_axes = (TP,)
-    executor = ExecutorSupport("paracube.executor.one_d:Mode1D")
+    executor = ExecutorSupport("paracube.executor.one_d:Mode1D", sequence_parallel=True)
     ops_layer, ops_edge = 99, 85  # 1D with sp assumed to dispatch like 1D
     program_units = ("attn", "mlp")
     merged_units = (("attn", ("qkv", "proj")), ("mlp", ("fc", "fc2")))
