@@ -22,6 +22,7 @@ from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.executor.gpt import ParallelGPT, _resize
 from paracube.layout import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
@@ -76,6 +77,12 @@ def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor
     return local_sum, sum(saved.values())
 
 
+def _block_of(model: ParallelGPT, ref: ParallelGPT, name: str, grad: bool = False) -> torch.Tensor:
+    """This rank's block of the serial parameter (or gradient), the vocabulary zero-padded as the model pads."""
+    full = ref.get_parameter(name)
+    return model.shard_specs[name].take(_resize(full.grad if grad else full, name, model.vocab))
+
+
 def _one_case(rank: int, layout_text: str, recompute: str, model_name: str) -> dict[str, Any]:
     spec, layout = SPECS[model_name], parse_layout(layout_text)
     mesh = Mesh(layout, rank)
@@ -92,9 +99,8 @@ def _one_case(rank: int, layout_text: str, recompute: str, model_name: str) -> d
     (local_sum / tokens).backward()
     model.reduce_sequence_parallel_grads()
     (ref_losses.sum() / tokens).backward()
-    ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        errs[f"grad:{name}"] = rel_err(p.grad, model.shard_specs[name].take(ref_params[name].grad))
+        errs[f"grad:{name}"] = rel_err(p.grad, _block_of(model, ref, name, grad=True))
 
     model, ref = build_model(spec, mesh, seed=7, recompute=recompute), serial_reference(spec, seed=7)
     opt, ref_opt = _adamw(model), _adamw(ref)
@@ -106,9 +112,8 @@ def _one_case(rank: int, layout_text: str, recompute: str, model_name: str) -> d
         ref_res = train_step(ref, ref_opt, ref.mesh, all_micro, tokens, 0.3)
         events = events or [e.key() for e in mesh.recorder.events]
         errs[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
-    ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
+        errs[f"param:{name}"] = rel_err(p, _block_of(model, ref, name))
     return {"errors": errs, "events": events, "activations": saved}
 
 

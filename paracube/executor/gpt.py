@@ -3,6 +3,11 @@
 Parameter names are the serial model's in every mode; `shard_specs[name]` says which block of the full
 tensor a rank holds. Every rank draws the full serial initialization from the seed and keeps its block,
 so a seed gives the same model in every layout.
+
+Vocabulary padding (as Megatron pads): the token embedding's rows and the head's columns are padded up to
+a multiple of the mode's vocab split (`padded` in paracube/modes, the size the cost model counts), the
+padding initialized to zero and its logits set to -inf before the (vocab-parallel) cross-entropy, so they
+take no probability and get zero gradients. Full tensors in and out (state dicts) have the true vocabulary.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +28,7 @@ from paracube.executor.serial import Mode
 from paracube.executor.shards import ShardSpec, gather_full
 from paracube.executor.sizes import check_divisibility
 from paracube.modes import MODES as TENSOR_MODES
+from paracube.modes.base import padded
 from paracube.workload import ModelSpec
 
 
@@ -35,6 +42,19 @@ def _implementation(impl: str) -> type[Mode]:
 MODES: dict[str, type[Mode]] = {name: _implementation(m.executor.impl)
                                 for name, m in TENSOR_MODES.items() if m.executor is not None}
 RECOMPUTE = ("none", "selective", "full")
+VOCAB_DIMS = {"tok_emb.weight": 0, "head.weight": 1}  # parameters padded along the vocabulary
+
+
+def _resize(t: Tensor, name: str, vocab: int) -> Tensor:
+    """`t` with its vocabulary dimension cut or zero-padded to `vocab` (other parameters unchanged)."""
+    dim = VOCAB_DIMS.get(name)
+    if dim is None or t.shape[dim] == vocab:
+        return t
+    if t.shape[dim] > vocab:
+        return t.narrow(dim, 0, vocab)
+    pad = list(t.shape)
+    pad[dim] = vocab - t.shape[dim]
+    return torch.cat([t, t.new_zeros(pad)], dim=dim)
 
 
 class Attention(nn.Module):
@@ -113,12 +133,14 @@ class ParallelGPT(nn.Module):
               f"valid: {', '.join(MODES)}")
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
-        self.mode = MODES[mode_name](spec, mesh)
+        layout = mesh.layout
+        self.vocab = int(padded(spec.vocab, TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)))
+        self.mode = MODES[mode_name](replace(spec, vocab=self.vocab), mesh)
         self.tok_emb = self.mode.token_embedding()
         self.pos_emb = self.mode.position_embedding()
         self.blocks = nn.ModuleList(Block(self.mode, recompute == "selective") for _ in range(spec.layers))
         self.ln_f = self.mode.layer_norm()
-        self.head = self.mode.linear("head", spec.hidden, spec.vocab, False)
+        self.head = self.mode.linear("head", spec.hidden, self.vocab, False)
         self.shard_specs: dict[str, ShardSpec] = {}
         for prefix, module in self.named_modules():
             for pname, pspec in getattr(module, "shard_specs", {}).items():
@@ -147,7 +169,13 @@ class ParallelGPT(nn.Module):
 
     def token_losses(self, x: Tensor, labels: Tensor) -> Tensor:
         """Per-token losses of the local tokens: x in block layout, labels already split."""
-        return self.mode.token_losses(self.head(self.ln_f(x)), labels)
+        logits = self.head(self.ln_f(x))
+        if self.vocab != self.spec.vocab:
+            # The local logits are the head weight's column block (every mode): mask the padded columns.
+            start, size = self.shard_specs["head.weight"].offsets[1], self.shard_specs["head.weight"].sizes[1]
+            padding = torch.arange(start, start + size, device=logits.device) >= self.spec.vocab
+            logits = logits.masked_fill(padding, float("-inf"))
+        return self.mode.token_losses(logits, labels)
 
     def forward(self, ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         b, s = ids.shape
@@ -170,19 +198,21 @@ class ParallelGPT(nn.Module):
         check(not missing, f"state dict lacks parameters {missing[:5]}")
         for name, p in params.items():
             spec = self.shard_specs[name]
-            check(tuple(full[name].shape) == spec.global_shape,
+            tensor = _resize(full[name], name, self.vocab)
+            check(tuple(tensor.shape) == spec.global_shape,
                   f"{name}: shape {tuple(full[name].shape)} != model shape {spec.global_shape}")
-            p.copy_(spec.take(full[name]))
+            p.copy_(spec.take(tensor))
 
     @torch.no_grad()
     def load_init(self, seed: int) -> None:
         params = dict(self.named_parameters())
         for name, full in init_tensors(self.spec, seed):
-            params[name].copy_(self.shard_specs[name].take(full))
+            params[name].copy_(self.shard_specs[name].take(_resize(full, name, self.vocab)))
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, Tensor]:
-        return {n: gather_full(p, self.shard_specs[n], self.mesh) for n, p in self.named_parameters()}
+        return {n: _resize(gather_full(p, self.shard_specs[n], self.mesh), n, self.spec.vocab)
+                for n, p in self.named_parameters()}
 
 
 def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none") -> ParallelGPT:

@@ -156,7 +156,7 @@ class OneD(TensorMode):
 
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:
-        return [("heads", heads, q), ("ffn_hidden", f, q), ("vocab", V, q)]
+        return [("heads", heads, q), ("ffn_hidden", f, q)]
 
 
 MODE = OneD()
