@@ -18,7 +18,11 @@ Per block (1D replicates what is marked "whole"; t = tensor ranks):
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
 stage adds the token ids (8 T bytes); the last stage adds the final LayerNorm, the head's input (and weight
 copy), and the cross-entropy's fp32 softmax over the local vocabulary block plus its indices.
-Full recomputation keeps only each block's fp32 input: e T h per block (/ t outside 1D).
+Sequence parallelism (1D sp): the LayerNorm inputs and statistics are sequence shards (/ t); the column
+linears keep their gathered [T, h] input, so nothing else changes.
+Selective recomputation (checkpointed attention core): keeps the qkv output and drops the log-sum-exp and
+the core's output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input instead).
+Full recomputation keeps only each block's fp32 input: e T h per block (/ t outside 1D and with sp).
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ def _split(mode: str, b: LayoutBatch) -> dict[str, Arr]:
     return MODES[mode].activation_split(b.t.astype(float), b.q.astype(float), b.depth.astype(float))
 
 
+def _sequence_shards(b: LayoutBatch) -> Arr:
+    """Sequence parallelism (1D sp): LayerNorms run on t sequence shards."""
+    return np.where(b.sp > 0, b.t, 1).astype(float)
+
+
 def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     """Bytes one transformer block keeps for backward, one micro-batch, one rank."""
     mb = b.mb.astype(float)
@@ -46,12 +55,16 @@ def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     sp = _split(mode, b)
     replicated = MODES[mode].replicates_activations
     if d.recompute == "full":
-        return E * T * h / (np.ones_like(T) if replicated else sp["all"])
+        return E * T * h / (_sequence_shards(b) if replicated else sp["all"])
     h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
-    attention = c * T * (h_qkv + h) / sp["all"] + 4.0 * mb * d.heads * d.s / sp["all"]
+    attention = c * T * h_qkv / sp["all"]
+    if d.recompute != "selective":  # the attention core's saved output and log-sum-exp
+        attention = attention + 4.0 * mb * d.heads * d.s / sp["all"]
+    if d.recompute != "selective" or replicated:  # 1D: proj's input is the attention output itself
+        attention = attention + c * T * h / sp["all"]
     act_fn_input = E * T * f / sp["all"]
     if replicated:
-        norms = 2 * (E * T * h + 8 * T)
+        norms = 2 * (E * T * h + 8 * T) / _sequence_shards(b)
         linear_inputs = c * T * 2 * h + c * T * f / sp["all"]  # qkv and fc inputs whole; fc2's split
         weights = c * d.sum_w() / sp["gw"] if d.c < 4 else 0.0  # autocast keeps a cast copy of each weight
     else:
@@ -71,7 +84,7 @@ def last_stage_bytes(d: Dims, mode: str, b: LayoutBatch, vocab: Arr) -> Arr:
     h, c = float(d.h), float(d.c)
     tokens = T / sp["tok"]
     if MODES[mode].replicates_activations:
-        norm = E * T * h + 8 * T
+        norm = (E * T * h + 8 * T) / _sequence_shards(b)
         head = c * T * h + (c * h * vocab / sp["vocab"] if d.c < 4 else 0.0)
     else:
         norm = E * T * h / sp["all"] + 4 * T / sp["tok"]
