@@ -90,6 +90,8 @@ def _one_case(rank: int, layout_text: str, recompute: str, model_name: str) -> d
     tokens = layout.dp * B * N_MICRO * spec.seq_len
     errs: dict[str, float] = {}
     model, ref = build_model(spec, mesh, seed=7, recompute=recompute), serial_reference(spec, seed=7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, saved16 = _saved_bytes(build_model(spec, mesh, seed=7, recompute=recompute), *micro[0])
     local_sum, saved = _saved_bytes(model, *micro[0])
     x = ref.embed(micro[0][0])
     for blk in ref.blocks:
@@ -114,7 +116,7 @@ def _one_case(rank: int, layout_text: str, recompute: str, model_name: str) -> d
         errs[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
     for name, p in model.named_parameters():
         errs[f"param:{name}"] = rel_err(p, _block_of(model, ref, name))
-    return {"errors": errs, "events": events, "activations": saved}
+    return {"errors": errs, "events": events, "activations": {"fp32": saved, "bf16": saved16}}
 
 
 def run_cases(rank: int, world: int, cases: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Any]:
@@ -156,12 +158,14 @@ def test_traffic_equals_prediction(results, case) -> None:
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c))
-def test_saved_activations_equal_the_model(results, case) -> None:
+def test_saved_activations_equal_the_model(results, case, dtype) -> None:
     layout = parse_layout(case[0]).with_(micro_batch=B)
-    est = estimate(SPECS[case[2]], _training(case[0], case[1]), layout,
-                   load_topology("local-cpu", gpus=layout.world_size), with_events=False)
-    measured = results[case][0]["activations"]
+    training = replace(_training(case[0], case[1]), dtype=dtype)
+    est = estimate(SPECS[case[2]], training, layout, load_topology("local-cpu", gpus=layout.world_size),
+                   with_events=False)
+    measured = results[case][0]["activations"][dtype]
     assert measured == pytest.approx(est.memory.activations, rel=0.02), (measured, est.memory.activations)
 
 

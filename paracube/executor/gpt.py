@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
-from paracube.executor.functional import local_attention
+from paracube.executor.functional import compute_dtype, local_attention
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode
 from paracube.executor.shards import ShardSpec, gather_full
@@ -136,6 +136,7 @@ class ParallelGPT(nn.Module):
         layout = mesh.layout
         self.vocab = int(padded(spec.vocab, TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)))
         self.mode = MODES[mode_name](replace(spec, vocab=self.vocab), mesh)
+        self.lean_stream = TENSOR_MODES[mode_name].replicates_activations
         self.tok_emb = self.mode.token_embedding()
         self.pos_emb = self.mode.position_embedding()
         self.blocks = nn.ModuleList(Block(self.mode, recompute == "selective") for _ in range(spec.layers))
@@ -151,7 +152,10 @@ class ParallelGPT(nn.Module):
     # --- forward ---------------------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """Block-layout activations of the replica's whole micro-batch ids [b, s]."""
-        return self.tok_emb(ids) + self.pos_emb(ids.shape[1])
+        x = self.tok_emb(ids) + self.pos_emb(ids.shape[1])
+        # none / 1D: the residual stream in the compute dtype (bf16 under autocast), as Megatron keeps it.
+        # 2D / 3D add their biases in fp32, so their stream stays fp32.
+        return x.to(compute_dtype(x)) if self.lean_stream else x
 
     def run_block(self, block: Block, x: Tensor) -> Tensor:
         if self.recompute == "full" and torch.is_grad_enabled():

@@ -4,7 +4,8 @@ embedding, head and cross-entropy. Traffic: docs/algorithms.md "1D".
 Sequence parallelism (layout `sp`, Korthikanti et al. 2022): between the linears the activations
 [b, s/p, h] are sequence shards (LayerNorm and residuals run on them); the column linears (and the head)
 all-gather the sequence first (backward reduce-scatter), the row linears reduce-scatter their partial
-sums (backward all-gather), the token embedding reduce-scatters its partial lookup. Parameters used on
+sums (backward all-gather), the token embedding reduce-scatters its partial lookup. The column linears keep
+only their input shard and all-gather it again in backward (Megatron's choice: activations / p). Parameters used on
 sequence shards (LayerNorms, row-parallel biases, pos_emb) collect partial gradients: they are summed over
 tp once per step (`reduce_sequence_parallel_grads`, one fused fp32 all-reduce).
 """
@@ -15,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from paracube.executor.comm import all_reduce, copy_to_group, gather_fn, reduce_from_group, scatter_fn
+from typing import Any
+
+from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
 from paracube.executor.functional import compute_dtype, vocab_parallel_ce
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, SerialLayerNorm, SerialPositionEmbedding, ShardedModule
@@ -24,6 +27,27 @@ from paracube.workload import ModelSpec
 
 TP = ("tp",)
 SEQ = 1  # the sequence dimension of [b, s, h] activations
+
+
+class _GatherLinear(torch.autograd.Function):
+    """Sequence-parallel column linear: Y = all_gather(X shard) @ A. Like Megatron it keeps only the input
+    shard for backward and all-gathers it again there (`.in.regather`), so saved activations stay / p."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str) -> Tensor:
+        ctx.save_for_backward(x, a)
+        ctx.args = (mesh, label)
+        return all_gather(x, mesh, TP, SEQ, label=f"{label}.in") @ a
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+        x, a = ctx.saved_tensors
+        mesh, label = ctx.args
+        dy = dy.to(a.dtype)
+        xg = all_gather(x, mesh, TP, SEQ, backward=True, label=f"{label}.in.regather")
+        dx = reduce_scatter(dy @ a.t(), mesh, TP, SEQ, backward=True, label=f"{label}.in")
+        da = xg.reshape(-1, xg.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])
+        return dx.to(x.dtype), da, None, None
 
 
 class ColumnLinear(ShardedModule):
@@ -40,13 +64,13 @@ class ColumnLinear(ShardedModule):
 
     def forward(self, x: Tensor) -> Tensor:
         c = compute_dtype(x)
-        # Cast before f so that its collectives run in the compute dtype.
+        # Cast before f so that its collectives run in the compute dtype; the bias too, so that the output
+        # (and what the next op saves) stays in the compute dtype.
         if self.sp:
-            x = gather_fn(x.to(c), self.mesh, TP, SEQ, label=f"{self.label}.in")
+            y = _GatherLinear.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
         else:
-            x = copy_to_group(x.to(c), self.mesh, TP, label=f"{self.label}.f")
-        y = x @ self.weight.to(c)
-        return y + self.bias if self.has_bias else y
+            y = copy_to_group(x.to(c), self.mesh, TP, label=f"{self.label}.f") @ self.weight.to(c)
+        return y + self.bias.to(c) if self.has_bias else y
 
 
 class RowLinear(ShardedModule):
@@ -67,7 +91,7 @@ class RowLinear(ShardedModule):
             y = scatter_fn(y, self.mesh, TP, SEQ, label=f"{self.label}.out")
         else:
             y = reduce_from_group(y, self.mesh, TP, label=f"{self.label}.g")
-        return y + self.bias if self.has_bias else y
+        return y + self.bias.to(c) if self.has_bias else y
 
 
 class VocabParallelEmbedding(ShardedModule):
