@@ -12,11 +12,11 @@ tp once per step (`reduce_sequence_parallel_grads`, one fused fp32 all-reduce).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from typing import Any
 
 from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
 from paracube.executor.functional import compute_dtype, vocab_parallel_ce
