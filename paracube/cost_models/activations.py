@@ -20,8 +20,8 @@ micro-batch, t = tensor ranks, k = t with 1D sequence parallelism (sp) else 1:
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
 stage adds the token ids (8 T bytes); the last stage adds the final LayerNorm, the head's input (and weight
 copy), and the cross-entropy's fp32 softmax over the local vocabulary block plus its indices.
-Selective recomputation (checkpointed attention core): keeps the qkv output and drops the log-sum-exp and
-the core's output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input instead).
+Selective recomputation (checkpointed attention core): keeps the qkv output (2D/3D: fp32) and drops the
+log-sum-exp and the core's output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input).
 Full recomputation keeps only each block's input: c T h / k (serial/1D), e T h / t (2D/3D).
 Against Korthikanti et al. (2022, Table 2; `--activations megatron`): with sp and selective 1D keeps
 32 sbh / t + the log-sum-exp where Megatron keeps 34 sbh / t (no dropout masks here).
@@ -61,7 +61,10 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
         block_input = c * T * h / _sequence_shards(b) if replicated else E * T * h / sp["all"]
         return {"block input": block_input}
     h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
-    attention = c * T * h_qkv / sp["all"]
+    # q, k, v: views of the qkv output, or (2D/3D, whose bias add is fp32) autocast's copies; selective keeps
+    # the qkv output itself, fp32 in 2D/3D.
+    qkv_bytes = E if (d.recompute == "selective" and not replicated) else c
+    attention = qkv_bytes * T * h_qkv / sp["all"]
     if d.recompute != "selective":  # the attention core's saved output and log-sum-exp
         attention = attention + 4.0 * mb * d.heads * d.s / sp["all"]
     if d.recompute != "selective" or replicated:  # 1D: proj's input is the attention output itself
