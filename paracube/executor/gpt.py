@@ -3,6 +3,11 @@
 Parameter names are the serial model's in every mode; `shard_specs[name]` says which block of the full
 tensor a rank holds. Every rank draws the full serial initialization from the seed and keeps its block,
 so a seed gives the same model in every layout.
+
+Vocabulary padding (as Megatron pads): the token embedding's rows and the head's columns are padded up to
+a multiple of the mode's vocab split (`padded` in paracube/modes, the size the cost model counts), the
+padding initialized to zero and its logits set to -inf before the (vocab-parallel) cross-entropy, so they
+take no probability and get zero gradients. Full tensors in and out (state dicts) have the true vocabulary.
 """
 
 from __future__ import annotations
@@ -10,18 +15,20 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
-from paracube.executor.functional import local_attention
+from paracube.executor.functional import compute_dtype, local_attention
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode
 from paracube.executor.shards import ShardSpec, gather_full
 from paracube.executor.sizes import check_divisibility
 from paracube.modes import MODES as TENSOR_MODES
+from paracube.modes.base import padded
 from paracube.modes.stages import stage_chunks
 from paracube.workload import ModelSpec
 
@@ -35,19 +42,38 @@ def _implementation(impl: str) -> type[Mode]:
 # What the executor runs: every mode whose declaration (paracube/modes) names an implementation.
 MODES: dict[str, type[Mode]] = {name: _implementation(m.executor.impl)
                                 for name, m in TENSOR_MODES.items() if m.executor is not None}
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "selective", "full")
+VOCAB_DIMS = {"tok_emb.weight": 0, "head.weight": 1}  # parameters padded along the vocabulary
+
+
+def _resize(t: Tensor, name: str, vocab: int) -> Tensor:
+    """`t` with its vocabulary dimension cut or zero-padded to `vocab` (other parameters unchanged)."""
+    dim = VOCAB_DIMS.get(name)
+    if dim is None or t.shape[dim] == vocab:
+        return t
+    if t.shape[dim] > vocab:
+        return t.narrow(dim, 0, vocab)
+    pad = list(t.shape)
+    pad[dim] = vocab - t.shape[dim]
+    return torch.cat([t, t.new_zeros(pad)], dim=dim)
 
 
 class Attention(nn.Module):
-    def __init__(self, mode: Mode):
+    def __init__(self, mode: Mode, selective: bool = False):
         super().__init__()
         h = mode.spec.hidden
-        self.heads = mode.heads_local
+        self.heads, self.selective = mode.heads_local, selective
         self.qkv = mode.linear("qkv", h, 3 * h, True)
         self.proj = mode.linear("proj", h, h, True)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(local_attention(self.qkv(x), self.heads))
+        qkv = self.qkv(x)
+        if self.selective and torch.is_grad_enabled():
+            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward.
+            out = checkpoint(local_attention, qkv, self.heads, use_reentrant=False, preserve_rng_state=False)
+        else:
+            out = local_attention(qkv, self.heads)
+        return self.proj(out)
 
 
 class MLP(nn.Module):
@@ -62,10 +88,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, mode: Mode):
+    def __init__(self, mode: Mode, selective: bool = False):
         super().__init__()
         self.ln1 = mode.layer_norm()
-        self.attn = Attention(mode)
+        self.attn = Attention(mode, selective)
         self.ln2 = mode.layer_norm()
         self.mlp = MLP(mode)
 
@@ -78,10 +104,10 @@ class StageBlocks(nn.Module):
     """The blocks a pipeline stage holds, under their global indices (so parameter names stay the serial
     model's, `blocks.<i>.`); iterates in order like a ModuleList."""
 
-    def __init__(self, mode: Mode, indices: list[int]):
+    def __init__(self, mode: Mode, indices: list[int], selective: bool = False):
         super().__init__()
         for i in indices:
-            self.add_module(str(i), Block(mode))
+            self.add_module(str(i), Block(mode, selective))
 
     def __iter__(self) -> Iterator[nn.Module]:
         return iter(self._modules.values())  # type: ignore[arg-type]
@@ -127,19 +153,21 @@ class ParallelGPT(nn.Module):
               f"valid: {', '.join(MODES)}")
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
-        self.mode = MODES[mode_name](spec, mesh)
-        # Pipeline stage (modes/stages.py): this stage's model chunks; embedding first, head + loss last.
         layout = mesh.layout
+        self.vocab = int(padded(spec.vocab, TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)))
+        self.mode = MODES[mode_name](replace(spec, vocab=self.vocab), mesh)
+        self.lean_stream = TENSOR_MODES[mode_name].replicates_activations
+        # Pipeline stage (modes/stages.py): this stage's model chunks; embedding first, head + loss last.
         stage = mesh.coord("pp") if layout.pp > 1 else 0
         self.chunks = stage_chunks(spec.layers, layout.pp, layout.interleave, stage)
         self.first_stage, self.last_stage = stage == 0, stage == layout.pp - 1
         if self.first_stage:
             self.tok_emb = self.mode.token_embedding()
             self.pos_emb = self.mode.position_embedding()
-        self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk])
+        self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk], recompute == "selective")
         if self.last_stage:
             self.ln_f = self.mode.layer_norm()
-            self.head = self.mode.linear("head", spec.hidden, spec.vocab, False)
+            self.head = self.mode.linear("head", spec.hidden, self.vocab, False)
         self.shard_specs: dict[str, ShardSpec] = {}
         for prefix, module in self.named_modules():
             for pname, pspec in getattr(module, "shard_specs", {}).items():
@@ -150,7 +178,10 @@ class ParallelGPT(nn.Module):
     # --- forward ---------------------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """Block-layout activations of the replica's whole micro-batch ids [b, s]."""
-        return self.tok_emb(ids) + self.pos_emb(ids.shape[1])
+        x = self.tok_emb(ids) + self.pos_emb(ids.shape[1])
+        # none / 1D: the residual stream in the compute dtype (bf16 under autocast), as Megatron keeps it.
+        # 2D / 3D add their biases in fp32, so their stream stays fp32.
+        return x.to(compute_dtype(x)) if self.lean_stream else x
 
     def run_block(self, block: Block, x: Tensor) -> Tensor:
         if self.recompute == "full" and torch.is_grad_enabled():
@@ -159,9 +190,22 @@ class ParallelGPT(nn.Module):
                 return checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
         return block(x)
 
+    def reduce_sequence_parallel_grads(self) -> None:
+        """Once per step, before the data-parallel gradient sum: 1D + sp sums the partial gradients of the
+        parameters used on sequence shards over tp (a no-op in every other layout)."""
+        reduce = getattr(self.mode, "reduce_sequence_parallel_grads", None)
+        if reduce is not None:
+            reduce()
+
     def token_losses(self, x: Tensor, labels: Tensor) -> Tensor:
         """Per-token losses of the local tokens: x in block layout, labels already split."""
-        return self.mode.token_losses(self.head(self.ln_f(x)), labels)
+        logits = self.head(self.ln_f(x))
+        if self.vocab != self.spec.vocab:
+            # The local logits are the head weight's column block (every mode): mask the padded columns.
+            start, size = self.shard_specs["head.weight"].offsets[1], self.shard_specs["head.weight"].sizes[1]
+            padding = torch.arange(start, start + size, device=logits.device) >= self.spec.vocab
+            logits = logits.masked_fill(padding, float("-inf"))
+        return self.mode.token_losses(logits, labels)
 
     def check_batch(self, ids: Tensor, labels: Tensor) -> None:
         b, s = ids.shape
@@ -199,20 +243,22 @@ class ParallelGPT(nn.Module):
         check(not missing, f"state dict lacks parameters {missing[:5]}")
         for name, p in params.items():
             spec = self.shard_specs[name]
-            check(tuple(full[name].shape) == spec.global_shape,
+            tensor = _resize(full[name], name, self.vocab)
+            check(tuple(tensor.shape) == spec.global_shape,
                   f"{name}: shape {tuple(full[name].shape)} != model shape {spec.global_shape}")
-            p.copy_(spec.take(full[name]))
+            p.copy_(spec.take(tensor))
 
     @torch.no_grad()
     def load_init(self, seed: int) -> None:
         params = dict(self.named_parameters())
         for name, full in init_tensors(self.spec, seed):  # the whole serial draw; keep this stage's tensors
             if name in params:
-                params[name].copy_(self.shard_specs[name].take(full))
+                params[name].copy_(self.shard_specs[name].take(_resize(full, name, self.vocab)))
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, Tensor]:
-        return {n: gather_full(p, self.shard_specs[n], self.mesh) for n, p in self.named_parameters()}
+        return {n: _resize(gather_full(p, self.shard_specs[n], self.mesh), n, self.spec.vocab)
+                for n, p in self.named_parameters()}
 
 
 def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none") -> ParallelGPT:

@@ -1,12 +1,24 @@
 """1D (Megatron) tensor parallelism over axis `tp`: column/row-parallel linears with f/g, vocab-parallel
-embedding, head and cross-entropy. Traffic: docs/algorithms.md "1D"."""
+embedding, head and cross-entropy. Traffic: docs/algorithms.md "1D".
+
+Sequence parallelism (layout `sp`, Korthikanti et al. 2022): between the linears the activations
+[b, s/p, h] are sequence shards (LayerNorm and residuals run on them); the column linears (and the head)
+all-gather the sequence first (backward reduce-scatter), the row linears reduce-scatter their partial
+sums (backward all-gather), the token embedding reduce-scatters its partial lookup. The column linears keep
+only their input shard and all-gather it again in backward (Megatron's choice: activations / p). Parameters used on
+sequence shards (LayerNorms, row-parallel biases, pos_emb) collect partial gradients: they are summed over
+tp once per step (`reduce_sequence_parallel_grads`, one fused fp32 all-reduce).
+"""
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-from torch import Tensor
+from typing import Any
 
-from paracube.executor.comm import copy_to_group, reduce_from_group
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
 from paracube.executor.functional import compute_dtype, vocab_parallel_ce
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, SerialLayerNorm, SerialPositionEmbedding, ShardedModule
@@ -14,14 +26,37 @@ from paracube.executor.shards import block, make_spec
 from paracube.workload import ModelSpec
 
 TP = ("tp",)
+SEQ = 1  # the sequence dimension of [b, s, h] activations
+
+
+class _GatherLinear(torch.autograd.Function):
+    """Sequence-parallel column linear: Y = all_gather(X shard) @ A. Like Megatron it keeps only the input
+    shard for backward and all-gathers it again there (`.in.regather`), so saved activations stay / p."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str) -> Tensor:
+        ctx.save_for_backward(x, a)
+        ctx.args = (mesh, label)
+        return all_gather(x, mesh, TP, SEQ, label=f"{label}.in") @ a
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+        x, a = ctx.saved_tensors
+        mesh, label = ctx.args
+        dy = dy.to(a.dtype)
+        xg = all_gather(x, mesh, TP, SEQ, backward=True, label=f"{label}.in.regather")
+        dx = reduce_scatter(dy @ a.t(), mesh, TP, SEQ, backward=True, label=f"{label}.in")
+        da = xg.reshape(-1, xg.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])
+        return dx.to(x.dtype), da, None, None
 
 
 class ColumnLinear(ShardedModule):
-    """Y[:, cols of this rank] = f(X) @ A[:, cols] + b[cols]; f all-reduces dX in backward."""
+    """Y[:, cols of this rank] = f(X) @ A[:, cols] + b[cols]; f all-reduces dX in backward. With sp, f is
+    an all-gather of the sequence shards (backward reduce-scatter)."""
 
-    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str):
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False):
         super().__init__()
-        self.mesh, self.label, self.has_bias = mesh, label, bias
+        self.mesh, self.label, self.has_bias, self.sp = mesh, label, bias, sp
         cols = block(h_out, mesh, TP)
         self.add_param("weight", make_spec(mesh, (h_in, h_out), {1: cols}))
         if bias:
@@ -29,34 +64,43 @@ class ColumnLinear(ShardedModule):
 
     def forward(self, x: Tensor) -> Tensor:
         c = compute_dtype(x)
-        # Cast before f so that its backward all-reduce runs in the compute dtype.
-        x = copy_to_group(x.to(c), self.mesh, TP, label=f"{self.label}.f")
-        y = x @ self.weight.to(c)
-        return y + self.bias if self.has_bias else y
+        # Cast before f so that its collectives run in the compute dtype; the bias too, so that the output
+        # (and what the next op saves) stays in the compute dtype.
+        if self.sp:
+            y = _GatherLinear.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
+        else:
+            y = copy_to_group(x.to(c), self.mesh, TP, label=f"{self.label}.f") @ self.weight.to(c)
+        return y + self.bias.to(c) if self.has_bias else y
 
 
 class RowLinear(ShardedModule):
-    """Y = g(X[:, rows] @ A[rows, :]) + b; g all-reduces the partial sums in forward. Bias replicated."""
+    """Y = g(X[:, rows] @ A[rows, :]) + b; g all-reduces the partial sums in forward (with sp: reduce-scatters
+    them over the sequence). Bias replicated."""
 
-    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str):
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False):
         super().__init__()
-        self.mesh, self.label, self.has_bias = mesh, label, bias
+        self.mesh, self.label, self.has_bias, self.sp = mesh, label, bias, sp
         self.add_param("weight", make_spec(mesh, (h_in, h_out), {0: block(h_in, mesh, TP)}))
         if bias:
             self.add_param("bias", make_spec(mesh, (h_out,), {}, replicated_axes=TP))
 
     def forward(self, x: Tensor) -> Tensor:
         c = compute_dtype(x)
-        y = reduce_from_group(x.to(c) @ self.weight.to(c), self.mesh, TP, label=f"{self.label}.g")
-        return y + self.bias if self.has_bias else y
+        y = x.to(c) @ self.weight.to(c)
+        if self.sp:
+            y = scatter_fn(y, self.mesh, TP, SEQ, label=f"{self.label}.out")
+        else:
+            y = reduce_from_group(y, self.mesh, TP, label=f"{self.label}.g")
+        return y + self.bias.to(c) if self.has_bias else y
 
 
 class VocabParallelEmbedding(ShardedModule):
-    """Rows V/p of the table; masked lookup, partial embeddings summed over tp (fp32)."""
+    """Rows V/p of the table; masked lookup, partial embeddings summed over tp (fp32; with sp
+    reduce-scattered over the sequence)."""
 
-    def __init__(self, mesh: Mesh, vocab: int, hidden: int):
+    def __init__(self, mesh: Mesh, vocab: int, hidden: int, sp: bool = False):
         super().__init__()
-        self.mesh = mesh
+        self.mesh, self.sp = mesh, sp
         self.v0, self.vl = block(vocab, mesh, TP)
         self.add_param("weight", make_spec(mesh, (vocab, hidden), {0: (self.v0, self.vl)}))
 
@@ -64,7 +108,21 @@ class VocabParallelEmbedding(ShardedModule):
         local = ids - self.v0
         inside = (local >= 0) & (local < self.vl)
         emb = F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1)
+        if self.sp:
+            return scatter_fn(emb, self.mesh, TP, SEQ, label="tok_emb")
         return reduce_from_group(emb, self.mesh, TP, label="tok_emb")
+
+
+class SequenceShardPositions(SerialPositionEmbedding):
+    """The replicated position table; with sp each rank adds the rows of its sequence shard."""
+
+    def __init__(self, mesh: Mesh, seq_len: int, hidden: int):
+        super().__init__(mesh, seq_len, hidden)
+        self.mesh = mesh
+
+    def forward(self, s: int) -> Tensor:
+        start, size = block(s, self.mesh, TP)
+        return self.weight[start:start + size]
 
 
 class Mode1D(Mode):
@@ -73,27 +131,53 @@ class Mode1D(Mode):
     def __init__(self, spec: ModelSpec, mesh: Mesh):
         super().__init__(spec, mesh)
         self.p = mesh.size(TP)
+        self.sp = bool(mesh.layout.sequence_parallel) and self.p > 1
+        self.sequence_parallel_params: list[nn.Parameter] = []  # used on sequence shards (sp only)
 
     @property
     def heads_local(self) -> int:
         return self.spec.heads // self.p
 
+    def _on_shards(self, module: ShardedModule, names: tuple[str, ...]) -> ShardedModule:
+        if self.sp:
+            self.sequence_parallel_params.extend(getattr(module, n) for n in names)
+        return module
+
     def token_embedding(self) -> ShardedModule:
-        return VocabParallelEmbedding(self.mesh, self.spec.vocab, self.spec.hidden)
+        return VocabParallelEmbedding(self.mesh, self.spec.vocab, self.spec.hidden, self.sp)
 
     def position_embedding(self) -> ShardedModule:
-        return _replicated(SerialPositionEmbedding(self.mesh, self.spec.seq_len, self.spec.hidden), self.mesh)
+        cls = SequenceShardPositions if self.sp else SerialPositionEmbedding
+        return self._on_shards(_replicated(cls(self.mesh, self.spec.seq_len, self.spec.hidden), self.mesh),
+                               ("weight",))
 
     def layer_norm(self) -> ShardedModule:
-        return _replicated(SerialLayerNorm(self.mesh, self.spec.hidden), self.mesh)
+        return self._on_shards(_replicated(SerialLayerNorm(self.mesh, self.spec.hidden), self.mesh),
+                               ("weight", "bias"))
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
-        cls = RowLinear if kind in ("proj", "fc2") else ColumnLinear
-        return cls(self.mesh, h_in, h_out, bias, kind)
+        if kind in ("proj", "fc2"):
+            row = RowLinear(self.mesh, h_in, h_out, bias, kind, self.sp)
+            return self._on_shards(row, ("bias",) if bias else ())
+        return ColumnLinear(self.mesh, h_in, h_out, bias, kind, self.sp)
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
         v0, _ = block(self.spec.vocab, self.mesh, TP)
         return vocab_parallel_ce(logits, labels, v0, self.mesh, TP)
+
+    def reduce_sequence_parallel_grads(self) -> None:
+        """Sum the partial gradients of the parameters used on sequence shards over tp: one fp32
+        all-reduce of all of them (modes/one_d.py `sequence_parallel_params`)."""
+        params = self.sequence_parallel_params
+        if not params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = all_reduce(torch.cat([g.reshape(-1).float() for g in grads]), self.mesh, TP,
+                          label="sequence_parallel_params")
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            p.grad = flat[offset:offset + g.numel()].view_as(p).to(p.dtype)
+            offset += g.numel()
 
 
 def _replicated(module: ShardedModule, mesh: Mesh) -> ShardedModule:

@@ -36,7 +36,7 @@ class SerialLinear(ShardedModule):
 
     def forward(self, x: Tensor) -> Tensor:
         y = x @ self.weight
-        return y + self.bias if self.has_bias else y
+        return y + self.bias.to(y.dtype) if self.has_bias else y  # the output stays in the compute dtype
 
 
 class SerialLayerNorm(ShardedModule):
@@ -46,7 +46,8 @@ class SerialLayerNorm(ShardedModule):
         self.add_param("bias", make_spec(mesh, (hidden,), {}))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(x.float(), x.shape[-1:], self.weight, self.bias, eps=1e-5)
+        # Input kept in the compute dtype (statistics in fp32 inside the kernel), as Megatron's LayerNorm.
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, eps=1e-5)
 
 
 class SerialTokenEmbedding(ShardedModule):

@@ -36,6 +36,8 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads
     rules = MODES[mode].executor_rules(s, h, f, V, H, q, micro_batch)
+    if layout.sequence_parallel:
+        rules.append(("seq_len (sequence parallelism)", seq_len, layout.tensor_size))
     if micro_batch is not None:
         # The tensor group splits a micro-batch's sequences token_split ways (2.5D: q * depth).
         rules.append(("micro_batch", micro_batch, layout.token_split))

@@ -46,6 +46,8 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         loss_sum += local_sum.detach().float()
         count += local_count
 
+    with rec.phase("grad_sync"):
+        model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     grad_axes = mesh.layout.tensor_mode.grad_axes  # the mode's declaration: ("dp",); 2.5D ("dp", "dep")
     if mesh.size(grad_axes) > 1:

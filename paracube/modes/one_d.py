@@ -5,10 +5,11 @@ Column-parallel qkv and fc (weights and biases split by columns), row-parallel p
 split by rows, biases replicated); LayerNorms and pos_emb replicated; the vocabulary split p ways.
 Per block half (attn, mlp): f = identity fwd / all_reduce bwd before the column linear, g = all_reduce
 fwd / identity bwd after the row linear, [T, h] in the compute dtype. With sp every g becomes a
-reduce_scatter (bwd all_gather) and every f an all_gather (bwd reduce_scatter); the embedding's fwd
-all_reduce becomes a reduce_scatter (bwd all_gather, fp32); the head gets fwd all_gather / bwd
-reduce_scatter; parameters used on sequence shards (norms, row biases, pos_emb) get one fused fp32
-gradient all_reduce over tp per step. The executor runs 1D without sp.
+reduce_scatter (bwd all_gather) and every f an all_gather (bwd reduce_scatter, plus an all_gather of the
+saved input shard: like Megatron the column linear keeps only its shard and re-gathers it in backward); the
+embedding's fwd all_reduce becomes a reduce_scatter (bwd all_gather, fp32); the head's input is gathered as
+a column linear's; parameters used on sequence shards (norms, row biases, pos_emb) get one fused fp32
+gradient all_reduce over tp per step. The executor runs 1D with and without sp.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _block_half(d: Any, name: str, backward: bool) -> list[Collective]:
 
     first, second = ("reduce_scatter", "all_gather") if backward else ("all_gather", "reduce_scatter")
     plain = "f" if backward else "g"
-    return [
+    regather = [coll("all_gather", TP, COMPUTE, thc, f"{name}.in.regather", when="sp")] if backward else []
+    return regather + [
         coll(first, TP, COMPUTE, thc, f"{name}.in", when="sp"),
         coll(second, TP, COMPUTE, thc, f"{name}.out", when="sp"),
         coll("all_reduce", TP, COMPUTE, thc, f"{name}.{plain}", when="no_sp"),
@@ -57,7 +59,7 @@ class OneD(TensorMode):
     megatron_style = True
     paper = "Megatron-LM (Shoeybi et al. 2019, section 3)"
     collective_axes = (TP,)
-    executor = ExecutorSupport("paracube.executor.one_d:Mode1D", pipeline=True)
+    executor = ExecutorSupport("paracube.executor.one_d:Mode1D", pipeline=True, sequence_parallel=True)
     ops_layer, ops_edge = 99, 85  # 1D with sp assumed to dispatch like 1D
     program_units = ("attn", "mlp")
     merged_units = (("attn", ("qkv", "proj")), ("mlp", ("fc", "fc2")))
@@ -138,6 +140,7 @@ class OneD(TensorMode):
         return [
             coll("all_gather", TP, COMPUTE, thc, "head.in", "fwd", when="sp"),
             coll("reduce_scatter", TP, COMPUTE, thc, "head.in", "bwd", when="sp"),
+            coll("all_gather", TP, COMPUTE, thc, "head.in.regather", "bwd", when="sp"),
             coll("all_reduce", TP, COMPUTE, thc, "head.f", "bwd", when="no_sp"),
             coll("all_reduce", TP, F32, lambda z: 4 * z.T, "loss.max"),
             coll("all_reduce", TP, F32, lambda z: 8 * z.T, "loss.sum"),
@@ -169,7 +172,7 @@ class OneD(TensorMode):
 
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:
-        return [("heads", heads, q), ("ffn_hidden", f, q), ("vocab", V, q)]
+        return [("heads", heads, q), ("ffn_hidden", f, q)]
 
 
 MODE = OneD()

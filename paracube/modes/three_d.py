@@ -189,7 +189,7 @@ class ThreeD(TensorMode):
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:
         return [("micro_batch", micro_batch or q * q, q * q), ("heads", heads, q), ("hidden", h, q**3),
-                ("3*hidden", 3 * h, q**3), ("ffn_hidden", f, q**3), ("vocab", V, q * q), ("seq_len", s, q * q)]
+                ("3*hidden", 3 * h, q**3), ("ffn_hidden", f, q**3), ("seq_len", s, q * q)]
 
 
 MODE = ThreeD()

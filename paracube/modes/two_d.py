@@ -196,7 +196,7 @@ class TwoD(TensorMode):
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:
         return [("micro_batch", micro_batch or q, q), ("heads", heads, q), ("hidden", h, q * q),
-                ("ffn_hidden", f, q * q), ("vocab", V, q), ("seq_len", s, q)]
+                ("ffn_hidden", f, q * q), ("seq_len", s, q)]
 
 
 MODE = TwoD()

@@ -131,13 +131,9 @@ def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], .
 
 
 def _runnable(st: Structure, vocab: int) -> bool:
-    """paracube's executor runs it: the mode and its options, and a vocabulary its split divides (the
-    executor does not pad it)."""
+    """paracube's executor runs it: the mode and its options (any vocabulary: the executor pads it)."""
     m = MODES[st.mode]
-    t = int(np.prod(st.shape)) if st.shape else 1
-    q = st.shape[0] if st.shape else 1
-    return (m.executor is not None and (st.pp == 1 or m.executor.pipeline)
-            and vocab % m.vocab_split(t, q) == 0)
+    return m.executor is not None and (st.pp == 1 or m.executor.pipeline)
 
 
 def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
@@ -150,8 +146,7 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
         sts = [st for st in sts if _runnable(st, s.model.vocab)]
         if not sts:
             s.explanations[mode] = (f"paracube's executor does not run {mode}" if mode not in RUNNABLE_MODES else
-                                    f"the executor needs vocab {s.model.vocab} divisible by its vocab split "
-                                    "(pad it, e.g. 50304 for GPT-2/3)")
+                                    f"paracube's executor runs no {mode} layout of {gpus} GPUs (pp = 1 only)")
             return []
     fixed = s.fixed
     if fixed is not None:
@@ -294,8 +289,8 @@ def search(
     overlap: bool = False,
 ) -> SearchResult:
     """Rank every valid layout of `gpus` devices by predicted step time; raise ParacubeError if none fits.
-    `runnable`: only layouts paracube's executor runs (each mode's ExecutorSupport: pp = 1, no sequence
-    parallelism, a vocabulary its split divides)."""
+    `runnable`: only layouts paracube's executor runs (each mode's ExecutorSupport: pipeline, sequence
+    parallelism)."""
     t0 = time.perf_counter()
     modes = _modes(modes, gpus, fixed)
     d = dims_of(model, training)
