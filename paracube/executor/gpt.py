@@ -1,4 +1,6 @@
 """The GPT of docs/algorithms.md, assembled from one tensor mode's layers (or the serial reference).
+Family llama (spec.family): RMSNorm, rotary positions (no position table), grouped-query attention and
+SwiGLU (executor/llama.py); `tied_embeddings`: the head is the token embedding's transpose (mode.tied_head).
 
 Parameter names are the serial model's in every mode; `shard_specs[name]` says which block of the full
 tensor a rank holds. Every rank draws the full serial initialization from the seed and keeps its block,
@@ -17,6 +19,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
 from paracube.executor.functional import local_attention
+from paracube.executor.llama import LlamaAttention, SwiGLU, llama_init_tensors
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode
 from paracube.executor.shards import ShardSpec, gather_full
@@ -35,6 +38,7 @@ def _implementation(impl: str) -> type[Mode]:
 MODES: dict[str, type[Mode]] = {name: _implementation(m.executor.impl)
                                 for name, m in TENSOR_MODES.items() if m.executor is not None}
 RECOMPUTE = ("none", "full")
+FAMILIES = ("gpt", "llama")  # what the executor builds (a plan of another family is refused, never replaced)
 
 
 class Attention(nn.Module):
@@ -63,10 +67,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, mode: Mode):
         super().__init__()
+        llama = mode.spec.family == "llama"
         self.ln1 = mode.layer_norm()
-        self.attn = Attention(mode)
+        self.attn = LlamaAttention(mode) if llama else Attention(mode)
         self.ln2 = mode.layer_norm()
-        self.mlp = MLP(mode)
+        self.mlp = SwiGLU(mode) if llama else MLP(mode)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln1(x))
@@ -75,6 +80,9 @@ class Block(nn.Module):
 
 def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
     """The serial initialization, one full tensor at a time, in a fixed order (the doc's init)."""
+    if spec.family == "llama":
+        yield from llama_init_tensors(spec, seed)
+        return
     gen = torch.Generator().manual_seed(seed)
     h, f, V, L = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers
 
@@ -95,7 +103,8 @@ def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
             yield p + name + ".bias", torch.zeros(shape[1])
     yield "ln_f.weight", torch.ones(h)
     yield "ln_f.bias", torch.zeros(h)
-    yield "head.weight", normal(h, V)
+    if not spec.tied_embeddings:
+        yield "head.weight", normal(h, V)
 
 
 class ParallelGPT(nn.Module):
@@ -105,14 +114,17 @@ class ParallelGPT(nn.Module):
         mode_name = mesh.layout.mode
         check(mode_name in MODES, f"tensor mode {mode_name!r} is not supported by the executor; "
               f"valid: {', '.join(MODES)}")
+        check(spec.family in FAMILIES, f"model family {spec.family!r} is not built by the executor; "
+              f"valid: {', '.join(FAMILIES)}")
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
         self.mode = MODES[mode_name](spec, mesh)
         self.tok_emb = self.mode.token_embedding()
-        self.pos_emb = self.mode.position_embedding()
+        self.pos_emb = self.mode.position_embedding() if spec.family == "gpt" else None  # llama: rotary
         self.blocks = nn.ModuleList(Block(self.mode) for _ in range(spec.layers))
         self.ln_f = self.mode.layer_norm()
-        self.head = self.mode.linear("head", spec.hidden, spec.vocab, False)
+        self.head = (self.mode.tied_head(self.tok_emb) if spec.tied_embeddings
+                     else self.mode.linear("head", spec.hidden, spec.vocab, False))
         self.shard_specs: dict[str, ShardSpec] = {}
         for prefix, module in self.named_modules():
             for pname, pspec in getattr(module, "shard_specs", {}).items():
@@ -123,7 +135,8 @@ class ParallelGPT(nn.Module):
     # --- forward ---------------------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """Block-layout activations of the replica's whole micro-batch ids [b, s]."""
-        return self.tok_emb(ids) + self.pos_emb(ids.shape[1])
+        x = self.tok_emb(ids)
+        return x if self.pos_emb is None else x + self.pos_emb(ids.shape[1])
 
     def run_block(self, block: Block, x: Tensor) -> Tensor:
         if self.recompute == "full" and torch.is_grad_enabled():

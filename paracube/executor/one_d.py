@@ -4,12 +4,12 @@ embedding, head and cross-entropy. Traffic: docs/algorithms.md "1D"."""
 from __future__ import annotations
 
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from paracube.executor.comm import copy_to_group, reduce_from_group
 from paracube.executor.functional import compute_dtype, vocab_parallel_ce
 from paracube.executor.mesh import Mesh
-from paracube.executor.serial import Mode, SerialLayerNorm, SerialPositionEmbedding, ShardedModule
+from paracube.executor.serial import Mode, SerialPositionEmbedding, ShardedModule, TiedHead
 from paracube.executor.shards import block, make_spec
 from paracube.workload import ModelSpec
 
@@ -85,7 +85,11 @@ class Mode1D(Mode):
         return _replicated(SerialPositionEmbedding(self.mesh, self.spec.seq_len, self.spec.hidden), self.mesh)
 
     def layer_norm(self) -> ShardedModule:
-        return _replicated(SerialLayerNorm(self.mesh, self.spec.hidden), self.mesh)
+        return _replicated(super().layer_norm(), self.mesh)  # LayerNorm, or RMSNorm (llama)
+
+    def tied_head(self, embedding: ShardedModule) -> nn.Module:
+        """The head's column block is the vocab-parallel embedding's row block: f, then X @ E_local^T."""
+        return TiedHead(embedding, lambda x: copy_to_group(x.to(compute_dtype(x)), self.mesh, TP, label="head.f"))
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
         cls = RowLinear if kind in ("proj", "fc2") else ColumnLinear

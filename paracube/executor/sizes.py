@@ -24,10 +24,20 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
                             f"drop zero from {layout} or export the plan (`paracube export`)")
     if layout.pp != 1 and not support.pipeline:
         raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only")
+    if spec.family not in ("gpt", "llama"):
+        raise ParacubeError(f"model family {spec.family!r} is not built by the executor; valid: gpt, llama")
+    if spec.tied_embeddings and mode not in ("none", "1d"):
+        raise ParacubeError(f"tied embeddings (tie_word_embeddings) with tensor mode {mode}: its head is not laid "
+                            "out as the embedding; untie them or use tp=1d / none")
+    if spec.tied_embeddings and layout.pp != 1:
+        raise ParacubeError(f"tied embeddings with pp={layout.pp}: the executor ties them within one stage only; "
+                            "untie them (tie_word_embeddings: false) or use pp=1")
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads
     rules = MODES[mode].executor_rules(s, h, f, V, H, q, micro_batch)
+    if mode != "none":  # a rank's query heads read whole kv groups (executor/llama.py): the heads' split
+        rules.insert(1, ("kv_heads", spec.num_kv_heads, q))
     if micro_batch is not None:
         rules.append(("global_batch", global_batch, layout.dp * micro_batch))
     for name, value, divisor in rules:

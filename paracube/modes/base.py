@@ -208,7 +208,8 @@ class TensorMode:
 
 def _total_params(d: Any, V: IntOrArr, layers: IntOrArr, first: IntOrArr, last: IntOrArr) -> IntOrArr:
     """Every parameter of a stage of `layers` blocks, unsplit (V: the padded vocabulary)."""
-    return layers * d.layer_params() + first * (V * d.h + d.pos_params) + last * (V * d.h + d.norm_vectors * d.h)
+    head = d.head_count(first, last) * V * d.h  # 0 when tied to this stage's embedding
+    return layers * d.layer_params() + first * (V * d.h + d.pos_params) + head + last * d.norm_vectors * d.h
 
 
 def divisors(n: int) -> list[int]:

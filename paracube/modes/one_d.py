@@ -89,7 +89,7 @@ class OneD(TensorMode):
         V, h = padded(d.V, t), d.h
         rep_layer = 2 * d.norm_vectors * h + d.row_bias
         rep = layers * rep_layer + first * d.pos_params + last * d.norm_vectors * h
-        split_total = layers * (d.layer_params() - rep_layer) + (first + last) * V * h
+        split_total = layers * (d.layer_params() - rep_layer) + (first + d.head_count(first, last)) * V * h
         return rep + split_total // t
 
     def linear_shard(self, h_in: int, h_out: int, bias: bool, row: bool, t: int, q: int) -> int:
