@@ -254,11 +254,13 @@ def from_hf_config(path: Path) -> ModelSpec:
     model_type = _hf_model_type(data, path)
     defaults = HF_DEFAULTS[model_type]
 
-    def get(key: str, kind: type | tuple[type, ...] = int) -> Any:
+    def get(key: str, kind: type | tuple[type, ...] = int, nullable: bool = False) -> Any:
+        """The file's value, else the class default; null only where transformers derives the value."""
         value = data[key] if key in data else defaults.get(key)
         ok = isinstance(value, bool) if kind is bool else isinstance(value, kind) and not isinstance(value, bool)
-        check(value is None or ok, f"{path}: field {key!r} must be {_KIND_NAMES[kind]}, got {value!r}")
-        return defaults.get(key) if value is None and kind is not int else value
+        check(ok or (value is None and (nullable or defaults.get(key, 0) is None)),
+              f"{path}: field {key!r} must be {_KIND_NAMES[kind]}, got {value!r}")
+        return value
 
     name = config_name(path, data.get("_name_or_path"))
     if model_type == "gpt2":
@@ -274,7 +276,7 @@ def from_hf_config(path: Path) -> ModelSpec:
           f"{path}: field 'head_dim'={data.get('head_dim')!r} must be hidden_size / num_attention_heads")
     seq_len = get("max_position_embeddings")
     if model_type == "mistral":
-        window = get("sliding_window")
+        window = get("sliding_window", nullable=True)
         check(window is None or window >= seq_len, f"{path}: field 'sliding_window'={window} < "
               f"max_position_embeddings={seq_len}: sliding-window attention is not the llama family's (use null)")
     return ModelSpec(name=str(name), layers=get("num_hidden_layers"), hidden=hidden, heads=heads,
