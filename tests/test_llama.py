@@ -2,7 +2,7 @@
 tied embeddings in every tensor mode the executor runs, against the serial reference: loss, every
 gradient, parameters after 3 AdamW steps through train_step (relative 1e-5, fp32), and the collectives of
 one train_step equal to the cost model's `traffic.stage_events` (zero difference), parameters per rank
-equal to the model's. One rank launch per layout checks every model of that layout.
+equal to the model's, activations within 2% of it. One rank launch per layout checks every model of that layout.
 """
 
 from __future__ import annotations
@@ -53,7 +53,17 @@ def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
     model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
     full = model.full_state_dict()
     init_exact = all(torch.equal(full[n], p) for n, p in ref.named_parameters())
-    local_sum, _ = model(*micro[0])
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}  # activation memory: distinct storages autograd saves (as test_fidelity.py)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = max(saved.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        local_sum, _ = model(*micro[0])
     ref_sum, _ = ref(*micro[0])
     ref_losses = ref.token_losses(_serial_blocks(ref, micro[0][0]), micro[0][1])
     errs["loss"] = rel_err(local_sum, model.mode.split_tokens(ref_losses).sum())
@@ -75,7 +85,8 @@ def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
     for name, p in model.named_parameters():
         errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
     return {"errors": errs, "init_exact": init_exact, "events": events, "names": sorted(ref_params),
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "activations": sum(saved.values())}
 
 
 def _serial_blocks(ref: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -123,6 +134,7 @@ def test_llama_traffic_and_parameters_equal_the_model(layout_results) -> None:
             diff = traffic_difference(predicted, per_model[n]["events"])
             assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, spec.name, diff)
             assert per_model[n]["parameter_bytes"] == est.memory.parameters, (rank, spec.name)
+            assert per_model[n]["activations"] == pytest.approx(est.memory.activations, rel=0.02), (rank, spec.name)
         if layout.tensor_size == 1:
             assert ranks[0][n]["parameter_bytes"] == 4 * spec.num_parameters()
 

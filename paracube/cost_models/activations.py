@@ -14,7 +14,8 @@ Per block (1D replicates what is marked "whole"; t = tensor ranks):
 - gathered weights: serial/1D autocast's cast copies only, c sum(h_in h_out) / t; 2D c sum(h_in h_out) / q;
   3D c sum(h_in h_out) / q^2.
 - q, k, v, attention output and log-sum-exp: c T (h_qkv + h) / t + 4 b heads s / t.
-- GELU input (fc output + bias): e T f / t.
+- GELU input (fc output + bias): e T f / t. Family llama: SwiGLU's input (fused gate+up output) c T 2f / t
+  and the rotary tables cos, sin: 2 c s head_dim (whole on every rank); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
 stage adds the token ids (8 T bytes); the last stage adds the final LayerNorm, the head's input (and weight
 copy), and the cross-entropy's fp32 softmax over the local vocabulary block plus its indices.
@@ -50,6 +51,9 @@ def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
     attention = c * T * (h_qkv + h) / sp["all"] + 4.0 * mb * d.heads * d.s / sp["all"]
     act_fn_input = E * T * f / sp["all"]
+    if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
+        # cos, sin tables [s, head_dim] (executor/llama.py)
+        act_fn_input = c * T * 2 * f / sp["all"] + 2 * c * d.s * (h / d.heads)
     if replicated:
         norms = 2 * (E * T * h + 8 * T)
         linear_inputs = c * T * 2 * h + c * T * f / sp["all"]  # qkv and fc inputs whole; fc2's split

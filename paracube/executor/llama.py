@@ -25,20 +25,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from paracube.executor.comm import Axes, all_reduce, gather_fn
+from paracube.executor.comm import Axes, gather_fn
 from paracube.executor.mesh import Mesh
+from paracube.executor.rms_norm import rms_norm
 from paracube.executor.serial import Mode, ShardedModule
 from paracube.executor.shards import block, make_spec
 from paracube.workload import ModelSpec
 
 
-def rotary(x: Tensor, theta: float) -> Tensor:
-    """x [b, heads, s, d] rotated by position (transformers' apply_rotary_pos_emb, rotate_half form)."""
-    s, d = x.shape[-2], x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
-    angles = torch.outer(torch.arange(s, dtype=torch.float32, device=x.device), inv_freq)
+def rotary_tables(s: int, d: int, theta: float, like: Tensor) -> tuple[Tensor, Tensor]:
+    """cos, sin [s, d] of positions 0..s-1 (inv_freq_j = theta^(-2j/d), halves repeated), in like's dtype."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=like.device) / d)
+    angles = torch.outer(torch.arange(s, dtype=torch.float32, device=like.device), inv_freq)
     emb = torch.cat([angles, angles], dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return emb.cos().to(like.dtype), emb.sin().to(like.dtype)
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [b, heads, s, d] rotated by position (transformers' apply_rotary_pos_emb, rotate_half form)."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -49,17 +54,37 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float) -> Tenso
     d = width // (kv_heads * (group + 2))
     g = qkv.view(b, s, kv_heads, group + 2, d)
     q = g[..., :group, :].reshape(b, s, kv_heads * group, d).transpose(1, 2)
-    k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2)
-    q, k = rotary(q, theta), rotary(k, theta)
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # v copied out of qkv: backward then keeps v alone, not the whole qkv output it is a view of
+    k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
+    cos, sin = rotary_tables(s, d, theta, qkv)
+    q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+    # enable_gqa: query head j reads kv head j // group, without materializing repeated k, v
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
     return out.transpose(1, 2).reshape(b, s, kv_heads * group * d)
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up saving only the fused input (its output is recomputed from it in backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor) -> Tensor:
+        ctx.save_for_backward(y)
+        pairs = y.unflatten(-1, (-1, 2))
+        return F.silu(pairs[..., 0]) * pairs[..., 1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        pairs = y.unflatten(-1, (-1, 2))
+        gate, up = pairs[..., 0], pairs[..., 1]
+        sig = torch.sigmoid(gate)
+        d_gate = grad * up * sig * (1 + gate * (1 - sig))  # d silu(g) / dg = s (1 + g (1 - s))
+        return torch.stack([d_gate, grad * gate * sig], dim=-1).flatten(-2)
 
 
 def swiglu(y: Tensor) -> Tensor:
     """[..., 2 f_local] with (gate, up) interleaved -> silu(gate) * up [..., f_local]."""
-    pairs = y.unflatten(-1, (-1, 2))
-    return F.silu(pairs[..., 0]) * pairs[..., 1]
+    return _SwiGLU.apply(y)
 
 
 class LlamaAttention(nn.Module):
@@ -88,31 +113,6 @@ class SwiGLU(nn.Module):
         return self.fc2(swiglu(self.fc(x)))
 
 
-class _SplitRMSNorm(torch.autograd.Function):
-    """RMSNorm over a hidden dimension split across `axes`: one [N, 1] all-reduce each way."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, gamma: Tensor, mesh: Mesh, axes: Axes, hidden: int, eps: float) -> Tensor:
-        xf = x.float()
-        stats = all_reduce((xf * xf).sum(-1, keepdim=True), mesh, axes, label="ln.stats")
-        rstd = torch.rsqrt(stats / hidden + eps)
-        xhat = xf * rstd
-        ctx.save_for_backward(xhat, rstd, gamma)
-        ctx.args = (mesh, axes, hidden, x.dtype)
-        return xhat * gamma
-
-    @staticmethod
-    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
-        xhat, rstd, gamma = ctx.saved_tensors
-        mesh, axes, hidden, dtype = ctx.args
-        dy = dy.float()
-        dgamma = (dy * xhat).sum(tuple(range(dy.dim() - 1)))
-        dxhat = dy * gamma
-        dot = all_reduce((dxhat * xhat).sum(-1, keepdim=True), mesh, axes, backward=True, label="ln.stats")
-        dx = rstd * (dxhat - xhat * dot / hidden)
-        return dx.to(dtype), dgamma, None, None, None, None
-
-
 class SplitRMSNorm(ShardedModule):
     """gamma split over `split_axes` (gathered over `gather_axes`), statistics all-reduced over `stat_axes`."""
 
@@ -124,7 +124,7 @@ class SplitRMSNorm(ShardedModule):
 
     def forward(self, x: Tensor) -> Tensor:
         gamma = gather_fn(self.weight, self.mesh, self.gather_axes, 0, label="ln.gamma")
-        return _SplitRMSNorm.apply(x, gamma, self.mesh, self.stat_axes, self.hidden, self.eps)
+        return rms_norm(x, gamma, self.mesh, self.stat_axes, self.hidden, self.eps)
 
 
 def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
@@ -152,4 +152,5 @@ def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor
         yield "head.weight", normal(h, V)
 
 
-__all__ = ["LlamaAttention", "SplitRMSNorm", "SwiGLU", "gqa_attention", "llama_init_tensors", "rotary", "swiglu"]
+__all__ = ["LlamaAttention", "SplitRMSNorm", "SwiGLU", "gqa_attention", "llama_init_tensors", "rotary", "rotary_tables",
+           "swiglu"]

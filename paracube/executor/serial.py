@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from paracube.errors import ParacubeError
 from paracube.executor.mesh import Mesh
+from paracube.executor.rms_norm import rms_norm
 from paracube.executor.shards import ShardSpec, make_spec
 from paracube.workload import ModelSpec
 
@@ -55,16 +56,15 @@ class SerialLayerNorm(ShardedModule):
 
 
 class SerialRMSNorm(ShardedModule):
-    """x / sqrt(mean(x^2) + eps) * gamma in fp32 (executor/llama.py)."""
+    """x / sqrt(mean(x^2) + eps) * gamma in fp32 (executor/rms_norm.py)."""
 
     def __init__(self, mesh: Mesh, hidden: int, eps: float):
         super().__init__()
-        self.eps = eps
+        self.mesh, self.eps = mesh, eps
         self.add_param("weight", make_spec(mesh, (hidden,), {}))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + self.eps) * self.weight
+        return rms_norm(x, self.weight, self.mesh, (), self.weight.shape[0], self.eps)
 
 
 class TiedHead(nn.Module):
