@@ -20,6 +20,7 @@ from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.executor.llama import gqa_attention, rotary, rotary_tables, swiglu
 from paracube.layout import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
@@ -157,3 +158,43 @@ def test_bad_llama_shapes_and_unknown_families_are_refused() -> None:
         replace(LLAMA, family="mamba")
     with pytest.raises(ParacubeError, match="grouped-query attention needs family llama"):
         replace(LLAMA, family="gpt")
+
+
+def test_rotary_is_a_rotation_relative_in_position() -> None:
+    """Rotary embeddings keep norms, and q_m . k_n depends on m - n only (Su et al. 2021)."""
+    d, s = 8, 6
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(d, generator=gen, dtype=torch.float64), torch.randn(d, generator=gen, dtype=torch.float64)
+    cos, sin = rotary_tables(s, d, 10000.0, q)
+    rq = rotary(q.expand(1, 1, s, d), cos, sin)[0, 0]
+    rk = rotary(k.expand(1, 1, s, d), cos, sin)[0, 0]
+    assert torch.allclose(rq.norm(dim=-1), q.norm().expand(s))
+    scores = rq @ rk.t()
+    for m in range(1, s):
+        for n in range(1, s):
+            assert torch.allclose(scores[m, n], scores[m - 1, n - 1])
+    assert not torch.allclose(scores[1, 0], scores[0, 0])
+
+
+def test_gqa_attention_reads_the_kv_head_of_each_query_group() -> None:
+    """Query head j attends with kv head j // group (transformers' repeat_kv), written out head by head."""
+    b, s, kv, group, d = 2, 5, 2, 3, 4
+    qkv = torch.randn(b, s, kv * (group + 2) * d, generator=torch.Generator().manual_seed(1))
+    out = gqa_attention(qkv, kv, group, 10000.0)
+    g = qkv.view(b, s, kv, group + 2, d)
+    cos, sin = rotary_tables(s, d, 10000.0, qkv)
+    for j in range(kv * group):
+        q = rotary(g[:, :, j // group, j % group, :].unsqueeze(1), cos, sin)
+        k = rotary(g[:, :, j // group, group, :].unsqueeze(1), cos, sin)
+        v = g[:, :, j // group, group + 1, :].unsqueeze(1)
+        scores = (q @ k.transpose(-1, -2)) / d**0.5
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        expected = (scores.softmax(-1) @ v)[:, 0]
+        assert torch.allclose(out[..., j * d:(j + 1) * d], expected, atol=1e-6)
+
+
+def test_swiglu_pairs_gate_and_up_and_its_gradient() -> None:
+    y = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(swiglu, (y,))
+    gate, up = y[:, 0::2], y[:, 1::2]
+    assert torch.allclose(swiglu(y), torch.nn.functional.silu(gate) * up)
