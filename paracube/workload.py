@@ -224,6 +224,9 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
 # model_type of each `architectures` name, for configs that omit model_type.
 _ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "GPT2Model": "gpt2", "LlamaForCausalLM": "llama",
                   "LlamaModel": "llama", "MistralForCausalLM": "mistral", "MistralModel": "mistral"}
+# Decoder configs that look alike but are other models (why they are not the gpt or llama family).
+_OTHER_MODELS = {"qwen2": "its q/k/v projections have biases", "gpt_neox": "parallel attention, partial rotary",
+                 "opt": "ReLU MLP, offset learned positions"}
 # Keys of llama/mistral configs that would make a different model than the llama family (value allowed).
 _LLAMA_MUST = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "rope_scaling": None}
 
@@ -237,7 +240,8 @@ def _hf_model_type(data: dict[str, Any], path: Path) -> str:
         model_type = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
         check(model_type is not None, f"{path}: no model_type and no known architectures ({archs}); "
               f"supported model_type: {', '.join(HF_DEFAULTS)}")
-    check(model_type in HF_DEFAULTS, f"{path}: model_type {model_type!r} is not supported; "
+    why = f" ({_OTHER_MODELS[model_type]})" if model_type in _OTHER_MODELS else ""
+    check(model_type in HF_DEFAULTS, f"{path}: model_type {model_type!r} is not supported{why}; "
           f"supported: {', '.join(HF_DEFAULTS)}")
     return str(model_type)
 

@@ -61,7 +61,8 @@ def test_mistral_maps_to_llama_when_its_fields_match(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"model_type": "qwen2"}, "model_type 'qwen2' is not supported; supported: gpt2, llama, mistral"),
+    ({"model_type": "qwen2"}, r"model_type 'qwen2' is not supported \(its q/k/v projections have biases\); "
+                              "supported: gpt2, llama, mistral"),
     ({"model_type": "gpt_neox"}, "model_type 'gpt_neox' is not supported"),
     ({"architectures": ["OPTForCausalLM"]}, "no model_type and no known architectures"),
     ({"model_type": "mistral"}, "field 'sliding_window'=4096 < max_position_embeddings=131072"),

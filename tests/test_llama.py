@@ -101,7 +101,14 @@ def _run_layout(rank: int, world: int, layout_text: str) -> list[dict[str, Any]]
     torch.manual_seed(0)
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank) if world > 1 else Mesh.single(layout)
-    return [_check(mesh, spec) for spec in CASES[layout_text]]
+    results = [_check(mesh, spec) for spec in CASES[layout_text]]
+    if layout.tensor_size > 1:  # bf16 autocast with full recomputation: the same zero traffic difference
+        model = build_model(LLAMA, mesh, seed=7, recompute="full")
+        mesh.recorder.reset()
+        train_step(model, _adamw(model), mesh, _batches(LLAMA), B * N_MICRO * LLAMA.seq_len, MAX_NORM,
+                   autocast_dtype=torch.bfloat16)
+        results[0]["bf16_full_events"] = [e.key() for e in mesh.recorder.events]
+    return results
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -138,6 +145,12 @@ def test_llama_traffic_and_parameters_equal_the_model(layout_results) -> None:
             assert per_model[n]["activations"] == pytest.approx(est.memory.activations, rel=0.02), (rank, spec.name)
         if layout.tensor_size == 1:
             assert ranks[0][n]["parameter_bytes"] == 4 * spec.num_parameters()
+    if layout.tensor_size > 1:
+        training = TrainingSpec(global_batch=B * N_MICRO, dtype="bf16", recompute="full")
+        predicted = stage_events(layout, dims_of(LLAMA, training), B)
+        for rank, per_model in enumerate(ranks):
+            diff = traffic_difference(predicted, per_model[0]["bf16_full_events"])
+            assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, "bf16 full", diff)
 
 
 @pytest.mark.parametrize(("spec", "layout", "message"), [
