@@ -2,7 +2,8 @@
 
 Presets: GPT-2 (Radford et al. 2019), the GPT-3 family (Brown et al. 2020, Table 2.1), LLaMA-2
 (Touvron et al. 2023), and `tiny`, the embedded default that trains in seconds on CPU ranks.
-Any Hugging Face `config.json` (GPT-2, GPT-NeoX/OPT-like, LLaMA-like keys) loads as well.
+A Hugging Face `config.json` of model_type gpt2, llama or mistral loads as well, read as transformers
+reads it: a field the file omits takes the default of that model_type's config class (`HF_DEFAULTS`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ class ModelSpec:
 
     `gpt`: learned positions, LayerNorm with bias, GELU MLP with biases (what the executor trains).
     `llama`: rotary positions, RMSNorm, SwiGLU MLP, no biases, grouped-query attention.
-    Embeddings are untied unless `tied_embeddings` (the executor always unties: see docs/algorithms.md).
+    `tied_embeddings`: the output head is the token embedding's transpose (no head parameters); the
+    executor ties them in modes none and 1D (2D/3D lay the head out differently and refuse it).
+    `rms_eps`, `rope_theta`: the llama family's RMSNorm epsilon and rotary base (HF rms_norm_eps, rope_theta).
     """
 
     name: str
@@ -41,6 +44,8 @@ class ModelSpec:
     family: Family = "gpt"
     kv_heads: int | None = None
     tied_embeddings: bool = False
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
         for attr in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
@@ -51,8 +56,17 @@ class ModelSpec:
         check(self.hidden % self.heads == 0,
               f"model {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}")
         if self.kv_heads is not None:
-            check(self.kv_heads > 0 and self.heads % self.kv_heads == 0,
+            check(isinstance(self.kv_heads, int) and self.kv_heads > 0,
+                  f"model {self.name!r}: kv_heads={self.kv_heads!r} must be a positive integer")
+            check(self.heads % self.kv_heads == 0,
                   f"model {self.name!r}: heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
+            check(self.family == "llama" or self.kv_heads == self.heads,
+                  f"model {self.name!r}: kv_heads={self.kv_heads} != heads={self.heads}; grouped-query "
+                  "attention needs family llama")
+        for attr in ("rms_eps", "rope_theta"):
+            value = getattr(self, attr)
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                  f"model {self.name!r}: {attr}={value!r} must be a positive number")
 
     @property
     def head_dim(self) -> int:
@@ -193,8 +207,47 @@ def config_name(path: Path, name_or_path: object = None) -> str:
     return path.stem
 
 
+# What transformers fills in for a field a config.json omits: the defaults of each model_type's config
+# class (transformers 4.x: models/gpt2/configuration_gpt2.py GPT2Config, models/llama/configuration_llama.py
+# LlamaConfig, models/mistral/configuration_mistral.py MistralConfig). None: derived (n_inner -> 4 n_embd,
+# num_key_value_heads -> num_attention_heads).
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None, "n_positions": 1024,
+             "vocab_size": 50257, "tie_word_embeddings": True},
+    "llama": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": None, "max_position_embeddings": 2048, "vocab_size": 32000,
+              "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0},
+    "mistral": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "max_position_embeddings": 131072, "vocab_size": 32000,
+                "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096},
+}
+# model_type of each `architectures` name, for configs that omit model_type.
+_ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "GPT2Model": "gpt2", "LlamaForCausalLM": "llama",
+                  "LlamaModel": "llama", "MistralForCausalLM": "mistral", "MistralModel": "mistral"}
+# Decoder configs that look alike but are other models (why they are not the gpt or llama family).
+_OTHER_MODELS = {"qwen2": "its q/k/v projections have biases", "gpt_neox": "parallel attention, partial rotary",
+                 "opt": "ReLU MLP, offset learned positions"}
+# Keys of llama/mistral configs that would make a different model than the llama family (value allowed).
+_LLAMA_MUST = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "rope_scaling": None}
+
+
+def _hf_model_type(data: dict[str, Any], path: Path) -> str:
+    model_type = data.get("model_type")
+    if model_type is None:
+        archs = data.get("architectures") or []
+        check(isinstance(archs, list) and all(isinstance(a, str) for a in archs),
+              f"{path}: field 'architectures' must be a list of names, got {archs!r}")
+        model_type = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
+        check(model_type is not None, f"{path}: no model_type and no known architectures ({archs}); "
+              f"supported model_type: {', '.join(HF_DEFAULTS)}")
+    why = f" ({_OTHER_MODELS[model_type]})" if model_type in _OTHER_MODELS else ""
+    check(model_type in HF_DEFAULTS, f"{path}: model_type {model_type!r} is not supported{why}; "
+          f"supported: {', '.join(HF_DEFAULTS)}")
+    return str(model_type)
+
+
 def from_hf_config(path: Path) -> ModelSpec:
-    """A ModelSpec from a Hugging Face `config.json` (GPT-2 style `n_*` keys or LLaMA style keys)."""
+    """A ModelSpec from a Hugging Face `config.json`, omitted fields taking HF_DEFAULTS of its model_type."""
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -202,40 +255,42 @@ def from_hf_config(path: Path) -> ModelSpec:
     except json.JSONDecodeError as exc:
         raise ParacubeError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     check(isinstance(data, dict), f"{path}: expected a JSON object with model hyper-parameters")
+    model_type = _hf_model_type(data, path)
+    defaults = HF_DEFAULTS[model_type]
 
-    def pick(*keys: str, default: int | None = None) -> int:
-        for key in keys:
-            if key in data and data[key] is not None:
-                value = data[key]
-                check(isinstance(value, int) and not isinstance(value, bool),
-                      f"{path}: field {key!r} must be an integer, got {value!r}")
-                return value
-        if default is None:
-            raise ParacubeError(f"{path}: missing field; expected one of {list(keys)}")
-        return default
+    def get(key: str, kind: type | tuple[type, ...] = int, nullable: bool = False) -> Any:
+        """The file's value, else the class default; null only where transformers derives the value."""
+        value = data[key] if key in data else defaults.get(key)
+        ok = isinstance(value, bool) if kind is bool else isinstance(value, kind) and not isinstance(value, bool)
+        check(ok or (value is None and (nullable or defaults.get(key, 0) is None)),
+              f"{path}: field {key!r} must be {_KIND_NAMES[kind]}, got {value!r}")
+        return value
 
-    archs = data.get("architectures") or []
-    check(isinstance(archs, list) and all(isinstance(a, str) for a in archs),
-          f"{path}: field 'architectures' must be a list of names, got {archs!r}")
-    arch = " ".join(archs) + " " + str(data.get("model_type", ""))
-    family: Family = "llama" if any(k in arch.lower() for k in ("llama", "mistral", "qwen")) else "gpt"
-    hidden = pick("n_embd", "hidden_size", "d_model")
-    kv_heads = data.get("num_key_value_heads")
-    check(kv_heads is None or (isinstance(kv_heads, int) and not isinstance(kv_heads, bool)),
-          f"{path}: field 'num_key_value_heads' must be an integer, got {kv_heads!r}")
     name = config_name(path, data.get("_name_or_path"))
-    return ModelSpec(
-        name=str(name),
-        layers=pick("n_layer", "num_hidden_layers", "num_layers"),
-        hidden=hidden,
-        heads=pick("n_head", "num_attention_heads"),
-        ffn_hidden=pick("n_inner", "intermediate_size", "ffn_dim", default=4 * hidden),
-        vocab=pick("vocab_size"),
-        seq_len=pick("n_positions", "max_position_embeddings", "n_ctx"),
-        family=family,
-        kv_heads=kv_heads,
-        tied_embeddings=bool(data.get("tie_word_embeddings", family == "gpt")),
-    )
+    if model_type == "gpt2":
+        hidden = get("n_embd")
+        return ModelSpec(name=str(name), layers=get("n_layer"), hidden=hidden, heads=get("n_head"),
+                         ffn_hidden=get("n_inner") or 4 * hidden, vocab=get("vocab_size"),
+                         seq_len=get("n_positions"), family="gpt", tied_embeddings=get("tie_word_embeddings", bool))
+    for key, allowed in _LLAMA_MUST.items():
+        check(data.get(key, allowed) == allowed, f"{path}: field {key!r}={data.get(key)!r} is not supported "
+              f"by the llama family (valid: {allowed!r})")
+    hidden, heads = get("hidden_size"), get("num_attention_heads")
+    check(data.get("head_dim") in (None, hidden // max(heads or 1, 1)),
+          f"{path}: field 'head_dim'={data.get('head_dim')!r} must be hidden_size / num_attention_heads")
+    seq_len = get("max_position_embeddings")
+    if model_type == "mistral":
+        window = get("sliding_window", nullable=True)
+        check(window is None or window >= seq_len, f"{path}: field 'sliding_window'={window} < "
+              f"max_position_embeddings={seq_len}: sliding-window attention is not the llama family's (use null)")
+    return ModelSpec(name=str(name), layers=get("num_hidden_layers"), hidden=hidden, heads=heads,
+                     ffn_hidden=get("intermediate_size"), vocab=get("vocab_size"), seq_len=seq_len,
+                     family="llama", kv_heads=get("num_key_value_heads") or heads,
+                     tied_embeddings=get("tie_word_embeddings", bool), rms_eps=float(get("rms_norm_eps", (int, float))),
+                     rope_theta=float(get("rope_theta", (int, float))))
+
+
+_KIND_NAMES: dict[Any, str] = {int: "an integer", bool: "true or false", (int, float): "a number"}
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
@@ -258,5 +313,5 @@ def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
     return model if seq_len is None else replace(model, seq_len=seq_len)
 
 
-__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "PRESETS", "ModelSpec", "TrainingSpec", "from_hf_config",
+__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "HF_DEFAULTS", "PRESETS", "ModelSpec", "TrainingSpec", "from_hf_config",
            "resolve_model", "with_seq_len"]

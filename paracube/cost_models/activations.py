@@ -17,6 +17,8 @@ micro-batch, t = tensor ranks, k = t with 1D sequence parallelism (sp) else 1:
   dtype), c sum(h_in h_out) / t; 2D c sum(h_in h_out) / q; 3D c sum(h_in h_out) / q^2.
 - q, k, v, attention output and log-sum-exp: c T (h_qkv + h) / t + 4 b heads s / t.
 - GELU input (fc output + bias): c T f / t (serial/1D), e T f / t (2D/3D).
+  Family llama: SwiGLU's input (fused gate+up output) c T 2f / t and the rotary tables cos, sin:
+  2 c s head_dim (whole on every rank); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
 stage adds the token ids (8 T bytes); the last stage adds the final LayerNorm, the head's input (and weight
 copy), and the cross-entropy's fp32 softmax over the local vocabulary block plus its indices.
@@ -80,6 +82,9 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
         linear_inputs = c * T * d.sum_hin() / sp["gx"]
         weights = c * d.sum_w() / sp["gw"]
         act_fn_input = E * T * f / sp["all"]
+    if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
+        # cos, sin tables [s, head_dim] (executor/llama.py)
+        act_fn_input = c * T * 2 * f / sp["all"] + 2 * c * d.s * (h / d.heads)
     return {"layernorms": norms, "linear inputs": linear_inputs, "attention": attention,
             "activation-function input": act_fn_input, "weight copies": weights + zero}
 

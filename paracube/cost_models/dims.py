@@ -3,7 +3,10 @@
 Linears of one block (h_in, h_out, has_bias), fused as the executor fuses them:
 - gpt:   qkv [h, 3h], proj [h, h], fc [h, f], fc2 [f, h], all with biases; 2 LayerNorms (gamma, beta).
 - llama: qkv [h, h + 2 kv] (GQA: kv = kv_heads * head_dim), proj [h, h], gate+up [h, 2f], down [f, h],
-  no biases; 2 RMSNorms (gamma only). Cost only: the executor trains gpt.
+  no biases; 2 RMSNorms (gamma only); no position table (rotary). The executor trains both families with
+  these shapes (executor/llama.py: fused column orders).
+Tied embeddings (`tied`): the head is the embedding's transpose, counted once where one stage holds both
+(a last stage that is not also the first keeps its own copy, as Megatron-LM does).
 The vocabulary is padded up to a multiple of the vocab split for cost purposes (`padded_vocab`); the
 executor itself requires exact divisibility (see validity.py).
 """
@@ -11,6 +14,7 @@ executor itself requires exact divisibility (see validity.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from paracube.modes import MODES
 from paracube.workload import ModelSpec, TrainingSpec
@@ -34,6 +38,11 @@ class Dims:
     recompute: str
     global_batch: int
     activations: str = "paracube"  # TrainingSpec.activations: whose saved tensors memory.py counts
+    tied: bool = False  # ModelSpec.tied_embeddings
+
+    def head_count(self, first: Any, last: Any) -> Any:
+        """1 where a stage holds its own head [h, V] (last, and not tied to its own embedding), else 0."""
+        return last * (1 - int(self.tied) * first)
 
     @property
     def linears(self) -> tuple[tuple[str, int, int, bool], ...]:
@@ -98,6 +107,7 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         recompute=training.recompute,
         global_batch=training.global_batch,
         activations=training.activations,
+        tied=model.tied_embeddings,
     )
 
 

@@ -127,5 +127,5 @@ def local_parameter_count(layout: Layout, d: Dims, stage: str = "first") -> int:
         total += mode.embedding_shard(V, pos, h, t, q)
     if last:
         total += nv * mode.vector_shard(h, t, q)
-        total += mode.head_shard(h, V, t, q)
+        total += d.head_count(int(first), 1) * mode.head_shard(h, V, t, q)
     return total

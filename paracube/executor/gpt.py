@@ -1,4 +1,6 @@
 """The GPT of docs/algorithms.md, assembled from one tensor mode's layers (or the serial reference).
+Family llama (spec.family): RMSNorm, rotary positions (no position table), grouped-query attention and
+SwiGLU (executor/llama.py); `tied_embeddings`: the head is the token embedding's transpose (mode.tied_head).
 
 Parameter names are the serial model's in every mode; `shard_specs[name]` says which block of the full
 tensor a rank holds. Every rank draws the full serial initialization from the seed and keeps its block,
@@ -23,6 +25,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
 from paracube.executor.functional import compute_dtype, local_attention
+from paracube.executor.llama import LlamaAttention, SwiGLU, llama_init_tensors
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode
 from paracube.executor.shards import ShardSpec, gather_full
@@ -43,6 +46,7 @@ def _implementation(impl: str) -> type[Mode]:
 MODES: dict[str, type[Mode]] = {name: _implementation(m.executor.impl)
                                 for name, m in TENSOR_MODES.items() if m.executor is not None}
 RECOMPUTE = ("none", "selective", "full")
+FAMILIES = ("gpt", "llama")  # what the executor builds (a plan of another family is refused, never replaced)
 VOCAB_DIMS = {"tok_emb.weight": 0, "head.weight": 1}  # parameters padded along the vocabulary
 
 
@@ -90,10 +94,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, mode: Mode, selective: bool = False):
         super().__init__()
+        llama = mode.spec.family == "llama"
         self.ln1 = mode.layer_norm()
-        self.attn = Attention(mode, selective)
+        self.attn = LlamaAttention(mode, selective) if llama else Attention(mode, selective)
         self.ln2 = mode.layer_norm()
-        self.mlp = MLP(mode)
+        self.mlp = SwiGLU(mode) if llama else MLP(mode)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln1(x))
@@ -121,6 +126,9 @@ class StageBlocks(nn.Module):
 
 def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
     """The serial initialization, one full tensor at a time, in a fixed order (the doc's init)."""
+    if spec.family == "llama":
+        yield from llama_init_tensors(spec, seed)
+        return
     gen = torch.Generator().manual_seed(seed)
     h, f, V, L = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers
 
@@ -141,7 +149,8 @@ def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
             yield p + name + ".bias", torch.zeros(shape[1])
     yield "ln_f.weight", torch.ones(h)
     yield "ln_f.bias", torch.zeros(h)
-    yield "head.weight", normal(h, V)
+    if not spec.tied_embeddings:
+        yield "head.weight", normal(h, V)
 
 
 class ParallelGPT(nn.Module):
@@ -151,6 +160,8 @@ class ParallelGPT(nn.Module):
         mode_name = mesh.layout.mode
         check(mode_name in MODES, f"tensor mode {mode_name!r} is not supported by the executor; "
               f"valid: {', '.join(MODES)}")
+        check(spec.family in FAMILIES, f"model family {spec.family!r} is not built by the executor; "
+              f"valid: {', '.join(FAMILIES)}")
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
         layout = mesh.layout
@@ -163,11 +174,12 @@ class ParallelGPT(nn.Module):
         self.first_stage, self.last_stage = stage == 0, stage == layout.pp - 1
         if self.first_stage:
             self.tok_emb = self.mode.token_embedding()
-            self.pos_emb = self.mode.position_embedding()
+            self.pos_emb = self.mode.position_embedding() if spec.family == "gpt" else None  # llama: rotary
         self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk], recompute == "selective")
         if self.last_stage:
             self.ln_f = self.mode.layer_norm()
-            self.head = self.mode.linear("head", spec.hidden, self.vocab, False)
+            self.head = (self.mode.tied_head(self.tok_emb) if spec.tied_embeddings  # tied: pp = 1 (sizes.py)
+                         else self.mode.linear("head", spec.hidden, self.vocab, False))
         self.shard_specs: dict[str, ShardSpec] = {}
         for prefix, module in self.named_modules():
             for pname, pspec in getattr(module, "shard_specs", {}).items():
@@ -178,7 +190,9 @@ class ParallelGPT(nn.Module):
     # --- forward ---------------------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """Block-layout activations of the replica's whole micro-batch ids [b, s]."""
-        x = self.tok_emb(ids) + self.pos_emb(ids.shape[1])
+        x = self.tok_emb(ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(ids.shape[1])
         # none / 1D: the residual stream in the compute dtype (bf16 under autocast), as Megatron keeps it.
         # 2D / 3D add their biases in fp32, so their stream stays fp32.
         return x.to(compute_dtype(x)) if self.lean_stream else x

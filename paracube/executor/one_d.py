@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
 from paracube.executor.functional import compute_dtype, vocab_parallel_ce
 from paracube.executor.mesh import Mesh
-from paracube.executor.serial import Mode, SerialLayerNorm, SerialPositionEmbedding, ShardedModule
+from paracube.executor.serial import Mode, SerialPositionEmbedding, ShardedModule, TiedHead
 from paracube.executor.shards import block, make_spec
 from paracube.workload import ModelSpec
 
@@ -152,8 +152,12 @@ class Mode1D(Mode):
                                ("weight",))
 
     def layer_norm(self) -> ShardedModule:
-        return self._on_shards(_replicated(SerialLayerNorm(self.mesh, self.spec.hidden), self.mesh),
-                               ("weight", "bias"))
+        norm = _replicated(super().layer_norm(), self.mesh)  # LayerNorm, or RMSNorm (llama)
+        return self._on_shards(norm, tuple(n for n in ("weight", "bias") if getattr(norm, n, None) is not None))
+
+    def tied_head(self, embedding: ShardedModule) -> nn.Module:
+        """The head's column block is the vocab-parallel embedding's row block: f, then X @ E_local^T."""
+        return TiedHead(embedding, lambda x: copy_to_group(x.to(compute_dtype(x)), self.mesh, TP, label="head.f"))
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
         if kind in ("proj", "fc2"):

@@ -1,15 +1,21 @@
 """The serial reference (tensor mode "none"): plain torch ops only, same parameter names as every mode.
 
-Also the Mode interface the parallel modes implement; gpt.py assembles a GPT from any Mode.
+Also the Mode interface the parallel modes implement; gpt.py assembles a GPT (family gpt or llama) from
+any Mode. `layer_norm()` is the family's norm (LayerNorm; llama: RMSNorm); `tied_head(embedding)` the
+output head that reuses the token embedding (modes whose head layout is the embedding's transpose).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from paracube.errors import ParacubeError
 from paracube.executor.mesh import Mesh
+from paracube.executor.rms_norm import rms_norm
 from paracube.executor.shards import ShardSpec, make_spec
 from paracube.workload import ModelSpec
 
@@ -48,6 +54,32 @@ class SerialLayerNorm(ShardedModule):
     def forward(self, x: Tensor) -> Tensor:
         # Input kept in the compute dtype (statistics in fp32 inside the kernel), as Megatron's LayerNorm.
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, eps=1e-5)
+
+
+class SerialRMSNorm(ShardedModule):
+    """x / sqrt(mean(x^2) + eps) * gamma in fp32 (executor/rms_norm.py)."""
+
+    def __init__(self, mesh: Mesh, hidden: int, eps: float):
+        super().__init__()
+        self.mesh, self.eps = mesh, eps
+        self.add_param("weight", make_spec(mesh, (hidden,), {}))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.mesh, (), self.weight.shape[0], self.eps)
+
+
+class TiedHead(nn.Module):
+    """logits = before(x) @ E^T, E the token embedding's (local rows of its) table; no parameter of its own."""
+
+    def __init__(self, embedding: ShardedModule, before: Callable[[Tensor], Tensor] | None = None):
+        super().__init__()
+        self.shard_specs: dict[str, ShardSpec] = {}
+        self._embedding = (embedding,)  # a tuple: not a submodule, so its weight is registered once
+        self.before = before
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.before(x) if self.before is not None else x
+        return x @ self._embedding[0].weight.to(x.dtype).t()
 
 
 class SerialTokenEmbedding(ShardedModule):
@@ -92,7 +124,16 @@ class Mode:
         return SerialPositionEmbedding(self.mesh, self.spec.seq_len, self.spec.hidden)
 
     def layer_norm(self) -> ShardedModule:
+        if self.spec.family == "llama":
+            return SerialRMSNorm(self.mesh, self.spec.hidden, self.spec.rms_eps)
         return SerialLayerNorm(self.mesh, self.spec.hidden)
+
+    def tied_head(self, embedding: ShardedModule) -> nn.Module:
+        """The head as the embedding's transpose (needs the head's column split = the embedding's rows)."""
+        if self.name != "none":
+            raise ParacubeError(f"tied embeddings are not supported in tensor mode {self.name} (the head's layout "
+                                "is not the embedding's); untie them (tie_word_embeddings: false) or use 1d")
+        return TiedHead(embedding)
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
         """kind: qkv | proj | fc | fc2 | head (the role decides the split)."""

@@ -32,12 +32,26 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if layout.interleave > 1 and n_micro % layout.pp:
         raise ParacubeError(f"interleaved 1F1B needs the micro-batch count ({n_micro}) to be a multiple of "
                             f"pp={layout.pp}; change the global batch or mb")
+    if spec.family not in ("gpt", "llama"):
+        raise ParacubeError(f"model family {spec.family!r} is not built by the executor; valid: gpt, llama")
+    if spec.tied_embeddings and not MODES[mode].ties_embeddings:
+        raise ParacubeError(f"tied embeddings (tie_word_embeddings) with tensor mode {mode}: its head is not laid "
+                            "out as the embedding; untie them or use a mode that ties them ("
+                            f"{', '.join(n for n, m in MODES.items() if m.ties_embeddings)})")
+    if spec.tied_embeddings and layout.pp != 1:
+        raise ParacubeError(f"tied embeddings with pp={layout.pp}: the executor ties them within one stage only; "
+                            "untie them (tie_word_embeddings: false) or use pp=1")
+    if spec.tied_embeddings and layout.sequence_parallel:
+        raise ParacubeError("tied embeddings with sequence parallelism (sp) are not run by the executor; "
+                            "untie them (tie_word_embeddings: false) or drop sp")
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads
     rules = MODES[mode].executor_rules(s, h, f, V, H, q, micro_batch)
     if layout.sequence_parallel:
         rules.append(("seq_len (sequence parallelism)", seq_len, layout.tensor_size))
+    if MODES[mode].axes:  # a rank's query heads read whole kv groups (executor/llama.py): the heads' split
+        rules.insert(1, ("kv_heads", spec.num_kv_heads, q))
     if micro_batch is not None:
         # The tensor group splits a micro-batch's sequences token_split ways (2.5D: q * depth).
         rules.append(("micro_batch", micro_batch, layout.token_split))

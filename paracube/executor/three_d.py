@@ -14,6 +14,7 @@ from torch import Tensor
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
 from paracube.executor.functional import compute_dtype, split_layer_norm, vocab_parallel_ce
+from paracube.executor.llama import SplitRMSNorm
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, ShardedModule
 from paracube.executor.shards import block, make_spec
@@ -21,7 +22,7 @@ from paracube.workload import ModelSpec
 
 PLANE = ("x", "y")  # LayerNorm and embedding parameters, embedding output scatter
 # qkv, fc and head read the block layout; proj and fc2 bring the layout back (two linears per sub-block).
-ROLES: dict[str, tuple[str, str, str]] = {
+ROLES: dict[str, tuple[str, str, str]] = {  # llama: fc is the fused gate+up, fc2 the down projection
     "qkv": ("y", "x", "z"), "fc": ("y", "x", "z"), "head": ("y", "x", "z"),
     "proj": ("z", "x", "y"), "fc2": ("z", "x", "y"),
 }
@@ -141,6 +142,8 @@ class Mode3D(Mode):
         return PositionEmbedding3D(self.mesh, self.spec.seq_len, self.spec.hidden)
 
     def layer_norm(self) -> ShardedModule:
+        if self.spec.family == "llama":
+            return SplitRMSNorm(self.mesh, self.spec.hidden, self.spec.rms_eps, ("z", *PLANE), PLANE, ("z",))
         return LayerNorm3D(self.mesh, self.spec.hidden)
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:

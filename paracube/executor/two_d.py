@@ -14,6 +14,7 @@ from torch import Tensor
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
 from paracube.executor.functional import compute_dtype, split_layer_norm, vocab_parallel_ce
+from paracube.executor.llama import SplitRMSNorm
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, ShardedModule
 from paracube.executor.shards import block, make_spec
@@ -133,6 +134,8 @@ class Mode2D(Mode):
         return PositionEmbedding2D(self.mesh, self.spec.seq_len, self.spec.hidden)
 
     def layer_norm(self) -> ShardedModule:
+        if self.spec.family == "llama":
+            return SplitRMSNorm(self.mesh, self.spec.hidden, self.spec.rms_eps, ("col", "row"), ROW, COL)
         return LayerNorm2D(self.mesh, self.spec.hidden)
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:

@@ -115,6 +115,7 @@ class TensorMode:
     rules: tuple[Rule, ...] = ()
     dispatches_like: str = ""  # the mode whose calibrated per-op overhead this one borrows ("": its own)
     megatron_style: bool = False  # the tensor layout Megatron-LM / DeepSpeed / torchtitan run (export)
+    ties_embeddings: bool = False  # the head can be the embedding's transpose in this mode's layout (executor)
     paper: str = ""  # the paper whose closed form `paper_layer_bytes` states
 
     def __repr__(self) -> str:
@@ -224,7 +225,8 @@ class TensorMode:
 
 def _total_params(d: Any, V: IntOrArr, layers: IntOrArr, first: IntOrArr, last: IntOrArr) -> IntOrArr:
     """Every parameter of a stage of `layers` blocks, unsplit (V: the padded vocabulary)."""
-    return layers * d.layer_params() + first * (V * d.h + d.pos_params) + last * (V * d.h + d.norm_vectors * d.h)
+    head = d.head_count(first, last) * V * d.h  # 0 when tied to this stage's embedding
+    return layers * d.layer_params() + first * (V * d.h + d.pos_params) + head + last * d.norm_vectors * d.h
 
 
 def divisors(n: int) -> list[int]:

@@ -10,6 +10,7 @@ class NoTensorMode(TensorMode):
     shape_rule = "no tensor parallelism (omit tp= or write tp=none)"
     executor = ExecutorSupport("paracube.executor.serial:Mode", pipeline=True)
     megatron_style = True
+    ties_embeddings = True
     ops_layer, ops_edge = 85, 43  # counted with validation/ops.py (see compute.ops_per_step)
 
 

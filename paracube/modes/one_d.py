@@ -57,6 +57,7 @@ class OneD(TensorMode):
     no_shape = "1d needs at least 2 tensor ranks: {n} GPUs leave none"
     sequence_parallel = True
     megatron_style = True
+    ties_embeddings = True
     paper = "Megatron-LM (Shoeybi et al. 2019, section 3)"
     collective_axes = (TP,)
     executor = ExecutorSupport("paracube.executor.one_d:Mode1D", pipeline=True, sequence_parallel=True)
@@ -104,7 +105,7 @@ class OneD(TensorMode):
         V, h = padded(d.V, t), d.h
         rep_layer = 2 * d.norm_vectors * h + d.row_bias
         rep = layers * rep_layer + first * d.pos_params + last * d.norm_vectors * h
-        split_total = layers * (d.layer_params() - rep_layer) + (first + last) * V * h
+        split_total = layers * (d.layer_params() - rep_layer) + (first + d.head_count(first, last)) * V * h
         return rep + split_total // t
 
     def linear_shard(self, h_in: int, h_out: int, bias: bool, row: bool, t: int, q: int) -> int:

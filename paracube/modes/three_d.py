@@ -90,6 +90,7 @@ class ThreeD(TensorMode):
     rules = (
         ("micro-batch % q^2 != 0", lambda d, b: divides(b.mb, b.q**2)),
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
+        ("tied embeddings (the head is not laid out as the embedding)", lambda d, b: divides(b.q, 1) & (not d.tied)),
         ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
         ("hidden % q^3 != 0", lambda d, b: divides(d.h, b.q**3)),
         ("3 * hidden % q^3 != 0", lambda d, b: divides(3 * d.h, b.q**3)),

@@ -97,6 +97,7 @@ class TwoD(TensorMode):
     rules = (
         ("micro-batch % q != 0", lambda d, b: divides(b.mb, b.q)),
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
+        ("tied embeddings (the head is not laid out as the embedding)", lambda d, b: divides(b.q, 1) & (not d.tied)),
         ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
         ("hidden % q^2 != 0", lambda d, b: divides(d.h, b.q**2)),
         ("ffn hidden % q^2 != 0", lambda d, b: divides(d.f, b.q**2)),

@@ -1,0 +1,165 @@
+"""The llama family's layers (Touvron et al. 2023; as transformers' LlamaModel computes them): RMSNorm,
+rotary position embeddings, grouped-query attention over a fused qkv, SwiGLU over a fused gate+up, and
+their serial initialization. gpt.py assembles them through any Mode, whose `linear` splits them.
+
+Fused layouts of the full tensors (the same in every mode, so a contiguous block of columns is a whole
+unit and a seed gives the same model in every layout):
+- qkv [h, h + 2 kv]: columns [kv_heads, r + 2, d] (r = heads / kv_heads, d = head_dim): per kv group its
+  r query heads, then its key head and its value head. A rank holding 1/n of the columns holds
+  kv_heads / n whole groups (kv_heads % n == 0): its heads / n query heads and the kv heads they read.
+  Query head g * r + i reads kv head g (transformers' repeat_kv order).
+- gate+up [h, 2f]: columns [f, 2] = (gate_j, up_j) interleaved; an even block of columns holds whole
+  pairs, so SwiGLU(x)_j = silu(gate_j) * up_j needs no communication and yields down's input block.
+RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, in fp32 (the residual stream's dtype); split over the
+hidden dimension it all-reduces one statistic per token (sum of x^2) each way. Rotary: transformers'
+rotate_half form, inv_freq_j = theta^(-2j/d), positions 0..s-1 of each whole local sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from paracube.executor.comm import Axes, gather_fn
+from paracube.executor.mesh import Mesh
+from paracube.executor.rms_norm import rms_norm
+from paracube.executor.serial import Mode, ShardedModule
+from paracube.executor.shards import block, make_spec
+from paracube.workload import ModelSpec
+
+
+def rotary_tables(s: int, d: int, theta: float, like: Tensor) -> tuple[Tensor, Tensor]:
+    """cos, sin [s, d] of positions 0..s-1 (inv_freq_j = theta^(-2j/d), halves repeated), in like's dtype."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=like.device) / d)
+    angles = torch.outer(torch.arange(s, dtype=torch.float32, device=like.device), inv_freq)
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(like.dtype), emb.sin().to(like.dtype)
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [b, heads, s, d] rotated by position (transformers' apply_rotary_pos_emb, rotate_half form)."""
+    d = x.shape[-1]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float) -> Tensor:
+    """Causal attention of whole sequences: qkv [b, s, kv_heads * (group + 2) * d] -> [b, s, kv_heads*group*d]."""
+    b, s, width = qkv.shape
+    d = width // (kv_heads * (group + 2))
+    g = qkv.view(b, s, kv_heads, group + 2, d)
+    q = g[..., :group, :].reshape(b, s, kv_heads * group, d).transpose(1, 2)
+    # v copied out of qkv: backward then keeps v alone, not the whole qkv output it is a view of
+    k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
+    cos, sin = rotary_tables(s, d, theta, qkv)
+    q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+    # enable_gqa: query head j reads kv head j // group, without materializing repeated k, v
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
+    return out.transpose(1, 2).reshape(b, s, kv_heads * group * d)
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up saving only the fused input (its output is recomputed from it in backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor) -> Tensor:
+        ctx.save_for_backward(y)
+        pairs = y.unflatten(-1, (-1, 2))
+        return F.silu(pairs[..., 0]) * pairs[..., 1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        pairs = y.unflatten(-1, (-1, 2))
+        gate, up = pairs[..., 0], pairs[..., 1]
+        sig = torch.sigmoid(gate)
+        d_gate = grad * up * sig * (1 + gate * (1 - sig))  # d silu(g) / dg = s (1 + g (1 - s))
+        return torch.stack([d_gate, grad * gate * sig], dim=-1).flatten(-2)
+
+
+def swiglu(y: Tensor) -> Tensor:
+    """[..., 2 f_local] with (gate, up) interleaved -> silu(gate) * up [..., f_local]."""
+    return _SwiGLU.apply(y)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, mode: Mode, selective: bool = False):
+        super().__init__()
+        self.selective = selective
+        spec = mode.spec
+        h, kv = spec.hidden, spec.num_kv_heads * spec.head_dim
+        self.group = spec.heads // spec.num_kv_heads
+        self.kv_local = mode.heads_local // self.group  # kv_heads / n (sizes.py checks it divides)
+        self.theta = spec.rope_theta
+        self.qkv = mode.linear("qkv", h, h + 2 * kv, False)
+        self.proj = mode.linear("proj", h, h, False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        qkv = self.qkv(x)
+        if self.selective and torch.is_grad_enabled():
+            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward.
+            out = checkpoint(gqa_attention, qkv, self.kv_local, self.group, self.theta, use_reentrant=False,
+                             preserve_rng_state=False)
+        else:
+            out = gqa_attention(qkv, self.kv_local, self.group, self.theta)
+        return self.proj(out)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, mode: Mode):
+        super().__init__()
+        h, f = mode.spec.hidden, mode.spec.ffn_hidden
+        self.fc = mode.linear("fc", h, 2 * f, False)
+        self.fc2 = mode.linear("fc2", f, h, False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(swiglu(self.fc(x)))
+
+
+class SplitRMSNorm(ShardedModule):
+    """gamma split over `split_axes` (gathered over `gather_axes`), statistics all-reduced over `stat_axes`."""
+
+    def __init__(self, mesh: Mesh, hidden: int, eps: float, split_axes: Axes, gather_axes: Axes, stat_axes: Axes):
+        super().__init__()
+        self.mesh, self.hidden, self.eps = mesh, hidden, eps
+        self.gather_axes, self.stat_axes = gather_axes, stat_axes
+        self.add_param("weight", make_spec(mesh, (hidden,), {0: block(hidden, mesh, split_axes)}))
+
+    def forward(self, x: Tensor) -> Tensor:
+        gamma = gather_fn(self.weight, self.mesh, self.gather_axes, 0, label="ln.gamma")
+        return rms_norm(x, gamma, self.mesh, self.stat_axes, self.hidden, self.eps)
+
+
+def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
+    """The serial initialization of the llama family, one full tensor at a time, in a fixed order: normal
+    0.02 (residual projections 0.02 / sqrt(2 L), as gpt), norms 1."""
+    gen = torch.Generator().manual_seed(seed)
+    h, f, V, L = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers
+    kv = spec.num_kv_heads * spec.head_dim
+
+    def normal(*shape: int, std: float = 0.02) -> Tensor:
+        return torch.empty(shape).normal_(0.0, std, generator=gen)
+
+    yield "tok_emb.weight", normal(V, h)
+    resid_std = 0.02 / math.sqrt(2 * L)
+    for i in range(L):
+        p = f"blocks.{i}."
+        yield p + "ln1.weight", torch.ones(h)
+        yield p + "attn.qkv.weight", normal(h, h + 2 * kv)
+        yield p + "attn.proj.weight", normal(h, h, std=resid_std)
+        yield p + "ln2.weight", torch.ones(h)
+        yield p + "mlp.fc.weight", normal(h, 2 * f)
+        yield p + "mlp.fc2.weight", normal(f, h, std=resid_std)
+    yield "ln_f.weight", torch.ones(h)
+    if not spec.tied_embeddings:
+        yield "head.weight", normal(h, V)
+
+
+__all__ = ["LlamaAttention", "SplitRMSNorm", "SwiGLU", "gqa_attention", "llama_init_tensors", "rotary", "rotary_tables",
+           "swiglu"]
