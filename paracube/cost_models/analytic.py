@@ -105,12 +105,13 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     return StageScores(entries, micro, step, sent[rows], compute)
 
 
-def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None) -> Scores:
+def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
+             zero: int = 0) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
     latency) arrays per layout."""
     rows = np.arange(len(b)) if rows is None else rows
-    traffic = StepTraffic(d, mode, b)
+    traffic = StepTraffic(d, mode, b, zero)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows) for s in STAGES)
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
@@ -123,7 +124,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     W = work[slow, idx]
     bubble = (b.pp - 1)[rows] / (b.v[rows] * N) * W
     step_comm = pick("step")
-    mems = [stage_memory(d, mode, b, s == "first", s == "last") for s in ("first", "last")]
+    mems = [stage_memory(d, mode, b, s == "first", s == "last", zero) for s in ("first", "last")]
     tot = np.stack([total(m) for m in mems])
     heavy = np.argmax(tot, axis=0)
     cidx = np.arange(len(heavy))
@@ -185,7 +186,7 @@ def estimate(
         raise ParacubeError(f"layout {layout}: {'; '.join(bad)}")
     g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]
     links = layout_links(layout, cache or LinkCache(topo))
-    res = evaluate(d, layout.mode, layout_arrays(layout, mb), links, g)
+    res = evaluate(d, layout.mode, layout_arrays(layout, mb), links, g, zero=layout.zero)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size

@@ -2,7 +2,10 @@
 
 Static: 16 bytes per local parameter (TrainingSpec: 4 fp32 param + 4 fp32 grad + 8 Adam), with the exact
 local parameter count of comm.stage_layers_params (3d: total/q^3, 2d/2.5d: total/q^2, 1d: replicated norms,
-row biases and pos_emb).
+row biases and pos_emb). zero=1 (distributed optimizer, executor/optim.py; Megatron's 4 + 4 + 8 -> 4 + 4 +
+12/dp): parameters 4 n, gradients 4 n (the fp32 buckets), optimizer 12 ceil(n / dp) = fp32 master shard +
+two Adam moments (one bucket padded to a multiple of dp; with several buckets each is padded, < dp
+elements more per bucket).
 
 Activations of one block for one micro-batch (Korthikanti et al. 2022, bytes for 16-bit activations, scaled
 by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t tensor ranks). The paper's
@@ -21,8 +24,8 @@ interleaved first stage min(N, pp (1 + (pp-1)/(pp v))) (Narayanan factor); last 
 min(N, 1 + (pp-1)/v) interleaved. Embedding output 4 T h / t_act on the first stage.
 Temporaries: the largest linear's gathered operands and output (2d/3d), or gathered input + widest output
 (1d), plus fp32 logits and their gradient on the last stage, plus one block's full activations while it
-is recomputed (full recompute). The fp32 flat gradient buffer of grad_sync (4 x params, dp > 1) lives
-after the activations are freed: temporaries = max(that, buffer - activations).
+is recomputed (full recompute). Gradients are accumulated into their fp32 buckets (executor/grad_sync.py),
+which ARE the gradients counted above: no extra flat buffer.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def _temporaries(d: Dims, mode: str, b: LayoutBatch, T: Arr, V: Arr) -> Arr:
     return temp
 
 
-def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool) -> dict[str, Arr]:
+def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, zero: int = 0) -> dict[str, Arr]:
     """Bytes per device of a stage (first / last flags as Python bools) for every layout in `b`."""
     m = MODES[mode]
     dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
@@ -95,15 +98,11 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool) ->
         full = d if d.activations == "megatron" else replace(d, recompute="none")
         temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
                        else activations.block_bytes(full, mode, b))
-    grad_group = dp
-    for axis in m.grad_axes[1:]:
-        grad_group = grad_group * m.axis_sizes(b.q, t, b.depth)[axis]
-    grad_buffer = np.where(grad_group > 1, 4 * n_local, 0.0)
-    temp = np.maximum(temp, grad_buffer - acts)
+    optimizer = 12 * np.ceil(n_local / dp) if zero == 1 else 8 * n_local
     return {
         "parameters": 4 * n_local,
         "gradients": 4 * n_local,
-        "optimizer": 8 * n_local,
+        "optimizer": optimizer,
         "activations": acts,
         "temporaries": temp,
     }

@@ -1,5 +1,10 @@
 """One training step: micro-batches, data-parallel gradient sum, global-norm clipping, AdamW step, metrics.
-Collectives: docs/algorithms.md "Per-step collectives common to all modes"."""
+Collectives: docs/algorithms.md "Per-step collectives common to all modes".
+
+Gradients are summed over dp in buckets (grad_sync.py), issued as the last micro-batch's backward produces
+them (`overlap=True`) or all after it (`overlap=False`); both give bit-identical results. With the
+distributed optimizer (optim.DistributedAdamW, zero=1) the buckets are reduce-scattered, the norm is summed
+over the shards and the updated parameters are all-gathered by the optimizer."""
 
 from __future__ import annotations
 
@@ -12,8 +17,11 @@ from torch import Tensor
 
 from paracube.executor.comm import all_reduce
 from paracube.executor.gpt import ParallelGPT
+from paracube.executor.grad_sync import GradSync, grad_sync_for
 from paracube.executor.mesh import Mesh
+from paracube.executor.optim import DistributedAdamW
 from paracube.executor.sizes import check_divisibility
+from paracube.modes.buckets import BUCKET_BYTES
 
 
 @dataclass(frozen=True)
@@ -24,49 +32,49 @@ class StepResult:
 
 def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
                micro_batches: list[tuple[Tensor, Tensor]], tokens_per_step: int,
-               max_grad_norm: float | None = 1.0, autocast_dtype: torch.dtype | None = None) -> StepResult:
+               max_grad_norm: float | None = 1.0, autocast_dtype: torch.dtype | None = None,
+               overlap: bool = True, bucket_bytes: int = BUCKET_BYTES) -> StepResult:
     rec = mesh.recorder
     params = list(model.parameters())
     device = params[0].device
+    sharded = isinstance(optimizer, DistributedAdamW)
+    sync: GradSync = optimizer.sync if sharded else grad_sync_for(model, mesh, bucket_bytes)
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     count = torch.zeros((), dtype=torch.float32, device=device)
-    for ids, labels in micro_batches:
+    sync.start(overlap)
+    for k, (ids, labels) in enumerate(micro_batches):
         amp = (torch.autocast(ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
                else nullcontext())
         with rec.phase("fwd"), amp:
             local_sum, local_count = model(ids, labels)
+        if k == len(micro_batches) - 1:
+            sync.last_micro_batch()
         with rec.phase("bwd"):
             (local_sum / tokens_per_step).backward()
         loss_sum += local_sum.detach().float()
         count += local_count
+    sync.finish()
 
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    if mesh.layout.dp > 1:
-        # One flat fp32 buffer: one collective instead of one per parameter.
-        with rec.phase("grad_sync"):
-            flat = all_reduce(torch.cat([g.reshape(-1).float() for g in grads]), mesh, ("dp",), label="grads")
-        offset = 0
-        for p, g in zip(params, grads, strict=True):
-            p.grad = flat[offset:offset + g.numel()].view_as(p).to(p.dtype)
-            offset += g.numel()
-        grads = [p.grad for p in params]
-
-    # Global norm: replicated parameters count once (on their replica leader inside the tensor group).
-    specs = [model.shard_specs[n] for n, _ in model.named_parameters()]
-    sq = torch.zeros(1, dtype=torch.float32, device=device)
-    for g, spec in zip(grads, specs, strict=True):
-        if all(mesh.coord(a) == 0 for a in spec.replicated_axes):
-            sq += g.float().pow(2).sum()
     tensor_axes = mesh.layout.tensor_axes
+    if sharded:
+        sq = optimizer.grad_norm_sq()
+        norm_axes: tuple[str, ...] = ("dp", *tensor_axes)
+    else:
+        sync.set_param_grads()
+        sq = _replica_norm_sq(model, mesh, device)
+        norm_axes = tensor_axes
     with rec.phase("optimizer"):
-        if tensor_axes:
-            sq = all_reduce(sq, mesh, tensor_axes, label="grad_norm")
+        if norm_axes:
+            sq = all_reduce(sq, mesh, norm_axes, label="grad_norm")
         norm = math.sqrt(float(sq.item()))
         if max_grad_norm is not None:
             coef = max_grad_norm / (norm + 1e-6)
             if coef < 1.0:
-                for g in grads:
-                    g.mul_(coef)
+                if sharded:
+                    optimizer.scale_grads(coef)
+                else:
+                    for p in params:
+                        p.grad.mul_(coef)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -74,6 +82,16 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         metrics = torch.stack([loss_sum, count]).float()
         metrics = all_reduce(metrics, mesh, ("dp", *tensor_axes), label="metrics")
     return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm)
+
+
+def _replica_norm_sq(model: ParallelGPT, mesh: Mesh, device: torch.device) -> Tensor:
+    """Squared norm of the local gradients; replicated parameters count once (on their replica leader
+    inside the tensor group)."""
+    sq = torch.zeros(1, dtype=torch.float32, device=device)
+    for name, p in model.named_parameters():
+        if all(mesh.coord(a) == 0 for a in model.shard_specs[name].replicated_axes):
+            sq += p.grad.float().pow(2).sum()
+    return sq
 
 
 __all__ = ["StepResult", "check_divisibility", "train_step"]

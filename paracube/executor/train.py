@@ -27,11 +27,14 @@ from paracube.executor import checkpoint as ckpt
 from paracube.executor.data import DataSource, parse_source, replica_micro_batches
 from paracube.executor.gpt import build_model
 from paracube.executor.hooks import NO_HOOKS, StepFn, TrainHooks
+from paracube.executor.grad_sync import GradSync
 from paracube.executor.mesh import Mesh
+from paracube.executor.optim import DistributedAdamW
 from paracube.executor.progress import Progress
 from paracube.executor.recorder import CommRecorder
 from paracube.executor.sizes import check_divisibility
 from paracube.executor.step import train_step
+from paracube.modes.buckets import BUCKET_BYTES
 from paracube.plan import Plan
 from paracube.workload import ModelSpec, with_seq_len
 
@@ -73,6 +76,8 @@ class TrainConfig:
     data: str = "text"  # data.py: synthetic | text | text:PATH
     on_nonfinite: Literal["stop", "skip"] = "stop"
     comm_timeout_s: float = 120.0
+    overlap: bool = True  # reduce gradient buckets while the backward runs (False: after it; same result)
+    bucket_bytes: int = BUCKET_BYTES  # gradient bucket limit (paracube/modes/buckets.py)
 
     def schedule(self, steps: int) -> LRSchedule:
         total = self.schedule_steps or steps
@@ -104,14 +109,14 @@ def backend_of(plan: Plan) -> str:
 
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[list[torch.Tensor], dict[Any, Any]]:
     """Copies of parameters and optimizer state, to undo a step whose loss was not finite."""
-    params = [p.detach().clone() for p in model.parameters()]
+    params = [p.detach().clone() for p in [*model.parameters(), *getattr(opt, "masters", [])]]
     state = {p: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()} for p, s in opt.state.items()}
     return params, state
 
 
 def _restore(model: torch.nn.Module, opt: torch.optim.Optimizer, snap: tuple[list[torch.Tensor], dict]) -> None:
     with torch.no_grad():
-        for p, saved in zip(model.parameters(), snap[0], strict=True):
+        for p, saved in zip([*model.parameters(), *getattr(opt, "masters", [])], snap[0], strict=True):
             p.copy_(saved)
     opt.state.clear()
     opt.state.update(snap[1])
@@ -158,6 +163,10 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
     check(save_every >= 0, f"save_every={save_every} must be >= 0")
     check(not (resume or save_every) or checkpoint_dir is not None, "--resume and --save-every need --checkpoint-dir")
     check(config.on_nonfinite in ("stop", "skip"), f"on_nonfinite={config.on_nonfinite!r}; valid: stop, skip")
+    check(config.bucket_bytes > 0, f"bucket_bytes={config.bucket_bytes} must be > 0")
+    check(not (layout.zero == 1 and (resume or save_every)),
+          f"checkpoints of zero=1 runs (sharded optimizer state) are not implemented; drop zero=1 from {layout} "
+          "or run without --save-every/--resume")
     spec = with_seq_len(plan.model, plan.seq_len)
     check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
     if checkpoint_dir is not None and not resume and ckpt.has_checkpoint(Path(checkpoint_dir)):
@@ -179,7 +188,13 @@ def _setup(plan: Plan, spec: ModelSpec, source: DataSource, rank: int, device: t
     recorder = CommRecorder(hooks.observe_collective)
     mesh = Mesh(plan.layout, rank, recorder=recorder)
     model = build_model(spec, mesh, seed=config.seed, recompute=plan.training.recompute).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+    adamw = {"lr": config.lr, "betas": config.betas, "weight_decay": config.weight_decay}
+    opt: torch.optim.Optimizer
+    if plan.layout.zero == 1:
+        specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}
+        opt = DistributedAdamW(GradSync(model, mesh, 1, config.bucket_bytes), specs, **adamw)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
     step_fn = hooks.wrap_step(train_step) if hooks.wrap_step is not None else train_step
     dp_index = mesh.coord("dp") if plan.layout.dp > 1 else 0
     return _Run(plan, config, device, recorder, mesh, model, opt, source, step_fn, dp_index, config.schedule(steps),
@@ -215,7 +230,8 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     out = run.step_fn(run.model, run.opt, run.mesh, micro, tokens_per_step, max_grad_norm=run.config.max_grad_norm,
-                      autocast_dtype=AUTOCAST[tr.dtype])
+                      autocast_dtype=AUTOCAST[tr.dtype], overlap=run.config.overlap,
+                      bucket_bytes=run.config.bucket_bytes)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
