@@ -188,3 +188,45 @@ def test_overlap_bit_identical_and_buckets_priced(runs, text, zero) -> None:
         assert r["identical"] and r["same_events"], rank
         diff = traffic_difference(predicted, r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
+
+
+# --- fp16 dynamic loss scaling ---------------------------------------------------------------------------
+def _fp16(rank: int, world: int) -> dict[str, Any]:
+    from paracube.executor.loss_scale import LossScaler
+    from paracube.executor.train import TrainConfig, TrainingDiverged, train
+    from paracube.plan import default_plan
+
+    layout = parse_layout("dp=1")
+    mesh = Mesh.single(layout)
+    model = build_model(SPEC, mesh, seed=7)
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    micro, tokens = _micro(layout, 0), B * N_MICRO * SPEC.seq_len
+    scaler = LossScaler(scale=2.0 ** 200, backoff=2.0 ** -190, growth_interval=2)  # 2^200: inf in fp32
+    before = [p.detach().clone() for p in model.parameters()]
+    rows = []
+    for _ in range(4):
+        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM, autocast_dtype=torch.float16, scaler=scaler)
+        rows.append((res.overflow, scaler.scale, res.loss))
+        if len(rows) == 1:
+            rows.append(all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)))
+            rows.append(len(opt.state))
+    plan = default_plan("dp=1", model=SPEC, training=TrainingSpec(global_batch=B * N_MICRO, dtype="fp16"))
+    try:
+        train(plan, 0, 1, 30, config=TrainConfig(loss_scale=2.0 ** 200, data="synthetic"))
+        stop = ""
+    except TrainingDiverged as exc:
+        stop = str(exc)
+    return {"rows": rows, "stop": stop}
+
+
+def test_fp16_overflow_skips_backs_off_and_stops() -> None:
+    """Step 1 overflows (scale 2^200): skipped (parameters bit-identical, no Adam state), scale backed off
+    to 2^10; steps 2-3 apply, and after growth_interval = 2 good steps the scale doubles. A run whose every
+    step overflows stops after max_skips (20) steps with one line."""
+    out = run_distributed(_fp16, 1)[0]
+    (ov1, s1, _), unchanged, n_state, (ov2, s2, l2), (ov3, s3, l3), (ov4, s4, _) = out["rows"]
+    assert ov1 and s1 == 2.0 ** 10 and unchanged and n_state == 0
+    assert not ov2 and not ov3 and not ov4 and s2 == 2.0 ** 10 and s3 == 2.0 ** 11 and s4 == 2.0 ** 11
+    assert l3 < l2  # the applied steps train
+    assert "overflowed in 20 steps in a row" in out["stop"] and "step 20" in out["stop"]
+    assert "\n" not in out["stop"]

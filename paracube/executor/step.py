@@ -18,6 +18,7 @@ from torch import Tensor
 from paracube.executor.comm import all_reduce
 from paracube.executor.gpt import ParallelGPT
 from paracube.executor.grad_sync import GradSync, grad_sync_for
+from paracube.executor.loss_scale import LossScaler
 from paracube.executor.mesh import Mesh
 from paracube.executor.optim import DistributedAdamW
 from paracube.executor.sizes import check_divisibility
@@ -27,13 +28,16 @@ from paracube.modes.buckets import BUCKET_BYTES
 @dataclass(frozen=True)
 class StepResult:
     loss: float  # mean token loss over the global batch
-    grad_norm: float  # global gradient norm before clipping
+    grad_norm: float  # global gradient norm before clipping (inf when fp16 gradients overflowed)
+    overflow: bool = False  # fp16: the gradients overflowed, the step was skipped (loss_scale.py)
 
 
 def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
                micro_batches: list[tuple[Tensor, Tensor]], tokens_per_step: int,
                max_grad_norm: float | None = 1.0, autocast_dtype: torch.dtype | None = None,
-               overlap: bool = True, bucket_bytes: int = BUCKET_BYTES) -> StepResult:
+               overlap: bool = True, bucket_bytes: int = BUCKET_BYTES,
+               scaler: LossScaler | None = None) -> StepResult:
+    """One step; `scaler` (fp16) scales the loss, skips the step on overflow and updates its scale."""
     rec = mesh.recorder
     params = list(model.parameters())
     device = params[0].device
@@ -50,7 +54,8 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         if k == len(micro_batches) - 1:
             sync.last_micro_batch()
         with rec.phase("bwd"):
-            (local_sum / tokens_per_step).backward()
+            loss = local_sum / tokens_per_step
+            (loss if scaler is None else loss * scaler.scale).backward()
         loss_sum += local_sum.detach().float()
         count += local_count
     sync.finish()
@@ -67,21 +72,29 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         if norm_axes:
             sq = all_reduce(sq, mesh, norm_axes, label="grad_norm")
         norm = math.sqrt(float(sq.item()))
-        if max_grad_norm is not None:
-            coef = max_grad_norm / (norm + 1e-6)
-            if coef < 1.0:
-                if sharded:
-                    optimizer.scale_grads(coef)
-                else:
-                    for p in params:
-                        p.grad.mul_(coef)
-        optimizer.step()
+        unscale = 1.0
+        if scaler is not None:
+            unscale = 1.0 / scaler.scale
+            norm *= unscale
+        overflow = not math.isfinite(norm)  # all-reduced over every group holding gradients: same on all ranks
+        coef = max_grad_norm / (norm + 1e-6) if max_grad_norm is not None and not overflow else 1.0
+        coef = min(coef, 1.0) * unscale
+        if coef != 1.0 and not (scaler is not None and overflow):
+            if sharded:
+                optimizer.scale_grads(coef)
+            else:
+                for p in params:
+                    p.grad.mul_(coef)
+        if scaler is None or not overflow:
+            optimizer.step()
+        if scaler is not None:
+            scaler.update(overflow)
     optimizer.zero_grad(set_to_none=True)
 
     with rec.phase("metrics"):
         metrics = torch.stack([loss_sum, count]).float()
         metrics = all_reduce(metrics, mesh, ("dp", *tensor_axes), label="metrics")
-    return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm)
+    return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm, overflow=scaler is not None and overflow)
 
 
 def _replica_norm_sq(model: ParallelGPT, mesh: Mesh, device: torch.device) -> Tensor:

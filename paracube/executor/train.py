@@ -26,8 +26,9 @@ from paracube.errors import ParacubeError, check
 from paracube.executor import checkpoint as ckpt
 from paracube.executor.data import DataSource, parse_source, replica_micro_batches
 from paracube.executor.gpt import build_model
-from paracube.executor.hooks import NO_HOOKS, StepFn, TrainHooks
 from paracube.executor.grad_sync import GradSync
+from paracube.executor.hooks import NO_HOOKS, StepFn, TrainHooks
+from paracube.executor.loss_scale import LossScaler
 from paracube.executor.mesh import Mesh
 from paracube.executor.optim import DistributedAdamW
 from paracube.executor.progress import Progress
@@ -78,6 +79,7 @@ class TrainConfig:
     comm_timeout_s: float = 120.0
     overlap: bool = True  # reduce gradient buckets while the backward runs (False: after it; same result)
     bucket_bytes: int = BUCKET_BYTES  # gradient bucket limit (paracube/modes/buckets.py)
+    loss_scale: float = 2.0 ** 16  # fp16: initial dynamic loss scale (loss_scale.py)
 
     def schedule(self, steps: int) -> LRSchedule:
         total = self.schedule_steps or steps
@@ -152,6 +154,7 @@ class _Run:
     schedule: LRSchedule
     hooks: TrainHooks
     start: int = 0
+    scaler: LossScaler | None = None  # fp16: dynamic loss scaling
 
 
 def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Path | None, save_every: int,
@@ -198,7 +201,7 @@ def _setup(plan: Plan, spec: ModelSpec, source: DataSource, rank: int, device: t
     step_fn = hooks.wrap_step(train_step) if hooks.wrap_step is not None else train_step
     dp_index = mesh.coord("dp") if plan.layout.dp > 1 else 0
     return _Run(plan, config, device, recorder, mesh, model, opt, source, step_fn, dp_index, config.schedule(steps),
-                hooks)
+                hooks, scaler=LossScaler(config.loss_scale) if plan.training.dtype == "fp16" else None)
 
 
 def _resume(run: _Run, checkpoint_dir: str | Path, result: TrainResult) -> None:
@@ -231,12 +234,12 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     out = run.step_fn(run.model, run.opt, run.mesh, micro, tokens_per_step, max_grad_norm=run.config.max_grad_norm,
                       autocast_dtype=AUTOCAST[tr.dtype], overlap=run.config.overlap,
-                      bucket_bytes=run.config.bucket_bytes)
+                      bucket_bytes=run.config.bucket_bytes, **({"scaler": run.scaler} if run.scaler else {}))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     loss, gnorm = float(out.loss), float(out.grad_norm)
-    finite = math.isfinite(loss) and math.isfinite(gnorm)
+    finite = math.isfinite(loss) and (math.isfinite(gnorm) or out.overflow)
     if not finite and snap is not None:
         _restore(run.model, run.opt, snap)
     row = {"step": step, "loss": loss, "lr": lr, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
@@ -244,6 +247,13 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
            "peak_memory_bytes": _peak_memory_bytes(device), "grad_norm": gnorm}
     if not finite:
         row["skipped"] = True
+    if run.scaler is not None:
+        row["loss_scale"] = run.scaler.scale
+        if out.overflow:
+            row["overflow"] = True
+            if run.scaler.exhausted:
+                raise TrainingDiverged(f"fp16 gradients overflowed in {run.scaler.skips} steps in a row (loss scale "
+                                       f"backed off to {run.scaler.scale:g}) at step {step}; stopped: use bf16")
     return row
 
 
