@@ -11,7 +11,9 @@ groups of one) checks:
   rank equal cost_models' estimate exactly (one bucket);
 - with small buckets (several per step), for zero=1 and for zero=0: overlap on and off give bit-identical
   losses and parameters, and the recorded collectives equal traffic.stage_events (bucket count and sizes)
-  with zero difference.
+  with zero difference;
+- checkpoints (1D layout): a zero=1 checkpoint after 2 steps reloads into zero=1 (the next step is
+  bit-identical to the uninterrupted run) and into zero=0 (equal within 1e-5).
 """
 
 from __future__ import annotations
@@ -133,20 +135,61 @@ def _overlap_runs(mesh: Mesh, layout: Layout, zero: int) -> dict[str, Any]:
             "events": e1, "same_events": sorted(e1) == sorted(e2)}
 
 
-def _run(rank: int, world: int, text: str) -> dict[str, Any]:
+def _checkpoints(mesh: Mesh, plain_mesh: Mesh, layout: Layout, root: str) -> dict[str, Any]:
+    from paracube.executor.checkpoint import load_checkpoint, save_checkpoint
+
+    micro = _micro(layout, mesh.coord("dp"))
+    tokens = layout.dp * B * N_MICRO * SPEC.seq_len
+    model = build_model(SPEC, mesh, seed=7)
+    opt = _sharded(model, mesh)
+    for _ in range(2):
+        train_step(model, opt, mesh, micro, tokens, MAX_NORM)
+    save_checkpoint(root, 2, model, opt.checkpoint_view(), {"layout": str(layout)})  # type: ignore[arg-type]
+    want = train_step(model, opt, mesh, micro, tokens, MAX_NORM).loss
+    again = build_model(SPEC, mesh, seed=99)
+    opt1 = _sharded(again, mesh)
+    view = opt1.empty_view()
+    load_checkpoint(root, again, view)  # type: ignore[arg-type]
+    opt1.load_view(view)
+    got1 = train_step(again, opt1, mesh, micro, tokens, MAX_NORM).loss
+    plain = build_model(SPEC, plain_mesh, seed=99)
+    opt0 = torch.optim.AdamW(plain.parameters(), **ADAMW)
+    load_checkpoint(root, plain, opt0)
+    got0 = train_step(plain, opt0, plain_mesh, micro, tokens, MAX_NORM).loss
+    return {"bit_identical": got1 == want and all(torch.equal(a, b) for a, b in
+                                                  zip(again.parameters(), model.parameters(), strict=True)),
+            "zero0_loss_err": abs(got0 - want) / want,
+            "zero0_param_err": max(rel_err(a, b) for a, b in zip(plain.parameters(), model.parameters(), strict=True))}
+
+
+def _run(rank: int, world: int, text: str, root: str) -> dict[str, Any]:
     layout = parse_layout(text)
     mesh = Mesh(layout, rank)
     out: dict[str, Any] = {}
     _equivalence(mesh, layout, out)
     out["zero1"] = _overlap_runs(mesh, layout, 1)
     plain = parse_layout(text.replace(",zero=1", ""))
-    out["zero0"] = _overlap_runs(Mesh(plain, rank), plain, 0)
+    plain_mesh = Mesh(plain, rank)
+    out["zero0"] = _overlap_runs(plain_mesh, plain, 0)
+    if text == CHECKPOINT_LAYOUT:
+        out["checkpoint"] = _checkpoints(mesh, plain_mesh, layout, root)
     return out
 
 
+CHECKPOINT_LAYOUT = "dp=2,tp=1d:2,zero=1"
+
+
 @pytest.fixture(scope="module")
-def runs() -> dict[str, list[dict[str, Any]]]:
-    return {t: run_distributed(_run, parse_layout(t).world_size, t) for t in LAYOUTS}
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("zero1")
+    return {t: run_distributed(_run, parse_layout(t).world_size, t, str(root / t)) for t in LAYOUTS}
+
+
+def test_zero1_checkpoint_reloads_into_zero1_and_zero0(runs) -> None:
+    for rank, out in enumerate(runs[CHECKPOINT_LAYOUT]):
+        c = out["checkpoint"]
+        assert c["bit_identical"], rank
+        assert c["zero0_loss_err"] < TOL and c["zero0_param_err"] < TOL, (rank, c)
 
 
 def _training(layout: Layout) -> TrainingSpec:

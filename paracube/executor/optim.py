@@ -8,6 +8,11 @@ master shard is cast to the parameters' dtype and all-gathered over dp (one all_
 copied into the parameters. AdamW is elementwise, so updating shards of the flat buckets gives the same
 parameters as updating whole tensors (tests/test_grad_sync.py holds it to the serial model).
 
+Checkpoints: `checkpoint_view()` all-gathers the moments over dp and presents them per parameter, as
+torch.optim.AdamW holds them (`state[param] = {step, exp_avg, exp_avg_sq}` of the parameter's tensor
+shard), so checkpoint.py saves the same files for zero=1 as for zero=0 and either loads into the other;
+`load_view(view)` takes this rank's elements back (the fp32 masters from the loaded parameters).
+
 The global gradient norm (for clipping) is summed over each rank's reduced shard, counting a tensor-
 replicated parameter on its replica leader only, and all-reduced over ("dp", *tensor axes).
 
@@ -18,6 +23,8 @@ and broadcasts them, not bucketed reduce-scatter / all-gather recorded as CommEv
 
 from __future__ import annotations
 
+from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -89,6 +96,59 @@ class DistributedAdamW(torch.optim.AdamW):
         for i, p in enumerate(b.params):
             o = b.offsets[i]
             p.copy_(full[o:o + p.numel()].view_as(p))
+
+
+    # --- checkpoints ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def checkpoint_view(self) -> SimpleNamespace:
+        """The moments per parameter (full tensor shards, gathered over dp), in torch AdamW's layout."""
+        state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        for master, b in zip(self.masters, self.sync.buckets, strict=True):
+            s = self.state.get(master)
+            if not s:
+                continue
+            full = {m: self._all_gather(s[m]) for m in ("exp_avg", "exp_avg_sq")}
+            for i, p in enumerate(b.params):
+                o = b.offsets[i]
+                state[p] = {"step": s["step"].clone(),
+                            **{m: v[o:o + p.numel()].view_as(p).clone() for m, v in full.items()}}
+        return SimpleNamespace(state=state)
+
+    def empty_view(self) -> SimpleNamespace:
+        return SimpleNamespace(state=defaultdict(dict))
+
+    @torch.no_grad()
+    def load_view(self, view: SimpleNamespace) -> None:
+        """This rank's shard of the moments in `view` (filled by checkpoint.load_checkpoint) and the fp32
+        masters from the (already loaded) parameters."""
+        k = self.sync.shard_index()
+        for master, b in zip(self.masters, self.sync.buckets, strict=True):
+            lo, hi = k * b.shard_numel, (k + 1) * b.shard_numel
+            flat = {m: torch.zeros(b.length, dtype=torch.float32, device=master.device)
+                    for m in ("param", "exp_avg", "exp_avg_sq")}
+            step = None
+            for i, p in enumerate(b.params):
+                o = b.offsets[i]
+                flat["param"][o:o + p.numel()] = p.detach().reshape(-1).float()
+                s = view.state.get(p) or {}
+                for m in ("exp_avg", "exp_avg_sq"):
+                    if m in s:
+                        flat[m][o:o + p.numel()] = s[m].reshape(-1).float()
+                step = s.get("step", step)
+            master.copy_(flat["param"][lo:hi])
+            if step is not None:
+                self.state[master] = {"step": torch.as_tensor(step, dtype=torch.float32).clone(),
+                                      "exp_avg": flat["exp_avg"][lo:hi].clone(),
+                                      "exp_avg_sq": flat["exp_avg_sq"][lo:hi].clone()}
+
+    def _all_gather(self, shard: Tensor) -> Tensor:
+        n = self.sync.group_size
+        if n == 1:
+            return shard
+        parts = [torch.empty_like(shard) for _ in range(n)]
+        dist.all_gather(parts, shard.contiguous(), group=self.sync.mesh.group(("dp",)))  # not a step's traffic
+        order = self.sync.mesh.order(("dp",))
+        return torch.cat([parts[order[j]] for j in range(n)])
 
 
 __all__ = ["DistributedAdamW"]

@@ -167,9 +167,6 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
     check(not (resume or save_every) or checkpoint_dir is not None, "--resume and --save-every need --checkpoint-dir")
     check(config.on_nonfinite in ("stop", "skip"), f"on_nonfinite={config.on_nonfinite!r}; valid: stop, skip")
     check(config.bucket_bytes > 0, f"bucket_bytes={config.bucket_bytes} must be > 0")
-    check(not (layout.zero == 1 and (resume or save_every)),
-          f"checkpoints of zero=1 runs (sharded optimizer state) are not implemented; drop zero=1 from {layout} "
-          "or run without --save-every/--resume")
     spec = with_seq_len(plan.model, plan.seq_len)
     check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
     if checkpoint_dir is not None and not resume and ckpt.has_checkpoint(Path(checkpoint_dir)):
@@ -181,7 +178,11 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
 def _device(backend: str, rank: int, local_rank: int | None) -> torch.device:
     if backend != "nccl":
         return torch.device("cpu")
-    device = torch.device("cuda", local_rank if local_rank is not None else rank % torch.cuda.device_count())
+    have = torch.cuda.device_count()
+    index = local_rank if local_rank is not None else rank % max(1, have)
+    check(index < have, f"backend nccl: local rank {index} needs GPU {index}, but this node sees {have} GPU(s); "
+          "run at most that many ranks per node or use backend gloo")
+    device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device
 
@@ -211,7 +212,12 @@ def _resume(run: _Run, checkpoint_dir: str | Path, result: TrainResult) -> None:
     saved = ckpt.read_meta(found)
     check(saved.get("data", {}).get("source") == config.data and saved["data"].get("seed") == config.seed,
           f"checkpoint was trained on data {saved.get('data')}; resume with the same --data and --seed")
-    meta = ckpt.load_checkpoint(checkpoint_dir, run.model, run.opt, run.mesh)
+    if isinstance(run.opt, DistributedAdamW):  # zero=1: the moments per parameter, as zero=0 saves them
+        view = run.opt.empty_view()
+        meta = ckpt.load_checkpoint(checkpoint_dir, run.model, view, run.mesh)  # type: ignore[arg-type]
+        run.opt.load_view(view)
+    else:
+        meta = ckpt.load_checkpoint(checkpoint_dir, run.model, run.opt, run.mesh)
     run.start = meta["step"]
     run.schedule = LRSchedule(**meta["schedule"])
     result.last_checkpoint = str(found)
@@ -262,7 +268,8 @@ def _save(run: _Run, checkpoint_dir: str | Path, step: int) -> str:
     meta = {"schedule": asdict(run.schedule), "data": {"source": config.data, "seed": config.seed,
                                                        "next_step": step + 1},
             "plan": run.plan.to_dict(), "layout": str(run.plan.layout)}
-    return str(ckpt.save_checkpoint(checkpoint_dir, step, run.model, run.opt, meta,
+    opt = run.opt.checkpoint_view() if isinstance(run.opt, DistributedAdamW) else run.opt
+    return str(ckpt.save_checkpoint(checkpoint_dir, step, run.model, opt, meta,  # type: ignore[arg-type]
                                     after_shard_written=run.hooks.after_shard_written))
 
 
@@ -303,13 +310,16 @@ def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Pat
     config = config or TrainConfig()
     spec = _check_request(plan, world, steps, checkpoint_dir, save_every, resume, config)
     source = parse_source(config.data, spec.vocab, plan.seq_len, config.seed)  # refused before the group too
-    backend = backend_of(plan)
     owns_pg = not dist.is_initialized()
+    # The device follows the process group's backend (an existing group's, else the plan's); set_device
+    # comes before init_process_group so that NCCL binds this rank's GPU.
+    backend = backend_of(plan) if owns_pg else str(dist.get_backend())
+    device = _device(backend, rank, local_rank)
     if owns_pg:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=config.comm_timeout_s))
     result = TrainResult()
     try:
-        run = _setup(plan, spec, source, rank, _device(backend, rank, local_rank), steps, config, hooks)
+        run = _setup(plan, spec, source, rank, device, steps, config, hooks)
         if resume:
             _resume(run, checkpoint_dir, result)  # type: ignore[arg-type]
         with ExitStack() as stack:
