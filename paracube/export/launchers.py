@@ -1,6 +1,6 @@
 """Export a plan as paracube's own launch: a torchrun script or an sbatch script (what `paracube launch
 --slurm` prints; the same text builder, paracube/launch_text.py). The ranks run paracube's executor, so
-the plan must be one it runs: pp = 1, tensor mode none/1d/2d/3d, no sequence parallelism, zero = 0
+the plan must be one it runs: pp = 1, tensor mode none/1d/2d/3d, no sequence parallelism, zero 0 or 1
 (the same rules as `paracube run`'s checks before any rank starts, without importing torch here).
 """
 
@@ -23,8 +23,8 @@ def why_not(plan: Plan) -> str | None:
         return f"paracube's executor runs pp=1 only (pp={lay.pp})"
     if lay.sequence_parallel:
         return "paracube's executor does not implement sequence parallelism (sp)"
-    if lay.zero:
-        return f"paracube's executor does not implement zero={lay.zero}"
+    if lay.zero == 3:
+        return "paracube's executor does not implement zero=3"
     return None
 
 
