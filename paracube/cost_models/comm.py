@@ -165,11 +165,12 @@ class StepTraffic:
         """Per layout: gradient buckets, their fp32 bytes, and their bytes padded to a multiple of dp."""
         b = self.b
         keys = np.stack([np.broadcast_to(x, b.dp.shape) for x in (b.t, b.q, b.pp, first, last, b.dp)], axis=1)
-        out = np.zeros((len(b.dp), 3), dtype=np.int64)
+        if self.zero != 1:
+            keys[:, 5] = 1  # the padding to dp matters for zero=1 only
         uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-        for j, (t, q, pp, f, la, dp) in enumerate(uniq.tolist()):
-            out[inverse.reshape(-1) == j] = _bucket_totals(self.mode.name, self.d, t, q, self.d.L // pp, bool(f),
-                                                           bool(la), dp if self.zero == 1 else 1, self.bucket_bytes)
+        per = np.array([_bucket_totals(self.mode.name, self.d, t, q, self.d.L // pp, bool(f), bool(la), dp,
+                                       self.bucket_bytes) for t, q, pp, f, la, dp in uniq.tolist()], dtype=np.int64)
+        out = per[inverse.reshape(-1)]
         return out[:, 0], out[:, 1], out[:, 2]
 
     def _entry(self, kind: str, axes: tuple[str, ...], dtype: str, count: Arr, payload: Arr,
