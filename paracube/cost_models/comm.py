@@ -164,12 +164,15 @@ class StepTraffic:
     def _buckets(self, first: Arr, last: Arr) -> tuple[Arr, Arr, Arr]:
         """Per layout: gradient buckets, their fp32 bytes, and their bytes padded to a multiple of dp."""
         b = self.b
-        keys = np.stack([np.broadcast_to(x, b.dp.shape) for x in (b.t, b.q, b.pp, first, last, b.dp)], axis=1)
-        if self.zero != 1:
-            keys[:, 5] = 1  # the padding to dp matters for zero=1 only
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-        per = np.array([_bucket_totals(self.mode.name, self.d, t, q, self.d.L // pp, bool(f), bool(la), dp,
-                                       self.bucket_bytes) for t, q, pp, f, la, dp in uniq.tolist()], dtype=np.int64)
+        cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
+                for x in (b.t, b.q, b.pp, first, last, b.dp if self.zero == 1 else 1)]
+        key = np.zeros(b.dp.shape, dtype=np.int64)  # one int per stage shape: 1-D unique is fast
+        for c, bits in zip(cols, (13, 13, 13, 1, 1, 22), strict=True):
+            key = (key << bits) | c
+        _, first_row, inverse = np.unique(key, return_index=True, return_inverse=True)
+        per = np.array([_bucket_totals(self.mode.name, self.d, int(cols[0][i]), int(cols[1][i]),
+                                       self.d.L // int(cols[2][i]), bool(cols[3][i]), bool(cols[4][i]),
+                                       int(cols[5][i]), self.bucket_bytes) for i in first_row], dtype=np.int64)
         out = per[inverse.reshape(-1)]
         return out[:, 0], out[:, 1], out[:, 2]
 
