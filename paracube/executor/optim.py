@@ -151,4 +151,13 @@ class DistributedAdamW(torch.optim.AdamW):
         return torch.cat([parts[order[j]] for j in range(n)])
 
 
-__all__ = ["DistributedAdamW"]
+def build_optimizer(model: torch.nn.Module, mesh: Any, zero: int, bucket_bytes: int,
+                    **adamw: Any) -> torch.optim.Optimizer:
+    """AdamW for a layout: DistributedAdamW over the model's buckets (zero=1) or torch's AdamW."""
+    if zero != 1:
+        return torch.optim.AdamW(model.parameters(), **adamw)
+    specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}  # type: ignore[union-attr, index]
+    return DistributedAdamW(GradSync(model, mesh, 1, bucket_bytes), specs, **adamw)
+
+
+__all__ = ["DistributedAdamW", "build_optimizer"]

@@ -26,11 +26,10 @@ from paracube.errors import ParacubeError, check
 from paracube.executor import checkpoint as ckpt
 from paracube.executor.data import DataSource, parse_source, replica_micro_batches
 from paracube.executor.gpt import build_model
-from paracube.executor.grad_sync import GradSync
 from paracube.executor.hooks import NO_HOOKS, StepFn, TrainHooks
 from paracube.executor.loss_scale import LossScaler
 from paracube.executor.mesh import Mesh
-from paracube.executor.optim import DistributedAdamW
+from paracube.executor.optim import DistributedAdamW, build_optimizer
 from paracube.executor.progress import Progress
 from paracube.executor.recorder import CommRecorder
 from paracube.executor.sizes import check_divisibility
@@ -192,13 +191,8 @@ def _setup(plan: Plan, spec: ModelSpec, source: DataSource, rank: int, device: t
     recorder = CommRecorder(hooks.observe_collective)
     mesh = Mesh(plan.layout, rank, recorder=recorder)
     model = build_model(spec, mesh, seed=config.seed, recompute=plan.training.recompute).to(device)
-    adamw = {"lr": config.lr, "betas": config.betas, "weight_decay": config.weight_decay}
-    opt: torch.optim.Optimizer
-    if plan.layout.zero == 1:
-        specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}
-        opt = DistributedAdamW(GradSync(model, mesh, 1, config.bucket_bytes), specs, **adamw)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), **adamw)
+    opt = build_optimizer(model, mesh, plan.layout.zero, config.bucket_bytes, lr=config.lr, betas=config.betas,
+                          weight_decay=config.weight_decay)
     step_fn = hooks.wrap_step(train_step) if hooks.wrap_step is not None else train_step
     dp_index = mesh.coord("dp") if plan.layout.dp > 1 else 0
     return _Run(plan, config, device, recorder, mesh, model, opt, source, step_fn, dp_index, config.schedule(steps),
