@@ -221,7 +221,8 @@ def main() -> None:
     rows = run_distributed(_worker, 8, args.model, args.global_batch, args.steps, args.warmup, args.overlap,
                            int(args.bucket_mb * 2**20), timeout=1200)[0]
     print(f"model {spec.name}: L={spec.layers} h={spec.hidden} heads={spec.heads} f={spec.ffn_hidden} "
-          f"V={spec.vocab} s={spec.seq_len}; global batch {args.global_batch}, micro-batch 4; 8 gloo CPU ranks "
+          f"V={spec.vocab} s={spec.seq_len}; global batch {args.global_batch}, "
+          f"{'micro-batch as the layout says' if args.overlap else 'micro-batch 4'}; 8 gloo CPU ranks "
           f"(torch {torch.__version__}); {args.steps} timed steps after {args.warmup} warmup"
           + (f"; buckets of {args.bucket_mb:g} MiB" if args.overlap else ""))
     print(f"{'run':18} {'layout':26} {'step time':>11} {'sent/rank':>12} {'collectives':>12}")
