@@ -7,8 +7,10 @@ ranks are dp=2 x 2x2. Prints step time (mean over timed steps of the slowest ran
 (ring algorithms; ours from the recorded CommEvents, PyTorch's from the collectives its DTensors dispatch).
 "ours pp=1" / "ours pp=2" compare pipeline parallelism (1F1B, executor/pipeline.py) with data parallelism
 on the same 1D tensor group of 4.
+`--overlap`: instead, data-parallel layouts (zero=0 and zero=1) with gradient buckets reduced during the
+backward (overlap on) and after it (off), side by side in one run.
 Usage: python benchmarks/executor_step.py [--model small] [--steps 5] [--warmup 2] [--global-batch 8]
-       [--only pp]   (only the pp=1 / pp=2 rows)
+       [--only pp]   (only the pp=1 / pp=2 rows)   [--overlap [--bucket-mb 2]]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from paracube.workload import ModelSpec, resolve_model  # noqa: E402
 OURS = {"ours 1D": "dp=1,tp=1d:8,mb=4", "ours 2D": "dp=2,tp=2d:2x2,mb=4", "ours 3D": "dp=1,tp=3d:2x2x2,mb=4",
         # pipeline vs none on the same tensor group: the second replica becomes a second stage (1F1B)
         "ours pp=1": "dp=2,tp=1d:4,mb=2", "ours pp=2": "dp=1,pp=2,tp=1d:4,mb=2"}
+OVERLAP = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=2,tp=1d:4,mb=2", "dp=2,tp=1d:4,mb=2,zero=1"]
 KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
 
@@ -134,17 +137,23 @@ def _torch_tp(rank: int, world: int, spec: ModelSpec, batches: list, steps: int,
 
 # --- ours ----------------------------------------------------------------------------------------------
 def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch: int, steps: int,
-          warmup: int) -> tuple:
+          warmup: int, overlap: bool = True, bucket_bytes: int = 25 * 2**20) -> tuple:
     from paracube.executor.data import parse_source, replica_micro_batches
     from paracube.executor.gpt import build_model
+    from paracube.executor.grad_sync import GradSync
     from paracube.executor.mesh import Mesh
+    from paracube.executor.optim import DistributedAdamW
     from paracube.executor.step import train_step
     from paracube.layout import parse_layout
 
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank)
     model = build_model(spec, mesh, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if layout.zero == 1:
+        specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}
+        opt: torch.optim.Optimizer = DistributedAdamW(GradSync(model, mesh, 1, bucket_bytes), specs, lr=1e-3)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     source = parse_source("synthetic", spec.vocab, spec.seq_len)
     dp_index = mesh.coord("dp")
     micro = replica_micro_batches(source, 1, global_batch, layout.dp, dp_index, layout.micro_batch or 1)
@@ -158,7 +167,9 @@ def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch
         def __exit__(self, *exc: object) -> None:
             self.events = list(recorder.events)
 
-    return _time(lambda: train_step(model, opt, mesh, micro, global_batch * spec.seq_len), steps, warmup, _Rec)
+    return _time(lambda: train_step(model, opt, mesh, micro, global_batch * spec.seq_len, overlap=overlap,
+                                    bucket_bytes=bucket_bytes), steps,
+                 warmup, _Rec)
 
 
 def _time(step, steps: int, warmup: int, traffic) -> tuple:  # type: ignore[no-untyped-def]
@@ -179,11 +190,17 @@ def _time(step, steps: int, warmup: int, traffic) -> tuple:  # type: ignore[no-u
 
 
 def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: int, warmup: int,
-            only: str = "") -> list:
+            only: str = "", overlap: bool = False, bucket_bytes: int = 25 * 2**20) -> list:
     from paracube.executor.data import parse_source, replica_micro_batches
 
     spec = resolve_model(model_name)
     rows = []
+    if overlap:
+        for layout in OVERLAP:
+            for on in (True, False):
+                rows.append((f"overlap {'on' if on else 'off'}", layout,
+                             *_ours(rank, world, spec, layout, global_batch, steps, warmup, on, bucket_bytes)))
+        return rows
     for name, layout in OURS.items():
         if only and only not in name:
             continue
@@ -206,14 +223,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--only", default="", help="run only our rows whose name contains this (e.g. pp)")
+    p.add_argument("--overlap", action="store_true", help="overlap on vs off on data-parallel layouts")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket limit in MiB (default 25)")
     args = p.parse_args()
     spec = resolve_model(args.model)
     t0 = time.perf_counter()
     rows = run_distributed(_worker, 8, args.model, args.global_batch, args.steps, args.warmup, args.only,
-                           timeout=1200)[0]
+                           args.overlap, int(args.bucket_mb * 2**20), timeout=1200)[0]
     print(f"model {spec.name}: L={spec.layers} h={spec.hidden} heads={spec.heads} f={spec.ffn_hidden} "
-          f"V={spec.vocab} s={spec.seq_len}; global batch {args.global_batch}, micro-batch 4; 8 gloo CPU ranks "
-          f"(torch {torch.__version__}); {args.steps} timed steps after {args.warmup} warmup")
+          f"V={spec.vocab} s={spec.seq_len}; global batch {args.global_batch}, "
+          f"{'micro-batch as the layout says' if args.overlap else 'micro-batch 4'}; 8 gloo CPU ranks "
+          f"(torch {torch.__version__}); {args.steps} timed steps after {args.warmup} warmup"
+          + (f"; buckets of {args.bucket_mb:g} MiB" if args.overlap else ""))
     print(f"{'run':18} {'layout':26} {'step time':>11} {'sent/rank':>12} {'collectives':>12}")
     for name, layout, dt, sent, n in rows:
         print(f"{name:18} {layout:26} {dt * 1e3:8.1f} ms {sent / 2**20:8.2f} MiB {n:12d}")

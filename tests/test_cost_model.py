@@ -307,7 +307,7 @@ def test_ops_per_step_equals_dispatches_counted_on_real_steps() -> None:
     local ranks and compare with the formula (the most loaded rank: replicated parameters are normed on their
     leader only). Configurations the constants were not read from: 1D tp=2 without data parallelism, micro-
     batch 2 (N = 4 micro-batches); dp=2 without tensor parallelism, 3 layers, N = 2. By hand for the second:
-    tensors 12*3 + 5 = 41; 41 * (13 + 3) + 16 + 4 + 2 * (3 * 85 + 43) = 656 + 20 + 596 = 1272."""
+    tensors 12*3 + 5 = 41; 41 * 15 + 17 + 1 + 2 * (3 * 85 + 43 + 41 * 3) = 615 + 18 + 842 = 1475."""
     import dataclasses
 
     from paracube.cost_models.compute import ops_per_step
@@ -324,4 +324,4 @@ def test_ops_per_step_equals_dispatches_counted_on_real_steps() -> None:
         predicted = ops_per_step(d, layout.mode, layout_arrays(layout, plan.micro_batch), one, one)[0]
         assert predicted == counted, (text, layers)
         if text == "dp=2,mb=2":
-            assert counted == 1272
+            assert counted == 1475

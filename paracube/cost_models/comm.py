@@ -7,7 +7,7 @@ payload evaluated once on the batch's arrays and is counted
     layer forward:  N * R * Ls   (R = 2 with full recomputation: forward collectives issued twice)
     layer backward: N * Ls
     embedding:      N * F        head / loss: N * H
-    per step:       1
+    per step:       1 (gradients: one call per bucket, counted from the same bucket list as traffic.py)
 with N micro-batches, Ls blocks per stage, F / H = 1 when the stage holds the embedding / the head. Entries
 whose group has one rank count zero calls. tests/test_cost_model.py proves, for many layouts, that these
 sums equal the sums over the explicit list.
@@ -17,7 +17,11 @@ the link the topology's group_link reports, or on the calibrated (latency, bandw
 group size (`paracube calibrate`, measured with every rank busy). Modes whose consecutive collectives
 alternate mesh axes (mode.alternating: 2D, 2.5D, 3D) read the alternating-groups fit. No overlap: the
 executor runs tensor-parallel collectives in line with compute and the data-parallel gradient all_reduce
-after the last backward, so all communication time is exposed.
+after the last backward, so all communication time is exposed (the event engine's `overlap` option models
+gradient buckets issued during the backward).
+
+`zero` (a scalar for the whole batch, the layout's zero): 1 prices the distributed optimizer's
+reduce_scatter + all_gather per bucket over dp and the grad-norm all_reduce over dp too (traffic.py).
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ import numpy as np
 
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.traffic import parameter_sizes
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
+from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
 from paracube.modes.stages import stage_layers
 
 Arr = np.ndarray
@@ -85,8 +91,9 @@ class StepTraffic:
     """The declared collectives of one mode summed per (kind, axes, dtype) and per source (layer forward,
     layer backward, embedding, head) for every layout of a batch; `entries` scales them to a stage."""
 
-    def __init__(self, d: Dims, mode: str, b: LayoutBatch) -> None:
+    def __init__(self, d: Dims, mode: str, b: LayoutBatch, zero: int = 0, bucket_bytes: int = BUCKET_BYTES) -> None:
         self.d, self.mode, self.b = d, MODES[mode], b
+        self.zero, self.bucket_bytes = zero, bucket_bytes
         m = self.mode
         self.groups = {"dp": b.dp, "pp": b.pp, **m.axis_sizes(b.q, b.t, b.depth)}
         self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)))
@@ -137,19 +144,43 @@ class StepTraffic:
         at_stage = replace(self.sizes, layers=layers, first=first, last=last)
         out = [self._entry(*self._key(c), self._mask(c) * one, self._mask(c) * c.payload(at_stage), per_step=True)
                for c in m.step_collectives(self.d)]
-        n_local = stage_layers_params(self.d, m.name, b, first, last)
-        out.append(self._entry("all_reduce", m.grad_axes, F32, one, 4 * n_local, per_step=True))
+        count, grads, padded_grads = self._buckets(first, last)
         tensor = m.axes
         single = b.pp == 1
-        out.append(self._entry("all_reduce", tensor, F32, single * one, 4 * one, lambda: np.where(single, b.t, 1),
-                               True, "norm"))
-        out.append(self._entry("all_reduce", ("pp", *tensor), F32, ~single * one, 4 * one,
-                               lambda: np.where(single, 1, b.pp * b.t), True, "norm"))
+        if self.zero == 1:
+            out.append(self._entry("reduce_scatter", ("dp",), F32, count, padded_grads, per_step=True))
+            out.append(self._entry("all_gather", ("dp",), F32, count, padded_grads, per_step=True))
+            dp = ("dp",)
+        else:
+            out.append(self._entry("all_reduce", m.grad_axes, F32, count, grads, per_step=True))
+            dp = ()
+        k = b.dp if self.zero == 1 else 1
+        out.append(self._entry("all_reduce", (*dp, *tensor), F32, single * one, 4 * one,
+                               lambda: np.where(single, k * b.t, 1), True, "norm"))
+        out.append(self._entry("all_reduce", ("pp", *dp, *tensor), F32, ~single * one, 4 * one,
+                               lambda: np.where(single, 1, b.pp * k * b.t), True, "norm"))
         out.append(self._entry("all_reduce", ("dp", *tensor), F32, single * one, 8 * one,
                                lambda: np.where(single, b.dp * b.t, 1), True, "metrics"))
         out.append(self._entry("all_reduce", ("pp", "dp", *tensor), F32, ~single * one, 8 * one,
                                lambda: np.where(single, 1, b.pp * b.dp * b.t), True, "metrics_pp"))
         return out
+
+    def _buckets(self, first: Arr, last: Arr) -> tuple[Arr, Arr, Arr]:
+        """Per layout: gradient buckets, their fp32 bytes, and their bytes padded to a multiple of dp (keyed by
+        the stage's shape: t, q, blocks on the stage, edge flags, dp)."""
+        b = self.b
+        cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
+                for x in (b.t, b.q, stage_layers(self.d.L, b.pp, b.v, first, last), first, last,
+                          b.dp if self.zero == 1 else 1)]
+        key = np.zeros(b.dp.shape, dtype=np.int64)  # one int per stage shape: 1-D unique is fast
+        for c, bits in zip(cols, (13, 13, 13, 1, 1, 22), strict=True):
+            key = (key << bits) | c
+        _, first_row, inverse = np.unique(key, return_index=True, return_inverse=True)
+        per = np.array([_bucket_totals(self.mode.name, self.d, int(cols[0][i]), int(cols[1][i]),
+                                       int(cols[2][i]), bool(cols[3][i]), bool(cols[4][i]),
+                                       int(cols[5][i]), self.bucket_bytes) for i in first_row], dtype=np.int64)
+        out = per[inverse.reshape(-1)]
+        return out[:, 0], out[:, 1], out[:, 2]
 
     def _entry(self, kind: str, axes: tuple[str, ...], dtype: str, count: Arr, payload: Arr,
                n: Callable[[], Arr] | None = None, per_step: bool = False, tag: str = "") -> Entry:
@@ -165,8 +196,16 @@ class StepTraffic:
         return Entry(kind, axes, dtype, count * live, payload * live, size, per_step, factors[kind])
 
 
-def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> list[Entry]:
-    return StepTraffic(d, mode, b).entries(first, last)
+@lru_cache(maxsize=4096)
+def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int,
+                   bucket_bytes: int) -> tuple[int, int, int]:
+    buckets = bucket_numels(parameter_sizes(mode, d, t, q, layers, first, last), bucket_bytes)
+    return len(buckets), 4 * sum(buckets), 4 * sum(padded_numel(n, dp) for n in buckets)
+
+
+def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero: int = 0,
+                 bucket_bytes: int = BUCKET_BYTES) -> list[Entry]:
+    return StepTraffic(d, mode, b, zero, bucket_bytes).entries(first, last)
 
 
 def axes_used(mode: str) -> list[tuple[str, ...]]:
@@ -175,4 +214,4 @@ def axes_used(mode: str) -> list[tuple[str, ...]]:
     tensor = m.axes
     extra = [tensor] if tensor else []
     return list(dict.fromkeys([*m.collective_axes, m.grad_axes, *extra, ("pp", *tensor), ("dp", *tensor), ("pp",),
-                                ("pp", "dp", *tensor)]))
+                                ("dp",), ("pp", "dp", *tensor)]))

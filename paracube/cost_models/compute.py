@@ -151,14 +151,17 @@ def optimizer_time(n_local: Arr, c: int, g: GemmModel, shard: Arr | float = 1.0)
 
 
 # Ops (torch dispatches: kernels, views, collectives) one rank launches per training step of the executor:
-#   ops = N * (Ls * OPS_LAYER + (F + H) / 2 * OPS_EDGE) + n_tensors * OPS_TENSOR + OPS_STEP (+ 3 with a tensor group)
-#         + (dp > 1) * (n_tensors * OPS_DP_TENSOR + OPS_DP)
+#   ops = N * (Ls * OPS_LAYER + (F + H) / 2 * OPS_EDGE + n_tensors * OPS_GRAD_MICRO) + n_tensors * OPS_TENSOR
+#         + OPS_STEP (+ 3 with a tensor group) + (dp > 1) * (n_tensors * OPS_DP_TENSOR + OPS_DP)
 # N micro-batches, Ls blocks of the stage, F / H: the stage holds the embedding / the head (their ops and the
 # loss's are OPS_EDGE, split evenly between first and last stage: exact without pipelining), n_tensors the
 # rank's parameter tensors (12 per block, 2 embedding, 3 final norm + head). Per tensor and step: AdamW's 10
 # (step += 1, decay, lerp, mul + addcmul, item, sqrt, div, add eps, addcdiv), the grad norm's 3 (pow, sum,
-# add) on the tensor's norm leader; the data-parallel flatten / unflatten 3 (view, slice, view). Per step:
-# zeros, stack, item, metrics and norm all-reduces (detach, clone, collective). The per-block and edge counts
+# add) on the tensor's norm leader, its reduced gradient's view into its bucket (slice, view); per tensor
+# and micro-batch OPS_GRAD_MICRO: accumulating the gradient into its fp32 bucket (slice, view, add_;
+# executor/grad_sync.py). Per step: zeros, stack, item, metrics and norm all-reduces (detach, clone,
+# collective), the bucket's zero_; with dp > 1 the bucket's one all_reduce (one bucket assumed: tiny
+# models; each further bucket adds 2 ops). The per-block and edge counts
 # are each mode's forward + backward dispatch sequence (executor/one_d.py, two_d.py, three_d.py); all of them
 # were counted with validation/ops.py on tiny (L = 2, 3; N = 1, 2; dp = 1, 2); the formula reproduces those
 # counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a stray dispatch or two);
@@ -168,7 +171,7 @@ def optimizer_time(n_local: Arr, c: int, g: GemmModel, shard: Arr | float = 1.0)
 # Per mode: TensorMode.ops_layer / ops_edge (paracube/modes).
 OPS_LAYER = {name: m.ops_layer for name, m in MODES.items()}
 OPS_EDGE = {name: m.ops_edge for name, m in MODES.items()}
-OPS_TENSOR, OPS_STEP, OPS_TENSOR_GROUP, OPS_DP_TENSOR, OPS_DP = 13, 16, 3, 3, 4
+OPS_TENSOR, OPS_STEP, OPS_TENSOR_GROUP, OPS_DP_TENSOR, OPS_DP, OPS_GRAD_MICRO = 15, 17, 3, 0, 1, 3
 
 
 def ops_per_step(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
@@ -177,7 +180,7 @@ def ops_per_step(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> A
     N = d.global_batch // (b.dp * b.mb)
     Ls = stage_layers(d.L, b.pp, b.v, first, last)
     tensors = 12 * Ls + 2 * first + 3 * last
-    micro = Ls * m.ops_layer + (first + last) / 2 * m.ops_edge
+    micro = Ls * m.ops_layer + (first + last) / 2 * m.ops_edge + tensors * OPS_GRAD_MICRO
     step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if m.axes else 0)
     grad_group = b.dp
     for axis in m.grad_axes[1:]:  # 2.5D: dp x dep

@@ -11,9 +11,10 @@ depend on timing); the times come from the simulation:
   whose transfers share links max-min fairly with the concurrent groups of the same axis in that stage
   (event_network.py explains the weighting that stands in for them) and with whatever else the simulated
   devices run at the same time;
-- by default collectives are synchronous (the executor runs them in line: no overlap); `overlap=True`
-  hides dA / bias-gradient reduce-scatters under the dX GEMM and buckets the data-parallel gradient
-  all-reduce into the last backward;
+- by default collectives are synchronous (the executor's tensor-parallel collectives run in line);
+  `overlap=True` hides dA / bias-gradient reduce-scatters under the dX GEMM and issues each data-parallel
+  gradient bucket (traffic.py; zero=1: its reduce_scatter) asynchronously in the last backward, once the
+  layers that produce its gradients are done, as the executor does by default (executor/grad_sync.py);
 - collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages.
 """
 
@@ -254,7 +255,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     notes = [n for n in base.notes if not n.startswith("pipeline:")]
     notes.append(f"event engine: {layout.pp} representative device(s), one per pipeline stage; breakdown of "
                  f"stage {crit}; comm_time_by_axis/kind are exposed seconds"
-                 + ("; overlap on" if overlap else "; no overlap (as the executor)"))
+                 + ("; overlap on" if overlap else "; no overlap (as the executor with --no-overlap)"))
     est = replace(base, engine="event", step_time_s=step, compute_time_s=st.compute, comm_time_s=st.comm,
                   exposed_comm_time_s=st.exposed, bubble_time_s=max(0.0, step - st.compute - st.exposed),
                   mfu=flops / (step * peak * layout.world_size), comm_time_by_axis=dict(st.by_axis),

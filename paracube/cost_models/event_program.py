@@ -161,10 +161,13 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     fwd: list[list[Op]] = [[] for _ in range(v)]
     bwd: list[list[Op]] = [[] for _ in range(v)]
     bwd_last: list[list[Op]] = [[] for _ in range(v)]
-    grad = next((op for op in tail if op.event and op.event.label == "gradients"), None)
-    buckets = overlap and grad is not None
+    grads = [op for op in tail if op.event and op.event.label == "gradients"]  # one per bucket, issue order
+    buckets = overlap and bool(grads)
     if buckets:
-        tail.remove(grad)  # type: ignore[arg-type]
+        for op in grads:
+            tail.remove(op)
+    total = sum(op.event.payload_bytes for op in grads)  # type: ignore[union-attr]
+    produced = 0  # gradient bytes the backward has produced so far (layers in reverse order)
     for c in range(v):
         head_units = ("ln_f", "head", "loss")
         if first and c == 0:
@@ -185,11 +188,14 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
             bwd[c] += ops
             bwd_last[c] += ops
             if buckets:
-                share = grad.event.payload_bytes // layers  # type: ignore[union-attr]
-                if i == 0:
-                    share = grad.event.payload_bytes - share * (layers - 1)  # type: ignore[union-attr]
-                ev = replace(grad.event, payload_bytes=share, label=f"gradients.layers.{i}")  # type: ignore[union-attr]
-                bwd_last[c].append(Op("comm", ev.label, event=ev, asynchronous=True))
+                # A bucket is issued once the backward has produced all its gradients (layers produce equal
+                # shares; the last layer's backward releases whatever is left).
+                produced = total if i == 0 else produced + total // layers
+                while grads and (grads[0].event.payload_bytes <= produced):  # type: ignore[union-attr]
+                    op = grads.pop(0)
+                    produced -= op.event.payload_bytes  # type: ignore[union-attr]
+                    ev = replace(op.event, label=f"gradients.layers.{i}")  # type: ignore[union-attr]
+                    bwd_last[c].append(Op("comm", ev.label, event=ev, asynchronous=True))
         if first and c == 0:
             emb = _units_bwd(("emb",), by_layer.get((-1, "bwd"), {}), {}, "", False)
             bwd[c] += emb

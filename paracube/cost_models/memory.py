@@ -2,7 +2,10 @@
 
 Static: 16 bytes per local parameter (TrainingSpec: 4 fp32 param + 4 fp32 grad + 8 Adam), with the exact
 local parameter count of comm.stage_layers_params (3d: total/q^3, 2d/2.5d: total/q^2, 1d: replicated norms,
-row biases and pos_emb).
+row biases and pos_emb). zero=1 (distributed optimizer, executor/optim.py; Megatron's 4 + 4 + 8 -> 4 + 4 +
+12/dp): parameters 4 n, gradients 4 n (the fp32 buckets), optimizer 12 ceil(n / dp) = fp32 master shard +
+two Adam moments (one bucket padded to a multiple of dp; with several buckets each is padded, < dp
+elements more per bucket).
 
 Activations of one block for one micro-batch (Korthikanti et al. 2022, bytes for 16-bit activations, scaled
 by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t tensor ranks). The paper's
@@ -23,8 +26,8 @@ modes/stages.py (uneven splits). The first stage's embedding tensors are held by
 (interleaved: at most min(N, 2 pp) alive), the head's by the last chunk of the last stage (one alive).
 Temporaries: the largest linear's gathered operands and output (2d/3d), or gathered input + widest output
 (1d), plus fp32 logits and their gradient on the last stage, plus one block's full activations while it
-is recomputed (full recompute). The fp32 flat gradient buffer of grad_sync (4 x params, dp > 1) lives
-after the activations are freed: temporaries = max(that, buffer - activations).
+is recomputed (full recompute). Gradients are accumulated into their fp32 buckets (executor/grad_sync.py),
+which ARE the gradients counted above: no extra flat buffer.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def _temporaries(d: Dims, mode: str, b: LayoutBatch, T: Arr, V: Arr) -> Arr:
     return temp
 
 
-def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool) -> dict[str, Arr]:
+def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, zero: int = 0) -> dict[str, Arr]:
     """Bytes per device of a stage (first / last flags as Python bools) for every layout in `b`."""
     m = MODES[mode]
     dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
@@ -101,15 +104,11 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool) ->
         full = d if d.activations == "megatron" else replace(d, recompute="none")
         temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
                        else activations.block_bytes(full, mode, b))
-    grad_group = dp
-    for axis in m.grad_axes[1:]:
-        grad_group = grad_group * m.axis_sizes(b.q, t, b.depth)[axis]
-    grad_buffer = np.where(grad_group > 1, 4 * n_local, 0.0)
-    temp = np.maximum(temp, grad_buffer - acts)
+    optimizer = 12 * np.ceil(n_local / dp) if zero == 1 else 8 * n_local
     return {
         "parameters": 4 * n_local,
         "gradients": 4 * n_local,
-        "optimizer": 8 * n_local,
+        "optimizer": optimizer,
         "activations": acts,
         "temporaries": temp,
     }
@@ -119,9 +118,11 @@ def total(mem: dict[str, Arr]) -> Arr:
     return mem["parameters"] + mem["gradients"] + mem["optimizer"] + mem["activations"] + mem["temporaries"]
 
 
-def with_zero(mem: dict[str, Arr], dp: Arr, zero: Arr) -> dict[str, Arr]:
-    """Memory parts with the optimizer state sharded over dp where zero >= 1 (distributed optimizer /
-    ZeRO-1, Rajbhandari et al. 2020: each dp rank keeps 1/dp of the Adam moments). Minimal pricing kept
-    apart so that helper J's zero=1 static memory (params / grads / optimizer) can replace it."""
-    shard = np.where(np.asarray(zero) >= 1, np.asarray(dp, dtype=float), 1.0)
-    return {**mem, "optimizer": mem["optimizer"] / shard}
+def with_zero(mem: dict[str, Arr], dp: Arr, zero: Arr | int) -> dict[str, Arr]:
+    """Memory parts with the distributed optimizer where zero >= 1 (per layout, or one int for all):
+    the fp32 master weights and Adam's two moments sharded over dp, 12 ceil(n / dp) bytes per rank for
+    n local parameters (executor/optim.py), instead of 8 n (Adam's moments over fp32 parameters)."""
+    n_local = mem["parameters"] / 4
+    sharded = np.asarray(zero) >= 1
+    sharded_bytes = 12 * np.ceil(n_local / np.asarray(dp, dtype=float))
+    return {**mem, "optimizer": np.where(sharded, sharded_bytes, mem["optimizer"])}

@@ -9,9 +9,14 @@ holds this list equal to what the executor records. Generic parts:
   norm, head and loss on the last). Per micro-batch, a `send` of the stage's local activation shard
   [T, h] / act_split (compute dtype) over ("pp",) at every virtual-stage boundary it owns: first stage
   v fwd + (v-1) bwd, middle v + v, last (v-1) fwd + v bwd;
-- per step: the mode's own (1D + sp: the sequence-parallel parameters), then the gradient all_reduce over
-  the mode's grad_axes, the grad-norm all_reduce over ("pp", *tensor axes) and the metrics all_reduce
-  (over ("dp", *tensor axes); with pp > 1 over ("pp", "dp", *tensor axes): the loss is on the last stage).
+- per step: the mode's own (1D + sp: the sequence-parallel parameters), then the gradient buckets
+  (paracube/modes/buckets.py: the local parameters `local_parameter_sizes` in reverse registration order,
+  fp32, at most `bucket_bytes` each): zero=0 one all_reduce per bucket over the mode's grad_axes; zero=1
+  one reduce_scatter over dp of the bucket padded to a multiple of dp and, after the optimizer step, one
+  all_gather over dp of the updated parameters (fp32) per bucket; then the grad-norm all_reduce over
+  ("pp", *tensor axes) (zero=1: ("pp", "dp", *tensor axes): the norm is summed over dp shards) and the
+  metrics all_reduce.
+  With pp > 1 the metrics all_reduce runs over ("pp", "dp", *tensor axes): the loss is on the last stage.
 Blocks per stage: modes/stages.py (uneven splits: one block less on the first and / or last stage).
 A group of size 1 issues nothing.
 """
@@ -23,6 +28,7 @@ from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes
+from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
 from paracube.modes.stages import stage_layers
 
 
@@ -79,7 +85,8 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int) -> None:
         log.issue(mode.head(d))
 
 
-def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first") -> list[CommEvent]:
+def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
+                 bucket_bytes: int = BUCKET_BYTES) -> list[CommEvent]:
     """All collectives of one step on one rank of pipeline stage `stage` (first | middle | last)."""
     pp, v = layout.pp, layout.interleave
     first = pp == 1 or stage == "first"
@@ -99,10 +106,17 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first") -> list
     # Per step.
     mode = MODES[layout.mode]
     log.issue(mode.step_collectives(d))
-    n_local = local_parameter_count(layout, d, stage)
-    log.add("all_reduce", mode.grad_axes, 4 * n_local, F32, "grad_sync", "gradients")
-    opt_axes = (("pp",) if pp > 1 else ()) + layout.tensor_axes
+    buckets = bucket_numels(local_parameter_sizes(layout, d, stage), bucket_bytes)
+    zero1 = layout.zero == 1
+    for n in buckets:
+        if zero1:
+            log.add("reduce_scatter", ("dp",), 4 * padded_numel(n, layout.dp), F32, "grad_sync", "gradients")
+        else:
+            log.add("all_reduce", mode.grad_axes, 4 * n, F32, "grad_sync", "gradients")
+    opt_axes = (("pp",) if pp > 1 else ()) + (("dp",) if zero1 else ()) + layout.tensor_axes
     log.add("all_reduce", opt_axes, 4, F32, "optimizer", "grad_norm")
+    for n in buckets if zero1 else ():
+        log.add("all_gather", ("dp",), 4 * padded_numel(n, layout.dp), F32, "optimizer", "params")
     metric_axes = ("pp", "dp", *layout.tensor_axes) if pp > 1 else ("dp", *layout.tensor_axes)
     log.add("all_reduce", metric_axes, 8, F32, "metrics", "loss")
     return log.events
@@ -111,21 +125,41 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first") -> list
 def local_parameter_count(layout: Layout, d: Dims, stage: str = "first") -> int:
     """Parameters one rank stores, summed shard by shard (each mode's linear / vector / embedding / head
     shards; independent of the closed form `local_params`, which tests compare against this)."""
-    pp, t, q = layout.pp, layout.tensor_size, layout.q
+    return sum(local_parameter_sizes(layout, d, stage))
+
+
+def local_parameter_sizes(layout: Layout, d: Dims, stage: str = "first") -> list[int]:
+    pp = layout.pp
     first, last = pp == 1 or stage == "first", pp == 1 or stage == "last"
-    mode = MODES[layout.mode]
-    h = d.h
+    layers = int(stage_layers(d.L, pp, layout.interleave, int(first), int(last)))
+    return list(parameter_sizes(layout.mode, d, layout.tensor_size, layout.q, layers, first, last))
+
+
+def parameter_sizes(mode_name: str, d: Dims, t: int, q: int, layers: int, first: bool,
+                    last: bool) -> tuple[int, ...]:
+    """Elements of every local parameter of a stage in the executor's registration order (executor/gpt.py:
+    token and position embedding; per block norm 1, qkv w/b, proj w/b, norm 2, fc w/b, fc2 w/b; final norm,
+    head): the order gradient buckets are built from (reversed)."""
+    mode = MODES[mode_name]
+    h, nv = d.h, d.norm_vectors
     V = padded_vocab(d.V, mode.vocab_split(t, q))
-    nv = d.norm_vectors
-    total = 0
-    for _ in range(int(stage_layers(d.L, pp, layout.interleave, int(first), int(last)))):
-        for n, (_, h_in, h_out, bias) in enumerate(d.linears):
-            total += mode.linear_shard(h_in, h_out, bias, n in (1, 3), t, q)
-        total += 2 * nv * mode.vector_shard(h, t, q)
+    vec = mode.vector_shard(h, t, q)
+    sizes: list[int] = []
     if first:
+        sizes.append(mode.embedding_shard(V, 0, h, t, q))
         pos = d.pos_params // d.h if d.family == "gpt" else 0
-        total += mode.embedding_shard(V, pos, h, t, q)
+        if pos:
+            sizes.append(mode.embedding_shard(0, pos, h, t, q))
+    for _ in range(layers):
+        for n, (_, h_in, h_out, bias) in enumerate(d.linears):
+            if n in (0, 2):  # the norm before attention / before the MLP
+                sizes += [vec] * nv
+            w = mode.linear_shard(h_in, h_out, False, n in (1, 3), t, q)
+            sizes.append(w)
+            if bias:
+                sizes.append(mode.linear_shard(h_in, h_out, True, n in (1, 3), t, q) - w)
     if last:
-        total += nv * mode.vector_shard(h, t, q)
-        total += d.head_count(int(first), 1) * mode.head_shard(h, V, t, q)
-    return total
+        sizes += [vec] * nv
+        if d.head_count(int(first), 1):  # a tied head (same stage as the embedding) has no weight of its own
+            sizes.append(mode.head_shard(h, V, t, q))
+    return tuple(int(x) for x in sizes)

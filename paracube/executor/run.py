@@ -63,7 +63,8 @@ def worker_main(argv: Sequence[str]) -> int:
     if backend_of(plan) == "gloo":  # CPU ranks share the node's cores: bind them (affinity.py)
         bind_cpu_rank(local_rank, local_world)
     config = TrainConfig(lr=args.lr, warmup_steps=args.warmup, seed=args.seed, data=args.data,
-                         on_nonfinite=args.on_nonfinite, comm_timeout_s=args.comm_timeout)
+                         on_nonfinite=args.on_nonfinite, comm_timeout_s=args.comm_timeout,
+                         overlap=not args.no_overlap)
     report = status_writer(args.status_file, args.steps) if args.status_file and rank == 0 else None
 
     @record  # an exception is written to TORCHELASTIC_ERROR_FILE: the launcher names it in its one line

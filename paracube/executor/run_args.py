@@ -54,6 +54,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--comm-timeout", type=positive_float, default=120.0,
                    help="collective timeout in seconds (default 120)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="reduce gradient buckets after the backward instead of during it (same result)")
 
 
 def worker_args(args: argparse.Namespace) -> list[str]:
@@ -69,6 +71,7 @@ def worker_args(args: argparse.Namespace) -> list[str]:
         out += ["--warmup", str(args.warmup)]
     out += ["--resume"] if args.resume else []
     out += ["--no-progress"] if args.no_progress else []
+    out += ["--no-overlap"] if args.no_overlap else []
     return out
 
 

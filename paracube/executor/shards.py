@@ -53,10 +53,10 @@ def gather_full(local: Tensor, spec: ShardSpec, mesh: Mesh) -> Tensor:
     shard = local.detach().contiguous()
     parts = [torch.empty_like(shard) for _ in range(n)]
     dist.all_gather(parts, shard, group=group)
-    offsets = torch.tensor(spec.offsets, dtype=torch.long)
+    offsets = torch.tensor(spec.offsets, dtype=torch.long, device=local.device)  # NCCL: device tensors only
     all_offsets = [torch.empty_like(offsets) for _ in range(n)]
     dist.all_gather(all_offsets, offsets, group=group)
-    full = torch.empty(spec.global_shape, dtype=local.dtype)
+    full = torch.empty(spec.global_shape, dtype=local.dtype, device=local.device)
     for part, offs in zip(parts, all_offsets, strict=True):
         full[tuple(slice(o, o + s) for o, s in zip(offs.tolist(), spec.sizes, strict=True))] = part
     return full

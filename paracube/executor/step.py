@@ -1,7 +1,12 @@
 """One training step: micro-batches, data-parallel gradient sum, global-norm clipping, AdamW step, metrics.
 Collectives: docs/algorithms.md "Per-step collectives common to all modes". With pp > 1 the micro-batches
 run through the pipeline schedule (executor/pipeline.py), the grad norm is summed over (pp, *tensor axes)
-and the metrics over every rank (the loss is on the last stage), as cost_models/traffic.py declares."""
+and the metrics over every rank (the loss is on the last stage), as cost_models/traffic.py declares.
+
+Gradients are summed over dp in buckets (grad_sync.py), issued as the last micro-batch's backward produces
+them (`overlap=True`) or all after it (`overlap=False`); both give bit-identical results. With the
+distributed optimizer (optim.DistributedAdamW, zero=1) the buckets are reduce-scattered, the norm is summed
+over the shards and the updated parameters are all-gathered by the optimizer."""
 
 from __future__ import annotations
 
@@ -14,78 +19,102 @@ from torch import Tensor
 
 from paracube.executor.comm import all_reduce
 from paracube.executor.gpt import ParallelGPT
+from paracube.executor.grad_sync import GradSync, grad_sync_for
+from paracube.executor.loss_scale import LossScaler
 from paracube.executor.mesh import Mesh
+from paracube.executor.optim import DistributedAdamW
 from paracube.executor.pipeline import run_pipeline
 from paracube.executor.sizes import check_divisibility
+from paracube.modes.buckets import BUCKET_BYTES
 
 
 @dataclass(frozen=True)
 class StepResult:
     loss: float  # mean token loss over the global batch
-    grad_norm: float  # global gradient norm before clipping
+    grad_norm: float  # global gradient norm before clipping (inf when fp16 gradients overflowed)
+    overflow: bool = False  # fp16: the gradients overflowed, the step was skipped (loss_scale.py)
 
 
 def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
                micro_batches: list[tuple[Tensor, Tensor]], tokens_per_step: int,
-               max_grad_norm: float | None = 1.0, autocast_dtype: torch.dtype | None = None) -> StepResult:
+               max_grad_norm: float | None = 1.0, autocast_dtype: torch.dtype | None = None,
+               overlap: bool = True, bucket_bytes: int = BUCKET_BYTES,
+               scaler: LossScaler | None = None) -> StepResult:
+    """One step; `scaler` (fp16) scales the loss, skips the step on overflow and updates its scale."""
     rec = mesh.recorder
     params = list(model.parameters())
     device = params[0].device
+    sharded = isinstance(optimizer, DistributedAdamW)
+    sync: GradSync = optimizer.sync if sharded else grad_sync_for(model, mesh, bucket_bytes)
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     count = torch.zeros((), dtype=torch.float32, device=device)
     pipelined = mesh.layout.pp > 1
-    if pipelined:  # executor/pipeline.py: 1F1B / interleaved schedule over the pp axis
+    # The pipeline schedule interleaves micro-batches' backwards: its buckets are reduced after the last one.
+    sync.start(overlap and not pipelined)
+    if pipelined:  # executor/pipeline.py: 1F1B / interleaved schedule over the pp axis (fp16: refused, train.py)
         loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, autocast_dtype)
-    for ids, labels in micro_batches if not pipelined else []:
+    for k, (ids, labels) in enumerate(micro_batches if not pipelined else []):
         amp = (torch.autocast(ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
                else nullcontext())
         with rec.phase("fwd"), amp:
             local_sum, local_count = model(ids, labels)
+        if k == len(micro_batches) - 1:
+            sync.last_micro_batch()
         with rec.phase("bwd"):
-            (local_sum / tokens_per_step).backward()
+            loss = local_sum / tokens_per_step
+            (loss if scaler is None else loss * scaler.scale).backward()
         loss_sum += local_sum.detach().float()
         count += local_count
+    sync.finish()
 
-    with rec.phase("grad_sync"):
-        model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    grad_axes = mesh.layout.tensor_mode.grad_axes  # the mode's declaration: ("dp",); 2.5D ("dp", "dep")
-    if mesh.size(grad_axes) > 1:
-        # One flat fp32 buffer: one collective instead of one per parameter.
-        with rec.phase("grad_sync"):
-            flat = all_reduce(torch.cat([g.reshape(-1).float() for g in grads]), mesh, grad_axes, label="grads")
-        offset = 0
-        for p, g in zip(params, grads, strict=True):
-            p.grad = flat[offset:offset + g.numel()].view_as(p).to(p.dtype)
-            offset += g.numel()
-        grads = [p.grad for p in params]
-
-    # Global norm: replicated parameters count once (on their replica leader inside the tensor group).
-    specs = [model.shard_specs[n] for n, _ in model.named_parameters()]
-    sq = torch.zeros(1, dtype=torch.float32, device=device)
-    for g, spec in zip(grads, specs, strict=True):
-        if all(mesh.coord(a) == 0 for a in spec.replicated_axes):
-            sq += g.float().pow(2).sum()
     tensor_axes = mesh.layout.tensor_axes
-    norm_axes = (("pp",) if pipelined else ()) + tensor_axes  # stages hold disjoint parameters
+    stages = ("pp",) if pipelined else ()  # stages hold disjoint parameters
+    if sharded:
+        sq = optimizer.grad_norm_sq()
+        norm_axes: tuple[str, ...] = (*stages, "dp", *tensor_axes)
+    else:
+        sync.set_param_grads()
+        with rec.phase("grad_sync"):
+            model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp
+        sq = _replica_norm_sq(model, mesh, device)
+        norm_axes = (*stages, *tensor_axes)
     with rec.phase("optimizer"):
         if norm_axes:
             sq = all_reduce(sq, mesh, norm_axes, label="grad_norm")
         norm = math.sqrt(float(sq.item()))
-        if max_grad_norm is not None:
-            coef = max_grad_norm / (norm + 1e-6)
-            if coef < 1.0:
-                for g in grads:
-                    g.mul_(coef)
-        optimizer.step()
+        unscale = 1.0
+        if scaler is not None:
+            unscale = 1.0 / scaler.scale
+            norm *= unscale
+        overflow = not math.isfinite(norm)  # all-reduced over every group holding gradients: same on all ranks
+        coef = max_grad_norm / (norm + 1e-6) if max_grad_norm is not None and not overflow else 1.0
+        coef = min(coef, 1.0) * unscale
+        if coef != 1.0 and not (scaler is not None and overflow):
+            if sharded:
+                optimizer.scale_grads(coef)
+            else:
+                for p in params:
+                    p.grad.mul_(coef)
+        if scaler is None or not overflow:
+            optimizer.step()
+        if scaler is not None:
+            scaler.update(overflow)
     optimizer.zero_grad(set_to_none=True)
 
     with rec.phase("metrics"):
         metrics = torch.stack([loss_sum, count]).float()
-        # With pp > 1 the loss lives on the last stage: the metrics sum runs over every rank.
-        metric_axes = ("pp", "dp", *tensor_axes) if pipelined else ("dp", *tensor_axes)
-        metrics = all_reduce(metrics, mesh, metric_axes, label="metrics")
-    return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm)
+        metrics = all_reduce(metrics, mesh, (*stages, "dp", *tensor_axes), label="metrics")
+    return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm, overflow=scaler is not None and overflow)
+
+
+def _replica_norm_sq(model: ParallelGPT, mesh: Mesh, device: torch.device) -> Tensor:
+    """Squared norm of the local gradients; replicated parameters count once (on their replica leader
+    inside the tensor group)."""
+    sq = torch.zeros(1, dtype=torch.float32, device=device)
+    for name, p in model.named_parameters():
+        if all(mesh.coord(a) == 0 for a in model.shard_specs[name].replicated_axes):
+            sq += p.grad.float().pow(2).sum()
+    return sq
 
 
 __all__ = ["StepResult", "check_divisibility", "train_step"]

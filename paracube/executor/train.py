@@ -27,11 +27,14 @@ from paracube.executor import checkpoint as ckpt
 from paracube.executor.data import DataSource, parse_source, replica_micro_batches
 from paracube.executor.gpt import build_model
 from paracube.executor.hooks import NO_HOOKS, StepFn, TrainHooks
+from paracube.executor.loss_scale import LossScaler
 from paracube.executor.mesh import Mesh
+from paracube.executor.optim import DistributedAdamW, build_optimizer
 from paracube.executor.progress import Progress
 from paracube.executor.recorder import CommRecorder
 from paracube.executor.sizes import check_divisibility
 from paracube.executor.step import train_step
+from paracube.modes.buckets import BUCKET_BYTES
 from paracube.plan import Plan
 from paracube.workload import ModelSpec, with_seq_len
 
@@ -73,6 +76,9 @@ class TrainConfig:
     data: str = "text"  # data.py: synthetic | text | text:PATH
     on_nonfinite: Literal["stop", "skip"] = "stop"
     comm_timeout_s: float = 120.0
+    overlap: bool = True  # reduce gradient buckets while the backward runs (False: after it; same result)
+    bucket_bytes: int = BUCKET_BYTES  # gradient bucket limit (paracube/modes/buckets.py)
+    loss_scale: float = 2.0 ** 16  # fp16: initial dynamic loss scale (loss_scale.py)
 
     def schedule(self, steps: int) -> LRSchedule:
         total = self.schedule_steps or steps
@@ -104,14 +110,14 @@ def backend_of(plan: Plan) -> str:
 
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[list[torch.Tensor], dict[Any, Any]]:
     """Copies of parameters and optimizer state, to undo a step whose loss was not finite."""
-    params = [p.detach().clone() for p in model.parameters()]
+    params = [p.detach().clone() for p in [*model.parameters(), *getattr(opt, "masters", [])]]
     state = {p: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()} for p, s in opt.state.items()}
     return params, state
 
 
 def _restore(model: torch.nn.Module, opt: torch.optim.Optimizer, snap: tuple[list[torch.Tensor], dict]) -> None:
     with torch.no_grad():
-        for p, saved in zip(model.parameters(), snap[0], strict=True):
+        for p, saved in zip([*model.parameters(), *getattr(opt, "masters", [])], snap[0], strict=True):
             p.copy_(saved)
     opt.state.clear()
     opt.state.update(snap[1])
@@ -147,6 +153,7 @@ class _Run:
     schedule: LRSchedule
     hooks: TrainHooks
     start: int = 0
+    scaler: LossScaler | None = None  # fp16: dynamic loss scaling
 
 
 def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Path | None, save_every: int,
@@ -158,6 +165,9 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
     check(save_every >= 0, f"save_every={save_every} must be >= 0")
     check(not (resume or save_every) or checkpoint_dir is not None, "--resume and --save-every need --checkpoint-dir")
     check(config.on_nonfinite in ("stop", "skip"), f"on_nonfinite={config.on_nonfinite!r}; valid: stop, skip")
+    check(not (plan.training.dtype == "fp16" and layout.pp > 1),
+          f"fp16 loss scaling with pp={layout.pp} is not run by the executor yet; use bf16 or pp=1")
+    check(config.bucket_bytes > 0, f"bucket_bytes={config.bucket_bytes} must be > 0")
     spec = with_seq_len(plan.model, plan.seq_len)
     check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
     if checkpoint_dir is not None and not resume and ckpt.has_checkpoint(Path(checkpoint_dir)):
@@ -169,7 +179,11 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
 def _device(backend: str, rank: int, local_rank: int | None) -> torch.device:
     if backend != "nccl":
         return torch.device("cpu")
-    device = torch.device("cuda", local_rank if local_rank is not None else rank % torch.cuda.device_count())
+    have = torch.cuda.device_count()
+    index = local_rank if local_rank is not None else rank % max(1, have)
+    check(index < have, f"backend nccl: local rank {index} needs GPU {index}, but this node sees {have} GPU(s); "
+          "run at most that many ranks per node or use backend gloo")
+    device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device
 
@@ -179,11 +193,12 @@ def _setup(plan: Plan, spec: ModelSpec, source: DataSource, rank: int, device: t
     recorder = CommRecorder(hooks.observe_collective)
     mesh = Mesh(plan.layout, rank, recorder=recorder)
     model = build_model(spec, mesh, seed=config.seed, recompute=plan.training.recompute).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+    opt = build_optimizer(model, mesh, plan.layout.zero, config.bucket_bytes, lr=config.lr, betas=config.betas,
+                          weight_decay=config.weight_decay)
     step_fn = hooks.wrap_step(train_step) if hooks.wrap_step is not None else train_step
     dp_index = mesh.coord("dp") if plan.layout.dp > 1 else 0
     return _Run(plan, config, device, recorder, mesh, model, opt, source, step_fn, dp_index, config.schedule(steps),
-                hooks)
+                hooks, scaler=LossScaler(config.loss_scale) if plan.training.dtype == "fp16" else None)
 
 
 def _resume(run: _Run, checkpoint_dir: str | Path, result: TrainResult) -> None:
@@ -193,7 +208,12 @@ def _resume(run: _Run, checkpoint_dir: str | Path, result: TrainResult) -> None:
     saved = ckpt.read_meta(found)
     check(saved.get("data", {}).get("source") == config.data and saved["data"].get("seed") == config.seed,
           f"checkpoint was trained on data {saved.get('data')}; resume with the same --data and --seed")
-    meta = ckpt.load_checkpoint(checkpoint_dir, run.model, run.opt, run.mesh)
+    if isinstance(run.opt, DistributedAdamW):  # zero=1: the moments per parameter, as zero=0 saves them
+        view = run.opt.empty_view()
+        meta = ckpt.load_checkpoint(checkpoint_dir, run.model, view, run.mesh)  # type: ignore[arg-type]
+        run.opt.load_view(view)
+    else:
+        meta = ckpt.load_checkpoint(checkpoint_dir, run.model, run.opt, run.mesh)
     run.start = meta["step"]
     run.schedule = LRSchedule(**meta["schedule"])
     result.last_checkpoint = str(found)
@@ -215,12 +235,13 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     out = run.step_fn(run.model, run.opt, run.mesh, micro, tokens_per_step, max_grad_norm=run.config.max_grad_norm,
-                      autocast_dtype=AUTOCAST[tr.dtype])
+                      autocast_dtype=AUTOCAST[tr.dtype], overlap=run.config.overlap,
+                      bucket_bytes=run.config.bucket_bytes, **({"scaler": run.scaler} if run.scaler else {}))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     loss, gnorm = float(out.loss), float(out.grad_norm)
-    finite = math.isfinite(loss) and math.isfinite(gnorm)
+    finite = math.isfinite(loss) and (math.isfinite(gnorm) or out.overflow)
     if not finite and snap is not None:
         _restore(run.model, run.opt, snap)
     row = {"step": step, "loss": loss, "lr": lr, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
@@ -228,6 +249,13 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
            "peak_memory_bytes": _peak_memory_bytes(device), "grad_norm": gnorm}
     if not finite:
         row["skipped"] = True
+    if run.scaler is not None:
+        row["loss_scale"] = run.scaler.scale
+        if out.overflow:
+            row["overflow"] = True
+            if run.scaler.exhausted:
+                raise TrainingDiverged(f"fp16 gradients overflowed in {run.scaler.skips} steps in a row (loss scale "
+                                       f"backed off to {run.scaler.scale:g}) at step {step}; stopped: use bf16")
     return row
 
 
@@ -236,7 +264,8 @@ def _save(run: _Run, checkpoint_dir: str | Path, step: int) -> str:
     meta = {"schedule": asdict(run.schedule), "data": {"source": config.data, "seed": config.seed,
                                                        "next_step": step + 1},
             "plan": run.plan.to_dict(), "layout": str(run.plan.layout)}
-    return str(ckpt.save_checkpoint(checkpoint_dir, step, run.model, run.opt, meta,
+    opt = run.opt.checkpoint_view() if isinstance(run.opt, DistributedAdamW) else run.opt
+    return str(ckpt.save_checkpoint(checkpoint_dir, step, run.model, opt, meta,  # type: ignore[arg-type]
                                     after_shard_written=run.hooks.after_shard_written))
 
 
@@ -277,13 +306,16 @@ def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Pat
     config = config or TrainConfig()
     spec = _check_request(plan, world, steps, checkpoint_dir, save_every, resume, config)
     source = parse_source(config.data, spec.vocab, plan.seq_len, config.seed)  # refused before the group too
-    backend = backend_of(plan)
     owns_pg = not dist.is_initialized()
+    # The device follows the process group's backend (an existing group's, else the plan's); set_device
+    # comes before init_process_group so that NCCL binds this rank's GPU.
+    backend = backend_of(plan) if owns_pg else str(dist.get_backend())
+    device = _device(backend, rank, local_rank)
     if owns_pg:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=config.comm_timeout_s))
     result = TrainResult()
     try:
-        run = _setup(plan, spec, source, rank, _device(backend, rank, local_rank), steps, config, hooks)
+        run = _setup(plan, spec, source, rank, device, steps, config, hooks)
         if resume:
             _resume(run, checkpoint_dir, result)  # type: ignore[arg-type]
         with ExitStack() as stack:

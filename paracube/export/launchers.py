@@ -25,8 +25,10 @@ def why_not(plan: Plan) -> str | None:
         return f"paracube's executor runs pp=1 only for {lay.mode} (pp={lay.pp})"
     if lay.sequence_parallel and not support.sequence_parallel:
         return "paracube's executor does not implement sequence parallelism (sp)"
-    if lay.zero and not support.zero:
-        return f"paracube's executor does not implement zero={lay.zero}"
+    if lay.zero and (lay.zero == 3 or not support.zero):
+        return f"paracube's executor does not implement zero={lay.zero} for {lay.mode}"
+    if lay.zero and (lay.pp > 1 or lay.sequence_parallel):  # as executor/sizes.py refuses
+        return "paracube's executor does not run zero=1 with pipelines or sequence parallelism yet"
     return None
 
 

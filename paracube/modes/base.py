@@ -91,7 +91,7 @@ class ExecutorSupport:
     impl: str
     pipeline: bool = False
     sequence_parallel: bool = False
-    zero: bool = False  # sharded optimizer state / parameters (zero >= 1)
+    zero: bool = False  # the distributed optimizer (zero=1; zero=3 is not run)
 
 
 class TensorMode:

@@ -52,16 +52,21 @@ class CollectiveTimer:
     """Hooks for train(): the (wall, process CPU) seconds of every collective the executor issues (an observer,
     executor/recorder.py), summed per training step (a step wrapper): `per_step[i]` for the i-th step."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         self.calls: list[tuple[float, float]] = []
         self.per_step: list[tuple[float, float]] = []
+        # CUDA collectives are asynchronous: synchronize before and after one so that its time is its own.
+        cuda = device is not None and device.type == "cuda"
+        self.sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
     @contextmanager
     def observe(self, event: CommEvent) -> Iterator[None]:
+        self.sync()
         t0, c0 = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
+            self.sync()
             self.calls.append((time.perf_counter() - t0, time.process_time() - c0))
 
     def wrap(self, step: StepFn) -> StepFn:
@@ -81,8 +86,12 @@ class CollectiveTimer:
 def _validate_rank(rank: int, world: int, device: torch.device, plan: Plan, steps: int) -> dict[str, Any]:
     from paracube.executor.train import TrainConfig, train
 
-    timer = CollectiveTimer()
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    timer = CollectiveTimer(device)
+    if device.type == "cuda":  # CUDA memory (what the model prices), not the host's RSS
+        torch.cuda.reset_peak_memory_stats(device)
+        base_rss = int(torch.cuda.memory_allocated(device))
+    else:
+        base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result = train(plan, rank, world, steps, config=TrainConfig(data="synthetic"), local_rank=rank,
                    hooks=timer.hooks())
     rows = [{**m, "comm_time_s": wall, "comm_cpu_s": cpu} for m, (wall, cpu) in zip(result.metrics, timer.per_step,

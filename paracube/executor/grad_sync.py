@@ -1,0 +1,164 @@
+"""Bucketed data-parallel gradient reduction, optionally overlapped with the backward (DDP's approach).
+
+Buckets follow the shared rule (paracube/modes/buckets.py): local parameters in reverse registration order,
+fp32, at most `bucket_bytes` each, a parameter never split. A post-accumulate-grad hook on every parameter
+adds its gradient into its bucket's fp32 buffer (so micro-batch accumulation happens in fp32 there, and
+`p.grad` is released) and, on the last micro-batch with `overlap`, issues the bucket's collective
+asynchronously as soon as every parameter of the bucket has its gradient -- buckets are issued strictly in
+bucket order, as DDP does, so every rank issues the same collectives in the same order. `finish()` issues
+what is left (every bucket without overlap) and waits for all of them before the optimizer runs.
+- zero=0: one all_reduce (sum) of the bucket over the mode's grad_axes (dp; 2.5D: dp and depth).
+- zero=1: one reduce_scatter over dp of the bucket padded to a multiple of dp; rank with dp index k keeps
+  shard k (executor/optim.py updates it and all-gathers the parameters back).
+Overlap on and off issue the same collectives on the same buffers, so their results are bit-identical.
+
+Why not torch's DDP / ZeroRedundancyOptimizer: DDP wraps the module and reduces over one process group
+with its own bucketing (not recorded as CommEvents, no reduce_scatter), and ZeroRedundancyOptimizer
+shards whole parameters per rank and broadcasts them, which is not the bucketed reduce-scatter /
+all-gather that the cost model prices (cost_models/traffic.py).
+"""
+
+from __future__ import annotations
+
+from weakref import WeakKeyDictionary
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from paracube.executor.mesh import Mesh
+from paracube.modes import MODES
+from paracube.modes.buckets import BUCKET_BYTES, padded_numel, plan_buckets
+
+
+class Bucket:
+    """One bucket: its parameters (reverse registration order), their offsets and its fp32 buffer."""
+
+    def __init__(self, params: list[nn.Parameter], dp: int, zero: int, device: torch.device) -> None:
+        self.params = params
+        self.offsets: list[int] = []
+        n = 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.numel = n
+        self.length = padded_numel(n, dp) if zero == 1 else n
+        self.buffer = torch.zeros(self.length, dtype=torch.float32, device=device)
+        self.shard_numel = self.length // dp if zero == 1 else self.length
+        self.shard = self.buffer if zero != 1 else torch.zeros(self.shard_numel, dtype=torch.float32, device=device)
+        self.pending = 0  # parameters whose gradient has not arrived in this backward
+        self.work: dist.Work | None = None
+        self.issued = False
+
+    def view(self, i: int) -> Tensor:
+        p = self.params[i]
+        return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()].view_as(p)
+
+
+class GradSync:
+    """The buckets of one model on one rank and their data-parallel collectives."""
+
+    def __init__(self, model: nn.Module, mesh: Mesh, zero: int = 0, bucket_bytes: int = BUCKET_BYTES) -> None:
+        self.mesh, self.zero, self.bucket_bytes = mesh, zero, bucket_bytes
+        layout = mesh.layout
+        self.axes = ("dp",) if zero == 1 else tuple(MODES[layout.mode].grad_axes)
+        self.group_size = mesh.size(self.axes)
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = params[0].device
+        self.buckets = [Bucket([params[i] for i in idx], layout.dp, zero, device)
+                        for idx in plan_buckets([p.numel() for p in params], bucket_bytes)]
+        self.where: dict[nn.Parameter, tuple[Bucket, int]] = {}
+        for b in self.buckets:
+            for i, p in enumerate(b.params):
+                self.where[p] = (b, i)
+                p.register_post_accumulate_grad_hook(self._on_grad)
+        self.overlap = True
+        self.final = False  # the current backward is the step's last: its gradients may be reduced
+        self.next = 0  # the next bucket to issue (buckets are issued in order)
+        self.active = False
+
+    # --- per step ------------------------------------------------------------------------------------
+    def start(self, overlap: bool) -> None:
+        """Before the step's first backward: empty buffers, nothing issued."""
+        self.overlap, self.active, self.next, self.final = overlap, True, 0, False
+        for b in self.buckets:
+            b.buffer.zero_()
+            b.pending, b.work, b.issued = len(b.params), None, False
+
+    def last_micro_batch(self) -> None:
+        """The next backward is the step's last: buckets become ready as it produces their gradients."""
+        self.final = True
+
+    def _on_grad(self, p: Tensor) -> None:
+        if not self.active or p.grad is None:
+            return  # a backward outside train_step (tests, tools) keeps torch's own p.grad
+        b, i = self.where[p]  # type: ignore[index]
+        b.view(i).add_(p.grad)
+        p.grad = None
+        if self.final:
+            b.pending -= 1
+            if self.overlap:
+                self._issue_ready()
+
+    def _issue_ready(self) -> None:
+        while self.next < len(self.buckets) and self.buckets[self.next].pending == 0:
+            self._issue(self.buckets[self.next])
+            self.next += 1
+
+    def _issue(self, b: Bucket) -> None:
+        b.issued = True
+        if self.group_size == 1:
+            return
+        rec, group = self.mesh.recorder, self.mesh.group(self.axes)
+        with rec.phase("grad_sync"):
+            if self.zero == 1:
+                order = self.mesh.order(self.axes)  # index k lives on group rank order[k]
+                chunks = list(b.buffer.chunk(self.group_size))
+                by_rank = [chunks[0]] * self.group_size
+                for k in range(self.group_size):
+                    by_rank[order[k]] = chunks[k]
+                with rec.issue("reduce_scatter", self.axes, self.group_size, b.buffer, b.length, False, "grads"):
+                    b.work = dist.reduce_scatter(b.shard, by_rank, group=group, async_op=True)
+            else:
+                with rec.issue("all_reduce", self.axes, self.group_size, b.buffer, b.length, False, "grads"):
+                    b.work = dist.all_reduce(b.buffer, group=group, async_op=True)
+
+    def finish(self) -> None:
+        """After the last backward: issue what is left, in bucket order, and wait for every bucket."""
+        for b in self.buckets[self.next:]:
+            self._issue(b)
+        self.next = len(self.buckets)
+        for b in self.buckets:
+            if b.work is not None:
+                b.work.wait()
+                b.work = None
+        if self.zero == 1 and self.group_size == 1:
+            for b in self.buckets:
+                b.shard.copy_(b.buffer)
+        self.active = False
+
+    def set_param_grads(self) -> None:
+        """zero=0: every parameter's .grad is its reduced gradient (a view of the bucket in fp32)."""
+        for b in self.buckets:
+            for i, p in enumerate(b.params):
+                g = b.view(i)
+                p.grad = g if p.dtype == torch.float32 else g.to(p.dtype)
+
+    def shard_index(self) -> int:
+        return self.mesh.index(("dp",)) if self.zero == 1 else 0
+
+
+_SYNCS: WeakKeyDictionary[nn.Module, GradSync] = WeakKeyDictionary()
+
+
+def grad_sync_for(model: nn.Module, mesh: Mesh, bucket_bytes: int = BUCKET_BYTES) -> GradSync:
+    """The zero=0 GradSync of `model` (made once: its hooks stay on the parameters)."""
+    sync = _SYNCS.get(model)
+    if sync is None:
+        sync = _SYNCS[model] = GradSync(model, mesh, 0, bucket_bytes)
+    elif sync.bucket_bytes != bucket_bytes:  # its hooks are already on the parameters
+        raise ValueError(f"bucket_bytes={bucket_bytes}: this model's buckets hold {sync.bucket_bytes} bytes")
+    return sync
+
+
+__all__ = ["Bucket", "GradSync", "grad_sync_for"]

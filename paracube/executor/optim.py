@@ -1,0 +1,163 @@
+"""Distributed optimizer (zero=1, Megatron's distributed optimizer / ZeRO-1): AdamW on fp32 master shards.
+
+Each gradient bucket (grad_sync.py; padded to a multiple of dp) is reduce-scattered over dp; the rank with
+dp index k owns elements [k S, (k+1) S) of it (S = padded length / dp). The optimizer keeps, per bucket,
+an fp32 master copy of those elements and AdamW's two moments on them: 4 + 8 = 12 bytes per element, so
+12 x padded / dp bytes per rank (cost_models/memory.py prices the same). After the step the updated
+master shard is cast to the parameters' dtype and all-gathered over dp (one all_gather per bucket), then
+copied into the parameters. AdamW is elementwise, so updating shards of the flat buckets gives the same
+parameters as updating whole tensors (tests/test_grad_sync.py holds it to the serial model).
+
+Checkpoints: `checkpoint_view()` all-gathers the moments over dp and presents them per parameter, as
+torch.optim.AdamW holds them (`state[param] = {step, exp_avg, exp_avg_sq}` of the parameter's tensor
+shard), so checkpoint.py saves the same files for zero=1 as for zero=0 and either loads into the other;
+`load_view(view)` takes this rank's elements back (the fp32 masters from the loaded parameters).
+
+The global gradient norm (for clipping) is summed over each rank's reduced shard, counting a tensor-
+replicated parameter on its replica leader only, and all-reduced over ("dp", *tensor axes).
+
+Built on torch.optim.AdamW (its update, state_dict and param_groups); what is ours is the sharding and
+the collectives, which torch's ZeroRedundancyOptimizer cannot do: it shards whole parameters per rank
+and broadcasts them, not bucketed reduce-scatter / all-gather recorded as CommEvents.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from paracube.executor.grad_sync import Bucket, GradSync
+from paracube.executor.shards import ShardSpec
+
+
+class DistributedAdamW(torch.optim.AdamW):
+    """AdamW over the fp32 master shards of `sync`'s buckets (sync.zero must be 1)."""
+
+    def __init__(self, sync: GradSync, specs: dict[Tensor, ShardSpec], **adamw: Any) -> None:
+        assert sync.zero == 1
+        self.sync = sync
+        k = sync.shard_index()
+        self.masters: list[Tensor] = []
+        self.masks: list[Tensor] = []  # 1 where this rank counts the element in the global norm
+        for b in sync.buckets:
+            lo, hi = k * b.shard_numel, (k + 1) * b.shard_numel
+            flat = torch.zeros(b.length, dtype=torch.float32, device=b.buffer.device)
+            mask = torch.zeros(b.length, dtype=torch.float32, device=b.buffer.device)
+            for i, p in enumerate(b.params):
+                o = b.offsets[i]
+                flat[o:o + p.numel()] = p.detach().reshape(-1).float()
+                spec = specs[p]
+                leader = all(sync.mesh.coord(a) == 0 for a in spec.replicated_axes)
+                mask[o:o + p.numel()] = float(leader)
+            self.masters.append(flat[lo:hi].clone())
+            self.masks.append(mask[lo:hi].clone())
+        super().__init__(self.masters, **adamw)
+
+    def grad_norm_sq(self) -> Tensor:
+        """This rank's share of the squared global gradient norm (before the all_reduce)."""
+        sq = torch.zeros(1, dtype=torch.float32, device=self.masters[0].device)
+        for b, m in zip(self.sync.buckets, self.masks, strict=True):
+            sq += (b.shard * b.shard * m).sum()
+        return sq
+
+    def scale_grads(self, coef: float) -> None:
+        for b in self.sync.buckets:
+            b.shard.mul_(coef)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for master, b in zip(self.masters, self.sync.buckets, strict=True):
+            master.grad = b.shard
+        super().step()
+        for master, b in zip(self.masters, self.sync.buckets, strict=True):
+            master.grad = None
+            self._gather(master, b)
+        return None
+
+    def _gather(self, master: Tensor, b: Bucket) -> None:
+        """All-gather the updated shard over dp (in the parameters' dtype) into the bucket's parameters."""
+        sync, dtype = self.sync, b.params[0].dtype
+        shard = master.to(dtype)
+        n = sync.group_size
+        if n > 1:
+            parts = [torch.empty_like(shard) for _ in range(n)]
+            rec = sync.mesh.recorder
+            with rec.issue("all_gather", ("dp",), n, shard, shard.numel() * n, False, "params"):
+                dist.all_gather(parts, shard, group=sync.mesh.group(("dp",)))
+            order = sync.mesh.order(("dp",))
+            full = torch.cat([parts[order[k]] for k in range(n)])
+        else:
+            full = shard
+        for i, p in enumerate(b.params):
+            o = b.offsets[i]
+            p.copy_(full[o:o + p.numel()].view_as(p))
+
+
+    # --- checkpoints ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def checkpoint_view(self) -> SimpleNamespace:
+        """The moments per parameter (full tensor shards, gathered over dp), in torch AdamW's layout."""
+        state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        for master, b in zip(self.masters, self.sync.buckets, strict=True):
+            s = self.state.get(master)
+            if not s:
+                continue
+            full = {m: self._all_gather(s[m]) for m in ("exp_avg", "exp_avg_sq")}
+            for i, p in enumerate(b.params):
+                o = b.offsets[i]
+                state[p] = {"step": s["step"].clone(),
+                            **{m: v[o:o + p.numel()].view_as(p).clone() for m, v in full.items()}}
+        return SimpleNamespace(state=state)
+
+    def empty_view(self) -> SimpleNamespace:
+        return SimpleNamespace(state=defaultdict(dict))
+
+    @torch.no_grad()
+    def load_view(self, view: SimpleNamespace) -> None:
+        """This rank's shard of the moments in `view` (filled by checkpoint.load_checkpoint) and the fp32
+        masters from the (already loaded) parameters."""
+        k = self.sync.shard_index()
+        for master, b in zip(self.masters, self.sync.buckets, strict=True):
+            lo, hi = k * b.shard_numel, (k + 1) * b.shard_numel
+            flat = {m: torch.zeros(b.length, dtype=torch.float32, device=master.device)
+                    for m in ("param", "exp_avg", "exp_avg_sq")}
+            step = None
+            for i, p in enumerate(b.params):
+                o = b.offsets[i]
+                flat["param"][o:o + p.numel()] = p.detach().reshape(-1).float()
+                s = view.state.get(p) or {}
+                for m in ("exp_avg", "exp_avg_sq"):
+                    if m in s:
+                        flat[m][o:o + p.numel()] = s[m].reshape(-1).float()
+                step = s.get("step", step)
+            master.copy_(flat["param"][lo:hi])
+            if step is not None:
+                self.state[master] = {"step": torch.as_tensor(step, dtype=torch.float32).clone(),
+                                      "exp_avg": flat["exp_avg"][lo:hi].clone(),
+                                      "exp_avg_sq": flat["exp_avg_sq"][lo:hi].clone()}
+
+    def _all_gather(self, shard: Tensor) -> Tensor:
+        n = self.sync.group_size
+        if n == 1:
+            return shard
+        parts = [torch.empty_like(shard) for _ in range(n)]
+        dist.all_gather(parts, shard.contiguous(), group=self.sync.mesh.group(("dp",)))  # not a step's traffic
+        order = self.sync.mesh.order(("dp",))
+        return torch.cat([parts[order[j]] for j in range(n)])
+
+
+def build_optimizer(model: torch.nn.Module, mesh: Any, zero: int, bucket_bytes: int,
+                    **adamw: Any) -> torch.optim.Optimizer:
+    """AdamW for a layout: DistributedAdamW over the model's buckets (zero=1) or torch's AdamW."""
+    if zero != 1:
+        return torch.optim.AdamW(model.parameters(), **adamw)
+    specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}  # type: ignore[union-attr, index]
+    return DistributedAdamW(GradSync(model, mesh, 1, bucket_bytes), specs, **adamw)
+
+
+__all__ = ["DistributedAdamW", "build_optimizer"]

@@ -1,0 +1,275 @@
+"""Bucketed, overlapped gradient reduction and the distributed optimizer (zero=1) against the serial model
+and the cost model.
+
+One rank launch per layout (dp=2 with zero=1 in every tensor mode the executor runs within 8 ranks: none,
+1D tp=2, 2D 2x2; 3D at dp=2 needs 16 ranks with q=2, so 3D runs its 1x1x1 mesh -- the 3D code path with
+groups of one) checks:
+- equivalence: the reduce-scattered gradient shards of the global batch equal their elements of the serial
+  gradients; losses, grad norms and parameters after 3 AdamW steps (clipping active) equal the serial
+  model's (relative 1e-5, fp32);
+- memory: parameter, gradient (fp32 buckets) and optimizer (fp32 master shard + Adam moments) bytes per
+  rank equal cost_models' estimate exactly (one bucket);
+- with small buckets (several per step), for zero=1 and for zero=0: overlap on and off give bit-identical
+  losses and parameters, and the recorded collectives equal traffic.stage_events (bucket count and sizes)
+  with zero difference;
+- checkpoints (1D layout): a zero=1 checkpoint after 2 steps reloads into zero=1 (the next step is
+  bit-identical to the uninterrupted run) and into zero=0 (equal within 1e-5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from dist_helpers import rel_err, run_distributed
+
+from paracube.cost_models import estimate
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.traffic import stage_events
+from paracube.estimate import traffic_difference
+from paracube.executor import Mesh, build_model, serial_reference, train_step
+from paracube.executor.grad_sync import GradSync
+from paracube.executor.optim import DistributedAdamW
+from paracube.layout import Layout, parse_layout
+from paracube.topologies import load_topology
+from paracube.workload import ModelSpec, TrainingSpec
+
+SPEC = ModelSpec("zero", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
+B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 2, 3, 0.3, 1e-5
+SMALL_BUCKET = 8 * 1024  # bytes: several buckets per step on every layout below
+ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}
+LAYOUTS = ["dp=2,zero=1", "dp=2,tp=1d:2,zero=1", "dp=2,tp=2d:2x2,zero=1", "dp=2,tp=3d:1x1x1,zero=1"]
+
+
+def _micro(layout: Layout, dp_index: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1234)
+    n = layout.dp * B * N_MICRO
+    ids = torch.randint(0, SPEC.vocab, (n, SPEC.seq_len), generator=gen)
+    labels = torch.randint(0, SPEC.vocab, (n, SPEC.seq_len), generator=gen)
+    s = dp_index * B * N_MICRO
+    return [(ids[s + m * B:s + (m + 1) * B], labels[s + m * B:s + (m + 1) * B]) for m in range(N_MICRO)]
+
+
+def _sharded(model: torch.nn.Module, mesh: Mesh, bucket_bytes: int | None = None) -> DistributedAdamW:
+    specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}
+    sync = GradSync(model, mesh, 1) if bucket_bytes is None else GradSync(model, mesh, 1, bucket_bytes)
+    return DistributedAdamW(sync, specs, **ADAMW)
+
+
+def _shard_grad_errors(model: Any, opt: DistributedAdamW, ref: Any, micro: list, tokens: int) -> list[float]:
+    """Reduce-scatter the global batch's gradients; each bucket shard vs the serial gradients' elements."""
+    sync = opt.sync
+    sync.start(overlap=True)
+    for k, (ids, labels) in enumerate(micro):
+        if k == len(micro) - 1:
+            sync.last_micro_batch()
+        (model(ids, labels)[0] / tokens).backward()
+    sync.finish()
+    names = {p: n for n, p in model.named_parameters()}
+    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+    errors = []
+    k = sync.shard_index()
+    for b in sync.buckets:
+        lo, hi = k * b.shard_numel, (k + 1) * b.shard_numel
+        mine, want = [], []
+        for i, p in enumerate(b.params):
+            o = b.offsets[i]
+            a, c = max(lo, o), min(hi, o + p.numel())
+            if a < c:
+                full = model.shard_specs[names[p]].take(ref_grads[names[p]]).reshape(-1)
+                mine.append(b.shard[a - lo:c - lo])
+                want.append(full[a - o:c - o])
+        errors.append(rel_err(torch.cat(mine), torch.cat(want)))
+    return errors
+
+
+def _equivalence(mesh: Mesh, layout: Layout, out: dict[str, Any]) -> None:
+    micro = _micro(layout, mesh.coord("dp"))
+    every = [m for d in range(layout.dp) for m in _micro(layout, d)]
+    tokens = layout.dp * B * N_MICRO * SPEC.seq_len
+    model, ref = build_model(SPEC, mesh, seed=7), serial_reference(SPEC, seed=7)
+    for ids, labels in every:
+        (ref(ids, labels)[0] / tokens).backward()
+    out["grad_errors"] = _shard_grad_errors(model, _sharded(model, mesh), ref, micro, tokens)
+
+    model, ref = build_model(SPEC, mesh, seed=7), serial_reference(SPEC, seed=7)
+    opt, ref_opt = _sharded(model, mesh), torch.optim.AdamW(ref.parameters(), **ADAMW)
+    errs = out["step_errors"] = []
+    for _ in range(STEPS):
+        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
+        want = train_step(ref, ref_opt, ref.mesh, every, tokens, MAX_NORM)
+        errs += [abs(res.loss - want.loss) / want.loss, abs(res.grad_norm - want.grad_norm) / want.grad_norm]
+        out["clipped"] = want.grad_norm > MAX_NORM
+    full = dict(ref.named_parameters())
+    out["param_errors"] = {n: rel_err(p, model.shard_specs[n].take(full[n])) for n, p in model.named_parameters()}
+    out["memory"] = {
+        "parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "gradients": sum(b.buffer.numel() * 4 for b in opt.sync.buckets),
+        "optimizer": sum(m.numel() * 4 for m in opt.masters)
+        + sum(s[k].numel() * s[k].element_size() for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")),
+    }
+
+
+def _overlap_runs(mesh: Mesh, layout: Layout, zero: int) -> dict[str, Any]:
+    """Two steps with small buckets, overlap on then off: losses, parameters, step-1 events."""
+    micro = _micro(layout, mesh.coord("dp"))
+    tokens = layout.dp * B * N_MICRO * SPEC.seq_len
+    runs = []
+    for overlap in (True, False):
+        model = build_model(SPEC, mesh, seed=7)
+        if zero:
+            opt: torch.optim.Optimizer = _sharded(model, mesh, SMALL_BUCKET)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+        losses, events = [], []
+        for step in range(2):
+            mesh.recorder.reset()
+            losses.append(train_step(model, opt, mesh, micro, tokens, MAX_NORM, overlap=overlap,
+                                     bucket_bytes=SMALL_BUCKET).loss)
+            if step == 0:
+                events = [e.key() for e in mesh.recorder.events]
+        runs.append((losses, [p.detach().clone() for p in model.parameters()], events))
+    (l1, p1, e1), (l2, p2, e2) = runs
+    return {"identical": l1 == l2 and all(torch.equal(a, b) for a, b in zip(p1, p2, strict=True)),
+            "events": e1, "same_events": sorted(e1) == sorted(e2)}
+
+
+def _checkpoints(mesh: Mesh, plain_mesh: Mesh, layout: Layout, root: str) -> dict[str, Any]:
+    from paracube.executor.checkpoint import load_checkpoint, save_checkpoint
+
+    micro = _micro(layout, mesh.coord("dp"))
+    tokens = layout.dp * B * N_MICRO * SPEC.seq_len
+    model = build_model(SPEC, mesh, seed=7)
+    opt = _sharded(model, mesh)
+    for _ in range(2):
+        train_step(model, opt, mesh, micro, tokens, MAX_NORM)
+    save_checkpoint(root, 2, model, opt.checkpoint_view(), {"layout": str(layout)})  # type: ignore[arg-type]
+    want = train_step(model, opt, mesh, micro, tokens, MAX_NORM).loss
+    again = build_model(SPEC, mesh, seed=99)
+    opt1 = _sharded(again, mesh)
+    view = opt1.empty_view()
+    load_checkpoint(root, again, view)  # type: ignore[arg-type]
+    opt1.load_view(view)
+    got1 = train_step(again, opt1, mesh, micro, tokens, MAX_NORM).loss
+    plain = build_model(SPEC, plain_mesh, seed=99)
+    opt0 = torch.optim.AdamW(plain.parameters(), **ADAMW)
+    load_checkpoint(root, plain, opt0)
+    got0 = train_step(plain, opt0, plain_mesh, micro, tokens, MAX_NORM).loss
+    return {"bit_identical": got1 == want and all(torch.equal(a, b) for a, b in
+                                                  zip(again.parameters(), model.parameters(), strict=True)),
+            "zero0_loss_err": abs(got0 - want) / want,
+            "zero0_param_err": max(rel_err(a, b) for a, b in zip(plain.parameters(), model.parameters(), strict=True))}
+
+
+def _run(rank: int, world: int, text: str, root: str) -> dict[str, Any]:
+    layout = parse_layout(text)
+    mesh = Mesh(layout, rank)
+    out: dict[str, Any] = {}
+    _equivalence(mesh, layout, out)
+    out["zero1"] = _overlap_runs(mesh, layout, 1)
+    plain = parse_layout(text.replace(",zero=1", ""))
+    plain_mesh = Mesh(plain, rank)
+    out["zero0"] = _overlap_runs(plain_mesh, plain, 0)
+    if text == CHECKPOINT_LAYOUT:
+        out["checkpoint"] = _checkpoints(mesh, plain_mesh, layout, root)
+    return out
+
+
+CHECKPOINT_LAYOUT = "dp=2,tp=1d:2,zero=1"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("zero1")
+    return {t: run_distributed(_run, parse_layout(t).world_size, t, str(root / t)) for t in LAYOUTS}
+
+
+def test_zero1_checkpoint_reloads_into_zero1_and_zero0(runs) -> None:
+    for rank, out in enumerate(runs[CHECKPOINT_LAYOUT]):
+        c = out["checkpoint"]
+        assert c["bit_identical"], rank
+        assert c["zero0_loss_err"] < TOL and c["zero0_param_err"] < TOL, (rank, c)
+
+
+def _training(layout: Layout) -> TrainingSpec:
+    return TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32")
+
+
+@pytest.mark.parametrize("text", LAYOUTS)
+def test_zero1_equals_serial(runs, text) -> None:
+    for rank, out in enumerate(runs[text]):
+        assert out["clipped"]
+        assert max(out["grad_errors"]) < TOL, (rank, out["grad_errors"])
+        assert max(out["step_errors"]) < TOL, (rank, out["step_errors"])
+        worst = max(out["param_errors"].items(), key=lambda kv: kv[1])
+        assert worst[1] < TOL, (rank, worst)
+
+
+@pytest.mark.parametrize("text", LAYOUTS)
+def test_zero1_memory_equals_model(runs, text) -> None:
+    layout = parse_layout(text).with_(micro_batch=B)
+    est = estimate(SPEC, _training(layout), layout, load_topology("local-cpu", gpus=layout.world_size),
+                   with_events=False).memory
+    plain = estimate(SPEC, _training(layout), layout.with_(zero=0),
+                     load_topology("local-cpu", gpus=layout.world_size), with_events=False).memory
+    assert est.optimizer < plain.optimizer  # 12 / dp bytes per parameter instead of 8
+    for out in runs[text]:
+        m = out["memory"]
+        assert (m["parameters"], m["gradients"], m["optimizer"]) == (est.parameters, est.gradients, est.optimizer)
+
+
+@pytest.mark.parametrize("zero", ["zero1", "zero0"])
+@pytest.mark.parametrize("text", LAYOUTS)
+def test_overlap_bit_identical_and_buckets_priced(runs, text, zero) -> None:
+    layout = parse_layout(text if zero == "zero1" else text.replace(",zero=1", "")).with_(micro_batch=B)
+    predicted = stage_events(layout, dims_of(SPEC, _training(layout)), B, bucket_bytes=SMALL_BUCKET)
+    n_buckets = sum(e.label == "gradients" for e in predicted)
+    assert n_buckets > 2
+    for rank, out in enumerate(runs[text]):
+        r = out[zero]
+        assert r["identical"] and r["same_events"], rank
+        diff = traffic_difference(predicted, r["events"])
+        assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
+
+
+# --- fp16 dynamic loss scaling ---------------------------------------------------------------------------
+def _fp16(rank: int, world: int) -> dict[str, Any]:
+    from paracube.executor.loss_scale import LossScaler
+    from paracube.executor.train import TrainConfig, TrainingDiverged, train
+    from paracube.plan import default_plan
+
+    layout = parse_layout("dp=1")
+    mesh = Mesh.single(layout)
+    model = build_model(SPEC, mesh, seed=7)
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    micro, tokens = _micro(layout, 0), B * N_MICRO * SPEC.seq_len
+    scaler = LossScaler(scale=2.0 ** 200, backoff=2.0 ** -190, growth_interval=2)  # 2^200: inf in fp32
+    before = [p.detach().clone() for p in model.parameters()]
+    rows = []
+    for _ in range(4):
+        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM, autocast_dtype=torch.float16, scaler=scaler)
+        rows.append((res.overflow, scaler.scale, res.loss))
+        if len(rows) == 1:
+            rows.append(all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)))
+            rows.append(len(opt.state))
+    plan = default_plan("dp=1", model=SPEC, training=TrainingSpec(global_batch=B * N_MICRO, dtype="fp16"))
+    try:
+        train(plan, 0, 1, 30, config=TrainConfig(loss_scale=2.0 ** 200, data="synthetic"))
+        stop = ""
+    except TrainingDiverged as exc:
+        stop = str(exc)
+    return {"rows": rows, "stop": stop}
+
+
+def test_fp16_overflow_skips_backs_off_and_stops() -> None:
+    """Step 1 overflows (scale 2^200): skipped (parameters bit-identical, no Adam state), scale backed off
+    to 2^10; steps 2-3 apply, and after growth_interval = 2 good steps the scale doubles. A run whose every
+    step overflows stops after max_skips (20) steps with one line."""
+    out = run_distributed(_fp16, 1)[0]
+    (ov1, s1, _), unchanged, n_state, (ov2, s2, l2), (ov3, s3, l3), (ov4, s4, _) = out["rows"]
+    assert ov1 and s1 == 2.0 ** 10 and unchanged and n_state == 0
+    assert not ov2 and not ov3 and not ov4 and s2 == 2.0 ** 10 and s3 == 2.0 ** 11 and s4 == 2.0 ** 11
+    assert l3 < l2  # the applied steps train
+    assert "overflowed in 20 steps in a row" in out["stop"] and "step 20" in out["stop"]
+    assert "\n" not in out["stop"]
