@@ -5,33 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 
 from paracube.errors import ParacubeError
+from paracube.executor.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
 from paracube.layout import Layout, parse_layout
 from paracube.workload import DEFAULT_MODEL, ModelSpec, TrainingSpec, resolve_model, with_seq_len
 
 DEFAULT_CLUSTER = "local-cpu"
 DEFAULT_GPUS = 8
-
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= minimum, else a message naming the value."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
-        return value
-
-    return parse
 
 
 positive_int = int_at_least(1)

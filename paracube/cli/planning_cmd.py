@@ -6,6 +6,7 @@ import argparse
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -261,6 +262,31 @@ def compare_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_breakdown(console: Any, est: StepEstimate, events: bool) -> None:
+    """simulate's table: the estimate's figures, memory parts, time per axis and kind, then its notes
+    (and, with --events, every collective)."""
+    table = Table(show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for name, value in zip(ROW_COLUMNS, _row(est), strict=True):
+        table.add_row(name, value)
+    for part, value in est.memory.to_dict().items():
+        if part != "total":
+            table.add_row(f"  memory: {part}", human_bytes(value))
+    for axis, t in sorted(est.comm_time_by_axis.items(), key=lambda kv: -kv[1]):
+        table.add_row(f"  comm on axis {axis}", human_time(t))
+    for kind, t in sorted(est.comm_time_by_kind.items(), key=lambda kv: -kv[1]):
+        table.add_row(f"  comm {kind}", human_time(t))
+    table.add_row("collectives per step", str(len(est.events)))
+    console.print(table)
+    for note in est.notes:
+        console.print(f"note: {note}")
+    if events:
+        for e in est.events:
+            axes = ".".join(e.axes)
+            console.print(f"{e.phase:>9} {e.kind:<15} {axes:<8} {e.payload_bytes:>12} B {e.dtype:<9} {e.label}")
+
+
 def simulate_cmd(args: argparse.Namespace) -> int:
     if args.plan:
         plan = load_plan(args.plan)
@@ -305,26 +331,7 @@ def simulate_cmd(args: argparse.Namespace) -> int:
         return 0
     console = make_console()
     console.print(f"[bold]{layout}[/bold]: {_summary(w)} ({args.engine} engine)")
-    table = Table(show_header=False)
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    for name, value in zip(ROW_COLUMNS, _row(est), strict=True):
-        table.add_row(name, value)
-    for part, value in est.memory.to_dict().items():
-        if part != "total":
-            table.add_row(f"  memory: {part}", human_bytes(value))
-    for axis, t in sorted(est.comm_time_by_axis.items(), key=lambda kv: -kv[1]):
-        table.add_row(f"  comm on axis {axis}", human_time(t))
-    for kind, t in sorted(est.comm_time_by_kind.items(), key=lambda kv: -kv[1]):
-        table.add_row(f"  comm {kind}", human_time(t))
-    table.add_row("collectives per step", str(len(est.events)))
-    console.print(table)
-    for note in est.notes:
-        console.print(f"note: {note}")
-    if args.events:
-        for e in est.events:
-            axes = ".".join(e.axes)
-            console.print(f"{e.phase:>9} {e.kind:<15} {axes:<8} {e.payload_bytes:>12} B {e.dtype:<9} {e.label}")
+    _print_breakdown(console, est, args.events)
     for out in (args.plot, args.trace, args.timeline):
         if out:
             console.print(f"wrote {Path(out)}")

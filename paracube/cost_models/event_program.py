@@ -144,6 +144,18 @@ def _group(events: list[CommEvent]) -> tuple[dict[tuple[int, str], dict[str, lis
     return by_layer, tail
 
 
+def _release_buckets(grads: list[Op], produced: int, layer: int, ops: list[Op]) -> int:
+    """Issue (asynchronously, into `ops`) every gradient bucket whose bytes the backward has produced by the
+    end of `layer` (layers produce equal shares; the last layer's backward releases whatever is left);
+    returns the bytes produced but not yet issued."""
+    while grads and grads[0].event.payload_bytes <= produced:  # type: ignore[union-attr]
+        op = grads.pop(0)
+        produced -= op.event.payload_bytes  # type: ignore[union-attr]
+        ev = replace(op.event, label=f"gradients.layers.{layer}")  # type: ignore[union-attr]
+        ops.append(Op("comm", ev.label, event=ev, asynchronous=True))
+    return produced
+
+
 def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False) -> StageProgram:
     pp, v = layout.pp, layout.interleave
     kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
@@ -188,14 +200,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
             bwd[c] += ops
             bwd_last[c] += ops
             if buckets:
-                # A bucket is issued once the backward has produced all its gradients (layers produce equal
-                # shares; the last layer's backward releases whatever is left).
-                produced = total if i == 0 else produced + total // layers
-                while grads and (grads[0].event.payload_bytes <= produced):  # type: ignore[union-attr]
-                    op = grads.pop(0)
-                    produced -= op.event.payload_bytes  # type: ignore[union-attr]
-                    ev = replace(op.event, label=f"gradients.layers.{i}")  # type: ignore[union-attr]
-                    bwd_last[c].append(Op("comm", ev.label, event=ev, asynchronous=True))
+                produced = _release_buckets(grads, total if i == 0 else produced + total // layers, i, bwd_last[c])
         if first and c == 0:
             emb = _units_bwd(("emb",), by_layer.get((-1, "bwd"), {}), {}, "", False)
             bwd[c] += emb
@@ -204,8 +209,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
         tail.insert(0, Op("wait", "gradients.wait"))
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
-    tail.append(Op("compute", "optimizer", float(optimizer_time(
-        n_local, d.c, g, layout.dp if layout.zero >= 1 else 1))))
+    tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, layout.dp if layout.zero else 1))))
     prog = StageProgram(stage, fwd, bwd, bwd_last, tail, send_bytes=d.c * mb * d.s * d.h // act_split(layout))
     prog.compute_fwd = sum(op.seconds for ch in fwd for op in ch if op.kind == "compute")
     prog.compute_bwd = sum(op.seconds for ch in bwd for op in ch if op.kind == "compute")

@@ -81,30 +81,36 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     with rec.phase("optimizer"):
         if norm_axes:
             sq = all_reduce(sq, mesh, norm_axes, label="grad_norm")
-        norm = math.sqrt(float(sq.item()))
-        unscale = 1.0
-        if scaler is not None:
-            unscale = 1.0 / scaler.scale
-            norm *= unscale
-        overflow = not math.isfinite(norm)  # all-reduced over every group holding gradients: same on all ranks
-        coef = max_grad_norm / (norm + 1e-6) if max_grad_norm is not None and not overflow else 1.0
-        coef = min(coef, 1.0) * unscale
-        if coef != 1.0 and not (scaler is not None and overflow):
-            if sharded:
-                optimizer.scale_grads(coef)
-            else:
-                for p in params:
-                    p.grad.mul_(coef)
-        if scaler is None or not overflow:
-            optimizer.step()
-        if scaler is not None:
-            scaler.update(overflow)
+        norm, overflow = _clip_and_step(optimizer, params, math.sqrt(float(sq.item())), max_grad_norm, scaler)
     optimizer.zero_grad(set_to_none=True)
 
     with rec.phase("metrics"):
         metrics = torch.stack([loss_sum, count]).float()
         metrics = all_reduce(metrics, mesh, (*stages, "dp", *tensor_axes), label="metrics")
     return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm, overflow=scaler is not None and overflow)
+
+
+def _clip_and_step(optimizer: torch.optim.Optimizer, params: list[Tensor], norm: float,
+                   max_grad_norm: float | None, scaler: LossScaler | None) -> tuple[float, bool]:
+    """Unscale (fp16), clip by the global norm and step, unless fp16 gradients overflowed (then skip and back
+    off). The norm was all-reduced over every group holding gradients, so every rank decides alike.
+    Returns the unscaled norm and whether it overflowed."""
+    unscale = 1.0 / scaler.scale if scaler is not None else 1.0
+    norm *= unscale
+    overflow = not math.isfinite(norm)
+    coef = max_grad_norm / (norm + 1e-6) if max_grad_norm is not None and not overflow else 1.0
+    coef = min(coef, 1.0) * unscale
+    if coef != 1.0 and not (scaler is not None and overflow):
+        if isinstance(optimizer, DistributedAdamW):
+            optimizer.scale_grads(coef)
+        else:
+            for p in params:
+                p.grad.mul_(coef)
+    if scaler is None or not overflow:
+        optimizer.step()
+    if scaler is not None:
+        scaler.update(overflow)
+    return norm, overflow
 
 
 def _replica_norm_sq(model: ParallelGPT, mesh: Mesh, device: torch.device) -> Tensor:
