@@ -167,11 +167,11 @@ def plan_cmd(args: argparse.Namespace) -> int:
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
     for note in _unpriced(best_layout, best_est):
         console.print(f"note: {note}", markup=False)
-    if executor_runs(best_layout.mode, best_layout.pp, best_layout.sequence_parallel):
+    if executor_runs(best_layout.mode, best_layout.pp, best_layout.sequence_parallel, best_layout.zero):
         console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`")
     else:
         console.print(f"wrote {path} (best: {best_layout}); paracube's executor does not run this layout (see each "
-                      "mode's ExecutorSupport: pipeline, sequence parallelism): "
+                      "mode's ExecutorSupport: pipeline, sequence parallelism, zero): "
                       "add --runnable for a plan `paracube run` executes")
     return 0
 

@@ -27,11 +27,13 @@ def runnable_modes() -> tuple[str, ...]:
     return tuple(name for name, m in MODES.items() if m.executor is not None)
 
 
-def executor_runs(mode: str, pp: int = 1, sequence_parallel: bool = False) -> bool:
-    """paracube's executor runs this mode with these options."""
+def executor_runs(mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0) -> bool:
+    """paracube's executor runs this mode with these options (zero=1: not yet with pipelines or sp; zero=3:
+    never; executor/sizes.py refuses the same before any rank starts)."""
     support = MODES[mode].executor
     return (support is not None and (pp == 1 or support.pipeline)
-            and (not sequence_parallel or support.sequence_parallel))
+            and (not sequence_parallel or support.sequence_parallel)
+            and (zero == 0 or (zero == 1 and support.zero and pp == 1 and not sequence_parallel)))
 
 
 __all__ = ["COMPARE_BASELINE", "MODES", "LayoutBatch", "TensorMode", "executor_runs", "runnable_modes"]

@@ -30,7 +30,7 @@ def big_placement(layout: Layout) -> tuple[str, ...]:
 
 def canonical_key(layout: Layout) -> tuple:
     return (layout.dp, layout.pp, layout.mode, layout.shape, layout.micro_batch, layout.interleave,
-            layout.sequence_parallel, layout.zero, big_placement(layout))
+            layout.sequence_parallel, layout.zero, layout.recompute, layout.overlap, big_placement(layout))
 
 
 def dedupe(ranked: Ranked) -> list[tuple[Layout, StepEstimate]]:
@@ -56,6 +56,8 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "mb": (lambda lay: f"mb={lay.micro_batch}", lambda f: f.micro_batch is not None),
     "v": (lambda lay: f"v={lay.interleave}", lambda f: f.interleave != 1),
     "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
+    "zero": (lambda lay: f"zero={lay.zero}", lambda f: f.zero != 0),
+    "recompute": (lambda lay: f"rc={lay.recompute}", lambda f: f.recompute is not None),
     "placement": (lambda lay: "place=" + ".".join(big_placement(lay) or ("-",)), lambda f: bool(f.placement)),
 }
 
@@ -96,7 +98,7 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
     out = []
     for part, (label, is_pinned) in PARTS.items():
         if (part == "v" and best.pp == 1) or (part == "sp" and not best.tensor_mode.sequence_parallel) or \
-                (part == "placement" and len(big_placement(best)) < 2):
+                (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute):
             continue  # not a choice of its own
         value = label(best)
         if fixed is not None and is_pinned(fixed):
@@ -110,8 +112,6 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
             continue
         lay, est = other
         out.append(Choice(part, value, False, label(lay), str(lay), est.step_time_s, est.step_time_s / t0 - 1))
-    if best.zero or (fixed is not None and fixed.zero):
-        out.append(Choice("zero", f"zero={best.zero}", True))
     return out
 
 
