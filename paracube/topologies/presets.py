@@ -291,7 +291,7 @@ def dgx_h100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 
 
 
 def switched_links(name: str, gpus_per_node: int, fit: Fit | None = None) -> dict[str, Any]:
-    """The device and link figures `build_switched` gets for a DGX preset (shared with presets_listing)."""
+    """The device and link figures `build_switched` gets for a DGX preset (shared with listing.py)."""
     if name == "dgx-a100":
         return dict(name=name, device=A100_SXM_80GB, devices_per_node=gpus_per_node,
                     intra_bandwidth=300e9 * _eff(fit, "nvlink3-nvswitch"), intra_latency=NVLINK_LAT,
