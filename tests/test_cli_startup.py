@@ -34,3 +34,13 @@ def test_command_imports_no_torch(argv: list[str], tmp_path: Path) -> None:
     assert [m for m in imported if m == "torch" or m.startswith("torch.")] == []
     if argv == ["plan", "--top", "3"]:
         assert (tmp_path / "plan.json").exists()  # it did plan
+
+
+@pytest.mark.parametrize("argv", [["topologies"], ["topologies", "--json"], ["models"]], ids=" ".join)
+def test_listing_imports_no_graph_or_validation_library(argv: list[str], tmp_path: Path) -> None:
+    # The listings derive everything from the presets' constants (topologies/listing.py): no networkx
+    # (graphs), pydantic (file validation) or numpy, the bulk of their start-up time.
+    imported = _imported(argv, tmp_path)
+    assert "paracube.cli.info_cmd" in imported
+    heavy = ("networkx", "pydantic", "numpy")
+    assert [m for m in imported if m.split(".")[0] in heavy] == []

@@ -24,6 +24,7 @@ from paracube.topologies import (
     topology_from_dict,
 )
 from paracube.topologies import presets as P
+from paracube.topologies.listing import describe_preset
 from paracube.topologies.presets import FABRIC_EFF
 
 HDR, EDR = 200e9 / 8, 100e9 / 8  # bytes/s per direction
@@ -87,6 +88,15 @@ def test_local_cpu_figures() -> None:
 
 
 # --- routing ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_fast_listing_equals_the_built_graph(name: str) -> None:
+    # `paracube topologies` describes the presets without building graphs: same dict as the graph gives,
+    # at the default size and (multi-node presets) at 40 nodes, past every leaf so the spine is on the path.
+    assert describe_preset(name) == load_topology(name).describe()
+    if not PRESETS[name].fixed_nodes:
+        assert describe_preset(name, nodes=40) == load_topology(name, nodes=40).describe()
+
+
 def test_routes_follow_the_hardware() -> None:
     dgx = load_topology("dgx-a100", gpus=16)
     assert dgx.rank_node(9) == "n1.gpu1"

@@ -36,10 +36,11 @@ def models(args: argparse.Namespace) -> int:
 
 
 def topologies(args: argparse.Namespace) -> int:
-    from paracube.topologies import PRESETS as TOPOLOGY_PRESETS
-    from paracube.topologies import load_topology
+    # From the presets' constants, no graph: equal to load_topology(name).describe(), without networkx.
+    from paracube.topologies.listing import describe_preset
+    from paracube.topologies.presets import PRESETS as TOPOLOGY_PRESETS
 
-    described = [load_topology(name).describe() for name in TOPOLOGY_PRESETS]
+    described = [describe_preset(name) for name in TOPOLOGY_PRESETS]
     if args.json:
         print_json(described)
         return 0

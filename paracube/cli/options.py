@@ -6,14 +6,16 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from paracube.errors import ParacubeError
 from paracube.executor.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
-from paracube.layout import Layout, parse_layout
 from paracube.workload import DEFAULT_MODEL, ModelSpec, TrainingSpec, resolve_model, with_seq_len
+
+if TYPE_CHECKING:  # numpy and the modes load in workload_from_args: `paracube models` needs neither
+    from paracube.layout import Layout
 
 DEFAULT_CLUSTER = "local-cpu"
 DEFAULT_GPUS = 8
@@ -62,6 +64,8 @@ class Workload:
 
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
+    from paracube.layout import parse_layout
+
     model = with_seq_len(resolve_model(args.model), args.seq)
     layout = parse_layout(args.layout) if args.layout else None
     if layout is not None and args.micro_batch is not None:

@@ -1,8 +1,22 @@
-"""Cluster topologies: a networkx graph of devices, NICs and switches, presets, and YAML files."""
+"""Cluster topologies: a networkx graph of devices, NICs and switches, presets, and YAML files.
 
-from paracube.topologies.loader import list_topologies, load_topology, save_topology, topology_from_dict
-from paracube.topologies.presets import DEVICES, PRESETS, Preset
-from paracube.topologies.topology import DeviceSpec, GroupLink, Topology
+Names load on first use (PEP 562), so that `paracube topologies` (presets + listing) imports no networkx.
+"""
 
-__all__ = ["DEVICES", "PRESETS", "DeviceSpec", "GroupLink", "Preset", "Topology", "list_topologies",
-           "load_topology", "save_topology", "topology_from_dict"]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "list_topologies": "loader", "load_topology": "loader", "save_topology": "loader",
+    "topology_from_dict": "loader", "DEVICES": "presets", "PRESETS": "presets", "Preset": "presets",
+    "DeviceSpec": "device", "GroupLink": "topology", "Topology": "topology", "describe_preset": "listing",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)

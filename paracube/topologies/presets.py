@@ -12,12 +12,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from paracube.errors import check
-from paracube.topologies.calibration import Calibration, GemmFit
-from paracube.topologies.topology import DeviceSpec, Topology
+from paracube.topologies.device import DeviceSpec
+
+if TYPE_CHECKING:  # networkx, numpy and the graph model load only when a topology is built (fast listing)
+    import networkx as nx
+
+    from paracube.topologies.calibration import Calibration
+    from paracube.topologies.topology import Topology
 
 # --- link rates (bytes/s, one direction) ------------------------------------------------------------------
 NVLINK2_BRICK = 25e9  # NVLink 2.0: 25 GB/s per direction per brick (V100 whitepaper)
@@ -28,6 +32,9 @@ FDR_IB = 56e9 * 64 / 66 / 8  # FDR 4x: 56 Gb/s signalling, 64b/66b -> 6.79 GB/s
 EDR_IB = 100e9 / 8  # 12.5 GB/s
 HDR_IB = 200e9 / 8  # 25 GB/s
 NDR_IB = 400e9 / 8  # 50 GB/s
+NVLINK2_X3 = 3 * NVLINK2_BRICK  # AC922: 3 bricks GPU-CPU and GPU-GPU (75 GB/s each way)
+XBUS = 32e9  # AC922 POWER9 X-bus: 64 GB/s quoted, 32 each way
+LEAF_NODES_36 = 18  # 36-port EDR / FDR leaf: 18 nodes down, 18 up
 
 # --- rough latencies per link (s) ---------------------------------------------------------------------------
 NVLINK_LAT = 0.5e-6
@@ -90,6 +97,8 @@ def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = Non
     eff = eff or DEVICE_EFF.get(device.name)
     if eff is None:
         return None
+    from paracube.topologies.calibration import Calibration, GemmFit
+
     m0 = eff["m0"]
     return Calibration(gemm=GemmFit(eff_max=eff["eff_max"], m0=m0, n0=m0, k0=m0, mem_eff=eff["mem_eff"]))
 
@@ -118,6 +127,18 @@ def _eff(fit: Fit | None, fabric: str) -> float:
 def _fitted(topo: Topology, fit: Fit | None = None) -> Topology:
     topo.calibration = published_calibration(topo.device, None if fit is None else fit.device())
     return topo
+
+
+def _graph() -> nx.Graph:
+    import networkx as nx
+
+    return nx.Graph()
+
+
+def _topology(*args: Any) -> Topology:
+    from paracube.topologies.topology import Topology
+
+    return Topology(*args)
 
 
 def _gpu(g: nx.Graph, node: int, local: int, **attrs: object) -> str:
@@ -162,7 +183,7 @@ def build_switched(name: str, device: DeviceSpec, nodes: int, devices_per_node: 
     check(nodes >= 1, f"{name}: nodes={nodes!r} must be >= 1")
     check(devices_per_node >= 1, f"{name}: devices_per_node={devices_per_node!r} must be >= 1")
     check(nics_per_node >= 1 or nodes == 1, f"{name}: nics_per_node={nics_per_node!r} must be >= 1")
-    g = nx.Graph()
+    g = _graph()
     all_nics: list[list[str]] = []
     per_gpu = nics_per_node == devices_per_node
     for i in range(nodes):
@@ -182,7 +203,7 @@ def build_switched(name: str, device: DeviceSpec, nodes: int, devices_per_node: 
                 g.add_edge(nic, switch, bandwidth=pcie_bandwidth, latency=pcie_latency)
         all_nics.append(nics)
     add_fat_tree(g, all_nics, inter_bandwidth, inter_latency, nodes_per_leaf, oversubscription, spine_latency)
-    return Topology(name, g, device, nodes, devices_per_node)
+    return _topology(name, g, device, nodes, devices_per_node)
 
 
 def longhorn(nodes: int = 16, gpus_per_node: int = 4, oversubscription: float = 1.0) -> Topology:
@@ -194,25 +215,25 @@ def longhorn(nodes: int = 16, gpus_per_node: int = 4, oversubscription: float = 
     node as TACC lists it) sits in a PCIe Gen4 x16 slot of socket 0. Leaves: 36-port EDR, 18 nodes each.
     """
     check(1 <= gpus_per_node <= 4, f"longhorn: gpus_per_node={gpus_per_node!r}; valid: 1..4")
-    g = nx.Graph()
+    g = _graph()
     nics: list[list[str]] = []
     for i in range(nodes):
         cpus = [f"n{i}.cpu0", f"n{i}.cpu1"]
         for cpu in cpus:
             g.add_node(cpu, kind="cpu", node_index=i)
-        g.add_edge(cpus[0], cpus[1], bandwidth=32e9, latency=SMP_LAT)
+        g.add_edge(cpus[0], cpus[1], bandwidth=XBUS, latency=SMP_LAT)
         gpus = [_gpu(g, i, j) for j in range(gpus_per_node)]
         for j, gpu in enumerate(gpus):
-            g.add_edge(gpu, cpus[j // 2], bandwidth=3 * NVLINK2_BRICK, latency=NVLINK_LAT)
+            g.add_edge(gpu, cpus[j // 2], bandwidth=NVLINK2_X3, latency=NVLINK_LAT)
             if j % 2 == 1:
-                g.add_edge(gpus[j - 1], gpu, bandwidth=3 * NVLINK2_BRICK, latency=NVLINK_LAT)
+                g.add_edge(gpus[j - 1], gpu, bandwidth=NVLINK2_X3, latency=NVLINK_LAT)
         if nodes > 1:
             nic = f"n{i}.nic0"
             g.add_node(nic, kind="nic", node_index=i)
             g.add_edge(nic, cpus[0], bandwidth=PCIE4_X16, latency=PCIE_LAT)
             nics.append([nic])
-    add_fat_tree(g, nics, EDR_IB, nodes_per_leaf=18, oversubscription=oversubscription)
-    return Topology("longhorn", g, V100_SXM2_16GB, nodes, gpus_per_node)
+    add_fat_tree(g, nics, EDR_IB, nodes_per_leaf=LEAF_NODES_36, oversubscription=oversubscription)
+    return _topology("longhorn", g, V100_SXM2_16GB, nodes, gpus_per_node)
 
 
 def frontera_rtx(nodes: int = 16, gpus_per_node: int = 4, oversubscription: float = 1.0) -> Topology:
@@ -222,7 +243,7 @@ def frontera_rtx(nodes: int = 16, gpus_per_node: int = 4, oversubscription: floa
     GPU-to-GPU traffic crosses it at PCIe 3.0 x16 (15.75 GB/s each way). Leaves: 36-port FDR, 18 nodes each.
     """
     check(1 <= gpus_per_node <= 4, f"frontera-rtx: gpus_per_node={gpus_per_node!r}; valid: 1..4")
-    g = nx.Graph()
+    g = _graph()
     nics: list[list[str]] = []
     for i in range(nodes):
         root = f"n{i}.cpu"
@@ -234,8 +255,8 @@ def frontera_rtx(nodes: int = 16, gpus_per_node: int = 4, oversubscription: floa
             g.add_node(nic, kind="nic", node_index=i)
             g.add_edge(nic, root, bandwidth=PCIE3_X16, latency=PCIE_LAT)
             nics.append([nic])
-    add_fat_tree(g, nics, FDR_IB, nodes_per_leaf=18, oversubscription=oversubscription)
-    return Topology("frontera-rtx", g, RTX5000_16GB, nodes, gpus_per_node)
+    add_fat_tree(g, nics, FDR_IB, nodes_per_leaf=LEAF_NODES_36, oversubscription=oversubscription)
+    return _topology("frontera-rtx", g, RTX5000_16GB, nodes, gpus_per_node)
 
 
 def dgx_a100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 1.0,
@@ -245,10 +266,8 @@ def dgx_a100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 
     reference architecture: rail-optimized, scalable units of 20 nodes on 40-port HDR leaves (20 down/20 up).
     """
     check(1 <= gpus_per_node <= 8, f"dgx-a100: gpus_per_node={gpus_per_node!r}; valid: 1..8")
-    return _fitted(build_switched(
-        "dgx-a100", A100_SXM_80GB, nodes, gpus_per_node, 300e9 * _eff(fit, "nvlink3-nvswitch"), NVLINK_LAT,
-        HDR_IB * _eff(fit, "hdr-ib"), NIC_LAT, nics_per_node=gpus_per_node, pcie_bandwidth=PCIE4_X16,
-        nodes_per_leaf=20, oversubscription=oversubscription), fit)
+    return _fitted(build_switched(nodes=nodes, oversubscription=oversubscription,
+                                  **switched_links("dgx-a100", gpus_per_node, fit)), fit)
 
 
 def dgx2_v100(nodes: int = 16, gpus_per_node: int = 16, oversubscription: float = 1.0,
@@ -256,10 +275,8 @@ def dgx2_v100(nodes: int = 16, gpus_per_node: int = 16, oversubscription: float 
     """NVIDIA DGX-2 (datasheet): 16 x V100-SXM3-32GB on 12 NVSwitches, 6 NVLink 2.0 bricks per GPU = 150 GB/s
     each way; 8 x Mellanox EDR 100 Gb/s NICs (one per GPU pair, behind PCIe Gen3 switches)."""
     check(1 <= gpus_per_node <= 16, f"dgx2-v100: gpus_per_node={gpus_per_node!r}; valid: 1..16")
-    return _fitted(build_switched(
-        "dgx2-v100", V100_SXM3_32GB, nodes, gpus_per_node, 6 * NVLINK2_BRICK * _eff(fit, "nvlink2-nvswitch"),
-        NVLINK_LAT, EDR_IB * _eff(fit, "edr-ib"), NIC_LAT, nics_per_node=max(1, gpus_per_node // 2),
-        pcie_bandwidth=PCIE3_X16, nodes_per_leaf=18, oversubscription=oversubscription), fit)
+    return _fitted(build_switched(nodes=nodes, oversubscription=oversubscription,
+                                  **switched_links("dgx2-v100", gpus_per_node, fit)), fit)
 
 
 def dgx_h100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 1.0,
@@ -269,10 +286,27 @@ def dgx_h100(nodes: int = 16, gpus_per_node: int = 8, oversubscription: float = 
     scalable units of 32 nodes on 64-port NDR leaves (32 down/32 up).
     """
     check(1 <= gpus_per_node <= 8, f"dgx-h100: gpus_per_node={gpus_per_node!r}; valid: 1..8")
-    return _fitted(build_switched(
-        "dgx-h100", H100_SXM_80GB, nodes, gpus_per_node, 450e9 * _eff(fit, "nvlink4-nvswitch"), NVLINK_LAT,
-        NDR_IB * _eff(fit, "ndr-ib"), NIC_LAT, nics_per_node=gpus_per_node, pcie_bandwidth=PCIE5_X16,
-        nodes_per_leaf=32, oversubscription=oversubscription), fit)
+    return _fitted(build_switched(nodes=nodes, oversubscription=oversubscription,
+                                  **switched_links("dgx-h100", gpus_per_node, fit)), fit)
+
+
+def switched_links(name: str, gpus_per_node: int, fit: Fit | None = None) -> dict[str, Any]:
+    """The device and link figures `build_switched` gets for a DGX preset (shared with listing.py)."""
+    if name == "dgx-a100":
+        return dict(name=name, device=A100_SXM_80GB, devices_per_node=gpus_per_node,
+                    intra_bandwidth=300e9 * _eff(fit, "nvlink3-nvswitch"), intra_latency=NVLINK_LAT,
+                    inter_bandwidth=HDR_IB * _eff(fit, "hdr-ib"), inter_latency=NIC_LAT,
+                    nics_per_node=gpus_per_node, pcie_bandwidth=PCIE4_X16, nodes_per_leaf=20)
+    if name == "dgx2-v100":
+        return dict(name=name, device=V100_SXM3_32GB, devices_per_node=gpus_per_node,
+                    intra_bandwidth=6 * NVLINK2_BRICK * _eff(fit, "nvlink2-nvswitch"), intra_latency=NVLINK_LAT,
+                    inter_bandwidth=EDR_IB * _eff(fit, "edr-ib"), inter_latency=NIC_LAT,
+                    nics_per_node=max(1, gpus_per_node // 2), pcie_bandwidth=PCIE3_X16, nodes_per_leaf=18)
+    check(name == "dgx-h100", f"switched_links: unknown preset {name!r}; valid: dgx-a100, dgx2-v100, dgx-h100")
+    return dict(name=name, device=H100_SXM_80GB, devices_per_node=gpus_per_node,
+                intra_bandwidth=450e9 * _eff(fit, "nvlink4-nvswitch"), intra_latency=NVLINK_LAT,
+                inter_bandwidth=NDR_IB * _eff(fit, "ndr-ib"), inter_latency=NIC_LAT,
+                nics_per_node=gpus_per_node, pcie_bandwidth=PCIE5_X16, nodes_per_leaf=32)
 
 
 def _host_memory_bytes() -> float:
@@ -280,6 +314,15 @@ def _host_memory_bytes() -> float:
         return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):  # not POSIX: assume a 16 GiB laptop
         return float(16 * GiB)
+
+
+SHM_BANDWIDTH, SHM_LATENCY = 2e9, 25e-6  # local-cpu: each process's link to the shared-memory hub
+
+
+def local_cpu_device(processes: int) -> DeviceSpec:
+    """One local-cpu process: modest peaks until calibrated, an equal share of host memory."""
+    return DeviceSpec("cpu-process", {"fp32": 50e9, "fp16": 25e9, "bf16": 25e9},
+                      _host_memory_bytes() / processes, 10e9)
 
 
 def local_cpu(nodes: int = 1, gpus_per_node: int = 8, oversubscription: float = 1.0) -> Topology:
@@ -290,14 +333,13 @@ def local_cpu(nodes: int = 1, gpus_per_node: int = 8, oversubscription: float = 
     del oversubscription  # no network
     check(nodes == 1, f"local-cpu: nodes={nodes!r}; valid: 1 (this machine)")
     check(gpus_per_node >= 1, f"local-cpu: devices={gpus_per_node!r} must be >= 1")
-    device = DeviceSpec("cpu-process", {"fp32": 50e9, "fp16": 25e9, "bf16": 25e9},
-                        _host_memory_bytes() / gpus_per_node, 10e9)
-    g = nx.Graph()
+    device = local_cpu_device(gpus_per_node)
+    g = _graph()
     g.add_node("n0.shm", kind="cpu", node_index=0)
     for j in range(gpus_per_node):
         g.add_node(f"n0.proc{j}", kind="gpu", node_index=0, local_rank=j)
-        g.add_edge(f"n0.proc{j}", "n0.shm", bandwidth=2e9, latency=25e-6)
-    return Topology("local-cpu", g, device, 1, gpus_per_node)
+        g.add_edge(f"n0.proc{j}", "n0.shm", bandwidth=SHM_BANDWIDTH, latency=SHM_LATENCY)
+    return _topology("local-cpu", g, device, 1, gpus_per_node)
 
 
 @dataclass(frozen=True)
