@@ -229,9 +229,22 @@ def _total_params(d: Any, V: IntOrArr, layers: IntOrArr, first: IntOrArr, last: 
     return layers * d.layer_params() + first * (V * d.h + d.pos_params) + head + last * d.norm_vectors * d.h
 
 
+def split_embedding(d: Any, axes: tuple[str, ...], tok: Payload) -> list[Collective]:
+    """Collectives of a 2D / 3D embedding (vocabulary rows and hidden split inside the group `axes`): the
+    looked-up token block `tok` reduce-scattered forward, all-gathered backward; GPT's position table
+    [s, h/q] all-gathered forward, its gradient reduce-scattered backward (fp32)."""
+    def pos(z: Sizes) -> IntOrArr:
+        return 4 * d.s * d.h // z.q
+
+    out = [coll("reduce_scatter", axes, F32, tok, "tok_emb"), coll("all_gather", axes, F32, tok, "tok_emb", "bwd")]
+    if d.family == "gpt":
+        out += [coll("all_gather", axes, F32, pos, "pos_emb"), coll("reduce_scatter", axes, F32, pos, "pos_emb", "bwd")]
+    return out
+
+
 def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
 __all__ = ["COMPUTE", "F32", "LAYER_UNITS", "Collective", "ExecutorSupport", "IntOrArr", "Rule", "Sizes",
-           "TensorMode", "coll", "divides", "divisors", "padded", "split"]
+           "TensorMode", "coll", "divides", "divisors", "padded", "split", "split_embedding"]

@@ -24,6 +24,7 @@ from paracube.modes.base import (
     coll,
     divides,
     split,
+    split_embedding,
 )
 from paracube.modes.two_d import block
 
@@ -147,15 +148,7 @@ class ThreeD(TensorMode):
         def tok(z: Any) -> Any:
             return 4 * z.T * d.h // z.q
 
-        def pos(z: Any) -> Any:
-            return 4 * d.s * d.h // z.q
-
-        out = [coll("reduce_scatter", PLANE, F32, tok, "tok_emb"),
-               coll("all_gather", PLANE, F32, tok, "tok_emb", "bwd")]
-        if d.family == "gpt":
-            out += [coll("all_gather", PLANE, F32, pos, "pos_emb"),
-                    coll("reduce_scatter", PLANE, F32, pos, "pos_emb", "bwd")]
-        return out
+        return split_embedding(d, PLANE, tok)
 
     def layer_fwd(self, d: Any) -> list[Collective]:
         return block(d, False, _norm, _block_linear)

@@ -25,6 +25,7 @@ from paracube.modes.base import (
     coll,
     divides,
     split,
+    split_embedding,
 )
 
 ROW, COL = ("row",), ("col",)
@@ -153,14 +154,7 @@ class TwoD(TensorMode):
         def tok(z: Any) -> Any:
             return 4 * (z.T // z.depth) * d.h // z.q
 
-        def pos(z: Any) -> Any:
-            return 4 * d.s * d.h // z.q
-
-        out = [coll("reduce_scatter", ROW, F32, tok, "tok_emb"), coll("all_gather", ROW, F32, tok, "tok_emb", "bwd")]
-        if d.family == "gpt":
-            out += [coll("all_gather", ROW, F32, pos, "pos_emb"),
-                    coll("reduce_scatter", ROW, F32, pos, "pos_emb", "bwd")]
-        return out
+        return split_embedding(d, ROW, tok)
 
     def layer_fwd(self, d: Any) -> list[Collective]:
         return block(d, False, _norm, _block_linear)
