@@ -5,7 +5,9 @@ and parameters after 3 AdamW steps through train_step equal the serial model's (
 collectives of one step equal `traffic.stage_events` of the rank's stage (zero difference, sends included);
 activation memory of the micro-batches in flight (bytes autograd saves per chunk-forward, measured with
 saved_tensors_hooks, summed over the chunk-forwards alive at each point of the rank's schedule, peak) is
-within 2% of `memory.stage_memory`. Cases sharing a world size run in one launch.
+within 2% of `memory.stage_memory`. Cases sharing a world size run in one launch. With zero=1 the
+optimizer is the distributed one (executor/optim.py): each stage's buckets reduce-scattered over dp, the
+updated parameters all-gathered, as stage_events declares for that stage.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from paracube.cost_models.memory import stage_memory
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.executor import Mesh, build_model, serial_reference, train_step
+from paracube.executor.optim import build_optimizer
 from paracube.executor.pipeline import run_pipeline
 from paracube.layout import parse_layout
+from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import chunk_layers, schedule, split_ok, stage_chunks, stage_layers
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -31,6 +35,7 @@ SPEC = ModelSpec("pp", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, s
 B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 4, 3, 0.3, 1e-5
 CASES = {  # world size -> [(layout, layers)]
     2: [("pp=2", 2), ("pp=2,v=2", 4), ("pp=2", 3)],
+    4: [("dp=2,pp=2,zero=1", 2)],  # the distributed optimizer: each stage shards its own parameters over dp
     8: [("dp=2,pp=2,tp=1d:2", 2), ("pp=2,tp=2d:2x2", 2)],
 }
 
@@ -41,7 +46,8 @@ def _batches(dp: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     ids = torch.randint(0, SPEC.vocab, (n, SPEC.seq_len), generator=gen)
     labels = torch.randint(0, SPEC.vocab, (n, SPEC.seq_len), generator=gen)
     rows = [slice((d * N_MICRO + m) * B, (d * N_MICRO + m + 1) * B) for d in range(dp) for m in range(N_MICRO)]
-    return [[(ids[r], labels[r]) for r in rows[d * N_MICRO:(d + 1) * N_MICRO]] for d in range(dp)]
+    # Own storage per micro-batch: a view would count the whole batch in _in_flight_activations (ids are saved).
+    return [[(ids[r].clone(), labels[r].clone()) for r in rows[d * N_MICRO:(d + 1) * N_MICRO]] for d in range(dp)]
 
 
 def _stage_name(mesh: Mesh) -> str:
@@ -113,7 +119,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
 
     # Three AdamW steps through train_step against serial steps over the global batch; traffic of step 1.
     model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
+    opt = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, lr=1e-3, weight_decay=0.1, eps=1e-6)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
     everything = [mb for rep in batches for mb in rep]
     for step in range(STEPS):
@@ -157,6 +163,8 @@ def test_traffic_equals_prediction(results) -> None:
     for text, _, ranks in results:
         for rank, r in enumerate(ranks):
             assert any(k[0] == "send" for k in r["predicted"])
+            if "zero=1" in text:  # each stage's own buckets: reduce-scattered, parameters all-gathered
+                assert {"reduce_scatter", "all_gather"} <= {k[0] for k in r["predicted"]}
             diff = traffic_difference_keys(r["predicted"], r["events"])
             assert not diff, f"{text} rank {rank}: {diff}"
 

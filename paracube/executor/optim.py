@@ -14,7 +14,8 @@ shard), so checkpoint.py saves the same files for zero=1 as for zero=0 and eithe
 `load_view(view)` takes this rank's elements back (the fp32 masters from the loaded parameters).
 
 The global gradient norm (for clipping) is summed over each rank's reduced shard, counting a tensor-
-replicated parameter on its replica leader only, and all-reduced over ("dp", *tensor axes).
+replicated parameter on its replica leader only, and all-reduced over ("dp", *tensor axes) (with pp > 1:
+("pp", "dp", *tensor axes); each stage's optimizer holds only its own stage's buckets).
 
 Built on torch.optim.AdamW (its update, state_dict and param_groups); what is ours is the sharding and
 the collectives, which torch's ZeroRedundancyOptimizer cannot do: it shards whole parameters per rank

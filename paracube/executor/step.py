@@ -1,7 +1,8 @@
 """One training step: micro-batches, data-parallel gradient sum, global-norm clipping, AdamW step, metrics.
 Collectives: docs/algorithms.md "Per-step collectives common to all modes". With pp > 1 the micro-batches
 run through the pipeline schedule (executor/pipeline.py), the grad norm is summed over (pp, *tensor axes)
-and the metrics over every rank (the loss is on the last stage), as cost_models/traffic.py declares.
+(zero=1: (pp, dp, *tensor axes)) and the metrics over every rank (the loss is on the last stage), as
+cost_models/traffic.py declares.
 
 Gradients are summed over dp in buckets (grad_sync.py), issued as the last micro-batch's backward produces
 them (`overlap=True`) or all after it (`overlap=False`); both give bit-identical results. With the

@@ -27,8 +27,8 @@ def why_not(plan: Plan) -> str | None:
         return "paracube's executor does not implement sequence parallelism (sp)"
     if lay.zero and (lay.zero == 3 or not support.zero):
         return f"paracube's executor does not implement zero={lay.zero} for {lay.mode}"
-    if lay.zero and (lay.pp > 1 or lay.sequence_parallel):  # as executor/sizes.py refuses
-        return "paracube's executor does not run zero=1 with pipelines or sequence parallelism yet"
+    if lay.zero and lay.sequence_parallel:  # as executor/sizes.py refuses
+        return "paracube's executor does not run zero=1 with sequence parallelism (sp) yet"
     return None
 
 

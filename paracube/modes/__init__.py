@@ -28,12 +28,12 @@ def runnable_modes() -> tuple[str, ...]:
 
 
 def executor_runs(mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0) -> bool:
-    """paracube's executor runs this mode with these options (zero=1: not yet with pipelines or sp; zero=3:
+    """paracube's executor runs this mode with these options (zero=1: not yet with sp; zero=3:
     never; executor/sizes.py refuses the same before any rank starts)."""
     support = MODES[mode].executor
     return (support is not None and (pp == 1 or support.pipeline)
             and (not sequence_parallel or support.sequence_parallel)
-            and (zero == 0 or (zero == 1 and support.zero and pp == 1 and not sequence_parallel)))
+            and (zero == 0 or (zero == 1 and support.zero and not sequence_parallel)))
 
 
 __all__ = ["COMPARE_BASELINE", "MODES", "LayoutBatch", "TensorMode", "executor_runs", "runnable_modes"]
