@@ -23,7 +23,7 @@ from paracube.plan import LaunchSpec, Plan, default_plan, load_plan
 from paracube.workload import PRESETS, TrainingSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "export"
-LAYOUT_13B = "dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1"  # 64 GPUs: 8 nodes of 8
+LAYOUT_13B = "dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap"  # 64 GPUs: 8 nodes of 8
 
 
 def plan_13b(layout: str = LAYOUT_13B) -> Plan:

@@ -158,6 +158,7 @@ def test_llama_traffic_and_parameters_equal_the_model(layout_results) -> None:
     (replace(LLAMA, kv_heads=1), "tp=2d:2x2", "kv_heads=1 is not divisible by 2"),
     (replace(LLAMA, tied_embeddings=True), "tp=2d:2x2", "tied embeddings .* tensor mode 2d"),
     (replace(LLAMA, tied_embeddings=True), "tp=3d:2x2x2", "tied embeddings .* tensor mode 3d"),
+    (LLAMA, "tp=2.5d:2x2x2", "family 'llama' is not run by the executor in tensor mode 2.5d"),
 ])
 def test_llama_layouts_the_executor_cannot_split_are_refused_up_front(spec, layout, message) -> None:
     with pytest.raises(ParacubeError, match=message):

@@ -167,7 +167,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
     for note in _unpriced(best_layout, best_est):
         console.print(f"note: {note}", markup=False)
-    if executor_runs(best_layout.mode, best_layout.pp, best_layout.sequence_parallel, best_layout.zero):
+    if executor_runs(best_layout.mode, best_layout.pp, best_layout.sequence_parallel, best_layout.zero,
+                     w.training.dtype):
         console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`")
     else:
         console.print(f"wrote {path} (best: {best_layout}); paracube's executor does not run this layout (see each "

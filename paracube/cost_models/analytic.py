@@ -205,6 +205,9 @@ def estimate(
     d = with_pins(dims_of(model, training), layout)
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb)
+    if layout.zero == 3:
+        bad.append("zero=3 (fully sharded parameters) is not priced by the cost model yet; estimate zero=0 or zero=1 "
+                   "(`paracube export` still writes zero=3 plans for torchtitan)")
     if bad:
         raise ParacubeError(f"layout {layout}: {'; '.join(bad)}")
     g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]

@@ -119,10 +119,10 @@ def total(mem: dict[str, Arr]) -> Arr:
 
 
 def with_zero(mem: dict[str, Arr], dp: Arr, zero: Arr | int) -> dict[str, Arr]:
-    """Memory parts with the distributed optimizer where zero >= 1 (per layout, or one int for all):
+    """Memory parts with the distributed optimizer where zero == 1 (per layout, or one int for all):
     the fp32 master weights and Adam's two moments sharded over dp, 12 ceil(n / dp) bytes per rank for
     n local parameters (executor/optim.py), instead of 8 n (Adam's moments over fp32 parameters)."""
     n_local = mem["parameters"] / 4
-    sharded = np.asarray(zero) >= 1
+    sharded = np.asarray(zero) == 1
     sharded_bytes = 12 * np.ceil(n_local / np.asarray(dp, dtype=float))
     return {**mem, "optimizer": np.where(sharded, sharded_bytes, mem["optimizer"])}

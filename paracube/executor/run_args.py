@@ -55,7 +55,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="collective timeout in seconds (default 120)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-overlap", action="store_true",
-                   help="reduce gradient buckets after the backward instead of during it (same result)")
+                   help="reduce gradient buckets after the backward even where the plan's layout says `overlap` "
+                        "(same result)")
 
 
 def worker_args(args: argparse.Namespace) -> list[str]:

@@ -9,6 +9,12 @@ from paracube.modes.stages import split_ok
 from paracube.workload import ModelSpec
 
 
+def check_precision(dtype: str, layout: Layout) -> None:
+    """Precision options the executor does not combine yet (before any rank starts)."""
+    if dtype == "fp16" and layout.pp > 1:
+        raise ParacubeError(f"fp16 loss scaling with pp={layout.pp} is not run by the executor yet; use bf16 or pp=1")
+
+
 def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None, global_batch: int,
                        seq_len: int) -> None:
     """Raise ParacubeError naming the first size the layout cannot split (before any rank starts).
@@ -38,8 +44,9 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if layout.interleave > 1 and n_micro % layout.pp:
         raise ParacubeError(f"interleaved 1F1B needs the micro-batch count ({n_micro}) to be a multiple of "
                             f"pp={layout.pp}; change the global batch or mb")
-    if spec.family not in ("gpt", "llama"):
-        raise ParacubeError(f"model family {spec.family!r} is not built by the executor; valid: gpt, llama")
+    if spec.family not in support.families:
+        raise ParacubeError(f"model family {spec.family!r} is not run by the executor in tensor mode {mode}; "
+                            f"valid there: {', '.join(support.families)}")
     if spec.tied_embeddings and not MODES[mode].ties_embeddings:
         raise ParacubeError(f"tied embeddings (tie_word_embeddings) with tensor mode {mode}: its head is not laid "
                             "out as the embedding; untie them or use a mode that ties them ("

@@ -32,7 +32,7 @@ from paracube.executor.mesh import Mesh
 from paracube.executor.optim import DistributedAdamW, build_optimizer
 from paracube.executor.progress import Progress
 from paracube.executor.recorder import CommRecorder
-from paracube.executor.sizes import check_divisibility
+from paracube.executor.sizes import check_divisibility, check_precision
 from paracube.executor.step import train_step
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.plan import Plan
@@ -76,7 +76,7 @@ class TrainConfig:
     data: str = "text"  # data.py: synthetic | text | text:PATH
     on_nonfinite: Literal["stop", "skip"] = "stop"
     comm_timeout_s: float = 120.0
-    overlap: bool = True  # reduce gradient buckets while the backward runs (False: after it; same result)
+    overlap: bool = True  # False: never overlap, even where the plan's layout says `overlap` (same result)
     bucket_bytes: int = BUCKET_BYTES  # gradient bucket limit (paracube/modes/buckets.py)
     loss_scale: float = 2.0 ** 16  # fp16: initial dynamic loss scale (loss_scale.py)
 
@@ -165,8 +165,7 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
     check(save_every >= 0, f"save_every={save_every} must be >= 0")
     check(not (resume or save_every) or checkpoint_dir is not None, "--resume and --save-every need --checkpoint-dir")
     check(config.on_nonfinite in ("stop", "skip"), f"on_nonfinite={config.on_nonfinite!r}; valid: stop, skip")
-    check(not (plan.training.dtype == "fp16" and layout.pp > 1),
-          f"fp16 loss scaling with pp={layout.pp} is not run by the executor yet; use bf16 or pp=1")
+    check_precision(plan.training.dtype, layout)
     check(config.bucket_bytes > 0, f"bucket_bytes={config.bucket_bytes} must be > 0")
     spec = with_seq_len(plan.model, plan.seq_len)
     check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
@@ -235,7 +234,7 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     out = run.step_fn(run.model, run.opt, run.mesh, micro, tokens_per_step, max_grad_norm=run.config.max_grad_norm,
-                      autocast_dtype=AUTOCAST[tr.dtype], overlap=run.config.overlap,
+                      autocast_dtype=AUTOCAST[tr.dtype], overlap=run.config.overlap and run.plan.layout.overlap,
                       bucket_bytes=run.config.bucket_bytes, **({"scaler": run.scaler} if run.scaler else {}))
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -135,7 +135,7 @@ def export(plan: Plan) -> Export:
     parallel, notes = parallel_args(plan)
     if lay.zero == 1:
         parallel.append("--use-distributed-optimizer")
-    if lay.dp > 1:
+    if lay.dp > 1 and lay.overlap:  # as the plan was priced (layout option `overlap`)
         parallel.append("--overlap-grad-reduce")
         if lay.zero == 1:
             parallel.append("--overlap-param-gather")

@@ -92,6 +92,7 @@ class ExecutorSupport:
     pipeline: bool = False
     sequence_parallel: bool = False
     zero: bool = False  # the distributed optimizer (zero=1; zero=3 is not run)
+    families: tuple[str, ...] = ("gpt", "llama")  # model families it builds and is tested on
 
 
 class TensorMode:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # written by paracube 0.1.0 (`paracube export --to megatron`) for Megatron-LM core_r0.13.0 (pretrain_gpt.py arguments)
-# plan: gpt3-13b on 64 x dgx-a100, layout dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1
+# plan: gpt3-13b on 64 x dgx-a100, layout dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap
 # global batch 512 x 2048 tokens, bf16, recompute selective
 # Megatron pads the vocabulary 50257 to 50688 (a multiple of 128 x tp)
 # run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) from a Megatron-LM checkout
