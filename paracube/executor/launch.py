@@ -71,7 +71,6 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
     Raises ParacubeError (one line: the bad value and what is valid)."""
     from paracube.executor.sizes import check_precision
     from paracube.executor.step import check_divisibility
-    from paracube.modes import runnable_modes
 
     nproc = node.nproc_per_node or plan.launch.nproc_per_node
     world = plan.layout.world_size
@@ -82,10 +81,6 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
     check(node.nnodes == 1 or (node.master_addr.strip() and not is_loopback(node.master_addr) and node.master_port),
           "a run over several nodes needs --master-addr (the address of node 0, reachable from every node) "
           "and --master-port")
-    support = plan.layout.tensor_mode.executor  # paracube/modes: what the executor runs
-    check(plan.layout.pp == 1 or (support is not None and support.pipeline),
-          f"the executor runs pp=1 only; layout {plan.layout} has pp={plan.layout.pp}")
-    check(support is not None, f"the executor runs tensor modes {', '.join(runnable_modes())}, not {plan.layout.mode}")
     backend = backend_for(plan) if check_devices else plan.launch.backend
     if backend == "nccl" and check_devices:
         have = torch.cuda.device_count()
