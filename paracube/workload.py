@@ -118,9 +118,10 @@ class ModelSpec:
 class TrainingSpec:
     """How the model is trained.
 
-    `global_batch` sequences of `seq_len` tokens per optimizer step. `dtype` is the compute dtype:
-    fp32, or bf16/fp16 under autocast with fp32 master weights, fp32 gradients and fp32 AdamW
-    state (16 bytes per parameter in every case, as the executor keeps them).
+    `global_batch` sequences of `seq_len` tokens per optimizer step. `dtype` is the compute dtype: the
+    parameters' (fp32, or bf16/fp16 with fp32 master weights in the optimizer), with fp32 gradients and fp32
+    AdamW state: 16 bytes per parameter in fp32, 18 in bf16/fp16 (cost_models/memory.py, as the executor
+    keeps them).
     """
 
     global_batch: int = 8

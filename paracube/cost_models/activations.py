@@ -1,30 +1,33 @@
 """Activation bytes that paracube's executor keeps for backward, per rank, vectorized over layouts.
 
 Counted from what autograd really saves in paracube/executor (tests/test_fidelity.py and
-tests/test_sp_recompute.py measure it with saved_tensors_hooks and hold this model to 2%). Matmuls and
-attention run in the compute dtype (c bytes; autocast). none / 1D keep, as Megatron does, the residual
-stream, LayerNorm inputs and the bias-added linear outputs in the compute dtype too; 2D / 3D add their
-gathered biases in fp32 and keep those in fp32 (e = 4 bytes). Attention is fused
+tests/test_sp_recompute.py measure it with saved_tensors_hooks and hold this model to 2%). Parameters live in
+the compute dtype (c bytes; fp32 masters live in the optimizer, no autocast, executor/functional.py), so every
+mode keeps, as Megatron does, the residual stream, LayerNorm inputs, the matmul operands and the bias-added
+linear outputs in the compute dtype; LayerNorm statistics (mean, rstd) are fp32 (8 bytes per token and norm,
+as Megatron's fused LayerNorm saves them on GPU; RMSNorm: rstd, 4 bytes; CPU's layer_norm keeps them in the
+compute dtype for none / 1D: 4 bytes fewer per token, < 1% of a block at h >= 64). Attention is fused
 (scaled_dot_product_attention): it saves q, k, v (views of the qkv output), its output and a [b, heads, s]
 fp32 log-sum-exp, never the s x s scores; there is no dropout. Per block, T = b*s tokens of the
 micro-batch, t = tensor ranks, k = t with 1D sequence parallelism (sp) else 1:
 
-- 2 LayerNorm inputs (+ fp32 mean, rstd): serial/1D 2 (c T h + 8 T) / k; 2D/3D 2 e T h / t + 8 T / tokens split.
+- 2 LayerNorm inputs (+ fp32 mean, rstd): serial/1D 2 (c T h + 8 T) / k; 2D/3D 2 (c T h / t + 8 T / tokens
+  split) + each norm's fp32 gathered gamma, 4 h / hidden split (the gather runs in fp32, as priced).
 - linear inputs: serial/1D c T (2h / k + f / t) (qkv and fc inputs: whole, or with sp their sequence shard,
   re-gathered in backward as Megatron does; fc2's split; proj's input is the attention output); 2D/2.5D the
   gathered X of all four linears, c T sum(h_in) / t_q; 3D c T sum(h_in) / q^2.
-- gathered weights: serial/1D autocast's cast copies only (none once parameters live in the compute
-  dtype), c sum(h_in h_out) / t; 2D c sum(h_in h_out) / q; 3D c sum(h_in h_out) / q^2.
+- gathered weights (the all-gathered weight operands the 2D/3D linears save for backward): 2D
+  c sum(h_in h_out) / q; 3D c sum(h_in h_out) / q^2; none for serial/1D (their weights are the parameters).
 - q, k, v, attention output and log-sum-exp: c T (h_qkv + h) / t + 4 b heads s / t.
-- GELU input (fc output + bias): c T f / t (serial/1D), e T f / t (2D/3D).
+- GELU input (fc output + bias): c T f / t.
   Family llama: SwiGLU's input (fused gate+up output) c T 2f / t and the rotary tables cos, sin:
   2 c s head_dim (whole on every rank); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
 stage adds the token ids (8 T bytes); the last stage adds the final LayerNorm, the head's input (and weight
 copy), and the cross-entropy's fp32 softmax over the local vocabulary block plus its indices.
-Selective recomputation (checkpointed attention core): keeps the qkv output (2D/3D: fp32) and drops the
+Selective recomputation (checkpointed attention core): keeps the qkv output and drops the
 log-sum-exp and the core's output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input).
-Full recomputation keeps only each block's input: c T h / k (serial/1D), e T h / t (2D/3D).
+Full recomputation keeps only each block's input: c T h / k (serial/1D), c T h / t (2D/3D).
 Against Korthikanti et al. (2022, Table 2; `--activations megatron`): with sp and selective 1D keeps
 32 sbh / t + the log-sum-exp where Megatron keeps 34 sbh / t (no dropout masks here).
 """
@@ -37,7 +40,7 @@ from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 
 Arr = np.ndarray
-E = 4.0  # fp32: residual stream, LayerNorm, bias-added outputs, softmax
+E = 4.0  # fp32: LayerNorm statistics and gathered norm weights, log-sum-exp, softmax
 
 
 def _split(mode: str, b: LayoutBatch) -> dict[str, Arr]:
@@ -60,33 +63,30 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     replicated = MODES[mode].replicates_activations
     zero = np.zeros_like(T)
     if d.recompute == "full":
-        block_input = c * T * h / _sequence_shards(b) if replicated else E * T * h / sp["all"]
+        block_input = c * T * h / _sequence_shards(b) if replicated else c * T * h / sp["all"]
         return {"block input": block_input}
     h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
-    # q, k, v: views of the qkv output, or (2D/3D, whose bias add is fp32) autocast's copies; selective keeps
-    # the qkv output itself, fp32 in 2D/3D.
-    qkv_bytes = E if (d.recompute == "selective" and not replicated) else c
-    attention = qkv_bytes * T * h_qkv / sp["all"]
+    # q, k, v: views of the qkv output (selective keeps the qkv output itself), in the compute dtype
+    attention = c * T * h_qkv / sp["all"]
     if d.recompute != "selective":  # the attention core's saved output and log-sum-exp
         attention = attention + 4.0 * mb * d.heads * d.s / sp["all"]
     if d.recompute != "selective" or replicated:  # 1D: proj's input is the attention output itself
         attention = attention + c * T * h / sp["all"]
     if replicated:  # none / 1D: the residual stream, LayerNorm inputs and GELU input in the compute dtype
         shards = _sequence_shards(b)
-        norms = 2 * (c * T * h + 8 * T) / shards
+        norms = 2 * (c * T * h + 4 * d.stat_width * T) / shards
         linear_inputs = c * T * 2 * h / shards + c * T * f / sp["all"]  # qkv, fc (sp: shards); fc2 split
-        weights = c * d.sum_w() / sp["gw"] if d.c < 4 else zero  # autocast keeps a cast copy of each weight
-        act_fn_input = c * T * f / sp["all"]
+        weights = zero  # the weights are the parameters themselves (compute dtype): nothing gathered
     else:
-        norms = 2 * (E * T * h / sp["all"] + 4 * T / sp["tok"]) + 2 * 2 * E * h / (sp["all"] / sp["tok"])
+        norms = 2 * (c * T * h / sp["all"] + 4 * d.stat_width * T / sp["tok"]) + 2 * E * h / (sp["all"] / sp["tok"])
         linear_inputs = c * T * d.sum_hin() / sp["gx"]
         weights = c * d.sum_w() / sp["gw"]
-        act_fn_input = E * T * f / sp["all"]
+    act_fn_input = c * T * f / sp["all"]
     if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
         # cos, sin tables [s, head_dim] (executor/llama.py)
         act_fn_input = c * T * 2 * f / sp["all"] + 2 * c * d.s * (h / d.heads)
     return {"layernorms": norms, "linear inputs": linear_inputs, "attention": attention,
-            "activation-function input": act_fn_input, "weight copies": weights + zero}
+            "activation-function input": act_fn_input, "gathered weights": weights + zero}
 
 
 def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
@@ -104,10 +104,10 @@ def last_stage_bytes(d: Dims, mode: str, b: LayoutBatch, vocab: Arr) -> Arr:
     h, c = float(d.h), float(d.c)
     tokens = T / sp["tok"]
     if MODES[mode].replicates_activations:
-        norm = (c * T * h + 8 * T) / _sequence_shards(b)
-        head = c * T * h / _sequence_shards(b) + (c * h * vocab / sp["vocab"] if d.c < 4 else 0.0)
+        norm = (c * T * h + 4 * d.stat_width * T) / _sequence_shards(b)
+        head = c * T * h / _sequence_shards(b)
     else:
-        norm = E * T * h / sp["all"] + 4 * T / sp["tok"]
+        norm = c * T * h / sp["all"] + 4 * d.stat_width * T / sp["tok"] + E * h / (sp["all"] / sp["tok"])
         head = c * T * h / sp["gx"] + c * h * vocab / sp["gw"]
     cross_entropy = E * tokens * vocab / sp["vocab"] + 9 * tokens  # softmax, target index, in-block mask
     return norm + head + cross_entropy

@@ -1,11 +1,14 @@
 """Memory per device at the peak of a step, vectorized over layouts.
 
-Static: 16 bytes per local parameter (TrainingSpec: 4 fp32 param + 4 fp32 grad + 8 Adam), with the exact
-local parameter count of comm.stage_layers_params (3d: total/q^3, 2d/2.5d: total/q^2, 1d: replicated norms,
-row biases and pos_emb). zero=1 (distributed optimizer, executor/optim.py; Megatron's 4 + 4 + 8 -> 4 + 4 +
-12/dp): parameters 4 n, gradients 4 n (the fp32 buckets), optimizer 12 ceil(n / dp) = fp32 master shard +
-two Adam moments (one bucket padded to a multiple of dp; with several buckets each is padded, < dp
-elements more per bucket).
+Static, per local parameter (the exact local count of comm.stage_layers_params: 3d total/q^3, 2d/2.5d
+total/q^2, 1d replicated norms, row biases and pos_emb), as the executor holds it (executor/functional.py,
+"Precision"; Megatron's mixed precision): the parameters in the compute dtype (c bytes: the compute copy),
+their gradients in fp32 buckets (4; grad_sync.py, Megatron's main_grad), and AdamW's fp32 state: two moments
+(8) plus, for a 16-bit compute dtype, the fp32 master weights (4; optim.MasterAdamW). fp32: 4 + 4 + 8 = 16
+bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer, executor/optim.py):
+optimizer 12 ceil(n / dp) = fp32 master shard + two moments, in every dtype (the reduce-scatter writes the
+shard in place, into the bucket: no extra gradient buffer), so c + 4 + 12/dp (one bucket padded to a
+multiple of dp; with several buckets each is padded, < dp elements more per bucket).
 
 Activations of one block for one micro-batch (Korthikanti et al. 2022, bytes for 16-bit activations, scaled
 by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t tensor ranks). The paper's
@@ -104,9 +107,9 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
         full = d if d.activations == "megatron" else replace(d, recompute="none")
         temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
                        else activations.block_bytes(full, mode, b))
-    optimizer = 12 * np.ceil(n_local / dp) if zero == 1 else 8 * n_local
+    optimizer = 12 * np.ceil(n_local / dp) if zero == 1 else optimizer_bytes(d.c) * n_local
     return {
-        "parameters": 4 * n_local,
+        "parameters": d.c * n_local,
         "gradients": 4 * n_local,
         "optimizer": optimizer,
         "activations": acts,
@@ -118,11 +121,17 @@ def total(mem: dict[str, Arr]) -> Arr:
     return mem["parameters"] + mem["gradients"] + mem["optimizer"] + mem["activations"] + mem["temporaries"]
 
 
+def optimizer_bytes(c: int) -> int:
+    """AdamW state per parameter without zero=1: two fp32 moments, plus an fp32 master for a 16-bit compute
+    dtype (c bytes per parameter)."""
+    return 8 if c >= 4 else 12
+
+
 def with_zero(mem: dict[str, Arr], dp: Arr, zero: Arr | int) -> dict[str, Arr]:
     """Memory parts with the distributed optimizer where zero == 1 (per layout, or one int for all):
     the fp32 master weights and Adam's two moments sharded over dp, 12 ceil(n / dp) bytes per rank for
-    n local parameters (executor/optim.py), instead of 8 n (Adam's moments over fp32 parameters)."""
-    n_local = mem["parameters"] / 4
+    n local parameters (executor/optim.py), instead of 8 n (fp32) or 12 n (16-bit: with the masters)."""
+    n_local = mem["gradients"] / 4  # the fp32 gradient buckets: 4 bytes per local parameter
     sharded = np.asarray(zero) == 1
     sharded_bytes = 12 * np.ceil(n_local / np.asarray(dp, dtype=float))
     return {**mem, "optimizer": np.where(sharded, sharded_bytes, mem["optimizer"])}

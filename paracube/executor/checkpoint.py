@@ -4,8 +4,10 @@ Layout on disk (`root/`):
   step_N/            one complete checkpoint: DCP files (`*.distcp`, `.metadata`) + `paracube.json`
   step_N.tmp/        a save in progress (or killed): never read
   latest             one line, `step_N`: written last, by atomic rename
-Parameters and AdamW moments are plain local tensors, each rank's rectangular block of the full tensor
-(ShardSpec offsets/sizes); checkpoint_planners.py tells DCP where each block lies. Replicas that are not
+Parameters (the compute copy, in its dtype), AdamW moments (fp32) and, with a 16-bit compute dtype, the fp32
+master weights (`optim.NAME.master`, optim.py's checkpoint views) are plain local tensors, each rank's
+rectangular block of the full tensor (ShardSpec offsets/sizes); checkpoint_planners.py tells DCP where each
+block lies. Replicas that are not
 `replica_leader` write nothing, so each element is written once. On load every rank (replicas too) reads,
 for each local block, the saved chunks that overlap it: a checkpoint of one layout loads into any other
 (3D 2x2x2 -> 1D 4 -> back).
@@ -64,10 +66,11 @@ def _named(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return params
 
 
-def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                for_load: bool) -> tuple[dict[str, torch.Tensor], dict[str, ShardSpec]]:
-    """`model.NAME` and `optim.NAME.exp_avg[_sq]` -> the local block (no copy: loads land in it), and the
-    same keys -> the block's ShardSpec. A load creates missing moments (zeros) to receive the saved ones."""
+def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, for_load: bool,
+                masters: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, ShardSpec]]:
+    """`model.NAME`, `optim.NAME.exp_avg[_sq]` (and `optim.NAME.master`) -> the local block (no copy: loads
+    land in it), and the same keys -> the block's ShardSpec. A load creates missing moments (fp32 zeros) to
+    receive the saved ones, and the masters where `masters` (the checkpoint has them)."""
     specs = model.shard_specs  # type: ignore[attr-defined]
     sd: dict[str, torch.Tensor] = {}
     where: dict[str, ShardSpec] = {}
@@ -78,9 +81,10 @@ def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
         state = optimizer.state.get(p)
         if not state and not for_load:
             continue
-        for m in MOMENTS:
+        names = (*MOMENTS, "master") if (masters if for_load else "master" in (state or {})) else MOMENTS
+        for m in names:
             if for_load and m not in (state or {}):
-                optimizer.state[p][m] = torch.zeros_like(p.data, memory_format=torch.contiguous_format)
+                optimizer.state[p][m] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             sd[f"optim.{name}.{m}"], where[f"optim.{name}.{m}"] = optimizer.state[p][m], specs[name]
     return sd, where
 
@@ -145,6 +149,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
             "step": step,
             "adam_step": _adam_step(optimizer),
             "has_optimizer": any(k.startswith("optim.") for k in sd),
+            "has_masters": any(k.endswith(".master") for k in sd),
             "params": {n: list(s.global_shape) for n, s in model.shard_specs.items()},  # type: ignore[attr-defined]
             "rng": {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()},
             **meta,
@@ -183,7 +188,8 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     _check_shapes(ckpt, meta, model)
     verify_everywhere(ckpt, meta)
     load_optim = optimizer is not None and bool(meta.get("has_optimizer"))
-    sd, specs = _state_dict(model, optimizer if load_optim else None, for_load=True)
+    sd, specs = _state_dict(model, optimizer if load_optim else None, for_load=True,
+                            masters=bool(meta.get("has_masters")) and _wants_masters(model))
     check_blocks(sd, specs)
     try:
         dcp.load(sd, checkpoint_id=str(ckpt), planner=BlockLoadPlanner(specs))
@@ -198,6 +204,11 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     if rng:
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(rng)), dtype=torch.uint8))
     return meta
+
+
+def _wants_masters(model: torch.nn.Module) -> bool:
+    """A 16-bit model's optimizer (a checkpoint view) takes fp32 masters; an fp32 model's has none."""
+    return next(model.parameters()).dtype != torch.float32
 
 
 # --- export --------------------------------------------------------------------------------------------

@@ -1,5 +1,14 @@
 """Autograd pieces shared by the tensor modes: compute dtype, split LayerNorm, vocab-parallel
-cross-entropy, local causal attention."""
+cross-entropy, local causal attention.
+
+Precision (the plan's dtype; Megatron's mixed precision, Micikevicius et al. 2018): the model's parameters
+ARE the compute copy (fp32, bf16 or fp16; `COMPUTE_DTYPES`), so activations, the residual stream and the
+matmul operands are in the compute dtype with no autocast and no per-micro-batch weight copies. Gradients
+accumulate into fp32 buckets (grad_sync.py), presented per parameter as `p.main_grad` (fp32; for fp32
+parameters the same tensor as p.grad); the optimizer keeps fp32 master weights (optim.py). Norms compute
+their statistics in fp32 inside the op and save their input in the compute dtype. Collectives that the
+cost model prices in fp32 (norm and bias parameter gathers, embedding reductions: paracube/modes, F32)
+upcast their operand explicitly (`fp32`), so recorded traffic is unchanged by the compute dtype."""
 
 from __future__ import annotations
 
@@ -15,16 +24,30 @@ from paracube.executor.mesh import Mesh
 LN_EPS = 1e-5
 
 
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def compute_dtype(t: Tensor) -> torch.dtype:
-    """The autocast dtype when autocast is on for t's device (bf16 stays bf16), else t's dtype."""
-    device = t.device.type
-    if torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
+    """The compute dtype of an activation: its own (parameters live in the compute dtype; no autocast)."""
     return t.dtype
 
 
+def fp32(t: Tensor) -> Tensor:
+    """`t` in fp32 (a no-op for fp32): the operand of a collective the cost model prices in fp32."""
+    return t.float()
+
+
+def main_grad(p: Tensor) -> Tensor:
+    """The fp32 gradient of a parameter after the step's reduction: `p.main_grad` (grad_sync.py), which
+    for fp32 parameters is p.grad itself; p.grad where no reduction set one (a backward outside a step)."""
+    g = getattr(p, "main_grad", None)
+    return g if g is not None else p.grad  # type: ignore[return-value]
+
+
 class _SplitLayerNorm(torch.autograd.Function):
-    """LayerNorm over a hidden dimension split across `axes`: one [N, 2] statistics all-reduce each way."""
+    """LayerNorm over a hidden dimension split across `axes`: one [N, 2] statistics all-reduce each way.
+    Statistics in fp32; saves the input in its own (compute) dtype and the fp32 mean and rstd (as Megatron's
+    fused LayerNorm), recomputing xhat in backward. The output is in the input's dtype."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, gamma: Tensor, beta: Tensor, mesh: Mesh, axes: Axes, hidden: int) -> Tensor:
@@ -34,15 +57,16 @@ class _SplitLayerNorm(torch.autograd.Function):
         mean = stats[..., 0:1] / hidden
         var = (stats[..., 1:2] / hidden - mean * mean).clamp_min(0.0)
         rstd = torch.rsqrt(var + LN_EPS)
-        xhat = (xf - mean) * rstd
-        ctx.save_for_backward(xhat, rstd, gamma)
-        ctx.args = (mesh, axes, hidden, x.dtype)
-        return xhat * gamma + beta
+        out = ((xf - mean) * rstd * gamma + beta).to(x.dtype)
+        ctx.save_for_backward(x, mean.contiguous(), rstd, gamma)
+        ctx.args = (mesh, axes, hidden, beta.dtype)
+        return out
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
-        xhat, rstd, gamma = ctx.saved_tensors
-        mesh, axes, hidden, dtype = ctx.args
+        x, mean, rstd, gamma = ctx.saved_tensors
+        mesh, axes, hidden, beta_dtype = ctx.args
+        xhat = (x.float() - mean) * rstd
         dy = dy.float()
         lead = tuple(range(dy.dim() - 1))
         dgamma = (dy * xhat).sum(lead)
@@ -51,7 +75,7 @@ class _SplitLayerNorm(torch.autograd.Function):
         sums = torch.stack([dxhat.sum(-1), (dxhat * xhat).sum(-1)], dim=-1)
         sums = all_reduce(sums, mesh, axes, backward=True, label="ln.stats")
         dx = rstd * (dxhat - sums[..., 0:1] / hidden - xhat * sums[..., 1:2] / hidden)
-        return dx.to(dtype), dgamma, dbeta, None, None, None
+        return dx.to(x.dtype), dgamma.to(gamma.dtype), dbeta.to(beta_dtype), None, None, None
 
 
 def split_layer_norm(x: Tensor, gamma: Tensor, beta: Tensor, mesh: Mesh, axes: Axes, hidden: int) -> Tensor:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
-from paracube.executor.functional import compute_dtype, local_attention
+from paracube.executor.functional import local_attention
 from paracube.executor.llama import LlamaAttention, SwiGLU, llama_init_tensors
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode
@@ -167,7 +167,6 @@ class ParallelGPT(nn.Module):
         layout = mesh.layout
         self.vocab = int(padded(spec.vocab, TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)))
         self.mode = MODES[mode_name](replace(spec, vocab=self.vocab), mesh)
-        self.lean_stream = TENSOR_MODES[mode_name].replicates_activations
         # Pipeline stage (modes/stages.py): this stage's model chunks; embedding first, head + loss last.
         stage = mesh.coord("pp") if layout.pp > 1 else 0
         self.chunks = stage_chunks(spec.layers, layout.pp, layout.interleave, stage)
@@ -187,15 +186,20 @@ class ParallelGPT(nn.Module):
                     self.shard_specs[f"{prefix}.{pname}"] = pspec
         assert set(self.shard_specs) == {n for n, _ in self.named_parameters()}
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype: every parameter's (functional.py, "Precision")."""
+        return next(self.parameters()).dtype
+
     # --- forward ---------------------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """Block-layout activations of the replica's whole micro-batch ids [b, s]."""
         x = self.tok_emb(ids)
         if self.pos_emb is not None:
             x = x + self.pos_emb(ids.shape[1])
-        # none / 1D: the residual stream in the compute dtype (bf16 under autocast), as Megatron keeps it.
-        # 2D / 3D add their biases in fp32, so their stream stays fp32.
-        return x.to(compute_dtype(x)) if self.lean_stream else x
+        # The residual stream in the compute dtype (the parameters' dtype), as Megatron keeps it (the
+        # embedding's reductions ran in fp32, as priced).
+        return x.to(self.dtype)
 
     def run_block(self, block: Block, x: Tensor) -> Tensor:
         if self.recompute == "full" and torch.is_grad_enabled():
@@ -275,15 +279,18 @@ class ParallelGPT(nn.Module):
                 for n, p in self.named_parameters()}
 
 
-def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none") -> ParallelGPT:
-    """The GPT for mesh.layout's tensor mode (serial when none), initialized from `seed`."""
+def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none",
+                dtype: torch.dtype = torch.float32) -> ParallelGPT:
+    """The GPT for mesh.layout's tensor mode (serial when none), initialized from `seed` (drawn in fp32),
+    its parameters then cast to the compute `dtype` (the compute copy; fp32 masters live in the optimizer)."""
     model = ParallelGPT(spec, mesh, recompute)
     model.load_init(seed)
-    return model
+    return model.to(dtype)
 
 
-def serial_reference(spec: ModelSpec, seed: int = 0, recompute: str = "none") -> ParallelGPT:
+def serial_reference(spec: ModelSpec, seed: int = 0, recompute: str = "none",
+                     dtype: torch.dtype = torch.float32) -> ParallelGPT:
     """The same GPT on one process with plain torch ops (the equivalence tests' reference)."""
-    return build_model(spec, Mesh.single(), seed, recompute)
+    return build_model(spec, Mesh.single(), seed, recompute, dtype)
 
 

@@ -2,14 +2,15 @@
 
 Buckets follow the shared rule (paracube/modes/buckets.py): local parameters in reverse registration order,
 fp32, at most `bucket_bytes` each, a parameter never split. A post-accumulate-grad hook on every parameter
-adds its gradient into its bucket's fp32 buffer (so micro-batch accumulation happens in fp32 there, and
-`p.grad` is released) and, on the last micro-batch with `overlap`, issues the bucket's collective
-asynchronously as soon as every parameter of the bucket has its gradient -- buckets are issued strictly in
-bucket order, as DDP does, so every rank issues the same collectives in the same order. `finish()` issues
-what is left (every bucket without overlap) and waits for all of them before the optimizer runs.
+adds its gradient (in the parameter's compute dtype) into its bucket's fp32 buffer (so micro-batch
+accumulation happens in fp32 there, Megatron's main_grad, and `p.grad` is released) and, on the last
+micro-batch with `overlap`, issues the bucket's collective asynchronously as soon as every parameter of the
+bucket has its gradient -- buckets are issued strictly in bucket order, as DDP does, so every rank issues the
+same collectives in the same order. `finish()` issues what is left (every bucket without overlap) and waits
+for all of them before the optimizer runs.
 - zero=0: one all_reduce (sum) of the bucket over the mode's grad_axes (dp; 2.5D: dp and depth).
-- zero=1: one reduce_scatter over dp of the bucket padded to a multiple of dp; rank with dp index k keeps
-  shard k (executor/optim.py updates it and all-gathers the parameters back).
+- zero=1: one reduce_scatter over dp of the bucket padded to a multiple of dp, in place: rank with dp index
+  k keeps shard k, its chunk of the bucket (executor/optim.py updates it and all-gathers the parameters back).
 Overlap on and off issue the same collectives on the same buffers, so their results are bit-identical.
 
 Why not torch's DDP / ZeroRedundancyOptimizer: DDP wraps the module and reduces over one process group
@@ -34,7 +35,7 @@ from paracube.modes.buckets import BUCKET_BYTES, padded_numel, plan_buckets
 class Bucket:
     """One bucket: its parameters (reverse registration order), their offsets and its fp32 buffer."""
 
-    def __init__(self, params: list[nn.Parameter], dp: int, zero: int, device: torch.device) -> None:
+    def __init__(self, params: list[nn.Parameter], dp: int, zero: int, device: torch.device, k: int = 0) -> None:
         self.params = params
         self.offsets: list[int] = []
         n = 0
@@ -45,7 +46,8 @@ class Bucket:
         self.length = padded_numel(n, dp) if zero == 1 else n
         self.buffer = torch.zeros(self.length, dtype=torch.float32, device=device)
         self.shard_numel = self.length // dp if zero == 1 else self.length
-        self.shard = self.buffer if zero != 1 else torch.zeros(self.shard_numel, dtype=torch.float32, device=device)
+        # zero=1: this rank's chunk k of the bucket, where the in-place reduce-scatter leaves its sum
+        self.shard = self.buffer[k * self.shard_numel:(k + 1) * self.shard_numel]
         self.pending = 0  # parameters whose gradient has not arrived in this backward
         self.work: dist.Work | None = None
         self.issued = False
@@ -65,7 +67,8 @@ class GradSync:
         self.group_size = mesh.size(self.axes)
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device
-        self.buckets = [Bucket([params[i] for i in idx], layout.dp, zero, device)
+        k = mesh.index(("dp",)) if zero == 1 else 0
+        self.buckets = [Bucket([params[i] for i in idx], layout.dp, zero, device, k)
                         for idx in plan_buckets([p.numel() for p in params], bucket_bytes)]
         self.where: dict[nn.Parameter, tuple[Bucket, int]] = {}
         for b in self.buckets:
@@ -132,17 +135,17 @@ class GradSync:
             if b.work is not None:
                 b.work.wait()
                 b.work = None
-        if self.zero == 1 and self.group_size == 1:
-            for b in self.buckets:
-                b.shard.copy_(b.buffer)
         self.active = False
 
     def set_param_grads(self) -> None:
-        """zero=0: every parameter's .grad is its reduced gradient (a view of the bucket in fp32)."""
+        """zero=0: every parameter's `main_grad` is its reduced fp32 gradient (a view of the bucket); for fp32
+        parameters .grad is that same view (16-bit ones keep no .grad: the optimizer steps fp32 masters)."""
         for b in self.buckets:
             for i, p in enumerate(b.params):
                 g = b.view(i)
-                p.grad = g if p.dtype == torch.float32 else g.to(p.dtype)
+                p.main_grad = g  # type: ignore[attr-defined]
+                if p.dtype == torch.float32:
+                    p.grad = g
 
     def shard_index(self) -> int:
         return self.mesh.index(("dp",)) if self.zero == 1 else 0

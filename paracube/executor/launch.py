@@ -69,7 +69,6 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
               resume: bool = False, check_devices: bool = True, seed: int = 0) -> int:
     """Everything that can be checked before a rank starts; returns processes per node.
     Raises ParacubeError (one line: the bad value and what is valid)."""
-    from paracube.executor.sizes import check_precision
     from paracube.executor.step import check_divisibility
 
     nproc = node.nproc_per_node or plan.launch.nproc_per_node
@@ -87,7 +86,6 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
         check(have >= nproc, f"backend nccl needs {nproc} GPUs on this node; it has {have} (use backend gloo)")
     seq = plan.seq_len
     check_divisibility(with_seq_len(plan.model, seq), plan.layout, plan.micro_batch, plan.training.global_batch, seq)
-    check_precision(plan.training.dtype, plan.layout)
     parse_source(data, plan.model.vocab, seq)
     if checkpoint_dir is not None:
         if resume:

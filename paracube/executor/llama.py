@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import Axes, gather_fn
+from paracube.executor.functional import fp32
 from paracube.executor.mesh import Mesh
 from paracube.executor.rms_norm import rms_norm
 from paracube.executor.serial import Mode, ShardedModule
@@ -132,7 +133,7 @@ class SplitRMSNorm(ShardedModule):
         self.add_param("weight", make_spec(mesh, (hidden,), {0: block(hidden, mesh, split_axes)}))
 
     def forward(self, x: Tensor) -> Tensor:
-        gamma = gather_fn(self.weight, self.mesh, self.gather_axes, 0, label="ln.gamma")
+        gamma = gather_fn(fp32(self.weight), self.mesh, self.gather_axes, 0, label="ln.gamma")  # fp32, as priced
         return rms_norm(x, gamma, self.mesh, self.stat_axes, self.hidden, self.eps)
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
-from paracube.executor.functional import compute_dtype, vocab_parallel_ce
+from paracube.executor.functional import compute_dtype, fp32, main_grad, vocab_parallel_ce
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, SerialPositionEmbedding, ShardedModule, TiedHead
 from paracube.executor.shards import block, make_spec
@@ -107,7 +107,7 @@ class VocabParallelEmbedding(ShardedModule):
     def forward(self, ids: Tensor) -> Tensor:
         local = ids - self.v0
         inside = (local >= 0) & (local < self.vl)
-        emb = F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1)
+        emb = fp32(F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1))  # as priced
         if self.sp:
             return scatter_fn(emb, self.mesh, TP, SEQ, label="tok_emb")
         return reduce_from_group(emb, self.mesh, TP, label="tok_emb")
@@ -175,12 +175,16 @@ class Mode1D(Mode):
         params = self.sequence_parallel_params
         if not params:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = [main_grad(p) if main_grad(p) is not None else torch.zeros_like(p) for p in params]
         flat = all_reduce(torch.cat([g.reshape(-1).float() for g in grads]), self.mesh, TP,
                           label="sequence_parallel_params")
         offset = 0
         for p, g in zip(params, grads, strict=True):
-            p.grad = flat[offset:offset + g.numel()].view_as(p).to(p.dtype)
+            summed = flat[offset:offset + g.numel()].view_as(p)
+            if getattr(p, "main_grad", None) is not None:
+                p.main_grad.copy_(summed)  # type: ignore[attr-defined]  # fp32 (and p.grad, for fp32 params)
+            else:
+                p.grad = summed.to(p.dtype)
             offset += g.numel()
 
 

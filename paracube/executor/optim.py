@@ -1,17 +1,28 @@
-"""Distributed optimizer (zero=1, Megatron's distributed optimizer / ZeRO-1): AdamW on fp32 master shards.
+"""The optimizers: AdamW on fp32 master weights (MasterAdamW, zero=0 with a 16-bit compute dtype) and the
+distributed optimizer (zero=1, Megatron's distributed optimizer / ZeRO-1): AdamW on fp32 master shards.
 
-Each gradient bucket (grad_sync.py; padded to a multiple of dp) is reduce-scattered over dp; the rank with
-dp index k owns elements [k S, (k+1) S) of it (S = padded length / dp). The optimizer keeps, per bucket,
-an fp32 master copy of those elements and AdamW's two moments on them: 4 + 8 = 12 bytes per element, so
-12 x padded / dp bytes per rank (cost_models/memory.py prices the same). After the step the updated
-master shard is cast to the parameters' dtype and all-gathered over dp (one all_gather per bucket), then
-copied into the parameters. AdamW is elementwise, so updating shards of the flat buckets gives the same
-parameters as updating whole tensors (tests/test_grad_sync.py holds it to the serial model).
+Mixed precision (functional.py, "Precision"; Megatron's Float16OptimizerWithFloat16Params): the model's
+parameters are the compute copy; MasterAdamW keeps an fp32 master of each (4 bytes) and AdamW's two fp32
+moments on it (8 bytes), steps the masters with the fp32 reduced gradients (`p.main_grad`, the buckets of
+grad_sync.py) and writes the updated compute-dtype copy back: 2 + 4 + 12 = 18 bytes per bf16 parameter
+(cost_models/memory.py). fp32 parameters need no master: build_optimizer gives them torch's AdamW, as before.
+Masters start from the compute copy (`p.float()`), as Megatron's do.
+
+Each gradient bucket (grad_sync.py; padded to a multiple of dp) is reduce-scattered over dp; the rank with dp
+index k owns elements [k S, (k+1) S) of it (S = padded length / dp). The optimizer keeps, per bucket, an fp32
+master copy of those elements and AdamW's two moments on them: 4 + 8 = 12 bytes per element, so 12 x padded /
+dp bytes per rank (cost_models/memory.py prices the same). After the step the updated master shard is
+all-gathered over dp in fp32 (one all_gather per bucket, as cost_models/traffic.py prices it), then copied
+into the parameters (cast to their compute dtype). Per parameter: compute copy c, fp32 gradient bucket 4 (the
+reduce-scatter is in place: a rank's shard is its chunk of the bucket) and 12 / dp. AdamW is elementwise, so
+updating shards of the flat buckets gives the same parameters as updating whole tensors
+(tests/test_grad_sync.py holds it to the serial model).
 
 Checkpoints: `checkpoint_view()` all-gathers the moments over dp and presents them per parameter, as
 torch.optim.AdamW holds them (`state[param] = {step, exp_avg, exp_avg_sq}` of the parameter's tensor
-shard), so checkpoint.py saves the same files for zero=1 as for zero=0 and either loads into the other;
-`load_view(view)` takes this rank's elements back (the fp32 masters from the loaded parameters).
+shard), so checkpoint.py saves the same files for zero=1 as for zero=0 and either loads into the other; with a 16-bit
+compute dtype the view carries the fp32 masters too (`master`, saved next to the moments). `load_view(view)`
+takes this rank's elements back (the fp32 masters from the view's, else from the loaded parameters).
 
 The global gradient norm (for clipping) is summed over each rank's reduced shard, counting a tensor-
 replicated parameter on its replica leader only, and all-reduced over ("dp", *tensor axes) (with pp > 1:
@@ -32,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from paracube.executor.functional import main_grad
 from paracube.executor.grad_sync import Bucket, GradSync
 from paracube.executor.shards import ShardSpec
 
@@ -81,9 +93,8 @@ class DistributedAdamW(torch.optim.AdamW):
         return None
 
     def _gather(self, master: Tensor, b: Bucket) -> None:
-        """All-gather the updated shard over dp (in the parameters' dtype) into the bucket's parameters."""
-        sync, dtype = self.sync, b.params[0].dtype
-        shard = master.to(dtype)
+        """All-gather the updated fp32 shard over dp into the bucket's parameters (cast to their dtype)."""
+        sync, shard = self.sync, master
         n = sync.group_size
         if n > 1:
             parts = [torch.empty_like(shard) for _ in range(n)]
@@ -108,7 +119,10 @@ class DistributedAdamW(torch.optim.AdamW):
             s = self.state.get(master)
             if not s:
                 continue
-            full = {m: self._all_gather(s[m]) for m in ("exp_avg", "exp_avg_sq")}
+            names = ("exp_avg", "exp_avg_sq")
+            full = {m: self._all_gather(s[m]) for m in names}
+            if b.params[0].dtype != torch.float32:  # the fp32 masters are not the parameters: save them too
+                full["master"] = self._all_gather(master)
             for i, p in enumerate(b.params):
                 o = b.offsets[i]
                 state[p] = {"step": s["step"].clone(),
@@ -130,8 +144,8 @@ class DistributedAdamW(torch.optim.AdamW):
             step = None
             for i, p in enumerate(b.params):
                 o = b.offsets[i]
-                flat["param"][o:o + p.numel()] = p.detach().reshape(-1).float()
                 s = view.state.get(p) or {}
+                flat["param"][o:o + p.numel()] = s["master"].reshape(-1) if "master" in s else p.detach().reshape(-1)
                 for m in ("exp_avg", "exp_avg_sq"):
                     if m in s:
                         flat[m][o:o + p.numel()] = s[m].reshape(-1).float()
@@ -152,13 +166,59 @@ class DistributedAdamW(torch.optim.AdamW):
         return torch.cat([parts[order[j]] for j in range(n)])
 
 
+class MasterAdamW(torch.optim.AdamW):
+    """AdamW over fp32 masters of 16-bit parameters (zero=0): steps the masters with the parameters' fp32
+    `main_grad` and copies them back into the parameters."""
+
+    def __init__(self, params: list[Tensor], **adamw: Any) -> None:
+        self.params = params
+        self.masters = [p.detach().float().clone() for p in params]
+        super().__init__(self.masters, **adamw)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for p, master in zip(self.params, self.masters, strict=True):
+            master.grad = main_grad(p)
+        super().step()
+        for p, master in zip(self.params, self.masters, strict=True):
+            master.grad = None
+            p.copy_(master)
+        return None
+
+    # --- checkpoints (the same files as torch AdamW's, plus the masters) ------------------------------------
+    def checkpoint_view(self) -> SimpleNamespace:
+        """State per parameter, as torch AdamW holds it, with the fp32 master as `master`."""
+        state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        for p, master in zip(self.params, self.masters, strict=True):
+            if self.state.get(master):
+                state[p] = {**self.state[master], "master": master}
+        return SimpleNamespace(state=state)
+
+    def empty_view(self) -> SimpleNamespace:
+        return SimpleNamespace(state=defaultdict(dict))
+
+    @torch.no_grad()
+    def load_view(self, view: SimpleNamespace) -> None:
+        """The moments and masters from `view` (a master missing there: from the loaded parameter)."""
+        for p, master in zip(self.params, self.masters, strict=True):
+            s = view.state.get(p) or {}
+            master.copy_(s.get("master", p))
+            if "exp_avg" in s:
+                self.state[master] = {"step": torch.as_tensor(s["step"], dtype=torch.float32).clone(),
+                                      "exp_avg": s["exp_avg"].float(), "exp_avg_sq": s["exp_avg_sq"].float()}
+
+
 def build_optimizer(model: torch.nn.Module, mesh: Any, zero: int, bucket_bytes: int,
                     **adamw: Any) -> torch.optim.Optimizer:
-    """AdamW for a layout: DistributedAdamW over the model's buckets (zero=1) or torch's AdamW."""
+    """AdamW for a layout: DistributedAdamW over the model's buckets (zero=1), MasterAdamW for 16-bit
+    parameters, or torch's AdamW (fp32)."""
     if zero != 1:
-        return torch.optim.AdamW(model.parameters(), **adamw)
+        params = list(model.parameters())
+        if params[0].dtype != torch.float32:
+            return MasterAdamW(params, **adamw)
+        return torch.optim.AdamW(params, **adamw)
     specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}  # type: ignore[union-attr, index]
     return DistributedAdamW(GradSync(model, mesh, 1, bucket_bytes), specs, **adamw)
 
 
-__all__ = ["DistributedAdamW", "build_optimizer"]
+__all__ = ["DistributedAdamW", "MasterAdamW", "build_optimizer"]

@@ -21,13 +21,12 @@ start-up and issues its own P2P inside the schedule, which the CommRecorder cann
 recorded traffic could not equal the model's; our parallel modules also need the tensor-parallel recorder
 context around every chunk. This file is the small explicit schedule instead.
 
-The loss lives on the last stage: `local_sum / tokens_per_step` starts backward there, exactly as
-train_step does without pipelining, so gradients are the serial model's.
+The loss lives on the last stage: `local_sum / tokens_per_step` (fp16: times the loss scale) starts
+backward there, exactly as train_step does without pipelining, so gradients are the serial model's. The
+residual stream, and so what crosses stages, is in the model's compute dtype (its parameters' dtype).
 """
 
 from __future__ import annotations
-
-from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -86,9 +85,10 @@ class _P2P:
 
 
 def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tensor, Tensor]], tokens_per_step: int,
-                 autocast_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+                 loss_scale: float = 1.0) -> tuple[Tensor, Tensor]:
     """Forward and backward of every micro-batch through the pipeline; gradients accumulate in the stage's
-    parameters. Returns this rank's (loss sum, token count): zeros except on the last stage."""
+    parameters (their buckets). `loss_scale`: fp16's dynamic loss scale (loss_scale.py), applied on the last
+    stage. Returns this rank's (loss sum, token count): zeros except on the last stage."""
     layout, rec = mesh.layout, mesh.recorder
     pp, v, n = layout.pp, layout.interleave, len(micro_batches)
     stage = mesh.coord("pp")
@@ -96,14 +96,10 @@ def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tenso
     prev, nxt = mesh.pp_peer(-1), mesh.pp_peer(1)
     p2p = _P2P(mesh, pp * v)
     device = next(model.parameters()).device
-    dtype = autocast_dtype or torch.float32
+    dtype = model.dtype
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     count = torch.zeros((), dtype=torch.float32, device=device)
     saved: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}  # (chunk, micro) -> (input, output)
-
-    def amp() -> AbstractContextManager[object]:
-        return (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
-                else nullcontext())
 
     for op, c, m in schedule(pp, v, n, stage):
         j = c * pp + stage
@@ -112,16 +108,17 @@ def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tenso
             x = None
             if j > 0:
                 x = p2p.recv(activation_shape(model, ids), dtype, device, prev, p2p.tag(ACT, j - 1, m))
-                x = x.float().requires_grad_()  # the residual stream stays fp32 (as without pipelining)
-            with rec.phase("fwd"), amp():
+                x = x.requires_grad_()
+            with rec.phase("fwd"):
                 out = model.chunk_forward(c, x, ids, labels)
             if j == last_v:
                 local_sum, local_count = out  # type: ignore[misc]
                 loss_sum += local_sum.detach().float()
                 count += local_count
-                saved[c, m] = (x, local_sum / tokens_per_step)
+                loss = local_sum / tokens_per_step
+                saved[c, m] = (x, loss if loss_scale == 1.0 else loss * loss_scale)
             else:
-                p2p.send(out.to(dtype), nxt, p2p.tag(ACT, j, m), "activations")  # type: ignore[union-attr]
+                p2p.send(out, nxt, p2p.tag(ACT, j, m), "activations")  # type: ignore[union-attr]
                 saved[c, m] = (x, out)  # type: ignore[assignment]
         else:
             x, out = saved.pop((c, m))
@@ -130,9 +127,9 @@ def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tenso
                     out.backward()
                 else:
                     grad = p2p.recv(tuple(out.shape), dtype, device, nxt, p2p.tag(GRAD, j + 1, m))
-                    torch.autograd.backward(out, grad.to(out.dtype))
+                    torch.autograd.backward(out, grad)
             if x is not None:
-                p2p.send(x.grad.to(dtype), prev, p2p.tag(GRAD, j, m), "activation_grads")  # type: ignore[union-attr]
+                p2p.send(x.grad, prev, p2p.tag(GRAD, j, m), "activation_grads")  # type: ignore[union-attr]
     p2p.flush()
     return loss_sum, count
 

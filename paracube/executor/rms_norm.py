@@ -1,7 +1,8 @@
 """RMSNorm (Zhang and Sennrich 2019; transformers' LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * gamma,
-in fp32, over a hidden dimension that may be split across mesh `axes` (one [N, 1] fp32 all-reduce of the
-sum of squares forward, one of sum(dy gamma xhat) backward; none when the axes have size 1).
-Saves xhat and rstd (fp32) for backward: 4 (h_local + 1) bytes per token.
+statistics in fp32, over a hidden dimension that may be split across mesh `axes` (one [N, 1] fp32 all-reduce
+of the sum of squares forward, one of sum(dy gamma xhat) backward; none when the axes have size 1).
+The output is in the input's (compute) dtype. Saves the input in its own dtype and rstd (fp32) for backward,
+recomputing xhat there: c h_local + 4 bytes per token.
 """
 
 from __future__ import annotations
@@ -23,21 +24,21 @@ class _RMSNorm(torch.autograd.Function):
         xf = x.float()
         stats = all_reduce((xf * xf).sum(-1, keepdim=True), mesh, axes, label="ln.stats")
         rstd = torch.rsqrt(stats / hidden + eps)
-        xhat = xf * rstd
-        ctx.save_for_backward(xhat, rstd, gamma)
-        ctx.args = (mesh, axes, hidden, x.dtype)
-        return xhat * gamma
+        ctx.save_for_backward(x, rstd, gamma)
+        ctx.args = (mesh, axes, hidden)
+        return (xf * rstd * gamma).to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
-        xhat, rstd, gamma = ctx.saved_tensors
-        mesh, axes, hidden, dtype = ctx.args
+        x, rstd, gamma = ctx.saved_tensors
+        mesh, axes, hidden = ctx.args
+        xhat = x.float() * rstd
         dy = dy.float()
         dgamma = (dy * xhat).sum(tuple(range(dy.dim() - 1)))
         dxhat = dy * gamma
         dot = all_reduce((dxhat * xhat).sum(-1, keepdim=True), mesh, axes, backward=True, label="ln.stats")
         dx = rstd * (dxhat - xhat * dot / hidden)
-        return dx.to(dtype), dgamma, None, None, None, None
+        return dx.to(x.dtype), dgamma.to(gamma.dtype), None, None, None, None
 
 
 def rms_norm(x: Tensor, gamma: Tensor, mesh: Mesh, axes: Axes, hidden: int, eps: float) -> Tensor:

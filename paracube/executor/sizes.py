@@ -9,12 +9,6 @@ from paracube.modes.stages import split_ok
 from paracube.workload import ModelSpec
 
 
-def check_precision(dtype: str, layout: Layout) -> None:
-    """Precision options the executor does not combine yet (before any rank starts)."""
-    if dtype == "fp16" and layout.pp > 1:
-        raise ParacubeError(f"fp16 loss scaling with pp={layout.pp} is not run by the executor yet; use bf16 or pp=1")
-
-
 def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None, global_batch: int,
                        seq_len: int) -> None:
     """Raise ParacubeError naming the first size the layout cannot split (before any rank starts).

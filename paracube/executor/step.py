@@ -7,18 +7,27 @@ cost_models/traffic.py declares.
 Gradients are summed over dp in buckets (grad_sync.py), issued as the last micro-batch's backward produces
 them (`overlap=True`) or all after it (`overlap=False`); both give bit-identical results. With the
 distributed optimizer (optim.DistributedAdamW, zero=1) the buckets are reduce-scattered, the norm is summed
-over the shards and the updated parameters are all-gathered by the optimizer."""
+over the shards and the updated parameters are all-gathered by the optimizer.
+
+Precision (functional.py): the model runs in its parameters' dtype (no autocast); the reduced fp32
+gradients are `p.main_grad` (p.grad too for fp32 parameters), which the norm, clipping and the optimizer
+read (MasterAdamW / DistributedAdamW step fp32 masters and write the compute copy back). fp16: the loss is
+multiplied by the scaler's scale before backward (on the last stage with pp > 1); the overflow check is the
+global norm, all-reduced over every group holding gradients (pp and tensor axes; dp too with zero=1), so
+every rank skips the same step (loss_scale.py). `after_backward(model)`: an explicit test hook called once
+the step's gradients are reduced, before the norm (tests force an overflow on one rank with it)."""
 
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from paracube.executor.comm import all_reduce
+from paracube.executor.functional import main_grad
 from paracube.executor.gpt import ParallelGPT
 from paracube.executor.grad_sync import GradSync, grad_sync_for
 from paracube.executor.loss_scale import LossScaler
@@ -38,9 +47,9 @@ class StepResult:
 
 def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
                micro_batches: list[tuple[Tensor, Tensor]], tokens_per_step: int,
-               max_grad_norm: float | None = 1.0, autocast_dtype: torch.dtype | None = None,
-               overlap: bool = True, bucket_bytes: int = BUCKET_BYTES,
-               scaler: LossScaler | None = None) -> StepResult:
+               max_grad_norm: float | None = 1.0, overlap: bool = True, bucket_bytes: int = BUCKET_BYTES,
+               scaler: LossScaler | None = None,
+               after_backward: Callable[[ParallelGPT], None] | None = None) -> StepResult:
     """One step; `scaler` (fp16) scales the loss, skips the step on overflow and updates its scale."""
     rec = mesh.recorder
     params = list(model.parameters())
@@ -52,12 +61,11 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     pipelined = mesh.layout.pp > 1
     # The pipeline schedule interleaves micro-batches' backwards: its buckets are reduced after the last one.
     sync.start(overlap and not pipelined)
-    if pipelined:  # executor/pipeline.py: 1F1B / interleaved schedule over the pp axis (fp16: refused, train.py)
-        loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, autocast_dtype)
+    scale = scaler.scale if scaler is not None else 1.0
+    if pipelined:  # executor/pipeline.py: 1F1B / interleaved schedule over the pp axis
+        loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, scale)
     for k, (ids, labels) in enumerate(micro_batches if not pipelined else []):
-        amp = (torch.autocast(ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
-               else nullcontext())
-        with rec.phase("fwd"), amp:
+        with rec.phase("fwd"):
             local_sum, local_count = model(ids, labels)
         if k == len(micro_batches) - 1:
             sync.last_micro_batch()
@@ -67,6 +75,10 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         loss_sum += local_sum.detach().float()
         count += local_count
     sync.finish()
+    if not sharded:
+        sync.set_param_grads()
+    if after_backward is not None:
+        after_backward(model)
 
     tensor_axes = mesh.layout.tensor_axes
     stages = ("pp",) if pipelined else ()  # stages hold disjoint parameters
@@ -74,7 +86,6 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         sq = optimizer.grad_norm_sq()
         norm_axes: tuple[str, ...] = (*stages, "dp", *tensor_axes)
     else:
-        sync.set_param_grads()
         with rec.phase("grad_sync"):
             model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp
         sq = _replica_norm_sq(model, mesh, device)
@@ -84,6 +95,8 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
             sq = all_reduce(sq, mesh, norm_axes, label="grad_norm")
         norm, overflow = _clip_and_step(optimizer, params, math.sqrt(float(sq.item())), max_grad_norm, scaler)
     optimizer.zero_grad(set_to_none=True)
+    for p in params:
+        p.main_grad = None  # type: ignore[attr-defined]  # a later backward outside a step uses p.grad
 
     with rec.phase("metrics"):
         metrics = torch.stack([loss_sum, count]).float()
@@ -106,7 +119,7 @@ def _clip_and_step(optimizer: torch.optim.Optimizer, params: list[Tensor], norm:
             optimizer.scale_grads(coef)
         else:
             for p in params:
-                p.grad.mul_(coef)
+                main_grad(p).mul_(coef)
     if scaler is None or not overflow:
         optimizer.step()
     if scaler is not None:
@@ -120,7 +133,7 @@ def _replica_norm_sq(model: ParallelGPT, mesh: Mesh, device: torch.device) -> Te
     sq = torch.zeros(1, dtype=torch.float32, device=device)
     for name, p in model.named_parameters():
         if all(mesh.coord(a) == 0 for a in model.shard_specs[name].replicated_axes):
-            sq += p.grad.float().pow(2).sum()
+            sq += main_grad(p).float().pow(2).sum()
     return sq
 
 

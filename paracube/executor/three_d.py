@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
-from paracube.executor.functional import compute_dtype, split_layer_norm, vocab_parallel_ce
+from paracube.executor.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
 from paracube.executor.llama import SplitRMSNorm
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, ShardedModule
@@ -71,7 +71,8 @@ class Linear3D(ShardedModule):
         y = _Linear3D.apply(x, self.weight, self.mesh, self.roles, self.label)
         if self.has_bias:
             _, w_ax, o_ax = self.roles
-            y = y + gather_fn(self.bias, self.mesh, (w_ax, o_ax), 0, label=f"{self.label}.b")
+            # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
+            y = y + gather_fn(fp32(self.bias), self.mesh, (w_ax, o_ax), 0, label=f"{self.label}.b").to(y.dtype)
         return y
 
 
@@ -85,8 +86,8 @@ class LayerNorm3D(ShardedModule):
             self.add_param(name, make_spec(mesh, (hidden,), {0: block(hidden, mesh, ("z", *PLANE))}))
 
     def forward(self, x: Tensor) -> Tensor:
-        gamma = gather_fn(self.weight, self.mesh, PLANE, 0, label="ln.gamma")
-        beta = gather_fn(self.bias, self.mesh, PLANE, 0, label="ln.beta")
+        gamma = gather_fn(fp32(self.weight), self.mesh, PLANE, 0, label="ln.gamma")
+        beta = gather_fn(fp32(self.bias), self.mesh, PLANE, 0, label="ln.beta")
         return split_layer_norm(x, gamma, beta, self.mesh, ("z",), self.hidden)
 
 
@@ -104,7 +105,7 @@ class TokenEmbedding3D(ShardedModule):
         local = ids - self.v0
         inside = (local >= 0) & (local < self.vl)
         emb = F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1)
-        return scatter_fn(emb, self.mesh, PLANE, 0, label="tok_emb")
+        return scatter_fn(fp32(emb), self.mesh, PLANE, 0, label="tok_emb")  # summed in fp32, as priced
 
 
 class PositionEmbedding3D(ShardedModule):
@@ -115,7 +116,7 @@ class PositionEmbedding3D(ShardedModule):
                                            {0: block(seq_len, mesh, PLANE), 1: block(hidden, mesh, ("z",))}))
 
     def forward(self, s: int) -> Tensor:
-        return gather_fn(self.weight, self.mesh, PLANE, 0, label="pos_emb")[:s]
+        return gather_fn(fp32(self.weight), self.mesh, PLANE, 0, label="pos_emb")[:s]
 
 
 class Mode3D(Mode):

@@ -25,20 +25,19 @@ import torch.distributed as dist
 from paracube.errors import ParacubeError, check
 from paracube.executor import checkpoint as ckpt
 from paracube.executor.data import DataSource, parse_source, replica_micro_batches
+from paracube.executor.functional import COMPUTE_DTYPES
 from paracube.executor.gpt import build_model
 from paracube.executor.hooks import NO_HOOKS, StepFn, TrainHooks
 from paracube.executor.loss_scale import LossScaler
 from paracube.executor.mesh import Mesh
-from paracube.executor.optim import DistributedAdamW, build_optimizer
+from paracube.executor.optim import build_optimizer
 from paracube.executor.progress import Progress
 from paracube.executor.recorder import CommRecorder
-from paracube.executor.sizes import check_divisibility, check_precision
+from paracube.executor.sizes import check_divisibility
 from paracube.executor.step import train_step
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.plan import Plan
 from paracube.workload import ModelSpec, with_seq_len
-
-AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TrainingDiverged(RuntimeError):
@@ -165,7 +164,6 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
     check(save_every >= 0, f"save_every={save_every} must be >= 0")
     check(not (resume or save_every) or checkpoint_dir is not None, "--resume and --save-every need --checkpoint-dir")
     check(config.on_nonfinite in ("stop", "skip"), f"on_nonfinite={config.on_nonfinite!r}; valid: stop, skip")
-    check_precision(plan.training.dtype, layout)
     check(config.bucket_bytes > 0, f"bucket_bytes={config.bucket_bytes} must be > 0")
     spec = with_seq_len(plan.model, plan.seq_len)
     check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
@@ -191,7 +189,8 @@ def _setup(plan: Plan, spec: ModelSpec, source: DataSource, rank: int, device: t
            config: TrainConfig, hooks: TrainHooks) -> _Run:
     recorder = CommRecorder(hooks.observe_collective)
     mesh = Mesh(plan.layout, rank, recorder=recorder)
-    model = build_model(spec, mesh, seed=config.seed, recompute=plan.training.recompute).to(device)
+    model = build_model(spec, mesh, seed=config.seed, recompute=plan.training.recompute,
+                        dtype=COMPUTE_DTYPES[plan.training.dtype]).to(device)
     opt = build_optimizer(model, mesh, plan.layout.zero, config.bucket_bytes, lr=config.lr, betas=config.betas,
                           weight_decay=config.weight_decay)
     step_fn = hooks.wrap_step(train_step) if hooks.wrap_step is not None else train_step
@@ -207,7 +206,7 @@ def _resume(run: _Run, checkpoint_dir: str | Path, result: TrainResult) -> None:
     saved = ckpt.read_meta(found)
     check(saved.get("data", {}).get("source") == config.data and saved["data"].get("seed") == config.seed,
           f"checkpoint was trained on data {saved.get('data')}; resume with the same --data and --seed")
-    if isinstance(run.opt, DistributedAdamW):  # zero=1: the moments per parameter, as zero=0 saves them
+    if hasattr(run.opt, "load_view"):  # zero=1 / fp32 masters: the moments (and masters) per parameter
         view = run.opt.empty_view()
         meta = ckpt.load_checkpoint(checkpoint_dir, run.model, view, run.mesh)  # type: ignore[arg-type]
         run.opt.load_view(view)
@@ -234,7 +233,7 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     out = run.step_fn(run.model, run.opt, run.mesh, micro, tokens_per_step, max_grad_norm=run.config.max_grad_norm,
-                      autocast_dtype=AUTOCAST[tr.dtype], overlap=run.config.overlap and run.plan.layout.overlap,
+                      overlap=run.config.overlap and run.plan.layout.overlap,
                       bucket_bytes=run.config.bucket_bytes, **({"scaler": run.scaler} if run.scaler else {}))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -263,7 +262,7 @@ def _save(run: _Run, checkpoint_dir: str | Path, step: int) -> str:
     meta = {"schedule": asdict(run.schedule), "data": {"source": config.data, "seed": config.seed,
                                                        "next_step": step + 1},
             "plan": run.plan.to_dict(), "layout": str(run.plan.layout)}
-    opt = run.opt.checkpoint_view() if isinstance(run.opt, DistributedAdamW) else run.opt
+    opt = run.opt.checkpoint_view() if hasattr(run.opt, "checkpoint_view") else run.opt
     return str(ckpt.save_checkpoint(checkpoint_dir, step, run.model, opt, meta,  # type: ignore[arg-type]
                                     after_shard_written=run.hooks.after_shard_written))
 
@@ -328,4 +327,4 @@ def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Pat
     return result
 
 
-__all__ = ["AUTOCAST", "LRSchedule", "TrainConfig", "TrainHooks", "TrainResult", "TrainingDiverged", "train"]
+__all__ = ["LRSchedule", "TrainConfig", "TrainHooks", "TrainResult", "TrainingDiverged", "train"]

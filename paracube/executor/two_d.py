@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
-from paracube.executor.functional import compute_dtype, split_layer_norm, vocab_parallel_ce
+from paracube.executor.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
 from paracube.executor.llama import SplitRMSNorm
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, ShardedModule
@@ -61,7 +61,8 @@ class Linear2D(ShardedModule):
     def forward(self, x: Tensor) -> Tensor:
         y = _Linear2D.apply(x, self.weight, self.mesh, self.label)
         if self.has_bias:
-            y = y + gather_fn(self.bias, self.mesh, ROW, 0, label=f"{self.label}.b")
+            # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
+            y = y + gather_fn(fp32(self.bias), self.mesh, ROW, 0, label=f"{self.label}.b").to(y.dtype)
         return y
 
 
@@ -75,8 +76,8 @@ class LayerNorm2D(ShardedModule):
             self.add_param(name, make_spec(mesh, (hidden,), {0: block(hidden, mesh, ("col", "row"))}))
 
     def forward(self, x: Tensor) -> Tensor:
-        gamma = gather_fn(self.weight, self.mesh, ROW, 0, label="ln.gamma")
-        beta = gather_fn(self.bias, self.mesh, ROW, 0, label="ln.beta")
+        gamma = gather_fn(fp32(self.weight), self.mesh, ROW, 0, label="ln.gamma")
+        beta = gather_fn(fp32(self.bias), self.mesh, ROW, 0, label="ln.beta")
         return split_layer_norm(x, gamma, beta, self.mesh, COL, self.hidden)
 
 
@@ -95,7 +96,7 @@ class TokenEmbedding2D(ShardedModule):
         local = ids - self.v0
         inside = (local >= 0) & (local < self.vl)
         emb = F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1)
-        return scatter_fn(emb, self.mesh, ROW, 0, label="tok_emb")
+        return scatter_fn(fp32(emb), self.mesh, ROW, 0, label="tok_emb")  # summed in fp32, as priced
 
 
 class PositionEmbedding2D(ShardedModule):
@@ -108,7 +109,7 @@ class PositionEmbedding2D(ShardedModule):
                                            {0: block(seq_len, mesh, ROW), 1: block(hidden, mesh, COL)}))
 
     def forward(self, s: int) -> Tensor:
-        return gather_fn(self.weight, self.mesh, ROW, 0, label="pos_emb")[:s]
+        return gather_fn(fp32(self.weight), self.mesh, ROW, 0, label="pos_emb")[:s]
 
 
 class Mode2D(Mode):
