@@ -21,7 +21,9 @@ from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.executor.llama import gqa_attention, rotary, rotary_tables, swiglu
+from paracube.executor.optim import build_optimizer
 from paracube.layout import parse_layout
+from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -47,15 +49,10 @@ def _adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
 
 
-def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
-    errs: dict[str, float] = {}
-    micro = _batches(spec)
-    tokens = B * N_MICRO * spec.seq_len
-    model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
-    full = model.full_state_dict()
-    init_exact = all(torch.equal(full[n], p) for n, p in ref.named_parameters())
+def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The local loss sum, and the distinct storages autograd saves in its forward (as test_fidelity.py)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}  # activation memory: distinct storages autograd saves (as test_fidelity.py)
+    saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()
@@ -64,7 +61,18 @@ def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        local_sum, _ = model(*micro[0])
+        local_sum, _ = model(ids, labels)
+    return local_sum, sum(saved.values())
+
+
+def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
+    errs: dict[str, float] = {}
+    micro = _batches(spec)
+    tokens = B * N_MICRO * spec.seq_len
+    model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
+    full = model.full_state_dict()
+    init_exact = all(torch.equal(full[n], p) for n, p in ref.named_parameters())
+    local_sum, saved = _saved_bytes(model, *micro[0])
     ref_sum, _ = ref(*micro[0])
     ref_losses = ref.token_losses(_serial_blocks(ref, micro[0][0]), micro[0][1])
     errs["loss"] = rel_err(local_sum, model.mode.split_tokens(ref_losses).sum())
@@ -87,7 +95,7 @@ def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
         errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
     return {"errors": errs, "init_exact": init_exact, "events": events, "names": sorted(ref_params),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-            "activations": sum(saved.values())}
+            "activations": saved}
 
 
 def _serial_blocks(ref: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -102,12 +110,15 @@ def _run_layout(rank: int, world: int, layout_text: str) -> list[dict[str, Any]]
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank) if world > 1 else Mesh.single(layout)
     results = [_check(mesh, spec) for spec in CASES[layout_text]]
-    if layout.tensor_size > 1:  # bf16 autocast with full recomputation: the same zero traffic difference
-        model = build_model(LLAMA, mesh, seed=7, recompute="full")
+    if layout.tensor_size > 1:  # bf16 (fp32 masters) with full recomputation: the same zero traffic difference
+        model = build_model(LLAMA, mesh, seed=7, recompute="full", dtype=torch.bfloat16)
         mesh.recorder.reset()
-        train_step(model, _adamw(model), mesh, _batches(LLAMA), B * N_MICRO * LLAMA.seq_len, MAX_NORM,
-                   autocast_dtype=torch.bfloat16)
+        train_step(model, build_optimizer(model, mesh, 0, BUCKET_BYTES, lr=1e-3), mesh, _batches(LLAMA),
+                   B * N_MICRO * LLAMA.seq_len, MAX_NORM)
         results[0]["bf16_full_events"] = [e.key() for e in mesh.recorder.events]
+        # bf16 activations without recomputation (RMSNorm saves its bf16 input and fp32 rstd)
+        results[0]["bf16_activations"] = _saved_bytes(build_model(LLAMA, mesh, seed=7, dtype=torch.bfloat16),
+                                                      *_batches(LLAMA)[0])[1]
     return results
 
 
@@ -151,6 +162,9 @@ def test_llama_traffic_and_parameters_equal_the_model(layout_results) -> None:
         for rank, per_model in enumerate(ranks):
             diff = traffic_difference(predicted, per_model[0]["bf16_full_events"])
             assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, "bf16 full", diff)
+        est = estimate(LLAMA, TrainingSpec(global_batch=B * N_MICRO, dtype="bf16"), layout,
+                       load_topology("local-cpu", gpus=layout.world_size), with_events=False)
+        assert ranks[0][0]["bf16_activations"] == pytest.approx(est.memory.activations, rel=0.02)
 
 
 @pytest.mark.parametrize(("spec", "layout", "message"), [

@@ -4,7 +4,7 @@ tests/test_fidelity.py compares whole training steps; here every piece of the mo
 ranks of one layout (embedding, one transformer block, final norm + head + cross-entropy), forward then
 backward, and the collectives the executor records (kind, mesh axes, payload bytes, dtype, phase) must be
 exactly the multiset the mode declares for that piece (`embedding`, `layer_fwd` + `layer_bwd`, `head`),
-in fp32 and under bf16 autocast. Plus the registry's own consistency: shapes, axis sizes, splits and the
+in fp32 and in bf16 (parameters in bf16). Plus the registry's own consistency: shapes, axis sizes, splits and the
 executor's implementations.
 """
 
@@ -31,7 +31,7 @@ SPEC = ModelSpec("modes", layers=1, hidden=32, heads=8, ffn_hidden=128, vocab=64
 B = 4  # sequences of the micro-batch
 LAYOUTS = ["dp=1,tp=1d:2", "dp=1,tp=2d:2x2", "dp=1,tp=2.5d:2x2x2", "dp=1,tp=3d:2x2x2"]  # every runnable mode
 # with a tensor group
-DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Key = tuple[str, tuple[str, ...], int, str, str]  # kind, axes, payload bytes, dtype, phase
 
 
@@ -39,7 +39,7 @@ def _keys(events: list) -> list[Key]:
     return [(e.kind, tuple(e.axes), e.payload_bytes, e.dtype, e.phase) for e in events]
 
 
-def _record(model: Any, ids: torch.Tensor, labels: torch.Tensor, amp: Any) -> dict[str, list[Key]]:
+def _record(model: Any, ids: torch.Tensor, labels: torch.Tensor) -> dict[str, list[Key]]:
     """Forward each piece (its input a detached leaf), then backward each: the events of each piece."""
     rec = model.mesh.recorder
     spans: dict[str, list] = {"embedding": [], "block": [], "head": []}
@@ -51,12 +51,11 @@ def _record(model: Any, ids: torch.Tensor, labels: torch.Tensor, amp: Any) -> di
         spans[piece] += rec.events[start:]
         return y
 
-    with amp:
-        x0 = run("embedding", "fwd", lambda: model.embed(ids))
-        x1_in = x0.detach().float().requires_grad_()
-        x1 = run("block", "fwd", lambda: model.blocks[0](x1_in))
-        x2_in = x1.detach().float().requires_grad_()
-        loss = run("head", "fwd", lambda: model.token_losses(x2_in, labels).sum())
+    x0 = run("embedding", "fwd", lambda: model.embed(ids))
+    x1_in = x0.detach().requires_grad_()
+    x1 = run("block", "fwd", lambda: model.blocks[0](x1_in))
+    x2_in = x1.detach().requires_grad_()
+    loss = run("head", "fwd", lambda: model.token_losses(x2_in, labels).sum())
     run("head", "bwd", loss.backward)
     run("block", "bwd", lambda: x1.backward(x2_in.grad.to(x1.dtype)))
     run("embedding", "bwd", lambda: x0.backward(x1_in.grad.to(x0.dtype)))
@@ -68,14 +67,14 @@ def _record(model: Any, ids: torch.Tensor, labels: torch.Tensor, amp: Any) -> di
 def _pieces(rank: int, world: int, layout_text: str) -> dict[str, dict[str, list[Key]]]:
     """Per dtype, per piece (embedding, block, head): the collectives this rank recorded."""
     layout = parse_layout(layout_text)
-    model = build_model(SPEC, Mesh(layout, rank), seed=1)
+    mesh = Mesh(layout, rank)
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(0, SPEC.vocab, (B, SPEC.seq_len), generator=gen)
-    labels = model.mode.split_tokens(torch.randint(0, SPEC.vocab, (B, SPEC.seq_len), generator=gen))
+    labels_full = torch.randint(0, SPEC.vocab, (B, SPEC.seq_len), generator=gen)
     out: dict[str, dict[str, list[Key]]] = {}
-    for dtype, amp_dtype in DTYPES.items():
-        amp = torch.autocast("cpu", dtype=amp_dtype) if amp_dtype else torch.autocast("cpu", enabled=False)
-        out[dtype] = _record(model, ids, labels, amp)
+    for dtype, torch_dtype in DTYPES.items():
+        model = build_model(SPEC, mesh, seed=1, dtype=torch_dtype)
+        out[dtype] = _record(model, ids, model.mode.split_tokens(labels_full))
     return out
 
 

@@ -90,8 +90,7 @@ def _one_case(rank: int, layout_text: str, recompute: str, model_name: str) -> d
     tokens = layout.dp * B * N_MICRO * spec.seq_len
     errs: dict[str, float] = {}
     model, ref = build_model(spec, mesh, seed=7, recompute=recompute), serial_reference(spec, seed=7)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        _, saved16 = _saved_bytes(build_model(spec, mesh, seed=7, recompute=recompute), *micro[0])
+    _, saved16 = _saved_bytes(build_model(spec, mesh, seed=7, recompute=recompute, dtype=torch.bfloat16), *micro[0])
     local_sum, saved = _saved_bytes(model, *micro[0])
     x = ref.embed(micro[0][0])
     for blk in ref.blocks:

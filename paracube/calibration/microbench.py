@@ -108,22 +108,23 @@ PROBE_MICRO_BATCH = 4  # 3D splits a micro-batch's sequences over q^2 = 4
 def _step_probe(mesh: Any, device: torch.device, dtype: str) -> tuple[Callable[[], None], int]:
     """(step, dispatched ops of one step): one executor training step (forward, backward, gradient sync,
     clipping, AdamW) of PROBE_MODEL on `mesh`, one micro-batch of PROBE_MICRO_BATCH sequences per
-    data-parallel replica, autocast for bf16."""
+    data-parallel replica, parameters in the compute dtype (fp32 masters in the optimizer for bf16)."""
+    from paracube.executor.functional import COMPUTE_DTYPES
     from paracube.executor.gpt import build_model
+    from paracube.executor.optim import build_optimizer
+    from paracube.modes.buckets import BUCKET_BYTES
     from paracube.executor.op_count import DispatchCounter
     from paracube.executor.step import train_step
-    from paracube.executor.train import AUTOCAST
 
     layout = mesh.layout
-    model = build_model(PROBE_MODEL, mesh).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = build_model(PROBE_MODEL, mesh, dtype=COMPUTE_DTYPES[dtype]).to(device)
+    opt = build_optimizer(model, mesh, 0, BUCKET_BYTES, lr=1e-3)
     gen = torch.Generator().manual_seed(0)  # the same tokens on every rank
     ids = torch.randint(0, PROBE_MODEL.vocab, (PROBE_MICRO_BATCH, PROBE_MODEL.seq_len), generator=gen).to(device)
     batch = [(ids, ids.roll(-1, dims=1))]
 
     def step() -> None:
-        train_step(model, opt, mesh, batch, PROBE_MODEL.seq_len * PROBE_MICRO_BATCH * layout.dp,
-                   autocast_dtype=AUTOCAST[dtype])
+        train_step(model, opt, mesh, batch, PROBE_MODEL.seq_len * PROBE_MICRO_BATCH * layout.dp)
 
     step()  # creates the optimizer state
     counter = DispatchCounter()
