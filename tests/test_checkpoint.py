@@ -8,6 +8,9 @@ One 8-rank gloo job runs every distributed phase in sequence (one process start 
   E  2.5D 2x2x2, resumes A's step_2 (3D -> 2.5D), step 3               -> loss equals A's
   F  3D 2x2x2, resumes E's step_3 (2.5D -> 3D), step 4                 -> loss and parameters equal A's
   R  A's step_2 loaded into 2.5D and saved (R1), into 3D and saved (R2), into 2.5D again (R3) -> identical
+  G  bf16 3D 2x2x2, steps 1..3, saves step_2 with the fp32 master weights next to the moments
+  H  bf16 3D 2x2x2, resumes G's step_2                                 -> loss 3 bit-identical to G's
+  I  bf16 dp=2 x 1D tp=4 with zero=1, resumes G's step_2 (3D -> 1D)    -> loss 3 equals G's (bf16 tolerance)
 (C is 1D tensor parallelism over 4 ranks, twice: dp=2 has replicas, which save nothing and load their own copy.)
 The reference values are A's own losses: every layout computes the serial model's math (docs/algorithms.md).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -86,6 +90,20 @@ def _worker(rank: int, world: int, root: str) -> None:
     phase(CUBE, 4, "F", 1, True)
     _round_trip(rank, r)
 
+    def bf16(layout: str, steps: int, name: str, save_every: int, resume: bool) -> None:
+        plan = default_plan(layout)
+        plan = replace(plan, training=replace(plan.training, dtype="bf16"))
+        train(plan, rank, world, steps, metrics_path=r / f"{name}.jsonl", checkpoint_dir=r / name,
+              save_every=save_every, resume=resume, config=cfg)
+
+    bf16(CUBE, 3, "G", 2, False)
+    if rank == 0:
+        _copy_checkpoint(r / "G" / "step_2", r / "H")
+        _copy_checkpoint(r / "G" / "step_2", r / "I")
+    dist.barrier()
+    bf16(CUBE, 3, "H", 1, True)
+    bf16(ONE_D + ",zero=1", 3, "I", 1, True)
+
 
 def _round_trip(rank: int, r: Path) -> None:
     """A's step_2 through 2.5D (R1), 3D (R2) and 2.5D again (R3): each loads the previous save and saves."""
@@ -117,6 +135,22 @@ def test_resume_is_bit_identical(runs: Path) -> None:
     assert all(torch.equal(full_a[k], full_b[k]) for k in full_a)
     # The killed save's directory was replaced by the real one; the other stays ignored.
     assert find_checkpoint(runs / "B").name == "step_4" and not (runs / "B" / "step_4.tmp").exists()
+
+
+@pytest.mark.slow
+def test_bf16_checkpoint_holds_fp32_masters_and_resumes(runs: Path) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    step2 = find_checkpoint(runs / "G" / "step_2")
+    md = FileSystemReader(str(step2)).read_metadata().state_dict_metadata
+    masters = {k: v.properties.dtype for k, v in md.items() if k.endswith(".master")}
+    params = {k: v.properties.dtype for k, v in md.items() if k.startswith("model.")}
+    assert read_meta(step2)["has_masters"] and len(masters) == len(params) > 0
+    assert set(masters.values()) == {torch.float32} and set(params.values()) == {torch.bfloat16}
+    g, h, i = _losses(runs / "G.jsonl"), _losses(runs / "H.jsonl"), _losses(runs / "I.jsonl")
+    assert sorted(h) == [3] and sorted(i) == [3]
+    assert h[3] == g[3]  # bit-identical: the fp32 masters and moments came back exactly
+    assert i[3] == pytest.approx(g[3], rel=1e-2)  # resharded to 1D + zero=1: bf16 rounding in another order
 
 
 @pytest.mark.slow
