@@ -4,8 +4,8 @@ Korthikanti et al. (2022, Table 2; `--activations megatron`) for GPT-3 175B's la
 Per transformer layer, one micro-batch of one sequence (s = 2048, h = 12288, a = 96), bf16, per GPU, for
 1D tensor parallelism with and without sequence parallelism and each recomputation; then the whole
 activation memory per GPU of dp=8,pp=16,tp=1d:8,sp with selective recomputation (first pipeline stage).
-paracube's per-layer figure is shown without autocast's per-micro-batch weight copies (they disappear once
-parameters live in the compute dtype with fp32 master weights) and, in brackets, with them.
+Parameters live in the compute dtype (fp32 master weights in the optimizer), so no per-micro-batch weight
+copies are saved: paracube's figure is what its executor's autograd keeps.
 Usage: python benchmarks/activations_vs_megatron.py
 """
 
@@ -35,17 +35,15 @@ def per_layer() -> None:
     sbh = model.seq_len * model.hidden
     print(f"GPT-3 175B layer, b=1, s={model.seq_len}, h={model.hidden}, bf16; MiB per GPU (sbh = {sbh / MIB:.0f} MiB "
           f"at 1 byte)")
-    print(f"{'layout':<12} {'recompute':<10} {'paracube':>10} {'(+weights)':>11} {'megatron':>10} {'ratio':>7}")
+    print(f"{'layout':<12} {'recompute':<10} {'paracube':>10} {'megatron':>10} {'ratio':>7}")
     for text in LAYOUTS:
         layout = parse_layout(text)
         b = layout_arrays(layout, 1)
         for rc in RECOMPUTE:
             d = dims_of(model, TrainingSpec(global_batch=1, dtype="bf16", recompute=rc))
-            terms = activations.block_terms(d, layout.mode, b)
-            ours = float(sum(v[0] for k, v in terms.items() if k != "weight copies"))
-            with_w = ours + float(terms.get("weight copies", [0.0])[0])
+            ours = float(activations.block_bytes(d, layout.mode, b)[0])
             meg = float(_block_acts(d, layout.mode, b, rc)[0])
-            row = f"{ours / MIB:>10.1f} {with_w / MIB:>11.1f} {meg / MIB:>10.1f} {ours / meg:>7.3f}"
+            row = f"{ours / MIB:>10.1f} {meg / MIB:>10.1f} {ours / meg:>7.3f}"
             print(f"{text:<12} {rc:<10} {row}")
 
 
@@ -60,9 +58,7 @@ def whole_run() -> None:
         mem = stage_memory(d, layout.mode, b, True, False)
         print(f"  {who:<9} {float(mem['activations'][0]) / GIB:8.1f} GiB")
     layers, flight = model.layers // layout.pp, float(in_flight(b, np.array([float(n_micro)]), True)[0])
-    copies = float(activations.block_terms(d, layout.mode, b)["weight copies"][0]) * layers * flight
-    print(f"  paracube's figure includes {copies / GIB:.1f} GiB of autocast weight copies ({layers} layers x "
-          f"{flight:.0f} micro-batches in flight)")
+    print(f"  ({layers} layers x {flight:.0f} micro-batches in flight)")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,19 @@ def test_static_memory_is_16_bytes_per_local_parameter() -> None:
     assert (est.memory.parameters, est.memory.gradients, est.memory.optimizer) == (4 * n, 4 * n, 8 * n)
 
 
+def test_static_memory_in_bf16_is_18_bytes_per_local_parameter() -> None:
+    """bf16 parameters (2) + fp32 gradient buckets (4) + fp32 masters and Adam moments (12), as Megatron;
+    zero=1 over dp=2 shards the 12 (tests/test_grad_sync.py measures the executor holding exactly this)."""
+    training = TrainingSpec(global_batch=8, dtype="bf16")
+    est = estimate(TINY, training, parse_layout("tp=3d:2x2x2,mb=4"), topo(8), with_events=False)
+    n = TINY.num_parameters() // 8
+    assert (est.memory.parameters, est.memory.gradients, est.memory.optimizer) == (2 * n, 4 * n, 12 * n)
+    zero1 = estimate(TINY, training, parse_layout("dp=2,tp=1d:4,zero=1,mb=4"), topo(8), with_events=False).memory
+    plain = estimate(TINY, training, parse_layout("dp=2,tp=1d:4,mb=4"), topo(8), with_events=False).memory
+    n1 = plain.gradients / 4
+    assert (zero1.parameters, zero1.gradients, zero1.optimizer) == (2 * n1, 4 * n1, 12 * np.ceil(n1 / 2))
+
+
 GPT175 = PRESETS["gpt3-175b"]  # s = 2048, h = 12288, a = 96, f = 4h
 
 
