@@ -49,7 +49,6 @@ CASES = [  # (layout, dtype, recompute)
     ("dp=1,tp=3d:2x2x2", "bf16", "none"),
     ("dp=2,tp=1d:4", "bf16", "full"),
     ("dp=1,tp=3d:2x2x2", "bf16", "full"),
-    ("dp=2,tp=2d:2x2", "bf16", "selective"),
     ("dp=1,tp=2.5d:2x2x2", "bf16", "none"),
 ]
 
