@@ -52,6 +52,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     pipelined = mesh.layout.pp > 1
     # The pipeline schedule interleaves micro-batches' backwards: its buckets are reduced after the last one.
     sync.start(overlap and not pipelined)
+    model.begin_step(len(micro_batches))  # kw=1: gathered weights kept until the last backward (kept.py)
     if pipelined:  # executor/pipeline.py: 1F1B / interleaved schedule over the pp axis (fp16: refused, train.py)
         loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, autocast_dtype)
     for k, (ids, labels) in enumerate(micro_batches if not pipelined else []):
@@ -66,6 +67,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
             (loss if scaler is None else loss * scaler.scale).backward()
         loss_sum += local_sum.detach().float()
         count += local_count
+    model.end_step()
     sync.finish()
 
     tensor_axes = mesh.layout.tensor_axes
