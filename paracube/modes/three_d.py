@@ -10,7 +10,8 @@ looks up the micro-batch in its [V/q, h/q^2] block ([T, h/q^2]), reduce-scatters
 partial sums, keeping sequence block x: [T/q, h/q^2]) and all-gathers that over y along the hidden
 ([T/q, h/q], of which it keeps its block (x, y)): 2 x 4 T h / q^2 bytes instead of one 4 T h / q
 reduce-scatter over the plane (a linear's input gather is c T h / q^2). The vocabulary is padded to a
-multiple of q^2; the head's columns are split over y and the cross-entropy all-reduces max and sum over y. Every parameter is stored once per cube: total / q^3.
+multiple of q^2; the head's columns are split over y and the cross-entropy all-reduces max and sum over y.
+Every parameter is stored once per cube: total / q^3.
 """
 
 from __future__ import annotations
