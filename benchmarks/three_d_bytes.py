@@ -100,7 +100,9 @@ def main() -> None:
     if args.before:
         cmd = [sys.executable, __file__, "--json"] + (["--no-executor"] if args.no_executor else [])
         env = {**os.environ, "PARACUBE_TREE": str(Path(args.before).resolve()), "PYTHONPATH": args.before}
-        before = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
+        # cwd: the rank processes' forkserver imports paracube from its working directory first
+        before = json.loads(subprocess.run(cmd, env=env, cwd=args.before, check=True, capture_output=True,
+                                           text=True).stdout)
     mb = 2**20
     cols = [("before", before, "")] if before else []
     cols += [("after kw=0", after, ",kw=0"), ("after kw=1", after, ",kw=1")]
