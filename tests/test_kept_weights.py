@@ -1,10 +1,11 @@
 """Kept gathered weights (Layout kw=1) and the 3D embedding: equivalence with the serial model and zero traffic
 difference with the cost model, in one 8-rank launch.
 
-For 2D (dp=2; pp=2), 2.5D and 3D with kw=1 (3D also with kw=0 and with full recomputation): losses and gradient
-norms of 3 AdamW steps and the parameters after them equal the serial model's (rel 1e-5, fp32); the
-collectives of the first step equal `traffic.stage_events` of the same layout as a multiset (the weight
-gathers once per step, not per micro-batch); the bytes the kept weights hold equal memory.kept_bytes.
+For 2D (dp=2; pp=2; dp=2 with zero=1), 2.5D and 3D with kw=1 (3D also with kw=0 and with full
+recomputation): losses and gradient norms of 3 AdamW steps and the parameters after them equal the serial
+model's (rel 1e-5, fp32); the collectives of the first step equal `traffic.stage_events` of the same layout
+as a multiset (the weight gathers once per step, not per micro-batch); the bytes the kept weights hold equal
+memory.kept_bytes. Plus the search's kw choice and the token-split refusal (no ranks).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 from dist_helpers import rel_err, run_distributed
 from test_equivalence_model import MAX_NORM, SPEC, STEPS, adamw
+from test_grad_sync import _sharded
 from test_pipeline import _stage_name
 
 from paracube.cost_models.dims import dims_of
@@ -35,6 +37,7 @@ CASES = [  # (layout, recompute)
     ("dp=1,tp=3d:2x2x2,kw=0", "none"),
     ("dp=1,tp=3d:2x2x2,kw=1", "full"),
     ("pp=2,tp=2d:2x2,kw=1", "none"),  # 1F1B: the micro-batches' forwards and backwards interleave
+    ("dp=2,tp=2d:2x2,kw=1,zero=1", "none"),  # the distributed optimizer's buckets
 ]
 
 
@@ -70,7 +73,7 @@ def _one_layout(rank: int, layout_text: str, recompute: str) -> dict[str, Any]:
     out["kept_bytes"] = _kept_held(model, micro) if layout.pp == 1 else 0
     model = build_model(SPEC, mesh, seed=7, recompute=recompute)
     ref = serial_reference(SPEC, seed=7)
-    opt, ref_opt = adamw(model), adamw(ref)
+    opt, ref_opt = (_sharded(model, mesh) if layout.zero == 1 else adamw(model)), adamw(ref)
     for step in range(STEPS):
         mesh.recorder.reset()
         res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
@@ -132,3 +135,21 @@ def test_token_split_refusal_names_the_nearest_batches(mb: int, global_: int, ne
     text = str(err.value)
     assert "\n" not in text and f"micro_batch={mb} is not divisible by 4" in text
     assert f"{mb} x {SPEC.seq_len} tokens" in text and f"nearest valid micro-batch sizes: {nearest} " in text
+
+
+def test_search_keeps_weights_where_they_save_traffic_and_respects_the_pin() -> None:
+    """3D on 8 GPUs: with 4 micro-batches the search picks kw=1 (fewer bytes, more memory than kw=0); with one
+    micro-batch (nothing to save) kw=0; a pinned kw=0 stays kw=0 and round-trips through the layout text."""
+    from paracube.cost_models import estimate
+    from paracube.planner.search import search
+    from paracube.topologies import load_topology
+    from paracube.workload import PRESETS
+
+    tiny, topo = PRESETS["tiny"], load_topology("dgx-a100", gpus=8)
+    training = TrainingSpec(global_batch=16)
+    for pin, mb, want in (("", 4, 1), ("", 16, 0), (",kw=0", 4, 0)):
+        best = search(tiny, training, topo, 8, fixed=parse_layout(f"tp=3d:2x2x2,mb={mb}{pin}"), top_k=1).ranked[0][0]
+        assert best.keep_weights == want and str(parse_layout(str(best))) == str(best), (pin, mb, str(best))
+    kept, plain = (estimate(tiny, training, parse_layout(f"tp=3d:2x2x2,mb=4,kw={k}"), topo) for k in (1, 0))
+    assert kept.comm_bytes_per_gpu < plain.comm_bytes_per_gpu
+    assert kept.memory.temporaries > plain.memory.temporaries
