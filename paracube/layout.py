@@ -13,11 +13,15 @@ The rank grid is one `arange(world).reshape(...)`; every process group is a slic
 An axis is named after the coordinate that varies along it: the group of axis `col` is the q ranks of one
 grid row. `placement` lists every axis from innermost (consecutive ranks, i.e. the same node) to outermost;
 the default keeps the tensor axes innermost, then dp, then pp (Megatron's order).
-Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full][,place=x.y.z.dp.pp]`.
+Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full][,kw=0|1][,place=x.y.z.dp.pp]`.
 `sp=0` forbids sequence parallelism and `rc=` pins activation recomputation: pins the planner respects
 (it searches what a layout leaves open). `overlap`: data-parallel gradient reduction overlapped with backward.
 `zero`: 0 none; 1 optimizer state and fp32 master weights sharded over dp (distributed optimizer / ZeRO-1,
 Rajbhandari et al. 2020); 3 parameters fully sharded over dp (ZeRO-3 / FSDP).
+`kw` (2d, 2.5d, 3d): 1 keeps the gathered weights of the linears (and the position table) across the
+micro-batches of a step, gathered once per step, their gradients accumulated in gathered form and
+reduce-scattered once per step (FSDP's reshard_after_forward=False); 0 re-gathers them every micro-batch.
+Unpinned (None) the planner chooses; the executor and the estimate of an unpinned layout use 0.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class Layout:
     # `overlap`: the data-parallel gradient reduction runs during the last micro-batch's backward (DDP
     # buckets, Megatron's overlap_grad_reduce); the analytic model then exposes only what backward does not hide.
     overlap: bool = False
+    keep_weights: int | None = None  # `kw=0|1` (module docstring); None: not pinned
 
     def __post_init__(self) -> None:
         check(self.mode in TENSOR_MODES, f"tensor mode {self.mode!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
@@ -75,6 +80,10 @@ class Layout:
         check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
         check(self.recompute is None or self.recompute in RECOMPUTES,
               f"rc={self.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
+        check(self.keep_weights in (None, 0, 1), f"kw={self.keep_weights!r} is not valid; valid: 0, 1")
+        check(not self.keep_weights or MODES[self.mode].keeps_weights,
+              f"kw=1 keeps gathered weights: tp={'/'.join(n for n, m in MODES.items() if m.keeps_weights)} only, "
+              f"not {self.mode}")
         check(self.interleave == 1 or self.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
         if self.placement:
             # Axes of size 1 may be left out: they go outermost.
@@ -176,6 +185,8 @@ class Layout:
             parts.append(f"rc={self.recompute}")
         if self.overlap:
             parts.append("overlap")
+        if self.keep_weights is not None:
+            parts.append(f"kw={self.keep_weights}")
         if self.placement and self.placement != self.default_placement:
             parts.append("place=" + ".".join(self.placement))
         return ",".join(parts)
@@ -185,7 +196,7 @@ class Layout:
 
 
 LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|3][,rc=none|selective|full][,overlap]"
-                 "[,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
+                 "[,kw=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
 def parse_layout(text: str) -> Layout:
@@ -205,6 +216,9 @@ def parse_layout(text: str) -> Layout:
         elif key == "overlap":
             check(value.strip() in ("", "0", "1"), f"layout {text!r}: overlap={value!r}; valid: overlap, overlap=0|1")
             fields["overlap"] = value.strip() != "0"
+        elif key == "kw":
+            check(value.strip() in ("0", "1"), f"layout {text!r}: kw={value!r} is not valid; valid: kw=0, kw=1")
+            fields["keep_weights"] = int(value)
         elif key == "rc":
             check(value.strip() in RECOMPUTES,
                   f"layout {text!r}: rc={value!r} is not valid; valid: {', '.join(RECOMPUTES)}")

@@ -66,7 +66,8 @@ def test_simulate_default_and_plan_file_agree(tmp_path, capsys) -> None:
     assert default["layout"].startswith("dp=1,tp=3d:2x2x2")
     assert sum(1 for e in default["events"]) > 0
     plan_file = tmp_path / "p.json"
-    run_cli(capsys, "plan", "--layout", "tp=3d:2x2x2,mb=4", "-o", str(plan_file))
+    # kw=0: the default plan's layout pins nothing, priced as kw=0; the search would keep weights (kw=1)
+    run_cli(capsys, "plan", "--layout", "tp=3d:2x2x2,mb=4,kw=0", "-o", str(plan_file))
     code, out, _ = run_cli(capsys, "simulate", str(plan_file), "--json")
     assert code == 0
     assert json.loads(out)["step_time_s"] == pytest.approx(default["step_time_s"])

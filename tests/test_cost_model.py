@@ -18,6 +18,7 @@ from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import layout_arrays, violations
 from paracube.errors import ParacubeError
 from paracube.layout import Layout, parse_layout
+from paracube.modes import MODES as MODE_DECLS
 from paracube.workload import PRESETS, ModelSpec, TrainingSpec
 
 TINY = PRESETS["tiny"]  # L=2, h=64, heads=4, f=256, V=256, s=64
@@ -53,14 +54,18 @@ def test_1d_event_list_by_hand() -> None:
 def test_3d_weight_gathers_by_hand() -> None:
     """tiny, fp32, tp=3d:2x2x2, mb=4, N=2. Weight all_gathers over x (the W role of every linear):
     per block sum(h_in*h_out)/q^2 = (3*64*64 + 64*64 + 64*256 + 256*64)/4 = 49152/4 = 12288 elements,
-    head 64*256/4 = 4096, so per micro-batch 4 B * (2*12288 + 4096) = 114688 B in 2*4+1 = 9 calls; x N=2.
+    head 64*256/4 = 4096, so per micro-batch 4 B * (2*12288 + 4096) = 114688 B in 2*4+1 = 9 calls; x N=2;
+    plus the token embedding's backward all_gather over x, [T, h/q^2] fp32 = 4*256*16 = 16384 B per micro-batch.
     With full recompute the block forwards run twice: 4 B * (2*2*12288 + 4096) * 2 = 425984 B in
-    2*(16+1) calls."""
-    lay = parse_layout("tp=3d:2x2x2,mb=4")
-    for rec, payload, calls in (("none", 229376, 18), ("full", 425984, 34)):
+    2*(16+1) calls (+ the embedding's). Kept weights (kw=1): the weight gathers once per step, recomputation
+    included: 114688 B in 9 calls (+ the embedding's, still per micro-batch)."""
+    emb = 2 * 16384
+    for kw, rec, payload, calls in (("", "none", 229376, 18), ("", "full", 425984, 34),
+                                    (",kw=1", "none", 114688, 9), (",kw=1", "full", 114688, 9)):
+        lay = parse_layout("tp=3d:2x2x2,mb=4" + kw)
         d = dims_of(TINY, TrainingSpec(global_batch=8, recompute=rec))
         ev = [e for e in stage_events(lay, d, 4) if e.kind == "all_gather" and e.axes == ("x",)]
-        assert (sum(e.payload_bytes for e in ev), len(ev)) == (payload, calls)
+        assert (sum(e.payload_bytes for e in ev), len(ev)) == (payload + emb, calls + 2)
 
 
 def test_grad_sync_alpha_beta_time() -> None:
@@ -109,6 +114,7 @@ def cases(draw: st.DrawFn) -> tuple[ModelSpec, TrainingSpec, Layout, int]:
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
     )
     shape = {"none": (), "1d": (p,), "1d-sp": (p,), "2d": (q, q), "2.5d": (q, q, dep), "3d": (q, q, q)}[mode]
+    layout_mode = mode.removesuffix("-sp")
     layout = Layout(
         dp=dp,
         pp=pp,
@@ -117,6 +123,7 @@ def cases(draw: st.DrawFn) -> tuple[ModelSpec, TrainingSpec, Layout, int]:
         micro_batch=mb,  # type: ignore[arg-type]
         interleave=v,
         sequence_parallel=mode == "1d-sp",
+        keep_weights=draw(st.sampled_from([None, 0, 1])) if MODE_DECLS[layout_mode].keeps_weights else None,
     )
     return model, training, layout, mb
 
@@ -135,7 +142,7 @@ def _check_closed_form(case: tuple, stage: str) -> None:
     first = np.array([int(pp == 1 or stage == "first")])
     last = np.array([int(pp == 1 or stage == "last")])
     got: dict = defaultdict(lambda: [0, 0])
-    for e in comm_entries(d, layout.mode, a, first, last):
+    for e in comm_entries(d, layout.mode, a, first, last, kw=layout.keep_weights or 0):
         if e.count[0]:
             got[(e.kind, e.axes, e.dtype)][0] += int(e.count[0])
             got[(e.kind, e.axes, e.dtype)][1] += int(e.payload[0])
@@ -159,11 +166,12 @@ def test_closed_forms_every_combination(mode: str, recompute: str, family: str) 
                       kv_heads=2 if family == "llama" else None)
     shape = {"none": (), "1d": (2,), "1d-sp": (2,), "2d": (2, 2), "2.5d": (2, 2, 2), "3d": (2, 2, 2)}[mode]
     for pp, v, stages in ((3, 2, ("first", "middle", "last")), (1, 1, ("first",))):
-        layout = Layout(dp=2, pp=pp, mode=mode.removesuffix("-sp"), shape=shape, micro_batch=8,  # type: ignore[arg-type]
-                        interleave=v, sequence_parallel=mode == "1d-sp")
-        training = TrainingSpec(global_batch=2 * 8 * 6, dtype="bf16", recompute=recompute)  # type: ignore[arg-type]
-        for stage in stages:
-            _check_closed_form((model, training, layout, 8), stage)
+        for kw in (0, 1) if MODE_DECLS[mode.removesuffix("-sp")].keeps_weights else (None,):
+            layout = Layout(dp=2, pp=pp, mode=mode.removesuffix("-sp"), shape=shape, micro_batch=8,  # type: ignore[arg-type]
+                            interleave=v, sequence_parallel=mode == "1d-sp", keep_weights=kw)
+            training = TrainingSpec(global_batch=2 * 8 * 6, dtype="bf16", recompute=recompute)  # type: ignore[arg-type]
+            for stage in stages:
+                _check_closed_form((model, training, layout, 8), stage)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -246,11 +246,12 @@ def expected_counts(layout: Layout) -> Counter:
         a_role, b_role = 2 * L + 1, 2 * L  # (y, x, z): qkv, fc, head; (z, x, y): proj, fc2
         lines = a_role + b_role
         for axis in ("x", "y", "z"):  # every linear: one all_gather and one reduce_scatter per role axis
-            c["all_gather", (axis,)] = n * lines
-            c["reduce_scatter", (axis,)] = n * lines
+            # tok_emb: reduce_scatter over x, all_gather over y (fwd), the reverse (bwd)
+            c["all_gather", (axis,)] = n * (lines + (axis != "z"))
+            c["reduce_scatter", (axis,)] = n * (lines + (axis != "z"))
         c["all_gather", ("x", "z")] = c["reduce_scatter", ("x", "z")] = n * 2 * L  # qkv, fc biases
-        # proj/fc2 biases, gamma+beta per LN, pos_emb (fwd gather, bwd scatter) and tok_emb (the reverse)
-        c["all_gather", ("x", "y")] = c["reduce_scatter", ("x", "y")] = n * (2 * L + 2 * lns + 2)
+        # proj/fc2 biases, gamma+beta per LN, pos_emb (fwd gather, bwd scatter)
+        c["all_gather", ("x", "y")] = c["reduce_scatter", ("x", "y")] = n * (2 * L + 2 * lns + 1)
         c["all_reduce", ("z",)] = n * 2 * lns
         c["all_reduce", ("y",)] = n * 2
     if t:
@@ -287,7 +288,8 @@ def test_recorded_collectives_of_one_step(layout_results: tuple[Layout, list[dic
             assert by_label["qkv.X"].payload_bytes == Tq * h * 4  # [T/q, h_in] gathered over col
             assert by_label["qkv.A"].payload_bytes == h * (3 * h // q) * 4  # [h_in, h_out/q] over row
         if layout.mode == "3d":
-            assert by_label["tok_emb"].payload_bytes == T * (h // q) * 4  # [T, h/q] over (x, y)
+            assert by_label["tok_emb"].payload_bytes == T * (h // q**2) * 4  # [T, h/q^2] over x
+            assert by_label["tok_emb.h"].payload_bytes == (T // q) * (h // q) * 4  # [T/q, h/q] over y
             assert by_label["qkv.X"].payload_bytes == (T // q) * (h // q) * 4  # [T/q, h_in/q] over y
             assert by_label["fc2.Y"].payload_bytes == (T // q) * (h // q) * 4  # [T/q, h_out/q] over y
         assert {e.phase for e in events} <= {"fwd", "bwd", "grad_sync", "optimizer", "metrics"}

@@ -119,14 +119,14 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
-             zero: Arr | int | None = None, overlap: bool = False) -> Scores:
+             zero: Arr | int | None = None, overlap: bool = False, kw: Arr | int = 0) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
     latency) arrays per layout."""
     rows = np.arange(len(b)) if rows is None else rows
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
     # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
-    traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0)
+    traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero) for s in STAGES)
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
@@ -143,7 +143,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0
         grad = pick("grad")
         step_comm = step_comm - grad + np.maximum(0.0, grad - share * pick("compute") / N)
-    mems = [stage_memory(d, mode, b, s == "first", s == "last") for s in ("first", "last")]
+    mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (memory.with_zero)
         mems = [with_zero(m, b.dp, zero) for m in mems]
     tot = np.stack([total(m) for m in mems])
@@ -213,7 +213,8 @@ def estimate(
     g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]
     links = layout_links(layout, cache or LinkCache(topo))
     batch = layout_arrays(layout, mb)
-    res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap)
+    res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
+                   kw=layout.keep_weights or 0)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size

@@ -8,6 +8,8 @@ payload evaluated once on the batch's arrays and is counted
     layer backward: N * Ls
     embedding:      N * F        head / loss: N * H
     per step:       1 (gradients: one call per bucket, counted from the same bucket list as traffic.py)
+    kept (kw=1):    a `kept` collective (weight gather / its gradient's reduce-scatter) Ls, F or H times
+                    (once per step: no N, no R)
 with N micro-batches, Ls blocks per stage, F / H = 1 when the stage holds the embedding / the head. Entries
 whose group has one rank count zero calls. tests/test_cost_model.py proves, for many layouts, that these
 sums equal the sums over the explicit list.
@@ -91,9 +93,11 @@ class StepTraffic:
     """The declared collectives of one mode summed per (kind, axes, dtype) and per source (layer forward,
     layer backward, embedding, head) for every layout of a batch; `entries` scales them to a stage."""
 
-    def __init__(self, d: Dims, mode: str, b: LayoutBatch, zero: int = 0, bucket_bytes: int = BUCKET_BYTES) -> None:
+    def __init__(self, d: Dims, mode: str, b: LayoutBatch, zero: int = 0, bucket_bytes: int = BUCKET_BYTES,
+                 kw: Arr | int = 0) -> None:
         self.d, self.mode, self.b = d, MODES[mode], b
         self.zero, self.bucket_bytes = zero, bucket_bytes
+        self.kw = np.asarray(kw) if self.mode.keeps_weights else np.zeros((), dtype=np.int64)
         m = self.mode
         self.groups = {"dp": b.dp, "pp": b.pp, **m.axis_sizes(b.q, b.t, b.depth)}
         self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)))
@@ -102,7 +106,7 @@ class StepTraffic:
         for source, colls in _declared(mode, d):
             for c in colls:
                 mask = self._mask(c)
-                slot = self.sums.setdefault(self._key(c), {}).setdefault(source, [0, 0])
+                slot = self.sums.setdefault(self._key(c), {}).setdefault(source + ".kept" * c.kept, [0, 0])
                 slot[0] = slot[0] + mask
                 slot[1] = slot[1] + mask * c.payload(self.sizes)
 
@@ -126,6 +130,9 @@ class StepTraffic:
         recompute = 2 if d.recompute == "full" else 1
         scale = {"layer_fwd": N * recompute * layers, "layer_bwd": N * layers, "embedding": N * first,
                  "head": N * last}
+        once = {"layer_fwd": layers, "layer_bwd": layers, "embedding": first, "head": last}  # kw=1
+        for s in SOURCES:
+            scale[s + ".kept"] = np.where(self.kw == 1, once[s], scale[s])
         out: list[Entry] = []
         for (kind, axes, dtype), by_source in self.sums.items():
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
@@ -204,8 +211,8 @@ def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool,
 
 
 def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero: int = 0,
-                 bucket_bytes: int = BUCKET_BYTES) -> list[Entry]:
-    return StepTraffic(d, mode, b, zero, bucket_bytes).entries(first, last)
+                 bucket_bytes: int = BUCKET_BYTES, kw: Arr | int = 0) -> list[Entry]:
+    return StepTraffic(d, mode, b, zero, bucket_bytes, kw).entries(first, last)
 
 
 def axes_used(mode: str) -> list[tuple[str, ...]]:

@@ -31,6 +31,10 @@ Temporaries: the largest linear's gathered operands and output (2d/3d), or gathe
 (1d), plus fp32 logits and their gradient on the last stage, plus one block's full activations while it
 is recomputed (full recompute). Gradients are accumulated into their fp32 buckets (executor/grad_sync.py),
 which ARE the gradients counted above: no extra flat buffer.
+Kept weights (Layout kw=1; 2d, 2.5d, 3d): every `kept` forward gather of the stage (linears' weights and
+biases, the position table) stays gathered for the whole step, with an fp32 accumulator of its gradient in
+gathered form (executor/kept.py): payload (1 + 4/e) bytes each (e bytes per element of its dtype), counted
+in temporaries.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from paracube.cost_models import activations
 from paracube.cost_models.comm import stage_layers_params
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
-from paracube.modes.base import padded
+from paracube.modes.base import COMPUTE, Collective, Sizes, padded
 from paracube.modes.stages import stage_layers
 
 Arr = np.ndarray
@@ -80,7 +84,26 @@ def _temporaries(d: Dims, mode: str, b: LayoutBatch, T: Arr, V: Arr) -> Arr:
     return temp
 
 
-def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, zero: int = 0) -> dict[str, Arr]:
+def kept_bytes(d: Dims, mode: str, b: LayoutBatch, F: Arr, H: Arr) -> Arr:
+    """Bytes of the gathered weights and their fp32 gradient accumulators a stage keeps for a step (kw=1)."""
+    m = MODES[mode]
+    if not m.keeps_weights:
+        return np.zeros(len(b.dp))
+    z = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)))
+
+    def held(colls: list[Collective]) -> Arr:
+        out = np.zeros(len(b.dp))
+        for c in colls:
+            if c.kept and c.kind == "all_gather" and c.phase == "fwd":
+                out = out + c.payload(z) * (1 + 4 / (d.c if c.dtype == COMPUTE else 4))
+        return out
+
+    Ls = stage_layers(d.L, b.pp, b.v, F, H)
+    return Ls * held(m.layer_fwd(d)) + F * held(m.embedding(d)) + H * held(m.head(d))
+
+
+def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, zero: int = 0,
+                 kw: Arr | int = 0) -> dict[str, Arr]:
     """Bytes per device of a stage (first / last flags as Python bools) for every layout in `b`."""
     m = MODES[mode]
     dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
@@ -107,6 +130,8 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
         full = d if d.activations == "megatron" else replace(d, recompute="none")
         temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
                        else activations.block_bytes(full, mode, b))
+    if np.any(kw):
+        temp = temp + np.asarray(kw) * kept_bytes(d, mode, b, F, H)
     optimizer = 12 * np.ceil(n_local / dp) if zero == 1 else optimizer_bytes(d.c) * n_local
     return {
         "parameters": d.c * n_local,

@@ -5,6 +5,9 @@ per-step collectives; docs/algorithms.md), in the order one rank issues them. co
 the same declaration in closed form; tests/test_cost_model.py holds the two equal and tests/test_fidelity.py
 holds this list equal to what the executor records. Generic parts:
 - full recomputation issues a layer's forward collectives twice (phases fwd and recompute);
+- kept weights (Layout kw=1): a `kept` collective (a weight gather / its gradient's reduce-scatter) is
+  issued once per step: forward in the first micro-batch's forward (not in recompute), backward in the
+  last micro-batch's backward;
 - pipeline (pp > 1): the events of ONE stage (layers / pp blocks; embedding on the first stage, final
   norm, head and loss on the last). Per micro-batch, a `send` of the stage's local activation shard
   [T, h] / act_split (compute dtype) over ("pp",) at every virtual-stage boundary it owns: first stage
@@ -44,14 +47,23 @@ class _Log:
         if n > 1:
             self.events.append(CommEvent(kind, axes, n, int(payload), dtype, phase, label))
 
-    def issue(self, colls: list[Collective], phase: str | None = None, prefix: str = "") -> None:
-        """Every collective that applies to this layout (`when`), with its own phase unless `phase` is given."""
+    def issue(self, colls: list[Collective], phase: str | None = None, prefix: str = "",
+              micro: tuple[int, int] = (0, 1)) -> None:
+        """Every collective that applies to this layout (`when`, kept weights on micro-batch k of n),
+        with its own phase unless `phase` is given."""
         sp = self.layout.sequence_parallel
         for c in colls:
             if (c.when == "sp" and not sp) or (c.when == "no_sp" and sp):
                 continue
+            if c.kept and self.layout.keep_weights and _kept_elsewhere(phase or c.phase, *micro):
+                continue
             dtype = self.d.dtype if c.dtype == COMPUTE else c.dtype
             self.add(c.kind, c.axes, c.payload(self.sizes), dtype, phase or c.phase, prefix + c.label)
+
+
+def _kept_elsewhere(phase: str, k: int, n: int) -> bool:
+    """A kept weight's collective (kw=1) is issued on another micro-batch than k of n (or not at all)."""
+    return not ((phase == "fwd" and k == 0) or (phase == "bwd" and k == n - 1))
 
 
 def _phases(d: Dims) -> tuple[str, ...]:
@@ -71,18 +83,18 @@ def layout_sizes(layout: Layout, d: Dims, mb: int, layers: int = 0, first: bool 
                  V=padded_vocab(d.V, mode.vocab_split(t, q)), layers=layers, first=int(first), last=int(last))
 
 
-def _micro_batch(log: _Log, first: bool, last: bool, layers: int) -> None:
-    """The collectives of one micro-batch on one stage."""
+def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[int, int]) -> None:
+    """The collectives of micro-batch k of n (`micro`) on one stage."""
     mode, d = MODES[log.layout.mode], log.d
     if first:
-        log.issue(mode.embedding(d))
+        log.issue(mode.embedding(d), micro=micro)
     fwd, bwd = mode.layer_fwd(d), mode.layer_bwd(d)
     for i in range(layers):
         for ph in _phases(d):
-            log.issue(fwd, ph, f"layers.{i}.")
-        log.issue(bwd, "bwd", f"layers.{i}.")
+            log.issue(fwd, ph, f"layers.{i}.", micro)
+        log.issue(bwd, "bwd", f"layers.{i}.", micro)
     if last:
-        log.issue(mode.head(d))
+        log.issue(mode.head(d), micro=micro)
 
 
 def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
@@ -95,8 +107,8 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
     log = _Log(layout, d, layout_sizes(layout, d, mb, layers, first, last))
     n_micro = d.global_batch // (layout.dp * mb)
     T = mb * d.s
-    for _ in range(n_micro):
-        _micro_batch(log, first, last, layers)
+    for k in range(n_micro):
+        _micro_batch(log, first, last, layers, (k, n_micro))
         if pp > 1:
             shard = d.c * T * d.h // act_split(layout)
             for _ in range(v - (1 if last else 0)):

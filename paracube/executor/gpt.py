@@ -208,6 +208,19 @@ class ParallelGPT(nn.Module):
                 return checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
         return block(x)
 
+    def begin_step(self, micro_batches: int) -> None:
+        """A train step of `micro_batches` starts: kw=1 keeps gathered weights until its last backward
+        (executor/kept.py; a no-op in modes and layouts that keep nothing)."""
+        kept = getattr(self.mode, "kept", None)
+        if kept is not None:
+            kept.begin_step(micro_batches)
+
+    def end_step(self) -> None:
+        """After the step's last backward: the kept weights are released (their gradients reduced)."""
+        kept = getattr(self.mode, "kept", None)
+        if kept is not None:
+            kept.end_step()
+
     def reduce_sequence_parallel_grads(self) -> None:
         """Once per step, before the data-parallel gradient sum: 1D + sp sums the partial gradients of the
         parameters used on sequence shards over tp (a no-op in every other layout)."""

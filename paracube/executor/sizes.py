@@ -65,8 +65,24 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         rules.append(("global_batch", global_batch, layout.dp * micro_batch))
     for name, value, divisor in rules:
         if value % divisor:
-            raise ParacubeError(f"{name}={value} is not divisible by {divisor} (needed by {layout}); "
-                                f"use a multiple of {divisor}")
+            hint = (token_split_hint(micro_batch, seq_len, divisor, global_batch // layout.dp)
+                    if name == "micro_batch" and micro_batch is not None else f"use a multiple of {divisor}")
+            raise ParacubeError(f"{name}={value} is not divisible by {divisor} (needed by {layout}); {hint}")
 
 
-__all__ = ["check_divisibility"]
+def token_split_hint(micro_batch: int, seq_len: int, split: int, per_replica: int) -> str:
+    """The micro-batch's tokens, how they are split, and the nearest micro-batch sizes that run: multiples of
+    `split` dividing the replica's batch `per_replica` (when some do)."""
+    valid = [m for m in range(split, per_replica + 1, split) if per_replica % m == 0] if per_replica else []
+    near = sorted({m for m in ([m for m in valid if m < micro_batch][-1:] + [m for m in valid if m > micro_batch][:1])})
+    if not near:
+        near = sorted({max(split, micro_batch // split * split), -(-micro_batch // split) * split})
+        tail = (f" (no multiple of {split} divides the replica's batch of {per_replica} sequences: change the "
+                "global batch too)" if per_replica else "")
+    else:
+        tail = f" (dividing the replica's batch of {per_replica} sequences)"
+    return (f"its {micro_batch} x {seq_len} tokens are split {split} ways by whole sequences; nearest valid "
+            f"micro-batch sizes: {', '.join(map(str, near))}{tail}")
+
+
+__all__ = ["check_divisibility", "token_split_hint"]

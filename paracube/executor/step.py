@@ -62,6 +62,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     # The pipeline schedule interleaves micro-batches' backwards: its buckets are reduced after the last one.
     sync.start(overlap and not pipelined)
     scale = scaler.scale if scaler is not None else 1.0
+    model.begin_step(len(micro_batches))  # kw=1: gathered weights kept until the last backward (kept.py)
     if pipelined:  # executor/pipeline.py: 1F1B / interleaved schedule over the pp axis
         loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, scale)
     for k, (ids, labels) in enumerate(micro_batches if not pipelined else []):
@@ -74,6 +75,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
             (loss if scaler is None else loss * scaler.scale).backward()
         loss_sum += local_sum.detach().float()
         count += local_count
+    model.end_step()
     sync.finish()
     if not sharded:
         sync.set_param_grads()

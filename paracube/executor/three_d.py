@@ -14,6 +14,7 @@ from torch import Tensor
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
 from paracube.executor.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
+from paracube.executor.kept import KeptWeights, kept_gather
 from paracube.executor.llama import SplitRMSNorm
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, ShardedModule
@@ -32,35 +33,35 @@ class _Linear3D(torch.autograd.Function):
     """Input: sequences over (W major, I minor), hidden over O. Output: sequences over (W, O), hidden over I."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, roles: tuple[str, str, str], label: str) -> Tensor:
+    def forward(ctx: Any, x: Tensor, ag: Tensor, mesh: Mesh, roles: tuple[str, str, str], label: str) -> Tensor:
+        """ag: the weight gathered over W (kept.kept_gather, which reduce-scatters dA over W)."""
         i_ax, w_ax, o_ax = ((r,) for r in roles)
-        c = compute_dtype(x)
+        c = ag.dtype
         xg = all_gather(x.to(c), mesh, i_ax, dim=0, label=f"{label}.X")
-        ag = all_gather(a.to(c), mesh, w_ax, dim=0, label=f"{label}.A")
         ctx.save_for_backward(xg, ag)
-        ctx.args = (mesh, roles, label, c, x.dtype, a.dtype)
+        ctx.args = (mesh, roles, label, c, x.dtype)
         # X A is partial over the h_in split (held along O): sum there, keep sequence block o.
         return reduce_scatter(xg @ ag, mesh, o_ax, dim=0, label=f"{label}.Y")
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         xg, ag = ctx.saved_tensors
-        mesh, roles, label, c, x_dtype, a_dtype = ctx.args
-        i_ax, w_ax, o_ax = ((r,) for r in roles)
+        mesh, roles, label, c, x_dtype = ctx.args
+        i_ax, _, o_ax = ((r,) for r in roles)
         dyg = all_gather(dy.to(c).contiguous(), mesh, o_ax, dim=0, backward=True, label=f"{label}.dY")
         dx = reduce_scatter(dyg @ ag.t(), mesh, i_ax, dim=0, backward=True, label=f"{label}.dX")
-        da_part = xg.reshape(-1, xg.shape[-1]).t() @ dyg.reshape(-1, dyg.shape[-1])
-        da = reduce_scatter(da_part, mesh, w_ax, dim=0, backward=True, label=f"{label}.dA")
-        return dx.to(x_dtype), da.to(a_dtype), None, None, None
+        da = xg.reshape(-1, xg.shape[-1]).t() @ dyg.reshape(-1, dyg.shape[-1])  # gathered form
+        return dx.to(x_dtype), da, None, None, None
 
 
 class Linear3D(ShardedModule):
     """Weight block: h_in block (o*q + w) of h_in/q^2 rows x h_out block i; bias: h_out block i split
     over the plane (W, O)."""
 
-    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, roles: tuple[str, str, str], label: str):
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, roles: tuple[str, str, str], label: str,
+                 kept: KeptWeights | None = None):
         super().__init__()
-        self.mesh, self.roles, self.label, self.has_bias = mesh, roles, label, bias
+        self.mesh, self.roles, self.label, self.has_bias, self.kept = mesh, roles, label, bias, kept
         i_ax, w_ax, o_ax = roles
         self.add_param("weight", make_spec(mesh, (h_in, h_out),
                                            {0: block(h_in, mesh, (o_ax, w_ax)), 1: block(h_out, mesh, (i_ax,))}))
@@ -68,11 +69,12 @@ class Linear3D(ShardedModule):
             self.add_param("bias", make_spec(mesh, (h_out,), {0: block(h_out, mesh, roles)}))
 
     def forward(self, x: Tensor) -> Tensor:
-        y = _Linear3D.apply(x, self.weight, self.mesh, self.roles, self.label)
+        _, w_ax, o_ax = self.roles
+        ag = kept_gather(self.weight.to(compute_dtype(x)), self.mesh, (w_ax,), 0, f"{self.label}.A", self.kept, self)
+        y = _Linear3D.apply(x, ag, self.mesh, self.roles, self.label)
         if self.has_bias:
-            _, w_ax, o_ax = self.roles
             # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
-            y = y + gather_fn(fp32(self.bias), self.mesh, (w_ax, o_ax), 0, label=f"{self.label}.b").to(y.dtype)
+            y = y + kept_gather(fp32(self.bias), self.mesh, (w_ax, o_ax), 0, f"{self.label}.b", self.kept, self).to(y.dtype)
         return y
 
 
@@ -92,31 +94,37 @@ class LayerNorm3D(ShardedModule):
 
 
 class TokenEmbedding3D(ShardedModule):
-    """Vocab block x*q + y, hidden block z; lookup of the whole micro-batch, reduce-scatter over (x, y)."""
+    """Vocab block x (V/q rows), hidden block (z major, y minor) of h/q^2 columns. Lookup of the whole
+    micro-batch in that block, reduce-scatter over x along sequences (sums the vocab split, keeps sequence
+    block x), all-gather over y along the hidden (hidden block z), keep sequence block y of it: sequences
+    block (x, y), hidden block z (modes/three_d.py: 2 x 4 T h / q^2 bytes instead of 4 T h / q)."""
 
     def __init__(self, mesh: Mesh, vocab: int, hidden: int):
         super().__init__()
         self.mesh = mesh
-        self.v0, self.vl = block(vocab, mesh, PLANE)
+        self.v0, self.vl = block(vocab, mesh, ("x",))
         self.add_param("weight", make_spec(mesh, (vocab, hidden),
-                                           {0: (self.v0, self.vl), 1: block(hidden, mesh, ("z",))}))
+                                           {0: (self.v0, self.vl), 1: block(hidden, mesh, ("z", "y"))}))
 
     def forward(self, ids: Tensor) -> Tensor:
         local = ids - self.v0
         inside = (local >= 0) & (local < self.vl)
         emb = F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1)
-        return scatter_fn(fp32(emb), self.mesh, PLANE, 0, label="tok_emb")  # summed in fp32, as priced
+        emb = scatter_fn(fp32(emb), self.mesh, ("x",), 0, label="tok_emb")  # summed in fp32, as priced
+        emb = gather_fn(emb, self.mesh, ("y",), -1, label="tok_emb.h")
+        start, size = block(emb.shape[0], self.mesh, ("y",))
+        return emb[start:start + size]
 
 
 class PositionEmbedding3D(ShardedModule):
-    def __init__(self, mesh: Mesh, seq_len: int, hidden: int):
+    def __init__(self, mesh: Mesh, seq_len: int, hidden: int, kept: KeptWeights | None = None):
         super().__init__()
-        self.mesh = mesh
+        self.mesh, self.kept = mesh, kept
         self.add_param("weight", make_spec(mesh, (seq_len, hidden),
                                            {0: block(seq_len, mesh, PLANE), 1: block(hidden, mesh, ("z",))}))
 
     def forward(self, s: int) -> Tensor:
-        return gather_fn(fp32(self.weight), self.mesh, PLANE, 0, label="pos_emb")[:s]
+        return kept_gather(fp32(self.weight), self.mesh, PLANE, 0, "pos_emb", self.kept, self)[:s]
 
 
 class Mode3D(Mode):
@@ -126,6 +134,7 @@ class Mode3D(Mode):
         super().__init__(spec, mesh)
         self.q = mesh.size(("x",))
         self.token_split = self.q * self.q
+        self.kept = KeptWeights(bool(mesh.layout.keep_weights))
 
     @property
     def heads_local(self) -> int:
@@ -140,7 +149,7 @@ class Mode3D(Mode):
         return TokenEmbedding3D(self.mesh, self.spec.vocab, self.spec.hidden)
 
     def position_embedding(self) -> ShardedModule:
-        return PositionEmbedding3D(self.mesh, self.spec.seq_len, self.spec.hidden)
+        return PositionEmbedding3D(self.mesh, self.spec.seq_len, self.spec.hidden, self.kept)
 
     def layer_norm(self) -> ShardedModule:
         if self.spec.family == "llama":
@@ -148,7 +157,7 @@ class Mode3D(Mode):
         return LayerNorm3D(self.mesh, self.spec.hidden)
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
-        return Linear3D(self.mesh, h_in, h_out, bias, ROLES[kind], kind)
+        return Linear3D(self.mesh, h_in, h_out, bias, ROLES[kind], kind, self.kept)
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
         v0, _ = block(self.spec.vocab, self.mesh, ("y",))

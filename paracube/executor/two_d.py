@@ -14,6 +14,7 @@ from torch import Tensor
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
 from paracube.executor.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
+from paracube.executor.kept import KeptWeights, kept_gather
 from paracube.executor.llama import SplitRMSNorm
 from paracube.executor.mesh import Mesh
 from paracube.executor.serial import Mode, ShardedModule
@@ -24,45 +25,45 @@ ROW, COL = ("row",), ("col",)
 
 
 class _Linear2D(torch.autograd.Function):
-    """Y = allgather_col(X) @ allgather_row(A); backward reduce-scatters dX over col and dA over row."""
+    """Y = allgather_col(X) @ ag, ag the weight gathered over row (kept.kept_gather, which reduce-scatters
+    dA over row); backward reduce-scatters dX over col and returns dA in gathered form."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str) -> Tensor:
-        c = compute_dtype(x)
-        # Cast before gathering: the X and A collectives run in the compute dtype.
+    def forward(ctx: Any, x: Tensor, ag: Tensor, mesh: Mesh, label: str) -> Tensor:
+        c = ag.dtype  # the compute dtype: X is cast before gathering, as A was
         xg = all_gather(x.to(c), mesh, COL, dim=-1, label=f"{label}.X")
-        ag = all_gather(a.to(c), mesh, ROW, dim=0, label=f"{label}.A")
         ctx.save_for_backward(xg, ag)
-        ctx.args = (mesh, label, c, x.dtype, a.dtype)
+        ctx.args = (mesh, label, c, x.dtype)
         return xg @ ag
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         xg, ag = ctx.saved_tensors
-        mesh, label, c, x_dtype, a_dtype = ctx.args
+        mesh, label, c, x_dtype = ctx.args
         dy = dy.to(c)
         dx = reduce_scatter(dy @ ag.t(), mesh, COL, dim=-1, backward=True, label=f"{label}.dX")
-        da_part = xg.reshape(-1, xg.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])
-        da = reduce_scatter(da_part, mesh, ROW, dim=0, backward=True, label=f"{label}.dA")
-        return dx.to(x_dtype), da.to(a_dtype), None, None
+        da = xg.reshape(-1, xg.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])
+        return dx.to(x_dtype), da, None, None
 
 
 class Linear2D(ShardedModule):
     """Weight block (i, j) = A[rows block i, cols block j]; bias: cols block j split over row."""
 
-    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str):
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, kept: KeptWeights | None = None):
         super().__init__()
-        self.mesh, self.label, self.has_bias = mesh, label, bias
+        self.mesh, self.label, self.has_bias, self.kept = mesh, label, bias, kept
         self.add_param("weight", make_spec(mesh, (h_in, h_out),
                                            {0: block(h_in, mesh, ROW), 1: block(h_out, mesh, COL)}))
         if bias:
             self.add_param("bias", make_spec(mesh, (h_out,), {0: block(h_out, mesh, ("col", "row"))}))
 
     def forward(self, x: Tensor) -> Tensor:
-        y = _Linear2D.apply(x, self.weight, self.mesh, self.label)
+        # Cast before gathering: the A collectives run in the compute dtype.
+        ag = kept_gather(self.weight.to(compute_dtype(x)), self.mesh, ROW, 0, f"{self.label}.A", self.kept, self)
+        y = _Linear2D.apply(x, ag, self.mesh, self.label)
         if self.has_bias:
             # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
-            y = y + gather_fn(fp32(self.bias), self.mesh, ROW, 0, label=f"{self.label}.b").to(y.dtype)
+            y = y + kept_gather(fp32(self.bias), self.mesh, ROW, 0, f"{self.label}.b", self.kept, self).to(y.dtype)
         return y
 
 
@@ -100,16 +101,16 @@ class TokenEmbedding2D(ShardedModule):
 
 
 class PositionEmbedding2D(ShardedModule):
-    """Hidden block j, positions split over row; gathered over row in forward."""
+    """Hidden block j, positions split over row; gathered over row in forward (kept under kw=1)."""
 
-    def __init__(self, mesh: Mesh, seq_len: int, hidden: int):
+    def __init__(self, mesh: Mesh, seq_len: int, hidden: int, kept: KeptWeights | None = None):
         super().__init__()
-        self.mesh = mesh
+        self.mesh, self.kept = mesh, kept
         self.add_param("weight", make_spec(mesh, (seq_len, hidden),
                                            {0: block(seq_len, mesh, ROW), 1: block(hidden, mesh, COL)}))
 
     def forward(self, s: int) -> Tensor:
-        return gather_fn(fp32(self.weight), self.mesh, ROW, 0, label="pos_emb")[:s]
+        return kept_gather(fp32(self.weight), self.mesh, ROW, 0, "pos_emb", self.kept, self)[:s]
 
 
 class Mode2D(Mode):
@@ -119,6 +120,7 @@ class Mode2D(Mode):
         super().__init__(spec, mesh)
         self.q = mesh.size(ROW)
         self.token_split = self.q
+        self.kept = KeptWeights(bool(mesh.layout.keep_weights))
 
     @property
     def heads_local(self) -> int:
@@ -132,7 +134,7 @@ class Mode2D(Mode):
         return TokenEmbedding2D(self.mesh, self.spec.vocab, self.spec.hidden)
 
     def position_embedding(self) -> ShardedModule:
-        return PositionEmbedding2D(self.mesh, self.spec.seq_len, self.spec.hidden)
+        return PositionEmbedding2D(self.mesh, self.spec.seq_len, self.spec.hidden, self.kept)
 
     def layer_norm(self) -> ShardedModule:
         if self.spec.family == "llama":
@@ -140,7 +142,7 @@ class Mode2D(Mode):
         return LayerNorm2D(self.mesh, self.spec.hidden)
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
-        return Linear2D(self.mesh, h_in, h_out, bias, kind)
+        return Linear2D(self.mesh, h_in, h_out, bias, kind, self.kept)
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
         v0, _ = block(self.spec.vocab, self.mesh, COL)

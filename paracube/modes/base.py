@@ -58,11 +58,16 @@ class Collective:
     label: str
     phase: str = "fwd"  # edge / per-step collectives; layer collectives take theirs from their list
     when: str = ""  # "sp" | "no_sp" | "" (always)
+    # A weight collective (a linear's weight / bias, the position table): with kept weights (Layout kw=1)
+    # the forward gather runs once per step (the first micro-batch's forward, not in recompute) and the
+    # gradient reduce-scatter once (the last micro-batch's backward), gradients accumulated in gathered form.
+    kept: bool = False
 
 
 def coll(kind: str, axes: tuple[str, ...] | str, dtype: str, payload: Payload, label: str,
-         phase: str = "fwd", when: str = "") -> Collective:
-    return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when)
+         phase: str = "fwd", when: str = "", kept: bool = False) -> Collective:
+    return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when,
+                      kept)
 
 
 def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:
@@ -117,6 +122,7 @@ class TensorMode:
     dispatches_like: str = ""  # the mode whose calibrated per-op overhead this one borrows ("": its own)
     megatron_style: bool = False  # the tensor layout Megatron-LM / DeepSpeed / torchtitan run (export)
     ties_embeddings: bool = False  # the head can be the embedding's transpose in this mode's layout (executor)
+    keeps_weights: bool = False  # declares `kept` weight collectives (Layout kw=1 applies)
     paper: str = ""  # the paper whose closed form `paper_layer_bytes` states
 
     def __repr__(self) -> str:
@@ -230,16 +236,24 @@ def _total_params(d: Any, V: IntOrArr, layers: IntOrArr, first: IntOrArr, last: 
     return layers * d.layer_params() + first * (V * d.h + d.pos_params) + head + last * d.norm_vectors * d.h
 
 
-def split_embedding(d: Any, axes: tuple[str, ...], tok: Payload) -> list[Collective]:
-    """Collectives of a 2D / 3D embedding (vocabulary rows and hidden split inside the group `axes`): the
-    looked-up token block `tok` reduce-scattered forward, all-gathered backward; GPT's position table
-    [s, h/q] all-gathered forward, its gradient reduce-scattered backward (fp32)."""
+def split_embedding(d: Any, axes: tuple[str, ...], tok: Payload, pos_axes: tuple[str, ...] = (),
+                    gather_axes: tuple[str, ...] = ()) -> list[Collective]:
+    """Collectives of a 2D / 3D embedding (vocabulary rows split over `axes`): the looked-up token block `tok`
+    reduce-scattered over `axes` forward (all-gathered backward); with `gather_axes` (3D: the table's hidden
+    is split further there) the combined block, `tok` bytes again, is then all-gathered over `gather_axes`
+    along the hidden (reduce-scattered backward). GPT's position table [s, h/q] all-gathered over `pos_axes`
+    (default `axes`) forward, its gradient reduce-scattered backward (fp32): a kept weight (kw=1)."""
     def pos(z: Sizes) -> IntOrArr:
         return 4 * d.s * d.h // z.q
 
     out = [coll("reduce_scatter", axes, F32, tok, "tok_emb"), coll("all_gather", axes, F32, tok, "tok_emb", "bwd")]
+    if gather_axes:
+        out += [coll("all_gather", gather_axes, F32, tok, "tok_emb.h"),
+                coll("reduce_scatter", gather_axes, F32, tok, "tok_emb.h", "bwd")]
     if d.family == "gpt":
-        out += [coll("all_gather", axes, F32, pos, "pos_emb"), coll("reduce_scatter", axes, F32, pos, "pos_emb", "bwd")]
+        pa = pos_axes or axes
+        out += [coll("all_gather", pa, F32, pos, "pos_emb", kept=True),
+                coll("reduce_scatter", pa, F32, pos, "pos_emb", "bwd", kept=True)]
     return out
 
 

@@ -4,9 +4,14 @@ Activations [T, h]: tokens split over x (major) and y, hidden over z. A linear w
 (qkv, fc: (y, x, z); proj, fc2: (z, x, y), so consecutive linears alternate) gathers its input over I
 and its weight block over W (compute dtype), reduce-scatters its output over O, and gathers its bias over
 (W, O) (fp32); backward gathers dY over O, reduce-scatters dX over I, dA over W, dbias over (W, O).
-A LayerNorm all-reduces its statistics over z and gathers gamma (beta) over the (x, y) plane; the
-embedding reduce-scatters its output over (x, y); the vocabulary is split q^2 ways and the
-cross-entropy all-reduces max and sum over y. Every parameter is stored once per cube: total / q^3.
+A LayerNorm all-reduces its statistics over z and gathers gamma (beta) over the (x, y) plane. The token
+embedding's table is split q ways by vocabulary (x) and q^2 ways by hidden (z major, y minor): each rank
+looks up the micro-batch in its [V/q, h/q^2] block ([T, h/q^2]), reduce-scatters it over x (the vocab
+partial sums, keeping sequence block x: [T/q, h/q^2]) and all-gathers that over y along the hidden
+([T/q, h/q], of which it keeps its block (x, y)): 2 x 4 T h / q^2 bytes instead of one 4 T h / q
+reduce-scatter over the plane (a linear's input gather is c T h / q^2). The vocabulary is padded to a
+multiple of q^2; the head's columns are split over y and the cross-entropy all-reduces max and sum over y.
+Every parameter is stored once per cube: total / q^3.
 """
 
 from __future__ import annotations
@@ -63,13 +68,13 @@ def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, roles:
 
     if not backward:
         out = [coll("all_gather", I, COMPUTE, x_bytes, f"{label}.X"),
-               coll("all_gather", W, COMPUTE, a_bytes, f"{label}.A"),
+               coll("all_gather", W, COMPUTE, a_bytes, f"{label}.A", kept=True),
                coll("reduce_scatter", O, COMPUTE, y_bytes, f"{label}.Y")]
-        return out + ([coll("all_gather", (W, O), F32, b_bytes, f"{label}.bias")] if bias else [])
+        return out + ([coll("all_gather", (W, O), F32, b_bytes, f"{label}.bias", kept=True)] if bias else [])
     out = [coll("all_gather", O, COMPUTE, y_bytes, f"{label}.dY", "bwd"),
            coll("reduce_scatter", I, COMPUTE, x_bytes, f"{label}.dX", "bwd"),
-           coll("reduce_scatter", W, COMPUTE, a_bytes, f"{label}.dA", "bwd")]
-    return out + ([coll("reduce_scatter", (W, O), F32, b_bytes, f"{label}.dbias", "bwd")] if bias else [])
+           coll("reduce_scatter", W, COMPUTE, a_bytes, f"{label}.dA", "bwd", kept=True)]
+    return out + ([coll("reduce_scatter", (W, O), F32, b_bytes, f"{label}.dbias", "bwd", kept=True)] if bias else [])
 
 
 def _block_linear(d: Any, n: int, label: str, h_in: int, h_out: int, bias: bool, backward: bool) -> list[Collective]:
@@ -82,6 +87,7 @@ class ThreeD(TensorMode):
     shape_rule = "tp=3d:qxqxq, a cube (q^3 = 8, 27, 64, 512, ...)"
     no_shape = "3d needs a cube number of tensor ranks (8, 27, 64, ...) dividing the GPU count: {n} has none"
     alternating = True
+    keeps_weights = True
     paper = "Bian et al. 2021 (3D)"
     collective_axes = (("x",), ("y",), ("z",), ("x", "z"), ("x", "y"))
     mesh_groups = (("x", "y"), ("x", "z"))  # planes: LayerNorm / embedding (x, y); linear biases (W, O)
@@ -145,10 +151,10 @@ class ThreeD(TensorMode):
 
     # --- collectives ----------------------------------------------------------------------------------------
     def embedding(self, d: Any) -> list[Collective]:
-        def tok(z: Any) -> Any:
-            return 4 * z.T * d.h // z.q
+        def tok(z: Any) -> Any:  # [T, h/q^2] fp32 looked up, then [T/q, h/q] gathered
+            return 4 * z.T * d.h // (z.q * z.q)
 
-        return split_embedding(d, PLANE, tok)
+        return split_embedding(d, ("x",), tok, PLANE, ("y",))
 
     def layer_fwd(self, d: Any) -> list[Collective]:
         return block(d, False, _norm, _block_linear)

@@ -62,11 +62,11 @@ def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backwa
     phase = "bwd" if backward else "fwd"
     if not backward:
         out = [coll("all_gather", COL, COMPUTE, x_bytes, f"{label}.X"),
-               coll("all_gather", ROW, COMPUTE, a_bytes, f"{label}.A")]
-        return out + ([coll("all_gather", ROW, F32, b_bytes, f"{label}.bias")] if bias else [])
+               coll("all_gather", ROW, COMPUTE, a_bytes, f"{label}.A", kept=True)]
+        return out + ([coll("all_gather", ROW, F32, b_bytes, f"{label}.bias", kept=True)] if bias else [])
     out = [coll("reduce_scatter", COL, COMPUTE, x_bytes, f"{label}.dX", phase),
-           coll("reduce_scatter", ROW, COMPUTE, a_bytes, f"{label}.dA", phase)]
-    return out + ([coll("reduce_scatter", ROW, F32, b_bytes, f"{label}.dbias", phase)] if bias else [])
+           coll("reduce_scatter", ROW, COMPUTE, a_bytes, f"{label}.dA", phase, kept=True)]
+    return out + ([coll("reduce_scatter", ROW, F32, b_bytes, f"{label}.dbias", phase, kept=True)] if bias else [])
 
 
 def block(d: Any, backward: bool, norm: Any, linear: Any) -> list[Collective]:
@@ -90,6 +90,7 @@ class TwoD(TensorMode):
     shape_rule = "tp=2d:qxq, a square grid (q x q = 4, 9, 16, 64, ...)"
     no_shape = "2d needs a square number of tensor ranks (4, 9, 16, ...) dividing the GPU count: {n} has none"
     alternating = True
+    keeps_weights = True
     paper = "Optimus (Xu et al. 2021), SUMMA"
     collective_axes = (ROW, COL)
     executor = ExecutorSupport("paracube.executor.two_d:Mode2D", pipeline=True, zero=True)

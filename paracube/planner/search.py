@@ -14,6 +14,9 @@ configurations with its own Dims, and a layout found so carries it (`rc=`). Dist
 `zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage under
 which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
 of the all_reduce they replace, so its step time is that of zero=0).
+Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for
+the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
+has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class _Search:
     zeros: tuple[int, ...] = (0,)
     rc_pin: bool = False  # the layouts found carry their recomputation (rc=): it was searched or pinned
     overlap: bool = False  # gradient reduction overlapped with backward (Layout.overlap) in every layout
+    kw_pin: int | None = None  # the fixed layout's kw (None: searched in modes that keep weights)
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
@@ -113,9 +117,10 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
 
 
 def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
-            recompute: str | None = None, overlap: bool = False) -> Layout:
+            recompute: str | None = None, overlap: bool = False, kw: int | None = None) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
+        keep_weights=kw if MODES[st.mode].keeps_weights else None,
         overlap=overlap and st.dp > 1,
         zero=zero,
         recompute=recompute,
@@ -159,10 +164,11 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
 
 
 def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
-           ) -> tuple[np.ndarray, np.ndarray]:
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices of the configurations that pass the size rules and fit in device memory (placement changes
-    neither), and each one's zero stage (the lowest of `s.zeros` that fits); each rejection counts once per
-    placement of its structure."""
+    neither), each one's zero stage (the lowest of `s.zeros` that fits) and kept weights (kw: 1 where the
+    mode keeps weights, the step has several micro-batches and the kept weights fit too, unless pinned);
+    each rejection counts once per placement of its structure."""
     viol = first_violation(mode, s.d, batch)
     for i, (text, _) in enumerate(rules(mode)):
         cnt = int(n_places[viol == i].sum())
@@ -170,20 +176,33 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
             rejected[text] += cnt
     idx = np.nonzero(viol < 0)[0]
     if not len(idx):
-        return idx, idx
+        return idx, idx, idx
     sub = batch.take(idx)
-    mems = [stage_memory(s.d, mode, sub, True, False), stage_memory(s.d, mode, sub, False, True)]
+    keeps = MODES[mode].keeps_weights
+    base_kw = int(keeps and s.kw_pin == 1)
+
+    def mems(kw: int) -> list[dict[str, np.ndarray]]:
+        return [stage_memory(s.d, mode, sub, True, False, kw=kw), stage_memory(s.d, mode, sub, False, True, kw=kw)]
+
+    def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
+        return np.maximum(*(total(with_zero(m, sub.dp, z)) for m in ms))
+
+    base = mems(base_kw)
     zero = np.full(len(idx), -1)
     for z in sorted(s.zeros):
         if z and not np.any(sub.dp > 1):
             continue
-        mem = np.maximum(*(total(with_zero(m, sub.dp, z * np.ones_like(sub.dp))) for m in mems))
+        mem = peak(base, z * np.ones_like(sub.dp))
         zero = np.where((zero < 0) & (mem <= s.mem_cap) & ((z == 0) | (sub.dp > 1)), z, zero)
     fits = zero >= 0
+    kw = np.full(len(idx), base_kw)
+    if keeps and s.kw_pin is None:  # keep where it saves traffic (several micro-batches) and memory allows
+        several = sub.micro_batches(s.d.global_batch) > 1
+        kw = (fits & several & (peak(mems(1), np.maximum(zero, 0)) <= s.mem_cap)).astype(np.int64)
     over = int(n_places[idx[~fits]].sum())
     if over:
         rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
-    return idx[fits], zero[fits]
+    return idx[fits], zero[fits], kw[fits]
 
 
 def _link_matrix(s: _Search, mode: str, idx: np.ndarray, owners: list[Structure],
@@ -215,8 +234,9 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     batch = LayoutBatch.of_rows(rows)
     n_places = np.array([len(places[st]) for st in owners])
     mode_rej: Counter = Counter()
-    idx, zeros = _valid(s, mode, batch, n_places, mode_rej)
+    idx, zeros, kws = _valid(s, mode, batch, n_places, mode_rej)
     zero_of = dict(zip(idx.tolist(), zeros.tolist(), strict=True))
+    kw_of = dict(zip(idx.tolist(), kws.tolist(), strict=True))
     layout_rows, link_mat = _link_matrix(s, mode, idx, owners, places, n_places)
     s.rejected.update(mode_rej)
     if not len(layout_rows):
@@ -227,15 +247,17 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     links = {ax: (link_mat[:, n, 0], link_mat[:, n, 1]) for n, ax in enumerate(axes_used(mode))}
     zero_all = np.zeros(len(batch), dtype=np.int64)
     zero_all[idx] = zeros
+    kw_all = np.zeros(len(batch), dtype=np.int64)
+    kw_all[idx] = kws
     res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows, zero=zero_all if s.zeros != (0,) else None,
-                   overlap=s.overlap)
+                   overlap=s.overlap, kw=kw_all)
     s.scored += len(layout_rows)
     taken = 0
     for j in np.argsort(res.step_time, kind="stable"):
         st = owners[layout_rows[j]]
         row = int(layout_rows[j])
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], zero_of[row],
-                      s.d.recompute if s.rc_pin else None, s.overlap)
+                      s.d.recompute if s.rc_pin else None, s.overlap, kw_of[row])
         if not _matches(lay, s.fixed):
             continue
         s.best.append((float(res.step_time[j]), lay))
@@ -298,7 +320,7 @@ def search(
     s = _Search(model, d, gemm_model(topo, training.dtype), float(topo.device.memory_bytes),  # type: ignore[arg-type, attr-defined]
                 LinkCache(topo), fixed, micro_batches, runnable, top_k, zs,
                 len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
-                overlap or (fixed is not None and fixed.overlap))
+                overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None)
     for rc in rcs:
         s.d = replace(d, recompute=rc)
         for mode in modes:
