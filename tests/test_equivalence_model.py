@@ -186,7 +186,8 @@ def check_recompute_and_bf16(mesh: Mesh, micro: list, all_micro: list, tokens: i
 
     out["bf16_param_err"] = rel_err(flat(list(model.parameters())),
                                     flat([model.shard_specs[n].take(ref_params[n]) for n in names]))
-    out["bf16_master_err"] = rel_err(flat(opt.masters), flat([model.shard_specs[n].take(ref_masters[n]) for n in names]))
+    out["bf16_master_err"] = rel_err(flat(opt.masters),
+                                     flat([model.shard_specs[n].take(ref_masters[n]) for n in names]))
     return out
 
 

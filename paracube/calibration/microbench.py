@@ -111,10 +111,10 @@ def _step_probe(mesh: Any, device: torch.device, dtype: str) -> tuple[Callable[[
     data-parallel replica, parameters in the compute dtype (fp32 masters in the optimizer for bf16)."""
     from paracube.executor.functional import COMPUTE_DTYPES
     from paracube.executor.gpt import build_model
-    from paracube.executor.optim import build_optimizer
-    from paracube.modes.buckets import BUCKET_BYTES
     from paracube.executor.op_count import DispatchCounter
+    from paracube.executor.optim import build_optimizer
     from paracube.executor.step import train_step
+    from paracube.modes.buckets import BUCKET_BYTES
 
     layout = mesh.layout
     model = build_model(PROBE_MODEL, mesh, dtype=COMPUTE_DTYPES[dtype]).to(device)

@@ -74,7 +74,8 @@ class Linear3D(ShardedModule):
         y = _Linear3D.apply(x, ag, self.mesh, self.roles, self.label)
         if self.has_bias:
             # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
-            y = y + kept_gather(fp32(self.bias), self.mesh, (w_ax, o_ax), 0, f"{self.label}.b", self.kept, self).to(y.dtype)
+            b = kept_gather(fp32(self.bias), self.mesh, (w_ax, o_ax), 0, f"{self.label}.b", self.kept, self)
+            y = y + b.to(y.dtype)
         return y
 
 
