@@ -32,9 +32,6 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if layout.zero == 1 and not support.zero:
         raise ParacubeError(f"zero=1 with tensor mode {mode!r} (gradients summed over {MODES[mode].grad_axes}) is "
                             f"not implemented by the executor; use zero=0 in {layout}")
-    if layout.zero == 1 and layout.sequence_parallel:
-        raise ParacubeError(f"zero=1 with sequence parallelism (sp) is not run by the executor yet; use zero=0 or "
-                            f"drop sp in {layout}")
     if layout.pp != 1 and not support.pipeline:
         raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only for tensor mode {mode}")
     if layout.pp > 1 and not split_ok(spec.layers, layout.pp, layout.interleave):

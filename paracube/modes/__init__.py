@@ -28,12 +28,12 @@ def runnable_modes() -> tuple[str, ...]:
 
 
 def executor_runs(mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0, dtype: str = "") -> bool:
-    """paracube's executor runs this mode with these options (zero=1: not yet with sp; zero=3:
-    never; fp16 loss scaling: not with pipelines; executor/sizes.py refuses the same before any rank starts)."""
+    """paracube's executor runs this mode with these options (zero=3: never; fp16 loss scaling: not with
+    pipelines; executor/sizes.py refuses the same before any rank starts)."""
     support = MODES[mode].executor
     return (support is not None and (pp == 1 or support.pipeline)
             and (not sequence_parallel or support.sequence_parallel)
-            and (zero == 0 or (zero == 1 and support.zero and not sequence_parallel))
+            and (zero == 0 or (zero == 1 and support.zero))
             and not (dtype == "fp16" and pp > 1))
 
 
