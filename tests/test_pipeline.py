@@ -5,8 +5,10 @@ and parameters after 3 AdamW steps through train_step equal the serial model's (
 collectives of one step equal `traffic.stage_events` of the rank's stage (zero difference, sends included);
 activation memory of the micro-batches in flight (bytes autograd saves per chunk-forward, measured with
 saved_tensors_hooks, summed over the chunk-forwards alive at each point of the rank's schedule, peak) is
-within 2% of `memory.stage_memory`. Cases sharing a world size run in one launch. With zero=1 the
-optimizer is the distributed one (executor/optim.py): each stage's buckets reduce-scattered over dp, the
+within 2% of `memory.stage_memory`. Cases sharing a world size run in one launch (16 ranks: 3D 2x2x2 and
+2.5D 2x2x2 with pp=2, ~35 s on 2 cores). 2.5D's raw gradients cover a depth layer's tokens: summed over dep
+before the comparison (train_step sums them over (dp, dep)); 1D + sp's sequence-shard parameters over tp.
+With zero=1 the optimizer is the distributed one (executor/optim.py): each stage's buckets reduce-scattered over dp, the
 updated parameters all-gathered, as stage_events declares for that stage.
 """
 
@@ -24,6 +26,7 @@ from paracube.cost_models.memory import stage_memory
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.executor import Mesh, build_model, serial_reference, train_step
+from paracube.executor.comm import all_reduce
 from paracube.executor.optim import build_optimizer
 from paracube.executor.pipeline import run_pipeline
 from paracube.layout import parse_layout
@@ -35,8 +38,10 @@ SPEC = ModelSpec("pp", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, s
 B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 4, 3, 0.3, 1e-5
 CASES = {  # world size -> [(layout, layers)]
     2: [("pp=2", 2), ("pp=2,v=2", 4), ("pp=2", 3)],
-    4: [("dp=2,pp=2,zero=1", 2)],  # the distributed optimizer: each stage shards its own parameters over dp
-    8: [("dp=2,pp=2,tp=1d:2", 2), ("pp=2,tp=2d:2x2", 2)],
+    # the distributed optimizer: each stage shards its own parameters over dp (1F1B and interleaved)
+    4: [("dp=2,pp=2,zero=1", 2), ("dp=2,pp=2,v=2,zero=1", 4)],
+    8: [("dp=2,pp=2,tp=1d:2", 2), ("pp=2,tp=2d:2x2", 2), ("dp=2,pp=2,tp=1d:2,sp,zero=1", 2)],
+    16: [("pp=2,tp=3d:2x2x2", 2), ("pp=2,tp=2.5d:2x2x2", 2)],  # one launch: ~35 s on 2 cores
 }
 
 
@@ -113,8 +118,11 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
         mine = float(sum(model.mode.split_tokens(x.detach()).sum() for x in ref_losses))
         errs["loss_sum"] = abs(float(loss_sum) - mine) / mine
     ref_params = dict(ref.named_parameters())
+    model.reduce_sequence_parallel_grads()  # 1D + sp: the sequence-shard parameters' partial gradients
+    depth_axes = tuple(a for a in layout.tensor_mode.grad_axes if a != "dp")  # 2.5D: each depth's tokens
     for name, p in model.named_parameters():
-        errs[f"grad:{name}"] = rel_err(p.grad, model.shard_specs[name].take(ref_params[name].grad))
+        grad = all_reduce(p.grad, mesh, depth_axes) if depth_axes else p.grad
+        errs[f"grad:{name}"] = rel_err(grad, model.shard_specs[name].take(ref_params[name].grad))
     out["n_params"] = len(ref_params) - len(dict(model.named_parameters()))
 
     # Three AdamW steps through train_step against serial steps over the global batch; traffic of step 1.
@@ -147,7 +155,12 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
 @pytest.fixture(scope="module", params=sorted(CASES))
 def results(request: pytest.FixtureRequest) -> list[tuple[str, int, list[dict[str, Any]]]]:
     world = request.param
-    return [(text, layers, run_distributed(_check, world, text, layers)) for text, layers in CASES[world]]
+    per_rank = run_distributed(_check_all, world, CASES[world], timeout=600.0)
+    return [(text, layers, [r[i] for r in per_rank]) for i, (text, layers) in enumerate(CASES[world])]
+
+
+def _check_all(rank: int, world: int, cases: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    return [_check(rank, world, text, layers) for text, layers in cases]
 
 
 def test_loss_gradients_and_parameters_match_serial(results) -> None:

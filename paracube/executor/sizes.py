@@ -51,9 +51,6 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if spec.tied_embeddings and layout.pp != 1:
         raise ParacubeError(f"tied embeddings with pp={layout.pp}: the executor ties them within one stage only; "
                             "untie them (tie_word_embeddings: false) or use pp=1")
-    if spec.tied_embeddings and layout.sequence_parallel:
-        raise ParacubeError("tied embeddings with sequence parallelism (sp) are not run by the executor; "
-                            "untie them (tie_word_embeddings: false) or drop sp")
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads

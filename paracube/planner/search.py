@@ -14,6 +14,10 @@ configurations with its own Dims, and a layout found so carries it (`rc=`). Dist
 `zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage under
 which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
 of the all_reduce they replace, so its step time is that of zero=0).
+Only what paracube's executor runs is searched (modes.executor_runs, each mode's ExecutorSupport): every
+plan the search emits passes the executor's preflight (tests/test_planner_runs.py). Left out because the
+executor does not run them: pipelines with tied embeddings (the executor ties the head to the embedding
+within one stage) or with fp16 loss scaling, zero=1 in 2.5D (its gradients are summed over (dp, dep)).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from paracube.cost_models.validity import first_violation, rules
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
-from paracube.modes import MODES, LayoutBatch, runnable_modes
+from paracube.modes import MODES, LayoutBatch, executor_runs, runnable_modes
 from paracube.modes.stages import split_ok
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
 from paracube.workload import ModelSpec, TrainingSpec
@@ -69,11 +73,11 @@ class _Search:
     cache: LinkCache
     fixed: Layout | None
     micro_batches: list[int] | None
-    runnable: bool
     top_k: int
     zeros: tuple[int, ...] = (0,)
     rc_pin: bool = False  # the layouts found carry their recomputation (rc=): it was searched or pinned
     overlap: bool = False  # gradient reduction overlapped with backward (Layout.overlap) in every layout
+    dtype: str = ""  # TrainingSpec.dtype (what the executor runs depends on it: modes.executor_runs)
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
@@ -82,13 +86,14 @@ class _Search:
 
 
 def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int] | None,
-             runnable: bool = False, fixed: Layout | None = None) -> list[tuple[int, ...]]:
-    """(dp, pp, t, q, depth, mb, v, sp) rows (LayoutBatch order) of one structure."""
+             fixed: Layout | None = None) -> list[tuple[int, ...]]:
+    """(dp, pp, t, q, depth, mb, v, sp) rows (LayoutBatch order) of one structure (sp where the mode has it
+    and paracube's executor runs it)."""
     m = MODES[st.mode]
     per_replica = d_global // st.dp if d_global % st.dp == 0 else 0
     mbs = micro_batches or (divisors(per_replica) if per_replica else [1])
     vs = [v for v in divisors(-(-layers // st.pp)) if split_ok(layers, st.pp, v)] if st.pp > 1 else [1]
-    with_sp = m.sequence_parallel and not (runnable and not (m.executor and m.executor.sequence_parallel))
+    with_sp = m.sequence_parallel and executor_runs(st.mode, sequence_parallel=True)
     sps = (0, 1) if with_sp else (0,)
     if fixed is not None and fixed.forbid_sp:
         sps = (0,)
@@ -130,10 +135,10 @@ def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], .
     )
 
 
-def _runnable(st: Structure, vocab: int) -> bool:
-    """paracube's executor runs it: the mode and its options (any vocabulary: the executor pads it)."""
-    m = MODES[st.mode]
-    return m.executor is not None and (st.pp == 1 or m.executor.pipeline)
+def _runnable(st: Structure, model: ModelSpec, dtype: str) -> bool:
+    """paracube's executor runs it (modes.executor_runs: the mode, its pipelines, the model's family; tied
+    embeddings and fp16 loss scaling not with pipelines; any vocabulary: the executor pads it)."""
+    return executor_runs(st.mode, st.pp, dtype=dtype, tied_embeddings=model.tied_embeddings, family=model.family)
 
 
 def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
@@ -142,12 +147,14 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
     if not sts:
         s.explanations[mode] = NO_SHAPE.get(mode, "no layout").format(n=gpus)
         return []
-    if s.runnable:
-        sts = [st for st in sts if _runnable(st, s.model.vocab)]
-        if not sts:
-            s.explanations[mode] = (f"paracube's executor does not run {mode}" if mode not in RUNNABLE_MODES else
-                                    f"paracube's executor runs no {mode} layout of {gpus} GPUs (pp = 1 only)")
-            return []
+    # Every plan the search emits runs (the executor's preflight accepts it; tests/test_planner_runs.py).
+    sts = [st for st in sts if _runnable(st, s.model, s.dtype)]
+    if not sts:
+        s.explanations[mode] = (f"paracube's executor does not run {mode}" if mode not in RUNNABLE_MODES else
+                                f"paracube's executor runs no {mode} layout of {gpus} GPUs for {s.model.name} "
+                                f"({s.model.family}{', tied embeddings' if s.model.tied_embeddings else ''}, "
+                                f"{s.dtype}): pp = 1 only")
+        return []
     fixed = s.fixed
     if fixed is not None:
         # Filter on the structure first, so the reasons below speak of the layouts asked for.
@@ -175,7 +182,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     mems = [stage_memory(s.d, mode, sub, True, False), stage_memory(s.d, mode, sub, False, True)]
     zero = np.full(len(idx), -1)
     for z in sorted(s.zeros):
-        if z and not np.any(sub.dp > 1):
+        if z and not (np.any(sub.dp > 1) and executor_runs(mode, zero=z)):
             continue
         mem = np.maximum(*(total(with_zero(m, sub.dp, z * np.ones_like(sub.dp))) for m in mems))
         zero = np.where((zero < 0) & (mem <= s.mem_cap) & ((z == 0) | (sub.dp > 1)), z, zero)
@@ -209,7 +216,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     owners: list[Structure] = []
     rows: list[tuple[int, ...]] = []
     for st in sts:
-        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.runnable, s.fixed):
+        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed):
             rows.append(cfg)
             owners.append(st)
     batch = LayoutBatch.of_rows(rows)
@@ -283,22 +290,20 @@ def search(
     fixed: Layout | None = None,
     micro_batches: list[int] | None = None,
     top_k: int = 10,
-    runnable: bool = False,
     recomputes: list[str] | None = None,
     zeros: list[int] | None = None,
     overlap: bool = False,
 ) -> SearchResult:
-    """Rank every valid layout of `gpus` devices by predicted step time; raise ParacubeError if none fits.
-    `runnable`: only layouts paracube's executor runs (each mode's ExecutorSupport: pipeline, sequence
-    parallelism)."""
+    """Rank every valid layout of `gpus` devices that paracube's executor runs (each mode's ExecutorSupport,
+    modes.executor_runs) by predicted step time; raise ParacubeError if none fits."""
     t0 = time.perf_counter()
     modes = _modes(modes, gpus, fixed)
     d = dims_of(model, training)
     rcs, zs = _choices(training, fixed, recomputes, zeros)
     s = _Search(model, d, gemm_model(topo, training.dtype), float(topo.device.memory_bytes),  # type: ignore[arg-type, attr-defined]
-                LinkCache(topo), fixed, micro_batches, runnable, top_k, zs,
+                LinkCache(topo), fixed, micro_batches, top_k, zs,
                 len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
-                overlap or (fixed is not None and fixed.overlap))
+                overlap or (fixed is not None and fixed.overlap), training.dtype)
     for rc in rcs:
         s.d = replace(d, recompute=rc)
         for mode in modes:
