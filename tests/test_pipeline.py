@@ -6,8 +6,9 @@ collectives of one step equal `traffic.stage_events` of the rank's stage (zero d
 activation memory of the micro-batches in flight (bytes autograd saves per chunk-forward, measured with
 saved_tensors_hooks, summed over the chunk-forwards alive at each point of the rank's schedule, peak) is
 within 2% of `memory.stage_memory`. Cases sharing a world size run in one launch (16 ranks: 3D 2x2x2 and
-2.5D 2x2x2 with pp=2, ~35 s on 2 cores). 2.5D's raw gradients cover a depth layer's tokens: summed over dep
-before the comparison (train_step sums them over (dp, dep)); 1D + sp's sequence-shard parameters over tp.
+2.5D 2x2x2 with pp=2, and dp=2 x 3D 2x2x2 with zero=1 (pp=1, the same harness), ~45 s on 2 cores).
+2.5D's raw gradients cover a depth layer's tokens: summed over dep before the comparison (train_step sums
+them over (dp, dep)); 1D + sp's sequence-shard parameters are summed over tp.
 With zero=1 the optimizer is the distributed one (executor/optim.py): each stage's buckets reduce-scattered over dp, the
 updated parameters all-gathered, as stage_events declares for that stage.
 """
@@ -41,7 +42,8 @@ CASES = {  # world size -> [(layout, layers)]
     # the distributed optimizer: each stage shards its own parameters over dp (1F1B and interleaved)
     4: [("dp=2,pp=2,zero=1", 2), ("dp=2,pp=2,v=2,zero=1", 4)],
     8: [("dp=2,pp=2,tp=1d:2", 2), ("pp=2,tp=2d:2x2", 2), ("dp=2,pp=2,tp=1d:2,sp,zero=1", 2)],
-    16: [("pp=2,tp=3d:2x2x2", 2), ("pp=2,tp=2.5d:2x2x2", 2)],  # one launch: ~35 s on 2 cores
+    # one launch, ~45 s on 2 cores; dp=2 with zero=1 in 3D 2x2x2 (test_grad_sync.py runs 3D's 1x1x1 on 2 ranks)
+    16: [("pp=2,tp=3d:2x2x2", 2), ("pp=2,tp=2.5d:2x2x2", 2), ("dp=2,tp=3d:2x2x2,zero=1", 2)],
 }
 
 
@@ -168,14 +170,14 @@ def test_loss_gradients_and_parameters_match_serial(results) -> None:
         for rank, r in enumerate(ranks):
             bad = {k: v for k, v in r["errors"].items() if not v <= TOL}
             assert not bad, f"{text} rank {rank}: relative errors above {TOL}: {bad}"
-            assert r["n_params"] > 0  # a stage holds only part of the model
+            assert r["n_params"] > 0 or "pp=" not in text  # a stage holds only part of the model
         assert ranks[0]["clipped"]
 
 
 def test_traffic_equals_prediction(results) -> None:
     for text, _, ranks in results:
         for rank, r in enumerate(ranks):
-            assert any(k[0] == "send" for k in r["predicted"])
+            assert any(k[0] == "send" for k in r["predicted"]) or "pp=" not in text
             if "zero=1" in text:  # each stage's own buckets: reduce-scattered, parameters all-gathered
                 assert {"reduce_scatter", "all_gather"} <= {k[0] for k in r["predicted"]}
             diff = traffic_difference_keys(r["predicted"], r["events"])
