@@ -86,3 +86,17 @@ def test_tied_embeddings_are_planned_without_pipelines() -> None:
     untied = search(replace(model, tied_embeddings=False), TrainingSpec(global_batch=16),
                     load_topology("local-cpu", gpus=8), 8, top_k=200)
     assert any(lay.pp > 1 for lay, _ in untied.ranked)
+
+
+@pytest.mark.parametrize(("model", "layout", "dtype", "message"), [
+    (replace(TINY, layers=4, tied_embeddings=True), "pp=2,tp=1d:2", "fp32", "runs tied embeddings with pp = 1 only"),
+    (TINY, "pp=2", "fp16", "runs fp16 loss scaling with pp = 1 only"),
+    (TINY, "dp=2,tp=2.5d:2x2x2,zero=1", "fp32", "does not run zero=1 in 2.5d"),
+])
+def test_a_pinned_layout_the_executor_does_not_run_is_explained(model, layout, dtype, message) -> None:
+    from paracube.layout import parse_layout
+
+    fixed = parse_layout(layout)
+    with pytest.raises(ParacubeError, match=message):
+        search(model, TrainingSpec(global_batch=32, dtype=dtype), load_topology("local-cpu", gpus=fixed.world_size),
+               fixed.world_size, fixed=fixed, zeros=[0, 1])

@@ -141,19 +141,24 @@ def _runnable(st: Structure, model: ModelSpec, dtype: str) -> bool:
     return executor_runs(st.mode, st.pp, dtype=dtype, tied_embeddings=model.tied_embeddings, family=model.family)
 
 
+def _not_run_because(st: Structure, model: ModelSpec, dtype: str) -> str:
+    """Why paracube's executor does not run a structure (executor/sizes.py refuses it with the same cause)."""
+    support = MODES[st.mode].executor
+    if support is None:
+        return f"paracube's executor does not run {st.mode}"
+    if model.family not in support.families:
+        return f"paracube's executor does not run the {model.family} family in {st.mode}"
+    why = ("tied embeddings" if model.tied_embeddings and support.pipeline
+           else "fp16 loss scaling" if dtype == "fp16" and support.pipeline else st.mode)
+    return f"paracube's executor runs {why} with pp = 1 only" + (
+        " (it ties the head to the embedding within one stage)" if why == "tied embeddings" else "")
+
+
 def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
     """The structures of `mode` to score; none (and an explanation) when the mode has no candidate."""
     sts = structures(mode, gpus, s.d.L)
     if not sts:
         s.explanations[mode] = NO_SHAPE.get(mode, "no layout").format(n=gpus)
-        return []
-    # Every plan the search emits runs (the executor's preflight accepts it; tests/test_planner_runs.py).
-    sts = [st for st in sts if _runnable(st, s.model, s.dtype)]
-    if not sts:
-        s.explanations[mode] = (f"paracube's executor does not run {mode}" if mode not in RUNNABLE_MODES else
-                                f"paracube's executor runs no {mode} layout of {gpus} GPUs for {s.model.name} "
-                                f"({s.model.family}{', tied embeddings' if s.model.tied_embeddings else ''}, "
-                                f"{s.dtype}): pp = 1 only")
         return []
     fixed = s.fixed
     if fixed is not None:
@@ -162,7 +167,12 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
                and (fixed.dp == 1 or st.dp == fixed.dp) and (fixed.pp == 1 or st.pp == fixed.pp)]
         if not sts:
             s.explanations[mode] = f"no {mode} layout of {gpus} GPUs matches {fixed} (layers % pp, shape)"
-    return sts
+            return []
+    # Every plan the search emits runs (the executor's preflight accepts it; tests/test_planner_runs.py).
+    runs = [st for st in sts if _runnable(st, s.model, s.dtype)]
+    if not runs:
+        s.explanations[mode] = _not_run_because(sts[0], s.model, s.dtype)
+    return runs
 
 
 def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
@@ -178,11 +188,15 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     idx = np.nonzero(viol < 0)[0]
     if not len(idx):
         return idx, idx
+    zeros = [z for z in sorted(s.zeros) if executor_runs(mode, zero=z)]
+    if not zeros:  # a pinned zero=1 in a mode whose executor does not shard its optimizer (2.5D)
+        rejected[f"paracube's executor does not run zero={s.zeros[0]} in {mode}"] += int(n_places[idx].sum())
+        return idx[:0], idx[:0]
     sub = batch.take(idx)
     mems = [stage_memory(s.d, mode, sub, True, False), stage_memory(s.d, mode, sub, False, True)]
     zero = np.full(len(idx), -1)
-    for z in sorted(s.zeros):
-        if z and not (np.any(sub.dp > 1) and executor_runs(mode, zero=z)):
+    for z in zeros:
+        if z and not np.any(sub.dp > 1):
             continue
         mem = np.maximum(*(total(with_zero(m, sub.dp, z * np.ones_like(sub.dp))) for m in mems))
         zero = np.where((zero < 0) & (mem <= s.mem_cap) & ((z == 0) | (sub.dp > 1)), z, zero)
