@@ -38,10 +38,11 @@ from paracube.workload import ModelSpec, TrainingSpec
 SPEC = ModelSpec("pp", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
 B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 4, 3, 0.3, 1e-5
 CASES = {  # world size -> [(layout, layers)]
-    2: [("pp=2", 2), ("pp=2,v=2", 4), ("pp=2", 3)],
+    2: [("pp=2", 2), ("pp=2,v=2", 4), ("pp=2", 3), ("pp=2,v=2,rc=full", 4)],
     # the distributed optimizer: each stage shards its own parameters over dp (1F1B and interleaved)
     4: [("dp=2,pp=2,zero=1", 2), ("dp=2,pp=2,v=2,zero=1", 4)],
-    8: [("dp=2,pp=2,tp=1d:2", 2), ("pp=2,tp=2d:2x2", 2), ("dp=2,pp=2,tp=1d:2,sp,zero=1", 2)],
+    8: [("dp=2,pp=2,tp=1d:2", 2), ("pp=2,tp=2d:2x2", 2), ("dp=2,pp=2,tp=1d:2,sp,zero=1", 2),
+        ("pp=2,tp=2d:2x2,rc=selective", 2)],
     # one launch, ~45 s on 2 cores; dp=2 with zero=1 in 3D 2x2x2 (test_grad_sync.py runs 3D's 1x1x1 on 2 ranks)
     16: [("pp=2,tp=3d:2x2x2", 2), ("pp=2,tp=2.5d:2x2x2", 2), ("dp=2,tp=3d:2x2x2,zero=1", 2)],
 }
@@ -63,21 +64,28 @@ def _stage_name(mesh: Mesh) -> str:
 
 
 def _in_flight_activations(model: Any, mesh: Mesh, micro: list, tokens: int) -> int:
-    """Peak bytes saved for backward by the chunk-forwards alive at once under the rank's schedule."""
+    """Peak bytes saved for backward by the chunk-forwards alive at once under the rank's schedule (saves in
+    forward only: full recomputation's re-run of a block in backward is not an activation kept)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     per_forward: list[dict[int, int]] = []
+    full = model.recompute == "full"
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and per_forward:
+        if ptr in params or mesh.recorder.current_phase != "fwd":
+            return t
+        if full and t.grad_fn is None and t.requires_grad:
+            per_forward.append({})  # full: checkpoint saves a received chunk input before its first block runs
+        if per_forward:
             per_forward[-1][ptr] = max(per_forward[-1].get(ptr, 0), t.untyped_storage().nbytes())
         return t
 
     # A chunk-forward starts in the embedding (first chunk of the first stage) or in its first block.
-    starts = [model.tok_emb if model.first_stage and c == 0 else model.blocks[chunk[0]]
+    starts = [model.tok_emb if model.first_stage and c == 0 else None if full else model.blocks[chunk[0]]
               for c, chunk in enumerate(model.chunks)]
     for module in starts:
-        module.register_forward_pre_hook(lambda *_: per_forward.append({}))
+        if module is not None:
+            module.register_forward_pre_hook(lambda *_: per_forward.append({}))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run_pipeline(model, mesh, micro, tokens)
     sizes = iter(sum(f.values()) for f in per_forward)
@@ -103,6 +111,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
     torch.manual_seed(0)
     spec = replace(SPEC, layers=layers)
     layout = parse_layout(layout_text)
+    rc = layout.recompute or "none"  # rc= in the case's layout: the stage's blocks recompute so
     mesh = Mesh(layout, rank)
     dp_index = mesh.coord("dp")
     batches = _batches(layout.dp)
@@ -112,7 +121,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
     out: dict[str, Any] = {"errors": errs}
 
     # Gradients of one step's accumulation (no dp sync): every local shard equals the serial gradient's block.
-    model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
+    model, ref = build_model(spec, mesh, seed=7, recompute=rc), serial_reference(spec, seed=7)
     loss_sum, _ = run_pipeline(model, mesh, micro, tokens)
     ref_losses = [_token_losses(ref, ids, labels) for ids, labels in micro]
     (sum(x.sum() for x in ref_losses) / tokens).backward()
@@ -128,7 +137,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
     out["n_params"] = len(ref_params) - len(dict(model.named_parameters()))
 
     # Three AdamW steps through train_step against serial steps over the global batch; traffic of step 1.
-    model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
+    model, ref = build_model(spec, mesh, seed=7, recompute=rc), serial_reference(spec, seed=7)
     opt = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, lr=1e-3, weight_decay=0.1, eps=1e-6)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
     everything = [mb for rep in batches for mb in rep]
@@ -146,9 +155,9 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
         errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
 
     stage = _stage_name(mesh)
-    d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32"))
+    d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc))
     out["predicted"] = [e.key() for e in stage_events(layout.with_(micro_batch=B), d, B, stage)]
-    out["activations"] = _in_flight_activations(build_model(spec, mesh, seed=7), mesh, micro, tokens)
+    out["activations"] = _in_flight_activations(build_model(spec, mesh, seed=7, recompute=rc), mesh, micro, tokens)
     mem = stage_memory(d, layout.mode, layout_arrays(layout, B), stage == "first", stage == "last")
     out["activations_predicted"] = float(mem["activations"][0])
     return out
