@@ -147,18 +147,20 @@ def test_plan_refine_reranks_with_the_event_engine(tmp_path, capsys) -> None:
     assert [r["step_time_s"] for r in ranked] == sorted(r["step_time_s"] for r in ranked)
 
 
-def test_plan_runnable_gives_a_plan_the_executor_accepts(tmp_path, capsys) -> None:
-    from paracube.executor.sizes import check_divisibility
+def test_plan_gives_a_plan_the_executor_accepts_without_runnable(tmp_path, capsys) -> None:
+    """Every ranked layout runs (the search emits only what the executor runs); --runnable is a no-op."""
+    from paracube.executor.launch import NodeSpec, preflight
+    from paracube.layout import parse_layout
 
     out_file = tmp_path / "p.json"
-    code, out, _ = run_cli(capsys, "plan", "--model", "small", "--cluster", "dgx-h100", "--gpus", "16", "--runnable",
-                           "--global-batch", "64", "-o", str(out_file), "--json")
-    assert code == 0
-    from paracube.layout import parse_layout
-    from paracube.modes import executor_runs
-
-    for row in json.loads(out)["ranked"]:  # pipelines, 2.5d and 1D sp are runnable
-        lay = parse_layout(row["layout"])
-        assert executor_runs(lay.mode, lay.pp, lay.sequence_parallel), row["layout"]
+    code, out, err = run_cli(capsys, "plan", "--model", "small", "--cluster", "dgx-h100", "--gpus", "16",
+                             "--global-batch", "64", "-o", str(out_file), "--json")
+    assert code == 0 and "--runnable" not in err
     plan = load_plan(out_file)
-    check_divisibility(plan.model, plan.layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
+    for row in json.loads(out)["ranked"]:  # pipelines, 2.5d, zero=1 and 1D sp among them
+        node = NodeSpec(nnodes=plan.launch.nnodes, master_addr="node0", master_port=29500)  # as `launch` checks
+        preflight(plan.with_layout(parse_layout(row["layout"])), node, data="synthetic", check_devices=False)
+    code, _, err = run_cli(capsys, "plan", "--model", "small", "--cluster", "dgx-h100", "--gpus", "16", "--runnable",
+                           "--global-batch", "64", "-o", str(tmp_path / "q.json"), "--json")
+    assert code == 0 and "--runnable is no longer needed" in err
+    assert load_plan(tmp_path / "q.json").layout == plan.layout

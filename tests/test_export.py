@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -136,9 +137,10 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.
         err = refusal(capsys, "export", str(two_d), "--to", target, "-o", str(out))
         assert "tensor mode 2d" in err and "targets that run it: torchrun, slurm" in err
     pipelined = plan_13b().save(tmp_path / "13b.json")
-    err = refusal(capsys, "export", str(pipelined), "--to", "torchrun", "-o", str(out))
-    assert "zero=1 with sequence parallelism" in err
-    assert "targets that run it: megatron, torchtitan, deepspeed" in err
+    tied = replace(plan_13b(), model=replace(PRESETS["gpt3-13b"], tied_embeddings=True)).save(tmp_path / "t.json")
+    err = refusal(capsys, "export", str(tied), "--to", "torchrun", "-o", str(out))
+    assert "ties embeddings within one pipeline stage only" in err
+    assert "targets that run it: megatron" in err
     zero3 = plan_13b("dp=4,pp=4,tp=1d:4,mb=1,zero=3").save(tmp_path / "z3.json")
     err = refusal(capsys, "export", str(zero3), "--to", "megatron", "-o", str(out))
     assert "zero=3" in err and "targets that run it: torchtitan" in err and "deepspeed" not in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from paracube.cli.options import (
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout, parse_layout
-from paracube.modes import COMPARE_BASELINE, MODES, executor_runs
+from paracube.modes import COMPARE_BASELINE, MODES
 from paracube.plan import LaunchSpec, Plan, load_plan, plan_cluster, recorded_cluster
 
 MODE_ORDER = tuple(MODES)  # the registry's order (paracube/modes)
@@ -41,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refine", type=positive_int, default=0, metavar="K",
                    help="re-rank the best K with the discrete-event engine")
     p.add_argument("-o", "--out", default="plan.json", help="plan file to write (default plan.json)")
-    p.add_argument("--runnable", action="store_true",
-                   help="only layouts paracube's executor runs (pp=1; none/1d/2d/2.5d/3d; no sequence parallelism)")
+    # Every plan runs now (the search emits only what the executor runs): kept so old scripts still work.
+    p.add_argument("--runnable", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=plan_cmd)
 
     p = sub.add_parser("compare", help="the best layout of each tensor mode side by side")
@@ -113,15 +114,14 @@ def _unpriced(layout: Layout, est: StepEstimate) -> tuple[str, ...]:
     return ()
 
 
-def _search(w: Workload, topo: object, top_k: int, runnable: bool = False):  # noqa: ANN202
+def _search(w: Workload, topo: object, top_k: int):  # noqa: ANN202
     from paracube.layout import RECOMPUTES
     from paracube.planner import search
 
-    # Without --recompute the planner chooses recomputation; zero=1 where paracube's executor need not run it.
+    # Without --recompute the planner chooses recomputation; zero=1 where it fits and the executor runs it.
     with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
-        return search(w.model, w.training, topo, w.gpus, fixed=w.layout, top_k=top_k, runnable=runnable,
-                      recomputes=list(RECOMPUTES) if w.search_recompute else None,
-                      zeros=[0] if runnable else [0, 1])
+        return search(w.model, w.training, topo, w.gpus, fixed=w.layout, top_k=top_k,
+                      recomputes=list(RECOMPUTES) if w.search_recompute else None, zeros=[0, 1])
 
 
 # --- commands -----------------------------------------------------------------------------------------------
@@ -130,8 +130,10 @@ def plan_cmd(args: argparse.Namespace) -> int:
     topo = w.topology
     from paracube.planner.explain import dedupe, explain
 
+    if args.runnable:
+        print("paracube plan: --runnable is no longer needed (every plan runs) and is ignored", file=sys.stderr)
     pool = max(args.top, args.refine, EXPLAIN_POOL)
-    result = _search(w, topo, pool, runnable=args.runnable)
+    result = _search(w, topo, pool)
     ranked = _with_zero(dedupe(result.ranked), w.layout)
     exhaustive = len(result.ranked) < pool
     if args.refine:
@@ -167,13 +169,9 @@ def plan_cmd(args: argparse.Namespace) -> int:
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
     for note in _unpriced(best_layout, best_est):
         console.print(f"note: {note}", markup=False)
-    if executor_runs(best_layout.mode, best_layout.pp, best_layout.sequence_parallel, best_layout.zero,
-                     w.training.dtype):
-        console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`")
-    else:
-        console.print(f"wrote {path} (best: {best_layout}); paracube's executor does not run this layout (see each "
-                      "mode's ExecutorSupport: pipeline, sequence parallelism, zero): "
-                      "add --runnable for a plan `paracube run` executes")
+    console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`"
+                  + ("" if w.gpus <= 8 else f" (on fewer CPU ranks: `paracube run {path} --model tiny --gpus 8`)"),
+                  highlight=False, markup=False)
     return 0
 
 

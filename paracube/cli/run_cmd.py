@@ -1,10 +1,12 @@
 """`paracube run` and `paracube launch`: options, checks and handlers (the ranks: paracube/executor/run.py).
 
-  paracube run [PLAN] [--steps N] [--metrics F.jsonl] [--checkpoint-dir D] [--save-every K] [--resume]
+  paracube run [PLAN] [--model M --gpus G] [--steps N] [--metrics F.jsonl] [--checkpoint-dir D] [--resume]
                [--nnodes N --node-rank R --nproc-per-node P --master-addr A --master-port P]
   paracube launch [PLAN] --slurm        prints an sbatch script (srun + torchrun, rendezvous explicit)
-Without PLAN: the default plan (tiny GPT, 3D 2x2x2, 8 local CPU ranks). Every check that can fail is made
-before any rank starts (exit 2 with one line). Registering these commands imports no torch: the handlers do.
+Without PLAN: the default plan (tiny GPT, 3D 2x2x2, 8 local CPU ranks). `--model` / `--gpus` run the plan's
+layout scaled down (cli/scale_down.py: same mode, schedule, zero, sp, recompute, overlap; dp, pp and the tensor
+shape shrunk to G ranks). Every check that can fail is made before any rank starts (exit 2 with one line).
+Registering these commands imports no torch: the handlers do.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ Without PLAN: the embedded default (tiny GPT, 3D 2x2x2, 8 local CPU ranks). Worl
 data and checkpoint directory are checked before any rank starts (exit 2, one line). A rank that dies
 stops the others (exit 1, naming it); the last complete checkpoint stays loadable. Ctrl-C stops every rank
 (exit 130, one line: the step and the last checkpoint).
-Several nodes: run the same command on each with --nnodes, --node-rank, --master-addr, --master-port."""
+Several nodes: run the same command on each with --nnodes, --node-rank, --master-addr, --master-port.
+A plan for a cluster on local CPU ranks: `--model tiny --gpus 8` keeps the plan's tensor mode, pipeline
+schedule, zero, sp, recompute and overlap, shrinks dp / pp / the tensor shape to 8 ranks and prints the layout."""
 
 
 def _port(text: str) -> int:
@@ -38,6 +42,9 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     p = subparsers.add_parser("run", help="train a plan on local (or several) nodes",
                               description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_args(p)
+    s = p.add_argument_group("scale down (the plan's layout family on another model / fewer ranks)")
+    s.add_argument("--model", default=None, help="run this model (preset or config.json) instead of the plan's")
+    s.add_argument("--gpus", type=int_at_least(1), default=None, help="run on this many ranks (default: the plan's)")
     g = p.add_argument_group("nodes")
     g.add_argument("--nnodes", type=int_at_least(1), default=1, help="number of nodes (default 1)")
     g.add_argument("--node-rank", type=int_at_least(0), default=0, help="this node's rank (default 0)")
@@ -82,11 +89,30 @@ def oversubscription_line(nproc: int, cores: int) -> str | None:
             f"{nproc / cores:.1f}x slower than with a core per rank")
 
 
+def _scaled(args: argparse.Namespace, plan: Plan) -> Plan:
+    """--model / --gpus: the plan scaled down (cli/scale_down.py), written where the ranks read it."""
+    if args.model is None and args.gpus is None:
+        return plan
+    import tempfile
+    from pathlib import Path
+
+    from paracube.cli.scale_down import scale_down
+    from paracube.workload import resolve_model
+
+    model = resolve_model(args.model) if args.model else plan.model
+    scaled, notes = scale_down(plan, model, args.gpus or plan.gpus)
+    for note in notes:
+        print(f"paracube run: {note}", file=sys.stderr)
+    args.plan = str(scaled.save(Path(tempfile.mkdtemp(prefix="paracube-scaled-")) / "plan.json"))
+    print(f"paracube run: scaled plan written to {args.plan}", file=sys.stderr)
+    return scaled
+
+
 def run_command(args: argparse.Namespace) -> int:
     from paracube.executor.affinity import available_cores
     from paracube.executor.launch import NodeSpec, backend_for, launch, preflight
 
-    plan = _plan(args)
+    plan = _scaled(args, _plan(args))
     node = NodeSpec(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, node_rank=args.node_rank,
                     master_addr=args.master_addr, master_port=args.master_port)
     nproc = preflight(plan, node, data=args.data, checkpoint_dir=args.checkpoint_dir, resume=args.resume,

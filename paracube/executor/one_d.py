@@ -73,6 +73,18 @@ class ColumnLinear(ShardedModule):
         return y + self.bias.to(c) if self.has_bias else y
 
 
+class SequenceParallelTiedHead(TiedHead):
+    """Tied head with sp: logits = all_gather(X shard) @ E_local^T, X regathered in backward (_GatherLinear)."""
+
+    def __init__(self, embedding: ShardedModule, mesh: Mesh):
+        super().__init__(embedding)
+        self.mesh = mesh
+
+    def forward(self, x: Tensor) -> Tensor:
+        c = compute_dtype(x)
+        return _GatherLinear.apply(x.to(c), self._embedding[0].weight.to(c).t(), self.mesh, "head")
+
+
 class RowLinear(ShardedModule):
     """Y = g(X[:, rows] @ A[rows, :]) + b; g all-reduces the partial sums in forward (with sp: reduce-scatters
     them over the sequence). Bias replicated."""
@@ -156,7 +168,10 @@ class Mode1D(Mode):
         return self._on_shards(norm, tuple(n for n in ("weight", "bias") if getattr(norm, n, None) is not None))
 
     def tied_head(self, embedding: ShardedModule) -> nn.Module:
-        """The head's column block is the vocab-parallel embedding's row block: f, then X @ E_local^T."""
+        """The head's column block is the vocab-parallel embedding's row block: f, then X @ E_local^T (with sp:
+        the sequence-parallel column linear of E_local^T, as the untied head)."""
+        if self.sp:
+            return SequenceParallelTiedHead(embedding, self.mesh)
         return TiedHead(embedding, lambda x: copy_to_group(x.to(compute_dtype(x)), self.mesh, TP, label="head.f"))
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from paracube.executor.comm import all_reduce
 from paracube.executor.functional import main_grad
 from paracube.executor.grad_sync import Bucket, GradSync
 from paracube.executor.shards import ShardSpec
@@ -77,6 +78,31 @@ class DistributedAdamW(torch.optim.AdamW):
         for b, m in zip(self.sync.buckets, self.masks, strict=True):
             sq += (b.shard * b.shard * m).sum()
         return sq
+
+    @torch.no_grad()
+    def reduce_over(self, params: list[Tensor], axes: tuple[str, ...], label: str) -> None:
+        """Sum the reduced gradients of `params` over `axes` where this rank's shards hold them: one fp32
+        all_reduce of all of them (elements outside the shards travel as zeros). 1D + sp: the parameters used
+        on sequence shards, summed over tp after the dp reduce-scatter, as Megatron's finalize_model_grads
+        does (the two sums commute; the tp ranks of a dp index hold the same buckets, so the same shards)."""
+        if not params:
+            return
+        k, where = self.sync.shard_index(), self.sync.where
+        flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=self.masters[0].device)
+        pieces: list[tuple[Tensor, int, int]] = []  # (bucket shard slice, flat start, flat end)
+        start = 0
+        for p in params:
+            b, i = where[p]
+            o, lo = b.offsets[i], k * b.shard_numel
+            a, c = max(lo, o), min(lo + b.shard_numel, o + p.numel())
+            if a < c:
+                piece = b.shard[a - lo:c - lo]
+                flat[start + a - o:start + c - o] = piece
+                pieces.append((piece, start + a - o, start + c - o))
+            start += p.numel()
+        flat = all_reduce(flat, self.sync.mesh, axes, label=label)
+        for piece, a, c in pieces:
+            piece.copy_(flat[a:c])
 
     def scale_grads(self, coef: float) -> None:
         for b in self.sync.buckets:

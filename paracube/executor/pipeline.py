@@ -43,8 +43,10 @@ ACT, GRAD = 0, 1
 def activation_shape(model: ParallelGPT, ids: Tensor) -> tuple[int, ...]:
     """Shape of the local block-layout activations of a micro-batch `ids` [b, s] on this rank."""
     layout = model.mesh.layout
-    act_split = int(MODES[layout.mode].act_split(layout.tensor_size, int(layout.sequence_parallel)))
     tokens = model.mode.split_tokens(ids).shape
+    if layout.sequence_parallel:  # 1D + sp: sequence shards [b, s / tp, h] (executor/one_d.py SEQ)
+        return (tokens[0], tokens[1] // layout.tensor_size, model.spec.hidden)
+    act_split = int(MODES[layout.mode].act_split(layout.tensor_size, 0))
     return (*tokens, model.spec.hidden * model.mode.token_split // act_split)
 
 

@@ -26,9 +26,6 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if layout.zero == 1 and not support.zero:
         raise ParacubeError(f"zero=1 with tensor mode {mode!r} (gradients summed over {MODES[mode].grad_axes}) is "
                             f"not implemented by the executor; use zero=0 in {layout}")
-    if layout.zero == 1 and layout.sequence_parallel:
-        raise ParacubeError(f"zero=1 with sequence parallelism (sp) is not run by the executor yet; use zero=0 or "
-                            f"drop sp in {layout}")
     if layout.pp != 1 and not support.pipeline:
         raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only for tensor mode {mode}")
     if layout.pp > 1 and not split_ok(spec.layers, layout.pp, layout.interleave):
@@ -48,9 +45,6 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if spec.tied_embeddings and layout.pp != 1:
         raise ParacubeError(f"tied embeddings with pp={layout.pp}: the executor ties them within one stage only; "
                             "untie them (tie_word_embeddings: false) or use pp=1")
-    if spec.tied_embeddings and layout.sequence_parallel:
-        raise ParacubeError("tied embeddings with sequence parallelism (sp) are not run by the executor; "
-                            "untie them (tie_word_embeddings: false) or drop sp")
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads

@@ -85,6 +85,9 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     tensor_axes = mesh.layout.tensor_axes
     stages = ("pp",) if pipelined else ()  # stages hold disjoint parameters
     if sharded:
+        with rec.phase("grad_sync"):  # 1D + sp: the sequence-parallel parameters' shards summed over tp
+            optimizer.reduce_over(getattr(model.mode, "sequence_parallel_params", []), tensor_axes,
+                                  "sequence_parallel_params")
         sq = optimizer.grad_norm_sq()
         norm_axes: tuple[str, ...] = (*stages, "dp", *tensor_axes)
     else:

@@ -10,14 +10,15 @@ from __future__ import annotations
 from paracube.export.common import EXPRESSIBLE, Export, header
 from paracube.export.common import refuse_unless_expressible as refuse
 from paracube.launch_text import slurm_script, torchrun_script
-from paracube.modes import runnable_modes
+from paracube.modes import executor_runs, runnable_modes
 from paracube.plan import Plan
 
 WRITTEN_FOR = "paracube's executor (python -m paracube.executor.run --worker) under torchrun, torch >= 2.4"
 
 
 def why_not(plan: Plan) -> str | None:
-    lay = plan.layout
+    """Why paracube's executor does not run the plan (modes.executor_runs says the same), or None."""
+    lay, model = plan.layout, plan.model
     support = lay.tensor_mode.executor
     if support is None:
         return f"paracube's executor runs tensor modes {', '.join(runnable_modes())}, not {lay.mode}"
@@ -27,8 +28,11 @@ def why_not(plan: Plan) -> str | None:
         return "paracube's executor does not implement sequence parallelism (sp)"
     if lay.zero and (lay.zero == 3 or not support.zero):
         return f"paracube's executor does not implement zero={lay.zero} for {lay.mode}"
-    if lay.zero and lay.sequence_parallel:  # as executor/sizes.py refuses
-        return "paracube's executor does not run zero=1 with sequence parallelism (sp) yet"
+    if lay.pp > 1 and model.tied_embeddings:  # as executor/sizes.py refuses
+        return "paracube's executor ties embeddings within one pipeline stage only (pp=1)"
+    if not executor_runs(lay.mode, lay.pp, lay.sequence_parallel, lay.zero,
+                         model.tied_embeddings, model.family):
+        return f"paracube's executor does not run model family {model.family!r} in tensor mode {lay.mode}"
     return None
 
 

@@ -17,6 +17,10 @@ of the all_reduce they replace, so its step time is that of zero=0).
 Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for
 the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
+Only what paracube's executor runs is searched (modes.executor_runs, each mode's ExecutorSupport): every
+plan the search emits passes the executor's preflight (tests/test_planner_runs.py). Left out because the
+executor does not run them: pipelines with tied embeddings (the executor ties the head to the embedding
+within one stage), zero=1 in 2.5D (its gradients are summed over (dp, dep)).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from paracube.cost_models.validity import first_violation, rules
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
-from paracube.modes import MODES, LayoutBatch, runnable_modes
+from paracube.modes import MODES, LayoutBatch, executor_runs, runnable_modes
 from paracube.modes.stages import split_ok
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
 from paracube.workload import ModelSpec, TrainingSpec
@@ -72,7 +76,6 @@ class _Search:
     cache: LinkCache
     fixed: Layout | None
     micro_batches: list[int] | None
-    runnable: bool
     top_k: int
     zeros: tuple[int, ...] = (0,)
     rc_pin: bool = False  # the layouts found carry their recomputation (rc=): it was searched or pinned
@@ -86,13 +89,14 @@ class _Search:
 
 
 def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int] | None,
-             runnable: bool = False, fixed: Layout | None = None) -> list[tuple[int, ...]]:
-    """(dp, pp, t, q, depth, mb, v, sp) rows (LayoutBatch order) of one structure."""
+             fixed: Layout | None = None) -> list[tuple[int, ...]]:
+    """(dp, pp, t, q, depth, mb, v, sp) rows (LayoutBatch order) of one structure (sp where the mode has it
+    and paracube's executor runs it)."""
     m = MODES[st.mode]
     per_replica = d_global // st.dp if d_global % st.dp == 0 else 0
     mbs = micro_batches or (divisors(per_replica) if per_replica else [1])
     vs = [v for v in divisors(-(-layers // st.pp)) if split_ok(layers, st.pp, v)] if st.pp > 1 else [1]
-    with_sp = m.sequence_parallel and not (runnable and not (m.executor and m.executor.sequence_parallel))
+    with_sp = m.sequence_parallel and executor_runs(st.mode, sequence_parallel=True)
     sps = (0, 1) if with_sp else (0,)
     if fixed is not None and fixed.forbid_sp:
         sps = (0,)
@@ -135,10 +139,22 @@ def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], .
     )
 
 
-def _runnable(st: Structure, vocab: int) -> bool:
-    """paracube's executor runs it: the mode and its options (any vocabulary: the executor pads it)."""
-    m = MODES[st.mode]
-    return m.executor is not None and (st.pp == 1 or m.executor.pipeline)
+def _runnable(st: Structure, model: ModelSpec) -> bool:
+    """paracube's executor runs it (modes.executor_runs: the mode, its pipelines, the model's family; tied
+    embeddings not with pipelines; any vocabulary: the executor pads it)."""
+    return executor_runs(st.mode, st.pp, tied_embeddings=model.tied_embeddings, family=model.family)
+
+
+def _not_run_because(st: Structure, model: ModelSpec) -> str:
+    """Why paracube's executor does not run a structure (executor/sizes.py refuses it with the same cause)."""
+    support = MODES[st.mode].executor
+    if support is None:
+        return f"paracube's executor does not run {st.mode}"
+    if model.family not in support.families:
+        return f"paracube's executor does not run the {model.family} family in {st.mode}"
+    why = "tied embeddings" if model.tied_embeddings and support.pipeline else st.mode
+    return f"paracube's executor runs {why} with pp = 1 only" + (
+        " (it ties the head to the embedding within one stage)" if why == "tied embeddings" else "")
 
 
 def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
@@ -147,12 +163,6 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
     if not sts:
         s.explanations[mode] = NO_SHAPE.get(mode, "no layout").format(n=gpus)
         return []
-    if s.runnable:
-        sts = [st for st in sts if _runnable(st, s.model.vocab)]
-        if not sts:
-            s.explanations[mode] = (f"paracube's executor does not run {mode}" if mode not in RUNNABLE_MODES else
-                                    f"paracube's executor runs no {mode} layout of {gpus} GPUs (pp = 1 only)")
-            return []
     fixed = s.fixed
     if fixed is not None:
         # Filter on the structure first, so the reasons below speak of the layouts asked for.
@@ -160,7 +170,12 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
                and (fixed.dp == 1 or st.dp == fixed.dp) and (fixed.pp == 1 or st.pp == fixed.pp)]
         if not sts:
             s.explanations[mode] = f"no {mode} layout of {gpus} GPUs matches {fixed} (layers % pp, shape)"
-    return sts
+            return []
+    # Every plan the search emits runs (the executor's preflight accepts it; tests/test_planner_runs.py).
+    runs = [st for st in sts if _runnable(st, s.model)]
+    if not runs:
+        s.explanations[mode] = _not_run_because(sts[0], s.model)
+    return runs
 
 
 def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
@@ -177,6 +192,10 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     idx = np.nonzero(viol < 0)[0]
     if not len(idx):
         return idx, idx, idx
+    zeros = [z for z in sorted(s.zeros) if executor_runs(mode, zero=z)]
+    if not zeros:  # a pinned zero=1 in a mode whose executor does not shard its optimizer (2.5D)
+        rejected[f"paracube's executor does not run zero={s.zeros[0]} in {mode}"] += int(n_places[idx].sum())
+        return idx[:0], idx[:0], idx[:0]
     sub = batch.take(idx)
     keeps = MODES[mode].keeps_weights
     base_kw = int(keeps and s.kw_pin == 1)
@@ -189,7 +208,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
 
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
-    for z in sorted(s.zeros):
+    for z in zeros:
         if z and not np.any(sub.dp > 1):
             continue
         mem = peak(base, z * np.ones_like(sub.dp))
@@ -228,7 +247,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     owners: list[Structure] = []
     rows: list[tuple[int, ...]] = []
     for st in sts:
-        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.runnable, s.fixed):
+        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed):
             rows.append(cfg)
             owners.append(st)
     batch = LayoutBatch.of_rows(rows)
@@ -305,20 +324,18 @@ def search(
     fixed: Layout | None = None,
     micro_batches: list[int] | None = None,
     top_k: int = 10,
-    runnable: bool = False,
     recomputes: list[str] | None = None,
     zeros: list[int] | None = None,
     overlap: bool = False,
 ) -> SearchResult:
-    """Rank every valid layout of `gpus` devices by predicted step time; raise ParacubeError if none fits.
-    `runnable`: only layouts paracube's executor runs (each mode's ExecutorSupport: pipeline, sequence
-    parallelism)."""
+    """Rank every valid layout of `gpus` devices that paracube's executor runs (each mode's ExecutorSupport,
+    modes.executor_runs) by predicted step time; raise ParacubeError if none fits."""
     t0 = time.perf_counter()
     modes = _modes(modes, gpus, fixed)
     d = dims_of(model, training)
     rcs, zs = _choices(training, fixed, recomputes, zeros)
     s = _Search(model, d, gemm_model(topo, training.dtype), float(topo.device.memory_bytes),  # type: ignore[arg-type, attr-defined]
-                LinkCache(topo), fixed, micro_batches, runnable, top_k, zs,
+                LinkCache(topo), fixed, micro_batches, top_k, zs,
                 len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
                 overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None)
     for rc in rcs:

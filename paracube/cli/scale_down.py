@@ -1,0 +1,113 @@
+"""`paracube run PLAN --model M --gpus G`: the plan's layout scaled down to another model on fewer ranks.
+
+A plan for 64 GPUs cannot run on a laptop, but its parallel structure can: the scaled plan keeps the
+plan's tensor mode, the interleave v of its pipeline schedule, zero, sequence parallelism, recomputation,
+overlap, dtype and placement order, and shrinks dp, pp and the tensor shape to G ranks within the same
+shape family (each of dp, pp and the tensor group stays > 1 exactly where the plan's is; no factor
+grows). Among the candidates it takes the one closest to the plan's proportions: each factor x's target
+is x ** (log G / log N), N the plan's rank count, and the distance sum((log x' - log target)^2) (ties:
+the smaller pp, which needs fewer layers). Sizes follow from the new model: the plan's micro-batch where
+it divides (else the smallest valid), 2 x pp micro-batches per replica (a full 1F1B / interleaved
+schedule; 2 without pipeline), so the global batch is dp x mb x that. If the model's layers do not split
+over pp x v virtual stages, it gets the fewest layers that do (said in the notes): the interleaved
+schedule runs as the plan says rather than silently falling back to v = 1.
+Every candidate passes the executor's preflight checks (executor/sizes.py) or is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from paracube.errors import ParacubeError
+from paracube.executor.sizes import check_divisibility, check_precision
+from paracube.layout import Layout
+from paracube.modes import MODES
+from paracube.modes.stages import split_ok
+from paracube.plan import LaunchSpec, Plan
+from paracube.workload import ModelSpec, TrainingSpec
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _candidates(layout: Layout, gpus: int) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(dp, pp, shape) of `gpus` ranks in the layout's shape family, closest to its proportions first."""
+    mode = MODES[layout.mode]
+    shapes = [s for s in mode.shapes(gpus) if math.prod(s) <= layout.tensor_size] if mode.axes else [()]
+    scale = math.log(gpus) / math.log(layout.world_size) if layout.world_size > 1 else 1.0
+    out = []
+    for shape in shapes:
+        t = math.prod(shape) if shape else 1
+        for pp in _divisors(gpus // t):
+            dp = gpus // t // pp
+            if (dp > 1) != (layout.dp > 1) or (pp > 1) != (layout.pp > 1) or dp > layout.dp or pp > layout.pp:
+                continue
+            dist = sum((math.log(new) - scale * math.log(old)) ** 2
+                       for new, old in ((dp, layout.dp), (pp, layout.pp), (t, layout.tensor_size)))
+            out.append((dist, pp, dp, shape))
+    return [(dp, pp, shape) for _, pp, dp, shape in sorted(out)]
+
+
+def _layers_for(model: ModelSpec, pp: int, v: int) -> int:
+    layers = model.layers
+    while pp > 1 and not split_ok(layers, pp, v):
+        layers += 1
+    return layers
+
+
+def _placement(layout: Layout, **changes: object) -> Layout:
+    try:
+        return layout.with_(**changes)
+    except ParacubeError:  # the plan's placement names axes the smaller layout orders otherwise
+        return layout.with_(**changes, placement=())
+
+
+def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]]:
+    """The plan's layout on `gpus` ranks for `model` (see the module docstring), and notes saying what changed.
+    Raises ParacubeError (one line) when no layout of the family fits."""
+    lay = plan.layout
+    tried: list[str] = []
+    for dp, pp, shape in _candidates(lay, gpus):
+        v = lay.interleave if pp > 1 else 1
+        spec = replace(model, layers=_layers_for(model, pp, v))
+        sp = lay.sequence_parallel and bool(shape)
+        base = Layout(mode=lay.mode, shape=shape, dp=dp, pp=pp, interleave=v, sequence_parallel=sp,
+                      zero=lay.zero if dp > 1 else 0, recompute=lay.recompute, overlap=lay.overlap and dp > 1)
+        split = base.token_split
+        n_micro = 2 * pp if pp > 1 else 2
+        mbs = [lay.micro_batch] if lay.micro_batch and lay.micro_batch % split == 0 else []
+        for mb in [*mbs, *(split * k for k in range(1, 9))]:
+            new = _placement(base, micro_batch=mb, placement=lay.placement)
+            training = replace(plan.training, global_batch=dp * mb * n_micro, seq_len=None)
+            try:
+                check_divisibility(spec, new, mb, training.global_batch, training.sequence_length(spec))
+                check_precision(training.dtype, new)
+            except ParacubeError as exc:
+                tried.append(f"{new}: {exc}")
+                continue
+            return _plan(plan, spec, training, new, gpus), _notes(plan, model, spec, new, training)
+    why = f" ({tried[0]})" if tried else ""
+    raise ParacubeError(f"no layout of {gpus} ranks keeps the shape family of {lay} (dp, pp and the {lay.mode} "
+                        f"tensor group > 1 where the plan's are, none larger) for {model.name}{why}; "
+                        "try another --gpus or --model")
+
+
+def _plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, layout: Layout, gpus: int) -> Plan:
+    return Plan(model=spec, training=training, layout=layout, cluster="local-cpu", gpus=gpus,
+                launch=LaunchSpec(nproc_per_node=gpus, backend=plan.launch.backend),
+                notes=(f"scaled down from {plan.model.name} {plan.layout} on {plan.gpus} GPUs",))
+
+
+def _notes(plan: Plan, model: ModelSpec, spec: ModelSpec, layout: Layout, training: TrainingSpec) -> list[str]:
+    notes = [f"scaled {plan.model.name} {plan.layout} ({plan.gpus} GPUs) -> {spec.name} {layout} "
+             f"({layout.world_size} ranks), global batch {training.global_batch} x "
+             f"{training.sequence_length(spec)} tokens, {training.dtype}"]
+    if spec.layers != model.layers:
+        notes.append(f"{model.name} has {model.layers} layers; runs {spec.layers} so that pp={layout.pp} x "
+                     f"v={layout.interleave} virtual stages each hold a block")
+    return notes
+
+
+__all__ = ["scale_down"]

@@ -1,0 +1,101 @@
+"""Every plan the planner emits runs (issue #13 part 8: `--runnable` is gone).
+
+For many (model, cluster, GPU count, dtype) cases -- the preset models of every size, llama with kv_heads <
+heads, GPT-2's 50,257 vocabulary, uneven layer counts, tied embeddings -- every layout the search ranks
+(its top 20 and the best of each mode, recomputation and zero searched as `paracube plan` searches them)
+passes the executor's preflight: `launch.preflight`, the checks `paracube run` makes before any rank
+starts (world size, the sizes each split needs, the mode's options, precision). No ranks are started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paracube.errors import ParacubeError
+from paracube.executor.launch import NodeSpec, preflight
+from paracube.layout import RECOMPUTES
+from paracube.plan import LaunchSpec, Plan
+from paracube.planner import search
+from paracube.topologies import load_topology
+from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+
+TINY = PRESETS["tiny"]
+MODELS = [
+    TINY, PRESETS["small"], PRESETS["gpt2-small"], PRESETS["gpt3-13b"], PRESETS["llama2-7b"], PRESETS["llama2-70b"],
+    replace(TINY, name="uneven", layers=5, vocab=250),  # layers no pp divides evenly, a vocabulary no split does
+    replace(TINY, name="tied", layers=4, tied_embeddings=True),
+    ModelSpec("llama-gqa", layers=3, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=64, family="llama",
+              kv_heads=2),
+    ModelSpec("llama-tied", layers=6, hidden=64, heads=8, ffn_hidden=128, vocab=256, seq_len=64, family="llama",
+              kv_heads=4, tied_embeddings=True),
+]
+CASES = [  # (cluster, gpus, dtypes)
+    ("local-cpu", 8, ("fp32", "bf16")),
+    ("local-cpu", 16, ("fp32",)),
+    ("dgx-h100", 8, ("bf16",)),
+    ("dgx-h100", 64, ("bf16", "fp16")),
+]
+
+
+def _emitted(model: ModelSpec, cluster: str, gpus: int, dtype: str) -> tuple[TrainingSpec, list]:
+    big = model.num_parameters() >= 100e6
+    training = TrainingSpec(global_batch=512 if big else 16, dtype=dtype)
+    try:
+        found = search(model, training, load_topology(cluster, gpus=gpus), gpus, top_k=20,
+                       recomputes=list(RECOMPUTES), zeros=[0, 1])
+    except ParacubeError:
+        return training, []  # nothing fits (e.g. a 70B model on 8 GPUs): nothing emitted
+    return training, [lay for lay, _ in found.ranked] + [lay for lay, _ in found.best_per_mode.values()]
+
+
+@pytest.mark.parametrize(("cluster", "gpus", "dtypes"), CASES, ids=lambda c: str(c))
+def test_every_emitted_plan_passes_the_executor_preflight(cluster, gpus, dtypes) -> None:
+    checked, refused = 0, []
+    for model in MODELS:
+        for dtype in dtypes:
+            training, layouts = _emitted(model, cluster, gpus, dtype)
+            for lay in layouts:
+                plan = Plan(model=model, training=training, layout=lay, cluster=cluster, gpus=gpus,
+                            launch=LaunchSpec(nproc_per_node=gpus))
+                try:
+                    preflight(plan, NodeSpec(), data="synthetic", check_devices=False)
+                except ParacubeError as exc:
+                    refused.append(f"{model.name} {dtype} {lay}: {exc}")
+                checked += 1
+    assert not refused, f"{len(refused)} of {checked} emitted plans refused, e.g. {refused[:3]}"
+    assert checked >= 100  # the cases above emit plenty (pipelines, zero=1, sp, 2.5D among them)
+
+
+def test_the_search_still_chooses_pipelines_zero_and_sp_where_they_pay() -> None:
+    """Restricting to what runs keeps the scale-out options (the executor runs them)."""
+    training = TrainingSpec(global_batch=512, dtype="bf16")
+    found = search(PRESETS["gpt3-13b"], training, load_topology("dgx-h100", gpus=64), 64, top_k=100,
+                   recomputes=list(RECOMPUTES), zeros=[0, 1])
+    layouts = [lay for lay, _ in found.ranked]
+    assert layouts[0].pp > 1
+    assert any(lay.zero == 1 for lay in layouts) and any(lay.sequence_parallel for lay in layouts)
+
+
+def test_tied_embeddings_are_planned_without_pipelines() -> None:
+    """The executor ties the head to the embedding within one stage: a tied model's plans have pp = 1."""
+    model = replace(TINY, name="tied", layers=4, tied_embeddings=True)
+    found = search(model, TrainingSpec(global_batch=16), load_topology("local-cpu", gpus=8), 8, top_k=50)
+    assert found.ranked and all(lay.pp == 1 for lay, _ in found.ranked)
+    untied = search(replace(model, tied_embeddings=False), TrainingSpec(global_batch=16),
+                    load_topology("local-cpu", gpus=8), 8, top_k=200)
+    assert any(lay.pp > 1 for lay, _ in untied.ranked)
+
+
+@pytest.mark.parametrize(("model", "layout", "dtype", "message"), [
+    (replace(TINY, layers=4, tied_embeddings=True), "pp=2,tp=1d:2", "fp32", "runs tied embeddings with pp = 1 only"),
+    (TINY, "dp=2,tp=2.5d:2x2x2,zero=1", "fp32", "does not run zero=1 in 2.5d"),
+])
+def test_a_pinned_layout_the_executor_does_not_run_is_explained(model, layout, dtype, message) -> None:
+    from paracube.layout import parse_layout
+
+    fixed = parse_layout(layout)
+    with pytest.raises(ParacubeError, match=message):
+        search(model, TrainingSpec(global_batch=32, dtype=dtype), load_topology("local-cpu", gpus=fixed.world_size),
+               fixed.world_size, fixed=fixed, zeros=[0, 1])
