@@ -30,8 +30,8 @@ def runnable_modes() -> tuple[str, ...]:
 def executor_runs(mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
                   tied_embeddings: bool = False, family: str = "gpt") -> bool:
     """paracube's executor runs this mode with these options (zero=3: never; tied embeddings: not with
-    pipelines; every dtype, fp16 loss scaling included); executor/sizes.py refuses the same before any rank starts, and the
-    planner's search emits only what this accepts (planner/search.py)."""
+    pipelines; every dtype, fp16 loss scaling included); executor/sizes.py refuses the same before any rank
+    starts, and the planner's search emits only what this accepts (planner/search.py)."""
     support = MODES[mode].executor
     return (support is not None and (pp == 1 or support.pipeline)
             and (not sequence_parallel or support.sequence_parallel)
