@@ -20,7 +20,7 @@ import math
 from dataclasses import replace
 
 from paracube.errors import ParacubeError
-from paracube.executor.sizes import check_divisibility, check_precision
+from paracube.executor.sizes import check_divisibility
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.stages import split_ok
@@ -74,7 +74,8 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
         spec = replace(model, layers=_layers_for(model, pp, v))
         sp = lay.sequence_parallel and bool(shape)
         base = Layout(mode=lay.mode, shape=shape, dp=dp, pp=pp, interleave=v, sequence_parallel=sp,
-                      zero=lay.zero if dp > 1 else 0, recompute=lay.recompute, overlap=lay.overlap and dp > 1)
+                      zero=lay.zero if dp > 1 else 0, recompute=lay.recompute, overlap=lay.overlap and dp > 1,
+                      keep_weights=lay.keep_weights)
         split = base.token_split
         n_micro = 2 * pp if pp > 1 else 2
         mbs = [lay.micro_batch] if lay.micro_batch and lay.micro_batch % split == 0 else []
@@ -83,7 +84,6 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
             training = replace(plan.training, global_batch=dp * mb * n_micro, seq_len=None)
             try:
                 check_divisibility(spec, new, mb, training.global_batch, training.sequence_length(spec))
-                check_precision(training.dtype, new)
             except ParacubeError as exc:
                 tried.append(f"{new}: {exc}")
                 continue
