@@ -311,3 +311,26 @@ def test_bad_links_ranks_and_disconnected_devices_are_named() -> None:
         bad["graph"]["links"][0]["bandwidth"] = 0
         topology_from_dict(bad)
     assert math.isfinite(LinkTable(_FakeTopo(1e9)).template("x", [[(0, 1)]]).alpha)
+
+
+# --- the published layouts (docs/published-runs.md; every row: benchmarks/engines_agree.py) -------------------
+@pytest.mark.parametrize("row,text", [
+    ("t1-3.6B", "dp=32,tp=1d:2,mb=16,overlap"),  # tp x dp, gradient buckets overlapping backward
+    ("t1-18.4B", "dp=32,tp=1d:8,mb=32,zero=1,overlap"),  # distributed optimizer: reduce_scatter buckets
+    ("t1-39.1B", "dp=32,pp=2,tp=1d:8,mb=6,v=3,overlap,place=tp.pp.dp"),  # interleaved pipeline
+    ("rd-8.67B", "dp=1,tp=1d:8,mb=16"),  # one node, no data parallelism
+])
+def test_engines_agree_on_published_layouts(row: str, text: str) -> None:
+    """Both engines model the same step: tp collectives in line, dp buckets on their own stream during the last
+    backward, interleaved stages. Their step times agree within 5% on these published layouts."""
+    from paracube.calibration.from_runs import preset_topology, read_runs
+    from paracube.topologies.presets import PRESETS
+
+    data = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.csv"
+    run = next(r for r in read_runs(data, tuple(PRESETS)) if r.name == row)
+    topo = preset_topology(run)
+    layout = parse_layout(text)
+    an = estimate(run.model, run.training, layout, topo, with_events=False)
+    ev = estimate_event(run.model, run.training, layout, topo, with_events=False)
+    assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.05)
+    assert ev.compute_time_s == pytest.approx(an.compute_time_s, rel=1e-6)

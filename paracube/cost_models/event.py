@@ -11,10 +11,14 @@ depend on timing); the times come from the simulation:
   whose transfers share links max-min fairly with the concurrent groups of the same axis in that stage
   (event_network.py explains the weighting that stands in for them) and with whatever else the simulated
   devices run at the same time;
-- by default collectives are synchronous (the executor's tensor-parallel collectives run in line);
-  `overlap=True` hides dA / bias-gradient reduce-scatters under the dX GEMM and issues each data-parallel
-  gradient bucket (traffic.py; zero=1: its reduce_scatter) asynchronously in the last backward, once the
-  layers that produce its gradients are done, as the executor does by default (executor/grad_sync.py);
+- tensor-parallel collectives are synchronous (the executor's run in line); the option `overlap=True`
+  hides dA / bias-gradient reduce-scatters under the dX GEMM (Bian et al. 2021);
+- a layout with `overlap` (Layout.overlap; also implied by the option) issues each data-parallel gradient
+  bucket (traffic.py; zero=1: its reduce_scatter) asynchronously in the last backward, once the layers that
+  produce its gradients are done, as the executor does (executor/grad_sync.py) and the analytic model prices;
+- asynchronous collectives queue on a stream per communicator (stage, mesh axes): calls of one group run
+  in issue order, calls of different groups concurrently (NCCL runs each communicator on its own stream; a
+  tp all-reduce does not wait behind a dp gradient bucket). They still share links (event_network.py);
 - collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages.
 """
 
@@ -70,7 +74,8 @@ class _Sim:
     def __init__(self, layout: Layout, topo: RoutedTopology, programs: list[StageProgram], n_micro: int,
                  overlap: bool, timeline: bool) -> None:
         self.layout, self.topo, self.programs, self.n_micro = layout, topo, programs, n_micro
-        self.overlap, self.record = overlap, timeline
+        # Streams are needed once anything runs asynchronously (tp overlap or gradient buckets).
+        self.overlap, self.record = overlap or layout.overlap, timeline
         self.env = simpy.Environment()
         self.links = LinkTable(topo)
         self.grid = layout.rank_grid()
@@ -85,7 +90,14 @@ class _Sim:
         self.arrivals: dict[tuple[str, int, int], simpy.Event] = {}
         self.barriers: dict[int, list] = {}
         self.barrier_seen = [0] * layout.pp
-        self.streams = [simpy.Resource(self.env, 1) for _ in range(layout.pp)]
+        self.streams: dict[tuple[int, tuple[str, ...]], simpy.Resource] = {}
+
+    def stream(self, stage: int, axes: tuple[str, ...]) -> simpy.Resource:
+        """The stream of one communicator (a stage's group over `axes`): its calls run one at a time."""
+        key = (stage, axes)
+        if key not in self.streams:
+            self.streams[key] = simpy.Resource(self.env, 1)
+        return self.streams[key]
 
     # --- templates --------------------------------------------------------------------------------
     def template(self, stage: int, axes: tuple[str, ...]) -> Template:
@@ -134,13 +146,14 @@ class _Sim:
         if "pp" in e.axes:  # spans stages: every stage's representative waits for the others
             yield from self._barrier(stage, e, steps, chunk)
             return
-        req = self.streams[stage].request() if self.overlap else None
+        stream = self.stream(stage, e.axes) if self.overlap else None
+        req = stream.request() if stream is not None else None
         if req is not None:
             yield req
         t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
         yield self.net.run(self.template(stage, e.axes), steps, chunk)
-        if req is not None:
-            self.streams[stage].release(req)
+        if stream is not None and req is not None:
+            stream.release(req)
         self._comm_done(stage, op.name, e, t0, busy0)
 
     def _barrier(self, stage: int, e: CommEvent, steps: int, chunk: float):
@@ -176,7 +189,7 @@ class _Sim:
                 if pending:
                     yield simpy.AllOf(self.env, pending)
                     pending.clear()
-            elif op.asynchronous and self.overlap:
+            elif op.asynchronous:  # build_stage marks ops asynchronous only when they overlap
                 pending.append(self.env.process(self.comm(stage, op)))
             else:
                 yield from self.comm(stage, op)
@@ -242,7 +255,8 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
         raise ParacubeError(f"layout {layout}: interleaved 1F1B needs the micro-batch count ({n_micro}) to be "
                             f"a multiple of pp={layout.pp}; change the global batch or mb")
     g = gemm_model(topo, training.dtype)
-    programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap) for s in range(layout.pp)]
+    programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap, overlap or layout.overlap)
+                for s in range(layout.pp)]
     sim = _Sim(layout, topo, programs, n_micro, overlap, timeline)
     wall = time.perf_counter()
     sim.run()
@@ -255,7 +269,9 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     notes = [n for n in base.notes if not n.startswith("pipeline:")]
     notes.append(f"event engine: {layout.pp} representative device(s), one per pipeline stage; breakdown of "
                  f"stage {crit}; comm_time_by_axis/kind are exposed seconds"
-                 + ("; overlap on" if overlap else "; no overlap (as the executor with --no-overlap)"))
+                 + ("; tp weight-gradient overlap on" if overlap else "")
+                 + ("; gradient buckets overlap backward" if overlap or layout.overlap
+                    else "; gradient reduction after backward (layout without overlap)"))
     est = replace(base, engine="event", step_time_s=step, compute_time_s=st.compute, comm_time_s=st.comm,
                   exposed_comm_time_s=st.exposed, bubble_time_s=max(0.0, step - st.compute - st.exposed),
                   mfu=flops / (step * peak * layout.world_size), comm_time_by_axis=dict(st.by_axis),
