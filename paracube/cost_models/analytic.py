@@ -112,7 +112,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         bw, lat = calibrated_link(g.comm, e.kind, e.n[rows], *links[e.axes], alternating)
         # collective.collective_time, with the per-configuration factors computed before indexing by layout
         e_sent = e.sent()
-        tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw
+        tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw + e.count[rows] * g.call_overhead
         tm = np.where(e.count[rows] > 0, tm, 0.0)
         if e.per_step:
             step += tm
@@ -192,7 +192,8 @@ def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel) 
     by_kind: dict[str, float] = defaultdict(float)
     for e in chosen.entries:
         if e.count[0] > 0:
-            tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[0])
+            tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[0]) \
+                + float(e.count[0]) * g.call_overhead
             by_axis[".".join(e.axes)] += tm
             by_kind[e.kind] += tm
     return dict(by_axis), dict(by_kind)

@@ -76,6 +76,7 @@ class _Sim:
         self.layout, self.topo, self.programs, self.n_micro = layout, topo, programs, n_micro
         # Streams are needed once anything runs asynchronously (tp overlap or gradient buckets).
         self.overlap, self.record = overlap or layout.overlap, timeline
+        self.call_overhead = 0.0  # seconds per collective call beyond its ring steps (simulate sets it)
         self.env = simpy.Environment()
         self.links = LinkTable(topo)
         self.grid = layout.rank_grid()
@@ -151,6 +152,8 @@ class _Sim:
         if req is not None:
             yield req
         t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+        if self.call_overhead:  # waiting for the group's ranks (DeviceSpec.call_overhead_s; analytic alike)
+            yield self.env.timeout(self.call_overhead)
         yield self.net.run(self.template(stage, e.axes), steps, chunk)
         if stream is not None and req is not None:
             stream.release(req)
@@ -166,6 +169,8 @@ class _Sim:
         slot[0] += 1
         if slot[0] == self.layout.pp:
             del self.barriers[k]
+            if self.call_overhead:
+                yield self.env.timeout(self.call_overhead)
             yield self.net.run(self.template(0, e.axes), steps, chunk)
             slot[1].succeed()
         else:
@@ -205,6 +210,8 @@ class _Sim:
         dst = to_vstage % self.layout.pp
         if dst != stage:
             t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+            if self.call_overhead:
+                yield self.env.timeout(self.call_overhead)
             yield self.net.run(self.send_template(stage, dst), 1, float(nbytes))
             ev = CommEvent("send", ("pp",), 2, nbytes, "", "pipeline", kind)
             self._comm_done(stage, f"send {kind} mb{micro} -> stage {dst}", ev, t0, busy0)
@@ -258,6 +265,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap, overlap or layout.overlap)
                 for s in range(layout.pp)]
     sim = _Sim(layout, topo, programs, n_micro, overlap, timeline)
+    sim.call_overhead = g.call_overhead
     wall = time.perf_counter()
     sim.run()
     wall = time.perf_counter() - wall

@@ -317,28 +317,57 @@ def _host_memory_bytes() -> float:
 
 
 SHM_BANDWIDTH, SHM_LATENCY = 2e9, 25e-6  # local-cpu: each process's link to the shared-memory hub
+# local-cpu, per rank on a core of its own (measured on a 2-core x86 VM, torch 2 eager, gloo, the tiny GPT;
+# `paracube calibrate` replaces them with this machine's fits): host seconds per dispatched op of the
+# executor (dispatch, autograd, the executor's glue), and the wait per collective call for each other rank
+# sharing the core (the call proceeds once the group's ranks have been scheduled: a time slice each).
+CPU_OP_S, CPU_CALL_WAIT_S = 10e-6, 1.5e-3
 
 
-def local_cpu_device(processes: int) -> DeviceSpec:
-    """One local-cpu process: modest peaks until calibrated, an equal share of host memory."""
-    return DeviceSpec("cpu-process", {"fp32": 50e9, "fp16": 25e9, "bf16": 25e9},
-                      _host_memory_bytes() / processes, 10e9)
+def host_cores() -> int:
+    """Cores this process may use (taskset, cgroups): what the local ranks share."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def ranks_per_core(processes: int, cores: int | None = None) -> float:
+    """Oversubscription of `processes` CPU ranks on the host's cores (1 when each has a core)."""
+    return max(1.0, processes / (cores or host_cores()))
+
+
+def local_cpu_device(processes: int, cores: int | None = None) -> DeviceSpec:
+    """One local-cpu process: modest peaks until calibrated, an equal share of host memory. Ranks that
+    outnumber the cores (r = ranks_per_core > 1) each get 1/r of a core: peaks and memory bandwidth / r,
+    r x CPU_OP_S per dispatched op, and (r - 1) x CPU_CALL_WAIT_S per collective call."""
+    r = ranks_per_core(processes, cores)
+    return DeviceSpec("cpu-process", {k: v / r for k, v in {"fp32": 50e9, "fp16": 25e9, "bf16": 25e9}.items()},
+                      _host_memory_bytes() / processes, 10e9 / r, op_overhead_s=CPU_OP_S * r,
+                      call_overhead_s=CPU_CALL_WAIT_S * (r - 1))
+
+
+def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, float]:
+    """(bandwidth, latency) of a process's link to the hub: copies run on a 1/r share of a core."""
+    r = ranks_per_core(processes, cores)
+    return SHM_BANDWIDTH / r, SHM_LATENCY * r
 
 
 def local_cpu(nodes: int = 1, gpus_per_node: int = 8, oversubscription: float = 1.0) -> Topology:
     """This machine: `gpus_per_node` CPU processes (kind "gpu": the rank's device) talking gloo through
     shared memory / loopback, modelled as a hub. Modest defaults until `paracube calibrate` measures them:
     50 GFLOP/s fp32 (25 fp16/bf16: CPUs rarely have fast half-precision GEMMs), 2 GB/s and 50 us per message
-    between two processes (25 us per link of the hub), host memory split evenly."""
+    between two processes (25 us per link of the hub), host memory split evenly; with more processes than
+    cores, each process's share of a core (local_cpu_device, local_cpu_link)."""
     del oversubscription  # no network
     check(nodes == 1, f"local-cpu: nodes={nodes!r}; valid: 1 (this machine)")
     check(gpus_per_node >= 1, f"local-cpu: devices={gpus_per_node!r} must be >= 1")
     device = local_cpu_device(gpus_per_node)
+    bandwidth, latency = local_cpu_link(gpus_per_node)
     g = _graph()
     g.add_node("n0.shm", kind="cpu", node_index=0)
     for j in range(gpus_per_node):
         g.add_node(f"n0.proc{j}", kind="gpu", node_index=0, local_rank=j)
-        g.add_edge(f"n0.proc{j}", "n0.shm", bandwidth=SHM_BANDWIDTH, latency=SHM_LATENCY)
+        g.add_edge(f"n0.proc{j}", "n0.shm", bandwidth=bandwidth, latency=latency)
     return _topology("local-cpu", g, device, 1, gpus_per_node)
 
 
