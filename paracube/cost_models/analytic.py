@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paracube.cost_models.collective import calibrated_link
+from paracube.cost_models.collective import calibrated_link, fastest_time, latency_factor
 from paracube.cost_models.comm import Entry, StepTraffic, axes_used, stage_layers_params
 from paracube.cost_models.compute import (
     GemmModel,
@@ -113,6 +113,10 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         # collective.collective_time, with the per-configuration factors computed before indexing by layout
         e_sent = e.sent()
         tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw + e.count[rows] * g.call_overhead
+        if e.kind == "all_reduce" and not g.comm:  # uncalibrated: the faster of ring and tree (collective.py)
+            depth2 = latency_factor("all_reduce", e.n, "tree")
+            tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw
+                            + e.count[rows] * g.call_overhead)
         tm = np.where(e.count[rows] > 0, tm, 0.0)
         if e.per_step:
             step += tm
@@ -192,8 +196,10 @@ def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel) 
     by_kind: dict[str, float] = defaultdict(float)
     for e in chosen.entries:
         if e.count[0] > 0:
-            tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[0]) \
-                + float(e.count[0]) * g.call_overhead
+            tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[0])
+            if e.kind == "all_reduce" and not g.comm:  # as _stage prices it
+                tm = float(fastest_time(e.kind, e.n, e.count, e.payload, *links[e.axes])[0])
+            tm += float(e.count[0]) * g.call_overhead
             by_axis[".".join(e.axes)] += tm
             by_kind[e.kind] += tm
     return dict(by_axis), dict(by_kind)

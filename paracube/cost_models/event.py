@@ -7,7 +7,8 @@ depend on timing); the times come from the simulation:
   a communication stream, following the stage's 1F1B or interleaved-1F1B schedule; stages exchange
   activations / their gradients with sends that travel the network;
 - every collective is a ring on the representative group (node-major order), decomposed into its steps
-  (collective.ring_steps),
+  (collective.ring_steps; an uncalibrated all_reduce that a tree does faster: the tree's steps over the same
+  links, collective.call_steps, as the analytic model prices it),
   whose transfers share links max-min fairly with the concurrent groups of the same axis in that stage
   (event_network.py explains the weighting that stands in for them) and with whatever else the simulated
   devices run at the same time;
@@ -32,12 +33,14 @@ import numpy as np
 import simpy
 
 from paracube.cost_models.analytic import estimate as analytic_estimate
-from paracube.cost_models.collective import ring_steps
+from paracube.cost_models.analytic import layout_links
+from paracube.cost_models.collective import call_steps, ring_steps
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
 from paracube.cost_models.event_program import Op, StageProgram, build_stage, schedule
 from paracube.cost_models.event_trace import Span, Timeline
+from paracube.cost_models.links import LinkCache
 from paracube.cost_models.validity import resolve_micro_batch
 from paracube.errors import ParacubeError, check
 from paracube.estimate import CommEvent, StepEstimate
@@ -77,6 +80,8 @@ class _Sim:
         # Streams are needed once anything runs asynchronously (tp overlap or gradient buckets).
         self.overlap, self.record = overlap or layout.overlap, timeline
         self.call_overhead = 0.0  # seconds per collective call beyond its ring steps (simulate sets it)
+        # (bandwidth, latency) per axes where the algorithm may be a tree (uncalibrated; simulate sets it)
+        self.alpha_beta: dict[tuple[str, ...], tuple[float, float]] = {}
         self.env = simpy.Environment()
         self.links = LinkTable(topo)
         self.grid = layout.rank_grid()
@@ -143,7 +148,9 @@ class _Sim:
     def comm(self, stage: int, op: Op):
         e = op.event
         assert e is not None and self.net is not None
-        steps, chunk = ring_steps(e.kind, e.group_size, e.payload_bytes)
+        link = self.alpha_beta.get(e.axes)
+        steps, chunk = (call_steps(e.kind, e.group_size, e.payload_bytes, *link) if link is not None
+                        else ring_steps(e.kind, e.group_size, e.payload_bytes))
         if "pp" in e.axes:  # spans stages: every stage's representative waits for the others
             yield from self._barrier(stage, e, steps, chunk)
             return
@@ -266,6 +273,9 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
                 for s in range(layout.pp)]
     sim = _Sim(layout, topo, programs, n_micro, overlap, timeline)
     sim.call_overhead = g.call_overhead
+    if not g.comm:  # uncalibrated all_reduces take the faster of ring and tree, as the analytic model does
+        sim.alpha_beta = {axes: (float(bw[0]), float(lat[0]))
+                          for axes, (bw, lat) in layout_links(layout, LinkCache(topo)).items()}
     wall = time.perf_counter()
     sim.run()
     wall = time.perf_counter() - wall

@@ -341,7 +341,7 @@ def local_cpu_device(processes: int, cores: int | None = None) -> DeviceSpec:
     outnumber the cores (r = ranks_per_core > 1) each get 1/r of a core: peaks and memory bandwidth / r,
     r x CPU_OP_S per dispatched op, and (r - 1) x CPU_CALL_WAIT_S per collective call."""
     r = ranks_per_core(processes, cores)
-    return DeviceSpec("cpu-process", {k: v / r for k, v in {"fp32": 50e9, "fp16": 25e9, "bf16": 25e9}.items()},
+    return DeviceSpec("cpu-process", {k: v / r for k, v in {"fp32": 100e9, "fp16": 25e9, "bf16": 25e9}.items()},
                       _host_memory_bytes() / processes, 10e9 / r, op_overhead_s=CPU_OP_S * r,
                       call_overhead_s=CPU_CALL_WAIT_S * (r - 1))
 
@@ -354,8 +354,9 @@ def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, flo
 
 def local_cpu(nodes: int = 1, gpus_per_node: int = 8, oversubscription: float = 1.0) -> Topology:
     """This machine: `gpus_per_node` CPU processes (kind "gpu": the rank's device) talking gloo through
-    shared memory / loopback, modelled as a hub. Modest defaults until `paracube calibrate` measures them:
-    50 GFLOP/s fp32 (25 fp16/bf16: CPUs rarely have fast half-precision GEMMs), 2 GB/s and 50 us per message
+    shared memory / loopback, modelled as a hub. Defaults until `paracube calibrate` measures them: 100 GFLOP/s
+    fp32 per core (one x86 core with AVX-512 runs torch's single-thread 256^3 GEMM at 95-135 GFLOP/s; 25
+    fp16/bf16: CPUs rarely have fast half-precision GEMMs), 2 GB/s and 50 us per message
     between two processes (25 us per link of the hub), host memory split evenly; with more processes than
     cores, each process's share of a core (local_cpu_device, local_cpu_link)."""
     del oversubscription  # no network
