@@ -136,6 +136,36 @@ def test_runs_csv_missing_column(tmp_path: Path) -> None:
         read_runs(_write(tmp_path / "runs.csv", rows), tuple(PRESETS))
 
 
+@pytest.mark.parametrize("edit,words", [
+    ("drop:measured_step_s", ["missing column 'measured_step_s'"]),
+    ("model:gpt-9000", ["row 3 (v-2.03B)", "model", "gpt-9000"]),
+    ("measured_step_s:1.2s", ["row 3 (v-2.03B)", "measured_step_s='1.2s'"]),
+    ("layout:dp=4,tp=1d:2", ["row 3 (v-2.03B)", "layout='dp=4,tp=1d:2' has 8 ranks, gpus=2"]),
+])
+def test_bad_runs_csv_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         edit: str, words: list[str]) -> None:
+    """calibrate --from-runs and validate --from-runs: a missing column, an unknown model preset, a non-numeric
+    time, a layout whose ranks are not the row's GPUs: one line naming the row and the field, exit 2, no file."""
+    rows = [r for r in _rows() if r["run"].startswith("v-")]
+    key, value = edit.split(":", 1)
+    if key == "drop":
+        rows = [{k: v for k, v in r.items() if k != value} for r in rows]
+    else:
+        if key == "model":  # a model preset column instead of the shape (the shape columns left empty)
+            rows = [{**r, "model": ""} for r in rows]
+            for k in ("hidden", "heads", "layers", "vocab"):
+                rows[1][k] = ""
+        rows[1][key] = value
+    path = _write(tmp_path / "runs.csv", rows)
+    out = tmp_path / "cal.yaml"
+    for argv in (["calibrate", "--from-runs", str(path), "--cluster", "dgx2-v100", "--out", str(out)],
+                 ["validate", "--from-runs", str(path), "--cluster", "dgx2-v100"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and all(w in err for w in words), err
+        assert not out.exists() and "Traceback" not in err
+
+
 def test_fit_and_calibrated_file_reproduce_predictions(tmp_path: Path) -> None:
     """Fit the V100 rows (single node: fast); the written cluster file predicts what the fit predicted."""
     runs = [r for r in read_runs(DATA, tuple(PRESETS)) if r.cluster == "dgx2-v100"]
