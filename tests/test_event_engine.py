@@ -160,10 +160,14 @@ def test_groups_straddling_nodes_share_the_middle_nic() -> None:
 
 
 def _ring_time(e: object, bw: float, alpha: float) -> float:
-    """Ring collective: steps x alpha + bytes a rank sends / bandwidth (2(n-1) steps for all_reduce)."""
+    """Ring collective: steps x alpha + bytes a rank sends / bandwidth (2(n-1) steps for all_reduce); an
+    all_reduce takes the binomial tree's 2 ceil(log2 n) steps of the whole payload where that is faster."""
     n = e.group_size  # type: ignore[attr-defined]
     steps = 2 * (n - 1) if e.kind == "all_reduce" else n - 1  # type: ignore[attr-defined]
-    return steps * alpha + e.sent_bytes() / bw  # type: ignore[attr-defined]
+    ring = steps * alpha + e.sent_bytes() / bw  # type: ignore[attr-defined]
+    if e.kind != "all_reduce":  # type: ignore[attr-defined]
+        return ring
+    return min(ring, 2 * math.ceil(math.log2(n)) * (alpha + e.payload_bytes / bw))  # type: ignore[attr-defined]
 
 
 def test_lines_kept_inside_nodes_beat_lines_spread_across() -> None:
