@@ -9,13 +9,22 @@ rail-optimized: NIC k of every node in a block of `nodes_per_leaf` nodes goes to
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from paracube.errors import check
 from paracube.topologies.device import DeviceSpec
+from paracube.topologies.local_cpu import (  # noqa: F401  (re-exported: listing.py, tests)
+    CPU_CALL_WAIT_S,
+    CPU_OP_S,
+    SHM_BANDWIDTH,
+    SHM_LATENCY,
+    host_cores,
+    local_cpu_device,
+    local_cpu_link,
+    ranks_per_core,
+)
 
 if TYPE_CHECKING:  # networkx, numpy and the graph model load only when a topology is built (fast listing)
     import networkx as nx
@@ -307,49 +316,6 @@ def switched_links(name: str, gpus_per_node: int, fit: Fit | None = None) -> dic
                 intra_bandwidth=450e9 * _eff(fit, "nvlink4-nvswitch"), intra_latency=NVLINK_LAT,
                 inter_bandwidth=NDR_IB * _eff(fit, "ndr-ib"), inter_latency=NIC_LAT,
                 nics_per_node=gpus_per_node, pcie_bandwidth=PCIE5_X16, nodes_per_leaf=32)
-
-
-def _host_memory_bytes() -> float:
-    try:
-        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):  # not POSIX: assume a 16 GiB laptop
-        return float(16 * GiB)
-
-
-SHM_BANDWIDTH, SHM_LATENCY = 2e9, 25e-6  # local-cpu: each process's link to the shared-memory hub
-# local-cpu, per rank on a core of its own (measured on a 2-core x86 VM, torch 2 eager, gloo, the tiny GPT;
-# `paracube calibrate` replaces them with this machine's fits): host seconds per dispatched op of the
-# executor (dispatch, autograd, the executor's glue), and the wait per collective call for each other rank
-# sharing the core (the call proceeds once the group's ranks have been scheduled: a time slice each).
-CPU_OP_S, CPU_CALL_WAIT_S = 10e-6, 1.5e-3
-
-
-def host_cores() -> int:
-    """Cores this process may use (taskset, cgroups): what the local ranks share."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
-def ranks_per_core(processes: int, cores: int | None = None) -> float:
-    """Oversubscription of `processes` CPU ranks on the host's cores (1 when each has a core)."""
-    return max(1.0, processes / (cores or host_cores()))
-
-
-def local_cpu_device(processes: int, cores: int | None = None) -> DeviceSpec:
-    """One local-cpu process: modest peaks until calibrated, an equal share of host memory. Ranks that
-    outnumber the cores (r = ranks_per_core > 1) each get 1/r of a core: peaks and memory bandwidth / r,
-    r x CPU_OP_S per dispatched op, and (r - 1) x CPU_CALL_WAIT_S per collective call."""
-    r = ranks_per_core(processes, cores)
-    return DeviceSpec("cpu-process", {k: v / r for k, v in {"fp32": 100e9, "fp16": 25e9, "bf16": 25e9}.items()},
-                      _host_memory_bytes() / processes, 10e9 / r, op_overhead_s=CPU_OP_S * r,
-                      call_overhead_s=CPU_CALL_WAIT_S * (r - 1))
-
-
-def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, float]:
-    """(bandwidth, latency) of a process's link to the hub: copies run on a 1/r share of a core."""
-    r = ranks_per_core(processes, cores)
-    return SHM_BANDWIDTH / r, SHM_LATENCY * r
 
 
 def local_cpu(nodes: int = 1, gpus_per_node: int = 8, oversubscription: float = 1.0) -> Topology:
