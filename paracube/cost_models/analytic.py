@@ -19,6 +19,9 @@ stream never idles after the first bucket, or the last bucket is the tail). B = 
 tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
 recomputed forward runs inside backward). Everything else per step (grad norm, metrics, zero=1's parameter
 all_gather after the optimizer step) stays exposed.
+Each collective call also costs the device model's `call_overhead` (uncalibrated local-cpu ranks sharing
+cores wait for their group to be scheduled: topologies/local_cpu.py; 0 elsewhere); the event engine adds the
+same per call.
 """
 
 from __future__ import annotations
