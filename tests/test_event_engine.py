@@ -338,3 +338,17 @@ def test_engines_agree_on_published_layouts(row: str, text: str) -> None:
     ev = estimate_event(run.model, run.training, layout, topo, with_events=False)
     assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.05)
     assert ev.compute_time_s == pytest.approx(an.compute_time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("text", ["dp=1,tp=3d:2x2x2,mb=4", "dp=8,tp=none,mb=1", "dp=2,tp=2d:2x2,mb=2"])
+def test_engines_agree_on_local_cpu_overheads(text: str) -> None:
+    """Uncalibrated local-cpu prices per-op and per-call overheads (ranks sharing cores): the event engine
+    adds the same per op (compute) and per collective call as the analytic model, so the two agree."""
+    from paracube.plan import default_plan
+
+    plan = default_plan(text)
+    topo = load_topology("local-cpu", gpus=plan.layout.world_size)
+    an = estimate(plan.model, plan.training, plan.layout, topo, with_events=False)
+    ev = estimate_event(plan.model, plan.training, plan.layout, topo, with_events=False)
+    assert ev.compute_time_s == pytest.approx(an.compute_time_s, rel=1e-9)
+    assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.05)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from paracube.cost_models.compute import GemmModel, local_shape, optimizer_time, stage_compute_time
+from paracube.cost_models.compute import GemmModel, local_shape, ops_per_step, optimizer_time, stage_compute_time
 from paracube.cost_models.dims import Dims, local_params, padded_vocab
 from paracube.cost_models.traffic import act_split, stage_events
 from paracube.cost_models.validity import layout_arrays
@@ -158,6 +158,27 @@ def _release_buckets(grads: list[Op], produced: int, layer: int, ops: list[Op]) 
     return produced
 
 
+def _add_op_overhead(layout: Layout, d: Dims, mb: int, g: GemmModel, first: bool, last: bool, fwd: list[list[Op]],
+                     bwd: list[list[Op]], bwd_last: list[list[Op]], tail: list[Op]) -> None:
+    """The per-op overhead the analytic model adds to compute (compute.ops_per_step x op_cost: 0 on
+    accelerators): a micro-batch's ops a third in its forward, two thirds in its backward, spread over the
+    chunks; the per-step ops (optimizer, gradient bookkeeping) in the tail."""
+    cost = g.op_cost(layout.mode)
+    if cost <= 0:
+        return
+    b = layout_arrays(layout, mb)
+    F, H = np.array([int(first)]), np.array([int(last)])
+    one, two = (float(ops_per_step(replace(d, global_batch=k * layout.dp * mb), layout.mode, b, F, H)[0])
+                for k in (1, 2))
+    micro, step = two - one, 2 * one - two
+    v = len(fwd)
+    for c in range(v):
+        fwd[c].append(Op("compute", "ops.fwd", cost * micro / (3 * v)))
+        bwd[c].append(Op("compute", "ops.bwd", 2 * cost * micro / (3 * v)))
+        bwd_last[c].append(Op("compute", "ops.bwd", 2 * cost * micro / (3 * v)))
+    tail.append(Op("compute", "ops.step", cost * step))
+
+
 def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False,
                 grad_overlap: bool | None = None) -> StageProgram:
     """`overlap`: tp weight-gradient reduce-scatters hidden under dX; `grad_overlap` (default: `overlap`):
@@ -228,6 +249,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
     tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, layout.dp if layout.zero else 1))))
+    _add_op_overhead(layout, d, mb, g, first, last, fwd, bwd, bwd_last, tail)
     prog = StageProgram(stage, fwd, bwd, bwd_last, tail, send_bytes=d.c * mb * d.s * d.h // act_split(layout))
     prog.compute_fwd = sum(op.seconds for ch in fwd for op in ch if op.kind == "compute")
     prog.compute_bwd = sum(op.seconds for ch in bwd for op in ch if op.kind == "compute")
