@@ -1,73 +1,99 @@
-"""`paracube calibrate` then `paracube validate` of the default model's 1D, 2D and 3D plans on this machine.
+"""This machine out of the box: the uncalibrated `local-cpu` preset's step time vs `paracube run`'s.
 
-Prints, per plan and repeat, predicted vs measured step time (error and the prediction's band), the
-predicted and measured order of the three, and the load average before each run (timings on a shared
-2-core machine are only meaningful when the load is low: check it); then, per plan, the mean measured
-step over the repeats with its spread (min..max) and the error of the prediction against that mean.
-Usage: python benchmarks/validate_local.py [--cal /tmp/cal.yaml] [--reuse] [--repeats 3] [--steps 5] [--quick]
+Plans: the default plan (`paracube run` without a plan: tiny GPT, 3D 2x2x2 on 8 ranks) and what `paracube plan
+--gpus 4` and `--gpus 8` choose (tiny model, every other option at its default). Each is trained by `paracube
+run PLAN --steps N --metrics FILE --data synthetic` (a subprocess, as a user runs it); measured = the median
+step time of steps 2..N (step 1 is warm-up; the median because other jobs on a shared machine spike single
+steps), with min..max. The prediction is the analytic model on the preset as shipped (no calibration: ranks
+sharing cores, per-op and per-call overheads priced by topologies/presets.local_cpu), or on --cal FILE (a
+`paracube calibrate` output). Prints predicted vs measured side by side, the error, both orders, and the load
+average before each run (timings on a shared machine are only meaningful when the load is low: check it).
+Usage: python benchmarks/validate_local.py [--steps 6] [--cal FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import os
+import statistics
+import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from paracube.calibration.calibrate import calibrate, write_topology  # noqa: E402
-from paracube.plan import default_plan  # noqa: E402
+from paracube.cli.main import main as cli  # noqa: E402
+from paracube.cost_models import estimate  # noqa: E402
+from paracube.plan import Plan, default_plan, load_plan  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
-from paracube.validation.validate import validate  # noqa: E402
-
-LAYOUTS = ("dp=2,tp=1d:4", "dp=2,tp=2d:2x2", "tp=3d:2x2x2")
 
 
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def planned(gpus: int, folder: str) -> tuple[Plan, str]:
+    """What `paracube plan --gpus N` writes (tiny model, local-cpu, every other option at its default)."""
+    path = os.path.join(folder, f"plan{gpus}.json")
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli(["plan", "--gpus", str(gpus), "-o", path])
+    if code != 0:
+        raise SystemExit(f"paracube plan --gpus {gpus} exited {code}")
+    return load_plan(path), path
+
+
+def run(plan_path: str | None, steps: int, folder: str) -> list[float]:
+    """Step times (s) of steps 2..N of `paracube run` (the default plan when `plan_path` is None)."""
+    metrics = os.path.join(folder, "metrics.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    argv = [sys.executable, "-m", "paracube", "run", *([plan_path] if plan_path else []), "--steps", str(steps),
+            "--metrics", metrics, "--data", "synthetic", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[1:])} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    with open(metrics) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return [float(r["step_time_s"]) for r in rows if r["step"] >= 2]
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cal", default="/tmp/cal.yaml", help="calibrated topology file to write / read")
-    ap.add_argument("--reuse", action="store_true", help="use an existing --cal file instead of calibrating")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=8, help="steps per validate run (step 1 is warm-up)")
-    ap.add_argument("--quick", action="store_true", help="quick calibration")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6, help="steps per run (step 1 is warm-up)")
+    ap.add_argument("--cal", help="a calibrated topology file (paracube calibrate) instead of the preset")
     args = ap.parse_args()
-    if not args.reuse:
-        print(f"calibrate (load {load()}) ...", flush=True)
-        t0 = time.perf_counter()
-        topo, _, _ = calibrate("local-cpu", 8, quick=args.quick)
-        write_topology(topo, args.cal)
-        print(f"wrote {args.cal} in {time.perf_counter() - t0:.0f} s", flush=True)
-    topo = load_topology(args.cal)
-    print(f"{'layout':<26}{'predicted':>11}{'measured':>11}{'error':>9}{'band':>7}   load", flush=True)
-    orders_ok = 0
-    runs: dict[str, list[float]] = {t: [] for t in LAYOUTS}
+    source = args.cal or "local-cpu"
+    print(f"{source}{'' if args.cal else ' (uncalibrated preset)'}; {os.cpu_count()} CPUs; `paracube run` "
+          f"--steps {args.steps}, median of steps 2..{args.steps}", flush=True)
+    print(f"{'plan':<15}{'layout':<32}{'predicted':>11}{'measured':>11}{'error':>9}   {'min..max':<17} load before",
+          flush=True)
     pred: dict[str, float] = {}
-    for rep in range(args.repeats):
-        meas: dict[str, float] = {}
-        for text in LAYOUTS:
+    meas: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        plans: dict[str, tuple[Plan, str | None]] = {"default (run)": (default_plan(), None)}
+        for gpus in (4, 8):
+            plans[f"plan --gpus {gpus}"] = planned(gpus, folder)
+        for name, (plan, path) in plans.items():
+            layout = plan.layout.with_(micro_batch=plan.micro_batch)
+            topo = load_topology(source, gpus=layout.world_size)
+            pred[name] = estimate(plan.model, plan.training, layout, topo, with_events=False).step_time_s
             before = load()
-            out = validate(default_plan(text), args.steps, topo, args.cal)
-            c = next(c for c in out["comparisons"] if c["name"] == "step_time_s")
-            pred[text], meas[text] = c["predicted"], c["measured"]
-            runs[text].append(c["measured"])
-            print(f"{out['layout']:<26}{c['predicted'] * 1e3:>9.1f}ms{c['measured'] * 1e3:>9.1f}ms"
-                  f"{c['rel_err']:>+9.1%}{c['band']:>7.0%}   {before}", flush=True)
-        p_order, m_order = sorted(LAYOUTS, key=pred.__getitem__), sorted(LAYOUTS, key=meas.__getitem__)
-        orders_ok += p_order == m_order
-        print(f"repeat {rep + 1}: predicted order {' < '.join(p_order)}; measured order "
-              f"{'equal' if p_order == m_order else 'DIFFERENT: ' + ' < '.join(m_order)}", flush=True)
-    print(f"order equal in {orders_ok}/{args.repeats} repeats")
-    print(f"{'layout':<26}{'predicted':>11}{'mean meas.':>11}{'error':>9}   measured min..max")
-    for text in LAYOUTS:
-        mean = sum(runs[text]) / len(runs[text])
-        print(f"{text:<26}{pred[text] * 1e3:>9.1f}ms{mean * 1e3:>9.1f}ms{(pred[text] - mean) / mean:>+9.1%}   "
-              f"{min(runs[text]) * 1e3:.1f}..{max(runs[text]) * 1e3:.1f} ms")
+            times = run(path, args.steps, folder)
+            meas[name] = statistics.median(times)
+            err = pred[name] / meas[name] - 1
+            print(f"{name:<15}{str(layout):<32}{pred[name] * 1e3:>9.1f}ms{meas[name] * 1e3:>9.1f}ms{err:>+9.1%}   "
+                  f"{min(times) * 1e3:.0f}..{max(times) * 1e3:.0f} ms{'':<4} {before}", flush=True)
+    errs = [abs(pred[k] / meas[k] - 1) for k in pred]
+    p_order, m_order = sorted(pred, key=pred.__getitem__), sorted(meas, key=meas.__getitem__)
+    print(f"predicted order: {' < '.join(p_order)}")
+    print(f"measured order:  {' < '.join(m_order)}  ({'same' if p_order == m_order else 'DIFFERENT'})")
+    print(f"|error|: max {max(errs):.0%}, mean {sum(errs) / len(errs):.0%} (load now {load()})")
     return 0
 
 

@@ -8,7 +8,9 @@ import pytest
 from paracube.cost_models.collective import (
     best_algorithm,
     calibrated_link,
+    call_steps,
     collective_time,
+    fastest_time,
     latency_factor,
     ring_steps,
     sent_factor,
@@ -81,6 +83,28 @@ def test_tree_all_reduce_and_when_it_wins() -> None:
         latency_factor("all_reduce", 4, "butterfly")
     with pytest.raises(ParacubeError, match="collective kind 'gather'"):
         sent_factor("gather", 4)
+
+
+def test_engines_take_the_faster_algorithm_per_tier_and_size() -> None:
+    """fastest_time (analytic) and call_steps (event engine) pick the same algorithm: the tree for small
+    all_reduces on large groups, the ring otherwise; inside a node (NVSwitch tier) and across nodes (IB tier)
+    each with its own link."""
+    payload = np.array([8.0, 8e3, 8e6, 8e8])
+    got = fastest_time("all_reduce", 64, 1, payload, B, A)
+    ring = collective_time("all_reduce", 64, 1, payload, B, A)
+    tree = collective_time("all_reduce", 64, 1, payload, B, A, "tree")
+    assert np.array_equal(got, np.minimum(ring, tree)) and got[0] == tree[0] and got[-1] == ring[-1]
+    assert call_steps("all_reduce", 64, 8.0, B, A) == (12, 8.0)  # 2 log2 64 steps of the whole payload
+    assert call_steps("all_reduce", 64, P, B, A) == ring_steps("all_reduce", 64, P)
+    assert call_steps("all_gather", 64, 8.0, B, A) == ring_steps("all_gather", 64, 8.0)
+    from paracube.topologies import load_topology
+
+    topo = load_topology("dgx-a100", gpus=64)
+    intra, inter = topo.group_link(list(range(8))), topo.group_link(list(range(0, 64, 8)))
+    assert intra.bandwidth > 4 * inter.bandwidth and intra.latency < inter.latency
+    small = [best_algorithm("all_reduce", 8, 64e3, link.bandwidth, link.latency) for link in (intra, inter)]
+    big = [best_algorithm("all_reduce", 8, 64e6, link.bandwidth, link.latency) for link in (intra, inter)]
+    assert big == ["ring", "ring"] and small[1] == "tree"
 
 
 def test_calibrated_pair_replaces_the_link_for_its_kind_and_size_only() -> None:

@@ -25,7 +25,16 @@ from paracube.topologies import (
 )
 from paracube.topologies import presets as P
 from paracube.topologies.listing import describe_preset
-from paracube.topologies.presets import FABRIC_EFF
+from paracube.topologies.presets import (
+    CPU_CALL_WAIT_S,
+    CPU_OP_S,
+    FABRIC_EFF,
+    SHM_BANDWIDTH,
+    SHM_LATENCY,
+    local_cpu_device,
+    local_cpu_link,
+    ranks_per_core,
+)
 
 HDR, EDR = 200e9 / 8, 100e9 / 8  # bytes/s per direction
 
@@ -42,7 +51,8 @@ def test_preset_default_sizes_and_device(name: str, nodes: int, per_node: int, d
                                          bf16: float) -> None:
     topo = load_topology(name)
     assert (topo.num_nodes, topo.devices_per_node, topo.num_devices) == (nodes, per_node, nodes * per_node)
-    assert topo.device.name == device and topo.device.peak_flops["bf16"] == bf16
+    share = ranks_per_core(per_node) if name == "local-cpu" else 1.0  # CPU ranks sharing cores
+    assert topo.device.name == device and topo.device.peak_flops["bf16"] == bf16 / share
     gpus = [n for n, d in topo.graph.nodes(data=True) if d["kind"] == "gpu"]
     assert len(gpus) == nodes * per_node
     assert set(list_topologies()) == set(PRESETS)
@@ -82,9 +92,24 @@ def test_gpu_counts_resize_presets() -> None:
 
 def test_local_cpu_figures() -> None:
     topo = load_topology("local-cpu")
-    assert topo.device.peak_flops["fp32"] == 50e9
-    link = topo.group_link(range(8))  # every process -> hub -> process: 2 GB/s, 2 x 25 us
-    assert link.bandwidth == 2e9 and link.latency == pytest.approx(50e-6)
+    r = ranks_per_core(8)  # 8 ranks on this machine's cores: each gets 1/r of a core
+    assert topo.device.peak_flops["fp32"] == 100e9 / r
+    link = topo.group_link(range(8))  # every process -> hub -> process: 2 GB/s, 2 x 25 us on a core each
+    assert link.bandwidth == 2e9 / r and link.latency == pytest.approx(50e-6 * r)
+
+
+def test_local_cpu_prices_ranks_sharing_cores() -> None:
+    """More ranks than cores: each rank's share of a core slows its compute, op dispatch and copies, and every
+    collective call waits for the other ranks on its core; with a core per rank the base figures hold."""
+    own, shared = local_cpu_device(2, cores=2), local_cpu_device(8, cores=2)
+    assert own.peak_flops["fp32"] == 100e9 and own.call_overhead_s == 0
+    assert own.op_overhead_s == CPU_OP_S
+    assert shared.peak_flops["fp32"] == 100e9 / 4 and shared.memory_bandwidth == own.memory_bandwidth / 4
+    assert shared.op_overhead_s == 4 * CPU_OP_S and shared.call_overhead_s == 3 * CPU_CALL_WAIT_S
+    assert local_cpu_link(8, cores=2) == (SHM_BANDWIDTH / 4, SHM_LATENCY * 4)
+    assert local_cpu_link(2, cores=4) == (SHM_BANDWIDTH, SHM_LATENCY)
+    again = DeviceSpec(**shared.to_dict())  # the overheads travel with the device in a topology file
+    assert again == shared and "op_overhead_s" not in load_topology("dgx-a100", gpus=8).device.to_dict()
 
 
 # --- routing ---------------------------------------------------------------------------------------------

@@ -7,11 +7,21 @@ stage (compute + its per-micro-batch communication over N micro-batches), step =
 + per-step communication (gradients, grad norm, metrics). The stages considered are first (embedding),
 middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
 communication is not overlapped (see comm.py). The data-parallel gradient reduction is exposed whole unless
-the layout overlaps it (`overlap`, Layout.overlap): its buckets are reduced while the last micro-batch's
-backward runs (torch DDP, Megatron's overlap_grad_reduce), so
-    exposed gradient time = max(0, gradient time - backward time of one micro-batch),
-the backward share of a micro-batch's compute being 2/3 (3/4 with full recomputation: the recomputed
-forward runs inside backward). Everything else per step (grad norm, metrics) stays exposed.
+the layout overlaps it (`overlap`, Layout.overlap): its buckets are reduced, one after the other on the
+data-parallel communicator's own stream, while the last micro-batch's backward runs (torch DDP, Megatron's
+overlap_grad_reduce; the event engine simulates exactly this). A bucket starts once the backward has
+produced it: the first after one block's backward (fraction x1 = 1 / blocks of the stage), the last (the
+embedding on the first stage, else the last block's, a fraction xl of the stage's parameters) when the
+backward ends. With G the gradient time and B the wall time of one micro-batch's backward,
+    exposed gradient time = max(0, G - B (1 - x1), xl G)
+(the queue's finish time with buckets released in proportion to the backward's progress: either the
+stream never idles after the first bucket, or the last bucket is the tail). B = share x (compute +
+tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
+recomputed forward runs inside backward). Everything else per step (grad norm, metrics, zero=1's parameter
+all_gather after the optimizer step) stays exposed.
+Each collective call also costs the device model's `call_overhead` (uncalibrated local-cpu ranks sharing
+cores wait for their group to be scheduled: topologies/local_cpu.py; 0 elsewhere); the event engine adds the
+same per call.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paracube.cost_models.collective import calibrated_link
+from paracube.cost_models.collective import calibrated_link, fastest_time, latency_factor
 from paracube.cost_models.comm import Entry, StepTraffic, axes_used, stage_layers_params
 from paracube.cost_models.compute import (
     GemmModel,
@@ -40,6 +50,7 @@ from paracube.errors import ParacubeError
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
 from paracube.modes import MODES, LayoutBatch
+from paracube.modes.stages import stage_layers
 from paracube.workload import ModelSpec, TrainingSpec
 
 Arr = np.ndarray
@@ -59,6 +70,8 @@ class StageScores:
     sent: Arr
     compute: Arr
     grad: Arr  # the data-parallel gradient reduction's part of `step` (s), what overlap may hide
+    grad_first: Arr  # fraction of the backward before the first bucket is produced (x1, docstring)
+    grad_last: Arr  # fraction of the gradient bytes in the bucket(s) produced last (xl, docstring)
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
 
 
@@ -102,11 +115,18 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         bw, lat = calibrated_link(g.comm, e.kind, e.n[rows], *links[e.axes], alternating)
         # collective.collective_time, with the per-configuration factors computed before indexing by layout
         e_sent = e.sent()
-        tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw
+        tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw + e.count[rows] * g.call_overhead
+        if e.kind == "all_reduce" and not g.comm:  # uncalibrated: the faster of ring and tree (collective.py)
+            depth2 = latency_factor("all_reduce", e.n, "tree")
+            tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw
+                            + e.count[rows] * g.call_overhead)
         tm = np.where(e.count[rows] > 0, tm, 0.0)
         if e.per_step:
             step += tm
-            if e.axes == grad_axes and np.any(e.payload > 64):  # the gradients (not norm or metrics scalars)
+            # The gradient buckets (all_reduce over grad_axes; zero=1: reduce_scatter over dp), not the norm
+            # or metrics scalars, nor zero=1's parameter all_gather (it follows the optimizer step).
+            if (e.kind == "all_reduce" and e.axes == grad_axes or e.kind == "reduce_scatter" and e.axes == ("dp",)) \
+                    and np.any(e.payload > 64):
                 grad += tm
         else:
             micro += tm
@@ -115,7 +135,11 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
     n_local = stage_layers_params(d, mode, b, F, H)
     optim = optimizer_time(n_local, d.c, g, np.where(zero >= 1, b.dp, 1) if zero is not None else 1.0)[rows]
-    return StageScores(entries, micro, step, sent[rows], compute, grad, optim)
+    m = MODES[mode]
+    n_last = np.where(F > 0, m.local_params(d, b.t, b.q, 0, 1, 0), m.local_params(d, b.t, b.q, 1, 0, 0))
+    first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)
+    last_frac = np.minimum(1.0, n_last / np.maximum(n_local, 1))
+    return StageScores(entries, micro, step, sent[rows], compute, grad, first_frac[rows], last_frac[rows], optim)
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
@@ -142,7 +166,9 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     if overlap:  # exposed gradient reduction: what one micro-batch's backward does not hide (docstring)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0
         grad = pick("grad")
-        step_comm = step_comm - grad + np.maximum(0.0, grad - share * pick("compute") / N)
+        backward = share * (pick("compute") + pick("micro")) / N
+        exposed = np.maximum(grad - backward * (1.0 - pick("grad_first")), grad * pick("grad_last"))
+        step_comm = step_comm - grad + np.maximum(0.0, exposed)
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (memory.with_zero)
         mems = [with_zero(m, b.dp, zero) for m in mems]
@@ -174,6 +200,9 @@ def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel) 
     for e in chosen.entries:
         if e.count[0] > 0:
             tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[0])
+            if e.kind == "all_reduce" and not g.comm:  # as _stage prices it
+                tm = float(fastest_time(e.kind, e.n, e.count, e.payload, *links[e.axes])[0])
+            tm += float(e.count[0]) * g.call_overhead
             by_axis[".".join(e.axes)] += tm
             by_kind[e.kind] += tm
     return dict(by_axis), dict(by_kind)

@@ -28,8 +28,14 @@ Tree all_reduce (`algorithm="tree"`): binomial-tree reduce to a root, then binom
 
 It beats the ring when latency dominates, i.e. for small payloads on large groups
 ((n - 1 - ceil(log2 n)) a > (ceil(log2 n) - (n - 1)/n) P / B); `best_algorithm` picks the faster per call.
-Nothing uses it by default: the executor's collectives are rings (gloo; NCCL on large payloads), and
-calibrations were fitted with the ring factors. Only all_reduce has a tree variant.
+Only all_reduce has a tree variant. Both engines price an uncalibrated all_reduce with the faster of the two
+(`fastest_time`, `call_steps`), as NCCL picks its algorithm by message size and group; with a calibration
+they keep the ring (the fits were made with the ring factors). The bytes a rank sends stay the ring's.
+
+Tiers: (B, a) is the link of the group (topology.group_link: the slowest hop of the group's ring, NVLink /
+NVSwitch inside a node, the NIC's InfiniBand rate between nodes, each times the fabric's bandwidth
+efficiency of presets.FABRIC_EFF; latency summed along the hop's path), so a call inside a node and one
+across nodes are priced by their own tier, for ring and tree alike.
 
 Calibrated links. `paracube calibrate` fits (a, B) per collective kind and group size, with every rank busy,
 once with fixed groups and once with calls cycling through the groups of every stride (`alternating`,
@@ -45,6 +51,8 @@ API (numpy arrays or scalars for n, count, payload, bandwidth, latency; results 
         `count` calls whose payloads sum to `payload`; 0 where count == 0
     calibrated_link(table, kind, n, bw, lat, alternating=False) -> (bw, lat)
     best_algorithm(kind, n, payload, bw, lat) -> "ring" | "tree"                      # one call, scalars
+    fastest_time(kind, n, count, payload, bw, lat) -> Arr           # the faster of ring and tree per element
+    call_steps(kind, n, payload, bw, lat) -> (steps, bytes per step)  # one call of the faster algorithm
 """
 
 from __future__ import annotations
@@ -107,6 +115,23 @@ def collective_time(kind: str, n: int | Arr, count: int | Arr, payload: float | 
     return np.where(count > 0, t, 0.0)
 
 
+def fastest_time(kind: str, n: int | Arr, count: int | Arr, payload: float | Arr, bw: float | Arr,
+                 lat: float | Arr) -> Arr:
+    """`collective_time` of the faster algorithm per element (ring for kinds without a tree)."""
+    ring = collective_time(kind, n, count, payload, bw, lat)
+    if kind != "all_reduce":
+        return ring
+    return np.minimum(ring, collective_time(kind, n, count, payload, bw, lat, "tree"))
+
+
+def call_steps(kind: str, n: int, payload: float, bw: float, lat: float) -> tuple[int, float]:
+    """(steps, bytes per step per rank) of one call with the faster algorithm: the ring's `ring_steps`, or
+    the tree's 2 ceil(log2 n) steps of the whole payload (the event engine's decomposition)."""
+    if best_algorithm(kind, n, payload, bw, lat) == "tree":
+        return int(latency_factor(kind, n, "tree")), float(payload)
+    return ring_steps(kind, n, payload)
+
+
 def calibrated_link(table: Table, kind: str, n: int | Arr, bw: Arr, lat: Arr, alternating: bool = False
                     ) -> tuple[Arr, Arr]:
     """(bandwidth, latency) per element of `n` (group sizes): the calibrated pair of (kind, n) where the
@@ -132,5 +157,5 @@ def best_algorithm(kind: str, n: int, payload: float, bw: float, lat: float) -> 
     return "tree" if tree < ring else "ring"
 
 
-__all__ = ["ALGORITHMS", "Table", "best_algorithm", "calibrated_link", "collective_time", "latency_factor",
-           "ring_steps", "sent_factor"]
+__all__ = ["ALGORITHMS", "Table", "best_algorithm", "calibrated_link", "call_steps", "collective_time",
+           "fastest_time", "latency_factor", "ring_steps", "sent_factor"]

@@ -24,7 +24,8 @@ Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counte
 `calibration.elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
 autograd and launch, which dominate small models on CPUs. calibrate.py measures it per tensor mode with
 step probes, so it also carries what a mode's step costs beyond its fitted GEMMs and collectives (the
-executor's glue code, waits for peers, idle cores on a shared host). Without a calibration it is 0.
+executor's glue code, waits for peers, idle cores on a shared host). Without a calibration it is the
+device's `op_overhead_s` (0 for accelerators; the local-cpu preset prices its oversubscribed ranks with it).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class GemmModel:
     op_overhead_by_mode: tuple[tuple[str, float], ...] = ()
     # (kind, group size, alternating, latency s, bandwidth B/s): collective.calibrated_link reads it
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
+    call_overhead: float = 0.0  # seconds per collective call beyond its ring steps (DeviceSpec.call_overhead_s)
 
     def op_cost(self, mode: str) -> float:
         """Seconds per dispatched op in a step of `mode`, else of the mode it dispatches like (its
@@ -83,8 +85,10 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
     """The device's roofline for `dtype` with the topology's calibration (if any) applied."""
     device = topo.device
     cal = as_calibration(topo.calibration)
-    if cal is None:
-        return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth))
+    if cal is None:  # the device's own per-op overhead (local-cpu: oversubscribed CPU ranks), else 0
+        return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
+                         op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
+                         call_overhead=float(getattr(device, "call_overhead_s", 0.0)))
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff")
              if gemm is not None and getattr(gemm, k) is not None}

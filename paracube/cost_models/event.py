@@ -7,14 +7,19 @@ depend on timing); the times come from the simulation:
   a communication stream, following the stage's 1F1B or interleaved-1F1B schedule; stages exchange
   activations / their gradients with sends that travel the network;
 - every collective is a ring on the representative group (node-major order), decomposed into its steps
-  (collective.ring_steps),
+  (collective.ring_steps; an uncalibrated all_reduce that a tree does faster: the tree's steps over the same
+  links, collective.call_steps, as the analytic model prices it),
   whose transfers share links max-min fairly with the concurrent groups of the same axis in that stage
   (event_network.py explains the weighting that stands in for them) and with whatever else the simulated
   devices run at the same time;
-- by default collectives are synchronous (the executor's tensor-parallel collectives run in line);
-  `overlap=True` hides dA / bias-gradient reduce-scatters under the dX GEMM and issues each data-parallel
-  gradient bucket (traffic.py; zero=1: its reduce_scatter) asynchronously in the last backward, once the
-  layers that produce its gradients are done, as the executor does by default (executor/grad_sync.py);
+- tensor-parallel collectives are synchronous (the executor's run in line); the option `overlap=True`
+  hides dA / bias-gradient reduce-scatters under the dX GEMM (Bian et al. 2021);
+- a layout with `overlap` (Layout.overlap; also implied by the option) issues each data-parallel gradient
+  bucket (traffic.py; zero=1: its reduce_scatter) asynchronously in the last backward, once the layers that
+  produce its gradients are done, as the executor does (executor/grad_sync.py) and the analytic model prices;
+- asynchronous collectives queue on a stream per communicator (stage, mesh axes): calls of one group run
+  in issue order, calls of different groups concurrently (NCCL runs each communicator on its own stream; a
+  tp all-reduce does not wait behind a dp gradient bucket). They still share links (event_network.py);
 - collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages.
 """
 
@@ -28,12 +33,14 @@ import numpy as np
 import simpy
 
 from paracube.cost_models.analytic import estimate as analytic_estimate
-from paracube.cost_models.collective import ring_steps
+from paracube.cost_models.analytic import layout_links
+from paracube.cost_models.collective import call_steps, ring_steps
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
 from paracube.cost_models.event_program import Op, StageProgram, build_stage, schedule
 from paracube.cost_models.event_trace import Span, Timeline
+from paracube.cost_models.links import LinkCache
 from paracube.cost_models.validity import resolve_micro_batch
 from paracube.errors import ParacubeError, check
 from paracube.estimate import CommEvent, StepEstimate
@@ -70,7 +77,11 @@ class _Sim:
     def __init__(self, layout: Layout, topo: RoutedTopology, programs: list[StageProgram], n_micro: int,
                  overlap: bool, timeline: bool) -> None:
         self.layout, self.topo, self.programs, self.n_micro = layout, topo, programs, n_micro
-        self.overlap, self.record = overlap, timeline
+        # Streams are needed once anything runs asynchronously (tp overlap or gradient buckets).
+        self.overlap, self.record = overlap or layout.overlap, timeline
+        self.call_overhead = 0.0  # seconds per collective call beyond its ring steps (simulate sets it)
+        # (bandwidth, latency) per axes where the algorithm may be a tree (uncalibrated; simulate sets it)
+        self.alpha_beta: dict[tuple[str, ...], tuple[float, float]] = {}
         self.env = simpy.Environment()
         self.links = LinkTable(topo)
         self.grid = layout.rank_grid()
@@ -85,7 +96,14 @@ class _Sim:
         self.arrivals: dict[tuple[str, int, int], simpy.Event] = {}
         self.barriers: dict[int, list] = {}
         self.barrier_seen = [0] * layout.pp
-        self.streams = [simpy.Resource(self.env, 1) for _ in range(layout.pp)]
+        self.streams: dict[tuple[int, tuple[str, ...]], simpy.Resource] = {}
+
+    def stream(self, stage: int, axes: tuple[str, ...]) -> simpy.Resource:
+        """The stream of one communicator (a stage's group over `axes`): its calls run one at a time."""
+        key = (stage, axes)
+        if key not in self.streams:
+            self.streams[key] = simpy.Resource(self.env, 1)
+        return self.streams[key]
 
     # --- templates --------------------------------------------------------------------------------
     def template(self, stage: int, axes: tuple[str, ...]) -> Template:
@@ -130,17 +148,22 @@ class _Sim:
     def comm(self, stage: int, op: Op):
         e = op.event
         assert e is not None and self.net is not None
-        steps, chunk = ring_steps(e.kind, e.group_size, e.payload_bytes)
+        link = self.alpha_beta.get(e.axes)
+        steps, chunk = (call_steps(e.kind, e.group_size, e.payload_bytes, *link) if link is not None
+                        else ring_steps(e.kind, e.group_size, e.payload_bytes))
         if "pp" in e.axes:  # spans stages: every stage's representative waits for the others
             yield from self._barrier(stage, e, steps, chunk)
             return
-        req = self.streams[stage].request() if self.overlap else None
+        stream = self.stream(stage, e.axes) if self.overlap else None
+        req = stream.request() if stream is not None else None
         if req is not None:
             yield req
         t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+        if self.call_overhead:  # waiting for the group's ranks (DeviceSpec.call_overhead_s; analytic alike)
+            yield self.env.timeout(self.call_overhead)
         yield self.net.run(self.template(stage, e.axes), steps, chunk)
-        if req is not None:
-            self.streams[stage].release(req)
+        if stream is not None and req is not None:
+            stream.release(req)
         self._comm_done(stage, op.name, e, t0, busy0)
 
     def _barrier(self, stage: int, e: CommEvent, steps: int, chunk: float):
@@ -153,6 +176,8 @@ class _Sim:
         slot[0] += 1
         if slot[0] == self.layout.pp:
             del self.barriers[k]
+            if self.call_overhead:
+                yield self.env.timeout(self.call_overhead)
             yield self.net.run(self.template(0, e.axes), steps, chunk)
             slot[1].succeed()
         else:
@@ -176,7 +201,7 @@ class _Sim:
                 if pending:
                     yield simpy.AllOf(self.env, pending)
                     pending.clear()
-            elif op.asynchronous and self.overlap:
+            elif op.asynchronous:  # build_stage marks ops asynchronous only when they overlap
                 pending.append(self.env.process(self.comm(stage, op)))
             else:
                 yield from self.comm(stage, op)
@@ -192,6 +217,8 @@ class _Sim:
         dst = to_vstage % self.layout.pp
         if dst != stage:
             t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+            if self.call_overhead:
+                yield self.env.timeout(self.call_overhead)
             yield self.net.run(self.send_template(stage, dst), 1, float(nbytes))
             ev = CommEvent("send", ("pp",), 2, nbytes, "", "pipeline", kind)
             self._comm_done(stage, f"send {kind} mb{micro} -> stage {dst}", ev, t0, busy0)
@@ -242,8 +269,13 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
         raise ParacubeError(f"layout {layout}: interleaved 1F1B needs the micro-batch count ({n_micro}) to be "
                             f"a multiple of pp={layout.pp}; change the global batch or mb")
     g = gemm_model(topo, training.dtype)
-    programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap) for s in range(layout.pp)]
+    programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap, overlap or layout.overlap)
+                for s in range(layout.pp)]
     sim = _Sim(layout, topo, programs, n_micro, overlap, timeline)
+    sim.call_overhead = g.call_overhead
+    if not g.comm:  # uncalibrated all_reduces take the faster of ring and tree, as the analytic model does
+        sim.alpha_beta = {axes: (float(bw[0]), float(lat[0]))
+                          for axes, (bw, lat) in layout_links(layout, LinkCache(topo)).items()}
     wall = time.perf_counter()
     sim.run()
     wall = time.perf_counter() - wall
@@ -255,7 +287,9 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     notes = [n for n in base.notes if not n.startswith("pipeline:")]
     notes.append(f"event engine: {layout.pp} representative device(s), one per pipeline stage; breakdown of "
                  f"stage {crit}; comm_time_by_axis/kind are exposed seconds"
-                 + ("; overlap on" if overlap else "; no overlap (as the executor with --no-overlap)"))
+                 + ("; tp weight-gradient overlap on" if overlap else "")
+                 + ("; gradient buckets overlap backward" if overlap or layout.overlap
+                    else "; gradient reduction after backward (layout without overlap)"))
     est = replace(base, engine="event", step_time_s=step, compute_time_s=st.compute, comm_time_s=st.comm,
                   exposed_comm_time_s=st.exposed, bubble_time_s=max(0.0, step - st.compute - st.exposed),
                   mfu=flops / (step * peak * layout.world_size), comm_time_by_axis=dict(st.by_axis),

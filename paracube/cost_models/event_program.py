@@ -9,8 +9,9 @@ forward, two thirds backward (a quarter each for forward and recompute under ful
 Inside a unit (a linear, a norm, or in 1D a whole attention / MLP half) the order is the executor's:
 forward: input gathers -> GEMM -> output reduce-scatter / all-reduce; backward: dY gather -> dX GEMM ->
 dX reduce-scatter -> dA GEMM -> dA (and bias) reduce-scatter. With `overlap=True` the dA GEMM runs before
-the dX GEMM and the dA / dbias reduce-scatters are asynchronous (hidden under the dX GEMM), and the
-data-parallel gradient all-reduce is split into per-layer buckets issued during the last backward.
+the dX GEMM and the dA / dbias reduce-scatters are asynchronous (hidden under the dX GEMM); with
+`grad_overlap` (the layout's `overlap`) the data-parallel gradient buckets are issued asynchronously during
+the last backward, each once the layers that produce it are done.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from paracube.cost_models.compute import GemmModel, local_shape, optimizer_time, stage_compute_time
+from paracube.cost_models.compute import GemmModel, local_shape, ops_per_step, optimizer_time, stage_compute_time
 from paracube.cost_models.dims import Dims, local_params, padded_vocab
 from paracube.cost_models.traffic import act_split, stage_events
 from paracube.cost_models.validity import layout_arrays
@@ -57,8 +58,10 @@ class StageProgram:
 
 def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tuple[float, float, float]]:
     """(forward, dX part, dA part) seconds per unit of one block, plus 'head' and '_recompute'."""
-    mode, a = layout.mode, layout_arrays(layout, mb)
-    one = replace(d, L=layout.pp, global_batch=layout.dp * mb)  # one block, one micro-batch per stage
+    # One block, one micro-batch per stage: L = pp blocks without interleaving (with v chunks a stage would
+    # hold v blocks of an L = pp model), so the per-block times do not scale with v.
+    mode, a = layout.mode, layout_arrays(layout.with_(interleave=1), mb)
+    one = replace(d, L=layout.pp, global_batch=layout.dp * mb)
     block = float(stage_compute_time(one, mode, a, np.array([0]), g)[0])
     with_head = float(stage_compute_time(one, mode, a, np.array([1]), g)[0])
     T = np.array([mb * d.s], dtype=float)
@@ -146,8 +149,7 @@ def _group(events: list[CommEvent]) -> tuple[dict[tuple[int, str], dict[str, lis
 
 def _release_buckets(grads: list[Op], produced: int, layer: int, ops: list[Op]) -> int:
     """Issue (asynchronously, into `ops`) every gradient bucket whose bytes the backward has produced by the
-    end of `layer` (layers produce equal shares; the last layer's backward releases whatever is left);
-    returns the bytes produced but not yet issued."""
+    end of `layer`; returns the bytes produced but not yet issued."""
     while grads and grads[0].event.payload_bytes <= produced:  # type: ignore[union-attr]
         op = grads.pop(0)
         produced -= op.event.payload_bytes  # type: ignore[union-attr]
@@ -156,7 +158,32 @@ def _release_buckets(grads: list[Op], produced: int, layer: int, ops: list[Op]) 
     return produced
 
 
-def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False) -> StageProgram:
+def _add_op_overhead(layout: Layout, d: Dims, mb: int, g: GemmModel, first: bool, last: bool, fwd: list[list[Op]],
+                     bwd: list[list[Op]], bwd_last: list[list[Op]], tail: list[Op]) -> None:
+    """The per-op overhead the analytic model adds to compute (compute.ops_per_step x op_cost: 0 on
+    accelerators): a micro-batch's ops a third in its forward, two thirds in its backward, spread over the
+    chunks; the per-step ops (optimizer, gradient bookkeeping) in the tail."""
+    cost = g.op_cost(layout.mode)
+    if cost <= 0:
+        return
+    b = layout_arrays(layout, mb)
+    F, H = np.array([int(first)]), np.array([int(last)])
+    one, two = (float(ops_per_step(replace(d, global_batch=k * layout.dp * mb), layout.mode, b, F, H)[0])
+                for k in (1, 2))
+    micro, step = two - one, 2 * one - two
+    v = len(fwd)
+    for c in range(v):
+        fwd[c].append(Op("compute", "ops.fwd", cost * micro / (3 * v)))
+        bwd[c].append(Op("compute", "ops.bwd", 2 * cost * micro / (3 * v)))
+        bwd_last[c].append(Op("compute", "ops.bwd", 2 * cost * micro / (3 * v)))
+    tail.append(Op("compute", "ops.step", cost * step))
+
+
+def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False,
+                grad_overlap: bool | None = None) -> StageProgram:
+    """`overlap`: tp weight-gradient reduce-scatters hidden under dX; `grad_overlap` (default: `overlap`):
+    data-parallel gradient buckets issued during the last backward."""
+    grad_overlap = overlap if grad_overlap is None else grad_overlap
     pp, v = layout.pp, layout.interleave
     kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
     first, last = pp == 1 or stage == 0, pp == 1 or stage == pp - 1
@@ -174,12 +201,12 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     bwd: list[list[Op]] = [[] for _ in range(v)]
     bwd_last: list[list[Op]] = [[] for _ in range(v)]
     grads = [op for op in tail if op.event and op.event.label == "gradients"]  # one per bucket, issue order
-    buckets = overlap and bool(grads)
+    buckets = grad_overlap and bool(grads)
     if buckets:
         for op in grads:
             tail.remove(op)
     total = sum(op.event.payload_bytes for op in grads)  # type: ignore[union-attr]
-    produced = 0  # gradient bytes the backward has produced so far (layers in reverse order)
+    layer_ops: list[list[tuple[int, list[Op]]]] = [[] for _ in range(v)]  # per chunk, backward order
     for c in range(v):
         head_units = ("ln_f", "head", "loss")
         if first and c == 0:
@@ -198,18 +225,31 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
                 ops.append(Op("compute", f"layers.{i}.recompute", rec))
             ops += _units_bwd(units, by_layer.get((i, "bwd"), {}), comp, f"layers.{i}.", overlap)
             bwd[c] += ops
+            layer_ops[c].append((i, ops))
+    # The last micro-batch's backward runs chunk v-1 first and chunk 0 last: the order the gradient buckets
+    # (reverse registration order: head, blocks from the last, embedding) fill. A block's backward produces
+    # its parameters' gradients; the head's come with the first block; the embedding's after its backward.
+    per_layer = 4 * int(local_params(d, layout.mode, layout.tensor_size, layout.q, 1, False, False))
+    emb_bytes = 4 * int(local_params(d, layout.mode, layout.tensor_size, layout.q, 0, True, False)) if first else 0
+    produced = max(0, total - layers * per_layer - emb_bytes)  # the head's (last stage), released with block 1
+    for c in reversed(range(v)):
+        for i, ops in layer_ops[c]:
             bwd_last[c] += ops
             if buckets:
-                produced = _release_buckets(grads, total if i == 0 else produced + total // layers, i, bwd_last[c])
+                done = c == 0 and i == bounds[0] and not first
+                produced = _release_buckets(grads, total if done else produced + per_layer, i, bwd_last[c])
         if first and c == 0:
             emb = _units_bwd(("emb",), by_layer.get((-1, "bwd"), {}), {}, "", False)
             bwd[c] += emb
             bwd_last[c] += emb
+            if buckets:
+                _release_buckets(grads, total, 0, bwd_last[c])
     if buckets:
         tail.insert(0, Op("wait", "gradients.wait"))
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
     tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, layout.dp if layout.zero else 1))))
+    _add_op_overhead(layout, d, mb, g, first, last, fwd, bwd, bwd_last, tail)
     prog = StageProgram(stage, fwd, bwd, bwd_last, tail, send_bytes=d.c * mb * d.s * d.h // act_split(layout))
     prog.compute_fwd = sum(op.seconds for ch in fwd for op in ch if op.kind == "compute")
     prog.compute_bwd = sum(op.seconds for ch in bwd for op in ch if op.kind == "compute")

@@ -18,6 +18,12 @@ class DeviceSpec:
     peak_flops: dict[str, float]  # keys "fp32", "fp16", "bf16" (more allowed, e.g. "tf32"): dense peak FLOP/s
     memory_bytes: float
     memory_bandwidth: float  # bytes/s
+    # Host seconds per dispatched op (Python dispatch, autograd, launch) priced without a calibration: 0 for
+    # accelerators (hidden behind their kernels at the sizes planned for), set by the local-cpu preset.
+    op_overhead_s: float = 0.0
+    # Seconds per collective call beyond its ring steps, likewise: a CPU rank that shares its core waits for
+    # the group's other ranks to be scheduled before the call can proceed.
+    call_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [k for k in REQUIRED_DTYPES if k not in self.peak_flops]
@@ -29,9 +35,16 @@ class DeviceSpec:
         for attr in ("memory_bytes", "memory_bandwidth"):
             value = getattr(self, attr)
             check(_positive(value), f"device {self.name!r}: {attr}={value!r} must be a positive number")
+        for attr in ("op_overhead_s", "call_overhead_s"):
+            value = getattr(self, attr)
+            check(value == 0 or _positive(value), f"device {self.name!r}: {attr}={value!r} must be a number >= 0")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "peak_flops": dict(self.peak_flops)}
+        out = {**asdict(self), "peak_flops": dict(self.peak_flops)}
+        for attr in ("op_overhead_s", "call_overhead_s"):
+            if not out[attr]:  # files of devices without them stay as they were
+                del out[attr]
+        return out
 
 
 def _positive(value: object) -> bool:

@@ -43,7 +43,7 @@ def _frontera_rtx(nodes: int) -> dict[str, Any]:
 def _local_cpu(nodes: int) -> dict[str, Any]:
     check(nodes == 1, f"local-cpu: nodes={nodes!r}; valid: 1 (this machine)")
     processes = p.PRESETS["local-cpu"].devices_per_node
-    intra = [(p.SHM_BANDWIDTH, p.SHM_LATENCY)] * 2
+    intra = [p.local_cpu_link(processes)] * 2
     return _describe("local-cpu", p.local_cpu_device(processes), 1, processes, intra, [], 0, 1)
 
 

@@ -43,6 +43,8 @@ class DeviceModel(_Model):
     peak_flops: dict[str, float]
     memory_bytes: float = Field(gt=0)
     memory_bandwidth: float = Field(gt=0)
+    op_overhead_s: float = Field(default=0.0, ge=0)
+    call_overhead_s: float = Field(default=0.0, ge=0)
 
     @field_validator("peak_flops")
     @classmethod

@@ -9,13 +9,22 @@ rail-optimized: NIC k of every node in a block of `nodes_per_leaf` nodes goes to
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from paracube.errors import check
 from paracube.topologies.device import DeviceSpec
+from paracube.topologies.local_cpu import (  # noqa: F401  (re-exported: listing.py, tests)
+    CPU_CALL_WAIT_S,
+    CPU_OP_S,
+    SHM_BANDWIDTH,
+    SHM_LATENCY,
+    host_cores,
+    local_cpu_device,
+    local_cpu_link,
+    ranks_per_core,
+)
 
 if TYPE_CHECKING:  # networkx, numpy and the graph model load only when a topology is built (fast listing)
     import networkx as nx
@@ -309,36 +318,23 @@ def switched_links(name: str, gpus_per_node: int, fit: Fit | None = None) -> dic
                 nics_per_node=gpus_per_node, pcie_bandwidth=PCIE5_X16, nodes_per_leaf=32)
 
 
-def _host_memory_bytes() -> float:
-    try:
-        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):  # not POSIX: assume a 16 GiB laptop
-        return float(16 * GiB)
-
-
-SHM_BANDWIDTH, SHM_LATENCY = 2e9, 25e-6  # local-cpu: each process's link to the shared-memory hub
-
-
-def local_cpu_device(processes: int) -> DeviceSpec:
-    """One local-cpu process: modest peaks until calibrated, an equal share of host memory."""
-    return DeviceSpec("cpu-process", {"fp32": 50e9, "fp16": 25e9, "bf16": 25e9},
-                      _host_memory_bytes() / processes, 10e9)
-
-
 def local_cpu(nodes: int = 1, gpus_per_node: int = 8, oversubscription: float = 1.0) -> Topology:
     """This machine: `gpus_per_node` CPU processes (kind "gpu": the rank's device) talking gloo through
-    shared memory / loopback, modelled as a hub. Modest defaults until `paracube calibrate` measures them:
-    50 GFLOP/s fp32 (25 fp16/bf16: CPUs rarely have fast half-precision GEMMs), 2 GB/s and 50 us per message
-    between two processes (25 us per link of the hub), host memory split evenly."""
+    shared memory / loopback, modelled as a hub. Defaults until `paracube calibrate` measures them: 100 GFLOP/s
+    fp32 per core (one x86 core with AVX-512 runs torch's single-thread 256^3 GEMM at 95-135 GFLOP/s; 25
+    fp16/bf16: CPUs rarely have fast half-precision GEMMs), 2 GB/s and 50 us per message
+    between two processes (25 us per link of the hub), host memory split evenly; with more processes than
+    cores, each process's share of a core (local_cpu_device, local_cpu_link)."""
     del oversubscription  # no network
     check(nodes == 1, f"local-cpu: nodes={nodes!r}; valid: 1 (this machine)")
     check(gpus_per_node >= 1, f"local-cpu: devices={gpus_per_node!r} must be >= 1")
     device = local_cpu_device(gpus_per_node)
+    bandwidth, latency = local_cpu_link(gpus_per_node)
     g = _graph()
     g.add_node("n0.shm", kind="cpu", node_index=0)
     for j in range(gpus_per_node):
         g.add_node(f"n0.proc{j}", kind="gpu", node_index=0, local_rank=j)
-        g.add_edge(f"n0.proc{j}", "n0.shm", bandwidth=SHM_BANDWIDTH, latency=SHM_LATENCY)
+        g.add_edge(f"n0.proc{j}", "n0.shm", bandwidth=bandwidth, latency=latency)
     return _topology("local-cpu", g, device, 1, gpus_per_node)
 
 
