@@ -69,9 +69,9 @@ def _plan(tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str) -> tu
 
 def test_plan_chooses_recomputation_unless_pinned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without --recompute the search tries none, selective and full: GPT-3 175B on 64 A100s pinned to TP 8 x
-    PP 8 fits only with full recomputation, which it picks (plan file: layout and training agree); pinned
+    PP 8 with micro-batches of 2 fits only with full recomputation, which it picks (plan file: layout and training agree); pinned
     choices are kept (sp, mb, rc=full), and a pinned rc that does not fit is refused, not replaced."""
-    code, free = _plan(tmp_path, capsys, "dp=1,pp=8,tp=1d:8,sp=0")
+    code, free = _plan(tmp_path, capsys, "dp=1,pp=8,tp=1d:8,sp=0,mb=2")
     assert code == 0 and isinstance(free, dict)
     lay = parse_layout(free["layout"])
     assert lay.recompute == "full" and free["training"]["recompute"] == "full" and not lay.sequence_parallel
@@ -79,5 +79,5 @@ def test_plan_chooses_recomputation_unless_pinned(tmp_path: Path, capsys: pytest
     assert code == 0 and isinstance(pinned, dict)
     lay = parse_layout(pinned["layout"])
     assert (lay.recompute, lay.sequence_parallel, lay.micro_batch) == ("full", True, 1)
-    code, err = _plan(tmp_path, capsys, "dp=1,pp=8,tp=1d:8,sp=0,rc=none")
+    code, err = _plan(tmp_path, capsys, "dp=1,pp=8,tp=1d:8,sp=0,mb=2,rc=none")
     assert code == 2 and "memory > 80 GiB" in str(err) and str(err).count("\n") == 1

@@ -285,6 +285,9 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         taken += 1
         if taken >= s.top_k:
             break
+    if not taken:  # layouts fit, but only ones the pins exclude (e.g. with sp where sp=0 is pinned)
+        top = mode_rej.most_common(2)
+        s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or f"no layout matches {s.fixed}"
 
 
 def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None) -> list[str]:
