@@ -12,6 +12,8 @@ depend on timing); the times come from the simulation:
   whose transfers share links max-min fairly with the concurrent groups of the same axis in that stage
   (event_network.py explains the weighting that stands in for them) and with whatever else the simulated
   devices run at the same time;
+- kept weights (kw=1): a stage's kept gathers run in each chunk's first micro-batch's forward, their
+  gradients' reduce-scatters in its last micro-batch's backward (traffic.py; event_program.py);
 - tensor-parallel collectives are synchronous (the executor's run in line); the option `overlap=True`
   hides dA / bias-gradient reduce-scatters under the dX GEMM (Bian et al. 2021);
 - a layout with `overlap` (Layout.overlap; also implied by the option) issues each data-parallel gradient
@@ -233,7 +235,7 @@ class _Sim:
             if kind == "F":
                 if vs > 0:
                     yield self._arrival("act", vs, m)
-                yield from self.run_ops(stage, prog.fwd[c], pending)
+                yield from self.run_ops(stage, prog.fwd_first[c] if m == 0 else prog.fwd[c], pending)
                 if vs < last_v:
                     yield from self.send(stage, "act", vs + 1, m, prog.send_bytes)
             else:

@@ -1,6 +1,6 @@
 """The program one representative device of a pipeline stage runs: compute ops and collectives, in order.
 
-Communication comes from `traffic.stage_events` (the contract of docs/algorithms.md) for ONE micro-batch,
+Communication comes from traffic.py (the contract of docs/algorithms.md) for ONE micro-batch,
 regrouped into execution order: forward of layers 0..L-1, then backward of layers L-1..0 with each
 layer's recompute (full recomputation) just before its backward. Compute times come from compute.py:
 per linear the three GEMMs (Y = X A, dX = dY A^T, dA = X^T dY) at their local shapes; the rest of a block
@@ -12,6 +12,10 @@ dX reduce-scatter -> dA GEMM -> dA (and bias) reduce-scatter. With `overlap=True
 the dX GEMM and the dA / dbias reduce-scatters are asynchronous (hidden under the dX GEMM); with
 `grad_overlap` (the layout's `overlap`) the data-parallel gradient buckets are issued asynchronously during
 the last backward, each once the layers that produce it are done.
+Kept weights (kw=1): a `kept` collective runs once per step (traffic.py), its gather in the first
+micro-batch's forward (`fwd_first`), its gradient's reduce-scatter in the last micro-batch's backward
+(`bwd_last`); the other micro-batches' `fwd` / `bwd` skip them (`micro_batch_events` of micro-batch 0 and 1
+of 2 hold exactly these two cases).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 
 from paracube.cost_models.compute import GemmModel, local_shape, ops_per_step, optimizer_time, stage_compute_time
 from paracube.cost_models.dims import Dims, local_params, padded_vocab
-from paracube.cost_models.traffic import act_split, stage_events
+from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -48,8 +52,9 @@ class StageProgram:
     stage: int
     fwd: list[list[Op]]  # per model chunk (interleaving), one micro-batch
     bwd: list[list[Op]]
-    bwd_last: list[list[Op]]  # the last micro-batch's backward (grad buckets when overlapping)
+    bwd_last: list[list[Op]]  # the last micro-batch's backward (kept reduce-scatters; grad buckets)
     tail: list[Op]  # per-step collectives after the last backward
+    fwd_first: list[list[Op]] = field(default_factory=list)  # the first micro-batch's (kept gathers)
     send_bytes: int = 0
     compute_fwd: float = 0.0
     compute_bwd: float = 0.0
@@ -158,8 +163,8 @@ def _release_buckets(grads: list[Op], produced: int, layer: int, ops: list[Op]) 
     return produced
 
 
-def _add_op_overhead(layout: Layout, d: Dims, mb: int, g: GemmModel, first: bool, last: bool, fwd: list[list[Op]],
-                     bwd: list[list[Op]], bwd_last: list[list[Op]], tail: list[Op]) -> None:
+def _add_op_overhead(layout: Layout, d: Dims, mb: int, g: GemmModel, first: bool, last: bool,
+                     prog: StageProgram) -> None:
     """The per-op overhead the analytic model adds to compute (compute.ops_per_step x op_cost: 0 on
     accelerators): a micro-batch's ops a third in its forward, two thirds in its backward, spread over the
     chunks; the per-step ops (optimizer, gradient bookkeeping) in the tail."""
@@ -171,12 +176,37 @@ def _add_op_overhead(layout: Layout, d: Dims, mb: int, g: GemmModel, first: bool
     one, two = (float(ops_per_step(replace(d, global_batch=k * layout.dp * mb), layout.mode, b, F, H)[0])
                 for k in (1, 2))
     micro, step = two - one, 2 * one - two
-    v = len(fwd)
+    v = len(prog.fwd)
     for c in range(v):
-        fwd[c].append(Op("compute", "ops.fwd", cost * micro / (3 * v)))
-        bwd[c].append(Op("compute", "ops.bwd", 2 * cost * micro / (3 * v)))
-        bwd_last[c].append(Op("compute", "ops.bwd", 2 * cost * micro / (3 * v)))
-    tail.append(Op("compute", "ops.step", cost * step))
+        for ops in (prog.fwd[c], prog.fwd_first[c]):
+            ops.append(Op("compute", "ops.fwd", cost * micro / (3 * v)))
+        for ops in (prog.bwd[c], prog.bwd_last[c]):
+            ops.append(Op("compute", "ops.bwd", 2 * cost * micro / (3 * v)))
+    prog.tail.append(Op("compute", "ops.step", cost * step))
+
+
+Grouped = dict[tuple[int, str], dict[str, list[CommEvent]]]
+HEAD_UNITS = ("ln_f", "head", "loss")
+
+
+def _chunk_fwd(by: Grouped, units: tuple[str, ...], comp: dict, lo: int, hi: int, emb: bool,
+               head: bool) -> list[Op]:
+    """One micro-batch's forward through blocks lo..hi-1 (the embedding before, the head after)."""
+    ops = _units_fwd(("emb",), by.get((-1, "fwd"), {}), {}, "", "fwd") if emb else []
+    for i in range(lo, hi):
+        ops += _units_fwd(units, by.get((i, "fwd"), {}), comp, f"layers.{i}.", "fwd")
+    if head:
+        ops += _units_fwd(HEAD_UNITS, by.get((-1, "fwd"), {}), comp, "", "fwd")
+    return ops
+
+
+def _layer_bwd(by: Grouped, units: tuple[str, ...], comp: dict, i: int, rec: float, overlap: bool) -> list[Op]:
+    """Block i's backward, after its recomputation (full recomputation)."""
+    ops: list[Op] = []
+    if rec > 0:
+        ops += _units_fwd(units, by.get((i, "recompute"), {}), {}, f"layers.{i}.", "recompute")
+        ops.append(Op("compute", f"layers.{i}.recompute", rec))
+    return ops + _units_bwd(units, by.get((i, "bwd"), {}), comp, f"layers.{i}.", overlap)
 
 
 def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False,
@@ -187,45 +217,38 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     pp, v = layout.pp, layout.interleave
     kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
     first, last = pp == 1 or stage == 0, pp == 1 or stage == pp - 1
-    # One micro-batch's events of this stage: pipeline sends are rebuilt from the schedule instead.
-    events = [e for e in stage_events(layout, replace(d, global_batch=layout.dp * mb), mb, kind)
-              if e.kind != "send"]
+    one = replace(d, global_batch=layout.dp * mb)
+    # The per-step collectives (pipeline sends are rebuilt from the schedule instead); per micro-batch, the
+    # first one's (kept gathers, no kept reduce-scatters) and the last one's (the other way round).
+    _, tail = _group([e for e in stage_events(layout, one, mb, kind) if e.kind != "send"])
+    early, _ = _group(micro_batch_events(layout, one, mb, kind, (0, 2)))
+    late, _ = _group(micro_batch_events(layout, one, mb, kind, (1, 2)))
     comp = unit_compute(d, layout, mb, g)
     units = layout.tensor_mode.program_units
     sizes = [len(c) for c in stage_chunks(d.L, pp, v, stage)]  # modes/stages.py: uneven splits too
     layers = sum(sizes)
     bounds = [sum(sizes[:c]) for c in range(v + 1)]
-    by_layer, tail = _group(events)
     rec = comp["_recompute"][0]
-    fwd: list[list[Op]] = [[] for _ in range(v)]
-    bwd: list[list[Op]] = [[] for _ in range(v)]
-    bwd_last: list[list[Op]] = [[] for _ in range(v)]
+    head = [last and c == v - 1 for c in range(v)]
+    prog = StageProgram(stage, [_chunk_fwd(late, units, comp, bounds[c], bounds[c + 1], first and c == 0, head[c])
+                                for c in range(v)],
+                        [[] for _ in range(v)], [[] for _ in range(v)], tail,
+                        fwd_first=[_chunk_fwd(early, units, comp, bounds[c], bounds[c + 1], first and c == 0,
+                                              head[c]) for c in range(v)])
     grads = [op for op in tail if op.event and op.event.label == "gradients"]  # one per bucket, issue order
     buckets = grad_overlap and bool(grads)
     if buckets:
         for op in grads:
             tail.remove(op)
     total = sum(op.event.payload_bytes for op in grads)  # type: ignore[union-attr]
-    layer_ops: list[list[tuple[int, list[Op]]]] = [[] for _ in range(v)]  # per chunk, backward order
     for c in range(v):
-        head_units = ("ln_f", "head", "loss")
+        if head[c]:
+            prog.bwd[c] += _units_bwd(HEAD_UNITS, early.get((-1, "bwd"), {}), comp, "", overlap)
+            prog.bwd_last[c] += _units_bwd(HEAD_UNITS, late.get((-1, "bwd"), {}), comp, "", overlap)
+        for i in reversed(range(bounds[c], bounds[c + 1])):
+            prog.bwd[c] += _layer_bwd(early, units, comp, i, rec, overlap)
         if first and c == 0:
-            fwd[c] += _units_fwd(("emb",), by_layer.get((-1, "fwd"), {}), {}, "", "fwd")
-        lo, hi = bounds[c], bounds[c + 1]
-        for i in range(lo, hi):
-            fwd[c] += _units_fwd(units, by_layer.get((i, "fwd"), {}), comp, f"layers.{i}.", "fwd")
-        if last and c == v - 1:
-            fwd[c] += _units_fwd(head_units, by_layer.get((-1, "fwd"), {}), comp, "", "fwd")
-            bwd[c] += _units_bwd(head_units, by_layer.get((-1, "bwd"), {}), comp, "", overlap)
-        bwd_last[c] = list(bwd[c])
-        for i in reversed(range(lo, hi)):
-            ops: list[Op] = []
-            if rec > 0:
-                ops += _units_fwd(units, by_layer.get((i, "recompute"), {}), {}, f"layers.{i}.", "recompute")
-                ops.append(Op("compute", f"layers.{i}.recompute", rec))
-            ops += _units_bwd(units, by_layer.get((i, "bwd"), {}), comp, f"layers.{i}.", overlap)
-            bwd[c] += ops
-            layer_ops[c].append((i, ops))
+            prog.bwd[c] += _units_bwd(("emb",), early.get((-1, "bwd"), {}), {}, "", False)
     # The last micro-batch's backward runs chunk v-1 first and chunk 0 last: the order the gradient buckets
     # (reverse registration order: head, blocks from the last, embedding) fill. A block's backward produces
     # its parameters' gradients; the head's come with the first block; the embedding's after its backward.
@@ -233,26 +256,24 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     emb_bytes = 4 * int(local_params(d, layout.mode, layout.tensor_size, layout.q, 0, True, False)) if first else 0
     produced = max(0, total - layers * per_layer - emb_bytes)  # the head's (last stage), released with block 1
     for c in reversed(range(v)):
-        for i, ops in layer_ops[c]:
-            bwd_last[c] += ops
+        for i in reversed(range(bounds[c], bounds[c + 1])):
+            prog.bwd_last[c] += _layer_bwd(late, units, comp, i, rec, overlap)
             if buckets:
                 done = c == 0 and i == bounds[0] and not first
-                produced = _release_buckets(grads, total if done else produced + per_layer, i, bwd_last[c])
+                produced = _release_buckets(grads, total if done else produced + per_layer, i, prog.bwd_last[c])
         if first and c == 0:
-            emb = _units_bwd(("emb",), by_layer.get((-1, "bwd"), {}), {}, "", False)
-            bwd[c] += emb
-            bwd_last[c] += emb
+            prog.bwd_last[c] += _units_bwd(("emb",), late.get((-1, "bwd"), {}), {}, "", False)
             if buckets:
-                _release_buckets(grads, total, 0, bwd_last[c])
+                _release_buckets(grads, total, 0, prog.bwd_last[c])
     if buckets:
         tail.insert(0, Op("wait", "gradients.wait"))
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
     tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, layout.dp if layout.zero else 1))))
-    _add_op_overhead(layout, d, mb, g, first, last, fwd, bwd, bwd_last, tail)
-    prog = StageProgram(stage, fwd, bwd, bwd_last, tail, send_bytes=d.c * mb * d.s * d.h // act_split(layout))
-    prog.compute_fwd = sum(op.seconds for ch in fwd for op in ch if op.kind == "compute")
-    prog.compute_bwd = sum(op.seconds for ch in bwd for op in ch if op.kind == "compute")
+    _add_op_overhead(layout, d, mb, g, first, last, prog)
+    prog.send_bytes = d.c * mb * d.s * d.h // act_split(layout)
+    prog.compute_fwd = sum(op.seconds for ch in prog.fwd for op in ch if op.kind == "compute")
+    prog.compute_bwd = sum(op.seconds for ch in prog.bwd for op in ch if op.kind == "compute")
     return prog
 
 

@@ -97,14 +97,26 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[i
         log.issue(mode.head(d), micro=micro)
 
 
+def _stage_log(layout: Layout, d: Dims, mb: int, stage: str) -> tuple[_Log, bool, bool, int]:
+    first, last = layout.pp == 1 or stage == "first", layout.pp == 1 or stage == "last"
+    layers = int(stage_layers(d.L, layout.pp, layout.interleave, int(first), int(last)))
+    return _Log(layout, d, layout_sizes(layout, d, mb, layers, first, last)), first, last, layers
+
+
+def micro_batch_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
+                       micro: tuple[int, int] = (0, 1)) -> list[CommEvent]:
+    """The tensor-parallel collectives of micro-batch k of n (`micro`) on one rank of stage `stage` (no
+    pipeline sends, no per-step collectives): the event engine's per-micro-batch programs."""
+    log, first, last, layers = _stage_log(layout, d, mb, stage)
+    _micro_batch(log, first, last, layers, micro)
+    return log.events
+
+
 def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
                  bucket_bytes: int = BUCKET_BYTES) -> list[CommEvent]:
     """All collectives of one step on one rank of pipeline stage `stage` (first | middle | last)."""
     pp, v = layout.pp, layout.interleave
-    first = pp == 1 or stage == "first"
-    last = pp == 1 or stage == "last"
-    layers = int(stage_layers(d.L, pp, v, int(first), int(last)))
-    log = _Log(layout, d, layout_sizes(layout, d, mb, layers, first, last))
+    log, first, last, layers = _stage_log(layout, d, mb, stage)
     n_micro = d.global_batch // (layout.dp * mb)
     T = mb * d.s
     for k in range(n_micro):
