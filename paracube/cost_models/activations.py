@@ -63,12 +63,12 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
         block_input = c * T * h / _sequence_shards(b) if replicated else E * T * h / sp["all"]
         return {"block input": block_input}
     h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
-    # q, k, v: views of the qkv output, or (2D/3D, whose bias add is fp32) autocast's copies; selective keeps
-    # the qkv output itself, fp32 in 2D/3D.
+    # q, k, v: views of the qkv output, or (2D/3D, whose bias add is fp32) autocast's copies, or (unfused)
+    # the contiguous copies its bmms multiply; selective keeps the qkv output itself, fp32 in 2D/3D.
     qkv_bytes = E if (d.recompute == "selective" and not replicated) else c
     attention = qkv_bytes * T * h_qkv / sp["all"]
-    if d.recompute != "selective":  # the attention core's saved output and log-sum-exp
-        attention = attention + 4.0 * mb * d.heads * d.s / sp["all"]
+    if d.recompute != "selective":  # the attention core's own saved tensors
+        attention = attention + attention_core_bytes(d, mb, sp["all"])
     if d.recompute != "selective" or replicated:  # 1D: proj's input is the attention output itself
         attention = attention + c * T * h / sp["all"]
     if replicated:  # none / 1D: the residual stream, LayerNorm inputs and GELU input in the compute dtype
@@ -85,8 +85,21 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
         # cos, sin tables [s, head_dim] (executor/llama.py)
         act_fn_input = c * T * 2 * f / sp["all"] + 2 * c * d.s * (h / d.heads)
+    # Hidden dropout after the attention projection and after the MLP: one boolean mask each, on the block's
+    # activations (whole in none / 1D, sequence shards with sp, split over all t ranks in 2D / 3D).
+    masks = 2 * T * h / (_sequence_shards(b) if replicated else sp["all"]) if d.dropout > 0 else zero
     return {"layernorms": norms, "linear inputs": linear_inputs, "attention": attention,
-            "activation-function input": act_fn_input, "weight copies": weights + zero}
+            "activation-function input": act_fn_input, "weight copies": weights + zero, "dropout masks": masks + zero}
+
+
+def attention_core_bytes(d: Dims, mb: Arr, heads_split: Arr) -> Arr:
+    """Bytes the attention core itself keeps (beyond q, k, v and its output), per rank: flash its fp32
+    log-sum-exp [b, heads, s]; unfused (fa=0) the softmax output (c per score), and with attention dropout
+    its boolean mask and the dropped probabilities (1 + c per score): Korthikanti's 5 a s^2 b at c = 2."""
+    if d.flash:
+        return 4.0 * mb * d.heads * d.s / heads_split
+    per_score = d.c + (1 + d.c if d.attention_dropout > 0 else 0)
+    return per_score * mb * d.heads * float(d.s) * d.s / heads_split
 
 
 def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
@@ -95,7 +108,13 @@ def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
 
 
 def first_stage_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
-    return 8.0 * b.mb.astype(float) * d.s  # token ids kept by the embedding's backward
+    """Token ids kept by the embedding's backward, and the embedding dropout's boolean mask."""
+    T = b.mb.astype(float) * d.s
+    ids = 8.0 * T
+    if d.embedding_dropout <= 0:
+        return ids
+    split = _sequence_shards(b) if MODES[mode].replicates_activations else _split(mode, b)["all"]
+    return ids + T * d.h / split
 
 
 def last_stage_bytes(d: Dims, mode: str, b: LayoutBatch, vocab: Arr) -> Arr:

@@ -7,7 +7,7 @@ tensor a rank holds. Every rank draws the full serial initialization from the se
 so a seed gives the same model in every layout.
 
 Vocabulary padding (as Megatron pads): the token embedding's rows and the head's columns are padded up to
-a multiple of the mode's vocab split (`padded` in paracube/modes, the size the cost model counts), the
+a multiple of 128 x the mode's vocab split (`padded` in paracube/modes, the size the cost model counts), the
 padding initialized to zero and its logits set to -inf before the (vocab-parallel) cross-entropy, so they
 take no probability and get zero gradients. Full tensors in and out (state dicts) have the true vocabulary.
 """
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
+from paracube.executor.dropout import DropoutSeeds, dropout
 from paracube.executor.functional import compute_dtype, local_attention
 from paracube.executor.llama import LlamaAttention, SwiGLU, llama_init_tensors
 from paracube.executor.mesh import Mesh
@@ -63,20 +64,22 @@ def _resize(t: Tensor, name: str, vocab: int) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False):
+    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
         super().__init__()
         h = mode.spec.hidden
-        self.heads, self.selective = mode.heads_local, selective
+        self.heads, self.selective, self.flash, self.p = mode.heads_local, selective, flash, mode.spec.attention_dropout
         self.qkv = mode.linear("qkv", h, 3 * h, True)
         self.proj = mode.linear("proj", h, h, True)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seed: int | None = None) -> Tensor:
         qkv = self.qkv(x)
+        args = (qkv, self.heads, self.flash, self.p, seed)
         if self.selective and torch.is_grad_enabled():
-            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward.
-            out = checkpoint(local_attention, qkv, self.heads, use_reentrant=False, preserve_rng_state=False)
+            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
+            # (the same dropout mask: it is drawn from `seed`).
+            out = checkpoint(local_attention, *args, use_reentrant=False, preserve_rng_state=False)
         else:
-            out = local_attention(qkv, self.heads)
+            out = local_attention(*args)
         return self.proj(out)
 
 
@@ -92,17 +95,22 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """x + dropout(attn(ln1(x))), then + dropout(mlp(ln2(.))); `seeds` (DropoutSeeds.block) or None: no dropout."""
+
     def __init__(self, mode: Mode, selective: bool = False):
         super().__init__()
         llama = mode.spec.family == "llama"
+        flash = mode.mesh.layout.uses_flash
+        self.p = mode.spec.dropout
         self.ln1 = mode.layer_norm()
-        self.attn = LlamaAttention(mode, selective) if llama else Attention(mode, selective)
+        self.attn = LlamaAttention(mode, selective, flash) if llama else Attention(mode, selective, flash)
         self.ln2 = mode.layer_norm()
         self.mlp = SwiGLU(mode) if llama else MLP(mode)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+    def forward(self, x: Tensor, seeds: tuple[int, int, int] | None = None) -> Tensor:
+        attn_seed, out_seeds = (seeds[0], seeds[1:]) if seeds is not None else (None, (None, None))
+        x = x + dropout(self.attn(self.ln1(x), attn_seed), self.p, out_seeds[0])
+        return x + dropout(self.mlp(self.ln2(x)), self.p, out_seeds[1])
 
 
 class StageBlocks(nn.Module):
@@ -154,7 +162,7 @@ def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
 
 
 class ParallelGPT(nn.Module):
-    def __init__(self, spec: ModelSpec, mesh: Mesh, recompute: str = "none"):
+    def __init__(self, spec: ModelSpec, mesh: Mesh, recompute: str = "none", seed: int = 0):
         super().__init__()
         check(recompute in RECOMPUTE, f"recompute={recompute!r} is not supported; valid: {', '.join(RECOMPUTE)}")
         mode_name = mesh.layout.mode
@@ -168,6 +176,10 @@ class ParallelGPT(nn.Module):
         self.vocab = int(padded(spec.vocab, TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)))
         self.mode = MODES[mode_name](replace(spec, vocab=self.vocab), mesh)
         self.lean_stream = TENSOR_MODES[mode_name].replicates_activations
+        # Megatron's RNG rule (executor/dropout.py): replicas of the residual stream (none, 1D without sp)
+        # draw the same masks on every tensor rank, shards draw their own.
+        self.dropout_seeds = DropoutSeeds(seed, layout, layout.coords(mesh.rank), self.lean_stream and not layout.sequence_parallel)
+        self.with_dropout = max(spec.dropout, spec.attention_dropout, spec.embedding_dropout) > 0
         # Pipeline stage (modes/stages.py): this stage's model chunks; embedding first, head + loss last.
         stage = mesh.coord("pp") if layout.pp > 1 else 0
         self.chunks = stage_chunks(spec.layers, layout.pp, layout.interleave, stage)
@@ -195,14 +207,19 @@ class ParallelGPT(nn.Module):
             x = x + self.pos_emb(ids.shape[1])
         # none / 1D: the residual stream in the compute dtype (bf16 under autocast), as Megatron keeps it.
         # 2D / 3D add their biases in fp32, so their stream stays fp32.
-        return x.to(compute_dtype(x)) if self.lean_stream else x
+        x = x.to(compute_dtype(x)) if self.lean_stream else x
+        if self.training and self.spec.embedding_dropout > 0:
+            x = dropout(x, self.spec.embedding_dropout, self.dropout_seeds.embedding())
+        return x
 
     def run_block(self, block: Block, x: Tensor) -> Tensor:
+        # Seeds drawn outside the checkpoint: a recomputed block re-draws the forward's masks.
+        seeds = self.dropout_seeds.block() if self.training and self.with_dropout else None
         if self.recompute == "full" and torch.is_grad_enabled():
             # Recompute the whole block (no early stop) so its forward collectives all run again.
             with set_checkpoint_early_stop(False):
-                return checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
-        return block(x)
+                return checkpoint(block, x, seeds, use_reentrant=False, preserve_rng_state=False)
+        return block(x, seeds)
 
     def reduce_sequence_parallel_grads(self) -> None:
         """Once per step, before the data-parallel gradient sum: 1D + sp sums the partial gradients of the
@@ -277,7 +294,7 @@ class ParallelGPT(nn.Module):
 
 def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none") -> ParallelGPT:
     """The GPT for mesh.layout's tensor mode (serial when none), initialized from `seed`."""
-    model = ParallelGPT(spec, mesh, recompute)
+    model = ParallelGPT(spec, mesh, recompute, seed)
     model.load_init(seed)
     return model
 
