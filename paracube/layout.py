@@ -197,8 +197,8 @@ class Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|3][,rc=none|selective|full][,overlap][,fa=0|1]"
-                 "[,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
+LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|3][,rc=none|selective|full][,overlap]"
+                 "[,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
 def parse_layout(text: str) -> Layout:

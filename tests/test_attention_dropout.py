@@ -26,7 +26,7 @@ from paracube.cost_models.dims import dims_of, padded_vocab, with_pins
 from paracube.cost_models.memory import _block_acts
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
-from paracube.executor import Mesh, build_model, serial_reference
+from paracube.executor import Mesh, build_model
 from paracube.executor.dropout import DropoutSeeds
 from paracube.layout import RECOMPUTES, parse_layout
 from paracube.topologies import load_topology
@@ -170,7 +170,8 @@ def test_vocabulary_padded_as_megatron() -> None:
     assert [padded_vocab(50257, t) for t in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
     assert padded_vocab(257, 4) == 512 and padded_vocab(512, 4) == 512
     gpt2 = PRESETS["gpt2-small"]
-    model = build_model(replace(gpt2, layers=1, hidden=64, heads=4, ffn_hidden=64), Mesh.single(parse_layout("tp=none")))
+    small = replace(gpt2, layers=1, hidden=64, heads=4, ffn_hidden=64)
+    model = build_model(small, Mesh.single(parse_layout("tp=none")))
     assert model.vocab == 50304 and model.tok_emb.weight.shape[0] == 50304
     assert model.full_state_dict()["tok_emb.weight"].shape[0] == 50257
 

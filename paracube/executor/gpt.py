@@ -178,7 +178,8 @@ class ParallelGPT(nn.Module):
         self.lean_stream = TENSOR_MODES[mode_name].replicates_activations
         # Megatron's RNG rule (executor/dropout.py): replicas of the residual stream (none, 1D without sp)
         # draw the same masks on every tensor rank, shards draw their own.
-        self.dropout_seeds = DropoutSeeds(seed, layout, layout.coords(mesh.rank), self.lean_stream and not layout.sequence_parallel)
+        replicated = self.lean_stream and not layout.sequence_parallel
+        self.dropout_seeds = DropoutSeeds(seed, layout, layout.coords(mesh.rank), replicated)
         self.with_dropout = max(spec.dropout, spec.attention_dropout, spec.embedding_dropout) > 0
         # Pipeline stage (modes/stages.py): this stage's model chunks; embedding first, head + loss last.
         stage = mesh.coord("pp") if layout.pp > 1 else 0

@@ -253,5 +253,6 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "VOCAB_MULTIPLE", "Collective", "ExecutorSupport", "IntOrArr", "Rule", "Sizes",
+__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "VOCAB_MULTIPLE", "Collective", "ExecutorSupport", "IntOrArr", "Rule",
+           "Sizes",
            "TensorMode", "coll", "divides", "divisors", "padded", "split", "split_embedding"]
