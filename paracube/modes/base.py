@@ -254,5 +254,4 @@ def divisors(n: int) -> list[int]:
 
 
 __all__ = ["COMPUTE", "F32", "LAYER_UNITS", "VOCAB_MULTIPLE", "Collective", "ExecutorSupport", "IntOrArr", "Rule",
-           "Sizes",
-           "TensorMode", "coll", "divides", "divisors", "padded", "split", "split_embedding"]
+           "Sizes", "TensorMode", "coll", "divides", "divisors", "padded", "split", "split_embedding"]
