@@ -4,10 +4,14 @@ Counted from what autograd really saves in paracube/executor (tests/test_fidelit
 tests/test_sp_recompute.py measure it with saved_tensors_hooks and hold this model to 2%). Matmuls and
 attention run in the compute dtype (c bytes; autocast). none / 1D keep, as Megatron does, the residual
 stream, LayerNorm inputs and the bias-added linear outputs in the compute dtype too; 2D / 3D add their
-gathered biases in fp32 and keep those in fp32 (e = 4 bytes). Attention is fused
-(scaled_dot_product_attention): it saves q, k, v (views of the qkv output), its output and a [b, heads, s]
-fp32 log-sum-exp, never the s x s scores; there is no dropout. Per block, T = b*s tokens of the
-micro-batch, t = tensor ranks, k = t with 1D sequence parallelism (sp) else 1:
+gathered biases in fp32 and keep those in fp32 (e = 4 bytes). Attention (Layout `fa`, Dims.flash): flash
+(scaled_dot_product_attention) saves q, k, v (views of the qkv output), its output and a [b, heads, s] fp32
+log-sum-exp, never the s x s scores; unfused (fa=0, Megatron's core attention, executor/functional.py) saves
+contiguous copies of q, k, v, the softmax output (c per score) and, with attention dropout, its boolean mask
+and the dropped probabilities (1 + c per score): 5 a s^2 b / t at c = 2, as Korthikanti et al. count.
+Dropout (ModelSpec.dropout, executor/dropout.py) keeps one boolean mask per dropout: two [T, h] per block
+(after the attention projection and after the MLP), one on the first stage (embedding_dropout).
+Per block, T = b*s tokens of the micro-batch, t = tensor ranks, k = t with 1D sequence parallelism (sp) else 1:
 
 - 2 LayerNorm inputs (+ fp32 mean, rstd): serial/1D 2 (c T h + 8 T) / k; 2D/3D 2 e T h / t + 8 T / tokens split.
 - linear inputs: serial/1D c T (2h / k + f / t) (qkv and fc inputs: whole, or with sp their sequence shard,
@@ -15,18 +19,23 @@ micro-batch, t = tensor ranks, k = t with 1D sequence parallelism (sp) else 1:
   gathered X of all four linears, c T sum(h_in) / t_q; 3D c T sum(h_in) / q^2.
 - gathered weights: serial/1D autocast's cast copies only (none once parameters live in the compute
   dtype), c sum(h_in h_out) / t; 2D c sum(h_in h_out) / q; 3D c sum(h_in h_out) / q^2.
-- q, k, v, attention output and log-sum-exp: c T (h_qkv + h) / t + 4 b heads s / t.
+- q, k, v, attention output and the core's own tensors: c T (h_qkv + h) / t + flash 4 b heads s / t, unfused
+  (c + [dropout] (1 + c)) b heads s^2 / t.
+- hidden dropout masks: 2 T h / k (serial/1D), 2 T h / t (2D/3D).
 - GELU input (fc output + bias): c T f / t (serial/1D), e T f / t (2D/3D).
   Family llama: SwiGLU's input (fused gate+up output) c T 2f / t and the rotary tables cos, sin:
   2 c s head_dim (whole on every rank); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
-stage adds the token ids (8 T bytes); the last stage adds the final LayerNorm, the head's input (and weight
-copy), and the cross-entropy's fp32 softmax over the local vocabulary block plus its indices.
+stage adds the token ids (8 T bytes) and the embedding dropout's mask; the last stage adds the final
+LayerNorm, the head's input (and weight copy), and the cross-entropy's fp32 softmax over the local vocabulary
+block plus its indices.
 Selective recomputation (checkpointed attention core): keeps the qkv output (2D/3D: fp32) and drops the
-log-sum-exp and the core's output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input).
+core's own tensors and its output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input); the
+core's dropout mask is re-drawn from its seed (executor/dropout.py).
 Full recomputation keeps only each block's input: c T h / k (serial/1D), e T h / t (2D/3D).
-Against Korthikanti et al. (2022, Table 2; `--activations megatron`): with sp and selective 1D keeps
-32 sbh / t + the log-sum-exp where Megatron keeps 34 sbh / t (no dropout masks here).
+Against Korthikanti et al. (2022, Table 2; `--activations megatron`): with fa=0 and dropout, 1D keeps their
+10 sbh + 24 sbh / t + 5 a s^2 b / t (sp: (34 sbh + 5 a s^2 b) / t) plus 16 T bytes of LayerNorm statistics,
+once autocast's weight copies are gone (benchmarks/activations_vs_megatron.py).
 """
 
 from __future__ import annotations
