@@ -10,11 +10,11 @@ every result must match; its pins `sp=0` (no sequence parallelism), `rc=` (recom
 respected too; `overlap` (or a fixed layout's) prices every layout with the gradient reduction overlapped
 with backward (analytic.py). Recomputation: `recomputes` lists the choices to search (default: TrainingSpec.recompute
 only; `paracube plan` without --recompute passes none, selective, full); each choice is a pass over the
-configurations with its own Dims, and a layout found so carries it (`rc=`). Attention: flash unless the
-layout pins `fa=0` (unfused is dominated in the model); the best layout's fa=0 variant joins the ranking.
-Distributed optimizer: `zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest
-allowed stage under which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
-of the all_reduce they replace, so its step time is that of zero=0).
+configurations with its own Dims, and a layout found so carries it (`rc=`). Distributed optimizer:
+`zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage under
+which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
+of the all_reduce they replace, so its step time is that of zero=0). Attention: flash unless the layout
+pins `fa=0` (unfused is dominated in the model); the best layout's fa=0 variant joins the ranking.
 """
 
 from __future__ import annotations
