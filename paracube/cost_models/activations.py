@@ -78,7 +78,9 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     attention = qkv_bytes * T * h_qkv / sp["all"]
     if d.recompute != "selective":  # the attention core's own saved tensors
         attention = attention + attention_core_bytes(d, mb, sp["all"])
-    if d.recompute != "selective" or replicated:  # 1D: proj's input is the attention output itself
+    # The core's output: flash saves it; none / 1D keep it anyway as proj's input (2D / 3D's proj keeps its
+    # gathered input instead, counted with the linear inputs; the unfused core's bmm does not save its output).
+    if replicated or (d.recompute != "selective" and d.flash):
         attention = attention + c * T * h / sp["all"]
     if replicated:  # none / 1D: the residual stream, LayerNorm inputs and GELU input in the compute dtype
         shards = _sequence_shards(b)
