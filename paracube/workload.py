@@ -141,9 +141,9 @@ class TrainingSpec:
     dtype: DType = "fp32"
     recompute: Recompute = "none"
     optimizer: Literal["adamw"] = "adamw"
-    # Which implementation's saved activations the memory model counts: "paracube" (this executor: fp32
-    # residual stream, fused SDPA attention, no dropout) or "megatron" (Korthikanti et al. 2022: 16-bit
-    # activations, dropout, attention scores kept).
+    # Which implementation's saved activations the memory model counts: "paracube" (this executor, with the
+    # layout's attention kernel `fa` and the model's dropout) or "megatron" (Korthikanti et al. 2022: 16-bit
+    # activations, dropout, unfused attention's s x s tensors kept).
     activations: Literal["paracube", "megatron"] = "paracube"
 
     def __post_init__(self) -> None:
