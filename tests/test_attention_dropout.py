@@ -30,7 +30,7 @@ from paracube.executor import Mesh, build_model
 from paracube.executor.dropout import DropoutSeeds
 from paracube.layout import RECOMPUTES, parse_layout
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+from paracube.workload import PRESETS, ModelSpec, TrainingSpec, from_hf_config
 
 SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
 LLAMA = ModelSpec("llama-gqa", layers=2, hidden=32, heads=8, ffn_hidden=96, vocab=64, seq_len=16, family="llama",
@@ -184,3 +184,16 @@ def test_fa_pin_round_trip_and_bad_input() -> None:
         parse_layout("tp=1d:2,fa=2")
     with pytest.raises(ParacubeError, match="dropout"):
         replace(SPEC, dropout=1.0)
+
+
+def test_dropout_read_as_hugging_face_reads_it(tmp_path) -> None:
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text('{"model_type": "gpt2", "n_layer": 2, "resid_pdrop": 0.2, "attn_pdrop": 0.0}')
+    spec = from_hf_config(gpt2)
+    # embd_pdrop omitted: GPT2Config's default 0.1
+    assert (spec.dropout, spec.attention_dropout, spec.embedding_dropout) == (0.2, 0.0, 0.1)
+    llama = tmp_path / "llama.json"
+    llama.write_text('{"model_type": "llama", "num_hidden_layers": 2, "attention_dropout": 0.05}')
+    spec = from_hf_config(llama)
+    assert (spec.dropout, spec.attention_dropout, spec.embedding_dropout) == (0.0, 0.05, 0.0)
+    assert PRESETS["gpt3-175b"].dropout == 0.1 and PRESETS["tiny"].dropout == 0.0
