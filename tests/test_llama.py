@@ -53,7 +53,7 @@ def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
     tokens = B * N_MICRO * spec.seq_len
     model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
     full = model.full_state_dict()
-    init_exact = all(torch.equal(full[n], p) for n, p in ref.named_parameters())
+    init_exact = all(torch.equal(full[n], p) for n, p in ref.full_state_dict().items())
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}  # activation memory: distinct storages autograd saves (as test_fidelity.py)
 
@@ -72,7 +72,7 @@ def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
     (ref_sum / tokens).backward()
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        errs[f"grad:{name}"] = rel_err(p.grad, model.shard_specs[name].take(ref_params[name].grad))
+        errs[f"grad:{name}"] = rel_err(p.grad, model.block_of(name, ref_params[name].grad))
     model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
     opt, ref_opt = _adamw(model), _adamw(ref)
     events: list = []
@@ -84,7 +84,7 @@ def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
         errs[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
+        errs[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
     return {"errors": errs, "init_exact": init_exact, "events": events, "names": sorted(ref_params),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "activations": sum(saved.values())}

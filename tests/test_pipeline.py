@@ -114,7 +114,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
         errs["loss_sum"] = abs(float(loss_sum) - mine) / mine
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        errs[f"grad:{name}"] = rel_err(p.grad, model.shard_specs[name].take(ref_params[name].grad))
+        errs[f"grad:{name}"] = rel_err(p.grad, model.block_of(name, ref_params[name].grad))
     out["n_params"] = len(ref_params) - len(dict(model.named_parameters()))
 
     # Three AdamW steps through train_step against serial steps over the global batch; traffic of step 1.
@@ -133,7 +133,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
         errs[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
+        errs[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
 
     stage = _stage_name(mesh)
     d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32"))

@@ -233,8 +233,11 @@ class ParallelGPT(nn.Module):
         """Per-token losses of the local tokens: x in block layout, labels already split."""
         logits = self.head(self.ln_f(x))
         if self.vocab != self.spec.vocab:
-            # The local logits are the head weight's column block (every mode): mask the padded columns.
-            start, size = self.shard_specs["head.weight"].offsets[1], self.shard_specs["head.weight"].sizes[1]
+            # The local logits are the head weight's column block (every mode), tied: the embedding's row
+            # block; mask the padded columns.
+            head = self.shard_specs.get("head.weight")
+            start, size = ((head.offsets[1], head.sizes[1]) if head is not None else
+                           (self.shard_specs["tok_emb.weight"].offsets[0], self.shard_specs["tok_emb.weight"].sizes[0]))
             padding = torch.arange(start, start + size, device=logits.device) >= self.spec.vocab
             logits = logits.masked_fill(padding, float("-inf"))
         return self.mode.token_losses(logits, labels)
@@ -286,6 +289,11 @@ class ParallelGPT(nn.Module):
         for name, full in init_tensors(self.spec, seed):  # the whole serial draw; keep this stage's tensors
             if name in params:
                 params[name].copy_(self.shard_specs[name].take(_resize(full, name, self.vocab)))
+
+    def block_of(self, name: str, full: Tensor) -> Tensor:
+        """This rank's block of a full tensor of parameter `name` (true or otherwise padded vocabulary: padded or
+        cut to this model's), e.g. the serial reference's parameter or gradient."""
+        return self.shard_specs[name].take(_resize(full, name, self.vocab))
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, Tensor]:
