@@ -29,6 +29,8 @@ from paracube.errors import ParacubeError
 from paracube.executor import Mesh, build_model
 from paracube.executor.dropout import DropoutSeeds
 from paracube.layout import RECOMPUTES, parse_layout
+from paracube.planner.explain import explain
+from paracube.planner.search import search
 from paracube.topologies import load_topology
 from paracube.workload import PRESETS, ModelSpec, TrainingSpec, from_hf_config
 
@@ -197,3 +199,19 @@ def test_dropout_read_as_hugging_face_reads_it(tmp_path) -> None:
     spec = from_hf_config(llama)
     assert (spec.dropout, spec.attention_dropout, spec.embedding_dropout) == (0.0, 0.05, 0.0)
     assert PRESETS["gpt3-175b"].dropout == 0.1 and PRESETS["tiny"].dropout == 0.0
+
+
+def test_search_fills_in_the_attention_kernel() -> None:
+    """Unpinned: flash (never slower nor larger in the model), the best layout's fa=0 variant ranked behind it
+    (explain's runner-up); pinned fa=0: every layout carries it and keeps the s x s tensors."""
+    topo = load_topology("dgx-a100", gpus=8)
+    model, training = PRESETS["gpt3-1.3b"], TrainingSpec(global_batch=8, dtype="bf16")
+    free = search(model, training, topo, 8, fixed=parse_layout("tp=1d:8"), top_k=3)
+    best, best_est = free.ranked[0]
+    assert best.uses_flash
+    alt = [(lay, est) for lay, est in free.ranked if not lay.uses_flash]
+    assert alt and alt[0][0] == best.with_(flash=0) and alt[0][1].step_time_s > best_est.step_time_s
+    assert alt[0][1].memory.activations > best_est.memory.activations
+    assert any(c.part == "attention" and c.runner_up == "fa=0" for c in explain(free.ranked))
+    pinned = search(model, training, topo, 8, fixed=parse_layout("tp=1d:8,fa=0"), top_k=3)
+    assert all(lay.flash == 0 for lay, _ in pinned.ranked)
