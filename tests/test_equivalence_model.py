@@ -23,7 +23,7 @@ from paracube.executor.gpt import ParallelGPT
 from paracube.layout import Layout, parse_layout
 from paracube.workload import ModelSpec
 
-SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=256, seq_len=16)  # vocab as tiny's
+SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=100, seq_len=16)  # padded in every mode
 B = 4  # sequences per micro-batch per replica (3D splits them q^2 = 4 ways, 2.5D 2x2x2 q d = 4 ways)
 N_MICRO = 2
 STEPS = 3
@@ -68,7 +68,7 @@ def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
     out: dict[str, Any] = {"errors": {}}
     errs = out["errors"]
     model = build_model(SPEC, mesh, seed=7)
-    ref = serial_reference(SPEC, seed=7)
+    ref = serial_reference(SPEC, seed=7, vocab=model.vocab)  # padded as the model it checks
     dp_index = mesh.coord("dp")
     micro = replica_micro_batches(layout, dp_index)
     tokens_per_step = layout.dp * B * N_MICRO * SPEC.seq_len
@@ -96,7 +96,7 @@ def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
 
     # Three AdamW steps through train_step, against serial steps over the whole global batch.
     model = build_model(SPEC, mesh, seed=7)
-    ref = serial_reference(SPEC, seed=7)
+    ref = serial_reference(SPEC, seed=7, vocab=model.vocab)  # padded as the model it checks
     opt, ref_opt = adamw(model), adamw(ref)
     all_micro = [mb for d in range(layout.dp) for mb in replica_micro_batches(layout, d)]
     for step in range(STEPS):

@@ -162,7 +162,8 @@ def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
 
 
 class ParallelGPT(nn.Module):
-    def __init__(self, spec: ModelSpec, mesh: Mesh, recompute: str = "none", seed: int = 0):
+    def __init__(self, spec: ModelSpec, mesh: Mesh, recompute: str = "none", seed: int = 0,
+                 vocab: int | None = None):
         super().__init__()
         check(recompute in RECOMPUTE, f"recompute={recompute!r} is not supported; valid: {', '.join(RECOMPUTE)}")
         mode_name = mesh.layout.mode
@@ -173,7 +174,12 @@ class ParallelGPT(nn.Module):
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
         layout = mesh.layout
-        self.vocab = int(padded(spec.vocab, TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)))
+        split = TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)
+        # `vocab`: another padded size (a multiple of the split), e.g. a serial reference padded as the model it
+        # checks; by default Megatron's (modes.base.padded).
+        self.vocab = int(padded(spec.vocab, split)) if vocab is None else vocab
+        check(self.vocab >= spec.vocab and self.vocab % split == 0,
+              f"padded vocabulary {self.vocab} must be >= {spec.vocab} and a multiple of the vocab split {split}")
         self.mode = MODES[mode_name](replace(spec, vocab=self.vocab), mesh)
         self.lean_stream = TENSOR_MODES[mode_name].replicates_activations
         # Megatron's RNG rule (executor/dropout.py): replicas of the residual stream (none, 1D without sp)
@@ -301,15 +307,18 @@ class ParallelGPT(nn.Module):
                 for n, p in self.named_parameters()}
 
 
-def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none") -> ParallelGPT:
-    """The GPT for mesh.layout's tensor mode (serial when none), initialized from `seed`."""
-    model = ParallelGPT(spec, mesh, recompute, seed)
+def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none",
+                vocab: int | None = None) -> ParallelGPT:
+    """The GPT for mesh.layout's tensor mode (serial when none), initialized from `seed`; `vocab`: the padded
+    vocabulary size if not Megatron's."""
+    model = ParallelGPT(spec, mesh, recompute, seed, vocab)
     model.load_init(seed)
     return model
 
 
-def serial_reference(spec: ModelSpec, seed: int = 0, recompute: str = "none") -> ParallelGPT:
-    """The same GPT on one process with plain torch ops (the equivalence tests' reference)."""
-    return build_model(spec, Mesh.single(), seed, recompute)
+def serial_reference(spec: ModelSpec, seed: int = 0, recompute: str = "none", vocab: int | None = None) -> ParallelGPT:
+    """The same GPT on one process with plain torch ops (the equivalence tests' reference); `vocab`: pad it as
+    the model it checks (the same sums over the same sizes: rounding as close as it gets)."""
+    return build_model(spec, Mesh.single(), seed, recompute, vocab)
 
 
