@@ -2,7 +2,8 @@
 
 Rows: benchmarks/data/published_runs.csv (Narayanan et al. 2021 table 1, step time = F / (GPUs x TFLOP/s);
 Megatron-LM README 2020 tables). Each row's TP/PP/DP is pinned, sequence parallelism forbidden (those runs
-did not use it), recomputation as run (full: both sources count 96 B s l h^2 FLOPs, i.e. with it);
+did not use it), Megatron's unfused attention pinned (`fa=0` in every row's layout: those runs predate flash
+attention), recomputation as run (full: both sources count 96 B s l h^2 FLOPs, i.e. with it);
 micro-batch and interleaving are the planner's choice. Assumption: the data-parallel gradient all-reduce
 overlaps the last micro-batch's backward (`overlap` in every row's layout; the sources do not say; torch DDP
 and Megatron's local DDP with overlap did so). The presets' shipped efficiencies (topologies/presets.py

@@ -13,7 +13,9 @@ The rank grid is one `arange(world).reshape(...)`; every process group is a slic
 An axis is named after the coordinate that varies along it: the group of axis `col` is the q ranks of one
 grid row. `placement` lists every axis from innermost (consecutive ranks, i.e. the same node) to outermost;
 the default keeps the tensor axes innermost, then dp, then pp (Megatron's order).
-Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full][,kw=0|1][,place=x.y.z.dp.pp]`.
+Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full][,kw=0|1][,fa=0|1][,place=x.y.z.dp.pp]`.
+`fa`: attention kernel; 1 flash attention (fused, saves no s x s scores; the executor's default), 0 Megatron's
+unfused core attention (scores, masked softmax, dropout and the product with V, which saves s x s tensors).
 `sp=0` forbids sequence parallelism and `rc=` pins activation recomputation: pins the planner respects
 (it searches what a layout leaves open). `overlap`: data-parallel gradient reduction overlapped with backward.
 `zero`: 0 none; 1 optimizer state and fp32 master weights sharded over dp (distributed optimizer / ZeRO-1,
@@ -61,6 +63,9 @@ class Layout:
     # buckets, Megatron's overlap_grad_reduce); the analytic model then exposes only what backward does not hide.
     overlap: bool = False
     keep_weights: int | None = None  # `kw=0|1` (module docstring); None: not pinned
+    # `fa=0|1` pins the attention kernel (1 flash, 0 unfused); None: not pinned (the executor runs flash,
+    # the planner searches both).
+    flash: int | None = None
 
     def __post_init__(self) -> None:
         check(self.mode in TENSOR_MODES, f"tensor mode {self.mode!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
@@ -84,6 +89,7 @@ class Layout:
         check(not self.keep_weights or MODES[self.mode].keeps_weights,
               f"kw=1 keeps gathered weights: tp={'/'.join(n for n, m in MODES.items() if m.keeps_weights)} only, "
               f"not {self.mode}")
+        check(self.flash in (None, 0, 1), f"fa={self.flash!r} is not valid; valid: 0 (unfused), 1 (flash)")
         check(self.interleave == 1 or self.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
         if self.placement:
             # Axes of size 1 may be left out: they go outermost.
@@ -94,6 +100,11 @@ class Layout:
                   f"{', '.join(self.default_placement)} once")
 
     # --- sizes -----------------------------------------------------------------------------------------
+    @property
+    def uses_flash(self) -> bool:
+        """The attention kernel this layout runs: flash unless `fa=0` pins the unfused one."""
+        return self.flash != 0
+
     @property
     def q(self) -> int:
         """Grid side of 2D/2.5D/3D; p for 1D; 1 without tensor parallelism."""
@@ -187,6 +198,8 @@ class Layout:
             parts.append("overlap")
         if self.keep_weights is not None:
             parts.append(f"kw={self.keep_weights}")
+        if self.flash is not None:
+            parts.append(f"fa={self.flash}")
         if self.placement and self.placement != self.default_placement:
             parts.append("place=" + ".".join(self.placement))
         return ",".join(parts)
@@ -196,7 +209,7 @@ class Layout:
 
 
 LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|3][,rc=none|selective|full][,overlap]"
-                 "[,kw=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
+                 "[,kw=0|1][,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
 def parse_layout(text: str) -> Layout:
@@ -219,6 +232,10 @@ def parse_layout(text: str) -> Layout:
         elif key == "kw":
             check(value.strip() in ("0", "1"), f"layout {text!r}: kw={value!r} is not valid; valid: kw=0, kw=1")
             fields["keep_weights"] = int(value)
+        elif key == "fa":
+            check(value.strip() in ("0", "1"), f"layout {text!r}: fa={value!r} is not valid; valid: fa=0 (unfused "
+                  "attention), fa=1 (flash attention)")
+            fields["flash"] = int(value)
         elif key == "rc":
             check(value.strip() in RECOMPUTES,
                   f"layout {text!r}: rc={value!r} is not valid; valid: {', '.join(RECOMPUTES)}")

@@ -32,6 +32,12 @@ class ModelSpec:
     `tied_embeddings`: the output head is the token embedding's transpose (no head parameters); the
     executor ties them in modes none and 1D (2D/3D lay the head out differently and refuse it).
     `rms_eps`, `rope_theta`: the llama family's RMSNorm epsilon and rotary base (HF rms_norm_eps, rope_theta).
+    Dropout probabilities (training only; executor/dropout.py): `dropout` on each block's attention and MLP
+    outputs before the residual add (HF gpt2 resid_pdrop, Megatron hidden_dropout), `attention_dropout` on the
+    attention probabilities (attn_pdrop / attention_dropout), `embedding_dropout` on the embedding output
+    (embd_pdrop). The GPT-2/GPT-3 presets use 0.1 for all three (Megatron's GPT default and GPT-2's config);
+    llama has none (attention_dropout as its config says, 0 by default); tiny and small use 0 (they are the
+    equivalence tests' models: dropout draws masks the serial reference cannot share).
     """
 
     name: str
@@ -46,6 +52,9 @@ class ModelSpec:
     tied_embeddings: bool = False
     rms_eps: float = 1e-6
     rope_theta: float = 10000.0
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    embedding_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for attr in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
@@ -67,6 +76,10 @@ class ModelSpec:
             value = getattr(self, attr)
             check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
                   f"model {self.name!r}: {attr}={value!r} must be a positive number")
+        for attr in ("dropout", "attention_dropout", "embedding_dropout"):
+            value = getattr(self, attr)
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1,
+                  f"model {self.name!r}: {attr}={value!r} must be a probability in [0, 1)")
 
     @property
     def head_dim(self) -> int:
@@ -129,9 +142,9 @@ class TrainingSpec:
     dtype: DType = "fp32"
     recompute: Recompute = "none"
     optimizer: Literal["adamw"] = "adamw"
-    # Which implementation's saved activations the memory model counts: "paracube" (this executor: fp32
-    # residual stream, fused SDPA attention, no dropout) or "megatron" (Korthikanti et al. 2022: 16-bit
-    # activations, dropout, attention scores kept).
+    # Which implementation's saved activations the memory model counts: "paracube" (this executor, with the
+    # layout's attention kernel `fa` and the model's dropout) or "megatron" (Korthikanti et al. 2022: 16-bit
+    # activations, dropout, unfused attention's s x s tensors kept).
     activations: Literal["paracube", "megatron"] = "paracube"
 
     def __post_init__(self) -> None:
@@ -164,7 +177,9 @@ class TrainingSpec:
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 50257) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, 4 * hidden, vocab, seq)
+    # Dropout 0.1 everywhere: Megatron-LM's GPT default (hidden_dropout = attention_dropout = 0.1), and GPT-2's.
+    return ModelSpec(name, layers, hidden, heads, 4 * hidden, vocab, seq, dropout=0.1, attention_dropout=0.1,
+                     embedding_dropout=0.1)
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int) -> ModelSpec:
@@ -214,13 +229,16 @@ def config_name(path: Path, name_or_path: object = None) -> str:
 # num_key_value_heads -> num_attention_heads).
 HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None, "n_positions": 1024,
-             "vocab_size": 50257, "tie_word_embeddings": True},
+             "vocab_size": 50257, "tie_word_embeddings": True, "resid_pdrop": 0.1, "attn_pdrop": 0.1,
+             "embd_pdrop": 0.1},
     "llama": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
               "num_key_value_heads": None, "max_position_embeddings": 2048, "vocab_size": 32000,
-              "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0},
+              "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "attention_dropout": 0.0},
     "mistral": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                 "num_key_value_heads": 8, "max_position_embeddings": 131072, "vocab_size": 32000,
-                "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096},
+                "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096,
+                "attention_dropout": 0.0},
 }
 # model_type of each `architectures` name, for configs that omit model_type.
 _ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "GPT2Model": "gpt2", "LlamaForCausalLM": "llama",
@@ -272,7 +290,10 @@ def from_hf_config(path: Path) -> ModelSpec:
         hidden = get("n_embd")
         return ModelSpec(name=str(name), layers=get("n_layer"), hidden=hidden, heads=get("n_head"),
                          ffn_hidden=get("n_inner") or 4 * hidden, vocab=get("vocab_size"),
-                         seq_len=get("n_positions"), family="gpt", tied_embeddings=get("tie_word_embeddings", bool))
+                         seq_len=get("n_positions"), family="gpt", tied_embeddings=get("tie_word_embeddings", bool),
+                         dropout=float(get("resid_pdrop", (int, float))),
+                         attention_dropout=float(get("attn_pdrop", (int, float))),
+                         embedding_dropout=float(get("embd_pdrop", (int, float))))
     for key, allowed in _LLAMA_MUST.items():
         check(data.get(key, allowed) == allowed, f"{path}: field {key!r}={data.get(key)!r} is not supported "
               f"by the llama family (valid: {allowed!r})")
@@ -288,7 +309,8 @@ def from_hf_config(path: Path) -> ModelSpec:
                      ffn_hidden=get("intermediate_size"), vocab=get("vocab_size"), seq_len=seq_len,
                      family="llama", kv_heads=get("num_key_value_heads") or heads,
                      tied_embeddings=get("tie_word_embeddings", bool), rms_eps=float(get("rms_norm_eps", (int, float))),
-                     rope_theta=float(get("rope_theta", (int, float))))
+                     rope_theta=float(get("rope_theta", (int, float))),
+                     attention_dropout=float(get("attention_dropout", (int, float))))
 
 
 _KIND_NAMES: dict[Any, str] = {int: "an integer", bool: "true or false", (int, float): "a number"}

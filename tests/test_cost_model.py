@@ -55,14 +55,15 @@ def test_1d_event_list_by_hand() -> None:
 def test_3d_weight_gathers_by_hand() -> None:
     """tiny, fp32, tp=3d:2x2x2, mb=4, N=2. Weight all_gathers over x (the W role of every linear):
     per block sum(h_in*h_out)/q^2 = (3*64*64 + 64*64 + 64*256 + 256*64)/4 = 49152/4 = 12288 elements,
-    head 64*256/4 = 4096, so per micro-batch 4 B * (2*12288 + 4096) = 114688 B in 2*4+1 = 9 calls; x N=2;
+    head 64*512/4 = 8192 (vocab 256 padded as Megatron pads: to a multiple of
+    128 x the vocab split q^2 = 512), so per micro-batch 4 B * (2*12288 + 8192) = 131072 B in 2*4+1 = 9 calls; x N=2;
     plus the token embedding's backward all_gather over x, [T, h/q^2] fp32 = 4*256*16 = 16384 B per micro-batch.
-    With full recompute the block forwards run twice: 4 B * (2*2*12288 + 4096) * 2 = 425984 B in
+    With full recompute the block forwards run twice: 4 B * (2*2*12288 + 8192) * 2 = 458752 B in
     2*(16+1) calls (+ the embedding's). Kept weights (kw=1): the weight gathers once per step, recomputation
-    included: 114688 B in 9 calls (+ the embedding's, still per micro-batch)."""
+    included: 131072 B in 9 calls (+ the embedding's, still per micro-batch)."""
     emb = 2 * 16384
-    for kw, rec, payload, calls in (("", "none", 229376, 18), ("", "full", 425984, 34),
-                                    (",kw=1", "none", 114688, 9), (",kw=1", "full", 114688, 9)):
+    for kw, rec, payload, calls in (("", "none", 262144, 18), ("", "full", 458752, 34),
+                                    (",kw=1", "none", 131072, 9), (",kw=1", "full", 131072, 9)):
         lay = parse_layout("tp=3d:2x2x2,mb=4" + kw)
         d = dims_of(TINY, TrainingSpec(global_batch=8, recompute=rec))
         ev = [e for e in stage_events(lay, d, 4) if e.kind == "all_gather" and e.axes == ("x",)]
@@ -213,7 +214,8 @@ def test_bytes_per_rank_scale_as_table() -> None:
     """tensor-parallel.md: per rank, 1d sends 2(p-1)/p of [T, h] per all-reduce; 2d (q-1)/q^2 and 3d (q-1)/q^3
     of (T h_in, h_in h_out, T h_out) per linear. So the compute-dtype bytes divided by that factor are the
     same for every p (same model, same micro-batch)."""
-    m = ModelSpec("m", layers=2, hidden=128, heads=8, ffn_hidden=512, vocab=256, seq_len=32)
+    # vocab 2048 = 128 x 16: no padding at any vocab split below (Megatron pads to a multiple of 128 x split)
+    m = ModelSpec("m", layers=2, hidden=128, heads=8, ffn_hidden=512, vocab=2048, seq_len=32)
     one_d = [
         _c_sent(m, Layout(mode="1d", shape=(p,), micro_batch=16), 16) / (2 * (p - 1) / p) for p in (2, 4, 8)
     ]

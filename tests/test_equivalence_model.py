@@ -17,6 +17,7 @@ import pytest
 import torch
 from dist_helpers import rel_err, run_distributed
 
+from paracube.cost_models.dims import padded_vocab
 from paracube.errors import ParacubeError
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.executor.comm import all_reduce
@@ -25,7 +26,7 @@ from paracube.executor.optim import MasterAdamW, build_optimizer
 from paracube.layout import Layout, parse_layout
 from paracube.workload import ModelSpec
 
-SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
+SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=100, seq_len=16)  # padded in every mode
 B = 4  # sequences per micro-batch per replica (3D splits them q^2 = 4 ways, 2.5D 2x2x2 q d = 4 ways)
 N_MICRO = 2
 STEPS = 3
@@ -70,14 +71,14 @@ def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
     out: dict[str, Any] = {"errors": {}}
     errs = out["errors"]
     model = build_model(SPEC, mesh, seed=7)
-    ref = serial_reference(SPEC, seed=7)
+    ref = serial_reference(SPEC, seed=7, vocab=model.vocab)  # padded as the model it checks
     dp_index = mesh.coord("dp")
     micro = replica_micro_batches(layout, dp_index)
     tokens_per_step = layout.dp * B * N_MICRO * SPEC.seq_len
 
     # Initial parameters: gathered full tensors equal the serial initialization exactly.
     full = model.full_state_dict()
-    out["init_exact"] = all(torch.equal(full[n], p) for n, p in ref.named_parameters())
+    out["init_exact"] = all(torch.equal(full[n], p) for n, p in ref.full_state_dict().items())
 
     # Forward: this rank's loss sum equals the serial per-token losses of the tokens it computes.
     ids, labels = micro[0]
@@ -93,13 +94,12 @@ def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
     ref_params = dict(ref.named_parameters())
     depth_axes = tuple(a for a in layout.tensor_mode.grad_axes if a != "dp")  # 2.5D: the depth layers' shares
     for name, p in model.named_parameters():
-        spec = model.shard_specs[name]
         grad = all_reduce(p.grad, mesh, depth_axes) if depth_axes else p.grad
-        errs[f"grad:{name}"] = rel_err(grad, spec.take(ref_params[name].grad))
+        errs[f"grad:{name}"] = rel_err(grad, model.block_of(name, ref_params[name].grad))
 
     # Three AdamW steps through train_step, against serial steps over the whole global batch.
     model = build_model(SPEC, mesh, seed=7)
-    ref = serial_reference(SPEC, seed=7)
+    ref = serial_reference(SPEC, seed=7, vocab=model.vocab)  # padded as the model it checks
     opt, ref_opt = adamw(model), adamw(ref)
     all_micro = [mb for d in range(layout.dp) for mb in replica_micro_batches(layout, d)]
     for step in range(STEPS):
@@ -113,7 +113,7 @@ def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
         errs[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
+        errs[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
     out["local_params"] = sum(p.numel() for p in model.parameters())
     # Export and re-import: full tensors from the shards, then shards from the full tensors.
     exported = model.full_state_dict()
@@ -217,12 +217,15 @@ def test_loss_gradients_and_parameters_match_serial(layout_results: tuple[Layout
 
 def test_parameters_are_stored_once_across_the_tensor_group(layout_results: tuple[Layout, list[dict]]) -> None:
     layout, results = layout_results
+    # The vocabulary padded as Megatron pads it for this layout's vocab split (128 x split).
+    total = replace(SPEC, vocab=padded_vocab(SPEC.vocab, layout.tensor_mode.vocab_split(layout.tensor_size,
+                                                                                            layout.q))).num_parameters()
     if layout.mode in ("2d", "3d"):
         # Every parameter is split over the whole tensor group: per-rank count = total / group size.
-        assert all(r["local_params"] * layout.tensor_size == SPEC.num_parameters() for r in results)
+        assert all(r["local_params"] * layout.tensor_size == total for r in results)
     if layout.mode == "2.5d":
         # Once per q x q grid, replicated over depth.
-        assert all(r["local_params"] * layout.q**2 == SPEC.num_parameters() for r in results)
+        assert all(r["local_params"] * layout.q**2 == total for r in results)
 
 
 def expected_counts(layout: Layout) -> Counter:

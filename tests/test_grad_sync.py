@@ -83,7 +83,7 @@ def _shard_grad_errors(model: Any, opt: DistributedAdamW, ref: Any, micro: list,
             o = b.offsets[i]
             a, c = max(lo, o), min(hi, o + p.numel())
             if a < c:
-                full = model.shard_specs[names[p]].take(ref_grads[names[p]]).reshape(-1)
+                full = model.block_of(names[p], ref_grads[names[p]]).reshape(-1)
                 mine.append(b.shard[a - lo:c - lo])
                 want.append(full[a - o:c - o])
         errors.append(rel_err(torch.cat(mine), torch.cat(want)))
@@ -108,7 +108,7 @@ def _equivalence(mesh: Mesh, layout: Layout, out: dict[str, Any]) -> None:
         errs += [abs(res.loss - want.loss) / want.loss, abs(res.grad_norm - want.grad_norm) / want.grad_norm]
         out["clipped"] = want.grad_norm > MAX_NORM
     full = dict(ref.named_parameters())
-    out["param_errors"] = {n: rel_err(p, model.shard_specs[n].take(full[n])) for n, p in model.named_parameters()}
+    out["param_errors"] = {n: rel_err(p, model.block_of(n, full[n])) for n, p in model.named_parameters()}
     out["memory"] = _memory(model, opt)
 
 

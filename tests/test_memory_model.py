@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.comm import stage_layers_params
-from paracube.cost_models.dims import dims_of
+from paracube.cost_models.dims import dims_of, padded_vocab
 from paracube.cost_models.memory import _block_acts, in_flight, stage_memory
 from paracube.cost_models.traffic import local_parameter_count
 from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
@@ -44,7 +46,7 @@ def test_3d_and_2d_parameters_per_rank_exact(q: int, k: int, layers: int, family
         hidden=h,
         heads=q,
         ffn_hidden=4 * h,
-        vocab=q * q * 7,
+        vocab=128 * q * q,  # a multiple of Megatron's padding unit (128 x the vocab split): no padding
         seq_len=q * q * 3,
         family=family,
     )
@@ -67,7 +69,7 @@ def test_static_memory_is_16_bytes_per_local_parameter() -> None:
     est = estimate(
         TINY, TrainingSpec(global_batch=8), parse_layout("tp=3d:2x2x2,mb=4"), topo(8), with_events=False
     )
-    n = TINY.num_parameters() // 8
+    n = replace(TINY, vocab=padded_vocab(TINY.vocab, 4)).num_parameters() // 8  # vocab padded as Megatron pads
     assert (est.memory.parameters, est.memory.gradients, est.memory.optimizer) == (4 * n, 4 * n, 8 * n)
 
 

@@ -133,7 +133,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
     depth_axes = tuple(a for a in layout.tensor_mode.grad_axes if a != "dp")  # 2.5D: each depth's tokens
     for name, p in model.named_parameters():
         grad = all_reduce(p.grad, mesh, depth_axes) if depth_axes else p.grad
-        errs[f"grad:{name}"] = rel_err(grad, model.shard_specs[name].take(ref_params[name].grad))
+        errs[f"grad:{name}"] = rel_err(grad, model.block_of(name, ref_params[name].grad))
     out["n_params"] = len(ref_params) - len(dict(model.named_parameters()))
 
     # Three AdamW steps through train_step against serial steps over the global batch; traffic of step 1.
@@ -152,7 +152,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int) -> dict[str, An
         errs[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        errs[f"param:{name}"] = rel_err(p, model.shard_specs[name].take(ref_params[name]))
+        errs[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
 
     stage = _stage_name(mesh)
     d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc))

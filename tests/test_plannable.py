@@ -69,7 +69,8 @@ def _plan(tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str) -> tu
 
 def test_plan_chooses_recomputation_unless_pinned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without --recompute the search tries none, selective and full: GPT-3 175B on 64 A100s pinned to TP 8 x
-    PP 8 with micro-batches of 2 fits only with full recomputation, which it picks (plan file: layout and training agree); pinned
+    PP 8 with micro-batches of 2 fits only with full recomputation, which it picks (plan file: layout and
+    training agree); pinned
     choices are kept (sp, mb, rc=full), and a pinned rc that does not fit is refused, not replaced."""
     code, free = _plan(tmp_path, capsys, "dp=1,pp=8,tp=1d:8,sp=0,mb=2")
     assert code == 0 and isinstance(free, dict)

@@ -29,7 +29,7 @@ from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
-SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
+SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=256, seq_len=16)  # vocab as tiny's
 GPT2_VOCAB = replace(SPEC, name="gpt2-vocab", vocab=50257)
 B, N_MICRO, STEPS, TOL = 4, 2, 3, 1e-5
 CASES = [  # (layout, recompute, model)
@@ -48,6 +48,10 @@ CASES = [  # (layout, recompute, model)
     ("tp=3d:2x2x2", "selective", "test"),
     ("tp=3d:2x2x2", "full", "test"),
     ("tp=3d:2x2x2", "none", "gpt2-vocab"),
+    # Megatron's unfused core attention (fa=0): the s x s softmax output kept
+    ("tp=1d:4,sp,fa=0", "none", "test"),
+    ("tp=2d:2x2,fa=0", "none", "test"),
+    ("tp=3d:2x2x2,fa=0", "none", "test"),
 ]
 LLAMA = ModelSpec("llama", layers=2, hidden=32, heads=8, ffn_hidden=64, vocab=64, seq_len=16, family="llama",
                   kv_heads=4, rope_theta=500.0)

@@ -6,10 +6,15 @@ the compute dtype (c bytes; fp32 masters live in the optimizer, no autocast, exe
 mode keeps, as Megatron does, the residual stream, LayerNorm inputs, the matmul operands and the bias-added
 linear outputs in the compute dtype; LayerNorm statistics (mean, rstd) are fp32 (8 bytes per token and norm,
 as Megatron's fused LayerNorm saves them on GPU; RMSNorm: rstd, 4 bytes; CPU's layer_norm keeps them in the
-compute dtype for none / 1D: 4 bytes fewer per token, < 1% of a block at h >= 64). Attention is fused
-(scaled_dot_product_attention): it saves q, k, v (views of the qkv output), its output and a [b, heads, s]
-fp32 log-sum-exp, never the s x s scores; there is no dropout. Per block, T = b*s tokens of the
-micro-batch, t = tensor ranks, k = t with 1D sequence parallelism (sp) else 1:
+compute dtype for none / 1D: 4 bytes fewer per token, < 1% of a block at h >= 64). Attention (Layout `fa`,
+Dims.flash): flash (scaled_dot_product_attention) saves q, k, v (views of the qkv output), its output and a
+[b, heads, s] fp32 log-sum-exp, never the s x s scores; unfused (fa=0, Megatron's core attention,
+executor/functional.py) saves contiguous copies of q, k, v, the softmax output (c per score) and, with
+attention dropout, its boolean mask and the dropped probabilities (1 + c per score): 5 a s^2 b / t at c = 2,
+as Korthikanti et al. count. Dropout (ModelSpec.dropout, executor/dropout.py) keeps one boolean mask per
+dropout: two [T, h] per block (after the attention projection and after the MLP), one on the first stage
+(embedding_dropout). Per block, T = b*s tokens of the micro-batch, t = tensor ranks, k = t with 1D sequence
+parallelism (sp) else 1:
 
 - 2 LayerNorm inputs (+ fp32 mean, rstd): serial/1D 2 (c T h + 8 T) / k; 2D/3D 2 (c T h / t + 8 T / tokens
   split) + each norm's fp32 gathered gamma, 4 h / hidden split (the gather runs in fp32, as priced).
@@ -18,18 +23,23 @@ micro-batch, t = tensor ranks, k = t with 1D sequence parallelism (sp) else 1:
   gathered X of all four linears, c T sum(h_in) / t_q; 3D c T sum(h_in) / q^2.
 - gathered weights (the all-gathered weight operands the 2D/3D linears save for backward): 2D
   c sum(h_in h_out) / q; 3D c sum(h_in h_out) / q^2; none for serial/1D (their weights are the parameters).
-- q, k, v, attention output and log-sum-exp: c T (h_qkv + h) / t + 4 b heads s / t.
+- q, k, v, attention output and the core's own tensors: c T (h_qkv + h) / t + flash 4 b heads s / t, unfused
+  (c + [dropout] (1 + c)) b heads s^2 / t.
+- hidden dropout masks: 2 T h / k (serial/1D), 2 T h / t (2D/3D).
 - GELU input (fc output + bias): c T f / t.
   Family llama: SwiGLU's input (fused gate+up output) c T 2f / t and the rotary tables cos, sin:
   2 c s head_dim (whole on every rank); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
-stage adds the token ids (8 T bytes); the last stage adds the final LayerNorm, the head's input (and weight
-copy), and the cross-entropy's fp32 softmax over the local vocabulary block plus its indices.
-Selective recomputation (checkpointed attention core): keeps the qkv output and drops the
-log-sum-exp and the core's output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input).
+stage adds the token ids (8 T bytes) and the embedding dropout's mask; the last stage adds the final
+LayerNorm, the head's input (and weight copy), and the cross-entropy's fp32 softmax over the local vocabulary
+block plus its indices.
+Selective recomputation (checkpointed attention core): keeps the qkv output and drops the core's own
+tensors and its output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input); the core's
+dropout mask is re-drawn from its seed (executor/dropout.py).
 Full recomputation keeps only each block's input: c T h / k (serial/1D), c T h / t (2D/3D).
-Against Korthikanti et al. (2022, Table 2; `--activations megatron`): with sp and selective 1D keeps
-32 sbh / t + the log-sum-exp where Megatron keeps 34 sbh / t (no dropout masks here).
+Against Korthikanti et al. (2022, Table 2; `--activations megatron`): with fa=0 and dropout, 1D keeps their
+10 sbh + 24 sbh / t + 5 a s^2 b / t (sp: (34 sbh + 5 a s^2 b) / t) plus 16 T bytes of LayerNorm statistics
+(benchmarks/activations_vs_megatron.py).
 """
 
 from __future__ import annotations
@@ -66,11 +76,14 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
         block_input = c * T * h / _sequence_shards(b) if replicated else c * T * h / sp["all"]
         return {"block input": block_input}
     h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
-    # q, k, v: views of the qkv output (selective keeps the qkv output itself), in the compute dtype
+    # q, k, v: views of the qkv output (selective keeps the qkv output itself), or (unfused) the contiguous
+    # copies its bmms multiply, in the compute dtype
     attention = c * T * h_qkv / sp["all"]
-    if d.recompute != "selective":  # the attention core's saved output and log-sum-exp
-        attention = attention + 4.0 * mb * d.heads * d.s / sp["all"]
-    if d.recompute != "selective" or replicated:  # 1D: proj's input is the attention output itself
+    if d.recompute != "selective":  # the attention core's own saved tensors
+        attention = attention + attention_core_bytes(d, mb, sp["all"])
+    # The core's output: flash saves it; none / 1D keep it anyway as proj's input (2D / 3D's proj keeps its
+    # gathered input instead, counted with the linear inputs; the unfused core's bmm does not save its output).
+    if replicated or (d.recompute != "selective" and d.flash):
         attention = attention + c * T * h / sp["all"]
     if replicated:  # none / 1D: the residual stream, LayerNorm inputs and GELU input in the compute dtype
         shards = _sequence_shards(b)
@@ -85,8 +98,22 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
         # cos, sin tables [s, head_dim] (executor/llama.py)
         act_fn_input = c * T * 2 * f / sp["all"] + 2 * c * d.s * (h / d.heads)
+    # Hidden dropout after the attention projection and after the MLP: one boolean mask each, on the block's
+    # activations (whole in none / 1D, sequence shards with sp, split over all t ranks in 2D / 3D).
+    masks = 2 * T * h / (_sequence_shards(b) if replicated else sp["all"]) if d.dropout > 0 else zero
     return {"layernorms": norms, "linear inputs": linear_inputs, "attention": attention,
-            "activation-function input": act_fn_input, "gathered weights": weights + zero}
+            "activation-function input": act_fn_input, "gathered weights": weights + zero,
+            "dropout masks": masks + zero}
+
+
+def attention_core_bytes(d: Dims, mb: Arr, heads_split: Arr) -> Arr:
+    """Bytes the attention core itself keeps (beyond q, k, v and its output), per rank: flash its fp32
+    log-sum-exp [b, heads, s]; unfused (fa=0) the softmax output (c per score), and with attention dropout
+    its boolean mask and the dropped probabilities (1 + c per score): Korthikanti's 5 a s^2 b at c = 2."""
+    if d.flash:
+        return 4.0 * mb * d.heads * d.s / heads_split
+    per_score = d.c + (1 + d.c if d.attention_dropout > 0 else 0)
+    return per_score * mb * d.heads * float(d.s) * d.s / heads_split
 
 
 def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
@@ -95,7 +122,13 @@ def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
 
 
 def first_stage_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
-    return 8.0 * b.mb.astype(float) * d.s  # token ids kept by the embedding's backward
+    """Token ids kept by the embedding's backward, and the embedding dropout's boolean mask."""
+    T = b.mb.astype(float) * d.s
+    ids = 8.0 * T
+    if d.embedding_dropout <= 0:
+        return ids
+    split = _sequence_shards(b) if MODES[mode].replicates_activations else _split(mode, b)["all"]
+    return ids + T * d.h / split
 
 
 def last_stage_bytes(d: Dims, mode: str, b: LayoutBatch, vocab: Arr) -> Arr:

@@ -41,7 +41,7 @@ from paracube.cost_models.compute import (
     optimizer_time,
     stage_compute_time,
 )
-from paracube.cost_models.dims import Dims, dims_of, with_pins
+from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.traffic import stage_events
@@ -213,10 +213,9 @@ def _notes(layout: Layout, d: Dims, note: str | None, stage: str) -> list[str]:
     if layout.pp > 1:
         notes.append(f"pipeline: events and time of the slowest stage ({stage}); memory of the most loaded")
     split = layout.tensor_mode.vocab_split(layout.tensor_size, layout.q)
-    if d.V % split:
-        notes.append(
-            f"vocab {d.V} padded to a multiple of {split} for cost only (the executor needs it to divide)"
-        )
+    if padded_vocab(d.V, split) != d.V:
+        notes.append(f"vocab {d.V} padded to {padded_vocab(d.V, split)} (Megatron's multiple of 128 x {split}; "
+                     "padded logits masked out of the loss)")
     return notes
 
 

@@ -2,16 +2,19 @@
 
 FLOPs: a matmul [m, k] x [k, n] is 2mnk; per block the four linears, plus attention scores (QK^T) and
 values (PV), 2 b s^2 h each; the head 2 T h V. Backward = 2 x forward. Full recompute adds one forward of
-every block; selective recompute re-does the attention core (scores, softmax, values) only.
+every block; selective recompute re-does the attention core (scores, softmax, values) only. The attention
+core depends on the kernel (Layout `fa`, `attention_core_time`): unfused (Megatron's core attention, its
+s x s softmax and dropout memory-bound at HBM bandwidth) or flash (causal half of the score blocks,
+backward recomputing the scores, no s x s memory traffic).
 
 Time: roofline per GEMM with an efficiency that falls for small local matrices,
     eff(m, n, k) = eff_max * m/(m + m0) * n/(n + n0) * k/(k + k0)
 (defaults eff_max = 0.85, m0 = n0 = k0 = 64: a 4096^3 GEMM runs at ~81% of peak, 1024^3 at ~71%, 256^3 at
 ~54%, 64^3 at ~11%; the topology's calibration.gemm may override any of the four). Each linear runs three
 GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
-Memory-bound elementwise work (norms, residual adds, bias, GELU, softmax, cross-entropy) is priced at
-memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc
-+ 3 b heads s^2 / t), backward twice that (a coarse count of reads + writes).
+Memory-bound elementwise work (norms, residual adds, bias, GELU, hidden dropout, cross-entropy) is priced at
+memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc), backward
+twice that (a coarse count of reads + writes); the attention core's s x s work as above.
 Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   none [T, h_in] x [h_in, h_out]; 1d column [T, h_in] x [h_in, h_out/t], row [T, h_in/t] x [h_in/t, h_out];
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
@@ -126,26 +129,49 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     for n, (_, h_in, h_out, _) in enumerate(d.linears):
         fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b))
         fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
-    # Attention core: mb*heads/t (sequence, head) pairs per rank, each two [s, s]-sized GEMMs.
-    hd = d.h // d.heads
-    pairs = mb * d.heads / t
-    attn_f = pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
+    attn_f, attn_b = attention_core_time(d, mb, t, g)
     h_loc = T * d.h / m.act_split(t, b.sp)
     f_loc = T * d.f / t
-    softmax = 3.0 * mb * d.heads * d.s * d.s / t
-    elem_f = c * (12 * h_loc + 4 * f_loc + softmax) / (g.mem_bw * g.mem_eff)
-    attn_elem = c * softmax / (g.mem_bw * g.mem_eff)
-    per_block = fwd_blk + bwd_blk + 3 * (attn_f + elem_f)
+    elem_f = c * (12 * h_loc + 4 * f_loc) / (g.mem_bw * g.mem_eff)
+    per_block = fwd_blk + bwd_blk + attn_f + attn_b + 3 * elem_f
     if d.recompute == "full":
         per_block = per_block + fwd_blk + attn_f + elem_f
     elif d.recompute == "selective":
-        per_block = per_block + attn_f + attn_elem
+        per_block = per_block + attn_f
     # Head (vocab-parallel linear h -> V) and cross-entropy on the last stage.
     V = padded(d.V, m.vocab_split(t, b.q))
     hf, hb = g.linear_time(*local_shape(mode, T, d.h, V, True, b))
     ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
     per_micro = Ls * per_block + last * (hf + hb + ce)
     return N * per_micro
+
+
+FLASH_CAUSAL = 0.5  # share of the s x s score blocks a causal flash kernel computes (it skips the masked half)
+FLASH_BWD = 2.5  # flash backward GEMMs per forward GEMM: recomputes Q K^T, then dV, dP, dQ, dK (5 vs 2)
+
+
+def attention_core_time(d: Dims, mb: Arr, t: Arr, g: GemmModel) -> tuple[Arr, Arr]:
+    """(forward, backward) seconds of the attention core of one block, one micro-batch, one rank (heads / t).
+
+    GEMMs: per (sequence, head) pair Q K^T [s, hd] x [hd, s] and P V [s, s] x [s, hd].
+    - unfused (fa=0, Megatron): both GEMMs whole; backward 2 x forward (dV, dP, dQ, dK). Memory-bound s x s
+      work at HBM bandwidth, per score of c bytes: the fused masked softmax reads the scores and writes the
+      probabilities (2c), its backward reads probabilities and gradient and writes one (3c); attention dropout
+      reads and writes c each way plus its 1-byte mask (2c + 1 forward and backward).
+    - flash (fa=1): causal, only the unmasked half of the score blocks (FLASH_CAUSAL); backward recomputes the
+      scores (FLASH_BWD = 5 GEMMs per 2 forward); no s x s traffic: it reads q, k, v and writes its output
+      (4 c T h / t forward; backward about twice that).
+    """
+    hd = d.h // d.heads
+    pairs = mb * d.heads / t
+    gemms = pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
+    bw = g.mem_bw * g.mem_eff
+    if d.flash:
+        io = d.c * 4.0 * mb * d.s * d.h / t / bw
+        return FLASH_CAUSAL * gemms + io, FLASH_CAUSAL * FLASH_BWD * gemms + 2 * io
+    scores = mb * d.heads * float(d.s) * d.s / t
+    drop = 2.0 * d.c + 1 if d.attention_dropout > 0 else 0.0
+    return gemms + scores * (2.0 * d.c + drop) / bw, 2 * gemms + scores * (3.0 * d.c + drop) / bw
 
 
 def optimizer_time(n_local: Arr, c: int, g: GemmModel, shard: Arr | float = 1.0) -> Arr:

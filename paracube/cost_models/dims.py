@@ -7,8 +7,8 @@ Linears of one block (h_in, h_out, has_bias), fused as the executor fuses them:
   these shapes (executor/llama.py: fused column orders).
 Tied embeddings (`tied`): the head is the embedding's transpose, counted once where one stage holds both
 (a last stage that is not also the first keeps its own copy, as Megatron-LM does).
-The vocabulary is padded up to a multiple of the vocab split for cost purposes (`padded_vocab`); the
-executor itself requires exact divisibility (see validity.py).
+The vocabulary is padded as Megatron pads it, to a multiple of 128 x the vocab split (`padded_vocab`); the
+executor pads its embedding and head to the same size (executor/gpt.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from paracube.modes import MODES
+from paracube.modes.base import padded
 from paracube.workload import ModelSpec, TrainingSpec
 
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -39,6 +40,10 @@ class Dims:
     global_batch: int
     activations: str = "paracube"  # TrainingSpec.activations: whose saved tensors memory.py counts
     tied: bool = False  # ModelSpec.tied_embeddings
+    flash: bool = True  # flash attention (Layout `fa=1`, the default) or Megatron's unfused core attention
+    dropout: float = 0.0  # ModelSpec.dropout (after the attention projection and the MLP)
+    attention_dropout: float = 0.0  # on the attention probabilities
+    embedding_dropout: float = 0.0  # on the embedding output (first stage)
 
     def head_count(self, first: Any, last: Any) -> Any:
         """1 where a stage holds its own head [h, V] (last, and not tied to its own embedding), else 0."""
@@ -108,13 +113,18 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         global_batch=training.global_batch,
         activations=training.activations,
         tied=model.tied_embeddings,
+        dropout=model.dropout,
+        attention_dropout=model.attention_dropout,
+        embedding_dropout=model.embedding_dropout,
     )
 
 
 def with_pins(d: Dims, layout: object) -> Dims:
-    """`d` with the layout's pinned recomputation (Layout.recompute, `rc=`) if it pins one."""
+    """`d` with the layout's pinned recomputation (Layout.recompute, `rc=`) and attention kernel (`fa=`)."""
     rc = getattr(layout, "recompute", None)
-    return d if rc is None or rc == d.recompute else replace(d, recompute=rc)
+    d = d if rc is None or rc == d.recompute else replace(d, recompute=rc)
+    fa = getattr(layout, "flash", None)
+    return d if fa is None or bool(fa) == d.flash else replace(d, flash=bool(fa))
 
 
 def vocab_split(mode: str, t: int, q: int) -> int:
@@ -123,7 +133,8 @@ def vocab_split(mode: str, t: int, q: int) -> int:
 
 
 def padded_vocab(V: int, split: int) -> int:
-    return -(-V // split) * split
+    """The vocabulary as Megatron pads it for a vocab split (modes.base.padded: a multiple of 128 x split)."""
+    return int(padded(V, split))
 
 
 def local_params(d: Dims, mode: str, t: int, q: int, layers: int, first: bool, last: bool) -> int:

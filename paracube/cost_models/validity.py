@@ -3,8 +3,8 @@
 Each rule is (reason text, predicate that must hold) over a LayoutBatch (paracube/modes/batch.py: dp, pp,
 t tensor ranks, q grid side, depth 2.5D depth, mb sequences per micro-batch per replica, v interleave,
 sp). COMMON rules hold for every mode; each mode declares its own (`TensorMode.rules`, paracube/modes).
-The vocabulary is NOT required to divide: for cost only it is padded to a multiple of the vocab split
-(the executor checks exact divisibility itself).
+The vocabulary is NOT required to divide: it is padded as Megatron pads it (modes.base.padded), in the
+cost models and the executor alike.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from paracube.executor.checkpoint_files import (
     verify_everywhere,
 )
 from paracube.executor.checkpoint_planners import BlockLoadPlanner, BlockSavePlanner, check_blocks
+from paracube.executor.gpt import VOCAB_DIMS
 from paracube.executor.shards import ShardSpec
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -66,16 +68,54 @@ def _named(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return params
 
 
+def _unpadded(name: str, spec: ShardSpec, vocab: int | None) -> ShardSpec | None:
+    """The block of the parameter as saved: the vocabulary parameters (gpt.VOCAB_DIMS) without the padding,
+    which depends on the layout (Megatron's multiple of 128 x the vocab split) and is always zero (weights,
+    gradients, moments), so a checkpoint of one layout loads into another. None: the block is all padding."""
+    dim = VOCAB_DIMS.get(name)
+    if dim is None or vocab is None or spec.global_shape[dim] == vocab:
+        return spec
+    keep = max(0, min(spec.offsets[dim] + spec.sizes[dim], vocab) - spec.offsets[dim])
+    if keep == 0:
+        return None
+    shape, sizes = list(spec.global_shape), list(spec.sizes)
+    shape[dim], sizes[dim] = vocab, keep
+    return replace(spec, global_shape=tuple(shape), sizes=tuple(sizes))
+
+
+def _saved_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    vocab = getattr(getattr(model, "spec", None), "vocab", None)
+    shapes = {}
+    for n, s in model.shard_specs.items():  # type: ignore[attr-defined]
+        dim = VOCAB_DIMS.get(n)
+        shape = list(s.global_shape)
+        if dim is not None and vocab is not None:
+            shape[dim] = vocab
+        shapes[n] = tuple(shape)
+    return shapes
+
+
 def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, for_load: bool,
                 masters: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, ShardSpec]]:
     """`model.NAME`, `optim.NAME.exp_avg[_sq]` (and `optim.NAME.master`) -> the local block (no copy: loads
     land in it), and the same keys -> the block's ShardSpec. A load creates missing moments (fp32 zeros) to
-    receive the saved ones, and the masters where `masters` (the checkpoint has them)."""
+    receive the saved ones, and the masters where `masters` (the checkpoint has them); vocabulary parameters
+    without their padding (`_unpadded`)."""
     specs = model.shard_specs  # type: ignore[attr-defined]
+    vocab = getattr(getattr(model, "spec", None), "vocab", None)
     sd: dict[str, torch.Tensor] = {}
     where: dict[str, ShardSpec] = {}
     for name, p in _named(model).items():
-        sd[f"model.{name}"], where[f"model.{name}"] = p.data, specs[name]
+        spec = _unpadded(name, specs[name], vocab)  # None: all padding here, nothing to save or load
+
+        def real(t: torch.Tensor, spec: ShardSpec | None = spec, name: str = name) -> torch.Tensor:
+            if spec is None or spec is specs[name]:
+                return t
+            dim = VOCAB_DIMS[name]
+            return t.narrow(dim, 0, spec.sizes[dim])  # a view: loads land in the parameter
+
+        if spec is not None:
+            sd[f"model.{name}"], where[f"model.{name}"] = real(p.data), spec
         if optimizer is None:
             continue
         state = optimizer.state.get(p)
@@ -85,7 +125,8 @@ def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
         for m in names:
             if for_load and m not in (state or {}):
                 optimizer.state[p][m] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            sd[f"optim.{name}.{m}"], where[f"optim.{name}.{m}"] = optimizer.state[p][m], specs[name]
+            if spec is not None:
+                sd[f"optim.{name}.{m}"], where[f"optim.{name}.{m}"] = real(optimizer.state[p][m]), spec
     return sd, where
 
 
@@ -150,7 +191,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
             "adam_step": _adam_step(optimizer),
             "has_optimizer": any(k.startswith("optim.") for k in sd),
             "has_masters": any(k.endswith(".master") for k in sd),
-            "params": {n: list(s.global_shape) for n, s in model.shard_specs.items()},  # type: ignore[attr-defined]
+            "params": {n: list(s) for n, s in _saved_shapes(model).items()},
             "rng": {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()},
             **meta,
             "files": files,
@@ -170,7 +211,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
 # --- load ----------------------------------------------------------------------------------------------
 def _check_shapes(ckpt: Path, meta: dict[str, Any], model: torch.nn.Module) -> None:
     saved = {n: tuple(s) for n, s in (meta.get("params") or {}).items()}
-    ours = {n: tuple(s.global_shape) for n, s in model.shard_specs.items()}  # type: ignore[attr-defined]
+    ours = _saved_shapes(model)
     if saved != ours:
         bad = sorted(n for n in set(saved) | set(ours) if saved.get(n) != ours.get(n))
         raise ParacubeError(f"checkpoint {str(ckpt)!r} does not fit this model: parameter {bad[0]!r} has shape "

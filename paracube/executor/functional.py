@@ -8,10 +8,24 @@ accumulate into fp32 buckets (grad_sync.py), presented per parameter as `p.main_
 parameters the same tensor as p.grad); the optimizer keeps fp32 master weights (optim.py). Norms compute
 their statistics in fp32 inside the op and save their input in the compute dtype. Collectives that the
 cost model prices in fp32 (norm and bias parameter gathers, embedding reductions: paracube/modes, F32)
-upcast their operand explicitly (`fp32`), so recorded traffic is unchanged by the compute dtype."""
+upcast their operand explicitly (`fp32`), so recorded traffic is unchanged by the compute dtype.
+
+Attention of a rank's heads over whole sequences, one of two kernels (Layout `fa`):
+- flash (fa=1): F.scaled_dot_product_attention (dropout_p from a seeded generator); it saves q, k, v, its
+  output and a [b, heads, s] log-sum-exp, never an s x s tensor (on CUDA; on CPU a dropout_p > 0 falls back
+  to torch's math path, which does keep s x s tensors).
+- unfused (fa=0), Megatron's core attention: scores = Q K^T (bmm), the scaled causal softmax (Megatron's
+  fused ScaledUpperTriangMaskedSoftmax: saves only its output), dropout on the probabilities (saves its
+  boolean mask), probs x V (bmm, saves the dropped probabilities and V). Per rank and micro-batch it keeps
+  the contiguous Q, K, V it multiplies (c T h_qkv / t) and c + 1 + c bytes per score (Korthikanti et al.
+  2022: 5 a s^2 b at c = 2); without dropout only the softmax output (c per score).
+Grouped-query attention runs unfused as one bmm per kv head: its r query heads stacked along the rows
+([r s, d] x [d, s]), so K and V are never repeated.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -19,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from paracube.executor.comm import Axes, all_reduce
+from paracube.executor.dropout import dropout, seeded
 from paracube.executor.mesh import Mesh
 
 LN_EPS = 1e-5
@@ -114,10 +129,55 @@ def vocab_parallel_ce(logits: Tensor, labels: Tensor, v0: int, mesh: Mesh, axes:
     return _VocabParallelCE.apply(logits, labels, v0, mesh, axes)
 
 
-def local_attention(qkv: Tensor, heads: int) -> Tensor:
-    """Causal attention of whole sequences: qkv [b, s, heads*3*d] with columns [heads, 3, d] -> [b, s, heads*d]."""
+class _ScaledCausalSoftmax(torch.autograd.Function):
+    """softmax(scale * scores) over keys with keys after the query masked out, in fp32 inside; saves only its
+    output (Megatron's fused masked softmax). Rows are queries at positions row % s (stacked GQA heads)."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: Tensor, scale: float) -> Tensor:
+        rows, s = scores.shape[-2:]
+        q_pos = torch.arange(rows, device=scores.device) % s
+        future = torch.arange(s, device=scores.device) > q_pos.unsqueeze(-1)
+        probs = torch.softmax((scores.float() * scale).masked_fill(future, float("-inf")), dim=-1).to(scores.dtype)
+        ctx.save_for_backward(probs)
+        ctx.scale = scale
+        return probs
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        (probs,) = ctx.saved_tensors
+        y, g = probs.float(), grad.float()
+        return (ctx.scale * y * (g - (g * y).sum(-1, keepdim=True))).to(grad.dtype), None
+
+
+def core_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None) -> Tensor:
+    """Megatron's unfused causal attention: q [n, r s, d] (r query heads per k/v head stacked along rows),
+    k, v [n, s, d] -> [n, r s, d]; dropout p on the probabilities (mask from `seed`)."""
+    scores = torch.bmm(q, k.transpose(1, 2))
+    probs = dropout(_ScaledCausalSoftmax.apply(scores, 1.0 / math.sqrt(q.shape[-1])), p, seed)
+    return torch.bmm(probs, v)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None,
+                    gqa: bool = False) -> Tensor:
+    """scaled_dot_product_attention, causal, q [b, heads, s, d]; dropout_p drawn from `seed`."""
+    if p <= 0.0 or seed is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    with seeded(seed, q.device):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=gqa)
+
+
+def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0, seed: int | None = None) -> Tensor:
+    """Causal attention of whole sequences: qkv [b, s, heads*3*d] with columns [heads, 3, d] -> [b, s, heads*d].
+    flash: scaled_dot_product_attention, else Megatron's unfused core attention (module docstring)."""
     b, s, width = qkv.shape
     d = width // (3 * heads)
-    q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return out.transpose(1, 2).reshape(b, s, heads * d)
+    if flash:
+        q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)
+        out = flash_attention(q, k, v, p, seed)
+        return out.transpose(1, 2).reshape(b, s, heads * d)
+    c = compute_dtype(qkv)
+    # Contiguous [b heads, s, d] copies in the compute dtype: what the two bmms keep (Megatron's Q, K, V).
+    q, k, v = qkv.to(c).view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).reshape(3, b * heads, s, d).unbind(0)
+    out = core_attention(q, k, v, p, seed)
+    return out.view(b, heads, s, d).transpose(1, 2).reshape(b, s, heads * d)

@@ -7,7 +7,7 @@ tensor a rank holds. Every rank draws the full serial initialization from the se
 so a seed gives the same model in every layout.
 
 Vocabulary padding (as Megatron pads): the token embedding's rows and the head's columns are padded up to
-a multiple of the mode's vocab split (`padded` in paracube/modes, the size the cost model counts), the
+a multiple of 128 x the mode's vocab split (`padded` in paracube/modes, the size the cost model counts), the
 padding initialized to zero and its logits set to -inf before the (vocab-parallel) cross-entropy, so they
 take no probability and get zero gradients. Full tensors in and out (state dicts) have the true vocabulary.
 """
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
+from paracube.executor.dropout import DropoutSeeds, dropout
 from paracube.executor.functional import local_attention
 from paracube.executor.llama import LlamaAttention, SwiGLU, llama_init_tensors
 from paracube.executor.mesh import Mesh
@@ -63,20 +64,22 @@ def _resize(t: Tensor, name: str, vocab: int) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False):
+    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
         super().__init__()
         h = mode.spec.hidden
-        self.heads, self.selective = mode.heads_local, selective
+        self.heads, self.selective, self.flash, self.p = mode.heads_local, selective, flash, mode.spec.attention_dropout
         self.qkv = mode.linear("qkv", h, 3 * h, True)
         self.proj = mode.linear("proj", h, h, True)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seed: int | None = None) -> Tensor:
         qkv = self.qkv(x)
+        args = (qkv, self.heads, self.flash, self.p, seed)
         if self.selective and torch.is_grad_enabled():
-            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward.
-            out = checkpoint(local_attention, qkv, self.heads, use_reentrant=False, preserve_rng_state=False)
+            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
+            # (the same dropout mask: it is drawn from `seed`).
+            out = checkpoint(local_attention, *args, use_reentrant=False, preserve_rng_state=False)
         else:
-            out = local_attention(qkv, self.heads)
+            out = local_attention(*args)
         return self.proj(out)
 
 
@@ -92,17 +95,22 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """x + dropout(attn(ln1(x))), then + dropout(mlp(ln2(.))); `seeds` (DropoutSeeds.block) or None: no dropout."""
+
     def __init__(self, mode: Mode, selective: bool = False):
         super().__init__()
         llama = mode.spec.family == "llama"
+        flash = mode.mesh.layout.uses_flash
+        self.p = mode.spec.dropout
         self.ln1 = mode.layer_norm()
-        self.attn = LlamaAttention(mode, selective) if llama else Attention(mode, selective)
+        self.attn = LlamaAttention(mode, selective, flash) if llama else Attention(mode, selective, flash)
         self.ln2 = mode.layer_norm()
         self.mlp = SwiGLU(mode) if llama else MLP(mode)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+    def forward(self, x: Tensor, seeds: tuple[int, int, int] | None = None) -> Tensor:
+        attn_seed, out_seeds = (seeds[0], seeds[1:]) if seeds is not None else (None, (None, None))
+        x = x + dropout(self.attn(self.ln1(x), attn_seed), self.p, out_seeds[0])
+        return x + dropout(self.mlp(self.ln2(x)), self.p, out_seeds[1])
 
 
 class StageBlocks(nn.Module):
@@ -154,7 +162,8 @@ def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
 
 
 class ParallelGPT(nn.Module):
-    def __init__(self, spec: ModelSpec, mesh: Mesh, recompute: str = "none"):
+    def __init__(self, spec: ModelSpec, mesh: Mesh, recompute: str = "none", seed: int = 0,
+                 vocab: int | None = None):
         super().__init__()
         check(recompute in RECOMPUTE, f"recompute={recompute!r} is not supported; valid: {', '.join(RECOMPUTE)}")
         mode_name = mesh.layout.mode
@@ -165,8 +174,18 @@ class ParallelGPT(nn.Module):
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
         layout = mesh.layout
-        self.vocab = int(padded(spec.vocab, TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)))
+        split = TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)
+        # `vocab`: another padded size (a multiple of the split), e.g. a serial reference padded as the model it
+        # checks; by default Megatron's (modes.base.padded).
+        self.vocab = int(padded(spec.vocab, split)) if vocab is None else vocab
+        check(self.vocab >= spec.vocab and self.vocab % split == 0,
+              f"padded vocabulary {self.vocab} must be >= {spec.vocab} and a multiple of the vocab split {split}")
         self.mode = MODES[mode_name](replace(spec, vocab=self.vocab), mesh)
+        # Megatron's RNG rule (executor/dropout.py): replicas of the residual stream (none, 1D without sp)
+        # draw the same masks on every tensor rank, shards draw their own.
+        replicated = TENSOR_MODES[mode_name].replicates_activations and not layout.sequence_parallel
+        self.dropout_seeds = DropoutSeeds(seed, layout, layout.coords(mesh.rank), replicated)
+        self.with_dropout = max(spec.dropout, spec.attention_dropout, spec.embedding_dropout) > 0
         # Pipeline stage (modes/stages.py): this stage's model chunks; embedding first, head + loss last.
         stage = mesh.coord("pp") if layout.pp > 1 else 0
         self.chunks = stage_chunks(spec.layers, layout.pp, layout.interleave, stage)
@@ -199,14 +218,19 @@ class ParallelGPT(nn.Module):
             x = x + self.pos_emb(ids.shape[1])
         # The residual stream in the compute dtype (the parameters' dtype), as Megatron keeps it (the
         # embedding's reductions ran in fp32, as priced).
-        return x.to(self.dtype)
+        x = x.to(self.dtype)
+        if self.training and self.spec.embedding_dropout > 0:
+            x = dropout(x, self.spec.embedding_dropout, self.dropout_seeds.embedding())
+        return x
 
     def run_block(self, block: Block, x: Tensor) -> Tensor:
+        # Seeds drawn outside the checkpoint: a recomputed block re-draws the forward's masks.
+        seeds = self.dropout_seeds.block() if self.training and self.with_dropout else None
         if self.recompute == "full" and torch.is_grad_enabled():
             # Recompute the whole block (no early stop) so its forward collectives all run again.
             with set_checkpoint_early_stop(False):
-                return checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
-        return block(x)
+                return checkpoint(block, x, seeds, use_reentrant=False, preserve_rng_state=False)
+        return block(x, seeds)
 
     def begin_step(self, micro_batches: int) -> None:
         """A train step of `micro_batches` starts: kw=1 keeps gathered weights until its last backward
@@ -232,8 +256,11 @@ class ParallelGPT(nn.Module):
         """Per-token losses of the local tokens: x in block layout, labels already split."""
         logits = self.head(self.ln_f(x))
         if self.vocab != self.spec.vocab:
-            # The local logits are the head weight's column block (every mode): mask the padded columns.
-            start, size = self.shard_specs["head.weight"].offsets[1], self.shard_specs["head.weight"].sizes[1]
+            # The local logits are the head weight's column block (every mode), tied: the embedding's row
+            # block; mask the padded columns.
+            head = self.shard_specs.get("head.weight")
+            start, size = ((head.offsets[1], head.sizes[1]) if head is not None else
+                           (self.shard_specs["tok_emb.weight"].offsets[0], self.shard_specs["tok_emb.weight"].sizes[0]))
             padding = torch.arange(start, start + size, device=logits.device) >= self.spec.vocab
             logits = logits.masked_fill(padding, float("-inf"))
         return self.mode.token_losses(logits, labels)
@@ -286,6 +313,11 @@ class ParallelGPT(nn.Module):
             if name in params:
                 params[name].copy_(self.shard_specs[name].take(_resize(full, name, self.vocab)))
 
+    def block_of(self, name: str, full: Tensor) -> Tensor:
+        """This rank's block of a full tensor of parameter `name` (true or otherwise padded vocabulary: padded or
+        cut to this model's), e.g. the serial reference's parameter or gradient."""
+        return self.shard_specs[name].take(_resize(full, name, self.vocab))
+
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, Tensor]:
         return {n: _resize(gather_full(p, self.shard_specs[n], self.mesh), n, self.spec.vocab)
@@ -293,17 +325,19 @@ class ParallelGPT(nn.Module):
 
 
 def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none",
-                dtype: torch.dtype = torch.float32) -> ParallelGPT:
+                dtype: torch.dtype = torch.float32, vocab: int | None = None) -> ParallelGPT:
     """The GPT for mesh.layout's tensor mode (serial when none), initialized from `seed` (drawn in fp32),
-    its parameters then cast to the compute `dtype` (the compute copy; fp32 masters live in the optimizer)."""
-    model = ParallelGPT(spec, mesh, recompute)
+    its parameters then cast to the compute `dtype` (the compute copy; fp32 masters live in the optimizer);
+    `vocab`: the padded vocabulary size if not Megatron's."""
+    model = ParallelGPT(spec, mesh, recompute, seed, vocab)
     model.load_init(seed)
     return model.to(dtype)
 
 
 def serial_reference(spec: ModelSpec, seed: int = 0, recompute: str = "none",
-                     dtype: torch.dtype = torch.float32) -> ParallelGPT:
-    """The same GPT on one process with plain torch ops (the equivalence tests' reference)."""
-    return build_model(spec, Mesh.single(), seed, recompute, dtype)
+                     dtype: torch.dtype = torch.float32, vocab: int | None = None) -> ParallelGPT:
+    """The same GPT on one process with plain torch ops (the equivalence tests' reference); `vocab`: pad it as
+    the model it checks (the same sums over the same sizes: rounding as close as it gets)."""
+    return build_model(spec, Mesh.single(), seed, recompute, dtype, vocab)
 
 

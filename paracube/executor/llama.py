@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import Axes, gather_fn
-from paracube.executor.functional import fp32
+from paracube.executor.functional import compute_dtype, core_attention, flash_attention, fp32
 from paracube.executor.mesh import Mesh
 from paracube.executor.rms_norm import rms_norm
 from paracube.executor.serial import Mode, ShardedModule
@@ -50,8 +50,11 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float) -> Tensor:
-    """Causal attention of whole sequences: qkv [b, s, kv_heads * (group + 2) * d] -> [b, s, kv_heads*group*d]."""
+def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: bool = True, p: float = 0.0,
+                  seed: int | None = None) -> Tensor:
+    """Causal attention of whole sequences: qkv [b, s, kv_heads * (group + 2) * d] -> [b, s, kv_heads*group*d].
+    flash: scaled_dot_product_attention; else Megatron's unfused core attention (functional.core_attention),
+    the group's query heads stacked along the rows of one bmm per kv head."""
     b, s, width = qkv.shape
     d = width // (kv_heads * (group + 2))
     g = qkv.view(b, s, kv_heads, group + 2, d)
@@ -60,8 +63,14 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float) -> Tenso
     k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
     cos, sin = rotary_tables(s, d, theta, qkv)
     q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+    if not flash:
+        n = b * kv_heads
+        c = compute_dtype(qkv)
+        out = core_attention(q.to(c).reshape(n, group * s, d), k.to(c).reshape(n, s, d), v.to(c).reshape(n, s, d),
+                             p, seed)
+        return out.view(b, kv_heads * group, s, d).transpose(1, 2).reshape(b, s, kv_heads * group * d)
     # enable_gqa: query head j reads kv head j // group, without materializing repeated k, v
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
+    out = flash_attention(q, k, v, p, seed, gqa=group > 1)
     return out.transpose(1, 2).reshape(b, s, kv_heads * group * d)
 
 
@@ -90,9 +99,9 @@ def swiglu(y: Tensor) -> Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False):
+    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
         super().__init__()
-        self.selective = selective
+        self.selective, self.flash, self.p = selective, flash, mode.spec.attention_dropout
         spec = mode.spec
         h, kv = spec.hidden, spec.num_kv_heads * spec.head_dim
         self.group = spec.heads // spec.num_kv_heads
@@ -101,14 +110,15 @@ class LlamaAttention(nn.Module):
         self.qkv = mode.linear("qkv", h, h + 2 * kv, False)
         self.proj = mode.linear("proj", h, h, False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seed: int | None = None) -> Tensor:
         qkv = self.qkv(x)
+        args = (qkv, self.kv_local, self.group, self.theta, self.flash, self.p, seed)
         if self.selective and torch.is_grad_enabled():
-            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward.
-            out = checkpoint(gqa_attention, qkv, self.kv_local, self.group, self.theta, use_reentrant=False,
-                             preserve_rng_state=False)
+            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
+            # (the same dropout mask: it is drawn from `seed`).
+            out = checkpoint(gqa_attention, *args, use_reentrant=False, preserve_rng_state=False)
         else:
-            out = gqa_attention(qkv, self.kv_local, self.group, self.theta)
+            out = gqa_attention(*args)
         return self.proj(out)
 
 

@@ -70,7 +70,8 @@ def model_args(plan: Plan) -> list[str]:
     m = plan.model
     args = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--num-attention-heads {m.heads}",
             f"--ffn-hidden-size {m.ffn_hidden}", f"--seq-length {plan.seq_len}",
-            f"--max-position-embeddings {m.seq_len}", "--make-vocab-size-divisible-by 128"]
+            f"--max-position-embeddings {m.seq_len}", "--make-vocab-size-divisible-by 128",
+            f"--hidden-dropout {m.dropout:g}", f"--attention-dropout {m.attention_dropout:g}"]
     if m.family == "llama":
         args += ["--use-rotary-position-embeddings", "--normalization rmsnorm", "--swiglu", "--disable-bias-linear",
                  f"--num-key-value-heads {m.num_kv_heads}"]
@@ -100,6 +101,8 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     elif t.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1",
                  "--deepspeed-activation-checkpointing"]
+    if lay.uses_flash:  # else Megatron-DeepSpeed's own core attention (unfused, fused masked softmax)
+        args.append("--use-flash-attn")
     if t.dtype != "fp32":
         args.append(f"--{t.dtype}")
     args += ["--deepspeed", '--deepspeed_config "$DS_CONFIG"', f"--zero-stage {lay.zero}"]

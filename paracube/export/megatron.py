@@ -79,6 +79,9 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
         args.append("--recompute-granularity selective")
     elif t.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    # Attention kernel (layout fa): flash, or Megatron's own core attention ("local": QK^T, fused masked softmax,
+    # dropout, x V), the unfused one paracube prices for fa=0.
+    args.append(f"--attention-backend {'flash' if lay.uses_flash else 'local'}")
     if t.dtype != "fp32":
         args.append(f"--{t.dtype}")
     if t.dtype == "bf16":
@@ -90,7 +93,8 @@ def model_args(plan: Plan) -> list[str]:
     m = plan.model
     args = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--num-attention-heads {m.heads}",
             f"--ffn-hidden-size {m.ffn_hidden}", f"--seq-length {plan.seq_len}",
-            f"--max-position-embeddings {m.seq_len}", f"--make-vocab-size-divisible-by {VOCAB_DIVISOR}"]
+            f"--max-position-embeddings {m.seq_len}", f"--make-vocab-size-divisible-by {VOCAB_DIVISOR}",
+            f"--hidden-dropout {m.dropout:g}", f"--attention-dropout {m.attention_dropout:g}"]
     if m.family == "llama":
         args += ["--position-embedding-type rope", "--normalization RMSNorm", "--swiglu", "--disable-bias-linear"]
         if m.num_kv_heads != m.heads:

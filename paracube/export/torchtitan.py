@@ -73,10 +73,22 @@ def training_flags(plan: Plan) -> list[str]:
     return flags
 
 
+def attention_notes(plan: Plan) -> list[str]:
+    """torchtitan's attention is scaled_dot_product_attention (flash) without dropout: say what differs."""
+    m, notes = plan.model, []
+    if not plan.layout.uses_flash:
+        notes.append("torchtitan runs flash attention (SDPA); the plan prices unfused attention (fa=0)")
+    if max(m.dropout, m.attention_dropout, m.embedding_dropout) > 0:
+        notes.append(f"torchtitan trains without dropout; the model sets dropout {m.dropout:g}, attention dropout "
+                     f"{m.attention_dropout:g}")
+    return notes
+
+
 def export(plan: Plan) -> Export:
     refuse_unless_expressible("torchtitan", plan)
     m = plan.model
     flags, notes = parallelism_flags(plan)
+    notes = notes + attention_notes(plan)
     shape = (f"model shape: {m.family}, {m.layers} layers, hidden {m.hidden}, {m.heads} heads "
              f"({m.num_kv_heads} kv), ffn {m.ffn_hidden}, vocab {m.vocab}: choose or add a torchtitan model "
              "flavor of this shape (MODEL_NAME, MODEL_FLAVOR)")

@@ -77,9 +77,15 @@ def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:
     return x / k
 
 
+VOCAB_MULTIPLE = 128  # Megatron-LM's make_vocab_size_divisible_by (its default)
+
+
 def padded(V: int, by: IntOrArr) -> IntOrArr:
-    """The vocabulary padded up to a multiple of its split (cost only; the executor needs exact division)."""
-    return -(-V // by) * by
+    """The vocabulary as Megatron-LM pads it (`_vocab_size_with_padding`): up to a multiple of 128 x its split
+    `by` (Megatron: x tp). The executor pads its embedding and head to this size and masks the padded logits
+    out of the loss; every cost model counts it. GPT-2's 50,257: 50,304 at by = 1, 50,688 at 4, 51,200 at 8."""
+    multiple = VOCAB_MULTIPLE * by
+    return -(-V // multiple) * multiple
 
 
 def divides(a: IntOrArr, b: IntOrArr) -> np.ndarray:
@@ -261,5 +267,5 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "Collective", "ExecutorSupport", "IntOrArr", "Rule", "Sizes",
-           "TensorMode", "coll", "divides", "divisors", "padded", "split", "split_embedding"]
+__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "VOCAB_MULTIPLE", "Collective", "ExecutorSupport", "IntOrArr", "Rule",
+           "Sizes", "TensorMode", "coll", "divides", "divisors", "padded", "split", "split_embedding"]

@@ -2,10 +2,10 @@
 
 Works on the search's ranked results only (planner.search's `ranked`, plus `best_per_mode`): for each
 part of the best layout (dp, pp, tensor mode and shape, micro-batch, interleave v, sequence parallelism,
-placement) that was not pinned by the user's --layout, the runner-up is the best-ranked layout with a
-different value of that part (for placement: the same layout otherwise), and the margin is its predicted
-step time relative to the best: (t_runner_up - t_best) / t_best. v is a choice only with pp > 1, sp only
-with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid
+attention kernel fa, placement) that was not pinned by the user's --layout, the runner-up is the
+best-ranked layout with a different value of that part (for placement: the same layout otherwise), and the
+margin is its predicted step time relative to the best: (t_runner_up - t_best) / t_best. v is a choice only
+with pp > 1, sp only with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid
 layout (fewer rows than asked for), a part with no other value is reported as the only valid one.
 Rows that differ only in where size-1 axes sit are the same layout (size-1 axes change no group):
 `dedupe` keeps the first of them.
@@ -30,7 +30,8 @@ def big_placement(layout: Layout) -> tuple[str, ...]:
 
 def canonical_key(layout: Layout) -> tuple:
     return (layout.dp, layout.pp, layout.mode, layout.shape, layout.micro_batch, layout.interleave,
-            layout.sequence_parallel, layout.zero, layout.recompute, layout.overlap, big_placement(layout))
+            layout.sequence_parallel, layout.zero, layout.recompute, layout.overlap, layout.uses_flash,
+            big_placement(layout))
 
 
 def dedupe(ranked: Ranked) -> list[tuple[Layout, StepEstimate]]:
@@ -58,6 +59,7 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
     "zero": (lambda lay: f"zero={lay.zero}", lambda f: f.zero != 0),
     "recompute": (lambda lay: f"rc={lay.recompute}", lambda f: f.recompute is not None),
+    "attention": (lambda lay: "fa=1" if lay.uses_flash else "fa=0", lambda f: f.flash is not None),
     "placement": (lambda lay: "place=" + ".".join(big_placement(lay) or ("-",)), lambda f: bool(f.placement)),
 }
 

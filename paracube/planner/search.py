@@ -20,7 +20,8 @@ has several micro-batches and still fits in memory with them (memory.kept_bytes)
 Only what paracube's executor runs is searched (modes.executor_runs, each mode's ExecutorSupport): every
 plan the search emits passes the executor's preflight (tests/test_planner_runs.py). Left out because the
 executor does not run them: pipelines with tied embeddings (the executor ties the head to the embedding
-within one stage), zero=1 in 2.5D (its gradients are summed over (dp, dep)).
+within one stage), zero=1 in 2.5D (its gradients are summed over (dp, dep)). Attention: flash unless the layout
+pins `fa=0` (unfused is dominated in the model); the best layout's fa=0 variant joins the ranking.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 from paracube.cost_models.analytic import estimate, evaluate
 from paracube.cost_models.comm import axes_used
 from paracube.cost_models.compute import GemmModel, gemm_model
-from paracube.cost_models.dims import Dims, dims_of
+from paracube.cost_models.dims import Dims, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.validity import first_violation, rules
@@ -121,10 +122,12 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
 
 
 def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
-            recompute: str | None = None, overlap: bool = False, kw: int | None = None) -> Layout:
+            recompute: str | None = None, overlap: bool = False, kw: int | None = None,
+            flash: int | None = None) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
         keep_weights=kw if MODES[st.mode].keeps_weights else None,
+        flash=flash,
         overlap=overlap and st.dp > 1,
         zero=zero,
         recompute=recompute,
@@ -276,7 +279,8 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         st = owners[layout_rows[j]]
         row = int(layout_rows[j])
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], zero_of[row],
-                      s.d.recompute if s.rc_pin else None, s.overlap, kw_of[row])
+                      s.d.recompute if s.rc_pin else None, s.overlap, kw_of[row],
+                      s.fixed.flash if s.fixed else None)
         if not _matches(lay, s.fixed):
             continue
         s.best.append((float(res.step_time[j]), lay))
@@ -335,7 +339,7 @@ def search(
     modes.executor_runs) by predicted step time; raise ParacubeError if none fits."""
     t0 = time.perf_counter()
     modes = _modes(modes, gpus, fixed)
-    d = dims_of(model, training)
+    d = with_pins(dims_of(model, training), fixed)  # fa= pinned: that kernel (the search's is flash)
     rcs, zs = _choices(training, fixed, recomputes, zeros)
     s = _Search(model, d, gemm_model(topo, training.dtype), float(topo.device.memory_bytes),  # type: ignore[arg-type, attr-defined]
                 LinkCache(topo), fixed, micro_batches, top_k, zs,
@@ -359,6 +363,14 @@ def search(
         return estimate(model, training, lay, topo, with_events=False, cache=s.cache)
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
+    if fixed is None or fixed.flash is None:
+        # Unfused attention (fa=0) is never faster nor smaller than flash in the model (compute.py: the flash
+        # kernel computes the causal half and no s x s traffic; activations.py: no s x s tensors kept), so the
+        # search runs with flash; the best layout's fa=0 variant, where it fits, is priced as its runner-up.
+        alt = ranked[0][0].with_(flash=0)
+        alt_est = score(alt)
+        if alt_est.memory.total <= s.mem_cap:
+            ranked = sorted([*ranked, (alt, alt_est)], key=lambda r: r[1].step_time_s)
     per_mode = {m: (lay, score(lay)) for m, (_, lay) in s.per_mode_best.items()}
     return SearchResult(ranked, s.scored, s.rejected, per_mode, time.perf_counter() - t0, s.explanations,
                         s.cache.queries)

@@ -41,6 +41,7 @@ deepspeed --hostfile "$HOSTFILE" --num_nodes 8 --num_gpus 8 pretrain_gpt.py \
     --micro-batch-size 1 \
     --global-batch-size 512 \
     --recompute-granularity selective \
+    --use-flash-attn \
     --bf16 \
     --deepspeed \
     --deepspeed_config "$DS_CONFIG" \
@@ -52,6 +53,8 @@ deepspeed --hostfile "$HOSTFILE" --num_nodes 8 --num_gpus 8 pretrain_gpt.py \
     --seq-length 2048 \
     --max-position-embeddings 2048 \
     --make-vocab-size-divisible-by 128 \
+    --hidden-dropout 0.1 \
+    --attention-dropout 0.1 \
     --untie-embeddings-and-output-weights \
     --tokenizer-type GPT2BPETokenizer \
     --vocab-file "$VOCAB_FILE" \

@@ -21,6 +21,7 @@ torchrun --nnodes=8 --nproc-per-node=8 --node-rank="$NODE_RANK" --master-addr="$
     --micro-batch-size 1 \
     --global-batch-size 512 \
     --recompute-granularity selective \
+    --attention-backend flash \
     --bf16 \
     --accumulate-allreduce-grads-in-fp32 \
     --use-distributed-optimizer \
@@ -33,6 +34,8 @@ torchrun --nnodes=8 --nproc-per-node=8 --node-rank="$NODE_RANK" --master-addr="$
     --seq-length 2048 \
     --max-position-embeddings 2048 \
     --make-vocab-size-divisible-by 128 \
+    --hidden-dropout 0.1 \
+    --attention-dropout 0.1 \
     --untie-embeddings-and-output-weights \
     --tokenizer-type GPT2BPETokenizer \
     --vocab-file "$VOCAB_FILE" \

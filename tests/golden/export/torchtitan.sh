@@ -3,6 +3,7 @@
 # plan: gpt3-13b on 64 x dgx-a100, layout dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap
 # global batch 512 x 2048 tokens, bf16, recompute selective
 # note: torchtitan has no ZeRO-1: dp replicates the optimizer state, as with zero=0
+# note: torchtitan trains without dropout; the model sets dropout 0.1, attention dropout 0.1
 # model shape: gpt, 40 layers, hidden 5120, 40 heads (40 kv), ffn 20480, vocab 50257: choose or add a torchtitan model flavor of this shape (MODEL_NAME, MODEL_FLAVOR)
 # run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) from a torchtitan checkout
 set -euo pipefail
