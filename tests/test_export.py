@@ -144,7 +144,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.
     zero3 = plan_13b("dp=4,pp=4,tp=1d:4,mb=1,zero=3").save(tmp_path / "z3.json")
     err = refusal(capsys, "export", str(zero3), "--to", "megatron", "-o", str(out))
     assert "zero=3" in err and "targets that run it: torchtitan" in err and "deepspeed" not in err
-    two_d_zero = default_plan("dp=1,tp=2.5d:2x2x2,mb=4,zero=1").save(tmp_path / "2d-zero.json")  # 2.5D: no zero
+    two_d_zero = default_plan("dp=1,tp=2.5d:2x2x2,mb=4,zero=3").save(tmp_path / "2d-zero.json")  # 2.5D: no zero=3
     assert "no export target runs it" in refusal(capsys, "export", str(two_d_zero), "--to", "slurm")
     assert "unknown export target 'nemo'" in refusal(capsys, "export", str(pipelined), "--to", "nemo", "-o", str(out))
     data = json.loads(pipelined.read_text())

@@ -90,7 +90,6 @@ def test_tied_embeddings_are_planned_without_pipelines() -> None:
 
 @pytest.mark.parametrize(("model", "layout", "dtype", "message"), [
     (replace(TINY, layers=4, tied_embeddings=True), "pp=2,tp=1d:2", "fp32", "runs tied embeddings with pp = 1 only"),
-    (TINY, "dp=2,tp=2.5d:2x2x2,zero=1", "fp32", "does not run zero=1 in 2.5d"),
 ])
 def test_a_pinned_layout_the_executor_does_not_run_is_explained(model, layout, dtype, message) -> None:
     from paracube.layout import parse_layout
@@ -99,3 +98,20 @@ def test_a_pinned_layout_the_executor_does_not_run_is_explained(model, layout, d
     with pytest.raises(ParacubeError, match=message):
         search(model, TrainingSpec(global_batch=32, dtype=dtype), load_topology("local-cpu", gpus=fixed.world_size),
                fixed.world_size, fixed=fixed, zeros=[0, 1])
+
+
+@pytest.mark.parametrize("layout", ["dp=2,tp=2.5d:2x2x2,zero=1", "tp=2.5d:2x2x2,zero=1"])
+def test_a_pinned_2_5d_zero1_is_planned_and_passes_preflight(layout) -> None:
+    """2.5D shards its optimizer over (dp, dep): zero=1 is planned (even at dp=1, over depth alone) and runs."""
+    from paracube.layout import parse_layout
+
+    fixed = parse_layout(layout)
+    training = TrainingSpec(global_batch=32)
+    found = search(TINY, training, load_topology("local-cpu", gpus=fixed.world_size), fixed.world_size,
+                   fixed=fixed, zeros=[0, 1])
+    assert found.ranked
+    for lay, _ in found.ranked:
+        assert lay.mode == "2.5d" and lay.zero == 1 and lay.dp == fixed.dp, lay
+        plan = Plan(model=TINY, training=training, layout=lay, cluster="local-cpu", gpus=fixed.world_size,
+                    launch=LaunchSpec(nproc_per_node=fixed.world_size))
+        preflight(plan, NodeSpec(), data="synthetic", check_devices=False)

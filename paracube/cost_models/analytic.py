@@ -43,7 +43,7 @@ from paracube.cost_models.compute import (
 )
 from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
 from paracube.cost_models.links import LinkCache, placement_of
-from paracube.cost_models.memory import stage_memory, total, with_zero
+from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.errors import ParacubeError
@@ -123,9 +123,9 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         tm = np.where(e.count[rows] > 0, tm, 0.0)
         if e.per_step:
             step += tm
-            # The gradient buckets (all_reduce over grad_axes; zero=1: reduce_scatter over dp), not the norm
+            # The gradient buckets (all_reduce over grad_axes; zero=1: reduce_scatter), not the norm
             # or metrics scalars, nor zero=1's parameter all_gather (it follows the optimizer step).
-            if (e.kind == "all_reduce" and e.axes == grad_axes or e.kind == "reduce_scatter" and e.axes == ("dp",)) \
+            if e.kind in ("all_reduce", "reduce_scatter") and e.axes == grad_axes \
                     and np.any(e.payload > 64):
                 grad += tm
         else:
@@ -134,7 +134,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
     compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
     n_local = stage_layers_params(d, mode, b, F, H)
-    optim = optimizer_time(n_local, d.c, g, np.where(zero >= 1, b.dp, 1) if zero is not None else 1.0)[rows]
+    shard = np.where(zero >= 1, zero_shards(mode, b), 1) if zero is not None else 1.0
+    optim = optimizer_time(n_local, d.c, g, shard)[rows]
     m = MODES[mode]
     n_last = np.where(F > 0, m.local_params(d, b.t, b.q, 0, 1, 0), m.local_params(d, b.t, b.q, 1, 0, 0))
     first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)
@@ -170,8 +171,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         exposed = np.maximum(grad - backward * (1.0 - pick("grad_first")), grad * pick("grad_last"))
         step_comm = step_comm - grad + np.maximum(0.0, exposed)
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
-    if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (memory.with_zero)
-        mems = [with_zero(m, b.dp, zero) for m in mems]
+    if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth)
+        mems = [with_zero(m, zero_shards(mode, b), zero) for m in mems]
     tot = np.stack([total(m) for m in mems])
     heavy = np.argmax(tot, axis=0)
     cidx = np.arange(len(heavy))

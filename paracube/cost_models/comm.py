@@ -23,7 +23,8 @@ after the last backward, so all communication time is exposed (the event engine'
 gradient buckets issued during the backward).
 
 `zero` (a scalar for the whole batch, the layout's zero): 1 prices the distributed optimizer's
-reduce_scatter + all_gather per bucket over dp and the grad-norm all_reduce over dp too (traffic.py).
+reduce_scatter + all_gather per bucket over grad_axes (dp; 2.5D: dp, dep) and the grad-norm all_reduce over
+dp too (traffic.py).
 """
 
 from __future__ import annotations
@@ -154,9 +155,9 @@ class StepTraffic:
         count, grads, padded_grads = self._buckets(first, last)
         tensor = m.axes
         single = b.pp == 1
-        if self.zero == 1:
-            out.append(self._entry("reduce_scatter", ("dp",), F32, count, padded_grads, per_step=True))
-            out.append(self._entry("all_gather", ("dp",), F32, count, padded_grads, per_step=True))
+        if self.zero == 1:  # sharded over grad_axes (dp; 2.5D: dp, dep), as traffic.py lists them
+            out.append(self._entry("reduce_scatter", m.grad_axes, F32, count, padded_grads, per_step=True))
+            out.append(self._entry("all_gather", m.grad_axes, F32, count, padded_grads, per_step=True))
             dp = ("dp",)
         else:
             out.append(self._entry("all_reduce", m.grad_axes, F32, count, grads, per_step=True))
@@ -173,12 +174,12 @@ class StepTraffic:
         return out
 
     def _buckets(self, first: Arr, last: Arr) -> tuple[Arr, Arr, Arr]:
-        """Per layout: gradient buckets, their fp32 bytes, and their bytes padded to a multiple of dp (keyed by
-        the stage's shape: t, q, blocks on the stage, edge flags, dp)."""
+        """Per layout: gradient buckets, their fp32 bytes, and their bytes padded to a multiple of the zero=1
+        shard group (dp x the other grad_axes; keyed by the stage's shape: t, q, blocks, edge flags, group)."""
         b = self.b
         cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
                 for x in (b.t, b.q, stage_layers(self.d.L, b.pp, b.v, first, last), first, last,
-                          b.dp if self.zero == 1 else 1)]
+                          self.group_size(self.mode.grad_axes) if self.zero == 1 else 1)]
         key = np.zeros(b.dp.shape, dtype=np.int64)  # one int per stage shape: 1-D unique is fast
         for c, bits in zip(cols, (13, 13, 13, 1, 1, 22), strict=True):
             key = (key << bits) | c

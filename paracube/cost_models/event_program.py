@@ -26,7 +26,7 @@ import numpy as np
 
 from paracube.cost_models.compute import GemmModel, local_shape, ops_per_step, optimizer_time, stage_compute_time
 from paracube.cost_models.dims import Dims, local_params, padded_vocab
-from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events
+from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -269,7 +269,8 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
         tail.insert(0, Op("wait", "gradients.wait"))
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
-    tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, layout.dp if layout.zero else 1))))
+    shard = zero_group(layout) if layout.zero else 1
+    tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, shard))))
     _add_op_overhead(layout, d, mb, g, first, last, prog)
     prog.send_bytes = d.c * mb * d.s * d.h // act_split(layout)
     prog.compute_fwd = sum(op.seconds for ch in prog.fwd for op in ch if op.kind == "compute")

@@ -6,9 +6,10 @@ total/q^2, 1d replicated norms, row biases and pos_emb), as the executor holds i
 their gradients in fp32 buckets (4; grad_sync.py, Megatron's main_grad), and AdamW's fp32 state: two moments
 (8) plus, for a 16-bit compute dtype, the fp32 master weights (4; optim.MasterAdamW). fp32: 4 + 4 + 8 = 16
 bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer, executor/optim.py):
-optimizer 12 ceil(n / dp) = fp32 master shard + two moments, in every dtype (the reduce-scatter writes the
-shard in place, into the bucket: no extra gradient buffer), so c + 4 + 12/dp (one bucket padded to a
-multiple of dp; with several buckets each is padded, < dp elements more per bucket).
+optimizer 12 ceil(n / z) = fp32 master shard + two moments, in every dtype (the reduce-scatter writes the
+shard in place, into the bucket: no extra gradient buffer), so c + 4 + 12/z (one bucket padded to a
+multiple of z; with several buckets each is padded, < z elements more per bucket). z = `zero_shards`: the
+ranks of the mode's grad_axes, dp (2.5D: dp x depth, its weights' replicas over depth shard too).
 
 Activations of one block for one micro-batch (Korthikanti et al. 2022, bytes for 16-bit activations, scaled
 by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t tensor ranks). The paper's
@@ -132,7 +133,7 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
                        else activations.block_bytes(full, mode, b))
     if np.any(kw):
         temp = temp + np.asarray(kw) * kept_bytes(d, mode, b, F, H)
-    optimizer = 12 * np.ceil(n_local / dp) if zero == 1 else optimizer_bytes(d.c) * n_local
+    optimizer = 12 * np.ceil(n_local / zero_shards(mode, b)) if zero == 1 else optimizer_bytes(d.c) * n_local
     return {
         "parameters": d.c * n_local,
         "gradients": 4 * n_local,
@@ -152,11 +153,22 @@ def optimizer_bytes(c: int) -> int:
     return 8 if c >= 4 else 12
 
 
-def with_zero(mem: dict[str, Arr], dp: Arr, zero: Arr | int) -> dict[str, Arr]:
+def zero_shards(mode: str, b: LayoutBatch) -> Arr:
+    """Ranks the distributed optimizer shards over, per layout: the mode's grad_axes (dp; 2.5D: dp x depth),
+    as traffic.zero_group for one layout."""
+    sizes = {"dp": b.dp, **MODES[mode].axis_sizes(b.q, b.t, b.depth)}
+    n = np.ones_like(b.dp)
+    for a in MODES[mode].grad_axes:
+        n = n * sizes[a]
+    return n
+
+
+def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int) -> dict[str, Arr]:
     """Memory parts with the distributed optimizer where zero == 1 (per layout, or one int for all):
-    the fp32 master weights and Adam's two moments sharded over dp, 12 ceil(n / dp) bytes per rank for
-    n local parameters (executor/optim.py), instead of 8 n (fp32) or 12 n (16-bit: with the masters)."""
+    the fp32 master weights and Adam's two moments sharded over `shards` ranks (zero_shards: dp, 2.5D dp x
+    depth), 12 ceil(n / shards) bytes per rank for n local parameters (executor/optim.py), instead of 8 n
+    (fp32) or 12 n (16-bit: with the masters)."""
     n_local = mem["gradients"] / 4  # the fp32 gradient buckets: 4 bytes per local parameter
     sharded = np.asarray(zero) == 1
-    sharded_bytes = 12 * np.ceil(n_local / np.asarray(dp, dtype=float))
+    sharded_bytes = 12 * np.ceil(n_local / np.asarray(shards, dtype=float))
     return {**mem, "optimizer": np.where(sharded, sharded_bytes, mem["optimizer"])}

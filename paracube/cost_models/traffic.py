@@ -15,8 +15,9 @@ holds this list equal to what the executor records. Generic parts:
 - per step: the mode's own (1D + sp: the sequence-parallel parameters), then the gradient buckets
   (paracube/modes/buckets.py: the local parameters `local_parameter_sizes` in reverse registration order,
   fp32, at most `bucket_bytes` each): zero=0 one all_reduce per bucket over the mode's grad_axes; zero=1
-  one reduce_scatter over dp of the bucket padded to a multiple of dp and, after the optimizer step, one
-  all_gather over dp of the updated parameters (fp32) per bucket; then the grad-norm all_reduce over
+  one reduce_scatter over grad_axes (dp; 2.5D: dp, dep) of the bucket padded to a multiple of that group's
+  size and, after the optimizer step, one all_gather over grad_axes of the updated parameters (fp32) per
+  bucket; then the grad-norm all_reduce over
   ("pp", *tensor axes) (zero=1: ("pp", "dp", *tensor axes): the norm is summed over dp shards) and the
   metrics all_reduce.
   With pp > 1 the metrics all_reduce runs over ("pp", "dp", *tensor axes): the loss is on the last stage.
@@ -132,18 +133,27 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
     log.issue(mode.step_collectives(d))
     buckets = bucket_numels(local_parameter_sizes(layout, d, stage), bucket_bytes)
     zero1 = layout.zero == 1
+    shards = zero_group(layout)
     for n in buckets:
         if zero1:
-            log.add("reduce_scatter", ("dp",), 4 * padded_numel(n, layout.dp), F32, "grad_sync", "gradients")
+            log.add("reduce_scatter", mode.grad_axes, 4 * padded_numel(n, shards), F32, "grad_sync", "gradients")
         else:
             log.add("all_reduce", mode.grad_axes, 4 * n, F32, "grad_sync", "gradients")
     opt_axes = (("pp",) if pp > 1 else ()) + (("dp",) if zero1 else ()) + layout.tensor_axes
     log.add("all_reduce", opt_axes, 4, F32, "optimizer", "grad_norm")
     for n in buckets if zero1 else ():
-        log.add("all_gather", ("dp",), 4 * padded_numel(n, layout.dp), F32, "optimizer", "params")
+        log.add("all_gather", mode.grad_axes, 4 * padded_numel(n, shards), F32, "optimizer", "params")
     metric_axes = ("pp", "dp", *layout.tensor_axes) if pp > 1 else ("dp", *layout.tensor_axes)
     log.add("all_reduce", metric_axes, 8, F32, "metrics", "loss")
     return log.events
+
+
+def zero_group(layout: Layout) -> int:
+    """Ranks the distributed optimizer (zero=1) shards over: the mode's grad_axes (dp; 2.5D: dp x depth)."""
+    n = 1
+    for a in MODES[layout.mode].grad_axes:
+        n *= layout.axis_size(a)
+    return n
 
 
 def local_parameter_count(layout: Layout, d: Dims, stage: str = "first") -> int:

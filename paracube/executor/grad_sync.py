@@ -9,8 +9,10 @@ bucket has its gradient -- buckets are issued strictly in bucket order, as DDP d
 same collectives in the same order. `finish()` issues what is left (every bucket without overlap) and waits
 for all of them before the optimizer runs.
 - zero=0: one all_reduce (sum) of the bucket over the mode's grad_axes (dp; 2.5D: dp and depth).
-- zero=1: one reduce_scatter over dp of the bucket padded to a multiple of dp, in place: rank with dp index
-  k keeps shard k, its chunk of the bucket (executor/optim.py updates it and all-gathers the parameters back).
+- zero=1: one reduce_scatter over the same grad_axes (dp; 2.5D: dp and depth, whose ranks hold replicas of
+  the same weights) of the bucket padded to a multiple of that group's size n, in place: the rank with index
+  k in the group (mesh.index, dp major) keeps shard k, its chunk of the bucket (executor/optim.py updates it
+  and all-gathers the parameters back over the same group).
 Overlap on and off issue the same collectives on the same buffers, so their results are bit-identical.
 
 Why not torch's DDP / ZeroRedundancyOptimizer: DDP wraps the module and reduces over one process group
@@ -35,7 +37,7 @@ from paracube.modes.buckets import BUCKET_BYTES, padded_numel, plan_buckets
 class Bucket:
     """One bucket: its parameters (reverse registration order), their offsets and its fp32 buffer."""
 
-    def __init__(self, params: list[nn.Parameter], dp: int, zero: int, device: torch.device, k: int = 0) -> None:
+    def __init__(self, params: list[nn.Parameter], shards: int, zero: int, device: torch.device, k: int = 0) -> None:
         self.params = params
         self.offsets: list[int] = []
         n = 0
@@ -43,9 +45,9 @@ class Bucket:
             self.offsets.append(n)
             n += p.numel()
         self.numel = n
-        self.length = padded_numel(n, dp) if zero == 1 else n
+        self.length = padded_numel(n, shards) if zero == 1 else n
         self.buffer = torch.zeros(self.length, dtype=torch.float32, device=device)
-        self.shard_numel = self.length // dp if zero == 1 else self.length
+        self.shard_numel = self.length // shards if zero == 1 else self.length
         # zero=1: this rank's chunk k of the bucket, where the in-place reduce-scatter leaves its sum
         self.shard = self.buffer[k * self.shard_numel:(k + 1) * self.shard_numel]
         self.pending = 0  # parameters whose gradient has not arrived in this backward
@@ -63,12 +65,11 @@ class GradSync:
     def __init__(self, model: nn.Module, mesh: Mesh, zero: int = 0, bucket_bytes: int = BUCKET_BYTES) -> None:
         self.mesh, self.zero, self.bucket_bytes = mesh, zero, bucket_bytes
         layout = mesh.layout
-        self.axes = ("dp",) if zero == 1 else tuple(MODES[layout.mode].grad_axes)
+        self.axes = tuple(MODES[layout.mode].grad_axes)  # zero=1 shards over the same group
         self.group_size = mesh.size(self.axes)
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device
-        k = mesh.index(("dp",)) if zero == 1 else 0
-        self.buckets = [Bucket([params[i] for i in idx], layout.dp, zero, device, k)
+        self.buckets = [Bucket([params[i] for i in idx], self.group_size, zero, device, self.shard_index())
                         for idx in plan_buckets([p.numel() for p in params], bucket_bytes)]
         self.where: dict[nn.Parameter, tuple[Bucket, int]] = {}
         for b in self.buckets:
@@ -148,7 +149,7 @@ class GradSync:
                     p.grad = g
 
     def shard_index(self) -> int:
-        return self.mesh.index(("dp",)) if self.zero == 1 else 0
+        return self.mesh.index(self.axes) if self.zero == 1 else 0
 
 
 _SYNCS: WeakKeyDictionary[nn.Module, GradSync] = WeakKeyDictionary()

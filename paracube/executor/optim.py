@@ -8,24 +8,29 @@ grad_sync.py) and writes the updated compute-dtype copy back: 2 + 4 + 12 = 18 by
 (cost_models/memory.py). fp32 parameters need no master: build_optimizer gives them torch's AdamW, as before.
 Masters start from the compute copy (`p.float()`), as Megatron's do.
 
-Each gradient bucket (grad_sync.py; padded to a multiple of dp) is reduce-scattered over dp; the rank with dp
-index k owns elements [k S, (k+1) S) of it (S = padded length / dp). The optimizer keeps, per bucket, an fp32
-master copy of those elements and AdamW's two moments on them: 4 + 8 = 12 bytes per element, so 12 x padded /
-dp bytes per rank (cost_models/memory.py prices the same). After the step the updated master shard is
-all-gathered over dp in fp32 (one all_gather per bucket, as cost_models/traffic.py prices it), then copied
-into the parameters (cast to their compute dtype). Per parameter: compute copy c, fp32 gradient bucket 4 (the
-reduce-scatter is in place: a rank's shard is its chunk of the bucket) and 12 / dp. AdamW is elementwise, so
+Each gradient bucket (grad_sync.py; padded to a multiple of n) is reduce-scattered over the mode's grad_axes,
+the group of n ranks holding replicas of the same weights (dp; 2.5D: dp x depth, n = dp d); the rank with
+index k in it owns elements [k S, (k+1) S) of it (S = padded length / n). The optimizer keeps, per bucket, an
+fp32 master copy of those elements and AdamW's two moments on them: 4 + 8 = 12 bytes per element, so 12 x
+padded / n bytes per rank (cost_models/memory.py prices the same). After the step the updated master shard is
+all-gathered over the same group in fp32 (one all_gather per bucket, as cost_models/traffic.py prices it),
+then copied into the parameters (cast to their compute dtype). Per parameter: compute copy c, fp32 gradient
+bucket 4 (the reduce-scatter is in place: a rank's shard is its chunk of the bucket) and 12 / n.
+2.5D shards over (dp, dep), not dp only: the depth replicas' gradients are summed anyway, so the reduce-
+scatter costs what the all_reduce did, and each replica then needs 1/d of the state (Tesseract treats depth
+as data parallelism for the weights). AdamW is elementwise, so
 updating shards of the flat buckets gives the same parameters as updating whole tensors
 (tests/test_grad_sync.py holds it to the serial model).
 
-Checkpoints: `checkpoint_view()` all-gathers the moments over dp and presents them per parameter, as
+Checkpoints: `checkpoint_view()` all-gathers the moments over the shard group and presents them per parameter, as
 torch.optim.AdamW holds them (`state[param] = {step, exp_avg, exp_avg_sq}` of the parameter's tensor
 shard), so checkpoint.py saves the same files for zero=1 as for zero=0 and either loads into the other; with a 16-bit
 compute dtype the view carries the fp32 masters too (`master`, saved next to the moments). `load_view(view)`
 takes this rank's elements back (the fp32 masters from the view's, else from the loaded parameters).
 
 The global gradient norm (for clipping) is summed over each rank's reduced shard, counting a tensor-
-replicated parameter on its replica leader only, and all-reduced over ("dp", *tensor axes) (with pp > 1:
+replicated parameter on its replica leader only (replication over a sharded axis, 2.5D's dep, needs no
+leader: each element is in exactly one shard of the group), and all-reduced over ("dp", *tensor axes) (with pp > 1:
 ("pp", "dp", *tensor axes); each stage's optimizer holds only its own stage's buckets).
 
 Built on torch.optim.AdamW (its update, state_dict and param_groups); what is ours is the sharding and
@@ -66,7 +71,7 @@ class DistributedAdamW(torch.optim.AdamW):
                 o = b.offsets[i]
                 flat[o:o + p.numel()] = p.detach().reshape(-1).float()
                 spec = specs[p]
-                leader = all(sync.mesh.coord(a) == 0 for a in spec.replicated_axes)
+                leader = all(sync.mesh.coord(a) == 0 for a in spec.replicated_axes if a not in sync.axes)
                 mask[o:o + p.numel()] = float(leader)
             self.masters.append(flat[lo:hi].clone())
             self.masks.append(mask[lo:hi].clone())
@@ -119,15 +124,16 @@ class DistributedAdamW(torch.optim.AdamW):
         return None
 
     def _gather(self, master: Tensor, b: Bucket) -> None:
-        """All-gather the updated fp32 shard over dp into the bucket's parameters (cast to their dtype)."""
+        """All-gather the updated fp32 shard over the shard group into the bucket's parameters (cast to their
+        dtype)."""
         sync, shard = self.sync, master
         n = sync.group_size
         if n > 1:
             parts = [torch.empty_like(shard) for _ in range(n)]
             rec = sync.mesh.recorder
-            with rec.issue("all_gather", ("dp",), n, shard, shard.numel() * n, False, "params"):
-                dist.all_gather(parts, shard, group=sync.mesh.group(("dp",)))
-            order = sync.mesh.order(("dp",))
+            with rec.issue("all_gather", sync.axes, n, shard, shard.numel() * n, False, "params"):
+                dist.all_gather(parts, shard, group=sync.mesh.group(sync.axes))
+            order = sync.mesh.order(sync.axes)
             full = torch.cat([parts[order[k]] for k in range(n)])
         else:
             full = shard
@@ -139,7 +145,7 @@ class DistributedAdamW(torch.optim.AdamW):
     # --- checkpoints ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def checkpoint_view(self) -> SimpleNamespace:
-        """The moments per parameter (full tensor shards, gathered over dp), in torch AdamW's layout."""
+        """The moments per parameter (full tensor shards, gathered over the shard group), in torch AdamW's layout."""
         state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         for master, b in zip(self.masters, self.sync.buckets, strict=True):
             s = self.state.get(master)
@@ -187,8 +193,9 @@ class DistributedAdamW(torch.optim.AdamW):
         if n == 1:
             return shard
         parts = [torch.empty_like(shard) for _ in range(n)]
-        dist.all_gather(parts, shard.contiguous(), group=self.sync.mesh.group(("dp",)))  # not a step's traffic
-        order = self.sync.mesh.order(("dp",))
+        axes = self.sync.axes
+        dist.all_gather(parts, shard.contiguous(), group=self.sync.mesh.group(axes))  # not a step's traffic
+        order = self.sync.mesh.order(axes)
         return torch.cat([parts[order[j]] for j in range(n)])
 
 

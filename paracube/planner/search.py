@@ -20,7 +20,8 @@ has several micro-batches and still fits in memory with them (memory.kept_bytes)
 Only what paracube's executor runs is searched (modes.executor_runs, each mode's ExecutorSupport): every
 plan the search emits passes the executor's preflight (tests/test_planner_runs.py). Left out because the
 executor does not run them: pipelines with tied embeddings (the executor ties the head to the embedding
-within one stage), zero=1 in 2.5D (its gradients are summed over (dp, dep)). Attention: flash unless the layout
+within one stage). zero=1 shards over the mode's gradient group (memory.zero_shards: dp; 2.5D dp x depth), so
+it is searched wherever that group has several ranks (2.5D too at dp=1). Attention: flash unless the layout
 pins `fa=0` (unfused is dominated in the model); the best layout's fa=0 variant joins the ranking.
 """
 
@@ -37,7 +38,7 @@ from paracube.cost_models.comm import axes_used
 from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import Dims, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
-from paracube.cost_models.memory import stage_memory, total, with_zero
+from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
 from paracube.cost_models.validity import first_violation, rules
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
@@ -196,7 +197,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     if not len(idx):
         return idx, idx, idx
     zeros = [z for z in sorted(s.zeros) if executor_runs(mode, zero=z)]
-    if not zeros:  # a pinned zero=1 in a mode whose executor does not shard its optimizer (2.5D)
+    if not zeros:  # a pinned zero stage this mode's executor does not run
         rejected[f"paracube's executor does not run zero={s.zeros[0]} in {mode}"] += int(n_places[idx].sum())
         return idx[:0], idx[:0], idx[:0]
     sub = batch.take(idx)
@@ -206,16 +207,18 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     def mems(kw: int) -> list[dict[str, np.ndarray]]:
         return [stage_memory(s.d, mode, sub, True, False, kw=kw), stage_memory(s.d, mode, sub, False, True, kw=kw)]
 
+    shards = zero_shards(mode, sub)  # ranks zero=1 shards the optimizer over (2.5D: dp x depth)
+
     def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
-        return np.maximum(*(total(with_zero(m, sub.dp, z)) for m in ms))
+        return np.maximum(*(total(with_zero(m, shards, z)) for m in ms))
 
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
     for z in zeros:
-        if z and not np.any(sub.dp > 1):
+        if z and not np.any(shards > 1):
             continue
         mem = peak(base, z * np.ones_like(sub.dp))
-        zero = np.where((zero < 0) & (mem <= s.mem_cap) & ((z == 0) | (sub.dp > 1)), z, zero)
+        zero = np.where((zero < 0) & (mem <= s.mem_cap) & ((z == 0) | (shards > 1)), z, zero)
     fits = zero >= 0
     kw = np.full(len(idx), base_kw)
     if keeps and s.kw_pin is None:  # keep where it saves traffic (several micro-batches) and memory allows
