@@ -120,9 +120,9 @@ def _run_layout(rank: int, world: int, layout_text: str) -> list[dict[str, Any]]
         train_step(model, build_optimizer(model, mesh, 0, BUCKET_BYTES, lr=1e-3), mesh, _batches(LLAMA),
                    B * N_MICRO * LLAMA.seq_len, MAX_NORM)
         results[0]["bf16_full_events"] = [e.key() for e in mesh.recorder.events]
-        # bf16 activations without recomputation (RMSNorm saves its bf16 input and fp32 rstd)
-        results[0]["bf16_activations"] = _saved_bytes(build_model(LLAMA, mesh, seed=7, dtype=torch.bfloat16),
-                                                      *_batches(LLAMA)[0])[1]
+    # bf16 activations without recomputation (RMSNorm saves its bf16 input and fp32 rstd), serial included
+    results[0]["bf16_activations"] = _saved_bytes(build_model(LLAMA, mesh, seed=7, dtype=torch.bfloat16),
+                                                  *_batches(LLAMA)[0])[1]
     return results
 
 
@@ -168,9 +168,9 @@ def test_llama_traffic_and_parameters_equal_the_model(layout_results) -> None:
         for rank, per_model in enumerate(ranks):
             diff = traffic_difference(predicted, per_model[0]["bf16_full_events"])
             assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, "bf16 full", diff)
-        est = estimate(LLAMA, TrainingSpec(global_batch=B * N_MICRO, dtype="bf16"), layout,
-                       load_topology("local-cpu", gpus=layout.world_size), with_events=False)
-        assert ranks[0][0]["bf16_activations"] == pytest.approx(est.memory.activations, rel=0.02)
+    est = estimate(LLAMA, TrainingSpec(global_batch=B * N_MICRO, dtype="bf16"), layout,
+                   load_topology("local-cpu", gpus=layout.world_size), with_events=False)
+    assert ranks[0][0]["bf16_activations"] == pytest.approx(est.memory.activations, rel=0.02)
 
 
 @pytest.mark.parametrize(("spec", "layout", "message"), [
