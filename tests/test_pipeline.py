@@ -283,3 +283,36 @@ def test_killed_stage_rank_stops_every_rank(tmp_path) -> None:
     assert code != 0 and "rank 1 died" in err_text, err_text[-2000:]
     assert elapsed < 60, elapsed
     assert [p for p in tree if _alive(p)] == []
+
+
+def _tied_checkpoint(rank: int, world: int, root: str) -> dict[str, Any]:
+    from paracube.executor.checkpoint import load_checkpoint, save_checkpoint
+
+    spec = replace(SPEC, layers=4, tied_embeddings=True)
+    mesh = Mesh(parse_layout("pp=2"), rank)
+    model = build_model(spec, mesh, seed=7)
+    opt = build_optimizer(model, mesh, 0, BUCKET_BYTES, lr=1e-3, weight_decay=0.1, eps=1e-6)
+    train_step(model, opt, mesh, _batches(1)[0], B * N_MICRO * spec.seq_len, MAX_NORM)
+    save_checkpoint(root, 1, model, opt, {})
+    fresh = build_model(spec, mesh, seed=3)
+    fresh_opt = build_optimizer(fresh, mesh, 0, BUCKET_BYTES, lr=1e-3, weight_decay=0.1, eps=1e-6)
+    load_checkpoint(root, fresh, fresh_opt, mesh)
+    trained = dict(model.named_parameters())
+    moments = {n: opt.state[p]["exp_avg"] for n, p in trained.items()}
+    return {"tok_emb": trained["tok_emb.weight"].detach().clone(),
+            "errors": {n: rel_err(p, trained[n]) for n, p in fresh.named_parameters()}
+            | {f"exp_avg:{n}": rel_err(fresh_opt.state[p]["exp_avg"], moments[n])
+               for n, p in fresh.named_parameters()}}
+
+
+def test_tied_pipeline_checkpoint_saves_one_copy_and_loads_both(tmp_path) -> None:
+    """pp=2, tied: the first stage's embedding is saved (the last stage's copy is not a separate tensor), and a
+    load sets both copies (parameters and moments) to the trained ones; the full state dict has no head."""
+    from paracube.executor.checkpoint import export_full_state_dict
+
+    ranks = run_distributed(_tied_checkpoint, 2, str(tmp_path), timeout=300.0)
+    for rank, r in enumerate(ranks):
+        assert "tok_emb.weight" in r["errors"] and not any(v > 0 for v in r["errors"].values()), (rank, r["errors"])
+    assert torch.equal(ranks[0]["tok_emb"], ranks[1]["tok_emb"])  # the copies stayed identical
+    full = export_full_state_dict(tmp_path)
+    assert "head.weight" not in full and torch.equal(full["tok_emb.weight"], ranks[0]["tok_emb"][:SPEC.vocab])

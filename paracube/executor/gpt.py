@@ -203,6 +203,9 @@ class ParallelGPT(nn.Module):
             self.ln_f = self.mode.layer_norm()
             if self.tied_copy:  # registered after ln_f: where the untied head's weight is (bucket order)
                 self.tok_emb = self.mode.token_embedding()
+                # Checkpoints save the first stage's copy only (identical); a load sets both (checkpoint.py).
+                emb = self.tok_emb.shard_specs["weight"]
+                self.tok_emb.shard_specs["weight"] = replace(emb, replica_leader=False)
             self.head = (self.mode.tied_head(self.tok_emb) if spec.tied_embeddings
                          else self.mode.linear("head", spec.hidden, self.vocab, False))
         self.shard_specs: dict[str, ShardSpec] = {}
