@@ -7,7 +7,7 @@ activation memory of the micro-batches in flight (bytes autograd saves per chunk
 saved_tensors_hooks, summed over the chunk-forwards alive at each point of the rank's schedule, peak) is
 within 2% of `memory.stage_memory`. Cases sharing a world size run in one launch (16 ranks: 3D 2x2x2 and
 2.5D 2x2x2 with pp=2, and dp=2 x 3D 2x2x2 with zero=1 (pp=1, the same harness), ~45 s on 2 cores).
-Tied embeddings (pp=2, and dp=2 x pp=2 x 1D 2): the last stage's copy of the word embedding has the serial
+Tied embeddings (pp=2, pp=4 and dp=2 x pp=2 x 1D 2): the last stage's copy of the word embedding has the serial
 gradient and parameters as the first stage's (Megatron's embedding-group all-reduce, priced by stage_events).
 2.5D's raw gradients cover a depth layer's tokens: summed over dep before the comparison (train_step sums
 them over (dp, dep)); 1D + sp's sequence-shard parameters are summed over tp.
@@ -42,7 +42,7 @@ B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 4, 3, 0.3, 1e-5
 CASES = {  # world size -> [(layout, layers[, tied embeddings])]
     2: [("pp=2", 2), ("pp=2,v=2", 4), ("pp=2", 3), ("pp=2,v=2,rc=full", 4), ("pp=2", 4, True)],
     # the distributed optimizer: each stage shards its own parameters over dp (1F1B and interleaved)
-    4: [("dp=2,pp=2,zero=1", 2), ("dp=2,pp=2,v=2,zero=1", 4)],
+    4: [("dp=2,pp=2,zero=1", 2), ("dp=2,pp=2,v=2,zero=1", 4), ("pp=4", 4, True)],  # tied: a middle stage
     8: [("dp=2,pp=2,tp=1d:2", 2), ("pp=2,tp=2d:2x2", 2), ("dp=2,pp=2,tp=1d:2,sp,zero=1", 2),
         ("pp=2,tp=2d:2x2,rc=selective", 2), ("dp=2,pp=2,tp=1d:2", 4, True)],
     # one launch, ~45 s on 2 cores; dp=2 with zero=1 in 3D 2x2x2 (test_grad_sync.py runs 3D's 1x1x1 on 2 ranks)
@@ -158,7 +158,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int, tied: bool = Fa
     for name, p in model.named_parameters():
         errs[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
 
-    stage = _stage_name(mesh)
+    stage = out["stage"] = _stage_name(mesh)
     d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc))
     out["predicted"] = [e.key() for e in stage_events(layout.with_(micro_batch=B), d, B, stage)]
     out["activations"] = _in_flight_activations(build_model(spec, mesh, seed=7, recompute=rc), mesh, micro, tokens)
@@ -190,7 +190,7 @@ def test_loss_gradients_and_parameters_match_serial(results) -> None:
             assert r["n_params"] > 0 or "pp=" not in text  # a stage holds only part of the model
         if "tied" in text:  # the last stage's ranks hold the embedding's copy, checked as the first stage's
             copies = [r for r in ranks if r["tied_copy"]]
-            assert len(copies) == len(ranks) // 2, text
+            assert len(copies) == len(ranks) // parse_layout(text.split()[0]).pp, text
             assert all({"grad:tok_emb.weight", "param:tok_emb.weight"} <= set(r["errors"]) for r in copies)
         assert ranks[0]["clipped"]
 
@@ -216,6 +216,8 @@ def traffic_difference_keys(predicted: list, recorded: list) -> dict:
 def test_in_flight_activation_memory_matches_model(results) -> None:
     for text, _, ranks in results:
         for rank, r in enumerate(ranks):
+            if r["stage"] == "middle":  # memory.py prices the first and last stage (the peak is the first's)
+                continue
             print(text, rank, "activations measured", r["activations"], "predicted", r["activations_predicted"])
             assert r["activations"] == pytest.approx(r["activations_predicted"], rel=0.02), (text, rank)
 
