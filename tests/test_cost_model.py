@@ -176,6 +176,23 @@ def test_closed_forms_every_combination(mode: str, recompute: str, family: str) 
                 _check_closed_form((model, training, layout, 8), stage)
 
 
+@pytest.mark.parametrize("mode", ["none", "1d", "1d-sp"])
+def test_closed_forms_tied_pipelines(mode: str) -> None:
+    """Tied embeddings with pipelines (the modes that tie them): the first and last stage's all_reduce of the
+    embedding block's gradient over the embedding group (("pp",), 2 ranks) is summed alike, on every stage."""
+    model = ModelSpec("m", layers=6, hidden=64, heads=4, ffn_hidden=192, vocab=101, seq_len=8, tied_embeddings=True)
+    shape = () if mode == "none" else (2,)
+    for pp, v, stages in ((3, 2, ("first", "middle", "last")), (2, 1, ("first", "last"))):
+        layout = Layout(dp=2, pp=pp, mode=mode.removesuffix("-sp"), shape=shape, micro_batch=8,  # type: ignore[arg-type]
+                        interleave=v, sequence_parallel=mode == "1d-sp")
+        training = TrainingSpec(global_batch=2 * 8 * 6, dtype="bf16")
+        for stage in stages:
+            _check_closed_form((model, training, layout, 8), stage)
+            d = dims_of(model, training)
+            tied = [e for e in stage_events(layout, d, 8, stage) if e.label == "embedding_grads"]
+            assert len(tied) == (stage != "middle") and all(e.group_size == 2 and e.axes == ("pp",) for e in tied)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_estimate_totals_equal_event_list(case: tuple) -> None:

@@ -78,18 +78,23 @@ def test_the_search_still_chooses_pipelines_zero_and_sp_where_they_pay() -> None
     assert any(lay.zero == 1 for lay in layouts) and any(lay.sequence_parallel for lay in layouts)
 
 
-def test_tied_embeddings_are_planned_without_pipelines() -> None:
-    """The executor ties the head to the embedding within one stage: a tied model's plans have pp = 1."""
+def test_tied_embeddings_are_planned_with_pipelines() -> None:
+    """The executor ties the head to the embedding across stages (Megatron's embedding group, zero=0): a tied
+    model gets pp > 1 plans in the modes that tie (none, 1d), each passing the preflight."""
     model = replace(TINY, name="tied", layers=4, tied_embeddings=True)
-    found = search(model, TrainingSpec(global_batch=16), load_topology("local-cpu", gpus=8), 8, top_k=50)
-    assert found.ranked and all(lay.pp == 1 for lay, _ in found.ranked)
-    untied = search(replace(model, tied_embeddings=False), TrainingSpec(global_batch=16),
-                    load_topology("local-cpu", gpus=8), 8, top_k=200)
-    assert any(lay.pp > 1 for lay, _ in untied.ranked)
+    training = TrainingSpec(global_batch=16)
+    found = search(model, training, load_topology("local-cpu", gpus=8), 8, top_k=50, zeros=[0, 1])
+    piped = [lay for lay, _ in found.ranked if lay.pp > 1]
+    assert piped and all(lay.mode in ("none", "1d") and lay.zero == 0 for lay in piped)
+    for lay in piped:
+        preflight(Plan(model=model, training=training, layout=lay, cluster="local-cpu", gpus=8,
+                       launch=LaunchSpec(nproc_per_node=8)), NodeSpec(), data="synthetic", check_devices=False)
 
 
 @pytest.mark.parametrize(("model", "layout", "dtype", "message"), [
-    (replace(TINY, layers=4, tied_embeddings=True), "pp=2,tp=1d:2", "fp32", "runs tied embeddings with pp = 1 only"),
+    (replace(TINY, layers=4, tied_embeddings=True), "pp=2,tp=2d:2x2", "fp32", "does not tie embeddings in 2d"),
+    (replace(TINY, layers=4, tied_embeddings=True), "dp=2,pp=2,tp=1d:2,zero=1", "fp32",
+     "runs tied embeddings with pp > 1 at zero=0 only"),
 ])
 def test_a_pinned_layout_the_executor_does_not_run_is_explained(model, layout, dtype, message) -> None:
     from paracube.layout import parse_layout

@@ -162,6 +162,11 @@ class StepTraffic:
         else:
             out.append(self._entry("all_reduce", m.grad_axes, F32, count, grads, per_step=True))
             dp = ()
+        # Tied embeddings, pp > 1: the first and last stage sum their copies' gradients (traffic.stage_events).
+        tied = int(self.d.tied) * (b.pp > 1) * np.maximum(first, last)
+        emb = 4 * m.embedding_shard(self.sizes.V, 0, self.d.h, b.t, b.q)
+        out.append(self._entry("all_reduce", ("pp",), F32, tied * one, tied * emb,
+                               lambda: np.where(b.pp > 1, 2, 1), True, "embedding"))
         k = b.dp if self.zero == 1 else 1
         out.append(self._entry("all_reduce", (*dp, *tensor), F32, single * one, 4 * one,
                                lambda: np.where(single, k * b.t, 1), True, "norm"))

@@ -96,8 +96,8 @@ class _Sim:
         self.stages = [_Stage() for _ in range(layout.pp)]
         self.spans: list[Span] = []
         self.arrivals: dict[tuple[str, int, int], simpy.Event] = {}
-        self.barriers: dict[int, list] = {}
-        self.barrier_seen = [0] * layout.pp
+        self.barriers: dict[tuple[bool, int], list] = {}
+        self.barrier_seen = {(sub, s): 0 for sub in (False, True) for s in range(layout.pp)}
         self.streams: dict[tuple[int, tuple[str, ...]], simpy.Resource] = {}
 
     def stream(self, stage: int, axes: tuple[str, ...]) -> simpy.Resource:
@@ -170,13 +170,15 @@ class _Sim:
 
     def _barrier(self, stage: int, e: CommEvent, steps: int, chunk: float):
         assert self.net is not None
-        # The k-th stage-spanning collective of every stage is the same call.
-        k = self.barrier_seen[stage]
-        self.barrier_seen[stage] += 1
+        # The k-th stage-spanning collective of every stage is the same call; one over a part of the stages
+        # (tied embeddings: first + last stage, group size < pp) is matched among those calls only.
+        sub = e.group_size < self.layout.pp
+        k = (sub, self.barrier_seen[sub, stage])
+        self.barrier_seen[sub, stage] += 1
         slot = self.barriers.setdefault(k, [0, self.env.event()])
         t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
         slot[0] += 1
-        if slot[0] == self.layout.pp:
+        if slot[0] == (e.group_size if sub else self.layout.pp):
             del self.barriers[k]
             if self.call_overhead:
                 yield self.env.timeout(self.call_overhead)

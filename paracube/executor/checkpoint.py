@@ -8,7 +8,10 @@ Parameters (the compute copy, in its dtype), AdamW moments (fp32) and, with a 16
 master weights (`optim.NAME.master`, optim.py's checkpoint views) are plain local tensors, each rank's
 rectangular block of the full tensor (ShardSpec offsets/sizes); checkpoint_planners.py tells DCP where each
 block lies. Replicas that are not
-`replica_leader` write nothing, so each element is written once. On load every rank (replicas too) reads,
+`replica_leader` write nothing, so each element is written once (the last pipeline stage's copy of a tied
+embedding, gpt.py `tied_copy`, is not a leader: the first stage's is saved, a load sets both). The
+recorded parameter shapes are every rank's (pipeline stages hold different parameters). On load every
+rank (replicas too) reads,
 for each local block, the saved chunks that overlap it: a checkpoint of one layout loads into any other
 (3D 2x2x2 -> 1D 4 -> back).
 Small state (step, LR schedule, data position, RNG, plan, layout) lives in `paracube.json`, with the size
@@ -95,6 +98,16 @@ def _saved_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _all_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Collective: the saved shapes of every rank's parameters (each pipeline stage holds its own)."""
+    ours = _saved_shapes(model)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return ours
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, ours)
+    return {n: s for shapes in every for n, s in shapes.items()}
+
+
 def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, for_load: bool,
                 masters: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, ShardSpec]]:
     """`model.NAME`, `optim.NAME.exp_avg[_sq]` (and `optim.NAME.master`) -> the local block (no copy: loads
@@ -175,6 +188,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
     rank = dist.get_rank()
     final, tmp = step_dir(root, step), root / f"step_{step}.tmp"
     sd, specs = _state_dict(model, optimizer, for_load=False)
+    shapes = _all_shapes(model)
     check_blocks(sd, specs)  # before anything is written (the planner checks again, inside DCP)
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -191,7 +205,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
             "adam_step": _adam_step(optimizer),
             "has_optimizer": any(k.startswith("optim.") for k in sd),
             "has_masters": any(k.endswith(".master") for k in sd),
-            "params": {n: list(s) for n, s in _saved_shapes(model).items()},
+            "params": {n: list(s) for n, s in shapes.items()},
             "rng": {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()},
             **meta,
             "files": files,
@@ -211,7 +225,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
 # --- load ----------------------------------------------------------------------------------------------
 def _check_shapes(ckpt: Path, meta: dict[str, Any], model: torch.nn.Module) -> None:
     saved = {n: tuple(s) for n, s in (meta.get("params") or {}).items()}
-    ours = _saved_shapes(model)
+    ours = _all_shapes(model)
     if saved != ours:
         bad = sorted(n for n in set(saved) | set(ours) if saved.get(n) != ours.get(n))
         raise ParacubeError(f"checkpoint {str(ckpt)!r} does not fit this model: parameter {bad[0]!r} has shape "

@@ -1,6 +1,7 @@
 """The GPT of docs/algorithms.md, assembled from one tensor mode's layers (or the serial reference).
 Family llama (spec.family): RMSNorm, rotary positions (no position table), grouped-query attention and
-SwiGLU (executor/llama.py); `tied_embeddings`: the head is the token embedding's transpose (mode.tied_head).
+SwiGLU (executor/llama.py); `tied_embeddings`: the head is the token embedding's transpose (mode.tied_head);
+with pp > 1 the last stage holds a copy of the embedding (`tied_copy`, Megatron's rule: executor/pipeline.py).
 
 Parameter names are the serial model's in every mode; `shard_specs[name]` says which block of the full
 tensor a rank holds. Every rank draws the full serial initialization from the seed and keeps its block,
@@ -194,9 +195,18 @@ class ParallelGPT(nn.Module):
             self.tok_emb = self.mode.token_embedding()
             self.pos_emb = self.mode.position_embedding() if spec.family == "gpt" else None  # llama: rotary
         self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk], recompute == "selective")
+        # Tied embeddings across stages (Megatron): the last stage holds its own copy of the word embedding
+        # (same name, same init), its head the copy's transpose; pipeline.reduce_tied_embedding_grads sums the
+        # two copies' gradients over the embedding group each step, so they stay identical.
+        self.tied_copy = spec.tied_embeddings and self.last_stage and not self.first_stage
         if self.last_stage:
             self.ln_f = self.mode.layer_norm()
-            self.head = (self.mode.tied_head(self.tok_emb) if spec.tied_embeddings  # tied: pp = 1 (sizes.py)
+            if self.tied_copy:  # registered after ln_f: where the untied head's weight is (bucket order)
+                self.tok_emb = self.mode.token_embedding()
+                # Checkpoints save the first stage's copy only (identical); a load sets both (checkpoint.py).
+                emb = self.tok_emb.shard_specs["weight"]
+                self.tok_emb.shard_specs["weight"] = replace(emb, replica_leader=False)
+            self.head = (self.mode.tied_head(self.tok_emb) if spec.tied_embeddings
                          else self.mode.linear("head", spec.hidden, self.vocab, False))
         self.shard_specs: dict[str, ShardSpec] = {}
         for prefix, module in self.named_modules():

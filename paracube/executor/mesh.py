@@ -42,6 +42,9 @@ class Mesh:
         self._order: dict[tuple[str, ...], list[int]] = {}
         for axes in group_axes(layout):
             self._add_group(axes)
+        self.embedding_group: ProcessGroup | None = None  # pp > 1: {first, last stage} (tied embeddings)
+        if layout.pp > 1:
+            self._add_embedding_group()
 
     def _add_group(self, axes: tuple[str, ...]) -> None:
         groups = self.layout.groups(axes)
@@ -57,6 +60,17 @@ class Mesh:
                 by_rank = sorted(ranks)
                 self._order[axes] = [by_rank.index(r) for r in ranks]
         self._groups[axes] = mine
+
+    def _add_embedding_group(self) -> None:
+        """Megatron's embedding group: the first and last stage's ranks with the same other coordinates (the
+        pp group itself when pp = 2); every rank creates every group, in the same order."""
+        if self.layout.pp == 2:
+            self.embedding_group = self._groups[("pp",)]
+            return
+        for row in self.layout.groups(("pp",)).tolist():
+            pg = dist.new_group(sorted((row[0], row[-1])))
+            if self.rank in (row[0], row[-1]):
+                self.embedding_group = pg
 
     @classmethod
     def single(cls, layout: Layout | None = None) -> Mesh:

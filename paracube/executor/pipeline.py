@@ -21,6 +21,13 @@ start-up and issues its own P2P inside the schedule, which the CommRecorder cann
 recorded traffic could not equal the model's; our parallel modules also need the tensor-parallel recorder
 context around every chunk. This file is the small explicit schedule instead.
 
+Tied embeddings (Megatron, Narayanan et al. 2021): the first stage owns the word embedding, the last stage a
+copy of it for the head (ParallelGPT.tied_copy, initialized alike); once per step, after the data-parallel
+sum, `reduce_tied_embedding_grads` all-reduces the local block's fp32 gradient over the embedding group (the
+first and last stage's ranks with the same other coordinates: Mesh.embedding_group), so both copies take
+the serial gradient and stay identical (traffic.stage_events: all_reduce over ("pp",), group size 2, label
+"embedding_grads"); the grad norm counts the copy once (on the first stage).
+
 The loss lives on the last stage: `local_sum / tokens_per_step` (fp16: times the loss scale) starts
 backward there, exactly as train_step does without pipelining, so gradients are the serial model's. The
 residual stream, and so what crosses stages, is in the model's compute dtype (its parameters' dtype).
@@ -32,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from paracube.executor.functional import main_grad
 from paracube.executor.gpt import ParallelGPT
 from paracube.executor.mesh import Mesh
 from paracube.modes import MODES
@@ -136,4 +144,20 @@ def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tenso
     return loss_sum, count
 
 
-__all__ = ["activation_shape", "run_pipeline"]
+def reduce_tied_embedding_grads(model: ParallelGPT, mesh: Mesh) -> None:
+    """Sum the tied word embedding's gradient over the embedding group (first and last stage, pp > 1): one
+    fp32 all_reduce of the local block; a no-op on middle stages and without tied embeddings."""
+    if mesh.layout.pp == 1 or not model.spec.tied_embeddings or mesh.embedding_group is None:
+        return
+    p = model.tok_emb.weight
+    g = main_grad(p) if main_grad(p) is not None else torch.zeros_like(p)
+    out = g.detach().float().contiguous().clone()
+    with mesh.recorder.issue("all_reduce", ("pp",), 2, out, out.numel(), False, "embedding_grads"):
+        dist.all_reduce(out, group=mesh.embedding_group)
+    if getattr(p, "main_grad", None) is not None:
+        p.main_grad.copy_(out)  # type: ignore[attr-defined]  # fp32 (and p.grad, for fp32 parameters)
+    else:
+        p.grad = out.to(p.dtype)
+
+
+__all__ = ["activation_shape", "reduce_tied_embedding_grads", "run_pipeline"]

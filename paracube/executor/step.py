@@ -33,7 +33,7 @@ from paracube.executor.grad_sync import GradSync, grad_sync_for
 from paracube.executor.loss_scale import LossScaler
 from paracube.executor.mesh import Mesh
 from paracube.executor.optim import DistributedAdamW
-from paracube.executor.pipeline import run_pipeline
+from paracube.executor.pipeline import reduce_tied_embedding_grads, run_pipeline
 from paracube.executor.sizes import check_divisibility
 from paracube.modes.buckets import BUCKET_BYTES
 
@@ -93,6 +93,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     else:
         with rec.phase("grad_sync"):
             model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp
+            reduce_tied_embedding_grads(model, mesh)  # pp > 1, tied: both copies get the summed gradient
         sq = _replica_norm_sq(model, mesh, device)
         norm_axes = (*stages, *tensor_axes)
     with rec.phase("optimizer"):
@@ -134,9 +135,11 @@ def _clip_and_step(optimizer: torch.optim.Optimizer, params: list[Tensor], norm:
 
 def _replica_norm_sq(model: ParallelGPT, mesh: Mesh, device: torch.device) -> Tensor:
     """Squared norm of the local gradients; replicated parameters count once (on their replica leader
-    inside the tensor group)."""
+    inside the tensor group), the tied embedding once (on the first stage)."""
     sq = torch.zeros(1, dtype=torch.float32, device=device)
     for name, p in model.named_parameters():
+        if model.tied_copy and name == "tok_emb.weight":
+            continue  # the last stage's copy of the tied embedding: counted on the first stage
         if all(mesh.coord(a) == 0 for a in model.shard_specs[name].replicated_axes):
             sq += main_grad(p).float().pow(2).sum()
     return sq

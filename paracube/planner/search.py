@@ -19,10 +19,11 @@ the step (kw=1: one weight gather and gradient reduce-scatter per step instead o
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
 Only what paracube's executor runs is searched (modes.executor_runs, each mode's ExecutorSupport): every
 plan the search emits passes the executor's preflight (tests/test_planner_runs.py). Left out because the
-executor does not run them: pipelines with tied embeddings (the executor ties the head to the embedding
-within one stage). zero=1 shards over the mode's gradient group (memory.zero_shards: dp; 2.5D dp x depth), so
-it is searched wherever that group has several ranks (2.5D too at dp=1). Attention: flash unless the layout
-pins `fa=0` (unfused is dominated in the model); the best layout's fa=0 variant joins the ranking.
+executor does not run them: pipelines with tied embeddings at zero=1 (the tied copies' gradients are summed
+with zero=0 only) or in modes whose head is not laid out as the embedding. zero=1 shards over the mode's
+gradient group (memory.zero_shards: dp; 2.5D dp x depth), so it is searched wherever that group has several
+ranks (2.5D too at dp=1). Attention: flash unless the layout pins `fa=0` (unfused is dominated in the model);
+the best layout's fa=0 variant joins the ranking.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], .
 
 def _runnable(st: Structure, model: ModelSpec) -> bool:
     """paracube's executor runs it (modes.executor_runs: the mode, its pipelines, the model's family; tied
-    embeddings not with pipelines; any vocabulary: the executor pads it)."""
+    embeddings with pipelines in the modes that tie them; any vocabulary: the executor pads it)."""
     return executor_runs(st.mode, st.pp, tied_embeddings=model.tied_embeddings, family=model.family)
 
 
@@ -156,9 +157,9 @@ def _not_run_because(st: Structure, model: ModelSpec) -> str:
         return f"paracube's executor does not run {st.mode}"
     if model.family not in support.families:
         return f"paracube's executor does not run the {model.family} family in {st.mode}"
-    why = "tied embeddings" if model.tied_embeddings and support.pipeline else st.mode
-    return f"paracube's executor runs {why} with pp = 1 only" + (
-        " (it ties the head to the embedding within one stage)" if why == "tied embeddings" else "")
+    if model.tied_embeddings and support.pipeline and not MODES[st.mode].ties_embeddings:
+        return f"paracube's executor does not tie embeddings in {st.mode} (its head is not laid out as the embedding)"
+    return f"paracube's executor runs {st.mode} with pp = 1 only"
 
 
 def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
@@ -218,13 +219,18 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         if z and not np.any(shards > 1):
             continue
         mem = peak(base, z * np.ones_like(sub.dp))
-        zero = np.where((zero < 0) & (mem <= s.mem_cap) & ((z == 0) | (shards > 1)), z, zero)
+        ok = (z == 0) | ((shards > 1) & ~(s.d.tied & (sub.pp > 1)))  # tied + pp > 1: zero=0 (executor)
+        zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
     fits = zero >= 0
     kw = np.full(len(idx), base_kw)
     if keeps and s.kw_pin is None:  # keep where it saves traffic (several micro-batches) and memory allows
         several = sub.micro_batches(s.d.global_batch) > 1
         kw = (fits & several & (peak(mems(1), np.maximum(zero, 0)) <= s.mem_cap)).astype(np.int64)
-    over = int(n_places[idx[~fits]].sum())
+    tied_zero1 = ~fits & (s.d.tied & (sub.pp > 1)) if 0 not in zeros else np.zeros(len(idx), dtype=bool)
+    if tied_zero1.any():  # a pinned zero=1 with tied embeddings and pipelines (executor/sizes.py refuses it)
+        rejected["paracube's executor runs tied embeddings with pp > 1 at zero=0 only"] += int(
+            n_places[idx[tied_zero1]].sum())
+    over = int(n_places[idx[~fits & ~tied_zero1]].sum())
     if over:
         rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
     return idx[fits], zero[fits], kw[fits]
