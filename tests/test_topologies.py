@@ -112,6 +112,22 @@ def test_local_cpu_prices_ranks_sharing_cores() -> None:
     assert again == shared and "op_overhead_s" not in load_topology("dgx-a100", gpus=8).device.to_dict()
 
 
+def test_local_cpu_gemm_curve_saturates_early_and_accelerators_keep_theirs() -> None:
+    """A CPU core runs small GEMMs near its peak: the uncalibrated local-cpu model uses its device's half-efficiency
+    dimension (CPU_GEMM_HALF_DIM), an accelerator preset the default curve; a negative value is refused."""
+    from paracube.cost_models.compute import GemmModel, gemm_model
+    from paracube.errors import ParacubeError
+    from paracube.topologies.local_cpu import CPU_GEMM_HALF_DIM
+
+    cpu = gemm_model(load_topology("local-cpu", gpus=2), "fp32")
+    gpu = gemm_model(load_topology("dgx-a100", gpus=8), "bf16")
+    assert (cpu.m0, cpu.n0, cpu.k0) == (CPU_GEMM_HALF_DIM,) * 3 and gpu.m0 >= GemmModel.m0  # fitted preset: 332
+    assert cpu.eff(128, 64, 64) > 0.5 > gpu.eff(128, 64, 64)
+    assert "gemm_half_dim" not in load_topology("dgx-a100", gpus=8).device.to_dict()
+    with pytest.raises(ParacubeError, match="gemm_half_dim"):
+        DeviceSpec("x", {"fp32": 1.0, "fp16": 1.0, "bf16": 1.0}, 1.0, 1.0, gemm_half_dim=-1.0)
+
+
 # --- routing ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_fast_listing_equals_the_built_graph(name: str) -> None:

@@ -89,8 +89,9 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
     device = topo.device
     cal = as_calibration(topo.calibration)
     if cal is None:  # the device's own per-op overhead (local-cpu: oversubscribed CPU ranks), else 0
+        half = float(getattr(device, "gemm_half_dim", 0.0)) or GemmModel.m0
         return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
-                         op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
+                         m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)))
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff")

@@ -8,11 +8,13 @@ take turns on a core), each dispatched op costs r x CPU_OP_S of wall time, and e
 core). The cost model reads the two overheads from the device (DeviceSpec.op_overhead_s, call_overhead_s;
 compute.gemm_model) only when the topology has no calibration.
 
-Figures (2-core x86 VM, torch eager, gloo, the tiny GPT; benchmarks/validate_local.py checks them against
-`paracube run`): 10 us of host time per executor op (a single-thread probe of small autograd ops measured
-10.6 us of CPU per op), 1.5 ms per waiting rank and call (steps of the default 3D plan: 214 calls, ~1.0 s of
-its ~1.2 s step with 4 ranks per core; a 64 KiB all-reduce on groups of 4 took 4.2-5.1 ms with 8 ranks on 2
-cores, executor/affinity.py), 100 GFLOP/s fp32 per core (torch's single-thread 256^3 GEMM: 95-135 GFLOP/s).
+Figures (2-core x86 VM, torch eager, gloo, the tiny GPT): a core runs torch's single-thread fp32 GEMMs at
+120-150 GFLOP/s from [128, 64] x [64, 64] up to 512^3, so its efficiency curve saturates early (half-efficiency
+dimension CPU_GEMM_HALF_DIM = 8, not the accelerators' 64; peak priced at 100 GFLOP/s). The two overheads, 4 us
+per op and 1.1 ms per waiting rank and call, are least squares over the quiet-machine step times of
+`benchmarks/validate_local.py`'s three plans (default 3D 2x2x2: 839 ms, 214 calls with 4 ranks per core;
+dp=4: 14.0 ms; dp=8: 34.6 ms); earlier figures (10 us, 1.5 ms) came from a machine loaded by other jobs,
+which is what they then measured. A loaded machine runs slower than this preset says: `paracube calibrate`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from paracube.topologies.device import DeviceSpec
 
 GiB = 2**30
 SHM_BANDWIDTH, SHM_LATENCY = 2e9, 25e-6  # each process's link to the shared-memory hub
-CPU_OP_S, CPU_CALL_WAIT_S = 10e-6, 1.5e-3  # per op; per collective call and other rank sharing the core
+CPU_OP_S, CPU_CALL_WAIT_S = 4e-6, 1.1e-3  # per op; per collective call and other rank sharing the core
+CPU_GEMM_HALF_DIM = 8.0  # a core runs a [128, 64] x [64, 64] GEMM at ~0.85 of its 512^3 rate (m0 = n0 = k0)
 
 
 def _host_memory_bytes() -> float:
@@ -52,7 +55,7 @@ def local_cpu_device(processes: int, cores: int | None = None) -> DeviceSpec:
     r = ranks_per_core(processes, cores)
     return DeviceSpec("cpu-process", {k: v / r for k, v in {"fp32": 100e9, "fp16": 25e9, "bf16": 25e9}.items()},
                       _host_memory_bytes() / processes, 10e9 / r, op_overhead_s=CPU_OP_S * r,
-                      call_overhead_s=CPU_CALL_WAIT_S * (r - 1))
+                      call_overhead_s=CPU_CALL_WAIT_S * (r - 1), gemm_half_dim=CPU_GEMM_HALF_DIM)
 
 
 def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, float]:
@@ -61,5 +64,5 @@ def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, flo
     return SHM_BANDWIDTH / r, SHM_LATENCY * r
 
 
-__all__ = ["CPU_CALL_WAIT_S", "CPU_OP_S", "SHM_BANDWIDTH", "SHM_LATENCY", "host_cores", "local_cpu_device",
-           "local_cpu_link", "ranks_per_core"]
+__all__ = ["CPU_CALL_WAIT_S", "CPU_GEMM_HALF_DIM", "CPU_OP_S", "SHM_BANDWIDTH", "SHM_LATENCY", "host_cores",
+           "local_cpu_device", "local_cpu_link", "ranks_per_core"]
