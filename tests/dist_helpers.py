@@ -44,3 +44,20 @@ def layout_from(text: str) -> Any:
     return parse_layout(text)
 
 __all__ = ["free_port", "layout_from", "rel_err", "run_distributed"]
+
+
+def saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The model's local loss sum on one micro-batch, and the bytes of the distinct storages autograd saves for
+    backward during that forward (parameters excluded): the executor's activation memory."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = max(saved.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        local_sum, _ = model(ids, labels)
+    return local_sum, sum(saved.values())

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import rel_err, run_distributed
+from dist_helpers import rel_err, run_distributed, saved_bytes
 
 from paracube.cost_models import activations, estimate
 from paracube.cost_models.dims import dims_of, padded_vocab, with_pins
@@ -48,22 +48,6 @@ def _batch(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, spec.vocab, (B, spec.seq_len), generator=gen))
 
 
-def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves during one forward (parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            saved[ptr] = max(saved.get(ptr, 0), t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(ids, labels)
-    return sum(saved.values())
-
-
 @pytest.mark.parametrize("spec", [SPEC, LLAMA], ids=lambda s: s.name)
 def test_unfused_attention_matches_flash(spec: ModelSpec) -> None:
     ids, labels = _batch(spec)
@@ -86,7 +70,7 @@ def _rank_cases(rank: int, world: int) -> dict[str, Any]:
         mesh = Mesh(parse_layout(text), rank)
         for rc in RECOMPUTES:
             bf16 = build_model(DROP, mesh, seed=3, recompute=rc, dtype=torch.bfloat16)  # as a bf16 plan runs
-            out["activations"][(text, rc)] = _saved_bytes(bf16, ids, labels)
+            out["activations"][(text, rc)] = saved_bytes(bf16, ids, labels)[1]
             model = build_model(DROP, mesh, seed=3, recompute=rc)
             x = model.embed(ids)
             out["outputs"][(text, rc)] = model.run_block(model.blocks[0], x).detach().numpy()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import run_distributed
+from dist_helpers import run_distributed, saved_bytes
 
 from paracube.cost_models import estimate
 from paracube.cost_models.dims import dims_of
@@ -69,17 +69,7 @@ def _one_step(rank: int, world: int, layout_text: str, dtype: str, recompute: st
     tokens = layout.dp * MB * N_MICRO * SPEC.seq_len
 
     # Activation memory: the distinct storages autograd saves for backward during one micro-batch's forward.
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            saved[ptr] = max(saved.get(ptr, 0), t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss, _ = model(*batches[0])
+    loss, activations = saved_bytes(model, *batches[0])
     loss.backward()
     model.zero_grad(set_to_none=True)
     recorder.reset()
@@ -91,7 +81,7 @@ def _one_step(rank: int, world: int, layout_text: str, dtype: str, recompute: st
         "gradients": sum(b.buffer.numel() * b.buffer.element_size() for b in grad_sync_for(model, mesh).buckets),
         "optimizer": sum(m.numel() * m.element_size() for m in masters)
         + sum(s[k].numel() * s[k].element_size() for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")),
-        "activations": sum(saved.values()),
+        "activations": activations,
         "state_dtypes": sorted({str(t.dtype) for s in optimizer.state.values() for t in s.values()
                                 if t.dim() > 0} | {str(m.dtype) for m in masters}),
     }

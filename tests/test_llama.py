@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import rel_err, run_distributed
+from dist_helpers import rel_err, run_distributed, saved_bytes
 
 from paracube.cost_models import estimate
 from paracube.cost_models.dims import dims_of, padded_vocab
@@ -51,22 +51,6 @@ def _adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
 
 
-def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The local loss sum, and the distinct storages autograd saves in its forward (as test_fidelity.py)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            saved[ptr] = max(saved.get(ptr, 0), t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        local_sum, _ = model(ids, labels)
-    return local_sum, sum(saved.values())
-
-
 def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
     errs: dict[str, float] = {}
     micro = _batches(spec)
@@ -74,7 +58,7 @@ def _check(mesh: Mesh, spec: ModelSpec) -> dict[str, Any]:
     model, ref = build_model(spec, mesh, seed=7), serial_reference(spec, seed=7)
     full = model.full_state_dict()
     init_exact = all(torch.equal(full[n], p) for n, p in ref.full_state_dict().items())
-    local_sum, saved = _saved_bytes(model, *micro[0])
+    local_sum, saved = saved_bytes(model, *micro[0])
     ref_sum, _ = ref(*micro[0])
     ref_losses = ref.token_losses(_serial_blocks(ref, micro[0][0]), micro[0][1])
     errs["loss"] = rel_err(local_sum, model.mode.split_tokens(ref_losses).sum())
@@ -121,7 +105,7 @@ def _run_layout(rank: int, world: int, layout_text: str) -> list[dict[str, Any]]
                    B * N_MICRO * LLAMA.seq_len, MAX_NORM)
         results[0]["bf16_full_events"] = [e.key() for e in mesh.recorder.events]
     # bf16 activations without recomputation (RMSNorm saves its bf16 input and fp32 rstd), serial included
-    results[0]["bf16_activations"] = _saved_bytes(build_model(LLAMA, mesh, seed=7, dtype=torch.bfloat16),
+    results[0]["bf16_activations"] = saved_bytes(build_model(LLAMA, mesh, seed=7, dtype=torch.bfloat16),
                                                   *_batches(LLAMA)[0])[1]
     return results
 

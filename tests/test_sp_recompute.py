@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import rel_err, run_distributed
+from dist_helpers import rel_err, run_distributed, saved_bytes
 
 from paracube.cost_models import estimate
 from paracube.cost_models.dims import dims_of
@@ -76,22 +76,6 @@ def _adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), **ADAMW)
 
 
-def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The local loss sum, and the bytes of the distinct storages autograd saves during its forward."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            saved[ptr] = max(saved.get(ptr, 0), t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        local_sum, _ = model(ids, labels)
-    return local_sum, sum(saved.values())
-
-
 def _block_of(model: ParallelGPT, ref: ParallelGPT, name: str, grad: bool = False) -> torch.Tensor:
     """This rank's block of the serial parameter (or gradient), the vocabulary zero-padded as the model pads."""
     full = ref.get_parameter(name)
@@ -105,8 +89,8 @@ def _one_case(rank: int, layout_text: str, recompute: str, model_name: str) -> d
     tokens = layout.dp * B * N_MICRO * spec.seq_len
     errs: dict[str, float] = {}
     model, ref = build_model(spec, mesh, seed=7, recompute=recompute), serial_reference(spec, seed=7)
-    _, saved16 = _saved_bytes(build_model(spec, mesh, seed=7, recompute=recompute, dtype=torch.bfloat16), *micro[0])
-    local_sum, saved = _saved_bytes(model, *micro[0])
+    _, saved16 = saved_bytes(build_model(spec, mesh, seed=7, recompute=recompute, dtype=torch.bfloat16), *micro[0])
+    local_sum, saved = saved_bytes(model, *micro[0])
     x = ref.embed(micro[0][0])
     for blk in ref.blocks:
         x = blk(x)
