@@ -73,7 +73,7 @@ def _rank_cases(rank: int, world: int) -> dict[str, Any]:
             out["activations"][(text, rc)] = saved_bytes(bf16, ids, labels)[1]
             model = build_model(DROP, mesh, seed=3, recompute=rc)
             x = model.embed(ids)
-            out["outputs"][(text, rc)] = model.run_block(model.blocks[0], x).detach().numpy()
+            out["outputs"][(text, rc)] = model.run_block(model.blocks[0], x, ids.shape[1]).detach().numpy()
             model = build_model(DROP, mesh, seed=3, recompute=rc)
             loss, _ = model(ids, labels)
             loss.backward()

@@ -247,12 +247,13 @@ def test_bytes_per_rank_scale_as_table() -> None:
 
 
 def test_invalid_layout_and_default_micro_batch() -> None:
-    """3d 2x2x2 needs mb % 4 == 0; with mb unset the smallest valid one (4) is chosen and said."""
-    tr = TrainingSpec(global_batch=8)
-    with pytest.raises(ParacubeError, match=r"micro-batch % q\^2"):
-        estimate(TINY, tr, parse_layout("tp=3d:2x2x2,mb=2"), topo())
+    """3d 2x2x2 splits a micro-batch's tokens 4 ways: mb=3 straddles sequences (refused with the rule's name);
+    with mb unset the smallest valid one (1: a sequence over 4 ranks) is chosen and said."""
+    tr = TrainingSpec(global_batch=12)
+    with pytest.raises(ParacubeError, match="micro-batch tokens split neither by whole sequences nor within one"):
+        estimate(TINY, tr, parse_layout("tp=3d:2x2x2,mb=3"), topo())
     est = estimate(TINY, tr, parse_layout("tp=3d:2x2x2"), topo(), with_events=False)
-    assert "mb=4" in est.layout and any("smallest valid" in n for n in est.notes)
+    assert "mb=1" in est.layout and any("smallest valid" in n for n in est.notes)
 
 
 def test_mfu_and_flops() -> None:

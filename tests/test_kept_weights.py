@@ -123,20 +123,6 @@ def test_kept_weights_gather_once_per_step(results) -> None:
     assert 0 < len(kept) < len(plain)
 
 
-@pytest.mark.parametrize(("mb", "global_", "nearest"), [(2, 8, "4"), (6, 12, "4, 12"), (1, 16, "4")])
-def test_token_split_refusal_names_the_nearest_batches(mb: int, global_: int, nearest: str) -> None:
-    """A micro-batch the 3D token split does not divide: one line with its tokens and the nearest valid sizes,
-    before any rank starts."""
-    from paracube.errors import ParacubeError
-    from paracube.executor.sizes import check_divisibility
-
-    with pytest.raises(ParacubeError) as err:
-        check_divisibility(SPEC, parse_layout("tp=3d:2x2x2"), mb, global_, SPEC.seq_len)
-    text = str(err.value)
-    assert "\n" not in text and f"micro_batch={mb} is not divisible by 4" in text
-    assert f"{mb} x {SPEC.seq_len} tokens" in text and f"nearest valid micro-batch sizes: {nearest} " in text
-
-
 def test_search_keeps_weights_where_they_save_traffic_and_respects_the_pin() -> None:
     """3D on 8 GPUs: with 4 micro-batches the search picks kw=1 (fewer bytes, more memory than kw=0); with one
     micro-batch (nothing to save) kw=0; a pinned kw=0 stays kw=0 and round-trips through the layout text."""

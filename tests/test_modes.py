@@ -53,7 +53,7 @@ def _record(model: Any, ids: torch.Tensor, labels: torch.Tensor) -> dict[str, li
 
     x0 = run("embedding", "fwd", lambda: model.embed(ids))
     x1_in = x0.detach().requires_grad_()
-    x1 = run("block", "fwd", lambda: model.blocks[0](x1_in))
+    x1 = run("block", "fwd", lambda: model.blocks[0](x1_in, None, ids.shape[1]))
     x2_in = x1.detach().requires_grad_()
     loss = run("head", "fwd", lambda: model.token_losses(x2_in, labels).sum())
     run("head", "bwd", loss.backward)

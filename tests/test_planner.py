@@ -15,6 +15,7 @@ from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import violations
 from paracube.errors import ParacubeError
 from paracube.layout import Layout
+from paracube.modes.base import TOKEN_RULE
 from paracube.planner import search
 from paracube.workload import PRESETS, ModelSpec, TrainingSpec
 
@@ -105,7 +106,8 @@ def test_rejection_reasons() -> None:
         search(TINY, TrainingSpec(global_batch=8), topo(12), 12, modes=["3d"])
     res = search(TINY, TrainingSpec(global_batch=8), topo(8), 8)
     assert res.rejected["global batch % (dp * micro-batch) != 0"] == 0  # only divisors are enumerated
-    assert res.rejected["micro-batch % q^2 != 0"] > 0  # 3d 2x2x2 with mb 1, 2
+    straddling = search(TINY, TrainingSpec(global_batch=12), topo(8), 8)
+    assert straddling.rejected[TOKEN_RULE] > 0  # 3d 2x2x2 with mb 3, 6: a rank's tokens would span 2 sequences
     with pytest.raises(ParacubeError, match="memory"):
         search(TINY, TrainingSpec(global_batch=8), topo(8, mem=1e5), 8)
 

@@ -24,11 +24,13 @@ parallelism (sp) else 1:
 - gathered weights (the all-gathered weight operands the 2D/3D linears save for backward): 2D
   c sum(h_in h_out) / q; 3D c sum(h_in h_out) / q^2; none for serial/1D (their weights are the parameters).
 - q, k, v, attention output and the core's own tensors: c T (h_qkv + h) / t + flash 4 b heads s / t, unfused
-  (c + [dropout] (1 + c)) b heads s^2 / t.
+  (c + [dropout] (1 + c)) b heads s^2 / t; 2D/3D with a sequence split across ranks also the gathered keys
+  and values (`split_sequence_bytes`).
 - hidden dropout masks: 2 T h / k (serial/1D), 2 T h / t (2D/3D).
 - GELU input (fc output + bias): c T f / t.
   Family llama: SwiGLU's input (fused gate+up output) c T 2f / t and the rotary tables cos, sin:
-  2 c s head_dim (whole on every rank); its RMSNorms save xhat and rstd.
+  2 c s head_dim (whole on every rank; none under selective recomputation, which re-makes them in the
+  checkpointed core); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
 stage adds the token ids (8 T bytes) and the embedding dropout's mask; the last stage adds the final
 LayerNorm, the head's input (and weight copy), and the cross-entropy's fp32 softmax over the local vocabulary
@@ -85,6 +87,8 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     # gathered input instead, counted with the linear inputs; the unfused core's bmm does not save its output).
     if replicated or (d.recompute != "selective" and d.flash):
         attention = attention + c * T * h / sp["all"]
+    if MODES[mode].token_axes:
+        attention = attention + split_sequence_bytes(d, T, sp)
     if replicated:  # none / 1D: the residual stream, LayerNorm inputs and GELU input in the compute dtype
         shards = _sequence_shards(b)
         norms = 2 * (c * T * h + 4 * d.stat_width * T) / shards
@@ -96,14 +100,32 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
         weights = c * d.sum_w() / sp["gw"]
     act_fn_input = c * T * f / sp["all"]
     if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
-        # cos, sin tables [s, head_dim] (executor/llama.py)
-        act_fn_input = c * T * 2 * f / sp["all"] + 2 * c * d.s * (h / d.heads)
+        # cos, sin tables [s, head_dim] (executor/llama.py), made inside the core (selective: recomputed)
+        rotary = 2 * c * d.s * (h / d.heads) if d.recompute != "selective" else 0.0
+        act_fn_input = c * T * 2 * f / sp["all"] + rotary
     # Hidden dropout after the attention projection and after the MLP: one boolean mask each, on the block's
     # activations (whole in none / 1D, sequence shards with sp, split over all t ranks in 2D / 3D).
     masks = 2 * T * h / (_sequence_shards(b) if replicated else sp["all"]) if d.dropout > 0 else zero
     return {"layernorms": norms, "linear inputs": linear_inputs, "attention": attention,
             "activation-function input": act_fn_input, "gathered weights": weights + zero,
             "dropout masks": masks + zero}
+
+
+def split_sequence_bytes(d: Dims, T: Arr, sp: dict[str, Arr]) -> Arr:
+    """What attention over a sequence split across ranks (executor/tokens.py: T / n tokens per rank, n = the
+    token split, less than a sequence) keeps beyond the whole-sequence case, on the rank holding a sequence's
+    end (span = s keys): the gathered keys and values of its heads, c s 2 kv / head split (flash and selective
+    recomputation keep the window itself; unfused keeps its k, v copies, s - T / n tokens more than its own)
+    and, flash, the lower-right causal mask [T / n, s] in the compute dtype. 0 where sequences are whole."""
+    tokens = T / sp["tok"]
+    kv = 2.0 * d.kv / (sp["all"] / sp["tok"])  # key and value columns of the rank's heads
+    if d.recompute == "selective":
+        extra = d.c * d.s * kv
+    elif d.flash:
+        extra = d.c * d.s * kv + d.c * tokens * d.s
+    else:
+        extra = d.c * (d.s - tokens) * kv
+    return np.where(tokens < d.s, extra, 0.0)
 
 
 def attention_core_bytes(d: Dims, mb: Arr, heads_split: Arr) -> Arr:

@@ -115,7 +115,8 @@ class StepTraffic:
         return (c.kind, c.axes, self.d.dtype if c.dtype == COMPUTE else c.dtype)
 
     def _mask(self, c: Collective) -> Arr | int:
-        return {"": 1, "sp": self.b.sp, "no_sp": 1 - self.b.sp}[c.when]
+        when = {"": 1, "sp": self.b.sp, "no_sp": 1 - self.b.sp}[c.when]
+        return when if c.applies is None else when * np.asarray(c.applies(self.sizes), dtype=np.int64)
 
     def group_size(self, axes: tuple[str, ...]) -> Arr:
         n = np.ones_like(self.b.dp)

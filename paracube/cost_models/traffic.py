@@ -60,6 +60,8 @@ class _Log:
                 continue
             if c.kept and self.layout.keep_weights and _kept_elsewhere(phase or c.phase, *micro):
                 continue
+            if c.applies is not None and not c.applies(self.sizes):
+                continue
             dtype = self.d.dtype if c.dtype == COMPUTE else c.dtype
             self.add(c.kind, c.axes, c.payload(self.sizes), dtype, phase or c.phase, prefix + c.label)
 

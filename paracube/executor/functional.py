@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.bias import causal_lower_right
 
 from paracube.executor.comm import Axes, all_reduce
 from paracube.executor.dropout import dropout, seeded
@@ -131,13 +132,14 @@ def vocab_parallel_ce(logits: Tensor, labels: Tensor, v0: int, mesh: Mesh, axes:
 
 class _ScaledCausalSoftmax(torch.autograd.Function):
     """softmax(scale * scores) over keys with keys after the query masked out, in fp32 inside; saves only its
-    output (Megatron's fused masked softmax). Rows are queries at positions row % s (stacked GQA heads)."""
+    output (Megatron's fused masked softmax). Rows are `queries` queries (stacked GQA heads repeat them) at
+    positions keys - queries + row % queries: the last queries of the keys' sequence (all of it when equal)."""
 
     @staticmethod
-    def forward(ctx: Any, scores: Tensor, scale: float) -> Tensor:
-        rows, s = scores.shape[-2:]
-        q_pos = torch.arange(rows, device=scores.device) % s
-        future = torch.arange(s, device=scores.device) > q_pos.unsqueeze(-1)
+    def forward(ctx: Any, scores: Tensor, scale: float, queries: int) -> Tensor:
+        rows, keys = scores.shape[-2:]
+        q_pos = keys - queries + torch.arange(rows, device=scores.device) % queries
+        future = torch.arange(keys, device=scores.device) > q_pos.unsqueeze(-1)
         probs = torch.softmax((scores.float() * scale).masked_fill(future, float("-inf")), dim=-1).to(scores.dtype)
         ctx.save_for_backward(probs)
         ctx.scale = scale
@@ -147,29 +149,40 @@ class _ScaledCausalSoftmax(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (probs,) = ctx.saved_tensors
         y, g = probs.float(), grad.float()
-        return (ctx.scale * y * (g - (g * y).sum(-1, keepdim=True))).to(grad.dtype), None
+        return (ctx.scale * y * (g - (g * y).sum(-1, keepdim=True))).to(grad.dtype), None, None
 
 
-def core_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None) -> Tensor:
-    """Megatron's unfused causal attention: q [n, r s, d] (r query heads per k/v head stacked along rows),
-    k, v [n, s, d] -> [n, r s, d]; dropout p on the probabilities (mask from `seed`)."""
+def core_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None,
+                   queries: int = 0) -> Tensor:
+    """Megatron's unfused causal attention: q [n, r c, d] (r query heads per k/v head stacked along rows, c =
+    `queries` tokens, default all of k's), k, v [n, span, d] -> [n, r c, d]; the queries are the last c
+    positions of the keys' sequence; dropout p on the probabilities (mask from `seed`)."""
     scores = torch.bmm(q, k.transpose(1, 2))
-    probs = dropout(_ScaledCausalSoftmax.apply(scores, 1.0 / math.sqrt(q.shape[-1])), p, seed)
-    return torch.bmm(probs, v)
+    probs = _ScaledCausalSoftmax.apply(scores, 1.0 / math.sqrt(q.shape[-1]), queries or k.shape[1])
+    return torch.bmm(dropout(probs, p, seed), v)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None,
                     gqa: bool = False) -> Tensor:
-    """scaled_dot_product_attention, causal, q [b, heads, s, d]; dropout_p drawn from `seed`."""
+    """scaled_dot_product_attention, causal, q [b, heads, c, d], k, v [b, kv heads, span, d]: the queries are
+    the last c positions of the keys' sequence (c = span: is_causal; else a lower-right causal mask, which
+    CPU's flash kernel keeps as one [c, span] fp32 tensor); dropout_p drawn from `seed`."""
+    c, span = q.shape[-2], k.shape[-2]
+    mask = {"is_causal": True} if c == span else {"attn_mask": causal_lower_right(c, span)}
     if p <= 0.0 or seed is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, **mask)  # type: ignore[arg-type]
     with seeded(seed, q.device):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=gqa, **mask)  # type: ignore[arg-type]
 
 
-def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0, seed: int | None = None) -> Tensor:
-    """Causal attention of whole sequences: qkv [b, s, heads*3*d] with columns [heads, 3, d] -> [b, s, heads*d].
+def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0, seed: int | None = None,
+                    kv: Tensor | None = None) -> Tensor:
+    """Causal attention: qkv [b, c, heads*3*d] with columns [heads, 3, d] -> [b, c, heads*d]. kv None: whole
+    sequences (c = s, keys and values from qkv); else [b, span, heads, 2, d], the keys and values of the queries'
+    sequence up to their last token (a sequence split over ranks: executor/tokens.py).
     flash: scaled_dot_product_attention, else Megatron's unfused core attention (module docstring)."""
+    if kv is not None:
+        return _split_sequence_attention(qkv, heads, flash, p, seed, kv)
     b, s, width = qkv.shape
     d = width // (3 * heads)
     if flash:
@@ -181,3 +194,22 @@ def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0,
     q, k, v = qkv.to(c).view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).reshape(3, b * heads, s, d).unbind(0)
     out = core_attention(q, k, v, p, seed)
     return out.view(b, heads, s, d).transpose(1, 2).reshape(b, s, heads * d)
+
+
+def _split_sequence_attention(qkv: Tensor, heads: int, flash: bool, p: float, seed: int | None, kv: Tensor) -> Tensor:
+    """local_attention's queries against the gathered keys and values of their sequence (kv [b, span, heads, 2,
+    d]); unfused: a contiguous copy of q, and k, v read from the gathered window (which backward keeps)."""
+    b, c, width = qkv.shape
+    d = width // (3 * heads)
+    span = kv.shape[1]
+    q = qkv.view(b, c, heads, 3, d)[..., 0, :].transpose(1, 2)
+    k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2)
+    if flash:
+        out = flash_attention(q, k, v, p, seed)
+    else:
+        c_dtype = compute_dtype(qkv)
+        # q copied (a reshape could view it and keep the whole qkv output); k, v view the window, as priced
+        out = core_attention(q.to(c_dtype).contiguous().reshape(b * heads, c, d),
+                             k.to(c_dtype).reshape(b * heads, span, d),
+                             v.to(c_dtype).reshape(b * heads, span, d), p, seed, c).view(b, heads, c, d)
+    return out.transpose(1, 2).reshape(b, c, heads * d)

@@ -33,7 +33,7 @@ from paracube.executor.serial import Mode
 from paracube.executor.shards import ShardSpec, gather_full
 from paracube.executor.sizes import check_divisibility
 from paracube.modes import MODES as TENSOR_MODES
-from paracube.modes.base import padded
+from paracube.modes.base import padded, tokens_split_ok
 from paracube.modes.stages import stage_chunks
 from paracube.workload import ModelSpec
 
@@ -69,19 +69,24 @@ class Attention(nn.Module):
         super().__init__()
         h = mode.spec.hidden
         self.heads, self.selective, self.flash, self.p = mode.heads_local, selective, flash, mode.spec.attention_dropout
+        self.mode = mode
         self.qkv = mode.linear("qkv", h, 3 * h, True)
         self.proj = mode.linear("proj", h, h, True)
 
-    def forward(self, x: Tensor, seed: int | None = None) -> Tensor:
+    def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
+        """x: block-layout activations of sequences of s tokens."""
         qkv = self.qkv(x)
-        args = (qkv, self.heads, self.flash, self.p, seed)
+        split = self.mode.sequence_split(qkv, s)
+        # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
+        kv = split.keys_values(qkv, self.heads, 1, self.mode.mesh) if split is not None else None
+        args = (split.queries(qkv) if split is not None else qkv, self.heads, self.flash, self.p, seed, kv)
         if self.selective and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
             # (the same dropout mask: it is drawn from `seed`).
             out = checkpoint(local_attention, *args, use_reentrant=False, preserve_rng_state=False)
         else:
             out = local_attention(*args)
-        return self.proj(out)
+        return self.proj(split.output(out) if split is not None else out)
 
 
 class MLP(nn.Module):
@@ -108,9 +113,10 @@ class Block(nn.Module):
         self.ln2 = mode.layer_norm()
         self.mlp = SwiGLU(mode) if llama else MLP(mode)
 
-    def forward(self, x: Tensor, seeds: tuple[int, int, int] | None = None) -> Tensor:
+    def forward(self, x: Tensor, seeds: tuple[int, int, int] | None = None, s: int = 0) -> Tensor:
+        """s: tokens per sequence (the flat token layout's attention needs it)."""
         attn_seed, out_seeds = (seeds[0], seeds[1:]) if seeds is not None else (None, (None, None))
-        x = x + dropout(self.attn(self.ln1(x), attn_seed), self.p, out_seeds[0])
+        x = x + dropout(self.attn(self.ln1(x), attn_seed, s), self.p, out_seeds[0])
         return x + dropout(self.mlp(self.ln2(x)), self.p, out_seeds[1])
 
 
@@ -222,10 +228,12 @@ class ParallelGPT(nn.Module):
 
     # --- forward ---------------------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
-        """Block-layout activations of the replica's whole micro-batch ids [b, s]."""
-        x = self.tok_emb(ids)
+        """Block-layout activations of the replica's whole micro-batch ids [b, s] ([b, s, h] split as the mode
+        splits it, or the flat token layout's [T / n, h / ...] block: executor/tokens.py)."""
+        x = self.tok_emb(ids.reshape(-1) if self.mode.flat else ids)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(ids.shape[1])
+            pos = self.pos_emb(ids.shape[1])
+            x = x + (pos[self.mode.block_positions(ids)] if self.mode.flat else pos)
         # The residual stream in the compute dtype (the parameters' dtype), as Megatron keeps it (the
         # embedding's reductions ran in fp32, as priced).
         x = x.to(self.dtype)
@@ -233,14 +241,14 @@ class ParallelGPT(nn.Module):
             x = dropout(x, self.spec.embedding_dropout, self.dropout_seeds.embedding())
         return x
 
-    def run_block(self, block: Block, x: Tensor) -> Tensor:
+    def run_block(self, block: Block, x: Tensor, s: int) -> Tensor:
         # Seeds drawn outside the checkpoint: a recomputed block re-draws the forward's masks.
         seeds = self.dropout_seeds.block() if self.training and self.with_dropout else None
         if self.recompute == "full" and torch.is_grad_enabled():
             # Recompute the whole block (no early stop) so its forward collectives all run again.
             with set_checkpoint_early_stop(False):
-                return checkpoint(block, x, seeds, use_reentrant=False, preserve_rng_state=False)
-        return block(x, seeds)
+                return checkpoint(block, x, seeds, s, use_reentrant=False, preserve_rng_state=False)
+        return block(x, seeds, s)
 
     def begin_step(self, micro_batches: int) -> None:
         """A train step of `micro_batches` starts: kw=1 keeps gathered weights until its last backward
@@ -278,9 +286,10 @@ class ParallelGPT(nn.Module):
     def check_batch(self, ids: Tensor, labels: Tensor) -> None:
         b, s = ids.shape
         split = self.mode.token_split
-        if b % split or s > self.spec.seq_len or labels.shape != ids.shape:
+        if not tokens_split_ok(b, s, split) or s > self.spec.seq_len or labels.shape != ids.shape:
             raise ParacubeError(f"micro-batch ids {tuple(ids.shape)} / labels {tuple(labels.shape)}: need equal "
-                                f"shapes, batch divisible by {split} and seq_len <= {self.spec.seq_len}")
+                                f"shapes, {b} x {s} tokens split {split} ways by whole sequences or within one, "
+                                f"and seq_len <= {self.spec.seq_len}")
 
     def chunk_forward(self, chunk: int, x: Tensor | None, ids: Tensor,
                       labels: Tensor) -> Tensor | tuple[Tensor, Tensor]:
@@ -291,7 +300,7 @@ class ParallelGPT(nn.Module):
             self.check_batch(ids, labels)
             x = self.embed(ids)
         for i in self.chunks[chunk]:
-            x = self.run_block(self.blocks[i], x)
+            x = self.run_block(self.blocks[i], x, ids.shape[1])
         if not (self.last_stage and chunk == len(self.chunks) - 1):
             return x
         local_labels = self.mode.split_tokens(labels)

@@ -51,27 +51,34 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: bool = True, p: float = 0.0,
-                  seed: int | None = None) -> Tensor:
-    """Causal attention of whole sequences: qkv [b, s, kv_heads * (group + 2) * d] -> [b, s, kv_heads*group*d].
+                  seed: int | None = None, kv: Tensor | None = None) -> Tensor:
+    """Causal attention: qkv [b, c, kv_heads * (group + 2) * d] -> [b, c, kv_heads*group*d]. kv None: whole
+    sequences (c = s); else [b, span, kv_heads, 2, d], the keys and values of the queries' sequence up to their
+    last token (a sequence split over ranks, executor/tokens.py): queries at positions span - c .. span - 1.
     flash: scaled_dot_product_attention; else Megatron's unfused core attention (functional.core_attention),
     the group's query heads stacked along the rows of one bmm per kv head."""
-    b, s, width = qkv.shape
+    b, c, width = qkv.shape
     d = width // (kv_heads * (group + 2))
-    g = qkv.view(b, s, kv_heads, group + 2, d)
-    q = g[..., :group, :].reshape(b, s, kv_heads * group, d).transpose(1, 2)
-    # v copied out of qkv: backward then keeps v alone, not the whole qkv output it is a view of
-    k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
-    cos, sin = rotary_tables(s, d, theta, qkv)
-    q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+    g = qkv.view(b, c, kv_heads, group + 2, d)
+    q = g[..., :group, :].reshape(b, c, kv_heads * group, d).transpose(1, 2)
+    if kv is None:
+        # v copied out of qkv: backward then keeps v alone, not the whole qkv output it is a view of
+        k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
+    else:
+        # v copied out of the gathered window, as above (k is rotated into a new tensor anyway)
+        k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2).contiguous()
+    span = k.shape[2]
+    cos, sin = rotary_tables(span, d, theta, qkv)
+    q, k = rotary(q, cos[span - c:], sin[span - c:]), rotary(k, cos, sin)
     if not flash:
         n = b * kv_heads
-        c = compute_dtype(qkv)
-        out = core_attention(q.to(c).reshape(n, group * s, d), k.to(c).reshape(n, s, d), v.to(c).reshape(n, s, d),
-                             p, seed)
-        return out.view(b, kv_heads * group, s, d).transpose(1, 2).reshape(b, s, kv_heads * group * d)
+        cd = compute_dtype(qkv)
+        out = core_attention(q.to(cd).reshape(n, group * c, d), k.to(cd).reshape(n, span, d),
+                             v.to(cd).reshape(n, span, d), p, seed, c)
+        return out.view(b, kv_heads * group, c, d).transpose(1, 2).reshape(b, c, kv_heads * group * d)
     # enable_gqa: query head j reads kv head j // group, without materializing repeated k, v
     out = flash_attention(q, k, v, p, seed, gqa=group > 1)
-    return out.transpose(1, 2).reshape(b, s, kv_heads * group * d)
+    return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -101,7 +108,7 @@ def swiglu(y: Tensor) -> Tensor:
 class LlamaAttention(nn.Module):
     def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
         super().__init__()
-        self.selective, self.flash, self.p = selective, flash, mode.spec.attention_dropout
+        self.selective, self.flash, self.p, self.mode = selective, flash, mode.spec.attention_dropout, mode
         spec = mode.spec
         h, kv = spec.hidden, spec.num_kv_heads * spec.head_dim
         self.group = spec.heads // spec.num_kv_heads
@@ -110,16 +117,21 @@ class LlamaAttention(nn.Module):
         self.qkv = mode.linear("qkv", h, h + 2 * kv, False)
         self.proj = mode.linear("proj", h, h, False)
 
-    def forward(self, x: Tensor, seed: int | None = None) -> Tensor:
+    def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
+        """x: block-layout activations of sequences of s tokens."""
         qkv = self.qkv(x)
-        args = (qkv, self.kv_local, self.group, self.theta, self.flash, self.p, seed)
+        split = self.mode.sequence_split(qkv, s)
+        # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
+        kv = split.keys_values(qkv, self.kv_local, self.group, self.mode.mesh) if split is not None else None
+        args = (split.queries(qkv) if split is not None else qkv, self.kv_local, self.group, self.theta,
+                self.flash, self.p, seed, kv)
         if self.selective and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
             # (the same dropout mask: it is drawn from `seed`).
             out = checkpoint(gqa_attention, *args, use_reentrant=False, preserve_rng_state=False)
         else:
             out = gqa_attention(*args)
-        return self.proj(out)
+        return self.proj(split.output(out) if split is not None else out)
 
 
 class SwiGLU(nn.Module):

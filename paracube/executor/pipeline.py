@@ -51,7 +51,7 @@ ACT, GRAD = 0, 1
 def activation_shape(model: ParallelGPT, ids: Tensor) -> tuple[int, ...]:
     """Shape of the local block-layout activations of a micro-batch `ids` [b, s] on this rank."""
     layout = model.mesh.layout
-    tokens = model.mode.split_tokens(ids).shape
+    tokens = model.mode.split_tokens(ids).shape  # [b, s], or the flat layout's [T / n] (executor/tokens.py)
     if layout.sequence_parallel:  # 1D + sp: sequence shards [b, s / tp, h] (executor/one_d.py SEQ)
         return (tokens[0], tokens[1] // layout.tensor_size, model.spec.hidden)
     act_split = int(MODES[layout.mode].act_split(layout.tensor_size, 0))

@@ -16,7 +16,9 @@ from torch import Tensor, nn
 from paracube.errors import ParacubeError
 from paracube.executor.mesh import Mesh
 from paracube.executor.rms_norm import rms_norm
-from paracube.executor.shards import ShardSpec, make_spec
+from paracube.executor.shards import ShardSpec, block, make_spec
+from paracube.executor.tokens import SequenceSplit, local_positions
+from paracube.modes import MODES as TENSOR_MODES
 from paracube.workload import ModelSpec
 
 
@@ -101,21 +103,49 @@ class SerialPositionEmbedding(ShardedModule):
 
 
 class Mode:
-    """How one tensor mode builds the GPT's layers; "none" (serial) is this base class."""
+    """How one tensor mode builds the GPT's layers; "none" (serial) is this base class.
+
+    Modes whose declaration (paracube/modes) has `token_axes` (2D, 2.5D, 3D) run the flat token layout of
+    tokens.py: activations [T / n, h / ...] of the micro-batch's flattened tokens; the others keep
+    [b, s, h]."""
 
     name = "none"
     token_split = 1
 
     def __init__(self, spec: ModelSpec, mesh: Mesh):
         self.spec, self.mesh = spec, mesh
+        declared = TENSOR_MODES[self.name]
+        self.token_axes, self.attention_axes = declared.token_axes, declared.attention_token_axes
+
+    @property
+    def flat(self) -> bool:
+        """Tokens flattened (b x s) and split over token_axes: the flat token layout (tokens.py)."""
+        return bool(self.token_axes)
 
     @property
     def heads_local(self) -> int:
         return self.spec.heads
 
     def split_tokens(self, t: Tensor) -> Tensor:
-        """This rank's sequences of the replica's micro-batch, in the loss (head output) layout."""
-        return t
+        """This rank's tokens of the replica's micro-batch [b, s], in the loss (head output) layout: [b, s]
+        whole, or (flat layout) its block of the flattened tokens over the attention / head axes."""
+        if not self.flat:
+            return t
+        start, size = block(t.numel(), self.mesh, self.attention_axes)
+        return t.reshape(-1)[start:start + size]
+
+    def block_positions(self, ids: Tensor) -> Tensor:
+        """Positions in their sequences of this rank's block-layout tokens (flat layout), or 0..s-1."""
+        b, s = ids.shape
+        if not self.flat:
+            return torch.arange(s, device=ids.device)
+        return local_positions(self.mesh, self.token_axes, b * s, s, ids.device)
+
+    def sequence_split(self, qkv: Tensor, s: int) -> SequenceSplit | None:
+        """How the attention's local tokens (flat layout: qkv output [T / n, w]) meet their sequences of s tokens;
+        None for activations already in sequences [b, s, w] (modes without the flat layout, or a block run on
+        them directly)."""
+        return SequenceSplit.of(self.mesh, self.attention_axes, qkv.shape[0], s) if qkv.dim() == 2 else None
 
     def token_embedding(self) -> ShardedModule:
         return SerialTokenEmbedding(self.mesh, self.spec.vocab, self.spec.hidden)

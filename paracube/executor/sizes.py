@@ -5,6 +5,7 @@ from __future__ import annotations
 from paracube.errors import ParacubeError
 from paracube.layout import Layout
 from paracube.modes import MODES, runnable_modes
+from paracube.modes.base import tokens_split_ok
 from paracube.modes.stages import split_ok
 from paracube.workload import ModelSpec
 
@@ -54,29 +55,34 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if MODES[mode].axes:  # a rank's query heads read whole kv groups (executor/llama.py): the heads' split
         rules.insert(1, ("kv_heads", spec.num_kv_heads, q))
     if micro_batch is not None:
-        # The tensor group splits a micro-batch's sequences token_split ways (2.5D: q * depth).
-        rules.append(("micro_batch", micro_batch, layout.token_split))
+        split = layout.token_split  # the tensor group's split of a micro-batch's b x s tokens (2.5D: q * depth)
+        if not tokens_split_ok(micro_batch, seq_len, split):
+            raise ParacubeError(token_split_refusal(micro_batch, seq_len, split, global_batch // layout.dp, layout))
         rules.append(("global_batch", global_batch, layout.dp * micro_batch))
     for name, value, divisor in rules:
         if value % divisor:
-            hint = (token_split_hint(micro_batch, seq_len, divisor, global_batch // layout.dp)
-                    if name == "micro_batch" and micro_batch is not None else f"use a multiple of {divisor}")
-            raise ParacubeError(f"{name}={value} is not divisible by {divisor} (needed by {layout}); {hint}")
+            raise ParacubeError(f"{name}={value} is not divisible by {divisor} (needed by {layout}); "
+                                f"use a multiple of {divisor}")
 
 
-def token_split_hint(micro_batch: int, seq_len: int, split: int, per_replica: int) -> str:
-    """The micro-batch's tokens, how they are split, and the nearest micro-batch sizes that run: multiples of
-    `split` dividing the replica's batch `per_replica` (when some do)."""
-    valid = [m for m in range(split, per_replica + 1, split) if per_replica % m == 0] if per_replica else []
-    near = sorted({m for m in ([m for m in valid if m < micro_batch][-1:] + [m for m in valid if m > micro_batch][:1])})
+def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica: int, layout: Layout) -> str:
+    """One line: the micro-batch's tokens, the split they miss, and the nearest micro-batch sizes that run
+    (modes.base.tokens_split_ok) dividing the replica's batch `per_replica` when some do."""
+    def runs(m: int) -> bool:
+        return bool(tokens_split_ok(m, seq_len, split))
+
+    valid = [m for m in range(1, per_replica + 1) if per_replica % m == 0 and runs(m)] if per_replica else []
+    near = [m for m in valid if m < micro_batch][-1:] + [m for m in valid if m > micro_batch][:1]
+    tail = f" (dividing the replica's batch of {per_replica} sequences)"
     if not near:
-        near = sorted({max(split, micro_batch // split * split), -(-micro_batch // split) * split})
-        tail = (f" (no multiple of {split} divides the replica's batch of {per_replica} sequences: change the "
-                "global batch too)" if per_replica else "")
-    else:
-        tail = f" (dividing the replica's batch of {per_replica} sequences)"
-    return (f"its {micro_batch} x {seq_len} tokens are split {split} ways by whole sequences; nearest valid "
+        below = [m for m in range(micro_batch - 1, 0, -1) if runs(m)][:1]
+        near = below + [m for m in range(micro_batch + 1, micro_batch + 4 * split) if runs(m)][:1]
+        tail = (f" (none divides the replica's batch of {per_replica} sequences: change the global batch too)"
+                if per_replica else "")
+    return (f"micro_batch={micro_batch}: its {micro_batch} x {seq_len} tokens do not split {split} ways (needed by "
+            f"{layout}) into whole sequences (micro-batch a multiple of {split}) or pieces of one sequence ({split} "
+            f"a multiple of the micro-batch, {split} / micro-batch dividing seq_len {seq_len}); nearest valid "
             f"micro-batch sizes: {', '.join(map(str, near))}{tail}")
 
 
-__all__ = ["check_divisibility", "token_split_hint"]
+__all__ = ["check_divisibility", "token_split_refusal"]

@@ -1,7 +1,8 @@
 """3D (Bian et al. 2021) over axes x (i), y (j), z (k), q x q x q.
 
-Block-boundary activations [b, s, h]: sequences split over (x major, y minor), hidden over z. A linear
-takes roles (I, W, O) = input, weight and output axes. Traffic and layouts: docs/algorithms.md "3D".
+Block-boundary activations [T, h] of the micro-batch's flattened tokens (executor/tokens.py): tokens split
+over (x major, y minor), hidden over z. A linear takes roles (I, W, O) = input, weight and output axes.
+Traffic and layouts: docs/algorithms.md "3D".
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ ROLES: dict[str, tuple[str, str, str]] = {  # llama: fc is the fused gate+up, fc
 
 
 class _Linear3D(torch.autograd.Function):
-    """Input: sequences over (W major, I minor), hidden over O. Output: sequences over (W, O), hidden over I."""
+    """Input: tokens over (W major, I minor), hidden over O. Output: tokens over (W, O), hidden over I."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, ag: Tensor, mesh: Mesh, roles: tuple[str, str, str], label: str) -> Tensor:
@@ -40,7 +41,7 @@ class _Linear3D(torch.autograd.Function):
         xg = all_gather(x.to(c), mesh, i_ax, dim=0, label=f"{label}.X")
         ctx.save_for_backward(xg, ag)
         ctx.args = (mesh, roles, label, c, x.dtype)
-        # X A is partial over the h_in split (held along O): sum there, keep sequence block o.
+        # X A is partial over the h_in split (held along O): sum there, keep token block o.
         return reduce_scatter(xg @ ag, mesh, o_ax, dim=0, label=f"{label}.Y")
 
     @staticmethod
@@ -96,8 +97,8 @@ class LayerNorm3D(ShardedModule):
 
 class TokenEmbedding3D(ShardedModule):
     """Vocab block x (V/q rows), hidden block (z major, y minor) of h/q^2 columns. Lookup of the whole
-    micro-batch in that block, reduce-scatter over x along sequences (sums the vocab split, keeps sequence
-    block x), all-gather over y along the hidden (hidden block z), keep sequence block y of it: sequences
+    micro-batch's flat ids in that block, reduce-scatter over x along the tokens (sums the vocab split, keeps
+    token block x), all-gather over y along the hidden (hidden block z), keep token block y of it: tokens
     block (x, y), hidden block z (modes/three_d.py: 2 x 4 T h / q^2 bytes instead of 4 T h / q)."""
 
     def __init__(self, mesh: Mesh, vocab: int, hidden: int):
@@ -140,11 +141,6 @@ class Mode3D(Mode):
     @property
     def heads_local(self) -> int:
         return self.spec.heads // self.q
-
-    def split_tokens(self, t: Tensor) -> Tensor:
-        # The head's output (roles y, x, z) holds sequences over (x major, z minor).
-        start, size = block(t.shape[0], self.mesh, ("x", "z"))
-        return t[start:start + size]
 
     def token_embedding(self) -> ShardedModule:
         return TokenEmbedding3D(self.mesh, self.spec.vocab, self.spec.hidden)

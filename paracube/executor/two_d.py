@@ -1,6 +1,7 @@
 """2D (SUMMA in collective form) over axes `row` (i) and `col` (j), q x q.
 
-Activations [b, s, h]: rank (i, j) holds sequences block i and hidden block j. Traffic and shard
+Activations [T, h] of the micro-batch's flattened tokens (executor/tokens.py): rank (i, j) holds tokens
+block i and hidden block j. Traffic and shard
 layouts: docs/algorithms.md "2D".
 """
 
@@ -83,8 +84,8 @@ class LayerNorm2D(ShardedModule):
 
 
 class TokenEmbedding2D(ShardedModule):
-    """Block (i, j): vocab rows block i, hidden block j. Lookup of the whole micro-batch, then
-    reduce-scatter over row along sequences (sums the vocab split, keeps sequence block i)."""
+    """Block (i, j): vocab rows block i, hidden block j. Lookup of the micro-batch's flat ids, then
+    reduce-scatter over row along the tokens (sums the vocab split, keeps token block i)."""
 
     def __init__(self, mesh: Mesh, vocab: int, hidden: int):
         super().__init__()
@@ -125,10 +126,6 @@ class Mode2D(Mode):
     @property
     def heads_local(self) -> int:
         return self.spec.heads // self.q
-
-    def split_tokens(self, t: Tensor) -> Tensor:
-        start, size = block(t.shape[0], self.mesh, ROW)
-        return t[start:start + size]
 
     def token_embedding(self) -> ShardedModule:
         return TokenEmbedding2D(self.mesh, self.spec.vocab, self.spec.hidden)

@@ -1,11 +1,11 @@
 """2.5D (Tesseract; Wang et al. 2021) over axes `dep` (k), `row` (i), `col` (j): q x q grids stacked d deep.
 
-Each depth layer k runs the 2D layers of two_d.py unchanged on its own tokens: the replica's micro-batch
-of b sequences is split over (dep major, row), so rank (k, i, j) holds sequences block k*q + i (b/(dq)
-of them) and hidden block j. Every parameter is stored once per q x q grid, as in 2D, and replicated over
-`dep` (ShardSpec.replicated_axes = ("dep",): counted once in the gradient norm, saved once by the depth-0
-grid, loaded by every layer). Each depth layer's weight gradients cover only its tokens; the step's
-gradient all_reduce over the mode's `grad_axes` ("dp", "dep") sums them (step.py). Traffic: the 2D
+Each depth layer k runs the 2D layers of two_d.py unchanged on its own tokens: the replica's micro-batch's
+b x s tokens (flat layout, executor/tokens.py) are split over (dep major, row), so rank (k, i, j) holds
+tokens block k*q + i (T/(dq) of them) and hidden block j. Every parameter is stored once per q x q grid, as
+in 2D, and replicated over `dep` (ShardSpec.replicated_axes = ("dep",): counted once in the gradient norm,
+saved once by the depth-0 grid, loaded by every layer). Each depth layer's weight gradients cover only its
+tokens; the step's gradient all_reduce over the mode's `grad_axes` ("dp", "dep") sums them (step.py). Traffic: the 2D
 collectives with T/d tokens, and no collective over `dep` inside a micro-batch (docs/algorithms.md "2.5D").
 """
 
@@ -32,7 +32,7 @@ def over_depth(module: ShardedModule, mesh: Mesh) -> ShardedModule:
 
 
 def depth_slice(t: Tensor, mesh: Mesh) -> Tensor:
-    """This depth layer's sequences (block k of the batch dimension)."""
+    """This depth layer's tokens (block k of the flat ids)."""
     start, size = block(t.shape[0], mesh, DEP)
     return t[start:start + size]
 
@@ -51,10 +51,6 @@ class Mode25D(Mode2D):
         super().__init__(spec, mesh)
         self.depth = mesh.size(DEP)
         self.token_split = self.q * self.depth
-
-    def split_tokens(self, t: Tensor) -> Tensor:
-        start, size = block(t.shape[0], self.mesh, TOKENS)
-        return t[start:start + size]
 
     def token_embedding(self) -> ShardedModule:
         return over_depth(TokenEmbedding25D(self.mesh, self.spec.vocab, self.spec.hidden), self.mesh)

@@ -62,12 +62,16 @@ class Collective:
     # the forward gather runs once per step (the first micro-batch's forward, not in recompute) and the
     # gradient reduce-scatter once (the last micro-batch's backward), gradients accumulated in gathered form.
     kept: bool = False
+    # 1 where this collective is issued for these Sizes, 0 where not (None: always), e.g. the key / value
+    # gather of a sequence split over ranks, issued over the one group that holds a whole sequence.
+    applies: Callable[[Sizes], IntOrArr] | None = None
 
 
 def coll(kind: str, axes: tuple[str, ...] | str, dtype: str, payload: Payload, label: str,
-         phase: str = "fwd", when: str = "", kept: bool = False) -> Collective:
+         phase: str = "fwd", when: str = "", kept: bool = False,
+         applies: Callable[[Sizes], IntOrArr] | None = None) -> Collective:
     return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when,
-                      kept)
+                      kept, applies)
 
 
 def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:
@@ -93,6 +97,39 @@ def divides(a: IntOrArr, b: IntOrArr) -> np.ndarray:
 
 
 Rule = tuple[str, Callable[[Any, Any], np.ndarray]]  # (reason, predicate(dims, LayoutBatch))
+
+TOKEN_RULE = "micro-batch tokens split neither by whole sequences nor within one"
+
+
+def tokens_split_ok(mb: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
+    """Whether n ranks can split a micro-batch of mb sequences of s tokens (flattened batch-major, b x s) into
+    n equal blocks of mb s / n tokens that are whole sequences (n | mb) or lie within one sequence (mb | n and
+    n / mb | s). Otherwise a rank's block would straddle two sequences."""
+    mb, s, n = np.asarray(mb), np.asarray(s), np.asarray(n)
+    within = (n % mb == 0) & (s % np.maximum(n // np.maximum(mb, 1), 1) == 0)
+    return (mb % n == 0) | within
+
+
+def sequence_pieces(T: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
+    """Ranks one sequence is split over when n ranks split T tokens of sequences of s tokens (1: whole)."""
+    return np.maximum(np.asarray(n) * s // np.asarray(T), 1)
+
+
+def kv_gather_groups(axes: tuple[str, ...], sizes: dict[str, IntOrArr],
+                     pieces: IntOrArr) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    """Where a sequence split into `pieces` token blocks over `axes` (major -> minor) gathers its keys and
+    values: for each suffix of `axes` (minor first), 1 where it is the smallest suffix whose ranks hold whole
+    sequences (its size a multiple of `pieces`), else 0; all 0 when pieces = 1 (sequences whole on a rank)."""
+    pieces = np.asarray(pieces)
+    done = pieces <= 1
+    out: list[tuple[tuple[str, ...], np.ndarray]] = []
+    size: IntOrArr = 1
+    for i in range(len(axes) - 1, -1, -1):
+        size = size * sizes[axes[i]]
+        hit = ~done & (np.asarray(size) % pieces == 0)
+        out.append((axes[i:], hit))
+        done = done | hit
+    return out
 
 
 @dataclass(frozen=True)
@@ -149,9 +186,41 @@ class TensorMode:
         """Size of each tensor axis (ints or arrays)."""
         return {}
 
-    def token_split(self, q: int, depth: int) -> int:
+    def token_split(self, q: IntOrArr, depth: IntOrArr) -> IntOrArr:
         """Ways the tensor group splits the tokens of a micro-batch."""
         return 1
+
+    # Modes that split a micro-batch's b x s tokens (flattened batch-major) over mesh axes, major -> minor:
+    # in the block layout (`token_axes`) and in the attention layout, the qkv output (`attention_token_axes`).
+    token_axes: tuple[str, ...] = ()
+    attention_token_axes: tuple[str, ...] = ()
+
+    def kv_gathers(self, d: Any) -> list[Collective]:
+        """The key / value all-gather of a sequence split over ranks (forward; reduce-scatter of their
+        gradients backward), over the smallest minor group of `attention_token_axes` holding whole sequences
+        (`kv_gather_groups`): T / n tokens per rank, g of them gathered, k and v of the rank's heads
+        (2 kv / head_split columns), compute dtype. Issued only where a rank's tokens are part of a sequence."""
+        out: list[Collective] = []
+        axes = self.attention_token_axes
+        for i in range(len(axes)):
+            group = axes[len(axes) - 1 - i:]
+
+            def gathered(z: Sizes, group: tuple[str, ...] = group) -> IntOrArr:
+                sizes = self.axis_sizes(z.q, z.t, z.depth)
+                g = np.prod([sizes[a] for a in group], axis=0)
+                n = self.token_split(z.q, z.depth)
+                return d.c * g * (z.T // n) * 2 * d.kv // self.head_split(z.t, z.q)
+
+            def applies(z: Sizes, i: int = i) -> IntOrArr:
+                n = self.token_split(z.q, z.depth)
+                hits = kv_gather_groups(axes, self.axis_sizes(z.q, z.t, z.depth), sequence_pieces(z.T, d.s, n))
+                return hits[i][1].astype(np.int64) if np.ndim(hits[i][1]) else int(hits[i][1])
+
+            # Labelled with the qkv unit (the event engine's program): gathered after its GEMM, the gradients
+            # reduce-scattered before its backward.
+            out += [coll("all_gather", group, COMPUTE, gathered, "qkv.kv", applies=applies),
+                    coll("reduce_scatter", group, COMPUTE, gathered, "qkv.dkv", "bwd", applies=applies)]
+        return out
 
     def vocab_split(self, t: IntOrArr, q: IntOrArr) -> IntOrArr:
         """Ways the vocabulary (embedding rows, head columns) is split."""
@@ -267,5 +336,6 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "VOCAB_MULTIPLE", "Collective", "ExecutorSupport", "IntOrArr", "Rule",
-           "Sizes", "TensorMode", "coll", "divides", "divisors", "padded", "split", "split_embedding"]
+__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "TOKEN_RULE", "VOCAB_MULTIPLE", "Collective", "ExecutorSupport", "IntOrArr",
+           "Rule", "Sizes", "TensorMode", "coll", "divides", "divisors", "kv_gather_groups", "padded",
+           "sequence_pieces", "split", "split_embedding", "tokens_split_ok"]

@@ -22,6 +22,7 @@ from typing import Any
 from paracube.modes.base import (
     COMPUTE,
     F32,
+    TOKEN_RULE,
     Collective,
     ExecutorSupport,
     IntOrArr,
@@ -30,6 +31,7 @@ from paracube.modes.base import (
     divides,
     split,
     split_embedding,
+    tokens_split_ok,
 )
 from paracube.modes.two_d import block
 
@@ -94,8 +96,10 @@ class ThreeD(TensorMode):
     executor = ExecutorSupport("paracube.executor.three_d:Mode3D", pipeline=True, zero=True)
     ops_layer, ops_edge = 323, 175
     replicates_activations = False
+    token_axes = PLANE  # the block layout's tokens: x major, y minor
+    attention_token_axes = ("x", "z")  # qkv's output (roles y, x, z) and the head's: x major, z minor
     rules = (
-        ("micro-batch % q^2 != 0", lambda d, b: divides(b.mb, b.q**2)),
+        (TOKEN_RULE, lambda d, b: tokens_split_ok(b.mb, d.s, b.q**2)),
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
         ("tied embeddings (the head is not laid out as the embedding)", lambda d, b: divides(b.q, 1) & (not d.tied)),
         ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
@@ -157,10 +161,10 @@ class ThreeD(TensorMode):
         return split_embedding(d, ("x",), tok, PLANE, ("y",))
 
     def layer_fwd(self, d: Any) -> list[Collective]:
-        return block(d, False, _norm, _block_linear)
+        return block(d, False, _norm, _block_linear, self.kv_gathers(d))
 
     def layer_bwd(self, d: Any) -> list[Collective]:
-        return block(d, True, _norm, _block_linear)
+        return block(d, True, _norm, _block_linear, self.kv_gathers(d))
 
     def head(self, d: Any) -> list[Collective]:
         out: list[Collective] = []
@@ -188,7 +192,7 @@ class ThreeD(TensorMode):
 
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:
-        return [("micro_batch", micro_batch or q * q, q * q), ("heads", heads, q), ("hidden", h, q**3),
+        return [("heads", heads, q), ("hidden", h, q**3),
                 ("3*hidden", 3 * h, q**3), ("ffn_hidden", f, q**3), ("seq_len", s, q * q)]
 
 

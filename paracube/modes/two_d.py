@@ -18,6 +18,7 @@ from typing import Any
 from paracube.modes.base import (
     COMPUTE,
     F32,
+    TOKEN_RULE,
     Collective,
     ExecutorSupport,
     IntOrArr,
@@ -26,6 +27,7 @@ from paracube.modes.base import (
     divides,
     split,
     split_embedding,
+    tokens_split_ok,
 )
 
 ROW, COL = ("row",), ("col",)
@@ -69,14 +71,17 @@ def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backwa
     return out + ([coll("reduce_scatter", ROW, F32, b_bytes, f"{label}.dbias", phase, kept=True)] if bias else [])
 
 
-def block(d: Any, backward: bool, norm: Any, linear: Any) -> list[Collective]:
-    """A block's collectives in forward order: ln1, qkv, proj, ln2, fc, fc2 (shared with 3D).
-    norm(d, label, backward); linear(d, index, label, h_in, h_out, bias, backward)."""
+def block(d: Any, backward: bool, norm: Any, linear: Any, kv: list[Collective]) -> list[Collective]:
+    """A block's collectives in forward order: ln1, qkv, the attention's key / value gather `kv` (a sequence
+    split over ranks: TensorMode.kv_gathers, its forward or backward half), proj, ln2, fc, fc2 (shared with
+    3D). norm(d, label, backward); linear(d, index, label, h_in, h_out, bias, backward)."""
     out: list[Collective] = []
     for n, (name, h_in, h_out, bias) in enumerate(d.linears):
         if n in (0, 2):
             out += norm(d, f"ln{n // 2 + 1}", backward)
         out += linear(d, n, name, h_in, h_out, bias, backward)
+        if n == 0:
+            out += [c for c in kv if (c.phase == "bwd") == backward]
     return out
 
 
@@ -96,8 +101,9 @@ class TwoD(TensorMode):
     executor = ExecutorSupport("paracube.executor.two_d:Mode2D", pipeline=True, zero=True)
     ops_layer, ops_edge = 287, 162
     replicates_activations = False
+    token_axes = attention_token_axes = ROW
     rules = (
-        ("micro-batch % q != 0", lambda d, b: divides(b.mb, b.q)),
+        (TOKEN_RULE, lambda d, b: tokens_split_ok(b.mb, d.s, b.q * b.depth)),
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
         ("tied embeddings (the head is not laid out as the embedding)", lambda d, b: divides(b.q, 1) & (not d.tied)),
         ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
@@ -158,10 +164,10 @@ class TwoD(TensorMode):
         return split_embedding(d, ROW, tok)
 
     def layer_fwd(self, d: Any) -> list[Collective]:
-        return block(d, False, _norm, _block_linear)
+        return block(d, False, _norm, _block_linear, self.kv_gathers(d))
 
     def layer_bwd(self, d: Any) -> list[Collective]:
-        return block(d, True, _norm, _block_linear)
+        return block(d, True, _norm, _block_linear, self.kv_gathers(d))
 
     def head(self, d: Any) -> list[Collective]:
         out: list[Collective] = []
@@ -191,7 +197,7 @@ class TwoD(TensorMode):
 
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:
-        return [("micro_batch", micro_batch or q, q), ("heads", heads, q), ("hidden", h, q * q),
+        return [("heads", heads, q), ("hidden", h, q * q),
                 ("ffn_hidden", f, q * q), ("seq_len", s, q)]
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from paracube.modes.base import ExecutorSupport, IntOrArr, divides, divisors
+from paracube.modes.base import ExecutorSupport, IntOrArr, divisors
 from paracube.modes.two_d import TwoD
 
 
@@ -29,10 +29,9 @@ class TwoHalfD(TwoD):
     ops_layer, ops_edge = TwoD.ops_layer, TwoD.ops_edge + 1  # 2D's layers, plus the depth slice of the ids
     dispatches_like = TwoD.name  # calibration's step probes do not run 2.5D: it borrows 2D's per-op cost
     paper = "Tesseract (Wang et al. 2021)"
-    rules = (
-        ("micro-batch % (q * depth) != 0", lambda d, b: divides(b.mb, b.q * b.depth)),
-        *TwoD.rules[1:],
-    )
+    token_axes = attention_token_axes = ("dep", "row")  # depth layer k holds tokens block k, split over row
+    collective_axes = (("row",), ("col",), ("dep", "row"))  # (dep, row): keys / values of a split sequence
+    mesh_groups = (("dep", "row"),)
 
     def shape_ok(self, shape: tuple[int, ...]) -> bool:
         return len(shape) == 3 and shape[0] == shape[1] >= 1 and shape[2] >= 1

@@ -1,0 +1,144 @@
+"""Tokens split over b x s (executor/tokens.py): 2D, 2.5D and 3D run micro-batches smaller than their token
+split, a sequence's tokens spread over ranks that gather its keys and values for attention.
+
+One 8-rank launch. Per case (layout, micro-batch, recomputation, family): losses and gradient norms of 3 AdamW
+steps and the parameters after them equal the serial model's (rel 1e-5, fp32); the collectives of the first
+step equal `traffic.stage_events` of the same plan as a multiset (the key / value gathers included); the
+activation bytes autograd saves on the rank holding a sequence's end (the largest) equal the model's (2%).
+Plus the refusal of a micro-batch no split divides, and the planner accepting what now runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from dist_helpers import rel_err, run_distributed, saved_bytes
+from test_equivalence_model import MAX_NORM, SPEC, STEPS, adamw
+from test_llama import LLAMA
+from test_pipeline import _stage_name
+
+from paracube.cost_models import estimate
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.traffic import stage_events
+from paracube.errors import ParacubeError
+from paracube.estimate import traffic_difference
+from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.layout import parse_layout
+from paracube.topologies import load_topology
+from paracube.workload import ModelSpec, TrainingSpec
+
+N_MICRO, TOL = 2, 1e-5
+MODELS = {"gpt": SPEC, "llama": LLAMA}
+CASES = [  # (layout, micro-batch, recompute, family): the token split is 4 in each
+    ("tp=3d:2x2x2", 1, "none", "gpt"),  # 4 ranks per sequence: keys / values gathered over (x, z)
+    ("tp=3d:2x2x2,kw=1", 2, "selective", "gpt"),  # 2 per sequence: over z
+    ("tp=3d:2x2x2,fa=0", 1, "full", "gpt"),
+    ("tp=3d:2x2x2,fa=0", 2, "none", "llama"),
+    ("tp=2.5d:2x2x2", 1, "none", "gpt"),  # over (dep, row)
+    ("tp=2.5d:2x2x2,fa=0", 2, "selective", "llama"),  # over row
+    ("dp=2,tp=2d:2x2,fa=0", 1, "none", "gpt"),  # over row
+    ("pp=2,tp=2d:2x2", 1, "none", "gpt"),  # the flat activations [T / q, h / q] between stages
+]
+
+
+def training(layout_text: str, mb: int, recompute: str) -> TrainingSpec:
+    return TrainingSpec(global_batch=parse_layout(layout_text).dp * mb * N_MICRO, dtype="fp32", recompute=recompute)
+
+
+def _batches(spec: ModelSpec, dp: int, mb: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    gen = torch.Generator().manual_seed(31)
+    return [[(torch.randint(0, spec.vocab, (mb, spec.seq_len), generator=gen),
+              torch.randint(0, spec.vocab, (mb, spec.seq_len), generator=gen)) for _ in range(N_MICRO)]
+            for _ in range(dp)]
+
+
+def _one_case(rank: int, layout_text: str, mb: int, recompute: str, family: str) -> dict[str, Any]:
+    spec, layout = MODELS[family], parse_layout(layout_text)
+    mesh = Mesh(layout, rank)
+    batches = _batches(spec, layout.dp, mb)
+    micro = batches[mesh.coord("dp")]
+    tokens = layout.dp * mb * N_MICRO * spec.seq_len
+    out: dict[str, Any] = {"errors": {}, "stage": _stage_name(mesh), "activations": 0}
+    model = build_model(spec, mesh, seed=7, recompute=recompute)
+    if layout.pp == 1:
+        loss, out["activations"] = saved_bytes(model, *micro[0])
+        loss.backward()
+        model = build_model(spec, mesh, seed=7, recompute=recompute)
+    ref = serial_reference(spec, seed=7, vocab=model.vocab)
+    opt, ref_opt = adamw(model), adamw(ref)
+    for step in range(STEPS):
+        mesh.recorder.reset()
+        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
+        ref_res = train_step(ref, ref_opt, ref.mesh, [m for r in batches for m in r], tokens, MAX_NORM)
+        if step == 0:
+            out["events"] = [e.key() for e in mesh.recorder.events]
+        out["errors"][f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
+        out["errors"][f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        out["errors"][f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
+    return out
+
+
+def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
+    return [_one_case(rank, *case) for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def results() -> list[list[dict[str, Any]]]:
+    return run_distributed(_all_cases, 8, timeout=600.0)  # [rank][case]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
+def test_split_sequences_match_serial_traffic_and_memory(results, case: int) -> None:
+    text, mb, rc, family = CASES[case]
+    spec = MODELS[family]
+    layout = parse_layout(text).with_(micro_batch=mb)
+    assert mb < layout.token_split  # a sequence's tokens really are spread over ranks
+    d = dims_of(spec, training(text, mb, rc))
+    for rank, per_case in enumerate(results):
+        r = per_case[case]
+        bad = {k: v for k, v in r["errors"].items() if not v <= TOL}
+        assert not bad, f"rank {rank}: relative errors above {TOL}: {bad}"
+        events = stage_events(layout, d, mb, r["stage"])
+        assert any(e.label.endswith("qkv.kv") for e in events)
+        diff = traffic_difference(events, r["events"])
+        assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
+    if layout.pp == 1:
+        est = estimate(spec, training(text, mb, rc), layout, load_topology("local-cpu", gpus=8), with_events=False)
+        measured = max(per_case[case]["activations"] for per_case in results)
+        assert measured == pytest.approx(est.memory.activations, rel=0.02)
+
+
+GRID9 = ModelSpec("grid9", layers=2, hidden=72, heads=9, ffn_hidden=144, vocab=99, seq_len=18)  # 2D 3x3 sizes
+
+
+@pytest.mark.parametrize(("layout", "spec", "mb", "global_", "nearest"), [
+    ("tp=3d:2x2x2", SPEC, 3, 12, "2, 4 "), ("tp=3d:2x2x2", SPEC, 6, 12, "4, 12 "),
+    ("tp=2.5d:2x2x2", SPEC, 3, 9, "1 "), ("tp=2d:3x3", GRID9, 2, 4, "1 ")])
+def test_a_micro_batch_no_split_divides_is_refused_naming_the_nearest(layout: str, spec: ModelSpec, mb: int,
+                                                                     global_: int, nearest: str) -> None:
+    """One line before any rank starts: the tokens, the split, and the nearest micro-batch sizes that run."""
+    with pytest.raises(ParacubeError) as err:
+        check_divisibility(spec, parse_layout(layout), mb, global_, spec.seq_len)
+    text = str(err.value)
+    assert "\n" not in text and f"micro_batch={mb}: its {mb} x {spec.seq_len} tokens" in text
+    assert f"nearest valid micro-batch sizes: {nearest}(dividing the replica's batch" in text
+
+
+def test_micro_batches_below_the_token_split_are_plannable() -> None:
+    """The planner offers 3D with one sequence per micro-batch (8 ranks, 4-way token split) and prices its key /
+    value gathers; a micro-batch straddling sequences stays refused with the rule's name."""
+    from paracube.planner.search import search
+    from paracube.workload import PRESETS
+
+    tiny, topo = PRESETS["tiny"], load_topology("dgx-a100", gpus=8)
+    res = search(tiny, TrainingSpec(global_batch=8), topo, 8, fixed=parse_layout("tp=3d:2x2x2,mb=1"), top_k=1)
+    best = res.ranked[0][0]
+    assert best.micro_batch == 1
+    events = stage_events(best, dims_of(tiny, TrainingSpec(global_batch=8)), 1)
+    assert [e.axes for e in events if e.label.endswith("qkv.kv")][0] == ("x", "z")
+    with pytest.raises(ParacubeError, match="3d: micro-batch tokens split neither by whole sequences nor within one"):
+        search(tiny, TrainingSpec(global_batch=12), topo, 8, fixed=parse_layout("tp=3d:2x2x2,mb=3"), top_k=1)
