@@ -18,6 +18,7 @@ from dist_helpers import rel_err, run_distributed
 from paracube.executor import Mesh, build_model, serial_reference
 from paracube.executor.shards import block
 from paracube.layout import Layout, parse_layout
+from paracube.modes import MODES
 from paracube.workload import ModelSpec
 
 SPEC = ModelSpec("test", layers=1, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
@@ -34,7 +35,10 @@ ACTS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
 
 
 def local_block(t: torch.Tensor, mesh: Mesh, axes: tuple[tuple[str, ...], tuple[str, ...]]) -> torch.Tensor:
-    """This rank's block of a full activation [b, s, h]: sequences over axes[0], hidden over axes[1]."""
+    """This rank's block of a full activation [b, s, h]: sequences (the flat token layout of 2D / 3D: the
+    flattened b x s tokens, executor/tokens.py) over axes[0], hidden over axes[1]."""
+    if MODES[mesh.layout.mode].token_axes:
+        t = t.reshape(-1, t.shape[-1])
     (b0, bn), (h0, hn) = block(t.shape[0], mesh, axes[0]), block(t.shape[-1], mesh, axes[1])
     return t[b0:b0 + bn, ..., h0:h0 + hn]
 
@@ -109,7 +113,8 @@ def check_layers(rank: int, world: int, layout_text: str) -> dict[str, Any]:
     for name, par, refm, inp, kin, kout in cases:
         model.zero_grad(set_to_none=True)
         ref.zero_grad(set_to_none=True)
-        events[name] = compare(name, errs, mesh, par, refm, par, refm, inp, cut(kin), cut(kout))
+        par_fn = (lambda t, m=par: m(t, None, s)) if name == "attn" else par  # attention: sequences of s tokens
+        events[name] = compare(name, errs, mesh, par, refm, par_fn, refm, inp, cut(kin), cut(kout))
 
     # Embeddings: every rank sees the whole micro-batch of ids; output in the block layout.
     model.zero_grad(set_to_none=True)

@@ -85,6 +85,8 @@ def _declared(layout: Layout, d: Dims, colls: list[Collective], phase: str | Non
     for c in colls:
         if (c.when == "sp") != layout.sequence_parallel and c.when:
             continue
+        if c.applies is not None and not c.applies(sizes):  # e.g. a split sequence's key / value gather
+            continue
         if math.prod(layout.axis_size(a) for a in c.axes) > 1:
             out.append((c.kind, c.axes, int(c.payload(sizes)), d.dtype if c.dtype == COMPUTE else c.dtype,
                         phase or c.phase))

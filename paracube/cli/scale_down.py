@@ -23,6 +23,7 @@ from paracube.errors import ParacubeError
 from paracube.executor.sizes import check_divisibility
 from paracube.layout import Layout
 from paracube.modes import MODES
+from paracube.modes.base import tokens_split_ok
 from paracube.modes.stages import split_ok
 from paracube.plan import LaunchSpec, Plan
 from paracube.workload import ModelSpec, TrainingSpec
@@ -78,8 +79,11 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
                       keep_weights=lay.keep_weights)
         split = base.token_split
         n_micro = 2 * pp if pp > 1 else 2
-        mbs = [lay.micro_batch] if lay.micro_batch and lay.micro_batch % split == 0 else []
-        for mb in [*mbs, *(split * k for k in range(1, 9))]:
+        s = replace(plan.training, seq_len=None).sequence_length(spec)
+        # The plan's micro-batch if the tokens still split (whole sequences or within one), else the smallest
+        # that does (modes.base.tokens_split_ok).
+        mbs = [lay.micro_batch] if lay.micro_batch and tokens_split_ok(lay.micro_batch, s, split) else []
+        for mb in [*mbs, *(m for m in range(1, 8 * split + 1) if tokens_split_ok(m, s, split))]:
             new = _placement(base, micro_batch=mb, placement=lay.placement)
             training = replace(plan.training, global_batch=dp * mb * n_micro, seq_len=None)
             try:
