@@ -100,7 +100,10 @@ for kind, points in runs.items():
 for p in runs["strong"]:
     if p.gpus == 64:
         print(f"strong, 64 GPUs, {p.cluster:9s} {p.mode:5s} {p.step_time_s:7.3f} s  {p.memory_bytes/2**30:5.1f} GiB  "
-              f"{p.bytes_per_gpu/1e9:6.2f} GB/GPU  {p.layout}")"""),
+              f"{p.bytes_per_gpu/1e9:6.2f} GB/GPU  {p.layout}")
+weak = {p.mode: p.step_time_s for p in runs["weak"] if p.cluster == "longhorn" and p.gpus == 64}
+print(f"weak, 64 GPUs, longhorn (hidden {WEAK_H[64]}): 3d/1d = {weak['1d'] / weak['3d']:.2f}x, "
+      f"3d/2d = {weak['2d'] / weak['3d']:.2f}x")"""),
     ("md", """## 3. The map: which mode wins where (64 GPUs)
 
 Each cell is the best layout of each mode (micro-batch and placement chosen by the planner) for a 12-layer GPT of
