@@ -334,9 +334,7 @@ def test_reload_from_full_state_dict_restores_every_shard(layout_results: tuple[
 
 @pytest.mark.parametrize(("layout", "micro", "global_", "message"), [
     ("tp=1d:3", 4, 8, "heads=8 is not divisible by 3"),
-    ("tp=2d:2x2", 3, 6, "micro_batch=3: its 3 x 16 tokens do not split 2 ways"),
-    ("tp=3d:2x2x2", 3, 12, "micro_batch=3: its 3 x 16 tokens do not split 4 ways"),
-    ("tp=2.5d:2x2x2", 6, 12, "micro_batch=6: its 6 x 16 tokens do not split 4 ways"),
+    ("tp=2.5d:2x2x3", 1, 6, "micro_batch=1: its 1 x 16 = 16 tokens do not split 6 ways"),
     ("dp=2,tp=2d:2x2", 4, 12, "global_batch=12 is not divisible by 8"),
     ("tp=3d:4x4x4", 16, 16, "hidden=32 is not divisible by 64"),
 ])

@@ -43,10 +43,10 @@ def test_world_size_mismatch_is_refused_before_start(tmp_path: Path, capsys: pyt
 
 
 def test_non_divisible_sizes_are_refused_before_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # 3D 2x2x2 splits each micro-batch's tokens 4 ways: mb=3 would put two sequences' tokens on one rank.
-    path = _plan_file(tmp_path, "dp=1,tp=3d:2x2x2,mb=3")
+    # 2.5D 2x2x3 splits each micro-batch's tokens 6 ways: one sequence of 64 tokens does not split.
+    path = _plan_file(tmp_path, "dp=1,tp=2.5d:2x2x3,mb=1")
     code, err = _run(["run", str(path), "--metrics", str(tmp_path / "m.jsonl")], capsys)
-    assert code == 2 and "micro_batch=3: its 3 x 64 tokens do not split 4 ways" in err
+    assert code == 2 and "micro_batch=1: its 1 x 64 = 64 tokens do not split 6 ways" in err
     assert not (tmp_path / "m.jsonl").exists()
 
 

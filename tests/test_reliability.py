@@ -435,7 +435,7 @@ BAD_SIZES = [
     # (layout, plan changes, extra argv, the one-line refusal)
     ("dp=1,tp=2d:2x2,mb=4", {"gpus": 8, "launch.nproc_per_node": 8}, [], "needs 4 ranks but the plan has gpus=8"),
     ("dp=1,tp=2d:2x2,mb=4", {}, ["--nproc-per-node", "2"], "1 x nproc_per_node=2 = 2 ranks, but layout"),
-    ("dp=1,tp=3d:2x2x2,mb=3", {}, [], "micro_batch=3: its 3 x 64 tokens do not split 4 ways"),  # 3D: q^2 ways
+    ("dp=1,tp=2.5d:2x2x3,mb=1", {}, [], "micro_batch=1: its 1 x 64 = 64 tokens do not split 6 ways"),  # q d ways
     ("dp=1,tp=1d:3,mb=4", {}, [], "heads=4 is not divisible by 3"),  # the tiny GPT has 4 heads
     ("dp=3,tp=1d:2,mb=4", {}, [], "global_batch=8 is not divisible by 12"),  # dp x mb
 ]
@@ -476,8 +476,8 @@ def test_a_worker_refuses_bad_sizes_before_any_collective(monkeypatch: pytest.Mo
     monkeypatch.delenv("MASTER_PORT", raising=False)
     with pytest.raises(ParacubeError, match=r"world size 3 != the 4 ranks layout dp=1,tp=2d:2x2,mb=4 needs"):
         train(default_plan(LAYOUT), 0, 3, 2)
-    with pytest.raises(ParacubeError, match="micro_batch=3: its 3 x 64 tokens do not split 4 ways"):
-        train(default_plan("dp=1,tp=3d:2x2x2,mb=3"), 0, 8, 2)
+    with pytest.raises(ParacubeError, match="micro_batch=1: its 1 x 64 = 64 tokens do not split 6 ways"):
+        train(default_plan("dp=1,tp=2.5d:2x2x3,mb=1"), 0, 12, 2)
     assert not torch.distributed.is_initialized()
 
 

@@ -1,5 +1,6 @@
-"""Tokens split over b x s (executor/tokens.py): 2D, 2.5D and 3D run micro-batches smaller than their token
-split, a sequence's tokens spread over ranks that gather its keys and values for attention.
+"""Tokens split over b x s (executor/tokens.py): 2D, 2.5D and 3D run any micro-batch whose token count divides,
+a rank holding part of a sequence (or the end of one and the start of the next) and gathering keys and values
+for attention.
 
 One 8-rank launch. Per case (layout, micro-batch, recomputation, family): losses and gradient norms of 3 AdamW
 steps and the parameters after them equal the serial model's (rel 1e-5, fp32); the collectives of the first
@@ -40,6 +41,11 @@ CASES = [  # (layout, micro-batch, recompute, family): the token split is 4 in e
     ("tp=2.5d:2x2x2,fa=0", 2, "selective", "llama"),  # over row
     ("dp=2,tp=2d:2x2,fa=0", 1, "none", "gpt"),  # over row
     ("pp=2,tp=2d:2x2", 1, "none", "gpt"),  # the flat activations [T / q, h / q] between stages
+    # blocks straddling two sequences (c = T / n not dividing s): masked windows
+    ("tp=3d:2x2x2", 3, "none", "gpt"),  # c = 12, s = 16: windows up to 24 keys, gathered over (x, z)
+    ("tp=3d:2x2x2,fa=0", 3, "selective", "llama"),
+    ("dp=2,tp=2d:2x2,fa=0", 3, "none", "gpt"),  # c = 24: over row
+    ("tp=2.5d:2x2x2", 6, "none", "llama"),  # c = 24: over row
 ]
 
 
@@ -96,7 +102,7 @@ def test_split_sequences_match_serial_traffic_and_memory(results, case: int) -> 
     text, mb, rc, family = CASES[case]
     spec = MODELS[family]
     layout = parse_layout(text).with_(micro_batch=mb)
-    assert mb < layout.token_split  # a sequence's tokens really are spread over ranks
+    assert (mb * spec.seq_len // layout.token_split) % spec.seq_len  # a rank's tokens are not whole sequences
     d = dims_of(spec, training(text, mb, rc))
     for rank, per_case in enumerate(results):
         r = per_case[case]
@@ -115,22 +121,23 @@ def test_split_sequences_match_serial_traffic_and_memory(results, case: int) -> 
 GRID9 = ModelSpec("grid9", layers=2, hidden=72, heads=9, ffn_hidden=144, vocab=99, seq_len=18)  # 2D 3x3 sizes
 
 
-@pytest.mark.parametrize(("layout", "spec", "mb", "global_", "nearest"), [
-    ("tp=3d:2x2x2", SPEC, 3, 12, "2, 4 "), ("tp=3d:2x2x2", SPEC, 6, 12, "4, 12 "),
-    ("tp=2.5d:2x2x2", SPEC, 3, 9, "1 "), ("tp=2d:3x3", GRID9, 2, 4, "1 ")])
-def test_a_micro_batch_no_split_divides_is_refused_naming_the_nearest(layout: str, spec: ModelSpec, mb: int,
-                                                                     global_: int, nearest: str) -> None:
+@pytest.mark.parametrize(("layout", "spec", "seq", "mb", "global_", "nearest"), [
+    ("tp=2.5d:2x2x3", SPEC, 16, 2, 6, "3 (dividing"),  # 32 tokens, 6 ways
+    ("tp=3d:2x2x2", SPEC, 10, 1, 4, "2 (dividing"),  # training sequences of 10 tokens, 4 ways
+    ("tp=2d:3x3", GRID9, 10, 1, 2, "3 (none divides")])
+def test_a_micro_batch_no_split_divides_is_refused_naming_the_nearest(layout: str, spec: ModelSpec, seq: int,
+                                                                     mb: int, global_: int, nearest: str) -> None:
     """One line before any rank starts: the tokens, the split, and the nearest micro-batch sizes that run."""
     with pytest.raises(ParacubeError) as err:
-        check_divisibility(spec, parse_layout(layout), mb, global_, spec.seq_len)
+        check_divisibility(spec, parse_layout(layout), mb, global_, seq)
     text = str(err.value)
-    assert "\n" not in text and f"micro_batch={mb}: its {mb} x {spec.seq_len} tokens" in text
-    assert f"nearest valid micro-batch sizes: {nearest}(dividing the replica's batch" in text
+    assert "\n" not in text and f"micro_batch={mb}: its {mb} x {seq} = {mb * seq} tokens do not split" in text
+    assert f"nearest valid micro-batch sizes: {nearest}" in text
 
 
 def test_micro_batches_below_the_token_split_are_plannable() -> None:
     """The planner offers 3D with one sequence per micro-batch (8 ranks, 4-way token split) and prices its key /
-    value gathers; a micro-batch straddling sequences stays refused with the rule's name."""
+    value gathers; a micro-batch whose tokens do not divide stays refused with the rule's name."""
     from paracube.planner.search import search
     from paracube.workload import PRESETS
 
@@ -140,5 +147,6 @@ def test_micro_batches_below_the_token_split_are_plannable() -> None:
     assert best.micro_batch == 1
     events = stage_events(best, dims_of(tiny, TrainingSpec(global_batch=8)), 1)
     assert [e.axes for e in events if e.label.endswith("qkv.kv")][0] == ("x", "z")
-    with pytest.raises(ParacubeError, match="3d: micro-batch tokens split neither by whole sequences nor within one"):
-        search(tiny, TrainingSpec(global_batch=12), topo, 8, fixed=parse_layout("tp=3d:2x2x2,mb=3"), top_k=1)
+    with pytest.raises(ParacubeError, match=r"3d: micro-batch tokens % token split != 0"):  # 24 x 1 or 3 tokens
+        search(tiny, TrainingSpec(global_batch=3, seq_len=24), load_topology("dgx-a100", gpus=64), 64,
+               fixed=parse_layout("tp=3d:4x4x4"), top_k=1)

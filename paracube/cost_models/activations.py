@@ -50,6 +50,7 @@ import numpy as np
 
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
+from paracube.modes.base import key_window, sequence_pieces
 
 Arr = np.ndarray
 E = 4.0  # fp32: LayerNorm statistics and gathered norm weights, log-sum-exp, softmax
@@ -88,7 +89,7 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     if replicated or (d.recompute != "selective" and d.flash):
         attention = attention + c * T * h / sp["all"]
     if MODES[mode].token_axes:
-        attention = attention + split_sequence_bytes(d, T, sp)
+        attention = attention + split_sequence_bytes(d, b, sp)
     if replicated:  # none / 1D: the residual stream, LayerNorm inputs and GELU input in the compute dtype
         shards = _sequence_shards(b)
         norms = 2 * (c * T * h + 4 * d.stat_width * T) / shards
@@ -111,21 +112,31 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
             "dropout masks": masks + zero}
 
 
-def split_sequence_bytes(d: Dims, T: Arr, sp: dict[str, Arr]) -> Arr:
-    """What attention over a sequence split across ranks (executor/tokens.py: T / n tokens per rank, n = the
-    token split, less than a sequence) keeps beyond the whole-sequence case, on the rank holding a sequence's
-    end (span = s keys): the gathered keys and values of its heads, c s 2 kv / head split (flash and selective
-    recomputation keep the window itself; unfused keeps its k, v copies, s - T / n tokens more than its own)
-    and, flash, the lower-right causal mask [T / n, s] in the compute dtype. 0 where sequences are whole."""
-    tokens = T / sp["tok"]
-    kv = 2.0 * d.kv / (sp["all"] / sp["tok"])  # key and value columns of the rank's heads
+def split_sequence_bytes(d: Dims, b: LayoutBatch, sp: dict[str, Arr]) -> Arr:
+    """What attention where a rank's c = T / n tokens are not whole sequences keeps beyond the whole-sequence
+    case (executor/tokens.py), on the rank with the widest key window W (modes.base.key_window: s when c
+    divides s, c + s - gcd(c, s) when blocks straddle sequences): the window's keys and values of its heads,
+    c W 2 kv / head split (gpt's flash and selective recomputation keep the window itself; unfused and llama's
+    flash keep k, v made from it, W - c tokens more than their own); flash its [c, W] mask in the compute dtype; unfused the scores
+    beyond c s per head; llama the rotary tables of the window's W positions instead of s. 0 where whole."""
+    n = np.asarray(sp["tok"]).astype(np.int64)
+    T = (b.mb * d.s).astype(np.int64)
+    tokens = (T // n).astype(float)
+    window = key_window(T, d.s, n).astype(float)
+    heads_split = sp["all"] / sp["tok"]
+    kv = 2.0 * d.kv / heads_split  # key and value columns of the rank's heads
     if d.recompute == "selective":
-        extra = d.c * d.s * kv
-    elif d.flash:
-        extra = d.c * d.s * kv + d.c * tokens * d.s
+        extra = d.c * window * kv
+    elif d.flash and d.family == "gpt":  # q views the qkv output, k and v the window
+        extra = d.c * window * kv + d.c * tokens * window
+    elif d.flash:  # llama: rotated k and a copy of v over the window, in place of the local tokens' own
+        extra = d.c * (window - tokens) * kv + d.c * tokens * window
     else:
-        extra = d.c * (d.s - tokens) * kv
-    return np.where(tokens < d.s, extra, 0.0)
+        per_score = d.c + (1 + d.c if d.attention_dropout > 0 else 0)
+        extra = d.c * (window - tokens) * kv + per_score * tokens * (window - d.s) * d.heads / heads_split
+    if d.family == "llama" and d.recompute != "selective":
+        extra = extra + 2 * d.c * (window - d.s) * (d.h / d.heads)
+    return np.where(sequence_pieces(T, d.s, n) > 1, extra, 0.0)
 
 
 def attention_core_bytes(d: Dims, mb: Arr, heads_split: Arr) -> Arr:

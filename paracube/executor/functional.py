@@ -31,11 +31,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.bias import causal_lower_right
 
 from paracube.executor.comm import Axes, all_reduce
 from paracube.executor.dropout import dropout, seeded
 from paracube.executor.mesh import Mesh
+from paracube.executor.tokens import Geometry, window_mask
 
 LN_EPS = 1e-5
 
@@ -131,15 +131,19 @@ def vocab_parallel_ce(logits: Tensor, labels: Tensor, v0: int, mesh: Mesh, axes:
 
 
 class _ScaledCausalSoftmax(torch.autograd.Function):
-    """softmax(scale * scores) over keys with keys after the query masked out, in fp32 inside; saves only its
-    output (Megatron's fused masked softmax). Rows are `queries` queries (stacked GQA heads repeat them) at
-    positions keys - queries + row % queries: the last queries of the keys' sequence (all of it when equal)."""
+    """softmax(scale * scores) over keys, masked, in fp32 inside; saves only its output (Megatron's fused masked
+    softmax). Mask: causal over square scores of whole sequences (rows are queries at positions row % s, stacked
+    GQA heads repeating them), or `allowed` [c, keys] (a window of a split sequence, executor/tokens.py; rows
+    r c, query row % c)."""
 
     @staticmethod
-    def forward(ctx: Any, scores: Tensor, scale: float, queries: int) -> Tensor:
+    def forward(ctx: Any, scores: Tensor, scale: float, allowed: Tensor | None) -> Tensor:
         rows, keys = scores.shape[-2:]
-        q_pos = keys - queries + torch.arange(rows, device=scores.device) % queries
-        future = torch.arange(keys, device=scores.device) > q_pos.unsqueeze(-1)
+        if allowed is None:
+            q_pos = torch.arange(rows, device=scores.device) % keys
+            future = torch.arange(keys, device=scores.device) > q_pos.unsqueeze(-1)
+        else:
+            future = ~allowed.repeat(rows // allowed.shape[0], 1)
         probs = torch.softmax((scores.float() * scale).masked_fill(future, float("-inf")), dim=-1).to(scores.dtype)
         ctx.save_for_backward(probs)
         ctx.scale = scale
@@ -153,22 +157,21 @@ class _ScaledCausalSoftmax(torch.autograd.Function):
 
 
 def core_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None,
-                   queries: int = 0) -> Tensor:
-    """Megatron's unfused causal attention: q [n, r c, d] (r query heads per k/v head stacked along rows, c =
-    `queries` tokens, default all of k's), k, v [n, span, d] -> [n, r c, d]; the queries are the last c
-    positions of the keys' sequence; dropout p on the probabilities (mask from `seed`)."""
+                   allowed: Tensor | None = None) -> Tensor:
+    """Megatron's unfused attention: q [n, r c, d] (r query heads per k/v head stacked along rows), k, v
+    [n, keys, d] -> [n, r c, d]; causal over whole sequences (c = keys), or masked by `allowed` [c, keys];
+    dropout p on the probabilities (mask from `seed`)."""
     scores = torch.bmm(q, k.transpose(1, 2))
-    probs = _ScaledCausalSoftmax.apply(scores, 1.0 / math.sqrt(q.shape[-1]), queries or k.shape[1])
+    probs = _ScaledCausalSoftmax.apply(scores, 1.0 / math.sqrt(q.shape[-1]), allowed)
     return torch.bmm(dropout(probs, p, seed), v)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None,
-                    gqa: bool = False) -> Tensor:
-    """scaled_dot_product_attention, causal, q [b, heads, c, d], k, v [b, kv heads, span, d]: the queries are
-    the last c positions of the keys' sequence (c = span: is_causal; else a lower-right causal mask, which
-    CPU's flash kernel keeps as one [c, span] fp32 tensor); dropout_p drawn from `seed`."""
-    c, span = q.shape[-2], k.shape[-2]
-    mask = {"is_causal": True} if c == span else {"attn_mask": causal_lower_right(c, span)}
+                    gqa: bool = False, allowed: Tensor | None = None) -> Tensor:
+    """scaled_dot_product_attention, q [b, heads, c, d], k, v [b, kv heads, keys, d]: causal over whole
+    sequences, or masked by `allowed` [c, keys] (which CPU's flash kernel keeps as a [c, keys] tensor in the
+    compute dtype); dropout_p drawn from `seed`."""
+    mask = {"is_causal": True} if allowed is None else {"attn_mask": allowed}
     if p <= 0.0 or seed is None:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, **mask)  # type: ignore[arg-type]
     with seeded(seed, q.device):
@@ -176,13 +179,13 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int |
 
 
 def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0, seed: int | None = None,
-                    kv: Tensor | None = None) -> Tensor:
+                    kv: Tensor | None = None, geometry: Geometry | None = None) -> Tensor:
     """Causal attention: qkv [b, c, heads*3*d] with columns [heads, 3, d] -> [b, c, heads*d]. kv None: whole
-    sequences (c = s, keys and values from qkv); else [b, span, heads, 2, d], the keys and values of the queries'
-    sequence up to their last token (a sequence split over ranks: executor/tokens.py).
+    sequences (c = s, keys and values from qkv); else [1, keys, heads, 2, d], the window of keys and values a
+    split sequence's queries read, `geometry` placing both (executor/tokens.py).
     flash: scaled_dot_product_attention, else Megatron's unfused core attention (module docstring)."""
-    if kv is not None:
-        return _split_sequence_attention(qkv, heads, flash, p, seed, kv)
+    if kv is not None and geometry is not None:
+        return _split_sequence_attention(qkv, heads, flash, p, seed, kv, geometry)
     b, s, width = qkv.shape
     d = width // (3 * heads)
     if flash:
@@ -196,20 +199,23 @@ def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0,
     return out.view(b, heads, s, d).transpose(1, 2).reshape(b, s, heads * d)
 
 
-def _split_sequence_attention(qkv: Tensor, heads: int, flash: bool, p: float, seed: int | None, kv: Tensor) -> Tensor:
-    """local_attention's queries against the gathered keys and values of their sequence (kv [b, span, heads, 2,
-    d]); unfused: a contiguous copy of q, and k, v read from the gathered window (which backward keeps)."""
+def _split_sequence_attention(qkv: Tensor, heads: int, flash: bool, p: float, seed: int | None, kv: Tensor,
+                              geometry: Geometry) -> Tensor:
+    """local_attention's queries against the window of keys and values (kv [1, keys, heads, 2, d]), masked to
+    each query's sequence (the mask made here, inside a selective recomputation); unfused: a contiguous copy of
+    q, and k, v read from the window (which backward keeps)."""
     b, c, width = qkv.shape
     d = width // (3 * heads)
-    span = kv.shape[1]
+    keys = kv.shape[1]
+    allowed = window_mask(geometry, c, keys, qkv.device)
     q = qkv.view(b, c, heads, 3, d)[..., 0, :].transpose(1, 2)
     k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2)
     if flash:
-        out = flash_attention(q, k, v, p, seed)
+        out = flash_attention(q, k, v, p, seed, allowed=allowed)
     else:
         c_dtype = compute_dtype(qkv)
         # q copied (a reshape could view it and keep the whole qkv output); k, v view the window, as priced
         out = core_attention(q.to(c_dtype).contiguous().reshape(b * heads, c, d),
-                             k.to(c_dtype).reshape(b * heads, span, d),
-                             v.to(c_dtype).reshape(b * heads, span, d), p, seed, c).view(b, heads, c, d)
+                             k.to(c_dtype).reshape(b * heads, keys, d), v.to(c_dtype).reshape(b * heads, keys, d),
+                             p, seed, allowed).view(b, heads, c, d)
     return out.transpose(1, 2).reshape(b, c, heads * d)

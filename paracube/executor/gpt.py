@@ -79,7 +79,8 @@ class Attention(nn.Module):
         split = self.mode.sequence_split(qkv, s)
         # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
         kv = split.keys_values(qkv, self.heads, 1, self.mode.mesh) if split is not None else None
-        args = (split.queries(qkv) if split is not None else qkv, self.heads, self.flash, self.p, seed, kv)
+        args = (split.queries(qkv) if split is not None else qkv, self.heads, self.flash, self.p, seed, kv,
+                split.geometry if split is not None else None)
         if self.selective and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
             # (the same dropout mask: it is drawn from `seed`).

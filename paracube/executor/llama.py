@@ -32,6 +32,7 @@ from paracube.executor.mesh import Mesh
 from paracube.executor.rms_norm import rms_norm
 from paracube.executor.serial import Mode, ShardedModule
 from paracube.executor.shards import block, make_spec
+from paracube.executor.tokens import Geometry, window_mask, window_positions
 from paracube.workload import ModelSpec
 
 
@@ -51,33 +52,40 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: bool = True, p: float = 0.0,
-                  seed: int | None = None, kv: Tensor | None = None) -> Tensor:
+                  seed: int | None = None, kv: Tensor | None = None, geometry: Geometry | None = None) -> Tensor:
     """Causal attention: qkv [b, c, kv_heads * (group + 2) * d] -> [b, c, kv_heads*group*d]. kv None: whole
-    sequences (c = s); else [b, span, kv_heads, 2, d], the keys and values of the queries' sequence up to their
-    last token (a sequence split over ranks, executor/tokens.py): queries at positions span - c .. span - 1.
+    sequences (c = s); else [1, keys, kv_heads, 2, d], the window of keys and values a split sequence's queries
+    read, `geometry` placing both (executor/tokens.py: rotary positions and the mask follow from it).
     flash: scaled_dot_product_attention; else Megatron's unfused core attention (functional.core_attention),
     the group's query heads stacked along the rows of one bmm per kv head."""
     b, c, width = qkv.shape
     d = width // (kv_heads * (group + 2))
     g = qkv.view(b, c, kv_heads, group + 2, d)
     q = g[..., :group, :].reshape(b, c, kv_heads * group, d).transpose(1, 2)
-    if kv is None:
+    allowed = None
+    if kv is None or geometry is None:
         # v copied out of qkv: backward then keeps v alone, not the whole qkv output it is a view of
         k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
+        cos, sin = rotary_tables(c, d, theta, qkv)
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
     else:
-        # v copied out of the gathered window, as above (k is rotated into a new tensor anyway)
+        # v copied out of the window, as above (k is rotated into a new tensor anyway)
         k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2).contiguous()
-    span = k.shape[2]
-    cos, sin = rotary_tables(span, d, theta, qkv)
-    q, k = rotary(q, cos[span - c:], sin[span - c:]), rotary(k, cos, sin)
+        keys = k.shape[2]
+        cos, sin = rotary_tables(geometry[2], d, theta, qkv)
+        _, k_pos = window_positions(geometry, c, keys, qkv.device)
+        cos, sin = cos[k_pos], sin[k_pos]  # the queries are the window's last c tokens: views of these
+        q, k = rotary(q, cos[keys - c:], sin[keys - c:]), rotary(k, cos, sin)
+        allowed = window_mask(geometry, c, keys, qkv.device)
+    keys = k.shape[2]
     if not flash:
         n = b * kv_heads
         cd = compute_dtype(qkv)
-        out = core_attention(q.to(cd).reshape(n, group * c, d), k.to(cd).reshape(n, span, d),
-                             v.to(cd).reshape(n, span, d), p, seed, c)
+        out = core_attention(q.to(cd).reshape(n, group * c, d), k.to(cd).reshape(n, keys, d),
+                             v.to(cd).reshape(n, keys, d), p, seed, allowed)
         return out.view(b, kv_heads * group, c, d).transpose(1, 2).reshape(b, c, kv_heads * group * d)
     # enable_gqa: query head j reads kv head j // group, without materializing repeated k, v
-    out = flash_attention(q, k, v, p, seed, gqa=group > 1)
+    out = flash_attention(q, k, v, p, seed, gqa=group > 1, allowed=allowed)
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 
@@ -124,7 +132,7 @@ class LlamaAttention(nn.Module):
         # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
         kv = split.keys_values(qkv, self.kv_local, self.group, self.mode.mesh) if split is not None else None
         args = (split.queries(qkv) if split is not None else qkv, self.kv_local, self.group, self.theta,
-                self.flash, self.p, seed, kv)
+                self.flash, self.p, seed, kv, split.geometry if split is not None else None)
         if self.selective and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
             # (the same dropout mask: it is drawn from `seed`).

@@ -66,8 +66,8 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
 
 
 def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica: int, layout: Layout) -> str:
-    """One line: the micro-batch's tokens, the split they miss, and the nearest micro-batch sizes that run
-    (modes.base.tokens_split_ok) dividing the replica's batch `per_replica` when some do."""
+    """One line: the micro-batch's tokens, the split they miss, and the nearest micro-batch sizes whose tokens
+    split (modes.base.tokens_split_ok), dividing the replica's batch `per_replica` when some do."""
     def runs(m: int) -> bool:
         return bool(tokens_split_ok(m, seq_len, split))
 
@@ -79,10 +79,8 @@ def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica:
         near = below + [m for m in range(micro_batch + 1, micro_batch + 4 * split) if runs(m)][:1]
         tail = (f" (none divides the replica's batch of {per_replica} sequences: change the global batch too)"
                 if per_replica else "")
-    return (f"micro_batch={micro_batch}: its {micro_batch} x {seq_len} tokens do not split {split} ways (needed by "
-            f"{layout}) into whole sequences (micro-batch a multiple of {split}) or pieces of one sequence ({split} "
-            f"a multiple of the micro-batch, {split} / micro-batch dividing seq_len {seq_len}); nearest valid "
-            f"micro-batch sizes: {', '.join(map(str, near))}{tail}")
+    return (f"micro_batch={micro_batch}: its {micro_batch} x {seq_len} = {micro_batch * seq_len} tokens do not split "
+            f"{split} ways (needed by {layout}); nearest valid micro-batch sizes: {', '.join(map(str, near))}{tail}")
 
 
 __all__ = ["check_divisibility", "token_split_refusal"]

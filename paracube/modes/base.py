@@ -98,21 +98,29 @@ def divides(a: IntOrArr, b: IntOrArr) -> np.ndarray:
 
 Rule = tuple[str, Callable[[Any, Any], np.ndarray]]  # (reason, predicate(dims, LayoutBatch))
 
-TOKEN_RULE = "micro-batch tokens split neither by whole sequences nor within one"
+TOKEN_RULE = "micro-batch tokens % token split != 0"
 
 
 def tokens_split_ok(mb: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
-    """Whether n ranks can split a micro-batch of mb sequences of s tokens (flattened batch-major, b x s) into
-    n equal blocks of mb s / n tokens that are whole sequences (n | mb) or lie within one sequence (mb | n and
-    n / mb | s). Otherwise a rank's block would straddle two sequences."""
-    mb, s, n = np.asarray(mb), np.asarray(s), np.asarray(n)
-    within = (n % mb == 0) & (s % np.maximum(n // np.maximum(mb, 1), 1) == 0)
-    return (mb % n == 0) | within
+    """Whether n ranks can split a micro-batch of mb sequences of s tokens (flattened batch-major, b x s) into n
+    equal blocks: any micro-batch whose token count divides. A block may hold whole sequences, part of one, or
+    the end of one and the start of the next (executor/tokens.py)."""
+    return (np.asarray(mb) * s) % np.asarray(n) == 0
 
 
 def sequence_pieces(T: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
-    """Ranks one sequence is split over when n ranks split T tokens of sequences of s tokens (1: whole)."""
-    return np.maximum(np.asarray(n) * s // np.asarray(T), 1)
+    """Consecutive token blocks of c = T / n tokens that first end on a sequence boundary: s / gcd(c, s) (1: every
+    block holds whole sequences). A group of g consecutive blocks holds whole sequences iff pieces | g."""
+    c = np.asarray(T) // np.asarray(n)
+    return np.asarray(s) // np.gcd(c, s)
+
+
+def key_window(T: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
+    """Keys a rank's c = T / n queries attend over when its block is not whole sequences, at most over ranks:
+    from the start of its first token's sequence to its last token, c + s - gcd(c, s) (s when c divides s).
+    Whole sequences: s (each query row has at most s keys)."""
+    c = np.asarray(T) // np.asarray(n)
+    return np.where(c % s == 0, s, c + s - np.gcd(c, s))
 
 
 def kv_gather_groups(axes: tuple[str, ...], sizes: dict[str, IntOrArr],
@@ -199,7 +207,7 @@ class TensorMode:
         """The key / value all-gather of a sequence split over ranks (forward; reduce-scatter of their
         gradients backward), over the smallest minor group of `attention_token_axes` holding whole sequences
         (`kv_gather_groups`): T / n tokens per rank, g of them gathered, k and v of the rank's heads
-        (2 kv / head_split columns), compute dtype. Issued only where a rank's tokens are part of a sequence."""
+        (2 kv / head_split columns), compute dtype. Issued only where a rank's block is not whole sequences."""
         out: list[Collective] = []
         axes = self.attention_token_axes
         for i in range(len(axes)):
@@ -338,4 +346,4 @@ def divisors(n: int) -> list[int]:
 
 __all__ = ["COMPUTE", "F32", "LAYER_UNITS", "TOKEN_RULE", "VOCAB_MULTIPLE", "Collective", "ExecutorSupport", "IntOrArr",
            "Rule", "Sizes", "TensorMode", "coll", "divides", "divisors", "kv_gather_groups", "padded",
-           "sequence_pieces", "split", "split_embedding", "tokens_split_ok"]
+           "key_window", "sequence_pieces", "split", "split_embedding", "tokens_split_ok"]
