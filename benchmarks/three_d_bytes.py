@@ -1,9 +1,12 @@
-"""3D bytes per rank per step, before and after issue #15's changes (3D embedding, kept weights `kw`).
+"""3D bytes per rank per step, before and after issue #15's changes (3D embedding, kept weights `kw`, tokens split
+over b x s).
 
 Cases (a 4-micro-batch step each, fp32 tiny / bf16 GPT-3 2.7B):
 - tiny, dp=1,tp=3d:2x2x2,mb=4, global batch 16: the model's bytes (traffic.stage_events, cost_models) AND
   the bytes the executor records in one train_step on 8 gloo CPU ranks (the max over ranks);
-- gpt3-2.7b on 64 GPUs, dp=1,tp=3d:4x4x4,mb=16, global batch 64: the model's bytes.
+- gpt3-2.7b on 64 GPUs, dp=1,tp=3d:4x4x4,mb=16, global batch 64: the model's bytes;
+- the same two with one sequence per micro-batch (mb=1, global batch 4): runnable only with tokens split over
+  b x s (each sequence over q^2 ranks, which gather its keys and values for attention).
 Bytes = what one rank sends with ring algorithms (CommEvent.sent_bytes), and the summed payloads.
 Columns: kw=0 and kw=1 of the checkout this script imports; `--before DIR` also runs it on another source
 tree (e.g. `git archive 49cc7e8 | tar -x -C /tmp/main49`, the tree before the change: no kw) and prints the
@@ -29,6 +32,10 @@ from paracube.errors import ParacubeError  # noqa: E402
 CASES = [  # (name, model preset, gpus, layout, global batch, dtype, executor-recorded too)
     ("tiny 3d 2x2x2", "tiny", 8, "dp=1,tp=3d:2x2x2,mb=4", 16, "fp32", True),
     ("gpt3-2.7b 3d 4x4x4", "gpt3-2.7b", 64, "dp=1,tp=3d:4x4x4,mb=16", 64, "bf16", False),
+    # one sequence per micro-batch, below the token split (q^2): each sequence over q^2 ranks, keys and values
+    # gathered for attention (executor/tokens.py); trees before the b x s split refuse it (n/a)
+    ("tiny 3d 2x2x2 mb=1", "tiny", 8, "dp=1,tp=3d:2x2x2,mb=1", 4, "fp32", True),
+    ("gpt3-2.7b 3d mb=1", "gpt3-2.7b", 64, "dp=1,tp=3d:4x4x4,mb=1", 4, "bf16", False),
 ]
 SCHEMES = (",kw=0", ",kw=1", "")  # "": the layout as written (only where kw does not parse: before kw existed)
 

@@ -247,13 +247,14 @@ def test_bytes_per_rank_scale_as_table() -> None:
 
 
 def test_invalid_layout_and_default_micro_batch() -> None:
-    """3d 2x2x2 splits a micro-batch's tokens 4 ways: mb=3 straddles sequences (refused with the rule's name);
-    with mb unset the smallest valid one (1: a sequence over 4 ranks) is chosen and said."""
+    """2.5d 2x2x3 splits a micro-batch's 64 x mb tokens 6 ways: mb=1 does not divide (refused with the rule's
+    name); with mb unset the smallest valid one is chosen and said (2.5d: 3; 3d 2x2x2: 1, a sequence over 4 ranks)."""
     tr = TrainingSpec(global_batch=12)
-    with pytest.raises(ParacubeError, match="micro-batch tokens split neither by whole sequences nor within one"):
-        estimate(TINY, tr, parse_layout("tp=3d:2x2x2,mb=3"), topo())
-    est = estimate(TINY, tr, parse_layout("tp=3d:2x2x2"), topo(), with_events=False)
-    assert "mb=1" in est.layout and any("smallest valid" in n for n in est.notes)
+    with pytest.raises(ParacubeError, match="micro-batch tokens % token split != 0"):
+        estimate(TINY, tr, parse_layout("tp=2.5d:2x2x3,mb=1"), topo(12))
+    for text, mb in (("tp=2.5d:2x2x3", 3), ("tp=3d:2x2x2", 1)):
+        est = estimate(TINY, tr, parse_layout(text), topo(parse_layout(text).world_size), with_events=False)
+        assert f"mb={mb}" in est.layout and any("smallest valid" in n for n in est.notes)
 
 
 def test_mfu_and_flops() -> None:

@@ -106,8 +106,8 @@ def test_rejection_reasons() -> None:
         search(TINY, TrainingSpec(global_batch=8), topo(12), 12, modes=["3d"])
     res = search(TINY, TrainingSpec(global_batch=8), topo(8), 8)
     assert res.rejected["global batch % (dp * micro-batch) != 0"] == 0  # only divisors are enumerated
-    straddling = search(TINY, TrainingSpec(global_batch=12), topo(8), 8)
-    assert straddling.rejected[TOKEN_RULE] > 0  # 3d 2x2x2 with mb 3, 6: a rank's tokens would span 2 sequences
+    twelve = search(TINY, TrainingSpec(global_batch=12), topo(12), 12)
+    assert twelve.rejected[TOKEN_RULE] > 0  # 2.5d 2x2x3: 64 x mb tokens do not split 6 ways for mb in 1, 2, 4
     with pytest.raises(ParacubeError, match="memory"):
         search(TINY, TrainingSpec(global_batch=8), topo(8, mem=1e5), 8)
 
