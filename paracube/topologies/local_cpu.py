@@ -19,14 +19,19 @@ which is what they then measured. A loaded machine runs slower than this preset 
 
 from __future__ import annotations
 
+import math
 import os
 
+from paracube.topologies.cpu_probe import CpuFigures, cpu_figures
 from paracube.topologies.device import DeviceSpec
 
 GiB = 2**30
 SHM_BANDWIDTH, SHM_LATENCY = 2e9, 25e-6  # each process's link to the shared-memory hub
 CPU_OP_S, CPU_CALL_WAIT_S = 4e-6, 1.1e-3  # per op; per collective call and other rank sharing the core
 CPU_GEMM_HALF_DIM = 8.0  # a core runs a [128, 64] x [64, 64] GEMM at ~0.85 of its 512^3 rate (m0 = n0 = k0)
+CPU_PEAK_FP32 = 100e9  # fixed figure: one core's fp32 peak priced by the cost model
+CALL_WAIT_OPS = 275.0  # probed: a call's wait per other rank on the core, in probed op dispatches
+MODEL_EFF_MAX = 0.85  # the cost model's GEMM efficiency ceiling without a calibration (compute.GemmModel)
 
 
 def _host_memory_bytes() -> float:
@@ -48,14 +53,38 @@ def ranks_per_core(processes: int, cores: int | None = None) -> float:
     return max(1.0, processes / (cores or host_cores()))
 
 
-def local_cpu_device(processes: int, cores: int | None = None) -> DeviceSpec:
-    """One local-cpu process: modest peaks until calibrated, an equal share of host memory. Ranks that
-    outnumber the cores (r = ranks_per_core > 1) each get 1/r of a core: peaks and memory bandwidth / r,
-    r x CPU_OP_S per dispatched op, and (r - 1) x CPU_CALL_WAIT_S per collective call."""
+def _gemm_eff(m: int, n: int, k: int) -> float:
+    """The cost model's uncalibrated GEMM efficiency at half-efficiency dimension CPU_GEMM_HALF_DIM."""
+    h = CPU_GEMM_HALF_DIM
+    return MODEL_EFF_MAX * m / (m + h) * n / (n + h) * k / (k + h)
+
+
+def core_figures(figs: CpuFigures | None) -> tuple[float, float, float]:
+    """(fp32 peak FLOP/s, seconds per op, call wait per other rank) of one core: probed, else fixed.
+
+    peak = geometric mean over the probed shapes of rate / eff(m, n, k) (the peak whose priced curve best fits
+    the measured rates, in relative terms); op = the probed op_s; wait = CALL_WAIT_OPS x op_s."""
+    if figs is None:
+        return CPU_PEAK_FP32, CPU_OP_S, CPU_CALL_WAIT_S
+    rates = figs.rates()
+    log_peak = sum(math.log(rate / _gemm_eff(*shape)) for shape, rate in rates) / len(rates)
+    return math.exp(log_peak), figs.op_s, CALL_WAIT_OPS * figs.op_s
+
+
+def local_cpu_device(processes: int, cores: int | None = None, figures: CpuFigures | None = None,
+                     probe: bool = True) -> DeviceSpec:
+    """One local-cpu process: a core's figures (`figures`, else this machine's probed ones via the cache
+    when `probe`, else the fixed ones), an equal share of host memory. Ranks that outnumber the cores
+    (r = ranks_per_core > 1) each get 1/r of a core: peaks and memory bandwidth / r, r x op seconds per
+    dispatched op, and (r - 1) x the call wait per collective call."""
+    if figures is None and probe:
+        figures = cpu_figures(host_cores())
+    peak, op_s, wait_s = core_figures(figures)
     r = ranks_per_core(processes, cores)
-    return DeviceSpec("cpu-process", {k: v / r for k, v in {"fp32": 100e9, "fp16": 25e9, "bf16": 25e9}.items()},
-                      _host_memory_bytes() / processes, 10e9 / r, op_overhead_s=CPU_OP_S * r,
-                      call_overhead_s=CPU_CALL_WAIT_S * (r - 1), gemm_half_dim=CPU_GEMM_HALF_DIM)
+    flops = {"fp32": peak, "fp16": peak / 4, "bf16": peak / 4}
+    return DeviceSpec("cpu-process", {k: v / r for k, v in flops.items()}, _host_memory_bytes() / processes,
+                      10e9 / r, op_overhead_s=op_s * r, call_overhead_s=wait_s * (r - 1),
+                      gemm_half_dim=CPU_GEMM_HALF_DIM)
 
 
 def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, float]:
@@ -64,5 +93,5 @@ def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, flo
     return SHM_BANDWIDTH / r, SHM_LATENCY * r
 
 
-__all__ = ["CPU_CALL_WAIT_S", "CPU_GEMM_HALF_DIM", "CPU_OP_S", "SHM_BANDWIDTH", "SHM_LATENCY", "host_cores",
-           "local_cpu_device", "local_cpu_link", "ranks_per_core"]
+__all__ = ["CALL_WAIT_OPS", "CPU_CALL_WAIT_S", "CPU_GEMM_HALF_DIM", "CPU_OP_S", "CPU_PEAK_FP32", "SHM_BANDWIDTH",
+           "SHM_LATENCY", "core_figures", "host_cores", "local_cpu_device", "local_cpu_link", "ranks_per_core"]
