@@ -1,12 +1,12 @@
 """A quick probe of this machine's CPU figures for the `local-cpu` preset, cached as JSON.
 
-What it measures (one process, one intra-op thread, as a local rank runs; `measure`, about a second after
-torch's import):
-- gemm_flops: single-thread fp32 GEMM rate (FLOP/s, 2mnk / seconds, fastest of 15 short rounds) at the tiny GPT's local
-  shapes (m, n, k) = (64, 64, 64), (128, 64, 64), (128, 256, 64), (128, 64, 256) and 256^3;
+What it measures (one process, one intra-op thread, as a local rank runs; `measure`, about half a second after
+torch's import; each figure the fastest of 15 short rounds: the machine's own speed, not that of the other jobs
+sharing it now, which come and go while the cache stays):
+- gemm_flops: single-thread fp32 GEMM rate (FLOP/s, 2mnk / seconds) at the tiny GPT's local shapes (m, n, k) =
+  (64, 64, 64), (128, 64, 64), (128, 256, 64), (128, 64, 256) and at 256^3;
 - op_s: seconds per dispatched op of a chain of small autograd ops on an [8, 8] tensor (forward mul and add,
-  then their backward: a dispatch each, the data work negligible), fastest of 15 short rounds: the machine's speed, not its
-  other jobs' (they come and go; the cache stays).
+  then their backward: a dispatch each, the data work negligible).
 local_cpu.py turns them into the preset's DeviceSpec (its docstring has the formulas).
 
 When: `cpu_figures()` reads the cache; when absent (or stale, or unreadable), the first call runs the probe

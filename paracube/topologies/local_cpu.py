@@ -1,20 +1,32 @@
 """This machine as a preset (`local-cpu`): one CPU process per rank, gloo through shared memory.
 
-The figures a local-cpu process gets before `paracube calibrate` measures them, per rank with a core of its
-own, and the share of a core each rank gets when ranks outnumber the cores this process may use
-(r = ranks_per_core = max(1, ranks / cores)): peaks, memory bandwidth and hub links run at 1/r (the ranks
-take turns on a core), each dispatched op costs r x CPU_OP_S of wall time, and each collective call waits
-(r - 1) x CPU_CALL_WAIT_S for the group's ranks to be scheduled (a time slice of every other rank on the
-core). The cost model reads the two overheads from the device (DeviceSpec.op_overhead_s, call_overhead_s;
-compute.gemm_model) only when the topology has no calibration.
+The figures a local-cpu process gets before `paracube calibrate` measures them: one core's fp32 GEMM peak,
+seconds per dispatched op and a collective call's wait, then each rank's share of a core when ranks outnumber
+the cores this process may use (r = ranks_per_core = max(1, ranks / cores)): peaks, memory bandwidth and hub
+links run at 1/r (the ranks take turns on a core), each dispatched op costs r x op seconds of wall time, and
+each collective call waits (r - 1) x the call wait for the group's ranks to be scheduled (a slice of every
+other rank on the core). The cost model reads the two overheads from the device (DeviceSpec.op_overhead_s,
+call_overhead_s; compute.gemm_model) only when the topology has no calibration.
 
-Figures (2-core x86 VM, torch eager, gloo, the tiny GPT): a core runs torch's single-thread fp32 GEMMs at
-120-150 GFLOP/s from [128, 64] x [64, 64] up to 512^3, so its efficiency curve saturates early (half-efficiency
-dimension CPU_GEMM_HALF_DIM = 8, not the accelerators' 64; peak priced at 100 GFLOP/s). The two overheads, 4 us
-per op and 1.1 ms per waiting rank and call, are least squares over the quiet-machine step times of
-`benchmarks/validate_local.py`'s three plans (default 3D 2x2x2: 839 ms, 214 calls with 4 ranks per core;
-dp=4: 14.0 ms; dp=8: 34.6 ms); earlier figures (10 us, 1.5 ms) came from a machine loaded by other jobs,
-which is what they then measured. A loaded machine runs slower than this preset says: `paracube calibrate`.
+Where a core's figures come from (core_figures): this machine's probe (cpu_probe.py: measured once, a second
+or so plus torch's import in a subprocess, by the first local-cpu load that needs it, then read from the
+JSON cache `~/.cache/paracube/local_cpu_probe.json`; `PARACUBE_CACHE_DIR` moves it, deleting it re-probes),
+else, with `PARACUBE_NO_CPU_PROBE=1` or a failed probe, the fixed figures below:
+- peak = geometric mean over the probed GEMM shapes of rate / eff(m, n, k), eff = MODEL_EFF_MAX x m/(m+8) x
+  n/(n+8) x k/(k+8): the cost model's uncalibrated curve (compute.GemmModel, eff_max 0.85, half-efficiency
+  dimension CPU_GEMM_HALF_DIM = 8: a core runs torch's single-thread fp32 GEMM at ~0.7 of its 256^3 rate
+  already at 64^3, not the accelerators' 64) through the measured rates; fixed: 100 GFLOP/s;
+- op seconds = the probed op_s (small autograd ops, forward and backward); fixed: CPU_OP_S = 4 us;
+- call wait = CALL_WAIT_OPS x op_s, fixed: CPU_CALL_WAIT_S = 1.1 ms. A call on a rank that shares its core
+  runs the gloo call path (Python wrappers, the process group's worker thread, the transport's loop thread),
+  each woken on a core that r - 1 other ranks keep busy: host work of the kind an op's dispatch is, so it
+  scales with the machine's op speed (a VM that runs at half speed waits twice as long; a pipe ping-pong of
+  blocking processes 4 per core showed no ms-scale scheduler waits, so it is not a fixed scheduler slice).
+  CALL_WAIT_OPS = 275 = 1.1 ms / 4 us, the quiet-machine fit below, where the probe measured 4.0-4.5 us.
+The fixed figures are least squares over the quiet-machine step times of `benchmarks/validate_local.py`'s three
+plans (2-core x86 VM, torch eager, gloo, the tiny GPT: default 3D 2x2x2: 839 ms, 214 calls with 4 ranks per
+core; dp=4: 14.0 ms; dp=8: 34.6 ms). Neither the probe nor the fixed figures know about other jobs on the
+machine: a loaded machine runs slower than this preset says (`paracube calibrate` measures it as it is).
 """
 
 from __future__ import annotations
