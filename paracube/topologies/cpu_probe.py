@@ -149,7 +149,9 @@ def cpu_figures(cores: int) -> CpuFigures | None:
         return None
     path, key = cache_path(), cache_key(cores)
     figs = read_cache(path, key)
-    if figs is None:
+    if figs is None:  # one line on stderr: the first plan on a machine pauses for a few seconds
+        print(f"paracube: probing this machine's CPU for the local-cpu preset (once; cached in {path})",
+              file=sys.stderr, flush=True)
         figs = run_probe()
         if figs is not None:
             with contextlib.suppress(OSError):  # a read-only home: use the figures, probe again next time
