@@ -98,6 +98,16 @@ def test_disable_switch_gives_the_fixed_figures(probing: Path, monkeypatch: pyte
     assert dev.op_overhead_s == CPU_OP_S * 4 and dev.call_overhead_s == pytest.approx(CPU_CALL_WAIT_S * 3)
 
 
+def test_device_from_given_figures_reproduces_the_priced_curve() -> None:
+    dev = local_cpu_device(8, cores=2, figures=curve_figures(160e9, 5e-6))
+    assert dev.peak_flops["fp32"] == pytest.approx(160e9 / 4, rel=1e-12)
+    assert dev.peak_flops["bf16"] == pytest.approx(160e9 / 16, rel=1e-12)
+    assert dev.op_overhead_s == pytest.approx(5e-6 * 4, rel=1e-12)
+    assert dev.call_overhead_s == pytest.approx(CALL_WAIT_OPS * 5e-6 * 3, rel=1e-12)
+    own = local_cpu_device(2, cores=2, figures=curve_figures(160e9, 5e-6))
+    assert own.call_overhead_s == 0 and own.op_overhead_s == pytest.approx(5e-6, rel=1e-12)
+
+
 def test_preset_prices_with_the_cached_figures(probing: Path) -> None:
     write_cache(probing, cache_key(host_cores()), curve_figures(200e9, 8e-6))
     r = max(1.0, 8 / host_cores())

@@ -42,7 +42,7 @@ SHM_BANDWIDTH, SHM_LATENCY = 2e9, 25e-6  # each process's link to the shared-mem
 CPU_OP_S, CPU_CALL_WAIT_S = 4e-6, 1.1e-3  # per op; per collective call and other rank sharing the core
 CPU_GEMM_HALF_DIM = 8.0  # a core runs a [128, 64] x [64, 64] GEMM at ~0.85 of its 512^3 rate (m0 = n0 = k0)
 CPU_PEAK_FP32 = 100e9  # fixed figure: one core's fp32 peak priced by the cost model
-CALL_WAIT_OPS = 275.0  # probed: a call's wait per other rank on the core, in probed op dispatches
+CALL_WAIT_OPS = 275.0  # a call's wait per other rank on the core, in op times (1.1 ms / 4 us, the fixed pair)
 MODEL_EFF_MAX = 0.85  # the cost model's GEMM efficiency ceiling without a calibration (compute.GemmModel)
 
 
@@ -83,13 +83,12 @@ def core_figures(figs: CpuFigures | None) -> tuple[float, float, float]:
     return math.exp(log_peak), figs.op_s, CALL_WAIT_OPS * figs.op_s
 
 
-def local_cpu_device(processes: int, cores: int | None = None, figures: CpuFigures | None = None,
-                     probe: bool = True) -> DeviceSpec:
-    """One local-cpu process: a core's figures (`figures`, else this machine's probed ones via the cache
-    when `probe`, else the fixed ones), an equal share of host memory. Ranks that outnumber the cores
+def local_cpu_device(processes: int, cores: int | None = None, figures: CpuFigures | None = None) -> DeviceSpec:
+    """One local-cpu process: a core's figures (`figures`, else this machine's probed ones via the cache,
+    else the fixed ones), an equal share of host memory. Ranks that outnumber the cores
     (r = ranks_per_core > 1) each get 1/r of a core: peaks and memory bandwidth / r, r x op seconds per
     dispatched op, and (r - 1) x the call wait per collective call."""
-    if figures is None and probe:
+    if figures is None:
         figures = cpu_figures(host_cores())
     peak, op_s, wait_s = core_figures(figures)
     r = ranks_per_core(processes, cores)
