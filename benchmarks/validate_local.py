@@ -4,8 +4,9 @@ Plans: the default plan (`paracube run` without a plan: tiny GPT, 3D 2x2x2 on 8 
 --gpus 4` and `--gpus 8` choose (tiny model, every other option at its default). Each is trained by `paracube
 run PLAN --steps N --metrics FILE --data synthetic` (a subprocess, as a user runs it); measured = the median
 step time of steps 2..N (step 1 is warm-up; the median because other jobs on a shared machine spike single
-steps), with min..max. The prediction is the analytic model on the preset as shipped (no calibration: ranks
-sharing cores, per-op and per-call overheads priced by topologies/presets.local_cpu), or on --cal FILE (a
+steps), with min..max. The prediction is the analytic model on the uncalibrated preset (this machine's core
+figures from the probe cache, topologies/cpu_probe.py, probed first when absent; ranks sharing cores, per-op and
+per-call overheads priced by topologies/local_cpu.py; it prints the figures), or on --cal FILE (a
 `paracube calibrate` output). Prints predicted vs measured side by side, the error, both orders, and the load
 average before each run (timings on a shared machine are only meaningful when the load is low: check it).
 Usage: python benchmarks/validate_local.py [--steps 6] [--cal FILE]
@@ -31,6 +32,8 @@ from paracube.cli.main import main as cli  # noqa: E402
 from paracube.cost_models import estimate  # noqa: E402
 from paracube.plan import Plan, default_plan, load_plan  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
+from paracube.topologies.cpu_probe import cache_path, cpu_figures  # noqa: E402
+from paracube.topologies.local_cpu import core_figures, host_cores  # noqa: E402
 
 
 def load() -> str:
@@ -73,6 +76,12 @@ def main() -> int:
           f"--steps {args.steps}, median of steps 2..{args.steps}", flush=True)
     print(f"{'plan':<15}{'layout':<32}{'predicted':>11}{'measured':>11}{'error':>9}   {'min..max':<17} load before",
           flush=True)
+    if not args.cal:
+        figs = cpu_figures(host_cores())
+        peak, op_s, wait_s = core_figures(figs)
+        where = f"probed, cache {cache_path()}" if figs is not None else "fixed (probe disabled or failed)"
+        print(f"core figures ({where}): fp32 peak {peak / 1e9:.0f} GFLOP/s, {op_s * 1e6:.1f} us per op, "
+              f"{wait_s * 1e3:.2f} ms call wait per other rank on the core", flush=True)
     pred: dict[str, float] = {}
     meas: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:

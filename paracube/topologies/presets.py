@@ -320,11 +320,12 @@ def switched_links(name: str, gpus_per_node: int, fit: Fit | None = None) -> dic
 
 def local_cpu(nodes: int = 1, gpus_per_node: int = 8, oversubscription: float = 1.0) -> Topology:
     """This machine: `gpus_per_node` CPU processes (kind "gpu": the rank's device) talking gloo through
-    shared memory / loopback, modelled as a hub. Defaults until `paracube calibrate` measures them: 100 GFLOP/s
-    fp32 per core (one x86 core with AVX-512 runs torch's single-thread 256^3 GEMM at 95-135 GFLOP/s; 25
-    fp16/bf16: CPUs rarely have fast half-precision GEMMs), 2 GB/s and 50 us per message
-    between two processes (25 us per link of the hub), host memory split evenly; with more processes than
-    cores, each process's share of a core (local_cpu_device, local_cpu_link)."""
+    shared memory / loopback, modelled as a hub. Figures until `paracube calibrate` measures them: a core's
+    fp32 GEMM peak, per-op and per-call overheads probed once on this machine and cached (local_cpu.py,
+    cpu_probe.py; fixed figures with PARACUBE_NO_CPU_PROBE=1: 100 GFLOP/s, 4 us, 1.1 ms), fp16/bf16 at a
+    quarter of fp32 (CPUs rarely have fast half-precision GEMMs), 2 GB/s and 50 us per message between two
+    processes (25 us per link of the hub), host memory split evenly; with more processes than cores, each
+    process's share of a core (local_cpu_device, local_cpu_link)."""
     del oversubscription  # no network
     check(nodes == 1, f"local-cpu: nodes={nodes!r}; valid: 1 (this machine)")
     check(gpus_per_node >= 1, f"local-cpu: devices={gpus_per_node!r} must be >= 1")
