@@ -117,8 +117,9 @@ def split_sequence_bytes(d: Dims, b: LayoutBatch, sp: dict[str, Arr]) -> Arr:
     case (executor/tokens.py), on the rank with the widest key window W (modes.base.key_window: s when c
     divides s, c + s - gcd(c, s) when blocks straddle sequences): the window's keys and values of its heads,
     c W 2 kv / head split (gpt's flash and selective recomputation keep the window itself; unfused and llama's
-    flash keep k, v made from it, W - c tokens more than their own); flash its [c, W] mask in the compute dtype; unfused the scores
-    beyond c s per head; llama the rotary tables of the window's W positions instead of s. 0 where whole."""
+    flash keep k, v made from it, W - c tokens more than their own); flash its [c, W] mask in the compute
+    dtype; unfused the scores beyond c s per head; llama the rotary tables of the window's W positions instead
+    of s. 0 where whole."""
     n = np.asarray(sp["tok"]).astype(np.int64)
     T = (b.mb * d.s).astype(np.int64)
     tokens = (T // n).astype(float)
