@@ -9,7 +9,7 @@ figures from the probe cache, topologies/cpu_probe.py, probed first when absent;
 per-call overheads priced by topologies/local_cpu.py; it prints the figures), or on --cal FILE (a
 `paracube calibrate` output). Prints predicted vs measured side by side, the error, both orders, and the load
 average before each run (timings on a shared machine are only meaningful when the load is low: check it).
-Usage: python benchmarks/validate_local.py [--steps 6] [--cal FILE]
+Usage: python benchmarks/validate_local.py [--steps 12] [--cal FILE]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def run(plan_path: str | None, steps: int, folder: str) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=6, help="steps per run (step 1 is warm-up)")
+    ap.add_argument("--steps", type=int, default=12, help="steps per run (step 1 is warm-up)")
     ap.add_argument("--cal", help="a calibrated topology file (paracube calibrate) instead of the preset")
     args = ap.parse_args()
     source = args.cal or "local-cpu"

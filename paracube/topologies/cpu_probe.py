@@ -1,8 +1,8 @@
 """A quick probe of this machine's CPU figures for the `local-cpu` preset, cached as JSON.
 
 What it measures (one process, one intra-op thread, as a local rank runs; `measure`, about half a second after
-torch's import; each figure the fastest of 15 short rounds: the machine's own speed, not that of the other jobs
-sharing it now, which come and go while the cache stays):
+torch's import; each figure the median of 15 short rounds: the machine's typical speed, robust to the other
+jobs sharing it now, which come and go while the cache stays):
 - gemm_flops: single-thread fp32 GEMM rate (FLOP/s, 2mnk / seconds) at the tiny GPT's local shapes (m, n, k) =
   (64, 64, 64), (128, 64, 64), (128, 256, 64), (128, 64, 256) and at 256^3;
 - op_s: seconds per dispatched op of a chain of small autograd ops on an [8, 8] tensor (forward mul and add,
@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from typing import Any
 ENV_CACHE_DIR = "PARACUBE_CACHE_DIR"
 ENV_NO_PROBE = "PARACUBE_NO_CPU_PROBE"
 CACHE_FILE = "local_cpu_probe.json"
-VERSION = 1
+VERSION = 2  # 2: medians of the rounds (1: the fastest round)
 GEMM_SHAPES = ((64, 64, 64), (128, 64, 64), (128, 256, 64), (128, 64, 256), (256, 256, 256))
 PROBE_TIMEOUT_S = 60.0
 
@@ -160,15 +161,16 @@ def cpu_figures(cores: int) -> CpuFigures | None:
 
 
 def _best_time(fn: Any, reps: int, rounds: int = 15) -> float:
-    """The fastest over `rounds` of the mean seconds of `reps` calls: the machine's own speed, not that of
-    the other jobs that share it now (they spike single rounds; the cache outlives them)."""
+    """The median over `rounds` of the mean seconds of `reps` calls: the machine's typical speed (a spike from
+    another job moves a few rounds, not the median; the fastest round, 6-12 % faster on a quiet 2-core VM,
+    made every local prediction optimistic by about that much)."""
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(reps):
             fn()
         times.append((time.perf_counter() - t0) / reps)
-    return min(times)
+    return statistics.median(times)
 
 
 def measure() -> CpuFigures:
