@@ -9,8 +9,8 @@ Cases (a 4-micro-batch step each, fp32 tiny / bf16 GPT-3 2.7B):
   b x s (each sequence over q^2 ranks, which gather its keys and values for attention).
 Bytes = what one rank sends with ring algorithms (CommEvent.sent_bytes), and the summed payloads.
 Columns: kw=0 and kw=1 of the checkout this script imports; `--before DIR` also runs it on another source
-tree (e.g. `git archive 49cc7e8 | tar -x -C /tmp/main49`, the tree before the change: no kw) and prints the
-three side by side.
+tree (e.g. `git archive 49cc7e8 | tar -x -C /tmp/main49`, the tree before the change: no kw; a tree with kw
+shows its kw=0; n/a: that tree refuses the layout) and prints the three side by side.
 Usage: python benchmarks/three_d_bytes.py [--before DIR] [--no-executor]
 """
 
@@ -121,7 +121,9 @@ def main() -> None:
                 continue
             cells = []
             for _, data, scheme in cols:
-                row = data[name].get(scheme) if data is not None else None
+                row = None if data is None else data[name].get(scheme)
+                if row is None and data is before and data is not None:  # a before tree with kw: its kw=0
+                    row = data[name].get(",kw=0")
                 cells.append("n/a" if row is None else f"{row[idx] / mb:.3f} ({row[idx + 1] / mb:.3f})")
             print(f"{name:<22} {label:<9} " + " ".join(f"{c:>22}" for c in cells))
 
