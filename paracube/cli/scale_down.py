@@ -80,7 +80,7 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
         split = base.token_split
         n_micro = 2 * pp if pp > 1 else 2
         s = replace(plan.training, seq_len=None).sequence_length(spec)
-        # The plan's micro-batch if the tokens still split (whole sequences or within one), else the smallest
+        # The plan's micro-batch if its tokens still split over the tensor group, else the smallest
         # that does (modes.base.tokens_split_ok).
         mbs = [lay.micro_batch] if lay.micro_batch and tokens_split_ok(lay.micro_batch, s, split) else []
         for mb in [*mbs, *(m for m in range(1, 8 * split + 1) if tokens_split_ok(m, s, split))]:

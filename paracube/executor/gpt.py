@@ -289,8 +289,8 @@ class ParallelGPT(nn.Module):
         split = self.mode.token_split
         if not tokens_split_ok(b, s, split) or s > self.spec.seq_len or labels.shape != ids.shape:
             raise ParacubeError(f"micro-batch ids {tuple(ids.shape)} / labels {tuple(labels.shape)}: need equal "
-                                f"shapes, {b} x {s} tokens split {split} ways by whole sequences or within one, "
-                                f"and seq_len <= {self.spec.seq_len}")
+                                f"shapes, {b} x {s} tokens divisible by the token split {split}, and seq_len <= "
+                                f"{self.spec.seq_len}")
 
     def chunk_forward(self, chunk: int, x: Tensor | None, ids: Tensor,
                       labels: Tensor) -> Tensor | tuple[Tensor, Tensor]:
