@@ -36,7 +36,6 @@ CASES = [  # (layout, micro-batch, recompute, family): the token split is 4 in e
     ("tp=3d:2x2x2", 1, "none", "gpt"),  # 4 ranks per sequence: keys / values gathered over (x, z)
     ("tp=3d:2x2x2,kw=1", 2, "selective", "gpt"),  # 2 per sequence: over z
     ("tp=3d:2x2x2,fa=0", 1, "full", "gpt"),
-    ("tp=3d:2x2x2,fa=0", 2, "none", "llama"),
     ("tp=2.5d:2x2x2", 1, "none", "gpt"),  # over (dep, row)
     ("tp=2.5d:2x2x2,fa=0", 2, "selective", "llama"),  # over row
     ("dp=2,tp=2d:2x2,fa=0", 1, "none", "gpt"),  # over row
@@ -44,7 +43,6 @@ CASES = [  # (layout, micro-batch, recompute, family): the token split is 4 in e
     # blocks straddling two sequences (c = T / n not dividing s): masked windows
     ("tp=3d:2x2x2", 3, "none", "gpt"),  # c = 12, s = 16: windows up to 24 keys, gathered over (x, z)
     ("tp=3d:2x2x2,fa=0", 3, "selective", "llama"),
-    ("dp=2,tp=2d:2x2,fa=0", 3, "none", "gpt"),  # c = 24: over row
     ("tp=2.5d:2x2x2", 6, "none", "llama"),  # c = 24: over row
 ]
 
