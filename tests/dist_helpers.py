@@ -43,7 +43,30 @@ def layout_from(text: str) -> Any:
 
     return parse_layout(text)
 
-__all__ = ["free_port", "layout_from", "rel_err", "run_distributed"]
+def steps_against_serial(model: Any, opt: Any, ref: Any, ref_opt: Any, micro: list, ref_micro: list, tokens: int,
+                         steps: int, max_norm: float) -> tuple[dict[str, float], list]:
+    """`steps` train_steps of the sharded model (its replica's `micro`) and of the serial reference (every
+    replica's micro-batches `ref_micro`): relative errors of each step's loss and gradient norm and of every
+    parameter block after them, and the collectives (CommEvent keys) the sharded model recorded in step 0."""
+    from paracube.executor import train_step
+
+    errors: dict[str, float] = {}
+    events: list = []
+    for step in range(steps):
+        model.mesh.recorder.reset()
+        res = train_step(model, opt, model.mesh, micro, tokens, max_norm)
+        ref_res = train_step(ref, ref_opt, ref.mesh, ref_micro, tokens, max_norm)
+        if step == 0:
+            events = [e.key() for e in model.mesh.recorder.events]
+        errors[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
+        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        errors[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
+    return errors, events
+
+
+__all__ = ["free_port", "layout_from", "rel_err", "run_distributed", "steps_against_serial"]
 
 
 def saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from dist_helpers import rel_err, run_distributed
+from dist_helpers import run_distributed, steps_against_serial
 from test_equivalence_model import MAX_NORM, SPEC, STEPS, adamw
 from test_grad_sync import _sharded
 from test_pipeline import _stage_name
@@ -24,7 +24,7 @@ from paracube.cost_models.dims import dims_of
 from paracube.cost_models.memory import kept_bytes
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
-from paracube.executor import Mesh, build_model, serial_reference, train_step
+from paracube.executor import Mesh, build_model, serial_reference
 from paracube.layout import parse_layout
 from paracube.modes import LayoutBatch
 from paracube.workload import TrainingSpec
@@ -74,17 +74,8 @@ def _one_layout(rank: int, layout_text: str, recompute: str) -> dict[str, Any]:
     model = build_model(SPEC, mesh, seed=7, recompute=recompute)
     ref = serial_reference(SPEC, seed=7, vocab=model.vocab)  # padded as the model it checks
     opt, ref_opt = (_sharded(model, mesh) if layout.zero == 1 else adamw(model)), adamw(ref)
-    for step in range(STEPS):
-        mesh.recorder.reset()
-        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
-        ref_res = train_step(ref, ref_opt, ref.mesh, [m for r in batches for m in r], tokens, MAX_NORM)
-        if step == 0:
-            out["events"] = [e.key() for e in mesh.recorder.events]
-        out["errors"][f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
-        out["errors"][f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
-    ref_params = dict(ref.named_parameters())
-    for name, p in model.named_parameters():
-        out["errors"][f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
+    out["errors"], out["events"] = steps_against_serial(model, opt, ref, ref_opt, micro,
+                                                        [m for r in batches for m in r], tokens, STEPS, MAX_NORM)
     return out
 
 

@@ -20,7 +20,6 @@ from paracube.executor.two_d import Mode2D, TokenEmbedding2D
 from paracube.workload import ModelSpec
 
 DEP = ("dep",)
-TOKENS = ("dep", "row")  # the split of a micro-batch's sequences
 
 
 def over_depth(module: ShardedModule, mesh: Mesh) -> ShardedModule:
