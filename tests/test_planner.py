@@ -145,3 +145,82 @@ def test_link_cache_matches_direct_group_queries() -> None:
                     assert got == (link.bandwidth, link.latency)
                     checked += 1
     assert checked > 100
+
+
+PRUNE_CASES = [
+    ("gpt3-13b", 128, {}),
+    ("gpt3-13b", 128, {"recomputes": ["none", "selective", "full"], "zeros": [0, 1]}),
+    ("gpt3-2.7b", 64, {"overlap": True, "zeros": [0, 1]}),
+    ("gpt3-13b", 128, {"fixed": "sp=0"}),
+    ("gpt3-13b", 128, {"fixed": "pp=4,mb=1"}),
+]
+
+
+@pytest.mark.parametrize(("model", "gpus", "options"), PRUNE_CASES)
+def test_bound_pruning_keeps_the_exact_ranking(model: str, gpus: int, options: dict) -> None:
+    """Skipping the placements of configurations whose lower bound loses changes nothing the search returns:
+    the same ranked layouts and step times, the same best per mode, the same rejections, and the layouts it
+    skips are exactly those it did not score."""
+    from paracube.layout import parse_layout
+    from paracube.topologies import load_topology
+
+    if "fixed" in options:
+        options = {**options, "fixed": parse_layout(options["fixed"])}
+    tp = load_topology("dgx-a100", gpus=gpus)
+    training = TrainingSpec(global_batch=512, dtype="bf16", recompute="selective")
+    fast = search(PRESETS[model], training, tp, gpus, top_k=10, **options)
+    full = search(PRESETS[model], training, tp, gpus, top_k=10, prune=False, **options)
+    assert fast.pruned > 0 and full.pruned == 0
+    assert fast.scored + fast.pruned == full.scored and fast.rejected == full.rejected
+    assert [(repr(lay), est.step_time_s) for lay, est in fast.ranked] == \
+        [(repr(lay), est.step_time_s) for lay, est in full.ranked]
+    assert {m: repr(lay) for m, (lay, _) in fast.best_per_mode.items()} == \
+        {m: repr(lay) for m, (lay, _) in full.best_per_mode.items()}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_step_lower_bound_is_below_every_placement(overlap: bool) -> None:
+    """analytic.step_lower_bound on each axis set's best link over a structure's placements is at most the step
+    time of every placement, in every mode, with pipelines (interleaved), zero=1 and kept weights."""
+    import numpy as np
+
+    from paracube.cost_models.analytic import evaluate, step_lower_bound
+    from paracube.cost_models.comm import axes_used
+    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.links import LinkCache
+    from paracube.cost_models.validity import first_violation
+    from paracube.modes import MODES, LayoutBatch
+    from paracube.planner.enumerate import structures
+    from paracube.topologies import load_topology
+
+    model, gpus = PRESETS["gpt3-2.7b"], 64
+    tp = load_topology("dgx-a100", gpus=gpus)
+    training = TrainingSpec(global_batch=256, dtype="bf16", recompute="selective")
+    d, g, cache = dims_of(model, training), gemm_model(tp, "bf16"), LinkCache(tp)
+    checked = 0
+    for mode in ("none", "1d", "2d", "2.5d", "3d"):
+        axes = axes_used(mode)
+        for struct in structures(mode, gpus, model.layers):
+            m = MODES[mode]
+            q, t = (struct.shape[0] if struct.shape else 1), int(np.prod(struct.shape or (1,)))
+            rows = [(struct.dp, struct.pp, t, q, m.depth(struct.shape), mb, v, 0)
+                    for mb in (1, 2, 4) for v in ((1, 2) if struct.pp > 1 else (1,))]
+            batch = LayoutBatch.of_rows(rows)
+            batch = batch.take(np.nonzero(first_violation(mode, d, batch) < 0)[0])
+            if not len(batch):
+                continue
+            per_place = np.array([[cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes, strict=True)]
+                                  for place, keys in struct.placements()])  # [P, axes, (bw, lat)]
+            n, zero, kw = len(batch), np.ones(len(batch), dtype=np.int64), np.ones(len(batch), dtype=np.int64)
+
+            def links(mat: np.ndarray, n: int = n, axes: list = axes) -> dict:
+                return {ax: (np.full(n, mat[i, 0]), np.full(n, mat[i, 1])) for i, ax in enumerate(axes)}
+
+            best = np.stack([per_place[:, :, 0].max(axis=0), per_place[:, :, 1].min(axis=0)], axis=1)
+            scores = evaluate(d, mode, batch, links(best), g, zero=zero, overlap=overlap, kw=kw)
+            bound = step_lower_bound(scores, d, batch, np.arange(n), overlap)
+            for mat in per_place:
+                step = evaluate(d, mode, batch, links(mat), g, zero=zero, overlap=overlap, kw=kw).step_time
+                assert np.all(bound <= step * (1 + 1e-12)), (mode, struct)
+                checked += n
+    assert checked > 500

@@ -149,7 +149,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
         print_json({"plan_file": str(path), "best": {"layout": str(best_layout), **best_est.to_dict()},
                     "ranked": [{"layout": str(lay), **est.to_dict()} for lay, est in ranked[: args.top]],
                     "choices": [c.to_dict() for c in choices],
-                    "scored": result.scored, "rejected": dict(result.rejected), "elapsed_s": result.elapsed_s})
+                    "scored": result.scored, "pruned": result.pruned, "rejected": dict(result.rejected),
+                    "elapsed_s": result.elapsed_s})
         return 0
     console = make_console()
     table = Table(title=_summary(w))
@@ -165,6 +166,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         console.print(f"  {c.line()}", highlight=False, markup=False)
     rejected = ", ".join(f"{n} {reason}" for reason, n in result.rejected.most_common(4))
     console.print(f"scored {result.scored} layouts in {result.elapsed_s:.2f} s"
+                  + (f" ({result.pruned} more skipped: their lower bound loses)" if result.pruned else "")
                   + (f"; rejected: {rejected}" if rejected else "")
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
     for note in _unpriced(best_layout, best_est):

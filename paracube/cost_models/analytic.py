@@ -112,15 +112,16 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     for e in entries:
         if not np.any(e.count):
             continue
-        bw, lat = calibrated_link(g.comm, e.kind, e.n[rows], *links[e.axes], alternating)
+        bw, lat = calibrated_link(g.comm, e.kind, e.n[rows] if g.comm else e.n, *links[e.axes], alternating)
         # collective.collective_time, with the per-configuration factors computed before indexing by layout
         e_sent = e.sent()
-        tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw + e.count[rows] * g.call_overhead
+        calls = (e.count * g.call_overhead)[rows] if g.call_overhead else 0.0
+        tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw + calls
         if e.kind == "all_reduce" and not g.comm:  # uncalibrated: the faster of ring and tree (collective.py)
             depth2 = latency_factor("all_reduce", e.n, "tree")
-            tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw
-                            + e.count[rows] * g.call_overhead)
-        tm = np.where(e.count[rows] > 0, tm, 0.0)
+            tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw + calls)
+        if not np.all(e.count > 0):  # no call, no time (a one-rank group's link may be infinitely fast)
+            tm = np.where(e.count[rows] > 0, tm, 0.0)
         if e.per_step:
             step += tm
             # The gradient buckets (all_reduce over grad_axes; zero=1: reduce_scatter), not the norm
@@ -182,6 +183,21 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
                   comm=pick("micro") + pick("step"), bubble=bubble, sent_bytes=pick("sent"),
                   memory=tot[heavy, cidx][rows], memory_parts=parts,
                   stage=slow, stages=stages)
+
+
+def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap: bool = False) -> Arr:
+    """Per layout of `scores` (`evaluate` on links no worse on any axis set than every placement's: the most
+    bandwidth and the least latency over the placements), a step time that no placement of it beats. Every
+    collective's time grows with latency and falls with bandwidth (calibrated pairs and the per-call overhead
+    are the same on every placement), so each stage's per-micro-batch communication is at most any
+    placement's: the slowest stage's work W and the bubble W (pp-1)/(v N) are bounds. Of the per-step part,
+    the slowest stage pays its communication (less the gradient reduction when overlapped: what overlap hides
+    depends on the backward) and optimizer step, at least their least sum over the stages. The planner skips
+    the placements of a configuration whose bound exceeds a step time it has already found (planner/search.py)."""
+    work = np.max([s.compute + s.micro for s in scores.stages], axis=0)
+    per_step = np.min([s.step - s.grad * overlap + s.optim for s in scores.stages], axis=0)
+    N = d.global_batch / (b.dp * b.mb)[rows]
+    return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + per_step
 
 
 def layout_links(layout: Layout, cache: LinkCache) -> Links:

@@ -59,7 +59,7 @@ class LinkCache:
                 hit = (math.inf, 0.0)  # a group of one rank: nothing is sent
             else:
                 groups = groups_from_runs(runs)
-                link = self.topo.group_link(groups[0].tolist(), concurrent=groups[1:].tolist())  # type: ignore[attr-defined]
+                link = self.topo.group_link(groups[0], concurrent=groups[1:])  # type: ignore[attr-defined]
                 hit = (float(link.bandwidth), float(link.latency))
                 self.queries += 1
             self._cache[runs] = hit

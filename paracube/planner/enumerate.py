@@ -55,10 +55,14 @@ class Structure:
         perms = [default, *(p for p in itertools.permutations(big) if p != default)]
         used = axes_used(self.mode)
         keys = _keys(perms, sizes, used)
-        _, first = np.unique(keys.reshape(len(perms), -1), axis=0, return_index=True)
+        first: dict[bytes, int] = {}
+        for i, row in enumerate(keys):  # first placement of each distinct key row, in enumeration order
+            first.setdefault(row.tobytes(), i)
+        width = keys.shape[2] * keys.itemsize  # one axis set's key, in bytes of the row
+        pair = {a: (a, sizes[a]) for a in big}
         return [
-            (tuple((a, sizes[a]) for a in perms[i]), [keys[i, j].tobytes() for j in range(len(used))])
-            for i in sorted(first)
+            (tuple(map(pair.__getitem__, perms[i])), [row[j * width:(j + 1) * width] for j in range(len(used))])
+            for row, i in first.items()
         ]
 
 

@@ -3,8 +3,12 @@
 Per mode: structures (tensor shape x dp x pp), then configurations (micro-batch, interleave v for pp > 1,
 sequence parallelism for 1d) checked against the size rules (cost_models/validity.py) and device memory
 (placement does not change either, so these are checked before placements are expanded), then every
-distinct placement. Scoring is vectorized (cost_models.analytic.evaluate). A rejected configuration counts
-once per placement of its structure, so `scored + sum(rejected) == enumerated layouts`.
+distinct placement. Scoring is vectorized (cost_models.analytic.evaluate). Unless a placement is pinned, a
+configuration's placements are scored only where its lower bound (analytic.step_lower_bound: links that cost
+nothing) is within the mode's top_k-th best step time among the configurations' first placements (those the
+pins allow): the top_k found is exact, and configurations that lose whatever their placement are not expanded
+(`pruned`). A rejected or pruned configuration counts once per placement of its structure, so
+`scored + pruned + sum(rejected) == enumerated layouts`.
 `fixed`: a Layout whose non-default fields (mode and shape, dp, pp, micro_batch, interleave, sp, placement)
 every result must match; its pins `sp=0` (no sequence parallelism), `rc=` (recomputation) and `zero=` are
 respected too; `overlap` (or a fixed layout's) prices every layout with the gradient reduction overlapped
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from paracube.cost_models.analytic import estimate, evaluate
+from paracube.cost_models.analytic import estimate, evaluate, step_lower_bound
 from paracube.cost_models.comm import axes_used
 from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import Dims, dims_of, with_pins
@@ -62,10 +66,15 @@ class SearchResult:
     elapsed_s: float
     explanations: dict[str, str] = field(default_factory=dict)  # per mode with no valid layout: why
     topology_queries: int = 0
+    pruned: int = 0  # valid layouts not scored: their configuration's lower bound loses to found layouts
+
+    @property
+    def enumerated(self) -> int:
+        return self.scored + self.pruned + sum(self.rejected.values())
 
     @property
     def layouts_per_s(self) -> float:
-        return (self.scored + sum(self.rejected.values())) / max(self.elapsed_s, 1e-9)
+        return self.enumerated / max(self.elapsed_s, 1e-9)
 
 
 @dataclass
@@ -84,11 +93,13 @@ class _Search:
     rc_pin: bool = False  # the layouts found carry their recomputation (rc=): it was searched or pinned
     overlap: bool = False  # gradient reduction overlapped with backward (Layout.overlap) in every layout
     kw_pin: int | None = None  # the fixed layout's kw (None: searched in modes that keep weights)
+    prune: bool = True  # skip configurations whose lower bound loses (_within_bound)
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
     per_mode_best: dict[str, tuple[float, Layout]] = field(default_factory=dict)
     scored: int = 0
+    pruned: int = 0
 
 
 def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int] | None,
@@ -236,21 +247,37 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     return idx[fits], zero[fits], kw[fits]
 
 
-def _link_matrix(s: _Search, mode: str, idx: np.ndarray, owners: list[Structure],
-                 places: dict[Structure, Placements], n_places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per layout (configuration x placement): its configuration row and its [axes, (bw, lat)] links, one
-    link row per placement of each structure (cached topology queries)."""
+def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements]
+                     ) -> dict[Structure, np.ndarray]:
+    """[placements, axes, (bw, lat)] per structure of `owners` (cached topology queries)."""
     axes_list = axes_used(mode)
-    st_links: dict[Structure, np.ndarray] = {}
-    for st in dict.fromkeys(owners[i] for i in idx):  # only structures with a surviving configuration
-        st_links[st] = np.array(
-            [[s.cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes_list, strict=True)]
-             for place, keys in places[st]]
-        )
-    layout_rows = np.repeat(idx, n_places[idx])
-    if not len(idx):
-        return layout_rows, np.zeros((0, len(axes_list), 2))
-    return layout_rows, np.concatenate([st_links[owners[i]] for i in idx])
+    return {st: np.array([[s.cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes_list, strict=True)]
+                          for place, keys in places[st]])
+            for st in dict.fromkeys(owners)}
+
+
+def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
+                  places: dict[Structure, Placements], st_links: dict[Structure, np.ndarray],
+                  zero: np.ndarray | None, kw: np.ndarray) -> np.ndarray:
+    """Which configurations of `batch` may still hold one of the mode's best `top_k` layouts: those whose
+    lower bound over all placements (analytic.step_lower_bound on each axis set's best link over the
+    structure's placements) is within the top_k-th best step time of the configurations' first placements
+    (real layouts, so the bar is met). Exact: no layout skipped here beats the top_k that scoring the rest
+    finds; it spares the placements of configurations that lose whatever their placement."""
+    n = len(batch)
+    best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
+    # One evaluation: each configuration on its first placement's links, then on its structure's best links.
+    mat = np.array([st_links[st][0] for st in owners] + [best[st] for st in owners])
+    links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
+    rows = np.concatenate([np.arange(n), np.arange(n)])
+    res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=s.overlap, kw=kw)
+    found = res.step_time[:n]
+    if s.fixed is not None:  # the bar counts only layouts the pins allow (no placement pin: any placement)
+        allowed = [_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed) for i, st in enumerate(owners)]
+        found = np.where(allowed, found, np.inf)
+    bar = np.partition(found, s.top_k - 1)[s.top_k - 1]
+    bound = step_lower_bound(res, s.d, batch, rows, s.overlap)[n:]
+    return bound <= bar * (1 + 1e-9)  # the bar's own configuration stays despite rounding
 
 
 def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
@@ -266,29 +293,34 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     n_places = np.array([len(places[st]) for st in owners])
     mode_rej: Counter = Counter()
     idx, zeros, kws = _valid(s, mode, batch, n_places, mode_rej)
-    zero_of = dict(zip(idx.tolist(), zeros.tolist(), strict=True))
-    kw_of = dict(zip(idx.tolist(), kws.tolist(), strict=True))
-    layout_rows, link_mat = _link_matrix(s, mode, idx, owners, places, n_places)
     s.rejected.update(mode_rej)
-    if not len(layout_rows):
+    # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.
+    batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
+    st_links = _structure_links(s, mode, owners, places)
+    zero_arg = zeros if s.zeros != (0,) else None
+    if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k:
+        keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws)
+        s.pruned += int(n_places[~keep].sum())
+        kept = np.nonzero(keep)[0]
+        batch, owners, n_places, zeros, kws = (batch.take(kept), [owners[i] for i in kept], n_places[kept],
+                                               zeros[kept], kws[kept])
+        zero_arg = zeros if s.zeros != (0,) else None
+    if not len(batch):
         top = mode_rej.most_common(2)
         s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
         return
-    place_idx = np.concatenate([np.arange(c) for c in n_places[idx]])
-    links = {ax: (link_mat[:, n, 0], link_mat[:, n, 1]) for n, ax in enumerate(axes_used(mode))}
-    zero_all = np.zeros(len(batch), dtype=np.int64)
-    zero_all[idx] = zeros
-    kw_all = np.zeros(len(batch), dtype=np.int64)
-    kw_all[idx] = kws
-    res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows, zero=zero_all if s.zeros != (0,) else None,
-                   overlap=s.overlap, kw=kw_all)
+    layout_rows = np.repeat(np.arange(len(batch)), n_places)  # each configuration once per placement
+    place_idx = np.concatenate([np.arange(c) for c in n_places])
+    link_mat = np.concatenate([st_links[st] for st in owners])
+    links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
+    res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows, zero=zero_arg, overlap=s.overlap, kw=kws)
     s.scored += len(layout_rows)
     taken = 0
     for j in np.argsort(res.step_time, kind="stable"):
-        st = owners[layout_rows[j]]
         row = int(layout_rows[j])
-        lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], zero_of[row],
-                      s.d.recompute if s.rc_pin else None, s.overlap, kw_of[row],
+        st = owners[row]
+        lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
+                      s.d.recompute if s.rc_pin else None, s.overlap, int(kws[row]),
                       s.fixed.flash if s.fixed else None)
         if not _matches(lay, s.fixed):
             continue
@@ -343,9 +375,11 @@ def search(
     recomputes: list[str] | None = None,
     zeros: list[int] | None = None,
     overlap: bool = False,
+    prune: bool = True,
 ) -> SearchResult:
     """Rank every valid layout of `gpus` devices that paracube's executor runs (each mode's ExecutorSupport,
-    modes.executor_runs) by predicted step time; raise ParacubeError if none fits."""
+    modes.executor_runs) by predicted step time; raise ParacubeError if none fits. `prune=False` scores every
+    placement of every configuration (the same result, slower: for tests and benchmarks)."""
     t0 = time.perf_counter()
     modes = _modes(modes, gpus, fixed)
     d = with_pins(dims_of(model, training), fixed)  # fa= pinned: that kernel (the search's is flash)
@@ -353,7 +387,8 @@ def search(
     s = _Search(model, d, gemm_model(topo, training.dtype), float(topo.device.memory_bytes),  # type: ignore[arg-type, attr-defined]
                 LinkCache(topo), fixed, micro_batches, top_k, zs,
                 len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
-                overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None)
+                overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None,
+                prune)
     for rc in rcs:
         s.d = replace(d, recompute=rc)
         for mode in modes:
@@ -368,8 +403,13 @@ def search(
         )
     s.best.sort(key=lambda x: x[0])
 
-    def score(lay: Layout) -> StepEstimate:
-        return estimate(model, training, lay, topo, with_events=False, cache=s.cache)
+    estimates: dict[str, StepEstimate] = {}
+
+    def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
+        key = repr(lay)  # every field
+        if key not in estimates:
+            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache)
+        return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
     if fixed is None or fixed.flash is None:
@@ -382,4 +422,4 @@ def search(
             ranked = sorted([*ranked, (alt, alt_est)], key=lambda r: r[1].step_time_s)
     per_mode = {m: (lay, score(lay)) for m, (_, lay) in s.per_mode_best.items()}
     return SearchResult(ranked, s.scored, s.rejected, per_mode, time.perf_counter() - t0, s.explanations,
-                        s.cache.queries)
+                        s.cache.queries, s.pruned)

@@ -279,7 +279,14 @@ class Topology:
 
     # --- group queries --------------------------------------------------------------------------------
     def _group(self, ranks: Iterable[object]) -> tuple[int, ...]:
-        group = tuple(sorted(self._rank(r) for r in ranks))
+        arr = np.asarray(ranks) if isinstance(ranks, (list, tuple, np.ndarray)) else None
+        if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":  # the usual case, vectorized
+            bad = arr[(arr < 0) | (arr >= self.num_devices)]
+            if bad.size:
+                self._rank(int(bad[0]))  # raises, naming the rank
+            group = tuple(np.sort(arr).tolist())
+        else:
+            group = tuple(sorted(self._rank(r) for r in ranks))
         check(len(set(group)) == len(group), f"group {list(group)} lists a rank twice")
         return group
 
