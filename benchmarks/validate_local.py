@@ -2,14 +2,17 @@
 
 Plans: the default plan (`paracube run` without a plan: tiny GPT, 3D 2x2x2 on 8 ranks) and what `paracube plan
 --gpus 4` and `--gpus 8` choose (tiny model, every other option at its default). Each is trained by `paracube
-run PLAN --steps N --metrics FILE --data synthetic` (a subprocess, as a user runs it); measured = the median
-step time of steps 2..N (step 1 is warm-up; the median because other jobs on a shared machine spike single
-steps), with min..max. The prediction is the analytic model on the uncalibrated preset (this machine's core
+run PLAN --steps N --metrics FILE --data synthetic` (a subprocess, as a user runs it), N = --steps for the
+default plan and as many steps as take about as long for the faster plans (at most 80); the plans take turns,
+--rounds times (a shared machine's speed drifts by tens of percent over minutes: taking turns gives every
+plan the same mix of its moments). Measured = the median step time of steps 2..N of every round (step 1 is
+warm-up; the median because other jobs spike single steps), with each round's median and min..max.
+The prediction is the analytic model on the uncalibrated preset (this machine's core
 figures from the probe cache, topologies/cpu_probe.py, probed first when absent; ranks sharing cores, per-op and
 per-call overheads priced by topologies/local_cpu.py; it prints the figures), or on --cal FILE (a
 `paracube calibrate` output). Prints predicted vs measured side by side, the error, both orders, and the load
 average before each run (timings on a shared machine are only meaningful when the load is low: check it).
-Usage: python benchmarks/validate_local.py [--steps 12] [--cal FILE]
+Usage: python benchmarks/validate_local.py [--steps 12] [--rounds 2] [--cal FILE]
 """
 
 from __future__ import annotations
@@ -68,36 +71,49 @@ def run(plan_path: str | None, steps: int, folder: str) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12, help="steps per run (step 1 is warm-up)")
+    ap.add_argument("--steps", type=int, default=12, help="steps of the default plan per run (1 is warm-up)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each plan, the plans taking turns")
     ap.add_argument("--cal", help="a calibrated topology file (paracube calibrate) instead of the preset")
     args = ap.parse_args()
     source = args.cal or "local-cpu"
-    print(f"{source}{'' if args.cal else ' (uncalibrated preset)'}; {os.cpu_count()} CPUs; `paracube run` "
-          f"--steps {args.steps}, median of steps 2..{args.steps}", flush=True)
-    print(f"{'plan':<15}{'layout':<32}{'predicted':>11}{'measured':>11}{'error':>9}   {'min..max':<17} load before",
-          flush=True)
+    print(f"{source}{'' if args.cal else ' (uncalibrated preset)'}; {os.cpu_count()} CPUs; `paracube run`, "
+          f"{args.rounds} rounds, median of steps 2..N", flush=True)
+    print(f"{'plan':<15}{'layout':<32}{'predicted':>11}{'measured':>11}{'error':>9}   {'min..max':<17} "
+          "steps x rounds: each round's median; load average before each run", flush=True)
     if not args.cal:
         figs = cpu_figures(host_cores())
-        peak, op_s, wait_s = core_figures(figs)
+        peak, op_s, wait_s, ring_s = core_figures(figs)
         where = f"probed, cache {cache_path()}" if figs is not None else "fixed (probe disabled or failed)"
         print(f"core figures ({where}): fp32 peak {peak / 1e9:.0f} GFLOP/s, {op_s * 1e6:.1f} us per op, "
-              f"{wait_s * 1e3:.2f} ms call wait per other rank on the core", flush=True)
+              f"{wait_s * 1e3:.2f} ms call wait per other rank on the core, {ring_s * 1e3:.2f} ms ring wait per "
+              "step and rank on the core", flush=True)
     pred: dict[str, float] = {}
     meas: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         plans: dict[str, tuple[Plan, str | None]] = {"default (run)": (default_plan(), None)}
         for gpus in (4, 8):
             plans[f"plan --gpus {gpus}"] = planned(gpus, folder)
-        for name, (plan, path) in plans.items():
+        for name, (plan, _) in plans.items():
             layout = plan.layout.with_(micro_batch=plan.micro_batch)
             topo = load_topology(source, gpus=layout.world_size)
             pred[name] = estimate(plan.model, plan.training, layout, topo, with_events=False).step_time_s
-            before = load()
-            times = run(path, args.steps, folder)
-            meas[name] = statistics.median(times)
+        budget = args.steps * pred["default (run)"]  # every plan runs about as long as the default plan
+        steps = {name: min(80, max(args.steps, round(budget / pred[name]))) for name in plans}
+        times: dict[str, list[list[float]]] = {name: [] for name in plans}
+        loads: dict[str, list[str]] = {name: [] for name in plans}
+        for _ in range(args.rounds):
+            for name, (_, path) in plans.items():
+                loads[name].append(load())
+                times[name].append(run(path, steps[name], folder))
+        for name, (plan, _) in plans.items():
+            layout = plan.layout.with_(micro_batch=plan.micro_batch)
+            every = [t for rnd in times[name] for t in rnd]
+            meas[name] = statistics.median(every)
             err = pred[name] / meas[name] - 1
+            rounds = " / ".join(f"{statistics.median(rnd) * 1e3:.0f}" for rnd in times[name])
             print(f"{name:<15}{str(layout):<32}{pred[name] * 1e3:>9.1f}ms{meas[name] * 1e3:>9.1f}ms{err:>+9.1%}   "
-                  f"{min(times) * 1e3:.0f}..{max(times) * 1e3:.0f} ms{'':<4} {before}", flush=True)
+                  f"{min(every) * 1e3:.0f}..{max(every) * 1e3:.0f} ms{'':<4} {steps[name]} x {args.rounds}: "
+                  f"{rounds} ms; load {' | '.join(loads[name])}", flush=True)
     errs = [abs(pred[k] / meas[k] - 1) for k in pred]
     p_order, m_order = sorted(pred, key=pred.__getitem__), sorted(meas, key=meas.__getitem__)
     print(f"predicted order: {' < '.join(p_order)}")

@@ -13,6 +13,7 @@ from paracube.cost_models.collective import (
     fastest_time,
     latency_factor,
     ring_steps,
+    ring_wait_steps,
     sent_factor,
 )
 from paracube.errors import ParacubeError
@@ -121,3 +122,17 @@ def test_calibrated_pair_replaces_the_link_for_its_kind_and_size_only() -> None:
     assert calibrated_link(table, "reduce_scatter", n, bw, lat) == (bw, lat)
     t = collective_time("all_reduce", n, 1, 8.0, got_bw, got_lat)
     assert t[1] == pytest.approx(6 * 1e-3 + 1.5 * 8 / 1e8)
+
+
+@pytest.mark.parametrize(("kind", "n", "elements", "want"), [
+    ("all_reduce", 2, 1e6, 0),  # a pair hands the core back and forth: no ring wait
+    ("all_gather", 2, 1e6, 0),
+    ("all_reduce", 8, 137_000, 14),  # a gradient bucket on 8 ranks: every ring step, 2 (n - 1)
+    ("all_reduce", 8, 2, 2),  # 8 bytes of fp32 metrics: gloo's ring moves 2 elements in 2 steps' waits
+    ("all_reduce", 8, 1, 0),  # one element: nothing to pass around the ring
+    ("all_gather", 4, 1e5, 3),
+    ("reduce_scatter", 4, 1e5, 3),
+    ("send", 2, 1e6, 0),
+])
+def test_ring_wait_steps(kind: str, n: int, elements: float, want: float) -> None:
+    assert float(ring_wait_steps(kind, n, elements)) == want

@@ -31,7 +31,9 @@ from paracube.topologies.local_cpu import (
     CPU_GEMM_HALF_DIM,
     CPU_OP_S,
     CPU_PEAK_FP32,
+    CPU_RING_WAIT_S,
     MODEL_EFF_MAX,
+    RING_WAIT_OPS,
     host_cores,
     local_cpu_device,
 )
@@ -96,6 +98,7 @@ def test_disable_switch_gives_the_fixed_figures(probing: Path, monkeypatch: pyte
     dev = local_cpu_device(8, cores=2)
     assert dev.peak_flops["fp32"] == CPU_PEAK_FP32 / 4
     assert dev.op_overhead_s == CPU_OP_S * 4 and dev.call_overhead_s == pytest.approx(CPU_CALL_WAIT_S * 3)
+    assert dev.ring_wait_s == pytest.approx(CPU_RING_WAIT_S * 4)
 
 
 def test_device_from_given_figures_reproduces_the_priced_curve() -> None:
@@ -104,8 +107,10 @@ def test_device_from_given_figures_reproduces_the_priced_curve() -> None:
     assert dev.peak_flops["bf16"] == pytest.approx(160e9 / 16, rel=1e-12)
     assert dev.op_overhead_s == pytest.approx(5e-6 * 4, rel=1e-12)
     assert dev.call_overhead_s == pytest.approx(CALL_WAIT_OPS * 5e-6 * 3, rel=1e-12)
+    assert dev.ring_wait_s == pytest.approx(RING_WAIT_OPS * 5e-6 * 4, rel=1e-12)  # r = 4 ranks per core
     own = local_cpu_device(2, cores=2, figures=curve_figures(160e9, 5e-6))
-    assert own.call_overhead_s == 0 and own.op_overhead_s == pytest.approx(5e-6, rel=1e-12)
+    assert own.call_overhead_s == 0 and own.ring_wait_s == 0  # a core per rank: nobody waits to be scheduled
+    assert own.op_overhead_s == pytest.approx(5e-6, rel=1e-12)
 
 
 def test_preset_prices_with_the_cached_figures(probing: Path) -> None:

@@ -115,7 +115,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         bw, lat = calibrated_link(g.comm, e.kind, e.n[rows] if g.comm else e.n, *links[e.axes], alternating)
         # collective.collective_time, with the per-configuration factors computed before indexing by layout
         e_sent = e.sent()
-        calls = (e.count * g.call_overhead)[rows] if g.call_overhead else 0.0
+        per_call = e.payload / np.maximum(e.count, 1)
+        calls = (e.count * g.call_wait(e.kind, e.n, per_call, e.dtype))[rows] if g.waits else 0.0
         tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw + calls
         if e.kind == "all_reduce" and not g.comm:  # uncalibrated: the faster of ring and tree (collective.py)
             depth2 = latency_factor("all_reduce", e.n, "tree")
@@ -219,7 +220,7 @@ def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel) 
             tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[0])
             if e.kind == "all_reduce" and not g.comm:  # as _stage prices it
                 tm = float(fastest_time(e.kind, e.n, e.count, e.payload, *links[e.axes])[0])
-            tm += float(e.count[0]) * g.call_overhead
+            tm += float(e.count[0] * g.call_wait(e.kind, e.n, e.payload / max(e.count[0], 1), e.dtype)[0])
             by_axis[".".join(e.axes)] += tm
             by_kind[e.kind] += tm
     return dict(by_axis), dict(by_kind)

@@ -43,6 +43,13 @@ what modes whose consecutive collectives switch mesh axes see: 2D, 2.5D, 3D). `c
 topology link's (B, a) by the fitted pair where the calibration has one for (kind, n); the formula is the
 same. A table row is (kind, n, alternating, latency, bandwidth) (topologies.calibration.Calibration.comm_table).
 
+Scheduling waits (local CPU ranks that share cores; DeviceSpec.ring_wait_s, 0 on accelerators). Each step
+of a gloo ring over 3 or more ranks waits for the ring's ranks to be scheduled, `ring_wait_steps` steps per
+call: latency_factor(K, m) with m = min(n, elements of the call's payload), since gloo's ring moves a payload
+of fewer elements than ranks in fewer steps (measured on a 2-core VM, 8 ranks: an all_reduce of 8 bytes
+takes about 2 steps' wait, of 1 KB to 1 MB all 14), and none in a pair, whose two ranks hand the core to
+each other (measured: 4 pairs of ranks on 2 cores all_reduce 550 KB in 0.6 ms, a ring of 4 takes 5 ms).
+
 API (numpy arrays or scalars for n, count, payload, bandwidth, latency; results are float arrays):
     latency_factor(kind, n, algorithm="ring") -> Arr
     sent_factor(kind, n, algorithm="ring") -> Arr
@@ -53,6 +60,7 @@ API (numpy arrays or scalars for n, count, payload, bandwidth, latency; results 
     best_algorithm(kind, n, payload, bw, lat) -> "ring" | "tree"                      # one call, scalars
     fastest_time(kind, n, count, payload, bw, lat) -> Arr           # the faster of ring and tree per element
     call_steps(kind, n, payload, bw, lat) -> (steps, bytes per step)  # one call of the faster algorithm
+    ring_wait_steps(kind, n, elements) -> Arr        # steps of one call that wait for a ring of >= 3 ranks
 """
 
 from __future__ import annotations
@@ -149,6 +157,14 @@ def calibrated_link(table: Table, kind: str, n: int | Arr, bw: Arr, lat: Arr, al
     return bw, lat
 
 
+def ring_wait_steps(kind: str, n: int | Arr, elements: float | Arr) -> Arr:
+    """Steps of one ring call over n ranks that wait for the ring's ranks to be scheduled (module docstring):
+    latency_factor(kind, min(n, elements)) where n >= 3, else 0."""
+    n = np.asarray(n, dtype=float)
+    m = np.minimum(n, np.maximum(np.floor(np.asarray(elements, dtype=float)), 1.0))
+    return np.where(n >= 3, latency_factor(kind, m), 0.0)
+
+
 def best_algorithm(kind: str, n: int, payload: float, bw: float, lat: float) -> str:
     """The faster algorithm for one call ("ring" on ties and for kinds without a tree)."""
     if kind != "all_reduce":
@@ -158,4 +174,4 @@ def best_algorithm(kind: str, n: int, payload: float, bw: float, lat: float) -> 
 
 
 __all__ = ["ALGORITHMS", "Table", "best_algorithm", "calibrated_link", "call_steps", "collective_time",
-           "fastest_time", "latency_factor", "ring_steps", "sent_factor"]
+           "fastest_time", "latency_factor", "ring_steps", "ring_wait_steps", "sent_factor"]

@@ -37,12 +37,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from paracube.cost_models.collective import ring_wait_steps
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
 from paracube.topologies.calibration import as_calibration
 from paracube.topologies.protocol import Topology
+from paracube.workload import DTYPE_BYTES
+
+ITEM_BYTES = {**DTYPE_BYTES, "float32": 4, "float16": 2, "bfloat16": 2}  # training names and torch's (CommEvent)
 
 Arr = np.ndarray
 
@@ -64,6 +68,17 @@ class GemmModel:
     # (kind, group size, alternating, latency s, bandwidth B/s): collective.calibrated_link reads it
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
     call_overhead: float = 0.0  # seconds per collective call beyond its ring steps (DeviceSpec.call_overhead_s)
+    ring_wait: float = 0.0  # seconds per step of a ring of >= 3 ranks waiting for them (DeviceSpec.ring_wait_s)
+
+    @property
+    def waits(self) -> bool:
+        return bool(self.call_overhead or self.ring_wait)
+
+    def call_wait(self, kind: str, n: Arr, call_bytes: Arr, dtype: str) -> Arr:
+        """Seconds one call of `call_bytes` on n ranks waits beyond its alpha-beta time: the call overhead plus
+        the ring's scheduling waits (collective.ring_wait_steps); 0 without them (accelerators)."""
+        elements = np.asarray(call_bytes, dtype=float) / ITEM_BYTES.get(dtype, 4)
+        return self.call_overhead + self.ring_wait * ring_wait_steps(kind, n, elements)
 
     def op_cost(self, mode: str) -> float:
         """Seconds per dispatched op in a step of `mode`, else of the mode it dispatches like (its
@@ -92,7 +107,8 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
         half = float(getattr(device, "gemm_half_dim", 0.0)) or GemmModel.m0
         return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
                          m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
-                         call_overhead=float(getattr(device, "call_overhead_s", 0.0)))
+                         call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
+                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)))
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff")
              if gemm is not None and getattr(gemm, k) is not None}

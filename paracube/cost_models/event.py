@@ -37,7 +37,7 @@ import simpy
 from paracube.cost_models.analytic import estimate as analytic_estimate
 from paracube.cost_models.analytic import layout_links
 from paracube.cost_models.collective import call_steps, ring_steps
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
 from paracube.cost_models.event_program import Op, StageProgram, build_stage, schedule
@@ -81,7 +81,7 @@ class _Sim:
         self.layout, self.topo, self.programs, self.n_micro = layout, topo, programs, n_micro
         # Streams are needed once anything runs asynchronously (tp overlap or gradient buckets).
         self.overlap, self.record = overlap or layout.overlap, timeline
-        self.call_overhead = 0.0  # seconds per collective call beyond its ring steps (simulate sets it)
+        self.waits: GemmModel | None = None  # the device model's per-call waits (GemmModel.call_wait; simulate)
         # (bandwidth, latency) per axes where the algorithm may be a tree (uncalibrated; simulate sets it)
         self.alpha_beta: dict[tuple[str, ...], tuple[float, float]] = {}
         self.env = simpy.Environment()
@@ -147,6 +147,12 @@ class _Sim:
             self.spans.append(Span(stage, "comm", name, t0, now, f"{e.phase}:{e.kind}"))
 
     # --- processes --------------------------------------------------------------------------------
+    def call_wait(self, e: CommEvent) -> float:
+        """Seconds the call waits beyond its ring steps (GemmModel.call_wait; 0 on accelerators)."""
+        if self.waits is None:
+            return 0.0
+        return float(self.waits.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype))
+
     def comm(self, stage: int, op: Op):
         e = op.event
         assert e is not None and self.net is not None
@@ -161,8 +167,8 @@ class _Sim:
         if req is not None:
             yield req
         t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
-        if self.call_overhead:  # waiting for the group's ranks (DeviceSpec.call_overhead_s; analytic alike)
-            yield self.env.timeout(self.call_overhead)
+        if self.call_wait(e):  # waiting for the group's ranks (DeviceSpec call and ring waits; analytic alike)
+            yield self.env.timeout(self.call_wait(e))
         yield self.net.run(self.template(stage, e.axes), steps, chunk)
         if stream is not None and req is not None:
             stream.release(req)
@@ -180,8 +186,8 @@ class _Sim:
         slot[0] += 1
         if slot[0] == (e.group_size if sub else self.layout.pp):
             del self.barriers[k]
-            if self.call_overhead:
-                yield self.env.timeout(self.call_overhead)
+            if self.call_wait(e):
+                yield self.env.timeout(self.call_wait(e))
             yield self.net.run(self.template(0, e.axes), steps, chunk)
             slot[1].succeed()
         else:
@@ -221,10 +227,10 @@ class _Sim:
         dst = to_vstage % self.layout.pp
         if dst != stage:
             t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
-            if self.call_overhead:
-                yield self.env.timeout(self.call_overhead)
-            yield self.net.run(self.send_template(stage, dst), 1, float(nbytes))
             ev = CommEvent("send", ("pp",), 2, nbytes, "", "pipeline", kind)
+            if self.call_wait(ev):
+                yield self.env.timeout(self.call_wait(ev))
+            yield self.net.run(self.send_template(stage, dst), 1, float(nbytes))
             self._comm_done(stage, f"send {kind} mb{micro} -> stage {dst}", ev, t0, busy0)
         self._arrival(kind, to_vstage, micro).succeed()
 
@@ -276,7 +282,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap, overlap or layout.overlap)
                 for s in range(layout.pp)]
     sim = _Sim(layout, topo, programs, n_micro, overlap, timeline)
-    sim.call_overhead = g.call_overhead
+    sim.waits = g if g.waits else None
     if not g.comm:  # uncalibrated all_reduces take the faster of ring and tree, as the analytic model does
         sim.alpha_beta = {axes: (float(bw[0]), float(lat[0]))
                           for axes, (bw, lat) in layout_links(layout, LinkCache(topo)).items()}

@@ -24,6 +24,9 @@ class DeviceSpec:
     # Seconds per collective call beyond its ring steps, likewise: a CPU rank that shares its core waits for
     # the group's other ranks to be scheduled before the call can proceed.
     call_overhead_s: float = 0.0
+    # Seconds per latency step of a collective whose ring has 3 or more ranks, likewise: each step waits for the
+    # ring's ranks to be scheduled on shared cores (a pair exchanges without it: cost_models.collective).
+    ring_wait_s: float = 0.0
     # The GEMM efficiency curve's half-efficiency dimension (compute.GemmModel m0 = n0 = k0) priced without a
     # calibration; 0: the model's default (64, accelerators). A CPU core reaches near its peak at small shapes.
     gemm_half_dim: float = 0.0
@@ -38,13 +41,13 @@ class DeviceSpec:
         for attr in ("memory_bytes", "memory_bandwidth"):
             value = getattr(self, attr)
             check(_positive(value), f"device {self.name!r}: {attr}={value!r} must be a positive number")
-        for attr in ("op_overhead_s", "call_overhead_s", "gemm_half_dim"):
+        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim"):
             value = getattr(self, attr)
             check(value == 0 or _positive(value), f"device {self.name!r}: {attr}={value!r} must be a number >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         out = {**asdict(self), "peak_flops": dict(self.peak_flops)}
-        for attr in ("op_overhead_s", "call_overhead_s", "gemm_half_dim"):
+        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim"):
             if not out[attr]:  # files of devices without them stay as they were
                 del out[attr]
         return out

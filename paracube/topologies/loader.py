@@ -45,6 +45,7 @@ class DeviceModel(_Model):
     memory_bandwidth: float = Field(gt=0)
     op_overhead_s: float = Field(default=0.0, ge=0)
     call_overhead_s: float = Field(default=0.0, ge=0)
+    ring_wait_s: float = Field(default=0.0, ge=0)
     gemm_half_dim: float = Field(default=0.0, ge=0)
 
     @field_validator("peak_flops")
