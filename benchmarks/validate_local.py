@@ -11,7 +11,8 @@ The prediction is the analytic model on the uncalibrated preset (this machine's 
 figures from the probe cache, topologies/cpu_probe.py, probed first when absent; ranks sharing cores, per-op and
 per-call overheads priced by topologies/local_cpu.py; it prints the figures), or on --cal FILE (a
 `paracube calibrate` output). Prints predicted vs measured side by side, the error, both orders, and the load
-average before each run (timings on a shared machine are only meaningful when the load is low: check it).
+average before each run (timings on a shared machine are only meaningful when the load is low: check it), and
+before each round the machine's speed now against the cached probe (a fresh probe; the cache is kept).
 Usage: python benchmarks/validate_local.py [--steps 12] [--rounds 2] [--cal FILE]
 """
 
@@ -35,7 +36,7 @@ from paracube.cli.main import main as cli  # noqa: E402
 from paracube.cost_models import estimate  # noqa: E402
 from paracube.plan import Plan, default_plan, load_plan  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
-from paracube.topologies.cpu_probe import cache_path, cpu_figures  # noqa: E402
+from paracube.topologies.cpu_probe import CpuFigures, cache_path, cpu_figures, run_probe  # noqa: E402
 from paracube.topologies.local_cpu import core_figures, host_cores  # noqa: E402
 
 
@@ -67,6 +68,17 @@ def run(plan_path: str | None, steps: int, folder: str) -> list[float]:
     with open(metrics) as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     return [float(r["step_time_s"]) for r in rows if r["step"] >= 2]
+
+
+def drift(cached: CpuFigures | None) -> str:
+    """This machine's speed now (a fresh probe, the cache untouched) against the cached figures the prediction
+    uses: the preset cannot know that other jobs slow the machine down after it probed."""
+    now = run_probe()
+    if cached is None or now is None:
+        return "machine speed now: no probe to compare"
+    gemm = statistics.geometric_mean([now.gemm_flops[k] / cached.gemm_flops[k] for k in cached.gemm_flops])
+    return (f"machine speed now vs the cached probe: {cached.op_s / now.op_s:.2f}x per op "
+            f"({now.op_s * 1e6:.1f} vs {cached.op_s * 1e6:.1f} us), {gemm:.2f}x GEMM FLOP/s")
 
 
 def main() -> int:
@@ -101,7 +113,9 @@ def main() -> int:
         steps = {name: min(80, max(args.steps, round(budget / pred[name]))) for name in plans}
         times: dict[str, list[list[float]]] = {name: [] for name in plans}
         loads: dict[str, list[str]] = {name: [] for name in plans}
-        for _ in range(args.rounds):
+        for k in range(args.rounds):
+            if not args.cal:
+                print(f"round {k + 1}: {drift(cpu_figures(host_cores()))}", flush=True)
             for name, (_, path) in plans.items():
                 loads[name].append(load())
                 times[name].append(run(path, steps[name], folder))
