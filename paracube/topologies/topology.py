@@ -28,6 +28,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 import networkx as nx
@@ -92,6 +93,8 @@ class Topology:
         # Per-instance caches (no global state): keyed by canonical (sorted) rank tuples.
         self._link_cached = lru_cache(maxsize=4096)(self._group_link_uncached)
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
+        self._in_node_paths: dict[tuple[str, str], tuple[str, ...] | None] = {}
+        self._hop_cache: dict[tuple[int, int], tuple[Edge, ...]] = {}  # ring hop (rank a -> rank b): its edges
 
     @property
     def calibration(self) -> Calibration | None:
@@ -195,6 +198,8 @@ class Topology:
         return None
 
     def _in_node(self, src: str, dst: str) -> tuple[str, ...] | None:
+        if (src, dst) in self._in_node_paths:  # a GPU's path to its NIC serves all of its cross-node hops
+            return self._in_node_paths[src, dst]
         ni = self._node_of[src]
         assert ni is not None
         sig, prefix = self._template(ni)
@@ -204,7 +209,9 @@ class Topology:
             path = self._bfs(src, dst, ni)
             self._tpl_paths[key] = None if path is None else tuple(u[cut:] for u in path)
         labels = self._tpl_paths[key]
-        return None if labels is None else tuple(prefix + u for u in labels)
+        path = None if labels is None else tuple(prefix + u for u in labels)
+        self._in_node_paths[src, dst] = path
+        return path
 
     def _nic_of(self, gpu: str) -> str | None:
         """The GPU's `nic` attribute, else the nearest NIC of its node (BFS order breaks ties)."""
@@ -297,13 +304,16 @@ class Topology:
         # Two ranks: a->b and b->a, both directions of the path are used.
         return list(zip(group, group[1:] + group[:1], strict=True))
 
+    def _hops(self, a: int, b: int) -> tuple[Edge, ...]:
+        """Directed edges of the ring hop from rank a to rank b (cached: groups of many layouts share hops)."""
+        hops = self._hop_cache.get((a, b))
+        if hops is None:
+            path = self._path(self._ranks[a], self._ranks[b])
+            hops = self._hop_cache[a, b] = tuple(zip(path, path[1:], strict=False))
+        return hops
+
     def _link_load(self, groups: frozenset[tuple[int, ...]]) -> Counter[Edge]:
-        load: Counter[Edge] = Counter()
-        for group in groups:
-            for a, b in self._ring(group):
-                path = self._path(self._ranks[a], self._ranks[b])
-                load.update(zip(path, path[1:], strict=False))
-        return load
+        return Counter(chain.from_iterable(self._hops(a, b) for group in groups for a, b in self._ring(group)))
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
@@ -312,8 +322,7 @@ class Topology:
         load = self._load_cached(groups)
         bandwidth, latency = math.inf, 0.0
         for a, b in self._ring(group):
-            path = self._path(self._ranks[a], self._ranks[b])
-            edges = list(zip(path, path[1:], strict=False))
+            edges = self._hops(a, b)
             bandwidth = min(bandwidth, min(self._bw[e] / load[e] for e in edges))
             latency = max(latency, sum(self._lat[e] for e in edges))
         return GroupLink(bandwidth, latency, len(per_node), max(per_node.values()))
