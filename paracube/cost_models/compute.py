@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paracube.cost_models.collective import ring_wait_steps
-from paracube.cost_models.dims import Dims
+from paracube.cost_models.dims import DTYPE_NAMES, Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
@@ -46,7 +46,7 @@ from paracube.topologies.calibration import as_calibration
 from paracube.topologies.protocol import Topology
 from paracube.workload import DTYPE_BYTES
 
-ITEM_BYTES = {**DTYPE_BYTES, "float32": 4, "float16": 2, "bfloat16": 2}  # training names and torch's (CommEvent)
+ITEM_BYTES = {**DTYPE_BYTES, **{DTYPE_NAMES[k]: v for k, v in DTYPE_BYTES.items()}}  # training and torch names
 
 Arr = np.ndarray
 

@@ -167,8 +167,9 @@ class _Sim:
         if req is not None:
             yield req
         t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
-        if self.call_wait(e):  # waiting for the group's ranks (DeviceSpec call and ring waits; analytic alike)
-            yield self.env.timeout(self.call_wait(e))
+        wait = self.call_wait(e)  # for the group's ranks to be scheduled (DeviceSpec call and ring waits)
+        if wait:
+            yield self.env.timeout(wait)
         yield self.net.run(self.template(stage, e.axes), steps, chunk)
         if stream is not None and req is not None:
             stream.release(req)
@@ -186,8 +187,9 @@ class _Sim:
         slot[0] += 1
         if slot[0] == (e.group_size if sub else self.layout.pp):
             del self.barriers[k]
-            if self.call_wait(e):
-                yield self.env.timeout(self.call_wait(e))
+            wait = self.call_wait(e)
+            if wait:
+                yield self.env.timeout(wait)
             yield self.net.run(self.template(0, e.axes), steps, chunk)
             slot[1].succeed()
         else:
@@ -228,8 +230,9 @@ class _Sim:
         if dst != stage:
             t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
             ev = CommEvent("send", ("pp",), 2, nbytes, "", "pipeline", kind)
-            if self.call_wait(ev):
-                yield self.env.timeout(self.call_wait(ev))
+            wait = self.call_wait(ev)
+            if wait:
+                yield self.env.timeout(wait)
             yield self.net.run(self.send_template(stage, dst), 1, float(nbytes))
             self._comm_done(stage, f"send {kind} mb{micro} -> stage {dst}", ev, t0, busy0)
         self._arrival(kind, to_vstage, micro).succeed()

@@ -4,11 +4,11 @@ Per mode: structures (tensor shape x dp x pp), then configurations (micro-batch,
 sequence parallelism for 1d) checked against the size rules (cost_models/validity.py) and device memory
 (placement does not change either, so these are checked before placements are expanded), then every
 distinct placement. Scoring is vectorized (cost_models.analytic.evaluate). Unless a placement is pinned, a
-configuration's placements are scored only where its lower bound (analytic.step_lower_bound: links that cost
-nothing) is within the mode's top_k-th best step time among the configurations' first placements (those the
-pins allow): the top_k found is exact, and configurations that lose whatever their placement are not expanded
-(`pruned`). A rejected or pruned configuration counts once per placement of its structure, so
-`scored + pruned + sum(rejected) == enumerated layouts`.
+configuration's placements are scored only where its lower bound (analytic.step_lower_bound on each axis set's
+best link over the structure's placements) is within the mode's top_k-th best step time among the
+configurations' first placements (those the pins allow): the top_k found is exact, and configurations that
+lose whatever their placement are not expanded (`pruned`). A rejected or pruned configuration counts once per
+placement of its structure, so `scored + pruned + sum(rejected) == enumerated layouts`.
 `fixed`: a Layout whose non-default fields (mode and shape, dp, pp, micro_batch, interleave, sp, placement)
 every result must match; its pins `sp=0` (no sequence parallelism), `rc=` (recomputation) and `zero=` are
 respected too; `overlap` (or a fixed layout's) prices every layout with the gradient reduction overlapped
