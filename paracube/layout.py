@@ -19,7 +19,12 @@ unfused core attention (scores, masked softmax, dropout and the product with V, 
 `sp=0` forbids sequence parallelism and `rc=` pins activation recomputation: pins the planner respects
 (it searches what a layout leaves open). `overlap`: data-parallel gradient reduction overlapped with backward.
 `zero`: 0 none; 1 optimizer state and fp32 master weights sharded over dp (distributed optimizer / ZeRO-1,
-Rajbhandari et al. 2020); 3 parameters fully sharded over dp (ZeRO-3 / FSDP).
+Rajbhandari et al. 2020); 2 gradients sharded too (reduce-scattered into the rank's shard during backward);
+3 parameters fully sharded over dp (ZeRO-3 / FSDP: gathered per block before use, resharded after).
+`shard=N` (zero >= 1, N divides dp): hybrid sharding (HSDP, ZeRO++'s hpZ): shard within groups of N consecutive
+dp ranks and replicate across the dp / N groups (gradients all-reduced across them); unset, shard over all of dp.
+`tpo`: tensor-parallel collectives overlapped with the GEMMs that produce or consume them (collective matmul:
+Megatron's --tp-comm-overlap, torchtitan's async TP; Wang et al. 2023); the same bytes, only the exposed part priced.
 `kw` (2d, 2.5d, 3d): 1 keeps the gathered weights of the linears (and the position table) across the
 micro-batches of a step, gathered once per step, their gradients accumulated in gathered form and
 reduce-scattered once per step (FSDP's reshard_after_forward=False); 0 re-gathers them every micro-batch.
@@ -40,7 +45,7 @@ ModeName = str  # a key of paracube.modes.MODES
 TENSOR_MODES: tuple[str, ...] = tuple(MODES)
 TENSOR_AXES: dict[str, tuple[str, ...]] = {name: m.axes for name, m in MODES.items()}
 SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
-ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 
 
@@ -54,7 +59,9 @@ class Layout:
     micro_batch: int | None = None  # sequences per micro-batch per data-parallel replica
     interleave: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
     sequence_parallel: bool = False  # 1D only (Korthikanti et al. 2022)
-    zero: int = 0  # ZERO_STAGES: 0 none, 1 optimizer state sharded over dp, 3 parameters too
+    zero: int = 0  # ZERO_STAGES: 0 none, 1 optimizer state sharded over dp, 2 gradients too, 3 parameters too
+    shard: int | None = None  # HSDP: zero's shard group (divides dp); None: all of dp
+    tpo: bool = False  # tensor-parallel collectives overlapped with their GEMMs (collective matmul)
     # Pins for the search (the planner fills in what is not pinned): `sp=0` forbids sequence parallelism,
     # `rc=none|selective|full` fixes activation recomputation (None: TrainingSpec.recompute, or searched).
     forbid_sp: bool = False
@@ -81,7 +88,16 @@ class Layout:
         check(not self.sequence_parallel or self.mode in with_sp,
               f"sequence parallelism (sp) applies to tp={'/'.join(with_sp)} only, not {self.mode}")
         check(self.zero in ZERO_STAGES, f"zero={self.zero!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))} "
-              "(0 none, 1 optimizer state sharded over dp, 3 parameters sharded too)")
+              "(0 none, 1 optimizer state sharded over dp, 2 gradients too, 3 parameters too)")
+        check(self.shard is None or (isinstance(self.shard, int) and self.shard >= 1),
+              f"shard={self.shard!r} must be a positive integer")
+        check(self.shard is None or self.zero >= 1,
+              f"shard={self.shard} shards zero's state: it needs zero=1, 2 or 3 (zero={self.zero})")
+        check(self.shard is None or self.dp % self.shard == 0,
+              f"shard={self.shard} must divide dp={self.dp}; valid: "
+              f"{', '.join(str(n) for n in range(1, self.dp + 1) if self.dp % n == 0)}")
+        check(not self.tpo or bool(MODES[self.mode].axes), "tpo overlaps tensor-parallel collectives: it needs "
+              f"tp={'/'.join(n for n, m in MODES.items() if m.axes)}, not {self.mode}")
         check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
         check(self.recompute is None or self.recompute in RECOMPUTES,
               f"rc={self.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
@@ -104,6 +120,11 @@ class Layout:
     def uses_flash(self) -> bool:
         """The attention kernel this layout runs: flash unless `fa=0` pins the unfused one."""
         return self.flash != 0
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks zero shards over: `shard` where given (HSDP), else all of dp."""
+        return self.shard if self.shard is not None else self.dp
 
     @property
     def q(self) -> int:
@@ -192,10 +213,14 @@ class Layout:
             parts.append("sp=0")
         if self.zero:
             parts.append(f"zero={self.zero}")
+        if self.shard is not None:
+            parts.append(f"shard={self.shard}")
         if self.recompute is not None:
             parts.append(f"rc={self.recompute}")
         if self.overlap:
             parts.append("overlap")
+        if self.tpo:
+            parts.append("tpo")
         if self.keep_weights is not None:
             parts.append(f"kw={self.keep_weights}")
         if self.flash is not None:
@@ -208,7 +233,8 @@ class Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|3][,rc=none|selective|full][,overlap]"
+LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3][,shard=N][,rc=none|selective|full]"
+                 "[,overlap][,tpo]"
                  "[,kw=0|1][,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
@@ -229,6 +255,9 @@ def parse_layout(text: str) -> Layout:
         elif key == "overlap":
             check(value.strip() in ("", "0", "1"), f"layout {text!r}: overlap={value!r}; valid: overlap, overlap=0|1")
             fields["overlap"] = value.strip() != "0"
+        elif key == "tpo":
+            check(value.strip() in ("", "0", "1"), f"layout {text!r}: tpo={value!r}; valid: tpo, tpo=0|1")
+            fields["tpo"] = value.strip() != "0"
         elif key == "kw":
             check(value.strip() in ("0", "1"), f"layout {text!r}: kw={value!r} is not valid; valid: kw=0, kw=1")
             fields["keep_weights"] = int(value)
@@ -240,10 +269,10 @@ def parse_layout(text: str) -> Layout:
             check(value.strip() in RECOMPUTES,
                   f"layout {text!r}: rc={value!r} is not valid; valid: {', '.join(RECOMPUTES)}")
             fields["recompute"] = value.strip()
-        elif key in ("dp", "pp", "mb", "v"):
+        elif key in ("dp", "pp", "mb", "v", "shard"):
             check(value.strip().isdigit() and int(value) >= 1,
                   f"layout {text!r}: {key}={value!r} must be a positive integer")
-            fields[{"dp": "dp", "pp": "pp", "mb": "micro_batch", "v": "interleave"}[key]] = int(value)
+            fields[{"dp": "dp", "pp": "pp", "mb": "micro_batch", "v": "interleave", "shard": "shard"}[key]] = int(value)
         elif key == "zero":
             check(value.strip().isdigit() and int(value) in ZERO_STAGES,
                   f"layout {text!r}: zero={value!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))}")
