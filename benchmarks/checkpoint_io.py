@@ -22,11 +22,11 @@ import torch  # noqa: E402
 def _rank(rank: int, world: int, device: torch.device, layout: str, repeats: int, root: str) -> list[tuple]:
     import torch.distributed as dist
 
-    from paracube.executor import checkpoint as ckpt
-    from paracube.executor.data import parse_source, replica_micro_batches
-    from paracube.executor.gpt import build_model
+    from paracube.executor.checkpoint import store as ckpt
     from paracube.executor.mesh import Mesh
-    from paracube.executor.step import train_step
+    from paracube.executor.model.gpt import build_model
+    from paracube.executor.training.data import parse_source, replica_micro_batches
+    from paracube.executor.training.step import train_step
     from paracube.plan import default_plan
     from paracube.workload import with_seq_len
 

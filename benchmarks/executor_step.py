@@ -5,7 +5,7 @@ qkv/fc and RowwiseParallel on proj/fc2 of a plain GPT (embeddings, LayerNorms an
 run: AdamW, global-norm clipping, the same global batch and micro-batches. 2D needs a square grid, so its 8
 ranks are dp=2 x 2x2. Prints step time (mean over timed steps of the slowest rank) and bytes sent per rank
 (ring algorithms; ours from the recorded CommEvents, PyTorch's from the collectives its DTensors dispatch).
-"ours pp=1" / "ours pp=2" compare pipeline parallelism (1F1B, executor/pipeline.py) with data parallelism
+"ours pp=1" / "ours pp=2" compare pipeline parallelism (1F1B, executor/pipeline/schedule.py) with data parallelism
 on the same 1D tensor group of 4.
 `--overlap`: instead, data-parallel layouts (zero=0 and zero=1) with gradient buckets reduced during the
 backward (overlap on) and after it (off), side by side in one run.
@@ -138,12 +138,12 @@ def _torch_tp(rank: int, world: int, spec: ModelSpec, batches: list, steps: int,
 # --- ours ----------------------------------------------------------------------------------------------
 def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch: int, steps: int,
           warmup: int, overlap: bool = True, bucket_bytes: int = 25 * 2**20) -> tuple:
-    from paracube.executor.data import parse_source, replica_micro_batches
-    from paracube.executor.gpt import build_model
-    from paracube.executor.grad_sync import GradSync
+    from paracube.executor.data_parallel.grad_sync import GradSync
+    from paracube.executor.data_parallel.optim import DistributedAdamW
     from paracube.executor.mesh import Mesh
-    from paracube.executor.optim import DistributedAdamW
-    from paracube.executor.step import train_step
+    from paracube.executor.model.gpt import build_model
+    from paracube.executor.training.data import parse_source, replica_micro_batches
+    from paracube.executor.training.step import train_step
     from paracube.layout import parse_layout
 
     layout = parse_layout(layout_text)
@@ -191,7 +191,7 @@ def _time(step, steps: int, warmup: int, traffic) -> tuple:  # type: ignore[no-u
 
 def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: int, warmup: int,
             only: str = "", overlap: bool = False, bucket_bytes: int = 25 * 2**20) -> list:
-    from paracube.executor.data import parse_source, replica_micro_batches
+    from paracube.executor.training.data import parse_source, replica_micro_batches
 
     spec = resolve_model(model_name)
     rows = []

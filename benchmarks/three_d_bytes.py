@@ -33,7 +33,7 @@ CASES = [  # (name, model preset, gpus, layout, global batch, dtype, executor-re
     ("tiny 3d 2x2x2", "tiny", 8, "dp=1,tp=3d:2x2x2,mb=4", 16, "fp32", True),
     ("gpt3-2.7b 3d 4x4x4", "gpt3-2.7b", 64, "dp=1,tp=3d:4x4x4,mb=16", 64, "bf16", False),
     # one sequence per micro-batch, below the token split (q^2): each sequence over q^2 ranks, keys and values
-    # gathered for attention (executor/tokens.py); trees before the b x s split refuse it (n/a)
+    # gathered for attention (executor/layers/tokens.py); trees before the b x s split refuse it (n/a)
     ("tiny 3d 2x2x2 mb=1", "tiny", 8, "dp=1,tp=3d:2x2x2,mb=1", 4, "fp32", True),
     ("gpt3-2.7b 3d mb=1", "gpt3-2.7b", 64, "dp=1,tp=3d:4x4x4,mb=1", 4, "bf16", False),
 ]
@@ -69,7 +69,7 @@ def _one_step(rank: int, world: int, device: torch.device, preset: str, layout_t
 
 
 def _executor_bytes(preset: str, gpus: int, layout_text: str, batch: int) -> tuple[float, float]:
-    from paracube.executor.local_ranks import run_on_ranks
+    from paracube.executor.launch.local_ranks import run_on_ranks
 
     ranks = run_on_ranks(_one_step, gpus, (preset, layout_text, batch), "gloo", 600.0, "three_d_bytes")
     return max(sum(s for s, _ in r) for r in ranks), max(sum(p for _, p in r) for r in ranks)

@@ -1,7 +1,7 @@
 """The text of a torchrun command line and of an sbatch script for a plan (no torch import).
 
-Shared by `paracube launch` (paracube/executor/launch.py) and `paracube export --to torchrun|slurm`:
-both start `python -m paracube.executor.run --worker PLAN ...` on every node with torchrun
+Shared by `paracube launch` (paracube/executor/launch/start.py) and `paracube export --to torchrun|slurm`:
+both start `python -m paracube.executor.launch.worker --worker PLAN ...` on every node with torchrun
 (`python -m torch.distributed.run`), c10d rendezvous at node 0, no restarts.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from paracube.plan import Plan
 
-WORKER_MODULE = "paracube.executor.run"
+WORKER_MODULE = "paracube.executor.launch.worker"
 
 
 def torchrun_argv(node_args: Sequence[str], worker_args: Sequence[str]) -> list[str]:

@@ -32,7 +32,7 @@ class ModelSpec:
     `tied_embeddings`: the output head is the token embedding's transpose (no head parameters); the
     executor ties them in modes none and 1D (2D/3D lay the head out differently and refuse it).
     `rms_eps`, `rope_theta`: the llama family's RMSNorm epsilon and rotary base (HF rms_norm_eps, rope_theta).
-    Dropout probabilities (training only; executor/dropout.py): `dropout` on each block's attention and MLP
+    Dropout probabilities (training only; executor/layers/dropout.py): `dropout` on each block's attention and MLP
     outputs before the residual add (HF gpt2 resid_pdrop, Megatron hidden_dropout), `attention_dropout` on the
     attention probabilities (attn_pdrop / attention_dropout), `embedding_dropout` on the embedding output
     (embd_pdrop). The GPT-2/GPT-3 presets use 0.1 for all three (Megatron's GPT default and GPT-2's config);

@@ -1,6 +1,6 @@
 """Multi-process test harness: run `fn(rank, world_size, *args)` on `world_size` gloo ranks.
 
-The same launcher as `paracube calibrate` and `validate` (paracube.executor.local_ranks.run_on_ranks:
+The same launcher as `paracube calibrate` and `validate` (paracube.executor.launch.local_ranks.run_on_ranks:
 forkserver with torch preloaded, 127.0.0.1 and a free port, ranks bound to cores as the executor binds
 them, a timeout that fails the test instead of hanging it); failures become AssertionErrors carrying the
 failing rank's whole traceback. `fn` must be importable (module level) and return something picklable.
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from paracube.executor.local_ranks import RanksFailed, free_port, run_on_ranks
+from paracube.executor.launch.local_ranks import RanksFailed, free_port, run_on_ranks
 
 
 def _without_device(rank: int, world_size: int, device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:

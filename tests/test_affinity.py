@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from paracube.errors import ParacubeError
-from paracube.executor.affinity import cores_for
+from paracube.executor.launch.affinity import cores_for
 
 
 def test_more_ranks_than_cores_spread_round_robin() -> None:

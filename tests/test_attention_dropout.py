@@ -27,7 +27,7 @@ from paracube.cost_models.memory import _block_acts
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.executor import Mesh, build_model
-from paracube.executor.dropout import DropoutSeeds
+from paracube.executor.layers.dropout import DropoutSeeds
 from paracube.layout import RECOMPUTES, parse_layout
 from paracube.planner.explain import explain
 from paracube.planner.search import search

@@ -27,12 +27,12 @@ import torch
 from dist_helpers import run_distributed
 
 from paracube.errors import ParacubeError
-from paracube.executor import checkpoint as ckpt
-from paracube.executor.checkpoint import export_full_state_dict, find_checkpoint, read_meta
-from paracube.executor.checkpoint_planners import BlockLoadPlanner, BlockSavePlanner
-from paracube.executor.data import parse_source, replica_micro_batches
-from paracube.executor.gpt import serial_reference
-from paracube.executor.shards import ShardSpec
+from paracube.executor.checkpoint import store as ckpt
+from paracube.executor.checkpoint.planners import BlockLoadPlanner, BlockSavePlanner
+from paracube.executor.checkpoint.store import export_full_state_dict, find_checkpoint, read_meta
+from paracube.executor.layers.shards import ShardSpec
+from paracube.executor.model.gpt import serial_reference
+from paracube.executor.training.data import parse_source, replica_micro_batches
 from paracube.plan import default_plan
 
 CUBE = "dp=1,tp=3d:2x2x2,mb=4"
@@ -56,7 +56,7 @@ def _copy_checkpoint(src: Path, dst_root: Path) -> None:
 def _worker(rank: int, world: int, root: str) -> None:
     import torch.distributed as dist
 
-    from paracube.executor.train import TrainConfig, train
+    from paracube.executor.training.loop import TrainConfig, train
 
     r = Path(root)
     # Same schedule (4 steps) in every phase, so interrupted runs follow the same learning rates.
@@ -107,8 +107,8 @@ def _worker(rank: int, world: int, root: str) -> None:
 
 def _round_trip(rank: int, r: Path) -> None:
     """A's step_2 through 2.5D (R1), 3D (R2) and 2.5D again (R3): each loads the previous save and saves."""
-    from paracube.executor.gpt import build_model
     from paracube.executor.mesh import Mesh
+    from paracube.executor.model.gpt import build_model
 
     src = r / "A" / "step_2"
     for layout, name in ((HALF, "R1"), (CUBE, "R2"), (HALF, "R3")):
@@ -276,8 +276,8 @@ def test_every_block_of_a_grid_loads_from_a_full_save(one_rank: None, tmp_path: 
 def test_a_block_of_the_wrong_shape_is_refused_before_anything_is_written(one_rank: None, tmp_path: Path) -> None:
     import dataclasses
 
-    from paracube.executor.gpt import build_model
     from paracube.executor.mesh import Mesh
+    from paracube.executor.model.gpt import build_model
 
     plan = default_plan("dp=1,mb=4")
     model = build_model(plan.model, Mesh(plan.layout, 0), seed=0)
@@ -291,8 +291,8 @@ def test_a_block_of_the_wrong_shape_is_refused_before_anything_is_written(one_ra
 
 def test_save_hook_runs_once_the_shard_is_written_before_the_checkpoint_exists(one_rank: None,
                                                                                tmp_path: Path) -> None:
-    from paracube.executor.gpt import build_model
     from paracube.executor.mesh import Mesh
+    from paracube.executor.model.gpt import build_model
 
     plan = default_plan("dp=1,mb=4")
     model = build_model(plan.model, Mesh(plan.layout, 0), seed=0)

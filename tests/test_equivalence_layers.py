@@ -16,7 +16,7 @@ import torch
 from dist_helpers import rel_err, run_distributed
 
 from paracube.executor import Mesh, build_model, serial_reference
-from paracube.executor.shards import block
+from paracube.executor.layers.shards import block
 from paracube.layout import Layout, parse_layout
 from paracube.modes import MODES
 from paracube.workload import ModelSpec
@@ -36,7 +36,7 @@ ACTS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
 
 def local_block(t: torch.Tensor, mesh: Mesh, axes: tuple[tuple[str, ...], tuple[str, ...]]) -> torch.Tensor:
     """This rank's block of a full activation [b, s, h]: sequences (the flat token layout of 2D / 3D: the
-    flattened b x s tokens, executor/tokens.py) over axes[0], hidden over axes[1]."""
+    flattened b x s tokens, executor/layers/tokens.py) over axes[0], hidden over axes[1]."""
     if MODES[mesh.layout.mode].token_axes:
         t = t.reshape(-1, t.shape[-1])
     (b0, bn), (h0, hn) = block(t.shape[0], mesh, axes[0]), block(t.shape[-1], mesh, axes[1])

@@ -21,8 +21,8 @@ from paracube.cost_models.dims import padded_vocab
 from paracube.errors import ParacubeError
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.executor.comm import all_reduce
-from paracube.executor.gpt import ParallelGPT
-from paracube.executor.optim import MasterAdamW, build_optimizer
+from paracube.executor.data_parallel.optim import MasterAdamW, build_optimizer
+from paracube.executor.model.gpt import ParallelGPT
 from paracube.layout import Layout, parse_layout
 from paracube.workload import ModelSpec
 

@@ -24,9 +24,9 @@ from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, train_step
 from paracube.executor.comm import CommRecorder
-from paracube.executor.functional import COMPUTE_DTYPES
-from paracube.executor.grad_sync import grad_sync_for
-from paracube.executor.optim import build_optimizer
+from paracube.executor.data_parallel.grad_sync import grad_sync_for
+from paracube.executor.data_parallel.optim import build_optimizer
+from paracube.executor.layers.functional import COMPUTE_DTYPES
 from paracube.layout import Layout, parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology

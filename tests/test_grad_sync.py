@@ -36,8 +36,8 @@ from paracube.cost_models.dims import dims_of
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, serial_reference, train_step
-from paracube.executor.grad_sync import GradSync
-from paracube.executor.optim import DistributedAdamW, build_optimizer
+from paracube.executor.data_parallel.grad_sync import GradSync
+from paracube.executor.data_parallel.optim import DistributedAdamW, build_optimizer
 from paracube.layout import Layout, parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology
@@ -173,7 +173,7 @@ def _overlap_runs(mesh: Mesh, layout: Layout, zero: int) -> dict[str, Any]:
 
 
 def _checkpoints(mesh: Mesh, plain_mesh: Mesh, layout: Layout, root: str) -> dict[str, Any]:
-    from paracube.executor.checkpoint import load_checkpoint, save_checkpoint
+    from paracube.executor.checkpoint.store import load_checkpoint, save_checkpoint
 
     micro = _micro(layout, mesh.coord("dp"))
     tokens = layout.dp * B * N_MICRO * SPEC.seq_len
@@ -300,8 +300,8 @@ def test_overlap_bit_identical_and_buckets_priced(runs, text, zero) -> None:
 
 # --- fp16 dynamic loss scaling ---------------------------------------------------------------------------
 def _fp16(rank: int, world: int) -> dict[str, Any]:
-    from paracube.executor.loss_scale import LossScaler
-    from paracube.executor.train import TrainConfig, TrainingDiverged, train
+    from paracube.executor.training.loop import TrainConfig, TrainingDiverged, train
+    from paracube.executor.training.loss_scale import LossScaler
     from paracube.plan import default_plan
 
     layout = parse_layout("dp=1")
@@ -330,9 +330,9 @@ def _fp16(rank: int, world: int) -> dict[str, Any]:
 def _fp16_pipeline(rank: int, world: int) -> dict[str, Any]:
     """pp=2 in fp16: step 2 gets an inf in one gradient element of stage 0 only (the after_backward hook);
     the norm, all-reduced over pp, overflows on both stages, which skip the step and back off alike."""
-    from paracube.executor.functional import main_grad
-    from paracube.executor.loss_scale import LossScaler
-    from paracube.executor.train import TrainConfig, train
+    from paracube.executor.layers.functional import main_grad
+    from paracube.executor.training.loop import TrainConfig, train
+    from paracube.executor.training.loss_scale import LossScaler
     from paracube.plan import default_plan
 
     layout = parse_layout("pp=2")

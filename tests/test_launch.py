@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from paracube.cli.main import main
-from paracube.executor.rank_procs import describe_failure
+from paracube.executor.launch.rank_procs import describe_failure
 from paracube.plan import LaunchSpec, default_plan
 
 
@@ -72,7 +72,8 @@ def test_slurm_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         assert line in script.splitlines()
     srun = next(x for x in script.splitlines() if x.startswith("srun "))
     for part in ("torch.distributed.run", "--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d",
-                 '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', "--max-restarts=0", "-m paracube.executor.run",
+                 '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', "--max-restarts=0",
+                 "-m paracube.executor.launch.worker",
                  f"--worker {path.resolve()}", "--steps 50"):
         assert part in srun
     assert main(["launch", str(path)]) == 2  # no format asked for
@@ -95,7 +96,7 @@ def test_workers_lead_their_own_process_group_in_our_session(tmp_path: Path) -> 
     """Each worker leads its own process group (stopped by group; a terminal's Ctrl-C reaches the launcher only)
     but stays in the launcher's session: a session per worker is a scheduling group per worker under Linux
     autogroup (rank_procs.py). It gets torchrun's environment; a failed rank stops the others."""
-    from paracube.executor.rank_procs import RankProcs
+    from paracube.executor.launch.rank_procs import RankProcs
 
     script = ("import os, sys, time\n"
               "e = os.environ\n"
@@ -141,7 +142,7 @@ def test_oversubscription_is_said_once_with_the_slowdown() -> None:
 
 
 def test_interrupted_line_names_the_step_and_the_last_checkpoint(tmp_path: Path) -> None:
-    from paracube.executor.launch import interrupted_line
+    from paracube.executor.launch.start import interrupted_line
 
     assert interrupted_line({}, None) == ("paracube: interrupted before the first step finished; last checkpoint: "
                                           "none (no --checkpoint-dir)")

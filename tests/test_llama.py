@@ -21,8 +21,8 @@ from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.executor.comm import all_reduce
-from paracube.executor.llama import gqa_attention, rotary, rotary_tables, swiglu
-from paracube.executor.optim import build_optimizer
+from paracube.executor.data_parallel.optim import build_optimizer
+from paracube.executor.layers.llama import gqa_attention, rotary, rotary_tables, swiglu
 from paracube.layout import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology

@@ -1,4 +1,4 @@
-"""Pipeline parallelism (executor/pipeline.py) against the serial model and the cost model.
+"""Pipeline parallelism (executor/pipeline/schedule.py) against the serial model and the cost model.
 
 Per layout, on gloo ranks: loss, every gradient (one step's accumulation over the replica's micro-batches)
 and parameters after 3 AdamW steps through train_step equal the serial model's (relative 1e-5, fp32); the
@@ -11,7 +11,8 @@ Tied embeddings (pp=2, pp=4 and dp=2 x pp=2 x 1D 2): the last stage's copy of th
 gradient and parameters as the first stage's (Megatron's embedding-group all-reduce, priced by stage_events).
 2.5D's raw gradients cover a depth layer's tokens: summed over dep before the comparison (train_step sums
 them over (dp, dep)); 1D + sp's sequence-shard parameters are summed over tp.
-With zero=1 the optimizer is the distributed one (executor/optim.py): each stage's buckets reduce-scattered over dp, the
+With zero=1 the optimizer is the distributed one (executor/data_parallel/optim.py): each stage's buckets
+reduce-scattered over dp, the
 updated parameters all-gathered, as stage_events declares for that stage.
 """
 
@@ -30,8 +31,8 @@ from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.executor import Mesh, build_model, serial_reference, train_step
 from paracube.executor.comm import all_reduce
-from paracube.executor.optim import build_optimizer
-from paracube.executor.pipeline import reduce_tied_embedding_grads, run_pipeline
+from paracube.executor.data_parallel.optim import build_optimizer
+from paracube.executor.pipeline.schedule import reduce_tied_embedding_grads, run_pipeline
 from paracube.layout import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import chunk_layers, schedule, split_ok, stage_chunks, stage_layers
@@ -288,7 +289,7 @@ def test_killed_stage_rank_stops_every_rank(tmp_path) -> None:
 
 
 def _tied_checkpoint(rank: int, world: int, root: str) -> dict[str, Any]:
-    from paracube.executor.checkpoint import load_checkpoint, save_checkpoint
+    from paracube.executor.checkpoint.store import load_checkpoint, save_checkpoint
 
     spec = replace(SPEC, layers=4, tied_embeddings=True)
     mesh = Mesh(parse_layout("pp=2"), rank)
@@ -310,7 +311,7 @@ def _tied_checkpoint(rank: int, world: int, root: str) -> dict[str, Any]:
 def test_tied_pipeline_checkpoint_saves_one_copy_and_loads_both(tmp_path) -> None:
     """pp=2, tied: the first stage's embedding is saved (the last stage's copy is not a separate tensor), and a
     load sets both copies (parameters and moments) to the trained ones; the full state dict has no head."""
-    from paracube.executor.checkpoint import export_full_state_dict
+    from paracube.executor.checkpoint.store import export_full_state_dict
 
     ranks = run_distributed(_tied_checkpoint, 2, str(tmp_path), timeout=300.0)
     for rank, r in enumerate(ranks):

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from paracube.errors import ParacubeError
-from paracube.executor.launch import NodeSpec, preflight
+from paracube.executor.launch.start import NodeSpec, preflight
 from paracube.layout import RECOMPUTES
 from paracube.plan import LaunchSpec, Plan
 from paracube.planner import search

@@ -42,8 +42,8 @@ from dist_helpers import free_port, run_distributed
 
 from paracube.cli.main import main
 from paracube.errors import ParacubeError
-from paracube.executor.checkpoint import export_full_state_dict, find_checkpoint, is_complete, read_meta
-from paracube.executor.launch import NodeSpec, is_loopback, preflight
+from paracube.executor.checkpoint.store import export_full_state_dict, find_checkpoint, is_complete, read_meta
+from paracube.executor.launch.start import NodeSpec, is_loopback, preflight
 from paracube.plan import default_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def _in_process(rank: int, world: int, root: str) -> tuple[str, str]:
 
     import torch.distributed as dist
 
-    from paracube.executor.train import TrainConfig, TrainingDiverged, train
+    from paracube.executor.training.loop import TrainConfig, TrainingDiverged, train
 
     train(default_plan(LAYOUT), rank, world, STEPS, metrics_path=Path(root) / "R.jsonl",
           config=TrainConfig(data="synthetic"))
@@ -152,8 +152,8 @@ def _die_saving_step_3(notes: Path, rank: int, step: int) -> None:
 
 def _run_x(rank: int, world: int, root: str) -> None:
     """What `paracube run --save-every 1 --data synthetic` runs on each rank (argv of _argv), plus the hook."""
-    from paracube.executor.hooks import TrainHooks
-    from paracube.executor.train import TrainConfig, train
+    from paracube.executor.training.hooks import TrainHooks
+    from paracube.executor.training.loop import TrainConfig, train
 
     train(default_plan(LAYOUT), rank, world, STEPS, metrics_path=Path(root) / "m.jsonl",
           checkpoint_dir=Path(root) / "ck", save_every=1, config=TrainConfig(data="synthetic", comm_timeout_s=60),
@@ -360,7 +360,7 @@ def _resume_cli(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, st
 
 def _resume_in_process(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The workers' own check (torchrun started without our launcher): one rank loads it into a 1-rank model."""
-    from paracube.executor.train import TrainConfig, train
+    from paracube.executor.training.loop import TrainConfig, train
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
@@ -470,7 +470,7 @@ def test_bad_sizes_are_refused_before_any_process_starts(tmp_path: Path, capsys,
 def test_a_worker_refuses_bad_sizes_before_any_collective(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank started by torchrun directly (no preflight) checks too, before init_process_group: with no
     MASTER_ADDR set, reaching it would raise a different error (or wait for peers that never come)."""
-    from paracube.executor.train import train
+    from paracube.executor.training.loop import train
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)

@@ -15,7 +15,7 @@ import pytest
 from paracube.cli.main import main
 from paracube.cli.scale_down import scale_down
 from paracube.errors import ParacubeError
-from paracube.executor.launch import NodeSpec, preflight
+from paracube.executor.launch.start import NodeSpec, preflight
 from paracube.layout import parse_layout
 from paracube.plan import LaunchSpec, Plan, load_plan
 from paracube.workload import PRESETS, TrainingSpec

@@ -22,8 +22,8 @@ from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
-from paracube.executor.gpt import ParallelGPT, _resize
-from paracube.executor.optim import build_optimizer
+from paracube.executor.data_parallel.optim import build_optimizer
+from paracube.executor.model.gpt import ParallelGPT, _resize
 from paracube.layout import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology

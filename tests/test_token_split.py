@@ -1,4 +1,4 @@
-"""Tokens split over b x s (executor/tokens.py): 2D, 2.5D and 3D run any micro-batch whose token count divides,
+"""Tokens split over b x s (executor/layers/tokens.py): 2D, 2.5D and 3D run any micro-batch whose token count divides,
 a rank holding part of a sequence (or the end of one and the start of the next) and gathering keys and values
 for attention.
 

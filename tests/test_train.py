@@ -11,9 +11,9 @@ import torch
 from dist_helpers import run_distributed
 
 from paracube.errors import ParacubeError
-from paracube.executor.data import _text_bytes, parse_source, replica_micro_batches
-from paracube.executor.hooks import TrainHooks
-from paracube.executor.train import LRSchedule, TrainConfig
+from paracube.executor.training.config import LRSchedule, TrainConfig
+from paracube.executor.training.data import _text_bytes, parse_source, replica_micro_batches
+from paracube.executor.training.hooks import TrainHooks
 
 # --- data -------------------------------------------------------------------------------------------------
 
@@ -79,7 +79,7 @@ def test_lr_schedule_warmup_then_cosine() -> None:
 
 def _worker(rank: int, world: int, root: str) -> None:
 
-    from paracube.executor.train import train
+    from paracube.executor.training.loop import train
     from paracube.plan import default_plan
     from paracube.workload import TrainingSpec
 
@@ -176,8 +176,8 @@ def one_rank(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(one_rank, tmp_path: Path) -> None:
-    from paracube.executor.checkpoint import export_full_state_dict, find_checkpoint
-    from paracube.executor.train import TrainingDiverged, train
+    from paracube.executor.checkpoint.store import export_full_state_dict, find_checkpoint
+    from paracube.executor.training.loop import TrainingDiverged, train
 
     with pytest.raises(TrainingDiverged, match=r"loss is nan .* at step 3; stopped.*step_2"):
         train(one_rank, 0, 1, 5, checkpoint_dir=tmp_path, save_every=1, config=TrainConfig(data="synthetic"),
@@ -187,7 +187,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(one_rank, tmp_p
 
 
 def test_nonfinite_loss_can_skip_the_step(one_rank, tmp_path: Path) -> None:
-    from paracube.executor.train import train
+    from paracube.executor.training.loop import train
 
     cfg = TrainConfig(data="synthetic", on_nonfinite="skip")
     rows = train(one_rank, 0, 1, 4, metrics_path=tmp_path / "m.jsonl", config=cfg,
@@ -204,8 +204,8 @@ class _Fault(Exception):
 
 
 def test_hooks_see_every_step_and_a_fault_hook_stops_the_run(one_rank, tmp_path: Path) -> None:
-    from paracube.executor.checkpoint import find_checkpoint
-    from paracube.executor.train import train
+    from paracube.executor.checkpoint.store import find_checkpoint
+    from paracube.executor.training.loop import train
 
     seen: list[tuple[int, str]] = []
 

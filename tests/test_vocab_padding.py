@@ -17,7 +17,7 @@ from paracube.cost_models.dims import dims_of, padded_vocab
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, serial_reference, train_step
-from paracube.executor.gpt import ParallelGPT
+from paracube.executor.model.gpt import ParallelGPT
 from paracube.layout import parse_layout
 from paracube.workload import ModelSpec, TrainingSpec
 

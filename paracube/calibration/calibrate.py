@@ -32,7 +32,7 @@ from paracube.calibration.microbench import (
 )
 from paracube.errors import ParacubeError, check
 from paracube.executor import affinity
-from paracube.executor.local_ranks import resolve_backend
+from paracube.executor.launch.local_ranks import resolve_backend
 from paracube.layout import parse_layout
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.topology import Topology
@@ -291,7 +291,7 @@ def check_calibration(topo: Any, source: str, world: int | None = None) -> dict[
             raise ParacubeError(f"{source}: calibrated on {key}={getattr(machine, key)!r} but this machine has "
                                 f"{here[key]!r}; re-run `paracube calibrate` here")
     bind = machine.cpu_bind or "spread"
-    if bind != here["cpu_bind"]:  # CPU ranks bound differently run at different speeds (executor/affinity.py)
+    if bind != here["cpu_bind"]:  # CPU ranks bound differently run at different speeds (executor/launch/affinity.py)
         raise ParacubeError(f"{source}: calibrated with {affinity.ENV}={bind} but this run uses "
                             f"{affinity.ENV}={here['cpu_bind']}; set it alike or re-run `paracube calibrate`")
     if world is not None and machine.nproc != world:

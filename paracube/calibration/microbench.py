@@ -1,6 +1,6 @@
 """Microbenchmarks that every rank runs at once (what a training step sees: all ranks busy together).
 
-`run_benchmarks(config)` starts `nproc` ranks (paracube.executor.local_ranks: forkserver, gloo on CPU / NCCL
+`run_benchmarks(config)` starts `nproc` ranks (paracube.executor.launch.local_ranks: forkserver, gloo on CPU / NCCL
 on CUDA, 127.0.0.1 and a free port, CPU ranks bound to cores as the executor binds them) and returns the
 measured points. Every point has `time_s` (wall seconds per call) and `cpu_s` (this process's CPU seconds
 per call, its communication threads included), each the mean over ranks:
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from paracube.errors import ParacubeError
-from paracube.executor.local_ranks import run_on_ranks
+from paracube.executor.launch.local_ranks import run_on_ranks
 from paracube.workload import ModelSpec
 
 KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
@@ -109,11 +109,11 @@ def _step_probe(mesh: Any, device: torch.device, dtype: str) -> tuple[Callable[[
     """(step, dispatched ops of one step): one executor training step (forward, backward, gradient sync,
     clipping, AdamW) of PROBE_MODEL on `mesh`, one micro-batch of PROBE_MICRO_BATCH sequences per
     data-parallel replica, parameters in the compute dtype (fp32 masters in the optimizer for bf16)."""
-    from paracube.executor.functional import COMPUTE_DTYPES
-    from paracube.executor.gpt import build_model
+    from paracube.executor.data_parallel.optim import build_optimizer
+    from paracube.executor.layers.functional import COMPUTE_DTYPES
+    from paracube.executor.model.gpt import build_model
     from paracube.executor.op_count import DispatchCounter
-    from paracube.executor.optim import build_optimizer
-    from paracube.executor.step import train_step
+    from paracube.executor.training.step import train_step
     from paracube.modes.buckets import BUCKET_BYTES
 
     layout = mesh.layout

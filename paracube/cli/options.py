@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from paracube.errors import ParacubeError
-from paracube.executor.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
+from paracube.executor.launch.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
 from paracube.workload import DEFAULT_MODEL, ModelSpec, TrainingSpec, resolve_model, with_seq_len
 
 if TYPE_CHECKING:  # numpy and the modes load in workload_from_args: `paracube models` needs neither

@@ -1,4 +1,4 @@
-"""`paracube run` and `paracube launch`: options, checks and handlers (the ranks: paracube/executor/run.py).
+"""`paracube run` and `paracube launch`: options, checks and handlers (the ranks: paracube/executor/launch/worker.py).
 
   paracube run [PLAN] [--model M --gpus G] [--steps N] [--metrics F.jsonl] [--checkpoint-dir D] [--resume]
                [--nnodes N --node-rank R --nproc-per-node P --master-addr A --master-port P]
@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from paracube.errors import ParacubeError
-from paracube.executor.run_args import add_train_args, int_at_least, worker_args
+from paracube.executor.launch.run_args import add_train_args, int_at_least, worker_args
 
 if TYPE_CHECKING:
     from paracube.plan import Plan
@@ -109,8 +109,8 @@ def _scaled(args: argparse.Namespace, plan: Plan) -> Plan:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from paracube.executor.affinity import available_cores
-    from paracube.executor.launch import NodeSpec, backend_for, launch, preflight
+    from paracube.executor.launch.affinity import available_cores
+    from paracube.executor.launch.start import NodeSpec, backend_for, launch, preflight
 
     plan = _scaled(args, _plan(args))
     node = NodeSpec(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, node_rank=args.node_rank,
@@ -126,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    from paracube.executor.launch import NodeSpec, preflight, slurm_script
+    from paracube.executor.launch.start import NodeSpec, preflight, slurm_script
 
     if not args.slurm:
         raise ParacubeError("paracube launch needs a format; valid: --slurm")

@@ -2,16 +2,16 @@
 
 Counted from what autograd really saves in paracube/executor (tests/test_fidelity.py and
 tests/test_sp_recompute.py measure it with saved_tensors_hooks and hold this model to 2%). Parameters live in
-the compute dtype (c bytes; fp32 masters live in the optimizer, no autocast, executor/functional.py), so every
+the compute dtype (c bytes; fp32 masters live in the optimizer, no autocast, executor/layers/functional.py), so every
 mode keeps, as Megatron does, the residual stream, LayerNorm inputs, the matmul operands and the bias-added
 linear outputs in the compute dtype; LayerNorm statistics (mean, rstd) are fp32 (8 bytes per token and norm,
 as Megatron's fused LayerNorm saves them on GPU; RMSNorm: rstd, 4 bytes; CPU's layer_norm keeps them in the
 compute dtype for none / 1D: 4 bytes fewer per token, < 1% of a block at h >= 64). Attention (Layout `fa`,
 Dims.flash): flash (scaled_dot_product_attention) saves q, k, v (views of the qkv output), its output and a
 [b, heads, s] fp32 log-sum-exp, never the s x s scores; unfused (fa=0, Megatron's core attention,
-executor/functional.py) saves contiguous copies of q, k, v, the softmax output (c per score) and, with
+executor/layers/functional.py) saves contiguous copies of q, k, v, the softmax output (c per score) and, with
 attention dropout, its boolean mask and the dropped probabilities (1 + c per score): 5 a s^2 b / t at c = 2,
-as Korthikanti et al. count. Dropout (ModelSpec.dropout, executor/dropout.py) keeps one boolean mask per
+as Korthikanti et al. count. Dropout (ModelSpec.dropout, executor/layers/dropout.py) keeps one boolean mask per
 dropout: two [T, h] per block (after the attention projection and after the MLP), one on the first stage
 (embedding_dropout). Per block, T = b*s tokens of the micro-batch, t = tensor ranks, k = t with 1D sequence
 parallelism (sp) else 1:
@@ -37,7 +37,7 @@ LayerNorm, the head's input (and weight copy), and the cross-entropy's fp32 soft
 block plus its indices.
 Selective recomputation (checkpointed attention core): keeps the qkv output and drops the core's own
 tensors and its output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input); the core's
-dropout mask is re-drawn from its seed (executor/dropout.py).
+dropout mask is re-drawn from its seed (executor/layers/dropout.py).
 Full recomputation keeps only each block's input: c T h / k (serial/1D), c T h / t (2D/3D).
 Against Korthikanti et al. (2022, Table 2; `--activations megatron`): with fa=0 and dropout, 1D keeps their
 10 sbh + 24 sbh / t + 5 a s^2 b / t (sp: (34 sbh + 5 a s^2 b) / t) plus 16 T bytes of LayerNorm statistics
@@ -101,7 +101,7 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
         weights = c * d.sum_w() / sp["gw"]
     act_fn_input = c * T * f / sp["all"]
     if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
-        # cos, sin tables [s, head_dim] (executor/llama.py), made inside the core (selective: recomputed)
+        # cos, sin tables [s, head_dim] (executor/layers/llama.py), made inside the core (selective: recomputed)
         rotary = 2 * c * d.s * (h / d.heads) if d.recompute != "selective" else 0.0
         act_fn_input = c * T * 2 * f / sp["all"] + rotary
     # Hidden dropout after the attention projection and after the MLP: one boolean mask each, on the block's
@@ -114,7 +114,7 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
 
 def split_sequence_bytes(d: Dims, b: LayoutBatch, sp: dict[str, Arr]) -> Arr:
     """What attention where a rank's c = T / n tokens are not whole sequences keeps beyond the whole-sequence
-    case (executor/tokens.py), on the rank with the widest key window W (modes.base.key_window: s when c
+    case (executor/layers/tokens.py), on the rank with the widest key window W (modes.base.key_window: s when c
     divides s, c + s - gcd(c, s) when blocks straddle sequences): the window's keys and values of its heads,
     c W 2 kv / head split (gpt's flash and selective recomputation keep the window itself; unfused and llama's
     flash keep k, v made from it, W - c tokens more than their own); flash its [c, W] mask in the compute

@@ -206,10 +206,10 @@ def optimizer_time(n_local: Arr, c: int, g: GemmModel, shard: Arr | float = 1.0)
 # (step += 1, decay, lerp, mul + addcmul, item, sqrt, div, add eps, addcdiv), the grad norm's 3 (pow, sum,
 # add) on the tensor's norm leader, its reduced gradient's view into its bucket (slice, view); per tensor
 # and micro-batch OPS_GRAD_MICRO: accumulating the gradient into its fp32 bucket (slice, view, add_;
-# executor/grad_sync.py). Per step: zeros, stack, item, metrics and norm all-reduces (detach, clone,
+# executor/data_parallel/grad_sync.py). Per step: zeros, stack, item, metrics and norm all-reduces (detach, clone,
 # collective), the bucket's zero_; with dp > 1 the bucket's one all_reduce (one bucket assumed: tiny
 # models; each further bucket adds 2 ops). The per-block and edge counts
-# are each mode's forward + backward dispatch sequence (executor/one_d.py, two_d.py, three_d.py); all of them
+# are each mode's forward + backward dispatch sequence (executor/layers/one_d.py, two_d.py, three_d.py); all of them
 # were counted with validation/ops.py on tiny (L = 2, 3; N = 1, 2; dp = 1, 2); the formula reproduces those
 # counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a stray dispatch or two);
 # tests/test_cost_model.py re-counts configurations the constants were not read from.

@@ -4,11 +4,11 @@ Linears of one block (h_in, h_out, has_bias), fused as the executor fuses them:
 - gpt:   qkv [h, 3h], proj [h, h], fc [h, f], fc2 [f, h], all with biases; 2 LayerNorms (gamma, beta).
 - llama: qkv [h, h + 2 kv] (GQA: kv = kv_heads * head_dim), proj [h, h], gate+up [h, 2f], down [f, h],
   no biases; 2 RMSNorms (gamma only); no position table (rotary). The executor trains both families with
-  these shapes (executor/llama.py: fused column orders).
+  these shapes (executor/layers/llama.py: fused column orders).
 Tied embeddings (`tied`): the head is the embedding's transpose, counted once where one stage holds both
 (a last stage that is not also the first keeps its own copy, as Megatron-LM does).
 The vocabulary is padded as Megatron pads it, to a multiple of 128 x the vocab split (`padded_vocab`); the
-executor pads its embedding and head to the same size (executor/gpt.py).
+executor pads its embedding and head to the same size (executor/model/gpt.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ depend on timing); the times come from the simulation:
   hides dA / bias-gradient reduce-scatters under the dX GEMM (Bian et al. 2021);
 - a layout with `overlap` (Layout.overlap; also implied by the option) issues each data-parallel gradient
   bucket (traffic.py; zero=1: its reduce_scatter) asynchronously in the last backward, once the layers that
-  produce its gradients are done, as the executor does (executor/grad_sync.py) and the analytic model prices;
+  produce its gradients are done, as the executor does (executor/data_parallel/grad_sync.py) and the
+  analytic model prices;
 - asynchronous collectives queue on a stream per communicator (stage, mesh axes): calls of one group run
   in issue order, calls of different groups concurrently (NCCL runs each communicator on its own stream; a
   tp all-reduce does not wait behind a dp gradient bucket). They still share links (event_network.py);

@@ -1,11 +1,11 @@
 """Memory per device at the peak of a step, vectorized over layouts.
 
 Static, per local parameter (the exact local count of comm.stage_layers_params: 3d total/q^3, 2d/2.5d
-total/q^2, 1d replicated norms, row biases and pos_emb), as the executor holds it (executor/functional.py,
+total/q^2, 1d replicated norms, row biases and pos_emb), as the executor holds it (executor/layers/functional.py,
 "Precision"; Megatron's mixed precision): the parameters in the compute dtype (c bytes: the compute copy),
 their gradients in fp32 buckets (4; grad_sync.py, Megatron's main_grad), and AdamW's fp32 state: two moments
 (8) plus, for a 16-bit compute dtype, the fp32 master weights (4; optim.MasterAdamW). fp32: 4 + 4 + 8 = 16
-bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer, executor/optim.py):
+bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer, executor/data_parallel/optim.py):
 optimizer 12 ceil(n / z) = fp32 master shard + two moments, in every dtype (the reduce-scatter writes the
 shard in place, into the bucket: no extra gradient buffer), so c + 4 + 12/z (one bucket padded to a
 multiple of z; with several buckets each is padded, < z elements more per bucket). z = `zero_shards`: the
@@ -30,11 +30,11 @@ modes/stages.py (uneven splits). The first stage's embedding tensors are held by
 (interleaved: at most min(N, 2 pp) alive), the head's by the last chunk of the last stage (one alive).
 Temporaries: the largest linear's gathered operands and output (2d/3d), or gathered input + widest output
 (1d), plus fp32 logits and their gradient on the last stage, plus one block's full activations while it
-is recomputed (full recompute). Gradients are accumulated into their fp32 buckets (executor/grad_sync.py),
+is recomputed (full recompute). Gradients are accumulated into their fp32 buckets (executor/data_parallel/grad_sync.py),
 which ARE the gradients counted above: no extra flat buffer.
 Kept weights (Layout kw=1; 2d, 2.5d, 3d): every `kept` forward gather of the stage (linears' weights and
 biases, the position table) stays gathered for the whole step, with an fp32 accumulator of its gradient in
-gathered form (executor/kept.py): payload (1 + 4/e) bytes each (e bytes per element of its dtype), counted
+gathered form (executor/layers/kept.py): payload (1 + 4/e) bytes each (e bytes per element of its dtype), counted
 in temporaries.
 """
 
@@ -166,7 +166,7 @@ def zero_shards(mode: str, b: LayoutBatch) -> Arr:
 def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int) -> dict[str, Arr]:
     """Memory parts with the distributed optimizer where zero == 1 (per layout, or one int for all):
     the fp32 master weights and Adam's two moments sharded over `shards` ranks (zero_shards: dp, 2.5D dp x
-    depth), 12 ceil(n / shards) bytes per rank for n local parameters (executor/optim.py), instead of 8 n
+    depth), 12 ceil(n / shards) bytes per rank for n local parameters (executor/data_parallel/optim.py), instead of 8 n
     (fp32) or 12 n (16-bit: with the masters)."""
     n_local = mem["gradients"] / 4  # the fp32 gradient buckets: 4 bytes per local parameter
     sharded = np.asarray(zero) == 1

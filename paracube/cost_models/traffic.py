@@ -143,7 +143,7 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
             log.add("reduce_scatter", mode.grad_axes, 4 * padded_numel(n, shards), F32, "grad_sync", "gradients")
         else:
             log.add("all_reduce", mode.grad_axes, 4 * n, F32, "grad_sync", "gradients")
-    if pp > 1 and d.tied and (first or last):  # the tied embedding's two copies (executor/pipeline.py)
+    if pp > 1 and d.tied and (first or last):  # the tied embedding's two copies (executor/pipeline/schedule.py)
         V = padded_vocab(d.V, mode.vocab_split(layout.tensor_size, layout.q))
         shard = mode.embedding_shard(V, 0, d.h, layout.tensor_size, layout.q)
         log.events.append(CommEvent("all_reduce", ("pp",), 2, 4 * int(shard), F32, "grad_sync", "embedding_grads"))
@@ -179,7 +179,7 @@ def local_parameter_sizes(layout: Layout, d: Dims, stage: str = "first") -> list
 
 def parameter_sizes(mode_name: str, d: Dims, t: int, q: int, layers: int, first: bool,
                     last: bool) -> tuple[int, ...]:
-    """Elements of every local parameter of a stage in the executor's registration order (executor/gpt.py:
+    """Elements of every local parameter of a stage in the executor's registration order (executor/model/gpt.py:
     token and position embedding; per block norm 1, qkv w/b, proj w/b, norm 2, fc w/b, fc2 w/b; final norm,
     head): the order gradient buckets are built from (reversed)."""
     mode = MODES[mode_name]

@@ -13,17 +13,17 @@ from typing import Any
 _WHERE = {
     "CommRecorder": "paracube.executor.recorder",
     "Mesh": "paracube.executor.mesh",
-    "ParallelGPT": "paracube.executor.gpt",
-    "ShardSpec": "paracube.executor.shards",
-    "StepResult": "paracube.executor.step",
-    "TrainHooks": "paracube.executor.hooks",
+    "ParallelGPT": "paracube.executor.model.gpt",
+    "ShardSpec": "paracube.executor.layers.shards",
+    "StepResult": "paracube.executor.training.step",
+    "TrainHooks": "paracube.executor.training.hooks",
     "all_gather": "paracube.executor.comm",
     "all_reduce": "paracube.executor.comm",
-    "build_model": "paracube.executor.gpt",
+    "build_model": "paracube.executor.model.gpt",
     "check_divisibility": "paracube.executor.sizes",
     "reduce_scatter": "paracube.executor.comm",
-    "serial_reference": "paracube.executor.gpt",
-    "train_step": "paracube.executor.step",
+    "serial_reference": "paracube.executor.model.gpt",
+    "train_step": "paracube.executor.training.step",
 }
 
 

@@ -52,7 +52,7 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     rules = MODES[mode].executor_rules(s, h, f, V, H, q, micro_batch)
     if layout.sequence_parallel:
         rules.append(("seq_len (sequence parallelism)", seq_len, layout.tensor_size))
-    if MODES[mode].axes:  # a rank's query heads read whole kv groups (executor/llama.py): the heads' split
+    if MODES[mode].axes:  # a rank's query heads read whole kv groups (executor/layers/llama.py): the heads' split
         rules.insert(1, ("kv_heads", spec.num_kv_heads, q))
     if micro_batch is not None:
         split = layout.token_split  # the tensor group's split of a micro-batch's b x s tokens (2.5D: q * depth)

@@ -13,7 +13,7 @@ from paracube.launch_text import slurm_script, torchrun_script
 from paracube.modes import executor_runs, runnable_modes
 from paracube.plan import Plan
 
-WRITTEN_FOR = "paracube's executor (python -m paracube.executor.run --worker) under torchrun, torch >= 2.4"
+WRITTEN_FOR = "paracube's executor (python -m paracube.executor.launch.worker --worker) under torchrun, torch >= 2.4"
 
 
 def why_not(plan: Plan) -> str | None:

@@ -104,7 +104,7 @@ TOKEN_RULE = "micro-batch tokens % token split != 0"
 def tokens_split_ok(mb: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
     """Whether n ranks can split a micro-batch of mb sequences of s tokens (flattened batch-major, b x s) into n
     equal blocks: any micro-batch whose token count divides. A block may hold whole sequences, part of one, or
-    the end of one and the start of the next (executor/tokens.py)."""
+    the end of one and the start of the next (executor/layers/tokens.py)."""
     return (np.asarray(mb) * s) % np.asarray(n) == 0
 
 

@@ -1,7 +1,7 @@
 """Gradient buckets: which local parameters one data-parallel collective carries (WAVE2 shared rule).
 
-The executor (executor/grad_sync.py) reduces gradients in buckets and the cost model (cost_models/traffic.py,
-comm.py, memory.py) prices the same buckets, both through `plan_buckets`:
+The executor (executor/data_parallel/grad_sync.py) reduces gradients in buckets and the cost model
+(cost_models/traffic.py, comm.py, memory.py) prices the same buckets, both through `plan_buckets`:
 - parameters in REVERSE registration order (the order backward produces their gradients);
 - flattened in fp32 (4 bytes per element) into buckets of at most `bucket_bytes` (default 25 MiB, DDP's
   `bucket_cap_mb`); a parameter is never split across buckets, a parameter larger than the limit gets a

@@ -60,7 +60,7 @@ class OneD(TensorMode):
     ties_embeddings = True
     paper = "Megatron-LM (Shoeybi et al. 2019, section 3)"
     collective_axes = (TP,)
-    executor = ExecutorSupport("paracube.executor.one_d:Mode1D", pipeline=True, sequence_parallel=True,
+    executor = ExecutorSupport("paracube.executor.layers.one_d:Mode1D", pipeline=True, sequence_parallel=True,
                                zero=True)
     ops_layer, ops_edge = 99, 85  # 1D with sp assumed to dispatch like 1D
     program_units = ("attn", "mlp")

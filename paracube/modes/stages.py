@@ -1,7 +1,7 @@
 """Pipeline stages: which blocks each (virtual) stage holds, and the order a stage runs its micro-batches.
 
 Read by the cost models (layers per stage, schedule of the event engine) and by the executor (the blocks a
-rank builds, executor/pipeline.py), so both split and schedule a pipeline the same way.
+rank builds, executor/pipeline/schedule.py), so both split and schedule a pipeline the same way.
 
 Layers per virtual stage (pp stages x v model chunks; virtual stage j = chunk c * pp + stage s, Narayanan
 et al. 2021): base = ceil(L / (pp v)), deficit = pp v base - L.

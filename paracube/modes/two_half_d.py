@@ -5,7 +5,7 @@ Each depth layer runs the 2D algorithm (two_d.py) on its T/d tokens (axes row/co
 with T/d); weights are replicated over `dep`, so the per-step gradient all_reduce runs over ("dp", "dep")
 as one fused, data-parallel style group; zero=1 shards the optimizer state over that same group
 (reduce-scatter and all_gather over ("dp", "dep"), 12 / (dp d) bytes per parameter). The executor runs it
-(executor/two_half_d.py): the micro-batch's sequences split over (dep major, row), every parameter stored
+(executor/layers/two_half_d.py): the micro-batch's sequences split over (dep major, row), every parameter stored
 once per q x q grid.
 """
 
@@ -25,7 +25,7 @@ class TwoHalfD(TwoD):
     no_shape = ("2.5d needs q x q x d tensor ranks (q, d >= 2: 8, 16, 18, ...) dividing the GPU count: "
                 "{n} has none")
     grad_axes = ("dp", "dep")
-    executor = ExecutorSupport("paracube.executor.two_half_d:Mode25D", pipeline=True, zero=True)
+    executor = ExecutorSupport("paracube.executor.layers.two_half_d:Mode25D", pipeline=True, zero=True)
     ops_layer, ops_edge = TwoD.ops_layer, TwoD.ops_edge + 1  # 2D's layers, plus the depth slice of the ids
     dispatches_like = TwoD.name  # calibration's step probes do not run 2.5D: it borrows 2D's per-op cost
     paper = "Tesseract (Wang et al. 2021)"

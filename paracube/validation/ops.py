@@ -1,7 +1,7 @@
 """Count the ops (torch dispatches) one training step of a plan launches on each rank.
 
 What `cost_models.compute.ops_per_step` predicts, measured: each rank runs the executor's `train()` for two
-steps; a `wrap_step` hook (executor/hooks.py) runs each step under a DispatchCounter (executor/op_count.py)
+steps; a `wrap_step` hook (executor/training/hooks.py) runs each step under a DispatchCounter (executor/op_count.py)
 and the counts of step 2 are kept (step 1 also creates the optimizer state). Collectives count as ops too
 (c10d dispatches), as they do in the formula's per-layer constants.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from paracube.executor.hooks import StepFn, TrainHooks
-from paracube.executor.local_ranks import run_on_ranks
+from paracube.executor.launch.local_ranks import run_on_ranks
 from paracube.executor.op_count import DispatchCounter
+from paracube.executor.training.hooks import StepFn, TrainHooks
 from paracube.plan import Plan
 
 
@@ -36,7 +36,7 @@ def counting(seen: list[Counter[str]]) -> TrainHooks:
 
 
 def _count_rank(rank: int, world: int, device: torch.device, plan: Plan) -> dict[str, int]:
-    from paracube.executor.train import TrainConfig, train
+    from paracube.executor.training.loop import TrainConfig, train
 
     seen: list[Counter[str]] = []
     train(plan, rank, world, 2, config=TrainConfig(data="synthetic"), local_rank=rank, hooks=counting(seen))

@@ -1,6 +1,6 @@
 """`paracube validate`: run a plan for N steps on local ranks and compare with the cost model's prediction.
 
-Each rank runs the executor's `train()` (the same loop as `paracube run`) with hooks (executor/hooks.py):
+Each rank runs the executor's `train()` (the same loop as `paracube run`) with hooks (executor/training/hooks.py):
 a collective observer times every collective the executor issues (wall time, waiting for peers included,
 and process CPU time) and a step wrapper marks step boundaries. The communication
 part is measured as the calibration prices it: wall time, or for a CPU-basis calibration (ranks sharing
@@ -24,8 +24,8 @@ import torch
 from paracube.calibration.calibrate import check_calibration
 from paracube.errors import check
 from paracube.estimate import CommEvent
-from paracube.executor.hooks import StepFn, TrainHooks
-from paracube.executor.local_ranks import run_on_ranks
+from paracube.executor.launch.local_ranks import run_on_ranks
+from paracube.executor.training.hooks import StepFn, TrainHooks
 from paracube.plan import Plan
 
 
@@ -84,7 +84,7 @@ class CollectiveTimer:
 
 
 def _validate_rank(rank: int, world: int, device: torch.device, plan: Plan, steps: int) -> dict[str, Any]:
-    from paracube.executor.train import TrainConfig, train
+    from paracube.executor.training.loop import TrainConfig, train
 
     timer = CollectiveTimer(device)
     if device.type == "cuda":  # CUDA memory (what the model prices), not the host's RSS

@@ -1,6 +1,6 @@
 """The worker entry: one rank of `paracube run` (or of torchrun, from the Slurm script).
 
-  python -m paracube.executor.run --worker [PLAN] [the options of run_args.add_train_args]
+  python -m paracube.executor.launch.worker --worker [PLAN] [the options of run_args.add_train_args]
                                   [--status-file F]   (the launcher's: rank 0 writes its progress there)
 Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and the rendezvous (MASTER_ADDR/PORT) from the
 environment, binds CPU ranks to cores (affinity.py), trains (train.py) and prints one summary line on
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from paracube.executor.run_args import add_train_args
+from paracube.executor.launch.run_args import add_train_args
 from paracube.plan import default_plan, load_plan
 
 
@@ -48,9 +48,9 @@ def summary_line(metrics: list[dict]) -> str:
 def worker_main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from paracube.executor.affinity import bind_cpu_rank
-    from paracube.executor.hooks import TrainHooks
-    from paracube.executor.train import TrainConfig, backend_of, train
+    from paracube.executor.launch.affinity import bind_cpu_rank
+    from paracube.executor.training.hooks import TrainHooks
+    from paracube.executor.training.loop import TrainConfig, backend_of, train
 
     p = argparse.ArgumentParser(prog="paracube-worker")
     p.add_argument("--worker", action="store_true")

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.errors import ParacubeError
+from paracube.executor.layers.rms_norm import rms_norm
+from paracube.executor.layers.shards import ShardSpec, block, make_spec
+from paracube.executor.layers.tokens import SequenceSplit, local_positions
 from paracube.executor.mesh import Mesh
-from paracube.executor.rms_norm import rms_norm
-from paracube.executor.shards import ShardSpec, block, make_spec
-from paracube.executor.tokens import SequenceSplit, local_positions
 from paracube.modes import MODES as TENSOR_MODES
 from paracube.workload import ModelSpec
 
@@ -59,7 +59,7 @@ class SerialLayerNorm(ShardedModule):
 
 
 class SerialRMSNorm(ShardedModule):
-    """x / sqrt(mean(x^2) + eps) * gamma in fp32 (executor/rms_norm.py)."""
+    """x / sqrt(mean(x^2) + eps) * gamma in fp32 (executor/layers/rms_norm.py)."""
 
     def __init__(self, mesh: Mesh, hidden: int, eps: float):
         super().__init__()

@@ -1,7 +1,7 @@
 """2.5D (Tesseract; Wang et al. 2021) over axes `dep` (k), `row` (i), `col` (j): q x q grids stacked d deep.
 
 Each depth layer k runs the 2D layers of two_d.py unchanged on its own tokens: the replica's micro-batch's
-b x s tokens (flat layout, executor/tokens.py) are split over (dep major, row), so rank (k, i, j) holds
+b x s tokens (flat layout, executor/layers/tokens.py) are split over (dep major, row), so rank (k, i, j) holds
 tokens block k*q + i (T/(dq) of them) and hidden block j. Every parameter is stored once per q x q grid, as
 in 2D, and replicated over `dep` (ShardSpec.replicated_axes = ("dep",): counted once in the gradient norm,
 saved once by the depth-0 grid, loaded by every layer). Each depth layer's weight gradients cover only its
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from paracube.executor.layers.serial import ShardedModule
+from paracube.executor.layers.shards import block, make_spec
+from paracube.executor.layers.two_d import Mode2D, TokenEmbedding2D
 from paracube.executor.mesh import Mesh
-from paracube.executor.serial import ShardedModule
-from paracube.executor.shards import block, make_spec
-from paracube.executor.two_d import Mode2D, TokenEmbedding2D
 from paracube.workload import ModelSpec
 
 DEP = ("dep",)

@@ -11,7 +11,7 @@ for all of them before the optimizer runs.
 - zero=0: one all_reduce (sum) of the bucket over the mode's grad_axes (dp; 2.5D: dp and depth).
 - zero=1: one reduce_scatter over the same grad_axes (dp; 2.5D: dp and depth, whose ranks hold replicas of
   the same weights) of the bucket padded to a multiple of that group's size n, in place: the rank with index
-  k in the group (mesh.index, dp major) keeps shard k, its chunk of the bucket (executor/optim.py updates it
+  k in the group (mesh.index, dp major) keeps shard k, its chunk of the bucket (data_parallel/optim.py updates it
   and all-gathers the parameters back over the same group).
 Overlap on and off issue the same collectives on the same buffers, so their results are bit-identical.
 

@@ -49,9 +49,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from paracube.executor.comm import all_reduce
-from paracube.executor.functional import main_grad
-from paracube.executor.grad_sync import Bucket, GradSync
-from paracube.executor.shards import ShardSpec
+from paracube.executor.data_parallel.grad_sync import Bucket, GradSync
+from paracube.executor.layers.functional import main_grad
+from paracube.executor.layers.shards import ShardSpec
 
 
 class DistributedAdamW(torch.optim.AdamW):

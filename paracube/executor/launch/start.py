@@ -1,6 +1,6 @@
 """Starting the ranks: checks before any rank starts, this node's rank processes, Slurm scripts.
 
-Ranks are `python -m paracube.executor.run --worker ...` processes (rank_procs.py: torchrun's worker
+Ranks are `python -m paracube.executor.launch.worker --worker ...` processes (rank_procs.py: torchrun's worker
 environment, one process group each, in our session), env:// rendezvous at `master_addr:master_port`
 (127.0.0.1 and a free port for local runs), no restarts. When a rank dies the others are stopped and one
 line names the rank that died; workers also carry a gloo/NCCL timeout. Ctrl-C (or SIGTERM) stops every rank
@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from paracube.errors import ParacubeError, check
-from paracube.executor import checkpoint as ckpt
-from paracube.executor.data import parse_source
-from paracube.executor.rank_procs import RankProcs, describe_failure, worker_command
+from paracube.executor.checkpoint import store as ckpt
+from paracube.executor.launch.rank_procs import RankProcs, describe_failure, worker_command
+from paracube.executor.training.data import parse_source
 from paracube.launch_text import slurm_script, torchrun_argv
 from paracube.plan import Plan
 from paracube.workload import with_seq_len
@@ -69,7 +69,7 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
               resume: bool = False, check_devices: bool = True, seed: int = 0) -> int:
     """Everything that can be checked before a rank starts; returns processes per node.
     Raises ParacubeError (one line: the bad value and what is valid)."""
-    from paracube.executor.step import check_divisibility
+    from paracube.executor.training.step import check_divisibility
 
     nproc = node.nproc_per_node or plan.launch.nproc_per_node
     world = plan.layout.world_size

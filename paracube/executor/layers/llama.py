@@ -27,12 +27,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import Axes, gather_fn
-from paracube.executor.functional import compute_dtype, core_attention, flash_attention, fp32
+from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention, fp32
+from paracube.executor.layers.rms_norm import rms_norm
+from paracube.executor.layers.serial import Mode, ShardedModule
+from paracube.executor.layers.shards import block, make_spec
+from paracube.executor.layers.tokens import Geometry, window_mask, window_positions
 from paracube.executor.mesh import Mesh
-from paracube.executor.rms_norm import rms_norm
-from paracube.executor.serial import Mode, ShardedModule
-from paracube.executor.shards import block, make_spec
-from paracube.executor.tokens import Geometry, window_mask, window_positions
 from paracube.workload import ModelSpec
 
 
@@ -55,7 +55,7 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: b
                   seed: int | None = None, kv: Tensor | None = None, geometry: Geometry | None = None) -> Tensor:
     """Causal attention: qkv [b, c, kv_heads * (group + 2) * d] -> [b, c, kv_heads*group*d]. kv None: whole
     sequences (c = s); else [1, keys, kv_heads, 2, d], the window of keys and values a split sequence's queries
-    read, `geometry` placing both (executor/tokens.py: rotary positions and the mask follow from it).
+    read, `geometry` placing both (executor/layers/tokens.py: rotary positions and the mask follow from it).
     flash: scaled_dot_product_attention; else Megatron's unfused core attention (functional.core_attention),
     the group's query heads stacked along the rows of one bmm per kv head."""
     b, c, width = qkv.shape

@@ -1,6 +1,6 @@
 """One training step: micro-batches, data-parallel gradient sum, global-norm clipping, AdamW step, metrics.
 Collectives: docs/algorithms.md "Per-step collectives common to all modes". With pp > 1 the micro-batches
-run through the pipeline schedule (executor/pipeline.py), the grad norm is summed over (pp, *tensor axes)
+run through the pipeline schedule (executor/pipeline/schedule.py), the grad norm is summed over (pp, *tensor axes)
 (zero=1: (pp, dp, *tensor axes)) and the metrics over every rank (the loss is on the last stage), as
 cost_models/traffic.py declares.
 
@@ -27,14 +27,14 @@ import torch
 from torch import Tensor
 
 from paracube.executor.comm import all_reduce
-from paracube.executor.functional import main_grad
-from paracube.executor.gpt import ParallelGPT
-from paracube.executor.grad_sync import GradSync, grad_sync_for
-from paracube.executor.loss_scale import LossScaler
+from paracube.executor.data_parallel.grad_sync import GradSync, grad_sync_for
+from paracube.executor.data_parallel.optim import DistributedAdamW
+from paracube.executor.layers.functional import main_grad
 from paracube.executor.mesh import Mesh
-from paracube.executor.optim import DistributedAdamW
-from paracube.executor.pipeline import reduce_tied_embedding_grads, run_pipeline
+from paracube.executor.model.gpt import ParallelGPT
+from paracube.executor.pipeline.schedule import reduce_tied_embedding_grads, run_pipeline
 from paracube.executor.sizes import check_divisibility
+from paracube.executor.training.loss_scale import LossScaler
 from paracube.modes.buckets import BUCKET_BYTES
 
 
@@ -63,7 +63,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     sync.start(overlap and not pipelined)
     scale = scaler.scale if scaler is not None else 1.0
     model.begin_step(len(micro_batches))  # kw=1: gathered weights kept until the last backward (kept.py)
-    if pipelined:  # executor/pipeline.py: 1F1B / interleaved schedule over the pp axis
+    if pipelined:  # executor/pipeline/schedule.py: 1F1B / interleaved schedule over the pp axis
         loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, scale)
     for k, (ids, labels) in enumerate(micro_batches if not pipelined else []):
         with rec.phase("fwd"):

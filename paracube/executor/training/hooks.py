@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from paracube.executor.recorder import CollectiveObserver
 
 if TYPE_CHECKING:
-    from paracube.executor.step import StepResult
+    from paracube.executor.training.step import StepResult
 
 StepFn = Callable[..., "StepResult"]  # step.train_step's signature
 

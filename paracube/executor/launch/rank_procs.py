@@ -1,6 +1,6 @@
 """The rank processes of one node: start them, watch them, stop them all.
 
-`RankProcs.start(worker_command(args), ...)` starts `nproc` workers (`python -u -m paracube.executor.run
+`RankProcs.start(worker_command(args), ...)` starts `nproc` workers (`python -u -m paracube.executor.launch.worker
 --worker ...`) with the environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_ERROR_FILE, OMP_NUM_THREADS=1 unless
 set), so the worker runs alike under `paracube run` and under torchrun (the Slurm script).

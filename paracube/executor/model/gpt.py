@@ -1,7 +1,7 @@
 """The GPT of docs/algorithms.md, assembled from one tensor mode's layers (or the serial reference).
 Family llama (spec.family): RMSNorm, rotary positions (no position table), grouped-query attention and
-SwiGLU (executor/llama.py); `tied_embeddings`: the head is the token embedding's transpose (mode.tied_head);
-with pp > 1 the last stage holds a copy of the embedding (`tied_copy`, Megatron's rule: executor/pipeline.py).
+SwiGLU (executor/layers/llama.py); `tied_embeddings`: the head is the token embedding's transpose (mode.tied_head);
+with pp > 1 the last stage holds a copy of the embedding (`tied_copy`, Megatron's rule: executor/pipeline/schedule.py).
 
 Parameter names are the serial model's in every mode; `shard_specs[name]` says which block of the full
 tensor a rank holds. Every rank draws the full serial initialization from the seed and keeps its block,
@@ -16,8 +16,6 @@ take no probability and get zero gradients. Full tensors in and out (state dicts
 from __future__ import annotations
 
 import importlib
-import math
-from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
@@ -25,12 +23,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
-from paracube.executor.dropout import DropoutSeeds, dropout
-from paracube.executor.functional import local_attention
-from paracube.executor.llama import LlamaAttention, SwiGLU, llama_init_tensors
+from paracube.executor.layers.dropout import DropoutSeeds, dropout
+from paracube.executor.layers.serial import Mode
+from paracube.executor.layers.shards import ShardSpec, gather_full
 from paracube.executor.mesh import Mesh
-from paracube.executor.serial import Mode
-from paracube.executor.shards import ShardSpec, gather_full
+from paracube.executor.model.blocks import Block, StageBlocks, init_tensors
 from paracube.executor.sizes import check_divisibility
 from paracube.modes import MODES as TENSOR_MODES
 from paracube.modes.base import padded, tokens_split_ok
@@ -64,111 +61,6 @@ def _resize(t: Tensor, name: str, vocab: int) -> Tensor:
     return torch.cat([t, t.new_zeros(pad)], dim=dim)
 
 
-class Attention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
-        super().__init__()
-        h = mode.spec.hidden
-        self.heads, self.selective, self.flash, self.p = mode.heads_local, selective, flash, mode.spec.attention_dropout
-        self.mode = mode
-        self.qkv = mode.linear("qkv", h, 3 * h, True)
-        self.proj = mode.linear("proj", h, h, True)
-
-    def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
-        """x: block-layout activations of sequences of s tokens."""
-        qkv = self.qkv(x)
-        split = self.mode.sequence_split(qkv, s)
-        # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
-        kv = split.keys_values(qkv, self.heads, 1, self.mode.mesh) if split is not None else None
-        args = (split.queries(qkv) if split is not None else qkv, self.heads, self.flash, self.p, seed, kv,
-                split.geometry if split is not None else None)
-        if self.selective and torch.is_grad_enabled():
-            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
-            # (the same dropout mask: it is drawn from `seed`).
-            out = checkpoint(local_attention, *args, use_reentrant=False, preserve_rng_state=False)
-        else:
-            out = local_attention(*args)
-        return self.proj(split.output(out) if split is not None else out)
-
-
-class MLP(nn.Module):
-    def __init__(self, mode: Mode):
-        super().__init__()
-        h, f = mode.spec.hidden, mode.spec.ffn_hidden
-        self.fc = mode.linear("fc", h, f, True)
-        self.fc2 = mode.linear("fc2", f, h, True)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(torch.nn.functional.gelu(self.fc(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    """x + dropout(attn(ln1(x))), then + dropout(mlp(ln2(.))); `seeds` (DropoutSeeds.block) or None: no dropout."""
-
-    def __init__(self, mode: Mode, selective: bool = False):
-        super().__init__()
-        llama = mode.spec.family == "llama"
-        flash = mode.mesh.layout.uses_flash
-        self.p = mode.spec.dropout
-        self.ln1 = mode.layer_norm()
-        self.attn = LlamaAttention(mode, selective, flash) if llama else Attention(mode, selective, flash)
-        self.ln2 = mode.layer_norm()
-        self.mlp = SwiGLU(mode) if llama else MLP(mode)
-
-    def forward(self, x: Tensor, seeds: tuple[int, int, int] | None = None, s: int = 0) -> Tensor:
-        """s: tokens per sequence (the flat token layout's attention needs it)."""
-        attn_seed, out_seeds = (seeds[0], seeds[1:]) if seeds is not None else (None, (None, None))
-        x = x + dropout(self.attn(self.ln1(x), attn_seed, s), self.p, out_seeds[0])
-        return x + dropout(self.mlp(self.ln2(x)), self.p, out_seeds[1])
-
-
-class StageBlocks(nn.Module):
-    """The blocks a pipeline stage holds, under their global indices (so parameter names stay the serial
-    model's, `blocks.<i>.`); iterates in order like a ModuleList."""
-
-    def __init__(self, mode: Mode, indices: list[int], selective: bool = False):
-        super().__init__()
-        for i in indices:
-            self.add_module(str(i), Block(mode, selective))
-
-    def __iter__(self) -> Iterator[nn.Module]:
-        return iter(self._modules.values())  # type: ignore[arg-type]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __getitem__(self, i: int) -> nn.Module:
-        return self._modules[str(i)]  # type: ignore[return-value]
-
-
-def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
-    """The serial initialization, one full tensor at a time, in a fixed order (the doc's init)."""
-    if spec.family == "llama":
-        yield from llama_init_tensors(spec, seed)
-        return
-    gen = torch.Generator().manual_seed(seed)
-    h, f, V, L = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers
-
-    def normal(*shape: int, std: float = 0.02) -> Tensor:
-        return torch.empty(shape).normal_(0.0, std, generator=gen)
-
-    yield "tok_emb.weight", normal(V, h)
-    yield "pos_emb.weight", normal(spec.seq_len, h)
-    resid_std = 0.02 / math.sqrt(2 * L)
-    for i in range(L):
-        p = f"blocks.{i}."
-        for ln in ("ln1", "ln2"):
-            yield p + ln + ".weight", torch.ones(h)
-            yield p + ln + ".bias", torch.zeros(h)
-        for name, shape, std in (("attn.qkv", (h, 3 * h), 0.02), ("attn.proj", (h, h), resid_std),
-                                 ("mlp.fc", (h, f), 0.02), ("mlp.fc2", (f, h), resid_std)):
-            yield p + name + ".weight", normal(*shape, std=std)
-            yield p + name + ".bias", torch.zeros(shape[1])
-    yield "ln_f.weight", torch.ones(h)
-    yield "ln_f.bias", torch.zeros(h)
-    if not spec.tied_embeddings:
-        yield "head.weight", normal(h, V)
-
-
 class ParallelGPT(nn.Module):
     def __init__(self, spec: ModelSpec, mesh: Mesh, recompute: str = "none", seed: int = 0,
                  vocab: int | None = None):
@@ -189,7 +81,7 @@ class ParallelGPT(nn.Module):
         check(self.vocab >= spec.vocab and self.vocab % split == 0,
               f"padded vocabulary {self.vocab} must be >= {spec.vocab} and a multiple of the vocab split {split}")
         self.mode = MODES[mode_name](replace(spec, vocab=self.vocab), mesh)
-        # Megatron's RNG rule (executor/dropout.py): replicas of the residual stream (none, 1D without sp)
+        # Megatron's RNG rule (executor/layers/dropout.py): replicas of the residual stream (none, 1D without sp)
         # draw the same masks on every tensor rank, shards draw their own.
         replicated = TENSOR_MODES[mode_name].replicates_activations and not layout.sequence_parallel
         self.dropout_seeds = DropoutSeeds(seed, layout, layout.coords(mesh.rank), replicated)
@@ -230,7 +122,7 @@ class ParallelGPT(nn.Module):
     # --- forward ---------------------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """Block-layout activations of the replica's whole micro-batch ids [b, s] ([b, s, h] split as the mode
-        splits it, or the flat token layout's [T / n, h / ...] block: executor/tokens.py)."""
+        splits it, or the flat token layout's [T / n, h / ...] block: executor/layers/tokens.py)."""
         x = self.tok_emb(ids.reshape(-1) if self.mode.flat else ids)
         if self.pos_emb is not None:
             pos = self.pos_emb(ids.shape[1])
@@ -253,7 +145,7 @@ class ParallelGPT(nn.Module):
 
     def begin_step(self, micro_batches: int) -> None:
         """A train step of `micro_batches` starts: kw=1 keeps gathered weights until its last backward
-        (executor/kept.py; a no-op in modes and layouts that keep nothing)."""
+        (executor/layers/kept.py; a no-op in modes and layouts that keep nothing)."""
         kept = getattr(self.mode, "kept", None)
         if kept is not None:
             kept.begin_step(micro_batches)
@@ -310,7 +202,7 @@ class ParallelGPT(nn.Module):
 
     def forward(self, ids: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         check(self.first_stage and self.last_stage and len(self.chunks) == 1,
-              "a pipeline stage runs through executor/pipeline.py, not forward()")
+              "a pipeline stage runs through executor/pipeline/schedule.py, not forward()")
         return self.chunk_forward(0, None, ids, labels)  # type: ignore[return-value]
 
     # --- full tensors ----------------------------------------------------------------------------------

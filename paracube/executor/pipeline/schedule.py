@@ -39,9 +39,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from paracube.executor.functional import main_grad
-from paracube.executor.gpt import ParallelGPT
+from paracube.executor.layers.functional import main_grad
 from paracube.executor.mesh import Mesh
+from paracube.executor.model.gpt import ParallelGPT
 from paracube.modes import MODES
 from paracube.modes.stages import schedule
 
@@ -51,8 +51,8 @@ ACT, GRAD = 0, 1
 def activation_shape(model: ParallelGPT, ids: Tensor) -> tuple[int, ...]:
     """Shape of the local block-layout activations of a micro-batch `ids` [b, s] on this rank."""
     layout = model.mesh.layout
-    tokens = model.mode.split_tokens(ids).shape  # [b, s], or the flat layout's [T / n] (executor/tokens.py)
-    if layout.sequence_parallel:  # 1D + sp: sequence shards [b, s / tp, h] (executor/one_d.py SEQ)
+    tokens = model.mode.split_tokens(ids).shape  # [b, s], or the flat layout's [T / n] (executor/layers/tokens.py)
+    if layout.sequence_parallel:  # 1D + sp: sequence shards [b, s / tp, h] (executor/layers/one_d.py SEQ)
         return (tokens[0], tokens[1] // layout.tensor_size, model.spec.hidden)
     act_split = int(MODES[layout.mode].act_split(layout.tensor_size, 0))
     return (*tokens, model.spec.hidden * model.mode.token_split // act_split)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from paracube.errors import ParacubeError
-from paracube.executor.checkpoint_files import (
+from paracube.executor.checkpoint.files import (
     FORMAT_VERSION,
     LATEST_FILE,
     META_FILE,
@@ -51,9 +51,9 @@ from paracube.executor.checkpoint_files import (
     verify_checkpoint,
     verify_everywhere,
 )
-from paracube.executor.checkpoint_planners import BlockLoadPlanner, BlockSavePlanner, check_blocks
-from paracube.executor.gpt import VOCAB_DIMS
-from paracube.executor.shards import ShardSpec
+from paracube.executor.checkpoint.planners import BlockLoadPlanner, BlockSavePlanner, check_blocks
+from paracube.executor.layers.shards import ShardSpec
+from paracube.executor.model.gpt import VOCAB_DIMS
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 ShardWrittenHook = Callable[[int, int], None]

@@ -1,6 +1,6 @@
 """3D (Bian et al. 2021) over axes x (i), y (j), z (k), q x q x q.
 
-Block-boundary activations [T, h] of the micro-batch's flattened tokens (executor/tokens.py): tokens split
+Block-boundary activations [T, h] of the micro-batch's flattened tokens (executor/layers/tokens.py): tokens split
 over (x major, y minor), hidden over z. A linear takes roles (I, W, O) = input, weight and output axes.
 Traffic and layouts: docs/algorithms.md "3D".
 """
@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
-from paracube.executor.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
-from paracube.executor.kept import KeptWeights, kept_gather
-from paracube.executor.llama import SplitRMSNorm
+from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
+from paracube.executor.layers.kept import KeptWeights, kept_gather
+from paracube.executor.layers.llama import SplitRMSNorm
+from paracube.executor.layers.serial import Mode, ShardedModule
+from paracube.executor.layers.shards import block, make_spec
 from paracube.executor.mesh import Mesh
-from paracube.executor.serial import Mode, ShardedModule
-from paracube.executor.shards import block, make_spec
 from paracube.workload import ModelSpec
 
 PLANE = ("x", "y")  # LayerNorm and embedding parameters, embedding output scatter

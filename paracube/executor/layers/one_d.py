@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
-from paracube.executor.functional import compute_dtype, fp32, main_grad, vocab_parallel_ce
+from paracube.executor.layers.functional import compute_dtype, fp32, main_grad, vocab_parallel_ce
+from paracube.executor.layers.serial import Mode, SerialPositionEmbedding, ShardedModule, TiedHead
+from paracube.executor.layers.shards import block, make_spec
 from paracube.executor.mesh import Mesh
-from paracube.executor.serial import Mode, SerialPositionEmbedding, ShardedModule, TiedHead
-from paracube.executor.shards import block, make_spec
 from paracube.workload import ModelSpec
 
 TP = ("tp",)

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWrite
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from paracube.errors import ParacubeError
-from paracube.executor.shards import ShardSpec
+from paracube.executor.layers.shards import ShardSpec
 
 
 def _chunk(spec: ShardSpec) -> ChunkStorageMetadata:

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from paracube.executor.comm import gather_fn
+from paracube.executor.layers.shards import block
 from paracube.executor.mesh import Mesh
-from paracube.executor.shards import block
 from paracube.modes.base import kv_gather_groups, sequence_pieces
 
 Geometry = tuple[int, int, int]  # (global index of the first query, of the first key, tokens per sequence)

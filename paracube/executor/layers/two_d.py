@@ -1,6 +1,6 @@
 """2D (SUMMA in collective form) over axes `row` (i) and `col` (j), q x q.
 
-Activations [T, h] of the micro-batch's flattened tokens (executor/tokens.py): rank (i, j) holds tokens
+Activations [T, h] of the micro-batch's flattened tokens (executor/layers/tokens.py): rank (i, j) holds tokens
 block i and hidden block j. Traffic and shard
 layouts: docs/algorithms.md "2D".
 """
@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
-from paracube.executor.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
-from paracube.executor.kept import KeptWeights, kept_gather
-from paracube.executor.llama import SplitRMSNorm
+from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
+from paracube.executor.layers.kept import KeptWeights, kept_gather
+from paracube.executor.layers.llama import SplitRMSNorm
+from paracube.executor.layers.serial import Mode, ShardedModule
+from paracube.executor.layers.shards import block, make_spec
 from paracube.executor.mesh import Mesh
-from paracube.executor.serial import Mode, ShardedModule
-from paracube.executor.shards import block, make_spec
 from paracube.workload import ModelSpec
 
 ROW, COL = ("row",), ("col",)

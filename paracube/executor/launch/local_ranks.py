@@ -23,10 +23,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from paracube.errors import ParacubeError
-from paracube.executor.affinity import bind_cpu_rank
+from paracube.executor.launch.affinity import bind_cpu_rank
 
 # What the forkserver imports once; callers add the modules their `fn` lives in.
-PRELOAD = ("torch", "torch.distributed", "paracube.executor.train")
+PRELOAD = ("torch", "torch.distributed", "paracube.executor.training.loop")
 
 
 class RanksFailed(ParacubeError):

@@ -14,85 +14,30 @@ import math
 import resource
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
 
 from paracube.errors import ParacubeError, check
-from paracube.executor import checkpoint as ckpt
-from paracube.executor.data import DataSource, parse_source, replica_micro_batches
-from paracube.executor.functional import COMPUTE_DTYPES
-from paracube.executor.gpt import build_model
-from paracube.executor.hooks import NO_HOOKS, StepFn, TrainHooks
-from paracube.executor.loss_scale import LossScaler
+from paracube.executor.checkpoint import store as ckpt
+from paracube.executor.data_parallel.optim import build_optimizer
+from paracube.executor.layers.functional import COMPUTE_DTYPES
 from paracube.executor.mesh import Mesh
-from paracube.executor.optim import build_optimizer
-from paracube.executor.progress import Progress
+from paracube.executor.model.gpt import build_model
 from paracube.executor.recorder import CommRecorder
 from paracube.executor.sizes import check_divisibility
-from paracube.executor.step import train_step
-from paracube.modes.buckets import BUCKET_BYTES
+from paracube.executor.training.config import LRSchedule, TrainConfig, TrainingDiverged, TrainResult
+from paracube.executor.training.data import DataSource, parse_source, replica_micro_batches
+from paracube.executor.training.hooks import NO_HOOKS, StepFn, TrainHooks
+from paracube.executor.training.loss_scale import LossScaler
+from paracube.executor.training.progress import Progress
+from paracube.executor.training.step import train_step
 from paracube.plan import Plan
 from paracube.workload import ModelSpec, with_seq_len
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss (or gradient norm) became NaN/inf."""
-
-
-@dataclass(frozen=True)
-class LRSchedule:
-    """Linear warmup to `lr` over `warmup` steps, then cosine decay to `min_lr` at step `total`."""
-
-    lr: float
-    min_lr: float
-    warmup: int
-    total: int
-
-    def __call__(self, step: int) -> float:
-        if step <= self.warmup:
-            return self.lr * step / max(1, self.warmup)
-        frac = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * frac))
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimizer and data settings that the plan does not fix."""
-
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int | None = None  # None: 10% of the schedule, at least 1
-    schedule_steps: int | None = None  # None: the run's `steps` (a resumed run keeps its checkpoint's)
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.95)
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    data: str = "text"  # data.py: synthetic | text | text:PATH
-    on_nonfinite: Literal["stop", "skip"] = "stop"
-    comm_timeout_s: float = 120.0
-    overlap: bool = True  # False: never overlap, even where the plan's layout says `overlap` (same result)
-    bucket_bytes: int = BUCKET_BYTES  # gradient bucket limit (paracube/modes/buckets.py)
-    loss_scale: float = 2.0 ** 16  # fp16: initial dynamic loss scale (loss_scale.py)
-
-    def schedule(self, steps: int) -> LRSchedule:
-        total = self.schedule_steps or steps
-        warmup = self.warmup_steps if self.warmup_steps is not None else max(1, total // 10)
-        return LRSchedule(self.lr, self.lr * self.min_lr_ratio, warmup, total)
-
-
-@dataclass
-class TrainResult:
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    last_checkpoint: str | None = None
-
-    @property
-    def losses(self) -> list[float]:
-        return [m["loss"] for m in self.metrics]
 
 
 def _peak_memory_bytes(device: torch.device) -> int:

@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from paracube.executor.comm import Axes, all_reduce
-from paracube.executor.dropout import dropout, seeded
+from paracube.executor.layers.dropout import dropout, seeded
+from paracube.executor.layers.tokens import Geometry, window_mask
 from paracube.executor.mesh import Mesh
-from paracube.executor.tokens import Geometry, window_mask
 
 LN_EPS = 1e-5
 
@@ -133,7 +133,7 @@ def vocab_parallel_ce(logits: Tensor, labels: Tensor, v0: int, mesh: Mesh, axes:
 class _ScaledCausalSoftmax(torch.autograd.Function):
     """softmax(scale * scores) over keys, masked, in fp32 inside; saves only its output (Megatron's fused masked
     softmax). Mask: causal over square scores of whole sequences (rows are queries at positions row % s, stacked
-    GQA heads repeating them), or `allowed` [c, keys] (a window of a split sequence, executor/tokens.py; rows
+    GQA heads repeating them), or `allowed` [c, keys] (a window of a split sequence, executor/layers/tokens.py; rows
     r c, query row % c)."""
 
     @staticmethod
@@ -182,7 +182,7 @@ def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0,
                     kv: Tensor | None = None, geometry: Geometry | None = None) -> Tensor:
     """Causal attention: qkv [b, c, heads*3*d] with columns [heads, 3, d] -> [b, c, heads*d]. kv None: whole
     sequences (c = s, keys and values from qkv); else [1, keys, heads, 2, d], the window of keys and values a
-    split sequence's queries read, `geometry` placing both (executor/tokens.py).
+    split sequence's queries read, `geometry` placing both (executor/layers/tokens.py).
     flash: scaled_dot_product_attention, else Megatron's unfused core attention (module docstring)."""
     if kv is not None and geometry is not None:
         return _split_sequence_attention(qkv, heads, flash, p, seed, kv, geometry)

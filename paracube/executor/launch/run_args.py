@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-SOURCES_HELP = "synthetic, text (Python's pydoc topics) or text:PATH"  # = paracube.executor.data.SOURCES_HELP
+SOURCES_HELP = "synthetic, text (Python's pydoc topics) or text:PATH"  # = paracube.executor.training.data.SOURCES_HELP
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

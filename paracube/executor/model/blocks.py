@@ -1,0 +1,124 @@
+"""The blocks of the GPT (attention, MLP, a transformer block, a stage's blocks) and the serial initialization.
+
+Built from one tensor mode's layers (`Mode`, executor/layers); the assembled model is executor/model/gpt.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from paracube.executor.layers.dropout import dropout
+from paracube.executor.layers.functional import local_attention
+from paracube.executor.layers.llama import LlamaAttention, SwiGLU, llama_init_tensors
+from paracube.executor.layers.serial import Mode
+from paracube.workload import ModelSpec
+
+
+class Attention(nn.Module):
+    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
+        super().__init__()
+        h = mode.spec.hidden
+        self.heads, self.selective, self.flash, self.p = mode.heads_local, selective, flash, mode.spec.attention_dropout
+        self.mode = mode
+        self.qkv = mode.linear("qkv", h, 3 * h, True)
+        self.proj = mode.linear("proj", h, h, True)
+
+    def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
+        """x: block-layout activations of sequences of s tokens."""
+        qkv = self.qkv(x)
+        split = self.mode.sequence_split(qkv, s)
+        # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
+        kv = split.keys_values(qkv, self.heads, 1, self.mode.mesh) if split is not None else None
+        args = (split.queries(qkv) if split is not None else qkv, self.heads, self.flash, self.p, seed, kv,
+                split.geometry if split is not None else None)
+        if self.selective and torch.is_grad_enabled():
+            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
+            # (the same dropout mask: it is drawn from `seed`).
+            out = checkpoint(local_attention, *args, use_reentrant=False, preserve_rng_state=False)
+        else:
+            out = local_attention(*args)
+        return self.proj(split.output(out) if split is not None else out)
+
+
+class MLP(nn.Module):
+    def __init__(self, mode: Mode):
+        super().__init__()
+        h, f = mode.spec.hidden, mode.spec.ffn_hidden
+        self.fc = mode.linear("fc", h, f, True)
+        self.fc2 = mode.linear("fc2", f, h, True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """x + dropout(attn(ln1(x))), then + dropout(mlp(ln2(.))); `seeds` (DropoutSeeds.block) or None: no dropout."""
+
+    def __init__(self, mode: Mode, selective: bool = False):
+        super().__init__()
+        llama = mode.spec.family == "llama"
+        flash = mode.mesh.layout.uses_flash
+        self.p = mode.spec.dropout
+        self.ln1 = mode.layer_norm()
+        self.attn = LlamaAttention(mode, selective, flash) if llama else Attention(mode, selective, flash)
+        self.ln2 = mode.layer_norm()
+        self.mlp = SwiGLU(mode) if llama else MLP(mode)
+
+    def forward(self, x: Tensor, seeds: tuple[int, int, int] | None = None, s: int = 0) -> Tensor:
+        """s: tokens per sequence (the flat token layout's attention needs it)."""
+        attn_seed, out_seeds = (seeds[0], seeds[1:]) if seeds is not None else (None, (None, None))
+        x = x + dropout(self.attn(self.ln1(x), attn_seed, s), self.p, out_seeds[0])
+        return x + dropout(self.mlp(self.ln2(x)), self.p, out_seeds[1])
+
+
+class StageBlocks(nn.Module):
+    """The blocks a pipeline stage holds, under their global indices (so parameter names stay the serial
+    model's, `blocks.<i>.`); iterates in order like a ModuleList."""
+
+    def __init__(self, mode: Mode, indices: list[int], selective: bool = False):
+        super().__init__()
+        for i in indices:
+            self.add_module(str(i), Block(mode, selective))
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self._modules.values())  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __getitem__(self, i: int) -> nn.Module:
+        return self._modules[str(i)]  # type: ignore[return-value]
+
+
+def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
+    """The serial initialization, one full tensor at a time, in a fixed order (the doc's init)."""
+    if spec.family == "llama":
+        yield from llama_init_tensors(spec, seed)
+        return
+    gen = torch.Generator().manual_seed(seed)
+    h, f, V, L = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers
+
+    def normal(*shape: int, std: float = 0.02) -> Tensor:
+        return torch.empty(shape).normal_(0.0, std, generator=gen)
+
+    yield "tok_emb.weight", normal(V, h)
+    yield "pos_emb.weight", normal(spec.seq_len, h)
+    resid_std = 0.02 / math.sqrt(2 * L)
+    for i in range(L):
+        p = f"blocks.{i}."
+        for ln in ("ln1", "ln2"):
+            yield p + ln + ".weight", torch.ones(h)
+            yield p + ln + ".bias", torch.zeros(h)
+        for name, shape, std in (("attn.qkv", (h, 3 * h), 0.02), ("attn.proj", (h, h), resid_std),
+                                 ("mlp.fc", (h, f), 0.02), ("mlp.fc2", (f, h), resid_std)):
+            yield p + name + ".weight", normal(*shape, std=std)
+            yield p + name + ".bias", torch.zeros(shape[1])
+    yield "ln_f.weight", torch.ones(h)
+    yield "ln_f.bias", torch.zeros(h)
+    if not spec.tied_embeddings:
+        yield "head.weight", normal(h, V)
