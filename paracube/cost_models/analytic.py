@@ -179,6 +179,10 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     if np.any(overlap):  # exposed gradient reduction: what one micro-batch's backward does not hide (docstring)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0
         grad = pick("grad")
+        if zero is not None and not isinstance(zero, (int, np.integer)):
+            # Per-configuration zero (the search) prices zero=1's buckets as the all_reduce they replace; only
+            # its reduce_scatter half overlaps backward (the all_gather follows the optimizer step).
+            grad = np.where(np.asarray(zero)[rows] >= 1, grad / 2, grad)
         backward = share * (pick("compute") + pick("micro")) / N
         exposed = np.maximum(grad - backward * (1.0 - pick("grad_first")), grad * pick("grad_last"))
         step_comm = step_comm - np.where(overlap, grad - np.maximum(0.0, exposed), 0.0)

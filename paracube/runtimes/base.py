@@ -57,6 +57,7 @@ class Runtime:
     export_target: str | None  # `paracube export --to` name of this stack (None: `paracube run` runs it)
     families: tuple[str, ...] = ("gpt", "llama")
     sp_default: bool = False  # sp on whenever tensor parallelism is (torchtitan)
+    tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
     mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
     source: str = ""  # where the facts come from
 

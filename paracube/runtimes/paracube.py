@@ -44,5 +44,6 @@ RUNTIME = Runtime(
     export_target=None,
     families=tuple(sorted({f for s in _SUPPORT for f in s.families})),
     mode_check=_check,
+    tied_pp_zero0=True,
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
 )
