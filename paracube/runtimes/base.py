@@ -8,7 +8,9 @@ from it (planner/dimensions.py), the plan records its name and `paracube export 
 
 Overlaps (what the cost models price, cost_models/analytic.py and event_program.py):
 - `grad_overlap`: the data-parallel gradient buckets reduced during the last micro-batch's backward (torch DDP /
-  FSDP2, Megatron's --overlap-grad-reduce, DeepSpeed's overlap_comm); `grad_overlap_pp`: also with pipelines.
+  FSDP2, Megatron's --overlap-grad-reduce, DeepSpeed's overlap_comm); `grad_overlap_pp`: also with pipelines (the
+  search chooses overlap under pipelines only there; a layout that pins `overlap` with pp > 1 is not refused:
+  paracube's executor then reduces after the backward, as it always did, and the estimate is optimistic).
 - `param_gather_overlap`: zero's parameter all-gather prefetched under compute (Megatron --overlap-param-gather,
   FSDP2's prefetch, DeepSpeed stage-3 prefetch); priced with zero=3 (the `zero` engineer's pricing).
 - `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce / consume them (collective matmul:
@@ -110,8 +112,6 @@ class Runtime:
             return f"{who} does not run the {family} family; valid: {', '.join(self.families)}"
         if layout.overlap and not self.grad_overlap:
             return f"{who} does not overlap the gradient reduction with backward; drop overlap"
-        if layout.overlap and layout.pp > 1 and not self.grad_overlap_pp:
-            return f"{who} overlaps the gradient reduction with pp=1 only; drop overlap or use pp=1"
         if layout.tpo and not self.tpo:
             return f"{who} does not overlap tensor-parallel communication with GEMMs; drop tpo"
         if layout.tpo and self.tpo_needs_sp and not layout.sequence_parallel:
