@@ -459,7 +459,9 @@ def search(
         best = ranked[0][0]
         if getattr(best, dim.name) and (fixed is None or dim.pin(fixed) is None):
             alt = best.with_(**off)
-            ranked = sorted([*ranked, (alt, score(alt))], key=lambda r: r[1].step_time_s)
+            # Where the overlap hides nothing (a ring of 2: one step) the two tie up to rounding: keep the choice.
+            ranked = sorted([*ranked, (alt, score(alt))],
+                            key=lambda r: (float(f"{r[1].step_time_s:.12g}"), r[0] is alt))
     if fixed is None or fixed.flash is None:
         # Unfused attention (fa=0) is never faster nor smaller than flash in the model (compute.py: the flash
         # kernel computes the causal half and no s x s traffic; activations.py: no s x s tensors kept), so the
