@@ -96,7 +96,7 @@ def test_search_respects_each_runtime() -> None:
     model, training = PRESETS["gpt3-2.7b"], TrainingSpec(global_batch=128, dtype="bf16")
     seen = {}
     for name, rt in RUNTIMES.items():
-        res = search(model, training, topo, 32, top_k=30, runtime=name, recomputes=list(RECOMPUTES))
+        res = search(model, training, topo, 32, top_k=12, runtime=name, recomputes=list(RECOMPUTES))
         for lay, _ in res.ranked:
             assert rt.refusal(lay, model.family, model.tied_embeddings, training.dtype) is None, (name, str(lay))
             if lay.dp > 1 and (lay.pp == 1 or rt.grad_overlap_pp) and lay != res.ranked[0][0].with_(overlap=False):

@@ -30,8 +30,8 @@ from paracube.layout import Layout
 from paracube.modes import MODES
 
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
-# (mode, pp, sequence_parallel, zero, tied_embeddings, family) -> runs
-ModeCheck = Callable[[str, int, bool, int, bool, str], bool]
+# (mode, pp, sequence_parallel, zero, tied_embeddings, family) -> None where it runs, else what it runs instead
+ModeCheck = Callable[[str, int, bool, int, bool, str], str | None]
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Runtime:
         ok = (mode in self.modes and (pp == 1 or self.pipeline) and (not sequence_parallel or self.sequence_parallel)
               and zero in (self.zeros if pp == 1 else self.zeros_with_pp) and family in self.families)
         if ok and self.mode_check is not None:
-            ok = self.mode_check(mode, pp, sequence_parallel, zero, tied_embeddings, family)
+            ok = self.mode_check(mode, pp, sequence_parallel, zero, tied_embeddings, family) is None
         return ok
 
     def overlaps_grad(self, pp: int) -> bool:
@@ -116,9 +116,11 @@ class Runtime:
             return f"{who} does not overlap tensor-parallel communication with GEMMs; drop tpo"
         if layout.tpo and self.tpo_needs_sp and not layout.sequence_parallel:
             return f"{who} runs tpo with sequence parallelism only; add sp (tp=1d:N,sp,tpo)"
-        if self.mode_check is not None and not self.mode_check(layout.mode, layout.pp, layout.sequence_parallel,
-                                                               layout.zero, tied_embeddings, family):
-            return f"{who} does not run {layout} (see `paracube runtimes`)"
+        if self.mode_check is not None:
+            why = self.mode_check(layout.mode, layout.pp, layout.sequence_parallel, layout.zero, tied_embeddings,
+                                  family)
+            if why:
+                return f"{who} does not run {layout}: {why}"
         return None
 
     def to_dict(self) -> dict[str, object]:

@@ -13,8 +13,20 @@ from paracube.modes import MODES, executor_runs, runnable_modes
 from paracube.runtimes.base import Runtime
 
 
-def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> bool:
-    return executor_runs(mode, pp, sequence_parallel=sp, zero=zero, tied_embeddings=tied, family=family)
+def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> str | None:
+    """None where the executor runs it (modes.executor_runs), else what it runs in this mode."""
+    if executor_runs(mode, pp, sequence_parallel=sp, zero=zero, tied_embeddings=tied, family=family):
+        return None
+    support = MODES[mode].executor
+    if support is None:
+        return f"its executor does not run tp={mode}; valid: tp={'/'.join(runnable_modes())}"
+    runs = [f"families {'/'.join(support.families)}", "pipelines" if support.pipeline else "pp=1 only",
+            "sp" if support.sequence_parallel else "no sp", "zero=0/1" if support.zero else "zero=0 only"]
+    if MODES[mode].ties_embeddings:
+        runs.append("tied embeddings with pp > 1 at zero=0 only")
+    else:
+        runs.append("tied embeddings with pp=1 only")
+    return f"its executor runs tp={mode} with {', '.join(runs)}"
 
 
 _SUPPORT = [m.executor for m in MODES.values() if m.executor is not None]
