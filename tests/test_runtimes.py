@@ -36,7 +36,8 @@ def test_declarations() -> None:
         assert 0 in rt.zeros and set(rt.zeros_with_pp) <= set(rt.zeros)
         assert (for_target(rt.export_target) is rt) if rt.export_target else name == "paracube"
     meg, tt, ds = RUNTIMES["megatron"], RUNTIMES["torchtitan"], RUNTIMES["deepspeed"]
-    assert meg.modes == tt.modes == ds.modes == ("none", "1d")  # Megatron-style 1D tensor parallelism only
+    assert meg.modes == tt.modes == ds.modes == tuple(n for n, m in MODES.items() if not m.axes or m.megatron_style)
+    assert meg.modes == ("none", "1d")  # Megatron-style 1D tensor parallelism only
     assert meg.interleave and tt.interleave and not ds.interleave
     assert meg.tpo and meg.tpo_needs_sp and tt.tpo and tt.tpo_needs_sp and not ds.tpo
     assert 3 in tt.zeros and 1 not in tt.zeros and 3 not in ds.zeros_with_pp and tt.hybrid_shard

@@ -9,6 +9,12 @@ best link over the structure's placements) is within the mode's top_k-th best st
 configurations' first placements (those the pins allow): the top_k found is exact, and configurations that
 lose whatever their placement are not expanded (`pruned`). A rejected or pruned configuration counts once per
 placement of its structure, so `scored + pruned + sum(rejected) == enumerated layouts`.
+Runtime (`runtime`, paracube/runtimes; default paracube): only what it runs is enumerated (its tensor modes,
+pipelines, interleaving, sp, zero stages), and the searched dimensions take its values (planner/dimensions.py):
+recomputations and zero stages it runs; `overlap` (gradient reduction overlapped with backward) and `tpo`
+(tensor-parallel collectives overlapped with their GEMMs) are never slower in the model, so every layout takes
+them wherever the runtime does them by default (overlap: dp > 1, and pp = 1 unless it overlaps under pipelines;
+tpo: its tensor modes, with sp where it needs sp), and the best layout without each is priced as its runner-up.
 `fixed`: a Layout whose non-default fields (mode and shape, dp, pp, micro_batch, interleave, sp, placement)
 every result must match; its pins `sp=0` (no sequence parallelism), `rc=` (recomputation) and `zero=` are
 respected too; `overlap` (or a fixed layout's) prices every layout with the gradient reduction overlapped
@@ -17,7 +23,8 @@ only; `paracube plan` without --recompute passes none, selective, full); each ch
 configurations with its own Dims, and a layout found so carries it (`rc=`). Distributed optimizer:
 `zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage under
 which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
-of the all_reduce they replace, so its step time is that of zero=0).
+of the all_reduce they replace, so its step time is that of zero=0, except that overlapped only the
+reduce_scatter half hides under backward: analytic.evaluate).
 Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for
 the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.

@@ -32,6 +32,9 @@ from paracube.modes import MODES
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
 # (mode, pp, sequence_parallel, zero, tied_embeddings, family) -> None where it runs, else what it runs instead
 ModeCheck = Callable[[str, int, bool, int, bool, str], str | None]
+# The tensor layouts Megatron-LM, DeepSpeed and torchtitan run: no tensor parallelism, or the modes declaring
+# themselves Megatron-style (TensorMode.megatron_style: 1D column / row-parallel linears).
+MEGATRON_STYLE: tuple[str, ...] = tuple(n for n, m in MODES.items() if not m.axes or m.megatron_style)
 
 
 @dataclass(frozen=True)
@@ -134,4 +137,4 @@ class Runtime:
                 "export_target": self.export_target}
 
 
-__all__ = ["ModeCheck", "Runtime"]
+__all__ = ["MEGATRON_STYLE", "ModeCheck", "Runtime"]

@@ -10,12 +10,12 @@ comm overlap.
 
 from __future__ import annotations
 
-from paracube.runtimes.base import Runtime
+from paracube.runtimes.base import MEGATRON_STYLE, Runtime
 
 RUNTIME = Runtime(
     name="deepspeed",
     title="DeepSpeed + Megatron-DeepSpeed",
-    modes=("none", "1d"),
+    modes=MEGATRON_STYLE,
     pipeline=True,
     interleave=False,
     sequence_parallel=False,

@@ -11,12 +11,12 @@ pipeline sends (--overlap-p2p-comm). Context parallelism is not in paracube's mo
 
 from __future__ import annotations
 
-from paracube.runtimes.base import Runtime
+from paracube.runtimes.base import MEGATRON_STYLE, Runtime
 
 RUNTIME = Runtime(
     name="megatron",
     title="Megatron-core / NeMo",
-    modes=("none", "1d"),
+    modes=MEGATRON_STYLE,
     pipeline=True,
     interleave=True,
     sequence_parallel=True,

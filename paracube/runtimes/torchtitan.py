@@ -11,12 +11,12 @@ Async TP is not on by default (a flag): the search still offers it, as `tpo` in 
 
 from __future__ import annotations
 
-from paracube.runtimes.base import Runtime
+from paracube.runtimes.base import MEGATRON_STYLE, Runtime
 
 RUNTIME = Runtime(
     name="torchtitan",
     title="FSDP2 + DTensor TP",
-    modes=("none", "1d"),
+    modes=MEGATRON_STYLE,
     pipeline=True,
     interleave=True,
     sequence_parallel=True,
