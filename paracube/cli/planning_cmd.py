@@ -231,9 +231,10 @@ def _tensor_only_verdict(w: Workload, topo: object, best: dict[str, tuple[Layout
 
 def compare_cmd(args: argparse.Namespace) -> int:
     if args.runtime == "all":
-        from paracube.cli.runtime_compare import compare_runtimes
+        from paracube.cli.runtime_compare import Planning, compare_runtimes
 
-        return compare_runtimes(args)
+        return compare_runtimes(args, Planning(lambda w: _search(w, w.topology, top_k=1).ranked[0], _summary, _row,
+                                               ROW_COLUMNS))
     w = workload_from_args(args)
     topo = w.topology
     if args.tensor_only:

@@ -80,7 +80,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     return load_plan(args.plan) if args.plan else default_plan()
 
 
-def _runnable(plan: Plan, source: str | None) -> Plan:
+def runnable_plan(plan: Plan, source: str | None) -> Plan:
     """`paracube run` runs runtime paracube's plans; a plan made for another runtime runs as is where the paracube
     runtime runs its layout (the same layout, executed by paracube), else it is refused in one line."""
     from paracube.runtimes import DEFAULT_RUNTIME, get_runtime
@@ -131,7 +131,7 @@ def run_command(args: argparse.Namespace) -> int:
     from paracube.executor.affinity import available_cores
     from paracube.executor.launch import NodeSpec, backend_for, launch, preflight
 
-    plan = _scaled(args, _runnable(_plan(args), args.plan))
+    plan = _scaled(args, runnable_plan(_plan(args), args.plan))
     node = NodeSpec(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, node_rank=args.node_rank,
                     master_addr=args.master_addr, master_port=args.master_port)
     nproc = preflight(plan, node, data=args.data, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
@@ -149,7 +149,7 @@ def launch_command(args: argparse.Namespace) -> int:
 
     if not args.slurm:
         raise ParacubeError("paracube launch needs a format; valid: --slurm")
-    plan = _plan(args)
+    plan = runnable_plan(_plan(args), args.plan)
     # Same checks as `run`, for the plan's own node shape (the script runs elsewhere: no GPU count check).
     node = NodeSpec(nnodes=plan.launch.nnodes, master_addr="node0", master_port=args.master_port)
     preflight(plan, node, data=args.data, check_devices=False)
@@ -159,4 +159,4 @@ def launch_command(args: argparse.Namespace) -> int:
 
 
 __all__ = ["add_launch_parser", "add_run_parser", "launch_command", "oversubscription_line", "register",
-           "run_command"]
+           "run_command", "runnable_plan"]

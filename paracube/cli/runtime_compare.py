@@ -8,17 +8,30 @@ Columns: runtime, best layout, step time and its parts, memory per GPU, MFU, spe
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from rich.table import Table
 
-from paracube.cli.options import console, print_json, workload_from_args
+from paracube.cli.options import Workload, console, print_json, workload_from_args
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 
 
-def _plan_each(args: argparse.Namespace) -> tuple[list[tuple[str, Layout, StepEstimate]], dict[str, str], object]:
-    from paracube.cli.planning_cmd import _search, _summary
+@dataclass(frozen=True)
+class Planning:
+    """What `paracube compare` shares with this view (cli/planning_cmd.py): the best layout of a workload, the
+    workload's one-line summary, and the table row of an estimate with its column names."""
+
+    best: Callable[[Workload], tuple[Layout, StepEstimate]]
+    summary: Callable[[Workload], str]
+    row: Callable[[StepEstimate], list[str]]
+    columns: Sequence[str]
+
+
+def _plan_each(args: argparse.Namespace, how: Planning
+               ) -> tuple[list[tuple[str, Layout, StepEstimate]], dict[str, str], str]:
     from paracube.runtimes import RUNTIMES
 
     rows: list[tuple[str, Layout, StepEstimate]] = []
@@ -28,8 +41,8 @@ def _plan_each(args: argparse.Namespace) -> tuple[list[tuple[str, Layout, StepEs
         args.runtime = name
         try:
             w = workload_from_args(args)
-            summary = summary or _summary(w).rsplit(", runtime", 1)[0]
-            lay, est = _search(w, w.topology, top_k=1).ranked[0]
+            summary = summary or how.summary(w).rsplit(", runtime", 1)[0]
+            lay, est = how.best(w)
             rows.append((name, lay, est))
         except ParacubeError as exc:
             why[name] = str(exc)
@@ -37,10 +50,8 @@ def _plan_each(args: argparse.Namespace) -> tuple[list[tuple[str, Layout, StepEs
     return rows, why, summary
 
 
-def compare_runtimes(args: argparse.Namespace) -> int:
-    from paracube.cli.planning_cmd import ROW_COLUMNS, _row
-
-    rows, why, summary = _plan_each(args)
+def compare_runtimes(args: argparse.Namespace, how: Planning) -> int:
+    rows, why, summary = _plan_each(args, how)
     if not rows:
         raise ParacubeError("no runtime has a layout for this job: " + "; ".join(f"{k}: {v}" for k, v in why.items()))
     base = next((est for name, _, est in rows if name == "paracube"), None)
@@ -53,11 +64,11 @@ def compare_runtimes(args: argparse.Namespace) -> int:
         table = Table(title=f"{summary}: best layout per runtime")
         table.add_column("runtime")
         table.add_column("best layout", overflow="fold")
-        for col in ROW_COLUMNS:
+        for col in how.columns:
             table.add_column(col, justify="right")
         table.add_column("vs paracube", justify="right")
         for name, lay, est in rows:
-            table.add_row(name, str(lay), *_row(est), f"{base.step_time_s / est.step_time_s:.2f}x" if base else "-")
+            table.add_row(name, str(lay), *how.row(est), f"{base.step_time_s / est.step_time_s:.2f}x" if base else "-")
         con = console()
         con.print(table)
         for name, text in why.items():
@@ -75,4 +86,4 @@ def compare_runtimes(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["compare_runtimes"]
+__all__ = ["Planning", "compare_runtimes"]
