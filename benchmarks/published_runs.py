@@ -9,7 +9,12 @@ overlaps the last micro-batch's backward (`overlap` in every row's layout; the s
 and Megatron's local DDP with overlap did so). The presets' shipped efficiencies (topologies/presets.py
 DEVICE_EFF, FABRIC_EFF; refit with `paracube calibrate --from-runs benchmarks/data/published_runs.csv
 --cluster dgx-a100`) are printed with every row (fit and held-out rows apart), mean and max |error| per group.
-Usage: python benchmarks/published_runs.py [--runs CSV]
+Every row is planned for a runtime (`--runtime`, default megatron: the stack those runs used; its search adds
+what the row leaves open, e.g. tpo and overlap where the row has sp, paracube/runtimes); a row the runtime
+cannot plan is printed with its one-line reason. Today's stacks (benchmarks/data/published_runs_h100.csv:
+docs/published-runs.md section 3, Nemotron-4 15B on DGX H100 as a FLOP-equivalent llama-family shape, ffn
+16384 gated = 24576 squared-ReLU; not fitted) are printed as their own held-out group.
+Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--runtime NAME]
 """
 
 from __future__ import annotations
@@ -21,29 +26,41 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from paracube.calibration.from_runs import predict, read_runs  # noqa: E402
+from paracube.errors import ParacubeError  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
 from paracube.topologies.presets import DEVICE_EFF, FABRIC_EFF, PRESETS  # noqa: E402
 
 DATA = Path(__file__).with_name("data") / "published_runs.csv"
+TODAY = Path(__file__).with_name("data") / "published_runs_h100.csv"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(DATA))
+    ap.add_argument("--today", default=str(TODAY), help="today's runs, printed apart (not fitted)")
+    ap.add_argument("--runtime", default="megatron", help="the runtime each row is planned for")
     args = ap.parse_args()
     runs = read_runs(args.runs, tuple(PRESETS))
+    today = read_runs(args.today, tuple(PRESETS)) if args.today else []
     print("shipped efficiencies (spec-sheet peaks unchanged):")
     for device, eff in DEVICE_EFF.items():
         print(f"  {device:16s} GEMM eff_max {eff['eff_max']:.2f}, m0 = n0 = k0 {eff['m0']:.0f}, "
               f"memory-bound eff {eff['mem_eff']:.2f}")
     print("  fabrics: " + ", ".join(f"{k} {v:.2f}" for k, v in FABRIC_EFF.items()))
-    rows = []
-    for r in runs:
+    print(f"runtime: {args.runtime}")
+    rows, refused = [], []
+    for r in [*runs, *today]:
         topo = load_topology(r.cluster, gpus=r.gpus)
-        lay, pred = predict(r, topo)
+        try:
+            lay, pred = predict(r, topo, args.runtime)
+        except ParacubeError as exc:
+            refused.append((r, str(exc)))
+            continue
         rows.append((r, lay, pred, pred / r.measured_s - 1))
-    for split in ("fit", "held_out"):
-        sel = [x for x in rows if x[0].split == split]
+    groups = [("fit", [x for x in rows if x[0].split == "fit" and x[0] in runs]),
+              ("held_out", [x for x in rows if x[0].split == "held_out" and x[0] in runs]),
+              ("today (held out, not fitted)", [x for x in rows if x[0] in today])]
+    for split, sel in groups:
         print(f"\n{split} rows")
         head = ("run", "cluster", "gpus", "measured s", "predicted s", "error")
         print("{:12s} {:10s} {:>5s} {:>10s} {:>11s} {:>7s}  layout".format(*head))
@@ -52,7 +69,10 @@ def main() -> None:
         if sel:
             errs = [abs(x[3]) for x in sel]
             print(f"{split}: mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} ({len(sel)} runs)")
-
+    if refused:
+        print(f"\nnot planned for runtime {args.runtime} ({len(refused)} rows):")
+        for r, why in refused:
+            print(f"  {r.name:12s} {why}")
 
 if __name__ == "__main__":
     main()

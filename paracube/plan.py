@@ -10,11 +10,14 @@ A plan is schema-versioned, human-readable JSON:
   "cluster": "local-cpu",
   "gpus": 8,
   "layout": "dp=1,tp=3d:2x2x2,mb=4",
+  "runtime": "paracube",
   "launch": {"backend": "auto", "nnodes": 1, "nproc_per_node": 8},
   "prediction": {"step_time_s": ..., "memory_per_gpu_bytes": ..., ...}
 }
 ```
 `load_plan` validates every field and reports the file, the field and what was expected.
+Schema 2 added `runtime` (paracube/runtimes: the training stack the plan is made for; `paracube run` runs
+runtime paracube, `paracube export --to T` runtime T); a schema-1 file reads as runtime paracube.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from paracube.errors import ParacubeError, check
 from paracube.layout import Layout, parse_layout
 from paracube.workload import PRESETS, ModelSpec, TrainingSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READ_VERSIONS = (1, 2)  # 1: before `runtime` (read as paracube)
 Backend = Literal["auto", "gloo", "nccl"]
 
 
@@ -54,6 +58,7 @@ class Plan:
     launch: LaunchSpec
     prediction: dict[str, Any] | None = None
     notes: tuple[str, ...] = field(default=())
+    runtime: str = "paracube"  # the training stack it is made for (names checked by paracube.runtimes)
 
     def __post_init__(self) -> None:
         check(self.layout.world_size == self.gpus,
@@ -82,6 +87,7 @@ class Plan:
             "cluster": self.cluster,
             "gpus": self.gpus,
             "layout": str(self.layout),
+            "runtime": self.runtime,
             "launch": {"backend": self.launch.backend, "nnodes": self.launch.nnodes,
                        "nproc_per_node": self.launch.nproc_per_node},
             "prediction": self.prediction,
@@ -119,6 +125,7 @@ class _PlanFile(BaseModel):
     cluster: str
     gpus: PositiveInt
     layout: str
+    runtime: str = "paracube"
     launch: _LaunchFile
     prediction: dict[str, Any] | None = None
     notes: list[str] = []
@@ -127,8 +134,10 @@ class _PlanFile(BaseModel):
 def plan_from_dict(data: Any, source: str = "plan") -> Plan:
     check(isinstance(data, dict), f"{source}: expected a JSON object (a paracube plan), got {type(data).__name__}")
     version = data.get("schema_version")
-    check(version == SCHEMA_VERSION,
-          f"{source}: schema_version={version!r} is not supported; this paracube reads schema_version {SCHEMA_VERSION}")
+    check(version in READ_VERSIONS,
+          f"{source}: schema_version={version!r} is not supported; this paracube reads schema_version "
+          f"{' or '.join(map(str, READ_VERSIONS))}")
+    check(version != 1 or "runtime" not in data, f"{source}: field 'runtime' needs schema_version 2 (got 1)")
     try:
         raw = _PlanFile.model_validate(data)
     except ValidationError as exc:
@@ -141,7 +150,8 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         layout = parse_layout(raw.layout)
         launch = LaunchSpec(nproc_per_node=raw.launch.nproc_per_node, nnodes=raw.launch.nnodes,
                             backend=raw.launch.backend)
-        return Plan(model, training, layout, raw.cluster, raw.gpus, launch, raw.prediction, tuple(raw.notes))
+        return Plan(model, training, layout, raw.cluster, raw.gpus, launch, raw.prediction, tuple(raw.notes),
+                    raw.runtime)
     except ParacubeError as exc:
         msg = str(exc)
         raise ParacubeError(msg if msg.startswith(source) else f"{source}: {msg}") from None

@@ -21,11 +21,12 @@ class _Strict(BaseModel):
 class PlanSchema(_PlanFile):
     """A plan file (paracube/plan.py): what `paracube plan -o` writes and run / validate / export read."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION  # type: ignore[assignment]
+    schema_version: Literal[2] = SCHEMA_VERSION  # type: ignore[assignment]
     model: ModelSpec  # type: ignore[assignment]
     training: TrainingSpec  # type: ignore[assignment]
     cluster: str  # a topology preset name, or the absolute path of a topology YAML file
     layout: str  # dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp][,zero=0|1|3][,place=...] (paracube/layout.py)
+    runtime: str = "paracube"  # paracube | megatron | torchtitan | deepspeed (paracube/runtimes)
     launch: _LaunchFile
 
 

@@ -64,6 +64,8 @@ def _brute_force(model: ModelSpec, tr: TrainingSpec, gpus: int, tp: UniformTopol
                 if violations(base, dims_of(model, tr), mb):
                     continue
                 big = [a for a in base.axis_names if base.axis_size(a) > 1]
+                # paracube's runtime overlaps the gradient reduction with backward where it runs it (dp > 1, pp = 1)
+                base = base.with_(overlap=dp > 1 and pp == 1)
                 for perm in itertools.permutations(big):
                     est = estimate(model, tr, base.with_(placement=perm), tp, with_events=False)
                     if est.memory.total <= tp.device.memory_bytes:

@@ -4,7 +4,8 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
     run            a name
     cluster        a preset name (topologies/presets.py), e.g. dgx-a100
     gpus           world size (the layout's dp x pp x tensor ranks must equal it)
-    model          a model preset (workload.resolve_model) -- or hidden, heads, layers, vocab (gpt, ffn = 4h)
+    model          a model preset (workload.resolve_model) -- or hidden, heads, layers, vocab (gpt, ffn = 4h) and
+                   optionally kv_heads (grouped-query attention), ffn, family (gpt | llama)
     seq, global_batch, dtype, recompute (none | selective | full)
     layout         layout text (layout.parse_layout); fields it leaves open (mb, v) the planner chooses
     measured_step_s  measured seconds per optimizer step
@@ -77,7 +78,11 @@ def _model(where: str, row: dict[str, str], seq: int) -> ModelSpec:
         raise ParacubeError(f"{where}: missing column {missing[0]!r} (give model=PRESET or {', '.join(SHAPE)})")
     h, heads, layers, vocab = (_int(f"{where}: {k}", row[k]) for k in SHAPE)
     try:
-        return ModelSpec(row["run"] or "run", layers, h, heads, 4 * h, vocab, seq)
+        kv = _int(f"{where}: kv_heads", row["kv_heads"]) if (row.get("kv_heads") or "").strip() else None
+        ffn = _int(f"{where}: ffn", row["ffn"]) if (row.get("ffn") or "").strip() else 4 * h
+        family = (row.get("family") or "").strip() or "gpt"
+        return ModelSpec(row["run"] or "run", layers, h, heads, ffn, vocab, seq, family=family,  # type: ignore[arg-type]
+                         kv_heads=kv)
     except ParacubeError as e:
         raise ParacubeError(f"{where}: {e}") from None
 
@@ -199,13 +204,17 @@ CLUSTER_FABRICS = {"dgx-a100": ("nvlink3-nvswitch", "hdr-ib"), "dgx2-v100": ("nv
 FITTABLE = tuple(CLUSTER_FABRICS)
 
 
-def predict(run: Run, topo: object) -> tuple[Layout, float]:
-    """The planner's best layout matching the run's (its open fields chosen by the search) and its step time
-    (analytic engine). The run's recomputation is pinned; sequence parallelism only where the layout asks."""
+def predict(run: Run, topo: object, runtime: str = "paracube") -> tuple[Layout, float]:
+    """The planner's best layout matching the run's (its open fields chosen by the search for `runtime`: its
+    overlaps, zero stages) and its step time (analytic engine). The run's recomputation is pinned; sequence
+    parallelism only where the layout asks. A layout the runtime cannot run: ParacubeError (one line)."""
     from paracube.planner.search import search  # local: calibration sits above the planner in the layers
+    from paracube.runtimes import get_runtime
 
+    why = get_runtime(runtime).refusal(run.layout, run.model.family, run.model.tied_embeddings, run.training.dtype)
+    check(why is None, f"run {run.name}: layout {run.layout}: {why}")
     fixed = run.layout if run.layout.sequence_parallel else run.layout.with_(forbid_sp=True)
-    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1])
+    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1], runtime=runtime)
     lay, est = res.ranked[0]
     return lay, est.step_time_s
 

@@ -7,9 +7,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paracube.cli.options import positive_int
 from paracube.errors import ParacubeError, check
+
+if TYPE_CHECKING:
+    from paracube.plan import Plan
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +28,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=export_cmd)
 
 
+def _check_runtime(plan: Plan, target: str, source: str) -> None:
+    """A plan is exported for the runtime of `target` (torchrun / slurm: paracube's): whatever runtime it was made
+    for, its layout is re-checked against that one and refused in one line naming what it cannot run."""
+    from paracube.runtimes import DEFAULT_RUNTIME, for_target, get_runtime
+
+    made_for = get_runtime(plan.runtime)
+    runtime = for_target(target) or get_runtime(DEFAULT_RUNTIME)
+    why = runtime.refusal(plan.layout, plan.model.family, plan.model.tied_embeddings, plan.training.dtype)
+    if why:
+        made = "" if made_for is runtime else f" (made for runtime {made_for.name}; plan with --runtime {runtime.name})"
+        raise ParacubeError(f"{source}: cannot export to {target}: layout {plan.layout}: {why}{made}")
+
+
 def export_cmd(args: argparse.Namespace) -> int:
     from paracube.export import TARGETS, export_plan
     from paracube.plan import load_plan
@@ -34,6 +51,7 @@ def export_cmd(args: argparse.Namespace) -> int:
         check(out.parent.is_dir(), f"output directory {str(out.parent)!r} does not exist (for -o {args.out})")
         check(not out.is_dir(), f"-o {args.out} is a directory; give a file name")
     plan = load_plan(args.plan)
+    _check_runtime(plan, args.to, args.plan)
     result = export_plan(plan, args.to, plan_path=str(Path(args.plan).resolve()), steps=args.steps)
     for note in result.notes:
         print(f"paracube export: note: {note}", file=sys.stderr)

@@ -101,6 +101,9 @@ def validate_command(args: argparse.Namespace) -> int:
     from paracube.validation.validate import validate
 
     plan = load_plan(args.plan) if args.plan else default_plan()
+    from paracube.cli.run_cmd import runnable_plan
+
+    plan = runnable_plan(plan, args.plan)  # validate runs it with paracube's executor
     world = plan.layout.world_size
     # The plan's cluster (a calibrated file is recorded by its absolute path); --cluster only overrides.
     source = plan_cluster(plan, args.cluster, args.plan or "the default plan")

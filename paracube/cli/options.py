@@ -44,7 +44,16 @@ def add_workload_options(p: argparse.ArgumentParser,
                    help="whose saved activations to count: paracube's executor (fp32 residual stream, fused "
                    "attention; default) or Megatron's (Korthikanti et al. 2022)")
     g.add_argument("--layout", default=None, help=layout_help)
+    add_runtime_option(g)
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_runtime_option(g: Any, all_ok: bool = False) -> None:
+    from paracube.runtimes import RUNTIMES  # numpy and the modes: the planning commands load them anyway
+
+    g.add_argument("--runtime", default=None, metavar="NAME",
+                   help=f"the training stack the plan is for: {', '.join(RUNTIMES)}"
+                   + (", or all (side by side)" if all_ok else "") + " (default paracube: `paracube run` runs it)")
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class Workload:
     gpus: int
     layout: Layout | None
     search_recompute: bool = False  # --recompute not given: the planner chooses it
+    runtime: str = "paracube"  # paracube/runtimes: what runs the plan
 
     @property
     def topology(self):  # noqa: ANN201 - imported lazily: topologies may be heavy to build
@@ -77,7 +87,27 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     training = TrainingSpec(global_batch=args.global_batch or default_batch, seq_len=args.seq,
                             dtype=args.dtype or ("fp32" if args.cluster == "local-cpu" else "bf16"),
                             recompute=args.recompute or "none", activations=args.activations)
-    return Workload(model, training, args.cluster, gpus, layout, args.recompute is None)
+    runtime = runtime_from_args(args, layout, model, training.dtype)
+    return Workload(model, training, args.cluster, gpus, layout, args.recompute is None, runtime)
+
+
+def runtime_from_args(args: argparse.Namespace, layout: Layout | None, model: ModelSpec, dtype: str,
+                      all_ok: bool = False) -> str:
+    """--runtime NAME (default paracube), checked: a layout it cannot run is refused in one line."""
+    from paracube.runtimes import DEFAULT_RUNTIME, get_runtime
+
+    name = getattr(args, "runtime", None) or DEFAULT_RUNTIME
+    if all_ok and name == "all":
+        return name
+    runtime = get_runtime(name)
+    if layout is not None:
+        why = runtime.refusal(layout, model.family, model.tied_embeddings, dtype)
+        if why:
+            raise ParacubeError(f"layout {layout}: {why}")
+    elif dtype not in runtime.dtypes:
+        raise ParacubeError(f"runtime {name} ({runtime.title}) does not train in {dtype}; valid: "
+                            f"--dtype {'/'.join(runtime.dtypes)}")
+    return name
 
 
 def console() -> Console:

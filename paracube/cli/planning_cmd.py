@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runnable", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=plan_cmd)
 
-    p = sub.add_parser("compare", help="the best layout of each tensor mode side by side")
+    p = sub.add_parser("compare", help="the best layout of each tensor mode (or, --runtime all, of each runtime) "
+                       "side by side")
     add_workload_options(p)
     p.add_argument("--tensor-only", action="store_true",
                    help="all devices in one tensor group (dp=pp=1), as in Bian et al.'s experiments")
@@ -92,7 +93,8 @@ def human_params(n: float) -> str:
 
 def _summary(w: Workload) -> str:
     return (f"{w.model.name} ({human_params(w.model.num_parameters())} params) on {w.gpus} x {w.cluster}, global batch "
-            f"{w.training.global_batch} x {w.training.sequence_length(w.model)} tokens, {w.training.dtype}")
+            f"{w.training.global_batch} x {w.training.sequence_length(w.model)} tokens, {w.training.dtype}"
+            + ("" if w.runtime == "paracube" else f", runtime {w.runtime}"))
 
 
 def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> Plan:
@@ -103,7 +105,7 @@ def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> P
     training = replace(w.training, recompute=layout.recompute) if layout.recompute else w.training
     return Plan(model=w.model, training=training, layout=layout, cluster=recorded_cluster(w.cluster), gpus=w.gpus,
                 launch=LaunchSpec(nproc_per_node=per_node, nnodes=w.gpus // per_node),
-                prediction=est.to_dict(), notes=est.notes + _unpriced(layout, est))
+                prediction=est.to_dict(), notes=est.notes + _unpriced(layout, est), runtime=w.runtime)
 
 
 def _unpriced(layout: Layout, est: StepEstimate) -> tuple[str, ...]:
@@ -118,10 +120,10 @@ def _search(w: Workload, topo: object, top_k: int):  # noqa: ANN202
     from paracube.layout import RECOMPUTES
     from paracube.planner import search
 
-    # Without --recompute the planner chooses recomputation; zero=1 where it fits and the executor runs it.
+    # Without --recompute the planner chooses recomputation; zero stages, overlap and tpo: what the runtime runs.
     with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
         return search(w.model, w.training, topo, w.gpus, fixed=w.layout, top_k=top_k,
-                      recomputes=list(RECOMPUTES) if w.search_recompute else None, zeros=[0, 1])
+                      recomputes=list(RECOMPUTES) if w.search_recompute else None, runtime=w.runtime)
 
 
 # --- commands -----------------------------------------------------------------------------------------------
@@ -171,6 +173,13 @@ def plan_cmd(args: argparse.Namespace) -> int:
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
     for note in _unpriced(best_layout, best_est):
         console.print(f"note: {note}", markup=False)
+    from paracube.runtimes import get_runtime
+
+    target = get_runtime(w.runtime).export_target
+    if target:
+        console.print(f"wrote {path} (best: {best_layout}, for runtime {w.runtime}); export it with "
+                      f"`paracube export {path} --to {target}`", highlight=False, markup=False)
+        return 0
     console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`"
                   + ("" if w.gpus <= 8 else f" (on fewer CPU ranks: `paracube run {path} --model tiny --gpus 8`)"),
                   highlight=False, markup=False)
@@ -198,7 +207,8 @@ def _tensor_only_best(w: Workload, topo: object) -> tuple[dict[str, tuple[Layout
     for mode, shapes in _tensor_only_shapes(w.gpus).items():
         for shape in shapes:
             try:
-                found = search(w.model, w.training, topo, w.gpus, fixed=Layout(mode=mode, shape=shape), top_k=1)
+                found = search(w.model, w.training, topo, w.gpus, fixed=Layout(mode=mode, shape=shape), top_k=1,
+                               runtime=w.runtime)
             except ParacubeError as exc:
                 why.setdefault(mode, str(exc))
                 continue
@@ -220,6 +230,11 @@ def _tensor_only_verdict(w: Workload, topo: object, best: dict[str, tuple[Layout
 
 
 def compare_cmd(args: argparse.Namespace) -> int:
+    if args.runtime == "all":
+        from paracube.cli.runtime_compare import Planning, compare_runtimes
+
+        return compare_runtimes(args, Planning(lambda w: _search(w, w.topology, top_k=1).ranked[0], _summary, _row,
+                                               ROW_COLUMNS))
     w = workload_from_args(args)
     topo = w.topology
     if args.tensor_only:
@@ -291,7 +306,8 @@ def _print_breakdown(console: Any, est: StepEstimate, events: bool) -> None:
 def simulate_cmd(args: argparse.Namespace) -> int:
     if args.plan:
         plan = load_plan(args.plan)
-        w = Workload(plan.model, plan.training, plan_cluster(plan, args.cluster, args.plan), plan.gpus, plan.layout)
+        w = Workload(plan.model, plan.training, plan_cluster(plan, args.cluster, args.plan), plan.gpus, plan.layout,
+                     runtime=args.runtime or plan.runtime)
         layout = plan.layout
     else:
         args.cluster = args.cluster or DEFAULT_CLUSTER
@@ -306,6 +322,11 @@ def simulate_cmd(args: argparse.Namespace) -> int:
     if args.interleave:
         layout = layout.with_(interleave=args.interleave)
     layout = parse_layout(str(layout))  # re-validate after the flags
+    from paracube.runtimes import get_runtime
+
+    why = get_runtime(w.runtime).refusal(layout, w.model.family, w.model.tied_embeddings, w.training.dtype)
+    if why:
+        raise ParacubeError(f"layout {layout}: {why}")
     topo = w.topology
     if (args.trace or args.timeline or args.overlap) and args.engine != "event":
         raise ParacubeError("--trace, --timeline and --overlap need the event engine: add --engine event")

@@ -9,7 +9,7 @@ from paracube.estimate import StepEstimate
 
 
 def plot_estimates(estimates: Sequence[StepEstimate], labels: Sequence[str], path: str | Path,
-                   title: str = "") -> Path:
+                   title: str = "", rotation: int = 15) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
@@ -25,10 +25,13 @@ def plot_estimates(estimates: Sequence[StepEstimate], labels: Sequence[str], pat
     ax_time.bar(x, comm, bottom=compute, label="exposed communication", color="#dd8452")
     ax_time.bar(x, bubble, bottom=[c + m for c, m in zip(compute, comm, strict=True)], label="pipeline bubble",
                 color="#8c8c8c")
-    ax_time.set_xticks(list(x), labels, rotation=15, ha="right", fontsize=8)
+    ha = "right" if rotation else "center"
+    ax_time.set_xticks(list(x), labels, rotation=rotation, ha=ha, fontsize=8)
     ax_time.set_ylabel(f"time per training step ({unit})")
     ax_time.set_title("step time breakdown")
-    ax_time.legend(fontsize=8)
+    # Headroom above the bars for the legend, so that it covers none of them.
+    ax_time.set_ylim(0, 1.4 * max(c + m + b for c, m, b in zip(compute, comm, bubble, strict=True)))
+    ax_time.legend(fontsize=7, ncol=2, loc="upper center")
 
     gib = 1024**3
     parts = [("parameters", "#4c72b0"), ("gradients", "#55a868"), ("optimizer", "#c44e52"),
@@ -38,10 +41,11 @@ def plot_estimates(estimates: Sequence[StepEstimate], labels: Sequence[str], pat
         values = [getattr(e.memory, name) / gib for e in estimates]
         ax_mem.bar(x, values, bottom=bottom, label=name, color=color)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax_mem.set_xticks(list(x), labels, rotation=15, ha="right", fontsize=8)
+    ax_mem.set_xticks(list(x), labels, rotation=rotation, ha=ha, fontsize=8)
     ax_mem.set_ylabel("memory per device (GiB)")
     ax_mem.set_title("memory per device")
-    ax_mem.legend(fontsize=8)
+    ax_mem.set_ylim(0, 1.45 * max(bottom))
+    ax_mem.legend(fontsize=7, ncol=3, loc="upper center")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

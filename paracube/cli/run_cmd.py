@@ -80,6 +80,25 @@ def _plan(args: argparse.Namespace) -> Plan:
     return load_plan(args.plan) if args.plan else default_plan()
 
 
+def runnable_plan(plan: Plan, source: str | None) -> Plan:
+    """`paracube run` runs runtime paracube's plans; a plan made for another runtime runs as is where the paracube
+    runtime runs its layout (the same layout, executed by paracube), else it is refused in one line."""
+    from paracube.runtimes import DEFAULT_RUNTIME, get_runtime
+
+    if plan.runtime == DEFAULT_RUNTIME:
+        return plan
+    made_for = get_runtime(plan.runtime)
+    why = get_runtime(DEFAULT_RUNTIME).refusal(plan.layout, plan.model.family, plan.model.tied_embeddings,
+                                               plan.training.dtype)
+    if why:
+        hint = f"; export it with `paracube export {source} --to {made_for.export_target}`" if made_for.export_target \
+            else ""
+        raise ParacubeError(f"{source}: made for runtime {plan.runtime}: {why}{hint}")
+    print(f"paracube run: {source} was made for runtime {plan.runtime}; paracube runs its layout as is",
+          file=sys.stderr)
+    return plan
+
+
 def oversubscription_line(nproc: int, cores: int) -> str | None:
     """Said once when local CPU ranks outnumber the cores they share: each step is then ~nproc/cores slower
     than with a core per rank (ranks take turns on the cores)."""
@@ -112,7 +131,7 @@ def run_command(args: argparse.Namespace) -> int:
     from paracube.executor.launch.affinity import available_cores
     from paracube.executor.launch.start import NodeSpec, backend_for, launch, preflight
 
-    plan = _scaled(args, _plan(args))
+    plan = _scaled(args, runnable_plan(_plan(args), args.plan))
     node = NodeSpec(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, node_rank=args.node_rank,
                     master_addr=args.master_addr, master_port=args.master_port)
     nproc = preflight(plan, node, data=args.data, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
@@ -130,7 +149,7 @@ def launch_command(args: argparse.Namespace) -> int:
 
     if not args.slurm:
         raise ParacubeError("paracube launch needs a format; valid: --slurm")
-    plan = _plan(args)
+    plan = runnable_plan(_plan(args), args.plan)
     # Same checks as `run`, for the plan's own node shape (the script runs elsewhere: no GPU count check).
     node = NodeSpec(nnodes=plan.launch.nnodes, master_addr="node0", master_port=args.master_port)
     preflight(plan, node, data=args.data, check_devices=False)
@@ -140,4 +159,4 @@ def launch_command(args: argparse.Namespace) -> int:
 
 
 __all__ = ["add_launch_parser", "add_run_parser", "launch_command", "oversubscription_line", "register",
-           "run_command"]
+           "run_command", "runnable_plan"]

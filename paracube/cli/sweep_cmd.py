@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rich.progress import Progress
 from rich.table import Table
 
-from paracube.cli.options import console, human_bytes, positive_int, print_json
+from paracube.cli.options import add_runtime_option, console, human_bytes, positive_int, print_json, runtime_from_args
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=positive_int, default=None)
     p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--plot", default=None, metavar="FILE.png", help="time vs cost picture with the Pareto front")
+    add_runtime_option(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=sweep_cmd)
 
@@ -67,7 +68,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
 
 
 def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_counts: list[int],
-          prices: dict[str, float], tokens: float) -> list[SweepPoint]:
+          prices: dict[str, float], tokens: float, runtime: str = "paracube") -> list[SweepPoint]:
     from paracube.planner import search
     from paracube.topologies import load_topology
 
@@ -80,7 +81,7 @@ def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_cou
                 bar.update(task, description=f"{cluster} x {gpus}")
                 try:
                     topo = load_topology(cluster, gpus=gpus)
-                    result = search(model, training, topo, gpus, top_k=1)
+                    result = search(model, training, topo, gpus, top_k=1, runtime=runtime)
                     layout, est = result.ranked[0]
                     hours = tokens / tokens_per_step * est.step_time_s / 3600
                     points.append(SweepPoint(cluster, gpus, layout, est, hours, hours * gpus * prices[cluster]))
@@ -114,7 +115,8 @@ def sweep_cmd(args: argparse.Namespace) -> int:
     tokens = args.tokens if args.tokens is not None else 20.0 * model.num_parameters()
     check(tokens > 0, f"--tokens {tokens} must be > 0")
     training = TrainingSpec(global_batch=args.global_batch or 512, seq_len=args.seq, dtype=args.dtype)
-    points = sweep(model, training, clusters, gpu_counts, prices, tokens)
+    runtime = runtime_from_args(args, None, model, args.dtype)
+    points = sweep(model, training, clusters, gpu_counts, prices, tokens, runtime)
     if args.json:
         print_json([{"cluster": p.cluster, "gpus": p.gpus, "layout": str(p.layout) if p.layout else None,
                      "step_time_s": p.estimate.step_time_s if p.estimate else None, "train_hours": p.train_hours,

@@ -6,13 +6,15 @@ Pipeline (1F1B, interleaved with v chunks; Narayanan et al. 2021): with W the pe
 stage (compute + its per-micro-batch communication over N micro-batches), step = W (1 + (pp-1)/(v N))
 + per-step communication (gradients, grad norm, metrics). The stages considered are first (embedding),
 middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
-communication is not overlapped (see comm.py). The data-parallel gradient reduction is exposed whole unless
-the layout overlaps it (`overlap`, Layout.overlap): its buckets are reduced, one after the other on the
-data-parallel communicator's own stream, while the last micro-batch's backward runs (torch DDP, Megatron's
-overlap_grad_reduce; the event engine simulates exactly this). A bucket starts once the backward has
-produced it: the first after one block's backward (fraction x1 = 1 / blocks of the stage), the last (the
-embedding on the first stage, else the last block's, a fraction xl of the stage's parameters) when the
-backward ends. With G the gradient time and B the wall time of one micro-batch's backward,
+communication is not overlapped (see comm.py) unless the layout says `tpo`: then each collective a mode
+declares overlappable exposes one ring step plus what its GEMM does not hide (cost_models/tpo.py). The
+data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
+its buckets are reduced, one after the other on the data-parallel communicator's own stream, while the last
+micro-batch's backward runs (torch DDP, Megatron's overlap_grad_reduce; the event engine simulates exactly
+this). A bucket starts once the backward has produced it: the first after one block's backward (fraction x1 =
+1 / blocks of the stage), the last (the embedding on the first stage, else the last block's, a fraction xl of
+the stage's parameters) when the backward ends. With G the gradient time and B the wall time of one micro-
+batch's backward,
     exposed gradient time = max(0, G - B (1 - x1), xl G)
 (the queue's finish time with buckets released in proportion to the backward's progress: either the
 stream never idles after the first bucket, or the last bucket is the tail). B = share x (compute +
@@ -44,6 +46,7 @@ from paracube.cost_models.compute import (
 from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
+from paracube.cost_models.tpo import gemm_seconds, hidden
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.errors import ParacubeError
@@ -100,7 +103,7 @@ def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
 
 
 def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Links, g: GemmModel, stage: str,
-           rows: Arr, zero: Arr | None = None) -> StageScores:
+           rows: Arr, zero: Arr | None = None, tpo: Arr | None = None) -> StageScores:
     """Per-config quantities (counts, payloads, compute) are computed once per configuration of `b`;
     only the link-dependent times are evaluated per layout (`rows` maps layouts to configurations)."""
     F, H = _flags(stage, b.pp)
@@ -117,7 +120,11 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         e_sent = e.sent()
         per_call = e.payload / np.maximum(e.count, 1)
         calls = (e.count * g.call_wait(e.kind, e.n, per_call, e.dtype))[rows] if g.waits else 0.0
-        tm = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw + calls
+        alpha_beta = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw
+        tm = alpha_beta + calls
+        if e.tpo and tpo is not None:  # collective matmul: all but one ring step hidden by the GEMM (tpo.py)
+            gemm = (e.count * gemm_seconds(d, mode, b, e.tpo, g))[rows]
+            tm = tm - np.where(tpo, hidden(alpha_beta, e.n[rows] if np.ndim(e.n) else e.n, gemm), 0.0)
         if e.kind == "all_reduce" and not g.comm:  # uncalibrated: the faster of ring and tree (collective.py)
             depth2 = latency_factor("all_reduce", e.n, "tree")
             tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw + calls)
@@ -146,15 +153,18 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
-             zero: Arr | int | None = None, overlap: bool = False, kw: Arr | int = 0) -> Scores:
+             zero: Arr | int | None = None, overlap: bool | Arr = False, kw: Arr | int = 0,
+             tpo: bool | Arr = False) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
-    latency) arrays per layout."""
+    latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays)."""
     rows = np.arange(len(b)) if rows is None else rows
+    tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
     # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
-    traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw)
-    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero) for s in STAGES)
+    traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
+                          tpo=tpo_rows is not None)
+    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows) for s in STAGES)
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
     idx = np.arange(len(slow))
@@ -166,12 +176,16 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     W = work[slow, idx]
     bubble = (b.pp - 1)[rows] / (b.v[rows] * N) * W
     step_comm = pick("step")
-    if overlap:  # exposed gradient reduction: what one micro-batch's backward does not hide (docstring)
+    if np.any(overlap):  # exposed gradient reduction: what one micro-batch's backward does not hide (docstring)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0
         grad = pick("grad")
+        if zero is not None and not isinstance(zero, (int, np.integer)):
+            # Per-configuration zero (the search) prices zero=1's buckets as the all_reduce they replace; only
+            # its reduce_scatter half overlaps backward (the all_gather follows the optimizer step).
+            grad = np.where(np.asarray(zero)[rows] >= 1, grad / 2, grad)
         backward = share * (pick("compute") + pick("micro")) / N
         exposed = np.maximum(grad - backward * (1.0 - pick("grad_first")), grad * pick("grad_last"))
-        step_comm = step_comm - grad + np.maximum(0.0, exposed)
+        step_comm = step_comm - np.where(overlap, grad - np.maximum(0.0, exposed), 0.0)
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth)
         mems = [with_zero(m, zero_shards(mode, b), zero) for m in mems]
@@ -186,7 +200,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
                   stage=slow, stages=stages)
 
 
-def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap: bool = False) -> Arr:
+def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap: bool | Arr = False) -> Arr:
     """Per layout of `scores` (`evaluate` on links no worse on any axis set than every placement's: the most
     bandwidth and the least latency over the placements), a step time that no placement of it beats. Every
     collective's time grows with latency and falls with bandwidth (calibrated pairs and the per-call overhead
@@ -196,7 +210,7 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
     depends on the backward) and optimizer step, at least their least sum over the stages. The planner skips
     the placements of a configuration whose bound exceeds a step time it has already found (planner/search.py)."""
     work = np.max([s.compute + s.micro for s in scores.stages], axis=0)
-    per_step = np.min([s.step - s.grad * overlap + s.optim for s in scores.stages], axis=0)
+    per_step = np.min([s.step - s.grad * np.asarray(overlap) + s.optim for s in scores.stages], axis=0)
     N = d.global_batch / (b.dp * b.mb)[rows]
     return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + per_step
 
@@ -260,7 +274,7 @@ def estimate(
     links = layout_links(layout, cache or LinkCache(topo))
     batch = layout_arrays(layout, mb)
     res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
-                   kw=layout.keep_weights or 0)
+                   kw=layout.keep_weights or 0, tpo=layout.tpo)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size

@@ -20,7 +20,9 @@ group size (`paracube calibrate`, measured with every rank busy). Modes whose co
 alternate mesh axes (mode.alternating: 2D, 2.5D, 3D) read the alternating-groups fit. No overlap: the
 executor runs tensor-parallel collectives in line with compute and the data-parallel gradient all_reduce
 after the last backward, so all communication time is exposed (the event engine's `overlap` option models
-gradient buckets issued during the backward).
+gradient buckets issued during the backward). With `tpo` (Layout.tpo) the collectives a mode declares
+overlappable (Collective.tpo) are summed apart, one entry per GEMM they overlap (Entry.tpo), so that
+analytic.py can price their exposed part only (cost_models/tpo.py); their bytes are the same.
 
 `zero` (a scalar for the whole batch, the layout's zero): 1 prices the distributed optimizer's
 reduce_scatter + all_gather per bucket over grad_axes (dp; 2.5D: dp, dep) and the grad-norm all_reduce over
@@ -60,6 +62,7 @@ class Entry:
     n: Arr  # group size
     per_step: bool = False  # once per step (gradients, grad norm, metrics), not per micro-batch
     factors: tuple[Arr, Arr] | None = None  # (latency_factor, sent_factor) of (kind, n): computed once
+    tpo: str = ""  # the GEMM these calls overlap with under tpo (modes.base.Collective.tpo; cost_models/tpo.py)
 
     def _factors(self) -> tuple[Arr, Arr]:
         if self.factors is None:
@@ -95,7 +98,7 @@ class StepTraffic:
     layer backward, embedding, head) for every layout of a batch; `entries` scales them to a stage."""
 
     def __init__(self, d: Dims, mode: str, b: LayoutBatch, zero: int = 0, bucket_bytes: int = BUCKET_BYTES,
-                 kw: Arr | int = 0) -> None:
+                 kw: Arr | int = 0, tpo: bool = False) -> None:
         self.d, self.mode, self.b = d, MODES[mode], b
         self.zero, self.bucket_bytes = zero, bucket_bytes
         self.kw = np.asarray(kw) if self.mode.keeps_weights else np.zeros((), dtype=np.int64)
@@ -103,11 +106,15 @@ class StepTraffic:
         self.groups = {"dp": b.dp, "pp": b.pp, **m.axis_sizes(b.q, b.t, b.depth)}
         self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)))
         self.sums: dict[Key, dict[str, list]] = {}
+        # tpo: the overlappable collectives summed apart, per GEMM they overlap (same bytes, less exposed time)
+        self.tpo_sums: dict[tuple[str, str, tuple[str, ...], str], dict[str, list]] = {}
         self._groups: dict[tuple, tuple[Arr, Arr, dict]] = {}  # (axes, tag) -> (n, live, factors by kind)
         for source, colls in _declared(mode, d):
             for c in colls:
                 mask = self._mask(c)
-                slot = self.sums.setdefault(self._key(c), {}).setdefault(source + ".kept" * c.kept, [0, 0])
+                table = self.tpo_sums.setdefault((c.tpo, *self._key(c)), {}) if tpo and c.tpo else \
+                    self.sums.setdefault(self._key(c), {})
+                slot = table.setdefault(source + ".kept" * c.kept, [0, 0])
                 slot[0] = slot[0] + mask
                 slot[1] = slot[1] + mask * c.payload(self.sizes)
 
@@ -140,6 +147,10 @@ class StepTraffic:
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
             out.append(self._entry(kind, axes, dtype, count, payload))
+        for (tag, kind, axes, dtype), by_source in self.tpo_sums.items():
+            count = sum(scale[s] * c for s, (c, _) in by_source.items())
+            payload = sum(scale[s] * p for s, (_, p) in by_source.items())
+            out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag))
         sends = N * (2 * b.v - first - last)
         shard = d.c * self.sizes.T * d.h // self.mode.act_split(b.t, b.sp)
         out.append(self._entry("send", ("pp",), d.dtype, sends, sends * shard,
@@ -218,8 +229,8 @@ def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool,
 
 
 def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero: int = 0,
-                 bucket_bytes: int = BUCKET_BYTES, kw: Arr | int = 0) -> list[Entry]:
-    return StepTraffic(d, mode, b, zero, bucket_bytes, kw).entries(first, last)
+                 bucket_bytes: int = BUCKET_BYTES, kw: Arr | int = 0, tpo: bool = False) -> list[Entry]:
+    return StepTraffic(d, mode, b, zero, bucket_bytes, kw, tpo).entries(first, last)
 
 
 def axes_used(mode: str) -> list[tuple[str, ...]]:

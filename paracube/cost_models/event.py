@@ -14,7 +14,9 @@ depend on timing); the times come from the simulation:
   devices run at the same time;
 - kept weights (kw=1): a stage's kept gathers run in each chunk's first micro-batch's forward, their
   gradients' reduce-scatters in its last micro-batch's backward (traffic.py; event_program.py);
-- tensor-parallel collectives are synchronous (the executor's run in line); the option `overlap=True`
+- tensor-parallel collectives are synchronous (the executor's run in line) unless the layout has `tpo`: then a
+  collective its mode declares overlappable runs its first ring step, then the rest alongside its GEMM
+  (event_program.py, cost_models/tpo.py); the option `overlap=True`
   hides dA / bias-gradient reduce-scatters under the dX GEMM (Bian et al. 2021);
 - a layout with `overlap` (Layout.overlap; also implied by the option) issues each data-parallel gradient
   bucket (traffic.py; zero=1: its reduce_scatter) asynchronously in the last backward, once the layers that
@@ -171,10 +173,26 @@ class _Sim:
         wait = self.call_wait(e)  # for the group's ranks to be scheduled (DeviceSpec call and ring waits)
         if wait:
             yield self.env.timeout(wait)
-        yield self.net.run(self.template(stage, e.axes), steps, chunk)
+        if op.gemm > 0 and steps > 1:  # tpo: the first ring step alone, the rest alongside the GEMM (tpo.py)
+            yield self.net.run(self.template(stage, e.axes), 1, chunk)
+            rest = self.net.run(self.template(stage, e.axes), steps - 1, chunk)
+            yield simpy.AllOf(self.env, [rest, self.env.process(self.gemm(stage, op))])
+        else:
+            if op.gemm > 0:
+                yield from self.gemm(stage, op)
+            yield self.net.run(self.template(stage, e.axes), steps, chunk)
         if stream is not None and req is not None:
             stream.release(req)
         self._comm_done(stage, op.name, e, t0, busy0)
+
+    def gemm(self, stage: int, op: Op):
+        """The GEMM a tpo collective overlaps: compute time of the stage (it counts as hiding the collective)."""
+        st = self.stages[stage]
+        st.busy_since = self.env.now
+        yield self.env.timeout(op.gemm)
+        st.busy += op.gemm
+        st.busy_since = None
+        st.compute += op.gemm
 
     def _barrier(self, stage: int, e: CommEvent, steps: int, chunk: float):
         assert self.net is not None

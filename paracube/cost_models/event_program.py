@@ -12,6 +12,9 @@ dX reduce-scatter -> dA GEMM -> dA (and bias) reduce-scatter. With `overlap=True
 the dX GEMM and the dA / dbias reduce-scatters are asynchronous (hidden under the dX GEMM); with
 `grad_overlap` (the layout's `overlap`) the data-parallel gradient buckets are issued asynchronously during
 the last backward, each once the layers that produce it are done.
+With the layout's `tpo`, each collective its mode declares overlappable (Collective.tpo) carries the seconds of
+its GEMM (`Op.gemm`), taken out of the unit's compute op: the engine runs its first ring step alone, then the
+other steps alongside the GEMM (cost_models/tpo.py).
 Kept weights (kw=1): a `kept` collective runs once per step (traffic.py), its gather in the first
 micro-batch's forward (`fwd_first`), its gradient's reduce-scatter in the last micro-batch's backward
 (`bwd_last`); the other micro-batches' `fwd` / `bwd` skip them (`micro_batch_events` of micro-batch 0 and 1
@@ -45,6 +48,7 @@ class Op:
     seconds: float = 0.0
     event: CommEvent | None = None
     asynchronous: bool = False
+    gemm: float = 0.0  # tpo: seconds of the GEMM this collective is decomposed against (cost_models/tpo.py)
 
 
 @dataclass
@@ -150,6 +154,38 @@ def _group(events: list[CommEvent]) -> tuple[dict[tuple[int, str], dict[str, lis
             unit = {"tok_emb": "emb", "pos_emb": "emb", "embedding": "emb"}.get(unit, unit)
         by_layer.setdefault((layer, ph), {}).setdefault(unit, []).append(e)
     return by_layer, tail
+
+
+GEMM_OP = {"f": "fwd", "dx": "dX", "da": "dA"}  # tpo GEMM -> the suffix of the unit's compute op holding it
+
+
+def _apply_tpo(ops: list[Op], layout: Layout, d: Dims, comp: dict) -> list[Op]:
+    """tpo: each overlappable collective of `ops` carries its GEMM's seconds, moved out of its unit's compute op
+    (of the same layer and phase; under full recomputation the recompute op)."""
+    m = layout.tensor_mode
+    tags = {(c.label, c.kind): c.tpo for c in (*m.layer_fwd(d), *m.layer_bwd(d)) if c.tpo}
+    unit_of = {lin: unit for unit, lins in m.merged_units for lin in lins}
+    out = list(ops)
+    where = {op.name: i for i, op in enumerate(out) if op.kind == "compute"}
+    for i, op in enumerate(out):
+        if op.kind != "comm" or op.event is None:
+            continue
+        layer, unit, _ = _unit_of(op.event.label)
+        local = op.event.label.split(".", 2)[2] if layer >= 0 else op.event.label
+        tag = tags.get((local, op.event.kind))
+        if not tag:
+            continue
+        lin, gemm = tag.split(".")
+        prefix = f"layers.{layer}."
+        target = prefix + ("recompute" if op.event.phase == "recompute" else f"{unit_of.get(lin, lin)}.{GEMM_OP[gemm]}")
+        j = where.get(target)
+        seconds = comp[lin][("f", "dx", "da").index(gemm)]
+        if j is None or seconds <= 0:
+            continue
+        seconds = min(seconds, out[j].seconds)
+        out[j] = replace(out[j], seconds=out[j].seconds - seconds)
+        out[i] = replace(op, gemm=seconds)
+    return out
 
 
 def _release_buckets(grads: list[Op], produced: int, layer: int, ops: list[Op]) -> int:
@@ -267,6 +303,9 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
                 _release_buckets(grads, total, 0, prog.bwd_last[c])
     if buckets:
         tail.insert(0, Op("wait", "gradients.wait"))
+    if layout.tpo:
+        for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
+            lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
     shard = zero_group(layout) if layout.zero else 1

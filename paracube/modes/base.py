@@ -10,7 +10,8 @@ on Python ints (one layout) and on numpy int64 arrays (a LayoutBatch) alike, so 
 Collectives (`Collective`): kind, mesh axes, dtype (COMPUTE = the training's compute dtype, or float32),
 payload bytes as a function of `Sizes`, label, phase (edge and per-step collectives; a layer's forward
 list is issued once per forward phase: fwd, plus recompute under full recomputation; its backward list
-once, phase bwd) and `when` ("sp" / "no_sp": only with / without sequence parallelism). Per micro-batch a
+once, phase bwd), `when` ("sp" / "no_sp": only with / without sequence parallelism) and `tpo`: the GEMM
+that produces or consumes it, against which a layout with `tpo` decomposes it (collective matmul). Per micro-batch a
 stage issues: `embedding` (first stage), `layer_fwd` and `layer_bwd` per block, `head` (last stage); per
 step `step_collectives`, then the generic gradient / grad-norm / metrics all-reduces.
 """
@@ -65,13 +66,19 @@ class Collective:
     # 1 where this collective is issued for these Sizes, 0 where not (None: always), e.g. the key / value
     # gather of a sequence split over ranks, issued over the one group that holds a whole sequence.
     applies: Callable[[Sizes], IntOrArr] | None = None
+    # tpo (Layout.tpo: collective matmul): the GEMM this collective is decomposed against, "LINEAR.GEMM" with
+    # LINEAR a name of Dims.linears and GEMM f (Y = X A), dx (dX = dY A^T) or da (dA = X^T dY); "": not overlapped.
+    tpo: str = ""
+
+
+TPO_GEMMS = ("f", "dx", "da")
 
 
 def coll(kind: str, axes: tuple[str, ...] | str, dtype: str, payload: Payload, label: str,
          phase: str = "fwd", when: str = "", kept: bool = False,
-         applies: Callable[[Sizes], IntOrArr] | None = None) -> Collective:
+         applies: Callable[[Sizes], IntOrArr] | None = None, tpo: str = "") -> Collective:
     return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when,
-                      kept, applies)
+                      kept, applies, tpo)
 
 
 def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:
@@ -344,6 +351,7 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "TOKEN_RULE", "VOCAB_MULTIPLE", "Collective", "ExecutorSupport", "IntOrArr",
-           "Rule", "Sizes", "TensorMode", "coll", "divides", "divisors", "kv_gather_groups", "padded",
+__all__ = ["COMPUTE", "F32", "LAYER_UNITS", "TOKEN_RULE", "TPO_GEMMS", "VOCAB_MULTIPLE", "Collective",
+           "ExecutorSupport", "IntOrArr", "Rule", "Sizes", "TensorMode", "coll", "divides", "divisors",
+           "kv_gather_groups", "padded",
            "key_window", "sequence_pieces", "split", "split_embedding", "tokens_split_ok"]

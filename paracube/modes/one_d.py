@@ -36,16 +36,26 @@ from paracube.modes.base import (
 TP = ("tp",)
 
 
+LINEARS = {"attn": ("qkv", "proj"), "mlp": ("fc", "fc2")}  # each half's column, row linear (Dims.linears)
+
+
 def _block_half(d: Any, name: str, backward: bool) -> list[Collective]:
+    """With sp, each gather / reduce-scatter is tpo-overlappable with the GEMM it feeds or drains (Megatron's
+    --tp-comm-overlap, Transformer Engine userbuffers; Wang et al. 2023): forward, the input all-gather with the
+    column linear's GEMM and the output reduce-scatter with the row linear's; backward, dY's all-gather with the
+    row linear's dX GEMM, the input's re-gather with the column linear's dX GEMM and dX's reduce-scatter with
+    its dA GEMM. The all-reduces without sp are not (Megatron overlaps only with sp)."""
     def thc(z: Any) -> Any:
         return d.c * z.T * d.h
 
+    col, row = LINEARS[name]
     first, second = ("reduce_scatter", "all_gather") if backward else ("all_gather", "reduce_scatter")
     plain = "f" if backward else "g"
-    regather = [coll("all_gather", TP, COMPUTE, thc, f"{name}.in.regather", when="sp")] if backward else []
+    regather = [coll("all_gather", TP, COMPUTE, thc, f"{name}.in.regather", when="sp", tpo=f"{col}.dx")
+                ] if backward else []
     return regather + [
-        coll(first, TP, COMPUTE, thc, f"{name}.in", when="sp"),
-        coll(second, TP, COMPUTE, thc, f"{name}.out", when="sp"),
+        coll(first, TP, COMPUTE, thc, f"{name}.in", when="sp", tpo=f"{col}.da" if backward else f"{col}.f"),
+        coll(second, TP, COMPUTE, thc, f"{name}.out", when="sp", tpo=f"{row}.dx" if backward else f"{row}.f"),
         coll("all_reduce", TP, COMPUTE, thc, f"{name}.{plain}", when="no_sp"),
     ]
 

@@ -2,7 +2,7 @@
 
 Works on the search's ranked results only (planner.search's `ranked`, plus `best_per_mode`): for each
 part of the best layout (dp, pp, tensor mode and shape, micro-batch, interleave v, sequence parallelism,
-attention kernel fa, placement) that was not pinned by the user's --layout, the runner-up is the
+overlap, tpo, attention kernel fa, placement) that was not pinned by the user's --layout, the runner-up is the
 best-ranked layout with a different value of that part (for placement: the same layout otherwise), and the
 margin is its predicted step time relative to the best: (t_runner_up - t_best) / t_best. v is a choice only
 with pp > 1, sp only with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid
@@ -30,7 +30,7 @@ def big_placement(layout: Layout) -> tuple[str, ...]:
 
 def canonical_key(layout: Layout) -> tuple:
     return (layout.dp, layout.pp, layout.mode, layout.shape, layout.micro_batch, layout.interleave,
-            layout.sequence_parallel, layout.zero, layout.recompute, layout.overlap, layout.uses_flash,
+            layout.sequence_parallel, layout.zero, layout.recompute, layout.overlap, layout.tpo, layout.uses_flash,
             big_placement(layout))
 
 
@@ -59,6 +59,8 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
     "zero": (lambda lay: f"zero={lay.zero}", lambda f: f.zero != 0),
     "recompute": (lambda lay: f"rc={lay.recompute}", lambda f: f.recompute is not None),
+    "overlap": (lambda lay: "overlap" if lay.overlap else "no overlap", lambda f: f.overlap),
+    "tpo": (lambda lay: "tpo" if lay.tpo else "no tpo", lambda f: f.tpo),
     "attention": (lambda lay: "fa=1" if lay.uses_flash else "fa=0", lambda f: f.flash is not None),
     "placement": (lambda lay: "place=" + ".".join(big_placement(lay) or ("-",)), lambda f: bool(f.placement)),
 }
@@ -100,8 +102,9 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
     out = []
     for part, (label, is_pinned) in PARTS.items():
         if (part == "v" and best.pp == 1) or (part == "sp" and not best.tensor_mode.sequence_parallel) or \
-                (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute):
-            continue  # not a choice of its own
+                (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute) \
+                or (part in ("overlap", "tpo") and not any(getattr(lay, part) for lay, _ in rows)):
+            continue  # not a choice of its own (overlap, tpo: the runtime does not offer it here)
         value = label(best)
         if fixed is not None and is_pinned(fixed):
             out.append(Choice(part, value, True))

@@ -9,6 +9,12 @@ best link over the structure's placements) is within the mode's top_k-th best st
 configurations' first placements (those the pins allow): the top_k found is exact, and configurations that
 lose whatever their placement are not expanded (`pruned`). A rejected or pruned configuration counts once per
 placement of its structure, so `scored + pruned + sum(rejected) == enumerated layouts`.
+Runtime (`runtime`, paracube/runtimes; default paracube): only what it runs is enumerated (its tensor modes,
+pipelines, interleaving, sp, zero stages), and the searched dimensions take its values (planner/dimensions.py):
+recomputations and zero stages it runs; `overlap` (gradient reduction overlapped with backward) and `tpo`
+(tensor-parallel collectives overlapped with their GEMMs) are never slower in the model, so every layout takes
+them wherever the runtime does them by default (overlap: dp > 1, and pp = 1 unless it overlaps under pipelines;
+tpo: its tensor modes, with sp where it needs sp), and the best layout without each is priced as its runner-up.
 `fixed`: a Layout whose non-default fields (mode and shape, dp, pp, micro_batch, interleave, sp, placement)
 every result must match; its pins `sp=0` (no sequence parallelism), `rc=` (recomputation) and `zero=` are
 respected too; `overlap` (or a fixed layout's) prices every layout with the gradient reduction overlapped
@@ -17,7 +23,8 @@ only; `paracube plan` without --recompute passes none, selective, full); each ch
 configurations with its own Dims, and a layout found so carries it (`rc=`). Distributed optimizer:
 `zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage under
 which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
-of the all_reduce they replace, so its step time is that of zero=0).
+of the all_reduce they replace, so its step time is that of zero=0, except that overlapped only the
+reduce_scatter half hides under backward: analytic.evaluate).
 Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for
 the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
@@ -48,9 +55,11 @@ from paracube.cost_models.validity import first_violation, rules
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
-from paracube.modes import MODES, LayoutBatch, executor_runs, runnable_modes
+from paracube.modes import MODES, LayoutBatch, runnable_modes
 from paracube.modes.stages import split_ok
+from paracube.planner.dimensions import OVERLAP, PRICED_ZEROS, RC, TPO, ZERO, chosen, values
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
+from paracube.runtimes import RUNTIMES, Runtime
 from paracube.workload import ModelSpec, TrainingSpec
 
 RUNNABLE_MODES = runnable_modes()  # what paracube.executor implements (paracube/modes: ExecutorSupport)
@@ -94,6 +103,10 @@ class _Search:
     overlap: bool = False  # gradient reduction overlapped with backward (Layout.overlap) in every layout
     kw_pin: int | None = None  # the fixed layout's kw (None: searched in modes that keep weights)
     prune: bool = True  # skip configurations whose lower bound loses (_within_bound)
+    runtime: Runtime = RUNTIMES["paracube"]  # what runs the plans: the layouts it runs, its overlaps
+    overlap_chosen: bool = False  # the runtime overlaps the gradient reduction by default (dimensions.OVERLAP)
+    tpo_pinned: bool = False  # the fixed layout's tpo: every tensor-parallel layout has it
+    tpo_chosen: bool = False  # the runtime overlaps tensor-parallel collectives with GEMMs (dimensions.TPO)
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
@@ -103,14 +116,16 @@ class _Search:
 
 
 def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int] | None,
-             fixed: Layout | None = None) -> list[tuple[int, ...]]:
+             fixed: Layout | None = None, runtime: Runtime = RUNTIMES["paracube"]) -> list[tuple[int, ...]]:
     """(dp, pp, t, q, depth, mb, v, sp) rows (LayoutBatch order) of one structure (sp where the mode has it
-    and paracube's executor runs it)."""
+    and the runtime runs it; v > 1 where it interleaves)."""
     m = MODES[st.mode]
     per_replica = d_global // st.dp if d_global % st.dp == 0 else 0
     mbs = micro_batches or (divisors(per_replica) if per_replica else [1])
     vs = [v for v in divisors(-(-layers // st.pp)) if split_ok(layers, st.pp, v)] if st.pp > 1 else [1]
-    with_sp = m.sequence_parallel and executor_runs(st.mode, sequence_parallel=True)
+    if not runtime.interleave:
+        vs = [1]
+    with_sp = m.sequence_parallel and runtime.runs(st.mode, sequence_parallel=True)
     sps = (0, 1) if with_sp else (0,)
     if fixed is not None and fixed.forbid_sp:
         sps = (0,)
@@ -136,9 +151,10 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
 
 def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
             recompute: str | None = None, overlap: bool = False, kw: int | None = None,
-            flash: int | None = None) -> Layout:
+            flash: int | None = None, tpo: bool = False) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
+        tpo=tpo and bool(MODES[st.mode].axes),
         keep_weights=kw if MODES[st.mode].keeps_weights else None,
         flash=flash,
         overlap=overlap and st.dp > 1,
@@ -155,14 +171,17 @@ def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], .
     )
 
 
-def _runnable(st: Structure, model: ModelSpec) -> bool:
-    """paracube's executor runs it (modes.executor_runs: the mode, its pipelines, the model's family; tied
+def _runnable(st: Structure, model: ModelSpec, runtime: Runtime) -> bool:
+    """The runtime runs it (paracube: modes.executor_runs: the mode, its pipelines, the model's family; tied
     embeddings with pipelines in the modes that tie them; any vocabulary: the executor pads it)."""
-    return executor_runs(st.mode, st.pp, tied_embeddings=model.tied_embeddings, family=model.family)
+    return runtime.runs(st.mode, st.pp, tied_embeddings=model.tied_embeddings, family=model.family)
 
 
-def _not_run_because(st: Structure, model: ModelSpec) -> str:
-    """Why paracube's executor does not run a structure (executor/sizes.py refuses it with the same cause)."""
+def _not_run_because(st: Structure, model: ModelSpec, runtime: Runtime) -> str:
+    """Why the runtime does not run a structure (paracube: executor/sizes.py refuses it with the same cause)."""
+    if runtime.mode_check is None:
+        return runtime.refusal(Layout(dp=st.dp, pp=st.pp, mode=st.mode, shape=st.shape), model.family,
+                               model.tied_embeddings) or f"runtime {runtime.name} does not run {st.mode}"
     support = MODES[st.mode].executor
     if support is None:
         return f"paracube's executor does not run {st.mode}"
@@ -188,9 +207,9 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
             s.explanations[mode] = f"no {mode} layout of {gpus} GPUs matches {fixed} (layers % pp, shape)"
             return []
     # Every plan the search emits runs (the executor's preflight accepts it; tests/test_planner_runs.py).
-    runs = [st for st in sts if _runnable(st, s.model)]
+    runs = [st for st in sts if _runnable(st, s.model, s.runtime)]
     if not runs:
-        s.explanations[mode] = _not_run_because(sts[0], s.model)
+        s.explanations[mode] = _not_run_because(sts[0], s.model, s.runtime)
     return runs
 
 
@@ -208,9 +227,9 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     idx = np.nonzero(viol < 0)[0]
     if not len(idx):
         return idx, idx, idx
-    zeros = [z for z in sorted(s.zeros) if executor_runs(mode, zero=z)]
-    if not zeros:  # a pinned zero stage this mode's executor does not run
-        rejected[f"paracube's executor does not run zero={s.zeros[0]} in {mode}"] += int(n_places[idx].sum())
+    zeros = [z for z in sorted(s.zeros) if s.runtime.runs(mode, zero=z)]
+    if not zeros:  # a pinned zero stage the runtime does not run in this mode
+        rejected[f"runtime {s.runtime.name} does not run zero={s.zeros[0]} in {mode}"] += int(n_places[idx].sum())
         return idx[:0], idx[:0], idx[:0]
     sub = batch.take(idx)
     keeps = MODES[mode].keeps_weights
@@ -226,18 +245,19 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
 
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
+    tied_pp = s.d.tied & (sub.pp > 1) & s.runtime.tied_pp_zero0  # tied + pp > 1: zero=0 (paracube's executor)
     for z in zeros:
         if z and not np.any(shards > 1):
             continue
         mem = peak(base, z * np.ones_like(sub.dp))
-        ok = (z == 0) | ((shards > 1) & ~(s.d.tied & (sub.pp > 1)))  # tied + pp > 1: zero=0 (executor)
+        ok = (z == 0) | ((shards > 1) & ~tied_pp)
         zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
     fits = zero >= 0
     kw = np.full(len(idx), base_kw)
     if keeps and s.kw_pin is None:  # keep where it saves traffic (several micro-batches) and memory allows
         several = sub.micro_batches(s.d.global_batch) > 1
         kw = (fits & several & (peak(mems(1), np.maximum(zero, 0)) <= s.mem_cap)).astype(np.int64)
-    tied_zero1 = ~fits & (s.d.tied & (sub.pp > 1)) if 0 not in zeros else np.zeros(len(idx), dtype=bool)
+    tied_zero1 = ~fits & tied_pp if 0 not in zeros else np.zeros(len(idx), dtype=bool)
     if tied_zero1.any():  # a pinned zero=1 with tied embeddings and pipelines (executor/sizes.py refuses it)
         rejected["paracube's executor runs tied embeddings with pp > 1 at zero=0 only"] += int(
             n_places[idx[tied_zero1]].sum())
@@ -258,7 +278,7 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
 
 def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
                   places: dict[Structure, Placements], st_links: dict[Structure, np.ndarray],
-                  zero: np.ndarray | None, kw: np.ndarray) -> np.ndarray:
+                  zero: np.ndarray | None, kw: np.ndarray, overlap: np.ndarray, tpo: np.ndarray) -> np.ndarray:
     """Which configurations of `batch` may still hold one of the mode's best `top_k` layouts: those whose
     lower bound over all placements (analytic.step_lower_bound on each axis set's best link over the
     structure's placements) is within the top_k-th best step time of the configurations' first placements
@@ -270,14 +290,30 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     mat = np.array([st_links[st][0] for st in owners] + [best[st] for st in owners])
     links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
     rows = np.concatenate([np.arange(n), np.arange(n)])
-    res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=s.overlap, kw=kw)
+    res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows])
     found = res.step_time[:n]
     if s.fixed is not None:  # the bar counts only layouts the pins allow (no placement pin: any placement)
         allowed = [_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed) for i, st in enumerate(owners)]
         found = np.where(allowed, found, np.inf)
     bar = np.partition(found, s.top_k - 1)[s.top_k - 1]
-    bound = step_lower_bound(res, s.d, batch, rows, s.overlap)[n:]
+    bound = step_lower_bound(res, s.d, batch, rows, overlap[rows])[n:]
     return bound <= bar * (1 + 1e-9)  # the bar's own configuration stays despite rounding
+
+
+def _overlaps(s: _Search, mode: str, batch: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Per configuration: the gradient reduction overlapped with backward (pinned or `overlap` given: every
+    layout with dp > 1; else where the runtime overlaps it by default: pp = 1, or any pp where it overlaps under
+    pipelines), and tpo (pinned, or where the runtime runs it: its tensor modes, with sp where it needs sp)."""
+    many = batch.dp > 1
+    ovs = many if s.overlap else many & s.overlap_chosen & ((batch.pp == 1) | s.runtime.grad_overlap_pp)
+    if s.tpo_pinned:
+        tpos = np.full(len(batch), bool(MODES[mode].axes))
+    elif s.tpo_chosen:
+        on, off = s.runtime.offers_tpo(mode, True), s.runtime.offers_tpo(mode, False)
+        tpos = np.where(batch.sp > 0, on, off).astype(bool)
+    else:
+        tpos = np.zeros(len(batch), dtype=bool)
+    return np.asarray(ovs, dtype=bool), tpos
 
 
 def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
@@ -286,7 +322,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     owners: list[Structure] = []
     rows: list[tuple[int, ...]] = []
     for st in sts:
-        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed):
+        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed, s.runtime):
             rows.append(cfg)
             owners.append(st)
     batch = LayoutBatch.of_rows(rows)
@@ -298,12 +334,14 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
     st_links = _structure_links(s, mode, owners, places)
     zero_arg = zeros if s.zeros != (0,) else None
+    ovs, tpos = _overlaps(s, mode, batch)
     if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k:
-        keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws)
+        keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos)
         s.pruned += int(n_places[~keep].sum())
         kept = np.nonzero(keep)[0]
-        batch, owners, n_places, zeros, kws = (batch.take(kept), [owners[i] for i in kept], n_places[kept],
-                                               zeros[kept], kws[kept])
+        batch, owners, n_places, zeros, kws, ovs, tpos = (batch.take(kept), [owners[i] for i in kept],
+                                                          n_places[kept], zeros[kept], kws[kept], ovs[kept],
+                                                          tpos[kept])
         zero_arg = zeros if s.zeros != (0,) else None
     if not len(batch):
         top = mode_rej.most_common(2)
@@ -313,15 +351,16 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     place_idx = np.concatenate([np.arange(c) for c in n_places])
     link_mat = np.concatenate([st_links[st] for st in owners])
     links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
-    res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows, zero=zero_arg, overlap=s.overlap, kw=kws)
+    res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows, zero=zero_arg, overlap=ovs[layout_rows], kw=kws,
+                   tpo=tpos[layout_rows])
     s.scored += len(layout_rows)
     taken = 0
     for j in np.argsort(res.step_time, kind="stable"):
         row = int(layout_rows[j])
         st = owners[row]
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
-                      s.d.recompute if s.rc_pin else None, s.overlap, int(kws[row]),
-                      s.fixed.flash if s.fixed else None)
+                      s.d.recompute if s.rc_pin else None, bool(ovs[row]), int(kws[row]),
+                      s.fixed.flash if s.fixed else None, bool(tpos[row]))
         if not _matches(lay, s.fixed):
             continue
         s.best.append((float(res.step_time[j]), lay))
@@ -335,9 +374,9 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or f"no layout matches {s.fixed}"
 
 
-def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None) -> list[str]:
+def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None, runtime: Runtime | None = None) -> list[str]:
     check(isinstance(gpus, int) and gpus >= 1, f"gpus={gpus!r} must be a positive integer")
-    modes = list(modes or TENSOR_MODES)
+    modes = list(modes or (runtime.modes if runtime is not None else TENSOR_MODES))
     for m in modes:
         check(m in TENSOR_MODES, f"tensor mode {m!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
     if fixed is not None:
@@ -351,16 +390,21 @@ def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None) -> list[str
 
 
 def _choices(training: TrainingSpec, fixed: Layout | None, recomputes: list[str] | None,
-             zeros: list[int] | None) -> tuple[list[str], tuple[int, ...]]:
-    """Recomputations and zero stages to search: the layout's pins first, then the caller's lists."""
-    rcs = [fixed.recompute] if fixed is not None and fixed.recompute else list(recomputes or [training.recompute])
-    for rc in rcs:
+             zeros: list[int] | None, runtime: Runtime) -> tuple[list[str], tuple[int, ...]]:
+    """Recomputations and zero stages to search (planner/dimensions.py): the layout's pins first, then the
+    caller's lists (default: the training's recomputation; every priced zero stage), what the runtime runs."""
+    for rc in [*(recomputes or []), *([fixed.recompute] if fixed is not None and fixed.recompute else [])]:
         check(rc in RECOMPUTES, f"recompute {rc!r} is not valid; valid: {', '.join(RECOMPUTES)}")
-    # A pinned zero=3 is not priced: searched as zero=0 (the CLI carries the pin and says so).
-    zs = (fixed.zero,) if fixed is not None and fixed.zero == 1 else tuple(zeros or (0,))
-    for z in zs:
-        check(z in (0, 1), f"zero={z!r} is not searched; valid: 0, 1 (zero=3 is not priced)")
-    return rcs, zs
+    rcs = [str(r) for r in values(RC, runtime, fixed, list(recomputes or [training.recompute]))]
+    check(bool(rcs), f"runtime {runtime.name} runs none of recompute {', '.join(recomputes or [training.recompute])}; "
+          f"valid: {', '.join(runtime.recomputes)}")
+    for z in zeros or []:
+        check(z in PRICED_ZEROS, f"zero={z!r} is not searched; valid: {', '.join(map(str, PRICED_ZEROS))} "
+              "(zero=2/3 are not priced yet)")
+    # A pinned zero the cost models do not price is searched as the unpinned ones (the CLI carries the pin).
+    pin = fixed is not None and fixed.zero in PRICED_ZEROS and fixed.zero > 0
+    zs = tuple(int(z) for z in values(ZERO, runtime, fixed if pin else None, list(zeros) if zeros else None))
+    return rcs, tuple(sorted(zs)) or (0,)
 
 
 def search(
@@ -376,19 +420,24 @@ def search(
     zeros: list[int] | None = None,
     overlap: bool = False,
     prune: bool = True,
+    runtime: Runtime | str = "paracube",
 ) -> SearchResult:
-    """Rank every valid layout of `gpus` devices that paracube's executor runs (each mode's ExecutorSupport,
-    modes.executor_runs) by predicted step time; raise ParacubeError if none fits. `prune=False` scores every
-    placement of every configuration (the same result, slower: for tests and benchmarks)."""
+    """Rank every valid layout of `gpus` devices that the runtime runs (default paracube: each mode's
+    ExecutorSupport, modes.executor_runs) by predicted step time; raise ParacubeError if none fits. The zero
+    stages, recomputations, overlap and tpo come from the runtime (planner/dimensions.py) within `zeros` /
+    `recomputes` where given; `overlap=True` overlaps the gradient reduction in every layout. `prune=False`
+    scores every placement of every configuration (the same result, slower: for tests and benchmarks)."""
     t0 = time.perf_counter()
-    modes = _modes(modes, gpus, fixed)
+    rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
+    modes = _modes(modes, gpus, fixed, rt)
     d = with_pins(dims_of(model, training), fixed)  # fa= pinned: that kernel (the search's is flash)
-    rcs, zs = _choices(training, fixed, recomputes, zeros)
+    rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
     s = _Search(model, d, gemm_model(topo, training.dtype), float(topo.device.memory_bytes),  # type: ignore[arg-type, attr-defined]
                 LinkCache(topo), fixed, micro_batches, top_k, zs,
                 len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
                 overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None,
-                prune)
+                prune, runtime=rt, overlap_chosen=chosen(OVERLAP, rt, fixed),
+                tpo_pinned=fixed is not None and fixed.tpo, tpo_chosen=chosen(TPO, rt, fixed))
     for rc in rcs:
         s.d = replace(d, recompute=rc)
         for mode in modes:
@@ -412,6 +461,14 @@ def search(
         return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
+    for dim, off in ((OVERLAP, {"overlap": False}), (TPO, {"tpo": False})):
+        # A dominant overlap the search chose: its runner-up is the best layout without it (dimensions.py).
+        best = ranked[0][0]
+        if getattr(best, dim.name) and (fixed is None or dim.pin(fixed) is None):
+            alt = best.with_(**off)
+            # Where the overlap hides nothing (a ring of 2: one step) the two tie up to rounding: keep the choice.
+            ranked = sorted([*ranked, (alt, score(alt))],
+                            key=lambda r: (float(f"{r[1].step_time_s:.12g}"), r[0] is alt))
     if fixed is None or fixed.flash is None:
         # Unfused attention (fa=0) is never faster nor smaller than flash in the model (compute.py: the flash
         # kernel computes the causal half and no s x s traffic; activations.py: no s x s tensors kept), so the

@@ -1,0 +1,72 @@
+"""The searched dimensions beyond the layout's structure, each declared once: values, pin, runtime, default.
+
+A `Dimension` names a layout field the search fills in (Layout's module docstring has the syntax), every value
+the cost models price, how a layout pins it, which values a runtime offers (paracube/runtimes: Runtime), and,
+where one value is never slower in the model (`dominant`), that value: the search then takes it wherever the
+runtime offers it and prices the other value for the best layout only, as its runner-up (planner/search.py).
+    rc       recomputation: a pass over the configurations per value (memory and compute both change)
+    zero     zero stages: per configuration the lowest offered stage under which it fits in memory
+    overlap  dp gradient buckets during backward: dominant (exposed time max(0, ...) <= the whole reduction)
+    tpo      tensor-parallel collectives overlapped with their GEMMs: dominant (exposed <= the whole collective)
+    kw       kept weights (2d / 2.5d / 3d): 1 where several micro-batches and memory allow
+    fa       attention kernel: flash dominant (compute.py, activations.py)
+The search reads `values(dim, runtime, fixed, asked)`, never a runtime's name, so a new dimension is a new
+declaration here plus its pricing in the engines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from paracube.layout import RECOMPUTES, Layout
+from paracube.runtimes import Runtime
+
+PRICED_ZEROS = (0, 1)  # zero stages the cost models price (zero=2/3: being added in cost_models)
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str  # the layout text's key
+    values: tuple[object, ...]  # every value the cost models price, in search order
+    pin: Callable[[Layout], object | None]  # the layout's pinned value (None: searched)
+    offered: Callable[[Runtime], tuple[object, ...]]  # the values the runtime runs (and, dominant: does by default)
+    dominant: object | None = None  # never slower in the model: chosen wherever offered
+    doc: str = ""
+
+
+def _on_off(enabled: bool, default: bool) -> tuple[object, ...]:
+    return (True, False) if enabled and default else ((False, True) if enabled else (False,))
+
+
+RC = Dimension("rc", RECOMPUTES, lambda f: f.recompute, lambda r: r.recomputes, doc="activation recomputation")
+ZERO = Dimension("zero", PRICED_ZEROS, lambda f: f.zero or None, lambda r: r.zeros, doc="zero stage")
+OVERLAP = Dimension("overlap", (False, True), lambda f: True if f.overlap else None,
+                    lambda r: _on_off(r.grad_overlap, r.grad_overlap_default), True,
+                    "dp gradient reduction overlapped with backward")
+TPO = Dimension("tpo", (False, True), lambda f: True if f.tpo else None, lambda r: _on_off(r.tpo, r.tpo_default),
+                True, "tensor-parallel collectives overlapped with their GEMMs")
+KW = Dimension("kw", (0, 1), lambda f: f.keep_weights, lambda r: (0, 1), doc="kept weights (2d / 2.5d / 3d)")
+FA = Dimension("fa", (1, 0), lambda f: f.flash, lambda r: (1, 0), 1, "attention kernel (1 flash, 0 unfused)")
+DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, KW, FA)}
+
+
+def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
+           ) -> tuple[object, ...]:
+    """The values to search: the layout's pin where it pins one, else what the caller asks for (default: every
+    priced value) that the runtime offers, in the runtime's order of preference."""
+    pinned = dim.pin(fixed) if fixed is not None else None
+    if pinned is not None:
+        return (pinned,)
+    offered = dim.offered(runtime)
+    pool = dim.values if asked is None else tuple(asked)
+    return tuple(v for v in offered if v in pool and v in dim.values)
+
+
+def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
+    """A dominant dimension takes its dominant value (pinned, or offered first by the runtime)."""
+    vals = values(dim, runtime, fixed)
+    return bool(vals) and vals[0] == dim.dominant
+
+
+__all__ = ["DIMENSIONS", "FA", "KW", "OVERLAP", "PRICED_ZEROS", "RC", "TPO", "ZERO", "Dimension", "chosen", "values"]

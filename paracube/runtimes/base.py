@@ -1,0 +1,140 @@
+"""What one runtime (training stack) declares: the layouts it runs and what it overlaps, with its defaults.
+
+A runtime is a frozen `Runtime` in its own module (paracube.py, megatron.py, torchtitan.py, deepspeed.py),
+registered by one line in paracube/runtimes/__init__.py. Pure declarations (it reads paracube.layout and
+paracube.modes only): the CLI refuses a layout a runtime cannot run (`refusal`, one line naming the runtime and
+what is valid), the planner enumerates only what it runs (`runs`) and takes the searched dimensions' values
+from it (planner/dimensions.py), the plan records its name and `paracube export --to` re-checks it.
+
+Overlaps (what the cost models price, cost_models/analytic.py and event_program.py):
+- `grad_overlap`: the data-parallel gradient buckets reduced during the last micro-batch's backward (torch DDP /
+  FSDP2, Megatron's --overlap-grad-reduce, DeepSpeed's overlap_comm); `grad_overlap_pp`: also with pipelines (the
+  search chooses overlap under pipelines only there; a layout that pins `overlap` with pp > 1 is not refused:
+  paracube's executor then reduces after the backward, as it always did, and the estimate is optimistic).
+- `param_gather_overlap`: zero's parameter all-gather prefetched under compute (Megatron --overlap-param-gather,
+  FSDP2's prefetch, DeepSpeed stage-3 prefetch); priced with zero=3 (the `zero` engineer's pricing).
+- `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce / consume them (collective matmul:
+  Megatron --tp-comm-overlap with Transformer Engine userbuffers, torchtitan async TP); `tpo_needs_sp`.
+- `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
+  assumes it: a send costs only its wire time on the critical path).
+Each overlap has `*_default`: whether the stack turns it on without a flag (what the search assumes when the
+layout does not pin it; `Layout.overlap` / `Layout.tpo` record the choice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from paracube.layout import Layout
+from paracube.modes import MODES
+
+# Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
+# (mode, pp, sequence_parallel, zero, tied_embeddings, family) -> None where it runs, else what it runs instead
+ModeCheck = Callable[[str, int, bool, int, bool, str], str | None]
+# The tensor layouts Megatron-LM, DeepSpeed and torchtitan run: no tensor parallelism, or the modes declaring
+# themselves Megatron-style (TensorMode.megatron_style: 1D column / row-parallel linears).
+MEGATRON_STYLE: tuple[str, ...] = tuple(n for n, m in MODES.items() if not m.axes or m.megatron_style)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    title: str  # the stack, as a user knows it
+    modes: tuple[str, ...]  # tensor modes it runs (paracube.modes names)
+    pipeline: bool  # pipeline parallelism (1F1B)
+    interleave: bool  # interleaved 1F1B (virtual stages, v > 1)
+    sequence_parallel: bool  # Megatron-style sp with 1D tensor parallelism
+    zeros: tuple[int, ...]  # zero stages (0 none, 1 optimizer state, 2 + gradients, 3 + parameters / FSDP)
+    zeros_with_pp: tuple[int, ...]  # the zero stages it runs with pipelines
+    hybrid_shard: bool  # HSDP: zero's shard group smaller than dp (Layout.shard)
+    recomputes: tuple[str, ...]
+    dtypes: tuple[str, ...]  # training dtypes (paracube names: fp32, fp16, bf16)
+    grad_overlap: bool
+    grad_overlap_default: bool
+    grad_overlap_pp: bool
+    param_gather_overlap: bool
+    param_gather_overlap_default: bool
+    tpo: bool
+    tpo_default: bool
+    tpo_needs_sp: bool
+    p2p_overlap: bool
+    export_target: str | None  # `paracube export --to` name of this stack (None: `paracube run` runs it)
+    families: tuple[str, ...] = ("gpt", "llama")
+    sp_default: bool = False  # sp on whenever tensor parallelism is (torchtitan)
+    tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
+    mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
+    source: str = ""  # where the facts come from
+
+    def __repr__(self) -> str:
+        return f"<runtime {self.name}>"
+
+    # --- what it runs ------------------------------------------------------------------------------------
+    def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
+             tied_embeddings: bool = False, family: str = "gpt") -> bool:
+        """It runs this mode with these options (the planner enumerates only these)."""
+        ok = (mode in self.modes and (pp == 1 or self.pipeline) and (not sequence_parallel or self.sequence_parallel)
+              and zero in (self.zeros if pp == 1 else self.zeros_with_pp) and family in self.families)
+        if ok and self.mode_check is not None:
+            ok = self.mode_check(mode, pp, sequence_parallel, zero, tied_embeddings, family) is None
+        return ok
+
+    def overlaps_grad(self, pp: int) -> bool:
+        """It overlaps the dp gradient reduction with backward at this pipeline depth, by default."""
+        return self.grad_overlap and self.grad_overlap_default and (pp == 1 or self.grad_overlap_pp)
+
+    def offers_tpo(self, mode: str, sequence_parallel: bool) -> bool:
+        """It runs tpo in this mode (its tensor collectives overlapped with their GEMMs)."""
+        return (self.tpo and mode in self.modes and bool(MODES[mode].axes)
+                and (sequence_parallel or not self.tpo_needs_sp))
+
+    def refusal(self, layout: Layout, family: str = "gpt", tied_embeddings: bool = False,
+                dtype: str | None = None) -> str | None:
+        """Why this runtime cannot run `layout` (one line naming the runtime and what is valid), else None."""
+        who = f"runtime {self.name} ({self.title})"
+        tensor = "tp=" + "/".join(self.modes)
+        if layout.mode not in self.modes:
+            return f"{who} does not run tp={layout.mode}; valid: {tensor}"
+        if layout.pp > 1 and not self.pipeline:
+            return f"{who} does not run pipelines (pp={layout.pp}); valid: pp=1"
+        if layout.interleave > 1 and not self.interleave:
+            return f"{who} does not run interleaved pipelines (v={layout.interleave}); valid: v=1"
+        if layout.sequence_parallel and not self.sequence_parallel:
+            return f"{who} does not run sequence parallelism (sp); drop sp"
+        zeros = self.zeros if layout.pp == 1 else self.zeros_with_pp
+        if layout.zero not in zeros:
+            where = "" if layout.pp == 1 else " with pipelines (pp > 1)"
+            return f"{who} does not run zero={layout.zero}{where}; valid: zero={'/'.join(map(str, zeros))}"
+        if layout.shard is not None and not self.hybrid_shard:
+            return f"{who} does not run hybrid sharding (shard={layout.shard}); drop shard="
+        if layout.recompute is not None and layout.recompute not in self.recomputes:
+            return f"{who} does not run rc={layout.recompute}; valid: rc={'/'.join(self.recomputes)}"
+        if dtype is not None and dtype not in self.dtypes:
+            return f"{who} does not train in {dtype}; valid: {', '.join(self.dtypes)}"
+        if family not in self.families:
+            return f"{who} does not run the {family} family; valid: {', '.join(self.families)}"
+        if layout.overlap and not self.grad_overlap:
+            return f"{who} does not overlap the gradient reduction with backward; drop overlap"
+        if layout.tpo and not self.tpo:
+            return f"{who} does not overlap tensor-parallel communication with GEMMs; drop tpo"
+        if layout.tpo and self.tpo_needs_sp and not layout.sequence_parallel:
+            return f"{who} runs tpo with sequence parallelism only; add sp (tp=1d:N,sp,tpo)"
+        if self.mode_check is not None:
+            why = self.mode_check(layout.mode, layout.pp, layout.sequence_parallel, layout.zero, tied_embeddings,
+                                  family)
+            if why:
+                return f"{who} does not run {layout}: {why}"
+        return None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "title": self.title, "modes": list(self.modes), "pipeline": self.pipeline,
+                "interleave": self.interleave, "sequence_parallel": self.sequence_parallel,
+                "zeros": list(self.zeros), "zeros_with_pp": list(self.zeros_with_pp),
+                "hybrid_shard": self.hybrid_shard, "recomputes": list(self.recomputes), "dtypes": list(self.dtypes),
+                "overlaps": {"grad_reduce": [self.grad_overlap, self.grad_overlap_default, self.grad_overlap_pp],
+                             "param_gather": [self.param_gather_overlap, self.param_gather_overlap_default],
+                             "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap},
+                "export_target": self.export_target}
+
+
+__all__ = ["MEGATRON_STYLE", "ModeCheck", "Runtime"]

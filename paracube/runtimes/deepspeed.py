@@ -1,0 +1,38 @@
+"""DeepSpeed 0.19 with Megatron-DeepSpeed for tensor and pipeline parallelism (docs/exports.md).
+
+1D tensor parallelism (Megatron-DeepSpeed's; its sequence parallelism is Ulysses, not Megatron's sp), pipelines
+without interleaving (DeepSpeed's PipelineEngine), ZeRO 1 / 2 / 3 (ZeRO-2 and -3 not with pipelines), ZeRO++'s
+hpZ as hybrid sharding (zero_hpz_partition_size), overlap_comm (gradient reduction during backward; on by default
+for ZeRO-3, and for stage 1 / 2 where set: the ds_config paracube exports sets it), stage-3 parameter prefetch,
+fp16 / bf16, activation checkpointing full (Megatron-DeepSpeed also runs selective). No tensor-parallel
+comm overlap.
+"""
+
+from __future__ import annotations
+
+from paracube.runtimes.base import MEGATRON_STYLE, Runtime
+
+RUNTIME = Runtime(
+    name="deepspeed",
+    title="DeepSpeed + Megatron-DeepSpeed",
+    modes=MEGATRON_STYLE,
+    pipeline=True,
+    interleave=False,
+    sequence_parallel=False,
+    zeros=(0, 1, 2, 3),
+    zeros_with_pp=(0, 1),
+    hybrid_shard=True,
+    recomputes=("none", "selective", "full"),
+    dtypes=("fp16", "bf16", "fp32"),
+    grad_overlap=True,
+    grad_overlap_default=True,
+    grad_overlap_pp=False,
+    param_gather_overlap=True,
+    param_gather_overlap_default=True,
+    tpo=False,
+    tpo_default=False,
+    tpo_needs_sp=False,
+    p2p_overlap=False,
+    export_target="deepspeed",
+    source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
+)

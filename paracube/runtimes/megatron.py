@@ -1,0 +1,39 @@
+"""Megatron-core as NeMo and Megatron-LM run it (megatron-core 0.16; docs/exports.md).
+
+1D tensor parallelism (+ sequence parallelism), pipelines with interleaving (virtual stages), the distributed
+optimizer (zero=1; --use-distributed-optimizer) and Megatron-FSDP / torch FSDP2 (zero=3; --use-torch-fsdp2,
+not with pipelines), recompute none / selective / full, bf16 / fp16 (fp8 via Transformer Engine: not in our
+dtypes). Overlaps, on by default in NeMo's recipes: --overlap-grad-reduce (buckets during backward, pipelines
+too), --overlap-param-gather (the distributed optimizer's / FSDP's parameter all-gather prefetched),
+--tp-comm-overlap (Transformer Engine userbuffers: ring-exchange collective matmul; needs sp), p2p overlap of
+pipeline sends (--overlap-p2p-comm). Context parallelism is not in paracube's model yet.
+"""
+
+from __future__ import annotations
+
+from paracube.runtimes.base import MEGATRON_STYLE, Runtime
+
+RUNTIME = Runtime(
+    name="megatron",
+    title="Megatron-core / NeMo",
+    modes=MEGATRON_STYLE,
+    pipeline=True,
+    interleave=True,
+    sequence_parallel=True,
+    zeros=(0, 1, 3),
+    zeros_with_pp=(0, 1),
+    hybrid_shard=False,
+    recomputes=("none", "selective", "full"),
+    dtypes=("bf16", "fp16", "fp32"),
+    grad_overlap=True,
+    grad_overlap_default=True,
+    grad_overlap_pp=True,
+    param_gather_overlap=True,
+    param_gather_overlap_default=True,
+    tpo=True,
+    tpo_default=True,
+    tpo_needs_sp=True,
+    p2p_overlap=True,
+    export_target="megatron",
+    source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
+)

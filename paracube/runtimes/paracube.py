@@ -1,0 +1,61 @@
+"""paracube's own executor (`paracube run`): derived from what the executor runs, so it grows as the executor does.
+
+Tensor modes, pipelines, sp and zero come from each mode's ExecutorSupport (paracube/modes; modes.executor_runs
+is the per-mode check, the same one executor/sizes.py applies before any rank starts). Gradient buckets overlap
+the last backward with pp = 1 (executor/grad_sync.py; step.py runs them after backward under pipelines). No
+tpo: the executor runs its tensor collectives in line (issue #24).
+"""
+
+from __future__ import annotations
+
+from paracube.layout import RECOMPUTES
+from paracube.modes import MODES, executor_runs, runnable_modes
+from paracube.runtimes.base import Runtime
+
+
+def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> str | None:
+    """None where the executor runs it (modes.executor_runs), else what it runs in this mode."""
+    if executor_runs(mode, pp, sequence_parallel=sp, zero=zero, tied_embeddings=tied, family=family):
+        return None
+    support = MODES[mode].executor
+    if support is None:
+        return f"its executor does not run tp={mode}; valid: tp={'/'.join(runnable_modes())}"
+    runs = [f"families {'/'.join(support.families)}", "pipelines" if support.pipeline else "pp=1 only",
+            "sp" if support.sequence_parallel else "no sp", "zero=0/1" if support.zero else "zero=0 only"]
+    if MODES[mode].ties_embeddings:
+        runs.append("tied embeddings with pp > 1 at zero=0 only")
+    else:
+        runs.append("tied embeddings with pp=1 only")
+    return f"its executor runs tp={mode} with {', '.join(runs)}"
+
+
+_SUPPORT = [m.executor for m in MODES.values() if m.executor is not None]
+_ZEROS = (0, 1) if any(s.zero for s in _SUPPORT) else (0,)
+
+RUNTIME = Runtime(
+    name="paracube",
+    title="paracube run",
+    modes=runnable_modes(),
+    pipeline=any(s.pipeline for s in _SUPPORT),
+    interleave=any(s.pipeline for s in _SUPPORT),  # executor/pipeline.py runs interleaved 1F1B
+    sequence_parallel=any(s.sequence_parallel for s in _SUPPORT),
+    zeros=_ZEROS,
+    zeros_with_pp=_ZEROS,
+    hybrid_shard=False,
+    recomputes=RECOMPUTES,
+    dtypes=("fp32", "fp16", "bf16"),
+    grad_overlap=True,
+    grad_overlap_default=True,
+    grad_overlap_pp=False,
+    param_gather_overlap=False,
+    param_gather_overlap_default=False,
+    tpo=False,
+    tpo_default=False,
+    tpo_needs_sp=False,
+    p2p_overlap=False,
+    export_target=None,
+    families=tuple(sorted({f for s in _SUPPORT for f in s.families})),
+    mode_check=_check,
+    tied_pp_zero0=True,
+    source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
+)

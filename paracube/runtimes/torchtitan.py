@@ -1,0 +1,40 @@
+"""torchtitan 0.3 (docs/exports.md): FSDP2 and DDP over data parallelism, DTensor 1D tensor parallelism.
+
+FSDP2 (zero=3; HSDP as data_parallel_replicate_degree x data_parallel_shard_degree, Layout.shard; prefetching
+the next block's parameter all-gather, reshard_after_forward), DDP (zero=0; buckets during backward), 1D tensor
+parallelism with sequence parallelism on by default (enable_sequence_parallel) and async TP
+(enable_async_tensor_parallel: collective matmul through torch's SymmetricMemory; needs sp), pipelines from
+torch.distributed.pipelining (1F1B, Interleaved1F1B, ...), activation checkpointing none / selective / full,
+bf16 (fp8 through torchao: not in our dtypes). No distributed optimizer (zero=1) or zero=2 of its own.
+Async TP is not on by default (a flag): the search still offers it, as `tpo` in the layout it records.
+"""
+
+from __future__ import annotations
+
+from paracube.runtimes.base import MEGATRON_STYLE, Runtime
+
+RUNTIME = Runtime(
+    name="torchtitan",
+    title="FSDP2 + DTensor TP",
+    modes=MEGATRON_STYLE,
+    pipeline=True,
+    interleave=True,
+    sequence_parallel=True,
+    zeros=(0, 3),
+    zeros_with_pp=(0, 3),
+    hybrid_shard=True,
+    recomputes=("none", "selective", "full"),
+    dtypes=("bf16", "fp32"),
+    grad_overlap=True,
+    grad_overlap_default=True,
+    grad_overlap_pp=True,
+    param_gather_overlap=True,
+    param_gather_overlap_default=True,
+    tpo=True,
+    tpo_default=True,
+    tpo_needs_sp=True,
+    p2p_overlap=True,
+    export_target="torchtitan",
+    sp_default=True,
+    source="torchtitan ParallelismConfig (docs/exports.md)",
+)
