@@ -41,7 +41,8 @@ from paracube.modes.stages import schedule, stage_chunks
 
 PER_STEP = ("grad_sync", "optimizer", "metrics")
 BEFORE_FWD = ("X", "A", "bias", "in", "stats", "param")  # the rest (Y, g, out) come after the GEMM
-BEFORE_BWD = ("dY", "out", "stats", "dkv")  # dkv: the attention's key / value gradients (a split sequence)
+# dkv: the attention's key / value gradients (a split sequence); bcastA / bcastX: SUMMA's backward broadcasts
+BEFORE_BWD = ("dY", "out", "stats", "dkv", "bcastA", "bcastX")
 AFTER_DX = ("dX", "f", "in")  # then dA GEMM, then dA / dbias / param
 
 

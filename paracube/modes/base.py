@@ -65,13 +65,16 @@ class Collective:
     # 1 where this collective is issued for these Sizes, 0 where not (None: always), e.g. the key / value
     # gather of a sequence split over ranks, issued over the one group that holds a whole sequence.
     applies: Callable[[Sizes], IntOrArr] | None = None
+    # Calls per issue, each of `payload` bytes (None: one), e.g. SUMMA's q broadcast steps per GEMM operand.
+    calls: Callable[[Sizes], IntOrArr] | None = None
 
 
 def coll(kind: str, axes: tuple[str, ...] | str, dtype: str, payload: Payload, label: str,
          phase: str = "fwd", when: str = "", kept: bool = False,
-         applies: Callable[[Sizes], IntOrArr] | None = None) -> Collective:
+         applies: Callable[[Sizes], IntOrArr] | None = None,
+         calls: Callable[[Sizes], IntOrArr] | None = None) -> Collective:
     return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when,
-                      kept, applies)
+                      kept, applies, calls)
 
 
 def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:
@@ -175,6 +178,11 @@ class TensorMode:
     ties_embeddings: bool = False  # the head can be the embedding's transpose in this mode's layout (executor)
     keeps_weights: bool = False  # declares `kept` weight collectives (Layout kw=1 applies)
     paper: str = ""  # the paper whose closed form `paper_layer_bytes` states
+    # A variant of another mode's layout (`tp=<variant_of>:SHAPE,<variant_flag>`, e.g. 2D's SUMMA baseline):
+    # the layout parser and printer read these two; the cost models see the variant as a mode of its own.
+    variant_of: str = ""
+    variant_flag: str = ""
+    searched: bool = True  # the planner searches it unless asked for modes (False: a baseline, priced on request)
 
     def __repr__(self) -> str:
         return f"<tensor mode {self.name}>"

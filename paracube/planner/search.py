@@ -337,7 +337,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
 
 def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None) -> list[str]:
     check(isinstance(gpus, int) and gpus >= 1, f"gpus={gpus!r} must be a positive integer")
-    modes = list(modes or TENSOR_MODES)
+    modes = list(modes or [m for m in TENSOR_MODES if MODES[m].searched])  # baselines (2D SUMMA) on request
     for m in modes:
         check(m in TENSOR_MODES, f"tensor mode {m!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
     if fixed is not None:
