@@ -382,6 +382,8 @@ def test_current_presets_load_size_and_plan(name: str, nodes: int, per_node: int
     assert h["inter_node_bandwidth"] == 400e9 / 8 * FABRIC_EFF["ndr-ib"]  # ConnectX-7 NDR, one per GPU
     assert h["nics_per_node"] == per_node
     assert load_topology(name, gpus=4 * per_node).num_nodes == 4
+    # launchers per host (the plan's launch): a GB200 NVL72 domain spans 18 hosts of 4 GPUs (Grace boards)
+    assert getattr(topo, "devices_per_host", per_node) == (4 if name == "gb200-nvl72" else per_node)
     # no run exercises these figures: `paracube topologies` says so for every one of them
     sources = preset_sources(name)
     assert set(sources) == {"gemm", "fp8 gemm", f"intra-node {nvlink[1]}", "inter-node ndr-ib"}

@@ -107,6 +107,8 @@ def build(name: str, nodes: int = 16, gpus_per_node: int | None = None, oversubs
     check(1 <= per <= s.gpus, f"{name}: gpus_per_node={per!r}; valid: 1..{s.gpus}")
     topo = build_switched(nodes=nodes, oversubscription=oversubscription, **switched_links(name, per, fit, nic))
     topo.calibration = published_calibration(topo.device, None if fit is None else fit.device())
+    if s.devices_per_host and per > s.devices_per_host:  # launch one process group per host (plan's launch)
+        topo.devices_per_host = s.devices_per_host  # type: ignore[attr-defined]
     return topo
 
 
