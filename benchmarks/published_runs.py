@@ -6,9 +6,10 @@ did not use it), Megatron's unfused attention pinned (`fa=0` in every row's layo
 attention), recomputation as run (full: both sources count 96 B s l h^2 FLOPs, i.e. with it);
 micro-batch and interleaving are the planner's choice. Assumption: the data-parallel gradient all-reduce
 overlaps the last micro-batch's backward (`overlap` in every row's layout; the sources do not say; torch DDP
-and Megatron's local DDP with overlap did so). The presets' shipped efficiencies (topologies/presets.py
-DEVICE_EFF, FABRIC_EFF; refit with `paracube calibrate --from-runs benchmarks/data/published_runs.csv
---cluster dgx-a100`) are printed with every row (fit and held-out rows apart), mean and max |error| per group.
+and Megatron's local DDP with overlap did so). The presets' shipped efficiencies (topologies/efficiency.py,
+per device generation and fabric; refit with `paracube calibrate --from-runs benchmarks/data/published_runs.csv
+--cluster dgx-a100`) are printed with every row (fit and held-out rows apart), mean and max |error| per group,
+then per device generation.
 Every row is planned for a runtime (`--runtime`, default megatron: the stack those runs used; its search adds
 what the row leaves open, e.g. tpo and overlap where the row has sp, paracube/runtimes); a row the runtime
 cannot plan is printed with its one-line reason. Today's stacks (benchmarks/data/published_runs_h100.csv:
@@ -28,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from paracube.calibration.from_runs import predict, read_runs  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
-from paracube.topologies.presets import DEVICE_EFF, FABRIC_EFF, PRESETS  # noqa: E402
+from paracube.topologies.efficiency import FABRICS, GENERATIONS  # noqa: E402
+from paracube.topologies.presets import PRESETS  # noqa: E402
 
 DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_h100.csv"
@@ -42,11 +44,13 @@ def main() -> None:
     args = ap.parse_args()
     runs = read_runs(args.runs, tuple(PRESETS))
     today = read_runs(args.today, tuple(PRESETS)) if args.today else []
-    print("shipped efficiencies (spec-sheet peaks unchanged):")
-    for device, eff in DEVICE_EFF.items():
-        print(f"  {device:16s} GEMM eff_max {eff['eff_max']:.2f}, m0 = n0 = k0 {eff['m0']:.0f}, "
-              f"memory-bound eff {eff['mem_eff']:.2f}")
-    print("  fabrics: " + ", ".join(f"{k} {v:.2f}" for k, v in FABRIC_EFF.items()))
+    print("shipped efficiencies per device generation and fabric (spec-sheet peaks unchanged):")
+    for gen, f in GENERATIONS.items():
+        eff = f.values
+        print(f"  {gen:10s} GEMM eff_max {eff['eff_max']:.2f}, m0 = n0 = k0 {eff['m0']:.0f}, "
+              f"memory-bound eff {eff['mem_eff']:.2f}  ({f.source if f.fitted else 'NOT FITTED: ' + f.source})")
+    print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (not fitted)'}"
+                                    for k, f in FABRICS.items()))
     print(f"runtime: {args.runtime}")
     rows, refused = [], []
     for r in [*runs, *today]:
@@ -73,6 +77,21 @@ def main() -> None:
         print(f"\nnot planned for runtime {args.runtime} ({len(refused)} rows):")
         for r, why in refused:
             print(f"  {r.name:12s} {why}")
+    # By device generation (the unit the efficiencies are fitted per: topologies/efficiency.py)
+    generation = {name: p.build(1, 1).device.generation for name, p in PRESETS.items() if not p.fixed_nodes}
+    print()
+    for gen in dict.fromkeys(generation[x[0].cluster] for x in rows):
+        for split in ("fit", "held_out"):
+            errs = [abs(x[3]) for x in rows if generation[x[0].cluster] == gen and x[0].split == split
+                    and x[0] in runs]
+            if errs:
+                print(f"{gen} {split}: mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
+                      f"({len(errs)} runs)")
+        errs = [abs(x[3]) for x in rows if generation[x[0].cluster] == gen and x[0] in today]
+        if errs:
+            print(f"{gen} today (held out): mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
+                  f"({len(errs)} runs)")
+
 
 if __name__ == "__main__":
     main()

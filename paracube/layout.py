@@ -47,6 +47,8 @@ TENSOR_AXES: dict[str, tuple[str, ...]] = {name: m.axes for name, m in MODES.ite
 SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
+# Mode variants named by a flag after their base mode's tp= (e.g. `tp=2d:8x8,summa`): TensorMode.variant_flag.
+VARIANTS: dict[str, TensorMode] = {m.variant_flag: m for m in MODES.values() if m.variant_flag}
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,11 @@ class Layout:
         parts = [f"dp={self.dp}"]
         if self.pp > 1:
             parts.append(f"pp={self.pp}")
-        parts.append("tp=none" if self.mode == "none" else f"tp={self.mode}:{'x'.join(map(str, self.shape))}")
+        m = MODES[self.mode]
+        shape = "x".join(map(str, self.shape))
+        parts.append("tp=none" if self.mode == "none" else f"tp={m.variant_of or self.mode}:{shape}")
+        if m.variant_flag:
+            parts.append(m.variant_flag)
         if self.micro_batch is not None:
             parts.append(f"mb={self.micro_batch}")
         if self.interleave > 1:
@@ -234,7 +240,7 @@ class Layout:
 
 
 LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3][,shard=N][,rc=none|selective|full]"
-                 "[,overlap][,tpo]"
+                 "[,overlap][,tpo]" + "".join(f"[,{f} (tp={m.variant_of})]" for f, m in VARIANTS.items()) +
                  "[,kw=0|1][,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
@@ -243,6 +249,7 @@ def parse_layout(text: str) -> Layout:
     check(isinstance(text, str) and text.strip() != "", f"empty layout; expected {LAYOUT_SYNTAX}")
     fields: dict[str, object] = {}
     seen: set[str] = set()
+    variant: TensorMode | None = None
     for raw in text.strip().split(","):
         part = raw.strip()
         key, _, value = part.partition("=")
@@ -289,6 +296,13 @@ def parse_layout(text: str) -> Layout:
             fields["shape"] = tuple(int(d) for d in dims)
         elif key == "place":
             fields["placement"] = tuple(a.strip() for a in value.split(".") if a.strip())
+        elif key in VARIANTS:
+            check(value.strip() in ("", "1"), f"layout {text!r}: {key}={value!r}; valid: {key}")
+            variant = VARIANTS[key]
         else:
             raise ParacubeError(f"layout {text!r}: unknown part {part!r}; expected {LAYOUT_SYNTAX}")
+    if variant is not None:
+        check(fields.get("mode") == variant.variant_of, f"layout {text!r}: {variant.variant_flag} is a variant of "
+              f"tp={variant.variant_of}, not of tp={fields.get('mode', 'none')}")
+        fields["mode"] = variant.name
     return Layout(**fields)  # type: ignore[arg-type]

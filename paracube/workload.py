@@ -17,10 +17,11 @@ from typing import Any, Literal
 from paracube.errors import ParacubeError, check
 
 Family = Literal["gpt", "llama"]
-DType = Literal["fp32", "fp16", "bf16"]
+DType = Literal["fp32", "fp16", "bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+# fp8 (Transformer Engine style): bf16 parameters and activations, FP8 GEMM inputs (cost_models/fp8.py)
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,13 @@ class ModelSpec:
             raise ParacubeError(f"{source}: {exc}") from None
 
 
+def check_dtype_on(dtype: str, device: str, peak_flops: dict[str, float]) -> None:
+    """Refuse a dtype the device has no peak for (fp8 without FP8 tensor cores: V100, A100, ...)."""
+    check(dtype in peak_flops, f"--dtype {dtype}: device {device} has no {dtype} peak (no FP8 tensor cores); "
+          f"valid there: {', '.join(k for k in DTYPE_BYTES if k in peak_flops)}; fp8 runs on H100, H200, B200 "
+          "(dgx-h100, dgx-h200, dgx-b200, gb200-nvl72; local-cpu emulates it)")
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """How the model is trained.
@@ -134,7 +142,9 @@ class TrainingSpec:
     `global_batch` sequences of `seq_len` tokens per optimizer step. `dtype` is the compute dtype: the
     parameters' (fp32, or bf16/fp16 with fp32 master weights in the optimizer), with fp32 gradients and fp32
     AdamW state: 16 bytes per parameter in fp32, 18 in bf16/fp16 (cost_models/memory.py, as the executor
-    keeps them).
+    keeps them). fp8 is bf16 with the block linears' GEMMs on FP8 inputs (e4m3 forward, e5m2 gradients,
+    per-tensor scales: cost_models/fp8.py): bf16 parameters, fp32 masters, 18 bytes plus the FP8 weight copies;
+    no dtype gives FP8 with fp16 master state. Priced on devices with an fp8 peak only.
     """
 
     global_batch: int = 8
@@ -336,5 +346,6 @@ def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
     return model if seq_len is None else replace(model, seq_len=seq_len)
 
 
-__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "HF_DEFAULTS", "PRESETS", "ModelSpec", "TrainingSpec", "from_hf_config",
+__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "HF_DEFAULTS", "PRESETS", "ModelSpec", "TrainingSpec", "check_dtype_on",
+           "from_hf_config",
            "resolve_model", "with_seq_len"]

@@ -354,3 +354,56 @@ def test_ranks_not_on_the_graph() -> None:
         topo.group_link([0], concurrent=[[2, 2]])
     with pytest.raises(ParacubeError, match=r"rank 1\.5"):
         topo.group_link([0, 1.5])  # type: ignore[list-item]
+
+
+# --- the hardware bought now (issue #23 item 1) ----------------------------------------------------------------
+@pytest.mark.parametrize(("name", "nodes", "per_node", "device", "peaks", "memory", "hbm", "nvlink"), [
+    # H200 datasheet: the H100's compute (dense fp8 1979, bf16 989 TF), 141 GB at 4.8 TB/s; NVLink 4 450 GB/s
+    ("dgx-h200", 16, 8, "H200-SXM-141GB", (1979e12, 989e12), 141, 4.8e12, (450e9, "nvlink4-nvswitch")),
+    # DGX B200: 72 PF fp8 sparse / 8 GPUs / 2 = 4.5 PF dense; bf16 2.25 PF; 180 GB, 8 TB/s; NVLink 5 900 GB/s
+    ("dgx-b200", 16, 8, "B200-SXM-180GB", (4.5e15, 2.25e15), 180, 8e12, (900e9, "nvlink5-nvswitch")),
+    # GB200 NVL72: 720 PF fp8 sparse / 72 / 2 = 5 PF dense; bf16 2.5 PF; 13.4 TB / 72 = 186 GB, 8 TB/s
+    ("gb200-nvl72", 2, 72, "B200-GB200-186GB", (5e15, 2.5e15), 186, 8e12, (900e9, "nvlink5-nvswitch")),
+])
+def test_current_presets_load_size_and_plan(name: str, nodes: int, per_node: int, device: str,
+                                            peaks: tuple[float, float], memory: int, hbm: float,
+                                            nvlink: tuple[float, str]) -> None:
+    from paracube.planner import search
+    from paracube.topologies.listing import preset_sources
+    from paracube.workload import ModelSpec, TrainingSpec
+
+    topo = load_topology(name)
+    assert (topo.num_nodes, topo.devices_per_node) == (nodes, per_node)
+    d = topo.device
+    assert d.name == device and (d.peak_flops["fp8"], d.peak_flops["bf16"]) == peaks
+    assert d.memory_bytes == memory * 2**30 and d.memory_bandwidth == hbm and d.has_fp8
+    h = topo.describe()
+    assert h["intra_node_bandwidth"] == nvlink[0] * FABRIC_EFF[nvlink[1]]
+    assert h["inter_node_bandwidth"] == 400e9 / 8 * FABRIC_EFF["ndr-ib"]  # ConnectX-7 NDR, one per GPU
+    assert h["nics_per_node"] == per_node
+    assert load_topology(name, gpus=4 * per_node).num_nodes == 4
+    # launchers per host (the plan's launch): a GB200 NVL72 domain spans 18 hosts of 4 GPUs (Grace boards)
+    assert getattr(topo, "devices_per_host", per_node) == (4 if name == "gb200-nvl72" else per_node)
+    # no run exercises these figures: `paracube topologies` says so for every one of them
+    sources = preset_sources(name)
+    assert set(sources) == {"gemm", "fp8 gemm", f"intra-node {nvlink[1]}", "inter-node ndr-ib"}
+    assert all(v.startswith("NOT FITTED: borrowed from") for v in sources.values())
+    # it plans, bf16 and fp8, on one node and across two
+    model = ModelSpec("m", layers=4, hidden=1152, heads=72, ffn_hidden=4608, vocab=1024, seq_len=256)
+    for gpus in (per_node, 2 * per_node):
+        for dtype in ("bf16", "fp8"):
+            res = search(model, TrainingSpec(global_batch=4 * per_node, dtype=dtype), load_topology(name, gpus=gpus),
+                         gpus, top_k=1)
+            layout, est = res.ranked[0]
+            assert layout.world_size == gpus and est.step_time_s > 0 and est.memory.total < d.memory_bytes
+
+
+def test_fitted_generations_keep_their_sources() -> None:
+    from paracube.topologies.listing import preset_sources
+
+    a100 = preset_sources("dgx-a100")
+    assert a100 == {k: "fitted on the dgx-a100 rows of benchmarks/data/published_runs.csv"
+                    for k in ("gemm", "intra-node nvlink3-nvswitch", "inter-node hdr-ib")}
+    assert preset_sources("dgx2-v100")["inter-node edr-ib"].startswith("NOT FITTED: borrowed from hdr-ib")
+    assert preset_sources("longhorn") == {"gemm": "model defaults (eff_max 0.85, m0 64, mem_eff 0.8): no fit for "
+                                          "this device"}

@@ -28,6 +28,7 @@ import numpy as np
 
 from paracube.errors import ParacubeError, check
 from paracube.layout import Layout, parse_layout
+from paracube.topologies.nvswitch import SYSTEMS, fabrics
 from paracube.topologies.presets import PRESETS, Fit
 from paracube.workload import ModelSpec, TrainingSpec, resolve_model
 
@@ -191,7 +192,7 @@ def fit_runs(runs: list[Run], cluster: str, rounds: int = 2) -> tuple[Fit, list[
 
 
 def shipped_fit(device: str, cluster: str) -> Fit:
-    """The efficiencies a preset ships (topologies/presets.py DEVICE_EFF, FABRIC_EFF) as a Fit."""
+    """The efficiencies a preset ships (topologies/efficiency.py DEVICE_EFF, FABRIC_EFF) as a Fit."""
     from paracube.topologies.presets import DEVICE_EFF, FABRIC_EFF
 
     eff = DEVICE_EFF.get(device, {"eff_max": 0.85, "m0": 64.0, "mem_eff": 0.8})
@@ -199,8 +200,9 @@ def shipped_fit(device: str, cluster: str) -> Fit:
     return Fit(eff["eff_max"], eff["m0"], eff["mem_eff"], FABRIC_EFF.get(intra, 1.0), FABRIC_EFF.get(inter, 1.0))
 
 
-CLUSTER_FABRICS = {"dgx-a100": ("nvlink3-nvswitch", "hdr-ib"), "dgx2-v100": ("nvlink2-nvswitch", "edr-ib"),
-                   "dgx-h100": ("nvlink4-nvswitch", "ndr-ib")}
+# Every NVSwitch preset's (intra-node, inter-node) fabrics (topologies/nvswitch.py): runs on any of them fit
+# their device generation's and fabrics' figures.
+CLUSTER_FABRICS = {name: fabrics(name) for name in SYSTEMS}
 FITTABLE = tuple(CLUSTER_FABRICS)
 
 

@@ -37,24 +37,31 @@ def models(args: argparse.Namespace) -> int:
 
 def topologies(args: argparse.Namespace) -> int:
     # From the presets' constants, no graph: equal to load_topology(name).describe(), without networkx.
-    from paracube.topologies.listing import describe_preset
+    from paracube.topologies.listing import describe_preset, preset_sources
     from paracube.topologies.presets import PRESETS as TOPOLOGY_PRESETS
 
     described = [describe_preset(name) for name in TOPOLOGY_PRESETS]
+    sources = {name: preset_sources(name) for name in TOPOLOGY_PRESETS}
     if args.json:
+        described = [{**d, "efficiency_sources": sources[d["name"]]} for d in described]
         print_json(described)
         return 0
     table = Table(title="cluster presets (default size; --gpus N to resize)")
-    for col in ("name", "device", "devices", "per node", "fp16/bf16 TFLOP/s", "fp32 TFLOP/s", "memory",
-                "intra-node", "inter-node"):
+    for col in ("name", "device", "devices", "per node", "fp16/bf16 TFLOP/s", "fp8 TFLOP/s", "fp32 TFLOP/s",
+                "memory", "intra-node", "inter-node"):
         table.add_column(col)
     for d in described:
         table.add_row(
             str(d.get("name")), str(d.get("device")), str(d.get("devices")), str(d.get("devices_per_node")),
-            f"{max(d['peak_flops'].get('bf16', 0), d['peak_flops'].get('fp16', 0)) / 1e12:.3g}",
+            f"{max(d['peak_flops'].get('bf16', 0), d['peak_flops'].get('fp16', 0)) / 1e12:.4g}",
+            f"{d['peak_flops']['fp8'] / 1e12:.4g}" if "fp8" in d["peak_flops"] else "-",
             f"{d['peak_flops'].get('fp32', 0) / 1e12:.3g}", human_bytes(float(d.get("memory_bytes", 0))),
             f"{float(d.get('intra_node_bandwidth', 0)) / 1e9:.0f} GB/s",
             f"{float(d.get('inter_node_bandwidth', 0)) / 1e9:.1f} GB/s",
         )
     console().print(table)
+    out = console()
+    out.print("efficiencies (topologies/efficiency.py; NOT FITTED: no published run exercises the figure):")
+    for name, by_figure in sources.items():
+        out.print(f"  {name}: " + "; ".join(f"{k} {v}" for k, v in by_figure.items()), soft_wrap=True)
     return 0

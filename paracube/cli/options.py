@@ -12,7 +12,15 @@ from rich.console import Console
 
 from paracube.errors import ParacubeError
 from paracube.executor.launch.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
-from paracube.workload import DEFAULT_MODEL, ModelSpec, TrainingSpec, resolve_model, with_seq_len
+from paracube.workload import (
+    DEFAULT_MODEL,
+    DTYPE_BYTES,
+    ModelSpec,
+    TrainingSpec,
+    check_dtype_on,
+    resolve_model,
+    with_seq_len,
+)
 
 if TYPE_CHECKING:  # numpy and the modes load in workload_from_args: `paracube models` needs neither
     from paracube.layout import Layout
@@ -35,8 +43,9 @@ def add_workload_options(p: argparse.ArgumentParser,
                    "for models of 100M+ parameters)")
     g.add_argument("--micro-batch", type=positive_int, default=None, help="sequences per micro-batch per replica")
     g.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
-    g.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"],
-                   help="compute dtype (default fp32 on local-cpu, else bf16)")
+    g.add_argument("--dtype", default=None, choices=list(DTYPE_BYTES),
+                   help="compute dtype (default fp32 on local-cpu, else bf16); fp8: Transformer Engine style, "
+                   "bf16 parameters and activations, FP8 GEMM inputs (devices with FP8 tensor cores)")
     g.add_argument("--recompute", default=None, choices=["none", "selective", "full"],
                    help="activation recomputation (default: plan searches none, selective, full; other "
                    "commands use none)")
@@ -70,7 +79,9 @@ class Workload:
     def topology(self):  # noqa: ANN201 - imported lazily: topologies may be heavy to build
         from paracube.topologies import load_topology
 
-        return load_topology(self.cluster, gpus=self.gpus)
+        topo = load_topology(self.cluster, gpus=self.gpus)
+        check_dtype_on(self.training.dtype, topo.device.name, topo.device.peak_flops)
+        return topo
 
 
 def workload_from_args(args: argparse.Namespace) -> Workload:

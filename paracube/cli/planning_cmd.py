@@ -98,7 +98,9 @@ def _summary(w: Workload) -> str:
 
 
 def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> Plan:
-    per_node = min(w.gpus, int(getattr(topo, "devices_per_node", w.gpus)))
+    # one launcher per host: a host may hold fewer GPUs than the topology's node (GB200 NVL72: 4 of a 72-GPU domain)
+    host = getattr(topo, "devices_per_host", None) or getattr(topo, "devices_per_node", w.gpus)
+    per_node = min(w.gpus, int(host))
     if w.gpus % per_node:
         per_node = w.gpus
     # A searched (or rc=-pinned) recomputation is the plan's training recomputation.

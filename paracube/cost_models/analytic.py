@@ -37,6 +37,7 @@ from paracube.cost_models.collective import calibrated_link, fastest_time, laten
 from paracube.cost_models.comm import Entry, StepTraffic, axes_used, stage_layers_params
 from paracube.cost_models.compute import (
     GemmModel,
+    fp8_step_time,
     gemm_model,
     model_flops_per_step,
     ops_per_step,
@@ -144,7 +145,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
     n_local = stage_layers_params(d, mode, b, F, H)
     shard = np.where(zero >= 1, zero_shards(mode, b), 1) if zero is not None else 1.0
-    optim = optimizer_time(n_local, d.c, g, shard)[rows]
+    optim = (optimizer_time(n_local, d.c, g, shard) + fp8_step_time(d, mode, b, F, H, g))[rows]
     m = MODES[mode]
     n_last = np.where(F > 0, m.local_params(d, b.t, b.q, 0, 1, 0), m.local_params(d, b.t, b.q, 1, 0, 0))
     first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)

@@ -123,6 +123,8 @@ class StepTraffic:
 
     def _mask(self, c: Collective) -> Arr | int:
         when = {"": 1, "sp": self.b.sp, "no_sp": 1 - self.b.sp}[c.when]
+        if c.calls is not None:  # several calls per issue (SUMMA's q steps): counted, their payloads summed
+            when = when * np.asarray(c.calls(self.sizes), dtype=np.int64)
         return when if c.applies is None else when * np.asarray(c.applies(self.sizes), dtype=np.int64)
 
     def group_size(self, axes: tuple[str, ...]) -> Arr:

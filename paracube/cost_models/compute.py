@@ -33,10 +33,11 @@ device's `op_overhead_s` (0 for accelerators; the local-cpu preset prices its ov
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from paracube.cost_models import fp8
 from paracube.cost_models.collective import ring_wait_steps
 from paracube.cost_models.dims import DTYPE_NAMES, Dims
 from paracube.modes import MODES, LayoutBatch
@@ -44,7 +45,7 @@ from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
 from paracube.topologies.calibration import as_calibration
 from paracube.topologies.protocol import Topology
-from paracube.workload import DTYPE_BYTES
+from paracube.workload import DTYPE_BYTES, check_dtype_on
 
 ITEM_BYTES = {**DTYPE_BYTES, **{DTYPE_NAMES[k]: v for k, v in DTYPE_BYTES.items()}}  # training and torch names
 
@@ -69,6 +70,9 @@ class GemmModel:
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
     call_overhead: float = 0.0  # seconds per collective call beyond its ring steps (DeviceSpec.call_overhead_s)
     ring_wait: float = 0.0  # seconds per step of a ring of >= 3 ranks waiting for them (DeviceSpec.ring_wait_s)
+    # FP8 (dtype "fp8", cost_models/fp8.py): the block linears' GEMMs at the fp8 peak on their own curve, their
+    # operands cast (memory-bound at this model's bandwidth); everything else at this (bf16) model. None: no FP8.
+    linear: GemmModel | None = None
 
     @property
     def waits(self) -> bool:
@@ -94,14 +98,42 @@ class GemmModel:
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
         return 2.0 * m * n * k / (self.peak * self.eff(m, n, k))
 
+    def gemms(self, m: Arr, n: Arr, k: Arr) -> tuple[Arr, Arr, Arr]:
+        """(Y = X A, dX = dY A^T, dA = X^T dY) seconds of a linear with local shapes X [m, k], A [k, n]."""
+        return self.gemm_time(m, n, k), self.gemm_time(m, k, n), self.gemm_time(k, n, m)
+
+    def block_linear_gemms(self, m: Arr, n: Arr, k: Arr) -> tuple[Arr, Arr, Arr]:
+        """`gemms` of a block's linear: with FP8 at the FP8 model, plus the casts of X (forward) and dY
+        (backward, with dX) as fp8.py prices them."""
+        if self.linear is None:
+            return self.gemms(m, n, k)
+        f, dx, da = self.linear.gemms(m, n, k)
+        bw = self.mem_bw * self.mem_eff
+        m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+        return f + fp8.CAST_BYTES * m * k / bw, dx + fp8.CAST_BYTES * m * n / bw, da
+
     def linear_time(self, m: Arr, n: Arr, k: Arr) -> tuple[Arr, Arr]:
-        """(forward, backward) time of one linear with local shapes X [m, k], A [k, n]."""
-        return self.gemm_time(m, n, k), self.gemm_time(m, k, n) + self.gemm_time(k, n, m)
+        """(forward, backward) time of one block linear with local shapes X [m, k], A [k, n]."""
+        f, dx, da = self.block_linear_gemms(m, n, k)
+        return f, dx + da
 
 
 def gemm_model(topo: Topology, dtype: str) -> GemmModel:
-    """The device's roofline for `dtype` with the topology's calibration (if any) applied."""
+    """The device's roofline for `dtype` with the topology's calibration (if any) applied. fp8: the bf16
+    model with the FP8 model of the block linears' GEMMs as its `linear` (fp8 peak, the calibration's
+    fp8_eff_max / fp8_m0 where fitted, else the 16-bit curve); refused on a device without an fp8 peak."""
     device = topo.device
+    if dtype == "fp8":
+        check_dtype_on(dtype, device.name, device.peak_flops)
+        base = gemm_model(topo, "bf16")
+        fp8_peak = replace(base, peak=float(device.peak_flops["fp8"]))
+        gemm = getattr(as_calibration(topo.calibration), "gemm", None)
+        eff_max, m0 = getattr(gemm, "fp8_eff_max", None), getattr(gemm, "fp8_m0", None)
+        if eff_max is not None:
+            fp8_peak = replace(fp8_peak, eff_max=eff_max)
+        if m0 is not None:
+            fp8_peak = replace(fp8_peak, m0=m0, n0=m0, k0=m0)
+        return replace(base, linear=fp8_peak)
     cal = as_calibration(topo.calibration)
     if cal is None:  # the device's own per-op overhead (local-cpu: oversubscribed CPU ranks), else 0
         half = float(getattr(device, "gemm_half_dim", 0.0)) or GemmModel.m0
@@ -144,7 +176,7 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     fwd_blk = np.zeros_like(T)
     bwd_blk = np.zeros_like(T)
     for n, (_, h_in, h_out, _) in enumerate(d.linears):
-        fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b))
+        fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b))  # FP8 where g.linear
         fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
     attn_f, attn_b = attention_core_time(d, mb, t, g)
     h_loc = T * d.h / m.act_split(t, b.sp)
@@ -157,7 +189,8 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
         per_block = per_block + attn_f
     # Head (vocab-parallel linear h -> V) and cross-entropy on the last stage.
     V = padded(d.V, m.vocab_split(t, b.q))
-    hf, hb = g.linear_time(*local_shape(mode, T, d.h, V, True, b))
+    hf, hdx, hda = g.gemms(*local_shape(mode, T, d.h, V, True, b))  # the head stays bf16 under FP8
+    hb = hdx + hda
     ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
     per_micro = Ls * per_block + last * (hf + hb + ce)
     return N * per_micro
@@ -195,6 +228,14 @@ def optimizer_time(n_local: Arr, c: int, g: GemmModel, shard: Arr | float = 1.0)
     """Seconds of one fused Adam step over `n_local` parameters (module docstring), 1/shard of them updated."""
     per_param = 28.0 + (c if c < 4 else 0)
     return np.asarray(n_local, dtype=float) * per_param / (g.mem_bw * g.mem_eff) / shard
+
+
+def fp8_step_time(d: Dims, mode: str, b: LayoutBatch, first: Arr | int, last: Arr, g: GemmModel) -> Arr:
+    """Seconds per step casting the stage's block weights to FP8 (fp8.step_time; 0 without FP8), priced with
+    the optimizer step by both engines."""
+    if g.linear is None:
+        return np.zeros(len(b.dp))
+    return fp8.step_time(d, mode, b, first, last, g.mem_bw * g.mem_eff)
 
 
 # Ops (torch dispatches: kernels, views, collectives) one rank launches per training step of the executor:

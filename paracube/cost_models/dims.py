@@ -20,7 +20,8 @@ from paracube.modes import MODES
 from paracube.modes.base import padded
 from paracube.workload import ModelSpec, TrainingSpec
 
-DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# fp8: bf16 parameters, activations and collectives (FP8 GEMM inputs only: cost_models/fp8.py)
+DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Dims:
     dropout: float = 0.0  # ModelSpec.dropout (after the attention projection and the MLP)
     attention_dropout: float = 0.0  # on the attention probabilities
     embedding_dropout: float = 0.0  # on the embedding output (first stage)
+    fp8: bool = False  # TrainingSpec.dtype "fp8": the block linears' GEMMs on FP8 inputs (cost_models/fp8.py)
 
     def head_count(self, first: Any, last: Any) -> Any:
         """1 where a stage holds its own head [h, V] (last, and not tied to its own embedding), else 0."""
@@ -116,6 +118,7 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         dropout=model.dropout,
         attention_dropout=model.attention_dropout,
         embedding_dropout=model.embedding_dropout,
+        fp8=training.dtype == "fp8",
     )
 
 

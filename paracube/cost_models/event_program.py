@@ -27,7 +27,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from paracube.cost_models.compute import GemmModel, local_shape, ops_per_step, optimizer_time, stage_compute_time
+from paracube.cost_models.compute import (
+    GemmModel,
+    fp8_step_time,
+    local_shape,
+    ops_per_step,
+    optimizer_time,
+    stage_compute_time,
+)
 from paracube.cost_models.dims import Dims, local_params, padded_vocab
 from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
@@ -37,7 +44,8 @@ from paracube.modes.stages import schedule, stage_chunks
 
 PER_STEP = ("grad_sync", "optimizer", "metrics")
 BEFORE_FWD = ("X", "A", "bias", "in", "stats", "param")  # the rest (Y, g, out) come after the GEMM
-BEFORE_BWD = ("dY", "out", "stats", "dkv")  # dkv: the attention's key / value gradients (a split sequence)
+# dkv: the attention's key / value gradients (a split sequence); bcastA / bcastX: SUMMA's backward broadcasts
+BEFORE_BWD = ("dY", "out", "stats", "dkv", "bcastA", "bcastX")
 AFTER_DX = ("dX", "f", "in")  # then dA GEMM, then dA / dbias / param
 
 
@@ -78,7 +86,7 @@ def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tu
     gemm_total, fwd_total = 0.0, 0.0
     for n, (name, h_in, h_out, _) in enumerate(d.linears):
         m, nn, k = local_shape(mode, T, h_in, h_out, n in (0, 2), a)
-        f, dx, da = (float(g.gemm_time(*s)[0]) for s in ((m, nn, k), (m, k, nn), (k, nn, m)))
+        f, dx, da = (float(x[0]) for x in g.block_linear_gemms(m, nn, k))  # FP8 (and its casts) where g.linear
         out[name] = (f, dx, da)
         gemm_total += f + dx + da
         fwd_total += f
@@ -94,7 +102,7 @@ def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tu
         out["ln1"] = out["ln2"] = half
     V = padded_vocab(d.V, layout.tensor_mode.vocab_split(layout.tensor_size, layout.q))
     m, nn, k = local_shape(mode, T, d.h, V, True, a)
-    hf, hdx, hda = (float(g.gemm_time(*s)[0]) for s in ((m, nn, k), (m, k, nn), (k, nn, m)))
+    hf, hdx, hda = (float(x[0]) for x in g.gemms(m, nn, k))
     ce = (with_head - block) - (hf + hdx + hda)
     out["head"] = (hf + ce / 3, hdx + 2 * ce / 3, hda)
     out["_recompute"] = (fwd_total + rest_f, 0.0, 0.0) if full else (0.0, 0.0, 0.0)
@@ -309,7 +317,8 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
     shard = zero_group(layout) if layout.zero else 1
-    tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, shard))))
+    casts = fp8_step_time(d, layout.mode, layout_arrays(layout, mb), np.array([int(first)]), np.array([int(last)]), g)
+    tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, shard)) + float(casts[0])))
     _add_op_overhead(layout, d, mb, g, first, last, prog)
     prog.send_bytes = d.c * mb * d.s * d.h // act_split(layout)
     prog.compute_fwd = sum(op.seconds for ch in prog.fwd for op in ch if op.kind == "compute")

@@ -36,6 +36,8 @@ Kept weights (Layout kw=1; 2d, 2.5d, 3d): every `kept` forward gather of the sta
 biases, the position table) stays gathered for the whole step, with an fp32 accumulator of its gradient in
 gathered form (executor/layers/kept.py): payload (1 + 4/e) bytes each (e bytes per element of its dtype), counted
 in temporaries.
+FP8 (`--dtype fp8`, fp8.py): the 16-bit layout above (bf16 parameters, fp32 masters) plus the block linears' FP8
+weight copies (weight and transpose, 1 byte each per local weight element) and their scales, in temporaries.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from paracube.cost_models import activations
+from paracube.cost_models import activations, fp8
 from paracube.cost_models.comm import stage_layers_params
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
@@ -133,6 +135,8 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
                        else activations.block_bytes(full, mode, b))
     if np.any(kw):
         temp = temp + np.asarray(kw) * kept_bytes(d, mode, b, F, H)
+    if d.fp8:  # the FP8 weight copies and scales (fp8.py), held for the whole step
+        temp = temp + fp8.copy_bytes(d, mode, b, F, H)
     optimizer = 12 * np.ceil(n_local / zero_shards(mode, b)) if zero == 1 else optimizer_bytes(d.c) * n_local
     return {
         "parameters": d.c * n_local,

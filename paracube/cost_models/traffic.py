@@ -63,7 +63,8 @@ class _Log:
             if c.applies is not None and not c.applies(self.sizes):
                 continue
             dtype = self.d.dtype if c.dtype == COMPUTE else c.dtype
-            self.add(c.kind, c.axes, c.payload(self.sizes), dtype, phase or c.phase, prefix + c.label)
+            for _ in range(1 if c.calls is None else int(c.calls(self.sizes))):  # SUMMA: q steps
+                self.add(c.kind, c.axes, c.payload(self.sizes), dtype, phase or c.phase, prefix + c.label)
 
 
 def _kept_elsewhere(phase: str, k: int, n: int) -> bool:

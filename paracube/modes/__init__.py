@@ -16,6 +16,7 @@ MODES: dict[str, TensorMode] = {
     none.MODE.name: none.MODE,
     one_d.MODE.name: one_d.MODE,
     two_d.MODE.name: two_d.MODE,
+    two_d.SUMMA.name: two_d.SUMMA,  # 2D's SUMMA baseline: `tp=2d:QxQ,summa`, priced, not run
     two_half_d.MODE.name: two_half_d.MODE,
     three_d.MODE.name: three_d.MODE,
 }

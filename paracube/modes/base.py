@@ -69,6 +69,8 @@ class Collective:
     # tpo (Layout.tpo: collective matmul): the GEMM this collective is decomposed against, "LINEAR.GEMM" with
     # LINEAR a name of Dims.linears and GEMM f (Y = X A), dx (dX = dY A^T) or da (dA = X^T dY); "": not overlapped.
     tpo: str = ""
+    # Calls per issue, each of `payload` bytes (None: one), e.g. SUMMA's q broadcast steps per GEMM operand.
+    calls: Callable[[Sizes], IntOrArr] | None = None
 
 
 TPO_GEMMS = ("f", "dx", "da")
@@ -76,9 +78,10 @@ TPO_GEMMS = ("f", "dx", "da")
 
 def coll(kind: str, axes: tuple[str, ...] | str, dtype: str, payload: Payload, label: str,
          phase: str = "fwd", when: str = "", kept: bool = False,
-         applies: Callable[[Sizes], IntOrArr] | None = None, tpo: str = "") -> Collective:
+         applies: Callable[[Sizes], IntOrArr] | None = None, tpo: str = "",
+         calls: Callable[[Sizes], IntOrArr] | None = None) -> Collective:
     return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when,
-                      kept, applies, tpo)
+                      kept, applies, tpo=tpo, calls=calls)
 
 
 def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:
@@ -182,6 +185,11 @@ class TensorMode:
     ties_embeddings: bool = False  # the head can be the embedding's transpose in this mode's layout (executor)
     keeps_weights: bool = False  # declares `kept` weight collectives (Layout kw=1 applies)
     paper: str = ""  # the paper whose closed form `paper_layer_bytes` states
+    # A variant of another mode's layout (`tp=<variant_of>:SHAPE,<variant_flag>`, e.g. 2D's SUMMA baseline):
+    # the layout parser and printer read these two; the cost models see the variant as a mode of its own.
+    variant_of: str = ""
+    variant_flag: str = ""
+    searched: bool = True  # the planner searches it unless asked for modes (False: a baseline, priced on request)
 
     def __repr__(self) -> str:
         return f"<tensor mode {self.name}>"

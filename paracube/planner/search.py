@@ -376,7 +376,8 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
 
 def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None, runtime: Runtime | None = None) -> list[str]:
     check(isinstance(gpus, int) and gpus >= 1, f"gpus={gpus!r} must be a positive integer")
-    modes = list(modes or (runtime.modes if runtime is not None else TENSOR_MODES))
+    # baselines (2D SUMMA) only on request
+    modes = list(modes or [m for m in (runtime.modes if runtime is not None else TENSOR_MODES) if MODES[m].searched])
     for m in modes:
         check(m in TENSOR_MODES, f"tensor mode {m!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
     if fixed is not None:

@@ -31,6 +31,8 @@ papers' tables. Where the model's constant differs, and why:
   (all-reduce [T/q, 2] fp32 per norm, fwd and bwd) and norm / bias slices gathered in fp32. The 2.5D
   depth gradient all-reduce is one per-step fp32 buffer (`grad_sync`): its per-layer share is counted
   in proportion to the layer's parameters, at 4 bytes instead of e.
+- 2D SUMMA variant (`tp=2d:QxQ,summa`, the closed form above as the model issues it: q broadcast steps per
+  GEMM operand, broadcast + reduce backward): ratio 1 plus the same norm / bias traffic as 2D.
 - 3D: LayerNorm statistics ([T/q^2, 2] fp32 over the hidden axis) and norm / bias slices all-gathered in
   fp32 over a plane of q^2 ranks: a few per cent at realistic sizes (ratio -> 1 as T h grows).
 Not in any per-layer count: the embedding, head and loss (see planner/verdict.py for their share of a step).

@@ -90,7 +90,10 @@ class GemmFit:
     mem_eff: float | None = None
     peak_flops: float | None = None
     rms_rel_err: float | None = None
-    POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops")
+    # The FP8 GEMMs' curve (at the device's fp8 peak; m0 = n0 = k0); absent: the 16-bit curve's figures.
+    fp8_eff_max: float | None = None
+    fp8_m0: float | None = None
+    POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0")
 
 
 @dataclass(frozen=True)

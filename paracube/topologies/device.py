@@ -15,7 +15,9 @@ REQUIRED_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 @dataclass(frozen=True)
 class DeviceSpec:
     name: str
-    peak_flops: dict[str, float]  # keys "fp32", "fp16", "bf16" (more allowed, e.g. "tf32"): dense peak FLOP/s
+    # keys "fp32", "fp16", "bf16" (more allowed: "tf32", "fp8" where the device has FP8 tensor cores): dense
+    # peak FLOP/s
+    peak_flops: dict[str, float]
     memory_bytes: float
     memory_bandwidth: float  # bytes/s
     # Host seconds per dispatched op (Python dispatch, autograd, launch) priced without a calibration: 0 for
@@ -30,6 +32,9 @@ class DeviceSpec:
     # The GEMM efficiency curve's half-efficiency dimension (compute.GemmModel m0 = n0 = k0) priced without a
     # calibration; 0: the model's default (64, accelerators). A CPU core reaches near its peak at small shapes.
     gemm_half_dim: float = 0.0
+    # The device generation ("volta", "ampere", "hopper", "blackwell", ...): keys the fitted efficiencies
+    # (topologies/efficiency.py); "" for devices outside the presets' table (a YAML device, local CPUs).
+    generation: str = ""
 
     def __post_init__(self) -> None:
         missing = [k for k in REQUIRED_DTYPES if k not in self.peak_flops]
@@ -45,11 +50,18 @@ class DeviceSpec:
             value = getattr(self, attr)
             check(value == 0 or _positive(value), f"device {self.name!r}: {attr}={value!r} must be a number >= 0")
 
+    @property
+    def has_fp8(self) -> bool:
+        """FP8 tensor cores (a "fp8" peak): `--dtype fp8` is priced on this device."""
+        return "fp8" in self.peak_flops
+
     def to_dict(self) -> dict[str, Any]:
         out = {**asdict(self), "peak_flops": dict(self.peak_flops)}
         for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim"):
             if not out[attr]:  # files of devices without them stay as they were
                 del out[attr]
+        if not out["generation"]:
+            del out["generation"]
         return out
 
 

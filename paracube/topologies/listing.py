@@ -68,6 +68,20 @@ def _describe(name: str, device: DeviceSpec, nodes: int, dpn: int, intra: list[L
     return out
 
 
+def preset_sources(name: str) -> dict[str, str]:
+    """Where each efficiency figure a preset prices with came from (efficiency.sources): `paracube topologies`
+    prints them, NOT FITTED where no run exercises the figure."""
+    from paracube.topologies import efficiency, nvswitch
+
+    check(name in p.PRESETS, f"unknown topology {name!r}; valid presets: {', '.join(p.PRESETS)}")
+    if name in nvswitch.SYSTEMS:
+        return efficiency.sources(nvswitch.SYSTEMS[name].device, *nvswitch.fabrics(name))
+    device = {"longhorn": p.V100_SXM2_16GB, "frontera-rtx": p.RTX5000_16GB}.get(name)
+    if device is None:  # local-cpu: probed on this machine, `paracube calibrate` measures the rest
+        return {"all": "probed on this machine (cpu_probe.py); `paracube calibrate` measures the rest"}
+    return efficiency.sources(device)
+
+
 def describe_preset(name: str, nodes: int | None = None) -> dict[str, Any]:
     """A preset's headline figures at its default size (or `nodes` nodes of its default node size)."""
     check(name in p.PRESETS, f"unknown topology {name!r}; valid presets: {', '.join(p.PRESETS)}")

@@ -47,6 +47,7 @@ class DeviceModel(_Model):
     call_overhead_s: float = Field(default=0.0, ge=0)
     ring_wait_s: float = Field(default=0.0, ge=0)
     gemm_half_dim: float = Field(default=0.0, ge=0)
+    generation: str = ""
 
     @field_validator("peak_flops")
     @classmethod

@@ -103,7 +103,8 @@ def local_cpu_device(processes: int, cores: int | None = None, figures: CpuFigur
         figures = cpu_figures(host_cores())
     peak, op_s, wait_s, ring_s = core_figures(figures)
     r = ranks_per_core(processes, cores)
-    flops = {"fp32": peak, "fp16": peak / 4, "bf16": peak / 4}
+    # fp8: emulated (bf16 GEMMs on bf16 inputs rounded through FP8), priced at the bf16 rate
+    flops = {"fp32": peak, "fp16": peak / 4, "bf16": peak / 4, "fp8": peak / 4}
     return DeviceSpec("cpu-process", {k: v / r for k, v in flops.items()}, _host_memory_bytes() / processes,
                       10e9 / r, op_overhead_s=op_s * r, call_overhead_s=wait_s * (r - 1),
                       ring_wait_s=ring_s * r if r > 1 else 0.0, gemm_half_dim=CPU_GEMM_HALF_DIM)

@@ -69,6 +69,7 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
               resume: bool = False, check_devices: bool = True, seed: int = 0) -> int:
     """Everything that can be checked before a rank starts; returns processes per node.
     Raises ParacubeError (one line: the bad value and what is valid)."""
+    from paracube.executor.sizes import check_dtype
     from paracube.executor.training.step import check_divisibility
 
     nproc = node.nproc_per_node or plan.launch.nproc_per_node
@@ -85,6 +86,7 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
         have = torch.cuda.device_count()
         check(have >= nproc, f"backend nccl needs {nproc} GPUs on this node; it has {have} (use backend gloo)")
     seq = plan.seq_len
+    check_dtype(plan.training.dtype)
     check_divisibility(with_seq_len(plan.model, seq), plan.layout, plan.micro_batch, plan.training.global_batch, seq)
     parse_source(data, plan.model.vocab, seq)
     if checkpoint_dir is not None:

@@ -29,7 +29,7 @@ from paracube.executor.layers.functional import COMPUTE_DTYPES
 from paracube.executor.mesh import Mesh
 from paracube.executor.model.gpt import build_model
 from paracube.executor.recorder import CommRecorder
-from paracube.executor.sizes import check_divisibility
+from paracube.executor.sizes import check_divisibility, check_dtype
 from paracube.executor.training.config import LRSchedule, TrainConfig, TrainingDiverged, TrainResult
 from paracube.executor.training.data import DataSource, parse_source, replica_micro_batches
 from paracube.executor.training.hooks import NO_HOOKS, StepFn, TrainHooks
@@ -111,6 +111,7 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
     check(config.on_nonfinite in ("stop", "skip"), f"on_nonfinite={config.on_nonfinite!r}; valid: stop, skip")
     check(config.bucket_bytes > 0, f"bucket_bytes={config.bucket_bytes} must be > 0")
     spec = with_seq_len(plan.model, plan.seq_len)
+    check_dtype(plan.training.dtype)
     check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
     if checkpoint_dir is not None and not resume and ckpt.has_checkpoint(Path(checkpoint_dir)):
         raise ParacubeError(f"checkpoint directory {str(checkpoint_dir)!r} already holds checkpoints; pass "

@@ -1,0 +1,67 @@
+"""FP8 training as Transformer Engine runs it (`--dtype fp8`): what it adds to a bf16 step.
+
+Recipe (TE's "hybrid" format, per-tensor current scaling, as torchtitan's float8 tensorwise and TE's
+Float8CurrentScaling): parameters, activations, the residual stream, norms, softmax and every collective stay
+bf16 (Dims.c = 2), with fp32 gradients and fp32 AdamW masters and moments (memory.py's 16-bit layout): fp8
+with fp16 master state cannot be asked for. The four linears of every block run their three GEMMs on FP8
+inputs, e4m3 for X and W (forward), e5m2 for dY (backward), at the device's fp8 peak on a GEMM curve of their
+own (compute.gemm_model: calibration gemm.fp8_eff_max / fp8_m0, else the 16-bit curve). Attention's core (flash,
+bf16) and the head (Megatron-core's output layer is not an FP8 module) stay bf16.
+
+Casts, memory-bound at HBM bandwidth x mem_eff, per element of an operand (local GEMM shapes X [m, k], W [k, n],
+dY [m, n], compute.local_shape): CAST_BYTES = 6 = the amax pass reads bf16 (2: the per-tensor amax, a max over
+the tensor's elements), the fused cast-transpose reads it again (2) and writes FP8 in both layouts (1 + 1:
+Hopper's FP8 GEMMs take K-major operands only, so wgrad / dgrad need the transposed copies; TE
+`cast_transpose`). Per micro-batch: X in the forward (again in a full recompute), dY in the backward. Per step:
+the weights, cast once (TE keeps the FP8 weight across micro-batches, `is_first_microbatch`; Megatron-core's
+--fp8-param-gather casts them right after the optimizer step), priced with the optimizer step by both engines
+(`step_time`). The amaxes of tensors split over ranks are all-reduced over the tensor group: 4 bytes per
+tensor, latency-bound, not priced.
+Memory (`copy_bytes`, held for the whole step, counted in temporaries): each block linear's FP8 weight and its
+transpose (WEIGHT_COPY_BYTES = 2 per local weight element) and, per FP8 tensor (X, W, dY of every linear),
+its scale, inverse scale and amax in fp32 (SCALE_BYTES = 12).
+FP8 parameter all-gather (FSDP2's float8 all-gather, Megatron's --fp8-param-gather) is the runtime's choice:
+not priced here (the all-gathers stay bf16).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paracube.modes import MODES, LayoutBatch
+from paracube.modes.stages import stage_layers
+
+CAST_BYTES = 6.0
+WEIGHT_COPY_BYTES = 2.0
+SCALE_BYTES = 12.0
+TENSORS_PER_LINEAR = 3  # X, W, dY
+
+Arr = np.ndarray
+
+
+def weight_elements(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr) -> Arr:
+    """Elements of the block linears' weights as one rank's GEMMs see them (k x n), summed over its stage."""
+    m = MODES[mode]
+    T = (b.mb * d.s).astype(float)  # type: ignore[attr-defined]
+    per_block = np.zeros_like(T)
+    for n, (_, h_in, h_out, _) in enumerate(d.linears):  # type: ignore[attr-defined]
+        _, cols, rows = m.gemm_shape(T, h_in, h_out, n in (0, 2), b.t, b.q, b.depth)
+        per_block = per_block + np.asarray(rows, dtype=float) * cols
+    Ls = stage_layers(d.L, b.pp, b.v, np.where(b.pp == 1, 1, first), last)  # type: ignore[attr-defined]
+    return Ls * per_block
+
+
+def step_time(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr, bandwidth: float) -> Arr:
+    """Seconds per step casting the stage's weights to FP8 (0 without FP8); `bandwidth` = mem_bw x mem_eff."""
+    if not getattr(d, "fp8", False):
+        return np.zeros(len(b.dp))
+    return weight_elements(d, mode, b, first, last) * CAST_BYTES / bandwidth
+
+
+def copy_bytes(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr) -> Arr:
+    """Bytes of the FP8 weight copies and the scales a stage holds (0 without FP8)."""
+    if not getattr(d, "fp8", False):
+        return np.zeros(len(b.dp))
+    Ls = stage_layers(d.L, b.pp, b.v, np.where(b.pp == 1, 1, first), last)  # type: ignore[attr-defined]
+    scales = Ls * len(d.linears) * TENSORS_PER_LINEAR * SCALE_BYTES  # type: ignore[attr-defined]
+    return WEIGHT_COPY_BYTES * weight_elements(d, mode, b, first, last) + scales
