@@ -38,7 +38,7 @@ def test_declarations() -> None:
     meg, tt, ds = RUNTIMES["megatron"], RUNTIMES["torchtitan"], RUNTIMES["deepspeed"]
     assert meg.modes == tt.modes == ds.modes == tuple(n for n, m in MODES.items() if not m.axes or m.megatron_style)
     assert meg.modes == ("none", "1d")  # Megatron-style 1D tensor parallelism only
-    assert meg.interleave and tt.interleave and not ds.interleave
+    assert meg.interleave and tt.interleave and not ds.interleave and ds.sequence_parallel
     assert meg.tpo and meg.tpo_needs_sp and tt.tpo and tt.tpo_needs_sp and not ds.tpo
     assert 3 in tt.zeros and 1 not in tt.zeros and 3 not in ds.zeros_with_pp and tt.hybrid_shard
     assert all(rt.grad_overlap and rt.grad_overlap_default for rt in RUNTIMES.values())

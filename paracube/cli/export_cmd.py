@@ -29,11 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_runtime(plan: Plan, target: str, source: str) -> None:
-    """A plan is exported for the runtime of `target` (torchrun / slurm: paracube's): whatever runtime it was made
-    for, its layout is re-checked against that one and refused in one line naming what it cannot run."""
+    """A plan made for a stack's runtime (megatron, torchtitan, deepspeed: one with an export target) is re-checked
+    against the runtime of `target` (torchrun / slurm: paracube's) and refused in one line naming what it cannot
+    run. A plan made for paracube's own runtime (every plan before runtimes) keeps the exporter's own checks
+    and notes (paracube/export: e.g. DeepSpeed runs an interleaved schedule as v=1, said in a note)."""
     from paracube.runtimes import DEFAULT_RUNTIME, for_target, get_runtime
 
     made_for = get_runtime(plan.runtime)
+    if made_for.export_target is None:
+        return
     runtime = for_target(target) or get_runtime(DEFAULT_RUNTIME)
     why = runtime.refusal(plan.layout, plan.model.family, plan.model.tied_embeddings, plan.training.dtype)
     if why:

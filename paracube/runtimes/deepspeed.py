@@ -1,6 +1,6 @@
 """DeepSpeed 0.19 with Megatron-DeepSpeed for tensor and pipeline parallelism (docs/exports.md).
 
-1D tensor parallelism (Megatron-DeepSpeed's; its sequence parallelism is Ulysses, not Megatron's sp), pipelines
+1D tensor parallelism with Megatron's sequence parallelism (Megatron-DeepSpeed's --sequence-parallel), pipelines
 without interleaving (DeepSpeed's PipelineEngine), ZeRO 1 / 2 / 3 (ZeRO-2 and -3 not with pipelines), ZeRO++'s
 hpZ as hybrid sharding (zero_hpz_partition_size), overlap_comm (gradient reduction during backward; on by default
 for ZeRO-3, and for stage 1 / 2 where set: the ds_config paracube exports sets it), stage-3 parameter prefetch,
@@ -18,7 +18,7 @@ RUNTIME = Runtime(
     modes=MEGATRON_STYLE,
     pipeline=True,
     interleave=False,
-    sequence_parallel=False,
+    sequence_parallel=True,
     zeros=(0, 1, 2, 3),
     zeros_with_pp=(0, 1),
     hybrid_shard=True,
