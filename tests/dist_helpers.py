@@ -1,19 +1,23 @@
 """Multi-process test harness: run `fn(rank, world_size, *args)` on `world_size` gloo ranks.
 
 The same launcher as `paracube calibrate` and `validate` (paracube.executor.launch.local_ranks.run_on_ranks:
-forkserver with torch preloaded, 127.0.0.1 and a free port, ranks bound to cores as the executor binds
+forkserver with torch preloaded, the rendezvous store hosted by this process on 127.0.0.1, bound on port 0 by
+the store itself (launch/rendezvous.py: no free-port race with other jobs), ranks bound to cores as the executor binds
 them, a timeout that fails the test instead of hanging it); failures become AssertionErrors carrying the
 failing rank's whole traceback. `fn` must be importable (module level) and return something picklable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import torch
 
-from paracube.executor.launch.local_ranks import RanksFailed, free_port, run_on_ranks
+from paracube.executor.launch.local_ranks import RanksFailed, run_on_ranks
+from paracube.executor.launch.rendezvous import agent_env, launcher_store
 
 
 def _without_device(rank: int, world_size: int, device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
@@ -26,6 +30,19 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
         return run_on_ranks(_without_device, world_size, (fn, *args), "gloo", timeout, "distributed run")
     except RanksFailed as exc:
         raise AssertionError(f"{exc}\n{exc.details}") from None
+
+
+@contextmanager
+def in_process_rendezvous(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """For a rank run in this process (train(plan, 0, 1, ...)): a store hosted here on port 0 and the environment
+    with which env:// joins it as a client (no free port chosen and bound later); yields its port."""
+    store = launcher_store()
+    for key, value in agent_env("127.0.0.1", store.port).items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield store.port
+    finally:
+        del store
 
 
 # --- comparison helpers shared by the equivalence tests --------------------------------------------------
@@ -66,7 +83,7 @@ def steps_against_serial(model: Any, opt: Any, ref: Any, ref_opt: Any, micro: li
     return errors, events
 
 
-__all__ = ["free_port", "layout_from", "rel_err", "run_distributed", "steps_against_serial"]
+__all__ = ["in_process_rendezvous", "layout_from", "rel_err", "run_distributed", "steps_against_serial"]
 
 
 def saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:

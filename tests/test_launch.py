@@ -202,3 +202,38 @@ def test_ctrl_c_stops_every_rank_with_one_line(tmp_path: Path) -> None:
     step, done, saved = (int(g) for g in found.groups())
     assert step == done + 1 and done in (rows - 1, rows) and saved in (done, done + 1) and saved >= 2
     assert left == []
+
+
+def _store_seen_by_rank(rank: int, world: int) -> tuple[str, str, str]:
+    import torch.distributed as dist
+
+    from paracube.executor.launch.rendezvous import LAUNCHER_KEY
+
+    port = int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore("127.0.0.1", port, None, False)  # the store the env:// rendezvous joined
+    return os.environ["MASTER_PORT"], os.environ["TORCHELASTIC_USE_AGENT_STORE"], client.get(LAUNCHER_KEY).decode()
+
+
+def test_ranks_join_the_store_the_launcher_bound_on_port_0() -> None:
+    """run_on_ranks (the tests' and calibration's launcher) hosts the rendezvous store itself, bound on port 0,
+    and the ranks are its clients: every rank sees one port, the agent-store flag, and the launcher's pid in it
+    (rank 0 binding its own store on that port would have failed with EADDRINUSE). No port is chosen free."""
+    from dist_helpers import run_distributed
+
+    seen = run_distributed(_store_seen_by_rank, 2)
+    assert len({port for port, _, _ in seen}) == 1, seen
+    assert all(flag == "True" and pid == str(os.getpid()) for _, flag, pid in seen), seen
+
+
+def test_launcher_store_listens_on_loopback_only_and_names_a_taken_port() -> None:
+    import socket
+
+    from paracube.errors import ParacubeError
+    from paracube.executor.launch.rendezvous import launcher_store
+
+    store = launcher_store()
+    assert store.port > 0
+    with socket.create_connection(("127.0.0.1", store.port), timeout=5):
+        pass  # listening on loopback
+    with pytest.raises(ParacubeError, match=rf"cannot listen on 127.0.0.1:{store.port} .*choose another --master-port"):
+        launcher_store(port=store.port)
