@@ -9,7 +9,9 @@ middle and last (head, loss); memory is that of the most loaded stage. Tensor-pa
 communication is not overlapped (see comm.py). The data-parallel gradient reduction is exposed whole unless
 the layout overlaps it (`overlap`, Layout.overlap): its buckets are reduced, one after the other on the
 data-parallel communicator's own stream, while the last micro-batch's backward runs (torch DDP, Megatron's
-overlap_grad_reduce; the event engine simulates exactly this). A bucket starts once the backward has
+overlap_grad_reduce; the event engine simulates exactly this); with pp > 1 per stage and model chunk, during
+that stage's (chunk's) own last backward, and the step pays the stage whose queue drains last
+(grad_overlap.py; below: one stage, v = 1, the pipeline's last). A bucket starts once the backward has
 produced it: the first after one block's backward (fraction x1 = 1 / blocks of the stage), the last (the
 embedding on the first stage, else the last block's, a fraction xl of the stage's parameters) when the
 backward ends. With G the gradient time and B the wall time of one micro-batch's backward,
@@ -42,6 +44,7 @@ from paracube.cost_models.compute import (
     stage_compute_time,
 )
 from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
+from paracube.cost_models.grad_overlap import exposed_grad_time
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
 from paracube.cost_models.traffic import stage_events
@@ -166,12 +169,14 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     W = work[slow, idx]
     bubble = (b.pp - 1)[rows] / (b.v[rows] * N) * W
     step_comm = pick("step")
-    if overlap:  # exposed gradient reduction: what one micro-batch's backward does not hide (docstring)
+    if overlap:  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0
-        grad = pick("grad")
-        backward = share * (pick("compute") + pick("micro")) / N
-        exposed = np.maximum(grad - backward * (1.0 - pick("grad_first")), grad * pick("grad_last"))
-        step_comm = step_comm - grad + np.maximum(0.0, exposed)
+        pp, v = b.pp[rows], b.v[rows]
+        index = {"first": np.zeros_like(pp), "middle": np.where(pp > 2, 1, 0), "last": pp - 1}
+        exposed = np.max([exposed_grad_time(s.grad, share * (s.compute + s.micro) / N, s.grad_first, s.grad_last,
+                                            index[name], pp, v, (_flags(name, b.pp)[0] > 0)[rows])
+                          for name, s in zip(STAGES, stages, strict=True)], axis=0)
+        step_comm = step_comm - pick("grad") + exposed
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth)
         mems = [with_zero(m, zero_shards(mode, b), zero) for m in mems]
