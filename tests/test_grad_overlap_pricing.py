@@ -48,3 +48,18 @@ def test_one_stage_reduces_to_the_ddp_form_and_later_stages_hide_more() -> None:
     assert np.all(later <= got) and later[0] == pytest.approx(max(0.0, G[0] - b[0] * (1 - x1[0]) - b[0]))
     inter = exposed_grad_time(G, b, x1, xl, 0 * one, 4 * one, 2 * one, one > 0)
     assert np.all(inter <= got + 1e-12)
+
+
+def test_planner_prices_and_emits_overlap_with_pipelines() -> None:
+    """A pinned pp=2 structure with `overlap` comes back overlapped (the executor runs it: ExecutorSupport
+    grad_overlap_pp) and is priced below the same structure without overlap."""
+    from paracube.modes import MODES
+    from paracube.planner.search import search
+
+    assert all(m.executor.grad_overlap_pp for m in MODES.values() if m.executor is not None and m.executor.pipeline)
+    model, training = PRESETS["gpt3-1.3b"], TrainingSpec(global_batch=64, dtype="bf16")
+    topo = load_topology("dgx-a100", 32)
+    on = search(model, training, topo, 32, fixed=parse_layout("dp=4,pp=2,tp=1d:4,mb=2,overlap"), top_k=1).ranked[0]
+    off = search(model, training, topo, 32, fixed=parse_layout("dp=4,pp=2,tp=1d:4,mb=2"), top_k=1).ranked[0]
+    assert on[0].overlap and on[0].pp == 2 and not off[0].overlap
+    assert on[1].step_time_s < off[1].step_time_s
