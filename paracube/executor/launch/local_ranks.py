@@ -6,13 +6,14 @@ forkserver that has imported torch once (a launch takes ~0.3 s instead of second
 that this process hosts on 127.0.0.1 (rendezvous.py: bound on port 0 by the store itself, so no other job can
 take the port between choosing and binding it; the ranks are its clients, as under torchrun's agent), use
 gloo on CPU (bound to cores as `paracube run` binds them, affinity.py) or NCCL on CUDA, and report back
-through a queue. A rank that fails, dies or outlives `timeout_s` raises RanksFailed (a ParacubeError naming
-the rank; `details` holds its whole traceback); the others are then stopped.
+through a queue (results pickled by value). A rank that fails, dies or outlives `timeout_s` raises RanksFailed
+(a ParacubeError naming the rank; `details` holds its whole traceback); the others are then stopped.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -56,7 +57,9 @@ def _worker(rank: int, nproc: int, port: int, backend: str, fn: Callable[..., An
             device = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device)
         dist.init_process_group(backend, rank=rank, world_size=nproc)
-        results.put((rank, True, fn(rank, nproc, device, *args)))
+        # Pickled by value here: torch's queue pickler would send tensors as file descriptors that the parent
+        # fetches from this process later, which fails (EOFError) once the rank has exited, as under load.
+        results.put((rank, True, pickle.dumps(fn(rank, nproc, device, *args))))
     except BaseException:  # report to the parent instead of hanging it
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -80,7 +83,7 @@ def _collect(procs: list[Any], results: Any, nproc: int, timeout_s: float) -> tu
                 error = f"timed out after {timeout_s:.0f} s"
             continue
         if ok:
-            outs[rank] = out
+            outs[rank] = pickle.loads(out)
         else:
             error, details = f"rank {rank} failed: {out.strip().splitlines()[-1]}", out
     return outs, error, details
