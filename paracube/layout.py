@@ -71,6 +71,9 @@ class Layout:
     # `overlap`: the data-parallel gradient reduction runs during the last micro-batch's backward (DDP
     # buckets, Megatron's overlap_grad_reduce); the analytic model then exposes only what backward does not hide.
     overlap: bool = False
+    # `overlap=0` / `tpo=0`: pins that forbid the overlap the runtime would otherwise choose (as sp=0 does for sp).
+    forbid_overlap: bool = False
+    forbid_tpo: bool = False
     keep_weights: int | None = None  # `kw=0|1` (module docstring); None: not pinned
     # `fa=0|1` pins the attention kernel (1 flash, 0 unfused); None: not pinned (the executor runs flash,
     # the planner searches both).
@@ -101,6 +104,8 @@ class Layout:
         check(not self.tpo or bool(MODES[self.mode].axes), "tpo overlaps tensor-parallel collectives: it needs "
               f"tp={'/'.join(n for n, m in MODES.items() if m.axes)}, not {self.mode}")
         check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
+        check(not (self.forbid_overlap and self.overlap), "overlap and overlap=0 together: give one")
+        check(not (self.forbid_tpo and self.tpo), "tpo and tpo=0 together: give one")
         check(self.recompute is None or self.recompute in RECOMPUTES,
               f"rc={self.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
         check(self.keep_weights in (None, 0, 1), f"kw={self.keep_weights!r} is not valid; valid: 0, 1")
@@ -225,8 +230,12 @@ class Layout:
             parts.append(f"rc={self.recompute}")
         if self.overlap:
             parts.append("overlap")
+        if self.forbid_overlap:
+            parts.append("overlap=0")
         if self.tpo:
             parts.append("tpo")
+        if self.forbid_tpo:
+            parts.append("tpo=0")
         if self.keep_weights is not None:
             parts.append(f"kw={self.keep_weights}")
         if self.flash is not None:
@@ -261,10 +270,10 @@ def parse_layout(text: str) -> Layout:
             fields["forbid_sp" if value.strip() == "0" else "sequence_parallel"] = True
         elif key == "overlap":
             check(value.strip() in ("", "0", "1"), f"layout {text!r}: overlap={value!r}; valid: overlap, overlap=0|1")
-            fields["overlap"] = value.strip() != "0"
+            fields["forbid_overlap" if value.strip() == "0" else "overlap"] = True
         elif key == "tpo":
             check(value.strip() in ("", "0", "1"), f"layout {text!r}: tpo={value!r}; valid: tpo, tpo=0|1")
-            fields["tpo"] = value.strip() != "0"
+            fields["forbid_tpo" if value.strip() == "0" else "tpo"] = True
         elif key == "kw":
             check(value.strip() in ("0", "1"), f"layout {text!r}: kw={value!r} is not valid; valid: kw=0, kw=1")
             fields["keep_weights"] = int(value)

@@ -1,19 +1,23 @@
 """Multi-process test harness: run `fn(rank, world_size, *args)` on `world_size` gloo ranks.
 
 The same launcher as `paracube calibrate` and `validate` (paracube.executor.launch.local_ranks.run_on_ranks:
-forkserver with torch preloaded, 127.0.0.1 and a free port, ranks bound to cores as the executor binds
+forkserver with torch preloaded, the rendezvous store hosted by this process on 127.0.0.1, bound on port 0 by
+the store itself (launch/rendezvous.py: no free-port race with other jobs), ranks bound to cores as the executor binds
 them, a timeout that fails the test instead of hanging it); failures become AssertionErrors carrying the
 failing rank's whole traceback. `fn` must be importable (module level) and return something picklable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import torch
 
-from paracube.executor.launch.local_ranks import RanksFailed, free_port, run_on_ranks
+from paracube.executor.launch.local_ranks import RanksFailed, run_on_ranks
+from paracube.executor.launch.rendezvous import agent_env, launcher_store
 
 
 def _without_device(rank: int, world_size: int, device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
@@ -28,7 +32,38 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
         raise AssertionError(f"{exc}\n{exc.details}") from None
 
 
+@contextmanager
+def in_process_rendezvous(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """For a rank run in this process (train(plan, 0, 1, ...)): a store hosted here on port 0 and the environment
+    with which env:// joins it as a client (no free port chosen and bound later); yields its port."""
+    store = launcher_store()
+    for key, value in agent_env("127.0.0.1", store.port).items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield store.port
+    finally:
+        del store
+
+
 # --- comparison helpers shared by the equivalence tests --------------------------------------------------
+TOL_FP64 = 1e-5
+"""Relative error bound of an equivalence test whose serial and sharded copies both run in fp64
+(build_model(..., dtype=torch.float64)): loss, gradients and parameters after AdamW steps.
+
+Why fp64: in fp32 the two copies sum in different orders, so they differ by rounding (~1e-7 relative), and
+AdamW divides by sqrt(v) + eps: where a gradient is zero in exact arithmetic (the key bias of attention:
+softmax is invariant to adding q.b_k to every score of a row) its computed value is pure rounding noise δ,
+and the update lr * δ / (|δ| + eps) differs between the copies by up to lr per step. With δ ~ 1e-9 (fp32
+noise of O(1e-2) gradients) and eps = 1e-6 that is ~1e-3 lr per element, which exceeded 1e-5 of a bias's
+norm on some CPUs (different BLAS kernels, different noise). In fp64 the noise is ~1e-17 absolute, so the
+amplified difference is ~1e-11 lr and the bound no longer depends on the CPU. What stays fp32 by design
+bounds the rest: the gradient buckets and the optimizer's master weights and moments (grad_sync.py,
+optim.py; the same code on both sides) and the fp32 collectives the cost model prices (functional.fp32),
+which round different summation orders to ~1e-7 relative; 1e-5 leaves two orders of magnitude above that,
+while a wrong shard, a missing or doubled reduction, or a wrong optimizer shard gives errors of order 1.
+Tests about a 16-bit or fp32 dtype itself (precision, loss scaling) state their own bounds."""
+
+
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Norm-wise relative error ||a - e|| / ||e|| (absolute when e is all zeros)."""
     actual, expected = actual.detach().double(), expected.detach().double()
@@ -66,7 +101,7 @@ def steps_against_serial(model: Any, opt: Any, ref: Any, ref_opt: Any, micro: li
     return errors, events
 
 
-__all__ = ["free_port", "layout_from", "rel_err", "run_distributed", "steps_against_serial"]
+__all__ = ["TOL_FP64", "in_process_rendezvous", "layout_from", "rel_err", "run_distributed", "steps_against_serial"]
 
 
 def saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -179,10 +179,12 @@ def test_ctrl_c_stops_every_rank_with_one_line(tmp_path: Path) -> None:
     with open(tmp_path / "err", "w") as err, open(tmp_path / "out", "w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)  # its own session
     try:
-        deadline = time.monotonic() + 240
+        # Generous: ~40 s on 2 idle cores, but 8 ranks importing torch took over 240 s with other suites running
+        deadline = time.monotonic() + 600
         while proc.poll() is None and time.monotonic() < deadline and not (ck / "step_2").exists():
             time.sleep(0.1)
         assert proc.poll() is None, (tmp_path / "err").read_text()[-2000:]
+        assert (ck / "step_2").exists(), "no checkpoint step_2 after 600 s"
         assert len(_session_members(proc.pid)) == 9  # the launcher and its 8 ranks
         proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches the launcher
         code = proc.wait(timeout=60)
@@ -202,3 +204,38 @@ def test_ctrl_c_stops_every_rank_with_one_line(tmp_path: Path) -> None:
     step, done, saved = (int(g) for g in found.groups())
     assert step == done + 1 and done in (rows - 1, rows) and saved in (done, done + 1) and saved >= 2
     assert left == []
+
+
+def _store_seen_by_rank(rank: int, world: int) -> tuple[str, str, str]:
+    import torch.distributed as dist
+
+    from paracube.executor.launch.rendezvous import LAUNCHER_KEY
+
+    port = int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore("127.0.0.1", port, None, False)  # the store the env:// rendezvous joined
+    return os.environ["MASTER_PORT"], os.environ["TORCHELASTIC_USE_AGENT_STORE"], client.get(LAUNCHER_KEY).decode()
+
+
+def test_ranks_join_the_store_the_launcher_bound_on_port_0() -> None:
+    """run_on_ranks (the tests' and calibration's launcher) hosts the rendezvous store itself, bound on port 0,
+    and the ranks are its clients: every rank sees one port, the agent-store flag, and the launcher's pid in it
+    (rank 0 binding its own store on that port would have failed with EADDRINUSE). No port is chosen free."""
+    from dist_helpers import run_distributed
+
+    seen = run_distributed(_store_seen_by_rank, 2)
+    assert len({port for port, _, _ in seen}) == 1, seen
+    assert all(flag == "True" and pid == str(os.getpid()) for _, flag, pid in seen), seen
+
+
+def test_launcher_store_listens_on_loopback_only_and_names_a_taken_port() -> None:
+    import socket
+
+    from paracube.errors import ParacubeError
+    from paracube.executor.launch.rendezvous import launcher_store
+
+    store = launcher_store()
+    assert store.port > 0
+    with socket.create_connection(("127.0.0.1", store.port), timeout=5):
+        pass  # listening on loopback
+    with pytest.raises(ParacubeError, match=rf"cannot listen on 127.0.0.1:{store.port} .*choose another --master-port"):
+        launcher_store(port=store.port)

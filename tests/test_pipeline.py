@@ -1,8 +1,11 @@
 """Pipeline parallelism (executor/pipeline/schedule.py) against the serial model and the cost model.
 
 Per layout, on gloo ranks: loss, every gradient (one step's accumulation over the replica's micro-batches)
-and parameters after 3 AdamW steps through train_step equal the serial model's (relative 1e-5, fp32); the
-collectives of one step equal `traffic.stage_events` of the rank's stage (zero difference, sends included);
+and parameters after 3 AdamW steps through train_step equal the serial model's (relative 1e-5; both copies in
+fp64, bound: dist_helpers.TOL_FP64); the collectives of one fp32 step equal `traffic.stage_events` of the
+rank's stage (zero difference, sends included); with dp > 1 that step overlaps each stage's gradient buckets
+with its last backward (a bucket is issued before the stage's last send where it has one) and its parameters
+are bit-identical to the same step with overlap off;
 activation memory of the micro-batches in flight (bytes autograd saves per chunk-forward, measured with
 saved_tensors_hooks, summed over the chunk-forwards alive at each point of the rank's schedule, peak) is
 within 2% of `memory.stage_memory`. Cases sharing a world size run in one launch (16 ranks: 3D 2x2x2 and
@@ -23,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import rel_err, run_distributed
+from dist_helpers import TOL_FP64, rel_err, run_distributed
 
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.memory import stage_memory
@@ -39,11 +42,14 @@ from paracube.modes.stages import chunk_layers, schedule, split_ok, stage_chunks
 from paracube.workload import ModelSpec, TrainingSpec
 
 SPEC = ModelSpec("pp", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
-B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 4, 3, 0.3, 1e-5
+B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 4, 3, 0.3, TOL_FP64
+F64 = torch.float64  # the equivalence runs (dist_helpers: why fp64); the traffic and overlap step is fp32
+SMALL_BUCKETS = 16 * 1024  # the fp32 step: several buckets per block, so overlap has something to order
 CASES = {  # world size -> [(layout, layers[, tied embeddings])]
     2: [("pp=2", 2), ("pp=2,v=2", 4), ("pp=2", 3), ("pp=2,v=2,rc=full", 4), ("pp=2", 4, True)],
     # the distributed optimizer: each stage shards its own parameters over dp (1F1B and interleaved)
-    4: [("dp=2,pp=2,zero=1", 2), ("dp=2,pp=2,v=2,zero=1", 4), ("pp=4", 4, True)],  # tied: a middle stage
+    4: [("dp=2,pp=2,zero=1", 2), ("dp=2,pp=2,v=2,zero=1", 4), ("pp=4", 4, True),  # tied: a middle stage
+        ("dp=2,pp=2", 2)],  # overlap (every dp > 1 case): zero=0 and zero=1, 1F1B and interleaved
     8: [("dp=2,pp=2,tp=1d:2", 2), ("pp=2,tp=2d:2x2", 2), ("dp=2,pp=2,tp=1d:2,sp,zero=1", 2),
         ("pp=2,tp=2d:2x2,rc=selective", 2), ("dp=2,pp=2,tp=1d:2", 4, True)],
     # one launch, ~45 s on 2 cores; dp=2 with zero=1 in 3D 2x2x2 (test_grad_sync.py runs 3D's 1x1x1 on 2 ranks)
@@ -110,6 +116,32 @@ def _token_losses(ref: Any, ids: torch.Tensor, labels: torch.Tensor) -> torch.Te
     return ref.token_losses(x, labels)
 
 
+def _fp32_step(spec: ModelSpec, mesh: Mesh, rc: str, micro: list, tokens: int, overlap: bool) -> tuple[list, list]:
+    """One fp32 train_step (the dtype stage_events prices): the parameters after it and the recorded events."""
+    model = build_model(spec, mesh, seed=7, recompute=rc)
+    opt = build_optimizer(model, mesh, mesh.layout.zero, SMALL_BUCKETS, lr=1e-3, weight_decay=0.1, eps=1e-6)
+    mesh.recorder.reset()
+    train_step(model, opt, mesh, micro, tokens, MAX_NORM, overlap=overlap, bucket_bytes=SMALL_BUCKETS)
+    return [p.detach().clone() for p in model.parameters()], list(mesh.recorder.events)
+
+
+def _overlap_step(spec: ModelSpec, mesh: Mesh, rc: str, micro: list, tokens: int) -> dict[str, Any]:
+    """The traffic of one step with the buckets overlapped, whether a bucket was issued before this stage's last
+    pipeline send (only then did its reduction run during the backward), and whether its parameters equal the
+    same step's with overlap off bit for bit (dp > 1; with dp = 1 the buckets issue no collective)."""
+    params, events = _fp32_step(spec, mesh, rc, micro, tokens, True)
+    out: dict[str, Any] = {"events": [e.key() for e in events]}
+    kinds = [e.kind if e.label != "grads" else "grads" for e in events]
+    if mesh.layout.dp > 1:
+        off, off_events = _fp32_step(spec, mesh, rc, micro, tokens, False)
+        out["bit_identical"] = all(torch.equal(a, b) for a, b in zip(params, off, strict=True))
+        out["same_traffic"] = sorted(e.key() for e in off_events) == sorted(out["events"])
+        sends = [i for i, k in enumerate(kinds) if k == "send"]
+        grads = [i for i, k in enumerate(kinds) if k == "grads"]
+        out["overlapped"] = None if not sends or not grads else grads[0] < sends[-1]
+    return out
+
+
 def _check(rank: int, world: int, layout_text: str, layers: int, tied: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
     spec = replace(SPEC, layers=layers, tied_embeddings=tied)
@@ -124,7 +156,7 @@ def _check(rank: int, world: int, layout_text: str, layers: int, tied: bool = Fa
     out: dict[str, Any] = {"errors": errs}
 
     # Gradients of one step's accumulation (no dp sync): every local shard equals the serial gradient's block.
-    model, ref = build_model(spec, mesh, seed=7, recompute=rc), serial_reference(spec, seed=7)
+    model, ref = build_model(spec, mesh, 7, rc, F64), serial_reference(spec, 7, dtype=F64)
     loss_sum, _ = run_pipeline(model, mesh, micro, tokens)
     ref_losses = [_token_losses(ref, ids, labels) for ids, labels in micro]
     (sum(x.sum() for x in ref_losses) / tokens).backward()
@@ -141,17 +173,16 @@ def _check(rank: int, world: int, layout_text: str, layers: int, tied: bool = Fa
         errs[f"grad:{name}"] = rel_err(grad, model.block_of(name, ref_params[name].grad))
     out["n_params"] = len(ref_params) - len(dict(model.named_parameters()))
 
-    # Three AdamW steps through train_step against serial steps over the global batch; traffic of step 1.
-    model, ref = build_model(spec, mesh, seed=7, recompute=rc), serial_reference(spec, seed=7)
+    # Three AdamW steps through train_step against serial steps over the global batch (both fp64: the
+    # optimizers step fp32 masters of them, MasterAdamW / DistributedAdamW, so one optimizer code on both sides).
+    model, ref = build_model(spec, mesh, 7, rc, F64), serial_reference(spec, 7, dtype=F64)
     opt = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, lr=1e-3, weight_decay=0.1, eps=1e-6)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
+    ref_opt = build_optimizer(ref, ref.mesh, 0, BUCKET_BYTES, lr=1e-3, weight_decay=0.1, eps=1e-6)
     everything = [mb for rep in batches for mb in rep]
     for step in range(STEPS):
-        mesh.recorder.reset()
         res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
         ref_res = train_step(ref, ref_opt, ref.mesh, everything, tokens, MAX_NORM)
         if step == 0:
-            out["events"] = [e.key() for e in mesh.recorder.events]
             out["clipped"] = ref_res.grad_norm > MAX_NORM
         errs[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
         errs[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
@@ -159,9 +190,10 @@ def _check(rank: int, world: int, layout_text: str, layers: int, tied: bool = Fa
     for name, p in model.named_parameters():
         errs[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
 
+    out.update(_overlap_step(spec, mesh, rc, micro, tokens))
     stage = out["stage"] = _stage_name(mesh)
     d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc))
-    out["predicted"] = [e.key() for e in stage_events(layout.with_(micro_batch=B), d, B, stage)]
+    out["predicted"] = [e.key() for e in stage_events(layout.with_(micro_batch=B), d, B, stage, SMALL_BUCKETS)]
     out["activations"] = _in_flight_activations(build_model(spec, mesh, seed=7, recompute=rc), mesh, micro, tokens)
     mem = stage_memory(d, layout.mode, layout_arrays(layout, B), stage == "first", stage == "last")
     out["activations_predicted"] = float(mem["activations"][0])
@@ -194,6 +226,22 @@ def test_loss_gradients_and_parameters_match_serial(results) -> None:
             assert len(copies) == len(ranks) // parse_layout(text.split()[0]).pp, text
             assert all({"grad:tok_emb.weight", "param:tok_emb.weight"} <= set(r["errors"]) for r in copies)
         assert ranks[0]["clipped"]
+
+
+def test_gradient_buckets_overlap_each_stage_last_backward_bit_identically(results) -> None:
+    """dp > 1 with pp > 1: every stage's buckets are issued during its last backward (before its last send,
+    on every stage that sends after its last backward: all but the first stage of 1F1B; every stage when
+    interleaved), with the same collectives and bit-identical parameters as with overlap off."""
+    seen = 0
+    for text, _, ranks in results:
+        for rank, r in enumerate(ranks):
+            if "bit_identical" not in r:
+                continue
+            seen += 1
+            assert r["bit_identical"] and r["same_traffic"], (text, rank)
+            if r["stage"] != "first" or "v=2" in text:  # 1F1B's first stage sends nothing after its last backward
+                assert r["overlapped"] is True, (text, rank, r["stage"])
+    assert seen or all("dp=2,pp=" not in text for text, _, _ in results)
 
 
 def test_traffic_equals_prediction(results) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import free_port, run_distributed
+from dist_helpers import in_process_rendezvous, run_distributed
 
 from paracube.cli.main import main
 from paracube.errors import ParacubeError
@@ -362,9 +362,9 @@ def _resume_in_process(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The workers' own check (torchrun started without our launcher): one rank loads it into a 1-rank model."""
     from paracube.executor.training.loop import TrainConfig, train
 
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    train(default_plan("dp=1,mb=4"), 0, 1, 4, checkpoint_dir=root, resume=True, config=TrainConfig(data="synthetic"))
+    with in_process_rendezvous(monkeypatch):
+        train(default_plan("dp=1,mb=4"), 0, 1, 4, checkpoint_dir=root, resume=True,
+              config=TrainConfig(data="synthetic"))
 
 
 @pytest.mark.slow

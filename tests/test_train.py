@@ -166,13 +166,12 @@ def _poisoned_step(bad_step: int) -> TrainHooks:
 
 @pytest.fixture
 def one_rank(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from dist_helpers import free_port
+    from dist_helpers import in_process_rendezvous
 
     from paracube.plan import default_plan
 
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    return default_plan("dp=1,mb=4")
+    with in_process_rendezvous(monkeypatch):
+        yield default_plan("dp=1,mb=4")
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(one_rank, tmp_path: Path) -> None:

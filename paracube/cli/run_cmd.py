@@ -51,7 +51,8 @@ def add_run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     g.add_argument("--nproc-per-node", type=int_at_least(1), default=None,
                    help="ranks on this node (default: the plan's)")
     g.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-    g.add_argument("--master-port", type=_port, default=None, help="port on node 0 (default: a free port)")
+    g.add_argument("--master-port", type=_port, default=None,
+                   help="port of the rendezvous store node 0's launcher hosts (default: one it binds on port 0)")
     p.set_defaults(handler=run_command)
     return p
 

@@ -11,8 +11,10 @@ declares overlappable exposes one ring step plus what its GEMM does not hide (co
 data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
 its buckets are reduced, one after the other on the data-parallel communicator's own stream, while the last
 micro-batch's backward runs (torch DDP, Megatron's overlap_grad_reduce; the event engine simulates exactly
-this). A bucket starts once the backward has produced it: the first after one block's backward (fraction x1 =
-1 / blocks of the stage), the last (the embedding on the first stage, else the last block's, a fraction xl of
+this); with pp > 1 per stage and model chunk, during that stage's (chunk's) own last backward, and the step
+pays the stage whose queue drains last (grad_overlap.py; below: one stage, v = 1, the pipeline's last). A
+bucket starts once the backward has produced it: the first after one block's backward (fraction x1 = 1 /
+blocks of the stage), the last (the embedding on the first stage, else the last block's, a fraction xl of
 the stage's parameters) when the backward ends. With G the gradient time and B the wall time of one micro-
 batch's backward,
     exposed gradient time = max(0, G - B (1 - x1), xl G)
@@ -45,6 +47,7 @@ from paracube.cost_models.compute import (
     stage_compute_time,
 )
 from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
+from paracube.cost_models.grad_overlap import exposed_grad_time
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
 from paracube.cost_models.tpo import gemm_seconds, hidden
@@ -177,16 +180,21 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     W = work[slow, idx]
     bubble = (b.pp - 1)[rows] / (b.v[rows] * N) * W
     step_comm = pick("step")
-    if np.any(overlap):  # exposed gradient reduction: what one micro-batch's backward does not hide (docstring)
+    if np.any(overlap):  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0
+        # Per-configuration zero (the search) prices zero=1's buckets as the all_reduce they replace; only its
+        # reduce_scatter half overlaps backward (the all_gather follows the optimizer step).
+        half = (np.asarray(zero)[rows] >= 1 if zero is not None and not isinstance(zero, (int, np.integer))
+                else np.zeros(len(rows), dtype=bool))
+        pp, v = b.pp[rows], b.v[rows]
+        index = {"first": np.zeros_like(pp), "middle": np.where(pp > 2, 1, 0), "last": pp - 1}
+        exposed = np.max([exposed_grad_time(np.where(half, st.grad / 2, st.grad), share * (st.compute + st.micro) / N,
+                                            st.grad_first, st.grad_last, index[name], pp, v,
+                                            (_flags(name, b.pp)[0] > 0)[rows])
+                          for name, st in zip(STAGES, stages, strict=True)], axis=0)
         grad = pick("grad")
-        if zero is not None and not isinstance(zero, (int, np.integer)):
-            # Per-configuration zero (the search) prices zero=1's buckets as the all_reduce they replace; only
-            # its reduce_scatter half overlaps backward (the all_gather follows the optimizer step).
-            grad = np.where(np.asarray(zero)[rows] >= 1, grad / 2, grad)
-        backward = share * (pick("compute") + pick("micro")) / N
-        exposed = np.maximum(grad - backward * (1.0 - pick("grad_first")), grad * pick("grad_last"))
-        step_comm = step_comm - np.where(overlap, grad - np.maximum(0.0, exposed), 0.0)
+        hidden = np.where(half, grad / 2, grad) - exposed
+        step_comm = step_comm - np.where(overlap, hidden, 0.0)
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth)
         mems = [with_zero(m, zero_shards(mode, b), zero) for m in mems]

@@ -158,6 +158,9 @@ class ExecutorSupport:
     pipeline: bool = False
     sequence_parallel: bool = False
     zero: bool = False  # the distributed optimizer (zero=1; zero=3 is not run)
+    # with pipelines, gradient buckets overlap each stage's (chunk's) last backward (executor grad_sync.py,
+    # tests/test_pipeline.py): the `overlap` dimension is searched at pp > 1 too (runtimes read this)
+    grad_overlap_pp: bool = True
     families: tuple[str, ...] = ("gpt", "llama")  # model families it builds and is tested on
 
 

@@ -3,10 +3,15 @@
 Buckets follow the shared rule (paracube/modes/buckets.py): local parameters in reverse registration order,
 fp32, at most `bucket_bytes` each, a parameter never split. A post-accumulate-grad hook on every parameter
 adds its gradient (in the parameter's compute dtype) into its bucket's fp32 buffer (so micro-batch
-accumulation happens in fp32 there, Megatron's main_grad, and `p.grad` is released) and, on the last
-micro-batch with `overlap`, issues the bucket's collective asynchronously as soon as every parameter of the
-bucket has its gradient -- buckets are issued strictly in bucket order, as DDP does, so every rank issues the
-same collectives in the same order. `finish()` issues what is left (every bucket without overlap) and waits
+accumulation happens in fp32 there, Megatron's main_grad, and `p.grad` is released) and, with `overlap`,
+issues the bucket's collective asynchronously as soon as every parameter of the bucket has its step's last
+gradient -- buckets are issued strictly in bucket order, as DDP does, so every rank issues the same
+collectives in the same order. A parameter's gradient is final in the backward after `last_micro_batch()`
+(pp = 1), or, with `start(overlap, micro_batches=n)` (pipelines), at its n-th accumulation of the step: the
+last backward of its model chunk (every chunk runs each micro-batch's backward once; Megatron-core enables
+grad sync for each chunk's last micro-batch likewise), so under 1F1B a stage's buckets are reduced during
+its own last backward and, interleaved, the later chunk's buckets (the first in bucket order) while the
+earlier chunks still run theirs. `finish()` issues what is left (every bucket without overlap) and waits
 for all of them before the optimizer runs.
 - zero=0: one all_reduce (sum) of the bucket over the mode's grad_axes (dp; 2.5D: dp and depth).
 - zero=1: one reduce_scatter over the same grad_axes (dp; 2.5D: dp and depth, whose ranks hold replicas of
@@ -78,13 +83,18 @@ class GradSync:
                 p.register_post_accumulate_grad_hook(self._on_grad)
         self.overlap = True
         self.final = False  # the current backward is the step's last: its gradients may be reduced
+        self.micro_batches = 0  # > 0: a parameter's gradient is final at its micro_batches-th accumulation
+        self.seen: dict[Tensor, int] = {}
         self.next = 0  # the next bucket to issue (buckets are issued in order)
         self.active = False
 
     # --- per step ------------------------------------------------------------------------------------
-    def start(self, overlap: bool) -> None:
-        """Before the step's first backward: empty buffers, nothing issued."""
+    def start(self, overlap: bool, micro_batches: int = 0) -> None:
+        """Before the step's first backward: empty buffers, nothing issued. `micro_batches` (pipelines: the
+        schedule interleaves the micro-batches' backwards): each parameter's gradient is final at its
+        micro_batches-th accumulation instead of after `last_micro_batch()`."""
         self.overlap, self.active, self.next, self.final = overlap, True, 0, False
+        self.micro_batches, self.seen = micro_batches, {}
         for b in self.buckets:
             b.buffer.zero_()
             b.pending, b.work, b.issued = len(b.params), None, False
@@ -99,7 +109,9 @@ class GradSync:
         b, i = self.where[p]  # type: ignore[index]
         b.view(i).add_(p.grad)
         p.grad = None
-        if self.final:
+        if self.micro_batches:
+            self.seen[p] = self.seen.get(p, 0) + 1
+        if self.final or self.seen.get(p) == self.micro_batches:
             b.pending -= 1
             if self.overlap:
                 self._issue_ready()

@@ -2,17 +2,19 @@
 processes of this machine and returns the results in rank order.
 
 Used by calibration (microbenchmarks, step probes), validation and the multi-process tests. Ranks fork from a
-forkserver that has imported torch once (a launch takes ~0.3 s instead of seconds), rendezvous at 127.0.0.1
-on a free port, use gloo on CPU (bound to cores as `paracube run` binds them, affinity.py) or NCCL on CUDA,
-and report back through a queue. A rank that fails, dies or outlives `timeout_s` raises RanksFailed (a
-ParacubeError naming the rank; `details` holds its whole traceback); the others are then stopped.
+forkserver that has imported torch once (a launch takes ~0.3 s instead of seconds), join the rendezvous store
+that this process hosts on 127.0.0.1 (rendezvous.py: bound on port 0 by the store itself, so no other job can
+take the port between choosing and binding it; the ranks are its clients, as under torchrun's agent), use
+gloo on CPU (bound to cores as `paracube run` binds them, affinity.py) or NCCL on CUDA, and report back
+through a queue (results pickled by value). A rank that fails, dies or outlives `timeout_s` raises RanksFailed
+(a ParacubeError naming the rank; `details` holds its whole traceback); the others are then stopped.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -24,6 +26,7 @@ import torch.multiprocessing as mp
 
 from paracube.errors import ParacubeError
 from paracube.executor.launch.affinity import bind_cpu_rank
+from paracube.executor.launch.rendezvous import agent_env, launcher_store
 
 # What the forkserver imports once; callers add the modules their `fn` lives in.
 PRELOAD = ("torch", "torch.distributed", "paracube.executor.training.loop")
@@ -37,12 +40,6 @@ class RanksFailed(ParacubeError):
         self.details = details
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def resolve_backend(backend: str) -> str:
     return backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
 
@@ -53,15 +50,16 @@ def _worker(rank: int, nproc: int, port: int, backend: str, fn: Callable[..., An
         bind_cpu_rank(rank, nproc)  # as the executor's CPU workers do
     else:
         torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    os.environ.update(agent_env("127.0.0.1", port))  # env:// joins the launcher's store as a client
     try:
         device = torch.device("cpu")
         if backend == "nccl":
             device = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device)
         dist.init_process_group(backend, rank=rank, world_size=nproc)
-        results.put((rank, True, fn(rank, nproc, device, *args)))
+        # Pickled by value here: torch's queue pickler would send tensors as file descriptors that the parent
+        # fetches from this process later, which fails (EOFError) once the rank has exited, as under load.
+        results.put((rank, True, pickle.dumps(fn(rank, nproc, device, *args))))
     except BaseException:  # report to the parent instead of hanging it
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -85,7 +83,7 @@ def _collect(procs: list[Any], results: Any, nproc: int, timeout_s: float) -> tu
                 error = f"timed out after {timeout_s:.0f} s"
             continue
         if ok:
-            outs[rank] = out
+            outs[rank] = pickle.loads(out)
         else:
             error, details = f"rank {rank} failed: {out.strip().splitlines()[-1]}", out
     return outs, error, details
@@ -100,23 +98,26 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, fn, args, results), daemon=True)
+    store = launcher_store()  # lives until every rank has ended (the finally below)
+    procs = [ctx.Process(target=_worker, args=(r, nproc, store.port, backend, fn, args, results), daemon=True)
              for r in range(nproc)]
-    for p in procs:
-        p.start()
     error = "not finished"
     try:
+        for p in procs:
+            p.start()
         outs, error, details = _collect(procs, results, nproc, timeout_s)
     finally:
         for p in procs:
+            if p.pid is None:
+                continue  # never started
             p.join(timeout=5 if not error else 0.1)
             if p.is_alive():
                 p.kill()
                 p.join()
+        del store
     if error:
         raise RanksFailed(f"{what}: {error}", details)
     return [outs[r] for r in range(nproc)]
 
 
-__all__ = ["RanksFailed", "free_port", "resolve_backend", "run_on_ranks"]
+__all__ = ["RanksFailed", "resolve_backend", "run_on_ranks"]

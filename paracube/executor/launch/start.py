@@ -2,12 +2,13 @@
 
 Ranks are `python -m paracube.executor.launch.worker --worker ...` processes (rank_procs.py: torchrun's worker
 environment, one process group each, in our session), env:// rendezvous at `master_addr:master_port`
-(127.0.0.1 and a free port for local runs), no restarts. When a rank dies the others are stopped and one
+on the store node 0's launcher hosts (rendezvous.py; local runs: 127.0.0.1 and the port the store itself bound
+on port 0, so no port is chosen free and taken later), no restarts. When a rank dies the others are stopped and one
 line names the rank that died; workers also carry a gloo/NCCL timeout. Ctrl-C (or SIGTERM) stops every rank
 and prints one line: the step cut short and the last complete checkpoint (rank 0 reports its progress in a
 status file). Local runs listen on loopback only: the rendezvous TCPStore is ours, on a socket bound to
-127.0.0.1 (every rank is its client, TORCHELASTIC_USE_AGENT_STORE), and gloo (and NCCL's bootstrap) are pinned
-to the loopback interface. On a cluster the Slurm script runs the same worker under torchrun.
+127.0.0.1 (every rank is its client, TORCHELASTIC_USE_AGENT_STORE, on every node), and gloo (and NCCL's
+bootstrap) are pinned to the loopback interface. On a cluster the Slurm script runs the same worker under torchrun.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, closing, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch
 from paracube.errors import ParacubeError, check
 from paracube.executor.checkpoint import store as ckpt
 from paracube.executor.launch.rank_procs import RankProcs, describe_failure, worker_command
+from paracube.executor.launch.rendezvous import agent_env, launcher_store
 from paracube.executor.training.data import parse_source
 from paracube.launch_text import slurm_script, torchrun_argv
 from paracube.plan import Plan
@@ -46,7 +47,7 @@ class NodeSpec:
     nproc_per_node: int | None = None  # None: the plan's
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
-    master_port: int | None = None  # None: a free port (local runs only)
+    master_port: int | None = None  # None: one the launcher's store binds (port 0; local runs only)
 
 
 def is_loopback(addr: str) -> bool:
@@ -107,49 +108,19 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
     return nproc
 
 
-def free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _loopback_interface() -> str | None:
     names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-@contextmanager
-def _loopback_store(port: int) -> Iterator[None]:
-    """A TCPStore server listening on 127.0.0.1:port only. torch's static rendezvous then creates its
-    store with multi_tenant=True, which reuses this server instead of binding one to every interface."""
-    import torch.distributed as dist
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind(("127.0.0.1", port))
-        sock.listen(128)
-    except OSError as exc:
-        sock.close()
-        raise ParacubeError(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}); choose another --master-port") \
-            from None
-    store = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=600), wait_for_workers=False,
-                          multi_tenant=True, master_listen_fd=sock.detach())  # the store owns the socket now
-    try:
-        yield
-    finally:
-        del store
-
-
 def _worker_env(node: NodeSpec, port: int, local: bool) -> dict[str, str]:
-    """Rendezvous and sockets for the workers. Local runs: the launcher's loopback store (all ranks are its
-    clients, as under torchrun's agent) and gloo/NCCL bootstrap on the loopback interface unless the user
-    chose one. Several nodes: rank 0 hosts the store at master_addr:master_port (env:// rendezvous)."""
-    root = str(Path(__file__).resolve().parents[2])  # workers import this paracube even when not installed
+    """Rendezvous and sockets for the workers: every rank is a client of the store node 0's launcher hosts
+    (rendezvous.py, as under torchrun's agent); local runs also pin gloo/NCCL bootstrap to the loopback
+    interface unless the user chose one."""
+    root = str(Path(__file__).resolve().parents[3])  # workers import this paracube even when not installed
     old = os.environ.get("PYTHONPATH")
-    env = {"PYTHONPATH": root + (os.pathsep + old if old else ""), "MASTER_ADDR": node.master_addr,
-           "MASTER_PORT": str(port)}
+    env = {"PYTHONPATH": root + (os.pathsep + old if old else ""), **agent_env(node.master_addr, port)}
     if local:
-        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         lo = _loopback_interface()
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if lo is not None and var not in os.environ:
@@ -191,7 +162,6 @@ def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str],
            checkpoint_dir: str | None = None) -> int:
     """Start this node's ranks (rank_procs.py) and wait. Returns 0 (done), 1 (a rank failed: one line names
     it), 130 (Ctrl-C) or 143 (SIGTERM): every rank stopped, one line with the step and last checkpoint."""
-    port = node.master_port or free_port()
     local = node.nnodes == 1 and is_loopback(node.master_addr) and ":" not in node.master_addr  # IPv4 loopback
     in_main = threading.current_thread() is threading.main_thread()
     handlers = (signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, _on_sigterm)) if in_main else None
@@ -199,8 +169,12 @@ def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str],
     try:
         with ExitStack() as stack:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="paracube-run-")))
-            if local:
-                stack.enter_context(_loopback_store(port))
+            # Node 0 hosts the store (loopback only for local runs; port 0 unless --master-port): it lives
+            # until this node's ranks have ended; the other nodes' ranks connect to master_addr:master_port.
+            port = node.master_port or 0
+            if node.node_rank == 0:
+                store = launcher_store("127.0.0.1" if local else node.master_addr, port)  # held until we return
+                port = store.port
             command = worker_command([*worker_args, "--status-file", str(workdir / "status.json")])
             try:
                 procs = RankProcs.start(command, nproc, node.node_rank, node.nnodes, _worker_env(node, port, local),
@@ -226,5 +200,5 @@ def launch(plan: Plan, node: NodeSpec, nproc: int, worker_args: Sequence[str],
             signal.signal(signal.SIGTERM, handlers[1])
 
 
-__all__ = ["NodeSpec", "backend_for", "describe_failure", "free_port", "interrupted_line", "is_loopback", "launch",
+__all__ = ["NodeSpec", "backend_for", "describe_failure", "interrupted_line", "is_loopback", "launch",
            "preflight", "slurm_script", "torchrun_argv"]

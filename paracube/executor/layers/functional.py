@@ -48,6 +48,13 @@ def compute_dtype(t: Tensor) -> torch.dtype:
     return t.dtype
 
 
+def upcast(t: Tensor) -> Tensor:
+    """`t` in the dtype its statistics (norms, softmax, cross-entropy) are computed in: fp32, or fp64 for an
+    fp64 model (the equivalence tests run serial and sharded copies in fp64, where rounding cannot decide a
+    comparison: tests/dist_helpers.py)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def fp32(t: Tensor) -> Tensor:
     """`t` in fp32 (a no-op for fp32): the operand of a collective the cost model prices in fp32."""
     return t.float()
@@ -67,7 +74,7 @@ class _SplitLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, gamma: Tensor, beta: Tensor, mesh: Mesh, axes: Axes, hidden: int) -> Tensor:
-        xf = x.float()
+        xf = upcast(x)
         stats = torch.stack([xf.sum(-1), (xf * xf).sum(-1)], dim=-1)
         stats = all_reduce(stats, mesh, axes, label="ln.stats")
         mean = stats[..., 0:1] / hidden
@@ -82,8 +89,8 @@ class _SplitLayerNorm(torch.autograd.Function):
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, mean, rstd, gamma = ctx.saved_tensors
         mesh, axes, hidden, beta_dtype = ctx.args
-        xhat = (x.float() - mean) * rstd
-        dy = dy.float()
+        xhat = (upcast(x) - mean) * rstd
+        dy = upcast(dy)
         lead = tuple(range(dy.dim() - 1))
         dgamma = (dy * xhat).sum(lead)
         dbeta = dy.sum(lead)
@@ -103,7 +110,7 @@ class _VocabParallelCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, labels: Tensor, v0: int, mesh: Mesh, axes: Axes) -> Tensor:
-        lf = logits.float()
+        lf = upcast(logits)
         vl = lf.shape[-1]
         m = all_reduce(lf.max(-1).values, mesh, axes, op="max", label="ce.max")
         e = torch.exp(lf - m.unsqueeze(-1))
@@ -144,7 +151,7 @@ class _ScaledCausalSoftmax(torch.autograd.Function):
             future = torch.arange(keys, device=scores.device) > q_pos.unsqueeze(-1)
         else:
             future = ~allowed.repeat(rows // allowed.shape[0], 1)
-        probs = torch.softmax((scores.float() * scale).masked_fill(future, float("-inf")), dim=-1).to(scores.dtype)
+        probs = torch.softmax((upcast(scores) * scale).masked_fill(future, float("-inf")), dim=-1).to(scores.dtype)
         ctx.save_for_backward(probs)
         ctx.scale = scale
         return probs
@@ -152,7 +159,7 @@ class _ScaledCausalSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (probs,) = ctx.saved_tensors
-        y, g = probs.float(), grad.float()
+        y, g = upcast(probs), upcast(grad)
         return (ctx.scale * y * (g - (g * y).sum(-1, keepdim=True))).to(grad.dtype), None, None
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from paracube.executor.comm import Axes, all_reduce
+from paracube.executor.layers.functional import upcast
 from paracube.executor.mesh import Mesh
 
 
@@ -21,7 +22,7 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, gamma: Tensor, mesh: Mesh, axes: Axes, hidden: int, eps: float) -> Tensor:
-        xf = x.float()
+        xf = upcast(x)
         stats = all_reduce((xf * xf).sum(-1, keepdim=True), mesh, axes, label="ln.stats")
         rstd = torch.rsqrt(stats / hidden + eps)
         ctx.save_for_backward(x, rstd, gamma)
@@ -32,8 +33,8 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, rstd, gamma = ctx.saved_tensors
         mesh, axes, hidden = ctx.args
-        xhat = x.float() * rstd
-        dy = dy.float()
+        xhat = upcast(x) * rstd
+        dy = upcast(dy)
         dgamma = (dy * xhat).sum(tuple(range(dy.dim() - 1)))
         dxhat = dy * gamma
         dot = all_reduce((dxhat * xhat).sum(-1, keepdim=True), mesh, axes, backward=True, label="ln.stats")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.errors import ParacubeError
+from paracube.executor.layers.functional import upcast
 from paracube.executor.layers.rms_norm import rms_norm
 from paracube.executor.layers.shards import ShardSpec, block, make_spec
 from paracube.executor.layers.tokens import SequenceSplit, local_positions
@@ -171,5 +172,5 @@ class Mode:
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
         """Per-token cross-entropy (fp32) of the local logits against the local labels."""
-        flat = logits.float().reshape(-1, logits.shape[-1])
+        flat = upcast(logits).reshape(-1, logits.shape[-1])
         return F.cross_entropy(flat, labels.reshape(-1), reduction="none").view(labels.shape)

@@ -5,7 +5,8 @@ run through the pipeline schedule (executor/pipeline/schedule.py), the grad norm
 cost_models/traffic.py declares.
 
 Gradients are summed over dp in buckets (grad_sync.py), issued as the last micro-batch's backward produces
-them (`overlap=True`) or all after it (`overlap=False`); both give bit-identical results. With the
+them (`overlap=True`; with pp > 1 each stage's buckets during its own last backward, per model chunk when
+interleaved: grad_sync.py) or all after it (`overlap=False`); both give bit-identical results. With the
 distributed optimizer (optim.DistributedAdamW, zero=1) the buckets are reduce-scattered, the norm is summed
 over the shards and the updated parameters are all-gathered by the optimizer.
 
@@ -59,8 +60,9 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     count = torch.zeros((), dtype=torch.float32, device=device)
     pipelined = mesh.layout.pp > 1
-    # The pipeline schedule interleaves micro-batches' backwards: its buckets are reduced after the last one.
-    sync.start(overlap and not pipelined)
+    # Pipelines interleave the micro-batches' backwards: a parameter's gradient is final at its n-th
+    # accumulation (its chunk's last backward), so each stage reduces its buckets during its own last backward.
+    sync.start(overlap, len(micro_batches) if pipelined else 0)
     scale = scaler.scale if scaler is not None else 1.0
     model.begin_step(len(micro_batches))  # kw=1: gathered weights kept until the last backward (kept.py)
     if pipelined:  # executor/pipeline/schedule.py: 1F1B / interleaved schedule over the pp axis
