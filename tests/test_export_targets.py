@@ -7,9 +7,9 @@ script runs, shell variables expanded; the ds_config its heredoc writes) and han
 - torchtitan: `ConfigManager().parse_args(args)` (tyro: an unknown or misplaced flag exits), then its
   ParallelDims (degrees x = world), its pipeline stage split (`_get_pipeline_metadata`, the check `torchtitan.train`
   runs before building stages) and its schedule name lookup;
-- DeepSpeed: `DeepSpeedConfig(config, mpu=...)` with the plan's dp world size (batch arithmetic, ZeRO options;
-  its pydantic models forbid unknown keys), and every top-level / activation-checkpointing key is one DeepSpeed
-  names in its constants (DeepSpeedConfig ignores unknown top-level keys);
+- DeepSpeed: DeepSpeedConfig's checks (deepspeed_config below) with the plan's dp world size (batch arithmetic,
+  ZeRO options; its pydantic models forbid unknown keys), and every top-level / activation-checkpointing key is
+  one DeepSpeed names in its constants (DeepSpeedConfig ignores unknown top-level keys);
 - megatron-core: each `--flag` of the Megatron script is looked up in MEGATRON_FLAGS (a flag not in the table
   fails the test) and set on TransformerConfig (ModelParallelConfig's fields included), DistributedDataParallelConfig
   or OptimizerConfig, whose __post_init__ checks run; flags read by Megatron-LM's training loop only (not shipped
@@ -22,14 +22,14 @@ missing target an error.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import io
 import json
 import os
 import re
 import shlex
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -209,31 +209,24 @@ def test_torchtitan_refuses_what_the_old_export_wrote() -> None:
 
 # --- DeepSpeed 0.19.8 --------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def deepspeed_comm() -> Iterator[None]:
-    """DeepSpeedConfig reads the data-parallel size from `mpu` only once deepspeed.comm is initialised: a
-    one-rank gloo group on a free loopback port, destroyed after this module (later tests start their own)."""
-    need("deepspeed")
-    import deepspeed
-    import torch.distributed as dist
+def deepspeed_config(config: dict, dp: int) -> Any:
+    """DeepSpeedConfig(config, mpu) with `dp` as the data-parallel world size that mpu reports.
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    deepspeed.init_distributed(dist_backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                               auto_mpi_discovery=False, verbose=False)
-    yield
-    dist.destroy_process_group()
+    DeepSpeedConfig.__init__ (deepspeed/runtime/config.py, 0.19.8) asks deepspeed.comm for the rank before it
+    reads mpu, and an initialised deepspeed.comm on a CPU machine JIT-compiles DeepSpeed's shared-memory C++ op
+    (minutes on a loaded machine, and a killed build leaves a lock later runs wait on). So this runs the body of
+    __init__ that follows that query, unchanged and in its order: the removed-key check, then _initialize_params,
+    _configure_train_batch_size and _do_sanity_check, with world_size = dp as __init__ sets it from mpu."""
+    from deepspeed.runtime.config import DeepSpeedConfig, _reject_removed_config_keys
 
-
-class DataParallelOnly:
-    """The `mpu` DeepSpeedConfig asks for the data-parallel world size (Megatron-DeepSpeed passes its own)."""
-
-    def __init__(self, dp: int) -> None:
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
+    ds = DeepSpeedConfig.__new__(DeepSpeedConfig)
+    ds._param_dict = config
+    _reject_removed_config_keys(config)
+    ds.global_rank, ds.world_size = 0, dp
+    ds._initialize_params(copy.copy(config))
+    ds._configure_train_batch_size()
+    ds._do_sanity_check()
+    return ds
 
 
 def deepspeed_names(*modules: str) -> set[str]:
@@ -244,12 +237,11 @@ def deepspeed_names(*modules: str) -> set[str]:
 
 
 @pytest.mark.parametrize("name", list(PLANS))
-def test_deepspeed_config_accepts_the_export(name: str, deepspeed_comm: None) -> None:
+def test_deepspeed_config_accepts_the_export(name: str) -> None:
+    need("deepspeed")
     text = exported(name, "deepspeed")
     if text is None:
         return
-    from deepspeed.runtime.config import DeepSpeedConfig
-
     plan = PLANS[name]
     lay = plan.layout
     config = json.loads(text.split("<<'JSON'\n")[1].split("\nJSON\n")[0])
@@ -258,7 +250,7 @@ def test_deepspeed_config_accepts_the_export(name: str, deepspeed_comm: None) ->
     assert set(config) <= top, f"keys DeepSpeed does not read: {set(config) - top}"
     checkpointing = deepspeed_names("deepspeed.runtime.activation_checkpointing.config")
     assert set(config.get("activation_checkpointing", {})) <= checkpointing
-    ds = DeepSpeedConfig(config, mpu=DataParallelOnly(lay.dp))
+    ds = deepspeed_config(config, lay.dp)
     assert ds.world_size == lay.dp
     assert (ds.train_batch_size, ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (
         plan.training.global_batch, plan.micro_batch, accumulation_steps(plan))
@@ -274,17 +266,19 @@ def test_deepspeed_config_accepts_the_export(name: str, deepspeed_comm: None) ->
     assert ("--deepspeed-activation-checkpointing" in text) == (plan.training.recompute == "full")
 
 
-def test_deepspeed_refuses_a_wrong_config(deepspeed_comm: None) -> None:
-    """DeepSpeedConfig's checks bite: a batch that is not micro x accumulation x dp, an unknown ZeRO option."""
-    from deepspeed.runtime.config import DeepSpeedConfig
-
+def test_deepspeed_refuses_a_wrong_config() -> None:
+    """DeepSpeedConfig's checks bite: a batch that is not micro x accumulation x dp, an unknown ZeRO option, a
+    removed one (MiCS)."""
+    need("deepspeed")
     good = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
             "zero_optimization": {"stage": 2}}
-    DeepSpeedConfig(good, mpu=DataParallelOnly(8))
+    assert deepspeed_config(good, 8).world_size == 8
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
-        DeepSpeedConfig(good, mpu=DataParallelOnly(4))
+        deepspeed_config(good, 4)
     with pytest.raises(ValueError, match="made_up"):  # pydantic's ValidationError is a ValueError
-        DeepSpeedConfig({**good, "zero_optimization": {"stage": 2, "made_up": 1}}, mpu=DataParallelOnly(8))
+        deepspeed_config({**good, "zero_optimization": {"stage": 2, "made_up": 1}}, 8)
+    with pytest.raises(Exception, match="mics_shard_size"):
+        deepspeed_config({**good, "zero_optimization": {"stage": 3, "mics_shard_size": 2}}, 8)
 
 
 # --- megatron-core 0.16.1 ----------------------------------------------------------------------------------
