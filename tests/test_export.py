@@ -1,8 +1,7 @@
 """`paracube export`: each target's text equals its golden file (tests/golden/export/; regenerate with
 PARACUBE_UPDATE_GOLDEN=1 after an intended change and review the diff), the scripts are valid shell, the
 DeepSpeed config's batch arithmetic holds, and every refusal is one line, exit 2, nothing written.
-No target's own argument parser is installed here (Megatron-LM, torchtitan, DeepSpeed), so the
-argument names are checked against the golden files, which were reviewed against their sources."""
+The targets' own code checks the same exports in tests/test_export_targets.py (the [targets] extra)."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from paracube.workload import PRESETS, TrainingSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "export"
 LAYOUT_13B = "dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap"  # 64 GPUs: 8 nodes of 8
+LAYOUT_13B_V1 = LAYOUT_13B.replace(",v=2", "")  # DeepSpeed's pipeline engine does not interleave
 
 
 def plan_13b(layout: str = LAYOUT_13B) -> Plan:
@@ -39,7 +39,7 @@ def plan_for(target: str) -> Plan:
         lay = parse_layout("dp=2,tp=2d:2x2,mb=2")
         return Plan(PRESETS["tiny"], TrainingSpec(global_batch=8), lay, "dgx-a100", 8,
                     LaunchSpec(nproc_per_node=4, nnodes=2))
-    return plan_13b()
+    return plan_13b(LAYOUT_13B_V1) if target == "deepspeed" else plan_13b()
 
 
 def check_golden(name: str, text: str) -> None:
@@ -87,13 +87,14 @@ def test_megatron_arguments_follow_the_layout() -> None:
 
 
 def test_deepspeed_config_batch_arithmetic() -> None:
-    plan = plan_13b()
+    plan = plan_for("deepspeed")
     text = export_plan(plan, "deepspeed").text
     config = json.loads(text.split("<<'JSON'\n")[1].split("\nJSON\n")[0])
     dp = plan.layout.dp
     assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
                                           * config["gradient_accumulation_steps"] * dp) == 512
     assert config["zero_optimization"]["stage"] == 1 and config["bf16"]["enabled"] is True
+    assert config["zero_optimization"]["overlap_comm"] is True  # the layout's `overlap`
     assert "activation_checkpointing" in config and "--zero-stage 1" in text
 
 
@@ -102,9 +103,14 @@ def test_torchtitan_dp_shard_or_replicate() -> None:
     assert "--parallelism.data_parallel_replicate_degree 4" in text
     assert "--parallelism.data_parallel_shard_degree 1" in text
     assert "--parallelism.pipeline_parallel_schedule Interleaved1F1B" in text
+    assert "--parallelism.enable_sequence_parallel \\\n" in text and text.endswith("activation_checkpoint:selective\n")
     fsdp = export_plan(plan_13b("dp=16,tp=1d:4,mb=1,zero=3"), "torchtitan").text
     assert "--parallelism.data_parallel_shard_degree 16" in fsdp and "replicate_degree 1" in fsdp
-    assert "pipeline_parallel_schedule" not in fsdp and "--parallelism.enable_sequence_parallel False" in fsdp
+    assert "--parallelism.fsdp_reshard_after_forward always" in fsdp
+    assert "pipeline_parallel_schedule" not in fsdp and "--parallelism.no_enable_sequence_parallel" in fsdp
+    hsdp = export_plan(plan_13b("dp=16,tp=1d:4,mb=1,zero=2,shard=4"), "torchtitan").text
+    assert "--parallelism.data_parallel_shard_degree 4" in hsdp and "replicate_degree 4" in hsdp
+    assert "--parallelism.fsdp_reshard_after_forward never" in hsdp
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -119,8 +125,9 @@ def test_cli_writes_the_export(tmp_path: Path, capsys: pytest.CaptureFixture[str
     code, _, err = run_cli(capsys, "export", str(plan_file), "--to", "megatron", "-o", str(out))
     assert code == 0 and "wrote" in err
     assert out.read_text() == export_plan(load_plan(plan_file), "megatron").text
-    code, printed, _ = run_cli(capsys, "export", str(plan_file), "--to", "deepspeed")
-    assert code == 0 and printed == export_plan(load_plan(plan_file), "deepspeed").text
+    ds_file = plan_for("deepspeed").save(tmp_path / "ds.json")
+    code, printed, _ = run_cli(capsys, "export", str(ds_file), "--to", "deepspeed")
+    assert code == 0 and printed == export_plan(load_plan(ds_file), "deepspeed").text
 
 
 def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -144,9 +151,11 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.
                     model=replace(PRESETS["gpt3-13b"], tied_embeddings=True)).save(tmp_path / "t0.json")
     assert run_cli(capsys, "export", str(tied0), "--to", "torchrun", "-o", str(tmp_path / "t0.sh"))[0] == 0
     assert "targets that run it: megatron" in err
-    zero3 = plan_13b("dp=4,pp=4,tp=1d:4,mb=1,zero=3").save(tmp_path / "z3.json")
-    err = refusal(capsys, "export", str(zero3), "--to", "megatron", "-o", str(out))
-    assert "zero=3" in err and "targets that run it: torchtitan" in err and "deepspeed" not in err
+    zero2 = plan_13b("dp=4,pp=4,tp=1d:4,mb=1,zero=2").save(tmp_path / "z2.json")
+    err = refusal(capsys, "export", str(zero2), "--to", "deepspeed", "-o", str(out))
+    assert "ZeRO stage 2 does not combine" in err and "targets that run it: megatron, torchtitan" in err
+    err = refusal(capsys, "export", str(pipelined), "--to", "deepspeed", "-o", str(out))
+    assert "without interleaving (v=1, not v=2)" in err
     two_d_zero = default_plan("dp=1,tp=2.5d:2x2x2,mb=4,zero=3").save(tmp_path / "2d-zero.json")  # 2.5D: no zero=3
     assert "no export target runs it" in refusal(capsys, "export", str(two_d_zero), "--to", "slurm")
     assert "unknown export target 'nemo'" in refusal(capsys, "export", str(pipelined), "--to", "nemo", "-o", str(out))
@@ -162,7 +171,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.
 
 def test_export_imports_no_torch(tmp_path: Path) -> None:
     """The export and schema modules never import torch (the CLI's own lazy import is tested with it)."""
-    plan_file = plan_13b().save(tmp_path / "p.json")
+    plan_file = plan_13b(LAYOUT_13B_V1).save(tmp_path / "p.json")  # a plan all three frameworks run
     code = ("import sys, argparse; import paracube.cli.export_cmd as e, paracube.cli.schema_cmd as s; "
             "from paracube.export import export_plan, TARGETS; from paracube.plan import load_plan; "
             f"p = load_plan({str(plan_file)!r}); [export_plan(p, t) for t in TARGETS[:3]]; "

@@ -1,13 +1,19 @@
 """Export a plan to DeepSpeed: a shell script that writes the ds_config JSON and runs Megatron-DeepSpeed's
 `pretrain_gpt.py` with the `deepspeed` launcher.
 
-ds_config (DeepSpeed's config JSON): train_batch_size = micro x accumulation x dp,
-train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping, zero_optimization.stage
-(the layout's zero: 0, 1 or 3), bf16 / fp16 (loss_scale 0 = dynamic), activation_checkpointing.
-Tensor and pipeline sizes go to Megatron-DeepSpeed's own arguments. DeepSpeed's pipeline engine runs
-plain 1F1B: a plan with v > 1 runs without interleaving (more bubble than predicted), and ZeRO stages
-above 1 do not combine with its pipeline (zero=3 needs pp=1). Ranks are ordered model (tp), data, pipe
-(innermost first), as in Megatron.
+ds_config (DeepSpeed 0.19.8's config JSON, checked by its DeepSpeedConfig in tests/test_export_targets.py):
+train_batch_size = micro x accumulation x dp, train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+gradient_clipping, bf16 / fp16 (loss_scale 0 = dynamic), activation_checkpointing, and zero_optimization: stage =
+the layout's zero (0-3), overlap_comm = the layout's `overlap`, reduce_scatter (gradient buckets reduce-scattered,
+as priced), contiguous_gradients from stage 2, bucket sizes in elements = paracube's priced gradient bucket
+(modes/buckets.py: 25 MiB of fp32), stage3_param_persistence_threshold 0 (every parameter sharded and gathered per
+block, as priced), and for zero=3 with shard=N ZeRO++'s hierarchical partitioning zero_hpz_partition_size = N (a
+secondary copy of the parameters within groups of N ranks, gathered there in backward; DeepSpeed 0.19.8 removed
+MiCS, its other hybrid; noted, as its optimizer state stays sharded over all of dp). Tensor and pipeline sizes go to
+Megatron-DeepSpeed's own arguments. Refused (one line): tensor modes other than 1D, interleaving (DeepSpeed's
+pipeline engine runs plain 1F1B: v > 1 would run with a larger bubble than predicted), ZeRO stage 2/3 with pp > 1
+(its PipelineEngine asserts stage < 2), shard=N below zero=3, and tpo (Megatron-DeepSpeed has no tensor-parallel
+communication overlap). Ranks are ordered model (tp), data, pipe (innermost first), as in Megatron.
 """
 
 from __future__ import annotations
@@ -26,21 +32,49 @@ from paracube.export.common import (
     tensor_size,
 )
 from paracube.export.megatron import TRAINING_ARGS, big_axes, tokenizer_args
+from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
 
-WRITTEN_FOR = "DeepSpeed 0.16 (ds_config) with Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, pretrain_gpt.py)"
+WRITTEN_FOR = "DeepSpeed 0.19.8 (ds_config) with Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, pretrain_gpt.py)"
 CONFIG_FILE = "ds_config.json"
 
 
 def why_not(plan: Plan) -> str | None:
     if (why := one_d_only(plan)) is not None:
         return why
-    if plan.layout.zero == 3 and plan.layout.pp > 1:
-        return "ZeRO stage 3 does not combine with DeepSpeed's pipeline engine (use pp=1 or zero<=1)"
+    lay = plan.layout
+    if lay.interleave > 1:
+        return f"its pipeline engine runs 1F1B without interleaving (v=1, not v={lay.interleave})"
+    if lay.zero >= 2 and lay.pp > 1:
+        return f"ZeRO stage {lay.zero} does not combine with its pipeline engine (pp=1, or zero=0/1 with pp > 1)"
+    if lay.shard is not None and lay.zero < 3:
+        return f"its hybrid sharding (zero_hpz_partition_size) is for zero=3 only (shard={lay.shard}, zero={lay.zero})"
+    if lay.tpo:
+        return "Megatron-DeepSpeed does not overlap tensor-parallel communication with GEMMs (tpo)"
     return None
 
 
 EXPRESSIBLE["deepspeed"] = why_not
+
+
+def zero_config(plan: Plan) -> dict:
+    """zero_optimization: the stage and the knobs the plan was priced with (module docstring)."""
+    lay = plan.layout
+    bucket = BUCKET_BYTES // GRAD_BYTES  # DeepSpeed's bucket sizes count elements
+    config: dict = {"stage": lay.zero}
+    if lay.zero == 0:
+        return config
+    # paracube prices reduce-scattered gradient buckets from zero=1 (cost_models/traffic.py)
+    config.update(overlap_comm=lay.overlap, reduce_scatter=True, reduce_bucket_size=bucket)
+    if lay.zero >= 2:
+        config["contiguous_gradients"] = True
+    if lay.zero < 3:
+        config["allgather_bucket_size"] = bucket
+    else:
+        config.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=0)
+        if lay.shard is not None:
+            config["zero_hpz_partition_size"] = lay.shard
+    return config
 
 
 def ds_config(plan: Plan) -> dict:
@@ -50,7 +84,7 @@ def ds_config(plan: Plan) -> dict:
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": accumulation_steps(plan),
         "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": plan.layout.zero},
+        "zero_optimization": zero_config(plan),
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
     }
@@ -86,9 +120,12 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     notes = []
     if lay.pp == 1:
         args.append("--no-pipeline-parallel")
-    if lay.interleave > 1:
-        notes.append(f"DeepSpeed's pipeline engine does not interleave: v={lay.interleave} runs as v=1 "
-                     "(a larger pipeline bubble than predicted)")
+    if lay.shard is not None:
+        notes.append(f"DeepSpeed's hpZ (zero_hpz_partition_size {lay.shard}) shards gradients and optimizer state over "
+                     f"all dp={lay.dp} ranks and keeps a parameter copy per group of {lay.shard}; the plan priced "
+                     f"HSDP (state sharded within groups of {lay.shard}, replicated across them)")
+    if lay.overlap and lay.zero == 0 and lay.dp > 1:
+        notes.append("DeepSpeed without ZeRO all-reduces gradients after backward: `overlap` is not kept")
     tensor = lay.tensor_axes
     if big_axes(plan, lay.effective_placement) != big_axes(plan, (*tensor, "dp", "pp")):
         notes.append("DeepSpeed orders ranks tp, dp, pp (innermost first): the plan's placement "
@@ -125,4 +162,4 @@ def export(plan: Plan) -> Export:
     return Export("deepspeed", "\n".join(lines) + "\n" + command, tuple(notes))
 
 
-__all__ = ["CONFIG_FILE", "WRITTEN_FOR", "ds_config", "export", "why_not"]
+__all__ = ["CONFIG_FILE", "WRITTEN_FOR", "ds_config", "export", "why_not", "zero_config"]

@@ -1,9 +1,16 @@
 """Export a plan to Megatron-LM: a shell script that runs `pretrain_gpt.py` with torchrun.
 
-Argument names are those of Megatron-LM's `megatron/training/arguments.py` (core_r0.13.0):
-tensor / pipeline sizes, `--num-layers-per-virtual-pipeline-stage` = layers / (pp x v) (interleaved 1F1B,
-Narayanan et al. 2021), `--sequence-parallel` (Korthikanti et al. 2022), `--use-distributed-optimizer`
-(zero=1: optimizer state and fp32 master weights sharded over dp). Megatron orders ranks tp, then dp,
+Argument names are those of Megatron-LM's `megatron/training/arguments.py` (core_r0.16.1); the parallel, model
+and data-parallel settings are the fields of megatron-core 0.16.1's TransformerConfig / ModelParallelConfig /
+DistributedDataParallelConfig, which tests/test_export_targets.py builds from the script's flags.
+Tensor / pipeline sizes, `--num-layers-per-virtual-pipeline-stage` = layers / (pp x v) (interleaved 1F1B,
+Narayanan et al. 2021), `--sequence-parallel` (Korthikanti et al. 2022), `--tp-comm-overlap` for tpo (Transformer
+Engine's userbuffer overlap; needs sp). Data parallelism by zero: 1 `--use-distributed-optimizer` (optimizer
+state and fp32 master weights sharded over dp; shard=N: `--num-distributed-optimizer-instances dp/N`, Megatron's
+partial distributed optimizer), 2 / 3 Megatron-FSDP (`--use-megatron-fsdp --data-parallel-sharding-strategy
+optim_grads` / `optim_grads_params`; no hybrid shard=N there); `overlap` -> `--overlap-grad-reduce`, plus
+`--overlap-param-gather` from zero=1; `--ddp-bucket-size` = paracube's priced gradient bucket (modes/buckets.py,
+in elements). Megatron orders ranks tp, then dp,
 then pp (innermost first), or tp, pp, dp with `--use-tp-pp-dp-mapping`; another placement is written
 with a note (the same training, other communication costs). Model shape from the plan's ModelSpec;
 family llama adds rotary positions, RMSNorm, SwiGLU, no biases and grouped-query attention.
@@ -22,17 +29,23 @@ from paracube.export.common import (
     shell_command,
     tensor_size,
 )
+from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
 
-WRITTEN_FOR = "Megatron-LM core_r0.13.0 (pretrain_gpt.py arguments)"
+WRITTEN_FOR = "Megatron-LM core_r0.16.1 (pretrain_gpt.py arguments; megatron-core 0.16.1 configs)"
+SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # zero -> Megatron-FSDP's data_parallel_sharding_strategy
 VOCAB_DIVISOR = 128  # Megatron's default --make-vocab-size-divisible-by
 
 
 def why_not(plan: Plan) -> str | None:
     if (why := one_d_only(plan)) is not None:
         return why
-    if plan.layout.zero == 3:
-        return "zero=3 (fully sharded parameters) has no pretrain_gpt.py equivalent here"
+    lay = plan.layout
+    if lay.shard is not None and lay.zero >= 2:
+        return (f"its hybrid sharding is the partial distributed optimizer (zero=1, shard=N): zero={lay.zero} "
+                f"with shard={lay.shard} is not written")
+    if lay.tpo and not lay.sequence_parallel:
+        return "its tensor-parallel overlap (--tp-comm-overlap) needs sequence parallelism (sp)"
     return None
 
 
@@ -71,6 +84,9 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
             notes.append(f"interleaving needs micro-batches per step ({accumulation_steps(plan)}) divisible by pp")
     if lay.sequence_parallel:
         args.append("--sequence-parallel")
+    if lay.tpo:
+        args.append("--tp-comm-overlap")
+        notes.append("--tp-comm-overlap runs with Transformer Engine (its userbuffers)")
     placement, more = placement_args(plan)
     args += placement
     notes += more
@@ -87,6 +103,23 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     if t.dtype == "bf16":
         args.append("--accumulate-allreduce-grads-in-fp32")  # paracube keeps fp32 gradients
     return args, notes
+
+
+def data_parallel_args(plan: Plan) -> list[str]:
+    """zero, shard, overlap and the gradient bucket (module docstring)."""
+    lay = plan.layout
+    args = [f"--ddp-bucket-size {BUCKET_BYTES // GRAD_BYTES}"]
+    if lay.zero == 1:
+        args.append("--use-distributed-optimizer")
+        if lay.shard is not None and lay.shard < lay.dp:
+            args.append(f"--num-distributed-optimizer-instances {lay.dp // lay.shard}")
+    elif lay.zero >= 2:
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {SHARDING[lay.zero]}"]
+    if lay.dp > 1 and lay.overlap:  # as the plan was priced (layout option `overlap`)
+        args.append("--overlap-grad-reduce")
+        if lay.zero >= 1:
+            args.append("--overlap-param-gather")
+    return args
 
 
 def model_args(plan: Plan) -> list[str]:
@@ -135,14 +168,9 @@ def torchrun_words(plan: Plan) -> list[str]:
 
 def export(plan: Plan) -> Export:
     refuse_unless_expressible("megatron", plan)
-    lay, m = plan.layout, plan.model
+    m = plan.model
     parallel, notes = parallel_args(plan)
-    if lay.zero == 1:
-        parallel.append("--use-distributed-optimizer")
-    if lay.dp > 1 and lay.overlap:  # as the plan was priced (layout option `overlap`)
-        parallel.append("--overlap-grad-reduce")
-        if lay.zero == 1:
-            parallel.append("--overlap-param-gather")
+    parallel += data_parallel_args(plan)
     split = tensor_size(plan) * VOCAB_DIVISOR
     info = f"Megatron pads the vocabulary {m.vocab} to {-(-m.vocab // split) * split} (a multiple of 128 x tp)"
     needed, tokenizer = tokenizer_args(plan)
@@ -154,4 +182,5 @@ def export(plan: Plan) -> Export:
     return Export("megatron", "\n".join(lines) + "\n" + command, tuple(notes))
 
 
-__all__ = ["WRITTEN_FOR", "export", "model_args", "parallel_args", "torchrun_prologue", "torchrun_words", "why_not"]
+__all__ = ["SHARDING", "WRITTEN_FOR", "data_parallel_args", "export", "model_args", "parallel_args",
+           "torchrun_prologue", "torchrun_words", "why_not"]

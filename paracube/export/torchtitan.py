@@ -1,13 +1,26 @@
-"""Export a plan to torchtitan: a shell script running `torchtitan.train` with the `--section.option`
-flags torchtitan still accepts (frozen, but stable; its newer Python recipes take the same fields).
+"""Export a plan to torchtitan 0.3.0: a shell script running `torchtitan.train` with `--module` / `--config`
+(a config_registry function of the model's shape, chosen by the user) and the `--section.option` flags its
+ConfigManager (tyro) parses; tests/test_export_targets.py feeds the script's own argument list to it.
 
-Mapping (torchtitan's ParallelismConfig): tp -> tensor_parallel_degree, sp -> enable_sequence_parallel,
-pp -> pipeline_parallel_degree with schedule 1F1B (v = 1) or Interleaved1F1B (v > 1,
-pipeline_parallel_layers_per_stage = layers / (pp x v)), dp -> data_parallel_shard_degree for zero=3
-(FSDP2) else data_parallel_replicate_degree (DDP; torchtitan has no ZeRO-1, so zero=1 keeps the
-optimizer state replicated). Batch: without pp, local_batch_size = the micro-batch and torchtitan
-accumulates gradients up to global_batch_size; with pp, local_batch_size = global / dp split into
-num_pp_microbatches = global / (dp x mb). Recompute -> activation_checkpoint.mode.
+Mapping (torchtitan's ParallelismConfig, torchtitan/config/configs.py):
+- tp -> tensor_parallel_degree; sp -> the boolean flag enable_sequence_parallel / no_enable_sequence_parallel
+  (tyro writes booleans as flags, not values).
+- dp from zero and shard (torchtitan's data parallelism is FSDP2 over a (replicate, shard) mesh):
+  zero=0/1 -> replicate = dp, shard = 1 (torchtitan has no ZeRO-1: the optimizer state stays replicated);
+  zero=2/3 -> shard = shard_size (shard=N, else dp), replicate = dp / shard_size (HSDP when both > 1), with
+  fsdp_reshard_after_forward `never` for zero=2 (parameters stay gathered from forward to the end of backward:
+  gradients and optimizer state sharded, ZeRO-2's traffic) and `always` for zero=3.
+- pp -> pipeline_parallel_degree, schedule 1F1B (v = 1) or Interleaved1F1B (v > 1; torch.distributed.pipelining
+  names), pipeline_parallel_layers_per_stage = layers / (pp x v) with the first / last stage's "less layers"
+  set to 0 (torchtitan counts the embedding and the head as one layer each by default, paracube does not).
+- Batch: local_batch_size is per data-parallel rank per accumulation step; without pp it is the micro-batch
+  (torchtitan accumulates up to global_batch_size); with pp it is global / dp, split into micro-batches of
+  pipeline_parallel_microbatch_size = mb (global / (dp x mb) of them, no accumulation).
+- tpo -> compile.enable + compile.enable_async_tensor_parallel (torchtitan's async TP is an inductor pass over
+  the sequence-parallel all-gather / reduce-scatter: it needs sp).
+- Recompute -> the activation-checkpoint subcommand (`activation_checkpoint:none|selective|full`), written last
+  because tyro reads the options after a subcommand as that subcommand's.
+- Precision: mixed_precision_param bfloat16 or float32 (torchtitan has no fp16 training), reduce in float32.
 """
 
 from __future__ import annotations
@@ -25,35 +38,63 @@ from paracube.export.common import (
 from paracube.export.megatron import big_axes
 from paracube.plan import Plan
 
-WRITTEN_FOR = "torchtitan (main, 2026: `torchtitan.train` with --section.option flags)"
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+WRITTEN_FOR = "torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)"
+TORCH_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # torchtitan's mixed_precision_param choices
+RESHARD = {2: "never", 3: "always"}  # zero -> fsdp_reshard_after_forward
 
 
 def why_not(plan: Plan) -> str | None:
-    return one_d_only(plan)
+    if (why := one_d_only(plan)) is not None:
+        return why
+    if plan.training.dtype not in TORCH_DTYPES:
+        return f"it trains in {' or '.join(TORCH_DTYPES)} (mixed_precision_param), not {plan.training.dtype}"
+    if plan.layout.tpo and not plan.layout.sequence_parallel:
+        return "its async tensor parallelism (tpo) overlaps the sequence-parallel collectives: it needs sp"
+    return None
 
 
 EXPRESSIBLE["torchtitan"] = why_not
 
 
+def flag(name: str, on: bool) -> str:
+    """A tyro boolean: `--section.name` or `--section.no_name`."""
+    section, field = name.rsplit(".", 1)
+    return f"--{section}.{field}" if on else f"--{section}.no_{field}"
+
+
+def data_parallel_flags(plan: Plan) -> tuple[list[str], list[str]]:
+    lay = plan.layout
+    notes = []
+    if lay.zero >= 2:
+        shard, replicate = lay.shard_size, lay.dp // lay.shard_size
+    else:
+        shard, replicate = 1, lay.dp
+        if lay.zero == 1:
+            notes.append("torchtitan has no ZeRO-1: dp replicates the optimizer state, as with zero=0")
+    flags = [f"--parallelism.data_parallel_replicate_degree {replicate}",
+             f"--parallelism.data_parallel_shard_degree {shard}"]
+    if lay.zero >= 2:
+        flags.append(f"--parallelism.fsdp_reshard_after_forward {RESHARD[lay.zero]}")
+    return flags, notes
+
+
 def parallelism_flags(plan: Plan) -> tuple[list[str], list[str]]:
     """(flags, notes)."""
     lay = plan.layout
-    shard = lay.dp if lay.zero == 3 else 1
-    replicate = 1 if lay.zero == 3 else lay.dp
-    flags = [f"--parallelism.data_parallel_replicate_degree {replicate}",
-             f"--parallelism.data_parallel_shard_degree {shard}",
-             f"--parallelism.tensor_parallel_degree {tensor_size(plan)}",
-             f"--parallelism.enable_sequence_parallel {lay.sequence_parallel}",
-             f"--parallelism.pipeline_parallel_degree {lay.pp}"]
-    notes = []
-    if lay.zero == 1:
-        notes.append("torchtitan has no ZeRO-1: dp replicates the optimizer state, as with zero=0")
+    flags, notes = data_parallel_flags(plan)
+    flags += [f"--parallelism.tensor_parallel_degree {tensor_size(plan)}",
+              flag("parallelism.enable_sequence_parallel", lay.sequence_parallel),
+              f"--parallelism.pipeline_parallel_degree {lay.pp}"]
     if lay.pp > 1:
         schedule = "Interleaved1F1B" if lay.interleave > 1 else "1F1B"
         flags += [f"--parallelism.pipeline_parallel_schedule {schedule}",
                   f"--parallelism.pipeline_parallel_layers_per_stage {plan.model.layers // (lay.pp * lay.interleave)}",
-                  f"--parallelism.num_pp_microbatches {plan.training.global_batch // (lay.dp * plan.micro_batch)}"]
+                  "--parallelism.pipeline_parallel_first_stage_less_layers 0",
+                  "--parallelism.pipeline_parallel_last_stage_less_layers 0",
+                  f"--parallelism.pipeline_parallel_microbatch_size {plan.micro_batch}"]
+    if lay.tpo:
+        flags += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
+        notes.append("torchtitan's async tensor parallelism runs under torch.compile (compile.enable)")
     tensor = lay.tensor_axes
     if big_axes(plan, lay.effective_placement) != big_axes(plan, (*tensor, "dp", "pp")):
         notes.append("torchtitan's device mesh puts tp innermost, then dp, then pp: the plan's placement "
@@ -62,15 +103,15 @@ def parallelism_flags(plan: Plan) -> tuple[list[str], list[str]]:
 
 
 def training_flags(plan: Plan) -> list[str]:
+    """Training options, then the activation-checkpoint subcommand (last: see the module docstring)."""
     lay, t = plan.layout, plan.training
     local = t.global_batch // lay.dp if lay.pp > 1 else plan.micro_batch
-    flags = [f"--training.local_batch_size {local}", f"--training.global_batch_size {t.global_batch}",
-             f"--training.seq_len {plan.seq_len}", f"--training.mixed_precision_param {TORCH_DTYPES[t.dtype]}",
-             "--training.mixed_precision_reduce float32", "--training.max_norm 1.0",
-             '--training.steps "${TRAIN_STEPS:-1000}"', f"--activation_checkpoint.mode {t.recompute}"]
-    if t.recompute == "selective":
-        flags.append("--activation_checkpoint.selective_ac_option op")
-    return flags
+    # torchtitan 0.3.0 captures CUDA graphs by default and refuses them with pp ("Set --training.disable_cuda_graphs")
+    graphs = ["--training.disable_cuda_graphs"] if lay.pp > 1 else []
+    return [f"--training.local_batch_size {local}", *graphs, f"--training.global_batch_size {t.global_batch}",
+            f"--training.seq_len {plan.seq_len}", f"--training.mixed_precision_param {TORCH_DTYPES[t.dtype]}",
+            "--training.mixed_precision_reduce float32", "--training.max_norm 1.0",
+            '--training.steps "${TRAIN_STEPS:-1000}"', f"activation_checkpoint:{t.recompute}"]
 
 
 def attention_notes(plan: Plan) -> list[str]:
@@ -90,19 +131,20 @@ def export(plan: Plan) -> Export:
     flags, notes = parallelism_flags(plan)
     notes = notes + attention_notes(plan)
     shape = (f"model shape: {m.family}, {m.layers} layers, hidden {m.hidden}, {m.heads} heads "
-             f"({m.num_kv_heads} kv), ffn {m.ffn_hidden}, vocab {m.vocab}: choose or add a torchtitan model "
-             "flavor of this shape (MODEL_NAME, MODEL_FLAVOR)")
+             f"({m.num_kv_heads} kv), ffn {m.ffn_hidden}, vocab {m.vocab}, "
+             f"{'tied' if m.tied_embeddings else 'untied'} embeddings: choose or add a torchtitan config_registry "
+             "function of this shape (MODEL_MODULE, MODEL_CONFIG)")
     lines = ["#!/bin/bash", comment([*header(plan, "torchtitan", WRITTEN_FOR, notes), shape]).rstrip("\n"),
-             "# run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) from a torchtitan checkout",
-             "set -euo pipefail", ': "${MODEL_NAME:?set MODEL_NAME (e.g. llama3)}"',
-             ': "${MODEL_FLAVOR:?set MODEL_FLAVOR (a flavor with the shape above)}"',
+             "# run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) where torchtitan 0.3.0 is installed",
+             "set -euo pipefail", ': "${MODEL_MODULE:?set MODEL_MODULE (e.g. llama3)}"',
+             ': "${MODEL_CONFIG:?set MODEL_CONFIG (a config_registry function with the shape above)}"',
              'NODE_RANK="${NODE_RANK:-0}"', 'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"',
              'MASTER_PORT="${MASTER_PORT:-29500}"']
     words = ["torchrun", f"--nnodes={plan.launch.nnodes}", f"--nproc-per-node={plan.launch.nproc_per_node}",
              '--node-rank="$NODE_RANK"', '--master-addr="$MASTER_ADDR"', '--master-port="$MASTER_PORT"',
              "-m torchtitan.train"]
-    args = ['--model.name "$MODEL_NAME"', '--model.flavor "$MODEL_FLAVOR"', *flags, *training_flags(plan)]
+    args = ['--module "$MODEL_MODULE"', '--config "$MODEL_CONFIG"', *flags, *training_flags(plan)]
     return Export("torchtitan", "\n".join(lines) + "\n" + shell_command(words, args), tuple(notes))
 
 
-__all__ = ["WRITTEN_FOR", "export", "parallelism_flags", "training_flags", "why_not"]
+__all__ = ["RESHARD", "WRITTEN_FOR", "export", "flag", "parallelism_flags", "training_flags", "why_not"]

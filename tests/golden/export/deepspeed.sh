@@ -1,8 +1,7 @@
 #!/bin/bash
-# written by paracube 0.1.0 (`paracube export --to deepspeed`) for DeepSpeed 0.16 (ds_config) with Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, pretrain_gpt.py)
-# plan: gpt3-13b on 64 x dgx-a100, layout dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap
+# written by paracube 0.1.0 (`paracube export --to deepspeed`) for DeepSpeed 0.19.8 (ds_config) with Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, pretrain_gpt.py)
+# plan: gpt3-13b on 64 x dgx-a100, layout dp=4,pp=4,tp=1d:4,mb=1,sp,zero=1,overlap
 # global batch 512 x 2048 tokens, bf16, recompute selective
-# note: DeepSpeed's pipeline engine does not interleave: v=2 runs as v=1 (a larger pipeline bubble than predicted)
 # run on node 0 from a Megatron-DeepSpeed checkout; HOSTFILE lists the nodes (`host slots=N`)
 set -euo pipefail
 : "${DATA_PATH:?set DATA_PATH}"
@@ -17,7 +16,11 @@ cat > "$DS_CONFIG" <<'JSON'
   "gradient_accumulation_steps": 128,
   "gradient_clipping": 1.0,
   "zero_optimization": {
-    "stage": 1
+    "stage": 1,
+    "overlap_comm": true,
+    "reduce_scatter": true,
+    "reduce_bucket_size": 6553600,
+    "allgather_bucket_size": 6553600
   },
   "steps_per_print": 10,
   "wall_clock_breakdown": false,

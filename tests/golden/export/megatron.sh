@@ -1,5 +1,5 @@
 #!/bin/bash
-# written by paracube 0.1.0 (`paracube export --to megatron`) for Megatron-LM core_r0.13.0 (pretrain_gpt.py arguments)
+# written by paracube 0.1.0 (`paracube export --to megatron`) for Megatron-LM core_r0.16.1 (pretrain_gpt.py arguments; megatron-core 0.16.1 configs)
 # plan: gpt3-13b on 64 x dgx-a100, layout dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap
 # global batch 512 x 2048 tokens, bf16, recompute selective
 # Megatron pads the vocabulary 50257 to 50688 (a multiple of 128 x tp)
@@ -24,6 +24,7 @@ torchrun --nnodes=8 --nproc-per-node=8 --node-rank="$NODE_RANK" --master-addr="$
     --attention-backend flash \
     --bf16 \
     --accumulate-allreduce-grads-in-fp32 \
+    --ddp-bucket-size 6553600 \
     --use-distributed-optimizer \
     --overlap-grad-reduce \
     --overlap-param-gather \

@@ -1,34 +1,36 @@
 #!/bin/bash
-# written by paracube 0.1.0 (`paracube export --to torchtitan`) for torchtitan (main, 2026: `torchtitan.train` with --section.option flags)
+# written by paracube 0.1.0 (`paracube export --to torchtitan`) for torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)
 # plan: gpt3-13b on 64 x dgx-a100, layout dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap
 # global batch 512 x 2048 tokens, bf16, recompute selective
 # note: torchtitan has no ZeRO-1: dp replicates the optimizer state, as with zero=0
 # note: torchtitan trains without dropout; the model sets dropout 0.1, attention dropout 0.1
-# model shape: gpt, 40 layers, hidden 5120, 40 heads (40 kv), ffn 20480, vocab 50257: choose or add a torchtitan model flavor of this shape (MODEL_NAME, MODEL_FLAVOR)
-# run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) from a torchtitan checkout
+# model shape: gpt, 40 layers, hidden 5120, 40 heads (40 kv), ffn 20480, vocab 50257, untied embeddings: choose or add a torchtitan config_registry function of this shape (MODEL_MODULE, MODEL_CONFIG)
+# run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) where torchtitan 0.3.0 is installed
 set -euo pipefail
-: "${MODEL_NAME:?set MODEL_NAME (e.g. llama3)}"
-: "${MODEL_FLAVOR:?set MODEL_FLAVOR (a flavor with the shape above)}"
+: "${MODEL_MODULE:?set MODEL_MODULE (e.g. llama3)}"
+: "${MODEL_CONFIG:?set MODEL_CONFIG (a config_registry function with the shape above)}"
 NODE_RANK="${NODE_RANK:-0}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 torchrun --nnodes=8 --nproc-per-node=8 --node-rank="$NODE_RANK" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" -m torchtitan.train \
-    --model.name "$MODEL_NAME" \
-    --model.flavor "$MODEL_FLAVOR" \
+    --module "$MODEL_MODULE" \
+    --config "$MODEL_CONFIG" \
     --parallelism.data_parallel_replicate_degree 4 \
     --parallelism.data_parallel_shard_degree 1 \
     --parallelism.tensor_parallel_degree 4 \
-    --parallelism.enable_sequence_parallel True \
+    --parallelism.enable_sequence_parallel \
     --parallelism.pipeline_parallel_degree 4 \
     --parallelism.pipeline_parallel_schedule Interleaved1F1B \
     --parallelism.pipeline_parallel_layers_per_stage 5 \
-    --parallelism.num_pp_microbatches 128 \
+    --parallelism.pipeline_parallel_first_stage_less_layers 0 \
+    --parallelism.pipeline_parallel_last_stage_less_layers 0 \
+    --parallelism.pipeline_parallel_microbatch_size 1 \
     --training.local_batch_size 128 \
+    --training.disable_cuda_graphs \
     --training.global_batch_size 512 \
     --training.seq_len 2048 \
     --training.mixed_precision_param bfloat16 \
     --training.mixed_precision_reduce float32 \
     --training.max_norm 1.0 \
     --training.steps "${TRAIN_STEPS:-1000}" \
-    --activation_checkpoint.mode selective \
-    --activation_checkpoint.selective_ac_option op
+    activation_checkpoint:selective
