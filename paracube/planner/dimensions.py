@@ -45,7 +45,8 @@ OVERLAP = Dimension("overlap", (False, True), lambda f: True if f.overlap else (
                     lambda r: _on_off(r.grad_overlap, r.grad_overlap_default), True,
                     "dp gradient reduction overlapped with backward")
 TPO = Dimension("tpo", (False, True), lambda f: True if f.tpo else (False if f.forbid_tpo else None),
-                lambda r: _on_off(r.tpo, r.tpo_default), True, "tensor-parallel collectives overlapped with their GEMMs")
+                lambda r: _on_off(r.tpo, r.tpo_default), True,
+                "tensor-parallel collectives overlapped with their GEMMs")
 KW = Dimension("kw", (0, 1), lambda f: f.keep_weights, lambda r: (0, 1), doc="kept weights (2d / 2.5d / 3d)")
 FA = Dimension("fa", (1, 0), lambda f: f.flash, lambda r: (1, 0), 1, "attention kernel (1 flash, 0 unfused)")
 DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, KW, FA)}
