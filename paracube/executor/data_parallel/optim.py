@@ -55,18 +55,18 @@ from paracube.executor.layers.shards import ShardSpec
 
 
 class DistributedAdamW(torch.optim.AdamW):
-    """AdamW over the fp32 master shards of `sync`'s buckets (sync.zero must be 1)."""
+    """AdamW over the fp32 master shards of `sync`'s buckets (zero >= 1; zero=2/3: sharded_optim.py)."""
 
     def __init__(self, sync: GradSync, specs: dict[Tensor, ShardSpec], **adamw: Any) -> None:
-        assert sync.zero == 1
+        assert sync.zero >= 1
         self.sync = sync
         k = sync.shard_index()
         self.masters: list[Tensor] = []
         self.masks: list[Tensor] = []  # 1 where this rank counts the element in the global norm
         for b in sync.buckets:
             lo, hi = k * b.shard_numel, (k + 1) * b.shard_numel
-            flat = torch.zeros(b.length, dtype=torch.float32, device=b.buffer.device)
-            mask = torch.zeros(b.length, dtype=torch.float32, device=b.buffer.device)
+            flat = torch.zeros(b.length, dtype=torch.float32, device=b.shard.device)
+            mask = torch.zeros(b.length, dtype=torch.float32, device=b.shard.device)
             for i, p in enumerate(b.params):
                 o = b.offsets[i]
                 flat[o:o + p.numel()] = p.detach().reshape(-1).float()
@@ -243,8 +243,12 @@ class MasterAdamW(torch.optim.AdamW):
 
 def build_optimizer(model: torch.nn.Module, mesh: Any, zero: int, bucket_bytes: int,
                     **adamw: Any) -> torch.optim.Optimizer:
-    """AdamW for a layout: DistributedAdamW over the model's buckets (zero=1), MasterAdamW for 16-bit
-    parameters, or torch's AdamW (fp32)."""
+    """AdamW for a layout: DistributedAdamW over the model's buckets (zero=1), ShardedAdamW over its units
+    (zero=2/3), MasterAdamW for 16-bit parameters, or torch's AdamW (fp32)."""
+    if zero >= 2:
+        from paracube.executor.data_parallel.sharded_optim import sharded_optimizer  # builds on this module
+
+        return sharded_optimizer(model, mesh, zero, **adamw)
     if zero != 1:
         params = list(model.parameters())
         if params[0].dtype != torch.float32:
