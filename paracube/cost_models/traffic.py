@@ -23,6 +23,13 @@ holds this list equal to what the executor records. Generic parts:
   ("pp", *tensor axes) (zero=1: ("pp", "dp", *tensor axes): the norm is summed over dp shards) and the
   metrics all_reduce.
   With pp > 1 the metrics all_reduce runs over ("pp", "dp", *tensor axes): the loss is on the last stage.
+- zero=2 / zero=3 (executor/data_parallel/sharded.py, fsdp.py; pp = 1): buckets are FSDP units
+  (modes/buckets.plan_units: embedding, each block, final norm + head; `zero_unit_numels`: padded to a
+  multiple of the zero group Layout.zero_axes, dp or HSDP's dp_shard). Per micro-batch: zero=3 all-gathers
+  every unit (compute dtype) before its forward and all but the last unit again before its backward; every
+  unit's fp32 gradient is reduce-scattered over the zero group. Per step: with HSDP each unit's shard is
+  all-reduced over dp_replicate (fp32, padded / n); zero=2 all-gathers the updated fp32 shards after the
+  optimizer; the grad norm runs over the zero group and the tensor axes (`norm_axes`).
 Blocks per stage: modes/stages.py (uneven splits: one block less on the first and / or last stage).
 A group of size 1 issues nothing.
 """
@@ -116,11 +123,10 @@ def _zero_micro_batch(log: _Log, first: bool, last: bool, layers: int) -> None:
     names = _unit_labels(layout, first, last, layers)
     axes = layout.zero_axes
     if layout.zero == 3:
-        for k, (n, (fwd, _)) in enumerate(zip(units, names, strict=True)):
+        for n, (fwd, _) in zip(units, names, strict=True):
             log.add("all_gather", axes, d.c * n, d.dtype, "fwd", f"{fwd}.gather")
-        for k, (n, (_, bwd)) in enumerate(zip(units, names, strict=True)):
-            if k < len(units) - 1:
-                log.add("all_gather", axes, d.c * n, d.dtype, "bwd", f"{bwd}.gather")
+        for n, (_, bwd) in list(zip(units, names, strict=True))[:-1]:  # the last unit stays gathered
+            log.add("all_gather", axes, d.c * n, d.dtype, "bwd", f"{bwd}.gather")
     for n, (fwd, _) in zip(units, names, strict=True):
         log.add("reduce_scatter", axes, 4 * n, F32, "bwd", f"{fwd}.rs")
 

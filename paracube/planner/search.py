@@ -15,9 +15,11 @@ respected too; `overlap` (or a fixed layout's) prices every layout with the grad
 with backward (analytic.py). Recomputation: `recomputes` lists the choices to search (default: TrainingSpec.recompute
 only; `paracube plan` without --recompute passes none, selective, full); each choice is a pass over the
 configurations with its own Dims, and a layout found so carries it (`rc=`). Distributed optimizer:
-`zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage under
-which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
-of the all_reduce they replace, so its step time is that of zero=0).
+`zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage of 0 and 1
+under which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
+of the all_reduce they replace, so its step time is that of zero=0); zero=2 and 3 change the step time (per
+micro-batch reduce-scatters, zero=3's per-unit gathers), so each of them that fits (pp = 1, untied, as the
+executor runs them) is a configuration of its own, priced with its stage: the ranking chooses by step time.
 Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for
 the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from paracube.cost_models.analytic import estimate, evaluate, step_lower_bound
-from paracube.cost_models.comm import axes_used
+from paracube.cost_models.comm import axes_used, unit_totals
 from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import Dims, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
@@ -47,7 +49,7 @@ from paracube.cost_models.memory import stage_memory, total, with_zero, zero_sha
 from paracube.cost_models.validity import first_violation, rules
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
-from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
+from paracube.layout import RECOMPUTES, TENSOR_MODES, ZERO_STAGES, Layout
 from paracube.modes import MODES, LayoutBatch, executor_runs, runnable_modes
 from paracube.modes.stages import split_ok
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
@@ -219,20 +221,29 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     def mems(kw: int) -> list[dict[str, np.ndarray]]:
         return [stage_memory(s.d, mode, sub, True, False, kw=kw), stage_memory(s.d, mode, sub, False, True, kw=kw)]
 
-    shards = zero_shards(mode, sub)  # ranks zero=1 shards the optimizer over (2.5D: dp x depth)
+    shards = zero_shards(mode, sub)  # ranks zero shards the optimizer over (2.5D: dp x depth)
+    ones = np.ones_like(sub.dp)
+    flags = [(ones, np.where(sub.pp == 1, 1, 0)), (np.where(sub.pp == 1, 1, 0), ones)]  # (first, last) of mems
+    units = [unit_totals(s.d, mode, sub, f, h, shards)[1::2] for f, h in flags] if max(zeros) >= 2 else [None] * 2
 
     def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
-        return np.maximum(*(total(with_zero(m, shards, z)) for m in ms))
+        return np.maximum(*(total(with_zero(m, shards, z, u)) for m, u in zip(ms, units, strict=True)))
 
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
+    extra: list[tuple[int, np.ndarray]] = []  # zero=2/3: a configuration of its own where it fits
     for z in zeros:
         if z and not np.any(shards > 1):
             continue
-        mem = peak(base, z * np.ones_like(sub.dp))
+        mem = peak(base, z * ones)
         ok = (z == 0) | ((shards > 1) & ~(s.d.tied & (sub.pp > 1)))  # tied + pp > 1: zero=0 (executor)
+        if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits (pp = 1, untied)
+            extra.append((z, (mem <= s.mem_cap) & (shards > 1) & (sub.pp == 1) & (not s.d.tied)))
+            continue
         zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
     fits = zero >= 0
+    for _, f in extra:
+        fits = fits | f
     kw = np.full(len(idx), base_kw)
     if keeps and s.kw_pin is None:  # keep where it saves traffic (several micro-batches) and memory allows
         several = sub.micro_batches(s.d.global_batch) > 1
@@ -244,7 +255,11 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     over = int(n_places[idx[~fits & ~tied_zero1]].sum())
     if over:
         rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
-    return idx[fits], zero[fits], kw[fits]
+    low = zero >= 0
+    out_idx = [idx[low]] + [idx[f] for _, f in extra]
+    out_zero = [zero[low]] + [np.full(int(f.sum()), z) for z, f in extra]
+    out_kw = [kw[low]] + [kw[f] for _, f in extra]
+    return np.concatenate(out_idx), np.concatenate(out_zero), np.concatenate(out_kw)
 
 
 def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements]
@@ -298,7 +313,9 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
     st_links = _structure_links(s, mode, owners, places)
     zero_arg = zeros if s.zeros != (0,) else None
-    if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k:
+    # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
+    # would price them as zero=0, so their configurations are not pruned.
+    if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k and not np.any(zeros >= 2):
         keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws)
         s.pruned += int(n_places[~keep].sum())
         kept = np.nonzero(keep)[0]
@@ -313,10 +330,10 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     place_idx = np.concatenate([np.arange(c) for c in n_places])
     link_mat = np.concatenate([st_links[st] for st in owners])
     links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
-    res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows, zero=zero_arg, overlap=s.overlap, kw=kws)
+    step_time = _evaluate(s, mode, batch, links, layout_rows, zeros, zero_arg, kws)
     s.scored += len(layout_rows)
     taken = 0
-    for j in np.argsort(res.step_time, kind="stable"):
+    for j in np.argsort(step_time, kind="stable"):
         row = int(layout_rows[j])
         st = owners[row]
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
@@ -324,7 +341,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
                       s.fixed.flash if s.fixed else None)
         if not _matches(lay, s.fixed):
             continue
-        s.best.append((float(res.step_time[j]), lay))
+        s.best.append((float(step_time[j]), lay))
         if mode not in s.per_mode_best or s.best[-1][0] < s.per_mode_best[mode][0]:
             s.per_mode_best[mode] = s.best[-1]
         taken += 1
@@ -333,6 +350,24 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     if not taken:  # layouts fit, but only ones the pins exclude (e.g. with sp where sp=0 is pinned)
         top = mode_rej.most_common(2)
         s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or f"no layout matches {s.fixed}"
+
+
+def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.ndarray, zeros: np.ndarray,
+              zero_arg: np.ndarray | None, kws: np.ndarray) -> np.ndarray:
+    """Step time per layout: zero=0/1 rows in one evaluation (the same time: search docstring), each zero=2/3
+    stage in its own (its per-unit traffic is priced for one zero stage at a time: comm.StepTraffic)."""
+    high = zeros[rows] >= 2
+    if not np.any(high):
+        return evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero_arg, overlap=s.overlap, kw=kws).step_time
+    out = np.zeros(len(rows))
+    for z in [None, *sorted(set(zeros[zeros >= 2].tolist()))]:
+        sel = ~high if z is None else zeros[rows] == z
+        if not np.any(sel):
+            continue
+        sub = {ax: (bw[sel], lat[sel]) for ax, (bw, lat) in links.items()}
+        arg = (np.where(zeros >= 2, 0, zeros) if zero_arg is not None else None) if z is None else int(z)
+        out[sel] = evaluate(s.d, mode, batch, sub, s.g, rows=rows[sel], zero=arg, overlap=s.overlap, kw=kws).step_time
+    return out
 
 
 def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None) -> list[str]:
@@ -356,10 +391,9 @@ def _choices(training: TrainingSpec, fixed: Layout | None, recomputes: list[str]
     rcs = [fixed.recompute] if fixed is not None and fixed.recompute else list(recomputes or [training.recompute])
     for rc in rcs:
         check(rc in RECOMPUTES, f"recompute {rc!r} is not valid; valid: {', '.join(RECOMPUTES)}")
-    # A pinned zero=3 is not priced: searched as zero=0 (the CLI carries the pin and says so).
-    zs = (fixed.zero,) if fixed is not None and fixed.zero == 1 else tuple(zeros or (0,))
+    zs = (fixed.zero,) if fixed is not None and fixed.zero else tuple(zeros or (0,))
     for z in zs:
-        check(z in (0, 1), f"zero={z!r} is not searched; valid: 0, 1 (zero=3 is not priced)")
+        check(z in ZERO_STAGES, f"zero={z!r} is not searched; valid: {', '.join(map(str, ZERO_STAGES))}")
     return rcs, zs
 
 
