@@ -10,10 +10,12 @@ on the same 1D tensor group of 4.
 `--overlap`: instead, data-parallel layouts (zero=0 and zero=1) with gradient buckets reduced during the
 backward (overlap on) and after it (off), side by side in one run.
 `--zero`: instead, dp=8 at zero=0/1/2/3 (ours; zero=2/3 reduce-scatter per FSDP unit, zero=3 gathers each unit
-before its forward and backward, executor/data_parallel/sharded.py) and torch's FSDP2 (`fully_shard` on every
-block, then on the root, torchtitan's wrapping; fp32, reshard_after_forward=True) on the plain GPT, one run.
+before its forward and backward, executor/data_parallel/sharded.py) and torch's FSDP2 on the plain GPT, one
+run: `fully_shard` as torchtitan's apply_fsdp wraps (the embeddings, every block, [final norm, head] with
+reshard_after_forward=False, the root), fp32.
 FSDP2's bytes are counted from the c10d collectives it dispatches (_allgather_base_ output, _reduce_scatter_base_
-input, allreduce_ tensor: a TorchDispatchMode), priced by the same ring factors as ours.
+input, allreduce_ tensor; the grad norm's functional all_reduce: a TorchDispatchMode), priced by the same ring
+factors as ours.
 Usage: python benchmarks/executor_step.py [--model small] [--steps 5] [--warmup 2] [--global-batch 8]
        [--only pp]   (only the pp=1 / pp=2 rows)   [--overlap [--bucket-mb 2]]   [--zero]
 """
@@ -111,6 +113,8 @@ class _C10dTraffic(TorchDispatchMode):
             kind, i = C10D[name]
             t = args[i][0] if isinstance(args[i], (list, tuple)) else args[i]
             self.events.append(CommEvent(kind, ("dp",), self.world, t.numel() * t.element_size()))
+        elif func.namespace == "_c10d_functional" and name == "all_reduce":  # clip_grad_norm_'s on DTensors
+            self.events.append(CommEvent("all_reduce", ("dp",), self.world, args[0].numel() * args[0].element_size()))
         return func(*args, **(kwargs or {}))
 
 
@@ -121,8 +125,12 @@ def _torch_fsdp(rank: int, world: int, spec: ModelSpec, batches: list, steps: in
     torch.manual_seed(0)
     model = _PlainGPT(spec)
     mesh = init_device_mesh("cpu", (world,))
+    # torchtitan's apply_fsdp: the embeddings, each block, [final norm, head] kept gathered for the backward
+    # that follows at once (reshard_after_forward=False), then the root: the units ours has.
+    fully_shard([model.tok, model.pos], mesh=mesh)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
+    fully_shard([model.ln_f, model.head], mesh=mesh, reshard_after_forward=False)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = sum(ids.numel() for ids, _ in batches) * world
@@ -244,7 +252,7 @@ def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: in
                          *_ours(rank, world, spec, layout, global_batch, steps, warmup)))
         src = parse_source("synthetic", spec.vocab, spec.seq_len)
         mine = replica_micro_batches(src, 1, global_batch, world, rank, 1)
-        rows.append(("torch FSDP2", "dp=8 fully_shard per block", *_torch_fsdp(rank, world, spec, mine, steps,
+        rows.append(("torch FSDP2", "dp=8 fully_shard (titan)", *_torch_fsdp(rank, world, spec, mine, steps,
                                                                               warmup)))
         return rows
     if overlap:

@@ -171,6 +171,30 @@ ENGINE_LAYOUTS = [  # 20 layouts of zero=2/3 and HSDP, global batch 16, on DGX A
 
 
 @pytest.mark.parametrize("text", ENGINE_LAYOUTS)
+def test_closed_form_sums_equal_the_event_list(text: str) -> None:
+    """comm.py's vectorized entries (the search's path) count the calls and bytes of traffic.stage_events, the
+    list the executor is held to, per (kind, axes, dtype)."""
+    from collections import Counter
+
+    from paracube.cost_models.comm import comm_entries
+
+    layout = parse_layout(text)
+    d = dims_of(SPEC, TrainingSpec(global_batch=16, recompute=layout.recompute or "none"))
+    one = np.array([1])
+    summed: Counter = Counter()
+    for e in comm_entries(d, layout.mode, layout_arrays(layout, layout.micro_batch), one, one, layout.zero,
+                          shard=layout.shard):
+        if e.count[0] > 0:
+            summed[(e.kind, e.axes, e.dtype, "calls")] += int(e.count[0])
+            summed[(e.kind, e.axes, e.dtype, "bytes")] += int(e.payload[0])
+    listed: Counter = Counter()
+    for e in stage_events(layout, d, layout.micro_batch):
+        listed[(e.kind, e.axes, e.dtype, "calls")] += 1
+        listed[(e.kind, e.axes, e.dtype, "bytes")] += e.payload_bytes
+    assert summed == listed
+
+
+@pytest.mark.parametrize("text", ENGINE_LAYOUTS)
 def test_engines_agree_on_zero(text: str) -> None:
     """The analytic and event engines price zero=2/3 and HSDP alike (within 2%, the issue's bound) with the
     same bytes; 20 layouts."""
