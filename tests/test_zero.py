@@ -274,3 +274,27 @@ def test_a_rank_killed_in_a_zero3_gather_ends_every_rank_within_60_s(tmp_path) -
     # (gloo: "Connection closed by peer"), the others being stopped then.
     first = str(err.value).splitlines()[0]
     assert "rank 1" in first or "closed by peer" in first, first
+
+
+def test_search_prices_each_zero_stage_and_ranks_by_step_time() -> None:
+    """zeros=(2, 3): every layout found runs them (pp=1) and carries the time of its own stage; with all four
+    stages allowed the best is the faster of the {0, 1} and {2, 3} searches' bests; a pin that cannot run
+    zero=2 (pp > 1) is refused naming why."""
+    from paracube.planner.search import search
+
+    spec = ModelSpec("mid", layers=8, hidden=1024, heads=16, ffn_hidden=4096, vocab=32000, seq_len=1024)
+    training = TrainingSpec(global_batch=32, dtype="bf16")
+    topo = load_topology("dgx-a100", gpus=16)
+    best = {}
+    for zs in ((0, 1), (2, 3), (0, 1, 2, 3)):
+        res = search(spec, training, topo, 16, zeros=list(zs), top_k=3)
+        assert all(lay.zero in zs for lay, _ in res.ranked)
+        best[zs] = res.ranked[0][1].step_time_s
+        if zs == (2, 3):
+            assert all(lay.pp == 1 for lay, _ in res.ranked)
+            for lay, est in res.ranked:
+                again = estimate(spec, training, lay, topo, with_events=False)
+                assert again.step_time_s == est.step_time_s
+    assert best[(0, 1, 2, 3)] == pytest.approx(min(best[(0, 1)], best[(2, 3)]))
+    with pytest.raises(ParacubeError, match="runs zero=2/3 with dp > 1, pp=1"):
+        search(spec, training, topo, 16, fixed=parse_layout("dp=4,pp=2,tp=1d:2,zero=2"))

@@ -232,15 +232,22 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
     extra: list[tuple[int, np.ndarray]] = []  # zero=2/3: a configuration of its own where it fits
+    runs = np.zeros(len(idx), dtype=bool)  # some allowed stage runs there (memory aside)
     for z in zeros:
         if z and not np.any(shards > 1):
             continue
         mem = peak(base, z * ones)
         ok = (z == 0) | ((shards > 1) & ~(s.d.tied & (sub.pp > 1)))  # tied + pp > 1: zero=0 (executor)
         if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits (pp = 1, untied)
-            extra.append((z, (mem <= s.mem_cap) & (shards > 1) & (sub.pp == 1) & (not s.d.tied)))
-            continue
-        zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
+            ok = (shards > 1) & (sub.pp == 1) & (not s.d.tied)
+            extra.append((z, (mem <= s.mem_cap) & ok))
+        else:
+            zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
+        runs = runs | ok
+    unrun = ~runs if min(zeros) >= 2 else np.zeros(len(idx), dtype=bool)  # only zero=2/3 allowed, none runs
+    if unrun.any():
+        rejected["paracube's executor runs zero=2/3 with dp > 1, pp=1 and untied embeddings only"] += int(
+            n_places[idx[unrun]].sum())
     fits = zero >= 0
     for _, f in extra:
         fits = fits | f
@@ -252,7 +259,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     if tied_zero1.any():  # a pinned zero=1 with tied embeddings and pipelines (executor/sizes.py refuses it)
         rejected["paracube's executor runs tied embeddings with pp > 1 at zero=0 only"] += int(
             n_places[idx[tied_zero1]].sum())
-    over = int(n_places[idx[~fits & ~tied_zero1]].sum())
+    over = int(n_places[idx[~fits & ~tied_zero1 & ~unrun]].sum())
     if over:
         rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
     low = zero >= 0
