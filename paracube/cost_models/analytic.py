@@ -218,7 +218,7 @@ def layout_links(layout: Layout, cache: LinkCache) -> Links:
                  *place[i + 1:])
     names = {a for a, _ in place}
     links: Links = {}
-    for axes in axes_used(layout.mode):
+    for axes in axes_used(layout.mode, layout.hybrid):
         wide = (*axes, "dp_shard", "dp_replicate") if "dp" in axes else axes
         axes_ok = tuple(a for a in wide if a in names)
         bw, lat = cache.get(place, axes_ok)

@@ -271,12 +271,13 @@ def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero
     return StepTraffic(d, mode, b, zero, bucket_bytes, kw, shard).entries(first, last)
 
 
-def axes_used(mode: str) -> list[tuple[str, ...]]:
-    """Every group (mesh axes) the closed forms of `mode` may use: the planner asks the topology for these."""
+def axes_used(mode: str, hybrid: bool = False) -> list[tuple[str, ...]]:
+    """Every group (mesh axes) the closed forms of `mode` may use: the planner asks the topology for these
+    (`hybrid`: an HSDP layout's zero groups too, dp split into dp_shard and dp_replicate)."""
     m = MODES[mode]
     tensor = m.axes
     extra = [tensor] if tensor else []
     zero = [("dp_shard",), ("dp_replicate",), ("dp_shard", *tensor),
-            tuple("dp_shard" if a == "dp" else a for a in m.grad_axes)]  # zero's groups with HSDP
+            tuple("dp_shard" if a == "dp" else a for a in m.grad_axes)] if hybrid else []
     return list(dict.fromkeys([*m.collective_axes, m.grad_axes, *extra, ("pp", *tensor), ("dp", *tensor), ("pp",),
                                 ("dp",), ("pp", "dp", *tensor), *zero]))

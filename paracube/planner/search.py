@@ -20,6 +20,8 @@ under which it fits in memory (zero=1 changes memory only here: its reduce_scatt
 of the all_reduce they replace, so its step time is that of zero=0); zero=2 and 3 change the step time (per
 micro-batch reduce-scatters, zero=3's per-unit gathers), so each of them that fits (pp = 1, untied, as the
 executor runs them) is a configuration of its own, priced with its stage: the ranking chooses by step time.
+A pinned HSDP `shard=N` (zero=2/3 only) is carried into every layout found; the vectorized pass prices it as
+sharding over all of dp, the final ranking by `estimate` with its own shard and replica groups.
 Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for
 the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
@@ -138,9 +140,10 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
 
 def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
             recompute: str | None = None, overlap: bool = False, kw: int | None = None,
-            flash: int | None = None) -> Layout:
+            flash: int | None = None, shard: int | None = None) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
+        shard=shard if zero else None,
         keep_weights=kw if MODES[st.mode].keeps_weights else None,
         flash=flash,
         overlap=overlap and st.dp > 1,
@@ -345,7 +348,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         st = owners[row]
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
                       s.d.recompute if s.rc_pin else None, s.overlap, int(kws[row]),
-                      s.fixed.flash if s.fixed else None)
+                      s.fixed.flash if s.fixed else None, s.fixed.shard if s.fixed else None)
         if not _matches(lay, s.fixed):
             continue
         s.best.append((float(step_time[j]), lay))
@@ -399,6 +402,9 @@ def _choices(training: TrainingSpec, fixed: Layout | None, recomputes: list[str]
     for rc in rcs:
         check(rc in RECOMPUTES, f"recompute {rc!r} is not valid; valid: {', '.join(RECOMPUTES)}")
     zs = (fixed.zero,) if fixed is not None and fixed.zero else tuple(zeros or (0,))
+    check(fixed is None or not fixed.hybrid or fixed.zero >= 2,
+          f"shard={fixed.shard if fixed else None} (hybrid sharding) runs with zero=2 or 3 in paracube's executor; "
+          "pin zero=2 or zero=3")
     for z in zs:
         check(z in ZERO_STAGES, f"zero={z!r} is not searched; valid: {', '.join(map(str, ZERO_STAGES))}")
     return rcs, zs
@@ -453,6 +459,8 @@ def search(
         return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
+    if fixed is not None and fixed.hybrid:  # HSDP is priced exactly by `estimate` only (its own shard groups)
+        ranked.sort(key=lambda r: r[1].step_time_s)
     if fixed is None or fixed.flash is None:
         # Unfused attention (fa=0) is never faster nor smaller than flash in the model (compute.py: the flash
         # kernel computes the causal half and no s x s traffic; activations.py: no s x s tensors kept), so the
