@@ -9,8 +9,15 @@ ranks are dp=2 x 2x2. Prints step time (mean over timed steps of the slowest ran
 on the same 1D tensor group of 4.
 `--overlap`: instead, data-parallel layouts (zero=0 and zero=1) with gradient buckets reduced during the
 backward (overlap on) and after it (off), side by side in one run.
+`--zero`: instead, dp=8 at zero=0/1/2/3 (ours; zero=2/3 reduce-scatter per FSDP unit, zero=3 gathers each unit
+before its forward and backward, executor/data_parallel/sharded.py) and torch's FSDP2 on the plain GPT, one
+run: `fully_shard` as torchtitan's apply_fsdp wraps (the embeddings, every block, [final norm, head] with
+reshard_after_forward=False, the root), fp32.
+FSDP2's bytes are counted from the c10d collectives it dispatches (_allgather_base_ output, _reduce_scatter_base_
+input, allreduce_ tensor; the grad norm's functional all_reduce: a TorchDispatchMode), priced by the same ring
+factors as ours.
 Usage: python benchmarks/executor_step.py [--model small] [--steps 5] [--warmup 2] [--global-batch 8]
-       [--only pp]   (only the pp=1 / pp=2 rows)   [--overlap [--bucket-mb 2]]
+       [--only pp]   (only the pp=1 / pp=2 rows)   [--overlap [--bucket-mb 2]]   [--zero]
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from paracube.workload import ModelSpec, resolve_model  # noqa: E402
 OURS = {"ours 1D": "dp=1,tp=1d:8,mb=4", "ours 2D": "dp=2,tp=2d:2x2,mb=4", "ours 3D": "dp=1,tp=3d:2x2x2,mb=4",
         # pipeline vs none on the same tensor group: the second replica becomes a second stage (1F1B)
         "ours pp=1": "dp=2,tp=1d:4,mb=2", "ours pp=2": "dp=1,pp=2,tp=1d:4,mb=2"}
+ZERO = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=8,mb=1,zero=2", "dp=8,mb=1,zero=3"]
+C10D = {"_allgather_base_": ("all_gather", 0), "_reduce_scatter_base_": ("reduce_scatter", 1),
+        "allreduce_": ("all_reduce", 0)}  # op -> (kind, index of the tensor whose size is the payload)
 OVERLAP = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=2,tp=1d:4,mb=2", "dp=2,tp=1d:4,mb=2,zero=1"]
 KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
@@ -90,6 +100,52 @@ class _Traffic(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _C10dTraffic(TorchDispatchMode):
+    """Collects the c10d collectives FSDP2 dispatches (process-group ops, not functional ones), as CommEvents."""
+
+    def __init__(self, world: int):
+        super().__init__()
+        self.world, self.events = world, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func._overloadpacket.__name__
+        if func.namespace == "c10d" and name in C10D:
+            kind, i = C10D[name]
+            t = args[i][0] if isinstance(args[i], (list, tuple)) else args[i]
+            self.events.append(CommEvent(kind, ("dp",), self.world, t.numel() * t.element_size()))
+        elif func.namespace == "_c10d_functional" and name == "all_reduce":  # clip_grad_norm_'s on DTensors
+            self.events.append(CommEvent("all_reduce", ("dp",), self.world, args[0].numel() * args[0].element_size()))
+        return func(*args, **(kwargs or {}))
+
+
+def _torch_fsdp(rank: int, world: int, spec: ModelSpec, batches: list, steps: int, warmup: int) -> tuple:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = _PlainGPT(spec)
+    mesh = init_device_mesh("cpu", (world,))
+    # torchtitan's apply_fsdp: the embeddings, each block, [final norm, head] kept gathered for the backward
+    # that follows at once (reshard_after_forward=False), then the root: the units ours has.
+    fully_shard([model.tok, model.pos], mesh=mesh)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard([model.ln_f, model.head], mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = sum(ids.numel() for ids, _ in batches) * world
+
+    def step() -> None:
+        for ids, labels in batches:
+            logits = model(ids)
+            (F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _time(step, steps, warmup, lambda: _C10dTraffic(world))
+
+
 def _clip(model: nn.Module, mesh: object, max_norm: float) -> None:
     """Global-norm clipping as ours does it: sharded squares summed by one [1] all-reduce, replicated
     parameters counted once. (clip_grad_norm_ refuses a mix of DTensor and plain gradients.)"""
@@ -138,8 +194,7 @@ def _torch_tp(rank: int, world: int, spec: ModelSpec, batches: list, steps: int,
 # --- ours ----------------------------------------------------------------------------------------------
 def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch: int, steps: int,
           warmup: int, overlap: bool = True, bucket_bytes: int = 25 * 2**20) -> tuple:
-    from paracube.executor.data_parallel.grad_sync import GradSync
-    from paracube.executor.data_parallel.optim import DistributedAdamW
+    from paracube.executor.data_parallel.optim import build_optimizer
     from paracube.executor.mesh import Mesh
     from paracube.executor.model.gpt import build_model
     from paracube.executor.training.data import parse_source, replica_micro_batches
@@ -149,11 +204,7 @@ def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank)
     model = build_model(spec, mesh, seed=0)
-    if layout.zero == 1:
-        specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}
-        opt: torch.optim.Optimizer = DistributedAdamW(GradSync(model, mesh, 1, bucket_bytes), specs, lr=1e-3)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = build_optimizer(model, mesh, layout.zero, bucket_bytes, lr=1e-3)
     source = parse_source("synthetic", spec.vocab, spec.seq_len)
     dp_index = mesh.coord("dp")
     micro = replica_micro_batches(source, 1, global_batch, layout.dp, dp_index, layout.micro_batch or 1)
@@ -190,11 +241,20 @@ def _time(step, steps: int, warmup: int, traffic) -> tuple:  # type: ignore[no-u
 
 
 def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: int, warmup: int,
-            only: str = "", overlap: bool = False, bucket_bytes: int = 25 * 2**20) -> list:
+            only: str = "", overlap: bool = False, bucket_bytes: int = 25 * 2**20, zero: bool = False) -> list:
     from paracube.executor.training.data import parse_source, replica_micro_batches
 
     spec = resolve_model(model_name)
     rows = []
+    if zero:
+        for layout in ZERO:
+            rows.append((f"ours zero={layout[-1] if 'zero' in layout else 0}", layout,
+                         *_ours(rank, world, spec, layout, global_batch, steps, warmup)))
+        src = parse_source("synthetic", spec.vocab, spec.seq_len)
+        mine = replica_micro_batches(src, 1, global_batch, world, rank, 1)
+        rows.append(("torch FSDP2", "dp=8 fully_shard (titan)", *_torch_fsdp(rank, world, spec, mine, steps,
+                                                                              warmup)))
+        return rows
     if overlap:
         for layout in OVERLAP:
             for on in (True, False):
@@ -225,14 +285,15 @@ def main() -> None:
     p.add_argument("--only", default="", help="run only our rows whose name contains this (e.g. pp)")
     p.add_argument("--overlap", action="store_true", help="overlap on vs off on data-parallel layouts")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket limit in MiB (default 25)")
+    p.add_argument("--zero", action="store_true", help="dp=8 at zero=0/1/2/3 (ours) and torch's FSDP2")
     args = p.parse_args()
     spec = resolve_model(args.model)
     t0 = time.perf_counter()
     rows = run_distributed(_worker, 8, args.model, args.global_batch, args.steps, args.warmup, args.only,
-                           args.overlap, int(args.bucket_mb * 2**20), timeout=1200)[0]
+                           args.overlap, int(args.bucket_mb * 2**20), args.zero, timeout=1200)[0]
     print(f"model {spec.name}: L={spec.layers} h={spec.hidden} heads={spec.heads} f={spec.ffn_hidden} "
           f"V={spec.vocab} s={spec.seq_len}; global batch {args.global_batch}, "
-          f"{'micro-batch as the layout says' if args.overlap else 'micro-batch 4'}; 8 gloo CPU ranks "
+          f"{'micro-batch as the layout says' if args.overlap or args.zero else 'micro-batch 4'}; 8 gloo CPU ranks "
           f"(torch {torch.__version__}); {args.steps} timed steps after {args.warmup} warmup"
           + (f"; buckets of {args.bucket_mb:g} MiB" if args.overlap else ""))
     print(f"{'run':18} {'layout':26} {'step time':>11} {'sent/rank':>12} {'collectives':>12}")

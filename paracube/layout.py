@@ -23,6 +23,9 @@ Rajbhandari et al. 2020); 2 gradients sharded too (reduce-scattered into the ran
 3 parameters fully sharded over dp (ZeRO-3 / FSDP: gathered per block before use, resharded after).
 `shard=N` (zero >= 1, N divides dp): hybrid sharding (HSDP, ZeRO++'s hpZ): shard within groups of N consecutive
 dp ranks and replicate across the dp / N groups (gradients all-reduced across them); unset, shard over all of dp.
+HSDP splits the `dp` axis of the rank grid into (dp_replicate, dp_shard) = (dp / N, N), dp = dp_replicate x N +
+dp_shard (torchtitan's data_parallel_replicate / shard degrees): the groups of `dp_shard` are N consecutive dp
+coordinates, those of `dp_replicate` the ranks with equal dp_shard; `zero_axes` / `replica_axes` name them.
 `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce or consume them (collective matmul:
 Megatron's --tp-comm-overlap, torchtitan's async TP; Wang et al. 2023); the same bytes, only the exposed part priced.
 `kw` (2d, 2.5d, 3d): 1 keeps the gathered weights of the linears (and the position table) across the
@@ -170,11 +173,33 @@ class Layout:
         """Canonical order, outermost first."""
         return ("pp", "dp", *self.tensor_axes)
 
+    @property
+    def hybrid(self) -> bool:
+        """HSDP: zero shards over part of dp (`shard` < dp) and replicates across the groups."""
+        return self.shard is not None and self.shard < self.dp
+
+    @property
+    def zero_axes(self) -> tuple[str, ...]:
+        """The group zero shards over: the mode's grad_axes (dp; 2.5D: dp, dep), dp replaced by dp_shard with HSDP."""
+        grad = MODES[self.mode].grad_axes
+        return tuple("dp_shard" if a == "dp" and self.hybrid else a for a in grad)
+
+    @property
+    def replica_axes(self) -> tuple[str, ...]:
+        """HSDP: the group over which a shard's gradients are all-reduced (dp_replicate); () otherwise."""
+        return ("dp_replicate",) if self.hybrid else ()
+
     def axis_size(self, axis: str) -> int:
+        if axis in ("dp_shard", "dp_replicate"):
+            return self.shard_size if axis == "dp_shard" else self.dp // self.shard_size
         sizes = {"pp": self.pp, "dp": self.dp, **MODES[self.mode].axis_sizes(self.q, self.tensor_size, self.depth)}
         if axis not in sizes:
             raise ParacubeError(f"axis {axis!r} is not part of layout {self}; axes: {', '.join(sizes)}")
         return sizes[axis]
+
+    def axis_size_of(self, axes: tuple[str, ...]) -> int:
+        """Ranks in the group of `axes`."""
+        return math.prod(self.axis_size(a) for a in axes)
 
     @property
     def default_placement(self) -> tuple[str, ...]:
@@ -194,15 +219,21 @@ class Layout:
     def groups(self, axes: tuple[str, ...] | str) -> np.ndarray:
         """[n_groups, group_size]: every group of ranks that differ only along `axes` (first axis major)."""
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
-        grid = self.rank_grid()
-        src = [self.axis_names.index(a) for a in axes]
+        grid, names = self.rank_grid(), self.axis_names
+        if any(a in ("dp_shard", "dp_replicate") for a in axes):  # HSDP: dp split into (replicate, shard)
+            i = names.index("dp")
+            grid = grid.reshape(grid.shape[:i] + (self.axis_size("dp_replicate"), self.shard_size) + grid.shape[i + 1:])
+            names = names[:i] + ("dp_replicate", "dp_shard") + names[i + 1:]
+        src = [names.index(a) for a in axes]
         moved = np.moveaxis(grid, src, list(range(grid.ndim - len(axes), grid.ndim)))
         return moved.reshape(-1, math.prod(self.axis_size(a) for a in axes))
 
     def coords(self, rank: int) -> dict[str, int]:
         where = np.argwhere(self.rank_grid() == rank)
         check(len(where) == 1, f"rank {rank} is outside world size {self.world_size}")
-        return dict(zip(self.axis_names, (int(c) for c in where[0]), strict=True))
+        out = dict(zip(self.axis_names, (int(c) for c in where[0]), strict=True))
+        out["dp_replicate"], out["dp_shard"] = divmod(out["dp"], self.shard_size)
+        return out
 
     # --- text --------------------------------------------------------------------------------------------
     def __str__(self) -> str:

@@ -11,6 +11,9 @@ One 8-rank gloo job runs every distributed phase in sequence (one process start 
   G  bf16 3D 2x2x2, steps 1..3, saves step_2 with the fp32 master weights next to the moments
   H  bf16 3D 2x2x2, resumes G's step_2                                 -> loss 3 bit-identical to G's
   I  bf16 dp=2 x 1D tp=4 with zero=1, resumes G's step_2 (3D -> 1D)    -> loss 3 equals G's (bf16 tolerance)
+  Z  dp=4 x 1D tp=2 + sp with zero=3 (FSDP units), resumes A's step_2, step 3, saves it
+  Z0 dp=8 with zero=0 (no tensor mode), resumes Z's step_3, step 4     -> loss and parameters equal A's
+  Z1 3D 2x2x2, resumes Z's step_3, step 4                               -> loss and parameters equal A's
 (C is 1D tensor parallelism over 4 ranks, twice: dp=2 has replicas, which save nothing and load their own copy.)
 The reference values are A's own losses: every layout computes the serial model's math (docs/algorithms.md).
 """
@@ -38,6 +41,8 @@ from paracube.plan import default_plan
 CUBE = "dp=1,tp=3d:2x2x2,mb=4"
 ONE_D = "dp=2,tp=1d:4,mb=4"
 HALF = "dp=1,tp=2.5d:2x2x2,mb=4"
+ZERO3 = "dp=4,tp=1d:2,mb=2,sp,zero=3"
+PLAIN = "dp=8,mb=1"
 DATA = "synthetic"
 
 
@@ -88,6 +93,16 @@ def _worker(rank: int, world: int, root: str) -> None:
         _copy_checkpoint(r / "E" / "step_3", r / "F")
     dist.barrier()
     phase(CUBE, 4, "F", 1, True)
+    if rank == 0:
+        _copy_checkpoint(r / "A" / "step_2", r / "Z")
+    dist.barrier()
+    phase(ZERO3, 3, "Z", 1, True)
+    if rank == 0:
+        _copy_checkpoint(r / "Z" / "step_3", r / "Z0")
+        _copy_checkpoint(r / "Z" / "step_3", r / "Z1")
+    dist.barrier()
+    phase(PLAIN, 4, "Z0", 1, True)
+    phase(CUBE, 4, "Z1", 1, True)
     _round_trip(rank, r)
 
     def bf16(layout: str, steps: int, name: str, save_every: int, resume: bool) -> None:
@@ -181,6 +196,24 @@ def test_reshard_3d_to_2_5d_and_back(runs: Path) -> None:
     for name in ("R1", "R2", "R3"):
         got = export_full_state_dict(runs / name)
         assert set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in ref), name
+
+
+@pytest.mark.slow
+def test_zero3_checkpoint_loads_at_zero0_and_in_another_mode(runs: Path) -> None:
+    """3D -> 1D + sp at zero=3 (parameters held as FSDP unit shards) -> none at zero=0, and -> 3D: each step's
+    loss and the final parameters equal A's (the same math in every layout; fp32 sums in another order)."""
+    a, z, z0, z1 = (_losses(runs / f"{n}.jsonl") for n in ("A", "Z", "Z0", "Z1"))
+    assert sorted(z) == [3] and sorted(z0) == [4] and sorted(z1) == [4]
+    for step, loss in {**z, **z0}.items():
+        assert loss == pytest.approx(a[step], rel=1e-5, abs=1e-6)
+    assert z1[4] == pytest.approx(a[4], rel=1e-5, abs=1e-6)
+    assert read_meta(find_checkpoint(runs / "Z"))["layout"] == ZERO3
+    full_a = export_full_state_dict(runs / "A")
+    for name in ("Z0", "Z1"):
+        full = export_full_state_dict(runs / name)
+        assert set(full) == set(full_a)
+        for key in full_a:
+            torch.testing.assert_close(full[key], full_a[key], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

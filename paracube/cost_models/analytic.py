@@ -23,6 +23,9 @@ stream never idles after the first bucket, or the last bucket is the tail). B = 
 tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
 recomputed forward runs inside backward). Everything else per step (grad norm, metrics, zero=1's parameter
 all_gather after the optimizer step) stays exposed.
+zero=2/3 (comm.py, traffic.py): the per-micro-batch unit reduce-scatters and zero=3's gathers are priced in
+line with compute (exposed; the executor's prefetch of the next unit's gather is not credited), the per-step
+HSDP replica all_reduce and zero=2's all_gather exposed; HSDP's shard and replica groups get their own links.
 Each collective call also costs the device model's `call_overhead` (uncalibrated local-cpu ranks sharing
 cores wait for their group to be scheduled: topologies/local_cpu.py; 0 elsewhere); the event engine adds the
 same per call.
@@ -49,7 +52,7 @@ from paracube.cost_models.compute import (
 from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
 from paracube.cost_models.grad_overlap import exposed_grad_time
 from paracube.cost_models.links import LinkCache, placement_of
-from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
+from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.tpo import gemm_seconds, hidden
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
@@ -147,7 +150,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
     compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
     n_local = stage_layers_params(d, mode, b, F, H)
-    shard = np.where(zero >= 1, zero_shards(mode, b), 1) if zero is not None else 1.0
+    shard = np.where(zero >= 1, traffic.group_size(traffic.zero_axes), 1) if zero is not None else 1.0
     optim = (optimizer_time(n_local, d.c, g, shard) + fp8_step_time(d, mode, b, F, H, g))[rows]
     m = MODES[mode]
     n_last = np.where(F > 0, m.local_params(d, b.t, b.q, 0, 1, 0), m.local_params(d, b.t, b.q, 1, 0, 0))
@@ -158,7 +161,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
              zero: Arr | int | None = None, overlap: bool | Arr = False, kw: Arr | int = 0,
-             tpo: bool | Arr = False) -> Scores:
+             tpo: bool | Arr = False, shard: int | None = None) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
     latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays)."""
@@ -167,7 +170,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
     # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
-                          tpo=tpo_rows is not None)
+                          tpo=tpo_rows is not None, shard=shard)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows) for s in STAGES)
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
@@ -196,8 +199,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         hidden = np.where(half, grad / 2, grad) - exposed
         step_comm = step_comm - np.where(overlap, hidden, 0.0)
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
-    if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth)
-        mems = [with_zero(m, zero_shards(mode, b), zero) for m in mems]
+    if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
+        shards = traffic.group_size(traffic.zero_axes)
+        units = [traffic.units(*_flags(s, b.pp))[1::2] if np.any(np.asarray(zero) >= 2) else None
+                 for s in ("first", "last")]
+        mems = [with_zero(m, shards, zero, u) for m, u in zip(mems, units, strict=True)]
     tot = np.stack([total(m) for m in mems])
     heavy = np.argmax(tot, axis=0)
     cidx = np.arange(len(heavy))
@@ -225,10 +231,18 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
 
 
 def layout_links(layout: Layout, cache: LinkCache) -> Links:
+    """(bandwidth, latency) of every group the mode's closed forms use; HSDP splits dp into dp_shard (inner)
+    and dp_replicate (Layout.groups), so the shard and replica groups are priced on their own ranks."""
     place = placement_of(layout)
+    if layout.hybrid:
+        i = [a for a, _ in place].index("dp")
+        place = (*place[:i], ("dp_shard", layout.shard_size), ("dp_replicate", layout.dp // layout.shard_size),
+                 *place[i + 1:])
+    names = {a for a, _ in place}
     links: Links = {}
-    for axes in axes_used(layout.mode):
-        axes_ok = tuple(a for a in axes if a in layout.axis_names)
+    for axes in axes_used(layout.mode, layout.hybrid):
+        wide = (*axes, "dp_shard", "dp_replicate") if "dp" in axes else axes
+        axes_ok = tuple(a for a in wide if a in names)
         bw, lat = cache.get(place, axes_ok)
         links[axes] = (np.array([bw]), np.array([lat]))
     return links
@@ -274,16 +288,16 @@ def estimate(
     d = with_pins(dims_of(model, training), layout)
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb)
-    if layout.zero == 3:
-        bad.append("zero=3 (fully sharded parameters) is not priced by the cost model yet; estimate zero=0 or zero=1 "
-                   "(`paracube export` still writes zero=3 plans for torchtitan)")
+    if layout.zero >= 2 and layout.pp > 1:
+        bad.append(f"zero={layout.zero} with pp={layout.pp} is not priced (paracube's executor shards gradients and "
+                   "parameters without pipelines only); use pp=1 or zero=0/1")
     if bad:
         raise ParacubeError(f"layout {layout}: {'; '.join(bad)}")
     g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]
     links = layout_links(layout, cache or LinkCache(topo))
     batch = layout_arrays(layout, mb)
     res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
-                   kw=layout.keep_weights or 0, tpo=layout.tpo)
+                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size

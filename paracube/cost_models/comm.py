@@ -26,7 +26,10 @@ analytic.py can price their exposed part only (cost_models/tpo.py); their bytes 
 
 `zero` (a scalar for the whole batch, the layout's zero): 1 prices the distributed optimizer's
 reduce_scatter + all_gather per bucket over grad_axes (dp; 2.5D: dp, dep) and the grad-norm all_reduce over
-dp too (traffic.py).
+dp too (traffic.py). zero=2/3 (traffic._zero_micro_batch; `shard`: the HSDP shard group, None = all of dp),
+per FSDP unit u of padded length P_u: per micro-batch a reduce_scatter of 4 P_u (count N units) and, zero=3,
+all_gathers of c P_u before every unit's forward and all but the last unit's backward (N (2 units - 1) calls);
+per step, HSDP's all_reduce of 4 P_u / n over dp_replicate and zero=2's fp32 all_gather of 4 P_u.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy as np
 
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.dims import Dims
-from paracube.cost_models.traffic import parameter_sizes
+from paracube.cost_models.traffic import parameter_sizes, parameter_units
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
@@ -49,7 +52,7 @@ Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
 SOURCES = ("layer_fwd", "layer_bwd", "embedding", "head")
 
-__all__ = ["Entry", "StepTraffic", "axes_used", "comm_entries", "stage_layers_params"]
+__all__ = ["Entry", "StepTraffic", "axes_used", "comm_entries", "stage_layers_params", "unit_totals"]
 
 
 @dataclass
@@ -98,12 +101,16 @@ class StepTraffic:
     layer backward, embedding, head) for every layout of a batch; `entries` scales them to a stage."""
 
     def __init__(self, d: Dims, mode: str, b: LayoutBatch, zero: int = 0, bucket_bytes: int = BUCKET_BYTES,
-                 kw: Arr | int = 0, tpo: bool = False) -> None:
+                 kw: Arr | int = 0, tpo: bool = False, shard: int | None = None) -> None:
         self.d, self.mode, self.b = d, MODES[mode], b
         self.zero, self.bucket_bytes = zero, bucket_bytes
         self.kw = np.asarray(kw) if self.mode.keeps_weights else np.zeros((), dtype=np.int64)
         m = self.mode
-        self.groups = {"dp": b.dp, "pp": b.pp, **m.axis_sizes(b.q, b.t, b.depth)}
+        n = b.dp if shard is None else np.minimum(shard, b.dp)
+        self.groups = {"dp": b.dp, "pp": b.pp, "dp_shard": n, "dp_replicate": b.dp // n,
+                       **m.axis_sizes(b.q, b.t, b.depth)}
+        self.hybrid = shard is not None and bool(np.any(n < b.dp))
+        self.zero_axes = tuple("dp_shard" if a == "dp" and self.hybrid else a for a in m.grad_axes)
         self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)))
         self.sums: dict[Key, dict[str, list]] = {}
         # tpo: the overlappable collectives summed apart, per GEMM they overlap (same bytes, less exposed time)
@@ -153,6 +160,12 @@ class StepTraffic:
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
             out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag))
+        if self.zero >= 2:  # per micro-batch: unit reduce-scatters; zero=3 gathers (traffic._zero_micro_batch)
+            units, padded, last_unit, _ = self.units(first, last)
+            out.append(self._entry("reduce_scatter", self.zero_axes, F32, N * units, N * 4 * padded))
+            if self.zero == 3:
+                out.append(self._entry("all_gather", self.zero_axes, d.dtype, N * (2 * units - 1),
+                                       N * d.c * (2 * padded - last_unit)))
         sends = N * (2 * b.v - first - last)
         shard = d.c * self.sizes.T * d.h // self.mode.act_split(b.t, b.sp)
         out.append(self._entry("send", ("pp",), d.dtype, sends, sends * shard,
@@ -169,22 +182,31 @@ class StepTraffic:
         count, grads, padded_grads = self._buckets(first, last)
         tensor = m.axes
         single = b.pp == 1
+        dp: tuple[str, ...] = ()
         if self.zero == 1:  # sharded over grad_axes (dp; 2.5D: dp, dep), as traffic.py lists them
             out.append(self._entry("reduce_scatter", m.grad_axes, F32, count, padded_grads, per_step=True))
             out.append(self._entry("all_gather", m.grad_axes, F32, count, padded_grads, per_step=True))
             dp = ("dp",)
+        elif self.zero >= 2:  # per step: HSDP's replica all_reduce; zero=2's parameter all_gather (fp32)
+            units, padded, _, _ = self.units(first, last)
+            shards = self.group_size(self.zero_axes)
+            out.append(self._entry("all_reduce", ("dp_replicate",), F32, units * one, 4 * padded // shards,
+                                   per_step=True))
+            if self.zero == 2:
+                out.append(self._entry("all_gather", self.zero_axes, F32, units * one, 4 * padded, per_step=True))
+            dp = ("dp_shard",) if self.hybrid else ("dp",)
         else:
             out.append(self._entry("all_reduce", m.grad_axes, F32, count, grads, per_step=True))
-            dp = ()
         # Tied embeddings, pp > 1: the first and last stage sum their copies' gradients (traffic.stage_events).
         tied = int(self.d.tied) * (b.pp > 1) * np.maximum(first, last)
         emb = 4 * m.embedding_shard(self.sizes.V, 0, self.d.h, b.t, b.q)
         out.append(self._entry("all_reduce", ("pp",), F32, tied * one, tied * emb,
                                lambda: np.where(b.pp > 1, 2, 1), True, "embedding"))
-        k = b.dp if self.zero == 1 else 1
-        out.append(self._entry("all_reduce", (*dp, *tensor), F32, single * one, 4 * one,
+        k = self.group_size(dp) if self.zero else 1
+        norm = tuple(dict.fromkeys((*dp, *tensor)))
+        out.append(self._entry("all_reduce", norm, F32, single * one, 4 * one,
                                lambda: np.where(single, k * b.t, 1), True, "norm"))
-        out.append(self._entry("all_reduce", ("pp", *dp, *tensor), F32, ~single * one, 4 * one,
+        out.append(self._entry("all_reduce", ("pp", *norm), F32, ~single * one, 4 * one,
                                lambda: np.where(single, 1, b.pp * k * b.t), True, "norm"))
         out.append(self._entry("all_reduce", ("dp", *tensor), F32, single * one, 8 * one,
                                lambda: np.where(single, b.dp * b.t, 1), True, "metrics"))
@@ -209,6 +231,11 @@ class StepTraffic:
         out = per[inverse.reshape(-1)]
         return out[:, 0], out[:, 1], out[:, 2]
 
+    def units(self, first: Arr, last: Arr) -> tuple[Arr, Arr, Arr, Arr]:
+        """zero=2/3, per layout: FSDP units, their summed padded length, the last unit's, and the largest
+        sum of two consecutive units (unit_totals)."""
+        return unit_totals(self.d, self.mode.name, self.b, first, last, self.group_size(self.zero_axes))
+
     def _entry(self, kind: str, axes: tuple[str, ...], dtype: str, count: Arr, payload: Arr,
                n: Callable[[], Arr] | None = None, per_step: bool = False, tag: str = "") -> Entry:
         """An Entry on the group of `axes` (size n(), default the product of the axes' sizes); group sizes
@@ -230,15 +257,41 @@ def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool,
     return len(buckets), 4 * sum(buckets), 4 * sum(padded_numel(n, dp) for n in buckets)
 
 
+@lru_cache(maxsize=4096)
+def _unit_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
+                 n: int) -> tuple[int, int, int, int]:
+    padded = [padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last)]
+    pairs = [a + b for a, b in zip(padded, padded[1:], strict=False)] or padded
+    return len(padded), sum(padded), padded[-1], max(pairs)
+
+
+def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, n: Arr) -> tuple[Arr, Arr, Arr, Arr]:
+    """Per layout (zero=2/3, modes/buckets.plan_units): the stage's FSDP units, the sum of their lengths padded
+    to a multiple of the zero group's n ranks, the last unit's padded length and the largest sum of two
+    consecutive padded units (what is gathered at once: data_parallel/fsdp.py). Keyed by the stage's shape."""
+    cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
+            for x in (b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last, n)]
+    rows = np.stack(cols, axis=1)
+    keys, inverse = np.unique(rows, axis=0, return_inverse=True)
+    per = np.array([_unit_totals(mode, d, *(int(x) for x in k[:3]), bool(k[3]), bool(k[4]), int(k[5]))
+                    for k in keys], dtype=np.int64)
+    out = per[inverse.reshape(-1)]
+    return out[:, 0], out[:, 1], out[:, 2], out[:, 3]
+
+
 def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero: int = 0,
-                 bucket_bytes: int = BUCKET_BYTES, kw: Arr | int = 0, tpo: bool = False) -> list[Entry]:
-    return StepTraffic(d, mode, b, zero, bucket_bytes, kw, tpo).entries(first, last)
+                 bucket_bytes: int = BUCKET_BYTES, kw: Arr | int = 0, tpo: bool = False,
+                 shard: int | None = None) -> list[Entry]:
+    return StepTraffic(d, mode, b, zero, bucket_bytes, kw, tpo, shard).entries(first, last)
 
 
-def axes_used(mode: str) -> list[tuple[str, ...]]:
-    """Every group (mesh axes) the closed forms of `mode` may use: the planner asks the topology for these."""
+def axes_used(mode: str, hybrid: bool = False) -> list[tuple[str, ...]]:
+    """Every group (mesh axes) the closed forms of `mode` may use: the planner asks the topology for these
+    (`hybrid`: an HSDP layout's zero groups too, dp split into dp_shard and dp_replicate)."""
     m = MODES[mode]
     tensor = m.axes
     extra = [tensor] if tensor else []
+    zero = [("dp_shard",), ("dp_replicate",), ("dp_shard", *tensor),
+            tuple("dp_shard" if a == "dp" else a for a in m.grad_axes)] if hybrid else []
     return list(dict.fromkeys([*m.collective_axes, m.grad_axes, *extra, ("pp", *tensor), ("dp", *tensor), ("pp",),
-                                ("dp",), ("pp", "dp", *tensor)]))
+                                ("dp",), ("pp", "dp", *tensor), *zero]))

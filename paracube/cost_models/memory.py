@@ -10,6 +10,10 @@ optimizer 12 ceil(n / z) = fp32 master shard + two moments, in every dtype (the 
 shard in place, into the bucket: no extra gradient buffer), so c + 4 + 12/z (one bucket padded to a
 multiple of z; with several buckets each is padded, < z elements more per bucket). z = `zero_shards`: the
 ranks of the mode's grad_axes, dp (2.5D: dp x depth, its weights' replicas over depth shard too).
+zero=2 / zero=3 (`with_zero`, executor/data_parallel/sharded.py): FSDP units padded to a multiple of the zero
+group; gradients and optimizer state (zero=3: parameters too) per rank are the shards, 16-bit 2 + 16/d and 18/d
+bytes per parameter (fp32 gradients; the ZeRO paper's 2 + 14/d and 16/d assume 16-bit ones), plus two units'
+fp32 gradient buffers and (zero=3) two gathered units in temporaries.
 
 Activations of one block for one micro-batch (Korthikanti et al. 2022, bytes for 16-bit activations, scaled
 by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t tensor ranks). The paper's
@@ -167,12 +171,30 @@ def zero_shards(mode: str, b: LayoutBatch) -> Arr:
     return n
 
 
-def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int) -> dict[str, Arr]:
-    """Memory parts with the distributed optimizer where zero == 1 (per layout, or one int for all):
-    the fp32 master weights and Adam's two moments sharded over `shards` ranks (zero_shards: dp, 2.5D dp x
-    depth), 12 ceil(n / shards) bytes per rank for n local parameters (executor/data_parallel/optim.py), instead of 8 n
-    (fp32) or 12 n (16-bit: with the masters)."""
+def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
+              units: tuple[Arr, Arr] | None = None) -> dict[str, Arr]:
+    """Memory parts with the zero stage `zero` (per layout, or one int for all) over `shards` ranks
+    (zero_shards: dp, 2.5D dp x depth; HSDP: the shard group), from the zero=0 parts `mem` (c bytes per
+    parameter, fp32 gradients, Adam + fp32 masters for 16-bit: Rajbhandari et al. 2020 with fp32 gradients):
+    - zero=1: the fp32 master weights and Adam's two moments sharded, 12 ceil(n / shards) bytes per rank for n
+      local parameters (executor/data_parallel/optim.py), instead of 8 n (fp32) or 12 n (16-bit);
+    - zero=2 (`units` = (P, Q): the stage's FSDP units' lengths padded to a multiple of `shards`, summed, and
+      the largest sum of two consecutive ones; comm.unit_totals): gradients 4 P / shards and optimizer
+      12 P / shards, plus two fp32 unit gradient buffers 4 Q (the one being reduce-scattered, the one filling)
+      in temporaries: 16-bit 2 + 16 / d bytes per parameter;
+    - zero=3: parameters c P / shards too, plus two gathered units c Q: 18 / d (fp32: 16 / d).
+    (executor/data_parallel/sharded.py, fsdp.py; the tests measure these bytes on the executor's tensors.)"""
     n_local = mem["gradients"] / 4  # the fp32 gradient buckets: 4 bytes per local parameter
-    sharded = np.asarray(zero) == 1
+    z = np.asarray(zero)
     sharded_bytes = 12 * np.ceil(n_local / np.asarray(shards, dtype=float))
-    return {**mem, "optimizer": np.where(sharded, sharded_bytes, mem["optimizer"])}
+    out = {**mem, "optimizer": np.where(z == 1, sharded_bytes, mem["optimizer"])}
+    if units is None or not np.any(z >= 2):
+        return out
+    P, Q = (np.asarray(u, dtype=float) for u in units)
+    c = mem["parameters"] / np.maximum(n_local, 1)
+    per = P / np.asarray(shards, dtype=float)
+    out["gradients"] = np.where(z >= 2, 4 * per, out["gradients"])
+    out["optimizer"] = np.where(z >= 2, 12 * per, out["optimizer"])
+    out["parameters"] = np.where(z == 3, c * per, out["parameters"])
+    out["temporaries"] = out["temporaries"] + np.where(z >= 2, 4 * Q, 0.0) + np.where(z == 3, c * Q, 0.0)
+    return out

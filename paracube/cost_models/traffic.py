@@ -23,11 +23,20 @@ holds this list equal to what the executor records. Generic parts:
   ("pp", *tensor axes) (zero=1: ("pp", "dp", *tensor axes): the norm is summed over dp shards) and the
   metrics all_reduce.
   With pp > 1 the metrics all_reduce runs over ("pp", "dp", *tensor axes): the loss is on the last stage.
+- zero=2 / zero=3 (executor/data_parallel/sharded.py, fsdp.py; pp = 1): buckets are FSDP units
+  (modes/buckets.plan_units: embedding, each block, final norm + head; `zero_unit_numels`: padded to a
+  multiple of the zero group Layout.zero_axes, dp or HSDP's dp_shard). Per micro-batch: zero=3 all-gathers
+  every unit (compute dtype) before its forward and all but the last unit again before its backward; every
+  unit's fp32 gradient is reduce-scattered over the zero group. Per step: with HSDP each unit's shard is
+  all-reduced over dp_replicate (fp32, padded / n); zero=2 all-gathers the updated fp32 shards after the
+  optimizer; the grad norm runs over the zero group and the tensor axes (`norm_axes`).
 Blocks per stage: modes/stages.py (uneven splits: one block less on the first and / or last stage).
 A group of size 1 issues nothing.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from paracube.cost_models.dims import Dims, padded_vocab
 from paracube.estimate import CommEvent
@@ -101,6 +110,42 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[i
         log.issue(bwd, "bwd", f"layers.{i}.", micro)
     if last:
         log.issue(mode.head(d), micro=micro)
+    if log.layout.zero >= 2:
+        _zero_micro_batch(log, first, last, layers)
+
+
+def _zero_micro_batch(log: _Log, first: bool, last: bool, layers: int) -> None:
+    """zero=2/3, per micro-batch (executor/data_parallel/sharded.py): zero=3 all-gathers every unit's
+    parameters (compute dtype) before its forward and, all but the last unit (kept: torchtitan's
+    reshard_after_forward=False for it), again before its backward; every unit's fp32 gradient is
+    reduce-scattered over the zero group once its backward has produced it."""
+    layout, d = log.layout, log.d
+    units = zero_unit_numels(layout, d, layers, first, last)
+    names = _unit_labels(layout, first, last, layers)
+    axes = layout.zero_axes
+    if layout.zero == 3:
+        for n, (fwd, _) in zip(units, names, strict=True):
+            log.add("all_gather", axes, d.c * n, d.dtype, "fwd", f"{fwd}.gather")
+        for n, (_, bwd) in list(zip(units, names, strict=True))[:-1]:  # the last unit stays gathered
+            log.add("all_gather", axes, d.c * n, d.dtype, "bwd", f"{bwd}.gather")
+    for n, (fwd, _) in zip(units, names, strict=True):
+        log.add("reduce_scatter", axes, 4 * n, F32, "bwd", f"{fwd}.rs")
+
+
+def _unit_labels(layout: Layout, first: bool, last: bool, layers: int) -> list[tuple[str, str]]:
+    """Per unit (registration order), the program units of its first forward and first backward op (the event
+    engine places a unit's gather before them: event_program.py)."""
+    units = MODES[layout.mode].program_units
+    out = [("embedding", "embedding")] if first else []
+    out += [(f"layers.{i}.{units[0]}", f"layers.{i}.{units[-1]}") for i in range(layers)]
+    return out + ([("ln_f", "head")] if last else [])
+
+
+def zero_unit_numels(layout: Layout, d: Dims, layers: int, first: bool, last: bool) -> list[int]:
+    """zero=2/3: every FSDP unit's flat length (registration order), padded to a multiple of the zero group."""
+    n = layout.axis_size_of(layout.zero_axes)
+    return [padded_numel(sum(u), n)
+            for u in parameter_units(layout.mode, d, layout.tensor_size, layout.q, layers, first, last)]
 
 
 def _stage_log(layout: Layout, d: Dims, mb: int, stage: str) -> tuple[_Log, bool, bool, int]:
@@ -136,33 +181,40 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
     # Per step.
     mode = MODES[layout.mode]
     log.issue(mode.step_collectives(d))
-    buckets = bucket_numels(local_parameter_sizes(layout, d, stage), bucket_bytes)
-    zero1 = layout.zero == 1
-    shards = zero_group(layout)
+    zero, shards = layout.zero, zero_group(layout)
+    buckets = bucket_numels(local_parameter_sizes(layout, d, stage), bucket_bytes) if zero < 2 else []
     for n in buckets:
-        if zero1:
+        if zero == 1:
             log.add("reduce_scatter", mode.grad_axes, 4 * padded_numel(n, shards), F32, "grad_sync", "gradients")
         else:
             log.add("all_reduce", mode.grad_axes, 4 * n, F32, "grad_sync", "gradients")
+    units = zero_unit_numels(layout, d, layers, first, last) if zero >= 2 else []
+    for n in units:  # HSDP: each shard summed over the replicas, once per step
+        log.add("all_reduce", layout.replica_axes, 4 * n // shards, F32, "grad_sync", "gradients.replicas")
     if pp > 1 and d.tied and (first or last):  # the tied embedding's two copies (executor/pipeline/schedule.py)
         V = padded_vocab(d.V, mode.vocab_split(layout.tensor_size, layout.q))
         shard = mode.embedding_shard(V, 0, d.h, layout.tensor_size, layout.q)
         log.events.append(CommEvent("all_reduce", ("pp",), 2, 4 * int(shard), F32, "grad_sync", "embedding_grads"))
-    opt_axes = (("pp",) if pp > 1 else ()) + (("dp",) if zero1 else ()) + layout.tensor_axes
-    log.add("all_reduce", opt_axes, 4, F32, "optimizer", "grad_norm")
-    for n in buckets if zero1 else ():
+    log.add("all_reduce", norm_axes(layout), 4, F32, "optimizer", "grad_norm")
+    for n in buckets if zero == 1 else []:
         log.add("all_gather", mode.grad_axes, 4 * padded_numel(n, shards), F32, "optimizer", "params")
+    for n in units if zero == 2 else []:
+        log.add("all_gather", layout.zero_axes, 4 * n, F32, "optimizer", "params")
     metric_axes = ("pp", "dp", *layout.tensor_axes) if pp > 1 else ("dp", *layout.tensor_axes)
     log.add("all_reduce", metric_axes, 8, F32, "metrics", "loss")
     return log.events
 
 
 def zero_group(layout: Layout) -> int:
-    """Ranks the distributed optimizer (zero=1) shards over: the mode's grad_axes (dp; 2.5D: dp x depth)."""
-    n = 1
-    for a in MODES[layout.mode].grad_axes:
-        n *= layout.axis_size(a)
-    return n
+    """Ranks zero shards over: Layout.zero_axes (the mode's grad_axes, dp; 2.5D: dp x depth; HSDP: dp_shard)."""
+    return layout.axis_size_of(layout.zero_axes)
+
+
+def norm_axes(layout: Layout) -> tuple[str, ...]:
+    """The grad-norm all_reduce's group: ("pp" with pipelines) + the zero group (zero >= 1: the norm is summed
+    over its shards) + the tensor axes, canonical order."""
+    zero = layout.zero_axes if layout.zero else ()
+    return tuple(dict.fromkeys((*(("pp",) if layout.pp > 1 else ()), *zero, *layout.tensor_axes)))
 
 
 def local_parameter_count(layout: Layout, d: Dims, stage: str = "first") -> int:
@@ -183,17 +235,27 @@ def parameter_sizes(mode_name: str, d: Dims, t: int, q: int, layers: int, first:
     """Elements of every local parameter of a stage in the executor's registration order (executor/model/gpt.py:
     token and position embedding; per block norm 1, qkv w/b, proj w/b, norm 2, fc w/b, fc2 w/b; final norm,
     head): the order gradient buckets are built from (reversed)."""
+    return tuple(n for unit in parameter_units(mode_name, d, t, q, layers, first, last) for n in unit)
+
+
+@lru_cache(maxsize=4096)
+def parameter_units(mode_name: str, d: Dims, t: int, q: int, layers: int, first: bool,
+                    last: bool) -> tuple[tuple[int, ...], ...]:
+    """`parameter_sizes` grouped by FSDP unit (modes/buckets.plan_units): the embedding (first stage), each
+    block, the final norm + head (last stage); units in registration order."""
     mode = MODES[mode_name]
     h, nv = d.h, d.norm_vectors
     V = padded_vocab(d.V, mode.vocab_split(t, q))
     vec = mode.vector_shard(h, t, q)
-    sizes: list[int] = []
+    units: list[tuple[int, ...]] = []
     if first:
-        sizes.append(mode.embedding_shard(V, 0, h, t, q))
+        emb = [mode.embedding_shard(V, 0, h, t, q)]
         pos = d.pos_params // d.h if d.family == "gpt" else 0
         if pos:
-            sizes.append(mode.embedding_shard(0, pos, h, t, q))
+            emb.append(mode.embedding_shard(0, pos, h, t, q))
+        units.append(tuple(int(x) for x in emb))
     for _ in range(layers):
+        sizes: list[int] = []
         for n, (_, h_in, h_out, bias) in enumerate(d.linears):
             if n in (0, 2):  # the norm before attention / before the MLP
                 sizes += [vec] * nv
@@ -201,8 +263,10 @@ def parameter_sizes(mode_name: str, d: Dims, t: int, q: int, layers: int, first:
             sizes.append(w)
             if bias:
                 sizes.append(mode.linear_shard(h_in, h_out, True, n in (1, 3), t, q) - w)
+        units.append(tuple(int(x) for x in sizes))
     if last:
-        sizes += [vec] * nv
+        sizes = [vec] * nv
         if d.head_count(int(first), 1):  # a tied head (same stage as the embedding) has no weight of its own
             sizes.append(mode.head_shard(h, V, t, q))
-    return tuple(int(x) for x in sizes)
+        units.append(tuple(int(x) for x in sizes))
+    return tuple(units)

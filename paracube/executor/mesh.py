@@ -24,6 +24,9 @@ def group_axes(layout: Layout) -> list[tuple[str, ...]]:
         combos.append(tensor)
     combos += list(layout.tensor_mode.mesh_groups)  # the mode's extra groups (3D: its planes)
     combos.append(layout.tensor_mode.grad_axes)  # the gradient sync (2.5D: dp and dep)
+    if layout.zero:  # zero's shard group (HSDP: dp_shard), its replicas, and the grad norm over its shards
+        combos += [layout.zero_axes, *([layout.replica_axes] if layout.replica_axes else []),
+                   tuple(dict.fromkeys((*layout.zero_axes, *tensor)))]
     if tensor:
         combos.append(("dp", *tensor))  # metrics
     if layout.pp > 1:  # pipeline: grad norm over (pp, *tensor), metrics over every rank

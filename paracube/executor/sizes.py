@@ -30,12 +30,19 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
                             f"valid: {', '.join(runnable_modes())}")
     if layout.sequence_parallel and not support.sequence_parallel:
         raise ParacubeError(f"sequence parallelism (sp) is not implemented by the executor; drop sp from {layout}")
-    if layout.zero == 3:
-        raise ParacubeError(f"zero=3 (sharded parameters) is not implemented by the executor; use zero=0 or zero=1 "
-                            f"in {layout}, or export the plan (`paracube export`)")
-    if layout.zero == 1 and not support.zero:
-        raise ParacubeError(f"zero=1 with tensor mode {mode!r} (gradients summed over {MODES[mode].grad_axes}) is "
-                            f"not implemented by the executor; use zero=0 in {layout}")
+    if layout.zero not in support.zero_stages:
+        why = (" (its layers gather weight blocks themselves: executor/layers/kept.py)" if layout.zero >= 2 else "")
+        raise ParacubeError(f"zero={layout.zero} with tensor mode {mode!r} is not implemented by the executor{why}; "
+                            f"valid there: zero={', '.join(map(str, support.zero_stages))} (in {layout})")
+    if layout.zero >= 2 and layout.pp > 1:
+        raise ParacubeError(f"zero={layout.zero} with pp={layout.pp}: the executor shards gradients / parameters "
+                            f"without pipelines only; use pp=1 or zero=1 in {layout}")
+    if layout.zero >= 2 and spec.tied_embeddings:
+        raise ParacubeError(f"zero={layout.zero} with tied embeddings: the head would re-gather the embedding's "
+                            f"shard; untie them or use zero=0/1 in {layout}")
+    if layout.hybrid and layout.zero < 2:
+        raise ParacubeError(f"shard={layout.shard} (hybrid sharding) runs with zero=2 or 3 in the executor; "
+                            f"use zero=2/3 or drop shard= in {layout}")
     if layout.pp != 1 and not support.pipeline:
         raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only for tensor mode {mode}")
     if layout.pp > 1 and not split_ok(spec.layers, layout.pp, layout.interleave):

@@ -26,8 +26,10 @@ def why_not(plan: Plan) -> str | None:
         return f"paracube's executor runs pp=1 only for {lay.mode} (pp={lay.pp})"
     if lay.sequence_parallel and not support.sequence_parallel:
         return "paracube's executor does not implement sequence parallelism (sp)"
-    if lay.zero and (lay.zero == 3 or not support.zero):
+    if lay.zero not in support.zero_stages:
         return f"paracube's executor does not implement zero={lay.zero} for {lay.mode}"
+    if lay.zero >= 2 and (lay.pp > 1 or model.tied_embeddings):  # as executor/sizes.py refuses
+        return f"paracube's executor runs zero={lay.zero} without pipelines and with untied embeddings only"
     if model.tied_embeddings and not lay.tensor_mode.ties_embeddings:  # as executor/sizes.py refuses
         return f"paracube's executor does not tie embeddings in {lay.mode} (its head is not laid out as the embedding)"
     if lay.pp > 1 and model.tied_embeddings and lay.zero:  # as executor/sizes.py refuses

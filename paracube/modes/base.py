@@ -157,11 +157,16 @@ class ExecutorSupport:
     impl: str
     pipeline: bool = False
     sequence_parallel: bool = False
-    zero: bool = False  # the distributed optimizer (zero=1; zero=3 is not run)
+    zero_stages: tuple[int, ...] = (0,)  # zero stages it runs: 1 distributed optimizer, 2 + gradients, 3 + params
     # with pipelines, gradient buckets overlap each stage's (chunk's) last backward (executor grad_sync.py,
     # tests/test_pipeline.py): the `overlap` dimension is searched at pp > 1 too (runtimes read this)
     grad_overlap_pp: bool = True
     families: tuple[str, ...] = ("gpt", "llama")  # model families it builds and is tested on
+
+    @property
+    def zero(self) -> bool:
+        """It runs the distributed optimizer (zero=1)."""
+        return 1 in self.zero_stages
 
 
 class TensorMode:

@@ -8,7 +8,7 @@ from paracube.modes.base import ExecutorSupport, TensorMode
 class NoTensorMode(TensorMode):
     name = "none"
     shape_rule = "no tensor parallelism (omit tp= or write tp=none)"
-    executor = ExecutorSupport("paracube.executor.layers.serial:Mode", pipeline=True, zero=True)
+    executor = ExecutorSupport("paracube.executor.layers.serial:Mode", pipeline=True, zero_stages=(0, 1, 2, 3))
     megatron_style = True
     ties_embeddings = True
     ops_layer, ops_edge = 85, 43  # counted with validation/ops.py (see compute.ops_per_step)

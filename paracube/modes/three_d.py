@@ -93,7 +93,7 @@ class ThreeD(TensorMode):
     paper = "Bian et al. 2021 (3D)"
     collective_axes = (("x",), ("y",), ("z",), ("x", "z"), ("x", "y"))
     mesh_groups = (("x", "y"), ("x", "z"))  # planes: LayerNorm / embedding (x, y); linear biases (W, O)
-    executor = ExecutorSupport("paracube.executor.layers.three_d:Mode3D", pipeline=True, zero=True)
+    executor = ExecutorSupport("paracube.executor.layers.three_d:Mode3D", pipeline=True, zero_stages=(0, 1))
     ops_layer, ops_edge = 323, 175
     replicates_activations = False
     token_axes = PLANE  # the block layout's tokens: x major, y minor

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from paracube.layout import RECOMPUTES, Layout
+from paracube.layout import RECOMPUTES, ZERO_STAGES, Layout
 from paracube.runtimes import Runtime
 
-PRICED_ZEROS = (0, 1)  # zero stages the cost models price (zero=2/3: being added in cost_models)
+PRICED_ZEROS = ZERO_STAGES  # zero stages the cost models price (all of them)
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,14 @@ respected too; `overlap` (or a fixed layout's) prices every layout with the grad
 with backward (analytic.py). Recomputation: `recomputes` lists the choices to search (default: TrainingSpec.recompute
 only; `paracube plan` without --recompute passes none, selective, full); each choice is a pass over the
 configurations with its own Dims, and a layout found so carries it (`rc=`). Distributed optimizer:
-`zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage under
-which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
+`zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage of 0 and 1
+under which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
 of the all_reduce they replace, so its step time is that of zero=0, except that overlapped only the
-reduce_scatter half hides under backward: analytic.evaluate).
+reduce_scatter half hides under backward: analytic.evaluate); zero=2 and 3 change the step time (per
+micro-batch reduce-scatters, zero=3's per-unit gathers), so each of them that fits (pp = 1, untied, as the
+executor runs them) is a configuration of its own, priced with its stage: the ranking chooses by step time.
+A pinned HSDP `shard=N` (zero=2/3 only) is carried into every layout found; the vectorized pass prices it as
+sharding over all of dp, the final ranking by `estimate` with its own shard and replica groups.
 Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for
 the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
@@ -46,7 +50,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from paracube.cost_models.analytic import estimate, evaluate, step_lower_bound
-from paracube.cost_models.comm import axes_used
+from paracube.cost_models.comm import axes_used, unit_totals
 from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import Dims, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
@@ -151,10 +155,11 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
 
 def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
             recompute: str | None = None, overlap: bool = False, kw: int | None = None,
-            flash: int | None = None, tpo: bool = False) -> Layout:
+            flash: int | None = None, tpo: bool = False, shard: int | None = None) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
         tpo=tpo and bool(MODES[st.mode].axes),
+        shard=shard if zero else None,
         keep_weights=kw if MODES[st.mode].keeps_weights else None,
         flash=flash,
         overlap=overlap and st.dp > 1,
@@ -238,21 +243,40 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     def mems(kw: int) -> list[dict[str, np.ndarray]]:
         return [stage_memory(s.d, mode, sub, True, False, kw=kw), stage_memory(s.d, mode, sub, False, True, kw=kw)]
 
-    shards = zero_shards(mode, sub)  # ranks zero=1 shards the optimizer over (2.5D: dp x depth)
+    shards = zero_shards(mode, sub)  # ranks zero shards the optimizer over (2.5D: dp x depth)
+    ones = np.ones_like(sub.dp)
+    flags = [(ones, np.where(sub.pp == 1, 1, 0)), (np.where(sub.pp == 1, 1, 0), ones)]  # (first, last) of mems
+    units = [unit_totals(s.d, mode, sub, f, h, shards)[1::2] for f, h in flags] if max(zeros) >= 2 else [None] * 2
 
     def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
-        return np.maximum(*(total(with_zero(m, shards, z)) for m in ms))
+        return np.maximum(*(total(with_zero(m, shards, z, u)) for m, u in zip(ms, units, strict=True)))
 
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
     tied_pp = s.d.tied & (sub.pp > 1) & s.runtime.tied_pp_zero0  # tied + pp > 1: zero=0 (paracube's executor)
+    extra: list[tuple[int, np.ndarray]] = []  # zero=2/3: a configuration of its own where it fits
+    runs = np.zeros(len(idx), dtype=bool)  # some allowed stage runs there (memory aside)
     for z in zeros:
         if z and not np.any(shards > 1):
             continue
-        mem = peak(base, z * np.ones_like(sub.dp))
+        mem = peak(base, z * ones)
         ok = (z == 0) | ((shards > 1) & ~tied_pp)
-        zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
+        if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
+            # with pipelines where the runtime runs it; tied embeddings not where the runtime ties them at zero=0
+            ok = ((shards > 1) & ((sub.pp == 1) | (z in s.runtime.zeros_with_pp))
+                  & ~(s.d.tied & s.runtime.tied_pp_zero0))
+            extra.append((z, (mem <= s.mem_cap) & ok))
+        else:
+            zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
+        runs = runs | ok
+    unrun = ~runs if min(zeros) >= 2 else np.zeros(len(idx), dtype=bool)  # only zero=2/3 allowed, none runs
+    if unrun.any():
+        pps = "pp=1" if not set(zeros) & set(s.runtime.zeros_with_pp) else "pipelines"
+        rejected[f"runtime {s.runtime.name} runs zero={'/'.join(map(str, zeros))} with dp > 1 and {pps}"
+                 + (", untied embeddings" if s.runtime.tied_pp_zero0 else "")] += int(n_places[idx[unrun]].sum())
     fits = zero >= 0
+    for _, f in extra:
+        fits = fits | f
     kw = np.full(len(idx), base_kw)
     if keeps and s.kw_pin is None:  # keep where it saves traffic (several micro-batches) and memory allows
         several = sub.micro_batches(s.d.global_batch) > 1
@@ -261,10 +285,14 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     if tied_zero1.any():  # a pinned zero=1 with tied embeddings and pipelines (executor/sizes.py refuses it)
         rejected["paracube's executor runs tied embeddings with pp > 1 at zero=0 only"] += int(
             n_places[idx[tied_zero1]].sum())
-    over = int(n_places[idx[~fits & ~tied_zero1]].sum())
+    over = int(n_places[idx[~fits & ~tied_zero1 & ~unrun]].sum())
     if over:
         rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
-    return idx[fits], zero[fits], kw[fits]
+    low = zero >= 0
+    out_idx = [idx[low]] + [idx[f] for _, f in extra]
+    out_zero = [zero[low]] + [np.full(int(f.sum()), z) for z, f in extra]
+    out_kw = [kw[low]] + [kw[f] for _, f in extra]
+    return np.concatenate(out_idx), np.concatenate(out_zero), np.concatenate(out_kw)
 
 
 def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements]
@@ -335,7 +363,11 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     st_links = _structure_links(s, mode, owners, places)
     zero_arg = zeros if s.zeros != (0,) else None
     ovs, tpos = _overlaps(s, mode, batch)
-    if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k:
+    ovs = ovs & (zeros < 2)  # zero=2/3 reduce every micro-batch's gradients during its backward (traffic.py)
+    # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
+    # would price them as zero=0, so their configurations are not pruned.
+    if (s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k
+            and not np.any(zeros >= 2)):
         keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos)
         s.pruned += int(n_places[~keep].sum())
         kept = np.nonzero(keep)[0]
@@ -351,19 +383,18 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     place_idx = np.concatenate([np.arange(c) for c in n_places])
     link_mat = np.concatenate([st_links[st] for st in owners])
     links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
-    res = evaluate(s.d, mode, batch, links, s.g, rows=layout_rows, zero=zero_arg, overlap=ovs[layout_rows], kw=kws,
-                   tpo=tpos[layout_rows])
+    step_time = _evaluate(s, mode, batch, links, layout_rows, zeros, zero_arg, kws, ovs, tpos)
     s.scored += len(layout_rows)
     taken = 0
-    for j in np.argsort(res.step_time, kind="stable"):
+    for j in np.argsort(step_time, kind="stable"):
         row = int(layout_rows[j])
         st = owners[row]
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
                       s.d.recompute if s.rc_pin else None, bool(ovs[row]), int(kws[row]),
-                      s.fixed.flash if s.fixed else None, bool(tpos[row]))
+                      s.fixed.flash if s.fixed else None, bool(tpos[row]), s.fixed.shard if s.fixed else None)
         if not _matches(lay, s.fixed):
             continue
-        s.best.append((float(res.step_time[j]), lay))
+        s.best.append((float(step_time[j]), lay))
         if mode not in s.per_mode_best or s.best[-1][0] < s.per_mode_best[mode][0]:
             s.per_mode_best[mode] = s.best[-1]
         taken += 1
@@ -372,6 +403,26 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     if not taken:  # layouts fit, but only ones the pins exclude (e.g. with sp where sp=0 is pinned)
         top = mode_rej.most_common(2)
         s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or f"no layout matches {s.fixed}"
+
+
+def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.ndarray, zeros: np.ndarray,
+              zero_arg: np.ndarray | None, kws: np.ndarray, ovs: np.ndarray, tpos: np.ndarray) -> np.ndarray:
+    """Step time per layout: zero=0/1 rows in one evaluation (the same time: search docstring), each zero=2/3
+    stage in its own (its per-unit traffic is priced for one zero stage at a time: comm.StepTraffic)."""
+    high = zeros[rows] >= 2
+    if not np.any(high):
+        return evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero_arg, overlap=ovs[rows], kw=kws,
+                        tpo=tpos[rows]).step_time
+    out = np.zeros(len(rows))
+    for z in [None, *sorted(set(zeros[zeros >= 2].tolist()))]:
+        sel = ~high if z is None else zeros[rows] == z
+        if not np.any(sel):
+            continue
+        sub = {ax: (bw[sel], lat[sel]) for ax, (bw, lat) in links.items()}
+        arg = (np.where(zeros >= 2, 0, zeros) if zero_arg is not None else None) if z is None else int(z)
+        out[sel] = evaluate(s.d, mode, batch, sub, s.g, rows=rows[sel], zero=arg, overlap=ovs[rows[sel]], kw=kws,
+                            tpo=tpos[rows[sel]]).step_time
+    return out
 
 
 def _modes(modes: list[str] | None, gpus: int, fixed: Layout | None, runtime: Runtime | None = None) -> list[str]:
@@ -405,6 +456,8 @@ def _choices(training: TrainingSpec, fixed: Layout | None, recomputes: list[str]
     # A pinned zero the cost models do not price is searched as the unpinned ones (the CLI carries the pin).
     pin = fixed is not None and fixed.zero in PRICED_ZEROS and fixed.zero > 0
     zs = tuple(int(z) for z in values(ZERO, runtime, fixed if pin else None, list(zeros) if zeros else None))
+    check(fixed is None or not fixed.hybrid or fixed.zero >= 2,
+          f"shard={fixed.shard if fixed else None} (hybrid sharding) is priced with zero=2 or 3; pin zero=2 or zero=3")
     return rcs, tuple(sorted(zs)) or (0,)
 
 
@@ -462,6 +515,8 @@ def search(
         return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
+    if fixed is not None and fixed.hybrid:  # HSDP is priced exactly by `estimate` only (its own shard groups)
+        ranked.sort(key=lambda r: r[1].step_time_s)
     for dim, off in ((OVERLAP, {"overlap": False}), (TPO, {"tpo": False})):
         # A dominant overlap the search chose: its runner-up is the best layout without it (dimensions.py).
         best = ranked[0][0]

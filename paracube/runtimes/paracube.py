@@ -2,7 +2,7 @@
 
 Tensor modes, pipelines, sp and zero come from each mode's ExecutorSupport (paracube/modes; modes.executor_runs
 is the per-mode check, the same one executor/sizes.py applies before any rank starts). Gradient buckets overlap
-the last backward with pp = 1 (executor/grad_sync.py; step.py runs them after backward under pipelines). No
+each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too. No
 tpo: the executor runs its tensor collectives in line (issue #24).
 """
 
@@ -21,7 +21,8 @@ def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> 
     if support is None:
         return f"its executor does not run tp={mode}; valid: tp={'/'.join(runnable_modes())}"
     runs = [f"families {'/'.join(support.families)}", "pipelines" if support.pipeline else "pp=1 only",
-            "sp" if support.sequence_parallel else "no sp", "zero=0/1" if support.zero else "zero=0 only"]
+            "sp" if support.sequence_parallel else "no sp",
+            f"zero={'/'.join(map(str, support.zero_stages))} (zero=2/3 at pp=1, untied)"]
     if MODES[mode].ties_embeddings:
         runs.append("tied embeddings with pp > 1 at zero=0 only")
     else:
@@ -30,7 +31,8 @@ def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> 
 
 
 _SUPPORT = [m.executor for m in MODES.values() if m.executor is not None]
-_ZEROS = (0, 1) if any(s.zero for s in _SUPPORT) else (0,)
+_ZEROS = tuple(sorted({z for s in _SUPPORT for z in s.zero_stages}))
+_ZEROS_PP = tuple(z for z in _ZEROS if z < 2)  # zero=2/3 run without pipelines (modes.executor_runs)
 
 RUNTIME = Runtime(
     name="paracube",
@@ -40,8 +42,8 @@ RUNTIME = Runtime(
     interleave=any(s.pipeline for s in _SUPPORT),  # executor/pipeline.py runs interleaved 1F1B
     sequence_parallel=any(s.sequence_parallel for s in _SUPPORT),
     zeros=_ZEROS,
-    zeros_with_pp=_ZEROS,
-    hybrid_shard=False,
+    zeros_with_pp=_ZEROS_PP,
+    hybrid_shard=any(z >= 2 for z in _ZEROS),  # shard=N with zero=2/3 (executor/data_parallel/sharded.py)
     recomputes=RECOMPUTES,
     dtypes=("fp32", "fp16", "bf16"),
     grad_overlap=True,

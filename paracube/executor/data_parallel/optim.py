@@ -33,6 +33,13 @@ replicated parameter on its replica leader only (replication over a sharded axis
 leader: each element is in exactly one shard of the group), and all-reduced over ("dp", *tensor axes) (with pp > 1:
 ("pp", "dp", *tensor axes); each stage's optimizer holds only its own stage's buckets).
 
+zero=2 / zero=3 (ShardedAdamW over data_parallel/sharded.py's units: the same element ranges as the gradient
+shards, 12 bytes per shard element): zero=2 all-gathers the updated fp32 shard into the parameters after the
+step, as zero=1; zero=3 casts it into the rank's compute-dtype parameter shard (fsdp.ParamUnits) and gathers
+nothing (the next forward's per-unit gathers bring the new values). Its checkpoints gather the parameters for a
+save or a load (not a step's traffic) and present DistributedAdamW's view per parameter, so zero=3 files load
+at zero=0/1/2 and in other modes; after a load each rank takes its shards back.
+
 Built on torch.optim.AdamW (its update, state_dict and param_groups); what is ours is the sharding and
 the collectives, which torch's ZeroRedundancyOptimizer cannot do: it shards whole parameters per rank
 and broadcasts them, not bucketed reduce-scatter / all-gather recorded as CommEvents.
@@ -49,24 +56,26 @@ import torch.distributed as dist
 from torch import Tensor
 
 from paracube.executor.comm import all_reduce
+from paracube.executor.data_parallel.fsdp import ParamUnits
 from paracube.executor.data_parallel.grad_sync import Bucket, GradSync
+from paracube.executor.data_parallel.sharded import ShardedSync, Unit
 from paracube.executor.layers.functional import main_grad
 from paracube.executor.layers.shards import ShardSpec
 
 
 class DistributedAdamW(torch.optim.AdamW):
-    """AdamW over the fp32 master shards of `sync`'s buckets (sync.zero must be 1)."""
+    """AdamW over the fp32 master shards of `sync`'s buckets (zero >= 1; zero=2/3: ShardedAdamW)."""
 
     def __init__(self, sync: GradSync, specs: dict[Tensor, ShardSpec], **adamw: Any) -> None:
-        assert sync.zero == 1
+        assert sync.zero >= 1
         self.sync = sync
         k = sync.shard_index()
         self.masters: list[Tensor] = []
         self.masks: list[Tensor] = []  # 1 where this rank counts the element in the global norm
         for b in sync.buckets:
             lo, hi = k * b.shard_numel, (k + 1) * b.shard_numel
-            flat = torch.zeros(b.length, dtype=torch.float32, device=b.buffer.device)
-            mask = torch.zeros(b.length, dtype=torch.float32, device=b.buffer.device)
+            flat = torch.zeros(b.length, dtype=torch.float32, device=b.shard.device)
+            mask = torch.zeros(b.length, dtype=torch.float32, device=b.shard.device)
             for i, p in enumerate(b.params):
                 o = b.offsets[i]
                 flat[o:o + p.numel()] = p.detach().reshape(-1).float()
@@ -199,6 +208,38 @@ class DistributedAdamW(torch.optim.AdamW):
         return torch.cat([parts[order[j]] for j in range(n)])
 
 
+class ShardedAdamW(DistributedAdamW):
+    """DistributedAdamW over ShardedSync's units; zero=3 shards the parameters once the masters are taken."""
+
+    def __init__(self, sync: ShardedSync, specs: dict[Tensor, Any], **adamw: Any) -> None:
+        super().__init__(sync, specs, **adamw)  # type: ignore[arg-type]  # masters from the whole parameters
+        self.units: ParamUnits | None = None
+        if sync.zero == 3:
+            self.units = sync.params = ParamUnits(sync, sync.model)
+
+    def _gather(self, master: Tensor, b: Unit) -> None:  # type: ignore[override]
+        if self.units is None:
+            super()._gather(master, b)  # type: ignore[arg-type]
+            return
+        self.units.shards[self.units.index[b.name]].copy_(master)
+
+    def checkpoint_view(self) -> SimpleNamespace:
+        if self.units is not None:
+            self.units.gather_all()
+        return super().checkpoint_view()
+
+    def empty_view(self) -> SimpleNamespace:
+        if self.units is not None:
+            self.units.gather_all()  # a load lands in the whole parameters
+        return super().empty_view()
+
+    @torch.no_grad()
+    def load_view(self, view: SimpleNamespace) -> None:
+        super().load_view(view)
+        if self.units is not None:
+            self.units.shards_from_params()
+
+
 class MasterAdamW(torch.optim.AdamW):
     """AdamW over fp32 masters of 16-bit parameters (zero=0): steps the masters with the parameters' fp32
     `main_grad` and copies them back into the parameters."""
@@ -243,8 +284,11 @@ class MasterAdamW(torch.optim.AdamW):
 
 def build_optimizer(model: torch.nn.Module, mesh: Any, zero: int, bucket_bytes: int,
                     **adamw: Any) -> torch.optim.Optimizer:
-    """AdamW for a layout: DistributedAdamW over the model's buckets (zero=1), MasterAdamW for 16-bit
-    parameters, or torch's AdamW (fp32)."""
+    """AdamW for a layout: DistributedAdamW over the model's buckets (zero=1), ShardedAdamW over its units
+    (zero=2/3), MasterAdamW for 16-bit parameters, or torch's AdamW (fp32)."""
+    if zero >= 2:
+        specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}  # type: ignore[union-attr, index]
+        return ShardedAdamW(ShardedSync(model, mesh, zero), specs, **adamw)
     if zero != 1:
         params = list(model.parameters())
         if params[0].dtype != torch.float32:
@@ -254,4 +298,4 @@ def build_optimizer(model: torch.nn.Module, mesh: Any, zero: int, bucket_bytes: 
     return DistributedAdamW(GradSync(model, mesh, 1, bucket_bytes), specs, **adamw)
 
 
-__all__ = ["DistributedAdamW", "MasterAdamW", "build_optimizer"]
+__all__ = ["DistributedAdamW", "MasterAdamW", "ShardedAdamW", "build_optimizer"]

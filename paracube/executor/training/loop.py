@@ -110,6 +110,8 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
     check(not (resume or save_every) or checkpoint_dir is not None, "--resume and --save-every need --checkpoint-dir")
     check(config.on_nonfinite in ("stop", "skip"), f"on_nonfinite={config.on_nonfinite!r}; valid: stop, skip")
     check(config.bucket_bytes > 0, f"bucket_bytes={config.bucket_bytes} must be > 0")
+    check(not (config.on_nonfinite == "skip" and layout.zero == 3), "on_nonfinite=skip with zero=3: the step's "
+          "undo copies whole parameters, which zero=3 holds only as shards; use on_nonfinite=stop")
     spec = with_seq_len(plan.model, plan.seq_len)
     check_dtype(plan.training.dtype)
     check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)

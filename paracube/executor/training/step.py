@@ -91,7 +91,8 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
             optimizer.reduce_over(getattr(model.mode, "sequence_parallel_params", []), tensor_axes,
                                   "sequence_parallel_params")
         sq = optimizer.grad_norm_sq()
-        norm_axes: tuple[str, ...] = (*stages, "dp", *tensor_axes)
+        # Summed over the zero group's shards (dp; 2.5D dp, dep; HSDP dp_shard: the replicas hold the same sums)
+        norm_axes: tuple[str, ...] = tuple(dict.fromkeys((*stages, *sync.axes, *tensor_axes)))
     else:
         with rec.phase("grad_sync"):
             model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp

@@ -1,0 +1,218 @@
+"""zero=3's parameter units: compute-dtype shards, gathered per unit before use, resharded after
+(data_parallel/sharded.py has the rules and sources; cost_models/traffic.py prices the same gathers).
+
+Mechanism (FSDP2's): every parameter of a unit is a view of the unit's flat buffer (bucket layout); resharding
+resizes the buffer's storage to 0 bytes, gathering resizes it back and all-gathers the shards into it, so the
+tensors autograd saved (the parameters, views of them) see the gathered values again in backward. Gathers are
+written through the buffer, never through the parameters, so autograd's version counters stay unchanged.
+Hooks (explicit, on the model's modules; nothing is patched):
+- forward pre-hook on a unit's first module: reshard the previous unit (its forward is over; resharding at the
+  next unit's start, not in the unit's own forward hook, because an output may alias a parameter: the position
+  table's slice), gather this one (waiting for its prefetch), then prefetch the next unit;
+- forward hooks on its modules: wrap the outputs in `_PreBackward`, whose backward gathers the unit before
+  its backward runs and prefetches the unit before it;
+- ShardedSync.done_backward: once a unit's gradients are issued, reshard it.
+A forward that runs inside backward (full recomputation) finds its unit gathered and neither reshards nor
+prefetches. At most two units are gathered at a time: a prefetch waits until a unit is resharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from paracube.executor.data_parallel.sharded import ShardedSync, Unit
+
+MAX_GATHERED = 2
+
+
+class _PreBackward(torch.autograd.Function):
+    """Identity whose backward gathers unit `k` (forward order) before the unit's own backward."""
+
+    @staticmethod
+    def forward(ctx: Any, units: ParamUnits, k: int, x: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.units, ctx.k = units, k
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[None, None, Tensor]:  # type: ignore[override]
+        ctx.units.before_backward(ctx.k)
+        return None, None, g
+
+
+class ParamUnits:
+    """The parameter shards of a ShardedSync's units (forward order: embedding, blocks, final)."""
+
+    def __init__(self, sync: ShardedSync, model: nn.Module) -> None:
+        self.sync, self.mesh = sync, sync.mesh
+        self.units: list[Unit] = list(reversed(sync.buckets))
+        self.index = {u.name: k for k, u in enumerate(self.units)}
+        self.state = ["full"] * len(self.units)  # full | sharded | gathering | gathered
+        self.work: list[dist.Work | None] = [None] * len(self.units)
+        self.want: int | None = None  # a prefetch waiting for room
+        self.in_backward = False
+        self.live_bytes = self.peak_bytes = 0
+        self.flats: list[Tensor] = []
+        self.shards: list[Tensor] = []
+        with torch.no_grad():
+            for u in self.units:
+                p0 = u.params[0]
+                flat = torch.zeros(u.length, dtype=p0.dtype, device=p0.device)
+                for i, p in enumerate(u.params):
+                    flat[u.offsets[i]:u.offsets[i] + p.numel()] = p.detach().reshape(-1)
+                    p.data = flat[u.offsets[i]:u.offsets[i] + p.numel()].view_as(p)
+                self.flats.append(flat)
+                self.shards.append(flat[u.k * u.shard_numel:(u.k + 1) * u.shard_numel].clone())
+        for k in range(len(self.units)):
+            self._reshard(k)
+        self._hook(model)
+
+    def _hook(self, model: nn.Module) -> None:
+        mods = dict(model.named_modules())
+        blocks = [n for n in self.index if n.startswith("blocks.")]
+        edge_first = ["tok_emb", "pos_emb"] if "pos_emb" in mods and mods["pos_emb"] is not None else ["tok_emb"]
+        plan: list[tuple[str, list[str]]] = [("embedding", edge_first)] + [(b, [b]) for b in blocks]
+        plan.append(("final", ["ln_f", "head"]))
+        for unit, names in plan:
+            k = self.index[unit]
+            mods[names[0]].register_forward_pre_hook(lambda m, a, k=k: self.before_forward(k))
+            for name in names:
+                mods[name].register_forward_hook(lambda m, a, out, k=k: self.after_forward(k, out))
+
+    # --- hooks ---------------------------------------------------------------------------------------------
+    def before_forward(self, k: int) -> None:
+        if k == 0:  # a micro-batch's forward starts (the embedding is never recomputed in backward)
+            self.in_backward = False
+        if not self.in_backward and k > 0:
+            self._reshard(k - 1)  # the previous unit's forward is over (its output may alias it: pos_emb)
+        self._gather(k)
+        self._wait(k)
+        if not self.in_backward and k + 1 < len(self.units):
+            self._prefetch(k + 1)
+
+    def after_forward(self, k: int, out: Tensor) -> Tensor:
+        if self.in_backward:
+            return out
+        if torch.is_grad_enabled() and isinstance(out, Tensor) and out.requires_grad:
+            return _PreBackward.apply(self, k, out)
+        return out
+
+    def before_backward(self, k: int) -> None:
+        self.in_backward = True
+        self._gather(k)
+        self._wait(k)
+        if k > 0:
+            self._prefetch(k - 1)
+
+    def done_backward(self, u: Unit) -> None:
+        self._reshard(self.index[u.name])
+
+    # --- gather / reshard ----------------------------------------------------------------------------------
+    def _prefetch(self, k: int) -> None:
+        self.want = k
+        self._try_prefetch()
+
+    def _try_prefetch(self) -> None:
+        k = self.want
+        if k is None:
+            return
+        if self.state[k] != "sharded":
+            self.want = None
+            return
+        if sum(s in ("gathering", "gathered") for s in self.state) < MAX_GATHERED:
+            self.want = None
+            self._gather(k)
+
+    def _gather(self, k: int) -> None:
+        if self.state[k] != "sharded":
+            return
+        u, flat, shard = self.units[k], self.flats[k], self.shards[k]
+        flat.untyped_storage().resize_(u.length * flat.element_size())
+        self.live_bytes += u.length * flat.element_size()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        n = self.sync.group_size
+        with torch.no_grad():
+            if n == 1:
+                flat.copy_(shard)
+            else:
+                order = self.mesh.order(self.sync.axes)
+                chunks = list(flat.chunk(n))
+                by_rank = [chunks[0]] * n
+                for j in range(n):
+                    by_rank[order[j]] = chunks[j]
+                rec = self.mesh.recorder
+                with rec.issue("all_gather", self.sync.axes, n, shard, u.length, False, "params"):
+                    self.work[k] = dist.all_gather(by_rank, shard, group=self.mesh.group(self.sync.axes),
+                                                   async_op=True)
+        self.state[k] = "gathering"
+
+    def _wait(self, k: int) -> None:
+        work, self.work[k] = self.work[k], None
+        if work is not None:
+            work.wait()
+        if self.state[k] == "gathering":
+            self.state[k] = "gathered"
+
+    def _reshard(self, k: int) -> None:
+        if self.state[k] == "sharded":
+            return
+        self._wait(k)
+        flat = self.flats[k]
+        if self.state[k] != "full":
+            self.live_bytes -= flat.numel() * flat.element_size()
+        flat.untyped_storage().resize_(0)
+        self.state[k] = "sharded"
+        self._try_prefetch()
+
+    # --- outside the step ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """A step starts with every unit sharded (a checkpoint or an evaluation may have left some gathered)."""
+        self.want, self.in_backward = None, False
+        for k in range(len(self.units)):
+            self._reshard(k)
+
+    def gather_all(self) -> None:
+        """Every unit gathered (checkpoints, full state dicts; not a step's traffic, not recorded)."""
+        n = self.sync.group_size
+        for k, u in enumerate(self.units):
+            if self.state[k] == "sharded":
+                flat = self.flats[k]
+                flat.untyped_storage().resize_(u.length * flat.element_size())
+                self.live_bytes += u.length * flat.element_size()
+                if n == 1:
+                    flat.copy_(self.shards[k])
+                else:
+                    parts = [torch.empty_like(self.shards[k]) for _ in range(n)]
+                    dist.all_gather(parts, self.shards[k], group=self.mesh.group(self.sync.axes))
+                    order = self.mesh.order(self.sync.axes)
+                    flat.copy_(torch.cat([parts[order[j]] for j in range(n)]))
+                self.state[k] = "gathered"
+            else:
+                self._wait(k)
+
+    @torch.no_grad()
+    def shards_from_params(self) -> None:
+        """After a load into the gathered parameters: this rank's shards taken from them."""
+        self.gather_all()
+        for k, u in enumerate(self.units):
+            self.shards[k].copy_(self.flats[k][u.k * u.shard_numel:(u.k + 1) * u.shard_numel])
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Parameters whole inside the block (tests, export), sharded again after."""
+        self.gather_all()
+        try:
+            yield
+        finally:
+            self.start()
+
+    def shard_bytes(self) -> int:
+        return sum(s.numel() * s.element_size() for s in self.shards)
+
+
+__all__ = ["ParamUnits"]

@@ -1,0 +1,191 @@
+"""zero=2 and zero=3 (ZeRO stages 2 and 3, Rajbhandari et al. 2020; FSDP, Zhao et al. 2023), and hybrid sharding.
+
+Units (FSDP2's `fully_shard` granularity as torchtitan applies it, modes/buckets.plan_units): the embedding
+(token + position tables), each transformer block, the final norm + head. A unit is one flat buffer in the
+bucket layout (its parameters in reverse registration order, padded to a multiple of the zero group's n
+ranks); the rank with index k in the zero group (Layout.zero_axes: dp, or dp_shard with HSDP) owns elements
+[k S, (k+1) S), S = padded / n, of the unit's gradient, optimizer state and (zero=3) parameters alike.
+- zero=2: per micro-batch, as backward completes a unit (every parameter's gradient arrived: post-
+  accumulate-grad hooks) its fp32 gradient buffer (allocated at the unit's first gradient) is reduce-
+  scattered asynchronously over the zero group and the result accumulated into the rank's fp32 shard (4 S
+  bytes, kept across micro-batches); the buffer is freed when the collective is waited for, which is when
+  the next unit is issued (at most two gradient buffers live: the one in flight and the one filling; the
+  micro-batch's last unit is waited for at once). After the optimizer step the parameters are all-gathered
+  in fp32 (zero=1's all_gather, data_parallel/optim.py). Reduce-scatters run whether or not `overlap` is
+  set: a rank never holds the whole gradient (FSDP always reduces in backward).
+- zero=3 (data_parallel/fsdp.py): parameters live only as compute-dtype shards; a unit is all-gathered
+  (compute dtype) before its forward and resharded after it, all-gathered again before its backward and
+  resharded once its gradients are issued; the last unit (final norm + head) is kept gathered from its
+  forward to its backward (torchtitan: reshard_after_forward=False for the last module, whose backward comes
+  at once). The next unit's gather (forward order, then backward order) is prefetched asynchronously, at
+  most two units gathered at a time. The optimizer steps the fp32 master shard and casts it into the
+  parameter shard: no all_gather after the step.
+- HSDP (`shard=N`, N < dp): the zero group is N consecutive dp ranks (dp_shard); after the last micro-batch
+  each gradient shard is all-reduced over dp_replicate (once per step: FSDP2's set_requires_all_reduce(False)
+  on the other micro-batches); the shard group's state is replicated across the dp / N groups.
+Memory per parameter (bf16 compute copy, fp32 gradients and master, Adam), cost_models/memory.py:
+zero=2 2 + 16/n, zero=3 18/n, plus the gathered units (zero=3: the largest pair of consecutive units in
+the compute dtype) and the fp32 gradient buffers (the largest pair of consecutive units).
+
+Why ours and not torch's FSDP2: the layers are explicit autograd functions whose collectives the recorder
+must see (FSDP2's all-gathers and reduce-scatters are not CommEvents), gradients stay the fp32 buckets the
+optimizer and the norm read (`main_grad`), and the unit layout is the one cost_models/traffic.py prices;
+benchmarks/executor_step.py --zero runs torch's FSDP2 side by side.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from paracube.executor.mesh import Mesh
+from paracube.modes.buckets import padded_numel, plan_units
+
+
+def unit_name(param_name: str) -> str:
+    """The FSDP unit of a parameter: embedding, blocks.<i>, or final."""
+    head = param_name.split(".")
+    if head[0] in ("tok_emb", "pos_emb"):
+        return "embedding"
+    if head[0] == "blocks":
+        return f"blocks.{head[1]}"
+    return "final"
+
+
+class Unit:
+    """One unit's flat layout, its fp32 gradient shard and (per micro-batch) its gradient buffer."""
+
+    def __init__(self, name: str, params: list[nn.Parameter], shards: int, k: int, device: torch.device) -> None:
+        self.name, self.params = name, params
+        self.offsets: list[int] = []
+        n = 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.numel, self.length = n, padded_numel(n, shards)
+        self.shard_numel = self.length // shards
+        self.k = k
+        self.shard = torch.zeros(self.shard_numel, dtype=torch.float32, device=device)  # accumulated gradient
+        self.buffer: Tensor | None = None  # this micro-batch's fp32 gradient (transient)
+        self.out: Tensor | None = None  # the reduce-scatter's output
+        self.pending = len(params)
+        self.work: dist.Work | None = None
+
+    def view(self, i: int) -> Tensor:
+        p = self.params[i]
+        assert self.buffer is not None
+        return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()].view_as(p)
+
+
+class ShardedSync:
+    """The units of one model on one rank: gradient reduce-scatter per unit per micro-batch (zero >= 2)."""
+
+    def __init__(self, model: nn.Module, mesh: Mesh, zero: int) -> None:
+        assert zero in (2, 3)
+        self.mesh, self.zero, self.model = mesh, zero, model
+        layout = mesh.layout
+        self.axes, self.replicas = layout.zero_axes, layout.replica_axes
+        self.group_size = mesh.size(self.axes)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        groups: dict[str, list[nn.Parameter]] = {}
+        for n, p in named:
+            groups.setdefault(unit_name(n), []).append(p)
+        flat = [p for _, p in named]
+        order = plan_units([[p.numel() for p in ps] for ps in groups.values()])
+        names = list(groups)
+        device = flat[0].device
+        k = self.shard_index()
+        # Buckets in issue (backward) order; each unit's parameters in reverse registration order.
+        self.buckets = [Unit(names[len(names) - 1 - j], [flat[i] for i in idx], self.group_size, k, device)
+                        for j, idx in enumerate(order)]
+        self.where: dict[nn.Parameter, tuple[Unit, int]] = {}
+        for u in self.buckets:
+            for i, p in enumerate(u.params):
+                self.where[p] = (u, i)
+                p.register_post_accumulate_grad_hook(self._on_grad)
+        self.active, self.next = False, 0
+        self.inflight: Unit | None = None
+        self.live_grad_bytes = self.peak_grad_bytes = 0
+        self.params = None  # zero=3: fsdp.ParamUnits (made by build_optimizer once the masters are taken)
+
+    def shard_index(self) -> int:
+        return self.mesh.index(self.axes)
+
+    # --- per step (the GradSync interface train_step uses) -----------------------------------------------
+    def start(self, overlap: bool) -> None:
+        """Before the step's first backward: empty gradient shards, nothing in flight."""
+        self.active, self.next, self.inflight = True, 0, None
+        for u in self.buckets:
+            u.shard.zero_()
+            u.pending, u.buffer, u.work = len(u.params), None, None
+        if self.params is not None:
+            self.params.start()
+
+    def last_micro_batch(self) -> None:
+        """zero >= 2 reduces every micro-batch: nothing changes on the last one."""
+
+    def _on_grad(self, p: Tensor) -> None:
+        if not self.active or p.grad is None:
+            return  # a backward outside train_step keeps torch's own p.grad
+        u, i = self.where[p]  # type: ignore[index]
+        if u.buffer is None:
+            u.buffer = torch.zeros(u.length, dtype=torch.float32, device=u.shard.device)
+            self.live_grad_bytes += 4 * u.length
+            self.peak_grad_bytes = max(self.peak_grad_bytes, self.live_grad_bytes)
+        u.view(i).add_(p.grad)
+        p.grad = None
+        u.pending -= 1
+        while self.next < len(self.buckets) and self.buckets[self.next].pending == 0:
+            self._issue(self.buckets[self.next])
+            self.next += 1
+        if self.next == len(self.buckets):  # the micro-batch's last unit: wait now, the next backward restarts
+            self._wait()
+            self.next = 0
+            for b in self.buckets:
+                b.pending = len(b.params)
+
+    def _issue(self, u: Unit) -> None:
+        self._wait()  # at most one reduce-scatter in flight, so at most two gradient buffers live
+        assert u.buffer is not None
+        n, rec = self.group_size, self.mesh.recorder
+        if n == 1:
+            u.out = u.buffer
+        else:
+            order = self.mesh.order(self.axes)
+            chunks = list(u.buffer.chunk(n))
+            by_rank = [chunks[0]] * n
+            for j in range(n):
+                by_rank[order[j]] = chunks[j]
+            u.out = torch.empty(u.shard_numel, dtype=torch.float32, device=u.shard.device)
+            with rec.phase("grad_sync"), rec.issue("reduce_scatter", self.axes, n, u.buffer, u.length, False, "grads"):
+                u.work = dist.reduce_scatter(u.out, by_rank, group=self.mesh.group(self.axes), async_op=True)
+        self.inflight = u
+        if self.params is not None:  # zero=3: the unit's backward is done, its parameters go back to shards
+            self.params.done_backward(u)
+
+    def _wait(self) -> None:
+        u, self.inflight = self.inflight, None
+        if u is None:
+            return
+        if u.work is not None:
+            u.work.wait()
+            u.work = None
+        assert u.out is not None
+        u.shard.add_(u.out)
+        u.out = u.buffer = None
+        self.live_grad_bytes -= 4 * u.length
+
+    def finish(self) -> None:
+        """After the last backward: wait for the last reduce-scatter; HSDP: each shard summed over the replicas."""
+        self._wait()
+        if self.replicas and self.mesh.size(self.replicas) > 1:
+            rec, n = self.mesh.recorder, self.mesh.size(self.replicas)
+            with rec.phase("grad_sync"):
+                for u in self.buckets:
+                    with rec.issue("all_reduce", self.replicas, n, u.shard, u.shard_numel, False, "gradients.replicas"):
+                        dist.all_reduce(u.shard, group=self.mesh.group(self.replicas))
+        self.active = False
+
+
+__all__ = ["ShardedSync", "Unit", "unit_name"]
