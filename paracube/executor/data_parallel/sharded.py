@@ -113,8 +113,10 @@ class ShardedSync:
         return self.mesh.index(self.axes)
 
     # --- per step (the GradSync interface train_step uses) -----------------------------------------------
-    def start(self, overlap: bool) -> None:
-        """Before the step's first backward: empty gradient shards, nothing in flight."""
+    def start(self, overlap: bool, micro_batches: int = 0) -> None:
+        """Before the step's first backward: empty gradient shards, nothing in flight. `overlap` and
+        `micro_batches` (GradSync's signature) change nothing: units are always reduced as backward completes
+        them, and zero=2/3 run without pipelines."""
         self.active, self.next, self.inflight = True, 0, None
         for u in self.buckets:
             u.shard.zero_()
