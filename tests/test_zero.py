@@ -271,9 +271,10 @@ def test_a_rank_killed_in_a_zero3_gather_ends_every_rank_within_60_s(tmp_path) -
     assert died["phase"] == "fwd"  # inside a forward's gather
     assert ended - died["time"] < 60, ended - died["time"]
     # The harness reports the first rank to end: rank 1's death, or a survivor whose gather lost its peer
-    # (gloo: "Connection closed by peer"), the others being stopped then.
+    # (gloo: "Connection closed by peer" or "Connection reset by peer", by who sees the socket go first), the
+    # others being stopped then.
     first = str(err.value).splitlines()[0]
-    assert "rank 1" in first or "closed by peer" in first, first
+    assert "rank 1" in first or "closed by peer" in first or "reset by peer" in first, first
 
 
 def test_search_prices_each_zero_stage_and_ranks_by_step_time() -> None:
