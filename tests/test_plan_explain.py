@@ -155,13 +155,17 @@ def test_zero_field_parses_prints_and_is_refused_by_the_executor() -> None:
     lay = parse_layout("dp=4,pp=2,tp=1d:2,mb=1,v=2,sp,zero=3")
     assert lay.zero == 3 and str(lay) == "dp=4,pp=2,tp=1d:2,mb=1,v=2,sp,zero=3" and parse_layout(str(lay)) == lay
     assert "zero" not in str(parse_layout("dp=2,zero=0")) and parse_layout("dp=2").zero == 0
-    for bad in ("dp=2,zero=2", "dp=2,zero=-1", "dp=2,zero=one"):
-        with pytest.raises(ParacubeError, match="zero=.* is not valid; valid: 0, 1, 3"):
+    assert parse_layout("dp=2,zero=2").zero == 2
+    for bad in ("dp=2,zero=4", "dp=2,zero=-1", "dp=2,zero=one"):
+        with pytest.raises(ParacubeError, match="zero=.* is not valid; valid: 0, 1, 2, 3"):
             parse_layout(bad)
-    with pytest.raises(ParacubeError, match="zero=2 is not valid; valid: 0, 1, 3"):
-        Layout(dp=2, zero=2)
+    with pytest.raises(ParacubeError, match="zero=4 is not valid; valid: 0, 1, 2, 3"):
+        Layout(dp=2, zero=4)
     from paracube.executor.sizes import check_divisibility
 
-    with pytest.raises(ParacubeError, match="zero=3 .* is not implemented by the executor"):
-        check_divisibility(PRESETS["tiny"], parse_layout("dp=8,zero=3"), 1, 8, 64)
+    with pytest.raises(ParacubeError, match="zero=3 with pp=2: the executor shards .* without pipelines only"):
+        check_divisibility(PRESETS["tiny"], parse_layout("dp=4,pp=2,tp=1d:2,mb=1,zero=3"), 1, 8, 64)
+    with pytest.raises(ParacubeError, match="zero=3 with tensor mode '2d' is not implemented by the executor"):
+        check_divisibility(PRESETS["tiny"], parse_layout("dp=2,tp=2d:2x2,zero=3"), 1, 8, 64)
+    check_divisibility(PRESETS["tiny"], parse_layout("dp=8,zero=3"), 1, 8, 64)  # FSDP runs in mode none
     check_divisibility(PRESETS["tiny"], parse_layout("dp=8,zero=1"), 1, 8, 64)  # the distributed optimizer runs

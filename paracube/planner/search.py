@@ -264,16 +264,16 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
             # with pipelines where the runtime runs it; tied embeddings not where the runtime ties them at zero=0
             ok = ((shards > 1) & ((sub.pp == 1) | (z in s.runtime.zeros_with_pp))
-                  & ~(s.d.tied & s.runtime.tied_pp_zero0))
+                  & (not (s.d.tied and s.runtime.tied_pp_zero0)))
             extra.append((z, (mem <= s.mem_cap) & ok))
         else:
             zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
         runs = runs | ok
     unrun = ~runs if min(zeros) >= 2 else np.zeros(len(idx), dtype=bool)  # only zero=2/3 allowed, none runs
     if unrun.any():
-        pps = "pp=1" if not set(zeros) & set(s.runtime.zeros_with_pp) else "pipelines"
-        rejected[f"runtime {s.runtime.name} runs zero={'/'.join(map(str, zeros))} with dp > 1 and {pps}"
-                 + (", untied embeddings" if s.runtime.tied_pp_zero0 else "")] += int(n_places[idx[unrun]].sum())
+        pps = ", pp=1" if not {2, 3} & set(s.runtime.zeros_with_pp) else ""
+        rejected[f"runtime {s.runtime.name} runs zero=2/3 with dp > 1{pps}"
+                 + (" and untied embeddings" if s.runtime.tied_pp_zero0 else "")] += int(n_places[idx[unrun]].sum())
     fits = zero >= 0
     for _, f in extra:
         fits = fits | f
