@@ -18,7 +18,8 @@ holds this list equal to what the executor records. Generic parts:
   one reduce_scatter over grad_axes (dp; 2.5D: dp, dep) of the bucket padded to a multiple of that group's
   size and, after the optimizer step, one all_gather over grad_axes of the updated parameters (fp32) per
   bucket; tied embeddings with pp > 1 (first and last stage): one all_reduce of the local embedding block's
-  gradient (fp32) over the embedding group (("pp",), group size 2: Megatron's first + last stage); then the
+  gradient (fp32) over the embedding group (("pp",), group size 2: Megatron's first + last stage; zero=0 after
+  the buckets' all_reduce, zero=1 before the buckets' reduce_scatter, grad_sync.py); then the
   grad-norm all_reduce over
   ("pp", *tensor axes) (zero=1: ("pp", "dp", *tensor axes): the norm is summed over dp shards) and the
   metrics all_reduce.
@@ -138,15 +139,20 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
     buckets = bucket_numels(local_parameter_sizes(layout, d, stage), bucket_bytes)
     zero1 = layout.zero == 1
     shards = zero_group(layout)
+    tied: list[CommEvent] = []
+    if pp > 1 and d.tied and (first or last):  # the tied embedding's two copies (executor/pipeline/schedule.py)
+        V = padded_vocab(d.V, mode.vocab_split(layout.tensor_size, layout.q))
+        shard = mode.embedding_shard(V, 0, d.h, layout.tensor_size, layout.q)
+        tied.append(CommEvent("all_reduce", ("pp",), 2, 4 * int(shard), F32, "grad_sync", "embedding_grads"))
+    if zero1:  # summed before the reduce-scatter of the bucket holding them (data_parallel/grad_sync.py)
+        log.events += tied
     for n in buckets:
         if zero1:
             log.add("reduce_scatter", mode.grad_axes, 4 * padded_numel(n, shards), F32, "grad_sync", "gradients")
         else:
             log.add("all_reduce", mode.grad_axes, 4 * n, F32, "grad_sync", "gradients")
-    if pp > 1 and d.tied and (first or last):  # the tied embedding's two copies (executor/pipeline/schedule.py)
-        V = padded_vocab(d.V, mode.vocab_split(layout.tensor_size, layout.q))
-        shard = mode.embedding_shard(V, 0, d.h, layout.tensor_size, layout.q)
-        log.events.append(CommEvent("all_reduce", ("pp",), 2, 4 * int(shard), F32, "grad_sync", "embedding_grads"))
+    if not zero1:  # summed after the data-parallel all-reduce (pipeline/schedule.py)
+        log.events += tied
     opt_axes = (("pp",) if pp > 1 else ()) + (("dp",) if zero1 else ()) + layout.tensor_axes
     log.add("all_reduce", opt_axes, 4, F32, "optimizer", "grad_norm")
     for n in buckets if zero1 else ():

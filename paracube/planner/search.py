@@ -22,9 +22,9 @@ Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration 
 the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
 Only what paracube's executor runs is searched (modes.executor_runs, each mode's ExecutorSupport): every
-plan the search emits passes the executor's preflight (tests/test_planner_runs.py). Left out because the
-executor does not run them: pipelines with tied embeddings at zero=1 (the tied copies' gradients are summed
-with zero=0 only) or in modes whose head is not laid out as the embedding. zero=1 shards over the mode's
+plan the search emits passes the executor's preflight (tests/test_planner_runs.py); tied embeddings are run
+in every mode, with and without pipelines and zero=1 (a mode declaring ties_embeddings = False would be left
+out). zero=1 shards over the mode's
 gradient group (memory.zero_shards: dp; 2.5D dp x depth), so it is searched wherever that group has several
 ranks (2.5D too at dp=1). Attention: flash unless the layout pins `fa=0` (unfused is dominated in the model);
 the best layout's fa=0 variant joins the ranking.
@@ -157,7 +157,7 @@ def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], .
 
 def _runnable(st: Structure, model: ModelSpec) -> bool:
     """paracube's executor runs it (modes.executor_runs: the mode, its pipelines, the model's family; tied
-    embeddings with pipelines in the modes that tie them; any vocabulary: the executor pads it)."""
+    embeddings in the modes that tie them; any vocabulary: the executor pads it)."""
     return executor_runs(st.mode, st.pp, tied_embeddings=model.tied_embeddings, family=model.family)
 
 
@@ -230,18 +230,14 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         if z and not np.any(shards > 1):
             continue
         mem = peak(base, z * np.ones_like(sub.dp))
-        ok = (z == 0) | ((shards > 1) & ~(s.d.tied & (sub.pp > 1)))  # tied + pp > 1: zero=0 (executor)
+        ok = (z == 0) | (shards > 1)
         zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
     fits = zero >= 0
     kw = np.full(len(idx), base_kw)
     if keeps and s.kw_pin is None:  # keep where it saves traffic (several micro-batches) and memory allows
         several = sub.micro_batches(s.d.global_batch) > 1
         kw = (fits & several & (peak(mems(1), np.maximum(zero, 0)) <= s.mem_cap)).astype(np.int64)
-    tied_zero1 = ~fits & (s.d.tied & (sub.pp > 1)) if 0 not in zeros else np.zeros(len(idx), dtype=bool)
-    if tied_zero1.any():  # a pinned zero=1 with tied embeddings and pipelines (executor/sizes.py refuses it)
-        rejected["paracube's executor runs tied embeddings with pp > 1 at zero=0 only"] += int(
-            n_places[idx[tied_zero1]].sum())
-    over = int(n_places[idx[~fits & ~tied_zero1]].sum())
+    over = int(n_places[idx[~fits]].sum())
     if over:
         rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
     return idx[fits], zero[fits], kw[fits]
