@@ -313,6 +313,10 @@ class TensorMode:
         """Bytes of one linear's gathered operands and output while it runs."""
         return c * T * (h_in + h_out)
 
+    def tied_head_temporaries(self, c: int, T: Any, h: int, V: Any, t: Any, q: Any, depth: Any) -> Any:
+        """Bytes of the tied head's gathered operands and outputs while it runs (default: the untied head's)."""
+        return self.linear_temporaries(c, T, h, V, t, q, depth)
+
     def paper_layer_bytes(self, T: float, linears: Sequence[tuple[str, int, int]], shape: tuple[int, ...],
                           e: float) -> float:
         """The paper's closed form (`paper`) of the bytes one rank sends for one transformer layer, forward +

@@ -231,6 +231,10 @@ class TwoD(TensorMode):
         tq = T / (depth * q)
         return c * (tq * h_in + 2 * h_in * h_out / q + tq * h_out)
 
+    def tied_head_temporaries(self, c: int, T: Any, h: int, V: Any, t: Any, q: Any, depth: Any) -> Any:
+        """X gathered over row [T/d, h/q], the partial logits [T/d, V/q] and their reduce-scattered block."""
+        return c * (T / depth * h / q + T / depth * V / q + T / (depth * q) * V / q)
+
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:
         return [("heads", heads, q), ("hidden", h, q * q),
