@@ -26,6 +26,7 @@ import pytest
 import torch
 from dist_helpers import run_distributed, saved_bytes, steps_against_serial
 from test_equivalence_model import MAX_NORM, SPEC, STEPS, adamw
+from test_llama import LLAMA
 from test_pipeline import _stage_name
 
 from paracube.cost_models import estimate
@@ -42,12 +43,14 @@ from paracube.workload import ModelSpec, TrainingSpec
 
 TIED = replace(SPEC, name="gpt2-style-tied", tied_embeddings=True)  # vocab 100: padded in every mode
 TIED4 = replace(TIED, layers=4)  # four stages
+TIED_LLAMA = replace(LLAMA, tied_embeddings=True)  # RMSNorm before the tied head, no position table
 MB, N_MICRO, TOL, BIAS_TOL = 4, 2, 1e-5, 1e-4
 CASES = [  # (layout, model)
     ("dp=2,tp=2d:2x2", TIED),  # logits reduce-scattered over col, cross-entropy over row
     ("tp=2.5d:2x2x2", TIED),  # the same per depth layer, the table's gradient summed over dep
     ("tp=3d:2x2x2", TIED),  # the 3D linear of roles (x, y, z) on the table's blocks
     ("tp=3d:2x2x2,kw=1", TIED),  # the table's gather over y kept for the step
+    ("dp=2,tp=2d:2x2", TIED_LLAMA),
     ("dp=2,pp=2,tp=1d:2,zero=1", TIED),  # the copies summed over the embedding group before the reduce-scatter
     ("dp=2,pp=4,zero=1", TIED4),  # the embedding group is first + last stage, not the pp group
     ("pp=2,tp=2d:2x2", TIED),  # a 2D pipeline: the last stage's copy in 2D blocks
@@ -98,7 +101,7 @@ def results() -> list[list[dict[str, Any]]]:
     return run_distributed(_all_cases, 8, timeout=900.0)  # [rank][case]
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}-{c[1].family}" for c in CASES])
 def test_tied_matches_serial_and_predicted_traffic(results, case: int) -> None:
     text, spec = CASES[case]
     layout = parse_layout(text).with_(micro_batch=MB)
