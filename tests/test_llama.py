@@ -31,7 +31,7 @@ from paracube.workload import ModelSpec, TrainingSpec
 LLAMA = ModelSpec("llama-test", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=16,
                   family="llama", kv_heads=2, rope_theta=500.0)
 B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 2, 3, 0.3, 1e-5
-CASES = {  # layout -> models it runs (tied embeddings: modes none and 1d only)
+CASES = {  # layout -> models it runs (tied embeddings in 2D / 2.5D / 3D: tests/test_tied.py)
     "dp=1": [LLAMA, replace(LLAMA, tied_embeddings=True)],
     "dp=1,tp=1d:2": [LLAMA, replace(LLAMA, tied_embeddings=True),
                      ModelSpec("gpt-tied", 2, 32, 4, 64, 64, 16, tied_embeddings=True)],
@@ -160,8 +160,6 @@ def test_llama_traffic_and_parameters_equal_the_model(layout_results) -> None:
 @pytest.mark.parametrize(("spec", "layout", "message"), [
     (replace(LLAMA, kv_heads=1), "tp=1d:2", "kv_heads=1 is not divisible by 2"),
     (replace(LLAMA, kv_heads=1), "tp=2d:2x2", "kv_heads=1 is not divisible by 2"),
-    (replace(LLAMA, tied_embeddings=True), "tp=2d:2x2", "tied embeddings .* tensor mode 2d"),
-    (replace(LLAMA, tied_embeddings=True), "tp=3d:2x2x2", "tied embeddings .* tensor mode 3d"),
 ])
 def test_llama_layouts_the_executor_cannot_split_are_refused_up_front(spec, layout, message) -> None:
     with pytest.raises(ParacubeError, match=message):

@@ -79,30 +79,32 @@ def test_the_search_still_chooses_pipelines_zero_and_sp_where_they_pay() -> None
 
 
 def test_tied_embeddings_are_planned_with_pipelines() -> None:
-    """The executor ties the head to the embedding across stages (Megatron's embedding group, zero=0): a tied
-    model gets pp > 1 plans in the modes that tie (none, 1d), each passing the preflight."""
+    """The executor ties the head to the embedding across stages (Megatron's embedding group, zero=0 and zero=1)
+    in every mode: a tied model gets pp > 1 plans, each passing the preflight."""
     model = replace(TINY, name="tied", layers=4, tied_embeddings=True)
     training = TrainingSpec(global_batch=16)
     found = search(model, training, load_topology("local-cpu", gpus=8), 8, top_k=50, zeros=[0, 1])
     piped = [lay for lay, _ in found.ranked if lay.pp > 1]
-    assert piped and all(lay.mode in ("none", "1d") and lay.zero == 0 for lay in piped)
+    assert piped
     for lay in piped:
         preflight(Plan(model=model, training=training, layout=lay, cluster="local-cpu", gpus=8,
                        launch=LaunchSpec(nproc_per_node=8)), NodeSpec(), data="synthetic", check_devices=False)
 
 
-@pytest.mark.parametrize(("model", "layout", "dtype", "message"), [
-    (replace(TINY, layers=4, tied_embeddings=True), "pp=2,tp=2d:2x2", "fp32", "does not tie embeddings in 2d"),
-    (replace(TINY, layers=4, tied_embeddings=True), "dp=2,pp=2,tp=1d:2,zero=1", "fp32",
-     "runs tied embeddings with pp > 1 at zero=0 only"),
-])
-def test_a_pinned_layout_the_executor_does_not_run_is_explained(model, layout, dtype, message) -> None:
+@pytest.mark.parametrize("layout", ["pp=2,tp=2d:2x2", "dp=2,pp=2,tp=1d:2,zero=1", "tp=3d:2x2x2"])
+def test_a_pinned_tied_layout_is_planned_and_passes_preflight(layout) -> None:
+    """Tied embeddings in 2D / 3D and with pipelines at zero=1, once refused, are planned and run (test_tied.py)."""
     from paracube.layout import parse_layout
 
+    model, training = replace(TINY, layers=4, tied_embeddings=True), TrainingSpec(global_batch=32)
     fixed = parse_layout(layout)
-    with pytest.raises(ParacubeError, match=message):
-        search(model, TrainingSpec(global_batch=32, dtype=dtype), load_topology("local-cpu", gpus=fixed.world_size),
-               fixed.world_size, fixed=fixed, zeros=[0, 1])
+    found = search(model, training, load_topology("local-cpu", gpus=fixed.world_size), fixed.world_size,
+                   fixed=fixed, zeros=[0, 1])
+    lay = found.ranked[0][0]
+    assert lay.pp == fixed.pp and lay.mode == fixed.mode and (fixed.zero == 0 or lay.zero == 1)
+    preflight(Plan(model=model, training=training, layout=lay, cluster="local-cpu", gpus=fixed.world_size,
+                   launch=LaunchSpec(nproc_per_node=fixed.world_size)), NodeSpec(), data="synthetic",
+              check_devices=False)
 
 
 @pytest.mark.parametrize("layout", ["dp=2,tp=2.5d:2x2x2,zero=1", "tp=2.5d:2x2x2,zero=1"])

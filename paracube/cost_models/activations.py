@@ -33,7 +33,8 @@ parallelism (sp) else 1:
   checkpointed core); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
 stage adds the token ids (8 T bytes) and the embedding dropout's mask; the last stage adds the final
-LayerNorm, the head's input (and weight copy), and the cross-entropy's fp32 softmax over the local vocabulary
+LayerNorm, the head's input (and weight copy; none for 2D / 2.5D's tied head, which reads the table in
+place), and the cross-entropy's fp32 softmax over the local vocabulary
 block plus its indices.
 Selective recomputation (checkpointed attention core): keeps the qkv output and drops the core's own
 tensors and its output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input); the core's
@@ -175,6 +176,9 @@ def last_stage_bytes(d: Dims, mode: str, b: LayoutBatch, vocab: Arr) -> Arr:
         head = c * T * h / _sequence_shards(b)
     else:
         norm = c * T * h / sp["all"] + 4 * d.stat_width * T / sp["tok"] + E * h / (sp["all"] / sp["tok"])
-        head = c * T * h / sp["gx"] + c * h * vocab / sp["gw"]
+        # The gathered weight it saves; none for a tied head using the table in place (tied_head_roles W "").
+        roles = MODES[mode].tied_head_roles
+        weight = 0.0 if d.tied and roles and not roles[1] else c * h * vocab / sp["gw"]
+        head = c * T * h / sp["gx"] + weight
     cross_entropy = E * tokens * vocab / sp["vocab"] + 9 * tokens  # softmax, target index, in-block mask
     return norm + head + cross_entropy

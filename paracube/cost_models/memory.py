@@ -85,10 +85,10 @@ def _temporaries(d: Dims, mode: str, b: LayoutBatch, T: Arr, V: Arr) -> Arr:
     m = MODES[mode]
     t, q, depth = b.t, b.q, b.depth
     temp = np.zeros_like(T)
-    for _, h_in, h_out, _ in [*d.linears, ("head", d.h, 0, False)]:
-        h_out = V if h_out == 0 else h_out
+    for _, h_in, h_out, _ in d.linears:
         temp = np.maximum(temp, m.linear_temporaries(d.c, T, h_in, h_out, t, q, depth))
-    return temp
+    head = m.tied_head_temporaries if d.tied and m.tied_head_roles else m.linear_temporaries  # the mode's tied head
+    return np.maximum(temp, head(d.c, T, d.h, V, t, q, depth))
 
 
 def kept_bytes(d: Dims, mode: str, b: LayoutBatch, F: Arr, H: Arr) -> Arr:

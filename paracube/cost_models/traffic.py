@@ -18,7 +18,8 @@ holds this list equal to what the executor records. Generic parts:
   one reduce_scatter over grad_axes (dp; 2.5D: dp, dep) of the bucket padded to a multiple of that group's
   size and, after the optimizer step, one all_gather over grad_axes of the updated parameters (fp32) per
   bucket; tied embeddings with pp > 1 (first and last stage): one all_reduce of the local embedding block's
-  gradient (fp32) over the embedding group (("pp",), group size 2: Megatron's first + last stage); then the
+  gradient (fp32) over the embedding group (("pp",), group size 2: Megatron's first + last stage; zero=0 after
+  the buckets' all_reduce, zero=1 before the buckets' reduce_scatter, grad_sync.py); then the
   grad-norm all_reduce over
   ("pp", *tensor axes) (zero=1: ("pp", "dp", *tensor axes): the norm is summed over dp shards) and the
   metrics all_reduce.
@@ -183,6 +184,14 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
     log.issue(mode.step_collectives(d))
     zero, shards = layout.zero, zero_group(layout)
     buckets = bucket_numels(local_parameter_sizes(layout, d, stage), bucket_bytes) if zero < 2 else []
+    zero1 = zero == 1
+    tied: list[CommEvent] = []
+    if pp > 1 and d.tied and (first or last):  # the tied embedding's two copies (executor/pipeline/schedule.py)
+        V = padded_vocab(d.V, mode.vocab_split(layout.tensor_size, layout.q))
+        shard = mode.embedding_shard(V, 0, d.h, layout.tensor_size, layout.q)
+        tied.append(CommEvent("all_reduce", ("pp",), 2, 4 * int(shard), F32, "grad_sync", "embedding_grads"))
+    if zero1:  # summed before the reduce-scatter of the bucket holding them (data_parallel/grad_sync.py)
+        log.events += tied
     for n in buckets:
         if zero == 1:
             log.add("reduce_scatter", mode.grad_axes, 4 * padded_numel(n, shards), F32, "grad_sync", "gradients")
@@ -191,12 +200,10 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
     units = zero_unit_numels(layout, d, layers, first, last) if zero >= 2 else []
     for n in units:  # HSDP: each shard summed over the replicas, once per step
         log.add("all_reduce", layout.replica_axes, 4 * n // shards, F32, "grad_sync", "gradients.replicas")
-    if pp > 1 and d.tied and (first or last):  # the tied embedding's two copies (executor/pipeline/schedule.py)
-        V = padded_vocab(d.V, mode.vocab_split(layout.tensor_size, layout.q))
-        shard = mode.embedding_shard(V, 0, d.h, layout.tensor_size, layout.q)
-        log.events.append(CommEvent("all_reduce", ("pp",), 2, 4 * int(shard), F32, "grad_sync", "embedding_grads"))
+    if not zero1:  # summed after the data-parallel all-reduce (pipeline/schedule.py)
+        log.events += tied
     log.add("all_reduce", norm_axes(layout), 4, F32, "optimizer", "grad_norm")
-    for n in buckets if zero == 1 else []:
+    for n in buckets if zero1 else []:
         log.add("all_gather", mode.grad_axes, 4 * padded_numel(n, shards), F32, "optimizer", "params")
     for n in units if zero == 2 else []:
         log.add("all_gather", layout.zero_axes, 4 * n, F32, "optimizer", "params")

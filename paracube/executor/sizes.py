@@ -59,9 +59,6 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"tied embeddings (tie_word_embeddings) with tensor mode {mode}: its head is not laid "
                             "out as the embedding; untie them or use a mode that ties them ("
                             f"{', '.join(n for n, m in MODES.items() if m.ties_embeddings)})")
-    if spec.tied_embeddings and layout.pp != 1 and layout.zero != 0:
-        raise ParacubeError(f"tied embeddings with pp={layout.pp} and zero={layout.zero}: the executor sums the "
-                            "tied copies' gradients with zero=0 only; use zero=0, pp=1 or untie them")
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads

@@ -32,8 +32,6 @@ def why_not(plan: Plan) -> str | None:
         return f"paracube's executor runs zero={lay.zero} without pipelines and with untied embeddings only"
     if model.tied_embeddings and not lay.tensor_mode.ties_embeddings:  # as executor/sizes.py refuses
         return f"paracube's executor does not tie embeddings in {lay.mode} (its head is not laid out as the embedding)"
-    if lay.pp > 1 and model.tied_embeddings and lay.zero:  # as executor/sizes.py refuses
-        return f"paracube's executor runs tied embeddings with pp > 1 at zero=0 only (zero={lay.zero})"
     if not executor_runs(lay.mode, lay.pp, lay.sequence_parallel, lay.zero,
                          model.tied_embeddings, model.family):
         return f"paracube's executor does not run model family {model.family!r} in tensor mode {lay.mode}"

@@ -191,6 +191,14 @@ class TensorMode:
     dispatches_like: str = ""  # the mode whose calibrated per-op overhead this one borrows ("": its own)
     megatron_style: bool = False  # the tensor layout Megatron-LM / DeepSpeed / torchtitan run (export)
     ties_embeddings: bool = False  # the head can be the embedding's transpose in this mode's layout (executor)
+    # Tied embeddings in the flat token layout (2D, 2.5D, 3D): the head's GEMM X E^T runs on the embedding's own
+    # blocks. `tied_head_roles` (I, W, O): X gathered over I, E^T's block over W ("": used in place), the
+    # partial logits reduce-scattered over O along the tokens (the roles of a 3D linear, two_d.py / three_d.py);
+    # the logits' tokens are then split over `tied_token_axes` and their vocabulary (the embedding's rows) over
+    # `tied_vocab_axes`, where the cross-entropy reduces. Empty: the untied head's layout serves (none, 1D).
+    tied_head_roles: tuple[str, str, str] | None = None
+    tied_token_axes: tuple[str, ...] = ()
+    tied_vocab_axes: tuple[str, ...] = ()
     keeps_weights: bool = False  # declares `kept` weight collectives (Layout kw=1 applies)
     paper: str = ""  # the paper whose closed form `paper_layer_bytes` states
     # A variant of another mode's layout (`tp=<variant_of>:SHAPE,<variant_flag>`, e.g. 2D's SUMMA baseline):
@@ -296,7 +304,12 @@ class TensorMode:
         return []
 
     def head(self, d: Any) -> list[Collective]:
+        """The final norm, head and loss of a micro-batch (d.tied: the head is the embedding's transpose)."""
         return []
+
+    def loss_token_axes(self, tied: bool) -> tuple[str, ...]:
+        """Axes the head's logits (and the loss's labels) split the micro-batch's flat tokens over."""
+        return self.tied_token_axes if tied and self.tied_head_roles else self.attention_token_axes
 
     def step_collectives(self, d: Any) -> list[Collective]:
         """Mode-specific per-step collectives (before the generic gradients / grad norm / metrics)."""
@@ -322,6 +335,10 @@ class TensorMode:
     def linear_temporaries(self, c: int, T: Any, h_in: int, h_out: Any, t: Any, q: Any, depth: Any) -> Any:
         """Bytes of one linear's gathered operands and output while it runs."""
         return c * T * (h_in + h_out)
+
+    def tied_head_temporaries(self, c: int, T: Any, h: int, V: Any, t: Any, q: Any, depth: Any) -> Any:
+        """Bytes of the tied head's gathered operands and outputs while it runs (default: the untied head's)."""
+        return self.linear_temporaries(c, T, h, V, t, q, depth)
 
     def paper_layer_bytes(self, T: float, linears: Sequence[tuple[str, int, int]], shape: tuple[int, ...],
                           e: float) -> float:

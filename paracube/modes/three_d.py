@@ -12,6 +12,13 @@ partial sums, keeping sequence block x: [T/q, h/q^2]) and all-gathers that over 
 reduce-scatter over the plane (a linear's input gather is c T h / q^2). The vocabulary is padded to a
 multiple of q^2; the head's columns are split over y and the cross-entropy all-reduces max and sum over y.
 Every parameter is stored once per cube: total / q^3.
+
+Tied embeddings: the head's weight IS the table, E^T [h, V] whose block on rank (x, y, z) is hidden block
+(z major, y minor) x vocab block x: exactly a 3D linear's weight block for roles (I, W, O) = (x, y, z). So the
+tied head is that linear on the table's own blocks: X gathered over x, E^T over y, the partial logits
+reduce-scattered over z (backward: dY gathered over z, dX reduce-scattered over x, dE^T over y, where it is
+added to the lookup's gradient by autograd, once); the same bytes as the untied head's (y, x, z), one table
+stored. Its logits hold tokens block (z major, y minor) x vocab block x: the cross-entropy reduces over x.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from paracube.modes.two_d import block
 PLANE = ("x", "y")
 ROLES = ("yxz", "zxy", "yxz", "zxy")  # qkv, proj, fc, fc2: (I, W, O)
 HEAD_ROLES = "yxz"
+TIED_HEAD_ROLES = "xyz"  # the table's own block layout (module docstring)
 
 
 def _norm(d: Any, label: str, backward: bool) -> list[Collective]:
@@ -98,10 +106,12 @@ class ThreeD(TensorMode):
     replicates_activations = False
     token_axes = PLANE  # the block layout's tokens: x major, y minor
     attention_token_axes = ("x", "z")  # qkv's output (roles y, x, z) and the head's: x major, z minor
+    ties_embeddings = True
+    tied_head_roles = ("x", "y", "z")  # TIED_HEAD_ROLES
+    tied_token_axes, tied_vocab_axes = ("z", "y"), ("x",)  # gathered over x, reduce-scattered over z
     rules = (
         (TOKEN_RULE, lambda d, b: tokens_split_ok(b.mb, d.s, b.q**2)),
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
-        ("tied embeddings (the head is not laid out as the embedding)", lambda d, b: divides(b.q, 1) & (not d.tied)),
         ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
         ("hidden % q^3 != 0", lambda d, b: divides(d.h, b.q**3)),
         ("3 * hidden % q^3 != 0", lambda d, b: divides(3 * d.h, b.q**3)),
@@ -167,11 +177,14 @@ class ThreeD(TensorMode):
         return block(d, True, _norm, _block_linear, self.kv_gathers(d))
 
     def head(self, d: Any) -> list[Collective]:
+        """ln_f, the head (tied: the linear of roles x, y, z on the table's blocks) and the cross-entropy's
+        max and sum over the logits' vocabulary axis (untied y, tied x)."""
+        roles, vocab = (TIED_HEAD_ROLES, "x") if d.tied else (HEAD_ROLES, "y")
         out: list[Collective] = []
         for backward in (False, True):
-            out += _norm(d, "ln_f", backward) + _linear(d, "head", d.h, None, False, HEAD_ROLES, backward)
-        return out + [coll("all_reduce", "y", F32, lambda z: 4 * z.T // (z.q * z.q), "loss.max"),
-                      coll("all_reduce", "y", F32, lambda z: 8 * z.T // (z.q * z.q), "loss.sum")]
+            out += _norm(d, "ln_f", backward) + _linear(d, "head", d.h, None, False, roles, backward)
+        return out + [coll("all_reduce", vocab, F32, lambda z: 4 * z.T // (z.q * z.q), "loss.max"),
+                      coll("all_reduce", vocab, F32, lambda z: 8 * z.T // (z.q * z.q), "loss.sum")]
 
     # --- compute and memory ---------------------------------------------------------------------------------
     def gemm_shape(self, T: IntOrArr, h_in: IntOrArr, h_out: IntOrArr, column: bool, t: IntOrArr,

@@ -11,6 +11,17 @@ and dA, dbias over `row`. A LayerNorm all-reduces its statistics over `col` and 
 over `row`. The embedding reduce-scatters its fp32 output over `row` (pos_emb gathered over `row`); the
 vocabulary is split q ways and the cross-entropy all-reduces max and sum over `col`. `depth` stays 1
 here; 2.5D (two_half_d.py) runs this on each of its depth layers.
+
+Tied embeddings: the head's weight IS the table, used in place. Rank (i, j) holds E[V block i, h block j] and
+X[tokens block i, h block j]: both split the contraction (h) over `col`, and the table's vocabulary block shares
+X's token index i, so no weight gather can bring rank (i, j) a vocabulary block of its own tokens. Instead the
+head gathers X over `row` ([T, h/q], the bytes of the untied X gather), multiplies it by E_local^T ([T, V/q],
+partial over the hidden split) and reduce-scatters that over `col` along the tokens: logits of tokens block j
+x vocabulary block i (the cross-entropy reduces over `row`). Backward: dY gathered over `col`, dX reduce-
+scattered over `row`, dE = dY^T X local (summed with the lookup's gradient by autograd, once). Against the
+untied head this trades the weight gather and its gradient's reduce-scatter (c h V / q each) for the logits'
+reduce-scatter and dY's gather (c T V / q each, T the micro-batch's tokens / depth): cheaper where T < h
+(and it is what a 2D layout of one table costs without a transposing exchange between ranks (i, j), (j, i)).
 """
 
 from __future__ import annotations
@@ -75,6 +86,25 @@ def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backwa
     return out + ([coll("reduce_scatter", ROW, F32, b_bytes, f"{label}.dbias", phase, kept=True)] if bias else [])
 
 
+def _tied_head(d: Any, mode: TensorMode, backward: bool) -> list[Collective]:
+    """The tied head on the table's blocks (module docstring; roles `mode.tied_head_roles`, no weight gather):
+    X [T/d, h/q] gathered over I, the [T/d, V/q] partial logits reduce-scattered over O; backward dY gathered
+    over O, dX reduce-scattered over I (compute dtype)."""
+    i_ax, _, o_ax = mode.tied_head_roles  # type: ignore[misc]
+
+    def x_bytes(z: Any) -> Any:
+        return d.c * (z.T // z.depth) * d.h // z.q
+
+    def y_bytes(z: Any) -> Any:
+        return d.c * (z.T // z.depth) * z.V // z.q
+
+    if not backward:
+        return [coll("all_gather", i_ax, COMPUTE, x_bytes, "head.X"),
+                coll("reduce_scatter", o_ax, COMPUTE, y_bytes, "head.Y")]
+    return [coll("all_gather", o_ax, COMPUTE, y_bytes, "head.dY", "bwd"),
+            coll("reduce_scatter", i_ax, COMPUTE, x_bytes, "head.dX", "bwd")]
+
+
 def block(d: Any, backward: bool, norm: Any, linear: Any, kv: list[Collective]) -> list[Collective]:
     """A block's collectives in forward order: ln1, qkv, the attention's key / value gather `kv` (a sequence
     split over ranks: TensorMode.kv_gathers, its forward or backward half), proj, ln2, fc, fc2 (shared with
@@ -106,10 +136,12 @@ class TwoD(TensorMode):
     ops_layer, ops_edge = 287, 162
     replicates_activations = False
     token_axes = attention_token_axes = ROW
+    ties_embeddings = True
+    tied_head_roles = ("row", "", "col")  # X gathered over row, the table used in place, logits scattered over col
+    tied_token_axes, tied_vocab_axes = COL, ROW
     rules = (
         (TOKEN_RULE, lambda d, b: tokens_split_ok(b.mb, d.s, b.q * b.depth)),
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
-        ("tied embeddings (the head is not laid out as the embedding)", lambda d, b: divides(b.q, 1) & (not d.tied)),
         ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
         ("hidden % q^2 != 0", lambda d, b: divides(d.h, b.q**2)),
         ("ffn hidden % q^2 != 0", lambda d, b: divides(d.f, b.q**2)),
@@ -174,11 +206,15 @@ class TwoD(TensorMode):
         return block(d, True, _norm, _block_linear, self.kv_gathers(d))
 
     def head(self, d: Any) -> list[Collective]:
+        """ln_f, the head (tied: `_tied_head`) and the cross-entropy's max and sum over the logits' vocabulary
+        axis (untied col, tied row)."""
         out: list[Collective] = []
         for backward in (False, True):
-            out += _norm(d, "ln_f", backward) + _linear(d, "head", d.h, None, False, backward)
-        return out + [coll("all_reduce", COL, F32, lambda z: 4 * tokens_per_rank(z), "loss.max"),
-                      coll("all_reduce", COL, F32, lambda z: 8 * tokens_per_rank(z), "loss.sum")]
+            out += _norm(d, "ln_f", backward)
+            out += _tied_head(d, self, backward) if d.tied else _linear(d, "head", d.h, None, False, backward)
+        vocab = self.tied_vocab_axes if d.tied else COL
+        return out + [coll("all_reduce", vocab, F32, lambda z: 4 * tokens_per_rank(z), "loss.max"),
+                      coll("all_reduce", vocab, F32, lambda z: 8 * tokens_per_rank(z), "loss.sum")]
 
     # --- compute and memory ---------------------------------------------------------------------------------
     def gemm_shape(self, T: IntOrArr, h_in: IntOrArr, h_out: IntOrArr, column: bool, t: IntOrArr,
@@ -198,6 +234,10 @@ class TwoD(TensorMode):
     def linear_temporaries(self, c: int, T: Any, h_in: int, h_out: Any, t: Any, q: Any, depth: Any) -> Any:
         tq = T / (depth * q)
         return c * (tq * h_in + 2 * h_in * h_out / q + tq * h_out)
+
+    def tied_head_temporaries(self, c: int, T: Any, h: int, V: Any, t: Any, q: Any, depth: Any) -> Any:
+        """X gathered over row [T/d, h/q], the partial logits [T/d, V/q] and their reduce-scattered block."""
+        return c * (T / depth * h / q + T / depth * V / q + T / (depth * q) * V / q)
 
     def executor_rules(self, s: int, h: int, f: int, V: int, heads: int, q: int,
                        micro_batch: int | None) -> list[tuple[str, int, int]]:

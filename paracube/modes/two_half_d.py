@@ -30,6 +30,7 @@ class TwoHalfD(TwoD):
     dispatches_like = TwoD.name  # calibration's step probes do not run 2.5D: it borrows 2D's per-op cost
     paper = "Tesseract (Wang et al. 2021)"
     token_axes = attention_token_axes = ("dep", "row")  # depth layer k holds tokens block k, split over row
+    tied_token_axes = ("dep", "col")  # the tied head's logits: depth layer k's tokens, split over col (two_d.py)
     collective_axes = (("row",), ("col",), ("dep", "row"))  # (dep, row): keys / values of a split sequence
     mesh_groups = (("dep", "row"),)
 

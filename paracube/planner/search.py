@@ -33,9 +33,9 @@ Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration 
 the step (kw=1: one weight gather and gradient reduce-scatter per step instead of per micro-batch) where it
 has several micro-batches and still fits in memory with them (memory.kept_bytes), else kw=0.
 Only what paracube's executor runs is searched (modes.executor_runs, each mode's ExecutorSupport): every
-plan the search emits passes the executor's preflight (tests/test_planner_runs.py). Left out because the
-executor does not run them: pipelines with tied embeddings at zero=1 (the tied copies' gradients are summed
-with zero=0 only) or in modes whose head is not laid out as the embedding. zero=1 shards over the mode's
+plan the search emits passes the executor's preflight (tests/test_planner_runs.py); tied embeddings are run
+in every mode, with and without pipelines and zero=1 (a mode declaring ties_embeddings = False would be left
+out). zero=1 shards over the mode's
 gradient group (memory.zero_shards: dp; 2.5D dp x depth), so it is searched wherever that group has several
 ranks (2.5D too at dp=1). Attention: flash unless the layout pins `fa=0` (unfused is dominated in the model);
 the best layout's fa=0 variant joins the ranking.
@@ -262,9 +262,9 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         mem = peak(base, z * ones)
         ok = (z == 0) | ((shards > 1) & ~tied_pp)
         if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
-            # with pipelines where the runtime runs it; tied embeddings not where the runtime ties them at zero=0
-            ok = ((shards > 1) & ((sub.pp == 1) | (z in s.runtime.zeros_with_pp))
-                  & (not (s.d.tied and s.runtime.tied_pp_zero0)))
+            # with pipelines where the runtime runs it; with tied embeddings where it runs them at this stage
+            tied_ok = not s.d.tied or s.runtime.runs(mode, zero=z, tied_embeddings=True)
+            ok = (shards > 1) & ((sub.pp == 1) | (z in s.runtime.zeros_with_pp)) & tied_ok
             extra.append((z, (mem <= s.mem_cap) & ok))
         else:
             zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
@@ -273,7 +273,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     if unrun.any():
         pps = ", pp=1" if not {2, 3} & set(s.runtime.zeros_with_pp) else ""
         rejected[f"runtime {s.runtime.name} runs zero=2/3 with dp > 1{pps}"
-                 + (" and untied embeddings" if s.runtime.tied_pp_zero0 else "")] += int(n_places[idx[unrun]].sum())
+                 + (" and untied embeddings" if s.d.tied else "")] += int(n_places[idx[unrun]].sum())
     fits = zero >= 0
     for _, f in extra:
         fits = fits | f
@@ -283,7 +283,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         kw = (fits & several & (peak(mems(1), np.maximum(zero, 0)) <= s.mem_cap)).astype(np.int64)
     tied_zero1 = ~fits & tied_pp if 0 not in zeros else np.zeros(len(idx), dtype=bool)
     if tied_zero1.any():  # a pinned zero=1 with tied embeddings and pipelines (executor/sizes.py refuses it)
-        rejected["paracube's executor runs tied embeddings with pp > 1 at zero=0 only"] += int(
+        rejected[f"runtime {s.runtime.name} runs tied embeddings with pp > 1 at zero=0 only"] += int(
             n_places[idx[tied_zero1]].sum())
     over = int(n_places[idx[~fits & ~tied_zero1 & ~unrun]].sum())
     if over:

@@ -23,10 +23,8 @@ def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> 
     runs = [f"families {'/'.join(support.families)}", "pipelines" if support.pipeline else "pp=1 only",
             "sp" if support.sequence_parallel else "no sp",
             f"zero={'/'.join(map(str, support.zero_stages))} (zero=2/3 at pp=1, untied)"]
-    if MODES[mode].ties_embeddings:
-        runs.append("tied embeddings with pp > 1 at zero=0 only")
-    else:
-        runs.append("tied embeddings with pp=1 only")
+    if not MODES[mode].ties_embeddings:
+        runs.append("untied embeddings only")
     return f"its executor runs tp={mode} with {', '.join(runs)}"
 
 
@@ -58,6 +56,6 @@ RUNTIME = Runtime(
     export_target=None,
     families=tuple(sorted({f for s in _SUPPORT for f in s.families})),
     mode_check=_check,
-    tied_pp_zero0=True,
+    tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
 )

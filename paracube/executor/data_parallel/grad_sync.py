@@ -18,6 +18,14 @@ for all of them before the optimizer runs.
   the same weights) of the bucket padded to a multiple of that group's size n, in place: the rank with index
   k in the group (mesh.index, dp major) keeps shard k, its chunk of the bucket (data_parallel/optim.py updates it
   and all-gathers the parameters back over the same group).
+  Tied embeddings with pp > 1 (ParallelGPT.tied_embedding: the first stage's word embedding and the last
+  stage's copy): the two copies sit in differently laid-out buckets on their stages, so their reduce-scattered
+  shards do not hold the same elements. Their gradients are summed BEFORE the reduce-scatter instead: the
+  copy's fp32 gradient (its view of the bucket) is all-reduced over Megatron's embedding group (first + last
+  stage, Mesh.embedding_group; label "embedding_grads", the bytes zero=0 sends after its all-reduce), then the
+  bucket is reduce-scattered over dp, so each element is the sum over both stages and every replica exactly
+  once. That bucket is issued in `finish()` only (a blocking exchange with the other stage must not run inside
+  a stage's backward). zero=0 sums the copies after its all-reduce (pipeline/schedule.py); same bytes.
 Overlap on and off issue the same collectives on the same buffers, so their results are bit-identical.
 
 Why not torch's DDP / ZeroRedundancyOptimizer: DDP wraps the module and reduces over one process group
@@ -81,6 +89,10 @@ class GradSync:
             for i, p in enumerate(b.params):
                 self.where[p] = (b, i)
                 p.register_post_accumulate_grad_hook(self._on_grad)
+        # zero=1, pp > 1, tied embeddings: the word embedding summed over the embedding group before its bucket's
+        # reduce-scatter (module docstring); None elsewhere (zero=0 sums it after the all-reduce).
+        tied = getattr(model, "tied_embedding", None) if zero == 1 else None
+        self.tied: tuple[Bucket, int] | None = self.where[tied] if tied is not None else None
         self.overlap = True
         self.final = False  # the current backward is the step's last: its gradients may be reduced
         self.micro_batches = 0  # > 0: a parameter's gradient is final at its micro_batches-th accumulation
@@ -118,11 +130,15 @@ class GradSync:
 
     def _issue_ready(self) -> None:
         while self.next < len(self.buckets) and self.buckets[self.next].pending == 0:
+            if self.tied is not None and self.buckets[self.next] is self.tied[0]:
+                return  # summed with the other stage's copy first: in finish()
             self._issue(self.buckets[self.next])
             self.next += 1
 
     def _issue(self, b: Bucket) -> None:
         b.issued = True
+        if self.tied is not None and b is self.tied[0]:
+            self._sum_tied_copies(b, self.tied[1])
         if self.group_size == 1:
             return
         rec, group = self.mesh.recorder, self.mesh.group(self.axes)
@@ -138,6 +154,14 @@ class GradSync:
             else:
                 with rec.issue("all_reduce", self.axes, self.group_size, b.buffer, b.length, False, "grads"):
                     b.work = dist.all_reduce(b.buffer, group=group, async_op=True)
+
+    def _sum_tied_copies(self, b: Bucket, i: int) -> None:
+        """The tied word embedding's local fp32 gradient summed with the other stage's copy (in its bucket view,
+        before the bucket's reduce-scatter; one all_reduce over the embedding group, as zero=0 sends)."""
+        g = b.view(i)
+        with self.mesh.recorder.phase("grad_sync"), self.mesh.recorder.issue(
+                "all_reduce", ("pp",), 2, g, g.numel(), False, "embedding_grads"):
+            dist.all_reduce(g, group=self.mesh.embedding_group)
 
     def finish(self) -> None:
         """After the last backward: issue what is left, in bucket order, and wait for every bucket."""

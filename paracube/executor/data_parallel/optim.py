@@ -66,7 +66,10 @@ from paracube.executor.layers.shards import ShardSpec
 class DistributedAdamW(torch.optim.AdamW):
     """AdamW over the fp32 master shards of `sync`'s buckets (zero >= 1; zero=2/3: ShardedAdamW)."""
 
-    def __init__(self, sync: GradSync, specs: dict[Tensor, ShardSpec], **adamw: Any) -> None:
+    def __init__(self, sync: GradSync, specs: dict[Tensor, ShardSpec], uncounted: tuple[Tensor, ...] = (),
+                 **adamw: Any) -> None:
+        """`uncounted`: parameters left out of the global norm (the last stage's copy of a tied embedding,
+        counted on the first stage)."""
         assert sync.zero >= 1
         self.sync = sync
         k = sync.shard_index()
@@ -81,7 +84,7 @@ class DistributedAdamW(torch.optim.AdamW):
                 flat[o:o + p.numel()] = p.detach().reshape(-1).float()
                 spec = specs[p]
                 leader = all(sync.mesh.coord(a) == 0 for a in spec.replicated_axes if a not in sync.axes)
-                mask[o:o + p.numel()] = float(leader)
+                mask[o:o + p.numel()] = float(leader and not any(p is u for u in uncounted))
             self.masters.append(flat[lo:hi].clone())
             self.masks.append(mask[lo:hi].clone())
         super().__init__(self.masters, **adamw)
@@ -295,7 +298,8 @@ def build_optimizer(model: torch.nn.Module, mesh: Any, zero: int, bucket_bytes: 
             return MasterAdamW(params, **adamw)
         return torch.optim.AdamW(params, **adamw)
     specs = {p: model.shard_specs[n] for n, p in model.named_parameters()}  # type: ignore[union-attr, index]
-    return DistributedAdamW(GradSync(model, mesh, 1, bucket_bytes), specs, **adamw)
+    copy = (model.tok_emb.weight,) if getattr(model, "tied_copy", False) else ()  # type: ignore[union-attr]
+    return DistributedAdamW(GradSync(model, mesh, 1, bucket_bytes), specs, copy, **adamw)
 
 
 __all__ = ["DistributedAdamW", "MasterAdamW", "ShardedAdamW", "build_optimizer"]

@@ -117,6 +117,8 @@ class Mode:
         self.spec, self.mesh = spec, mesh
         declared = TENSOR_MODES[self.name]
         self.token_axes, self.attention_axes = declared.token_axes, declared.attention_token_axes
+        # Where the head's logits split the tokens (the labels' layout): the tied head's own in 2D / 2.5D / 3D.
+        self.loss_axes = declared.loss_token_axes(spec.tied_embeddings)
 
     @property
     def flat(self) -> bool:
@@ -132,7 +134,7 @@ class Mode:
         whole, or (flat layout) its block of the flattened tokens over the attention / head axes."""
         if not self.flat:
             return t
-        start, size = block(t.numel(), self.mesh, self.attention_axes)
+        start, size = block(t.numel(), self.mesh, self.loss_axes)
         return t.reshape(-1)[start:start + size]
 
     def block_positions(self, ids: Tensor) -> Tensor:
@@ -160,7 +162,8 @@ class Mode:
         return SerialLayerNorm(self.mesh, self.spec.hidden)
 
     def tied_head(self, embedding: ShardedModule) -> nn.Module:
-        """The head as the embedding's transpose (needs the head's column split = the embedding's rows)."""
+        """The head as the embedding's transpose (here: serial; 1D: the head's column split = the embedding's
+        rows; 2D / 2.5D / 3D: executor/layers/tied.py)."""
         if self.name != "none":
             raise ParacubeError(f"tied embeddings are not supported in tensor mode {self.name} (the head's layout "
                                 "is not the embedding's); untie them (tie_word_embeddings: false) or use 1d")

@@ -3,6 +3,16 @@
 Block-boundary activations [T, h] of the micro-batch's flattened tokens (executor/layers/tokens.py): tokens split
 over (x major, y minor), hidden over z. A linear takes roles (I, W, O) = input, weight and output axes.
 Traffic and layouts: docs/algorithms.md "3D".
+
+BlockTiedHead, the tied head of the flat token layout (3D, and 2D / 2.5D through two_d.py): logits = X E^T on
+the token embedding's own blocks, with the roles the mode declares (paracube/modes: `tied_head_roles`
+(I, W, O); two_d.py and three_d.py derive them from the table's block layout): X gathered over I, the local
+E^T block gathered over W (3D; kept under kw=1 as any weight; 2D / 2.5D: "" = used in place), the partial
+logits reduce-scattered over O along the tokens -- a 3D linear's pattern (`_Linear3D`, reused as is). The
+head has no parameter: its gradient reaches the embedding's weight through the transposes and autograd adds
+it to the lookup's, so it is summed exactly once (pp = 1; with pp > 1 the last stage's copy is summed with
+the first stage's once per step: pipeline/schedule.py, zero=1 data_parallel/grad_sync.py). Logits: tokens
+over the mode's `tied_token_axes`, vocabulary (the embedding's rows) over `tied_vocab_axes`.
 """
 
 from __future__ import annotations
@@ -11,15 +21,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
 from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
 from paracube.executor.layers.kept import KeptWeights, kept_gather
 from paracube.executor.layers.llama import SplitRMSNorm
 from paracube.executor.layers.serial import Mode, ShardedModule
-from paracube.executor.layers.shards import block, make_spec
+from paracube.executor.layers.shards import ShardSpec, block, make_spec
 from paracube.executor.mesh import Mesh
+from paracube.modes import MODES as TENSOR_MODES
 from paracube.workload import ModelSpec
 
 PLANE = ("x", "y")  # LayerNorm and embedding parameters, embedding output scatter
@@ -53,6 +64,24 @@ class _Linear3D(torch.autograd.Function):
         dx = reduce_scatter(dyg @ ag.t(), mesh, i_ax, dim=0, backward=True, label=f"{label}.dX")
         da = xg.reshape(-1, xg.shape[-1]).t() @ dyg.reshape(-1, dyg.shape[-1])  # gathered form
         return dx.to(x_dtype), da, None, None, None
+
+
+class BlockTiedHead(nn.Module):
+    """logits = X E^T with E the token embedding's local block [V / ., h / .], roles (I, W, O)."""
+
+    def __init__(self, embedding: ShardedModule, mesh: Mesh, roles: tuple[str, str, str],
+                 kept: KeptWeights | None = None) -> None:
+        super().__init__()
+        self.shard_specs: dict[str, ShardSpec] = {}
+        self._embedding = (embedding,)  # a tuple: not a submodule, so its weight is registered once
+        self.mesh, self.roles, self.kept = mesh, roles, kept
+
+    def forward(self, x: Tensor) -> Tensor:
+        _, w_ax, _ = self.roles
+        et = self._embedding[0].weight.to(compute_dtype(x)).t()  # [h / ., V / .]: a linear's weight block
+        if w_ax:
+            et = kept_gather(et, self.mesh, (w_ax,), 0, "head.A", self.kept, self)
+        return _Linear3D.apply(x, et, self.mesh, self.roles, "head")
 
 
 class Linear3D(ShardedModule):
@@ -137,10 +166,16 @@ class Mode3D(Mode):
         self.q = mesh.size(("x",))
         self.token_split = self.q * self.q
         self.kept = KeptWeights(bool(mesh.layout.keep_weights))
+        # The cross-entropy's vocabulary axis: the head's columns (y), tied: the embedding's rows (x).
+        self.vocab_axes = TENSOR_MODES[self.name].tied_vocab_axes if spec.tied_embeddings else ("y",)
 
     @property
     def heads_local(self) -> int:
         return self.spec.heads // self.q
+
+    def tied_head(self, embedding: ShardedModule) -> nn.Module:
+        """The 3D linear of roles (x, y, z) on the table's own blocks (modes/three_d.py)."""
+        return BlockTiedHead(embedding, self.mesh, TENSOR_MODES[self.name].tied_head_roles, self.kept)
 
     def token_embedding(self) -> ShardedModule:
         return TokenEmbedding3D(self.mesh, self.spec.vocab, self.spec.hidden)
@@ -157,5 +192,5 @@ class Mode3D(Mode):
         return Linear3D(self.mesh, h_in, h_out, bias, ROLES[kind], kind, self.kept)
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
-        v0, _ = block(self.spec.vocab, self.mesh, ("y",))
-        return vocab_parallel_ce(logits, labels, v0, self.mesh, ("y",))
+        v0, _ = block(self.spec.vocab, self.mesh, self.vocab_axes)
+        return vocab_parallel_ce(logits, labels, v0, self.mesh, self.vocab_axes)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
 from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
@@ -19,7 +19,9 @@ from paracube.executor.layers.kept import KeptWeights, kept_gather
 from paracube.executor.layers.llama import SplitRMSNorm
 from paracube.executor.layers.serial import Mode, ShardedModule
 from paracube.executor.layers.shards import block, make_spec
+from paracube.executor.layers.three_d import BlockTiedHead
 from paracube.executor.mesh import Mesh
+from paracube.modes import MODES as TENSOR_MODES
 from paracube.workload import ModelSpec
 
 ROW, COL = ("row",), ("col",)
@@ -122,10 +124,16 @@ class Mode2D(Mode):
         self.q = mesh.size(ROW)
         self.token_split = self.q
         self.kept = KeptWeights(bool(mesh.layout.keep_weights))
+        # The cross-entropy's vocabulary axis: the head's columns (col), tied: the embedding's rows (row).
+        self.vocab_axes = TENSOR_MODES[self.name].tied_vocab_axes if spec.tied_embeddings else COL
 
     @property
     def heads_local(self) -> int:
         return self.spec.heads // self.q
+
+    def tied_head(self, embedding: ShardedModule) -> nn.Module:
+        """X gathered over row, E_local^T in place, logits reduce-scattered over col (modes/two_d.py)."""
+        return BlockTiedHead(embedding, self.mesh, TENSOR_MODES[self.name].tied_head_roles, self.kept)
 
     def token_embedding(self) -> ShardedModule:
         return TokenEmbedding2D(self.mesh, self.spec.vocab, self.spec.hidden)
@@ -142,5 +150,5 @@ class Mode2D(Mode):
         return Linear2D(self.mesh, h_in, h_out, bias, kind, self.kept)
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
-        v0, _ = block(self.spec.vocab, self.mesh, COL)
-        return vocab_parallel_ce(logits, labels, v0, self.mesh, COL)
+        v0, _ = block(self.spec.vocab, self.mesh, self.vocab_axes)
+        return vocab_parallel_ce(logits, labels, v0, self.mesh, self.vocab_axes)

@@ -115,6 +115,15 @@ class ParallelGPT(nn.Module):
         assert set(self.shard_specs) == {n for n, _ in self.named_parameters()}
 
     @property
+    def tied_embedding(self) -> nn.Parameter | None:
+        """The word embedding this stage sums with another stage's copy each step (tied embeddings, pp > 1,
+        first or last stage: Megatron's embedding group), else None (pp = 1: autograd sums the head's and the
+        lookup's gradients in the one table)."""
+        if not self.spec.tied_embeddings or self.mesh.layout.pp == 1 or not (self.first_stage or self.last_stage):
+            return None
+        return self.tok_emb.weight
+
+    @property
     def dtype(self) -> torch.dtype:
         """The compute dtype: every parameter's (functional.py, "Precision")."""
         return next(self.parameters()).dtype
