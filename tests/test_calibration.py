@@ -37,7 +37,7 @@ from paracube.cost_models.compute import ops_per_step
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
-from paracube.executor import affinity
+from paracube.executor.launch import affinity
 from paracube.layout import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import PRESETS, TrainingSpec

@@ -31,7 +31,7 @@ from paracube.calibration.microbench import (
     run_probes,
 )
 from paracube.errors import ParacubeError, check
-from paracube.executor import affinity
+from paracube.executor.launch import affinity
 from paracube.executor.launch.local_ranks import resolve_backend
 from paracube.layout import parse_layout
 from paracube.topologies.calibration import Calibration, as_calibration
