@@ -102,9 +102,10 @@ SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanSchema, "estimate": EstimateS
 
 
 def json_schema(name: str) -> dict[str, Any]:
-    from paracube.errors import check
+    from paracube.errors import unknown
 
-    check(name in SCHEMAS, f"unknown schema {name!r}; valid: {', '.join(SCHEMAS)}")
+    if name not in SCHEMAS:
+        raise unknown("schema", name, SCHEMAS)
     schema = SCHEMAS[name].model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema

@@ -13,6 +13,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from paracube.cli.options import console, human_bytes, positive_int, print_json
+from paracube.cli.outputs import add_force_option, writable
+from paracube.cli.train_terms import DEFAULT_MEMORY_HEADROOM, headroom_fraction, parse_tokens
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
@@ -33,8 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--price-per-gpu-hour", type=float, nargs="+", default=None, metavar="USD",
                    help="one price for all clusters or one per cluster (defaults: "
                    + ", ".join(f"{k} {v}" for k, v in DEFAULT_PRICE_PER_GPU_HOUR.items()) + ")")
-    p.add_argument("--tokens", type=float, default=None,
-                   help="tokens to train (default 20 per parameter, Hoffmann et al. 2022)")
+    p.add_argument("--tokens", type=parse_tokens, default=None, metavar="N",
+                   help="tokens to train, e.g. 2T, 300B, 2e12 (default 20 per parameter, Hoffmann et al. 2022)")
+    p.add_argument("--memory-headroom", type=headroom_fraction, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
+                   help=f"fraction of device memory left free (default {DEFAULT_MEMORY_HEADROOM:g}; see plan --help)")
+    add_force_option(p)
     p.add_argument("--global-batch", type=positive_int, default=None, help="sequences per step (default 512)")
     p.add_argument("--seq", type=positive_int, default=None)
     p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
@@ -67,7 +72,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
 
 
 def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_counts: list[int],
-          prices: dict[str, float], tokens: float) -> list[SweepPoint]:
+          prices: dict[str, float], tokens: float, memory_headroom: float = 0.0) -> list[SweepPoint]:
     from paracube.planner import search
     from paracube.topologies import load_topology
 
@@ -80,7 +85,7 @@ def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_cou
                 bar.update(task, description=f"{cluster} x {gpus}")
                 try:
                     topo = load_topology(cluster, gpus=gpus)
-                    result = search(model, training, topo, gpus, top_k=1)
+                    result = search(model, training, topo, gpus, top_k=1, memory_headroom=memory_headroom)
                     layout, est = result.ranked[0]
                     hours = tokens / tokens_per_step * est.step_time_s / 3600
                     points.append(SweepPoint(cluster, gpus, layout, est, hours, hours * gpus * prices[cluster]))
@@ -95,6 +100,7 @@ def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_cou
 
 def sweep_cmd(args: argparse.Namespace) -> int:
     model = with_seq_len(resolve_model(args.model), args.seq)
+    writable(args.plot, "--plot", args.force)
     clusters = _parse_list(args.cluster, "cluster")
     try:
         gpu_counts = [int(g) for g in _parse_list(args.gpus, "gpus")]
@@ -114,7 +120,7 @@ def sweep_cmd(args: argparse.Namespace) -> int:
     tokens = args.tokens if args.tokens is not None else 20.0 * model.num_parameters()
     check(tokens > 0, f"--tokens {tokens} must be > 0")
     training = TrainingSpec(global_batch=args.global_batch or 512, seq_len=args.seq, dtype=args.dtype)
-    points = sweep(model, training, clusters, gpu_counts, prices, tokens)
+    points = sweep(model, training, clusters, gpu_counts, prices, tokens, args.memory_headroom)
     if args.json:
         print_json([{"cluster": p.cluster, "gpus": p.gpus, "layout": str(p.layout) if p.layout else None,
                      "step_time_s": p.estimate.step_time_s if p.estimate else None, "train_hours": p.train_hours,
