@@ -96,6 +96,8 @@ class ValidateSchema(_Strict):
     bytes_equal: bool
     cluster: str
     calibrated: bool
+    within_band: bool | None = None  # None: no band (uncalibrated); paracube/validation/verdict.py
+    verdict: str = ""
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanSchema, "estimate": EstimateSchema, "validate": ValidateSchema}

@@ -139,4 +139,5 @@ def validate_command(args: argparse.Namespace) -> int:
     console.print(table)
     if not out["calibrated"]:
         console.print("note: uncalibrated cluster; run `paracube calibrate` for predictions of this machine")
+    console.print(out["verdict"], highlight=False, markup=False)
     return 0

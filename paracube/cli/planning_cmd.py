@@ -125,7 +125,7 @@ def _search(w: Workload, topo: object, top_k: int, headroom: float = 0.0):  # no
 
 # --- commands -----------------------------------------------------------------------------------------------
 def plan_cmd(args: argparse.Namespace) -> int:
-    w = workload_from_args(args)
+    w = workload_from_args(args, partial_layout=True)
     out = writable(args.out, "-o", args.force)
     topo = w.topology
     from paracube.planner.explain import dedupe, explain
@@ -232,7 +232,7 @@ def _tensor_only_verdict(w: Workload, topo: object, best: dict[str, tuple[Layout
 
 
 def compare_cmd(args: argparse.Namespace) -> int:
-    w = workload_from_args(args)
+    w = workload_from_args(args, partial_layout=True)
     writable(args.plot, "--plot", args.force)
     topo = w.topology
     if args.tensor_only:
