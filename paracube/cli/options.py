@@ -106,8 +106,8 @@ def check_micro_batch(layout: Layout, global_batch: int, text: str) -> None:
 
 def console() -> Console:
     """Wide enough for the layout tables even when stdout is a pipe (rich would assume 80 columns)."""
-    con = Console()
-    return con if con.is_terminal else Console(width=160)
+    con = Console(soft_wrap=True)  # lines longer than the terminal are not broken mid-word; tables still fit
+    return con if con.is_terminal else Console(width=160, soft_wrap=True)
 
 
 def print_json(data: Any) -> None:

@@ -106,7 +106,7 @@ def simulate_cmd(args: argparse.Namespace) -> int:
         if args.trace:
             write_chrome_trace(result, args.trace)
         if args.timeline:
-            plot_timeline(result, args.timeline)
+            plot_timeline(result, args.timeline, title=f"{layout}: {_summary(w)} (event engine, one step)")
     else:
         est = estimate_with("analytic", w, layout, topo)
     if args.plot:

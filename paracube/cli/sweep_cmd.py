@@ -14,7 +14,7 @@ from rich.table import Table
 
 from paracube.cli.options import console, human_bytes, positive_int, print_json
 from paracube.cli.outputs import add_force_option, writable
-from paracube.cli.train_terms import DEFAULT_MEMORY_HEADROOM, headroom_fraction, parse_tokens
+from paracube.cli.train_terms import DEFAULT_MEMORY_HEADROOM, headroom_fraction, human_count, parse_tokens
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
@@ -141,7 +141,7 @@ def sweep_cmd(args: argparse.Namespace) -> int:
                           f"{p.train_hours / 24:.2f}", f"{p.cost_usd:,.0f}", "*" if p.pareto else "")
         console().print(table)
     if args.plot:
-        plot_sweep(points, args.plot, title=f"{model.name}, {tokens:.3g} tokens")
+        plot_sweep(points, args.plot, title=f"{model.name}: time and cost to train {human_count(tokens)} tokens")
         if not args.json:
             print(f"wrote {args.plot}")
     return 0
@@ -152,8 +152,9 @@ def plot_sweep(points: list[SweepPoint], path: str, title: str = "") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(8, 5.6))
     ok = [p for p in points if p.estimate is not None]
     for cluster in dict.fromkeys(p.cluster for p in ok):
         mine = [p for p in ok if p.cluster == cluster]
@@ -166,11 +167,19 @@ def plot_sweep(points: list[SweepPoint], path: str, title: str = "") -> None:
         ax.plot([p.train_hours / 24 for p in front], [p.cost_usd for p in front], "k--", lw=1, label="Pareto front")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}")  # 20, not 2 x 10^1
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_xlabel("time to train (days, log scale)")
     ax.set_ylabel("cost to train (USD, log scale)")
-    ax.set_title(title + " (labels: GPU count)")
+    ax.set_title(title, fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.text(0.01, 0.01, "One point per cluster and GPU count (the number beside it): the best layout's predicted "
+             "step time x steps to train;\ncost = GPUs x hours x price per GPU-hour. The Pareto front joins the "
+             "points that no other beats on both time and cost.", fontsize=8, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=130)
     plt.close(fig)
