@@ -208,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         raise SystemExit(f"README.md has no block for {missing}: add `<!-- transcript: NAME -->` markers")
     cwd, log, drift = fresh_dir(), [], []
+    last = max(i for i, t in enumerate(TRANSCRIPTS) if args.only is None or t.name in args.only)
     try:
-        for t in TRANSCRIPTS:  # in order: later blocks use files earlier ones wrote
+        for t in TRANSCRIPTS[:last + 1]:  # in order: later blocks use files earlier ones wrote
             wanted = args.only is None or t.name in args.only
             if t.kind == "run" and (args.check or args.skip_runs or not wanted):
                 continue
