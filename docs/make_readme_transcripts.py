@@ -97,7 +97,7 @@ TRANSCRIPTS: tuple[Transcript, ...] = (
     Transcript("export-plan", ("paracube plan --model gpt3-13b --cluster dgx-a100 --gpus 64 --layout "
                                "dp=4,pp=4,tp=1d:4,sp,zero=1,overlap --recompute selective --top 3 -o plan13b.json",)),
     Transcript("export", ("paracube export plan13b.json --to megatron -o megatron.sh",
-                          "sed -n '1,5p;/^torchrun/,/--num-layers/p' megatron.sh",
+                          "sed -n '1,5p;/^torchrun/,/--num-layers [0-9]/p' megatron.sh",
                           "paracube export plan13b.json --to deepspeed -o deepspeed.sh",
                           "paracube plan --model gpt3-13b --cluster dgx-a100 --gpus 64 --layout dp=16,tp=2d:2x2 "
                           "-o p2d.json > /dev/null",
