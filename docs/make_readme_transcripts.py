@@ -122,10 +122,10 @@ def run_command(command: str, cwd: Path) -> tuple[int, str, float]:
            "PARACUBE_CACHE_DIR": str(cwd / ".cache")}
     prelude = f'paracube() {{ "{sys.executable}" -m paracube "$@"; }}\nset -o pipefail\n'
     t0 = time.perf_counter()
-    proc = subprocess.run(["bash", "-c", prelude + command], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=3600)
-    out = proc.stdout + proc.stderr  # the CLI writes progress notes to stderr, results to stdout
-    return proc.returncode, out, time.perf_counter() - t0
+    # One stream, as a terminal shows them: the CLI writes notes to stderr and results to stdout.
+    proc = subprocess.run(["bash", "-c", prelude + command], cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)
+    return proc.returncode, proc.stdout, time.perf_counter() - t0
 
 
 def render(t: Transcript, cwd: Path, log: list[str]) -> str:
