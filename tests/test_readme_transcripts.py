@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def script():  # noqa: ANN201
-    spec = importlib.util.spec_from_file_location("make_readme_transcripts", ROOT / "docs" / "make_readme_transcripts.py")
+    path = ROOT / "docs" / "make_readme_transcripts.py"
+    spec = importlib.util.spec_from_file_location("make_readme_transcripts", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["make_readme_transcripts"] = module
