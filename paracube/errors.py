@@ -1,4 +1,13 @@
-"""The one exception type for mistakes a user can make: the CLI prints it on one line, exit status 2."""
+"""The one exception type for mistakes a user can make: the CLI prints it on one line, exit status 2.
+
+`did_you_mean` and `unknown` give every "unknown X" message the same shape: the bad value, the closest valid
+name (difflib's ratio >= 0.6, the standard library's own cutoff), then every valid name.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 
 class ParacubeError(ValueError):
@@ -9,3 +18,22 @@ class ParacubeError(ValueError):
 def check(condition: bool, message: str) -> None:
     if not condition:
         raise ParacubeError(message)
+
+
+def did_you_mean(value: object, valid: Iterable[str]) -> str:
+    """'did you mean dgx-h100? ' for a near miss (case and '-'/'_' ignored), else ''."""
+    names = list(valid)
+    def fold(s: str) -> str:
+        return s.lower().replace("_", "").replace("-", "").replace(" ", "")
+    folded = {fold(n): n for n in names}
+    text = fold(str(value))
+    if text in folded:
+        return f"did you mean {folded[text]}? "
+    close = difflib.get_close_matches(text, list(folded), n=1, cutoff=0.6)
+    return f"did you mean {folded[close[0]]}? " if close else ""
+
+
+def unknown(what: str, value: object, valid: Iterable[str], tail: str = "") -> ParacubeError:
+    """`unknown topology 'dgxh100'; did you mean dgx-h100? valid: a, b, c<tail>` as an error to raise."""
+    names = list(valid)
+    return ParacubeError(f"unknown {what} {value!r}; {did_you_mean(value, names)}valid: {', '.join(names)}{tail}")

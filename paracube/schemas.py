@@ -97,15 +97,18 @@ class ValidateSchema(_Strict):
     bytes_equal: bool
     cluster: str
     calibrated: bool
+    within_band: bool | None = None  # None: no band (uncalibrated); paracube/validation/verdict.py
+    verdict: str = ""
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanSchema, "estimate": EstimateSchema, "validate": ValidateSchema}
 
 
 def json_schema(name: str) -> dict[str, Any]:
-    from paracube.errors import check
+    from paracube.errors import unknown
 
-    check(name in SCHEMAS, f"unknown schema {name!r}; valid: {', '.join(SCHEMAS)}")
+    if name not in SCHEMAS:
+        raise unknown("schema", name, SCHEMAS)
     schema = SCHEMAS[name].model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema

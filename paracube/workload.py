@@ -8,13 +8,12 @@ reads it: a field the file omits takes the default of that model_type's config c
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from paracube.errors import ParacubeError, check
+from paracube.errors import ParacubeError, check, unknown
 
 Family = Literal["gpt", "llama"]
 DType = Literal["fp32", "fp16", "bf16", "fp8"]
@@ -336,10 +335,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
             path = path / "config.json"
         check(path.exists(), f"model config file {str(path)!r} does not exist")
         return from_hf_config(path)
-    close = difflib.get_close_matches(name_or_path.lower(), list(PRESETS), n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]}? " if close else ""
-    raise ParacubeError(f"unknown model {name_or_path!r}; {hint}valid presets: {', '.join(PRESETS)} "
-                        "(or a path to a Hugging Face config.json)")
+    raise unknown("model", name_or_path, PRESETS, " (or a path to a Hugging Face config.json)")
 
 
 def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:

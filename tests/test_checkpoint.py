@@ -31,6 +31,7 @@ from dist_helpers import run_distributed
 
 from paracube.errors import ParacubeError
 from paracube.executor.checkpoint import store as ckpt
+from paracube.executor.checkpoint.files import file_manifest, manifest_digest
 from paracube.executor.checkpoint.planners import BlockLoadPlanner, BlockSavePlanner
 from paracube.executor.checkpoint.store import export_full_state_dict, find_checkpoint, read_meta
 from paracube.executor.layers.shards import ShardSpec
@@ -260,9 +261,20 @@ def test_corrupt_checkpoint_names_the_file_and_changes_nothing(tmp_path: Path) -
     with pytest.raises(ParacubeError, match=r"paracube\.json.*corrupt"):
         export_full_state_dict(tmp_path)
     (ck / "paracube.json").write_text('{"format": 1, "step": 2}')
-    with pytest.raises(ParacubeError, match=r"\.metadata.*corrupt"):
+    with pytest.raises(ParacubeError, match="has no file manifest.*pickle"):  # DCP's pickle is never read
         export_full_state_dict(tmp_path)
-    (ck / "paracube.json").write_text('{"format": 1, "step": 2}')
+    files = file_manifest(ck, [".metadata"])
+    meta = {"format": 1, "step": 2, "files": files, "files_sha256": manifest_digest(files)}
+    (ck / "paracube.json").write_text(json.dumps({**meta, "files_sha256": "0" * 64}))
+    with pytest.raises(ParacubeError, match="does not match its checksum"):
+        export_full_state_dict(tmp_path)
+    (ck / "__0_0.distcp").write_bytes(b"dropped in")
+    (ck / "paracube.json").write_text(json.dumps(meta))
+    with pytest.raises(ParacubeError, match="'__0_0.distcp' is not in the manifest"):
+        export_full_state_dict(tmp_path)
+    (ck / "__0_0.distcp").unlink()
+    with pytest.raises(ParacubeError, match=r"\.metadata.*corrupt"):  # listed and intact: DCP reads it
+        export_full_state_dict(tmp_path)
     before[ck / "paracube.json"] = (ck / "paracube.json").read_bytes()
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 

@@ -99,7 +99,8 @@ def test_pareto_front_by_hand() -> None:
     (["plan", "--model", "gpt5"], "unknown model 'gpt5'"),
     (["plan", "--cluster", "summit"], "summit"),
     (["plan", "--layout", "tp=3d:2x2x3"], "cube"),
-    (["plan", "--layout", "tp=2d:2x2", "--gpus", "8"], "uses 4 ranks but --gpus is 8"),
+    (["plan", "--layout", "tp=2d:2x2", "--gpus", "6"], "uses 4 ranks, which do not divide --gpus 6"),
+    (["simulate", "--layout", "tp=2d:2x2", "--gpus", "8"], "uses 4 ranks but --gpus is 8"),
     (["compare", "--gpus", "0"], "must be >= 1"),
     (["simulate", "missing-plan.json"], "does not exist"),
     (["simulate", "--layout", "tp=1d:3", "--gpus", "3"], "heads"),
@@ -108,7 +109,8 @@ def test_pareto_front_by_hand() -> None:
     (["plan", "--model", "gpt3-175b", "--cluster", "longhorn", "--gpus", "4"], "fits"),
     (["nonsense"], "invalid choice"),
 ])
-def test_bad_input_is_one_line_exit_2(argv, message, capsys) -> None:
+def test_bad_input_is_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a plan that is written by mistake lands here, not in the checkout
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse errors exit from inside parse_args

@@ -124,6 +124,76 @@ def test_fuzz_cli_arguments(capsys: pytest.CaptureFixture[str], command: str, ar
     OUTCOMES["cli: refused"] += 1
 
 
+NEW_ARGS = st.lists(st.sampled_from(["--tokens", "--price-per-gpu-hour", "--memory-headroom", "--force", "2T",
+                                     "300B", "2e12", "2X", "-1", "0", "0.1", "10%", "100%", "nan", "inf", "abc",
+                                     "1.5", "T", "--layout", "mb=3", "dp=3", "dp=2,mb=3", "--micro-batch", "3",
+                                     "--global-batch", "6"]), min_size=1, max_size=6)
+
+
+@FUZZ
+@given(st.sampled_from(["plan", "compare", "sweep"]), NEW_ARGS)
+def test_fuzz_new_planning_options(capsys: pytest.CaptureFixture[str], command: str, args: list[str]) -> None:
+    """--tokens, --price-per-gpu-hour, --memory-headroom, --force, mb/dp pins: refused in one line, exit 2."""
+    try:
+        code = main([command, *args, "--gpus", "-3"])  # always invalid: nothing runs for long
+    except SystemExit as exc:
+        code = exc.code
+    _, err = capsys.readouterr()
+    assert code == 2, (command, args)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    OUTCOMES["cli new options: refused"] += 1
+
+
+TOPOLOGY_ARGS = st.lists(st.sampled_from(["dgx-h100", "dgxh100", "DGX-H100", "local-cpu", "longhorn", "nope.yaml",
+                                          "examples/h100-rail-32x8.yaml", "examples/pcie-2x8-100gbe.yaml", "/tmp",
+                                          "--gpus", "12", "16", "-3", "0", "abc", "1e9", "100000000", "--json"]),
+                         max_size=5)
+
+
+@FUZZ
+@given(TOPOLOGY_ARGS)
+def test_fuzz_topologies_command(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                 args: list[str]) -> None:
+    """`paracube topologies [NAME|FILE] [--gpus N]`: a listing (exit 0) or one line (exit 2), never a traceback."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the examples/ paths
+    try:
+        code = main(["topologies", *args])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code in (0, 2), (args, code)
+    assert "Traceback" not in err and (code == 0 or len(err.strip().splitlines()) == 1), err
+    OUTCOMES[f"topologies: {'listed' if code == 0 else 'refused'}"] += 1
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=16), st.sampled_from(["2T", "300B", "2e12", "1.5t", "20k", "1e400", "0.5"])))
+def test_fuzz_token_counts(text: str) -> None:
+    import argparse
+
+    from paracube.cli.train_terms import parse_tokens
+
+    try:
+        value = parse_tokens(text)
+        assert value >= 1 and value < float("inf")
+        OUTCOMES["tokens: parsed"] += 1
+    except argparse.ArgumentTypeError as exc:
+        assert "\n" not in str(exc)
+        OUTCOMES["tokens: refused"] += 1
+
+
+@FUZZ
+@given(st.text(max_size=20))
+def test_fuzz_unknown_names_get_one_line(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    """Unknown schema / model names through the CLI, with did-you-mean where close: one line, exit 2."""
+    if name.startswith("-") or name in ("plan", "estimate", "validate"):
+        return
+    code = main(["schema", name])
+    _, err = capsys.readouterr()
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    OUTCOMES["unknown names: refused"] += 1
+
+
 def test_fuzz_files_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Bad files reach users through the CLI: each one line, exit 2."""
     bad_plan = tmp_path / "plan.json"

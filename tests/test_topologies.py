@@ -281,7 +281,7 @@ def test_unknown_preset_lists_the_valid_ones() -> None:
     (COMPACT.replace("fp16: 312e12", "half: 1"), r"field device.*fp16"),
     (COMPACT.replace("2.0e12}", "2.0e12"), r"c\.yaml: not valid YAML \(line \d+, column \d+\)"),
     (COMPACT.replace("{name: A100-80GB,", "{name: A100-80GB, color: red,"),
-     r"field device\.color: Extra inputs"),
+     r"field device\.color: unknown key; valid keys here: name, peak_flops"),
     ("- just a list", r"expected a mapping"),
 ])
 def test_bad_yaml_names_file_and_field(tmp_path: Path, text: str, message: str) -> None:

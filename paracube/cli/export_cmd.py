@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paracube.cli.options import positive_int
-from paracube.errors import ParacubeError, check
+from paracube.cli.outputs import add_force_option, writable
+from paracube.errors import ParacubeError, unknown
 
 if TYPE_CHECKING:
     from paracube.plan import Plan
@@ -25,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to", required=True, metavar="TARGET", help=f"one of: {', '.join(TARGETS)}")
     p.add_argument("-o", "--out", default=None, metavar="FILE", help="file to write (default: print)")
     p.add_argument("--steps", type=positive_int, default=20, help="torchrun/slurm: steps to train (default 20)")
+    add_force_option(p)
     p.set_defaults(handler=export_cmd)
 
 
@@ -49,11 +51,9 @@ def export_cmd(args: argparse.Namespace) -> int:
     from paracube.export import TARGETS, export_plan
     from paracube.plan import load_plan
 
-    check(args.to in TARGETS, f"unknown export target {args.to!r}; valid: {', '.join(TARGETS)}")
-    out = Path(args.out) if args.out else None
-    if out is not None:
-        check(out.parent.is_dir(), f"output directory {str(out.parent)!r} does not exist (for -o {args.out})")
-        check(not out.is_dir(), f"-o {args.out} is a directory; give a file name")
+    if args.to not in TARGETS:
+        raise unknown("export target", args.to, TARGETS)
+    out = writable(args.out, "-o", args.force)
     plan = load_plan(args.plan)
     _check_runtime(plan, args.to, args.plan)
     result = export_plan(plan, args.to, plan_path=str(Path(args.plan).resolve()), steps=args.steps)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from paracube.cli.options import human_bytes, human_time, positive_int, print_json
+from paracube.cli.outputs import add_force_option, writable
 from paracube.errors import ParacubeError
 
 
@@ -21,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
     p.add_argument("--from-runs", default=None, metavar="CSV",
                    help="fit the --cluster preset's efficiencies on measured runs instead (cli/runs_cmd.py)")
+    add_force_option(p)
     p.set_defaults(handler=calibrate_command)
     p = subparsers.add_parser("validate", help="run a plan on local ranks: predicted vs measured per step")
     p.add_argument("plan", nargs="?", default=None, help="plan JSON (default: the embedded default plan)")
@@ -33,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
+    writable(args.out, "--out", args.force)  # before minutes of measuring
     if args.from_runs:
         from paracube.cli.runs_cmd import calibrate_from_runs
 
@@ -139,4 +142,5 @@ def validate_command(args: argparse.Namespace) -> int:
     console.print(table)
     if not out["calibrated"]:
         console.print("note: uncalibrated cluster; run `paracube calibrate` for predictions of this machine")
+    console.print(out["verdict"], highlight=False, markup=False)
     return 0

@@ -6,18 +6,24 @@ import argparse
 
 from rich.table import Table
 
-from paracube.cli.options import console, human_bytes, print_json
+from paracube.cli.options import console, human_bytes, positive_int, print_json
+from paracube.errors import ParacubeError
+from paracube.topologies.presets import PRESETS as TOPOLOGY_PRESETS
 from paracube.workload import PRESETS
+
+TOPOLOGY_NAMES = tuple(TOPOLOGY_PRESETS)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the model presets")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=models)
-    p = sub.add_parser("topologies", help="list the cluster presets")
+    p = sub.add_parser("topologies", help="list the cluster presets, or show one preset or YAML file sized to --gpus")
+    p.add_argument("name", nargs="?", default=None, metavar="NAME|FILE.yaml",
+                   help="one preset, or a topology YAML file (docs/topologies.md); default: every preset")
+    p.add_argument("--gpus", type=positive_int, default=None, help="size the presets (or FILE) to N devices")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=topologies)
-
 
 def models(args: argparse.Namespace) -> int:
     rows = [{**m.to_dict(), "parameters": m.num_parameters()} for m in PRESETS.values()]
@@ -35,33 +41,65 @@ def models(args: argparse.Namespace) -> int:
     return 0
 
 
-def topologies(args: argparse.Namespace) -> int:
-    # From the presets' constants, no graph: equal to load_topology(name).describe(), without networkx.
-    from paracube.topologies.listing import describe_preset, preset_sources
-    from paracube.topologies.presets import PRESETS as TOPOLOGY_PRESETS
+def _described(name: str, gpus: int | None) -> dict:
+    if gpus is None and name in TOPOLOGY_NAMES:
+        # From the presets' constants, no graph: equal to load_topology(name).describe(), without networkx.
+        from paracube.topologies.listing import describe_preset
 
-    described = [describe_preset(name) for name in TOPOLOGY_PRESETS]
-    sources = {name: preset_sources(name) for name in TOPOLOGY_PRESETS}
+        return describe_preset(name)
+    from paracube.topologies import load_topology
+
+    return load_topology(name, gpus=gpus).describe()
+
+
+def _rate(bytes_per_s: object) -> str:
+    """3 significant digits, so that a local process's 0.5 GB/s link does not print as 0 GB/s."""
+    return "-" if bytes_per_s is None else f"{float(bytes_per_s) / 1e9:.3g} GB/s"  # type: ignore[arg-type]
+
+
+def topologies(args: argparse.Namespace) -> int:
+    names = [args.name] if args.name else list(TOPOLOGY_NAMES)
+    described: list[dict] = []
+    skipped: list[str] = []
+    for name in names:
+        try:
+            described.append(_described(name, args.gpus))
+        except ParacubeError as exc:
+            if args.name:  # the one asked for: its error is the answer
+                raise
+            skipped.append(f"{name}: {exc}")  # e.g. --gpus 12 on 8-GPU nodes: the others still list
+    from paracube.topologies.listing import preset_sources
+
+    sources = {name: preset_sources(name) for name in names if name in TOPOLOGY_NAMES}
     if args.json:
-        described = [{**d, "efficiency_sources": sources[d["name"]]} for d in described]
+        described = [{**d, "efficiency_sources": sources.get(d["name"], {})} for d in described]
         print_json(described)
         return 0
-    table = Table(title="cluster presets (default size; --gpus N to resize)")
-    for col in ("name", "device", "devices", "per node", "fp16/bf16 TFLOP/s", "fp8 TFLOP/s", "fp32 TFLOP/s",
-                "memory", "intra-node", "inter-node"):
-        table.add_column(col)
+    size = f"{args.gpus} devices" if args.gpus else "default size; --gpus N to resize"
+    table = Table(title=f"{'cluster presets' if not args.name else args.name} ({size})")
+    for col in ("name", "device", "devices", "nodes x per node", "fp16/bf16 TFLOP/s", "fp8 TFLOP/s", "fp32 TFLOP/s",
+                "memory",
+                "intra-node", "inter-node", "NICs/node"):
+        table.add_column(col, justify="left" if col in ("name", "device") else "right")
     for d in described:
         table.add_row(
-            str(d.get("name")), str(d.get("device")), str(d.get("devices")), str(d.get("devices_per_node")),
-            f"{max(d['peak_flops'].get('bf16', 0), d['peak_flops'].get('fp16', 0)) / 1e12:.4g}",
-            f"{d['peak_flops']['fp8'] / 1e12:.4g}" if "fp8" in d["peak_flops"] else "-",
+            str(d.get("name")), str(d.get("device")), str(d.get("devices")),
+            f"{d.get('nodes')} x {d.get('devices_per_node')}",
+            f"{max(d['peak_flops'].get('bf16', 0), d['peak_flops'].get('fp16', 0)) / 1e12:.3g}",
+            f"{d['peak_flops']['fp8'] / 1e12:.3g}" if "fp8" in d["peak_flops"] else "-",
             f"{d['peak_flops'].get('fp32', 0) / 1e12:.3g}", human_bytes(float(d.get("memory_bytes", 0))),
-            f"{float(d.get('intra_node_bandwidth', 0)) / 1e9:.0f} GB/s",
-            f"{float(d.get('inter_node_bandwidth', 0)) / 1e9:.1f} GB/s",
+            _rate(d.get("intra_node_bandwidth")), _rate(d.get("inter_node_bandwidth")),
+            str(d.get("nics_per_node", "-")),
         )
-    console().print(table)
-    out = console()
-    out.print("efficiencies (topologies/efficiency.py; NOT FITTED: no published run exercises the figure):")
+    con = console()
+    con.print(table)
+    con.print("bandwidths: one direction, per device, of the slowest link of a ring (intra-node: the devices of "
+              "node 0; inter-node: one device per node)", highlight=False)
+    for line in skipped:
+        con.print(f"not sized: {line}", highlight=False, markup=False)
+    con.print("efficiencies (topologies/efficiency.py; NOT FITTED: no published run exercises the figure):",
+              highlight=False)
     for name, by_figure in sources.items():
-        out.print(f"  {name}: " + "; ".join(f"{k} {v}" for k, v in by_figure.items()), soft_wrap=True)
+        con.print(f"  {name}: " + "; ".join(f"{k} {v}" for k, v in by_figure.items()), soft_wrap=True,
+                  highlight=False, markup=False)
     return 0

@@ -1,13 +1,21 @@
-"""`paracube` entry point: one sub-command per module; a user error prints one line and exits 2."""
+"""`paracube` entry point: one sub-command per module; a user error prints one line and exits 2.
+
+Output into a pipe whose reader has gone (`paracube plan --json | head -3`) ends quietly with exit status 141
+(128 + SIGPIPE, what a shell reports for `yes | head`), never a BrokenPipeError traceback: the rest of stdout is
+sent to /dev/null so that the interpreter's final flush cannot fail either (the recipe of Python's `signal`
+documentation, "Note on SIGPIPE").
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
 from paracube import __version__
-from paracube.errors import ParacubeError
+from paracube.errors import ParacubeError, did_you_mean
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -16,6 +24,11 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but bad arguments name the command and exit 2 with one line (no usage dump)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:  # argparse lists the choices; add the near miss
+            valid = [c.strip(" '") for c in choice.group(3).split(",")]
+            message = (f"argument {choice.group(1)}: invalid choice {choice.group(2)!r}; "
+                       f"{did_you_mean(choice.group(2), valid)}valid: {', '.join(valid)}")
         self.exit(2, f"paracube: error: {self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
@@ -25,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 COMMANDS = {
     "plan": ("paracube.cli.planning_cmd", "rank every valid layout and write the best as a plan file"),
     "compare": ("paracube.cli.planning_cmd", "the best layout of each tensor mode side by side"),
-    "simulate": ("paracube.cli.planning_cmd", "full breakdown of one layout (a plan file, or options + --layout)"),
+    "simulate": ("paracube.cli.simulate_cmd", "full breakdown of one layout (a plan file, or options + --layout)"),
     "sweep": ("paracube.cli.sweep_cmd", "time and cost to train over cluster types and sizes, with the Pareto front"),
     "models": ("paracube.cli.info_cmd", "list the model presets"),
     "topologies": ("paracube.cli.info_cmd", "list the cluster presets"),
@@ -63,15 +76,37 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+PIPE_CLOSED = 141  # 128 + SIGPIPE
+
+
+def _stdout_to_devnull() -> int:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (tests capture it)
+        pass
+    return PIPE_CLOSED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader of stdout has gone: end quietly
+        return _stdout_to_devnull()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
+        sys.stdout.flush()
         return 0
     try:
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe is reported here, inside main, not at interpreter exit
+        return code
     except ParacubeError as exc:
         print(f"paracube: error: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from paracube.errors import ParacubeError
+from paracube.errors import ParacubeError, check
 from paracube.executor.launch.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
 from paracube.workload import (
     DEFAULT_MODEL,
@@ -84,20 +84,27 @@ class Workload:
         return topo
 
 
-def workload_from_args(args: argparse.Namespace) -> Workload:
-    from paracube.layout import parse_layout
+def workload_from_args(args: argparse.Namespace, partial_layout: bool = False) -> Workload:
+    """`partial_layout`: the layout constrains a search (plan, compare): its ranks must divide --gpus and the
+    search chooses the rest (dp, ...); otherwise (simulate) it is the whole layout of --gpus ranks."""
+    from paracube.layout import Layout, parse_layout
 
     model = with_seq_len(resolve_model(args.model), args.seq)
     layout = parse_layout(args.layout) if args.layout else None
-    if layout is not None and args.micro_batch is not None:
-        layout = layout.with_(micro_batch=args.micro_batch)
+    if args.micro_batch is not None:
+        layout = (layout or Layout()).with_(micro_batch=args.micro_batch) if layout or partial_layout else None
     gpus = args.gpus or (layout.world_size if layout else DEFAULT_GPUS)
-    if layout is not None and layout.world_size != gpus:
+    if layout is not None and partial_layout:
+        check(gpus % layout.world_size == 0, f"layout {layout} uses {layout.world_size} ranks, which do not divide "
+              f"--gpus {gpus}; valid: a layout of {gpus} ranks or of a divisor of {gpus} (the search sets dp)")
+    elif layout is not None and layout.world_size != gpus:
         raise ParacubeError(f"layout {layout} uses {layout.world_size} ranks but --gpus is {gpus}")
     default_batch = 512 if model.num_parameters() >= 100e6 else 8
     training = TrainingSpec(global_batch=args.global_batch or default_batch, seq_len=args.seq,
                             dtype=args.dtype or ("fp32" if args.cluster == "local-cpu" else "bf16"),
                             recompute=args.recompute or "none", activations=args.activations)
+    if layout is not None:
+        check_micro_batch(layout, training.global_batch, args.layout or "")
     runtime = runtime_from_args(args, layout, model, training.dtype)
     return Workload(model, training, args.cluster, gpus, layout, args.recompute is None, runtime)
 
@@ -121,10 +128,27 @@ def runtime_from_args(args: argparse.Namespace, layout: Layout | None, model: Mo
     return name
 
 
+def check_micro_batch(layout: Layout, global_batch: int, text: str) -> None:
+    """dp (where pinned) must divide the global batch, and mb the sequences each replica gets."""
+    mb = int(layout.micro_batch or 1)
+    dp_pinned = layout.dp > 1 or "dp=" in text.replace(" ", "")
+    per_replica = global_batch // layout.dp if dp_pinned and global_batch % layout.dp == 0 else global_batch
+    if dp_pinned and global_batch % layout.dp:
+        raise ParacubeError(f"dp={layout.dp} does not divide the global batch of {global_batch} sequences "
+                            f"({global_batch} % {layout.dp} = {global_batch % layout.dp}); give --global-batch "
+                            f"a multiple of {layout.dp}")
+    if per_replica % mb:
+        valid = ", ".join(str(d) for d in range(1, per_replica + 1) if per_replica % d == 0)
+        whose = (f"the {per_replica} sequences per replica (global batch {global_batch} / dp={layout.dp})"
+                 if dp_pinned else f"the global batch of {global_batch} sequences")
+        raise ParacubeError(f"mb={mb} does not divide {whose}: {per_replica} % {mb} = {per_replica % mb}; "
+                            f"valid mb: {valid} (or --global-batch a multiple of {mb})")
+
+
 def console() -> Console:
     """Wide enough for the layout tables even when stdout is a pipe (rich would assume 80 columns)."""
-    con = Console()
-    return con if con.is_terminal else Console(width=160)
+    con = Console(soft_wrap=True)  # lines longer than the terminal are not broken mid-word; tables still fit
+    return con if con.is_terminal else Console(width=160, soft_wrap=True)
 
 
 def print_json(data: Any) -> None:

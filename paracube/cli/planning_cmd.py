@@ -6,14 +6,11 @@ import argparse
 import math
 import sys
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from paracube.cli.options import (
-    DEFAULT_CLUSTER,
     Workload,
     add_workload_options,
     human_bytes,
@@ -25,11 +22,20 @@ from paracube.cli.options import (
 from paracube.cli.options import (
     console as make_console,
 )
+from paracube.cli.outputs import add_force_option, writable
+from paracube.cli.train_terms import (
+    DEFAULT_MEMORY_HEADROOM,
+    TOKENS_PER_PARAMETER,
+    add_train_options,
+    headroom_fraction,
+    headroom_line,
+    train_cost,
+)
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
 from paracube.modes import COMPARE_BASELINE, MODES
-from paracube.plan import LaunchSpec, Plan, load_plan, plan_cluster, recorded_cluster
+from paracube.plan import LaunchSpec, Plan, recorded_cluster
 
 MODE_ORDER = tuple(MODES)  # the registry's order (paracube/modes)
 EXPLAIN_POOL = 100  # ranked layouts the runner-ups of `plan` are looked for in (planner/explain.py)
@@ -41,7 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=positive_int, default=10, help="rows to show (default 10)")
     p.add_argument("--refine", type=positive_int, default=0, metavar="K",
                    help="re-rank the best K with the discrete-event engine")
-    p.add_argument("-o", "--out", default="plan.json", help="plan file to write (default plan.json)")
+    p.add_argument("-o", "--out", default="plan.json", help="plan file to write (default plan.json; an existing "
+                   "file only with --force)")
+    add_force_option(p)
+    add_train_options(p)
     # Every plan runs now (the search emits only what the executor runs): kept so old scripts still work.
     p.add_argument("--runnable", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=plan_cmd)
@@ -52,22 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tensor-only", action="store_true",
                    help="all devices in one tensor group (dp=pp=1), as in Bian et al.'s experiments")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="write a time/memory picture")
+    p.add_argument("--memory-headroom", type=headroom_fraction, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
+                   help=f"fraction of device memory left free (default {DEFAULT_MEMORY_HEADROOM:g}; see plan --help)")
+    add_force_option(p)
     p.set_defaults(handler=compare_cmd)
 
-    p = sub.add_parser("simulate", help="full breakdown of one layout (a plan file, or options + --layout)")
-    p.add_argument("plan", nargs="?", default=None, help="plan file (default: options below)")
-    add_workload_options(p, layout_help="the layout to simulate (default dp=1,tp=3d:2x2x2,mb=4 on 8 ranks)")
-    p.set_defaults(cluster=None)  # with a plan file: the plan's cluster unless --cluster is given
-    p.add_argument("--sequence-parallel", action="store_true", help="1D only: Megatron sequence parallelism")
-    p.add_argument("--interleave", type=positive_int, default=None, metavar="V", help="virtual pipeline chunks")
-    p.add_argument("--engine", default="analytic", choices=["analytic", "event"])
-    p.add_argument("--overlap", action="store_true",
-                   help="event engine: overlap weight-gradient reduce-scatters and dp all-reduce with backward")
-    p.add_argument("--events", action="store_true", help="list every collective of the step")
-    p.add_argument("--plot", default=None, metavar="FILE.png")
-    p.add_argument("--trace", default=None, metavar="FILE.json", help="event engine: Chrome/Perfetto trace")
-    p.add_argument("--timeline", default=None, metavar="FILE.png", help="event engine: Gantt picture")
-    p.set_defaults(handler=simulate_cmd)
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
@@ -97,7 +95,7 @@ def _summary(w: Workload) -> str:
             + ("" if w.runtime == "paracube" else f", runtime {w.runtime}"))
 
 
-def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> Plan:
+def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object, notes: tuple[str, ...] = ()) -> Plan:
     # one launcher per host: a host may hold fewer GPUs than the topology's node (GB200 NVL72: 4 of a 72-GPU domain)
     host = getattr(topo, "devices_per_host", None) or getattr(topo, "devices_per_node", w.gpus)
     per_node = min(w.gpus, int(host))
@@ -107,7 +105,7 @@ def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object) -> P
     training = replace(w.training, recompute=layout.recompute) if layout.recompute else w.training
     return Plan(model=w.model, training=training, layout=layout, cluster=recorded_cluster(w.cluster), gpus=w.gpus,
                 launch=LaunchSpec(nproc_per_node=per_node, nnodes=w.gpus // per_node),
-                prediction=est.to_dict(), notes=est.notes + _unpriced(layout, est), runtime=w.runtime)
+                prediction=est.to_dict(), notes=est.notes + _unpriced(layout, est) + notes, runtime=w.runtime)
 
 
 def _unpriced(layout: Layout, est: StepEstimate) -> tuple[str, ...]:
@@ -118,26 +116,28 @@ def _unpriced(layout: Layout, est: StepEstimate) -> tuple[str, ...]:
     return ()
 
 
-def _search(w: Workload, topo: object, top_k: int):  # noqa: ANN202
+def _search(w: Workload, topo: object, top_k: int, headroom: float = 0.0):  # noqa: ANN202
     from paracube.layout import RECOMPUTES
     from paracube.planner import search
 
     # Without --recompute the planner chooses recomputation; zero stages, overlap and tpo: what the runtime runs.
     with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
         return search(w.model, w.training, topo, w.gpus, fixed=w.layout, top_k=top_k,
-                      recomputes=list(RECOMPUTES) if w.search_recompute else None, runtime=w.runtime)
+                      recomputes=list(RECOMPUTES) if w.search_recompute else None, runtime=w.runtime,
+                      memory_headroom=headroom)
 
 
 # --- commands -----------------------------------------------------------------------------------------------
 def plan_cmd(args: argparse.Namespace) -> int:
-    w = workload_from_args(args)
+    w = workload_from_args(args, partial_layout=True)
+    out = writable(args.out, "-o", args.force)
     topo = w.topology
     from paracube.planner.explain import dedupe, explain
 
     if args.runnable:
         print("paracube plan: --runnable is no longer needed (every plan runs) and is ignored", file=sys.stderr)
     pool = max(args.top, args.refine, EXPLAIN_POOL)
-    result = _search(w, topo, pool)
+    result = _search(w, topo, pool, args.memory_headroom)
     ranked = _with_zero(dedupe(result.ranked), w.layout)
     exhaustive = len(result.ranked) < pool
     if args.refine:
@@ -147,10 +147,18 @@ def plan_cmd(args: argparse.Namespace) -> int:
     else:
         choices = explain(ranked, w.layout, exhaustive)
     best_layout, best_est = ranked[0]
-    plan = make_plan(w, best_layout, best_est, topo)
-    path = plan.save(args.out)
+    device_memory = float(topo.device.memory_bytes)  # type: ignore[attr-defined]
+    memory = headroom_line(best_est.memory.total, device_memory, args.memory_headroom)
+    tokens = args.tokens if args.tokens is not None else TOKENS_PER_PARAMETER * w.model.num_parameters()
+    cost = train_cost(tokens, w.training.global_batch * w.training.sequence_length(w.model), best_est.step_time_s,
+                      w.gpus, args.price_per_gpu_hour)
+    plan = make_plan(w, best_layout, best_est, topo, (memory,))
+    assert out is not None
+    path = plan.save(out)
     if args.json:
         print_json({"plan_file": str(path), "best": {"layout": str(best_layout), **best_est.to_dict()},
+                    "train": cost.to_dict(), "memory_headroom": args.memory_headroom,
+                    "memory_left_bytes": device_memory * (1 - args.memory_headroom) - best_est.memory.total,
                     "ranked": [{"layout": str(lay), **est.to_dict()} for lay, est in ranked[: args.top]],
                     "choices": [c.to_dict() for c in choices],
                     "scored": result.scored, "pruned": result.pruned, "rejected": dict(result.rejected),
@@ -175,6 +183,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))
     for note in _unpriced(best_layout, best_est):
         console.print(f"note: {note}", markup=False)
+    console.print(cost.line(args.tokens is None), highlight=False, markup=False)
+    console.print(memory, highlight=False, markup=False)
     from paracube.runtimes import get_runtime
 
     target = get_runtime(w.runtime).export_target
@@ -200,7 +210,8 @@ def _tensor_only_shapes(gpus: int) -> dict[str, list[tuple[int, ...]]]:
     return {name: [s for s in m.shapes(gpus) if math.prod(s) == gpus] for name, m in MODES.items() if m.axes}
 
 
-def _tensor_only_best(w: Workload, topo: object) -> tuple[dict[str, tuple[Layout, StepEstimate]], dict[str, str]]:
+def _tensor_only_best(w: Workload, topo: object,
+                      headroom: float = 0.0) -> tuple[dict[str, tuple[Layout, StepEstimate]], dict[str, str]]:
     """Best layout per mode with every device in the tensor group (the paper's setting)."""
     from paracube.planner import search
 
@@ -210,7 +221,7 @@ def _tensor_only_best(w: Workload, topo: object) -> tuple[dict[str, tuple[Layout
         for shape in shapes:
             try:
                 found = search(w.model, w.training, topo, w.gpus, fixed=Layout(mode=mode, shape=shape), top_k=1,
-                               runtime=w.runtime)
+                               runtime=w.runtime, memory_headroom=headroom)
             except ParacubeError as exc:
                 why.setdefault(mode, str(exc))
                 continue
@@ -237,12 +248,13 @@ def compare_cmd(args: argparse.Namespace) -> int:
 
         return compare_runtimes(args, Planning(lambda w: _search(w, w.topology, top_k=1).ranked[0], _summary, _row,
                                                ROW_COLUMNS))
-    w = workload_from_args(args)
+    w = workload_from_args(args, partial_layout=True)
+    writable(args.plot, "--plot", args.force)
     topo = w.topology
     if args.tensor_only:
-        best, explanations = _tensor_only_best(w, topo)
+        best, explanations = _tensor_only_best(w, topo, args.memory_headroom)
     else:
-        result = _search(w, topo, top_k=1)
+        result = _search(w, topo, top_k=1, headroom=args.memory_headroom)
         best = {m: result.best_per_mode[m] for m in MODE_ORDER if m in result.best_per_mode}
         explanations = result.explanations
     base = best.get(COMPARE_BASELINE)
@@ -277,86 +289,4 @@ def compare_cmd(args: argparse.Namespace) -> int:
                        title=_summary(w))
         if not args.json:
             print(f"wrote {args.plot}")
-    return 0
-
-
-def _print_breakdown(console: Any, est: StepEstimate, events: bool) -> None:
-    """simulate's table: the estimate's figures, memory parts, time per axis and kind, then its notes
-    (and, with --events, every collective)."""
-    table = Table(show_header=False)
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    for name, value in zip(ROW_COLUMNS, _row(est), strict=True):
-        table.add_row(name, value)
-    for part, value in est.memory.to_dict().items():
-        if part != "total":
-            table.add_row(f"  memory: {part}", human_bytes(value))
-    for axis, t in sorted(est.comm_time_by_axis.items(), key=lambda kv: -kv[1]):
-        table.add_row(f"  comm on axis {axis}", human_time(t))
-    for kind, t in sorted(est.comm_time_by_kind.items(), key=lambda kv: -kv[1]):
-        table.add_row(f"  comm {kind}", human_time(t))
-    table.add_row("collectives per step", str(len(est.events)))
-    console.print(table)
-    for note in est.notes:
-        console.print(f"note: {note}")
-    if events:
-        for e in est.events:
-            axes = ".".join(e.axes)
-            console.print(f"{e.phase:>9} {e.kind:<15} {axes:<8} {e.payload_bytes:>12} B {e.dtype:<9} {e.label}")
-
-
-def simulate_cmd(args: argparse.Namespace) -> int:
-    if args.plan:
-        plan = load_plan(args.plan)
-        w = Workload(plan.model, plan.training, plan_cluster(plan, args.cluster, args.plan), plan.gpus, plan.layout,
-                     runtime=args.runtime or plan.runtime)
-        layout = plan.layout
-    else:
-        args.cluster = args.cluster or DEFAULT_CLUSTER
-        if args.layout is None and args.gpus is None:
-            args.layout = "dp=1,tp=3d:2x2x2,mb=4"
-        w = workload_from_args(args)
-        if w.layout is None:
-            raise ParacubeError("simulate needs a layout: give a plan file or --layout (e.g. --layout dp=2,tp=2d:2x2)")
-        layout = w.layout
-    if args.sequence_parallel:
-        layout = layout.with_(sequence_parallel=True)
-    if args.interleave:
-        layout = layout.with_(interleave=args.interleave)
-    layout = parse_layout(str(layout))  # re-validate after the flags
-    from paracube.runtimes import get_runtime
-
-    why = get_runtime(w.runtime).refusal(layout, w.model.family, w.model.tied_embeddings, w.training.dtype)
-    if why:
-        raise ParacubeError(f"layout {layout}: {why}")
-    topo = w.topology
-    if (args.trace or args.timeline or args.overlap) and args.engine != "event":
-        raise ParacubeError("--trace, --timeline and --overlap need the event engine: add --engine event")
-    if args.engine == "event":
-        from paracube.cost_models.event import simulate
-        from paracube.cost_models.event_trace import plot_timeline, write_chrome_trace
-
-        with make_console().status("simulating one step ..."):
-            result = simulate(w.model, w.training, layout, topo, overlap=args.overlap,
-                              timeline=bool(args.trace or args.timeline))
-        est = result.estimate
-        if args.trace:
-            write_chrome_trace(result, args.trace)
-        if args.timeline:
-            plot_timeline(result, args.timeline)
-    else:
-        est = estimate_with("analytic", w, layout, topo)
-    if args.plot:
-        from paracube.cli.plots import plot_estimates
-
-        plot_estimates([est], [str(layout)], args.plot, title=_summary(w))
-    if args.json:
-        print_json(est.to_dict(with_events=args.events))
-        return 0
-    console = make_console()
-    console.print(f"[bold]{layout}[/bold]: {_summary(w)} ({args.engine} engine)")
-    _print_breakdown(console, est, args.events)
-    for out in (args.plot, args.trace, args.timeline):
-        if out:
-            console.print(f"wrote {Path(out)}")
     return 0

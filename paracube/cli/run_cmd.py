@@ -28,7 +28,11 @@ stops the others (exit 1, naming it); the last complete checkpoint stays loadabl
 (exit 130, one line: the step and the last checkpoint).
 Several nodes: run the same command on each with --nnodes, --node-rank, --master-addr, --master-port.
 A plan for a cluster on local CPU ranks: `--model tiny --gpus 8` keeps the plan's tensor mode, pipeline
-schedule, zero, sp, recompute and overlap, shrinks dp / pp / the tensor shape to 8 ranks and prints the layout."""
+schedule, zero, sp, recompute and overlap, shrinks dp / pp / the tensor shape to 8 ranks and prints the layout.
+Checkpoints are trusted input: torch.distributed.checkpoint reads a checkpoint's .metadata with pickle, which
+can run code. --resume refuses a directory whose paracube.json manifest (sizes and sha256 of every file, itself
+checksummed) is missing or does not match the files, before DCP reads anything; that catches corruption and
+edits, not a malicious author: resume only from checkpoints you made or trust."""
 
 
 def _port(text: str) -> int:
@@ -137,12 +141,24 @@ def run_command(args: argparse.Namespace) -> int:
                     master_addr=args.master_addr, master_port=args.master_port)
     nproc = preflight(plan, node, data=args.data, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                       seed=args.seed)
+    if args.resume:
+        print(resumed_line(args.checkpoint_dir, args.steps), file=sys.stderr)
     print(f"paracube run: {plan.model.name}, layout {plan.layout}, {plan.layout.world_size} ranks "
           f"({node.nnodes} node(s) x {nproc}), steps up to {args.steps}", file=sys.stderr)
     crowded = oversubscription_line(nproc, len(available_cores())) if backend_for(plan) == "gloo" else None
     if crowded:
         print(crowded, file=sys.stderr)
     return launch(plan, node, nproc, worker_args(args), checkpoint_dir=args.checkpoint_dir)
+
+
+def resumed_line(checkpoint_dir: str, steps: int) -> str:
+    """`paracube run: resuming from ck/step_10 (step 10 done; steps 11-20 to run)`."""
+    from paracube.executor.checkpoint.files import find_checkpoint, read_meta
+
+    found = find_checkpoint(checkpoint_dir)
+    done = int(read_meta(found)["step"])
+    todo = f"steps {done + 1}-{steps} to run" if steps > done else f"--steps {steps}: nothing left to run"
+    return f"paracube run: resuming from {found} (step {done} done; {todo})"
 
 
 def launch_command(args: argparse.Namespace) -> int:

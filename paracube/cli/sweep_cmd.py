@@ -13,6 +13,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from paracube.cli.options import add_runtime_option, console, human_bytes, positive_int, print_json, runtime_from_args
+from paracube.cli.outputs import add_force_option, writable
+from paracube.cli.train_terms import DEFAULT_MEMORY_HEADROOM, headroom_fraction, human_count, parse_tokens
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
@@ -33,8 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--price-per-gpu-hour", type=float, nargs="+", default=None, metavar="USD",
                    help="one price for all clusters or one per cluster (defaults: "
                    + ", ".join(f"{k} {v}" for k, v in DEFAULT_PRICE_PER_GPU_HOUR.items()) + ")")
-    p.add_argument("--tokens", type=float, default=None,
-                   help="tokens to train (default 20 per parameter, Hoffmann et al. 2022)")
+    p.add_argument("--tokens", type=parse_tokens, default=None, metavar="N",
+                   help="tokens to train, e.g. 2T, 300B, 2e12 (default 20 per parameter, Hoffmann et al. 2022)")
+    p.add_argument("--memory-headroom", type=headroom_fraction, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
+                   help=f"fraction of device memory left free (default {DEFAULT_MEMORY_HEADROOM:g}; see plan --help)")
+    add_force_option(p)
     p.add_argument("--global-batch", type=positive_int, default=None, help="sequences per step (default 512)")
     p.add_argument("--seq", type=positive_int, default=None)
     p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
@@ -68,7 +73,8 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
 
 
 def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_counts: list[int],
-          prices: dict[str, float], tokens: float, runtime: str = "paracube") -> list[SweepPoint]:
+          prices: dict[str, float], tokens: float, runtime: str = "paracube",
+          memory_headroom: float = 0.0) -> list[SweepPoint]:
     from paracube.planner import search
     from paracube.topologies import load_topology
 
@@ -81,7 +87,8 @@ def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_cou
                 bar.update(task, description=f"{cluster} x {gpus}")
                 try:
                     topo = load_topology(cluster, gpus=gpus)
-                    result = search(model, training, topo, gpus, top_k=1, runtime=runtime)
+                    result = search(model, training, topo, gpus, top_k=1, runtime=runtime,
+                                    memory_headroom=memory_headroom)
                     layout, est = result.ranked[0]
                     hours = tokens / tokens_per_step * est.step_time_s / 3600
                     points.append(SweepPoint(cluster, gpus, layout, est, hours, hours * gpus * prices[cluster]))
@@ -96,6 +103,7 @@ def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_cou
 
 def sweep_cmd(args: argparse.Namespace) -> int:
     model = with_seq_len(resolve_model(args.model), args.seq)
+    writable(args.plot, "--plot", args.force)
     clusters = _parse_list(args.cluster, "cluster")
     try:
         gpu_counts = [int(g) for g in _parse_list(args.gpus, "gpus")]
@@ -116,7 +124,7 @@ def sweep_cmd(args: argparse.Namespace) -> int:
     check(tokens > 0, f"--tokens {tokens} must be > 0")
     training = TrainingSpec(global_batch=args.global_batch or 512, seq_len=args.seq, dtype=args.dtype)
     runtime = runtime_from_args(args, None, model, args.dtype)
-    points = sweep(model, training, clusters, gpu_counts, prices, tokens, runtime)
+    points = sweep(model, training, clusters, gpu_counts, prices, tokens, runtime, args.memory_headroom)
     if args.json:
         print_json([{"cluster": p.cluster, "gpus": p.gpus, "layout": str(p.layout) if p.layout else None,
                      "step_time_s": p.estimate.step_time_s if p.estimate else None, "train_hours": p.train_hours,
@@ -137,7 +145,7 @@ def sweep_cmd(args: argparse.Namespace) -> int:
                           f"{p.train_hours / 24:.2f}", f"{p.cost_usd:,.0f}", "*" if p.pareto else "")
         console().print(table)
     if args.plot:
-        plot_sweep(points, args.plot, title=f"{model.name}, {tokens:.3g} tokens")
+        plot_sweep(points, args.plot, title=f"{model.name}: time and cost to train {human_count(tokens)} tokens")
         if not args.json:
             print(f"wrote {args.plot}")
     return 0
@@ -148,8 +156,9 @@ def plot_sweep(points: list[SweepPoint], path: str, title: str = "") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(8, 5.6))
     ok = [p for p in points if p.estimate is not None]
     for cluster in dict.fromkeys(p.cluster for p in ok):
         mine = [p for p in ok if p.cluster == cluster]
@@ -162,11 +171,19 @@ def plot_sweep(points: list[SweepPoint], path: str, title: str = "") -> None:
         ax.plot([p.train_hours / 24 for p in front], [p.cost_usd for p in front], "k--", lw=1, label="Pareto front")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}")  # 20, not 2 x 10^1
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_xlabel("time to train (days, log scale)")
     ax.set_ylabel("cost to train (USD, log scale)")
-    ax.set_title(title + " (labels: GPU count)")
+    ax.set_title(title, fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.text(0.01, 0.01, "One point per cluster and GPU count (the number beside it): the best layout's predicted "
+             "step time x steps to train;\ncost = GPUs x hours x price per GPU-hour. The Pareto front joins the "
+             "points that no other beats on both time and cost.", fontsize=8, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=130)
     plt.close(fig)

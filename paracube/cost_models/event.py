@@ -47,7 +47,7 @@ from paracube.cost_models.event_program import Op, StageProgram, build_stage, sc
 from paracube.cost_models.event_trace import Span, Timeline
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.validity import resolve_micro_batch
-from paracube.errors import ParacubeError, check
+from paracube.errors import ParacubeError, check, unknown
 from paracube.estimate import CommEvent, StepEstimate
 from paracube.layout import Layout
 from paracube.topologies.protocol import RoutedTopology
@@ -348,10 +348,10 @@ def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout:
         check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
         return analytic_estimate(model, training, layout, topo, with_events=with_events)
     if engine == "event":
-        unknown = sorted(set(options) - {"overlap"})
-        check(not unknown, f"unknown event-engine options {unknown}; valid: overlap")
+        extra = sorted(set(options) - {"overlap"})
+        check(not extra, f"unknown event-engine options {extra}; valid: overlap")
         return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)))
-    raise ParacubeError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    raise unknown("engine", engine, ENGINES)
 
 
 __all__ = ["ENGINES", "EventResult", "estimate_event", "estimate_with", "simulate"]

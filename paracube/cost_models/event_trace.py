@@ -67,14 +67,15 @@ COLORS = {"fwd": "tab:blue", "recompute": "tab:cyan", "bwd": "tab:green", "pipel
           "grad_sync": "tab:red", "optimizer": "tab:brown", "metrics": "tab:gray"}
 
 
-def plot_timeline(result: object, path_png: str | Path, max_spans: int = 200_000) -> Path:
-    """Gantt chart: one row per device stream, time in ms, coloured by phase; returns the path."""
+def plot_timeline(result: object, path_png: str | Path, max_spans: int = 200_000, title: str = "") -> Path:
+    """Gantt chart: one row per device stream, time in ms, coloured by phase; the legend to the right of the
+    axes (never over the bars) and a caption saying what is drawn; returns the path."""
     # A bare Figure (no pyplot): no global backend or figure registry is touched; PNG goes through Agg.
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     tl = _timeline(result)
-    fig = Figure(figsize=(12, 1.0 + 0.6 * 2 * max(1, len(tl.devices))))
+    fig = Figure(figsize=(12, 1.9 + 0.6 * 2 * max(1, len(tl.devices))))
     ax = fig.add_subplot(1, 1, 1)
     rows: dict[str, dict[float, list[tuple[float, float]]]] = {}
     for s in tl.spans[:max_spans]:
@@ -89,12 +90,15 @@ def plot_timeline(result: object, path_png: str | Path, max_spans: int = 200_000
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_ylabel("device stream")
-    ax.set_title("event-engine timeline of one training step")
+    ax.set_title(title or "event-engine timeline of one training step", fontsize="medium")
     used = {c.split(":")[0] for c in (s.category for s in tl.spans[:max_spans])}
     handles = [Patch(color=c, label=k) for k, c in COLORS.items() if k in used]
-    if handles:
-        ax.legend(handles=handles, loc="upper right", fontsize="small")
-    fig.tight_layout()
+    if handles:  # outside the axes: a legend inside would hide the step's last spans
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    fig.text(0.01, 0.01, "Each bar is one span of the simulated step on a representative device: kernels on the "
+             "compute stream, collectives on the comm stream, coloured by phase (forward, backward, gradient "
+             "sync, optimizer).", fontsize="small", ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     path = Path(path_png)
     try:
         fig.savefig(path, dpi=100)

@@ -6,7 +6,7 @@ targets that can run it (common.refuse_unless_expressible). No torch import: `pa
 
 from __future__ import annotations
 
-from paracube.errors import ParacubeError
+from paracube.errors import unknown
 from paracube.export import deepspeed, megatron, torchtitan
 from paracube.export.common import TARGETS, Export, targets_that_run
 from paracube.export.launchers import export_slurm, export_torchrun
@@ -25,7 +25,7 @@ def export_plan(plan: Plan, target: str, plan_path: str = "plan.json", steps: in
         return export_torchrun(plan, plan_path, steps)
     if target == "slurm":
         return export_slurm(plan, plan_path, steps)
-    raise ParacubeError(f"unknown export target {target!r}; valid: {', '.join(TARGETS)}")
+    raise unknown("export target", target, TARGETS)
 
 
 __all__ = ["TARGETS", "Export", "export_plan", "targets_that_run"]

@@ -475,18 +475,23 @@ def search(
     overlap: bool = False,
     prune: bool = True,
     runtime: Runtime | str = "paracube",
+    memory_headroom: float = 0.0,
 ) -> SearchResult:
     """Rank every valid layout of `gpus` devices that the runtime runs (default paracube: each mode's
     ExecutorSupport, modes.executor_runs) by predicted step time; raise ParacubeError if none fits. The zero
     stages, recomputations, overlap and tpo come from the runtime (planner/dimensions.py) within `zeros` /
     `recomputes` where given; `overlap=True` overlaps the gradient reduction in every layout. `prune=False`
-    scores every placement of every configuration (the same result, slower: for tests and benchmarks)."""
+    scores every placement of every configuration (the same result, slower: for tests and benchmarks).
+    `memory_headroom`: the fraction of device memory held back (allocator, NCCL buffers, fragmentation); a
+    layout fits in the rest."""
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     modes = _modes(modes, gpus, fixed, rt)
     d = with_pins(dims_of(model, training), fixed)  # fa= pinned: that kernel (the search's is flash)
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
-    s = _Search(model, d, gemm_model(topo, training.dtype), float(topo.device.memory_bytes),  # type: ignore[arg-type, attr-defined]
+    check(0.0 <= memory_headroom < 1.0, f"memory headroom {memory_headroom!r} must be a fraction in [0, 1)")
+    mem_cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
+    s = _Search(model, d, gemm_model(topo, training.dtype), mem_cap,  # type: ignore[arg-type]
                 LinkCache(topo), fixed, micro_batches, top_k, zs,
                 len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
                 overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None,

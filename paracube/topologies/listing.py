@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paracube.errors import check
+from paracube.errors import check, unknown
 from paracube.topologies import presets as p
 from paracube.topologies.device import DeviceSpec
 
@@ -84,7 +84,8 @@ def preset_sources(name: str) -> dict[str, str]:
 
 def describe_preset(name: str, nodes: int | None = None) -> dict[str, Any]:
     """A preset's headline figures at its default size (or `nodes` nodes of its default node size)."""
-    check(name in p.PRESETS, f"unknown topology {name!r}; valid presets: {', '.join(p.PRESETS)}")
+    if name not in p.PRESETS:
+        raise unknown("topology", name, p.PRESETS)
     n = p.PRESETS[name].default_nodes if nodes is None else nodes
     check(isinstance(n, int) and n >= 1, f"{name}: nodes={nodes!r} must be >= 1")
     if name == "longhorn":

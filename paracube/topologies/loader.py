@@ -28,7 +28,7 @@ import networkx as nx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from paracube.errors import ParacubeError, check
+from paracube.errors import ParacubeError, check, did_you_mean, unknown
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.presets import DEVICES, PRESETS, Preset, build_switched
 from paracube.topologies.topology import DeviceSpec, Topology
@@ -164,7 +164,7 @@ def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = N
         raise ParacubeError(f"{source}: {exc}") from None
     if isinstance(spec.device, str):
         check(spec.device in DEVICES, f"{source}: field device: unknown device {spec.device!r}; "
-              f"give a mapping or one of {', '.join(DEVICES)}")
+              f"{did_you_mean(spec.device, DEVICES)}give a mapping or one of {', '.join(DEVICES)}")
         device = DEVICES[spec.device]
     else:
         device = DeviceSpec(**spec.device.model_dump())
@@ -200,10 +200,30 @@ def _validated(data: Any, source: str) -> TopologyFile:
         # A union (device: mapping | name) reports one error per branch: show the mapping branch's.
         errs = exc.errors()
         err = next((e for e in errs if "str" not in e["loc"]), errs[0])
+        # A misspelt key (device_per_node) is the cause of its "missing" twin: name it first, with its near miss.
+        extra = next((e for e in errs if e["type"] == "extra_forbidden" and "str" not in e["loc"]), None)
+        if extra is not None:
+            raise ParacubeError(_unknown_key(source, extra["loc"])) from None
         field = ".".join(str(p) for p in err["loc"] if p not in ("DeviceModel", "str")) or "(top level)"
         shown = err["type"] != "missing" and not isinstance(err["input"], dict)
         value = f" (got {err['input']!r})" if shown else ""
         raise ParacubeError(f"{source}: field {field}: {err['msg']}{value}") from None
+
+
+def _unknown_key(source: str, loc: tuple) -> str:
+    """`my.yaml: field device_per_node: unknown key; did you mean devices_per_node? valid: ...`."""
+    parts = [str(p) for p in loc if p not in ("DeviceModel", "str")]
+    model: type[BaseModel] = TopologyFile
+    for part in parts[:-1]:  # the model the key was found in
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        inner = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)
+                 and issubclass(a, BaseModel)]
+        if not inner:
+            break
+        model = inner[0]
+    valid = list(model.model_fields)
+    return (f"{source}: field {'.'.join(parts)}: unknown key; {did_you_mean(parts[-1], valid)}"
+            f"valid keys here: {', '.join(valid)} (docs/topologies.md)")
 
 
 def _from_graph(spec: TopologyFile, device: DeviceSpec, calibration: Calibration | None, source: str,
@@ -231,6 +251,11 @@ def _from_graph(spec: TopologyFile, device: DeviceSpec, calibration: Calibration
         raise ParacubeError(f"{source}: {exc}") from None
 
 
+def looks_like_file(name: str) -> bool:
+    """A name with a file suffix or a directory part is a path, not a misspelt preset."""
+    return Path(name).suffix.lower() in (".yaml", ".yml", ".json") or "/" in name or "\\" in name
+
+
 def load_topology(name_or_path: str, gpus: int | None = None, nodes: int | None = None) -> Topology:
     """A preset by name (see `list_topologies()`), or a YAML file path."""
     check(isinstance(name_or_path, str) and name_or_path != "", f"empty topology name; valid presets: "
@@ -239,8 +264,10 @@ def load_topology(name_or_path: str, gpus: int | None = None, nodes: int | None 
         return _from_preset(PRESETS[name_or_path], gpus, nodes)
     path = Path(name_or_path)
     if not path.is_file():
-        raise ParacubeError(f"unknown topology {name_or_path!r}; valid presets: {', '.join(PRESETS)}, "
-                            "or the path of a YAML file")
+        check(not (looks_like_file(name_or_path) or path.is_dir()), f"topology file {name_or_path!r} "
+              + ("is a directory" if path.is_dir() else "does not exist")
+              + f"; give a YAML file (docs/topologies.md) or a preset: {', '.join(PRESETS)}")
+        raise unknown("topology", name_or_path, PRESETS, ", or the path of a YAML file (docs/topologies.md)")
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:

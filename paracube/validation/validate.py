@@ -27,6 +27,7 @@ from paracube.estimate import CommEvent
 from paracube.executor.launch.local_ranks import run_on_ranks
 from paracube.executor.training.hooks import StepFn, TrainHooks
 from paracube.plan import Plan
+from paracube.validation.verdict import verdict
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ def validate(plan: Plan, steps: int, topo: Any, source: str) -> dict[str, Any]:
     out = compare(est, measure(plan, steps), calibration)
     out["cluster"] = source
     out["calibrated"] = calibration is not None
+    out["within_band"], out["verdict"] = verdict(out["comparisons"], out["bytes_equal"])
     return out
 
 

@@ -4,6 +4,13 @@
 `.tmp` (checkpoint.py renames a finished save into place); `root/latest` names the newest. `paracube.json`
 records the size and sha256 of every other file at save time: DCP itself does not notice flipped bytes, so
 loads and exports verify them first (ranks of a job split the hashing) and name the first bad file.
+
+A checkpoint is trusted input: DCP reads its `.metadata` with `pickle`, which can run code. So before DCP
+reads anything, `verify_checkpoint` refuses a directory whose manifest is absent, whose own checksum
+(`files_sha256`, the sha256 of the manifest's canonical JSON) does not match it, that leaves a file DCP would
+read (`.metadata`, `*.distcp`) unlisted, or whose files differ from it. This catches corruption, a mixed-up
+or edited directory, and files dropped into it; it cannot make a checkpoint from an untrusted source safe
+(whoever wrote its pickle can write a matching manifest): load only checkpoints you made or trust.
 """
 
 from __future__ import annotations
@@ -79,6 +86,19 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
 
 
 # --- integrity ------------------------------------------------------------------------------------------
+TRUST = "load only checkpoints you made or trust: DCP reads .metadata with pickle, which can run code"
+
+
+def manifest_digest(files: dict[str, Any]) -> str:
+    """The manifest's own checksum: sha256 of its canonical JSON (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _dcp_reads(ckpt: Path) -> list[str]:
+    """The files of the directory that DCP's FileSystemReader opens: its metadata and the shard files."""
+    return sorted(p.name for p in ckpt.iterdir() if p.is_file() and (p.name == ".metadata" or p.suffix == ".distcp"))
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -111,12 +131,24 @@ def shared_manifest(tmp: Path, rank: int) -> dict[str, dict[str, Any]] | None:
 def verify_checkpoint(ckpt: str | Path, meta: dict[str, Any] | None = None, hashes: bool = True,
                       share: tuple[int, int] = (0, 1)) -> None:
     """Raise ParacubeError naming the first file that is missing, truncated/extended or (with `hashes`)
-    altered since the save. `share=(i, n)`: check only every n-th file from the i-th (ranks split the work).
-    Checkpoints written before manifests existed (no `files` entry) are not checked."""
+    altered since the save, or a manifest that is absent, does not match its checksum or leaves a file DCP
+    reads unlisted (module docstring). `share=(i, n)`: hash only every n-th file from the i-th (ranks split
+    the work)."""
     ckpt = Path(ckpt)
-    files = (meta if meta is not None else read_meta(ckpt)).get("files")
-    if not isinstance(files, dict):
-        return
+    meta = meta if meta is not None else read_meta(ckpt)
+    files = meta.get("files")
+    where = str(ckpt / META_FILE)
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        raise ParacubeError(f"checkpoint {str(ckpt)!r}: {where!r} has no file manifest, so its files cannot be "
+                            f"checked before they are read; refusing it ({TRUST})")
+    digest = meta.get("files_sha256")
+    if digest is not None and digest != manifest_digest(files):
+        raise ParacubeError(f"checkpoint {str(ckpt)!r}: the file manifest in {where!r} does not match its "
+                            f"checksum (edited or corrupt); refusing it ({TRUST})")
+    unlisted = [n for n in _dcp_reads(ckpt) if n not in files]
+    if unlisted:
+        raise ParacubeError(f"checkpoint {str(ckpt)!r}: file {unlisted[0]!r} is not in the manifest of "
+                            f"{where!r} (added after the save?); refusing it ({TRUST})")
     for name, want in sorted(files.items())[share[0]::share[1]]:
         path = ckpt / name
         if not path.is_file():
@@ -145,5 +177,6 @@ def verify_everywhere(ckpt: Path, meta: dict[str, Any]) -> None:
         raise ParacubeError(first)
 
 
-__all__ = ["FORMAT_VERSION", "LATEST_FILE", "META_FILE", "file_manifest", "find_checkpoint", "has_checkpoint",
-           "is_complete", "read_meta", "shared_manifest", "step_dir", "verify_checkpoint", "verify_everywhere"]
+__all__ = ["FORMAT_VERSION", "LATEST_FILE", "META_FILE", "TRUST", "file_manifest", "find_checkpoint",
+           "has_checkpoint", "is_complete", "manifest_digest", "read_meta", "shared_manifest", "step_dir",
+           "verify_checkpoint", "verify_everywhere"]

@@ -45,6 +45,7 @@ from paracube.executor.checkpoint.files import (
     find_checkpoint,
     has_checkpoint,
     is_complete,
+    manifest_digest,
     read_meta,
     shared_manifest,
     step_dir,
@@ -209,6 +210,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
             "rng": {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()},
             **meta,
             "files": files,
+            "files_sha256": manifest_digest(files or {}),
         }
         _fsync_write(tmp / META_FILE, json.dumps(record, indent=1) + "\n")
         old = root / f"step_{step}.old"

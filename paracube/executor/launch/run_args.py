@@ -44,7 +44,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", default=None, help="write per-step metrics as JSON lines to this file")
     p.add_argument("--checkpoint-dir", default=None, help="directory of sharded checkpoints")
     p.add_argument("--save-every", type=at_least_0, default=0, help="save every K steps and at the end (0: never)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir "
+                   "(trusted input only: DCP reads it with pickle; refused unless its checksummed manifest "
+                   "matches every file)")
     p.add_argument("--data", default="text", help=f"training data: {SOURCES_HELP} (default text)")
     p.add_argument("--seed", type=at_least_0, default=0, help="initialization and data seed (default 0)")
     p.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate (default 3e-3)")
