@@ -101,7 +101,7 @@ TRANSCRIPTS: tuple[Transcript, ...] = (
                           "paracube export plan13b.json --to deepspeed -o deepspeed.sh",
                           "paracube plan --model gpt3-13b --cluster dgx-a100 --gpus 64 --layout dp=16,tp=2d:2x2 "
                           "-o p2d.json > /dev/null",
-                          "paracube export p2d.json --to megatron"), expect=(0, 0, 0, 0, 2)),
+                          "paracube export p2d.json --to megatron"), expect=(0, 0, 2, 0, 2)),
     Transcript("cal-plan-validate", ("paracube calibrate --quick --nproc 4 --out cal4.yaml",
                                      "paracube plan --cluster cal4.yaml --gpus 4 -o tiny.json",
                                      "paracube validate tiny.json --steps 3"), kind="run"),

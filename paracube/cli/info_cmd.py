@@ -97,8 +97,9 @@ def topologies(args: argparse.Namespace) -> int:
               "node 0; inter-node: one device per node)", highlight=False)
     for line in skipped:
         con.print(f"not sized: {line}", highlight=False, markup=False)
-    con.print("efficiencies (topologies/efficiency.py; NOT FITTED: no published run exercises the figure):",
-              highlight=False)
+    if sources:
+        con.print("efficiencies (topologies/efficiency.py; NOT FITTED: no published run exercises the figure):",
+                  highlight=False)
     for name, by_figure in sources.items():
         con.print(f"  {name}: " + "; ".join(f"{k} {v}" for k, v in by_figure.items()), soft_wrap=True,
                   highlight=False, markup=False)
