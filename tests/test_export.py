@@ -150,7 +150,6 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.
     tied0 = replace(plan_13b(LAYOUT_13B.replace("zero=1", "zero=0")),
                     model=replace(PRESETS["gpt3-13b"], tied_embeddings=True)).save(tmp_path / "t0.json")
     assert run_cli(capsys, "export", str(tied0), "--to", "torchrun", "-o", str(tmp_path / "t0.sh"))[0] == 0
-    assert "targets that run it: megatron" in err
     zero2 = plan_13b("dp=4,pp=4,tp=1d:4,mb=1,zero=2").save(tmp_path / "z2.json")
     err = refusal(capsys, "export", str(zero2), "--to", "deepspeed", "-o", str(out))
     assert "ZeRO stage 2 does not combine" in err and "targets that run it: megatron, torchtitan" in err
