@@ -14,8 +14,12 @@ Every row is planned for a runtime (`--runtime`, default megatron: the stack tho
 what the row leaves open, e.g. tpo and overlap where the row has sp, paracube/runtimes); a row the runtime
 cannot plan is printed with its one-line reason. Today's stacks (benchmarks/data/published_runs_h100.csv:
 docs/published-runs.md section 3, Nemotron-4 15B on DGX H100 as a FLOP-equivalent llama-family shape, ffn
-16384 gated = 24576 squared-ReLU; not fitted) are printed as their own held-out group.
-Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--runtime NAME]
+16384 gated = 24576 squared-ReLU; not fitted) are printed as their own held-out group, and so are the FSDP rows
+(benchmarks/data/published_runs_fsdp.csv: docs/published-runs.md section 6, torchtitan FSDP2 on 64 A100 80GB,
+step time = local batch x seq / (tokens/s/GPU) since TP = PP = CP = 1; layout dp=64,zero=3, micro-batch = the
+local batch: no gradient accumulation; not fitted), planned for the runtime of their `runtime` column
+(torchtitan) whatever --runtime says.
+Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--runtime NAME]
 """
 
 from __future__ import annotations
@@ -34,16 +38,20 @@ from paracube.topologies.presets import PRESETS  # noqa: E402
 
 DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_h100.csv"
+FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(DATA))
     ap.add_argument("--today", default=str(TODAY), help="today's runs, printed apart (not fitted)")
-    ap.add_argument("--runtime", default="megatron", help="the runtime each row is planned for")
+    ap.add_argument("--fsdp", default=str(FSDP), help="FSDP runs, printed apart (not fitted)")
+    ap.add_argument("--runtime", default="megatron",
+                    help="the runtime each row is planned for (a row's runtime column overrides it)")
     args = ap.parse_args()
     runs = read_runs(args.runs, tuple(PRESETS))
     today = read_runs(args.today, tuple(PRESETS)) if args.today else []
+    fsdp = read_runs(args.fsdp, tuple(PRESETS)) if args.fsdp else []
     print("shipped efficiencies per device generation and fabric (spec-sheet peaks unchanged):")
     for gen, f in GENERATIONS.items():
         eff = f.values
@@ -51,9 +59,9 @@ def main() -> None:
               f"memory-bound eff {eff['mem_eff']:.2f}  ({f.source if f.fitted else 'NOT FITTED: ' + f.source})")
     print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (not fitted)'}"
                                     for k, f in FABRICS.items()))
-    print(f"runtime: {args.runtime}")
+    print(f"runtime: {args.runtime} (rows with a runtime column: theirs)")
     rows, refused = [], []
-    for r in [*runs, *today]:
+    for r in [*runs, *today, *fsdp]:
         topo = load_topology(r.cluster, gpus=r.gpus)
         try:
             lay, pred = predict(r, topo, args.runtime)
@@ -63,20 +71,21 @@ def main() -> None:
         rows.append((r, lay, pred, pred / r.measured_s - 1))
     groups = [("fit", [x for x in rows if x[0].split == "fit" and x[0] in runs]),
               ("held_out", [x for x in rows if x[0].split == "held_out" and x[0] in runs]),
-              ("today (held out, not fitted)", [x for x in rows if x[0] in today])]
+              ("today (held out, not fitted)", [x for x in rows if x[0] in today]),
+              ("FSDP rows, torchtitan, held out, not fitted", [x for x in rows if x[0] in fsdp])]
     for split, sel in groups:
         print(f"\n{split} rows")
         head = ("run", "cluster", "gpus", "measured s", "predicted s", "error")
-        print("{:12s} {:10s} {:>5s} {:>10s} {:>11s} {:>7s}  layout".format(*head))
+        print("{:14s} {:10s} {:>5s} {:>10s} {:>11s} {:>7s}  layout".format(*head))
         for r, lay, pred, err in sel:
-            print(f"{r.name:12s} {r.cluster:10s} {r.gpus:5d} {r.measured_s:10.3f} {pred:11.3f} {err:+7.1%}  {lay}")
+            print(f"{r.name:14s} {r.cluster:10s} {r.gpus:5d} {r.measured_s:10.3f} {pred:11.3f} {err:+7.1%}  {lay}")
         if sel:
             errs = [abs(x[3]) for x in sel]
             print(f"{split}: mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} ({len(sel)} runs)")
     if refused:
-        print(f"\nnot planned for runtime {args.runtime} ({len(refused)} rows):")
+        print(f"\nnot planned ({len(refused)} rows):")
         for r, why in refused:
-            print(f"  {r.name:12s} {why}")
+            print(f"  {r.name:12s} [{r.runtime or args.runtime}] {why}")
     # By device generation (the unit the efficiencies are fitted per: topologies/efficiency.py)
     generation = {name: p.build(1, 1).device.generation for name, p in PRESETS.items() if not p.fixed_nodes}
     print()
@@ -87,10 +96,11 @@ def main() -> None:
             if errs:
                 print(f"{gen} {split}: mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
                       f"({len(errs)} runs)")
-        errs = [abs(x[3]) for x in rows if generation[x[0].cluster] == gen and x[0] in today]
-        if errs:
-            print(f"{gen} today (held out): mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
-                  f"({len(errs)} runs)")
+        for name, group in (("today", today), ("FSDP", fsdp)):
+            errs = [abs(x[3]) for x in rows if generation[x[0].cluster] == gen and x[0] in group]
+            if errs:
+                print(f"{gen} {name} (held out): mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
+                      f"({len(errs)} runs)")
 
 
 if __name__ == "__main__":

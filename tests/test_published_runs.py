@@ -195,3 +195,37 @@ def test_largest_published_layouts_plannable() -> None:
         lay, pred = predict(r, preset_topology(r))
         assert lay.pp == r.layout.pp and lay.mode == r.layout.mode and not lay.sequence_parallel
         assert pred == pytest.approx(predict(r, preset_topology(r, shipped))[1], rel=1e-9)
+
+
+FSDP = DATA.with_name("published_runs_fsdp.csv")
+
+
+def test_runs_csv_runtime_column(tmp_path: Path) -> None:
+    """The optional runtime column: a row's own runtime (empty: the caller's); a bad name is one line."""
+    rows = [{**r, "runtime": ""} for r in _rows() if r["run"].startswith("v-")]
+    rows[0]["runtime"] = "torchtitan"
+    runs = read_runs(_write(tmp_path / "runs.csv", rows), tuple(PRESETS))
+    assert runs[0].runtime == "torchtitan" and all(r.runtime is None for r in runs[1:])
+    assert runs[0].training.activations == "paracube" and runs[1].training.activations == "megatron"
+    # predict plans a row for its own runtime, not the caller's: torchtitan has no zero=1, megatron has
+    zero1 = replace(runs[0], layout=runs[0].layout.with_(zero=1))
+    with pytest.raises(ParacubeError, match="torchtitan.*zero=1"):
+        predict(zero1, preset_topology(zero1), "megatron")
+    rows[1]["runtime"] = "titan"
+    with pytest.raises(ParacubeError, match=r"row 3 \(v-2.03B\): runtime='titan'; valid: .*torchtitan") as err:
+        read_runs(_write(tmp_path / "bad.csv", rows), tuple(PRESETS))
+    assert "\n" not in str(err.value)
+
+
+def test_fsdp_row_plans_with_torchtitan_at_zero3() -> None:
+    """The FSDP rows (docs/published-runs.md section 6) are torchtitan's, held out; the Llama 3 8B row plans at
+    zero=3 whatever runtime the caller names (the row's column wins), at the analytic estimate of that layout."""
+    runs = read_runs(FSDP, tuple(PRESETS))
+    assert len(runs) == 4 and all(r.runtime == "torchtitan" and r.split == "held_out" for r in runs)
+    r = next(x for x in runs if x.name == "llama3-8B-64")
+    topo = preset_topology(r)
+    lay, pred = predict(r, topo, "megatron")
+    assert lay.zero == 3 and lay.dp == 64 and lay.micro_batch == 1 and lay.mode == "none"
+    assert predict(r, topo, "torchtitan") == (lay, pred)
+    direct = estimate(r.model, r.training, lay.with_(recompute=None), topo, with_events=False)
+    assert pred == pytest.approx(direct.step_time_s, rel=1e-9)

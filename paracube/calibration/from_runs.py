@@ -10,6 +10,10 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
     layout         layout text (layout.parse_layout); fields it leaves open (mb, v) the planner chooses
     measured_step_s  measured seconds per optimizer step
     split          optional: fit | held_out (default fit)
+    runtime        optional: the runtime the row is planned for (paracube/runtimes, e.g. torchtitan for FSDP
+                   runs); empty or absent: the caller's (`predict(..., runtime)`, the benchmark's --runtime).
+                   Saved activations are counted as Megatron kept them (TrainingSpec.activations="megatron")
+                   unless the row names a runtime other than megatron ("paracube": flash attention, no dropout)
 
 Prediction: the planner's best layout matching the row's layout (search with `fixed`), its analytic step
 time. Fit (`fit_runs`): least squares on log(predicted / measured) over the fit rows of the few
@@ -28,6 +32,7 @@ import numpy as np
 
 from paracube.errors import ParacubeError, check
 from paracube.layout import Layout, parse_layout
+from paracube.runtimes import RUNTIMES, get_runtime
 from paracube.topologies.nvswitch import SYSTEMS, fabrics
 from paracube.topologies.presets import PRESETS, Fit
 from paracube.workload import ModelSpec, TrainingSpec, resolve_model
@@ -46,6 +51,7 @@ class Run:
     layout: Layout
     measured_s: float
     split: str = "fit"
+    runtime: str | None = None  # the row's own runtime (None: the caller's)
 
 
 def _int(where: str, value: str) -> int:
@@ -98,9 +104,15 @@ def parse_row(i: int, row: dict[str, str], clusters: tuple[str, ...]) -> Run:
         raise ParacubeError(f"{where}: cluster={row['cluster']!r} is not a preset; valid: {', '.join(clusters)}")
     gpus, seq, batch = (_int(f"{where}: {k}", row[k]) for k in ("gpus", "seq", "global_batch"))
     model = _model(where, row, seq)
+    runtime = (row.get("runtime") or "").strip() or None
+    if runtime is not None and runtime not in RUNTIMES:
+        raise ParacubeError(f"{where}: runtime={runtime!r}; valid: {', '.join(RUNTIMES)}")
+    # Saved activations as Megatron kept them (dropout, unfused attention's s x s) unless the row names another
+    # runtime: those (torchtitan: SDPA flash, no dropout) save what paracube's executor does.
+    acts = "megatron" if runtime in (None, "megatron") else "paracube"
     try:
         training = TrainingSpec(global_batch=batch, seq_len=seq, dtype=row["dtype"],  # type: ignore[arg-type]
-                                recompute=row["recompute"], activations="megatron")  # type: ignore[arg-type]
+                                recompute=row["recompute"], activations=acts)  # type: ignore[arg-type]
         layout = parse_layout(row["layout"])
     except ParacubeError as e:
         raise ParacubeError(f"{where}: {e}") from None
@@ -110,7 +122,7 @@ def parse_row(i: int, row: dict[str, str], clusters: tuple[str, ...]) -> Run:
     if split not in ("fit", "held_out"):
         raise ParacubeError(f"{where}: split={split!r}; valid: fit, held_out")
     return Run(row["run"], row["cluster"], gpus, model, training, layout,
-               _float(f"{where}: measured_step_s", row["measured_step_s"]), split)
+               _float(f"{where}: measured_step_s", row["measured_step_s"]), split, runtime)
 
 
 def read_runs(path: str | Path, clusters: tuple[str, ...]) -> list[Run]:
@@ -208,11 +220,12 @@ FITTABLE = tuple(CLUSTER_FABRICS)
 
 def predict(run: Run, topo: object, runtime: str = "paracube") -> tuple[Layout, float]:
     """The planner's best layout matching the run's (its open fields chosen by the search for `runtime`: its
-    overlaps, zero stages) and its step time (analytic engine). The run's recomputation is pinned; sequence
-    parallelism only where the layout asks. A layout the runtime cannot run: ParacubeError (one line)."""
+    overlaps, zero stages) and its step time (analytic engine). The row's own runtime column, where given,
+    overrides `runtime`. The run's recomputation is pinned; sequence parallelism only where the layout asks.
+    A layout the runtime cannot run: ParacubeError (one line)."""
     from paracube.planner.search import search  # local: calibration sits above the planner in the layers
-    from paracube.runtimes import get_runtime
 
+    runtime = run.runtime or runtime
     why = get_runtime(runtime).refusal(run.layout, run.model.family, run.model.tied_embeddings, run.training.dtype)
     check(why is None, f"run {run.name}: layout {run.layout}: {why}")
     fixed = run.layout if run.layout.sequence_parallel else run.layout.with_(forbid_sp=True)
