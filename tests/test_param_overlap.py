@@ -67,3 +67,16 @@ def test_off_is_unchanged_and_other_stages_ignore_it(gb: int, text: str) -> None
     if layout.zero != 1:
         assert estimate(SPEC, training, layout, topo, with_events=False, param_overlap=True) == base
         assert estimate_event(SPEC, training, layout, topo, param_overlap=True).step_time_s == ev.step_time_s
+
+
+def test_search_takes_it_from_the_runtime() -> None:
+    """planner/dimensions.PARAM_OVERLAP: megatron (param_gather_overlap_default) gets its zero=1 plans priced
+    with the gather overlapped, paracube (its executor gathers after the optimizer step) as before."""
+    from paracube.planner import search
+
+    layout, training, topo = _case(16, "dp=16,zero=1")
+    for runtime, on in (("paracube", False), ("megatron", True)):
+        best, est = search(SPEC, training, topo, 16, fixed=layout, top_k=1, runtime=runtime).ranked[0]
+        assert best.zero == 1
+        assert est == estimate(SPEC, training, best, topo, with_events=False, param_overlap=on)
+        assert est != estimate(SPEC, training, best, topo, with_events=False, param_overlap=not on)

@@ -345,14 +345,17 @@ def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, top
 
 def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                   with_events: bool = True, **options: object) -> StepEstimate:
-    """`--engine analytic|event`: one entry point for the CLI. Options: overlap=True (event only)."""
+    """`--engine analytic|event`: one entry point for the CLI. Options: overlap=True (event only);
+    param_overlap=True (both: the runtime overlaps zero=1's parameter gather, planner/dimensions.PARAM_OVERLAP)."""
+    param_overlap = bool(options.pop("param_overlap", False))
     if engine == "analytic":
         check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
-        return analytic_estimate(model, training, layout, topo, with_events=with_events)
+        return analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap)
     if engine == "event":
         extra = sorted(set(options) - {"overlap"})
         check(not extra, f"unknown event-engine options {extra}; valid: overlap")
-        return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)))
+        return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)),
+                              param_overlap)
     raise unknown("engine", engine, ENGINES)
 
 
