@@ -141,7 +141,11 @@ def plan_cmd(args: argparse.Namespace) -> int:
     ranked = _with_zero(dedupe(result.ranked), w.layout)
     exhaustive = len(result.ranked) < pool
     if args.refine:
-        refined = [(lay, estimate_with("event", w, lay, topo)) for lay, _ in ranked[: args.refine]]
+        from paracube.planner.dimensions import PARAM_OVERLAP, chosen
+        from paracube.runtimes import RUNTIMES
+
+        pov = chosen(PARAM_OVERLAP, RUNTIMES[w.runtime], w.layout)  # as the search priced them (planner/search.py)
+        refined = [(lay, estimate_with("event", w, lay, topo, param_overlap=pov)) for lay, _ in ranked[: args.refine]]
         ranked = sorted(refined, key=lambda r: r[1].step_time_s) + ranked[args.refine:]
         choices = explain(ranked[: args.refine], w.layout)
     else:

@@ -21,8 +21,16 @@ batch's backward,
 (the queue's finish time with buckets released in proportion to the backward's progress: either the
 stream never idles after the first bucket, or the last bucket is the tail). B = share x (compute +
 tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
-recomputed forward runs inside backward). Everything else per step (grad norm, metrics, zero=1's parameter
-all_gather after the optimizer step) stays exposed.
+recomputed forward runs inside backward). Everything else per step (grad norm, metrics) stays exposed, and
+so does zero=1's parameter all_gather after the optimizer step unless the engine is asked for `param_overlap`
+(the runtime declares it: Megatron's distributed optimizer with --overlap-param-gather, whose all_gathers are
+issued after the optimizer step and waited on by each bucket's forward pre-hook; Megatron-LM
+docs/source/api-guide/dist_optimizer.md, megatron/core/distributed/param_and_grad_buffer.py). With Ga the
+stage's gather time and Fw = share_f x (compute + tensor-parallel communication) / (N v), one chunk's forward
+of the first micro-batch (share_f = 1/3, 1/4 with full recomputation),
+    exposed parameter gather = max(0, Ga - Fw)
+assuming every bucket's gather must land before the end of that first forward (a bucket's layers may come
+earlier: this is the optimistic bound of waiting once; the event engine waits once at the same point).
 zero=2/3 (comm.py, traffic.py): the per-micro-batch unit reduce-scatters and zero=3's gathers are priced in
 line with compute (exposed; the executor's prefetch of the next unit's gather is not credited), the per-step
 HSDP replica all_reduce and zero=2's all_gather exposed; HSDP's shard and replica groups get their own links.
@@ -83,6 +91,7 @@ class StageScores:
     grad_first: Arr  # fraction of the backward before the first bucket is produced (x1, docstring)
     grad_last: Arr  # fraction of the gradient bytes in the bucket(s) produced last (xl, docstring)
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
+    gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
 
 
 @dataclass(frozen=True)
@@ -116,7 +125,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     F, H = _flags(stage, b.pp)
     entries = traffic.entries(F, H)
     n = len(rows)
-    micro, step, sent, grad = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n)
+    micro, step, sent, grad, gather = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n), np.zeros(n)
     alternating = MODES[mode].alternating
     grad_axes = MODES[mode].grad_axes
     for e in entries:
@@ -144,6 +153,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             if e.kind in ("all_reduce", "reduce_scatter") and e.axes == grad_axes \
                     and np.any(e.payload > 64):
                 grad += tm
+            if e.kind == "all_gather" and traffic.zero == 1 and e.axes == grad_axes:
+                gather += tm
         else:
             micro += tm
         sent += np.where(e.count > 0, e_sent, 0.0)
@@ -156,15 +167,18 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     n_last = np.where(F > 0, m.local_params(d, b.t, b.q, 0, 1, 0), m.local_params(d, b.t, b.q, 1, 0, 0))
     first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)
     last_frac = np.minimum(1.0, n_last / np.maximum(n_local, 1))
-    return StageScores(entries, micro, step, sent[rows], compute, grad, first_frac[rows], last_frac[rows], optim)
+    return StageScores(entries, micro, step, sent[rows], compute, grad, first_frac[rows], last_frac[rows], optim,
+                       gather)
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
              zero: Arr | int | None = None, overlap: bool | Arr = False, kw: Arr | int = 0,
-             tpo: bool | Arr = False, shard: int | None = None) -> Scores:
+             tpo: bool | Arr = False, shard: int | None = None, param_overlap: bool = False) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
-    latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays)."""
+    latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays).
+    `param_overlap`: zero=1's parameter all_gather hidden under the next step's first forward (int zero=1 only;
+    module docstring)."""
     rows = np.arange(len(b)) if rows is None else rows
     tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
@@ -198,6 +212,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed
         step_comm = step_comm - np.where(overlap, hidden, 0.0)
+    if param_overlap and traffic.zero == 1:  # exposed gather: max(0, gather - one chunk's forward of the stage)
+        fwd_share = 0.25 if d.recompute == "full" else 1.0 / 3.0
+        fwd = fwd_share * (pick("compute") + pick("micro")) / (N * b.v[rows])
+        gather = pick("gather")
+        step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd))
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
         shards = traffic.group_size(traffic.zero_axes)
@@ -281,8 +300,10 @@ def estimate(
     topo: object,
     with_events: bool = True,
     cache: LinkCache | None = None,
+    param_overlap: bool = False,
 ) -> StepEstimate:
-    """Predict one training step of `layout` on `topo` (see the module docstrings of this package)."""
+    """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
+    `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
     d = with_pins(dims_of(model, training), layout)
@@ -297,7 +318,7 @@ def estimate(
     links = layout_links(layout, cache or LinkCache(topo))
     batch = layout_arrays(layout, mb)
     res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
-                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard)
+                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size

@@ -254,9 +254,11 @@ def _layer_bwd(by: Grouped, units: tuple[str, ...], comp: dict, i: int, rec: flo
 
 
 def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False,
-                grad_overlap: bool | None = None) -> StageProgram:
+                grad_overlap: bool | None = None, param_overlap: bool = False) -> StageProgram:
     """`overlap`: tp weight-gradient reduce-scatters hidden under dX; `grad_overlap` (default: `overlap`):
-    data-parallel gradient buckets issued during the last backward."""
+    data-parallel gradient buckets issued during the last backward; `param_overlap` (zero=1): the parameter
+    all_gathers (the previous step's, in the steady state) issued asynchronously as the step's first forward
+    starts and waited on when the stage's first chunk of it ends (analytic.py: max(0, gather - forward))."""
     grad_overlap = overlap if grad_overlap is None else grad_overlap
     pp, v = layout.pp, layout.interleave
     kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
@@ -311,6 +313,13 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
                 _release_buckets(grads, total, 0, prog.bwd_last[c])
     if buckets:
         tail.insert(0, Op("wait", "gradients.wait"))
+    if param_overlap and layout.zero == 1:
+        gathers = [op for op in tail if op.event and op.event.label == "params"]
+        for op in gathers:
+            tail.remove(op)
+        if gathers:
+            prog.fwd_first[0][:0] = [replace(op, asynchronous=True) for op in gathers]
+            prog.fwd_first[0].append(Op("wait", "params.wait"))
     if layout.tpo:
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]

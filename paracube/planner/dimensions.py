@@ -8,6 +8,10 @@ runtime offers it and prices the other value for the best layout only, as its ru
     zero     zero stages: per configuration the lowest offered stage under which it fits in memory
     overlap  dp gradient buckets during backward: dominant (exposed time max(0, ...) <= the whole reduction)
     tpo      tensor-parallel collectives overlapped with their GEMMs: dominant (exposed <= the whole collective)
+    param_overlap  zero=1's parameter all_gather overlapped with the next forward: dominant (exposed
+             max(0, gather - forward) <= the gather; cost_models/analytic.py). No Layout field: the runtime's
+             `param_gather_overlap_default` decides it (Megatron / torchtitan / DeepSpeed on; paracube's
+             executor does not overlap the gather: off), the engines take it as a boolean (`param_overlap`)
     kw       kept weights (2d / 2.5d / 3d): 1 where several micro-batches and memory allow
     fa       attention kernel: flash dominant (compute.py, activations.py)
 The search reads `values(dim, runtime, fixed, asked)`, never a runtime's name, so a new dimension is a new
@@ -47,9 +51,12 @@ OVERLAP = Dimension("overlap", (False, True), lambda f: True if f.overlap else (
 TPO = Dimension("tpo", (False, True), lambda f: True if f.tpo else (False if f.forbid_tpo else None),
                 lambda r: _on_off(r.tpo, r.tpo_default), True,
                 "tensor-parallel collectives overlapped with their GEMMs")
+PARAM_OVERLAP = Dimension("param_overlap", (False, True), lambda f: None,
+                          lambda r: _on_off(r.param_gather_overlap, r.param_gather_overlap_default), True,
+                          "zero=1's parameter all_gather overlapped with the next forward")
 KW = Dimension("kw", (0, 1), lambda f: f.keep_weights, lambda r: (0, 1), doc="kept weights (2d / 2.5d / 3d)")
 FA = Dimension("fa", (1, 0), lambda f: f.flash, lambda r: (1, 0), 1, "attention kernel (1 flash, 0 unfused)")
-DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, KW, FA)}
+DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, KW, FA)}
 
 
 def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
@@ -70,4 +77,5 @@ def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
     return bool(vals) and vals[0] == dim.dominant
 
 
-__all__ = ["DIMENSIONS", "FA", "KW", "OVERLAP", "PRICED_ZEROS", "RC", "TPO", "ZERO", "Dimension", "chosen", "values"]
+__all__ = ["DIMENSIONS", "FA", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS", "RC", "TPO", "ZERO", "Dimension",
+           "chosen", "values"]

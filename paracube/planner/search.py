@@ -61,7 +61,7 @@ from paracube.estimate import StepEstimate
 from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
 from paracube.modes import MODES, LayoutBatch, runnable_modes
 from paracube.modes.stages import split_ok
-from paracube.planner.dimensions import OVERLAP, PRICED_ZEROS, RC, TPO, ZERO, chosen, values
+from paracube.planner.dimensions import OVERLAP, PARAM_OVERLAP, PRICED_ZEROS, RC, TPO, ZERO, chosen, values
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
 from paracube.runtimes import RUNTIMES, Runtime
 from paracube.workload import ModelSpec, TrainingSpec
@@ -512,15 +512,20 @@ def search(
     s.best.sort(key=lambda x: x[0])
 
     estimates: dict[str, StepEstimate] = {}
+    # zero=1's parameter gather overlapped with the next forward where the runtime does it (dimensions.py);
+    # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
+    param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         key = repr(lay)  # every field
         if key not in estimates:
-            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache)
+            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache,
+                                      param_overlap=param_overlap)
         return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
-    if fixed is not None and fixed.hybrid:  # HSDP is priced exactly by `estimate` only (its own shard groups)
+    # HSDP, and zero=1 with its gather overlapped, are priced exactly by `estimate` only: rank by its prices.
+    if (fixed is not None and fixed.hybrid) or (param_overlap and any(lay.zero == 1 for lay, _ in ranked)):
         ranked.sort(key=lambda r: r[1].step_time_s)
     for dim, off in ((OVERLAP, {"overlap": False}), (TPO, {"tpo": False})):
         # A dominant overlap the search chose: its runner-up is the best layout without it (dimensions.py).

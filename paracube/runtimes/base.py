@@ -12,7 +12,8 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   search chooses overlap under pipelines only there; a layout that pins `overlap` with pp > 1 is not refused:
   paracube's executor then reduces after the backward, as it always did, and the estimate is optimistic).
 - `param_gather_overlap`: zero's parameter all-gather prefetched under compute (Megatron --overlap-param-gather,
-  FSDP2's prefetch, DeepSpeed stage-3 prefetch); priced with zero=3 (the `zero` engineer's pricing).
+  FSDP2's prefetch, DeepSpeed stage-3 prefetch); priced for zero=1 (the gather after the optimizer step hidden
+  under the next forward: cost_models/analytic.py, planner/dimensions.PARAM_OVERLAP); zero=3's prefetch not yet.
 - `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce / consume them (collective matmul:
   Megatron --tp-comm-overlap with Transformer Engine userbuffers, torchtitan async TP); `tpo_needs_sp`.
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
