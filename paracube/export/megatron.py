@@ -98,9 +98,11 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     # Attention kernel (layout fa): flash, or Megatron's own core attention ("local": QK^T, fused masked softmax,
     # dropout, x V), the unfused one paracube prices for fa=0.
     args.append(f"--attention-backend {'flash' if lay.uses_flash else 'local'}")
-    if t.dtype != "fp32":
+    if t.dtype == "fp8":  # Transformer Engine: bf16 parameters and activations, FP8 GEMM inputs (e4m3 / e5m2)
+        args += ["--bf16", "--fp8-format hybrid", "--fp8-recipe delayed"]
+    elif t.dtype != "fp32":
         args.append(f"--{t.dtype}")
-    if t.dtype == "bf16":
+    if t.dtype in ("bf16", "fp8"):
         args.append("--accumulate-allreduce-grads-in-fp32")  # paracube keeps fp32 gradients
     return args, notes
 
