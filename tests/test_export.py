@@ -174,7 +174,8 @@ def test_export_imports_no_torch(tmp_path: Path) -> None:
     code = ("import sys, argparse; import paracube.cli.export_cmd as e, paracube.cli.schema_cmd as s; "
             "from paracube.export import export_plan, TARGETS; from paracube.plan import load_plan; "
             f"p = load_plan({str(plan_file)!r}); [export_plan(p, t) for t in TARGETS[:3]]; "
-            f"e.export_cmd(argparse.Namespace(plan={str(plan_file)!r}, to='megatron', out=None, steps=1, force=False)); "
+            f"e.export_cmd(argparse.Namespace(plan={str(plan_file)!r}, to='megatron', out=None, steps=1, "
+            "force=False)); "
             "s.schema_cmd(argparse.Namespace(which='plan')); "
             "assert not [m for m in sys.modules if m.startswith('torch')], 'torch imported'")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
