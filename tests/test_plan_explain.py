@@ -78,7 +78,7 @@ def test_plan_prints_pinned_and_chosen_and_keeps_zero(tmp_path: Path, capsys: py
     assert "dp=4 pinned" in text and "pp=2 pinned" in text and "tp=1d:4 pinned" in text and "zero=1 pinned" in text
     assert "chosen; best with mb=" in text
     assert load_plan(out).layout.zero == 1
-    code, text, _ = run_cli(capsys, "plan", "--json", "-o", str(out))
+    code, text, _ = run_cli(capsys, "plan", "--json", "-o", str(out), "--force")
     lines = [c["line"] for c in json.loads(text)["choices"]]
     assert any(line.startswith("dp=") for line in lines) and all("pinned" not in line for line in lines)
     ranked = [r["layout"] for r in json.loads(text)["ranked"]]
@@ -148,7 +148,7 @@ def test_schemas_accept_what_paracube_writes(tmp_path: Path, capsys: pytest.Capt
     ValidateSchema.model_validate(validated)
     jsonschema.validate(json.loads(json.dumps(validated)), json_schema("validate"))
     code, _, err = run_cli(capsys, "schema", "plans")
-    assert code == 2 and "unknown schema 'plans'; valid: plan, estimate, validate" in err
+    assert code == 2 and "unknown schema 'plans'; did you mean plan? valid: plan, estimate, validate" in err
 
 
 def test_zero_field_parses_prints_and_is_refused_by_the_executor() -> None:
