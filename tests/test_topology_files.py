@@ -57,7 +57,9 @@ def test_topologies_command_shows_presets_and_files_alike(capsys: pytest.Capture
 
     assert main(["topologies", "dgx-h100", "--gpus", "24", "--json"]) == 0
     (preset,) = json.loads(capsys.readouterr().out)
+    sources = preset.pop("efficiency_sources")  # a preset's listing also says where each efficiency came from
     assert preset == json.loads(json.dumps(load_topology("dgx-h100", gpus=24).describe()))
+    assert "NOT FITTED" in sources["gemm"]
     assert main(["topologies", str(RAIL), "--gpus", "64", "--json"]) == 0
     (mine,) = json.loads(capsys.readouterr().out)
     assert (mine["devices"], mine["nodes"]) == (64, 8)
