@@ -13,7 +13,8 @@ The rank grid is one `arange(world).reshape(...)`; every process group is a slic
 An axis is named after the coordinate that varies along it: the group of axis `col` is the q ranks of one
 grid row. `placement` lists every axis from innermost (consecutive ranks, i.e. the same node) to outermost;
 the default keeps the tensor axes innermost, then dp, then pp (Megatron's order).
-Syntax: `dp=2,pp=4,tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full][,kw=0|1][,fa=0|1][,place=x.y.z.dp.pp]`.
+Syntax: `dp=2,pp=4[,cp=2[,cpc=p2p|ag]],tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full][,kw=0|1][,fa=0|1]
+[,place=x.y.z.dp.pp]`.
 `fa`: attention kernel; 1 flash attention (fused, saves no s x s scores; the executor's default), 0 Megatron's
 unfused core attention (scores, masked softmax, dropout and the product with V, which saves s x s tensors).
 `sp=0` forbids sequence parallelism and `rc=` pins activation recomputation: pins the planner respects
@@ -28,6 +29,12 @@ dp_shard (torchtitan's data_parallel_replicate / shard degrees): the groups of `
 coordinates, those of `dp_replicate` the ranks with equal dp_shard; `zero_axes` / `replica_axes` name them.
 `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce or consume them (collective matmul:
 Megatron's --tp-comm-overlap, torchtitan's async TP; Wang et al. 2023); the same bytes, only the exposed part priced.
+`cp=N` (none, 1d): context parallelism, a mesh axis between dp and the tensor axes (Megatron-core's order
+tp-cp-dp-pp, innermost first): each sequence split into 2N chunks, cp rank i holding chunks i and 2N-1-i (causal
+load balance); attention exchanges keys and values over cp by `cpc=p2p` (ring, overlapped with attention; Megatron's
+cp_comm_type p2p) or `cpc=ag` (all-gather); parameters are replicated over cp, so their gradients reduce, and zero
+shards, over dp x cp (`data_axes`; Megatron's data-parallel group with context parallelism). 2D/2.5D/3D split
+tokens themselves and refuse cp. Unpinned `cpc` (None): the planner chooses, the executor runs p2p.
 `kw` (2d, 2.5d, 3d): 1 keeps the gathered weights of the linears (and the position table) across the
 micro-batches of a step, gathered once per step, their gradients accumulated in gathered form and
 reduce-scattered once per step (FSDP's reshard_after_forward=False); 0 re-gathers them every micro-batch.
@@ -50,6 +57,7 @@ TENSOR_AXES: dict[str, tuple[str, ...]] = {name: m.axes for name, m in MODES.ite
 SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
+CP_COMMS: tuple[str, ...] = ("p2p", "ag")  # context parallelism's key/value exchange: ring p2p, all-gather
 # Mode variants named by a flag after their base mode's tp= (e.g. `tp=2d:8x8,summa`): TensorMode.variant_flag.
 VARIANTS: dict[str, TensorMode] = {m.variant_flag: m for m in MODES.values() if m.variant_flag}
 
@@ -63,6 +71,8 @@ class Layout:
     placement: tuple[str, ...] = field(default=())  # innermost first; () means the default order
     micro_batch: int | None = None  # sequences per micro-batch per data-parallel replica
     interleave: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
+    cp: int = 1  # context parallelism: ranks a sequence is split over (module docstring)
+    cp_comm: str | None = None  # CP_COMMS; None: not pinned
     sequence_parallel: bool = False  # 1D only (Korthikanti et al. 2022)
     zero: int = 0  # ZERO_STAGES: 0 none, 1 optimizer state sharded over dp, 2 gradients too, 3 parameters too
     shard: int | None = None  # HSDP: zero's shard group (divides dp); None: all of dp
@@ -84,7 +94,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         check(self.mode in TENSOR_MODES, f"tensor mode {self.mode!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
-        for name, value in (("dp", self.dp), ("pp", self.pp), ("interleave", self.interleave)):
+        for name, value in (("dp", self.dp), ("pp", self.pp), ("cp", self.cp), ("interleave", self.interleave)):
             check(isinstance(value, int) and value >= 1, f"{name}={value!r} must be a positive integer")
         check(self.micro_batch is None or (isinstance(self.micro_batch, int) and self.micro_batch >= 1),
               f"mb={self.micro_batch!r} must be a positive integer")
@@ -106,6 +116,14 @@ class Layout:
               f"{', '.join(str(n) for n in range(1, self.dp + 1) if self.dp % n == 0)}")
         check(not self.tpo or bool(MODES[self.mode].axes), "tpo overlaps tensor-parallel collectives: it needs "
               f"tp={'/'.join(n for n, m in MODES.items() if m.axes)}, not {self.mode}")
+        check(self.cp == 1 or MODES[self.mode].context_parallel,
+              f"cp={self.cp} (context parallelism) applies to "
+              f"tp={'/'.join(n for n, m in MODES.items() if m.context_parallel)} only, not {self.mode}: "
+              "its token split is already context parallel")
+        check(self.cp_comm is None or self.cp_comm in CP_COMMS,
+              f"cpc={self.cp_comm!r} is not valid; valid: {', '.join(CP_COMMS)} (ring p2p, all-gather)")
+        check(self.cp_comm is None or self.cp > 1,
+              f"cpc={self.cp_comm} sets context parallelism's exchange: it needs cp > 1")
         check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
         check(not (self.forbid_overlap and self.overlap), "overlap and overlap=0 together: give one")
         check(not (self.forbid_tpo and self.tpo), "tpo and tpo=0 together: give one")
@@ -157,7 +175,7 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tensor_size
+        return self.dp * self.pp * self.cp * self.tensor_size
 
     @property
     def token_split(self) -> int:
@@ -171,7 +189,7 @@ class Layout:
     @property
     def axis_names(self) -> tuple[str, ...]:
         """Canonical order, outermost first."""
-        return ("pp", "dp", *self.tensor_axes)
+        return ("pp", "dp", "cp", *self.tensor_axes)
 
     @property
     def hybrid(self) -> bool:
@@ -181,8 +199,17 @@ class Layout:
     @property
     def zero_axes(self) -> tuple[str, ...]:
         """The group zero shards over: the mode's grad_axes (dp; 2.5D: dp, dep), dp replaced by dp_shard with HSDP."""
+        return tuple("dp_shard" if a == "dp" and self.hybrid else a for a in self.data_axes)
+
+    @property
+    def data_axes(self) -> tuple[str, ...]:
+        """The group parameter gradients reduce over: the mode's grad_axes, with cp after dp when cp > 1
+        (cp ranks hold replicas of every parameter)."""
         grad = MODES[self.mode].grad_axes
-        return tuple("dp_shard" if a == "dp" and self.hybrid else a for a in grad)
+        if self.cp == 1:
+            return grad
+        i = grad.index("dp") + 1
+        return (*grad[:i], "cp", *grad[i:])
 
     @property
     def replica_axes(self) -> tuple[str, ...]:
@@ -192,7 +219,8 @@ class Layout:
     def axis_size(self, axis: str) -> int:
         if axis in ("dp_shard", "dp_replicate"):
             return self.shard_size if axis == "dp_shard" else self.dp // self.shard_size
-        sizes = {"pp": self.pp, "dp": self.dp, **MODES[self.mode].axis_sizes(self.q, self.tensor_size, self.depth)}
+        sizes = {"pp": self.pp, "dp": self.dp, "cp": self.cp,
+                 **MODES[self.mode].axis_sizes(self.q, self.tensor_size, self.depth)}
         if axis not in sizes:
             raise ParacubeError(f"axis {axis!r} is not part of layout {self}; axes: {', '.join(sizes)}")
         return sizes[axis]
@@ -211,7 +239,7 @@ class Layout:
 
     # --- rank grid ---------------------------------------------------------------------------------------
     def rank_grid(self) -> np.ndarray:
-        """Ranks indexed by canonical coordinates (pp, dp, *tensor axes)."""
+        """Ranks indexed by canonical coordinates (pp, dp, cp, *tensor axes)."""
         outer_first = tuple(reversed(self.effective_placement))
         grid = np.arange(self.world_size).reshape([self.axis_size(a) for a in outer_first])
         return grid.transpose([outer_first.index(a) for a in self.axis_names])
@@ -240,6 +268,10 @@ class Layout:
         parts = [f"dp={self.dp}"]
         if self.pp > 1:
             parts.append(f"pp={self.pp}")
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
+        if self.cp_comm is not None:
+            parts.append(f"cpc={self.cp_comm}")
         m = MODES[self.mode]
         shape = "x".join(map(str, self.shape))
         parts.append("tp=none" if self.mode == "none" else f"tp={m.variant_of or self.mode}:{shape}")
@@ -272,14 +304,16 @@ class Layout:
         if self.flash is not None:
             parts.append(f"fa={self.flash}")
         if self.placement and self.placement != self.default_placement:
-            parts.append("place=" + ".".join(self.placement))
+            # cp=1 is left out of the text (layouts written before cp existed round-trip unchanged)
+            parts.append("place=" + ".".join(a for a in self.placement if a != "cp" or self.cp > 1))
         return ",".join(parts)
 
     def with_(self, **changes: object) -> Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-LAYOUT_SYNTAX = ("dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3][,shard=N][,rc=none|selective|full]"
+LAYOUT_SYNTAX = ("dp=N,pp=N[,cp=N[,cpc=p2p|ag]],tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3][,shard=N]"
+                 "[,rc=none|selective|full]"
                  "[,overlap][,tpo]" + "".join(f"[,{f} (tp={m.variant_of})]" for f, m in VARIANTS.items()) +
                  "[,kw=0|1][,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
@@ -316,10 +350,14 @@ def parse_layout(text: str) -> Layout:
             check(value.strip() in RECOMPUTES,
                   f"layout {text!r}: rc={value!r} is not valid; valid: {', '.join(RECOMPUTES)}")
             fields["recompute"] = value.strip()
-        elif key in ("dp", "pp", "mb", "v", "shard"):
+        elif key in ("dp", "pp", "cp", "mb", "v", "shard"):
             check(value.strip().isdigit() and int(value) >= 1,
                   f"layout {text!r}: {key}={value!r} must be a positive integer")
-            fields[{"dp": "dp", "pp": "pp", "mb": "micro_batch", "v": "interleave", "shard": "shard"}[key]] = int(value)
+            fields[{"mb": "micro_batch", "v": "interleave"}.get(key, key)] = int(value)
+        elif key == "cpc":
+            check(value.strip() in CP_COMMS, f"layout {text!r}: cpc={value!r} is not valid; valid: "
+                  f"{', '.join(CP_COMMS)} (ring p2p, all-gather)")
+            fields["cp_comm"] = value.strip()
         elif key == "zero":
             check(value.strip().isdigit() and int(value) in ZERO_STAGES,
                   f"layout {text!r}: zero={value!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))}")

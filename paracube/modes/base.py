@@ -177,6 +177,9 @@ class TensorMode:
     shape_rule: str = ""  # the syntax and what a valid shape is
     no_shape: str = "no layout"  # why N GPUs have no shape of this mode ({n} = GPU count)
     sequence_parallel: bool = False  # accepts the sp option
+    # accepts `cp=N` (context parallelism): modes whose activations are whole sequences on every tensor rank
+    # (none, 1D); 2D/2.5D/3D split tokens themselves (their token split is already context parallel)
+    context_parallel: bool = False
     alternating: bool = False  # consecutive collectives switch mesh axes (calibration's alternating fit)
     grad_axes: tuple[str, ...] = ("dp",)  # the per-step gradient all_reduce group
     collective_axes: tuple[tuple[str, ...], ...] = ()  # every tensor group its collectives use

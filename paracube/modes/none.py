@@ -7,6 +7,7 @@ from paracube.modes.base import ExecutorSupport, TensorMode
 
 class NoTensorMode(TensorMode):
     name = "none"
+    context_parallel = True
     shape_rule = "no tensor parallelism (omit tp= or write tp=none)"
     executor = ExecutorSupport("paracube.executor.layers.serial:Mode", pipeline=True, zero_stages=(0, 1, 2, 3))
     megatron_style = True

@@ -66,6 +66,7 @@ class OneD(TensorMode):
     shape_rule = "tp=1d:p, any p >= 1"
     no_shape = "1d needs at least 2 tensor ranks: {n} GPUs leave none"
     sequence_parallel = True
+    context_parallel = True
     megatron_style = True
     ties_embeddings = True
     paper = "Megatron-LM (Shoeybi et al. 2019, section 3)"
