@@ -30,6 +30,11 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
                             f"valid: {', '.join(runnable_modes())}")
     if layout.sequence_parallel and not support.sequence_parallel:
         raise ParacubeError(f"sequence parallelism (sp) is not implemented by the executor; drop sp from {layout}")
+    if layout.tpo and not support.tpo:
+        raise ParacubeError(f"tpo with tensor mode {mode!r} is not implemented by the executor; drop tpo from {layout}")
+    if layout.tpo and MODES[mode].tpo_needs_sp and not layout.sequence_parallel:
+        raise ParacubeError(f"tpo in tp={mode} overlaps sequence-parallel collectives: add sp ({layout},sp) or drop "
+                            "tpo")
     if layout.zero not in support.zero_stages:
         why = (" (its layers gather weight blocks themselves: executor/layers/kept.py)" if layout.zero >= 2 else "")
         raise ParacubeError(f"zero={layout.zero} with tensor mode {mode!r} is not implemented by the executor{why}; "

@@ -162,6 +162,9 @@ class ExecutorSupport:
     # tests/test_pipeline.py): the `overlap` dimension is searched at pp > 1 too (runtimes read this)
     grad_overlap_pp: bool = True
     families: tuple[str, ...] = ("gpt", "llama")  # model families it builds and is tested on
+    # runs tpo (Layout.tpo): the mode's `tpo`-tagged collectives as rings overlapped with their GEMMs
+    # (executor/layers/collective_matmul.py); the paracube runtime offers tpo where this is set
+    tpo: bool = False
 
     @property
     def zero(self) -> bool:
@@ -177,6 +180,7 @@ class TensorMode:
     shape_rule: str = ""  # the syntax and what a valid shape is
     no_shape: str = "no layout"  # why N GPUs have no shape of this mode ({n} = GPU count)
     sequence_parallel: bool = False  # accepts the sp option
+    tpo_needs_sp: bool = False  # declares tpo-overlappable collectives only with sp (1D): tpo without sp is refused
     # accepts `cp=N` (context parallelism): modes whose activations are whole sequences on every tensor rank
     # (none, 1D); 2D/2.5D/3D split tokens themselves (their token split is already context parallel)
     context_parallel: bool = False

@@ -43,18 +43,20 @@ def _block_half(d: Any, name: str, backward: bool) -> list[Collective]:
     """With sp, each gather / reduce-scatter is tpo-overlappable with the GEMM it feeds or drains (Megatron's
     --tp-comm-overlap, Transformer Engine userbuffers; Wang et al. 2023): forward, the input all-gather with the
     column linear's GEMM and the output reduce-scatter with the row linear's; backward, dY's all-gather with the
-    row linear's dX GEMM, the input's re-gather with the column linear's dX GEMM and dX's reduce-scatter with
-    its dA GEMM. The all-reduces without sp are not (Megatron overlaps only with sp)."""
+    row linear's dX GEMM, the input's re-gather with the column linear's dA GEMM (its chunks X_k^T dY_k as the
+    blocks arrive) and dX's reduce-scatter with its dX GEMM (its chunks dY_k A^T drained into the ring), as the
+    executor runs them (executor/layers/collective_matmul.py; dX and dA of one linear take the same FLOPs). The
+    all-reduces without sp are not (Megatron overlaps only with sp; `tpo_needs_sp`)."""
     def thc(z: Any) -> Any:
         return d.c * z.T * d.h
 
     col, row = LINEARS[name]
     first, second = ("reduce_scatter", "all_gather") if backward else ("all_gather", "reduce_scatter")
     plain = "f" if backward else "g"
-    regather = [coll("all_gather", TP, COMPUTE, thc, f"{name}.in.regather", when="sp", tpo=f"{col}.dx")
+    regather = [coll("all_gather", TP, COMPUTE, thc, f"{name}.in.regather", when="sp", tpo=f"{col}.da")
                 ] if backward else []
     return regather + [
-        coll(first, TP, COMPUTE, thc, f"{name}.in", when="sp", tpo=f"{col}.da" if backward else f"{col}.f"),
+        coll(first, TP, COMPUTE, thc, f"{name}.in", when="sp", tpo=f"{col}.dx" if backward else f"{col}.f"),
         coll(second, TP, COMPUTE, thc, f"{name}.out", when="sp", tpo=f"{row}.dx" if backward else f"{row}.f"),
         coll("all_reduce", TP, COMPUTE, thc, f"{name}.{plain}", when="no_sp"),
     ]
@@ -66,13 +68,14 @@ class OneD(TensorMode):
     shape_rule = "tp=1d:p, any p >= 1"
     no_shape = "1d needs at least 2 tensor ranks: {n} GPUs leave none"
     sequence_parallel = True
+    tpo_needs_sp = True  # without sp its collectives are all-reduces: none is overlappable (`_block_half`)
     context_parallel = True
     megatron_style = True
     ties_embeddings = True
     paper = "Megatron-LM (Shoeybi et al. 2019, section 3)"
     collective_axes = (TP,)
     executor = ExecutorSupport("paracube.executor.layers.one_d:Mode1D", pipeline=True, sequence_parallel=True,
-                               zero_stages=(0, 1, 2, 3))
+                               zero_stages=(0, 1, 2, 3), tpo=True)
     ops_layer, ops_edge = 99, 85  # 1D with sp assumed to dispatch like 1D
     program_units = ("attn", "mlp")
     merged_units = (("attn", ("qkv", "proj")), ("mlp", ("fc", "fc2")))

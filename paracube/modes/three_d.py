@@ -57,9 +57,13 @@ def _norm(d: Any, label: str, backward: bool) -> list[Collective]:
 
 
 def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, roles: str,
-            backward: bool) -> list[Collective]:
-    """h_out None: the vocabulary (head)."""
+            backward: bool, tpo: bool = False) -> list[Collective]:
+    """h_out None: the vocabulary (head). tpo (a block's linears): X's gather overlappable with the forward GEMM
+    (the partial output's row blocks X_k A as X's blocks arrive; Y's reduce-scatter then has no GEMM left to
+    hide behind), dY's gather with the dA GEMM (dA += X_k^T dY_k) and dX's reduce-scatter with the dX GEMM
+    (row blocks dY_k A^T): executor/layers/collective_matmul.py. Weight and bias collectives are not."""
     I, W, O = roles  # noqa: N806 (the paper's names)
+    f, dx, da = (f"{label}.f", f"{label}.dx", f"{label}.da") if tpo else ("", "", "")
 
     def width(z: Any) -> Any:
         return z.V if h_out is None else h_out
@@ -77,18 +81,18 @@ def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, roles:
         return 4 * width(z) // z.q
 
     if not backward:
-        out = [coll("all_gather", I, COMPUTE, x_bytes, f"{label}.X"),
+        out = [coll("all_gather", I, COMPUTE, x_bytes, f"{label}.X", tpo=f),
                coll("all_gather", W, COMPUTE, a_bytes, f"{label}.A", kept=True),
                coll("reduce_scatter", O, COMPUTE, y_bytes, f"{label}.Y")]
         return out + ([coll("all_gather", (W, O), F32, b_bytes, f"{label}.bias", kept=True)] if bias else [])
-    out = [coll("all_gather", O, COMPUTE, y_bytes, f"{label}.dY", "bwd"),
-           coll("reduce_scatter", I, COMPUTE, x_bytes, f"{label}.dX", "bwd"),
+    out = [coll("all_gather", O, COMPUTE, y_bytes, f"{label}.dY", "bwd", tpo=da),
+           coll("reduce_scatter", I, COMPUTE, x_bytes, f"{label}.dX", "bwd", tpo=dx),
            coll("reduce_scatter", W, COMPUTE, a_bytes, f"{label}.dA", "bwd", kept=True)]
     return out + ([coll("reduce_scatter", (W, O), F32, b_bytes, f"{label}.dbias", "bwd", kept=True)] if bias else [])
 
 
 def _block_linear(d: Any, n: int, label: str, h_in: int, h_out: int, bias: bool, backward: bool) -> list[Collective]:
-    return _linear(d, label, h_in, h_out, bias, ROLES[n], backward)
+    return _linear(d, label, h_in, h_out, bias, ROLES[n], backward, tpo=True)
 
 
 class ThreeD(TensorMode):
@@ -101,7 +105,8 @@ class ThreeD(TensorMode):
     paper = "Bian et al. 2021 (3D)"
     collective_axes = (("x",), ("y",), ("z",), ("x", "z"), ("x", "y"))
     mesh_groups = (("x", "y"), ("x", "z"))  # planes: LayerNorm / embedding (x, y); linear biases (W, O)
-    executor = ExecutorSupport("paracube.executor.layers.three_d:Mode3D", pipeline=True, zero_stages=(0, 1))
+    executor = ExecutorSupport("paracube.executor.layers.three_d:Mode3D", pipeline=True, zero_stages=(0, 1),
+                               tpo=True)
     ops_layer, ops_edge = 323, 175
     replicates_activations = False
     token_axes = PLANE  # the block layout's tokens: x major, y minor

@@ -61,8 +61,13 @@ def _norm(d: Any, label: str, backward: bool) -> list[Collective]:
     return out
 
 
-def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backward: bool) -> list[Collective]:
-    """h_out None: the vocabulary (head)."""
+def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backward: bool,
+            tpo: bool = False) -> list[Collective]:
+    """h_out None: the vocabulary (head). tpo (a block's linears): X's gather overlappable with the forward GEMM
+    (Y = sum_k X_k A_k as X's blocks arrive) and dX's reduce-scatter with the dX GEMM (its blocks dY A_k^T
+    drained into the ring): executor/layers/collective_matmul.py. The weight's gather and dA's reduce-scatter
+    are not (kept weights: once per step)."""
+    f, dx = (f"{label}.f", f"{label}.dx") if tpo else ("", "")
 
     def width(z: Any) -> Any:
         return z.V if h_out is None else h_out
@@ -78,10 +83,10 @@ def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backwa
 
     phase = "bwd" if backward else "fwd"
     if not backward:
-        out = [coll("all_gather", COL, COMPUTE, x_bytes, f"{label}.X"),
+        out = [coll("all_gather", COL, COMPUTE, x_bytes, f"{label}.X", tpo=f),
                coll("all_gather", ROW, COMPUTE, a_bytes, f"{label}.A", kept=True)]
         return out + ([coll("all_gather", ROW, F32, b_bytes, f"{label}.bias", kept=True)] if bias else [])
-    out = [coll("reduce_scatter", COL, COMPUTE, x_bytes, f"{label}.dX", phase),
+    out = [coll("reduce_scatter", COL, COMPUTE, x_bytes, f"{label}.dX", phase, tpo=dx),
            coll("reduce_scatter", ROW, COMPUTE, a_bytes, f"{label}.dA", phase, kept=True)]
     return out + ([coll("reduce_scatter", ROW, F32, b_bytes, f"{label}.dbias", phase, kept=True)] if bias else [])
 
@@ -120,7 +125,7 @@ def block(d: Any, backward: bool, norm: Any, linear: Any, kv: list[Collective]) 
 
 
 def _block_linear(d: Any, n: int, label: str, h_in: int, h_out: int, bias: bool, backward: bool) -> list[Collective]:
-    return _linear(d, label, h_in, h_out, bias, backward)
+    return _linear(d, label, h_in, h_out, bias, backward, tpo=True)
 
 
 class TwoD(TensorMode):
@@ -132,7 +137,7 @@ class TwoD(TensorMode):
     keeps_weights = True
     paper = "Optimus (Xu et al. 2021), SUMMA"
     collective_axes = (ROW, COL)
-    executor = ExecutorSupport("paracube.executor.layers.two_d:Mode2D", pipeline=True, zero_stages=(0, 1))
+    executor = ExecutorSupport("paracube.executor.layers.two_d:Mode2D", pipeline=True, zero_stages=(0, 1), tpo=True)
     ops_layer, ops_edge = 287, 162
     replicates_activations = False
     token_axes = attention_token_axes = ROW

@@ -87,7 +87,7 @@ class Runtime:
     def offers_tpo(self, mode: str, sequence_parallel: bool) -> bool:
         """It runs tpo in this mode (its tensor collectives overlapped with their GEMMs)."""
         return (self.tpo and mode in self.modes and bool(MODES[mode].axes)
-                and (sequence_parallel or not self.tpo_needs_sp))
+                and (sequence_parallel or not (self.tpo_needs_sp or MODES[mode].tpo_needs_sp)))
 
     def refusal(self, layout: Layout, family: str = "gpt", tied_embeddings: bool = False,
                 dtype: str | None = None) -> str | None:
@@ -120,6 +120,9 @@ class Runtime:
             return f"{who} does not overlap tensor-parallel communication with GEMMs; drop tpo"
         if layout.tpo and self.tpo_needs_sp and not layout.sequence_parallel:
             return f"{who} runs tpo with sequence parallelism only; add sp (tp=1d:N,sp,tpo)"
+        if layout.tpo and MODES[layout.mode].tpo_needs_sp and not layout.sequence_parallel:
+            return (f"{who} runs tpo in tp={layout.mode} with sequence parallelism only (without sp its collectives "
+                    f"are all-reduces, none overlappable); add sp (tp={layout.mode}:N,sp,tpo)")
         if self.mode_check is not None:
             why = self.mode_check(layout.mode, layout.pp, layout.sequence_parallel, layout.zero, tied_embeddings,
                                   family)

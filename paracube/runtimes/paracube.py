@@ -2,8 +2,11 @@
 
 Tensor modes, pipelines, sp and zero come from each mode's ExecutorSupport (paracube/modes; modes.executor_runs
 is the per-mode check, the same one executor/sizes.py applies before any rank starts). Gradient buckets overlap
-each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too. No
-tpo: the executor runs its tensor collectives in line (issue #24).
+each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too. tpo where a
+mode's ExecutorSupport says so (1D with sp only: modes' `tpo_needs_sp`): its tagged collectives run as rings
+overlapped with their GEMMs (executor/layers/collective_matmul.py). Offered, not on by default: on gloo CPU
+ranks the ring's p2p steps are not measured faster than one collective (benchmarks/executor_step.py
+--overlap-tp), so the planner takes it only when a layout pins it.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ RUNTIME = Runtime(
     grad_overlap_pp=any(s.pipeline and s.grad_overlap_pp for s in _SUPPORT),  # data_parallel/grad_sync.py
     param_gather_overlap=False,
     param_gather_overlap_default=False,
-    tpo=False,
+    tpo=any(s.tpo for s in _SUPPORT),
     tpo_default=False,
     tpo_needs_sp=False,
     p2p_overlap=False,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
+from paracube.executor.layers.collective_matmul import TPO_LINEARS, RingGatherLinear, RingLinearScatter
 from paracube.executor.layers.functional import compute_dtype, fp32, main_grad, vocab_parallel_ce
 from paracube.executor.layers.serial import Mode, SerialPositionEmbedding, ShardedModule, TiedHead
 from paracube.executor.layers.shards import block, make_spec
@@ -52,11 +53,14 @@ class _GatherLinear(torch.autograd.Function):
 
 class ColumnLinear(ShardedModule):
     """Y[:, cols of this rank] = f(X) @ A[:, cols] + b[cols]; f all-reduces dX in backward. With sp, f is
-    an all-gather of the sequence shards (backward reduce-scatter)."""
+    an all-gather of the sequence shards (backward reduce-scatter); with tpo too, both rings overlapped with the
+    GEMM chunks (collective_matmul.py)."""
 
-    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False):
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False,
+                 tpo: bool = False):
         super().__init__()
         self.mesh, self.label, self.has_bias, self.sp = mesh, label, bias, sp
+        self.gather_linear = RingGatherLinear if tpo and sp else _GatherLinear
         cols = block(h_out, mesh, TP)
         self.add_param("weight", make_spec(mesh, (h_in, h_out), {1: cols}))
         if bias:
@@ -67,7 +71,7 @@ class ColumnLinear(ShardedModule):
         # Cast before f so that its collectives run in the compute dtype; the bias too, so that the output
         # (and what the next op saves) stays in the compute dtype.
         if self.sp:
-            y = _GatherLinear.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
+            y = self.gather_linear.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
         else:
             y = copy_to_group(x.to(c), self.mesh, TP, label=f"{self.label}.f") @ self.weight.to(c)
         return y + self.bias.to(c) if self.has_bias else y
@@ -87,17 +91,21 @@ class SequenceParallelTiedHead(TiedHead):
 
 class RowLinear(ShardedModule):
     """Y = g(X[:, rows] @ A[rows, :]) + b; g all-reduces the partial sums in forward (with sp: reduce-scatters
-    them over the sequence). Bias replicated."""
+    them over the sequence; with tpo too, as a ring overlapped with the GEMM chunks). Bias replicated."""
 
-    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False):
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False,
+                 tpo: bool = False):
         super().__init__()
-        self.mesh, self.label, self.has_bias, self.sp = mesh, label, bias, sp
+        self.mesh, self.label, self.has_bias, self.sp, self.tpo = mesh, label, bias, sp, tpo and sp
         self.add_param("weight", make_spec(mesh, (h_in, h_out), {0: block(h_in, mesh, TP)}))
         if bias:
             self.add_param("bias", make_spec(mesh, (h_out,), {}, replicated_axes=TP))
 
     def forward(self, x: Tensor) -> Tensor:
         c = compute_dtype(x)
+        if self.tpo:
+            y = RingLinearScatter.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
+            return y + self.bias.to(c) if self.has_bias else y
         y = x.to(c) @ self.weight.to(c)
         if self.sp:
             y = scatter_fn(y, self.mesh, TP, SEQ, label=f"{self.label}.out")
@@ -144,6 +152,7 @@ class Mode1D(Mode):
         super().__init__(spec, mesh)
         self.p = mesh.size(TP)
         self.sp = bool(mesh.layout.sequence_parallel) and self.p > 1
+        self.tpo = self.sp and bool(mesh.layout.tpo)  # collective matmul (collective_matmul.py): sp only
         self.sequence_parallel_params: list[nn.Parameter] = []  # used on sequence shards (sp only)
 
     @property
@@ -176,9 +185,9 @@ class Mode1D(Mode):
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
         if kind in ("proj", "fc2"):
-            row = RowLinear(self.mesh, h_in, h_out, bias, kind, self.sp)
+            row = RowLinear(self.mesh, h_in, h_out, bias, kind, self.sp, self.tpo)
             return self._on_shards(row, ("bias",) if bias else ())
-        return ColumnLinear(self.mesh, h_in, h_out, bias, kind, self.sp)
+        return ColumnLinear(self.mesh, h_in, h_out, bias, kind, self.sp, self.tpo and kind in TPO_LINEARS)
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
         v0, _ = block(self.spec.vocab, self.mesh, TP)

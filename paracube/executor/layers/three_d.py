@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
+from paracube.executor.layers.collective_matmul import TPO_LINEARS, RingLinear3D
 from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
 from paracube.executor.layers.kept import KeptWeights, kept_gather
 from paracube.executor.layers.llama import SplitRMSNorm
@@ -86,12 +87,14 @@ class BlockTiedHead(nn.Module):
 
 class Linear3D(ShardedModule):
     """Weight block: h_in block (o*q + w) of h_in/q^2 rows x h_out block i; bias: h_out block i split
-    over the plane (W, O)."""
+    over the plane (W, O). tpo: X's and dY's gathers and dX's reduce-scatter as rings overlapped with the GEMM
+    chunks (collective_matmul.py)."""
 
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, roles: tuple[str, str, str], label: str,
-                 kept: KeptWeights | None = None):
+                 kept: KeptWeights | None = None, tpo: bool = False):
         super().__init__()
         self.mesh, self.roles, self.label, self.has_bias, self.kept = mesh, roles, label, bias, kept
+        self.function = RingLinear3D if tpo else _Linear3D
         i_ax, w_ax, o_ax = roles
         self.add_param("weight", make_spec(mesh, (h_in, h_out),
                                            {0: block(h_in, mesh, (o_ax, w_ax)), 1: block(h_out, mesh, (i_ax,))}))
@@ -101,7 +104,7 @@ class Linear3D(ShardedModule):
     def forward(self, x: Tensor) -> Tensor:
         _, w_ax, o_ax = self.roles
         ag = kept_gather(self.weight.to(compute_dtype(x)), self.mesh, (w_ax,), 0, f"{self.label}.A", self.kept, self)
-        y = _Linear3D.apply(x, ag, self.mesh, self.roles, self.label)
+        y = self.function.apply(x, ag, self.mesh, self.roles, self.label)
         if self.has_bias:
             # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
             b = kept_gather(fp32(self.bias), self.mesh, (w_ax, o_ax), 0, f"{self.label}.b", self.kept, self)
@@ -189,7 +192,8 @@ class Mode3D(Mode):
         return LayerNorm3D(self.mesh, self.spec.hidden)
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
-        return Linear3D(self.mesh, h_in, h_out, bias, ROLES[kind], kind, self.kept)
+        return Linear3D(self.mesh, h_in, h_out, bias, ROLES[kind], kind, self.kept,
+                        bool(self.mesh.layout.tpo) and kind in TPO_LINEARS)
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
         v0, _ = block(self.spec.vocab, self.mesh, self.vocab_axes)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
+from paracube.executor.layers.collective_matmul import TPO_LINEARS, RingLinear2D
 from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
 from paracube.executor.layers.kept import KeptWeights, kept_gather
 from paracube.executor.layers.llama import SplitRMSNorm
@@ -50,11 +51,14 @@ class _Linear2D(torch.autograd.Function):
 
 
 class Linear2D(ShardedModule):
-    """Weight block (i, j) = A[rows block i, cols block j]; bias: cols block j split over row."""
+    """Weight block (i, j) = A[rows block i, cols block j]; bias: cols block j split over row. tpo: X's gather
+    and dX's reduce-scatter as rings overlapped with the GEMM chunks (collective_matmul.py)."""
 
-    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, kept: KeptWeights | None = None):
+    def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, kept: KeptWeights | None = None,
+                 tpo: bool = False):
         super().__init__()
         self.mesh, self.label, self.has_bias, self.kept = mesh, label, bias, kept
+        self.function = RingLinear2D if tpo else _Linear2D
         self.add_param("weight", make_spec(mesh, (h_in, h_out),
                                            {0: block(h_in, mesh, ROW), 1: block(h_out, mesh, COL)}))
         if bias:
@@ -63,7 +67,7 @@ class Linear2D(ShardedModule):
     def forward(self, x: Tensor) -> Tensor:
         # Cast before gathering: the A collectives run in the compute dtype.
         ag = kept_gather(self.weight.to(compute_dtype(x)), self.mesh, ROW, 0, f"{self.label}.A", self.kept, self)
-        y = _Linear2D.apply(x, ag, self.mesh, self.label)
+        y = self.function.apply(x, ag, self.mesh, self.label)
         if self.has_bias:
             # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
             y = y + kept_gather(fp32(self.bias), self.mesh, ROW, 0, f"{self.label}.b", self.kept, self).to(y.dtype)
@@ -147,7 +151,8 @@ class Mode2D(Mode):
         return LayerNorm2D(self.mesh, self.spec.hidden)
 
     def linear(self, kind: str, h_in: int, h_out: int, bias: bool) -> ShardedModule:
-        return Linear2D(self.mesh, h_in, h_out, bias, kind, self.kept)
+        return Linear2D(self.mesh, h_in, h_out, bias, kind, self.kept,
+                        bool(self.mesh.layout.tpo) and kind in TPO_LINEARS)
 
     def token_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
         v0, _ = block(self.spec.vocab, self.mesh, self.vocab_axes)

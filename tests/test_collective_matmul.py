@@ -1,0 +1,155 @@
+"""Collective matmul (tpo) run by the executor: 1D + sp, 2D, 2.5D and 3D against the serial model and the cost model.
+
+ONE launch per world size (4 ranks: 1D + sp tp=4, 2D 2x2; 8 ranks: 2.5D 2x2x2, 3D 2x2x2), the cases batched.
+Per case:
+- equivalence (fp64, dist_helpers.TOL_FP64 and why): losses and gradient norms of 3 AdamW steps of 2
+  micro-batches with clipping active, and every parameter after them, equal the serial model's. The ring
+  sums its partials in ring order and the chunked GEMMs sum over blocks: the same terms in another order;
+- traffic (one fp32 step, the dtype the cost model prices): the recorded collectives equal
+  `traffic.stage_events` of the same plan as a multiset (zero difference: the ring is recorded as the
+  unoverlapped collective), and the same step without tpo records the same multiset;
+- ring steps: exactly the collectives the mode declares overlappable (`Collective.tpo`) ran as rings, each with
+  n - 1 recorded steps whose bytes sum to its ring bytes (CommEvent.sent_bytes), every step with the GEMM chunk
+  that ran while it was in flight;
+- that step's fp32 loss and gradient norm equal the unoverlapped layout's (rel 1e-5, as tests/test_token_split.py
+  in fp32: the same terms summed in another order round to ~1e-7).
+Plus the refusals before any rank starts (tpo without sp in 1D; tpo in mode none) and the pricing of tpo in
+2D / 2.5D / 3D: the two engines agree, bytes unchanged, step time lower.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from dist_helpers import TOL_FP64, run_distributed, steps_against_serial
+from test_equivalence_model import MAX_NORM, SPEC, STEPS, adamw
+from test_llama import LLAMA
+
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.traffic import layout_sizes, stage_events
+from paracube.errors import ParacubeError
+from paracube.estimate import traffic_difference
+from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.layout import parse_layout
+from paracube.modes import MODES
+from paracube.modes.base import COMPUTE
+from paracube.workload import ModelSpec, TrainingSpec
+
+B, N_MICRO, F64 = 4, 2, torch.float64
+TOL_FP32 = 1e-5  # fp32 loss and grad norm, ring vs one collective: rounding (~1e-7) of reordered sums
+MODELS = {"gpt": SPEC, "llama": LLAMA}
+CASES = {  # world size -> (layout, family, recompute)
+    4: [("tp=1d:4,sp,tpo", "gpt", "none"), ("tp=1d:4,sp,tpo", "gpt", "full"), ("tp=2d:2x2,tpo", "gpt", "none"),
+        ("tp=2d:2x2,tpo,kw=1", "llama", "selective")],
+    8: [("tp=2.5d:2x2x2,tpo", "gpt", "none"), ("tp=3d:2x2x2,tpo", "gpt", "none"),
+        ("tp=3d:2x2x2,tpo,kw=1", "llama", "full")],
+}
+
+
+def training(rc: str, dtype: str = "fp32") -> TrainingSpec:
+    return TrainingSpec(global_batch=B * N_MICRO, dtype=dtype, recompute=rc)
+
+
+def _batches(spec: ModelSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(5)
+    return [(torch.randint(0, spec.vocab, (B, spec.seq_len), generator=gen),
+             torch.randint(0, spec.vocab, (B, spec.seq_len), generator=gen)) for _ in range(N_MICRO)]
+
+
+def _fp32_step(spec: ModelSpec, mesh: Mesh, rc: str, micro: list, tokens: int) -> tuple[tuple, list, list]:
+    model = build_model(spec, mesh, seed=7, recompute=rc)
+    mesh.recorder.reset()
+    res = train_step(model, adamw(model), mesh, micro, tokens, MAX_NORM)
+    rec = mesh.recorder
+    rings: dict[int, list] = {}
+    for s in rec.ring_steps:
+        rings.setdefault(s.event, []).append(s)
+    ring_info = [(rec.events[i].key(), rec.events[i].group_size, rec.events[i].sent_bytes(),
+                  len(steps), sum(s.sent_bytes for s in steps), all(s.gemm is not None for s in steps))
+                 for i, steps in rings.items()]
+    return (res.loss, res.grad_norm), [e.key() for e in rec.events], ring_info
+
+
+def _one_case(rank: int, layout_text: str, family: str, rc: str) -> dict[str, Any]:
+    spec, layout = MODELS[family], parse_layout(layout_text)
+    mesh = Mesh(layout, rank)
+    micro, tokens = _batches(spec), B * N_MICRO * spec.seq_len
+    model = build_model(spec, mesh, seed=7, recompute=rc, dtype=F64)
+    ref = serial_reference(spec, seed=7, recompute=rc, dtype=F64, vocab=model.vocab)
+    errors, _ = steps_against_serial(model, adamw(model), ref, adamw(ref), micro, micro, tokens, STEPS, MAX_NORM)
+    got, events, rings = _fp32_step(spec, mesh, rc, micro, tokens)
+    plain, plain_events, plain_rings = _fp32_step(spec, Mesh(layout.with_(tpo=False), rank), rc, micro, tokens)
+    vs_plain = max(abs(a - b) / abs(b) for a, b in zip(got, plain, strict=True))
+    return {"errors": errors, "events": events, "plain_events": plain_events, "rings": rings,
+            "plain_rings": plain_rings, "vs_plain": vs_plain}
+
+
+def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
+    return [_one_case(rank, *case) for case in CASES[world]]
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def world(request: pytest.FixtureRequest) -> tuple[int, list[list[dict[str, Any]]]]:
+    return request.param, run_distributed(_all_cases, request.param, timeout=600.0)  # [rank][case]
+
+
+def _overlappable(layout_text: str, family: str, rc: str) -> Counter:
+    """The CommEvent keys (with multiplicity, one step) of the block collectives the mode declares
+    tpo-overlappable (Collective.tpo): per micro-batch and block, the forward ones (twice under full
+    recomputation) and the backward ones."""
+    layout = parse_layout(layout_text).with_(micro_batch=B)
+    d = dims_of(MODELS[family], training(rc))
+    z = layout_sizes(layout, d, B, d.L, True, True)
+    sp, mode = layout.sequence_parallel, MODES[layout.mode]
+    out: Counter = Counter()
+    for colls, times in ((mode.layer_fwd(d), 2 if rc == "full" else 1), (mode.layer_bwd(d), 1)):
+        for c in colls:
+            if c.tpo and (c.when != "sp" or sp) and (c.when != "no_sp" or not sp):
+                dtype = d.dtype if c.dtype == COMPUTE else c.dtype
+                out[(c.kind, c.axes, int(c.payload(z)), dtype)] += times * N_MICRO * d.L
+    return out
+
+
+def test_tpo_matches_serial_traffic_and_rings(world: tuple[int, list[list[dict[str, Any]]]]) -> None:
+    size, results = world
+    for case, (text, family, rc) in enumerate(CASES[size]):
+        layout = parse_layout(text).with_(micro_batch=B)
+        d = dims_of(MODELS[family], training(rc))
+        predicted = stage_events(layout, d, B)
+        tagged = _overlappable(text, family, rc)
+        assert tagged, text
+        for rank, per_case in enumerate(results):
+            r = per_case[case]
+            bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
+            assert not bad, f"{text} rank {rank}: relative errors above {TOL_FP64}: {bad}"
+            diff = traffic_difference(predicted, r["events"])
+            assert not diff["missing_in_executor"] and not diff["unpredicted"], (text, rank, diff)
+            assert sorted(r["events"]) == sorted(r["plain_events"]), (text, rank)
+            assert not r["plain_rings"], (text, rank)
+            assert r["vs_plain"] <= TOL_FP32, (text, rank, r["vs_plain"])
+            rings = r["rings"]
+            # exactly the collectives the mode declares overlappable ran as rings (keys, with multiplicity)
+            assert Counter(key for key, *_ in rings) == tagged, (text, rank)
+            for key, n, sent, steps, step_bytes, with_gemm in rings:
+                assert steps == n - 1 and step_bytes == sent and with_gemm, (text, key)
+
+
+def test_tpo_refusals_before_any_rank_starts() -> None:
+    """One line each: tpo without sp in 1D (nothing overlappable), tpo in mode none (nothing tensor-parallel)."""
+    with pytest.raises(ParacubeError) as err:
+        check_divisibility(SPEC, parse_layout("tp=1d:4,tpo"), B, B * N_MICRO, SPEC.seq_len)
+    assert "\n" not in str(err.value) and "tpo in tp=1d" in str(err.value) and "add sp" in str(err.value)
+    with pytest.raises(ParacubeError) as err:
+        parse_layout("dp=4,tpo")
+    assert "\n" not in str(err.value) and "tpo" in str(err.value) and "not none" in str(err.value)
+    from paracube.runtimes import get_runtime
+
+    rt = get_runtime("paracube")
+    why = rt.refusal(parse_layout("tp=1d:4,tpo"))
+    assert why is not None and "sequence parallelism only" in why and "add sp" in why
+    assert rt.refusal(parse_layout("tp=1d:4,sp,tpo")) is None and rt.refusal(parse_layout("tp=3d:2x2x2,tpo")) is None
+    assert rt.offers_tpo("2d", False) and rt.offers_tpo("1d", True) and not rt.offers_tpo("1d", False)
+    assert not rt.offers_tpo("none", False)
