@@ -16,8 +16,13 @@ reshard_after_forward=False, the root), fp32.
 FSDP2's bytes are counted from the c10d collectives it dispatches (_allgather_base_ output, _reduce_scatter_base_
 input, allreduce_ tensor; the grad norm's functional all_reduce: a TorchDispatchMode), priced by the same ring
 factors as ours.
+`--overlap-tp`: instead, 1D + sp, 2D and 3D with tpo (collective matmul: executor/layers/collective_matmul.py)
+on and off side by side, and per ring collective (its label's suffix: in, out, in.regather, X, dX, dY) from the
+recorder's ring steps (recorder.RingStep timestamps) of the timed steps: the share of its ring steps issued while
+a GEMM chunk ran (posted before the chunk started, completed after it started) and the share of their in-flight
+time that the GEMM covered (|[issue, done] ^ [GEMM start, end]| / (done - issue), averaged over steps).
 Usage: python benchmarks/executor_step.py [--model small] [--steps 5] [--warmup 2] [--global-batch 8]
-       [--only pp]   (only the pp=1 / pp=2 rows)   [--overlap [--bucket-mb 2]]   [--zero]
+       [--only pp]   (only the pp=1 / pp=2 rows)   [--overlap [--bucket-mb 2]]   [--zero]   [--overlap-tp]
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ ZERO = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=8,mb=1,zero=2", "dp=8,mb=1,zero=3"]
 C10D = {"_allgather_base_": ("all_gather", 0), "_reduce_scatter_base_": ("reduce_scatter", 1),
         "allreduce_": ("all_reduce", 0)}  # op -> (kind, index of the tensor whose size is the payload)
 OVERLAP = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=2,tp=1d:4,mb=2", "dp=2,tp=1d:4,mb=2,zero=1"]
+OVERLAP_TP = ["dp=1,tp=1d:8,mb=4,sp", "dp=2,tp=2d:2x2,mb=4", "dp=1,tp=3d:2x2x2,mb=4"]
 KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
 
@@ -192,8 +198,23 @@ def _torch_tp(rank: int, world: int, spec: ModelSpec, batches: list, steps: int,
 
 
 # --- ours ----------------------------------------------------------------------------------------------
+def ring_overlap(recorder) -> dict[str, tuple[int, float, float]]:  # type: ignore[no-untyped-def]
+    """Per ring collective (label suffix after the linear's name): (ring steps, share issued while a GEMM chunk
+    ran, mean share of a step's in-flight time the GEMM covered), from recorder.ring_steps."""
+    by: dict[str, list] = {}
+    for s in recorder.ring_steps:
+        by.setdefault(recorder.events[s.event].label.split(".", 1)[-1], []).append(s)
+    out = {}
+    for name, steps in sorted(by.items()):
+        during = [s for s in steps if s.gemm is not None and s.start <= s.gemm[0] < s.end]
+        covered = [max(0.0, min(s.end, s.gemm[1]) - max(s.start, s.gemm[0])) / max(s.end - s.start, 1e-12)
+                   for s in steps if s.gemm is not None]
+        out[name] = (len(steps), len(during) / len(steps), sum(covered) / max(len(covered), 1))
+    return out
+
+
 def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch: int, steps: int,
-          warmup: int, overlap: bool = True, bucket_bytes: int = 25 * 2**20) -> tuple:
+          warmup: int, overlap: bool = True, bucket_bytes: int = 25 * 2**20, rings: list | None = None) -> tuple:
     from paracube.executor.data_parallel.optim import build_optimizer
     from paracube.executor.mesh import Mesh
     from paracube.executor.model.gpt import build_model
@@ -218,9 +239,12 @@ def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch
         def __exit__(self, *exc: object) -> None:
             self.events = list(recorder.events)
 
-    return _time(lambda: train_step(model, opt, mesh, micro, global_batch * spec.seq_len, overlap=overlap,
-                                    bucket_bytes=bucket_bytes), steps,
-                 warmup, _Rec)
+    out = _time(lambda: train_step(model, opt, mesh, micro, global_batch * spec.seq_len, overlap=overlap,
+                                   bucket_bytes=bucket_bytes), steps,
+                warmup, _Rec)
+    if rings is not None:  # the timed steps' ring steps (the recorder is reset before the traced step only)
+        rings.append(ring_overlap(recorder))
+    return out
 
 
 def _time(step, steps: int, warmup: int, traffic) -> tuple:  # type: ignore[no-untyped-def]
@@ -241,11 +265,19 @@ def _time(step, steps: int, warmup: int, traffic) -> tuple:  # type: ignore[no-u
 
 
 def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: int, warmup: int,
-            only: str = "", overlap: bool = False, bucket_bytes: int = 25 * 2**20, zero: bool = False) -> list:
+            only: str = "", overlap: bool = False, bucket_bytes: int = 25 * 2**20, zero: bool = False,
+            overlap_tp: bool = False) -> list:
     from paracube.executor.training.data import parse_source, replica_micro_batches
 
     spec = resolve_model(model_name)
     rows = []
+    if overlap_tp:
+        for layout in OVERLAP_TP:
+            for on in (True, False):
+                text, rings = layout + (",tpo" if on else ""), []
+                rows.append((f"tpo {'on' if on else 'off'}", text,
+                             *_ours(rank, world, spec, text, global_batch, steps, warmup, rings=rings), rings[0]))
+        return rows
     if zero:
         for layout in ZERO:
             rows.append((f"ours zero={layout[-1] if 'zero' in layout else 0}", layout,
@@ -286,20 +318,43 @@ def main() -> None:
     p.add_argument("--overlap", action="store_true", help="overlap on vs off on data-parallel layouts")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket limit in MiB (default 25)")
     p.add_argument("--zero", action="store_true", help="dp=8 at zero=0/1/2/3 (ours) and torch's FSDP2")
+    p.add_argument("--overlap-tp", action="store_true", help="tpo on vs off in 1D + sp, 2D, 3D (collective matmul)")
     args = p.parse_args()
     spec = resolve_model(args.model)
     t0 = time.perf_counter()
-    rows = run_distributed(_worker, 8, args.model, args.global_batch, args.steps, args.warmup, args.only,
-                           args.overlap, int(args.bucket_mb * 2**20), args.zero, timeout=1200)[0]
+    per_rank = run_distributed(_worker, 8, args.model, args.global_batch, args.steps, args.warmup, args.only,
+                               args.overlap, int(args.bucket_mb * 2**20), args.zero, args.overlap_tp, timeout=1200)
+    rows = per_rank[0]
+    if args.overlap_tp:
+        rows = [row[:5] for row in rows]
+    as_layout = args.overlap or args.zero or args.overlap_tp
     print(f"model {spec.name}: L={spec.layers} h={spec.hidden} heads={spec.heads} f={spec.ffn_hidden} "
           f"V={spec.vocab} s={spec.seq_len}; global batch {args.global_batch}, "
-          f"{'micro-batch as the layout says' if args.overlap or args.zero else 'micro-batch 4'}; 8 gloo CPU ranks "
+          f"{'micro-batch as the layout says' if as_layout else 'micro-batch 4'}; 8 gloo CPU ranks "
           f"(torch {torch.__version__}); {args.steps} timed steps after {args.warmup} warmup"
           + (f"; buckets of {args.bucket_mb:g} MiB" if args.overlap else ""))
     print(f"{'run':18} {'layout':26} {'step time':>11} {'sent/rank':>12} {'collectives':>12}")
     for name, layout, dt, sent, n in rows:
         print(f"{name:18} {layout:26} {dt * 1e3:8.1f} ms {sent / 2**20:8.2f} MiB {n:12d}")
+    if args.overlap_tp:
+        _print_rings(per_rank)
     print(f"(wall {time.perf_counter() - t0:.0f} s; tokens per step {args.global_batch * spec.seq_len})")
+
+
+def _print_rings(per_rank: list) -> None:
+    """Per tpo layout and ring collective: ring steps per rank, shares issued during a GEMM and covered by it
+    (means over the 8 ranks)."""
+    print(f"{'tpo layout':26} {'ring collective':16} {'steps/rank':>10} {'issued in GEMM':>15} "
+          f"{'in-flight covered':>18}")
+    for i, row in enumerate(per_rank[0]):
+        if not row[0].endswith("on"):
+            continue
+        for name in row[5]:
+            stats = [r[i][5][name] for r in per_rank if name in r[i][5]]
+            steps = sum(s[0] for s in stats) / len(stats)
+            during = sum(s[1] for s in stats) / len(stats)
+            covered = sum(s[2] for s in stats) / len(stats)
+            print(f"{row[1]:26} {name:16} {steps:10.0f} {during:14.0%} {covered:17.0%}")
 
 
 if __name__ == "__main__":
