@@ -15,6 +15,11 @@
    optimizer state present) against the model's MemoryBreakdown total (parameters + gradients + optimizer +
    activations + temporaries, cost_models/memory.py); on CPU, where there is no allocator peak, the bytes
    autograd saves in one micro-batch's forward against the model's activations.
+4. tpo (collective matmul, executor/layers/collective_matmul.py): each block linear's bf16 forward GEMM at the
+   local shape of 1D + sp (tp=8; CPU tp=2), 2D (q=2) and 3D (q=2) timed whole and as the ring's n chunks (1D and
+   3D: n row blocks of X; 2D: n blocks of the contraction, accumulated), back to back with no communication:
+   chunked / whole is the GEMM time the decomposition costs (cost_models/tpo.py prices the chunks at the whole
+   GEMM's time: 1.0).
 Check 1 decides the exit code (0 passed, 1 failed); 2 and 3 are measurements, printed with their ratio to the
 model (flagged outside 0.5-1.5 for GEMMs, 10% for memory: the allocator's cached blocks and cuBLAS workspace
 come on top of what the model counts). Everything runs in one rank process started by the launcher the tests
@@ -29,6 +34,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +189,71 @@ def check_memory(spec: Any, cfg: dict, device: Any) -> dict[str, Any]:
     return out
 
 
+def _contraction_chunks(xs: Any, as_: Any) -> None:
+    import torch
+
+    y = torch.zeros(xs[0].shape[0], as_[0].shape[1], dtype=torch.float32, device=xs[0].device)
+    for xj, aj in zip(xs, as_, strict=True):
+        y.add_(xj @ aj)
+
+
+def _row_chunks(xs: Any, a: Any) -> None:
+    import torch
+
+    rows = sum(xj.shape[0] for xj in xs)
+    out = torch.empty(rows, a.shape[1], dtype=a.dtype, device=a.device)
+    start = 0
+    for xj in xs:
+        out[start:start + xj.shape[0]].copy_(xj @ a)
+        start += xj.shape[0]
+
+
+TPO_SHAPES = {"cuda": {"1d": 8, "2d": 2, "3d": 2}, "cpu": {"1d": 2, "2d": 2, "3d": 2}}  # ranks per ring
+
+
+def check_tpo(spec: Any, cfg: dict, device: Any) -> list[dict[str, Any]]:
+    """4: a block's forward GEMMs at the local shapes of 1D + sp, 2D and 3D, whole vs in the ring's chunks."""
+    import numpy as np
+    import torch
+
+    from paracube.cost_models.compute import local_shape
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.validity import layout_arrays
+    from paracube.layout import parse_layout
+    from paracube.workload import TrainingSpec
+
+    d = dims_of(spec, TrainingSpec(global_batch=cfg["mb"], dtype="bf16"))
+    reps = 20 if device.type == "cuda" else 3
+    rows = []
+    for mode, n in TPO_SHAPES[device.type].items():
+        shape = {"1d": f"1d:{n},sp", "2d": f"2d:{n}x{n}", "3d": f"3d:{n}x{n}x{n}"}[mode]
+        b = layout_arrays(parse_layout(f"tp={shape},mb={cfg['mb']}"), cfg["mb"])
+        T = np.array([float(cfg["mb"] * d.s)])
+        for i, (name, h_in, h_out, _) in enumerate(d.linears):
+            m, nn_, k = (int(np.asarray(x).reshape(-1)[0])
+                         for x in local_shape(mode, T, h_in, np.array([h_out]), i in (0, 2), b))
+            x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+            a = torch.randn(k, nn_, dtype=torch.bfloat16, device=device)
+            if mode == "2d":  # Y = sum_j X[:, block j] A[block j, :] (RingLinear2D)
+                chunked = partial(_contraction_chunks, x.chunk(n, dim=1), a.chunk(n, dim=0))
+            else:  # row blocks X_j A into the output (RingGatherLinear, RingLinear3D)
+                chunked = partial(_row_chunks, x.chunk(n, dim=0), a)
+            timings = []
+            for fn in (partial(torch.matmul, x, a), chunked):
+                for _ in range(2):
+                    fn()  # warm-up
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                _sync(device)
+                timings.append((time.perf_counter() - t0) / reps)
+            rows.append({"mode": shape, "gemm": name, "m": m, "n": nn_, "k": k, "chunks": n,
+                         "whole_us": timings[0] * 1e6, "chunked_us": timings[1] * 1e6,
+                         "ratio": timings[1] / timings[0]})
+    return rows
+
+
 def run_checks(rank: int, world: int, device: Any, cfg: dict) -> dict[str, Any]:
     """On the rank process: every check, in order (run_on_ranks has set up the process group)."""
     import torch
@@ -196,6 +267,7 @@ def run_checks(rank: int, world: int, device: Any, cfg: dict) -> dict[str, Any]:
     out = {"equivalence": check_equivalence(spec, cfg, device)}
     out["gemms"] = check_gemms(spec, cfg, device)
     out["memory"] = check_memory(spec, cfg, device)
+    out["tpo"] = check_tpo(spec, cfg, device)
     out["seconds"] = time.perf_counter() - t0
     out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return out
@@ -217,6 +289,10 @@ def report(res: dict[str, Any], cfg: dict) -> list[str]:
     lines.append(f"3. memory ({mem['of']}): measured {mem['measured'] / 2**20:,.1f} MiB vs model "
                  f"{mem['predicted'][mem['of']] / 2**20:,.1f} MiB, ratio {mem['ratio']:.3f}"
                  f"{'' if mem['within'] else f'   <- outside {MEM_TOL:.0%}'}")
+    lines.append("4. tpo: bf16 forward GEMM whole vs in ring chunks (no communication), chunked / whole")
+    for r in res["tpo"]:
+        lines.append(f"   {r['mode']:11s} {r['gemm']:5s} ({r['m']}, {r['n']}, {r['k']}) x{r['chunks']}: "
+                     f"{r['whole_us']:9.1f} us vs {r['chunked_us']:9.1f} us  ratio {r['ratio']:.2f}")
     return lines
 
 
