@@ -185,3 +185,28 @@ def test_tpo_priced_in_2d_25d_3d_by_both_engines(text: str) -> None:
     small = lay.with_(shape=(2,) * len(lay.shape), dp=64 // (lay.pp * 2 ** len(lay.shape)))
     assert estimate(model, train, small.with_(tpo=True), topo).step_time_s == \
         pytest.approx(estimate(model, train, small, topo).step_time_s, rel=1e-12)  # nothing hidden, up to rounding
+
+
+@pytest.mark.parametrize(("layout", "gpus", "expected"), [
+    ("dp=2,tp=1d:8,mb=2,sp,tpo", 8, "dp=2,tp=1d:4,mb=2,sp,tpo"),  # a megatron-style 1D + sp + tpo cluster plan
+    ("dp=4,tp=3d:4x4x4,mb=16,tpo", 16, "dp=2,tp=3d:2x2x2,mb=16,tpo"),
+    ("dp=2,pp=2,tp=2d:4x4,mb=4,tpo", 16, "dp=2,pp=2,tp=2d:2x2,mb=4,tpo"),
+])
+def test_tpo_plans_scale_down_and_pass_preflight(layout: str, gpus: int, expected: str) -> None:
+    """`paracube run PLAN --model tiny --gpus G` keeps tpo (cli/scale_down.py) and the executor's preflight
+    accepts the scaled plan (what `paracube run` checks before any rank starts)."""
+    from paracube.cli.scale_down import scale_down
+    from paracube.executor.launch.start import NodeSpec, preflight
+    from paracube.plan import LaunchSpec, Plan
+    from paracube.workload import PRESETS
+
+    lay = parse_layout(layout)
+    plan = Plan(model=PRESETS["gpt3-13b"], training=TrainingSpec(global_batch=512, dtype="bf16"), layout=lay,
+                cluster="dgx-h100", gpus=lay.world_size,
+                launch=LaunchSpec(nproc_per_node=8, nnodes=lay.world_size // 8))
+    scaled, _ = scale_down(plan, PRESETS["tiny"], gpus)
+    want = parse_layout(expected)
+    got = scaled.layout
+    assert (got.mode, got.shape, got.dp, got.pp, got.sequence_parallel, got.tpo) == (
+        want.mode, want.shape, want.dp, want.pp, want.sequence_parallel, True)
+    preflight(scaled, NodeSpec(), data="synthetic")

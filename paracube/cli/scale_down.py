@@ -2,8 +2,8 @@
 
 A plan for 64 GPUs cannot run on a laptop, but its parallel structure can: the scaled plan keeps the
 plan's tensor mode, the interleave v of its pipeline schedule, zero, sequence parallelism, recomputation,
-overlap, dtype and placement order, and shrinks dp, pp and the tensor shape to G ranks within the same
-shape family (each of dp, pp and the tensor group stays > 1 exactly where the plan's is; no factor
+overlap, tpo (collective matmul), dtype and placement order, and shrinks dp, pp and the tensor shape to G
+ranks within the same shape family (each of dp, pp and the tensor group stays > 1 exactly where the plan's is; no factor
 grows). Among the candidates it takes the one closest to the plan's proportions: each factor x's target
 is x ** (log G / log N), N the plan's rank count, and the distance sum((log x' - log target)^2) (ties:
 the smaller pp, which needs fewer layers). Sizes follow from the new model: the plan's micro-batch where
@@ -76,7 +76,7 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
         sp = lay.sequence_parallel and bool(shape)
         base = Layout(mode=lay.mode, shape=shape, dp=dp, pp=pp, interleave=v, sequence_parallel=sp,
                       zero=lay.zero if dp > 1 else 0, recompute=lay.recompute, overlap=lay.overlap and dp > 1,
-                      keep_weights=lay.keep_weights)
+                      keep_weights=lay.keep_weights, tpo=lay.tpo and bool(shape))
         split = base.token_split
         n_micro = 2 * pp if pp > 1 else 2
         s = replace(plan.training, seq_len=None).sequence_length(spec)
