@@ -3,8 +3,8 @@
 A plan for 64 GPUs cannot run on a laptop, but its parallel structure can: the scaled plan keeps the
 plan's tensor mode, the interleave v of its pipeline schedule, zero, sequence parallelism, recomputation,
 overlap, tpo (collective matmul), dtype and placement order, and shrinks dp, pp and the tensor shape to G
-ranks within the same shape family (each of dp, pp and the tensor group stays > 1 exactly where the plan's is; no factor
-grows). Among the candidates it takes the one closest to the plan's proportions: each factor x's target
+ranks within the same shape family (each of dp, pp and the tensor group stays > 1 exactly where the plan's is;
+no factor grows). Among the candidates it takes the one closest to the plan's proportions: each factor x's target
 is x ** (log G / log N), N the plan's rank count, and the distance sum((log x' - log target)^2) (ties:
 the smaller pp, which needs fewer layers). Sizes follow from the new model: the plan's micro-batch where
 it divides (else the smallest valid), 2 x pp micro-batches per replica (a full 1F1B / interleaved

@@ -12,6 +12,16 @@ and G the GEMM's time,
 one step that nothing hides (the first block has to arrive, or the last partial has to leave), plus whatever of
 the rest the GEMM does not cover. The analytic model (analytic.py) and the event engine (event.py: the first step
 alone, then the other steps alongside the GEMM on the links they share) use this same decomposition.
+
+Which collectives overlap which GEMM is each mode's declaration (`Collective.tpo`), as paracube's executor runs
+them (executor/layers/collective_matmul.py): 1D + sp (one_d.py) its input gather, output reduce-scatter and their
+backward mirrors; 2D and 2.5D (two_d.py) each block linear's X gather over col (f) and dX reduce-scatter (dx);
+3D (three_d.py) X's gather over I (f), dY's gather over O (da) and dX's reduce-scatter over I (dx). Weight and
+bias collectives (kept weights: once per step) and 3D's forward Y reduce-scatter (its GEMM is already used by
+X's ring) stay exposed. A group of 2 ranks has one ring step: nothing hidden here. The executor's rings are
+one step better than this: an all-gather's first exchange runs alongside the GEMM on the local block and a
+reduce-scatter's first chunk needs no exchange, so no step has to be exposed; kept conservative here (it is what
+the published Megatron / TE figures were fitted with).
 """
 
 from __future__ import annotations
