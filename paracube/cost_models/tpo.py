@@ -20,8 +20,8 @@ backward mirrors; 2D and 2.5D (two_d.py) each block linear's X gather over col (
 bias collectives (kept weights: once per step) and 3D's forward Y reduce-scatter (its GEMM is already used by
 X's ring) stay exposed. A group of 2 ranks has one ring step: nothing hidden here. The executor's rings are
 one step better than this: an all-gather's first exchange runs alongside the GEMM on the local block and a
-reduce-scatter's first chunk needs no exchange, so no step has to be exposed; kept conservative here (it is what
-the published Megatron / TE figures were fitted with).
+reduce-scatter's first chunk needs no exchange, so no step has to be exposed; the model keeps the conservative
+one exposed step (unchanged for 1D; changing it would move every tpo price, megatron's included).
 """
 
 from __future__ import annotations
