@@ -42,7 +42,7 @@ same per call.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -58,6 +58,7 @@ from paracube.cost_models.compute import (
     stage_compute_time,
 )
 from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
+from paracube.cost_models.fsdp_overlap import prefetched_micro
 from paracube.cost_models.grad_overlap import exposed_grad_time
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total, with_zero
@@ -92,6 +93,7 @@ class StageScores:
     grad_last: Arr  # fraction of the gradient bytes in the bucket(s) produced last (xl, docstring)
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
     gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
+    fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     micro, step, sent, grad, gather = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n), np.zeros(n)
     alternating = MODES[mode].alternating
     grad_axes = MODES[mode].grad_axes
+    fsdp: dict[str, tuple[Arr, Arr]] = {}
     for e in entries:
         if not np.any(e.count):
             continue
@@ -146,6 +149,9 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw + calls)
         if not np.all(e.count > 0):  # no call, no time (a one-rank group's link may be infinitely fast)
             tm = np.where(e.count[rows] > 0, tm, 0.0)
+        if traffic.zero >= 2 and not e.per_step and e.axes == traffic.zero_axes:  # fsdp_overlap.py's inputs
+            fsdp[e.kind] = (np.where(e.count[rows] > 0, tm - e_sent[rows] / bw, 0.0),
+                            np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0))
         if e.per_step:
             step += tm
             # The gradient buckets (all_reduce over grad_axes; zero=1: reduce_scatter), not the norm
@@ -168,17 +174,19 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)
     last_frac = np.minimum(1.0, n_last / np.maximum(n_local, 1))
     return StageScores(entries, micro, step, sent[rows], compute, grad, first_frac[rows], last_frac[rows], optim,
-                       gather)
+                       gather, fsdp)
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
              zero: Arr | int | None = None, overlap: bool | Arr = False, kw: Arr | int = 0,
-             tpo: bool | Arr = False, shard: int | None = None, param_overlap: bool = False) -> Scores:
+             tpo: bool | Arr = False, shard: int | None = None, param_overlap: bool = False,
+             fsdp_prefetch: bool = False) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
     latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays).
     `param_overlap`: zero=1's parameter all_gather hidden under the next step's first forward (int zero=1 only;
-    module docstring)."""
+    module docstring). `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters overlapped
+    (int zero >= 2, pp = 1; cost_models/fsdp_overlap.py)."""
     rows = np.arange(len(b)) if rows is None else rows
     tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
@@ -186,6 +194,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
                           tpo=tpo_rows is not None, shard=shard)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows) for s in STAGES)
+    if fsdp_prefetch and traffic.zero >= 2:  # what prefetch leaves exposed of the per-unit collectives
+        n_zero = traffic.group_size(traffic.zero_axes)
+        stages = tuple(replace(st, micro=prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute,
+                                                          st.micro, st.fsdp))
+                       for name, st in zip(STAGES, stages, strict=True))
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
     idx = np.arange(len(slow))
@@ -301,6 +314,7 @@ def estimate(
     with_events: bool = True,
     cache: LinkCache | None = None,
     param_overlap: bool = False,
+    fsdp_prefetch: bool = False,
 ) -> StepEstimate:
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
     `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before)."""
@@ -318,7 +332,8 @@ def estimate(
     links = layout_links(layout, cache or LinkCache(topo))
     batch = layout_arrays(layout, mb)
     res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
-                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap)
+                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap,
+                   fsdp_prefetch=fsdp_prefetch)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size

@@ -61,7 +61,17 @@ from paracube.estimate import StepEstimate
 from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
 from paracube.modes import MODES, LayoutBatch, runnable_modes
 from paracube.modes.stages import split_ok
-from paracube.planner.dimensions import OVERLAP, PARAM_OVERLAP, PRICED_ZEROS, RC, TPO, ZERO, chosen, values
+from paracube.planner.dimensions import (
+    FSDP_PREFETCH,
+    OVERLAP,
+    PARAM_OVERLAP,
+    PRICED_ZEROS,
+    RC,
+    TPO,
+    ZERO,
+    chosen,
+    values,
+)
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
 from paracube.runtimes import RUNTIMES, Runtime
 from paracube.workload import ModelSpec, TrainingSpec
@@ -111,6 +121,7 @@ class _Search:
     overlap_chosen: bool = False  # the runtime overlaps the gradient reduction by default (dimensions.OVERLAP)
     tpo_pinned: bool = False  # the fixed layout's tpo: every tensor-parallel layout has it
     tpo_chosen: bool = False  # the runtime overlaps tensor-parallel collectives with GEMMs (dimensions.TPO)
+    fsdp_prefetch: bool = False  # zero=2/3 priced with prefetch (dimensions.FSDP_PREFETCH)
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
@@ -262,9 +273,10 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         mem = peak(base, z * ones)
         ok = (z == 0) | ((shards > 1) & ~tied_pp)
         if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
-            # with pipelines where the runtime runs it; with tied embeddings where it runs them at this stage
+            # at pp = 1 (the cost models price zero=2/3 without pipelines only: analytic.estimate refuses the rest,
+            # although torchtitan runs FSDP with pipelines); with tied embeddings where it runs them at this stage
             tied_ok = not s.d.tied or s.runtime.runs(mode, zero=z, tied_embeddings=True)
-            ok = (shards > 1) & ((sub.pp == 1) | (z in s.runtime.zeros_with_pp)) & tied_ok
+            ok = (shards > 1) & (sub.pp == 1) & tied_ok
             extra.append((z, (mem <= s.mem_cap) & ok))
         else:
             zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
@@ -421,7 +433,7 @@ def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.n
         sub = {ax: (bw[sel], lat[sel]) for ax, (bw, lat) in links.items()}
         arg = (np.where(zeros >= 2, 0, zeros) if zero_arg is not None else None) if z is None else int(z)
         out[sel] = evaluate(s.d, mode, batch, sub, s.g, rows=rows[sel], zero=arg, overlap=ovs[rows[sel]], kw=kws,
-                            tpo=tpos[rows[sel]]).step_time
+                            tpo=tpos[rows[sel]], fsdp_prefetch=s.fsdp_prefetch and z is not None).step_time
     return out
 
 
@@ -496,7 +508,8 @@ def search(
                 len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
                 overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None,
                 prune, runtime=rt, overlap_chosen=chosen(OVERLAP, rt, fixed),
-                tpo_pinned=fixed is not None and fixed.tpo, tpo_chosen=chosen(TPO, rt, fixed))
+                tpo_pinned=fixed is not None and fixed.tpo, tpo_chosen=chosen(TPO, rt, fixed),
+                fsdp_prefetch=chosen(FSDP_PREFETCH, rt, fixed))
     for rc in rcs:
         s.d = replace(d, recompute=rc)
         for mode in modes:
@@ -515,12 +528,12 @@ def search(
     # zero=1's parameter gather overlapped with the next forward where the runtime does it (dimensions.py);
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
+    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch}  # = rt.engine_options()
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         key = repr(lay)  # every field
         if key not in estimates:
-            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache,
-                                      param_overlap=param_overlap)
+            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache, **options)
         return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
