@@ -32,6 +32,7 @@ from paracube.executor import Mesh, build_model, check_divisibility, serial_refe
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.layout import Layout, parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
+from paracube.runtimes import RUNTIMES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -294,7 +295,8 @@ def test_search_prices_each_zero_stage_and_ranks_by_step_time() -> None:
         if zs == (2, 3):
             assert all(lay.pp == 1 for lay, _ in res.ranked)
             for lay, est in res.ranked:
-                again = estimate(spec, training, lay, topo, with_events=False)
+                again = estimate(spec, training, lay, topo, with_events=False,
+                                 **RUNTIMES["paracube"].engine_options())  # FSDP prefetch (fsdp_overlap.py)
                 assert again.step_time_s == est.step_time_s
     assert best[(0, 1, 2, 3)] == pytest.approx(min(best[(0, 1)], best[(2, 3)]))
     with pytest.raises(ParacubeError, match="runs zero=2/3 with dp > 1, pp=1"):

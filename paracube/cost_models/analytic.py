@@ -149,8 +149,9 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw + calls)
         if not np.all(e.count > 0):  # no call, no time (a one-rank group's link may be infinitely fast)
             tm = np.where(e.count[rows] > 0, tm, 0.0)
-        if traffic.zero >= 2 and not e.per_step and e.axes == traffic.zero_axes:  # fsdp_overlap.py's inputs
-            fsdp[e.kind] = (np.where(e.count[rows] > 0, tm - e_sent[rows] / bw, 0.0),
+        if traffic.zero >= 2 and (e.axes == traffic.zero_axes or e.axes == ("dp_replicate",)) \
+                and e.per_step == (e.axes == ("dp_replicate",)):  # fsdp_overlap.py's inputs (HSDP: "replica")
+            fsdp["replica" if e.per_step else e.kind] = (np.where(e.count[rows] > 0, tm - e_sent[rows] / bw, 0.0),
                             np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0))
         if e.per_step:
             step += tm
@@ -194,11 +195,12 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
                           tpo=tpo_rows is not None, shard=shard)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows) for s in STAGES)
-    if fsdp_prefetch and traffic.zero >= 2:  # what prefetch leaves exposed of the per-unit collectives
+    if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
         n_zero = traffic.group_size(traffic.zero_axes)
-        stages = tuple(replace(st, micro=prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute,
-                                                          st.micro, st.fsdp))
-                       for name, st in zip(STAGES, stages, strict=True))
+        ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
+        parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
+                                  fsdp_prefetch, ov) for name, st in zip(STAGES, stages, strict=True)]
+        stages = tuple(replace(st, micro=m, step=st.step - rep) for st, (m, rep) in zip(stages, parts, strict=True))
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
     idx = np.arange(len(slow))

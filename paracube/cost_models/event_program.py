@@ -327,8 +327,8 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     if layout.tpo:
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]
-    if fsdp_prefetch and layout.zero >= 2:
-        prefetch_program(prog)
+    if layout.zero >= 2 and (fsdp_prefetch or grad_overlap):  # reduce-scatters async with the layout's overlap
+        prefetch_program(prog, fsdp_prefetch, grad_overlap)
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
     shard = zero_group(layout) if layout.zero else 1

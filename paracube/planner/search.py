@@ -283,7 +283,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         runs = runs | ok
     unrun = ~runs if min(zeros) >= 2 else np.zeros(len(idx), dtype=bool)  # only zero=2/3 allowed, none runs
     if unrun.any():
-        pps = ", pp=1" if not {2, 3} & set(s.runtime.zeros_with_pp) else ""
+        pps = ", pp=1"  # priced at pp = 1 only (above), whatever the runtime runs
         rejected[f"runtime {s.runtime.name} runs zero=2/3 with dp > 1{pps}"
                  + (" and untied embeddings" if s.d.tied else "")] += int(n_places[idx[unrun]].sum())
     fits = zero >= 0
@@ -375,7 +375,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     st_links = _structure_links(s, mode, owners, places)
     zero_arg = zeros if s.zeros != (0,) else None
     ovs, tpos = _overlaps(s, mode, batch)
-    ovs = ovs & (zeros < 2)  # zero=2/3 reduce every micro-batch's gradients during its backward (traffic.py)
+    # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
     # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
     # would price them as zero=0, so their configurations are not pruned.
     if (s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k
