@@ -237,7 +237,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         shards = traffic.group_size(traffic.zero_axes)
         units = [traffic.units(*_flags(s, b.pp))[1::2] if np.any(np.asarray(zero) >= 2) else None
                  for s in ("first", "last")]
-        mems = [with_zero(m, shards, zero, u) for m, u in zip(mems, units, strict=True)]
+        mems = [with_zero(m, shards, zero, u, d.grad_bytes) for m, u in zip(mems, units, strict=True)]
     tot = np.stack([total(m) for m in mems])
     heavy = np.argmax(tot, axis=0)
     cidx = np.arange(len(heavy))
@@ -317,12 +317,15 @@ def estimate(
     cache: LinkCache | None = None,
     param_overlap: bool = False,
     fsdp_prefetch: bool = False,
+    grad_bytes: int = 4,
 ) -> StepEstimate:
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
-    `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before)."""
+    `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before);
+    `fsdp_prefetch`: zero=2/3 as FSDP runs them (fsdp_overlap.py); `grad_bytes`: the runtime's gradient element
+    bytes (memory only: the reductions are priced in fp32)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
-    d = with_pins(dims_of(model, training), layout)
+    d = replace(with_pins(dims_of(model, training), layout), grad_bytes=grad_bytes)
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb)
     if layout.zero >= 2 and layout.pp > 1:

@@ -295,7 +295,7 @@ class _Sim:
 
 def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
              overlap: bool = False, timeline: bool = True, with_events: bool = True,
-             param_overlap: bool = False, fsdp_prefetch: bool = False) -> EventResult:
+             param_overlap: bool = False, fsdp_prefetch: bool = False, grad_bytes: int = 4) -> EventResult:
     """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats.
     `param_overlap`: zero=1's parameter all_gathers overlapped with the first forward (event_program.py);
     `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters asynchronous (fsdp_overlap.py)."""
@@ -305,7 +305,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     check(layout.world_size <= n_dev, f"layout {layout} needs {layout.world_size} devices; topology "
           f"{getattr(topo, 'name', topo)!r} has {n_dev} (ranks 0..{n_dev - 1})")
     base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
-                             fsdp_prefetch=fsdp_prefetch)
+                             fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes)  # memory: grad_bytes
     d = with_pins(dims_of(model, training), layout)
     mb, _ = resolve_micro_batch(layout, d)
     n_micro = d.global_batch // (layout.dp * mb)
@@ -348,10 +348,10 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
 
 def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                    with_events: bool = True, overlap: bool = False, param_overlap: bool = False,
-                   fsdp_prefetch: bool = False) -> StepEstimate:
+                   fsdp_prefetch: bool = False, grad_bytes: int = 4) -> StepEstimate:
     """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
-    return simulate(model, training, layout, topo, overlap=overlap, timeline=False,
-                    with_events=with_events, param_overlap=param_overlap, fsdp_prefetch=fsdp_prefetch).estimate
+    return simulate(model, training, layout, topo, overlap=overlap, timeline=False, with_events=with_events,
+                    param_overlap=param_overlap, fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes).estimate
 
 
 def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
@@ -361,15 +361,16 @@ def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout:
     planner/dimensions.engine_options)."""
     param_overlap = bool(options.pop("param_overlap", False))
     fsdp_prefetch = bool(options.pop("fsdp_prefetch", False))
+    grad_bytes = int(options.pop("grad_bytes", 4))  # type: ignore[call-overload]
     if engine == "analytic":
         check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
         return analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
-                                 fsdp_prefetch=fsdp_prefetch)
+                                 fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes)
     if engine == "event":
         extra = sorted(set(options) - {"overlap"})
         check(not extra, f"unknown event-engine options {extra}; valid: overlap")
         return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)),
-                              param_overlap, fsdp_prefetch)
+                              param_overlap, fsdp_prefetch, grad_bytes)
     raise unknown("engine", engine, ENGINES)
 
 

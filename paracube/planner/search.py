@@ -260,7 +260,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     units = [unit_totals(s.d, mode, sub, f, h, shards)[1::2] for f, h in flags] if max(zeros) >= 2 else [None] * 2
 
     def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
-        return np.maximum(*(total(with_zero(m, shards, z, u)) for m, u in zip(ms, units, strict=True)))
+        return np.maximum(*(total(with_zero(m, shards, z, u, s.d.grad_bytes)) for m, u in zip(ms, units, strict=True)))
 
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
@@ -499,7 +499,7 @@ def search(
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     modes = _modes(modes, gpus, fixed, rt)
-    d = with_pins(dims_of(model, training), fixed)  # fa= pinned: that kernel (the search's is flash)
+    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=rt.grad_bytes)  # fa= pinned: that kernel
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
     check(0.0 <= memory_headroom < 1.0, f"memory headroom {memory_headroom!r} must be a fraction in [0, 1)")
     mem_cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
@@ -528,7 +528,8 @@ def search(
     # zero=1's parameter gather overlapped with the next forward where the runtime does it (dimensions.py);
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
-    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch}  # = rt.engine_options()
+    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,
+               "grad_bytes": rt.grad_bytes}  # = rt.engine_options()
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         key = repr(lay)  # every field

@@ -68,6 +68,7 @@ class Runtime:
     export_target: str | None  # `paracube export --to` name of this stack (None: `paracube run` runs it)
     families: tuple[str, ...] = ("gpt", "llama")
     fsdp_prefetch: bool = True  # zero=2/3: gathers prefetched, reduce-scatters asynchronous (all four stacks)
+    grad_bytes: int = 4  # bytes per gradient element it keeps: fp32 (Megatron's main_grad, FSDP2's fp32 reduce)
     sp_default: bool = False  # sp on whenever tensor parallelism is (torchtitan)
     tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
     mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
@@ -79,10 +80,10 @@ class Runtime:
     def engine_options(self) -> dict[str, bool]:
         """The cost models' options for how this stack overlaps zero's parameter gathers (analytic.estimate,
         event.simulate: `param_overlap` zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's
-        prefetch and asynchronous reduce-scatters); planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the
-        same fields."""
+        prefetch and asynchronous reduce-scatters, `grad_bytes` its gradients' element size, memory.py);
+        planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
         return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
-                "fsdp_prefetch": self.fsdp_prefetch}
+                "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
