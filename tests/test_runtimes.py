@@ -77,6 +77,7 @@ REFUSED = [
      "layout dp=2,pp=2,tp=1d:2,v=2: runtime deepspeed (DeepSpeed + Megatron-DeepSpeed) does not run interleaved "
      "pipelines (v=2); valid: v=1"),
     (["--runtime", "trt"], "unknown runtime 'trt'; valid: paracube, megatron, torchtitan, deepspeed"),
+    (["--runtime", "torchtitan", "--layout", "dp=8,shard=3,zero=3"], "shard=3 must divide dp=8; valid: 1, 2, 4, 8"),
 ]
 
 
