@@ -32,8 +32,11 @@ of the first micro-batch (share_f = 1/3, 1/4 with full recomputation),
 assuming every bucket's gather must land before the end of that first forward (a bucket's layers may come
 earlier: this is the optimistic bound of waiting once; the event engine waits once at the same point).
 zero=2/3 (comm.py, traffic.py): the per-micro-batch unit reduce-scatters and zero=3's gathers are priced in
-line with compute (exposed; the executor's prefetch of the next unit's gather is not credited), the per-step
-HSDP replica all_reduce and zero=2's all_gather exposed; HSDP's shard and replica groups get their own links.
+line with compute unless the engine is asked for `fsdp_prefetch` (gathers prefetched one unit ahead, the
+runtime's Runtime.fsdp_prefetch) and / or the layout has `overlap` (reduce-scatters asynchronous, HSDP's
+replica all_reduce under the last micro-batch's backward): then per micro-batch what the recursion of
+cost_models/fsdp_overlap.py leaves exposed; zero=2's per-step all_gather stays exposed; HSDP's shard and
+replica groups get their own links.
 Each collective call also costs the device model's `call_overhead` (uncalibrated local-cpu ranks sharing
 cores wait for their group to be scheduled: topologies/local_cpu.py; 0 elsewhere); the event engine adds the
 same per call.
