@@ -304,8 +304,12 @@ class Layout:
         if self.flash is not None:
             parts.append(f"fa={self.flash}")
         if self.placement and self.placement != self.default_placement:
-            # cp=1 is left out of the text (layouts written before cp existed round-trip unchanged)
-            parts.append("place=" + ".".join(a for a in self.placement if a != "cp" or self.cp > 1))
+            # cp=1 is left out of the text (layouts written before cp existed round-trip unchanged); a placement
+            # that only moves size-1 axes is the default one (the same rank grid) and is not printed
+            shown = tuple(a for a in self.placement if a != "cp" or self.cp > 1)
+            trivial = tuple(a for a in self.default_placement if a != "cp" or self.cp > 1)
+            if [a for a in shown if self.axis_size(a) > 1] != [a for a in trivial if self.axis_size(a) > 1]:
+                parts.append("place=" + ".".join(shown))
         return ",".join(parts)
 
     def with_(self, **changes: object) -> Layout:

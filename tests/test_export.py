@@ -180,3 +180,18 @@ def test_export_imports_no_torch(tmp_path: Path) -> None:
             "assert not [m for m in sys.modules if m.startswith('torch')], 'torch imported'")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
+
+
+def test_every_plan_is_rechecked_against_the_target_runtime(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """A paracube plan (runtime paracube, as every plan before runtimes) is re-checked against the target's
+    runtime too: zero=1 is refused by torchtitan (FSDP2 has no distributed optimizer), an interleaved pipeline by
+    DeepSpeed; one line naming what the target's runtime cannot run, how to plan for it, nothing written."""
+    out = tmp_path / "x.sh"
+    zero1 = default_plan("dp=4,tp=1d:2,sp,mb=2,zero=1").save(tmp_path / "z1.json")
+    err = refusal(capsys, "export", str(zero1), "--to", "torchtitan", "-o", str(out))
+    assert "runtime torchtitan (FSDP2 + DTensor TP) does not run zero=1; valid: zero=0/3" in err
+    assert "(made for runtime paracube; plan with --runtime torchtitan)" in err
+    assert not out.exists()
+    ok = default_plan("dp=4,tp=1d:2,sp,mb=2").save(tmp_path / "z0.json")
+    assert run_cli(capsys, "export", str(ok), "--to", "torchtitan", "-o", str(out))[0] == 0 and out.exists()

@@ -32,6 +32,7 @@ from paracube.executor import Mesh, build_model, check_divisibility, serial_refe
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.layout import Layout, parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
+from paracube.runtimes import RUNTIMES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -158,6 +159,28 @@ def test_memory_per_parameter_is_zero_papers_closed_form() -> None:
         m = estimate(spec, training, parse_layout(f"dp={d},zero={zero},mb=1"), topo, with_events=False).memory
         n = n or m.gradients / 4
         assert (m.parameters + m.gradients + m.optimizer) / n == pytest.approx(want, rel=1e-6), zero
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_memory_per_parameter_for_each_runtimes_gradient_dtype(runtime: str) -> None:
+    """Every runtime's gradient dtype (Runtime.grad_bytes: fp32 for paracube, Megatron's main_grad and FSDP2's
+    fp32 reduction; 16-bit for DeepSpeed's ZeRO): zero=0..3 per parameter, bf16 compute copy, Adam + fp32 master,
+    c + g + 12, c + g + 12/d, c + (g + 12)/d, (c + g + 12)/d with g the gradient bytes: the ZeRO paper's 16,
+    4 + 12/d, 2 + 14/d, 16/d at g = 2 and 18, 6 + 12/d, 2 + 16/d, 18/d at g = 4. Through the engine option the
+    runtime gives (and the search's memory: the same with_zero)."""
+    spec = ModelSpec("big", layers=4, hidden=256, heads=8, ffn_hidden=1024, vocab=1024, seq_len=64)
+    d, rt = 8, RUNTIMES[runtime]
+    g = rt.grad_bytes
+    assert g == (2 if runtime == "deepspeed" else 4)
+    training = TrainingSpec(global_batch=d, dtype="bf16")
+    topo = load_topology("dgx-a100", gpus=d)
+    forms = {0: 2 + g + 12, 1: 2 + g + 12 / d, 2: 2 + (g + 12) / d, 3: (2 + g + 12) / d}
+    n = None
+    for zero, want in forms.items():
+        m = estimate(spec, training, parse_layout(f"dp={d},zero={zero},mb=1"), topo, with_events=False,
+                     **rt.engine_options()).memory
+        n = n or m.gradients / g
+        assert (m.parameters + m.gradients + m.optimizer) / n == pytest.approx(want, rel=1e-6), (runtime, zero)
 
 
 ENGINE_LAYOUTS = [  # 20 layouts of zero=2/3 and HSDP, global batch 16, on DGX A100 nodes (8 GPUs each)
@@ -294,7 +317,8 @@ def test_search_prices_each_zero_stage_and_ranks_by_step_time() -> None:
         if zs == (2, 3):
             assert all(lay.pp == 1 for lay, _ in res.ranked)
             for lay, est in res.ranked:
-                again = estimate(spec, training, lay, topo, with_events=False)
+                again = estimate(spec, training, lay, topo, with_events=False,
+                                 **RUNTIMES["paracube"].engine_options())  # FSDP prefetch (fsdp_overlap.py)
                 assert again.step_time_s == est.step_time_s
     assert best[(0, 1, 2, 3)] == pytest.approx(min(best[(0, 1)], best[(2, 3)]))
     with pytest.raises(ParacubeError, match="runs zero=2/3 with dp > 1, pp=1"):

@@ -31,15 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_runtime(plan: Plan, target: str, source: str) -> None:
-    """A plan made for a stack's runtime (megatron, torchtitan, deepspeed: one with an export target) is re-checked
-    against the runtime of `target` (torchrun / slurm: paracube's) and refused in one line naming what it cannot
-    run. A plan made for paracube's own runtime (every plan before runtimes) keeps the exporter's own checks
-    and notes (paracube/export: e.g. DeepSpeed runs an interleaved schedule as v=1, said in a note)."""
+    """Every plan, whatever runtime it was made for (paracube's own too), is re-checked against the runtime of
+    `target` (torchrun / slurm: paracube's) and refused in one line naming what that runtime cannot run (and,
+    made for another runtime, how to plan for this one)."""
     from paracube.runtimes import DEFAULT_RUNTIME, for_target, get_runtime
 
     made_for = get_runtime(plan.runtime)
-    if made_for.export_target is None:
-        return
     runtime = for_target(target) or get_runtime(DEFAULT_RUNTIME)
     why = runtime.refusal(plan.layout, plan.model.family, plan.model.tied_embeddings, plan.training.dtype)
     if why:
@@ -55,8 +52,9 @@ def export_cmd(args: argparse.Namespace) -> int:
         raise unknown("export target", args.to, TARGETS)
     out = writable(args.out, "-o", args.force)
     plan = load_plan(args.plan)
-    _check_runtime(plan, args.to, args.plan)
+    # The exporter's own refusals first (they name the targets that run the plan), then the runtime's.
     result = export_plan(plan, args.to, plan_path=str(Path(args.plan).resolve()), steps=args.steps)
+    _check_runtime(plan, args.to, args.plan)
     for note in result.notes:
         print(f"paracube export: note: {note}", file=sys.stderr)
     if out is None:

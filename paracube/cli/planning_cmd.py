@@ -75,6 +75,13 @@ def estimate_with(engine: str, w: Workload, layout: Layout, topo: object, **opti
     return dispatch(engine, w.model, w.training, layout, topo, **options)
 
 
+def engine_options(w: Workload) -> dict[str, bool]:
+    """The engines' overlap options of the workload's runtime (Runtime.engine_options: the one place)."""
+    from paracube.runtimes import get_runtime
+
+    return get_runtime(w.runtime).engine_options()
+
+
 def _row(est: StepEstimate) -> list[str]:
     return [human_time(est.step_time_s), human_time(est.compute_time_s), human_time(est.exposed_comm_time_s),
             human_time(est.bubble_time_s), human_bytes(est.memory.total), human_bytes(est.comm_bytes_per_gpu),
@@ -141,11 +148,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
     ranked = _with_zero(dedupe(result.ranked), w.layout)
     exhaustive = len(result.ranked) < pool
     if args.refine:
-        from paracube.planner.dimensions import PARAM_OVERLAP, chosen
-        from paracube.runtimes import RUNTIMES
-
-        pov = chosen(PARAM_OVERLAP, RUNTIMES[w.runtime], w.layout)  # as the search priced them (planner/search.py)
-        refined = [(lay, estimate_with("event", w, lay, topo, param_overlap=pov)) for lay, _ in ranked[: args.refine]]
+        opts = engine_options(w)  # as the search priced them (planner/search.py)
+        refined = [(lay, estimate_with("event", w, lay, topo, **opts)) for lay, _ in ranked[: args.refine]]
         ranked = sorted(refined, key=lambda r: r[1].step_time_s) + ranked[args.refine:]
         choices = explain(ranked[: args.refine], w.layout)
     else:

@@ -32,8 +32,11 @@ of the first micro-batch (share_f = 1/3, 1/4 with full recomputation),
 assuming every bucket's gather must land before the end of that first forward (a bucket's layers may come
 earlier: this is the optimistic bound of waiting once; the event engine waits once at the same point).
 zero=2/3 (comm.py, traffic.py): the per-micro-batch unit reduce-scatters and zero=3's gathers are priced in
-line with compute (exposed; the executor's prefetch of the next unit's gather is not credited), the per-step
-HSDP replica all_reduce and zero=2's all_gather exposed; HSDP's shard and replica groups get their own links.
+line with compute unless the engine is asked for `fsdp_prefetch` (gathers prefetched one unit ahead, the
+runtime's Runtime.fsdp_prefetch) and / or the layout has `overlap` (reduce-scatters asynchronous, HSDP's
+replica all_reduce under the last micro-batch's backward): then per micro-batch what the recursion of
+cost_models/fsdp_overlap.py leaves exposed; zero=2's per-step all_gather stays exposed; HSDP's shard and
+replica groups get their own links.
 Each collective call also costs the device model's `call_overhead` (uncalibrated local-cpu ranks sharing
 cores wait for their group to be scheduled: topologies/local_cpu.py; 0 elsewhere); the event engine adds the
 same per call.
@@ -42,7 +45,7 @@ same per call.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -58,6 +61,7 @@ from paracube.cost_models.compute import (
     stage_compute_time,
 )
 from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
+from paracube.cost_models.fsdp_overlap import prefetched_micro
 from paracube.cost_models.grad_overlap import exposed_grad_time
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total, with_zero
@@ -92,6 +96,7 @@ class StageScores:
     grad_last: Arr  # fraction of the gradient bytes in the bucket(s) produced last (xl, docstring)
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
     gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
+    fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     micro, step, sent, grad, gather = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n), np.zeros(n)
     alternating = MODES[mode].alternating
     grad_axes = MODES[mode].grad_axes
+    fsdp: dict[str, tuple[Arr, Arr]] = {}
     for e in entries:
         if not np.any(e.count):
             continue
@@ -146,6 +152,10 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw + calls)
         if not np.all(e.count > 0):  # no call, no time (a one-rank group's link may be infinitely fast)
             tm = np.where(e.count[rows] > 0, tm, 0.0)
+        if traffic.zero >= 2 and (e.axes == traffic.zero_axes or e.axes == ("dp_replicate",)) \
+                and e.per_step == (e.axes == ("dp_replicate",)):  # fsdp_overlap.py's inputs (HSDP: "replica")
+            fsdp["replica" if e.per_step else e.kind] = (np.where(e.count[rows] > 0, tm - e_sent[rows] / bw, 0.0),
+                            np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0))
         if e.per_step:
             step += tm
             # The gradient buckets (all_reduce over grad_axes; zero=1: reduce_scatter), not the norm
@@ -168,17 +178,19 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)
     last_frac = np.minimum(1.0, n_last / np.maximum(n_local, 1))
     return StageScores(entries, micro, step, sent[rows], compute, grad, first_frac[rows], last_frac[rows], optim,
-                       gather)
+                       gather, fsdp)
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
              zero: Arr | int | None = None, overlap: bool | Arr = False, kw: Arr | int = 0,
-             tpo: bool | Arr = False, shard: int | None = None, param_overlap: bool = False) -> Scores:
+             tpo: bool | Arr = False, shard: int | None = None, param_overlap: bool = False,
+             fsdp_prefetch: bool = False) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
     latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays).
     `param_overlap`: zero=1's parameter all_gather hidden under the next step's first forward (int zero=1 only;
-    module docstring)."""
+    module docstring). `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters overlapped
+    (int zero >= 2, pp = 1; cost_models/fsdp_overlap.py)."""
     rows = np.arange(len(b)) if rows is None else rows
     tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
@@ -186,6 +198,12 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
                           tpo=tpo_rows is not None, shard=shard)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows) for s in STAGES)
+    if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
+        n_zero = traffic.group_size(traffic.zero_axes)
+        ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
+        parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
+                                  fsdp_prefetch, ov) for name, st in zip(STAGES, stages, strict=True)]
+        stages = tuple(replace(st, micro=m, step=st.step - rep) for st, (m, rep) in zip(stages, parts, strict=True))
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
     idx = np.arange(len(slow))
@@ -222,7 +240,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         shards = traffic.group_size(traffic.zero_axes)
         units = [traffic.units(*_flags(s, b.pp))[1::2] if np.any(np.asarray(zero) >= 2) else None
                  for s in ("first", "last")]
-        mems = [with_zero(m, shards, zero, u) for m, u in zip(mems, units, strict=True)]
+        mems = [with_zero(m, shards, zero, u, d.grad_bytes) for m, u in zip(mems, units, strict=True)]
     tot = np.stack([total(m) for m in mems])
     heavy = np.argmax(tot, axis=0)
     cidx = np.arange(len(heavy))
@@ -301,12 +319,16 @@ def estimate(
     with_events: bool = True,
     cache: LinkCache | None = None,
     param_overlap: bool = False,
+    fsdp_prefetch: bool = False,
+    grad_bytes: int = 4,
 ) -> StepEstimate:
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
-    `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before)."""
+    `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before);
+    `fsdp_prefetch`: zero=2/3 as FSDP runs them (fsdp_overlap.py); `grad_bytes`: the runtime's gradient element
+    bytes (memory only: the reductions are priced in fp32)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
-    d = with_pins(dims_of(model, training), layout)
+    d = replace(with_pins(dims_of(model, training), layout), grad_bytes=grad_bytes)
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb)
     if layout.zero >= 2 and layout.pp > 1:
@@ -318,7 +340,8 @@ def estimate(
     links = layout_links(layout, cache or LinkCache(topo))
     batch = layout_arrays(layout, mb)
     res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
-                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap)
+                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap,
+                   fsdp_prefetch=fsdp_prefetch)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size

@@ -46,6 +46,7 @@ class Dims:
     attention_dropout: float = 0.0  # on the attention probabilities
     embedding_dropout: float = 0.0  # on the embedding output (first stage)
     fp8: bool = False  # TrainingSpec.dtype "fp8": the block linears' GEMMs on FP8 inputs (cost_models/fp8.py)
+    grad_bytes: int = 4  # bytes per gradient element the runtime keeps (Runtime.grad_bytes; memory.py)
 
     def head_count(self, first: Any, last: Any) -> Any:
         """1 where a stage holds its own head [h, V] (last, and not tied to its own embedding), else 0."""

@@ -80,10 +80,12 @@ class _Stage:
 
 class _Sim:
     def __init__(self, layout: Layout, topo: RoutedTopology, programs: list[StageProgram], n_micro: int,
-                 overlap: bool, timeline: bool, param_overlap: bool = False) -> None:
+                 overlap: bool, timeline: bool, param_overlap: bool = False, fsdp_prefetch: bool = False) -> None:
         self.layout, self.topo, self.programs, self.n_micro = layout, topo, programs, n_micro
-        # Streams are needed once anything runs asynchronously (tp overlap or gradient buckets).
-        self.overlap, self.record = overlap or layout.overlap or param_overlap, timeline
+        # Streams are needed once anything runs asynchronously (tp overlap, gradient buckets, FSDP prefetch).
+        self.overlap = overlap or layout.overlap or param_overlap or (fsdp_prefetch and layout.zero >= 2)
+        self.record = timeline
+        self.tagged: dict[tuple[int, str], simpy.Process] = {}  # (stage, tag) -> an asynchronous op in flight
         self.waits: GemmModel | None = None  # the device model's per-call waits (GemmModel.call_wait; simulate)
         # (bandwidth, latency) per axes where the algorithm may be a tree (uncalibrated; simulate sets it)
         self.alpha_beta: dict[tuple[str, ...], tuple[float, float]] = {}
@@ -228,12 +230,18 @@ class _Sim:
                 if self.record:
                     phase = "bwd" if op.name.endswith(("dX", "dA", "bwd")) else op.name.rsplit(".", 1)[-1]
                     self.spans.append(Span(stage, "compute", op.name, t0, self.env.now, phase))
+            elif op.kind == "wait" and op.tag:  # one tagged op only (fsdp_overlap.py: a unit's prefetched gather)
+                proc = self.tagged.pop((stage, op.tag), None)
+                if proc is not None:
+                    yield proc
             elif op.kind == "wait":
                 if pending:
                     yield simpy.AllOf(self.env, pending)
                     pending.clear()
             elif op.asynchronous:  # build_stage marks ops asynchronous only when they overlap
                 pending.append(self.env.process(self.comm(stage, op)))
+                if op.tag:
+                    self.tagged[stage, op.tag] = pending[-1]
             else:
                 yield from self.comm(stage, op)
 
@@ -287,15 +295,17 @@ class _Sim:
 
 def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
              overlap: bool = False, timeline: bool = True, with_events: bool = True,
-             param_overlap: bool = False) -> EventResult:
+             param_overlap: bool = False, fsdp_prefetch: bool = False, grad_bytes: int = 4) -> EventResult:
     """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats.
-    `param_overlap`: zero=1's parameter all_gathers overlapped with the first forward (event_program.py)."""
+    `param_overlap`: zero=1's parameter all_gathers overlapped with the first forward (event_program.py);
+    `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters asynchronous (fsdp_overlap.py)."""
     check(isinstance(layout, Layout), f"layout {layout!r} is not a Layout; parse it with parse_layout")
     n_dev = getattr(topo, "num_devices", None)
     check(isinstance(n_dev, int), f"topology {topo!r} has no num_devices; load one with load_topology")
     check(layout.world_size <= n_dev, f"layout {layout} needs {layout.world_size} devices; topology "
           f"{getattr(topo, 'name', topo)!r} has {n_dev} (ranks 0..{n_dev - 1})")
-    base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap)
+    base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
+                             fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes)  # memory: grad_bytes
     d = with_pins(dims_of(model, training), layout)
     mb, _ = resolve_micro_batch(layout, d)
     n_micro = d.global_batch // (layout.dp * mb)
@@ -304,8 +314,8 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
                             f"a multiple of pp={layout.pp}; change the global batch or mb")
     g = gemm_model(topo, training.dtype)
     programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap, overlap or layout.overlap,
-                            param_overlap) for s in range(layout.pp)]
-    sim = _Sim(layout, topo, programs, n_micro, overlap, timeline, param_overlap)
+                            param_overlap, fsdp_prefetch) for s in range(layout.pp)]
+    sim = _Sim(layout, topo, programs, n_micro, overlap, timeline, param_overlap, fsdp_prefetch)
     sim.waits = g if g.waits else None
     if not g.comm:  # uncalibrated all_reduces take the faster of ring and tree, as the analytic model does
         sim.alpha_beta = {axes: (float(bw[0]), float(lat[0]))
@@ -337,25 +347,30 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
 
 
 def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
-                   with_events: bool = True, overlap: bool = False, param_overlap: bool = False) -> StepEstimate:
+                   with_events: bool = True, overlap: bool = False, param_overlap: bool = False,
+                   fsdp_prefetch: bool = False, grad_bytes: int = 4) -> StepEstimate:
     """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
-    return simulate(model, training, layout, topo, overlap=overlap, timeline=False,
-                    with_events=with_events, param_overlap=param_overlap).estimate
+    return simulate(model, training, layout, topo, overlap=overlap, timeline=False, with_events=with_events,
+                    param_overlap=param_overlap, fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes).estimate
 
 
 def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                   with_events: bool = True, **options: object) -> StepEstimate:
     """`--engine analytic|event`: one entry point for the CLI. Options: overlap=True (event only);
-    param_overlap=True (both: the runtime overlaps zero=1's parameter gather, planner/dimensions.PARAM_OVERLAP)."""
+    param_overlap=True and fsdp_prefetch=True (both engines: how the runtime runs zero's parameter gathers,
+    planner/dimensions.engine_options)."""
     param_overlap = bool(options.pop("param_overlap", False))
+    fsdp_prefetch = bool(options.pop("fsdp_prefetch", False))
+    grad_bytes = int(options.pop("grad_bytes", 4))  # type: ignore[call-overload]
     if engine == "analytic":
         check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
-        return analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap)
+        return analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
+                                 fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes)
     if engine == "event":
         extra = sorted(set(options) - {"overlap"})
         check(not extra, f"unknown event-engine options {extra}; valid: overlap")
         return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)),
-                              param_overlap)
+                              param_overlap, fsdp_prefetch, grad_bytes)
     raise unknown("engine", engine, ENGINES)
 
 

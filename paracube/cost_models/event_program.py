@@ -36,6 +36,7 @@ from paracube.cost_models.compute import (
     stage_compute_time,
 )
 from paracube.cost_models.dims import Dims, local_params, padded_vocab
+from paracube.cost_models.fsdp_overlap import prefetch_program
 from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
@@ -57,6 +58,7 @@ class Op:
     event: CommEvent | None = None
     asynchronous: bool = False
     gemm: float = 0.0  # tpo: seconds of the GEMM this collective is decomposed against (cost_models/tpo.py)
+    tag: str = ""  # an asynchronous op a `wait` with the same tag waits for alone (fsdp_overlap.py's prefetch)
 
 
 @dataclass
@@ -254,11 +256,13 @@ def _layer_bwd(by: Grouped, units: tuple[str, ...], comp: dict, i: int, rec: flo
 
 
 def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False,
-                grad_overlap: bool | None = None, param_overlap: bool = False) -> StageProgram:
+                grad_overlap: bool | None = None, param_overlap: bool = False,
+                fsdp_prefetch: bool = False) -> StageProgram:
     """`overlap`: tp weight-gradient reduce-scatters hidden under dX; `grad_overlap` (default: `overlap`):
     data-parallel gradient buckets issued during the last backward; `param_overlap` (zero=1): the parameter
     all_gathers (the previous step's, in the steady state) issued asynchronously as the step's first forward
-    starts and waited on when the stage's first chunk of it ends (analytic.py: max(0, gather - forward))."""
+    starts and waited on when the stage's first chunk of it ends (analytic.py: max(0, gather - forward));
+    `fsdp_prefetch` (zero=2/3): each unit's gather prefetched, its reduce-scatter asynchronous (fsdp_overlap.py)."""
     grad_overlap = overlap if grad_overlap is None else grad_overlap
     pp, v = layout.pp, layout.interleave
     kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
@@ -323,6 +327,8 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     if layout.tpo:
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]
+    if layout.zero >= 2 and (fsdp_prefetch or grad_overlap):  # reduce-scatters async with the layout's overlap
+        prefetch_program(prog, fsdp_prefetch, grad_overlap)
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
     shard = zero_group(layout) if layout.zero else 1

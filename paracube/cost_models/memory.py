@@ -3,7 +3,8 @@
 Static, per local parameter (the exact local count of comm.stage_layers_params: 3d total/q^3, 2d/2.5d
 total/q^2, 1d replicated norms, row biases and pos_emb), as the executor holds it (executor/layers/functional.py,
 "Precision"; Megatron's mixed precision): the parameters in the compute dtype (c bytes: the compute copy),
-their gradients in fp32 buckets (4; grad_sync.py, Megatron's main_grad), and AdamW's fp32 state: two moments
+their gradients in fp32 buckets (4; grad_sync.py, Megatron's main_grad; Dims.grad_bytes: 2 for a runtime keeping
+16-bit gradients, DeepSpeed's ZeRO), and AdamW's fp32 state: two moments
 (8) plus, for a 16-bit compute dtype, the fp32 master weights (4; optim.MasterAdamW). fp32: 4 + 4 + 8 = 16
 bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer, executor/data_parallel/optim.py):
 optimizer 12 ceil(n / z) = fp32 master shard + two moments, in every dtype (the reduce-scatter writes the
@@ -144,7 +145,7 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
     optimizer = 12 * np.ceil(n_local / zero_shards(mode, b)) if zero == 1 else optimizer_bytes(d.c) * n_local
     return {
         "parameters": d.c * n_local,
-        "gradients": 4 * n_local,
+        "gradients": d.grad_bytes * n_local,
         "optimizer": optimizer,
         "activations": acts,
         "temporaries": temp,
@@ -172,7 +173,7 @@ def zero_shards(mode: str, b: LayoutBatch) -> Arr:
 
 
 def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
-              units: tuple[Arr, Arr] | None = None) -> dict[str, Arr]:
+              units: tuple[Arr, Arr] | None = None, grad_bytes: int = 4) -> dict[str, Arr]:
     """Memory parts with the zero stage `zero` (per layout, or one int for all) over `shards` ranks
     (zero_shards: dp, 2.5D dp x depth; HSDP: the shard group), from the zero=0 parts `mem` (c bytes per
     parameter, fp32 gradients, Adam + fp32 masters for 16-bit: Rajbhandari et al. 2020 with fp32 gradients):
@@ -183,8 +184,10 @@ def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
       12 P / shards, plus two fp32 unit gradient buffers 4 Q (the one being reduce-scattered, the one filling)
       in temporaries: 16-bit 2 + 16 / d bytes per parameter;
     - zero=3: parameters c P / shards too, plus two gathered units c Q: 18 / d (fp32: 16 / d).
-    (executor/data_parallel/sharded.py, fsdp.py; the tests measure these bytes on the executor's tensors.)"""
-    n_local = mem["gradients"] / 4  # the fp32 gradient buckets: 4 bytes per local parameter
+    (executor/data_parallel/sharded.py, fsdp.py; the tests measure these bytes on the executor's tensors.)
+    `grad_bytes` (Dims.grad_bytes, the runtime's gradient dtype): 4 above; 2 for a stack keeping 16-bit
+    gradients (DeepSpeed's ZeRO: the paper's 16, 4 + 12/d, 2 + 14/d, 16/d bytes per parameter)."""
+    n_local = mem["gradients"] / grad_bytes  # the gradient buckets: grad_bytes per local parameter
     z = np.asarray(zero)
     sharded_bytes = 12 * np.ceil(n_local / np.asarray(shards, dtype=float))
     out = {**mem, "optimizer": np.where(z == 1, sharded_bytes, mem["optimizer"])}
@@ -193,8 +196,8 @@ def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
     P, Q = (np.asarray(u, dtype=float) for u in units)
     c = mem["parameters"] / np.maximum(n_local, 1)
     per = P / np.asarray(shards, dtype=float)
-    out["gradients"] = np.where(z >= 2, 4 * per, out["gradients"])
+    out["gradients"] = np.where(z >= 2, grad_bytes * per, out["gradients"])
     out["optimizer"] = np.where(z >= 2, 12 * per, out["optimizer"])
     out["parameters"] = np.where(z == 3, c * per, out["parameters"])
-    out["temporaries"] = out["temporaries"] + np.where(z >= 2, 4 * Q, 0.0) + np.where(z == 3, c * Q, 0.0)
+    out["temporaries"] = out["temporaries"] + np.where(z >= 2, grad_bytes * Q, 0.0) + np.where(z == 3, c * Q, 0.0)
     return out

@@ -12,6 +12,10 @@ runtime offers it and prices the other value for the best layout only, as its ru
              max(0, gather - forward) <= the gather; cost_models/analytic.py). No Layout field: the runtime's
              `param_gather_overlap_default` decides it (Megatron / torchtitan / DeepSpeed on; paracube's
              executor does not overlap the gather: off), the engines take it as a boolean (`param_overlap`)
+    fsdp_prefetch  zero=2/3's per-unit gathers prefetched under the previous unit's compute and reduce-scatters
+             asynchronous (cost_models/fsdp_overlap.py): dominant (the recursion's exposed time <= in line). No
+             Layout field: every runtime here runs FSDP that way (Runtime.fsdp_prefetch)
+    Runtime.engine_options() gives the engines both booleans (param_overlap, fsdp_prefetch) in every command.
     kw       kept weights (2d / 2.5d / 3d): 1 where several micro-batches and memory allow
     fa       attention kernel: flash dominant (compute.py, activations.py)
 The search reads `values(dim, runtime, fixed, asked)`, never a runtime's name, so a new dimension is a new
@@ -54,9 +58,12 @@ TPO = Dimension("tpo", (False, True), lambda f: True if f.tpo else (False if f.f
 PARAM_OVERLAP = Dimension("param_overlap", (False, True), lambda f: None,
                           lambda r: _on_off(r.param_gather_overlap, r.param_gather_overlap_default), True,
                           "zero=1's parameter all_gather overlapped with the next forward")
+FSDP_PREFETCH = Dimension("fsdp_prefetch", (False, True), lambda f: None,
+                          lambda r: _on_off(r.fsdp_prefetch, r.fsdp_prefetch), True,
+                          "zero=2/3's gathers prefetched, reduce-scatters asynchronous")
 KW = Dimension("kw", (0, 1), lambda f: f.keep_weights, lambda r: (0, 1), doc="kept weights (2d / 2.5d / 3d)")
 FA = Dimension("fa", (1, 0), lambda f: f.flash, lambda r: (1, 0), 1, "attention kernel (1 flash, 0 unfused)")
-DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, KW, FA)}
+DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, FSDP_PREFETCH, KW, FA)}
 
 
 def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
@@ -77,5 +84,5 @@ def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
     return bool(vals) and vals[0] == dim.dominant
 
 
-__all__ = ["DIMENSIONS", "FA", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS", "RC", "TPO", "ZERO", "Dimension",
-           "chosen", "values"]
+__all__ = ["DIMENSIONS", "FA", "FSDP_PREFETCH", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS", "RC", "TPO", "ZERO",
+           "Dimension", "chosen", "values"]

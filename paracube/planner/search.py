@@ -61,7 +61,17 @@ from paracube.estimate import StepEstimate
 from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
 from paracube.modes import MODES, LayoutBatch, runnable_modes
 from paracube.modes.stages import split_ok
-from paracube.planner.dimensions import OVERLAP, PARAM_OVERLAP, PRICED_ZEROS, RC, TPO, ZERO, chosen, values
+from paracube.planner.dimensions import (
+    FSDP_PREFETCH,
+    OVERLAP,
+    PARAM_OVERLAP,
+    PRICED_ZEROS,
+    RC,
+    TPO,
+    ZERO,
+    chosen,
+    values,
+)
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
 from paracube.runtimes import RUNTIMES, Runtime
 from paracube.workload import ModelSpec, TrainingSpec
@@ -111,6 +121,7 @@ class _Search:
     overlap_chosen: bool = False  # the runtime overlaps the gradient reduction by default (dimensions.OVERLAP)
     tpo_pinned: bool = False  # the fixed layout's tpo: every tensor-parallel layout has it
     tpo_chosen: bool = False  # the runtime overlaps tensor-parallel collectives with GEMMs (dimensions.TPO)
+    fsdp_prefetch: bool = False  # zero=2/3 priced with prefetch (dimensions.FSDP_PREFETCH)
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
@@ -249,7 +260,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     units = [unit_totals(s.d, mode, sub, f, h, shards)[1::2] for f, h in flags] if max(zeros) >= 2 else [None] * 2
 
     def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
-        return np.maximum(*(total(with_zero(m, shards, z, u)) for m, u in zip(ms, units, strict=True)))
+        return np.maximum(*(total(with_zero(m, shards, z, u, s.d.grad_bytes)) for m, u in zip(ms, units, strict=True)))
 
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
@@ -262,16 +273,17 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         mem = peak(base, z * ones)
         ok = (z == 0) | ((shards > 1) & ~tied_pp)
         if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
-            # with pipelines where the runtime runs it; with tied embeddings where it runs them at this stage
+            # at pp = 1 (the cost models price zero=2/3 without pipelines only: analytic.estimate refuses the rest,
+            # although torchtitan runs FSDP with pipelines); with tied embeddings where it runs them at this stage
             tied_ok = not s.d.tied or s.runtime.runs(mode, zero=z, tied_embeddings=True)
-            ok = (shards > 1) & ((sub.pp == 1) | (z in s.runtime.zeros_with_pp)) & tied_ok
+            ok = (shards > 1) & (sub.pp == 1) & tied_ok
             extra.append((z, (mem <= s.mem_cap) & ok))
         else:
             zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
         runs = runs | ok
     unrun = ~runs if min(zeros) >= 2 else np.zeros(len(idx), dtype=bool)  # only zero=2/3 allowed, none runs
     if unrun.any():
-        pps = ", pp=1" if not {2, 3} & set(s.runtime.zeros_with_pp) else ""
+        pps = ", pp=1"  # priced at pp = 1 only (above), whatever the runtime runs
         rejected[f"runtime {s.runtime.name} runs zero=2/3 with dp > 1{pps}"
                  + (" and untied embeddings" if s.d.tied else "")] += int(n_places[idx[unrun]].sum())
     fits = zero >= 0
@@ -363,7 +375,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     st_links = _structure_links(s, mode, owners, places)
     zero_arg = zeros if s.zeros != (0,) else None
     ovs, tpos = _overlaps(s, mode, batch)
-    ovs = ovs & (zeros < 2)  # zero=2/3 reduce every micro-batch's gradients during its backward (traffic.py)
+    # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
     # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
     # would price them as zero=0, so their configurations are not pruned.
     if (s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k
@@ -421,7 +433,7 @@ def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.n
         sub = {ax: (bw[sel], lat[sel]) for ax, (bw, lat) in links.items()}
         arg = (np.where(zeros >= 2, 0, zeros) if zero_arg is not None else None) if z is None else int(z)
         out[sel] = evaluate(s.d, mode, batch, sub, s.g, rows=rows[sel], zero=arg, overlap=ovs[rows[sel]], kw=kws,
-                            tpo=tpos[rows[sel]]).step_time
+                            tpo=tpos[rows[sel]], fsdp_prefetch=s.fsdp_prefetch and z is not None).step_time
     return out
 
 
@@ -487,7 +499,7 @@ def search(
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     modes = _modes(modes, gpus, fixed, rt)
-    d = with_pins(dims_of(model, training), fixed)  # fa= pinned: that kernel (the search's is flash)
+    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=rt.grad_bytes)  # fa= pinned: that kernel
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
     check(0.0 <= memory_headroom < 1.0, f"memory headroom {memory_headroom!r} must be a fraction in [0, 1)")
     mem_cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
@@ -496,7 +508,8 @@ def search(
                 len(rcs) > 1 or (fixed is not None and fixed.recompute is not None) or rcs[0] != training.recompute,
                 overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None,
                 prune, runtime=rt, overlap_chosen=chosen(OVERLAP, rt, fixed),
-                tpo_pinned=fixed is not None and fixed.tpo, tpo_chosen=chosen(TPO, rt, fixed))
+                tpo_pinned=fixed is not None and fixed.tpo, tpo_chosen=chosen(TPO, rt, fixed),
+                fsdp_prefetch=chosen(FSDP_PREFETCH, rt, fixed))
     for rc in rcs:
         s.d = replace(d, recompute=rc)
         for mode in modes:
@@ -515,12 +528,13 @@ def search(
     # zero=1's parameter gather overlapped with the next forward where the runtime does it (dimensions.py);
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
+    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,
+               "grad_bytes": rt.grad_bytes}  # = rt.engine_options()
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         key = repr(lay)  # every field
         if key not in estimates:
-            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache,
-                                      param_overlap=param_overlap)
+            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache, **options)
         return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]

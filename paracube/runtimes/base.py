@@ -13,12 +13,17 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   paracube's executor then reduces after the backward, as it always did, and the estimate is optimistic).
 - `param_gather_overlap`: zero's parameter all-gather prefetched under compute (Megatron --overlap-param-gather,
   FSDP2's prefetch, DeepSpeed stage-3 prefetch); priced for zero=1 (the gather after the optimizer step hidden
-  under the next forward: cost_models/analytic.py, planner/dimensions.PARAM_OVERLAP); zero=3's prefetch not yet.
+  under the next forward: cost_models/analytic.py, planner/dimensions.PARAM_OVERLAP).
+- `fsdp_prefetch`: zero=2/3 (FSDP) as the stacks run it: each unit's parameter all_gather prefetched while the
+  previous unit computes, forward and backward, its gradient reduce_scatter asynchronous under the backward of
+  the units before it (FSDP2 / torchtitan, DeepSpeed stage-3 prefetch, Megatron-FSDP, paracube's
+  executor/data_parallel/fsdp.py; cost_models/fsdp_overlap.py prices it).
 - `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce / consume them (collective matmul:
   Megatron --tp-comm-overlap with Transformer Engine userbuffers, torchtitan async TP); `tpo_needs_sp`.
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
-Each overlap has `*_default`: whether the stack turns it on without a flag (what the search assumes when the
+`engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
+validate). Each overlap has `*_default`: whether the stack turns it on without a flag (what the search assumes when the
 layout does not pin it; `Layout.overlap` / `Layout.tpo` record the choice).
 """
 
@@ -62,6 +67,8 @@ class Runtime:
     p2p_overlap: bool
     export_target: str | None  # `paracube export --to` name of this stack (None: `paracube run` runs it)
     families: tuple[str, ...] = ("gpt", "llama")
+    fsdp_prefetch: bool = True  # zero=2/3: gathers prefetched, reduce-scatters asynchronous (all four stacks)
+    grad_bytes: int = 4  # bytes per gradient element it keeps: fp32 (Megatron's main_grad, FSDP2's fp32 reduce)
     sp_default: bool = False  # sp on whenever tensor parallelism is (torchtitan)
     tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
     mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
@@ -69,6 +76,14 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
+
+    def engine_options(self) -> dict[str, bool]:
+        """The cost models' options for how this stack overlaps zero's parameter gathers (analytic.estimate,
+        event.simulate: `param_overlap` zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's
+        prefetch and asynchronous reduce-scatters, `grad_bytes` its gradients' element size, memory.py);
+        planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
+        return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
+                "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
@@ -137,7 +152,8 @@ class Runtime:
                 "hybrid_shard": self.hybrid_shard, "recomputes": list(self.recomputes), "dtypes": list(self.dtypes),
                 "overlaps": {"grad_reduce": [self.grad_overlap, self.grad_overlap_default, self.grad_overlap_pp],
                              "param_gather": [self.param_gather_overlap, self.param_gather_overlap_default],
-                             "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap},
+                             "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap,
+                             "fsdp_prefetch": self.fsdp_prefetch},
                 "export_target": self.export_target}
 
 

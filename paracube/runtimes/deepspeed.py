@@ -5,7 +5,8 @@ without interleaving (DeepSpeed's PipelineEngine), ZeRO 1 / 2 / 3 (ZeRO-2 and -3
 hpZ as hybrid sharding (zero_hpz_partition_size), overlap_comm (gradient reduction during backward; on by default
 for ZeRO-3, and for stage 1 / 2 where set: the ds_config paracube exports sets it), stage-3 parameter prefetch,
 fp16 / bf16, activation checkpointing full (Megatron-DeepSpeed also runs selective). No tensor-parallel
-comm overlap.
+comm overlap. Gradients in the 16-bit training dtype (ZeRO's partitioned gradients; Rajbhandari et al. 2020:
+16, 4 + 12/d, 2 + 14/d, 16/d bytes per parameter for zero=0..3).
 """
 
 from __future__ import annotations
@@ -34,5 +35,6 @@ RUNTIME = Runtime(
     tpo_needs_sp=False,
     p2p_overlap=False,
     export_target="deepspeed",
+    grad_bytes=2,  # ZeRO keeps 16-bit gradients (the ZeRO paper's 2 + 2 + 12 bytes per parameter)
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
 )

@@ -160,7 +160,11 @@ def validate(plan: Plan, steps: int, topo: Any, source: str) -> dict[str, Any]:
     if getattr(topo, "calibration", None) is not None:
         calibration = check_calibration(topo, source, plan.layout.world_size)
     layout = plan.layout.with_(micro_batch=plan.micro_batch)
-    est = estimate(plan.model, plan.training, layout, topo, with_events=False)
+    # paracube's executor runs the plan: its overlaps (Runtime.engine_options), whatever runtime planned it
+    from paracube.runtimes import DEFAULT_RUNTIME, get_runtime
+
+    est = estimate(plan.model, plan.training, layout, topo, with_events=False,
+                   **get_runtime(DEFAULT_RUNTIME).engine_options())
     out = compare(est, measure(plan, steps), calibration)
     out["cluster"] = source
     out["calibrated"] = calibration is not None

@@ -1,0 +1,257 @@
+"""zero=2 / zero=3 (FSDP) with prefetch: the exposed part of the per-unit gathers and reduce-scatters.
+
+How the stacks run FSDP (torch FSDP2 as torchtitan applies it, `fully_shard` per block; DeepSpeed stage-3's
+prefetch; paracube's executor/data_parallel/fsdp.py): per micro-batch, in registration order of the FSDP units
+(embedding, blocks, final norm + head; traffic.py's units and bytes, unchanged here),
+- forward: unit u's parameter all_gather is issued when unit u-1's forward starts (prefetch depth one; the
+  first unit's gather is exposed) and waited for when unit u's forward starts;
+- backward (reverse order): unit u's gather again (all but the last unit, kept from its forward:
+  reshard_after_forward=False for it), issued when the previous unit's backward starts, and unit u's fp32
+  gradient reduce_scatter issued when its backward ends; the micro-batch's backward ends when its last
+  reduce_scatter has finished (FSDP2's finalize_backward waits for it);
+- gathers and reduce-scatters of a zero group share one communicator, so one stream: NCCL runs a process
+  group's calls in issue order (torch's ProcessGroupNCCL, one NCCL stream per device and group);
+- HSDP (with overlap): the per-step replica all_reduce of each unit's shard (traffic.py) is issued as the last
+  micro-batch's reduce_scatter of that unit is queued, on the replica group's stream (the recursion's Q); the
+  event engine issues each one after its unit's reduce-scatter (`replica_buckets`). Both start it when its reduce-scatter is
+  issued, not when that ends (FSDP2 waits for the reduce-scatter first): optimistic by at most the overlap of
+  the two on their separate streams.
+The recursion (times relative to the micro-batch's start; P: when a unit's compute starts, C: when it ends,
+S: when the stream is free; a_u, a'_u gathers, r_u reduce-scatter, f_u, b_u the unit's compute plus its
+tensor-parallel communication, which runs in line on the compute side):
+    forward:  G_u = max(S, P_{u-1}) + a_u;  P_u = max(C_{u-1}, G_u);  C_u = P_u + f_u;  S = G_u
+    backward: at P_u issue the next unit's gather: S = max(S, P_u) + a'_next;  C_u = P_u + b_u;
+              S = max(S, C_u) + r_u;  P_next = max(C_u, S_after_gather)
+    micro-batch = max(C_last, S) ;  exposed = micro-batch - sum (f_u + b_u)
+The blocks are identical, so the analytic engine iterates `EXACT` blocks and extrapolates the rest by the last
+block's increment (the recursion is max-plus with constant increments once its transient is over, which here
+takes at most two blocks); the event engine simulates the same issue and wait points op by op
+(`prefetch_program`). Without prefetch every gather and reduce-scatter runs in line (comm.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from paracube.cost_models.compute import GemmModel, stage_compute_time
+from paracube.cost_models.dims import Dims
+from paracube.cost_models.traffic import parameter_units
+from paracube.modes import LayoutBatch
+from paracube.modes.buckets import padded_numel
+from paracube.modes.stages import stage_layers
+
+Op = Any  # event_program.Op (not imported: event_program imports this module)
+
+Arr = np.ndarray
+EXACT = 4  # blocks iterated exactly before extrapolating (module docstring)
+
+
+@lru_cache(maxsize=4096)
+def _sizes(mode: str, d: Dims, t: int, q: int, first: bool, last: bool, n: int) -> tuple[int, int, int]:
+    """Padded lengths of the embedding unit (0 off the first stage), of one block, of the head unit."""
+    units = [padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, 1, first, last)]
+    emb = units[0] if first else 0
+    head = units[-1] if last else 0
+    return emb, units[1 if first else 0], head
+
+
+def unit_sizes(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, n: Arr) -> Arr:
+    """Per layout: (embedding, block, head) padded unit lengths, shape (layouts, 3). Keyed by the stage's shape."""
+    cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape) for x in (b.t, b.q, first, last, n)]
+    keys, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+    per = np.array([_sizes(mode, d, int(k[0]), int(k[1]), bool(k[2]), bool(k[3]), int(k[4])) for k in keys],
+                   dtype=np.float64)
+    return per[inverse.reshape(-1)]
+
+
+State = tuple[Arr, Arr, Arr, Arr, Arr, Arr]
+
+
+def _unit(state: State, a: Arr, work: Arr, r: Arr, live: Arr, prefetch: bool = True, sync: Arr | bool = False,
+          ar: Arr | float = 0.0) -> State:
+    """One unit of the recursion. State (S, P, C, R, Q, A): the zero group's stream free, previous unit's compute
+    start and end, the previous unit's reduce-scatter not yet queued, the replica stream free (HSDP), the previous
+    unit's replica all_reduce not yet queued. This unit's gather `a` was issued at the previous unit's start
+    (prefetch; else at its end, in line), before that unit's reduce-scatter, which queues at its end (with its
+    replica all_reduce `ar`, on its own stream); this unit computes `work` once the previous compute and its
+    gather are done (and, `sync`: the previous reduce-scatter, in line without overlap); its own reduce-scatter
+    `r` is queued at its end (next step)."""
+    S, P, C, R, Q, A = state
+    G = np.maximum(S, P if prefetch else C) + a
+    S2 = np.maximum(G, C) + R
+    Q2 = np.maximum(Q, C) + A
+    Pn = np.where(sync, S2, np.maximum(C, G))
+    out = (S2, Pn, Pn + work, r, Q2, ar + 0.0 * r)
+    return tuple(np.where(live, o, x) for o, x in zip(out, state, strict=True))  # type: ignore[return-value]
+
+
+def _blocks(state: State, blocks: Arr, a: Arr, work: Arr, r: Arr, prefetch: bool = True, sync: Arr | bool = False,
+            ar: Arr | float = 0.0) -> State:
+    """`blocks` identical units: EXACT of them exactly, then the last one's increment for each of the rest."""
+    inc = tuple(np.zeros_like(x) for x in state)
+    for k in range(min(int(blocks.max()) if blocks.size else 0, EXACT)):
+        nxt = _unit(state, a, work, r, k < blocks, prefetch, sync, ar)
+        inc = tuple(n - s for n, s in zip(nxt, state, strict=True))
+        state = nxt
+    rest = np.maximum(blocks - EXACT, 0).astype(float)
+    return tuple(s + rest * i for s, i in zip(state, inc, strict=True))  # type: ignore[return-value]
+
+
+Units = tuple[Arr, Arr, Arr]
+
+
+def micro_batch_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, prefetch: bool = True,
+                        overlap: Arr | bool = True, ar: Units | None = None) -> Arr:
+    """Seconds of one micro-batch (forward + backward), gathers prefetched (`prefetch`) and reduce-scatters
+    asynchronous (`overlap`, per layout), else in line. Per unit kind (embedding, block, head): forward f,
+    backward b, gather a (the same in forward and backward), reduce-scatter r and (the step's last micro-batch,
+    HSDP with overlap) replica all_reduce `ar`; an absent unit has zeros. The head is kept gathered from its
+    forward to its backward (no second gather)."""
+    sync = ~np.asarray(overlap, dtype=bool)
+    z = np.zeros(np.shape(blocks))
+    ar = ar or (z, z, z)
+    edge = [f[k] + bw[k] + ag[k] + rs[k] > 0 for k in (0, 2)]
+    st = _unit((z, z, z, z, z, z), ag[0], f[0], z, edge[0], prefetch)
+    st = _blocks(st, blocks, ag[1], f[1], z, prefetch)
+    st = _unit(st, ag[2], f[2], z, edge[1], prefetch)
+    S, P, C = st[:3]
+    st = (S, C, C, z, z, z)  # the backward starts with the head, its parameters still gathered
+    st = _unit(st, z, bw[2], rs[2], edge[1], prefetch, sync, ar[2])
+    st = _blocks(st, blocks, ag[1], bw[1], rs[1], prefetch, sync, ar[1])
+    st = _unit(st, ag[0], bw[0], rs[0], edge[0], prefetch, sync, ar[0])
+    S, P, C, R, Q, A = st
+    return np.maximum(np.maximum(C, np.maximum(S, C) + R), np.maximum(Q, C) + A)
+
+
+def exposed_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, prefetch: bool = True,
+                    overlap: Arr | bool = True, ar: Units | None = None) -> Arr:
+    """Per layout: seconds of one micro-batch's FSDP gathers and reduce-scatters that compute does not hide."""
+    busy = f[0] + bw[0] + blocks * (f[1] + bw[1]) + f[2] + bw[2]
+    return np.maximum(0.0, micro_batch_seconds(blocks, f, bw, ag, rs, prefetch, overlap, ar) - busy)
+
+
+def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr, F: Arr, H: Arr, n_zero: Arr,
+                     compute: Arr, micro: Arr, fsdp: dict[str, tuple[Arr, Arr]], prefetch: bool = True,
+                     overlap: Arr | bool = True) -> tuple[Arr, Arr]:
+    """A stage's per-step communication on the compute side (`micro`, per layout) with its FSDP gathers and
+    reduce-scatters (`fsdp[kind]` = (latency seconds summed, bandwidth seconds summed): analytic._stage)
+    replaced by what prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`, the layout's: per layout)
+    leave exposed, and the seconds of HSDP's per-step replica all_reduce (`fsdp["replica"]`) to take out of the
+    step's communication where it overlaps (it is in the last micro-batch's recursion instead). pp = 1 (zero=2/3
+    are priced without pipelines). Per micro-batch, the compute side (compute and the other in-line
+    communication) is split into the head's compute (compute.py's head and cross entropy) and equal blocks; the
+    embedding's lookup is negligible; forward 1/3, backward 2/3 (1/4, 3/4 under full recomputation: its forward
+    runs inside backward), as analytic.py splits it."""
+    N = (d.global_batch / (b.dp * b.mb))[rows]
+    blocks = stage_layers(d.L, b.pp, b.v, F, H)[rows].astype(float)
+    sizes = unit_sizes(d, mode, b, F, H, n_zero)[rows]
+    share_f = 0.25 if d.recompute == "full" else 1.0 / 3.0
+    inline = sum(a + e for k, (a, e) in fsdp.items() if k != "replica")
+    head = ((stage_compute_time(d, mode, b, H, g, F) - stage_compute_time(d, mode, b, 0 * H, g, F))[rows] / N
+            if np.any(H) else np.zeros(len(rows)))
+    side = (compute + micro - inline) / N  # one micro-batch's compute side
+    blk = np.maximum(side - head, 0.0) / np.maximum(blocks, 1.0)
+    per_unit = (np.zeros(len(rows)), blk, head)
+    f = tuple(share_f * x for x in per_unit)
+    bw = tuple((1.0 - share_f) * x for x in per_unit)
+
+    def per_call(kind: str, calls: Arr, elements: Arr, per: Arr | float = N) -> tuple[Arr, Arr, Arr]:
+        if kind not in fsdp:
+            return (np.zeros(len(rows)),) * 3
+        alpha, beta = (x / per for x in fsdp[kind])  # per micro-batch (replica: per step)
+        one, el = alpha / np.maximum(calls, 1), beta / np.maximum(elements, 1)
+        return tuple(np.where(sizes[:, k] > 0, one + el * sizes[:, k], 0.0) for k in range(3))  # type: ignore
+
+    n_units = (sizes[:, 0] > 0) + blocks + (sizes[:, 2] > 0)
+    total = sizes[:, 0] + blocks * sizes[:, 1] + sizes[:, 2]
+    ag = per_call("all_gather", 2 * n_units - 1, 2 * total - sizes[:, 2])
+    rs = per_call("reduce_scatter", n_units, total)
+    ov = np.asarray(overlap, dtype=bool)
+    ar = per_call("replica", n_units, total, 1.0)
+    replica = np.where(ov, sum(fsdp["replica"]), 0.0) if "replica" in fsdp else np.zeros(len(rows))
+    plain = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap)  # type: ignore[arg-type]
+    last = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap,
+                           tuple(np.where(ov, x, 0.0) for x in ar))  # type: ignore[arg-type]
+    return micro - inline + (N - 1) * plain + last, replica
+
+
+EMBEDDING = ("emb", "tok_emb", "pos_emb", "embedding")
+HEAD = ("ln_f", "head", "loss")
+
+
+def _unit_key(name: str) -> str | None:
+    """The FSDP unit an op of the event program belongs to (traffic labels, event_program op names)."""
+    parts = name.split(".")
+    if parts[0] == "layers" and len(parts) > 1:
+        return f"layers.{parts[1]}"
+    return "emb" if parts[0] in EMBEDDING else ("head" if parts[0] in HEAD else None)
+
+
+def _prefetched(ops: list[Op], backward: bool, prefetch: bool = True, overlap: bool = True) -> list[Op]:
+    """One micro-batch's forward or backward with every unit's gather issued as the previous unit starts and
+    waited for as its own starts (the first unit's: at once), and (backward) its reduce-scatter asynchronous,
+    all of them waited for at the end (module docstring)."""
+    gathers = {_unit_key(op.name): op for op in ops if op.kind == "comm" and op.name.endswith(".gather")}
+    order = list(dict.fromkeys(k for k in (_unit_key(op.name) for op in ops) if k is not None))
+    with_gather = [k for k in order if k in gathers]
+    nxt = {k: next((g for g in with_gather if order.index(g) > i), None) for i, k in enumerate(order)}
+    out: list[Op] = []
+    issued: set[str] = set()
+
+    def issue(key: str | None) -> None:
+        if prefetch and key is not None and key not in issued:
+            issued.add(key)
+            out.append(replace(gathers[key], asynchronous=True, tag=key))
+
+    issue(with_gather[0] if with_gather else None)
+    started: set[str] = set()
+    for op in ops:
+        key = _unit_key(op.name)
+        if key is not None and key not in started:
+            started.add(key)
+            if key in gathers and prefetch:
+                out.append(replace(gathers[key], kind="wait", name=f"{key}.gather.wait", event=None, tag=key))
+            elif key in gathers:  # in line, before the unit's first op (as analytic's recursion has it)
+                out.append(gathers[key])
+            issue(nxt[key])
+        if op.kind == "comm" and op.name.endswith(".gather"):
+            continue
+        if backward and overlap and op.kind == "comm" and op.name.endswith(".rs"):
+            op = replace(op, asynchronous=True)
+        out.append(op)
+    if backward and overlap:
+        out.append(replace(ops[-1], kind="wait", name="reduce_scatter.wait", event=None, asynchronous=False, tag="",
+                           seconds=0.0, gemm=0.0))
+    return out
+
+
+def replica_buckets(prog: Any) -> None:
+    """HSDP with overlap: each unit's replica all_reduce (the step's tail, registration order) issued
+    asynchronously right after the last micro-batch's reduce-scatter of that unit (backward order), as FSDP2
+    does once per step; waited for before the optimizer. In place (pp = 1: one chunk)."""
+    reps = [op for op in prog.tail if op.event is not None and op.event.label == "gradients.replicas"]
+    ops = prog.bwd_last[0]
+    where = [i for i, op in enumerate(ops) if op.kind == "comm" and op.name.endswith(".rs")]
+    if not reps or len(where) != len(reps):
+        return
+    for op in reps:
+        prog.tail.remove(op)
+    for i, op in sorted(zip(where, reversed(reps), strict=True), reverse=True):
+        ops.insert(i + 1, replace(op, asynchronous=True))
+    prog.tail.insert(0, replace(reps[0], kind="wait", name="gradients.replicas.wait", event=None))
+
+
+def prefetch_program(prog: Any, prefetch: bool = True, overlap: bool = True) -> None:
+    """The event program of a zero=2/3 stage (pp = 1), rewritten with FSDP's prefetch (`prefetch`) and
+    asynchronous reduce-scatters (`overlap`: the layout's) (module docstring); in place."""
+    for lists, backward in ((prog.fwd, False), (prog.fwd_first, False), (prog.bwd, True), (prog.bwd_last, True)):
+        lists[:] = [_prefetched(ops, backward, prefetch, overlap) for ops in lists]
+    if overlap:
+        replica_buckets(prog)
+
+
+__all__ = ["EXACT", "exposed_seconds", "micro_batch_seconds", "prefetch_program", "prefetched_micro", "unit_sizes"]
