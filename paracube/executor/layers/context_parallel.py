@@ -23,9 +23,10 @@ The exchanges (`cpc`), KV = [2, b, kv heads, n, d] of the rank's k and v in the 
   the block it holds (the exchange overlaps it). Backward: the blocks circulate again (cp - 1 sends of KV) and
   each block's partial dK, dV travel with it, each rank adding its queries' share, back to the block's owner
   (cp sends of KV size): 2 cp - 1 KV sends per rank per layer. Every send is recorded as kind "send" over
-  ("cp",) (labels cp.kv, cp.dkv; receives are their peers' sends, as the pipeline records them).
+  ("cp",) (labels <unit>.cp_kv, <unit>.cp_dkv as declared; receives are their peers' sends, as the pipeline
+  records them).
 - ag (Megatron's all_gather): forward all_gather of KV over cp; backward all_gather of KV again (nothing
-  gathered is saved) and reduce_scatter of the gathered dK, dV over cp (labels cp.kv, cp.dkv).
+  gathered is saved) and reduce_scatter of the gathered dK, dV over cp (same labels).
 The autograd Functions save only the rank's own q, k, v, its output and L (no s x s tensor); selective
 recomputation therefore leaves this core alone, full recomputation reruns the block and so its forward exchange.
 Why our own Functions, not torch's context_parallel (torch.distributed.tensor.experimental): that one patches
@@ -45,6 +46,7 @@ from torch import Tensor
 from paracube.executor.comm import all_gather, reduce_scatter
 from paracube.executor.layers.functional import upcast
 from paracube.executor.mesh import Mesh
+from paracube.modes import MODES, context
 
 CP = ("cp",)
 KV_TAG, DKV_TAG = 0x6B76, 0x646B  # gloo matches p2p messages by tag: keys / values and their gradients apart
@@ -119,6 +121,8 @@ class _Ring:
         self.nxt, self.prev = mesh.axis_peer("cp", 1), mesh.axis_peer("cp", -1)
         self.group = mesh.group(CP)
         self.pos = [chunk_positions(s, self.cp, j, device) for j in range(self.cp)]
+        unit = context.attention_unit(MODES[mesh.layout.mode])  # the declaration's labels (modes/context.py)
+        self.kv_label, self.dkv_label = f"{unit}.cp_kv", f"{unit}.cp_dkv"
 
     def allowed(self, j: int) -> Tensor:
         """Mask [n, n] of this rank's queries against cp rank j's keys (global positions)."""
@@ -152,7 +156,7 @@ class _RingAttention(torch.autograd.Function):
         out = lse = None
         for step in range(ring.cp):
             # The next block's exchange is posted before this block's attention: it runs while we compute.
-            reqs, buf = ring.exchange(held, KV_TAG, "cp.kv", False) if step < ring.cp - 1 else ([], held)
+            reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, False) if step < ring.cp - 1 else ([], held)
             j = (ring.i - step) % ring.cp
             o, l_j = block_forward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
                                    ring.allowed(j))
@@ -177,7 +181,7 @@ class _RingAttention(torch.autograd.Function):
         arriving: Tensor | None = None  # the partial dK, dV of the block held, from the previous rank
         arriving_reqs: list[Any] = []
         for step in range(ring.cp):
-            reqs, buf = ring.exchange(held, KV_TAG, "cp.kv", True) if step < ring.cp - 1 else ([], held)
+            reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, True) if step < ring.cp - 1 else ([], held)
             j = (ring.i - step) % ring.cp
             dq_j, dk, dv = block_backward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
                                           ring.allowed(j), do, lse, delta)
@@ -188,7 +192,7 @@ class _RingAttention(torch.autograd.Function):
                 mine = mine + upcast(arriving)
             # The block's dK, dV go on with it (in the compute dtype, as its k, v travel); after the last step
             # what arrives is this rank's own block's, summed over every rank's queries.
-            arriving_reqs, arriving = ring.exchange(mine.to(k.dtype), DKV_TAG, "cp.dkv", True)
+            arriving_reqs, arriving = ring.exchange(mine.to(k.dtype), DKV_TAG, ring.dkv_label, True)
             _wait(reqs)
             held = buf
         _wait(arriving_reqs)
@@ -203,7 +207,7 @@ class _GatherAttention(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int) -> Tensor:
         ring = _Ring(mesh, s, q.device)
         group = q.shape[1] // k.shape[1]
-        kv = all_gather(torch.stack([k, v]), mesh, CP, 3, label="cp.kv")  # [2, b, kv, s, d], cp index order
+        kv = all_gather(torch.stack([k, v]), mesh, CP, 3, label=ring.kv_label)  # [2, b, kv, s, d], cp index order
         allowed = ring.pos[ring.i].unsqueeze(-1) >= torch.cat(ring.pos).unsqueeze(0)
         out, lse = block_forward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group), allowed)
         result = out.to(q.dtype)
@@ -217,14 +221,14 @@ class _GatherAttention(torch.autograd.Function):
         mesh, s = ctx.args
         ring = _Ring(mesh, s, q.device)
         group = q.shape[1] // k.shape[1]
-        kv = all_gather(torch.stack([k, v]), mesh, CP, 3, backward=True, label="cp.kv")
+        kv = all_gather(torch.stack([k, v]), mesh, CP, 3, backward=True, label=ring.kv_label)
         allowed = ring.pos[ring.i].unsqueeze(-1) >= torch.cat(ring.pos).unsqueeze(0)
         do = upcast(grad)
         delta = (do * upcast(out)).sum(-1, keepdim=True)
         dq, dk, dv = block_backward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group),
                                     allowed, do, lse, delta)
         dkv = reduce_scatter(torch.stack([_fold(dk, group), _fold(dv, group)]).to(k.dtype), mesh, CP, 3,
-                             backward=True, label="cp.dkv")
+                             backward=True, label=ring.dkv_label)
         return dq.to(q.dtype), dkv[0], dkv[1], None, None
 
 
