@@ -164,6 +164,8 @@ class ExecutorSupport:
     # tests/test_pipeline.py): the `overlap` dimension is searched at pp > 1 too (runtimes read this)
     grad_overlap_pp: bool = True
     families: tuple[str, ...] = ("gpt", "llama")  # model families it builds and is tested on
+    # context parallelism's exchanges (modes/context.py: "p2p", "ag") it runs, its default first; () none
+    context_parallel: tuple[str, ...] = ()
 
     @property
     def zero(self) -> bool:
