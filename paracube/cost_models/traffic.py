@@ -100,7 +100,7 @@ def layout_sizes(layout: Layout, d: Dims, mb: int, layers: int = 0, first: bool 
                  last: bool = False) -> Sizes:
     mode = MODES[layout.mode]
     t, q = layout.tensor_size, layout.q
-    d = context_local(d, layout.cp)  # T: a cp rank's tokens
+    d = context_local(d, layout.cp, layout.cp_comm)  # T: a cp rank's tokens
     return Sizes(T=mb * d.s, t=t, q=q, depth=layout.depth, sp=int(layout.sequence_parallel),
                  V=padded_vocab(d.V, mode.vocab_split(t, q)), layers=layers, first=int(first), last=int(last),
                  cp=layout.cp)
@@ -175,7 +175,7 @@ def micro_batch_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
                        micro: tuple[int, int] = (0, 1)) -> list[CommEvent]:
     """The tensor-parallel collectives of micro-batch k of n (`micro`) on one rank of stage `stage` (no
     pipeline sends, no per-step collectives): the event engine's per-micro-batch programs."""
-    log, first, last, layers = _stage_log(layout, context_local(d, layout.cp), mb, stage)
+    log, first, last, layers = _stage_log(layout, context_local(d, layout.cp, layout.cp_comm), mb, stage)
     _micro_batch(log, first, last, layers, micro)
     return log.events
 
@@ -184,7 +184,7 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
                  bucket_bytes: int = BUCKET_BYTES) -> list[CommEvent]:
     """All collectives of one step on one rank of pipeline stage `stage` (first | middle | last)."""
     pp, v = layout.pp, layout.interleave
-    d = context_local(d, layout.cp)  # a cp rank's tokens (modes/context.py)
+    d = context_local(d, layout.cp, layout.cp_comm)  # a cp rank's tokens (modes/context.py)
     log, first, last, layers = _stage_log(layout, d, mb, stage)
     n_micro = d.global_batch // (layout.dp * mb)
     T = mb * d.s

@@ -44,7 +44,7 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"shard={layout.shard} (hybrid sharding) runs with zero=2 or 3 in the executor; "
                             f"use zero=2/3 or drop shard= in {layout}")
     if layout.cp > 1:
-        check_context_parallel(spec, layout, seq_len, support.context_parallel)
+        check_context_parallel(spec, layout, seq_len, support.context_parallel)  # the exchanges it runs
     if layout.pp != 1 and not support.pipeline:
         raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only for tensor mode {mode}")
     if layout.pp > 1 and not split_ok(spec.layers, layout.pp, layout.interleave):
@@ -81,10 +81,14 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
                                 f"use a multiple of {divisor}")
 
 
-def check_context_parallel(spec: ModelSpec, layout: Layout, seq_len: int, supported: bool) -> None:
-    """cp > 1: the mode runs it, the sequence splits into 2 x cp load-balanced chunks, and the attention is the
-    one executor/layers/context_parallel.py computes (flash-style, no attention dropout)."""
-    if not supported:
+def check_context_parallel(spec: ModelSpec, layout: Layout, seq_len: int, comms: tuple[str, ...]) -> None:
+    """cp > 1: the mode runs it (ExecutorSupport.context_parallel: its exchanges), the sequence splits into
+    2 x cp load-balanced chunks, and the attention is the one executor/layers/context_parallel.py computes
+    (flash-style, no attention dropout)."""
+    if layout.cp_comm is not None and comms and layout.cp_comm not in comms:
+        raise ParacubeError(f"cpc={layout.cp_comm} is not run by the executor in tensor mode {layout.mode}; "
+                            f"valid: cpc={'/'.join(comms)}")
+    if not comms:
         raise ParacubeError(f"cp={layout.cp} (context parallelism) with tensor mode {layout.mode} is not run by the "
                             f"executor; valid there: cp=1 (runs cp: "
                             f"{', '.join(n for n, m in MODES.items() if m.executor and m.executor.context_parallel)})")

@@ -164,8 +164,9 @@ class ExecutorSupport:
     # tests/test_pipeline.py): the `overlap` dimension is searched at pp > 1 too (runtimes read this)
     grad_overlap_pp: bool = True
     families: tuple[str, ...] = ("gpt", "llama")  # model families it builds and is tested on
-    # context parallelism (Layout cp > 1): ring / all-gather attention (executor/layers/context_parallel.py)
-    context_parallel: bool = False
+    # context parallelism's exchanges (modes/context.py: "p2p", "ag") it runs, its default first; () none
+    # (executor/layers/context_parallel.py)
+    context_parallel: tuple[str, ...] = ()
 
     @property
     def zero(self) -> bool:

@@ -14,6 +14,9 @@ runtime offers it and prices the other value for the best layout only, as its ru
              executor does not overlap the gather: off), the engines take it as a boolean (`param_overlap`)
     kw       kept weights (2d / 2.5d / 3d): 1 where several micro-batches and memory allow
     fa       attention kernel: flash dominant (compute.py, activations.py)
+    cpc      context parallelism's key / value exchange (p2p ring, ag all-gather; modes/context.py): a pass over
+             the configurations per value where the runtime offers both (Runtime.cp_comms; the cp degree itself
+             is a structural axis: planner/enumerate.context_degrees)
 The search reads `values(dim, runtime, fixed, asked)`, never a runtime's name, so a new dimension is a new
 declaration here plus its pricing in the engines.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from paracube.layout import RECOMPUTES, ZERO_STAGES, Layout
+from paracube.layout import CP_COMMS, RECOMPUTES, ZERO_STAGES, Layout
 from paracube.runtimes import Runtime
 
 PRICED_ZEROS = ZERO_STAGES  # zero stages the cost models price (all of them)
@@ -56,7 +59,8 @@ PARAM_OVERLAP = Dimension("param_overlap", (False, True), lambda f: None,
                           "zero=1's parameter all_gather overlapped with the next forward")
 KW = Dimension("kw", (0, 1), lambda f: f.keep_weights, lambda r: (0, 1), doc="kept weights (2d / 2.5d / 3d)")
 FA = Dimension("fa", (1, 0), lambda f: f.flash, lambda r: (1, 0), 1, "attention kernel (1 flash, 0 unfused)")
-DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, KW, FA)}
+CPC = Dimension("cpc", CP_COMMS, lambda f: f.cp_comm, lambda r: r.cp_comms, doc="context parallelism's exchange")
+DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, KW, FA, CPC)}
 
 
 def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
@@ -77,5 +81,5 @@ def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
     return bool(vals) and vals[0] == dim.dominant
 
 
-__all__ = ["DIMENSIONS", "FA", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS", "RC", "TPO", "ZERO", "Dimension",
-           "chosen", "values"]
+__all__ = ["CPC", "DIMENSIONS", "FA", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS", "RC", "TPO", "ZERO",
+           "Dimension", "chosen", "values"]

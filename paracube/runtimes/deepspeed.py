@@ -5,7 +5,9 @@ without interleaving (DeepSpeed's PipelineEngine), ZeRO 1 / 2 / 3 (ZeRO-2 and -3
 hpZ as hybrid sharding (zero_hpz_partition_size), overlap_comm (gradient reduction during backward; on by default
 for ZeRO-3, and for stage 1 / 2 where set: the ds_config paracube exports sets it), stage-3 parameter prefetch,
 fp16 / bf16, activation checkpointing full (Megatron-DeepSpeed also runs selective). No tensor-parallel
-comm overlap.
+comm overlap. No context parallelism: DeepSpeed-Ulysses splits the sequence too, but exchanges q, k, v by
+all-to-alls over the heads (each rank then attends whole sequences for heads / N), not the ring / all-gather of
+keys and values that Layout cp=N declares (modes/context.py).
 """
 
 from __future__ import annotations
@@ -35,4 +37,5 @@ RUNTIME = Runtime(
     p2p_overlap=False,
     export_target="deepspeed",
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
+    cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
 )
