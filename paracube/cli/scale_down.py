@@ -2,9 +2,9 @@
 
 A plan for 64 GPUs cannot run on a laptop, but its parallel structure can: the scaled plan keeps the
 plan's tensor mode, the interleave v of its pipeline schedule, zero, sequence parallelism, recomputation,
-overlap, tpo (collective matmul), dtype and placement order, and shrinks dp, pp and the tensor shape to G
-ranks within the same shape family (each of dp, pp and the tensor group stays > 1 exactly where the plan's is;
-no factor grows). Among the candidates it takes the one closest to the plan's proportions: each factor x's target
+overlap, tpo (collective matmul), cpc, dtype and placement order, and shrinks dp, pp, cp and the tensor shape to
+G ranks within the same shape family (each of dp, pp, cp and the tensor group stays > 1 exactly where the plan's
+is; no factor grows). Among the candidates it takes the one closest to the plan's proportions: each factor x's target
 is x ** (log G / log N), N the plan's rank count, and the distance sum((log x' - log target)^2) (ties:
 the smaller pp, which needs fewer layers). Sizes follow from the new model: the plan's micro-batch where
 it divides (else the smallest valid), 2 x pp micro-batches per replica (a full 1F1B / interleaved
@@ -33,8 +33,8 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def _candidates(layout: Layout, gpus: int) -> list[tuple[int, int, tuple[int, ...]]]:
-    """(dp, pp, shape) of `gpus` ranks in the layout's shape family, closest to its proportions first."""
+def _candidates(layout: Layout, gpus: int) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """(dp, pp, cp, shape) of `gpus` ranks in the layout's shape family, closest to its proportions first."""
     mode = MODES[layout.mode]
     shapes = [s for s in mode.shapes(gpus) if math.prod(s) <= layout.tensor_size] if mode.axes else [()]
     scale = math.log(gpus) / math.log(layout.world_size) if layout.world_size > 1 else 1.0
@@ -42,13 +42,15 @@ def _candidates(layout: Layout, gpus: int) -> list[tuple[int, int, tuple[int, ..
     for shape in shapes:
         t = math.prod(shape) if shape else 1
         for pp in _divisors(gpus // t):
-            dp = gpus // t // pp
-            if (dp > 1) != (layout.dp > 1) or (pp > 1) != (layout.pp > 1) or dp > layout.dp or pp > layout.pp:
-                continue
-            dist = sum((math.log(new) - scale * math.log(old)) ** 2
-                       for new, old in ((dp, layout.dp), (pp, layout.pp), (t, layout.tensor_size)))
-            out.append((dist, pp, dp, shape))
-    return [(dp, pp, shape) for _, pp, dp, shape in sorted(out)]
+            for cp in _divisors(gpus // t // pp):  # context parallelism: a factor like dp and pp
+                dp = gpus // t // pp // cp
+                if any((new > 1) != (old > 1) or new > old
+                       for new, old in ((dp, layout.dp), (pp, layout.pp), (cp, layout.cp))):
+                    continue
+                dist = sum((math.log(new) - scale * math.log(old)) ** 2 for new, old in
+                           ((dp, layout.dp), (pp, layout.pp), (cp, layout.cp), (t, layout.tensor_size)))
+                out.append((dist, pp, cp, dp, shape))
+    return [(dp, pp, cp, shape) for _, pp, cp, dp, shape in sorted(out)]
 
 
 def _layers_for(model: ModelSpec, pp: int, v: int) -> int:
@@ -70,11 +72,12 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
     Raises ParacubeError (one line) when no layout of the family fits."""
     lay = plan.layout
     tried: list[str] = []
-    for dp, pp, shape in _candidates(lay, gpus):
+    for dp, pp, cp, shape in _candidates(lay, gpus):
         v = lay.interleave if pp > 1 else 1
         spec = replace(model, layers=_layers_for(model, pp, v))
         sp = lay.sequence_parallel and bool(shape)
-        base = Layout(mode=lay.mode, shape=shape, dp=dp, pp=pp, interleave=v, sequence_parallel=sp,
+        base = Layout(mode=lay.mode, shape=shape, dp=dp, pp=pp, cp=cp, cp_comm=lay.cp_comm if cp > 1 else None,
+                      interleave=v, sequence_parallel=sp,
                       zero=lay.zero if dp > 1 else 0, recompute=lay.recompute, overlap=lay.overlap and dp > 1,
                       keep_weights=lay.keep_weights, tpo=lay.tpo and bool(shape))
         split = base.token_split

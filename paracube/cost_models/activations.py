@@ -148,7 +148,8 @@ def attention_core_bytes(d: Dims, mb: Arr, heads_split: Arr) -> Arr:
     if d.flash:
         return 4.0 * mb * d.heads * d.s / heads_split
     per_score = d.c + (1 + d.c if d.attention_dropout > 0 else 0)
-    return per_score * mb * d.heads * float(d.s) * d.s / heads_split
+    # a cp rank (d.cp > 1): its s queries x the cp s keys of the whole sequence
+    return per_score * mb * d.heads * float(d.s) * d.s * d.cp / heads_split
 
 
 def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:

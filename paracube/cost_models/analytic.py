@@ -60,7 +60,8 @@ from paracube.cost_models.compute import (
     optimizer_time,
     stage_compute_time,
 )
-from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_pins
+from paracube.cost_models.context_parallel import ring_time
+from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
 from paracube.cost_models.fsdp_overlap import prefetched_micro
 from paracube.cost_models.grad_overlap import exposed_grad_time
 from paracube.cost_models.links import LinkCache, placement_of
@@ -97,6 +98,7 @@ class StageScores:
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
     gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
     fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
+    ring: Arr | None = None  # context parallelism's exposed p2p ring (s, in `micro`; context_parallel.py)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     n = len(rows)
     micro, step, sent, grad, gather = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n), np.zeros(n)
     alternating = MODES[mode].alternating
-    grad_axes = MODES[mode].grad_axes
+    grad_axes = traffic.data_axes  # the mode's grad_axes; with context parallelism dp x cp
     fsdp: dict[str, tuple[Arr, Arr]] = {}
     for e in entries:
         if not np.any(e.count):
@@ -168,6 +170,13 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         else:
             micro += tm
         sent += np.where(e.count > 0, e_sent, 0.0)
+    ring = None
+    if d.cp > 1:  # context parallelism's p2p ring, overlapped with attention block by block (context_parallel.py)
+        exposed, ring_sent = ring_time(d, mode, b, *links[("cp",)], g, stage_layers(d.L, b.pp, b.v, F, H), rows)
+        N = d.global_batch // (b.dp * b.mb)
+        ring = N[rows] * exposed
+        micro += ring
+        sent += N * ring_sent
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
     compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
     n_local = stage_layers_params(d, mode, b, F, H)
@@ -178,7 +187,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)
     last_frac = np.minimum(1.0, n_last / np.maximum(n_local, 1))
     return StageScores(entries, micro, step, sent[rows], compute, grad, first_frac[rows], last_frac[rows], optim,
-                       gather, fsdp)
+                       gather, fsdp, ring)
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
@@ -277,7 +286,7 @@ def layout_links(layout: Layout, cache: LinkCache) -> Links:
                  *place[i + 1:])
     names = {a for a, _ in place}
     links: Links = {}
-    for axes in axes_used(layout.mode, layout.hybrid):
+    for axes in axes_used(layout.mode, layout.hybrid, layout.cp > 1):
         wide = (*axes, "dp_shard", "dp_replicate") if "dp" in axes else axes
         axes_ok = tuple(a for a in wide if a in names)
         bw, lat = cache.get(place, axes_ok)
@@ -297,6 +306,9 @@ def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel) 
             tm += float(e.count[0] * g.call_wait(e.kind, e.n, e.payload / max(e.count[0], 1), e.dtype)[0])
             by_axis[".".join(e.axes)] += tm
             by_kind[e.kind] += tm
+    if chosen.ring is not None and chosen.ring[0] > 0:  # the exposed part of cp's p2p ring (context_parallel.py)
+        by_axis["cp"] += float(chosen.ring[0])
+        by_kind["send"] += float(chosen.ring[0])
     return dict(by_axis), dict(by_kind)
 
 
@@ -328,7 +340,8 @@ def estimate(
     bytes (memory only: the reductions are priced in fp32)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
-    d = replace(with_pins(dims_of(model, training), layout), grad_bytes=grad_bytes)
+    d = context_local(replace(with_pins(dims_of(model, training), layout), grad_bytes=grad_bytes), layout.cp,
+                      layout.cp_comm)  # a cp rank's view
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb)
     if layout.zero >= 2 and layout.pp > 1:

@@ -41,9 +41,10 @@ from functools import lru_cache
 import numpy as np
 
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
+from paracube.cost_models.context_parallel import is_ring
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.traffic import parameter_sizes, parameter_units
-from paracube.modes import MODES, LayoutBatch
+from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
 from paracube.modes.stages import stage_layers
@@ -93,7 +94,13 @@ def stage_layers_params(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Ar
 def _declared(mode: str, d: Dims) -> tuple[tuple[str, tuple[Collective, ...]], ...]:
     """The mode's per-micro-batch collectives by source (built once per mode and model dimensions)."""
     m = MODES[mode]
-    return tuple((source, tuple(getattr(m, source)(d))) for source in SOURCES)
+    out = [(source, tuple(getattr(m, source)(d))) for source in SOURCES]
+    if d.cp > 1:  # the key / value exchange (modes/context.py); its p2p ring steps: context_parallel.py
+        unit = context.attention_unit(m)
+        for source, colls in (("layer_fwd", context.layer_fwd(d, d.cp_comm, unit)),
+                              ("layer_bwd", context.layer_bwd(d, d.cp_comm, unit))):
+            out.append((source, tuple(c for c in colls if not is_ring(c.kind, c.axes))))
+    return tuple(out)
 
 
 class StepTraffic:
@@ -107,11 +114,13 @@ class StepTraffic:
         self.kw = np.asarray(kw) if self.mode.keeps_weights else np.zeros((), dtype=np.int64)
         m = self.mode
         n = b.dp if shard is None else np.minimum(shard, b.dp)
-        self.groups = {"dp": b.dp, "pp": b.pp, "dp_shard": n, "dp_replicate": b.dp // n,
+        self.groups = {"dp": b.dp, "pp": b.pp, "dp_shard": n, "dp_replicate": b.dp // n, "cp": d.cp,
                        **m.axis_sizes(b.q, b.t, b.depth)}
+        self.data_axes = data_axes(m.grad_axes, d.cp)  # Layout.data_axes: dp x cp with context parallelism
         self.hybrid = shard is not None and bool(np.any(n < b.dp))
-        self.zero_axes = tuple("dp_shard" if a == "dp" and self.hybrid else a for a in m.grad_axes)
-        self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)))
+        self.zero_axes = tuple("dp_shard" if a == "dp" and self.hybrid else a for a in self.data_axes)
+        self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)),
+                           cp=d.cp)
         self.sums: dict[Key, dict[str, list]] = {}
         # tpo: the overlappable collectives summed apart, per GEMM they overlap (same bytes, less exposed time)
         self.tpo_sums: dict[tuple[str, str, tuple[str, ...], str], dict[str, list]] = {}
@@ -184,9 +193,9 @@ class StepTraffic:
         single = b.pp == 1
         dp: tuple[str, ...] = ()
         if self.zero == 1:  # sharded over grad_axes (dp; 2.5D: dp, dep), as traffic.py lists them
-            out.append(self._entry("reduce_scatter", m.grad_axes, F32, count, padded_grads, per_step=True))
-            out.append(self._entry("all_gather", m.grad_axes, F32, count, padded_grads, per_step=True))
-            dp = ("dp",)
+            out.append(self._entry("reduce_scatter", self.data_axes, F32, count, padded_grads, per_step=True))
+            out.append(self._entry("all_gather", self.data_axes, F32, count, padded_grads, per_step=True))
+            dp = cp_after_dp(("dp",), self.d.cp)
         elif self.zero >= 2:  # per step: HSDP's replica all_reduce; zero=2's parameter all_gather (fp32)
             units, padded, _, _ = self.units(first, last)
             shards = self.group_size(self.zero_axes)
@@ -194,9 +203,9 @@ class StepTraffic:
                                    per_step=True))
             if self.zero == 2:
                 out.append(self._entry("all_gather", self.zero_axes, F32, units * one, 4 * padded, per_step=True))
-            dp = ("dp_shard",) if self.hybrid else ("dp",)
+            dp = cp_after_dp(("dp_shard",) if self.hybrid else ("dp",), self.d.cp)
         else:
-            out.append(self._entry("all_reduce", m.grad_axes, F32, count, grads, per_step=True))
+            out.append(self._entry("all_reduce", self.data_axes, F32, count, grads, per_step=True))
         # Tied embeddings, pp > 1: the first and last stage sum their copies' gradients (traffic.stage_events).
         tied = int(self.d.tied) * (b.pp > 1) * np.maximum(first, last)
         emb = 4 * m.embedding_shard(self.sizes.V, 0, self.d.h, b.t, b.q)
@@ -208,10 +217,11 @@ class StepTraffic:
                                lambda: np.where(single, k * b.t, 1), True, "norm"))
         out.append(self._entry("all_reduce", ("pp", *norm), F32, ~single * one, 4 * one,
                                lambda: np.where(single, 1, b.pp * k * b.t), True, "norm"))
-        out.append(self._entry("all_reduce", ("dp", *tensor), F32, single * one, 8 * one,
-                               lambda: np.where(single, b.dp * b.t, 1), True, "metrics"))
-        out.append(self._entry("all_reduce", ("pp", "dp", *tensor), F32, ~single * one, 8 * one,
-                               lambda: np.where(single, 1, b.pp * b.dp * b.t), True, "metrics_pp"))
+        dpc, cp = cp_after_dp(("dp",), self.d.cp), self.d.cp  # the loss: over dp x cp (traffic.metric_data_axes)
+        out.append(self._entry("all_reduce", (*dpc, *tensor), F32, single * one, 8 * one,
+                               lambda: np.where(single, b.dp * cp * b.t, 1), True, "metrics"))
+        out.append(self._entry("all_reduce", ("pp", *dpc, *tensor), F32, ~single * one, 8 * one,
+                               lambda: np.where(single, 1, b.pp * b.dp * cp * b.t), True, "metrics_pp"))
         return out
 
     def _buckets(self, first: Arr, last: Arr) -> tuple[Arr, Arr, Arr]:
@@ -220,7 +230,7 @@ class StepTraffic:
         b = self.b
         cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
                 for x in (b.t, b.q, stage_layers(self.d.L, b.pp, b.v, first, last), first, last,
-                          self.group_size(self.mode.grad_axes) if self.zero == 1 else 1)]
+                          self.group_size(self.data_axes) if self.zero == 1 else 1)]
         key = np.zeros(b.dp.shape, dtype=np.int64)  # one int per stage shape: 1-D unique is fast
         for c, bits in zip(cols, (13, 13, 13, 1, 1, 22), strict=True):
             key = (key << bits) | c
@@ -285,10 +295,27 @@ def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero
     return StepTraffic(d, mode, b, zero, bucket_bytes, kw, tpo, shard).entries(first, last)
 
 
-def axes_used(mode: str, hybrid: bool = False) -> list[tuple[str, ...]]:
+def cp_after_dp(axes: tuple[str, ...], cp: int) -> tuple[str, ...]:
+    """`axes` with "cp" after its dp axis (dp or dp_shard) where cp > 1 (Layout.data_axes)."""
+    if cp == 1:
+        return axes
+    i = next(k for k, a in enumerate(axes) if a in ("dp", "dp_shard")) + 1
+    return (*axes[:i], "cp", *axes[i:])
+
+
+def data_axes(grad_axes: tuple[str, ...], cp: int) -> tuple[str, ...]:
+    return cp_after_dp(grad_axes, cp)
+
+
+def axes_used(mode: str, hybrid: bool = False, cp: bool = False) -> list[tuple[str, ...]]:
     """Every group (mesh axes) the closed forms of `mode` may use: the planner asks the topology for these
-    (`hybrid`: an HSDP layout's zero groups too, dp split into dp_shard and dp_replicate)."""
+    (`hybrid`: an HSDP layout's zero groups too, dp split into dp_shard and dp_replicate; `cp`: a context-parallel
+    layout's cp group and its data-parallel groups over dp x cp)."""
     m = MODES[mode]
+    if cp:
+        base = axes_used(mode, hybrid)
+        grown = [cp_after_dp(ax, 2) if any(a in ("dp", "dp_shard") for a in ax) else ax for ax in base]
+        return list(dict.fromkeys([*base, *grown, ("cp",)]))
     tensor = m.axes
     extra = [tensor] if tensor else []
     zero = [("dp_shard",), ("dp_replicate",), ("dp_shard", *tensor),

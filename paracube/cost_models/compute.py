@@ -39,7 +39,7 @@ import numpy as np
 
 from paracube.cost_models import fp8
 from paracube.cost_models.collective import ring_wait_steps
-from paracube.cost_models.dims import DTYPE_NAMES, Dims
+from paracube.cost_models.dims import DTYPE_NAMES, Dims, full_sequence
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
@@ -159,7 +159,9 @@ def local_shape(
 
 
 def model_flops_per_step(d: Dims) -> float:
-    """Model FLOPs of one optimizer step for the whole model (fwd + bwd, no recomputation)."""
+    """Model FLOPs of one optimizer step for the whole model (fwd + bwd, no recomputation); a cp rank's dims are
+    taken back to whole sequences first."""
+    d = full_sequence(d)
     T = d.global_batch * d.s
     per_layer = 2 * T * d.sum_w() + 4 * d.global_batch * d.s * d.s * d.h
     return 3.0 * (d.L * per_layer + 2 * T * d.h * d.V)
@@ -211,15 +213,19 @@ def attention_core_time(d: Dims, mb: Arr, t: Arr, g: GemmModel) -> tuple[Arr, Ar
     - flash (fa=1): causal, only the unmasked half of the score blocks (FLASH_CAUSAL); backward recomputes the
       scores (FLASH_BWD = 5 GEMMs per 2 forward); no s x s traffic: it reads q, k, v and writes its output
       (4 c T h / t forward; backward about twice that).
+    With context parallelism (d.cp > 1, dims.context_local: s is a rank's s / cp tokens) the rank's queries meet
+    cp blocks of s keys (its own and cp - 1 received, modes/context.py); the causal load balance gives every rank
+    1 / cp of the whole causal work, i.e. cp blocks of the s x s work above (cost_models/context_parallel.py),
+    and flash reads the cp blocks' keys and values.
     """
     hd = d.h // d.heads
     pairs = mb * d.heads / t
-    gemms = pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
+    gemms = d.cp * pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
     bw = g.mem_bw * g.mem_eff
     if d.flash:
-        io = d.c * 4.0 * mb * d.s * d.h / t / bw
+        io = d.c * 2.0 * (1 + d.cp) * mb * d.s * d.h / t / bw  # q, out; k, v of cp blocks (4 c T h at cp = 1)
         return FLASH_CAUSAL * gemms + io, FLASH_CAUSAL * FLASH_BWD * gemms + 2 * io
-    scores = mb * d.heads * float(d.s) * d.s / t
+    scores = d.cp * mb * d.heads * float(d.s) * d.s / t
     drop = 2.0 * d.c + 1 if d.attention_dropout > 0 else 0.0
     return gemms + scores * (2.0 * d.c + drop) / bw, 2 * gemms + scores * (3.0 * d.c + drop) / bw
 

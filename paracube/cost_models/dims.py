@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from paracube.errors import check
 from paracube.modes import MODES
 from paracube.modes.base import padded
 from paracube.workload import ModelSpec, TrainingSpec
@@ -47,6 +48,10 @@ class Dims:
     embedding_dropout: float = 0.0  # on the embedding output (first stage)
     fp8: bool = False  # TrainingSpec.dtype "fp8": the block linears' GEMMs on FP8 inputs (cost_models/fp8.py)
     grad_bytes: int = 4  # bytes per gradient element the runtime keeps (Runtime.grad_bytes; memory.py)
+    # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
+    # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
+    cp: int = 1
+    cp_comm: str = "p2p"  # its key / value exchange (Layout.cp_comm; modes/context.py)
 
     def head_count(self, first: Any, last: Any) -> Any:
         """1 where a stage holds its own head [h, V] (last, and not tied to its own embedding), else 0."""
@@ -129,6 +134,32 @@ def with_pins(d: Dims, layout: object) -> Dims:
     d = d if rc is None or rc == d.recompute else replace(d, recompute=rc)
     fa = getattr(layout, "flash", None)
     return d if fa is None or bool(fa) == d.flash else replace(d, flash=bool(fa))
+
+
+def context_local(d: Dims, cp: int, cp_comm: str | None = None) -> Dims:
+    """The dimensions one rank of a cp-way context-parallel group sees: s / cp tokens of each sequence (its two
+    load-balanced chunks, modes/context.py), attention over the cp x s keys of the whole sequence. Everything
+    linear in the tokens (GEMMs, activations, tensor-parallel and pipeline traffic) is then the plain model's on
+    s / cp; attention's extra factor cp is priced from `cp` (compute.attention_core_time). Idempotent."""
+    comm = cp_comm or d.cp_comm
+    if cp == 1 or (d.cp == cp and d.cp_comm == comm):
+        return d
+    if d.cp == cp:
+        return replace(d, cp_comm=comm)
+    check(d.cp == 1 and d.s % (2 * cp) == 0,
+          f"cp={cp} splits each sequence into {2 * cp} chunks: sequence length {d.s * d.cp} is not a multiple "
+          f"of {2 * cp}; valid: {', '.join(map(str, valid_cps(d.s)))}")
+    return replace(d, s=d.s // cp, cp=cp, cp_comm=comm)
+
+
+def valid_cps(s: int, most: int = 64) -> list[int]:
+    """cp degrees up to `most` that split sequences of s tokens into 2 cp equal chunks (1: no context parallelism)."""
+    return [1] + [k for k in range(2, most + 1) if s % (2 * k) == 0]
+
+
+def full_sequence(d: Dims) -> Dims:
+    """The inverse of `context_local`: the whole-sequence dimensions (model FLOPs, reporting)."""
+    return d if d.cp == 1 else replace(d, s=d.s * d.cp, cp=1)
 
 
 def vocab_split(mode: str, t: int, q: int) -> int:

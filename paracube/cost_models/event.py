@@ -41,7 +41,7 @@ from paracube.cost_models.analytic import estimate as analytic_estimate
 from paracube.cost_models.analytic import layout_links
 from paracube.cost_models.collective import call_steps, ring_steps
 from paracube.cost_models.compute import GemmModel, gemm_model
-from paracube.cost_models.dims import dims_of, with_pins
+from paracube.cost_models.dims import context_local, dims_of, with_pins
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
 from paracube.cost_models.event_program import Op, StageProgram, build_stage, schedule
 from paracube.cost_models.event_trace import Span, Timeline
@@ -175,7 +175,10 @@ class _Sim:
         wait = self.call_wait(e)  # for the group's ranks to be scheduled (DeviceSpec call and ring waits)
         if wait:
             yield self.env.timeout(wait)
-        if op.gemm > 0 and steps > 1:  # tpo: the first ring step alone, the rest alongside the GEMM (tpo.py)
+        if op.alongside:  # a cp ring step: the transfer alongside one block's attention (event_context.py)
+            yield simpy.AllOf(self.env, [self.net.run(self.template(stage, e.axes), steps, chunk),
+                                         self.env.process(self.gemm(stage, op))])
+        elif op.gemm > 0 and steps > 1:  # tpo: the first ring step alone, the rest alongside the GEMM (tpo.py)
             yield self.net.run(self.template(stage, e.axes), 1, chunk)
             rest = self.net.run(self.template(stage, e.axes), steps - 1, chunk)
             yield simpy.AllOf(self.env, [rest, self.env.process(self.gemm(stage, op))])
@@ -306,7 +309,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
           f"{getattr(topo, 'name', topo)!r} has {n_dev} (ranks 0..{n_dev - 1})")
     base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
                              fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes)  # memory: grad_bytes
-    d = with_pins(dims_of(model, training), layout)
+    d = context_local(with_pins(dims_of(model, training), layout), layout.cp, layout.cp_comm)  # a cp rank's view
     mb, _ = resolve_micro_batch(layout, d)
     n_micro = d.global_batch // (layout.dp * mb)
     if layout.interleave > 1 and n_micro % layout.pp:

@@ -35,12 +35,14 @@ from paracube.cost_models.compute import (
     optimizer_time,
     stage_compute_time,
 )
-from paracube.cost_models.dims import Dims, local_params, padded_vocab
+from paracube.cost_models.dims import Dims, context_local, local_params, padded_vocab
+from paracube.cost_models.event_context import ring_ops
 from paracube.cost_models.fsdp_overlap import prefetch_program
 from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
+from paracube.modes import context
 from paracube.modes.stages import schedule, stage_chunks
 
 PER_STEP = ("grad_sync", "optimizer", "metrics")
@@ -59,6 +61,7 @@ class Op:
     asynchronous: bool = False
     gemm: float = 0.0  # tpo: seconds of the GEMM this collective is decomposed against (cost_models/tpo.py)
     tag: str = ""  # an asynchronous op a `wait` with the same tag waits for alone (fsdp_overlap.py's prefetch)
+    alongside: bool = False  # the transfer and `gemm` seconds of compute together (cp ring step: event_context.py)
 
 
 @dataclass
@@ -264,6 +267,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     starts and waited on when the stage's first chunk of it ends (analytic.py: max(0, gather - forward));
     `fsdp_prefetch` (zero=2/3): each unit's gather prefetched, its reduce-scatter asynchronous (fsdp_overlap.py)."""
     grad_overlap = overlap if grad_overlap is None else grad_overlap
+    d = context_local(d, layout.cp, layout.cp_comm)  # a cp rank's view (dims.py)
     pp, v = layout.pp, layout.interleave
     kind = "first" if stage == 0 else ("last" if stage == pp - 1 else "middle")
     first, last = pp == 1 or stage == 0, pp == 1 or stage == pp - 1
@@ -324,6 +328,10 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
         if gathers:
             prog.fwd_first[0][:0] = [replace(op, asynchronous=True) for op in gathers]
             prog.fwd_first[0].append(Op("wait", "params.wait"))
+    if layout.cp > 1:  # the p2p ring alongside the attention blocks (event_context.py)
+        unit, arrays = context.attention_unit(layout.tensor_mode), layout_arrays(layout, mb)
+        for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
+            lists[:] = [ring_ops(ops, d, layout.mode, arrays, g, unit) for ops in lists]
     if layout.tpo:
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]

@@ -14,8 +14,8 @@ prefetch; paracube's executor/data_parallel/fsdp.py): per micro-batch, in regist
 - HSDP (with overlap): the per-step replica all_reduce of each unit's shard (traffic.py) is issued as the last
   micro-batch's reduce_scatter of that unit is queued, on the replica group's stream (the recursion's Q); the
   event engine issues each one after its unit's reduce-scatter (`replica_buckets`). Both start it when its
-  reduce-scatter is issued, not when that ends (FSDP2 waits for the reduce-scatter first): optimistic by at most the overlap of
-  the two on their separate streams.
+  reduce-scatter is issued, not when that ends (FSDP2 waits for the reduce-scatter first): optimistic by at
+  most the overlap of the two on their separate streams.
 The recursion (times relative to the micro-batch's start; P: when a unit's compute starts, C: when it ends,
 S: when the stream is free; a_u, a'_u gathers, r_u reduce-scatter, f_u, b_u the unit's compute plus its
 tensor-parallel communication, which runs in line on the compute side):

@@ -53,6 +53,7 @@ import numpy as np
 
 from paracube.cost_models import activations, fp8
 from paracube.cost_models.comm import stage_layers_params
+from paracube.cost_models.context_parallel import kv_buffer_bytes
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import COMPUTE, Collective, Sizes, padded
@@ -140,9 +141,10 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
                        else activations.block_bytes(full, mode, b))
     if np.any(kw):
         temp = temp + np.asarray(kw) * kept_bytes(d, mode, b, F, H)
+    temp = temp + kv_buffer_bytes(d, mode, b)  # context parallelism's key / value buffers (context_parallel.py)
     if d.fp8:  # the FP8 weight copies and scales (fp8.py), held for the whole step
         temp = temp + fp8.copy_bytes(d, mode, b, F, H)
-    optimizer = 12 * np.ceil(n_local / zero_shards(mode, b)) if zero == 1 else optimizer_bytes(d.c) * n_local
+    optimizer = 12 * np.ceil(n_local / zero_shards(mode, b, d.cp)) if zero == 1 else optimizer_bytes(d.c) * n_local
     return {
         "parameters": d.c * n_local,
         "gradients": d.grad_bytes * n_local,
@@ -162,10 +164,10 @@ def optimizer_bytes(c: int) -> int:
     return 8 if c >= 4 else 12
 
 
-def zero_shards(mode: str, b: LayoutBatch) -> Arr:
+def zero_shards(mode: str, b: LayoutBatch, cp: int = 1) -> Arr:
     """Ranks the distributed optimizer shards over, per layout: the mode's grad_axes (dp; 2.5D: dp x depth),
-    as traffic.zero_group for one layout."""
-    sizes = {"dp": b.dp, **MODES[mode].axis_sizes(b.q, b.t, b.depth)}
+    times cp with context parallelism (Layout.data_axes), as traffic.zero_group for one layout."""
+    sizes = {"dp": b.dp * cp, **MODES[mode].axis_sizes(b.q, b.t, b.depth)}
     n = np.ones_like(b.dp)
     for a in MODES[mode].grad_axes:
         n = n * sizes[a]

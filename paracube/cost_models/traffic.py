@@ -31,6 +31,11 @@ holds this list equal to what the executor records. Generic parts:
   unit's fp32 gradient is reduce-scattered over the zero group. Per step: with HSDP each unit's shard is
   all-reduced over dp_replicate (fp32, padded / n); zero=2 all-gathers the updated fp32 shards after the
   optimizer; the grad norm runs over the zero group and the tensor axes (`norm_axes`).
+- context parallelism (Layout.cp > 1; modes/context.py): every layer's forward (and recompute) and backward lists
+  gain the key / value exchange over ("cp",) (p2p: cp - 1 sends forward, 2 cp - 1 backward; ag: all_gather
+  forward, all_gather + reduce_scatter backward); T is a cp rank's b s / cp tokens throughout; the gradient
+  buckets (and zero's shards) use Layout.data_axes (dp, cp) instead of the mode's grad_axes, the metrics
+  all_reduce dp, cp and the tensor axes.
 Blocks per stage: modes/stages.py (uneven splits: one block less on the first and / or last stage).
 A group of size 1 issues nothing.
 """
@@ -39,10 +44,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from paracube.cost_models.dims import Dims, padded_vocab
+from paracube.cost_models.dims import Dims, context_local, padded_vocab
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
-from paracube.modes import MODES
+from paracube.modes import MODES, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
 from paracube.modes.stages import stage_layers
@@ -95,8 +100,18 @@ def layout_sizes(layout: Layout, d: Dims, mb: int, layers: int = 0, first: bool 
                  last: bool = False) -> Sizes:
     mode = MODES[layout.mode]
     t, q = layout.tensor_size, layout.q
+    d = context_local(d, layout.cp, layout.cp_comm)  # T: a cp rank's tokens
     return Sizes(T=mb * d.s, t=t, q=q, depth=layout.depth, sp=int(layout.sequence_parallel),
-                 V=padded_vocab(d.V, mode.vocab_split(t, q)), layers=layers, first=int(first), last=int(last))
+                 V=padded_vocab(d.V, mode.vocab_split(t, q)), layers=layers, first=int(first), last=int(last),
+                 cp=layout.cp)
+
+
+def context_collectives(layout: Layout, d: Dims) -> tuple[list[Collective], list[Collective]]:
+    """(forward, backward) key / value exchange of one layer over cp (modes/context.py); none at cp = 1."""
+    if layout.cp == 1:
+        return [], []
+    unit = context.attention_unit(MODES[layout.mode])
+    return context.layer_fwd(d, layout.cp_comm, unit), context.layer_bwd(d, layout.cp_comm, unit)
 
 
 def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[int, int]) -> None:
@@ -104,7 +119,8 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[i
     mode, d = MODES[log.layout.mode], log.d
     if first:
         log.issue(mode.embedding(d), micro=micro)
-    fwd, bwd = mode.layer_fwd(d), mode.layer_bwd(d)
+    cp_fwd, cp_bwd = context_collectives(log.layout, d)
+    fwd, bwd = mode.layer_fwd(d) + cp_fwd, mode.layer_bwd(d) + cp_bwd
     for i in range(layers):
         for ph in _phases(d):
             log.issue(fwd, ph, f"layers.{i}.", micro)
@@ -159,7 +175,7 @@ def micro_batch_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
                        micro: tuple[int, int] = (0, 1)) -> list[CommEvent]:
     """The tensor-parallel collectives of micro-batch k of n (`micro`) on one rank of stage `stage` (no
     pipeline sends, no per-step collectives): the event engine's per-micro-batch programs."""
-    log, first, last, layers = _stage_log(layout, d, mb, stage)
+    log, first, last, layers = _stage_log(layout, context_local(d, layout.cp, layout.cp_comm), mb, stage)
     _micro_batch(log, first, last, layers, micro)
     return log.events
 
@@ -168,6 +184,7 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
                  bucket_bytes: int = BUCKET_BYTES) -> list[CommEvent]:
     """All collectives of one step on one rank of pipeline stage `stage` (first | middle | last)."""
     pp, v = layout.pp, layout.interleave
+    d = context_local(d, layout.cp, layout.cp_comm)  # a cp rank's tokens (modes/context.py)
     log, first, last, layers = _stage_log(layout, d, mb, stage)
     n_micro = d.global_batch // (layout.dp * mb)
     T = mb * d.s
@@ -194,9 +211,9 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
         log.events += tied
     for n in buckets:
         if zero == 1:
-            log.add("reduce_scatter", mode.grad_axes, 4 * padded_numel(n, shards), F32, "grad_sync", "gradients")
+            log.add("reduce_scatter", layout.data_axes, 4 * padded_numel(n, shards), F32, "grad_sync", "gradients")
         else:
-            log.add("all_reduce", mode.grad_axes, 4 * n, F32, "grad_sync", "gradients")
+            log.add("all_reduce", layout.data_axes, 4 * n, F32, "grad_sync", "gradients")
     units = zero_unit_numels(layout, d, layers, first, last) if zero >= 2 else []
     for n in units:  # HSDP: each shard summed over the replicas, once per step
         log.add("all_reduce", layout.replica_axes, 4 * n // shards, F32, "grad_sync", "gradients.replicas")
@@ -204,12 +221,18 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
         log.events += tied
     log.add("all_reduce", norm_axes(layout), 4, F32, "optimizer", "grad_norm")
     for n in buckets if zero1 else []:
-        log.add("all_gather", mode.grad_axes, 4 * padded_numel(n, shards), F32, "optimizer", "params")
+        log.add("all_gather", layout.data_axes, 4 * padded_numel(n, shards), F32, "optimizer", "params")
     for n in units if zero == 2 else []:
         log.add("all_gather", layout.zero_axes, 4 * n, F32, "optimizer", "params")
-    metric_axes = ("pp", "dp", *layout.tensor_axes) if pp > 1 else ("dp", *layout.tensor_axes)
+    metric_axes = ("pp", *metric_data_axes(layout)) if pp > 1 else metric_data_axes(layout)
     log.add("all_reduce", metric_axes, 8, F32, "metrics", "loss")
     return log.events
+
+
+def metric_data_axes(layout: Layout) -> tuple[str, ...]:
+    """The loss metric's all_reduce group without pp: dp (with context parallelism dp, cp: each cp rank holds a
+    share of every sequence's tokens) and the tensor axes."""
+    return ("dp", *(("cp",) if layout.cp > 1 else ()), *layout.tensor_axes)
 
 
 def zero_group(layout: Layout) -> int:

@@ -24,14 +24,21 @@ def group_axes(layout: Layout) -> list[tuple[str, ...]]:
         combos.append(tensor)
     combos += list(layout.tensor_mode.mesh_groups)  # the mode's extra groups (3D: its planes)
     combos.append(layout.tensor_mode.grad_axes)  # the gradient sync (2.5D: dp and dep)
+    combos.append(layout.data_axes)  # cp > 1: the gradient sync over dp x cp (cp ranks hold replicas)
     if layout.zero:  # zero's shard group (HSDP: dp_shard), its replicas, and the grad norm over its shards
         combos += [layout.zero_axes, *([layout.replica_axes] if layout.replica_axes else []),
                    tuple(dict.fromkeys((*layout.zero_axes, *tensor)))]
-    if tensor:
-        combos.append(("dp", *tensor))  # metrics
+    if tensor or layout.cp > 1:
+        combos.append(metrics_axes(layout, ()))
     if layout.pp > 1:  # pipeline: grad norm over (pp, *tensor), metrics over every rank
-        combos += [("pp", *tensor), ("pp", "dp", *tensor)]
+        combos += [("pp", *tensor), metrics_axes(layout, ("pp",))]
     return list(dict.fromkeys(combos))
+
+
+def metrics_axes(layout: Layout, stages: tuple[str, ...]) -> tuple[str, ...]:
+    """The group the step's (loss sum, token count) is summed over: every rank holding loss terms (`stages`:
+    ("pp",) with pipelines, the loss being on the last stage), cp included (each cp rank holds its own tokens)."""
+    return (*stages, "dp", *(("cp",) if layout.cp > 1 else ()), *layout.tensor_axes)
 
 
 class Mesh:
@@ -110,9 +117,13 @@ class Mesh:
 
     def pp_peer(self, offset: int) -> int:
         """Global rank of the stage `offset` stages after this one (cyclic), same other coordinates."""
-        row = self.layout.groups(("pp",))
+        return self.axis_peer("pp", offset)
+
+    def axis_peer(self, axis: str, offset: int) -> int:
+        """Global rank `offset` places after this one along `axis` (cyclic), same other coordinates (the cp ring)."""
+        row = self.layout.groups((axis,))
         mine = row[(row == self.rank).any(axis=1)][0]
-        return int(mine[(self._coords["pp"] + offset) % self.layout.pp])
+        return int(mine[(self._coords[axis] + offset) % self.layout.axis_size(axis)])
 
     def coord(self, axis: str) -> int:
         return self._coords[axis]

@@ -48,6 +48,8 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if layout.hybrid and layout.zero < 2:
         raise ParacubeError(f"shard={layout.shard} (hybrid sharding) runs with zero=2 or 3 in the executor; "
                             f"use zero=2/3 or drop shard= in {layout}")
+    if layout.cp > 1:
+        check_context_parallel(spec, layout, seq_len, support.context_parallel)  # the exchanges it runs
     if layout.pp != 1 and not support.pipeline:
         raise ParacubeError(f"pp={layout.pp}: the executor runs pp=1 only for tensor mode {mode}")
     if layout.pp > 1 and not split_ok(spec.layers, layout.pp, layout.interleave):
@@ -68,8 +70,9 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads
     rules = MODES[mode].executor_rules(s, h, f, V, H, q, micro_batch)
-    if layout.sequence_parallel:
-        rules.append(("seq_len (sequence parallelism)", seq_len, layout.tensor_size))
+    if layout.sequence_parallel:  # with cp: the cp rank's s / cp tokens split over tp
+        rules.append(("seq_len / cp (sequence parallelism)" if layout.cp > 1 else "seq_len (sequence parallelism)",
+                      seq_len // layout.cp, layout.tensor_size))
     if MODES[mode].axes:  # a rank's query heads read whole kv groups (executor/layers/llama.py): the heads' split
         rules.insert(1, ("kv_heads", spec.num_kv_heads, q))
     if micro_batch is not None:
@@ -81,6 +84,29 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         if value % divisor:
             raise ParacubeError(f"{name}={value} is not divisible by {divisor} (needed by {layout}); "
                                 f"use a multiple of {divisor}")
+
+
+def check_context_parallel(spec: ModelSpec, layout: Layout, seq_len: int, comms: tuple[str, ...]) -> None:
+    """cp > 1: the mode runs it (ExecutorSupport.context_parallel: its exchanges), the sequence splits into
+    2 x cp load-balanced chunks, and the attention is the one executor/layers/context_parallel.py computes
+    (flash-style, no attention dropout)."""
+    if layout.cp_comm is not None and comms and layout.cp_comm not in comms:
+        raise ParacubeError(f"cpc={layout.cp_comm} is not run by the executor in tensor mode {layout.mode}; "
+                            f"valid: cpc={'/'.join(comms)}")
+    if not comms:
+        raise ParacubeError(f"cp={layout.cp} (context parallelism) with tensor mode {layout.mode} is not run by the "
+                            f"executor; valid there: cp=1 (runs cp: "
+                            f"{', '.join(n for n, m in MODES.items() if m.executor and m.executor.context_parallel)})")
+    if seq_len % (2 * layout.cp):
+        raise ParacubeError(f"seq_len={seq_len} does not split into 2 x cp = {2 * layout.cp} chunks (context "
+                            f"parallelism's load balance, in {layout}); use a seq_len divisible by {2 * layout.cp} "
+                            "or another cp")
+    if layout.flash == 0:
+        raise ParacubeError(f"fa=0 with cp={layout.cp}: context parallelism runs flash-style blockwise attention "
+                            f"(online softmax); drop fa=0 from {layout}")
+    if spec.attention_dropout > 0:
+        raise ParacubeError(f"attention_dropout={spec.attention_dropout} with cp={layout.cp}: the ring attention "
+                            "runs without dropout on the probabilities; set attention_dropout 0 or use cp=1")
 
 
 def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica: int, layout: Layout) -> str:
@@ -101,4 +127,4 @@ def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica:
             f"{split} ways (needed by {layout}); nearest valid micro-batch sizes: {', '.join(map(str, near))}{tail}")
 
 
-__all__ = ["check_divisibility", "token_split_refusal"]
+__all__ = ["check_context_parallel", "check_divisibility", "token_split_refusal"]

@@ -51,6 +51,9 @@ def why_not(plan: Plan) -> str | None:
         return f"its hybrid sharding (zero_hpz_partition_size) is for zero=3 only (shard={lay.shard}, zero={lay.zero})"
     if lay.tpo:
         return "Megatron-DeepSpeed does not overlap tensor-parallel communication with GEMMs (tpo)"
+    if lay.cp > 1:
+        return (f"it has no context parallelism (cp={lay.cp}): DeepSpeed-Ulysses all-to-alls heads, not a key / "
+                "value ring")
     return None
 
 

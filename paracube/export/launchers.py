@@ -26,6 +26,10 @@ def why_not(plan: Plan) -> str | None:
         return f"paracube's executor runs pp=1 only for {lay.mode} (pp={lay.pp})"
     if lay.sequence_parallel and not support.sequence_parallel:
         return "paracube's executor does not implement sequence parallelism (sp)"
+    if lay.cp > 1 and (lay.cp_comm or "p2p") not in support.context_parallel:
+        runs = "/".join(support.context_parallel)
+        return (f"paracube's executor runs context parallelism with cpc={runs} only" if runs else
+                f"paracube's executor does not run context parallelism (cp={lay.cp}) in {lay.mode} yet")
     if lay.zero not in support.zero_stages:
         return f"paracube's executor does not implement zero={lay.zero} for {lay.mode}"
     if lay.zero >= 2 and (lay.pp > 1 or model.tied_embeddings):  # as executor/sizes.py refuses

@@ -49,6 +49,18 @@ def why_not(plan: Plan) -> str | None:
     return None
 
 
+CP_COMM_TYPE = {"p2p": "p2p", "ag": "all_gather"}  # cpc -> megatron-core TransformerConfig.cp_comm_type
+
+
+def context_args(plan: Plan) -> list[str]:
+    """Context parallelism (Layout cp, cpc): --context-parallel-size and --cp-comm-type (an unpinned cpc: p2p,
+    what paracube priced and Megatron's default)."""
+    lay = plan.layout
+    if lay.cp == 1:
+        return []
+    return [f"--context-parallel-size {lay.cp}", f"--cp-comm-type {CP_COMM_TYPE[lay.cp_comm or 'p2p']}"]
+
+
 EXPRESSIBLE["megatron"] = why_not
 
 
@@ -65,11 +77,11 @@ def placement_args(plan: Plan) -> tuple[list[str], list[str]]:
     else:
         tensor = ("tp",)
     have = big_axes(plan, lay.effective_placement)
-    if have == big_axes(plan, (*tensor, "dp", "pp")):
+    if have == big_axes(plan, (*tensor, "cp", "dp", "pp")):  # Megatron's order tp-cp-dp-pp
         return [], []
-    if have == big_axes(plan, (*tensor, "pp", "dp")):
+    if have == big_axes(plan, (*tensor, "cp", "pp", "dp")):
         return ["--use-tp-pp-dp-mapping"], []
-    return [], [f"the plan places ranks {'.'.join(have)} (innermost first); Megatron orders them tp, dp, pp: "
+    return [], [f"the plan places ranks {'.'.join(have)} (innermost first); Megatron orders them tp, cp, dp, pp: "
                 "the same training, other communication costs than predicted"]
 
 
@@ -84,6 +96,7 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
             notes.append(f"interleaving needs micro-batches per step ({accumulation_steps(plan)}) divisible by pp")
     if lay.sequence_parallel:
         args.append("--sequence-parallel")
+    args += context_args(plan)
     if lay.tpo:
         args.append("--tp-comm-overlap")
         notes.append("--tp-comm-overlap runs with Transformer Engine (its userbuffers)")

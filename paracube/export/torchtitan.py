@@ -50,6 +50,9 @@ def why_not(plan: Plan) -> str | None:
         return f"it trains in {' or '.join(TORCH_DTYPES)} (mixed_precision_param), not {plan.training.dtype}"
     if plan.layout.tpo and not plan.layout.sequence_parallel:
         return "its async tensor parallelism (tpo) overlaps the sequence-parallel collectives: it needs sp"
+    if plan.layout.cp > 1 and plan.layout.cp_comm != "ag":
+        return ("its context parallelism all-gathers keys and values (torch's rotate method allgather): "
+                f"cpc=ag, not cpc={plan.layout.cp_comm or 'p2p (unpinned)'}")
     return None
 
 
@@ -85,6 +88,8 @@ def parallelism_flags(plan: Plan) -> tuple[list[str], list[str]]:
     flags += [f"--parallelism.tensor_parallel_degree {tensor_size(plan)}",
               flag("parallelism.enable_sequence_parallel", lay.sequence_parallel),
               f"--parallelism.pipeline_parallel_degree {lay.pp}"]
+    if lay.cp > 1:  # torch's context_parallel, head-tail load balancing (the chunks paracube priced)
+        flags.append(f"--parallelism.context_parallel_degree {lay.cp}")
     if lay.pp > 1:
         schedule = "Interleaved1F1B" if lay.interleave > 1 else "1F1B"
         flags += [f"--parallelism.pipeline_parallel_schedule {schedule}",
@@ -96,8 +101,8 @@ def parallelism_flags(plan: Plan) -> tuple[list[str], list[str]]:
         flags += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
         notes.append("torchtitan's async tensor parallelism runs under torch.compile (compile.enable)")
     tensor = lay.tensor_axes
-    if big_axes(plan, lay.effective_placement) != big_axes(plan, (*tensor, "dp", "pp")):
-        notes.append("torchtitan's device mesh puts tp innermost, then dp, then pp: the plan's placement "
+    if big_axes(plan, lay.effective_placement) != big_axes(plan, (*tensor, "cp", "dp", "pp")):
+        notes.append("torchtitan's device mesh puts tp innermost, then cp, dp, pp: the plan's placement "
                      f"{'.'.join(big_axes(plan, lay.effective_placement))} is not kept")
     return flags, notes
 

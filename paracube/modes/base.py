@@ -33,8 +33,9 @@ IntOrArr = Any  # int (one layout) or np.ndarray of int64 (a LayoutBatch)
 
 @dataclass(frozen=True)
 class Sizes:
-    """Sizes a payload depends on: T tokens of a micro-batch, tensor ranks t, grid side q, 2.5D depth,
-    sp flag, V the padded vocabulary, and (per-step collectives) blocks of the stage and its edge flags."""
+    """Sizes a payload depends on: T tokens of a micro-batch (on one cp rank: b s / cp), tensor ranks t, grid side q,
+    2.5D depth, sp flag, V the padded vocabulary, (per-step collectives) blocks of the stage and its edge flags, and
+    cp the context-parallel ranks."""
 
     T: IntOrArr
     t: IntOrArr
@@ -45,6 +46,7 @@ class Sizes:
     layers: IntOrArr = 0
     first: IntOrArr = 0
     last: IntOrArr = 0
+    cp: IntOrArr = 1  # context parallelism (Layout.cp): T is then a rank's b s / cp tokens (modes/context.py)
 
 
 Payload = Callable[[Sizes], IntOrArr]
@@ -165,6 +167,9 @@ class ExecutorSupport:
     # runs tpo (Layout.tpo): the mode's `tpo`-tagged collectives as rings overlapped with their GEMMs
     # (executor/layers/collective_matmul.py); the paracube runtime offers tpo where this is set
     tpo: bool = False
+    # context parallelism's exchanges (modes/context.py: "p2p", "ag") it runs, its default first; () none
+    # (executor/layers/context_parallel.py)
+    context_parallel: tuple[str, ...] = ()
 
     @property
     def zero(self) -> bool:

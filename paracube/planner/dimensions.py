@@ -18,6 +18,9 @@ runtime offers it and prices the other value for the best layout only, as its ru
     Runtime.engine_options() gives the engines both booleans (param_overlap, fsdp_prefetch) in every command.
     kw       kept weights (2d / 2.5d / 3d): 1 where several micro-batches and memory allow
     fa       attention kernel: flash dominant (compute.py, activations.py)
+    cpc      context parallelism's key / value exchange (p2p ring, ag all-gather; modes/context.py): a pass over
+             the configurations per value where the runtime offers both (Runtime.cp_comms; the cp degree itself
+             is a structural axis: planner/enumerate.context_degrees)
 The search reads `values(dim, runtime, fixed, asked)`, never a runtime's name, so a new dimension is a new
 declaration here plus its pricing in the engines.
 """
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from paracube.layout import RECOMPUTES, ZERO_STAGES, Layout
+from paracube.layout import CP_COMMS, RECOMPUTES, ZERO_STAGES, Layout
 from paracube.runtimes import Runtime
 
 PRICED_ZEROS = ZERO_STAGES  # zero stages the cost models price (all of them)
@@ -63,7 +66,9 @@ FSDP_PREFETCH = Dimension("fsdp_prefetch", (False, True), lambda f: None,
                           "zero=2/3's gathers prefetched, reduce-scatters asynchronous")
 KW = Dimension("kw", (0, 1), lambda f: f.keep_weights, lambda r: (0, 1), doc="kept weights (2d / 2.5d / 3d)")
 FA = Dimension("fa", (1, 0), lambda f: f.flash, lambda r: (1, 0), 1, "attention kernel (1 flash, 0 unfused)")
-DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, FSDP_PREFETCH, KW, FA)}
+CPC = Dimension("cpc", CP_COMMS, lambda f: f.cp_comm, lambda r: r.cp_comms, doc="context parallelism's exchange")
+DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, FSDP_PREFETCH, KW, FA,
+                                                        CPC)}
 
 
 def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
@@ -84,5 +89,6 @@ def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
     return bool(vals) and vals[0] == dim.dominant
 
 
-__all__ = ["DIMENSIONS", "FA", "FSDP_PREFETCH", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS", "RC", "TPO", "ZERO",
+__all__ = ["CPC", "DIMENSIONS", "FA", "FSDP_PREFETCH", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS", "RC", "TPO",
+           "ZERO",
            "Dimension", "chosen", "values"]

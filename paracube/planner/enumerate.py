@@ -34,26 +34,28 @@ NO_SHAPE = {name: m.no_shape for name, m in MODES.items()}
 
 @dataclass(frozen=True)
 class Structure:
-    """A mode, tensor shape, dp and pp: everything but micro-batch, interleave, sp and placement."""
+    """A mode, tensor shape, dp, pp and cp (context parallelism): everything but micro-batch, interleave, sp and
+    placement. dp x pp x cp x tensor ranks = the GPUs."""
 
     mode: str
     shape: tuple[int, ...]
     dp: int
     pp: int
+    cp: int = 1
 
     def sizes(self) -> dict[str, int]:
         m = MODES[self.mode]
         q, t = (self.shape[0] if self.shape else 1), math.prod(self.shape)
-        return {"pp": self.pp, "dp": self.dp, **m.axis_sizes(q, t, m.depth(self.shape))}
+        return {"pp": self.pp, "dp": self.dp, "cp": self.cp, **m.axis_sizes(q, t, m.depth(self.shape))}
 
     def placements(self) -> list[tuple[tuple[tuple[str, int], ...], list[bytes]]]:
         """Distinct placements, innermost first, as (axis, size) pairs (size-1 axes left out), each with one
         key per axis set of axes_used(mode): equal keys mean equal rank groups (see _keys)."""
         sizes = self.sizes()
-        big = [a for a in ("pp", "dp", *TENSOR_AXES[self.mode]) if sizes[a] > 1]
-        default = tuple(reversed(big))  # tensor axes innermost, then dp, then pp (Megatron's order)
+        big = [a for a in ("pp", "dp", "cp", *TENSOR_AXES[self.mode]) if sizes[a] > 1]
+        default = tuple(reversed(big))  # tensor axes innermost, then cp, dp, then pp (Megatron's order)
         perms = [default, *(p for p in itertools.permutations(big) if p != default)]
-        used = axes_used(self.mode)
+        used = axes_used(self.mode, cp=self.cp > 1)
         keys = _keys(perms, sizes, used)
         first: dict[bytes, int] = {}
         for i, row in enumerate(keys):  # first placement of each distinct key row, in enumeration order
@@ -92,11 +94,35 @@ def _keys(perms: list[tuple[str, ...]], sizes: dict[str, int], used: list[tuple[
     )
 
 
-def structures(mode: str, gpus: int, layers: int) -> list[Structure]:
-    out = []
-    for shape in tensor_shapes(mode, gpus):
+LONG_SEQUENCE = 8192  # context parallelism is searched from this sequence length on (Megatron: CP for long contexts)
+MIN_CP_TOKENS = 2048  # ... down to this many tokens of a sequence per cp rank (its attention blocks stay large)
+
+
+def context_degrees(seq: int, gpus: int, pinned: int = 1, offered: bool = True) -> list[int]:
+    """cp values to search (a structural axis: dp x pp x cp x tensor ranks = GPUs): the pin where cp is pinned;
+    else 1, and where the runtime runs cp and sequences are long (>= LONG_SEQUENCE), the powers of two cp >= 2
+    that divide the GPUs and split a sequence into 2 cp equal chunks of s / cp >= 2 MIN_CP_TOKENS / 2 tokens per
+    rank (modes/context.py: s % (2 cp) == 0)."""
+    if pinned > 1:
+        return [pinned]
+    if not offered or seq < LONG_SEQUENCE:
+        return [1]
+    out, cp = [1], 2
+    while cp <= gpus and seq // cp >= MIN_CP_TOKENS:
+        if gpus % cp == 0 and seq % (2 * cp) == 0:
+            out.append(cp)
+        cp *= 2
+    return out
+
+
+def structures(mode: str, gpus: int, layers: int, cp: int = 1) -> list[Structure]:
+    """Every (shape, dp, pp) of `mode` on `gpus` GPUs with a cp-way context-parallel axis (cp | gpus)."""
+    out: list[Structure] = []
+    if gpus % cp:
+        return out
+    for shape in tensor_shapes(mode, gpus // cp):
         t = math.prod(shape) if shape else 1
-        for pp in divisors(gpus // t):
+        for pp in divisors(gpus // cp // t):
             if pp == 1 or split_ok(layers, pp, 1):  # even, or uneven by modes/stages.py's rule
-                out.append(Structure(mode, shape, gpus // t // pp, pp))
+                out.append(Structure(mode, shape, gpus // cp // t // pp, pp, cp))
     return out

@@ -1,10 +1,11 @@
 """Why the planner chose each part of the best layout: pinned vs chosen, and the runner-up it beat.
 
 Works on the search's ranked results only (planner.search's `ranked`, plus `best_per_mode`): for each
-part of the best layout (dp, pp, tensor mode and shape, micro-batch, interleave v, sequence parallelism,
-overlap, tpo, attention kernel fa, placement) that was not pinned by the user's --layout, the runner-up is the
-best-ranked layout with a different value of that part (for placement: the same layout otherwise), and the
-margin is its predicted step time relative to the best: (t_runner_up - t_best) / t_best. v is a choice only
+part of the best layout (dp, pp, cp and its exchange cpc, tensor mode and shape, micro-batch, interleave v, sequence
+parallelism, overlap, tpo, attention kernel fa, placement) that was not pinned by the user's --layout, the runner-up is
+the best-ranked layout with a different value of that part (for placement: the same layout otherwise), and the
+margin is its predicted step time relative to the best: (t_runner_up - t_best) / t_best; for cp > 1 the runner-up
+is the best layout without context parallelism (cp=1). v is a choice only
 with pp > 1, sp only with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid
 layout (fewer rows than asked for), a part with no other value is reported as the only valid one.
 Rows that differ only in where size-1 axes sit are the same layout (size-1 axes change no group):
@@ -29,7 +30,8 @@ def big_placement(layout: Layout) -> tuple[str, ...]:
 
 
 def canonical_key(layout: Layout) -> tuple:
-    return (layout.dp, layout.pp, layout.mode, layout.shape, layout.micro_batch, layout.interleave,
+    return (layout.dp, layout.pp, layout.cp, layout.cp_comm, layout.mode, layout.shape, layout.micro_batch,
+            layout.interleave,
             layout.sequence_parallel, layout.zero, layout.recompute, layout.overlap, layout.tpo, layout.uses_flash,
             big_placement(layout))
 
@@ -53,6 +55,8 @@ def _tensor(lay: Layout) -> str:
 PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "dp": (lambda lay: f"dp={lay.dp}", lambda f: f.dp != 1),
     "pp": (lambda lay: f"pp={lay.pp}", lambda f: f.pp != 1),
+    "cp": (lambda lay: f"cp={lay.cp}", lambda f: f.cp != 1),
+    "cpc": (lambda lay: f"cpc={lay.cp_comm or 'p2p'}", lambda f: f.cp_comm is not None),
     "tensor": (_tensor, lambda f: f.mode != "none"),
     "mb": (lambda lay: f"mb={lay.micro_batch}", lambda f: f.micro_batch is not None),
     "v": (lambda lay: f"v={lay.interleave}", lambda f: f.interleave != 1),
@@ -103,15 +107,17 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
     for part, (label, is_pinned) in PARTS.items():
         if (part == "v" and best.pp == 1) or (part == "sp" and not best.tensor_mode.sequence_parallel) or \
                 (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute) \
-                or (part in ("overlap", "tpo") and not any(getattr(lay, part) for lay, _ in rows)):
+                or (part in ("overlap", "tpo") and not any(getattr(lay, part) for lay, _ in rows)) \
+                or (part == "cpc" and best.cp == 1):
             continue  # not a choice of its own (overlap, tpo: the runtime does not offer it here)
         value = label(best)
         if fixed is not None and is_pinned(fixed):
             out.append(Choice(part, value, True))
             continue
         same = (lambda lay: canonical_key(lay)[:-1] == canonical_key(best)[:-1]) if part == "placement" else None
-        other = next(((lay, est) for lay, est in rows[1:] if label(lay) != value and (same is None or same(lay))),
-                     None)
+        # cp > 1: the runner-up is the best layout without context parallelism (search adds it to the ranking)
+        other = next(((lay, est) for lay, est in rows[1:] if label(lay) != value and (same is None or same(lay))
+                      and (part != "cp" or best.cp == 1 or lay.cp == 1)), None)
         if other is None:
             out.append(Choice(part, value, False, only_value=exhaustive))
             continue

@@ -52,7 +52,7 @@ import numpy as np
 from paracube.cost_models.analytic import estimate, evaluate, step_lower_bound
 from paracube.cost_models.comm import axes_used, unit_totals
 from paracube.cost_models.compute import GemmModel, gemm_model
-from paracube.cost_models.dims import Dims, dims_of, with_pins
+from paracube.cost_models.dims import Dims, context_local, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
 from paracube.cost_models.validity import first_violation, rules
@@ -62,6 +62,7 @@ from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
 from paracube.modes import MODES, LayoutBatch, runnable_modes
 from paracube.modes.stages import split_ok
 from paracube.planner.dimensions import (
+    CPC,
     FSDP_PREFETCH,
     OVERLAP,
     PARAM_OVERLAP,
@@ -72,7 +73,7 @@ from paracube.planner.dimensions import (
     chosen,
     values,
 )
-from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
+from paracube.planner.enumerate import NO_SHAPE, Structure, context_degrees, divisors, structures
 from paracube.runtimes import RUNTIMES, Runtime
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -159,6 +160,8 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
             return False
     if fixed.forbid_sp and layout.sequence_parallel:
         return False
+    if (fixed.cp != 1 and fixed.cp != layout.cp) or (fixed.cp_comm is not None and fixed.cp_comm != layout.cp_comm):
+        return False
     if fixed.mode != "none" and (fixed.mode, fixed.shape) != (layout.mode, layout.shape):
         return False
     return not fixed.placement or fixed.effective_placement == layout.effective_placement
@@ -166,9 +169,12 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
 
 def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
             recompute: str | None = None, overlap: bool = False, kw: int | None = None,
-            flash: int | None = None, tpo: bool = False, shard: int | None = None) -> Layout:
+            flash: int | None = None, tpo: bool = False, shard: int | None = None,
+            cp_comm: str | None = None) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
+        cp=st.cp,
+        cp_comm=cp_comm if st.cp > 1 else None,
         tpo=tpo and bool(MODES[st.mode].axes),
         shard=shard if zero else None,
         keep_weights=kw if MODES[st.mode].keeps_weights else None,
@@ -210,7 +216,7 @@ def _not_run_because(st: Structure, model: ModelSpec, runtime: Runtime) -> str:
 
 def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
     """The structures of `mode` to score; none (and an explanation) when the mode has no candidate."""
-    sts = structures(mode, gpus, s.d.L)
+    sts = structures(mode, gpus, s.d.L, s.d.cp)  # cp: this pass's context parallelism (search)
     if not sts:
         s.explanations[mode] = NO_SHAPE.get(mode, "no layout").format(n=gpus)
         return []
@@ -254,7 +260,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     def mems(kw: int) -> list[dict[str, np.ndarray]]:
         return [stage_memory(s.d, mode, sub, True, False, kw=kw), stage_memory(s.d, mode, sub, False, True, kw=kw)]
 
-    shards = zero_shards(mode, sub)  # ranks zero shards the optimizer over (2.5D: dp x depth)
+    shards = zero_shards(mode, sub, s.d.cp)  # ranks zero shards the optimizer over (2.5D: dp x depth; dp x cp)
     ones = np.ones_like(sub.dp)
     flags = [(ones, np.where(sub.pp == 1, 1, 0)), (np.where(sub.pp == 1, 1, 0), ones)]  # (first, last) of mems
     units = [unit_totals(s.d, mode, sub, f, h, shards)[1::2] for f, h in flags] if max(zeros) >= 2 else [None] * 2
@@ -310,7 +316,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
 def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements]
                      ) -> dict[Structure, np.ndarray]:
     """[placements, axes, (bw, lat)] per structure of `owners` (cached topology queries)."""
-    axes_list = axes_used(mode)
+    axes_list = axes_used(mode, cp=s.d.cp > 1)
     return {st: np.array([[s.cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes_list, strict=True)]
                           for place, keys in places[st]])
             for st in dict.fromkeys(owners)}
@@ -328,7 +334,7 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
     # One evaluation: each configuration on its first placement's links, then on its structure's best links.
     mat = np.array([st_links[st][0] for st in owners] + [best[st] for st in owners])
-    links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
+    links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
     rows = np.concatenate([np.arange(n), np.arange(n)])
     res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows])
     found = res.step_time[:n]
@@ -394,7 +400,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     layout_rows = np.repeat(np.arange(len(batch)), n_places)  # each configuration once per placement
     place_idx = np.concatenate([np.arange(c) for c in n_places])
     link_mat = np.concatenate([st_links[st] for st in owners])
-    links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
+    links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
     step_time = _evaluate(s, mode, batch, links, layout_rows, zeros, zero_arg, kws, ovs, tpos)
     s.scored += len(layout_rows)
     taken = 0
@@ -403,7 +409,8 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         st = owners[row]
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
                       s.d.recompute if s.rc_pin else None, bool(ovs[row]), int(kws[row]),
-                      s.fixed.flash if s.fixed else None, bool(tpos[row]), s.fixed.shard if s.fixed else None)
+                      s.fixed.flash if s.fixed else None, bool(tpos[row]), s.fixed.shard if s.fixed else None,
+                      s.d.cp_comm)
         if not _matches(lay, s.fixed):
             continue
         s.best.append((float(step_time[j]), lay))
@@ -510,12 +517,19 @@ def search(
                 prune, runtime=rt, overlap_chosen=chosen(OVERLAP, rt, fixed),
                 tpo_pinned=fixed is not None and fixed.tpo, tpo_chosen=chosen(TPO, rt, fixed),
                 fsdp_prefetch=chosen(FSDP_PREFETCH, rt, fixed))
+    check(fixed is None or fixed.cp == 1 or bool(rt.cp_comms),
+          f"runtime {rt.name} does not run context parallelism (cp={fixed.cp if fixed else 1}); valid: cp=1")
+    # Context parallelism: a structural axis (enumerate.context_degrees), each degree a pass with a cp rank's dims,
+    # and per degree > 1 a pass per exchange the runtime offers (dimensions.CPC), in modes that take cp.
+    cpcs = [str(c) for c in values(CPC, rt, fixed)]
     for rc in rcs:
-        s.d = replace(d, recompute=rc)
-        for mode in modes:
-            sts = _mode_structures(s, mode, gpus)
-            if sts:
-                _search_mode(s, mode, sts)
+        for cp in context_degrees(d.s, gpus, fixed.cp if fixed else 1, bool(cpcs)):
+            for cpc in cpcs if cp > 1 else [None]:
+                s.d = context_local(replace(d, recompute=rc), cp, cpc)
+                for mode in modes:
+                    sts = _mode_structures(s, mode, gpus) if cp == 1 or MODES[mode].context_parallel else []
+                    if sts:
+                        _search_mode(s, mode, sts)
     s.d = d
     if not s.best:
         lines = "; ".join(f"{m}: {why}" for m, why in s.explanations.items())
@@ -549,6 +563,10 @@ def search(
             # Where the overlap hides nothing (a ring of 2: one step) the two tie up to rounding: keep the choice.
             ranked = sorted([*ranked, (alt, score(alt))],
                             key=lambda r: (float(f"{r[1].step_time_s:.12g}"), r[0] is alt))
+    if ranked[0][0].cp > 1 and (fixed is None or fixed.cp == 1):  # its runner-up: the best layout without cp
+        alt = next((lay for _, lay in s.best if lay.cp == 1), None)
+        if alt is not None and all(lay.cp > 1 for lay, _ in ranked):
+            ranked = sorted([*ranked, (alt, score(alt))], key=lambda r: r[1].step_time_s)
     if fixed is None or fixed.flash is None:
         # Unfused attention (fa=0) is never faster nor smaller than flash in the model (compute.py: the flash
         # kernel computes the causal half and no s x s traffic; activations.py: no s x s tensors kept), so the

@@ -20,6 +20,10 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   executor/data_parallel/fsdp.py; cost_models/fsdp_overlap.py prices it).
 - `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce / consume them (collective matmul:
   Megatron --tp-comm-overlap with Transformer Engine userbuffers, torchtitan async TP); `tpo_needs_sp`.
+- `cp_comms`: context parallelism (Layout cp=N) and the key / value exchanges it runs (modes/context.py: "p2p"
+  ring, "ag" all-gather; first = its default, what an unpinned cpc records); () = no context parallelism
+  (`cp_note` says why, e.g. DeepSpeed-Ulysses is not this). The ring is priced overlapped with attention, the
+  all-gather exposed (cost_models/context_parallel.py).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -73,6 +77,8 @@ class Runtime:
     tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
     mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
     source: str = ""  # where the facts come from
+    cp_comms: tuple[str, ...] = ()  # context parallelism's exchanges it runs, its default first (module docstring)
+    cp_note: str = ""  # why it has no context parallelism (cp_comms empty)
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
@@ -138,6 +144,11 @@ class Runtime:
         if layout.tpo and MODES[layout.mode].tpo_needs_sp and not layout.sequence_parallel:
             return (f"{who} runs tpo in tp={layout.mode} with sequence parallelism only (without sp its collectives "
                     f"are all-reduces, none overlappable); add sp (tp={layout.mode}:N,sp,tpo)")
+        if layout.cp > 1 and not self.cp_comms:
+            return f"{who} does not run context parallelism (cp={layout.cp}){self.cp_note}; valid: cp=1"
+        if layout.cp > 1 and layout.cp_comm is not None and layout.cp_comm not in self.cp_comms:
+            return (f"{who} does not run cpc={layout.cp_comm} (context parallelism's exchange); "
+                    f"valid: cpc={'/'.join(self.cp_comms)}")
         if self.mode_check is not None:
             why = self.mode_check(layout.mode, layout.pp, layout.sequence_parallel, layout.zero, tied_embeddings,
                                   family)
@@ -154,7 +165,7 @@ class Runtime:
                              "param_gather": [self.param_gather_overlap, self.param_gather_overlap_default],
                              "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap,
                              "fsdp_prefetch": self.fsdp_prefetch},
-                "export_target": self.export_target}
+                "export_target": self.export_target, "cp_comms": list(self.cp_comms)}
 
 
 __all__ = ["MEGATRON_STYLE", "ModeCheck", "Runtime"]

@@ -7,6 +7,9 @@ for ZeRO-3, and for stage 1 / 2 where set: the ds_config paracube exports sets i
 fp16 / bf16, activation checkpointing full (Megatron-DeepSpeed also runs selective). No tensor-parallel
 comm overlap. Gradients in the 16-bit training dtype (ZeRO's partitioned gradients; Rajbhandari et al. 2020:
 16, 4 + 12/d, 2 + 14/d, 16/d bytes per parameter for zero=0..3).
+comm overlap. No context parallelism: DeepSpeed-Ulysses splits the sequence too, but exchanges q, k, v by
+all-to-alls over the heads (each rank then attends whole sequences for heads / N), not the ring / all-gather of
+keys and values that Layout cp=N declares (modes/context.py).
 """
 
 from __future__ import annotations
@@ -37,4 +40,5 @@ RUNTIME = Runtime(
     export_target="deepspeed",
     grad_bytes=2,  # ZeRO keeps 16-bit gradients (the ZeRO paper's 2 + 2 + 12 bytes per parameter)
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
+    cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
 )

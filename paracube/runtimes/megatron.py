@@ -6,7 +6,9 @@ not with pipelines), recompute none / selective / full, bf16 / fp16 (fp8 via Tra
 dtypes). Overlaps, on by default in NeMo's recipes: --overlap-grad-reduce (buckets during backward, pipelines
 too), --overlap-param-gather (the distributed optimizer's / FSDP's parameter all-gather prefetched),
 --tp-comm-overlap (Transformer Engine userbuffers: ring-exchange collective matmul; needs sp), p2p overlap of
-pipeline sends (--overlap-p2p-comm). Context parallelism is not in paracube's model yet.
+pipeline sends (--overlap-p2p-comm). Context parallelism: --context-parallel-size with --cp-comm-type p2p (the
+ring, overlapped with attention; its default) or all_gather (megatron-core TransformerConfig.cp_comm_type; the
+a2a / a2a+p2p variants are Ulysses-style head scatters, not priced).
 """
 
 from __future__ import annotations
@@ -36,4 +38,5 @@ RUNTIME = Runtime(
     p2p_overlap=True,
     export_target="megatron",
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
+    cp_comms=("p2p", "ag"),
 )

@@ -61,4 +61,7 @@ RUNTIME = Runtime(
     mode_check=_check,
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
+    # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
+    cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),
+    cp_note=" (paracube's executor does not run it yet)",
 )

@@ -7,6 +7,9 @@ parallelism with sequence parallelism on by default (enable_sequence_parallel) a
 torch.distributed.pipelining (1F1B, Interleaved1F1B, ...), activation checkpointing none / selective / full,
 bf16 (fp8 through torchao: not in our dtypes). No distributed optimizer (zero=1) or zero=2 of its own.
 Async TP is not on by default (a flag): the search still offers it, as `tpo` in the layout it records.
+Context parallelism: parallelism.context_parallel_degree, torch's context_parallel with the head-tail load
+balancer (context_parallel_load_balancer="headtail": the chunks i and 2 cp - 1 - i of modes/context.py) and torch's
+default rotate method "allgather" (the keys and values all-gathered over cp): cpc=ag.
 """
 
 from __future__ import annotations
@@ -37,4 +40,5 @@ RUNTIME = Runtime(
     export_target="torchtitan",
     sp_default=True,
     source="torchtitan ParallelismConfig (docs/exports.md)",
+    cp_comms=("ag",),
 )

@@ -13,7 +13,8 @@ grad sync for each chunk's last micro-batch likewise), so under 1F1B a stage's b
 its own last backward and, interleaved, the later chunk's buckets (the first in bucket order) while the
 earlier chunks still run theirs. `finish()` issues what is left (every bucket without overlap) and waits
 for all of them before the optimizer runs.
-- zero=0: one all_reduce (sum) of the bucket over the mode's grad_axes (dp; 2.5D: dp and depth).
+- zero=0: one all_reduce (sum) of the bucket over Layout.data_axes (the mode's grad_axes: dp; 2.5D: dp and depth;
+  with context parallelism cp after dp, its ranks holding replicas of every parameter).
 - zero=1: one reduce_scatter over the same grad_axes (dp; 2.5D: dp and depth, whose ranks hold replicas of
   the same weights) of the bucket padded to a multiple of that group's size n, in place: the rank with index
   k in the group (mesh.index, dp major) keeps shard k, its chunk of the bucket (data_parallel/optim.py updates it
@@ -43,7 +44,6 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from paracube.executor.mesh import Mesh
-from paracube.modes import MODES
 from paracube.modes.buckets import BUCKET_BYTES, padded_numel, plan_buckets
 
 
@@ -78,7 +78,8 @@ class GradSync:
     def __init__(self, model: nn.Module, mesh: Mesh, zero: int = 0, bucket_bytes: int = BUCKET_BYTES) -> None:
         self.mesh, self.zero, self.bucket_bytes = mesh, zero, bucket_bytes
         layout = mesh.layout
-        self.axes = tuple(MODES[layout.mode].grad_axes)  # zero=1 shards over the same group
+        # Layout.data_axes: the mode's grad_axes, with cp after dp (cp ranks hold replicas); zero=1 shards over it
+        self.axes = tuple(layout.data_axes)
         self.group_size = mesh.size(self.axes)
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device

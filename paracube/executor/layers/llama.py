@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import Axes, gather_fn
+from paracube.executor.layers.context_parallel import chunk_positions, context_attention
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention, fp32
 from paracube.executor.layers.rms_norm import rms_norm
 from paracube.executor.layers.serial import Mode, ShardedModule
@@ -89,6 +90,21 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: b
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 
+def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float, s: int, mesh: Mesh) -> Tensor:
+    """gqa_attention of a cp rank's chunks (qkv [b, s / cp, ...], executor/layers/context_parallel.py): q and k
+    rotated at their global positions, then attention over every cp rank's k, v."""
+    b, c, width = qkv.shape
+    d = width // (kv_heads * (group + 2))
+    g = qkv.view(b, c, kv_heads, group + 2, d)
+    q = g[..., :group, :].reshape(b, c, kv_heads * group, d).transpose(1, 2)
+    k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
+    cos, sin = rotary_tables(s, d, theta, qkv)
+    pos = chunk_positions(s, mesh.layout.cp, mesh.coord("cp"), qkv.device)
+    q, k = rotary(q, cos[pos], sin[pos]), rotary(k, cos[pos], sin[pos])
+    out = context_attention(q, k, v, mesh, s)
+    return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
+
+
 class _SwiGLU(torch.autograd.Function):
     """silu(gate) * up saving only the fused input (its output is recomputed from it in backward)."""
 
@@ -128,6 +144,8 @@ class LlamaAttention(nn.Module):
     def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
         """x: block-layout activations of sequences of s tokens."""
         qkv = self.qkv(x)
+        if self.mode.mesh.layout.cp > 1:  # context parallelism: keys and values exchanged over cp
+            return self.proj(context_parallel_gqa(qkv, self.kv_local, self.group, self.theta, s, self.mode.mesh))
         split = self.mode.sequence_split(qkv, s)
         # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
         kv = split.keys_values(qkv, self.kv_local, self.group, self.mode.mesh) if split is not None else None
@@ -192,5 +210,5 @@ def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor
         yield "head.weight", normal(h, V)
 
 
-__all__ = ["LlamaAttention", "SplitRMSNorm", "SwiGLU", "gqa_attention", "llama_init_tensors", "rotary", "rotary_tables",
-           "swiglu"]
+__all__ = ["LlamaAttention", "SplitRMSNorm", "SwiGLU", "context_parallel_gqa", "gqa_attention", "llama_init_tensors",
+           "rotary", "rotary_tables", "swiglu"]

@@ -140,9 +140,11 @@ class SequenceShardPositions(SerialPositionEmbedding):
         super().__init__(mesh, seq_len, hidden)
         self.mesh = mesh
 
-    def forward(self, s: int) -> Tensor:
-        start, size = block(s, self.mesh, TP)
-        return self.weight[start:start + size]
+    def forward(self, s: int, positions: Tensor | None = None) -> Tensor:
+        start, size = block(s if positions is None else positions.numel(), self.mesh, TP)
+        if positions is None:
+            return self.weight[start:start + size]
+        return self.weight[positions[start:start + size]]  # context parallelism: the chunks' positions
 
 
 class Mode1D(Mode):

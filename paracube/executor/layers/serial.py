@@ -99,8 +99,9 @@ class SerialPositionEmbedding(ShardedModule):
         super().__init__()
         self.add_param("weight", make_spec(mesh, (seq_len, hidden), {}))
 
-    def forward(self, s: int) -> Tensor:
-        return self.weight[:s]
+    def forward(self, s: int, positions: Tensor | None = None) -> Tensor:
+        """Rows 0..s-1, or those of `positions` (context parallelism: a rank's chunks' global positions)."""
+        return self.weight[:s] if positions is None else self.weight[positions]
 
 
 class Mode:

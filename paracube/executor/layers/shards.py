@@ -36,10 +36,10 @@ def block(total: int, mesh: Mesh, axes: tuple[str, ...]) -> tuple[int, int]:
 
 def make_spec(mesh: Mesh, shape: tuple[int, ...], splits: dict[int, tuple[int, int]],
               replicated_axes: tuple[str, ...] = ()) -> ShardSpec:
-    """`splits`: dim -> (offset, size); other dims whole. Leader: index 0 along replicated axes and dp."""
+    """`splits`: dim -> (offset, size); other dims whole. Leader: index 0 along replicated axes, dp and cp."""
     offsets = tuple(splits.get(d, (0, n))[0] for d, n in enumerate(shape))
     sizes = tuple(splits.get(d, (0, n))[1] for d, n in enumerate(shape))
-    leader = all(mesh.coord(a) == 0 for a in (*replicated_axes, "dp"))
+    leader = all(mesh.coord(a) == 0 for a in (*replicated_axes, "dp", "cp"))
     return ShardSpec(tuple(shape), offsets, sizes, leader, tuple(replicated_axes))
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from paracube.executor.layers.context_parallel import context_parallel_attention
 from paracube.executor.layers.dropout import dropout
 from paracube.executor.layers.functional import local_attention
 from paracube.executor.layers.llama import LlamaAttention, SwiGLU, llama_init_tensors
@@ -31,6 +32,8 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
         """x: block-layout activations of sequences of s tokens."""
         qkv = self.qkv(x)
+        if self.mode.mesh.layout.cp > 1:  # context parallelism: keys and values exchanged over cp
+            return self.proj(context_parallel_attention(qkv, self.heads, s, self.mode.mesh))
         split = self.mode.sequence_split(qkv, s)
         # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
         kv = split.keys_values(qkv, self.heads, 1, self.mode.mesh) if split is not None else None

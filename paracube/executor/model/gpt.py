@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from paracube.errors import ParacubeError, check
+from paracube.executor.layers.context_parallel import chunk_positions, load_balanced
 from paracube.executor.layers.dropout import DropoutSeeds, dropout
 from paracube.executor.layers.serial import Mode
 from paracube.executor.layers.shards import ShardSpec, gather_full
@@ -129,12 +130,21 @@ class ParallelGPT(nn.Module):
         return next(self.parameters()).dtype
 
     # --- forward ---------------------------------------------------------------------------------------
-    def embed(self, ids: Tensor) -> Tensor:
+    def context_tokens(self, t: Tensor) -> Tensor:
+        """This cp rank's tokens [b, s / cp] of a micro-batch [b, s] (ids, labels: the load-balanced chunks of
+        executor/layers/context_parallel.py); t itself without context parallelism."""
+        cp = self.mesh.layout.cp
+        return t if cp == 1 else load_balanced(t, cp, self.mesh.coord("cp"))
+
+    def embed(self, ids: Tensor, s: int | None = None) -> Tensor:
         """Block-layout activations of the replica's whole micro-batch ids [b, s] ([b, s, h] split as the mode
-        splits it, or the flat token layout's [T / n, h / ...] block: executor/layers/tokens.py)."""
+        splits it, or the flat token layout's [T / n, h / ...] block: executor/layers/tokens.py); with context
+        parallelism ids are the cp rank's chunks [b, s / cp] of sequences of s tokens."""
         x = self.tok_emb(ids.reshape(-1) if self.mode.flat else ids)
         if self.pos_emb is not None:
-            pos = self.pos_emb(ids.shape[1])
+            cp = self.mesh.layout.cp
+            positions = chunk_positions(s, cp, self.mesh.coord("cp"), ids.device) if cp > 1 and s else None
+            pos = self.pos_emb(ids.shape[1], positions) if positions is not None else self.pos_emb(ids.shape[1])
             x = x + (pos[self.mode.block_positions(ids)] if self.mode.flat else pos)
         # The residual stream in the compute dtype (the parameters' dtype), as Megatron keeps it (the
         # embedding's reductions ran in fp32, as priced).
@@ -188,10 +198,11 @@ class ParallelGPT(nn.Module):
     def check_batch(self, ids: Tensor, labels: Tensor) -> None:
         b, s = ids.shape
         split = self.mode.token_split
-        if not tokens_split_ok(b, s, split) or s > self.spec.seq_len or labels.shape != ids.shape:
+        cp = self.mesh.layout.cp
+        if not tokens_split_ok(b, s, split) or s > self.spec.seq_len or labels.shape != ids.shape or s % (2 * cp):
             raise ParacubeError(f"micro-batch ids {tuple(ids.shape)} / labels {tuple(labels.shape)}: need equal "
                                 f"shapes, {b} x {s} tokens divisible by the token split {split}, and seq_len <= "
-                                f"{self.spec.seq_len}")
+                                f"{self.spec.seq_len}" + (f", s divisible by 2 x cp = {2 * cp}" if cp > 1 else ""))
 
     def chunk_forward(self, chunk: int, x: Tensor | None, ids: Tensor,
                       labels: Tensor) -> Tensor | tuple[Tensor, Tensor]:
@@ -200,12 +211,12 @@ class ParallelGPT(nn.Module):
         (loss sum, token count)."""
         if x is None:
             self.check_batch(ids, labels)
-            x = self.embed(ids)
+            x = self.embed(self.context_tokens(ids), ids.shape[1])
         for i in self.chunks[chunk]:
             x = self.run_block(self.blocks[i], x, ids.shape[1])
         if not (self.last_stage and chunk == len(self.chunks) - 1):
             return x
-        local_labels = self.mode.split_tokens(labels)
+        local_labels = self.mode.split_tokens(self.context_tokens(labels))
         losses = self.token_losses(x, local_labels)
         return losses.sum(), torch.tensor(float(local_labels.numel()), device=losses.device)
 

@@ -51,7 +51,8 @@ ACT, GRAD = 0, 1
 def activation_shape(model: ParallelGPT, ids: Tensor) -> tuple[int, ...]:
     """Shape of the local block-layout activations of a micro-batch `ids` [b, s] on this rank."""
     layout = model.mesh.layout
-    tokens = model.mode.split_tokens(ids).shape  # [b, s], or the flat layout's [T / n] (executor/layers/tokens.py)
+    # [b, s] ([b, s / cp] with context parallelism), or the flat layout's [T / n] (executor/layers/tokens.py)
+    tokens = model.mode.split_tokens(model.context_tokens(ids)).shape
     if layout.sequence_parallel:  # 1D + sp: sequence shards [b, s / tp, h] (executor/layers/one_d.py SEQ)
         return (tokens[0], tokens[1] // layout.tensor_size, model.spec.hidden)
     act_split = int(MODES[layout.mode].act_split(layout.tensor_size, 0))

@@ -31,7 +31,7 @@ from paracube.executor.comm import all_reduce
 from paracube.executor.data_parallel.grad_sync import GradSync, grad_sync_for
 from paracube.executor.data_parallel.optim import DistributedAdamW
 from paracube.executor.layers.functional import main_grad
-from paracube.executor.mesh import Mesh
+from paracube.executor.mesh import Mesh, metrics_axes
 from paracube.executor.model.gpt import ParallelGPT
 from paracube.executor.pipeline.schedule import reduce_tied_embedding_grads, run_pipeline
 from paracube.executor.sizes import check_divisibility
@@ -109,7 +109,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
 
     with rec.phase("metrics"):
         metrics = torch.stack([loss_sum, count]).float()
-        metrics = all_reduce(metrics, mesh, (*stages, "dp", *tensor_axes), label="metrics")
+        metrics = all_reduce(metrics, mesh, metrics_axes(mesh.layout, stages), label="metrics")
     return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm, overflow=scaler is not None and overflow)
 
 

@@ -1,0 +1,252 @@
+"""Context parallelism (Layout `cp`, tensor modes none and 1D): each sequence split over the cp ranks, attention by
+exchanging keys and values over the mesh axis "cp" (the contract of paracube/modes/context.py).
+
+Chunks (Megatron-core / Llama 3 causal load balance): a sequence of s tokens splits into 2 cp chunks of
+c = s / (2 cp); cp rank i holds chunks i and 2 cp - 1 - i, concatenated in that order (`chunk_positions`).
+`load_balanced` takes a rank's tokens (ids, labels) from a micro-batch [b, s]; position ids follow the chunks
+(the GPT position table's rows, llama's rotary angles), and the causal mask between a query and a key follows
+their global positions: query at p reads key at p' iff p' <= p.
+
+Attention of a rank's n = s / cp queries (its heads: 1D splits them over tp) against every rank's keys, in
+blocks, each block merged by online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022):
+per block j, scores S_j = Q K_j^T / sqrt(d) (masked to -inf), its log-sum-exp L_j = log sum_k exp S_j and
+output O_j = softmax(S_j) V_j; two merge as L = logaddexp(L_a, L_b), O = O_a e^(L_a - L) + O_b e^(L_b - L).
+A rank's own block comes first (each query reads itself, so L stays finite); a block every key of which is in
+a query's future has L_j = -inf and weight 0. Backward with the saved final L and D = rowsum(dO * O):
+P_j = exp(S_j - L), dV_j = P_j^T dO, dS_j = P_j * (dO V_j^T - D), dQ += dS_j K_j / sqrt(d), dK_j = dS_j^T Q / sqrt(d).
+Statistics in fp32 (fp64 for an fp64 model: functional.upcast), outputs in the compute dtype. Grouped-query
+attention repeats a kv head over its query heads inside the block and sums their dK, dV back.
+
+The exchanges (`cpc`), KV = [2, b, kv heads, n, d] of the rank's k and v in the compute dtype:
+- p2p (ring, Megatron's cp_comm_type=p2p): forward cp - 1 steps; in each the rank posts (batch_isend_irecv) the
+  send of the KV block it holds to cp rank i + 1 and the receive of the next from i - 1 BEFORE the attention on
+  the block it holds (the exchange overlaps it). Backward: the blocks circulate again (cp - 1 sends of KV) and
+  each block's partial dK, dV travel with it, each rank adding its queries' share, back to the block's owner
+  (cp sends of KV size): 2 cp - 1 KV sends per rank per layer. Every send is recorded as kind "send" over
+  ("cp",) (labels <unit>.cp_kv, <unit>.cp_dkv as declared; receives are their peers' sends, as the pipeline
+  records them).
+- ag (Megatron's all_gather): forward all_gather of KV over cp; backward all_gather of KV again (nothing
+  gathered is saved) and reduce_scatter of the gathered dK, dV over cp (same labels).
+The autograd Functions save only the rank's own q, k, v, its output and L (no s x s tensor); selective
+recomputation therefore leaves this core alone, full recomputation reruns the block and so its forward exchange.
+Why our own Functions, not torch's context_parallel (torch.distributed.tensor.experimental): that one patches
+F.scaled_dot_product_attention at run time and issues its collectives unseen by the CommRecorder, so the
+recorded bytes could not be held to the cost model's; it also shards sequences round-robin, not by this contract.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from paracube.executor.comm import all_gather, reduce_scatter
+from paracube.executor.layers.functional import upcast
+from paracube.executor.mesh import Mesh
+from paracube.modes import MODES, context
+
+CP = ("cp",)
+KV_TAG, DKV_TAG = 0x6B76, 0x646B  # gloo matches p2p messages by tag: keys / values and their gradients apart
+
+
+# --- chunks ------------------------------------------------------------------------------------------------
+def chunk_positions(s: int, cp: int, i: int, device: torch.device | None = None) -> Tensor:
+    """Global positions [s / cp] of the tokens cp rank i holds: chunks i and 2 cp - 1 - i of s / (2 cp)."""
+    c = s // (2 * cp)
+    first = torch.arange(i * c, (i + 1) * c, device=device)
+    return torch.cat([first, torch.arange((2 * cp - 1 - i) * c, (2 * cp - i) * c, device=device)])
+
+
+def load_balanced(t: Tensor, cp: int, i: int) -> Tensor:
+    """cp rank i's tokens of a micro-batch t [b, s] (ids, labels): [b, s / cp] (module docstring)."""
+    return t[:, chunk_positions(t.shape[1], cp, i, t.device)].contiguous()
+
+
+# --- block math ---------------------------------------------------------------------------------------------
+def _expand(t: Tensor, group: int) -> Tensor:
+    """kv heads [b, kv, n, d] -> their query heads' [b, kv * group, n, d] (query head g * group + r reads kv g)."""
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def _fold(t: Tensor, group: int) -> Tensor:
+    """The query heads' gradient [b, kv * group, n, d] summed back onto their kv heads [b, kv, n, d]."""
+    if group == 1:
+        return t
+    b, h, n, d = t.shape
+    return t.view(b, h // group, group, n, d).sum(2)
+
+
+def _scores(q: Tensor, k: Tensor, allowed: Tensor) -> Tensor:
+    s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return s.masked_fill(~allowed, float("-inf"))
+
+
+def block_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """Upcast q [b, H, n, d], k, v [b, H, m, d], allowed [n, m] -> (softmax(S) V, L [b, H, n, 1]); a row with
+    no allowed key has output 0 and L = -inf."""
+    s = _scores(q, k, allowed)
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    out = torch.matmul(e, v) / torch.where(total > 0, total, torch.ones_like(total))
+    return out, m + torch.log(total)
+
+
+def merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Online-softmax merge of two blocks' (output, L); `lse` finite (the rank's own block came first)."""
+    new = torch.logaddexp(lse, lse_b)
+    return out * torch.exp(lse - new) + out_b * torch.exp(lse_b - new), new
+
+
+def block_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor, lse: Tensor,
+                   delta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(dQ, dK, dV) of one block, upcast operands, with the final L and D = rowsum(dO * O) (module docstring)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    p = torch.exp(_scores(q, k, allowed) - lse)
+    dv = torch.matmul(p.transpose(-1, -2), do)
+    ds = p * (torch.matmul(do, v.transpose(-1, -2)) - delta)
+    return torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-1, -2), q) * scale, dv
+
+
+# --- the ring -------------------------------------------------------------------------------------------------
+class _Ring:
+    """This rank's cp ring: peers, positions of every rank's tokens, recorded sends."""
+
+    def __init__(self, mesh: Mesh, s: int, device: torch.device) -> None:
+        self.mesh, self.cp, self.i = mesh, mesh.layout.cp, mesh.coord("cp")
+        self.nxt, self.prev = mesh.axis_peer("cp", 1), mesh.axis_peer("cp", -1)
+        self.group = mesh.group(CP)
+        self.pos = [chunk_positions(s, self.cp, j, device) for j in range(self.cp)]
+        unit = context.attention_unit(MODES[mesh.layout.mode])  # the declaration's labels (modes/context.py)
+        self.kv_label, self.dkv_label = f"{unit}.cp_kv", f"{unit}.cp_dkv"
+
+    def allowed(self, j: int) -> Tensor:
+        """Mask [n, n] of this rank's queries against cp rank j's keys (global positions)."""
+        return self.pos[self.i].unsqueeze(-1) >= self.pos[j].unsqueeze(0)
+
+    def exchange(self, t: Tensor, tag: int, label: str, backward: bool) -> tuple[list[Any], Tensor]:
+        """Post the send of t to the next rank and the receive of as much from the previous one; the requests
+        and the receive buffer (wait on the requests before reading it)."""
+        t = t.contiguous()
+        buf = torch.empty_like(t)
+        with self.mesh.recorder.issue("send", CP, self.cp, t, t.numel(), backward, label):
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, self.nxt, self.group, tag),
+                                           dist.P2POp(dist.irecv, buf, self.prev, self.group, tag)])
+        return reqs, buf
+
+
+def _wait(reqs: list[Any]) -> None:
+    for r in reqs:
+        r.wait()
+
+
+class _RingAttention(torch.autograd.Function):
+    """Attention of q [b, H, n, d] over every cp rank's k, v [b, kv, n, d] by the p2p ring (module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int) -> Tensor:
+        ring = _Ring(mesh, s, q.device)
+        group = q.shape[1] // k.shape[1]
+        qf = upcast(q)
+        held = torch.stack([k, v])
+        out = lse = None
+        for step in range(ring.cp):
+            # The next block's exchange is posted before this block's attention: it runs while we compute.
+            reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, False) if step < ring.cp - 1 else ([], held)
+            j = (ring.i - step) % ring.cp
+            o, l_j = block_forward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
+                                   ring.allowed(j))
+            out, lse = (o, l_j) if out is None else merge(out, lse, o, l_j)  # type: ignore[arg-type]
+            _wait(reqs)
+            held = buf
+        result = out.to(q.dtype)  # type: ignore[union-attr]
+        ctx.save_for_backward(q, k, v, result, lse)
+        ctx.args = (mesh, s)
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        mesh, s = ctx.args
+        ring = _Ring(mesh, s, q.device)
+        group = q.shape[1] // k.shape[1]
+        qf, do = upcast(q), upcast(grad)
+        delta = (do * upcast(out)).sum(-1, keepdim=True)
+        dq = torch.zeros_like(qf)
+        held = torch.stack([k, v])
+        arriving: Tensor | None = None  # the partial dK, dV of the block held, from the previous rank
+        arriving_reqs: list[Any] = []
+        for step in range(ring.cp):
+            reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, True) if step < ring.cp - 1 else ([], held)
+            j = (ring.i - step) % ring.cp
+            dq_j, dk, dv = block_backward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
+                                          ring.allowed(j), do, lse, delta)
+            dq += dq_j
+            mine = torch.stack([_fold(dk, group), _fold(dv, group)])
+            if arriving is not None:
+                _wait(arriving_reqs)  # posted in the previous step
+                mine = mine + upcast(arriving)
+            # The block's dK, dV go on with it (in the compute dtype, as its k, v travel); after the last step
+            # what arrives is this rank's own block's, summed over every rank's queries.
+            arriving_reqs, arriving = ring.exchange(mine.to(k.dtype), DKV_TAG, ring.dkv_label, True)
+            _wait(reqs)
+            held = buf
+        _wait(arriving_reqs)
+        dkv = arriving
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None  # type: ignore[index]
+
+
+class _GatherAttention(torch.autograd.Function):
+    """Attention of q over the all-gathered k, v of every cp rank (cpc=ag, module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int) -> Tensor:
+        ring = _Ring(mesh, s, q.device)
+        group = q.shape[1] // k.shape[1]
+        kv = all_gather(torch.stack([k, v]), mesh, CP, 3, label=ring.kv_label)  # [2, b, kv, s, d], cp index order
+        allowed = ring.pos[ring.i].unsqueeze(-1) >= torch.cat(ring.pos).unsqueeze(0)
+        out, lse = block_forward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group), allowed)
+        result = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, result, lse)
+        ctx.args = (mesh, s)
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        mesh, s = ctx.args
+        ring = _Ring(mesh, s, q.device)
+        group = q.shape[1] // k.shape[1]
+        kv = all_gather(torch.stack([k, v]), mesh, CP, 3, backward=True, label=ring.kv_label)
+        allowed = ring.pos[ring.i].unsqueeze(-1) >= torch.cat(ring.pos).unsqueeze(0)
+        do = upcast(grad)
+        delta = (do * upcast(out)).sum(-1, keepdim=True)
+        dq, dk, dv = block_backward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group),
+                                    allowed, do, lse, delta)
+        dkv = reduce_scatter(torch.stack([_fold(dk, group), _fold(dv, group)]).to(k.dtype), mesh, CP, 3,
+                             backward=True, label=ring.dkv_label)
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None
+
+
+def context_attention(q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int) -> Tensor:
+    """Causal attention of this cp rank's queries q [b, H, n, d] (n = s / cp, chunk_positions) over the keys
+    and values k, v [b, kv, n, d] of every cp rank, exchanged as the layout's cpc says (None: p2p)."""
+    fn = _GatherAttention if mesh.layout.cp_comm == "ag" else _RingAttention
+    return fn.apply(q, k, v, mesh, s)
+
+
+def context_parallel_attention(qkv: Tensor, heads: int, s: int, mesh: Mesh) -> Tensor:
+    """functional.local_attention of a cp rank's chunks: qkv [b, s / cp, heads * 3 * d] (columns [heads, 3, d])
+    -> [b, s / cp, heads * d]."""
+    b, n, width = qkv.shape
+    d = width // (3 * heads)
+    q, k, v = qkv.view(b, n, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)
+    return context_attention(q, k, v, mesh, s).transpose(1, 2).reshape(b, n, heads * d)
+
+
+__all__ = ["block_backward", "block_forward", "chunk_positions", "context_attention", "context_parallel_attention",
+           "load_balanced", "merge"]
