@@ -2,7 +2,8 @@
 
 Tensor modes, pipelines, sp and zero come from each mode's ExecutorSupport (paracube/modes; modes.executor_runs
 is the per-mode check, the same one executor/sizes.py applies before any rank starts). Gradient buckets overlap
-each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too. No
+each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too; zero=1's parameter
+all-gathers overlap the next step's forward (executor/data_parallel/param_gather.py; `--no-overlap` turns both off). No
 tpo: the executor runs its tensor collectives in line (issue #24).
 """
 
@@ -47,8 +48,8 @@ RUNTIME = Runtime(
     grad_overlap=True,
     grad_overlap_default=True,
     grad_overlap_pp=any(s.pipeline and s.grad_overlap_pp for s in _SUPPORT),  # data_parallel/grad_sync.py
-    param_gather_overlap=False,
-    param_gather_overlap_default=False,
+    param_gather_overlap=True,  # zero=1: async per bucket, finished by the next forward (data_parallel/param_gather.py)
+    param_gather_overlap_default=True,
     tpo=False,
     tpo_default=False,
     tpo_needs_sp=False,
