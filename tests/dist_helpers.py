@@ -78,6 +78,31 @@ def layout_from(text: str) -> Any:
 
     return parse_layout(text)
 
+F64 = torch.float64  # the equivalence copies' dtype (TOL_FP64)
+
+
+def fp64_optimizer(model: Any, **adamw: Any) -> torch.optim.Optimizer:
+    """The executor's optimizer for an fp64 copy (MasterAdamW: fp32 masters stepped with the fp32 reduced
+    gradients, as for any non-fp32 compute dtype; torch's AdamW would see no p.grad, only main_grad).
+    Default settings: the equivalence tests' AdamW (lr 1e-3, weight decay 0.1, eps 1e-6)."""
+    from paracube.executor.data_parallel.optim import build_optimizer
+    from paracube.modes.buckets import BUCKET_BYTES
+
+    return build_optimizer(model, model.mesh, 0, BUCKET_BYTES, **({"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}
+                                                                   | adamw))
+
+
+def one_step_events(model: Any, micro: list, tokens: int, max_norm: float, opt: Any = None) -> list:
+    """The collectives (CommEvent keys) of one train_step of an fp32 `model` (with `opt`, default torch's AdamW):
+    the payloads the cost model prices for an fp32 plan (an fp64 copy would move 8-byte elements)."""
+    from paracube.executor import train_step
+
+    opt = opt if opt is not None else torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
+    model.mesh.recorder.reset()
+    train_step(model, opt, model.mesh, micro, tokens, max_norm)
+    return [e.key() for e in model.mesh.recorder.events]
+
+
 def steps_against_serial(model: Any, opt: Any, ref: Any, ref_opt: Any, micro: list, ref_micro: list, tokens: int,
                          steps: int, max_norm: float) -> tuple[dict[str, float], list]:
     """`steps` train_steps of the sharded model (its replica's `micro`) and of the serial reference (every
@@ -101,7 +126,8 @@ def steps_against_serial(model: Any, opt: Any, ref: Any, ref_opt: Any, micro: li
     return errors, events
 
 
-__all__ = ["TOL_FP64", "in_process_rendezvous", "layout_from", "rel_err", "run_distributed", "steps_against_serial"]
+__all__ = ["F64", "TOL_FP64", "fp64_optimizer", "in_process_rendezvous", "layout_from", "one_step_events", "rel_err",
+           "run_distributed", "steps_against_serial"]
 
 
 def saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
