@@ -87,7 +87,7 @@ def _all_layouts(rank: int, world: int) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def results() -> list[list[dict[str, Any]]]:
-    return run_distributed(_all_layouts, 8)  # [rank][case]
+    return run_distributed(_all_layouts, 8, timeout=600.0)  # [rank][case]; 7 cases: 3 min on 2 loaded cores
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{t}-{rc}" for t, rc in CASES])
