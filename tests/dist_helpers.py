@@ -107,19 +107,23 @@ def steps_against_serial(model: Any, opt: Any, ref: Any, ref_opt: Any, micro: li
                          steps: int, max_norm: float) -> tuple[dict[str, float], list]:
     """`steps` train_steps of the sharded model (its replica's `micro`) and of the serial reference (every
     replica's micro-batches `ref_micro`): relative errors of each step's loss and gradient norm and of every
-    parameter block after them, and the collectives (CommEvent keys) the sharded model recorded in step 0."""
+    parameter block after them, and the collectives (CommEvent keys) the sharded model recorded in step 0.
+    zero=1 runs with its parameter all-gathers overlapped with the next forward (param_gather.py), as `paracube
+    run` does; the parameters are compared once the last step's gathers are finished (`wait_params`)."""
     from paracube.executor import train_step
 
     errors: dict[str, float] = {}
     events: list = []
     for step in range(steps):
         model.mesh.recorder.reset()
-        res = train_step(model, opt, model.mesh, micro, tokens, max_norm)
+        res = train_step(model, opt, model.mesh, micro, tokens, max_norm, param_overlap=True)
         ref_res = train_step(ref, ref_opt, ref.mesh, ref_micro, tokens, max_norm)
         if step == 0:
             events = [e.key() for e in model.mesh.recorder.events]
         errors[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
         errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
+    if hasattr(opt, "wait_params"):
+        opt.wait_params()
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         errors[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
