@@ -219,7 +219,7 @@ def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch
             self.events = list(recorder.events)
 
     return _time(lambda: train_step(model, opt, mesh, micro, global_batch * spec.seq_len, overlap=overlap,
-                                    bucket_bytes=bucket_bytes), steps,
+                                    bucket_bytes=bucket_bytes, param_overlap=overlap), steps,
                  warmup, _Rec)
 
 
