@@ -240,7 +240,7 @@ def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch
             self.events = list(recorder.events)
 
     out = _time(lambda: train_step(model, opt, mesh, micro, global_batch * spec.seq_len, overlap=overlap,
-                                   bucket_bytes=bucket_bytes), steps,
+                                   bucket_bytes=bucket_bytes, param_overlap=overlap), steps,
                 warmup, _Rec)
     if rings is not None:  # the timed steps' ring steps (the recorder is reset before the traced step only)
         rings.append(ring_overlap(recorder))

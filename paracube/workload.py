@@ -1,7 +1,7 @@
 """What is trained: the model's shape (ModelSpec) and how it is trained (TrainingSpec).
 
-Presets: GPT-2 (Radford et al. 2019), the GPT-3 family (Brown et al. 2020, Table 2.1), LLaMA-2
-(Touvron et al. 2023), and `tiny`, the embedded default that trains in seconds on CPU ranks.
+Presets: GPT-2 (Radford et al. 2019; tied head, as HF GPT2LMHeadModel), the GPT-3 family (Brown et al. 2020,
+Table 2.1), LLaMA-2 (Touvron et al. 2023), and `tiny`, the embedded default that trains in seconds on CPU ranks.
 A Hugging Face `config.json` of model_type gpt2, llama or mistral loads as well, read as transformers
 reads it: a field the file omits takes the default of that model_type's config class (`HF_DEFAULTS`).
 """
@@ -29,8 +29,9 @@ class ModelSpec:
 
     `gpt`: learned positions, LayerNorm with bias, GELU MLP with biases (what the executor trains).
     `llama`: rotary positions, RMSNorm, SwiGLU MLP, no biases, grouped-query attention.
-    `tied_embeddings`: the output head is the token embedding's transpose (no head parameters); the
-    executor ties them in modes none and 1D (2D/3D lay the head out differently and refuse it).
+    `tied_embeddings`: the output head is the token embedding's transpose (no head parameters), as HF GPT-2
+    (GPT2LMHeadModel) and the GPT-2 presets have it; the executor ties them in every tensor mode (2D / 2.5D / 3D:
+    the head reads the table's own blocks, executor/layers/three_d.BlockTiedHead), with zero <= 1.
     `rms_eps`, `rope_theta`: the llama family's RMSNorm epsilon and rotary base (HF rms_norm_eps, rope_theta).
     Dropout probabilities (training only; executor/layers/dropout.py): `dropout` on each block's attention and MLP
     outputs before the residual add (HF gpt2 resid_pdrop, Megatron hidden_dropout), `attention_dropout` on the
@@ -185,10 +186,11 @@ class TrainingSpec:
         return cls(**data)
 
 
-def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 50257) -> ModelSpec:
+def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 50257,
+         tied: bool = False) -> ModelSpec:
     # Dropout 0.1 everywhere: Megatron-LM's GPT default (hidden_dropout = attention_dropout = 0.1), and GPT-2's.
-    return ModelSpec(name, layers, hidden, heads, 4 * hidden, vocab, seq, dropout=0.1, attention_dropout=0.1,
-                     embedding_dropout=0.1)
+    return ModelSpec(name, layers, hidden, heads, 4 * hidden, vocab, seq, tied_embeddings=tied, dropout=0.1,
+                     attention_dropout=0.1, embedding_dropout=0.1)
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int) -> ModelSpec:
@@ -199,10 +201,10 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     # The embedded default: trains in seconds on 8 CPU ranks in any layout up to a 2x2x2 cube.
     ModelSpec("tiny", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=256, seq_len=64),
     ModelSpec("small", layers=4, hidden=256, heads=8, ffn_hidden=1024, vocab=256, seq_len=128),
-    _gpt("gpt2-small", 12, 768, 12, seq=1024),
-    _gpt("gpt2-medium", 24, 1024, 16, seq=1024),
-    _gpt("gpt2-large", 36, 1280, 20, seq=1024),
-    _gpt("gpt2-xl", 48, 1600, 25, seq=1024),
+    _gpt("gpt2-small", 12, 768, 12, seq=1024, tied=True),
+    _gpt("gpt2-medium", 24, 1024, 16, seq=1024, tied=True),
+    _gpt("gpt2-large", 36, 1280, 20, seq=1024, tied=True),
+    _gpt("gpt2-xl", 48, 1600, 25, seq=1024, tied=True),
     _gpt("gpt3-125m", 12, 768, 12),
     _gpt("gpt3-350m", 24, 1024, 16),
     _gpt("gpt3-760m", 24, 1536, 16),

@@ -78,30 +78,60 @@ def layout_from(text: str) -> Any:
 
     return parse_layout(text)
 
+F64 = torch.float64  # the equivalence copies' dtype (TOL_FP64)
+
+
+def fp64_optimizer(model: Any, **adamw: Any) -> torch.optim.Optimizer:
+    """The executor's optimizer for an fp64 copy (MasterAdamW: fp32 masters stepped with the fp32 reduced
+    gradients, as for any non-fp32 compute dtype; torch's AdamW would see no p.grad, only main_grad).
+    Default settings: the equivalence tests' AdamW (lr 1e-3, weight decay 0.1, eps 1e-6)."""
+    from paracube.executor.data_parallel.optim import build_optimizer
+    from paracube.modes.buckets import BUCKET_BYTES
+
+    return build_optimizer(model, model.mesh, 0, BUCKET_BYTES, **({"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}
+                                                                   | adamw))
+
+
+def one_step_events(model: Any, micro: list, tokens: int, max_norm: float, opt: Any = None) -> list:
+    """The collectives (CommEvent keys) of one train_step of an fp32 `model` (with `opt`, default torch's AdamW):
+    the payloads the cost model prices for an fp32 plan (an fp64 copy would move 8-byte elements)."""
+    from paracube.executor import train_step
+
+    opt = opt if opt is not None else torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
+    model.mesh.recorder.reset()
+    train_step(model, opt, model.mesh, micro, tokens, max_norm)
+    return [e.key() for e in model.mesh.recorder.events]
+
+
 def steps_against_serial(model: Any, opt: Any, ref: Any, ref_opt: Any, micro: list, ref_micro: list, tokens: int,
                          steps: int, max_norm: float) -> tuple[dict[str, float], list]:
     """`steps` train_steps of the sharded model (its replica's `micro`) and of the serial reference (every
     replica's micro-batches `ref_micro`): relative errors of each step's loss and gradient norm and of every
-    parameter block after them, and the collectives (CommEvent keys) the sharded model recorded in step 0."""
+    parameter block after them, and the collectives (CommEvent keys) the sharded model recorded in step 0.
+    zero=1 runs with its parameter all-gathers overlapped with the next forward (param_gather.py), as `paracube
+    run` does; the parameters are compared once the last step's gathers are finished (`wait_params`)."""
     from paracube.executor import train_step
 
     errors: dict[str, float] = {}
     events: list = []
     for step in range(steps):
         model.mesh.recorder.reset()
-        res = train_step(model, opt, model.mesh, micro, tokens, max_norm)
+        res = train_step(model, opt, model.mesh, micro, tokens, max_norm, param_overlap=True)
         ref_res = train_step(ref, ref_opt, ref.mesh, ref_micro, tokens, max_norm)
         if step == 0:
             events = [e.key() for e in model.mesh.recorder.events]
         errors[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
         errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
+    if hasattr(opt, "wait_params"):
+        opt.wait_params()
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         errors[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
     return errors, events
 
 
-__all__ = ["TOL_FP64", "in_process_rendezvous", "layout_from", "rel_err", "run_distributed", "steps_against_serial"]
+__all__ = ["F64", "TOL_FP64", "fp64_optimizer", "in_process_rendezvous", "layout_from", "one_step_events", "rel_err",
+           "run_distributed", "steps_against_serial"]
 
 
 def saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:

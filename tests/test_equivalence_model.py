@@ -1,5 +1,6 @@
 """The whole GPT in every layout against the serial reference: loss, every gradient, parameters after 3
-AdamW steps through train_step, and the collectives one train_step records (docs/algorithms.md). In bf16
+AdamW steps through train_step (serial and sharded copies in fp64, relative 1e-5: dist_helpers.TOL_FP64), and the
+collectives one fp32 train_step records (docs/algorithms.md). In bf16
 (parameters in bf16, fp32 master weights in the optimizer) every tensor-parallel layout tracks the serial
 bf16 model with fp32 masters loosely (bf16 rounding in other orders) and moves matmul operands in bf16.
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import rel_err, run_distributed
+from dist_helpers import F64, TOL_FP64, fp64_optimizer, rel_err, run_distributed
 
 from paracube.cost_models.dims import padded_vocab
 from paracube.errors import ParacubeError
@@ -31,7 +32,7 @@ B = 4  # sequences per micro-batch per replica (3D splits them q^2 = 4 ways, 2.5
 N_MICRO = 2
 STEPS = 3
 MAX_NORM = 0.3  # below every layout's first gradient norm, so clipping is exercised
-TOL = 1e-5
+TOL = TOL_FP64  # serial and sharded copies in fp64 (fp32 buckets and masters): dist_helpers.TOL_FP64 says why
 LAYOUTS = ["dp=1", "dp=1,tp=1d:2", "dp=1,tp=1d:4", "dp=1,tp=1d:8", "dp=1,tp=2d:2x2", "dp=2,tp=2d:2x2",
            "dp=1,tp=2.5d:2x2x2", "dp=1,tp=3d:2x2x2", "dp=8"]
 
@@ -64,14 +65,15 @@ def adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, eps=1e-6)
 
 
+
 def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
     torch.manual_seed(0)
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank) if world > 1 else Mesh.single(layout)
     out: dict[str, Any] = {"errors": {}}
     errs = out["errors"]
-    model = build_model(SPEC, mesh, seed=7)
-    ref = serial_reference(SPEC, seed=7, vocab=model.vocab)  # padded as the model it checks
+    model = build_model(SPEC, mesh, seed=7, dtype=F64)  # fp64 copies: TOL
+    ref = serial_reference(SPEC, seed=7, vocab=model.vocab, dtype=F64)  # padded as the model it checks
     dp_index = mesh.coord("dp")
     micro = replica_micro_batches(layout, dp_index)
     tokens_per_step = layout.dp * B * N_MICRO * SPEC.seq_len
@@ -97,17 +99,15 @@ def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
         grad = all_reduce(p.grad, mesh, depth_axes) if depth_axes else p.grad
         errs[f"grad:{name}"] = rel_err(grad, model.block_of(name, ref_params[name].grad))
 
-    # Three AdamW steps through train_step, against serial steps over the whole global batch.
-    model = build_model(SPEC, mesh, seed=7)
-    ref = serial_reference(SPEC, seed=7, vocab=model.vocab)  # padded as the model it checks
-    opt, ref_opt = adamw(model), adamw(ref)
+    # Three AdamW steps through train_step (fp64 copies), against serial steps over the whole global batch.
+    model = build_model(SPEC, mesh, seed=7, dtype=F64)
+    ref = serial_reference(SPEC, seed=7, vocab=model.vocab, dtype=F64)  # padded as the model it checks
+    opt, ref_opt = fp64_optimizer(model), fp64_optimizer(ref)
     all_micro = [mb for d in range(layout.dp) for mb in replica_micro_batches(layout, d)]
     for step in range(STEPS):
-        mesh.recorder.reset()
         res = train_step(model, opt, mesh, micro, tokens_per_step, MAX_NORM)
         ref_res = train_step(ref, ref_opt, ref.mesh, all_micro, tokens_per_step, MAX_NORM)
         if step == 0:
-            out["events"] = list(mesh.recorder.events)
             out["clipped"] = ref_res.grad_norm > MAX_NORM
         errs[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
         errs[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
@@ -115,9 +115,14 @@ def check_model(rank: int, world: int, layout_text: str) -> dict[str, Any]:
     for name, p in model.named_parameters():
         errs[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))
     out["local_params"] = sum(p.numel() for p in model.parameters())
+    # The collectives of one fp32 step (fp32 payloads, as the byte checks below and the cost model count them).
+    model32 = build_model(SPEC, mesh, seed=7)
+    mesh.recorder.reset()
+    train_step(model32, adamw(model32), mesh, micro, tokens_per_step, MAX_NORM)
+    out["events"] = list(mesh.recorder.events)
     # Export and re-import: full tensors from the shards, then shards from the full tensors.
     exported = model.full_state_dict()
-    fresh = build_model(SPEC, mesh, seed=8)
+    fresh = build_model(SPEC, mesh, seed=8, dtype=F64)
     fresh.load_full_state_dict(exported)
     out["reload_exact"] = all(torch.equal(p, q) for p, q in zip(fresh.parameters(), model.parameters(), strict=True))
     if layout.tensor_size > 1:

@@ -11,8 +11,10 @@ checks:
 - memory: parameter, gradient (fp32 buckets) and optimizer (fp32 master shard + Adam moments) bytes per
   rank equal cost_models' estimate exactly (one bucket);
 - with small buckets (several per step), for zero=1 and for zero=0: overlap on and off give bit-identical
-  losses and parameters, and the recorded collectives equal traffic.stage_events (bucket count and sizes)
-  with zero difference;
+  losses and parameters (zero=1: the parameter all-gathers overlapped with the next forward too, each bucket's
+  finished by a module pre-hook of that forward: data_parallel/param_gather.py), the same collectives in the
+  same order, and the recorded collectives equal traffic.stage_events (bucket count and sizes) with zero
+  difference;
 - checkpoints (1D layout): a zero=1 checkpoint after 2 steps reloads into zero=1 (the next step is
   bit-identical to the uninterrupted run) and into zero=0 (equal within 1e-5);
 - bf16 (parameters in bf16, fp32 masters): zero=1 tracks the serial bf16 model with fp32 masters (loose),
@@ -154,10 +156,12 @@ def _bf16(mesh: Mesh, layout: Layout, out: dict[str, Any]) -> None:
 
 
 def _overlap_runs(mesh: Mesh, layout: Layout, zero: int) -> dict[str, Any]:
-    """Two steps with small buckets, overlap on then off: losses, parameters, step-1 events."""
+    """Two steps with small buckets, overlap on then off (zero=1: the parameter all-gathers too, finished by the
+    next forward's pre-hooks): losses, parameters, step-1 events, and how many buckets the forward finished."""
     micro = _micro(layout, mesh.coord("dp"))
     tokens = layout.dp * B * N_MICRO * SPEC.seq_len
     runs = []
+    in_forward = 0
     for overlap in (True, False):
         model = build_model(SPEC, mesh, seed=7)
         if zero:
@@ -168,13 +172,17 @@ def _overlap_runs(mesh: Mesh, layout: Layout, zero: int) -> dict[str, Any]:
         for step in range(2):
             mesh.recorder.reset()
             losses.append(train_step(model, opt, mesh, micro, tokens, MAX_NORM, overlap=overlap,
-                                     bucket_bytes=SMALL_BUCKET).loss)
+                                     bucket_bytes=SMALL_BUCKET, param_overlap=overlap).loss)
             if step == 0:
                 events = [e.key() for e in mesh.recorder.events]
+        if zero and overlap:
+            in_forward = opt.prefetch.waited_in_forward  # type: ignore[attr-defined]  # step 1's gathers
+            opt.wait_params()  # type: ignore[attr-defined]  # step 2's, still pending
         runs.append((losses, [p.detach().clone() for p in model.parameters()], events))
     (l1, p1, e1), (l2, p2, e2) = runs
     return {"identical": l1 == l2 and all(torch.equal(a, b) for a, b in zip(p1, p2, strict=True)),
-            "events": e1, "same_events": sorted(e1) == sorted(e2)}
+            "events": e1, "same_events": sorted(e1) == sorted(e2), "gathers_in_forward": in_forward,
+            "buckets": len(opt.sync.buckets) if zero else 0}  # type: ignore[attr-defined]
 
 
 def _checkpoints(mesh: Mesh, plain_mesh: Mesh, layout: Layout, root: str) -> dict[str, Any]:
@@ -299,6 +307,8 @@ def test_overlap_bit_identical_and_buckets_priced(runs, text, zero) -> None:
     for rank, out in enumerate(runs[text]):
         r = out[zero]
         assert r["identical"] and r["same_events"], rank
+        # zero=1: every bucket's parameter gather of step 1 was finished by a module pre-hook of step 2's forward
+        assert r["gathers_in_forward"] == r["buckets"], (rank, r["gathers_in_forward"], r["buckets"])
         diff = traffic_difference(predicted, r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
 

@@ -39,8 +39,9 @@ def test_empty_gpt2_config_is_gpt2_small_tied(tmp_path: Path) -> None:
     assert (spec.hidden, spec.ffn_hidden, spec.layers, spec.heads, spec.seq_len, spec.vocab) == (
         768, 3072, 12, 12, 1024, 50257)
     assert spec.tied_embeddings and spec.num_parameters() == 124_439_808  # GPT-2 small, tied head
+    assert spec.num_parameters() == PRESETS["gpt2-small"].num_parameters()  # the preset is tied too
     untied = from_hf_config(_config(tmp_path, {"model_type": "gpt2", "tie_word_embeddings": False}))
-    assert untied.num_parameters() == PRESETS["gpt2-small"].num_parameters()
+    assert untied.num_parameters() == spec.num_parameters() + spec.vocab * spec.hidden
 
 
 def test_tied_embeddings_are_counted_alike_by_every_count(tmp_path: Path) -> None:

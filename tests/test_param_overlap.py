@@ -70,12 +70,17 @@ def test_off_is_unchanged_and_other_stages_ignore_it(gb: int, text: str) -> None
 
 
 def test_search_takes_it_from_the_runtime() -> None:
-    """planner/dimensions.PARAM_OVERLAP: megatron (param_gather_overlap_default) gets its zero=1 plans priced
-    with the gather overlapped, paracube (its executor gathers after the optimizer step) as before."""
+    """planner/dimensions.PARAM_OVERLAP: megatron and paracube (param_gather_overlap_default; paracube's executor
+    finishes each bucket's gather in the next forward: executor/data_parallel/param_gather.py) get their zero=1 plans
+    priced with the gather overlapped; a runtime that offers it off (a copy of megatron's) prices it exposed."""
     from paracube.planner import search
 
     layout, training, topo = _case(16, "dp=16,zero=1")
-    for runtime, on in (("paracube", False), ("megatron", True)):
+    from dataclasses import replace
+
+    from paracube.runtimes import RUNTIMES
+    off = replace(RUNTIMES["megatron"], param_gather_overlap=False, param_gather_overlap_default=False)
+    for runtime, on in (("paracube", True), ("megatron", True), (off, False)):
         best, est = search(SPEC, training, topo, 16, fixed=layout, top_k=1, runtime=runtime).ranked[0]
         assert best.zero == 1
         assert est == estimate(SPEC, training, best, topo, with_events=False, param_overlap=on)

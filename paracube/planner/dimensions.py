@@ -10,8 +10,8 @@ runtime offers it and prices the other value for the best layout only, as its ru
     tpo      tensor-parallel collectives overlapped with their GEMMs: dominant (exposed <= the whole collective)
     param_overlap  zero=1's parameter all_gather overlapped with the next forward: dominant (exposed
              max(0, gather - forward) <= the gather; cost_models/analytic.py). No Layout field: the runtime's
-             `param_gather_overlap_default` decides it (Megatron / torchtitan / DeepSpeed on; paracube's
-             executor does not overlap the gather: off), the engines take it as a boolean (`param_overlap`)
+             `param_gather_overlap_default` decides it (Megatron / torchtitan / DeepSpeed and paracube's
+             executor, executor/data_parallel/param_gather.py: on), the engines take it as a boolean (`param_overlap`)
     fsdp_prefetch  zero=2/3's per-unit gathers prefetched under the previous unit's compute and reduce-scatters
              asynchronous (cost_models/fsdp_overlap.py): dominant (the recursion's exposed time <= in line). No
              Layout field: every runtime here runs FSDP that way (Runtime.fsdp_prefetch)

@@ -2,9 +2,11 @@
 
 Tensor modes, pipelines, sp and zero come from each mode's ExecutorSupport (paracube/modes; modes.executor_runs
 is the per-mode check, the same one executor/sizes.py applies before any rank starts). Gradient buckets overlap
-each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too. tpo where a
-mode's ExecutorSupport says so (1D with sp only: modes' `tpo_needs_sp`): its tagged collectives run as rings
-overlapped with their GEMMs (executor/layers/collective_matmul.py). Offered, not on by default: on gloo CPU
+each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too; zero=1's parameter
+all-gathers overlap the next step's forward (executor/data_parallel/param_gather.py; `--no-overlap` turns both off).
+tpo where a mode's ExecutorSupport says so (1D with sp: modes' `tpo_needs_sp`; 2D, 2.5D, 3D): its tagged
+collectives run as rings overlapped with their GEMMs (executor/layers/collective_matmul.py). Context parallelism
+(cp, both exchanges) where ExecutorSupport.context_parallel lists them (none, 1D: executor/layers/context_parallel.py). Offered, not on by default: on gloo CPU
 ranks the ring's p2p steps are not measured faster than one collective (benchmarks/executor_step.py
 --overlap-tp), so the planner takes it only when a layout pins it.
 """
@@ -50,8 +52,8 @@ RUNTIME = Runtime(
     grad_overlap=True,
     grad_overlap_default=True,
     grad_overlap_pp=any(s.pipeline and s.grad_overlap_pp for s in _SUPPORT),  # data_parallel/grad_sync.py
-    param_gather_overlap=False,
-    param_gather_overlap_default=False,
+    param_gather_overlap=True,  # zero=1: async per bucket, finished by the next forward (data_parallel/param_gather.py)
+    param_gather_overlap_default=True,
     tpo=any(s.tpo for s in _SUPPORT),
     tpo_default=False,
     tpo_needs_sp=False,

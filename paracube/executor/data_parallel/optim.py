@@ -52,12 +52,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from paracube.executor.comm import all_reduce
 from paracube.executor.data_parallel.fsdp import ParamUnits
 from paracube.executor.data_parallel.grad_sync import Bucket, GradSync
+from paracube.executor.data_parallel.param_gather import ParamGather, copy_into_params, finish_gather, start_gather
 from paracube.executor.data_parallel.sharded import ShardedSync, Unit
 from paracube.executor.layers.functional import main_grad
 from paracube.executor.layers.shards import ShardSpec
@@ -88,6 +88,8 @@ class DistributedAdamW(torch.optim.AdamW):
             self.masters.append(flat[lo:hi].clone())
             self.masks.append(mask[lo:hi].clone())
         super().__init__(self.masters, **adamw)
+        self.prefetch: ParamGather | None = None  # zero=1 with the gathers overlapped (overlap_gathers)
+        self.overlapped = False
 
     def grad_norm_sq(self) -> Tensor:
         """This rank's share of the squared global gradient norm (before the all_reduce)."""
@@ -125,39 +127,44 @@ class DistributedAdamW(torch.optim.AdamW):
         for b in self.sync.buckets:
             b.shard.mul_(coef)
 
+    def overlap_gathers(self, model: torch.nn.Module | None) -> None:
+        """zero=1: the next steps issue their parameter all-gathers asynchronously, finished by forward pre-hooks
+        of `model`'s modules (param_gather.py; hooks registered once); None: gathered in the step, as before."""
+        if model is not None and self.prefetch is None:
+            self.prefetch = ParamGather(model, self.sync.buckets, self.sync.mesh, self.sync.axes)
+        self.overlapped = model is not None
+
+    def wait_params(self) -> None:
+        """Every parameter holds the last step's update (pending overlapped gathers finished)."""
+        if self.prefetch is not None:
+            self.prefetch.wait_all()
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        self.wait_params()  # a bucket whose modules did not run since the last step
         for master, b in zip(self.masters, self.sync.buckets, strict=True):
             master.grad = b.shard
         super().step()
-        for master, b in zip(self.masters, self.sync.buckets, strict=True):
+        for j, (master, b) in enumerate(zip(self.masters, self.sync.buckets, strict=True)):
             master.grad = None
-            self._gather(master, b)
+            if self.overlapped and self.prefetch is not None:
+                self.prefetch.issue(j, master)
+            else:
+                self._gather(master, b)
         return None
 
     def _gather(self, master: Tensor, b: Bucket) -> None:
         """All-gather the updated fp32 shard over the shard group into the bucket's parameters (cast to their
         dtype)."""
-        sync, shard = self.sync, master
-        n = sync.group_size
-        if n > 1:
-            parts = [torch.empty_like(shard) for _ in range(n)]
-            rec = sync.mesh.recorder
-            with rec.issue("all_gather", sync.axes, n, shard, shard.numel() * n, False, "params"):
-                dist.all_gather(parts, shard, group=sync.mesh.group(sync.axes))
-            order = sync.mesh.order(sync.axes)
-            full = torch.cat([parts[order[k]] for k in range(n)])
-        else:
-            full = shard
-        for i, p in enumerate(b.params):
-            o = b.offsets[i]
-            p.copy_(full[o:o + p.numel()].view_as(p))
-
+        axes = self.sync.axes
+        full = finish_gather(*start_gather(master, self.sync.mesh, axes, "params"), self.sync.mesh, axes)
+        copy_into_params(b, full)
 
     # --- checkpoints ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def checkpoint_view(self) -> SimpleNamespace:
         """The moments per parameter (full tensor shards, gathered over the shard group), in torch AdamW's layout."""
+        self.wait_params()  # the save reads the parameters too
         state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         for master, b in zip(self.masters, self.sync.buckets, strict=True):
             s = self.state.get(master)
@@ -174,6 +181,7 @@ class DistributedAdamW(torch.optim.AdamW):
         return SimpleNamespace(state=state)
 
     def empty_view(self) -> SimpleNamespace:
+        self.wait_params()  # no pending gather may overwrite the loaded parameters
         return SimpleNamespace(state=defaultdict(dict))
 
     @torch.no_grad()
@@ -201,14 +209,8 @@ class DistributedAdamW(torch.optim.AdamW):
                                       "exp_avg_sq": flat["exp_avg_sq"][lo:hi].clone()}
 
     def _all_gather(self, shard: Tensor) -> Tensor:
-        n = self.sync.group_size
-        if n == 1:
-            return shard
-        parts = [torch.empty_like(shard) for _ in range(n)]
-        axes = self.sync.axes
-        dist.all_gather(parts, shard.contiguous(), group=self.sync.mesh.group(axes))  # not a step's traffic
-        order = self.sync.mesh.order(axes)
-        return torch.cat([parts[order[j]] for j in range(n)])
+        axes = self.sync.axes  # not a step's traffic: unrecorded
+        return finish_gather(*start_gather(shard, self.sync.mesh, axes, None), self.sync.mesh, axes)
 
 
 class ShardedAdamW(DistributedAdamW):

@@ -57,8 +57,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="collective timeout in seconds (default 120)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-overlap", action="store_true",
-                   help="reduce gradient buckets after the backward even where the plan's layout says `overlap` "
-                        "(same result)")
+                   help="reduce gradient buckets after the backward even where the plan's layout says `overlap`, "
+                        "and gather zero=1's parameters in the optimizer step (same result)")
 
 
 def worker_args(args: argparse.Namespace) -> list[str]:

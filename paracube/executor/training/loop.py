@@ -52,14 +52,22 @@ def backend_of(plan: Plan) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def _wait_params(opt: torch.optim.Optimizer) -> None:
+    """zero=1 with the parameter gathers overlapped (param_gather.py): the parameters hold the last update."""
+    if hasattr(opt, "wait_params"):
+        opt.wait_params()
+
+
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[list[torch.Tensor], dict[Any, Any]]:
     """Copies of parameters and optimizer state, to undo a step whose loss was not finite."""
+    _wait_params(opt)
     params = [p.detach().clone() for p in [*model.parameters(), *getattr(opt, "masters", [])]]
     state = {p: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()} for p, s in opt.state.items()}
     return params, state
 
 
 def _restore(model: torch.nn.Module, opt: torch.optim.Optimizer, snap: tuple[list[torch.Tensor], dict]) -> None:
+    _wait_params(opt)  # a pending gather of the undone step must not land after the restore
     with torch.no_grad():
         for p, saved in zip([*model.parameters(), *getattr(opt, "masters", [])], snap[0], strict=True):
             p.copy_(saved)
@@ -182,6 +190,7 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     out = run.step_fn(run.model, run.opt, run.mesh, micro, tokens_per_step, max_grad_norm=run.config.max_grad_norm,
                       overlap=run.config.overlap and run.plan.layout.overlap,
+                      param_overlap=run.config.overlap,  # zero=1: priced from the runtime, not the layout
                       bucket_bytes=run.config.bucket_bytes, **({"scaler": run.scaler} if run.scaler else {}))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -241,6 +250,7 @@ def _loop(run: _Run, steps: int, result: TrainResult, metrics_file: IO[str] | No
             result.last_checkpoint = _save(run, checkpoint_dir, step)
         if hooks.after_step is not None:
             hooks.after_step(row, result.last_checkpoint)
+    _wait_params(run.opt)  # the run ends with every parameter updated
 
 
 def train(plan: Plan, rank: int, world: int, steps: int, metrics_path: str | Path | None = None,

@@ -8,7 +8,8 @@ Gradients are summed over dp in buckets (grad_sync.py), issued as the last micro
 them (`overlap=True`; with pp > 1 each stage's buckets during its own last backward, per model chunk when
 interleaved: grad_sync.py) or all after it (`overlap=False`); both give bit-identical results. With the
 distributed optimizer (optim.DistributedAdamW, zero=1) the buckets are reduce-scattered, the norm is summed
-over the shards and the updated parameters are all-gathered by the optimizer.
+over the shards and the updated parameters are all-gathered by the optimizer: at once, or (`param_overlap`)
+asynchronously, finished by the next forward's module pre-hooks (param_gather.py), bit-identical either way.
 
 Precision (functional.py): the model runs in its parameters' dtype (no autocast); the reduced fp32
 gradients are `p.main_grad` (p.grad too for fp32 parameters), which the norm, clipping and the optimizer
@@ -50,13 +51,17 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
                micro_batches: list[tuple[Tensor, Tensor]], tokens_per_step: int,
                max_grad_norm: float | None = 1.0, overlap: bool = True, bucket_bytes: int = BUCKET_BYTES,
                scaler: LossScaler | None = None,
-               after_backward: Callable[[ParallelGPT], None] | None = None) -> StepResult:
-    """One step; `scaler` (fp16) scales the loss, skips the step on overflow and updates its scale."""
+               after_backward: Callable[[ParallelGPT], None] | None = None, param_overlap: bool = False) -> StepResult:
+    """One step; `scaler` (fp16) scales the loss, skips the step on overflow and updates its scale.
+    `param_overlap` (zero=1): the step's parameter all-gathers finish in the next step's forward
+    (data_parallel/param_gather.py); the parameters hold the update once `optimizer.wait_params()` ran."""
     rec = mesh.recorder
     params = list(model.parameters())
     device = params[0].device
     sharded = isinstance(optimizer, DistributedAdamW)
     sync: GradSync = optimizer.sync if sharded else grad_sync_for(model, mesh, bucket_bytes)
+    if sharded and sync.zero == 1:
+        optimizer.overlap_gathers(model if param_overlap else None)  # type: ignore[union-attr]
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     count = torch.zeros((), dtype=torch.float32, device=device)
     pipelined = mesh.layout.pp > 1
