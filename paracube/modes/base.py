@@ -162,6 +162,8 @@ class ExecutorSupport:
     # tests/test_pipeline.py): the `overlap` dimension is searched at pp > 1 too (runtimes read this)
     grad_overlap_pp: bool = True
     families: tuple[str, ...] = ("gpt", "llama")  # model families it builds and is tested on
+    # training dtypes it runs (fp8: FP8 GEMMs in the block linears, executor/layers/fp8.py)
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
 
     @property
     def zero(self) -> bool:

@@ -9,7 +9,8 @@ class NoTensorMode(TensorMode):
     name = "none"
     context_parallel = True
     shape_rule = "no tensor parallelism (omit tp= or write tp=none)"
-    executor = ExecutorSupport("paracube.executor.layers.serial:Mode", pipeline=True, zero_stages=(0, 1, 2, 3))
+    executor = ExecutorSupport("paracube.executor.layers.serial:Mode", pipeline=True, zero_stages=(0, 1, 2, 3),
+                               dtypes=("fp32", "fp16", "bf16", "fp8"))
     megatron_style = True
     ties_embeddings = True
     ops_layer, ops_edge = 85, 43  # counted with validation/ops.py (see compute.ops_per_step)

@@ -3,7 +3,8 @@
 Tensor modes, pipelines, sp and zero come from each mode's ExecutorSupport (paracube/modes; modes.executor_runs
 is the per-mode check, the same one executor/sizes.py applies before any rank starts). Gradient buckets overlap
 each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too. No
-tpo: the executor runs its tensor collectives in line (issue #24).
+tpo: the executor runs its tensor collectives in line (issue #24). Dtypes per mode (ExecutorSupport.dtypes): fp8
+(Transformer Engine's hybrid delayed scaling, executor/layers/fp8.py) in none and 1D.
 """
 
 from __future__ import annotations
@@ -28,7 +29,18 @@ def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> 
     return f"its executor runs tp={mode} with {', '.join(runs)}"
 
 
+def _dtype_check(mode: str, dtype: str) -> str | None:
+    """None where the executor trains in `dtype` in this mode (ExecutorSupport.dtypes; fp8: none and 1D)."""
+    support = MODES[mode].executor
+    if support is None or dtype in support.dtypes:
+        return None
+    where = [n for n, m in MODES.items() if m.executor is not None and dtype in m.executor.dtypes]
+    return f"its executor trains tp={mode} in {'/'.join(support.dtypes)}; {dtype} in tp={'/'.join(where)}"
+
+
 _SUPPORT = [m.executor for m in MODES.values() if m.executor is not None]
+# Every dtype some mode runs (fp8: FP8 GEMMs in none and 1D, executor/layers/fp8.py; emulated on CPU ranks)
+_DTYPES = tuple(dict.fromkeys(d for s in _SUPPORT for d in s.dtypes))
 _ZEROS = tuple(sorted({z for s in _SUPPORT for z in s.zero_stages}))
 _ZEROS_PP = tuple(z for z in _ZEROS if z < 2)  # zero=2/3 run without pipelines (modes.executor_runs)
 
@@ -43,7 +55,7 @@ RUNTIME = Runtime(
     zeros_with_pp=_ZEROS_PP,
     hybrid_shard=any(z >= 2 for z in _ZEROS),  # shard=N with zero=2/3 (executor/data_parallel/sharded.py)
     recomputes=RECOMPUTES,
-    dtypes=("fp32", "fp16", "bf16"),
+    dtypes=_DTYPES,
     grad_overlap=True,
     grad_overlap_default=True,
     grad_overlap_pp=any(s.pipeline and s.grad_overlap_pp for s in _SUPPORT),  # data_parallel/grad_sync.py
@@ -56,6 +68,7 @@ RUNTIME = Runtime(
     export_target=None,
     families=tuple(sorted({f for s in _SUPPORT for f in s.families})),
     mode_check=_check,
+    dtype_check=_dtype_check,
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
 )
