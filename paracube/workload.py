@@ -358,6 +358,5 @@ def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
     return model if seq_len is None else replace(model, seq_len=seq_len)
 
 
-__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "FP8_RECIPE", "HF_DEFAULTS", "Fp8Recipe", "PRESETS", "ModelSpec", "TrainingSpec", "check_dtype_on",
-           "from_hf_config",
-           "resolve_model", "with_seq_len"]
+__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "FP8_RECIPE", "HF_DEFAULTS", "PRESETS", "Fp8Recipe", "ModelSpec",
+           "TrainingSpec", "check_dtype_on", "from_hf_config", "resolve_model", "with_seq_len"]

@@ -20,7 +20,8 @@ the weights, cast once (TE keeps the FP8 weight across micro-batches, `is_first_
 Amax reduction (`amax_collectives`, traffic.stage_events): once per step the stage's amaxes (X, W, dY of every
 block linear, fp32) are max-reduced in one fused all_reduce over TE's amax reduction group, Megatron-core's
 (parallel_state.get_amax_reduction_group: the tensor x data-parallel ranks, here data_axes + tensor_axes), so
-every rank of a stage scales alike; 4 bytes per tensor, latency-bound, not priced in time.
+every rank of a stage scales alike; 4 bytes per tensor (`amax_bytes`), latency-bound, priced by both engines
+(comm.py's per-step entries, the event engine from stage_events).
 Memory (`copy_bytes`, held for the whole step, counted in temporaries): each block linear's FP8 weight and its
 transpose (WEIGHT_COPY_BYTES = 2 per local weight element) and, per FP8 tensor (X, W, dY of every linear),
 its scale, inverse scale and amax history in fp32 (SCALE_BYTES = 4 x (2 + amax_history_len) = 72).
@@ -79,10 +80,14 @@ def amax_axes(layout: Layout) -> tuple[str, ...]:
     return (*layout.data_axes, *layout.tensor_axes)
 
 
+def amax_bytes(d: object, layers: Arr | int) -> Arr | int:
+    """Bytes of a stage's amaxes (fp32; X, W, dY of the block linears of its `layers` blocks)."""
+    return 4 * layers * len(d.linears) * TENSORS_PER_LINEAR  # type: ignore[attr-defined]
+
+
 def amax_collectives(layout: Layout, d: object, layers: int) -> list[tuple[str, tuple[str, ...], int, str, str, str]]:
     """The per-step amax all_reduce (max) of a stage holding `layers` blocks, as (kind, axes, payload bytes, dtype,
     phase, label) for traffic.stage_events (which drops it where the group has one rank); none without FP8."""
     if not getattr(d, "fp8", False) or layers == 0:
         return []
-    n = layers * len(d.linears) * TENSORS_PER_LINEAR  # type: ignore[attr-defined]
-    return [("all_reduce", amax_axes(layout), 4 * n, F32, "optimizer", "fp8_amax")]
+    return [("all_reduce", amax_axes(layout), int(amax_bytes(d, layers)), F32, "optimizer", "fp8_amax")]

@@ -9,6 +9,7 @@ from paracube.modes.base import tokens_split_ok
 from paracube.modes.stages import split_ok
 from paracube.workload import ModelSpec
 
+
 def check_dtype(dtype: str, layout: Layout) -> None:
     """Refuse a dtype the executor does not train in with this layout's tensor mode (ExecutorSupport.dtypes:
     fp8 in none and 1D), before any rank starts."""
@@ -18,7 +19,8 @@ def check_dtype(dtype: str, layout: Layout) -> None:
         where = [n for n, m in MODES.items() if m.executor is not None and dtype in m.executor.dtypes]
         also = f"; {dtype} runs in tp={'/'.join(where)}" if where else ""
         raise ParacubeError(f"dtype {dtype} is not run by paracube's executor with tensor mode {layout.mode} (in "
-                            f"{layout}); valid there: {', '.join(dtypes)}{also}; or export the plan (`paracube export`)")
+                            f"{layout}); valid there: {', '.join(dtypes)}{also}; or export the plan "
+                            "(`paracube export`)")
 
 
 def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None, global_batch: int,

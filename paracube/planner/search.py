@@ -211,6 +211,10 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
         if not sts:
             s.explanations[mode] = f"no {mode} layout of {gpus} GPUs matches {fixed} (layers % pp, shape)"
             return []
+    why_fp8 = s.runtime.dtype_check(mode, "fp8") if s.d.fp8 and s.runtime.dtype_check else None
+    if why_fp8:  # the runtime trains fp8 in some modes only (paracube: none / 1D, executor/layers/fp8.py)
+        s.explanations[mode] = f"runtime {s.runtime.name}: {why_fp8}"
+        return []
     # Every plan the search emits runs (the executor's preflight accepts it; tests/test_planner_runs.py).
     runs = [st for st in sts if _runnable(st, s.model, s.runtime)]
     if not runs:
