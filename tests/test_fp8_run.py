@@ -5,8 +5,8 @@ memory, refusals.
   2^margin over an amax history window, the GEMM's output from the hand-rounded FP8 operands.
 - Overflow (as fp16's loss scaler): an inf amax on one rank skips the step on every rank, keeps parameters and
   scales, drops the step's amaxes.
-- One 2-rank launch: per layout (1D + sp tp=2, 1D tp=2, dp=2, pp=2), the fp8 model in fp64 against the serial fp8
-  reference in fp64 (the same casts, 3 AdamW steps): losses, gradient norms, parameters within TOL_FP64
+- One 2-rank launch: per layout (1D + sp tp=2, 1D tp=2, dp=2 at zero=0/1, pp=2), the fp8 model in fp64 against the
+  serial fp8 reference in fp64 (the same casts, 3 AdamW steps): losses, gradient norms, parameters within TOL_FP64
   (dist_helpers: in fp64 a serial / sharded difference of ~1e-16 moves an FP8 rounding only when an operand lies
   that close to a rounding midpoint, which 3 steps of these sizes do not meet; a wrong scale or a missing amax
   reduction moves whole tensors by 1/16); the collectives of one bf16 fp8 step equal traffic.stage_events (the
@@ -139,6 +139,8 @@ def test_fp8_runs_in_none_and_1d_and_is_refused_elsewhere() -> None:
                                             "fp8 runs in tp=none/1d"):
         check_dtype("fp8", parse_layout("tp=2d:2x2"))
     assert "fp8 in tp=none/1d" in RUNTIMES["paracube"].refusal(parse_layout("tp=2d:2x2"), dtype="fp8")
+    with pytest.raises(ParacubeError, match="dtype fp8 with zero=3 is not run.*valid there: zero=0/1"):
+        check_dtype("fp8", parse_layout("dp=2,zero=3"))
     with pytest.raises(ParacubeError, match="fp8 with a float16 compute copy.*fp16 master state"):
         build_model(SPEC, Mesh.single(), dtype=torch.float16, fp8=True)
 
