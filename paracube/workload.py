@@ -24,6 +24,22 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 
 
 @dataclass(frozen=True)
+class Fp8Recipe:
+    """`--dtype fp8`'s scaling recipe, read by the cost model (cost_models/fp8.py: scale memory, amax reduction)
+    and the executor (executor/layers/fp8.py) alike: Transformer Engine's DelayedScaling as its quickstart sets
+    it (fp8_format HYBRID: e4m3 forward, e5m2 gradients; amax_history_len 16, amax_compute_algo "max", margin 0)."""
+
+    amax_history_len: int = 16
+    amax_compute_algo: Literal["max", "most_recent"] = "max"
+    margin: int = 0
+    forward_format: str = "e4m3"  # X and W
+    backward_format: str = "e5m2"  # dY ("hybrid")
+
+
+FP8_RECIPE = Fp8Recipe()
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer.
 
@@ -344,6 +360,5 @@ def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
     return model if seq_len is None else replace(model, seq_len=seq_len)
 
 
-__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "HF_DEFAULTS", "PRESETS", "ModelSpec", "TrainingSpec", "check_dtype_on",
-           "from_hf_config",
-           "resolve_model", "with_seq_len"]
+__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "FP8_RECIPE", "HF_DEFAULTS", "PRESETS", "Fp8Recipe", "ModelSpec",
+           "TrainingSpec", "check_dtype_on", "from_hf_config", "resolve_model", "with_seq_len"]

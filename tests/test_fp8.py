@@ -68,13 +68,15 @@ def test_fp8_compute_closed_form() -> None:
 
 def test_fp8_memory_closed_form() -> None:
     """tp=1d:8 on one DGX H100: the FP8 copies are 2 bytes per local weight element (weight + transpose) of the
-    block linears, sum(h_in h_out) / 8 per block, plus 3 tensors x 12 bytes of scales per linear; parameters,
+    block linears, sum(h_in h_out) / 8 per block, plus 3 tensors x SCALE_BYTES (scale, inverse, an amax history
+    of 16: 72 bytes) per linear; parameters,
     gradients and optimizer stay the bf16 ones (bf16 parameters, fp32 masters: 2 + 4 + 12 bytes)."""
     topo = load_topology("dgx-h100", gpus=8)
     layout = parse_layout("dp=1,tp=1d:8,mb=4")
     m8, m16 = estimate(SMALL, FP8, layout, topo).memory, estimate(SMALL, BF16, layout, topo).memory
     per_block = (256 * 768 + 256 * 256 + 256 * 1024 + 1024 * 256) / 8
-    copies = SMALL.layers * (2 * per_block + 4 * 3 * 12)
+    assert fp8.SCALE_BYTES == 4 * (2 + 16)
+    copies = SMALL.layers * (2 * per_block + 4 * 3 * fp8.SCALE_BYTES)
     assert m8.temporaries - m16.temporaries == pytest.approx(copies)
     assert (m8.parameters, m8.gradients, m8.optimizer, m8.activations) == (
         m16.parameters, m16.gradients, m16.optimizer, m16.activations)
@@ -97,7 +99,7 @@ def test_fp8_curve_of_its_own_from_the_calibration() -> None:
 @pytest.mark.parametrize("cluster,device", [("dgx-a100", "A100-SXM-80GB"), ("dgx2-v100", "V100-SXM3-32GB"),
                                             ("longhorn", "V100-SXM2-16GB")])
 def test_fp8_refused_without_fp8_tensor_cores(cluster: str, device: str, capsys: pytest.CaptureFixture) -> None:
-    # megatron trains in fp8 (paracube's executor does not yet: its runtime refuses fp8 first)
+    # megatron trains in fp8 (so does paracube's executor, in none and 1D: tests/test_fp8_run.py)
     rc = main(["plan", "--model", "tiny", "--cluster", cluster, "--gpus", "4", "--dtype", "fp8",
                "--runtime", "megatron"])
     err = capsys.readouterr().err.strip()
@@ -107,11 +109,13 @@ def test_fp8_refused_without_fp8_tensor_cores(cluster: str, device: str, capsys:
         gemm_model(load_topology(cluster, gpus=4), "fp8")
 
 
-def test_fp8_priced_on_local_cpu_and_refused_by_the_executor() -> None:
-    """local-cpu emulates FP8 (its fp8 peak = bf16's): priced; paracube's executor refuses it before any rank
-    starts (FP8 GEMMs: issue #24)."""
+def test_fp8_priced_on_local_cpu_and_run_by_the_executor_in_none_and_1d() -> None:
+    """local-cpu emulates FP8 (its fp8 peak = bf16's): priced; paracube's executor runs it in none and 1D
+    (executor/layers/fp8.py) and refuses it in the other modes before any rank starts."""
     topo = load_topology("local-cpu", gpus=2)
     assert estimate(SMALL, FP8, parse_layout("dp=2"), topo).step_time_s > 0
-    with pytest.raises(ParacubeError, match="dtype fp8 is priced but not run"):
-        check_dtype("fp8")
-    check_dtype("bf16")
+    check_dtype("fp8", parse_layout("dp=2"))
+    check_dtype("fp8", parse_layout("tp=1d:2,sp"))
+    with pytest.raises(ParacubeError, match="dtype fp8 is not run by paracube's executor with tensor mode 3d"):
+        check_dtype("fp8", parse_layout("tp=3d:2x2x2"))
+    check_dtype("bf16", parse_layout("tp=3d:2x2x2"))

@@ -32,7 +32,7 @@ MODELS = [
               kv_heads=4, tied_embeddings=True),
 ]
 CASES = [  # (cluster, gpus, dtypes)
-    ("local-cpu", 8, ("fp32", "bf16")),
+    ("local-cpu", 8, ("fp32", "bf16", "fp8")),  # fp8: emulated, the executor runs it in none / 1D only
     ("local-cpu", 16, ("fp32",)),
     ("dgx-h100", 8, ("bf16",)),
     ("dgx-h100", 64, ("bf16", "fp16")),

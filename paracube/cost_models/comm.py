@@ -40,6 +40,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
 from paracube.cost_models.dims import Dims
@@ -211,6 +212,9 @@ class StepTraffic:
         emb = 4 * m.embedding_shard(self.sizes.V, 0, self.d.h, b.t, b.q)
         out.append(self._entry("all_reduce", ("pp",), F32, tied * one, tied * emb,
                                lambda: np.where(b.pp > 1, 2, 1), True, "embedding"))
+        if self.d.fp8:  # the FP8 amaxes, max-reduced over the data and tensor ranks (fp8.amax_collectives)
+            out.append(self._entry("all_reduce", ("dp", *tensor), F32, (layers > 0) * one,
+                                   fp8.amax_bytes(self.d, layers) * one, per_step=True))
         k = self.group_size(dp) if self.zero else 1
         norm = tuple(dict.fromkeys((*dp, *tensor)))
         out.append(self._entry("all_reduce", norm, F32, single * one, 4 * one,

@@ -1,7 +1,8 @@
 """FP8 training as Transformer Engine runs it (`--dtype fp8`): what it adds to a bf16 step.
 
-Recipe (TE's "hybrid" format, per-tensor current scaling, as torchtitan's float8 tensorwise and TE's
-Float8CurrentScaling): parameters, activations, the residual stream, norms, softmax and every collective stay
+Recipe (TE's "hybrid" format with delayed scaling, workload.FP8_RECIPE: TE's DelayedScaling with an amax history
+of 16 steps, amax_compute_algo "max", margin 0; the executor runs the same, executor/layers/fp8.py): parameters,
+activations, the residual stream, norms, softmax and every collective stay
 bf16 (Dims.c = 2), with fp32 gradients and fp32 AdamW masters and moments (memory.py's 16-bit layout): fp8
 with fp16 master state cannot be asked for. The four linears of every block run their three GEMMs on FP8
 inputs, e4m3 for X and W (forward), e5m2 for dY (backward), at the device's fp8 peak on a GEMM curve of their
@@ -15,11 +16,15 @@ Hopper's FP8 GEMMs take K-major operands only, so wgrad / dgrad need the transpo
 `cast_transpose`). Per micro-batch: X in the forward (again in a full recompute), dY in the backward. Per step:
 the weights, cast once (TE keeps the FP8 weight across micro-batches, `is_first_microbatch`; Megatron-core's
 --fp8-param-gather casts them right after the optimizer step), priced with the optimizer step by both engines
-(`step_time`). The amaxes of tensors split over ranks are all-reduced over the tensor group: 4 bytes per
-tensor, latency-bound, not priced.
+(`step_time`).
+Amax reduction (`amax_collectives`, traffic.stage_events): once per step the stage's amaxes (X, W, dY of every
+block linear, fp32) are max-reduced in one fused all_reduce over TE's amax reduction group, Megatron-core's
+(parallel_state.get_amax_reduction_group: the tensor x data-parallel ranks, here data_axes + tensor_axes), so
+every rank of a stage scales alike; 4 bytes per tensor (`amax_bytes`), latency-bound, priced by both engines
+(comm.py's per-step entries, the event engine from stage_events).
 Memory (`copy_bytes`, held for the whole step, counted in temporaries): each block linear's FP8 weight and its
 transpose (WEIGHT_COPY_BYTES = 2 per local weight element) and, per FP8 tensor (X, W, dY of every linear),
-its scale, inverse scale and amax in fp32 (SCALE_BYTES = 12).
+its scale, inverse scale and amax history in fp32 (SCALE_BYTES = 4 x (2 + amax_history_len) = 72).
 FP8 parameter all-gather (FSDP2's float8 all-gather, Megatron's --fp8-param-gather) is the runtime's choice:
 not priced here (the all-gathers stay bf16).
 """
@@ -28,12 +33,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from paracube.layout import Layout
 from paracube.modes import MODES, LayoutBatch
+from paracube.modes.base import F32
 from paracube.modes.stages import stage_layers
+from paracube.workload import FP8_RECIPE
 
 CAST_BYTES = 6.0
 WEIGHT_COPY_BYTES = 2.0
-SCALE_BYTES = 12.0
+SCALE_BYTES = 4.0 * (2 + FP8_RECIPE.amax_history_len)  # scale, scale_inv, amax history (fp32)
 TENSORS_PER_LINEAR = 3  # X, W, dY
 
 Arr = np.ndarray
@@ -65,3 +73,21 @@ def copy_bytes(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr
     Ls = stage_layers(d.L, b.pp, b.v, np.where(b.pp == 1, 1, first), last)  # type: ignore[attr-defined]
     scales = Ls * len(d.linears) * TENSORS_PER_LINEAR * SCALE_BYTES  # type: ignore[attr-defined]
     return WEIGHT_COPY_BYTES * weight_elements(d, mode, b, first, last) + scales
+
+
+def amax_axes(layout: Layout) -> tuple[str, ...]:
+    """TE's amax reduction group (Megatron-core's: tensor x data-parallel ranks of a stage)."""
+    return (*layout.data_axes, *layout.tensor_axes)
+
+
+def amax_bytes(d: object, layers: Arr | int) -> Arr | int:
+    """Bytes of a stage's amaxes (fp32; X, W, dY of the block linears of its `layers` blocks)."""
+    return 4 * layers * len(d.linears) * TENSORS_PER_LINEAR  # type: ignore[attr-defined]
+
+
+def amax_collectives(layout: Layout, d: object, layers: int) -> list[tuple[str, tuple[str, ...], int, str, str, str]]:
+    """The per-step amax all_reduce (max) of a stage holding `layers` blocks, as (kind, axes, payload bytes, dtype,
+    phase, label) for traffic.stage_events (which drops it where the group has one rank); none without FP8."""
+    if not getattr(d, "fp8", False) or layers == 0:
+        return []
+    return [("all_reduce", amax_axes(layout), int(amax_bytes(d, layers)), F32, "optimizer", "fp8_amax")]

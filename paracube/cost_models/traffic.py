@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from paracube.cost_models import fp8
 from paracube.cost_models.dims import Dims, context_local, padded_vocab
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -219,6 +220,8 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
         log.add("all_reduce", layout.replica_axes, 4 * n // shards, F32, "grad_sync", "gradients.replicas")
     if not zero1:  # summed after the data-parallel all-reduce (pipeline/schedule.py)
         log.events += tied
+    for c in fp8.amax_collectives(layout, d, layers):  # --dtype fp8: the amaxes, before the norm (step.py)
+        log.add(*c)
     log.add("all_reduce", norm_axes(layout), 4, F32, "optimizer", "grad_norm")
     for n in buckets if zero1 else []:
         log.add("all_gather", layout.data_axes, 4 * padded_numel(n, shards), F32, "optimizer", "params")

@@ -9,14 +9,24 @@ from paracube.modes.base import tokens_split_ok
 from paracube.modes.stages import split_ok
 from paracube.workload import ModelSpec
 
-EXECUTOR_DTYPES = ("fp32", "fp16", "bf16")  # fp8 is priced (cost_models/fp8.py), run later (issue #24)
 
-
-def check_dtype(dtype: str) -> None:
-    """Refuse a dtype the executor does not train in, before any rank starts."""
-    if dtype not in EXECUTOR_DTYPES:
-        raise ParacubeError(f"dtype {dtype} is priced but not run by paracube's executor yet (FP8 GEMMs: issue #24); "
-                            f"valid: {', '.join(EXECUTOR_DTYPES)}; or export the plan (`paracube export`)")
+def check_dtype(dtype: str, layout: Layout) -> None:
+    """Refuse a dtype the executor does not train in with this layout's tensor mode (ExecutorSupport.dtypes:
+    fp8 in none and 1D), before any rank starts."""
+    support = MODES[layout.mode].executor
+    dtypes = support.dtypes if support is not None else ()
+    if dtype not in dtypes:
+        where = [n for n, m in MODES.items() if m.executor is not None and dtype in m.executor.dtypes]
+        also = f"; {dtype} runs in tp={'/'.join(where)}" if where else ""
+        raise ParacubeError(f"dtype {dtype} is not run by paracube's executor with tensor mode {layout.mode} (in "
+                            f"{layout}); valid there: {', '.join(dtypes)}{also}; or export the plan "
+                            "(`paracube export`)")
+    if dtype == "fp8" and layout.zero >= 2:  # FP8 weight casts under FSDP's gathered parameters: not run yet
+        raise ParacubeError(f"dtype fp8 with zero={layout.zero} is not run by paracube's executor yet (in {layout}); "
+                            "valid there: zero=0/1")
+    if dtype == "fp8" and layout.tpo:  # the ring GEMM chunks (collective_matmul.py) have no FP8 path
+        raise ParacubeError(f"dtype fp8 with tpo is not run by paracube's executor (in {layout}); drop tpo or "
+                            "train in bf16")
 
 
 def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None, global_batch: int,

@@ -170,6 +170,8 @@ class ExecutorSupport:
     # context parallelism's exchanges (modes/context.py: "p2p", "ag") it runs, its default first; () none
     # (executor/layers/context_parallel.py)
     context_parallel: tuple[str, ...] = ()
+    # training dtypes it runs (fp8: FP8 GEMMs in the block linears, executor/layers/fp8.py)
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
 
     @property
     def zero(self) -> bool:

@@ -75,7 +75,8 @@ class OneD(TensorMode):
     paper = "Megatron-LM (Shoeybi et al. 2019, section 3)"
     collective_axes = (TP,)
     executor = ExecutorSupport("paracube.executor.layers.one_d:Mode1D", pipeline=True, sequence_parallel=True,
-                               zero_stages=(0, 1, 2, 3), tpo=True, context_parallel=("p2p", "ag"))
+                               zero_stages=(0, 1, 2, 3), tpo=True, context_parallel=("p2p", "ag"),
+                               dtypes=("fp32", "fp16", "bf16", "fp8"))
     ops_layer, ops_edge = 99, 85  # 1D with sp assumed to dispatch like 1D
     program_units = ("attn", "mlp")
     merged_units = (("attn", ("qkv", "proj")), ("mlp", ("fc", "fc2")))

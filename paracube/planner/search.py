@@ -228,6 +228,10 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
         if not sts:
             s.explanations[mode] = f"no {mode} layout of {gpus} GPUs matches {fixed} (layers % pp, shape)"
             return []
+    why_fp8 = s.runtime.dtype_check(mode, "fp8") if s.d.fp8 and s.runtime.dtype_check else None
+    if why_fp8:  # the runtime trains fp8 in some modes only (paracube: none / 1D, executor/layers/fp8.py)
+        s.explanations[mode] = f"runtime {s.runtime.name}: {why_fp8}"
+        return []
     # Every plan the search emits runs (the executor's preflight accepts it; tests/test_planner_runs.py).
     runs = [st for st in sts if _runnable(st, s.model, s.runtime)]
     if not runs:
@@ -475,6 +479,8 @@ def _choices(training: TrainingSpec, fixed: Layout | None, recomputes: list[str]
     # A pinned zero the cost models do not price is searched as the unpinned ones (the CLI carries the pin).
     pin = fixed is not None and fixed.zero in PRICED_ZEROS and fixed.zero > 0
     zs = tuple(int(z) for z in values(ZERO, runtime, fixed if pin else None, list(zeros) if zeros else None))
+    if training.dtype == "fp8" and runtime.fp8_zeros is not None:  # the stages it trains fp8 with
+        zs = tuple(z for z in zs if z in runtime.fp8_zeros)
     check(fixed is None or not fixed.hybrid or fixed.zero >= 2,
           f"shard={fixed.shard if fixed else None} (hybrid sharding) is priced with zero=2 or 3; pin zero=2 or zero=3")
     return rcs, tuple(sorted(zs)) or (0,)

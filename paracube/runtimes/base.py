@@ -42,6 +42,8 @@ from paracube.modes import MODES
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
 # (mode, pp, sequence_parallel, zero, tied_embeddings, family) -> None where it runs, else what it runs instead
 ModeCheck = Callable[[str, int, bool, int, bool, str], str | None]
+# (mode, dtype) -> None where the stack trains in dtype in that mode, else why not (paracube's: fp8 in none / 1D)
+DtypeCheck = Callable[[str, str], str | None]
 # The tensor layouts Megatron-LM, DeepSpeed and torchtitan run: no tensor parallelism, or the modes declaring
 # themselves Megatron-style (TensorMode.megatron_style: 1D column / row-parallel linears).
 MEGATRON_STYLE: tuple[str, ...] = tuple(n for n, m in MODES.items() if not m.axes or m.megatron_style)
@@ -76,9 +78,12 @@ class Runtime:
     sp_default: bool = False  # sp on whenever tensor parallelism is (torchtitan)
     tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
     mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
+    dtype_check: DtypeCheck | None = None  # per-mode dtypes (paracube's executor: ExecutorSupport.dtypes)
     source: str = ""  # where the facts come from
     cp_comms: tuple[str, ...] = ()  # context parallelism's exchanges it runs, its default first (module docstring)
     cp_note: str = ""  # why it has no context parallelism (cp_comms empty)
+    fp8_zeros: tuple[int, ...] | None = None  # zero stages it trains fp8 with (None: every zero stage it runs)
+    fp8_tpo: bool = True  # it runs tpo with fp8 GEMMs
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
@@ -133,6 +138,14 @@ class Runtime:
             return f"{who} does not run rc={layout.recompute}; valid: rc={'/'.join(self.recomputes)}"
         if dtype is not None and dtype not in self.dtypes:
             return f"{who} does not train in {dtype}; valid: {', '.join(self.dtypes)}"
+        why_dtype = self.dtype_check(layout.mode, dtype) if dtype is not None and self.dtype_check else None
+        if why_dtype:
+            return f"{who} does not train {layout} in {dtype}: {why_dtype}"
+        if dtype == "fp8" and self.fp8_zeros is not None and layout.zero not in self.fp8_zeros:
+            return (f"{who} does not train fp8 with zero={layout.zero}; valid: "
+                    f"zero={'/'.join(map(str, self.fp8_zeros))}")
+        if dtype == "fp8" and layout.tpo and not self.fp8_tpo:
+            return f"{who} does not run tpo with fp8 GEMMs; drop tpo (or train in bf16)"
         if family not in self.families:
             return f"{who} does not run the {family} family; valid: {', '.join(self.families)}"
         if layout.overlap and not self.grad_overlap:
@@ -168,4 +181,4 @@ class Runtime:
                 "export_target": self.export_target, "cp_comms": list(self.cp_comms)}
 
 
-__all__ = ["MEGATRON_STYLE", "ModeCheck", "Runtime"]
+__all__ = ["MEGATRON_STYLE", "DtypeCheck", "ModeCheck", "Runtime"]

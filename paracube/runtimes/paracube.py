@@ -2,13 +2,15 @@
 
 Tensor modes, pipelines, sp and zero come from each mode's ExecutorSupport (paracube/modes; modes.executor_runs
 is the per-mode check, the same one executor/sizes.py applies before any rank starts). Gradient buckets overlap
-each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too; zero=1's parameter
-all-gathers overlap the next step's forward (executor/data_parallel/param_gather.py; `--no-overlap` turns both off).
-tpo where a mode's ExecutorSupport says so (1D with sp: modes' `tpo_needs_sp`; 2D, 2.5D, 3D): its tagged
-collectives run as rings overlapped with their GEMMs (executor/layers/collective_matmul.py). Context parallelism
-(cp, both exchanges) where ExecutorSupport.context_parallel lists them (none, 1D: executor/layers/context_parallel.py). Offered, not on by default: on gloo CPU
-ranks the ring's p2p steps are not measured faster than one collective (benchmarks/executor_step.py
---overlap-tp), so the planner takes it only when a layout pins it.
+each stage's (chunk's) last backward (executor/data_parallel/grad_sync.py), under pipelines too; zero=1's
+parameter all-gathers overlap the next step's forward (executor/data_parallel/param_gather.py; `--no-overlap` turns
+both off). tpo where a mode's ExecutorSupport says so (1D with sp: modes' `tpo_needs_sp`; 2D, 2.5D, 3D): its tagged
+collectives run as rings overlapped with their GEMMs (executor/layers/collective_matmul.py); offered, not on by
+default: on gloo CPU ranks the ring's p2p steps are not measured faster than one collective
+(benchmarks/executor_step.py --overlap-tp), so the planner takes it only when a layout pins it. Context parallelism
+(cp, both exchanges) where ExecutorSupport.context_parallel lists them (none, 1D: executor/layers/context_parallel.py).
+Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delayed scaling, executor/layers/fp8.py)
+in none and 1D, not with tpo (the ring GEMM chunks run in the compute dtype).
 """
 
 from __future__ import annotations
@@ -33,7 +35,18 @@ def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> 
     return f"its executor runs tp={mode} with {', '.join(runs)}"
 
 
+def _dtype_check(mode: str, dtype: str) -> str | None:
+    """None where the executor trains in `dtype` in this mode (ExecutorSupport.dtypes; fp8: none and 1D)."""
+    support = MODES[mode].executor
+    if support is None or dtype in support.dtypes:
+        return None
+    where = [n for n, m in MODES.items() if m.executor is not None and dtype in m.executor.dtypes]
+    return f"its executor trains tp={mode} in {'/'.join(support.dtypes)}; {dtype} in tp={'/'.join(where)}"
+
+
 _SUPPORT = [m.executor for m in MODES.values() if m.executor is not None]
+# Every dtype some mode runs (fp8: FP8 GEMMs in none and 1D, executor/layers/fp8.py; emulated on CPU ranks)
+_DTYPES = tuple(dict.fromkeys(d for s in _SUPPORT for d in s.dtypes))
 _ZEROS = tuple(sorted({z for s in _SUPPORT for z in s.zero_stages}))
 _ZEROS_PP = tuple(z for z in _ZEROS if z < 2)  # zero=2/3 run without pipelines (modes.executor_runs)
 
@@ -48,7 +61,7 @@ RUNTIME = Runtime(
     zeros_with_pp=_ZEROS_PP,
     hybrid_shard=any(z >= 2 for z in _ZEROS),  # shard=N with zero=2/3 (executor/data_parallel/sharded.py)
     recomputes=RECOMPUTES,
-    dtypes=("fp32", "fp16", "bf16"),
+    dtypes=_DTYPES,
     grad_overlap=True,
     grad_overlap_default=True,
     grad_overlap_pp=any(s.pipeline and s.grad_overlap_pp for s in _SUPPORT),  # data_parallel/grad_sync.py
@@ -61,6 +74,9 @@ RUNTIME = Runtime(
     export_target=None,
     families=tuple(sorted({f for s in _SUPPORT for f in s.families})),
     mode_check=_check,
+    dtype_check=_dtype_check,
+    fp8_zeros=(0, 1),  # FP8 weight casts under zero=2/3's gathered parameters: not run (executor/sizes.py)
+    fp8_tpo=False,  # the ring GEMM chunks run in the compute dtype (collective_matmul.py)
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)

@@ -87,7 +87,7 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
         have = torch.cuda.device_count()
         check(have >= nproc, f"backend nccl needs {nproc} GPUs on this node; it has {have} (use backend gloo)")
     seq = plan.seq_len
-    check_dtype(plan.training.dtype)
+    check_dtype(plan.training.dtype, plan.layout)
     check_divisibility(with_seq_len(plan.model, seq), plan.layout, plan.micro_batch, plan.training.global_batch, seq)
     parse_source(data, plan.model.vocab, seq)
     if checkpoint_dir is not None:

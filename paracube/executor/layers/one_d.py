@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
 from paracube.executor.layers.collective_matmul import TPO_LINEARS, RingGatherLinear, RingLinearScatter
 from paracube.executor.layers.functional import compute_dtype, fp32, main_grad, vocab_parallel_ce
+from paracube.executor.layers.gemm import PLAIN, PlainGemm
 from paracube.executor.layers.serial import Mode, SerialPositionEmbedding, ShardedModule, TiedHead
 from paracube.executor.layers.shards import block, make_spec
 from paracube.executor.mesh import Mesh
@@ -32,29 +33,32 @@ SEQ = 1  # the sequence dimension of [b, s, h] activations
 
 class _GatherLinear(torch.autograd.Function):
     """Sequence-parallel column linear: Y = all_gather(X shard) @ A. Like Megatron it keeps only the input
-    shard for backward and all-gathers it again there (`.in.regather`), so saved activations stay / p."""
+    shard for backward and all-gathers it again there (`.in.regather`), so saved activations stay / p.
+    `gemm` multiplies (gemm.py: plain, or FP8)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str) -> Tensor:
+    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str, gemm: PlainGemm) -> Tensor:
         ctx.save_for_backward(x, a)
-        ctx.args = (mesh, label)
-        return all_gather(x, mesh, TP, SEQ, label=f"{label}.in") @ a
+        ctx.args = (mesh, label, gemm)
+        return gemm.forward(all_gather(x, mesh, TP, SEQ, label=f"{label}.in"), a)
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, a = ctx.saved_tensors
-        mesh, label = ctx.args
+        mesh, label, gemm = ctx.args
         dy = dy.to(a.dtype)
         xg = all_gather(x, mesh, TP, SEQ, backward=True, label=f"{label}.in.regather")
-        dx = reduce_scatter(dy @ a.t(), mesh, TP, SEQ, backward=True, label=f"{label}.in")
-        da = xg.reshape(-1, xg.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])
-        return dx.to(x.dtype), da, None, None
+        dx, da = gemm.backward(xg, a, dy)
+        dx = reduce_scatter(dx, mesh, TP, SEQ, backward=True, label=f"{label}.in")
+        return dx.to(x.dtype), da, None, None, None
 
 
 class ColumnLinear(ShardedModule):
     """Y[:, cols of this rank] = f(X) @ A[:, cols] + b[cols]; f all-reduces dX in backward. With sp, f is
     an all-gather of the sequence shards (backward reduce-scatter); with tpo too, both rings overlapped with the
     GEMM chunks (collective_matmul.py)."""
+
+    gemm: PlainGemm = PLAIN  # fp8.attach gives the block linears an Fp8Gemm (not with tpo: sizes.py refuses)
 
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False,
                  tpo: bool = False):
@@ -71,9 +75,12 @@ class ColumnLinear(ShardedModule):
         # Cast before f so that its collectives run in the compute dtype; the bias too, so that the output
         # (and what the next op saves) stays in the compute dtype.
         if self.sp:
-            y = self.gather_linear.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
+            if self.gather_linear is RingGatherLinear:
+                y = RingGatherLinear.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
+            else:
+                y = _GatherLinear.apply(x.to(c), self.weight.to(c), self.mesh, self.label, self.gemm)
         else:
-            y = copy_to_group(x.to(c), self.mesh, TP, label=f"{self.label}.f") @ self.weight.to(c)
+            y = self.gemm(copy_to_group(x.to(c), self.mesh, TP, label=f"{self.label}.f"), self.weight.to(c))
         return y + self.bias.to(c) if self.has_bias else y
 
 
@@ -86,12 +93,14 @@ class SequenceParallelTiedHead(TiedHead):
 
     def forward(self, x: Tensor) -> Tensor:
         c = compute_dtype(x)
-        return _GatherLinear.apply(x.to(c), self._embedding[0].weight.to(c).t(), self.mesh, "head")
+        return _GatherLinear.apply(x.to(c), self._embedding[0].weight.to(c).t(), self.mesh, "head", PLAIN)
 
 
 class RowLinear(ShardedModule):
     """Y = g(X[:, rows] @ A[rows, :]) + b; g all-reduces the partial sums in forward (with sp: reduce-scatters
     them over the sequence; with tpo too, as a ring overlapped with the GEMM chunks). Bias replicated."""
+
+    gemm: PlainGemm = PLAIN  # fp8.attach gives the block linears an Fp8Gemm (not with tpo: sizes.py refuses)
 
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False,
                  tpo: bool = False):
@@ -106,7 +115,7 @@ class RowLinear(ShardedModule):
         if self.tpo:
             y = RingLinearScatter.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
             return y + self.bias.to(c) if self.has_bias else y
-        y = x.to(c) @ self.weight.to(c)
+        y = self.gemm(x.to(c), self.weight.to(c))
         if self.sp:
             y = scatter_fn(y, self.mesh, TP, SEQ, label=f"{self.label}.out")
         else:

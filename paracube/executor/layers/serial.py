@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from paracube.errors import ParacubeError
 from paracube.executor.layers.functional import upcast
+from paracube.executor.layers.gemm import PLAIN, PlainGemm
 from paracube.executor.layers.rms_norm import rms_norm
 from paracube.executor.layers.shards import ShardSpec, block, make_spec
 from paracube.executor.layers.tokens import SequenceSplit, local_positions
@@ -36,6 +37,8 @@ class ShardedModule(nn.Module):
 
 
 class SerialLinear(ShardedModule):
+    gemm: PlainGemm = PLAIN  # fp8.attach gives the block linears an Fp8Gemm
+
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool):
         super().__init__()
         self.add_param("weight", make_spec(mesh, (h_in, h_out), {}))
@@ -44,7 +47,7 @@ class SerialLinear(ShardedModule):
         self.has_bias = bias
 
     def forward(self, x: Tensor) -> Tensor:
-        y = x @ self.weight
+        y = self.gemm(x, self.weight)
         return y + self.bias.to(y.dtype) if self.has_bias else y  # the output stays in the compute dtype
 
 

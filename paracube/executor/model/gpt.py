@@ -25,6 +25,8 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from paracube.errors import ParacubeError, check
 from paracube.executor.layers.context_parallel import chunk_positions, load_balanced
 from paracube.executor.layers.dropout import DropoutSeeds, dropout
+from paracube.executor.layers.fp8 import FP8_DTYPES, Fp8Scaling
+from paracube.executor.layers.fp8 import attach as attach_fp8
 from paracube.executor.layers.serial import Mode
 from paracube.executor.layers.shards import ShardSpec, gather_full
 from paracube.executor.mesh import Mesh
@@ -64,7 +66,7 @@ def _resize(t: Tensor, name: str, vocab: int) -> Tensor:
 
 class ParallelGPT(nn.Module):
     def __init__(self, spec: ModelSpec, mesh: Mesh, recompute: str = "none", seed: int = 0,
-                 vocab: int | None = None):
+                 vocab: int | None = None, fp8: bool = False):
         super().__init__()
         check(recompute in RECOMPUTE, f"recompute={recompute!r} is not supported; valid: {', '.join(RECOMPUTE)}")
         mode_name = mesh.layout.mode
@@ -95,6 +97,8 @@ class ParallelGPT(nn.Module):
             self.tok_emb = self.mode.token_embedding()
             self.pos_emb = self.mode.position_embedding() if spec.family == "gpt" else None  # llama: rotary
         self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk], recompute == "selective")
+        # --dtype fp8: the blocks' linears multiply FP8 operands with delayed scaling (executor/layers/fp8.py)
+        self.fp8: Fp8Scaling | None = attach_fp8(self.blocks) if fp8 else None
         # Tied embeddings across stages (Megatron): the last stage holds its own copy of the word embedding
         # (same name, same init), its head the copy's transpose; pipeline.reduce_tied_embedding_grads sums the
         # two copies' gradients over the embedding group each step, so they stay identical.
@@ -168,6 +172,8 @@ class ParallelGPT(nn.Module):
         kept = getattr(self.mode, "kept", None)
         if kept is not None:
             kept.begin_step(micro_batches)
+        if self.fp8 is not None:  # the FP8 weight copies are cast again from the updated weights
+            self.fp8.begin_step()
 
     def end_step(self) -> None:
         """After the step's last backward: the kept weights are released (their gradients reduced)."""
@@ -257,19 +263,23 @@ class ParallelGPT(nn.Module):
 
 
 def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "none",
-                dtype: torch.dtype = torch.float32, vocab: int | None = None) -> ParallelGPT:
+                dtype: torch.dtype = torch.float32, vocab: int | None = None, fp8: bool = False) -> ParallelGPT:
     """The GPT for mesh.layout's tensor mode (serial when none), initialized from `seed` (drawn in fp32),
     its parameters then cast to the compute `dtype` (the compute copy; fp32 masters live in the optimizer);
-    `vocab`: the padded vocabulary size if not Megatron's."""
-    model = ParallelGPT(spec, mesh, recompute, seed, vocab)
+    `vocab`: the padded vocabulary size if not Megatron's; `fp8`: FP8 GEMMs in the blocks (bf16 compute copy;
+    fp32 / fp64 for tests; fp16 refused)."""
+    check(not fp8 or dtype in FP8_DTYPES, f"fp8 with a {str(dtype).removeprefix('torch.')} compute copy: FP8 "
+          "training keeps bf16 parameters (fp16 master state is not offered); valid: bf16 (fp32, fp64 in tests)")
+    check(not fp8 or mesh.layout.zero < 2, f"fp8 with zero={mesh.layout.zero} is not run yet; valid: zero=0/1")
+    model = ParallelGPT(spec, mesh, recompute, seed, vocab, fp8)
     model.load_init(seed)
     return model.to(dtype)
 
 
 def serial_reference(spec: ModelSpec, seed: int = 0, recompute: str = "none",
-                     dtype: torch.dtype = torch.float32, vocab: int | None = None) -> ParallelGPT:
+                     dtype: torch.dtype = torch.float32, vocab: int | None = None, fp8: bool = False) -> ParallelGPT:
     """The same GPT on one process with plain torch ops (the equivalence tests' reference); `vocab`: pad it as
     the model it checks (the same sums over the same sizes: rounding as close as it gets)."""
-    return build_model(spec, Mesh.single(), seed, recompute, dtype, vocab)
+    return build_model(spec, Mesh.single(), seed, recompute, dtype, vocab, fp8)
 
 

@@ -121,7 +121,7 @@ def _check_request(plan: Plan, world: int, steps: int, checkpoint_dir: str | Pat
     check(not (config.on_nonfinite == "skip" and layout.zero == 3), "on_nonfinite=skip with zero=3: the step's "
           "undo copies whole parameters, which zero=3 holds only as shards; use on_nonfinite=stop")
     spec = with_seq_len(plan.model, plan.seq_len)
-    check_dtype(plan.training.dtype)
+    check_dtype(plan.training.dtype, layout)
     check_divisibility(spec, layout, plan.micro_batch, plan.training.global_batch, plan.seq_len)
     if checkpoint_dir is not None and not resume and ckpt.has_checkpoint(Path(checkpoint_dir)):
         raise ParacubeError(f"checkpoint directory {str(checkpoint_dir)!r} already holds checkpoints; pass "
@@ -145,8 +145,9 @@ def _setup(plan: Plan, spec: ModelSpec, source: DataSource, rank: int, device: t
            config: TrainConfig, hooks: TrainHooks) -> _Run:
     recorder = CommRecorder(hooks.observe_collective)
     mesh = Mesh(plan.layout, rank, recorder=recorder)
+    fp8 = plan.training.dtype == "fp8"  # bf16 with FP8 GEMMs in the blocks (executor/layers/fp8.py)
     model = build_model(spec, mesh, seed=config.seed, recompute=plan.training.recompute,
-                        dtype=COMPUTE_DTYPES[plan.training.dtype]).to(device)
+                        dtype=COMPUTE_DTYPES["bf16" if fp8 else plan.training.dtype], fp8=fp8).to(device)
     opt = build_optimizer(model, mesh, plan.layout.zero, config.bucket_bytes, lr=config.lr, betas=config.betas,
                           weight_decay=config.weight_decay)
     step_fn = hooks.wrap_step(train_step) if hooks.wrap_step is not None else train_step
@@ -196,7 +197,10 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
         torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     loss, gnorm = float(out.loss), float(out.grad_norm)
-    finite = math.isfinite(loss) and (math.isfinite(gnorm) or out.overflow)
+    fp8 = getattr(run.model, "fp8", None)
+    # fp16: overflowing gradients were skipped by the scaler; fp8: an overflowing amax skipped the step (its
+    # loss may be inf too), the scales kept
+    finite = (math.isfinite(loss) and (math.isfinite(gnorm) or out.overflow)) or (fp8 is not None and out.overflow)
     if not finite and snap is not None:
         _restore(run.model, run.opt, snap)
     row = {"step": step, "loss": loss, "lr": lr, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
@@ -204,6 +208,11 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
            "peak_memory_bytes": _peak_memory_bytes(device), "grad_norm": gnorm}
     if not finite:
         row["skipped"] = True
+    if fp8 is not None and out.overflow:
+        row["overflow"] = True
+        if fp8.exhausted:
+            raise TrainingDiverged(f"fp8 amaxes overflowed in {fp8.skips} steps in a row at step {step}; stopped: "
+                                   "use bf16")
     if run.scaler is not None:
         row["loss_scale"] = run.scaler.scale
         if out.overflow:

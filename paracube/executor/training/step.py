@@ -16,8 +16,10 @@ gradients are `p.main_grad` (p.grad too for fp32 parameters), which the norm, cl
 read (MasterAdamW / DistributedAdamW step fp32 masters and write the compute copy back). fp16: the loss is
 multiplied by the scaler's scale before backward (on the last stage with pp > 1); the overflow check is the
 global norm, all-reduced over every group holding gradients (pp and tensor axes; dp too with zero=1), so
-every rank skips the same step (loss_scale.py). `after_backward(model)`: an explicit test hook called once
-the step's gradients are reduced, before the norm (tests force an overflow on one rank with it)."""
+every rank skips the same step (loss_scale.py). fp8 (model.fp8, executor/layers/fp8.py): before the norm, the
+step's amaxes are max-reduced over the amax group (data axes + tensor axes) and the scales updated; a non-finite
+amax skips the step on every rank alike (StepResult.overflow). `after_backward(model)`: an explicit test hook
+called once the step's gradients are reduced, before the norm (tests force an overflow on one rank with it)."""
 
 from __future__ import annotations
 
@@ -105,9 +107,12 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         sq = _replica_norm_sq(model, mesh, device)
         norm_axes = (*stages, *tensor_axes)
     with rec.phase("optimizer"):
+        fp8 = getattr(model, "fp8", None)
+        fp8_overflow = fp8 is not None and fp8.reduce_and_update(mesh, (*mesh.layout.data_axes, *tensor_axes))
         if norm_axes:
             sq = all_reduce(sq, mesh, norm_axes, label="grad_norm")
-        norm, overflow = _clip_and_step(optimizer, params, math.sqrt(float(sq.item())), max_grad_norm, scaler)
+        norm, overflow = _clip_and_step(optimizer, params, math.sqrt(float(sq.item())), max_grad_norm, scaler,
+                                        fp8_overflow)
     optimizer.zero_grad(set_to_none=True)
     for p in params:
         p.main_grad = None  # type: ignore[attr-defined]  # a later backward outside a step uses p.grad
@@ -115,16 +120,21 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     with rec.phase("metrics"):
         metrics = torch.stack([loss_sum, count]).float()
         metrics = all_reduce(metrics, mesh, metrics_axes(mesh.layout, stages), label="metrics")
-    return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm, overflow=scaler is not None and overflow)
+    return StepResult(loss=float(metrics[0] / metrics[1]), grad_norm=norm,
+                      overflow=(scaler is not None and overflow) or fp8_overflow)
 
 
 def _clip_and_step(optimizer: torch.optim.Optimizer, params: list[Tensor], norm: float,
-                   max_grad_norm: float | None, scaler: LossScaler | None) -> tuple[float, bool]:
+                   max_grad_norm: float | None, scaler: LossScaler | None,
+                   fp8_overflow: bool = False) -> tuple[float, bool]:
     """Unscale (fp16), clip by the global norm and step, unless fp16 gradients overflowed (then skip and back
-    off). The norm was all-reduced over every group holding gradients, so every rank decides alike.
-    Returns the unscaled norm and whether it overflowed."""
+    off) or an FP8 amax did (then skip; the FP8 scales were kept). The norm and the amaxes were all-reduced
+    over every group holding them, so every rank decides alike. Returns the unscaled norm and whether it
+    overflowed."""
     unscale = 1.0 / scaler.scale if scaler is not None else 1.0
     norm *= unscale
+    if fp8_overflow:
+        return norm, True
     overflow = not math.isfinite(norm)
     coef = max_grad_norm / (norm + 1e-6) if max_grad_norm is not None and not overflow else 1.0
     coef = min(coef, 1.0) * unscale
