@@ -1,25 +1,26 @@
-"""Predicted vs measured step time on the published runs of docs/published-runs.md.
+"""Predicted vs measured step time on the published runs of docs/published-runs.md, by device generation.
 
-Rows: benchmarks/data/published_runs.csv (Narayanan et al. 2021 table 1, step time = F / (GPUs x TFLOP/s);
-Megatron-LM README 2020 tables). Each row's TP/PP/DP is pinned, sequence parallelism forbidden (those runs
-did not use it), Megatron's unfused attention pinned (`fa=0` in every row's layout: those runs predate flash
-attention), recomputation as run (full: both sources count 96 B s l h^2 FLOPs, i.e. with it);
-micro-batch and interleaving are the planner's choice. Assumption: the data-parallel gradient all-reduce
-overlaps the last micro-batch's backward (`overlap` in every row's layout; the sources do not say; torch DDP
-and Megatron's local DDP with overlap did so). The presets' shipped efficiencies (topologies/efficiency.py,
-per device generation and fabric; refit with `paracube calibrate --from-runs benchmarks/data/published_runs.csv
---cluster dgx-a100`) are printed with every row (fit and held-out rows apart), mean and max |error| per group,
-then per device generation.
-Every row is planned for a runtime (`--runtime`, default megatron: the stack those runs used; its search adds
-what the row leaves open, e.g. tpo and overlap where the row has sp, paracube/runtimes); a row the runtime
-cannot plan is printed with its one-line reason. Today's stacks (benchmarks/data/published_runs_h100.csv:
-docs/published-runs.md section 3, Nemotron-4 15B on DGX H100 as a FLOP-equivalent llama-family shape, ffn
-16384 gated = 24576 squared-ReLU; not fitted) are printed as their own held-out group, and so are the FSDP rows
-(benchmarks/data/published_runs_fsdp.csv: docs/published-runs.md section 6, torchtitan FSDP2 on 64 A100 80GB,
-step time = local batch x seq / (tokens/s/GPU) since TP = PP = CP = 1; layout dp=64,zero=3, micro-batch = the
-local batch: no gradient accumulation; not fitted), planned for the runtime of their `runtime` column
-(torchtitan) whatever --runtime says.
-Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--runtime NAME]
+Rows (every row's residual is printed, fit and held-out rows apart, grouped V100, A100, H100, H200, B200/GB200):
+- benchmarks/data/published_runs.csv: Narayanan et al. 2021 table 1 (step time = F / (GPUs x TFLOP/s)) and the
+  Megatron-LM README 2020 tables on DGX A100 / DGX-2. Each row's TP/PP/DP pinned, sequence parallelism forbidden,
+  Megatron's unfused attention pinned (`fa=0`: those runs predate flash attention), recomputation as run;
+  micro-batch and interleaving the planner's choice. Assumption: the data-parallel all-reduce overlaps the last
+  micro-batch's backward (`overlap`; the sources do not say).
+- benchmarks/data/published_runs_today.csv (docs/published-runs.md sections 3, 5, 6, 7): DGX H100 recipes (NeMo
+  24.12 / Megatron-core: distributed optimizer zero=1, sp, TP-comm overlap, flash attention, bf16 and FP8),
+  Blackwell (NeMo 25.02 DGX-B200, 25.04 GB200 NVL72, FP8; step = GBS x seq / (tokens/s/GPU x GPUs)), the
+  H200 torchtitan FSDP rows, NeMo's long-sequence sweep (Llama 2 7B FP8; step = NeMo's llama2 FLOP count /
+  (GPUs x model TFLOP/s)). Nemotron-4's squared-ReLU MLP (ffn f, 2 matrices) is the FLOP-equivalent gated
+  llama MLP of ffn 2f/3 (3 matrices). Megatron-core rows price Megatron-core's own gradient bucket
+  (grad_bucket=mcore: max(40M, 1M x dp x cp) elements; calibration/from_runs.py).
+- benchmarks/data/published_runs_fsdp.csv: torchtitan FSDP2 on 64 A100 (held out, not fitted).
+Rows the model cannot plan yet are listed with their one-line reason: context-parallel layouts (cp > 1) wait
+for the `cp` branch's pricing; mixture-of-experts rows are not in the files (no MoE in the model).
+The shipped efficiencies (topologies/efficiency.py, per device generation and fabric) are printed first with
+where each came from ("NOT FITTED" where no run exercises a figure). `--refit` re-runs the fits that produced
+the Hopper and Blackwell figures (calibration/from_runs.fit_runs on each cluster's fit rows, the free figures of
+HOPPER_FREE / BLACKWELL_FREE) and prints them (minutes).
+Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--runtime NAME] [--refit]
 """
 
 from __future__ import annotations
@@ -30,77 +31,114 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from paracube.calibration.from_runs import predict, read_runs  # noqa: E402
+from paracube.calibration.from_runs import Run, fit_runs, predict, preset_topology, read_runs  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
-from paracube.topologies import load_topology  # noqa: E402
-from paracube.topologies.efficiency import FABRICS, GENERATIONS  # noqa: E402
+from paracube.topologies.efficiency import FABRICS, FP8_GEMM, GENERATIONS, sources  # noqa: E402
+from paracube.topologies.nvswitch import fabrics  # noqa: E402
 from paracube.topologies.presets import PRESETS  # noqa: E402
 
 DATA = Path(__file__).with_name("data") / "published_runs.csv"
-TODAY = Path(__file__).with_name("data") / "published_runs_h100.csv"
+TODAY = Path(__file__).with_name("data") / "published_runs_today.csv"
 FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
+# What each refit frees (from_runs.PARAMS). Hopper: one or two shapes per dtype, so both curves' m0 stay
+# ampere's (freed, the FP8 m0 does not move from its start: the rows do not separate it from fp8_eff_max).
+# Blackwell: two FP8 rows, the FP8 eff_max only (mem_eff freed too goes to an implausible 0.42); NDR is
+# Hopper's fitted one, NVLink 5 borrows NVLink 4's (NOT FITTED).
+HOPPER_FREE = ("eff_max", "mem_eff", "intra", "inter", "fp8_eff_max", "flash_eff")
+BLACKWELL_FREE = ("fp8_eff_max",)
+DEVICE_GROUP = {"V100-SXM3-32GB": "V100", "A100-SXM-80GB": "A100", "H100-SXM-80GB": "H100",
+                "H200-SXM-141GB": "H200", "B200-SXM-180GB": "B200/GB200", "B200-GB200-186GB": "B200/GB200"}
+
+
+def _group(r: Run) -> str:
+    return DEVICE_GROUP.get(PRESETS[r.cluster].build(1, 1).device.name, r.cluster)
+
+
+def _figures() -> None:
+    print("shipped efficiencies per device generation and fabric (spec-sheet peaks unchanged):")
+    for gen, f in GENERATIONS.items():
+        v = f.values
+        line = (f"  {gen:10s} GEMM eff_max {v['eff_max']:.2f}, m0 = n0 = k0 {v['m0']:.0f}, "
+                f"memory-bound {v['mem_eff']:.2f}")
+        if "flash_eff" in v:
+            line += f", flash attention {v['flash_eff']:.2f} of peak"
+        if gen in FP8_GEMM:
+            e = FP8_GEMM[gen].values
+            line += f"; FP8 GEMM eff_max {e['fp8_eff_max']:.2f}, m0 {e['fp8_m0']:.0f}"
+        print(line)
+    print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
+                                    for k, f in FABRICS.items()))
+    print("where each figure comes from, per preset:")
+    for name, p in PRESETS.items():
+        if p.fixed_nodes or name not in ("dgx2-v100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"):
+            continue
+        for what, src in sources(p.build(1, 1).device, *fabrics(name)).items():
+            print(f"  {name:12s} {what:28s} {src}")
+
+
+def _errors(sel: list) -> str:
+    errs = [abs(x[3]) for x in sel]
+    return f"mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} ({len(errs)} runs)"
+
+
+def refit(today: list[Run]) -> None:
+    for cluster, free in (("dgx-h100", HOPPER_FREE), ("dgx-b200", BLACKWELL_FREE)):
+        fit, rows = fit_runs(today, cluster, rounds=1, runtime="megatron", free=free)
+        print(f"refit {cluster} ({', '.join(free)} free): {fit}")
+        for r, lay, pred in rows:
+            print(f"  {r.name:18s} {r.split:8s} {r.measured_s:8.3f} {pred:8.3f} {pred / r.measured_s - 1:+7.1%}  {lay}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(DATA))
-    ap.add_argument("--today", default=str(TODAY), help="today's runs, printed apart (not fitted)")
-    ap.add_argument("--fsdp", default=str(FSDP), help="FSDP runs, printed apart (not fitted)")
+    ap.add_argument("--today", default=str(TODAY), help="today's runs (H100, H200, B200, GB200)")
+    ap.add_argument("--fsdp", default=str(FSDP), help="FSDP runs, held out")
     ap.add_argument("--runtime", default="megatron",
                     help="the runtime each row is planned for (a row's runtime column overrides it)")
+    ap.add_argument("--refit", action="store_true", help="re-run the Hopper and Blackwell fits (minutes)")
     args = ap.parse_args()
-    runs = read_runs(args.runs, tuple(PRESETS))
-    today = read_runs(args.today, tuple(PRESETS)) if args.today else []
-    fsdp = read_runs(args.fsdp, tuple(PRESETS)) if args.fsdp else []
-    print("shipped efficiencies per device generation and fabric (spec-sheet peaks unchanged):")
-    for gen, f in GENERATIONS.items():
-        eff = f.values
-        print(f"  {gen:10s} GEMM eff_max {eff['eff_max']:.2f}, m0 = n0 = k0 {eff['m0']:.0f}, "
-              f"memory-bound eff {eff['mem_eff']:.2f}  ({f.source if f.fitted else 'NOT FITTED: ' + f.source})")
-    print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (not fitted)'}"
-                                    for k, f in FABRICS.items()))
+    files = [read_runs(f, tuple(PRESETS)) if f else [] for f in (args.runs, args.today, args.fsdp)]
+    _figures()
     print(f"runtime: {args.runtime} (rows with a runtime column: theirs)")
     rows, refused = [], []
-    for r in [*runs, *today, *fsdp]:
-        topo = load_topology(r.cluster, gpus=r.gpus)
+    for r in [run for f in files for run in f]:
         try:
-            lay, pred = predict(r, topo, args.runtime)
+            lay, pred = predict(r, preset_topology(r), args.runtime)
         except ParacubeError as exc:
             refused.append((r, str(exc)))
             continue
         rows.append((r, lay, pred, pred / r.measured_s - 1))
-    groups = [("fit", [x for x in rows if x[0].split == "fit" and x[0] in runs]),
-              ("held_out", [x for x in rows if x[0].split == "held_out" and x[0] in runs]),
-              ("today (held out, not fitted)", [x for x in rows if x[0] in today]),
-              ("FSDP rows, torchtitan, held out, not fitted", [x for x in rows if x[0] in fsdp])]
-    for split, sel in groups:
-        print(f"\n{split} rows")
-        head = ("run", "cluster", "gpus", "measured s", "predicted s", "error")
-        print("{:14s} {:10s} {:>5s} {:>10s} {:>11s} {:>7s}  layout".format(*head))
-        for r, lay, pred, err in sel:
-            print(f"{r.name:14s} {r.cluster:10s} {r.gpus:5d} {r.measured_s:10.3f} {pred:11.3f} {err:+7.1%}  {lay}")
-        if sel:
-            errs = [abs(x[3]) for x in sel]
-            print(f"{split}: mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} ({len(sel)} runs)")
-    if refused:
-        print(f"\nnot planned ({len(refused)} rows):")
-        for r, why in refused:
-            print(f"  {r.name:12s} [{r.runtime or args.runtime}] {why}")
-    # By device generation (the unit the efficiencies are fitted per: topologies/efficiency.py)
-    generation = {name: p.build(1, 1).device.generation for name, p in PRESETS.items() if not p.fixed_nodes}
-    print()
-    for gen in dict.fromkeys(generation[x[0].cluster] for x in rows):
+    fsdp = set(id(r) for r in files[2])
+    head = ("run", "cluster", "gpus", "dtype", "measured s", "predicted s", "error")
+    for group in dict.fromkeys(DEVICE_GROUP.values()):
         for split in ("fit", "held_out"):
-            errs = [abs(x[3]) for x in rows if generation[x[0].cluster] == gen and x[0].split == split
-                    and x[0] in runs]
-            if errs:
-                print(f"{gen} {split}: mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
-                      f"({len(errs)} runs)")
-        for name, group in (("today", today), ("FSDP", fsdp)):
-            errs = [abs(x[3]) for x in rows if generation[x[0].cluster] == gen and x[0] in group]
-            if errs:
-                print(f"{gen} {name} (held out): mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
-                      f"({len(errs)} runs)")
+            sel = [x for x in rows if _group(x[0]) == group and x[0].split == split]
+            if not sel:
+                continue
+            print(f"\n{group} {split} rows")
+            print("{:18s} {:11s} {:>5s} {:5s} {:>10s} {:>11s} {:>7s}  layout".format(*head))
+            for r, lay, pred, err in sel:
+                tag = "  [FSDP]" if id(r) in fsdp else ""
+                print(f"{r.name:18s} {r.cluster:11s} {r.gpus:5d} {r.training.dtype:5s} {r.measured_s:10.3f} "
+                      f"{pred:11.3f} {err:+7.1%}  {lay}{tag}")
+            print(f"{group} {split}: {_errors(sel)}")
+    for title, sel in (("context-parallel rows (cp > 1: wait for the cp branch's pricing)",
+                        [x for x in refused if x[0].layout.cp > 1]),
+                       ("other rows the model refuses", [x for x in refused if x[0].layout.cp == 1])):
+        if sel:
+            print(f"\nnot planned: {title}, {len(sel)} rows")
+            for r, why in sel:
+                print(f"  {r.name:18s} [{r.runtime or args.runtime}] {why}")
+    print("\nsummary by generation (FSDP rows apart: torchtitan's FSDP2 pricing is the runtimes issue's):")
+    for group in dict.fromkeys(DEVICE_GROUP.values()):
+        for split in ("fit", "held_out"):
+            for label, keep in (("", lambda x: id(x[0]) not in fsdp), (" FSDP", lambda x: id(x[0]) in fsdp)):
+                sel = [x for x in rows if _group(x[0]) == group and x[0].split == split and keep(x)]
+                if sel:
+                    print(f"  {group:10s} {split + label:14s} {_errors(sel)}")
+    if args.refit:
+        refit(files[1])
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
                    runs); empty or absent: the caller's (`predict(..., runtime)`, the benchmark's --runtime).
                    Saved activations are counted as Megatron kept them (TrainingSpec.activations="megatron")
                    unless the row names a runtime other than megatron ("paracube": flash attention, no dropout)
+    grad_bucket    optional: the gradient bucket the run's stack used; empty: 25 MiB (torch DDP's default, what
+                   paracube's executor and exports use, modes/buckets.py); `mcore`: Megatron-core's default,
+                   max(40M, 1M x dp x cp) fp32 elements (megatron/core/distributed/distributed_data_parallel.py:
+                   the bucket grows with the data-parallel size so that the ring's (n - 1) latency steps stay
+                   amortized; NeMo 2 recipes leave it unset); or a number of elements
 
 Prediction: the planner's best layout matching the row's layout (search with `fixed`), its analytic step
 time. Fit (`fit_runs`): least squares on log(predicted / measured) over the fit rows of the few
@@ -32,6 +37,7 @@ import numpy as np
 
 from paracube.errors import ParacubeError, check
 from paracube.layout import Layout, parse_layout
+from paracube.modes.buckets import GRAD_BYTES
 from paracube.runtimes import RUNTIMES, get_runtime
 from paracube.topologies.nvswitch import SYSTEMS, fabrics
 from paracube.topologies.presets import PRESETS, Fit
@@ -52,6 +58,7 @@ class Run:
     measured_s: float
     split: str = "fit"
     runtime: str | None = None  # the row's own runtime (None: the caller's)
+    bucket_bytes: int | None = None  # the run's gradient bucket in bytes (None: modes/buckets.BUCKET_BYTES)
 
 
 def _int(where: str, value: str) -> int:
@@ -122,7 +129,20 @@ def parse_row(i: int, row: dict[str, str], clusters: tuple[str, ...]) -> Run:
     if split not in ("fit", "held_out"):
         raise ParacubeError(f"{where}: split={split!r}; valid: fit, held_out")
     return Run(row["run"], row["cluster"], gpus, model, training, layout,
-               _float(f"{where}: measured_step_s", row["measured_step_s"]), split, runtime)
+               _float(f"{where}: measured_step_s", row["measured_step_s"]), split, runtime,
+               _bucket(where, (row.get("grad_bucket") or "").strip(), layout))
+
+
+MCORE_BUCKET_MIN, MCORE_BUCKET_PER_DP = 40_000_000, 1_000_000  # elements (Megatron-core DDP's default)
+
+
+def _bucket(where: str, value: str, layout: Layout) -> int | None:
+    """The grad_bucket column as bytes of fp32 gradients (None: the default bucket)."""
+    if not value:
+        return None
+    if value == "mcore":
+        return GRAD_BYTES * max(MCORE_BUCKET_MIN, MCORE_BUCKET_PER_DP * layout.dp * layout.cp)
+    return GRAD_BYTES * _int(f"{where}: grad_bucket (mcore or a number of elements)", value)
 
 
 def read_runs(path: str | Path, clusters: tuple[str, ...]) -> list[Run]:
@@ -140,53 +160,90 @@ def read_runs(path: str | Path, clusters: tuple[str, ...]) -> list[Run]:
 def preset_topology(run: Run, fit: Fit | None = None) -> object:
     """The run's cluster preset at its GPU count, with `fit`'s efficiencies (default: the shipped ones)."""
     preset = PRESETS[run.cluster]
-    per = min(run.gpus, preset.devices_per_node)
+    # GPUs per node: the preset's, or (a run smaller than a node, or not a multiple of it: 128 GPUs of GB200
+    # NVL72 racks run as 2 x 64) the largest divisor of the run's GPU count below it.
+    per = max(n for n in range(1, min(run.gpus, preset.devices_per_node) + 1) if run.gpus % n == 0)
     check(run.gpus % per == 0, f"run {run.name}: gpus={run.gpus} is not a multiple of {per} per node")
     if fit is None:
         return preset.build(run.gpus // per, per)
     return preset.build(run.gpus // per, per, fit=fit)
 
 
-def step_time(run: Run, layout: Layout, topo: object) -> float:
-    """Analytic step time of a fully specified layout (mb, v chosen) of the run."""
+def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube") -> float:
+    """Analytic step time of a fully specified layout (mb, v chosen) of the run, priced as `predict` prices it
+    for the runtime (the row's own, else `runtime`): its parameter-gather overlap, the run's gradient bucket."""
     from paracube.cost_models.analytic import estimate  # local: calibration sits above cost_models
+    from paracube.planner.dimensions import PARAM_OVERLAP, chosen
 
-    return estimate(run.model, run.training, layout, topo, with_events=False).step_time_s
+    param_overlap = chosen(PARAM_OVERLAP, get_runtime(run.runtime or runtime), layout)
+    return estimate(run.model, run.training, layout, topo, with_events=False, param_overlap=param_overlap,
+                    **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes})).step_time_s
 
 
-PARAMS = ("eff_max", "m0", "mem_eff", "intra", "inter")
-BOUNDS = ((0.2, 0.95), (16.0, 512.0), (0.2, 0.9), (0.1, 1.0), (0.1, 1.0))  # plausible ranges
+PARAMS = ("eff_max", "m0", "mem_eff", "intra", "inter", "fp8_eff_max", "fp8_m0", "flash_eff")
+# plausible ranges: GEMM efficiencies below the datasheet peak, shape constants of a few tiles, memory-bound
+# kernels below HBM bandwidth, collectives below the link rate, fused attention below the GEMMs' eff_max
+BOUNDS = ((0.2, 0.95), (16.0, 512.0), (0.2, 0.9), (0.1, 1.0), (0.1, 1.0), (0.2, 0.95), (16.0, 1024.0), (0.1, 0.8))
 
 
-def fit_cluster(runs: list[Run], start: Fit, layouts: list[Layout]) -> tuple[Fit, list[float]]:
-    """Least squares on log(predicted / measured) over `runs` (one cluster) of the five efficiencies of
-    PARAMS, each run's layout (micro-batch, interleave) held at `layouts`. Parameters a run set does not
-    exercise (inter-node efficiency without a multi-node run) stay at `start`."""
+def exercised(runs: list[Run]) -> tuple[str, ...]:
+    """The PARAMS a set of runs exercises: the 16-bit curve (a run in a 16-bit dtype), the FP8 curve (an fp8
+    run), memory-bound work (every run), intra-node (a multi-GPU run), inter-node (a multi-node run). The shape
+    constants are left out (held at their start) unless the runs span shapes that separate them from eff_max
+    (three or more distinct hidden sizes): weak-scaling series at one or two shapes cannot."""
+    sixteen = any(r.training.dtype != "fp8" for r in runs)
+    eight = any(r.training.dtype == "fp8" for r in runs)
+    shapes = len({r.model.hidden for r in runs}) >= 3
+    multi = any(r.gpus > PRESETS[r.cluster].devices_per_node for r in runs)
+    flash = any(r.layout.flash != 0 for r in runs)
+    ok = {"eff_max": sixteen, "m0": sixteen and shapes, "mem_eff": True, "intra": any(r.gpus > 1 for r in runs),
+          "inter": multi, "fp8_eff_max": eight, "fp8_m0": eight and shapes, "flash_eff": flash and shapes}
+    return tuple(p for p in PARAMS if ok[p])
+
+
+def _value(fit: Fit, p: str) -> float:
+    v = getattr(fit, p)
+    if v is None and p == "flash_eff":  # no figure yet: what the GEMM curve gives a 4096-token head of 128
+        return fit.eff_max * 4096 / (4096 + fit.m0) * 128 / (128 + fit.m0)
+    return float(v if v is not None else getattr(fit, p.removeprefix("fp8_")))  # no FP8 curve: the 16-bit one
+
+
+def fit_cluster(runs: list[Run], start: Fit, layouts: list[Layout], runtime: str = "paracube",
+                free: tuple[str, ...] | None = None) -> tuple[Fit, list[float]]:
+    """Least squares on log(predicted / measured) over `runs` (one cluster) of the efficiencies `free` (default:
+    those the runs exercise, `exercised`), each run's layout (micro-batch, interleave) held at `layouts`.
+    The rest stay at `start`."""
     from scipy.optimize import least_squares
 
-    multi = any(r.gpus > PRESETS[r.cluster].devices_per_node for r in runs)
-    multi_gpu = any(r.gpus > 1 for r in runs)
-    free = [p for p in PARAMS if (p != "inter" or multi) and (p != "intra" or multi_gpu)]
+    free = exercised(runs) if free is None else free
+    has_fp8 = start.fp8_eff_max is not None or any(p.startswith("fp8_") for p in free)
 
     def fit_of(x: np.ndarray) -> Fit:
-        values = {**{p: getattr(start, p) for p in PARAMS}, **dict(zip(free, x, strict=True))}
-        return Fit(**{k: float(v) for k, v in values.items()})
+        values = {p: _value(start, p) for p in PARAMS}
+        values.update(dict(zip(free, (float(v) for v in x), strict=True)))
+        if not has_fp8:
+            values.update(fp8_eff_max=None, fp8_m0=None)  # type: ignore[arg-type]
+        if start.flash_eff is None and "flash_eff" not in free:
+            values["flash_eff"] = None  # type: ignore[assignment]
+        return Fit(**values)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         f = fit_of(x)
-        return np.array([np.log(step_time(r, lay, preset_topology(r, f)) / r.measured_s)
+        return np.array([np.log(step_time(r, lay, preset_topology(r, f), runtime) / r.measured_s)
                          for r, lay in zip(runs, layouts, strict=True)])
 
     lo, hi = zip(*(BOUNDS[PARAMS.index(p)] for p in free), strict=True)
-    x0 = np.clip([getattr(start, p) for p in free], lo, hi)
+    x0 = np.clip([_value(start, p) for p in free], lo, hi)
     res = least_squares(residuals, x0, bounds=(lo, hi), x_scale=np.maximum(x0, 1e-3), diff_step=1e-3,
                         max_nfev=60)
     return fit_of(res.x), [float(np.expm1(v)) for v in res.fun]
 
 
-def fit_runs(runs: list[Run], cluster: str, rounds: int = 2) -> tuple[Fit, list[tuple[Run, Layout, float]]]:
+def fit_runs(runs: list[Run], cluster: str, rounds: int = 2, runtime: str = "paracube",
+             free: tuple[str, ...] | None = None) -> tuple[Fit, list[tuple[Run, Layout, float]]]:
     """Fit the cluster's efficiencies on its `fit` rows; between rounds every run's open choices (mb, v) are
-    re-searched with the new efficiencies. Returns the fit and (run, layout, predicted s) for every row."""
+    re-searched with the new efficiencies. Returns the fit and (run, layout, predicted s) for every row the
+    runtime plans (rows it refuses are left out)."""
     mine = [r for r in runs if r.cluster == cluster]
     check(bool(mine), f"no run on cluster {cluster!r} in the runs file; clusters there: "
           f"{', '.join(sorted({r.cluster for r in runs}))}")
@@ -194,11 +251,14 @@ def fit_runs(runs: list[Run], cluster: str, rounds: int = 2) -> tuple[Fit, list[
     check(bool(fit_rows), f"no fit row on cluster {cluster!r} (split column: fit | held_out)")
     current = shipped_fit(PRESETS[cluster].build(1, 1).device.name, cluster)
     for _ in range(rounds):
-        layouts = [predict(r, preset_topology(r, current))[0] for r in fit_rows]
-        current, _ = fit_cluster(fit_rows, current, layouts)
+        layouts = [predict(r, preset_topology(r, current), runtime)[0] for r in fit_rows]
+        current, _ = fit_cluster(fit_rows, current, layouts, runtime, free)
     out = []
     for r in mine:
-        lay, pred = predict(r, preset_topology(r, current))
+        try:
+            lay, pred = predict(r, preset_topology(r, current), runtime)
+        except ParacubeError:
+            continue
         out.append((r, lay, pred))
     return current, out
 
@@ -209,7 +269,8 @@ def shipped_fit(device: str, cluster: str) -> Fit:
 
     eff = DEVICE_EFF.get(device, {"eff_max": 0.85, "m0": 64.0, "mem_eff": 0.8})
     intra, inter = CLUSTER_FABRICS.get(cluster, ("", ""))
-    return Fit(eff["eff_max"], eff["m0"], eff["mem_eff"], FABRIC_EFF.get(intra, 1.0), FABRIC_EFF.get(inter, 1.0))
+    return Fit(eff["eff_max"], eff["m0"], eff["mem_eff"], FABRIC_EFF.get(intra, 1.0), FABRIC_EFF.get(inter, 1.0),
+               eff.get("fp8_eff_max"), eff.get("fp8_m0"), eff.get("flash_eff"))
 
 
 # Every NVSwitch preset's (intra-node, inter-node) fabrics (topologies/nvswitch.py): runs on any of them fit
@@ -229,8 +290,13 @@ def predict(run: Run, topo: object, runtime: str = "paracube") -> tuple[Layout, 
     why = get_runtime(runtime).refusal(run.layout, run.model.family, run.model.tied_embeddings, run.training.dtype)
     check(why is None, f"run {run.name}: layout {run.layout}: {why}")
     fixed = run.layout if run.layout.sequence_parallel else run.layout.with_(forbid_sp=True)
-    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1], runtime=runtime)
+    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1], runtime=runtime,
+                 bucket_bytes=run.bucket_bytes)
     lay, est = res.ranked[0]
+    # A layout axis the cost models do not price yet is dropped by the search's match (cp: context parallelism,
+    # priced by the `cp` branch): refuse the row rather than report another layout's time as its prediction.
+    check(lay.cp == run.layout.cp, f"run {run.name}: layout {run.layout}: cp={run.layout.cp} is not priced by "
+          f"the cost models yet (the planner matched cp={lay.cp})")
     return lay, est.step_time_s
 
 
@@ -255,7 +321,12 @@ def cluster_file(cluster: str, fit: Fit) -> dict[str, object]:
     if g.has_edge(leaf, "spine"):
         inter["spine_latency"] = float(g.edges[leaf, "spine"]["latency"])
     intra = g.edges["n0.gpu0", "n0.switch"]
-    gemm = {"eff_max": fit.eff_max, "m0": fit.m0, "n0": fit.m0, "k0": fit.m0, "mem_eff": fit.mem_eff}
+    gemm: dict[str, float] = {"eff_max": fit.eff_max, "m0": fit.m0, "n0": fit.m0, "k0": fit.m0,
+                              "mem_eff": fit.mem_eff}
+    if fit.fp8_eff_max is not None and fit.fp8_m0 is not None:
+        gemm.update(fp8_eff_max=fit.fp8_eff_max, fp8_m0=fit.fp8_m0)
+    if fit.flash_eff is not None:
+        gemm["flash_eff"] = fit.flash_eff
     return {"name": f"{cluster}-calibrated", "device": topo.device.name,  # type: ignore[attr-defined]
             "nodes": preset.default_nodes, "devices_per_node": per,
             "intra_node": {"bandwidth": float(intra["bandwidth"]), "latency": float(intra["latency"])},

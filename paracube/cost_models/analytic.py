@@ -73,6 +73,7 @@ from paracube.errors import ParacubeError
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
 from paracube.modes import MODES, LayoutBatch
+from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import stage_layers
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -193,19 +194,20 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
              zero: Arr | int | None = None, overlap: bool | Arr = False, kw: Arr | int = 0,
              tpo: bool | Arr = False, shard: int | None = None, param_overlap: bool = False,
-             fsdp_prefetch: bool = False) -> Scores:
+             fsdp_prefetch: bool = False, bucket_bytes: int = BUCKET_BYTES) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
     latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays).
     `param_overlap`: zero=1's parameter all_gather hidden under the next step's first forward (int zero=1 only;
     module docstring). `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters overlapped
-    (int zero >= 2, pp = 1; cost_models/fsdp_overlap.py)."""
+    (int zero >= 2, pp = 1; cost_models/fsdp_overlap.py). `bucket_bytes`: the gradient bucket limit
+    (modes/buckets.py; default DDP's 25 MiB)."""
     rows = np.arange(len(b)) if rows is None else rows
     tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
     # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
-                          tpo=tpo_rows is not None, shard=shard)
+                          tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows) for s in STAGES)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
         n_zero = traffic.group_size(traffic.zero_axes)
@@ -333,11 +335,14 @@ def estimate(
     param_overlap: bool = False,
     fsdp_prefetch: bool = False,
     grad_bytes: int = 4,
+    bucket_bytes: int = BUCKET_BYTES,
 ) -> StepEstimate:
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
     `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before);
     `fsdp_prefetch`: zero=2/3 as FSDP runs them (fsdp_overlap.py); `grad_bytes`: the runtime's gradient element
-    bytes (memory only: the reductions are priced in fp32)."""
+    bytes (memory only: the reductions are priced in fp32). `bucket_bytes`: the gradient bucket limit (default
+    the executor's, modes/buckets.BUCKET_BYTES; a published run priced with its stack's own,
+    calibration/from_runs.py)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
     d = context_local(replace(with_pins(dims_of(model, training), layout), grad_bytes=grad_bytes), layout.cp,
@@ -354,7 +359,7 @@ def estimate(
     batch = layout_arrays(layout, mb)
     res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
                    kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap,
-                   fsdp_prefetch=fsdp_prefetch)
+                   fsdp_prefetch=fsdp_prefetch, bucket_bytes=bucket_bytes)
     stage = STAGES[int(res.stage[0])]
     by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
     world = layout.world_size

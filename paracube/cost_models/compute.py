@@ -73,6 +73,9 @@ class GemmModel:
     # FP8 (dtype "fp8", cost_models/fp8.py): the block linears' GEMMs at the fp8 peak on their own curve, their
     # operands cast (memory-bound at this model's bandwidth); everything else at this (bf16) model. None: no FP8.
     linear: GemmModel | None = None
+    # Fused (flash) attention: the fraction of `peak` its kernel reaches (a fitted figure per generation,
+    # topologies/efficiency.py); 0: its score and value GEMMs on this model's curve, like any GEMM.
+    flash_eff: float = 0.0
 
     @property
     def waits(self) -> bool:
@@ -142,7 +145,7 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
                          ring_wait=float(getattr(device, "ring_wait_s", 0.0)))
     gemm = cal.gemm
-    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff")
+    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff")
              if gemm is not None and getattr(gemm, k) is not None}
     overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
     # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
@@ -212,7 +215,9 @@ def attention_core_time(d: Dims, mb: Arr, t: Arr, g: GemmModel) -> tuple[Arr, Ar
       reads and writes c each way plus its 1-byte mask (2c + 1 forward and backward).
     - flash (fa=1): causal, only the unmasked half of the score blocks (FLASH_CAUSAL); backward recomputes the
       scores (FLASH_BWD = 5 GEMMs per 2 forward); no s x s traffic: it reads q, k, v and writes its output
-      (4 c T h / t forward; backward about twice that).
+      (4 c T h / t forward; backward about twice that). Its GEMM FLOPs run at peak x `flash_eff` where the
+      device generation has that figure fitted (the kernel tiles over the sequence, so its [s, hd] x [hd, s]
+      products do not see the GEMM curve's small-k penalty at hd = 64..128), else on the GEMM curve.
     With context parallelism (d.cp > 1, dims.context_local: s is a rank's s / cp tokens) the rank's queries meet
     cp blocks of s keys (its own and cp - 1 received, modes/context.py); the causal load balance gives every rank
     1 / cp of the whole causal work, i.e. cp blocks of the s x s work above (cost_models/context_parallel.py),
@@ -222,6 +227,8 @@ def attention_core_time(d: Dims, mb: Arr, t: Arr, g: GemmModel) -> tuple[Arr, Ar
     pairs = mb * d.heads / t
     gemms = d.cp * pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
     bw = g.mem_bw * g.mem_eff
+    if d.flash and g.flash_eff > 0:  # a fitted fused-kernel efficiency: its GEMM FLOPs at peak x flash_eff
+        gemms = pairs * 2 * (2.0 * d.s * d.s * hd) / (g.peak * g.flash_eff)
     if d.flash:
         io = d.c * 2.0 * (1 + d.cp) * mb * d.s * d.h / t / bw  # q, out; k, v of cp blocks (4 c T h at cp = 1)
         return FLASH_CAUSAL * gemms + io, FLASH_CAUSAL * FLASH_BWD * gemms + 2 * io

@@ -23,7 +23,8 @@ by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t ten
   1d:              10 sbh + (X - 10 sbh)/t + 5 a s^2 b/t       (= sbh(10 + 24/t + 5as/(ht)) at f = 4h)
   1d + sp:         (X + 5 a s^2 b)/t                            (= sbh/t (34 + 5as/h))
   2d, 2.5d, 3d:    (X + 5 a s^2 b)/t + G    every activation is split over all t ranks (tokens x hidden)
-  selective:       drop the 5 a s^2 b terms (34 sbh/t with sp)
+  selective, or flash attention (fa=1, Transformer Engine's fused kernel): drop the 5 a s^2 b terms (34 sbh/t
+                   with sp)
   full recompute:  2 sbh / t_act per block (input only; t_act = 1 for 1d without sp), G = 0
 G = gathered tensors the 2d/3d linears save for their backward (the executor's backward re-gathers
 nothing): 2d/2.5d: c (T/(dq) sum(h_in) (1 - 1/q) + sum(h_in h_out)/q); 3d: c (T/q sum(h_in)/q (1 - 1/q)
@@ -69,7 +70,9 @@ def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
     s, h = d.s, d.h
     sbh = mb * s * h
     X = 18 * sbh + (4 if d.family == "gpt" else 6) * mb * s * d.f
-    att = 5.0 * d.heads * s * s * mb if recompute == "none" else 0.0
+    # 5 a s^2 b: the unfused core's softmax and dropout (fa=0); flash (Transformer Engine's fused attention in
+    # Megatron-core) keeps no s x s tensor, as selective recomputation drops it.
+    att = 5.0 * d.heads * s * s * mb if recompute == "none" and not d.flash else 0.0
     scale = d.c / 2.0
     if recompute == "full":
         return scale * 2 * sbh / m.act_split(t, b.sp)

@@ -501,6 +501,7 @@ def search(
     prune: bool = True,
     runtime: Runtime | str = "paracube",
     memory_headroom: float = 0.0,
+    bucket_bytes: int | None = None,
 ) -> SearchResult:
     """Rank every valid layout of `gpus` devices that the runtime runs (default paracube: each mode's
     ExecutorSupport, modes.executor_runs) by predicted step time; raise ParacubeError if none fits. The zero
@@ -508,7 +509,8 @@ def search(
     `recomputes` where given; `overlap=True` overlaps the gradient reduction in every layout. `prune=False`
     scores every placement of every configuration (the same result, slower: for tests and benchmarks).
     `memory_headroom`: the fraction of device memory held back (allocator, NCCL buffers, fragmentation); a
-    layout fits in the rest."""
+    layout fits in the rest. `bucket_bytes`: the gradient bucket limit the ranked layouts are priced with
+    (None: the executor's, modes/buckets.py; calibration/from_runs.py prices a published run with its stack's)."""
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     modes = _modes(modes, gpus, fixed, rt)
@@ -554,7 +556,8 @@ def search(
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         key = repr(lay)  # every field
         if key not in estimates:
-            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache, **options)
+            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache, **options,
+                                      **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
         return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]

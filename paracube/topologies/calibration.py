@@ -93,7 +93,9 @@ class GemmFit:
     # The FP8 GEMMs' curve (at the device's fp8 peak; m0 = n0 = k0); absent: the 16-bit curve's figures.
     fp8_eff_max: float | None = None
     fp8_m0: float | None = None
-    POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0")
+    # The fused (flash) attention kernel's fraction of the 16-bit peak; absent: its GEMMs on the curve above.
+    flash_eff: float | None = None
+    POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0", "flash_eff")
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,21 @@ Peaks stay the spec sheets' (devices.py, rates.py). These few efficiencies, the 
 Fitted by `paracube calibrate --from-runs benchmarks/data/published_runs.csv` (calibration/from_runs.py; fit and
 held-out rows: benchmarks/published_runs.py), 2026-11, on the A100 and V100 rows (eff_max and mem_eff end at
 the upper ends of their plausible ranges, 0.95 and 0.9; with m0 ~ 330 a 4096^3 fp16 GEMM runs at 75% of peak).
-No run of that set is on Hopper or Blackwell, uses FP8, NVLink 4/5, NDR or XDR: those figures are borrowed from
-the nearest fitted generation / fabric and flagged `fitted=False` with the source they were taken from;
-`paracube topologies` prints every preset's sources (`sources`). Every figure is a parameter from_runs.Fit can
-fit per generation once runs on it are in the runs file (issue #23 item 4).
+Hopper and Blackwell (2026-12): calibration/from_runs.fit_runs (runtime megatron) on the fit rows of
+benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py --refit` re-runs both fits):
+- hopper, on 6 DGX H100 rows (Nemotron-4 15B bf16 and FP8 at 16 and 128 GPUs, Nemotron-4 340B FP8 at 1024,
+  Llama 2 7B FP8 at 16K tokens): the 16-bit eff_max, mem_eff, the FP8 curve's eff_max, flash attention's
+  fraction of the 16-bit peak (`flash_eff`, compute.attention_core_time: the long-sequence row fixes it), and
+  the NVLink 4 and NDR efficiencies (both end at their bound 1.0, mem_eff at 0.9: see NVLINK4); both curves'
+  m0 stay ampere's (one or two shapes per dtype cannot separate
+  m0 from eff_max; freed, the FP8 m0 did not move). The H200 shares the generation and its fabrics.
+- blackwell, on 2 DGX B200 FP8 rows (Llama 3 8B on 8 GPUs, GPT-3 175B on 512): the FP8 eff_max only, 0.71;
+  the misses are structural (GPT-3 with TP4 PP4 is predicted 14% slow, Llama 3 8B on data parallelism alone
+  14% fast; the GB200 rows, on a newer NeMo and a higher power limit, run faster still). The 16-bit curve,
+  mem_eff and flash_eff are Hopper's (freeing mem_eff too sends it to an implausible 0.42), NVLink 5 borrows
+  NVLink 4's figure and NDR is Hopper's fit.
+What no run exercises is borrowed from the nearest fitted generation / fabric and flagged (`fitted=False`, or a
+`note` naming the figure) with its source; `paracube topologies` prints every preset's sources (`sources`).
 """
 
 from __future__ import annotations
@@ -26,38 +37,58 @@ if TYPE_CHECKING:
     from paracube.topologies.calibration import Calibration
 
 RUNS = "benchmarks/data/published_runs.csv"
+TODAY = "benchmarks/data/published_runs_today.csv"
+
+# Fitted 2026-12 (calibration/from_runs.fit_runs, runtime megatron; benchmarks/published_runs.py --refit):
+HOPPER_BF16_MAX, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.766, 0.90, 0.784, 0.307
+# Both fabrics end at their upper bound 1.0 (and mem_eff at 0.9): the fit credits these recipes' collectives at
+# the nominal rate, absorbing what the model exposes of them (TE's userbuffers overlap, FP8 all-gathers).
+NVLINK4, NDR = 1.0, 1.0
+BLACKWELL_FP8_MAX = 0.709  # the two B200 rows' misses have opposite signs (+14%, -14%): structural, see above
 
 
 @dataclass(frozen=True)
 class Figures:
-    """Efficiency figures and where they came from: fitted on runs, or borrowed (flagged) from another one."""
+    """Efficiency figures and where they came from: fitted on runs, or borrowed (flagged) from another one.
+    `note`: a figure of the group the runs did not exercise and where it was taken from."""
 
     values: dict[str, float]
     source: str
     fitted: bool
+    note: str = ""
 
 
 _VOLTA = {"eff_max": 0.95, "m0": 171.0, "mem_eff": 0.90}
 _AMPERE = {"eff_max": 0.95, "m0": 332.0, "mem_eff": 0.90}
+_HOPPER = {"eff_max": HOPPER_BF16_MAX, "m0": _AMPERE["m0"], "mem_eff": HOPPER_MEM, "flash_eff": HOPPER_FLASH}
+_SHAPES = "one or two model shapes per dtype cannot separate it from eff_max"
 GENERATIONS: dict[str, Figures] = {
     "volta": Figures(_VOLTA, f"fitted on the dgx2-v100 rows of {RUNS}", True),
     "ampere": Figures(_AMPERE, f"fitted on the dgx-a100 rows of {RUNS}", True),
-    "hopper": Figures(_AMPERE, "borrowed from ampere: no run of the set is on Hopper", False),
-    "blackwell": Figures(_AMPERE, "borrowed from ampere: no run of the set is on Blackwell", False),
+    "hopper": Figures(_HOPPER, f"fitted on the dgx-h100 rows of {TODAY}", True,
+                      f"m0 NOT FITTED: borrowed from ampere ({_SHAPES})"),
+    "blackwell": Figures(_HOPPER, "borrowed from hopper", False,
+                         "no 16-bit Blackwell run in the set; mem_eff freed with fp8_eff_max went to 0.42, "
+                         "compensating what the model misses on B200, so it is held at hopper's"),
 }
 # FP8 GEMMs (Transformer Engine, per-tensor scaling): a curve of their own at the FP8 peak.
 FP8_GEMM: dict[str, Figures] = {
-    gen: Figures({"fp8_eff_max": GENERATIONS[gen].values["eff_max"], "fp8_m0": GENERATIONS[gen].values["m0"]},
-                 f"borrowed from {gen}'s 16-bit curve: no FP8 run in the set", False)
-    for gen in ("hopper", "blackwell")}
+    "hopper": Figures({"fp8_eff_max": HOPPER_FP8_MAX, "fp8_m0": _AMPERE["m0"]},
+                      f"fitted on the dgx-h100 fp8 rows of {TODAY}", True,
+                      f"fp8_m0 NOT FITTED: ampere's m0 (freed, the fit left it there: {_SHAPES})"),
+    "blackwell": Figures({"fp8_eff_max": BLACKWELL_FP8_MAX, "fp8_m0": _AMPERE["m0"]},
+                         f"fitted on the dgx-b200 rows of {TODAY}", True,
+                         f"fp8_m0 NOT FITTED: ampere's m0 ({_SHAPES})"),
+}
 
 FABRICS: dict[str, Figures] = {
     "nvlink2-nvswitch": Figures({"eff": 0.47}, f"fitted on the dgx2-v100 rows of {RUNS}", True),
     "nvlink3-nvswitch": Figures({"eff": 0.50}, f"fitted on the dgx-a100 rows of {RUNS}", True),
     "hdr-ib": Figures({"eff": 0.78}, f"fitted on the dgx-a100 rows of {RUNS}", True),
+    "nvlink4-nvswitch": Figures({"eff": NVLINK4}, f"fitted on the dgx-h100 rows of {TODAY}", True),
+    "ndr-ib": Figures({"eff": NDR}, f"fitted on the dgx-h100 rows of {TODAY}", True),
 }
-for _name, _like in (("edr-ib", "hdr-ib"), ("ndr-ib", "hdr-ib"), ("xdr-ib", "hdr-ib"),
-                     ("nvlink4-nvswitch", "nvlink3-nvswitch"), ("nvlink5-nvswitch", "nvlink3-nvswitch")):
+for _name, _like in (("edr-ib", "hdr-ib"), ("xdr-ib", "ndr-ib"), ("nvlink5-nvswitch", "nvlink4-nvswitch")):
     FABRICS[_name] = Figures(FABRICS[_like].values, f"borrowed from {_like}: no run of the set uses {_name}", False)
 
 # Devices priced with their generation's figures. The SXM2 V100 (longhorn) and the RTX 5000 keep the model's
@@ -97,7 +128,7 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
 
 
 def _say(f: Figures) -> str:
-    return f.source if f.fitted else f"NOT FITTED: {f.source}"
+    return (f.source if f.fitted else f"NOT FITTED: {f.source}") + (f"; {f.note}" if f.note else "")
 
 
 def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = None) -> Calibration | None:
@@ -110,7 +141,8 @@ def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = Non
 
     m0 = eff["m0"]
     return Calibration(gemm=GemmFit(eff_max=eff["eff_max"], m0=m0, n0=m0, k0=m0, mem_eff=eff["mem_eff"],
-                                    fp8_eff_max=eff.get("fp8_eff_max"), fp8_m0=eff.get("fp8_m0")))
+                                    fp8_eff_max=eff.get("fp8_eff_max"), fp8_m0=eff.get("fp8_m0"),
+                                    flash_eff=eff.get("flash_eff")))
 
 
 @dataclass(frozen=True)
@@ -126,11 +158,14 @@ class Fit:
     inter: float  # InfiniBand
     fp8_eff_max: float | None = None
     fp8_m0: float | None = None
+    flash_eff: float | None = None  # fused attention's fraction of the 16-bit peak (None: the shipped figure)
 
     def device(self) -> dict[str, float]:
         out = {"eff_max": self.eff_max, "m0": self.m0, "mem_eff": self.mem_eff}
         if self.fp8_eff_max is not None and self.fp8_m0 is not None:
             out.update(fp8_eff_max=self.fp8_eff_max, fp8_m0=self.fp8_m0)
+        if self.flash_eff is not None:
+            out["flash_eff"] = self.flash_eff
         return out
 
 
