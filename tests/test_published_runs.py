@@ -79,12 +79,13 @@ def test_zero1_chosen_only_to_fit() -> None:
     topo = load_topology("dgx-a100", gpus=256)
     cap = topo.device.memory_bytes
     # Without overlap (zero=1's reduce_scatter + all_gather then cost what the all_reduce does; overlapped,
-    # only the reduce_scatter hides under backward): a runtime that does not overlap the gradient reduction.
+    # only the reduce_scatter hides under backward): a runtime that overlaps neither the gradient reduction nor
+    # zero=1's parameter all_gather (paracube's executor does both since the gathers run under the next forward).
     from dataclasses import replace
 
     from paracube.runtimes import RUNTIMES
 
-    no_overlap = replace(RUNTIMES["paracube"], grad_overlap_default=False)
+    no_overlap = replace(RUNTIMES["paracube"], grad_overlap_default=False, param_gather_overlap_default=False)
     lay, est = search(big, training, topo, 256, fixed=fixed, zeros=[0, 1], top_k=1, runtime=no_overlap).ranked[0]
     assert lay.zero == 1 and est.memory.total <= cap
     unsharded = estimate(big, training, lay.with_(zero=0), topo, with_events=False)

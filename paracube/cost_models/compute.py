@@ -228,7 +228,7 @@ def attention_core_time(d: Dims, mb: Arr, t: Arr, g: GemmModel) -> tuple[Arr, Ar
     gemms = d.cp * pairs * (g.gemm_time(d.s, d.s, hd) + g.gemm_time(d.s, hd, d.s))
     bw = g.mem_bw * g.mem_eff
     if d.flash and g.flash_eff > 0:  # a fitted fused-kernel efficiency: its GEMM FLOPs at peak x flash_eff
-        gemms = pairs * 2 * (2.0 * d.s * d.s * hd) / (g.peak * g.flash_eff)
+        gemms = d.cp * pairs * 2 * (2.0 * d.s * d.s * hd) / (g.peak * g.flash_eff)  # cp blocks, as above
     if d.flash:
         io = d.c * 2.0 * (1 + d.cp) * mb * d.s * d.h / t / bw  # q, out; k, v of cp blocks (4 c T h at cp = 1)
         return FLASH_CAUSAL * gemms + io, FLASH_CAUSAL * FLASH_BWD * gemms + 2 * io
