@@ -95,6 +95,11 @@ class Topology:
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
         self._in_node_paths: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._hop_cache: dict[tuple[int, int], tuple[Edge, ...]] = {}  # ring hop (rank a -> rank b): its edges
+        # Directed edges numbered, so that a ring's load is one bincount (thousands of hops per query).
+        self._edge_id: dict[Edge, int] = {e: i for i, e in enumerate(self._bw)}
+        self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
+        self._lat_arr = np.array([self._lat[e] for e in self._bw], dtype=np.float64)
+        self._ring_cache: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}  # group: (edge ids, hop starts)
 
     @property
     def calibration(self) -> Calibration | None:
@@ -312,19 +317,30 @@ class Topology:
             hops = self._hop_cache[a, b] = tuple(zip(path, path[1:], strict=False))
         return hops
 
-    def _link_load(self, groups: frozenset[tuple[int, ...]]) -> Counter[Edge]:
-        return Counter(chain.from_iterable(self._hops(a, b) for group in groups for a, b in self._ring(group)))
+    def _ring_edges(self, group: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Edge ids of every hop of the group's ring, concatenated, and where each hop starts (cached)."""
+        hit = self._ring_cache.get(group)
+        if hit is None:
+            hops = [self._hops(a, b) for a, b in self._ring(group)]
+            ids = np.array([self._edge_id[e] for h in hops for e in h], dtype=np.int64)
+            starts = np.cumsum([0, *(len(h) for h in hops[:-1])], dtype=np.int64) if hops else ids
+            hit = self._ring_cache[group] = (ids, starts)
+        return hit
+
+    def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
+        """Per directed edge id: how many ring hops of `groups` cross it."""
+        parts = [self._ring_edges(g)[0] for g in groups]
+        return np.bincount(np.concatenate(parts) if parts else np.zeros(0, np.int64), minlength=len(self._bw_arr))
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
         if len(group) < 2:
             return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
         load = self._load_cached(groups)
-        bandwidth, latency = math.inf, 0.0
-        for a, b in self._ring(group):
-            edges = self._hops(a, b)
-            bandwidth = min(bandwidth, min(self._bw[e] / load[e] for e in edges))
-            latency = max(latency, sum(self._lat[e] for e in edges))
+        ids, starts = self._ring_edges(group)
+        # the slowest edge of the ring, shared by the load's hops; the longest hop's latency (sum of its edges)
+        bandwidth = float(np.min(self._bw_arr[ids] / load[ids]))
+        latency = float(np.max(np.add.reduceat(self._lat_arr[ids], starts)))
         return GroupLink(bandwidth, latency, len(per_node), max(per_node.values()))
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
