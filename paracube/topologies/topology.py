@@ -28,7 +28,6 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain
 from typing import Any
 
 import networkx as nx
@@ -37,6 +36,7 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
+from paracube.topologies.ring_edges import HopTable
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
@@ -99,7 +99,9 @@ class Topology:
         self._edge_id: dict[Edge, int] = {e: i for i, e in enumerate(self._bw)}
         self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
         self._lat_arr = np.array([self._lat[e] for e in self._bw], dtype=np.float64)
-        self._ring_cache: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}  # group: (edge ids, hop starts)
+        self._hop_table = HopTable(len(self._ranks), len(self._bw_arr),
+                                   lambda a, b: [self._edge_id[e] for e in self._hops(a, b)],
+                                   lambda ids: sum(float(self._lat_arr[i]) for i in ids))
 
     @property
     def calibration(self) -> Calibration | None:
@@ -317,30 +319,20 @@ class Topology:
             hops = self._hop_cache[a, b] = tuple(zip(path, path[1:], strict=False))
         return hops
 
-    def _ring_edges(self, group: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """Edge ids of every hop of the group's ring, concatenated, and where each hop starts (cached)."""
-        hit = self._ring_cache.get(group)
-        if hit is None:
-            hops = [self._hops(a, b) for a, b in self._ring(group)]
-            ids = np.array([self._edge_id[e] for h in hops for e in h], dtype=np.int64)
-            starts = np.cumsum([0, *(len(h) for h in hops[:-1])], dtype=np.int64) if hops else ids
-            hit = self._ring_cache[group] = (ids, starts)
-        return hit
-
     def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
-        """Per directed edge id: how many ring hops of `groups` cross it."""
-        parts = [self._ring_edges(g)[0] for g in groups]
-        return np.bincount(np.concatenate(parts) if parts else np.zeros(0, np.int64), minlength=len(self._bw_arr))
+        """Per directed edge id: how many ring hops of `groups` cross it (ring_edges.py)."""
+        return self._hop_table.load(groups)
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
         if len(group) < 2:
             return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
         load = self._load_cached(groups)
-        ids, starts = self._ring_edges(group)
+        hops = self._hop_table.ring_hops([group])
+        ids = self._hop_table.edges(hops)
         # the slowest edge of the ring, shared by the load's hops; the longest hop's latency (sum of its edges)
         bandwidth = float(np.min(self._bw_arr[ids] / load[ids]))
-        latency = float(np.max(np.add.reduceat(self._lat_arr[ids], starts)))
+        latency = float(np.max(self._hop_table.hop_latency[hops]))
         return GroupLink(bandwidth, latency, len(per_node), max(per_node.values()))
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
