@@ -28,6 +28,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 import networkx as nx
@@ -36,7 +37,6 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
-from paracube.topologies.ring_edges import HopTable
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
@@ -95,13 +95,6 @@ class Topology:
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
         self._in_node_paths: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._hop_cache: dict[tuple[int, int], tuple[Edge, ...]] = {}  # ring hop (rank a -> rank b): its edges
-        # Directed edges numbered, so that a ring's load is one bincount (thousands of hops per query).
-        self._edge_id: dict[Edge, int] = {e: i for i, e in enumerate(self._bw)}
-        self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
-        self._lat_arr = np.array([self._lat[e] for e in self._bw], dtype=np.float64)
-        self._hop_table = HopTable(len(self._ranks), len(self._bw_arr),
-                                   lambda a, b: [self._edge_id[e] for e in self._hops(a, b)],
-                                   lambda ids: sum(float(self._lat_arr[i]) for i in ids))
 
     @property
     def calibration(self) -> Calibration | None:
@@ -319,20 +312,19 @@ class Topology:
             hops = self._hop_cache[a, b] = tuple(zip(path, path[1:], strict=False))
         return hops
 
-    def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
-        """Per directed edge id: how many ring hops of `groups` cross it (ring_edges.py)."""
-        return self._hop_table.load(groups)
+    def _link_load(self, groups: frozenset[tuple[int, ...]]) -> Counter[Edge]:
+        return Counter(chain.from_iterable(self._hops(a, b) for group in groups for a, b in self._ring(group)))
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
         if len(group) < 2:
             return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
         load = self._load_cached(groups)
-        hops = self._hop_table.ring_hops([group])
-        ids = self._hop_table.edges(hops)
-        # the slowest edge of the ring, shared by the load's hops; the longest hop's latency (sum of its edges)
-        bandwidth = float(np.min(self._bw_arr[ids] / load[ids]))
-        latency = float(np.max(self._hop_table.hop_latency[hops]))
+        bandwidth, latency = math.inf, 0.0
+        for a, b in self._ring(group):
+            edges = self._hops(a, b)
+            bandwidth = min(bandwidth, min(self._bw[e] / load[e] for e in edges))
+            latency = max(latency, sum(self._lat[e] for e in edges))
         return GroupLink(bandwidth, latency, len(per_node), max(per_node.values()))
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
