@@ -1,86 +1,96 @@
-"""Full planner search for gpt3-175b on 1024 GPUs of dgx-a100 (all modes, all placements).
+"""`paracube plan` GPT-3 175B on 1,024 A100s exactly as the command runs it (its parser, defaults and search
+configuration: planner/config.py), in process and end to end (process start to exit), cold and warm.
 
-Prints layouts enumerated / scored / pruned by the lower bound, seconds, layouts per second, the best layout per
-mode, the same search without pruning (time, and whether its ranking is identical), and the scoring throughput
-with the memory limit lifted.
-Usage: python benchmarks/search_speed.py [--model gpt3-175b] [--gpus 1024] [--batch 1536]
-                                         [--recompute selective]
+In process: the search of a fresh topology (cold: every group query routed) and again on the same topology
+(warm: its caches filled), layouts enumerated / scored / pruned, layouts per second, the best per mode.
+End to end: `python -m paracube plan ...` as a subprocess, timed from start to exit. Cold: a fresh
+PYTHONPYCACHEPREFIX (every module compiled from source; the OS page cache is not dropped: that needs root);
+warm: the same command again (bytecode cached). `--trees A B ...` times the same command on other checkouts
+(PYTHONPATH=tree) in the same run, side by side (e.g. the code before a change, unpacked with `git archive`).
+`--exhaustive` also runs the search without pruning and checks the ranking is identical.
+Usage: python benchmarks/search_speed.py [plan flags, default: --model gpt3-175b --cluster dgx-a100 --gpus 1024]
+                                         [--trees DIR ...] [--exhaustive] [--repeat 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+from paracube.cli.main import build_parser  # noqa: E402
+from paracube.cli.options import workload_from_args  # noqa: E402
+from paracube.cli.planning_cmd import EXPLAIN_POOL, search_config  # noqa: E402
 from paracube.planner import search  # noqa: E402
-from paracube.workload import TrainingSpec, resolve_model  # noqa: E402
+
+JOB = ["--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "1024"]
 
 
-def _topology(name: str, gpus: int) -> tuple[object, str]:
-    try:
-        from paracube.topologies import load_topology  # type: ignore[attr-defined]
-
-        return load_topology(name, gpus=gpus), name
-    except (ImportError, AttributeError):
-        from paracube.cost_models.uniform_topology import dgx_a100_like
-
-        return dgx_a100_like(gpus), "dgx-a100-like (paracube.topologies not available: two-level stand-in)"
+def end_to_end(tree: Path, job: list[str], repeat: int) -> tuple[float, list[float]]:
+    """(cold, [warm ...]) seconds of `python -m paracube plan JOB` with PYTHONPATH=tree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": tmp}
+        cmd = [sys.executable, "-m", "paracube", "plan", *job, "-o", f"{tmp}/plan.json", "--force"]
+        times = []
+        for _ in range(1 + repeat):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, env=env, cwd=tmp, check=True, capture_output=True)
+            times.append(time.perf_counter() - t0)
+    return times[0], times[1:]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="gpt3-175b")
-    ap.add_argument("--cluster", default="dgx-a100")
-    ap.add_argument("--gpus", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=1536)  # GPT-3: 3.2M tokens = 1536 x 2048
-    ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--recompute", default="selective")
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
-    model = resolve_model(args.model)
-    training = TrainingSpec(global_batch=args.batch, dtype=args.dtype, recompute=args.recompute)
-    topo, label = _topology(args.cluster, args.gpus)
-    print(
-        f"{model.name} on {args.gpus} GPUs of {label}; global batch {args.batch}, {args.dtype}, "
-        f"recompute={args.recompute}"
-    )
+    ap.add_argument("--trees", nargs="*", default=[], help="other checkouts to time end to end beside this one")
+    ap.add_argument("--exhaustive", action="store_true", help="also search without pruning (slow)")
+    ap.add_argument("--repeat", type=int, default=2)
+    ours, job = ap.parse_known_args()
+    job = job or JOB
+    args = build_parser(["plan"]).parse_args(["plan", *job])
+    w = workload_from_args(args, partial_layout=True)
+    config = search_config(w, args.memory_headroom, max(args.top, args.refine, EXPLAIN_POOL))
+    print(f"paracube plan {' '.join(job)}: {config}; load: {os.getloadavg()[0]:.1f} (1 min), {os.cpu_count()} CPUs")
+    t0 = time.perf_counter()
+    topo = w.topology
+    t_topo = time.perf_counter() - t0
     runs = []
-    for _ in range(args.repeat):
+    for _ in range(ours.repeat):
         t0 = time.perf_counter()
-        res = search(model, training, topo, args.gpus)
+        res = config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)
         runs.append((time.perf_counter() - t0, res))
-    wall, res = min(runs, key=lambda r: r[0])
-    print("runs (s): " + ", ".join(f"{w:.3f}" for w, _ in runs) + "  (the first pays the topology's group queries)")
+    (cold, res), (warm, _) = runs[0], min(runs[1:] or runs, key=lambda r: r[0])
     enumerated = res.enumerated
-    print(
-        f"layouts enumerated {enumerated:,}  scored {res.scored:,}  pruned by bound {res.pruned:,}  "
-        f"rejected {sum(res.rejected.values()):,}  "
-        f"topology queries {res.topology_queries}"
-    )
-    print(
-        f"best of {args.repeat}: {wall:.3f} s   enumerated/s {enumerated / wall:,.0f}   "
-        f"scored/s {res.scored / wall:,.0f}"
-    )
-    for reason, n in res.rejected.most_common():
-        print(f"  rejected {n:>9,}  {reason}")
+    print(f"topology built in {t_topo:.3f} s; search cold {cold:.3f} s (group queries routed), warm {warm:.3f} s")
+    print(f"layouts enumerated {enumerated:,}  scored {res.scored:,}  pruned by bound {res.pruned:,}  "
+          f"rejected {sum(res.rejected.values()):,}  topology queries {res.topology_queries}")
+    print(f"layouts/s: cold {enumerated / cold:,.0f}, warm {enumerated / warm:,.0f} "
+          f"(scored/s warm {res.scored / warm:,.0f})")
     print("best per mode:")
     for mode, (lay, est) in sorted(res.best_per_mode.items(), key=lambda kv: kv[1][1].step_time_s):
-        print(
-            f"  {mode:5} {est.step_time_s:8.3f} s  MFU {est.mfu:5.1%}  "
-            f"mem {est.memory.total / 2**30:6.1f} GiB  {lay}"
-        )
-    for mode, why in res.explanations.items():
-        print(f"  {mode:5} none: {why}")
-    # The same search scoring every placement of every configuration (no lower-bound pruning): same result.
+        print(f"  {mode:5} {est.step_time_s:8.3f} s  MFU {est.mfu:5.1%}  "
+              f"mem {est.memory.total / 2**30:6.1f} GiB  {lay}")
+    print("end to end (process start to exit; cold: no bytecode cache, warm: cached):")
+    for tree in [REPO, *map(Path, ours.trees)]:
+        c, ws = end_to_end(tree, job, ours.repeat)
+        print(f"  {str(tree):40} cold {c:6.2f} s   warm {min(ws):6.2f} s   (load {os.getloadavg()[0]:.1f})")
+    if not ours.exhaustive:
+        return
+    model, training = w.model, w.training
+    args = SimpleNamespace(repeat=1)
+    wall = warm
     full_runs = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        full = search(model, training, topo, args.gpus, prune=False)
+        full = search(model, training, topo, w.gpus, top_k=config.top_k, recomputes=config.recomputes(),
+                      runtime=config.runtime, memory_headroom=config.memory_headroom, prune=False)
         full_runs.append(time.perf_counter() - t0)
     same = [(str(lay), est.step_time_s) for lay, est in full.ranked] == \
         [(str(lay), est.step_time_s) for lay, est in res.ranked]
@@ -92,7 +102,7 @@ def main() -> None:
     times = []
     for _ in range(2):
         t0 = time.perf_counter()
-        big = search(model, training, unlimited, args.gpus, prune=False)
+        big = search(model, training, unlimited, w.gpus, recomputes=config.recomputes(), prune=False)
         times.append(time.perf_counter() - t0)
     print(f"memory limit lifted: scored {big.scored:,} layouts; cold {times[0]:.3f} s, warm {times[1]:.3f} s "
           f"= {big.scored / times[1]:,.0f} scored/s")

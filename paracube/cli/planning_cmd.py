@@ -36,9 +36,10 @@ from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.modes import COMPARE_BASELINE, MODES
 from paracube.plan import LaunchSpec, Plan, recorded_cluster
+from paracube.planner.config import POOL
 
 MODE_ORDER = tuple(MODES)  # the registry's order (paracube/modes)
-EXPLAIN_POOL = 100  # ranked layouts the runner-ups of `plan` are looked for in (planner/explain.py)
+EXPLAIN_POOL = POOL  # ranked layouts the runner-ups of `plan` are looked for in (planner/explain.py)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -123,27 +124,36 @@ def _unpriced(layout: Layout, est: StepEstimate) -> tuple[str, ...]:
     return ()
 
 
-def _search(w: Workload, topo: object, top_k: int, headroom: float = 0.0):  # noqa: ANN202
-    from paracube.layout import RECOMPUTES
-    from paracube.planner import search
+def search_config(w: Workload, headroom: float = DEFAULT_MEMORY_HEADROOM, top_k: int = POOL):  # noqa: ANN201
+    """The search plan, compare and sweep share (planner/config.py), for this workload; its size checked first."""
+    from paracube.planner.config import SearchConfig, check_size
 
+    config = SearchConfig(w.search_recompute, top_k, headroom, w.runtime)
+    if w.layout is None:  # a pinned layout searches a fraction of it
+        check_size(config, w.model, w.training, w.gpus)
+    else:
+        check_size(config, w.model, w.training, 1)
+    return config
+
+
+def _search(w: Workload, topo: object, top_k: int = POOL, headroom: float = DEFAULT_MEMORY_HEADROOM):  # noqa: ANN202
     # Without --recompute the planner chooses recomputation; zero stages, overlap and tpo: what the runtime runs.
+    config = search_config(w, headroom, top_k)
     with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
-        return search(w.model, w.training, topo, w.gpus, fixed=w.layout, top_k=top_k,
-                      recomputes=list(RECOMPUTES) if w.search_recompute else None, runtime=w.runtime,
-                      memory_headroom=headroom)
+        return config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)
 
 
 # --- commands -----------------------------------------------------------------------------------------------
 def plan_cmd(args: argparse.Namespace) -> int:
     w = workload_from_args(args, partial_layout=True)
     out = writable(args.out, "-o", args.force)
+    pool = max(args.top, args.refine, EXPLAIN_POOL)
+    search_config(w, args.memory_headroom, pool)  # a search too large is refused before the topology is built
     topo = w.topology
     from paracube.planner.explain import dedupe, explain
 
     if args.runnable:
         print("paracube plan: --runnable is no longer needed (every plan runs) and is ignored", file=sys.stderr)
-    pool = max(args.top, args.refine, EXPLAIN_POOL)
     result = _search(w, topo, pool, args.memory_headroom)
     ranked = _with_zero(dedupe(result.ranked), w.layout)
     exhaustive = len(result.ranked) < pool
@@ -254,15 +264,16 @@ def compare_cmd(args: argparse.Namespace) -> int:
     if args.runtime == "all":
         from paracube.cli.runtime_compare import Planning, compare_runtimes
 
-        return compare_runtimes(args, Planning(lambda w: _search(w, w.topology, top_k=1).ranked[0], _summary, _row,
+        return compare_runtimes(args, Planning(lambda w: _search(w, w.topology).ranked[0], _summary, _row,
                                                ROW_COLUMNS))
     w = workload_from_args(args, partial_layout=True)
     writable(args.plot, "--plot", args.force)
+    search_config(w, args.memory_headroom)  # a search too large is refused before the topology is built
     topo = w.topology
     if args.tensor_only:
         best, explanations = _tensor_only_best(w, topo, args.memory_headroom)
     else:
-        result = _search(w, topo, top_k=1, headroom=args.memory_headroom)
+        result = _search(w, topo, headroom=args.memory_headroom)
         best = {m: result.best_per_mode[m] for m in MODE_ORDER if m in result.best_per_mode}
         explanations = result.explanations
     base = best.get(COMPARE_BASELINE)

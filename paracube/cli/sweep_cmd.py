@@ -75,8 +75,11 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
 def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_counts: list[int],
           prices: dict[str, float], tokens: float, runtime: str = "paracube",
           memory_headroom: float = 0.0) -> list[SweepPoint]:
-    from paracube.planner import search
+    from paracube.planner.config import SearchConfig, check_size
     from paracube.topologies import load_topology
+
+    # The search `paracube plan` runs for the same job (planner/config.py): every recomputation, its pool.
+    config = SearchConfig(memory_headroom=memory_headroom, runtime=runtime)
 
     tokens_per_step = training.global_batch * training.sequence_length(model)
     points: list[SweepPoint] = []
@@ -86,9 +89,9 @@ def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_cou
             for gpus in gpu_counts:
                 bar.update(task, description=f"{cluster} x {gpus}")
                 try:
+                    check_size(config, model, training, gpus)
                     topo = load_topology(cluster, gpus=gpus)
-                    result = search(model, training, topo, gpus, top_k=1, runtime=runtime,
-                                    memory_headroom=memory_headroom)
+                    result = config.run(model, training, topo, gpus)
                     layout, est = result.ranked[0]
                     hours = tokens / tokens_per_step * est.step_time_s / 3600
                     points.append(SweepPoint(cluster, gpus, layout, est, hours, hours * gpus * prices[cluster]))

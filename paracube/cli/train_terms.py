@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 
 from paracube.cli.options import human_bytes
+from paracube.planner.config import DEFAULT_MEMORY_HEADROOM  # one value, the search's (planner/config.py)
 
-DEFAULT_MEMORY_HEADROOM = 0.10
 TOKENS_PER_PARAMETER = 20.0  # Hoffmann et al. 2022
 SUFFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 _TOKENS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)

@@ -44,15 +44,18 @@ def exposed_grad_time(grad: Arr, backward: Arr, first_frac: Arr, last_frac: Arr,
     x1c = np.minimum(1.0, first_frac * v)
     # the last-produced bytes of a chunk without the embedding: one block's (last_frac where it is a block's)
     block = np.where(has_embedding, per_chunk * x1c, last_frac * grad)
+    # Both terms are affine in c for c >= 1 (r_c and G_<c grow linearly, g_c and the tail do not depend on c),
+    # so their maximum over chunks 1 .. v-1 is at c = 1 or c = v-1: three chunks priced instead of v (exact).
     finish = np.full_like(grad, -np.inf)
-    for c in range(int(v.max())):
-        live = c < v
+    for c in (0, 1, v - 1):
+        live = (c < v) if np.isscalar(c) else (v > 1)
         later = per_chunk * c + emb  # chunks c-1 .. 0 (and the embedding) queue after chunk c
-        g_c = per_chunk + np.where(c == 0, emb, 0.0)
+        first = np.asarray(c == 0)
+        g_c = per_chunk + np.where(first, emb, 0.0)
         r = -(stage_index + c * pp) * slot
-        tail = np.where((c == 0) & has_embedding, emb, np.minimum(block, per_chunk))
-        terms = np.maximum(r - slot * (1.0 - x1c) + g_c + later - np.where(c == 0, emb, 0.0),
-                           r + tail + later - np.where(c == 0, emb, 0.0))
+        tail = np.where(first & has_embedding, emb, np.minimum(block, per_chunk))
+        terms = np.maximum(r - slot * (1.0 - x1c) + g_c + later - np.where(first, emb, 0.0),
+                           r + tail + later - np.where(first, emb, 0.0))
         finish = np.where(live, np.maximum(finish, terms), finish)
     return np.maximum(0.0, finish)
 

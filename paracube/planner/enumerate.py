@@ -22,7 +22,9 @@ from paracube.modes.stages import split_ok
 
 
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of n, ascending (O(sqrt n): the planner asks for them of up to a million GPUs)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
 
 
 def tensor_shapes(mode: str, gpus: int) -> list[tuple[int, ...]]:

@@ -1,0 +1,92 @@
+"""The fit pass of the search: size rules, device memory, the zero stage and kept weights of each configuration
+(`_valid`; placement changes none of them). The search's contract (zero=0..3, kw): planner/search.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from paracube.cost_models.comm import unit_totals
+from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
+from paracube.cost_models.validity import first_violation, rules
+from paracube.modes import MODES, LayoutBatch
+from paracube.planner.search_state import _Search
+
+
+def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Indices of the configurations that pass the size rules and fit in device memory (placement changes
+    neither), each one's zero stage (the lowest of `s.zeros` that fits) and kept weights (kw: 1 where the
+    mode keeps weights, the step has several micro-batches and the kept weights fit too, unless pinned);
+    each rejection counts once per placement of its structure."""
+    viol = first_violation(mode, s.d, batch)
+    for i, (text, _) in enumerate(rules(mode)):
+        cnt = int(n_places[viol == i].sum())
+        if cnt:
+            rejected[text] += cnt
+    idx = np.nonzero(viol < 0)[0]
+    if not len(idx):
+        return idx, idx, idx
+    zeros = [z for z in sorted(s.zeros) if s.runtime.runs(mode, zero=z)]
+    if not zeros:  # a pinned zero stage the runtime does not run in this mode
+        rejected[f"runtime {s.runtime.name} does not run zero={s.zeros[0]} in {mode}"] += int(n_places[idx].sum())
+        return idx[:0], idx[:0], idx[:0]
+    sub = batch.take(idx)
+    keeps = MODES[mode].keeps_weights
+    base_kw = int(keeps and s.kw_pin == 1)
+
+    def mems(kw: int) -> list[dict[str, np.ndarray]]:
+        return [stage_memory(s.d, mode, sub, True, False, kw=kw), stage_memory(s.d, mode, sub, False, True, kw=kw)]
+
+    shards = zero_shards(mode, sub, s.d.cp)  # ranks zero shards the optimizer over (2.5D: dp x depth; dp x cp)
+    ones = np.ones_like(sub.dp)
+    flags = [(ones, np.where(sub.pp == 1, 1, 0)), (np.where(sub.pp == 1, 1, 0), ones)]  # (first, last) of mems
+    units = [unit_totals(s.d, mode, sub, f, h, shards)[1::2] for f, h in flags] if max(zeros) >= 2 else [None] * 2
+
+    def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
+        return np.maximum(*(total(with_zero(m, shards, z, u, s.d.grad_bytes)) for m, u in zip(ms, units, strict=True)))
+
+    base = mems(base_kw)
+    zero = np.full(len(idx), -1)
+    tied_pp = s.d.tied & (sub.pp > 1) & s.runtime.tied_pp_zero0  # tied + pp > 1: zero=0 (paracube's executor)
+    extra: list[tuple[int, np.ndarray]] = []  # zero=2/3: a configuration of its own where it fits
+    runs = np.zeros(len(idx), dtype=bool)  # some allowed stage runs there (memory aside)
+    for z in zeros:
+        if z and not np.any(shards > 1):
+            continue
+        mem = peak(base, z * ones)
+        ok = (z == 0) | ((shards > 1) & ~tied_pp)
+        if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
+            # at pp = 1 (the cost models price zero=2/3 without pipelines only: analytic.estimate refuses the rest,
+            # although torchtitan runs FSDP with pipelines); with tied embeddings where it runs them at this stage
+            tied_ok = not s.d.tied or s.runtime.runs(mode, zero=z, tied_embeddings=True)
+            ok = (shards > 1) & (sub.pp == 1) & tied_ok
+            extra.append((z, (mem <= s.mem_cap) & ok))
+        else:
+            zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
+        runs = runs | ok
+    unrun = ~runs if min(zeros) >= 2 else np.zeros(len(idx), dtype=bool)  # only zero=2/3 allowed, none runs
+    if unrun.any():
+        pps = ", pp=1"  # priced at pp = 1 only (above), whatever the runtime runs
+        rejected[f"runtime {s.runtime.name} runs zero=2/3 with dp > 1{pps}"
+                 + (" and untied embeddings" if s.d.tied else "")] += int(n_places[idx[unrun]].sum())
+    fits = zero >= 0
+    for _, f in extra:
+        fits = fits | f
+    kw = np.full(len(idx), base_kw)
+    if keeps and s.kw_pin is None:  # keep where it saves traffic (several micro-batches) and memory allows
+        several = sub.micro_batches(s.d.global_batch) > 1
+        kw = (fits & several & (peak(mems(1), np.maximum(zero, 0)) <= s.mem_cap)).astype(np.int64)
+    tied_zero1 = ~fits & tied_pp if 0 not in zeros else np.zeros(len(idx), dtype=bool)
+    if tied_zero1.any():  # a pinned zero=1 with tied embeddings and pipelines (executor/sizes.py refuses it)
+        rejected[f"runtime {s.runtime.name} runs tied embeddings with pp > 1 at zero=0 only"] += int(
+            n_places[idx[tied_zero1]].sum())
+    over = int(n_places[idx[~fits & ~tied_zero1 & ~unrun]].sum())
+    if over:
+        rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
+    low = zero >= 0
+    out_idx = [idx[low]] + [idx[f] for _, f in extra]
+    out_zero = [zero[low]] + [np.full(int(f.sum()), z) for z, f in extra]
+    out_kw = [kw[low]] + [kw[f] for _, f in extra]
+    return np.concatenate(out_idx), np.concatenate(out_zero), np.concatenate(out_kw)

@@ -1,0 +1,148 @@
+"""The scoring pass of the search: per mode, every valid configuration on every distinct placement in vectorized
+batches (analytic.evaluate), pruned exactly by the lower bound (`_within_bound`), its best `top_k` kept.
+The search's contract: planner/search.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from paracube.cost_models.analytic import evaluate, step_lower_bound
+from paracube.cost_models.comm import axes_used
+from paracube.modes import MODES, LayoutBatch
+from paracube.planner.configs import _configs
+from paracube.planner.enumerate import Structure
+from paracube.planner.fits import _valid
+from paracube.planner.search_state import Placements, _layout, _matches, _Search
+
+
+def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements]
+                     ) -> dict[Structure, np.ndarray]:
+    """[placements, axes, (bw, lat)] per structure of `owners` (cached topology queries)."""
+    axes_list = axes_used(mode, cp=s.d.cp > 1)
+    return {st: np.array([[s.cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes_list, strict=True)]
+                          for place, keys in places[st]])
+            for st in dict.fromkeys(owners)}
+
+
+def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
+                  places: dict[Structure, Placements], st_links: dict[Structure, np.ndarray],
+                  zero: np.ndarray | None, kw: np.ndarray, overlap: np.ndarray, tpo: np.ndarray) -> np.ndarray:
+    """Which configurations of `batch` may still hold one of the mode's best `top_k` layouts: those whose
+    lower bound over all placements (analytic.step_lower_bound on each axis set's best link over the
+    structure's placements) is within the top_k-th best step time of the configurations' first placements
+    (real layouts, so the bar is met). Exact: no layout skipped here beats the top_k that scoring the rest
+    finds; it spares the placements of configurations that lose whatever their placement."""
+    n = len(batch)
+    best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
+    # One evaluation: each configuration on its first placement's links, then on its structure's best links.
+    mat = np.array([st_links[st][0] for st in owners] + [best[st] for st in owners])
+    links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
+    rows = np.concatenate([np.arange(n), np.arange(n)])
+    res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows])
+    found = res.step_time[:n]
+    if s.fixed is not None:  # the bar counts only layouts the pins allow (no placement pin: any placement)
+        allowed = [_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed) for i, st in enumerate(owners)]
+        found = np.where(allowed, found, np.inf)
+    bar = np.partition(found, s.top_k - 1)[s.top_k - 1]
+    bound = step_lower_bound(res, s.d, batch, rows, overlap[rows])[n:]
+    return bound <= bar * (1 + 1e-9)  # the bar's own configuration stays despite rounding
+
+
+def _overlaps(s: _Search, mode: str, batch: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Per configuration: the gradient reduction overlapped with backward (pinned or `overlap` given: every
+    layout with dp > 1; else where the runtime overlaps it by default: pp = 1, or any pp where it overlaps under
+    pipelines), and tpo (pinned, or where the runtime runs it: its tensor modes, with sp where it needs sp)."""
+    many = batch.dp > 1
+    ovs = many if s.overlap else many & s.overlap_chosen & ((batch.pp == 1) | s.runtime.grad_overlap_pp)
+    if s.tpo_pinned:
+        tpos = np.full(len(batch), bool(MODES[mode].axes))
+    elif s.tpo_chosen:
+        on, off = s.runtime.offers_tpo(mode, True), s.runtime.offers_tpo(mode, False)
+        tpos = np.where(batch.sp > 0, on, off).astype(bool)
+    else:
+        tpos = np.zeros(len(batch), dtype=bool)
+    return np.asarray(ovs, dtype=bool), tpos
+
+
+def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
+    """Score every valid layout of one mode and keep its best `top_k` (matching `fixed`)."""
+    places = {st: st.placements() for st in sts}
+    owners: list[Structure] = []
+    rows: list[tuple[int, ...]] = []
+    for st in sts:
+        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed, s.runtime):
+            rows.append(cfg)
+            owners.append(st)
+    batch = LayoutBatch.of_rows(rows)
+    n_places = np.array([len(places[st]) for st in owners])
+    mode_rej: Counter = Counter()
+    idx, zeros, kws = _valid(s, mode, batch, n_places, mode_rej)
+    s.rejected.update(mode_rej)
+    # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.
+    batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
+    st_links = _structure_links(s, mode, owners, places)
+    zero_arg = zeros if s.zeros != (0,) else None
+    ovs, tpos = _overlaps(s, mode, batch)
+    # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
+    # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
+    # would price them as zero=0, so their configurations are not pruned.
+    if (s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k
+            and not np.any(zeros >= 2)):
+        keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos)
+        s.pruned += int(n_places[~keep].sum())
+        kept = np.nonzero(keep)[0]
+        batch, owners, n_places, zeros, kws, ovs, tpos = (batch.take(kept), [owners[i] for i in kept],
+                                                          n_places[kept], zeros[kept], kws[kept], ovs[kept],
+                                                          tpos[kept])
+        zero_arg = zeros if s.zeros != (0,) else None
+    if not len(batch):
+        top = mode_rej.most_common(2)
+        s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
+        return
+    layout_rows = np.repeat(np.arange(len(batch)), n_places)  # each configuration once per placement
+    place_idx = np.concatenate([np.arange(c) for c in n_places])
+    link_mat = np.concatenate([st_links[st] for st in owners])
+    links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
+    step_time = _evaluate(s, mode, batch, links, layout_rows, zeros, zero_arg, kws, ovs, tpos)
+    s.scored += len(layout_rows)
+    taken = 0
+    for j in np.argsort(step_time, kind="stable"):
+        row = int(layout_rows[j])
+        st = owners[row]
+        lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
+                      s.d.recompute if s.rc_pin else None, bool(ovs[row]), int(kws[row]),
+                      s.fixed.flash if s.fixed else None, bool(tpos[row]), s.fixed.shard if s.fixed else None,
+                      s.d.cp_comm)
+        if not _matches(lay, s.fixed):
+            continue
+        s.best.append((float(step_time[j]), lay))
+        if mode not in s.per_mode_best or s.best[-1][0] < s.per_mode_best[mode][0]:
+            s.per_mode_best[mode] = s.best[-1]
+        taken += 1
+        if taken >= s.top_k:
+            break
+    if not taken:  # layouts fit, but only ones the pins exclude (e.g. with sp where sp=0 is pinned)
+        top = mode_rej.most_common(2)
+        s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or f"no layout matches {s.fixed}"
+
+
+def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.ndarray, zeros: np.ndarray,
+              zero_arg: np.ndarray | None, kws: np.ndarray, ovs: np.ndarray, tpos: np.ndarray) -> np.ndarray:
+    """Step time per layout: zero=0/1 rows in one evaluation (the same time: search docstring), each zero=2/3
+    stage in its own (its per-unit traffic is priced for one zero stage at a time: comm.StepTraffic)."""
+    high = zeros[rows] >= 2
+    if not np.any(high):
+        return evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero_arg, overlap=ovs[rows], kw=kws,
+                        tpo=tpos[rows]).step_time
+    out = np.zeros(len(rows))
+    for z in [None, *sorted(set(zeros[zeros >= 2].tolist()))]:
+        sel = ~high if z is None else zeros[rows] == z
+        if not np.any(sel):
+            continue
+        sub = {ax: (bw[sel], lat[sel]) for ax, (bw, lat) in links.items()}
+        arg = (np.where(zeros >= 2, 0, zeros) if zero_arg is not None else None) if z is None else int(z)
+        out[sel] = evaluate(s.d, mode, batch, sub, s.g, rows=rows[sel], zero=arg, overlap=ovs[rows[sel]], kw=kws,
+                            tpo=tpos[rows[sel]], fsdp_prefetch=s.fsdp_prefetch and z is not None).step_time
+    return out
