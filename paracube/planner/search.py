@@ -55,6 +55,7 @@ from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import Dims, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
+from paracube.cost_models.moe import priced
 from paracube.cost_models.validity import first_violation, rules
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
@@ -63,6 +64,7 @@ from paracube.modes import MODES, LayoutBatch, runnable_modes
 from paracube.modes.stages import split_ok
 from paracube.planner.dimensions import OVERLAP, PARAM_OVERLAP, PRICED_ZEROS, RC, TPO, ZERO, chosen, values
 from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
+from paracube.planner.experts import search_experts
 from paracube.runtimes import RUNTIMES, Runtime
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -486,6 +488,12 @@ def search(
     layout fits in the rest."""
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
+    if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
+        cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
+        ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k)
+        check(bool(ranked), f"no layout of {gpus} GPUs fits {model.name} (global batch {training.global_batch}) "
+              f"with runtime {rt.name}: rejected {dict(rejected)}")
+        return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
     d = with_pins(dims_of(model, training), fixed)  # fa= pinned: that kernel (the search's is flash)
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)

@@ -16,6 +16,7 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   under the next forward: cost_models/analytic.py, planner/dimensions.PARAM_OVERLAP); zero=3's prefetch not yet.
 - `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce / consume them (collective matmul:
   Megatron --tp-comm-overlap with Transformer Engine userbuffers, torchtitan async TP); `tpo_needs_sp`.
+- `expert_parallel` / `expert_tensor_parallel`: MoE layouts with ep > 1 / etp > 1 (Layout's folding).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 Each overlap has `*_default`: whether the stack turns it on without a flag (what the search assumes when the
@@ -65,6 +66,10 @@ class Runtime:
     sp_default: bool = False  # sp on whenever tensor parallelism is (torchtitan)
     tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
     mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
+    # Mixture-of-experts (Layout ep= / etp=, cost_models/moe.py): expert parallelism (ep > 1) and tensor
+    # parallelism inside an expert (etp > 1, Megatron-core's --expert-tensor-parallel-size)
+    expert_parallel: bool = False
+    expert_tensor_parallel: bool = False
     source: str = ""  # where the facts come from
 
     def __repr__(self) -> str:
@@ -120,6 +125,10 @@ class Runtime:
             return f"{who} does not overlap tensor-parallel communication with GEMMs; drop tpo"
         if layout.tpo and self.tpo_needs_sp and not layout.sequence_parallel:
             return f"{who} runs tpo with sequence parallelism only; add sp (tp=1d:N,sp,tpo)"
+        if layout.ep > 1 and not self.expert_parallel:
+            return f"{who} does not run expert parallelism (ep={layout.ep}); valid: ep=1"
+        if layout.etp > 1 and not self.expert_tensor_parallel:
+            return f"{who} does not run tensor parallelism inside experts (etp={layout.etp}); valid: etp=1"
         if self.mode_check is not None:
             why = self.mode_check(layout.mode, layout.pp, layout.sequence_parallel, layout.zero, tied_embeddings,
                                   family)
@@ -135,6 +144,7 @@ class Runtime:
                 "overlaps": {"grad_reduce": [self.grad_overlap, self.grad_overlap_default, self.grad_overlap_pp],
                              "param_gather": [self.param_gather_overlap, self.param_gather_overlap_default],
                              "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap},
+                "expert_parallel": self.expert_parallel, "expert_tensor_parallel": self.expert_tensor_parallel,
                 "export_target": self.export_target}
 
 

@@ -34,5 +34,7 @@ RUNTIME = Runtime(
     tpo_needs_sp=False,
     p2p_overlap=False,
     export_target="deepspeed",
+    expert_parallel=True,  # DeepSpeed-MoE ep_size; no tensor parallelism inside experts
+    expert_tensor_parallel=False,
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
 )

@@ -35,5 +35,7 @@ RUNTIME = Runtime(
     tpo_needs_sp=True,
     p2p_overlap=True,
     export_target="megatron",
+    expert_parallel=True,  # --expert-model-parallel-size, --expert-tensor-parallel-size
+    expert_tensor_parallel=True,
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
 )

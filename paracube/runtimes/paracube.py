@@ -57,5 +57,7 @@ RUNTIME = Runtime(
     families=tuple(sorted({f for s in _SUPPORT for f in s.families})),
     mode_check=_check,
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
+    expert_parallel=True,  # planned for the executor's all_to_all ep (issue #25 item 4)
+    expert_tensor_parallel=False,
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
 )

@@ -36,5 +36,7 @@ RUNTIME = Runtime(
     p2p_overlap=True,
     export_target="torchtitan",
     sp_default=True,
+    expert_parallel=True,  # [parallelism] expert_parallel_degree, expert_tensor_parallel_degree
+    expert_tensor_parallel=True,
     source="torchtitan ParallelismConfig (docs/exports.md)",
 )
