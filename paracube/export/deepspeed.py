@@ -32,6 +32,7 @@ from paracube.export.common import (
     tensor_size,
 )
 from paracube.export.megatron import TRAINING_ARGS, big_axes, tokenizer_args
+from paracube.export.moe_flags import deepspeed_moe_args
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
 
@@ -51,6 +52,10 @@ def why_not(plan: Plan) -> str | None:
         return f"its hybrid sharding (zero_hpz_partition_size) is for zero=3 only (shard={lay.shard}, zero={lay.zero})"
     if lay.tpo:
         return "Megatron-DeepSpeed does not overlap tensor-parallel communication with GEMMs (tpo)"
+    if lay.etp > 1:
+        return f"DeepSpeed-MoE has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
+    if plan.model.mla is not None:
+        return "Megatron-DeepSpeed has no multi-head latent attention (MLA)"
     return None
 
 
@@ -158,7 +163,8 @@ def export(plan: Plan) -> Export:
     hosts = [] if plan.launch.nnodes == 1 else ['--hostfile "$HOSTFILE"']
     words = ["deepspeed", *hosts, f"--num_nodes {plan.launch.nnodes}", f"--num_gpus {plan.launch.nproc_per_node}",
              "pretrain_gpt.py"]
-    command = shell_command(words, [*parallel, *model_args(plan), *tokenizer, *TRAINING_ARGS])
+    command = shell_command(words, [*parallel, *model_args(plan), *deepspeed_moe_args(plan), *tokenizer,
+                                    *TRAINING_ARGS])
     return Export("deepspeed", "\n".join(lines) + "\n" + command, tuple(notes))
 
 

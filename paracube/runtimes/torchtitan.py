@@ -36,7 +36,9 @@ RUNTIME = Runtime(
     p2p_overlap=True,
     export_target="torchtitan",
     sp_default=True,
-    expert_parallel=True,  # [parallelism] expert_parallel_degree, expert_tensor_parallel_degree
-    expert_tensor_parallel=True,
+    # parallelism.expert_parallel_degree (efsdp = dp_shard cp tp / ep: the folding); torchtitan 0.3.0 has no
+    # expert tensor parallelism (ParallelismConfig)
+    expert_parallel=True,
+    expert_tensor_parallel=False,
     source="torchtitan ParallelismConfig (docs/exports.md)",
 )
