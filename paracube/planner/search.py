@@ -56,6 +56,7 @@ from paracube.cost_models.dims import Dims, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
 from paracube.cost_models.moe import priced
+from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.validity import first_violation, rules
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
@@ -488,6 +489,8 @@ def search(
     layout fits in the rest."""
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
+    bad_experts = moe_violations(model, fixed) if fixed is not None else []
+    check(not bad_experts, f"layout {fixed}: {'; '.join(bad_experts)}")
     if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
         ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k)
