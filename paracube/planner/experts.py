@@ -14,6 +14,7 @@ dimensions.py (EP, ETP).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -37,14 +38,16 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                fixed: Layout | None, micro_batches: list[int] | None) -> list[Layout]:
     moe = model.moe
     experts = moe.experts if moe is not None else 1
-    modes = [m for m in ("none", "1d") if m in rt.modes and MODES[m].context_parallel
-             and (fixed is None or fixed.mode in ("none", m) and (fixed.mode == m or not fixed.shape))]
+    # The modes that fold (Layout: whole-token tensor groups), as the runtime runs them; a pinned tp= only.
+    modes = [m for m, spec in MODES.items() if spec.context_parallel and m in rt.modes
+             and (fixed is None or not fixed.shape or fixed.mode == m)]
     eps, etps = values(EP, rt, fixed), values(ETP, rt, fixed)
     out = []
     for mode in modes:
-        ts = [t for t in _divisors(min(gpus, per_node)) if t > 1 and model.heads % t == 0] if mode == "1d" else [1]
-        for t in ts:
-            if fixed is not None and fixed.shape and fixed.tensor_size != t:
+        shapes = MODES[mode].shapes(min(gpus, per_node)) if MODES[mode].axes else [()]
+        for shape in shapes:
+            t = math.prod(shape) if shape else 1
+            if gpus % t or model.heads % t or (fixed is not None and fixed.shape and fixed.tensor_size != t):
                 continue
             for pp in _divisors(gpus // t):
                 if not (pp == 1 or rt.pipeline) or not split_ok(model.layers, pp, 1):
@@ -56,7 +59,8 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                 mbs = micro_batches or [mb for mb in (1, 2) if (training.global_batch // dp) % mb == 0]
                 if fixed is not None and fixed.micro_batch:
                     mbs = [fixed.micro_batch]
-                sp = mode == "1d" and rt.sequence_parallel and not (fixed is not None and fixed.forbid_sp)
+                sp = (t > 1 and MODES[mode].sequence_parallel and rt.sequence_parallel
+                      and not (fixed is not None and fixed.forbid_sp))
                 for ep in eps:
                     for etp in etps:
                         if experts % int(ep) or (dp * t) % (int(ep) * int(etp)) or int(etp) not in (1, t):
@@ -64,7 +68,7 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                         if moe is None and int(ep) * int(etp) > 1:
                             continue
                         for mb in mbs:
-                            out.append(Layout(dp=dp, pp=pp, mode=mode, shape=(t,) if mode == "1d" else (),
+                            out.append(Layout(dp=dp, pp=pp, mode=mode, shape=shape,
                                               micro_batch=mb, sequence_parallel=sp, ep=int(ep), etp=int(etp),
                                               overlap=dp > 1 and rt.overlaps_grad(pp),
                                               recompute=fixed.recompute if fixed is not None else None))
