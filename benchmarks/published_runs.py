@@ -19,7 +19,12 @@ docs/published-runs.md section 3, Nemotron-4 15B on DGX H100 as a FLOP-equivalen
 step time = local batch x seq / (tokens/s/GPU) since TP = PP = CP = 1; layout dp=64,zero=3, micro-batch = the
 local batch: no gradient accumulation; not fitted), planned for the runtime of their `runtime` column
 (torchtitan) whatever --runtime says.
-Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--runtime NAME]
+The MoE rows (benchmarks/data/published_runs_moe.csv: docs/published-runs.md section 4, Megatron-Bridge on
+DGX H100, step time = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run;
+recomputation not published: selective assumed) are a held-out group of their own, not fitted. GPT-OSS-120B
+is not listed: sliding-window attention is not described (workload.py). Rows whose pinned layout the model
+cannot split (DeepSeek-V3's 61 blocks over pp 8 x v 4) or fit are printed as not planned, with the reason.
+Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--moe CSV] [--runtime NAME]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from paracube.topologies.presets import PRESETS  # noqa: E402
 DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_h100.csv"
 FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
+MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
 
 
 def main() -> None:
@@ -46,12 +52,14 @@ def main() -> None:
     ap.add_argument("--runs", default=str(DATA))
     ap.add_argument("--today", default=str(TODAY), help="today's runs, printed apart (not fitted)")
     ap.add_argument("--fsdp", default=str(FSDP), help="FSDP runs, printed apart (not fitted)")
+    ap.add_argument("--moe", default=str(MOE), help="mixture-of-experts runs, printed apart (not fitted)")
     ap.add_argument("--runtime", default="megatron",
                     help="the runtime each row is planned for (a row's runtime column overrides it)")
     args = ap.parse_args()
     runs = read_runs(args.runs, tuple(PRESETS))
     today = read_runs(args.today, tuple(PRESETS)) if args.today else []
     fsdp = read_runs(args.fsdp, tuple(PRESETS)) if args.fsdp else []
+    moe = read_runs(args.moe, tuple(PRESETS)) if args.moe else []
     print("shipped efficiencies per device generation and fabric (spec-sheet peaks unchanged):")
     for gen, f in GENERATIONS.items():
         eff = f.values
@@ -61,7 +69,7 @@ def main() -> None:
                                     for k, f in FABRICS.items()))
     print(f"runtime: {args.runtime} (rows with a runtime column: theirs)")
     rows, refused = [], []
-    for r in [*runs, *today, *fsdp]:
+    for r in [*runs, *today, *fsdp, *moe]:
         topo = load_topology(r.cluster, gpus=r.gpus)
         try:
             lay, pred = predict(r, topo, args.runtime)
@@ -72,7 +80,8 @@ def main() -> None:
     groups = [("fit", [x for x in rows if x[0].split == "fit" and x[0] in runs]),
               ("held_out", [x for x in rows if x[0].split == "held_out" and x[0] in runs]),
               ("today (held out, not fitted)", [x for x in rows if x[0] in today]),
-              ("FSDP rows, torchtitan, held out, not fitted", [x for x in rows if x[0] in fsdp])]
+              ("FSDP rows, torchtitan, held out, not fitted", [x for x in rows if x[0] in fsdp]),
+              ("MoE rows, Megatron-Bridge on DGX H100, held out, not fitted", [x for x in rows if x[0] in moe])]
     for split, sel in groups:
         print(f"\n{split} rows")
         head = ("run", "cluster", "gpus", "measured s", "predicted s", "error")
@@ -96,7 +105,7 @@ def main() -> None:
             if errs:
                 print(f"{gen} {split}: mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
                       f"({len(errs)} runs)")
-        for name, group in (("today", today), ("FSDP", fsdp)):
+        for name, group in (("today", today), ("FSDP", fsdp), ("MoE", moe)):
             errs = [abs(x[3]) for x in rows if generation[x[0].cluster] == gen and x[0] in group]
             if errs:
                 print(f"{gen} {name} (held out): mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "

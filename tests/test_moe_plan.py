@@ -63,3 +63,18 @@ def test_bad_moe_configs_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], 
     code, out, err = run_cli(capsys, "plan", "--model", _config(tmp_path, data), "--cluster", "dgx-h100",
                              "--gpus", "16")
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_published_moe_rows_load_and_plan_with_their_layouts() -> None:
+    """benchmarks/data/published_runs_moe.csv through the row loader (calibration/from_runs.py): every row reads,
+    and a planned row keeps its pinned ep / pp / v / tp (the error figures: benchmarks/published_runs.py)."""
+    from paracube.calibration.from_runs import predict, read_runs
+    from paracube.topologies import load_topology
+    from paracube.topologies.presets import PRESETS
+
+    csv = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs_moe.csv"
+    runs = {r.name: r for r in read_runs(csv, tuple(PRESETS))}
+    assert len(runs) == 5 and all(r.model.moe is not None and r.split == "held_out" for r in runs.values())
+    r = runs["qwen3-235b-256"]
+    lay, step = predict(r, load_topology(r.cluster, gpus=r.gpus), "megatron")
+    assert (lay.ep, lay.pp, lay.interleave, lay.tensor_size, lay.dp) == (32, 8, 4, 2, 16) and step > 0

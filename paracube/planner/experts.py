@@ -8,8 +8,8 @@ pp with a valid block split, dp the rest, ep among the divisors of the experts t
 (Megatron-core's etp = 1 or tp; torchtitan's the same) where the runtime runs it, mb in {1, 2}, zero the runtime's
 lowest stage that fits (of 0 and 1), sp with tp > 1 where the runtime runs it, the gradient overlap as the runtime
 does it by default. A few hundred estimates, about 0.1 s each for DeepSeek-V3 on 1024 GPUs.
-Pins of `fixed` (dp, pp, tp, ep, etp, mb, zero, rc) are respected. The dimensions ep / etp are declared in
-dimensions.py (EP, ETP).
+Pins of `fixed` (dp, pp, v, tp, ep, etp, mb, zero, rc) are respected; v = 1 unless pinned. The dimensions
+ep / etp are declared in dimensions.py (EP, ETP).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
             if gpus % t or model.heads % t or (fixed is not None and fixed.shape and fixed.tensor_size != t):
                 continue
             for pp in _divisors(gpus // t):
-                if not (pp == 1 or rt.pipeline) or not split_ok(model.layers, pp, 1):
+                v = fixed.interleave if fixed is not None and rt.interleave and pp > 1 else 1
+                if not (pp == 1 or rt.pipeline) or not split_ok(model.layers, pp, v):
                     continue
                 dp = gpus // (t * pp)
                 if (fixed is not None and ((fixed.dp > 1 and fixed.dp != dp) or (fixed.pp > 1 and fixed.pp != pp))
@@ -69,7 +70,8 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                             continue
                         for mb in mbs:
                             out.append(Layout(dp=dp, pp=pp, mode=mode, shape=shape,
-                                              micro_batch=mb, sequence_parallel=sp, ep=int(ep), etp=int(etp),
+                                              micro_batch=mb, interleave=v, sequence_parallel=sp, ep=int(ep),
+                                              etp=int(etp),
                                               overlap=dp > 1 and rt.overlaps_grad(pp),
                                               recompute=fixed.recompute if fixed is not None else None))
     return out

@@ -495,7 +495,9 @@ def search(
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
         ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k)
         check(bool(ranked), f"no layout of {gpus} GPUs fits {model.name} (global batch {training.global_batch}) "
-              f"with runtime {rt.name}: rejected {dict(rejected)}")
+              f"with runtime {rt.name}: " + (f"rejected {dict(rejected)}" if rejected else
+                                             "no candidate matches the pins (blocks split over pp x v, ep dividing "
+                                             "the experts and dp x tp, tp a divisor of the heads)"))
         return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
     d = with_pins(dims_of(model, training), fixed)  # fa= pinned: that kernel (the search's is flash)
