@@ -14,13 +14,17 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   llama MLP of ffn 2f/3 (3 matrices). Megatron-core rows price Megatron-core's own gradient bucket
   (grad_bucket=mcore: max(40M, 1M x dp x cp) elements; calibration/from_runs.py).
 - benchmarks/data/published_runs_fsdp.csv: torchtitan FSDP2 on 64 A100 (held out, not fitted).
+- benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
+  (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
+  recomputation assumed), held out, not fitted; GPT-OSS-120B not listed (sliding-window attention).
 Rows the model cannot plan yet are listed with their one-line reason: context-parallel layouts (cp > 1) wait
-for the `cp` branch's pricing; mixture-of-experts rows are not in the files (no MoE in the model).
+for their pricing here (calibration/from_runs.py).
 The shipped efficiencies (topologies/efficiency.py, per device generation and fabric) are printed first with
 where each came from ("NOT FITTED" where no run exercises a figure). `--refit` re-runs the fits that produced
 the Hopper and Blackwell figures (calibration/from_runs.fit_runs on each cluster's fit rows, the free figures of
 HOPPER_FREE / BLACKWELL_FREE) and prints them (minutes).
-Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--runtime NAME] [--refit]
+Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--moe CSV] [--runtime NAME]
+       [--refit]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from paracube.topologies.presets import PRESETS  # noqa: E402
 DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_today.csv"
 FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
+MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
 # What each refit frees (from_runs.PARAMS). Hopper: one or two shapes per dtype, so both curves' m0 stay
 # ampere's (freed, the FP8 m0 does not move from its start: the rows do not separate it from fp8_eff_max).
 # Blackwell: two FP8 rows, the FP8 eff_max only (mem_eff freed too goes to an implausible 0.42); NDR is
@@ -94,11 +99,12 @@ def main() -> None:
     ap.add_argument("--runs", default=str(DATA))
     ap.add_argument("--today", default=str(TODAY), help="today's runs (H100, H200, B200, GB200)")
     ap.add_argument("--fsdp", default=str(FSDP), help="FSDP runs, held out")
+    ap.add_argument("--moe", default=str(MOE), help="mixture-of-experts runs, held out")
     ap.add_argument("--runtime", default="megatron",
                     help="the runtime each row is planned for (a row's runtime column overrides it)")
     ap.add_argument("--refit", action="store_true", help="re-run the Hopper and Blackwell fits (minutes)")
     args = ap.parse_args()
-    files = [read_runs(f, tuple(PRESETS)) if f else [] for f in (args.runs, args.today, args.fsdp)]
+    files = [read_runs(f, tuple(PRESETS)) if f else [] for f in (args.runs, args.today, args.fsdp, args.moe)]
     _figures()
     print(f"runtime: {args.runtime} (rows with a runtime column: theirs)")
     rows, refused = [], []
@@ -110,6 +116,7 @@ def main() -> None:
             continue
         rows.append((r, lay, pred, pred / r.measured_s - 1))
     fsdp = set(id(r) for r in files[2])
+    moe = set(id(r) for r in files[3])
     head = ("run", "cluster", "gpus", "dtype", "measured s", "predicted s", "error")
     for group in dict.fromkeys(DEVICE_GROUP.values()):
         for split in ("fit", "held_out"):
@@ -119,7 +126,7 @@ def main() -> None:
             print(f"\n{group} {split} rows")
             print("{:18s} {:11s} {:>5s} {:5s} {:>10s} {:>11s} {:>7s}  layout".format(*head))
             for r, lay, pred, err in sel:
-                tag = "  [FSDP]" if id(r) in fsdp else ""
+                tag = "  [FSDP]" if id(r) in fsdp else ("  [MoE]" if id(r) in moe else "")
                 print(f"{r.name:18s} {r.cluster:11s} {r.gpus:5d} {r.training.dtype:5s} {r.measured_s:10.3f} "
                       f"{pred:11.3f} {err:+7.1%}  {lay}{tag}")
             print(f"{group} {split}: {_errors(sel)}")
@@ -130,10 +137,11 @@ def main() -> None:
             print(f"\nnot planned: {title}, {len(sel)} rows")
             for r, why in sel:
                 print(f"  {r.name:18s} [{r.runtime or args.runtime}] {why}")
-    print("\nsummary by generation (FSDP rows apart: torchtitan's FSDP2 pricing is the runtimes issue's):")
+    print("\nsummary by generation (FSDP and MoE rows apart, held out):")
     for group in dict.fromkeys(DEVICE_GROUP.values()):
         for split in ("fit", "held_out"):
-            for label, keep in (("", lambda x: id(x[0]) not in fsdp), (" FSDP", lambda x: id(x[0]) in fsdp)):
+            for label, keep in (("", lambda x: id(x[0]) not in fsdp | moe), (" FSDP", lambda x: id(x[0]) in fsdp),
+                                (" MoE", lambda x: id(x[0]) in moe)):
                 sel = [x for x in rows if _group(x[0]) == group and x[0].split == split and keep(x)]
                 if sel:
                     print(f"  {group:10s} {split + label:14s} {_errors(sel)}")

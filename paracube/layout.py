@@ -13,8 +13,8 @@ The rank grid is one `arange(world).reshape(...)`; every process group is a slic
 An axis is named after the coordinate that varies along it: the group of axis `col` is the q ranks of one
 grid row. `placement` lists every axis from innermost (consecutive ranks, i.e. the same node) to outermost;
 the default keeps the tensor axes innermost, then dp, then pp (Megatron's order).
-Syntax: `dp=2,pp=4[,cp=2[,cpc=p2p|ag]],tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full][,kw=0|1][,fa=0|1]
-[,place=x.y.z.dp.pp]`.
+Syntax: `dp=2,pp=4[,cp=2[,cpc=p2p|ag]][,ep=4][,etp=2],tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full]
+[,kw=0|1][,fa=0|1][,place=x.y.z.dp.pp]`.
 `fa`: attention kernel; 1 flash attention (fused, saves no s x s scores; the executor's default), 0 Megatron's
 unfused core attention (scores, masked softmax, dropout and the product with V, which saves s x s tensors).
 `sp=0` forbids sequence parallelism and `rc=` pins activation recomputation: pins the planner respects
@@ -35,6 +35,12 @@ load balance); attention exchanges keys and values over cp by `cpc=p2p` (ring, o
 cp_comm_type p2p) or `cpc=ag` (all-gather); parameters are replicated over cp, so their gradients reduce, and zero
 shards, over dp x cp (`data_axes`; Megatron's data-parallel group with context parallelism). 2D/2.5D/3D split
 tokens themselves and refuse cp. Unpinned `cpc` (None): the planner chooses, the executor runs p2p.
+`ep=N`, `etp=N` (none, 1d; models with MoE blocks): expert parallelism, folded as Megatron-core's MoE Parallel
+Folding (Liu et al. 2025, arXiv 2504.14960): the dp x cp x tp ranks of one pipeline stage, in rank order, are
+regrouped as (edp, ep, etp), etp innermost: each expert's linears split etp ways (tensor parallelism inside an
+expert), the experts split ep ways (each rank holds experts / ep of them), and the expert-data-parallel group of
+edp = dp cp tp / (ep etp) ranks reduces the experts' gradients (dense parameters still reduce over data_axes).
+ep x etp must divide dp x cp x tp; tokens reach their experts by all-to-all over ep (cost_models/moe.py).
 `kw` (2d, 2.5d, 3d): 1 keeps the gathered weights of the linears (and the position table) across the
 micro-batches of a step, gathered once per step, their gradients accumulated in gathered form and
 reduce-scattered once per step (FSDP's reshard_after_forward=False); 0 re-gathers them every micro-batch.
@@ -73,6 +79,8 @@ class Layout:
     interleave: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
     cp: int = 1  # context parallelism: ranks a sequence is split over (module docstring)
     cp_comm: str | None = None  # CP_COMMS; None: not pinned
+    ep: int = 1  # expert parallelism: ways the routed experts are split (module docstring: folding)
+    etp: int = 1  # tensor parallelism inside an expert
     sequence_parallel: bool = False  # 1D only (Korthikanti et al. 2022)
     zero: int = 0  # ZERO_STAGES: 0 none, 1 optimizer state sharded over dp, 2 gradients too, 3 parameters too
     shard: int | None = None  # HSDP: zero's shard group (divides dp); None: all of dp
@@ -124,6 +132,7 @@ class Layout:
               f"cpc={self.cp_comm!r} is not valid; valid: {', '.join(CP_COMMS)} (ring p2p, all-gather)")
         check(self.cp_comm is None or self.cp > 1,
               f"cpc={self.cp_comm} sets context parallelism's exchange: it needs cp > 1")
+        self._check_experts()
         check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
         check(not (self.forbid_overlap and self.overlap), "overlap and overlap=0 together: give one")
         check(not (self.forbid_tpo and self.tpo), "tpo and tpo=0 together: give one")
@@ -143,7 +152,42 @@ class Layout:
                   f"place={'.'.join(self.placement)} must list each of the axes "
                   f"{', '.join(self.default_placement)} once")
 
+    def _check_experts(self) -> None:
+        for name, value in (("ep", self.ep), ("etp", self.etp)):
+            check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                  f"{name}={value!r} must be a positive integer")
+        if self.ep * self.etp == 1:
+            return
+        # Folding regroups whole-token ranks: the modes whose tensor group does not split tokens (none, 1d).
+        folds = [n for n, m in MODES.items() if m.context_parallel]
+        check(self.mode in folds, f"ep={self.ep},etp={self.etp} (expert parallelism) applies to tp={'/'.join(folds)} "
+              f"only, not {self.mode}")
+        dense = self.dp * self.cp * self.tensor_size
+        check(dense % (self.ep * self.etp) == 0,
+              f"ep={self.ep} x etp={self.etp} must divide the dp x cp x tp = {dense} ranks it folds over; valid ep: "
+              f"{', '.join(str(n) for n in range(1, dense + 1) if dense % (n * self.etp) == 0)}")
+
     # --- sizes -----------------------------------------------------------------------------------------
+    @property
+    def expert_data(self) -> int:
+        """Ranks of the expert-data-parallel group (edp = dp cp tp / (ep etp)): they reduce expert gradients."""
+        return self.dp * self.cp * self.tensor_size // (self.ep * self.etp)
+
+    def expert_groups(self, axis: str) -> np.ndarray:
+        """[n_groups, size] ranks of the folded expert axis `axis` (etp, ep, edp, or ep.etp: an expert shard's
+        all-to-all peers with their etp ranks), every pipeline stage's dp x cp x tp ranks in rank order
+        regrouped as (edp, ep, etp), etp innermost (module docstring)."""
+        sizes = {"edp": self.expert_data, "ep": self.ep, "etp": self.etp}
+        axes = tuple(axis.split("."))
+        check(all(a in sizes for a in axes), f"expert axis {axis!r}; valid: edp, ep, etp, ep.etp")
+        grid = self.rank_grid()  # (pp, dp, cp, *tensor)
+        stages = np.sort(grid.reshape(self.pp, -1), axis=1).reshape(self.pp, self.expert_data, self.ep, self.etp)
+        names = ("pp", "edp", "ep", "etp")
+        src = [names.index(a) for a in axes]
+        moved = np.moveaxis(stages, src, list(range(4 - len(axes), 4)))
+        return moved.reshape(-1, math.prod(sizes[a] for a in axes))
+
+
     @property
     def uses_flash(self) -> bool:
         """The attention kernel this layout runs: flash unless `fa=0` pins the unfused one."""
@@ -272,6 +316,10 @@ class Layout:
             parts.append(f"cp={self.cp}")
         if self.cp_comm is not None:
             parts.append(f"cpc={self.cp_comm}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
+        if self.etp > 1:
+            parts.append(f"etp={self.etp}")
         m = MODES[self.mode]
         shape = "x".join(map(str, self.shape))
         parts.append("tp=none" if self.mode == "none" else f"tp={m.variant_of or self.mode}:{shape}")
@@ -316,7 +364,8 @@ class Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-LAYOUT_SYNTAX = ("dp=N,pp=N[,cp=N[,cpc=p2p|ag]],tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3][,shard=N]"
+LAYOUT_SYNTAX = ("dp=N,pp=N[,cp=N[,cpc=p2p|ag]][,ep=N][,etp=N],tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3]"
+                 "[,shard=N]"
                  "[,rc=none|selective|full]"
                  "[,overlap][,tpo]" + "".join(f"[,{f} (tp={m.variant_of})]" for f, m in VARIANTS.items()) +
                  "[,kw=0|1][,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
@@ -354,7 +403,7 @@ def parse_layout(text: str) -> Layout:
             check(value.strip() in RECOMPUTES,
                   f"layout {text!r}: rc={value!r} is not valid; valid: {', '.join(RECOMPUTES)}")
             fields["recompute"] = value.strip()
-        elif key in ("dp", "pp", "cp", "mb", "v", "shard"):
+        elif key in ("dp", "pp", "cp", "ep", "etp", "mb", "v", "shard"):
             check(value.strip().isdigit() and int(value) >= 1,
                   f"layout {text!r}: {key}={value!r} must be a positive integer")
             fields[{"mb": "micro_batch", "v": "interleave"}.get(key, key)] = int(value)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from paracube.errors import ParacubeError, check, unknown
+from paracube.hf_moe import MOE_HF_DEFAULTS, moe_fields
+from paracube.moe_spec import MLASpec, MoESpec, mla_from_dict, moe_from_dict
 
 Family = Literal["gpt", "llama"]
 DType = Literal["fp32", "fp16", "bf16", "fp8"]
@@ -72,14 +74,27 @@ class ModelSpec:
     dropout: float = 0.0
     attention_dropout: float = 0.0
     embedding_dropout: float = 0.0
+    head_size: int | None = None  # per-head width when it is not hidden / heads (Qwen3: head_dim 128)
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys (Qwen3: q_norm, k_norm)
+    moe: MoESpec | None = None  # mixture-of-experts blocks (moe_spec.py); None: dense
+    mla: MLASpec | None = None  # multi-head latent attention (moe_spec.py); None: (grouped-query) attention
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "moe", moe_from_dict(self.moe, f"model {self.name!r}"))
+        object.__setattr__(self, "mla", mla_from_dict(self.mla, f"model {self.name!r}"))
+        for part in (self.moe, self.mla):
+            if part is not None:
+                part.validate(f"model {self.name!r}")
+                check(self.family == "llama", f"model {self.name!r}: {type(part).__name__[:-4].lower()} blocks "
+                      f"need family llama (SwiGLU experts, RMSNorm), got {self.family!r}")
+        check(self.head_size is None or (isinstance(self.head_size, int) and self.head_size > 0),
+              f"model {self.name!r}: head_size={self.head_size!r} must be a positive integer")
         for attr in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
             value = getattr(self, attr)
             check(isinstance(value, int) and value > 0,
                   f"model {self.name!r}: {attr}={value!r} must be a positive integer")
         check(self.family in ("gpt", "llama"), f"model {self.name!r}: family={self.family!r}; valid: gpt, llama")
-        check(self.hidden % self.heads == 0,
+        check(self.hidden % self.heads == 0 or self.head_size is not None or self.mla is not None,
               f"model {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}")
         if self.kv_heads is not None:
             check(isinstance(self.kv_heads, int) and self.kv_heads > 0,
@@ -100,21 +115,37 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     @property
     def num_kv_heads(self) -> int:
         return self.kv_heads or self.heads
 
-    def layer_parameters(self) -> int:
-        """Parameters of one transformer block."""
+    def attention_parameters(self) -> int:
+        """The llama family's attention of one block (q, k, v, o; MLA's; q/k norms), norms of the block aside."""
+        h = self.hidden
+        if self.mla is not None:
+            return self.mla.attention_parameters(h, self.heads)
+        q, kv = self.heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return 2 * h * q + 2 * h * kv + (2 * self.head_dim if self.qk_norm else 0)
+
+    def layer_parameters(self, i: int | None = None) -> int:
+        """Parameters of transformer block `i` (None: a dense block; MoE blocks differ: moe_spec.py)."""
         h, f = self.hidden, self.ffn_hidden
         if self.family == "gpt":
             # ln1 + qkv (w, b) + proj (w, b) + ln2 + fc (w, b) + fc2 (w, b)
             return 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h)
-        kv = self.num_kv_heads * self.head_dim
-        # rms1 + q + k,v + o + rms2 + gate, up + down
-        return h + h * h + 2 * h * kv + h * h + h + 2 * h * f + f * h
+        # rms1 + attention + rms2 + MLP (gate, up + down; or the MoE block's)
+        mlp = self.moe.mlp_parameters(h) if self.moe and i is not None and self.moe.is_moe_layer(i) else 3 * h * f
+        return 2 * h + self.attention_parameters() + mlp
+
+    def active_parameters(self) -> int:
+        """Parameters one token's forward multiplies by (the routed experts it is sent to only)."""
+        if self.moe is None:
+            return self.num_parameters()
+        k = self.moe.moe_layers(self.layers)
+        h = self.hidden
+        return self.num_parameters() - k * (self.moe.mlp_parameters(h) - self.moe.active_mlp_parameters(h))
 
     def embedding_parameters(self) -> int:
         """Token (and learned position) embeddings, final norm and output head."""
@@ -125,10 +156,17 @@ class ModelSpec:
         return self.vocab * h + positions + final_norm + head
 
     def num_parameters(self) -> int:
-        return self.layers * self.layer_parameters() + self.embedding_parameters()
+        if self.moe is None:
+            return self.layers * self.layer_parameters() + self.embedding_parameters()
+        return sum(self.layer_parameters(i) for i in range(self.layers)) + self.embedding_parameters()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # The MoE-era fields only where set: plans of dense models read as they did before them.
+        data = asdict(self)
+        for key, default in (("head_size", None), ("qk_norm", False), ("moe", None), ("mla", None)):
+            if data[key] == default:
+                del data[key]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "model") -> ModelSpec:
@@ -213,6 +251,34 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int) -
     return ModelSpec(name, layers, hidden, heads, ffn, 32000, 4096, family="llama", kv_heads=kv)
 
 
+def _moe(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, moe: MoESpec,
+         **kw: Any) -> ModelSpec:
+    # Sequence 4096: the pretraining length of DeepSeek-V3 (arXiv 2412.19437 Section 4.2) and Qwen3's first
+    # stage; Mixtral's is not published, 4096 is Megatron-core's MoE examples'.
+    return ModelSpec(name, layers, hidden, heads, ffn, vocab, 4096, family="llama", kv_heads=kv, moe=moe,
+                     rope_theta=kw.pop("rope_theta", 1e6), **kw)
+
+
+# HF config.json of each (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen3-235B-A22B,
+# deepseek-ai/DeepSeek-V3); tests/test_moe_workload.py checks the published parameter counts.
+MOE_PRESETS = [
+    _moe("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, MoESpec(8, 2, 14336, aux_loss=0.02), rms_eps=1e-5),
+    _moe("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, MoESpec(8, 2, 16384, aux_loss=0.001), rms_eps=1e-5),
+    _moe("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, MoESpec(128, 8, 768, aux_loss=0.001), head_size=128,
+         qk_norm=True),
+    _moe("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, MoESpec(128, 8, 1536, aux_loss=0.001), head_size=128,
+         qk_norm=True),
+    _moe("deepseek-v3", 61, 7168, 128, 128, 18432, 129280,
+         MoESpec(256, 8, 2048, shared_ffn=2048, router="sigmoid", first_dense=3, aux_loss=0.0001), rope_theta=10000.0,
+         mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536)),
+    # For tests and the local machine: top-2 of 8 small experts and one shared expert; tiny-mla: MLA, block 0 dense.
+    ModelSpec("tiny-moe", layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=64, family="llama",
+              moe=MoESpec(8, 2, 32, shared_ffn=32, aux_loss=0.01)),
+    ModelSpec("tiny-mla", layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=64, family="llama",
+              moe=MoESpec(8, 2, 32, shared_ffn=32, router="sigmoid", first_dense=1),
+              mla=MLASpec(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=32)),
+]
+
 PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     # The embedded default: trains in seconds on 8 CPU ranks in any layout up to a 2x2x2 cube.
     ModelSpec("tiny", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=256, seq_len=64),
@@ -234,6 +300,7 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     _llama("llama2-7b", 32, 4096, 32, 32, 11008),
     _llama("llama2-13b", 40, 5120, 40, 40, 13824),
     _llama("llama2-70b", 80, 8192, 64, 8, 28672),
+    *MOE_PRESETS,
 ]}
 
 DEFAULT_MODEL = "tiny"
@@ -266,12 +333,16 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
                 "num_key_value_heads": 8, "max_position_embeddings": 131072, "vocab_size": 32000,
                 "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096,
                 "attention_dropout": 0.0},
+    **MOE_HF_DEFAULTS,  # mixtral, qwen3_moe, deepseek_v3 (hf_moe.py)
 }
 # model_type of each `architectures` name, for configs that omit model_type.
 _ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "GPT2Model": "gpt2", "LlamaForCausalLM": "llama",
-                  "LlamaModel": "llama", "MistralForCausalLM": "mistral", "MistralModel": "mistral"}
+                  "LlamaModel": "llama", "MistralForCausalLM": "mistral", "MistralModel": "mistral",
+                  "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe",
+                  "DeepseekV3ForCausalLM": "deepseek_v3"}
 # Decoder configs that look alike but are other models (why they are not the gpt or llama family).
-_OTHER_MODELS = {"qwen2": "its q/k/v projections have biases", "gpt_neox": "parallel attention, partial rotary",
+_OTHER_MODELS = {"qwen2": "its q/k/v projections have biases",
+                 "qwen2_moe": "its q/k/v projections have biases", "gpt_neox": "parallel attention, partial rotary",
                  "opt": "ReLU MLP, offset learned positions"}
 # Keys of llama/mistral configs that would make a different model than the llama family (value allowed).
 _LLAMA_MUST = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "rope_scaling": None}
@@ -325,10 +396,11 @@ def from_hf_config(path: Path) -> ModelSpec:
         check(data.get(key, allowed) == allowed, f"{path}: field {key!r}={data.get(key)!r} is not supported "
               f"by the llama family (valid: {allowed!r})")
     hidden, heads = get("hidden_size"), get("num_attention_heads")
-    check(data.get("head_dim") in (None, hidden // max(heads or 1, 1)),
+    extra = moe_fields(model_type, data, get, path) if model_type in MOE_HF_DEFAULTS else {}
+    check(data.get("head_dim") in (None, hidden // max(heads or 1, 1)) or "head_size" in extra,
           f"{path}: field 'head_dim'={data.get('head_dim')!r} must be hidden_size / num_attention_heads")
     seq_len = get("max_position_embeddings")
-    if model_type == "mistral":
+    if "sliding_window" in defaults and data.get("use_sliding_window") is not False:
         window = get("sliding_window", nullable=True)
         check(window is None or window >= seq_len, f"{path}: field 'sliding_window'={window} < "
               f"max_position_embeddings={seq_len}: sliding-window attention is not the llama family's (use null)")
@@ -337,7 +409,7 @@ def from_hf_config(path: Path) -> ModelSpec:
                      family="llama", kv_heads=get("num_key_value_heads") or heads,
                      tied_embeddings=get("tie_word_embeddings", bool), rms_eps=float(get("rms_norm_eps", (int, float))),
                      rope_theta=float(get("rope_theta", (int, float))),
-                     attention_dropout=float(get("attention_dropout", (int, float))))
+                     attention_dropout=float(get("attention_dropout", (int, float))), **extra)
 
 
 _KIND_NAMES: dict[Any, str] = {int: "an integer", bool: "true or false", (int, float): "a number"}

@@ -68,6 +68,11 @@ PLANS: dict[str, Plan] = {
     "llama-gqa-full": make("llama2-70b", "dp=2,pp=4,tp=1d:8,mb=1", batch=64, recompute="full"),
     "llama-tied-zero1": make("llama2-7b", "dp=4,tp=1d:2,mb=2,sp,zero=1,overlap", batch=64, tied=True),
     "gpt-tied-fp32-dp": make("gpt3-1.3b", "dp=8,mb=4,fa=0", batch=64, dtype="fp32", recompute="none", tied=True),
+    # MoE (cost_models/moe.py; export/moe_flags.py): Qwen3's experts with ep, DeepSeek-V3's MLA, shared expert,
+    # dense first blocks and sigmoid routing with ep x etp folded over dp x tp
+    "moe-qwen3-ep": make("qwen3-30b-a3b", "dp=8,pp=2,ep=4,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
+    "moe-qwen3-fsdp-ep": make("qwen3-30b-a3b", "dp=8,ep=8,tp=1d:2,mb=1,sp,zero=3,overlap", batch=256),
+    "moe-deepseek-mla-etp": make("deepseek-v3", "dp=16,ep=8,etp=2,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -80,6 +85,9 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("tpo-without-sp", "megatron"): "needs sequence parallelism",
     ("tpo-without-sp", "torchtitan"): "it needs sp",
     ("fp16-full", "torchtitan"): "not fp16",
+    ("moe-deepseek-mla-etp", "torchtitan"): "no tensor parallelism inside experts",
+    ("moe-qwen3-ep", "torchtitan"): "fold over dp_shard x cp x tp",
+    ("moe-deepseek-mla-etp", "deepspeed"): "no tensor parallelism inside experts",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",
@@ -174,6 +182,7 @@ def test_torchtitan_config_manager_accepts_the_export(name: str) -> None:
     dims = ParallelDims.from_config(par, world_size=plan.gpus)  # asserts the degrees multiply to the world
     shard = lay.shard_size if lay.zero >= 2 else 1
     assert (dims.dp_shard, dims.dp_replicate, dims.tp, dims.pp) == (shard, lay.dp // shard, lay.tensor_size, lay.pp)
+    assert dims.ep == lay.ep
     assert par.enable_sequence_parallel == lay.sequence_parallel
     assert par.fsdp_reshard_after_forward == {2: "never", 3: "always"}.get(lay.zero, "default")
     assert config.compile.enable_async_tensor_parallel == lay.tpo and config.compile.enable == lay.tpo
@@ -385,6 +394,27 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--log-interval": [("run", "log_interval", _int)],
     "--eval-interval": [("run", "eval_interval", _int)],
     "--eval-iters": [("run", "eval_iters", _int)],
+    "--num-experts": [("tc", "num_moe_experts", _int)],
+    "--moe-router-topk": [("tc", "moe_router_topk", _int)],
+    "--expert-model-parallel-size": [("tc", "expert_model_parallel_size", _int)],
+    "--expert-tensor-parallel-size": [("tc", "expert_tensor_parallel_size", _int)],
+    "--moe-ffn-hidden-size": [("tc", "moe_ffn_hidden_size", _int)],
+    "--moe-shared-expert-intermediate-size": [("tc", "moe_shared_expert_intermediate_size", _int)],
+    "--moe-router-score-function": [("tc", "moe_router_score_function", _str)],
+    "--moe-router-load-balancing-type": [("tc", "moe_router_load_balancing_type", _str)],
+    "--moe-aux-loss-coeff": [("tc", "moe_aux_loss_coeff", _float)],
+    "--moe-token-dispatcher-type": [("tc", "moe_token_dispatcher_type", _str)],
+    "--moe-grouped-gemm": [("tc", "moe_grouped_gemm", _on)],
+    "--moe-layer-freq": [("tc", "moe_layer_freq", lambda v: [int(x) for x in _str(v).strip("[]").split(",")])],
+    "--moe-expert-capacity-factor": [("tc", "moe_expert_capacity_factor", _float)],
+    "--multi-latent-attention": [("tc", "multi_latent_attention", _on)],
+    "--q-lora-rank": [("tc", "q_lora_rank", _int)],
+    "--kv-lora-rank": [("tc", "kv_lora_rank", _int)],
+    "--qk-head-dim": [("tc", "qk_head_dim", _int)],
+    "--qk-pos-emb-head-dim": [("tc", "qk_pos_emb_head_dim", _int)],
+    "--v-head-dim": [("tc", "v_head_dim", _int)],
+    "--kv-channels": [("tc", "kv_channels", _int)],
+    "--qk-layernorm": [("tc", "qk_layernorm", _on)],
 }
 
 
@@ -425,7 +455,13 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
     if "virtual_pipeline_model_parallel_size" in kwargs["derived"]:
         per_stage = kwargs["derived"]["virtual_pipeline_model_parallel_size"]
         tc["virtual_pipeline_model_parallel_size"] = m.layers // (lay.pp * per_stage)
-    transformer = TransformerConfig(**tc)
+    # Megatron-LM builds MLATransformerConfig where --multi-latent-attention is given (its MoE / MLA checks run
+    # in __post_init__: topk <= experts, ep x etp against the ranks, the MLA head widths)
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+    transformer = (MLATransformerConfig if tc.get("multi_latent_attention") else TransformerConfig)(**tc)
+    if m.moe is not None:
+        assert (transformer.num_moe_experts, transformer.moe_router_topk) == (m.moe.experts, m.moe.top_k)
+        assert (transformer.expert_model_parallel_size, transformer.expert_tensor_parallel_size) == (lay.ep, lay.etp)
     ddp = DistributedDataParallelConfig(**kwargs["ddp"])
     OptimizerConfig(**kwargs["opt"])
     unknown = set(kwargs["model"]) - set(inspect.signature(GPTModel.__init__).parameters)

@@ -63,7 +63,7 @@ def test_mistral_maps_to_llama_when_its_fields_match(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("data", "message"), [
     ({"model_type": "qwen2"}, r"model_type 'qwen2' is not supported \(its q/k/v projections have biases\); "
-                              "supported: gpt2, llama, mistral"),
+                              "supported: gpt2, llama, mistral, mixtral, qwen3_moe, deepseek_v3"),
     ({"model_type": "gpt_neox"}, "model_type 'gpt_neox' is not supported"),
     ({"architectures": ["OPTForCausalLM"]}, "no model_type and no known architectures"),
     ({"model_type": "mistral"}, "field 'sliding_window'=4096 < max_position_embeddings=131072"),

@@ -9,7 +9,7 @@ from rich.table import Table
 from paracube.cli.options import console, human_bytes, positive_int, print_json
 from paracube.errors import ParacubeError
 from paracube.topologies.presets import PRESETS as TOPOLOGY_PRESETS
-from paracube.workload import PRESETS
+from paracube.workload import PRESETS, ModelSpec
 
 TOPOLOGY_NAMES = tuple(TOPOLOGY_PRESETS)
 
@@ -25,18 +25,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=topologies)
 
+def _experts(m: ModelSpec) -> str:
+    """`top-k/E x f_e (+shared f_s), mla` for an MoE model; `-` for a dense one."""
+    if m.moe is None:
+        return "-"
+    e = m.moe
+    text = f"top-{e.top_k}/{e.experts} x {e.expert_ffn}" + (f" +shared {e.shared_ffn}" if e.shared_ffn else "")
+    return text + (", mla" if m.mla else "")
+
+
 def models(args: argparse.Namespace) -> int:
     rows = [{**m.to_dict(), "parameters": m.num_parameters()} for m in PRESETS.values()]
     if args.json:
         print_json(rows)
         return 0
     table = Table(title="model presets (untied embeddings)")
-    for col in ("name", "family", "params", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq"):
+    for col in ("name", "family", "params", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq", "experts"):
         table.add_column(col, justify="left" if col in ("name", "family") else "right")
     for m in PRESETS.values():
         n = m.num_parameters()
         table.add_row(m.name, m.family, f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M", str(m.layers),
-                      str(m.hidden), str(m.heads), str(m.num_kv_heads), str(m.ffn_hidden), str(m.vocab), str(m.seq_len))
+                      str(m.hidden), str(m.heads), str(m.num_kv_heads), str(m.ffn_hidden), str(m.vocab), str(m.seq_len),
+                      _experts(m))
     console().print(table)
     return 0
 

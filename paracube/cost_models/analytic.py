@@ -66,6 +66,9 @@ from paracube.cost_models.fsdp_overlap import prefetched_micro
 from paracube.cost_models.grad_overlap import exposed_grad_time
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total, with_zero
+from paracube.cost_models.moe import dense_part
+from paracube.cost_models.moe import violations as moe_violations
+from paracube.cost_models.moe_step import with_moe
 from paracube.cost_models.tpo import gemm_seconds, hidden
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
@@ -345,17 +348,18 @@ def estimate(
     calibration/from_runs.py)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
-    d = context_local(replace(with_pins(dims_of(model, training), layout), grad_bytes=grad_bytes), layout.cp,
-                      layout.cp_comm)  # a cp rank's view
+    d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes),
+                      layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     mb, note = resolve_micro_batch(layout, d)
-    bad = violations(layout, d, mb)
+    bad = violations(layout, d, mb) + moe_violations(model, layout)
     if layout.zero >= 2 and layout.pp > 1:
         bad.append(f"zero={layout.zero} with pp={layout.pp} is not priced (paracube's executor shards gradients and "
                    "parameters without pipelines only); use pp=1 or zero=0/1")
     if bad:
         raise ParacubeError(f"layout {layout}: {'; '.join(bad)}")
     g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]
-    links = layout_links(layout, cache or LinkCache(topo))
+    cache = cache or LinkCache(topo)
+    links = layout_links(layout, cache)
     batch = layout_arrays(layout, mb)
     res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
                    kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap,
@@ -368,7 +372,7 @@ def estimate(
     events = tuple(stage_events(layout.with_(micro_batch=mb), d, mb, stage)) if with_events else ()
     comm = float(res.comm[0])
     exposed = step - float(res.compute[0]) - float(res.bubble[0])
-    return StepEstimate(
+    return with_moe(StepEstimate(
         layout=str(layout.with_(micro_batch=mb)),
         engine="analytic",
         step_time_s=step,
@@ -384,7 +388,7 @@ def estimate(
         comm_time_by_kind=by_kind,
         events=events,
         notes=tuple(_notes(layout, d, note, stage)),
-    )
+    ), res, model, d, layout.with_(micro_batch=mb), g, cache)
 
 
 estimate_batch = evaluate  # the name the design notes use for the vectorized path

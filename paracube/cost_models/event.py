@@ -46,10 +46,13 @@ from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template,
 from paracube.cost_models.event_program import Op, StageProgram, build_stage, schedule
 from paracube.cost_models.event_trace import Span, Timeline
 from paracube.cost_models.links import LinkCache
+from paracube.cost_models.moe import dense_part, expert_links, priced
+from paracube.cost_models.moe_program import with_blocks
 from paracube.cost_models.validity import resolve_micro_batch
 from paracube.errors import ParacubeError, check, unknown
 from paracube.estimate import CommEvent, StepEstimate
 from paracube.layout import Layout
+from paracube.modes.experts import EXPERT_AXES
 from paracube.topologies.protocol import RoutedTopology
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -117,7 +120,8 @@ class _Sim:
         key = (stage if "pp" not in axes else -1, axes)
         tpl = self._templates.get(key)
         if tpl is None:
-            groups = self.layout.groups(axes)
+            groups = (self.layout.expert_groups(".".join(axes)) if axes[0] in EXPERT_AXES  # MoE folding
+                      else self.layout.groups(axes))
             if "pp" not in axes:
                 groups = groups[self.stage_of[groups[:, 0]] == stage]
             rep = self.reps[0 if "pp" in axes else stage]
@@ -309,7 +313,8 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
           f"{getattr(topo, 'name', topo)!r} has {n_dev} (ranks 0..{n_dev - 1})")
     base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
                              fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes)  # memory: grad_bytes
-    d = context_local(with_pins(dims_of(model, training), layout), layout.cp, layout.cp_comm)  # a cp rank's view
+    # a cp rank's view; MoE blocks: moe_program.with_blocks
+    d = context_local(with_pins(dims_of(dense_part(model), training), layout), layout.cp, layout.cp_comm)
     mb, _ = resolve_micro_batch(layout, d)
     n_micro = d.global_batch // (layout.dp * mb)
     if layout.interleave > 1 and n_micro % layout.pp:
@@ -318,6 +323,10 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     g = gemm_model(topo, training.dtype)
     programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap, overlap or layout.overlap,
                             param_overlap, fsdp_prefetch) for s in range(layout.pp)]
+    if priced(model):
+        mlay = layout.with_(micro_batch=mb)
+        links = expert_links(mlay, LinkCache(topo))
+        programs = [with_blocks(p, model, d, mlay, mb, g, links, n_micro) for p in programs]
     sim = _Sim(layout, topo, programs, n_micro, overlap, timeline, param_overlap, fsdp_prefetch)
     sim.waits = g if g.waits else None
     if not g.comm:  # uncalibrated all_reduces take the faster of ring and tree, as the analytic model does

@@ -76,6 +76,9 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"tied embeddings (tie_word_embeddings) with tensor mode {mode}: its head is not laid "
                             "out as the embedding; untie them or use a mode that ties them ("
                             f"{', '.join(n for n, m in MODES.items() if m.ties_embeddings)})")
+    if spec.moe is not None or spec.mla is not None or spec.head_size is not None or layout.ep * layout.etp > 1:
+        raise ParacubeError(f"model {spec.name}: the executor does not run MoE blocks, MLA or a head width other "
+                            "than hidden / heads yet (issue #25 item 4); plan and export it (--runtime megatron)")
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads

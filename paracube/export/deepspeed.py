@@ -32,6 +32,7 @@ from paracube.export.common import (
     tensor_size,
 )
 from paracube.export.megatron import TRAINING_ARGS, big_axes, tokenizer_args
+from paracube.export.moe_flags import deepspeed_moe_args
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
 
@@ -54,6 +55,10 @@ def why_not(plan: Plan) -> str | None:
     if lay.cp > 1:
         return (f"it has no context parallelism (cp={lay.cp}): DeepSpeed-Ulysses all-to-alls heads, not a key / "
                 "value ring")
+    if lay.etp > 1:
+        return f"DeepSpeed-MoE has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
+    if plan.model.mla is not None:
+        return "Megatron-DeepSpeed has no multi-head latent attention (MLA)"
     return None
 
 
@@ -161,7 +166,8 @@ def export(plan: Plan) -> Export:
     hosts = [] if plan.launch.nnodes == 1 else ['--hostfile "$HOSTFILE"']
     words = ["deepspeed", *hosts, f"--num_nodes {plan.launch.nnodes}", f"--num_gpus {plan.launch.nproc_per_node}",
              "pretrain_gpt.py"]
-    command = shell_command(words, [*parallel, *model_args(plan), *tokenizer, *TRAINING_ARGS])
+    command = shell_command(words, [*parallel, *model_args(plan), *deepspeed_moe_args(plan), *tokenizer,
+                                    *TRAINING_ARGS])
     return Export("deepspeed", "\n".join(lines) + "\n" + command, tuple(notes))
 
 

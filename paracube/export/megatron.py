@@ -29,6 +29,7 @@ from paracube.export.common import (
     shell_command,
     tensor_size,
 )
+from paracube.export.moe_flags import megatron_moe_args
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
 
@@ -193,7 +194,7 @@ def export(plan: Plan) -> Export:
              "# run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) from a Megatron-LM checkout",
              *torchrun_prologue(plan, ["MEGATRON_LM", "DATA_PATH", *needed])]
     command = shell_command([*torchrun_words(plan), '"$MEGATRON_LM/pretrain_gpt.py"'],
-                            [*parallel, *model_args(plan), *tokenizer, *TRAINING_ARGS])
+                            [*parallel, *model_args(plan), *megatron_moe_args(plan), *tokenizer, *TRAINING_ARGS])
     return Export("megatron", "\n".join(lines) + "\n" + command, tuple(notes))
 
 

@@ -36,6 +36,7 @@ from paracube.export.common import (
     tensor_size,
 )
 from paracube.export.megatron import big_axes
+from paracube.export.moe_flags import torchtitan_moe_flags
 from paracube.plan import Plan
 
 WRITTEN_FOR = "torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)"
@@ -50,9 +51,16 @@ def why_not(plan: Plan) -> str | None:
         return f"it trains in {' or '.join(TORCH_DTYPES)} (mixed_precision_param), not {plan.training.dtype}"
     if plan.layout.tpo and not plan.layout.sequence_parallel:
         return "its async tensor parallelism (tpo) overlaps the sequence-parallel collectives: it needs sp"
-    if plan.layout.cp > 1 and plan.layout.cp_comm != "ag":
+    lay = plan.layout
+    if lay.cp > 1 and lay.cp_comm != "ag":
         return ("its context parallelism all-gathers keys and values (torch's rotate method allgather): "
-                f"cpc=ag, not cpc={plan.layout.cp_comm or 'p2p (unpinned)'}")
+                f"cpc=ag, not cpc={lay.cp_comm or 'p2p (unpinned)'}")
+    if lay.etp > 1:
+        return f"it has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
+    shard = lay.shard_size if lay.zero >= 2 else 1  # data_parallel_flags: FSDP's shard degree
+    if lay.ep > 1 and (shard * lay.cp * lay.tensor_size) % lay.ep:
+        return (f"its experts fold over dp_shard x cp x tp = {shard * lay.cp * lay.tensor_size} ranks only "
+                f"(ParallelismConfig.expert_parallel_degree), not ep={lay.ep}: use zero=2/3 or ep dividing that")
     return None
 
 
@@ -148,7 +156,8 @@ def export(plan: Plan) -> Export:
     words = ["torchrun", f"--nnodes={plan.launch.nnodes}", f"--nproc-per-node={plan.launch.nproc_per_node}",
              '--node-rank="$NODE_RANK"', '--master-addr="$MASTER_ADDR"', '--master-port="$MASTER_PORT"',
              "-m torchtitan.train"]
-    args = ['--module "$MODEL_MODULE"', '--config "$MODEL_CONFIG"', *flags, *training_flags(plan)]
+    args = ['--module "$MODEL_MODULE"', '--config "$MODEL_CONFIG"', *flags, *torchtitan_moe_flags(plan),
+            *training_flags(plan)]
     return Export("torchtitan", "\n".join(lines) + "\n" + shell_command(words, args), tuple(notes))
 
 

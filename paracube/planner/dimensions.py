@@ -21,6 +21,8 @@ runtime offers it and prices the other value for the best layout only, as its ru
     cpc      context parallelism's key / value exchange (p2p ring, ag all-gather; modes/context.py): a pass over
              the configurations per value where the runtime offers both (Runtime.cp_comms; the cp degree itself
              is a structural axis: planner/enumerate.context_degrees)
+    ep, etp  expert parallelism and tensor parallelism inside experts (models with MoE blocks): every value the
+             model's experts and the layout's dp x cp x tp ranks admit, priced per layout (planner/experts.py)
 The search reads `values(dim, runtime, fixed, asked)`, never a runtime's name, so a new dimension is a new
 declaration here plus its pricing in the engines.
 """
@@ -67,8 +69,14 @@ FSDP_PREFETCH = Dimension("fsdp_prefetch", (False, True), lambda f: None,
 KW = Dimension("kw", (0, 1), lambda f: f.keep_weights, lambda r: (0, 1), doc="kept weights (2d / 2.5d / 3d)")
 FA = Dimension("fa", (1, 0), lambda f: f.flash, lambda r: (1, 0), 1, "attention kernel (1 flash, 0 unfused)")
 CPC = Dimension("cpc", CP_COMMS, lambda f: f.cp_comm, lambda r: r.cp_comms, doc="context parallelism's exchange")
+_EXPERT_WAYS = tuple(2 ** i for i in range(11))  # ep / etp values priced (1 .. 1024; the model's divisors apply)
+EP = Dimension("ep", _EXPERT_WAYS, lambda f: f.ep if f.ep > 1 else None,
+               lambda r: _EXPERT_WAYS if r.expert_parallel else (1,), doc="expert parallelism (MoE models)")
+ETP = Dimension("etp", _EXPERT_WAYS[:4], lambda f: f.etp if f.etp > 1 else None,
+                lambda r: _EXPERT_WAYS[:4] if r.expert_tensor_parallel else (1,),
+                doc="tensor parallelism inside an expert (MoE models)")
 DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, FSDP_PREFETCH, KW, FA,
-                                                        CPC)}
+                                                        CPC, EP, ETP)}
 
 
 def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
@@ -89,6 +97,5 @@ def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
     return bool(vals) and vals[0] == dim.dominant
 
 
-__all__ = ["CPC", "DIMENSIONS", "FA", "FSDP_PREFETCH", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS", "RC", "TPO",
-           "ZERO",
-           "Dimension", "chosen", "values"]
+__all__ = ["CPC", "DIMENSIONS", "EP", "ETP", "FA", "FSDP_PREFETCH", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS",
+           "RC", "TPO", "ZERO", "Dimension", "chosen", "values"]

@@ -58,6 +58,8 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "cp": (lambda lay: f"cp={lay.cp}", lambda f: f.cp != 1),
     "cpc": (lambda lay: f"cpc={lay.cp_comm or 'p2p'}", lambda f: f.cp_comm is not None),
     "tensor": (_tensor, lambda f: f.mode != "none"),
+    "ep": (lambda lay: f"ep={lay.ep}", lambda f: f.ep != 1),  # MoE models only (planner/experts.py)
+    "etp": (lambda lay: f"etp={lay.etp}", lambda f: f.etp != 1),
     "mb": (lambda lay: f"mb={lay.micro_batch}", lambda f: f.micro_batch is not None),
     "v": (lambda lay: f"v={lay.interleave}", lambda f: f.interleave != 1),
     "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
@@ -108,7 +110,8 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
         if (part == "v" and best.pp == 1) or (part == "sp" and not best.tensor_mode.sequence_parallel) or \
                 (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute) \
                 or (part in ("overlap", "tpo") and not any(getattr(lay, part) for lay, _ in rows)) \
-                or (part == "cpc" and best.cp == 1):
+                or (part == "cpc" and best.cp == 1) \
+                or (part in ("ep", "etp") and all(getattr(lay, part) == 1 for lay, _ in rows)):
             continue  # not a choice of its own (overlap, tpo: the runtime does not offer it here)
         value = label(best)
         if fixed is not None and is_pinned(fixed):

@@ -50,6 +50,8 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import context_local, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
+from paracube.cost_models.moe import priced
+from paracube.cost_models.moe import violations as moe_violations
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
@@ -68,6 +70,7 @@ from paracube.planner.dimensions import (
     values,
 )
 from paracube.planner.enumerate import context_degrees
+from paracube.planner.experts import search_experts
 from paracube.planner.scoring import _search_mode
 from paracube.planner.search_state import RUNNABLE_MODES, SearchResult, _Search
 from paracube.runtimes import RUNTIMES, Runtime
@@ -141,6 +144,16 @@ def search(
     (None: the executor's, modes/buckets.py; calibration/from_runs.py prices a published run with its stack's)."""
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
+    bad_experts = moe_violations(model, fixed) if fixed is not None else []
+    check(not bad_experts, f"layout {fixed}: {'; '.join(bad_experts)}")
+    if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
+        cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
+        ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k)
+        check(bool(ranked), f"no layout of {gpus} GPUs fits {model.name} (global batch {training.global_batch}) "
+              f"with runtime {rt.name}: " + (f"rejected {dict(rejected)}" if rejected else
+                                             "no candidate matches the pins (blocks split over pp x v, ep dividing "
+                                             "the experts and dp x tp, tp a divisor of the heads)"))
+        return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
     d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=rt.grad_bytes)  # fa= pinned: that kernel
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)

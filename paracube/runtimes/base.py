@@ -24,6 +24,7 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   ring, "ag" all-gather; first = its default, what an unpinned cpc records); () = no context parallelism
   (`cp_note` says why, e.g. DeepSpeed-Ulysses is not this). The ring is priced overlapped with attention, the
   all-gather exposed (cost_models/context_parallel.py).
+- `expert_parallel` / `expert_tensor_parallel`: MoE layouts with ep > 1 / etp > 1 (Layout's folding).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -79,6 +80,10 @@ class Runtime:
     tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
     mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
     dtype_check: DtypeCheck | None = None  # per-mode dtypes (paracube's executor: ExecutorSupport.dtypes)
+    # Mixture-of-experts (Layout ep= / etp=, cost_models/moe.py): expert parallelism (ep > 1) and tensor
+    # parallelism inside an expert (etp > 1, Megatron-core's --expert-tensor-parallel-size)
+    expert_parallel: bool = False
+    expert_tensor_parallel: bool = False
     source: str = ""  # where the facts come from
     cp_comms: tuple[str, ...] = ()  # context parallelism's exchanges it runs, its default first (module docstring)
     cp_note: str = ""  # why it has no context parallelism (cp_comms empty)
@@ -162,6 +167,10 @@ class Runtime:
         if layout.cp > 1 and layout.cp_comm is not None and layout.cp_comm not in self.cp_comms:
             return (f"{who} does not run cpc={layout.cp_comm} (context parallelism's exchange); "
                     f"valid: cpc={'/'.join(self.cp_comms)}")
+        if layout.ep > 1 and not self.expert_parallel:
+            return f"{who} does not run expert parallelism (ep={layout.ep}); valid: ep=1"
+        if layout.etp > 1 and not self.expert_tensor_parallel:
+            return f"{who} does not run tensor parallelism inside experts (etp={layout.etp}); valid: etp=1"
         if self.mode_check is not None:
             why = self.mode_check(layout.mode, layout.pp, layout.sequence_parallel, layout.zero, tied_embeddings,
                                   family)
@@ -178,6 +187,7 @@ class Runtime:
                              "param_gather": [self.param_gather_overlap, self.param_gather_overlap_default],
                              "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap,
                              "fsdp_prefetch": self.fsdp_prefetch},
+                "expert_parallel": self.expert_parallel, "expert_tensor_parallel": self.expert_tensor_parallel,
                 "export_target": self.export_target, "cp_comms": list(self.cp_comms)}
 
 

@@ -39,6 +39,8 @@ RUNTIME = Runtime(
     p2p_overlap=False,
     export_target="deepspeed",
     grad_bytes=2,  # ZeRO keeps 16-bit gradients (the ZeRO paper's 2 + 2 + 12 bytes per parameter)
+    expert_parallel=True,  # DeepSpeed-MoE ep_size; no tensor parallelism inside experts
+    expert_tensor_parallel=False,
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
 )

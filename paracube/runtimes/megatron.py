@@ -37,6 +37,8 @@ RUNTIME = Runtime(
     tpo_needs_sp=True,
     p2p_overlap=True,
     export_target="megatron",
+    expert_parallel=True,  # --expert-model-parallel-size, --expert-tensor-parallel-size
+    expert_tensor_parallel=True,
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
     cp_comms=("p2p", "ag"),
 )

@@ -39,6 +39,10 @@ RUNTIME = Runtime(
     p2p_overlap=True,
     export_target="torchtitan",
     sp_default=True,
+    # parallelism.expert_parallel_degree (efsdp = dp_shard cp tp / ep: the folding); torchtitan 0.3.0 has no
+    # expert tensor parallelism (ParallelismConfig)
+    expert_parallel=True,
+    expert_tensor_parallel=False,
     source="torchtitan ParallelismConfig (docs/exports.md)",
     cp_comms=("ag",),
 )

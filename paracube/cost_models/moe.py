@@ -1,0 +1,258 @@
+"""Mixture-of-experts blocks and latent / wide-head attention priced on top of the dense engines.
+
+Decomposition (one formula set for both engines; analytic.py and event.py each call it from one hook):
+- the dense engines price `dense_part(model)`: the model without its routed experts, every block's MLP the
+  blocks' mean of the dense MLP width and the shared expert's (shared experts run on the dense tensor group,
+  as in Megatron-core), at least 128 wide so tensor splits divide it (the <= 128-wide stand-in overprices an
+  all-MoE model's block by under 1%), attention as grouped-query attention of hidden / heads per head;
+- this module adds, per MoE block and micro-batch on one rank (modes/experts.py declares its collectives):
+  router GEMM [T, h] x [h, E]; the routed experts' grouped GEMM, E / ep local experts each a SwiGLU of width
+  f_e / etp on m = R / (E / ep) tokens, R = T k etp x imbalance the most loaded rank's tokens (grouped-GEMM
+  efficiency: each expert's GEMM at its own shape on the device's GEMM curve, compute.GemmModel.eff, so few
+  tokens per expert or narrow experts run at low efficiency); dispatch and combine all_to_all over ep (and
+  the etp all_gather / reduce_scatter), each priced on the folded group's ranks (in-node or across nodes by
+  the placement, LinkCache), the most loaded rank's share x imbalance; backward: GEMMs 2x, the same four
+  collectives; full recomputation runs the forward again (dispatch included, as Megatron-core recomputes);
+- per step: the expert gradients' all_reduce over edp (fp32; exposed, or under the last backward as
+  grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
+- attention correction (MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden / heads, Qwen3):
+  the difference between the true attention linears and the dense part's (qkv [h, h + 2 kv], proj [h, h]),
+  and the attention core with qk / v head widths instead of hidden / heads, at the dense part's shapes;
+- memory: expert parameters (c bytes), fp32 gradients, AdamW state (sharded over edp with zero >= 1,
+  gradients with zero >= 2, parameters with zero = 3); saved activations per in-flight micro-batch and MoE
+  block: the permuted tokens (R h), the expert intermediates (3 R f_e / etp: gate, up, activation) and the
+  router's probabilities (T E, fp32); temporaries: one block's dispatch send and receive buffers.
+T = mb s / (cp t) tokens per rank (the tensor group's tokens split before dispatch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from paracube.cost_models.collective import collective_time
+from paracube.cost_models.compute import GemmModel, attention_core_time, optimizer_time
+from paracube.cost_models.dims import Dims
+from paracube.cost_models.links import LinkCache
+from paracube.cost_models.memory import optimizer_bytes
+from paracube.estimate import CommEvent
+from paracube.layout import Layout
+from paracube.modes.experts import ExpertSizes, block_bwd, block_fwd
+from paracube.modes.stages import stage_chunks
+from paracube.workload import ModelSpec
+
+MIN_WIDTH = 128
+
+
+def dense_part(model: ModelSpec) -> ModelSpec:
+    """What the dense engines price (module docstring); a dense model unchanged."""
+    if model.moe is None and model.mla is None and model.head_size is None:
+        return model
+    f = model.ffn_hidden
+    if model.moe is not None:
+        k = model.moe.moe_layers(model.layers)
+        mean = ((model.layers - k) * f + k * model.moe.shared_ffn) / model.layers
+        f = max(MIN_WIDTH, MIN_WIDTH * round(mean / MIN_WIDTH))
+    return replace(model, ffn_hidden=f, moe=None, mla=None, head_size=None, qk_norm=False)
+
+
+def violations(model: ModelSpec, layout: Layout) -> list[str]:
+    """What a layout's ep / etp cannot do with this model (one clause each, naming the valid values)."""
+    moe = model.moe
+    if layout.ep * layout.etp == 1:
+        return []
+    if moe is None:
+        return [f"ep={layout.ep},etp={layout.etp} split experts: model {model.name} has none (use ep=1,etp=1)"]
+    bad = []
+    if moe.experts % layout.ep:
+        bad.append(f"ep={layout.ep} must divide the {moe.experts} experts of {model.name}; valid: "
+                   + ", ".join(str(n) for n in range(1, moe.experts + 1) if moe.experts % n == 0
+                               and (layout.dp * layout.cp * layout.tensor_size) % (n * layout.etp) == 0))
+    if moe.expert_ffn % layout.etp:
+        bad.append(f"etp={layout.etp} must divide the expert width {moe.expert_ffn}")
+    return bad
+
+
+def tokens_per_rank(layout: Layout, mb: int, s: int) -> int:
+    return max(1, mb * s // (layout.cp * layout.tensor_size))
+
+
+def moe_layers_of(model: ModelSpec, layout: Layout, stage: int) -> int:
+    if model.moe is None:
+        return 0
+    chunks = stage_chunks(model.layers, layout.pp, layout.interleave, stage)
+    return sum(model.moe.is_moe_layer(i) for c in chunks for i in c)
+
+
+def expert_placement(layout: Layout) -> tuple[tuple[str, int], ...]:
+    """The folded axes innermost first (etp, ep, edp within a stage, then pp): Layout.expert_groups' order,
+    exact where pp is the outermost axis of the placement (the default); otherwise each stage's ranks are
+    taken as if consecutive (the estimate notes it)."""
+    return (("etp", layout.etp), ("ep", layout.ep), ("edp", layout.expert_data), ("pp", layout.pp))
+
+
+def expert_links(layout: Layout, cache: LinkCache) -> dict[tuple[str, ...], tuple[float, float]]:
+    place = expert_placement(layout)
+    return {axes: cache.get(place, axes) for axes in (("ep",), ("etp",), ("edp",))}
+
+
+@dataclass
+class BlockCost:
+    """One MoE block, one micro-batch, one rank: compute seconds and the collectives, forward and backward."""
+
+    fwd: float
+    bwd: float
+    events_fwd: list[CommEvent]
+    events_bwd: list[CommEvent]
+    tokens: int
+    received: float
+
+
+def _events(colls: list, d: Dims, z: ExpertSizes, layout: Layout, phase: str, block: int) -> list[CommEvent]:
+    sizes = {"ep": layout.ep, "etp": layout.etp, "edp": layout.expert_data}
+    out = []
+    for c in colls:
+        n = math.prod(sizes[a] for a in c.axes)
+        if n > 1:
+            out.append(CommEvent(c.kind, c.axes, n, int(c.payload(z)), d.dtype, phase, f"layers.{block}.{c.label}"))
+    return out
+
+
+def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, block: int = 0) -> BlockCost:
+    moe = model.moe
+    assert moe is not None
+    T = tokens_per_rank(layout, mb, d.s)
+    R = T * moe.top_k * layout.etp * moe.imbalance  # token copies at the most loaded rank's experts
+    local = moe.experts // layout.ep
+    m = max(R / local, 1.0)
+    fe = moe.expert_ffn // layout.etp
+    up = g.gemms(m, 2 * fe, d.h)  # gate and up fused [h, 2 f_e / etp]
+    down = g.gemms(m, d.h, fe)
+    router = g.gemms(T, moe.experts, d.h)
+    fwd = local * float(up[0] + down[0]) + float(router[0])
+    bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2])
+    z = ExpertSizes(T=T, k=moe.top_k, received=R / layout.etp)
+    return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp), d, z, layout, "fwd", block),
+                     _events(block_bwd(d, layout.etp), d, z, layout, "bwd", block), T, R)
+
+
+def comm_time(e: CommEvent, links: dict, imbalance: float) -> float:
+    bw, lat = links[e.axes]
+    t = float(collective_time(e.kind, e.group_size, 1, e.payload_bytes, bw, lat))
+    return t * (imbalance if e.kind == "all_to_all" else 1.0)  # the most loaded receiver finishes last
+
+
+def expert_params_per_rank(model: ModelSpec, layout: Layout, stage: int) -> int:
+    moe = model.moe
+    if moe is None:
+        return 0
+    per_block = (moe.experts // layout.ep) * 3 * model.hidden * (moe.expert_ffn // layout.etp)
+    return moe_layers_of(model, layout, stage) * per_block
+
+
+def grad_event(model: ModelSpec, layout: Layout, stage: int) -> CommEvent | None:
+    n = expert_params_per_rank(model, layout, stage)
+    if n == 0 or layout.expert_data == 1:
+        return None
+    # zero >= 1 reduce-scatters and gathers back instead: the same bytes and ring steps as this all_reduce
+    return CommEvent("all_reduce", ("edp",), layout.expert_data, 4 * n, "float32", "grad_sync", "expert_gradients")
+
+
+def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float, int]:
+    """(forward s, backward s, parameters) one block's true attention adds to the dense part's (module doc)."""
+    if model.mla is None and model.head_size is None:
+        return 0.0, 0.0, 0
+    h, t = d.h, layout.tensor_size
+    T = mb * d.s // layout.cp
+    if model.mla is not None:
+        true = [(a, b) for _, a, b in model.mla.linears(h, model.heads)]
+        qk, v = model.mla.qk_head_dim, model.mla.v_head_dim
+    else:
+        q, kv = model.heads * model.head_dim, model.num_kv_heads * model.head_dim
+        true = [(h, q + 2 * kv), (q, h)]
+        qk = v = model.head_dim
+    dense = [(h, h + 2 * d.kv), (h, h)]
+
+    def lin(shapes: list[tuple[int, int]]) -> tuple[float, float]:
+        f = b = 0.0
+        for a, o in shapes:
+            y, dx, da = g.gemms(T, max(o // t, 1), a)
+            f, b = f + float(y), b + float(dx + da)
+        return f, b
+
+    (tf, tb), (df, db) = lin(true), lin(dense)
+    core_f, core_b = attention_core_time(d, mb, t, g)
+    ratio = (qk + v) / (2.0 * (d.h // d.heads)) - 1.0
+    params = sum(a * o for a, o in true) - sum(a * o for a, o in dense)
+    return tf - df + ratio * float(np.asarray(core_f).ravel()[0]), tb - db + ratio * float(
+        np.asarray(core_b).ravel()[0]), params // t
+
+
+@dataclass
+class StageCost:
+    """What one stage adds per micro-batch (work: compute + exposed collectives) and per step."""
+
+    compute: float = 0.0  # per micro-batch
+    comm: float = 0.0  # per micro-batch
+    step_comm: float = 0.0  # expert gradient reduction (s)
+    optim: float = 0.0
+    sent: float = 0.0  # bytes per step
+    memory: dict[str, float] = field(default_factory=dict)
+    events: list[CommEvent] = field(default_factory=list)  # one micro-batch's + the step's
+
+
+def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
+               links: dict, in_flight: float) -> StageCost:
+    out = StageCost(memory={"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0, "activations": 0.0,
+                            "temporaries": 0.0})
+    layers = sum(len(c) for c in stage_chunks(model.layers, layout.pp, layout.interleave, stage))
+    af, ab, aparams = attention_delta(model, d, layout, mb, g)
+    rec = d.recompute == "full"
+    out.compute += layers * (af * (2 if rec else 1) + ab)
+    k = moe_layers_of(model, layout, stage)
+    n_exp = expert_params_per_rank(model, layout, stage)
+    n_att = layers * aparams
+    edp = layout.expert_data
+    z3, z2, z1 = (edp if layout.zero >= s else 1 for s in (3, 2, 1))
+    out.memory["parameters"] += d.c * (n_exp / z3 + n_att)
+    out.memory["gradients"] += 4 * (n_exp / z2 + n_att)
+    out.memory["optimizer"] += optimizer_bytes(d.c) * (n_exp / z1 + n_att)
+    if k:
+        moe = model.moe
+        assert moe is not None
+        b = block_cost(model, d, layout, mb, g)
+        cf = sum(comm_time(e, links, moe.imbalance) for e in b.events_fwd)
+        cb = sum(comm_time(e, links, moe.imbalance) for e in b.events_bwd)
+        out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd)
+        out.comm += k * (cf * (2 if rec else 1) + cb)
+        blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch
+                  if moe.is_moe_layer(i)]
+        for i in blocks:  # one micro-batch's, in issue order per block (the whole forward, then backward)
+            out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}.")) for e in b.events_fwd]
+            if rec:
+                out.events += [replace(e, phase="recompute", label=e.label.replace("layers.0.", f"layers.{i}."))
+                               for e in b.events_fwd]
+        for i in reversed(blocks):
+            out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}.")) for e in b.events_bwd]
+        out.sent += sum(e.sent_bytes() for e in out.events)
+        acts = d.c * (b.received * d.h + 3 * b.received * moe.expert_ffn / layout.etp) + 4 * b.tokens * moe.experts
+        out.memory["activations"] += (1 if rec else k) * in_flight * acts
+        out.memory["temporaries"] += 2 * d.c * b.tokens * moe.top_k * d.h
+    ge = grad_event(model, layout, stage)
+    if ge is not None:
+        bw, lat = links[ge.axes]
+        out.step_comm = float(collective_time(ge.kind, ge.group_size, 1, ge.payload_bytes, bw, lat))
+        out.events.append(ge)
+    out.optim = float(np.asarray(optimizer_time(np.asarray([n_exp / z1 + n_att]), d.c, g)).ravel()[0])
+    return out
+
+
+def priced(model: ModelSpec) -> bool:
+    return model.moe is not None or model.mla is not None or model.head_size is not None
+
+
+__all__ = ["BlockCost", "StageCost", "attention_delta", "block_cost", "dense_part", "expert_links",
+           "expert_placement", "grad_event", "moe_layers_of", "priced", "stage_cost", "tokens_per_rank",
+           "violations"]

@@ -1,0 +1,108 @@
+"""The event engine's MoE blocks: cost_models/moe.py's terms inserted into a stage's program (event_program.py).
+
+Per MoE block i of the stage, in every forward list after block i's dense ops: dispatch all_to_all, (etp
+all_gather,) the experts' compute, (etp reduce_scatter,) combine all_to_all; in every backward list before
+block i's dense backward (after its recomputation under full recomputation, which repeats the forward ones):
+the backward collectives around the experts' backward compute. The attention correction (moe.attention_delta)
+is added to the largest compute op of each block's forward and backward (it may be negative: a true attention
+smaller than the dense part's). The all_to_alls run with payload x imbalance (the most loaded receiver sets
+their time; the declared events keep the balanced bytes). The expert gradient reduction runs in the tail
+before the optimizer (with the layout's `overlap`: issued as the last backward starts, waited on in the tail,
+as moe_step.py prices it), and the expert optimizer step is added to the optimizer op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.dims import Dims
+from paracube.cost_models.event_program import Op, StageProgram
+from paracube.cost_models.moe import attention_delta, block_cost, grad_event, moe_layers_of, stage_cost
+from paracube.cost_models.moe_step import in_flight
+from paracube.estimate import CommEvent
+from paracube.layout import Layout
+from paracube.modes.stages import stage_chunks
+from paracube.workload import ModelSpec
+
+
+def _timed(e: CommEvent, imbalance: float) -> CommEvent:
+    return replace(e, payload_bytes=int(e.payload_bytes * imbalance)) if e.kind == "all_to_all" else e
+
+
+def _ops(events: list[CommEvent], seconds: float, name: str, imbalance: float) -> list[Op]:
+    """Collectives before the experts' compute, the experts, the ones after (the first half of the list is
+    issued before: dispatch (+ gather) forward; combine's gradient (+ scatter's) backward)."""
+    half = len(events) // 2
+    comm = [Op("comm", e.label, event=_timed(e, imbalance)) for e in events]
+    return [*comm[:half], Op("compute", name, seconds), *comm[half:]]
+
+
+def _adjust(ops: list[Op], prefix: str, delta: float) -> None:
+    """Add `delta` seconds to the largest compute op named under `prefix` (kept >= 0)."""
+    idx = [j for j, op in enumerate(ops) if op.kind == "compute" and op.name.startswith(prefix)]
+    if delta and idx:
+        j = max(idx, key=lambda j: ops[j].seconds)
+        ops[j] = replace(ops[j], seconds=max(0.0, ops[j].seconds + delta))
+
+
+def _insert_fwd(ops: list[Op], i: int, extra: list[Op]) -> None:
+    prefix = f"layers.{i}."
+    at = max((j for j, op in enumerate(ops) if op.name.startswith(prefix)), default=len(ops) - 1) + 1
+    ops[at:at] = extra
+
+
+def _insert_bwd(ops: list[Op], i: int, rec: list[Op], extra: list[Op]) -> None:
+    prefix = f"layers.{i}."
+    js = [j for j, op in enumerate(ops) if op.name.startswith(prefix)]
+    if not js:
+        return
+    recs = [j for j in js if ".recompute" in ops[j].name]
+    at = (max(recs) + 1) if recs else js[0]
+    ops[at:at] = rec + extra
+
+
+def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
+                links: dict, n_micro: int) -> StageProgram:
+    stage = prog.stage
+    af, ab, _ = attention_delta(model, d, layout, mb, g)
+    rec = d.recompute == "full"
+    moe = model.moe
+    block = block_cost(model, d, layout, mb, g) if moe is not None and moe_layers_of(model, layout, stage) else None
+    imb = moe.imbalance if moe is not None else 1.0
+    chunks = stage_chunks(model.layers, layout.pp, layout.interleave, stage)
+    local = 0  # the program names a stage's blocks 0.. in chunk order (event_program.build_stage)
+    for c, layers in enumerate(chunks):
+        for block_index in layers:
+            i, local = local, local + 1
+            is_moe = block is not None and moe is not None and moe.is_moe_layer(block_index)
+            for lists in (prog.fwd, prog.fwd_first):
+                _adjust(lists[c], f"layers.{i}.", af)
+                if is_moe:
+                    assert block is not None
+                    _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd, f"layers.{i}.experts", imb))
+            for lists in (prog.bwd, prog.bwd_last):
+                _adjust(lists[c], f"layers.{i}.", ab + (af if rec else 0.0))
+                if is_moe:
+                    assert block is not None
+                    again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb) if rec else []
+                    _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd, f"layers.{i}.experts.bwd",
+                                                         imb))
+    ge = grad_event(model, layout, stage)
+    if ge is not None:
+        op = Op("comm", "expert_gradients", event=ge, asynchronous=layout.overlap)
+        if layout.overlap:
+            prog.bwd_last[-1].insert(0, op)
+            prog.tail.insert(0, Op("wait", "expert_gradients.wait"))
+        else:
+            prog.tail.insert(0, op)
+    optim = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage)).optim
+    for j, op in enumerate(prog.tail):
+        if op.kind == "compute" and op.name == "optimizer":
+            prog.tail[j] = replace(op, seconds=op.seconds + optim)
+    prog.compute_fwd = sum(op.seconds for ch in prog.fwd for op in ch if op.kind == "compute")
+    prog.compute_bwd = sum(op.seconds for ch in prog.bwd for op in ch if op.kind == "compute")
+    return prog
+
+
+__all__ = ["with_blocks"]

@@ -1,0 +1,107 @@
+"""The analytic engine's step with MoE blocks (and the attention correction) added: cost_models/moe.py's per-stage
+terms on top of the dense part's Scores.
+
+With N micro-batches, a stage's work becomes W_s + N (compute_s + comm_s) (the MoE collectives are in line with
+compute: Megatron-core's dispatcher waits on them), the step W + (pp - 1) / (v N) W + the dense per-step part
++ the slowest stage's expert gradient reduction (exposed; with the layout's `overlap` only what one micro-batch's
+backward, 2/3 of its work, leaves after the dense buckets G_d: max(0, G - max(0, 2/3 W / N - G_d))) + its
+expert optimizer step. Memory: the most
+loaded stage's dense parts plus its expert parts (first and last stage, as analytic.py counts them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.dims import Dims
+from paracube.cost_models.links import LinkCache
+from paracube.cost_models.moe import expert_links, priced, stage_cost
+from paracube.estimate import MemoryBreakdown, StepEstimate
+from paracube.layout import Layout
+from paracube.workload import ModelSpec
+
+STAGE_NAMES = ("first", "middle", "last")
+
+
+def stage_index(name: str, pp: int) -> int:
+    return {"first": 0, "middle": 1 if pp > 2 else 0, "last": pp - 1}[name]
+
+
+def in_flight(layout: Layout, n_micro: int, stage: int) -> float:
+    """Micro-batches whose activations a stage holds at once (1F1B: pp - stage; memory.in_flight's count)."""
+    pp, v = layout.pp, layout.interleave
+    held = (pp - stage) if v == 1 else pp * (1 + (pp - 1) / (pp * v)) if stage == 0 else 1 + (pp - 1) / v
+    return float(min(n_micro, held))
+
+
+def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: Layout, g: GemmModel,
+             cache: LinkCache) -> StepEstimate:
+    """`est` (the dense part's, from `scores`: analytic.Scores) with the MoE and attention terms added."""
+    if not priced(model):
+        return est
+    mb = layout.micro_batch or 1
+    n = d.global_batch / (layout.dp * mb)
+    links = expert_links(layout, cache)
+    costs = {s: stage_cost(model, d, layout, mb, g, stage_index(s, layout.pp), links,
+                           in_flight(layout, int(n), stage_index(s, layout.pp))) for s in STAGE_NAMES}
+    old_slow = int(scores.stage[0])
+    old_w = float(scores.stages[old_slow].compute[0] + scores.stages[old_slow].micro[0])
+    old_bubble = float(scores.bubble[0])
+    rest = est.step_time_s - old_w - old_bubble
+    work = {s: float(st.compute[0] + st.micro[0]) + n * (costs[s].compute + costs[s].comm)
+            for s, st in zip(STAGE_NAMES, scores.stages, strict=True)}
+    slow = max(STAGE_NAMES, key=lambda s: work[s])
+    c = costs[slow]
+    w = work[slow]
+    bubble = (layout.pp - 1) / (layout.interleave * n) * w
+    # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
+    # window (one queue on the same NICs): exposed max(0, G_e - max(0, 2/3 W / N - G_d)).
+    dense_grad = float(scores.stages[STAGE_NAMES.index(slow)].grad[0])
+    window = max(0.0, 2.0 / 3.0 * w / n - dense_grad)
+    grad = max(0.0, c.step_comm - window) if layout.overlap else c.step_comm
+    step = w + bubble + rest + grad + c.optim
+    heavy = max(("first", "last"), key=lambda s: _total(est.memory, costs[s].memory))
+    mem = MemoryBreakdown(**{k: getattr(est.memory, k) + v for k, v in costs[heavy].memory.items()})
+    micro_events = [e for e in c.events if e.phase != "grad_sync"]
+    events = tuple(est.events) + tuple(e for _ in range(int(n)) for e in micro_events) + tuple(
+        e for e in c.events if e.phase == "grad_sync") if est.events else ()
+    flops = est.flops_per_gpu + expert_flops(model, d) / layout.world_size
+    by_kind = dict(est.comm_time_by_kind)
+    moe_comm = n * c.comm + c.step_comm
+    by_kind["all_to_all"] = by_kind.get("all_to_all", 0.0) + moe_comm
+    by_axis = dict(est.comm_time_by_axis)
+    by_axis["ep"] = by_axis.get("ep", 0.0) + moe_comm
+    compute = est.compute_time_s + n * costs[slow].compute + c.optim
+    return replace(est, step_time_s=step, compute_time_s=compute, comm_time_s=est.comm_time_s + moe_comm,
+                   exposed_comm_time_s=step - compute - bubble, bubble_time_s=bubble, memory=mem,
+                   comm_bytes_per_gpu=est.comm_bytes_per_gpu + n * c.sent + sum(
+                       e.sent_bytes() for e in c.events if e.phase == "grad_sync"),
+                   flops_per_gpu=flops, mfu=flops / (step * g.peak), comm_time_by_axis=by_axis,
+                   comm_time_by_kind=by_kind, events=events,
+                   notes=(*est.notes, _note(model, layout)))
+
+
+def expert_flops(model: ModelSpec, d: Dims) -> float:
+    """Model FLOPs of the routed experts and routers in one step (fwd + bwd: 3 x 2 per multiply-add)."""
+    moe = model.moe
+    if moe is None:
+        return 0.0
+    per_token = moe.top_k * 3 * d.h * moe.expert_ffn + d.h * moe.experts
+    return 6.0 * d.global_batch * d.s * moe.moe_layers(model.layers) * per_token
+
+
+def _total(m: MemoryBreakdown, extra: dict[str, float]) -> float:
+    return sum(getattr(m, k) + v for k, v in extra.items())
+
+
+def _note(model: ModelSpec, layout: Layout) -> str:
+    moe = model.moe
+    if moe is None:
+        return "attention priced with its true head widths (cost_models/moe.py)"
+    return (f"experts: {moe.experts} x top-{moe.top_k}, ep={layout.ep}, etp={layout.etp}, edp={layout.expert_data}, "
+            f"imbalance {moe.imbalance:g} (cost_models/moe.py)")
+
+
+__all__ = ["in_flight", "stage_index", "with_moe"]

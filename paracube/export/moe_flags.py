@@ -1,0 +1,62 @@
+"""The MoE and attention flags of each export target (docs/exports.md, "Added 2026-12"), for models with MoE
+blocks, MLA or a head width other than hidden / heads; nothing for a dense model.
+
+- megatron (Megatron-core TransformerConfig / MLATransformerConfig): --num-experts, --moe-router-topk,
+  --expert-model-parallel-size, --expert-tensor-parallel-size, --moe-ffn-hidden-size,
+  --moe-shared-expert-intermediate-size, --moe-layer-freq (a 0/1 list where the first blocks are dense),
+  --moe-router-score-function, --moe-router-load-balancing-type aux_loss with --moe-aux-loss-coeff,
+  --moe-token-dispatcher-type alltoall (the dispatch paracube prices), --moe-grouped-gemm,
+  --moe-expert-capacity-factor (dropless when unset); MLA: --multi-latent-attention, --q-lora-rank,
+  --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim; --kv-channels and --qk-layernorm (Qwen3).
+  The same names serve Megatron-DeepSpeed's export where DeepSpeed-MoE has them: --num-experts, --topk,
+  --moe-expert-parallel-size (it has no expert tensor parallelism: the runtime refuses etp > 1).
+- torchtitan: --parallelism.expert_parallel_degree (the model's experts come from its --module config).
+"""
+
+from __future__ import annotations
+
+from paracube.plan import Plan
+
+
+def megatron_moe_args(plan: Plan) -> list[str]:
+    m, lay = plan.model, plan.layout
+    args: list[str] = []
+    if m.moe is not None:
+        e = m.moe
+        args += [f"--num-experts {e.experts}", f"--moe-router-topk {e.top_k}",
+                 f"--expert-model-parallel-size {lay.ep}", f"--expert-tensor-parallel-size {lay.etp}",
+                 f"--moe-ffn-hidden-size {e.expert_ffn}", f"--moe-router-score-function {e.router}",
+                 "--moe-router-load-balancing-type aux_loss", f"--moe-aux-loss-coeff {e.aux_loss:g}",
+                 "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+        if e.shared_ffn:
+            args.append(f"--moe-shared-expert-intermediate-size {e.shared_ffn}")
+        if e.first_dense or e.sparse_step > 1:
+            pattern = ",".join("1" if e.is_moe_layer(i) else "0" for i in range(m.layers))
+            args.append(f"--moe-layer-freq [{pattern}]")
+        if e.capacity_factor is not None:
+            args.append(f"--moe-expert-capacity-factor {e.capacity_factor:g}")
+    if m.mla is not None:
+        a = m.mla
+        args += ["--multi-latent-attention", f"--kv-lora-rank {a.kv_lora_rank}", f"--qk-head-dim {a.qk_nope_head_dim}",
+                 f"--qk-pos-emb-head-dim {a.qk_rope_head_dim}", f"--v-head-dim {a.v_head_dim}"]
+        if a.q_lora_rank:
+            args.append(f"--q-lora-rank {a.q_lora_rank}")
+    elif m.head_size is not None:
+        args.append(f"--kv-channels {m.head_size}")
+    if m.qk_norm:
+        args.append("--qk-layernorm")
+    return args
+
+
+def deepspeed_moe_args(plan: Plan) -> list[str]:
+    m, lay = plan.model, plan.layout
+    if m.moe is None:
+        return []
+    return [f"--num-experts {m.moe.experts}", f"--topk {m.moe.top_k}", f"--moe-expert-parallel-size {lay.ep}"]
+
+
+def torchtitan_moe_flags(plan: Plan) -> list[str]:
+    return [f"--parallelism.expert_parallel_degree {plan.layout.ep}"] if plan.model.moe is not None else []
+
+
+__all__ = ["deepspeed_moe_args", "megatron_moe_args", "torchtitan_moe_flags"]

@@ -1,0 +1,77 @@
+"""Hugging Face configs of mixture-of-experts models: mixtral, qwen3_moe, deepseek_v3 (moe_spec.py's fields).
+
+Defaults of each model_type's config class (transformers 4.5x: models/mixtral/configuration_mixtral.py
+MixtralConfig, models/qwen3_moe/configuration_qwen3_moe.py Qwen3MoeConfig,
+models/deepseek_v3/configuration_deepseek_v3.py DeepseekV3Config) fill what a file omits (None: derived).
+Field mapping:
+- mixtral: num_local_experts, num_experts_per_tok, intermediate_size (each expert's), softmax routing, every
+  block an MoE block, no shared expert, router_aux_loss_coef.
+- qwen3_moe: num_experts, num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, mlp_only_layers
+  (only [] or none: dense blocks at other places than the first ones are not described), head_dim, q/k norms.
+  qwen2_moe is refused as qwen2 is (its q/k/v projections have biases).
+- deepseek_v3: n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts (x
+  moe_intermediate_size), first_k_dense_replace, moe_layer_freq, sigmoid routing; MLA's q_lora_rank,
+  kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim. The multi-token-prediction module
+  (num_nextn_predict_layers) is not counted.
+A config that names routed experts but not their sizes is refused naming the missing field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from paracube.errors import check
+from paracube.moe_spec import MLASpec, MoESpec
+
+MOE_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mixtral": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "max_position_embeddings": 131072, "vocab_size": 32000,
+                "tie_word_embeddings": False, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "sliding_window": None,
+                "attention_dropout": 0.0, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "router_aux_loss_coef": 0.001},
+    "qwen3_moe": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24, "num_attention_heads": 32,
+                  "num_key_value_heads": 4, "head_dim": None, "max_position_embeddings": 32768, "vocab_size": 151936,
+                  "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": None,
+                  "attention_dropout": 0.0, "num_experts": 128, "num_experts_per_tok": 8,
+                  "moe_intermediate_size": 768, "decoder_sparse_step": 1, "router_aux_loss_coef": 0.001},
+    "deepseek_v3": {"hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
+                    "num_attention_heads": 128, "num_key_value_heads": 128, "max_position_embeddings": 4096,
+                    "vocab_size": 129280, "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                    "attention_dropout": 0.0, "n_routed_experts": 256, "n_shared_experts": 1,
+                    "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "first_k_dense_replace": 3,
+                    "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                    "qk_nope_head_dim": 128, "v_head_dim": 128},
+}
+# The field naming the routed experts, and the one sizing them, per model_type (refusal of a partial config).
+_ROUTED = {"mixtral": ("num_local_experts", "intermediate_size"), "qwen3_moe": ("num_experts", "moe_intermediate_size"),
+           "deepseek_v3": ("n_routed_experts", "moe_intermediate_size")}
+
+
+def moe_fields(model_type: str, data: dict[str, Any], get: Callable[..., Any], path: object) -> dict[str, Any]:
+    """ModelSpec keyword arguments beyond the llama family's (moe, mla, head_size, qk_norm) for an MoE config."""
+    count, size = _ROUTED[model_type]
+    check(count not in data or size in data or model_type == "mixtral",
+          f"{path}: {count}={data.get(count)!r} routed experts but no {size!r} (each expert's intermediate size)")
+    aux = float(get("router_aux_loss_coef", (int, float))) if "router_aux_loss_coef" in data or \
+        "router_aux_loss_coef" in MOE_HF_DEFAULTS[model_type] else 0.0
+    if model_type == "mixtral":
+        return {"moe": MoESpec(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"),
+                               expert_ffn=get("intermediate_size"), aux_loss=aux)}
+    if model_type == "qwen3_moe":
+        only = data.get("mlp_only_layers") or []
+        check(only == [], f"{path}: field 'mlp_only_layers'={only!r} is not supported (valid: [] or null)")
+        hidden, heads = get("hidden_size"), get("num_attention_heads")
+        head_dim = get("head_dim", nullable=True) or hidden // heads
+        return {"moe": MoESpec(experts=get("num_experts"), top_k=get("num_experts_per_tok"),
+                               expert_ffn=get("moe_intermediate_size"), sparse_step=get("decoder_sparse_step"),
+                               aux_loss=aux),
+                "head_size": head_dim, "qk_norm": True}
+    expert_ffn = get("moe_intermediate_size")
+    q_lora = get("q_lora_rank", nullable=True)
+    return {"moe": MoESpec(experts=get("n_routed_experts"), top_k=get("num_experts_per_tok"), expert_ffn=expert_ffn,
+                           shared_ffn=(get("n_shared_experts", nullable=True) or 0) * expert_ffn, router="sigmoid",
+                           first_dense=get("first_k_dense_replace"), sparse_step=get("moe_layer_freq"),
+                           aux_loss=float(data.get("aux_loss_alpha", 0.0))),
+            "mla": MLASpec(kv_lora_rank=get("kv_lora_rank"), qk_rope_head_dim=get("qk_rope_head_dim"),
+                           qk_nope_head_dim=get("qk_nope_head_dim"), v_head_dim=get("v_head_dim"), q_lora_rank=q_lora)}

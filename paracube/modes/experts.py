@@ -1,0 +1,82 @@
+"""The collectives of one MoE block (expert parallelism, Layout ep= / etp=), declared as the tensor modes declare
+theirs (base.coll), on the folded expert axes (layout.py: every stage's dp x cp x tp ranks regrouped as
+(edp, ep, etp), etp innermost; Megatron-core's MoE Parallel Folding, arXiv 2504.14960).
+
+Per MoE block and micro-batch a rank holds `T` tokens (its share of the micro-batch: the sequence split by cp,
+and by tp, as Megatron-core's alltoall token dispatcher splits the tensor group's tokens before dispatch) and
+routes each to `k` experts. Forward (Megatron-core token_dispatcher.MoEAlltoAllTokenDispatcher):
+    dispatch   all_to_all over ep   each rank sends its T k routed token copies [h] to the ranks of their experts
+    gather     all_gather over etp  the etp ranks of an expert shard gather their tokens (etp > 1)
+    (expert GEMMs)
+    scatter    reduce_scatter over etp  the partial expert outputs (row-parallel down projection)
+    combine    all_to_all over ep   the outputs back to the tokens' ranks
+Backward: the mirror (combine's gradient is an all_to_all of dY, then the reduce_scatter's gradient an
+all_gather, ...), the same four payloads. Payload convention (estimate.ring_sent_factor): an all_to_all's
+payload is the rank's whole send buffer (bytes to every peer, its own share included), so (n-1)/n of it
+leaves the rank under balanced routing. The expert gradients then reduce over `edp` (the step's gradient
+all_reduce of expert parameters, cost_models/moe.py).
+
+Routing: `splits` gives the per-peer send sizes for a routing (tokens per (source rank, expert)); balanced
+routing (the default) sends T k / ep token copies to each peer. The executor records the real splits; the
+model prices the same bytes for the routing the run took (issue #25, item 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paracube.modes.base import COMPUTE, Collective, IntOrArr, coll
+
+EP, ETP, EDP = ("ep",), ("etp",), ("edp",)
+EXPERT_AXES = ("ep", "etp", "edp")
+
+
+@dataclass(frozen=True)
+class ExpertSizes:
+    """What an MoE block's payloads depend on: T tokens of the rank, k experts per token, `received` token copies
+    this rank's experts get from its ep peers (T k under balanced routing; the most loaded rank's otherwise)."""
+
+    T: IntOrArr
+    k: int
+    received: IntOrArr
+
+
+def block_fwd(d: Any, etp: int) -> list[Collective]:
+    """One MoE block's forward collectives (d: Dims; h and c read from it)."""
+    def sent(z: ExpertSizes) -> IntOrArr:
+        return d.c * z.T * z.k * d.h
+
+    def local(z: ExpertSizes) -> IntOrArr:  # tokens this etp rank holds before its etp group gathers them
+        return d.c * z.received * d.h
+
+    out = [coll("all_to_all", EP, COMPUTE, sent, "moe.dispatch")]  # type: ignore[arg-type]
+    if etp > 1:
+        out += [coll("all_gather", ETP, COMPUTE, local, "moe.experts.in"),  # type: ignore[arg-type]
+                coll("reduce_scatter", ETP, COMPUTE, local, "moe.experts.out")]  # type: ignore[arg-type]
+    return out + [coll("all_to_all", EP, COMPUTE, sent, "moe.combine")]  # type: ignore[arg-type]
+
+
+def block_bwd(d: Any, etp: int) -> list[Collective]:
+    """The backward's: combine's gradient first (dY back to the experts), dispatch's last."""
+    fwd = block_fwd(d, etp)
+    return [fwd[-1], *reversed(fwd[1:-1]), fwd[0]]
+
+
+def splits(routing: np.ndarray, ep: int, rows: int = 1) -> np.ndarray:
+    """Send sizes [ep sources, ep destinations] in token copies for a routing: `routing[src, e]` tokens of ep rank
+    src routed to expert e, experts split contiguously (rank r holds experts r E/ep .. (r+1) E/ep - 1, as
+    Megatron-core and torchtitan place them). Multiply by h x bytes for the all_to_all's split sizes."""
+    routing = np.asarray(routing)
+    experts = routing.shape[1]
+    return routing.reshape(routing.shape[0], ep, experts // ep).sum(axis=2) * rows
+
+
+def balanced_routing(tokens: int, k: int, experts: int, ep: int) -> np.ndarray:
+    """routing[src, e] with every expert receiving the same tokens (T k / E from each source): the default."""
+    return np.full((ep, experts), tokens * k / experts)
+
+
+__all__ = ["EDP", "EP", "ETP", "EXPERT_AXES", "ExpertSizes", "balanced_routing", "block_bwd", "block_fwd", "splits"]

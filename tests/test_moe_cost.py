@@ -1,0 +1,78 @@
+"""MoE pricing (cost_models/moe.py, moe_step.py, moe_program.py): both engines agree, the declared all-to-all
+bytes are the routing's, expert memory follows ep / etp / zero, and bad ep is refused in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paracube.cost_models.analytic import estimate
+from paracube.cost_models.event import estimate_event
+from paracube.errors import ParacubeError
+from paracube.layout import parse_layout
+from paracube.modes.experts import balanced_routing, splits
+from paracube.topologies import load_topology
+from paracube.workload import PRESETS, TrainingSpec
+
+TRAIN = TrainingSpec(global_batch=32, dtype="bf16", recompute="selective")
+
+
+@pytest.fixture(scope="module")
+def h100() -> object:
+    return load_topology("dgx-h100", gpus=16)
+
+
+# In line with compute the MoE collectives and GEMMs are the same closed forms in both engines; what differs is
+# the event engine's link sharing between concurrent groups and the pipeline schedule, hence 2%.
+@pytest.mark.parametrize(("name", "text"), [
+    ("qwen3-30b-a3b", "dp=16,ep=8,tp=none,mb=1,zero=1"),
+    ("qwen3-30b-a3b", "dp=8,ep=8,tp=1d:2,sp,mb=1,zero=1"),
+    ("qwen3-30b-a3b", "dp=16,ep=16,tp=none,mb=1,zero=1"),
+    ("qwen3-30b-a3b", "dp=4,pp=2,ep=4,etp=2,tp=1d:2,mb=1,zero=1"),
+    ("tiny-mla", "dp=8,ep=4,tp=1d:2,mb=1"),
+])
+def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> None:
+    model, layout = PRESETS[name], parse_layout(text)
+    a = estimate(model, TRAIN, layout, h100, with_events=False)
+    e = estimate_event(model, TRAIN, layout, h100, with_events=False)
+    assert abs(e.step_time_s / a.step_time_s - 1) < 0.02
+
+
+def test_declared_all_to_all_bytes_are_the_balanced_routing(h100: object) -> None:
+    model, layout = PRESETS["tiny-moe"], parse_layout("dp=8,ep=4,etp=2,tp=none,mb=1")
+    est = estimate(model, TrainingSpec(global_batch=8, dtype="bf16"), layout, load_topology("dgx-h100", gpus=8))
+    a2a = [e for e in est.events if e.kind == "all_to_all"]
+    T, k, h, c = 64, 2, 64, 2  # one sequence of 64 tokens per rank, top-2, hidden 64, bf16
+    # 2 MoE blocks x (dispatch + combine) x (forward + backward), one micro-batch
+    assert len(a2a) == 8 and {e.payload_bytes for e in a2a} == {T * k * h * c} and {e.axes for e in a2a} == {("ep",)}
+    # etp=2: every expert shard's tokens gathered and scattered back over etp, forward and backward
+    assert sum(e.kind == "all_gather" and e.axes == ("etp",) for e in est.events) == 4
+    # the split sizes of a balanced routing: T k / ep token copies to each of the ep peers
+    assert np.array_equal(splits(balanced_routing(T, k, 8, 4), 4), np.full((4, 4), T * k / 4))
+    skew = np.zeros((4, 8))
+    skew[:, 0] = T * k  # every token's copies to expert 0 (held by ep rank 0)
+    assert splits(skew, 4)[:, 0].tolist() == [T * k] * 4 and splits(skew, 4)[:, 1:].sum() == 0
+
+
+def test_expert_memory_falls_with_ep_and_zero(h100: object) -> None:
+    model = PRESETS["qwen3-30b-a3b"]
+    mem = {t: estimate(model, TRAIN, parse_layout(t), h100, with_events=False).memory.parameters
+           for t in ("dp=16,ep=4,tp=none,mb=1", "dp=16,ep=8,tp=none,mb=1")}
+    # ep=4 holds 32 of the 128 experts per block, ep=8 16: 16 more of 48 blocks x 3 x 2048 x 768, bf16
+    assert mem["dp=16,ep=4,tp=none,mb=1"] - mem["dp=16,ep=8,tp=none,mb=1"] == 48 * 16 * 3 * 2048 * 768 * 2
+    plain, sharded = (estimate(model, TRAIN, parse_layout(t), h100, with_events=False).memory.optimizer
+                      for t in ("dp=16,ep=8,tp=none,mb=1", "dp=16,ep=8,tp=none,mb=1,zero=1"))
+    assert sharded < plain / 1.5
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("qwen3-30b-a3b", "dp=16,ep=16,etp=1,tp=none", None),
+    ("mixtral-8x7b", "dp=16,ep=16,tp=none", r"ep=16 must divide the 8 experts of mixtral-8x7b; valid: 1, 2, 4, 8"),
+    ("llama2-7b", "dp=16,ep=2,tp=none", r"ep=2,etp=1 split experts: model llama2-7b has none \(use ep=1,etp=1\)"),
+])
+def test_bad_ep_for_the_model_is_refused(h100: object, name: str, text: str, message: str | None) -> None:
+    if message is None:
+        estimate(PRESETS[name], TRAIN, parse_layout(text), h100, with_events=False)
+        return
+    with pytest.raises(ParacubeError, match=message):
+        estimate(PRESETS[name], TRAIN, parse_layout(text), h100, with_events=False)

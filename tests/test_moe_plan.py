@@ -1,0 +1,80 @@
+"""Planning MoE models (planner/experts.py): the chosen ep / etp with their runner-ups, the export of the plan,
+and bad input refused in one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paracube.cli.main import main
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_qwen3_plan_chooses_ep_and_says_why(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plan = tmp_path / "qwen.json"
+    code, out, err = run_cli(capsys, "plan", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "16",
+                             "--top", "3", "--runtime", "megatron", "-o", str(plan))
+    assert code == 0, err
+    best = json.loads(plan.read_text())["layout"]
+    assert "ep=" in best
+    assert "ep=" in out and "chosen; best with ep=" in out  # the runner-up with another ep, and its step time
+    code, out, err = run_cli(capsys, "export", str(plan), "--to", "megatron")
+    assert code == 0, err
+    assert "--num-experts 128" in out and "--moe-router-topk 8" in out and "--expert-model-parallel-size" in out
+
+
+def _config(tmp_path: Path, data: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("simulate", "--model", "mixtral-8x7b", "--layout", "dp=16,ep=16,tp=none"),
+     "ep=16 must divide the 8 experts of mixtral-8x7b; valid: 1, 2, 4, 8"),
+    (("simulate", "--model", "qwen3-30b-a3b", "--layout", "dp=3,ep=2,tp=none"),
+     "ep=2 x etp=1 must divide the dp x cp x tp = 3 ranks it folds over; valid ep: 1, 3"),
+    (("simulate", "--model", "qwen3-30b-a3b", "--layout", "dp=8,ep=4,etp=2,tp=1d:2", "--runtime", "deepspeed"),
+     "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
+    (("plan", "--model", "llama2-7b", "--layout", "dp=16,ep=2,tp=none"), "model llama2-7b has none"),
+])
+def test_bad_expert_layouts_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], argv: tuple, message: str) -> None:
+    code, out, err = run_cli(capsys, *argv, "--cluster", "dgx-h100", "--gpus", "16")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"model_type": "deepseek_v3", "n_routed_experts": 4, "moe_intermediate_size": 64, "num_experts_per_tok": 8},
+     "top_k=8 > experts=4; valid: 1..4"),
+    ({"model_type": "qwen3_moe", "num_experts": 64}, "num_experts=64 routed experts but no 'moe_intermediate_size'"),
+])
+def test_bad_moe_configs_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, data: dict,
+                                            message: str) -> None:
+    code, out, err = run_cli(capsys, "plan", "--model", _config(tmp_path, data), "--cluster", "dgx-h100",
+                             "--gpus", "16")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_published_moe_rows_load_and_plan_with_their_layouts() -> None:
+    """benchmarks/data/published_runs_moe.csv through the row loader (calibration/from_runs.py): every row reads,
+    and a planned row keeps its pinned ep / pp / v / tp (the error figures: benchmarks/published_runs.py)."""
+    from paracube.calibration.from_runs import predict, read_runs
+    from paracube.topologies import load_topology
+    from paracube.topologies.presets import PRESETS
+
+    csv = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs_moe.csv"
+    runs = {r.name: r for r in read_runs(csv, tuple(PRESETS))}
+    assert len(runs) == 5 and all(r.model.moe is not None and r.split == "held_out" for r in runs.values())
+    r = runs["qwen3-235b-256"]
+    lay, step = predict(r, load_topology(r.cluster, gpus=r.gpus), "megatron")
+    assert (lay.ep, lay.pp, lay.interleave, lay.tensor_size, lay.dp) == (32, 8, 4, 2, 16) and step > 0
