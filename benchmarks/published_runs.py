@@ -130,7 +130,7 @@ def main() -> None:
                 print(f"{r.name:18s} {r.cluster:11s} {r.gpus:5d} {r.training.dtype:5s} {r.measured_s:10.3f} "
                       f"{pred:11.3f} {err:+7.1%}  {lay}{tag}")
             print(f"{group} {split}: {_errors(sel)}")
-    for title, sel in (("context-parallel rows (cp > 1: wait for the cp branch's pricing)",
+    for title, sel in (("context-parallel rows (cp > 1) the model refuses",
                         [x for x in refused if x[0].layout.cp > 1]),
                        ("other rows the model refuses", [x for x in refused if x[0].layout.cp == 1])):
         if sel:

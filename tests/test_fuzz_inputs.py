@@ -45,7 +45,8 @@ def _outcome(kind: str, fn, *args) -> None:  # noqa: ANN001
 
 layout_tokens = st.sampled_from(["dp", "pp", "tp", "mb", "v", "sp", "place", "=", ",", ":", "x", ".", "1d", "2d",
                                  "2.5d", "3d", "none", "0", "1", "2", "3", "4", "8", "-1", "z", "y", "row", "col",
-                                 "tp=3d:2x2x2", "dp=2", " ", "9" * 30])
+                                 "tp=3d:2x2x2", "dp=2", " ", "9" * 30, "cp", "cpc", "p2p", "ag", "ep", "etp",
+                                 "zero", "shard", "tpo", "overlap", "tp=1d:2,sp", "cp=2", "ep=4", "summa"])
 
 
 @FUZZ
@@ -107,7 +108,10 @@ def test_fuzz_model_config(tmp_path_factory: pytest.TempPathFactory, path: list[
 
 BAD_ARGS = st.lists(st.sampled_from(["--model", "--cluster", "--gpus", "--layout", "--global-batch", "--seq",
                                      "--dtype", "--micro-batch", "--top", "-1", "0", "abc", "tp=3d:3x3x3",
-                                     "gpt9", "dgx-z", "1e9", "fp8", "tp=2d:2x3", "--recompute", "sometimes"]),
+                                     "gpt9", "dgx-z", "1e9", "fp8", "tp=2d:2x3", "--recompute", "sometimes",
+                                     "--runtime", "megatron", "torchtitan", "deepspeed", "all", "titan",
+                                     "cp=3", "dp=2,cp=2,tp=1d:2,sp,cpc=ag", "ep=3", "etp=2", "tp=1d:2,tpo",
+                                     "zero=3,shard=3", "tiny-moe", "qwen3-30b-a3b"]),
                     min_size=1, max_size=6)
 
 

@@ -84,6 +84,7 @@ class Runtime:
     # parallelism inside an expert (etp > 1, Megatron-core's --expert-tensor-parallel-size)
     expert_parallel: bool = False
     expert_tensor_parallel: bool = False
+    moe_blocks: bool = True  # it trains models with MoE blocks or MLA (paracube's executor: not yet)
     source: str = ""  # where the facts come from
     cp_comms: tuple[str, ...] = ()  # context parallelism's exchanges it runs, its default first (module docstring)
     cp_note: str = ""  # why it has no context parallelism (cp_comms empty)

@@ -78,8 +78,9 @@ RUNTIME = Runtime(
     fp8_zeros=(0, 1),  # FP8 weight casts under zero=2/3's gathered parameters: not run (executor/sizes.py)
     fp8_tpo=False,  # the ring GEMM chunks run in the compute dtype (collective_matmul.py)
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
-    expert_parallel=True,  # planned for the executor's all_to_all ep (issue #25 item 4)
+    expert_parallel=False,  # the executor runs no MoE blocks yet (executor/sizes.py refuses them)
     expert_tensor_parallel=False,
+    moe_blocks=False,
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),
