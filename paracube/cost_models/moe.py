@@ -55,7 +55,8 @@ def dense_part(model: ModelSpec) -> ModelSpec:
         k = model.moe.moe_layers(model.layers)
         mean = ((model.layers - k) * f + k * model.moe.shared_ffn) / model.layers
         f = max(MIN_WIDTH, MIN_WIDTH * round(mean / MIN_WIDTH))
-    return replace(model, ffn_hidden=f, moe=None, mla=None, head_size=None, qk_norm=False)
+    # mla kept: Dims.mla prices its tensor-parallel collectives and parameters as they run (cost_models/mla.py)
+    return replace(model, ffn_hidden=f, moe=None, head_size=None, qk_norm=False)
 
 
 def violations(model: ModelSpec, layout: Layout) -> list[str]:
