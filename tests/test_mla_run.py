@@ -124,3 +124,32 @@ def test_dense_part_prices_mla_parameters_per_rank() -> None:
     replicated = SPEC.layers * (d.attn_replicated + 2 * SPEC.hidden) + SPEC.hidden  # + block and final norms
     assert two == replicated + (one - replicated) // 2
 
+
+
+def test_the_engines_price_the_collectives_mla_runs() -> None:
+    """The analytic estimate's events (what `paracube plan` prices) are the recorded-equal list above, and the
+    dense part's attention traffic is not: the latent's width differs from h."""
+    from paracube.cost_models import estimate
+    from paracube.topologies import load_topology
+
+    text = "dp=2,tp=1d:2,sp"
+    layout, train = parse_layout(text).with_(micro_batch=MB), training(text, "none")
+    est = estimate(SPEC, train, layout, load_topology("local-cpu", gpus=4))
+    want = stage_events(layout, dims_of(SPEC, train), MB)
+    diff = traffic_difference(want, est.events)
+    assert not diff["missing_in_executor"] and not diff["unpredicted"], diff
+    gqa = stage_events(layout, dims_of(replace(SPEC, mla=None), train), MB)
+    assert traffic_difference(want, gqa)["missing_in_executor"]
+
+
+def test_paracube_plans_mla_with_dense_mlps_and_still_refuses_moe() -> None:
+    from paracube.planner.search import search
+    from paracube.topologies import load_topology
+
+    topo = load_topology("local-cpu", gpus=4)
+    res = search(SPEC, TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=3)
+    assert res.ranked and all(lay.mode in ("none", "1d") for lay, *_ in res.ranked)
+    best = res.ranked[0][0]
+    check_divisibility(SPEC, best, best.micro_batch, 8, SPEC.seq_len)  # what it plans, the executor runs
+    with pytest.raises(ParacubeError, match="does not train mixture-of-experts blocks"):
+        search(PRESETS["tiny-mla"], TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=1)
