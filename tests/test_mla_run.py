@@ -152,3 +152,36 @@ def test_paracube_plans_mla_with_dense_mlps_and_still_refuses_moe() -> None:
     check_divisibility(SPEC, best, best.micro_batch, 8, SPEC.seq_len)  # what it plans, the executor runs
     with pytest.raises(ParacubeError, match="does not train mixture-of-experts blocks"):
         search(PRESETS["tiny-mla"], TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=1)
+
+
+def test_the_serial_block_computes_latent_attention() -> None:
+    """Block 0's attention of the serial model against MLA written out head by head (DeepSeek-V2 section 2.1:
+    q = W_uq norm(W_dq x), [c_kv, k_r] = W_dkv x, [k_n, v] = W_ukv norm(c_kv), the rotary key shared by the heads),
+    in fp64: rel 1e-10 (the same products summed in another order), also without q_lora_rank (q = W_q x)."""
+    from paracube.executor.layers.llama import rotary, rotary_tables
+
+    for spec in (SPEC, replace(SPEC, mla=replace(SPEC.mla, q_lora_rank=None))):
+        m = spec.mla
+        attn = serial_reference(spec, seed=3, dtype=F64).blocks[0].attn
+        x = torch.randn(2, spec.seq_len, spec.hidden, generator=torch.Generator().manual_seed(5), dtype=F64)
+
+        def norm(t: torch.Tensor, g: torch.Tensor, eps: float = spec.rms_eps) -> torch.Tensor:
+            return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps) * g
+
+        c_q = norm(x @ attn.q_a.weight, attn.q_norm.weight) if m.q_lora_rank else x
+        c_kv, k_r = (x @ attn.kv_a.weight).split([m.kv_lora_rank, m.qk_rope_head_dim], -1)
+        q_all, kv_all = c_q @ attn.q_b.weight, norm(c_kv, attn.kv_norm.weight) @ attn.kv_b.weight
+        cos, sin = rotary_tables(spec.seq_len, m.qk_rope_head_dim, spec.rope_theta, x)
+        k_r = rotary(k_r, cos, sin)
+        causal = torch.ones(spec.seq_len, spec.seq_len, dtype=torch.bool).tril()
+        heads = []
+        for i in range(spec.heads):
+            q = q_all[..., i * m.qk_head_dim:(i + 1) * m.qk_head_dim]
+            kv = kv_all[..., i * (m.qk_nope_head_dim + m.v_head_dim):(i + 1) * (m.qk_nope_head_dim + m.v_head_dim)]
+            q = torch.cat([q[..., :m.qk_nope_head_dim], rotary(q[..., m.qk_nope_head_dim:], cos, sin)], -1)
+            k = torch.cat([kv[..., :m.qk_nope_head_dim], k_r], -1)
+            scores = (q @ k.transpose(1, 2) / m.qk_head_dim ** 0.5).masked_fill(~causal, float("-inf"))
+            heads.append(scores.softmax(-1) @ kv[..., m.qk_nope_head_dim:])
+        want = torch.cat(heads, -1) @ attn.proj.weight
+        got = attn(x)
+        assert (got - want).norm() / want.norm() < 1e-10
