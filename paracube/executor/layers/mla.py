@@ -25,6 +25,9 @@ q_lora_rank r_q is h) enters the heads' group ONCE, fused:
   sequence_parallel. The gathered latent is kept for backward (narrower than x: DeepSeek-V3's w = 2112 vs
   h = 7168): no re-gather, unlike the dense column linears.
 The output is one_d's RowLinear (g: all_reduce forward; sp: reduce_scatter forward, all_gather backward).
+Differences from transformers' DeepseekV3Attention, by choice: the rotary pairs in rotate_half order (its
+rope_interleave=True pairs adjacent columns: the same model up to a fixed permutation of the rope columns of
+W_uq and W_dkv), the softmax scale 1 / sqrt(d_n + d_r) without YaRN's mscale (no rope scaling is modelled).
 The cost model prices exactly these (cost_models/mla_traffic.py). Why hand-written: torch has no MLA module,
 and the block must run through paracube's recorded collectives and shard specs like every other layer.
 """
