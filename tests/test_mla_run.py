@@ -113,15 +113,23 @@ def test_what_mla_does_not_run_is_refused_in_one_line(layout: str, expect: str) 
     assert "\n" not in str(err.value) and expect in str(err.value)
 
 
-def test_dense_part_prices_mla_parameters_per_rank() -> None:
+def test_mla_parameters_per_rank_are_priced() -> None:
     """The count the buckets are built from (traffic.parameter_units) is the model's own on one rank, and in
-    1D the replicated down projections are whole on every rank (ModelSpec.num_parameters: the serial count)."""
+    1D the replicated down projections are whole on every rank (ModelSpec.num_parameters: the serial count);
+    the memory model counts the same (cost_models/moe.attention_delta)."""
     d = dims_of(SPEC, TrainingSpec(global_batch=8))
     one = local_parameter_count(parse_layout("dp=1"), d)
     assert one == SPEC.num_parameters()  # its vocabulary (256) needs no padding
     two = local_parameter_count(parse_layout("tp=1d:2"), d)
     replicated = SPEC.layers * (d.attn_replicated + 2 * SPEC.hidden) + SPEC.hidden  # + block and final norms
     assert two == replicated + (one - replicated) // 2
+    from paracube.cost_models import estimate
+    from paracube.topologies import load_topology
+
+    for text, n in (("dp=1", one), ("tp=1d:2", two)):  # the memory model's parameters (fp32: 4 bytes each)
+        est = estimate(SPEC, TrainingSpec(global_batch=8), parse_layout(text), load_topology("local-cpu", gpus=2),
+                       with_events=False)
+        assert est.memory.parameters == 4 * n
 
 
 

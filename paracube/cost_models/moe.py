@@ -187,8 +187,12 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
     core_f, core_b = attention_core_time(d, mb, t, g)
     ratio = (qk + v) / (2.0 * (d.h // d.heads)) - 1.0
     params = sum(a * o for a, o in true) - sum(a * o for a, o in dense)
+    # MLA's down projections and norms are whole on every tensor rank (Dims.attn_replicated; executor/layers/mla.py)
+    rep = d.attn_replicated
+    norms = rep - (h * (model.mla.q_lora_rank or 0) + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)
+                   if model.mla is not None else 0)
     return tf - df + ratio * float(np.asarray(core_f).ravel()[0]), tb - db + ratio * float(
-        np.asarray(core_b).ravel()[0]), params // t
+        np.asarray(core_b).ravel()[0]), (params - (rep - norms)) // t + rep
 
 
 @dataclass
