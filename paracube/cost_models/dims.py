@@ -19,6 +19,7 @@ from typing import Any
 from paracube.errors import check
 from paracube.modes import MODES
 from paracube.modes.base import padded
+from paracube.moe_spec import MLASpec
 from paracube.workload import ModelSpec, TrainingSpec
 
 # fp8: bf16 parameters, activations and collectives (FP8 GEMM inputs only: cost_models/fp8.py)
@@ -52,6 +53,26 @@ class Dims:
     # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
     cp: int = 1
     cp_comm: str = "p2p"  # its key / value exchange (Layout.cp_comm; modes/context.py)
+    # Multi-head latent attention (ModelSpec.mla): its tensor-parallel collectives and parameters as the executor
+    # runs them (executor/layers/mla.py; cost_models/mla.py); its GEMMs are priced by cost_models/moe.py
+    mla: MLASpec | None = None
+
+    @property
+    def attn_in_width(self) -> int:
+        """Width of what enters the attention's tensor group per token: x (h); MLA: its latent (mla.py)."""
+        if self.mla is None:
+            return self.h
+        return (self.mla.q_lora_rank or self.h) + self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+
+    @property
+    def attn_replicated(self) -> int:
+        """Parameters of one block's attention replicated over the tensor group: MLA's down projections and their
+        norms (with sp they take the sequence-parallel gradient all_reduce); 0 otherwise."""
+        m = self.mla
+        if m is None:
+            return 0
+        q = self.h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
+        return q + self.h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
 
     def head_count(self, first: Any, last: Any) -> Any:
         """1 where a stage holds its own head [h, V] (last, and not tied to its own embedding), else 0."""
@@ -125,6 +146,7 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         attention_dropout=model.attention_dropout,
         embedding_dropout=model.embedding_dropout,
         fp8=training.dtype == "fp8",
+        mla=model.mla,
     )
 
 

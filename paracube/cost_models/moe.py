@@ -55,7 +55,8 @@ def dense_part(model: ModelSpec) -> ModelSpec:
         k = model.moe.moe_layers(model.layers)
         mean = ((model.layers - k) * f + k * model.moe.shared_ffn) / model.layers
         f = max(MIN_WIDTH, MIN_WIDTH * round(mean / MIN_WIDTH))
-    return replace(model, ffn_hidden=f, moe=None, mla=None, head_size=None, qk_norm=False)
+    # mla kept: Dims.mla prices its tensor-parallel collectives and parameters as they run (cost_models/mla.py)
+    return replace(model, ffn_hidden=f, moe=None, head_size=None, qk_norm=False)
 
 
 def violations(model: ModelSpec, layout: Layout) -> list[str]:
@@ -186,8 +187,12 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
     core_f, core_b = attention_core_time(d, mb, t, g)
     ratio = (qk + v) / (2.0 * (d.h // d.heads)) - 1.0
     params = sum(a * o for a, o in true) - sum(a * o for a, o in dense)
+    # MLA's down projections and norms are whole on every tensor rank (Dims.attn_replicated; executor/layers/mla.py)
+    rep = d.attn_replicated
+    norms = rep - (h * (model.mla.q_lora_rank or 0) + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)
+                   if model.mla is not None else 0)
     return tf - df + ratio * float(np.asarray(core_f).ravel()[0]), tb - db + ratio * float(
-        np.asarray(core_b).ravel()[0]), params // t
+        np.asarray(core_b).ravel()[0]), (params - (rep - norms)) // t + rep
 
 
 @dataclass

@@ -46,6 +46,7 @@ from functools import lru_cache
 
 from paracube.cost_models import fp8
 from paracube.cost_models.dims import Dims, context_local, padded_vocab
+from paracube.cost_models.mla import mla_layer_sizes
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES, context
@@ -288,6 +289,9 @@ def parameter_units(mode_name: str, d: Dims, t: int, q: int, layers: int, first:
             emb.append(mode.embedding_shard(0, pos, h, t, q))
         units.append(tuple(int(x) for x in emb))
     for _ in range(layers):
+        if d.mla is not None:  # latent attention's parameters (cost_models/mla.py)
+            units.append(mla_layer_sizes(mode, d, t, q))
+            continue
         sizes: list[int] = []
         for n, (_, h_in, h_out, bias) in enumerate(d.linears):
             if n in (0, 2):  # the norm before attention / before the MLP

@@ -76,9 +76,11 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"tied embeddings (tie_word_embeddings) with tensor mode {mode}: its head is not laid "
                             "out as the embedding; untie them or use a mode that ties them ("
                             f"{', '.join(n for n, m in MODES.items() if m.ties_embeddings)})")
-    if spec.moe is not None or spec.mla is not None or spec.head_size is not None or layout.ep * layout.etp > 1:
-        raise ParacubeError(f"model {spec.name}: the executor does not run MoE blocks, MLA or a head width other "
+    if spec.moe is not None or spec.head_size is not None or layout.ep * layout.etp > 1:
+        raise ParacubeError(f"model {spec.name}: the executor does not run MoE blocks or a head width other "
                             "than hidden / heads yet (issue #25 item 4); plan and export it (--runtime megatron)")
+    if spec.mla is not None:
+        check_mla(spec, layout, support.mla)
     if seq_len > spec.seq_len:
         raise ParacubeError(f"seq_len={seq_len} exceeds the model's positions ({spec.seq_len})")
     s, h, f, V, H = spec.seq_len, spec.hidden, spec.ffn_hidden, spec.vocab, spec.heads
@@ -97,6 +99,20 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         if value % divisor:
             raise ParacubeError(f"{name}={value} is not divisible by {divisor} (needed by {layout}); "
                                 f"use a multiple of {divisor}")
+
+
+def check_mla(spec: ModelSpec, layout: Layout, runs: bool) -> None:
+    """Multi-head latent attention (executor/layers/mla.py) runs in the modes whose ExecutorSupport says `mla`
+    (none, 1D with or without sp), with dp, pp and zero=0/1; not with cp, tpo or zero=2/3 (not built yet)."""
+    where = "/".join(n for n, m in MODES.items() if m.executor is not None and m.executor.mla)
+    if not runs:
+        raise ParacubeError(f"model {spec.name}: multi-head latent attention with tensor mode {layout.mode} is not run "
+                            f"by the executor; valid there: tp={where} (in {layout})")
+    for bad, what, valid in ((layout.cp > 1, f"cp={layout.cp}", "cp=1"), (bool(layout.tpo), "tpo", "drop tpo"),
+                             (layout.zero >= 2, f"zero={layout.zero}", "zero=0/1")):
+        if bad:
+            raise ParacubeError(f"model {spec.name}: multi-head latent attention with {what} is not run by the "
+                                f"executor yet (in {layout}); valid there: {valid}")
 
 
 def check_context_parallel(spec: ModelSpec, layout: Layout, seq_len: int, comms: tuple[str, ...]) -> None:

@@ -172,6 +172,7 @@ class ExecutorSupport:
     context_parallel: tuple[str, ...] = ()
     # training dtypes it runs (fp8: FP8 GEMMs in the block linears, executor/layers/fp8.py)
     dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    mla: bool = False  # runs multi-head latent attention (ModelSpec.mla; executor/layers/mla.py)
 
     @property
     def zero(self) -> bool:

@@ -10,7 +10,7 @@ class NoTensorMode(TensorMode):
     context_parallel = True
     shape_rule = "no tensor parallelism (omit tp= or write tp=none)"
     executor = ExecutorSupport("paracube.executor.layers.serial:Mode", pipeline=True, zero_stages=(0, 1, 2, 3),
-                               context_parallel=("p2p", "ag"), dtypes=("fp32", "fp16", "bf16", "fp8"))
+                               context_parallel=("p2p", "ag"), dtypes=("fp32", "fp16", "bf16", "fp8"), mla=True)
     megatron_style = True
     ties_embeddings = True
     ops_layer, ops_edge = 85, 43  # counted with validation/ops.py (see compute.ops_per_step)

@@ -50,15 +50,21 @@ def _block_half(d: Any, name: str, backward: bool) -> list[Collective]:
     def thc(z: Any) -> Any:
         return d.c * z.T * d.h
 
+    latent = name == "attn" and d.mla is not None  # MLA: its latent enters the heads' group (executor/layers/mla.py)
+    width = d.attn_in_width if name == "attn" else d.h
+
+    def thw(z: Any) -> Any:
+        return d.c * z.T * width
+
     col, row = LINEARS[name]
     first, second = ("reduce_scatter", "all_gather") if backward else ("all_gather", "reduce_scatter")
     plain = "f" if backward else "g"
     regather = [coll("all_gather", TP, COMPUTE, thc, f"{name}.in.regather", when="sp", tpo=f"{col}.da")
-                ] if backward else []
+                ] if backward and not latent else []
     return regather + [
-        coll(first, TP, COMPUTE, thc, f"{name}.in", when="sp", tpo=f"{col}.dx" if backward else f"{col}.f"),
+        coll(first, TP, COMPUTE, thw, f"{name}.in", when="sp", tpo=f"{col}.dx" if backward else f"{col}.f"),
         coll(second, TP, COMPUTE, thc, f"{name}.out", when="sp", tpo=f"{row}.dx" if backward else f"{row}.f"),
-        coll("all_reduce", TP, COMPUTE, thc, f"{name}.{plain}", when="no_sp"),
+        coll("all_reduce", TP, COMPUTE, thw if backward else thc, f"{name}.{plain}", when="no_sp"),
     ]
 
 
@@ -76,7 +82,7 @@ class OneD(TensorMode):
     collective_axes = (TP,)
     executor = ExecutorSupport("paracube.executor.layers.one_d:Mode1D", pipeline=True, sequence_parallel=True,
                                zero_stages=(0, 1, 2, 3), tpo=True, context_parallel=("p2p", "ag"),
-                               dtypes=("fp32", "fp16", "bf16", "fp8"))
+                               dtypes=("fp32", "fp16", "bf16", "fp8"), mla=True)
     ops_layer, ops_edge = 99, 85  # 1D with sp assumed to dispatch like 1D
     program_units = ("attn", "mlp")
     merged_units = (("attn", ("qkv", "proj")), ("mlp", ("fc", "fc2")))
@@ -165,7 +171,7 @@ class OneD(TensorMode):
 
     def step_collectives(self, d: Any) -> list[Collective]:
         def sp_params(z: Any) -> Any:
-            shared = z.layers * (2 * d.norm_vectors * d.h + d.row_bias)
+            shared = z.layers * (2 * d.norm_vectors * d.h + d.row_bias + d.attn_replicated)  # + MLA's down projections
             return 4 * (shared + z.first * d.pos_params + z.last * d.norm_vectors * d.h)
 
         return [coll("all_reduce", TP, F32, sp_params, "sequence_parallel_params", "grad_sync", when="sp")]

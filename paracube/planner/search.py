@@ -146,8 +146,10 @@ def search(
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     bad_experts = moe_violations(model, fixed) if fixed is not None else []
     check(not bad_experts, f"layout {fixed}: {'; '.join(bad_experts)}")
-    check(not priced(model) or rt.moe_blocks, f"runtime {rt.name} ({rt.title}) does not train mixture-of-experts "
-          f"blocks or MLA ({model.name}) yet; plan with --runtime megatron, torchtitan or deepspeed")
+    mla_only = model.moe is None and model.head_size is None and rt.mla  # dense MLPs with MLA: runtime.mla
+    check(not priced(model) or rt.moe_blocks or mla_only, f"runtime {rt.name} ({rt.title}) does not train "
+          f"mixture-of-experts blocks{'' if rt.mla else ' or MLA'} ({model.name}) yet; plan with --runtime megatron, "
+          "torchtitan or deepspeed")
     if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
         ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k)

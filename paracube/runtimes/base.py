@@ -85,6 +85,7 @@ class Runtime:
     expert_parallel: bool = False
     expert_tensor_parallel: bool = False
     moe_blocks: bool = True  # it trains models with MoE blocks or MLA (paracube's executor: not yet)
+    mla: bool = True  # it trains multi-head latent attention with dense MLPs (paracube's executor: ExecutorSupport.mla)
     source: str = ""  # where the facts come from
     cp_comms: tuple[str, ...] = ()  # context parallelism's exchanges it runs, its default first (module docstring)
     cp_note: str = ""  # why it has no context parallelism (cp_comms empty)

@@ -81,6 +81,7 @@ RUNTIME = Runtime(
     expert_parallel=False,  # the executor runs no MoE blocks yet (executor/sizes.py refuses them)
     expert_tensor_parallel=False,
     moe_blocks=False,
+    mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),

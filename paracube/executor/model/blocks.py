@@ -16,6 +16,7 @@ from paracube.executor.layers.context_parallel import context_parallel_attention
 from paracube.executor.layers.dropout import dropout
 from paracube.executor.layers.functional import local_attention
 from paracube.executor.layers.llama import LlamaAttention, SwiGLU, llama_init_tensors
+from paracube.executor.layers.mla import MLAttention, mla_init_tensors
 from paracube.executor.layers.serial import Mode
 from paracube.workload import ModelSpec
 
@@ -68,7 +69,8 @@ class Block(nn.Module):
         flash = mode.mesh.layout.uses_flash
         self.p = mode.spec.dropout
         self.ln1 = mode.layer_norm()
-        self.attn = LlamaAttention(mode, selective, flash) if llama else Attention(mode, selective, flash)
+        self.attn = (MLAttention(mode, selective, flash) if mode.spec.mla is not None  # latent attention (mla.py)
+                     else LlamaAttention(mode, selective, flash) if llama else Attention(mode, selective, flash))
         self.ln2 = mode.layer_norm()
         self.mlp = SwiGLU(mode) if llama else MLP(mode)
 
@@ -101,7 +103,7 @@ class StageBlocks(nn.Module):
 def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
     """The serial initialization, one full tensor at a time, in a fixed order (the doc's init)."""
     if spec.family == "llama":
-        yield from llama_init_tensors(spec, seed)
+        yield from (mla_init_tensors if spec.mla is not None else llama_init_tensors)(spec, seed)
         return
     gen = torch.Generator().manual_seed(seed)
     h, f, V, L = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers
