@@ -232,3 +232,25 @@ def test_tpo_plans_scale_down_and_pass_preflight(layout: str, gpus: int, expecte
     assert (got.mode, got.shape, got.dp, got.pp, got.sequence_parallel, got.tpo) == (
         want.mode, want.shape, want.dp, want.pp, want.sequence_parallel, True)
     preflight(scaled, NodeSpec(), data="synthetic")
+
+
+@pytest.mark.parametrize("q", [3, 4])
+def test_3d_forward_terms_at_q_above_2(q: int) -> None:
+    """One process, no ranks: the 3D forward's term schedule (collective_matmul_3d._Terms) fed X's and A's
+    blocks in the order rank (r_I, r_W) receives them from its two rings, the last step's terms deferred to Y's
+    ring chunks. Every row block equals X_k A of the gathered operands, every step before the last has a GEMM
+    (what the 8-rank launch, q = 2, cannot show). fp64: the same terms in another order agree to ~1e-15, a
+    missing or doubled term is off by O(1)."""
+    from paracube.executor.layers.collective_matmul_3d import _Terms
+
+    gen = torch.Generator().manual_seed(3)
+    tl, sb, width = 3, 2, 5
+    xs = [torch.randn(tl, q * sb, generator=gen, dtype=F64) for _ in range(q)]
+    a = torch.randn(q * sb, width, generator=gen, dtype=F64)
+    for r_i, r_w in ((0, 0), (1, q - 1), (q - 1, 2)):
+        terms = _Terms(q, sb, width, F64)
+        ran = [terms.arrive([((r_i - s) % q, xs[(r_i - s) % q]), ((r_w - s) % q, a[((r_w - s) % q) * sb:][:sb])],
+                            defer=s == q - 1) for s in range(q)]
+        assert all(ran[:-1]) and not ran[-1], ran
+        for k in range(q):
+            assert torch.allclose(terms.row(k), xs[k] @ a, rtol=1e-12, atol=1e-12), (q, r_i, r_w, k)

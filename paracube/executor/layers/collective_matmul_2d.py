@@ -4,12 +4,14 @@ Rank (i, j) holds X [T/(dq), h_in/q] (hidden block j over col) and the weight bl
 block i over row). Y_ij = sum_k X_k A_kj needs X's hidden block k (from col index k) and A's row block k (from row
 index k): SUMMA (van de Geijn & Watts 1997) with both broadcasts replaced by all-gather rings, decomposed as in
 Wang et al. 2023 ("Overlap communication with dependent computation via decomposition", ASPLOS '23):
-- forward: X's ring over col and A's ring over row run in lock step (ring.ring_all_gathers; A's the other way
-  round, so the two meet after ceil(|i - j| / 2) steps instead of |i - j|), and at every step the terms
-  X_k A_k whose two blocks are now both here are multiplied while the next blocks travel. On the diagonal
-  (i = j) every step has its term; off it the first steps have none (the blocks a term needs are not here yet:
-  their exchanges run exposed, recorded with gemm None). Under kw=1 a weight gathered earlier in the step is
-  reused (weight_ring.py) and only X's ring runs, each of its steps with its term;
+- forward: X's ring over col and A's ring over row run in lock step (ring.ring_all_gathers), and at every step
+  the terms X_k A_k whose two blocks are now both here are multiplied while the next blocks travel. At step s
+  the rank holds X block j - s and A block i - s (mod q): with d = i - j, term i - s is here from step d on and
+  term j - s from step q - d on, so every step from min(d, q - d) has a term (on the diagonal all q), and the
+  first min(d, q - d) exchanges run exposed (recorded with gemm None; at q = 2 the one exchange off the
+  diagonal; the rings the other way round would expose more: about (q - d) / 2 steps, the diagonal's too).
+  Under kw=1 a weight gathered earlier in the step is reused (weight_ring.py) and only X's ring runs, each of
+  its steps with its term;
 - backward: dX's reduce-scatter over col as a ring with the chunks dY A_k^T (as before), then dA's
   reduce-scatter over row as a ring with the chunks dA_k = X_k^T dY (weight_ring.weight_grad_ring, kw=1: summed
   over the step's micro-batches first).
@@ -63,7 +65,7 @@ class RingLinear2D(torch.autograd.Function):
 
         rings = [GatherRing(xc, mesh, COL, f"{label}.X")]
         if gathered is None:
-            rings.append(GatherRing(w, mesh, ROW, f"{label}.A", reverse=True))
+            rings.append(GatherRing(w, mesh, ROW, f"{label}.A"))
         ring_all_gathers(rings, step)
         if gathered is None:
             gathered = torch.cat([ws[k] for k in range(q)], dim=0)

@@ -52,19 +52,16 @@ def _exchange(send: Tensor, recv: Tensor, prev: int, nxt: int, mesh: Mesh, axes:
 
 class GatherRing:
     """One all-gather of `x` over `axes` run as a ring (`ring_all_gathers`): index r sends to r + 1 and receives
-    from r - 1, so at step i it holds block (r - i) mod n; `reverse` runs it the other way (block (r + i) mod n),
-    which the 2D forward uses so that its two rings meet sooner (collective_matmul_2d.py)."""
+    from r - 1, so at step i it holds block (r - i) mod n."""
 
-    def __init__(self, x: Tensor, mesh: Mesh, axes: Axes, label: str, backward: bool = False,
-                 reverse: bool = False) -> None:
+    def __init__(self, x: Tensor, mesh: Mesh, axes: Axes, label: str, backward: bool = False) -> None:
         self.x, self.mesh, self.axes, self.label, self.backward = x.contiguous(), mesh, tuple(axes), label, backward
         self.n = mesh.size(axes)
-        self.r, prev, nxt = ring_peers(mesh, axes) if self.n > 1 else (0, mesh.rank, mesh.rank)
-        self.src, self.dst, self.sign = (nxt, prev, 1) if reverse else (prev, nxt, -1)
+        self.r, self.src, self.dst = ring_peers(mesh, axes) if self.n > 1 else (0, mesh.rank, mesh.rank)
 
     def block(self, step: int) -> int:
         """The index of the block this rank holds at `step`."""
-        return (self.r + self.sign * step) % self.n
+        return (self.r - step) % self.n
 
 
 def ring_all_gathers(rings: list[GatherRing], on_step: Callable[[int, list[tuple[int, Tensor]]], bool]) -> None:
