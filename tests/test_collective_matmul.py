@@ -16,8 +16,9 @@ Per case:
   2D's forward X / A rings off the grid's diagonal (no term has both its blocks before they moved);
 - that step's fp32 loss and gradient norm equal the unoverlapped layout's (rel 1e-5, as tests/test_token_split.py
   in fp32: the same terms summed in another order round to ~1e-7).
-Plus the refusals before any rank starts (tpo without sp in 1D; tpo in mode none) and the pricing of tpo in
-2D / 2.5D / 3D: the two engines agree, bytes unchanged, step time lower.
+Plus the refusals before any rank starts (tpo without sp in 1D; tpo in mode none), the pricing of tpo in
+2D / 2.5D / 3D (the two engines agree, bytes unchanged, step time lower) and, in one process, the 3D forward's
+term schedule at q = 3 and 4 (the launches have q = 2).
 """
 
 from __future__ import annotations
