@@ -16,11 +16,12 @@ reshard_after_forward=False, the root), fp32.
 FSDP2's bytes are counted from the c10d collectives it dispatches (_allgather_base_ output, _reduce_scatter_base_
 input, allreduce_ tensor; the grad norm's functional all_reduce: a TorchDispatchMode), priced by the same ring
 factors as ours.
-`--overlap-tp`: instead, 1D + sp, 2D and 3D with tpo (collective matmul: executor/layers/collective_matmul.py)
-on and off side by side, and per ring collective (its label's suffix: in, out, in.regather, X, dX, dY) from the
-recorder's ring steps (recorder.RingStep timestamps) of the timed steps: the share of its ring steps issued while
-a GEMM chunk ran (posted before the chunk started, completed after it started) and the share of their in-flight
-time that the GEMM covered (|[issue, done] ^ [GEMM start, end]| / (done - issue), averaged over steps).
+`--overlap-tp`: instead, 1D + sp, 2D, 2.5D and 3D with tpo (collective matmul: executor/layers/collective_matmul*.py)
+on and off side by side, and per ring collective (its label's suffix: in, out, in.regather, X, A, Y, dX, dY, with
+ag / rs for all-gather / reduce-scatter: `A rs` is dA's reduce-scatter) from the recorder's ring steps
+(recorder.RingStep timestamps) of the timed steps: the share of its ring steps issued while a GEMM chunk ran
+(posted before the chunk started, completed after it started) and the share of their in-flight time that the
+GEMM covered (|[issue, done] ^ [GEMM start, end]| / (done - issue), averaged over steps).
 Usage: python benchmarks/executor_step.py [--model small] [--steps 5] [--warmup 2] [--global-batch 8]
        [--only pp]   (only the pp=1 / pp=2 rows)   [--overlap [--bucket-mb 2]]   [--zero]   [--overlap-tp]
 """
@@ -52,7 +53,7 @@ ZERO = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=8,mb=1,zero=2", "dp=8,mb=1,zero=3"]
 C10D = {"_allgather_base_": ("all_gather", 0), "_reduce_scatter_base_": ("reduce_scatter", 1),
         "allreduce_": ("all_reduce", 0)}  # op -> (kind, index of the tensor whose size is the payload)
 OVERLAP = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=2,tp=1d:4,mb=2", "dp=2,tp=1d:4,mb=2,zero=1"]
-OVERLAP_TP = ["dp=1,tp=1d:8,mb=4,sp", "dp=2,tp=2d:2x2,mb=4", "dp=1,tp=3d:2x2x2,mb=4"]
+OVERLAP_TP = ["dp=1,tp=1d:8,mb=4,sp", "dp=2,tp=2d:2x2,mb=4", "dp=1,tp=2.5d:2x2x2,mb=4", "dp=1,tp=3d:2x2x2,mb=4"]
 KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
 
@@ -203,7 +204,9 @@ def ring_overlap(recorder) -> dict[str, tuple[int, float, float]]:  # type: igno
     ran, mean share of a step's in-flight time the GEMM covered), from recorder.ring_steps."""
     by: dict[str, list] = {}
     for s in recorder.ring_steps:
-        by.setdefault(recorder.events[s.event].label.split(".", 1)[-1], []).append(s)
+        event = recorder.events[s.event]
+        kind = {"all_gather": "ag", "reduce_scatter": "rs"}.get(event.kind, event.kind)
+        by.setdefault(f"{event.label.split('.', 1)[-1]} {kind}", []).append(s)
     out = {}
     for name, steps in sorted(by.items()):
         during = [s for s in steps if s.gemm is not None and s.start <= s.gemm[0] < s.end]

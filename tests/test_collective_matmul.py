@@ -1,6 +1,7 @@
 """Collective matmul (tpo) run by the executor: 1D + sp, 2D, 2.5D and 3D against the serial model and the cost model.
 
-ONE launch per world size (4 ranks: 1D + sp tp=4, 2D 2x2; 8 ranks: 2.5D 2x2x2, 3D 2x2x2), the cases batched.
+ONE launch per world size (4 ranks: 1D + sp tp=4, 2D 2x2, cp=2 with 1D + sp tp=2; 8 ranks: 2.5D 2x2x2, 3D
+2x2x2), the cases batched.
 Per case:
 - equivalence (fp64, dist_helpers.TOL_FP64 and why): losses and gradient norms of 3 AdamW steps of 2
   micro-batches with clipping active, and every parameter after them, equal the serial model's. The ring
@@ -8,13 +9,16 @@ Per case:
 - traffic (one fp32 step, the dtype the cost model prices): the recorded collectives equal
   `traffic.stage_events` of the same plan as a multiset (zero difference: the ring is recorded as the
   unoverlapped collective), and the same step without tpo records the same multiset;
-- ring steps: exactly the collectives the mode declares overlappable (`Collective.tpo`) ran as rings, each with
-  n - 1 recorded steps whose bytes sum to its ring bytes (CommEvent.sent_bytes), every step with the GEMM chunk
-  that ran while it was in flight;
+- ring steps: exactly the collectives the mode declares overlappable (`Collective.tpo`) and, in 2D / 2.5D / 3D,
+  every other collective of a block linear but its bias's (the weight's all-gather, dA's reduce-scatter, 3D's Y
+  reduce-scatter: collective_matmul_2d.py / _3d.py) ran as rings, each with n - 1 recorded steps whose bytes sum
+  to its ring bytes (CommEvent.sent_bytes), every step with the GEMM chunk that ran while it was in flight, but
+  2D's forward X / A rings off the grid's diagonal (no term has both its blocks before they moved);
 - that step's fp32 loss and gradient norm equal the unoverlapped layout's (rel 1e-5, as tests/test_token_split.py
   in fp32: the same terms summed in another order round to ~1e-7).
-Plus the refusals before any rank starts (tpo without sp in 1D; tpo in mode none) and the pricing of tpo in
-2D / 2.5D / 3D: the two engines agree, bytes unchanged, step time lower.
+Plus the refusals before any rank starts (tpo without sp in 1D; tpo in mode none), the pricing of tpo in
+2D / 2.5D / 3D (the two engines agree, bytes unchanged, step time lower) and, in one process, the 3D forward's
+term schedule at q = 3 and 4 (the launches have q = 2).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from paracube.cost_models.traffic import layout_sizes, stage_events
 from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.executor.layers.collective_matmul import TPO_LINEARS
 from paracube.layout import parse_layout
 from paracube.modes import MODES
 from paracube.modes.base import COMPUTE
@@ -43,7 +48,7 @@ TOL_FP32 = 1e-5  # fp32 loss and grad norm, ring vs one collective: rounding (~1
 MODELS = {"gpt": SPEC, "llama": LLAMA}
 CASES = {  # world size -> (layout, family, recompute)
     4: [("tp=1d:4,sp,tpo", "gpt", "none"), ("tp=1d:4,sp,tpo", "gpt", "full"), ("tp=2d:2x2,tpo", "gpt", "none"),
-        ("tp=2d:2x2,tpo,kw=1", "llama", "selective")],
+        ("tp=2d:2x2,tpo,kw=1", "llama", "selective"), ("cp=2,tp=1d:2,sp,tpo", "llama", "none")],
     8: [("tp=2.5d:2x2x2,tpo", "gpt", "none"), ("tp=3d:2x2x2,tpo", "gpt", "none"),
         ("tp=3d:2x2x2,tpo,kw=1", "llama", "full")],
 }
@@ -68,8 +73,8 @@ def _fp32_step(spec: ModelSpec, mesh: Mesh, rc: str, micro: list, tokens: int) -
     for s in rec.ring_steps:
         rings.setdefault(s.event, []).append(s)
     ring_info = [(rec.events[i].key(), rec.events[i].group_size, rec.events[i].sent_bytes(),
-                  len(steps), sum(s.sent_bytes for s in steps), all(s.gemm is not None for s in steps))
-                 for i, steps in rings.items()]
+                  len(steps), sum(s.sent_bytes for s in steps), all(s.gemm is not None for s in steps),
+                  rec.events[i].label.rsplit(".", 1)[-1], rec.events[i].phase) for i, steps in rings.items()]
     return (res.loss, res.grad_norm), [e.key() for e in rec.events], ring_info
 
 
@@ -83,8 +88,10 @@ def _one_case(rank: int, layout_text: str, family: str, rc: str) -> dict[str, An
     got, events, rings = _fp32_step(spec, mesh, rc, micro, tokens)
     plain, plain_events, plain_rings = _fp32_step(spec, Mesh(layout.with_(tpo=False), rank), rc, micro, tokens)
     vs_plain = max(abs(a - b) / abs(b) for a, b in zip(got, plain, strict=True))
+    axes = MODES[layout.mode].axes  # 2D / 2.5D: a rank off the row = col diagonal (collective_matmul_2d.py)
+    off_diagonal = "row" in axes and mesh.index(("row",)) != mesh.index(("col",))
     return {"errors": errors, "events": events, "plain_events": plain_events, "rings": rings,
-            "plain_rings": plain_rings, "vs_plain": vs_plain}
+            "plain_rings": plain_rings, "vs_plain": vs_plain, "off_diagonal": off_diagonal}
 
 
 def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
@@ -113,6 +120,17 @@ def _overlappable(layout_text: str, family: str, rc: str) -> Counter:
     return out
 
 
+def _weight_and_output_rings(predicted: list) -> Counter:
+    """The block linears' collectives the executor runs as rings beyond the tagged ones: the weight's all-gather
+    (`.A`), dA's reduce-scatter (`.dA`) and 3D's Y reduce-scatter (`.Y`), as the model lists them (kw=1: once
+    per step)."""
+    def ours(label: str) -> bool:
+        parts = label.split(".")
+        return len(parts) == 4 and parts[0] == "layers" and parts[2] in TPO_LINEARS and parts[3] in ("A", "dA", "Y")
+
+    return Counter(e.key() for e in predicted if ours(e.label))
+
+
 def test_tpo_matches_serial_traffic_and_rings(world: tuple[int, list[list[dict[str, Any]]]]) -> None:
     size, results = world
     for case, (text, family, rc) in enumerate(CASES[size]):
@@ -121,6 +139,7 @@ def test_tpo_matches_serial_traffic_and_rings(world: tuple[int, list[list[dict[s
         predicted = stage_events(layout, d, B)
         tagged = _overlappable(text, family, rc)
         assert tagged, text
+        expected = tagged + _weight_and_output_rings(predicted)  # A, dA, Y: never tagged
         for rank, per_case in enumerate(results):
             r = per_case[case]
             bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
@@ -131,10 +150,14 @@ def test_tpo_matches_serial_traffic_and_rings(world: tuple[int, list[list[dict[s
             assert not r["plain_rings"], (text, rank)
             assert r["vs_plain"] <= TOL_FP32, (text, rank, r["vs_plain"])
             rings = r["rings"]
-            # exactly the collectives the mode declares overlappable ran as rings (keys, with multiplicity)
-            assert Counter(key for key, *_ in rings) == tagged, (text, rank)
-            for key, n, sent, steps, step_bytes, with_gemm in rings:
-                assert steps == n - 1 and step_bytes == sent and with_gemm, (text, key)
+            # exactly those collectives ran as rings (keys, with multiplicity)
+            assert Counter(key for key, *_ in rings) == expected, (text, rank)
+            for key, n, sent, steps, step_bytes, with_gemm, suffix, phase in rings:
+                assert steps == n - 1 and step_bytes == sent, (text, key)
+                lock_step = r["off_diagonal"] and suffix in ("X", "A") and phase != "bwd"
+                assert with_gemm or lock_step, (text, rank, key, suffix)
+            if r["off_diagonal"]:  # q = 2: the one exchange of the forward A ring (and X's beside it) hides nothing
+                assert not any(g for *_, g, suffix, ph in rings if suffix == "A" and ph != "bwd"), (text, rank)
 
 
 def test_tpo_refusals_before_any_rank_starts() -> None:
@@ -210,3 +233,25 @@ def test_tpo_plans_scale_down_and_pass_preflight(layout: str, gpus: int, expecte
     assert (got.mode, got.shape, got.dp, got.pp, got.sequence_parallel, got.tpo) == (
         want.mode, want.shape, want.dp, want.pp, want.sequence_parallel, True)
     preflight(scaled, NodeSpec(), data="synthetic")
+
+
+@pytest.mark.parametrize("q", [3, 4])
+def test_3d_forward_terms_at_q_above_2(q: int) -> None:
+    """One process, no ranks: the 3D forward's term schedule (collective_matmul_3d._Terms) fed X's and A's
+    blocks in the order rank (r_I, r_W) receives them from its two rings, the last step's terms deferred to Y's
+    ring chunks. Every row block equals X_k A of the gathered operands, every step before the last has a GEMM
+    (what the 8-rank launch, q = 2, cannot show). fp64: the same terms in another order agree to ~1e-15, a
+    missing or doubled term is off by O(1)."""
+    from paracube.executor.layers.collective_matmul_3d import _Terms
+
+    gen = torch.Generator().manual_seed(3)
+    tl, sb, width = 3, 2, 5
+    xs = [torch.randn(tl, q * sb, generator=gen, dtype=F64) for _ in range(q)]
+    a = torch.randn(q * sb, width, generator=gen, dtype=F64)
+    for r_i, r_w in ((0, 0), (1, q - 1), (q - 1, 2)):
+        terms = _Terms(q, sb, width, F64)
+        ran = [terms.arrive([((r_i - s) % q, xs[(r_i - s) % q]), ((r_w - s) % q, a[((r_w - s) % q) * sb:][:sb])],
+                            defer=s == q - 1) for s in range(q)]
+        assert all(ran[:-1]) and not ran[-1], ran
+        for k in range(q):
+            assert torch.allclose(terms.row(k), xs[k] @ a, rtol=1e-12, atol=1e-12), (q, r_i, r_w, k)

@@ -17,8 +17,11 @@ Which collectives overlap which GEMM is each mode's declaration (`Collective.tpo
 them (executor/layers/collective_matmul.py): 1D + sp (one_d.py) its input gather, output reduce-scatter and their
 backward mirrors; 2D and 2.5D (two_d.py) each block linear's X gather over col (f) and dX reduce-scatter (dx);
 3D (three_d.py) X's gather over I (f), dY's gather over O (da) and dX's reduce-scatter over I (dx). Weight and
-bias collectives (kept weights: once per step) and 3D's forward Y reduce-scatter (its GEMM is already used by
-X's ring) stay exposed. A group of 2 ranks has one ring step: nothing hidden here. The executor's rings are
+bias collectives (kept weights: once per step) and 3D's forward Y reduce-scatter stay exposed here, although the
+executor runs the weight's gather, dA's reduce-scatter and 3D's Y reduce-scatter as rings beside GEMM chunks too
+(collective_matmul_2d.py / _3d.py; 2D's forward rings hide nothing off the grid's diagonal at q = 2): the model
+does not credit them (conservative; the bytes are the same either way). A group of 2 ranks has one ring step:
+nothing hidden here. The executor's rings are
 one step better than this: an all-gather's first exchange runs alongside the GEMM on the local block and a
 reduce-scatter's first chunk needs no exchange, so no step has to be exposed; the model keeps the conservative
 one exposed step (unchanged for 1D; changing it would move every tpo price, megatron's included).

@@ -12,6 +12,9 @@ learning models", ASPLOS '23) and Megatron-LM's ring-exchange / torch's async TP
   `produce(b)` (the GEMM) while the accumulated partial of step i - 1 travels to r + 1 and that of r - 1
   arrives, then adds it: after n - 1 exchanges block r holds the sum over the group (the chain of block b
   starts at rank b + 1). The sum runs in ring order instead of gloo's / NCCL's: equal up to rounding.
+- `ring_all_gathers`: several all-gather rings of one group size in lock step (the 2D and 3D forwards: X's and
+  the weight's; collective_matmul_2d.py / _3d.py), every step's exchanges posted before the GEMM chunks that the
+  blocks then held allow.
 Each is recorded as ONE CommEvent with the unoverlapped collective's key (kind, axes, payload, dtype: what the
 cost models predict; recorder.py), plus one RingStep per exchange (its bytes: one block, so the steps sum to
 the ring's (n - 1)/n x payload, CommEvent.sent_bytes; its issue and completion times and the GEMM chunk's).
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import torch
 import torch.distributed as dist
@@ -46,32 +50,64 @@ def _exchange(send: Tensor, recv: Tensor, prev: int, nxt: int, mesh: Mesh, axes:
                                    dist.P2POp(dist.irecv, recv, prev, group)])
 
 
+class GatherRing:
+    """One all-gather of `x` over `axes` run as a ring (`ring_all_gathers`): index r sends to r + 1 and receives
+    from r - 1, so at step i it holds block (r - i) mod n."""
+
+    def __init__(self, x: Tensor, mesh: Mesh, axes: Axes, label: str, backward: bool = False) -> None:
+        self.x, self.mesh, self.axes, self.label, self.backward = x.contiguous(), mesh, tuple(axes), label, backward
+        self.n = mesh.size(axes)
+        self.r, self.src, self.dst = ring_peers(mesh, axes) if self.n > 1 else (0, mesh.rank, mesh.rank)
+
+    def block(self, step: int) -> int:
+        """The index of the block this rank holds at `step`."""
+        return (self.r - step) % self.n
+
+
+def ring_all_gathers(rings: list[GatherRing], on_step: Callable[[int, list[tuple[int, Tensor]]], bool]) -> None:
+    """Several all-gather rings of the same group size in lock step: at each of the n steps every ring's exchange
+    is posted, then `on_step(step, [(k, block k) per ring])` runs the GEMM chunks the blocks now held allow
+    (returns whether any ran: the ring steps record its span, or None), then the exchanges are waited for.
+    Each ring is one CommEvent (the unoverlapped all-gather's key) with its n - 1 RingSteps."""
+    n = rings[0].n
+    assert all(ring.n == n for ring in rings), [ring.n for ring in rings]
+    if n == 1:
+        on_step(0, [(0, ring.x) for ring in rings])
+        return
+    rec = rings[0].mesh.recorder
+    with ExitStack() as stack:
+        events = [stack.enter_context(rec.issue("all_gather", ring.axes, n, ring.x, ring.x.numel() * n,
+                                                ring.backward, ring.label)) for ring in rings]
+        cur = [ring.x for ring in rings]
+        for step in range(n):
+            works, nxt_bufs, t0 = [], cur, 0.0
+            if step < n - 1:
+                nxt_bufs = [torch.empty_like(c) for c in cur]
+                t0 = time.perf_counter()
+                works = [_exchange(c, b, ring.src, ring.dst, ring.mesh, ring.axes)
+                         for ring, c, b in zip(rings, cur, nxt_bufs, strict=True)]
+            g0 = time.perf_counter()
+            ran = on_step(step, [(ring.block(step), c) for ring, c in zip(rings, cur, strict=True)])
+            g1 = time.perf_counter()
+            for ring_works in works:
+                for w in ring_works:
+                    w.wait()
+            done = time.perf_counter()
+            for event, c in zip(events, cur, strict=True) if works else ():
+                rec.ring_step(event, step, c.numel() * c.element_size(), t0, done, (g0, g1) if ran else None)
+            cur = nxt_bufs
+
+
 def ring_all_gather(x: Tensor, mesh: Mesh, axes: Axes, on_block: Callable[[int, Tensor], None],
                     backward: bool = False, label: str = "") -> None:
     """All-gather of `x` over `axes` as n - 1 ring exchanges; `on_block(k, block k)` runs for every block
     (this rank's first) while the next one is in flight. A group of one: on_block(0, x), nothing recorded."""
-    n = mesh.size(axes)
-    if n == 1:
-        on_block(0, x)
-        return
-    rec = mesh.recorder
-    r, prev, nxt = ring_peers(mesh, axes)
-    cur, k = x.contiguous(), r
-    with rec.issue("all_gather", tuple(axes), n, cur, cur.numel() * n, backward, label) as event:
-        for step in range(n):
-            works, nxt_buf, t0 = [], cur, 0.0
-            if step < n - 1:
-                nxt_buf = torch.empty_like(cur)
-                t0 = time.perf_counter()
-                works = _exchange(cur, nxt_buf, prev, nxt, mesh, axes)
-            g0 = time.perf_counter()
-            on_block(k, cur)
-            g1 = time.perf_counter()
-            for w in works:
-                w.wait()
-            if works:
-                rec.ring_step(event, step, cur.numel() * cur.element_size(), t0, time.perf_counter(), (g0, g1))
-            cur, k = nxt_buf, (k - 1) % n
+
+    def step(_: int, blocks: list[tuple[int, Tensor]]) -> bool:
+        on_block(*blocks[0])
+        return True
+
+    ring_all_gathers([GatherRing(x, mesh, axes, label, backward)], step)
 
 
 def ring_reduce_scatter(produce: Callable[[int], Tensor], mesh: Mesh, axes: Axes, block_numel: int,
@@ -106,4 +142,4 @@ def ring_reduce_scatter(produce: Callable[[int], Tensor], mesh: Mesh, axes: Axes
     return acc
 
 
-__all__ = ["ring_all_gather", "ring_peers", "ring_reduce_scatter"]
+__all__ = ["GatherRing", "ring_all_gather", "ring_all_gathers", "ring_peers", "ring_reduce_scatter"]

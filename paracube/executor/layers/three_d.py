@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
-from paracube.executor.layers.collective_matmul import TPO_LINEARS, RingLinear3D
+from paracube.executor.layers.collective_matmul import TPO_LINEARS
+from paracube.executor.layers.collective_matmul_3d import RingLinear3D
 from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
 from paracube.executor.layers.kept import KeptWeights, kept_gather
 from paracube.executor.layers.llama import SplitRMSNorm
@@ -87,14 +88,14 @@ class BlockTiedHead(nn.Module):
 
 class Linear3D(ShardedModule):
     """Weight block: h_in block (o*q + w) of h_in/q^2 rows x h_out block i; bias: h_out block i split
-    over the plane (W, O). tpo: X's and dY's gathers and dX's reduce-scatter as rings overlapped with the GEMM
-    chunks (collective_matmul.py)."""
+    over the plane (W, O). tpo: X's, A's and dY's gathers and Y's, dX's and dA's reduce-scatters as rings
+    overlapped with the GEMM chunks (collective_matmul_3d.py)."""
 
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, roles: tuple[str, str, str], label: str,
                  kept: KeptWeights | None = None, tpo: bool = False):
         super().__init__()
         self.mesh, self.roles, self.label, self.has_bias, self.kept = mesh, roles, label, bias, kept
-        self.function = RingLinear3D if tpo else _Linear3D
+        self.tpo = tpo
         i_ax, w_ax, o_ax = roles
         self.add_param("weight", make_spec(mesh, (h_in, h_out),
                                            {0: block(h_in, mesh, (o_ax, w_ax)), 1: block(h_out, mesh, (i_ax,))}))
@@ -103,8 +104,12 @@ class Linear3D(ShardedModule):
 
     def forward(self, x: Tensor) -> Tensor:
         _, w_ax, o_ax = self.roles
-        ag = kept_gather(self.weight.to(compute_dtype(x)), self.mesh, (w_ax,), 0, f"{self.label}.A", self.kept, self)
-        y = self.function.apply(x, ag, self.mesh, self.roles, self.label)
+        w = self.weight.to(compute_dtype(x))
+        if self.tpo:  # the weight's gather is a ring of the linear's own loop (collective_matmul_3d.py)
+            y = RingLinear3D.apply(x, w, self.mesh, self.roles, self.label, self.kept, (id(self), f"{self.label}.A"))
+        else:
+            ag = kept_gather(w, self.mesh, (w_ax,), 0, f"{self.label}.A", self.kept, self)
+            y = _Linear3D.apply(x, ag, self.mesh, self.roles, self.label)
         if self.has_bias:
             # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
             b = kept_gather(fp32(self.bias), self.mesh, (w_ax, o_ax), 0, f"{self.label}.b", self.kept, self)

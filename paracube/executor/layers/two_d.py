@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
-from paracube.executor.layers.collective_matmul import TPO_LINEARS, RingLinear2D
+from paracube.executor.layers.collective_matmul import TPO_LINEARS
+from paracube.executor.layers.collective_matmul_2d import RingLinear2D
 from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
 from paracube.executor.layers.kept import KeptWeights, kept_gather
 from paracube.executor.layers.llama import SplitRMSNorm
@@ -51,23 +52,26 @@ class _Linear2D(torch.autograd.Function):
 
 
 class Linear2D(ShardedModule):
-    """Weight block (i, j) = A[rows block i, cols block j]; bias: cols block j split over row. tpo: X's gather
-    and dX's reduce-scatter as rings overlapped with the GEMM chunks (collective_matmul.py)."""
+    """Weight block (i, j) = A[rows block i, cols block j]; bias: cols block j split over row. tpo: X's and A's
+    gathers and dX's and dA's reduce-scatters as rings overlapped with the GEMM chunks (collective_matmul_2d.py)."""
 
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, kept: KeptWeights | None = None,
                  tpo: bool = False):
         super().__init__()
         self.mesh, self.label, self.has_bias, self.kept = mesh, label, bias, kept
-        self.function = RingLinear2D if tpo else _Linear2D
+        self.tpo = tpo
         self.add_param("weight", make_spec(mesh, (h_in, h_out),
                                            {0: block(h_in, mesh, ROW), 1: block(h_out, mesh, COL)}))
         if bias:
             self.add_param("bias", make_spec(mesh, (h_out,), {0: block(h_out, mesh, ("col", "row"))}))
 
     def forward(self, x: Tensor) -> Tensor:
-        # Cast before gathering: the A collectives run in the compute dtype.
-        ag = kept_gather(self.weight.to(compute_dtype(x)), self.mesh, ROW, 0, f"{self.label}.A", self.kept, self)
-        y = self.function.apply(x, ag, self.mesh, self.label)
+        w = self.weight.to(compute_dtype(x))  # cast before gathering: the A collectives run in the compute dtype
+        if self.tpo:  # the weight's gather is a ring of the linear's own loop (collective_matmul_2d.py)
+            y = RingLinear2D.apply(x, w, self.mesh, self.label, self.kept, (id(self), f"{self.label}.A"))
+        else:
+            y = _Linear2D.apply(x, kept_gather(w, self.mesh, ROW, 0, f"{self.label}.A", self.kept, self), self.mesh,
+                                self.label)
         if self.has_bias:
             # The bias gathered in fp32 (as priced), added in the compute dtype: the output stays lean.
             y = y + kept_gather(fp32(self.bias), self.mesh, ROW, 0, f"{self.label}.b", self.kept, self).to(y.dtype)
