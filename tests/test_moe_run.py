@@ -1,0 +1,163 @@
+"""MoE blocks run by the executor (executor/model/moe.py, executor/layers/experts.py): tiny-moe (top-2 of 8 experts,
+one shared) against its serial model, and the all-to-alls' recorded split sizes against the model's.
+
+One 4-rank launch. Per case: losses and gradient norms of 3 AdamW steps and every parameter block after them equal
+the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says why; routing is chosen on fp64
+scores, whose rounding differences (~1e-16) cannot reorder top-k scores that differ by more, and a different
+choice would show as an error of order 1); the aux loss is trained (its gradient is in every parameter's). In step
+0 every dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.splits of the routing the
+run took (every ep rank's copies per expert, logged by the blocks) times h x 8 bytes: zero difference, forward and
+backward. Plus the refusals of what the executor does not run, before any rank starts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from dist_helpers import F64, TOL_FP64, fp64_optimizer, run_distributed
+from test_equivalence_model import MAX_NORM, STEPS
+
+from paracube.errors import ParacubeError
+from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.executor.model.moe import moe_blocks, set_routing
+from paracube.layout import parse_layout
+from paracube.modes.experts import splits
+from paracube.workload import PRESETS
+
+SPEC = PRESETS["tiny-moe"]
+N_MICRO, MB = 2, 2
+CASES = [  # (layout, skewed routing): 4 ranks each
+    ("dp=4,ep=2", False),  # ep=2, the experts' gradients reduced over edp = 2
+    ("dp=4,ep=4", False),
+    ("dp=4,ep=4", True),  # every token to experts 0..2: ranks 2, 3 receive nothing
+    ("dp=2,ep=2,tp=1d:2,sp", False),  # ep folded over tp: each tensor rank routes its sequence shard
+    ("pp=2,dp=2,ep=2", False),
+]
+
+
+def skewed(block: int, scores: torch.Tensor) -> torch.Tensor:
+    """Deterministic uneven routing (the blocks' `route` hook): the top-2 of experts 0..2 only."""
+    return scores[:, :3].topk(2, dim=-1).indices
+
+
+def _batches(dp: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    gen = torch.Generator().manual_seed(11)
+    return [[(torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen),
+              torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen)) for _ in range(N_MICRO)]
+            for _ in range(dp)]
+
+
+def _one_case(rank: int, layout_text: str, skew: bool) -> dict[str, Any]:
+    layout = parse_layout(layout_text)
+    mesh = Mesh(layout, rank)
+    batches = _batches(layout.dp)
+    micro, ref_micro = batches[mesh.coord("dp")], [m for r in batches for m in r]
+    tokens = layout.dp * MB * N_MICRO * SPEC.seq_len
+    model = build_model(SPEC, mesh, seed=5, dtype=F64)
+    ref = serial_reference(SPEC, seed=5, vocab=model.vocab, dtype=F64)
+    if skew:
+        set_routing(model, skewed)
+        set_routing(ref, skewed)
+    log: list[torch.Tensor] = []
+    for block in moe_blocks(model):
+        block.routing_log = log  # one list: the forwards in the order this rank ran them
+    opt, ref_opt = fp64_optimizer(model), fp64_optimizer(ref)
+    errors: dict[str, float] = {}
+    out: dict[str, Any] = {"ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "stage": mesh.coord("pp")}
+    for step in range(STEPS):
+        mesh.recorder.reset()
+        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
+        ref_res = train_step(ref, ref_opt, ref.mesh, ref_micro, tokens, MAX_NORM)
+        if step == 0:
+            rec = mesh.recorder
+            out["a2a"] = [(rec.events[s.event].label, rec.events[s.event].phase, rec.events[s.event].bytes, s.sent,
+                           s.received) for s in rec.splits if rec.events[s.event].label != "moe.counts"]
+            out["routing"] = [c.tolist() for c in log]
+        for block in moe_blocks(model):
+            block.routing_log = None
+        errors[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
+        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        expected = model.block_of(name, ref_params[name])
+        errors[f"param:{name}"] = ((p - expected).norm() / expected.norm()).item()
+    out["errors"] = errors
+    return out
+
+
+def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
+    return [_one_case(rank, *case) for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def results() -> list[list[dict[str, Any]]]:
+    return run_distributed(_all_cases, 4, timeout=600.0)  # [rank][case]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}" for c in CASES])
+def test_moe_matches_serial(results, case: int) -> None:
+    for rank, per_case in enumerate(results):
+        bad = {k: v for k, v in per_case[case]["errors"].items() if not v < TOL_FP64}
+        assert not bad, f"rank {rank}: {bad}"
+        assert any(k.startswith("param:") and ".experts." in k for k in per_case[case]["errors"])
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}" for c in CASES])
+def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: int) -> None:
+    layout = parse_layout(CASES[case][0])
+    row = SPEC.hidden * 8  # fp64 copies of [h]
+    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp) -> ep index -> rank's result
+    for per_case in results:
+        r = per_case[case]
+        groups.setdefault((r["stage"], r["edp"]), {})[r["ep"]] = r
+    checked = 0
+    for members in groups.values():
+        ep = len(members)
+        assert ep == layout.ep
+        forwards = len(members[0]["routing"])
+        assert forwards == N_MICRO * len([i for i in range(SPEC.layers)]) // layout.pp
+        for f in range(forwards):  # the f-th MoE forward of every ep peer: the same block and micro-batch
+            routing = np.array([members[r]["routing"][f] for r in range(ep)])  # [source, expert]
+            model = splits(routing, ep) * row  # bytes [source, destination]: the model's for this routing
+            for r in range(ep):
+                fwd = [a for a in members[r]["a2a"] if a[1] != "bwd"]
+                dispatch, combine = fwd[2 * f], fwd[2 * f + 1]
+                assert dispatch[0] == "moe.dispatch" and combine[0] == "moe.combine"
+                assert list(dispatch[3]) == model[r].tolist() and list(dispatch[4]) == model[:, r].tolist()
+                assert list(combine[3]) == model[:, r].tolist() and list(combine[4]) == model[r].tolist()
+                assert dispatch[2] == model[r].sum() and combine[2] == model[:, r].sum()
+                checked += 1
+        for r in range(ep):  # backward: each forward's mirror (dY to the experts, dX home), in backward order
+            rows = [np.array([members[q]["routing"][f] for q in range(ep)]) for f in range(forwards)]
+            model = [splits(m, ep) * row for m in rows]
+            expected = Counter([("moe.combine", tuple(m[r].tolist())) for m in model]
+                               + [("moe.dispatch", tuple(m[:, r].tolist())) for m in model])
+            got = Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "bwd")
+            assert got == expected
+    if CASES[case][1]:  # skewed: ranks holding experts 3.. receive nothing
+        assert all(sum(a[4]) == 0 for per_case in results for a in per_case[case]["a2a"]
+                   if per_case[case]["ep"] >= 2 and a[0] == "moe.dispatch" and a[1] != "bwd")
+    assert checked
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("dp=4,ep=3", "ep=3"),
+    ("dp=6,ep=6", "8 experts"),
+    ("dp=2,ep=2,tp=1d:2", "add sp"),
+    ("dp=4,ep=2,zero=1", "zero=1"),
+    ("dp=2,ep=2,etp=2", "etp=2"),
+    ("dp=2,ep=2,cp=2", "cp=2"),
+])
+def test_what_the_executor_does_not_run_is_refused_in_one_line(layout: str, message: str) -> None:
+    with pytest.raises(ParacubeError) as err:  # the layout's own rule (ep=3) or the executor's (sizes.py)
+        check_divisibility(SPEC, parse_layout(layout), None, 0, SPEC.seq_len)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_dense_model_with_ep_is_refused() -> None:
+    with pytest.raises(ParacubeError, match="needs a model with MoE blocks"):
+        check_divisibility(PRESETS["tiny"], parse_layout("dp=2,ep=2"), None, 0, 64)
