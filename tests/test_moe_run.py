@@ -29,7 +29,7 @@ from paracube.modes.experts import splits
 from paracube.workload import PRESETS
 
 SPEC = PRESETS["tiny-moe"]
-N_MICRO, MB = 2, 2
+MICRO, MB = 8, 2  # micro-batches of the step (split over dp), sequences per micro-batch
 CASES = [  # (layout, skewed routing): 4 ranks each
     ("dp=4,ep=2", False),  # ep=2, the experts' gradients reduced over edp = 2
     ("dp=4,ep=4", False),
@@ -44,44 +44,59 @@ def skewed(block: int, scores: torch.Tensor) -> torch.Tensor:
     return scores[:, :3].topk(2, dim=-1).indices
 
 
-def _batches(dp: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def _micro_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The step's MICRO micro-batches (every layout's global batch: replica r takes a contiguous run of them, so
+    the serial reference, which runs them all in order, is the same for every layout of a routing)."""
     gen = torch.Generator().manual_seed(11)
-    return [[(torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen),
-              torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen)) for _ in range(N_MICRO)]
-            for _ in range(dp)]
+    return [(torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen),
+             torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen)) for _ in range(MICRO)]
+
+
+_SERIAL: dict[tuple[bool, int], tuple[list[tuple[float, float]], dict[str, torch.Tensor]]] = {}
+
+
+def _serial(skew: bool, vocab: int) -> tuple[list[tuple[float, float]], dict[str, torch.Tensor]]:
+    """(loss, grad norm) of each step and the parameters after them, of the serial model (once per routing)."""
+    if (skew, vocab) not in _SERIAL:
+        ref = serial_reference(SPEC, seed=5, vocab=vocab, dtype=F64)
+        set_routing(ref, skewed if skew else None)
+        opt, tokens = fp64_optimizer(ref), MICRO * MB * SPEC.seq_len
+        steps = [train_step(ref, opt, ref.mesh, _micro_batches(), tokens, MAX_NORM) for _ in range(STEPS)]
+        params = {n: p.detach() for n, p in ref.named_parameters()}
+        _SERIAL[skew, vocab] = ([(r.loss, r.grad_norm) for r in steps], params)
+    return _SERIAL[skew, vocab]
 
 
 def _one_case(rank: int, layout_text: str, skew: bool) -> dict[str, Any]:
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank)
-    batches = _batches(layout.dp)
-    micro, ref_micro = batches[mesh.coord("dp")], [m for r in batches for m in r]
-    tokens = layout.dp * MB * N_MICRO * SPEC.seq_len
+    n = MICRO // layout.dp
+    micro = _micro_batches()[mesh.coord("dp") * n:(mesh.coord("dp") + 1) * n]
+    tokens = MICRO * MB * SPEC.seq_len
     model = build_model(SPEC, mesh, seed=5, dtype=F64)
-    ref = serial_reference(SPEC, seed=5, vocab=model.vocab, dtype=F64)
+    ref_steps, ref_params = _serial(skew, model.vocab)
     if skew:
         set_routing(model, skewed)
-        set_routing(ref, skewed)
     log: list[torch.Tensor] = []
     for block in moe_blocks(model):
         block.routing_log = log  # one list: the forwards in the order this rank ran them
-    opt, ref_opt = fp64_optimizer(model), fp64_optimizer(ref)
+    opt = fp64_optimizer(model)
     errors: dict[str, float] = {}
     out: dict[str, Any] = {"ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "stage": mesh.coord("pp")}
     for step in range(STEPS):
         mesh.recorder.reset()
         res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
-        ref_res = train_step(ref, ref_opt, ref.mesh, ref_micro, tokens, MAX_NORM)
+        ref_loss, ref_norm = ref_steps[step]
         if step == 0:
             rec = mesh.recorder
-            out["a2a"] = [(rec.events[s.event].label, rec.events[s.event].phase, rec.events[s.event].bytes, s.sent,
-                           s.received) for s in rec.splits if rec.events[s.event].label != "moe.counts"]
+            events = [(rec.events[s.event], s) for s in rec.splits]
+            out["a2a"] = [(e.label, e.phase, e.payload_bytes, s.sent, s.received) for e, s in events
+                          if e.label != "moe.counts"]
             out["routing"] = [c.tolist() for c in log]
         for block in moe_blocks(model):
             block.routing_log = None
-        errors[f"step{step}.loss"] = abs(res.loss - ref_res.loss) / ref_res.loss
-        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
-    ref_params = dict(ref.named_parameters())
+        errors[f"step{step}.loss"] = abs(res.loss - ref_loss) / ref_loss
+        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_norm) / ref_norm
     for name, p in model.named_parameters():
         expected = model.block_of(name, ref_params[name])
         errors[f"param:{name}"] = ((p - expected).norm() / expected.norm()).item()
@@ -119,7 +134,7 @@ def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: 
         ep = len(members)
         assert ep == layout.ep
         forwards = len(members[0]["routing"])
-        assert forwards == N_MICRO * len([i for i in range(SPEC.layers)]) // layout.pp
+        assert forwards == MICRO // layout.dp * SPEC.layers // layout.pp
         for f in range(forwards):  # the f-th MoE forward of every ep peer: the same block and micro-batch
             routing = np.array([members[r]["routing"][f] for r in range(ep)])  # [source, expert]
             model = splits(routing, ep) * row  # bytes [source, destination]: the model's for this routing

@@ -148,6 +148,8 @@ def search(
     check(not bad_experts, f"layout {fixed}: {'; '.join(bad_experts)}")
     check(not priced(model) or rt.moe_blocks, f"runtime {rt.name} ({rt.title}) does not train mixture-of-experts "
           f"blocks or MLA ({model.name}) yet; plan with --runtime megatron, torchtitan or deepspeed")
+    check(model.mla is None or rt.mla, f"runtime {rt.name} ({rt.title}) does not train multi-head latent attention "
+          f"({model.name}) yet; plan with --runtime megatron, torchtitan or deepspeed")
     if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
         ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k)

@@ -18,6 +18,7 @@ and the recorder must see every byte (tests/test_moe_run.py checks it against th
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ EP = ("ep",)
 def _all_to_all(x: Tensor, send: list[int], recv: list[int], mesh: Mesh, backward: bool, label: str) -> Tensor:
     """x [sum(send), ...] (rows for peer k after those for peer k - 1) -> [sum(recv), ...]; send / recv in rows."""
     x = x.contiguous()
-    row = x[0].numel() if x.dim() > 1 else 1
+    row = math.prod(x.shape[1:])
     out = x.new_empty((sum(recv), *x.shape[1:]))
     rec = mesh.recorder
     with rec.issue("all_to_all", EP, mesh.size(EP), x, x.numel(), backward, label) as event:
