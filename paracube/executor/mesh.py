@@ -55,8 +55,7 @@ class Mesh:
         for axes in group_axes(layout):
             self._add_group(axes)
         self._expert_sizes = {"ep": layout.ep, "etp": layout.etp, "edp": layout.expert_data}
-        if layout.ep * layout.etp > 1:  # MoE Parallel Folding (layout.expert_groups): ep, edp, ep.etp groups
-            self._add_expert_groups()
+        self._add_expert_groups(layout.ep * layout.etp > 1)  # MoE Parallel Folding (layout.expert_groups)
         self.embedding_group: ProcessGroup | None = None  # pp > 1: {first, last stage} (tied embeddings)
         if layout.pp > 1:
             self._add_embedding_group()
@@ -76,14 +75,15 @@ class Mesh:
                 self._order[axes] = [by_rank.index(r) for r in ranks]
         self._groups[axes] = mine
 
-    def _add_expert_groups(self) -> None:
-        """The folded expert axes (etp, ep, edp: each stage's dp x cp x tp ranks regrouped, layout.expert_groups),
-        their groups and this rank's coordinate along each (its place in its group's row)."""
-        lay = self.layout
+    def _add_expert_groups(self, folded: bool) -> None:
+        """This rank's coordinate along the folded expert axes (etp, ep, edp: each stage's dp x cp x tp ranks
+        regrouped, layout.expert_groups; its place in its group's row) and, where they fold (ep etp > 1), their
+        process groups (every rank creates them, in the same order)."""
         for axis in EXPERT_AXES:
-            rows = lay.expert_groups(axis)
+            rows = self.layout.expert_groups(axis)
             self._coords[axis] = int(np.argwhere(rows == self.rank)[0][1])
-            self._add_group((axis,), rows)
+            if folded:
+                self._add_group((axis,), rows)
 
     def _add_embedding_group(self) -> None:
         """Megatron's embedding group: the first and last stage's ranks with the same other coordinates (the
