@@ -180,3 +180,17 @@ def test_what_the_executor_does_not_run_is_refused_in_one_line(layout: str, mess
 def test_a_dense_model_with_ep_is_refused() -> None:
     with pytest.raises(ParacubeError, match="needs a model with MoE blocks"):
         check_divisibility(PRESETS["tiny"], parse_layout("dp=2,ep=2"), None, 0, 64)
+
+
+def test_an_moe_plan_scales_down_to_tiny_moe_keeping_expert_parallelism() -> None:
+    """`paracube run PLAN --model tiny-moe --gpus G` (cli/scale_down.py): ep stays > 1, the largest dividing the
+    experts and the folded ranks, none larger than the plan's; a dense model drops it."""
+    from paracube.cli.scale_down import scale_down
+    from paracube.plan import LaunchSpec, Plan
+    from paracube.workload import TrainingSpec
+
+    plan = Plan(PRESETS["qwen3-30b-a3b"], TrainingSpec(global_batch=64, dtype="bf16"),
+                parse_layout("dp=8,pp=2,ep=8,tp=none,mb=1"), "dgx-h100", 16, LaunchSpec(8, 2))
+    assert [str(scale_down(plan, SPEC, g)[0].layout) for g in (8, 4)] == [
+        "dp=4,pp=2,ep=4,tp=none,mb=1", "dp=2,pp=2,ep=2,tp=none,mb=1"]
+    assert scale_down(plan, PRESETS["tiny"], 4)[0].layout.ep == 1
