@@ -30,13 +30,13 @@ from paracube.workload import PRESETS
 
 SPEC = PRESETS["tiny-moe"]
 MICRO, MB = 4, 2  # micro-batches of the step (split over dp), sequences per micro-batch
-CASES = [  # (layout, skewed routing): 4 ranks each
-    ("dp=4,ep=2", False),  # ep=2, the experts' gradients reduced over edp = 2
-    ("dp=4,ep=4", False),
-    ("dp=4,ep=4", True),  # every token to experts 0..2: ranks 2, 3 receive nothing
-    ("dp=2,ep=2,tp=1d:2,sp", False),  # ep folded over tp: each tensor rank routes its sequence shard
-    ("pp=2,dp=2,ep=2", False),
-    ("dp=2,tp=1d:2,sp", False),  # ep = 1: every rank holds all experts, their gradients reduced over (dp, tp)
+CASES = [  # (layout, skewed routing, recompute): 4 ranks each
+    ("dp=4,ep=2", False, "full"),  # ep=2, the experts' gradients reduced over edp = 2; the block recomputed
+    ("dp=4,ep=4", False, "none"),
+    ("dp=4,ep=4", True, "none"),  # every token to experts 0..2: ranks 2, 3 receive nothing
+    ("dp=2,ep=2,tp=1d:2,sp", False, "none"),  # ep folded over tp: each tensor rank routes its sequence shard
+    ("pp=2,dp=2,ep=2", False, "none"),
+    ("dp=2,tp=1d:2,sp", False, "none"),  # ep = 1: every rank holds all experts, reduced over (dp, tp)
 ]
 
 
@@ -68,13 +68,13 @@ def _serial(skew: bool, vocab: int) -> tuple[list[tuple[float, float]], dict[str
     return _SERIAL[skew, vocab]
 
 
-def _one_case(rank: int, layout_text: str, skew: bool) -> dict[str, Any]:
+def _one_case(rank: int, layout_text: str, skew: bool, recompute: str) -> dict[str, Any]:
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank)
     n = MICRO // layout.dp
     micro = _micro_batches()[mesh.coord("dp") * n:(mesh.coord("dp") + 1) * n]
     tokens = MICRO * MB * SPEC.seq_len
-    model = build_model(SPEC, mesh, seed=5, dtype=F64)
+    model = build_model(SPEC, mesh, seed=5, recompute=recompute, dtype=F64)
     ref_steps, ref_params = _serial(skew, model.vocab)
     if skew:
         set_routing(model, skewed)
@@ -114,7 +114,7 @@ def results() -> list[list[dict[str, Any]]]:
     return run_distributed(_all_cases, 4, timeout=600.0)  # [rank][case]
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}" for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}-rc={c[2]}" for c in CASES])
 def test_moe_matches_serial(results, case: int) -> None:
     for rank, per_case in enumerate(results):
         bad = {k: v for k, v in per_case[case]["errors"].items() if not v < TOL_FP64}
@@ -122,7 +122,7 @@ def test_moe_matches_serial(results, case: int) -> None:
         assert any(k.startswith("param:") and ".experts." in k for k in per_case[case]["errors"])
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}" for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}-rc={c[2]}" for c in CASES])
 def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: int) -> None:
     layout = parse_layout(CASES[case][0])
     row = SPEC.hidden * 8  # fp64 copies of [h]
@@ -143,7 +143,7 @@ def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: 
             routing = np.array([members[r]["routing"][f] for r in range(ep)])  # [source, expert]
             model = splits(routing, ep) * row  # bytes [source, destination]: the model's for this routing
             for r in range(ep):
-                fwd = [a for a in members[r]["a2a"] if a[1] != "bwd"]
+                fwd = [a for a in members[r]["a2a"] if a[1] not in ("bwd", "recompute")]
                 dispatch, combine = fwd[2 * f], fwd[2 * f + 1]
                 assert dispatch[0] == "moe.dispatch" and combine[0] == "moe.combine"
                 assert list(dispatch[3]) == model[r].tolist() and list(dispatch[4]) == model[:, r].tolist()
@@ -157,9 +157,12 @@ def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: 
                                + [("moe.dispatch", tuple(m[:, r].tolist())) for m in model])
             got = Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "bwd")
             assert got == expected
+            if CASES[case][2] == "full":  # the recomputed forwards send what the forwards sent
+                sent = Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "fwd")
+                assert Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "recompute") == sent
     if CASES[case][1]:  # skewed: ranks holding experts 3.. receive nothing
         assert all(sum(a[4]) == 0 for per_case in results for a in per_case[case]["a2a"]
-                   if per_case[case]["ep"] >= 2 and a[0] == "moe.dispatch" and a[1] != "bwd")
+                   if per_case[case]["ep"] >= 2 and a[0] == "moe.dispatch" and a[1] == "fwd")
     assert checked
 
 

@@ -122,7 +122,8 @@ class MoEMLP(nn.Module):
             self.shared_gate = _replicated_linear(mode, spec.hidden, 1)
         self.route: Route | None = None
         self.aux_grad_scale = 0.0  # the step's loss scale / tokens (set_aux_grad_scale); 0: aux loss not trained
-        self.routing_log: list[Tensor] | None = None  # set to [] to log each forward's copies per expert [E]
+        # set to [] to log each forward's copies per expert [E] (a recompute, rc=full, routes alike: not logged)
+        self.routing_log: list[Tensor] | None = None
 
     def _choose(self, scores: Tensor) -> Tensor:
         if self.route is not None:
@@ -160,7 +161,7 @@ class MoEMLP(nn.Module):
         sel = keep.nonzero().squeeze(1)
         sel = sel[torch.argsort(flat[sel], stable=True)]
         counts = torch.bincount(flat[sel], minlength=E)
-        if self.routing_log is not None:
+        if self.routing_log is not None and self.mesh.recorder.current_phase != "bwd":  # not a recompute's
             self.routing_log.append(counts.detach().clone())
         tokens = torch.div(sel, k, rounding_mode="floor")
         routed = self._experts(xf[tokens], counts)
