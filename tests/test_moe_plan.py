@@ -48,8 +48,10 @@ def _config(tmp_path: Path, data: dict) -> str:
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
     (("plan", "--model", "llama2-7b", "--layout", "dp=16,ep=2,tp=none", "--runtime", "megatron"),
      "model llama2-7b has none"),
-    # paracube's executor runs no MoE blocks yet: its runtime (the default) does not plan them
-    (("plan", "--model", "qwen3-30b-a3b"), "runtime paracube (paracube run) does not train mixture-of-experts blocks"),
+    # paracube's executor runs MoE blocks with zero=0, and MLA only with dense MLPs (its runtime is the default)
+    (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=1,tp=none"),
+     "MoE blocks with zero=1 are not run (the experts' gradients reduce over edp); valid: zero=0"),
+    (("plan", "--model", "tiny-mla"), "runtime paracube (paracube run) does not train MoE blocks with multi-head latent"),
 ])
 def test_bad_expert_layouts_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], argv: tuple, message: str) -> None:
     code, out, err = run_cli(capsys, *argv, "--cluster", "dgx-h100", "--gpus", "16")

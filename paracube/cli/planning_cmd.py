@@ -210,8 +210,9 @@ def plan_cmd(args: argparse.Namespace) -> int:
         console.print(f"wrote {path} (best: {best_layout}, for runtime {w.runtime}); export it with "
                       f"`paracube export {path} --to {target}`", highlight=False, markup=False)
         return 0
+    small = "tiny-moe" if w.model.moe is not None else "tiny"  # a scaled-down run keeps the MoE blocks and ep
     console.print(f"wrote {path} (best: {best_layout}); run it with `paracube run {path}`"
-                  + ("" if w.gpus <= 8 else f" (on fewer CPU ranks: `paracube run {path} --model tiny --gpus 8`)"),
+                  + ("" if w.gpus <= 8 else f" (on fewer CPU ranks: `paracube run {path} --model {small} --gpus 8`)"),
                   highlight=False, markup=False)
     return 0
 

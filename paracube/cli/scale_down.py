@@ -53,6 +53,20 @@ def _candidates(layout: Layout, gpus: int) -> list[tuple[int, int, int, tuple[in
     return [(dp, pp, cp, shape) for _, pp, cp, dp, shape in sorted(out)]
 
 
+def _with_experts(candidates: list[tuple[int, int, int, tuple[int, ...]]], layout: Layout,
+                  model: ModelSpec) -> list[tuple[int, int, int, tuple[int, ...], int]]:
+    """Each candidate with the largest ep (> 1 where the plan's is, none larger) dividing the model's experts and the
+    dp x cp x tp ranks it folds over; ep = 1 for a dense model (candidates without such an ep are dropped)."""
+    out = []
+    for dp, pp, cp, shape in candidates:
+        dense = dp * cp * (math.prod(shape) if shape else 1)
+        experts = model.moe.experts if model.moe is not None else 1
+        eps = [e for e in range(min(layout.ep, dense, experts), 0, -1)
+               if dense % e == 0 and experts % e == 0 and (e > 1) == (layout.ep > 1)] if model.moe else [1]
+        out += [(dp, pp, cp, shape, eps[0])] if eps else []
+    return out
+
+
 def _layers_for(model: ModelSpec, pp: int, v: int) -> int:
     layers = model.layers
     while pp > 1 and not split_ok(layers, pp, v):
@@ -72,14 +86,14 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
     Raises ParacubeError (one line) when no layout of the family fits."""
     lay = plan.layout
     tried: list[str] = []
-    for dp, pp, cp, shape in _candidates(lay, gpus):
+    for dp, pp, cp, shape, ep in _with_experts(_candidates(lay, gpus), lay, model):
         v = lay.interleave if pp > 1 else 1
         spec = replace(model, layers=_layers_for(model, pp, v))
         sp = lay.sequence_parallel and bool(shape)
         base = Layout(mode=lay.mode, shape=shape, dp=dp, pp=pp, cp=cp, cp_comm=lay.cp_comm if cp > 1 else None,
                       interleave=v, sequence_parallel=sp,
                       zero=lay.zero if dp > 1 else 0, recompute=lay.recompute, overlap=lay.overlap and dp > 1,
-                      keep_weights=lay.keep_weights, tpo=lay.tpo and bool(shape))
+                      keep_weights=lay.keep_weights, tpo=lay.tpo and bool(shape), ep=ep)
         split = base.token_split
         n_micro = 2 * pp if pp > 1 else 2
         s = replace(plan.training, seq_len=None).sequence_length(spec)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from paracube.errors import check
 from paracube.executor.recorder import CommRecorder
 from paracube.layout import Layout
+from paracube.modes.experts import EXPERT_AXES
 
 
 def group_axes(layout: Layout) -> list[tuple[str, ...]]:
@@ -52,12 +54,14 @@ class Mesh:
         self._order: dict[tuple[str, ...], list[int]] = {}
         for axes in group_axes(layout):
             self._add_group(axes)
+        self._expert_sizes = {"ep": layout.ep, "etp": layout.etp, "edp": layout.expert_data}
+        self._add_expert_groups(layout.ep * layout.etp > 1)  # MoE Parallel Folding (layout.expert_groups)
         self.embedding_group: ProcessGroup | None = None  # pp > 1: {first, last stage} (tied embeddings)
         if layout.pp > 1:
             self._add_embedding_group()
 
-    def _add_group(self, axes: tuple[str, ...]) -> None:
-        groups = self.layout.groups(axes)
+    def _add_group(self, axes: tuple[str, ...], groups: np.ndarray | None = None) -> None:
+        groups = self.layout.groups(axes) if groups is None else groups
         if groups.shape[1] == 1:
             self._groups[axes] = None
             return
@@ -70,6 +74,16 @@ class Mesh:
                 by_rank = sorted(ranks)
                 self._order[axes] = [by_rank.index(r) for r in ranks]
         self._groups[axes] = mine
+
+    def _add_expert_groups(self, folded: bool) -> None:
+        """This rank's coordinate along the folded expert axes (etp, ep, edp: each stage's dp x cp x tp ranks
+        regrouped, layout.expert_groups; its place in its group's row) and, where they fold (ep etp > 1), their
+        process groups (every rank creates them, in the same order)."""
+        for axis in EXPERT_AXES:
+            rows = self.layout.expert_groups(axis)
+            self._coords[axis] = int(np.argwhere(rows == self.rank)[0][1])
+            if folded:
+                self._add_group((axis,), rows)
 
     def _add_embedding_group(self) -> None:
         """Megatron's embedding group: the first and last stage's ranks with the same other coordinates (the
@@ -106,13 +120,13 @@ class Mesh:
         return self._order[tuple(axes)]
 
     def size(self, axes: tuple[str, ...]) -> int:
-        return math.prod(self.layout.axis_size(a) for a in axes)
+        return math.prod(self._expert_sizes[a] if a in EXPERT_AXES else self.layout.axis_size(a) for a in axes)
 
     def index(self, axes: tuple[str, ...]) -> int:
         """This rank's index in the group of `axes`, first axis major."""
         idx = 0
         for a in axes:
-            idx = idx * self.layout.axis_size(a) + self._coords[a]
+            idx = idx * self.size((a,)) + self._coords[a]
         return idx
 
     def pp_peer(self, offset: int) -> int:

@@ -8,6 +8,8 @@ context of every observer, so an observer can time it (validation) or count it; 
 point-to-point steps (tpo, executor/layers/ring.py) is ONE event (the unoverlapped collective's key: the cost
 models' bytes) plus one `RingStep` per step in `ring_steps`: its bytes, when it was issued and completed, and
 the GEMM chunk that ran while it was in flight (benchmarks/executor_step.py --overlap-tp reads them).
+An all-to-all with uneven splits (MoE dispatch / combine, executor/layers/experts.py) adds one `SplitSizes` per
+event in `splits`: the bytes it sent to and received from each peer (the event's bytes: the sum of those sent).
 No torch.distributed here: the mesh (mesh.py) and the collectives (comm.py) both import this module.
 """
 
@@ -38,6 +40,15 @@ class RingStep:
     gemm: tuple[float, float] | None  # start, end of the GEMM chunk run while it was in flight
 
 
+@dataclass(frozen=True)
+class SplitSizes:
+    """The per-peer sizes of one all-to-all (`event` indexes CommRecorder.events), in bytes, by group index."""
+
+    event: int
+    sent: tuple[int, ...]
+    received: tuple[int, ...]
+
+
 class CommRecorder:
     """Appends a CommEvent per collective; `phase` tags them; `observers` wrap every collective call."""
 
@@ -45,6 +56,7 @@ class CommRecorder:
         self.events: list[CommEvent] = []
         self.spans: list[list[float]] = []  # [start, end] of each event (perf_counter seconds)
         self.ring_steps: list[RingStep] = []
+        self.splits: list[SplitSizes] = []
         self.current_phase: str = ""
         self.observers: tuple[CollectiveObserver, ...] = tuple(observers)
 
@@ -52,6 +64,7 @@ class CommRecorder:
         self.events.clear()
         self.spans.clear()
         self.ring_steps.clear()
+        self.splits.clear()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -93,4 +106,8 @@ class CommRecorder:
         self.ring_steps.append(RingStep(event, step, sent_bytes, start, end, gemm))
 
 
-__all__ = ["Axes", "CollectiveObserver", "CommRecorder", "RingStep"]
+    def split_sizes(self, event: int, sent: Sequence[int], received: Sequence[int]) -> None:
+        self.splits.append(SplitSizes(event, tuple(sent), tuple(received)))
+
+
+__all__ = ["Axes", "CollectiveObserver", "CommRecorder", "RingStep", "SplitSizes"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from paracube.errors import ParacubeError
+from paracube.executor.moe_sizes import check_moe
 from paracube.layout import Layout
 from paracube.modes import MODES, runnable_modes
 from paracube.modes.base import tokens_split_ok
@@ -76,9 +77,7 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"tied embeddings (tie_word_embeddings) with tensor mode {mode}: its head is not laid "
                             "out as the embedding; untie them or use a mode that ties them ("
                             f"{', '.join(n for n, m in MODES.items() if m.ties_embeddings)})")
-    if spec.moe is not None or spec.head_size is not None or layout.ep * layout.etp > 1:
-        raise ParacubeError(f"model {spec.name}: the executor does not run MoE blocks or a head width other "
-                            "than hidden / heads yet (issue #25 item 4); plan and export it (--runtime megatron)")
+    check_moe(spec, layout)  # MoE blocks and expert parallelism: executor/moe_sizes.py
     if spec.mla is not None:
         check_mla(spec, layout, support.mla)
     if seq_len > spec.seq_len:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from paracube.modes import MODES
 from paracube.modes.base import COMPUTE, Collective, IntOrArr, coll
 
 EP, ETP, EDP = ("ep",), ("etp",), ("edp",)
@@ -79,4 +80,33 @@ def balanced_routing(tokens: int, k: int, experts: int, ep: int) -> np.ndarray:
     return np.full((ep, experts), tokens * k / experts)
 
 
-__all__ = ["EDP", "EP", "ETP", "EXPERT_AXES", "ExpertSizes", "balanced_routing", "block_bwd", "block_fwd", "splits"]
+# What paracube's executor runs of an MoE layout (executor/model/moe.py): the modes whose tensor group keeps whole
+# tokens (the folding ones, TensorMode.context_parallel: none, 1D with its sequence shards), experts whole (etp = 1),
+# their gradients in zero=0 buckets over edp (data_parallel/grad_sync.py), no cp.
+EXECUTOR_ZEROS = (0,)
+
+
+def executor_modes() -> list[str]:
+    return [n for n, m in MODES.items() if m.context_parallel and m.executor is not None]
+
+
+def executor_refusal(layout: Any) -> str | None:
+    """Why paracube's executor does not run MoE blocks in `layout` (a Layout; one line naming the value and what
+    is valid), else None. The runtime declaration (runtimes/paracube.py) and executor/moe_sizes.py read it."""
+    if layout.etp > 1:
+        return f"etp={layout.etp} (tensor parallelism inside an expert) is not run; valid: etp=1"
+    if layout.mode not in executor_modes():
+        return f"MoE blocks run in tp={'/'.join(executor_modes())}, not tp={layout.mode}"
+    if layout.tensor_size > 1 and not layout.sequence_parallel:
+        return (f"MoE blocks with tp={layout.mode}:{layout.tensor_size} run with sp (each tensor rank routes its "
+                "sequence shard); valid: add sp")
+    if layout.cp > 1:
+        return f"MoE blocks with cp={layout.cp} are not run; valid: cp=1"
+    if layout.zero not in EXECUTOR_ZEROS:
+        return (f"MoE blocks with zero={layout.zero} are not run (the experts' gradients reduce over edp); valid: "
+                f"zero={'/'.join(map(str, EXECUTOR_ZEROS))}")
+    return None
+
+
+__all__ = ["EDP", "EP", "ETP", "EXECUTOR_ZEROS", "EXPERT_AXES", "ExpertSizes", "balanced_routing",
+           "block_bwd", "block_fwd", "executor_modes", "executor_refusal", "splits"]

@@ -150,6 +150,9 @@ def search(
     check(not priced(model) or rt.moe_blocks or mla_only, f"runtime {rt.name} ({rt.title}) does not train "
           f"mixture-of-experts blocks{'' if rt.mla else ' or MLA'} ({model.name}) yet; plan with --runtime megatron, "
           "torchtitan or deepspeed")
+    check(model.mla is None or model.moe is None or rt.mla_with_moe, f"runtime {rt.name} ({rt.title}) does not "
+          f"train MoE blocks with multi-head latent attention ({model.name}) yet; plan with --runtime megatron, "
+          "torchtitan or deepspeed")
     if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
         ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k)

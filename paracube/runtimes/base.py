@@ -84,8 +84,11 @@ class Runtime:
     # parallelism inside an expert (etp > 1, Megatron-core's --expert-tensor-parallel-size)
     expert_parallel: bool = False
     expert_tensor_parallel: bool = False
-    moe_blocks: bool = True  # it trains models with MoE blocks or MLA (paracube's executor: not yet)
+    moe_blocks: bool = True  # it trains models with MoE blocks
     mla: bool = True  # it trains multi-head latent attention with dense MLPs (paracube's executor: ExecutorSupport.mla)
+    mla_with_moe: bool = True  # it trains MLA and MoE blocks in one model (DeepSeek-V2/V3)
+    # What it does not run of a layout with MoE blocks (one line), or None: it runs every such layout it runs
+    moe_check: Callable[[Layout], str | None] | None = None
     source: str = ""  # where the facts come from
     cp_comms: tuple[str, ...] = ()  # context parallelism's exchanges it runs, its default first (module docstring)
     cp_note: str = ""  # why it has no context parallelism (cp_comms empty)
@@ -123,8 +126,9 @@ class Runtime:
                 and (sequence_parallel or not (self.tpo_needs_sp or MODES[mode].tpo_needs_sp)))
 
     def refusal(self, layout: Layout, family: str = "gpt", tied_embeddings: bool = False,
-                dtype: str | None = None) -> str | None:
-        """Why this runtime cannot run `layout` (one line naming the runtime and what is valid), else None."""
+                dtype: str | None = None, moe: bool = False) -> str | None:
+        """Why this runtime cannot run `layout` (one line naming the runtime and what is valid), else None; `moe`:
+        the model has MoE blocks (moe_check)."""
         who = f"runtime {self.name} ({self.title})"
         tensor = "tp=" + "/".join(self.modes)
         if layout.mode not in self.modes:
@@ -173,6 +177,9 @@ class Runtime:
             return f"{who} does not run expert parallelism (ep={layout.ep}); valid: ep=1"
         if layout.etp > 1 and not self.expert_tensor_parallel:
             return f"{who} does not run tensor parallelism inside experts (etp={layout.etp}); valid: etp=1"
+        why_moe = self.moe_check(layout) if moe and self.moe_check is not None else None
+        if why_moe:
+            return f"{who} does not run {layout}: {why_moe}"
         if self.mode_check is not None:
             why = self.mode_check(layout.mode, layout.pp, layout.sequence_parallel, layout.zero, tied_embeddings,
                                   family)

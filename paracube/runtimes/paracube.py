@@ -10,13 +10,16 @@ default: on gloo CPU ranks the ring's p2p steps are not measured faster than one
 (benchmarks/executor_step.py --overlap-tp), so the planner takes it only when a layout pins it. Context parallelism
 (cp, both exchanges) where ExecutorSupport.context_parallel lists them (none, 1D: executor/layers/context_parallel.py).
 Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delayed scaling, executor/layers/fp8.py)
-in none and 1D, not with tpo (the ring GEMM chunks run in the compute dtype).
+in none and 1D, not with tpo (the ring GEMM chunks run in the compute dtype). MoE blocks (executor/model/moe.py)
+with expert parallelism folded over each stage's dp x tp ranks, in the modes, zero stages and layouts
+modes/experts.executor_refusal allows (none, 1D with sp; zero=0; etp=1; cp=1); no MLA yet.
 """
 
 from __future__ import annotations
 
 from paracube.layout import RECOMPUTES
 from paracube.modes import MODES, executor_runs, runnable_modes
+from paracube.modes.experts import executor_refusal
 from paracube.runtimes.base import Runtime
 
 
@@ -78,10 +81,14 @@ RUNTIME = Runtime(
     fp8_zeros=(0, 1),  # FP8 weight casts under zero=2/3's gathered parameters: not run (executor/sizes.py)
     fp8_tpo=False,  # the ring GEMM chunks run in the compute dtype (collective_matmul.py)
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
-    expert_parallel=False,  # the executor runs no MoE blocks yet (executor/sizes.py refuses them)
+    # MoE blocks with ep over the folded expert group (executor/model/moe.py); what it does not run of them
+    # (etp > 1, cp, zero >= 1, 2D/2.5D/3D, 1D without sp) is modes/experts.executor_refusal; MLA: executor/moe_sizes.py
+    expert_parallel=True,
     expert_tensor_parallel=False,
-    moe_blocks=False,
+    moe_blocks=True,
+    moe_check=executor_refusal,
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
+    mla_with_moe=False,  # each runs (executor/model/moe.py, layers/mla.py), together not yet (executor/moe_sizes.py)
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),

@@ -27,6 +27,8 @@ for all of them before the optimizer runs.
   bucket is reduce-scattered over dp, so each element is the sum over both stages and every replica exactly
   once. That bucket is issued in `finish()` only (a blocking exchange with the other stage must not run inside
   a stage's backward). zero=0 sums the copies after its all-reduce (pipeline/schedule.py); same bytes.
+- parameters with `grad_axes` (MoE experts: `edp`, executor/model/moe.py) sit in their own zero=0 buckets, after
+  the dense ones, all-reduced over that group.
 Overlap on and off issue the same collectives on the same buffers, so their results are bit-identical.
 
 Why not torch's DDP / ZeroRedundancyOptimizer: DDP wraps the module and reduces over one process group
@@ -66,6 +68,7 @@ class Bucket:
         self.pending = 0  # parameters whose gradient has not arrived in this backward
         self.work: dist.Work | None = None
         self.issued = False
+        self.axes: tuple[str, ...] = ()  # the group it is reduced over (GradSync)
 
     def view(self, i: int) -> Tensor:
         p = self.params[i]
@@ -81,10 +84,19 @@ class GradSync:
         # Layout.data_axes: the mode's grad_axes, with cp after dp (cp ranks hold replicas); zero=1 shards over it
         self.axes = tuple(layout.data_axes)
         self.group_size = mesh.size(self.axes)
-        params = [p for p in model.parameters() if p.requires_grad]
-        device = params[0].device
+        params = [p for p in model.parameters() if p.requires_grad and not hasattr(p, "grad_axes")]
+        device = next(model.parameters()).device
         self.buckets = [Bucket([params[i] for i in idx], self.group_size, zero, device, self.shard_index())
                         for idx in plan_buckets([p.numel() for p in params], bucket_bytes)]
+        for b in self.buckets:
+            b.axes = self.axes
+        # Parameters reduced over another group (`p.grad_axes`: MoE experts over edp, executor/model/moe.py): their
+        # own zero=0 buckets after the dense ones (executor/sizes.py runs them with zero=0 only).
+        for axes in dict.fromkeys(p.grad_axes for p in model.parameters() if hasattr(p, "grad_axes")):
+            own = [p for p in model.parameters() if getattr(p, "grad_axes", None) == axes]
+            for idx in plan_buckets([p.numel() for p in own], bucket_bytes):
+                self.buckets.append(Bucket([own[i] for i in idx], 1, 0, device))
+                self.buckets[-1].axes = axes
         self.where: dict[nn.Parameter, tuple[Bucket, int]] = {}
         for b in self.buckets:
             for i, p in enumerate(b.params):
@@ -140,11 +152,12 @@ class GradSync:
         b.issued = True
         if self.tied is not None and b is self.tied[0]:
             self._sum_tied_copies(b, self.tied[1])
-        if self.group_size == 1:
+        n = self.mesh.size(b.axes)
+        if n == 1:
             return
-        rec, group = self.mesh.recorder, self.mesh.group(self.axes)
+        rec, group = self.mesh.recorder, self.mesh.group(b.axes)
         with rec.phase("grad_sync"):
-            if self.zero == 1:
+            if self.zero == 1 and b.axes == self.axes:
                 order = self.mesh.order(self.axes)  # index k lives on group rank order[k]
                 chunks = list(b.buffer.chunk(self.group_size))
                 by_rank = [chunks[0]] * self.group_size
@@ -153,7 +166,7 @@ class GradSync:
                 with rec.issue("reduce_scatter", self.axes, self.group_size, b.buffer, b.length, False, "grads"):
                     b.work = dist.reduce_scatter(b.shard, by_rank, group=group, async_op=True)
             else:
-                with rec.issue("all_reduce", self.axes, self.group_size, b.buffer, b.length, False, "grads"):
+                with rec.issue("all_reduce", b.axes, n, b.buffer, b.length, False, "grads"):
                     b.work = dist.all_reduce(b.buffer, group=group, async_op=True)
 
     def _sum_tied_copies(self, b: Bucket, i: int) -> None:

@@ -18,6 +18,7 @@ from paracube.executor.layers.functional import local_attention
 from paracube.executor.layers.llama import LlamaAttention, SwiGLU, llama_init_tensors
 from paracube.executor.layers.mla import MLAttention, mla_init_tensors
 from paracube.executor.layers.serial import Mode
+from paracube.executor.model.moe import MoEMLP, is_moe_block, moe_init_tensors
 from paracube.workload import ModelSpec
 
 
@@ -63,7 +64,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + dropout(attn(ln1(x))), then + dropout(mlp(ln2(.))); `seeds` (DropoutSeeds.block) or None: no dropout."""
 
-    def __init__(self, mode: Mode, selective: bool = False):
+    def __init__(self, mode: Mode, selective: bool = False, index: int | None = None):
         super().__init__()
         llama = mode.spec.family == "llama"
         flash = mode.mesh.layout.uses_flash
@@ -72,7 +73,7 @@ class Block(nn.Module):
         self.attn = (MLAttention(mode, selective, flash) if mode.spec.mla is not None  # latent attention (mla.py)
                      else LlamaAttention(mode, selective, flash) if llama else Attention(mode, selective, flash))
         self.ln2 = mode.layer_norm()
-        self.mlp = SwiGLU(mode) if llama else MLP(mode)
+        self.mlp = MoEMLP(mode, index) if is_moe_block(mode.spec, index) else SwiGLU(mode) if llama else MLP(mode)
 
     def forward(self, x: Tensor, seeds: tuple[int, int, int] | None = None, s: int = 0) -> Tensor:
         """s: tokens per sequence (the flat token layout's attention needs it)."""
@@ -88,7 +89,7 @@ class StageBlocks(nn.Module):
     def __init__(self, mode: Mode, indices: list[int], selective: bool = False):
         super().__init__()
         for i in indices:
-            self.add_module(str(i), Block(mode, selective))
+            self.add_module(str(i), Block(mode, selective, i))
 
     def __iter__(self) -> Iterator[nn.Module]:
         return iter(self._modules.values())  # type: ignore[arg-type]
@@ -101,7 +102,9 @@ class StageBlocks(nn.Module):
 
 
 def init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
-    """The serial initialization, one full tensor at a time, in a fixed order (the doc's init)."""
+    """The serial initialization, one full tensor at a time, in a fixed order (the doc's init); MoE blocks' tensors
+    first (model/moe.py, their own generator: the dense stream's unused MLP draws keep the other tensors')."""
+    yield from moe_init_tensors(spec, seed)
     if spec.family == "llama":
         yield from (mla_init_tensors if spec.mla is not None else llama_init_tensors)(spec, seed)
         return

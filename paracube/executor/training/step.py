@@ -36,6 +36,7 @@ from paracube.executor.data_parallel.optim import DistributedAdamW
 from paracube.executor.layers.functional import main_grad
 from paracube.executor.mesh import Mesh, metrics_axes
 from paracube.executor.model.gpt import ParallelGPT
+from paracube.executor.model.moe import expert_norm_sq, is_expert, set_aux_grad_scale
 from paracube.executor.pipeline.schedule import reduce_tied_embedding_grads, run_pipeline
 from paracube.executor.sizes import check_divisibility
 from paracube.executor.training.loss_scale import LossScaler
@@ -71,6 +72,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     # accumulation (its chunk's last backward), so each stage reduces its buckets during its own last backward.
     sync.start(overlap, len(micro_batches) if pipelined else 0)
     scale = scaler.scale if scaler is not None else 1.0
+    set_aux_grad_scale(model, scale / tokens_per_step)  # MoE aux losses: the loss sum's gradient (model/moe.py)
     model.begin_step(len(micro_batches))  # kw=1: gathered weights kept until the last backward (kept.py)
     if pipelined:  # executor/pipeline/schedule.py: 1F1B / interleaved schedule over the pp axis
         loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, scale)
@@ -104,7 +106,7 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         with rec.phase("grad_sync"):
             model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp
             reduce_tied_embedding_grads(model, mesh)  # pp > 1, tied: both copies get the summed gradient
-        sq = _replica_norm_sq(model, mesh, device)
+        sq = _replica_norm_sq(model, mesh, device) + expert_norm_sq(model, mesh, device)  # experts: over ep
         norm_axes = (*stages, *tensor_axes)
     with rec.phase("optimizer"):
         fp8 = getattr(model, "fp8", None)
@@ -156,8 +158,8 @@ def _replica_norm_sq(model: ParallelGPT, mesh: Mesh, device: torch.device) -> Te
     inside the tensor group), the tied embedding once (on the first stage)."""
     sq = torch.zeros(1, dtype=torch.float32, device=device)
     for name, p in model.named_parameters():
-        if model.tied_copy and name == "tok_emb.weight":
-            continue  # the last stage's copy of the tied embedding: counted on the first stage
+        if (model.tied_copy and name == "tok_emb.weight") or is_expert(p):
+            continue  # the last stage's copy of the tied embedding: counted on the first stage; experts: apart
         if all(mesh.coord(a) == 0 for a in model.shard_specs[name].replicated_axes):
             sq += main_grad(p).float().pow(2).sum()
     return sq

@@ -1,0 +1,263 @@
+"""The MoE block's MLP as the executor runs it (paracube/moe_spec.py describes it; modes/experts.py declares its
+traffic; executor/layers/experts.py runs the exchanges): modes none and 1D with sp, experts split ep ways over the
+folded expert group, etp = 1.
+
+Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequence shards):
+- router: scores = softmax(x W_r) (Mixtral, Qwen3-MoE) or sigmoid(x W_r) (DeepSeek-V3, its top-k chosen on
+  scores + a score-correction bias, a zero buffer here: the bias-update rule of auxiliary-loss-free balancing is
+  not run), in fp32 (fp64 for fp64 copies); the top-k experts per token, their weights the chosen scores
+  normalized to sum 1 (HF norm_topk_prob). `route` (set_routing): an explicit hook choosing the experts instead,
+  `route(block index, scores) -> [N, k]` indices (deterministic routing for tests; no patching).
+- capacity (spec.capacity_factor c): each expert keeps at most ceil(c N k / E) of the rank's copies, earlier
+  tokens first (Megatron-core's drop policy per rank); the dropped copies contribute nothing (their token keeps
+  the shared expert and the residual). None: dropless.
+- dispatch (sorted by expert) all-to-all over ep, the rank's E / ep experts (SwiGLU MLPs of expert_ffn, gate
+  and up interleaved as executor/layers/llama.py), combine all-to-all back, weighted sum per token.
+- shared expert: a SwiGLU of shared_ffn through the mode's linears (1D: column / row split, with sp the sequence
+  gathered and reduce-scattered as the dense MLP), times sigmoid(x W_g) where spec.shared_gate (Qwen2-MoE).
+- auxiliary load-balancing loss, per sequence (DeepSeek-V3's sequence-wise balance loss, Megatron-core's
+  seq_aux_loss): L = aux_loss x sum_e f_e P_e, f_e = E / (k s) x copies routed to e, P_e = mean over the
+  sequence's s tokens of the (normalized) scores. Per sequence so that it is the same function in every layout
+  (a sequence is whole on a rank, or split over tp with sp: the counts are summed over tp, one all_reduce of
+  [b, E], "moe.aux_counts"). The training objective is mean token loss + mean over the step's sequences of the
+  blocks' L: each block adds s L's gradient with the step's loss scale / tokens (set_aux_grad_scale, called by
+  train_step) in backward, Megatron-core's MoEAuxLossAutoScaler, so pipelines need no extra loss plumbing. The
+  reported loss is the language-model loss alone, as Megatron logs it.
+
+Gradients: router and gate are replicated over tp (1D: summed over tp with sp, Mode1D.sequence_parallel_params);
+the experts' are reduced over the expert-data-parallel group (`edp`, parameters tagged `grad_axes`,
+data_parallel/grad_sync.py), and their squared norm summed over ep for clipping (expert_norm_sq).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from paracube.executor.comm import all_reduce
+from paracube.executor.layers.experts import EP, all_to_all, exchange_counts
+from paracube.executor.layers.functional import main_grad, upcast
+from paracube.executor.layers.llama import swiglu
+from paracube.executor.layers.serial import Mode, SerialLinear, ShardedModule
+from paracube.executor.layers.shards import ShardSpec, make_spec
+from paracube.executor.mesh import Mesh
+from paracube.workload import ModelSpec
+
+Route = Callable[[int, Tensor], Tensor]
+EDP = ("edp",)
+
+
+def is_moe_block(spec: ModelSpec, index: int | None) -> bool:
+    return spec.moe is not None and index is not None and spec.moe.is_moe_layer(index)
+
+
+class _AuxLossScaler(torch.autograd.Function):
+    """Identity on the block's output; in backward the aux loss gets `scale` as its gradient (Megatron-core)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, aux: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(aux)
+        ctx.scale = scale
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
+
+
+class Experts(ShardedModule):
+    """This rank's E / ep routed experts: w1 [E, h, 2 f_e] (gate, up interleaved), w2 [E, f_e, h], split along E
+    over ep (rank r: experts r E/ep ..), replicated over edp (its index 0 the leader)."""
+
+    def __init__(self, mesh: Mesh, experts: int, h: int, f: int):
+        super().__init__()
+        ep, r = mesh.size(EP), mesh.coord("ep") if mesh.size(EP) > 1 else 0
+        self.local = experts // ep
+        # Reduced over edp (folded: Mesh's expert groups); ep = 1: every rank of the stage holds them all
+        axes = EDP if ep > 1 else tuple(dict.fromkeys((*mesh.layout.data_axes, *mesh.tensor_axes)))
+        leader = all(mesh.coord(a) == 0 for a in axes if mesh.size((a,)) > 1)
+        for name, shape in (("w1", (experts, h, 2 * f)), ("w2", (experts, f, h))):
+            self.add_param(name, ShardSpec(shape, (r * self.local, 0, 0), (self.local, *shape[1:]), leader, ()))
+            getattr(self, name).grad_axes = axes  # data_parallel/grad_sync.py reduces it over them
+
+    def forward(self, x: Tensor, counts: list[int]) -> Tensor:
+        """x [n, h] sorted by local expert, `counts[j]` rows for expert j."""
+        outs = [swiglu(part @ self.w1[j]) @ self.w2[j] for j, part in enumerate(x.split(counts))]
+        return torch.cat(outs) if outs else x
+
+
+def _replicated_linear(mode: Mode, h_in: int, h_out: int) -> SerialLinear:
+    """A linear every tensor rank holds whole, used on its tokens (1D + sp: sequence shards, its gradient then summed
+    over tp with the mode's other sequence-parallel parameters)."""
+    lin = SerialLinear(mode.mesh, h_in, h_out, False)
+    tensor = mode.mesh.tensor_axes
+    lin.shard_specs["weight"] = make_spec(mode.mesh, (h_in, h_out), {}, replicated_axes=tensor)
+    if getattr(mode, "sp", False):
+        mode.sequence_parallel_params.append(lin.weight)  # type: ignore[attr-defined]
+    return lin
+
+
+class MoEMLP(nn.Module):
+    def __init__(self, mode: Mode, index: int):
+        super().__init__()
+        spec, moe = mode.spec, mode.spec.moe
+        assert moe is not None
+        self.moe, self.mesh, self.index, self.h = moe, mode.mesh, index, spec.hidden
+        self.sp_ways = mode.mesh.size(mode.mesh.tensor_axes) if getattr(mode, "sp", False) else 1
+        self.router = _replicated_linear(mode, spec.hidden, moe.experts)
+        self.experts = Experts(mode.mesh, moe.experts, spec.hidden, moe.expert_ffn)
+        if moe.router == "sigmoid":  # DeepSeek-V3's score-correction bias (chooses, does not weight)
+            self.register_buffer("score_bias", torch.zeros(moe.experts), persistent=False)
+        if moe.shared_ffn:
+            self.shared = nn.Module()
+            self.shared.fc = mode.linear("fc", spec.hidden, 2 * moe.shared_ffn, False)
+            self.shared.fc2 = mode.linear("fc2", moe.shared_ffn, spec.hidden, False)
+        if moe.shared_gate:
+            self.shared_gate = _replicated_linear(mode, spec.hidden, 1)
+        self.route: Route | None = None
+        self.aux_grad_scale = 0.0  # the step's loss scale / tokens (set_aux_grad_scale); 0: aux loss not trained
+        # set to [] to log each forward's copies per expert [E] (a recompute, rc=full, routes alike: not logged)
+        self.routing_log: list[Tensor] | None = None
+
+    def _choose(self, scores: Tensor) -> Tensor:
+        if self.route is not None:
+            return self.route(self.index, scores.detach())
+        choice = scores + self.score_bias if self.moe.router == "sigmoid" else scores
+        return choice.detach().topk(self.moe.top_k, dim=-1).indices
+
+    def _aux(self, scores: Tensor, idx: Tensor, b: int) -> Tensor:
+        """The local part of sum over this rank's sequences of L (module docstring)."""
+        E, k = self.moe.experts, self.moe.top_k
+        s = scores.shape[0] // b * self.sp_ways
+        with torch.no_grad():
+            counts = F.one_hot(idx, E).sum(1).view(b, -1, E).sum(1).to(scores.dtype)  # [b, E]
+            if self.sp_ways > 1:
+                counts = all_reduce(counts, self.mesh, self.mesh.tensor_axes, label="moe.aux_counts")
+        probs = scores / scores.sum(-1, keepdim=True) if self.moe.router == "sigmoid" else scores
+        partial = probs.view(b, -1, E).sum(1) / s
+        return self.moe.aux_loss * (counts * E / (k * s) * partial).sum()
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape, h, moe = x.shape, self.h, self.moe
+        xf = x.reshape(-1, h)
+        N, E, k = xf.shape[0], moe.experts, moe.top_k
+        logits = upcast(xf) @ upcast(self.router.weight)
+        scores = logits.softmax(-1) if moe.router == "softmax" else logits.sigmoid()
+        idx = self._choose(scores)
+        top = scores.gather(1, idx)
+        weights = (top / top.sum(-1, keepdim=True)).reshape(-1)
+        flat = idx.reshape(-1)
+        keep = torch.ones_like(flat, dtype=torch.bool)
+        if moe.capacity_factor is not None:
+            capacity = math.ceil(moe.capacity_factor * N * k / E)
+            onehot = F.one_hot(flat, E)
+            keep = ((onehot.cumsum(0) * onehot).sum(1) - 1) < capacity
+        sel = keep.nonzero().squeeze(1)
+        sel = sel[torch.argsort(flat[sel], stable=True)]
+        counts = torch.bincount(flat[sel], minlength=E)
+        if self.routing_log is not None and self.mesh.recorder.current_phase != "bwd":  # not a recompute's
+            self.routing_log.append(counts.detach().clone())
+        tokens = torch.div(sel, k, rounding_mode="floor")
+        routed = self._experts(xf[tokens], counts)
+        out = xf.new_zeros(N, h).index_add(0, tokens, routed * weights[sel].to(routed.dtype)[:, None])
+        if moe.aux_loss and torch.is_grad_enabled():
+            out = _AuxLossScaler.apply(out, self._aux(scores, idx, shape[0]), self.aux_grad_scale * shape[1]
+                                       * self.sp_ways)
+        out = out.view(shape)
+        if moe.shared_ffn:
+            shared = self.shared.fc2(swiglu(self.shared.fc(x)))
+            if moe.shared_gate:
+                shared = shared * torch.sigmoid(upcast(self.shared_gate(x))).to(shared.dtype)
+            out = out + shared
+        return out
+
+    def _experts(self, routed: Tensor, counts: Tensor) -> Tensor:
+        """Copies sorted by expert -> their expert outputs, in the same order (dispatch, experts, combine)."""
+        ep = self.mesh.size(EP)
+        if ep == 1:
+            return self.experts(routed, counts.tolist())
+        local = counts.view(ep, -1)
+        got = exchange_counts(local, self.mesh)  # [source, local expert]
+        send, recv = local.sum(1).tolist(), got.sum(1).tolist()
+        received = all_to_all(routed, send, recv, self.mesh, "moe.dispatch")
+        # received is (source, expert)-major; the experts want (expert, source)-major
+        starts = torch.cumsum(got.reshape(-1), 0) - got.reshape(-1)
+        starts, lengths = starts.view_as(got), got
+        perm = torch.cat([torch.arange(int(starts[src, j]), int(starts[src, j] + lengths[src, j]))
+                          for j in range(got.shape[1]) for src in range(ep)] or [torch.zeros(0, dtype=torch.long)])
+        perm = perm.to(routed.device)
+        y = self.experts(received[perm], got.sum(0).tolist())
+        y = y[torch.argsort(perm)]
+        return all_to_all(y, recv, send, self.mesh, "moe.combine")
+
+
+# --- model-level hooks ------------------------------------------------------------------------------------
+def moe_blocks(model: nn.Module) -> Iterator[MoEMLP]:
+    return (m for m in model.modules() if isinstance(m, MoEMLP))
+
+
+def set_routing(model: nn.Module, route: Route | None) -> None:
+    """Explicit routing hook for every MoE block (tests: deterministic routing; None: top-k of the scores)."""
+    for block in moe_blocks(model):
+        block.route = route
+
+
+def set_aux_grad_scale(model: nn.Module, scale: float) -> None:
+    """The gradient of the loss sum's 1 (train_step: loss scale / tokens per step), given to the aux losses."""
+    for block in moe_blocks(model):
+        block.aux_grad_scale = scale
+
+
+def is_expert(p: Tensor) -> bool:
+    return hasattr(p, "grad_axes")
+
+
+def expert_norm_sq(model: nn.Module, mesh: Mesh, device: torch.device) -> Tensor:
+    """The experts' squared gradient norm, summed over ep (each expert counted once per stage: the edp replicas
+    hold the same sums), on the ranks with tensor coordinates 0 (elsewhere 0), so that the step's all_reduce of the
+    norm over (pp, tensor axes) adds it once per stage; zero without experts."""
+    sq = torch.zeros(1, dtype=torch.float32, device=device)
+    params = [p for p in model.parameters() if is_expert(p)]
+    if not params:
+        return sq
+    for p in params:
+        sq += main_grad(p).float().pow(2).sum()
+    sq = all_reduce(sq, mesh, EP, label="grad_norm.experts")
+    return sq if all(mesh.coord(a) == 0 for a in mesh.tensor_axes) else torch.zeros_like(sq)
+
+
+def moe_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
+    """The MoE blocks' serial initialization (their own generator, so dense tensors keep their draws): normal 0.02,
+    output projections 0.02 / sqrt(2 L), as the dense MLP."""
+    moe = spec.moe
+    if moe is None:
+        return
+    gen = torch.Generator().manual_seed(seed + 7919)
+    h, L, E, fe, fs = spec.hidden, spec.layers, moe.experts, moe.expert_ffn, moe.shared_ffn
+    resid = 0.02 / math.sqrt(2 * L)
+
+    def normal(*shape: int, std: float = 0.02) -> Tensor:
+        return torch.empty(shape).normal_(0.0, std, generator=gen)
+
+    for i in range(L):
+        if not moe.is_moe_layer(i):
+            continue
+        p = f"blocks.{i}.mlp."
+        yield p + "router.weight", normal(h, E)
+        yield p + "experts.w1", normal(E, h, 2 * fe)
+        yield p + "experts.w2", normal(E, fe, h, std=resid)
+        if fs:
+            yield p + "shared.fc.weight", normal(h, 2 * fs)
+            yield p + "shared.fc2.weight", normal(fs, h, std=resid)
+        if moe.shared_gate:
+            yield p + "shared_gate.weight", normal(h, 1)
+
+
+__all__ = ["Experts", "MoEMLP", "expert_norm_sq", "is_expert", "is_moe_block", "moe_init_tensors", "set_aux_grad_scale",
+           "set_routing"]

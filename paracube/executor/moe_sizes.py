@@ -1,0 +1,35 @@
+"""What the executor runs of mixture-of-experts (executor/model/moe.py), checked before any rank starts: one
+ParacubeError line naming the value and what is valid (executor/sizes.py calls it; the layout rules are
+modes/experts.executor_refusal, which paracube's runtime declaration reads too)."""
+
+from __future__ import annotations
+
+from paracube.errors import ParacubeError
+from paracube.layout import Layout
+from paracube.modes.experts import executor_refusal
+from paracube.workload import ModelSpec
+
+
+def check_moe(spec: ModelSpec, layout: Layout) -> None:
+    where = f"model {spec.name} in {layout}"
+    moe = spec.moe
+    if moe is not None and spec.mla is not None:  # each runs (layers/mla.py, model/moe.py); together: not tested
+        raise ParacubeError(f"{where}: the executor runs MLA with dense MLPs and MoE blocks with standard attention, "
+                            "not both in one model yet; plan and export it (--runtime megatron)")
+    if spec.head_size is not None and spec.mla is None:
+        raise ParacubeError(f"{where}: the executor does not run a head width other than hidden / heads yet; plan "
+                            "and export it (--runtime megatron)")
+    if moe is None:
+        if layout.ep * layout.etp > 1:
+            raise ParacubeError(f"{where}: ep={layout.ep},etp={layout.etp} needs a model with MoE blocks; valid: "
+                                "ep=1,etp=1")
+        return
+    why = executor_refusal(layout)
+    if why:
+        raise ParacubeError(f"{where}: {why}")
+    if moe.experts % layout.ep:
+        raise ParacubeError(f"{where}: ep={layout.ep} does not divide the {moe.experts} experts; valid ep: "
+                            f"{', '.join(str(n) for n in range(1, moe.experts + 1) if moe.experts % n == 0)}")
+
+
+__all__ = ["check_moe"]

@@ -1,0 +1,199 @@
+"""MoE blocks run by the executor (executor/model/moe.py, executor/layers/experts.py): tiny-moe (top-2 of 8 experts,
+one shared) against its serial model, and the all-to-alls' recorded split sizes against the model's.
+
+One 4-rank launch. Per case: losses and gradient norms of 3 AdamW steps and every parameter block after them equal
+the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says why; routing is chosen on fp64
+scores, whose rounding differences (~1e-16) cannot reorder top-k scores that differ by more, and a different
+choice would show as an error of order 1); the aux loss is trained (its gradient is in every parameter's). In step
+0 every dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.splits of the routing the
+run took (every ep rank's copies per expert, logged by the blocks) times h x 8 bytes: zero difference, forward and
+backward. Plus the refusals of what the executor does not run, before any rank starts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from dist_helpers import F64, TOL_FP64, fp64_optimizer, run_distributed
+from test_equivalence_model import MAX_NORM, STEPS
+
+from paracube.errors import ParacubeError
+from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.executor.model.moe import moe_blocks, set_routing
+from paracube.layout import parse_layout
+from paracube.modes.experts import splits
+from paracube.workload import PRESETS
+
+SPEC = PRESETS["tiny-moe"]
+MICRO, MB = 4, 2  # micro-batches of the step (split over dp), sequences per micro-batch
+CASES = [  # (layout, skewed routing, recompute): 4 ranks each
+    ("dp=4,ep=2", False, "full"),  # ep=2, the experts' gradients reduced over edp = 2; the block recomputed
+    ("dp=4,ep=4", False, "none"),
+    ("dp=4,ep=4", True, "none"),  # every token to experts 0..2: ranks 2, 3 receive nothing
+    ("dp=2,ep=2,tp=1d:2,sp", False, "none"),  # ep folded over tp: each tensor rank routes its sequence shard
+    ("pp=2,dp=2,ep=2", False, "none"),
+    ("dp=2,tp=1d:2,sp", False, "none"),  # ep = 1: every rank holds all experts, reduced over (dp, tp)
+]
+
+
+def skewed(block: int, scores: torch.Tensor) -> torch.Tensor:
+    """Deterministic uneven routing (the blocks' `route` hook): the top-2 of experts 0..2 only."""
+    return scores[:, :3].topk(2, dim=-1).indices
+
+
+def _micro_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The step's MICRO micro-batches (every layout's global batch: replica r takes a contiguous run of them, so
+    the serial reference, which runs them all in order, is the same for every layout of a routing)."""
+    gen = torch.Generator().manual_seed(11)
+    return [(torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen),
+             torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen)) for _ in range(MICRO)]
+
+
+_SERIAL: dict[tuple[bool, int], tuple[list[tuple[float, float]], dict[str, torch.Tensor]]] = {}
+
+
+def _serial(skew: bool, vocab: int) -> tuple[list[tuple[float, float]], dict[str, torch.Tensor]]:
+    """(loss, grad norm) of each step and the parameters after them, of the serial model (once per routing)."""
+    if (skew, vocab) not in _SERIAL:
+        ref = serial_reference(SPEC, seed=5, vocab=vocab, dtype=F64)
+        set_routing(ref, skewed if skew else None)
+        opt, tokens = fp64_optimizer(ref), MICRO * MB * SPEC.seq_len
+        steps = [train_step(ref, opt, ref.mesh, _micro_batches(), tokens, MAX_NORM) for _ in range(STEPS)]
+        params = {n: p.detach() for n, p in ref.named_parameters()}
+        _SERIAL[skew, vocab] = ([(r.loss, r.grad_norm) for r in steps], params)
+    return _SERIAL[skew, vocab]
+
+
+def _one_case(rank: int, layout_text: str, skew: bool, recompute: str) -> dict[str, Any]:
+    layout = parse_layout(layout_text)
+    mesh = Mesh(layout, rank)
+    n = MICRO // layout.dp
+    micro = _micro_batches()[mesh.coord("dp") * n:(mesh.coord("dp") + 1) * n]
+    tokens = MICRO * MB * SPEC.seq_len
+    model = build_model(SPEC, mesh, seed=5, recompute=recompute, dtype=F64)
+    ref_steps, ref_params = _serial(skew, model.vocab)
+    if skew:
+        set_routing(model, skewed)
+    log: list[torch.Tensor] = []
+    for block in moe_blocks(model):
+        block.routing_log = log  # one list: the forwards in the order this rank ran them
+    opt = fp64_optimizer(model)
+    errors: dict[str, float] = {}
+    out: dict[str, Any] = {"ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "stage": mesh.coord("pp")}
+    for step in range(STEPS):
+        mesh.recorder.reset()
+        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
+        ref_loss, ref_norm = ref_steps[step]
+        if step == 0:
+            rec = mesh.recorder
+            events = [(rec.events[s.event], s) for s in rec.splits]
+            out["a2a"] = [(e.label, e.phase, e.payload_bytes, s.sent, s.received) for e, s in events
+                          if e.label != "moe.counts"]
+            out["routing"] = [c.tolist() for c in log]
+        for block in moe_blocks(model):
+            block.routing_log = None
+        errors[f"step{step}.loss"] = abs(res.loss - ref_loss) / ref_loss
+        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_norm) / ref_norm
+    for name, p in model.named_parameters():
+        expected = model.block_of(name, ref_params[name])
+        errors[f"param:{name}"] = ((p - expected).norm() / expected.norm()).item()
+    out["errors"] = errors
+    return out
+
+
+def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
+    return [_one_case(rank, *case) for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def results() -> list[list[dict[str, Any]]]:
+    return run_distributed(_all_cases, 4, timeout=600.0)  # [rank][case]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}-rc={c[2]}" for c in CASES])
+def test_moe_matches_serial(results, case: int) -> None:
+    for rank, per_case in enumerate(results):
+        bad = {k: v for k, v in per_case[case]["errors"].items() if not v < TOL_FP64}
+        assert not bad, f"rank {rank}: {bad}"
+        assert any(k.startswith("param:") and ".experts." in k for k in per_case[case]["errors"])
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}-rc={c[2]}" for c in CASES])
+def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: int) -> None:
+    layout = parse_layout(CASES[case][0])
+    row = SPEC.hidden * 8  # fp64 copies of [h]
+    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp) -> ep index -> rank's result
+    for per_case in results:
+        r = per_case[case]
+        groups.setdefault((r["stage"], r["edp"]), {})[r["ep"]] = r
+    if layout.ep == 1:  # no dispatch: every rank runs every expert
+        assert not any(per_case[case]["a2a"] for per_case in results)
+        return
+    checked = 0
+    for members in groups.values():
+        ep = len(members)
+        assert ep == layout.ep
+        forwards = len(members[0]["routing"])
+        assert forwards == MICRO // layout.dp * SPEC.layers // layout.pp
+        for f in range(forwards):  # the f-th MoE forward of every ep peer: the same block and micro-batch
+            routing = np.array([members[r]["routing"][f] for r in range(ep)])  # [source, expert]
+            model = splits(routing, ep) * row  # bytes [source, destination]: the model's for this routing
+            for r in range(ep):
+                fwd = [a for a in members[r]["a2a"] if a[1] not in ("bwd", "recompute")]
+                dispatch, combine = fwd[2 * f], fwd[2 * f + 1]
+                assert dispatch[0] == "moe.dispatch" and combine[0] == "moe.combine"
+                assert list(dispatch[3]) == model[r].tolist() and list(dispatch[4]) == model[:, r].tolist()
+                assert list(combine[3]) == model[:, r].tolist() and list(combine[4]) == model[r].tolist()
+                assert dispatch[2] == model[r].sum() and combine[2] == model[:, r].sum()
+                checked += 1
+        for r in range(ep):  # backward: each forward's mirror (dY to the experts, dX home), in backward order
+            rows = [np.array([members[q]["routing"][f] for q in range(ep)]) for f in range(forwards)]
+            model = [splits(m, ep) * row for m in rows]
+            expected = Counter([("moe.combine", tuple(m[r].tolist())) for m in model]
+                               + [("moe.dispatch", tuple(m[:, r].tolist())) for m in model])
+            got = Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "bwd")
+            assert got == expected
+            if CASES[case][2] == "full":  # the recomputed forwards send what the forwards sent
+                sent = Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "fwd")
+                assert Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "recompute") == sent
+    if CASES[case][1]:  # skewed: ranks holding experts 3.. receive nothing
+        assert all(sum(a[4]) == 0 for per_case in results for a in per_case[case]["a2a"]
+                   if per_case[case]["ep"] >= 2 and a[0] == "moe.dispatch" and a[1] == "fwd")
+    assert checked
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("dp=4,ep=3", "ep=3"),
+    ("dp=6,ep=6", "8 experts"),
+    ("dp=2,ep=2,tp=1d:2", "add sp"),
+    ("dp=4,ep=2,zero=1", "zero=1"),
+    ("dp=2,ep=2,etp=2", "etp=2"),
+    ("dp=2,ep=2,cp=2", "cp=2"),
+])
+def test_what_the_executor_does_not_run_is_refused_in_one_line(layout: str, message: str) -> None:
+    with pytest.raises(ParacubeError) as err:  # the layout's own rule (ep=3) or the executor's (sizes.py)
+        check_divisibility(SPEC, parse_layout(layout), None, 0, SPEC.seq_len)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_dense_model_with_ep_is_refused() -> None:
+    with pytest.raises(ParacubeError, match="needs a model with MoE blocks"):
+        check_divisibility(PRESETS["tiny"], parse_layout("dp=2,ep=2"), None, 0, 64)
+
+
+def test_an_moe_plan_scales_down_to_tiny_moe_keeping_expert_parallelism() -> None:
+    """`paracube run PLAN --model tiny-moe --gpus G` (cli/scale_down.py): ep stays > 1, the largest dividing the
+    experts and the folded ranks, none larger than the plan's; a dense model drops it."""
+    from paracube.cli.scale_down import scale_down
+    from paracube.plan import LaunchSpec, Plan
+    from paracube.workload import TrainingSpec
+
+    plan = Plan(PRESETS["qwen3-30b-a3b"], TrainingSpec(global_batch=64, dtype="bf16"),
+                parse_layout("dp=8,pp=2,ep=8,tp=none,mb=1"), "dgx-h100", 16, LaunchSpec(8, 2))
+    assert [str(scale_down(plan, SPEC, g)[0].layout) for g in (8, 4)] == [
+        "dp=4,pp=2,ep=4,tp=none,mb=1", "dp=2,pp=2,ep=2,tp=none,mb=1"]
+    assert scale_down(plan, PRESETS["tiny"], 4)[0].layout.ep == 1
