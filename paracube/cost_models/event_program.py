@@ -43,6 +43,7 @@ from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import context
+from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import schedule, stage_chunks
 
 PER_STEP = ("grad_sync", "optimizer", "metrics")
@@ -260,12 +261,13 @@ def _layer_bwd(by: Grouped, units: tuple[str, ...], comp: dict, i: int, rec: flo
 
 def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False,
                 grad_overlap: bool | None = None, param_overlap: bool = False,
-                fsdp_prefetch: bool = False) -> StageProgram:
+                fsdp_prefetch: bool = False, bucket_bytes: int = BUCKET_BYTES) -> StageProgram:
     """`overlap`: tp weight-gradient reduce-scatters hidden under dX; `grad_overlap` (default: `overlap`):
     data-parallel gradient buckets issued during the last backward; `param_overlap` (zero=1): the parameter
     all_gathers (the previous step's, in the steady state) issued asynchronously as the step's first forward
     starts and waited on when the stage's first chunk of it ends (analytic.py: max(0, gather - forward));
-    `fsdp_prefetch` (zero=2/3): each unit's gather prefetched, its reduce-scatter asynchronous (fsdp_overlap.py)."""
+    `fsdp_prefetch` (zero=2/3): each unit's gather prefetched, its reduce-scatter asynchronous (fsdp_overlap.py);
+    `bucket_bytes`: the gradient bucket limit (traffic.stage_events; the analytic engine is given the same)."""
     grad_overlap = overlap if grad_overlap is None else grad_overlap
     d = context_local(d, layout.cp, layout.cp_comm)  # a cp rank's view (dims.py)
     pp, v = layout.pp, layout.interleave
@@ -274,7 +276,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     one = replace(d, global_batch=layout.dp * mb)
     # The per-step collectives (pipeline sends are rebuilt from the schedule instead); per micro-batch, the
     # first one's (kept gathers, no kept reduce-scatters) and the last one's (the other way round).
-    _, tail = _group([e for e in stage_events(layout, one, mb, kind) if e.kind != "send"])
+    _, tail = _group([e for e in stage_events(layout, one, mb, kind, bucket_bytes) if e.kind != "send"])
     early, _ = _group(micro_batch_events(layout, one, mb, kind, (0, 2)))
     late, _ = _group(micro_batch_events(layout, one, mb, kind, (1, 2)))
     comp = unit_compute(d, layout, mb, g)
