@@ -257,6 +257,7 @@ class LinkTable:
         self.latency: list[float] = []
         self.names: list[str] = []
         self._tid = 0
+        self._paths: dict[tuple[int, int], list[int]] = {}
 
     def _link(self, u: str, v: str) -> int:
         lid = self.ids.get((u, v))
@@ -276,6 +277,14 @@ class LinkTable:
         return lid
 
     def path(self, a: int, b: int) -> list[int]:
+        """Link ids from rank a's device to rank b's, computed once per pair (templates of a big job share
+        many: a stage's tp rings are hops of the stage-spanning rings too)."""
+        hit = self._paths.get((a, b))
+        if hit is None:
+            hit = self._paths[a, b] = self._path(a, b)
+        return hit
+
+    def _path(self, a: int, b: int) -> list[int]:
         n = self.topo.num_devices
         for r in (a, b):
             check(0 <= r < n, f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")
@@ -285,7 +294,8 @@ class LinkTable:
             raise ParacubeError(f"no route from rank {a} to rank {b} on topology "
                                 f"{self.topo.name!r}: device disconnected ({exc})") from None
         check(a == b or len(edges) > 0, f"no route from rank {a} to rank {b}: device disconnected")
-        return [self._link(u, v) for u, v in edges]
+        ids = self.ids
+        return [ids[u, v] if (u, v) in ids else self._link(u, v) for u, v in edges]
 
     def template(self, name: str, groups: Sequence[Sequence[tuple[int, int]]], prefer: int = 0) -> Template:
         """Template of the slowest of `groups` (each a list of (src, dst) rank hops) that move at the same
