@@ -6,12 +6,15 @@ reuses for memory and FLOPs included), simpy events, ring steps (steps that the 
 event_fuse.py's fused runs jump over included), collectives, fused runs, and the simulated step time next to the
 analytic one (their ratio). `--unfused` also runs every op one by one (event_fuse.py off: the engine before
 fusion) and prints both side by side with the relative difference of the step times.
-Usage: python benchmarks/event_scale.py [--unfused] [--case 175b|405b ...] [--layout TEXT ...]
+`--trace DIR` also simulates each layout with its timeline and writes its Chrome trace there (event_trace.py:
+past TRACE_SPANS spans merged by event_reduce.py's rule), printing the file's size and the rule it states.
+Usage: python benchmarks/event_scale.py [--unfused] [--trace DIR] [--case 175b|405b ...] [--layout TEXT ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from paracube.cost_models.analytic import estimate  # noqa: E402
 from paracube.cost_models.event import simulate  # noqa: E402
+from paracube.cost_models.event_trace import write_chrome_trace  # noqa: E402
 from paracube.layout import parse_layout  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
 from paracube.workload import PRESETS, ModelSpec, TrainingSpec  # noqa: E402
@@ -47,6 +51,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--case", nargs="*", default=list(CASES), choices=list(CASES))
     ap.add_argument("--layout", nargs="*", default=[], help="layouts to run (default: each case's own)")
     ap.add_argument("--unfused", action="store_true", help="also run with event_fuse.py off, side by side")
+    ap.add_argument("--trace", default="", help="directory to write each layout's Chrome trace into")
     args = ap.parse_args(argv)
     print(f"{'case':5s} {'layout':28s} {'engine':7s} {'wall s':>7s} {'events':>8s} {'ring steps':>11s} "
           f"{'collectives':>11s} {'fused':>6s} {'event step s':>12s} {'analytic s':>10s} {'ratio':>6s}")
@@ -69,6 +74,11 @@ def main(argv: list[str]) -> None:
                       f"{an:10.4f} {ev / an:6.3f}", flush=True)
             if len(steps) == 2:
                 print(f"      fused / unfused step time - 1: {steps[True] / steps[False] - 1:+.2e}")
+            if args.trace:
+                res = simulate(model, training, layout, topo, timeline=True, with_events=False)
+                path = write_chrome_trace(res, Path(args.trace) / f"{name}_{text.replace(',', '_')}.json")
+                meta = json.loads(path.read_text())["otherData"]["paracube_spans"]
+                print(f"      trace {path}: {path.stat().st_size / 1e6:.1f} MB; {meta['rule']}", flush=True)
 
 
 if __name__ == "__main__":
