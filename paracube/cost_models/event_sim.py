@@ -21,9 +21,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-
 import numpy as np
 import simpy
 
@@ -32,27 +29,13 @@ from paracube.cost_models.collective import call_steps, ring_steps
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.event_fuse import Fused, compile_ops, compute_phase
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
-from paracube.cost_models.event_program import Op, StageProgram, schedule
+from paracube.cost_models.event_ops import Op, StageProgram, StageStats
+from paracube.cost_models.event_program import schedule
 from paracube.cost_models.event_trace import Span
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import EXPERT_AXES
 from paracube.topologies.protocol import RoutedTopology
-
-
-@dataclass
-class StageStats:
-    busy: float = 0.0  # compute seconds so far
-    busy_since: float | None = None
-    compute: float = 0.0
-    comm: float = 0.0
-    exposed: float = 0.0
-    by_axis: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    end: float = 0.0
-
-    def busy_at(self, now: float) -> float:
-        return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
 
 
 class Sim:
@@ -309,4 +292,4 @@ class Sim:
 
 
 
-__all__ = ["Sim", "StageStats"]
+__all__ = ["Sim"]
