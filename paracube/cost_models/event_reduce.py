@@ -10,7 +10,8 @@ The rule (`reduce_spans`), applied only when a timeline has more than `max_spans
   spans of a track merge whatever their category (category "mixed");
 - a merged span keeps what it stands for: its name says how many spans it merges (`name (+k more)`), and
   `count` and `busy` (summed seconds of the spans in it: idle gaps inside it are not counted) go into the trace
-  event's args, so per track and category the busy time is the simulated one exactly.
+  event's args (count, busy_us) and shade its bar in the chart, so per track and category the busy time is the
+  simulated one exactly.
 `Reduction.rule()` is the one-line statement the trace's metadata (otherData) and the picture's caption carry.
 """
 
@@ -51,7 +52,7 @@ class Reduction:
         what = "spans" if self.mixed else "spans of the same category"
         return (f"{self.spans_simulated} simulated spans shown as {self.spans_kept} (limit {self.max_spans}): per "
                 f"device stream, consecutive {what} less than {self.resolution_s * 1e3:.3g} ms apart are merged into "
-                "one (its name counts them; args.busy keeps their summed time)")
+                "one (its name counts them; args.busy_us keeps their summed time)")
 
 
 def _tracks(spans: list[Span]) -> list[list[Span]]:

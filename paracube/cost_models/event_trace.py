@@ -11,6 +11,7 @@ metadata (otherData.paracube_spans) and the chart in its caption.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,14 +93,19 @@ def plot_timeline(result: object, path_png: str | Path, max_spans: int = PLOT_SP
     spans = [m.span for m in merged]
     fig = Figure(figsize=(12, 1.9 + 0.6 * 2 * max(1, len(tl.devices))))
     ax = fig.add_subplot(1, 1, 1)
-    rows: dict[str, dict[float, list[tuple[float, float]]]] = {}
-    for s in spans:
+    # A merged bar (event_reduce.py) is shaded by the busy fraction of its extent (quarters): idle gaps inside it
+    # are not drawn as busy time.
+    rows: dict[tuple[str, float], dict[float, list[tuple[float, float]]]] = {}
+    for m in merged:
+        s = m.span
         color = COLORS.get(s.category.split(":")[0], "tab:orange")
         y = s.device * len(STREAMS) + STREAMS.index(s.stream)
-        rows.setdefault(color, {}).setdefault(y, []).append((s.start * 1e3, (s.end - s.start) * 1e3))
-    for color, by_row in rows.items():
+        width = s.end - s.start
+        shade = 1.0 if m.count == 1 or width <= 0 else max(0.25, math.ceil(4 * min(1.0, m.busy / width)) / 4)
+        rows.setdefault((color, shade), {}).setdefault(y, []).append((s.start * 1e3, width * 1e3))
+    for (color, shade), by_row in rows.items():
         for y, bars in by_row.items():
-            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=color)
+            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=color, alpha=shade)
     labels = [f"{d} {st}" for d in tl.devices for st in STREAMS]
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
@@ -112,7 +118,8 @@ def plot_timeline(result: object, path_png: str | Path, max_spans: int = PLOT_SP
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     fig.text(0.01, 0.01, "Each bar is one span of the simulated step on a representative device: kernels on the "
              "compute stream, collectives on the comm stream, coloured by phase (forward, backward, gradient "
-             f"sync, optimizer). {how.rule()}.", fontsize="small", ha="left", va="bottom", wrap=True)
+             f"sync, optimizer). {how.rule()}{'; a merged bar is shaded by its busy fraction' if how.merged else ''}.",
+             fontsize="small", ha="left", va="bottom", wrap=True)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     path = Path(path_png)
     try:
