@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from paracube.errors import ParacubeError, check
+from paracube.errors import ParacubeError
 from paracube.topologies.protocol import RoutedTopology
 
 
@@ -35,7 +35,6 @@ class LinkTable:
         self.ids: dict[tuple[str, str], int] = {}
         self.cap: list[float] = []
         self.latency: list[float] = []
-        self.names: list[str] = []
         self._tid = 0
         self._paths: dict[tuple[int, int], list[int]] = {}
 
@@ -43,17 +42,15 @@ class LinkTable:
         lid = self.ids.get((u, v))
         if lid is None:
             data = self.topo.graph.edges[u, v]
-            name = f"{u!r}-{v!r}"
-            bw = data.get("bandwidth")
-            ok = isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0
-            check(ok, f"link {name} has bandwidth={bw!r}; expected a positive number (bytes/s)")
-            lat = data.get("latency")
-            check(isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0,
-                  f"link {name} has latency={lat!r}; expected a non-negative number (s)")
+            bw, lat = data.get("bandwidth"), data.get("latency")
+            # Messages built only on failure: a 16,384-GPU job creates ~100k links.
+            if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+                raise ParacubeError(f"link {u!r}-{v!r} has bandwidth={bw!r}; expected a positive number (bytes/s)")
+            if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
+                raise ParacubeError(f"link {u!r}-{v!r} has latency={lat!r}; expected a non-negative number (s)")
             lid = self.ids[(u, v)] = len(self.cap)
             self.cap.append(float(bw))
             self.latency.append(float(lat))
-            self.names.append(name)
         return lid
 
     def path(self, a: int, b: int) -> list[int]:
@@ -67,13 +64,15 @@ class LinkTable:
     def _path(self, a: int, b: int) -> list[int]:
         n = self.topo.num_devices
         for r in (a, b):
-            check(0 <= r < n, f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")
+            if not 0 <= r < n:
+                raise ParacubeError(f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")
         try:
             edges = self.topo.route(a, b)
         except (AssertionError, KeyError) as exc:  # a graph with a device cut off from the others
             raise ParacubeError(f"no route from rank {a} to rank {b} on topology "
                                 f"{self.topo.name!r}: device disconnected ({exc})") from None
-        check(a == b or len(edges) > 0, f"no route from rank {a} to rank {b}: device disconnected")
+        if a != b and not edges:
+            raise ParacubeError(f"no route from rank {a} to rank {b}: device disconnected")
         ids = self.ids
         return [ids[u, v] if (u, v) in ids else self._link(u, v) for u, v in edges]
 
