@@ -18,7 +18,7 @@ A job is one collective: `steps` synchronized ring steps; in each, a latency `al
 its slowest hop ends. Rates are recomputed whenever a transfer starts or ends. Fast path: a job whose links no
 other active job uses runs its remaining steps in one jump (the step time is cached per template); when
 another job arrives on its links it is materialized back into step-by-step mode (its position inside the
-current step is interpolated linearly).
+current step is interpolated linearly). Link ids, capacities and the templates themselves: event_links.py.
 """
 
 from __future__ import annotations
@@ -30,21 +30,9 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from paracube.errors import ParacubeError, check
-from paracube.topologies.protocol import RoutedTopology
+from paracube.cost_models.event_links import LinkTable, Template, ring_hops  # re-exported: the engine's one import
 
 EPS = 1e-12
-
-
-@dataclass(frozen=True)
-class Template:
-    """A representative group's ring on the topology: hop classes and their weighted links."""
-
-    tid: int
-    name: str
-    hops: tuple[tuple[tuple[int, float], ...], ...]  # per hop: (link id, weight) along its path
-    alpha: float  # latency of one ring step: max over hops of the summed link latencies
-    links: frozenset[int]
 
 
 def weighted_maxmin(hops: Sequence[tuple[tuple[int, float], ...]], cap: Sequence[float]) -> list[float]:
@@ -245,79 +233,6 @@ class FlowNetwork:
         self.stats["wakeups"] += 1
         self._advance()
         self._reschedule()
-
-
-class LinkTable:
-    """Directed links of a topology as integer ids with capacities; builds templates from rank groups."""
-
-    def __init__(self, topo: RoutedTopology) -> None:
-        self.topo = topo
-        self.ids: dict[tuple[str, str], int] = {}
-        self.cap: list[float] = []
-        self.latency: list[float] = []
-        self.names: list[str] = []
-        self._tid = 0
-
-    def _link(self, u: str, v: str) -> int:
-        lid = self.ids.get((u, v))
-        if lid is None:
-            data = self.topo.graph.edges[u, v]
-            name = f"{u!r}-{v!r}"
-            bw = data.get("bandwidth")
-            ok = isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0
-            check(ok, f"link {name} has bandwidth={bw!r}; expected a positive number (bytes/s)")
-            lat = data.get("latency")
-            check(isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0,
-                  f"link {name} has latency={lat!r}; expected a non-negative number (s)")
-            lid = self.ids[(u, v)] = len(self.cap)
-            self.cap.append(float(bw))
-            self.latency.append(float(lat))
-            self.names.append(name)
-        return lid
-
-    def path(self, a: int, b: int) -> list[int]:
-        n = self.topo.num_devices
-        for r in (a, b):
-            check(0 <= r < n, f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")
-        try:
-            edges = self.topo.route(a, b)
-        except (AssertionError, KeyError) as exc:  # a graph with a device cut off from the others
-            raise ParacubeError(f"no route from rank {a} to rank {b} on topology "
-                                f"{self.topo.name!r}: device disconnected ({exc})") from None
-        check(a == b or len(edges) > 0, f"no route from rank {a} to rank {b}: device disconnected")
-        return [self._link(u, v) for u, v in edges]
-
-    def template(self, name: str, groups: Sequence[Sequence[tuple[int, int]]], prefer: int = 0) -> Template:
-        """Template of the slowest of `groups` (each a list of (src, dst) rank hops) that move at the same
-        time. All of them load the links; the one whose worst hop sees the most loaded link (load /
-        capacity; then the longest latency) is simulated, since the others wait for it at the next
-        collective that couples them (`prefer` wins ties: the group of the stage's representative rank)."""
-        load: Counter[int] = Counter()
-        paths = [[self.path(a, b) for a, b in hops] for hops in groups]
-        for group in paths:
-            for p in group:
-                load.update(p)
-
-        def score(i: int) -> tuple[float, float, int]:
-            worst = max((load[link] / self.cap[link] for p in paths[i] for link in p), default=0.0)
-            alpha = max((sum(self.latency[link] for link in p) for p in paths[i]), default=0.0)
-            return round(worst, 12), round(alpha, 15), int(i == prefer)
-
-        mine = paths[max(range(len(paths)), key=score)] if paths else []
-        own: Counter[int] = Counter(link for p in mine for link in p)
-        out = tuple(tuple((link, max(load[link], own[link]) / own[link]) for link in p) for p in mine)
-        alpha = max((sum(self.latency[link] for link in p) for p in mine), default=0.0)
-        self._tid += 1
-        return Template(self._tid, name, out, alpha, frozenset(own))
-
-
-def ring_hops(group: Sequence[int]) -> list[tuple[int, int]]:
-    """Node-major ring (ranks sorted: consecutive ranks share a node), so only node boundaries cross the
-    network; two ranks use both directions."""
-    ranks = sorted(int(r) for r in group)
-    if len(ranks) < 2:
-        return []
-    return list(zip(ranks, ranks[1:] + ranks[:1], strict=True))
 
 
 __all__ = ["FlowNetwork", "LinkTable", "Template", "ring_hops", "weighted_maxmin"]

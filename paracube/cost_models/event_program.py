@@ -2,10 +2,8 @@
 
 Communication comes from traffic.py (the contract of docs/algorithms.md) for ONE micro-batch,
 regrouped into execution order: forward of layers 0..L-1, then backward of layers L-1..0 with each
-layer's recompute (full recomputation) just before its backward. Compute times come from compute.py:
-per linear the three GEMMs (Y = X A, dX = dY A^T, dA = X^T dY) at their local shapes; the rest of a block
-(attention core, norms, elementwise) is `stage_compute_time` of one block minus its GEMMs, one third
-forward, two thirds backward (a quarter each for forward and recompute under full recomputation).
+layer's recompute (full recomputation) just before its backward. Compute times: event_compute.py (per linear
+the three GEMMs at their local shapes, the rest of a block from compute.stage_compute_time); ops: event_ops.py.
 Inside a unit (a linear, a norm, or in 1D a whole attention / MLP half) the order is the executor's:
 forward: input gathers -> GEMM -> output reduce-scatter / all-reduce; backward: dY gather -> dX GEMM ->
 dX reduce-scatter -> dA GEMM -> dA (and bias) reduce-scatter. With `overlap=True` the dA GEMM runs before
@@ -23,26 +21,22 @@ of 2 hold exactly these two cases).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
-from paracube.cost_models.compute import (
-    GemmModel,
-    fp8_step_time,
-    local_shape,
-    ops_per_step,
-    optimizer_time,
-    stage_compute_time,
-)
-from paracube.cost_models.dims import Dims, context_local, local_params, padded_vocab
+from paracube.cost_models.compute import GemmModel, fp8_step_time, optimizer_time
+from paracube.cost_models.dims import Dims, context_local, local_params
+from paracube.cost_models.event_compute import add_op_overhead, unit_compute
 from paracube.cost_models.event_context import ring_ops
+from paracube.cost_models.event_ops import Op, StageProgram
 from paracube.cost_models.fsdp_overlap import prefetch_program
 from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import context
+from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import schedule, stage_chunks
 
 PER_STEP = ("grad_sync", "optimizer", "metrics")
@@ -50,68 +44,6 @@ BEFORE_FWD = ("X", "A", "bias", "in", "stats", "param")  # the rest (Y, g, out) 
 # dkv: the attention's key / value gradients (a split sequence); bcastA / bcastX: SUMMA's backward broadcasts
 BEFORE_BWD = ("dY", "out", "stats", "dkv", "bcastA", "bcastX")
 AFTER_DX = ("dX", "f", "in")  # then dA GEMM, then dA / dbias / param
-
-
-@dataclass(frozen=True)
-class Op:
-    kind: str  # compute | comm | wait (join outstanding asynchronous collectives)
-    name: str
-    seconds: float = 0.0
-    event: CommEvent | None = None
-    asynchronous: bool = False
-    gemm: float = 0.0  # tpo: seconds of the GEMM this collective is decomposed against (cost_models/tpo.py)
-    tag: str = ""  # an asynchronous op a `wait` with the same tag waits for alone (fsdp_overlap.py's prefetch)
-    alongside: bool = False  # the transfer and `gemm` seconds of compute together (cp ring step: event_context.py)
-
-
-@dataclass
-class StageProgram:
-    stage: int
-    fwd: list[list[Op]]  # per model chunk (interleaving), one micro-batch
-    bwd: list[list[Op]]
-    bwd_last: list[list[Op]]  # the last micro-batch's backward (kept reduce-scatters; grad buckets)
-    tail: list[Op]  # per-step collectives after the last backward
-    fwd_first: list[list[Op]] = field(default_factory=list)  # the first micro-batch's (kept gathers)
-    send_bytes: int = 0
-    compute_fwd: float = 0.0
-    compute_bwd: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-
-def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tuple[float, float, float]]:
-    """(forward, dX part, dA part) seconds per unit of one block, plus 'head' and '_recompute'."""
-    # One block, one micro-batch per stage: L = pp blocks without interleaving (with v chunks a stage would
-    # hold v blocks of an L = pp model), so the per-block times do not scale with v.
-    mode, a = layout.mode, layout_arrays(layout.with_(interleave=1), mb)
-    one = replace(d, L=layout.pp, global_batch=layout.dp * mb)
-    block = float(stage_compute_time(one, mode, a, np.array([0]), g)[0])
-    with_head = float(stage_compute_time(one, mode, a, np.array([1]), g)[0])
-    T = np.array([mb * d.s], dtype=float)
-    out: dict[str, tuple[float, float, float]] = {}
-    gemm_total, fwd_total = 0.0, 0.0
-    for n, (name, h_in, h_out, _) in enumerate(d.linears):
-        m, nn, k = local_shape(mode, T, h_in, h_out, n in (0, 2), a)
-        f, dx, da = (float(x[0]) for x in g.block_linear_gemms(m, nn, k))  # FP8 (and its casts) where g.linear
-        out[name] = (f, dx, da)
-        gemm_total += f + dx + da
-        fwd_total += f
-    full = d.recompute == "full"
-    rest = block - gemm_total - (fwd_total if full else 0.0)
-    rest_f = rest / (4 if full else 3)
-    rest_b = rest - rest_f * (2 if full else 1)
-    half = (rest_f / 2, rest_b / 2, 0.0)
-    merged = layout.tensor_mode.merged_units  # 1D: a unit per block half runs two linears
-    for unit, (lin_a, lin_b) in merged:
-        out[unit] = tuple(x + y + z for x, y, z in zip(out[lin_a], out[lin_b], half, strict=True))  # type: ignore[assignment]
-    if not merged:
-        out["ln1"] = out["ln2"] = half
-    V = padded_vocab(d.V, layout.tensor_mode.vocab_split(layout.tensor_size, layout.q))
-    m, nn, k = local_shape(mode, T, d.h, V, True, a)
-    hf, hdx, hda = (float(x[0]) for x in g.gemms(m, nn, k))
-    ce = (with_head - block) - (hf + hdx + hda)
-    out["head"] = (hf + ce / 3, hdx + 2 * ce / 3, hda)
-    out["_recompute"] = (fwd_total + rest_f, 0.0, 0.0) if full else (0.0, 0.0, 0.0)
-    return out
 
 
 def _unit_of(label: str) -> tuple[int, str, str]:
@@ -212,28 +144,6 @@ def _release_buckets(grads: list[Op], produced: int, layer: int, ops: list[Op]) 
     return produced
 
 
-def _add_op_overhead(layout: Layout, d: Dims, mb: int, g: GemmModel, first: bool, last: bool,
-                     prog: StageProgram) -> None:
-    """The per-op overhead the analytic model adds to compute (compute.ops_per_step x op_cost: 0 on
-    accelerators): a micro-batch's ops a third in its forward, two thirds in its backward, spread over the
-    chunks; the per-step ops (optimizer, gradient bookkeeping) in the tail."""
-    cost = g.op_cost(layout.mode)
-    if cost <= 0:
-        return
-    b = layout_arrays(layout, mb)
-    F, H = np.array([int(first)]), np.array([int(last)])
-    one, two = (float(ops_per_step(replace(d, global_batch=k * layout.dp * mb), layout.mode, b, F, H)[0])
-                for k in (1, 2))
-    micro, step = two - one, 2 * one - two
-    v = len(prog.fwd)
-    for c in range(v):
-        for ops in (prog.fwd[c], prog.fwd_first[c]):
-            ops.append(Op("compute", "ops.fwd", cost * micro / (3 * v)))
-        for ops in (prog.bwd[c], prog.bwd_last[c]):
-            ops.append(Op("compute", "ops.bwd", 2 * cost * micro / (3 * v)))
-    prog.tail.append(Op("compute", "ops.step", cost * step))
-
-
 Grouped = dict[tuple[int, str], dict[str, list[CommEvent]]]
 HEAD_UNITS = ("ln_f", "head", "loss")
 
@@ -260,12 +170,13 @@ def _layer_bwd(by: Grouped, units: tuple[str, ...], comp: dict, i: int, rec: flo
 
 def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, overlap: bool = False,
                 grad_overlap: bool | None = None, param_overlap: bool = False,
-                fsdp_prefetch: bool = False) -> StageProgram:
+                fsdp_prefetch: bool = False, bucket_bytes: int = BUCKET_BYTES) -> StageProgram:
     """`overlap`: tp weight-gradient reduce-scatters hidden under dX; `grad_overlap` (default: `overlap`):
     data-parallel gradient buckets issued during the last backward; `param_overlap` (zero=1): the parameter
     all_gathers (the previous step's, in the steady state) issued asynchronously as the step's first forward
     starts and waited on when the stage's first chunk of it ends (analytic.py: max(0, gather - forward));
-    `fsdp_prefetch` (zero=2/3): each unit's gather prefetched, its reduce-scatter asynchronous (fsdp_overlap.py)."""
+    `fsdp_prefetch` (zero=2/3): each unit's gather prefetched, its reduce-scatter asynchronous (fsdp_overlap.py);
+    `bucket_bytes`: the gradient bucket limit (traffic.stage_events; the analytic engine is given the same)."""
     grad_overlap = overlap if grad_overlap is None else grad_overlap
     d = context_local(d, layout.cp, layout.cp_comm)  # a cp rank's view (dims.py)
     pp, v = layout.pp, layout.interleave
@@ -274,7 +185,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     one = replace(d, global_batch=layout.dp * mb)
     # The per-step collectives (pipeline sends are rebuilt from the schedule instead); per micro-batch, the
     # first one's (kept gathers, no kept reduce-scatters) and the last one's (the other way round).
-    _, tail = _group([e for e in stage_events(layout, one, mb, kind) if e.kind != "send"])
+    _, tail = _group([e for e in stage_events(layout, one, mb, kind, bucket_bytes) if e.kind != "send"])
     early, _ = _group(micro_batch_events(layout, one, mb, kind, (0, 2)))
     late, _ = _group(micro_batch_events(layout, one, mb, kind, (1, 2)))
     comp = unit_compute(d, layout, mb, g)
@@ -342,7 +253,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     shard = zero_group(layout) if layout.zero else 1
     casts = fp8_step_time(d, layout.mode, layout_arrays(layout, mb), np.array([int(first)]), np.array([int(last)]), g)
     tail.append(Op("compute", "optimizer", float(optimizer_time(n_local, d.c, g, shard)) + float(casts[0])))
-    _add_op_overhead(layout, d, mb, g, first, last, prog)
+    add_op_overhead(layout, d, mb, g, first, last, prog)
     prog.send_bytes = d.c * mb * d.s * d.h // act_split(layout)
     prog.compute_fwd = sum(op.seconds for ch in prog.fwd for op in ch if op.kind == "compute")
     prog.compute_bwd = sum(op.seconds for ch in prog.bwd for op in ch if op.kind == "compute")

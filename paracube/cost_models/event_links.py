@@ -1,0 +1,112 @@
+"""Links of a topology for the event engine: integer ids with capacities, and ring templates built from rank groups.
+
+`LinkTable.template` picks, of the groups of one communicator that move at the same time, the representative the
+engine simulates and weights its hops by the concurrent groups' load (event_network.py's module docstring: the
+symmetry argument). Paths are computed once per rank pair.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from paracube.errors import ParacubeError
+from paracube.topologies.protocol import RoutedTopology
+
+
+@dataclass(frozen=True)
+class Template:
+    """A representative group's ring on the topology: hop classes and their weighted links."""
+
+    tid: int
+    name: str
+    hops: tuple[tuple[tuple[int, float], ...], ...]  # per hop: (link id, weight) along its path
+    alpha: float  # latency of one ring step: max over hops of the summed link latencies
+    links: frozenset[int]
+
+
+class LinkTable:
+    """Directed links of a topology as integer ids with capacities; builds templates from rank groups."""
+
+    def __init__(self, topo: RoutedTopology) -> None:
+        self.topo = topo
+        self.ids: dict[tuple[str, str], int] = {}
+        self.cap: list[float] = []
+        self.latency: list[float] = []
+        self._tid = 0
+        self._paths: dict[tuple[int, int], list[int]] = {}
+
+    def _link(self, u: str, v: str) -> int:
+        lid = self.ids.get((u, v))
+        if lid is None:
+            data = self.topo.graph.edges[u, v]
+            bw, lat = data.get("bandwidth"), data.get("latency")
+            # Messages built only on failure: a 16,384-GPU job creates ~100k links.
+            if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+                raise ParacubeError(f"link {u!r}-{v!r} has bandwidth={bw!r}; expected a positive number (bytes/s)")
+            if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
+                raise ParacubeError(f"link {u!r}-{v!r} has latency={lat!r}; expected a non-negative number (s)")
+            lid = self.ids[(u, v)] = len(self.cap)
+            self.cap.append(float(bw))
+            self.latency.append(float(lat))
+        return lid
+
+    def path(self, a: int, b: int) -> list[int]:
+        """Link ids from rank a's device to rank b's, computed once per pair (templates of a big job share
+        many: a stage's tp rings are hops of the stage-spanning rings too)."""
+        hit = self._paths.get((a, b))
+        if hit is None:
+            hit = self._paths[a, b] = self._path(a, b)
+        return hit
+
+    def _path(self, a: int, b: int) -> list[int]:
+        n = self.topo.num_devices
+        for r in (a, b):
+            if not 0 <= r < n:
+                raise ParacubeError(f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")
+        try:
+            edges = self.topo.route(a, b)
+        except (AssertionError, KeyError) as exc:  # a graph with a device cut off from the others
+            raise ParacubeError(f"no route from rank {a} to rank {b} on topology "
+                                f"{self.topo.name!r}: device disconnected ({exc})") from None
+        if a != b and not edges:
+            raise ParacubeError(f"no route from rank {a} to rank {b}: device disconnected")
+        ids = self.ids
+        return [ids[u, v] if (u, v) in ids else self._link(u, v) for u, v in edges]
+
+    def template(self, name: str, groups: Sequence[Sequence[tuple[int, int]]], prefer: int = 0) -> Template:
+        """Template of the slowest of `groups` (each a list of (src, dst) rank hops) that move at the same
+        time. All of them load the links; the one whose worst hop sees the most loaded link (load /
+        capacity; then the longest latency) is simulated, since the others wait for it at the next
+        collective that couples them (`prefer` wins ties: the group of the stage's representative rank)."""
+        load: Counter[int] = Counter()
+        paths = [[self.path(a, b) for a, b in hops] for hops in groups]
+        for group in paths:
+            for p in group:
+                load.update(p)
+
+        def score(i: int) -> tuple[float, float, int]:
+            worst = max((load[link] / self.cap[link] for p in paths[i] for link in p), default=0.0)
+            alpha = max((sum(self.latency[link] for link in p) for p in paths[i]), default=0.0)
+            return round(worst, 12), round(alpha, 15), int(i == prefer)
+
+        mine = paths[max(range(len(paths)), key=score)] if paths else []
+        own: Counter[int] = Counter(link for p in mine for link in p)
+        out = tuple(tuple((link, max(load[link], own[link]) / own[link]) for link in p) for p in mine)
+        alpha = max((sum(self.latency[link] for link in p) for p in mine), default=0.0)
+        self._tid += 1
+        return Template(self._tid, name, out, alpha, frozenset(own))
+
+
+def ring_hops(group: Sequence[int]) -> list[tuple[int, int]]:
+    """Node-major ring (ranks sorted: consecutive ranks share a node), so only node boundaries cross the
+    network; two ranks use both directions."""
+    ranks = sorted(int(r) for r in group)
+    if len(ranks) < 2:
+        return []
+    return list(zip(ranks, ranks[1:] + ranks[:1], strict=True))
+
+
+__all__ = ["LinkTable", "Template", "ring_hops"]

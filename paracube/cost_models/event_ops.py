@@ -1,0 +1,59 @@
+"""The ops of the event engine's stage programs (event_program.py builds them, event_sim.py runs them).
+
+`Op`: one compute kernel (seconds), one collective (its CommEvent; asynchronous, tagged, carrying a tpo GEMM or a cp
+block run alongside), or a wait for outstanding asynchronous collectives. `StageProgram`: what one representative
+device of a pipeline stage runs per micro-batch and chunk (forward, backward; the first and last micro-batch's own
+lists for kept weights and gradient buckets) and once per step (tail). `StageStats`: what a stage's simulation
+books (event_sim.py; event_fuse.replay).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from paracube.estimate import CommEvent
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # compute | comm | wait (join outstanding asynchronous collectives)
+    name: str
+    seconds: float = 0.0
+    event: CommEvent | None = None
+    asynchronous: bool = False
+    gemm: float = 0.0  # tpo: seconds of the GEMM this collective is decomposed against (cost_models/tpo.py)
+    tag: str = ""  # an asynchronous op a `wait` with the same tag waits for alone (fsdp_overlap.py's prefetch)
+    alongside: bool = False  # the transfer and `gemm` seconds of compute together (cp ring step: event_context.py)
+
+
+@dataclass
+class StageProgram:
+    stage: int
+    fwd: list[list[Op]]  # per model chunk (interleaving), one micro-batch
+    bwd: list[list[Op]]
+    bwd_last: list[list[Op]]  # the last micro-batch's backward (kept reduce-scatters; grad buckets)
+    tail: list[Op]  # per-step collectives after the last backward
+    fwd_first: list[list[Op]] = field(default_factory=list)  # the first micro-batch's (kept gathers)
+    send_bytes: int = 0
+    compute_fwd: float = 0.0
+    compute_bwd: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StageStats:
+    busy: float = 0.0  # compute seconds so far
+    busy_since: float | None = None
+    compute: float = 0.0
+    comm: float = 0.0
+    exposed: float = 0.0
+    by_axis: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    end: float = 0.0
+
+    def busy_at(self, now: float) -> float:
+        return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
+
+
+__all__ = ["Op", "StageProgram", "StageStats"]
