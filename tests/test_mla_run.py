@@ -158,7 +158,7 @@ def test_paracube_plans_mla_with_dense_mlps_and_still_refuses_moe() -> None:
     assert res.ranked and all(lay.mode in ("none", "1d") for lay, *_ in res.ranked)
     best = res.ranked[0][0]
     check_divisibility(SPEC, best, best.micro_batch, 8, SPEC.seq_len)  # what it plans, the executor runs
-    with pytest.raises(ParacubeError, match="does not train mixture-of-experts blocks"):
+    with pytest.raises(ParacubeError, match="does not train MoE blocks with multi-head latent attention"):
         search(PRESETS["tiny-mla"], TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=1)
 
 

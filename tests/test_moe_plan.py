@@ -51,7 +51,8 @@ def _config(tmp_path: Path, data: dict) -> str:
     # paracube's executor runs MoE blocks with zero=0, and MLA only with dense MLPs (its runtime is the default)
     (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=1,tp=none"),
      "MoE blocks with zero=1 are not run (the experts' gradients reduce over edp); valid: zero=0"),
-    (("plan", "--model", "tiny-mla"), "runtime paracube (paracube run) does not train MoE blocks with multi-head latent"),
+    (("plan", "--model", "tiny-mla"),
+     "runtime paracube (paracube run) does not train MoE blocks with multi-head latent"),
 ])
 def test_bad_expert_layouts_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], argv: tuple, message: str) -> None:
     code, out, err = run_cli(capsys, *argv, "--cluster", "dgx-h100", "--gpus", "16")
