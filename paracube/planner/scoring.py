@@ -1,20 +1,15 @@
 """The scoring pass of the search: per mode, every valid configuration on every distinct placement in vectorized
-batches (analytic.evaluate), pruned exactly by the lower bound (`_within_bound`, on optimistic links that need
-no concurrent groups routed: `_solo_links`), the best `top_k` kept. Where pruning runs, the shared links
-(concurrent groups routed: most of a cold search's time) are queried for the first placement of each structure
-(the bar) and for every placement of the structures whose configurations are kept only.
+batches (analytic.evaluate), pruned exactly by the lower bound (`_within_bound`), its best `top_k` kept.
 The search's contract: planner/search.py."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
 
 from paracube.cost_models.analytic import evaluate, step_lower_bound
 from paracube.cost_models.comm import axes_used
-from paracube.cost_models.links import groups_from_runs, runs_for
 from paracube.modes import MODES, LayoutBatch
 from paracube.planner.configs import _configs
 from paracube.planner.enumerate import Structure
@@ -22,60 +17,29 @@ from paracube.planner.fits import _valid
 from paracube.planner.search_state import Placements, _layout, _matches, _Search
 
 
-def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements],
-                     first: bool = False) -> dict[Structure, np.ndarray]:
-    """[placements, axes, (bw, lat)] per structure of `owners` (cached topology queries); `first`: its first
-    placement only ([1, axes, 2])."""
+def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements]
+                     ) -> dict[Structure, np.ndarray]:
+    """[placements, axes, (bw, lat)] per structure of `owners` (cached topology queries)."""
     axes_list = axes_used(mode, cp=s.d.cp > 1)
     return {st: np.array([[s.cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes_list, strict=True)]
-                          for place, keys in places[st][:1 if first else None]])
+                          for place, keys in places[st]])
             for st in dict.fromkeys(owners)}
 
 
-def _solo_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements]
-                ) -> dict[Structure, np.ndarray]:
-    """Like _structure_links, with each group alone on the network (no concurrent groups): a bandwidth at
-    least the shared one (every link's load with the concurrent groups is at least its load without them:
-    topology.group_link) and the same latency (load-free). Optimistic links for the bound, at a fraction of a
-    shared query's cost (one group's ring hops, not every group's)."""
-    axes_list = axes_used(mode, cp=s.d.cp > 1)
-    out = {}
-    for st in dict.fromkeys(owners):
-        rows = []
-        for place, keys in places[st]:
-            row = []
-            for k, ax in zip(keys, axes_list, strict=True):
-                hit = s.solo.get(k)
-                if hit is None:
-                    runs = runs_for(place, ax)
-                    if not any(m for _, m in runs):
-                        hit = (math.inf, 0.0)
-                    else:
-                        link = s.cache.topo.group_link(groups_from_runs(runs)[0])  # type: ignore[attr-defined]
-                        hit = (float(link.bandwidth), float(link.latency))
-                    s.solo[k] = hit
-                row.append(hit)
-            rows.append(row)
-        out[st] = np.array(rows)
-    return out
-
-
 def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
-                  places: dict[Structure, Placements], first_links: dict[Structure, np.ndarray],
-                  bound_links: dict[Structure, np.ndarray],
+                  places: dict[Structure, Placements], st_links: dict[Structure, np.ndarray],
                   zero: np.ndarray | None, kw: np.ndarray, overlap: np.ndarray, tpo: np.ndarray) -> np.ndarray:
-    """Which configurations of `batch` may still hold one of the best `top_k` layouts of the search, or the mode's
-    best: those whose lower bound over all placements (analytic.step_lower_bound on each axis set's best link over
-    the structure's placements in `bound_links`, optimistic: _solo_links) is within the larger of the top_k-th best
-    step time (the layouts kept by earlier passes and modes, and the configurations' first placements) and the
-    mode's best so far (real layouts the pins allow, so the bar is met). Exact: no layout skipped here beats the
-    top_k that scoring the rest finds, nor the mode's best; it spares the placements of configurations that lose
-    whatever their placement."""
+    """Which configurations of `batch` may still hold one of the best `top_k` layouts of the search, or the
+    mode's best: those whose lower bound over all placements (analytic.step_lower_bound on each axis set's best
+    link over the structure's placements) is within the larger of the top_k-th best step time (the layouts
+    kept by earlier passes and modes, and the configurations' first placements) and the mode's best so far
+    (real layouts the pins allow, so the bar is met). Exact: no layout skipped here beats the top_k that scoring
+    the rest finds, nor the mode's best; it spares the placements of configurations that lose whatever their
+    placement."""
     n = len(batch)
-    best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in bound_links.items()}
-    # One evaluation: each configuration on its first placement's links, then on its structure's best links
-    # (optimistic ones: _solo_links).
-    mat = np.array([first_links[st][0] for st in owners] + [best[st] for st in owners])
+    best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
+    # One evaluation: each configuration on its first placement's links, then on its structure's best links.
+    mat = np.array([st_links[st][0] for st in owners] + [best[st] for st in owners])
     links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
     rows = np.concatenate([np.arange(n), np.arange(n)])
     res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows])
@@ -133,23 +97,17 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     s.rejected.update(mode_rej)
     # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.
     batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
-    pruning = s.prune and (s.fixed is None or not s.fixed.placement)
-    # Pruning: shared links of the first placements (the bar) and optimistic ones of every placement (the bound)
-    # first; the shared links of every placement only for the structures whose configurations are kept.
-    st_links = {} if pruning else _structure_links(s, mode, owners, places)
+    st_links = _structure_links(s, mode, owners, places)
     zero_arg = zeros if s.zeros != (0,) else None
     ovs, tpos = _overlaps(s, mode, batch)
     # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
     # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
     # would price them as zero=0, so their configurations are not pruned (the zero=0/1 rows of the mode are).
     low = zeros < 2  # zero=2/3 rows are kept whole (above); the rest are pruned by their bound
-    if pruning and np.any(low):
+    if s.prune and (s.fixed is None or not s.fixed.placement) and np.any(low):
         keep = ~low
         li = np.nonzero(low)[0]
-        low_owners = [owners[i] for i in li]
-        keep[li] = _within_bound(s, mode, batch.take(li), low_owners, places,
-                                 _structure_links(s, mode, low_owners, places, first=True),
-                                 _solo_links(s, mode, low_owners, places),
+        keep[li] = _within_bound(s, mode, batch.take(li), [owners[i] for i in li], places, st_links,
                                  zero_arg[li] if zero_arg is not None else None, kws[li], ovs[li], tpos[li])
         s.pruned += int(n_places[~keep].sum())
         kept = np.nonzero(keep)[0]
@@ -161,8 +119,6 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         top = mode_rej.most_common(2)
         s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
         return
-    if pruning:
-        st_links = _structure_links(s, mode, owners, places)
     layout_rows = np.repeat(np.arange(len(batch)), n_places)  # each configuration once per placement
     place_idx = np.concatenate([np.arange(c) for c in n_places])
     link_mat = np.concatenate([st_links[st] for st in owners])

@@ -62,7 +62,6 @@ class _Search:
     tpo_pinned: bool = False  # the fixed layout's tpo: every tensor-parallel layout has it
     tpo_chosen: bool = False  # the runtime overlaps tensor-parallel collectives with GEMMs (dimensions.TPO)
     fsdp_prefetch: bool = False  # zero=2/3 priced with prefetch (dimensions.FSDP_PREFETCH)
-    solo: dict[bytes, tuple[float, float]] = field(default_factory=dict)  # a group alone: scoring._solo_links
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
