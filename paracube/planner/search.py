@@ -5,9 +5,10 @@ sequence parallelism for 1d) checked against the size rules (cost_models/validit
 (placement does not change either, so these are checked before placements are expanded), then every
 distinct placement. Scoring is vectorized (cost_models.analytic.evaluate). Unless a placement is pinned, a
 configuration's placements are scored only where its lower bound (analytic.step_lower_bound on each axis set's
-best link over the structure's placements) is within the mode's top_k-th best step time among the
-configurations' first placements (those the pins allow): the top_k found is exact, and configurations that
-lose whatever their placement are not expanded (`pruned`). A rejected or pruned configuration counts once per
+best link over the structure's placements) is within the larger of the top_k-th best step time so far (the
+layouts kept by earlier passes and modes, and the configurations' first placements, those the pins allow) and
+the mode's best so far: the top_k found and each mode's best are exact, and configurations that lose whatever
+their placement are not expanded (`pruned`). A rejected or pruned configuration counts once per
 placement of its structure, so `scored + pruned + sum(rejected) == enumerated layouts`.
 Runtime (`runtime`, paracube/runtimes; default paracube): only what it runs is enumerated (its tensor modes,
 pipelines, interleaving, sp, zero stages), and the searched dimensions take its values (planner/dimensions.py):
