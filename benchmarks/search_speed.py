@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -42,17 +43,23 @@ JOB = ["--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "1024"]
 BEFORE = "6e31b23"  # main before the search-speed work (issue 26, item 2)
 
 
-def end_to_end(tree: Path, job: list[str], repeat: int) -> tuple[float, list[float]]:
-    """(cold, [warm ...]) seconds of `python -m paracube plan JOB` with PYTHONPATH=tree."""
+def end_to_end(tree: Path, job: list[str], repeat: int) -> tuple[tuple[float, float], list[tuple[float, float]]]:
+    """(cold, [warm ...]) (wall, CPU) seconds of `python -m paracube plan JOB` with PYTHONPATH=tree."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": tmp}
         cmd = [sys.executable, "-m", "paracube", "plan", *job, "-o", f"{tmp}/plan.json", "--force"]
         times = []
         for _ in range(1 + repeat):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _child_cpu()
             subprocess.run(cmd, env=env, cwd=tmp, check=True, capture_output=True)
-            times.append(time.perf_counter() - t0)
+            times.append((time.perf_counter() - t0, _child_cpu() - c0))
     return times[0], times[1:]
+
+
+def _child_cpu() -> float:
+    """CPU seconds (user + system) of the finished child processes: less sensitive to other load than wall."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def in_process(job: list[str], repeat: int) -> dict:
@@ -65,11 +72,12 @@ def in_process(job: list[str], repeat: int) -> dict:
     t_topo = time.perf_counter() - t0
     runs = []
     for _ in range(max(repeat, 2)):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)
-        runs.append((time.perf_counter() - t0, res))
-    (cold, res), warm = runs[0], min(t for t, _ in runs[1:])
+        runs.append((time.perf_counter() - t0, time.process_time() - c0, res))
+    (cold, cold_cpu, res), (warm, warm_cpu) = runs[0], min((t, c) for t, c, _ in runs[1:])
     return {"config": str(config), "imports": T_IMPORTS, "topology": t_topo, "cold": cold, "warm": warm,
+            "cold_cpu": cold_cpu, "warm_cpu": warm_cpu,
             "enumerated": res.enumerated, "scored": res.scored, "pruned": res.pruned,
             "rejected": sum(res.rejected.values()), "queries": res.topology_queries,
             "ranked": [(str(lay), est.step_time_s) for lay, est in res.ranked],
@@ -116,13 +124,15 @@ def main() -> None:
             r["load_in"] = load()
             c, ws = end_to_end(tree, job, ours.repeat)
             r["e2e_cold"], r["e2e_warm"], r["load_e2e"] = c, min(ws), load()
+        print("seconds: wall (CPU of the process); warm: min of --repeat")
         print(f"search configuration: {results['this tree']['config']}")
-        print(f"{'':28} {'imports':>8} {'topology':>9} {'search cold':>12} {'search warm':>12} {'layouts/s warm':>15} "
-              f"{'e2e cold':>9} {'e2e warm':>9}")
+        print(f"{'':12} {'imports':>7} {'topology':>8} {'search cold':>14} {'search warm':>14} {'layouts/s warm':>15} "
+              f"{'e2e cold':>14} {'e2e warm':>14}")
         for name, r in results.items():
-            print(f"{name[:28]:28} {r['imports']:7.3f}s {r['topology']:8.3f}s {r['cold']:11.3f}s {r['warm']:11.3f}s "
-                  f"{r['enumerated'] / r['warm']:15,.0f} {r['e2e_cold']:8.2f}s {r['e2e_warm']:8.2f}s   "
-                  f"({r['load_in']} in process, {r['load_e2e']} end to end)")
+            (cw, cc), (ww, wc) = r["e2e_cold"], r["e2e_warm"]
+            print(f"{name[:12]:12} {r['imports']:6.2f}s {r['topology']:7.2f}s {r['cold']:6.2f}s ({r['cold_cpu']:5.2f}) "
+                  f"{r['warm']:6.2f}s ({r['warm_cpu']:5.2f}) {r['enumerated'] / r['warm']:15,.0f} "
+                  f"{cw:6.2f}s ({cc:5.2f}) {ww:6.2f}s ({wc:5.2f})  ({r['load_in']} in process, {r['load_e2e']} e2e)")
         for name, r in results.items():
             print(f"{name[:28]:28} enumerated {r['enumerated']:,}  scored {r['scored']:,}  pruned by bound "
                   f"{r['pruned']:,}  rejected {r['rejected']:,}  topology queries {r['queries']}")
