@@ -1,21 +1,27 @@
 """`paracube plan` GPT-3 175B on 1,024 A100s exactly as the command runs it (its parser, defaults and search
-configuration: planner/config.py), in process and end to end (process start to exit), cold and warm.
+configuration: planner/config.py), in process and end to end (process start to exit), cold and warm, beside the
+code before (`--compare-rev REV`, default 6e31b23: the tree before the search-speed work, unpacked with
+`git archive` into a temporary directory) in the same run.
 
-In process: the search of a fresh topology (cold: every group query routed) and again on the same topology
-(warm: its caches filled), layouts enumerated / scored / pruned, layouts per second, the best per mode.
+In process (per tree, in a subprocess with PYTHONPATH=tree): the imports of the plan path, the topology built,
+the search of a fresh topology (cold: every group query routed) and again on the same topology (warm: its caches
+filled); layouts enumerated / scored / pruned, enumerated layouts per second (the issue's goal: >= 1M/s).
 End to end: `python -m paracube plan ...` as a subprocess, timed from start to exit. Cold: a fresh
 PYTHONPYCACHEPREFIX (every module compiled from source; the OS page cache is not dropped: that needs root);
-warm: the same command again (bytecode cached). `--trees A B ...` times the same command on other checkouts
-(PYTHONPATH=tree) in the same run, side by side (e.g. the code before a change, unpacked with `git archive`).
-`--exhaustive` also runs the search without pruning and checks the ranking is identical.
+warm: the same command again (bytecode cached), the min of `--repeat` runs (other processes load the machine:
+the load average is printed beside every figure). `--trees A B ...` adds other checkouts.
+`--exhaustive` also runs this tree's search without pruning and checks the ranking is identical.
 Usage: python benchmarks/search_speed.py [plan flags, default: --model gpt3-175b --cluster dgx-a100 --gpus 1024]
-                                         [--trees DIR ...] [--exhaustive] [--repeat 2]
+                                         [--compare-rev REV | --compare-rev ''] [--trees DIR ...] [--exhaustive]
+                                         [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -23,66 +29,130 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+T_START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
+sys.path.insert(0, os.environ.get("PARACUBE_TREE", str(REPO)))  # the tree measured (default: this checkout)
 
 from paracube.cli.main import build_parser  # noqa: E402
 from paracube.cli.options import workload_from_args  # noqa: E402
 from paracube.cli.planning_cmd import EXPLAIN_POOL, search_config  # noqa: E402
 from paracube.planner import search  # noqa: E402
 
+T_IMPORTS = time.perf_counter() - T_START
 JOB = ["--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "1024"]
+BEFORE = "6e31b23"  # main before the search-speed work (issue 26, item 2)
 
 
-def end_to_end(tree: Path, job: list[str], repeat: int) -> tuple[float, list[float]]:
-    """(cold, [warm ...]) seconds of `python -m paracube plan JOB` with PYTHONPATH=tree."""
+def end_to_end(tree: Path, job: list[str], repeat: int) -> tuple[tuple[float, float], list[tuple[float, float]]]:
+    """(cold, [warm ...]) (wall, CPU) seconds of `python -m paracube plan JOB` with PYTHONPATH=tree."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": tmp}
         cmd = [sys.executable, "-m", "paracube", "plan", *job, "-o", f"{tmp}/plan.json", "--force"]
         times = []
         for _ in range(1 + repeat):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _child_cpu()
             subprocess.run(cmd, env=env, cwd=tmp, check=True, capture_output=True)
-            times.append(time.perf_counter() - t0)
+            times.append((time.perf_counter() - t0, _child_cpu() - c0))
     return times[0], times[1:]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trees", nargs="*", default=[], help="other checkouts to time end to end beside this one")
-    ap.add_argument("--exhaustive", action="store_true", help="also search without pruning (slow)")
-    ap.add_argument("--repeat", type=int, default=2)
-    ours, job = ap.parse_known_args()
-    job = job or JOB
+def _child_cpu() -> float:
+    """CPU seconds (user + system) of the finished child processes: less sensitive to other load than wall."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def in_process(job: list[str], repeat: int) -> dict:
+    """This process's tree: imports, topology, search cold and warm (min of `repeat`), the result's counts."""
     args = build_parser(["plan"]).parse_args(["plan", *job])
     w = workload_from_args(args, partial_layout=True)
     config = search_config(w, args.memory_headroom, max(args.top, args.refine, EXPLAIN_POOL))
-    print(f"paracube plan {' '.join(job)}: {config}; load: {os.getloadavg()[0]:.1f} (1 min), {os.cpu_count()} CPUs")
     t0 = time.perf_counter()
     topo = w.topology
     t_topo = time.perf_counter() - t0
     runs = []
-    for _ in range(ours.repeat):
-        t0 = time.perf_counter()
+    for _ in range(max(repeat, 2)):
+        t0, c0 = time.perf_counter(), time.process_time()
         res = config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)
-        runs.append((time.perf_counter() - t0, res))
-    (cold, res), (warm, _) = runs[0], min(runs[1:] or runs, key=lambda r: r[0])
-    enumerated = res.enumerated
-    print(f"topology built in {t_topo:.3f} s; search cold {cold:.3f} s (group queries routed), warm {warm:.3f} s")
-    print(f"layouts enumerated {enumerated:,}  scored {res.scored:,}  pruned by bound {res.pruned:,}  "
-          f"rejected {sum(res.rejected.values()):,}  topology queries {res.topology_queries}")
-    print(f"layouts/s: cold {enumerated / cold:,.0f}, warm {enumerated / warm:,.0f} "
-          f"(scored/s warm {res.scored / warm:,.0f})")
-    print("best per mode:")
-    for mode, (lay, est) in sorted(res.best_per_mode.items(), key=lambda kv: kv[1][1].step_time_s):
-        print(f"  {mode:5} {est.step_time_s:8.3f} s  MFU {est.mfu:5.1%}  "
-              f"mem {est.memory.total / 2**30:6.1f} GiB  {lay}")
-    print("end to end (process start to exit; cold: no bytecode cache, warm: cached):")
-    for tree in [REPO, *map(Path, ours.trees)]:
-        c, ws = end_to_end(tree, job, ours.repeat)
-        print(f"  {str(tree):40} cold {c:6.2f} s   warm {min(ws):6.2f} s   (load {os.getloadavg()[0]:.1f})")
+        runs.append((time.perf_counter() - t0, time.process_time() - c0, res))
+    (cold, cold_cpu, res), (warm, warm_cpu) = runs[0], min((t, c) for t, c, _ in runs[1:])
+    return {"config": str(config), "imports": T_IMPORTS, "topology": t_topo, "cold": cold, "warm": warm,
+            "cold_cpu": cold_cpu, "warm_cpu": warm_cpu,
+            "enumerated": res.enumerated, "scored": res.scored, "pruned": res.pruned,
+            "rejected": sum(res.rejected.values()), "queries": res.topology_queries,
+            "ranked": [(str(lay), est.step_time_s) for lay, est in res.ranked],
+            "best_per_mode": sorted((est.step_time_s, m, str(lay), est.mfu, est.memory.total)
+                                    for m, (lay, est) in res.best_per_mode.items())}
+
+
+def measure(tree: Path, job: list[str], repeat: int) -> dict:
+    env = {**os.environ, "PARACUBE_TREE": str(tree), "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, __file__, "--inner", "--repeat", str(repeat), *job], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--compare-rev", default=BEFORE, help=f"git revision to time beside this tree (default {BEFORE}; "
+                    "'' for none)")
+    ap.add_argument("--trees", nargs="*", default=[], help="other checkouts to time beside this one")
+    ap.add_argument("--exhaustive", action="store_true", help="also search without pruning (slow)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # one tree's in-process figures
+    ours, job = ap.parse_known_args()
+    job = job or JOB
+    if ours.inner:
+        print(json.dumps(in_process(job, ours.repeat)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = [("this tree", REPO)]
+        if ours.compare_rev:
+            old = Path(tmp) / ours.compare_rev
+            old.mkdir()
+            subprocess.run(f"git -C {REPO} archive {ours.compare_rev} | tar -x -C {old}", shell=True, check=True)
+            trees.append((ours.compare_rev, old))
+        trees += [(t, Path(t)) for t in ours.trees]
+        print(f"paracube plan {' '.join(job)}; {os.cpu_count()} CPUs, {load()} (1 min average)")
+        results = {}
+        for name, tree in trees:
+            r = results[name] = measure(tree, job, ours.repeat)
+            r["load_in"] = load()
+            c, ws = end_to_end(tree, job, ours.repeat)
+            r["e2e_cold"], r["e2e_warm"], r["load_e2e"] = c, min(ws), load()
+        print("seconds: wall (CPU of the process); warm: min of --repeat")
+        print(f"search configuration: {results['this tree']['config']}")
+        print(f"{'':12} {'imports':>7} {'topology':>8} {'search cold':>14} {'search warm':>14} {'layouts/s warm':>15} "
+              f"{'e2e cold':>14} {'e2e warm':>14}")
+        for name, r in results.items():
+            (cw, cc), (ww, wc) = r["e2e_cold"], r["e2e_warm"]
+            print(f"{name[:12]:12} {r['imports']:6.2f}s {r['topology']:7.2f}s {r['cold']:6.2f}s ({r['cold_cpu']:5.2f}) "
+                  f"{r['warm']:6.2f}s ({r['warm_cpu']:5.2f}) {r['enumerated'] / r['warm']:15,.0f} "
+                  f"{cw:6.2f}s ({cc:5.2f}) {ww:6.2f}s ({wc:5.2f})  ({r['load_in']} in process, {r['load_e2e']} e2e)")
+        for name, r in results.items():
+            print(f"{name[:28]:28} enumerated {r['enumerated']:,}  scored {r['scored']:,}  pruned by bound "
+                  f"{r['pruned']:,}  rejected {r['rejected']:,}  topology queries {r['queries']}")
+        ref = results["this tree"]
+        for name, r in list(results.items())[1:]:
+            same = r["ranked"] == ref["ranked"] and r["best_per_mode"] == ref["best_per_mode"]
+            print(f"ranking ({len(ref['ranked'])} layouts) and best per mode vs {name}: "
+                  f"{'identical' if same else 'DIFFERENT'}")
+    print("best per mode (this tree):")
+    for t, mode, lay, mfu, mem in ref["best_per_mode"]:
+        print(f"  {mode:5} {t:8.3f} s  MFU {mfu:5.1%}  mem {mem / 2**30:6.1f} GiB  {lay}")
     if not ours.exhaustive:
         return
+    args = build_parser(["plan"]).parse_args(["plan", *job])
+    w = workload_from_args(args, partial_layout=True)
+    config = search_config(w, args.memory_headroom, max(args.top, args.refine, EXPLAIN_POOL))
+    topo = w.topology
+    t0 = time.perf_counter()
+    res = config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)
+    warm = time.perf_counter() - t0
     model, training = w.model, w.training
     args = SimpleNamespace(repeat=1)
     wall = warm

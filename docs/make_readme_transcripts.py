@@ -142,7 +142,8 @@ def render(t: Transcript, cwd: Path, log: list[str]) -> str:
 
 
 # --- comparing ---------------------------------------------------------------------------------------------
-WALL = [re.compile(p) for p in (r"layouts in [0-9.]+ s", r"\([0-9]+ s\)")]  # search / calibrate wall times
+WALL = [re.compile(p) for p in (r"layouts in [0-9.]+ s(, [0-9,]+ layouts/s enumerated)?",  # search wall times
+                                 r"\([0-9]+ s\)")]  # calibrate wall times
 TOKEN = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[^\s\d│┃┏┓┗┛┡┩└┘┌┐├┤┬┴┼━─╇╈┳┻]+", re.I)
 
 

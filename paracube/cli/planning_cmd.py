@@ -195,7 +195,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
     for c in choices:
         console.print(f"  {c.line()}", highlight=False, markup=False)
     rejected = ", ".join(f"{n} {reason}" for reason, n in result.rejected.most_common(4))
-    console.print(f"scored {result.scored} layouts in {result.elapsed_s:.2f} s"
+    console.print(f"scored {result.scored} layouts in {result.elapsed_s:.2f} s, {result.layouts_per_s:,.0f} layouts/s "
+                  "enumerated"
                   + (f" ({result.pruned} more skipped: their lower bound loses)" if result.pruned else "")
                   + (f"; rejected: {rejected}" if rejected else "")
                   + (f" (+{len(result.rejected) - 4} more reasons)" if len(result.rejected) > 4 else ""))

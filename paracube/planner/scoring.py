@@ -29,11 +29,13 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
 def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
                   places: dict[Structure, Placements], st_links: dict[Structure, np.ndarray],
                   zero: np.ndarray | None, kw: np.ndarray, overlap: np.ndarray, tpo: np.ndarray) -> np.ndarray:
-    """Which configurations of `batch` may still hold one of the mode's best `top_k` layouts: those whose
-    lower bound over all placements (analytic.step_lower_bound on each axis set's best link over the
-    structure's placements) is within the top_k-th best step time of the configurations' first placements
-    (real layouts, so the bar is met). Exact: no layout skipped here beats the top_k that scoring the rest
-    finds; it spares the placements of configurations that lose whatever their placement."""
+    """Which configurations of `batch` may still hold one of the best `top_k` layouts of the search, or the
+    mode's best: those whose lower bound over all placements (analytic.step_lower_bound on each axis set's best
+    link over the structure's placements) is within the larger of the top_k-th best step time (the layouts
+    kept by earlier passes and modes, and the configurations' first placements) and the mode's best so far
+    (real layouts the pins allow, so the bar is met). Exact: no layout skipped here beats the top_k that scoring
+    the rest finds, nor the mode's best; it spares the placements of configurations that lose whatever their
+    placement."""
     n = len(batch)
     best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
     # One evaluation: each configuration on its first placement's links, then on its structure's best links.
@@ -45,9 +47,22 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     if s.fixed is not None:  # the bar counts only layouts the pins allow (no placement pin: any placement)
         allowed = [_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed) for i, st in enumerate(owners)]
         found = np.where(allowed, found, np.inf)
-    bar = np.partition(found, s.top_k - 1)[s.top_k - 1]
+    bar = max(_kth(s, found), _mode_best(s, mode, found))
     bound = step_lower_bound(res, s.d, batch, rows, overlap[rows])[n:]
     return bound <= bar * (1 + 1e-9)  # the bar's own configuration stays despite rounding
+
+
+def _kth(s: _Search, found: np.ndarray | None = None) -> float:
+    """The top_k-th best step time among the layouts kept so far (every pass, every mode: `s.best`) and `found`
+    (real layouts the pins allow): no layout slower than it enters the ranking. inf while fewer are known."""
+    times = np.array([t for t, _ in s.best] + ([] if found is None else found.tolist()))
+    return float(np.partition(times, s.top_k - 1)[s.top_k - 1]) if len(times) >= s.top_k else float("inf")
+
+
+def _mode_best(s: _Search, mode: str, found: np.ndarray) -> float:
+    """The mode's best step time so far (its earlier passes and `found`): what its best layout must beat."""
+    known = [s.per_mode_best[mode][0]] if mode in s.per_mode_best else []
+    return float(min([*known, *found.tolist()], default=float("inf")))
 
 
 def _overlaps(s: _Search, mode: str, batch: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -87,10 +102,13 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     ovs, tpos = _overlaps(s, mode, batch)
     # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
     # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
-    # would price them as zero=0, so their configurations are not pruned.
-    if (s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k
-            and not np.any(zeros >= 2)):
-        keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos)
+    # would price them as zero=0, so their configurations are not pruned (the zero=0/1 rows of the mode are).
+    low = zeros < 2  # zero=2/3 rows are kept whole (above); the rest are pruned by their bound
+    if s.prune and (s.fixed is None or not s.fixed.placement) and np.any(low):
+        keep = ~low
+        li = np.nonzero(low)[0]
+        keep[li] = _within_bound(s, mode, batch.take(li), [owners[i] for i in li], places, st_links,
+                                 zero_arg[li] if zero_arg is not None else None, kws[li], ovs[li], tpos[li])
         s.pruned += int(n_places[~keep].sum())
         kept = np.nonzero(keep)[0]
         batch, owners, n_places, zeros, kws, ovs, tpos = (batch.take(kept), [owners[i] for i in kept],
@@ -108,7 +126,10 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     step_time = _evaluate(s, mode, batch, links, layout_rows, zeros, zero_arg, kws, ovs, tpos)
     s.scored += len(layout_rows)
     taken = 0
+    bar = _kth(s)  # slower layouts cannot enter the ranking: built only for the mode's best (per_mode_best)
     for j in np.argsort(step_time, kind="stable"):
+        if taken and step_time[j] > bar:
+            break
         row = int(layout_rows[j])
         st = owners[row]
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),

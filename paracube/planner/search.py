@@ -5,9 +5,10 @@ sequence parallelism for 1d) checked against the size rules (cost_models/validit
 (placement does not change either, so these are checked before placements are expanded), then every
 distinct placement. Scoring is vectorized (cost_models.analytic.evaluate). Unless a placement is pinned, a
 configuration's placements are scored only where its lower bound (analytic.step_lower_bound on each axis set's
-best link over the structure's placements) is within the mode's top_k-th best step time among the
-configurations' first placements (those the pins allow): the top_k found is exact, and configurations that
-lose whatever their placement are not expanded (`pruned`). A rejected or pruned configuration counts once per
+best link over the structure's placements) is within the larger of the top_k-th best step time so far (the
+layouts kept by earlier passes and modes, and the configurations' first placements, those the pins allow) and
+the mode's best so far: the top_k found and each mode's best are exact, and configurations that lose whatever
+their placement are not expanded (`pruned`). A rejected or pruned configuration counts once per
 placement of its structure, so `scored + pruned + sum(rejected) == enumerated layouts`.
 Runtime (`runtime`, paracube/runtimes; default paracube): only what it runs is enumerated (its tensor modes,
 pipelines, interleaving, sp, zero stages), and the searched dimensions take its values (planner/dimensions.py):
@@ -46,7 +47,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from paracube.cost_models.analytic import estimate
+from paracube.cost_models.analytic import estimate, layout_links
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import context_local, dims_of, with_pins
 from paracube.cost_models.links import LinkCache
@@ -194,7 +195,7 @@ def search(
         )
     s.best.sort(key=lambda x: x[0])
 
-    estimates: dict[str, StepEstimate] = {}
+    estimates: dict[object, StepEstimate] = {}
     # zero=1's parameter gather overlapped with the next forward where the runtime does it (dimensions.py);
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
@@ -202,10 +203,18 @@ def search(
                "grad_bytes": rt.grad_bytes}  # = rt.engine_options()
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
+        # Placements enter an estimate only through the links of its groups: layouts equal but for a placement
+        # whose groups see the same links (the pool holds many) share one estimate, their own layout named in it.
         key = repr(lay)  # every field
         if key not in estimates:
-            estimates[key] = estimate(model, training, lay, topo, with_events=False, cache=s.cache, **options,
-                                      **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
+            shared = (repr(lay.with_(placement=())), tuple((ax, float(bw[0]), float(lat[0])) for ax, (bw, lat)
+                                                           in layout_links(lay, s.cache).items()))
+            if shared in estimates and lay.micro_batch is not None:
+                estimates[key] = replace(estimates[shared], layout=str(lay))
+            else:
+                estimates[key] = estimates[shared] = estimate(
+                    model, training, lay, topo, with_events=False, cache=s.cache, **options,
+                    **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
         return estimates[key]
 
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]

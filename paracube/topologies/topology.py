@@ -28,7 +28,6 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain
 from typing import Any
 
 import networkx as nx
@@ -94,7 +93,11 @@ class Topology:
         self._link_cached = lru_cache(maxsize=4096)(self._group_link_uncached)
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
         self._in_node_paths: dict[tuple[str, str], tuple[str, ...] | None] = {}
-        self._hop_cache: dict[tuple[int, int], tuple[Edge, ...]] = {}  # ring hop (rank a -> rank b): its edges
+        # Ring hop (rank a -> rank b): its directed edges as ids into _bw_arr, and its summed latency. Link loads
+        # are bincounts of hop edge ids (one numpy call per set of concurrent groups, not a Counter of edges).
+        self._eid: dict[Edge, int] = {e: i for i, e in enumerate(self._bw)}
+        self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
+        self._hop_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
 
     @property
     def calibration(self) -> Calibration | None:
@@ -304,28 +307,36 @@ class Topology:
         # Two ranks: a->b and b->a, both directions of the path are used.
         return list(zip(group, group[1:] + group[:1], strict=True))
 
-    def _hops(self, a: int, b: int) -> tuple[Edge, ...]:
-        """Directed edges of the ring hop from rank a to rank b (cached: groups of many layouts share hops)."""
+    def _hops(self, a: int, b: int) -> tuple[np.ndarray, float]:
+        """Edge ids and summed latency of the ring hop from rank a to rank b (cached: groups of many layouts
+        share hops)."""
         hops = self._hop_cache.get((a, b))
         if hops is None:
             path = self._path(self._ranks[a], self._ranks[b])
-            hops = self._hop_cache[a, b] = tuple(zip(path, path[1:], strict=False))
+            edges = list(zip(path, path[1:], strict=False))
+            hops = self._hop_cache[a, b] = (np.array([self._eid[e] for e in edges], dtype=np.int64),
+                                            sum(self._lat[e] for e in edges))
         return hops
 
-    def _link_load(self, groups: frozenset[tuple[int, ...]]) -> Counter[Edge]:
-        return Counter(chain.from_iterable(self._hops(a, b) for group in groups for a, b in self._ring(group)))
+    def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
+        """Ring hops crossing each directed edge (indexed like _bw_arr) when `groups` run at once."""
+        hop = self._hops
+        ids = [hop(a, b)[0] for group in groups for a, b in self._ring(group)]
+        if not ids:
+            return np.zeros(len(self._bw_arr), dtype=np.int64)
+        return np.bincount(np.concatenate(ids), minlength=len(self._bw_arr))
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
         if len(group) < 2:
             return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
         load = self._load_cached(groups)
-        bandwidth, latency = math.inf, 0.0
-        for a, b in self._ring(group):
-            edges = self._hops(a, b)
-            bandwidth = min(bandwidth, min(self._bw[e] / load[e] for e in edges))
-            latency = max(latency, sum(self._lat[e] for e in edges))
-        return GroupLink(bandwidth, latency, len(per_node), max(per_node.values()))
+        hops = [self._hops(a, b) for a, b in self._ring(group)]
+        ids = np.concatenate([h[0] for h in hops])
+        # min over hops of min over edges of bw / load == min over all the group's edges (same float divisions)
+        bandwidth = float((self._bw_arr[ids] / load[ids]).min()) if len(ids) else math.inf
+        latency = max((h[1] for h in hops), default=0.0)
+        return GroupLink(bandwidth, max(latency, 0.0), len(per_node), max(per_node.values()))
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
         """Ring bandwidth and per-step latency of `ranks`, sharing links with `concurrent` groups."""
