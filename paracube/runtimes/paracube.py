@@ -10,7 +10,8 @@ default: on gloo CPU ranks the ring's p2p steps are not measured faster than one
 (benchmarks/executor_step.py --overlap-tp), so the planner takes it only when a layout pins it. Context parallelism
 (cp, both exchanges) where ExecutorSupport.context_parallel lists them (none, 1D: executor/layers/context_parallel.py).
 Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delayed scaling, executor/layers/fp8.py)
-in none and 1D, not with tpo (the ring GEMM chunks run in the compute dtype).
+in none and 1D, with every zero stage (FSDP gathers the bf16 shards, the layer casts them) and with tpo (1D's ring
+chunk GEMMs are the linear's FP8 GEMMs).
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ RUNTIME = Runtime(
     families=tuple(sorted({f for s in _SUPPORT for f in s.families})),
     mode_check=_check,
     dtype_check=_dtype_check,
-    fp8_zeros=(0, 1),  # FP8 weight casts under zero=2/3's gathered parameters: not run (executor/sizes.py)
-    fp8_tpo=False,  # the ring GEMM chunks run in the compute dtype (collective_matmul.py)
+    fp8_zeros=None,  # every zero stage: zero=2/3 gather the bf16 shards, the layer casts after (layers/fp8.py)
+    fp8_tpo=True,  # 1D's ring chunk GEMMs are the linear's FP8 GEMMs (collective_matmul.py)
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     expert_parallel=False,  # the executor runs no MoE blocks yet (executor/sizes.py refuses them)
     expert_tensor_parallel=False,
