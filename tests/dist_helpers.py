@@ -124,6 +124,8 @@ def steps_against_serial(model: Any, opt: Any, ref: Any, ref_opt: Any, micro: li
         errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_res.grad_norm) / ref_res.grad_norm
     if hasattr(opt, "wait_params"):
         opt.wait_params()
+    if getattr(opt, "units", None) is not None:  # zero=3: the parameters whole again (resharded after backward)
+        opt.units.gather_all()
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         errors[f"param:{name}"] = rel_err(p, model.block_of(name, ref_params[name]))

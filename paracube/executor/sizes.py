@@ -22,12 +22,8 @@ def check_dtype(dtype: str, layout: Layout) -> None:
         raise ParacubeError(f"dtype {dtype} is not run by paracube's executor with tensor mode {layout.mode} (in "
                             f"{layout}); valid there: {', '.join(dtypes)}{also}; or export the plan "
                             "(`paracube export`)")
-    if dtype == "fp8" and layout.zero >= 2:  # FP8 weight casts under FSDP's gathered parameters: not run yet
-        raise ParacubeError(f"dtype fp8 with zero={layout.zero} is not run by paracube's executor yet (in {layout}); "
-                            "valid there: zero=0/1")
-    if dtype == "fp8" and layout.tpo:  # the ring GEMM chunks (collective_matmul.py) have no FP8 path
-        raise ParacubeError(f"dtype fp8 with tpo is not run by paracube's executor (in {layout}); drop tpo or "
-                            "train in bf16")
+    # fp8 with zero=2/3 (the layer casts the gathered bf16 weight) and with tpo (the rings' chunk GEMMs are the
+    # linear's FP8 GEMMs): both run (executor/layers/fp8.py), so nothing more to refuse here.
 
 
 def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None, global_batch: int,

@@ -10,9 +10,10 @@ default: on gloo CPU ranks the ring's p2p steps are not measured faster than one
 (benchmarks/executor_step.py --overlap-tp), so the planner takes it only when a layout pins it. Context parallelism
 (cp, both exchanges) where ExecutorSupport.context_parallel lists them (none, 1D: executor/layers/context_parallel.py).
 Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delayed scaling, executor/layers/fp8.py)
-in none and 1D, not with tpo (the ring GEMM chunks run in the compute dtype). MoE blocks (executor/model/moe.py)
-with expert parallelism folded over each stage's dp x tp ranks, in the modes, zero stages and layouts
-modes/experts.executor_refusal allows (none, 1D with sp; zero=0; etp=1; cp=1); no MLA yet.
+in none and 1D, with every zero stage (FSDP gathers the bf16 shards, the layer casts them) and with tpo (1D's ring
+chunk GEMMs are the linear's FP8 GEMMs). MoE blocks (executor/model/moe.py) with expert parallelism folded over
+each stage's dp x tp ranks, in the modes, zero stages and layouts modes/experts.executor_refusal allows (none, 1D
+with sp; zero=0; etp=1; cp=1); MLA with dense MLPs (executor/layers/mla.py), not with MoE blocks yet.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ RUNTIME = Runtime(
     families=tuple(sorted({f for s in _SUPPORT for f in s.families})),
     mode_check=_check,
     dtype_check=_dtype_check,
-    fp8_zeros=(0, 1),  # FP8 weight casts under zero=2/3's gathered parameters: not run (executor/sizes.py)
-    fp8_tpo=False,  # the ring GEMM chunks run in the compute dtype (collective_matmul.py)
+    fp8_zeros=None,  # every zero stage: zero=2/3 gather the bf16 shards, the layer casts after (layers/fp8.py)
+    fp8_tpo=True,  # 1D's ring chunk GEMMs are the linear's FP8 GEMMs (collective_matmul.py)
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     # MoE blocks with ep over the folded expert group (executor/model/moe.py); what it does not run of them
     # (etp > 1, cp, zero >= 1, 2D/2.5D/3D, 1D without sp) is modes/experts.executor_refusal; MLA: executor/moe_sizes.py

@@ -5,7 +5,8 @@ Layout on disk (`root/`):
   step_N.tmp/        a save in progress (or killed): never read
   latest             one line, `step_N`: written last, by atomic rename
 Parameters (the compute copy, in its dtype), AdamW moments (fp32) and, with a 16-bit compute dtype, the fp32
-master weights (`optim.NAME.master`, optim.py's checkpoint views) are plain local tensors, each rank's
+master weights (`optim.NAME.master`, optim.py's checkpoint views) and, with `--dtype fp8`, every linear's
+amax history and scales (`fp8.LINEAR.*`, whole, written by its stage's first rank) are plain local tensors, each rank's
 rectangular block of the full tensor (ShardSpec offsets/sizes); checkpoint_planners.py tells DCP where each
 block lies. Replicas that are not
 `replica_leader` write nothing, so each element is written once (the last pipeline stage's copy of a tied
@@ -110,11 +111,12 @@ def _all_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, for_load: bool,
-                masters: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, ShardSpec]]:
+                masters: bool = False, fp8: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, ShardSpec]]:
     """`model.NAME`, `optim.NAME.exp_avg[_sq]` (and `optim.NAME.master`) -> the local block (no copy: loads
     land in it), and the same keys -> the block's ShardSpec. A load creates missing moments (fp32 zeros) to
     receive the saved ones, and the masters where `masters` (the checkpoint has them); vocabulary parameters
-    without their padding (`_unpadded`)."""
+    without their padding (`_unpadded`). `fp8`: with the FP8 scaling state of an fp8 model (`fp8.NAME.*`,
+    executor/layers/fp8.py Fp8Scaling.checkpoint_entries; a load takes it where the checkpoint has it)."""
     specs = model.shard_specs  # type: ignore[attr-defined]
     vocab = getattr(getattr(model, "spec", None), "vocab", None)
     sd: dict[str, torch.Tensor] = {}
@@ -141,6 +143,9 @@ def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                 optimizer.state[p][m] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             if spec is not None:
                 sd[f"optim.{name}.{m}"], where[f"optim.{name}.{m}"] = real(optimizer.state[p][m]), spec
+    scaling = getattr(model, "fp8", None)
+    for key, (t, spec) in (scaling.checkpoint_entries(model.mesh).items() if scaling is not None and fp8 else ()):
+        sd[key], where[key] = t, spec  # type: ignore[attr-defined]
     return sd, where
 
 
@@ -206,6 +211,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
             "adam_step": _adam_step(optimizer),
             "has_optimizer": any(k.startswith("optim.") for k in sd),
             "has_masters": any(k.endswith(".master") for k in sd),
+            "has_fp8": any(k.startswith("fp8.") for k in sd),
             "params": {n: list(s) for n, s in shapes.items()},
             "rng": {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()},
             **meta,
@@ -246,7 +252,8 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     verify_everywhere(ckpt, meta)
     load_optim = optimizer is not None and bool(meta.get("has_optimizer"))
     sd, specs = _state_dict(model, optimizer if load_optim else None, for_load=True,
-                            masters=bool(meta.get("has_masters")) and _wants_masters(model))
+                            masters=bool(meta.get("has_masters")) and _wants_masters(model),
+                            fp8=bool(meta.get("has_fp8")))
     check_blocks(sd, specs)
     try:
         dcp.load(sd, checkpoint_id=str(ckpt), planner=BlockLoadPlanner(specs))

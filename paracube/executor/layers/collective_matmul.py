@@ -15,6 +15,10 @@ internally). This module: 1D + sp (one_d.py), per linear (the `tpo` tags of para
 2D / 2.5D: collective_matmul_2d.py; 3D: collective_matmul_3d.py (there the weight's all-gather, dA's and 3D's
 Y reduce-scatter are rings too: weight_ring.py). Only the blocks' linears (`TPO_LINEARS`); the head runs
 unoverlapped (the cost models tag block collectives only).
+1D's chunk GEMMs are the linear's `gemm` (gemm.py): with `--dtype fp8` its FP8 GEMMs (fp8.py) on the blocks as
+they arrive; the rings move the compute dtype's blocks (bf16, the bytes the cost model prices) and each block
+is cast with the linear's per-tensor scale on arrival, so the products are the unoverlapped FP8 linear's row
+blocks.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from paracube.executor.layers.gemm import PLAIN, PlainGemm
 from paracube.executor.layers.ring import ring_all_gather, ring_reduce_scatter
 from paracube.executor.mesh import Mesh
 
@@ -55,60 +60,61 @@ class RingGatherLinear(torch.autograd.Function):
     """Column linear, sp: Y = all_gather_seq(X) @ A as a ring; X's shard kept, re-gathered in backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str) -> Tensor:
+    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str, mm: PlainGemm = PLAIN) -> Tensor:
         sl = x.shape[SEQ]
         out = x.new_empty((x.shape[0], sl * mesh.size(TP), a.shape[1]), dtype=a.dtype)
 
         def gemm(k: int, xk: Tensor) -> None:
-            out.narrow(SEQ, k * sl, sl).copy_(xk @ a)
+            out.narrow(SEQ, k * sl, sl).copy_(mm.forward(xk, a))
 
         ring_all_gather(x, mesh, TP, gemm, label=f"{label}.in")
         ctx.save_for_backward(x, a)
-        ctx.args = (mesh, label)
+        ctx.args = (mesh, label, mm)
         return out
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, a = ctx.saved_tensors
-        mesh, label = ctx.args
+        mesh, label, mm = ctx.args
         dy, sl = dy.to(a.dtype), x.shape[SEQ]
         da = Sum(tuple(a.shape), a.dtype)
 
         def wgrad(k: int, xk: Tensor) -> None:
-            da.add(rows_of(xk).t() @ rows_of(dy.narrow(SEQ, k * sl, sl)))
+            da.add(mm.wgrad(xk, dy.narrow(SEQ, k * sl, sl)))
 
         ring_all_gather(x, mesh, TP, wgrad, backward=True, label=f"{label}.in.regather")
-        dx = ring_reduce_scatter(lambda k: dy.narrow(SEQ, k * sl, sl) @ a.t(), mesh, TP, x.numel(), a.dtype,
+        dx = ring_reduce_scatter(lambda k: mm.dgrad(dy.narrow(SEQ, k * sl, sl), a), mesh, TP, x.numel(), a.dtype,
                                  backward=True, label=f"{label}.in")
-        return dx.to(x.dtype), da.result(), None, None
+        return dx.to(x.dtype), da.result(), None, None, None
 
 
 class RingLinearScatter(torch.autograd.Function):
     """Row linear, sp: Y = reduce_scatter_seq(X @ A) as a ring; backward dY's all-gather as a ring."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str) -> Tensor:
+    def forward(ctx: Any, x: Tensor, a: Tensor, mesh: Mesh, label: str, mm: PlainGemm = PLAIN) -> Tensor:
         n = mesh.size(TP)
         sl = x.shape[SEQ] // n
         ctx.save_for_backward(x, a)
-        ctx.args = (mesh, label)
-        return ring_reduce_scatter(lambda k: x.narrow(SEQ, k * sl, sl) @ a, mesh, TP,
+        ctx.args = (mesh, label, mm)
+        return ring_reduce_scatter(lambda k: mm.forward(x.narrow(SEQ, k * sl, sl), a), mesh, TP,
                                    x.shape[0] * sl * a.shape[1], a.dtype, label=f"{label}.out")
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, a = ctx.saved_tensors
-        mesh, label = ctx.args
+        mesh, label, mm = ctx.args
         dy, sl = dy.to(a.dtype), dy.shape[SEQ]
         dx = torch.empty_like(x)
         da = Sum(tuple(a.shape), a.dtype)
 
         def grads(k: int, dyk: Tensor) -> None:
-            dx.narrow(SEQ, k * sl, sl).copy_(dyk @ a.t())
-            da.add(rows_of(x.narrow(SEQ, k * sl, sl)).t() @ rows_of(dyk))
+            dxk, dak = mm.backward(x.narrow(SEQ, k * sl, sl), a, dyk)
+            dx.narrow(SEQ, k * sl, sl).copy_(dxk)
+            da.add(dak)
 
         ring_all_gather(dy, mesh, TP, grads, backward=True, label=f"{label}.out")
-        return dx, da.result(), None, None
+        return dx, da.result(), None, None, None
 
 
 __all__ = ["TPO_LINEARS", "RingGatherLinear", "RingLinearScatter", "Sum", "rows_of"]

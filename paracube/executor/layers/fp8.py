@@ -24,8 +24,17 @@ tensor x data-parallel ranks, cost_models/fp8.amax_axes; recorded, predicted by 
   scale = fp8_max / amax / 2^margin, kept where amax is 0 or not finite (fp32 max where it overflows),
 so step k runs on scales from steps <= k-1 (step 1 on scale 1).
 Overflow (as fp16's loss scaler, training/loss_scale.py): a non-finite reduced amax on any rank means the step's
-tensors overflowed: every rank sees it (the all_reduce), the step is skipped (no optimizer step), the scales are
-kept and the step's amaxes dropped; `max_skips` such steps in a row stop the run (training/loop.py).
+tensors overflowed: every rank sees it (the all_reduce; a NaN is sent as inf, since gloo's max drops a NaN met
+second), the step is skipped (no optimizer step), the scales are kept and the step's amaxes dropped, so the next
+finite step's update recovers them from the finite history; `max_skips` such steps in a row stop the run
+(training/loop.py).
+With zero=2/3 (data_parallel/fsdp.py) the units gather the bf16 shards and the linear casts the gathered weight
+(TE's and torchao's order: the all-gathers stay bf16, as cost_models/fp8.py prices them); the FP8 copy is kept
+for the step as without sharding, so backward's re-gather does not cast again. With tpo (1D + sp,
+collective_matmul.py) the rings move bf16 blocks and each block's GEMM is this linear's (forward / dgrad /
+wgrad on the block, cast with the per-tensor scale): the amaxes are maxima over the blocks, the whole's.
+Checkpoints (executor/checkpoint/store.py) hold every linear's amax history and scales (`checkpoint_entries`),
+so a resumed run scales as the uninterrupted one did.
 Written here rather than taken from Transformer Engine / torchao: TE needs CUDA (the CPU ranks run the same
 recipe emulated) and torchao's float8 training is current scaling only.
 """
@@ -40,6 +49,7 @@ from torch import Tensor, nn
 from paracube.errors import check
 from paracube.executor.comm import all_reduce
 from paracube.executor.layers.gemm import PlainGemm
+from paracube.executor.layers.shards import ShardSpec
 from paracube.executor.mesh import Mesh
 from paracube.workload import FP8_RECIPE, Fp8Recipe
 
@@ -48,6 +58,7 @@ FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
 FP8_MAX = {E4M3: torch.finfo(E4M3).max, E5M2: torch.finfo(E5M2).max}  # 448, 57344
 X, W, DY = 0, 1, 2  # the three FP8 tensors of a linear (columns of its amax history)
 FP8_DTYPES = (torch.bfloat16, torch.float32, torch.float64)  # compute copies FP8 runs with (fp16: refused)
+STATE = ("amax_history", "scale", "scale_inv")  # a linear's delayed-scaling state (checkpointed)
 
 
 def quantize(t: Tensor, scale: Tensor, fmt: torch.dtype) -> Tensor:
@@ -128,15 +139,30 @@ class Fp8Gemm(PlainGemm):
         y = scaled_mm(xq.reshape(-1, xq.shape[-1]), wq_t.t(), self.scale_inv[X] * self.scale_inv[W], x.dtype)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-    def backward(self, x: Tensor, w: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
+    def _grad(self, dy: Tensor) -> Tensor:
+        """dY's amax recorded (a max: the blocks of a ring record the whole's), dY [m, n] cast to e5m2."""
         self._on(dy.device)
         self._record(DY, dy)
-        g = quantize(dy.reshape(-1, dy.shape[-1]), self.scale[DY], self.formats[DY])
-        xq = quantize(x.reshape(-1, x.shape[-1]), self.scale[X], self.formats[X])  # the forward's bits again
+        return quantize(dy.reshape(-1, dy.shape[-1]), self.scale[DY], self.formats[DY])
+
+    def _dgrad(self, g: Tensor, w: Tensor, lead: tuple[int, ...]) -> Tensor:
         wq, _ = self._weight(w)
-        dx = scaled_mm(g, wq.t(), self.scale_inv[DY] * self.scale_inv[W], x.dtype)
-        dw = scaled_mm(xq.t(), g, self.scale_inv[X] * self.scale_inv[DY], w.dtype)
-        return dx.view(*dy.shape[:-1], dx.shape[-1]), dw
+        dx = scaled_mm(g, wq.t(), self.scale_inv[DY] * self.scale_inv[W], w.dtype)
+        return dx.view(*lead, dx.shape[-1])
+
+    def _wgrad(self, x: Tensor, g: Tensor) -> Tensor:
+        xq = quantize(x.reshape(-1, x.shape[-1]), self.scale[X], self.formats[X])  # the forward's bits again
+        return scaled_mm(xq.t(), g, self.scale_inv[X] * self.scale_inv[DY], x.dtype)
+
+    def dgrad(self, dy: Tensor, w: Tensor) -> Tensor:
+        return self._dgrad(self._grad(dy), w, tuple(dy.shape[:-1]))
+
+    def wgrad(self, x: Tensor, dy: Tensor) -> Tensor:
+        return self._wgrad(x, self._grad(dy))
+
+    def backward(self, x: Tensor, w: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
+        g = self._grad(dy)  # cast once for both GEMMs
+        return self._dgrad(g, w, tuple(dy.shape[:-1])), self._wgrad(x, g)
 
     def update(self) -> None:
         """The delayed-scaling update after the step's amaxes are reduced (TE's, module docstring)."""
@@ -175,6 +201,9 @@ class Fp8Scaling:
         if not self.gemms:
             return False
         current = torch.stack([g.amax_history[0] for g in self.gemms])
+        # A NaN goes as inf: gloo's max (a std::max) keeps its first operand where a comparison with NaN is
+        # false, so a NaN on one rank would vanish on the others; max keeps an inf everywhere.
+        current = torch.where(torch.isnan(current), torch.full_like(current, float("inf")), current)
         current = all_reduce(current, mesh, axes, op="max", label="fp8_amax")
         overflow = not bool(torch.isfinite(current).all())
         for g, row in zip(self.gemms, current, strict=True):
@@ -187,6 +216,21 @@ class Fp8Scaling:
     @property
     def exhausted(self) -> bool:
         return self.skips >= self.max_skips
+
+    def checkpoint_entries(self, mesh: Mesh) -> dict[str, tuple[Tensor, ShardSpec]]:
+        """`fp8.<linear>.<state>` -> (the tensor itself: a load lands in it, its ShardSpec): every linear's
+        amax history, scale and inverse scale, whole. After reduce_and_update every rank of a stage's amax
+        group (data x tensor ranks) holds the same values, so the group's first rank writes them and every
+        rank reads them; linears are named by their global block index (`blocks.<i>.`), so a checkpoint of
+        one layout (pp, tp, dp, zero) loads into another."""
+        leader = all(mesh.coord(a) == 0 for a in (*mesh.layout.data_axes, *mesh.layout.tensor_axes))
+        out = {}
+        for g in self.gemms:
+            for name in STATE:
+                t = getattr(g, name)
+                out[f"fp8.{g.label}.{name}"] = (t, ShardSpec(tuple(t.shape), (0,) * t.dim(), tuple(t.shape), leader,
+                                                             mesh.layout.tensor_axes))
+        return out
 
     def held_bytes(self) -> int:
         return sum(g.held_bytes() for g in self.gemms)

@@ -2,8 +2,11 @@
 
 A linear (serial.SerialLinear, one_d.ColumnLinear / RowLinear) holds a `gemm` and calls `gemm(x, w)`
 (differentiable); autograd Functions that issue their own collectives around the GEMMs (one_d._GatherLinear)
-call `gemm.forward(x, w)` and `gemm.backward(x, w, dy) -> (dx, dw)` instead. `PLAIN` is what every linear
-holds unless fp8.attach gave it an Fp8Gemm: `x @ w` exactly as before (autograd's own matmul backward).
+call `gemm.forward(x, w)` and `gemm.backward(x, w, dy) -> (dx, dw)` instead; the rings of collective_matmul.py
+(tpo) call `forward` / `dgrad` / `wgrad` on the blocks of X and dY as they arrive (row blocks of a GEMM: the
+same math as the whole, FP8 included, since its casts are elementwise with per-tensor scales). `PLAIN` is what
+every linear holds unless fp8.attach gave it an Fp8Gemm: `x @ w` exactly as before (autograd's own matmul
+backward).
 """
 
 from __future__ import annotations
@@ -20,9 +23,16 @@ class PlainGemm:
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         return x @ w
 
+    def dgrad(self, dy: Tensor, w: Tensor) -> Tensor:
+        """dX = dY W^T."""
+        return dy @ w.t()
+
+    def wgrad(self, x: Tensor, dy: Tensor) -> Tensor:
+        """dW = X^T dY over the flattened leading dimensions."""
+        return x.reshape(-1, x.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])
+
     def backward(self, x: Tensor, w: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
-        dw = x.reshape(-1, x.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])
-        return dy @ w.t(), dw
+        return self.dgrad(dy, w), self.wgrad(x, dy)
 
 
 PLAIN = PlainGemm()

@@ -58,7 +58,7 @@ class ColumnLinear(ShardedModule):
     an all-gather of the sequence shards (backward reduce-scatter); with tpo too, both rings overlapped with the
     GEMM chunks (collective_matmul.py)."""
 
-    gemm: PlainGemm = PLAIN  # fp8.attach gives the block linears an Fp8Gemm (not with tpo: sizes.py refuses)
+    gemm: PlainGemm = PLAIN  # fp8.attach gives the block linears an Fp8Gemm (with tpo: the rings' chunk GEMMs)
 
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False,
                  tpo: bool = False):
@@ -76,7 +76,7 @@ class ColumnLinear(ShardedModule):
         # (and what the next op saves) stays in the compute dtype.
         if self.sp:
             if self.gather_linear is RingGatherLinear:
-                y = RingGatherLinear.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
+                y = RingGatherLinear.apply(x.to(c), self.weight.to(c), self.mesh, self.label, self.gemm)
             else:
                 y = _GatherLinear.apply(x.to(c), self.weight.to(c), self.mesh, self.label, self.gemm)
         else:
@@ -100,7 +100,7 @@ class RowLinear(ShardedModule):
     """Y = g(X[:, rows] @ A[rows, :]) + b; g all-reduces the partial sums in forward (with sp: reduce-scatters
     them over the sequence; with tpo too, as a ring overlapped with the GEMM chunks). Bias replicated."""
 
-    gemm: PlainGemm = PLAIN  # fp8.attach gives the block linears an Fp8Gemm (not with tpo: sizes.py refuses)
+    gemm: PlainGemm = PLAIN  # fp8.attach gives the block linears an Fp8Gemm (with tpo: the rings' chunk GEMMs)
 
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, bias: bool, label: str, sp: bool = False,
                  tpo: bool = False):
@@ -113,7 +113,7 @@ class RowLinear(ShardedModule):
     def forward(self, x: Tensor) -> Tensor:
         c = compute_dtype(x)
         if self.tpo:
-            y = RingLinearScatter.apply(x.to(c), self.weight.to(c), self.mesh, self.label)
+            y = RingLinearScatter.apply(x.to(c), self.weight.to(c), self.mesh, self.label, self.gemm)
             return y + self.bias.to(c) if self.has_bias else y
         y = self.gemm(x.to(c), self.weight.to(c))
         if self.sp:
