@@ -49,12 +49,11 @@ CASES: list[tuple[Any, ...]] = [  # (layout, recompute[, tied embeddings])
     ("dp=4,shard=2,zero=3", "none"),
     ("dp=2,tp=1d:2,sp,zero=3", "none"),
     ("dp=8,shard=4,zero=3", "selective", True),  # tied: the head reuses the held embedding unit (fsdp.py)
-    ("dp=2,tp=1d:4,zero=3", "full"),  # recomputed blocks find their unit gathered (fsdp.py)
-    ("dp=4,tp=1d:2,shard=2,zero=2", "none"),
     # 2D / 2.5D / 3D: FSDP units of the rank's parameter blocks, sharded over the mode's grad axes (2.5D: dp x dep);
     # each linear then gathers its block over the tensor axes itself (layers/kept.py)
     ("dp=2,tp=2d:2x2,zero=2", "none", True),
-    ("dp=2,tp=2d:2x2,zero=3,kw=1", "full", True),  # kept blocks: zero gradients until the last micro-batch
+    # kept blocks: zero gradients until the last micro-batch; recomputed blocks find their unit gathered (fsdp.py)
+    ("dp=2,tp=2d:2x2,zero=3,kw=1", "full", True),
     ("tp=2.5d:2x2x2,zero=3", "none", True),  # the zero group is dep (dp=1)
     ("dp=4,tp=3d:1x1x1,zero=3", "none"),  # 3D's layers over FSDP units (a 2x2x2 cube with dp=2: 16 ranks)
 ]
@@ -258,6 +257,23 @@ def test_zero_a_mode_cannot_run_is_refused_in_one_line(text: str, why: str) -> N
     with pytest.raises(ParacubeError) as err:
         check_divisibility(SPEC, parse_layout(text), B, 8 * B, SPEC.seq_len)
     assert why in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["none", "1d", "2d", "2.5d", "3d"])
+def test_every_mode_runs_zero2_and_zero3_tied_or_untied_at_pp1(mode: str) -> None:
+    """modes.executor_runs and the preflight (executor/sizes.py) accept zero=2/3 in every mode the executor runs,
+    tied or not, without pipelines; with pp=2 the preflight refuses in one line before any rank starts."""
+    from paracube.modes import executor_runs
+
+    shape = {"none": "", "1d": ",tp=1d:2", "2d": ",tp=2d:2x2", "2.5d": ",tp=2.5d:2x2x2", "3d": ",tp=3d:2x2x2"}[mode]
+    for zero in (2, 3):
+        for spec in (SPEC, TIED):
+            assert executor_runs(mode, 1, zero=zero, tied_embeddings=spec.tied_embeddings)
+            assert not executor_runs(mode, 2, zero=zero, tied_embeddings=spec.tied_embeddings)
+            check_divisibility(spec, parse_layout(f"dp=2,zero={zero}{shape}"), B, 2 * B, spec.seq_len)
+            with pytest.raises(ParacubeError, match=f"zero={zero} with pp=2") as err:
+                check_divisibility(spec, parse_layout(f"dp=2,pp=2,zero={zero}{shape}"), B, 2 * B, spec.seq_len)
+            assert "\n" not in str(err.value)
 
 
 # --- a rank killed inside a zero=3 gather -----------------------------------------------------------------------
