@@ -87,10 +87,13 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     ovs, tpos = _overlaps(s, mode, batch)
     # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
     # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
-    # would price them as zero=0, so their configurations are not pruned.
-    if (s.prune and (s.fixed is None or not s.fixed.placement) and len(batch) > s.top_k
-            and not np.any(zeros >= 2)):
-        keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos)
+    # would price them as zero=0, so they are not pruned; the zero=0/1 rows are, against their own bar (the
+    # top_k-th best of a subset is no better than the whole's, so the skip stays exact).
+    low = np.nonzero(zeros < 2)[0]
+    if s.prune and (s.fixed is None or not s.fixed.placement) and len(low) > s.top_k:
+        keep = np.ones(len(batch), dtype=bool)
+        keep[low] = _within_bound(s, mode, batch.take(low), [owners[i] for i in low], places, st_links,
+                                  None if zero_arg is None else zero_arg[low], kws[low], ovs[low], tpos[low])
         s.pruned += int(n_places[~keep].sum())
         kept = np.nonzero(keep)[0]
         batch, owners, n_places, zeros, kws, ovs, tpos = (batch.take(kept), [owners[i] for i in kept],
