@@ -7,13 +7,18 @@ process groups, as torch requires, and wait): 3 AdamW steps of 2 micro-batches w
 - traffic: the collectives recorded in step 1 equal traffic.stage_events (multiset, zero difference);
 - memory: parameter, gradient and optimizer bytes per rank measured on the executor's tensors equal the
   estimate's, and the peaks of gathered parameters and of fp32 unit gradient buffers equal the memory model's
-  (two consecutive units: comm.unit_totals).
+  (two consecutive units; tied embeddings: the held embedding unit plus two: comm.unit_totals).
+Modes none, 1D (+sp), 2D (kw=1: zero gradients until the last micro-batch), 2.5D (zero over dp x dep) and 3D
+(1x1x1: its layers over FSDP units; the 2x2x2 cube with dp=2 needs 16 ranks); tied embeddings (GPT-2 style) in
+none + HSDP, 2D and 2.5D. zero=2 in 2D / 2.5D / 3D runs the same unit reduce-scatters, held to the model by the
+closed-form and engine tests below (CI time).
 The closed forms per parameter (Rajbhandari et al. 2020 with fp32 gradients: 18, 6 + 12/d, 2 + 16/d, 18/d for
 bf16) and the engines' agreement are checked without ranks.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,16 +42,21 @@ from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
 SPEC = ModelSpec("zero", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
+TIED = replace(SPEC, name="zero-tied", tied_embeddings=True)  # GPT-2 style: the head is the embedding's transpose
 B, N_MICRO, STEPS, MAX_NORM, TOL = 4, 2, 3, 0.1, 1e-5
 ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}
-CASES = [  # (layout, recompute)
+CASES: list[tuple[Any, ...]] = [  # (layout, recompute[, tied embeddings])
     ("dp=4,zero=2", "none"),
     ("dp=4,zero=3", "none"),
     ("dp=4,shard=2,zero=3", "none"),
     ("dp=2,tp=1d:2,sp,zero=3", "none"),
-    ("dp=8,shard=4,zero=3", "selective"),
-    ("dp=2,tp=1d:4,zero=3", "full"),  # recomputed blocks find their unit gathered (fsdp.py)
-    ("dp=4,tp=1d:2,shard=2,zero=2", "none"),
+    ("dp=8,shard=4,zero=3", "selective", True),  # tied: the head reuses the held embedding unit (fsdp.py)
+    # 2D / 2.5D / 3D: FSDP units of the rank's parameter blocks, sharded over the mode's grad axes (2.5D: dp x dep);
+    # each linear then gathers its block over the tensor axes itself (layers/kept.py)
+    # kept blocks: zero gradients until the last micro-batch; recomputed blocks find their unit gathered (fsdp.py)
+    ("dp=2,tp=2d:2x2,zero=3,kw=1", "full", True),
+    ("tp=2.5d:2x2x2,zero=3", "none", True),  # the zero group is dep (dp=1)
+    ("dp=4,tp=3d:1x1x1,zero=3", "none"),  # 3D's layers over FSDP units (a 2x2x2 cube with dp=2: 16 ranks)
 ]
 
 
@@ -72,7 +82,8 @@ def _memory(model: torch.nn.Module, opt: Any) -> dict[str, int]:
     }
 
 
-def _case(rank: int, text: str, recompute: str) -> dict[str, Any]:
+def _case(rank: int, text: str, recompute: str, tied: bool = False) -> dict[str, Any]:
+    spec = TIED if tied else SPEC
     layout = parse_layout(text)
     if rank >= layout.world_size:
         Mesh(layout, 0)  # the same new_group calls as the case's ranks (every rank must make every group)
@@ -81,8 +92,8 @@ def _case(rank: int, text: str, recompute: str) -> dict[str, Any]:
     micro = _micro(layout, mesh.coord("dp"))
     every = [m for d in range(layout.dp) for m in _micro(layout, d)]
     tokens = layout.dp * B * N_MICRO * SPEC.seq_len
-    model = build_model(SPEC, mesh, seed=7, recompute=recompute)
-    ref = serial_reference(SPEC, seed=7, vocab=model.vocab)
+    model = build_model(spec, mesh, seed=7, recompute=recompute)
+    ref = serial_reference(spec, seed=7, vocab=model.vocab)
     opt = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, **ADAMW)
     ref_opt = torch.optim.AdamW(ref.parameters(), **ADAMW)
     errors: dict[str, float] = {}
@@ -120,18 +131,19 @@ def _training(layout: Layout, dtype: str = "fp32", recompute: str = "none") -> T
     return TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype=dtype, recompute=recompute)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[c[0] + ("-tied" if c[2:] else "") for c in CASES])
 def test_zero_matches_serial_traffic_and_memory(results, case: int) -> None:
-    text, rc = CASES[case]
+    text, rc, *tied = CASES[case]
+    spec = TIED if tied else SPEC
     layout = parse_layout(text).with_(micro_batch=B)
     training = _training(layout, recompute=rc)
-    predicted = stage_events(layout, dims_of(SPEC, training), B)
+    predicted = stage_events(layout, dims_of(spec, training), B)
     topo = load_topology("local-cpu", gpus=layout.world_size)
-    est = estimate(SPEC, training, layout, topo, with_events=False).memory
-    plain = estimate(SPEC, training, layout.with_(zero=0, shard=None), topo, with_events=False).memory
+    est = estimate(spec, training, layout, topo, with_events=False).memory
+    plain = estimate(spec, training, layout.with_(zero=0, shard=None), topo, with_events=False).memory
     one = np.array([1])
-    _, _, _, pair = unit_totals(dims_of(SPEC, training), layout.mode, layout_arrays(layout, B), one, one,
-                                np.array([layout.axis_size_of(layout.zero_axes)]))
+    _, _, _, pair, gathered = unit_totals(dims_of(spec, training), layout.mode, layout_arrays(layout, B), one, one,
+                                          np.array([layout.axis_size_of(layout.zero_axes)]))
     for rank in range(layout.world_size):
         r = results[rank][case]
         assert r["clipped"]
@@ -142,7 +154,7 @@ def test_zero_matches_serial_traffic_and_memory(results, case: int) -> None:
         m = r["memory"]
         assert (m["parameters"], m["gradients"], m["optimizer"]) == (est.parameters, est.gradients, est.optimizer)
         assert m["gradient_buffers"] == 4 * int(pair[0])  # two consecutive units' fp32 gradients
-        assert m["gathered_params"] == (4 * int(pair[0]) if layout.zero == 3 else 0)  # fp32 compute copy
+        assert m["gathered_params"] == (4 * int(gathered[0]) if layout.zero == 3 else 0)  # fp32 compute copy
         assert m["gradient_buffers"] + m["gathered_params"] == est.temporaries - plain.temporaries
 
 
@@ -183,30 +195,34 @@ def test_memory_per_parameter_for_each_runtimes_gradient_dtype(runtime: str) -> 
         assert (m.parameters + m.gradients + m.optimizer) / n == pytest.approx(want, rel=1e-6), (runtime, zero)
 
 
-ENGINE_LAYOUTS = [  # 20 layouts of zero=2/3 and HSDP, global batch 16, on DGX A100 nodes (8 GPUs each)
+ENGINE_LAYOUTS = [  # 24 layouts of zero=2/3 and HSDP, global batch 16, on DGX A100 nodes (8 GPUs each)
     "dp=4,zero=2,mb=2", "dp=8,zero=2,mb=1", "dp=16,zero=2,mb=1", "dp=2,zero=3,mb=8", "dp=4,zero=3,mb=4",
     "dp=8,zero=3,mb=1", "dp=16,zero=3,mb=1", "dp=8,zero=3,mb=1,rc=full", "dp=8,shard=4,zero=3,mb=1",
     "dp=16,shard=8,zero=3,mb=1", "dp=16,shard=4,zero=2,mb=1", "dp=8,shard=2,zero=2,mb=2",
     "dp=4,tp=1d:2,sp,zero=3,mb=2", "dp=4,tp=1d:2,zero=2,mb=4", "dp=2,tp=1d:4,zero=2,mb=4",
     "dp=2,tp=1d:8,sp,zero=3,mb=8", "dp=8,tp=1d:2,shard=4,zero=3,mb=1", "dp=4,tp=1d:4,sp,zero=3,mb=4",
     "dp=8,tp=1d:8,zero=3,mb=2", "dp=16,tp=1d:4,shard=8,zero=3,mb=1",
+    # 2D / 2.5D / 3D units of parameter blocks (4 more)
+    "dp=4,tp=2d:2x2,zero=3,mb=2", "dp=2,tp=2d:2x2,zero=2,kw=1,mb=2", "dp=2,tp=2.5d:2x2x2,zero=3,mb=2",
+    "dp=2,tp=3d:2x2x2,zero=3,mb=4",
 ]
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("text", ENGINE_LAYOUTS)
-def test_closed_form_sums_equal_the_event_list(text: str) -> None:
+def test_closed_form_sums_equal_the_event_list(text: str, tied: bool) -> None:
     """comm.py's vectorized entries (the search's path) count the calls and bytes of traffic.stage_events, the
-    list the executor is held to, per (kind, axes, dtype)."""
+    list the executor is held to, per (kind, axes, dtype); tied: no backward gather of the embedding unit."""
     from collections import Counter
 
     from paracube.cost_models.comm import comm_entries
 
     layout = parse_layout(text)
-    d = dims_of(SPEC, TrainingSpec(global_batch=16, recompute=layout.recompute or "none"))
+    d = dims_of(TIED if tied else SPEC, TrainingSpec(global_batch=16, recompute=layout.recompute or "none"))
     one = np.array([1])
     summed: Counter = Counter()
     for e in comm_entries(d, layout.mode, layout_arrays(layout, layout.micro_batch), one, one, layout.zero,
-                          shard=layout.shard):
+                          shard=layout.shard, kw=layout.keep_weights or 0):
         if e.count[0] > 0:
             summed[(e.kind, e.axes, e.dtype, "calls")] += int(e.count[0])
             summed[(e.kind, e.axes, e.dtype, "bytes")] += int(e.payload[0])
@@ -220,7 +236,7 @@ def test_closed_form_sums_equal_the_event_list(text: str) -> None:
 @pytest.mark.parametrize("text", ENGINE_LAYOUTS)
 def test_engines_agree_on_zero(text: str) -> None:
     """The analytic and event engines price zero=2/3 and HSDP alike (within 2%, the issue's bound) with the
-    same bytes; 20 layouts."""
+    same bytes; 24 layouts."""
     from paracube.cost_models.event import estimate_event
 
     spec = ModelSpec("mid", layers=4, hidden=1024, heads=16, ffn_hidden=4096, vocab=32000, seq_len=1024)
@@ -233,15 +249,50 @@ def test_engines_agree_on_zero(text: str) -> None:
     assert e.comm_bytes_per_gpu == pytest.approx(a.comm_bytes_per_gpu, rel=1e-9)
 
 
+@pytest.mark.parametrize("text", ["dp=8,zero=3,mb=1", "dp=4,tp=2d:2x2,zero=3,mb=2", "dp=2,tp=2.5d:2x2x2,zero=3,mb=2",
+                                  "dp=2,tp=3d:2x2x2,zero=3,mb=4"])
+def test_engines_agree_on_tied_zero3(text: str) -> None:
+    """Tied embeddings at zero=3 (the embedding unit held for the head: no backward gather of it): the two engines
+    agree within 2% with the same bytes, as untied."""
+    from paracube.cost_models.event import estimate_event
+
+    spec = ModelSpec("mid-tied", layers=4, hidden=1024, heads=16, ffn_hidden=4096, vocab=32000, seq_len=1024,
+                     tied_embeddings=True)
+    layout = parse_layout(text)
+    training = TrainingSpec(global_batch=16, dtype="bf16")
+    topo = load_topology("dgx-a100", gpus=layout.world_size)
+    a = estimate(spec, training, layout, topo, with_events=False)
+    e = estimate_event(spec, training, layout, topo)
+    assert e.step_time_s == pytest.approx(a.step_time_s, rel=0.02), (a.step_time_s, e.step_time_s)
+    assert e.comm_bytes_per_gpu == pytest.approx(a.comm_bytes_per_gpu, rel=1e-9)
+
+
 @pytest.mark.parametrize("text,why", [
-    ("dp=2,tp=2d:2x2,zero=3", "zero=3 with tensor mode '2d' is not implemented"),
     ("dp=2,pp=2,zero=2", "zero=2 with pp=2"),
+    ("dp=2,pp=2,tp=2d:2x2,zero=3", "zero=3 with pp=2"),
     ("dp=4,shard=2,zero=1", "shard=2 (hybrid sharding) runs with zero=2 or 3"),
 ])
 def test_zero_a_mode_cannot_run_is_refused_in_one_line(text: str, why: str) -> None:
     with pytest.raises(ParacubeError) as err:
         check_divisibility(SPEC, parse_layout(text), B, 8 * B, SPEC.seq_len)
     assert why in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["none", "1d", "2d", "2.5d", "3d"])
+def test_every_mode_runs_zero2_and_zero3_tied_or_untied_at_pp1(mode: str) -> None:
+    """modes.executor_runs and the preflight (executor/sizes.py) accept zero=2/3 in every mode the executor runs,
+    tied or not, without pipelines; with pp=2 the preflight refuses in one line before any rank starts."""
+    from paracube.modes import executor_runs
+
+    shape = {"none": "", "1d": ",tp=1d:2", "2d": ",tp=2d:2x2", "2.5d": ",tp=2.5d:2x2x2", "3d": ",tp=3d:2x2x2"}[mode]
+    for zero in (2, 3):
+        for spec in (SPEC, TIED):
+            assert executor_runs(mode, 1, zero=zero, tied_embeddings=spec.tied_embeddings)
+            assert not executor_runs(mode, 2, zero=zero, tied_embeddings=spec.tied_embeddings)
+            check_divisibility(spec, parse_layout(f"dp=2,zero={zero}{shape}"), B, 2 * B, spec.seq_len)
+            with pytest.raises(ParacubeError, match=f"zero={zero} with pp=2") as err:
+                check_divisibility(spec, parse_layout(f"dp=2,pp=2,zero={zero}{shape}"), B, 2 * B, spec.seq_len)
+            assert "\n" not in str(err.value)
 
 
 # --- a rank killed inside a zero=3 gather -----------------------------------------------------------------------

@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from paracube.cost_models.collective import calibrated_link, fastest_time, latency_factor
-from paracube.cost_models.comm import Entry, StepTraffic, axes_used, stage_layers_params
+from paracube.cost_models.comm import Entry, StepTraffic, axes_used, memory_units, stage_layers_params
 from paracube.cost_models.compute import (
     GemmModel,
     fp8_step_time,
@@ -252,7 +252,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
         shards = traffic.group_size(traffic.zero_axes)
-        units = [traffic.units(*_flags(s, b.pp))[1::2] if np.any(np.asarray(zero) >= 2) else None
+        units = [memory_units(traffic.units(*_flags(s, b.pp))) if np.any(np.asarray(zero) >= 2) else None
                  for s in ("first", "last")]
         mems = [with_zero(m, shards, zero, u, d.grad_bytes) for m, u in zip(mems, units, strict=True)]
     tot = np.stack([total(m) for m in mems])

@@ -54,7 +54,8 @@ Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
 SOURCES = ("layer_fwd", "layer_bwd", "embedding", "head")
 
-__all__ = ["Entry", "StepTraffic", "axes_used", "comm_entries", "stage_layers_params", "unit_totals"]
+__all__ = ["Entry", "StepTraffic", "axes_used", "comm_entries", "memory_units", "stage_layers_params",
+           "unit_totals"]
 
 
 @dataclass
@@ -171,11 +172,12 @@ class StepTraffic:
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
             out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag))
         if self.zero >= 2:  # per micro-batch: unit reduce-scatters; zero=3 gathers (traffic._zero_micro_batch)
-            units, padded, last_unit, _ = self.units(first, last)
+            units, padded, held, _, _ = self.units(first, last)
+            once = 1 + int(d.tied) * first * last  # units gathered once per micro-batch (unit_totals)
             out.append(self._entry("reduce_scatter", self.zero_axes, F32, N * units, N * 4 * padded))
             if self.zero == 3:
-                out.append(self._entry("all_gather", self.zero_axes, d.dtype, N * (2 * units - 1),
-                                       N * d.c * (2 * padded - last_unit)))
+                out.append(self._entry("all_gather", self.zero_axes, d.dtype, N * (2 * units - once),
+                                       N * d.c * (2 * padded - held)))
         sends = N * (2 * b.v - first - last)
         shard = d.c * self.sizes.T * d.h // self.mode.act_split(b.t, b.sp)
         out.append(self._entry("send", ("pp",), d.dtype, sends, sends * shard,
@@ -198,7 +200,7 @@ class StepTraffic:
             out.append(self._entry("all_gather", self.data_axes, F32, count, padded_grads, per_step=True))
             dp = cp_after_dp(("dp",), self.d.cp)
         elif self.zero >= 2:  # per step: HSDP's replica all_reduce; zero=2's parameter all_gather (fp32)
-            units, padded, _, _ = self.units(first, last)
+            units, padded, _, _, _ = self.units(first, last)
             shards = self.group_size(self.zero_axes)
             out.append(self._entry("all_reduce", ("dp_replicate",), F32, units * one, 4 * padded // shards,
                                    per_step=True))
@@ -245,7 +247,7 @@ class StepTraffic:
         out = per[inverse.reshape(-1)]
         return out[:, 0], out[:, 1], out[:, 2]
 
-    def units(self, first: Arr, last: Arr) -> tuple[Arr, Arr, Arr, Arr]:
+    def units(self, first: Arr, last: Arr) -> tuple[Arr, Arr, Arr, Arr, Arr]:
         """zero=2/3, per layout: FSDP units, their summed padded length, the last unit's, and the largest
         sum of two consecutive units (unit_totals)."""
         return unit_totals(self.d, self.mode.name, self.b, first, last, self.group_size(self.zero_axes))
@@ -276,13 +278,22 @@ def _unit_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, l
                  n: int) -> tuple[int, int, int, int]:
     padded = [padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last)]
     pairs = [a + b for a, b in zip(padded, padded[1:], strict=False)] or padded
-    return len(padded), sum(padded), padded[-1], max(pairs)
+    if not (d.tied and first and last):
+        return len(padded), sum(padded), padded[-1], max(pairs), max(pairs)
+    # Tied embeddings on one stage: the embedding unit stays gathered from its forward to its backward (the head
+    # reuses the table, data_parallel/fsdp.py): gathered once per micro-batch, held next to the other units' pair.
+    rest = [a + b for a, b in zip(padded[1:], padded[2:], strict=False)] or padded[1:] or [0]
+    return len(padded), sum(padded), padded[-1] + padded[0], max(pairs), padded[0] + max(rest)
 
 
-def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, n: Arr) -> tuple[Arr, Arr, Arr, Arr]:
+def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr,
+                n: Arr) -> tuple[Arr, Arr, Arr, Arr, Arr]:
     """Per layout (zero=2/3, modes/buckets.plan_units): the stage's FSDP units, the sum of their lengths padded
-    to a multiple of the zero group's n ranks, the last unit's padded length and the largest sum of two
-    consecutive padded units (what is gathered at once: data_parallel/fsdp.py). Keyed by the stage's shape."""
+    to a multiple of the zero group's n ranks, the padded length of the units zero=3 gathers once per micro-batch
+    (the last; tied embeddings on the stage: the embedding too), the largest sum of two consecutive padded units
+    (the fp32 gradient buffers live at once: data_parallel/sharded.py) and the most gathered at once
+    (data_parallel/fsdp.py: that pair; tied: the embedding plus the largest pair of the others). Keyed by the
+    stage's shape."""
     cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
             for x in (b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last, n)]
     rows = np.stack(cols, axis=1)
@@ -290,7 +301,12 @@ def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, n: Ar
     per = np.array([_unit_totals(mode, d, *(int(x) for x in k[:3]), bool(k[3]), bool(k[4]), int(k[5]))
                     for k in keys], dtype=np.int64)
     out = per[inverse.reshape(-1)]
-    return out[:, 0], out[:, 1], out[:, 2], out[:, 3]
+    return out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4]
+
+
+def memory_units(totals: tuple[Arr, ...]) -> tuple[Arr, Arr, Arr]:
+    """unit_totals' (summed, gradient-buffer pair, gathered at once): what memory.with_zero reads."""
+    return totals[1], totals[3], totals[4]
 
 
 def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero: int = 0,

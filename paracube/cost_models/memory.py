@@ -178,7 +178,7 @@ def zero_shards(mode: str, b: LayoutBatch, cp: int = 1) -> Arr:
 
 
 def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
-              units: tuple[Arr, Arr] | None = None, grad_bytes: int = 4) -> dict[str, Arr]:
+              units: tuple[Arr, ...] | None = None, grad_bytes: int = 4) -> dict[str, Arr]:
     """Memory parts with the zero stage `zero` (per layout, or one int for all) over `shards` ranks
     (zero_shards: dp, 2.5D dp x depth; HSDP: the shard group), from the zero=0 parts `mem` (c bytes per
     parameter, fp32 gradients, Adam + fp32 masters for 16-bit: Rajbhandari et al. 2020 with fp32 gradients):
@@ -188,7 +188,8 @@ def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
       the largest sum of two consecutive ones; comm.unit_totals): gradients 4 P / shards and optimizer
       12 P / shards, plus two fp32 unit gradient buffers 4 Q (the one being reduce-scattered, the one filling)
       in temporaries: 16-bit 2 + 16 / d bytes per parameter;
-    - zero=3: parameters c P / shards too, plus two gathered units c Q: 18 / d (fp32: 16 / d).
+    - zero=3: parameters c P / shards too, plus the gathered units c G (`units`' third, default Q: two; tied
+      embeddings on the stage: the embedding unit plus two others, comm.unit_totals): 18 / d (fp32: 16 / d).
     (executor/data_parallel/sharded.py, fsdp.py; the tests measure these bytes on the executor's tensors.)
     `grad_bytes` (Dims.grad_bytes, the runtime's gradient dtype): 4 above; 2 for a stack keeping 16-bit
     gradients (DeepSpeed's ZeRO: the paper's 16, 4 + 12/d, 2 + 14/d, 16/d bytes per parameter)."""
@@ -198,11 +199,11 @@ def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
     out = {**mem, "optimizer": np.where(z == 1, sharded_bytes, mem["optimizer"])}
     if units is None or not np.any(z >= 2):
         return out
-    P, Q = (np.asarray(u, dtype=float) for u in units)
+    P, Q, G = (np.asarray(u, dtype=float) for u in (*units, units[-1])[:3])  # G: gathered at once (default Q)
     c = mem["parameters"] / np.maximum(n_local, 1)
     per = P / np.asarray(shards, dtype=float)
     out["gradients"] = np.where(z >= 2, grad_bytes * per, out["gradients"])
     out["optimizer"] = np.where(z >= 2, 12 * per, out["optimizer"])
     out["parameters"] = np.where(z == 3, c * per, out["parameters"])
-    out["temporaries"] = out["temporaries"] + np.where(z >= 2, grad_bytes * Q, 0.0) + np.where(z == 3, c * Q, 0.0)
+    out["temporaries"] = out["temporaries"] + np.where(z >= 2, grad_bytes * Q, 0.0) + np.where(z == 3, c * G, 0.0)
     return out

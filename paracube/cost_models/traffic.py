@@ -136,7 +136,8 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[i
 def _zero_micro_batch(log: _Log, first: bool, last: bool, layers: int) -> None:
     """zero=2/3, per micro-batch (executor/data_parallel/sharded.py): zero=3 all-gathers every unit's
     parameters (compute dtype) before its forward and, all but the last unit (kept: torchtitan's
-    reshard_after_forward=False for it), again before its backward; every unit's fp32 gradient is
+    reshard_after_forward=False for it; with tied embeddings on the stage the embedding unit too: the head
+    reads its table), again before its backward; every unit's fp32 gradient is
     reduce-scattered over the zero group once its backward has produced it."""
     layout, d = log.layout, log.d
     units = zero_unit_numels(layout, d, layers, first, last)
@@ -145,7 +146,8 @@ def _zero_micro_batch(log: _Log, first: bool, last: bool, layers: int) -> None:
     if layout.zero == 3:
         for n, (fwd, _) in zip(units, names, strict=True):
             log.add("all_gather", axes, d.c * n, d.dtype, "fwd", f"{fwd}.gather")
-        for n, (_, bwd) in list(zip(units, names, strict=True))[:-1]:  # the last unit stays gathered
+        held = 1 if d.tied and first and last else 0  # tied: the head reuses the gathered embedding (fsdp.py)
+        for n, (_, bwd) in list(zip(units, names, strict=True))[held:-1]:  # the last unit stays gathered
             log.add("all_gather", axes, d.c * n, d.dtype, "bwd", f"{bwd}.gather")
     for n, (fwd, _) in zip(units, names, strict=True):
         log.add("reduce_scatter", axes, 4 * n, F32, "bwd", f"{fwd}.rs")

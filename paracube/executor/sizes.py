@@ -43,15 +43,12 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         raise ParacubeError(f"tpo in tp={mode} overlaps sequence-parallel collectives: add sp ({layout},sp) or drop "
                             "tpo")
     if layout.zero not in support.zero_stages:
-        why = (" (its layers gather weight blocks themselves: executor/layers/kept.py)" if layout.zero >= 2 else "")
+        why = " (its parameters are not FSDP units: executor/data_parallel/sharded.py)" if layout.zero >= 2 else ""
         raise ParacubeError(f"zero={layout.zero} with tensor mode {mode!r} is not implemented by the executor{why}; "
                             f"valid there: zero={', '.join(map(str, support.zero_stages))} (in {layout})")
     if layout.zero >= 2 and layout.pp > 1:
         raise ParacubeError(f"zero={layout.zero} with pp={layout.pp}: the executor shards gradients / parameters "
                             f"without pipelines only; use pp=1 or zero=1 in {layout}")
-    if layout.zero >= 2 and spec.tied_embeddings:
-        raise ParacubeError(f"zero={layout.zero} with tied embeddings: the head would re-gather the embedding's "
-                            f"shard; untie them or use zero=0/1 in {layout}")
     if layout.hybrid and layout.zero < 2:
         raise ParacubeError(f"shard={layout.shard} (hybrid sharding) runs with zero=2 or 3 in the executor; "
                             f"use zero=2/3 or drop shard= in {layout}")

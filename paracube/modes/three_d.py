@@ -105,7 +105,7 @@ class ThreeD(TensorMode):
     paper = "Bian et al. 2021 (3D)"
     collective_axes = (("x",), ("y",), ("z",), ("x", "z"), ("x", "y"))
     mesh_groups = (("x", "y"), ("x", "z"))  # planes: LayerNorm / embedding (x, y); linear biases (W, O)
-    executor = ExecutorSupport("paracube.executor.layers.three_d:Mode3D", pipeline=True, zero_stages=(0, 1),
+    executor = ExecutorSupport("paracube.executor.layers.three_d:Mode3D", pipeline=True, zero_stages=(0, 1, 2, 3),
                                tpo=True)
     ops_layer, ops_edge = 323, 175
     replicates_activations = False

@@ -137,7 +137,8 @@ class TwoD(TensorMode):
     keeps_weights = True
     paper = "Optimus (Xu et al. 2021), SUMMA"
     collective_axes = (ROW, COL)
-    executor = ExecutorSupport("paracube.executor.layers.two_d:Mode2D", pipeline=True, zero_stages=(0, 1), tpo=True)
+    executor = ExecutorSupport("paracube.executor.layers.two_d:Mode2D", pipeline=True, zero_stages=(0, 1, 2, 3),
+                               tpo=True)
     ops_layer, ops_edge = 287, 162
     replicates_activations = False
     token_axes = attention_token_axes = ROW

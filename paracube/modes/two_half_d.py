@@ -25,7 +25,7 @@ class TwoHalfD(TwoD):
     no_shape = ("2.5d needs q x q x d tensor ranks (q, d >= 2: 8, 16, 18, ...) dividing the GPU count: "
                 "{n} has none")
     grad_axes = ("dp", "dep")
-    executor = ExecutorSupport("paracube.executor.layers.two_half_d:Mode25D", pipeline=True, zero_stages=(0, 1),
+    executor = ExecutorSupport("paracube.executor.layers.two_half_d:Mode25D", pipeline=True, zero_stages=(0, 1, 2, 3),
                                tpo=True)
     ops_layer, ops_edge = TwoD.ops_layer, TwoD.ops_edge + 1  # 2D's layers, plus the depth slice of the ids
     dispatches_like = TwoD.name  # calibration's step probes do not run 2.5D: it borrows 2D's per-op cost

@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from paracube.cost_models.comm import unit_totals
+from paracube.cost_models.comm import memory_units, unit_totals
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
 from paracube.cost_models.validity import first_violation, rules
 from paracube.modes import MODES, LayoutBatch
@@ -42,7 +42,8 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     shards = zero_shards(mode, sub, s.d.cp)  # ranks zero shards the optimizer over (2.5D: dp x depth; dp x cp)
     ones = np.ones_like(sub.dp)
     flags = [(ones, np.where(sub.pp == 1, 1, 0)), (np.where(sub.pp == 1, 1, 0), ones)]  # (first, last) of mems
-    units = [unit_totals(s.d, mode, sub, f, h, shards)[1::2] for f, h in flags] if max(zeros) >= 2 else [None] * 2
+    units = ([memory_units(unit_totals(s.d, mode, sub, f, h, shards)) for f, h in flags] if max(zeros) >= 2
+             else [None] * 2)
 
     def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
         return np.maximum(*(total(with_zero(m, shards, z, u, s.d.grad_bytes)) for m, u in zip(ms, units, strict=True)))

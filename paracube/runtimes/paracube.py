@@ -33,7 +33,7 @@ def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> 
         return f"its executor does not run tp={mode}; valid: tp={'/'.join(runnable_modes())}"
     runs = [f"families {'/'.join(support.families)}", "pipelines" if support.pipeline else "pp=1 only",
             "sp" if support.sequence_parallel else "no sp",
-            f"zero={'/'.join(map(str, support.zero_stages))} (zero=2/3 at pp=1, untied)"]
+            f"zero={'/'.join(map(str, support.zero_stages))} (zero=2/3 at pp=1)"]
     if not MODES[mode].ties_embeddings:
         runs.append("untied embeddings only")
     return f"its executor runs tp={mode} with {', '.join(runs)}"

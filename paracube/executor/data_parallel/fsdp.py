@@ -14,6 +14,12 @@ Hooks (explicit, on the model's modules; nothing is patched):
 - ShardedSync.done_backward: once a unit's gradients are issued, reshard it.
 A forward that runs inside backward (full recomputation) finds its unit gathered and neither reshards nor
 prefetches. At most two units are gathered at a time: a prefetch waits until a unit is resharded.
+Tied embeddings (the embedding and the head on this rank): the head reads the embedding's table, so the
+embedding unit is held gathered from its forward to its backward (not resharded by the next unit's forward,
+not gathered again before its backward; torchtitan / FSDP2 put a tied table in one unit with its user likewise)
+and not counted in the two: it is gathered once per micro-batch, and its gradient (head + lookup) reaches the
+table once, summed by autograd, before the unit is reduce-scattered (sharded.py). Priced alike: traffic.py
+(no backward gather of the embedding), comm.unit_totals (gathered at once: the embedding plus a pair).
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ class ParamUnits:
         self.want: int | None = None  # a prefetch waiting for room
         self.in_backward = False
         self.live_bytes = self.peak_bytes = 0
+        spec = getattr(model, "spec", None)
+        tied = bool(spec is not None and spec.tied_embeddings and "embedding" in self.index and "final" in self.index)
+        self.held = {self.index["embedding"]} if tied else set()  # gathered from forward to backward
         self.flats: list[Tensor] = []
         self.shards: list[Tensor] = []
         with torch.no_grad():
@@ -88,7 +97,7 @@ class ParamUnits:
     def before_forward(self, k: int) -> None:
         if k == 0:  # a micro-batch's forward starts (the embedding is never recomputed in backward)
             self.in_backward = False
-        if not self.in_backward and k > 0:
+        if not self.in_backward and k > 0 and k - 1 not in self.held:
             self._reshard(k - 1)  # the previous unit's forward is over (its output may alias it: pos_emb)
         self._gather(k)
         self._wait(k)
@@ -124,7 +133,8 @@ class ParamUnits:
         if self.state[k] != "sharded":
             self.want = None
             return
-        if sum(s in ("gathering", "gathered") for s in self.state) < MAX_GATHERED:
+        live = sum(s in ("gathering", "gathered") for j, s in enumerate(self.state) if j not in self.held)
+        if live < MAX_GATHERED:
             self.want = None
             self._gather(k)
 

@@ -23,6 +23,14 @@ ranks); the rank with index k in the zero group (Layout.zero_axes: dp, or dp_sha
 - HSDP (`shard=N`, N < dp): the zero group is N consecutive dp ranks (dp_shard); after the last micro-batch
   each gradient shard is all-reduced over dp_replicate (once per step: FSDP2's set_requires_all_reduce(False)
   on the other micro-batches); the shard group's state is replicated across the dp / N groups.
+Tensor modes: a rank's parameters are its blocks of the mode's layout (1D's column / row shards; 2D / 2.5D / 3D's
+weight blocks, which each linear all-gathers over the tensor axes itself, layers/kept.py). The units shard
+those blocks as they are, over the mode's grad axes (Layout.zero_axes: dp; 2.5D dp x dep, the ranks holding
+replicas of the same blocks): zero=3's gather over dp restores the rank's block, the layer's own gather
+then runs unchanged, and its reduce-scatter over the tensor axes leaves the block's gradient, which the
+unit reduce-scatters over dp. Kept weights (kw=1) return zero gradients until the last micro-batch (kept.py),
+so a unit is still complete in every backward. Tied embeddings: fsdp.py holds the embedding unit gathered
+from its forward to its backward (the head reads the table).
 Memory per parameter (bf16 compute copy, fp32 gradients and master, Adam), cost_models/memory.py:
 zero=2 2 + 16/n, zero=3 18/n, plus the gathered units (zero=3: the largest pair of consecutive units in
 the compute dtype) and the fp32 gradient buffers (the largest pair of consecutive units).
@@ -104,6 +112,9 @@ class ShardedSync:
             for i, p in enumerate(u.params):
                 self.where[p] = (u, i)
                 p.register_post_accumulate_grad_hook(self._on_grad)
+        kept = getattr(getattr(model, "mode", None), "kept", None)  # kw=1 (layers/kept.py)
+        if kept is not None:  # a unit is issued once all its parameters have a gradient: every micro-batch
+            kept.every_backward = True
         self.active, self.next = False, 0
         self.inflight: Unit | None = None
         self.live_grad_bytes = self.peak_grad_bytes = 0
@@ -116,7 +127,7 @@ class ShardedSync:
     def start(self, overlap: bool, micro_batches: int = 0) -> None:
         """Before the step's first backward: empty gradient shards, nothing in flight. `overlap` and
         `micro_batches` (GradSync's signature) change nothing: units are always reduced as backward completes
-        them, and zero=2/3 run without pipelines."""
+        them, and zero=2/3 run without pipelines (executor/sizes.py refuses pp > 1)."""
         self.active, self.next, self.inflight = True, 0, None
         for u in self.buckets:
             u.shard.zero_()

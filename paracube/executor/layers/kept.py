@@ -11,6 +11,10 @@ a step (`KeptWeights.begin_step(n)` .. `end_step()`):
   parameter's .grad: one reduce_scatter per weight per step, in the last micro-batch's backward (so the
   data-parallel buckets still see every gradient arrive there, grad_sync.py). The gathered tensors are
   released at end_step.
+  With zero >= 2 (`every_backward`, set by data_parallel/sharded.py) the earlier backwards return a zero
+  gradient instead of none: the FSDP unit of the weight is reduce-scattered over the zero group in every
+  micro-batch's backward, once each of its parameters has a gradient (the unit's sum over the step is the
+  same: zeros, then the reduce-scattered total in the last one; the bytes are the unit's, priced per micro-batch).
 Model: the `kept` collectives of paracube/modes (cost_models/traffic.py, comm.py; memory: memory.kept_bytes).
 """
 
@@ -42,6 +46,7 @@ class KeptWeights:
         self.enabled = enabled
         self.micro_batches = 0  # > 0 inside a train step
         self.entries: dict[tuple[int, str], _Kept] = {}
+        self.every_backward = False  # zero >= 2: a (zero) gradient in every backward (module docstring)
 
     @property
     def active(self) -> bool:
@@ -64,6 +69,7 @@ class _KeptGather(torch.autograd.Function):
     def forward(ctx: Any, t: Tensor, mesh: Mesh, axes: Axes, dim: int, label: str, kept: KeptWeights | None,
                 key: tuple[int, str]) -> Tensor:
         ctx.args = (mesh, axes, dim, label, kept if kept is not None and kept.active else None, key)
+        ctx.shard = (t.shape, t.dtype, t.device)
         if ctx.args[4] is None:
             return all_gather(t, mesh, axes, dim, label=label)
         entry = kept.entries.get(key)  # type: ignore[union-attr]
@@ -81,6 +87,9 @@ class _KeptGather(torch.autograd.Function):
         entry.grad = grad.to(torch.float32, copy=True) if entry.grad is None else entry.grad.add_(grad)
         entry.backwards += 1
         if entry.backwards < kept.micro_batches:
+            if kept.every_backward:
+                shape, dtype, device = ctx.shard
+                return (torch.zeros(shape, dtype=dtype, device=device), *none)
             return (None, *none)
         # Kept until end_step: full recomputation may re-run this forward after this backward (a bias's
         # gradient needs no saved tensor, so it can come before the block is recomputed).
