@@ -16,8 +16,8 @@ search would enumerate is estimated from the structures alone (per structure: mi
 x sp x axis orders x recomputations; the distinct placements are at most the orders of the axes of size > 1;
 zero=2/3 rows, counted once more per stage that fits, are left out: within ~6% of
 `SearchResult.enumerated`, tests/test_search_config.py). A search above MAX_LAYOUTS layouts or MAX_GPUS ranks is
-refused in one line naming the size, instead of swapping: at the goal of 1M layouts/s, MAX_LAYOUTS is about a minute of scoring, and a
-topology graph of MAX_GPUS ranks (networkx, ~1 KiB per node and link) is what fits this machine's memory with
+refused in one line naming the size, instead of swapping: at the goal of 1M layouts/s, MAX_LAYOUTS is about a
+minute of scoring, and a topology graph of MAX_GPUS ranks (networkx, ~1 KiB per node and link) is what fits this machine's memory with
 the search's arrays.
 """
 
