@@ -17,8 +17,8 @@ x sp x axis orders x recomputations; the distinct placements are at most the ord
 zero=2/3 rows, counted once more per stage that fits, are left out: within ~6% of
 `SearchResult.enumerated`, tests/test_search_config.py). A search above MAX_LAYOUTS layouts or MAX_GPUS ranks is
 refused in one line naming the size, instead of swapping: at the goal of 1M layouts/s, MAX_LAYOUTS is about a
-minute of scoring, and a topology graph of MAX_GPUS ranks (networkx, ~1 KiB per node and link) is what fits this machine's memory with
-the search's arrays.
+minute of scoring, and a topology graph of MAX_GPUS ranks (networkx, ~1 KiB per node and link) is what fits this
+machine's memory with the search's arrays.
 """
 
 from __future__ import annotations
