@@ -26,7 +26,7 @@ from paracube.cost_models.traffic import local_parameter_sizes, stage_events
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES
-from paracube.modes.buckets import BUCKET_BYTES, bucket_numels
+from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
 from paracube.modes.stages import stage_chunks
 from paracube.moe_spec import MoESpec
 
@@ -117,25 +117,38 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
                                 f"layers.{i}.moe.aux_counts")
             extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.combine")
             extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.dispatch")
-    step: list[CommEvent] = []  # after the dense buckets, before the grad norm (grad_sync.py, training/step.py)
-    for n in bucket_numels(_dense_sizes(layout, d, moe, stage, layers), bucket_bytes) if layout.zero == 0 else []:
-        step += ev("all_reduce", tuple(layout.data_axes), 4 * n, "float32", "grad_sync", "gradients")
+    # The buckets (grad_sync.py): dense without the experts over the data axes, then the experts' over their group;
+    # zero=0 all-reduced (the experts' squared norm then summed over ep), zero=1 reduce-scattered (padded to the
+    # group) and, after the optimizer step, all-gathered (training/step.py sums the experts' shards in the norm
+    # over (pp, dp, tp): every expert element once, the stage's ranks being edp x ep).
     local = E // ep
-    for n in bucket_numels([local * d.h * 2 * moe.expert_ffn, local * moe.expert_ffn * d.h] * len(layers),
-                           bucket_bytes):
-        step += ev("all_reduce", expert_axes(layout), 4 * n, "float32", "grad_sync", "gradients.experts")
-    step += ev("all_reduce", ("ep",), 4, "float32", "optimizer", "grad_norm.experts")
+    groups = [(tuple(layout.data_axes), bucket_numels(_dense_sizes(layout, d, moe, stage, layers), bucket_bytes),
+               "gradients"),
+              (expert_axes(layout), bucket_numels([local * d.h * 2 * moe.expert_ffn, local * moe.expert_ffn * d.h]
+                                                  * len(layers), bucket_bytes), "gradients.experts")]
+    step: list[CommEvent] = []  # after the dense buckets, before the grad norm (grad_sync.py, training/step.py)
+    gathers: list[CommEvent] = []
+    for axes, numels, label in groups:
+        shards = _group(layout, axes)
+        for n in numels:
+            if layout.zero == 1:
+                step += ev("reduce_scatter", axes, 4 * padded_numel(n, shards), "float32", "grad_sync", label)
+                gathers += ev("all_gather", axes, 4 * padded_numel(n, shards), "float32", "optimizer", "params")
+            else:
+                step += ev("all_reduce", axes, 4 * n, "float32", "grad_sync", label)
+    if layout.zero == 0:
+        step += ev("all_reduce", ("ep",), 4, "float32", "optimizer", "grad_norm.experts")
     router = len(layers) * d.h * (E + (1 if moe.shared_gate else 0))  # replicated over tp, summed with sp
     out: list[CommEvent] = []
     for e in events:
-        if e.label == "gradients" and layout.zero == 0:
-            continue  # the dense buckets without the experts: `step`
+        if e.label in ("gradients", "params"):
+            continue  # the dense buckets without the experts: `step`, `gathers`
         if e.label == "sequence_parallel_params":
             e = replace(e, payload_bytes=e.payload_bytes + 4 * router)
         if step and e.phase in ("optimizer", "metrics"):
             out, step = out + step, []
         out.append(e)
-    return out + step + extra
+    return out + step + gathers + extra
 
 
 def with_routing(events: list[CommEvent], sent: list[tuple[int, int]]) -> list[CommEvent]:
