@@ -75,20 +75,28 @@ class DistributedAdamW(torch.optim.AdamW):
         self.masters: list[Tensor] = []
         self.masks: list[Tensor] = []  # 1 where this rank counts the element in the global norm
         for b in sync.buckets:  # each bucket sharded over its own group (b.axes: dense data axes; experts edp)
-            lo, hi = b.k * b.shard_numel, (b.k + 1) * b.shard_numel
+            lo, hi = self._k(b) * b.shard_numel, (self._k(b) + 1) * b.shard_numel
             flat = torch.zeros(b.length, dtype=torch.float32, device=b.shard.device)
             mask = torch.zeros(b.length, dtype=torch.float32, device=b.shard.device)
             for i, p in enumerate(b.params):
                 o = b.offsets[i]
                 flat[o:o + p.numel()] = p.detach().reshape(-1).float()
                 spec = specs[p]
-                leader = all(sync.mesh.coord(a) == 0 for a in spec.replicated_axes if a not in b.axes)
+                leader = all(sync.mesh.coord(a) == 0 for a in spec.replicated_axes if a not in self._axes(b))
                 mask[o:o + p.numel()] = float(leader and not any(p is u for u in uncounted))
             self.masters.append(flat[lo:hi].clone())
             self.masks.append(mask[lo:hi].clone())
         super().__init__(self.masters, **adamw)
         self.prefetch: ParamGather | None = None  # zero=1 with the gathers overlapped (overlap_gathers)
         self.overlapped = False
+
+    def _k(self, b: Any) -> int:
+        """This rank's shard index in bucket b's group: its own (GradSync buckets; MoE experts: over edp), else
+        the sync's (zero=2/3 units)."""
+        return int(b.k) if hasattr(b, "k") else self.sync.shard_index()
+
+    def _axes(self, b: Any) -> tuple[str, ...]:
+        return getattr(b, "axes", None) or self.sync.axes
 
     def grad_norm_sq(self) -> Tensor:
         """This rank's share of the squared global gradient norm (before the all_reduce)."""
@@ -111,7 +119,7 @@ class DistributedAdamW(torch.optim.AdamW):
         start = 0
         for p in params:
             b, i = where[p]
-            o, lo = b.offsets[i], b.k * b.shard_numel
+            o, lo = b.offsets[i], self._k(b) * b.shard_numel
             a, c = max(lo, o), min(lo + b.shard_numel, o + p.numel())
             if a < c:
                 piece = b.shard[a - lo:c - lo]
@@ -155,7 +163,7 @@ class DistributedAdamW(torch.optim.AdamW):
     def _gather(self, master: Tensor, b: Bucket) -> None:
         """All-gather the updated fp32 shard over the shard group into the bucket's parameters (cast to their
         dtype)."""
-        axes = b.axes
+        axes = self._axes(b)
         full = finish_gather(*start_gather(master, self.sync.mesh, axes, "params"), self.sync.mesh, axes)
         copy_into_params(b, full)
 
@@ -170,9 +178,9 @@ class DistributedAdamW(torch.optim.AdamW):
             if not s:
                 continue
             names = ("exp_avg", "exp_avg_sq")
-            full = {m: self._all_gather(s[m], b.axes) for m in names}
+            full = {m: self._all_gather(s[m], self._axes(b)) for m in names}
             if b.params[0].dtype != torch.float32:  # the fp32 masters are not the parameters: save them too
-                full["master"] = self._all_gather(master, b.axes)
+                full["master"] = self._all_gather(master, self._axes(b))
             for i, p in enumerate(b.params):
                 o = b.offsets[i]
                 state[p] = {"step": s["step"].clone(),
@@ -188,7 +196,7 @@ class DistributedAdamW(torch.optim.AdamW):
         """This rank's shard of the moments in `view` (filled by checkpoint.load_checkpoint) and the fp32
         masters from the (already loaded) parameters."""
         for master, b in zip(self.masters, self.sync.buckets, strict=True):
-            lo, hi = b.k * b.shard_numel, (b.k + 1) * b.shard_numel
+            lo, hi = self._k(b) * b.shard_numel, (self._k(b) + 1) * b.shard_numel
             flat = {m: torch.zeros(b.length, dtype=torch.float32, device=master.device)
                     for m in ("param", "exp_avg", "exp_avg_sq")}
             step = None
