@@ -12,7 +12,7 @@ default: on gloo CPU ranks the ring's p2p steps are not measured faster than one
 Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delayed scaling, executor/layers/fp8.py)
 in none and 1D, not with tpo (the ring GEMM chunks run in the compute dtype). MoE blocks (executor/model/moe.py)
 with expert parallelism folded over each stage's dp x tp ranks, in the modes, zero stages and layouts
-modes/experts.executor_refusal allows (none, 1D with sp; zero=0; etp=1; cp=1); no MLA yet.
+modes/experts.executor_refusal allows (none, 1D with sp; zero=0/1; etp=1; cp=1); no MLA yet.
 """
 
 from __future__ import annotations
