@@ -10,7 +10,8 @@ Per MoE block on the stage and micro-batch, a rank holding T = b s / (tp with sp
   took); with sp over tp > 1 and an aux loss, `moe.aux_counts`, an all_reduce over the tensor axes of the [b, E]
   copy counts in the statistics dtype (fp32; fp64 for an fp64 model);
 - backward: the two all_to_alls mirrored (modes/experts.block_bwd). The shared expert's collectives are the dense
-  MLP's (the mode's linears, same T h payloads), so the mode's layer lists stay as they are.
+  MLP's (the mode's linears, same T h payloads), so the mode's layer lists stay as they are (without a shared
+expert the block's MLP collectives are dropped).
 Per step: the dense gradient buckets hold the block's router, shared expert and gate instead of the dense MLP
 (experts excluded); the sequence-parallel all_reduce adds the router and gate (replicated over tp); the experts'
 own zero=0 buckets all_reduce over edp (ep = 1: over the data and tensor axes) after the dense ones; the
@@ -139,8 +140,14 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     if layout.zero == 0:
         step += ev("all_reduce", ("ep",), 4, "float32", "optimizer", "grad_norm.experts")
     router = len(layers) * d.h * (E + (1 if moe.shared_gate else 0))  # replicated over tp, summed with sp
+    chunks = [i for c in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage)) for i in c]
+    # no shared expert: a MoE block runs no dense MLP, so none of the mode's MLP collectives (1D + sp: its
+    # sequence gather / reduce-scatter); labels carry the stage-local block index (traffic._micro_batch)
+    no_mlp = () if moe.shared_ffn else tuple(f"layers.{b}.mlp." for b, g in enumerate(chunks) if g in layers)
     out: list[CommEvent] = []
     for e in events:
+        if no_mlp and e.label.startswith(no_mlp):
+            continue
         if e.label in ("gradients", "params"):
             continue  # the dense buckets without the experts: `step`, `gathers`
         if e.label == "sequence_parallel_params":
