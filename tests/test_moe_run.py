@@ -7,7 +7,10 @@ scores, whose rounding differences (~1e-16) cannot reorder top-k scores that dif
 choice would show as an error of order 1); the aux loss is trained (its gradient is in every parameter's). In step
 0 every dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.splits of the routing the
 run took (every ep rank's copies per expert, logged by the blocks) times h x 8 bytes: zero difference, forward and
-backward. Plus the refusals of what the executor does not run, before any rank starts.
+backward. And every collective of step 0 on every rank (counts, aux counts, buckets, norms, pipeline sends, ...)
+equals cost_models/moe_traffic's list for the routing taken (a multiset: zero difference); the zero=1 case shards
+the dense buckets over dp and the experts' over edp. Plus the refusals of what the executor does not run, before
+any rank starts.
 """
 
 from __future__ import annotations
