@@ -48,9 +48,9 @@ def _config(tmp_path: Path, data: dict) -> str:
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
     (("plan", "--model", "llama2-7b", "--layout", "dp=16,ep=2,tp=none", "--runtime", "megatron"),
      "model llama2-7b has none"),
-    # paracube's executor runs MoE blocks with zero=0, and MLA only with dense MLPs (its runtime is the default)
-    (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=1,tp=none"),
-     "MoE blocks with zero=1 are not run (the experts' gradients reduce over edp); valid: zero=0"),
+    # paracube's executor runs MoE blocks with zero=0/1, and MLA only with dense MLPs (its runtime is the default)
+    (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=2,tp=none"),
+     "MoE blocks with zero=2 are not run (the experts' gradients reduce over edp); valid: zero=0/1"),
     (("plan", "--model", "tiny-mla"),
      "runtime paracube (paracube run) does not train MoE blocks with multi-head latent"),
 ])

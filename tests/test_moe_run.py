@@ -7,12 +7,16 @@ scores, whose rounding differences (~1e-16) cannot reorder top-k scores that dif
 choice would show as an error of order 1); the aux loss is trained (its gradient is in every parameter's). In step
 0 every dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.splits of the routing the
 run took (every ep rank's copies per expert, logged by the blocks) times h x 8 bytes: zero difference, forward and
-backward. Plus the refusals of what the executor does not run, before any rank starts.
+backward. And every collective of step 0 on every rank (counts, aux counts, buckets, norms, pipeline sends, ...)
+equals cost_models/moe_traffic's list for the routing taken (a multiset: zero difference); the zero=1 case shards
+the dense buckets over dp and the experts' over edp. Plus the refusals of what the executor does not run, before
+any rank starts.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,14 +25,20 @@ import torch
 from dist_helpers import F64, TOL_FP64, fp64_optimizer, run_distributed
 from test_equivalence_model import MAX_NORM, STEPS
 
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.moe_traffic import moe_stage_events, with_routing
 from paracube.errors import ParacubeError
+from paracube.estimate import CommEvent, traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
+from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.model.moe import moe_blocks, set_routing
 from paracube.layout import parse_layout
+from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.experts import splits
-from paracube.workload import PRESETS
+from paracube.workload import PRESETS, TrainingSpec
 
 SPEC = PRESETS["tiny-moe"]
+ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}  # dist_helpers.fp64_optimizer's settings
 MICRO, MB = 4, 2  # micro-batches of the step (split over dp), sequences per micro-batch
 CASES = [  # (layout, skewed routing, recompute): 4 ranks each
     ("dp=4,ep=2", False, "full"),  # ep=2, the experts' gradients reduced over edp = 2; the block recomputed
@@ -37,6 +47,7 @@ CASES = [  # (layout, skewed routing, recompute): 4 ranks each
     ("dp=2,ep=2,tp=1d:2,sp", False, "none"),  # ep folded over tp: each tensor rank routes its sequence shard
     ("pp=2,dp=2,ep=2", False, "none"),
     ("dp=2,tp=1d:2,sp", False, "none"),  # ep = 1: every rank holds all experts, reduced over (dp, tp)
+    ("dp=2,ep=2,tp=1d:2,sp,zero=1", False, "none"),  # dense shards over dp, the experts' over edp (= 2)
 ]
 
 
@@ -81,7 +92,7 @@ def _one_case(rank: int, layout_text: str, skew: bool, recompute: str) -> dict[s
     log: list[torch.Tensor] = []
     for block in moe_blocks(model):
         block.routing_log = log  # one list: the forwards in the order this rank ran them
-    opt = fp64_optimizer(model)
+    opt = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, **ADAMW)  # fp64_optimizer's, at the layout's zero
     errors: dict[str, float] = {}
     out: dict[str, Any] = {"ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "stage": mesh.coord("pp")}
     for step in range(STEPS):
@@ -94,6 +105,7 @@ def _one_case(rank: int, layout_text: str, skew: bool, recompute: str) -> dict[s
             out["a2a"] = [(e.label, e.phase, e.payload_bytes, s.sent, s.received) for e, s in events
                           if e.label != "moe.counts"]
             out["routing"] = [c.tolist() for c in log]
+            out["events"] = [e.key() for e in rec.events]
         for block in moe_blocks(model):
             block.routing_log = None
         errors[f"step{step}.loss"] = abs(res.loss - ref_loss) / ref_loss
@@ -166,11 +178,47 @@ def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: 
     assert checked
 
 
+def _fp64_statistics(e: CommEvent) -> CommEvent:
+    """The vocab-parallel loss's fp32 statistics (modes: loss.max, loss.sum) as an fp64 model computes them
+    (layers/functional.upcast: in fp64, twice the bytes)."""
+    if e.label.endswith(("loss.max", "loss.sum")) and e.dtype == "float32":
+        return replace(e, payload_bytes=2 * e.payload_bytes, dtype="float64")
+    return e
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}-rc={c[2]}" for c in CASES])
+def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> None:
+    """Every collective of step 0 on every rank (a multiset of kind, axes, payload bytes, dtype) equals
+    cost_models/moe_traffic's list for the layout, its dispatch / combine bytes those of the routing the run took
+    (splits of the ep peers' logged copies, checked per peer above): zero difference."""
+    layout_text, _, recompute = CASES[case]
+    layout = parse_layout(layout_text).with_(micro_batch=MB)
+    d = replace(dims_of(SPEC, TrainingSpec(global_batch=MICRO * MB, dtype="fp32", recompute=recompute)),
+                c=8, dtype="float64")  # the run's fp64 copies
+    row = SPEC.hidden * 8
+    peers: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for per_case in results:
+        r = per_case[case]
+        peers.setdefault((r["stage"], r["edp"]), {})[r["ep"]] = r
+    for rank, per_case in enumerate(results):
+        r = per_case[case]
+        members = peers[r["stage"], r["edp"]]
+        sent = []
+        for f in range(len(r["routing"])):
+            m = splits(np.array([members[q]["routing"][f] for q in range(len(members))]), len(members)) * row
+            sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum())))
+        stage = "first" if r["stage"] == 0 else "last"
+        model = [_fp64_statistics(e) for e in with_routing(moe_stage_events(layout, d, SPEC.moe, MB, stage), sent)]
+        diff = traffic_difference(model, r["events"])
+        assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
+        assert any(k[0] == "all_to_all" for k in r["events"]) == (layout.ep > 1)
+
+
 @pytest.mark.parametrize("layout, message", [
     ("dp=4,ep=3", "ep=3"),
     ("dp=6,ep=6", "8 experts"),
     ("dp=2,ep=2,tp=1d:2", "add sp"),
-    ("dp=4,ep=2,zero=1", "zero=1"),
+    ("dp=4,ep=2,zero=2", "zero=2"),
     ("dp=2,ep=2,etp=2", "etp=2"),
     ("dp=2,ep=2,cp=2", "cp=2"),
 ])

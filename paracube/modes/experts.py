@@ -82,8 +82,9 @@ def balanced_routing(tokens: int, k: int, experts: int, ep: int) -> np.ndarray:
 
 # What paracube's executor runs of an MoE layout (executor/model/moe.py): the modes whose tensor group keeps whole
 # tokens (the folding ones, TensorMode.context_parallel: none, 1D with its sequence shards), experts whole (etp = 1),
-# their gradients in zero=0 buckets over edp (data_parallel/grad_sync.py), no cp.
-EXECUTOR_ZEROS = (0,)
+# their gradients in buckets over edp (data_parallel/grad_sync.py: zero=0 all-reduced, zero=1 sharded over edp as
+# Megatron's distributed optimizer does), no cp.
+EXECUTOR_ZEROS = (0, 1)
 
 
 def executor_modes() -> list[str]:

@@ -13,7 +13,7 @@ Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delay
 in none and 1D, with every zero stage (FSDP gathers the bf16 shards, the layer casts them) and with tpo (1D's ring
 chunk GEMMs are the linear's FP8 GEMMs). MoE blocks (executor/model/moe.py) with expert parallelism folded over
 each stage's dp x tp ranks, in the modes, zero stages and layouts modes/experts.executor_refusal allows (none, 1D
-with sp; zero=0; etp=1; cp=1); MLA with dense MLPs (executor/layers/mla.py), not with MoE blocks yet.
+with sp; zero=0/1; etp=1; cp=1); MLA with dense MLPs (executor/layers/mla.py), not with MoE blocks yet.
 """
 
 from __future__ import annotations

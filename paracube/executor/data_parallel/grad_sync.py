@@ -27,8 +27,9 @@ for all of them before the optimizer runs.
   bucket is reduce-scattered over dp, so each element is the sum over both stages and every replica exactly
   once. That bucket is issued in `finish()` only (a blocking exchange with the other stage must not run inside
   a stage's backward). zero=0 sums the copies after its all-reduce (pipeline/schedule.py); same bytes.
-- parameters with `grad_axes` (MoE experts: `edp`, executor/model/moe.py) sit in their own zero=0 buckets, after
-  the dense ones, all-reduced over that group.
+- parameters with `grad_axes` (MoE experts: `edp`, executor/model/moe.py) sit in their own buckets, after the
+  dense ones, all-reduced over that group (zero=0) or reduce-scattered over it (zero=1: each bucket's shard
+  index k and group are its own, Bucket.k / Bucket.axes; the optimizer gathers it back over the same group).
 Overlap on and off issue the same collectives on the same buffers, so their results are bit-identical.
 
 Why not torch's DDP / ZeroRedundancyOptimizer: DDP wraps the module and reduces over one process group
@@ -65,6 +66,7 @@ class Bucket:
         self.shard_numel = self.length // shards if zero == 1 else self.length
         # zero=1: this rank's chunk k of the bucket, where the in-place reduce-scatter leaves its sum
         self.shard = self.buffer[k * self.shard_numel:(k + 1) * self.shard_numel]
+        self.k, self.shards = k, shards if zero == 1 else 1  # this rank's index in the shard group, its size
         self.pending = 0  # parameters whose gradient has not arrived in this backward
         self.work: dist.Work | None = None
         self.issued = False
@@ -91,11 +93,13 @@ class GradSync:
         for b in self.buckets:
             b.axes = self.axes
         # Parameters reduced over another group (`p.grad_axes`: MoE experts over edp, executor/model/moe.py): their
-        # own zero=0 buckets after the dense ones (executor/sizes.py runs them with zero=0 only).
+        # own buckets after the dense ones; zero=1 shards them over that group (Megatron's distributed optimizer
+        # shards the experts over the expert-data-parallel group likewise).
         for axes in dict.fromkeys(p.grad_axes for p in model.parameters() if hasattr(p, "grad_axes")):
             own = [p for p in model.parameters() if getattr(p, "grad_axes", None) == axes]
+            n, k = (mesh.size(axes), mesh.index(axes)) if zero == 1 else (1, 0)
             for idx in plan_buckets([p.numel() for p in own], bucket_bytes):
-                self.buckets.append(Bucket([own[i] for i in idx], 1, 0, device))
+                self.buckets.append(Bucket([own[i] for i in idx], n, zero, device, k))
                 self.buckets[-1].axes = axes
         self.where: dict[nn.Parameter, tuple[Bucket, int]] = {}
         for b in self.buckets:
@@ -157,13 +161,13 @@ class GradSync:
             return
         rec, group = self.mesh.recorder, self.mesh.group(b.axes)
         with rec.phase("grad_sync"):
-            if self.zero == 1 and b.axes == self.axes:
-                order = self.mesh.order(self.axes)  # index k lives on group rank order[k]
-                chunks = list(b.buffer.chunk(self.group_size))
-                by_rank = [chunks[0]] * self.group_size
-                for k in range(self.group_size):
+            if self.zero == 1:  # over the bucket's own group (dense: data axes; experts: edp)
+                order = self.mesh.order(b.axes)  # index k lives on group rank order[k]
+                chunks = list(b.buffer.chunk(n))
+                by_rank = [chunks[0]] * n
+                for k in range(n):
                     by_rank[order[k]] = chunks[k]
-                with rec.issue("reduce_scatter", self.axes, self.group_size, b.buffer, b.length, False, "grads"):
+                with rec.issue("reduce_scatter", b.axes, n, b.buffer, b.length, False, "grads"):
                     b.work = dist.reduce_scatter(b.shard, by_rank, group=group, async_op=True)
             else:
                 with rec.issue("all_reduce", b.axes, n, b.buffer, b.length, False, "grads"):

@@ -72,24 +72,31 @@ class DistributedAdamW(torch.optim.AdamW):
         counted on the first stage)."""
         assert sync.zero >= 1
         self.sync = sync
-        k = sync.shard_index()
         self.masters: list[Tensor] = []
         self.masks: list[Tensor] = []  # 1 where this rank counts the element in the global norm
-        for b in sync.buckets:
-            lo, hi = k * b.shard_numel, (k + 1) * b.shard_numel
+        for b in sync.buckets:  # each bucket sharded over its own group (b.axes: dense data axes; experts edp)
+            lo, hi = self._k(b) * b.shard_numel, (self._k(b) + 1) * b.shard_numel
             flat = torch.zeros(b.length, dtype=torch.float32, device=b.shard.device)
             mask = torch.zeros(b.length, dtype=torch.float32, device=b.shard.device)
             for i, p in enumerate(b.params):
                 o = b.offsets[i]
                 flat[o:o + p.numel()] = p.detach().reshape(-1).float()
                 spec = specs[p]
-                leader = all(sync.mesh.coord(a) == 0 for a in spec.replicated_axes if a not in sync.axes)
+                leader = all(sync.mesh.coord(a) == 0 for a in spec.replicated_axes if a not in self._axes(b))
                 mask[o:o + p.numel()] = float(leader and not any(p is u for u in uncounted))
             self.masters.append(flat[lo:hi].clone())
             self.masks.append(mask[lo:hi].clone())
         super().__init__(self.masters, **adamw)
         self.prefetch: ParamGather | None = None  # zero=1 with the gathers overlapped (overlap_gathers)
         self.overlapped = False
+
+    def _k(self, b: Any) -> int:
+        """This rank's shard index in bucket b's group: its own (GradSync buckets; MoE experts: over edp), else
+        the sync's (zero=2/3 units)."""
+        return int(b.k) if hasattr(b, "k") else self.sync.shard_index()
+
+    def _axes(self, b: Any) -> tuple[str, ...]:
+        return getattr(b, "axes", None) or self.sync.axes
 
     def grad_norm_sq(self) -> Tensor:
         """This rank's share of the squared global gradient norm (before the all_reduce)."""
@@ -106,13 +113,13 @@ class DistributedAdamW(torch.optim.AdamW):
         does (the two sums commute; the tp ranks of a dp index hold the same buckets, so the same shards)."""
         if not params:
             return
-        k, where = self.sync.shard_index(), self.sync.where
+        where = self.sync.where
         flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=self.masters[0].device)
         pieces: list[tuple[Tensor, int, int]] = []  # (bucket shard slice, flat start, flat end)
         start = 0
         for p in params:
             b, i = where[p]
-            o, lo = b.offsets[i], k * b.shard_numel
+            o, lo = b.offsets[i], self._k(b) * b.shard_numel
             a, c = max(lo, o), min(lo + b.shard_numel, o + p.numel())
             if a < c:
                 piece = b.shard[a - lo:c - lo]
@@ -156,7 +163,7 @@ class DistributedAdamW(torch.optim.AdamW):
     def _gather(self, master: Tensor, b: Bucket) -> None:
         """All-gather the updated fp32 shard over the shard group into the bucket's parameters (cast to their
         dtype)."""
-        axes = self.sync.axes
+        axes = self._axes(b)
         full = finish_gather(*start_gather(master, self.sync.mesh, axes, "params"), self.sync.mesh, axes)
         copy_into_params(b, full)
 
@@ -171,9 +178,9 @@ class DistributedAdamW(torch.optim.AdamW):
             if not s:
                 continue
             names = ("exp_avg", "exp_avg_sq")
-            full = {m: self._all_gather(s[m]) for m in names}
+            full = {m: self._all_gather(s[m], self._axes(b)) for m in names}
             if b.params[0].dtype != torch.float32:  # the fp32 masters are not the parameters: save them too
-                full["master"] = self._all_gather(master)
+                full["master"] = self._all_gather(master, self._axes(b))
             for i, p in enumerate(b.params):
                 o = b.offsets[i]
                 state[p] = {"step": s["step"].clone(),
@@ -188,9 +195,8 @@ class DistributedAdamW(torch.optim.AdamW):
     def load_view(self, view: SimpleNamespace) -> None:
         """This rank's shard of the moments in `view` (filled by checkpoint.load_checkpoint) and the fp32
         masters from the (already loaded) parameters."""
-        k = self.sync.shard_index()
         for master, b in zip(self.masters, self.sync.buckets, strict=True):
-            lo, hi = k * b.shard_numel, (k + 1) * b.shard_numel
+            lo, hi = self._k(b) * b.shard_numel, (self._k(b) + 1) * b.shard_numel
             flat = {m: torch.zeros(b.length, dtype=torch.float32, device=master.device)
                     for m in ("param", "exp_avg", "exp_avg_sq")}
             step = None
@@ -208,8 +214,7 @@ class DistributedAdamW(torch.optim.AdamW):
                                       "exp_avg": flat["exp_avg"][lo:hi].clone(),
                                       "exp_avg_sq": flat["exp_avg_sq"][lo:hi].clone()}
 
-    def _all_gather(self, shard: Tensor) -> Tensor:
-        axes = self.sync.axes  # not a step's traffic: unrecorded
+    def _all_gather(self, shard: Tensor, axes: tuple[str, ...]) -> Tensor:  # not a step's traffic: unrecorded
         return finish_gather(*start_gather(shard, self.sync.mesh, axes, None), self.sync.mesh, axes)
 
 

@@ -64,14 +64,18 @@ class ParamGather:
         """Start bucket j's all_gather of the updated master `shard` (kept unchanged until it is waited for:
         the masters change only in the next step, which waits first)."""
         assert self.pending[j] is None, f"bucket {j}: a parameter gather is already pending"
-        self.pending[j] = start_gather(shard, self.mesh, self.axes, "params", async_op=True)
+        self.pending[j] = start_gather(shard, self.mesh, self._axes(j), "params", async_op=True)
 
     @torch.no_grad()
     def _finish(self, j: int) -> None:
         work, parts = self.pending[j]  # type: ignore[misc]
         self.pending[j] = None
-        full = finish_gather(work, parts, self.mesh, self.axes)
+        full = finish_gather(work, parts, self.mesh, self._axes(j))
         copy_into_params(self.buckets[j], full)
+
+    def _axes(self, j: int) -> tuple[str, ...]:
+        """Bucket j's shard group (its own: MoE experts shard over edp, grad_sync.py), else the sync's."""
+        return getattr(self.buckets[j], "axes", None) or self.axes
 
     def wait_all(self) -> None:
         """Finish every pending gather (in bucket order, the order they were issued)."""

@@ -26,7 +26,9 @@ Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequen
 
 Gradients: router and gate are replicated over tp (1D: summed over tp with sp, Mode1D.sequence_parallel_params);
 the experts' are reduced over the expert-data-parallel group (`edp`, parameters tagged `grad_axes`,
-data_parallel/grad_sync.py), and their squared norm summed over ep for clipping (expert_norm_sq).
+data_parallel/grad_sync.py; zero=1 shards their buckets over it), and, zero=0, their squared norm summed over ep for
+clipping (expert_norm_sq; zero=1: their shards' squares enter the distributed optimizer's norm over dp x tp, every
+expert element once, the stage's ranks being edp x ep).
 """
 
 from __future__ import annotations

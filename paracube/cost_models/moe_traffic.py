@@ -1,0 +1,183 @@
+"""The explicit CommEvents of one training step of a model with MoE blocks, as paracube's executor issues them
+(executor/model/moe.py, executor/layers/experts.py, data_parallel/grad_sync.py): traffic.stage_events of the
+dense part, corrected where a MoE block differs. tests/test_moe_run.py holds the whole list equal to what the
+executor records (a multiset of (kind, axes, payload, dtype): zero difference).
+
+Per MoE block on the stage and micro-batch, a rank holding T = b s / (tp with sp) tokens, k experts per token:
+- forward (and again in a full recomputation): with ep > 1 `moe.counts`, an all_to_all over ep of the E int64
+  copy counts (ep x E / ep, Megatron-core's dispatcher exchanges the same), `moe.dispatch` and `moe.combine`
+  (modes/experts.block_fwd: c T k h under balanced routing; `with_routing` puts in the bytes of the routing a run
+  took); with sp over tp > 1 and an aux loss, `moe.aux_counts`, an all_reduce over the tensor axes of the [b, E]
+  copy counts in the statistics dtype (fp32; fp64 for an fp64 model);
+- backward: the two all_to_alls mirrored (modes/experts.block_bwd). The shared expert's collectives are the dense
+  MLP's (the mode's linears, same T h payloads), so the mode's layer lists stay as they are (without a shared
+expert the block's MLP collectives are dropped).
+Per step: the dense gradient buckets hold the block's router, shared expert and gate instead of the dense MLP
+(experts excluded); the sequence-parallel all_reduce adds the router and gate (replicated over tp); the experts'
+own zero=0 buckets all_reduce over edp (ep = 1: over the data and tensor axes) after the dense ones; the
+experts' squared norm is summed over ep (`grad_norm.experts`, one fp32) before the step's grad-norm all_reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from paracube.cost_models.dims import Dims
+from paracube.cost_models.traffic import local_parameter_sizes, stage_events
+from paracube.estimate import CommEvent
+from paracube.layout import Layout
+from paracube.modes import MODES
+from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
+from paracube.modes.stages import stage_chunks
+from paracube.moe_spec import MoESpec
+
+STAGES = {"first": 0, "middle": 1, "last": -1}
+
+
+def stage_moe_layers(layout: Layout, d: Dims, moe: MoESpec, stage: str) -> list[int]:
+    """Global indices of the MoE blocks on pipeline stage `stage`, in order."""
+    return [i for chunk in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage))
+            for i in chunk if moe.is_moe_layer(i)]
+
+
+def _stage_index(layout: Layout, stage: str) -> int:
+    return 0 if layout.pp == 1 else (layout.pp - 1 if stage == "last" else STAGES[stage])
+
+
+def _group(layout: Layout, axes: tuple[str, ...]) -> int:
+    expert = {"edp": layout.expert_data, "ep": layout.ep, "etp": layout.etp}  # the folded axes (layout.py)
+    n = 1
+    for a in axes:
+        n *= expert[a] if a in expert else layout.axis_size(a)
+    return n
+
+
+def expert_axes(layout: Layout) -> tuple[str, ...]:
+    """The group the experts' gradients are reduced over (executor/model/moe.Experts)."""
+    if layout.ep > 1:
+        return ("edp",)
+    return tuple(dict.fromkeys((*layout.data_axes, *layout.tensor_axes)))
+
+
+def _dense_sizes(layout: Layout, d: Dims, moe: MoESpec, stage: str, moe_layers: list[int]) -> list[int]:
+    """The stage's parameters outside the experts in registration order: a MoE block's fc, fc2 (and biases)
+    replaced by router [h, E], shared fc [h, 2 f_s] / fc2 [f_s, h] (the mode's shards), gate [h, 1]."""
+    mode, t, q, h = MODES[layout.mode], layout.tensor_size, layout.q, d.h
+    sizes = local_parameter_sizes(layout, d, stage)
+    mlp = sum(1 + bias for _, _, _, bias in d.linears[2:])  # entries of fc, fc2 (and their biases) per block
+    first = layout.pp == 1 or stage == "first"
+    last = layout.pp == 1 or stage == "last"
+    head = d.norm_vectors + (1 if d.head_count(int(first), 1) else 0) if last else 0
+    emb = (1 + (1 if d.family == "gpt" and d.pos_params // d.h else 0)) if first else 0
+    chunks = [i for c in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage)) for i in c]
+    body = sizes[emb:len(sizes) - head]
+    width = len(body) // len(chunks)
+    out = list(sizes[:emb])
+    for b, g in enumerate(chunks):
+        block = body[b * width:(b + 1) * width]
+        if g in moe_layers:
+            block = block[:-mlp] + [h * moe.experts]
+            if moe.shared_ffn:
+                block += [int(mode.linear_shard(h, 2 * moe.shared_ffn, False, False, t, q)),
+                          int(mode.linear_shard(moe.shared_ffn, h, False, True, t, q))]
+            if moe.shared_gate:
+                block.append(h)
+        out += block
+    return out + list(sizes[len(sizes) - head:])
+
+
+def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str = "first",
+                     bucket_bytes: int = BUCKET_BYTES) -> list[CommEvent]:
+    """All collectives of one step on one rank of `stage` for a model with MoE blocks (module docstring)."""
+    events = stage_events(layout, d, mb, stage, bucket_bytes)
+    layers = stage_moe_layers(layout, d, moe, stage)
+    if not layers:
+        return events
+    ep, sp = layout.ep, layout.sequence_parallel
+    tensor = tuple(layout.tensor_axes)
+    ways = layout.tensor_size if sp else 1
+    T, k, E = mb * d.s // ways, moe.top_k, moe.experts
+    stat = "float64" if d.dtype == "float64" else "float32"
+    n_micro = d.global_batch // (layout.dp * mb)
+    phases = ("fwd", "recompute") if d.recompute == "full" else ("fwd",)
+    a2a = d.c * T * k * d.h
+
+    def ev(kind: str, axes: tuple[str, ...], payload: int, dtype: str, phase: str, label: str) -> list[CommEvent]:
+        n = _group(layout, axes)
+        return [CommEvent(kind, axes, n, int(payload), dtype, phase, label)] if n > 1 else []
+
+    extra: list[CommEvent] = []
+    for _ in range(n_micro):
+        for i in layers:
+            for ph in phases:
+                extra += ev("all_to_all", ("ep",), 8 * E, "int64", ph, f"layers.{i}.moe.counts")
+                extra += ev("all_to_all", ("ep",), a2a, d.dtype, ph, f"layers.{i}.moe.dispatch")
+                extra += ev("all_to_all", ("ep",), a2a, d.dtype, ph, f"layers.{i}.moe.combine")
+                if sp and moe.aux_loss:
+                    extra += ev("all_reduce", tensor, (8 if stat == "float64" else 4) * mb * E, stat, ph,
+                                f"layers.{i}.moe.aux_counts")
+            extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.combine")
+            extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.dispatch")
+    # The buckets (grad_sync.py): dense without the experts over the data axes, then the experts' over their group;
+    # zero=0 all-reduced (the experts' squared norm then summed over ep), zero=1 reduce-scattered (padded to the
+    # group) and, after the optimizer step, all-gathered (training/step.py sums the experts' shards in the norm
+    # over (pp, dp, tp): every expert element once, the stage's ranks being edp x ep).
+    local = E // ep
+    groups = [(tuple(layout.data_axes), bucket_numels(_dense_sizes(layout, d, moe, stage, layers), bucket_bytes),
+               "gradients"),
+              (expert_axes(layout), bucket_numels([local * d.h * 2 * moe.expert_ffn, local * moe.expert_ffn * d.h]
+                                                  * len(layers), bucket_bytes), "gradients.experts")]
+    step: list[CommEvent] = []  # after the dense buckets, before the grad norm (grad_sync.py, training/step.py)
+    gathers: list[CommEvent] = []
+    for axes, numels, label in groups:
+        shards = _group(layout, axes)
+        for n in numels:
+            if layout.zero == 1:
+                step += ev("reduce_scatter", axes, 4 * padded_numel(n, shards), "float32", "grad_sync", label)
+                gathers += ev("all_gather", axes, 4 * padded_numel(n, shards), "float32", "optimizer", "params")
+            else:
+                step += ev("all_reduce", axes, 4 * n, "float32", "grad_sync", label)
+    if layout.zero == 0:
+        step += ev("all_reduce", ("ep",), 4, "float32", "optimizer", "grad_norm.experts")
+    router = len(layers) * d.h * (E + (1 if moe.shared_gate else 0))  # replicated over tp, summed with sp
+    chunks = [i for c in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage)) for i in c]
+    # no shared expert: a MoE block runs no dense MLP, so none of the mode's MLP collectives (1D + sp: its
+    # sequence gather / reduce-scatter); labels carry the stage-local block index (traffic._micro_batch)
+    no_mlp = () if moe.shared_ffn else tuple(f"layers.{b}.mlp." for b, g in enumerate(chunks) if g in layers)
+    out: list[CommEvent] = []
+    for e in events:
+        if no_mlp and e.label.startswith(no_mlp):
+            continue
+        if e.label in ("gradients", "params"):
+            continue  # the dense buckets without the experts: `step`, `gathers`
+        if e.label == "sequence_parallel_params":
+            e = replace(e, payload_bytes=e.payload_bytes + 4 * router)
+        if step and e.phase in ("optimizer", "metrics"):
+            out, step = out + step, []
+        out.append(e)
+    return out + step + gathers + extra
+
+
+def with_routing(events: list[CommEvent], sent: list[tuple[int, int]]) -> list[CommEvent]:
+    """`events` with the dispatch / combine all_to_alls' payloads those of a routing a run took: `sent[f]` =
+    (bytes this rank's f-th MoE forward dispatches, bytes it combines back), forwards in issue order; the
+    backward's mirror sends the swapped sizes (combine's gradient the dispatch's bytes and vice versa). Only the
+    multiset matters (tests compare as such)."""
+    rest = [e for e in events if not e.label.endswith(("moe.dispatch", "moe.combine"))]
+    moe = [e for e in events if e.label.endswith(("moe.dispatch", "moe.combine"))]
+    if not moe:  # ep = 1: no exchange
+        return list(events)
+    template = {(e.label.rsplit(".", 1)[-1], e.phase): e for e in moe}
+    phases = sorted({e.phase for e in moe if e.phase != "bwd"})
+    out = list(rest)
+    for dispatch, combine in sent:
+        for ph in phases:
+            out += [replace(template["dispatch", ph], payload_bytes=dispatch),
+                    replace(template["combine", ph], payload_bytes=combine)]
+        # backward: combine's gradient sends dY home-to-experts (dispatch's sizes), dispatch's sends dX back
+        out += [replace(template["combine", "bwd"], payload_bytes=dispatch),
+                replace(template["dispatch", "bwd"], payload_bytes=combine)]
+    return out
+
+
+__all__ = ["expert_axes", "moe_stage_events", "stage_moe_layers", "with_routing"]
