@@ -41,7 +41,7 @@ class LinkTable:
     def _link(self, u: str, v: str) -> int:
         lid = self.ids.get((u, v))
         if lid is None:
-            data = self.topo.graph.edges[u, v]
+            data = self.topo.graph.adj[u][v]
             bw, lat = data.get("bandwidth"), data.get("latency")
             # Messages built only on failure: a 16,384-GPU job creates ~100k links.
             if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
@@ -73,8 +73,11 @@ class LinkTable:
                                 f"{self.topo.name!r}: device disconnected ({exc})") from None
         if a != b and not edges:
             raise ParacubeError(f"no route from rank {a} to rank {b}: device disconnected")
-        ids = self.ids
-        return [ids[u, v] if (u, v) in ids else self._link(u, v) for u, v in edges]
+        get, link = self.ids.get, self._link
+        out = [get(e) for e in edges]
+        if None in out:  # a link seen for the first time
+            out = [link(u, v) if lid is None else lid for (u, v), lid in zip(edges, out, strict=True)]
+        return out
 
     def template(self, name: str, groups: Sequence[Sequence[tuple[int, int]]], prefer: int = 0) -> Template:
         """Template of the slowest of `groups` (each a list of (src, dst) rank hops) that move at the same
