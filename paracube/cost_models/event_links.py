@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from paracube.errors import ParacubeError
 from paracube.topologies.protocol import RoutedTopology
 
@@ -103,6 +105,15 @@ class LinkTable:
         return Template(self._tid, name, out, alpha, frozenset(own))
 
 
+def ring_hops_many(groups: np.ndarray) -> list[list[tuple[int, int]]]:
+    """`ring_hops` of every row of an [n_groups, size] integer array, sorted once by numpy."""
+    if groups.shape[1] < 2:
+        return [[] for _ in range(groups.shape[0])]
+    ranks = np.sort(groups, axis=1)
+    nxt = np.roll(ranks, -1, axis=1)
+    return [list(zip(a, b, strict=True)) for a, b in zip(ranks.tolist(), nxt.tolist(), strict=True)]
+
+
 def ring_hops(group: Sequence[int]) -> list[tuple[int, int]]:
     """Node-major ring (ranks sorted: consecutive ranks share a node), so only node boundaries cross the
     network; two ranks use both directions."""
@@ -112,4 +123,4 @@ def ring_hops(group: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip(ranks, ranks[1:] + ranks[:1], strict=True))
 
 
-__all__ = ["LinkTable", "Template", "ring_hops"]
+__all__ = ["LinkTable", "Template", "ring_hops", "ring_hops_many"]

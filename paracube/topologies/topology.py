@@ -161,8 +161,7 @@ class Topology:
 
     def route(self, a: int, b: int) -> list[Edge]:
         """Directed edges on the path from rank a's device to rank b's (empty when a == b)."""
-        path = self._path(self.rank_node(a), self.rank_node(b))
-        return list(zip(path, path[1:], strict=False))
+        return list(self._hops(self._rank(a), self._rank(b)))  # the analytic model's hop cache, shared
 
     # --- routing --------------------------------------------------------------------------------------
     # Machines are usually identical: paths inside a node are computed once per *template* (the node's
