@@ -96,6 +96,7 @@ class Topology:
         # Ring hop (rank a -> rank b): its directed edges as ids into _bw_arr, and its summed latency. Link loads
         # are bincounts of hop edge ids (one numpy call per set of concurrent groups, not a Counter of edges).
         self._eid: dict[Edge, int] = {e: i for i, e in enumerate(self._bw)}
+        self._edges: list[Edge] = list(self._bw)  # id -> edge (route() reads the hop cache's ids)
         self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
         self._hop_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
 
@@ -164,7 +165,9 @@ class Topology:
 
     def route(self, a: int, b: int) -> list[Edge]:
         """Directed edges on the path from rank a's device to rank b's (empty when a == b)."""
-        return list(self._hops(self._rank(a), self._rank(b)))  # the analytic model's hop cache, shared
+        ids, _ = self._hops(self._rank(a), self._rank(b))  # the analytic model's hop cache, shared
+        edges = self._edges
+        return [edges[i] for i in ids.tolist()]
 
     # --- routing --------------------------------------------------------------------------------------
     # Machines are usually identical: paths inside a node are computed once per *template* (the node's
