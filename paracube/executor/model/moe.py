@@ -220,14 +220,15 @@ def is_expert(p: Tensor) -> bool:
     return hasattr(p, "grad_axes")
 
 
-def expert_norm_sq(model: nn.Module, mesh: Mesh, device: torch.device) -> Tensor:
+def expert_norm_sq(model: nn.Module, mesh: Mesh, device: torch.device) -> Tensor | None:
     """The experts' squared gradient norm, summed over ep (each expert counted once per stage: the edp replicas
     hold the same sums), on the ranks with tensor coordinates 0 (elsewhere 0), so that the step's all_reduce of the
-    norm over (pp, tensor axes) adds it once per stage; zero without experts."""
-    sq = torch.zeros(1, dtype=torch.float32, device=device)
+    norm over (pp, tensor axes) adds it once per stage; None without experts (a dense step dispatches no extra op:
+    the local-cpu per-op pricing counts them, tests/test_calibration.py)."""
     params = [p for p in model.parameters() if is_expert(p)]
     if not params:
-        return sq
+        return None
+    sq = torch.zeros(1, dtype=torch.float32, device=device)
     for p in params:
         sq += main_grad(p).float().pow(2).sum()
     sq = all_reduce(sq, mesh, EP, label="grad_norm.experts")

@@ -106,7 +106,10 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
         with rec.phase("grad_sync"):
             model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp
             reduce_tied_embedding_grads(model, mesh)  # pp > 1, tied: both copies get the summed gradient
-        sq = _replica_norm_sq(model, mesh, device) + expert_norm_sq(model, mesh, device)  # experts: over ep
+        sq = _replica_norm_sq(model, mesh, device)
+        experts = expert_norm_sq(model, mesh, device)  # MoE experts: summed over ep
+        if experts is not None:
+            sq = sq + experts
         norm_axes = (*stages, *tensor_axes)
     with rec.phase("optimizer"):
         fp8 = getattr(model, "fp8", None)
