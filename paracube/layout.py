@@ -95,6 +95,7 @@ class Layout:
     # `overlap=0` / `tpo=0`: pins that forbid the overlap the runtime would otherwise choose (as sp=0 does for sp).
     forbid_overlap: bool = False
     forbid_tpo: bool = False
+    forbid_zero: bool = False  # `zero=0`: pins no sharding (zero=0 is also the default, which the search may change)
     keep_weights: int | None = None  # `kw=0|1` (module docstring); None: not pinned
     # `fa=0|1` pins the attention kernel (1 flash, 0 unfused); None: not pinned (the executor runs flash,
     # the planner searches both).
@@ -136,6 +137,7 @@ class Layout:
         check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
         check(not (self.forbid_overlap and self.overlap), "overlap and overlap=0 together: give one")
         check(not (self.forbid_tpo and self.tpo), "tpo and tpo=0 together: give one")
+        check(not (self.forbid_zero and self.zero), f"zero=0 and zero={self.zero} together: give one")
         check(self.recompute is None or self.recompute in RECOMPUTES,
               f"rc={self.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
         check(self.keep_weights in (None, 0, 1), f"kw={self.keep_weights!r} is not valid; valid: 0, 1")
@@ -333,7 +335,7 @@ class Layout:
             parts.append("sp")
         if self.forbid_sp:
             parts.append("sp=0")
-        if self.zero:
+        if self.zero or self.forbid_zero:
             parts.append(f"zero={self.zero}")
         if self.shard is not None:
             parts.append(f"shard={self.shard}")
@@ -414,7 +416,10 @@ def parse_layout(text: str) -> Layout:
         elif key == "zero":
             check(value.strip().isdigit() and int(value) in ZERO_STAGES,
                   f"layout {text!r}: zero={value!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))}")
-            fields["zero"] = int(value)
+            if int(value):
+                fields["zero"] = int(value)
+            else:
+                fields["forbid_zero"] = True  # an explicit zero=0: a pin (the default 0 is searched)
         elif key == "tp":
             mode, _, shape = value.strip().lower().partition(":")
             check(mode in TENSOR_MODES, f"layout {text!r}: tensor mode {mode!r} is not valid; "

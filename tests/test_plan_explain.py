@@ -155,7 +155,8 @@ def test_schemas_accept_what_paracube_writes(tmp_path: Path, capsys: pytest.Capt
 def test_zero_field_parses_prints_and_is_refused_by_the_executor() -> None:
     lay = parse_layout("dp=4,pp=2,tp=1d:2,mb=1,v=2,sp,zero=3")
     assert lay.zero == 3 and str(lay) == "dp=4,pp=2,tp=1d:2,mb=1,v=2,sp,zero=3" and parse_layout(str(lay)) == lay
-    assert "zero" not in str(parse_layout("dp=2,zero=0")) and parse_layout("dp=2").zero == 0
+    assert "zero" not in str(parse_layout("dp=2")) and parse_layout("dp=2").zero == 0
+    assert str(parse_layout("dp=2,zero=0")) == "dp=2,tp=none,zero=0"  # an explicit zero=0 is a pin: kept
     assert parse_layout("dp=2,zero=2").zero == 2
     for bad in ("dp=2,zero=4", "dp=2,zero=-1", "dp=2,zero=one"):
         with pytest.raises(ParacubeError, match="zero=.* is not valid; valid: 0, 1, 2, 3"):

@@ -120,6 +120,21 @@ def test_fixed_and_micro_batches() -> None:
     assert all(lay.dp == 2 and lay.shape == (4,) and lay.micro_batch == 2 for lay, _ in res.ranked)
 
 
+def test_an_explicit_zero_0_is_a_pin() -> None:
+    """zero=0 is also the default, so `--layout zero=0` must still pin it (as sp=0 pins sp off). At dp=8 the
+    unsharded layouts need 3.0 MB per device and zero=2/3 about 2.0 MB: with 2.5 MB the free search shards,
+    the pinned one finds nothing that fits."""
+    from paracube.layout import parse_layout
+
+    training = TrainingSpec(global_batch=8)
+    free = search(TINY, training, topo(8, mem=2.5e6), 8, fixed=parse_layout("dp=8,tp=none"))
+    assert free.ranked[0][0].zero > 0
+    pinned = parse_layout("dp=8,tp=none,zero=0")
+    assert pinned.forbid_zero and str(pinned) == "dp=8,tp=none,zero=0" and parse_layout(str(pinned)) == pinned
+    with pytest.raises(ParacubeError, match="memory"):
+        search(TINY, training, topo(8, mem=2.5e6), 8, fixed=pinned)
+
+
 def test_link_cache_matches_direct_group_queries() -> None:
     """The merged-run cache keys (links.py) and the planner's encoded keys (enumerate.py) must give what the
     real topology answers for the layout's own groups (Layout.groups) with all concurrent groups."""

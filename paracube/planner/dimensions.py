@@ -53,7 +53,8 @@ def _on_off(enabled: bool, default: bool) -> tuple[object, ...]:
 
 
 RC = Dimension("rc", RECOMPUTES, lambda f: f.recompute, lambda r: r.recomputes, doc="activation recomputation")
-ZERO = Dimension("zero", PRICED_ZEROS, lambda f: f.zero or None, lambda r: r.zeros, doc="zero stage")
+ZERO = Dimension("zero", PRICED_ZEROS, lambda f: f.zero or (0 if f.forbid_zero else None), lambda r: r.zeros,
+                 doc="zero stage")
 OVERLAP = Dimension("overlap", (False, True), lambda f: True if f.overlap else (False if f.forbid_overlap else None),
                     lambda r: _on_off(r.grad_overlap, r.grad_overlap_default), True,
                     "dp gradient reduction overlapped with backward")

@@ -83,7 +83,8 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
     """(ranked (layout, estimate) pairs, layouts scored, rejections by reason)."""
     per_node = int(getattr(topo, "devices_per_node", None) or gpus)
     cache = LinkCache(topo)
-    zeros = [z for z in (0, 1) if z in rt.zeros] if fixed is None or not fixed.zero else [fixed.zero]
+    pinned_zero = fixed is not None and (fixed.zero or fixed.forbid_zero)
+    zeros = [fixed.zero] if pinned_zero else [z for z in (0, 1) if z in rt.zeros]
     rejected: Counter = Counter()
     fits: list[tuple[Layout, StepEstimate]] = []
     scored = 0

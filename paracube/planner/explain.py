@@ -63,7 +63,7 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "mb": (lambda lay: f"mb={lay.micro_batch}", lambda f: f.micro_batch is not None),
     "v": (lambda lay: f"v={lay.interleave}", lambda f: f.interleave != 1),
     "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
-    "zero": (lambda lay: f"zero={lay.zero}", lambda f: f.zero != 0),
+    "zero": (lambda lay: f"zero={lay.zero}", lambda f: f.zero != 0 or f.forbid_zero),
     "recompute": (lambda lay: f"rc={lay.recompute}", lambda f: f.recompute is not None),
     "overlap": (lambda lay: "overlap" if lay.overlap else "no overlap", lambda f: f.overlap),
     "tpo": (lambda lay: "tpo" if lay.tpo else "no tpo", lambda f: f.tpo),

@@ -108,8 +108,7 @@ def _choices(training: TrainingSpec, fixed: Layout | None, recomputes: list[str]
     for z in zeros or []:
         check(z in PRICED_ZEROS, f"zero={z!r} is not searched; valid: {', '.join(map(str, PRICED_ZEROS))} "
               "(zero=2/3 are not priced yet)")
-    # A pinned zero the cost models do not price is searched as the unpinned ones (the CLI carries the pin).
-    pin = fixed is not None and fixed.zero in PRICED_ZEROS and fixed.zero > 0
+    pin = fixed is not None and (fixed.zero > 0 or fixed.forbid_zero)  # zero=0 given explicitly pins it too
     zs = tuple(int(z) for z in values(ZERO, runtime, fixed if pin else None, list(zeros) if zeros else None))
     if training.dtype == "fp8" and runtime.fp8_zeros is not None:  # the stages it trains fp8 with
         zs = tuple(z for z in zs if z in runtime.fp8_zeros)
