@@ -25,7 +25,8 @@ from paracube.cost_models.dims import dims_of, with_pins  # noqa: E402
 from paracube.cost_models.memory import _block_acts, in_flight, stage_memory  # noqa: E402
 from paracube.cost_models.validity import layout_arrays  # noqa: E402
 from paracube.layout import parse_layout  # noqa: E402
-from paracube.workload import PRESETS, TrainingSpec  # noqa: E402
+from paracube.model_presets import PRESETS  # noqa: E402
+from paracube.workload import TrainingSpec
 
 GIB, MIB = 2**30, 2**20
 LAYOUTS = ["tp=1d:8,fa=0", "tp=1d:8,sp,fa=0", "tp=1d:8,fa=1", "tp=1d:8,sp,fa=1"]

@@ -25,8 +25,9 @@ from paracube.cost_models.analytic import estimate  # noqa: E402
 from paracube.cost_models.event import simulate  # noqa: E402
 from paracube.cost_models.event_trace import write_chrome_trace  # noqa: E402
 from paracube.layout import parse_layout  # noqa: E402
+from paracube.model_presets import PRESETS  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec  # noqa: E402
+from paracube.workload import ModelSpec, TrainingSpec
 
 # Llama 3 405B (Dubey et al. 2024, table 3): 126 layers, 16,384 hidden, 128 heads (8 KV), FFN 53,248, vocabulary
 # 128,256, sequence 8,192; 16M tokens per step (2,048 sequences) on 16,384 H100s at TP 8, PP 16, DP 128.

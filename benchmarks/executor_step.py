@@ -44,7 +44,8 @@ from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from paracube.estimate import CommEvent  # noqa: E402
-from paracube.workload import ModelSpec, resolve_model  # noqa: E402
+from paracube.model_presets import resolve_model  # noqa: E402
+from paracube.workload import ModelSpec
 
 OURS = {"ours 1D": "dp=1,tp=1d:8,mb=4", "ours 2D": "dp=2,tp=2d:2x2,mb=4", "ours 3D": "dp=1,tp=3d:2x2x2,mb=4",
         # pipeline vs none on the same tensor group: the second replica becomes a second stage (1F1B)

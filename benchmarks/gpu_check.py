@@ -258,7 +258,7 @@ def run_checks(rank: int, world: int, device: Any, cfg: dict) -> dict[str, Any]:
     """On the rank process: every check, in order (run_on_ranks has set up the process group)."""
     import torch
 
-    from paracube.workload import resolve_model
+    from paracube.model_presets import resolve_model
 
     torch.backends.cuda.matmul.allow_tf32 = False  # check 1 compares fp32 against fp32
     torch.backends.cudnn.allow_tf32 = False

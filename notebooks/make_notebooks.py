@@ -88,7 +88,8 @@ the mesh axes on the machine), rejects what does not divide or fit in 80 GB, and
 step time. The best one becomes a plan file that `paracube run` executes as is."""),
         ("code", """from paracube.planner import search
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.model_presets import PRESETS
+from paracube.workload import TrainingSpec
 
 training = TrainingSpec(global_batch=1536, dtype="bf16", recompute="selective")
 topo = load_topology("dgx-h100", gpus=1024)
@@ -124,7 +125,8 @@ For a model and a token budget, sweep GPU types and counts: the best layout of e
 dollars to train, and the Pareto front of time vs cost. Prices are inputs: the defaults are illustrative
 list prices per GPU-hour (`paracube.cli.sweep_cmd.DEFAULT_PRICE_PER_GPU_HOUR`); put your own quotes in."""),
         ("code", """from paracube.cli.sweep_cmd import plot_sweep, sweep
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.model_presets import PRESETS
+from paracube.workload import TrainingSpec
 
 model = PRESETS["gpt3-6.7b"]
 prices = {"dgx-a100": 1.80, "dgx-h100": 2.50}

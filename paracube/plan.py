@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 from paracube import __version__
 from paracube.errors import ParacubeError, check
 from paracube.layout import Layout, parse_layout
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+from paracube.model_presets import PRESETS
+from paracube.workload import ModelSpec, TrainingSpec
 
 SCHEMA_VERSION = 2
 READ_VERSIONS = (1, 2)  # 1: before `runtime` (read as paracube)

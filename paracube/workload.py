@@ -1,20 +1,14 @@
 """What is trained: the model's shape (ModelSpec) and how it is trained (TrainingSpec).
 
-Presets: GPT-2 (Radford et al. 2019; tied head, as HF GPT2LMHeadModel), the GPT-3 family (Brown et al. 2020,
-Table 2.1), LLaMA-2 (Touvron et al. 2023), and `tiny`, the embedded default that trains in seconds on CPU ranks.
-A Hugging Face `config.json` of model_type gpt2, llama or mistral loads as well, read as transformers
-reads it: a field the file omits takes the default of that model_type's config class (`HF_DEFAULTS`).
+The named models are in model_presets.py; a Hugging Face `config.json` is read by hf_config.py.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any, Literal
 
-from paracube.errors import ParacubeError, check, unknown
-from paracube.hf_moe import MOE_HF_DEFAULTS, moe_fields
+from paracube.errors import ParacubeError, check
 from paracube.moe_spec import MLASpec, MoESpec, mla_from_dict, moe_from_dict
 
 Family = Literal["gpt", "llama"]
@@ -240,197 +234,8 @@ class TrainingSpec:
         return cls(**data)
 
 
-def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 50257,
-         tied: bool = False) -> ModelSpec:
-    # Dropout 0.1 everywhere: Megatron-LM's GPT default (hidden_dropout = attention_dropout = 0.1), and GPT-2's.
-    return ModelSpec(name, layers, hidden, heads, 4 * hidden, vocab, seq, tied_embeddings=tied, dropout=0.1,
-                     attention_dropout=0.1, embedding_dropout=0.1)
-
-
-def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, ffn, 32000, 4096, family="llama", kv_heads=kv)
-
-
-def _moe(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, moe: MoESpec,
-         **kw: Any) -> ModelSpec:
-    # Sequence 4096: the pretraining length of DeepSeek-V3 (arXiv 2412.19437 Section 4.2) and Qwen3's first
-    # stage; Mixtral's is not published, 4096 is Megatron-core's MoE examples'.
-    return ModelSpec(name, layers, hidden, heads, ffn, vocab, 4096, family="llama", kv_heads=kv, moe=moe,
-                     rope_theta=kw.pop("rope_theta", 1e6), **kw)
-
-
-# HF config.json of each (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen3-235B-A22B,
-# deepseek-ai/DeepSeek-V3); tests/test_moe_workload.py checks the published parameter counts.
-MOE_PRESETS = [
-    _moe("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, MoESpec(8, 2, 14336, aux_loss=0.02), rms_eps=1e-5),
-    _moe("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, MoESpec(8, 2, 16384, aux_loss=0.001), rms_eps=1e-5),
-    _moe("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, MoESpec(128, 8, 768, aux_loss=0.001), head_size=128,
-         qk_norm=True),
-    _moe("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, MoESpec(128, 8, 1536, aux_loss=0.001), head_size=128,
-         qk_norm=True),
-    _moe("deepseek-v3", 61, 7168, 128, 128, 18432, 129280,
-         MoESpec(256, 8, 2048, shared_ffn=2048, router="sigmoid", first_dense=3, aux_loss=0.0001), rope_theta=10000.0,
-         mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536)),
-    # For tests and the local machine: top-2 of 8 small experts and one shared expert; tiny-mla: MLA, block 0 dense.
-    ModelSpec("tiny-moe", layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=64, family="llama",
-              moe=MoESpec(8, 2, 32, shared_ffn=32, aux_loss=0.01)),
-    ModelSpec("tiny-mla", layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=64, family="llama",
-              moe=MoESpec(8, 2, 32, shared_ffn=32, router="sigmoid", first_dense=1),
-              mla=MLASpec(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=32)),
-]
-
-PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
-    # The embedded default: trains in seconds on 8 CPU ranks in any layout up to a 2x2x2 cube.
-    ModelSpec("tiny", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=256, seq_len=64),
-    ModelSpec("small", layers=4, hidden=256, heads=8, ffn_hidden=1024, vocab=256, seq_len=128),
-    _gpt("gpt2-small", 12, 768, 12, seq=1024, tied=True),
-    _gpt("gpt2-medium", 24, 1024, 16, seq=1024, tied=True),
-    _gpt("gpt2-large", 36, 1280, 20, seq=1024, tied=True),
-    _gpt("gpt2-xl", 48, 1600, 25, seq=1024, tied=True),
-    _gpt("gpt3-125m", 12, 768, 12),
-    _gpt("gpt3-350m", 24, 1024, 16),
-    _gpt("gpt3-760m", 24, 1536, 16),
-    # Table 2.1 lists 24 heads of 128 for 1.3B (24 x 128 != 2048); 16 heads of 128 keep d_head and d_model.
-    _gpt("gpt3-1.3b", 24, 2048, 16),
-    _gpt("gpt3-2.7b", 32, 2560, 32),
-    _gpt("gpt3-6.7b", 32, 4096, 32),
-    # Table 2.1 prints d_model=5140 for 13B; 5120 (= 40 x 128) is the value that divides its 40 heads.
-    _gpt("gpt3-13b", 40, 5120, 40),
-    _gpt("gpt3-175b", 96, 12288, 96),
-    _llama("llama2-7b", 32, 4096, 32, 32, 11008),
-    _llama("llama2-13b", 40, 5120, 40, 40, 13824),
-    _llama("llama2-70b", 80, 8192, 64, 8, 28672),
-    *MOE_PRESETS,
-]}
-
-DEFAULT_MODEL = "tiny"
-
-
-def config_name(path: Path, name_or_path: object = None) -> str:
-    """The name a config.json model shows in headers: its `_name_or_path` (last part), else the file's
-    name (`llama-7b.json` -> llama-7b; `.../llama-7b/config.json` -> llama-7b)."""
-    if isinstance(name_or_path, str) and name_or_path.strip().strip("/"):
-        return name_or_path.strip().rstrip("/").split("/")[-1]
-    if path.name == "config.json":
-        parent = path.resolve().parent.name
-        return parent or "config"
-    return path.stem
-
-
-# What transformers fills in for a field a config.json omits: the defaults of each model_type's config
-# class (transformers 4.x: models/gpt2/configuration_gpt2.py GPT2Config, models/llama/configuration_llama.py
-# LlamaConfig, models/mistral/configuration_mistral.py MistralConfig). None: derived (n_inner -> 4 n_embd,
-# num_key_value_heads -> num_attention_heads).
-HF_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None, "n_positions": 1024,
-             "vocab_size": 50257, "tie_word_embeddings": True, "resid_pdrop": 0.1, "attn_pdrop": 0.1,
-             "embd_pdrop": 0.1},
-    "llama": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "num_key_value_heads": None, "max_position_embeddings": 2048, "vocab_size": 32000,
-              "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-              "attention_dropout": 0.0},
-    "mistral": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                "num_key_value_heads": 8, "max_position_embeddings": 131072, "vocab_size": 32000,
-                "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096,
-                "attention_dropout": 0.0},
-    **MOE_HF_DEFAULTS,  # mixtral, qwen3_moe, deepseek_v3 (hf_moe.py)
-}
-# model_type of each `architectures` name, for configs that omit model_type.
-_ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "GPT2Model": "gpt2", "LlamaForCausalLM": "llama",
-                  "LlamaModel": "llama", "MistralForCausalLM": "mistral", "MistralModel": "mistral",
-                  "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe",
-                  "DeepseekV3ForCausalLM": "deepseek_v3"}
-# Decoder configs that look alike but are other models (why they are not the gpt or llama family).
-_OTHER_MODELS = {"qwen2": "its q/k/v projections have biases",
-                 "qwen2_moe": "its q/k/v projections have biases", "gpt_neox": "parallel attention, partial rotary",
-                 "opt": "ReLU MLP, offset learned positions"}
-# Keys of llama/mistral configs that would make a different model than the llama family (value allowed).
-_LLAMA_MUST = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "rope_scaling": None}
-
-
-def _hf_model_type(data: dict[str, Any], path: Path) -> str:
-    model_type = data.get("model_type")
-    if model_type is None:
-        archs = data.get("architectures") or []
-        check(isinstance(archs, list) and all(isinstance(a, str) for a in archs),
-              f"{path}: field 'architectures' must be a list of names, got {archs!r}")
-        model_type = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
-        check(model_type is not None, f"{path}: no model_type and no known architectures ({archs}); "
-              f"supported model_type: {', '.join(HF_DEFAULTS)}")
-    why = f" ({_OTHER_MODELS[model_type]})" if model_type in _OTHER_MODELS else ""
-    check(model_type in HF_DEFAULTS, f"{path}: model_type {model_type!r} is not supported{why}; "
-          f"supported: {', '.join(HF_DEFAULTS)}")
-    return str(model_type)
-
-
-def from_hf_config(path: Path) -> ModelSpec:
-    """A ModelSpec from a Hugging Face `config.json`, omitted fields taking HF_DEFAULTS of its model_type."""
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ParacubeError(f"cannot read model config {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ParacubeError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    check(isinstance(data, dict), f"{path}: expected a JSON object with model hyper-parameters")
-    model_type = _hf_model_type(data, path)
-    defaults = HF_DEFAULTS[model_type]
-
-    def get(key: str, kind: type | tuple[type, ...] = int, nullable: bool = False) -> Any:
-        """The file's value, else the class default; null only where transformers derives the value."""
-        value = data[key] if key in data else defaults.get(key)
-        ok = isinstance(value, bool) if kind is bool else isinstance(value, kind) and not isinstance(value, bool)
-        check(ok or (value is None and (nullable or defaults.get(key, 0) is None)),
-              f"{path}: field {key!r} must be {_KIND_NAMES[kind]}, got {value!r}")
-        return value
-
-    name = config_name(path, data.get("_name_or_path"))
-    if model_type == "gpt2":
-        hidden = get("n_embd")
-        return ModelSpec(name=str(name), layers=get("n_layer"), hidden=hidden, heads=get("n_head"),
-                         ffn_hidden=get("n_inner") or 4 * hidden, vocab=get("vocab_size"),
-                         seq_len=get("n_positions"), family="gpt", tied_embeddings=get("tie_word_embeddings", bool),
-                         dropout=float(get("resid_pdrop", (int, float))),
-                         attention_dropout=float(get("attn_pdrop", (int, float))),
-                         embedding_dropout=float(get("embd_pdrop", (int, float))))
-    for key, allowed in _LLAMA_MUST.items():
-        check(data.get(key, allowed) == allowed, f"{path}: field {key!r}={data.get(key)!r} is not supported "
-              f"by the llama family (valid: {allowed!r})")
-    hidden, heads = get("hidden_size"), get("num_attention_heads")
-    extra = moe_fields(model_type, data, get, path) if model_type in MOE_HF_DEFAULTS else {}
-    check(data.get("head_dim") in (None, hidden // max(heads or 1, 1)) or "head_size" in extra,
-          f"{path}: field 'head_dim'={data.get('head_dim')!r} must be hidden_size / num_attention_heads")
-    seq_len = get("max_position_embeddings")
-    if "sliding_window" in defaults and data.get("use_sliding_window") is not False:
-        window = get("sliding_window", nullable=True)
-        check(window is None or window >= seq_len, f"{path}: field 'sliding_window'={window} < "
-              f"max_position_embeddings={seq_len}: sliding-window attention is not the llama family's (use null)")
-    return ModelSpec(name=str(name), layers=get("num_hidden_layers"), hidden=hidden, heads=heads,
-                     ffn_hidden=get("intermediate_size"), vocab=get("vocab_size"), seq_len=seq_len,
-                     family="llama", kv_heads=get("num_key_value_heads") or heads,
-                     tied_embeddings=get("tie_word_embeddings", bool), rms_eps=float(get("rms_norm_eps", (int, float))),
-                     rope_theta=float(get("rope_theta", (int, float))),
-                     attention_dropout=float(get("attention_dropout", (int, float))), **extra)
-
-
-_KIND_NAMES: dict[Any, str] = {int: "an integer", bool: "true or false", (int, float): "a number"}
-
-
-def resolve_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or a Hugging Face config.json by path."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
-    path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
-        if path.is_dir():
-            path = path / "config.json"
-        check(path.exists(), f"model config file {str(path)!r} does not exist")
-        return from_hf_config(path)
-    raise unknown("model", name_or_path, PRESETS, " (or a path to a Hugging Face config.json)")
-
-
 def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
     return model if seq_len is None else replace(model, seq_len=seq_len)
 
 
-__all__ = ["DEFAULT_MODEL", "DTYPE_BYTES", "FP8_RECIPE", "HF_DEFAULTS", "PRESETS", "Fp8Recipe", "ModelSpec",
-           "TrainingSpec", "check_dtype_on", "from_hf_config", "resolve_model", "with_seq_len"]
+__all__ = ["DTYPE_BYTES", "FP8_RECIPE", "Fp8Recipe", "ModelSpec", "TrainingSpec", "check_dtype_on", "with_seq_len"]

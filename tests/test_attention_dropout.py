@@ -28,11 +28,13 @@ from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.executor import Mesh, build_model
 from paracube.executor.layers.dropout import DropoutSeeds
+from paracube.hf_config import from_hf_config
 from paracube.layout import RECOMPUTES, parse_layout
+from paracube.model_presets import PRESETS
 from paracube.planner.explain import explain
 from paracube.planner.search import search
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec, from_hf_config
+from paracube.workload import ModelSpec, TrainingSpec
 
 SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
 LLAMA = ModelSpec("llama-gqa", layers=2, hidden=32, heads=8, ffn_hidden=96, vocab=64, seq_len=16, family="llama",

@@ -39,8 +39,9 @@ from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.executor.launch import affinity
 from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 SIZES = (256, 4096, 65536, 1 << 20)
 

@@ -191,8 +191,8 @@ def test_tpo_priced_in_2d_25d_3d_by_both_engines(text: str) -> None:
     tests/test_runtimes.py for 1D); at q = 2 a ring has one step, which the model leaves exposed."""
     from paracube.cost_models import estimate
     from paracube.cost_models.event import estimate_event
+    from paracube.model_presets import PRESETS
     from paracube.topologies import load_topology
-    from paracube.workload import PRESETS
 
     topo, model = load_topology("dgx-h100", gpus=64), PRESETS["gpt3-1.3b"]
     lay = parse_layout(text)
@@ -220,8 +220,8 @@ def test_tpo_plans_scale_down_and_pass_preflight(layout: str, gpus: int, expecte
     accepts the scaled plan (what `paracube run` checks before any rank starts)."""
     from paracube.cli.scale_down import scale_down
     from paracube.executor.launch.start import NodeSpec, preflight
+    from paracube.model_presets import PRESETS
     from paracube.plan import LaunchSpec, Plan
-    from paracube.workload import PRESETS
 
     lay = parse_layout(layout)
     plan = Plan(model=PRESETS["gpt3-13b"], training=TrainingSpec(global_batch=512, dtype="bf16"), layout=lay,

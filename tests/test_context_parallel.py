@@ -17,7 +17,8 @@ from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.layout import parse_layout
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+from paracube.model_presets import PRESETS
+from paracube.workload import ModelSpec, TrainingSpec
 
 TINY = PRESETS["tiny"]  # L=2, h=64, heads=4 (kv = h: no GQA), f=256, V=256, s=64
 

@@ -9,9 +9,11 @@ import pytest
 
 from paracube.errors import ParacubeError
 from paracube.estimate import CommEvent, traffic_difference
+from paracube.hf_config import from_hf_config
 from paracube.layout import Layout, parse_layout
+from paracube.model_presets import PRESETS, resolve_model
 from paracube.plan import default_plan, load_plan, plan_from_dict
-from paracube.workload import PRESETS, ModelSpec, from_hf_config, resolve_model
+from paracube.workload import ModelSpec
 
 
 def test_gpt_parameter_count_by_hand() -> None:

@@ -19,8 +19,9 @@ from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import layout_arrays, violations
 from paracube.errors import ParacubeError
 from paracube.layout import Layout, parse_layout
+from paracube.model_presets import PRESETS
 from paracube.modes import MODES as MODE_DECLS
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+from paracube.workload import ModelSpec, TrainingSpec
 
 TINY = PRESETS["tiny"]  # L=2, h=64, heads=4, f=256, V=256, s=64
 

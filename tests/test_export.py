@@ -19,8 +19,9 @@ import pytest
 from paracube.cli.main import main
 from paracube.export import TARGETS, export_plan
 from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
 from paracube.plan import LaunchSpec, Plan, default_plan, load_plan
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "export"
 LAYOUT_13B = "dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap"  # 64 GPUs: 8 nodes of 8

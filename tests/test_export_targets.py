@@ -40,9 +40,10 @@ from paracube.errors import ParacubeError
 from paracube.export import export_plan
 from paracube.export.common import EXPRESSIBLE, accumulation_steps
 from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import LaunchSpec, Plan
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 FRAMEWORKS = ("torchtitan", "deepspeed", "megatron")
 

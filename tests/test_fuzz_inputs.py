@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from paracube.cli.main import main
 from paracube.errors import ParacubeError
+from paracube.hf_config import from_hf_config
 from paracube.layout import parse_layout
 from paracube.plan import default_plan, plan_from_dict
 from paracube.topologies.loader import topology_from_dict
-from paracube.workload import from_hf_config
 
 OUTCOMES: Counter[str] = Counter()
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

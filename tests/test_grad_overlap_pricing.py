@@ -11,8 +11,9 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.grad_overlap import exposed_grad_time
 from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 PP_OVERLAP = [  # (model, global batch, topology, GPUs, layout): 1F1B and interleaved, zero=0 and zero=1
     ("gpt3-1.3b", 64, "dgx-a100", 32, "dp=4,pp=2,tp=1d:4,mb=2,overlap"),

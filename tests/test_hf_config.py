@@ -1,5 +1,5 @@
 """Hugging Face config.json read as transformers reads it: omitted fields take the defaults of the
-model_type's config class (workload.HF_DEFAULTS, from transformers' GPT2Config / LlamaConfig /
+model_type's config class (hf_config.HF_DEFAULTS, from transformers' GPT2Config / LlamaConfig /
 MistralConfig), tie_word_embeddings is honoured by the counts, and configs of another model are refused
 with one line naming the field or the model_type."""
 
@@ -14,8 +14,10 @@ from paracube.cli.main import main
 from paracube.cost_models.dims import dims_of, local_params
 from paracube.cost_models.traffic import local_parameter_count
 from paracube.errors import ParacubeError
+from paracube.hf_config import from_hf_config
 from paracube.layout import parse_layout
-from paracube.workload import PRESETS, TrainingSpec, from_hf_config
+from paracube.model_presets import PRESETS
+from paracube.workload import TrainingSpec
 
 
 def _config(tmp_path: Path, data: dict) -> Path:

@@ -120,9 +120,9 @@ def test_search_keeps_weights_where_they_save_traffic_and_respects_the_pin() -> 
     """3D on 8 GPUs: with 4 micro-batches the search picks kw=1 (fewer bytes, more memory than kw=0); with one
     micro-batch (nothing to save) kw=0; a pinned kw=0 stays kw=0 and round-trips through the layout text."""
     from paracube.cost_models import estimate
+    from paracube.model_presets import PRESETS
     from paracube.planner.search import search
     from paracube.topologies import load_topology
-    from paracube.workload import PRESETS
 
     tiny, topo = PRESETS["tiny"], load_topology("dgx-a100", gpus=8)
     training = TrainingSpec(global_batch=16)

@@ -17,7 +17,8 @@ from paracube.cost_models.traffic import local_parameter_count
 from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import layout_arrays
 from paracube.layout import Layout, parse_layout
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+from paracube.model_presets import PRESETS
+from paracube.workload import ModelSpec, TrainingSpec
 
 TINY = PRESETS["tiny"]
 ONE = np.array([1])

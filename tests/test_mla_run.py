@@ -27,8 +27,9 @@ from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 SPEC = replace(PRESETS["tiny-mla"], name="tiny-mla-dense", moe=None, seq_len=16)  # short sequences: CI time
 ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}  # dist_helpers.fp64_optimizer's

@@ -10,9 +10,10 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
 from paracube.modes.experts import balanced_routing, splits
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 TRAIN = TrainingSpec(global_batch=32, dtype="bf16", recompute="selective")
 

@@ -33,9 +33,10 @@ from paracube.executor import Mesh, build_model, check_divisibility, serial_refe
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.model.moe import moe_blocks, set_routing
 from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.experts import splits
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 SPEC = PRESETS["tiny-moe"]
 ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}  # dist_helpers.fp64_optimizer's settings

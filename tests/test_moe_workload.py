@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from paracube.errors import ParacubeError
+from paracube.hf_config import from_hf_config
+from paracube.model_presets import PRESETS
 from paracube.moe_spec import MoESpec
-from paracube.workload import PRESETS, ModelSpec, from_hf_config
+from paracube.workload import ModelSpec
 
 # (total, active) in billions as the model cards publish them, to the digits they print. DeepSeek-V3's card
 # says 671B main-model parameters (685B with the 14B multi-token-prediction module, not counted here).

@@ -16,12 +16,13 @@ import pytest
 from paracube.cli.main import main
 from paracube.errors import ParacubeError
 from paracube.layout import Layout, parse_layout
+from paracube.model_presets import PRESETS, resolve_model
 from paracube.plan import load_plan
 from paracube.planner import search
 from paracube.planner.explain import PARTS, canonical_key, dedupe, explain
 from paracube.schemas import EstimateSchema, PlanSchema, ValidateSchema, json_schema
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, TrainingSpec, resolve_model
+from paracube.workload import TrainingSpec
 
 FAKE_CLUSTER = """name: fakecal
 device: {name: cpu-fake, peak_flops: {fp32: 5.0e10, bf16: 2.5e10, fp16: 2.5e10}, memory_bytes: 3.0e9,

@@ -15,9 +15,10 @@ from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import violations
 from paracube.errors import ParacubeError
 from paracube.layout import Layout
+from paracube.model_presets import PRESETS
 from paracube.modes.base import TOKEN_RULE
 from paracube.planner import search
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+from paracube.workload import ModelSpec, TrainingSpec
 
 TINY = PRESETS["tiny"]
 

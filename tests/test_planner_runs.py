@@ -16,10 +16,11 @@ import pytest
 from paracube.errors import ParacubeError
 from paracube.executor.launch.start import NodeSpec, preflight
 from paracube.layout import RECOMPUTES
+from paracube.model_presets import PRESETS
 from paracube.plan import LaunchSpec, Plan
 from paracube.planner import search
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, ModelSpec, TrainingSpec
+from paracube.workload import ModelSpec, TrainingSpec
 
 TINY = PRESETS["tiny"]
 MODELS = [

@@ -14,12 +14,13 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.tpo import hidden
 from paracube.layout import RECOMPUTES, parse_layout
+from paracube.model_presets import PRESETS
 from paracube.modes import MODES, executor_runs, runnable_modes
 from paracube.plan import load_plan
 from paracube.planner import search
 from paracube.runtimes import RUNTIMES, for_target, get_runtime
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

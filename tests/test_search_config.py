@@ -9,10 +9,11 @@ import json
 import pytest
 
 from paracube.cli.main import main
+from paracube.model_presets import resolve_model
 from paracube.planner.config import MAX_GPUS, SearchConfig, check_size
 from paracube.planner.search import search
 from paracube.topologies import load_topology
-from paracube.workload import TrainingSpec, resolve_model
+from paracube.workload import TrainingSpec
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -6,11 +6,12 @@ FSDP) and with every recomputation searched. Timings are measured by benchmarks/
 from __future__ import annotations
 
 from paracube.cost_models.analytic import estimate
+from paracube.model_presets import PRESETS
 from paracube.planner import search
 from paracube.planner.dimensions import FSDP_PREFETCH, PARAM_OVERLAP, chosen
 from paracube.runtimes import RUNTIMES
 from paracube.topologies import load_topology
-from paracube.workload import PRESETS, TrainingSpec
+from paracube.workload import TrainingSpec
 
 
 def _ranking(res) -> list[tuple[str, float]]:  # noqa: ANN001

@@ -145,9 +145,9 @@ def test_every_mode_runs_tied_with_pipelines_and_zero1(mode: str) -> None:
 def test_planner_offers_tied_zero1_with_pipelines_and_3d() -> None:
     """A tied model plans with a pinned zero=1 and pp > 1 (issue #28) and in 3D (issue #22), priced with the tied
     head's collectives and one table."""
+    from paracube.model_presets import PRESETS
     from paracube.planner.search import search
     from paracube.topologies import load_topology
-    from paracube.workload import PRESETS
 
     tiny = replace(PRESETS["tiny"], tied_embeddings=True)
     topo = load_topology("dgx-a100", gpus=8)

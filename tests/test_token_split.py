@@ -137,8 +137,8 @@ def test_a_micro_batch_no_split_divides_is_refused_naming_the_nearest(layout: st
 def test_micro_batches_below_the_token_split_are_plannable() -> None:
     """The planner offers 3D with one sequence per micro-batch (8 ranks, 4-way token split) and prices its key /
     value gathers; a micro-batch whose tokens do not divide stays refused with the rule's name."""
+    from paracube.model_presets import PRESETS
     from paracube.planner.search import search
-    from paracube.workload import PRESETS
 
     tiny, topo = PRESETS["tiny"], load_topology("dgx-a100", gpus=8)
     res = search(tiny, TrainingSpec(global_batch=8), topo, 8, fixed=parse_layout("tp=3d:2x2x2,mb=1"), top_k=1)

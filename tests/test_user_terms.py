@@ -14,10 +14,11 @@ import pytest
 
 from paracube.cli.main import main
 from paracube.cli.train_terms import headroom_fraction, parse_tokens
+from paracube.model_presets import resolve_model
 from paracube.planner import search
 from paracube.topologies import load_topology
 from paracube.validation.verdict import verdict
-from paracube.workload import TrainingSpec, resolve_model
+from paracube.workload import TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,9 +34,10 @@ from paracube.errors import ParacubeError, check
 from paracube.executor.launch import affinity
 from paracube.executor.launch.local_ranks import resolve_backend
 from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.topology import Topology
-from paracube.workload import PRESETS, ModelSpec
+from paracube.workload import ModelSpec
 
 SCHEMA = 1
 MACHINE_KEYS = ("hostname", "cpu_model", "nproc", "torch_version")

@@ -4,7 +4,7 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
     run            a name
     cluster        a preset name (topologies/presets.py), e.g. dgx-a100
     gpus           world size (the layout's dp x pp x tensor ranks must equal it)
-    model          a model preset (workload.resolve_model) -- or hidden, heads, layers, vocab (gpt, ffn = 4h) and
+    model          a model preset (model_presets.resolve_model) -- or hidden, heads, layers, vocab (gpt, ffn = 4h) and
                    optionally kv_heads (grouped-query attention), ffn, family (gpt | llama)
     seq, global_batch, dtype, recompute (none | selective | full)
     layout         layout text (layout.parse_layout); fields it leaves open (mb, v) the planner chooses
@@ -37,11 +37,12 @@ import numpy as np
 
 from paracube.errors import ParacubeError, check
 from paracube.layout import Layout, parse_layout
+from paracube.model_presets import resolve_model
 from paracube.modes.buckets import GRAD_BYTES
 from paracube.runtimes import RUNTIMES, get_runtime
 from paracube.topologies.nvswitch import SYSTEMS, fabrics
 from paracube.topologies.presets import PRESETS, Fit
-from paracube.workload import ModelSpec, TrainingSpec, resolve_model
+from paracube.workload import ModelSpec, TrainingSpec
 
 REQUIRED = ("run", "cluster", "gpus", "seq", "global_batch", "dtype", "recompute", "layout", "measured_step_s")
 SHAPE = ("hidden", "heads", "layers", "vocab")

@@ -8,8 +8,9 @@ from rich.table import Table
 
 from paracube.cli.options import console, human_bytes, positive_int, print_json
 from paracube.errors import ParacubeError
+from paracube.model_presets import PRESETS
 from paracube.topologies.presets import PRESETS as TOPOLOGY_PRESETS
-from paracube.workload import PRESETS, ModelSpec
+from paracube.workload import ModelSpec
 
 TOPOLOGY_NAMES = tuple(TOPOLOGY_PRESETS)
 

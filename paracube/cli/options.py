@@ -12,15 +12,8 @@ from rich.console import Console
 
 from paracube.errors import ParacubeError, check
 from paracube.executor.launch.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
-from paracube.workload import (
-    DEFAULT_MODEL,
-    DTYPE_BYTES,
-    ModelSpec,
-    TrainingSpec,
-    check_dtype_on,
-    resolve_model,
-    with_seq_len,
-)
+from paracube.model_presets import DEFAULT_MODEL, resolve_model
+from paracube.workload import DTYPE_BYTES, ModelSpec, TrainingSpec, check_dtype_on, with_seq_len
 
 if TYPE_CHECKING:  # numpy and the modes load in workload_from_args: `paracube models` needs neither
     from paracube.layout import Layout

@@ -121,7 +121,7 @@ def _scaled(args: argparse.Namespace, plan: Plan) -> Plan:
     from pathlib import Path
 
     from paracube.cli.scale_down import scale_down
-    from paracube.workload import resolve_model
+    from paracube.model_presets import resolve_model
 
     model = resolve_model(args.model) if args.model else plan.model
     scaled, notes = scale_down(plan, model, args.gpus or plan.gpus)

@@ -18,7 +18,8 @@ from paracube.cli.train_terms import DEFAULT_MEMORY_HEADROOM, headroom_fraction,
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
-from paracube.workload import ModelSpec, TrainingSpec, resolve_model, with_seq_len
+from paracube.model_presets import resolve_model
+from paracube.workload import ModelSpec, TrainingSpec, with_seq_len
 
 DEFAULT_PRICE_PER_GPU_HOUR = {"longhorn": 0.90, "frontera-rtx": 0.50, "dgx-a100": 1.80, "dgx-h100": 2.50,
                               "local-cpu": 0.0}
