@@ -1,8 +1,8 @@
 """Multi-head latent attention run by the executor (executor/layers/mla.py) in tensor modes none and 1D (+ sp),
 with dp, pp and zero=1, against the serial reference.
 
-The model: `tiny-mla` with dense MLPs (`tiny-mla` itself has an MoE block, which the executor does not run yet:
-MoE blocks are issue #25's other half), so every block is MLA attention (q_lora_rank 32, kv_lora_rank 32, rope 8,
+The model: `tiny-mla` with dense MLPs (`tiny-mla` itself, with its MoE block, runs in tests/test_moe_run.py's
+launch), so every block is MLA attention (q_lora_rank 32, kv_lora_rank 32, rope 8,
 nope 16, v 16) + SwiGLU. One 4-rank launch runs every case: per case, losses and gradient norms of 3 AdamW steps
 and the parameters after them equal the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says
 why); the collectives of one fp32 step equal the cost model's `traffic.stage_events` of the same layout as a
@@ -149,17 +149,18 @@ def test_the_engines_price_the_collectives_mla_runs() -> None:
     assert traffic_difference(want, gqa)["missing_in_executor"]
 
 
-def test_paracube_plans_mla_with_dense_mlps_and_still_refuses_moe() -> None:
+def test_paracube_plans_mla_with_dense_mlps_and_with_moe() -> None:
+    """With dense MLPs and with MoE blocks (tiny-mla: MLA + MoE, run by tests/test_moe_run.py) paracube's runtime
+    plans layouts its executor runs."""
     from paracube.planner.search import search
     from paracube.topologies import load_topology
 
     topo = load_topology("local-cpu", gpus=4)
-    res = search(SPEC, TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=3)
-    assert res.ranked and all(lay.mode in ("none", "1d") for lay, *_ in res.ranked)
-    best = res.ranked[0][0]
-    check_divisibility(SPEC, best, best.micro_batch, 8, SPEC.seq_len)  # what it plans, the executor runs
-    with pytest.raises(ParacubeError, match="does not train MoE blocks with multi-head latent attention"):
-        search(PRESETS["tiny-mla"], TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=1)
+    for spec in (SPEC, PRESETS["tiny-mla"]):
+        res = search(spec, TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=3)
+        assert res.ranked and all(lay.mode in ("none", "1d") for lay, *_ in res.ranked)
+        best = res.ranked[0][0]
+        check_divisibility(spec, best, best.micro_batch, 8, spec.seq_len)  # what it plans, the executor runs
 
 
 def test_the_serial_block_computes_latent_attention() -> None:
