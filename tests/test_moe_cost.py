@@ -32,6 +32,7 @@ def h100() -> object:
     ("tiny-mla", "dp=8,ep=4,tp=1d:2,mb=1"),
     ("tiny-moe", "dp=8,ep=4,tp=1d:2,sp,mb=1"),  # the counts over ep and the aux loss's over tp, the experts' norm
     ("mixtral-8x7b", "dp=8,pp=2,ep=8,tp=none,mb=1"),
+    ("mixtral-8x7b", "dp=2,pp=2,ep=4,tp=1d:4,sp,mb=1"),  # no shared expert: the MoE blocks' MLP collectives dropped
 ])
 def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> None:
     model, layout = PRESETS[name], parse_layout(text)
@@ -40,20 +41,26 @@ def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> N
     assert abs(e.step_time_s / a.step_time_s - 1) < 0.02
 
 
-@pytest.mark.parametrize("text", ["dp=8,ep=4,tp=none,mb=2", "dp=4,ep=4,tp=1d:2,sp,mb=1",
-                                  "dp=8,ep=8,tp=none,mb=1,zero=1", "dp=4,ep=2,tp=1d:2,sp,mb=1,rc=full"])
-def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object, text: str) -> None:
+@pytest.mark.parametrize(("shared", "text"), [(True, "dp=8,ep=4,tp=none,mb=2"), (True, "dp=4,ep=4,tp=1d:2,sp,mb=1"),
+                                             (True, "dp=8,ep=8,tp=none,mb=1,zero=1"),
+                                             (True, "dp=4,ep=2,tp=1d:2,sp,mb=1,rc=full"),
+                                             (False, "dp=4,ep=4,tp=1d:2,sp,mb=1")])
+def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object, shared: bool, text: str) -> None:
     """The MoE collectives both engines price (the events of cost_models/moe.py's block and stage costs, which the
     event engine inserts as they are: moe_program.py) are cost_models/moe_traffic's, the list tests/test_moe_run.py
     holds equal to what the executor records: copy counts, aux-loss counts over tp, dispatch and combine, forward,
     recomputation and backward, and the experts' norm (a multiset: zero difference; the expert buckets differ by
-    design, moe.grad_event prices one fused reduction)."""
+    design, moe.grad_event prices one fused reduction). Without a shared expert (Mixtral's shape) a MoE block has no
+    MLP collectives (moe_unshared.py), in the estimate as in the executor's list."""
     from collections import Counter
+    from dataclasses import replace
 
     from paracube.cost_models.dims import dims_of
     from paracube.cost_models.moe_traffic import moe_stage_events
 
     model, layout = PRESETS["tiny-moe"], parse_layout(text)
+    if not shared:
+        model = replace(model, name="tiny-mixtral", moe=replace(model.moe, shared_ffn=0))
     train = TrainingSpec(global_batch=2 * layout.dp * layout.micro_batch, dtype="bf16",
                          recompute=layout.recompute or "none")
     est = estimate(model, train, layout, load_topology("dgx-h100", gpus=8))
@@ -64,6 +71,9 @@ def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object
                        if ".moe." in e.label or e.label == "grad_norm.experts")
 
     assert moe_part(want) and moe_part(est.events) == moe_part(want)
+    mlp = Counter((*e.key(), e.phase, e.label) for e in est.events if ".mlp." in e.label)
+    assert mlp == Counter((*e.key(), e.phase, e.label) for e in want if ".mlp." in e.label)
+    assert bool(mlp) == (shared and layout.tensor_size > 1)
 
 
 def test_declared_all_to_all_bytes_are_the_balanced_routing(h100: object) -> None:

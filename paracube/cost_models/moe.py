@@ -38,6 +38,7 @@ from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
 from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import ExpertSizes, block_bwd, block_fwd
@@ -250,6 +251,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         cb = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd)
         out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd)
         out.comm += k * (cf * (2 if rec else 1) + cb)
+        # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
+        out.comm -= k * dropped_time(dropped_events(model, d, layout, mb), links, g)
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch
                   if moe.is_moe_layer(i)]
         for i in blocks:  # one micro-batch's, in issue order per block (the whole forward, then backward)

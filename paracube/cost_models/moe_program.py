@@ -22,6 +22,7 @@ from paracube.cost_models.event_program import Op, StageProgram
 from paracube.cost_models.moe import attention_delta, block_cost, grad_event, moe_layers_of, routed, stage_cost
 from paracube.cost_models.moe_counts import norm_event
 from paracube.cost_models.moe_step import in_flight
+from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.stages import stage_chunks
@@ -95,6 +96,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                                  block.events_pre) if rec else []
                     _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd, f"layers.{i}.experts.bwd",
                                                          imb))
+    drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)
     ge = grad_event(model, layout, stage)
     if ge is not None:
         op = Op("comm", "expert_gradients", event=ge, asynchronous=layout.overlap)

@@ -19,6 +19,7 @@ from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import expert_links, priced, stage_cost
+from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
 from paracube.workload import ModelSpec
@@ -67,7 +68,9 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     mem = MemoryBreakdown(**{k: getattr(est.memory, k) + v for k, v in costs[heavy].memory.items()})
     per_step = ("grad_sync", "optimizer")  # the expert gradients and their norm (moe_counts.norm_event)
     micro_events = [e for e in c.events if e.phase not in per_step]
-    events = tuple(est.events) + tuple(e for _ in range(int(n)) for e in micro_events) + tuple(
+    dense = drop_stage_events(est.events, unshared_blocks(model, layout, stage_index(STAGE_NAMES[old_slow],
+                                                                                   layout.pp)))
+    events = dense + tuple(e for _ in range(int(n)) for e in micro_events) + tuple(
         e for e in c.events if e.phase in per_step) if est.events else ()
     flops = est.flops_per_gpu + expert_flops(model, d) / layout.world_size
     by_kind = dict(est.comm_time_by_kind)
