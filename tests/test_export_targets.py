@@ -74,6 +74,8 @@ PLANS: dict[str, Plan] = {
     "moe-qwen3-ep": make("qwen3-30b-a3b", "dp=8,pp=2,ep=4,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
     "moe-qwen3-fsdp-ep": make("qwen3-30b-a3b", "dp=8,ep=8,tp=1d:2,mb=1,sp,zero=3,overlap", batch=256),
     "moe-deepseek-mla-etp": make("deepseek-v3", "dp=16,ep=8,etp=2,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
+    # what `paracube plan --model deepseek-v3 --cluster dgx-h100 --gpus 1024` chooses with paracube's runtime
+    "moe-deepseek-paracube": make("deepseek-v3", "dp=128,ep=256,tp=1d:8,mb=2,sp,zero=1,overlap", recompute="none"),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -89,6 +91,8 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("moe-deepseek-mla-etp", "torchtitan"): "no tensor parallelism inside experts",
     ("moe-qwen3-ep", "torchtitan"): "fold over dp_shard x cp x tp",
     ("moe-deepseek-mla-etp", "deepspeed"): "no tensor parallelism inside experts",
+    ("moe-deepseek-paracube", "torchtitan"): "fold over dp_shard x cp x tp",
+    ("moe-deepseek-paracube", "deepspeed"): "no multi-head latent attention",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",

@@ -1,8 +1,8 @@
 """Multi-head latent attention run by the executor (executor/layers/mla.py) in tensor modes none and 1D (+ sp),
 with dp, pp and zero=1, against the serial reference.
 
-The model: `tiny-mla` with dense MLPs (`tiny-mla` itself has an MoE block, which the executor does not run yet:
-MoE blocks are issue #25's other half), so every block is MLA attention (q_lora_rank 32, kv_lora_rank 32, rope 8,
+The model: `tiny-mla` with dense MLPs (`tiny-mla` itself, with its MoE block, runs in tests/test_moe_run.py's
+launch), so every block is MLA attention (q_lora_rank 32, kv_lora_rank 32, rope 8,
 nope 16, v 16) + SwiGLU. One 4-rank launch runs every case: per case, losses and gradient norms of 3 AdamW steps
 and the parameters after them equal the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says
 why); the collectives of one fp32 step equal the cost model's `traffic.stage_events` of the same layout as a
@@ -75,8 +75,33 @@ def _one_case(rank: int, layout_text: str, recompute: str) -> dict[str, Any]:
     return out
 
 
+FP8_LAYOUT = "dp=2,tp=1d:2,sp"  # --dtype fp8 with MLA: every MLA linear's GEMMs in FP8 (executor/layers/mla.py)
+
+
+def _fp8_case(rank: int) -> dict[str, Any]:
+    """fp8: one bf16 step's collectives and FP8 state held; the fp64 fp8 model against the serial fp64 fp8 model."""
+    layout = parse_layout(FP8_LAYOUT)
+    mesh = Mesh(layout, rank)
+    gen = torch.Generator().manual_seed(37)
+    batches = [[(torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen),
+                 torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen)) for _ in range(N_MICRO)]
+               for _ in range(layout.dp)]
+    micro, tokens = batches[mesh.coord("dp")], layout.dp * MB * N_MICRO * SPEC.seq_len
+    bf = build_model(SPEC, mesh, seed=7, dtype=torch.bfloat16, fp8=True)
+    out: dict[str, Any] = {"events": one_step_events(bf, micro, tokens, MAX_NORM,
+                                                     build_optimizer(bf, mesh, 0, BUCKET_BYTES, **ADAMW))}
+    out["held"], out["linears"] = bf.fp8.held_bytes(), len(bf.fp8.gemms)
+    model = build_model(SPEC, Mesh(layout, rank), seed=7, dtype=F64, fp8=True)
+    ref = serial_reference(SPEC, seed=7, vocab=model.vocab, dtype=F64, fp8=True)
+    out["errors"], _ = steps_against_serial(model, build_optimizer(model, model.mesh, 0, BUCKET_BYTES, **ADAMW), ref,
+                                            fp64_optimizer(ref), micro, [m for r in batches for m in r], tokens,
+                                            STEPS, MAX_NORM)
+    out["scales"] = [g.scale.tolist() for g in model.fp8.gemms]
+    return out
+
+
 def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
-    return [_one_case(rank, *case) for case in CASES]
+    return [_one_case(rank, *case) for case in CASES] + [_fp8_case(rank)]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +123,35 @@ def test_mla_matches_serial_and_its_traffic_is_priced(results, case: int) -> Non
         diff = traffic_difference(stage_events(layout, d, MB, r["stage"]), r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
         assert r["params"] == local_parameter_count(layout, d, r["stage"])
+
+
+def test_fp8_with_mla_matches_the_serial_fp8_model_and_is_priced(results) -> None:
+    """--dtype fp8 with MLA in 1D + sp with dp (dist_helpers.TOL_FP64 and tests/test_fp8_run.py say why fp64 FP8
+    copies match within it): losses, gradient norms and parameters after 3 steps equal the serial fp8 model's; the
+    collectives of one bf16 step equal stage_events (the amax all_reduce of MLA's 7 linears per block included:
+    zero difference); the FP8 copies and scales held equal cost_models/fp8.copy_bytes within 2% (fp8.py's copy
+    bytes count each weight's two FP8 layouts, the executor holds them: equal up to the 1-element scale rounding)."""
+    import numpy as np
+
+    from paracube.cost_models import fp8 as fp8_cost
+    from paracube.cost_models.validity import layout_arrays
+
+    layout = parse_layout(FP8_LAYOUT).with_(micro_batch=MB)
+    d = dims_of(SPEC, TrainingSpec(global_batch=layout.dp * MB * N_MICRO, dtype="fp8", recompute="none"))
+    assert fp8_cost.block_linears(d) == 7
+    for rank, per_case in enumerate(results):
+        r = per_case[-1]
+        assert r["linears"] == 7 * SPEC.layers
+        bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
+        assert not bad, f"rank {rank}: relative errors above {TOL_FP64}: {bad}"
+        assert all(s != [1.0, 1.0, 1.0] for s in r["scales"])  # every linear's scales moved off their initial 1
+        events = stage_events(layout, d, MB)
+        assert any(e.label == "fp8_amax" for e in events)
+        diff = traffic_difference(events, r["events"])
+        assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
+        predicted = float(fp8_cost.copy_bytes(d, layout.mode, layout_arrays(layout, MB), np.array([1]),
+                                              np.array([1]))[0])
+        assert r["held"] == pytest.approx(predicted, rel=0.02), (rank, r["held"], predicted)
 
 
 @pytest.mark.parametrize(("layout", "expect"), [
@@ -150,17 +204,18 @@ def test_the_engines_price_the_collectives_mla_runs() -> None:
     assert traffic_difference(want, gqa)["missing_in_executor"]
 
 
-def test_paracube_plans_mla_with_dense_mlps_and_still_refuses_moe() -> None:
+def test_paracube_plans_mla_with_dense_mlps_and_with_moe() -> None:
+    """With dense MLPs and with MoE blocks (tiny-mla: MLA + MoE, run by tests/test_moe_run.py) paracube's runtime
+    plans layouts its executor runs."""
     from paracube.planner.search import search
     from paracube.topologies import load_topology
 
     topo = load_topology("local-cpu", gpus=4)
-    res = search(SPEC, TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=3)
-    assert res.ranked and all(lay.mode in ("none", "1d") for lay, *_ in res.ranked)
-    best = res.ranked[0][0]
-    check_divisibility(SPEC, best, best.micro_batch, 8, SPEC.seq_len)  # what it plans, the executor runs
-    with pytest.raises(ParacubeError, match="does not train MoE blocks with multi-head latent attention"):
-        search(PRESETS["tiny-mla"], TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=1)
+    for spec in (SPEC, PRESETS["tiny-mla"]):
+        res = search(spec, TrainingSpec(global_batch=8), topo, 4, runtime="paracube", top_k=3)
+        assert res.ranked and all(lay.mode in ("none", "1d") for lay, *_ in res.ranked)
+        best = res.ranked[0][0]
+        check_divisibility(spec, best, best.micro_batch, 8, spec.seq_len)  # what it plans, the executor runs
 
 
 def test_the_serial_block_computes_latent_attention() -> None:

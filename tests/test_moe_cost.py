@@ -31,6 +31,9 @@ def h100() -> object:
     ("qwen3-30b-a3b", "dp=16,ep=16,tp=none,mb=1,zero=1"),
     ("qwen3-30b-a3b", "dp=4,pp=2,ep=4,etp=2,tp=1d:2,mb=1,zero=1"),
     ("tiny-mla", "dp=8,ep=4,tp=1d:2,mb=1"),
+    ("tiny-moe", "dp=8,ep=4,tp=1d:2,sp,mb=1"),  # the counts over ep and the aux loss's over tp, the experts' norm
+    ("mixtral-8x7b", "dp=8,pp=2,ep=8,tp=none,mb=1"),
+    ("mixtral-8x7b", "dp=2,pp=2,ep=4,tp=1d:4,sp,mb=1"),  # no shared expert: the MoE blocks' MLP collectives dropped
 ])
 def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> None:
     model, layout = PRESETS[name], parse_layout(text)
@@ -39,13 +42,50 @@ def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> N
     assert abs(e.step_time_s / a.step_time_s - 1) < 0.02
 
 
+@pytest.mark.parametrize(("shared", "text"), [(True, "dp=8,ep=4,tp=none,mb=2"), (True, "dp=4,ep=4,tp=1d:2,sp,mb=1"),
+                                             (True, "dp=8,ep=8,tp=none,mb=1,zero=1"),
+                                             (True, "dp=4,ep=2,tp=1d:2,sp,mb=1,rc=full"),
+                                             (False, "dp=4,ep=4,tp=1d:2,sp,mb=1")])
+def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object, shared: bool, text: str) -> None:
+    """The MoE collectives both engines price (the events of cost_models/moe.py's block and stage costs, which the
+    event engine inserts as they are: moe_program.py) are cost_models/moe_traffic's, the list tests/test_moe_run.py
+    holds equal to what the executor records: copy counts, aux-loss counts over tp, dispatch and combine, forward,
+    recomputation and backward, and the experts' norm (a multiset: zero difference; the expert buckets differ by
+    design, moe.grad_event prices one fused reduction). Without a shared expert (Mixtral's shape) a MoE block has no
+    MLP collectives (moe_unshared.py), in the estimate as in the executor's list."""
+    from collections import Counter
+    from dataclasses import replace
+
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.moe_traffic import moe_stage_events
+
+    model, layout = PRESETS["tiny-moe"], parse_layout(text)
+    if not shared:
+        model = replace(model, name="tiny-mixtral", moe=replace(model.moe, shared_ffn=0))
+    train = TrainingSpec(global_batch=2 * layout.dp * layout.micro_batch, dtype="bf16",
+                         recompute=layout.recompute or "none")
+    est = estimate(model, train, layout, load_topology("dgx-h100", gpus=8))
+    want = moe_stage_events(layout, dims_of(model, train), model.moe, layout.micro_batch)
+
+    def moe_part(events: object) -> Counter:
+        return Counter((*e.key(), e.phase, e.label) for e in events  # type: ignore[attr-defined]
+                       if ".moe." in e.label or e.label == "grad_norm.experts")
+
+    assert moe_part(want) and moe_part(est.events) == moe_part(want)
+    mlp = Counter((*e.key(), e.phase, e.label) for e in est.events if ".mlp." in e.label)
+    assert mlp == Counter((*e.key(), e.phase, e.label) for e in want if ".mlp." in e.label)
+    assert bool(mlp) == (shared and layout.tensor_size > 1)
+
+
 def test_declared_all_to_all_bytes_are_the_balanced_routing(h100: object) -> None:
     model, layout = PRESETS["tiny-moe"], parse_layout("dp=8,ep=4,etp=2,tp=none,mb=1")
     est = estimate(model, TrainingSpec(global_batch=8, dtype="bf16"), layout, load_topology("dgx-h100", gpus=8))
-    a2a = [e for e in est.events if e.kind == "all_to_all"]
+    a2a = [e for e in est.events if e.kind == "all_to_all" and not e.label.endswith("moe.counts")]
     T, k, h, c = 64, 2, 64, 2  # one sequence of 64 tokens per rank, top-2, hidden 64, bf16
     # 2 MoE blocks x (dispatch + combine) x (forward + backward), one micro-batch
     assert len(a2a) == 8 and {e.payload_bytes for e in a2a} == {T * k * h * c} and {e.axes for e in a2a} == {("ep",)}
+    counts = [e for e in est.events if e.label.endswith("moe.counts")]  # per block forward: E int64 counts
+    assert len(counts) == 2 and {(e.payload_bytes, e.dtype) for e in counts} == {(8 * 8, "int64")}
     # etp=2: every expert shard's tokens gathered and scattered back over etp, forward and backward
     assert sum(e.kind == "all_gather" and e.axes == ("etp",) for e in est.events) == 4
     # the split sizes of a balanced routing: T k / ep token copies to each of the ep peers

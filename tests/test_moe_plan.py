@@ -33,6 +33,25 @@ def test_qwen3_plan_chooses_ep_and_says_why(capsys: pytest.CaptureFixture[str], 
     assert "--num-experts 128" in out and "--moe-router-topk 8" in out and "--expert-model-parallel-size" in out
 
 
+def test_deepseek_v3_plans_with_paracubes_runtime(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """MLA + MoE in one model runs in paracube's executor (tests/test_moe_run.py), so the default runtime plans
+    DeepSeek-V3: the chosen ep and etp with why, a layout the executor runs, and its Megatron export."""
+    from paracube.executor import check_divisibility
+    from paracube.layout import parse_layout
+    from paracube.model_presets import PRESETS
+
+    plan = tmp_path / "dsv3.json"
+    code, out, err = run_cli(capsys, "plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "1024",
+                             "-o", str(plan))
+    assert code == 0, err
+    best = parse_layout(json.loads(plan.read_text())["layout"])
+    assert best.ep > 1 and best.etp == 1 and "chosen; best with ep=" in out and "etp=1 chosen" in out
+    check_divisibility(PRESETS["deepseek-v3"], best, best.micro_batch, 512, 4096)  # what it plans, the executor runs
+    code, out, err = run_cli(capsys, "export", str(plan), "--to", "megatron")
+    assert code == 0, err
+    assert "--multi-latent-attention" in out and f"--expert-model-parallel-size {best.ep}" in out
+
+
 def _config(tmp_path: Path, data: dict) -> str:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
@@ -48,11 +67,11 @@ def _config(tmp_path: Path, data: dict) -> str:
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
     (("plan", "--model", "llama2-7b", "--layout", "dp=16,ep=2,tp=none", "--runtime", "megatron"),
      "model llama2-7b has none"),
-    # paracube's executor runs MoE blocks with zero=0/1, and MLA only with dense MLPs (its runtime is the default)
+    # paracube's executor runs MoE blocks with zero=0/1 (its runtime is the default)
     (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=2,tp=none"),
      "MoE blocks with zero=2 are not run (the experts' gradients reduce over edp); valid: zero=0/1"),
-    (("plan", "--model", "tiny-mla"),
-     "runtime paracube (paracube run) does not train MoE blocks with multi-head latent"),
+    (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=none"),
+     "runtime paracube (paracube run) does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
 ])
 def test_bad_expert_layouts_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], argv: tuple, message: str) -> None:
     code, out, err = run_cli(capsys, *argv, "--cluster", "dgx-h100", "--gpus", "16")

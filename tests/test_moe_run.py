@@ -1,5 +1,7 @@
 """MoE blocks run by the executor (executor/model/moe.py, executor/layers/experts.py): tiny-moe (top-2 of 8 experts,
-one shared) against its serial model, and the all-to-alls' recorded split sizes against the model's.
+one shared) against its serial model, and the all-to-alls' recorded split sizes against the model's; the same for
+MLA + MoE in one model (tiny-mla: DeepSeek-V2/V3's shape, block 0 dense, block 1 MoE with sigmoid routing, every
+block MLA attention; modes none with pp and 1D + sp with zero=1) and for Mixtral's shape (no shared expert).
 
 One 4-rank launch. Per case: losses and gradient norms of 3 AdamW steps and every parameter block after them equal
 the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says why; routing is chosen on fp64
@@ -36,20 +38,31 @@ from paracube.layout import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.experts import splits
-from paracube.workload import TrainingSpec
+from paracube.modes.stages import stage_chunks
+from paracube.workload import ModelSpec, TrainingSpec
 
 SPEC = PRESETS["tiny-moe"]
+# DeepSeek-V2/V3's shape: block 0 dense, block 1 MoE (sigmoid routing, one shared expert), every block MLA; the
+# sequence-wise aux loss trained (tiny-mla has none) so that the sigmoid scores' normalization is exercised
+MLA_MOE = replace(PRESETS["tiny-mla"], moe=replace(PRESETS["tiny-mla"].moe, aux_loss=0.01))
+# Mixtral's shape: softmax top-2 of 8, no shared expert, no dense block
+MIXTRAL = replace(SPEC, name="tiny-mixtral", moe=replace(SPEC.moe, shared_ffn=0))
+SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL}
 ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}  # dist_helpers.fp64_optimizer's settings
 MICRO, MB = 4, 2  # micro-batches of the step (split over dp), sequences per micro-batch
-CASES = [  # (layout, skewed routing, recompute): 4 ranks each
-    ("dp=4,ep=2", False, "full"),  # ep=2, the experts' gradients reduced over edp = 2; the block recomputed
-    ("dp=4,ep=4", False, "none"),
-    ("dp=4,ep=4", True, "none"),  # every token to experts 0..2: ranks 2, 3 receive nothing
-    ("dp=2,ep=2,tp=1d:2,sp", False, "none"),  # ep folded over tp: each tensor rank routes its sequence shard
-    ("pp=2,dp=2,ep=2", False, "none"),
-    ("dp=2,tp=1d:2,sp", False, "none"),  # ep = 1: every rank holds all experts, reduced over (dp, tp)
-    ("dp=2,ep=2,tp=1d:2,sp,zero=1", False, "none"),  # dense shards over dp, the experts' over edp (= 2)
+CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
+    ("tiny-moe", "dp=4,ep=2", False, "full"),  # ep=2, the experts' gradients reduced over edp = 2; block recomputed
+    ("tiny-moe", "dp=4,ep=4", False, "none"),
+    ("tiny-moe", "dp=4,ep=4", True, "none"),  # every token to experts 0..2: ranks 2, 3 receive nothing
+    ("tiny-moe", "dp=2,ep=2,tp=1d:2,sp", False, "none"),  # ep folded over tp: each tensor rank routes its shard
+    ("tiny-moe", "pp=2,dp=2,ep=2", False, "none"),
+    ("tiny-moe", "dp=2,tp=1d:2,sp", False, "none"),  # ep = 1: every rank holds all experts, reduced over (dp, tp)
+    ("tiny-moe", "dp=2,ep=2,tp=1d:2,sp,zero=1", False, "none"),  # dense shards over dp, the experts' over edp
+    ("mla", "pp=2,dp=2,ep=2", False, "none"),  # MLA + MoE, mode none: stage 0 the dense block, stage 1 the MoE one
+    ("mla", "dp=2,ep=2,tp=1d:2,sp,zero=1", False, "selective"),  # MLA + MoE in 1D + sp, distributed optimizer
+    ("mixtral", "dp=2,ep=2,tp=1d:2,sp", False, "none"),  # no shared expert: a MoE block runs no tensor collective
 ]
+IDS = [f"{c[0]}-{c[1]}{'-skewed' if c[2] else ''}-rc={c[3]}" for c in CASES]
 
 
 def skewed(block: int, scores: torch.Tensor) -> torch.Tensor:
@@ -57,37 +70,38 @@ def skewed(block: int, scores: torch.Tensor) -> torch.Tensor:
     return scores[:, :3].topk(2, dim=-1).indices
 
 
-def _micro_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _micro_batches(spec: ModelSpec = SPEC) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The step's MICRO micro-batches (every layout's global batch: replica r takes a contiguous run of them, so
     the serial reference, which runs them all in order, is the same for every layout of a routing)."""
     gen = torch.Generator().manual_seed(11)
-    return [(torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen),
-             torch.randint(0, SPEC.vocab, (MB, SPEC.seq_len), generator=gen)) for _ in range(MICRO)]
+    return [(torch.randint(0, spec.vocab, (MB, spec.seq_len), generator=gen),
+             torch.randint(0, spec.vocab, (MB, spec.seq_len), generator=gen)) for _ in range(MICRO)]
 
 
-_SERIAL: dict[tuple[bool, int], tuple[list[tuple[float, float]], dict[str, torch.Tensor]]] = {}
+_SERIAL: dict[tuple[str, bool, int], tuple[list[tuple[float, float]], dict[str, torch.Tensor]]] = {}
 
 
-def _serial(skew: bool, vocab: int) -> tuple[list[tuple[float, float]], dict[str, torch.Tensor]]:
+def _serial(spec: ModelSpec, skew: bool, vocab: int) -> tuple[list[tuple[float, float]], dict[str, torch.Tensor]]:
     """(loss, grad norm) of each step and the parameters after them, of the serial model (once per routing)."""
-    if (skew, vocab) not in _SERIAL:
-        ref = serial_reference(SPEC, seed=5, vocab=vocab, dtype=F64)
+    if (spec.name, skew, vocab) not in _SERIAL:
+        ref = serial_reference(spec, seed=5, vocab=vocab, dtype=F64)
         set_routing(ref, skewed if skew else None)
-        opt, tokens = fp64_optimizer(ref), MICRO * MB * SPEC.seq_len
-        steps = [train_step(ref, opt, ref.mesh, _micro_batches(), tokens, MAX_NORM) for _ in range(STEPS)]
+        opt, tokens = fp64_optimizer(ref), MICRO * MB * spec.seq_len
+        steps = [train_step(ref, opt, ref.mesh, _micro_batches(spec), tokens, MAX_NORM) for _ in range(STEPS)]
         params = {n: p.detach() for n, p in ref.named_parameters()}
-        _SERIAL[skew, vocab] = ([(r.loss, r.grad_norm) for r in steps], params)
-    return _SERIAL[skew, vocab]
+        _SERIAL[spec.name, skew, vocab] = ([(r.loss, r.grad_norm) for r in steps], params)
+    return _SERIAL[spec.name, skew, vocab]
 
 
-def _one_case(rank: int, layout_text: str, skew: bool, recompute: str) -> dict[str, Any]:
+def _one_case(rank: int, model_name: str, layout_text: str, skew: bool, recompute: str) -> dict[str, Any]:
+    spec = SPECS[model_name]
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank)
     n = MICRO // layout.dp
-    micro = _micro_batches()[mesh.coord("dp") * n:(mesh.coord("dp") + 1) * n]
-    tokens = MICRO * MB * SPEC.seq_len
-    model = build_model(SPEC, mesh, seed=5, recompute=recompute, dtype=F64)
-    ref_steps, ref_params = _serial(skew, model.vocab)
+    micro = _micro_batches(spec)[mesh.coord("dp") * n:(mesh.coord("dp") + 1) * n]
+    tokens = MICRO * MB * spec.seq_len
+    model = build_model(spec, mesh, seed=5, recompute=recompute, dtype=F64)
+    ref_steps, ref_params = _serial(spec, skew, model.vocab)
     if skew:
         set_routing(model, skewed)
     log: list[torch.Tensor] = []
@@ -127,18 +141,20 @@ def results() -> list[list[dict[str, Any]]]:
     return run_distributed(_all_cases, 4, timeout=600.0)  # [rank][case]
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}-rc={c[2]}" for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
 def test_moe_matches_serial(results, case: int) -> None:
     for rank, per_case in enumerate(results):
         bad = {k: v for k, v in per_case[case]["errors"].items() if not v < TOL_FP64}
         assert not bad, f"rank {rank}: {bad}"
-        assert any(k.startswith("param:") and ".experts." in k for k in per_case[case]["errors"])
+    assert any(k.startswith("param:") and ".experts." in k for per_case in results for k in per_case[case]["errors"])
+    if CASES[case][0] == "mla":  # every block's attention is MLA's, the MoE block's too
+        assert any(".1.attn.kv_b." in k for per_case in results for k in per_case[case]["errors"])
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}-rc={c[2]}" for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
 def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: int) -> None:
-    layout = parse_layout(CASES[case][0])
-    row = SPEC.hidden * 8  # fp64 copies of [h]
+    spec, layout = SPECS[CASES[case][0]], parse_layout(CASES[case][1])
+    row = spec.hidden * 8  # fp64 copies of [h]
     groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp) -> ep index -> rank's result
     for per_case in results:
         r = per_case[case]
@@ -151,7 +167,10 @@ def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: 
         ep = len(members)
         assert ep == layout.ep
         forwards = len(members[0]["routing"])
-        assert forwards == MICRO // layout.dp * SPEC.layers // layout.pp
+        stage = members[0]["stage"]
+        moe_layers = sum(spec.moe.is_moe_layer(i) for chunk in stage_chunks(spec.layers, layout.pp, layout.interleave,
+                                                                          stage) for i in chunk)  # the stage's
+        assert forwards == MICRO // layout.dp * moe_layers
         for f in range(forwards):  # the f-th MoE forward of every ep peer: the same block and micro-batch
             routing = np.array([members[r]["routing"][f] for r in range(ep)])  # [source, expert]
             model = splits(routing, ep) * row  # bytes [source, destination]: the model's for this routing
@@ -170,10 +189,10 @@ def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: 
                                + [("moe.dispatch", tuple(m[:, r].tolist())) for m in model])
             got = Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "bwd")
             assert got == expected
-            if CASES[case][2] == "full":  # the recomputed forwards send what the forwards sent
+            if CASES[case][3] == "full":  # the recomputed forwards send what the forwards sent
                 sent = Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "fwd")
                 assert Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "recompute") == sent
-    if CASES[case][1]:  # skewed: ranks holding experts 3.. receive nothing
+    if CASES[case][2]:  # skewed: ranks holding experts 3.. receive nothing
         assert all(sum(a[4]) == 0 for per_case in results for a in per_case[case]["a2a"]
                    if per_case[case]["ep"] >= 2 and a[0] == "moe.dispatch" and a[1] == "fwd")
     assert checked
@@ -187,16 +206,17 @@ def _fp64_statistics(e: CommEvent) -> CommEvent:
     return e
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}{'-skewed' if c[1] else ''}-rc={c[2]}" for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
 def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> None:
     """Every collective of step 0 on every rank (a multiset of kind, axes, payload bytes, dtype) equals
     cost_models/moe_traffic's list for the layout, its dispatch / combine bytes those of the routing the run took
     (splits of the ep peers' logged copies, checked per peer above): zero difference."""
-    layout_text, _, recompute = CASES[case]
+    model_name, layout_text, _, recompute = CASES[case]
+    spec = SPECS[model_name]
     layout = parse_layout(layout_text).with_(micro_batch=MB)
-    d = replace(dims_of(SPEC, TrainingSpec(global_batch=MICRO * MB, dtype="fp32", recompute=recompute)),
+    d = replace(dims_of(spec, TrainingSpec(global_batch=MICRO * MB, dtype="fp32", recompute=recompute)),
                 c=8, dtype="float64")  # the run's fp64 copies
-    row = SPEC.hidden * 8
+    row = spec.hidden * 8
     peers: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for per_case in results:
         r = per_case[case]
@@ -209,10 +229,10 @@ def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> Non
             m = splits(np.array([members[q]["routing"][f] for q in range(len(members))]), len(members)) * row
             sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum())))
         stage = "first" if r["stage"] == 0 else "last"
-        model = [_fp64_statistics(e) for e in with_routing(moe_stage_events(layout, d, SPEC.moe, MB, stage), sent)]
+        model = [_fp64_statistics(e) for e in with_routing(moe_stage_events(layout, d, spec.moe, MB, stage), sent)]
         diff = traffic_difference(model, r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
-        assert any(k[0] == "all_to_all" for k in r["events"]) == (layout.ep > 1)
+        assert any(k[0] == "all_to_all" for k in r["events"]) == (layout.ep > 1 and bool(r["routing"]))
 
 
 @pytest.mark.parametrize("layout, message", [

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paracube.cost_models.mla import fp8_block_weights, fp8_linears
 from paracube.layout import Layout
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import F32
@@ -55,6 +56,8 @@ def weight_elements(d: object, mode: str, b: LayoutBatch, first: Arr | int, last
     for n, (_, h_in, h_out, _) in enumerate(d.linears):  # type: ignore[attr-defined]
         _, cols, rows = m.gemm_shape(T, h_in, h_out, n in (0, 2), b.t, b.q, b.depth)
         per_block = per_block + np.asarray(rows, dtype=float) * cols
+    if getattr(d, "mla", None) is not None:  # latent attention's linears instead (cost_models/mla.py)
+        per_block = np.zeros_like(T) + fp8_block_weights(m, d, T, b.t, b.q, b.depth)  # type: ignore[arg-type]
     Ls = stage_layers(d.L, b.pp, b.v, np.where(b.pp == 1, 1, first), last)  # type: ignore[attr-defined]
     return Ls * per_block
 
@@ -71,8 +74,13 @@ def copy_bytes(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr
     if not getattr(d, "fp8", False):
         return np.zeros(len(b.dp))
     Ls = stage_layers(d.L, b.pp, b.v, np.where(b.pp == 1, 1, first), last)  # type: ignore[attr-defined]
-    scales = Ls * len(d.linears) * TENSORS_PER_LINEAR * SCALE_BYTES  # type: ignore[attr-defined]
+    scales = Ls * block_linears(d) * TENSORS_PER_LINEAR * SCALE_BYTES
     return WEIGHT_COPY_BYTES * weight_elements(d, mode, b, first, last) + scales
+
+
+def block_linears(d: object) -> int:
+    """FP8 linears per block: the four of docs/algorithms.md; MLA's own (cost_models/mla.fp8_linears)."""
+    return len(fp8_linears(d) if getattr(d, "mla", None) is not None else d.linears)  # type: ignore[arg-type,attr-defined]
 
 
 def amax_axes(layout: Layout) -> tuple[str, ...]:
@@ -82,7 +90,7 @@ def amax_axes(layout: Layout) -> tuple[str, ...]:
 
 def amax_bytes(d: object, layers: Arr | int) -> Arr | int:
     """Bytes of a stage's amaxes (fp32; X, W, dY of the block linears of its `layers` blocks)."""
-    return 4 * layers * len(d.linears) * TENSORS_PER_LINEAR  # type: ignore[attr-defined]
+    return 4 * layers * block_linears(d) * TENSORS_PER_LINEAR
 
 
 def amax_collectives(layout: Layout, d: object, layers: int) -> list[tuple[str, tuple[str, ...], int, str, str, str]]:

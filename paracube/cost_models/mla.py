@@ -8,6 +8,10 @@ whole on every tensor rank, q_b and kv_b by columns (whole heads), proj by rows 
 the block norms as the mode's vectors. The tensor-parallel collectives are the mode's declaration reading
 Dims.attn_in_width (the latent's width) and Dims.attn_replicated (modes/one_d.py); the GEMMs and the attention
 core are priced by cost_models/moe.attention_delta.
+
+--dtype fp8 (`fp8_linears`, read by cost_models/fp8.py): every one of these linears runs FP8 GEMMs in the executor
+(executor/layers/mla.py), so a block's casts, FP8 weight copies and amaxes are those of its 7 linears (6 without
+q_lora_rank), the replicated down projections whole on every tensor rank.
 """
 
 from __future__ import annotations
@@ -37,4 +41,28 @@ def mla_layer_sizes(mode: Any, d: Dims, t: int, q: int) -> tuple[int, ...]:
     return tuple(int(x) for x in sizes)
 
 
-__all__ = ["mla_layer_sizes"]
+def fp8_linears(d: Dims) -> list[tuple[int, int, str]]:
+    """(h_in, h_out, split) of one MLA block's FP8 linears in registration order; split: "replicated" (whole on
+    every tensor rank), "column" or "row" (the mode's split)."""
+    m = d.mla
+    assert m is not None
+    h, H = d.h, d.heads
+    out = [(h, m.q_lora_rank, "replicated")] if m.q_lora_rank else []
+    out += [(m.q_lora_rank or h, H * m.qk_head_dim, "column"), (h, m.kv_lora_rank + m.qk_rope_head_dim, "replicated"),
+            (m.kv_lora_rank, H * (m.qk_nope_head_dim + m.v_head_dim), "column"), (H * m.v_head_dim, h, "row")]
+    return out + [(h_in, h_out, "column" if n == 0 else "row") for n, (_, h_in, h_out, _) in enumerate(d.linears[2:])]
+
+
+def fp8_block_weights(mode: Any, d: Dims, T: Any, t: Any, q: Any, depth: Any) -> Any:
+    """Weight elements (k x n) one rank's FP8 GEMMs of one MLA block see (cost_models/fp8.weight_elements)."""
+    total = 0
+    for h_in, h_out, split in fp8_linears(d):
+        if split == "replicated":
+            total = total + h_in * h_out
+        else:
+            _, cols, rows = mode.gemm_shape(T, h_in, h_out, split == "column", t, q, depth)
+            total = total + rows * cols
+    return total
+
+
+__all__ = ["fp8_block_weights", "fp8_linears", "mla_layer_sizes"]

@@ -35,8 +35,10 @@ import numpy as np
 from paracube.cost_models.collective import collective_time
 from paracube.cost_models.compute import GemmModel, attention_core_time, optimizer_time
 from paracube.cost_models.dims import Dims
-from paracube.cost_models.links import LinkCache
+from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
+from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import ExpertSizes, block_bwd, block_fwd
@@ -95,8 +97,13 @@ def expert_placement(layout: Layout) -> tuple[tuple[str, int], ...]:
 
 
 def expert_links(layout: Layout, cache: LinkCache) -> dict[tuple[str, ...], tuple[float, float]]:
+    """The folded groups' links, and the tensor group's (the aux loss's counts, moe_counts.py)."""
     place = expert_placement(layout)
-    return {axes: cache.get(place, axes) for axes in (("ep",), ("etp",), ("edp",))}
+    links = {axes: cache.get(place, axes) for axes in (("ep",), ("etp",), ("edp",))}
+    tensor = tuple(layout.tensor_axes)
+    if tensor:
+        links[tensor] = cache.get(placement_of(layout), tensor)
+    return links
 
 
 @dataclass
@@ -109,6 +116,7 @@ class BlockCost:
     events_bwd: list[CommEvent]
     tokens: int
     received: float
+    events_pre: list[CommEvent] = field(default_factory=list)  # the forward's counts before dispatch (moe_counts)
 
 
 def _events(colls: list, d: Dims, z: ExpertSizes, layout: Layout, phase: str, block: int) -> list[CommEvent]:
@@ -136,13 +144,23 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2])
     z = ExpertSizes(T=T, k=moe.top_k, received=R / layout.etp)
     return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp), d, z, layout, "fwd", block),
-                     _events(block_bwd(d, layout.etp), d, z, layout, "bwd", block), T, R)
+                     _events(block_bwd(d, layout.etp), d, z, layout, "bwd", block), T, R,
+                     block_count_events(layout, moe, mb, d.dtype, "fwd", f"layers.{block}."))
 
 
-def comm_time(e: CommEvent, links: dict, imbalance: float) -> float:
+def routed(e: CommEvent) -> bool:
+    """A dispatch / combine all_to_all: its time scales with the routing imbalance (the counts' does not)."""
+    return e.kind == "all_to_all" and e.label.endswith(("moe.dispatch", "moe.combine"))
+
+
+def comm_time(e: CommEvent, links: dict, imbalance: float, g: GemmModel | None = None) -> float:
+    """One MoE collective's seconds on its group's links, plus the device's per-call wait (GemmModel.call_wait,
+    0 on accelerators; the event engine's Sim adds the same per call)."""
     bw, lat = links[e.axes]
     t = float(collective_time(e.kind, e.group_size, 1, e.payload_bytes, bw, lat))
-    return t * (imbalance if e.kind == "all_to_all" else 1.0)  # the most loaded receiver finishes last
+    wait = float(np.asarray(g.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype)).ravel()[0]) \
+        if g is not None and g.waits else 0.0
+    return t * (imbalance if routed(e) else 1.0) + wait  # the most loaded receiver finishes last
 
 
 def expert_params_per_rank(model: ModelSpec, layout: Layout, stage: int) -> int:
@@ -202,6 +220,7 @@ class StageCost:
     compute: float = 0.0  # per micro-batch
     comm: float = 0.0  # per micro-batch
     step_comm: float = 0.0  # expert gradient reduction (s)
+    norm_comm: float = 0.0  # the experts' squared-norm all_reduce (s, exposed: after the gradients)
     optim: float = 0.0
     sent: float = 0.0  # bytes per step
     memory: dict[str, float] = field(default_factory=dict)
@@ -228,17 +247,20 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         moe = model.moe
         assert moe is not None
         b = block_cost(model, d, layout, mb, g)
-        cf = sum(comm_time(e, links, moe.imbalance) for e in b.events_fwd)
-        cb = sum(comm_time(e, links, moe.imbalance) for e in b.events_bwd)
+        cf = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_pre + b.events_fwd)
+        cb = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd)
         out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd)
         out.comm += k * (cf * (2 if rec else 1) + cb)
+        # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
+        out.comm -= k * dropped_time(dropped_events(model, d, layout, mb), links, g)
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch
                   if moe.is_moe_layer(i)]
         for i in blocks:  # one micro-batch's, in issue order per block (the whole forward, then backward)
-            out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}.")) for e in b.events_fwd]
+            out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}."))
+                           for e in b.events_pre + b.events_fwd]
             if rec:
                 out.events += [replace(e, phase="recompute", label=e.label.replace("layers.0.", f"layers.{i}."))
-                               for e in b.events_fwd]
+                               for e in b.events_pre + b.events_fwd]
         for i in reversed(blocks):
             out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}.")) for e in b.events_bwd]
         out.sent += sum(e.sent_bytes() for e in out.events)
@@ -250,6 +272,10 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         bw, lat = links[ge.axes]
         out.step_comm = float(collective_time(ge.kind, ge.group_size, 1, ge.payload_bytes, bw, lat))
         out.events.append(ge)
+    ne = norm_event(layout, k)
+    if ne is not None:
+        out.norm_comm = comm_time(ne, links, 1.0, g)
+        out.events.append(ne)
     out.optim = float(np.asarray(optimizer_time(np.asarray([n_exp / z1 + n_att]), d.c, g)).ravel()[0])
     return out
 

@@ -1,13 +1,14 @@
 """The event engine's MoE blocks: cost_models/moe.py's terms inserted into a stage's program (event_program.py).
 
 Per MoE block i of the stage, in every forward list after block i's dense ops: dispatch all_to_all, (etp
-all_gather,) the experts' compute, (etp reduce_scatter,) combine all_to_all; in every backward list before
-block i's dense backward (after its recomputation under full recomputation, which repeats the forward ones):
-the backward collectives around the experts' backward compute. The attention correction (moe.attention_delta)
-is added to the largest compute op of each block's forward and backward (it may be negative: a true attention
-smaller than the dense part's). The all_to_alls run with payload x imbalance (the most loaded receiver sets
-their time; the declared events keep the balanced bytes). The expert gradient reduction runs in the tail
-before the optimizer (with the layout's `overlap`: issued as the last backward starts, waited on in the tail,
+all_gather,) the experts' compute, (etp reduce_scatter,) combine all_to_all; in every backward list before block i's
+dense backward (after its recomputation under full recomputation, which repeats the forward ones): the backward
+collectives around the experts' backward compute; before a forward's dispatch its counts (moe_counts.py: the copy
+counts over ep, the aux loss's over tp), and in the tail the experts' norm all_reduce. The attention correction
+(moe.attention_delta) is added to the largest compute op of each block's forward and backward (it may be negative: a
+true attention smaller than the dense part's). The all_to_alls run with payload x imbalance (the most loaded
+receiver sets their time; the declared events keep the balanced bytes). The expert gradient reduction runs in the
+tail before the optimizer (with the layout's `overlap`: issued as the last backward starts, waited on in the tail,
 as moe_step.py prices it), and the expert optimizer step is added to the optimizer op.
 """
 
@@ -18,8 +19,10 @@ from dataclasses import replace
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.event_program import Op, StageProgram
-from paracube.cost_models.moe import attention_delta, block_cost, grad_event, moe_layers_of, stage_cost
+from paracube.cost_models.moe import attention_delta, block_cost, grad_event, moe_layers_of, routed, stage_cost
+from paracube.cost_models.moe_counts import norm_event
 from paracube.cost_models.moe_step import in_flight
+from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.stages import stage_chunks
@@ -27,15 +30,18 @@ from paracube.workload import ModelSpec
 
 
 def _timed(e: CommEvent, imbalance: float) -> CommEvent:
-    return replace(e, payload_bytes=int(e.payload_bytes * imbalance)) if e.kind == "all_to_all" else e
+    return replace(e, payload_bytes=int(e.payload_bytes * imbalance)) if routed(e) else e
 
 
-def _ops(events: list[CommEvent], seconds: float, name: str, imbalance: float) -> list[Op]:
-    """Collectives before the experts' compute, the experts, the ones after (the first half of the list is
-    issued before: dispatch (+ gather) forward; combine's gradient (+ scatter's) backward)."""
+def _ops(events: list[CommEvent], seconds: float, name: str, imbalance: float,
+         pre: list[CommEvent] | None = None) -> list[Op]:
+    """`pre` (the forward's counts, moe_counts.py), then the collectives before the experts' compute, the experts,
+    the ones after (the first half of the list is issued before: dispatch (+ gather) forward; combine's gradient
+    (+ scatter's) backward)."""
     half = len(events) // 2
     comm = [Op("comm", e.label, event=_timed(e, imbalance)) for e in events]
-    return [*comm[:half], Op("compute", name, seconds), *comm[half:]]
+    first = [Op("comm", e.label, event=e) for e in pre or []]
+    return [*first, *comm[:half], Op("compute", name, seconds), *comm[half:]]
 
 
 def _adjust(ops: list[Op], prefix: str, delta: float) -> None:
@@ -80,14 +86,17 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                 _adjust(lists[c], f"layers.{i}.", af)
                 if is_moe:
                     assert block is not None
-                    _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd, f"layers.{i}.experts", imb))
+                    _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd, f"layers.{i}.experts", imb,
+                                                  block.events_pre))
             for lists in (prog.bwd, prog.bwd_last):
                 _adjust(lists[c], f"layers.{i}.", ab + (af if rec else 0.0))
                 if is_moe:
                     assert block is not None
-                    again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb) if rec else []
+                    again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,
+                                 block.events_pre) if rec else []
                     _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd, f"layers.{i}.experts.bwd",
                                                          imb))
+    drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)
     ge = grad_event(model, layout, stage)
     if ge is not None:
         op = Op("comm", "expert_gradients", event=ge, asynchronous=layout.overlap)
@@ -96,6 +105,11 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
             prog.tail.insert(0, Op("wait", "expert_gradients.wait"))
         else:
             prog.tail.insert(0, op)
+    ne = norm_event(layout, moe_layers_of(model, layout, stage))
+    if ne is not None:  # after the gradients, before the step's grad norm (training/step.py)
+        at = next((j for j, op in enumerate(prog.tail) if op.name.startswith("grad_norm") or op.name == "optimizer"),
+                  len(prog.tail))
+        prog.tail.insert(at, Op("comm", ne.label, event=ne))
     optim = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage)).optim
     for j, op in enumerate(prog.tail):
         if op.kind == "compute" and op.name == "optimizer":

@@ -1,12 +1,13 @@
 """The analytic engine's step with MoE blocks (and the attention correction) added: cost_models/moe.py's per-stage
 terms on top of the dense part's Scores.
 
-With N micro-batches, a stage's work becomes W_s + N (compute_s + comm_s) (the MoE collectives are in line with
-compute: Megatron-core's dispatcher waits on them), the step W + (pp - 1) / (v N) W + the dense per-step part
-+ the slowest stage's expert gradient reduction (exposed; with the layout's `overlap` only what one micro-batch's
-backward, 2/3 of its work, leaves after the dense buckets G_d: max(0, G - max(0, 2/3 W / N - G_d))) + its
-expert optimizer step. Memory: the most
-loaded stage's dense parts plus its expert parts (first and last stage, as analytic.py counts them).
+With N micro-batches, a stage's work becomes W_s + N (compute_s + comm_s) (the MoE collectives, the counts of
+moe_counts.py included, are in line with compute: Megatron-core's dispatcher waits on them), the step
+W + (pp - 1) / (v N) W + the dense per-step part + the slowest stage's expert gradient reduction (exposed; with the
+layout's `overlap` only what one micro-batch's backward, 2/3 of its work, leaves after the dense buckets G_d:
+max(0, G - max(0, 2/3 W / N - G_d))) + the experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert
+optimizer step. Memory: the most loaded stage's dense parts plus its expert parts (first and last stage, as
+analytic.py counts them).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import expert_links, priced, stage_cost
+from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
 from paracube.workload import ModelSpec
@@ -61,15 +63,18 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     dense_grad = float(scores.stages[STAGE_NAMES.index(slow)].grad[0])
     window = max(0.0, 2.0 / 3.0 * w / n - dense_grad)
     grad = max(0.0, c.step_comm - window) if layout.overlap else c.step_comm
-    step = w + bubble + rest + grad + c.optim
+    step = w + bubble + rest + grad + c.norm_comm + c.optim
     heavy = max(("first", "last"), key=lambda s: _total(est.memory, costs[s].memory))
     mem = MemoryBreakdown(**{k: getattr(est.memory, k) + v for k, v in costs[heavy].memory.items()})
-    micro_events = [e for e in c.events if e.phase != "grad_sync"]
-    events = tuple(est.events) + tuple(e for _ in range(int(n)) for e in micro_events) + tuple(
-        e for e in c.events if e.phase == "grad_sync") if est.events else ()
+    per_step = ("grad_sync", "optimizer")  # the expert gradients and their norm (moe_counts.norm_event)
+    micro_events = [e for e in c.events if e.phase not in per_step]
+    dense = drop_stage_events(est.events, unshared_blocks(model, layout, stage_index(STAGE_NAMES[old_slow],
+                                                                                   layout.pp)))
+    events = dense + tuple(e for _ in range(int(n)) for e in micro_events) + tuple(
+        e for e in c.events if e.phase in per_step) if est.events else ()
     flops = est.flops_per_gpu + expert_flops(model, d) / layout.world_size
     by_kind = dict(est.comm_time_by_kind)
-    moe_comm = n * c.comm + c.step_comm
+    moe_comm = n * c.comm + c.step_comm + c.norm_comm
     by_kind["all_to_all"] = by_kind.get("all_to_all", 0.0) + moe_comm
     by_axis = dict(est.comm_time_by_axis)
     by_axis["ep"] = by_axis.get("ep", 0.0) + moe_comm
@@ -77,7 +82,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     return replace(est, step_time_s=step, compute_time_s=compute, comm_time_s=est.comm_time_s + moe_comm,
                    exposed_comm_time_s=step - compute - bubble, bubble_time_s=bubble, memory=mem,
                    comm_bytes_per_gpu=est.comm_bytes_per_gpu + n * c.sent + sum(
-                       e.sent_bytes() for e in c.events if e.phase == "grad_sync"),
+                       e.sent_bytes() for e in c.events if e.phase in per_step),
                    flops_per_gpu=flops, mfu=flops / (step * g.peak), comm_time_by_axis=by_axis,
                    comm_time_by_kind=by_kind, events=events,
                    notes=(*est.notes, _note(model, layout)))

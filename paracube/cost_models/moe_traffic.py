@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.traffic import local_parameter_sizes, stage_events
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -94,10 +95,8 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     if not layers:
         return events
     ep, sp = layout.ep, layout.sequence_parallel
-    tensor = tuple(layout.tensor_axes)
     ways = layout.tensor_size if sp else 1
     T, k, E = mb * d.s // ways, moe.top_k, moe.experts
-    stat = "float64" if d.dtype == "float64" else "float32"
     n_micro = d.global_batch // (layout.dp * mb)
     phases = ("fwd", "recompute") if d.recompute == "full" else ("fwd",)
     a2a = d.c * T * k * d.h
@@ -110,12 +109,9 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     for _ in range(n_micro):
         for i in layers:
             for ph in phases:
-                extra += ev("all_to_all", ("ep",), 8 * E, "int64", ph, f"layers.{i}.moe.counts")
+                extra += block_count_events(layout, moe, mb, d.dtype, ph, f"layers.{i}.")  # counts, aux counts
                 extra += ev("all_to_all", ("ep",), a2a, d.dtype, ph, f"layers.{i}.moe.dispatch")
                 extra += ev("all_to_all", ("ep",), a2a, d.dtype, ph, f"layers.{i}.moe.combine")
-                if sp and moe.aux_loss:
-                    extra += ev("all_reduce", tensor, (8 if stat == "float64" else 4) * mb * E, stat, ph,
-                                f"layers.{i}.moe.aux_counts")
             extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.combine")
             extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.dispatch")
     # The buckets (grad_sync.py): dense without the experts over the data axes, then the experts' over their group;
@@ -137,8 +133,8 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
                 gathers += ev("all_gather", axes, 4 * padded_numel(n, shards), "float32", "optimizer", "params")
             else:
                 step += ev("all_reduce", axes, 4 * n, "float32", "grad_sync", label)
-    if layout.zero == 0:
-        step += ev("all_reduce", ("ep",), 4, "float32", "optimizer", "grad_norm.experts")
+    norm = norm_event(layout, layers)
+    step += [norm] if norm is not None else []
     router = len(layers) * d.h * (E + (1 if moe.shared_gate else 0))  # replicated over tp, summed with sp
     chunks = [i for c in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage)) for i in c]
     # no shared expert: a MoE block runs no dense MLP, so none of the mode's MLP collectives (1D + sp: its

@@ -13,9 +13,6 @@ from paracube.workload import ModelSpec
 def check_moe(spec: ModelSpec, layout: Layout) -> None:
     where = f"model {spec.name} in {layout}"
     moe = spec.moe
-    if moe is not None and spec.mla is not None:  # each runs (layers/mla.py, model/moe.py); together: not tested
-        raise ParacubeError(f"{where}: the executor runs MLA with dense MLPs and MoE blocks with standard attention, "
-                            "not both in one model yet; plan and export it (--runtime megatron)")
     if spec.head_size is not None and spec.mla is None:
         raise ParacubeError(f"{where}: the executor does not run a head width other than hidden / heads yet; plan "
                             "and export it (--runtime megatron)")

@@ -111,7 +111,7 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
                 (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute) \
                 or (part in ("overlap", "tpo") and not any(getattr(lay, part) for lay, _ in rows)) \
                 or (part == "cpc" and best.cp == 1) \
-                or (part in ("ep", "etp") and all(getattr(lay, part) == 1 for lay, _ in rows)):
+                or (part in ("ep", "etp") and all(lay.ep == lay.etp == 1 for lay, _ in rows)):  # MoE: both told
             continue  # not a choice of its own (overlap, tpo: the runtime does not offer it here)
         value = label(best)
         if fixed is not None and is_pinned(fixed):

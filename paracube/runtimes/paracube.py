@@ -83,13 +83,13 @@ RUNTIME = Runtime(
     fp8_tpo=True,  # 1D's ring chunk GEMMs are the linear's FP8 GEMMs (collective_matmul.py)
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     # MoE blocks with ep over the folded expert group (executor/model/moe.py); what it does not run of them
-    # (etp > 1, cp, zero >= 1, 2D/2.5D/3D, 1D without sp) is modes/experts.executor_refusal; MLA: executor/moe_sizes.py
+    # (etp > 1, cp, zero >= 1, 2D/2.5D/3D, 1D without sp) is modes/experts.executor_refusal
     expert_parallel=True,
     expert_tensor_parallel=False,
     moe_blocks=True,
     moe_check=executor_refusal,
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
-    mla_with_moe=False,  # each runs (executor/model/moe.py, layers/mla.py), together not yet (executor/moe_sizes.py)
+    mla_with_moe=True,  # MLA + MoE blocks in one model (DeepSeek-V2/V3), tests/test_moe_run.py
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),

@@ -240,7 +240,7 @@ def attach(blocks: nn.Module, recipe: Fp8Recipe = FP8_RECIPE) -> Fp8Scaling:
     """Give every linear of `blocks` (modules holding a `gemm`) an Fp8Gemm; their Fp8Scaling."""
     gemms = []
     for name, module in blocks.named_modules():
-        if isinstance(getattr(module, "gemm", None), PlainGemm):
+        if isinstance(getattr(module, "gemm", None), PlainGemm) and getattr(module, "fp8", True):  # opt-out: moe.py
             module.gemm = Fp8Gemm(name, recipe)
             gemms.append(module.gemm)
     check(bool(gemms) or not list(blocks.children()), "fp8: this tensor mode's linears do not run FP8 GEMMs")

@@ -28,7 +28,10 @@ The output is one_d's RowLinear (g: all_reduce forward; sp: reduce_scatter forwa
 Differences from transformers' DeepseekV3Attention, by choice: the rotary pairs in rotate_half order (its
 rope_interleave=True pairs adjacent columns: the same model up to a fixed permutation of the rope columns of
 W_uq and W_dkv), the softmax scale 1 / sqrt(d_n + d_r) without YaRN's mscale (no rope scaling is modelled).
-The cost model prices exactly these (cost_models/mla_traffic.py). Why hand-written: torch has no MLA module,
+--dtype fp8 (executor/layers/fp8.py): the seven linears (q_a, q_b, kv_a, kv_b, proj and the MLP's two; without
+q_lora_rank six) run FP8 GEMMs as every block linear does, the latent's norms and the core stay in the compute
+dtype (Megatron-core's MLA is TE linears throughout; cost_models/mla.fp8_linears prices their casts and amaxes).
+The cost model prices exactly these (cost_models/mla.py, modes/one_d.py). Why hand-written: torch has no MLA module,
 and the block must run through paracube's recorded collectives and shard specs like every other layer.
 """
 
@@ -43,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import copy_to_group, gather_fn
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention
+from paracube.executor.layers.gemm import PLAIN, PlainGemm
 from paracube.executor.layers.llama import rotary, rotary_tables
 from paracube.executor.layers.serial import Mode, SerialLinear, SerialRMSNorm, ShardedModule
 from paracube.executor.layers.shards import block, make_spec
@@ -62,14 +66,16 @@ def _replicated(module: ShardedModule, mesh: Mesh, axes: tuple[str, ...]) -> Sha
 
 class HeadColumns(ShardedModule):
     """[h_in, h_out] split by columns over `axes` (whole heads); no collective of its own: its input, the latent,
-    entered the heads' group once (module docstring)."""
+    entered the heads' group once (module docstring). Its `gemm` is fp8.attach's to replace, as a linear's."""
+
+    gemm: PlainGemm = PLAIN
 
     def __init__(self, mesh: Mesh, h_in: int, h_out: int, axes: tuple[str, ...]):
         super().__init__()
         self.add_param("weight", make_spec(mesh, (h_in, h_out), {1: block(h_out, mesh, axes)}))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x @ self.weight.to(compute_dtype(x))
+        return self.gemm(x, self.weight.to(compute_dtype(x)))
 
 
 def _down(mesh: Mesh, h_in: int, h_out: int, axes: tuple[str, ...]) -> ShardedModule:

@@ -270,7 +270,6 @@ def build_model(spec: ModelSpec, mesh: Mesh, seed: int = 0, recompute: str = "no
     fp32 / fp64 for tests; fp16 refused)."""
     check(not fp8 or dtype in FP8_DTYPES, f"fp8 with a {str(dtype).removeprefix('torch.')} compute copy: FP8 "
           "training keeps bf16 parameters (fp16 master state is not offered); valid: bf16 (fp32, fp64 in tests)")
-    check(not fp8 or spec.mla is None, f"fp8 with multi-head latent attention ({spec.name}) is not run; valid: bf16")
     model = ParallelGPT(spec, mesh, recompute, seed, vocab, fp8)
     model.load_init(seed)
     return model.to(dtype)

@@ -98,6 +98,7 @@ def _replicated_linear(mode: Mode, h_in: int, h_out: int) -> SerialLinear:
     """A linear every tensor rank holds whole, used on its tokens (1D + sp: sequence shards, its gradient then summed
     over tp with the mode's other sequence-parallel parameters)."""
     lin = SerialLinear(mode.mesh, h_in, h_out, False)
+    lin.fp8 = False  # type: ignore[attr-defined]  # router and gate: no FP8 GEMM (Megatron-core's are not TE linears)
     tensor = mode.mesh.tensor_axes
     lin.shard_specs["weight"] = make_spec(mode.mesh, (h_in, h_out), {}, replicated_axes=tensor)
     if getattr(mode, "sp", False):

@@ -1,0 +1,50 @@
+"""The small exchanges of a MoE step besides dispatch and combine, declared once for the traffic list
+(moe_traffic.py, held equal to what the executor records) and for both engines' pricing (moe.py's block_cost and
+stage_cost; the event engine inserts the same events, moe_program.py).
+
+Per MoE block, micro-batch and forward (again in a full recomputation), on a rank of E routed experts
+(executor/model/moe.py, executor/layers/experts.py):
+- `moe.counts`: with ep > 1, one all_to_all over ep of the E int64 copy counts (ep x E / ep: what this rank sends
+  to each local expert of each peer), before the dispatch; the receivers size their buffers with it
+  (Megatron-core's MoEAlltoAllTokenDispatcher exchanges the same counts);
+- `moe.aux_counts`: with sp over a tensor group of t > 1 and an aux loss, one all_reduce over the tensor axes of
+  the [b, E] per-sequence copy counts (the sequence-wise balance loss of a sequence split over tp), in the
+  statistics dtype (fp32; fp64 for an fp64 model).
+Per step, zero=0 with ep > 1: `grad_norm.experts`, one fp32 all_reduce over ep of the experts' squared gradient
+norm before the step's grad-norm all_reduce (zero=1 sums the experts' shards in the distributed optimizer's norm).
+All are latency-bound (8 E, 4 b E and 4 bytes); each is priced in line (nothing overlaps it: the dispatch waits
+on the counts, the norm on the gradients).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paracube.estimate import CommEvent
+from paracube.layout import Layout
+from paracube.moe_spec import MoESpec
+
+
+def block_count_events(layout: Layout, moe: MoESpec, mb: int, dtype: str, phase: str,
+                       label: str) -> list[CommEvent]:
+    """The forward's exchanges of one MoE block before its dispatch (module docstring); `label`: its prefix,
+    `layers.<i>.`; `dtype`: the model's compute dtype (the statistics are fp64 for fp64, else fp32)."""
+    out = []
+    if layout.ep > 1:
+        out.append(CommEvent("all_to_all", ("ep",), layout.ep, 8 * moe.experts, "int64", phase, label + "moe.counts"))
+    t = layout.tensor_size
+    if layout.sequence_parallel and t > 1 and moe.aux_loss:
+        stat, size = ("float64", 8) if dtype == "float64" else ("float32", 4)
+        out.append(CommEvent("all_reduce", tuple(layout.tensor_axes), t, size * mb * moe.experts, stat, phase,
+                             label + "moe.aux_counts"))
+    return out
+
+
+def norm_event(layout: Layout, experts_on_stage: Any) -> CommEvent | None:
+    """The experts' squared-norm all_reduce over ep of one step (zero=0, ep > 1, the stage holding experts)."""
+    if layout.zero != 0 or layout.ep == 1 or not experts_on_stage:
+        return None
+    return CommEvent("all_reduce", ("ep",), layout.ep, 4, "float32", "optimizer", "grad_norm.experts")
+
+
+__all__ = ["block_count_events", "norm_event"]

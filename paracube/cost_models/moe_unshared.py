@@ -1,0 +1,82 @@
+"""A MoE block without a shared expert (Mixtral, Qwen3-MoE) runs no dense MLP, so none of the tensor mode's MLP
+collectives: the routed experts take the block's tokens as they are (1D + sp: each tensor rank dispatches its
+sequence shard over the folded ep group, Megatron-core's alltoall dispatcher with etp = 1; executor/model/moe.py).
+The dense engines price `moe.dense_part(model)`, whose every block has an MLP (the <= 128-wide stand-in), and so its
+tensor collectives (1D: the all_reduces, with sp the all_gather / reduce_scatter of T h, forward, backward and
+recomputation). Both engines take those of such blocks out again, from one list (`dropped_events`):
+- the analytic engine subtracts their time per micro-batch (moe.stage_cost: collective.fastest_time on the tensor
+  group's links plus the device's per-call wait, as analytic.py prices a collective);
+- the event engine removes their ops from the stage's program (`drop_ops`, moe_program.with_blocks).
+moe_traffic.moe_stage_events drops the same events from the executor's list (tests/test_moe_run.py: zero
+difference). With tpo the MLP's collectives are rings fused with their GEMMs (collective_matmul.py): kept as
+priced (the stand-in's GEMMs are narrow, so the rings are exposed either way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from paracube.cost_models.collective import fastest_time
+from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.dims import Dims
+from paracube.cost_models.event_program import StageProgram
+from paracube.cost_models.traffic import stage_events
+from paracube.estimate import CommEvent
+from paracube.layout import Layout
+from paracube.modes.stages import stage_chunks
+from paracube.workload import ModelSpec
+
+MLP = "layers.0.mlp."  # one block's MLP collectives (traffic labels carry the stage-local block index)
+
+
+def dropped_events(model: ModelSpec, d: Dims, layout: Layout, mb: int) -> list[CommEvent]:
+    """One MoE block's dense-MLP collectives of one micro-batch that the dense part prices and the block does not
+    run (module docstring); [] with a shared expert, without a tensor group or with tpo."""
+    moe = model.moe
+    if moe is None or moe.shared_ffn or layout.tensor_size == 1 or layout.tpo:
+        return []
+    one = layout.with_(pp=1, interleave=1, micro_batch=mb)
+    return [e for e in stage_events(one, replace(d, L=1, global_batch=layout.dp * mb), mb)
+            if e.label.startswith(MLP) and e.phase in ("fwd", "bwd", "recompute")]
+
+
+def unshared_blocks(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
+    """Stage-local indices (the program's and traffic's block numbering) of the stage's MoE blocks whose MLP
+    collectives are dropped (`dropped_events` applies)."""
+    moe = model.moe
+    if moe is None or moe.shared_ffn or layout.tensor_size == 1 or layout.tpo:
+        return []
+    blocks = [i for chunk in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in chunk]
+    return [j for j, i in enumerate(blocks) if moe.is_moe_layer(i)]
+
+
+def dropped_time(events: list[CommEvent], links: dict, g: GemmModel) -> float:
+    """Seconds the analytic engine priced for `events` (fastest algorithm, per-call waits)."""
+    total = 0.0
+    for e in events:
+        bw, lat = links[e.axes]
+        t = float(np.asarray(fastest_time(e.kind, e.group_size, 1, e.payload_bytes, bw, lat)).ravel()[0])
+        if g.waits:
+            t += float(np.asarray(g.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype)).ravel()[0])
+        total += t
+    return total
+
+
+def drop_ops(prog: StageProgram, blocks: list[int]) -> None:
+    """Remove the MLP collectives of the stage-local `blocks` from every forward and backward list of `prog`."""
+    prefixes = tuple(f"layers.{i}.mlp." for i in blocks)
+    if not prefixes:
+        return
+    for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
+        lists[:] = [[op for op in ops if not (op.kind == "comm" and op.name.startswith(prefixes))] for ops in lists]
+
+
+def drop_stage_events(events: tuple[CommEvent, ...], blocks: list[int]) -> tuple[CommEvent, ...]:
+    """`events` (one stage's step) without the MLP collectives of its stage-local `blocks`."""
+    prefixes = tuple(f"layers.{i}.mlp." for i in blocks)
+    return tuple(e for e in events if not (prefixes and e.label.startswith(prefixes)))
+
+
+__all__ = ["drop_ops", "drop_stage_events", "dropped_events", "dropped_time"]
