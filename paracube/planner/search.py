@@ -160,7 +160,8 @@ def search(
         return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
     grad_bytes = rt.grad_bytes if grad_bytes is None else grad_bytes
-    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=grad_bytes, gather_16bit=rt.param_gather_16bit)  # fa= pinned: that kernel
+    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=grad_bytes,  # fa= pinned: that kernel
+                gather_16bit=rt.param_gather_16bit)
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
     check(0.0 <= memory_headroom < 1.0, f"memory headroom {memory_headroom!r} must be a fraction in [0, 1)")
     mem_cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
@@ -197,7 +198,7 @@ def search(
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
     options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,
-               "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit}  # = rt.engine_options() (a run's own gradient element: `grad_bytes`)
+               "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit}  # rt.engine_options(), a run's grad_bytes
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         key = repr(lay)  # every field
