@@ -198,7 +198,7 @@ def search(
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
     options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,
-               "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit}  # rt.engine_options(), a run's grad_bytes
+               "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit}  # rt.engine_options(); grad_bytes a run's
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         key = repr(lay)  # every field
