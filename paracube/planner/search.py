@@ -197,8 +197,8 @@ def search(
     # zero=1's parameter gather overlapped with the next forward where the runtime does it (dimensions.py);
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
-    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,
-               "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit}  # rt.engine_options(); grad_bytes a run's
+    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,  # = rt.engine_options(),
+               "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit}  # grad_bytes: a run's own
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         key = repr(lay)  # every field
