@@ -49,7 +49,7 @@ MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
 # ampere's (freed, the FP8 m0 does not move from its start: the rows do not separate it from fp8_eff_max).
 # Blackwell: two FP8 rows, the FP8 eff_max only (mem_eff freed too goes to an implausible 0.42); NDR is
 # Hopper's fitted one, NVLink 5 borrows NVLink 4's (NOT FITTED).
-HOPPER_FREE = ("eff_max", "mem_eff", "intra", "inter", "fp8_eff_max", "flash_eff")
+HOPPER_FREE = ("eff_max", "m0", "mem_eff", "intra", "inter", "fp8_eff_max", "flash_eff")
 BLACKWELL_FREE = ("fp8_eff_max",)
 DEVICE_GROUP = {"V100-SXM3-32GB": "V100", "A100-SXM-80GB": "A100", "H100-SXM-80GB": "H100",
                 "H200-SXM-141GB": "H200", "B200-SXM-180GB": "B200/GB200", "B200-GB200-186GB": "B200/GB200"}
