@@ -59,7 +59,9 @@ def test_bucket_changes_latency_not_bytes(runs: dict) -> None:
     small = estimate(r.model, r.training, lay, topo, with_events=False)
     big = estimate(r.model, r.training, lay, topo, with_events=False, bucket_bytes=r.bucket_bytes)
     assert big.comm_bytes_per_gpu == pytest.approx(small.comm_bytes_per_gpu, rel=1e-4)
-    assert big.comm_time_by_axis["dp"] < 0.5 * small.comm_time_by_axis["dp"]
+    # 25 MiB buckets: ~290 calls x 2 collectives of 511 latency steps each, against a handful of 512M-element ones;
+    # the bandwidth part (the same bytes) stays, so the gain is bounded by the latency share (about half here)
+    assert big.comm_time_by_axis["dp"] < 0.75 * small.comm_time_by_axis["dp"]
     assert big.step_time_s < small.step_time_s
 
 
