@@ -14,17 +14,19 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
 - hopper, on 8 DGX H100 rows (Nemotron-4 15B bf16 and FP8 at 16 and 128 GPUs, Nemotron-4 340B FP8 at 1024,
   Llama 2 7B FP8 at 16K tokens, Llama 3.1 8B bf16 cp=2 on one node, Llama 3.1 70B bf16 at 64 GPUs; the last two
   give the 16-bit rows three hidden sizes, 4096 / 6144 / 8192, which separate m0 from eff_max): the 16-bit
-  eff_max 0.741 and m0 108, mem_eff (0.9, its bound), the FP8 curve's eff_max 0.880, flash attention's fraction
+  eff_max 0.741 and m0 108, mem_eff (0.9, its bound), the FP8 curve's eff_max (0.880 at ampere's m0 332; with the
+  FP8 m0 set to the 16-bit curve's 108, so that no FP8 GEMM runs slower than its bf16 copy, refitted alone:
+  0.795), flash attention's fraction
   of the 16-bit peak (`flash_eff` 0.303, compute.attention_core_time: the long-sequence row fixes it), the NVLink
   4 (0.735) and NDR (0.460) efficiencies, with each row's gradient element (grad_reduce) and Megatron-core's
   16-bit parameter all-gather priced (2026-12, fit2; before, fp32 traffic pushed both fabrics to their bound
-  1.0). The FP8 m0 stays ampere's (freed, it did not move from its start). The H200 shares the generation and
+  1.0). The FP8 m0 is not fitted (freed, it did not move from its start). The H200 shares the generation and
   its fabrics.
 - blackwell, on 4 FP8 rows of both systems (DGX B200 and GB200 NVL72: Llama 3 8B on 8 GPUs, GPT-3 175B on 512 /
-  128): the FP8 eff_max only, 0.766 (freeing flash_eff and NVLink 5 too sends it to its bound 0.95 and flash to
-  0.20). The misses are structural: on one node the GB200 runs Llama 3 8B 27% faster than the B200 where the
-  datasheet peaks differ by 11% (a newer NeMo, 25.04 vs 25.02, and a 1200 W power limit); across DGX B200 nodes
-  the model exposes far more of the data-parallel traffic than the runs show (Nemotron-4 15B on 64 B200,
+  128): the FP8 eff_max only, 0.700 at Hopper's m0 (freeing flash_eff and NVLink 5 too sends it to its bound
+  0.95 and flash to 0.20). The misses are structural: on one node the GB200 runs Llama 3 8B 27% faster than the
+  B200 where the datasheet peaks differ by 11% (a newer NeMo, 25.04 vs 25.02, and a 1200 W power limit); across
+  DGX B200 nodes the model exposes far more of the data-parallel traffic than the runs show (Nemotron-4 15B on 64 B200,
   dp = 64 over InfiniBand, is predicted 2.8x slow), which points at the topology's rings: a ring crosses a node
   boundary through one NIC, where NCCL's channels spread it over the node's eight. The 16-bit curve, mem_eff and
   flash_eff are Hopper's (no 16-bit Blackwell row), NVLink 5 borrows NVLink 4's figure and NDR is Hopper's fit.
@@ -46,13 +48,13 @@ RUNS = "benchmarks/data/published_runs.csv"
 TODAY = "benchmarks/data/published_runs_today.csv"
 
 # Fitted 2026-12 (calibration/from_runs.fit_runs, runtime megatron; benchmarks/published_runs.py --refit):
-HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.741, 108.0, 0.90, 0.880, 0.303
+HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.741, 108.0, 0.90, 0.795, 0.303
 # With the stack's bf16 gradients and bf16 parameter all-gathers priced (grad_reduce column, Runtime.
 # param_gather_16bit) the fabrics leave their bound 1.0 (where they had absorbed fp32 traffic Megatron-core does
 # not send). NDR's 0.46 is low for NCCL's inter-node rings: the topology routes a ring through one NIC per node
 # boundary, where NCCL's channels spread it over the node's eight (see benchmarks/published_runs.py).
 NVLINK4, NDR = 0.735, 0.460
-BLACKWELL_FP8_MAX = 0.766  # the B200 rows' misses have opposite signs (+18%, -16%): structural, see above
+BLACKWELL_FP8_MAX = 0.700  # the B200 rows' misses have opposite signs (+18%, -16%): structural, see above
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,12 @@ GENERATIONS: dict[str, Figures] = {
 }
 # FP8 GEMMs (Transformer Engine, per-tensor scaling): a curve of their own at the FP8 peak.
 FP8_GEMM: dict[str, Figures] = {
-    "hopper": Figures({"fp8_eff_max": HOPPER_FP8_MAX, "fp8_m0": _AMPERE["m0"]},
+    "hopper": Figures({"fp8_eff_max": HOPPER_FP8_MAX, "fp8_m0": HOPPER_M0},
                       f"fitted on the dgx-h100 fp8 rows of {TODAY}", True,
-                      f"fp8_m0 NOT FITTED: ampere's m0 (freed, the fit left it there: {_SHAPES})"),
-    "blackwell": Figures({"fp8_eff_max": BLACKWELL_FP8_MAX, "fp8_m0": _AMPERE["m0"]},
+                      "fp8_m0 NOT FITTED: the 16-bit curve's fitted m0 (freed, it does not move from its start)"),
+    "blackwell": Figures({"fp8_eff_max": BLACKWELL_FP8_MAX, "fp8_m0": HOPPER_M0},
                          f"fitted on the dgx-b200 and gb200-nvl72 rows of {TODAY}", True,
-                         f"fp8_m0 NOT FITTED: ampere's m0 ({_SHAPES})"),
+                         f"fp8_m0 NOT FITTED: hopper's m0 ({_SHAPES})"),
 }
 
 FABRICS: dict[str, Figures] = {
