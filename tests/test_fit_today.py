@@ -152,7 +152,9 @@ def test_flash_attention_efficiency_closed_form() -> None:
 # A few held-out rows per generation that span what the fit must carry (benchmarks/published_runs.py prints all of
 # them): H100 weak-scaling ends (1D + dp over 2048 GPUs, bf16 and FP8), pipelines with interleaving (Nemotron-4 340B,
 # Llama 3.1 405B), context parallelism at short cp over InfiniBand (Llama 3.1 8B, 70B) and long cp (Llama 2 7B at
-# 128K and 1M tokens); the A100 and V100 rows of the 2021 set the Hopper changes must leave alone.
+# 128K and 1M tokens); the A100 and V100 rows of the 2021 set the Hopper changes must leave alone. Known misses
+# outside these bounds (printed by the benchmark): l2-7B-4K (-15%: NeMo's long-sequence sweep at 4K, which the
+# DGX-Cloud 8B rows of the same shape contradict) and the Llama 3.1 8B FP8 rows at 16 GPUs (+10%: InfiniBand rings).
 H100_ROWS = ("n4-15B-bf16-2048", "n4-15B-fp8-512", "n4-340B-fp8-2048", "n4-340B-bf16-512", "l31-8B-bf16-64",
              "l31-8B-fp8-128", "l31-70B-fp8-2048", "l31-405B-bf16-2304", "l2-7B-128K", "l2-7B-1024K")
 OLDER_ROWS = {"t1-310.1B": 0.03, "t1-1008.0B": 0.03, "rd-8.67B": 0.03, "v-8.67B": 0.05}  # today's |error| + ~1%
