@@ -42,7 +42,7 @@ from paracube.cost_models.analytic import layout_links
 from paracube.cost_models.collective import call_steps, ring_steps
 from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import context_local, dims_of, with_pins
-from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template, ring_hops
+from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template
 from paracube.cost_models.event_program import Op, StageProgram, build_stage, schedule
 from paracube.cost_models.event_trace import Span, Timeline
 from paracube.cost_models.links import LinkCache
@@ -126,8 +126,7 @@ class _Sim:
                 groups = groups[self.stage_of[groups[:, 0]] == stage]
             rep = self.reps[0 if "pp" in axes else stage]
             prefer = int(np.nonzero((groups == rep).any(axis=1))[0][0])
-            hops = [ring_hops(g) for g in groups.tolist()]
-            tpl = self.links.template(f"stage{stage}:{'.'.join(axes)}", hops, prefer)
+            tpl = self.links.ring_template(f"stage{stage}:{'.'.join(axes)}", groups.tolist(), prefer)
             self._templates[key] = tpl
         return tpl
 

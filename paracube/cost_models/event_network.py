@@ -12,6 +12,9 @@ are flow *classes*: on a link e a representative hop stands for `weight = k(e) /
 counts the hops of every concurrent group of that axis in the stage crossing e and r(e) the
 representative's own hops crossing e. Weighted max-min (sum of weight x rate <= capacity on every link) then
 gives each hop the rate it would get with all concurrent groups simulated, when they are symmetric.
+A ring hop that crosses nodes runs as parallel channels (topology.hop_routes, NCCL's channels over the node's
+NICs): one flow whose rate R puts share x R on each channel's links, so k(e) and r(e) sum shares and a link's
+weight is share x k(e) / r(e) -- the analytic engine's fractional link load, link for link.
 
 A job is one collective: `steps` synchronized ring steps; in each, a latency `alpha` then every hop moves
 `chunk` bytes (cost_models/collective.ring_steps: steps x chunk = the bytes a rank sends); the step ends when
@@ -287,26 +290,55 @@ class LinkTable:
         check(a == b or len(edges) > 0, f"no route from rank {a} to rank {b}: device disconnected")
         return [self._link(u, v) for u, v in edges]
 
+    def ring_template(self, name: str, groups: Sequence[Sequence[int]], prefer: int = 0) -> Template:
+        """`template` of the node-major rings of `groups` (rank lists), crossing hops split into channels."""
+        hop_routes = self.topo.hop_routes
+        paths = []
+        for g in groups:
+            hops = []
+            for a, b in ring_hops(g):
+                self.path(a, b)  # validates the ranks and the route
+                hops.append([(tuple(self._link(u, v) for u, v in edges), share)
+                             for edges, share in hop_routes(g, a, b)])
+            paths.append(hops)
+        return self._template(name, paths, prefer)
+
     def template(self, name: str, groups: Sequence[Sequence[tuple[int, int]]], prefer: int = 0) -> Template:
         """Template of the slowest of `groups` (each a list of (src, dst) rank hops) that move at the same
         time. All of them load the links; the one whose worst hop sees the most loaded link (load /
         capacity; then the longest latency) is simulated, since the others wait for it at the next
         collective that couples them (`prefer` wins ties: the group of the stage's representative rank)."""
+        return self._template(name, [[[(tuple(self.path(a, b)), 1.0)] for a, b in hops] for hops in groups],
+                              prefer)
+
+    def _template(self, name: str, paths: list[list[list[tuple[tuple[int, ...], float]]]], prefer: int
+                  ) -> Template:
+        """paths: per group, per hop, its channels (links, share of the hop's bytes)."""
         load: Counter[int] = Counter()
-        paths = [[self.path(a, b) for a, b in hops] for hops in groups]
         for group in paths:
-            for p in group:
-                load.update(p)
+            for hop in group:
+                for links, share in hop:
+                    for link in links:
+                        load[link] += share
+
+        def hop_alpha(hop: list[tuple[tuple[int, ...], float]]) -> float:
+            return max(sum(self.latency[link] for link in links) for links, _ in hop)
 
         def score(i: int) -> tuple[float, float, int]:
-            worst = max((load[link] / self.cap[link] for p in paths[i] for link in p), default=0.0)
-            alpha = max((sum(self.latency[link] for link in p) for p in paths[i]), default=0.0)
+            worst = max((load[link] / self.cap[link] for hop in paths[i] for links, _ in hop for link in links),
+                        default=0.0)
+            alpha = max((hop_alpha(hop) for hop in paths[i]), default=0.0)
             return round(worst, 12), round(alpha, 15), int(i == prefer)
 
         mine = paths[max(range(len(paths)), key=score)] if paths else []
-        own: Counter[int] = Counter(link for p in mine for link in p)
-        out = tuple(tuple((link, max(load[link], own[link]) / own[link]) for link in p) for p in mine)
-        alpha = max((sum(self.latency[link] for link in p) for p in mine), default=0.0)
+        own: Counter[int] = Counter()
+        for hop in mine:
+            for links, share in hop:
+                for link in links:
+                    own[link] += share
+        out = tuple(tuple((link, share * max(load[link], own[link]) / own[link]) for links, share in hop
+                          for link in links) for hop in mine)
+        alpha = max((hop_alpha(hop) for hop in mine), default=0.0)
         self._tid += 1
         return Template(self._tid, name, out, alpha, frozenset(own))
 

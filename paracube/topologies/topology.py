@@ -18,6 +18,15 @@ may be listed among them, it is counted once), is routed with `route`. Each dire
 shared equally by the ring hops that cross it. The group's bandwidth is the minimum over its own hops of the
 bottleneck (link bandwidth / hops sharing it) along the hop's path; its latency is the maximum over its own
 hops of the summed link latencies on the path. A group of one rank: infinite bandwidth, zero latency.
+
+Channels (`hop_routes`): NCCL splits a collective over several channels, each a ring of its own that crosses a
+node boundary from a different GPU, so a ring crosses the boundary through every NIC its members own on both
+sides (NCCL's ring graph search, nccl/src/graph/search.cc, puts one NIC per channel on rail-optimized DGX).
+A hop that crosses nodes is therefore routed as C = min(distinct NICs of the group's members on the sending
+node, on the receiving node, RING_CHANNELS) parallel channels, the i-th sending member to the i-th receiving
+member (first member per NIC, by rank: same rail on DGX), each carrying 1/C of the hop's bytes. A link's load
+is the summed fraction of the hops crossing it, so concurrent rings through one node share its NICs; a group
+with one member per node (tp=8 inside the node) has one channel, as before.
 Results are cached per (sorted group, set of sorted concurrent groups), so reordered queries hit the cache.
 """
 
@@ -28,7 +37,6 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain
 from typing import Any
 
 import networkx as nx
@@ -40,6 +48,9 @@ from paracube.topologies.device import DeviceSpec, _positive
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
+Route = tuple[tuple[tuple[Edge, ...], float], ...]  # a ring hop: (edges of one channel, its share of the bytes)
+# NCCL opens 16+ channels on NVSwitch systems (NCCL_MAX_NCHANNELS 32); the NICs (<= 8 per node) bound them first.
+RING_CHANNELS = 16
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ class Topology:
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
         self._in_node_paths: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._hop_cache: dict[tuple[int, int], tuple[Edge, ...]] = {}  # ring hop (rank a -> rank b): its edges
+        self._route_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Route] = {}  # crossing: its channels
 
     @property
     def calibration(self) -> Calibration | None:
@@ -312,8 +324,41 @@ class Topology:
             hops = self._hop_cache[a, b] = tuple(zip(path, path[1:], strict=False))
         return hops
 
+    def _owners(self, members: tuple[int, ...]) -> tuple[int, ...]:
+        """The first member (by rank) of each distinct NIC the members use."""
+        seen: dict[str | None, int] = {}
+        for r in members:
+            seen.setdefault(self._nic_of(self._ranks[r]), r)
+        return tuple(seen.values())
+
+    def hop_routes(self, group: Sequence[int], a: int, b: int) -> Route:
+        """The channels of ring hop a -> b of `group` (module docstring): one path inside a node, up to
+        RING_CHANNELS parallel paths across nodes, each with its share of the hop's bytes."""
+        dpn = self.devices_per_node
+        if a // dpn == b // dpn:
+            return ((self._hops(a, b), 1.0),)
+        src = tuple(sorted(r for r in group if r // dpn == a // dpn))
+        dst = tuple(sorted(r for r in group if r // dpn == b // dpn))
+        key = (src, dst)
+        routes = self._route_cache.get(key)
+        if routes is None:
+            senders, receivers = self._owners(src), self._owners(dst)
+            c = max(1, min(len(senders), len(receivers), RING_CHANNELS))
+            if c == 1:
+                routes = ((self._hops(a, b), 1.0),)
+            else:
+                routes = tuple((self._hops(s, r), 1.0 / c) for s, r in zip(senders[:c], receivers[:c], strict=True))
+            self._route_cache[key] = routes
+        return routes
+
     def _link_load(self, groups: frozenset[tuple[int, ...]]) -> Counter[Edge]:
-        return Counter(chain.from_iterable(self._hops(a, b) for group in groups for a, b in self._ring(group)))
+        load: Counter[Edge] = Counter()
+        for group in groups:
+            for a, b in self._ring(group):
+                for edges, share in self.hop_routes(group, a, b):
+                    for e in edges:
+                        load[e] += share
+        return load
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
@@ -322,9 +367,9 @@ class Topology:
         load = self._load_cached(groups)
         bandwidth, latency = math.inf, 0.0
         for a, b in self._ring(group):
-            edges = self._hops(a, b)
-            bandwidth = min(bandwidth, min(self._bw[e] / load[e] for e in edges))
-            latency = max(latency, sum(self._lat[e] for e in edges))
+            for edges, _share in self.hop_routes(group, a, b):  # edge e carries load[e] x the hop's rate
+                bandwidth = min(bandwidth, min(self._bw[e] / load[e] for e in edges))
+                latency = max(latency, sum(self._lat[e] for e in edges))
         return GroupLink(bandwidth, latency, len(per_node), max(per_node.values()))
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
