@@ -11,6 +11,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+import yaml
 
 from paracube.errors import ParacubeError
 from paracube.layout import parse_layout
@@ -203,6 +204,32 @@ def test_two_concurrent_groups_sharing_one_nic_each_get_half() -> None:
     # On a rail-optimized DGX the two groups use different NICs: no sharing.
     dgx = load_topology("dgx-a100", nodes=8)
     assert dgx.group_link(range(0, 64, 8), concurrent=[range(1, 64, 8)]).bandwidth == HDR * FABRIC_EFF["hdr-ib"]
+
+
+def test_a_ring_crosses_nodes_through_the_nics_its_members_own() -> None:
+    """NCCL's channels (topology docstring): a crossing uses min(NICs the ring's local members own, channels)
+    NICs; concurrent rings through one node share them; one member per node (tp=8 in the node) keeps one NIC.
+    Exact equalities: the loads are sums of 1/C shares with C a power of two, exact in binary."""
+    from paracube.cost_models.event_network import LinkTable, weighted_maxmin
+    from paracube.topologies.rates import NDR_IB
+
+    h100 = load_topology("dgx-h100", nodes=4)
+    nic = NDR_IB * FABRIC_EFF["ndr-ib"]
+    assert h100.group_link(range(16)).bandwidth == 8 * nic  # dp=16, no tp: eight NICs per boundary
+    evens, odds = list(range(0, 32, 2)), list(range(1, 32, 2))  # tp=2: two dp rings of 4 members per node
+    assert h100.group_link(evens, concurrent=[evens, odds]).bandwidth == 4 * nic  # on disjoint NICs
+    assert h100.group_link(range(0, 32, 8)).bandwidth == nic  # tp=8 inside the node: unchanged
+    # 2 NICs for 8 GPUs (GPUs 0-3 NIC 0, 4-7 NIC 1): a full-node ring gets both; two rings share them.
+    shared = topology_from_dict(yaml.safe_load(COMPACT))
+    assert shared.group_link(range(32)).bandwidth == 2 * 25e9
+    assert shared.group_link(evens, concurrent=[odds]).bandwidth == 25e9
+    # The event engine's flow weights are the same fractional loads: its max-min rates equal group_link's.
+    for topo, groups in ((h100, [list(range(16)), list(range(16, 32))]), (h100, [evens, odds]),
+                         (shared, [evens, odds]), (shared, [list(range(32))])):
+        table = LinkTable(topo)
+        tpl = table.ring_template("dp", groups)
+        assert min(weighted_maxmin(tpl.hops, table.cap)) == pytest.approx(
+            topo.group_link(groups[0], concurrent=groups).bandwidth, rel=1e-12)
 
 
 def test_oversubscribed_spine_is_shared_by_all_crossing_hops() -> None:
