@@ -26,9 +26,10 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   128): the FP8 eff_max only, 0.700 at Hopper's m0 (freeing flash_eff and NVLink 5 too sends it to its bound
   0.95 and flash to 0.20). The misses are structural: on one node the GB200 runs Llama 3 8B 27% faster than the
   B200 where the datasheet peaks differ by 11% (a newer NeMo, 25.04 vs 25.02, and a 1200 W power limit); across
-  DGX B200 nodes the model exposes far more of the data-parallel traffic than the runs show (Nemotron-4 15B on 64 B200,
-  dp = 64 over InfiniBand, is predicted 2.8x slow), which points at the topology's rings: a ring crosses a node
-  boundary through one NIC, where NCCL's channels spread it over the node's eight. The 16-bit curve, mem_eff and
+  DGX B200 nodes the model exposed far more of the data-parallel traffic than the runs show (Nemotron-4 15B on 64
+  B200, dp = 64 over InfiniBand, predicted 2.8x slow) while a ring crossed a node boundary through one NIC; since
+  2026-12 (fit3) a crossing uses every NIC the ring's members own, as NCCL's channels do (topology.hop_routes),
+  and that row is predicted 23% fast with these figures. The 16-bit curve, mem_eff and
   flash_eff are Hopper's (no 16-bit Blackwell row), NVLink 5 borrows NVLink 4's figure and NDR is Hopper's fit.
 What no run exercises is borrowed from the nearest fitted generation / fabric and flagged (`fitted=False`, or a
 `note` naming the figure) with its source; `paracube topologies` prints every preset's sources (`sources`).
@@ -51,8 +52,9 @@ TODAY = "benchmarks/data/published_runs_today.csv"
 HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.741, 108.0, 0.90, 0.795, 0.303
 # With the stack's bf16 gradients and bf16 parameter all-gathers priced (grad_reduce column, Runtime.
 # param_gather_16bit) the fabrics leave their bound 1.0 (where they had absorbed fp32 traffic Megatron-core does
-# not send). NDR's 0.46 is low for NCCL's inter-node rings: the topology routes a ring through one NIC per node
-# boundary, where NCCL's channels spread it over the node's eight (see benchmarks/published_runs.py).
+# not send). NDR's 0.46 was fitted while a ring crossed a node boundary through one NIC; rings now cross through
+# the NICs their members own (NCCL's channels, topology.hop_routes), which the Hopper rows barely see (their dp
+# rings hold 1-2 members per node: tp=4-8 and cp=2 inside the node) and the MoE / Blackwell rows do.
 NVLINK4, NDR = 0.735, 0.460
 BLACKWELL_FP8_MAX = 0.700  # the B200 rows' misses have opposite signs (+18%, -16%): structural, see above
 
