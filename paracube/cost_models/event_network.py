@@ -12,6 +12,9 @@ are flow *classes*: on a link e a representative hop stands for `weight = k(e) /
 counts the hops of every concurrent group of that axis in the stage crossing e and r(e) the
 representative's own hops crossing e. Weighted max-min (sum of weight x rate <= capacity on every link) then
 gives each hop the rate it would get with all concurrent groups simulated, when they are symmetric.
+A ring hop that crosses nodes runs as parallel channels (topology.ring_channels, NCCL's channels over the node's
+NICs): one flow whose rate R puts share x R on each channel's links, so k(e) and r(e) sum shares and a link's
+weight is share x k(e) / r(e) -- the analytic engine's fractional link load (event_links.ring_template).
 
 A job is one collective: `steps` synchronized ring steps; in each, a latency `alpha` then every hop moves
 `chunk` bytes (cost_models/collective.ring_steps: steps x chunk = the bytes a rank sends); the step ends when
