@@ -90,12 +90,21 @@ class FlowNetwork:
         self.env = env
         self.cap = list(capacities)
         self.active: list[_Job] = []
-        self.link_jobs: Counter[int] = Counter()
         self._last = 0.0
         self._gen = 0
         self._rate_cache: dict[tuple, list[float]] = {}
         self._step_cache: dict[tuple[int, float], float] = {}
+        self._meet: dict[tuple[int, int], bool] = {}  # (tid, tid) -> the two templates share a link
         self.stats = Counter()
+
+    def _shares(self, a: Template, b: Template) -> bool:
+        """Whether templates a and b use a common link (memoized: a run asks it for every active pair; a ring
+        crossing nodes through its channels has many links)."""
+        key = (a.tid, b.tid) if a.tid <= b.tid else (b.tid, a.tid)
+        hit = self._meet.get(key)
+        if hit is None:
+            hit = self._meet[key] = not a.links.isdisjoint(b.links)
+        return hit
 
     # --- public -----------------------------------------------------------------------------------
     def run(self, tpl: Template, steps: int, chunk: float) -> simpy.Event:
@@ -108,13 +117,11 @@ class FlowNetwork:
             return done
         self._advance()
         job = _Job(tpl, steps, float(chunk), done)
-        sharing = [j for j in self.active if j.tpl.links & tpl.links]
+        sharing = [j for j in self.active if self._shares(j.tpl, tpl)]
         for other in sharing:
             if other.mode == "iso":
                 self._materialize(other)
         self.active.append(job)
-        for link in tpl.links:
-            self.link_jobs[link] += 1
         if sharing:
             job.mode, job.until = "lat", self.env.now + tpl.alpha
         else:
@@ -187,14 +194,12 @@ class FlowNetwork:
                 job.step += 1
                 if job.step >= job.steps:
                     finished.append(job)
-                elif any(j is not job and j.tpl.links & job.tpl.links for j in self.active):
+                elif any(j is not job and self._shares(j.tpl, job.tpl) for j in self.active):
                     job.mode, job.until = "lat", now + job.tpl.alpha
                 else:
                     self._go_iso(job)  # alone again: jump over the remaining steps
         for job in finished:
             self.active.remove(job)
-            for link in job.tpl.links:
-                self.link_jobs[link] -= 1
             job.done.succeed()
 
     def _rates(self) -> None:
