@@ -17,6 +17,9 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
   recomputation assumed), held out, not fitted; GPT-OSS-120B not listed (sliding-window attention).
+Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
+full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
+residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.
 Rows the model cannot plan yet are listed with their one-line reason: context-parallel layouts (cp > 1) wait
 for their pricing here (calibration/from_runs.py).
 The shipped efficiencies (topologies/efficiency.py, per device generation and fabric) are printed first with

@@ -9,6 +9,15 @@ Peaks stay the spec sheets' (devices.py, rates.py). These few efficiencies, the 
 Fitted by `paracube calibrate --from-runs benchmarks/data/published_runs.csv` (calibration/from_runs.py; fit and
 held-out rows: benchmarks/published_runs.py), 2026-11, on the A100 and V100 rows (eff_max and mem_eff end at
 the upper ends of their plausible ranges, 0.95 and 0.9; with m0 ~ 330 a 4096^3 fp16 GEMM runs at 75% of peak).
+Since rings cross nodes through the NICs their members own (fit3/fit4, topology.ring_channels) the A100 rows'
+128-way data-parallel ring of tp=none / 2 / 4 (8, 4, 2 members per node) is NVLink-bound (150 GB/s, 8 x 19.5 GB/s
+of HDR beside it) where it was NIC-bound (19.5 GB/s); the rd-dp rows go from -3.3 / -5.1 / -5.1% to -6.5 / -6.8 /
+-5.8% (tp=8, one member per node: +1.0%, unchanged). The miss is not a fabric figure: refitting NVLink 3 and HDR
+with channels (0.47, 0.59) leaves them at -6.4 / -6.2 / -4.5% and moves the held-out rows from 1.7% to 2.8%; a
+longer network step latency (NCCL's Simple protocol, ~14 us) sends the tp=4 / tp=8 rows to +10 / +18%; 16-bit
+gradients (2020 Megatron's fp16 grads) make them faster still. Measured, those three rows pay 75-80 ms over
+their dp=1 rows where the tp=8 one pays 37 ms; the overlap model (grad_overlap.py) prices their tail at the
+embedding's bucket (17 ms). Figures kept as fitted (2026-11); the channel split is what NCCL does.
 Hopper and Blackwell (2026-12): calibration/from_runs.fit_runs (runtime megatron) on the fit rows of
 benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py --refit` re-runs both fits):
 - hopper, on 8 DGX H100 rows (Nemotron-4 15B bf16 and FP8 at 16 and 128 GPUs, Nemotron-4 340B FP8 at 1024,
