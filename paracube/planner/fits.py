@@ -64,7 +64,10 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
             tied_ok = not s.d.tied or s.runtime.runs(mode, zero=z, tied_embeddings=True)
             piped = z in s.runtime.zeros_with_pp and (not s.d.tied or s.runtime.runs(mode, 2, zero=z,
                                                                                    tied_embeddings=True))
-            ok = (shards > 1) & (((sub.pp == 1) & tied_ok) | ((sub.pp > 1) & piped))
+            # with pipelines only where no lower allowed stage fits: zero=2 there sends zero=1's bytes and keeps
+            # unsharded fp32 gradient buffers (data_parallel/sharded.py), zero=3 adds 2 N gathers per unit for its
+            # parameter memory; so the search grows by the configurations that need them only
+            ok = (shards > 1) & (((sub.pp == 1) & tied_ok) | ((sub.pp > 1) & piped & (zero < 0)))
             extra.append((z, (mem <= s.mem_cap) & ok))
         else:
             zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
