@@ -65,6 +65,7 @@ CASES: list[tuple[Any, ...]] = [  # (layout, recompute[, tied embeddings])
     ("dp=2,pp=2,zero=3", "none"),
     ("dp=2,pp=2,tp=1d:2,zero=2", "none"),
     ("dp=2,pp=2,v=2,zero=3", "none", "layers4"),
+    ("dp=4,pp=2,shard=2,zero=3", "selective"),  # HSDP per stage: the grad norm over (pp, dp_shard)
 ]
 
 
