@@ -275,7 +275,7 @@ PP_LAYOUTS = [  # zero=2/3 with pipelines (1F1B, interleaved, 3 stages: first, m
 def test_pipelined_zero_closed_form_equals_the_event_list_and_engines_send_the_same(text: str) -> None:
     """zero=2/3 with pp > 1, every stage: comm.py's entries count the calls and bytes of traffic.stage_events (one
     reduce-scatter per unit per step, 2 N gathers per unit at zero=3), and the two engines send the same bytes
-    (their step times differ by the bubble placement only: both price the unit collectives in line)."""
+    and agree on the step time within 10% (both price the unit collectives in line)."""
     from collections import Counter
 
     from paracube.cost_models.comm import comm_entries
@@ -308,6 +308,9 @@ def test_pipelined_zero_closed_form_equals_the_event_list_and_engines_send_the_s
     a = estimate(spec, training, layout, topo, with_events=False)
     e = estimate_event(spec, training, layout, topo)
     assert e.comm_bytes_per_gpu == pytest.approx(a.comm_bytes_per_gpu, rel=1e-9)
+    # within 10%: the engines' pipelines differ by the bubble (a formula vs the simulated schedule: 4% at zero=1
+    # for dp=4,pp=2 already), not by the unit collectives, which both price in line
+    assert e.step_time_s == pytest.approx(a.step_time_s, rel=0.1), (a.step_time_s, e.step_time_s)
 
 
 @pytest.mark.parametrize("text", ENGINE_LAYOUTS)
