@@ -12,6 +12,9 @@ Modes none, 1D (+sp), 2D (kw=1: zero gradients until the last micro-batch), 2.5D
 (1x1x1: its layers over FSDP units; the 2x2x2 cube with dp=2 needs 16 ranks); tied embeddings (GPT-2 style) in
 none + HSDP, 2D and 2.5D. zero=2 in 2D / 2.5D / 3D runs the same unit reduce-scatters, held to the model by the
 closed-form and engine tests below (CI time).
+Pipelines (pp=2: 1F1B, interleaved v=2, HSDP per stage; 1D tp=2 at zero=2): each rank is held to its own
+stage's event list and memory (stage_memory + with_zero: gradient buffers live per model chunk, zero=3's gathered
+pair within one chunk), the heaviest stage's total being `estimate`'s.
 The closed forms per parameter (Rajbhandari et al. 2020 with fp32 gradients: 18, 6 + 12/d, 2 + 16/d, 18/d for
 bf16) and the engines' agreement are checked without ranks.
 """
