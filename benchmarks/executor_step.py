@@ -12,7 +12,8 @@ backward (overlap on) and after it (off), side by side in one run.
 `--zero`: instead, dp=8 at zero=0/1/2/3 (ours; zero=2/3 reduce-scatter per FSDP unit, zero=3 gathers each unit
 before its forward and backward, executor/data_parallel/sharded.py) and torch's FSDP2 on the plain GPT, one
 run: `fully_shard` as torchtitan's apply_fsdp wraps (the embeddings, every block, [final norm, head] with
-reshard_after_forward=False, the root), fp32.
+reshard_after_forward=False, the root), fp32; then dp=4 x pp=2 at zero=1/2/3 (each stage's units: gradients
+reduce-scattered in the last micro-batch's backward, zero=3 gathering before every micro-batch's forward and backward).
 FSDP2's bytes are counted from the c10d collectives it dispatches (_allgather_base_ output, _reduce_scatter_base_
 input, allreduce_ tensor; the grad norm's functional all_reduce: a TorchDispatchMode), priced by the same ring
 factors as ours.
@@ -51,6 +52,7 @@ OURS = {"ours 1D": "dp=1,tp=1d:8,mb=4", "ours 2D": "dp=2,tp=2d:2x2,mb=4", "ours 
         # pipeline vs none on the same tensor group: the second replica becomes a second stage (1F1B)
         "ours pp=1": "dp=2,tp=1d:4,mb=2", "ours pp=2": "dp=1,pp=2,tp=1d:4,mb=2"}
 ZERO = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=8,mb=1,zero=2", "dp=8,mb=1,zero=3"]
+ZERO_PP = ["dp=4,pp=2,mb=1,zero=1", "dp=4,pp=2,mb=1,zero=2", "dp=4,pp=2,mb=1,zero=3"]  # each stage's units
 C10D = {"_allgather_base_": ("all_gather", 0), "_reduce_scatter_base_": ("reduce_scatter", 1),
         "allreduce_": ("all_reduce", 0)}  # op -> (kind, index of the tensor whose size is the payload)
 OVERLAP = ["dp=8,mb=1", "dp=8,mb=1,zero=1", "dp=2,tp=1d:4,mb=2", "dp=2,tp=1d:4,mb=2,zero=1"]
@@ -285,6 +287,9 @@ def _worker(rank: int, world: int, model_name: str, global_batch: int, steps: in
     if zero:
         for layout in ZERO:
             rows.append((f"ours zero={layout[-1] if 'zero' in layout else 0}", layout,
+                         *_ours(rank, world, spec, layout, global_batch, steps, warmup)))
+        for layout in ZERO_PP:
+            rows.append((f"ours pp=2 zero={layout[-1]}", layout,
                          *_ours(rank, world, spec, layout, global_batch, steps, warmup)))
         src = parse_source("synthetic", spec.vocab, spec.seq_len)
         mine = replica_micro_batches(src, 1, global_batch, world, rank, 1)

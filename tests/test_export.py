@@ -156,7 +156,8 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.
     assert "ZeRO stage 2 does not combine" in err and "targets that run it: megatron, torchtitan" in err
     err = refusal(capsys, "export", str(pipelined), "--to", "deepspeed", "-o", str(out))
     assert "without interleaving (v=1, not v=2)" in err
-    two_d_zero = default_plan("dp=1,pp=2,tp=2.5d:2x2x2,mb=4,zero=3").save(tmp_path / "2d-zero.json")  # zero=3, pp>1
+    two_d_zero = default_plan("dp=1,pp=2,tp=2.5d:2x2x2,mb=4,zero=3",  # zero=3, pp>1, tied: not run by paracube
+                              replace(PRESETS["tiny"], tied_embeddings=True)).save(tmp_path / "2d-zero.json")
     assert "no export target runs it" in refusal(capsys, "export", str(two_d_zero), "--to", "slurm")
     assert "unknown export target 'nemo'" in refusal(capsys, "export", str(pipelined), "--to", "nemo", "-o", str(out))
     data = json.loads(pipelined.read_text())

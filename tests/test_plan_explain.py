@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -166,8 +167,10 @@ def test_zero_field_parses_prints_and_is_refused_by_the_executor() -> None:
         Layout(dp=2, zero=4)
     from paracube.executor.sizes import check_divisibility
 
-    with pytest.raises(ParacubeError, match="zero=3 with pp=2: the executor shards .* without pipelines only"):
-        check_divisibility(PRESETS["tiny"], parse_layout("dp=4,pp=2,tp=1d:2,mb=1,zero=3"), 1, 8, 64)
+    tied = replace(PRESETS["tiny"], tied_embeddings=True)
+    with pytest.raises(ParacubeError, match="zero=3 with pp=2 and tied embeddings: the executor shards"):
+        check_divisibility(tied, parse_layout("dp=4,pp=2,tp=1d:2,mb=1,zero=3"), 1, 8, 64)
+    check_divisibility(PRESETS["tiny"], parse_layout("dp=4,pp=2,tp=1d:2,mb=1,zero=3"), 1, 8, 64)  # untied: runs
     check_divisibility(PRESETS["tiny"], parse_layout("dp=2,tp=2d:2x2,zero=3"), 1, 8, 64)  # FSDP units of 2D blocks
     check_divisibility(PRESETS["tiny"], parse_layout("dp=8,zero=3"), 1, 8, 64)  # FSDP runs in mode none
     check_divisibility(PRESETS["tiny"], parse_layout("dp=8,zero=1"), 1, 8, 64)  # the distributed optimizer runs

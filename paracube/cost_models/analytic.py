@@ -203,7 +203,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays).
     `param_overlap`: zero=1's parameter all_gather hidden under the next step's first forward (int zero=1 only;
     module docstring). `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters overlapped
-    (int zero >= 2, pp = 1; cost_models/fsdp_overlap.py). `bucket_bytes`: the gradient bucket limit
+    (int zero >= 2, pp = 1; with pipelines they are priced in line;
+    cost_models/fsdp_overlap.py). `bucket_bytes`: the gradient bucket limit
     (modes/buckets.py; default DDP's 25 MiB)."""
     rows = np.arange(len(b)) if rows is None else rows
     tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
@@ -217,7 +218,9 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
         parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
                                   fsdp_prefetch, ov) for name, st in zip(STAGES, stages, strict=True)]
-        stages = tuple(replace(st, micro=m, step=st.step - rep) for st, (m, rep) in zip(stages, parts, strict=True))
+        single = (b.pp == 1)[rows]  # pp > 1: zero's gathers / reduce-scatters priced in line (exposed), both engines
+        stages = tuple(replace(st, micro=np.where(single, m, st.micro), step=st.step - np.where(single, rep, 0.0))
+                       for st, (m, rep) in zip(stages, parts, strict=True))
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
     idx = np.arange(len(slow))
@@ -355,9 +358,9 @@ def estimate(
                       layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)
-    if layout.zero >= 2 and layout.pp > 1:
-        bad.append(f"zero={layout.zero} with pp={layout.pp} is not priced (paracube's executor shards gradients and "
-                   "parameters without pipelines only); use pp=1 or zero=0/1")
+    if layout.zero >= 2 and layout.pp > 1 and d.tied:
+        bad.append(f"zero={layout.zero} with pp={layout.pp} and tied embeddings is not priced (paracube's executor "
+                   "shards the stages' tied copies at zero=0/1 only); untie them, or use pp=1 or zero=0/1")
     if bad:
         raise ParacubeError(f"layout {layout}: {'; '.join(bad)}")
     g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ reduce_scatter + all_gather per bucket over grad_axes (dp; 2.5D: dp, dep) and th
 dp too (traffic.py). zero=2/3 (traffic._zero_micro_batch; `shard`: the HSDP shard group, None = all of dp),
 per FSDP unit u of padded length P_u: per micro-batch a reduce_scatter of 4 P_u (count N units) and, zero=3,
 all_gathers of c P_u before every unit's forward and all but the last unit's backward (N (2 units - 1) calls);
+with pipelines one reduce_scatter per unit per step (the last micro-batch's) and 2 N units gathers;
 per step, HSDP's all_reduce of 4 P_u / n over dp_replicate and zero=2's fp32 all_gather of 4 P_u.
 """
 
@@ -48,7 +49,7 @@ from paracube.cost_models.traffic import parameter_sizes, parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
-from paracube.modes.stages import stage_layers
+from paracube.modes.stages import schedule, stage_chunks, stage_layers
 
 Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
@@ -172,9 +173,11 @@ class StepTraffic:
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
             out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag))
         if self.zero >= 2:  # per micro-batch: unit reduce-scatters; zero=3 gathers (traffic._zero_micro_batch)
-            units, padded, held, _, _ = self.units(first, last)
-            once = 1 + int(d.tied) * first * last  # units gathered once per micro-batch (unit_totals)
-            out.append(self._entry("reduce_scatter", self.zero_axes, F32, N * units, N * 4 * padded))
+            units, padded, held, _, _ = self.units(first, last)  # pp > 1: none held (unit_totals)
+            single = b.pp == 1
+            once = single * (1 + int(d.tied) * first * last)  # units gathered once per micro-batch (unit_totals)
+            rs = np.where(single, N, 1)  # pipelines: in the last micro-batch's backward only
+            out.append(self._entry("reduce_scatter", self.zero_axes, F32, rs * units, rs * 4 * padded))
             if self.zero == 3:
                 out.append(self._entry("all_gather", self.zero_axes, d.dtype, N * (2 * units - once),
                                        N * d.c * (2 * padded - held)))
@@ -278,11 +281,42 @@ def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool,
     return len(buckets), 4 * sum(buckets), 4 * sum(padded_numel(n, dp) for n in buckets)
 
 
+def _pipelined_units(padded: list[int], first: bool, last: bool, pp: int, v: int, L: int,
+                     n_micro: int) -> tuple[int, int]:
+    """pp > 1 (data_parallel/sharded.py, fsdp.py; units in segments, one per model chunk: the embedding with chunk
+    0, the final unit with the last): (the most fp32 gradient-buffer elements live at once, the most units'
+    elements gathered at once). A chunk's buffers live from its first micro-batch's backward to the end of its
+    last one (n_micro > 1; one micro-batch: the consecutive pair of its in-flight and filling units, as pp = 1),
+    so the peak is at the end of some chunk's first backward, over modes.stages.schedule; zero=3 holds a
+    consecutive pair of one chunk's units."""
+    stage = 0 if first else (pp - 1 if last else 1)
+    sizes = [len(c) for c in stage_chunks(L, pp, v, stage)]
+    seg = ([0] if first else []) + [c for c, k in enumerate(sizes) for _ in range(k)] + ([v - 1] if last else [])
+    pairs = [a + b for a, b, x, y in zip(padded, padded[1:], seg, seg[1:], strict=False) if x == y] + padded
+    if n_micro == 1:
+        return max(pairs), max(pairs)
+    chunk = [sum(p for p, c in zip(padded, seg, strict=True) if c == k) for k in range(v)]
+    seen: dict[int, int] = {}
+    live, peak = 0, 0
+    for op, c, _ in schedule(pp, v, n_micro, stage):
+        if op != "B":
+            continue
+        seen[c] = seen.get(c, 0) + 1
+        if seen[c] == 1:
+            live += chunk[c]
+            peak = max(peak, live)
+        if seen[c] == n_micro:
+            live -= chunk[c]
+    return peak, max(pairs)
+
+
 @lru_cache(maxsize=4096)
 def _unit_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
-                 n: int) -> tuple[int, int, int, int]:
+                 n: int, pp: int = 1, v: int = 1, n_micro: int = 1) -> tuple[int, int, int, int, int]:
     padded = [padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last)]
     pairs = [a + b for a, b in zip(padded, padded[1:], strict=False)] or padded
+    if pp > 1:  # pipelines (untied): nothing held; gradient buffers accumulated across micro-batches
+        return len(padded), sum(padded), 0, *_pipelined_units(padded, first, last, pp, v, d.L, n_micro)
     if not (d.tied and first and last):
         return len(padded), sum(padded), padded[-1], max(pairs), max(pairs)
     # Tied embeddings on one stage: the embedding unit stays gathered from its forward to its backward (the head
@@ -298,12 +332,15 @@ def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr,
     (the last; tied embeddings on the stage: the embedding too), the largest sum of two consecutive padded units
     (the fp32 gradient buffers live at once: data_parallel/sharded.py) and the most gathered at once
     (data_parallel/fsdp.py: that pair; tied: the embedding plus the largest pair of the others). Keyed by the
-    stage's shape."""
+    stage's shape. Pipelines (pp > 1): nothing gathered once; buffers and gathers per chunk (_pipelined_units)."""
     cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
-            for x in (b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last, n)]
+            for x in (b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last, n, b.pp, b.v,
+                      np.maximum(d.global_batch // (b.dp * b.mb), 1))]
     rows = np.stack(cols, axis=1)
     keys, inverse = np.unique(rows, axis=0, return_inverse=True)
-    per = np.array([_unit_totals(mode, d, *(int(x) for x in k[:3]), bool(k[3]), bool(k[4]), int(k[5]))
+    # Pipelines (data_parallel/sharded.py, fsdp.py; untied): no unit held from forward to backward, every unit's
+    # fp32 gradient buffer alive through the step (accumulated unsharded, reduce-scattered at the end).
+    per = np.array([_unit_totals(mode, d, *(int(x) for x in k[:3]), bool(k[3]), bool(k[4]), *(int(x) for x in k[5:]))
                     for k in keys], dtype=np.int64)
     out = per[inverse.reshape(-1)]
     return out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4]
@@ -343,7 +380,7 @@ def axes_used(mode: str, hybrid: bool = False, cp: bool = False) -> list[tuple[s
         return list(dict.fromkeys([*base, *grown, ("cp",)]))
     tensor = m.axes
     extra = [tensor] if tensor else []
-    zero = [("dp_shard",), ("dp_replicate",), ("dp_shard", *tensor),
-            tuple("dp_shard" if a == "dp" else a for a in m.grad_axes)] if hybrid else []
+    zero = [("dp_shard",), ("dp_replicate",), ("dp_shard", *tensor), ("pp", "dp_shard", *tensor),
+            tuple("dp_shard" if a == "dp" else a for a in m.grad_axes)] if hybrid else []  # pp: HSDP's grad norm
     return list(dict.fromkeys([*m.collective_axes, m.grad_axes, *extra, ("pp", *tensor), ("dp", *tensor), ("pp",),
                                 ("dp",), ("pp", "dp", *tensor), *zero]))

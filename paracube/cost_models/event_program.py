@@ -246,7 +246,8 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     if layout.tpo:
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]
-    if layout.zero >= 2 and (fsdp_prefetch or grad_overlap):  # reduce-scatters async with the layout's overlap
+    # reduce-scatters async with the layout's overlap; pp > 1: in line (exposed), as analytic.py prices them
+    if layout.zero >= 2 and layout.pp == 1 and (fsdp_prefetch or grad_overlap):
         prefetch_program(prog, fsdp_prefetch, grad_overlap)
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)

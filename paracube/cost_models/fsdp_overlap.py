@@ -141,11 +141,11 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     reduce-scatters (`fsdp[kind]` = (latency seconds summed, bandwidth seconds summed): analytic._stage)
     replaced by what prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`, the layout's: per layout)
     leave exposed, and the seconds of HSDP's per-step replica all_reduce (`fsdp["replica"]`) to take out of the
-    step's communication where it overlaps (it is in the last micro-batch's recursion instead). pp = 1 (zero=2/3
-    are priced without pipelines). Per micro-batch, the compute side (compute and the other in-line
-    communication) is split into the head's compute (compute.py's head and cross entropy) and equal blocks; the
-    embedding's lookup is negligible; forward 1/3, backward 2/3 (1/4, 3/4 under full recomputation: its forward
-    runs inside backward), as analytic.py splits it."""
+    step's communication where it overlaps (it is in the last micro-batch's recursion instead). pp = 1 (with
+    pipelines analytic.py keeps the unit collectives in line, exposed). Per micro-batch, the compute side (compute
+    and the other in-line communication) is split into the head's compute (compute.py's head and cross entropy)
+    and equal blocks; the embedding's lookup is negligible; forward 1/3, backward 2/3 (1/4, 3/4 under full
+    recomputation: its forward runs inside backward), as analytic.py splits it."""
     N = (d.global_batch / (b.dp * b.mb))[rows]
     blocks = stage_layers(d.L, b.pp, b.v, F, H)[rows].astype(float)
     sizes = unit_sizes(d, mode, b, F, H, n_zero)[rows]
@@ -246,8 +246,9 @@ def replica_buckets(prog: Any) -> None:
 
 
 def prefetch_program(prog: Any, prefetch: bool = True, overlap: bool = True) -> None:
-    """The event program of a zero=2/3 stage (pp = 1), rewritten with FSDP's prefetch (`prefetch`) and
-    asynchronous reduce-scatters (`overlap`: the layout's) (module docstring); in place."""
+    """The event program of a zero=2/3 stage (pp = 1; with pipelines event_program.py leaves them in line),
+    rewritten with FSDP's prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`: the layout's)
+    (module docstring); in place."""
     for lists, backward in ((prog.fwd, False), (prog.fwd_first, False), (prog.bwd, True), (prog.bwd_last, True)):
         lists[:] = [_prefetched(ops, backward, prefetch, overlap) for ops in lists]
     if overlap:

@@ -24,13 +24,16 @@ holds this list equal to what the executor records. Generic parts:
   ("pp", *tensor axes) (zero=1: ("pp", "dp", *tensor axes): the norm is summed over dp shards) and the
   metrics all_reduce.
   With pp > 1 the metrics all_reduce runs over ("pp", "dp", *tensor axes): the loss is on the last stage.
-- zero=2 / zero=3 (executor/data_parallel/sharded.py, fsdp.py; pp = 1): buckets are FSDP units
+- zero=2 / zero=3 (executor/data_parallel/sharded.py, fsdp.py): buckets are FSDP units
   (modes/buckets.plan_units: embedding, each block, final norm + head; `zero_unit_numels`: padded to a
   multiple of the zero group Layout.zero_axes, dp or HSDP's dp_shard). Per micro-batch: zero=3 all-gathers
   every unit (compute dtype) before its forward and all but the last unit again before its backward; every
   unit's fp32 gradient is reduce-scattered over the zero group. Per step: with HSDP each unit's shard is
   all-reduced over dp_replicate (fp32, padded / n); zero=2 all-gathers the updated fp32 shards after the
-  optimizer; the grad norm runs over the zero group and the tensor axes (`norm_axes`).
+  optimizer; the grad norm runs over the zero group and the tensor axes (`norm_axes`). With pipelines (pp > 1,
+  one stage's units, untied): every unit's gradient is reduce-scattered in the LAST micro-batch's backward only
+  (accumulated unsharded before), and zero=3 gathers every unit before each micro-batch's forward and backward
+  (no unit held: other micro-batches run in between).
 - context parallelism (Layout.cp > 1; modes/context.py): every layer's forward (and recompute) and backward lists
   gain the key / value exchange over ("cp",) (p2p: cp - 1 sends forward, 2 cp - 1 backward; ag: all_gather
   forward, all_gather + reduce_scatter backward); T is a cp rank's b s / cp tokens throughout; the gradient
@@ -130,16 +133,18 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[i
     if last:
         log.issue(mode.head(d), micro=micro)
     if log.layout.zero >= 2:
-        _zero_micro_batch(log, first, last, layers)
+        _zero_micro_batch(log, first, last, layers, micro)
 
 
-def _zero_micro_batch(log: _Log, first: bool, last: bool, layers: int) -> None:
+def _zero_micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[int, int] = (0, 1)) -> None:
     """zero=2/3, per micro-batch (executor/data_parallel/sharded.py): zero=3 all-gathers every unit's
     parameters (compute dtype) before its forward and, all but the last unit (kept: torchtitan's
     reshard_after_forward=False for it; with tied embeddings on the stage the embedding unit too: the head
     reads its table), again before its backward; every unit's fp32 gradient is
-    reduce-scattered over the zero group once its backward has produced it."""
+    reduce-scattered over the zero group once its backward has produced it. Pipelines (pp > 1): gathered before
+    every forward and backward, reduce-scattered in the last micro-batch of the step (`micro` = (k, n)) only."""
     layout, d = log.layout, log.d
+    pipelined = layout.pp > 1
     units = zero_unit_numels(layout, d, layers, first, last)
     names = _unit_labels(layout, first, last, layers)
     axes = layout.zero_axes
@@ -147,8 +152,11 @@ def _zero_micro_batch(log: _Log, first: bool, last: bool, layers: int) -> None:
         for n, (fwd, _) in zip(units, names, strict=True):
             log.add("all_gather", axes, d.c * n, d.dtype, "fwd", f"{fwd}.gather")
         held = 1 if d.tied and first and last else 0  # tied: the head reuses the gathered embedding (fsdp.py)
-        for n, (_, bwd) in list(zip(units, names, strict=True))[held:-1]:  # the last unit stays gathered
+        kept = None if pipelined else -1  # pp = 1: the last unit stays gathered
+        for n, (_, bwd) in list(zip(units, names, strict=True))[held:kept]:
             log.add("all_gather", axes, d.c * n, d.dtype, "bwd", f"{bwd}.gather")
+    if pipelined and micro[0] != micro[1] - 1:
+        return  # accumulated unsharded until the last micro-batch (data_parallel/sharded.py)
     for n, (fwd, _) in zip(units, names, strict=True):
         log.add("reduce_scatter", axes, 4 * n, F32, "bwd", f"{fwd}.rs")
 

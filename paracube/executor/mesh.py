@@ -34,6 +34,8 @@ def group_axes(layout: Layout) -> list[tuple[str, ...]]:
         combos.append(metrics_axes(layout, ()))
     if layout.pp > 1:  # pipeline: grad norm over (pp, *tensor), metrics over every rank
         combos += [("pp", *tensor), metrics_axes(layout, ("pp",))]
+        if layout.zero:  # the grad norm over the stages and zero's shards (HSDP: pp, dp_shard)
+            combos.append(tuple(dict.fromkeys(("pp", *layout.zero_axes, *tensor))))
     return list(dict.fromkeys(combos))
 
 

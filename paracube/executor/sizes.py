@@ -46,9 +46,9 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
         why = " (its parameters are not FSDP units: executor/data_parallel/sharded.py)" if layout.zero >= 2 else ""
         raise ParacubeError(f"zero={layout.zero} with tensor mode {mode!r} is not implemented by the executor{why}; "
                             f"valid there: zero={', '.join(map(str, support.zero_stages))} (in {layout})")
-    if layout.zero >= 2 and layout.pp > 1:
-        raise ParacubeError(f"zero={layout.zero} with pp={layout.pp}: the executor shards gradients / parameters "
-                            f"without pipelines only; use pp=1 or zero=1 in {layout}")
+    if layout.zero >= 2 and layout.pp > 1 and spec.tied_embeddings:  # the two stages' copies: not in units yet
+        raise ParacubeError(f"zero={layout.zero} with pp={layout.pp} and tied embeddings: the executor shards the "
+                            f"stages' tied copies at zero=0/1 only; untie them, or use zero=0/1 or pp=1 in {layout}")
     if layout.hybrid and layout.zero < 2:
         raise ParacubeError(f"shard={layout.shard} (hybrid sharding) runs with zero=2 or 3 in the executor; "
                             f"use zero=2/3 or drop shard= in {layout}")

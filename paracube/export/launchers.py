@@ -32,8 +32,8 @@ def why_not(plan: Plan) -> str | None:
                 f"paracube's executor does not run context parallelism (cp={lay.cp}) in {lay.mode} yet")
     if lay.zero not in support.zero_stages:
         return f"paracube's executor does not implement zero={lay.zero} for {lay.mode}"
-    if lay.zero >= 2 and (lay.pp > 1 or model.tied_embeddings):  # as executor/sizes.py refuses
-        return f"paracube's executor runs zero={lay.zero} without pipelines and with untied embeddings only"
+    if lay.zero >= 2 and lay.pp > 1 and model.tied_embeddings:  # as executor/sizes.py refuses
+        return f"paracube's executor runs zero={lay.zero} with pipelines with untied embeddings only"
     if model.tied_embeddings and not lay.tensor_mode.ties_embeddings:  # as executor/sizes.py refuses
         return f"paracube's executor does not tie embeddings in {lay.mode} (its head is not laid out as the embedding)"
     if not executor_runs(lay.mode, lay.pp, lay.sequence_parallel, lay.zero,

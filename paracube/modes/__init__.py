@@ -31,14 +31,14 @@ def runnable_modes() -> tuple[str, ...]:
 def executor_runs(mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
                   tied_embeddings: bool = False, family: str = "gpt") -> bool:
     """paracube's executor runs this mode with these options (the zero stages of its ExecutorSupport, zero=2 / 3
-    without pipelines, tied or untied; tied embeddings: in the modes that tie them (ties_embeddings:
+    at pp = 1 tied or untied, with pipelines untied; tied embeddings: in the modes that tie them (ties_embeddings:
     every mode the executor runs), with and without pipelines and zero=1; every dtype, fp16 loss scaling
     included); executor/sizes.py refuses the same before any rank starts, and the planner's search emits only
     what this accepts (planner/search.py)."""
     support = MODES[mode].executor
     return (support is not None and (pp == 1 or support.pipeline)
             and (not sequence_parallel or support.sequence_parallel)
-            and zero in support.zero_stages and (zero < 2 or pp == 1)
+            and zero in support.zero_stages and (zero < 2 or pp == 1 or not tied_embeddings)
             and family in support.families
             and not (tied_embeddings and not MODES[mode].ties_embeddings))
 

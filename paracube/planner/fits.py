@@ -59,17 +59,22 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         mem = peak(base, z * ones)
         ok = (z == 0) | ((shards > 1) & ~tied_pp)
         if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
-            # at pp = 1 (the cost models price zero=2/3 without pipelines only: analytic.estimate refuses the rest,
-            # although torchtitan runs FSDP with pipelines); with tied embeddings where it runs them at this stage
+            # at pp = 1, and with pipelines where the runtime runs them (Runtime.zeros_with_pp; both engines price
+            # them, untied: analytic.estimate refuses tied ones); tied embeddings where it runs them at this stage
             tied_ok = not s.d.tied or s.runtime.runs(mode, zero=z, tied_embeddings=True)
-            ok = (shards > 1) & (sub.pp == 1) & tied_ok
+            piped = z in s.runtime.zeros_with_pp and (not s.d.tied or s.runtime.runs(mode, 2, zero=z,
+                                                                                   tied_embeddings=True))
+            # with pipelines only where no lower allowed stage fits: zero=2 there sends zero=1's bytes and keeps
+            # unsharded fp32 gradient buffers (data_parallel/sharded.py), zero=3 adds 2 N gathers per unit for its
+            # parameter memory; so the search grows by the configurations that need them only
+            ok = (shards > 1) & (((sub.pp == 1) & tied_ok) | ((sub.pp > 1) & piped & (zero < 0)))
             extra.append((z, (mem <= s.mem_cap) & ok))
         else:
             zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
         runs = runs | ok
     unrun = ~runs if min(zeros) >= 2 else np.zeros(len(idx), dtype=bool)  # only zero=2/3 allowed, none runs
     if unrun.any():
-        pps = ", pp=1"  # priced at pp = 1 only (above), whatever the runtime runs
+        pps = "" if any(z in s.runtime.zeros_with_pp for z in zeros) else ", pp=1"  # where it runs them (above)
         rejected[f"runtime {s.runtime.name} runs zero=2/3 with dp > 1{pps}"
                  + (" and untied embeddings" if s.d.tied else "")] += int(n_places[idx[unrun]].sum())
     fits = zero >= 0

@@ -26,8 +26,9 @@ configurations with its own Dims, and a layout found so carries it (`rc=`). Dist
 under which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
 of the all_reduce they replace, so its step time is that of zero=0, except that overlapped only the
 reduce_scatter half hides under backward: analytic.evaluate); zero=2 and 3 change the step time (per
-micro-batch reduce-scatters, zero=3's per-unit gathers), so each of them that fits (pp = 1, untied, as the
-executor runs them) is a configuration of its own, priced with its stage: the ranking chooses by step time.
+micro-batch reduce-scatters, zero=3's per-unit gathers), so each of them that fits (pp = 1, or pipelines where
+the runtime runs them untied: Runtime.zeros_with_pp) is a configuration of its own, priced with its stage: the
+ranking chooses by step time.
 A pinned HSDP `shard=N` (zero=2/3 only) is carried into every layout found; the vectorized pass prices it as
 sharding over all of dp, the final ranking by `estimate` with its own shard and replica groups.
 Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for

@@ -33,7 +33,7 @@ def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> 
         return f"its executor does not run tp={mode}; valid: tp={'/'.join(runnable_modes())}"
     runs = [f"families {'/'.join(support.families)}", "pipelines" if support.pipeline else "pp=1 only",
             "sp" if support.sequence_parallel else "no sp",
-            f"zero={'/'.join(map(str, support.zero_stages))} (zero=2/3 at pp=1)"]
+            f"zero={'/'.join(map(str, support.zero_stages))} (zero=2/3 with pp > 1: untied)"]
     if not MODES[mode].ties_embeddings:
         runs.append("untied embeddings only")
     return f"its executor runs tp={mode} with {', '.join(runs)}"
@@ -52,7 +52,7 @@ _SUPPORT = [m.executor for m in MODES.values() if m.executor is not None]
 # Every dtype some mode runs (fp8: FP8 GEMMs in none and 1D, executor/layers/fp8.py; emulated on CPU ranks)
 _DTYPES = tuple(dict.fromkeys(d for s in _SUPPORT for d in s.dtypes))
 _ZEROS = tuple(sorted({z for s in _SUPPORT for z in s.zero_stages}))
-_ZEROS_PP = tuple(z for z in _ZEROS if z < 2)  # zero=2/3 run without pipelines (modes.executor_runs)
+_ZEROS_PP = _ZEROS  # zero=2/3 run with pipelines too, untied (modes.executor_runs, data_parallel/sharded.py)
 
 RUNTIME = Runtime(
     name="paracube",

@@ -20,6 +20,13 @@ not gathered again before its backward; torchtitan / FSDP2 put a tied table in o
 and not counted in the two: it is gathered once per micro-batch, and its gradient (head + lookup) reaches the
 table once, summed by autograd, before the unit is reduce-scattered (sharded.py). Priced alike: traffic.py
 (no backward gather of the embedding), comm.unit_totals (gathered at once: the embedding plus a pair).
+Pipelines (pp > 1, executor/pipeline/schedule.py): a stage's units are split into segments, one per model chunk
+(the embedding with chunk 0, the final unit with the last chunk). A chunk's forward or backward of one micro-batch
+is one pass over its segment; the schedule calls `begin_chunk` before and `end_chunk_forward` after each chunk
+forward. Prefetch stays within the segment (the next op of the schedule may be another chunk or micro-batch), the
+segment's last unit is resharded when its forward ends, and no unit is held from forward to backward (other
+micro-batches' forwards run in between under 1F1B): every unit is gathered before each micro-batch's forward and
+again before its backward, 2 N gathers per unit per step (traffic.py prices the same).
 """
 
 from __future__ import annotations
@@ -66,6 +73,12 @@ class ParamUnits:
         spec = getattr(model, "spec", None)
         tied = bool(spec is not None and spec.tied_embeddings and "embedding" in self.index and "final" in self.index)
         self.held = {self.index["embedding"]} if tied else set()  # gathered from forward to backward
+        # pp > 1: each unit's model chunk (module docstring); pp = 1: one segment
+        chunks = getattr(model, "chunks", [[]])
+        self.pipelined = sync.mesh.layout.pp > 1
+        chunk_of = {f"blocks.{i}": c for c, idx in enumerate(chunks) for i in idx}
+        self.segment = [chunk_of.get(u.name, 0 if u.name == "embedding" else len(chunks) - 1) if self.pipelined else 0
+                        for u in self.units]
         self.flats: list[Tensor] = []
         self.shards: list[Tensor] = []
         with torch.no_grad():
@@ -87,22 +100,36 @@ class ParamUnits:
         edge_first = ["tok_emb", "pos_emb"] if "pos_emb" in mods and mods["pos_emb"] is not None else ["tok_emb"]
         plan: list[tuple[str, list[str]]] = [("embedding", edge_first)] + [(b, [b]) for b in blocks]
         plan.append(("final", ["ln_f", "head"]))
-        for unit, names in plan:
+        for unit, names in [(u, n) for u, n in plan if u in self.index]:  # pp > 1: the stage's units only
             k = self.index[unit]
             mods[names[0]].register_forward_pre_hook(lambda m, a, k=k: self.before_forward(k))
             for name in names:
                 mods[name].register_forward_hook(lambda m, a, out, k=k: self.after_forward(k, out))
 
     # --- hooks ---------------------------------------------------------------------------------------------
+    def _same(self, k: int, j: int) -> bool:
+        """Unit j is in unit k's segment (pp > 1: its model chunk) and exists."""
+        return 0 <= j < len(self.units) and self.segment[j] == self.segment[k]
+
     def before_forward(self, k: int) -> None:
-        if k == 0:  # a micro-batch's forward starts (the embedding is never recomputed in backward)
+        if k == 0 and not self.pipelined:  # a micro-batch's forward starts (the embedding is never recomputed)
             self.in_backward = False
-        if not self.in_backward and k > 0 and k - 1 not in self.held:
+        if not self.in_backward and self._same(k, k - 1) and k - 1 not in self.held:
             self._reshard(k - 1)  # the previous unit's forward is over (its output may alias it: pos_emb)
         self._gather(k)
         self._wait(k)
-        if not self.in_backward and k + 1 < len(self.units):
+        if not self.in_backward and self._same(k, k + 1):
             self._prefetch(k + 1)
+
+    def begin_chunk(self) -> None:
+        """pp > 1: a chunk's forward or backward starts (the schedule's op; a forward is not a recomputation)."""
+        self.in_backward = False
+
+    def end_chunk_forward(self, chunk: int) -> None:
+        """pp > 1: chunk `chunk`'s forward is over: its last unit resharded (the others were at the next one's)."""
+        last = [k for k, c in enumerate(self.segment) if c == chunk]
+        if last:
+            self._reshard(last[-1])
 
     def after_forward(self, k: int, out: Tensor) -> Tensor:
         if self.in_backward:
@@ -115,7 +142,7 @@ class ParamUnits:
         self.in_backward = True
         self._gather(k)
         self._wait(k)
-        if k > 0:
+        if self._same(k, k - 1):
             self._prefetch(k - 1)
 
     def done_backward(self, u: Unit) -> None:

@@ -20,6 +20,17 @@ ranks); the rank with index k in the zero group (Layout.zero_axes: dp, or dp_sha
   at once). The next unit's gather (forward order, then backward order) is prefetched asynchronously, at
   most two units gathered at a time. The optimizer steps the fp32 master shard and casts it into the
   parameter shard: no all_gather after the step.
+- pipelines (pp > 1; torchtitan runs FSDP2 under its pipeline schedules, Megatron-FSDP likewise): each stage shards
+  its own units over its zero group. A unit's fp32 gradient buffer is allocated at its first gradient of the step
+  and kept, UNSHARDED, across micro-batches (earlier micro-batches' gradients accumulate into it locally); it is
+  reduce-scattered once per step, during the unit's LAST micro-batch's backward (its n-th backward: the stage's
+  chunk runs each micro-batch's backward once, in 1F1B and interleaved 1F1B alike; units issued in bucket order).
+  Chosen as torch.distributed.pipelining runs FSDP2 (set_requires_gradient_sync(False) until the last backward)
+  and Megatron accumulates main_grad: one reduce-scatter per unit per step instead of one per micro-batch (n times
+  fewer bytes, the n micro-batches interleave with other stages' work), for 4 bytes per stage parameter of
+  buffers held from the chunk's first backward to the end of its last (comm.unit_totals: 1F1B all the stage's
+  units, 4 P instead of the pair 4 Q; interleaved, the most chunks live at once under the schedule). zero=3 still
+  gathers every unit before each micro-batch's forward and backward (fsdp.py "Pipelines").
 - HSDP (`shard=N`, N < dp): the zero group is N consecutive dp ranks (dp_shard); after the last micro-batch
   each gradient shard is all-reduced over dp_replicate (once per step: FSDP2's set_requires_all_reduce(False)
   on the other micro-batches); the shard group's state is replicated across the dp / N groups.
@@ -78,6 +89,7 @@ class Unit:
         self.buffer: Tensor | None = None  # this micro-batch's fp32 gradient (transient)
         self.out: Tensor | None = None  # the reduce-scatter's output
         self.pending = len(params)
+        self.backwards = 0  # pp > 1: this step's completed backwards of the unit (it is ready at the n-th)
         self.work: dist.Work | None = None
 
     def view(self, i: int) -> Tensor:
@@ -116,6 +128,7 @@ class ShardedSync:
         if kept is not None:  # a unit is issued once all its parameters have a gradient: every micro-batch
             kept.every_backward = True
         self.active, self.next = False, 0
+        self.micro_batches = 0  # pp > 1: the step's micro-batches (a unit is reduced at its last backward)
         self.inflight: Unit | None = None
         self.live_grad_bytes = self.peak_grad_bytes = 0
         self.params = None  # zero=3: fsdp.ParamUnits (made by build_optimizer once the masters are taken)
@@ -125,13 +138,13 @@ class ShardedSync:
 
     # --- per step (the GradSync interface train_step uses) -----------------------------------------------
     def start(self, overlap: bool, micro_batches: int = 0) -> None:
-        """Before the step's first backward: empty gradient shards, nothing in flight. `overlap` and
-        `micro_batches` (GradSync's signature) change nothing: units are always reduced as backward completes
-        them, and zero=2/3 run without pipelines (executor/sizes.py refuses pp > 1)."""
-        self.active, self.next, self.inflight = True, 0, None
+        """Before the step's first backward: empty gradient shards, nothing in flight. `overlap` changes
+        nothing: units are always reduced as backward completes them. `micro_batches` > 0 (pipelines): a unit's
+        gradients accumulate unsharded until its micro_batches-th backward, which reduce-scatters them."""
+        self.active, self.next, self.inflight, self.micro_batches = True, 0, None, micro_batches
         for u in self.buckets:
             u.shard.zero_()
-            u.pending, u.buffer, u.work = len(u.params), None, None
+            u.pending, u.buffer, u.work, u.backwards = len(u.params), None, None, 0
         if self.params is not None:
             self.params.start()
 
@@ -149,6 +162,9 @@ class ShardedSync:
         u.view(i).add_(p.grad)
         p.grad = None
         u.pending -= 1
+        if self.micro_batches:
+            self._pipelined(u)
+            return
         while self.next < len(self.buckets) and self.buckets[self.next].pending == 0:
             self._issue(self.buckets[self.next])
             self.next += 1
@@ -157,6 +173,32 @@ class ShardedSync:
             self.next = 0
             for b in self.buckets:
                 b.pending = len(b.params)
+
+    # --- pp > 1: the schedule's chunk boundaries (pipeline/schedule.ChunkHooks) ------------------------------
+    def begin_chunk(self) -> None:
+        if self.params is not None:
+            self.params.begin_chunk()
+
+    def end_chunk_forward(self, chunk: int) -> None:
+        if self.params is not None:
+            self.params.end_chunk_forward(chunk)
+
+    def end_chunk_backward(self, chunk: int) -> None:
+        """A chunk's backward is over: its last reduce-scatter waited for, so a chunk's gradient buffers live from
+        its first micro-batch's backward to the end of its last one (memory.py prices that interval)."""
+        self._wait()
+
+    def _pipelined(self, u: Unit) -> None:
+        """pp > 1: a unit's backward of one micro-batch is complete once all its gradients arrived; zero=3
+        reshards it at once; its n-th completes its gradient, reduce-scattered in bucket order."""
+        if u.pending:
+            return
+        u.pending, u.backwards = len(u.params), u.backwards + 1
+        if self.params is not None:
+            self.params.done_backward(u)
+        while self.next < len(self.buckets) and self.buckets[self.next].backwards == self.micro_batches:
+            self._issue(self.buckets[self.next])
+            self.next += 1
 
     def _issue(self, u: Unit) -> None:
         self._wait()  # at most one reduce-scatter in flight, so at most two gradient buffers live
@@ -174,7 +216,7 @@ class ShardedSync:
             with rec.phase("grad_sync"), rec.issue("reduce_scatter", self.axes, n, u.buffer, u.length, False, "grads"):
                 u.work = dist.reduce_scatter(u.out, by_rank, group=self.mesh.group(self.axes), async_op=True)
         self.inflight = u
-        if self.params is not None:  # zero=3: the unit's backward is done, its parameters go back to shards
+        if self.params is not None and not self.micro_batches:  # zero=3: its backward is done, back to shards
             self.params.done_backward(u)
 
     def _wait(self) -> None:
@@ -191,6 +233,9 @@ class ShardedSync:
 
     def finish(self) -> None:
         """After the last backward: wait for the last reduce-scatter; HSDP: each shard summed over the replicas."""
+        for u in self.buckets[self.next:] if self.micro_batches else []:  # none left: every unit ran n backwards
+            self._issue(u)
+        self.next = len(self.buckets) if self.micro_batches else self.next
         self._wait()
         if self.replicas and self.mesh.size(self.replicas) > 1:
             rec, n = self.mesh.recorder, self.mesh.size(self.replicas)

@@ -28,12 +28,20 @@ first and last stage's ranks with the same other coordinates: Mesh.embedding_gro
 the serial gradient and stay identical (traffic.stage_events: all_reduce over ("pp",), group size 2, label
 "embedding_grads"); the grad norm counts the copy once (on the first stage).
 
+zero=2/3 (data_parallel/sharded.py, fsdp.py): the stage's units accumulate gradients unsharded and reduce-scatter
+them in their last micro-batch's backward; the units (`units`, ShardedSync) are told where each chunk's forward or
+backward starts and where it ends (ChunkHooks), so that zero=3's gathers and reshards follow the schedule (every
+unit gathered before each micro-batch's forward and backward) and a chunk's last reduce-scatter is waited for at
+the end of its backward.
+
 The loss lives on the last stage: `local_sum / tokens_per_step` (fp16: times the loss scale) starts
 backward there, exactly as train_step does without pipelining, so gradients are the serial model's. The
 residual stream, and so what crosses stages, is in the model's compute dtype (its parameters' dtype).
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -46,6 +54,16 @@ from paracube.modes import MODES
 from paracube.modes.stages import schedule
 
 ACT, GRAD = 0, 1
+
+
+class ChunkHooks(Protocol):
+    """What the schedule tells zero=2/3's units (data_parallel/sharded.ShardedSync, zero=3's fsdp.ParamUnits)."""
+
+    def begin_chunk(self) -> None: ...
+
+    def end_chunk_forward(self, chunk: int) -> None: ...
+
+    def end_chunk_backward(self, chunk: int) -> None: ...
 
 
 def activation_shape(model: ParallelGPT, ids: Tensor) -> tuple[int, ...]:
@@ -96,10 +114,11 @@ class _P2P:
 
 
 def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tensor, Tensor]], tokens_per_step: int,
-                 loss_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+                 loss_scale: float = 1.0, units: ChunkHooks | None = None) -> tuple[Tensor, Tensor]:
     """Forward and backward of every micro-batch through the pipeline; gradients accumulate in the stage's
     parameters (their buckets). `loss_scale`: fp16's dynamic loss scale (loss_scale.py), applied on the last
-    stage. Returns this rank's (loss sum, token count): zeros except on the last stage."""
+    stage; `units`: zero=2/3's units (module docstring). Returns this rank's (loss sum, token count):
+    zeros except on the last stage."""
     layout, rec = mesh.layout, mesh.recorder
     pp, v, n = layout.pp, layout.interleave, len(micro_batches)
     stage = mesh.coord("pp")
@@ -120,8 +139,12 @@ def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tenso
             if j > 0:
                 x = p2p.recv(activation_shape(model, ids), dtype, device, prev, p2p.tag(ACT, j - 1, m))
                 x = x.requires_grad_()
+            if units is not None:
+                units.begin_chunk()
             with rec.phase("fwd"):
                 out = model.chunk_forward(c, x, ids, labels)
+            if units is not None:
+                units.end_chunk_forward(c)
             if j == last_v:
                 local_sum, local_count = out  # type: ignore[misc]
                 loss_sum += local_sum.detach().float()
@@ -133,12 +156,16 @@ def run_pipeline(model: ParallelGPT, mesh: Mesh, micro_batches: list[tuple[Tenso
                 saved[c, m] = (x, out)  # type: ignore[assignment]
         else:
             x, out = saved.pop((c, m))
+            if units is not None:
+                units.begin_chunk()
             with rec.phase("bwd"):
                 if j == last_v:
                     out.backward()
                 else:
                     grad = p2p.recv(tuple(out.shape), dtype, device, nxt, p2p.tag(GRAD, j + 1, m))
                     torch.autograd.backward(out, grad)
+            if units is not None:
+                units.end_chunk_backward(c)
             if x is not None:
                 p2p.send(x.grad, prev, p2p.tag(GRAD, j, m), "activation_grads")  # type: ignore[union-attr]
     p2p.flush()
@@ -161,4 +188,4 @@ def reduce_tied_embedding_grads(model: ParallelGPT, mesh: Mesh) -> None:
         p.grad = out.to(p.dtype)
 
 
-__all__ = ["activation_shape", "reduce_tied_embedding_grads", "run_pipeline"]
+__all__ = ["ChunkHooks", "activation_shape", "reduce_tied_embedding_grads", "run_pipeline"]

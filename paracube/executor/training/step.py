@@ -33,6 +33,7 @@ from torch import Tensor
 from paracube.executor.comm import all_reduce
 from paracube.executor.data_parallel.grad_sync import GradSync, grad_sync_for
 from paracube.executor.data_parallel.optim import DistributedAdamW
+from paracube.executor.data_parallel.sharded import ShardedSync
 from paracube.executor.layers.functional import main_grad
 from paracube.executor.mesh import Mesh, metrics_axes
 from paracube.executor.model.gpt import ParallelGPT
@@ -75,7 +76,8 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
     set_aux_grad_scale(model, scale / tokens_per_step)  # MoE aux losses: the loss sum's gradient (model/moe.py)
     model.begin_step(len(micro_batches))  # kw=1: gathered weights kept until the last backward (kept.py)
     if pipelined:  # executor/pipeline/schedule.py: 1F1B / interleaved schedule over the pp axis
-        loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, scale)
+        loss_sum, count = run_pipeline(model, mesh, micro_batches, tokens_per_step, scale,
+                                       sync if isinstance(sync, ShardedSync) else None)  # zero=2/3
     for k, (ids, labels) in enumerate(micro_batches if not pipelined else []):
         with rec.phase("fwd"):
             local_sum, local_count = model(ids, labels)
