@@ -15,7 +15,9 @@ Per case:
   bytes (CommEvent.sent_bytes), every step with the GEMM chunk that ran while it was in flight, but 2D's forward
   X / A rings off the grid's diagonal (no term has both its blocks before they moved: `two_d.summa_ring`'s 0);
 - that step's fp32 loss and gradient norm equal the unoverlapped layout's (rel 1e-5, as tests/test_token_split.py
-  in fp32: the same terms summed in another order round to ~1e-7).
+  in fp32: the same terms summed in another order round to ~1e-7);
+- memory: the activation bytes autograd saves on the most loaded rank (dist_helpers.saved_bytes) are those of the
+  layout without tpo and the model's (rel 2%).
 Plus the refusals before any rank starts (tpo without sp in 1D; tpo in mode none), tpo plans scaled down for
 `paracube run` and, in one process, the 3D forward's term schedule at q = 3 and 4 (the launches have q = 2). The
 pricing of these rings (both engines, the schedules against the executor's): tests/test_tpo_pricing.py.
@@ -28,10 +30,11 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import TOL_FP64, run_distributed, steps_against_serial
+from dist_helpers import TOL_FP64, run_distributed, saved_bytes, steps_against_serial
 from test_equivalence_model import MAX_NORM, SPEC, STEPS, adamw
 from test_llama import LLAMA
 
+from paracube.cost_models import estimate
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
@@ -39,6 +42,7 @@ from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.layout import parse_layout
 from paracube.modes import MODES
+from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
 B, N_MICRO, F64 = 4, 2, torch.float64
@@ -86,10 +90,12 @@ def _one_case(rank: int, layout_text: str, family: str, rc: str) -> dict[str, An
     got, events, rings = _fp32_step(spec, mesh, rc, micro, tokens)
     plain, plain_events, plain_rings = _fp32_step(spec, Mesh(layout.with_(tpo=False), rank), rc, micro, tokens)
     vs_plain = max(abs(a - b) / abs(b) for a, b in zip(got, plain, strict=True))
+    activations = [saved_bytes(build_model(spec, Mesh(lay, rank), seed=7, recompute=rc), *micro[0])[1]
+                   for lay in (layout, layout.with_(tpo=False))]  # fp32, the priced dtype: (tpo, plain)
     axes = MODES[layout.mode].axes  # 2D / 2.5D: a rank off the row = col diagonal (collective_matmul_2d.py)
     off_diagonal = "row" in axes and mesh.index(("row",)) != mesh.index(("col",))
     return {"errors": errors, "events": events, "plain_events": plain_events, "rings": rings,
-            "plain_rings": plain_rings, "vs_plain": vs_plain, "off_diagonal": off_diagonal}
+            "plain_rings": plain_rings, "vs_plain": vs_plain, "off_diagonal": off_diagonal, "activations": activations}
 
 
 def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
@@ -136,6 +142,12 @@ def test_tpo_matches_serial_traffic_and_rings(world: tuple[int, list[list[dict[s
                 assert with_gemm or lock_step, (text, rank, key, suffix)
             if r["off_diagonal"]:  # q = 2: the one exchange of the forward A ring (and X's beside it) hides nothing
                 assert not any(g for *_, g, suffix, ph in rings if suffix == "A" and ph != "bwd"), (text, rank)
+        # memory: the activations autograd saves on the most loaded rank, with the rings as without, equal the
+        # model's (rel 2%, the bound of tests/test_token_split.py: the model's per-token closed forms vs storages)
+        est = estimate(MODELS[family], training(rc), layout, load_topology("local-cpu", gpus=size), with_events=False)
+        measured = [max(per_case[case]["activations"][i] for per_case in results) for i in (0, 1)]
+        assert measured[0] == measured[1], (text, measured)
+        assert measured[0] == pytest.approx(est.memory.activations, rel=0.02), (text, measured, est.memory.activations)
 
 
 def test_tpo_refusals_before_any_rank_starts() -> None:

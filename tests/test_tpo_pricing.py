@@ -17,7 +17,7 @@ import torch
 
 from paracube.cost_models import estimate
 from paracube.cost_models.event import estimate_event
-from paracube.cost_models.tpo import program_gemm_steps, ring_hidden, runs
+from paracube.cost_models.tpo import hidden, program_gemm_steps, ring_hidden, runs
 from paracube.layout import parse_layout
 from paracube.modes import MODES
 from paracube.modes.base import chunks, coll
@@ -102,7 +102,7 @@ def test_3d_forward_and_y_schedules_are_the_slowest_ranks(q: int) -> None:
 def test_lockstep_rings_share_their_chunks_by_bytes() -> None:
     """program_gemm_steps (event engine) and ring_hidden (analytic) on one 2D forward at q = 4: X and A split each
     chunk by their exchange's bytes; unpaired (A kept from an earlier micro-batch) X takes the whole chunk. The
-    chunks handed out never exceed the GEMM."""
+    chunks handed out never exceed the GEMM. The default schedule (1D) prices as the closed form tpo.hidden."""
     x = coll("all_gather", "col", "compute", lambda z: 0, "qkv.X", tpo="qkv.f", ring=summa_ring, lockstep=True)
     w = coll("all_gather", "row", "compute", lambda z: 0, "qkv.A", kept=True, tpo="qkv.f", ring=summa_ring,
              lockstep=True)
@@ -112,6 +112,9 @@ def test_lockstep_rings_share_their_chunks_by_bytes() -> None:
     (alone,) = program_gemm_steps([(x, 4, 1.0, 8.0)])
     assert alone == pytest.approx((2.0, 2.0, 2.0)) and sum(alone) <= 8.0
     assert runs((0.0, 0.0, 2.0, 2.0)) == [(2, 0.0), (2, 2.0)]
+    one_d = coll("all_gather", "tp", "compute", lambda z: 0, "attn.in", tpo="qkv.f")  # the default schedule
+    for ab, n, gemm in ((3.0, 4, 1.0), (3.0, 4, 5.0), (3.0, 2, 5.0), (7.0, 8, 2.0)):
+        assert float(ring_hidden(one_d, ab, n, gemm, False)) == pytest.approx(float(hidden(ab, n, gemm)))
     assert chunks(4, True) == (0.25,) * 3
 
 

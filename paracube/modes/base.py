@@ -56,7 +56,7 @@ Ring = Callable[[int, bool], tuple[float, ...]]  # tpo: (group size, paired) -> 
 def first_exposed(n: int, paired: bool) -> tuple[float, ...]:
     """The default tpo ring (1D + sp, priced so since tpo was added): its first exchange exposed, the whole GEMM
     spread over the other n - 2 (cost_models/tpo.py)."""
-    return (0.0,) + (1.0 / (n - 2),) * (n - 2) if n > 1 else ()
+    return (0.0,) + (1.0 / (n - 2),) * (n - 2) if n > 2 else (0.0,) * (n - 1)
 
 
 def chunks(n: int, paired: bool) -> tuple[float, ...]:
