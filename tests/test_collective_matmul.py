@@ -9,16 +9,18 @@ Per case:
 - traffic (one fp32 step, the dtype the cost model prices): the recorded collectives equal
   `traffic.stage_events` of the same plan as a multiset (zero difference: the ring is recorded as the
   unoverlapped collective), and the same step without tpo records the same multiset;
-- ring steps: exactly the collectives the mode declares overlappable (`Collective.tpo`) and, in 2D / 2.5D / 3D,
-  every other collective of a block linear but its bias's (the weight's all-gather, dA's reduce-scatter, 3D's Y
-  reduce-scatter: collective_matmul_2d.py / _3d.py) ran as rings, each with n - 1 recorded steps whose bytes sum
-  to its ring bytes (CommEvent.sent_bytes), every step with the GEMM chunk that ran while it was in flight, but
-  2D's forward X / A rings off the grid's diagonal (no term has both its blocks before they moved);
+- ring steps: exactly the collectives the mode declares overlappable (`Collective.tpo`; in 2D / 2.5D / 3D every
+  collective of a block linear but its bias's: the weight's all-gather, dA's reduce-scatter, 3D's Y reduce-scatter
+  too, collective_matmul_2d.py / _3d.py) ran as rings, each with n - 1 recorded steps whose bytes sum to its ring
+  bytes (CommEvent.sent_bytes), every step with the GEMM chunk that ran while it was in flight, but 2D's forward
+  X / A rings off the grid's diagonal (no term has both its blocks before they moved: `two_d.summa_ring`'s 0);
 - that step's fp32 loss and gradient norm equal the unoverlapped layout's (rel 1e-5, as tests/test_token_split.py
-  in fp32: the same terms summed in another order round to ~1e-7).
-Plus the refusals before any rank starts (tpo without sp in 1D; tpo in mode none), the pricing of tpo in
-2D / 2.5D / 3D (the two engines agree, bytes unchanged, step time lower) and, in one process, the 3D forward's
-term schedule at q = 3 and 4 (the launches have q = 2).
+  in fp32: the same terms summed in another order round to ~1e-7);
+- memory: the activation bytes autograd saves on the most loaded rank (dist_helpers.saved_bytes) are those of the
+  layout without tpo and the model's (rel 2%).
+Plus the refusals before any rank starts (tpo without sp in 1D; tpo in mode none), tpo plans scaled down for
+`paracube run` and, in one process, the 3D forward's term schedule at q = 3 and 4 (the launches have q = 2). The
+pricing of these rings (both engines, the schedules against the executor's): tests/test_tpo_pricing.py.
 """
 
 from __future__ import annotations
@@ -28,19 +30,19 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import TOL_FP64, run_distributed, steps_against_serial
+from dist_helpers import TOL_FP64, run_distributed, saved_bytes, steps_against_serial
 from test_equivalence_model import MAX_NORM, SPEC, STEPS, adamw
 from test_llama import LLAMA
 
+from paracube.cost_models import estimate
 from paracube.cost_models.dims import dims_of
-from paracube.cost_models.traffic import layout_sizes, stage_events
+from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
-from paracube.executor.layers.collective_matmul import TPO_LINEARS
 from paracube.layout import parse_layout
 from paracube.modes import MODES
-from paracube.modes.base import COMPUTE
+from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
 B, N_MICRO, F64 = 4, 2, torch.float64
@@ -88,10 +90,12 @@ def _one_case(rank: int, layout_text: str, family: str, rc: str) -> dict[str, An
     got, events, rings = _fp32_step(spec, mesh, rc, micro, tokens)
     plain, plain_events, plain_rings = _fp32_step(spec, Mesh(layout.with_(tpo=False), rank), rc, micro, tokens)
     vs_plain = max(abs(a - b) / abs(b) for a, b in zip(got, plain, strict=True))
+    activations = [saved_bytes(build_model(spec, Mesh(lay, rank), seed=7, recompute=rc), *micro[0])[1]
+                   for lay in (layout, layout.with_(tpo=False))]  # fp32, the priced dtype: (tpo, plain)
     axes = MODES[layout.mode].axes  # 2D / 2.5D: a rank off the row = col diagonal (collective_matmul_2d.py)
     off_diagonal = "row" in axes and mesh.index(("row",)) != mesh.index(("col",))
     return {"errors": errors, "events": events, "plain_events": plain_events, "rings": rings,
-            "plain_rings": plain_rings, "vs_plain": vs_plain, "off_diagonal": off_diagonal}
+            "plain_rings": plain_rings, "vs_plain": vs_plain, "off_diagonal": off_diagonal, "activations": activations}
 
 
 def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
@@ -103,32 +107,13 @@ def world(request: pytest.FixtureRequest) -> tuple[int, list[list[dict[str, Any]
     return request.param, run_distributed(_all_cases, request.param, timeout=600.0)  # [rank][case]
 
 
-def _overlappable(layout_text: str, family: str, rc: str) -> Counter:
-    """The CommEvent keys (with multiplicity, one step) of the block collectives the mode declares
-    tpo-overlappable (Collective.tpo): per micro-batch and block, the forward ones (twice under full
-    recomputation) and the backward ones."""
-    layout = parse_layout(layout_text).with_(micro_batch=B)
-    d = dims_of(MODELS[family], training(rc))
-    z = layout_sizes(layout, d, B, d.L, True, True)
-    sp, mode = layout.sequence_parallel, MODES[layout.mode]
-    out: Counter = Counter()
-    for colls, times in ((mode.layer_fwd(d), 2 if rc == "full" else 1), (mode.layer_bwd(d), 1)):
-        for c in colls:
-            if c.tpo and (c.when != "sp" or sp) and (c.when != "no_sp" or not sp):
-                dtype = d.dtype if c.dtype == COMPUTE else c.dtype
-                out[(c.kind, c.axes, int(c.payload(z)), dtype)] += times * N_MICRO * d.L
-    return out
-
-
-def _weight_and_output_rings(predicted: list) -> Counter:
-    """The block linears' collectives the executor runs as rings beyond the tagged ones: the weight's all-gather
-    (`.A`), dA's reduce-scatter (`.dA`) and 3D's Y reduce-scatter (`.Y`), as the model lists them (kw=1: once
-    per step)."""
-    def ours(label: str) -> bool:
-        parts = label.split(".")
-        return len(parts) == 4 and parts[0] == "layers" and parts[2] in TPO_LINEARS and parts[3] in ("A", "dA", "Y")
-
-    return Counter(e.key() for e in predicted if ours(e.label))
+def _overlappable(predicted: list, mode: str, d: Any) -> Counter:
+    """The CommEvent keys (with multiplicity, one step) of the predicted block collectives the mode declares
+    tpo-overlappable (Collective.tpo): in 2D / 2.5D / 3D every collective of a block linear but its bias's
+    (the weight's gather, dA's reduce-scatter and 3D's Y reduce-scatter included; kw=1: those once per step)."""
+    tagged = {(c.label, c.kind) for c in (*MODES[mode].layer_fwd(d), *MODES[mode].layer_bwd(d)) if c.tpo}
+    return Counter(e.key() for e in predicted
+                   if e.label.startswith("layers.") and (e.label.split(".", 2)[2], e.kind) in tagged)
 
 
 def test_tpo_matches_serial_traffic_and_rings(world: tuple[int, list[list[dict[str, Any]]]]) -> None:
@@ -137,9 +122,8 @@ def test_tpo_matches_serial_traffic_and_rings(world: tuple[int, list[list[dict[s
         layout = parse_layout(text).with_(micro_batch=B)
         d = dims_of(MODELS[family], training(rc))
         predicted = stage_events(layout, d, B)
-        tagged = _overlappable(text, family, rc)
-        assert tagged, text
-        expected = tagged + _weight_and_output_rings(predicted)  # A, dA, Y: never tagged
+        expected = _overlappable(predicted, layout.mode, d)
+        assert expected, text
         for rank, per_case in enumerate(results):
             r = per_case[case]
             bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
@@ -158,6 +142,15 @@ def test_tpo_matches_serial_traffic_and_rings(world: tuple[int, list[list[dict[s
                 assert with_gemm or lock_step, (text, rank, key, suffix)
             if r["off_diagonal"]:  # q = 2: the one exchange of the forward A ring (and X's beside it) hides nothing
                 assert not any(g for *_, g, suffix, ph in rings if suffix == "A" and ph != "bwd"), (text, rank)
+        # memory: the activations autograd saves on the most loaded rank, with the rings as without, equal the
+        # model's (rel 2%, the bound of tests/test_token_split.py: the model's per-token closed forms vs storages)
+        est = estimate(MODELS[family], training(rc), layout, load_topology("local-cpu", gpus=size), with_events=False)
+        measured = [max(per_case[case]["activations"][i] for per_case in results) for i in (0, 1)]
+        assert measured[0] == measured[1], (text, measured)
+        if (layout.mode, family) != ("3d", "llama"):  # KNOWN GAP (on main, not tpo's): 3D llama saves 1344 B a rank
+            # more than modelled at this size (1.4% at rc=none, 3.5% under full recomputation), tpo or not
+            assert measured[0] == pytest.approx(est.memory.activations, rel=0.02), (text, measured,
+                                                                                    est.memory.activations)
 
 
 def test_tpo_refusals_before_any_rank_starts() -> None:
@@ -176,38 +169,6 @@ def test_tpo_refusals_before_any_rank_starts() -> None:
     assert rt.refusal(parse_layout("tp=1d:4,sp,tpo")) is None and rt.refusal(parse_layout("tp=3d:2x2x2,tpo")) is None
     assert rt.offers_tpo("2d", False) and rt.offers_tpo("1d", True) and not rt.offers_tpo("1d", False)
     assert not rt.offers_tpo("none", False)
-
-
-PRICED = [  # 2D / 2.5D / 3D with tpo at q = 4 (ring steps to hide), with kept weights, pipelines, recomputation
-    "dp=4,tp=2d:4x4,mb=4", "dp=2,tp=2.5d:4x4x2,mb=4", "dp=1,tp=3d:4x4x4,mb=4", "dp=1,tp=3d:4x4x4,mb=4,kw=1",
-    "dp=2,pp=2,tp=2d:4x4,mb=2", "dp=2,tp=2.5d:4x4x2,mb=4,rc=full",
-]
-
-
-@pytest.mark.parametrize("text", PRICED)
-def test_tpo_priced_in_2d_25d_3d_by_both_engines(text: str) -> None:
-    """The declared tpo collectives (two_d.py, three_d.py) priced as cost_models/tpo.py decomposes them: the same
-    bytes and events, a lower step time, the event engine within 2% of the analytic model (as
-    tests/test_runtimes.py for 1D); at q = 2 a ring has one step, which the model leaves exposed."""
-    from paracube.cost_models import estimate
-    from paracube.cost_models.event import estimate_event
-    from paracube.model_presets import PRESETS
-    from paracube.topologies import load_topology
-
-    topo, model = load_topology("dgx-h100", gpus=64), PRESETS["gpt3-1.3b"]
-    lay = parse_layout(text)
-    train = TrainingSpec(global_batch=64, dtype="bf16", recompute=lay.recompute or "none")
-    lay = lay.with_(recompute=None)
-    plain = estimate(model, train, lay, topo, with_events=True)
-    tpo = estimate(model, train, lay.with_(tpo=True), topo, with_events=True)
-    assert tpo.events == plain.events and tpo.comm_bytes_per_gpu == plain.comm_bytes_per_gpu
-    assert tpo.compute_time_s == plain.compute_time_s and tpo.step_time_s < plain.step_time_s
-    event = estimate_event(model, train, lay.with_(tpo=True), topo, with_events=False)
-    assert event.step_time_s == pytest.approx(tpo.step_time_s, rel=0.02) and event.comm_bytes_per_gpu == \
-        tpo.comm_bytes_per_gpu
-    small = lay.with_(shape=(2,) * len(lay.shape), dp=64 // (lay.pp * 2 ** len(lay.shape)))
-    assert estimate(model, train, small.with_(tpo=True), topo).step_time_s == \
-        pytest.approx(estimate(model, train, small, topo).step_time_s, rel=1e-12)  # nothing hidden, up to rounding
 
 
 @pytest.mark.parametrize(("layout", "gpus", "expected"), [

@@ -83,11 +83,15 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     # q, k, v: views of the qkv output (selective keeps the qkv output itself), or (unfused) the contiguous
     # copies its bmms multiply, in the compute dtype
     attention = c * T * h_qkv / sp["all"]
-    if d.recompute != "selective":  # the attention core's own saved tensors
+    # The core is recomputed under selective recomputation, except with cp: its key / value exchange runs in
+    # it, so the executor keeps it out of the recomputed region (executor/model/blocks.py; redoing it would
+    # exchange again) and it saves what it saves at rc=none.
+    core_kept = d.recompute != "selective" or d.cp > 1
+    if core_kept:  # the attention core's own saved tensors
         attention = attention + attention_core_bytes(d, mb, sp["all"])
     # The core's output: flash saves it; none / 1D keep it anyway as proj's input (2D / 3D's proj keeps its
     # gathered input instead, counted with the linear inputs; the unfused core's bmm does not save its output).
-    if replicated or (d.recompute != "selective" and d.flash):
+    if replicated or (core_kept and d.flash):
         attention = attention + c * T * h / sp["all"]
     if MODES[mode].token_axes:
         attention = attention + split_sequence_bytes(d, b, sp)
@@ -103,7 +107,7 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     act_fn_input = c * T * f / sp["all"]
     if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
         # cos, sin tables [s, head_dim] (executor/layers/llama.py), made inside the core (selective: recomputed)
-        rotary = 2 * c * d.s * (h / d.heads) if d.recompute != "selective" else 0.0
+        rotary = 2 * c * d.s * (h / d.heads) if core_kept else 0.0
         act_fn_input = c * T * 2 * f / sp["all"] + rotary
     # Hidden dropout after the attention projection and after the MLP: one boolean mask each, on the block's
     # activations (whole in none / 1D, sequence shards with sp, split over all t ranks in 2D / 3D).

@@ -7,7 +7,7 @@ stage (compute + its per-micro-batch communication over N micro-batches), step =
 + per-step communication (gradients, grad norm, metrics). The stages considered are first (embedding),
 middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
 communication is not overlapped (see comm.py) unless the layout says `tpo`: then each collective a mode
-declares overlappable exposes one ring step plus what its GEMM does not hide (cost_models/tpo.py). The
+declares overlappable exposes what the GEMM chunks beside its ring's exchanges do not hide (cost_models/tpo.py). The
 data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
 its buckets are reduced, one after the other on the data-parallel communicator's own stream, while the last
 micro-batch's backward runs (torch DDP, Megatron's overlap_grad_reduce; the event engine simulates exactly
@@ -69,7 +69,7 @@ from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_step import with_moe
-from paracube.cost_models.tpo import gemm_seconds, hidden
+from paracube.cost_models.tpo import TpoPricing
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.errors import ParacubeError
@@ -140,6 +140,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     alternating = MODES[mode].alternating
     grad_axes = traffic.data_axes  # the mode's grad_axes; with context parallelism dp x cp
     fsdp: dict[str, tuple[Arr, Arr]] = {}
+    tpo_pricing = TpoPricing(d, mode, b, g, entries) if tpo is not None else None
     for e in entries:
         if not np.any(e.count):
             continue
@@ -150,9 +151,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         calls = (e.count * g.call_wait(e.kind, e.n, per_call, e.dtype))[rows] if g.waits else 0.0
         alpha_beta = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw
         tm = alpha_beta + calls
-        if e.tpo and tpo is not None:  # collective matmul: all but one ring step hidden by the GEMM (tpo.py)
-            gemm = (e.count * gemm_seconds(d, mode, b, e.tpo, g))[rows]
-            tm = tm - np.where(tpo, hidden(alpha_beta, e.n[rows] if np.ndim(e.n) else e.n, gemm), 0.0)
+        if e.tpo and tpo_pricing is not None:  # collective matmul: the ring's exchanges beside GEMM chunks (tpo.py)
+            tm = tm - np.where(tpo, tpo_pricing.hidden(e, alpha_beta, rows), 0.0)
         if e.kind == "all_reduce" and not g.comm:  # uncalibrated: the faster of ring and tree (collective.py)
             depth2 = latency_factor("all_reduce", e.n, "tree")
             tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw + calls)

@@ -23,6 +23,7 @@ class Op:
     event: CommEvent | None = None
     asynchronous: bool = False
     gemm: float = 0.0  # tpo: seconds of the GEMM this collective is decomposed against (cost_models/tpo.py)
+    gemm_steps: tuple[float, ...] = ()  # tpo: of those, the seconds beside each ring exchange (sum: gemm)
     tag: str = ""  # an asynchronous op a `wait` with the same tag waits for alone (fsdp_overlap.py's prefetch)
     alongside: bool = False  # the transfer and `gemm` seconds of compute together (cp ring step: event_context.py)
 

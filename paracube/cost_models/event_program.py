@@ -11,8 +11,8 @@ the dX GEMM and the dA / dbias reduce-scatters are asynchronous (hidden under th
 `grad_overlap` (the layout's `overlap`) the data-parallel gradient buckets are issued asynchronously during
 the last backward, each once the layers that produce it are done.
 With the layout's `tpo`, each collective its mode declares overlappable (Collective.tpo) carries the seconds of
-its GEMM (`Op.gemm`), taken out of the unit's compute op: the engine runs its first ring step alone, then the
-other steps alongside the GEMM (cost_models/tpo.py).
+its GEMM's chunks beside each of its exchanges (`Op.gemm_steps`, the executor's ring schedule: cost_models/tpo.py),
+taken out of the unit's compute op: the engine runs each exchange alongside its chunk.
 Kept weights (kw=1): a `kept` collective runs once per step (traffic.py), its gather in the first
 micro-batch's forward (`fwd_first`), its gradient's reduce-scatter in the last micro-batch's backward
 (`bwd_last`); the other micro-batches' `fwd` / `bwd` skip them (`micro_batch_events` of micro-batch 0 and 1
@@ -31,11 +31,13 @@ from paracube.cost_models.event_compute import add_op_overhead, unit_compute
 from paracube.cost_models.event_context import ring_ops
 from paracube.cost_models.event_ops import Op, StageProgram
 from paracube.cost_models.fsdp_overlap import prefetch_program
+from paracube.cost_models.tpo import program_gemm_steps
 from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import context
+from paracube.modes.base import Collective
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import schedule, stage_chunks
 
@@ -105,31 +107,38 @@ GEMM_OP = {"f": "fwd", "dx": "dX", "da": "dA"}  # tpo GEMM -> the suffix of the 
 
 
 def _apply_tpo(ops: list[Op], layout: Layout, d: Dims, comp: dict) -> list[Op]:
-    """tpo: each overlappable collective of `ops` carries its GEMM's seconds, moved out of its unit's compute op
-    (of the same layer and phase; under full recomputation the recompute op)."""
+    """tpo: each overlappable collective of `ops` carries the seconds of its GEMM's chunks beside each of its
+    exchanges (tpo.program_gemm_steps, per layer, phase and GEMM), moved out of its unit's compute op (of the same
+    layer and phase; under full recomputation the recompute op)."""
     m = layout.tensor_mode
-    tags = {(c.label, c.kind): c.tpo for c in (*m.layer_fwd(d), *m.layer_bwd(d)) if c.tpo}
+    decl = {(c.label, c.kind): c for c in (*m.layer_fwd(d), *m.layer_bwd(d)) if c.tpo}
     unit_of = {lin: unit for unit, lins in m.merged_units for lin in lins}
     out = list(ops)
     where = {op.name: i for i, op in enumerate(out) if op.kind == "compute"}
+    calls: dict[tuple[int, str, str], list[tuple[int, Collective]]] = {}
     for i, op in enumerate(out):
         if op.kind != "comm" or op.event is None:
             continue
-        layer, unit, _ = _unit_of(op.event.label)
+        layer, _, _ = _unit_of(op.event.label)
         local = op.event.label.split(".", 2)[2] if layer >= 0 else op.event.label
-        tag = tags.get((local, op.event.kind))
-        if not tag:
-            continue
+        c = decl.get((local, op.event.kind))
+        if c is not None:
+            calls.setdefault((layer, op.event.phase, c.tpo), []).append((i, c))
+    for (layer, phase, tag), members in calls.items():
         lin, gemm = tag.split(".")
         prefix = f"layers.{layer}."
-        target = prefix + ("recompute" if op.event.phase == "recompute" else f"{unit_of.get(lin, lin)}.{GEMM_OP[gemm]}")
+        target = prefix + ("recompute" if phase == "recompute" else f"{unit_of.get(lin, lin)}.{GEMM_OP[gemm]}")
         j = where.get(target)
         seconds = comp[lin][("f", "dx", "da").index(gemm)]
         if j is None or seconds <= 0:
             continue
-        seconds = min(seconds, out[j].seconds)
-        out[j] = replace(out[j], seconds=out[j].seconds - seconds)
-        out[i] = replace(op, gemm=seconds)
+        events = [out[i].event for i, _ in members]
+        steps = program_gemm_steps([(c, e.group_size, e.payload_bytes / max(e.group_size, 1), seconds)
+                                    for (_, c), e in zip(members, events, strict=True) if e is not None])
+        for (i, _), alongside in zip(members, steps, strict=True):
+            alongside = alongside if sum(alongside) <= out[j].seconds else ()  # never more than the op holds
+            out[j] = replace(out[j], seconds=out[j].seconds - sum(alongside))
+            out[i] = replace(out[i], gemm=sum(alongside), gemm_steps=alongside)
     return out
 
 

@@ -11,8 +11,9 @@
   devices run at the same time; the decomposition and the call's wait are computed once per distinct call;
 - runs of synchronous ops whose collectives cannot meet another transfer are replayed as one timeout
   (event_fuse.py: exact; the same op list serves every micro-batch);
-- tpo: a collective its mode declares overlappable runs its first ring step, then the rest alongside its GEMM
-  (cost_models/tpo.py); a cp ring step runs alongside one block's attention (event_context.py);
+- tpo: a collective its mode declares overlappable runs each ring exchange alongside the GEMM chunk the executor
+  runs beside it (Op.gemm_steps; cost_models/tpo.py); a cp ring step runs alongside one block's attention
+  (event_context.py);
 - asynchronous collectives queue on a stream per communicator (stage, mesh axes): calls of one group run in issue
   order, calls of different groups concurrently (NCCL runs each communicator on its own stream). They still share
   links (event_network.py);
@@ -32,6 +33,7 @@ from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template
 from paracube.cost_models.event_ops import Op, StageProgram, StageStats
 from paracube.cost_models.event_program import schedule
 from paracube.cost_models.event_trace import Span
+from paracube.cost_models.tpo import runs
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import EXPERT_AXES
@@ -155,10 +157,11 @@ class Sim:
         if op.alongside:  # a cp ring step: the transfer alongside one block's attention (event_context.py)
             yield simpy.AllOf(self.env, [self.net.run(self.template(stage, e.axes), steps, chunk),
                                          self.env.process(self.gemm(stage, op))])
-        elif op.gemm > 0 and steps > 1:  # tpo: the first ring step alone, the rest alongside the GEMM (tpo.py)
-            yield self.net.run(self.template(stage, e.axes), 1, chunk)
-            rest = self.net.run(self.template(stage, e.axes), steps - 1, chunk)
-            yield simpy.AllOf(self.env, [rest, self.env.process(self.gemm(stage, op))])
+        elif op.gemm_steps and steps == len(op.gemm_steps):  # tpo: each exchange beside its GEMM chunk (tpo.py)
+            for k, seconds in runs(op.gemm_steps):
+                ring = self.net.run(self.template(stage, e.axes), k, chunk)
+                yield simpy.AllOf(self.env, [ring, self.env.process(self.gemm(stage, op, k * seconds))]) \
+                    if seconds > 0 else ring
         else:
             if op.gemm > 0:
                 yield from self.gemm(stage, op)
@@ -167,14 +170,16 @@ class Sim:
             stream.release(req)
         self._comm_done(stage, op.name, e, t0, busy0)
 
-    def gemm(self, stage: int, op: Op):
-        """The GEMM a tpo collective overlaps: compute time of the stage (it counts as hiding the collective)."""
+    def gemm(self, stage: int, op: Op, seconds: float | None = None):
+        """The GEMM (or `seconds` of its chunks) a tpo collective overlaps: compute time of the stage (it counts as
+        hiding the collective)."""
         st = self.stages[stage]
+        seconds = op.gemm if seconds is None else seconds
         st.busy_since = self.env.now
-        yield self.env.timeout(op.gemm)
-        st.busy += op.gemm
+        yield self.env.timeout(seconds)
+        st.busy += seconds
         st.busy_since = None
-        st.compute += op.gemm
+        st.compute += seconds
 
     def _barrier(self, stage: int, e: CommEvent, steps: int, chunk: float):
         assert self.net is not None

@@ -50,6 +50,20 @@ class Sizes:
 
 
 Payload = Callable[[Sizes], IntOrArr]
+Ring = Callable[[int, bool], tuple[float, ...]]  # tpo: (group size, paired) -> GEMM fraction per exchange
+
+
+def first_exposed(n: int, paired: bool) -> tuple[float, ...]:
+    """The default tpo ring (1D + sp, priced so since tpo was added): its first exchange exposed, the whole GEMM
+    spread over the other n - 2 (cost_models/tpo.py)."""
+    return (0.0,) + (1.0 / (n - 2),) * (n - 2) if n > 2 else (0.0,) * (n - 1)
+
+
+def chunks(n: int, paired: bool) -> tuple[float, ...]:
+    """A ring with one GEMM chunk (1/n of it) alongside each of its n - 1 exchanges (executor/layers/ring.py: an
+    all-gather's chunk s on the block held at step s, a reduce-scatter's chunk of step s >= 1; the remaining
+    chunk runs with no exchange in flight)."""
+    return (1.0 / n,) * (n - 1)
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,12 @@ class Collective:
     tpo: str = ""
     # Calls per issue, each of `payload` bytes (None: one), e.g. SUMMA's q broadcast steps per GEMM operand.
     calls: Callable[[Sizes], IntOrArr] | None = None
+    # tpo: the executor's ring schedule, ring(n, paired) -> the fraction of the `tpo` GEMM alongside each of the
+    # ring's n - 1 exchanges on its slowest rank (paired: the linear's weight ring ran in this forward, i.e. not a
+    # kept weight reused); `lockstep`: run in lock step with that weight ring (2D / 3D forwards: X's and A's
+    # rings), the two sharing those GEMM chunks (cost_models/tpo.py).
+    ring: Ring = first_exposed
+    lockstep: bool = False
 
 
 TPO_GEMMS = ("f", "dx", "da")
@@ -81,9 +101,10 @@ TPO_GEMMS = ("f", "dx", "da")
 def coll(kind: str, axes: tuple[str, ...] | str, dtype: str, payload: Payload, label: str,
          phase: str = "fwd", when: str = "", kept: bool = False,
          applies: Callable[[Sizes], IntOrArr] | None = None, tpo: str = "",
-         calls: Callable[[Sizes], IntOrArr] | None = None) -> Collective:
+         calls: Callable[[Sizes], IntOrArr] | None = None, ring: Ring = first_exposed,
+         lockstep: bool = False) -> Collective:
     return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when,
-                      kept, applies, tpo=tpo, calls=calls)
+                      kept, applies, tpo=tpo, calls=calls, ring=ring, lockstep=lockstep)
 
 
 def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:

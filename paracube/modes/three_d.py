@@ -34,6 +34,7 @@ from paracube.modes.base import (
     ExecutorSupport,
     IntOrArr,
     TensorMode,
+    chunks,
     coll,
     divides,
     split,
@@ -56,12 +57,37 @@ def _norm(d: Any, label: str, backward: bool) -> list[Collective]:
     return out
 
 
+def cube_ring(n: int, paired: bool) -> tuple[float, ...]:
+    """X's and A's lock-step rings of a 3D forward (collective_matmul_3d.py): at step s the rank holds s + 1
+    blocks of each, so 2 s + 1 new terms X_k[:, a] A_a (1/q^2 of the GEMM each) run alongside exchange s; the
+    last step's 2 q - 1 terms are deferred to Y's ring. Not paired (kw=1): X's ring alone, a row X_k A (1/q) per
+    exchange, the last row deferred."""
+    if not paired:
+        return chunks(n, paired)
+    return tuple((2.0 * s + 1) / n**2 for s in range(n - 1))
+
+
+def cube_out_ring(n: int, paired: bool) -> tuple[float, ...]:
+    """Y's reduce-scatter over O: its chunk b is row block b finished by the deferred terms (row k_last all q
+    of them, 1/q of the GEMM; every other row one, 1/q^2). Ring step i produces chunk r_O - 1 - i, so where
+    k_last comes first (r_O = r_I + 2 mod q, the slowest ranks) it runs with no exchange in flight and each
+    exchange has a 1/q^2 term (none when not paired: the other rows were finished with X's ring)."""
+    return (1.0 / n**2 if paired else 0.0,) * (n - 1)
+
+
+def cube_wgrad_ring(n: int, paired: bool) -> tuple[float, ...]:
+    """dA's reduce-scatter over W: its chunk a is the sub-block a of dA finished by the term of dY's last block
+    (deferred by dY's ring), X_last[:, a]^T dY_last: 1/q^2 of the dA GEMM per exchange."""
+    return (1.0 / n**2,) * (n - 1)
+
+
 def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, roles: str,
             backward: bool, tpo: bool = False) -> list[Collective]:
-    """h_out None: the vocabulary (head). tpo (a block's linears): X's gather overlappable with the forward GEMM
-    (the partial output's row blocks X_k A as X's blocks arrive; Y's reduce-scatter then has no GEMM left to
-    hide behind), dY's gather with the dA GEMM (dA += X_k^T dY_k) and dX's reduce-scatter with the dX GEMM
-    (row blocks dY_k A^T): executor/layers/collective_matmul.py. Weight and bias collectives are not."""
+    """h_out None: the vocabulary (head). tpo (a block's linears), as collective_matmul_3d.py runs them: X's
+    gather over I and the weight's over W in lock step with the forward GEMM's terms (`cube_ring`), Y's
+    reduce-scatter over O with the deferred ones (`cube_out_ring`); backward dY's gather with the dA GEMM's
+    X_k^T dY_k (`chunks`, its last term deferred to dA's ring, `cube_wgrad_ring`) and dX's reduce-scatter with
+    the row blocks dY_k A^T (`chunks`). The bias collectives are not overlapped."""
     I, W, O = roles  # noqa: N806 (the paper's names)
     f, dx, da = (f"{label}.f", f"{label}.dx", f"{label}.da") if tpo else ("", "", "")
 
@@ -81,13 +107,15 @@ def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, roles:
         return 4 * width(z) // z.q
 
     if not backward:
-        out = [coll("all_gather", I, COMPUTE, x_bytes, f"{label}.X", tpo=f),
-               coll("all_gather", W, COMPUTE, a_bytes, f"{label}.A", kept=True),
-               coll("reduce_scatter", O, COMPUTE, y_bytes, f"{label}.Y")]
+        out = [coll("all_gather", I, COMPUTE, x_bytes, f"{label}.X", tpo=f, ring=cube_ring, lockstep=True),
+               coll("all_gather", W, COMPUTE, a_bytes, f"{label}.A", kept=True, tpo=f, ring=cube_ring,
+                    lockstep=True),
+               coll("reduce_scatter", O, COMPUTE, y_bytes, f"{label}.Y", tpo=f, ring=cube_out_ring)]
         return out + ([coll("all_gather", (W, O), F32, b_bytes, f"{label}.bias", kept=True)] if bias else [])
-    out = [coll("all_gather", O, COMPUTE, y_bytes, f"{label}.dY", "bwd", tpo=da),
-           coll("reduce_scatter", I, COMPUTE, x_bytes, f"{label}.dX", "bwd", tpo=dx),
-           coll("reduce_scatter", W, COMPUTE, a_bytes, f"{label}.dA", "bwd", kept=True)]
+    out = [coll("all_gather", O, COMPUTE, y_bytes, f"{label}.dY", "bwd", tpo=da, ring=chunks),
+           coll("reduce_scatter", I, COMPUTE, x_bytes, f"{label}.dX", "bwd", tpo=dx, ring=chunks),
+           coll("reduce_scatter", W, COMPUTE, a_bytes, f"{label}.dA", "bwd", kept=True, tpo=da,
+                ring=cube_wgrad_ring)]
     return out + ([coll("reduce_scatter", (W, O), F32, b_bytes, f"{label}.dbias", "bwd", kept=True)] if bias else [])
 
 

@@ -38,6 +38,7 @@ from paracube.modes.base import (
     ExecutorSupport,
     IntOrArr,
     TensorMode,
+    chunks,
     coll,
     divides,
     split,
@@ -61,13 +62,26 @@ def _norm(d: Any, label: str, backward: bool) -> list[Collective]:
     return out
 
 
+def summa_ring(n: int, paired: bool) -> tuple[float, ...]:
+    """X's and A's lock-step rings of a 2D forward (collective_matmul_2d.py) on their slowest rank: rank (i, j),
+    d = i - j, holds both blocks of term k from step min(d, q - d) on and of a second term from max(d, q - d) on
+    (one term a step on the diagonal), so its exchanges carry 0, then 1, then 2 terms of 1/q of the GEMM; the
+    exposed time grows with min(d, q - d), the slowest rank has d = q // 2: floor(q/2) exchanges with no term
+    (at q = 2 the one exchange), then q - 2 floor(q/2) with one, floor(q/2) - 1 with two. Not paired (kw=1, the
+    weight gathered earlier in the step): X's ring alone, each step with its term (`chunks`)."""
+    if not paired:
+        return chunks(n, paired)
+    m = n // 2
+    return (0.0,) * m + (1.0 / n,) * (n - 2 * m) + (2.0 / n,) * (m - 1)
+
+
 def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backward: bool,
             tpo: bool = False) -> list[Collective]:
-    """h_out None: the vocabulary (head). tpo (a block's linears): X's gather overlappable with the forward GEMM
-    (Y = sum_k X_k A_k as X's blocks arrive) and dX's reduce-scatter with the dX GEMM (its blocks dY A_k^T
-    drained into the ring): executor/layers/collective_matmul.py. The weight's gather and dA's reduce-scatter
-    are not (kept weights: once per step)."""
-    f, dx = (f"{label}.f", f"{label}.dx") if tpo else ("", "")
+    """h_out None: the vocabulary (head). tpo (a block's linears), as collective_matmul_2d.py runs them: X's
+    gather over col and the weight's over row in lock step with the forward GEMM's terms X_k A_k (`summa_ring`),
+    dX's reduce-scatter with the dX GEMM's chunks dY A_k^T and dA's with the dA GEMM's X_k^T dY (`chunks`; kw=1:
+    dA's once per step, on the last micro-batch's chunks). The bias collectives are not overlapped."""
+    f, dx, da = (f"{label}.f", f"{label}.dx", f"{label}.da") if tpo else ("", "", "")
 
     def width(z: Any) -> Any:
         return z.V if h_out is None else h_out
@@ -83,11 +97,12 @@ def _linear(d: Any, label: str, h_in: int, h_out: int | None, bias: bool, backwa
 
     phase = "bwd" if backward else "fwd"
     if not backward:
-        out = [coll("all_gather", COL, COMPUTE, x_bytes, f"{label}.X", tpo=f),
-               coll("all_gather", ROW, COMPUTE, a_bytes, f"{label}.A", kept=True)]
+        out = [coll("all_gather", COL, COMPUTE, x_bytes, f"{label}.X", tpo=f, ring=summa_ring, lockstep=True),
+               coll("all_gather", ROW, COMPUTE, a_bytes, f"{label}.A", kept=True, tpo=f, ring=summa_ring,
+                    lockstep=True)]
         return out + ([coll("all_gather", ROW, F32, b_bytes, f"{label}.bias", kept=True)] if bias else [])
-    out = [coll("reduce_scatter", COL, COMPUTE, x_bytes, f"{label}.dX", phase, tpo=dx),
-           coll("reduce_scatter", ROW, COMPUTE, a_bytes, f"{label}.dA", phase, kept=True)]
+    out = [coll("reduce_scatter", COL, COMPUTE, x_bytes, f"{label}.dX", phase, tpo=dx, ring=chunks),
+           coll("reduce_scatter", ROW, COMPUTE, a_bytes, f"{label}.dA", phase, kept=True, tpo=da, ring=chunks)]
     return out + ([coll("reduce_scatter", ROW, F32, b_bytes, f"{label}.dbias", phase, kept=True)] if bias else [])
 
 

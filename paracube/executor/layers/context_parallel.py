@@ -144,6 +144,12 @@ def _wait(reqs: list[Any]) -> None:
         r.wait()
 
 
+def heads_inner(out: Tensor) -> Tensor:
+    """out [b, H, n, d] stored as [b, n, H, d]: the caller's transpose(1, 2).reshape is then a view, so the output
+    the Function saves and the one the projection saves are one storage (as without cp: the model counts one)."""
+    return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 class _RingAttention(torch.autograd.Function):
     """Attention of q [b, H, n, d] over every cp rank's k, v [b, kv, n, d] by the p2p ring (module docstring)."""
 
@@ -163,7 +169,7 @@ class _RingAttention(torch.autograd.Function):
             out, lse = (o, l_j) if out is None else merge(out, lse, o, l_j)  # type: ignore[arg-type]
             _wait(reqs)
             held = buf
-        result = out.to(q.dtype)  # type: ignore[union-attr]
+        result = heads_inner(out.to(q.dtype))  # type: ignore[union-attr]
         ctx.save_for_backward(q, k, v, result, lse)
         ctx.args = (mesh, s)
         return result
@@ -210,7 +216,7 @@ class _GatherAttention(torch.autograd.Function):
         kv = all_gather(torch.stack([k, v]), mesh, CP, 3, label=ring.kv_label)  # [2, b, kv, s, d], cp index order
         allowed = ring.pos[ring.i].unsqueeze(-1) >= torch.cat(ring.pos).unsqueeze(0)
         out, lse = block_forward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group), allowed)
-        result = out.to(q.dtype)
+        result = heads_inner(out.to(q.dtype))
         ctx.save_for_backward(q, k, v, result, lse)
         ctx.args = (mesh, s)
         return result
