@@ -28,8 +28,11 @@ from paracube.errors import ParacubeError
 from paracube.executor.launch.affinity import bind_cpu_rank
 from paracube.executor.launch.rendezvous import agent_env, launcher_store
 
-# What the forkserver imports once; callers add the modules their `fn` lives in.
-PRELOAD = ("torch", "torch.distributed", "paracube.executor.training.loop")
+# What the forkserver imports once; callers add the modules their `fn` lives in. torch._dynamo: torch imports it
+# lazily on the first call of a function wrapped by torch._disable_dynamo, and Optimizer.add_param_group is one,
+# so every rank that builds an optimizer paid it on its own (0.9-2.5 CPU-s per rank measured on a loaded 2-core VM,
+# 8 ranks of a test launch: most of a tiny model's case).
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "paracube.executor.training.loop")
 
 
 class RanksFailed(ParacubeError):
