@@ -105,23 +105,12 @@ class LinkTable:
         ids = np.asarray(flat, dtype=np.int64)
         load = np.bincount(ids, minlength=len(cap)) if ids.size else np.zeros(len(cap), dtype=np.int64)
         ratio = load[ids] / cap[ids]  # float64 division per link, as load[link] / cap[link] was
-        worst = [0.0] * len(paths)
-        nonempty = [i for i, n in enumerate(sizes) if n]
-        if nonempty:
-            starts = np.cumsum([0, *sizes[:-1]])[nonempty]
-            for i, w in zip(nonempty, np.maximum.reduceat(ratio, starts).tolist(), strict=True):
-                worst[i] = w
-
-        def score(i: int) -> tuple[float, float, int]:
-            return round(worst[i], 12), round(alphas[i], 15), int(i == prefer)
-
-        best = max(range(len(paths)), key=score)
+        best = _busiest(ratio, sizes, alphas, prefer)
         mine = paths[best]
         own: Counter[int] = Counter(link for p in mine for link in p)
         out = tuple(tuple((link, max(int(load[link]), own[link]) / own[link]) for link in p) for p in mine)
         self._tid += 1
         return Template(self._tid, name, out, alphas[best], frozenset(own))
-
 
     def ring_template(self, name: str, groups: np.ndarray, prefer: int = 0) -> Template:
         """`template` of the node-major rings of `groups` (an [n_groups, size] rank array). A hop that crosses
@@ -145,17 +134,7 @@ class LinkTable:
         alphas = [max((self._alpha[id(p)] for hop in g for p, _ in hop), default=0.0) for g in paths]
         sizes = [sum(len(p) for hop in g for p, _ in hop) for g in paths]
         ratio = load[ids] / cap[ids]
-        worst = [0.0] * len(paths)
-        nonempty = [i for i, n in enumerate(sizes) if n]
-        if nonempty:
-            starts = np.cumsum([0, *sizes[:-1]])[nonempty]
-            for i, w in zip(nonempty, np.maximum.reduceat(ratio, starts).tolist(), strict=True):
-                worst[i] = w
-
-        def score(i: int) -> tuple[float, float, int]:
-            return round(worst[i], 12), round(alphas[i], 15), int(i == prefer)
-
-        best = max(range(len(paths)), key=score)
+        best = _busiest(ratio, sizes, alphas, prefer)
         mine = paths[best]
         own: Counter[float] = Counter()
         for hop in mine:
@@ -184,6 +163,19 @@ def ring_hops(group: Sequence[int]) -> list[tuple[int, int]]:
     if len(ranks) < 2:
         return []
     return list(zip(ranks, ranks[1:] + ranks[:1], strict=True))
+
+
+def _busiest(ratio: np.ndarray, sizes: list[int], alphas: list[float], prefer: int) -> int:
+    """The group whose path set is the busiest (highest load / capacity on any of its links: the one that sets the
+    collective's rate), ties to the larger latency, then to `prefer`; `ratio` is per link of the groups' paths in
+    order, `sizes` the links per group."""
+    worst = [0.0] * len(sizes)
+    nonempty = [i for i, n in enumerate(sizes) if n]
+    if nonempty:
+        starts = np.cumsum([0, *sizes[:-1]])[nonempty]
+        for i, w in zip(nonempty, np.maximum.reduceat(ratio, starts).tolist(), strict=True):
+            worst[i] = w
+    return max(range(len(sizes)), key=lambda i: (round(worst[i], 12), round(alphas[i], 15), int(i == prefer)))
 
 
 __all__ = ["LinkTable", "Template", "ring_hops", "ring_hops_many"]
