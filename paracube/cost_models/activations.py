@@ -32,7 +32,7 @@ parallelism (sp) else 1:
   2 c s head_dim (whole on every rank; none under selective recomputation, which re-makes them in the
   checkpointed core); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
-stage adds the token ids (8 T bytes) and the embedding dropout's mask; the last stage adds the final
+stage adds the token ids (8 T bytes; 2.5D 8 T / d) and the embedding dropout's mask; the last stage adds the final
 LayerNorm, the head's input (and weight copy; none for 2D / 2.5D's tied head, which reads the table in
 place), the cross-entropy's fp32 softmax over the local vocabulary
 block plus its indices, and with a padded vocabulary the padded columns' mask (1 byte per local column).
@@ -163,13 +163,15 @@ def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
 
 
 def first_stage_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
-    """Token ids kept by the embedding's backward (int64), with a vocabulary-split table (every mode but none)
-    the boolean mask of the ids inside the rank's rows (the lookup's product with it saves it, one byte per id:
+    """Token ids kept by the embedding's backward (int64; the ids the rank looks up: the micro-batch's T, 2.5D's
+    depth layer its T / d, executor/layers/two_half_d.py), with a vocabulary-split table (every mode but none)
+    the boolean mask of those ids inside the rank's rows (the lookup's product with it saves it, one byte per id:
     executor/layers/one_d.py, two_d.py, three_d.py), gpt's position indices of the rank's tokens in the flat
     token layout (int64, the position table's index_select: executor/model/gpt.py, embed), and the embedding
     dropout's boolean mask."""
     T = b.mb.astype(float) * d.s
-    ids = 8.0 * T + np.where(np.asarray(MODES[mode].vocab_split(b.t, b.q)) > 1, T, 0.0)
+    looked_up = T / b.depth.astype(float)
+    ids = 8.0 * looked_up + np.where(np.asarray(MODES[mode].vocab_split(b.t, b.q)) > 1, looked_up, 0.0)
     if d.family == "gpt" and MODES[mode].token_axes:
         ids = ids + 8.0 * T / _split(mode, b)["tok"]
     if d.embedding_dropout <= 0:
