@@ -194,7 +194,11 @@ def last_stage_bytes(d: Dims, mode: str, b: LayoutBatch, vocab: Arr) -> Arr:
         roles = MODES[mode].tied_head_roles
         weight = 0.0 if d.tied and roles and not roles[1] else c * h * vocab / sp["gw"]
         head = c * T * h / sp["gx"] + weight
-    cross_entropy = E * tokens * vocab / sp["vocab"] + 9 * tokens  # softmax, target index, in-block mask
+    # fp32 softmax, then the vocabulary-parallel cross-entropy's target index and in-block mask (9 bytes a token,
+    # executor/layers/functional.vocab_parallel_ce), or torch's cross_entropy (none: the vocabulary whole) its
+    # target index and nll_loss's total weight (a 4-byte scalar)
+    whole = np.asarray(MODES[mode].vocab_split(b.t, b.q)) == 1
+    cross_entropy = E * tokens * vocab / sp["vocab"] + np.where(whole, 8 * tokens + E, 9 * tokens)
     # A padded vocabulary (modes.base.padded): the mask of the padded columns of the rank's logits block, one
     # byte per column, saved by masked_fill (executor/model/gpt.py, token_losses).
     padding = np.where(np.asarray(vocab) != d.V, vocab / sp["vocab"], 0.0)
