@@ -33,6 +33,12 @@ class Fp8Recipe:
 
 
 FP8_RECIPE = Fp8Recipe()
+# How a training stack scales its FP8 tensors (Runtime.fp8_scaling; cost_models/fp8.py prices each):
+# "delayed": FP8_RECIPE, Transformer Engine's (Megatron-core's) and paracube's executor's: scales from an amax
+#   history, the amaxes all-reduced once per step, each weight cast once per step into FP8 copies held all step;
+# "dynamic": torchao's Float8Linear as torchtitan 0.3.0 runs it (recipe "rowwise"): every tensor scaled from its
+#   own amax at each cast, no history, no reduction, the weights cast again at every use (every micro-batch).
+FP8_SCALINGS: tuple[str, ...] = ("delayed", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -238,4 +244,5 @@ def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
     return model if seq_len is None else replace(model, seq_len=seq_len)
 
 
-__all__ = ["DTYPE_BYTES", "FP8_RECIPE", "Fp8Recipe", "ModelSpec", "TrainingSpec", "check_dtype_on", "with_seq_len"]
+__all__ = ["DTYPE_BYTES", "FP8_RECIPE", "FP8_SCALINGS", "Fp8Recipe", "ModelSpec", "TrainingSpec", "check_dtype_on",
+           "with_seq_len"]

@@ -290,10 +290,8 @@ def test_cp_matches_serial_and_the_cost_model(executed, case: tuple[str, int]) -
         assert r["cp_events"] > 0
         diff = traffic_difference(stage_events(layout, d, B, r["stage"]), r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (text, rank, diff)
-    # KNOWN GAP (llama + selective, this size): 50,144 B saved against 48,976 modelled (+2.4%; +1.2% at the sizes of
-    # issue #24's cases, and 0.1% without cp): a llama cp rank saves ~1.2 KB more than modelled
-    if layout.pp == 1 and (family, rc) != ("llama", "selective"):  # memory: the activations autograd saves on the
-        # most loaded rank equal the model's (rel 2%, as tests/test_token_split.py)
+    if layout.pp == 1:  # memory: the activations autograd saves on the most loaded rank equal the model's (rel 2%,
+        # as tests/test_token_split.py)
         from paracube.cost_models import estimate
         from paracube.topologies import load_topology
 

@@ -76,6 +76,12 @@ PLANS: dict[str, Plan] = {
     "moe-deepseek-mla-etp": make("deepseek-v3", "dp=16,ep=8,etp=2,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
     # what `paracube plan --model deepseek-v3 --cluster dgx-h100 --gpus 1024` chooses with paracube's runtime
     "moe-deepseek-paracube": make("deepseek-v3", "dp=128,ep=256,tp=1d:8,mb=2,sp,zero=1,overlap", recompute="none"),
+    # context parallelism (issue #24): the ring (megatron's p2p) and the all-gather (megatron's all_gather,
+    # torchtitan's allgather rotation), with pipelines; fp8 alone and with cp
+    "cp-ring-fp8": make("llama2-7b", "dp=4,cp=2,tp=1d:2,mb=1,sp", batch=64, dtype="fp8"),
+    "cp-ag-pp": make("llama2-13b", "dp=2,pp=2,cp=4,cpc=ag,tp=1d:2,mb=1", batch=64),
+    "cp-ag-fp8-tpo": make("llama2-7b", "dp=2,cp=2,cpc=ag,tp=1d:4,mb=1,sp,tpo", batch=64, dtype="fp8"),
+    "fp8-zero1": make("gpt3-13b", "dp=8,tp=1d:8,mb=1,sp,zero=1,overlap", batch=64, dtype="fp8"),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -93,6 +99,11 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("moe-deepseek-mla-etp", "deepspeed"): "no tensor parallelism inside experts",
     ("moe-deepseek-paracube", "torchtitan"): "fold over dp_shard x cp x tp",
     ("moe-deepseek-paracube", "deepspeed"): "no multi-head latent attention",
+    ("cp-ring-fp8", "torchtitan"): "cpc=ag, not cpc=p2p",
+    ("cp-ring-fp8", "deepspeed"): "no context parallelism",
+    ("cp-ag-pp", "deepspeed"): "no context parallelism",
+    ("cp-ag-fp8-tpo", "deepspeed"): "(tpo)",
+    ("fp8-zero1", "deepspeed"): "it has no FP8 training",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",
@@ -187,12 +198,15 @@ def test_torchtitan_config_manager_accepts_the_export(name: str) -> None:
     dims = ParallelDims.from_config(par, world_size=plan.gpus)  # asserts the degrees multiply to the world
     shard = lay.shard_size if lay.zero >= 2 else 1
     assert (dims.dp_shard, dims.dp_replicate, dims.tp, dims.pp) == (shard, lay.dp // shard, lay.tensor_size, lay.pp)
-    assert dims.ep == lay.ep
+    assert dims.ep == lay.ep and dims.cp == lay.cp
     assert par.enable_sequence_parallel == lay.sequence_parallel
     assert par.fsdp_reshard_after_forward == {2: "never", 3: "always"}.get(lay.zero, "default")
     assert config.compile.enable_async_tensor_parallel == lay.tpo and config.compile.enable == lay.tpo
     assert tr.seq_len == plan.seq_len and tr.global_batch_size == t.global_batch
-    assert tr.mixed_precision_param == {"bf16": "bfloat16", "fp32": "float32"}[t.dtype]
+    assert tr.mixed_precision_param == {"bf16": "bfloat16", "fp32": "float32", "fp8": "bfloat16"}[t.dtype]
+    assert ("Float8LinearConverter" in text) == (t.dtype == "fp8")
+    if t.dtype == "fp8":
+        torchtitan_float8(text)
     ac = type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint is not None else "None"
     assert ac == {"none": "None", "selective": "SelectiveAC.Config", "full": "FullAC.Config"}[t.recompute]
     # torchtitan's batch arithmetic (trainer.py): accumulation = global / (local x dp), micro-batches = local / mb.
@@ -207,6 +221,34 @@ def test_torchtitan_config_manager_accepts_the_export(name: str) -> None:
         assert (stages, layers) == (lay.pp * lay.interleave, plan.model.layers)
     else:
         assert tr.local_batch_size == plan.micro_batch and accumulation == accumulation_steps(plan)
+
+
+def torchtitan_float8(text: str) -> None:
+    """The converter list the fp8 export asks MODEL_CONFIG's model_registry for, built with torchtitan's own
+    classes: a Float8LinearConverter.Config whose recipe is one its Literal offers (rowwise: dynamic scaling, the
+    scaling the export notes as differing), in an order its validate_converter_order accepts, whose filter (its
+    module_filter_fn) keeps the head bf16, as paracube prices it, and converts the block linears. (Building the
+    converter needs torchao and an FP8 GPU; the config is what the script hands it.)"""
+    import typing
+
+    from torchtitan.components.quantization import Float8LinearConverter
+    from torchtitan.components.quantization.utils import module_filter_fn
+    from torchtitan.models.common.linear import Linear
+    from torchtitan.models.utils import validate_converter_order
+
+    listed = re.search(r"converters=(\[.*?\]) \(", text)
+    assert listed, "the fp8 export names no converters list"
+    converters = eval(listed.group(1), {"Float8LinearConverter": Float8LinearConverter})  # noqa: S307
+    validate_converter_order(converters)
+    (config,) = converters
+    assert isinstance(config, Float8LinearConverter.Config)
+    recipes = typing.get_args(typing.get_type_hints(Float8LinearConverter.Config)["recipe_name"])
+    assert config.recipe_name in recipes and config.recipe_name == "rowwise"
+    block, head = Linear.Config(in_features=4096, out_features=4096), Linear.Config(in_features=4096,
+                                                                                      out_features=32000)
+    assert module_filter_fn(block, "layers.0.attention.wq", config.filter_fqns)
+    assert not module_filter_fn(head, "lm_head", config.filter_fqns)
+    assert "delayed scaling" in text and "dynamically" in text  # the export says the recipe differs
 
 
 def test_torchtitan_refuses_what_the_old_export_wrote() -> None:
@@ -334,6 +376,33 @@ def _silu(v: str | None) -> Any:
     return F.silu
 
 
+def _literal(field: str, v: str) -> str:
+    """v, one of the values TransformerConfig's Literal annotation of `field` offers (its __post_init__ does not
+    check them: Transformer Engine would, on a GPU)."""
+    import typing
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    offered = [a for arg in typing.get_args(typing.get_type_hints(TransformerConfig)[field])
+               for a in (typing.get_args(arg) or (arg,))]
+    assert v in offered, f"TransformerConfig.{field} takes {offered}, not {v!r}"
+    return v
+
+
+def _documented_cp_comm_type(v: str) -> str:
+    """v, one of the cp_comm_type values TransformerConfig's source documents (a str, unchecked there; Transformer
+    Engine's attention dispatches on these names)."""
+    import inspect
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    line = re.search(r"cp_comm_type of each layer can be (.*)\.", inspect.getsource(TransformerConfig))
+    assert line, "megatron-core no longer documents cp_comm_type's values"
+    valid = re.findall(r'"([^"]+)"', line.group(1))
+    assert v in valid, f"cp_comm_type takes {valid}, not {v!r}"
+    return v
+
+
 # --flag -> [(config, field, value from the flag's text)]; config: "tc" TransformerConfig (with
 # ModelParallelConfig's fields), "ddp" DistributedDataParallelConfig, "opt" OptimizerConfig, "model" GPTModel's
 # constructor arguments (checked against its signature), "derived" a field computed from the flag (below), "run"
@@ -420,6 +489,10 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--v-head-dim": [("tc", "v_head_dim", _int)],
     "--kv-channels": [("tc", "kv_channels", _int)],
     "--qk-layernorm": [("tc", "qk_layernorm", _on)],
+    "--context-parallel-size": [("tc", "context_parallel_size", _int)],
+    "--cp-comm-type": [("tc", "cp_comm_type", lambda v: _documented_cp_comm_type(_str(v)))],
+    "--fp8-format": [("tc", "fp8", lambda v: _literal("fp8", _str(v)))],
+    "--fp8-recipe": [("tc", "fp8_recipe", lambda v: _literal("fp8_recipe", _str(v)))],
 }
 
 
@@ -475,6 +548,12 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
                                                                                                   lay.pp)
     assert (transformer.virtual_pipeline_model_parallel_size or 1) == lay.interleave
     assert transformer.sequence_parallel == lay.sequence_parallel and transformer.tp_comm_overlap == lay.tpo
+    assert transformer.context_parallel_size == lay.cp
+    if lay.cp > 1:
+        assert transformer.cp_comm_type == {"p2p": "p2p", "ag": "all_gather"}[lay.cp_comm or "p2p"]
+    fp8 = plan.training.dtype == "fp8"
+    assert (transformer.fp8, transformer.bf16) == (("hybrid", True) if fp8 else (None, plan.training.dtype == "bf16"))
+    assert not fp8 or transformer.fp8_recipe == "delayed"  # Transformer Engine's delayed scaling, as paracube's
     assert (transformer.num_query_groups or m.heads) == m.num_kv_heads
     assert transformer.gated_linear_unit == (m.family == "llama")
     assert (transformer.recompute_granularity or "none") == plan.training.recompute

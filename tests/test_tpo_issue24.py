@@ -22,6 +22,7 @@ from paracube.plan import default_plan
 BAD = [  # (layout, dtype, a phrase of the one-line refusal)
     ("dp=1,cp=3,mb=2", "fp32", "does not split into 2 x cp = 6 chunks"),  # tiny: 64 tokens, 6 chunks
     ("dp=1,cp=2,tp=2d:2x2,mb=2", "fp32", "not 2d: its token split is already context parallel"),
+    ("dp=1,cp=2,tp=2.5d:2x2x2,mb=2", "fp32", "not 2.5d: its token split is already context parallel"),
     ("dp=1,cp=2,tp=3d:2x2x2,mb=2", "fp32", "not 3d: its token split is already context parallel"),
     ("dp=1,tp=1d:4,mb=2,tpo", "fp32", "tpo in tp=1d overlaps sequence-parallel collectives: add sp"),
     ("dp=1,tp=2d:2x2,mb=2", "fp8", "dtype fp8 is not run by paracube's executor with tensor mode 2d"),
@@ -32,8 +33,7 @@ BAD = [  # (layout, dtype, a phrase of the one-line refusal)
 def test_bad_plans_are_refused_before_any_rank_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                       layout: str, dtype: str, phrase: str) -> None:
     data = default_plan("dp=1,mb=2").to_dict()
-    world = parse_layout(layout.replace("cp=2,tp=2d", "tp=2d").replace("cp=2,tp=3d", "tp=3d")).world_size * (
-        2 if "cp=2,tp=" in layout else 1)
+    world = parse_layout(layout.replace("cp=2,tp=", "tp=")).world_size * (2 if "cp=2,tp=" in layout else 1)
     data["layout"], data["gpus"] = layout, world
     data["launch"]["nproc_per_node"] = world
     data["training"]["dtype"] = dtype

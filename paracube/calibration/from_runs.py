@@ -172,12 +172,14 @@ def preset_topology(run: Run, fit: Fit | None = None) -> object:
 
 def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube") -> float:
     """Analytic step time of a fully specified layout (mb, v chosen) of the run, priced as `predict` prices it
-    for the runtime (the row's own, else `runtime`): its parameter-gather overlap, the run's gradient bucket."""
+    for the runtime (the row's own, else `runtime`): its parameter-gather overlap and FP8 scaling, the run's
+    gradient bucket."""
     from paracube.cost_models.analytic import estimate  # local: calibration sits above cost_models
     from paracube.planner.dimensions import PARAM_OVERLAP, chosen
 
-    param_overlap = chosen(PARAM_OVERLAP, get_runtime(run.runtime or runtime), layout)
-    return estimate(run.model, run.training, layout, topo, with_events=False, param_overlap=param_overlap,
+    rt = get_runtime(run.runtime or runtime)
+    return estimate(run.model, run.training, layout, topo, with_events=False,
+                    param_overlap=chosen(PARAM_OVERLAP, rt, layout), fp8_scaling=rt.fp8_scaling,
                     **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes})).step_time_s
 
 

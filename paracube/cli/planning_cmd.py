@@ -76,7 +76,7 @@ def estimate_with(engine: str, w: Workload, layout: Layout, topo: object, **opti
     return dispatch(engine, w.model, w.training, layout, topo, **options)
 
 
-def engine_options(w: Workload) -> dict[str, bool]:
+def engine_options(w: Workload) -> dict[str, bool | int | str]:
     """The engines' overlap options of the workload's runtime (Runtime.engine_options: the one place)."""
     from paracube.runtimes import get_runtime
 

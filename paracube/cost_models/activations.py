@@ -32,10 +32,11 @@ parallelism (sp) else 1:
   2 c s head_dim (whole on every rank; none under selective recomputation, which re-makes them in the
   checkpointed core); its RMSNorms save xhat and rstd.
 with t_q = q for 2D (tokens split q ways, inputs gathered over the hidden split) and d q for 2.5D. The first
-stage adds the token ids (8 T bytes) and the embedding dropout's mask; the last stage adds the final
+stage adds the token ids (8 T bytes; 2.5D 8 T / d) and the embedding dropout's mask; the last stage adds the final
 LayerNorm, the head's input (and weight copy; none for 2D / 2.5D's tied head, which reads the table in
-place), and the cross-entropy's fp32 softmax over the local vocabulary
-block plus its indices.
+place), the cross-entropy's fp32 softmax over the local vocabulary
+block plus its indices, and with a padded vocabulary the padded columns' mask (1 byte per local column).
+A vocabulary-split embedding (every mode but none) also keeps its in-block mask of the ids (1 byte per id).
 Selective recomputation (checkpointed attention core): keeps the qkv output and drops the core's own
 tensors and its output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input); the core's
 dropout mask is re-drawn from its seed (executor/layers/dropout.py).
@@ -162,9 +163,17 @@ def block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
 
 
 def first_stage_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
-    """Token ids kept by the embedding's backward, and the embedding dropout's boolean mask."""
+    """Token ids kept by the embedding's backward (int64; the ids the rank looks up: the micro-batch's T, 2.5D's
+    depth layer its T / d, executor/layers/two_half_d.py), with a vocabulary-split table (every mode but none)
+    the boolean mask of those ids inside the rank's rows (the lookup's product with it saves it, one byte per id:
+    executor/layers/one_d.py, two_d.py, three_d.py), gpt's position indices of the rank's tokens in the flat
+    token layout (int64, the position table's index_select: executor/model/gpt.py, embed), and the embedding
+    dropout's boolean mask."""
     T = b.mb.astype(float) * d.s
-    ids = 8.0 * T
+    looked_up = T / b.depth.astype(float)
+    ids = 8.0 * looked_up + np.where(np.asarray(MODES[mode].vocab_split(b.t, b.q)) > 1, looked_up, 0.0)
+    if d.family == "gpt" and MODES[mode].token_axes:
+        ids = ids + 8.0 * T / _split(mode, b)["tok"]
     if d.embedding_dropout <= 0:
         return ids
     split = _sequence_shards(b) if MODES[mode].replicates_activations else _split(mode, b)["all"]
@@ -185,5 +194,12 @@ def last_stage_bytes(d: Dims, mode: str, b: LayoutBatch, vocab: Arr) -> Arr:
         roles = MODES[mode].tied_head_roles
         weight = 0.0 if d.tied and roles and not roles[1] else c * h * vocab / sp["gw"]
         head = c * T * h / sp["gx"] + weight
-    cross_entropy = E * tokens * vocab / sp["vocab"] + 9 * tokens  # softmax, target index, in-block mask
-    return norm + head + cross_entropy
+    # fp32 softmax, then the vocabulary-parallel cross-entropy's target index and in-block mask (9 bytes a token,
+    # executor/layers/functional.vocab_parallel_ce), or torch's cross_entropy (none: the vocabulary whole) its
+    # target index and nll_loss's total weight (a 4-byte scalar)
+    whole = np.asarray(MODES[mode].vocab_split(b.t, b.q)) == 1
+    cross_entropy = E * tokens * vocab / sp["vocab"] + np.where(whole, 8 * tokens + E, 9 * tokens)
+    # A padded vocabulary (modes.base.padded): the mask of the padded columns of the rank's logits block, one
+    # byte per column, saved by masked_fill (executor/model/gpt.py, token_losses).
+    padding = np.where(np.asarray(vocab) != d.V, vocab / sp["vocab"], 0.0)
+    return norm + head + cross_entropy + padding

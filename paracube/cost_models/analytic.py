@@ -72,13 +72,13 @@ from paracube.cost_models.moe_step import with_moe
 from paracube.cost_models.tpo import TpoPricing
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
-from paracube.errors import ParacubeError
+from paracube.errors import ParacubeError, check
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import stage_layers
-from paracube.workload import ModelSpec, TrainingSpec
+from paracube.workload import FP8_SCALINGS, ModelSpec, TrainingSpec
 
 Arr = np.ndarray
 Links = dict[tuple[str, ...], tuple[Arr, Arr]]
@@ -342,17 +342,20 @@ def estimate(
     fsdp_prefetch: bool = False,
     grad_bytes: int = 4,
     bucket_bytes: int = BUCKET_BYTES,
+    fp8_scaling: str = "delayed",
 ) -> StepEstimate:
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
     `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before);
     `fsdp_prefetch`: zero=2/3 as FSDP runs them (fsdp_overlap.py); `grad_bytes`: the runtime's gradient element
     bytes (memory only: the reductions are priced in fp32). `bucket_bytes`: the gradient bucket limit (default
     the executor's, modes/buckets.BUCKET_BYTES; a published run priced with its stack's own,
-    calibration/from_runs.py)."""
+    calibration/from_runs.py). `fp8_scaling`: how the runtime scales FP8 tensors (Runtime.fp8_scaling, fp8.py)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
-    d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes),
-                      layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
+    check(fp8_scaling in FP8_SCALINGS, f"fp8 scaling {fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
+    # a cp rank's view; MoE / MLA: added by moe_step.with_moe
+    d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
+                              fp8_scaling=fp8_scaling), layout.cp, layout.cp_comm)
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)
     if layout.zero >= 2 and layout.pp > 1 and d.tied:

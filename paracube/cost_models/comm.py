@@ -217,7 +217,7 @@ class StepTraffic:
         emb = 4 * m.embedding_shard(self.sizes.V, 0, self.d.h, b.t, b.q)
         out.append(self._entry("all_reduce", ("pp",), F32, tied * one, tied * emb,
                                lambda: np.where(b.pp > 1, 2, 1), True, "embedding"))
-        if self.d.fp8:  # the FP8 amaxes, max-reduced over the data and tensor ranks (fp8.amax_collectives)
+        if fp8.amax_reduced(self.d):  # the FP8 amaxes, max-reduced over the data and tensor ranks (delayed scaling)
             out.append(self._entry("all_reduce", ("dp", *tensor), F32, (layers > 0) * one,
                                    fp8.amax_bytes(self.d, layers) * one, per_step=True))
         k = self.group_size(dp) if self.zero else 1

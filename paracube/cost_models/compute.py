@@ -105,19 +105,22 @@ class GemmModel:
         """(Y = X A, dX = dY A^T, dA = X^T dY) seconds of a linear with local shapes X [m, k], A [k, n]."""
         return self.gemm_time(m, n, k), self.gemm_time(m, k, n), self.gemm_time(k, n, m)
 
-    def block_linear_gemms(self, m: Arr, n: Arr, k: Arr) -> tuple[Arr, Arr, Arr]:
+    def block_linear_gemms(self, m: Arr, n: Arr, k: Arr, weight_cast: bool = False) -> tuple[Arr, Arr, Arr]:
         """`gemms` of a block's linear: with FP8 at the FP8 model, plus the casts of X (forward) and dY
-        (backward, with dX) as fp8.py prices them."""
+        (backward, with dX) as fp8.py prices them; `weight_cast` (fp8.weight_cast_per_micro_batch: dynamic
+        scaling) also the weight A's, with the forward."""
         if self.linear is None:
             return self.gemms(m, n, k)
         f, dx, da = self.linear.gemms(m, n, k)
         bw = self.mem_bw * self.mem_eff
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
-        return f + fp8.CAST_BYTES * m * k / bw, dx + fp8.CAST_BYTES * m * n / bw, da
+        cast_f = fp8.CAST_BYTES * (m * k + (k * n if weight_cast else 0.0)) / bw
+        return f + cast_f, dx + fp8.CAST_BYTES * m * n / bw, da
 
-    def linear_time(self, m: Arr, n: Arr, k: Arr) -> tuple[Arr, Arr]:
-        """(forward, backward) time of one block linear with local shapes X [m, k], A [k, n]."""
-        f, dx, da = self.block_linear_gemms(m, n, k)
+    def linear_time(self, m: Arr, n: Arr, k: Arr, weight_cast: bool = False) -> tuple[Arr, Arr]:
+        """(forward, backward) time of one block linear with local shapes X [m, k], A [k, n] (`weight_cast`:
+        block_linear_gemms)."""
+        f, dx, da = self.block_linear_gemms(m, n, k, weight_cast)
         return f, dx + da
 
 
@@ -181,7 +184,8 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     fwd_blk = np.zeros_like(T)
     bwd_blk = np.zeros_like(T)
     for n, (_, h_in, h_out, _) in enumerate(d.linears):
-        fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b))  # FP8 where g.linear
+        fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b),  # FP8 where g.linear
+                                 fp8.weight_cast_per_micro_batch(d))
         fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
     attn_f, attn_b = attention_core_time(d, mb, t, g)
     h_loc = T * d.h / m.act_split(t, b.sp)

@@ -49,6 +49,7 @@ class Dims:
     embedding_dropout: float = 0.0  # on the embedding output (first stage)
     fp8: bool = False  # TrainingSpec.dtype "fp8": the block linears' GEMMs on FP8 inputs (cost_models/fp8.py)
     grad_bytes: int = 4  # bytes per gradient element the runtime keeps (Runtime.grad_bytes; memory.py)
+    fp8_scaling: str = "delayed"  # how the runtime scales FP8 tensors (Runtime.fp8_scaling; cost_models/fp8.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
     # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
     cp: int = 1

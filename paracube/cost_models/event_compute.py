@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from paracube.cost_models import fp8
 from paracube.cost_models.compute import GemmModel, local_shape, ops_per_step, stage_compute_time
 from paracube.cost_models.dims import Dims, padded_vocab
 from paracube.cost_models.event_ops import Op, StageProgram
@@ -33,7 +34,8 @@ def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tu
     gemm_total, fwd_total = 0.0, 0.0
     for n, (name, h_in, h_out, _) in enumerate(d.linears):
         m, nn, k = local_shape(mode, T, h_in, h_out, n in (0, 2), a)
-        f, dx, da = (float(x[0]) for x in g.block_linear_gemms(m, nn, k))  # FP8 (and its casts) where g.linear
+        # FP8 (and its casts) where g.linear
+        f, dx, da = (float(x[0]) for x in g.block_linear_gemms(m, nn, k, fp8.weight_cast_per_micro_batch(d)))
         out[name] = (f, dx, da)
         gemm_total += f + dx + da
         fwd_total += f

@@ -27,6 +27,14 @@ transpose (WEIGHT_COPY_BYTES = 2 per local weight element) and, per FP8 tensor (
 its scale, inverse scale and amax history in fp32 (SCALE_BYTES = 4 x (2 + amax_history_len) = 72).
 FP8 parameter all-gather (FSDP2's float8 all-gather, Megatron's --fp8-param-gather) is the runtime's choice:
 not priced here (the all-gathers stay bf16).
+Scaling (Dims.fp8_scaling, declared by the runtime: Runtime.fp8_scaling, workload.FP8_SCALINGS). Everything above
+is "delayed" (Transformer Engine, Megatron-core, paracube's executor). "dynamic" is torchao's Float8Linear as
+torchtitan 0.3.0 runs it (recipe "rowwise": each tensor scaled from its own amax at every cast; torchao
+float8/README.md): no amax history and no amax all-reduce (`amax_collectives` empty), no FP8 weight copies or
+scales held across micro-batches (`copy_bytes` 0; the copy one GEMM casts lives only during that GEMM, at most
+2 bytes per element of one linear's local weight, not counted), and the weights cast at every use: CAST_BYTES per
+local weight element every micro-batch, priced with the forward GEMM (`weight_cast_per_micro_batch`; again in a
+full recompute, which re-runs the forward) instead of once per step (`step_time` 0). X and dY are cast as above.
 """
 
 from __future__ import annotations
@@ -62,16 +70,27 @@ def weight_elements(d: object, mode: str, b: LayoutBatch, first: Arr | int, last
     return Ls * per_block
 
 
+def dynamic(d: object) -> bool:
+    """FP8 with dynamic scaling (module docstring): no amax reduction or held copies, weights cast every use."""
+    return bool(getattr(d, "fp8", False)) and getattr(d, "fp8_scaling", "delayed") == "dynamic"
+
+
+def weight_cast_per_micro_batch(d: object) -> bool:
+    """The block linears' weights are cast in every micro-batch's forward (dynamic), not once per step."""
+    return dynamic(d)
+
+
 def step_time(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr, bandwidth: float) -> Arr:
-    """Seconds per step casting the stage's weights to FP8 (0 without FP8); `bandwidth` = mem_bw x mem_eff."""
-    if not getattr(d, "fp8", False):
+    """Seconds per step casting the stage's weights to FP8 (0 without FP8, and with dynamic scaling: cast every
+    micro-batch instead, compute.GemmModel.block_linear_gemms); `bandwidth` = mem_bw x mem_eff."""
+    if not getattr(d, "fp8", False) or dynamic(d):
         return np.zeros(len(b.dp))
     return weight_elements(d, mode, b, first, last) * CAST_BYTES / bandwidth
 
 
 def copy_bytes(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr) -> Arr:
-    """Bytes of the FP8 weight copies and the scales a stage holds (0 without FP8)."""
-    if not getattr(d, "fp8", False):
+    """Bytes of the FP8 weight copies and the scales a stage holds (0 without FP8 and with dynamic scaling)."""
+    if not getattr(d, "fp8", False) or dynamic(d):
         return np.zeros(len(b.dp))
     Ls = stage_layers(d.L, b.pp, b.v, np.where(b.pp == 1, 1, first), last)  # type: ignore[attr-defined]
     scales = Ls * block_linears(d) * TENSORS_PER_LINEAR * SCALE_BYTES
@@ -88,6 +107,11 @@ def amax_axes(layout: Layout) -> tuple[str, ...]:
     return (*layout.data_axes, *layout.tensor_axes)
 
 
+def amax_reduced(d: object) -> bool:
+    """The stage's amaxes are all-reduced once per step: FP8 with delayed scaling."""
+    return bool(getattr(d, "fp8", False)) and not dynamic(d)
+
+
 def amax_bytes(d: object, layers: Arr | int) -> Arr | int:
     """Bytes of a stage's amaxes (fp32; X, W, dY of the block linears of its `layers` blocks)."""
     return 4 * layers * block_linears(d) * TENSORS_PER_LINEAR
@@ -95,7 +119,8 @@ def amax_bytes(d: object, layers: Arr | int) -> Arr | int:
 
 def amax_collectives(layout: Layout, d: object, layers: int) -> list[tuple[str, tuple[str, ...], int, str, str, str]]:
     """The per-step amax all_reduce (max) of a stage holding `layers` blocks, as (kind, axes, payload bytes, dtype,
-    phase, label) for traffic.stage_events (which drops it where the group has one rank); none without FP8."""
-    if not getattr(d, "fp8", False) or layers == 0:
+    phase, label) for traffic.stage_events (which drops it where the group has one rank); none without FP8 or with
+    dynamic scaling (each rank scales from its own tensors' amaxes)."""
+    if not amax_reduced(d) or layers == 0:
         return []
     return [("all_reduce", amax_axes(layout), int(amax_bytes(d, layers)), F32, "optimizer", "fp8_amax")]

@@ -12,8 +12,9 @@ secondary copy of the parameters within groups of N ranks, gathered there in bac
 MiCS, its other hybrid; noted, as its optimizer state stays sharded over all of dp). Tensor and pipeline sizes go to
 Megatron-DeepSpeed's own arguments. Refused (one line): tensor modes other than 1D, interleaving (DeepSpeed's
 pipeline engine runs plain 1F1B: v > 1 would run with a larger bubble than predicted), ZeRO stage 2/3 with pp > 1
-(its PipelineEngine asserts stage < 2), shard=N below zero=3, and tpo (Megatron-DeepSpeed has no tensor-parallel
-communication overlap). Ranks are ordered model (tp), data, pipe (innermost first), as in Megatron.
+(its PipelineEngine asserts stage < 2), shard=N below zero=3, tpo (Megatron-DeepSpeed has no tensor-parallel
+communication overlap), and fp8 (its pretrain_gpt.py has no FP8 linears: --bf16 / --fp16 only). Ranks are ordered
+model (tp), data, pipe (innermost first), as in Megatron.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def why_not(plan: Plan) -> str | None:
         return f"DeepSpeed-MoE has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if plan.model.mla is not None:
         return "Megatron-DeepSpeed has no multi-head latent attention (MLA)"
+    if plan.training.dtype == "fp8":  # its pretrain_gpt.py has --bf16 / --fp16 only: no FP8 GEMMs to turn on
+        return ("it has no FP8 training (Megatron-DeepSpeed's pretrain_gpt.py takes --bf16 or --fp16, no FP8 "
+                "linears); valid: --dtype bf16, fp16 or fp32")
     return None
 
 

@@ -21,6 +21,13 @@ Mapping (torchtitan's ParallelismConfig, torchtitan/config/configs.py):
 - Recompute -> the activation-checkpoint subcommand (`activation_checkpoint:none|selective|full`), written last
   because tyro reads the options after a subcommand as that subcommand's.
 - Precision: mixed_precision_param bfloat16 or float32 (torchtitan has no fp16 training), reduce in float32.
+- fp8: bf16 (mixed_precision_param bfloat16) with the block linears converted to float8. torchtitan 0.3.0 has
+  float8 as a model converter only, no flag (its `--help` lists none; torchtitan/components/quantization/float8.py):
+  the MODEL_CONFIG function passes `converters=[FP8_CONVERTER]` to its model_registry. Its recipes are "rowwise"
+  and "rowwise_with_gw_hp" (no tensorwise one), both dynamic: torchao scales each tensor from its own amax at
+  every cast. The head is filtered out (`lm_head`), as paracube keeps it bf16. The export says that paracube's
+  delayed scaling (an amax history, reduced once per step) differs; runtime torchtitan prices the dynamic
+  recipe (Runtime.fp8_scaling, cost_models/fp8.py).
 """
 
 from __future__ import annotations
@@ -40,7 +47,10 @@ from paracube.export.moe_flags import torchtitan_moe_flags
 from paracube.plan import Plan
 
 WRITTEN_FOR = "torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)"
-TORCH_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # torchtitan's mixed_precision_param choices
+# torchtitan's mixed_precision_param per paracube dtype (fp8: bf16 with float8 block linears, FP8_CONVERTER)
+TORCH_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp8": "bfloat16"}
+# torchtitan 0.3.0's float8 converter as the MODEL_CONFIG function's model_registry(converters=[...]) takes it
+FP8_CONVERTER = 'Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["lm_head"])'
 RESHARD = {2: "never", 3: "always"}  # zero -> fsdp_reshard_after_forward
 
 
@@ -48,7 +58,8 @@ def why_not(plan: Plan) -> str | None:
     if (why := one_d_only(plan)) is not None:
         return why
     if plan.training.dtype not in TORCH_DTYPES:
-        return f"it trains in {' or '.join(TORCH_DTYPES)} (mixed_precision_param), not {plan.training.dtype}"
+        return (f"it trains in bf16 or fp32 (mixed_precision_param) or fp8 (its float8 converter), not "
+                f"{plan.training.dtype}; valid: {', '.join(TORCH_DTYPES)}")
     if plan.layout.tpo and not plan.layout.sequence_parallel:
         return "its async tensor parallelism (tpo) overlaps the sequence-parallel collectives: it needs sp"
     lay = plan.layout
@@ -138,16 +149,32 @@ def attention_notes(plan: Plan) -> list[str]:
     return notes
 
 
+def fp8_notes(plan: Plan) -> tuple[list[str], list[str]]:
+    """(notes, what MODEL_CONFIG must do) for an fp8 plan (module docstring); nothing otherwise."""
+    if plan.training.dtype != "fp8":
+        return [], []
+    notes = ["fp8 scaling differs: torchtitan's float8 (torchao, recipe rowwise) scales each tensor dynamically "
+             "from its own amax at every cast, with no amax history, no amax all-reduce and no FP8 weight copies "
+             "held (the weights are cast every micro-batch); paracube's executor uses delayed scaling (Transformer "
+             "Engine's recipe, an amax history of 16 reduced once per step): price it with --runtime torchtitan"]
+    config = [f"fp8: torchtitan 0.3.0 has no float8 flag; MODEL_CONFIG's model_registry(...) must take "
+              f"converters=[{FP8_CONVERTER}] (torchtitan.components.quantization; needs torchao), as its "
+              "llama3_debugmodel_float8 does"]
+    return notes, config
+
+
 def export(plan: Plan) -> Export:
     refuse_unless_expressible("torchtitan", plan)
     m = plan.model
     flags, notes = parallelism_flags(plan)
-    notes = notes + attention_notes(plan)
+    precision, converter = fp8_notes(plan)
+    notes = notes + attention_notes(plan) + precision
     shape = (f"model shape: {m.family}, {m.layers} layers, hidden {m.hidden}, {m.heads} heads "
              f"({m.num_kv_heads} kv), ffn {m.ffn_hidden}, vocab {m.vocab}, "
              f"{'tied' if m.tied_embeddings else 'untied'} embeddings: choose or add a torchtitan config_registry "
              "function of this shape (MODEL_MODULE, MODEL_CONFIG)")
-    lines = ["#!/bin/bash", comment([*header(plan, "torchtitan", WRITTEN_FOR, notes), shape]).rstrip("\n"),
+    lines = ["#!/bin/bash",
+             comment([*header(plan, "torchtitan", WRITTEN_FOR, notes), shape, *converter]).rstrip("\n"),
              "# run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) where torchtitan 0.3.0 is installed",
              "set -euo pipefail", ': "${MODEL_MODULE:?set MODEL_MODULE (e.g. llama3)}"',
              ': "${MODEL_CONFIG:?set MODEL_CONFIG (a config_registry function with the shape above)}"',
@@ -161,4 +188,5 @@ def export(plan: Plan) -> Export:
     return Export("torchtitan", "\n".join(lines) + "\n" + shell_command(words, args), tuple(notes))
 
 
-__all__ = ["RESHARD", "WRITTEN_FOR", "export", "flag", "parallelism_flags", "training_flags", "why_not"]
+__all__ = ["FP8_CONVERTER", "RESHARD", "WRITTEN_FOR", "export", "flag", "fp8_notes", "parallelism_flags",
+           "training_flags", "why_not"]

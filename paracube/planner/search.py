@@ -163,7 +163,8 @@ def search(
                                              "the experts and dp x tp, tp a divisor of the heads)"))
         return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
-    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=rt.grad_bytes)  # fa= pinned: that kernel
+    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=rt.grad_bytes,  # fa= pinned: that kernel
+                fp8_scaling=rt.fp8_scaling)
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
     check(0.0 <= memory_headroom < 1.0, f"memory headroom {memory_headroom!r} must be a fraction in [0, 1)")
     mem_cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
@@ -200,7 +201,7 @@ def search(
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
     options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,
-               "grad_bytes": rt.grad_bytes}  # = rt.engine_options()
+               "grad_bytes": rt.grad_bytes, "fp8_scaling": rt.fp8_scaling}  # = rt.engine_options()
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         # Placements enter an estimate only through the links of its groups: layouts equal but for a placement

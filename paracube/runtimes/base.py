@@ -25,6 +25,9 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   (`cp_note` says why, e.g. DeepSpeed-Ulysses is not this). The ring is priced overlapped with attention, the
   all-gather exposed (cost_models/context_parallel.py).
 - `expert_parallel` / `expert_tensor_parallel`: MoE layouts with ep > 1 / etp > 1 (Layout's folding).
+- `fp8_scaling`: how it scales FP8 tensors (workload.FP8_SCALINGS): "delayed" (Transformer Engine's amax history,
+  Megatron-core and paracube's executor) or "dynamic" (torchao's Float8Linear, torchtitan): both engines price the
+  amax reduction, the held FP8 weight copies and the weight casts by it (cost_models/fp8.py).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 
 from paracube.layout import Layout
 from paracube.modes import MODES
+from paracube.workload import FP8_SCALINGS
 
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
 # (mode, pp, sequence_parallel, zero, tied_embeddings, family) -> None where it runs, else what it runs instead
@@ -94,17 +98,22 @@ class Runtime:
     cp_note: str = ""  # why it has no context parallelism (cp_comms empty)
     fp8_zeros: tuple[int, ...] | None = None  # zero stages it trains fp8 with (None: every zero stage it runs)
     fp8_tpo: bool = True  # it runs tpo with fp8 GEMMs
+    fp8_scaling: str = "delayed"  # how it scales FP8 tensors (module docstring; workload.FP8_SCALINGS)
+
+    def __post_init__(self) -> None:
+        if self.fp8_scaling not in FP8_SCALINGS:
+            raise ValueError(f"runtime {self.name}: fp8_scaling {self.fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
 
-    def engine_options(self) -> dict[str, bool]:
-        """The cost models' options for how this stack overlaps zero's parameter gathers (analytic.estimate,
-        event.simulate: `param_overlap` zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's
-        prefetch and asynchronous reduce-scatters, `grad_bytes` its gradients' element size, memory.py);
-        planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
+    def engine_options(self) -> dict[str, bool | int | str]:
+        """The cost models' options for how this stack runs (analytic.estimate, event.simulate: `param_overlap`
+        zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's prefetch and asynchronous
+        reduce-scatters, `grad_bytes` its gradients' element size, memory.py; `fp8_scaling` how it scales FP8
+        tensors, cost_models/fp8.py); planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
         return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
-                "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes}
+                "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes, "fp8_scaling": self.fp8_scaling}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,

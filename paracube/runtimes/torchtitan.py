@@ -5,7 +5,10 @@ the next block's parameter all-gather, reshard_after_forward), DDP (zero=0; buck
 parallelism with sequence parallelism on by default (enable_sequence_parallel) and async TP
 (enable_async_tensor_parallel: collective matmul through torch's SymmetricMemory; needs sp), pipelines from
 torch.distributed.pipelining (1F1B, Interleaved1F1B, ...), activation checkpointing none / selective / full,
-bf16 (fp8 through torchao: not in our dtypes). No distributed optimizer (zero=1) or zero=2 of its own.
+bf16, fp32 and fp8: torchao's Float8Linear as a model converter (`Float8LinearConverter.Config(recipe_name=
+"rowwise")` in 0.3.0's config registry; no tensorwise recipe, no CLI flag), dynamic scaling (fp8_scaling
+"dynamic": each tensor scaled from its own amax at every cast, no amax history or reduction, the weights cast at
+every use; cost_models/fp8.py). No distributed optimizer (zero=1) or zero=2 of its own.
 Async TP is not on by default (a flag): the search still offers it, as `tpo` in the layout it records.
 Context parallelism: parallelism.context_parallel_degree, torch's context_parallel with the head-tail load
 balancer (context_parallel_load_balancer="headtail": the chunks i and 2 cp - 1 - i of modes/context.py) and torch's
@@ -27,7 +30,8 @@ RUNTIME = Runtime(
     zeros_with_pp=(0, 3),
     hybrid_shard=True,
     recomputes=("none", "selective", "full"),
-    dtypes=("bf16", "fp32"),
+    dtypes=("bf16", "fp32", "fp8"),
+    fp8_scaling="dynamic",
     grad_overlap=True,
     grad_overlap_default=True,
     grad_overlap_pp=True,

@@ -100,7 +100,9 @@ def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float, s
     k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
     cos, sin = rotary_tables(s, d, theta, qkv)
     pos = chunk_positions(s, mesh.layout.cp, mesh.coord("cp"), qkv.device)
-    q, k = rotary(q, cos[pos], sin[pos]), rotary(k, cos[pos], sin[pos])
+    # Indexed once: q's and k's rotations then save the same two tables (indexing per use made a copy each).
+    cos, sin = cos[pos], sin[pos]
+    q, k = rotary(q, cos, sin), rotary(k, cos, sin)
     out = context_attention(q, k, v, mesh, s)
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 

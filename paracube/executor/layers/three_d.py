@@ -152,7 +152,9 @@ class TokenEmbedding3D(ShardedModule):
         emb = scatter_fn(fp32(emb), self.mesh, ("x",), 0, label="tok_emb")  # summed in fp32, as priced
         emb = gather_fn(emb, self.mesh, ("y",), -1, label="tok_emb.h")
         start, size = block(emb.shape[0], self.mesh, ("y",))
-        return emb[start:start + size]
+        # A copy, not a view: llama's first RMSNorm saves its input, and a view would keep the whole gathered
+        # [T / q, h / q] storage alive, q times the block the model counts (gpt adds the positions: a new tensor).
+        return emb[start:start + size].clone()
 
 
 class PositionEmbedding3D(ShardedModule):
