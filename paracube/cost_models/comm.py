@@ -199,8 +199,12 @@ class StepTraffic:
         single = b.pp == 1
         dp: tuple[str, ...] = ()
         if self.zero == 1:  # sharded over grad_axes (dp; 2.5D: dp, dep), as traffic.py lists them
-            out.append(self._entry("reduce_scatter", self.data_axes, F32, count, padded_grads, per_step=True))
-            out.append(self._entry("all_gather", self.data_axes, F32, count, padded_grads, per_step=True))
+            g = self.d.grad_bytes  # the buckets' element (Dims.grad_dtype): fp32, or 16-bit gradients
+            out.append(self._entry("reduce_scatter", self.data_axes, self.d.grad_dtype, count, padded_grads * g // 4,
+                                   per_step=True))
+            gathered = padded_grads * self.d.gather_bytes // 4  # fp32 masters or the 16-bit parameters
+            out.append(self._entry("all_gather", self.data_axes, F32 if self.d.gather_bytes == 4 else self.d.dtype,
+                                   count, gathered, per_step=True))
             dp = cp_after_dp(("dp",), self.d.cp)
         elif self.zero >= 2:  # per step: HSDP's replica all_reduce; zero=2's parameter all_gather (fp32)
             units, padded, _, _, _ = self.units(first, last)
@@ -211,7 +215,8 @@ class StepTraffic:
                 out.append(self._entry("all_gather", self.zero_axes, F32, units * one, 4 * padded, per_step=True))
             dp = cp_after_dp(("dp_shard",) if self.hybrid else ("dp",), self.d.cp)
         else:
-            out.append(self._entry("all_reduce", self.data_axes, F32, count, grads, per_step=True))
+            out.append(self._entry("all_reduce", self.data_axes, self.d.grad_dtype, count,
+                                   grads * self.d.grad_bytes // 4, per_step=True))
         # Tied embeddings, pp > 1: the first and last stage sum their copies' gradients (traffic.stage_events).
         tied = int(self.d.tied) * (b.pp > 1) * np.maximum(first, last)
         emb = 4 * m.embedding_shard(self.sizes.V, 0, self.d.h, b.t, b.q)
