@@ -13,13 +13,12 @@ its buckets are reduced, one after the other on the data-parallel communicator's
 micro-batch's backward runs (torch DDP, Megatron's overlap_grad_reduce; the event engine simulates exactly
 this); with pp > 1 per stage and model chunk, during that stage's (chunk's) own last backward, and the step
 pays the stage whose queue drains last (grad_overlap.py; below: one stage, v = 1, the pipeline's last). A
-bucket starts once the backward has produced it: the first after one block's backward (fraction x1 = 1 /
-blocks of the stage), the last (the embedding on the first stage, else the last block's, a fraction xl of
-the stage's parameters) when the backward ends. With G the gradient time and B the wall time of one micro-
-batch's backward,
-    exposed gradient time = max(0, G - B (1 - x1), xl G)
-(the queue's finish time with buckets released in proportion to the backward's progress: either the
-stream never idles after the first bucket, or the last bucket is the tail). B = share x (compute +
+bucket starts once the backward has produced it (modes/buckets.release_counts, the event engine's rule too):
+the first at the end of the block that completes it (a fraction x1 of the backward), the last when the
+backward ends, carrying the last block's gradients, the bucket it completes and the embedding's (a fraction
+xl of the stage's bucket bytes). With G the gradient time and B the wall time of one micro-batch's backward,
+    exposed gradient time = max(0, G - B (1 - x1), xl G, and every release between: grad_overlap.py)
+(the queue's finish time: the stream's last idle moment precedes some release). B = share x (compute +
 tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
 recomputed forward runs inside backward). Everything else per step (grad norm, metrics) stays exposed, and
 so does zero=1's parameter all_gather after the optimizer step unless the engine is asked for `param_overlap`
@@ -63,7 +62,7 @@ from paracube.cost_models.compute import (
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
 from paracube.cost_models.fsdp_overlap import prefetched_micro
-from paracube.cost_models.grad_overlap import exposed_grad_time
+from paracube.cost_models.grad_overlap import Profile, exposed_grad_time, release_profile
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.moe import dense_part
@@ -97,8 +96,7 @@ class StageScores:
     sent: Arr
     compute: Arr
     grad: Arr  # the data-parallel gradient reduction's part of `step` (s), what overlap may hide
-    grad_first: Arr  # fraction of the backward before the first bucket is produced (x1, docstring)
-    grad_last: Arr  # fraction of the gradient bytes in the bucket(s) produced last (xl, docstring)
+    releases: Profile  # when the backward issues which share of the buckets (grad_overlap.release_profile)
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
     gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
     fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
@@ -130,7 +128,7 @@ def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
 
 
 def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Links, g: GemmModel, stage: str,
-           rows: Arr, zero: Arr | None = None, tpo: Arr | None = None) -> StageScores:
+           rows: Arr, zero: Arr | None = None, tpo: Arr | None = None, overlap: bool | Arr = False) -> StageScores:
     """Per-config quantities (counts, payloads, compute) are computed once per configuration of `b`;
     only the link-dependent times are evaluated per layout (`rows` maps layouts to configurations)."""
     F, H = _flags(stage, b.pp)
@@ -186,11 +184,13 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     n_local = stage_layers_params(d, mode, b, F, H)
     shard = np.where(zero >= 1, traffic.group_size(traffic.zero_axes), 1) if zero is not None else 1.0
     optim = (optimizer_time(n_local, d.c, g, shard) + fp8_step_time(d, mode, b, F, H, g))[rows]
-    m = MODES[mode]
-    n_last = np.where(F > 0, m.local_params(d, b.t, b.q, 0, 1, 0), m.local_params(d, b.t, b.q, 1, 0, 0))
-    first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)
-    last_frac = np.minimum(1.0, n_last / np.maximum(n_local, 1))
-    return StageScores(entries, micro, step, sent[rows], compute, grad, first_frac[rows], last_frac[rows], optim,
+    releases = ()
+    if np.any(overlap):
+        dp = traffic.group_size(traffic.data_axes) if traffic.zero == 1 else np.ones_like(b.dp)
+        layers = stage_layers(d.L, b.pp, b.v, F, H) * np.ones_like(b.dp)
+        releases = tuple(x[rows] for x in release_profile(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp),
+                                                          H * np.ones_like(b.dp), dp, b.v, traffic.bucket_bytes))
+    return StageScores(entries, micro, step, sent[rows], compute, grad, releases, optim,
                        gather, fsdp, ring)
 
 
@@ -212,7 +212,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
                           tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
-    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows) for s in STAGES)
+    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap) for s in STAGES)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
         n_zero = traffic.group_size(traffic.zero_axes)
         ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
@@ -241,8 +241,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         pp, v = b.pp[rows], b.v[rows]
         index = {"first": np.zeros_like(pp), "middle": np.where(pp > 2, 1, 0), "last": pp - 1}
         exposed = np.max([exposed_grad_time(np.where(half, st.grad / 2, st.grad), share * (st.compute + st.micro) / N,
-                                            st.grad_first, st.grad_last, index[name], pp, v,
-                                            (_flags(name, b.pp)[0] > 0)[rows])
+                                            index[name], pp, v, st.releases)
                           for name, st in zip(STAGES, stages, strict=True)], axis=0)
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed
