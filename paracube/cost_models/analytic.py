@@ -59,11 +59,12 @@ from paracube.cost_models.compute import (
     optimizer_time,
     stage_compute_time,
 )
+from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowdown
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
 from paracube.cost_models.fsdp_overlap import prefetched_micro
-from paracube.cost_models.grad_overlap import Profile, exposed_grad_time, release_profile
-from paracube.cost_models.links import LinkCache, placement_of
+from paracube.cost_models.grad_overlap import Profile, exposed_grad_time, release_profile, stream_window
+from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
@@ -101,6 +102,8 @@ class StageScores:
     gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
     fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
     ring: Arr | None = None  # context parallelism's exposed p2p ring (s, in `micro`; context_parallel.py)
+    tensor_bw: Arr | float = 0.0  # the tensor-parallel collectives' bandwidth seconds per step (in `micro`)
+    tensor_bwd: Arr | float = 0.0  # the part of tensor_bw sent during backward (Entry.backward)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     entries = traffic.entries(F, H)
     n = len(rows)
     micro, step, sent, grad, gather = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n), np.zeros(n)
+    tensor_bw, tensor_bwd, tensor = np.zeros(n), np.zeros(n), set(MODES[mode].axes)
     alternating = MODES[mode].alternating
     grad_axes = traffic.data_axes  # the mode's grad_axes; with context parallelism dp x cp
     fsdp: dict[str, tuple[Arr, Arr]] = {}
@@ -171,6 +175,10 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
                 gather += tm
         else:
             micro += tm
+            if tensor and set(e.axes) <= tensor:
+                seconds = np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
+                tensor_bw += seconds
+                tensor_bwd += seconds * (np.asarray(e.backward) / np.maximum(e.payload, 1))[rows]
         sent += np.where(e.count > 0, e_sent, 0.0)
     ring = None
     if d.cp > 1:  # context parallelism's p2p ring, overlapped with attention block by block (context_parallel.py)
@@ -191,7 +199,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         releases = tuple(x[rows] for x in release_profile(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp),
                                                           H * np.ones_like(b.dp), dp, b.v, traffic.bucket_bytes))
     return StageScores(entries, micro, step, sent[rows], compute, grad, releases, optim,
-                       gather, fsdp, ring)
+                       gather, fsdp, ring, tensor_bw, tensor_bwd)
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
@@ -213,7 +221,12 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
                           tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap) for s in STAGES)
+    contend = slowdown(links, len(rows))  # tensor collectives beside the data-parallel stream (contention.py)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
+        full = d.recompute == "full"
+        stages = tuple(replace(st, micro=st.micro + fsdp_extra(st.fsdp, st.compute, st.micro, st.tensor_bw,
+                                                               st.tensor_bwd, contend, full, traffic.zero))
+                       for st in stages)
         n_zero = traffic.group_size(traffic.zero_axes)
         ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
         parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
@@ -240,17 +253,22 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
                 else np.zeros(len(rows), dtype=bool))
         pp, v = b.pp[rows], b.v[rows]
         index = {"first": np.zeros_like(pp), "middle": np.where(pp > 2, 1, 0), "last": pp - 1}
-        exposed = np.max([exposed_grad_time(np.where(half, st.grad / 2, st.grad), share * (st.compute + st.micro) / N,
-                                            index[name], pp, v, st.releases)
-                          for name, st in zip(STAGES, stages, strict=True)], axis=0)
+        grads = [np.where(half, st.grad / 2, st.grad) for st in stages]
+        bwd = [share * (st.compute + st.micro) / N for st in stages]
+        # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
+        late = [grad_extra(gr, bw, st.tensor_bwd / N, contend, *stream_window(st.releases, v))
+                for gr, bw, st in zip(grads, bwd, stages, strict=True)]
+        exposed = np.max([exposed_grad_time(gr, bw + x, index[name], pp, v, st.releases)
+                          for name, st, gr, bw, x in zip(STAGES, stages, grads, bwd, late, strict=True)], axis=0)
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed
-        step_comm = step_comm - np.where(overlap, hidden, 0.0)
+        step_comm = step_comm - np.where(overlap, hidden - np.stack(late)[slow, idx], 0.0)
     if param_overlap and traffic.zero == 1:  # exposed gather: max(0, gather - one chunk's forward of the stage)
         fwd_share = 0.25 if d.recompute == "full" else 1.0 / 3.0
         fwd = fwd_share * (pick("compute") + pick("micro")) / (N * b.v[rows])
         gather = pick("gather")
-        step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd))
+        early = extra(gather, fwd, (pick("tensor_bw") - pick("tensor_bwd")) / (N * b.v[rows]), contend)  # contention
+        step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd - early)) + early
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
         shards = traffic.group_size(traffic.zero_axes)
@@ -298,6 +316,8 @@ def layout_links(layout: Layout, cache: LinkCache) -> Links:
         axes_ok = tuple(a for a in wide if a in names)
         bw, lat = cache.get(place, axes_ok)
         links[axes] = (np.array([bw]), np.array([lat]))
+    tensor, data = shared_axes(layout.tensor_mode.axes, layout.hybrid)
+    links[SHARED] = tuple(np.array([x]) for x in cache.get_shared(place, tensor, data))  # type: ignore[assignment]
     return links
 
 

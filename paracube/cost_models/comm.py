@@ -70,6 +70,7 @@ class Entry:
     per_step: bool = False  # once per step (gradients, grad norm, metrics), not per micro-batch
     factors: tuple[Arr, Arr] | None = None  # (latency_factor, sent_factor) of (kind, n): computed once
     tpo: str = ""  # the GEMM these calls overlap with under tpo (modes.base.Collective.tpo; cost_models/tpo.py)
+    backward: Arr | float = 0.0  # bytes of `payload` sent during backward (layer backward, full recompute's forward)
 
     def _factors(self) -> tuple[Arr, Arr]:
         if self.factors is None:
@@ -164,14 +165,19 @@ class StepTraffic:
         for s in SOURCES:
             scale[s + ".kept"] = np.where(self.kw == 1, once[s], scale[s])
         out: list[Entry] = []
+        # in backward: the layers' backward lists and, under full recomputation, their recomputed forward
+        late = {"layer_bwd": N * layers, "layer_bwd.kept": scale["layer_bwd.kept"],
+                "layer_fwd": N * (recompute - 1) * layers}
         for (kind, axes, dtype), by_source in self.sums.items():
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
-            out.append(self._entry(kind, axes, dtype, count, payload))
+            back = sum(late[s] * p for s, (_, p) in by_source.items() if s in late)
+            out.append(replace(self._entry(kind, axes, dtype, count, payload), backward=back))
         for (tag, kind, axes, dtype), by_source in self.tpo_sums.items():
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
-            out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag))
+            back = sum(late[s] * p for s, (_, p) in by_source.items() if s in late)
+            out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag, backward=back))
         if self.zero >= 2:  # per micro-batch: unit reduce-scatters; zero=3 gathers (traffic._zero_micro_batch)
             units, padded, held, _, _ = self.units(first, last)  # pp > 1: none held (unit_totals)
             single = b.pp == 1

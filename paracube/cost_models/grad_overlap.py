@@ -91,4 +91,15 @@ def exposed_grad_time(grad: Arr, backward: Arr, stage_index: Arr, pp: Arr, v: Ar
     return np.maximum(0.0, finish)
 
 
-__all__ = ["Profile", "exposed_grad_time", "release_profile"]
+def stream_window(profile: Profile, v: Arr) -> tuple[Arr, Arr]:
+    """Per layout: (x1, the share of the stage's last backward done at its first release; s_end, the share of its
+    bucket time still queued when that backward ends): the stream can be busy beside the backward only between
+    the two, for at most (1 - s_end) G (contention.py)."""
+    chunk, frac, share = profile
+    v = np.maximum(v, 1)
+    x1 = np.where(share[:, 0] > 0, (v - 1 - chunk[:, 0] + frac[:, 0]) / v, 1.0)
+    s_end = np.where((chunk == 0) & (frac >= 1.0), share, 0.0).max(axis=1)
+    return x1, s_end
+
+
+__all__ = ["Profile", "exposed_grad_time", "release_profile", "stream_window"]

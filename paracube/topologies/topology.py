@@ -408,6 +408,14 @@ class Topology:
         latency = max((h[1] for h in hops), default=0.0)
         return GroupLink(bandwidth, max(latency, 0.0), len(per_node), max(per_node.values()))
 
+    def ring_loads(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> tuple[np.ndarray, ...]:
+        """(edge ids of the group's ring hops, ring hops crossing every edge with `concurrent` running, every
+        edge's bandwidth): what topologies/sharing.py splits between two sets of groups running at once."""
+        group = self._group(ranks)
+        ids = [self._hops(s, r)[0] for chans in self._ring_channels(group) for s, r, _ in chans]
+        edges = np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
+        return edges, self._load_cached(self._groups(concurrent) | {group}), self._bw_arr
+
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
         """Ring bandwidth and per-step latency of `ranks`, sharing links with `concurrent` groups."""
         group = self._group(ranks)
