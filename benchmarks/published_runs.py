@@ -56,12 +56,13 @@ DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_today.csv"
 FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
 MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
-# What each refit frees (from_runs.PARAMS). Hopper: three 16-bit hidden sizes in the fit rows free the 16-bit m0;
-# the FP8 m0 stays ampere's (freed, it does not move from its start). Blackwell: the FP8 eff_max only, on the fit
+# What each refit frees (from_runs.PARAMS). Hopper: NDR and m0 are held (topologies/efficiency.py: NDR at NCCL's
+# physical bus bandwidth, m0 at fit2's 108; freed, both go where they absorb other misses); the FP8 m0 is the
+# 16-bit curve's. Blackwell: the FP8 eff_max only, on the fit
 # rows of both systems (freeing flash_eff and NVLink 5 too sends the FP8 eff_max to its bound 0.95 and flash
 # attention to 0.20: the rows cannot separate them); the 16-bit curve, mem_eff and flash_eff stay Hopper's (no
-# 16-bit Blackwell row), NDR is Hopper's fitted one, NVLink 5 borrows NVLink 4's (NOT FITTED).
-HOPPER_FREE = ("eff_max", "m0", "mem_eff", "intra", "inter", "fp8_eff_max", "flash_eff")
+# 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED).
+HOPPER_FREE = ("eff_max", "mem_eff", "intra", "fp8_eff_max", "flash_eff")
 BLACKWELL_FREE = ("fp8_eff_max",)
 BLACKWELL = ("dgx-b200", "gb200-nvl72")
 DEVICE_GROUP = {"V100-SXM3-32GB": "V100", "A100-SXM-80GB": "A100", "H100-SXM-80GB": "H100",

@@ -411,15 +411,16 @@ def test_current_presets_load_size_and_plan(name: str, nodes: int, per_node: int
     assert load_topology(name, gpus=4 * per_node).num_nodes == 4
     # launchers per host (the plan's launch): a GB200 NVL72 domain spans 18 hosts of 4 GPUs (Grace boards)
     assert getattr(topo, "devices_per_host", per_node) == (4 if name == "gb200-nvl72" else per_node)
-    # where each figure came from: Hopper's and NDR's fitted on the DGX H100 rows, Blackwell's FP8 curve on the
-    # DGX B200 and GB200 NVL72 rows; what no run exercises is flagged NOT FITTED in `paracube topologies`
+    # where each figure came from: Hopper's fitted on the DGX H100 rows (m0 held, said so), NDR set to NCCL's bus
+    # bandwidth and held there, Blackwell's FP8 curve on the DGX B200 and GB200 NVL72 rows; what no run exercises
+    # is flagged NOT FITTED in `paracube topologies`
     sources = preset_sources(name)
     assert set(sources) == {"gemm", "fp8 gemm", f"intra-node {nvlink[1]}", "inter-node ndr-ib"}
     today = "benchmarks/data/published_runs_today.csv"
-    assert sources["inter-node ndr-ib"] == f"fitted on the dgx-h100 rows of {today}"
+    assert sources["inter-node ndr-ib"].startswith("set to NCCL's NDR bus bandwidth")
     assert "m0 NOT FITTED" in sources["fp8 gemm"]
     if name == "dgx-h200":
-        assert sources["gemm"] == f"fitted on the dgx-h100 rows of {today}"  # m0 too (three hidden sizes)
+        assert sources["gemm"].startswith(f"fitted on the dgx-h100 rows of {today}; m0 NOT FITTED")
         assert sources["intra-node nvlink4-nvswitch"] == f"fitted on the dgx-h100 rows of {today}"
     else:
         assert sources["gemm"].startswith("NOT FITTED: borrowed from hopper; no 16-bit Blackwell run")
