@@ -104,6 +104,7 @@ class StageScores:
     ring: Arr | None = None  # context parallelism's exposed p2p ring (s, in `micro`; context_parallel.py)
     tensor_bw: Arr | float = 0.0  # the tensor-parallel collectives' bandwidth seconds per step (in `micro`)
     tensor_bwd: Arr | float = 0.0  # the part of tensor_bw sent during backward (Entry.backward)
+    stream_bw: tuple[Arr, Arr] | None = None  # bandwidth seconds of `grad` and of `gather` (links busy: contention)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     n = len(rows)
     micro, step, sent, grad, gather = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n), np.zeros(n)
     tensor_bw, tensor_bwd, tensor = np.zeros(n), np.zeros(n), set(MODES[mode].axes)
+    grad_bw, gather_bw = np.zeros(n), np.zeros(n)
     alternating = MODES[mode].alternating
     grad_axes = traffic.data_axes  # the mode's grad_axes; with context parallelism dp x cp
     fsdp: dict[str, tuple[Arr, Arr]] = {}
@@ -171,8 +173,10 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             if e.kind in ("all_reduce", "reduce_scatter") and e.axes == grad_axes \
                     and np.any(e.payload > 64):
                 grad += tm
+                grad_bw += np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
             if e.kind == "all_gather" and traffic.zero == 1 and e.axes == grad_axes:
                 gather += tm
+                gather_bw += np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
         else:
             micro += tm
             if tensor and set(e.axes) <= tensor:
@@ -199,7 +203,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         releases = tuple(x[rows] for x in release_profile(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp),
                                                           H * np.ones_like(b.dp), dp, b.v, traffic.bucket_bytes))
     return StageScores(entries, micro, step, sent[rows], compute, grad, releases, optim,
-                       gather, fsdp, ring, tensor_bw, tensor_bwd)
+                       gather, fsdp, ring, tensor_bw, tensor_bwd, (grad_bw, gather_bw))
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
@@ -256,8 +260,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         grads = [np.where(half, st.grad / 2, st.grad) for st in stages]
         bwd = [share * (st.compute + st.micro) / N for st in stages]
         # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
-        late = [grad_extra(gr, bw, st.tensor_bwd / N, contend, *stream_window(st.releases, v))
-                for gr, bw, st in zip(grads, bwd, stages, strict=True)]
+        late = [grad_extra(np.where(half, st.stream_bw[0] / 2, st.stream_bw[0]), bw, st.tensor_bwd / N, contend,
+                           *stream_window(st.releases, v)) for bw, st in zip(bwd, stages, strict=True)]
         exposed = np.max([exposed_grad_time(gr, bw + x, index[name], pp, v, st.releases)
                           for name, st, gr, bw, x in zip(STAGES, stages, grads, bwd, late, strict=True)], axis=0)
         grad = pick("grad")
@@ -267,7 +271,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         fwd_share = 0.25 if d.recompute == "full" else 1.0 / 3.0
         fwd = fwd_share * (pick("compute") + pick("micro")) / (N * b.v[rows])
         gather = pick("gather")
-        early = extra(gather, fwd, (pick("tensor_bw") - pick("tensor_bwd")) / (N * b.v[rows]), contend)  # contention
+        gather_bw = np.stack([st.stream_bw[1] for st in stages])[slow, idx]  # type: ignore[index]
+        early = extra(gather_bw, fwd, (pick("tensor_bw") - pick("tensor_bwd")) / (N * b.v[rows]), contend)  # contention
         step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd - early)) + early
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3

@@ -47,16 +47,19 @@ def grad_extra(grad: Arr, backward: Arr, tensor_bw: Arr, slow: Arr, x1: Arr, s_e
 def fsdp_extra(fsdp: dict[str, tuple[Arr, Arr]], compute: Arr, micro: Arr, tensor_bw: Arr, tensor_bwd: Arr,
                slow: Arr, full_recompute: bool, zero: int) -> Arr:
     """zero=2/3 per step: forward beside zero=3's forward gathers (half the gathers), backward beside the other
-    half and the reduce-scatters; the compute side's phases split 1/3 : 2/3 (1/4 : 3/4 under full recomputation)
-    as fsdp_overlap.prefetched_micro splits them, the tensor seconds as sent (tensor_bwd: backward's)."""
-    def seconds(kind: str) -> Arr:
-        return sum(fsdp[kind]) if kind in fsdp else np.zeros_like(compute)  # type: ignore[return-value]
+    half and the reduce-scatters, each by its bandwidth seconds (its latency steps leave the links free); the
+    compute side's phases split 1/3 : 2/3 (1/4 : 3/4 under full recomputation) as
+    fsdp_overlap.prefetched_micro splits them, the tensor seconds as sent (tensor_bwd: backward's)."""
+    def seconds(kind: str, part: int | None = None) -> Arr:  # part 1: the bandwidth seconds (links busy) only
+        if kind not in fsdp:
+            return np.zeros_like(compute)
+        return fsdp[kind][part] if part is not None else sum(fsdp[kind])  # type: ignore[return-value]
 
     share_f = 0.25 if full_recompute else 1.0 / 3.0
-    gathers = seconds("all_gather") / 2 if zero == 3 else np.zeros_like(compute)
+    gathers = seconds("all_gather", 1) / 2 if zero == 3 else np.zeros_like(compute)
     side = compute + micro - seconds("all_gather") - seconds("reduce_scatter")
     return (extra(gathers, share_f * side, tensor_bw - tensor_bwd, slow)
-            + extra(gathers + seconds("reduce_scatter"), (1 - share_f) * side, tensor_bwd, slow))
+            + extra(gathers + seconds("reduce_scatter", 1), (1 - share_f) * side, tensor_bwd, slow))
 
 
 __all__ = ["extra", "fsdp_extra", "grad_extra", "slowdown"]
