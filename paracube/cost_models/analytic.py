@@ -227,9 +227,9 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap) for s in STAGES)
     contend = slowdown(links, len(rows))  # tensor collectives beside the data-parallel stream (contention.py)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
-        full = d.recompute == "full"
+        full, ov = d.recompute == "full", np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
         stages = tuple(replace(st, micro=st.micro + fsdp_extra(st.fsdp, st.compute, st.micro, st.tensor_bw,
-                                                               st.tensor_bwd, contend, full, traffic.zero))
+                                                               st.tensor_bwd, contend, full, traffic.zero, ov))
                        for st in stages)
         n_zero = traffic.group_size(traffic.zero_axes)
         ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)

@@ -45,9 +45,10 @@ def grad_extra(grad: Arr, backward: Arr, tensor_bw: Arr, slow: Arr, x1: Arr, s_e
 
 
 def fsdp_extra(fsdp: dict[str, tuple[Arr, Arr]], compute: Arr, micro: Arr, tensor_bw: Arr, tensor_bwd: Arr,
-               slow: Arr, full_recompute: bool, zero: int) -> Arr:
+               slow: Arr, full_recompute: bool, zero: int, overlap: Arr) -> Arr:
     """zero=2/3 per step: forward beside zero=3's forward gathers (half the gathers), backward beside the other
-    half and the reduce-scatters, each by its bandwidth seconds (its latency steps leave the links free); the
+    half and the reduce-scatters where they are asynchronous (`overlap`; in line they run beside no tensor
+    collective), each by its bandwidth seconds (its latency steps leave the links free); the
     compute side's phases split 1/3 : 2/3 (1/4 : 3/4 under full recomputation) as
     fsdp_overlap.prefetched_micro splits them, the tensor seconds as sent (tensor_bwd: backward's)."""
     def seconds(kind: str, part: int | None = None) -> Arr:  # part 1: the bandwidth seconds (links busy) only
@@ -59,7 +60,8 @@ def fsdp_extra(fsdp: dict[str, tuple[Arr, Arr]], compute: Arr, micro: Arr, tenso
     gathers = seconds("all_gather", 1) / 2 if zero == 3 else np.zeros_like(compute)
     side = compute + micro - seconds("all_gather") - seconds("reduce_scatter")
     return (extra(gathers, share_f * side, tensor_bw - tensor_bwd, slow)
-            + extra(gathers + seconds("reduce_scatter", 1), (1 - share_f) * side, tensor_bwd, slow))
+            + extra(gathers + np.where(overlap, seconds("reduce_scatter", 1), 0.0), (1 - share_f) * side, tensor_bwd,
+                    slow))
 
 
 __all__ = ["extra", "fsdp_extra", "grad_extra", "slowdown"]
