@@ -20,7 +20,7 @@ their dp=1 rows where the tp=8 one pays 37 ms. Two model errors explained part o
 model priced the queue's tail at the embedding's bucket alone where the last block's gradients and the bucket it
 completes leave with it (grad_overlap.py, modes/buckets.release_counts), and the tensor-parallel collectives of
 the last backward ran as if the dp ring's NVLink hops were not beside them (cost_models/contention.py). With
-both the rows are -5.8 / -3.5 / -2.4%; tp=none (no tensor collective) keeps most of its miss. Figures kept as
+both the rows are -5.8 / -5.2 / -3.8%; tp=none (no tensor collective) keeps most of its miss. Figures kept as
 fitted (2026-11); the channel split is what NCCL does.
 Hopper and Blackwell (2026-12): calibration/from_runs.fit_runs (runtime megatron) on the fit rows of
 benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py --refit` re-runs both fits):
@@ -65,7 +65,7 @@ TODAY = "benchmarks/data/published_runs_today.csv"
 # m0 held at fit2's figure and NDR at NCCL's physical bus bandwidth (docstring):
 HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.690, 108.0, 0.90, 0.629, 0.347
 NVLINK4, NDR = 0.874, 0.85
-BLACKWELL_FP8_MAX = 0.557  # the B200 rows' misses have opposite signs (+2.4%, -10.1%): structural, see above
+BLACKWELL_FP8_MAX = 0.557  # the B200 rows' misses have opposite signs (+2.3%, -10.1%): structural, see above
 
 
 @dataclass(frozen=True)
