@@ -61,8 +61,8 @@ def test_topologies_command_shows_presets_and_files_alike(capsys: pytest.Capture
     (preset,) = json.loads(capsys.readouterr().out)
     sources = preset.pop("efficiency_sources")  # a preset's listing also says where each efficiency came from
     assert preset == json.loads(json.dumps(load_topology("dgx-h100", gpus=24).describe()))
-    # The 16-bit curve is fitted on three H100 shapes (fit2: m0 freed); the FP8 curve's m0 is still the 16-bit one.
-    assert sources["gemm"].startswith("fitted on the dgx-h100 rows") and "NOT FITTED" not in sources["gemm"]
+    # The 16-bit curve is fitted on the H100 rows (m0 held at fit2's, said so); the FP8 curve's m0 is the 16-bit one.
+    assert sources["gemm"].startswith("fitted on the dgx-h100 rows") and "NOT FITTED: borrowed" not in sources["gemm"]
     assert "fp8_m0 NOT FITTED" in sources["fp8 gemm"]
     assert main(["topologies", str(RAIL), "--gpus", "64", "--json"]) == 0
     (mine,) = json.loads(capsys.readouterr().out)
