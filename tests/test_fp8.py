@@ -55,15 +55,17 @@ def test_fp8_compute_closed_form() -> None:
     T, N, L = 4 * 128, 16 // 4, SMALL.layers
     bw = g16.mem_bw * g16.mem_eff
     linears = [(256, 768), (256, 256), (256, 1024), (1024, 256)]  # gpt: qkv, proj, fc, fc2
-    delta = 0.0
+    delta = gemms = 0.0
     for h_in, h_out in linears:
         fast = sum(float(x) for x in g8.linear.gemms(T, h_out, h_in))
         slow = sum(float(x) for x in g16.gemms(T, h_out, h_in))
+        gemms += fast - slow
         delta += fast - slow + fp8.CAST_BYTES * (T * h_in + T * h_out) / bw
     weights = L * sum(i * o for i, o in linears) * fp8.CAST_BYTES / bw
     # compute_time_s includes the optimizer step (one GPU: no communication, the step is all compute)
     assert an8.compute_time_s - an16.compute_time_s == pytest.approx(N * L * delta + weights, rel=1e-9)
-    assert an8.step_time_s == an8.compute_time_s and weights > 0 and delta < 0
+    # the FP8 GEMMs are faster than their bf16 copies (the curves share m0); at this toy width the casts may eat it
+    assert an8.step_time_s == an8.compute_time_s and weights > 0 and gemms < 0
 
 
 def test_fp8_memory_closed_form() -> None:

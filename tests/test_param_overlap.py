@@ -83,5 +83,7 @@ def test_search_takes_it_from_the_runtime() -> None:
     for runtime, on in (("paracube", True), ("megatron", True), (off, False)):
         best, est = search(SPEC, training, topo, 16, fixed=layout, top_k=1, runtime=runtime).ranked[0]
         assert best.zero == 1
-        assert est == estimate(SPEC, training, best, topo, with_events=False, param_overlap=on)
-        assert est != estimate(SPEC, training, best, topo, with_events=False, param_overlap=not on)
+        g16 = (RUNTIMES[runtime] if isinstance(runtime, str) else runtime).param_gather_16bit  # megatron: bf16
+        assert est == estimate(SPEC, training, best, topo, with_events=False, param_overlap=on, gather_16bit=g16)
+        assert est != estimate(SPEC, training, best, topo, with_events=False, param_overlap=not on,
+                               gather_16bit=g16)

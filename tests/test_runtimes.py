@@ -115,10 +115,11 @@ def test_search_respects_each_runtime() -> None:
 
 
 def test_megatron_plan_chooses_overlap_and_prints_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The issue's command: overlapped gradient reduction (and tpo) chosen, their runner-ups printed."""
+    """The issue's command with tp=1d:4 pinned (unpinned, ZeRO-3 over 64 ranks now wins: data-parallel rings cross
+    nodes over all 8 NICs): overlapped gradient reduction and tpo chosen, their runner-ups printed."""
     out = tmp_path / "p.json"
     code, text, _ = run_cli(capsys, "plan", "--model", "gpt3-13b", "--cluster", "dgx-h100", "--gpus", "64",
-                            "--runtime", "megatron", "-o", str(out))
+                            "--runtime", "megatron", "--layout", "tp=1d:4", "-o", str(out))
     assert code == 0
     plan = load_plan(out)
     assert plan.runtime == "megatron" and plan.layout.overlap and plan.layout.tpo and plan.layout.sequence_parallel

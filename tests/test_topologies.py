@@ -11,6 +11,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+import yaml
 
 from paracube.errors import ParacubeError
 from paracube.layout import parse_layout
@@ -205,6 +206,32 @@ def test_two_concurrent_groups_sharing_one_nic_each_get_half() -> None:
     assert dgx.group_link(range(0, 64, 8), concurrent=[range(1, 64, 8)]).bandwidth == HDR * FABRIC_EFF["hdr-ib"]
 
 
+def test_a_ring_crosses_nodes_through_the_nics_its_members_own() -> None:
+    """NCCL's channels (topology docstring): a crossing uses min(NICs the ring's local members own, channels)
+    NICs; concurrent rings through one node share them; one member per node (tp=8 in the node) keeps one NIC.
+    Exact equalities: the loads are sums of 1/C shares with C a power of two, exact in binary."""
+    from paracube.cost_models.event_network import LinkTable, weighted_maxmin
+    from paracube.topologies.rates import NDR_IB
+
+    h100 = load_topology("dgx-h100", nodes=4)
+    nic = NDR_IB * FABRIC_EFF["ndr-ib"]
+    assert h100.group_link(range(16)).bandwidth == 8 * nic  # dp=16, no tp: eight NICs per boundary
+    evens, odds = list(range(0, 32, 2)), list(range(1, 32, 2))  # tp=2: two dp rings of 4 members per node
+    assert h100.group_link(evens, concurrent=[evens, odds]).bandwidth == 4 * nic  # on disjoint NICs
+    assert h100.group_link(range(0, 32, 8)).bandwidth == nic  # tp=8 inside the node: unchanged
+    # 2 NICs for 8 GPUs (GPUs 0-3 NIC 0, 4-7 NIC 1): a full-node ring gets both; two rings share them.
+    shared = topology_from_dict(yaml.safe_load(COMPACT))
+    assert shared.group_link(range(32)).bandwidth == 2 * 25e9
+    assert shared.group_link(evens, concurrent=[odds]).bandwidth == 25e9
+    # The event engine's flow weights are the same fractional loads: its max-min rates equal group_link's.
+    for topo, groups in ((h100, [list(range(16)), list(range(16, 32))]), (h100, [evens, odds]),
+                         (shared, [evens, odds]), (shared, [list(range(32))])):
+        table = LinkTable(topo)
+        tpl = table.ring_template("dp", groups)
+        assert min(weighted_maxmin(tpl.hops, table.cap)) == pytest.approx(
+            topo.group_link(groups[0], concurrent=groups).bandwidth, rel=1e-12)
+
+
 def test_oversubscribed_spine_is_shared_by_all_crossing_hops() -> None:
     # 40 nodes = two 20-node leaf blocks per rail. Node i talks to node 20+i on rail 0, all 20 pairs at
     # once: 20 hops leave leaf0.rail0 for the spine, whose uplink is 20 x 25 GB/s / oversubscription.
@@ -384,19 +411,20 @@ def test_current_presets_load_size_and_plan(name: str, nodes: int, per_node: int
     assert load_topology(name, gpus=4 * per_node).num_nodes == 4
     # launchers per host (the plan's launch): a GB200 NVL72 domain spans 18 hosts of 4 GPUs (Grace boards)
     assert getattr(topo, "devices_per_host", per_node) == (4 if name == "gb200-nvl72" else per_node)
-    # where each figure came from: Hopper's and NDR's fitted on the DGX H100 rows, Blackwell's FP8 curve and
-    # memory-bound figure on the DGX B200 rows; what no run exercises is flagged NOT FITTED in `paracube topologies`
+    # where each figure came from: Hopper's fitted on the DGX H100 rows (m0 held, said so), NDR set to NCCL's bus
+    # bandwidth and held there, Blackwell's FP8 curve on the DGX B200 and GB200 NVL72 rows; what no run exercises
+    # is flagged NOT FITTED in `paracube topologies`
     sources = preset_sources(name)
     assert set(sources) == {"gemm", "fp8 gemm", f"intra-node {nvlink[1]}", "inter-node ndr-ib"}
     today = "benchmarks/data/published_runs_today.csv"
-    assert sources["inter-node ndr-ib"] == f"fitted on the dgx-h100 rows of {today}"
+    assert sources["inter-node ndr-ib"].startswith("set to NCCL's NDR bus bandwidth")
     assert "m0 NOT FITTED" in sources["fp8 gemm"]
     if name == "dgx-h200":
-        assert sources["gemm"].startswith(f"fitted on the dgx-h100 rows of {today}; m0 NOT FITTED: borrowed")
+        assert sources["gemm"].startswith(f"fitted on the dgx-h100 rows of {today}; m0 NOT FITTED")
         assert sources["intra-node nvlink4-nvswitch"] == f"fitted on the dgx-h100 rows of {today}"
     else:
         assert sources["gemm"].startswith("NOT FITTED: borrowed from hopper; no 16-bit Blackwell run")
-        assert sources["fp8 gemm"].startswith(f"fitted on the dgx-b200 rows of {today}")
+        assert sources["fp8 gemm"].startswith(f"fitted on the dgx-b200 and gb200-nvl72 rows of {today}")
         assert sources["intra-node nvlink5-nvswitch"].startswith("NOT FITTED: borrowed from nvlink4-nvswitch")
     # it plans, bf16 and fp8, on one node and across two
     model = ModelSpec("m", layers=4, hidden=1152, heads=72, ffn_hidden=4608, vocab=1024, seq_len=256)

@@ -12,6 +12,7 @@ import yaml
 from paracube.cli.main import main
 from paracube.errors import ParacubeError
 from paracube.topologies import load_topology, topology_from_dict
+from paracube.topologies.efficiency import NDR
 
 ROOT = Path(__file__).resolve().parents[1]
 PCIE = ROOT / "examples" / "pcie-2x8-100gbe.yaml"
@@ -33,11 +34,12 @@ def test_rail_optimized_example_has_a_nic_per_gpu_on_its_rail() -> None:
     topo = load_topology(str(RAIL))
     d = topo.describe()
     assert (d["nodes"], d["devices_per_node"], d["nics_per_node"]) == (32, 8, 8)
-    assert d["injection_bandwidth_per_node"] == pytest.approx(8 * 50e9)
+    nic = 50e9 * NDR  # the file's NDR rate: nominal x the preset's fitted efficiency
+    assert d["injection_bandwidth_per_node"] == pytest.approx(8 * nic)
     # Rails: NIC k of every node goes to leaf k, so a ring of local rank k over all nodes crosses no spine and
     # gets the NIC's rate; its latency is GPU -> NIC -> leaf -> NIC -> GPU (no spine hop).
     ring = topo.group_link(range(3, topo.num_devices, 8))
-    assert ring.bandwidth == pytest.approx(50e9)
+    assert ring.bandwidth == pytest.approx(nic)
     assert ring.latency == pytest.approx(2 * 1e-6 + 2 * 1e-6)
     # Equal to the dgx-h100 preset's figures where the file copies them (the preset's fitted efficiencies).
     preset = load_topology("dgx-h100", gpus=256).describe()
@@ -59,7 +61,9 @@ def test_topologies_command_shows_presets_and_files_alike(capsys: pytest.Capture
     (preset,) = json.loads(capsys.readouterr().out)
     sources = preset.pop("efficiency_sources")  # a preset's listing also says where each efficiency came from
     assert preset == json.loads(json.dumps(load_topology("dgx-h100", gpus=24).describe()))
-    assert "NOT FITTED" in sources["gemm"]
+    # The 16-bit curve is fitted on the H100 rows (m0 held at fit2's, said so); the FP8 curve's m0 is the 16-bit one.
+    assert sources["gemm"].startswith("fitted on the dgx-h100 rows") and "NOT FITTED: borrowed" not in sources["gemm"]
+    assert "fp8_m0 NOT FITTED" in sources["fp8 gemm"]
     assert main(["topologies", str(RAIL), "--gpus", "64", "--json"]) == 0
     (mine,) = json.loads(capsys.readouterr().out)
     assert (mine["devices"], mine["nodes"]) == (64, 8)

@@ -19,6 +19,10 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
                    max(40M, 1M x dp x cp) fp32 elements (megatron/core/distributed/distributed_data_parallel.py:
                    the bucket grows with the data-parallel size so that the ring's (n - 1) latency steps stay
                    amortized; NeMo 2 recipes leave it unset); or a number of elements
+    grad_reduce    optional: fp32 (default) | bf16, the gradient buffers' dtype, which the data-parallel
+                   reduction sends and memory holds (Megatron-core's grad_reduce_in_fp32; NeMo's performance
+                   scripts set it False for FP8 runs, scripts/performance/llm/pretrain_*.py, and keep
+                   bf16_mixed's True for bf16 ones)
 
 Prediction: the planner's best layout matching the row's layout (search with `fixed`), its analytic step
 time. Fit (`fit_runs`): least squares on log(predicted / measured) over the fit rows of the few
@@ -60,6 +64,7 @@ class Run:
     split: str = "fit"
     runtime: str | None = None  # the row's own runtime (None: the caller's)
     bucket_bytes: int | None = None  # the run's gradient bucket in bytes (None: modes/buckets.BUCKET_BYTES)
+    grad_bytes: int = 4  # the run's gradient element (grad_reduce column: fp32 4, bf16 2)
 
 
 def _int(where: str, value: str) -> int:
@@ -131,7 +136,16 @@ def parse_row(i: int, row: dict[str, str], clusters: tuple[str, ...]) -> Run:
         raise ParacubeError(f"{where}: split={split!r}; valid: fit, held_out")
     return Run(row["run"], row["cluster"], gpus, model, training, layout,
                _float(f"{where}: measured_step_s", row["measured_step_s"]), split, runtime,
-               _bucket(where, (row.get("grad_bucket") or "").strip(), layout))
+               _bucket(where, (row.get("grad_bucket") or "").strip(), layout),
+               _grad_bytes(where, (row.get("grad_reduce") or "").strip()))
+
+
+GRAD_REDUCE = {"": 4, "fp32": 4, "bf16": 2}
+
+
+def _grad_bytes(where: str, value: str) -> int:
+    check(value in GRAD_REDUCE, f"{where}: grad_reduce={value!r}; valid: fp32, bf16 (empty: fp32)")
+    return GRAD_REDUCE[value]
 
 
 MCORE_BUCKET_MIN, MCORE_BUCKET_PER_DP = 40_000_000, 1_000_000  # elements (Megatron-core DDP's default)
@@ -178,8 +192,9 @@ def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube")
     from paracube.planner.dimensions import PARAM_OVERLAP, chosen
 
     rt = get_runtime(run.runtime or runtime)
-    return estimate(run.model, run.training, layout, topo, with_events=False,
-                    param_overlap=chosen(PARAM_OVERLAP, rt, layout), fp8_scaling=rt.fp8_scaling,
+    param_overlap = chosen(PARAM_OVERLAP, rt, layout)
+    return estimate(run.model, run.training, layout, topo, with_events=False, param_overlap=param_overlap,
+                    grad_bytes=run.grad_bytes, gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling,
                     **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes})).step_time_s
 
 
@@ -294,7 +309,7 @@ def predict(run: Run, topo: object, runtime: str = "paracube") -> tuple[Layout, 
     check(why is None, f"run {run.name}: layout {run.layout}: {why}")
     fixed = run.layout if run.layout.sequence_parallel else run.layout.with_(forbid_sp=True)
     res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1], runtime=runtime,
-                 bucket_bytes=run.bucket_bytes)
+                 bucket_bytes=run.bucket_bytes, grad_bytes=None if run.grad_bytes == 4 else run.grad_bytes)
     lay, est = res.ranked[0]
     # A layout axis the cost models do not price yet is dropped by the search's match (cp: context parallelism,
     # priced by the `cp` branch): refuse the row rather than report another layout's time as its prediction.

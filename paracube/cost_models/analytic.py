@@ -13,13 +13,12 @@ its buckets are reduced, one after the other on the data-parallel communicator's
 micro-batch's backward runs (torch DDP, Megatron's overlap_grad_reduce; the event engine simulates exactly
 this); with pp > 1 per stage and model chunk, during that stage's (chunk's) own last backward, and the step
 pays the stage whose queue drains last (grad_overlap.py; below: one stage, v = 1, the pipeline's last). A
-bucket starts once the backward has produced it: the first after one block's backward (fraction x1 = 1 /
-blocks of the stage), the last (the embedding on the first stage, else the last block's, a fraction xl of
-the stage's parameters) when the backward ends. With G the gradient time and B the wall time of one micro-
-batch's backward,
-    exposed gradient time = max(0, G - B (1 - x1), xl G)
-(the queue's finish time with buckets released in proportion to the backward's progress: either the
-stream never idles after the first bucket, or the last bucket is the tail). B = share x (compute +
+bucket starts once the backward has produced it (modes/buckets.release_counts, the event engine's rule too):
+the first at the end of the block that completes it (a fraction x1 of the backward), the last when the
+backward ends, carrying the last block's gradients, the bucket it completes and the embedding's (a fraction
+xl of the stage's bucket bytes). With G the gradient time and B the wall time of one micro-batch's backward,
+    exposed gradient time = max(0, G - B (1 - x1), xl G, and every release between: grad_overlap.py)
+(the queue's finish time: the stream's last idle moment precedes some release). B = share x (compute +
 tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
 recomputed forward runs inside backward). Everything else per step (grad norm, metrics) stays exposed, and
 so does zero=1's parameter all_gather after the optimizer step unless the engine is asked for `param_overlap`
@@ -60,11 +59,12 @@ from paracube.cost_models.compute import (
     optimizer_time,
     stage_compute_time,
 )
+from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowdown
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
 from paracube.cost_models.fsdp_overlap import prefetched_micro
-from paracube.cost_models.grad_overlap import exposed_grad_time
-from paracube.cost_models.links import LinkCache, placement_of
+from paracube.cost_models.grad_overlap import Profile, exposed_grad_time, release_profile, stream_window
+from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
@@ -97,12 +97,14 @@ class StageScores:
     sent: Arr
     compute: Arr
     grad: Arr  # the data-parallel gradient reduction's part of `step` (s), what overlap may hide
-    grad_first: Arr  # fraction of the backward before the first bucket is produced (x1, docstring)
-    grad_last: Arr  # fraction of the gradient bytes in the bucket(s) produced last (xl, docstring)
+    releases: Profile  # when the backward issues which share of the buckets (grad_overlap.release_profile)
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
     gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
     fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
     ring: Arr | None = None  # context parallelism's exposed p2p ring (s, in `micro`; context_parallel.py)
+    tensor_bw: Arr | float = 0.0  # the tensor-parallel collectives' bandwidth seconds per step (in `micro`)
+    tensor_bwd: Arr | float = 0.0  # the part of tensor_bw sent during backward (Entry.backward)
+    stream_bw: tuple[Arr, Arr] | None = None  # bandwidth seconds of `grad` and of `gather` (links busy: contention)
 
 
 @dataclass(frozen=True)
@@ -130,13 +132,15 @@ def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
 
 
 def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Links, g: GemmModel, stage: str,
-           rows: Arr, zero: Arr | None = None, tpo: Arr | None = None) -> StageScores:
+           rows: Arr, zero: Arr | None = None, tpo: Arr | None = None, overlap: bool | Arr = False) -> StageScores:
     """Per-config quantities (counts, payloads, compute) are computed once per configuration of `b`;
     only the link-dependent times are evaluated per layout (`rows` maps layouts to configurations)."""
     F, H = _flags(stage, b.pp)
     entries = traffic.entries(F, H)
     n = len(rows)
     micro, step, sent, grad, gather = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n), np.zeros(n)
+    tensor_bw, tensor_bwd, tensor = np.zeros(n), np.zeros(n), set(MODES[mode].axes)
+    grad_bw, gather_bw = np.zeros(n), np.zeros(n)
     alternating = MODES[mode].alternating
     grad_axes = traffic.data_axes  # the mode's grad_axes; with context parallelism dp x cp
     fsdp: dict[str, tuple[Arr, Arr]] = {}
@@ -169,10 +173,16 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             if e.kind in ("all_reduce", "reduce_scatter") and e.axes == grad_axes \
                     and np.any(e.payload > 64):
                 grad += tm
+                grad_bw += np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
             if e.kind == "all_gather" and traffic.zero == 1 and e.axes == grad_axes:
                 gather += tm
+                gather_bw += np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
         else:
             micro += tm
+            if tensor and set(e.axes) <= tensor:
+                seconds = np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
+                tensor_bw += seconds
+                tensor_bwd += seconds * (np.asarray(e.backward) / np.maximum(e.payload, 1))[rows]
         sent += np.where(e.count > 0, e_sent, 0.0)
     ring = None
     if d.cp > 1:  # context parallelism's p2p ring, overlapped with attention block by block (context_parallel.py)
@@ -186,12 +196,14 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     n_local = stage_layers_params(d, mode, b, F, H)
     shard = np.where(zero >= 1, traffic.group_size(traffic.zero_axes), 1) if zero is not None else 1.0
     optim = (optimizer_time(n_local, d.c, g, shard) + fp8_step_time(d, mode, b, F, H, g))[rows]
-    m = MODES[mode]
-    n_last = np.where(F > 0, m.local_params(d, b.t, b.q, 0, 1, 0), m.local_params(d, b.t, b.q, 1, 0, 0))
-    first_frac = 1.0 / np.maximum(stage_layers(d.L, b.pp, b.v, F, H), 1)
-    last_frac = np.minimum(1.0, n_last / np.maximum(n_local, 1))
-    return StageScores(entries, micro, step, sent[rows], compute, grad, first_frac[rows], last_frac[rows], optim,
-                       gather, fsdp, ring)
+    releases = ()
+    if np.any(overlap):
+        dp = traffic.group_size(traffic.data_axes) if traffic.zero == 1 else np.ones_like(b.dp)
+        layers = stage_layers(d.L, b.pp, b.v, F, H) * np.ones_like(b.dp)
+        releases = tuple(x[rows] for x in release_profile(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp),
+                                                          H * np.ones_like(b.dp), dp, b.v, traffic.bucket_bytes))
+    return StageScores(entries, micro, step, sent[rows], compute, grad, releases, optim,
+                       gather, fsdp, ring, tensor_bw, tensor_bwd, (grad_bw, gather_bw))
 
 
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
@@ -212,8 +224,13 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
                           tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
-    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows) for s in STAGES)
+    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap) for s in STAGES)
+    contend = slowdown(links, len(rows))  # tensor collectives beside the data-parallel stream (contention.py)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
+        full, ov = d.recompute == "full", np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
+        stages = tuple(replace(st, micro=st.micro + fsdp_extra(st.fsdp, st.compute, st.micro, st.tensor_bw,
+                                                               st.tensor_bwd, contend, full, traffic.zero, ov))
+                       for st in stages)
         n_zero = traffic.group_size(traffic.zero_axes)
         ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
         parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
@@ -240,18 +257,23 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
                 else np.zeros(len(rows), dtype=bool))
         pp, v = b.pp[rows], b.v[rows]
         index = {"first": np.zeros_like(pp), "middle": np.where(pp > 2, 1, 0), "last": pp - 1}
-        exposed = np.max([exposed_grad_time(np.where(half, st.grad / 2, st.grad), share * (st.compute + st.micro) / N,
-                                            st.grad_first, st.grad_last, index[name], pp, v,
-                                            (_flags(name, b.pp)[0] > 0)[rows])
-                          for name, st in zip(STAGES, stages, strict=True)], axis=0)
+        grads = [np.where(half, st.grad / 2, st.grad) for st in stages]
+        bwd = [share * (st.compute + st.micro) / N for st in stages]
+        # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
+        late = [grad_extra(np.where(half, st.stream_bw[0] / 2, st.stream_bw[0]), bw, st.tensor_bwd / N, contend,
+                           *stream_window(st.releases, v)) for bw, st in zip(bwd, stages, strict=True)]
+        exposed = np.max([exposed_grad_time(gr, bw + x, index[name], pp, v, st.releases)
+                          for name, st, gr, bw, x in zip(STAGES, stages, grads, bwd, late, strict=True)], axis=0)
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed
-        step_comm = step_comm - np.where(overlap, hidden, 0.0)
+        step_comm = step_comm - np.where(overlap, hidden - np.stack(late)[slow, idx], 0.0)
     if param_overlap and traffic.zero == 1:  # exposed gather: max(0, gather - one chunk's forward of the stage)
         fwd_share = 0.25 if d.recompute == "full" else 1.0 / 3.0
         fwd = fwd_share * (pick("compute") + pick("micro")) / (N * b.v[rows])
         gather = pick("gather")
-        step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd))
+        gather_bw = np.stack([st.stream_bw[1] for st in stages])[slow, idx]  # type: ignore[index]
+        early = extra(gather_bw, fwd, (pick("tensor_bw") - pick("tensor_bwd")) / (N * b.v[rows]), contend)  # contention
+        step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd - early)) + early
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
         shards = traffic.group_size(traffic.zero_axes)
@@ -299,6 +321,8 @@ def layout_links(layout: Layout, cache: LinkCache) -> Links:
         axes_ok = tuple(a for a in wide if a in names)
         bw, lat = cache.get(place, axes_ok)
         links[axes] = (np.array([bw]), np.array([lat]))
+    tensor, data = shared_axes(layout.tensor_mode.axes, layout.hybrid)
+    links[SHARED] = tuple(np.array([x]) for x in cache.get_shared(place, tensor, data))  # type: ignore[assignment]
     return links
 
 
@@ -342,20 +366,22 @@ def estimate(
     fsdp_prefetch: bool = False,
     grad_bytes: int = 4,
     bucket_bytes: int = BUCKET_BYTES,
+    gather_16bit: bool = False,
     fp8_scaling: str = "delayed",
 ) -> StepEstimate:
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
     `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before);
     `fsdp_prefetch`: zero=2/3 as FSDP runs them (fsdp_overlap.py); `grad_bytes`: the runtime's gradient element
-    bytes (memory only: the reductions are priced in fp32). `bucket_bytes`: the gradient bucket limit (default
-    the executor's, modes/buckets.BUCKET_BYTES; a published run priced with its stack's own,
+    bytes (memory and the gradient reductions' payload, Dims.grad_dtype); `gather_16bit`: zero=1's parameter
+    all_gather sends the 16-bit parameters (Runtime.param_gather_16bit). `bucket_bytes`: the gradient bucket
+    limit (default the executor's, modes/buckets.BUCKET_BYTES; a published run priced with its stack's own,
     calibration/from_runs.py). `fp8_scaling`: how the runtime scales FP8 tensors (Runtime.fp8_scaling, fp8.py)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
     check(fp8_scaling in FP8_SCALINGS, f"fp8 scaling {fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
-    # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
-                              fp8_scaling=fp8_scaling), layout.cp, layout.cp_comm)
+                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling),
+                      layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)
     if layout.zero >= 2 and layout.pp > 1 and d.tied:

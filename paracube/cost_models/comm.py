@@ -70,6 +70,7 @@ class Entry:
     per_step: bool = False  # once per step (gradients, grad norm, metrics), not per micro-batch
     factors: tuple[Arr, Arr] | None = None  # (latency_factor, sent_factor) of (kind, n): computed once
     tpo: str = ""  # the GEMM these calls overlap with under tpo (modes.base.Collective.tpo; cost_models/tpo.py)
+    backward: Arr | float = 0.0  # bytes of `payload` sent during backward (layer backward, full recompute's forward)
 
     def _factors(self) -> tuple[Arr, Arr]:
         if self.factors is None:
@@ -164,14 +165,19 @@ class StepTraffic:
         for s in SOURCES:
             scale[s + ".kept"] = np.where(self.kw == 1, once[s], scale[s])
         out: list[Entry] = []
+        # in backward: the layers' backward lists and, under full recomputation, their recomputed forward
+        late = {"layer_bwd": N * layers, "layer_bwd.kept": scale["layer_bwd.kept"],
+                "layer_fwd": N * (recompute - 1) * layers}
         for (kind, axes, dtype), by_source in self.sums.items():
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
-            out.append(self._entry(kind, axes, dtype, count, payload))
+            back = sum(late[s] * p for s, (_, p) in by_source.items() if s in late)
+            out.append(replace(self._entry(kind, axes, dtype, count, payload), backward=back))
         for (tag, kind, axes, dtype), by_source in self.tpo_sums.items():
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
-            out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag))
+            back = sum(late[s] * p for s, (_, p) in by_source.items() if s in late)
+            out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag, backward=back))
         if self.zero >= 2:  # per micro-batch: unit reduce-scatters; zero=3 gathers (traffic._zero_micro_batch)
             units, padded, held, _, _ = self.units(first, last)  # pp > 1: none held (unit_totals)
             single = b.pp == 1
@@ -199,8 +205,12 @@ class StepTraffic:
         single = b.pp == 1
         dp: tuple[str, ...] = ()
         if self.zero == 1:  # sharded over grad_axes (dp; 2.5D: dp, dep), as traffic.py lists them
-            out.append(self._entry("reduce_scatter", self.data_axes, F32, count, padded_grads, per_step=True))
-            out.append(self._entry("all_gather", self.data_axes, F32, count, padded_grads, per_step=True))
+            g = self.d.grad_bytes  # the buckets' element (Dims.grad_dtype): fp32, or 16-bit gradients
+            out.append(self._entry("reduce_scatter", self.data_axes, self.d.grad_dtype, count, padded_grads * g // 4,
+                                   per_step=True))
+            gathered = padded_grads * self.d.gather_bytes // 4  # fp32 masters or the 16-bit parameters
+            out.append(self._entry("all_gather", self.data_axes, F32 if self.d.gather_bytes == 4 else self.d.dtype,
+                                   count, gathered, per_step=True))
             dp = cp_after_dp(("dp",), self.d.cp)
         elif self.zero >= 2:  # per step: HSDP's replica all_reduce; zero=2's parameter all_gather (fp32)
             units, padded, _, _, _ = self.units(first, last)
@@ -211,7 +221,8 @@ class StepTraffic:
                 out.append(self._entry("all_gather", self.zero_axes, F32, units * one, 4 * padded, per_step=True))
             dp = cp_after_dp(("dp_shard",) if self.hybrid else ("dp",), self.d.cp)
         else:
-            out.append(self._entry("all_reduce", self.data_axes, F32, count, grads, per_step=True))
+            out.append(self._entry("all_reduce", self.data_axes, self.d.grad_dtype, count,
+                                   grads * self.d.grad_bytes // 4, per_step=True))
         # Tied embeddings, pp > 1: the first and last stage sum their copies' gradients (traffic.stage_events).
         tied = int(self.d.tied) * (b.pp > 1) * np.maximum(first, last)
         emb = 4 * m.embedding_shard(self.sizes.V, 0, self.d.h, b.t, b.q)

@@ -49,6 +49,7 @@ class Dims:
     embedding_dropout: float = 0.0  # on the embedding output (first stage)
     fp8: bool = False  # TrainingSpec.dtype "fp8": the block linears' GEMMs on FP8 inputs (cost_models/fp8.py)
     grad_bytes: int = 4  # bytes per gradient element the runtime keeps (Runtime.grad_bytes; memory.py)
+    gather_16bit: bool = False  # zero=1 all-gathers the c-byte parameters, not fp32 (Runtime.param_gather_16bit)
     fp8_scaling: str = "delayed"  # how the runtime scales FP8 tensors (Runtime.fp8_scaling; cost_models/fp8.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
     # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
@@ -74,6 +75,18 @@ class Dims:
             return 0
         q = self.h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
         return q + self.h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+
+    @property
+    def grad_dtype(self) -> str:
+        """The gradient buckets' dtype, what the data-parallel reduction sends: fp32 (grad_bytes 4: paracube's
+        executor, Megatron's grad_reduce_in_fp32), else the 16-bit compute dtype (DeepSpeed's ZeRO; Megatron
+        with grad_reduce_in_fp32=False, as NeMo's FP8 performance recipes run)."""
+        return "float32" if self.grad_bytes == 4 else ("bfloat16" if self.c != 2 or self.fp8 else self.dtype)
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes per element of zero=1's parameter all_gather: fp32 masters, or the compute copy (gather_16bit)."""
+        return self.c if self.gather_16bit else 4
 
     def head_count(self, first: Any, last: Any) -> Any:
         """1 where a stage holds its own head [h, V] (last, and not tied to its own embedding), else 0."""

@@ -105,20 +105,44 @@ class LinkTable:
         ids = np.asarray(flat, dtype=np.int64)
         load = np.bincount(ids, minlength=len(cap)) if ids.size else np.zeros(len(cap), dtype=np.int64)
         ratio = load[ids] / cap[ids]  # float64 division per link, as load[link] / cap[link] was
-        worst = [0.0] * len(paths)
-        nonempty = [i for i, n in enumerate(sizes) if n]
-        if nonempty:
-            starts = np.cumsum([0, *sizes[:-1]])[nonempty]
-            for i, w in zip(nonempty, np.maximum.reduceat(ratio, starts).tolist(), strict=True):
-                worst[i] = w
-
-        def score(i: int) -> tuple[float, float, int]:
-            return round(worst[i], 12), round(alphas[i], 15), int(i == prefer)
-
-        best = max(range(len(paths)), key=score)
+        best = _busiest(ratio, sizes, alphas, prefer)
         mine = paths[best]
         own: Counter[int] = Counter(link for p in mine for link in p)
         out = tuple(tuple((link, max(int(load[link]), own[link]) / own[link]) for link in p) for p in mine)
+        self._tid += 1
+        return Template(self._tid, name, out, alphas[best], frozenset(own))
+
+    def ring_template(self, name: str, groups: np.ndarray, prefer: int = 0) -> Template:
+        """`template` of the node-major rings of `groups` (an [n_groups, size] rank array). A hop that crosses
+        nodes runs as the topology's channels (topology.ring_channels: NCCL's channels over the NICs the ring's
+        members own); a hop of C channels is one flow whose rate R puts share x R on each channel's links, so a
+        link's load k(e) and the representative's own r(e) sum shares and its weight is share x k(e) / r(e):
+        the analytic engine's fractional link load, link for link. Without split hops: `template` itself."""
+        groups = np.asarray(groups)
+        channels_of = getattr(self.topo, "ring_channels", None)  # a duck-typed topology may route hops whole
+        if channels_of is None:
+            return self.template(name, ring_hops_many(groups), prefer)
+        chans = [channels_of(g) for g in groups.tolist()]
+        if all(len(c) == 1 for g in chans for c in g):
+            return self.template(name, [[(s, r) for ((s, r, _),) in g] for g in chans], prefer)
+        paths = [[[(self.path(s, r), share) for s, r, share in hop] for hop in g] for g in chans]
+        cap = np.asarray(self.cap)
+        flat = [link for g in paths for hop in g for p, _ in hop for link in p]
+        weights = [share for g in paths for hop in g for p, share in hop for _ in p]
+        ids = np.asarray(flat, dtype=np.int64)
+        load = np.bincount(ids, weights=weights, minlength=len(cap)) if ids.size else np.zeros(len(cap))
+        alphas = [max((self._alpha[id(p)] for hop in g for p, _ in hop), default=0.0) for g in paths]
+        sizes = [sum(len(p) for hop in g for p, _ in hop) for g in paths]
+        ratio = load[ids] / cap[ids]
+        best = _busiest(ratio, sizes, alphas, prefer)
+        mine = paths[best]
+        own: Counter[float] = Counter()
+        for hop in mine:
+            for p, share in hop:
+                for link in p:
+                    own[link] += share
+        out = tuple(tuple((link, share * max(float(load[link]), own[link]) / own[link]) for p, share in hop
+                          for link in p) for hop in mine)
         self._tid += 1
         return Template(self._tid, name, out, alphas[best], frozenset(own))
 
@@ -139,6 +163,19 @@ def ring_hops(group: Sequence[int]) -> list[tuple[int, int]]:
     if len(ranks) < 2:
         return []
     return list(zip(ranks, ranks[1:] + ranks[:1], strict=True))
+
+
+def _busiest(ratio: np.ndarray, sizes: list[int], alphas: list[float], prefer: int) -> int:
+    """The group whose path set is the busiest (highest load / capacity on any of its links: the one that sets the
+    collective's rate), ties to the larger latency, then to `prefer`; `ratio` is per link of the groups' paths in
+    order, `sizes` the links per group."""
+    worst = [0.0] * len(sizes)
+    nonempty = [i for i, n in enumerate(sizes) if n]
+    if nonempty:
+        starts = np.cumsum([0, *sizes[:-1]])[nonempty]
+        for i, w in zip(nonempty, np.maximum.reduceat(ratio, starts).tolist(), strict=True):
+            worst[i] = w
+    return max(range(len(sizes)), key=lambda i: (round(worst[i], 12), round(alphas[i], 15), int(i == prefer)))
 
 
 __all__ = ["LinkTable", "Template", "ring_hops", "ring_hops_many"]

@@ -12,6 +12,9 @@ are flow *classes*: on a link e a representative hop stands for `weight = k(e) /
 counts the hops of every concurrent group of that axis in the stage crossing e and r(e) the
 representative's own hops crossing e. Weighted max-min (sum of weight x rate <= capacity on every link) then
 gives each hop the rate it would get with all concurrent groups simulated, when they are symmetric.
+A ring hop that crosses nodes runs as parallel channels (topology.ring_channels, NCCL's channels over the node's
+NICs): one flow whose rate R puts share x R on each channel's links, so k(e) and r(e) sum shares and a link's
+weight is share x k(e) / r(e) -- the analytic engine's fractional link load (event_links.ring_template).
 
 A job is one collective: `steps` synchronized ring steps; in each, a latency `alpha` then every hop moves
 `chunk` bytes (cost_models/collective.ring_steps: steps x chunk = the bytes a rank sends); the step ends when
@@ -87,12 +90,21 @@ class FlowNetwork:
         self.env = env
         self.cap = list(capacities)
         self.active: list[_Job] = []
-        self.link_jobs: Counter[int] = Counter()
         self._last = 0.0
         self._gen = 0
         self._rate_cache: dict[tuple, list[float]] = {}
         self._step_cache: dict[tuple[int, float], float] = {}
+        self._meet: dict[tuple[int, int], bool] = {}  # (tid, tid) -> the two templates share a link
         self.stats = Counter()
+
+    def _shares(self, a: Template, b: Template) -> bool:
+        """Whether templates a and b use a common link (memoized: a run asks it for every active pair; a ring
+        crossing nodes through its channels has many links)."""
+        key = (a.tid, b.tid) if a.tid <= b.tid else (b.tid, a.tid)
+        hit = self._meet.get(key)
+        if hit is None:
+            hit = self._meet[key] = not a.links.isdisjoint(b.links)
+        return hit
 
     # --- public -----------------------------------------------------------------------------------
     def run(self, tpl: Template, steps: int, chunk: float) -> simpy.Event:
@@ -105,13 +117,11 @@ class FlowNetwork:
             return done
         self._advance()
         job = _Job(tpl, steps, float(chunk), done)
-        sharing = [j for j in self.active if j.tpl.links & tpl.links]
+        sharing = [j for j in self.active if self._shares(j.tpl, tpl)]
         for other in sharing:
             if other.mode == "iso":
                 self._materialize(other)
         self.active.append(job)
-        for link in tpl.links:
-            self.link_jobs[link] += 1
         if sharing:
             job.mode, job.until = "lat", self.env.now + tpl.alpha
         else:
@@ -184,14 +194,12 @@ class FlowNetwork:
                 job.step += 1
                 if job.step >= job.steps:
                     finished.append(job)
-                elif any(j is not job and j.tpl.links & job.tpl.links for j in self.active):
+                elif any(j is not job and self._shares(j.tpl, job.tpl) for j in self.active):
                     job.mode, job.until = "lat", now + job.tpl.alpha
                 else:
                     self._go_iso(job)  # alone again: jump over the remaining steps
         for job in finished:
             self.active.remove(job)
-            for link in job.tpl.links:
-                self.link_jobs[link] -= 1
             job.done.succeed()
 
     def _rates(self) -> None:

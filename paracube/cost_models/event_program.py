@@ -32,14 +32,14 @@ from paracube.cost_models.event_context import ring_ops
 from paracube.cost_models.event_ops import Op, StageProgram
 from paracube.cost_models.fsdp_overlap import prefetch_program
 from paracube.cost_models.tpo import program_gemm_steps
-from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events, zero_group
+from paracube.cost_models.traffic import act_split, micro_batch_events, parameter_units, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import context
 from paracube.modes.base import Collective
-from paracube.modes.buckets import BUCKET_BYTES
-from paracube.modes.stages import schedule, stage_chunks
+from paracube.modes.buckets import BUCKET_BYTES, release_counts
+from paracube.modes.stages import schedule, stage_chunks, stage_layers
 
 PER_STEP = ("grad_sync", "optimizer", "metrics")
 BEFORE_FWD = ("X", "A", "bias", "in", "stats", "param")  # the rest (Y, g, out) come after the GEMM
@@ -142,15 +142,12 @@ def _apply_tpo(ops: list[Op], layout: Layout, d: Dims, comp: dict) -> list[Op]:
     return out
 
 
-def _release_buckets(grads: list[Op], produced: int, layer: int, ops: list[Op]) -> int:
-    """Issue (asynchronously, into `ops`) every gradient bucket whose bytes the backward has produced by the
-    end of `layer`; returns the bytes produced but not yet issued."""
-    while grads and grads[0].event.payload_bytes <= produced:  # type: ignore[union-attr]
-        op = grads.pop(0)
-        produced -= op.event.payload_bytes  # type: ignore[union-attr]
+def _release_buckets(grads: list[Op], n: int, layer: int, ops: list[Op]) -> None:
+    """Issue (asynchronously, into `ops`) the next `n` gradient buckets (all with n < 0), labelled by `layer`."""
+    for op in grads[:len(grads) if n < 0 else n]:
         ev = replace(op.event, label=f"gradients.layers.{layer}")  # type: ignore[union-attr]
         ops.append(Op("comm", ev.label, event=ev, asynchronous=True))
-    return produced
+    del grads[:len(grads) if n < 0 else n]
 
 
 Grouped = dict[tuple[int, str], dict[str, list[CommEvent]]]
@@ -214,7 +211,6 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     if buckets:
         for op in grads:
             tail.remove(op)
-    total = sum(op.event.payload_bytes for op in grads)  # type: ignore[union-attr]
     for c in range(v):
         if head[c]:
             prog.bwd[c] += _units_bwd(HEAD_UNITS, early.get((-1, "bwd"), {}), comp, "", overlap)
@@ -224,21 +220,22 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
         if first and c == 0:
             prog.bwd[c] += _units_bwd(("emb",), early.get((-1, "bwd"), {}), {}, "", False)
     # The last micro-batch's backward runs chunk v-1 first and chunk 0 last: the order the gradient buckets
-    # (reverse registration order: head, blocks from the last, embedding) fill. A block's backward produces
-    # its parameters' gradients; the head's come with the first block; the embedding's after its backward.
-    per_layer = 4 * int(local_params(d, layout.mode, layout.tensor_size, layout.q, 1, False, False))
-    emb_bytes = 4 * int(local_params(d, layout.mode, layout.tensor_size, layout.q, 0, True, False)) if first else 0
-    produced = max(0, total - layers * per_layer - emb_bytes)  # the head's (last stage), released with block 1
+    # (reverse registration order: head, blocks from the last, embedding) fill; each is issued once its elements
+    # are produced (modes/buckets.release_counts, which the analytic engine reads too: grad_overlap.py).
+    counts = release_counts(parameter_units(layout.mode, d, layout.tensor_size, layout.q,
+                                            int(stage_layers(d.L, pp, v, int(first), int(last))), first, last),
+                            first, last, zero_group(layout) if layout.zero == 1 else 1, bucket_bytes)
+    j = 0
     for c in reversed(range(v)):
         for i in reversed(range(bounds[c], bounds[c + 1])):
             prog.bwd_last[c] += _layer_bwd(late, units, comp, i, rec, overlap)
-            if buckets:
-                done = c == 0 and i == bounds[0] and not first
-                produced = _release_buckets(grads, total if done else produced + per_layer, i, prog.bwd_last[c])
+            if buckets and j < len(counts) - 1:
+                _release_buckets(grads, counts[j], i, prog.bwd_last[c])
+            j += 1
         if first and c == 0:
             prog.bwd_last[c] += _units_bwd(("emb",), late.get((-1, "bwd"), {}), {}, "", False)
-            if buckets:
-                _release_buckets(grads, total, 0, prog.bwd_last[c])
+        if buckets and c == 0:  # the rest once the stage's backward ends (the embedding's on the first stage)
+            _release_buckets(grads, -1, bounds[0], prog.bwd_last[c])
     if buckets:
         tail.insert(0, Op("wait", "gradients.wait"))
     if param_overlap and layout.zero == 1:

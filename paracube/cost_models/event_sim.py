@@ -29,7 +29,6 @@ from paracube.cost_models import event_fuse
 from paracube.cost_models.collective import call_steps, ring_steps
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.event_fuse import Fused, compile_ops, compute_phase
-from paracube.cost_models.event_links import ring_hops_many
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template
 from paracube.cost_models.event_ops import Op, StageProgram, StageStats
 from paracube.cost_models.event_program import schedule
@@ -95,8 +94,7 @@ class Sim:
                 groups = groups[self.stage_of[groups[:, 0]] == stage]
             rep = self.reps[0 if "pp" in axes else stage]
             prefer = int(np.nonzero((groups == rep).any(axis=1))[0][0])
-            hops = ring_hops_many(np.asarray(groups))
-            tpl = self.links.template(f"stage{stage}:{'.'.join(axes)}", hops, prefer)
+            tpl = self.links.ring_template(f"stage{stage}:{'.'.join(axes)}", np.asarray(groups), prefer)
             self._templates[key] = tpl
         return tpl
 

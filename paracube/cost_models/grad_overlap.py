@@ -2,62 +2,104 @@
 
 With `overlap` each stage issues its gradient buckets (reverse registration order: head, blocks from the last,
 embedding) on the data-parallel stream as the backward of its step's last micro-batch produces them, and, when
-interleaved, per model chunk: chunk c's buckets once chunk c's last backward has produced them (Megatron-core
-enables grad sync on each chunk's last micro-batch; the executor's grad_sync.py; the event engine simulates it:
+interleaved, per model chunk: chunk c's blocks during chunk c's last backward (Megatron-core enables grad sync on
+each chunk's last micro-batch; the executor's grad_sync.py; the event engine simulates it:
 event_program.build_stage's `bwd_last`). What the analytic model needs is how long after the pipeline's last
 backward (stage 0's, chunk 0's) the queue of buckets drains.
 
+Which bucket leaves when: modes/buckets.release_counts, read by both engines. A bucket is issued at the end of
+the block whose backward completes its elements, so
+- the head's gradients leave with the first block's, and a bucket that straddles two blocks waits for the
+  second: the queue lags the backward by up to one bucket;
+- the last release, when the stage's backward ends, carries the last block's gradients, the remainder of the
+  bucket it completes and (first stage) the embedding's, whose backward has no GEMM to hide them behind.
+Pricing the tail at the embedding's bucket alone (this module before 2026-12) hid one block and one bucket
+more than the simulated queue: 5-9% of a step once rings crossing nodes used every NIC (fit4) and made the
+gradient stream about as fast as the backward, where the queue, not the stream, decides.
+
 Timing (times relative to the end of the pipeline's last backward, b = one micro-batch's backward on the stage,
-all chunks, and slot = b / v one chunk's): in the interleaved 1F1B order (modes/stages.py; Narayanan et al. 2021,
+all chunks, slot = b / v one chunk's): in the interleaved 1F1B order (modes/stages.py; Narayanan et al. 2021,
 Megatron's schedule) the last pp v backwards of every stage are the last micro-batch group, chunk v-1 first,
-pp backwards per chunk, and stage s's last backward precedes stage 0's by s chunk slots (virtual stages s-1 .. 0
-follow it). So chunk c of stage s ends its last backward at
-    r_c = -(s + c pp) slot                                     (v = 1: -s b, the 1F1B cool-down)
-and produces its buckets in proportion to that slot: the first after one block (fraction x1_c = v x1 of the
-slot), the last (one block's, or the embedding's on the first stage: L_c) when it ends. A FIFO queue of bucket
-times G_c (chunks in order v-1 .. 0; G_<c the chunks queued after c) fed so drains at
-    finish = max over c of max(r_c - slot (1 - x1_c) + G_c + G_<c,  r_c + L_c + G_<c)
-(either the queue never idles after chunk c's first bucket, or chunk c's last bucket is its tail); the exposed
-time is max(0, finish), and the step pays the largest over its stages. With v = 1 on stage 0 this is the pp = 1
-form max(0, G - b (1 - x1), xl G) (analytic.py's docstring). Chunks split a stage's blocks evenly; the
-embedding's bytes (first stage, chunk 0) are its own term.
+pp backwards per chunk, and stage s's last backward precedes stage 0's by s chunk slots. So chunk c of stage s
+ends its last backward at r_c = -(s + c pp) slot (v = 1: -s b, the 1F1B cool-down), and a release after a
+fraction f of that chunk's blocks happens at r_c - slot (1 - f) (blocks evenly timed, the head's backward
+spread over them). A FIFO stream fed releases j at times t_j with S_j the fraction of the stage's bucket time G
+released at or after j drains at
+    finish = max over j of (t_j + S_j G)
+(exact: the last idle moment of the stream precedes some release); the exposed time is max(0, finish), and the
+step pays the largest over its stages. With one bucket per block and v = 1 on stage 0 this is the pp = 1 form
+max(0, G - b (1 - x1), xl G) (analytic.py's docstring; x1 = 1 / blocks, xl the last release's share).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numpy.typing import NDArray
 
+from paracube.cost_models.dims import Dims
+from paracube.cost_models.traffic import parameter_units
+from paracube.modes.buckets import bucket_numels, padded_numel, release_counts
+
 Arr = NDArray[np.float64]
+Profile = tuple[Arr, Arr, Arr]  # per layout and release: chunk, fraction of the chunk's blocks done, S_j
 
 
-def exposed_grad_time(grad: Arr, backward: Arr, first_frac: Arr, last_frac: Arr, stage_index: Arr, pp: Arr,
-                      v: Arr, has_embedding: Arr) -> Arr:
+@lru_cache(maxsize=4096)
+def _releases(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int, v: int,
+              bucket_bytes: int) -> tuple[tuple[float, float, float], ...]:
+    """(chunk, fraction of its blocks done, share of the bucket bytes released then or later) per release."""
+    units = parameter_units(mode, d, t, q, layers, first, last)
+    sizes = [padded_numel(n, dp) for n in bucket_numels([n for u in units for n in u], bucket_bytes)]
+    counts = release_counts(units, first, last, dp, bucket_bytes)
+    total, issued, out = max(sum(sizes), 1), 0, []
+    per = max(layers, 1) / v  # blocks per chunk (analytic: an even split)
+    for j, n in enumerate(counts):
+        if n:
+            done = min(j + 1, max(layers, 1))  # blocks finished (the final release: all of them)
+            chunk = v - 1 - min(int((done - 1) // per), v - 1)
+            out.append((float(chunk), (done - (v - 1 - chunk) * per) / per, sum(sizes[issued:]) / total))
+        issued += n
+    return tuple(out)
+
+
+def release_profile(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr, last: Arr, dp: Arr, v: Arr,
+                    bucket_bytes: int) -> Profile:
+    """Per layout (arrays alike), padded to the most releases: (chunk, fraction, S); S = 0 pads."""
+    cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), np.shape(t)) for x in (t, q, layers, first, last, dp, v)]
+    keys = np.stack(cols, axis=-1).reshape(-1, len(cols))
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    rel = [_releases(mode, d, int(k[0]), int(k[1]), int(k[2]), bool(k[3]), bool(k[4]), int(k[5]), int(k[6]),
+                     bucket_bytes) for k in uniq]
+    width = max([len(r) for r in rel] + [1])
+    table = np.zeros((len(uniq), width, 3))
+    for i, r in enumerate(rel):
+        if r:
+            table[i, :len(r)] = r
+    out = table[inverse.reshape(-1)]
+    return out[..., 0], out[..., 1], out[..., 2]
+
+
+def exposed_grad_time(grad: Arr, backward: Arr, stage_index: Arr, pp: Arr, v: Arr, profile: Profile) -> Arr:
     """Per layout: seconds of one stage's overlapped gradient reduction left after the pipeline's last backward.
-    grad: the stage's bucket time G; backward: b; first_frac: x1 (1 / blocks of the stage); last_frac: the
-    fraction of G produced last (the embedding's on the first stage, else one block's); stage_index: s;
-    has_embedding: the first stage's chunk 0 ends with the embedding (its last_frac is then the embedding's)."""
-    v = np.maximum(v, 1).astype(np.float64)
-    slot = backward / v
-    emb = np.where(has_embedding, last_frac * grad, 0.0)
-    per_chunk = (grad - emb) / v
-    x1c = np.minimum(1.0, first_frac * v)
-    # the last-produced bytes of a chunk without the embedding: one block's (last_frac where it is a block's)
-    block = np.where(has_embedding, per_chunk * x1c, last_frac * grad)
-    # Both terms are affine in c for c >= 1 (r_c and G_<c grow linearly, g_c and the tail do not depend on c),
-    # so their maximum over chunks 1 .. v-1 is at c = 1 or c = v-1: three chunks priced instead of v (exact).
-    finish = np.full_like(grad, -np.inf)
-    for c in (0, 1, v - 1):
-        live = (c < v) if np.isscalar(c) else (v > 1)
-        later = per_chunk * c + emb  # chunks c-1 .. 0 (and the embedding) queue after chunk c
-        first = np.asarray(c == 0)
-        g_c = per_chunk + np.where(first, emb, 0.0)
-        r = -(stage_index + c * pp) * slot
-        tail = np.where(first & has_embedding, emb, np.minimum(block, per_chunk))
-        terms = np.maximum(r - slot * (1.0 - x1c) + g_c + later - np.where(first, emb, 0.0),
-                           r + tail + later - np.where(first, emb, 0.0))
-        finish = np.where(live, np.maximum(finish, terms), finish)
+    grad: the stage's bucket time G; backward: b; stage_index: s; profile: release_profile's (rows per layout)."""
+    chunk, frac, share = profile
+    slot = (backward / np.maximum(v, 1))[:, None]
+    at = -(stage_index[:, None] + chunk * pp[:, None]) * slot - slot * (1.0 - frac)
+    finish = np.where(share > 0, at + share * grad[:, None], -np.inf).max(axis=1)
     return np.maximum(0.0, finish)
 
 
-__all__ = ["exposed_grad_time"]
+def stream_window(profile: Profile, v: Arr) -> tuple[Arr, Arr]:
+    """Per layout: (x1, the share of the stage's last backward done at its first release; s_end, the share of its
+    bucket time still queued when that backward ends): the stream can be busy beside the backward only between
+    the two, for at most (1 - s_end) G (contention.py)."""
+    chunk, frac, share = profile
+    v = np.maximum(v, 1)
+    x1 = np.where(share[:, 0] > 0, (v - 1 - chunk[:, 0] + frac[:, 0]) / v, 1.0)
+    s_end = np.where((chunk == 0) & (frac >= 1.0), share, 0.0).max(axis=1)
+    return x1, s_end
+
+
+__all__ = ["Profile", "exposed_grad_time", "release_profile", "stream_window"]

@@ -4,6 +4,7 @@ The ranks of a group over mesh axes A depend only on the placement (innermost fi
 > 1 and on which of them belong to A. Adjacent axes with the same membership merge (a 2 x 4 block of
 consecutive ranks is an 8 block), so thousands of layouts share a few hundred distinct queries. For each
 distinct query we call `topo.group_link(groups[0], concurrent=groups[1:])` once.
+`get_shared`: what two sets of groups keep of their bandwidth while both run (topologies/sharing.py), the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from paracube.layout import Layout
+from paracube.topologies.sharing import ratios
+
+SHARED = ("shared",)  # Links key of (tensor ratio, data-parallel ratio): LinkCache.get_shared of the two groups
 
 Runs = tuple[tuple[int, bool], ...]
 
@@ -50,6 +54,7 @@ class LinkCache:
         self.topo = topo
         self._cache: dict[Runs, tuple[float, float]] = {}
         self._keyed: dict[bytes, tuple[float, float]] = {}
+        self._shared: dict[tuple[Runs, Runs], tuple[float, float]] = {}
         self.queries = 0
 
     def get_runs(self, runs: Runs) -> tuple[float, float]:
@@ -76,6 +81,27 @@ class LinkCache:
 
     def get(self, placement: Sequence[tuple[str, int]], axes: Sequence[str]) -> tuple[float, float]:
         return self.get_runs(runs_for(placement, axes))
+
+    def get_shared(self, placement: Sequence[tuple[str, int]], a: Sequence[str],
+                   b: Sequence[str]) -> tuple[float, float]:
+        """(share of its bandwidth the groups over `a` keep, share the groups over `b` keep) while both run
+        (1, 1 where they have no link in common, a group is one rank, or the topology has no link graph)."""
+        key = (runs_for(placement, a), runs_for(placement, b))
+        hit = self._shared.get(key)
+        if hit is None:
+            if not all(any(m for _, m in r) for r in key) or not hasattr(self.topo, "ring_loads"):
+                hit = (1.0, 1.0)
+            else:
+                ga, gb = groups_from_runs(key[0]), groups_from_runs(key[1])
+                hit = ratios(self.topo, ga[0], ga[1:], gb[0], gb[1:])
+            self._shared[key] = hit
+        return hit
+
+
+def shared_axes(mode_axes: Sequence[str], hybrid: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The two groups get_shared splits for a mode: its tensor axes and the data-parallel stream's (dp; HSDP: the
+    shard group)."""
+    return tuple(mode_axes), ("dp_shard",) if hybrid else ("dp",)
 
 
 def placement_of(layout: Layout) -> tuple[tuple[str, int], ...]:

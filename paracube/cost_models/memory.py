@@ -18,7 +18,8 @@ fp32 gradient buffers and (zero=3) two gathered units in temporaries.
 
 Activations of one block for one micro-batch (Korthikanti et al. 2022, bytes for 16-bit activations, scaled
 by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t tensor ranks). The paper's
-34 sbh = 18 sbh + 4 sbf at f = 4h, so for any f we use X = 18 sbh + 4 sbf (llama SwiGLU: 18 sbh + 6 sbf):
+34 sbh = 18 sbh + 4 sbf at f = 4h, so for any f we use X = 18 sbh + 4 sbf (llama SwiGLU: 18 sbh + 6 sbf),
+less 4 (1 - kv/h) sbh with grouped-query attention (K, V) and, llama family, the 2 sbh of the dropout masks:
   none:            X + 5 a s^2 b
   1d:              10 sbh + (X - 10 sbh)/t + 5 a s^2 b/t       (= sbh(10 + 24/t + 5as/(ht)) at f = 4h)
   1d + sp:         (X + 5 a s^2 b)/t                            (= sbh/t (34 + 5as/h))
@@ -69,7 +70,9 @@ def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
     m = MODES[mode]
     s, h = d.s, d.h
     sbh = mb * s * h
-    X = 18 * sbh + (4 if d.family == "gpt" else 6) * mb * s * d.f
+    # Korthikanti's 18 sbh less what grouped-query attention and llama recipes do not keep (_gqa_saving, _MASKS)
+    own = 18 - _gqa_saving(d) - (_MASKS if d.family == "llama" else 0)
+    X = own * sbh + (4 if d.family == "gpt" else 6) * mb * s * d.f
     # 5 a s^2 b: the unfused core's softmax and dropout (fa=0); flash (Transformer Engine's fused attention in
     # Megatron-core) keeps no s x s tensor, as selective recomputation drops it.
     att = 5.0 * d.heads * s * s * mb if recompute == "none" and not d.flash else 0.0
@@ -77,6 +80,17 @@ def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
     if recompute == "full":
         return scale * 2 * sbh / m.act_split(t, b.sp)
     return m.megatron_block(d, X, att, sbh, mb * s, t, q, depth, b.sp, scale)
+
+
+# Korthikanti's per-block count assumes multi-head attention and dropout. Of its attention terms, K and V (2 sbh
+# each) shrink to kv / heads of that with grouped-query attention (d.kv = kv_heads x head dim), a saving of
+# 4 (1 - kv / h) sbh; its two 1-byte-per-element dropout masks (after the attention projection and the MLP, 2 sbh)
+# are not kept by llama-family recipes (Megatron-core / NeMo llama and Nemotron configs: hidden_dropout 0).
+_MASKS = 2
+
+
+def _gqa_saving(d: Dims) -> float:
+    return 4.0 * (1.0 - d.kv / d.h)
 
 
 def in_flight(b: LayoutBatch, N: Arr, first: bool) -> Arr:

@@ -223,9 +223,10 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
         log.events += tied
     for n in buckets:
         if zero == 1:
-            log.add("reduce_scatter", layout.data_axes, 4 * padded_numel(n, shards), F32, "grad_sync", "gradients")
+            log.add("reduce_scatter", layout.data_axes, d.grad_bytes * padded_numel(n, shards), d.grad_dtype,
+                    "grad_sync", "gradients")
         else:
-            log.add("all_reduce", layout.data_axes, 4 * n, F32, "grad_sync", "gradients")
+            log.add("all_reduce", layout.data_axes, d.grad_bytes * n, d.grad_dtype, "grad_sync", "gradients")
     units = zero_unit_numels(layout, d, layers, first, last) if zero >= 2 else []
     for n in units:  # HSDP: each shard summed over the replicas, once per step
         log.add("all_reduce", layout.replica_axes, 4 * n // shards, F32, "grad_sync", "gradients.replicas")
@@ -235,7 +236,8 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
         log.add(*c)
     log.add("all_reduce", norm_axes(layout), 4, F32, "optimizer", "grad_norm")
     for n in buckets if zero1 else []:
-        log.add("all_gather", layout.data_axes, 4 * padded_numel(n, shards), F32, "optimizer", "params")
+        log.add("all_gather", layout.data_axes, d.gather_bytes * padded_numel(n, shards),
+                F32 if d.gather_bytes == 4 else d.dtype, "optimizer", "params")
     for n in units if zero == 2 else []:
         log.add("all_gather", layout.zero_axes, 4 * n, F32, "optimizer", "params")
     metric_axes = ("pp", *metric_data_axes(layout)) if pp > 1 else metric_data_axes(layout)

@@ -16,6 +16,10 @@ each, in reverse order (the order backward completes them), each unit's paramete
 order, padded to a multiple of the shard group (`padded_numel`). At zero=3 the same flat layout is the unit's
 parameter buffer: shard k of a unit's parameters, of its gradient and of its optimizer state is the same
 element range, so the optimizer steps a shard without any gather.
+With overlap (`release_counts`, read by both cost engines) a bucket is issued once the backward has produced all
+of its elements, counted at block boundaries: the head's gradients come with the first block's (the head's
+backward runs before it), a bucket that straddles two blocks waits for the second, and the embedding's (first
+stage), whose backward has no GEMM, leave with whatever the last block left.
 """
 
 from __future__ import annotations
@@ -57,9 +61,32 @@ def bucket_numels(numels: Sequence[int], bucket_bytes: int = BUCKET_BYTES) -> li
     return [sum(int(numels[i]) for i in b) for b in plan_buckets(numels, bucket_bytes)]
 
 
+def release_counts(units: Sequence[Sequence[int]], first: bool, last: bool, dp: int = 1,
+                   bucket_bytes: int = BUCKET_BYTES) -> list[int]:
+    """Buckets (plan_buckets' issue order) issued at the end of each block's backward, blocks in backward order
+    (the stage's last block first), then those issued when the stage's backward ends (the embedding's, on the
+    first stage; on the others the last block's remainder): len(blocks) + 1 counts. `units`: the stage's
+    parameter numels per unit in registration order (embedding if `first`, blocks, final norm + head if
+    `last`); `dp`: the zero=1 shard group each bucket is padded to (1: no padding)."""
+    buckets = [padded_numel(n, dp) for n in bucket_numels([n for u in units for n in u], bucket_bytes)]
+    blocks = units[int(first):len(units) - int(last)]
+    produced = sum(units[-1]) if last else 0  # the head's, complete before the first block's backward ends
+    issued, out = 0, []
+    for block in reversed(blocks):
+        produced += sum(block)
+        n = 0
+        while issued + n < len(buckets) and buckets[issued + n] <= produced:
+            produced -= buckets[issued + n]
+            n += 1
+        issued += n
+        out.append(n)
+    return [*out, len(buckets) - issued]
+
+
 def padded_numel(n: int, dp: int) -> int:
     """A bucket's length rounded up to a multiple of dp (zero=1: equal shards for reduce_scatter)."""
     return -(-n // dp) * dp
 
 
-__all__ = ["BUCKET_BYTES", "GRAD_BYTES", "bucket_numels", "padded_numel", "plan_buckets", "plan_units"]
+__all__ = ["BUCKET_BYTES", "GRAD_BYTES", "bucket_numels", "padded_numel", "plan_buckets", "plan_units",
+           "release_counts"]

@@ -134,6 +134,7 @@ def search(
     runtime: Runtime | str = "paracube",
     memory_headroom: float = 0.0,
     bucket_bytes: int | None = None,
+    grad_bytes: int | None = None,
 ) -> SearchResult:
     """Rank every valid layout of `gpus` devices that the runtime runs (default paracube: each mode's
     ExecutorSupport, modes.executor_runs) by predicted step time; raise ParacubeError if none fits. The zero
@@ -142,7 +143,8 @@ def search(
     scores every placement of every configuration (the same result, slower: for tests and benchmarks).
     `memory_headroom`: the fraction of device memory held back (allocator, NCCL buffers, fragmentation); a
     layout fits in the rest. `bucket_bytes`: the gradient bucket limit the ranked layouts are priced with
-    (None: the executor's, modes/buckets.py; calibration/from_runs.py prices a published run with its stack's)."""
+    (None: the executor's, modes/buckets.py; calibration/from_runs.py prices a published run with its stack's);
+    `grad_bytes` likewise the gradient element (None: the runtime's, Runtime.grad_bytes)."""
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     bad_experts = moe_violations(model, fixed) if fixed is not None else []
@@ -163,8 +165,9 @@ def search(
                                              "the experts and dp x tp, tp a divisor of the heads)"))
         return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
-    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=rt.grad_bytes,  # fa= pinned: that kernel
-                fp8_scaling=rt.fp8_scaling)
+    grad_bytes = rt.grad_bytes if grad_bytes is None else grad_bytes
+    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=grad_bytes,  # fa= pinned: that kernel
+                gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling)
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
     check(0.0 <= memory_headroom < 1.0, f"memory headroom {memory_headroom!r} must be a fraction in [0, 1)")
     mem_cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
@@ -200,8 +203,9 @@ def search(
     # zero=1's parameter gather overlapped with the next forward where the runtime does it (dimensions.py);
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
-    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,
-               "grad_bytes": rt.grad_bytes, "fp8_scaling": rt.fp8_scaling}  # = rt.engine_options()
+    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,  # = rt.engine_options(),
+               "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit,  # grad_bytes: a run's own
+               "fp8_scaling": rt.fp8_scaling}
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         # Placements enter an estimate only through the links of its groups: layouts equal but for a placement

@@ -80,6 +80,10 @@ class Runtime:
     families: tuple[str, ...] = ("gpt", "llama")
     fsdp_prefetch: bool = True  # zero=2/3: gathers prefetched, reduce-scatters asynchronous (all four stacks)
     grad_bytes: int = 4  # bytes per gradient element it keeps: fp32 (Megatron's main_grad, FSDP2's fp32 reduce)
+    # zero=1's parameter all_gather after the step sends the 16-bit parameters (Megatron-core's distributed
+    # optimizer gathers its bf16 param buffer, DeepSpeed ZeRO-1/2 its fp16 ones), not fp32 master shards
+    # (paracube's executor, executor/data_parallel/optim.py)
+    param_gather_16bit: bool = False
     sp_default: bool = False  # sp on whenever tensor parallelism is (torchtitan)
     tied_pp_zero0: bool = False  # tied embeddings with pipelines only at zero=0 (paracube's executor)
     mode_check: ModeCheck | None = None  # finer per-mode support (paracube's executor)
@@ -113,7 +117,8 @@ class Runtime:
         reduce-scatters, `grad_bytes` its gradients' element size, memory.py; `fp8_scaling` how it scales FP8
         tensors, cost_models/fp8.py); planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
         return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
-                "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes, "fp8_scaling": self.fp8_scaling}
+                "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes,
+                "gather_16bit": self.param_gather_16bit, "fp8_scaling": self.fp8_scaling}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,

@@ -38,6 +38,7 @@ RUNTIME = Runtime(
     tpo_needs_sp=False,
     p2p_overlap=False,
     export_target="deepspeed",
+    param_gather_16bit=True,
     grad_bytes=2,  # ZeRO keeps 16-bit gradients (the ZeRO paper's 2 + 2 + 12 bytes per parameter)
     expert_parallel=True,  # DeepSpeed-MoE ep_size; no tensor parallelism inside experts
     expert_tensor_parallel=False,

@@ -32,6 +32,7 @@ RUNTIME = Runtime(
     grad_overlap_pp=True,
     param_gather_overlap=True,
     param_gather_overlap_default=True,
+    param_gather_16bit=True,  # the distributed optimizer all-gathers its bf16 param buffer (param_and_grad_buffer.py)
     tpo=True,
     tpo_default=True,
     tpo_needs_sp=True,

@@ -9,7 +9,9 @@ be priced, and so that what a cost model may ask of a topology is written down i
   `num_devices`, `devices_per_node`, `calibration` and `group_link(ranks, concurrent)` (ring bandwidth and
   per-step latency of a group while the concurrent groups of its mesh axis run);
 - the event engine (`RoutedTopology`) also routes single transfers over the graph: `name`, `graph` (edges
-  carry bandwidth and latency) and `route(a, b)` (the directed edges from rank a to rank b).
+  carry bandwidth and latency), `route(a, b)` (the directed edges from rank a to rank b) and
+  `ring_channels(group)` (each hop of the group's node-major ring as parallel channels: (sending rank,
+  receiving rank, share of the hop's bytes); a topology without it routes every hop as one path).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class RoutedTopology(Topology, Protocol):
     def graph(self) -> Any: ...  # networkx.Graph: edges carry `bandwidth` (bytes/s) and `latency` (s)
 
     def route(self, a: int, b: int) -> list[tuple[str, str]]: ...
+
+    def ring_channels(self, ranks: Sequence[int]) -> list[tuple[tuple[int, int, float], ...]]: ...
 
 
 __all__ = ["Device", "GroupLink", "RoutedTopology", "Topology"]

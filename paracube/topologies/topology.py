@@ -18,6 +18,15 @@ may be listed among them, it is counted once), is routed with `route`. Each dire
 shared equally by the ring hops that cross it. The group's bandwidth is the minimum over its own hops of the
 bottleneck (link bandwidth / hops sharing it) along the hop's path; its latency is the maximum over its own
 hops of the summed link latencies on the path. A group of one rank: infinite bandwidth, zero latency.
+
+Channels (`ring_channels`): NCCL splits a collective over several channels, each a ring of its own that crosses a
+node boundary from a different GPU, so a ring crosses the boundary through every NIC its members own on both
+sides (NCCL's ring graph search, nccl/src/graph/search.cc, puts one NIC per channel on rail-optimized DGX).
+A hop that crosses nodes is therefore routed as C = min(distinct NICs of the group's members on the sending
+node, on the receiving node, RING_CHANNELS) parallel channels, the i-th sending member to the i-th receiving
+member (first member per NIC, by rank: same rail on DGX), each carrying 1/C of the hop's bytes. A link's load
+is the summed fraction of the hops crossing it, so concurrent rings through one node share its NICs; a group
+with one member per node (tp=8 inside the node) has one channel, as before.
 Results are cached per (sorted group, set of sorted concurrent groups), so reordered queries hit the cache.
 """
 
@@ -39,6 +48,9 @@ from paracube.topologies.device import DeviceSpec, _positive
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
+Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
+# NCCL opens 16+ channels on NVSwitch systems (NCCL_MAX_NCHANNELS 32); the NICs (<= 8 per node) bound them first.
+RING_CHANNELS = 16
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,7 @@ class Topology:
         self._edges: list[Edge] = list(self._bw)  # id -> edge (route() reads the hop cache's ids)
         self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
         self._hop_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
+        self._channel_cache: dict[tuple[tuple[int, ...], tuple[int, ...], int, int], Channels] = {}  # crossings
 
     @property
     def calibration(self) -> Calibration | None:
@@ -325,25 +338,83 @@ class Topology:
                                             sum(self._lat[e] for e in edges))
         return hops
 
+    def _owners(self, members: tuple[int, ...]) -> tuple[int, ...]:
+        """The first member (by rank) of each distinct NIC the members use."""
+        seen: dict[str | None, int] = {}
+        for r in members:
+            seen.setdefault(self._nic_of(self._ranks[r]), r)
+        return tuple(seen.values())
+
+    def _crossing(self, src: tuple[int, ...], dst: tuple[int, ...], a: int, b: int) -> Channels:
+        """Channels of hop a -> b between nodes whose group members are `src` and `dst` (module docstring)."""
+        key = (src, dst, a, b)
+        out = self._channel_cache.get(key)
+        if out is None:
+            senders, receivers = self._owners(src), self._owners(dst)
+            c = max(1, min(len(senders), len(receivers), RING_CHANNELS))
+            pairs = [(a, b)] if c == 1 else list(zip(senders[:c], receivers[:c], strict=False))
+            out = self._channel_cache[key] = tuple((s, r, 1.0 / c) for s, r in pairs)
+        return out
+
+    def _ring_channels(self, group: tuple[int, ...]) -> list[Channels]:
+        """Per hop of the (sorted) group's node-major ring: its channels as (sender, receiver, share of the
+        hop's bytes); one channel, the hop itself, inside a node."""
+        dpn = self.devices_per_node
+        by_node: dict[int, list[int]] = {}
+        for r in group:
+            by_node.setdefault(r // dpn, []).append(r)
+        if len(by_node) == 1:
+            return [((a, b, 1.0),) for a, b in self._ring(group)]
+        members = {n: tuple(m) for n, m in by_node.items()}
+        return [((a, b, 1.0),) if a // dpn == b // dpn else self._crossing(members[a // dpn], members[b // dpn], a, b)
+                for a, b in self._ring(group)]
+
+    def ring_channels(self, ranks: Sequence[int]) -> list[Channels]:
+        """The channels of each hop of the group's node-major ring (ranks sorted; module docstring): per hop,
+        (sending rank, receiving rank, share of the hop's bytes) of each channel; route(s, r) is its path."""
+        return self._ring_channels(self._group(ranks))
+
     def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
-        """Ring hops crossing each directed edge (indexed like _bw_arr) when `groups` run at once."""
-        hop = self._hops
-        ids = [hop(a, b)[0] for group in groups for a, b in self._ring(group)]
-        if not ids:
-            return np.zeros(len(self._bw_arr), dtype=np.int64)
-        return np.bincount(np.concatenate(ids), minlength=len(self._bw_arr))
+        """Ring hops crossing each directed edge (indexed like _bw_arr) when `groups` run at once; a hop split
+        into C channels puts 1/C on each channel's edges."""
+        n, hop = len(self._bw_arr), self._hops
+        whole: list[np.ndarray] = []  # hops on one path: integer counts, as before channels
+        split: list[np.ndarray] = []
+        shares: list[np.ndarray] = []
+        for group in groups:
+            for chans in self._ring_channels(group):
+                if len(chans) == 1:
+                    whole.append(hop(chans[0][0], chans[0][1])[0])
+                    continue
+                for s, r, share in chans:
+                    ids = hop(s, r)[0]
+                    split.append(ids)
+                    shares.append(np.full(len(ids), share))
+        load = np.bincount(np.concatenate(whole), minlength=n) if whole else np.zeros(n, dtype=np.int64)
+        if split:
+            load = load + np.bincount(np.concatenate(split), weights=np.concatenate(shares), minlength=n)
+        return load
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
         if len(group) < 2:
             return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
         load = self._load_cached(groups)
-        hops = [self._hops(a, b) for a, b in self._ring(group)]
+        # a hop's rate R puts share x R on each channel's edges: R <= bw / load on every edge (equal hop rates)
+        hops = [self._hops(s, r) for chans in self._ring_channels(group) for s, r, _share in chans]
         ids = np.concatenate([h[0] for h in hops])
         # min over hops of min over edges of bw / load == min over all the group's edges (same float divisions)
         bandwidth = float((self._bw_arr[ids] / load[ids]).min()) if len(ids) else math.inf
         latency = max((h[1] for h in hops), default=0.0)
         return GroupLink(bandwidth, max(latency, 0.0), len(per_node), max(per_node.values()))
+
+    def ring_loads(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> tuple[np.ndarray, ...]:
+        """(edge ids of the group's ring hops, ring hops crossing every edge with `concurrent` running, every
+        edge's bandwidth): what topologies/sharing.py splits between two sets of groups running at once."""
+        group = self._group(ranks)
+        ids = [self._hops(s, r)[0] for chans in self._ring_channels(group) for s, r, _ in chans]
+        edges = np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
+        return edges, self._load_cached(self._groups(concurrent) | {group}), self._bw_arr
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
         """Ring bandwidth and per-step latency of `ranks`, sharing links with `concurrent` groups."""
