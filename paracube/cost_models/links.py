@@ -51,6 +51,7 @@ class LinkCache:
         self._cache: dict[Runs, tuple[float, float]] = {}
         self._keyed: dict[bytes, tuple[float, float]] = {}
         self.queries = 0
+        self.memo: dict = {}  # derived queries over the same topology (cost_models/moe_a2a.py)
 
     def get_runs(self, runs: Runs) -> tuple[float, float]:
         hit = self._cache.get(runs)

@@ -11,7 +11,8 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   efficiency: each expert's GEMM at its own shape on the device's GEMM curve, compute.GemmModel.eff, so few
   tokens per expert or narrow experts run at low efficiency); dispatch and combine all_to_all over ep (and
   the etp all_gather / reduce_scatter), each priced on the folded group's ranks (in-node or across nodes by
-  the placement, LinkCache), the most loaded rank's share x imbalance; backward: GEMMs 2x, the same four
+  the placement, LinkCache; an all_to_all as every rank's flows to its peers, moe_a2a.py), the most loaded
+  rank's share x imbalance; backward: GEMMs 2x, the same four
   collectives; full recomputation runs the forward again (dispatch included, as Megatron-core recomputes);
 - per step: the expert gradients' all_reduce over edp (fp32; exposed, or under the last backward as
   grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
@@ -37,6 +38,7 @@ from paracube.cost_models.compute import GemmModel, attention_core_time, optimiz
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
+from paracube.cost_models.moe_a2a import A2A, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.estimate import CommEvent
@@ -100,6 +102,7 @@ def expert_links(layout: Layout, cache: LinkCache) -> dict[tuple[str, ...], tupl
     """The folded groups' links, and the tensor group's (the aux loss's counts, moe_counts.py)."""
     place = expert_placement(layout)
     links = {axes: cache.get(place, axes) for axes in (("ep",), ("etp",), ("edp",))}
+    links[A2A + ("ep",)] = a2a_link(cache, place, ("ep",))  # dispatch / combine / counts (moe_a2a.py)
     tensor = tuple(layout.tensor_axes)
     if tensor:
         links[tensor] = cache.get(placement_of(layout), tensor)
@@ -156,7 +159,7 @@ def routed(e: CommEvent) -> bool:
 def comm_time(e: CommEvent, links: dict, imbalance: float, g: GemmModel | None = None) -> float:
     """One MoE collective's seconds on its group's links, plus the device's per-call wait (GemmModel.call_wait,
     0 on accelerators; the event engine's Sim adds the same per call)."""
-    bw, lat = links[e.axes]
+    bw, lat = links[A2A + e.axes] if e.kind == "all_to_all" else links[e.axes]
     t = float(collective_time(e.kind, e.group_size, 1, e.payload_bytes, bw, lat))
     wait = float(np.asarray(g.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype)).ravel()[0]) \
         if g is not None and g.waits else 0.0

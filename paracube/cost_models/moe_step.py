@@ -59,9 +59,14 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     w = work[slow]
     bubble = (layout.pp - 1) / (layout.interleave * n) * w
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
-    # window (one queue on the same NICs): exposed max(0, G_e - max(0, 2/3 W / N - G_d)).
+    # window (one queue on the same NICs): exposed max(0, G_e - max(0, 2/3 (W / N - A) - G_d)), A the micro-batch's MoE
+    # collectives where the expert group spans nodes (else 0).
     dense_grad = float(scores.stages[STAGE_NAMES.index(slow)].grad[0])
-    window = max(0.0, 2.0 / 3.0 * w / n - dense_grad)
+    # An expert group wider than a node: its all_to_alls hold the NICs the expert gradients (over edp, outside it)
+    # need, so only the rest of the backward hides them (the event engine's links are shared max-min fairly).
+    dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
+    busy = c.comm if layout.ep * layout.etp > dpn else 0.0
+    window = max(0.0, 2.0 / 3.0 * (w / n - busy) - dense_grad)
     grad = max(0.0, c.step_comm - window) if layout.overlap else c.step_comm
     step = w + bubble + rest + grad + c.norm_comm + c.optim
     heavy = max(("first", "last"), key=lambda s: _total(est.memory, costs[s].memory))
