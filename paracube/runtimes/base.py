@@ -98,6 +98,7 @@ class Runtime:
     cp_note: str = ""  # why it has no context parallelism (cp_comms empty)
     fp8_zeros: tuple[int, ...] | None = None  # zero stages it trains fp8 with (None: every zero stage it runs)
     fp8_tpo: bool = True  # it runs tpo with fp8 GEMMs
+    fp8_experts: bool = False  # with fp8, the routed experts' grouped GEMMs run FP8 too (TE's grouped linear)
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
@@ -105,11 +106,12 @@ class Runtime:
     def engine_options(self) -> dict[str, bool]:
         """The cost models' options for how this stack overlaps zero's parameter gathers (analytic.estimate,
         event.simulate: `param_overlap` zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's
-        prefetch and asynchronous reduce-scatters, `grad_bytes` its gradients' element size, memory.py);
+        prefetch and asynchronous reduce-scatters, `grad_bytes` its gradients' element size, memory.py;
+        `fp8_experts` its routed experts' GEMMs in FP8 with --dtype fp8, cost_models/moe.py);
         planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
         return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
                 "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes,
-                "gather_16bit": self.param_gather_16bit}
+                "gather_16bit": self.param_gather_16bit, "fp8_experts": self.fp8_experts}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
