@@ -16,7 +16,9 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
 - benchmarks/data/published_runs_fsdp.csv: torchtitan FSDP2 on 64 A100 (held out, not fitted).
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
-  recomputation assumed), held out, not fitted; GPT-OSS-120B not listed (sliding-window attention).
+  recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);
+  GPT-OSS-120B not listed (sliding-window attention). One MoE figure, the all-to-all's NIC efficiency
+  (cost_models/moe_a2a.A2A_NIC_EFF), is fitted on qwen3-235b-256 alone (split `fit`); the other rows are held out.
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.
@@ -47,6 +49,7 @@ from paracube.calibration.from_runs import (  # noqa: E402
     read_runs,
     shipped_fit,
 )
+from paracube.cost_models.moe_a2a import A2A_NIC_EFF, A2A_NIC_SOURCE  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
 from paracube.topologies.efficiency import FABRICS, FP8_GEMM, GENERATIONS, sources  # noqa: E402
 from paracube.topologies.nvswitch import fabrics  # noqa: E402
@@ -86,6 +89,7 @@ def _figures() -> None:
         print(line)
     print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
                                     for k, f in FABRICS.items()))
+    print(f"  MoE all-to-all across nodes: {A2A_NIC_EFF:.2f} of the NIC's line rate ({A2A_NIC_SOURCE})")
     print("where each figure comes from, per preset:")
     for name, p in PRESETS.items():
         if p.fixed_nodes or name not in ("dgx2-v100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"):

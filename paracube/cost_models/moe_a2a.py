@@ -47,7 +47,7 @@ A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe.expe
 # of the fabric's ring-fitted efficiency, efficiency.FABRICS). FITTED on ONE row, qwen3-235b-256
 # (benchmarks/data/published_runs_moe.csv, Megatron-Bridge 25.09, ep=32 over 4 DGX H100 nodes); the other MoE rows
 # are held out. NDR InfiniBand only was fitted; the other fabrics of the NVSwitch presets borrow it.
-A2A_NIC_EFF = 0.80
+A2A_NIC_EFF = 0.92
 A2A_NIC_SOURCE = "fitted on qwen3-235b-256 (benchmarks/data/published_runs_moe.csv) only; other fabrics borrow it"
 
 
