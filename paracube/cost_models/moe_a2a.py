@@ -60,7 +60,9 @@ def _near(groups: np.ndarray, rep: int, dpn: int) -> tuple[np.ndarray, int]:
 
 
 def nic_scale(topo: object) -> float:
-    """A2A_NIC_EFF over the fabric efficiency the preset's fabric links carry (1: a topology of nominal rates)."""
+    """A2A_NIC_EFF over the fabric efficiency an NVSwitch preset's fabric links carry (its shipped one,
+    efficiency.FABRICS; a preset built with other fitted figures, from_runs' refit, is scaled as if shipped); 1 for
+    any other topology (its links' rates as given)."""
     name = str(getattr(topo, "name", ""))
     if name not in SYSTEMS:
         return 1.0
