@@ -71,3 +71,16 @@ def test_expert_gradients_in_the_runtimes_element() -> None:
     full, half = grad_event(model, layout, 0, d), grad_event(model, layout, 0, replace(d, grad_bytes=2))
     assert full is not None and half is not None
     assert (full.dtype, half.dtype) == ("float32", "bfloat16") and full.payload_bytes == 2 * half.payload_bytes
+
+
+def test_the_middle_stage_priced_is_the_one_with_most_moe_blocks() -> None:
+    """DeepSeek-V3 as published (61 blocks on pp 8 x v 4, the first three dense): stage 1 holds two dense blocks, so
+    the analytic engine's middle stage is stage 2 with eight MoE blocks (the event engine simulates every stage)."""
+    from paracube.cost_models.moe import moe_layers_of
+    from paracube.cost_models.moe_step import stage_index
+
+    model, layout = PRESETS["deepseek-v3"], parse_layout("dp=64,pp=8,ep=64,tp=1d:2,mb=1,v=4,sp,zero=1")
+    blocks = [moe_layers_of(model, layout, s) for s in range(8)]
+    mid = stage_index("middle", 8, model, layout)
+    assert blocks[1] == 6 and blocks[mid] == max(blocks[1:-1]) == 8 and mid == 2
+    assert stage_index("middle", 8) == 1  # without the model: stage 1, as the dense engine's middle
