@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--moe", default=str(MOE), help="mixture-of-experts runs, held out")
     ap.add_argument("--runtime", default="megatron",
                     help="the runtime each row is planned for (a row's runtime column overrides it)")
-    ap.add_argument("--refit", action="store_true", help="re-run the Hopper, Blackwell and MoE all-to-all fits (minutes)")
+    ap.add_argument("--refit", action="store_true", help="re-run the Hopper, Blackwell, MoE all-to-all fits (minutes)")
     args = ap.parse_args()
     files = [read_runs(f, tuple(PRESETS)) if f else [] for f in (args.runs, args.today, args.fsdp, args.moe)]
     _figures()
