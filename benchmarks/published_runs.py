@@ -16,7 +16,9 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
 - benchmarks/data/published_runs_fsdp.csv: torchtitan FSDP2 on 64 A100 (held out, not fitted).
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
-  recomputation assumed), held out, not fitted; GPT-OSS-120B not listed (sliding-window attention).
+  recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);
+  GPT-OSS-120B not listed (sliding-window attention). One MoE figure, the all-to-all's NIC efficiency
+  (cost_models/moe_a2a.A2A_NIC_EFF), is fitted on qwen3-235b-256 alone (split `fit`); the other rows are held out.
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.
@@ -25,7 +27,7 @@ for their pricing here (calibration/from_runs.py).
 The shipped efficiencies (topologies/efficiency.py, per device generation and fabric) are printed first with
 where each came from ("NOT FITTED" where no run exercises a figure). `--refit` re-runs the fits that produced
 the Hopper and Blackwell figures (calibration/from_runs.fit_runs on each cluster's fit rows, the free figures of
-HOPPER_FREE / BLACKWELL_FREE) and prints them (minutes).
+HOPPER_FREE / BLACKWELL_FREE) and the MoE all-to-all's (refit_moe, on its one fit row), and prints them (minutes).
 Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--moe CSV] [--runtime NAME]
        [--refit]
 """
@@ -47,6 +49,7 @@ from paracube.calibration.from_runs import (  # noqa: E402
     read_runs,
     shipped_fit,
 )
+from paracube.cost_models.moe_a2a import A2A_NIC_EFF, A2A_NIC_SOURCE  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
 from paracube.topologies.efficiency import FABRICS, FP8_GEMM, GENERATIONS, sources  # noqa: E402
 from paracube.topologies.nvswitch import fabrics  # noqa: E402
@@ -87,6 +90,7 @@ def _figures() -> None:
         print(line)
     print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
                                     for k, f in FABRICS.items()))
+    print(f"  MoE all-to-all across nodes: {A2A_NIC_EFF:.2f} of the NIC's line rate ({A2A_NIC_SOURCE})")
     print("where each figure comes from, per preset:")
     for name, p in PRESETS.items():
         if p.fixed_nodes or name not in ("dgx2-v100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"):
@@ -116,6 +120,24 @@ def refit(today: list[Run]) -> None:
         print(f"  {r.name:18s} {r.split:8s} {r.measured_s:8.3f} {e:+7.1%}")
 
 
+def refit_moe(moe: list[Run]) -> None:
+    """A2A_NIC_EFF on the MoE fit row alone: the efficiency in (0.3, 1] whose prediction meets the measured step
+    (bisection: a faster all-to-all only shortens the step)."""
+    from paracube.cost_models import moe_a2a
+
+    for r in (r for r in moe if r.split == "fit"):
+        def err(x: float, r: Run = r) -> float:
+            moe_a2a.A2A_NIC_EFF = x
+            return predict(r, preset_topology(r), "megatron")[1] / r.measured_s - 1
+        lo, hi = 0.3, 1.0
+        for _ in range(14):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if err(mid) > 0 else (lo, mid)
+        print(f"refit A2A_NIC_EFF on {r.name}: {(lo + hi) / 2:.3f} (error {err((lo + hi) / 2):+.2%}; shipped "
+              f"{A2A_NIC_EFF:.2f})")
+    moe_a2a.A2A_NIC_EFF = A2A_NIC_EFF
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(DATA))
@@ -124,7 +146,7 @@ def main() -> None:
     ap.add_argument("--moe", default=str(MOE), help="mixture-of-experts runs, held out")
     ap.add_argument("--runtime", default="megatron",
                     help="the runtime each row is planned for (a row's runtime column overrides it)")
-    ap.add_argument("--refit", action="store_true", help="re-run the Hopper and Blackwell fits (minutes)")
+    ap.add_argument("--refit", action="store_true", help="re-run the Hopper, Blackwell, MoE all-to-all fits (minutes)")
     args = ap.parse_args()
     files = [read_runs(f, tuple(PRESETS)) if f else [] for f in (args.runs, args.today, args.fsdp, args.moe)]
     _figures()
@@ -169,6 +191,7 @@ def main() -> None:
                     print(f"  {group:10s} {split + label:14s} {_errors(sel)}")
     if args.refit:
         refit(files[1])
+        refit_moe(files[3])
 
 
 if __name__ == "__main__":

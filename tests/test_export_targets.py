@@ -74,7 +74,8 @@ PLANS: dict[str, Plan] = {
     "moe-qwen3-ep": make("qwen3-30b-a3b", "dp=8,pp=2,ep=4,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
     "moe-qwen3-fsdp-ep": make("qwen3-30b-a3b", "dp=8,ep=8,tp=1d:2,mb=1,sp,zero=3,overlap", batch=256),
     "moe-deepseek-mla-etp": make("deepseek-v3", "dp=16,ep=8,etp=2,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
-    # what `paracube plan --model deepseek-v3 --cluster dgx-h100 --gpus 1024` chooses with paracube's runtime
+    # what `paracube plan --model deepseek-v3 --cluster dgx-h100 --gpus 1024` chose with paracube's runtime before
+    # the all_to_all crossed nodes through each rank's own NIC (cost_models/moe_a2a.py; it now keeps ep in a node)
     "moe-deepseek-paracube": make("deepseek-v3", "dp=128,ep=256,tp=1d:8,mb=2,sp,zero=1,overlap", recompute="none"),
     # context parallelism (issue #24): the ring (megatron's p2p) and the all-gather (megatron's all_gather,
     # torchtitan's allgather rotation), with pipelines; fp8 alone and with cp

@@ -57,7 +57,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
              overlap: bool = False, timeline: bool = True, with_events: bool = True,
              param_overlap: bool = False, fsdp_prefetch: bool = False, grad_bytes: int = 4,
              bucket_bytes: int = BUCKET_BYTES, fuse: bool = True, gather_16bit: bool = False,
-             fp8_scaling: str = "delayed") -> EventResult:
+             fp8_scaling: str = "delayed", fp8_experts: bool = False) -> EventResult:
     """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats.
     `param_overlap`: zero=1's parameter all_gathers overlapped with the first forward (event_program.py);
     `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters asynchronous (fsdp_overlap.py);
@@ -71,10 +71,11 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
           f"{getattr(topo, 'name', topo)!r} has {n_dev} (ranks 0..{n_dev - 1})")
     base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
                              fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes,
-                             bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling)
+                             bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling,
+                             fp8_experts=fp8_experts)
     # a cp rank's view; MoE blocks: moe_program.with_blocks
     d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
-                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling),
+                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts),
                       layout.cp, layout.cp_comm)  # traffic.py's elements
     mb, _ = resolve_micro_batch(layout, d)
     n_micro = d.global_batch // (layout.dp * mb)
@@ -122,11 +123,12 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
 def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                    with_events: bool = True, overlap: bool = False, param_overlap: bool = False,
                    fsdp_prefetch: bool = False, grad_bytes: int = 4, bucket_bytes: int = BUCKET_BYTES,
-                   gather_16bit: bool = False, fp8_scaling: str = "delayed") -> StepEstimate:
+                   gather_16bit: bool = False, fp8_scaling: str = "delayed", fp8_experts: bool = False) -> StepEstimate:
     """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
     return simulate(model, training, layout, topo, overlap=overlap, timeline=False, with_events=with_events,
                     param_overlap=param_overlap, fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes,
-                    bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling).estimate
+                    bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling,
+                    fp8_experts=fp8_experts).estimate
 
 
 def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
@@ -141,16 +143,18 @@ def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout:
     bucket_bytes = int(options.pop("bucket_bytes", BUCKET_BYTES))  # type: ignore[call-overload]
     gather_16bit = bool(options.pop("gather_16bit", False))  # zero=1's gather in 16 bits (Runtime.param_gather_16bit)
     fp8_scaling = str(options.pop("fp8_scaling", "delayed"))
+    fp8_experts = bool(options.pop("fp8_experts", False))  # the routed experts' GEMMs in FP8 (Runtime.fp8_experts)
     if engine == "analytic":
         check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
         return analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
                                  fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes, bucket_bytes=bucket_bytes,
-                                 gather_16bit=gather_16bit, fp8_scaling=fp8_scaling)
+                                 gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts)
     if engine == "event":
         extra = sorted(set(options) - {"overlap"})
         check(not extra, f"unknown event-engine options {extra}; valid: overlap")
         return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)),
-                              param_overlap, fsdp_prefetch, grad_bytes, bucket_bytes, gather_16bit, fp8_scaling)
+                              param_overlap, fsdp_prefetch, grad_bytes, bucket_bytes, gather_16bit, fp8_scaling,
+                              fp8_experts)
     raise unknown("engine", engine, ENGINES)
 
 

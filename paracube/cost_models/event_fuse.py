@@ -138,8 +138,8 @@ def prepare(sim: Sim) -> None:
                 axes = op.event.axes
                 if "pp" in axes and op.event.group_size >= sim.layout.pp:
                     continue  # a barrier of every stage (event_sim.Sim._barrier): it runs while all stages wait
-                key = sim.template_key(s, axes)
-                links[key] = sim.template(0 if "pp" in axes else s, axes).links
+                key = sim.template_key(s, axes, op.event.kind)
+                links[key] = sim.template(0 if "pp" in axes else s, axes, op.event.kind).links
                 if op.asynchronous or op.tag or "pp" in axes:  # may run alongside a job on the same template
                     shared.add(key)
     pp, v = sim.layout.pp, sim.layout.interleave
@@ -155,10 +155,11 @@ def cost(sim: Sim, stage: int, op: Op) -> tuple[float, float, int] | None:
     """(wait, seconds, ring steps) of a fusible op on a private template; None otherwise."""
     if op.kind == "compute":
         return 0.0, op.seconds, 0
-    if not fusible(op) or sim.template_key(stage, op.event.axes) not in sim.private:
+    if not fusible(op) or sim.template_key(stage, op.event.axes, op.event.kind) not in sim.private:
         return None
     steps, chunk, wait = sim.call_of(op.event)
-    ring = steps * sim.net.step_time(sim.template(stage, op.event.axes), chunk) if steps > 0 else 0.0
+    tpl = sim.template(stage, op.event.axes, op.event.kind)
+    ring = steps * sim.net.step_time(tpl, chunk) if steps > 0 else 0.0
     return wait, wait + ring, steps
 
 

@@ -112,6 +112,11 @@ class LinkTable:
         self._tid += 1
         return Template(self._tid, name, out, alphas[best], frozenset(own))
 
+    def new_template(self, name: str, hops: tuple[tuple[tuple[int, float], ...], ...], alpha: float) -> Template:
+        """A template of hops built elsewhere (cost_models/moe_a2a.py: an all_to_all's flows), with its own id."""
+        self._tid += 1
+        return Template(self._tid, name, hops, alpha, frozenset(link for hop in hops for link, _ in hop))
+
     def ring_template(self, name: str, groups: np.ndarray, prefer: int = 0) -> Template:
         """`template` of the node-major rings of `groups` (an [n_groups, size] rank array). A hop that crosses
         nodes runs as the topology's channels (topology.ring_channels: NCCL's channels over the NICs the ring's

@@ -33,6 +33,7 @@ from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template
 from paracube.cost_models.event_ops import Op, StageProgram, StageStats
 from paracube.cost_models.event_program import schedule
 from paracube.cost_models.event_trace import Span
+from paracube.cost_models.moe_a2a import a2a_template
 from paracube.cost_models.tpo import runs
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -81,11 +82,12 @@ class Sim:
 
     # --- templates --------------------------------------------------------------------------------
     @staticmethod
-    def template_key(stage: int, axes: tuple[str, ...]) -> tuple:
-        return (stage if "pp" not in axes else -1, axes)
+    def template_key(stage: int, axes: tuple[str, ...], kind: str = "") -> tuple:
+        return (stage if "pp" not in axes else -1, axes, kind == "all_to_all")
 
-    def template(self, stage: int, axes: tuple[str, ...]) -> Template:
-        key = self.template_key(stage, axes)
+    def template(self, stage: int, axes: tuple[str, ...], kind: str = "") -> Template:
+        """The ring of a stage's groups over `axes`; an all_to_all's flows to every peer (moe_a2a.py)."""
+        key = self.template_key(stage, axes, kind)
         tpl = self._templates.get(key)
         if tpl is None:
             groups = (self.layout.expert_groups(".".join(axes)) if axes[0] in EXPERT_AXES  # MoE folding
@@ -94,7 +96,12 @@ class Sim:
                 groups = groups[self.stage_of[groups[:, 0]] == stage]
             rep = self.reps[0 if "pp" in axes else stage]
             prefer = int(np.nonzero((groups == rep).any(axis=1))[0][0])
-            tpl = self.links.ring_template(f"stage{stage}:{'.'.join(axes)}", np.asarray(groups), prefer)
+            name = f"stage{stage}:{'.'.join(axes)}"
+            dpn = getattr(self.topo, "devices_per_node", 0)
+            if kind == "all_to_all" and groups.shape[1] > 1 and hasattr(self.topo, "route") and dpn:
+                tpl = a2a_template(self.links, name + ":a2a", np.asarray(groups), rep, int(dpn))
+            else:
+                tpl = self.links.ring_template(name, np.asarray(groups), prefer)
             self._templates[key] = tpl
         return tpl
 
@@ -155,17 +162,17 @@ class Sim:
         if wait:  # for the group's ranks to be scheduled (DeviceSpec call and ring waits)
             yield self.env.timeout(wait)
         if op.alongside:  # a cp ring step: the transfer alongside one block's attention (event_context.py)
-            yield simpy.AllOf(self.env, [self.net.run(self.template(stage, e.axes), steps, chunk),
+            yield simpy.AllOf(self.env, [self.net.run(self.template(stage, e.axes, e.kind), steps, chunk),
                                          self.env.process(self.gemm(stage, op))])
         elif op.gemm_steps and steps == len(op.gemm_steps):  # tpo: each exchange beside its GEMM chunk (tpo.py)
             for k, seconds in runs(op.gemm_steps):
-                ring = self.net.run(self.template(stage, e.axes), k, chunk)
+                ring = self.net.run(self.template(stage, e.axes, e.kind), k, chunk)
                 yield simpy.AllOf(self.env, [ring, self.env.process(self.gemm(stage, op, k * seconds))]) \
                     if seconds > 0 else ring
         else:
             if op.gemm > 0:
                 yield from self.gemm(stage, op)
-            yield self.net.run(self.template(stage, e.axes), steps, chunk)
+            yield self.net.run(self.template(stage, e.axes, e.kind), steps, chunk)
         if stream is not None and req is not None:
             stream.release(req)
         self._comm_done(stage, op.name, e, t0, busy0)
@@ -196,7 +203,7 @@ class Sim:
             wait = self.call_of(e)[2]
             if wait:
                 yield self.env.timeout(wait)
-            yield self.net.run(self.template(0, e.axes), steps, chunk)
+            yield self.net.run(self.template(0, e.axes, e.kind), steps, chunk)
             slot[1].succeed()
         else:
             yield slot[1]

@@ -56,6 +56,7 @@ class LinkCache:
         self._keyed: dict[bytes, tuple[float, float]] = {}
         self._shared: dict[tuple[Runs, Runs], tuple[float, float]] = {}
         self.queries = 0
+        self.memo: dict = {}  # derived queries over the same topology (cost_models/moe_a2a.py)
 
     def get_runs(self, runs: Runs) -> tuple[float, float]:
         hit = self._cache.get(runs)

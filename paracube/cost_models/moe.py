@@ -11,8 +11,12 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   efficiency: each expert's GEMM at its own shape on the device's GEMM curve, compute.GemmModel.eff, so few
   tokens per expert or narrow experts run at low efficiency); dispatch and combine all_to_all over ep (and
   the etp all_gather / reduce_scatter), each priced on the folded group's ranks (in-node or across nodes by
-  the placement, LinkCache), the most loaded rank's share x imbalance; backward: GEMMs 2x, the same four
-  collectives; full recomputation runs the forward again (dispatch included, as Megatron-core recomputes);
+  the placement, LinkCache; an all_to_all as every rank's flows to its peers, moe_a2a.py), the most loaded
+  rank's share x imbalance; memory-bound passes at the device's memory rate (pass_bytes: the token permute, the
+  sort by local expert and back, the unpermute, the experts' SwiGLU; Megatron-core's moe_utils.permute /
+  sort_chunks_by_idxs / unpermute); with fp8 and a runtime that runs them so (Runtime.fp8_experts, Dims), the
+  experts' GEMMs at the FP8 model with their casts (compute.GemmModel.block_linear_gemms); backward: GEMMs 2x,
+  the same four collectives; full recomputation runs the forward again (dispatch included, as Megatron-core recomputes);
 - per step: the expert gradients' all_reduce over edp (fp32; exposed, or under the last backward as
   grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
 - attention correction (MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden / heads, Qwen3):
@@ -37,6 +41,7 @@ from paracube.cost_models.compute import GemmModel, attention_core_time, optimiz
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
+from paracube.cost_models.moe_a2a import A2A, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.estimate import CommEvent
@@ -100,6 +105,7 @@ def expert_links(layout: Layout, cache: LinkCache) -> dict[tuple[str, ...], tupl
     """The folded groups' links, and the tensor group's (the aux loss's counts, moe_counts.py)."""
     place = expert_placement(layout)
     links = {axes: cache.get(place, axes) for axes in (("ep",), ("etp",), ("edp",))}
+    links[A2A + ("ep",)] = a2a_link(cache, place, ("ep",))  # dispatch / combine / counts (moe_a2a.py)
     tensor = tuple(layout.tensor_axes)
     if tensor:
         links[tensor] = cache.get(placement_of(layout), tensor)
@@ -129,6 +135,17 @@ def _events(colls: list, d: Dims, z: ExpertSizes, layout: Layout, phase: str, bl
     return out
 
 
+def pass_bytes(d: Dims, layout: Layout, ffn: int, local: int, T: int, R: float) -> tuple[float, float]:
+    """(forward, backward) bytes of one block's memory-bound passes on the most loaded rank (module docstring):
+    permute 2 R h, the sort by local expert and back 4 R h (ep > 1 and several local experts), unpermute 2 R h + T h,
+    the experts' SwiGLU 3 R f_e / etp forward (twice that backward: its inputs and gradient read, two written)."""
+    c, h = d.c, d.h
+    sort = 4 * R * h if layout.ep > 1 and local > 1 else 0.0
+    moves = c * (2 * R * h + sort + 2 * R * h + T * h)
+    act = c * 3 * R * ffn / layout.etp
+    return moves + act, moves + 2 * act
+
+
 def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, block: int = 0) -> BlockCost:
     moe = model.moe
     assert moe is not None
@@ -137,11 +154,16 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     local = moe.experts // layout.ep
     m = max(R / local, 1.0)
     fe = moe.expert_ffn // layout.etp
-    up = g.gemms(m, 2 * fe, d.h)  # gate and up fused [h, 2 f_e / etp]
-    down = g.gemms(m, d.h, fe)
+    # FP8 where the runtime runs the experts' GEMMs so (Dims.fp8_experts): the fp8 model and its casts, as a block
+    # linear's; the router stays bf16 (Megatron-core keeps it out of fp8_autocast)
+    gemms = g.block_linear_gemms if d.fp8 and d.fp8_experts else g.gemms
+    up = gemms(m, 2 * fe, d.h)  # gate and up fused [h, 2 f_e / etp]
+    down = gemms(m, d.h, fe)
     router = g.gemms(T, moe.experts, d.h)
-    fwd = local * float(up[0] + down[0]) + float(router[0])
-    bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2])
+    pf, pb = pass_bytes(d, layout, moe.expert_ffn, local, T, R)
+    bw = g.mem_bw * g.mem_eff
+    fwd = local * float(up[0] + down[0]) + float(router[0]) + pf / bw
+    bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2]) + pb / bw
     z = ExpertSizes(T=T, k=moe.top_k, received=R / layout.etp)
     return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp), d, z, layout, "fwd", block),
                      _events(block_bwd(d, layout.etp), d, z, layout, "bwd", block), T, R,
@@ -156,7 +178,7 @@ def routed(e: CommEvent) -> bool:
 def comm_time(e: CommEvent, links: dict, imbalance: float, g: GemmModel | None = None) -> float:
     """One MoE collective's seconds on its group's links, plus the device's per-call wait (GemmModel.call_wait,
     0 on accelerators; the event engine's Sim adds the same per call)."""
-    bw, lat = links[e.axes]
+    bw, lat = links[A2A + e.axes] if e.kind == "all_to_all" else links[e.axes]
     t = float(collective_time(e.kind, e.group_size, 1, e.payload_bytes, bw, lat))
     wait = float(np.asarray(g.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype)).ravel()[0]) \
         if g is not None and g.waits else 0.0
@@ -171,12 +193,14 @@ def expert_params_per_rank(model: ModelSpec, layout: Layout, stage: int) -> int:
     return moe_layers_of(model, layout, stage) * per_block
 
 
-def grad_event(model: ModelSpec, layout: Layout, stage: int) -> CommEvent | None:
+def grad_event(model: ModelSpec, layout: Layout, stage: int, d: Dims | None = None) -> CommEvent | None:
     n = expert_params_per_rank(model, layout, stage)
     if n == 0 or layout.expert_data == 1:
         return None
-    # zero >= 1 reduce-scatters and gathers back instead: the same bytes and ring steps as this all_reduce
-    return CommEvent("all_reduce", ("edp",), layout.expert_data, 4 * n, "float32", "grad_sync", "expert_gradients")
+    # zero >= 1 reduce-scatters and gathers back instead: the same bytes and ring steps as this all_reduce; in the
+    # runtime's gradient element (Dims.grad_bytes; fp32 without dims)
+    size, dtype = (d.grad_bytes, d.grad_dtype) if d is not None else (4, "float32")
+    return CommEvent("all_reduce", ("edp",), layout.expert_data, size * n, dtype, "grad_sync", "expert_gradients")
 
 
 def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float, int]:
@@ -241,7 +265,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     edp = layout.expert_data
     z3, z2, z1 = (edp if layout.zero >= s else 1 for s in (3, 2, 1))
     out.memory["parameters"] += d.c * (n_exp / z3 + n_att)
-    out.memory["gradients"] += 4 * (n_exp / z2 + n_att)
+    out.memory["gradients"] += d.grad_bytes * (n_exp / z2 + n_att)  # the runtime's gradient element (Dims)
     out.memory["optimizer"] += optimizer_bytes(d.c) * (n_exp / z1 + n_att)
     if k:
         moe = model.moe
@@ -267,7 +291,9 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         acts = d.c * (b.received * d.h + 3 * b.received * moe.expert_ffn / layout.etp) + 4 * b.tokens * moe.experts
         out.memory["activations"] += (1 if rec else k) * in_flight * acts
         out.memory["temporaries"] += 2 * d.c * b.tokens * moe.top_k * d.h
-    ge = grad_event(model, layout, stage)
+        if d.fp8 and d.fp8_experts:  # each expert weight's FP8 copy and its transpose (fp8.WEIGHT_COPY_BYTES)
+            out.memory["temporaries"] += 2.0 * n_exp
+    ge = grad_event(model, layout, stage, d)
     if ge is not None:
         bw, lat = links[ge.axes]
         out.step_comm = float(collective_time(ge.kind, ge.group_size, 1, ge.payload_bytes, bw, lat))

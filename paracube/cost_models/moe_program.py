@@ -97,7 +97,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                     _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd, f"layers.{i}.experts.bwd",
                                                          imb))
     drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)
-    ge = grad_event(model, layout, stage)
+    ge = grad_event(model, layout, stage, d)
     if ge is not None:
         op = Op("comm", "expert_gradients", event=ge, asynchronous=layout.overlap)
         if layout.overlap:

@@ -18,7 +18,7 @@ from typing import Any
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache
-from paracube.cost_models.moe import expert_links, priced, stage_cost
+from paracube.cost_models.moe import expert_links, moe_layers_of, priced, stage_cost
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
@@ -27,7 +27,11 @@ from paracube.workload import ModelSpec
 STAGE_NAMES = ("first", "middle", "last")
 
 
-def stage_index(name: str, pp: int) -> int:
+def stage_index(name: str, pp: int, model: ModelSpec | None = None, layout: Layout | None = None) -> int:
+    """The stage a name stands for; "middle" with the model and layout: the middle stage holding the most MoE blocks
+    (dense first blocks, as DeepSeek-V3's, can sit on stage 1 of an interleaved split), else stage 1."""
+    if name == "middle" and pp > 2 and model is not None and layout is not None:
+        return max(range(1, pp - 1), key=lambda s: (moe_layers_of(model, layout, s), -s))
     return {"first": 0, "middle": 1 if pp > 2 else 0, "last": pp - 1}[name]
 
 
@@ -46,8 +50,9 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     mb = layout.micro_batch or 1
     n = d.global_batch / (layout.dp * mb)
     links = expert_links(layout, cache)
-    costs = {s: stage_cost(model, d, layout, mb, g, stage_index(s, layout.pp), links,
-                           in_flight(layout, int(n), stage_index(s, layout.pp))) for s in STAGE_NAMES}
+    index = {s: stage_index(s, layout.pp, model, layout) for s in STAGE_NAMES}
+    costs = {s: stage_cost(model, d, layout, mb, g, index[s], links, in_flight(layout, int(n), index[s]))
+             for s in STAGE_NAMES}
     old_slow = int(scores.stage[0])
     old_w = float(scores.stages[old_slow].compute[0] + scores.stages[old_slow].micro[0])
     old_bubble = float(scores.bubble[0])
@@ -59,17 +64,21 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     w = work[slow]
     bubble = (layout.pp - 1) / (layout.interleave * n) * w
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
-    # window (one queue on the same NICs): exposed max(0, G_e - max(0, 2/3 W / N - G_d)).
+    # window (one queue on the same NICs): exposed max(0, G_e - max(0, 2/3 (W / N - A) - G_d)), A the micro-batch's MoE
+    # collectives where the expert group spans nodes (else 0).
     dense_grad = float(scores.stages[STAGE_NAMES.index(slow)].grad[0])
-    window = max(0.0, 2.0 / 3.0 * w / n - dense_grad)
+    # An expert group wider than a node: its all_to_alls hold the NICs the expert gradients (over edp, outside it)
+    # need, so only the rest of the backward hides them (the event engine's links are shared max-min fairly).
+    dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
+    busy = c.comm if layout.ep * layout.etp > dpn else 0.0
+    window = max(0.0, 2.0 / 3.0 * (w / n - busy) - dense_grad)
     grad = max(0.0, c.step_comm - window) if layout.overlap else c.step_comm
     step = w + bubble + rest + grad + c.norm_comm + c.optim
     heavy = max(("first", "last"), key=lambda s: _total(est.memory, costs[s].memory))
     mem = MemoryBreakdown(**{k: getattr(est.memory, k) + v for k, v in costs[heavy].memory.items()})
     per_step = ("grad_sync", "optimizer")  # the expert gradients and their norm (moe_counts.norm_event)
     micro_events = [e for e in c.events if e.phase not in per_step]
-    dense = drop_stage_events(est.events, unshared_blocks(model, layout, stage_index(STAGE_NAMES[old_slow],
-                                                                                   layout.pp)))
+    dense = drop_stage_events(est.events, unshared_blocks(model, layout, index[STAGE_NAMES[old_slow]]))
     events = dense + tuple(e for _ in range(int(n)) for e in micro_events) + tuple(
         e for e in c.events if e.phase in per_step) if est.events else ()
     flops = est.flops_per_gpu + expert_flops(model, d) / layout.world_size

@@ -10,9 +10,15 @@ et al. 2021): base = ceil(L / (pp v)), deficit = pp v base - L.
 - deficit 2: the first and the last virtual stage hold base - 1 (Llama 3, Dubey et al. 2024, sec. 3.3.2:
   "we reduce one Transformer layer each from the first and the last stages": 126 layers on 16 stages ->
   7, 8 x 14, 7);
-anything else (or a virtual stage left without blocks) is not a valid split (`split_ok`).
-So a physical stage holds v base blocks, minus one on the first stage when deficit = 2 and minus one on the
-last stage when deficit >= 1 (`stage_layers`, vectorized over layouts).
+- deficit d > 2: the first virtual stage holds base - 1, the other d - 1 blocks are taken from the end, the last
+  virtual stage giving up to base - 1 of them, then the one before it, and so on (Megatron-core places any
+  per-stage split, --pipeline-model-parallel-layout / --decoder-last-pipeline-num-layers; Megatron-Bridge's
+  DeepSeek-V3 layouts put the remainder on the last stages: 61 blocks on pp = 16 -> 4, 4 x 14, 1; here 3, 4 x 14,
+  2; on pp 8 x v 4 -> 1, 2 x 29, 1, 1);
+a virtual stage left without blocks (base 1 with a deficit) is not a valid split (`split_ok`).
+So a physical stage holds v base blocks less its virtual stages' shares of the deficit (`stage_layers`,
+vectorized over layouts): with deficit <= 2, one on the first stage when deficit = 2 and one on the last when
+deficit >= 1.
 
 Schedule (`schedule`): 1F1B (v = 1) warms up with pp - 1 - s forwards; Megatron's interleaved 1F1B warms up
 with (pp - 1 - s) 2 + (v - 1) pp chunk-forwards; then one forward, one backward, then the cool-down.
@@ -32,9 +38,14 @@ def _base_deficit(L: Any, n: Any) -> tuple[Any, Any]:
 
 
 def split_ok(L: Any, pp: Any, v: Any) -> Any:
-    """The split rule holds (ints or arrays): deficit <= 2 and every virtual stage keeps a block."""
+    """The split rule holds (ints or arrays): every virtual stage keeps a block (module docstring)."""
     base, deficit = _base_deficit(L, pp * v)
-    return (deficit == 0) | ((deficit <= 2) & (base >= 2) & (pp * v >= deficit))
+    return (deficit == 0) | (base >= 2)
+
+
+def _taken(spill: Any, base: Any, i: Any) -> Any:
+    """Blocks the virtual stage i places from the end gives up of the `spill` taken from the end."""
+    return np.clip(spill - i * (base - 1), 0, np.maximum(base - 1, 0))
 
 
 def chunk_layers(L: int, pp: int, v: int = 1) -> list[int]:
@@ -42,10 +53,10 @@ def chunk_layers(L: int, pp: int, v: int = 1) -> list[int]:
     n = pp * v
     base, deficit = _base_deficit(L, n)
     out = [base] * n
-    if deficit >= 1:
-        out[-1] -= 1
-    if deficit == 2:
-        out[0] -= 1
+    lead = int(deficit >= 2)
+    out[0] -= lead
+    for i in range(n):
+        out[n - 1 - i] -= int(_taken(deficit - lead, base, i))
     return out
 
 
@@ -57,9 +68,20 @@ def stage_chunks(L: int, pp: int, v: int, stage: int) -> list[list[int]]:
 
 
 def stage_layers(L: int, pp: Any, v: Any, first: Any, last: Any) -> Any:
-    """Blocks on a stage with these edge flags (ints or arrays; pp = 1 is both first and last: L)."""
+    """Blocks on a stage with these edge flags (ints or arrays; pp = 1 is both first and last: L); neither flag:
+    the fullest middle stage (stage 1, the farthest from the end's deficit)."""
     base, deficit = _base_deficit(L, pp * v)
-    return v * base - first * (deficit == 2) - last * (deficit >= 1)
+    if np.all(deficit <= 2):  # the usual case, as before: one from the first (deficit 2) and the last
+        return v * base - first * (deficit == 2) - last * (deficit >= 1)
+    lead = deficit >= 2
+    spill = deficit - lead
+
+    def loss(offset: Any) -> Any:  # a physical stage's virtual stages sit offset + c pp from the end
+        return sum(np.where(c < v, _taken(spill, base, offset + c * pp), 0) for c in range(int(np.max(v))))
+
+    middle = np.where(pp >= 3, loss(np.maximum(pp - 2, 0)), 0)
+    return (v * base - first * (lead + loss(pp - 1)) - last * loss(0)
+            - (1 - np.asarray(first)) * (1 - np.asarray(last)) * middle)
 
 
 def _chunk(k: Any, pp: int, v: int, forward: bool) -> Any:

@@ -78,9 +78,10 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
 
 
 def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus: int, rt: Runtime,
-                   fixed: Layout | None, micro_batches: list[int] | None, mem_cap: float, top_k: int
-                   ) -> tuple[list[tuple[Layout, StepEstimate]], int, Counter]:
-    """(ranked (layout, estimate) pairs, layouts scored, rejections by reason)."""
+                   fixed: Layout | None, micro_batches: list[int] | None, mem_cap: float, top_k: int,
+                   options: dict | None = None) -> tuple[list[tuple[Layout, StepEstimate]], int, Counter]:
+    """(ranked (layout, estimate) pairs, layouts scored, rejections by reason); `options`: analytic.estimate's
+    (the runtime's engine options, the run's gradient element and bucket: search.py)."""
     per_node = int(getattr(topo, "devices_per_node", None) or gpus)
     cache = LinkCache(topo)
     pinned_zero = fixed is not None and (fixed.zero or fixed.forbid_zero)
@@ -96,7 +97,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
                 rejected["runtime"] += 1
                 break
             try:
-                est = estimate(model, training, zl, topo, with_events=False, cache=cache)
+                est = estimate(model, training, zl, topo, with_events=False, cache=cache, **(options or {}))
             except ParacubeError:
                 rejected["invalid"] += 1
                 break

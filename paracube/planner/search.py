@@ -156,16 +156,20 @@ def search(
     check(model.mla is None or model.moe is None or rt.mla_with_moe, f"runtime {rt.name} ({rt.title}) does not "
           f"train MoE blocks with multi-head latent attention ({model.name}) yet; plan with --runtime megatron, "
           "torchtitan or deepspeed")
+    grad_bytes = rt.grad_bytes if grad_bytes is None else grad_bytes
     if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
-        ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k)
+        # the run's gradients, bucket and the runtime's overlaps and fp8 experts, as the dense path prices them
+        opts = {**rt.engine_options(), "param_overlap": chosen(PARAM_OVERLAP, rt, fixed), "grad_bytes": grad_bytes,
+                **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes})}
+        ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k,
+                                                  opts)
         check(bool(ranked), f"no layout of {gpus} GPUs fits {model.name} (global batch {training.global_batch}) "
               f"with runtime {rt.name}: " + (f"rejected {dict(rejected)}" if rejected else
                                              "no candidate matches the pins (blocks split over pp x v, ep dividing "
                                              "the experts and dp x tp, tp a divisor of the heads)"))
         return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
-    grad_bytes = rt.grad_bytes if grad_bytes is None else grad_bytes
     d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=grad_bytes,  # fa= pinned: that kernel
                 gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling)
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
@@ -205,7 +209,7 @@ def search(
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
     options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,  # = rt.engine_options(),
                "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit,  # grad_bytes: a run's own
-               "fp8_scaling": rt.fp8_scaling}
+               "fp8_scaling": rt.fp8_scaling, "fp8_experts": rt.fp8_experts}
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         # Placements enter an estimate only through the links of its groups: layouts equal but for a placement

@@ -103,6 +103,7 @@ class Runtime:
     fp8_zeros: tuple[int, ...] | None = None  # zero stages it trains fp8 with (None: every zero stage it runs)
     fp8_tpo: bool = True  # it runs tpo with fp8 GEMMs
     fp8_scaling: str = "delayed"  # how it scales FP8 tensors (module docstring; workload.FP8_SCALINGS)
+    fp8_experts: bool = False  # with fp8, the routed experts' grouped GEMMs run FP8 too (TE's grouped linear)
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
@@ -115,10 +116,12 @@ class Runtime:
         """The cost models' options for how this stack runs (analytic.estimate, event.simulate: `param_overlap`
         zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's prefetch and asynchronous
         reduce-scatters, `grad_bytes` its gradients' element size, memory.py; `fp8_scaling` how it scales FP8
-        tensors, cost_models/fp8.py); planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
+        tensors, cost_models/fp8.py; `fp8_experts` its routed experts' GEMMs in FP8 with
+        --dtype fp8, cost_models/moe.py); planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
         return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
                 "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes,
-                "gather_16bit": self.param_gather_16bit, "fp8_scaling": self.fp8_scaling}
+                "gather_16bit": self.param_gather_16bit, "fp8_scaling": self.fp8_scaling,
+                "fp8_experts": self.fp8_experts}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,

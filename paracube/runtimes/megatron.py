@@ -40,6 +40,7 @@ RUNTIME = Runtime(
     export_target="megatron",
     expert_parallel=True,  # --expert-model-parallel-size, --expert-tensor-parallel-size
     expert_tensor_parallel=True,
+    fp8_experts=True,  # TEGroupedLinear under fp8_autocast: the routed experts' GEMMs in FP8 (megatron-core experts.py)
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
     cp_comms=("p2p", "ag"),
 )

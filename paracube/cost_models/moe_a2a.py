@@ -1,0 +1,133 @@
+"""An all_to_all over a folded expert group (dispatch, combine, the copy counts): every rank sends to all its
+peers at once, each flow on its own route, priced alike by both engines.
+
+Why not the ring: NCCL's all-to-all is a grouped send / receive to every peer (nccl/src/collectives.cc:
+ncclAllToAll -> one ncclSend and ncclRecv per peer), so a rank's cross-node share leaves through its own NIC (on
+a rail-optimized DGX the GPU's NIC), not through the channels of a node-major ring over every NIC the group owns
+(topology.ring_channels). Priced as a ring, an ep=32 group over 4 DGX H100 nodes crossed nodes at 8 NICs' rate:
+about 6x too fast.
+
+Formula. A call over n ranks with payload P (estimate.ring_sent_factor: a rank sends P / n to each peer, (n - 1)
+P / n in all) runs as collective.ring_steps' n - 1 steps of P / n bytes, each step a rank sending P / (n (n - 1))
+to every peer (the time average of the pairwise exchange). Flows take topology.route; a directed link e carries
+k(e) = the summed shares 1 / (n - 1) of every flow crossing it, of the representative group and of every other
+group of the axis with a member on one of its nodes (their flows may share its NVSwitch ports and NICs; groups
+elsewhere meet it only on the fat tree's spine, which a rail-optimized, non-blocking fabric does not bottleneck).
+Weighted as the ring templates are (event_links.ring_template), the representative rank's flows on e weigh
+w(e) = sum over them of share x max(k(e), r(e)) / r(e) = max(k(e), r(e)), r(e) its own shares on e. One step then
+takes  a + (P / n) max_e w(e) / B(e)  (a: the longest of its routes' summed latency), so
+
+    time = (n - 1) a + (n - 1) / n P / B_a2a,      B_a2a = 1 / max_e (w(e) / B(e)),
+
+i.e. collective_time("all_to_all", n, 1, P, B_a2a, a). On a DGX with the group over nodes of m ranks each,
+1 / B_a2a = max((m - 1) / B_nvlink, (n - m) / B_nic) / (n - 1): the slower of the NVLink part and the NIC part,
+each rank's cross-node share through its own NIC. B_nic: the line rate x A2A_NIC_EFF (fitted: below), not the ring's
+fabric efficiency (NCCL's all-to-all is many per-peer flows, not a ring's few large channels).
+
+Engines: the analytic engine reads `a2a_link` (moe.expert_links, keyed A2A + axes); the event engine simulates
+`a2a_template` (event_sim.Sim.template for an all_to_all): one flow class of the representative rank whose link
+weights are the w(e) above, sharing links max-min fairly with whatever else runs (event_network.py). A topology
+without routes (cost_models/uniform_topology.py) keeps the ring link (topology.group_link).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from paracube.cost_models.event_links import LinkTable, Template
+from paracube.cost_models.links import LinkCache, groups_from_runs, runs_for
+from paracube.topologies.efficiency import fabric_eff
+from paracube.topologies.nvswitch import SYSTEMS, fabrics
+
+A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe.expert_links, moe.comm_time)
+# The fraction of a NIC's line rate an all_to_all's cross-node flows reach, on the fabric links they cross (in place
+# of the fabric's ring-fitted efficiency, efficiency.FABRICS). FITTED on ONE row, qwen3-235b-256
+# (benchmarks/data/published_runs_moe.csv, Megatron-Bridge 25.09, ep=32 over 4 DGX H100 nodes); the other MoE rows
+# are held out. NDR InfiniBand only was fitted; the other fabrics of the NVSwitch presets borrow it.
+A2A_NIC_EFF = 0.92
+A2A_NIC_SOURCE = "fitted on qwen3-235b-256 (benchmarks/data/published_runs_moe.csv) only; other fabrics borrow it"
+
+
+def _near(groups: np.ndarray, rep: int, dpn: int) -> tuple[np.ndarray, int]:
+    """(the groups with a member on a node of the representative's group, the representative's row in them)."""
+    row = int(np.nonzero((groups == rep).any(axis=1))[0][0])
+    nodes = np.unique(groups[row] // dpn)
+    keep = np.isin(groups // dpn, nodes).any(axis=1)
+    return groups[keep], int(np.count_nonzero(keep[:row]))
+
+
+def nic_scale(topo: object) -> float:
+    """A2A_NIC_EFF over the fabric efficiency an NVSwitch preset's fabric links carry (its shipped one,
+    efficiency.FABRICS; a preset built with other fitted figures, from_runs' refit, is scaled as if shipped); 1 for
+    any other topology (its links' rates as given)."""
+    name = str(getattr(topo, "name", ""))
+    if name not in SYSTEMS:
+        return 1.0
+    return A2A_NIC_EFF / fabric_eff(fabrics(name)[1])
+
+
+def a2a_weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int) -> tuple[dict[int, float], float]:
+    """({link id: w(e)} of the representative rank's flows, the longest of its routes' latency) (module doc); a
+    fabric link's weight is divided by nic_scale (its capacity at A2A_NIC_EFF of the line rate)."""
+    groups, row = _near(np.asarray(groups), rep, dpn)
+    n = groups.shape[1]
+    share = 1.0 / (n - 1)
+    flat: list[int] = []
+    for g in groups.tolist():
+        for a in g:
+            for b in g:
+                if a != b:
+                    flat.extend(table.path(a, b))
+    load = np.bincount(np.asarray(flat, dtype=np.int64), minlength=len(table.cap)) * share
+    own: dict[int, float] = {}
+    fabric: set[int] = set()
+    nodes = table.topo.graph.nodes
+    alpha = 0.0
+    for b in groups[row].tolist():
+        if b == rep:
+            continue
+        path = table.path(rep, b)
+        alpha = max(alpha, sum(table.latency[link] for link in path))
+        for link, (u, v) in zip(path, table.topo.route(rep, b), strict=True):
+            own[link] = own.get(link, 0.0) + share
+            if nodes[u].get("node_index") is None or nodes[v].get("node_index") is None:
+                fabric.add(link)  # a leaf / spine switch at one end: the fat tree's links
+    scale = nic_scale(table.topo)
+    # each own flow on e weighs share x max(k, r) / r; summed over its flows on e: max(k(e), r(e))
+    return {link: max(float(load[link]), r) / (scale if link in fabric else 1.0) for link, r in own.items()}, alpha
+
+
+def a2a_template(table: LinkTable, name: str, groups: np.ndarray, rep: int, dpn: int) -> Template:
+    """The event engine's template of an all_to_all over `groups` (one row per concurrent group), simulated from
+    rank `rep`: one hop whose links carry the weights w(e) (module docstring)."""
+    weights, alpha = a2a_weights(table, groups, rep, dpn)
+    return table.new_template(name, (tuple(weights.items()),), alpha)
+
+
+def a2a_link(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Sequence[str]) -> tuple[float, float]:
+    """(B_a2a, latency) of an all_to_all over `axes` of `placement` for collective.collective_time (module
+    docstring); the ring link where the topology has no routes or the group is one rank."""
+    runs = runs_for(placement, axes)
+    key = ("a2a", runs)
+    hit = cache.memo.get(key)
+    if hit is None:
+        topo = cache.topo
+        groups = groups_from_runs(runs)
+        if groups.shape[1] < 2 or not hasattr(topo, "route"):
+            hit = cache.get_runs(runs)
+        else:
+            table = cache.memo.get("table")
+            if table is None:
+                table = cache.memo["table"] = LinkTable(topo)  # type: ignore[arg-type]
+            dpn = int(topo.devices_per_node)  # type: ignore[attr-defined]
+            weights, alpha = a2a_weights(table, groups, int(groups[0][0]), dpn)
+            worst = max(w / table.cap[link] for link, w in weights.items())
+            hit = (1.0 / worst if worst > 0 else math.inf, alpha)
+        cache.memo[key] = hit
+    return hit
+
+
+__all__ = ["A2A", "A2A_NIC_EFF", "A2A_NIC_SOURCE", "a2a_link", "a2a_template", "a2a_weights", "nic_scale"]

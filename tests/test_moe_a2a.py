@@ -1,0 +1,53 @@
+"""The MoE all_to_all as every rank's flows to its peers (cost_models/moe_a2a.py): the closed form on a DGX, priced
+alike by both engines on layouts whose expert groups cross nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from paracube.cost_models.analytic import estimate
+from paracube.cost_models.event import estimate_event
+from paracube.cost_models.links import LinkCache
+from paracube.cost_models.moe import expert_links
+from paracube.cost_models.moe_a2a import A2A, A2A_NIC_EFF
+from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
+from paracube.topologies import load_topology
+from paracube.topologies.rates import NDR_IB
+from paracube.workload import TrainingSpec
+
+TRAIN = TrainingSpec(global_batch=64, dtype="bf16", recompute="selective")
+
+
+@pytest.fixture(scope="module")
+def h100() -> object:
+    return load_topology("dgx-h100", gpus=32)
+
+
+@pytest.mark.parametrize("ep", [16, 32])
+def test_slower_of_nvlink_and_each_ranks_own_nic(h100: object, ep: int) -> None:
+    """ep ranks over nodes of m = 8: 1 / B = max((m - 1) / B_nvlink, (n - m) / B_nic) / (n - 1), B_nic the NDR line
+    rate x A2A_NIC_EFF: one NIC per rank, not the ring's channels over the node's eight."""
+    lay = parse_layout(f"dp={ep},ep={ep},tp=none,mb=1")
+    links = expert_links(lay, LinkCache(h100))
+    bw, _ = links[A2A + ("ep",)]
+    nvlink = load_topology("dgx-h100", gpus=8).group_link(list(range(8))).bandwidth  # type: ignore[attr-defined]
+    m = 8
+    want = (ep - 1) / max((m - 1) / nvlink, (ep - m) / (NDR_IB * A2A_NIC_EFF))
+    assert bw == pytest.approx(want, rel=1e-6)
+    ring_bw, _ = links[("ep",)]
+    assert bw < ring_bw  # the ring crossed nodes over every NIC of the node
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("qwen3-30b-a3b", "dp=32,ep=32,tp=none,mb=1,zero=1"),
+    ("qwen3-30b-a3b", "dp=16,ep=16,tp=1d:2,sp,mb=1,zero=1,overlap"),
+    ("qwen3-30b-a3b", "dp=8,pp=2,ep=8,tp=1d:2,sp,mb=1,zero=1"),
+    ("qwen3-30b-a3b", "dp=32,ep=8,tp=none,mb=1,zero=1,overlap"),  # in-node all_to_alls, expert gradients across
+])
+def test_engines_agree_on_cross_node_all_to_alls(h100: object, name: str, text: str) -> None:
+    model, layout = PRESETS[name], parse_layout(text)
+    a = estimate(model, TRAIN, layout, h100, with_events=False)
+    e = estimate_event(model, TRAIN, layout, h100, with_events=False)
+    assert a.comm_time_by_axis["ep"] > 0.2 * a.step_time_s  # the all_to_alls matter here
+    assert abs(e.step_time_s / a.step_time_s - 1) < 0.02

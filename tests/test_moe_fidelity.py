@@ -1,0 +1,86 @@
+"""What the published MoE rows need priced (benchmarks/published_runs.py): the experts' FP8 GEMMs where the runtime
+runs them (Runtime.fp8_experts, read by both engines through Dims), the memory-bound permute / sort / unpermute
+passes, and the run's gradient element in the expert gradients."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paracube.cost_models.analytic import estimate
+from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.event import estimate_event
+from paracube.cost_models.moe import block_cost, grad_event, pass_bytes
+from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
+from paracube.runtimes import get_runtime
+from paracube.topologies import load_topology
+from paracube.workload import TrainingSpec
+
+FP8 = TrainingSpec(global_batch=32, dtype="fp8", recompute="selective")
+
+
+@pytest.fixture(scope="module")
+def h100() -> object:
+    return load_topology("dgx-h100", gpus=16)
+
+
+def test_runtimes_declare_whether_expert_gemms_run_fp8() -> None:
+    assert get_runtime("megatron").engine_options()["fp8_experts"] is True
+    assert get_runtime("paracube").engine_options()["fp8_experts"] is False  # its executor's experts: bf16 matmuls
+
+
+def test_fp8_experts_are_faster_and_both_engines_read_the_declaration(h100: object) -> None:
+    model, layout = PRESETS["qwen3-30b-a3b"], parse_layout("dp=16,ep=16,tp=none,mb=1,zero=1")
+    a = {f: estimate(model, FP8, layout, h100, with_events=False, fp8_experts=f) for f in (False, True)}
+    e = {f: estimate_event(model, FP8, layout, h100, with_events=False, fp8_experts=f) for f in (False, True)}
+    assert a[True].step_time_s < a[False].step_time_s
+    for f in (False, True):
+        assert abs(e[f].step_time_s / a[f].step_time_s - 1) < 0.02
+    # the block's GEMMs at the fp8 model: the declaration changes the experts' compute, nothing in bf16
+    g = gemm_model(h100, "fp8")  # type: ignore[arg-type]
+    d = dims_of(model, FP8)
+    slow, fast = (block_cost(model, replace(d, fp8_experts=f), layout, 1, g) for f in (False, True))
+    assert fast.fwd < slow.fwd and fast.bwd < slow.bwd and fast.events_fwd == slow.events_fwd
+    bf16 = TrainingSpec(global_batch=32, dtype="bf16", recompute="selective")
+    assert estimate(model, bf16, layout, h100, with_events=False, fp8_experts=True).step_time_s == \
+        estimate(model, bf16, layout, h100, with_events=False).step_time_s
+
+
+def test_permute_sort_unpermute_are_memory_bound_passes(h100: object) -> None:
+    """Forward bytes: permute 2 R h, sort and back 4 R h (several local experts), unpermute 2 R h + T h, SwiGLU
+    3 R f_e, in the compute dtype; a single local expert needs no sort."""
+    model = PRESETS["qwen3-30b-a3b"]
+    d = dims_of(model, replace(FP8, dtype="bf16"))
+    moe = model.moe
+    assert moe is not None
+    T, R = 4096, 4096 * moe.top_k
+    f, b = pass_bytes(d, parse_layout("dp=16,ep=16,tp=none"), moe.expert_ffn, moe.experts // 16, T, R)
+    h, c = d.h, d.c
+    assert f == c * (8 * R * h + T * h + 3 * R * moe.expert_ffn)
+    assert b == f + c * 3 * R * moe.expert_ffn
+    one, _ = pass_bytes(d, parse_layout("dp=16,ep=16,tp=none"), moe.expert_ffn, 1, T, R)
+    assert f - one == c * 4 * R * h
+
+
+def test_expert_gradients_in_the_runtimes_element() -> None:
+    model, layout = PRESETS["qwen3-30b-a3b"], parse_layout("dp=16,ep=8,tp=none,mb=1")
+    d = dims_of(model, replace(FP8, dtype="bf16"))
+    full, half = grad_event(model, layout, 0, d), grad_event(model, layout, 0, replace(d, grad_bytes=2))
+    assert full is not None and half is not None
+    assert (full.dtype, half.dtype) == ("float32", "bfloat16") and full.payload_bytes == 2 * half.payload_bytes
+
+
+def test_the_middle_stage_priced_is_the_one_with_most_moe_blocks() -> None:
+    """DeepSeek-V3 as published (61 blocks on pp 8 x v 4, the first three dense): stage 1 holds two dense blocks, so
+    the analytic engine's middle stage is stage 2 with eight MoE blocks (the event engine simulates every stage)."""
+    from paracube.cost_models.moe import moe_layers_of
+    from paracube.cost_models.moe_step import stage_index
+
+    model, layout = PRESETS["deepseek-v3"], parse_layout("dp=64,pp=8,ep=64,tp=1d:2,mb=1,v=4,sp,zero=1")
+    blocks = [moe_layers_of(model, layout, s) for s in range(8)]
+    mid = stage_index("middle", 8, model, layout)
+    assert blocks[1] == 6 and blocks[mid] == max(blocks[1:-1]) == 8 and mid == 2
+    assert stage_index("middle", 8) == 1  # without the model: stage 1, as the dense engine's middle
