@@ -70,9 +70,11 @@ def test_every_emitted_plan_passes_the_executor_preflight(cluster, gpus, dtypes)
 
 
 def test_the_search_still_chooses_pipelines_zero_and_sp_where_they_pay() -> None:
-    """Restricting to what runs keeps the scale-out options (the executor runs them)."""
+    """Restricting to what runs keeps the scale-out options (the executor runs them). GPT-3 175B on 128 H100s at
+    zero <= 1 needs pipelines to fit (gpt3-13b on 64, used before fit5, now plans dp=32,tp=1d:2 2.5% ahead of
+    its best pipeline: whether pp pays there is a fitted figure, not the point of this test)."""
     training = TrainingSpec(global_batch=512, dtype="bf16")
-    found = search(PRESETS["gpt3-13b"], training, load_topology("dgx-h100", gpus=64), 64, top_k=100,
+    found = search(PRESETS["gpt3-175b"], training, load_topology("dgx-h100", gpus=128), 128, top_k=100,
                    recomputes=list(RECOMPUTES), zeros=[0, 1])
     layouts = [lay for lay, _ in found.ranked]
     assert layouts[0].pp > 1
