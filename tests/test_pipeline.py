@@ -38,7 +38,7 @@ from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.pipeline.schedule import reduce_tied_embedding_grads, run_pipeline
 from paracube.layout import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
-from paracube.modes.stages import chunk_layers, schedule, split_ok, stage_chunks, stage_layers
+from paracube.modes.stages import backward_spans, chunk_layers, schedule, split_ok, stage_chunks, stage_layers
 from paracube.workload import ModelSpec, TrainingSpec
 
 SPEC = ModelSpec("pp", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=64, seq_len=16)
@@ -282,6 +282,18 @@ def test_stage_split_rule() -> None:
             got = sum(len(c) for c in stage_chunks(L, pp, v, s))
             assert got == stage_layers(L, pp, v, int(s == 0), int(s == pp - 1)), (L, pp, v, s)
         assert sorted(i for s in range(pp) for c in stage_chunks(L, pp, v, s) for i in c) == list(range(L))
+
+
+def test_backward_spans_read_what_the_schedule_walks() -> None:
+    """The cost model reads each chunk's first and n_micro-th backward (backward_spans) instead of walking the
+    schedule; both must agree on every stage, including micro-batch counts the interleaved rule rejects."""
+    for pp, v, n in [(2, 1, 1), (2, 1, 5), (4, 1, 8), (2, 2, 2), (2, 2, 4), (4, 3, 8), (4, 2, 6), (3, 5, 7)]:
+        for stage in range(pp):
+            backward = [c for op, c, _ in schedule(pp, v, n, stage) if op == "B"]
+            for c, (first, nth) in enumerate(backward_spans(pp, v, n)):
+                at = [i for i, x in enumerate(backward) if x == c]
+                assert first == (at[0] if at else float("inf")), (pp, v, n, stage, c)
+                assert nth == (at[n - 1] if len(at) >= n else float("inf")), (pp, v, n, stage, c)
 
 
 def test_uneven_split_is_priced_and_valid() -> None:

@@ -49,7 +49,7 @@ from paracube.cost_models.traffic import parameter_sizes, parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
-from paracube.modes.stages import schedule, stage_chunks, stage_layers
+from paracube.modes.stages import backward_spans, stage_chunks, stage_layers
 
 Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
@@ -302,17 +302,14 @@ def _pipelined_units(padded: list[int], first: bool, last: bool, pp: int, v: int
     if n_micro == 1:
         return max(pairs), max(pairs)
     chunk = [sum(p for p, c in zip(padded, seg, strict=True) if c == k) for k in range(v)]
-    seen: dict[int, int] = {}
+    # Walk the chunks' births (first backward) and deaths (n_micro-th) in backward order; n_micro > 1, so a
+    # chunk's birth comes strictly before its death.
+    events = sorted((at, dies, c) for c, span in enumerate(backward_spans(pp, v, n_micro))
+                    for dies, at in enumerate(span) if at != np.inf)
     live, peak = 0, 0
-    for op, c, _ in schedule(pp, v, n_micro, stage):
-        if op != "B":
-            continue
-        seen[c] = seen.get(c, 0) + 1
-        if seen[c] == 1:
-            live += chunk[c]
-            peak = max(peak, live)
-        if seen[c] == n_micro:
-            live -= chunk[c]
+    for _, dies, c in events:
+        live += -chunk[c] if dies else chunk[c]
+        peak = max(peak, live)
     return peak, max(pairs)
 
 

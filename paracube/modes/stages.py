@@ -20,6 +20,7 @@ with (pp - 1 - s) 2 + (v - 1) pp chunk-forwards; then one forward, one backward,
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -61,13 +62,19 @@ def stage_layers(L: int, pp: Any, v: Any, first: Any, last: Any) -> Any:
     return v * base - first * (deficit == 2) - last * (deficit >= 1)
 
 
+def _chunk(k: Any, pp: int, v: int, forward: bool) -> Any:
+    """Model chunk of the k-th forward (or backward) of a stage (ints or arrays): chunks go up forward, down
+    backward, pp micro-batches at a time."""
+    c = (k % (pp * v)) // pp
+    return c if forward else v - 1 - c
+
+
 def schedule(pp: int, v: int, n_micro: int, stage: int) -> list[tuple[str, int, int]]:
     """Order of (F|B, chunk, micro-batch) on `stage`: 1F1B (v = 1) or Megatron's interleaved 1F1B."""
     total = n_micro * v
 
     def chunk(k: int, forward: bool) -> int:
-        c = (k % (pp * v)) // pp
-        return c if forward else v - 1 - c
+        return _chunk(k, pp, v, forward)
 
     def micro(k: int) -> int:
         return (k // (pp * v)) * pp + k % pp if v > 1 else k
@@ -89,4 +96,18 @@ def schedule(pp: int, v: int, n_micro: int, stage: int) -> list[tuple[str, int, 
     return out
 
 
-__all__ = ["chunk_layers", "schedule", "split_ok", "stage_chunks", "stage_layers"]
+@lru_cache(maxsize=1024)
+def backward_spans(pp: int, v: int, n_micro: int) -> tuple[tuple[float, float], ...]:
+    """Per model chunk c: (position of its first backward, position of its n_micro-th) among a stage's
+    backward ops, inf where it has none or fewer. The backward ops come in the same order on every stage
+    (`schedule` interleaves the forwards differently, not the backwards), so this is what `schedule` yields,
+    read without walking its n_micro v ops (the planner asks for it once per layout shape)."""
+    chunks = _chunk(np.arange(n_micro * v), pp, v, False)
+    spans = []
+    for c in range(v):
+        at = np.flatnonzero(chunks == c)
+        spans.append((float(at[0]) if at.size else np.inf, float(at[n_micro - 1]) if at.size >= n_micro else np.inf))
+    return tuple(spans)
+
+
+__all__ = ["backward_spans", "chunk_layers", "schedule", "split_ok", "stage_chunks", "stage_layers"]
