@@ -287,21 +287,29 @@ def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool,
     return len(buckets), 4 * sum(buckets), 4 * sum(padded_numel(n, dp) for n in buckets)
 
 
-def _pipelined_units(padded: list[int], first: bool, last: bool, pp: int, v: int, L: int,
-                     n_micro: int) -> tuple[int, int]:
-    """pp > 1 (data_parallel/sharded.py, fsdp.py; units in segments, one per model chunk: the embedding with chunk
-    0, the final unit with the last): (the most fp32 gradient-buffer elements live at once, the most units'
-    elements gathered at once). A chunk's buffers live from its first micro-batch's backward to the end of its
-    last one (n_micro > 1; one micro-batch: the consecutive pair of its in-flight and filling units, as pp = 1),
-    so the peak is at the end of some chunk's first backward, over modes.stages.schedule; zero=3 holds a
-    consecutive pair of one chunk's units."""
+@lru_cache(maxsize=8192)
+def _chunk_totals(padded: tuple[int, ...], first: bool, last: bool, pp: int, v: int,
+                  L: int) -> tuple[tuple[int, ...], int]:
+    """pp > 1: (each model chunk's padded unit elements, the largest consecutive pair within one chunk). Units
+    come in segments, one per model chunk: the embedding with chunk 0, the final unit with the last."""
     stage = 0 if first else (pp - 1 if last else 1)
     sizes = [len(c) for c in stage_chunks(L, pp, v, stage)]
     seg = ([0] if first else []) + [c for c, k in enumerate(sizes) for _ in range(k)] + ([v - 1] if last else [])
-    pairs = [a + b for a, b, x, y in zip(padded, padded[1:], seg, seg[1:], strict=False) if x == y] + padded
+    pairs = [a + b for a, b, x, y in zip(padded, padded[1:], seg, seg[1:], strict=False) if x == y] + list(padded)
+    chunk = np.bincount(np.asarray(seg), weights=np.asarray(padded, dtype=np.float64), minlength=v)
+    return tuple(int(x) for x in chunk), max(pairs)
+
+
+def _pipelined_units(padded: tuple[int, ...], first: bool, last: bool, pp: int, v: int, L: int,
+                     n_micro: int) -> tuple[int, int]:
+    """pp > 1 (data_parallel/sharded.py, fsdp.py): (the most fp32 gradient-buffer elements live at once, the most
+    units' elements gathered at once). A chunk's buffers live from its first micro-batch's backward to the end of
+    its last one (n_micro > 1; one micro-batch: the consecutive pair of its in-flight and filling units, as
+    pp = 1), so the peak is at the end of some chunk's first backward, in the backward order of
+    modes.stages.schedule (backward_spans); zero=3 holds a consecutive pair of one chunk's units."""
+    chunk, pair = _chunk_totals(padded, first, last, pp, v, L)
     if n_micro == 1:
-        return max(pairs), max(pairs)
-    chunk = [sum(p for p, c in zip(padded, seg, strict=True) if c == k) for k in range(v)]
+        return pair, pair
     # Walk the chunks' births (first backward) and deaths (n_micro-th) in backward order; n_micro > 1, so a
     # chunk's birth comes strictly before its death.
     events = sorted((at, dies, c) for c, span in enumerate(backward_spans(pp, v, n_micro))
@@ -310,16 +318,22 @@ def _pipelined_units(padded: list[int], first: bool, last: bool, pp: int, v: int
     for _, dies, c in events:
         live += -chunk[c] if dies else chunk[c]
         peak = max(peak, live)
-    return peak, max(pairs)
+    return peak, pair
+
+
+@lru_cache(maxsize=4096)
+def _padded_units(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
+                  n: int) -> tuple[int, ...]:
+    return tuple(padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last))
 
 
 @lru_cache(maxsize=4096)
 def _unit_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
                  n: int, pp: int = 1, v: int = 1, n_micro: int = 1) -> tuple[int, int, int, int, int]:
-    padded = [padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last)]
-    pairs = [a + b for a, b in zip(padded, padded[1:], strict=False)] or padded
+    padded = _padded_units(mode, d, t, q, layers, first, last, n)
     if pp > 1:  # pipelines (untied): nothing held; gradient buffers accumulated across micro-batches
         return len(padded), sum(padded), 0, *_pipelined_units(padded, first, last, pp, v, d.L, n_micro)
+    pairs = [a + b for a, b in zip(padded, padded[1:], strict=False)] or padded
     if not (d.tied and first and last):
         return len(padded), sum(padded), padded[-1], max(pairs), max(pairs)
     # Tied embeddings on one stage: the embedding unit stays gathered from its forward to its backward (the head
