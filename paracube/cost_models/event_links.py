@@ -42,6 +42,11 @@ class LinkTable:
         self._tid = 0
         self._paths: dict[tuple[int, int], list[int]] = {}
         self._alpha: dict[int, float] = {}  # id(path list) -> summed link latency
+        # The topology's own edge ids and latency sums (topology.route_hop), mapped to ours (-1: not seen yet); ours
+        # stay numbered in first-seen order, as when routes came as edges.
+        self._route_hop = getattr(topo, "route_hop", None)
+        self._topo_edges: list[tuple[str, str]] = list(topo.edges) if self._route_hop is not None else []
+        self._from_topo = [-1] * len(self._topo_edges)
 
     def _link(self, u: str, v: str) -> int:
         lid = self.ids.get((u, v))
@@ -64,10 +69,39 @@ class LinkTable:
         many: a stage's tp rings are hops of the stage-spanning rings too)."""
         hit = self._paths.get((a, b))
         if hit is None:
-            hit = self._paths[a, b] = self._path(a, b)
-            lat = self.latency
-            self._alpha[id(hit)] = sum(lat[link] for link in hit)  # the list lives in _paths: its id is stable
+            if self._route_hop is not None:  # the topology summed the same latencies in the same order
+                hit, alpha = self._path_hop(a, b)
+            else:
+                hit = self._path(a, b)
+                lat = self.latency
+                alpha = sum(lat[link] for link in hit)
+            self._paths[a, b] = hit
+            self._alpha[id(hit)] = alpha  # the list lives in _paths: its id is stable
         return hit
+
+    def _path_hop(self, a: int, b: int) -> tuple[list[int], float]:
+        """Our ids of the topology's route_hop (its edge ids mapped; links seen for the first time numbered in
+        path order) and its summed latency."""
+        n = self.topo.num_devices
+        for r in (a, b):
+            if not 0 <= r < n:
+                raise ParacubeError(f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")
+        try:
+            ids, alpha = self._route_hop(a, b)  # type: ignore[misc]
+        except (AssertionError, KeyError) as exc:  # a graph with a device cut off from the others
+            raise ParacubeError(f"no route from rank {a} to rank {b} on topology "
+                                f"{self.topo.name!r}: device disconnected ({exc})") from None
+        if a != b and not len(ids):
+            raise ParacubeError(f"no route from rank {a} to rank {b}: device disconnected")
+        mine = self._from_topo
+        topo_ids = ids.tolist()
+        out = [mine[t] for t in topo_ids]
+        if -1 in out:
+            edges, link = self._topo_edges, self._link
+            for i, t in enumerate(topo_ids):
+                if out[i] < 0:
+                    out[i] = mine[t] = link(*edges[t])
+        return out, float(alpha)
 
     def _path(self, a: int, b: int) -> list[int]:
         n = self.topo.num_devices
@@ -122,7 +156,8 @@ class LinkTable:
         channels_of = getattr(self.topo, "ring_channels", None)  # a duck-typed topology may route hops whole
         if channels_of is None:
             return self.template(name, ring_hops_many(groups), prefer)
-        chans = [channels_of(g) for g in groups.tolist()]
+        many = getattr(self.topo, "ring_channels_many", None)
+        chans = many(groups) if many is not None else [channels_of(g) for g in groups.tolist()]
         if all(len(c) == 1 for g in chans for c in g):
             return self.template(name, [[(s, r) for ((s, r, _),) in g] for g in chans], prefer)
         paths = [[[(self.path(s, r), share) for s, r, share in hop] for hop in g] for g in chans]
