@@ -22,13 +22,13 @@ bit-identical (tests/test_link_loads.py compares against the direct computation)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from paracube.topologies.topology import Channels, Topology
-
+# topology.Topology (not imported: it imports this module); reads its route caches (_ranks, _nic_of, _in_node ...)
+Topology = Any
+Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
 _MISSING = object()
 
 
