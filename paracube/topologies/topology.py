@@ -405,22 +405,26 @@ class Topology:
     def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
         """Ring hops crossing each directed edge (indexed like _bw_arr) when `groups` run at once; a hop split
         into C channels puts 1/C on each channel's edges."""
-        n, hop = len(self._bw_arr), self._hops
+        n, hop, cached = len(self._bw_arr), self._hops, self._hop_cache.get
         whole: list[np.ndarray] = []  # hops on one path: integer counts, as before channels
         split: list[np.ndarray] = []
-        shares: list[np.ndarray] = []
+        shares: list[float] = []  # per split path: its share, repeated over its edges below
+        sizes: list[int] = []
         for channels in ring_channels_many(self, list(groups)):  # the groups in the set's order, as before
             for chans in channels:
                 if len(chans) == 1:
-                    whole.append(hop(chans[0][0], chans[0][1])[0])
+                    s, r, _ = chans[0]
+                    whole.append((cached((s, r)) or hop(s, r))[0])
                     continue
                 for s, r, share in chans:
-                    ids = hop(s, r)[0]
+                    ids = (cached((s, r)) or hop(s, r))[0]
                     split.append(ids)
-                    shares.append(np.full(len(ids), share))
+                    shares.append(share)
+                    sizes.append(len(ids))
         load = np.bincount(np.concatenate(whole), minlength=n) if whole else np.zeros(n, dtype=np.int64)
         if split:
-            load = load + np.bincount(np.concatenate(split), weights=np.concatenate(shares), minlength=n)
+            weights = np.repeat(np.array(shares, dtype=np.float64), sizes)
+            load = load + np.bincount(np.concatenate(split), weights=weights, minlength=n)
         return load
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
