@@ -105,15 +105,10 @@ def ring_channels_many(topo: Topology, groups: list[tuple[int, ...]]) -> list[li
     """Topology._ring_channels of each sorted group, computed once per class of translated groups."""
     if not groups:
         return []
-    size = len(groups[0])
-    if size < 2 or len(groups) < 4 or any(len(g) != size for g in groups) or not topo._uniform_nics():
+    classes = _classes(topo, groups)
+    if classes is None:
         return [topo._ring_channels(g) for g in groups]
-    dpn = topo.devices_per_node
-    arr = np.array(groups, dtype=np.int64)
-    first = arr[:, :1]
-    key = np.concatenate((first % dpn, arr - first), axis=1)
-    _, rep_of, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    arr, rep_of, inverse = classes
     out: list[list[Channels]] = [[] for _ in groups]
     for cls, rep in enumerate(rep_of.tolist()):
         chans = topo._ring_channels(groups[rep])
@@ -143,4 +138,120 @@ def ring_channels_many(topo: Topology, groups: list[tuple[int, ...]]) -> list[li
     return out
 
 
-__all__ = ["HopParts", "ring_channels_many", "uniform_nics"]
+def _classes(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(groups as an array, each class's representative row, each row's class) where translated groups share
+    channels (module docstring); None where they may not."""
+    size = len(groups[0])
+    if size < 2 or len(groups) < 4 or any(len(g) != size for g in groups) or not topo._uniform_nics():
+        return None
+    arr = np.array(groups, dtype=np.int64)
+    first = arr[:, :1]
+    key = np.concatenate((first % topo.devices_per_node, arr - first), axis=1)
+    _, reps, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    return arr, reps, inverse.reshape(-1)
+
+
+def channel_arrays(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
+    """Every channel of every group's ring, flattened in the order Topology._link_load's loop visits them
+    (groups in order, hops in ring order, channels in order): (senders, receivers, shares, whether the channel is
+    its hop's only one)."""
+    empty = np.zeros(0, dtype=np.int64)
+    if not groups:
+        return empty, empty, np.zeros(0), np.zeros(0, dtype=bool)
+    classes = _classes(topo, groups)
+    if classes is None:
+        flat = [(s, r, share, len(hop) == 1) for g in groups for hop in topo._ring_channels(g) for s, r, share in hop]
+        return _columns(flat)
+    arr, reps, inverse = classes
+    parts, order = [], []
+    for cls, rep in enumerate(reps.tolist()):
+        flat = [(s, r, share, len(hop) == 1) for hop in topo._ring_channels(groups[rep]) for s, r, share in hop]
+        send, recv, share, whole = _columns(flat)
+        rows = np.nonzero(inverse == cls)[0]
+        shift = (arr[rows, 0] - arr[rep, 0])[:, None]  # whole nodes: the class's channels, translated
+        k = len(flat)
+        parts.append(((send[None, :] + shift).reshape(-1), (recv[None, :] + shift).reshape(-1),
+                      np.tile(share, len(rows)), np.tile(whole, len(rows))))
+        order.append(np.repeat(rows, k))
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+    if len(parts) > 1:  # back to the groups' order (stable: a group's channels keep theirs)
+        perm = np.argsort(np.concatenate(order), kind="stable")
+        cols = [c[perm] for c in cols]
+    return tuple(cols)
+
+
+def _columns(flat: list[tuple[int, int, float, bool]]) -> tuple[np.ndarray, ...]:
+    return (np.array([c[0] for c in flat], dtype=np.int64), np.array([c[1] for c in flat], dtype=np.int64),
+            np.array([c[2] for c in flat], dtype=np.float64), np.array([c[3] for c in flat], dtype=bool))
+
+
+class HopTable:
+    """Edge ids of every rank pair asked so far, as one growing CSR (flat ids; start and length per pair), so that
+    the edges of many hops are one numpy gather (in hop order: the same concatenation as a Python loop)."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.n = topo.num_devices
+        self._keys = np.zeros(0, dtype=np.int64)  # a * n + b, sorted
+        self._rows = np.zeros(0, dtype=np.int64)  # their rows in start/length
+        self.flat = np.zeros(1024, dtype=np.int64)
+        self.used = 0
+        self.start: list[int] = []
+        self.length: list[int] = []
+        self._start = np.zeros(0, dtype=np.int64)
+        self._length = np.zeros(0, dtype=np.int64)
+
+    def rows(self, send: np.ndarray, recv: np.ndarray) -> np.ndarray:
+        keys = send * self.n + recv
+        pos = np.searchsorted(self._keys, keys)
+        known = pos < len(self._keys)
+        known[known] = self._keys[pos[known]] == keys[known]
+        if not known.all():
+            self._add(np.unique(keys[~known]))
+            pos = np.searchsorted(self._keys, keys)
+        return self._rows[pos]
+
+    def _add(self, keys: np.ndarray) -> None:
+        hops, n = self.topo._hops, self.n
+        first = len(self.start)
+        for key in keys.tolist():
+            ids = hops(key // n, key % n)[0]
+            end = self.used + len(ids)
+            if end > len(self.flat):
+                self.flat = np.concatenate((self.flat, np.zeros(max(end, 2 * len(self.flat)), dtype=np.int64)))
+            self.flat[self.used:end] = ids
+            self.start.append(self.used)
+            self.length.append(len(ids))
+            self.used = end
+        rows = np.arange(first, len(self.start), dtype=np.int64)
+        merged = np.concatenate((self._keys, keys))
+        order = np.argsort(merged, kind="stable")
+        self._keys, self._rows = merged[order], np.concatenate((self._rows, rows))[order]
+        self._start, self._length = np.array(self.start, dtype=np.int64), np.array(self.length, dtype=np.int64)
+
+    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows' edge ids, concatenated in order; each row's edge count)."""
+        lens = self._length[rows]
+        total = int(lens.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64), lens
+        ends = np.cumsum(lens)
+        at = np.arange(total, dtype=np.int64) + np.repeat(self._start[rows] - (ends - lens), lens)
+        return self.flat[at], lens
+
+
+def link_load(topo: Topology, table: HopTable, groups: list[tuple[int, ...]]) -> np.ndarray:
+    """Topology._link_load of the groups (in this order) by numpy gathers: whole hops counted as integers, split
+    hops' shares summed in the loop's order (the same floats)."""
+    n = len(topo._bw_arr)
+    send, recv, share, whole = channel_arrays(topo, groups)
+    rows = table.rows(send, recv) if len(send) else np.zeros(0, dtype=np.int64)
+    counted = table.gather(rows[whole])[0] if whole.any() else None
+    load = np.bincount(counted, minlength=n) if counted is not None else np.zeros(n, dtype=np.int64)
+    if not whole.all():
+        ids, lens = table.gather(rows[~whole])
+        load = load + np.bincount(ids, weights=np.repeat(share[~whole], lens), minlength=n)
+    return load
+
+
+__all__ = ["HopParts", "HopTable", "channel_arrays", "link_load", "ring_channels_many", "uniform_nics"]

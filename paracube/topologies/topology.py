@@ -45,7 +45,7 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
-from paracube.topologies.link_loads import HopParts, ring_channels_many, uniform_nics
+from paracube.topologies.link_loads import HopParts, HopTable, link_load, ring_channels_many, uniform_nics
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
@@ -115,6 +115,7 @@ class Topology:
         self._channel_cache: dict[tuple[tuple[int, ...], tuple[int, ...], int, int], Channels] = {}  # crossings
         self._lat_of: list[float] = [self._lat[e] for e in self._edges]  # id -> latency
         self._parts = HopParts(self)  # routes between nodes by cached pieces (link_loads.py)
+        self._table = HopTable(self)  # every hop's edge ids as one array: link loads by numpy gathers
         self._nics_uniform: bool | None = None
 
     @property
@@ -405,27 +406,7 @@ class Topology:
     def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
         """Ring hops crossing each directed edge (indexed like _bw_arr) when `groups` run at once; a hop split
         into C channels puts 1/C on each channel's edges."""
-        n, hop, cached = len(self._bw_arr), self._hops, self._hop_cache.get
-        whole: list[np.ndarray] = []  # hops on one path: integer counts, as before channels
-        split: list[np.ndarray] = []
-        shares: list[float] = []  # per split path: its share, repeated over its edges below
-        sizes: list[int] = []
-        for channels in ring_channels_many(self, list(groups)):  # the groups in the set's order, as before
-            for chans in channels:
-                if len(chans) == 1:
-                    s, r, _ = chans[0]
-                    whole.append((cached((s, r)) or hop(s, r))[0])
-                    continue
-                for s, r, share in chans:
-                    ids = (cached((s, r)) or hop(s, r))[0]
-                    split.append(ids)
-                    shares.append(share)
-                    sizes.append(len(ids))
-        load = np.bincount(np.concatenate(whole), minlength=n) if whole else np.zeros(n, dtype=np.int64)
-        if split:
-            weights = np.repeat(np.array(shares, dtype=np.float64), sizes)
-            load = load + np.bincount(np.concatenate(split), weights=weights, minlength=n)
-        return load
+        return link_load(self, self._table, list(groups))  # link_loads.py: numpy gathers, the loop's floats
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
