@@ -46,7 +46,9 @@ class LinkTable:
         # stay numbered in first-seen order, as when routes came as edges.
         self._route_hop = getattr(topo, "route_hop", None)
         self._topo_edges: list[tuple[str, str]] = list(topo.edges) if self._route_hop is not None else []
-        self._from_topo = [-1] * len(self._topo_edges)
+        self._from_topo = np.full(len(self._topo_edges), -1, dtype=np.int64)
+        self._hop_edges = getattr(topo, "hop_edges", None)  # many routes in one numpy call (topology.hop_edges)
+        self._channel_arrays = getattr(topo, "ring_channel_arrays", None)
 
     def _link(self, u: str, v: str) -> int:
         lid = self.ids.get((u, v))
@@ -93,15 +95,54 @@ class LinkTable:
                                 f"{self.topo.name!r}: device disconnected ({exc})") from None
         if a != b and not len(ids):
             raise ParacubeError(f"no route from rank {a} to rank {b}: device disconnected")
-        mine = self._from_topo
-        topo_ids = ids.tolist()
-        out = [mine[t] for t in topo_ids]
-        if -1 in out:
-            edges, link = self._topo_edges, self._link
-            for i, t in enumerate(topo_ids):
-                if out[i] < 0:
-                    out[i] = mine[t] = link(*edges[t])
-        return out, float(alpha)
+        return self._ours(ids).tolist(), float(alpha)
+
+    def _ours(self, topo_ids: np.ndarray) -> np.ndarray:
+        """Our ids of the topology's edges (in order); links seen for the first time numbered in order of first
+        appearance, as a loop over the routes would."""
+        out = self._from_topo[topo_ids]
+        fresh = out < 0
+        if fresh.any():
+            new, first = np.unique(topo_ids[fresh], return_index=True)
+            edges, link, mine = self._topo_edges, self._link, self._from_topo
+            for t in new[np.argsort(first)].tolist():
+                mine[t] = link(*edges[t])
+            out = mine[topo_ids]
+        return out
+
+    def _routes(self, send: np.ndarray, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(our link ids of the hops' routes concatenated, links per hop, each hop's latency) in one numpy pass;
+        None where the topology cannot (then each hop goes through `path`, which names what is wrong)."""
+        n = self.topo.num_devices
+        if self._hop_edges is None or not len(send) or min(send.min(), recv.min()) < 0 or \
+                max(send.max(), recv.max()) >= n or (send == recv).any():
+            return None
+        try:
+            ids, lens, lat = self._hop_edges(send, recv)
+        except (AssertionError, KeyError):  # a device cut off from the others
+            return None
+        if (lens == 0).any():
+            return None
+        return self._ours(ids), lens, lat
+
+    def _scored(self, routes: tuple[np.ndarray, ...], group: np.ndarray, n_groups: int, share: np.ndarray | None,
+                prefer: int) -> tuple[np.ndarray, int, float]:
+        """(link loads, the busiest group, its latency) from routes of hops tagged with their group (`template`'s
+        and `ring_template`'s scores, the same floats: loads summed in route order)."""
+        ids, lens, lat = routes
+        cap = np.asarray(self.cap)
+        if share is None:
+            load = np.bincount(ids, minlength=len(cap))
+        else:
+            load = np.bincount(ids, weights=np.repeat(share, lens), minlength=len(cap))
+        ratio = load[ids] / cap[ids]
+        sizes = np.zeros(n_groups, dtype=np.int64)
+        np.add.at(sizes, group, lens)
+        alphas = np.zeros(n_groups)
+        np.maximum.at(alphas, group, lat)  # latencies are >= 0: max(..., default=0.0)
+        alpha = alphas.tolist()
+        best = _busiest(ratio, sizes.tolist(), alpha, prefer)
+        return load, best, alpha[best]
 
     def _path(self, a: int, b: int) -> list[int]:
         n = self.topo.num_devices
@@ -128,6 +169,14 @@ class LinkTable:
         collective that couples them (`prefer` wins ties: the group of the stage's representative rank).
         Loads and each group's worst link are numpy reductions over the concatenated paths (a 16,384-GPU job
         scores ~30k groups); the scores are rounded by Python's `round`, as before, so ties are the same."""
+        send = np.array([a for hops in groups for a, _ in hops], dtype=np.int64)
+        recv = np.array([b for hops in groups for _, b in hops], dtype=np.int64)
+        routes = self._routes(send, recv) if len(groups) > 1 else None
+        if routes is not None:  # the same, by numpy over the topology's routes
+            tag = np.repeat(np.arange(len(groups)), [len(hops) for hops in groups])
+            load, best, alpha = self._scored(routes, tag, len(groups), None, prefer)
+            mine = [self.path(a, b) for a, b in groups[best]]
+            return self._whole(name, mine, load, alpha)
         paths = [[self.path(a, b) for a, b in hops] for hops in groups]
         if not paths:
             self._tid += 1
@@ -140,11 +189,13 @@ class LinkTable:
         load = np.bincount(ids, minlength=len(cap)) if ids.size else np.zeros(len(cap), dtype=np.int64)
         ratio = load[ids] / cap[ids]  # float64 division per link, as load[link] / cap[link] was
         best = _busiest(ratio, sizes, alphas, prefer)
-        mine = paths[best]
+        return self._whole(name, paths[best], load, alphas[best])
+
+    def _whole(self, name: str, mine: list[list[int]], load: np.ndarray, alpha: float) -> Template:
         own: Counter[int] = Counter(link for p in mine for link in p)
         out = tuple(tuple((link, max(int(load[link]), own[link]) / own[link]) for link in p) for p in mine)
         self._tid += 1
-        return Template(self._tid, name, out, alphas[best], frozenset(own))
+        return Template(self._tid, name, out, alpha, frozenset(own))
 
     def ring_template(self, name: str, groups: np.ndarray, prefer: int = 0) -> Template:
         """`template` of the node-major rings of `groups` (an [n_groups, size] rank array). A hop that crosses
@@ -156,6 +207,15 @@ class LinkTable:
         channels_of = getattr(self.topo, "ring_channels", None)  # a duck-typed topology may route hops whole
         if channels_of is None:
             return self.template(name, ring_hops_many(groups), prefer)
+        if self._channel_arrays is not None and groups.ndim == 2 and groups.shape[0] > 1 and groups.shape[1] > 1:
+            send, recv, share, whole, tag = self._channel_arrays(groups)
+            routes = self._routes(send, recv)
+            if routes is not None:  # the same, by numpy over the topology's routes
+                load, best, alpha = self._scored(routes, tag, len(groups), None if whole.all() else share, prefer)
+                rep = channels_of(groups[best])
+                if whole.all():
+                    return self._whole(name, [self.path(s, r) for ((s, r, _),) in rep], load, alpha)
+                return self._split(name, [[(self.path(s, r), sh) for s, r, sh in hop] for hop in rep], load, alpha)
         many = getattr(self.topo, "ring_channels_many", None)
         chans = many(groups) if many is not None else [channels_of(g) for g in groups.tolist()]
         if all(len(c) == 1 for g in chans for c in g):
@@ -170,7 +230,9 @@ class LinkTable:
         sizes = [sum(len(p) for hop in g for p, _ in hop) for g in paths]
         ratio = load[ids] / cap[ids]
         best = _busiest(ratio, sizes, alphas, prefer)
-        mine = paths[best]
+        return self._split(name, paths[best], load, alphas[best])
+
+    def _split(self, name: str, mine: list[list[tuple[list[int], float]]], load: np.ndarray, alpha: float) -> Template:
         own: Counter[float] = Counter()
         for hop in mine:
             for p, share in hop:
@@ -179,7 +241,7 @@ class LinkTable:
         out = tuple(tuple((link, share * max(float(load[link]), own[link]) / own[link]) for p, share in hop
                           for link in p) for hop in mine)
         self._tid += 1
-        return Template(self._tid, name, out, alphas[best], frozenset(own))
+        return Template(self._tid, name, out, alpha, frozenset(own))
 
 
 def ring_hops_many(groups: np.ndarray) -> list[list[tuple[int, int]]]:

@@ -154,35 +154,37 @@ def _classes(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray,
 def channel_arrays(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
     """Every channel of every group's ring, flattened in the order Topology._link_load's loop visits them
     (groups in order, hops in ring order, channels in order): (senders, receivers, shares, whether the channel is
-    its hop's only one)."""
+    its hop's only one, the index of its group)."""
     empty = np.zeros(0, dtype=np.int64)
     if not groups:
-        return empty, empty, np.zeros(0), np.zeros(0, dtype=bool)
+        return empty, empty, np.zeros(0), np.zeros(0, dtype=bool), empty
     classes = _classes(topo, groups)
     if classes is None:
-        flat = [(s, r, share, len(hop) == 1) for g in groups for hop in topo._ring_channels(g) for s, r, share in hop]
+        flat = [(s, r, share, len(hop) == 1, i) for i, g in enumerate(groups) for hop in topo._ring_channels(g)
+                for s, r, share in hop]
         return _columns(flat)
     arr, reps, inverse = classes
     parts, order = [], []
     for cls, rep in enumerate(reps.tolist()):
-        flat = [(s, r, share, len(hop) == 1) for hop in topo._ring_channels(groups[rep]) for s, r, share in hop]
-        send, recv, share, whole = _columns(flat)
+        flat = [(s, r, share, len(hop) == 1, rep) for hop in topo._ring_channels(groups[rep]) for s, r, share in hop]
+        send, recv, share, whole, _ = _columns(flat)
         rows = np.nonzero(inverse == cls)[0]
         shift = (arr[rows, 0] - arr[rep, 0])[:, None]  # whole nodes: the class's channels, translated
         k = len(flat)
         parts.append(((send[None, :] + shift).reshape(-1), (recv[None, :] + shift).reshape(-1),
                       np.tile(share, len(rows)), np.tile(whole, len(rows))))
         order.append(np.repeat(rows, k))
-    cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(4)] + [np.concatenate(order)]
     if len(parts) > 1:  # back to the groups' order (stable: a group's channels keep theirs)
-        perm = np.argsort(np.concatenate(order), kind="stable")
+        perm = np.argsort(cols[4], kind="stable")
         cols = [c[perm] for c in cols]
     return tuple(cols)
 
 
-def _columns(flat: list[tuple[int, int, float, bool]]) -> tuple[np.ndarray, ...]:
+def _columns(flat: list[tuple[int, int, float, bool, int]]) -> tuple[np.ndarray, ...]:
     return (np.array([c[0] for c in flat], dtype=np.int64), np.array([c[1] for c in flat], dtype=np.int64),
-            np.array([c[2] for c in flat], dtype=np.float64), np.array([c[3] for c in flat], dtype=bool))
+            np.array([c[2] for c in flat], dtype=np.float64), np.array([c[3] for c in flat], dtype=bool),
+            np.array([c[4] for c in flat], dtype=np.int64))
 
 
 class HopTable:
@@ -198,6 +200,8 @@ class HopTable:
         self.used = 0
         self.start: list[int] = []
         self.length: list[int] = []
+        self.latency: list[float] = []  # each row's summed link latency (Topology._hops)
+        self._latency = np.zeros(0)
         self._start = np.zeros(0, dtype=np.int64)
         self._length = np.zeros(0, dtype=np.int64)
 
@@ -215,7 +219,8 @@ class HopTable:
         hops, n = self.topo._hops, self.n
         first = len(self.start)
         for key in keys.tolist():
-            ids = hops(key // n, key % n)[0]
+            ids, lat = hops(key // n, key % n)
+            self.latency.append(lat)
             end = self.used + len(ids)
             if end > len(self.flat):
                 self.flat = np.concatenate((self.flat, np.zeros(max(end, 2 * len(self.flat)), dtype=np.int64)))
@@ -228,6 +233,10 @@ class HopTable:
         order = np.argsort(merged, kind="stable")
         self._keys, self._rows = merged[order], np.concatenate((self._rows, rows))[order]
         self._start, self._length = np.array(self.start, dtype=np.int64), np.array(self.length, dtype=np.int64)
+        self._latency = np.array(self.latency, dtype=np.float64)
+
+    def latencies(self, rows: np.ndarray) -> np.ndarray:
+        return self._latency[rows]
 
     def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the rows' edge ids, concatenated in order; each row's edge count)."""
@@ -244,7 +253,7 @@ def link_load(topo: Topology, table: HopTable, groups: list[tuple[int, ...]]) ->
     """Topology._link_load of the groups (in this order) by numpy gathers: whole hops counted as integers, split
     hops' shares summed in the loop's order (the same floats)."""
     n = len(topo._bw_arr)
-    send, recv, share, whole = channel_arrays(topo, groups)
+    send, recv, share, whole, _ = channel_arrays(topo, groups)
     rows = table.rows(send, recv) if len(send) else np.zeros(0, dtype=np.int64)
     counted = table.gather(rows[whole])[0] if whole.any() else None
     load = np.bincount(counted, minlength=n) if counted is not None else np.zeros(n, dtype=np.int64)

@@ -45,7 +45,14 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
-from paracube.topologies.link_loads import HopParts, HopTable, link_load, ring_channels_many, uniform_nics
+from paracube.topologies.link_loads import (
+    HopParts,
+    HopTable,
+    channel_arrays,
+    link_load,
+    ring_channels_many,
+    uniform_nics,
+)
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
@@ -402,6 +409,18 @@ class Topology:
         rows = (self._sorted_rows(arr) if arr.ndim == 2 and arr.dtype.kind in "iu" and arr.size
                 else [self._group(g) for g in groups])
         return ring_channels_many(self, rows)
+
+    def ring_channel_arrays(self, groups: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Every channel of the rings of an [n_groups, size] rank array's rows, flattened (group, hop, channel
+        order): (senders, receivers, shares, whether the channel is its hop's only one, its row)."""
+        return channel_arrays(self, self._sorted_rows(np.asarray(groups)))
+
+    def hop_edges(self, send: np.ndarray, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Routes of the hops send[i] -> recv[i] (valid, distinct ranks): (their edge ids, as route_hop's,
+        concatenated in order; edges per hop; each hop's summed latency)."""
+        rows = self._table.rows(np.asarray(send, dtype=np.int64), np.asarray(recv, dtype=np.int64))
+        ids, lens = self._table.gather(rows)
+        return ids, lens, self._table.latencies(rows)
 
     def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
         """Ring hops crossing each directed edge (indexed like _bw_arr) when `groups` run at once; a hop split
