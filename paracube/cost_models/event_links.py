@@ -171,12 +171,11 @@ class LinkTable:
         scores ~30k groups); the scores are rounded by Python's `round`, as before, so ties are the same."""
         send = np.array([a for hops in groups for a, _ in hops], dtype=np.int64)
         recv = np.array([b for hops in groups for _, b in hops], dtype=np.int64)
-        routes = self._routes(send, recv) if len(groups) > 1 else None
+        routes = self._routes(send, recv)
         if routes is not None:  # the same, by numpy over the topology's routes
             tag = np.repeat(np.arange(len(groups)), [len(hops) for hops in groups])
             load, best, alpha = self._scored(routes, tag, len(groups), None, prefer)
-            mine = [self.path(a, b) for a, b in groups[best]]
-            return self._whole(name, mine, load, alpha)
+            return self._from_routes(name, routes, tag, best, None, [1] * len(groups[best]), load, alpha)
         paths = [[self.path(a, b) for a, b in hops] for hops in groups]
         if not paths:
             self._tid += 1
@@ -190,6 +189,34 @@ class LinkTable:
         ratio = load[ids] / cap[ids]  # float64 division per link, as load[link] / cap[link] was
         best = _busiest(ratio, sizes, alphas, prefer)
         return self._whole(name, paths[best], load, alphas[best])
+
+    def _from_routes(self, name: str, routes: tuple[np.ndarray, ...], tag: np.ndarray, best: int,
+                     share: np.ndarray | None, per_hop: list[int], load: np.ndarray, alpha: float) -> Template:
+        """`_whole` (share None) or `_split` of the busiest group, read off the routes (its paths are the rows
+        tagged `best`, in order; `per_hop`: paths per ring hop): the same link weights, by numpy."""
+        ids, lens, _ = routes
+        first, last = np.searchsorted(tag, best), np.searchsorted(tag, best, side="right")
+        if first == last:  # a group without hops
+            self._tid += 1
+            return Template(self._tid, name, (), alpha, frozenset())
+        ends = np.cumsum(lens)
+        lo, hi = int(ends[first] - lens[first]), int(ends[last - 1])
+        mine, lens = ids[lo:hi], lens[first:last]
+        if share is None:  # Counter of the links, then max(load, own) / own: int / int, correctly rounded
+            own = np.bincount(mine, minlength=len(load))
+            weight = np.maximum(load[mine], own[mine]) / own[mine]
+        else:  # shares summed per link in path order, then share x max(load, own) / own, left to right
+            each = np.repeat(share[first:last], lens)
+            own = np.bincount(mine, weights=each, minlength=len(load))
+            weight = each * np.maximum(load[mine], own[mine]) / own[mine]
+        links, weights = mine.tolist(), weight.tolist()
+        counts = np.add.reduceat(lens, np.cumsum([0, *per_hop[:-1]])).tolist() if per_hop else []
+        out, at = [], 0
+        for k in counts:
+            out.append(tuple(zip(links[at:at + k], weights[at:at + k], strict=True)))
+            at += k
+        self._tid += 1
+        return Template(self._tid, name, tuple(out), alpha, frozenset(links))
 
     def _whole(self, name: str, mine: list[list[int]], load: np.ndarray, alpha: float) -> Template:
         own: Counter[int] = Counter(link for p in mine for link in p)
@@ -207,15 +234,14 @@ class LinkTable:
         channels_of = getattr(self.topo, "ring_channels", None)  # a duck-typed topology may route hops whole
         if channels_of is None:
             return self.template(name, ring_hops_many(groups), prefer)
-        if self._channel_arrays is not None and groups.ndim == 2 and groups.shape[0] > 1 and groups.shape[1] > 1:
+        if self._channel_arrays is not None and groups.ndim == 2 and groups.shape[0] and groups.shape[1] > 1:
             send, recv, share, whole, tag = self._channel_arrays(groups)
             routes = self._routes(send, recv)
             if routes is not None:  # the same, by numpy over the topology's routes
-                load, best, alpha = self._scored(routes, tag, len(groups), None if whole.all() else share, prefer)
-                rep = channels_of(groups[best])
-                if whole.all():
-                    return self._whole(name, [self.path(s, r) for ((s, r, _),) in rep], load, alpha)
-                return self._split(name, [[(self.path(s, r), sh) for s, r, sh in hop] for hop in rep], load, alpha)
+                shares = None if whole.all() else share
+                load, best, alpha = self._scored(routes, tag, len(groups), shares, prefer)
+                per_hop = [len(hop) for hop in channels_of(groups[best])]
+                return self._from_routes(name, routes, tag, best, shares, per_hop, load, alpha)
         many = getattr(self.topo, "ring_channels_many", None)
         chans = many(groups) if many is not None else [channels_of(g) for g in groups.tolist()]
         if all(len(c) == 1 for g in chans for c in g):
