@@ -2,7 +2,9 @@
 
 `LinkTable.template` picks, of the groups of one communicator that move at the same time, the representative the
 engine simulates and weights its hops by the concurrent groups' load (event_network.py's module docstring: the
-symmetry argument). Paths are computed once per rank pair.
+symmetry argument). Paths are computed once per rank pair. On a topology that offers them (topology.hop_edges,
+ring_channel_arrays) the routes of all groups come as one numpy array and the scores, loads and the representative's
+weights are numpy reductions of it: the same floats as the per-path loop (tests/test_link_loads.py).
 """
 
 from __future__ import annotations

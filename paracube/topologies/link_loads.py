@@ -1,7 +1,7 @@
 """Fast paths for what topology.Topology computes per ring hop and per group: same answers, less Python.
 
 A 16,384-GPU job asks for the link loads of every group of a mesh axis (~16k ring hops per axis, ~65k distinct
-rank pairs over the analytic and event engines). Two exact shortcuts (issue 26):
+rank pairs over the analytic and event engines). Three exact shortcuts (issue 26):
 
 - Hop routes by parts (`HopParts.hop`): a hop between nodes is routed by Topology._path as
   (GPU -> its NIC inside the node) + (NIC -> its fabric switch -> BFS over the fabric -> the peer's switch -> NIC)
@@ -15,9 +15,13 @@ rank pairs over the analytic and event engines). Two exact shortcuts (issue 26):
   group of the same offsets and the same local rank of its first member) has h's channels shifted by that many
   ranks. So the channels are computed once per class of groups (offsets from the first rank, its local rank) and
   shifted with numpy; anywhere else every group is computed directly.
+- One array of routes (`HopTable`): every rank pair routed so far keeps its edge ids in one CSR array, so the
+  edges of all channels of all groups are one numpy gather, concatenated in the loop's order (group, hop,
+  channel, edge). `link_load` bincounts them: whole hops as integers, split hops weighted by their share, the same
+  additions in the same order as Topology._link_load's loop did, so the floats are bit-identical. The event
+  engine's LinkTable scores its templates from the same gathers (topology.hop_edges, ring_channel_arrays).
 
-The loads built from these are the per-group loop's, element for element, in the same order: the floats are
-bit-identical (tests/test_link_loads.py compares against the direct computation).
+tests/test_link_loads.py compares every fast path with the direct per-pair / per-group computation.
 """
 
 from __future__ import annotations
