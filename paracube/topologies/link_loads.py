@@ -42,11 +42,11 @@ class HopParts:
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
-        self._up: dict[int, tuple[np.ndarray, str] | None] = {}  # rank -> (ids GPU -> NIC -> switch, switch)
-        self._down: dict[int, tuple[np.ndarray, str] | None] = {}  # rank -> (ids switch -> NIC -> GPU, switch)
-        self._fabric: dict[tuple[str, str], np.ndarray | None] = {}  # (switch a, switch b) -> ids between
+        self._up: dict[int, tuple[list[int], str] | None] = {}  # rank -> (ids GPU -> NIC -> switch, switch)
+        self._down: dict[int, tuple[list[int], str] | None] = {}  # rank -> (ids switch -> NIC -> GPU, switch)
+        self._fabric: dict[tuple[str, str], list[int] | None] = {}  # (switch a, switch b) -> ids between
 
-    def _side(self, rank: int, up: bool) -> tuple[np.ndarray, str] | None:
+    def _side(self, rank: int, up: bool) -> tuple[list[int], str] | None:
         cache = self._up if up else self._down
         hit = cache.get(rank, _MISSING)
         if hit is _MISSING:
@@ -60,23 +60,22 @@ class HopParts:
             else:
                 path = (*path, switches[0]) if up else (switches[0], *path)
                 eid = t._eid
-                hit = (np.array([eid[e] for e in zip(path, path[1:], strict=False)], dtype=np.int64), switches[0])
+                hit = ([eid[e] for e in zip(path, path[1:], strict=False)], switches[0])
             cache[rank] = hit
         return hit  # type: ignore[return-value]
 
-    def _middle(self, a: int, b: int, sa: str, sb: str) -> np.ndarray | None:
+    def _middle(self, a: int, b: int, sa: str, sb: str) -> list[int] | None:
         """Edge ids of _fabric_path between the switches (one per switch pair: every NIC pair shares it)."""
         hit = self._fabric.get((sa, sb), _MISSING)
         if hit is _MISSING:
             t = self.topo
             nic_a, nic_b = t._nic_of(t._ranks[a]), t._nic_of(t._ranks[b])
             path = t._fabric_path(nic_a, nic_b)  # type: ignore[arg-type]  # (nic_a, sa, ..., sb, nic_b) or None
-            hit = None if path is None else np.array(
-                [t._eid[e] for e in zip(path[1:-1], path[2:-1], strict=False)], dtype=np.int64)
+            hit = None if path is None else [t._eid[e] for e in zip(path[1:-1], path[2:-1], strict=False)]
             self._fabric[sa, sb] = hit
         return hit  # type: ignore[return-value]
 
-    def hop(self, a: int, b: int) -> np.ndarray | None:
+    def hop(self, a: int, b: int) -> list[int] | None:
         """Edge ids of the route from rank a to rank b on different nodes, as Topology._path finds it; None where
         the route is not GPU -> NIC -> fabric -> NIC -> GPU (the topology then routes it itself)."""
         up, down = self._side(a, True), self._side(b, False)
@@ -85,7 +84,7 @@ class HopParts:
         mid = self._middle(a, b, up[1], down[1])
         if mid is None:
             return None
-        return np.concatenate((up[0], mid, down[0]))
+        return up[0] + mid + down[0]
 
 
 def uniform_nics(topo: Topology) -> bool:
@@ -220,18 +219,29 @@ class HopTable:
         return self._rows[pos]
 
     def _add(self, keys: np.ndarray) -> None:
-        hops, n = self.topo._hops, self.n
+        """Route the new pairs (as Topology._hops does, without one numpy array per pair) and append them."""
+        t, n = self.topo, self.n
+        dpn, cache, parts, lat_of = t.devices_per_node, t._hop_cache, t._parts, t._lat_of
         first = len(self.start)
+        new: list[int] = []
         for key in keys.tolist():
-            ids, lat = hops(key // n, key % n)
+            a, b = divmod(key, n)
+            hit = cache.get((a, b))
+            ids = None if hit is not None or a // dpn == b // dpn else parts.hop(a, b)
+            if ids is not None:
+                lat = sum(lat_of[i] for i in ids)  # path order: _hops' additions
+            else:
+                arr, lat = hit or t._hops(a, b)
+                ids = arr.tolist()
             self.latency.append(lat)
-            end = self.used + len(ids)
-            if end > len(self.flat):
-                self.flat = np.concatenate((self.flat, np.zeros(max(end, 2 * len(self.flat)), dtype=np.int64)))
-            self.flat[self.used:end] = ids
-            self.start.append(self.used)
+            self.start.append(self.used + len(new))
             self.length.append(len(ids))
-            self.used = end
+            new += ids
+        end = self.used + len(new)
+        if end > len(self.flat):
+            self.flat = np.concatenate((self.flat, np.zeros(max(end, 2 * len(self.flat)), dtype=np.int64)))
+        self.flat[self.used:end] = new
+        self.used = end
         rows = np.arange(first, len(self.start), dtype=np.int64)
         merged = np.concatenate((self._keys, keys))
         order = np.argsort(merged, kind="stable")

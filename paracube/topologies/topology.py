@@ -345,7 +345,8 @@ class Topology:
         hops = self._hop_cache.get((a, b))
         if hops is None:
             dpn = self.devices_per_node
-            ids = self._parts.hop(a, b) if a // dpn != b // dpn else None  # link_loads.HopParts: same route
+            parts = self._parts.hop(a, b) if a // dpn != b // dpn else None  # link_loads.HopParts: same route
+            ids = None if parts is None else np.array(parts, dtype=np.int64)
             if ids is None:
                 path = self._path(self._ranks[a], self._ranks[b])
                 ids = np.array([self._eid[e] for e in zip(path, path[1:], strict=False)], dtype=np.int64)
