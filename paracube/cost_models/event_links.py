@@ -2,7 +2,9 @@
 
 `LinkTable.template` picks, of the groups of one communicator that move at the same time, the representative the
 engine simulates and weights its hops by the concurrent groups' load (event_network.py's module docstring: the
-symmetry argument). Paths are computed once per rank pair.
+symmetry argument). Paths are computed once per rank pair. On a topology that offers them (topology.hop_edges,
+ring_channel_arrays) the routes of all groups come as one numpy array and the scores, loads and the representative's
+weights are numpy reductions of it: the same floats as the per-path loop (tests/test_link_loads.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ class LinkTable:
         self._tid = 0
         self._paths: dict[tuple[int, int], list[int]] = {}
         self._alpha: dict[int, float] = {}  # id(path list) -> summed link latency
+        # The topology's own edge ids and latency sums (topology.route_hop), mapped to ours (-1: not seen yet); ours
+        # stay numbered in first-seen order, as when routes came as edges.
+        self._route_hop = getattr(topo, "route_hop", None)
+        self._topo_edges: list[tuple[str, str]] = list(topo.edges) if self._route_hop is not None else []
+        self._from_topo = np.full(len(self._topo_edges), -1, dtype=np.int64)
+        self._hop_edges = getattr(topo, "hop_edges", None)  # many routes in one numpy call (topology.hop_edges)
+        self._channel_arrays = getattr(topo, "ring_channel_arrays", None)
 
     def _link(self, u: str, v: str) -> int:
         lid = self.ids.get((u, v))
@@ -64,10 +73,78 @@ class LinkTable:
         many: a stage's tp rings are hops of the stage-spanning rings too)."""
         hit = self._paths.get((a, b))
         if hit is None:
-            hit = self._paths[a, b] = self._path(a, b)
-            lat = self.latency
-            self._alpha[id(hit)] = sum(lat[link] for link in hit)  # the list lives in _paths: its id is stable
+            if self._route_hop is not None:  # the topology summed the same latencies in the same order
+                hit, alpha = self._path_hop(a, b)
+            else:
+                hit = self._path(a, b)
+                lat = self.latency
+                alpha = sum(lat[link] for link in hit)
+            self._paths[a, b] = hit
+            self._alpha[id(hit)] = alpha  # the list lives in _paths: its id is stable
         return hit
+
+    def _path_hop(self, a: int, b: int) -> tuple[list[int], float]:
+        """Our ids of the topology's route_hop (its edge ids mapped; links seen for the first time numbered in
+        path order) and its summed latency."""
+        n = self.topo.num_devices
+        for r in (a, b):
+            if not 0 <= r < n:
+                raise ParacubeError(f"rank {r} is not on topology {self.topo.name!r}; valid ranks: 0..{n - 1}")
+        try:
+            ids, alpha = self._route_hop(a, b)  # type: ignore[misc]
+        except (AssertionError, KeyError) as exc:  # a graph with a device cut off from the others
+            raise ParacubeError(f"no route from rank {a} to rank {b} on topology "
+                                f"{self.topo.name!r}: device disconnected ({exc})") from None
+        if a != b and not len(ids):
+            raise ParacubeError(f"no route from rank {a} to rank {b}: device disconnected")
+        return self._ours(ids).tolist(), float(alpha)
+
+    def _ours(self, topo_ids: np.ndarray) -> np.ndarray:
+        """Our ids of the topology's edges (in order); links seen for the first time numbered in order of first
+        appearance, as a loop over the routes would."""
+        out = self._from_topo[topo_ids]
+        fresh = out < 0
+        if fresh.any():
+            new, first = np.unique(topo_ids[fresh], return_index=True)
+            edges, link, mine = self._topo_edges, self._link, self._from_topo
+            for t in new[np.argsort(first)].tolist():
+                mine[t] = link(*edges[t])
+            out = mine[topo_ids]
+        return out
+
+    def _routes(self, send: np.ndarray, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(our link ids of the hops' routes concatenated, links per hop, each hop's latency) in one numpy pass;
+        None where the topology cannot (then each hop goes through `path`, which names what is wrong)."""
+        n = self.topo.num_devices
+        if self._hop_edges is None or not len(send) or min(send.min(), recv.min()) < 0 or \
+                max(send.max(), recv.max()) >= n or (send == recv).any():
+            return None
+        try:
+            ids, lens, lat = self._hop_edges(send, recv)
+        except (AssertionError, KeyError):  # a device cut off from the others
+            return None
+        if (lens == 0).any():
+            return None
+        return self._ours(ids), lens, lat
+
+    def _scored(self, routes: tuple[np.ndarray, ...], group: np.ndarray, n_groups: int, share: np.ndarray | None,
+                prefer: int) -> tuple[np.ndarray, int, float]:
+        """(link loads, the busiest group, its latency) from routes of hops tagged with their group (`template`'s
+        and `ring_template`'s scores, the same floats: loads summed in route order)."""
+        ids, lens, lat = routes
+        cap = np.asarray(self.cap)
+        if share is None:
+            load = np.bincount(ids, minlength=len(cap))
+        else:
+            load = np.bincount(ids, weights=np.repeat(share, lens), minlength=len(cap))
+        ratio = load[ids] / cap[ids]
+        sizes = np.zeros(n_groups, dtype=np.int64)
+        np.add.at(sizes, group, lens)
+        alphas = np.zeros(n_groups)
+        np.maximum.at(alphas, group, lat)  # latencies are >= 0: max(..., default=0.0)
+        alpha = alphas.tolist()
+        best = _busiest(ratio, sizes.tolist(), alpha, prefer)
+        return load, best, alpha[best]
 
     def _path(self, a: int, b: int) -> list[int]:
         n = self.topo.num_devices
@@ -94,6 +171,13 @@ class LinkTable:
         collective that couples them (`prefer` wins ties: the group of the stage's representative rank).
         Loads and each group's worst link are numpy reductions over the concatenated paths (a 16,384-GPU job
         scores ~30k groups); the scores are rounded by Python's `round`, as before, so ties are the same."""
+        send = np.array([a for hops in groups for a, _ in hops], dtype=np.int64)
+        recv = np.array([b for hops in groups for _, b in hops], dtype=np.int64)
+        routes = self._routes(send, recv)
+        if routes is not None:  # the same, by numpy over the topology's routes
+            tag = np.repeat(np.arange(len(groups)), [len(hops) for hops in groups])
+            load, best, alpha = self._scored(routes, tag, len(groups), None, prefer)
+            return self._from_routes(name, routes, tag, best, None, [1] * len(groups[best]), load, alpha)
         paths = [[self.path(a, b) for a, b in hops] for hops in groups]
         if not paths:
             self._tid += 1
@@ -106,11 +190,41 @@ class LinkTable:
         load = np.bincount(ids, minlength=len(cap)) if ids.size else np.zeros(len(cap), dtype=np.int64)
         ratio = load[ids] / cap[ids]  # float64 division per link, as load[link] / cap[link] was
         best = _busiest(ratio, sizes, alphas, prefer)
-        mine = paths[best]
+        return self._whole(name, paths[best], load, alphas[best])
+
+    def _from_routes(self, name: str, routes: tuple[np.ndarray, ...], tag: np.ndarray, best: int,
+                     share: np.ndarray | None, per_hop: list[int], load: np.ndarray, alpha: float) -> Template:
+        """`_whole` (share None) or `_split` of the busiest group, read off the routes (its paths are the rows
+        tagged `best`, in order; `per_hop`: paths per ring hop): the same link weights, by numpy."""
+        ids, lens, _ = routes
+        first, last = np.searchsorted(tag, best), np.searchsorted(tag, best, side="right")
+        if first == last:  # a group without hops
+            self._tid += 1
+            return Template(self._tid, name, (), alpha, frozenset())
+        ends = np.cumsum(lens)
+        lo, hi = int(ends[first] - lens[first]), int(ends[last - 1])
+        mine, lens = ids[lo:hi], lens[first:last]
+        if share is None:  # Counter of the links, then max(load, own) / own: int / int, correctly rounded
+            own = np.bincount(mine, minlength=len(load))
+            weight = np.maximum(load[mine], own[mine]) / own[mine]
+        else:  # shares summed per link in path order, then share x max(load, own) / own, left to right
+            each = np.repeat(share[first:last], lens)
+            own = np.bincount(mine, weights=each, minlength=len(load))
+            weight = each * np.maximum(load[mine], own[mine]) / own[mine]
+        links, weights = mine.tolist(), weight.tolist()
+        counts = np.add.reduceat(lens, np.cumsum([0, *per_hop[:-1]])).tolist() if per_hop else []
+        out, at = [], 0
+        for k in counts:
+            out.append(tuple(zip(links[at:at + k], weights[at:at + k], strict=True)))
+            at += k
+        self._tid += 1
+        return Template(self._tid, name, tuple(out), alpha, frozenset(links))
+
+    def _whole(self, name: str, mine: list[list[int]], load: np.ndarray, alpha: float) -> Template:
         own: Counter[int] = Counter(link for p in mine for link in p)
         out = tuple(tuple((link, max(int(load[link]), own[link]) / own[link]) for link in p) for p in mine)
         self._tid += 1
-        return Template(self._tid, name, out, alphas[best], frozenset(own))
+        return Template(self._tid, name, out, alpha, frozenset(own))
 
     def new_template(self, name: str, hops: tuple[tuple[tuple[int, float], ...], ...], alpha: float) -> Template:
         """A template of hops built elsewhere (cost_models/moe_a2a.py: an all_to_all's flows), with its own id."""
@@ -127,7 +241,16 @@ class LinkTable:
         channels_of = getattr(self.topo, "ring_channels", None)  # a duck-typed topology may route hops whole
         if channels_of is None:
             return self.template(name, ring_hops_many(groups), prefer)
-        chans = [channels_of(g) for g in groups.tolist()]
+        if self._channel_arrays is not None and groups.ndim == 2 and groups.shape[0] and groups.shape[1] > 1:
+            send, recv, share, whole, tag = self._channel_arrays(groups)
+            routes = self._routes(send, recv)
+            if routes is not None:  # the same, by numpy over the topology's routes
+                shares = None if whole.all() else share
+                load, best, alpha = self._scored(routes, tag, len(groups), shares, prefer)
+                per_hop = [len(hop) for hop in channels_of(groups[best])]
+                return self._from_routes(name, routes, tag, best, shares, per_hop, load, alpha)
+        many = getattr(self.topo, "ring_channels_many", None)
+        chans = many(groups) if many is not None else [channels_of(g) for g in groups.tolist()]
         if all(len(c) == 1 for g in chans for c in g):
             return self.template(name, [[(s, r) for ((s, r, _),) in g] for g in chans], prefer)
         paths = [[[(self.path(s, r), share) for s, r, share in hop] for hop in g] for g in chans]
@@ -140,7 +263,9 @@ class LinkTable:
         sizes = [sum(len(p) for hop in g for p, _ in hop) for g in paths]
         ratio = load[ids] / cap[ids]
         best = _busiest(ratio, sizes, alphas, prefer)
-        mine = paths[best]
+        return self._split(name, paths[best], load, alphas[best])
+
+    def _split(self, name: str, mine: list[list[tuple[list[int], float]]], load: np.ndarray, alpha: float) -> Template:
         own: Counter[float] = Counter()
         for hop in mine:
             for p, share in hop:
@@ -149,7 +274,7 @@ class LinkTable:
         out = tuple(tuple((link, share * max(float(load[link]), own[link]) / own[link]) for p, share in hop
                           for link in p) for hop in mine)
         self._tid += 1
-        return Template(self._tid, name, out, alphas[best], frozenset(own))
+        return Template(self._tid, name, out, alpha, frozenset(own))
 
 
 def ring_hops_many(groups: np.ndarray) -> list[list[tuple[int, int]]]:

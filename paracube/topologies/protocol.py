@@ -11,7 +11,9 @@ be priced, and so that what a cost model may ask of a topology is written down i
 - the event engine (`RoutedTopology`) also routes single transfers over the graph: `name`, `graph` (edges
   carry bandwidth and latency), `route(a, b)` (the directed edges from rank a to rank b) and
   `ring_channels(group)` (each hop of the group's node-major ring as parallel channels: (sending rank,
-  receiving rank, share of the hop's bytes); a topology without it routes every hop as one path).
+  receiving rank, share of the hop's bytes); a topology without it routes every hop as one path). Optional fast
+  paths, read with getattr (topologies/link_loads.py): `route_hop(a, b)` (route as ids into `edges`, and its
+  latency), `hop_edges(send, recv)` and `ring_channel_arrays(groups)` (many routes and channels as numpy arrays).
 """
 
 from __future__ import annotations

@@ -45,6 +45,14 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
+from paracube.topologies.link_loads import (
+    HopParts,
+    HopTable,
+    channel_arrays,
+    link_load,
+    ring_channels_many,
+    uniform_nics,
+)
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
@@ -112,6 +120,10 @@ class Topology:
         self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
         self._hop_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
         self._channel_cache: dict[tuple[tuple[int, ...], tuple[int, ...], int, int], Channels] = {}  # crossings
+        self._lat_of: list[float] = [self._lat[e] for e in self._edges]  # id -> latency
+        self._parts = HopParts(self)  # routes between nodes by cached pieces (link_loads.py)
+        self._table = HopTable(self)  # every hop's edge ids as one array: link loads by numpy gathers
+        self._nics_uniform: bool | None = None
 
     @property
     def calibration(self) -> Calibration | None:
@@ -332,11 +344,29 @@ class Topology:
         share hops)."""
         hops = self._hop_cache.get((a, b))
         if hops is None:
-            path = self._path(self._ranks[a], self._ranks[b])
-            edges = list(zip(path, path[1:], strict=False))
-            hops = self._hop_cache[a, b] = (np.array([self._eid[e] for e in edges], dtype=np.int64),
-                                            sum(self._lat[e] for e in edges))
+            dpn = self.devices_per_node
+            parts = self._parts.hop(a, b) if a // dpn != b // dpn else None  # link_loads.HopParts: same route
+            ids = None if parts is None else np.array(parts, dtype=np.int64)
+            if ids is None:
+                path = self._path(self._ranks[a], self._ranks[b])
+                ids = np.array([self._eid[e] for e in zip(path, path[1:], strict=False)], dtype=np.int64)
+            lat = self._lat_of
+            hops = self._hop_cache[a, b] = (ids, sum(lat[i] for i in ids.tolist()))  # path order, as before
         return hops
+
+    def route_hop(self, a: int, b: int) -> tuple[np.ndarray, float]:
+        """`route(a, b)` as ids into `edges`, and its summed link latency (the analytic model's hop cache)."""
+        return self._hops(self._rank(a), self._rank(b))
+
+    @property
+    def edges(self) -> list[Edge]:
+        """Every directed edge, in the order of the ids route_hop returns."""
+        return self._edges
+
+    def _uniform_nics(self) -> bool:
+        if self._nics_uniform is None:
+            self._nics_uniform = uniform_nics(self)
+        return self._nics_uniform
 
     def _owners(self, members: tuple[int, ...]) -> tuple[int, ...]:
         """The first member (by rank) of each distinct NIC the members use."""
@@ -374,26 +404,29 @@ class Topology:
         (sending rank, receiving rank, share of the hop's bytes) of each channel; route(s, r) is its path."""
         return self._ring_channels(self._group(ranks))
 
+    def ring_channels_many(self, groups: np.ndarray) -> list[list[Channels]]:
+        """`ring_channels` of each row of an [n_groups, size] rank array (translated groups computed once)."""
+        arr = np.asarray(groups)
+        rows = (self._sorted_rows(arr) if arr.ndim == 2 and arr.dtype.kind in "iu" and arr.size
+                else [self._group(g) for g in groups])
+        return ring_channels_many(self, rows)
+
+    def ring_channel_arrays(self, groups: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Every channel of the rings of an [n_groups, size] rank array's rows, flattened (group, hop, channel
+        order): (senders, receivers, shares, whether the channel is its hop's only one, its row)."""
+        return channel_arrays(self, self._sorted_rows(np.asarray(groups)))
+
+    def hop_edges(self, send: np.ndarray, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Routes of the hops send[i] -> recv[i] (valid, distinct ranks): (their edge ids, as route_hop's,
+        concatenated in order; edges per hop; each hop's summed latency)."""
+        rows = self._table.rows(np.asarray(send, dtype=np.int64), np.asarray(recv, dtype=np.int64))
+        ids, lens = self._table.gather(rows)
+        return ids, lens, self._table.latencies(rows)
+
     def _link_load(self, groups: frozenset[tuple[int, ...]]) -> np.ndarray:
         """Ring hops crossing each directed edge (indexed like _bw_arr) when `groups` run at once; a hop split
         into C channels puts 1/C on each channel's edges."""
-        n, hop = len(self._bw_arr), self._hops
-        whole: list[np.ndarray] = []  # hops on one path: integer counts, as before channels
-        split: list[np.ndarray] = []
-        shares: list[np.ndarray] = []
-        for group in groups:
-            for chans in self._ring_channels(group):
-                if len(chans) == 1:
-                    whole.append(hop(chans[0][0], chans[0][1])[0])
-                    continue
-                for s, r, share in chans:
-                    ids = hop(s, r)[0]
-                    split.append(ids)
-                    shares.append(np.full(len(ids), share))
-        load = np.bincount(np.concatenate(whole), minlength=n) if whole else np.zeros(n, dtype=np.int64)
-        if split:
-            load = load + np.bincount(np.concatenate(split), weights=np.concatenate(shares), minlength=n)
-        return load
+        return link_load(self, self._table, list(groups))  # link_loads.py: numpy gathers, the loop's floats
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
         per_node = Counter(r // self.devices_per_node for r in group)
@@ -431,13 +464,17 @@ class Topology:
             arr = None
         if arr is None or arr.ndim != 2 or arr.dtype.kind not in "iu" or arr.size == 0:
             return frozenset(self._group(g) for g in concurrent)
+        return frozenset(self._sorted_rows(arr))
+
+    def _sorted_rows(self, arr: np.ndarray) -> list[tuple[int, ...]]:
+        """Each row of a 2-D integer rank array as a sorted tuple, checked like _group."""
         arr = np.sort(arr, axis=1)
         bad = arr[(arr < 0) | (arr >= self.num_devices)]
         if bad.size:
             self._rank(int(bad[0]))  # raises, naming the rank
         dup = np.nonzero((np.diff(arr, axis=1) == 0).any(axis=1))[0]
         check(dup.size == 0, f"group {arr[dup[0]].tolist() if dup.size else []} lists a rank twice")
-        return frozenset(map(tuple, arr.tolist()))
+        return list(map(tuple, arr.tolist()))
 
     # --- export ---------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,280 @@
+"""Fast paths for what topology.Topology computes per ring hop and per group: same answers, less Python.
+
+A 16,384-GPU job asks for the link loads of every group of a mesh axis (~16k ring hops per axis, ~65k distinct
+rank pairs over the analytic and event engines). Three exact shortcuts (issue 26):
+
+- Hop routes by parts (`HopParts.hop`): a hop between nodes is routed by Topology._path as
+  (GPU -> its NIC inside the node) + (NIC -> its fabric switch -> BFS over the fabric -> the peer's switch -> NIC)
+  + (NIC -> GPU inside the node), so its edge ids are the concatenation of three pieces cached per GPU and per
+  (switch, switch) pair, instead of one path and one dict lookup per edge per rank pair. Where a piece is missing
+  (no NIC, no fabric switch, an irregular graph) it answers None and the topology routes the pair as before.
+  Its latency is summed edge by edge in path order (the same float additions as before).
+- Translated rings (`ring_channels_many`): Topology._ring_channels of a sorted group depends only on which
+  node each member sits in and on which members share a NIC (the first member per NIC opens a channel). Where
+  every node splits its local ranks over its NICs the same way, a group g = h + d x devices_per_node (h another
+  group of the same offsets and the same local rank of its first member) has h's channels shifted by that many
+  ranks. So the channels are computed once per class of groups (offsets from the first rank, its local rank) and
+  shifted with numpy; anywhere else every group is computed directly.
+- One array of routes (`HopTable`): every rank pair routed so far keeps its edge ids in one CSR array, so the
+  edges of all channels of all groups are one numpy gather, concatenated in the loop's order (group, hop,
+  channel, edge). `link_load` bincounts them: whole hops as integers, split hops weighted by their share, the same
+  additions in the same order as Topology._link_load's loop did, so the floats are bit-identical. The event
+  engine's LinkTable scores its templates from the same gathers (topology.hop_edges, ring_channel_arrays).
+
+tests/test_link_loads.py compares every fast path with the direct per-pair / per-group computation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# topology.Topology (not imported: it imports this module); reads its route caches (_ranks, _nic_of, _in_node ...)
+Topology = Any
+Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
+_MISSING = object()
+
+
+class HopParts:
+    """Cached pieces of the routes between nodes (edge ids into Topology._bw_arr): per GPU its path to its NIC and
+    on to the NIC's fabric switch (and back), per switch pair the fabric path between them."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self._up: dict[int, tuple[list[int], str] | None] = {}  # rank -> (ids GPU -> NIC -> switch, switch)
+        self._down: dict[int, tuple[list[int], str] | None] = {}  # rank -> (ids switch -> NIC -> GPU, switch)
+        self._fabric: dict[tuple[str, str], list[int] | None] = {}  # (switch a, switch b) -> ids between
+
+    def _side(self, rank: int, up: bool) -> tuple[list[int], str] | None:
+        cache = self._up if up else self._down
+        hit = cache.get(rank, _MISSING)
+        if hit is _MISSING:
+            t = self.topo
+            gpu = t._ranks[rank]
+            nic = t._nic_of(gpu)
+            path = None if nic is None else (t._in_node(gpu, nic) if up else t._in_node(nic, gpu))
+            switches = [] if nic is None else [v for v in t._adj[nic] if t._node_of[v] is None]  # as _fabric_path
+            if not path or not switches:  # _path's `first and mid and last` fails: the topology routes it itself
+                hit = None
+            else:
+                path = (*path, switches[0]) if up else (switches[0], *path)
+                eid = t._eid
+                hit = ([eid[e] for e in zip(path, path[1:], strict=False)], switches[0])
+            cache[rank] = hit
+        return hit  # type: ignore[return-value]
+
+    def _middle(self, a: int, b: int, sa: str, sb: str) -> list[int] | None:
+        """Edge ids of _fabric_path between the switches (one per switch pair: every NIC pair shares it)."""
+        hit = self._fabric.get((sa, sb), _MISSING)
+        if hit is _MISSING:
+            t = self.topo
+            nic_a, nic_b = t._nic_of(t._ranks[a]), t._nic_of(t._ranks[b])
+            path = t._fabric_path(nic_a, nic_b)  # type: ignore[arg-type]  # (nic_a, sa, ..., sb, nic_b) or None
+            hit = None if path is None else [t._eid[e] for e in zip(path[1:-1], path[2:-1], strict=False)]
+            self._fabric[sa, sb] = hit
+        return hit  # type: ignore[return-value]
+
+    def hop(self, a: int, b: int) -> list[int] | None:
+        """Edge ids of the route from rank a to rank b on different nodes, as Topology._path finds it; None where
+        the route is not GPU -> NIC -> fabric -> NIC -> GPU (the topology then routes it itself)."""
+        up, down = self._side(a, True), self._side(b, False)
+        if up is None or down is None:
+            return None
+        mid = self._middle(a, b, up[1], down[1])
+        if mid is None:
+            return None
+        return up[0] + mid + down[0]
+
+
+def uniform_nics(topo: Topology) -> bool:
+    """Whether every node splits its local ranks over its NICs the same way (ring channels are then invariant
+    under a shift by whole nodes); False for one node (nothing crosses)."""
+    dpn, ranks = topo.devices_per_node, topo._ranks
+    if topo.num_nodes < 2:
+        return False
+    first: tuple[int, ...] | None = None
+    for node in range(topo.num_nodes):
+        seen: dict[str | None, int] = {}
+        labels = tuple(seen.setdefault(topo._nic_of(ranks[node * dpn + j]), j) for j in range(dpn))
+        if first is None:
+            first = labels
+        elif labels != first:
+            return False
+    return True
+
+
+def ring_channels_many(topo: Topology, groups: list[tuple[int, ...]]) -> list[list[Channels]]:
+    """Topology._ring_channels of each sorted group, computed once per class of translated groups."""
+    if not groups:
+        return []
+    classes = _classes(topo, groups)
+    if classes is None:
+        return [topo._ring_channels(g) for g in groups]
+    arr, rep_of, inverse = classes
+    out: list[list[Channels]] = [[] for _ in groups]
+    for cls, rep in enumerate(rep_of.tolist()):
+        chans = topo._ring_channels(groups[rep])
+        rows = np.nonzero(inverse == cls)[0]
+        # one [n_rows, channels] array per field: senders, receivers (shifted by whole nodes), shares
+        flat = [c for hop in chans for c in hop]
+        counts = [len(hop) for hop in chans]
+        base = np.array([[s for s, _, _ in flat], [r for _, r, _ in flat]], dtype=np.int64)
+        shift = (arr[rows, 0] - arr[rep, 0])[:, None]
+        send, recv = (base[0][None, :] + shift).tolist(), (base[1][None, :] + shift).tolist()
+        shares = [share for _, _, share in flat]
+        whole = all(n == 1 for n in counts)
+        for i, row in enumerate(rows.tolist()):
+            if row == rep:
+                out[row] = chans
+                continue
+            triples = list(zip(send[i], recv[i], shares, strict=True))
+            if whole:
+                out[row] = [(t,) for t in triples]
+                continue
+            hops: list[Channels] = []
+            at = 0
+            for n in counts:
+                hops.append(tuple(triples[at:at + n]))
+                at += n
+            out[row] = hops
+    return out
+
+
+def _classes(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(groups as an array, each class's representative row, each row's class) where translated groups share
+    channels (module docstring); None where they may not."""
+    size = len(groups[0])
+    if size < 2 or len(groups) < 4 or any(len(g) != size for g in groups) or not topo._uniform_nics():
+        return None
+    arr = np.array(groups, dtype=np.int64)
+    first = arr[:, :1]
+    key = np.concatenate((first % topo.devices_per_node, arr - first), axis=1)
+    _, reps, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    return arr, reps, inverse.reshape(-1)
+
+
+def channel_arrays(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
+    """Every channel of every group's ring, flattened in the order Topology._link_load's loop visits them
+    (groups in order, hops in ring order, channels in order): (senders, receivers, shares, whether the channel is
+    its hop's only one, the index of its group)."""
+    empty = np.zeros(0, dtype=np.int64)
+    if not groups:
+        return empty, empty, np.zeros(0), np.zeros(0, dtype=bool), empty
+    classes = _classes(topo, groups)
+    if classes is None:
+        flat = [(s, r, share, len(hop) == 1, i) for i, g in enumerate(groups) for hop in topo._ring_channels(g)
+                for s, r, share in hop]
+        return _columns(flat)
+    arr, reps, inverse = classes
+    parts, order = [], []
+    for cls, rep in enumerate(reps.tolist()):
+        flat = [(s, r, share, len(hop) == 1, rep) for hop in topo._ring_channels(groups[rep]) for s, r, share in hop]
+        send, recv, share, whole, _ = _columns(flat)
+        rows = np.nonzero(inverse == cls)[0]
+        shift = (arr[rows, 0] - arr[rep, 0])[:, None]  # whole nodes: the class's channels, translated
+        k = len(flat)
+        parts.append(((send[None, :] + shift).reshape(-1), (recv[None, :] + shift).reshape(-1),
+                      np.tile(share, len(rows)), np.tile(whole, len(rows))))
+        order.append(np.repeat(rows, k))
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(4)] + [np.concatenate(order)]
+    if len(parts) > 1:  # back to the groups' order (stable: a group's channels keep theirs)
+        perm = np.argsort(cols[4], kind="stable")
+        cols = [c[perm] for c in cols]
+    return tuple(cols)
+
+
+def _columns(flat: list[tuple[int, int, float, bool, int]]) -> tuple[np.ndarray, ...]:
+    return (np.array([c[0] for c in flat], dtype=np.int64), np.array([c[1] for c in flat], dtype=np.int64),
+            np.array([c[2] for c in flat], dtype=np.float64), np.array([c[3] for c in flat], dtype=bool),
+            np.array([c[4] for c in flat], dtype=np.int64))
+
+
+class HopTable:
+    """Edge ids of every rank pair asked so far, as one growing CSR (flat ids; start and length per pair), so that
+    the edges of many hops are one numpy gather (in hop order: the same concatenation as a Python loop)."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.n = topo.num_devices
+        self._keys = np.zeros(0, dtype=np.int64)  # a * n + b, sorted
+        self._rows = np.zeros(0, dtype=np.int64)  # their rows in start/length
+        self.flat = np.zeros(1024, dtype=np.int64)
+        self.used = 0
+        self.start: list[int] = []
+        self.length: list[int] = []
+        self.latency: list[float] = []  # each row's summed link latency (Topology._hops)
+        self._latency = np.zeros(0)
+        self._start = np.zeros(0, dtype=np.int64)
+        self._length = np.zeros(0, dtype=np.int64)
+
+    def rows(self, send: np.ndarray, recv: np.ndarray) -> np.ndarray:
+        keys = send * self.n + recv
+        pos = np.searchsorted(self._keys, keys)
+        known = pos < len(self._keys)
+        known[known] = self._keys[pos[known]] == keys[known]
+        if not known.all():
+            self._add(np.unique(keys[~known]))
+            pos = np.searchsorted(self._keys, keys)
+        return self._rows[pos]
+
+    def _add(self, keys: np.ndarray) -> None:
+        """Route the new pairs (as Topology._hops does, without one numpy array per pair) and append them."""
+        t, n = self.topo, self.n
+        dpn, cache, parts, lat_of = t.devices_per_node, t._hop_cache, t._parts, t._lat_of
+        first = len(self.start)
+        new: list[int] = []
+        for key in keys.tolist():
+            a, b = divmod(key, n)
+            hit = cache.get((a, b))
+            ids = None if hit is not None or a // dpn == b // dpn else parts.hop(a, b)
+            if ids is not None:
+                lat = sum(lat_of[i] for i in ids)  # path order: _hops' additions
+            else:
+                arr, lat = hit or t._hops(a, b)
+                ids = arr.tolist()
+            self.latency.append(lat)
+            self.start.append(self.used + len(new))
+            self.length.append(len(ids))
+            new += ids
+        end = self.used + len(new)
+        if end > len(self.flat):
+            self.flat = np.concatenate((self.flat, np.zeros(max(end, 2 * len(self.flat)), dtype=np.int64)))
+        self.flat[self.used:end] = new
+        self.used = end
+        rows = np.arange(first, len(self.start), dtype=np.int64)
+        merged = np.concatenate((self._keys, keys))
+        order = np.argsort(merged, kind="stable")
+        self._keys, self._rows = merged[order], np.concatenate((self._rows, rows))[order]
+        self._start, self._length = np.array(self.start, dtype=np.int64), np.array(self.length, dtype=np.int64)
+        self._latency = np.array(self.latency, dtype=np.float64)
+
+    def latencies(self, rows: np.ndarray) -> np.ndarray:
+        return self._latency[rows]
+
+    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows' edge ids, concatenated in order; each row's edge count)."""
+        lens = self._length[rows]
+        total = int(lens.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64), lens
+        ends = np.cumsum(lens)
+        at = np.arange(total, dtype=np.int64) + np.repeat(self._start[rows] - (ends - lens), lens)
+        return self.flat[at], lens
+
+
+def link_load(topo: Topology, table: HopTable, groups: list[tuple[int, ...]]) -> np.ndarray:
+    """Topology._link_load of the groups (in this order) by numpy gathers: whole hops counted as integers, split
+    hops' shares summed in the loop's order (the same floats)."""
+    n = len(topo._bw_arr)
+    send, recv, share, whole, _ = channel_arrays(topo, groups)
+    rows = table.rows(send, recv) if len(send) else np.zeros(0, dtype=np.int64)
+    counted = table.gather(rows[whole])[0] if whole.any() else None
+    load = np.bincount(counted, minlength=n) if counted is not None else np.zeros(n, dtype=np.int64)
+    if not whole.all():
+        ids, lens = table.gather(rows[~whole])
+        load = load + np.bincount(ids, weights=np.repeat(share[~whole], lens), minlength=n)
+    return load
+
+
+__all__ = ["HopParts", "HopTable", "channel_arrays", "link_load", "ring_channels_many", "uniform_nics"]
