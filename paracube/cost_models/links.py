@@ -38,9 +38,11 @@ def runs_for(placement: Sequence[tuple[str, int]], axes: Sequence[str]) -> Runs:
 
 def groups_from_runs(runs: Runs) -> np.ndarray:
     """[n_groups, group_size] rank groups (the same sets as Layout.groups, member order innermost-minor)."""
-    world = math.prod(s for s, _ in runs) if runs else 1
+    if not runs:  # a world of one rank: one group, itself (numpy cannot transpose the empty axis list)
+        return np.zeros((1, 1), dtype=np.int64)
+    world = math.prod(s for s, _ in runs)
     outer_first = list(reversed(runs))
-    grid = np.arange(world).reshape([s for s, _ in outer_first] or [1])
+    grid = np.arange(world).reshape([s for s, _ in outer_first])
     members = [i for i, (_, m) in enumerate(outer_first) if m]
     others = [i for i, (_, m) in enumerate(outer_first) if not m]
     size = math.prod(outer_first[i][0] for i in members) if members else 1
