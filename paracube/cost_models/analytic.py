@@ -59,7 +59,7 @@ from paracube.cost_models.compute import (
     optimizer_time,
     stage_compute_time,
 )
-from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowdown
+from paracube.cost_models.contention import extra, grad_extra, slowdown
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
 from paracube.cost_models.fsdp_overlap import prefetched_micro
@@ -181,6 +181,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             micro += tm
             if tensor and set(e.axes) <= tensor:
                 seconds = np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
+                if e.tpo and tpo_pricing is not None:  # what its GEMMs hide of a slowed ring step costs nothing
+                    seconds = seconds * np.clip(tm / np.maximum(alpha_beta, 1e-30), 0.0, 1.0)
                 tensor_bw += seconds
                 tensor_bwd += seconds * (np.asarray(e.backward) / np.maximum(e.payload, 1))[rows]
         sent += np.where(e.count > 0, e_sent, 0.0)
@@ -227,14 +229,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap) for s in STAGES)
     contend = slowdown(links, len(rows))  # tensor collectives beside the data-parallel stream (contention.py)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
-        full, ov = d.recompute == "full", np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
-        stages = tuple(replace(st, micro=st.micro + fsdp_extra(st.fsdp, st.compute, st.micro, st.tensor_bw,
-                                                               st.tensor_bwd, contend, full, traffic.zero, ov))
-                       for st in stages)
         n_zero = traffic.group_size(traffic.zero_axes)
         ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
         parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
-                                  fsdp_prefetch, ov) for name, st in zip(STAGES, stages, strict=True)]
+                                  fsdp_prefetch, ov, st.tensor_bw, st.tensor_bwd, contend)
+                 for name, st in zip(STAGES, stages, strict=True)]
         single = (b.pp == 1)[rows]  # pp > 1: zero's gathers / reduce-scatters priced in line (exposed), both engines
         stages = tuple(replace(st, micro=np.where(single, m, st.micro), step=st.step - np.where(single, rep, 0.0))
                        for st, (m, rep) in zip(stages, parts, strict=True))

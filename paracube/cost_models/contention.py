@@ -10,7 +10,14 @@ between the two (event_network.py); topologies/sharing.py gives the share r of i
 (LinkCache.get_shared, Links[SHARED]). The analytic engine charges the tensor collectives' bandwidth seconds T of
 the phase, for the fraction rho of it the stream is busy, at that share:
     extra = rho x T x (1 / r - 1),   rho = min(1, stream time / phase time)
-(the stream's busy time spread evenly over the phase). Without the key (r = 1) nothing changes.
+(the stream's busy time spread evenly over the phase) for the gradient buckets (`grad_extra`) and zero=1's
+gathers. zero=2/3's stream is priced where it falls instead: fsdp_overlap.py's recursion knows, unit by unit, from
+when to when the stream runs beside a unit's compute (the previous unit's reduce-scatter, then the next unit's
+prefetched gather, from the unit's start), slows that unit's tensor collectives for that part (their seconds spread
+over the unit) and lets a unit whose stream is the critical path absorb it in its slack, as the event engine does
+(before 2026-12 `fsdp_extra` spread the stream over the whole phase here: 2.5-3.2% apart on three layouts). A
+collective that tpo overlaps with its GEMM (tpo.py) counts only its exposed part (T x exposed / ring time): a slowed
+ring step its GEMM chunk still hides costs nothing. Without the key (r = 1) nothing changes.
 """
 
 from __future__ import annotations
@@ -44,24 +51,4 @@ def grad_extra(grad: Arr, backward: Arr, tensor_bw: Arr, slow: Arr, x1: Arr, s_e
     return extra(grad * (1.0 - s_end), window, tensor_bw * (1.0 - x1), slow)
 
 
-def fsdp_extra(fsdp: dict[str, tuple[Arr, Arr]], compute: Arr, micro: Arr, tensor_bw: Arr, tensor_bwd: Arr,
-               slow: Arr, full_recompute: bool, zero: int, overlap: Arr) -> Arr:
-    """zero=2/3 per step: forward beside zero=3's forward gathers (half the gathers), backward beside the other
-    half and the reduce-scatters where they are asynchronous (`overlap`; in line they run beside no tensor
-    collective), each by its bandwidth seconds (its latency steps leave the links free); the
-    compute side's phases split 1/3 : 2/3 (1/4 : 3/4 under full recomputation) as
-    fsdp_overlap.prefetched_micro splits them, the tensor seconds as sent (tensor_bwd: backward's)."""
-    def seconds(kind: str, part: int | None = None) -> Arr:  # part 1: the bandwidth seconds (links busy) only
-        if kind not in fsdp:
-            return np.zeros_like(compute)
-        return fsdp[kind][part] if part is not None else sum(fsdp[kind])  # type: ignore[return-value]
-
-    share_f = 0.25 if full_recompute else 1.0 / 3.0
-    gathers = seconds("all_gather", 1) / 2 if zero == 3 else np.zeros_like(compute)
-    side = compute + micro - seconds("all_gather") - seconds("reduce_scatter")
-    return (extra(gathers, share_f * side, tensor_bw - tensor_bwd, slow)
-            + extra(gathers + np.where(overlap, seconds("reduce_scatter", 1), 0.0), (1 - share_f) * side, tensor_bwd,
-                    slow))
-
-
-__all__ = ["extra", "fsdp_extra", "grad_extra", "slowdown"]
+__all__ = ["extra", "grad_extra", "slowdown"]

@@ -23,6 +23,16 @@ tensor-parallel communication, which runs in line on the compute side):
     backward: at P_u issue the next unit's gather: S = max(S, P_u) + a'_next;  C_u = P_u + b_u;
               S = max(S, C_u) + r_u;  P_next = max(C_u, S_after_gather)
     micro-batch = max(C_last, S) ;  exposed = micro-batch - sum (f_u + b_u)
+Contention (cost_models/contention.py): where the tensor group shares links with the zero group, a unit's tensor
+collectives (bandwidth seconds t_u, spread over its compute) run slower by 1 / r - 1 for the part of the unit the
+stream is busy beside it: from P_u until the stream's backlog and the gather issued at P_u are done,
+    C_u += t_u (1 / r - 1) w min(1, (G_next - P_u) / (C_u - P_u))   (w: the stream's bandwidth share of its seconds,
+                                                                      its latency steps leave the links free)
+so a gather falling early in a short unit slows it more than one spread over the phase, and a unit whose stream is
+the critical path (P_next = G_next) absorbs it in its slack: what the event engine's max-min links do op by op.
+Per micro-batch the compute side is split into the head's compute and equal blocks; a block's compute splits
+forward : backward 1/3 : 2/3 (1/4 : 3/4 under full recomputation) and its in-line communication by the tensor
+collectives' forward and backward bytes (Entry.backward), which is where the event engine runs them.
 The blocks are identical, so the analytic engine iterates `EXACT` blocks and extrapolates the rest by the last
 block's increment (the recursion is max-plus with constant increments once its transient is over, which here
 takes at most two blocks); the event engine simulates the same issue and wait points op by op
@@ -68,33 +78,55 @@ def unit_sizes(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, n: Arr
     return per[inverse.reshape(-1)]
 
 
-State = tuple[Arr, Arr, Arr, Arr, Arr, Arr]
+State = tuple[Arr, Arr, Arr, Arr, Arr, Arr, Arr]
+
+
+def _beside(P: Arr, C: Arr, busy_end: Arr, t: Arr, slow: Arr | float) -> Arr:
+    """The unit computing over [P, C] (its tensor collectives' bandwidth seconds t, spread over it) beside the
+    zero group's stream, busy from P until busy_end: the extra seconds of the collectives it slows (module
+    docstring, contention)."""
+    if np.ndim(slow) == 0 and float(slow) == 0.0:  # type: ignore[arg-type]
+        return np.zeros_like(C)
+    work = C - P
+    busy = np.clip(busy_end - P, 0.0, work)
+    return np.where(work > 0, t * slow * busy / np.where(work > 0, work, 1.0), 0.0)
 
 
 def _unit(state: State, a: Arr, work: Arr, r: Arr, live: Arr, prefetch: bool = True, sync: Arr | bool = False,
-          ar: Arr | float = 0.0) -> State:
-    """One unit of the recursion. State (S, P, C, R, Q, A): the zero group's stream free, previous unit's compute
+          ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0) -> State:
+    """One unit of the recursion. State (S, P, C, R, Q, A, T): the zero group's stream free, previous unit's compute
     start and end, the previous unit's reduce-scatter not yet queued, the replica stream free (HSDP), the previous
-    unit's replica all_reduce not yet queued. This unit's gather `a` was issued at the previous unit's start
-    (prefetch; else at its end, in line), before that unit's reduce-scatter, which queues at its end (with its
-    replica all_reduce `ar`, on its own stream); this unit computes `work` once the previous compute and its
-    gather are done (and, `sync`: the previous reduce-scatter, in line without overlap); its own reduce-scatter
-    `r` is queued at its end (next step)."""
-    S, P, C, R, Q, A = state
+    unit's replica all_reduce not yet queued, the previous unit's tensor bandwidth seconds. This unit's gather `a`
+    was issued at the previous unit's start (prefetch; else at its end, in line), before that unit's
+    reduce-scatter, which queues at its end (with its replica all_reduce `ar`, on its own stream); the previous
+    unit's tensor collectives ran beside the stream from its start until that gather was done (prefetch; else its
+    backlog), slowed by `slow` (1 / r - 1) for that part (`_beside`), which moves its end; this unit computes `work`
+    (its tensor seconds `t`) once the previous compute and its gather are done (and, `sync`: the previous
+    reduce-scatter, in line without overlap); its own reduce-scatter `r` is queued at its end (next step)."""
+    S, P, C, R, Q, A, T = state
     G = np.maximum(S, P if prefetch else C) + a
+    C = C + _beside(P, C, G if prefetch else S, T, slow)
+    if not prefetch:
+        G = np.maximum(S, C) + a
     S2 = np.maximum(G, C) + R
     Q2 = np.maximum(Q, C) + A
     Pn = np.where(sync, S2, np.maximum(C, G))
-    out = (S2, Pn, Pn + work, r, Q2, ar + 0.0 * r)
+    out = (S2, Pn, Pn + work, r, Q2, ar + 0.0 * r, t + 0.0 * r)
     return tuple(np.where(live, o, x) for o, x in zip(out, state, strict=True))  # type: ignore[return-value]
 
 
+def _close(state: State, slow: Arr | float) -> State:
+    """The last unit of a pass beside what is left of the stream's backlog (no gather follows it)."""
+    S, P, C, R, Q, A, T = state
+    return (S, P, C + _beside(P, C, S, T, slow), R, Q, A, T)
+
+
 def _blocks(state: State, blocks: Arr, a: Arr, work: Arr, r: Arr, prefetch: bool = True, sync: Arr | bool = False,
-            ar: Arr | float = 0.0) -> State:
+            ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0) -> State:
     """`blocks` identical units: EXACT of them exactly, then the last one's increment for each of the rest."""
     inc = tuple(np.zeros_like(x) for x in state)
     for k in range(min(int(blocks.max()) if blocks.size else 0, EXACT)):
-        nxt = _unit(state, a, work, r, k < blocks, prefetch, sync, ar)
+        nxt = _unit(state, a, work, r, k < blocks, prefetch, sync, ar, t, slow)
         inc = tuple(n - s for n, s in zip(nxt, state, strict=True))
         state = nxt
     rest = np.maximum(blocks - EXACT, 0).astype(float)
@@ -105,38 +137,44 @@ Units = tuple[Arr, Arr, Arr]
 
 
 def micro_batch_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, prefetch: bool = True,
-                        overlap: Arr | bool = True, ar: Units | None = None) -> Arr:
+                        overlap: Arr | bool = True, ar: Units | None = None, tensor: tuple[Units, Units] | None = None,
+                        slow: Arr | float = 0.0) -> Arr:
     """Seconds of one micro-batch (forward + backward), gathers prefetched (`prefetch`) and reduce-scatters
     asynchronous (`overlap`, per layout), else in line. Per unit kind (embedding, block, head): forward f,
     backward b, gather a (the same in forward and backward), reduce-scatter r and (the step's last micro-batch,
     HSDP with overlap) replica all_reduce `ar`; an absent unit has zeros. The head is kept gathered from its
-    forward to its backward (no second gather)."""
+    forward to its backward (no second gather). `tensor`: per unit kind, the tensor collectives' bandwidth seconds
+    in f and in b, slowed by `slow` (1 / r - 1) where the stream runs beside them (contention)."""
     sync = ~np.asarray(overlap, dtype=bool)
     z = np.zeros(np.shape(blocks))
     ar = ar or (z, z, z)
+    tf, tb = tensor or ((z, z, z), (z, z, z))
     edge = [f[k] + bw[k] + ag[k] + rs[k] > 0 for k in (0, 2)]
-    st = _unit((z, z, z, z, z, z), ag[0], f[0], z, edge[0], prefetch)
-    st = _blocks(st, blocks, ag[1], f[1], z, prefetch)
-    st = _unit(st, ag[2], f[2], z, edge[1], prefetch)
+    st = _unit((z, z, z, z, z, z, z), ag[0], f[0], z, edge[0], prefetch, t=tf[0], slow=slow)
+    st = _blocks(st, blocks, ag[1], f[1], z, prefetch, t=tf[1], slow=slow)
+    st = _close(_unit(st, ag[2], f[2], z, edge[1], prefetch, t=tf[2], slow=slow), slow)
     S, P, C = st[:3]
-    st = (S, C, C, z, z, z)  # the backward starts with the head, its parameters still gathered
-    st = _unit(st, z, bw[2], rs[2], edge[1], prefetch, sync, ar[2])
-    st = _blocks(st, blocks, ag[1], bw[1], rs[1], prefetch, sync, ar[1])
-    st = _unit(st, ag[0], bw[0], rs[0], edge[0], prefetch, sync, ar[0])
-    S, P, C, R, Q, A = st
+    st = (S, C, C, z, z, z, z)  # the backward starts with the head, its parameters still gathered
+    st = _unit(st, z, bw[2], rs[2], edge[1], prefetch, sync, ar[2], tb[2], slow)
+    st = _blocks(st, blocks, ag[1], bw[1], rs[1], prefetch, sync, ar[1], tb[1], slow)
+    st = _close(_unit(st, ag[0], bw[0], rs[0], edge[0], prefetch, sync, ar[0], tb[0], slow), slow)
+    S, P, C, R, Q, A, _ = st
     return np.maximum(np.maximum(C, np.maximum(S, C) + R), np.maximum(Q, C) + A)
 
 
 def exposed_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, prefetch: bool = True,
-                    overlap: Arr | bool = True, ar: Units | None = None) -> Arr:
-    """Per layout: seconds of one micro-batch's FSDP gathers and reduce-scatters that compute does not hide."""
+                    overlap: Arr | bool = True, ar: Units | None = None, tensor: tuple[Units, Units] | None = None,
+                    slow: Arr | float = 0.0) -> Arr:
+    """Per layout: seconds of one micro-batch's FSDP gathers and reduce-scatters that compute does not hide (and
+    what the tensor collectives beside them lose, `tensor` and `slow`: micro_batch_seconds)."""
     busy = f[0] + bw[0] + blocks * (f[1] + bw[1]) + f[2] + bw[2]
-    return np.maximum(0.0, micro_batch_seconds(blocks, f, bw, ag, rs, prefetch, overlap, ar) - busy)
+    return np.maximum(0.0, micro_batch_seconds(blocks, f, bw, ag, rs, prefetch, overlap, ar, tensor, slow) - busy)
 
 
 def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr, F: Arr, H: Arr, n_zero: Arr,
                      compute: Arr, micro: Arr, fsdp: dict[str, tuple[Arr, Arr]], prefetch: bool = True,
-                     overlap: Arr | bool = True) -> tuple[Arr, Arr]:
+                     overlap: Arr | bool = True, tensor_bw: Arr | float = 0.0, tensor_bwd: Arr | float = 0.0,
+                     slow: Arr | float = 0.0) -> tuple[Arr, Arr]:
     """A stage's per-step communication on the compute side (`micro`, per layout) with its FSDP gathers and
     reduce-scatters (`fsdp[kind]` = (latency seconds summed, bandwidth seconds summed): analytic._stage)
     replaced by what prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`, the layout's: per layout)
@@ -144,8 +182,10 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     step's communication where it overlaps (it is in the last micro-batch's recursion instead). pp = 1 (with
     pipelines analytic.py keeps the unit collectives in line, exposed). Per micro-batch, the compute side (compute
     and the other in-line communication) is split into the head's compute (compute.py's head and cross entropy)
-    and equal blocks; the embedding's lookup is negligible; forward 1/3, backward 2/3 (1/4, 3/4 under full
-    recomputation: its forward runs inside backward), as analytic.py splits it."""
+    and equal blocks; the embedding's lookup is negligible; compute forward 1/3, backward 2/3 (1/4, 3/4 under full
+    recomputation: its forward runs inside backward), the in-line communication as the tensor collectives' bytes
+    (`tensor_bw` bandwidth seconds per step, `tensor_bwd` of them in backward; module docstring). Those seconds
+    are the blocks', slowed by `slow` (contention.slowdown) where the stream runs beside them (`_beside`)."""
     N = (d.global_batch / (b.dp * b.mb))[rows]
     blocks = stage_layers(d.L, b.pp, b.v, F, H)[rows].astype(float)
     sizes = unit_sizes(d, mode, b, F, H, n_zero)[rows]
@@ -153,11 +193,17 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     inline = sum(a + e for k, (a, e) in fsdp.items() if k != "replica")
     head = ((stage_compute_time(d, mode, b, H, g, F) - stage_compute_time(d, mode, b, 0 * H, g, F))[rows] / N
             if np.any(H) else np.zeros(len(rows)))
-    side = (compute + micro - inline) / N  # one micro-batch's compute side
-    blk = np.maximum(side - head, 0.0) / np.maximum(blocks, 1.0)
-    per_unit = (np.zeros(len(rows)), blk, head)
-    f = tuple(share_f * x for x in per_unit)
-    bw = tuple((1.0 - share_f) * x for x in per_unit)
+    comm = (micro - inline) / N  # one micro-batch's other in-line communication (the tensor collectives)
+    blk_compute = np.maximum(compute / N - head, 0.0) / np.maximum(blocks, 1.0)
+    blk_comm = comm / np.maximum(blocks, 1.0)
+    t_bw = np.asarray(tensor_bw, dtype=np.float64) * np.ones(len(rows))
+    t_bwd = np.asarray(tensor_bwd, dtype=np.float64) * np.ones(len(rows))
+    comm_f = np.where(t_bw > 0, (t_bw - t_bwd) / np.where(t_bw > 0, t_bw, 1.0), share_f)  # forward's share
+    z = np.zeros(len(rows))
+    f = (z, share_f * blk_compute + comm_f * blk_comm, share_f * head)
+    bw = (z, (1.0 - share_f) * blk_compute + (1.0 - comm_f) * blk_comm, (1.0 - share_f) * head)
+    # the tensor collectives' bandwidth seconds, with the in-line communication, in the blocks
+    tensor = ((z, (t_bw - t_bwd) / N / np.maximum(blocks, 1.0), z), (z, t_bwd / N / np.maximum(blocks, 1.0), z))
 
     def per_call(kind: str, calls: Arr, elements: Arr, per: Arr | float = N) -> tuple[Arr, Arr, Arr]:
         if kind not in fsdp:
@@ -173,9 +219,13 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     ov = np.asarray(overlap, dtype=bool)
     ar = per_call("replica", n_units, total, 1.0)
     replica = np.where(ov, sum(fsdp["replica"]), 0.0) if "replica" in fsdp else np.zeros(len(rows))
-    plain = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap)  # type: ignore[arg-type]
-    last = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap,
-                           tuple(np.where(ov, x, 0.0) for x in ar))  # type: ignore[arg-type]
+    # the stream keeps the links busy for its bandwidth seconds only (its latency steps leave them free)
+    stream = [fsdp[k] for k in ("all_gather", "reduce_scatter") if k in fsdp]
+    links = sum(e for _, e in stream) / np.maximum(sum(a + e for a, e in stream), 1e-30) if stream else 0.0
+    slow = slow * links
+    plain = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, None, tensor, slow)  # type: ignore[arg-type]
+    last = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, tuple(np.where(ov, x, 0.0) for x in ar),
+                           tensor, slow)  # type: ignore[arg-type]
     return micro - inline + (N - 1) * plain + last, replica
 
 
