@@ -44,6 +44,20 @@ def test_recursion_by_hand() -> None:
     assert exposed_seconds(_one(0.0), (z, z, z), (z, z, z), (z, z, z), (z, z, z)) == pytest.approx([0.0])
 
 
+def test_contention_where_the_stream_falls() -> None:
+    """A block (forward 2 s, its tensor collectives 1 s of it) beside the head's prefetched gather, which starts
+    with the block at 1 s: a 1 s gather covers half the block, so at r = 1/2 (slow 1) the block loses 0.5 s; a
+    3 s gather covers all of it (1 s lost) but is the critical path, and the block's slack absorbs it."""
+    z = _one(0.0)
+    one = _one(1.0)
+    for gather, lost in ((1.0, 0.5), (3.0, 0.0)):
+        args = (one, (z, _one(2.0), one), (z, z, z), (z, one, _one(gather)), (z, z, z))
+        tensor = ((z, one, z), (z, z, z))
+        base = micro_batch_seconds(*args)
+        slowed = micro_batch_seconds(*args, tensor=tensor, slow=1.0)
+        assert slowed - base == pytest.approx([lost]), gather
+
+
 def test_prefetch_hides_part_and_never_adds() -> None:
     """On every layout of the agreement list the prefetched step is no slower than the in-line one, and
     strictly faster where units are gathered across nodes; bytes unchanged."""
