@@ -89,15 +89,18 @@ AGREE = [  # 19 layouts: zero=2/3 with prefetch (and overlap: async reduce-scatt
 # (fsdp_overlap.py's recursion, contention.py) they hold at 2% with the rest.
 POSITIONAL = ["dp=8,tp=1d:2,sp,zero=3,mb=2,overlap", "dp=8,tp=1d:2,sp,zero=3,mb=2,tpo,overlap",
               "dp=16,tp=1d:4,shard=8,zero=3,mb=1"]
+# with pipelines the unit collectives run in line, beside the other stages' tensor collectives (contention.fsdp_extra)
+PIPELINED = ["dp=4,pp=2,tp=1d:2,sp,zero=3,mb=1,overlap", "dp=2,pp=2,tp=1d:4,sp,zero=2,mb=1,overlap",
+             "dp=4,pp=2,tp=1d:2,zero=3,mb=2"]
 
 
 def test_engines_agree_with_prefetch_hsdp_tpo_and_overlap() -> None:
-    """Within 2% (the issue's bound) on all 22 layouts, with the options the runtime gives (torchtitan: FSDP
+    """Within 2% (the issue's bound) on all 25 layouts, with the options the runtime gives (torchtitan: FSDP
     prefetch and zero=1's gather overlap); the same bytes."""
     options = RUNTIMES["torchtitan"].engine_options()
     assert options == {"param_overlap": True, "fsdp_prefetch": True, "grad_bytes": 4, "gather_16bit": False,
                        "fp8_scaling": "dynamic", "fp8_experts": False}
-    for text in AGREE + POSITIONAL:
+    for text in AGREE + POSITIONAL + PIPELINED:
         layout = parse_layout(text)
         rc = layout.recompute or "none"
         training = TrainingSpec(global_batch=16, dtype="bf16", recompute=rc)

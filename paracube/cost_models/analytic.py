@@ -59,7 +59,7 @@ from paracube.cost_models.compute import (
     optimizer_time,
     stage_compute_time,
 )
-from paracube.cost_models.contention import extra, grad_extra, slowdown
+from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowdown
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
 from paracube.cost_models.fsdp_overlap import prefetched_micro
@@ -231,6 +231,10 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
         n_zero = traffic.group_size(traffic.zero_axes)
         ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
+        piped = (b.pp > 1)[rows]  # in line: the other stages' streams beside the tensor collectives (contention.py)
+        stages = tuple(replace(st, micro=st.micro + np.where(piped, fsdp_extra(
+            st.fsdp, st.compute, st.micro, st.tensor_bw, st.tensor_bwd, contend, d.recompute == "full", traffic.zero,
+            ov), 0.0)) for st in stages)
         parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
                                   fsdp_prefetch, ov, st.tensor_bw, st.tensor_bwd, contend)
                  for name, st in zip(STAGES, stages, strict=True)]

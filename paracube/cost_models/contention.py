@@ -15,7 +15,9 @@ gathers. zero=2/3's stream is priced where it falls instead: fsdp_overlap.py's r
 when to when the stream runs beside a unit's compute (the previous unit's reduce-scatter, then the next unit's
 prefetched gather, from the unit's start), slows that unit's tensor collectives for that part (their seconds spread
 over the unit) and lets a unit whose stream is the critical path absorb it in its slack, as the event engine does
-(before 2026-12 `fsdp_extra` spread the stream over the whole phase here: 2.5-3.2% apart on three layouts). A
+(before 2026-12 `fsdp_extra` spread the stream over the whole phase for every zero=2/3 layout: 2.5-3.2% apart on
+three; it still does with pipelines, whose unit collectives run in line: the stream beside a stage's tensor
+collectives is then the other stages', not synchronized with its ops). A
 collective that tpo overlaps with its GEMM (tpo.py) counts only its exposed part (T x exposed / ring time): a slowed
 ring step its GEMM chunk still hides costs nothing. Without the key (r = 1) nothing changes.
 """
@@ -51,4 +53,25 @@ def grad_extra(grad: Arr, backward: Arr, tensor_bw: Arr, slow: Arr, x1: Arr, s_e
     return extra(grad * (1.0 - s_end), window, tensor_bw * (1.0 - x1), slow)
 
 
-__all__ = ["extra", "grad_extra", "slowdown"]
+def fsdp_extra(fsdp: dict[str, tuple[Arr, Arr]], compute: Arr, micro: Arr, tensor_bw: Arr, tensor_bwd: Arr,
+               slow: Arr, full_recompute: bool, zero: int, overlap: Arr) -> Arr:
+    """zero=2/3 with pipelines (pp > 1, the unit collectives in line; with pp = 1 fsdp_overlap.py's recursion prices
+    where the stream falls): the other stages' in-line streams, not synchronized with this stage's ops, spread over
+    its phases; forward beside zero=3's forward gathers (half the gathers), backward beside the other half and the
+    reduce-scatters where the layout overlaps (`overlap`), each by its bandwidth seconds (its latency steps leave
+    the links free); the compute side's phases split 1/3 : 2/3 (1/4 : 3/4 under full recomputation), the tensor
+    seconds as sent (tensor_bwd: backward's)."""
+    def seconds(kind: str, part: int | None = None) -> Arr:  # part 1: the bandwidth seconds (links busy) only
+        if kind not in fsdp:
+            return np.zeros_like(compute)
+        return fsdp[kind][part] if part is not None else sum(fsdp[kind])  # type: ignore[return-value]
+
+    share_f = 0.25 if full_recompute else 1.0 / 3.0
+    gathers = seconds("all_gather", 1) / 2 if zero == 3 else np.zeros_like(compute)
+    side = compute + micro - seconds("all_gather") - seconds("reduce_scatter")
+    return (extra(gathers, share_f * side, tensor_bw - tensor_bwd, slow)
+            + extra(gathers + np.where(overlap, seconds("reduce_scatter", 1), 0.0), (1 - share_f) * side, tensor_bwd,
+                    slow))
+
+
+__all__ = ["extra", "fsdp_extra", "grad_extra", "slowdown"]
