@@ -13,7 +13,7 @@ from paracube.calibration.calibrate import (
     build_calibration,
     calibrated_topology,
     check_calibration,
-    fit_op_overheads,
+    fit_host_overheads,
     layout_gemm_shapes,
     machine_info,
     probe_layouts,
@@ -40,6 +40,7 @@ from paracube.errors import ParacubeError
 from paracube.executor.launch import affinity
 from paracube.layout import parse_layout
 from paracube.model_presets import PRESETS
+from paracube.modes import MODES
 from paracube.topologies import load_topology
 from paracube.workload import TrainingSpec
 
@@ -198,31 +199,36 @@ def test_cpu_ranks_sharing_cores_are_priced_by_cpu_time(monkeypatch) -> None:
     assert cal["comm"]["all_gather"]["4"]["latency"] == pytest.approx(0.8 * 200e-6, rel=1e-6)
 
 
-def test_op_overhead_per_mode_is_what_the_fit_leaves_of_the_probe_step() -> None:
-    """A probe whose measured step is the model's step (which prices every op at the elementwise fit's
-    overhead, 10 us here) plus 30 us per dispatched op yields 40 us for its mode; a probe faster than the
-    model's GEMMs and collectives alone yields 0 (never negative)."""
+def test_host_overheads_recover_the_per_op_cost_and_the_message_wait_the_probes_were_made_with() -> None:
+    """Probes priced by the calibrated model with 30 us per dispatched op (the serial probe) and 0.5 ms per
+    collective message (the parallel ones) give back exactly those figures, the per-op one for every tensor
+    mode; a serial probe faster than the model's GEMMs alone gives 0 per op (never negative); priced with the
+    fitted figures, each probe's step is the one it was made from."""
     cal = build_calibration(_synthetic_result(), machine_info(8, "gloo"))
     topo = calibrated_topology("local-cpu", 8, cal)
-    probes = []
-    for text, extra in (("dp=2,tp=1d:4", 30e-6), ("tp=3d:2x2x2", -1.0)):
+    per_op, wait = 30e-6, 0.5e-3
+    made = copy.deepcopy(cal)
+    made["elementwise"]["op_overhead_by_mode"] = {"fp32": {m: per_op for m in MODES}}
+    made["elementwise"]["step_wait_s"] = wait
+    truth = calibrated_topology("local-cpu", 8, made)
+
+    def step(text: str, on: object) -> float:
         layout = parse_layout(text).with_(micro_batch=PROBE_MICRO_BATCH)
         tr = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp)
-        base = estimate(PROBE_MODEL, tr, layout, topo, with_events=False).step_time_s
-        d = dims_of(PROBE_MODEL, tr)
-        one = np.ones(1, dtype=np.int64)
-        ops = float(ops_per_step(d, layout.mode, layout_arrays(layout, PROBE_MICRO_BATCH), one, one)[0])
-        probes.append({"layout": text, "time_s": base + ops * extra if extra > 0 else base / 2})
-    fitted = fit_op_overheads(topo, probes)
-    assert cal["elementwise"]["op_overhead_s"] == pytest.approx(10e-6, rel=1e-6)
-    assert fitted == {"fp32": {"1d": pytest.approx(40e-6, rel=1e-6), "3d": 0.0}}
+        return estimate(PROBE_MODEL, tr, layout, on, with_events=False).step_time_s
+
+    texts = ("dp=1", "dp=2,tp=1d:4", "dp=2,tp=2d:2x2", "tp=3d:2x2x2")
+    probes = [{"layout": t, "dtype": "fp32", "time_s": step(t, truth)} for t in texts]
+    by_mode, fitted = fit_host_overheads(topo, probes)
+    assert set(by_mode) == {"fp32"} and set(by_mode["fp32"]) == set(MODES)
+    assert all(v == pytest.approx(per_op, rel=1e-9) for v in by_mode["fp32"].values())
+    assert fitted == pytest.approx(wait, rel=1e-9)
     assert topo.calibration.elementwise.op_overhead_by_mode == {}  # the probe fit leaves no trace
-    cal["elementwise"]["op_overhead_by_mode"] = fitted
-    priced = calibrated_topology("local-cpu", 8, cal)
-    layout = parse_layout("dp=2,tp=1d:4").with_(micro_batch=PROBE_MICRO_BATCH)
-    tr = TrainingSpec(global_batch=PROBE_MICRO_BATCH * 2)
-    assert estimate(PROBE_MODEL, tr, layout, priced, with_events=False).step_time_s == pytest.approx(
-        probes[0]["time_s"], rel=1e-6)
+    assert topo.calibration.elementwise.step_wait_s is None
+    for text, probe in zip(texts, probes, strict=True):
+        assert step(text, truth) == pytest.approx(probe["time_s"], rel=1e-12)
+    fast = [{"layout": "dp=1", "dtype": "fp32", "time_s": 1e-9}]  # faster than its GEMMs alone
+    assert fit_host_overheads(topo, fast) == ({"fp32": {m: 0.0 for m in MODES}}, 0.0)
 
 
 def test_calibration_with_other_cpu_binding_is_refused(monkeypatch) -> None:

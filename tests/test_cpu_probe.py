@@ -26,14 +26,11 @@ from paracube.topologies.cpu_probe import (
     write_cache,
 )
 from paracube.topologies.local_cpu import (
-    CALL_WAIT_OPS,
-    CPU_CALL_WAIT_S,
     CPU_GEMM_HALF_DIM,
     CPU_OP_S,
     CPU_PEAK_FP32,
-    CPU_RING_WAIT_S,
+    CPU_STEP_WAIT_S,
     MODEL_EFF_MAX,
-    RING_WAIT_OPS,
     host_cores,
     local_cpu_device,
 )
@@ -97,8 +94,8 @@ def test_disable_switch_gives_the_fixed_figures(probing: Path, monkeypatch: pyte
     assert cpu_figures(host_cores()) is None
     dev = local_cpu_device(8, cores=2)
     assert dev.peak_flops["fp32"] == CPU_PEAK_FP32 / 4
-    assert dev.op_overhead_s == CPU_OP_S * 4 and dev.call_overhead_s == pytest.approx(CPU_CALL_WAIT_S * 3)
-    assert dev.ring_wait_s == pytest.approx(CPU_RING_WAIT_S * 4)
+    assert dev.op_overhead_s == CPU_OP_S * 4 and dev.call_overhead_s == 0
+    assert dev.ring_wait_s == pytest.approx(CPU_STEP_WAIT_S * 3)
 
 
 def test_device_from_given_figures_reproduces_the_priced_curve() -> None:
@@ -106,8 +103,7 @@ def test_device_from_given_figures_reproduces_the_priced_curve() -> None:
     assert dev.peak_flops["fp32"] == pytest.approx(160e9 / 4, rel=1e-12)
     assert dev.peak_flops["bf16"] == pytest.approx(160e9 / 16, rel=1e-12)
     assert dev.op_overhead_s == pytest.approx(5e-6 * 4, rel=1e-12)
-    assert dev.call_overhead_s == pytest.approx(CALL_WAIT_OPS * 5e-6 * 3, rel=1e-12)
-    assert dev.ring_wait_s == pytest.approx(RING_WAIT_OPS * 5e-6 * 4, rel=1e-12)  # r = 4 ranks per core
+    assert dev.ring_wait_s == pytest.approx(CPU_STEP_WAIT_S * 3, rel=1e-12)  # r = 4: 3 others on the core
     own = local_cpu_device(2, cores=2, figures=curve_figures(160e9, 5e-6))
     assert own.call_overhead_s == 0 and own.ring_wait_s == 0  # a core per rank: nobody waits to be scheduled
     assert own.op_overhead_s == pytest.approx(5e-6, rel=1e-12)
@@ -119,7 +115,7 @@ def test_preset_prices_with_the_cached_figures(probing: Path) -> None:
     dev = load_topology("local-cpu", gpus=8).device
     assert dev.peak_flops["fp32"] == pytest.approx(200e9 / r, rel=1e-9)
     assert dev.op_overhead_s == pytest.approx(8e-6 * r, rel=1e-12)
-    assert dev.call_overhead_s == pytest.approx(CALL_WAIT_OPS * 8e-6 * (r - 1), rel=1e-12)
+    assert dev.ring_wait_s == pytest.approx(CPU_STEP_WAIT_S * (r - 1), rel=1e-12)
     plan = default_plan()
     layout = plan.layout.with_(micro_batch=plan.micro_batch)
 

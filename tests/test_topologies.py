@@ -27,8 +27,8 @@ from paracube.topologies import (
 from paracube.topologies import presets as P
 from paracube.topologies.listing import describe_preset
 from paracube.topologies.presets import (
-    CPU_CALL_WAIT_S,
     CPU_OP_S,
+    CPU_STEP_WAIT_S,
     FABRIC_EFF,
     SHM_BANDWIDTH,
     SHM_LATENCY,
@@ -95,19 +95,19 @@ def test_local_cpu_figures() -> None:
     topo = load_topology("local-cpu")
     r = ranks_per_core(8)  # 8 ranks on this machine's cores: each gets 1/r of a core
     assert topo.device.peak_flops["fp32"] == 100e9 / r
-    link = topo.group_link(range(8))  # every process -> hub -> process: 2 GB/s, 2 x 25 us on a core each
-    assert link.bandwidth == 2e9 / r and link.latency == pytest.approx(50e-6 * r)
+    link = topo.group_link(range(8))  # every process -> hub -> process: 2 GB/s on a core each, 2 x 25 us
+    assert link.bandwidth == 2e9 / r and link.latency == pytest.approx(50e-6)
 
 
 def test_local_cpu_prices_ranks_sharing_cores() -> None:
     """More ranks than cores: each rank's share of a core slows its compute, op dispatch and copies, and every
-    collective call waits for the other ranks on its core; with a core per rank the base figures hold."""
+    message of a collective waits for the other ranks on its core; with a core per rank the base figures hold."""
     own, shared = local_cpu_device(2, cores=2), local_cpu_device(8, cores=2)
-    assert own.peak_flops["fp32"] == 100e9 and own.call_overhead_s == 0
+    assert own.peak_flops["fp32"] == 100e9 and own.ring_wait_s == 0 and own.call_overhead_s == 0
     assert own.op_overhead_s == CPU_OP_S
     assert shared.peak_flops["fp32"] == 100e9 / 4 and shared.memory_bandwidth == own.memory_bandwidth / 4
-    assert shared.op_overhead_s == 4 * CPU_OP_S and shared.call_overhead_s == 3 * CPU_CALL_WAIT_S
-    assert local_cpu_link(8, cores=2) == (SHM_BANDWIDTH / 4, SHM_LATENCY * 4)
+    assert shared.op_overhead_s == 4 * CPU_OP_S and shared.ring_wait_s == 3 * CPU_STEP_WAIT_S
+    assert local_cpu_link(8, cores=2) == (SHM_BANDWIDTH / 4, SHM_LATENCY)
     assert local_cpu_link(2, cores=4) == (SHM_BANDWIDTH, SHM_LATENCY)
     again = DeviceSpec(**shared.to_dict())  # the overheads travel with the device in a topology file
     assert again == shared and "op_overhead_s" not in load_topology("dgx-a100", gpus=8).device.to_dict()

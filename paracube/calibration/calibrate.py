@@ -3,7 +3,8 @@
 Measured (microbench.py): GEMMs, elementwise ops, collectives per kind / group size / payload / axis pattern,
 and step probes (executor steps of a model with few FLOPs, serial and 1D/2D/3D). Priced on the basis the host
 calls for (timing_basis: wall time, or CPU time x ranks per core when ranks share cores), fitted (fit.py),
-then each mode's per-op overhead set so the model reproduces its probe step (fit_op_overheads).
+then the per-op overhead set from the serial probe step and the wait per collective message from the parallel
+ones (fit_host_overheads).
 
 The file is the base preset in explicit form with (a) the device's fp32 peak and memory bandwidth set to
 the fitted values (fp16/bf16 peaks keep the preset's ratio to fp32), (b) for a one-node hub preset
@@ -73,8 +74,9 @@ def timing_basis(nproc: int, backend: str) -> dict[str, Any]:
     core, are. Measured on a 2-core VM with 8 bound ranks (1D, 2D, 3D plans of tiny and of a smaller
     model): step wall = 1.06-1.14 x 4 x the mean CPU seconds per rank per step, in every mode; the wall time
     inside collectives on groups of 2 was 1.2-2.4x (the data-parallel all-reduce 6x) what the lockstep
-    microbenchmark measured, their waits absorbing the other groups' work. What this leaves out (idle
-    cores, the executor's glue) is in the per-mode op overhead of the step probes (fit_op_overheads)."""
+    microbenchmark measured, their waits absorbing the other groups' work. What this leaves out (the
+    executor's glue; idle cores while messages wait to be scheduled) is in the per-op overhead and the wait
+    per collective message fitted on the step probes (fit_host_overheads)."""
     cores = len(affinity.available_cores())
     if backend == "gloo" and nproc > cores:
         return {"basis": "cpu", "ranks_per_core": nproc / cores, "cores": cores}
@@ -105,31 +107,48 @@ def probe_layouts(nproc: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def fit_op_overheads(topo: Topology, probes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Seconds per dispatched op of each probed dtype and tensor mode: what the fitted model (GEMMs,
-    elementwise bandwidth, collectives) leaves unexplained of the probe's measured step, spread over the
-    step's ops (compute.ops_per_step). On a shared CPU host that is the executor's glue code, autograd
-    (and autocast's casts in bf16), the waits for peers and idle cores; at least 0. `topo` is left as is:
-    the trials price a private copy."""
+def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]) -> tuple[dict[str, dict[str, float]], float]:
+    """(seconds per dispatched op, by dtype and tensor mode; seconds each collective message waits to be
+    scheduled) from the step probes. `topo` is left as is: the trials price a private copy.
+
+    Per op: what the fitted model (GEMMs, elementwise bandwidth) leaves unexplained of a dtype's serial probe
+    (dp=1, one model per rank, every rank busy: no collective), spread over its ops (compute.ops_per_step),
+    at least 0: the executor's glue, autograd (and autocast's casts in bf16); every tensor mode dispatches
+    its ops at that rate. Wait: the least-squares figure (relative errors) that prices what the parallel
+    probes' steps leave beyond their ops and the collectives' CPU cost, per message of their collectives
+    (collective.wait_steps: gloo's algorithms), at least 0. On a host whose ranks share cores a message
+    waits for its receiver to be scheduled among the other ranks (topologies/local_cpu.py); the CPU-time
+    basis of the collective fits (timing_basis) leaves that idle time out. 0 without parallel probes."""
     from paracube.calibration.microbench import PROBE_MICRO_BATCH, PROBE_MODEL
     from paracube.cost_models import estimate
+    from paracube.modes import MODES
     from paracube.topologies import topology_from_dict
     from paracube.workload import TrainingSpec
 
     trial = topology_from_dict(topo.to_dict(), source="calibration trial")
     base = trial.calibration or Calibration()
-    out: dict[str, dict[str, float]] = {}
-    for probe in probes:
+
+    def step(probe: dict[str, Any], per_op: dict[str, dict[str, float]], wait: float) -> float:
         layout = parse_layout(probe["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
         dtype = probe.get("dtype", "fp32")
+        trial.calibration = base.with_op_overheads(per_op, wait)
         training = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp, dtype=dtype)
-        steps = []
-        for per_op in (0.0, 1e-3):
-            trial.calibration = base.with_op_overheads({dtype: {layout.mode: per_op}})
-            steps.append(estimate(PROBE_MODEL, training, layout, trial, with_events=False).step_time_s)
-        ops = (steps[1] - steps[0]) / 1e-3
-        out.setdefault(dtype, {})[layout.mode] = max(0.0, (probe["time_s"] - steps[0]) / ops)
-    return out
+        return estimate(PROBE_MODEL, training, layout, trial, with_events=False).step_time_s
+
+    out: dict[str, dict[str, float]] = {}
+    for probe in probes:
+        if parse_layout(probe["layout"]).world_size == 1:
+            dtype = probe.get("dtype", "fp32")
+            t0, t1 = (step(probe, {dtype: {"none": per}}, 0.0) for per in (0.0, 1e-3))
+            per_op = max(0.0, (probe["time_s"] - t0) / ((t1 - t0) / 1e-3))
+            out[dtype] = {mode: per_op for mode in MODES}
+    num = den = 0.0
+    for probe in probes:
+        if parse_layout(probe["layout"]).world_size > 1:
+            t0, t1 = (step(probe, out, wait) for wait in (0.0, 1e-3))
+            per_wait, t = (t1 - t0) / 1e-3, probe["time_s"]
+            num, den = num + per_wait * (t - t0) / t**2, den + (per_wait / t) ** 2
+    return out, max(0.0, num / den) if den > 0 else 0.0
 
 
 def layout_gemm_shapes(model: ModelSpec, layout_text: str) -> set[tuple[int, int, int]]:
@@ -264,7 +283,8 @@ def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
                     for i, first in enumerate(probe_runs[0])]
     calibration = build_calibration(result, machine_info(nproc, chosen), timing)
     topo = calibrated_topology(cluster, nproc, calibration)
-    calibration["elementwise"]["op_overhead_by_mode"] = fit_op_overheads(topo, result.probe)
+    by_mode, wait = fit_host_overheads(topo, result.probe)
+    calibration["elementwise"]["op_overhead_by_mode"], calibration["elementwise"]["step_wait_s"] = by_mode, wait
     calibration["probes"] = [{k: p[k] for k in ("layout", "dtype", "ops", "time_s", "cpu_s", "round_times_s")}
                              for p in result.probe]
     return calibrated_topology(cluster, nproc, calibration), result, calibration

@@ -8,8 +8,8 @@ at load time into topologies.calibration.Calibration):
       machine: {hostname, cpu_model, nproc, torch_version, backend, cpu_count, cpu_bind}   # where measured
       timing: {basis: wall | cpu, ranks_per_core, cores}   # how a measured point became seconds (below)
       gemm: {eff_max, m0, n0, k0, mem_eff, peak_flops, rms_rel_err}
-      elementwise: {op_overhead_s, bandwidth, rms_rel_err,
-                    op_overhead_by_mode: {fp32: {none, 1d, 2d, 3d}, bf16: {...}}}   # s per op, step probes
+      elementwise: {op_overhead_s, bandwidth, rms_rel_err, step_wait_s,   # s per collective message, probes
+                    op_overhead_by_mode: {fp32: {none, 1d, ...}, bf16: {...}}}   # s per op, serial probe
       comm:                                    # per collective kind, per group size (string key)
         all_reduce: {"2": {latency, bandwidth, rms_rel_err}, "4": {...}, "8": {...}}
         all_gather: {...}
@@ -18,7 +18,7 @@ at load time into topologies.calibration.Calibration):
       link: {latency, bandwidth, rms_rel_err}  # one joint fit over every kind and size
       residuals: {gemm, elementwise, comm, link, probe}   # RMS relative error of each fit; probe: spread of
                                                           # the step probes over rounds (calibrate.probe_spread)
-      probes: [{layout, dtype, ops, time_s, cpu_s, round_times_s}]   # what op_overhead_by_mode was fitted to
+      probes: [{layout, dtype, ops, time_s, cpu_s, round_times_s}]   # what the two above were fitted to
 
 Every fit reads a point's cost: its wall time per call, or, when CPU ranks outnumber the cores they share
 (`timing.basis: cpu`), ranks_per_core x its CPU seconds per call (calibrate.timing_basis says why).
@@ -36,8 +36,9 @@ of them) for kinds and sizes that were not measured. Modes whose collectives alt
 3D) read `comm_alternating` (microbench.py: measured with calls cycling through the groups of every stride,
 which includes the wait for peers last synchronized with other ranks), for every collective of the step;
 other modes read `comm`. compute.py prices `ops_per_step` dispatched ops per step at
-`elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`, the bare in-place op of the elementwise fit):
-calibrate.fit_op_overheads sets it so that the model reproduces each mode's measured probe step.
+`elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`, the bare in-place op of the elementwise fit)
+and each collective message (collective.wait_steps) at `elementwise.step_wait_s`: calibrate.fit_host_overheads
+sets the first from the serial probe step and the second, by least squares, from the parallel ones.
 """
 
 from __future__ import annotations

@@ -90,6 +90,10 @@ def calibrate_command(args: argparse.Namespace) -> int:
         per_op = by_mode.get(p["dtype"], {}).get(mode, 0.0)
         probes.add_row(p["layout"], p["dtype"], str(p["ops"]), human_time(p["time_s"]), human_time(per_op))
     console.print(probes)
+    wait = cal["elementwise"].get("step_wait_s")
+    if wait:
+        console.print(f"wait per collective message (collective.wait_steps), fitted on the parallel probes: "
+                      f"{human_time(wait)}")
     console.print(f"wrote {path} ({time.perf_counter() - t0:.0f} s); use it with --cluster {path}")
     return 0
 

@@ -43,12 +43,24 @@ what modes whose consecutive collectives switch mesh axes see: 2D, 2.5D, 3D). `c
 topology link's (B, a) by the fitted pair where the calibration has one for (kind, n); the formula is the
 same. A table row is (kind, n, alternating, latency, bandwidth) (topologies.calibration.Calibration.comm_table).
 
-Scheduling waits (local CPU ranks that share cores; DeviceSpec.ring_wait_s, 0 on accelerators). Each step
-of a gloo ring over 3 or more ranks waits for the ring's ranks to be scheduled, `ring_wait_steps` steps per
-call: latency_factor(K, m) with m = min(n, elements of the call's payload), since gloo's ring moves a payload
-of fewer elements than ranks in fewer steps (measured on a 2-core VM, 8 ranks: an all_reduce of 8 bytes
-takes about 2 steps' wait, of 1 KB to 1 MB all 14), and none in a pair, whose two ranks hand the core to
-each other (measured: 4 pairs of ranks on 2 cores all_reduce 550 KB in 0.6 ms, a ring of 4 takes 5 ms).
+Scheduling waits (local CPU ranks that share cores; DeviceSpec.ring_wait_s, 0 on accelerators). When r ranks
+share a core, every message a gloo collective passes waits for its receiver to be scheduled (and for the
+peers to arrive, which drift apart on a shared core): `wait_steps` messages on a rank's critical path per
+call, each waiting DeviceSpec.ring_wait_s. They are gloo's CPU algorithms, not the alpha-beta table above:
+
+    kind                                        wait_steps      why
+    all_reduce                                  2 ceil(log2 n)  small payloads (what a training step's calls
+                                                                carry on CPU) reduce and spread in log steps
+    reduce_scatter                              n (n - 1)       ProcessGroupGloo runs it as n reductions
+    all_gather, broadcast, reduce, all_to_all   n - 1
+    send                                        1               the receiver's wait
+
+Measured inside training steps of the tiny GPT, 8 ranks on a 2-core VM (recorder spans, mean seconds per
+call): all_reduce 1.5-1.9 ms (n=2), 3.5-4.4 (n=4), 3.6-5.0 (n=8); all_gather 1.1-1.3 (n=2), 2.5 (n=4);
+reduce_scatter 1.3-2.6 (n=2), 9.6-10.4 (n=4), independent of the payload (128 B to 128 KB): about 0.9 ms per
+wait step; with 4 ranks on 2 cores an all_reduce of 4 ranks took 1.25 ms, a third of it (the wait per step
+scales with the r - 1 other ranks on the core, topologies/local_cpu.py). `paracube calibrate`'s collective
+table agrees on the kinds' ratios: reduce_scatter 1 : 6.5 : 30 for n = 2, 4, 8 (n (n - 1): 1 : 6 : 28).
 
 API (numpy arrays or scalars for n, count, payload, bandwidth, latency; results are float arrays):
     latency_factor(kind, n, algorithm="ring") -> Arr
@@ -60,7 +72,7 @@ API (numpy arrays or scalars for n, count, payload, bandwidth, latency; results 
     best_algorithm(kind, n, payload, bw, lat) -> "ring" | "tree"                      # one call, scalars
     fastest_time(kind, n, count, payload, bw, lat) -> Arr           # the faster of ring and tree per element
     call_steps(kind, n, payload, bw, lat) -> (steps, bytes per step)  # one call of the faster algorithm
-    ring_wait_steps(kind, n, elements) -> Arr        # steps of one call that wait for a ring of >= 3 ranks
+    wait_steps(kind, n) -> Arr                       # messages of one gloo call that wait to be scheduled
 """
 
 from __future__ import annotations
@@ -157,12 +169,19 @@ def calibrated_link(table: Table, kind: str, n: int | Arr, bw: Arr, lat: Arr, al
     return bw, lat
 
 
-def ring_wait_steps(kind: str, n: int | Arr, elements: float | Arr) -> Arr:
-    """Steps of one ring call over n ranks that wait for the ring's ranks to be scheduled (module docstring):
-    latency_factor(kind, min(n, elements)) where n >= 3, else 0."""
+def wait_steps(kind: str, n: int | Arr) -> Arr:
+    """Messages of one gloo call over n ranks that wait for a rank to be scheduled (module docstring)."""
+    _check(kind, "ring")
     n = np.asarray(n, dtype=float)
-    m = np.minimum(n, np.maximum(np.floor(np.asarray(elements, dtype=float)), 1.0))
-    return np.where(n >= 3, latency_factor(kind, m), 0.0)
+    if kind == "all_reduce":
+        steps = 2.0 * _tree_depth(n)
+    elif kind == "reduce_scatter":
+        steps = n * (n - 1.0)
+    elif kind == "send":
+        steps = np.ones_like(n)
+    else:
+        steps = n - 1.0
+    return np.where(n >= 2, steps, 0.0)
 
 
 def best_algorithm(kind: str, n: int, payload: float, bw: float, lat: float) -> str:
@@ -174,4 +193,4 @@ def best_algorithm(kind: str, n: int, payload: float, bw: float, lat: float) -> 
 
 
 __all__ = ["ALGORITHMS", "Table", "best_algorithm", "calibrated_link", "call_steps", "collective_time",
-           "fastest_time", "latency_factor", "ring_steps", "ring_wait_steps", "sent_factor"]
+           "fastest_time", "latency_factor", "ring_steps", "sent_factor", "wait_steps"]

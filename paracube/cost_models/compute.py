@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from paracube.cost_models import fp8
-from paracube.cost_models.collective import ring_wait_steps
+from paracube.cost_models.collective import wait_steps
 from paracube.cost_models.dims import DTYPE_NAMES, Dims, full_sequence
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
@@ -69,7 +69,7 @@ class GemmModel:
     # (kind, group size, alternating, latency s, bandwidth B/s): collective.calibrated_link reads it
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
     call_overhead: float = 0.0  # seconds per collective call beyond its ring steps (DeviceSpec.call_overhead_s)
-    ring_wait: float = 0.0  # seconds per step of a ring of >= 3 ranks waiting for them (DeviceSpec.ring_wait_s)
+    ring_wait: float = 0.0  # seconds per message that waits for its rank to be scheduled (DeviceSpec.ring_wait_s)
     # FP8 (dtype "fp8", cost_models/fp8.py): the block linears' GEMMs at the fp8 peak on their own curve, their
     # operands cast (memory-bound at this model's bandwidth); everything else at this (bf16) model. None: no FP8.
     linear: GemmModel | None = None
@@ -82,10 +82,11 @@ class GemmModel:
         return bool(self.call_overhead or self.ring_wait)
 
     def call_wait(self, kind: str, n: Arr, call_bytes: Arr, dtype: str) -> Arr:
-        """Seconds one call of `call_bytes` on n ranks waits beyond its alpha-beta time: the call overhead plus
-        the ring's scheduling waits (collective.ring_wait_steps); 0 without them (accelerators)."""
-        elements = np.asarray(call_bytes, dtype=float) / ITEM_BYTES.get(dtype, 4)
-        return self.call_overhead + self.ring_wait * ring_wait_steps(kind, n, elements)
+        """Seconds one call on n ranks waits beyond its alpha-beta time: the call overhead plus its messages'
+        scheduling waits (collective.wait_steps); 0 without them (accelerators). The payload does not matter:
+        a step's calls are latency-bound on a shared core (measured, collective.py)."""
+        del call_bytes, dtype
+        return self.call_overhead + self.ring_wait * wait_steps(kind, n)
 
     def op_cost(self, mode: str) -> float:
         """Seconds per dispatched op in a step of `mode`, else of the mode it dispatches like (its
@@ -153,8 +154,10 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
     overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
     # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
     by_mode = tuple(sorted(cal.op_overheads(dtype).items()))
+    wait = cal.elementwise.step_wait_s if cal.elementwise is not None else None
     return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
-                     op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table())
+                     op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table(),
+                     ring_wait=wait or 0.0)
 
 
 def local_shape(

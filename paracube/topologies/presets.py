@@ -34,8 +34,8 @@ from paracube.topologies.efficiency import (  # noqa: F401  (re-exported: listin
 )
 from paracube.topologies.fabric import add_fat_tree, add_gpu, build_switched, make_topology, new_graph  # noqa: F401
 from paracube.topologies.local_cpu import (  # noqa: F401  (re-exported: listing.py, tests)
-    CPU_CALL_WAIT_S,
     CPU_OP_S,
+    CPU_STEP_WAIT_S,
     SHM_BANDWIDTH,
     SHM_LATENCY,
     host_cores,
