@@ -44,7 +44,7 @@ import numpy as np
 from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
-from paracube.cost_models.dims import Dims
+from paracube.cost_models.dims import Dims, param_dims
 from paracube.cost_models.traffic import parameter_sizes, parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
@@ -255,7 +255,7 @@ class StepTraffic:
         for c, bits in zip(cols, (13, 13, 13, 1, 1, 22), strict=True):
             key = (key << bits) | c
         _, first_row, inverse = np.unique(key, return_index=True, return_inverse=True)
-        per = np.array([_bucket_totals(self.mode.name, self.d, int(cols[0][i]), int(cols[1][i]),
+        per = np.array([_bucket_totals(self.mode.name, param_dims(self.d), int(cols[0][i]), int(cols[1][i]),
                                        int(cols[2][i]), bool(cols[3][i]), bool(cols[4][i]),
                                        int(cols[5][i]), self.bucket_bytes) for i in first_row], dtype=np.int64)
         out = per[inverse.reshape(-1)]
@@ -357,7 +357,8 @@ def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr,
     keys, inverse = np.unique(rows, axis=0, return_inverse=True)
     # Pipelines (data_parallel/sharded.py, fsdp.py; untied): no unit held from forward to backward, every unit's
     # fp32 gradient buffer alive through the step (accumulated unsharded, reduce-scattered at the end).
-    per = np.array([_unit_totals(mode, d, *(int(x) for x in k[:3]), bool(k[3]), bool(k[4]), *(int(x) for x in k[5:]))
+    pd = param_dims(d)  # the cache key: what sizes the parameters
+    per = np.array([_unit_totals(mode, pd, *(int(x) for x in k[:3]), bool(k[3]), bool(k[4]), *(int(x) for x in k[5:]))
                     for k in keys], dtype=np.int64)
     out = per[inverse.reshape(-1)]
     return out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4]
