@@ -327,7 +327,7 @@ def _padded_units(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, 
     return tuple(padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)  # the search asks for a few 10k stage shapes
 def _unit_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
                  n: int, pp: int = 1, v: int = 1, n_micro: int = 1) -> tuple[int, int, int, int, int]:
     padded = _padded_units(mode, d, t, q, layers, first, last, n)
