@@ -91,18 +91,21 @@ def bucket_plan(units: Sequence[Sequence[int]], first: bool, last: bool, dp: int
     (reverse order) with each unit's result memoized on the bucket it enters with (a stage's blocks are equal, so
     the packing of one block repeats): what the cost models read per stage shape (grad_overlap.py)."""
     sizes: list[int] = []
+    totals: list[int] = []  # each unit's elements, reverse order
     open_, filled = False, 0  # the bucket being filled: has a parameter, its elements
     for unit in reversed(units):
-        closed, open_, filled = _pack(tuple(int(n) for n in unit), open_, filled, bucket_bytes)
+        closed, open_, filled, total = _pack(unit if type(unit) is tuple else tuple(int(n) for n in unit), open_,
+                                             filled, bucket_bytes)
         sizes += closed
+        totals.append(total)
     if open_:
         sizes.append(filled)
     buckets = [padded_numel(n, dp) for n in sizes] if dp > 1 else sizes
-    blocks = units[int(first):len(units) - int(last)]
-    produced = sum(units[-1]) if last else 0  # as release_counts
+    blocks = totals[int(last):len(units) - int(first)]  # reverse order, as release_counts walks them
+    produced = totals[0] if last else 0  # as release_counts
     issued, out = 0, []
-    for block in reversed(blocks):
-        produced += sum(block)
+    for block in blocks:
+        produced += block
         n = 0
         while issued + n < len(buckets) and buckets[issued + n] <= produced:
             produced -= buckets[issued + n]
@@ -113,9 +116,11 @@ def bucket_plan(units: Sequence[Sequence[int]], first: bool, last: bool, dp: int
 
 
 @lru_cache(maxsize=65536)
-def _pack(unit: tuple[int, ...], open_: bool, filled: int, bucket_bytes: int) -> tuple[tuple[int, ...], bool, int]:
+def _pack(unit: tuple[int, ...], open_: bool, filled: int,
+          bucket_bytes: int) -> tuple[tuple[int, ...], bool, int, int]:
     """plan_buckets' greedy rule over one unit's parameters (reverse order), entering with a bucket that holds
-    `filled` elements (`open_`: at least one parameter): (the buckets it closes, the bucket left open)."""
+    `filled` elements (`open_`: at least one parameter): (the buckets it closes, the bucket left open, the unit's
+    elements)."""
     closed: list[int] = []
     for n in reversed(unit):
         if open_ and GRAD_BYTES * (filled + n) > bucket_bytes:
@@ -123,7 +128,7 @@ def _pack(unit: tuple[int, ...], open_: bool, filled: int, bucket_bytes: int) ->
             filled = 0
         filled += n
         open_ = True
-    return tuple(closed), open_, filled
+    return tuple(closed), open_, filled, sum(unit)
 
 
 def padded_numel(n: int, dp: int) -> int:
