@@ -49,6 +49,7 @@ from paracube.cost_models.traffic import parameter_sizes, parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
+from paracube.modes.rows import unique_rows
 from paracube.modes.stages import backward_spans, stage_chunks, stage_layers
 
 Arr = np.ndarray
@@ -354,7 +355,7 @@ def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr,
             for x in (b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last, n, b.pp, b.v,
                       np.maximum(d.global_batch // (b.dp * b.mb), 1))]
     rows = np.stack(cols, axis=1)
-    keys, inverse = np.unique(rows, axis=0, return_inverse=True)
+    keys, inverse = unique_rows(rows)
     # Pipelines (data_parallel/sharded.py, fsdp.py; untied): no unit held from forward to backward, every unit's
     # fp32 gradient buffer alive through the step (accumulated unsharded, reduce-scattered at the end).
     pd = param_dims(d)  # the cache key: what sizes the parameters

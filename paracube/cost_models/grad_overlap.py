@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 from paracube.cost_models.dims import Dims, param_dims
 from paracube.cost_models.traffic import parameter_units
 from paracube.modes.buckets import bucket_plan
+from paracube.modes.rows import unique_rows
 
 Arr = NDArray[np.float64]
 Profile = tuple[Arr, Arr, Arr]  # per layout and release: chunk, fraction of the chunk's blocks done, S_j
@@ -70,7 +71,7 @@ def release_profile(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr,
     """Per layout (arrays alike), padded to the most releases: (chunk, fraction, S); S = 0 pads."""
     cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), np.shape(t)) for x in (t, q, layers, first, last, dp, v)]
     keys = np.stack(cols, axis=-1).reshape(-1, len(cols))
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    uniq, inverse = unique_rows(keys)
     d = param_dims(d)  # the cache key: what sizes the parameters (the search's passes share it)
     rel = [_releases(mode, d, int(k[0]), int(k[1]), int(k[2]), bool(k[3]), bool(k[4]), int(k[5]), int(k[6]),
                      bucket_bytes) for k in uniq]
