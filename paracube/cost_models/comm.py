@@ -313,13 +313,19 @@ def _pipelined_units(padded: tuple[int, ...], first: bool, last: bool, pp: int, 
         return pair, pair
     # Walk the chunks' births (first backward) and deaths (n_micro-th) in backward order; n_micro > 1, so a
     # chunk's birth comes strictly before its death.
-    events = sorted((at, dies, c) for c, span in enumerate(backward_spans(pp, v, n_micro))
-                    for dies, at in enumerate(span) if at != np.inf)
     live, peak = 0, 0
-    for _, dies, c in events:
+    for dies, c in _chunk_events(pp, v, n_micro):
         live += -chunk[c] if dies else chunk[c]
         peak = max(peak, live)
     return peak, pair
+
+
+@lru_cache(maxsize=4096)
+def _chunk_events(pp: int, v: int, n_micro: int) -> tuple[tuple[int, int], ...]:
+    """(dies, chunk) of the chunks' births (first backward) and deaths (n_micro-th), in backward order."""
+    events = sorted((at, dies, c) for c, span in enumerate(backward_spans(pp, v, n_micro))
+                    for dies, at in enumerate(span) if at != np.inf)
+    return tuple((dies, c) for _, dies, c in events)
 
 
 @lru_cache(maxsize=4096)
