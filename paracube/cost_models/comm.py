@@ -365,8 +365,8 @@ def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr,
     # Pipelines (data_parallel/sharded.py, fsdp.py; untied): no unit held from forward to backward, every unit's
     # fp32 gradient buffer alive through the step (accumulated unsharded, reduce-scattered at the end).
     pd = param_dims(d)  # the cache key: what sizes the parameters
-    per = np.array([_unit_totals(mode, pd, *(int(x) for x in k[:3]), bool(k[3]), bool(k[4]), *(int(x) for x in k[5:]))
-                    for k in keys], dtype=np.int64)
+    per = np.array([_unit_totals(mode, pd, t, q, n_layers, bool(f), bool(h), n_zero, pp, v, n_micro)
+                    for t, q, n_layers, f, h, n_zero, pp, v, n_micro in keys.tolist()], dtype=np.int64)
     out = per[inverse.reshape(-1)]
     return out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4]
 
