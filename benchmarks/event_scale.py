@@ -76,6 +76,7 @@ def main(argv: list[str]) -> None:
             if len(steps) == 2:
                 print(f"      fused / unfused step time - 1: {steps[True] / steps[False] - 1:+.2e}")
             if args.trace:
+                Path(args.trace).mkdir(parents=True, exist_ok=True)
                 res = simulate(model, training, layout, topo, timeline=True, with_events=False)
                 path = write_chrome_trace(res, Path(args.trace) / f"{name}_{text.replace(',', '_')}.json")
                 meta = json.loads(path.read_text())["otherData"]["paracube_spans"]

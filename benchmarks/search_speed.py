@@ -46,7 +46,9 @@ BEFORE = "6e31b23"  # main before the search-speed work (issue 26, item 2)
 def end_to_end(tree: Path, job: list[str], repeat: int) -> tuple[tuple[float, float], list[tuple[float, float]]]:
     """(cold, [warm ...]) (wall, CPU) seconds of `python -m paracube plan JOB` with PYTHONPATH=tree."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": tmp}
+        # bytecode written (a PYTHONDONTWRITEBYTECODE in the caller's environment would make every run cold)
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPATH": str(tree),
+               "PYTHONPYCACHEPREFIX": tmp}
         cmd = [sys.executable, "-m", "paracube", "plan", *job, "-o", f"{tmp}/plan.json", "--force"]
         times = []
         for _ in range(1 + repeat):

@@ -42,3 +42,71 @@ def test_shared_pool_estimates_are_each_layouts_own_and_pruning_stays_exact() ->
     for lay, est in fast.ranked:
         assert est == estimate(model, training, lay, topo, with_events=False, **opts), str(lay)
 
+
+
+def test_fast_helpers_equal_what_they_replace() -> None:
+    """The search's memoized and vectorized helpers (issue 26) return exactly what the plain forms return:
+    buckets.bucket_plan = padded bucket_numels + release_counts (real stages and random units), rows.unique_rows =
+    np.unique(axis=0), stages.stage_layers' per-distinct-stage path = the batch formula (stages._uneven_layers,
+    the formula every stage of a batch with an uneven split takes) on each stage alone."""
+    import itertools
+
+    import numpy as np
+
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.traffic import parameter_units
+    from paracube.modes.buckets import bucket_numels, bucket_plan, padded_numel, release_counts
+    from paracube.modes.rows import unique_rows
+    from paracube.modes.stages import _uneven_layers, stage_layers
+
+    def plain(units, first, last, dp, bb):  # noqa: ANN001, ANN202
+        sizes = [padded_numel(n, dp) for n in bucket_numels([n for u in units for n in u], bb)]
+        return sizes, release_counts(units, first, last, dp, bb)
+
+    rng = np.random.default_rng(0)
+    d = dims_of(PRESETS["gpt3-2.7b"], TrainingSpec(global_batch=512))
+    for (mode, t, q), layers, (first, last), dp, bb in itertools.product(
+            [("1d", 1, 1), ("1d", 4, 1), ("2d", 4, 2)], [1, 3, 8, 32], itertools.product([False, True], repeat=2),
+            [1, 3, 64], [1, 2 ** 20, 25 * 2 ** 20]):
+        units = parameter_units(mode, d, t, q, layers, first, last)
+        assert bucket_plan(units, first, last, dp, bb) == plain(units, first, last, dp, bb)
+    for _ in range(300):
+        units = [tuple(int(x) for x in rng.choice([0, 1, 3, 1000, 2 ** 20, 7 * 2 ** 20], rng.integers(0, 6)))
+                 for _ in range(rng.integers(2, 8))]
+        first, last = bool(rng.integers(2)), bool(rng.integers(2))
+        dp, bb = int(rng.choice([1, 2, 7])), int(rng.choice([1, 16, 4 * 2 ** 20]))
+        assert bucket_plan(units, first, last, dp, bb) == plain(units, first, last, dp, bb)
+    for _ in range(100):
+        table = rng.integers(rng.integers(-3, 2), rng.integers(2, 500), size=(rng.integers(1, 200), rng.integers(1, 9)))
+        keys, inverse = np.unique(table, axis=0, return_inverse=True)
+        fast = unique_rows(table)
+        assert np.array_equal(fast[0], keys) and np.array_equal(fast[1], inverse.reshape(-1))
+    pp = np.arange(1, 49)
+    for L, v in itertools.product([61, 94, 126], [1, 2, 3, 4]):  # batches with uneven splits (deficit > 2)
+        for first, last in itertools.product([0, 1], repeat=2):
+            fl, ll = rng.integers(0, 2, len(pp)), rng.integers(0, 2, len(pp))
+            assert stage_layers(L, pp, np.full_like(pp, v), first, last).tolist() == \
+                [_uneven_layers(L, int(p), v, first, last) for p in pp]
+            assert stage_layers(L, pp, np.full_like(pp, v), fl, ll).tolist() == \
+                [_uneven_layers(L, int(p), v, int(f), int(h)) for p, f, h in zip(pp, fl, ll, strict=True)]
+
+
+def test_release_shares_are_the_plain_sums() -> None:
+    """grad_overlap._releases' S_j (suffix sums of bucket_plan's sizes) equal sum(sizes[issued:]) / total."""
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.grad_overlap import _releases
+    from paracube.cost_models.traffic import parameter_units
+    from paracube.modes.buckets import bucket_numels, padded_numel, release_counts
+
+    d = dims_of(PRESETS["gpt3-2.7b"], TrainingSpec(global_batch=512))
+    for layers, first, last, dp, v in [(32, True, True, 1, 1), (8, True, False, 4, 2), (6, False, True, 1, 3),
+                                       (4, False, False, 8, 1)]:
+        units = parameter_units("1d", d, 2, 1, layers, first, last)
+        sizes = [padded_numel(n, dp) for n in bucket_numels([n for u in units for n in u], 2 ** 22)]
+        counts = release_counts(units, first, last, dp, 2 ** 22)
+        issued, shares = 0, []
+        for n in counts:
+            if n:
+                shares.append(sum(sizes[issued:]) / max(sum(sizes), 1))
+            issued += n
+        assert [r[2] for r in _releases("1d", d, 2, 1, layers, first, last, dp, v, 2 ** 22)] == shares

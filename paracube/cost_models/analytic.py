@@ -63,7 +63,8 @@ from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowd
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
 from paracube.cost_models.fsdp_overlap import prefetched_micro
-from paracube.cost_models.grad_overlap import Profile, exposed_grad_time, release_profile, stream_window
+from paracube.cost_models.grad_overlap import Profile, release_profile
+from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.moe import dense_part
@@ -97,7 +98,7 @@ class StageScores:
     sent: Arr
     compute: Arr
     grad: Arr  # the data-parallel gradient reduction's part of `step` (s), what overlap may hide
-    releases: Profile  # when the backward issues which share of the buckets (grad_overlap.release_profile)
+    releases: Profile  # when the backward issues which share of the buckets, per configuration (release_profile)
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
     gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
     fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
@@ -202,8 +203,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     if np.any(overlap):
         dp = traffic.group_size(traffic.data_axes) if traffic.zero == 1 else np.ones_like(b.dp)
         layers = stage_layers(d.L, b.pp, b.v, F, H) * np.ones_like(b.dp)
-        releases = tuple(x[rows] for x in release_profile(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp),
-                                                          H * np.ones_like(b.dp), dp, b.v, traffic.bucket_bytes))
+        releases = release_profile(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp), H * np.ones_like(b.dp), dp,
+                                   b.v, traffic.bucket_bytes)  # per configuration: evaluate reads it by rows
     return StageScores(entries, micro, step, sent[rows], compute, grad, releases, optim,
                        gather, fsdp, ring, tensor_bw, tensor_bwd, (grad_bw, gather_bw))
 
@@ -264,8 +265,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         bwd = [share * (st.compute + st.micro) / N for st in stages]
         # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
         late = [grad_extra(np.where(half, st.stream_bw[0] / 2, st.stream_bw[0]), bw, st.tensor_bwd / N, contend,
-                           *stream_window(st.releases, v)) for bw, st in zip(bwd, stages, strict=True)]
-        exposed = np.max([exposed_grad_time(gr, bw + x, index[name], pp, v, st.releases)
+                           *stream_window(st.releases, b.v, rows)) for bw, st in zip(bwd, stages, strict=True)]
+        exposed = np.max([exposed_grad_time(gr, bw + x, index[name], pp, v, st.releases, rows)
                           for name, st, gr, bw, x in zip(STAGES, stages, grads, bwd, late, strict=True)], axis=0)
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed

@@ -44,11 +44,12 @@ import numpy as np
 from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
-from paracube.cost_models.dims import Dims
+from paracube.cost_models.dims import Dims, param_dims
 from paracube.cost_models.traffic import parameter_sizes, parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
+from paracube.modes.rows import unique_rows
 from paracube.modes.stages import backward_spans, stage_chunks, stage_layers
 
 Arr = np.ndarray
@@ -255,7 +256,7 @@ class StepTraffic:
         for c, bits in zip(cols, (13, 13, 13, 1, 1, 22), strict=True):
             key = (key << bits) | c
         _, first_row, inverse = np.unique(key, return_index=True, return_inverse=True)
-        per = np.array([_bucket_totals(self.mode.name, self.d, int(cols[0][i]), int(cols[1][i]),
+        per = np.array([_bucket_totals(self.mode.name, param_dims(self.d), int(cols[0][i]), int(cols[1][i]),
                                        int(cols[2][i]), bool(cols[3][i]), bool(cols[4][i]),
                                        int(cols[5][i]), self.bucket_bytes) for i in first_row], dtype=np.int64)
         out = per[inverse.reshape(-1)]
@@ -312,13 +313,19 @@ def _pipelined_units(padded: tuple[int, ...], first: bool, last: bool, pp: int, 
         return pair, pair
     # Walk the chunks' births (first backward) and deaths (n_micro-th) in backward order; n_micro > 1, so a
     # chunk's birth comes strictly before its death.
-    events = sorted((at, dies, c) for c, span in enumerate(backward_spans(pp, v, n_micro))
-                    for dies, at in enumerate(span) if at != np.inf)
     live, peak = 0, 0
-    for _, dies, c in events:
+    for dies, c in _chunk_events(pp, v, n_micro):
         live += -chunk[c] if dies else chunk[c]
         peak = max(peak, live)
     return peak, pair
+
+
+@lru_cache(maxsize=4096)
+def _chunk_events(pp: int, v: int, n_micro: int) -> tuple[tuple[int, int], ...]:
+    """(dies, chunk) of the chunks' births (first backward) and deaths (n_micro-th), in backward order."""
+    events = sorted((at, dies, c) for c, span in enumerate(backward_spans(pp, v, n_micro))
+                    for dies, at in enumerate(span) if at != np.inf)
+    return tuple((dies, c) for _, dies, c in events)
 
 
 @lru_cache(maxsize=4096)
@@ -327,7 +334,7 @@ def _padded_units(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, 
     return tuple(padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)  # the search asks for a few 10k stage shapes
 def _unit_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
                  n: int, pp: int = 1, v: int = 1, n_micro: int = 1) -> tuple[int, int, int, int, int]:
     padded = _padded_units(mode, d, t, q, layers, first, last, n)
@@ -354,11 +361,12 @@ def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr,
             for x in (b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last, n, b.pp, b.v,
                       np.maximum(d.global_batch // (b.dp * b.mb), 1))]
     rows = np.stack(cols, axis=1)
-    keys, inverse = np.unique(rows, axis=0, return_inverse=True)
+    keys, inverse = unique_rows(rows)
     # Pipelines (data_parallel/sharded.py, fsdp.py; untied): no unit held from forward to backward, every unit's
     # fp32 gradient buffer alive through the step (accumulated unsharded, reduce-scattered at the end).
-    per = np.array([_unit_totals(mode, d, *(int(x) for x in k[:3]), bool(k[3]), bool(k[4]), *(int(x) for x in k[5:]))
-                    for k in keys], dtype=np.int64)
+    pd = param_dims(d)  # the cache key: what sizes the parameters
+    per = np.array([_unit_totals(mode, pd, t, q, n_layers, bool(f), bool(h), n_zero, pp, v, n_micro)
+                    for t, q, n_layers, f, h, n_zero, pp, v, n_micro in keys.tolist()], dtype=np.int64)
     out = per[inverse.reshape(-1)]
     return out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4]
 

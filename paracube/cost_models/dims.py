@@ -14,6 +14,7 @@ executor pads its embedding and head to the same size (executor/model/gpt.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from paracube.errors import check
@@ -138,6 +139,16 @@ class Dims:
 
     def layer_params(self) -> int:
         return self.sum_w() + self.sum_bias() + 2 * self.norm_vectors * self.h
+
+
+@lru_cache(maxsize=256)
+def param_dims(d: Dims) -> Dims:
+    """`d` with only what sizes the parameters kept (L, h, f, V, s_model, heads, kv, family, tied, mla; the rest
+    at Dims' defaults): the key of the caches of per-stage parameter and bucket sizes (traffic.parameter_units,
+    comm.py, grad_overlap.py), which read nothing else, so the search's passes (recomputations, context
+    parallelism, dtypes) share them."""
+    return Dims(L=d.L, h=d.h, f=d.f, V=d.V, s=0, s_model=d.s_model, heads=d.heads, kv=d.kv, family=d.family, c=0,
+                dtype="", recompute="", global_batch=0, tied=d.tied, mla=d.mla)
 
 
 def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:

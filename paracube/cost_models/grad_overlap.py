@@ -33,14 +33,16 @@ max(0, G - b (1 - x1), xl G) (analytic.py's docstring; x1 = 1 / blocks, xl the l
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 
 import numpy as np
 from numpy.typing import NDArray
 
-from paracube.cost_models.dims import Dims
+from paracube.cost_models.dims import Dims, param_dims
 from paracube.cost_models.traffic import parameter_units
-from paracube.modes.buckets import bucket_numels, padded_numel, release_counts
+from paracube.modes.buckets import bucket_plan
+from paracube.modes.rows import unique_rows
 
 Arr = NDArray[np.float64]
 Profile = tuple[Arr, Arr, Arr]  # per layout and release: chunk, fraction of the chunk's blocks done, S_j
@@ -51,15 +53,15 @@ def _releases(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last
               bucket_bytes: int) -> tuple[tuple[float, float, float], ...]:
     """(chunk, fraction of its blocks done, share of the bucket bytes released then or later) per release."""
     units = parameter_units(mode, d, t, q, layers, first, last)
-    sizes = [padded_numel(n, dp) for n in bucket_numels([n for u in units for n in u], bucket_bytes)]
-    counts = release_counts(units, first, last, dp, bucket_bytes)
-    total, issued, out = max(sum(sizes), 1), 0, []
+    sizes, counts = bucket_plan(units, first, last, dp, bucket_bytes)  # = padded bucket_numels, release_counts
+    after = [*itertools.accumulate(reversed(sizes))][::-1] + [0]  # after[i] = sum(sizes[i:]), exact (ints)
+    total, issued, out = max(after[0], 1), 0, []
     per = max(layers, 1) / v  # blocks per chunk (analytic: an even split)
     for j, n in enumerate(counts):
         if n:
             done = min(j + 1, max(layers, 1))  # blocks finished (the final release: all of them)
             chunk = v - 1 - min(int((done - 1) // per), v - 1)
-            out.append((float(chunk), (done - (v - 1 - chunk) * per) / per, sum(sizes[issued:]) / total))
+            out.append((float(chunk), (done - (v - 1 - chunk) * per) / per, after[issued] / total))
         issued += n
     return tuple(out)
 
@@ -69,7 +71,8 @@ def release_profile(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr,
     """Per layout (arrays alike), padded to the most releases: (chunk, fraction, S); S = 0 pads."""
     cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), np.shape(t)) for x in (t, q, layers, first, last, dp, v)]
     keys = np.stack(cols, axis=-1).reshape(-1, len(cols))
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    uniq, inverse = unique_rows(keys)
+    d = param_dims(d)  # the cache key: what sizes the parameters (the search's passes share it)
     rel = [_releases(mode, d, int(k[0]), int(k[1]), int(k[2]), bool(k[3]), bool(k[4]), int(k[5]), int(k[6]),
                      bucket_bytes) for k in uniq]
     width = max([len(r) for r in rel] + [1])

@@ -25,6 +25,7 @@ stage), whose backward has no GEMM, leave with whatever the last block left.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb = 25
 GRAD_BYTES = 4  # buckets hold fp32 gradients
@@ -83,10 +84,57 @@ def release_counts(units: Sequence[Sequence[int]], first: bool, last: bool, dp: 
     return [*out, len(buckets) - issued]
 
 
+def bucket_plan(units: Sequence[Sequence[int]], first: bool, last: bool, dp: int = 1,
+                bucket_bytes: int = BUCKET_BYTES) -> tuple[list[int], list[int]]:
+    """(each bucket's elements padded to a multiple of dp, in issue order; release_counts) in one pass: the same
+    numbers as `padded_numel` over `bucket_numels` and `release_counts`, the greedy packing walked unit by unit
+    (reverse order) with each unit's result memoized on the bucket it enters with (a stage's blocks are equal, so
+    the packing of one block repeats): what the cost models read per stage shape (grad_overlap.py)."""
+    sizes: list[int] = []
+    totals: list[int] = []  # each unit's elements, reverse order
+    open_, filled = False, 0  # the bucket being filled: has a parameter, its elements
+    for unit in reversed(units):
+        closed, open_, filled, total = _pack(unit if type(unit) is tuple else tuple(int(n) for n in unit), open_,
+                                             filled, bucket_bytes)
+        sizes += closed
+        totals.append(total)
+    if open_:
+        sizes.append(filled)
+    buckets = [padded_numel(n, dp) for n in sizes] if dp > 1 else sizes
+    blocks = totals[int(last):len(units) - int(first)]  # reverse order, as release_counts walks them
+    produced = totals[0] if last else 0  # as release_counts
+    issued, out = 0, []
+    for block in blocks:
+        produced += block
+        n = 0
+        while issued + n < len(buckets) and buckets[issued + n] <= produced:
+            produced -= buckets[issued + n]
+            n += 1
+        issued += n
+        out.append(n)
+    return buckets, [*out, len(buckets) - issued]
+
+
+@lru_cache(maxsize=65536)
+def _pack(unit: tuple[int, ...], open_: bool, filled: int,
+          bucket_bytes: int) -> tuple[tuple[int, ...], bool, int, int]:
+    """plan_buckets' greedy rule over one unit's parameters (reverse order), entering with a bucket that holds
+    `filled` elements (`open_`: at least one parameter): (the buckets it closes, the bucket left open, the unit's
+    elements)."""
+    closed: list[int] = []
+    for n in reversed(unit):
+        if open_ and GRAD_BYTES * (filled + n) > bucket_bytes:
+            closed.append(filled)
+            filled = 0
+        filled += n
+        open_ = True
+    return tuple(closed), open_, filled, sum(unit)
+
+
 def padded_numel(n: int, dp: int) -> int:
     """A bucket's length rounded up to a multiple of dp (zero=1: equal shards for reduce_scatter)."""
     return -(-n // dp) * dp
 
 
-__all__ = ["BUCKET_BYTES", "GRAD_BYTES", "bucket_numels", "padded_numel", "plan_buckets", "plan_units",
+__all__ = ["BUCKET_BYTES", "GRAD_BYTES", "bucket_numels", "bucket_plan", "padded_numel", "plan_buckets", "plan_units",
            "release_counts"]

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from paracube.modes.rows import unique_rows
+
 
 def _base_deficit(L: Any, n: Any) -> tuple[Any, Any]:
     base = -(-L // n)
@@ -73,6 +75,18 @@ def stage_layers(L: int, pp: Any, v: Any, first: Any, last: Any) -> Any:
     base, deficit = _base_deficit(L, pp * v)
     if np.all(deficit <= 2):  # the usual case, as before: one from the first (deficit 2) and the last
         return v * base - first * (deficit == 2) - last * (deficit >= 1)
+    if any(np.ndim(x) for x in (pp, v, first, last)):  # arrays over layouts: each distinct stage once
+        cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (pp, v, first, last)))
+        keys, inverse = unique_rows(np.stack([c.reshape(-1) for c in cols], axis=1))
+        per = np.array([_uneven_layers(int(L), *(int(x) for x in k)) for k in keys], dtype=np.int64)
+        return per[inverse.reshape(-1)].reshape(cols[0].shape)
+    return _uneven_layers(L, pp, v, first, last)
+
+
+@lru_cache(maxsize=4096)
+def _uneven_layers(L: Any, pp: Any, v: Any, first: Any, last: Any) -> Any:
+    """stage_layers where some split leaves a deficit > 2 (one stage: ints)."""
+    base, deficit = _base_deficit(L, pp * v)
     lead = deficit >= 2
     spill = deficit - lead
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -52,7 +53,11 @@ class Structure:
 
     def placements(self) -> list[tuple[tuple[tuple[str, int], ...], list[bytes]]]:
         """Distinct placements, innermost first, as (axis, size) pairs (size-1 axes left out), each with one
-        key per axis set of axes_used(mode): equal keys mean equal rank groups (see _keys)."""
+        key per axis set of axes_used(mode): equal keys mean equal rank groups (see _keys). Computed once per
+        structure (every recomputation pass asks again): the list is shared, read it only."""
+        return _placements(self)
+
+    def _placements(self) -> list[tuple[tuple[tuple[str, int], ...], list[bytes]]]:
         sizes = self.sizes()
         big = [a for a in ("pp", "dp", "cp", *TENSOR_AXES[self.mode]) if sizes[a] > 1]
         default = tuple(reversed(big))  # tensor axes innermost, then cp, dp, then pp (Megatron's order)
@@ -68,6 +73,11 @@ class Structure:
             (tuple(map(pair.__getitem__, perms[i])), [row[j * width:(j + 1) * width] for j in range(len(used))])
             for row, i in first.items()
         ]
+
+
+@lru_cache(maxsize=4096)
+def _placements(st: Structure) -> list[tuple[tuple[tuple[str, int], ...], list[bytes]]]:
+    return st._placements()
 
 
 def _keys(perms: list[tuple[str, ...]], sizes: dict[str, int], used: list[tuple[str, ...]]) -> np.ndarray:

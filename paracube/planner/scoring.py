@@ -19,11 +19,17 @@ from paracube.planner.search_state import Placements, _layout, _matches, _Search
 
 def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dict[Structure, Placements]
                      ) -> dict[Structure, np.ndarray]:
-    """[placements, axes, (bw, lat)] per structure of `owners` (cached topology queries)."""
+    """[placements, axes, (bw, lat)] per structure of `owners` (cached topology queries; each structure's array
+    built once per search: its recomputation passes share it; read only)."""
     axes_list = axes_used(mode, cp=s.d.cp > 1)
-    return {st: np.array([[s.cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes_list, strict=True)]
-                          for place, keys in places[st]])
-            for st in dict.fromkeys(owners)}
+    out = {}
+    for st in dict.fromkeys(owners):
+        key = (st, s.d.cp > 1)
+        if key not in s.links:
+            s.links[key] = np.array([[s.cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes_list, strict=True)]
+                                     for place, keys in places[st]])
+        out[st] = s.links[key]
+    return out
 
 
 def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],

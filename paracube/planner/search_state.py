@@ -68,6 +68,7 @@ class _Search:
     per_mode_best: dict[str, tuple[float, Layout]] = field(default_factory=dict)
     scored: int = 0
     pruned: int = 0
+    links: dict = field(default_factory=dict)  # (structure, cp > 1) -> its placements' links (scoring.py)
 
 
 def _matches(layout: Layout, fixed: Layout | None) -> bool:

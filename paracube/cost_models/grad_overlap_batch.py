@@ -1,0 +1,49 @@
+"""grad_overlap.py's per-layout functions over a search's batch, with the release profile kept per configuration.
+
+A release profile (grad_overlap.release_profile) depends on the configuration only (the stage's shape), while the
+search scores every configuration on many placements: `by_layout` indexes a per-configuration profile's results by
+`rows` (the layouts' configurations) instead of the profile itself, and `exposed_grad_time` evaluates
+grad_overlap.exposed_grad_time on groups of layouts whose configurations have about the same number of releases,
+each group's profile trimmed to its widest (a power of two: few groups). The padding it drops holds only S = 0
+entries, which grad_overlap.exposed_grad_time reads as -inf: the result is the same element by element, while a
+batch mixing 1F1B stages of a few blocks with pp = 1 stages of a hundred no longer pays the widest for every layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paracube.cost_models import grad_overlap
+from paracube.cost_models.grad_overlap import Profile
+
+Arr = np.ndarray
+
+
+def stream_window(profile: Profile, v: Arr, rows: Arr) -> tuple[Arr, Arr]:
+    """grad_overlap.stream_window per layout, from a per-configuration profile and v (`rows`: each layout's
+    configuration): a row's window reads only that row."""
+    x1, s_end = grad_overlap.stream_window(profile, v)
+    return x1[rows], s_end[rows]
+
+
+def exposed_grad_time(grad: Arr, backward: Arr, stage_index: Arr, pp: Arr, v: Arr, profile: Profile,
+                      rows: Arr) -> Arr:
+    """grad_overlap.exposed_grad_time per layout (grad, backward, stage_index, pp, v: per layout) from a
+    per-configuration profile; layouts grouped by their profile's width rounded up to a power of two."""
+    chunk, frac, share = profile
+    width = share.shape[1] if share.ndim == 2 else 0
+    if width <= 8 or len(rows) == 0:
+        return grad_overlap.exposed_grad_time(grad, backward, stage_index, pp, v, tuple(x[rows] for x in profile))
+    live = share > 0
+    used = np.where(live.any(axis=1), width - np.argmax(live[:, ::-1], axis=1), 1)  # up to the last S > 0
+    cap = np.minimum(2 ** np.ceil(np.log2(np.maximum(used, 1))).astype(np.int64), width)[rows]
+    out = np.empty(len(rows))
+    for k in np.unique(cap):
+        sel = np.nonzero(cap == k)[0]
+        r = rows[sel]
+        out[sel] = grad_overlap.exposed_grad_time(grad[sel], backward[sel], stage_index[sel], pp[sel], v[sel],
+                                                  (chunk[r, :k], frac[r, :k], share[r, :k]))
+    return out
+
+
+__all__ = ["exposed_grad_time", "stream_window"]
