@@ -19,6 +19,7 @@ from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import expert_links, moe_layers_of, priced, stage_cost
+from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
@@ -49,7 +50,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         return est
     mb = layout.micro_batch or 1
     n = d.global_batch / (layout.dp * mb)
-    links = expert_links(layout, cache)
+    links = expert_links(layout, cache, dispatch_of(model.moe, d.moe_dispatch))
     index = {s: stage_index(s, layout.pp, model, layout) for s in STAGE_NAMES}
     costs = {s: stage_cost(model, d, layout, mb, g, index[s], links, in_flight(layout, int(n), index[s]))
              for s in STAGE_NAMES}

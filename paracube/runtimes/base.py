@@ -104,6 +104,7 @@ class Runtime:
     fp8_tpo: bool = True  # it runs tpo with fp8 GEMMs
     fp8_scaling: str = "delayed"  # how it scales FP8 tensors (module docstring; workload.FP8_SCALINGS)
     fp8_experts: bool = False  # with fp8, the routed experts' grouped GEMMs run FP8 too (TE's grouped linear)
+    moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
@@ -121,7 +122,7 @@ class Runtime:
         return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
                 "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes,
                 "gather_16bit": self.param_gather_16bit, "fp8_scaling": self.fp8_scaling,
-                "fp8_experts": self.fp8_experts}
+                "fp8_experts": self.fp8_experts, "moe_dispatch": self.moe_dispatch}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
