@@ -35,7 +35,6 @@ def sampled(spec: Dispatch, n: int, m: int, tokens: int = 20000, seed: int = 0) 
     rng = np.random.default_rng(seed)
     e, k, g, gk = spec.experts, spec.top_k, spec.groups, spec.group_topk
     per_group = e // g
-    nodes = n // m
     nvl = nic = 0.0
     for _ in range(tokens):
         chosen = rng.choice(g, gk, replace=False)

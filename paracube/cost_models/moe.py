@@ -246,6 +246,7 @@ class StageCost:
 
     compute: float = 0.0  # per micro-batch
     comm: float = 0.0  # per micro-batch
+    comm_bwd: float = 0.0  # per micro-batch, its backward's collectives, a recomputed forward's included (moe_step)
     step_comm: float = 0.0  # expert gradient reduction (s)
     norm_comm: float = 0.0  # the experts' squared-norm all_reduce (s, exposed: after the gradients)
     optim: float = 0.0
@@ -278,6 +279,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         cb = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd)
         out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd)
         out.comm += k * (cf * (2 if rec else 1) + cb)
+        out.comm_bwd += k * (cb + (cf if rec else 0.0))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
         out.comm -= k * dropped_time(dropped_events(model, d, layout, mb), links, g)
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch

@@ -77,6 +77,13 @@ def a2a_weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
     fabric link's weight is divided by nic_scale (its capacity at A2A_NIC_EFF of the line rate). A flow between two
     nodes carries its share x f_nic, one inside a node its share x f_nvl (moe_dispatch.py: the dispatcher's and the
     routing's bytes; 1, 1 for the plain all_to_all)."""
+    weights, alpha, _ = _weights(table, groups, rep, dpn, dispatch)
+    return weights, alpha
+
+
+def _weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
+             dispatch: Dispatch) -> tuple[dict[int, float], float, set[int]]:
+    """a2a_weights and the fabric links among them."""
     groups, row = _near(np.asarray(groups), rep, dpn)
     n = groups.shape[1]
     m = int(np.count_nonzero(groups[row] // dpn == rep // dpn))  # the group's ranks per node
@@ -108,7 +115,8 @@ def a2a_weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
                 fabric.add(link)  # a leaf / spine switch at one end: the fat tree's links
     scale = nic_scale(table.topo)
     # each own flow on e weighs share x max(k, r) / r; summed over its flows on e: max(k(e), r(e))
-    return {link: max(float(load[link]), r) / (scale if link in fabric else 1.0) for link, r in own.items()}, alpha
+    return ({link: max(float(load[link]), r) / (scale if link in fabric else 1.0) for link, r in own.items()}, alpha,
+            fabric)
 
 
 def a2a_template(table: LinkTable, name: str, groups: np.ndarray, rep: int, dpn: int,
@@ -137,11 +145,23 @@ def a2a_link(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Seque
             if table is None:
                 table = cache.memo["table"] = LinkTable(topo)  # type: ignore[arg-type]
             dpn = int(topo.devices_per_node)  # type: ignore[attr-defined]
-            weights, alpha = a2a_weights(table, groups, int(groups[0][0]), dpn, dispatch)
-            worst = max(w / table.cap[link] for link, w in weights.items())
+            weights, alpha, fabric = _weights(table, groups, int(groups[0][0]), dpn, dispatch)
+            terms = [max((w / table.cap[link] for link, w in weights.items() if (link in fabric) == f), default=0.0)
+                     for f in (True, False)]
+            cache.memo[("a2a_terms", runs, dispatch)] = (terms[0], terms[1])
+            worst = max(terms)
             hit = (1.0 / worst if worst > 0 else math.inf, alpha)
         cache.memo[key] = hit
     return hit
 
 
-__all__ = ["A2A", "A2A_NIC_EFF", "A2A_NIC_SOURCE", "a2a_link", "a2a_template", "a2a_weights", "nic_scale"]
+def a2a_terms(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Sequence[str],
+              dispatch: Dispatch = PLAIN) -> tuple[float, float]:
+    """(max over the fabric links of w(e) / B(e), max over the others): 1 / B_a2a is the larger; (0, 1 / B) where
+    a2a_link took the ring link."""
+    bw, _ = a2a_link(cache, placement, axes, dispatch)
+    hit = cache.memo.get(("a2a_terms", runs_for(placement, axes), dispatch))
+    return hit if hit is not None else (0.0, 1.0 / bw)
+
+
+__all__ = ["A2A", "A2A_NIC_EFF", "A2A_NIC_SOURCE", "a2a_link", "a2a_terms", "a2a_template", "a2a_weights", "nic_scale"]
