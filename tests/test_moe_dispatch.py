@@ -30,22 +30,25 @@ TRAIN = TrainingSpec(global_batch=64, dtype="bf16", recompute="selective")
 
 
 def sampled(spec: Dispatch, n: int, m: int, tokens: int = 20000, seed: int = 0) -> tuple[float, float]:
-    """(NVLink, NIC) copies per token of one rank's tokens by counting: group_topk groups drawn uniformly, k experts
-    drawn uniformly among theirs (force-balanced routing), experts laid out E / n per rank in rank order."""
+    """(NVLink, NIC) copies per token of one rank's tokens, counted on routings drawn as Megatron-core forces balance:
+    random normal logits (router.py apply_random_logits), then moe_utils.group_limited_topk (the group_topk groups
+    with the best sums of their top k / group_topk scores, the top k experts within them); experts laid out E / n per
+    rank in rank order, the sender rank 0 of node 0."""
     rng = np.random.default_rng(seed)
     e, k, g, gk = spec.experts, spec.top_k, spec.groups, spec.group_topk
-    per_group = e // g
-    nvl = nic = 0.0
-    for _ in range(tokens):
-        chosen = rng.choice(g, gk, replace=False)
-        pool = (chosen[:, None] * per_group + np.arange(per_group)).ravel()
-        experts = rng.choice(pool, k, replace=False)
-        ranks = np.unique(experts // (e // n))
-        hit_nodes = np.unique(ranks // m)
-        nic += np.count_nonzero(hit_nodes != 0)  # the sender sits on node 0, local index 0
-        # NVLink: each hit node's forwarder (its GPU of local index 0) to the other hit GPUs of that node
-        nvl += np.count_nonzero(ranks % m != 0)
-    return nvl / tokens, nic / tokens
+    scores = rng.standard_normal((tokens, e))
+    best = np.sort(scores.reshape(tokens, g, e // g), axis=-1)[:, :, -(k // gk):].sum(-1)
+    chosen = np.argsort(-best, axis=1)[:, :gk]
+    allowed = np.zeros((tokens, g), dtype=bool)
+    np.put_along_axis(allowed, chosen, True, axis=1)
+    masked = np.where(np.repeat(allowed, e // g, axis=1), scores, -np.inf)
+    top = np.argsort(-masked, axis=1)[:, :k]
+    hit = np.zeros((tokens, n), dtype=bool)
+    np.put_along_axis(hit, top // (e // n), True, axis=1)
+    # NVLink: each hit node's forwarder (its GPU of local index 0, the sender's) to the other hit GPUs of that node
+    nvl = hit[:, np.arange(n) % m != 0].sum(axis=1).mean()
+    nic = hit.reshape(tokens, n // m, m).any(axis=2)[:, 1:].sum(axis=1).mean()
+    return float(nvl), float(nic)
 
 
 @pytest.mark.parametrize(("spec", "n", "m"), [
@@ -58,13 +61,14 @@ def sampled(spec: Dispatch, n: int, m: int, tokens: int = 20000, seed: int = 0) 
 ])
 def test_factors_match_sampled_routings(spec: Dispatch, n: int, m: int) -> None:
     """f_nvl, f_nic x the alltoall dispatcher's copies (k (m - 1) / n in-node, k (n - m) / n across) equal the copies a
-    sampled routing sends (module formula vs counting)."""
+    sampled routing sends (module formula vs counting Megatron-core's rule): the NIC copies within 3%, the NVLink ones
+    within 6% (the formula puts k / group_topk experts in each chosen group; Megatron-core's top k may put 3 and 1)."""
     f_nvl, f_nic = spec.factors(n, m)
     k = spec.top_k
     # per rank: as forwarder of its node it sends, for each token of the N same-index senders, what node 0's forwarder
     # sends for one of the sampled sender's tokens on average over the nodes: the sampled count per token
     want_nvl, want_nic = sampled(spec, n, m)
-    assert f_nvl * k * (m - 1) / n == pytest.approx(want_nvl, rel=0.03)
+    assert f_nvl * k * (m - 1) / n == pytest.approx(want_nvl, rel=0.06)  # k / group_topk per group: ranks approximate
     if n > m:
         assert f_nic * k * (n - m) / n == pytest.approx(want_nic, rel=0.03)
 
