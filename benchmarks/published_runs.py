@@ -17,8 +17,12 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
   recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);
-  GPT-OSS-120B not listed (sliding-window attention). One MoE figure, the all-to-all's NIC efficiency
-  (cost_models/moe_a2a.A2A_NIC_EFF), is fitted on qwen3-235b-256 alone (split `fit`); the other rows are held out.
+  GPT-OSS-120B not listed (sliding-window attention). The dispatcher is the runtime's (megatron: DeepEP,
+  Runtime.moe_dispatch) except on the "tokendrop" rows (capacity_factor 1.0), which Megatron-core runs with the
+  alltoall dispatcher (DeepEP refuses padding to capacity; cost_models/moe_dispatch.py); DeepSeek-V3's node-limited
+  routing (4 of 8 groups) from its preset. One MoE figure, the all-to-all's NIC efficiency
+  (cost_models/moe_a2a.A2A_NIC_EFF), is fitted on qwen3-235b-256 alone (split `fit`, an alltoall row); the other
+  rows are held out.
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.

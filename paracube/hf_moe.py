@@ -10,7 +10,8 @@ Field mapping:
   (only [] or none: dense blocks at other places than the first ones are not described), head_dim, q/k norms.
   qwen2_moe is refused as qwen2 is (its q/k/v projections have biases).
 - deepseek_v3: n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts (x
-  moe_intermediate_size), first_k_dense_replace, moe_layer_freq, sigmoid routing; MLA's q_lora_rank,
+  moe_intermediate_size), first_k_dense_replace, moe_layer_freq, sigmoid routing, n_group / topk_group (the
+  group-limited routing, MoESpec.groups / group_topk); MLA's q_lora_rank,
   kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim. The multi-token-prediction module
   (num_nextn_predict_layers) is not counted.
 A config that names routed experts but not their sizes is refused naming the missing field.
@@ -41,7 +42,7 @@ MOE_HF_DEFAULTS: dict[str, dict[str, Any]] = {
                     "attention_dropout": 0.0, "n_routed_experts": 256, "n_shared_experts": 1,
                     "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "first_k_dense_replace": 3,
                     "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
-                    "qk_nope_head_dim": 128, "v_head_dim": 128},
+                    "qk_nope_head_dim": 128, "v_head_dim": 128, "n_group": 8, "topk_group": 4},
 }
 # The field naming the routed experts, and the one sizing them, per model_type (refusal of a partial config).
 _ROUTED = {"mixtral": ("num_local_experts", "intermediate_size"), "qwen3_moe": ("num_experts", "moe_intermediate_size"),
@@ -72,6 +73,7 @@ def moe_fields(model_type: str, data: dict[str, Any], get: Callable[..., Any], p
     return {"moe": MoESpec(experts=get("n_routed_experts"), top_k=get("num_experts_per_tok"), expert_ffn=expert_ffn,
                            shared_ffn=(get("n_shared_experts", nullable=True) or 0) * expert_ffn, router="sigmoid",
                            first_dense=get("first_k_dense_replace"), sparse_step=get("moe_layer_freq"),
-                           aux_loss=float(data.get("aux_loss_alpha", 0.0))),
+                           aux_loss=float(data.get("aux_loss_alpha", 0.0)),
+                           groups=get("n_group", nullable=True) or 1, group_topk=get("topk_group", nullable=True) or 1),
             "mla": MLASpec(kv_lora_rank=get("kv_lora_rank"), qk_rope_head_dim=get("qk_rope_head_dim"),
                            qk_nope_head_dim=get("qk_nope_head_dim"), v_head_dim=get("v_head_dim"), q_lora_rank=q_lora)}

@@ -46,7 +46,8 @@ MOE_PRESETS = [
     _moe("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, MoESpec(128, 8, 1536, aux_loss=0.001), head_size=128,
          qk_norm=True),
     _moe("deepseek-v3", 61, 7168, 128, 128, 18432, 129280,
-         MoESpec(256, 8, 2048, shared_ffn=2048, router="sigmoid", first_dense=3, aux_loss=0.0001), rope_theta=10000.0,
+         MoESpec(256, 8, 2048, shared_ffn=2048, router="sigmoid", first_dense=3, aux_loss=0.0001,
+                 groups=8, group_topk=4), rope_theta=10000.0,
          mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536)),
     # For tests and the local machine: top-2 of 8 small experts and one shared expert; tiny-mla: MLA, block 0 dense.
     ModelSpec("tiny-moe", layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=64, family="llama",

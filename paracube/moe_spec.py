@@ -11,7 +11,9 @@ the model's `ffn_hidden`. `capacity_factor` None: dropless (every routed token i
 expert processes at most capacity_factor x tokens x top_k / experts tokens. `aux_loss`: the coefficient of
 the load-balancing loss (Switch Transformer's, HF router_aux_loss_coef). `imbalance`: the ratio of the most
 loaded expert's tokens to the balanced share the cost model prices (1.0 = force-balanced routing, as
-published benchmarks run it).
+published benchmarks run it). `groups` / `group_topk`: group-limited (node-limited) routing, DeepSeek-V3's
+(arXiv 2412.19437 Section 2.1.2: each token to at most 4 nodes; HF n_group / topk_group): the experts form `groups`
+equal groups and a token's top-k lie in the `group_topk` best (1 / 1: no limit).
 
 Parameters of one MoE block's MLP part: router h E (+ E for sigmoid routing's score-correction bias),
 E x 3 h f_e routed, 3 h f_s shared (+ h for the shared gate). Active per token: router, k x 3 h f_e, shared.
@@ -52,6 +54,8 @@ class MoESpec:
     capacity_factor: float | None = None
     aux_loss: float = 0.0
     imbalance: float = 1.0
+    groups: int = 1  # routing groups of experts (HF deepseek_v3 n_group; Megatron-core moe_router_num_groups)
+    group_topk: int = 1  # groups a token's experts may lie in (HF topk_group; moe_router_group_topk)
 
     def validate(self, where: str) -> None:
         _positive(where, self, ("experts", "top_k", "expert_ffn", "sparse_step"))
@@ -69,6 +73,15 @@ class MoESpec:
               f"{where}: capacity_factor={self.capacity_factor!r} must be a positive number or null (dropless)")
         check(isinstance(self.aux_loss, (int, float)) and self.aux_loss >= 0,
               f"{where}: aux_loss={self.aux_loss!r} must be a non-negative number")
+        _positive(where, self, ("groups", "group_topk"))
+        check(self.experts % self.groups == 0,
+              f"{where}: groups={self.groups} must divide the {self.experts} experts; valid: "
+              + ", ".join(str(n) for n in range(1, self.experts + 1) if self.experts % n == 0))
+        check(self.group_topk <= self.groups,
+              f"{where}: group_topk={self.group_topk} > groups={self.groups}; valid: 1..{self.groups}")
+        check(self.top_k <= self.group_topk * self.experts // self.groups,
+              f"{where}: top_k={self.top_k} exceeds the {self.group_topk * self.experts // self.groups} experts of "
+              f"group_topk={self.group_topk} groups; raise group_topk")
         check(isinstance(self.imbalance, (int, float)) and 1.0 <= self.imbalance <= self.experts,
               f"{where}: imbalance={self.imbalance!r} must be in [1, experts={self.experts}] "
               "(1.0 = balanced routing)")

@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.errors import ParacubeError
 from paracube.export import export_plan
 from paracube.export.common import EXPRESSIBLE, accumulation_steps
@@ -43,17 +44,18 @@ from paracube.layout import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import LaunchSpec, Plan
+from paracube.runtimes import get_runtime
 from paracube.workload import TrainingSpec
 
 FRAMEWORKS = ("torchtitan", "deepspeed", "megatron")
 
 
 def make(model: str, layout: str, batch: int = 512, dtype: str = "bf16", recompute: str = "selective",
-         tied: bool | None = None) -> Plan:
+         tied: bool | None = None, runtime: str = "paracube") -> Plan:
     spec = PRESETS[model] if tied is None else replace(PRESETS[model], tied_embeddings=tied)
     lay = parse_layout(layout)
     return Plan(spec, TrainingSpec(global_batch=batch, dtype=dtype, recompute=recompute), lay, "dgx-a100",
-                lay.world_size, LaunchSpec(nproc_per_node=8, nnodes=max(1, lay.world_size // 8)))
+                lay.world_size, LaunchSpec(nproc_per_node=8, nnodes=max(1, lay.world_size // 8)), runtime=runtime)
 
 
 PLANS: dict[str, Plan] = {
@@ -77,6 +79,9 @@ PLANS: dict[str, Plan] = {
     # what `paracube plan --model deepseek-v3 --cluster dgx-h100 --gpus 1024` chose with paracube's runtime before
     # the all_to_all crossed nodes through each rank's own NIC (cost_models/moe_a2a.py; it now keeps ep in a node)
     "moe-deepseek-paracube": make("deepseek-v3", "dp=128,ep=256,tp=1d:8,mb=2,sp,zero=1,overlap", recompute="none"),
+    # made for megatron: DeepEP's flex dispatcher and DeepSeek-V3's node-limited routing (cost_models/moe_dispatch.py)
+    "moe-deepseek-megatron-deepep": make("deepseek-v3", "dp=16,ep=8,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256,
+                                         runtime="megatron"),
     # context parallelism (issue #24): the ring (megatron's p2p) and the all-gather (megatron's all_gather,
     # torchtitan's allgather rotation), with pipelines; fp8 alone and with cp
     "cp-ring-fp8": make("llama2-7b", "dp=4,cp=2,tp=1d:2,mb=1,sp", batch=64, dtype="fp8"),
@@ -100,6 +105,8 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("moe-deepseek-mla-etp", "deepspeed"): "no tensor parallelism inside experts",
     ("moe-deepseek-paracube", "torchtitan"): "fold over dp_shard x cp x tp",
     ("moe-deepseek-paracube", "deepspeed"): "no multi-head latent attention",
+    ("moe-deepseek-megatron-deepep", "torchtitan"): "fold over dp_shard x cp x tp",
+    ("moe-deepseek-megatron-deepep", "deepspeed"): "no multi-head latent attention",
     ("cp-ring-fp8", "torchtitan"): "cpc=ag, not cpc=p2p",
     ("cp-ring-fp8", "deepspeed"): "no context parallelism",
     ("cp-ag-pp", "deepspeed"): "no context parallelism",
@@ -479,6 +486,9 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--moe-router-load-balancing-type": [("tc", "moe_router_load_balancing_type", _str)],
     "--moe-aux-loss-coeff": [("tc", "moe_aux_loss_coeff", _float)],
     "--moe-token-dispatcher-type": [("tc", "moe_token_dispatcher_type", _str)],
+    "--moe-flex-dispatcher-backend": [("tc", "moe_flex_dispatcher_backend", _str)],
+    "--moe-router-num-groups": [("tc", "moe_router_num_groups", _int)],
+    "--moe-router-group-topk": [("tc", "moe_router_group_topk", _int)],
     "--moe-grouped-gemm": [("tc", "moe_grouped_gemm", _on)],
     "--moe-layer-freq": [("tc", "moe_layer_freq", lambda v: [int(x) for x in _str(v).strip("[]").split(",")])],
     "--moe-expert-capacity-factor": [("tc", "moe_expert_capacity_factor", _float)],
@@ -541,6 +551,12 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
     if m.moe is not None:
         assert (transformer.num_moe_experts, transformer.moe_router_topk) == (m.moe.experts, m.moe.top_k)
         assert (transformer.expert_model_parallel_size, transformer.expert_tensor_parallel_size) == (lay.ep, lay.etp)
+        # the dispatch the plan was priced with (its runtime's, moe_dispatch.dispatch_of) and the routing groups
+        deepep = dispatch_of(m.moe, get_runtime(plan.runtime).moe_dispatch).dedup
+        assert (transformer.moe_token_dispatcher_type, transformer.moe_flex_dispatcher_backend if deepep else None) \
+            == (("flex", "deepep") if deepep else ("alltoall", None))
+        assert (transformer.moe_router_num_groups or 1, transformer.moe_router_group_topk or 1) == (
+            m.moe.groups, m.moe.group_topk)
     ddp = DistributedDataParallelConfig(**kwargs["ddp"])
     OptimizerConfig(**kwargs["opt"])
     unknown = set(kwargs["model"]) - set(inspect.signature(GPTModel.__init__).parameters)

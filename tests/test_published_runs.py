@@ -128,9 +128,12 @@ def _optim(est: object) -> float:
     ("cluster", "dgx-z", "cluster='dgx-z'"),
     ("layout", "dp=2,tp=1d:2", "layout='dp=2,tp=1d:2' has 4 ranks"),
     ("recompute", "most", "recompute"),
+    ("capacity_factor", "1.0", "capacity_factor='1.0' for"),  # a dense model has no experts to drop tokens at
 ])
 def test_runs_csv_errors_name_row_and_field(tmp_path: Path, field: str, value: str, word: str) -> None:
     rows = [r for r in _rows() if r["run"].startswith("v-")]
+    for r in rows:
+        r.setdefault(field, "")
     rows[1][field] = value
     path = _write(tmp_path / "runs.csv", rows)
     with pytest.raises(ParacubeError, match=r"row 3 \(v-2.03B\)") as err:

@@ -23,6 +23,9 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
                    reduction sends and memory holds (Megatron-core's grad_reduce_in_fp32; NeMo's performance
                    scripts set it False for FP8 runs, scripts/performance/llm/pretrain_*.py, and keep
                    bf16_mixed's True for bf16 ones)
+    capacity_factor  optional, MoE rows: the experts' capacity factor of a token-drop run (Megatron-Bridge's
+                   "tokendrop": 1.0, padded to capacity); empty: the preset's (dropless). It also sets the dispatcher:
+                   Megatron-core runs DeepEP dropless only (cost_models/moe_dispatch.py)
 
 Prediction: the planner's best layout matching the row's layout (search with `fixed`), its analytic step
 time. Fit (`fit_runs`): least squares on log(predicted / measured) over the fit rows of the few
@@ -34,7 +37,7 @@ collective reaches), the same for every run: never a per-run factor.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +120,10 @@ def parse_row(i: int, row: dict[str, str], clusters: tuple[str, ...]) -> Run:
         raise ParacubeError(f"{where}: cluster={row['cluster']!r} is not a preset; valid: {', '.join(clusters)}")
     gpus, seq, batch = (_int(f"{where}: {k}", row[k]) for k in ("gpus", "seq", "global_batch"))
     model = _model(where, row, seq)
+    cap = (row.get("capacity_factor") or "").strip()
+    if cap:
+        check(model.moe is not None, f"{where}: capacity_factor={cap!r} for {model.name}, which has no experts")
+        model = replace(model, moe=replace(model.moe, capacity_factor=_float(f"{where}: capacity_factor", cap)))
     runtime = (row.get("runtime") or "").strip() or None
     if runtime is not None and runtime not in RUNTIMES:
         raise ParacubeError(f"{where}: runtime={runtime!r}; valid: {', '.join(RUNTIMES)}")
@@ -195,7 +202,7 @@ def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube")
     param_overlap = chosen(PARAM_OVERLAP, rt, layout)
     return estimate(run.model, run.training, layout, topo, with_events=False, param_overlap=param_overlap,
                     grad_bytes=run.grad_bytes, gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling,
-                    fp8_experts=rt.fp8_experts,
+                    fp8_experts=rt.fp8_experts, moe_dispatch=rt.moe_dispatch,
                     **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes})).step_time_s
 
 

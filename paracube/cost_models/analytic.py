@@ -69,6 +69,7 @@ from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_a
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
+from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
 from paracube.cost_models.tpo import TpoPricing
 from paracube.cost_models.traffic import stage_events
@@ -373,20 +374,24 @@ def estimate(
     gather_16bit: bool = False,
     fp8_scaling: str = "delayed",
     fp8_experts: bool = False,
+    moe_dispatch: str = "alltoall",
 ) -> StepEstimate:
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
     `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before);
     `fsdp_prefetch`: zero=2/3 as FSDP runs them (fsdp_overlap.py); `grad_bytes`: the runtime's gradient element
     bytes (memory and the gradient reductions' payload, Dims.grad_dtype); `gather_16bit`: zero=1's parameter
     all_gather sends the 16-bit parameters (Runtime.param_gather_16bit); `fp8_experts`: with fp8 the routed experts'
-    GEMMs run FP8 (Runtime.fp8_experts). `bucket_bytes`: the gradient bucket
+    GEMMs run FP8 (Runtime.fp8_experts); `moe_dispatch`: the runtime's MoE dispatcher (Runtime.moe_dispatch,
+    moe_dispatch.py). `bucket_bytes`: the gradient bucket
     limit (default the executor's, modes/buckets.BUCKET_BYTES; a published run priced with its stack's own,
     calibration/from_runs.py). `fp8_scaling`: how the runtime scales FP8 tensors (Runtime.fp8_scaling, fp8.py)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
+    check(moe_dispatch in DISPATCHERS, f"moe dispatcher {moe_dispatch!r}; valid: {', '.join(DISPATCHERS)}")
     check(fp8_scaling in FP8_SCALINGS, f"fp8 scaling {fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
     d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
-                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts),
+                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
+                              moe_dispatch=moe_dispatch),
                       layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)

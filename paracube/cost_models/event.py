@@ -34,6 +34,7 @@ from paracube.cost_models.event_sim import Sim
 from paracube.cost_models.event_trace import Timeline
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import dense_part, expert_links, priced
+from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_program import with_blocks
 from paracube.cost_models.validity import resolve_micro_batch
 from paracube.errors import ParacubeError, check, unknown
@@ -57,7 +58,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
              overlap: bool = False, timeline: bool = True, with_events: bool = True,
              param_overlap: bool = False, fsdp_prefetch: bool = False, grad_bytes: int = 4,
              bucket_bytes: int = BUCKET_BYTES, fuse: bool = True, gather_16bit: bool = False,
-             fp8_scaling: str = "delayed", fp8_experts: bool = False) -> EventResult:
+             fp8_scaling: str = "delayed", fp8_experts: bool = False, moe_dispatch: str = "alltoall") -> EventResult:
     """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats.
     `param_overlap`: zero=1's parameter all_gathers overlapped with the first forward (event_program.py);
     `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters asynchronous (fsdp_overlap.py);
@@ -72,10 +73,11 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
                              fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes,
                              bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling,
-                             fp8_experts=fp8_experts)
+                             fp8_experts=fp8_experts, moe_dispatch=moe_dispatch)
     # a cp rank's view; MoE blocks: moe_program.with_blocks
     d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
-                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts),
+                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
+                              moe_dispatch=moe_dispatch),
                       layout.cp, layout.cp_comm)  # traffic.py's elements
     mb, _ = resolve_micro_batch(layout, d)
     n_micro = d.global_batch // (layout.dp * mb)
@@ -87,10 +89,11 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
                             param_overlap, fsdp_prefetch, bucket_bytes) for s in range(layout.pp)]
     if priced(model):
         mlay = layout.with_(micro_batch=mb)
-        links = expert_links(mlay, LinkCache(topo))
+        links = expert_links(mlay, LinkCache(topo), dispatch_of(model.moe, moe_dispatch))
         programs = [with_blocks(p, model, d, mlay, mb, g, links, n_micro) for p in programs]
     sim = Sim(layout, topo, programs, n_micro, overlap, timeline, param_overlap, fsdp_prefetch, fuse)
     sim.waits = g if g.waits else None
+    sim.dispatch = dispatch_of(model.moe, moe_dispatch)  # the all_to_alls' bytes by dispatcher (moe_dispatch.py)
     if not g.comm:  # uncalibrated all_reduces take the faster of ring and tree, as the analytic model does
         sim.alpha_beta = {axes: (float(bw[0]), float(lat[0]))
                           for axes, (bw, lat) in layout_links(layout, LinkCache(topo)).items()}
@@ -123,12 +126,13 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
 def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
                    with_events: bool = True, overlap: bool = False, param_overlap: bool = False,
                    fsdp_prefetch: bool = False, grad_bytes: int = 4, bucket_bytes: int = BUCKET_BYTES,
-                   gather_16bit: bool = False, fp8_scaling: str = "delayed", fp8_experts: bool = False) -> StepEstimate:
+                   gather_16bit: bool = False, fp8_scaling: str = "delayed", fp8_experts: bool = False,
+                   moe_dispatch: str = "alltoall") -> StepEstimate:
     """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
     return simulate(model, training, layout, topo, overlap=overlap, timeline=False, with_events=with_events,
                     param_overlap=param_overlap, fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes,
                     bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling,
-                    fp8_experts=fp8_experts).estimate
+                    fp8_experts=fp8_experts, moe_dispatch=moe_dispatch).estimate
 
 
 def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
@@ -144,17 +148,19 @@ def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout:
     gather_16bit = bool(options.pop("gather_16bit", False))  # zero=1's gather in 16 bits (Runtime.param_gather_16bit)
     fp8_scaling = str(options.pop("fp8_scaling", "delayed"))
     fp8_experts = bool(options.pop("fp8_experts", False))  # the routed experts' GEMMs in FP8 (Runtime.fp8_experts)
+    moe_dispatch = str(options.pop("moe_dispatch", "alltoall"))  # the MoE dispatcher (Runtime.moe_dispatch)
     if engine == "analytic":
         check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
         return analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
                                  fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes, bucket_bytes=bucket_bytes,
-                                 gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts)
+                                 gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
+                                 moe_dispatch=moe_dispatch)
     if engine == "event":
         extra = sorted(set(options) - {"overlap"})
         check(not extra, f"unknown event-engine options {extra}; valid: overlap")
         return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)),
                               param_overlap, fsdp_prefetch, grad_bytes, bucket_bytes, gather_16bit, fp8_scaling,
-                              fp8_experts)
+                              fp8_experts, moe_dispatch)
     raise unknown("engine", engine, ENGINES)
 
 

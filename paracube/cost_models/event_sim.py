@@ -33,7 +33,7 @@ from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template
 from paracube.cost_models.event_ops import Op, StageProgram, StageStats
 from paracube.cost_models.event_program import schedule
 from paracube.cost_models.event_trace import Span
-from paracube.cost_models.moe_a2a import a2a_template
+from paracube.cost_models.moe_a2a import PLAIN, a2a_template
 from paracube.cost_models.tpo import runs
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -52,6 +52,7 @@ class Sim:
         self.record = timeline
         self.tagged: dict[tuple[int, str], simpy.Process] = {}  # (stage, tag) -> an asynchronous op in flight
         self.waits: GemmModel | None = None  # the device model's per-call waits (GemmModel.call_wait; simulate)
+        self.dispatch = PLAIN  # the MoE dispatcher's all_to_all bytes (moe_dispatch.py; simulate sets it)
         # (bandwidth, latency) per axes where the algorithm may be a tree (uncalibrated; simulate sets it)
         self.alpha_beta: dict[tuple[str, ...], tuple[float, float]] = {}
         self.env = simpy.Environment()
@@ -99,7 +100,7 @@ class Sim:
             name = f"stage{stage}:{'.'.join(axes)}"
             dpn = getattr(self.topo, "devices_per_node", 0)
             if kind == "all_to_all" and groups.shape[1] > 1 and hasattr(self.topo, "route") and dpn:
-                tpl = a2a_template(self.links, name + ":a2a", np.asarray(groups), rep, int(dpn))
+                tpl = a2a_template(self.links, name + ":a2a", np.asarray(groups), rep, int(dpn), self.dispatch)
             else:
                 tpl = self.links.ring_template(name, np.asarray(groups), prefer)
             self._templates[key] = tpl

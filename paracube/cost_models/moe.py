@@ -41,8 +41,9 @@ from paracube.cost_models.compute import GemmModel, attention_core_time, optimiz
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
-from paracube.cost_models.moe_a2a import A2A, a2a_link
+from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_dispatch import Dispatch
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -101,11 +102,13 @@ def expert_placement(layout: Layout) -> tuple[tuple[str, int], ...]:
     return (("etp", layout.etp), ("ep", layout.ep), ("edp", layout.expert_data), ("pp", layout.pp))
 
 
-def expert_links(layout: Layout, cache: LinkCache) -> dict[tuple[str, ...], tuple[float, float]]:
-    """The folded groups' links, and the tensor group's (the aux loss's counts, moe_counts.py)."""
+def expert_links(layout: Layout, cache: LinkCache,
+                 dispatch: Dispatch = PLAIN) -> dict[tuple[str, ...], tuple[float, float]]:
+    """The folded groups' links, and the tensor group's (the aux loss's counts, moe_counts.py); the all_to_all's
+    with the dispatcher's bytes (moe_dispatch.py)."""
     place = expert_placement(layout)
     links = {axes: cache.get(place, axes) for axes in (("ep",), ("etp",), ("edp",))}
-    links[A2A + ("ep",)] = a2a_link(cache, place, ("ep",))  # dispatch / combine / counts (moe_a2a.py)
+    links[A2A + ("ep",)] = a2a_link(cache, place, ("ep",), dispatch)  # dispatch / combine / counts (moe_a2a.py)
     tensor = tuple(layout.tensor_axes)
     if tensor:
         links[tensor] = cache.get(placement_of(layout), tensor)
@@ -243,6 +246,7 @@ class StageCost:
 
     compute: float = 0.0  # per micro-batch
     comm: float = 0.0  # per micro-batch
+    comm_bwd: float = 0.0  # per micro-batch, its backward's collectives, a recomputed forward's included (moe_step)
     step_comm: float = 0.0  # expert gradient reduction (s)
     norm_comm: float = 0.0  # the experts' squared-norm all_reduce (s, exposed: after the gradients)
     optim: float = 0.0
@@ -275,6 +279,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         cb = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd)
         out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd)
         out.comm += k * (cf * (2 if rec else 1) + cb)
+        out.comm_bwd += k * (cb + (cf if rec else 0.0))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
         out.comm -= k * dropped_time(dropped_events(model, d, layout, mb), links, g)
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch

@@ -39,6 +39,7 @@ import numpy as np
 
 from paracube.cost_models.event_links import LinkTable, Template
 from paracube.cost_models.links import LinkCache, groups_from_runs, runs_for
+from paracube.cost_models.moe_dispatch import Dispatch
 from paracube.topologies.efficiency import fabric_eff
 from paracube.topologies.nvswitch import SYSTEMS, fabrics
 
@@ -46,8 +47,12 @@ A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe.expe
 # The fraction of a NIC's line rate an all_to_all's cross-node flows reach, on the fabric links they cross (in place
 # of the fabric's ring-fitted efficiency, efficiency.FABRICS). FITTED on ONE row, qwen3-235b-256
 # (benchmarks/data/published_runs_moe.csv, Megatron-Bridge 25.09, ep=32 over 4 DGX H100 nodes); the other MoE rows
-# are held out. NDR InfiniBand only was fitted; the other fabrics of the NVSwitch presets borrow it.
-A2A_NIC_EFF = 0.92
+# are held out (its alltoall dispatcher: a token-drop run). Refitted on this head (`published_runs.py --refit`: 0.899;
+# 0.92 before the Hopper NVLink refit); DeepEP's own table (H800, CX7 400 Gb/s) reads 0.87-0.89 of the line rate once
+# its counted bytes are the remote nodes' only (moe_dispatch.py). NDR InfiniBand only was fitted; the other fabrics
+# of the NVSwitch presets borrow it.
+A2A_NIC_EFF = 0.90
+PLAIN = Dispatch()  # the plain all_to_all: every flow as it is
 A2A_NIC_SOURCE = "fitted on qwen3-235b-256 (benchmarks/data/published_runs_moe.csv) only; other fabrics borrow it"
 
 
@@ -69,19 +74,34 @@ def nic_scale(topo: object) -> float:
     return A2A_NIC_EFF / fabric_eff(fabrics(name)[1])
 
 
-def a2a_weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int) -> tuple[dict[int, float], float]:
+def a2a_weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
+                dispatch: Dispatch = PLAIN) -> tuple[dict[int, float], float]:
     """({link id: w(e)} of the representative rank's flows, the longest of its routes' latency) (module doc); a
-    fabric link's weight is divided by nic_scale (its capacity at A2A_NIC_EFF of the line rate)."""
+    fabric link's weight is divided by nic_scale (its capacity at A2A_NIC_EFF of the line rate). A flow between two
+    nodes carries its share x f_nic, one inside a node its share x f_nvl (moe_dispatch.py: the dispatcher's and the
+    routing's bytes; 1, 1 for the plain all_to_all)."""
+    weights, alpha, _ = _weights(table, groups, rep, dpn, dispatch)
+    return weights, alpha
+
+
+def _weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
+             dispatch: Dispatch) -> tuple[dict[int, float], float, set[int]]:
+    """a2a_weights and the fabric links among them."""
     groups, row = _near(np.asarray(groups), rep, dpn)
     n = groups.shape[1]
+    m = int(np.count_nonzero(groups[row] // dpn == rep // dpn))  # the group's ranks per node
+    f_nvl, f_nic = dispatch.factors(n, m)
     share = 1.0 / (n - 1)
     flat: list[int] = []
+    cross: list[int] = []
     for g in groups.tolist():
         for a in g:
             for b in g:
                 if a != b:
-                    flat.extend(table.path(a, b))
-    load = np.bincount(np.asarray(flat, dtype=np.int64), minlength=len(table.cap)) * share
+                    (cross if a // dpn != b // dpn else flat).extend(table.path(a, b))
+    size = len(table.cap)
+    load = (np.bincount(np.asarray(flat, dtype=np.int64), minlength=size) * f_nvl
+            + np.bincount(np.asarray(cross, dtype=np.int64), minlength=size) * f_nic) * share
     own: dict[int, float] = {}
     fabric: set[int] = set()
     nodes = table.topo.graph.nodes
@@ -91,27 +111,32 @@ def a2a_weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int) -> tup
             continue
         path = table.path(rep, b)
         alpha = max(alpha, sum(table.latency[link] for link in path))
+        f = f_nic if b // dpn != rep // dpn else f_nvl
         for link, (u, v) in zip(path, table.topo.route(rep, b), strict=True):
-            own[link] = own.get(link, 0.0) + share
+            own[link] = own.get(link, 0.0) + share * f
             if nodes[u].get("node_index") is None or nodes[v].get("node_index") is None:
                 fabric.add(link)  # a leaf / spine switch at one end: the fat tree's links
     scale = nic_scale(table.topo)
     # each own flow on e weighs share x max(k, r) / r; summed over its flows on e: max(k(e), r(e))
-    return {link: max(float(load[link]), r) / (scale if link in fabric else 1.0) for link, r in own.items()}, alpha
+    return ({link: max(float(load[link]), r) / (scale if link in fabric else 1.0) for link, r in own.items()}, alpha,
+            fabric)
 
 
-def a2a_template(table: LinkTable, name: str, groups: np.ndarray, rep: int, dpn: int) -> Template:
+def a2a_template(table: LinkTable, name: str, groups: np.ndarray, rep: int, dpn: int,
+                 dispatch: Dispatch = PLAIN) -> Template:
     """The event engine's template of an all_to_all over `groups` (one row per concurrent group), simulated from
     rank `rep`: one hop whose links carry the weights w(e) (module docstring)."""
-    weights, alpha = a2a_weights(table, groups, rep, dpn)
+    weights, alpha = a2a_weights(table, groups, rep, dpn, dispatch)
     return table.new_template(name, (tuple(weights.items()),), alpha)
 
 
-def a2a_link(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Sequence[str]) -> tuple[float, float]:
+def a2a_link(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Sequence[str],
+             dispatch: Dispatch = PLAIN) -> tuple[float, float]:
     """(B_a2a, latency) of an all_to_all over `axes` of `placement` for collective.collective_time (module
-    docstring); the ring link where the topology has no routes or the group is one rank."""
+    docstring; `dispatch`: the dispatcher's bytes, moe_dispatch.py); the ring link where the topology has no routes
+    or the group is one rank."""
     runs = runs_for(placement, axes)
-    key = ("a2a", runs)
+    key = ("a2a", runs, dispatch)
     hit = cache.memo.get(key)
     if hit is None:
         topo = cache.topo
@@ -123,11 +148,23 @@ def a2a_link(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Seque
             if table is None:
                 table = cache.memo["table"] = LinkTable(topo)  # type: ignore[arg-type]
             dpn = int(topo.devices_per_node)  # type: ignore[attr-defined]
-            weights, alpha = a2a_weights(table, groups, int(groups[0][0]), dpn)
-            worst = max(w / table.cap[link] for link, w in weights.items())
+            weights, alpha, fabric = _weights(table, groups, int(groups[0][0]), dpn, dispatch)
+            terms = [max((w / table.cap[link] for link, w in weights.items() if (link in fabric) == f), default=0.0)
+                     for f in (True, False)]
+            cache.memo[("a2a_terms", runs, dispatch)] = (terms[0], terms[1])
+            worst = max(terms)
             hit = (1.0 / worst if worst > 0 else math.inf, alpha)
         cache.memo[key] = hit
     return hit
 
 
-__all__ = ["A2A", "A2A_NIC_EFF", "A2A_NIC_SOURCE", "a2a_link", "a2a_template", "a2a_weights", "nic_scale"]
+def a2a_terms(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Sequence[str],
+              dispatch: Dispatch = PLAIN) -> tuple[float, float]:
+    """(max over the fabric links of w(e) / B(e), max over the others): 1 / B_a2a is the larger; (0, 1 / B) where
+    a2a_link took the ring link."""
+    bw, _ = a2a_link(cache, placement, axes, dispatch)
+    hit = cache.memo.get(("a2a_terms", runs_for(placement, axes), dispatch))
+    return hit if hit is not None else (0.0, 1.0 / bw)
+
+
+__all__ = ["A2A", "A2A_NIC_EFF", "A2A_NIC_SOURCE", "a2a_link", "a2a_terms", "a2a_template", "a2a_weights", "nic_scale"]

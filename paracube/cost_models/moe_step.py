@@ -4,10 +4,11 @@ terms on top of the dense part's Scores.
 With N micro-batches, a stage's work becomes W_s + N (compute_s + comm_s) (the MoE collectives, the counts of
 moe_counts.py included, are in line with compute: Megatron-core's dispatcher waits on them), the step
 W + (pp - 1) / (v N) W + the dense per-step part + the slowest stage's expert gradient reduction (exposed; with the
-layout's `overlap` only what one micro-batch's backward, 2/3 of its work, leaves after the dense buckets G_d:
-max(0, G - max(0, 2/3 W / N - G_d))) + the experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert
-optimizer step. Memory: the most loaded stage's dense parts plus its expert parts (first and last stage, as
-analytic.py counts them).
+layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under full recomputation), leaves
+after the dense buckets G_d: max(0, G - max(0, b W / N - G_d)); where the expert group spans nodes the gradients
+also slow the last backward's all_to_alls on the NICs they share, moe_contention.py) + the experts' norm all_reduce
+(moe_counts.norm_event, exposed) + its expert optimizer step. Memory: the most loaded stage's dense parts plus its
+expert parts (first and last stage, as analytic.py counts them).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from typing import Any
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache
-from paracube.cost_models.moe import expert_links, moe_layers_of, priced, stage_cost
+from paracube.cost_models.moe import expert_links, expert_placement, moe_layers_of, priced, stage_cost
+from paracube.cost_models.moe_a2a import a2a_terms
+from paracube.cost_models.moe_contention import exposed_grads, slowdown
+from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
@@ -49,7 +53,8 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         return est
     mb = layout.micro_batch or 1
     n = d.global_batch / (layout.dp * mb)
-    links = expert_links(layout, cache)
+    dispatch = dispatch_of(model.moe, d.moe_dispatch)
+    links = expert_links(layout, cache, dispatch)
     index = {s: stage_index(s, layout.pp, model, layout) for s in STAGE_NAMES}
     costs = {s: stage_cost(model, d, layout, mb, g, index[s], links, in_flight(layout, int(n), index[s]))
              for s in STAGE_NAMES}
@@ -64,15 +69,21 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     w = work[slow]
     bubble = (layout.pp - 1) / (layout.interleave * n) * w
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
-    # window (one queue on the same NICs): exposed max(0, G_e - max(0, 2/3 (W / N - A) - G_d)), A the micro-batch's MoE
-    # collectives where the expert group spans nodes (else 0).
+    # window (one queue on the same NICs): exposed max(0, G_e - max(0, b (W / N - A) - G_d)), b its backward's share
+    # (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes (else
+    # 0); there the gradients also slow that backward's all_to_alls on each rank's NIC (moe_contention.py).
     dense_grad = float(scores.stages[STAGE_NAMES.index(slow)].grad[0])
     # An expert group wider than a node: its all_to_alls hold the NICs the expert gradients (over edp, outside it)
     # need, so only the rest of the backward hides them (the event engine's links are shared max-min fairly).
     dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
     busy = c.comm if layout.ep * layout.etp > dpn else 0.0
-    window = max(0.0, 2.0 / 3.0 * (w / n - busy) - dense_grad)
+    share = 0.75 if d.recompute == "full" else 2.0 / 3.0  # the backward's part of a micro-batch (analytic.py's)
+    window = max(0.0, share * (w / n - busy) - dense_grad)
     grad = max(0.0, c.step_comm - window) if layout.overlap else c.step_comm
+    if layout.overlap and busy > 0 and c.step_comm > 0:  # its gradients over edp share the NICs (moe_contention.py)
+        nic, other = a2a_terms(cache, expert_placement(layout), ("ep",), dispatch)
+        slow_by = slowdown(nic, other, links[("edp",)][0])
+        grad = exposed_grads(c.step_comm, max(0.0, share * (w / n - busy)), c.comm_bwd, slow_by)
     step = w + bubble + rest + grad + c.norm_comm + c.optim
     heavy = max(("first", "last"), key=lambda s: _total(est.memory, costs[s].memory))
     mem = MemoryBreakdown(**{k: getattr(est.memory, k) + v for k, v in costs[heavy].memory.items()})

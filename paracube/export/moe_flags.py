@@ -5,7 +5,10 @@ blocks, MLA or a head width other than hidden / heads; nothing for a dense model
   --expert-model-parallel-size, --expert-tensor-parallel-size, --moe-ffn-hidden-size,
   --moe-shared-expert-intermediate-size, --moe-layer-freq (a 0/1 list where the first blocks are dense),
   --moe-router-score-function, --moe-router-load-balancing-type aux_loss with --moe-aux-loss-coeff,
-  --moe-token-dispatcher-type alltoall (the dispatch paracube prices), --moe-grouped-gemm,
+  --moe-token-dispatcher-type alltoall, or flex with --moe-flex-dispatcher-backend deepep (DeepEP installed) where
+  the plan's runtime dispatches so and the model is dropless (Runtime.moe_dispatch, moe_dispatch.dispatch_of: the
+  dispatch the plan was priced with; a plan made for paracube exports alltoall), --moe-router-num-groups /
+  --moe-router-group-topk (group-limited routing, MoESpec.groups), --moe-grouped-gemm,
   --moe-expert-capacity-factor (dropless when unset); MLA: --multi-latent-attention, --q-lora-rank,
   --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim; --kv-channels and --qk-layernorm (Qwen3).
   The same names serve Megatron-DeepSpeed's export where DeepSpeed-MoE has them: --num-experts, --topk,
@@ -15,7 +18,9 @@ blocks, MLA or a head width other than hidden / heads; nothing for a dense model
 
 from __future__ import annotations
 
+from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.plan import Plan
+from paracube.runtimes import get_runtime
 
 
 def megatron_moe_args(plan: Plan) -> list[str]:
@@ -23,11 +28,16 @@ def megatron_moe_args(plan: Plan) -> list[str]:
     args: list[str] = []
     if m.moe is not None:
         e = m.moe
+        deepep = dispatch_of(e, get_runtime(plan.runtime).moe_dispatch).dedup
         args += [f"--num-experts {e.experts}", f"--moe-router-topk {e.top_k}",
                  f"--expert-model-parallel-size {lay.ep}", f"--expert-tensor-parallel-size {lay.etp}",
                  f"--moe-ffn-hidden-size {e.expert_ffn}", f"--moe-router-score-function {e.router}",
                  "--moe-router-load-balancing-type aux_loss", f"--moe-aux-loss-coeff {e.aux_loss:g}",
-                 "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+                 *(["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]
+                   if deepep else ["--moe-token-dispatcher-type alltoall"]),
+                 "--moe-grouped-gemm"]
+        if e.groups > 1:
+            args += [f"--moe-router-num-groups {e.groups}", f"--moe-router-group-topk {e.group_topk}"]
         if e.shared_ffn:
             args.append(f"--moe-shared-expert-intermediate-size {e.shared_ffn}")
         if e.first_dense or e.sparse_step > 1:

@@ -209,7 +209,8 @@ def search(
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
     options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,  # = rt.engine_options(),
                "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit,  # grad_bytes: a run's own
-               "fp8_scaling": rt.fp8_scaling, "fp8_experts": rt.fp8_experts}
+               "fp8_scaling": rt.fp8_scaling, "fp8_experts": rt.fp8_experts,
+               "moe_dispatch": rt.moe_dispatch}
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         # Placements enter an estimate only through the links of its groups: layouts equal but for a placement

@@ -28,6 +28,11 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
 - `fp8_scaling`: how it scales FP8 tensors (workload.FP8_SCALINGS): "delayed" (Transformer Engine's amax history,
   Megatron-core and paracube's executor) or "dynamic" (torchao's Float8Linear, torchtitan): both engines price the
   amax reduction, the held FP8 weight copies and the weight casts by it (cost_models/fp8.py).
+- `moe_dispatch`: how its MoE layers send tokens to experts (cost_models/moe_dispatch.py): "alltoall", one copy per
+  (token, expert) pair in one all_to_all (paracube's executor, torchtitan, DeepSpeed-MoE, Megatron-core's alltoall
+  dispatcher), or "deepep", one copy per remote node over the NICs forwarded over NVLink once per GPU (Megatron-core's
+  flex dispatcher on DeepEP, as NVIDIA's Hopper recipes run dropless MoE; a model with a capacity factor falls back to
+  alltoall, Megatron-core's rule); both engines price it.
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -104,6 +109,7 @@ class Runtime:
     fp8_tpo: bool = True  # it runs tpo with fp8 GEMMs
     fp8_scaling: str = "delayed"  # how it scales FP8 tensors (module docstring; workload.FP8_SCALINGS)
     fp8_experts: bool = False  # with fp8, the routed experts' grouped GEMMs run FP8 too (TE's grouped linear)
+    moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
@@ -117,11 +123,12 @@ class Runtime:
         zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's prefetch and asynchronous
         reduce-scatters, `grad_bytes` its gradients' element size, memory.py; `fp8_scaling` how it scales FP8
         tensors, cost_models/fp8.py; `fp8_experts` its routed experts' GEMMs in FP8 with
-        --dtype fp8, cost_models/moe.py); planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
+        --dtype fp8, cost_models/moe.py; `moe_dispatch` its MoE dispatcher, moe_dispatch.py);
+        planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
         return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
                 "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes,
                 "gather_16bit": self.param_gather_16bit, "fp8_scaling": self.fp8_scaling,
-                "fp8_experts": self.fp8_experts}
+                "fp8_experts": self.fp8_experts, "moe_dispatch": self.moe_dispatch}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,

@@ -40,6 +40,9 @@ RUNTIME = Runtime(
     export_target="megatron",
     expert_parallel=True,  # --expert-model-parallel-size, --expert-tensor-parallel-size
     expert_tensor_parallel=True,
+    # dropless MoE as NVIDIA's Hopper recipes run it: the flex dispatcher on DeepEP (cost_models/moe_dispatch.py; a
+    # capacity factor falls back to alltoall, which Megatron-core requires for padding to capacity)
+    moe_dispatch="deepep",
     fp8_experts=True,  # TEGroupedLinear under fp8_autocast: the routed experts' GEMMs in FP8 (megatron-core experts.py)
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
     cp_comms=("p2p", "ag"),
