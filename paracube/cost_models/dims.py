@@ -52,6 +52,7 @@ class Dims:
     gather_16bit: bool = False  # zero=1 all-gathers the c-byte parameters, not fp32 (Runtime.param_gather_16bit)
     fp8_scaling: str = "delayed"  # how the runtime scales FP8 tensors (Runtime.fp8_scaling; cost_models/fp8.py)
     fp8_experts: bool = False  # with fp8, the routed experts' GEMMs run FP8 (Runtime.fp8_experts; cost_models/moe.py)
+    selective: str = "attention"  # what rc=selective recomputes (Runtime.selective; cost_models/recompute.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
     # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
     cp: int = 1
