@@ -13,7 +13,15 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   (GPUs x model TFLOP/s)). Nemotron-4's squared-ReLU MLP (ffn f, 2 matrices) is the FLOP-equivalent gated
   llama MLP of ffn 2f/3 (3 matrices). Megatron-core rows price Megatron-core's own gradient bucket
   (grad_bucket=mcore: max(40M, 1M x dp x cp) elements; calibration/from_runs.py).
-- benchmarks/data/published_runs_fsdp.csv: torchtitan FSDP2 on 64 A100 (held out, not fitted).
+- benchmarks/data/published_runs_fsdp.csv: torchtitan FSDP2 on 64 A100 (held out, not fitted). Its `selective` rows
+  and the H200 ones are torchtitan's per-op selective AC, priced by that runtime's rule (Runtime.selective "op",
+  cost_models/recompute.py); the Llama 3 8B row is the source's "selective op AC" figure (2973 tokens/s/GPU; its
+  "selective layer AC" 2904 is a mode torchtitan 0.3.0 no longer has). The H200 rows ran torchao's tensorwise
+  recipe with float8 FSDP all-gather (the only recipe that has it); the runtime declares 0.3.0's rowwise without it:
+  pricing the FP8 gather would halve the gathered bytes and drop the per-use weight casts, a faster step, so it is
+  not their miss. Every torchtitan FSDP row's measured step lies between the model's prefetched step (all too fast,
+  -6% to -24%) and its step with every gather and reduce-scatter in line (+4% to +9% on A100, -2% on H200): the
+  FSDP2 collectives hide less than fsdp_overlap.py's recursion gives (on H200, none), not yet priced.
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
   recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);

@@ -39,6 +39,12 @@ FP8_RECIPE = Fp8Recipe()
 # "dynamic": torchao's Float8Linear as torchtitan 0.3.0 runs it (recipe "rowwise"): every tensor scaled from its
 #   own amax at each cast, no history, no reduction, the weights cast again at every use (every micro-batch).
 FP8_SCALINGS: tuple[str, ...] = ("delayed", "dynamic")
+# What a training stack recomputes under `rc=selective` (Runtime.selective; cost_models/recompute.py prices each):
+# "attention": Megatron's selective recomputation (Korthikanti et al. 2022), the attention core re-run in backward;
+# "op": torchtitan 0.3.0's per-op selective activation checkpointing (SelectiveAC): the outputs of the
+#   compute-intensive ops saved (every second bf16 mm recomputed, FP8 _scaled_mm and attention always saved), every
+#   other op of the block re-run in backward.
+SELECTIVE_RULES: tuple[str, ...] = ("attention", "op")
 
 
 @dataclass(frozen=True)

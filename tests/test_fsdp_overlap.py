@@ -99,7 +99,8 @@ def test_engines_agree_with_prefetch_hsdp_tpo_and_overlap() -> None:
     prefetch and zero=1's gather overlap); the same bytes."""
     options = RUNTIMES["torchtitan"].engine_options()
     assert options == {"param_overlap": True, "fsdp_prefetch": True, "grad_bytes": 4, "gather_16bit": False,
-                       "fp8_scaling": "dynamic", "fp8_experts": False, "moe_dispatch": "alltoall"}
+                       "fp8_scaling": "dynamic", "fp8_experts": False, "moe_dispatch": "alltoall",
+                       "selective": "op"}
     for text in AGREE + POSITIONAL + PIPELINED:
         layout = parse_layout(text)
         rc = layout.recompute or "none"
@@ -120,5 +121,6 @@ def test_every_runtime_prefetches_and_the_dimension_reads_it() -> None:
         assert opts == {"param_overlap": chosen(PARAM_OVERLAP, rt, None),
                         "fsdp_prefetch": chosen(FSDP_PREFETCH, rt, None), "grad_bytes": rt.grad_bytes,
                         "gather_16bit": rt.param_gather_16bit, "fp8_scaling": rt.fp8_scaling,
-                        "fp8_experts": rt.fp8_experts, "moe_dispatch": rt.moe_dispatch}
+                        "fp8_experts": rt.fp8_experts, "moe_dispatch": rt.moe_dispatch,
+                        "selective": rt.selective}
         assert opts["fsdp_prefetch"]  # FSDP2, DeepSpeed stage 3, Megatron-FSDP, executor/data_parallel/fsdp.py

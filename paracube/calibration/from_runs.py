@@ -202,7 +202,7 @@ def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube")
     param_overlap = chosen(PARAM_OVERLAP, rt, layout)
     return estimate(run.model, run.training, layout, topo, with_events=False, param_overlap=param_overlap,
                     grad_bytes=run.grad_bytes, gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling,
-                    fp8_experts=rt.fp8_experts, moe_dispatch=rt.moe_dispatch,
+                    fp8_experts=rt.fp8_experts, moe_dispatch=rt.moe_dispatch, selective=rt.selective,
                     **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes})).step_time_s
 
 

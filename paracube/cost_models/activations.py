@@ -40,6 +40,7 @@ A vocabulary-split embedding (every mode but none) also keeps its in-block mask 
 Selective recomputation (checkpointed attention core): keeps the qkv output and drops the core's own
 tensors and its output (1D keeps it: it is proj's input; 2D/3D keep proj's gathered input); the core's
 dropout mask is re-drawn from its seed (executor/layers/dropout.py).
+Selective recomputation by torchtitan's per-op rule (Dims.selective "op"): what recompute.op_saved_bytes counts.
 Full recomputation keeps only each block's input: c T h / k (serial/1D), c T h / t (2D/3D).
 Against Korthikanti et al. (2022, Table 2; `--activations megatron`): with fa=0 and dropout, 1D keeps their
 10 sbh + 24 sbh / t + 5 a s^2 b / t (sp: (34 sbh + 5 a s^2 b) / t) plus 16 T bytes of LayerNorm statistics
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paracube.cost_models import recompute
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import key_window, sequence_pieces
@@ -80,6 +82,8 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     if d.recompute == "full":
         block_input = c * T * h / _sequence_shards(b) if replicated else c * T * h / sp["all"]
         return {"block input": block_input}
+    if d.recompute == "selective" and d.selective == "op":  # torchtitan's per-op rule (recompute.py)
+        return recompute.op_saved_bytes(d, mode, b, attention_core_bytes(d, mb, sp["all"]))
     h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
     # q, k, v: views of the qkv output (selective keeps the qkv output itself), or (unfused) the contiguous
     # copies its bmms multiply, in the compute dtype

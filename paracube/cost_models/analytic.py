@@ -80,7 +80,7 @@ from paracube.layout import Layout
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import stage_layers
-from paracube.workload import FP8_SCALINGS, ModelSpec, TrainingSpec
+from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES, ModelSpec, TrainingSpec
 
 Arr = np.ndarray
 Links = dict[tuple[str, ...], tuple[Arr, Arr]]
@@ -375,6 +375,7 @@ def estimate(
     fp8_scaling: str = "delayed",
     fp8_experts: bool = False,
     moe_dispatch: str = "alltoall",
+    selective: str = "attention",
 ) -> StepEstimate:
     """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
     `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before);
@@ -384,14 +385,16 @@ def estimate(
     GEMMs run FP8 (Runtime.fp8_experts); `moe_dispatch`: the runtime's MoE dispatcher (Runtime.moe_dispatch,
     moe_dispatch.py). `bucket_bytes`: the gradient bucket
     limit (default the executor's, modes/buckets.BUCKET_BYTES; a published run priced with its stack's own,
-    calibration/from_runs.py). `fp8_scaling`: how the runtime scales FP8 tensors (Runtime.fp8_scaling, fp8.py)."""
+    calibration/from_runs.py). `fp8_scaling`: how the runtime scales FP8 tensors (Runtime.fp8_scaling, fp8.py);
+    `selective`: what rc=selective recomputes (Runtime.selective, recompute.py)."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
     check(moe_dispatch in DISPATCHERS, f"moe dispatcher {moe_dispatch!r}; valid: {', '.join(DISPATCHERS)}")
     check(fp8_scaling in FP8_SCALINGS, f"fp8 scaling {fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
+    check(selective in SELECTIVE_RULES, f"selective rule {selective!r}; valid: {', '.join(SELECTIVE_RULES)}")
     d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
                               gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
-                              moe_dispatch=moe_dispatch),
+                              moe_dispatch=moe_dispatch, selective=selective),
                       layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)

@@ -2,7 +2,8 @@
 
 FLOPs: a matmul [m, k] x [k, n] is 2mnk; per block the four linears, plus attention scores (QK^T) and
 values (PV), 2 b s^2 h each; the head 2 T h V. Backward = 2 x forward. Full recompute adds one forward of
-every block; selective recompute re-does the attention core (scores, softmax, values) only. The attention
+every block; selective recompute re-does what the runtime's rule re-runs (recompute.py: Megatron's the attention
+core, scores, softmax, values; torchtitan's per-op rule every second bf16 matmul and the elementwise ops). The attention
 core depends on the kernel (Layout `fa`, `attention_core_time`): unfused (Megatron's core attention, its
 s x s softmax and dropout memory-bound at HBM bandwidth) or flash (causal half of the score blocks,
 backward recomputing the scores, no s x s memory traffic).
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from paracube.cost_models import fp8
+from paracube.cost_models import fp8, recompute
 from paracube.cost_models.collective import wait_steps
 from paracube.cost_models.dims import DTYPE_NAMES, Dims, full_sequence
 from paracube.modes import MODES, LayoutBatch
@@ -183,7 +184,6 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     N = d.global_batch // (dp * mb)
     T = (mb * d.s).astype(float)
     Ls = stage_layers(d.L, pp, b.v, np.where(pp == 1, 1, first), last)
-    c = d.c
     fwd_blk = np.zeros_like(T)
     bwd_blk = np.zeros_like(T)
     for n, (_, h_in, h_out, _) in enumerate(d.linears):
@@ -191,14 +191,12 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
                                  fp8.weight_cast_per_micro_batch(d))
         fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
     attn_f, attn_b = attention_core_time(d, mb, t, g)
-    h_loc = T * d.h / m.act_split(t, b.sp)
-    f_loc = T * d.f / t
-    elem_f = c * (12 * h_loc + 4 * f_loc) / (g.mem_bw * g.mem_eff)
+    elem_f = elementwise_forward(d, mode, b, g)
     per_block = fwd_blk + bwd_blk + attn_f + attn_b + 3 * elem_f
     if d.recompute == "full":
         per_block = per_block + fwd_blk + attn_f + elem_f
-    elif d.recompute == "selective":
-        per_block = per_block + attn_f
+    elif d.recompute == "selective":  # the runtime's rule (Dims.selective, recompute.py)
+        per_block = per_block + recompute.selective_time(d, mode, b, g, attn_f, elem_f)
     # Head (vocab-parallel linear h -> V) and cross-entropy on the last stage.
     V = padded(d.V, m.vocab_split(t, b.q))
     hf, hdx, hda = g.gemms(*local_shape(mode, T, d.h, V, True, b))  # the head stays bf16 under FP8
@@ -206,6 +204,13 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
     per_micro = Ls * per_block + last * (hf + hb + ce)
     return N * per_micro
+
+
+def elementwise_forward(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> Arr:
+    """Seconds of one block's memory-bound forward work, one micro-batch, one rank (module docstring)."""
+    T = (b.mb * d.s).astype(float)
+    h_loc, f_loc = T * d.h / MODES[mode].act_split(b.t, b.sp), T * d.f / b.t
+    return d.c * (12 * h_loc + 4 * f_loc) / (g.mem_bw * g.mem_eff)
 
 
 FLASH_CAUSAL = 0.5  # share of the s x s score blocks a causal flash kernel computes (it skips the masked half)

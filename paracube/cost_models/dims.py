@@ -54,6 +54,7 @@ class Dims:
     fp8_scaling: str = "delayed"  # how the runtime scales FP8 tensors (Runtime.fp8_scaling; cost_models/fp8.py)
     fp8_experts: bool = False  # with fp8, the routed experts' GEMMs run FP8 (Runtime.fp8_experts; cost_models/moe.py)
     moe_dispatch: str = "alltoall"  # the MoE dispatcher (Runtime.moe_dispatch; cost_models/moe_dispatch.py)
+    selective: str = "attention"  # what rc=selective recomputes (Runtime.selective; cost_models/recompute.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
     # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
     cp: int = 1

@@ -58,13 +58,15 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
              overlap: bool = False, timeline: bool = True, with_events: bool = True,
              param_overlap: bool = False, fsdp_prefetch: bool = False, grad_bytes: int = 4,
              bucket_bytes: int = BUCKET_BYTES, fuse: bool = True, gather_16bit: bool = False,
-             fp8_scaling: str = "delayed", fp8_experts: bool = False, moe_dispatch: str = "alltoall") -> EventResult:
+             fp8_scaling: str = "delayed", fp8_experts: bool = False, moe_dispatch: str = "alltoall",
+             selective: str = "attention") -> EventResult:
     """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats.
     `param_overlap`: zero=1's parameter all_gathers overlapped with the first forward (event_program.py);
     `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters asynchronous (fsdp_overlap.py);
     `bucket_bytes`: the gradient bucket limit, as analytic.estimate takes it (modes/buckets.py); `fuse=False`: every
     op simulated one by one (event_fuse.py's reference; the same answer, more simpy events); `fp8_scaling`: how the
-    runtime scales FP8 tensors, as analytic.estimate takes it (fp8.py)."""
+    runtime scales FP8 tensors, as analytic.estimate takes it (fp8.py); `selective`: what rc=selective recomputes
+    (Runtime.selective, recompute.py)."""
     check(isinstance(layout, Layout), f"layout {layout!r} is not a Layout; parse it with parse_layout")
     n_dev = getattr(topo, "num_devices", None)
     check(isinstance(n_dev, int), f"topology {topo!r} has no num_devices; load one with load_topology")
@@ -73,11 +75,11 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
                              fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes,
                              bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling,
-                             fp8_experts=fp8_experts, moe_dispatch=moe_dispatch)
+                             fp8_experts=fp8_experts, moe_dispatch=moe_dispatch, selective=selective)
     # a cp rank's view; MoE blocks: moe_program.with_blocks
     d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
                               gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
-                              moe_dispatch=moe_dispatch),
+                              moe_dispatch=moe_dispatch, selective=selective),
                       layout.cp, layout.cp_comm)  # traffic.py's elements
     mb, _ = resolve_micro_batch(layout, d)
     n_micro = d.global_batch // (layout.dp * mb)
@@ -127,12 +129,12 @@ def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, top
                    with_events: bool = True, overlap: bool = False, param_overlap: bool = False,
                    fsdp_prefetch: bool = False, grad_bytes: int = 4, bucket_bytes: int = BUCKET_BYTES,
                    gather_16bit: bool = False, fp8_scaling: str = "delayed", fp8_experts: bool = False,
-                   moe_dispatch: str = "alltoall") -> StepEstimate:
+                   moe_dispatch: str = "alltoall", selective: str = "attention") -> StepEstimate:
     """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
     return simulate(model, training, layout, topo, overlap=overlap, timeline=False, with_events=with_events,
                     param_overlap=param_overlap, fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes,
                     bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling,
-                    fp8_experts=fp8_experts, moe_dispatch=moe_dispatch).estimate
+                    fp8_experts=fp8_experts, moe_dispatch=moe_dispatch, selective=selective).estimate
 
 
 def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
@@ -140,7 +142,8 @@ def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout:
     """`--engine analytic|event`: one entry point for the CLI. Options: overlap=True (event only);
     param_overlap=True and fsdp_prefetch=True (both engines: how the runtime runs zero's parameter gathers,
     planner/dimensions.engine_options); grad_bytes, bucket_bytes (both engines: the stack's gradients);
-    fp8_scaling (both engines: how the stack scales FP8 tensors, fp8.py)."""
+    fp8_scaling (both engines: how the stack scales FP8 tensors, fp8.py); selective (both engines: what
+    rc=selective recomputes, recompute.py)."""
     param_overlap = bool(options.pop("param_overlap", False))
     fsdp_prefetch = bool(options.pop("fsdp_prefetch", False))
     grad_bytes = int(options.pop("grad_bytes", 4))  # type: ignore[call-overload]
@@ -149,18 +152,19 @@ def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout:
     fp8_scaling = str(options.pop("fp8_scaling", "delayed"))
     fp8_experts = bool(options.pop("fp8_experts", False))  # the routed experts' GEMMs in FP8 (Runtime.fp8_experts)
     moe_dispatch = str(options.pop("moe_dispatch", "alltoall"))  # the MoE dispatcher (Runtime.moe_dispatch)
+    selective = str(options.pop("selective", "attention"))  # what rc=selective recomputes (Runtime.selective)
     if engine == "analytic":
         check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
         return analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
                                  fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes, bucket_bytes=bucket_bytes,
                                  gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
-                                 moe_dispatch=moe_dispatch)
+                                 moe_dispatch=moe_dispatch, selective=selective)
     if engine == "event":
         extra = sorted(set(options) - {"overlap"})
         check(not extra, f"unknown event-engine options {extra}; valid: overlap")
         return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)),
                               param_overlap, fsdp_prefetch, grad_bytes, bucket_bytes, gather_16bit, fp8_scaling,
-                              fp8_experts, moe_dispatch)
+                              fp8_experts, moe_dispatch, selective)
     raise unknown("engine", engine, ENGINES)
 
 

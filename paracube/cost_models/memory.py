@@ -27,6 +27,7 @@ less 4 (1 - kv/h) sbh with grouped-query attention (K, V) and, llama family, the
   selective, or flash attention (fa=1, Transformer Engine's fused kernel): drop the 5 a s^2 b terms (34 sbh/t
                    with sp)
   full recompute:  2 sbh / t_act per block (input only; t_act = 1 for 1d without sp), G = 0
+  selective by torchtitan's per-op rule (Dims.selective "op", recompute.py): what that rule saves, in both counts
 G = gathered tensors the 2d/3d linears save for their backward (the executor's backward re-gathers
 nothing): 2d/2.5d: c (T/(dq) sum(h_in) (1 - 1/q) + sum(h_in h_out)/q); 3d: c (T/q sum(h_in)/q (1 - 1/q)
 + sum(h_in h_out)/q^2).
@@ -37,7 +38,8 @@ modes/stages.py (uneven splits). The first stage's embedding tensors are held by
 (interleaved: at most min(N, 2 pp) alive), the head's by the last chunk of the last stage (one alive).
 Temporaries: the largest linear's gathered operands and output (2d/3d), or gathered input + widest output
 (1d), plus fp32 logits and their gradient on the last stage, plus one block's full activations while it
-is recomputed (full recompute). Gradients are accumulated into their fp32 buckets (executor/data_parallel/grad_sync.py),
+is recomputed (full recompute; torchtitan's per-op selective rule: the block's rc=none tensors it did not save,
+`op_remade_bytes`). Gradients are accumulated into their fp32 buckets (executor/data_parallel/grad_sync.py),
 which ARE the gradients counted above: no extra flat buffer.
 Kept weights (Layout kw=1; 2d, 2.5d, 3d): every `kept` forward gather of the stage (linears' weights and
 biases, the position table) stays gathered for the whole step, with an fp32 accumulator of its gradient in
@@ -66,6 +68,8 @@ Arr = np.ndarray
 
 def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
     """Korthikanti et al.'s bytes of one block (the formulas above; per mode: TensorMode.megatron_block)."""
+    if recompute == "selective" and d.selective == "op":  # torchtitan's per-op rule: what it saves (recompute.py)
+        return activations.block_bytes(d, mode, b)
     t, q, depth, mb = (x.astype(float) for x in (b.t, b.q, b.depth, b.mb))
     m = MODES[mode]
     s, h = d.s, d.h
@@ -91,6 +95,13 @@ _MASKS = 2
 
 def _gqa_saving(d: Dims) -> float:
     return 4.0 * (1.0 - d.kv / d.h)
+
+
+def op_remade_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
+    """Under torchtitan's per-op selective rule (recompute.py), what one block's recompute makes again for its
+    backward: the block's rc=none tensors beyond those the rule saved (as full recomputation's block, below)."""
+    every = activations.block_bytes(replace(d, recompute="none"), mode, b)
+    return np.maximum(every - activations.block_bytes(d, mode, b), 0.0)
 
 
 def in_flight(b: LayoutBatch, N: Arr, first: bool) -> Arr:
@@ -156,6 +167,8 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
         full = d if d.activations == "megatron" else replace(d, recompute="none")
         temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
                        else activations.block_bytes(full, mode, b))
+    if d.recompute == "selective" and d.selective == "op":  # one block's re-made tensors live during its backward
+        temp = temp + op_remade_bytes(d, mode, b)
     if np.any(kw):
         temp = temp + np.asarray(kw) * kept_bytes(d, mode, b, F, H)
     temp = temp + kv_buffer_bytes(d, mode, b)  # context parallelism's key / value buffers (context_parallel.py)

@@ -171,7 +171,7 @@ def search(
         return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
     d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=grad_bytes,  # fa= pinned: that kernel
-                gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling)
+                gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling, selective=rt.selective)
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
     check(0.0 <= memory_headroom < 1.0, f"memory headroom {memory_headroom!r} must be a fraction in [0, 1)")
     mem_cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
@@ -210,7 +210,8 @@ def search(
     options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,  # = rt.engine_options(),
                "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit,  # grad_bytes: a run's own
                "fp8_scaling": rt.fp8_scaling, "fp8_experts": rt.fp8_experts,
-               "moe_dispatch": rt.moe_dispatch}
+               "moe_dispatch": rt.moe_dispatch,
+               "selective": rt.selective}
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         # Placements enter an estimate only through the links of its groups: layouts equal but for a placement

@@ -33,6 +33,10 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   dispatcher), or "deepep", one copy per remote node over the NICs forwarded over NVLink once per GPU (Megatron-core's
   flex dispatcher on DeepEP, as NVIDIA's Hopper recipes run dropless MoE; a model with a capacity factor falls back to
   alltoall, Megatron-core's rule); both engines price it.
+- `selective`: what `rc=selective` recomputes (workload.SELECTIVE_RULES): "attention" (Megatron's: the attention
+  core re-run in backward; Megatron-core, DeepSpeed, paracube's executor) or "op" (torchtitan's per-op selective
+  activation checkpointing); both engines price its recomputed forward work and memory its saved tensors
+  (cost_models/recompute.py).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -47,7 +51,7 @@ from dataclasses import dataclass
 
 from paracube.layout import Layout
 from paracube.modes import MODES
-from paracube.workload import FP8_SCALINGS
+from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES
 
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
 # (mode, pp, sequence_parallel, zero, tied_embeddings, family) -> None where it runs, else what it runs instead
@@ -110,10 +114,13 @@ class Runtime:
     fp8_scaling: str = "delayed"  # how it scales FP8 tensors (module docstring; workload.FP8_SCALINGS)
     fp8_experts: bool = False  # with fp8, the routed experts' grouped GEMMs run FP8 too (TE's grouped linear)
     moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
+    selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
             raise ValueError(f"runtime {self.name}: fp8_scaling {self.fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
+        if self.selective not in SELECTIVE_RULES:
+            raise ValueError(f"runtime {self.name}: selective {self.selective!r}; valid: {', '.join(SELECTIVE_RULES)}")
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
@@ -123,12 +130,14 @@ class Runtime:
         zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's prefetch and asynchronous
         reduce-scatters, `grad_bytes` its gradients' element size, memory.py; `fp8_scaling` how it scales FP8
         tensors, cost_models/fp8.py; `fp8_experts` its routed experts' GEMMs in FP8 with
-        --dtype fp8, cost_models/moe.py; `moe_dispatch` its MoE dispatcher, moe_dispatch.py);
+        --dtype fp8, cost_models/moe.py; `moe_dispatch` its MoE dispatcher, moe_dispatch.py; `selective` what
+        rc=selective recomputes, cost_models/recompute.py);
         planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
         return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
                 "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes,
                 "gather_16bit": self.param_gather_16bit, "fp8_scaling": self.fp8_scaling,
-                "fp8_experts": self.fp8_experts, "moe_dispatch": self.moe_dispatch}
+                "fp8_experts": self.fp8_experts, "moe_dispatch": self.moe_dispatch,
+                "selective": self.selective}
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,

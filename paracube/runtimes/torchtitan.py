@@ -5,6 +5,10 @@ the next block's parameter all-gather, reshard_after_forward), DDP (zero=0; buck
 parallelism with sequence parallelism on by default (enable_sequence_parallel) and async TP
 (enable_async_tensor_parallel: collective matmul through torch's SymmetricMemory; needs sp), pipelines from
 torch.distributed.pipelining (1F1B, Interleaved1F1B, ...), activation checkpointing none / selective / full,
+where selective is its per-op SelectiveAC (distributed/activation_checkpoint.py; selective "op", recompute.py): the
+outputs of the compute-intensive ops saved, every second bf16 matmul of a block and all of its cheap ops re-run in
+backward, the attention core and FP8's torch._scaled_mm outputs always saved (0.3.0 has no layer-level selective
+mode: `activation_checkpoint:selective` is the op rule),
 bf16, fp32 and fp8: torchao's Float8Linear as a model converter (`Float8LinearConverter.Config(recipe_name=
 "rowwise")` in 0.3.0's config registry; no tensorwise recipe, no CLI flag), dynamic scaling (fp8_scaling
 "dynamic": each tensor scaled from its own amax at every cast, no amax history or reduction, the weights cast at
@@ -32,6 +36,7 @@ RUNTIME = Runtime(
     recomputes=("none", "selective", "full"),
     dtypes=("bf16", "fp32", "fp8"),
     fp8_scaling="dynamic",
+    selective="op",  # SelectiveAC: per-op selective activation checkpointing (cost_models/recompute.py)
     grad_overlap=True,
     grad_overlap_default=True,
     grad_overlap_pp=True,
