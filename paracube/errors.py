@@ -7,6 +7,7 @@ name (difflib's ratio >= 0.6, the standard library's own cutoff), then every val
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 
 
@@ -18,6 +19,21 @@ class ParacubeError(ValueError):
 def check(condition: bool, message: str) -> None:
     if not condition:
         raise ParacubeError(message)
+
+
+def divisors(n: int, most: int = 10**7) -> list[int] | None:
+    """The divisors of n in order, by trial division up to sqrt(n), for an error message's valid values; None
+    past `most` (a fuzzed or mistyped size must not stall the message)."""
+    if n < 1 or n > most:
+        return None
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return low + [n // d for d in reversed(low) if d * d != n]
+
+
+def divisors_text(n: int) -> str:
+    """'1, 2, 4, 8' (divisors), or 'a divisor of n' where n is too large to list them."""
+    found = divisors(n)
+    return ", ".join(map(str, found)) if found is not None else f"a divisor of {n}"
 
 
 def did_you_mean(value: object, valid: Iterable[str]) -> str:

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from paracube.errors import ParacubeError, check
+from paracube.errors import ParacubeError, check, divisors, divisors_text
 from paracube.modes import MODES, TensorMode
 
 ModeName = str  # a key of paracube.modes.MODES
@@ -120,9 +120,8 @@ class Layout:
               f"shard={self.shard!r} must be a positive integer")
         check(self.shard is None or self.zero >= 1,
               f"shard={self.shard} shards zero's state: it needs zero=1, 2 or 3 (zero={self.zero})")
-        check(self.shard is None or self.dp % self.shard == 0,
-              f"shard={self.shard} must divide dp={self.dp}; valid: "
-              f"{', '.join(str(n) for n in range(1, self.dp + 1) if self.dp % n == 0)}")
+        if self.shard is not None and self.dp % self.shard:
+            raise ParacubeError(f"shard={self.shard} must divide dp={self.dp}; valid: {divisors_text(self.dp)}")
         check(not self.tpo or bool(MODES[self.mode].axes), "tpo overlaps tensor-parallel collectives: it needs "
               f"tp={'/'.join(n for n, m in MODES.items() if m.axes)}, not {self.mode}")
         check(self.cp == 1 or MODES[self.mode].context_parallel,
@@ -165,9 +164,12 @@ class Layout:
         check(self.mode in folds, f"ep={self.ep},etp={self.etp} (expert parallelism) applies to tp={'/'.join(folds)} "
               f"only, not {self.mode}")
         dense = self.dp * self.cp * self.tensor_size
-        check(dense % (self.ep * self.etp) == 0,
-              f"ep={self.ep} x etp={self.etp} must divide the dp x cp x tp = {dense} ranks it folds over; valid ep: "
-              f"{', '.join(str(n) for n in range(1, dense + 1) if dense % (n * self.etp) == 0)}")
+        if dense % (self.ep * self.etp):
+            found = divisors(dense)
+            valid = (", ".join(str(n) for n in found if dense % (n * self.etp) == 0) if found is not None
+                     else f"a divisor of {dense // math.gcd(dense, self.etp)}")
+            raise ParacubeError(f"ep={self.ep} x etp={self.etp} must divide the dp x cp x tp = {dense} ranks it folds "
+                                f"over; valid ep: {valid}")
 
     # --- sizes -----------------------------------------------------------------------------------------
     @property

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from paracube.errors import check
+from paracube.errors import ParacubeError, check, divisors_text
 
 Router = Literal["softmax", "sigmoid"]
 
@@ -74,9 +74,9 @@ class MoESpec:
         check(isinstance(self.aux_loss, (int, float)) and self.aux_loss >= 0,
               f"{where}: aux_loss={self.aux_loss!r} must be a non-negative number")
         _positive(where, self, ("groups", "group_topk"))
-        check(self.experts % self.groups == 0,
-              f"{where}: groups={self.groups} must divide the {self.experts} experts; valid: "
-              + ", ".join(str(n) for n in range(1, self.experts + 1) if self.experts % n == 0))
+        if self.experts % self.groups:
+            raise ParacubeError(f"{where}: groups={self.groups} must divide the {self.experts} experts; valid: "
+                                f"{divisors_text(self.experts)}")
         check(self.group_topk <= self.groups,
               f"{where}: group_topk={self.group_topk} > groups={self.groups}; valid: 1..{self.groups}")
         check(self.top_k <= self.group_topk * self.experts // self.groups,

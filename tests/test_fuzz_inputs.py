@@ -226,3 +226,12 @@ def test_zz_fuzz_count() -> None:
     print("fuzz outcomes:", dict(OUTCOMES), "total", total)
     if total:  # when run alone (pytest -k), the counter is empty
         assert total >= 1000
+
+
+@pytest.mark.parametrize("text", ["dp=" + "9" * 30 + ",zero=1,shard=2", "dp=" + "9" * 30 + ",ep=2",
+                                  "dp=" + "9" * 13 + ",zero=1,shard=2"])
+def test_a_huge_size_is_refused_without_listing_its_divisors(text: str) -> None:
+    """The fuzzer's find: a message listing the valid values of a 30-digit dp by trying every number below it
+    never finished (errors.divisors lists them up to 10**7, by trial division to sqrt(n))."""
+    with pytest.raises(ParacubeError, match="a divisor of 9+"):
+        parse_layout(text)

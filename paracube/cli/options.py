@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from paracube.errors import ParacubeError, check
+from paracube.errors import ParacubeError, check, divisors_text
 from paracube.executor.launch.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
 from paracube.model_presets import DEFAULT_MODEL, resolve_model
 from paracube.workload import DTYPE_BYTES, ModelSpec, TrainingSpec, check_dtype_on, with_seq_len
@@ -131,7 +131,7 @@ def check_micro_batch(layout: Layout, global_batch: int, text: str) -> None:
                             f"({global_batch} % {layout.dp} = {global_batch % layout.dp}); give --global-batch "
                             f"a multiple of {layout.dp}")
     if per_replica % mb:
-        valid = ", ".join(str(d) for d in range(1, per_replica + 1) if per_replica % d == 0)
+        valid = divisors_text(per_replica)
         whose = (f"the {per_replica} sequences per replica (global batch {global_batch} / dp={layout.dp})"
                  if dp_pinned else f"the global batch of {global_batch} sequences")
         raise ParacubeError(f"mb={mb} does not divide {whose}: {per_replica} % {mb} = {per_replica % mb}; "

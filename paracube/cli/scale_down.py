@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from paracube.errors import ParacubeError
+from paracube.errors import ParacubeError, divisors
 from paracube.executor.sizes import check_divisibility
 from paracube.layout import Layout
 from paracube.modes import MODES
@@ -30,7 +30,7 @@ from paracube.workload import ModelSpec, TrainingSpec
 
 
 def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    return divisors(n, most=n) or []
 
 
 def _candidates(layout: Layout, gpus: int) -> list[tuple[int, int, int, tuple[int, ...]]]:

@@ -45,6 +45,7 @@ from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
+from paracube.errors import divisors
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import ExpertSizes, block_bwd, block_fwd
@@ -76,9 +77,10 @@ def violations(model: ModelSpec, layout: Layout) -> list[str]:
         return [f"ep={layout.ep},etp={layout.etp} split experts: model {model.name} has none (use ep=1,etp=1)"]
     bad = []
     if moe.experts % layout.ep:
-        bad.append(f"ep={layout.ep} must divide the {moe.experts} experts of {model.name}; valid: "
-                   + ", ".join(str(n) for n in range(1, moe.experts + 1) if moe.experts % n == 0
-                               and (layout.dp * layout.cp * layout.tensor_size) % (n * layout.etp) == 0))
+        folded, found = layout.dp * layout.cp * layout.tensor_size, divisors(moe.experts)
+        valid = (", ".join(str(n) for n in found if folded % (n * layout.etp) == 0) if found is not None
+                 else f"a divisor of {moe.experts}")
+        bad.append(f"ep={layout.ep} must divide the {moe.experts} experts of {model.name}; valid: {valid}")
     if moe.expert_ffn % layout.etp:
         bad.append(f"etp={layout.etp} must divide the expert width {moe.expert_ffn}")
     return bad

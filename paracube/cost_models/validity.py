@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from paracube.cost_models.dims import Dims
-from paracube.errors import ParacubeError
+from paracube.errors import ParacubeError, divisors
 from paracube.layout import Layout
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import Rule, divides
@@ -59,7 +59,7 @@ def micro_batch_candidates(layout: Layout, d: Dims) -> list[int]:
     if d.global_batch % layout.dp:
         return []
     per_replica = d.global_batch // layout.dp
-    return [mb for mb in range(1, per_replica + 1) if per_replica % mb == 0 and not violations(layout, d, mb)]
+    return [mb for mb in divisors(per_replica, most=10**12) or () if not violations(layout, d, mb)]
 
 
 def resolve_micro_batch(layout: Layout, d: Dims) -> tuple[int, str | None]:

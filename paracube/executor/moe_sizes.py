@@ -4,7 +4,7 @@ modes/experts.executor_refusal, which paracube's runtime declaration reads too).
 
 from __future__ import annotations
 
-from paracube.errors import ParacubeError
+from paracube.errors import ParacubeError, divisors_text
 from paracube.layout import Layout
 from paracube.modes.experts import executor_refusal
 from paracube.workload import ModelSpec
@@ -26,7 +26,7 @@ def check_moe(spec: ModelSpec, layout: Layout) -> None:
         raise ParacubeError(f"{where}: {why}")
     if moe.experts % layout.ep:
         raise ParacubeError(f"{where}: ep={layout.ep} does not divide the {moe.experts} experts; valid ep: "
-                            f"{', '.join(str(n) for n in range(1, moe.experts + 1) if moe.experts % n == 0)}")
+                            f"{divisors_text(moe.experts)}")
 
 
 __all__ = ["check_moe"]

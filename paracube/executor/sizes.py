@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from paracube.errors import ParacubeError
+from paracube.errors import ParacubeError, divisors
 from paracube.executor.moe_sizes import check_moe
 from paracube.layout import Layout
 from paracube.modes import MODES, runnable_modes
@@ -136,7 +136,7 @@ def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica:
     def runs(m: int) -> bool:
         return bool(tokens_split_ok(m, seq_len, split))
 
-    valid = [m for m in range(1, per_replica + 1) if per_replica % m == 0 and runs(m)] if per_replica else []
+    valid = [m for m in divisors(per_replica) or () if runs(m)] if per_replica else []
     near = [m for m in valid if m < micro_batch][-1:] + [m for m in valid if m > micro_batch][:1]
     tail = f" (dividing the replica's batch of {per_replica} sequences)"
     if not near:

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.links import LinkCache
-from paracube.errors import ParacubeError
+from paracube.errors import ParacubeError, divisors
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.modes import MODES
@@ -31,7 +31,7 @@ from paracube.workload import ModelSpec, TrainingSpec
 
 
 def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    return divisors(n, most=n) or []
 
 
 def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: int, rt: Runtime,
