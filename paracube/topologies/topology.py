@@ -434,11 +434,13 @@ class Topology:
             return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
         load = self._load_cached(groups)
         # a hop's rate R puts share x R on each channel's edges: R <= bw / load on every edge (equal hop rates)
-        hops = [self._hops(s, r) for chans in self._ring_channels(group) for s, r, _share in chans]
-        ids = np.concatenate([h[0] for h in hops])
+        pairs = [(s, r) for chans in self._ring_channels(group) for s, r, _share in chans]
+        # the HopTable's rows of the group's channels: the ids and latencies _hops gives (link_loads.py)
+        rows = self._table.rows(*np.array(pairs, dtype=np.int64).T)
+        ids = self._table.gather(rows)[0]
         # min over hops of min over edges of bw / load == min over all the group's edges (same float divisions)
         bandwidth = float((self._bw_arr[ids] / load[ids]).min()) if len(ids) else math.inf
-        latency = max((h[1] for h in hops), default=0.0)
+        latency = float(self._table.latencies(rows).max()) if len(rows) else 0.0
         return GroupLink(bandwidth, max(latency, 0.0), len(per_node), max(per_node.values()))
 
     def ring_loads(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> tuple[np.ndarray, ...]:
