@@ -151,9 +151,17 @@ def _classes(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray,
         return None
     arr = np.array(groups, dtype=np.int64)
     first = arr[:, :1]
-    key = np.concatenate((first % topo.devices_per_node, arr - first), axis=1)
-    _, reps, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    return arr, reps, inverse.reshape(-1)
+    key = np.ascontiguousarray(np.concatenate((first % topo.devices_per_node, arr - first), axis=1))
+    # classes by each row's bytes (a dict: np.unique(axis=0) sorts structured rows, slowly); the first row of each
+    # class represents it, as np.unique's return_index would
+    seen: dict[bytes, int] = {}
+    width = key.shape[1] * key.itemsize
+    raw = key.tobytes()
+    inverse = np.array([seen.setdefault(raw[i * width:(i + 1) * width], len(seen)) for i in range(len(key))],
+                       dtype=np.int64)
+    reps = np.full(len(seen), len(key), dtype=np.int64)
+    np.minimum.at(reps, inverse, np.arange(len(key)))
+    return arr, reps, inverse
 
 
 def channel_arrays(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
