@@ -310,6 +310,20 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
     return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + per_step
 
 
+def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr) -> Arr:
+    """Per layout of `scores` (any links, any zero pricing), a step time that no placement of it beats at zero=2/3
+    (or any zero): the slowest stage's compute W with its bubble W (pp-1)/(v N), plus the least optimizer step
+    over the stages. Compute and the optimizer step do not depend on the links, nor compute on zero (the
+    optimizer's shard is the row's own zero); every communication term evaluate adds is >= 0 (collective times,
+    fsdp_overlap's exposed seconds and contention's extras are clipped at 0; the per-step part loses at most the
+    gradient reduction and the replica all_reduce it contains), so the step is at least this. The planner prunes
+    zero=2/3 configurations by it (their exact price needs their own evaluation: planner/scoring.py)."""
+    work = np.max([s.compute for s in scores.stages], axis=0)
+    optim = np.min([s.optim for s in scores.stages], axis=0)
+    N = d.global_batch / (b.dp * b.mb)[rows]
+    return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + optim
+
+
 def layout_links(layout: Layout, cache: LinkCache) -> Links:
     """(bandwidth, latency) of every group the mode's closed forms use; HSDP splits dp into dp_shard (inner)
     and dp_replicate (Layout.groups), so the shard and replica groups are priced on their own ranks."""
