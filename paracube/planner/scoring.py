@@ -43,9 +43,9 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     (real layouts the pins allow, so the bar is met). Exact: no layout skipped here beats the top_k that scoring
     the rest finds, nor the mode's best; it spares the placements of configurations that lose whatever their
     placement. In a cp=1 pass the bar is also at least the best cp=1 step time so far, so that the best cp=1
-    layout stays too (a cp > 1 layout's runner-up). `high`: the zero=2/3 configurations, which this single evaluation prices as zero=0 (not their step
-    time): they set no bar and are bounded by their compute and optimizer step only (analytic.compute_lower_bound).
-    """
+    layout stays too (a cp > 1 layout's runner-up). `high`: the zero=2/3 configurations, which this single
+    evaluation prices as zero=0 (not their step time): they set no bar and are bounded by their compute and
+    optimizer step only (analytic.compute_lower_bound)."""
     n = len(batch)
     best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
     # One evaluation: each configuration on its first placement's links, then on its structure's best links.
