@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from paracube.topologies.hop_batch import route_by_parts
+from paracube.topologies.hop_batch import PartRoutes
 
 # topology.Topology (not imported: it imports this module); reads its route caches (_ranks, _nic_of, _in_node ...)
 Topology = Any
@@ -212,6 +212,7 @@ class HopTable:
         self.flat = np.zeros(1024, dtype=np.int64)
         self.used = 0
         self._latency = np.zeros(0)  # each row's summed link latency (Topology._hops)
+        self._parts: PartRoutes | None = None  # built at the first pairs routed
         self._start = np.zeros(0, dtype=np.int64)
         self._length = np.zeros(0, dtype=np.int64)
 
@@ -227,10 +228,12 @@ class HopTable:
 
     def _add(self, keys: np.ndarray) -> None:
         """Route the new pairs and append them: those whose route splits into parts all at once
-        (hop_batch.route_by_parts), the rest as Topology._hops does (same ids, same latency additions)."""
+        (hop_batch.PartRoutes), the rest as Topology._hops does (same ids, same latency additions)."""
         t, n = self.topo, self.n
         a, b = keys // n, keys % n
-        ok, fast_ids, fast_lens, fast_lat = route_by_parts(t, a, b)
+        if self._parts is None:
+            self._parts = PartRoutes(t)
+        ok, fast_ids, fast_lens, fast_lat = self._parts.route(a, b)
         slow_ids: list[int] = []
         slow_lens, slow_lat = [], []
         for x, y in zip(a[~ok].tolist(), b[~ok].tolist(), strict=True):
