@@ -180,7 +180,10 @@ def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.n
         if not np.any(sel):
             continue
         sub = {ax: (bw[sel], lat[sel]) for ax, (bw, lat) in links.items()}
-        arg = (np.where(zeros >= 2, 0, zeros) if zero_arg is not None else None) if z is None else int(z)
-        out[sel] = evaluate(s.d, mode, batch, sub, s.g, rows=rows[sel], zero=arg, overlap=ovs[rows[sel]], kw=kws,
-                            tpo=tpos[rows[sel]], fsdp_prefetch=s.fsdp_prefetch and z is not None).step_time
+        # only this zero stage's configurations are evaluated (per-configuration quantities are elementwise)
+        cfg, sub_rows = np.unique(rows[sel], return_inverse=True)
+        arg = (np.where(zeros >= 2, 0, zeros)[cfg] if zero_arg is not None else None) if z is None else int(z)
+        out[sel] = evaluate(s.d, mode, batch.take(cfg), sub, s.g, rows=sub_rows.reshape(-1), zero=arg,
+                            overlap=ovs[rows[sel]], kw=kws[cfg], tpo=tpos[rows[sel]],
+                            fsdp_prefetch=s.fsdp_prefetch and z is not None).step_time
     return out
