@@ -53,6 +53,7 @@ from dataclasses import replace
 from paracube.cost_models.analytic import estimate, layout_links
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import context_local, dims_of, with_pins
+from paracube.cost_models.estimate_batch import estimate_many
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import priced
 from paracube.cost_models.moe import violations as moe_violations
@@ -223,11 +224,13 @@ def search(
             if shared in estimates and lay.micro_batch is not None:
                 estimates[key] = replace(estimates[shared], layout=str(lay))
             else:
-                estimates[key] = estimates[shared] = estimate(
-                    model, training, lay, topo, with_events=False, cache=s.cache, **options,
-                    **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
+                estimates[key] = estimates[shared] = fresh.pop(key, None) or estimate(
+                    model, training, lay, topo, with_events=False, cache=s.cache, **options, **bucket)
         return estimates[key]
 
+    bucket = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+    # the ranking's estimates in a few vectorized evaluations (estimate_batch.py: the same results as estimate)
+    fresh = estimate_many(model, training, [lay for _, lay in s.best[:top_k]], topo, s.cache, **options, **bucket)
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
     # HSDP, and zero=1 with its gather overlapped, are priced exactly by `estimate` only: rank by its prices.
     if (fixed is not None and fixed.hybrid) or (param_overlap and any(lay.zero == 1 for lay, _ in ranked)):
