@@ -120,6 +120,7 @@ class Topology:
         self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
         self._hop_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
         self._channel_cache: dict[tuple[tuple[int, ...], tuple[int, ...], int, int], Channels] = {}  # crossings
+        self._owner_cache: dict[tuple[int, ...], tuple[int, ...]] = {}  # a node's group members -> NIC owners
         self._lat_of: list[float] = [self._lat[e] for e in self._edges]  # id -> latency
         self._parts = HopParts(self)  # routes between nodes by cached pieces (link_loads.py)
         self._table = HopTable(self)  # every hop's edge ids as one array: link loads by numpy gathers
@@ -370,10 +371,13 @@ class Topology:
 
     def _owners(self, members: tuple[int, ...]) -> tuple[int, ...]:
         """The first member (by rank) of each distinct NIC the members use."""
-        seen: dict[str | None, int] = {}
-        for r in members:
-            seen.setdefault(self._nic_of(self._ranks[r]), r)
-        return tuple(seen.values())
+        out = self._owner_cache.get(members)
+        if out is None:
+            seen: dict[str | None, int] = {}
+            for r in members:
+                seen.setdefault(self._nic_of(self._ranks[r]), r)
+            out = self._owner_cache[members] = tuple(seen.values())
+        return out
 
     def _crossing(self, src: tuple[int, ...], dst: tuple[int, ...], a: int, b: int) -> Channels:
         """Channels of hop a -> b between nodes whose group members are `src` and `dst` (module docstring)."""
