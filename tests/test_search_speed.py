@@ -35,8 +35,8 @@ def test_shared_pool_estimates_are_each_layouts_own_and_pruning_stays_exact() ->
     assert {m: repr(lay) for m, (lay, _) in fast.best_per_mode.items()} == \
         {m: repr(lay) for m, (lay, _) in full.best_per_mode.items()}
     rt = RUNTIMES["torchtitan"]
-    opts = {"param_overlap": chosen(PARAM_OVERLAP, rt, None), "fsdp_prefetch": chosen(FSDP_PREFETCH, rt, None),
-            "grad_bytes": rt.grad_bytes}
+    opts = {**rt.engine_options(), "param_overlap": chosen(PARAM_OVERLAP, rt, None),
+            "fsdp_prefetch": chosen(FSDP_PREFETCH, rt, None)}  # what the search passes (search.py's options)
     placements = {repr(lay.with_(placement=())) for lay, _ in fast.ranked}
     assert len(placements) < len(fast.ranked)  # some layouts differ only in placement: the shared path ran
     for lay, est in fast.ranked:
@@ -110,3 +110,69 @@ def test_release_shares_are_the_plain_sums() -> None:
                 shares.append(sum(sizes[issued:]) / max(sum(sizes), 1))
             issued += n
         assert [r[2] for r in _releases("1d", d, 2, 1, layers, first, last, dp, v, 2 ** 22)] == shares
+
+
+def test_cp_runner_up_is_the_exhaustive_one() -> None:
+    """`paracube plan --model llama2-70b --cluster dgx-h100 --gpus 256 --seq 32768 --dtype fp8 --global-batch 256`'s
+    search: the best layout has cp > 1 and its runner-up (the best cp=1 layout, added to the ranking) is the
+    exhaustive search's: cp=1 passes keep their best (scoring._cp1_best) although later recomputation passes'
+    rows are pruned (zero=2/3 too: analytic.compute_lower_bound)."""
+    from paracube.cli.main import build_parser
+    from paracube.cli.options import workload_from_args
+    from paracube.cli.planning_cmd import EXPLAIN_POOL, search_config
+
+    args = build_parser(["plan"]).parse_args(["plan", "--model", "llama2-70b", "--cluster", "dgx-h100", "--gpus",
+                                              "256", "--seq", "32768", "--dtype", "fp8", "--global-batch", "256"])
+    w = workload_from_args(args, partial_layout=True)
+    config = search_config(w, args.memory_headroom, max(args.top, args.refine, EXPLAIN_POOL))
+    options = {"top_k": config.top_k, "recomputes": config.recomputes(), "runtime": config.runtime,
+               "memory_headroom": config.memory_headroom}
+    fast = search(w.model, w.training, w.topology, w.gpus, **options)
+    full = search(w.model, w.training, w.topology, w.gpus, prune=False, **options)
+    assert fast.ranked[0][0].cp > 1 and any(lay.cp == 1 for lay, _ in fast.ranked)
+    assert fast.pruned > 0 and _ranking(fast) == _ranking(full)
+
+
+def test_compute_lower_bound_is_below_every_zero_2_3_placement() -> None:
+    """analytic.compute_lower_bound of one evaluation (zero priced per configuration, as the search's bound pass)
+    is at most the step time evaluate gives each placement at zero=2 and zero=3, with pipelines, prefetch and
+    asynchronous reduce-scatters."""
+    import numpy as np
+
+    from paracube.cost_models.analytic import compute_lower_bound, evaluate
+    from paracube.cost_models.comm import axes_used
+    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.links import LinkCache
+    from paracube.cost_models.validity import first_violation
+    from paracube.modes import MODES, LayoutBatch
+    from paracube.planner.enumerate import structures
+
+    model, gpus = PRESETS["gpt3-2.7b"], 64
+    tp = load_topology("dgx-a100", gpus=gpus)
+    d = dims_of(model, TrainingSpec(global_batch=256, dtype="bf16", recompute="selective"))
+    g, cache, checked = gemm_model(tp, "bf16"), LinkCache(tp), 0
+    for mode in ("none", "1d", "2d"):
+        axes = axes_used(mode)
+        for struct in structures(mode, gpus, model.layers):
+            m = MODES[mode]
+            q, t = (struct.shape[0] if struct.shape else 1), int(np.prod(struct.shape or (1,)))
+            rows = [(struct.dp, struct.pp, t, q, m.depth(struct.shape), mb, v, 0)
+                    for mb in (1, 2) for v in ((1, 2) if struct.pp > 1 else (1,))]
+            batch = LayoutBatch.of_rows(rows)
+            batch = batch.take(np.nonzero(first_violation(mode, d, batch) < 0)[0])
+            n = len(batch)  # two placements per structure (the bound does not depend on the links)
+            if not n or struct.dp < 2:
+                continue
+            for place, keys in struct.placements()[:2]:
+                mat = [cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes, strict=True)]
+                links = {ax: (np.full(n, bw), np.full(n, lat)) for ax, (bw, lat) in zip(axes, mat, strict=True)}
+                for z in (2, 3):
+                    for overlap in (False, True):
+                        bound = compute_lower_bound(evaluate(d, mode, batch, links, g, zero=np.full(n, z),
+                                                             overlap=overlap), d, batch, np.arange(n))
+                        step = evaluate(d, mode, batch, links, g, zero=z, overlap=overlap,
+                                        fsdp_prefetch=True).step_time
+                        assert np.all(bound <= step * (1 + 1e-12)), (mode, struct, z, overlap)
+                        checked += n
+    assert checked > 200

@@ -311,6 +311,20 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
     return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + per_step
 
 
+def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr) -> Arr:
+    """Per layout of `scores` (any links, any zero pricing), a step time that no placement of it beats at zero=2/3
+    (or any zero): the slowest stage's compute W with its bubble W (pp-1)/(v N), plus the least optimizer step
+    over the stages. Compute and the optimizer step do not depend on the links, nor compute on zero (the
+    optimizer's shard is the row's own zero); every communication term evaluate adds is >= 0 (collective times,
+    fsdp_overlap's exposed seconds and contention's extras are clipped at 0; the per-step part loses at most the
+    gradient reduction and the replica all_reduce it contains), so the step is at least this. The planner prunes
+    zero=2/3 configurations by it (their exact price needs their own evaluation: planner/scoring.py)."""
+    work = np.max([s.compute for s in scores.stages], axis=0)
+    optim = np.min([s.optim for s in scores.stages], axis=0)
+    N = d.global_batch / (b.dp * b.mb)[rows]
+    return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + optim
+
+
 def layout_links(layout: Layout, cache: LinkCache) -> Links:
     """(bandwidth, latency) of every group the mode's closed forms use; HSDP splits dp into dp_shard (inner)
     and dp_replicate (Layout.groups), so the shard and replica groups are priced on their own ranks."""
@@ -331,21 +345,22 @@ def layout_links(layout: Layout, cache: LinkCache) -> Links:
     return links
 
 
-def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel) -> tuple[dict, dict]:
-    """Communication time of one layout's chosen stage by mesh axes and by collective kind."""
+def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel, i: int = 0) -> tuple[dict, dict]:
+    """Communication time of one layout's chosen stage (row `i` of the scores) by mesh axes and by collective
+    kind."""
     by_axis: dict[str, float] = defaultdict(float)
     by_kind: dict[str, float] = defaultdict(float)
     for e in chosen.entries:
-        if e.count[0] > 0:
-            tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[0])
+        if e.count[i] > 0:
+            tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[i])
             if e.kind == "all_reduce" and not g.comm:  # as _stage prices it
-                tm = float(fastest_time(e.kind, e.n, e.count, e.payload, *links[e.axes])[0])
-            tm += float(e.count[0] * g.call_wait(e.kind, e.n, e.payload / max(e.count[0], 1), e.dtype)[0])
+                tm = float(fastest_time(e.kind, e.n, e.count, e.payload, *links[e.axes])[i])
+            tm += float(e.count[i] * g.call_wait(e.kind, e.n, e.payload / max(e.count[i], 1), e.dtype)[i])
             by_axis[".".join(e.axes)] += tm
             by_kind[e.kind] += tm
-    if chosen.ring is not None and chosen.ring[0] > 0:  # the exposed part of cp's p2p ring (context_parallel.py)
-        by_axis["cp"] += float(chosen.ring[0])
-        by_kind["send"] += float(chosen.ring[0])
+    if chosen.ring is not None and chosen.ring[i] > 0:  # the exposed part of cp's p2p ring (context_parallel.py)
+        by_axis["cp"] += float(chosen.ring[i])
+        by_kind["send"] += float(chosen.ring[i])
     return dict(by_axis), dict(by_kind)
 
 
@@ -387,6 +402,24 @@ def estimate(
     limit (default the executor's, modes/buckets.BUCKET_BYTES; a published run priced with its stack's own,
     calibration/from_runs.py). `fp8_scaling`: how the runtime scales FP8 tensors (Runtime.fp8_scaling, fp8.py);
     `selective`: what rc=selective recomputes (Runtime.selective, recompute.py)."""
+    d, mb, note = prepare(model, training, layout, grad_bytes=grad_bytes, gather_16bit=gather_16bit,
+                          fp8_scaling=fp8_scaling, fp8_experts=fp8_experts, moe_dispatch=moe_dispatch,
+                          selective=selective)
+    g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]
+    cache = cache or LinkCache(topo)
+    links = layout_links(layout, cache)
+    batch = layout_arrays(layout, mb)
+    res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
+                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap,
+                   fsdp_prefetch=fsdp_prefetch, bucket_bytes=bucket_bytes)
+    return finish(model, layout, d, mb, note, res, 0, links, g, cache, with_events)
+
+
+def prepare(model: ModelSpec, training: TrainingSpec, layout: Layout, grad_bytes: int = 4,
+            gather_16bit: bool = False, fp8_scaling: str = "delayed", fp8_experts: bool = False,
+            moe_dispatch: str = "alltoall", selective: str = "attention") -> tuple[Dims, int, str | None]:
+    """`estimate`'s dims (a cp rank's view, with the runtime's choices), micro-batch and its note; raises on an
+    invalid layout or option."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
     check(moe_dispatch in DISPATCHERS, f"moe dispatcher {moe_dispatch!r}; valid: {', '.join(DISPATCHERS)}")
@@ -403,31 +436,30 @@ def estimate(
                    "shards the stages' tied copies at zero=0/1 only); untie them, or use pp=1 or zero=0/1")
     if bad:
         raise ParacubeError(f"layout {layout}: {'; '.join(bad)}")
-    g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]
-    cache = cache or LinkCache(topo)
-    links = layout_links(layout, cache)
-    batch = layout_arrays(layout, mb)
-    res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
-                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap,
-                   fsdp_prefetch=fsdp_prefetch, bucket_bytes=bucket_bytes)
-    stage = STAGES[int(res.stage[0])]
-    by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[0])], links, g)
+    return d, mb, note
+
+
+def finish(model: ModelSpec, layout: Layout, d: Dims, mb: int, note: str | None, res: Scores, i: int,
+           links: Links, g: GemmModel, cache: LinkCache, with_events: bool = False) -> StepEstimate:
+    """`estimate`'s result for the layout priced in row `i` of `res` (its links: `links`, arrays of res's rows)."""
+    stage = STAGES[int(res.stage[i])]
+    by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[i])], links, g, i)
     world = layout.world_size
     flops = model_flops_per_step(d)
-    step = float(res.step_time[0])
+    step = float(res.step_time[i])
     events = tuple(stage_events(layout.with_(micro_batch=mb), d, mb, stage)) if with_events else ()
-    comm = float(res.comm[0])
-    exposed = step - float(res.compute[0]) - float(res.bubble[0])
+    comm = float(res.comm[i])
+    exposed = step - float(res.compute[i]) - float(res.bubble[i])
     return with_moe(StepEstimate(
         layout=str(layout.with_(micro_batch=mb)),
         engine="analytic",
         step_time_s=step,
-        compute_time_s=float(res.compute[0]),
+        compute_time_s=float(res.compute[i]),
         comm_time_s=comm,
         exposed_comm_time_s=exposed,
-        bubble_time_s=float(res.bubble[0]),
-        memory=MemoryBreakdown(**{k: float(v[0]) for k, v in res.memory_parts.items()}),
-        comm_bytes_per_gpu=float(res.sent_bytes[0]),
+        bubble_time_s=float(res.bubble[i]),
+        memory=MemoryBreakdown(**{k: float(v[i]) for k, v in res.memory_parts.items()}),
+        comm_bytes_per_gpu=float(res.sent_bytes[i]),
         flops_per_gpu=flops / world,
         mfu=flops / (step * g.peak * world),
         comm_time_by_axis=by_axis,

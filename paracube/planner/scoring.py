@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from paracube.cost_models.analytic import evaluate, step_lower_bound
+from paracube.cost_models.analytic import compute_lower_bound, evaluate, step_lower_bound
 from paracube.cost_models.comm import axes_used
 from paracube.modes import MODES, LayoutBatch
 from paracube.planner.configs import _configs
@@ -34,14 +34,18 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
 
 def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
                   places: dict[Structure, Placements], st_links: dict[Structure, np.ndarray],
-                  zero: np.ndarray | None, kw: np.ndarray, overlap: np.ndarray, tpo: np.ndarray) -> np.ndarray:
+                  zero: np.ndarray | None, kw: np.ndarray, overlap: np.ndarray, tpo: np.ndarray,
+                  high: np.ndarray | None = None) -> np.ndarray:
     """Which configurations of `batch` may still hold one of the best `top_k` layouts of the search, or the
     mode's best: those whose lower bound over all placements (analytic.step_lower_bound on each axis set's best
     link over the structure's placements) is within the larger of the top_k-th best step time (the layouts
     kept by earlier passes and modes, and the configurations' first placements) and the mode's best so far
     (real layouts the pins allow, so the bar is met). Exact: no layout skipped here beats the top_k that scoring
     the rest finds, nor the mode's best; it spares the placements of configurations that lose whatever their
-    placement."""
+    placement. In a cp=1 pass the bar is also at least the best cp=1 step time so far, so that the best cp=1
+    layout stays too (a cp > 1 layout's runner-up). `high`: the zero=2/3 configurations, which this single
+    evaluation prices as zero=0 (not their step time): they set no bar and are bounded by their compute and
+    optimizer step only (analytic.compute_lower_bound)."""
     n = len(batch)
     best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
     # One evaluation: each configuration on its first placement's links, then on its structure's best links.
@@ -49,12 +53,14 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
     rows = np.concatenate([np.arange(n), np.arange(n)])
     res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows])
-    found = res.step_time[:n]
+    found = res.step_time[:n] if high is None else np.where(high, np.inf, res.step_time[:n])
     if s.fixed is not None:  # the bar counts only layouts the pins allow (no placement pin: any placement)
         allowed = [_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed) for i, st in enumerate(owners)]
         found = np.where(allowed, found, np.inf)
-    bar = max(_kth(s, found), _mode_best(s, mode, found))
+    bar = max(_kth(s, found), _mode_best(s, mode, found), _cp1_best(s, found))
     bound = step_lower_bound(res, s.d, batch, rows, overlap[rows])[n:]
+    if high is not None and np.any(high):
+        bound = np.where(high, compute_lower_bound(res, s.d, batch, rows)[n:], bound)
     return bound <= bar * (1 + 1e-9)  # the bar's own configuration stays despite rounding
 
 
@@ -69,6 +75,15 @@ def _mode_best(s: _Search, mode: str, found: np.ndarray) -> float:
     """The mode's best step time so far (its earlier passes and `found`): what its best layout must beat."""
     known = [s.per_mode_best[mode][0]] if mode in s.per_mode_best else []
     return float(min([*known, *found.tolist()], default=float("inf")))
+
+
+def _cp1_best(s: _Search, found: np.ndarray) -> float:
+    """In a cp=1 pass, the best step time without context parallelism so far (`s.best` and `found`): what the
+    best cp=1 layout must beat (search.py names it as a cp > 1 layout's runner-up, from `s.best`); -inf in a
+    cp > 1 pass (no bar of its own)."""
+    if s.d.cp > 1:
+        return -float("inf")
+    return float(min([t for t, lay in s.best if lay.cp == 1] + found.tolist(), default=float("inf")))
 
 
 def _overlaps(s: _Search, mode: str, batch: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -108,13 +123,9 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     ovs, tpos = _overlaps(s, mode, batch)
     # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
     # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
-    # would price them as zero=0, so their configurations are not pruned (the zero=0/1 rows of the mode are).
-    low = zeros < 2  # zero=2/3 rows are kept whole (above); the rest are pruned by their bound
-    if s.prune and (s.fixed is None or not s.fixed.placement) and np.any(low):
-        keep = ~low
-        li = np.nonzero(low)[0]
-        keep[li] = _within_bound(s, mode, batch.take(li), [owners[i] for i in li], places, st_links,
-                                 zero_arg[li] if zero_arg is not None else None, kws[li], ovs[li], tpos[li])
+    # prices them as zero=0, so they are pruned by their compute-only bound (the zero=0/1 rows by their bound).
+    if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch):
+        keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos, high=zeros >= 2)
         s.pruned += int(n_places[~keep].sum())
         kept = np.nonzero(keep)[0]
         batch, owners, n_places, zeros, kws, ovs, tpos = (batch.take(kept), [owners[i] for i in kept],
@@ -169,7 +180,10 @@ def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.n
         if not np.any(sel):
             continue
         sub = {ax: (bw[sel], lat[sel]) for ax, (bw, lat) in links.items()}
-        arg = (np.where(zeros >= 2, 0, zeros) if zero_arg is not None else None) if z is None else int(z)
-        out[sel] = evaluate(s.d, mode, batch, sub, s.g, rows=rows[sel], zero=arg, overlap=ovs[rows[sel]], kw=kws,
-                            tpo=tpos[rows[sel]], fsdp_prefetch=s.fsdp_prefetch and z is not None).step_time
+        # only this zero stage's configurations are evaluated (per-configuration quantities are elementwise)
+        cfg, sub_rows = np.unique(rows[sel], return_inverse=True)
+        arg = (np.where(zeros >= 2, 0, zeros)[cfg] if zero_arg is not None else None) if z is None else int(z)
+        out[sel] = evaluate(s.d, mode, batch.take(cfg), sub, s.g, rows=sub_rows.reshape(-1), zero=arg,
+                            overlap=ovs[rows[sel]], kw=kws[cfg], tpo=tpos[rows[sel]],
+                            fsdp_prefetch=s.fsdp_prefetch and z is not None).step_time
     return out

@@ -7,7 +7,9 @@ distinct placement. Scoring is vectorized (cost_models.analytic.evaluate). Unles
 configuration's placements are scored only where its lower bound (analytic.step_lower_bound on each axis set's
 best link over the structure's placements) is within the larger of the top_k-th best step time so far (the
 layouts kept by earlier passes and modes, and the configurations' first placements, those the pins allow) and
-the mode's best so far: the top_k found and each mode's best are exact, and configurations that lose whatever
+the mode's best so far (in a cp=1 pass also the best cp=1 step so far: a cp > 1 layout's runner-up); zero=2/3
+configurations, which that single evaluation cannot price, by their compute-only bound (analytic.
+compute_lower_bound): the top_k found and each mode's best are exact, and configurations that lose whatever
 their placement are not expanded (`pruned`). A rejected or pruned configuration counts once per
 placement of its structure, so `scored + pruned + sum(rejected) == enumerated layouts`.
 Runtime (`runtime`, paracube/runtimes; default paracube): only what it runs is enumerated (its tensor modes,
@@ -51,6 +53,7 @@ from dataclasses import replace
 from paracube.cost_models.analytic import estimate, layout_links
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import context_local, dims_of, with_pins
+from paracube.cost_models.estimate_batch import estimate_many
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import priced
 from paracube.cost_models.moe import violations as moe_violations
@@ -223,11 +226,13 @@ def search(
             if shared in estimates and lay.micro_batch is not None:
                 estimates[key] = replace(estimates[shared], layout=str(lay))
             else:
-                estimates[key] = estimates[shared] = estimate(
-                    model, training, lay, topo, with_events=False, cache=s.cache, **options,
-                    **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
+                estimates[key] = estimates[shared] = fresh.pop(key, None) or estimate(
+                    model, training, lay, topo, with_events=False, cache=s.cache, **options, **bucket)
         return estimates[key]
 
+    bucket = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+    # the ranking's estimates in a few vectorized evaluations (estimate_batch.py: the same results as estimate)
+    fresh = estimate_many(model, training, [lay for _, lay in s.best[:top_k]], topo, s.cache, **options, **bucket)
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
     # HSDP, and zero=1 with its gather overlapped, are priced exactly by `estimate` only: rank by its prices.
     if (fixed is not None and fixed.hybrid) or (param_overlap and any(lay.zero == 1 for lay, _ in ranked)):

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from paracube.topologies.hop_batch import PartRoutes
+
 # topology.Topology (not imported: it imports this module); reads its route caches (_ranks, _nic_of, _in_node ...)
 Topology = Any
 Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
@@ -149,9 +151,17 @@ def _classes(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray,
         return None
     arr = np.array(groups, dtype=np.int64)
     first = arr[:, :1]
-    key = np.concatenate((first % topo.devices_per_node, arr - first), axis=1)
-    _, reps, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    return arr, reps, inverse.reshape(-1)
+    key = np.ascontiguousarray(np.concatenate((first % topo.devices_per_node, arr - first), axis=1))
+    # classes by each row's bytes (a dict: np.unique(axis=0) sorts structured rows, slowly); the first row of each
+    # class represents it, as np.unique's return_index would
+    seen: dict[bytes, int] = {}
+    width = key.shape[1] * key.itemsize
+    raw = key.tobytes()
+    inverse = np.array([seen.setdefault(raw[i * width:(i + 1) * width], len(seen)) for i in range(len(key))],
+                       dtype=np.int64)
+    reps = np.full(len(seen), len(key), dtype=np.int64)
+    np.minimum.at(reps, inverse, np.arange(len(key)))
+    return arr, reps, inverse
 
 
 def channel_arrays(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
@@ -201,10 +211,8 @@ class HopTable:
         self._rows = np.zeros(0, dtype=np.int64)  # their rows in start/length
         self.flat = np.zeros(1024, dtype=np.int64)
         self.used = 0
-        self.start: list[int] = []
-        self.length: list[int] = []
-        self.latency: list[float] = []  # each row's summed link latency (Topology._hops)
-        self._latency = np.zeros(0)
+        self._latency = np.zeros(0)  # each row's summed link latency (Topology._hops)
+        self._parts: PartRoutes | None = None  # built at the first pairs routed
         self._start = np.zeros(0, dtype=np.int64)
         self._length = np.zeros(0, dtype=np.int64)
 
@@ -219,35 +227,34 @@ class HopTable:
         return self._rows[pos]
 
     def _add(self, keys: np.ndarray) -> None:
-        """Route the new pairs (as Topology._hops does, without one numpy array per pair) and append them."""
+        """Route the new pairs and append them: those whose route splits into parts all at once
+        (hop_batch.PartRoutes), the rest as Topology._hops does (same ids, same latency additions)."""
         t, n = self.topo, self.n
-        dpn, cache, parts, lat_of = t.devices_per_node, t._hop_cache, t._parts, t._lat_of
-        first = len(self.start)
-        new: list[int] = []
-        for key in keys.tolist():
-            a, b = divmod(key, n)
-            hit = cache.get((a, b))
-            ids = None if hit is not None or a // dpn == b // dpn else parts.hop(a, b)
-            if ids is not None:
-                lat = sum(lat_of[i] for i in ids)  # path order: _hops' additions
-            else:
-                arr, lat = hit or t._hops(a, b)
-                ids = arr.tolist()
-            self.latency.append(lat)
-            self.start.append(self.used + len(new))
-            self.length.append(len(ids))
-            new += ids
+        a, b = keys // n, keys % n
+        if self._parts is None:
+            self._parts = PartRoutes(t)
+        ok, fast_ids, fast_lens, fast_lat = self._parts.route(a, b)
+        slow_ids: list[int] = []
+        slow_lens, slow_lat = [], []
+        for x, y in zip(a[~ok].tolist(), b[~ok].tolist(), strict=True):
+            arr, lat = t._hops(x, y)
+            slow_ids += arr.tolist()
+            slow_lens.append(len(arr))
+            slow_lat.append(lat)
+        new = np.concatenate((fast_ids, np.array(slow_ids, dtype=np.int64)))
+        lens = np.concatenate((fast_lens, np.array(slow_lens, dtype=np.int64)))
         end = self.used + len(new)
         if end > len(self.flat):
             self.flat = np.concatenate((self.flat, np.zeros(max(end, 2 * len(self.flat)), dtype=np.int64)))
         self.flat[self.used:end] = new
+        starts = self.used + np.cumsum(lens) - lens
         self.used = end
-        rows = np.arange(first, len(self.start), dtype=np.int64)
-        merged = np.concatenate((self._keys, keys))
+        rows = np.arange(len(self._start), len(self._start) + len(keys), dtype=np.int64)
+        merged = np.concatenate((self._keys, keys[ok], keys[~ok]))  # rows: the routed-by-parts pairs first
         order = np.argsort(merged, kind="stable")
         self._keys, self._rows = merged[order], np.concatenate((self._rows, rows))[order]
-        self._start, self._length = np.array(self.start, dtype=np.int64), np.array(self.length, dtype=np.int64)
-        self._latency = np.array(self.latency, dtype=np.float64)
+        self._start, self._length = np.concatenate((self._start, starts)), np.concatenate((self._length, lens))
+        self._latency = np.concatenate((self._latency, fast_lat, np.array(slow_lat, dtype=np.float64)))
 
     def latencies(self, rows: np.ndarray) -> np.ndarray:
         return self._latency[rows]

@@ -120,6 +120,7 @@ class Topology:
         self._bw_arr = np.array(list(self._bw.values()), dtype=np.float64)
         self._hop_cache: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
         self._channel_cache: dict[tuple[tuple[int, ...], tuple[int, ...], int, int], Channels] = {}  # crossings
+        self._owner_cache: dict[tuple[int, ...], tuple[int, ...]] = {}  # a node's group members -> NIC owners
         self._lat_of: list[float] = [self._lat[e] for e in self._edges]  # id -> latency
         self._parts = HopParts(self)  # routes between nodes by cached pieces (link_loads.py)
         self._table = HopTable(self)  # every hop's edge ids as one array: link loads by numpy gathers
@@ -370,10 +371,13 @@ class Topology:
 
     def _owners(self, members: tuple[int, ...]) -> tuple[int, ...]:
         """The first member (by rank) of each distinct NIC the members use."""
-        seen: dict[str | None, int] = {}
-        for r in members:
-            seen.setdefault(self._nic_of(self._ranks[r]), r)
-        return tuple(seen.values())
+        out = self._owner_cache.get(members)
+        if out is None:
+            seen: dict[str | None, int] = {}
+            for r in members:
+                seen.setdefault(self._nic_of(self._ranks[r]), r)
+            out = self._owner_cache[members] = tuple(seen.values())
+        return out
 
     def _crossing(self, src: tuple[int, ...], dst: tuple[int, ...], a: int, b: int) -> Channels:
         """Channels of hop a -> b between nodes whose group members are `src` and `dst` (module docstring)."""
@@ -434,11 +438,13 @@ class Topology:
             return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
         load = self._load_cached(groups)
         # a hop's rate R puts share x R on each channel's edges: R <= bw / load on every edge (equal hop rates)
-        hops = [self._hops(s, r) for chans in self._ring_channels(group) for s, r, _share in chans]
-        ids = np.concatenate([h[0] for h in hops])
+        pairs = [(s, r) for chans in self._ring_channels(group) for s, r, _share in chans]
+        # the HopTable's rows of the group's channels: the ids and latencies _hops gives (link_loads.py)
+        rows = self._table.rows(*np.array(pairs, dtype=np.int64).T)
+        ids = self._table.gather(rows)[0]
         # min over hops of min over edges of bw / load == min over all the group's edges (same float divisions)
         bandwidth = float((self._bw_arr[ids] / load[ids]).min()) if len(ids) else math.inf
-        latency = max((h[1] for h in hops), default=0.0)
+        latency = float(self._table.latencies(rows).max()) if len(rows) else 0.0
         return GroupLink(bandwidth, max(latency, 0.0), len(per_node), max(per_node.values()))
 
     def ring_loads(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> tuple[np.ndarray, ...]:
