@@ -71,10 +71,16 @@ def release_counts(units: Sequence[Sequence[int]], first: bool, last: bool, dp: 
     `last`); `dp`: the zero=1 shard group each bucket is padded to (1: no padding)."""
     buckets = [padded_numel(n, dp) for n in bucket_numels([n for u in units for n in u], bucket_bytes)]
     blocks = units[int(first):len(units) - int(last)]
-    produced = sum(units[-1]) if last else 0  # the head's, complete before the first block's backward ends
+    head = sum(units[-1]) if last else 0  # the head's, complete before the first block's backward ends
+    return _issued(buckets, [sum(block) for block in reversed(blocks)], head)
+
+
+def _issued(buckets: Sequence[int], block_totals: Sequence[int], produced: int) -> list[int]:
+    """release_counts' walk: buckets issued as each block's gradients (`block_totals`, backward order) complete,
+    `produced` elements already done before the first; then the rest, at the stage's end."""
     issued, out = 0, []
-    for block in reversed(blocks):
-        produced += sum(block)
+    for block in block_totals:
+        produced += block
         n = 0
         while issued + n < len(buckets) and buckets[issued + n] <= produced:
             produced -= buckets[issued + n]
@@ -102,17 +108,7 @@ def bucket_plan(units: Sequence[Sequence[int]], first: bool, last: bool, dp: int
         sizes.append(filled)
     buckets = [padded_numel(n, dp) for n in sizes] if dp > 1 else sizes
     blocks = totals[int(last):len(units) - int(first)]  # reverse order, as release_counts walks them
-    produced = totals[0] if last else 0  # as release_counts
-    issued, out = 0, []
-    for block in blocks:
-        produced += block
-        n = 0
-        while issued + n < len(buckets) and buckets[issued + n] <= produced:
-            produced -= buckets[issued + n]
-            n += 1
-        issued += n
-        out.append(n)
-    return buckets, [*out, len(buckets) - issued]
+    return buckets, _issued(buckets, blocks, totals[0] if last else 0)
 
 
 @lru_cache(maxsize=65536)
