@@ -1,328 +1,43 @@
-"""The analytic cost model: closed forms per layout, vectorized, and the explicit event list of one layout.
+"""The analytic cost model for one layout: `estimate` (prepare, `evaluate`, finish) and its explicit event list.
 
-`evaluate` scores a LayoutBatch of one tensor mode (the planner's fast path) and returns `Scores`;
-`estimate` scores one layout with the same formulas and attaches its explicit CommEvents (traffic.py).
-Pipeline (1F1B, interleaved with v chunks; Narayanan et al. 2021): with W the per-step work of the slowest
-stage (compute + its per-micro-batch communication over N micro-batches), step = W (1 + (pp-1)/(v N))
-+ per-step communication (gradients, grad norm, metrics). The stages considered are first (embedding),
-middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
-communication is not overlapped (see comm.py) unless the layout says `tpo`: then each collective a mode
-declares overlappable exposes what the GEMM chunks beside its ring's exchanges do not hide (cost_models/tpo.py). The
-data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
-its buckets are reduced, one after the other on the data-parallel communicator's own stream, while the last
-micro-batch's backward runs (torch DDP, Megatron's overlap_grad_reduce; the event engine simulates exactly
-this); with pp > 1 per stage and model chunk, during that stage's (chunk's) own last backward, and the step
-pays the stage whose queue drains last (grad_overlap.py; below: one stage, v = 1, the pipeline's last). A
-bucket starts once the backward has produced it (modes/buckets.release_counts, the event engine's rule too):
-the first at the end of the block that completes it (a fraction x1 of the backward), the last when the
-backward ends, carrying the last block's gradients, the bucket it completes and the embedding's (a fraction
-xl of the stage's bucket bytes). With G the gradient time and B the wall time of one micro-batch's backward,
-    exposed gradient time = max(0, G - B (1 - x1), xl G, and every release between: grad_overlap.py)
-(the queue's finish time: the stream's last idle moment precedes some release). B = share x (compute +
-tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
-recomputed forward runs inside backward). Everything else per step (grad norm, metrics) stays exposed, and
-so does zero=1's parameter all_gather after the optimizer step unless the engine is asked for `param_overlap`
-(the runtime declares it: Megatron's distributed optimizer with --overlap-param-gather, whose all_gathers are
-issued after the optimizer step and waited on by each bucket's forward pre-hook; Megatron-LM
-docs/source/api-guide/dist_optimizer.md, megatron/core/distributed/param_and_grad_buffer.py). With Ga the
-stage's gather time and Fw = share_f x (compute + tensor-parallel communication) / (N v), one chunk's forward
-of the first micro-batch (share_f = 1/3, 1/4 with full recomputation),
-    exposed parameter gather = max(0, Ga - Fw)
-assuming every bucket's gather must land before the end of that first forward (a bucket's layers may come
-earlier: this is the optimistic bound of waiting once; the event engine waits once at the same point).
-zero=2/3 (comm.py, traffic.py): the per-micro-batch unit reduce-scatters and zero=3's gathers are priced in
-line with compute unless the engine is asked for `fsdp_prefetch` (gathers prefetched one unit ahead, the
-runtime's Runtime.fsdp_prefetch) and / or the layout has `overlap` (reduce-scatters asynchronous, HSDP's
-replica all_reduce under the last micro-batch's backward): then per micro-batch what the recursion of
-cost_models/fsdp_overlap.py leaves exposed; zero=2's per-step all_gather stays exposed; HSDP's shard and
-replica groups get their own links.
-Each collective call also costs the device model's `call_overhead` (uncalibrated local-cpu ranks sharing
-cores wait for their group to be scheduled: topologies/local_cpu.py; 0 elsewhere); the event engine adds the
-same per call.
+`estimate` scores one layout with analytic_scores.py's closed forms (the module docstring there states them:
+pipelines, overlaps, zero, per-call waits) through the same vectorized `evaluate` the planner runs, and attaches
+its explicit CommEvents (traffic.py), its communication by mesh axes and kinds, and its notes. `prepare` and
+`finish` are its two halves, which estimate_batch.py shares to price many layouts in one evaluation.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from paracube.cost_models.collective import calibrated_link, fastest_time, latency_factor
-from paracube.cost_models.comm import Entry, StepTraffic, axes_used, memory_units, stage_layers_params
-from paracube.cost_models.compute import (
-    GemmModel,
-    fp8_step_time,
-    gemm_model,
-    model_flops_per_step,
-    ops_per_step,
-    optimizer_time,
-    stage_compute_time,
+from paracube.cost_models.analytic_scores import (
+    STAGES,
+    Links,
+    Scores,
+    StageScores,
+    compute_lower_bound,
+    evaluate,
+    step_lower_bound,
 )
-from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowdown
-from paracube.cost_models.context_parallel import ring_time
+from paracube.cost_models.collective import fastest_time
+from paracube.cost_models.comm import axes_used
+from paracube.cost_models.compute import GemmModel, gemm_model, model_flops_per_step
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
-from paracube.cost_models.fsdp_overlap import prefetched_micro
-from paracube.cost_models.grad_overlap import Profile, release_profile
-from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
-from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
-from paracube.cost_models.tpo import TpoPricing
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.errors import ParacubeError, check
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
-from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
-from paracube.modes.stages import stage_layers
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES, ModelSpec, TrainingSpec
-
-Arr = np.ndarray
-Links = dict[tuple[str, ...], tuple[Arr, Arr]]
-STAGES = ("first", "middle", "last")
-MEM_KEYS = ("parameters", "gradients", "optimizer", "activations", "temporaries")
-
-
-@dataclass(frozen=True)
-class StageScores:
-    """One pipeline stage, per layout: its collectives, communication per micro-batch and per step (s),
-    bytes sent, compute (s)."""
-
-    entries: list[Entry]
-    micro: Arr
-    step: Arr
-    sent: Arr
-    compute: Arr
-    grad: Arr  # the data-parallel gradient reduction's part of `step` (s), what overlap may hide
-    releases: Profile  # when the backward issues which share of the buckets, per configuration (release_profile)
-    optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
-    gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
-    fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
-    ring: Arr | None = None  # context parallelism's exposed p2p ring (s, in `micro`; context_parallel.py)
-    tensor_bw: Arr | float = 0.0  # the tensor-parallel collectives' bandwidth seconds per step (in `micro`)
-    tensor_bwd: Arr | float = 0.0  # the part of tensor_bw sent during backward (Entry.backward)
-    stream_bw: tuple[Arr, Arr] | None = None  # bandwidth seconds of `grad` and of `gather` (links busy: contention)
-
-
-@dataclass(frozen=True)
-class Scores:
-    """`evaluate`'s result, one entry per layout: step time and its parts (s), bytes one rank sends, memory
-    of the most loaded stage (bytes; `memory_parts` by MEM_KEYS), index of the slowest stage in STAGES."""
-
-    step_time: Arr
-    compute: Arr
-    comm: Arr
-    bubble: Arr
-    sent_bytes: Arr
-    memory: Arr
-    memory_parts: dict[str, Arr]
-    stage: Arr
-    stages: tuple[StageScores, ...]
-
-
-def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
-    """(first, last) flags per layout: without pipelining the one stage is both; pp = 2 has no middle."""
-    single = pp == 1
-    first = single | (stage == "first") | ((stage == "middle") & (pp == 2))
-    last = single | (stage == "last")
-    return first.astype(np.int64), last.astype(np.int64)
-
-
-def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Links, g: GemmModel, stage: str,
-           rows: Arr, zero: Arr | None = None, tpo: Arr | None = None, overlap: bool | Arr = False) -> StageScores:
-    """Per-config quantities (counts, payloads, compute) are computed once per configuration of `b`;
-    only the link-dependent times are evaluated per layout (`rows` maps layouts to configurations)."""
-    F, H = _flags(stage, b.pp)
-    entries = traffic.entries(F, H)
-    n = len(rows)
-    micro, step, sent, grad, gather = np.zeros(n), np.zeros(n), np.zeros(len(b)), np.zeros(n), np.zeros(n)
-    tensor_bw, tensor_bwd, tensor = np.zeros(n), np.zeros(n), set(MODES[mode].axes)
-    grad_bw, gather_bw = np.zeros(n), np.zeros(n)
-    alternating = MODES[mode].alternating
-    grad_axes = traffic.data_axes  # the mode's grad_axes; with context parallelism dp x cp
-    fsdp: dict[str, tuple[Arr, Arr]] = {}
-    tpo_pricing = TpoPricing(d, mode, b, g, entries) if tpo is not None else None
-    for e in entries:
-        if not np.any(e.count):
-            continue
-        bw, lat = calibrated_link(g.comm, e.kind, e.n[rows] if g.comm else e.n, *links[e.axes], alternating)
-        # collective.collective_time, with the per-configuration factors computed before indexing by layout
-        e_sent = e.sent()
-        per_call = e.payload / np.maximum(e.count, 1)
-        calls = (e.count * g.call_wait(e.kind, e.n, per_call, e.dtype))[rows] if g.waits else 0.0
-        alpha_beta = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw
-        tm = alpha_beta + calls
-        if e.tpo and tpo_pricing is not None:  # collective matmul: the ring's exchanges beside GEMM chunks (tpo.py)
-            tm = tm - np.where(tpo, tpo_pricing.hidden(e, alpha_beta, rows), 0.0)
-        if e.kind == "all_reduce" and not g.comm:  # uncalibrated: the faster of ring and tree (collective.py)
-            depth2 = latency_factor("all_reduce", e.n, "tree")
-            tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw + calls)
-        if not np.all(e.count > 0):  # no call, no time (a one-rank group's link may be infinitely fast)
-            tm = np.where(e.count[rows] > 0, tm, 0.0)
-        if traffic.zero >= 2 and (e.axes == traffic.zero_axes or e.axes == ("dp_replicate",)) \
-                and e.per_step == (e.axes == ("dp_replicate",)):  # fsdp_overlap.py's inputs (HSDP: "replica")
-            fsdp["replica" if e.per_step else e.kind] = (np.where(e.count[rows] > 0, tm - e_sent[rows] / bw, 0.0),
-                            np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0))
-        if e.per_step:
-            step += tm
-            # The gradient buckets (all_reduce over grad_axes; zero=1: reduce_scatter), not the norm
-            # or metrics scalars, nor zero=1's parameter all_gather (it follows the optimizer step).
-            if e.kind in ("all_reduce", "reduce_scatter") and e.axes == grad_axes \
-                    and np.any(e.payload > 64):
-                grad += tm
-                grad_bw += np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
-            if e.kind == "all_gather" and traffic.zero == 1 and e.axes == grad_axes:
-                gather += tm
-                gather_bw += np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
-        else:
-            micro += tm
-            if tensor and set(e.axes) <= tensor:
-                seconds = np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
-                if e.tpo and tpo_pricing is not None:  # what its GEMMs hide of a slowed ring step costs nothing
-                    seconds = seconds * np.clip(tm / np.maximum(alpha_beta, 1e-30), 0.0, 1.0)
-                tensor_bw += seconds
-                tensor_bwd += seconds * (np.asarray(e.backward) / np.maximum(e.payload, 1))[rows]
-        sent += np.where(e.count > 0, e_sent, 0.0)
-    ring = None
-    if d.cp > 1:  # context parallelism's p2p ring, overlapped with attention block by block (context_parallel.py)
-        exposed, ring_sent = ring_time(d, mode, b, *links[("cp",)], g, stage_layers(d.L, b.pp, b.v, F, H), rows)
-        N = d.global_batch // (b.dp * b.mb)
-        ring = N[rows] * exposed
-        micro += ring
-        sent += N * ring_sent
-    # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
-    compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
-    n_local = stage_layers_params(d, mode, b, F, H)
-    shard = np.where(zero >= 1, traffic.group_size(traffic.zero_axes), 1) if zero is not None else 1.0
-    optim = (optimizer_time(n_local, d.c, g, shard) + fp8_step_time(d, mode, b, F, H, g))[rows]
-    releases = ()
-    if np.any(overlap):
-        dp = traffic.group_size(traffic.data_axes) if traffic.zero == 1 else np.ones_like(b.dp)
-        layers = stage_layers(d.L, b.pp, b.v, F, H) * np.ones_like(b.dp)
-        releases = release_profile(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp), H * np.ones_like(b.dp), dp,
-                                   b.v, traffic.bucket_bytes)  # per configuration: evaluate reads it by rows
-    return StageScores(entries, micro, step, sent[rows], compute, grad, releases, optim,
-                       gather, fsdp, ring, tensor_bw, tensor_bwd, (grad_bw, gather_bw))
-
-
-def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
-             zero: Arr | int | None = None, overlap: bool | Arr = False, kw: Arr | int = 0,
-             tpo: bool | Arr = False, shard: int | None = None, param_overlap: bool = False,
-             fsdp_prefetch: bool = False, bucket_bytes: int = BUCKET_BYTES) -> Scores:
-    """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
-    configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
-    latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays).
-    `param_overlap`: zero=1's parameter all_gather hidden under the next step's first forward (int zero=1 only;
-    module docstring). `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters overlapped
-    (int zero >= 2, pp = 1; with pipelines they are priced in line;
-    cost_models/fsdp_overlap.py). `bucket_bytes`: the gradient bucket limit
-    (modes/buckets.py; default DDP's 25 MiB)."""
-    rows = np.arange(len(b)) if rows is None else rows
-    tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
-    # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
-    # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
-    traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
-                          tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
-    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap) for s in STAGES)
-    contend = slowdown(links, len(rows))  # tensor collectives beside the data-parallel stream (contention.py)
-    if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
-        n_zero = traffic.group_size(traffic.zero_axes)
-        ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
-        piped = (b.pp > 1)[rows]  # in line: the other stages' streams beside the tensor collectives (contention.py)
-        stages = tuple(replace(st, micro=st.micro + np.where(piped, fsdp_extra(
-            st.fsdp, st.compute, st.micro, st.tensor_bw, st.tensor_bwd, contend, d.recompute == "full", traffic.zero,
-            ov), 0.0)) for st in stages)
-        parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
-                                  fsdp_prefetch, ov, st.tensor_bw, st.tensor_bwd, contend)
-                 for name, st in zip(STAGES, stages, strict=True)]
-        single = (b.pp == 1)[rows]  # pp > 1: zero's gathers / reduce-scatters priced in line (exposed), both engines
-        stages = tuple(replace(st, micro=np.where(single, m, st.micro), step=st.step - np.where(single, rep, 0.0))
-                       for st, (m, rep) in zip(stages, parts, strict=True))
-    work = np.stack([s.compute + s.micro for s in stages])
-    slow = np.argmax(work, axis=0)
-    idx = np.arange(len(slow))
-
-    def pick(key: str) -> Arr:
-        return np.stack([getattr(s, key) for s in stages])[slow, idx]
-
-    N = d.global_batch / (b.dp * b.mb)[rows]
-    W = work[slow, idx]
-    bubble = (b.pp - 1)[rows] / (b.v[rows] * N) * W
-    step_comm = pick("step")
-    if np.any(overlap):  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
-        share = 0.75 if d.recompute == "full" else 2.0 / 3.0
-        # Per-configuration zero (the search) prices zero=1's buckets as the all_reduce they replace; only its
-        # reduce_scatter half overlaps backward (the all_gather follows the optimizer step).
-        half = (np.asarray(zero)[rows] >= 1 if zero is not None and not isinstance(zero, (int, np.integer))
-                else np.zeros(len(rows), dtype=bool))
-        pp, v = b.pp[rows], b.v[rows]
-        index = {"first": np.zeros_like(pp), "middle": np.where(pp > 2, 1, 0), "last": pp - 1}
-        grads = [np.where(half, st.grad / 2, st.grad) for st in stages]
-        bwd = [share * (st.compute + st.micro) / N for st in stages]
-        # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
-        late = [grad_extra(np.where(half, st.stream_bw[0] / 2, st.stream_bw[0]), bw, st.tensor_bwd / N, contend,
-                           *stream_window(st.releases, b.v, rows)) for bw, st in zip(bwd, stages, strict=True)]
-        exposed = np.max([exposed_grad_time(gr, bw + x, index[name], pp, v, st.releases, rows)
-                          for name, st, gr, bw, x in zip(STAGES, stages, grads, bwd, late, strict=True)], axis=0)
-        grad = pick("grad")
-        hidden = np.where(half, grad / 2, grad) - exposed
-        step_comm = step_comm - np.where(overlap, hidden - np.stack(late)[slow, idx], 0.0)
-    if param_overlap and traffic.zero == 1:  # exposed gather: max(0, gather - one chunk's forward of the stage)
-        fwd_share = 0.25 if d.recompute == "full" else 1.0 / 3.0
-        fwd = fwd_share * (pick("compute") + pick("micro")) / (N * b.v[rows])
-        gather = pick("gather")
-        gather_bw = np.stack([st.stream_bw[1] for st in stages])[slow, idx]  # type: ignore[index]
-        early = extra(gather_bw, fwd, (pick("tensor_bw") - pick("tensor_bwd")) / (N * b.v[rows]), contend)  # contention
-        step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd - early)) + early
-    mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
-    if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
-        shards = traffic.group_size(traffic.zero_axes)
-        units = [memory_units(traffic.units(*_flags(s, b.pp))) if np.any(np.asarray(zero) >= 2) else None
-                 for s in ("first", "last")]
-        mems = [with_zero(m, shards, zero, u, d.grad_bytes) for m, u in zip(mems, units, strict=True)]
-    tot = np.stack([total(m) for m in mems])
-    heavy = np.argmax(tot, axis=0)
-    cidx = np.arange(len(heavy))
-    parts = {k: np.stack([m[k] for m in mems])[heavy, cidx][rows] for k in MEM_KEYS}
-    optim = pick("optim")
-    return Scores(step_time=W + bubble + step_comm + optim, compute=pick("compute") + optim,
-                  comm=pick("micro") + pick("step"), bubble=bubble, sent_bytes=pick("sent"),
-                  memory=tot[heavy, cidx][rows], memory_parts=parts,
-                  stage=slow, stages=stages)
-
-
-def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap: bool | Arr = False) -> Arr:
-    """Per layout of `scores` (`evaluate` on links no worse on any axis set than every placement's: the most
-    bandwidth and the least latency over the placements), a step time that no placement of it beats. Every
-    collective's time grows with latency and falls with bandwidth (calibrated pairs and the per-call overhead
-    are the same on every placement), so each stage's per-micro-batch communication is at most any
-    placement's: the slowest stage's work W and the bubble W (pp-1)/(v N) are bounds. Of the per-step part,
-    the slowest stage pays its communication (less the gradient reduction when overlapped: what overlap hides
-    depends on the backward) and optimizer step, at least their least sum over the stages. The planner skips
-    the placements of a configuration whose bound exceeds a step time it has already found (planner/search.py)."""
-    work = np.max([s.compute + s.micro for s in scores.stages], axis=0)
-    per_step = np.min([s.step - s.grad * np.asarray(overlap) + s.optim for s in scores.stages], axis=0)
-    N = d.global_batch / (b.dp * b.mb)[rows]
-    return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + per_step
-
-
-def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr) -> Arr:
-    """Per layout of `scores` (any links, any zero pricing), a step time that no placement of it beats at zero=2/3
-    (or any zero): the slowest stage's compute W with its bubble W (pp-1)/(v N), plus the least optimizer step
-    over the stages. Compute and the optimizer step do not depend on the links, nor compute on zero (the
-    optimizer's shard is the row's own zero); every communication term evaluate adds is >= 0 (collective times,
-    fsdp_overlap's exposed seconds and contention's extras are clipped at 0; the per-step part loses at most the
-    gradient reduction and the replica all_reduce it contains), so the step is at least this. The planner prunes
-    zero=2/3 configurations by it (their exact price needs their own evaluation: planner/scoring.py)."""
-    work = np.max([s.compute for s in scores.stages], axis=0)
-    optim = np.min([s.optim for s in scores.stages], axis=0)
-    N = d.global_batch / (b.dp * b.mb)[rows]
-    return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + optim
 
 
 def layout_links(layout: Layout, cache: LinkCache) -> Links:
@@ -470,3 +185,7 @@ def finish(model: ModelSpec, layout: Layout, d: Dims, mb: int, note: str | None,
 
 
 estimate_batch = evaluate  # the name the design notes use for the vectorized path
+
+
+__all__ = ["Scores", "StageScores", "compute_lower_bound", "estimate", "estimate_batch", "evaluate", "finish",
+           "layout_links", "prepare", "step_lower_bound"]

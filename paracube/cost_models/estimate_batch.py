@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from paracube.cost_models.analytic import evaluate, finish, layout_links, prepare
+from paracube.cost_models.analytic import finish, layout_links, prepare
+from paracube.cost_models.analytic_scores import evaluate
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import priced

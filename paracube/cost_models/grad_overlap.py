@@ -28,7 +28,7 @@ released at or after j drains at
     finish = max over j of (t_j + S_j G)
 (exact: the last idle moment of the stream precedes some release); the exposed time is max(0, finish), and the
 step pays the largest over its stages. With one bucket per block and v = 1 on stage 0 this is the pp = 1 form
-max(0, G - b (1 - x1), xl G) (analytic.py's docstring; x1 = 1 / blocks, xl the last release's share).
+max(0, G - b (1 - x1), xl G) (analytic_scores.py's docstring; x1 = 1 / blocks, xl the last release's share).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from paracube.cost_models.analytic import compute_lower_bound, evaluate, step_lower_bound
+from paracube.cost_models.analytic_scores import compute_lower_bound, evaluate, step_lower_bound
 from paracube.cost_models.comm import axes_used
 from paracube.modes import MODES, LayoutBatch
 from paracube.planner.configs import _configs
