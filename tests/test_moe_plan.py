@@ -73,7 +73,9 @@ def _config(tmp_path: Path, data: dict) -> str:
     (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=none"),
      "runtime paracube (paracube run) does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
 ])
-def test_bad_expert_layouts_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], argv: tuple, message: str) -> None:
+def test_bad_expert_layouts_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path, argv: tuple, message: str) -> None:
+    monkeypatch.chdir(tmp_path)  # `plan` writes plan.json here by default: a stray one would refuse first
     code, out, err = run_cli(capsys, *argv, "--cluster", "dgx-h100", "--gpus", "16")
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
