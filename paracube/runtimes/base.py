@@ -230,7 +230,9 @@ class Runtime:
                              "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap,
                              "fsdp_prefetch": self.fsdp_prefetch},
                 "expert_parallel": self.expert_parallel, "expert_tensor_parallel": self.expert_tensor_parallel,
-                "export_target": self.export_target, "cp_comms": list(self.cp_comms)}
+                "export_target": self.export_target, "cp_comms": list(self.cp_comms),
+                "fp8_scaling": self.fp8_scaling, "fp8_experts": self.fp8_experts, "moe_dispatch": self.moe_dispatch,
+                "selective": self.selective}
 
 
 __all__ = ["MEGATRON_STYLE", "DtypeCheck", "ModeCheck", "Runtime"]
