@@ -176,8 +176,14 @@ def test_ctrl_c_stops_every_rank_with_one_line(tmp_path: Path) -> None:
     metrics, ck = tmp_path / "m.jsonl", tmp_path / "ck"
     argv = [sys.executable, "-m", "paracube", "run", "--steps", "200", "--metrics", str(metrics),
             "--checkpoint-dir", str(ck), "--save-every", "1", "--data", "synthetic"]
-    with open(tmp_path / "err", "w") as err, open(tmp_path / "out", "w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)  # its own session
+    # A handled signal is reset to its default across exec, an ignored one stays ignored: handle SIGINT while the
+    # launcher starts, so that it sees Ctrl-C even where this suite runs with SIGINT ignored (a background job).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with open(tmp_path / "err", "w") as err, open(tmp_path / "out", "w") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)  # its own session
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         # Generous: ~40 s on 2 idle cores, but 8 ranks importing torch took over 240 s with other suites running
         deadline = time.monotonic() + 600
