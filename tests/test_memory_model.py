@@ -133,7 +133,7 @@ def test_fp32_doubles_activations_and_3d_splits_them() -> None:
 
 
 def test_pipeline_in_flight() -> None:
-    """1F1B: the first stage holds min(pp, N) micro-batches; interleaved v: pp (1 + (pp-1)/(pp v))
+    """1F1B: the first stage holds min(pp, N) micro-batches; interleaved v: pp + (pp-1)/v
     (Narayanan et al.); the last stage 1 (1F1B). Megatron's activation accounting (Korthikanti)."""
     a = layout_arrays(Layout(pp=4, interleave=2), 1)
     assert in_flight(a, np.array([16.0]), True)[0] == pytest.approx(4 * (1 + 3 / 8))
@@ -152,3 +152,22 @@ def test_pipeline_in_flight() -> None:
         stage_memory(d, "none", a2, True, False)["activations"][0],
         stage_memory(d, "none", a2, False, True)["activations"][0],
     ) == (49152, 65536, 16384)
+
+
+@pytest.mark.parametrize("pp,v", [(2, 2), (2, 24), (4, 2), (8, 4), (9, 7), (4, 1)])
+def test_in_flight_equals_the_schedules_alive_chunks(pp: int, v: int) -> None:
+    """Reference: walk modes.stages.schedule (the executor's and Megatron-core's order) on the first and the last
+    stage and count the chunk forwards alive at once (forward seen, backward not yet), in micro-batches of the
+    stage (v chunks each); candidate: memory.in_flight and moe_step.in_flight. Exact counts (rationals)."""
+    from paracube.cost_models.moe_step import in_flight as moe_in_flight
+    from paracube.modes.stages import schedule
+
+    n = 4 * pp
+    a = layout_arrays(Layout(pp=pp, interleave=v), 1)
+    for stage, first in ((0, True), (pp - 1, False)):
+        alive = peak = 0
+        for op, _, _ in schedule(pp, v, n, stage):
+            alive += 1 if op == "F" else -1
+            peak = max(peak, alive)
+        assert in_flight(a, np.array([float(n)]), first)[0] == pytest.approx(peak / v)
+        assert moe_in_flight(Layout(pp=pp, interleave=v), n, stage) == pytest.approx(peak / v)

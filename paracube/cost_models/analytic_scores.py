@@ -109,6 +109,9 @@ class Scores:
     memory_parts: dict[str, Arr]
     stage: Arr
     stages: tuple[StageScores, ...]
+    # the first and the last stage's memory by MEM_KEYS (moe_step adds each its own expert parts, then takes the
+    # heavier); () where not kept
+    memory_stages: tuple[dict[str, Arr], ...] = ()
 
 
 def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
@@ -279,7 +282,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     return Scores(step_time=W + bubble + step_comm + optim, compute=pick("compute") + optim,
                   comm=pick("micro") + pick("step"), bubble=bubble, sent_bytes=pick("sent"),
                   memory=tot[heavy, cidx][rows], memory_parts=parts,
-                  stage=slow, stages=stages)
+                  stage=slow, stages=stages, memory_stages=tuple(
+                      {k: np.broadcast_to(m[k], tot.shape[1:])[rows] for k in MEM_KEYS} for m in mems))
 
 
 def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap: bool | Arr = False) -> Arr:

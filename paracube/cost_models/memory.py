@@ -32,12 +32,14 @@ G = gathered tensors the 2d/3d linears save for their backward (the executor's b
 nothing): 2d/2.5d: c (T/(dq) sum(h_in) (1 - 1/q) + sum(h_in h_out)/q); 3d: c (T/q sum(h_in)/q (1 - 1/q)
 + sum(h_in h_out)/q^2).
 Pipeline: blocks on a stage x micro-batches in flight: 1 without pipelining; 1F1B first stage min(pp, N);
-interleaved first stage min(N, pp (1 + (pp-1)/(pp v))) (Narayanan factor); last stage 1 (1F1B) or
-min(N, 1 + (pp-1)/v) interleaved. Embedding output 4 T h / t_act on the first stage. Blocks of a stage:
+interleaved first stage min(N, pp + (pp-1)/v) (Narayanan factor); last stage 1 (1F1B) or min(N, pp - (pp-1)/v)
+interleaved (its (v-1) pp warm-up chunk forwards plus one: the interleaved schedule's later stages hold nearly
+as much as the first, `in_flight`). Embedding output 4 T h / t_act on the first stage. Blocks of a stage:
 modes/stages.py (uneven splits). The first stage's embedding tensors are held by its chunk-0 forwards only
 (interleaved: at most min(N, 2 pp) alive), the head's by the last chunk of the last stage (one alive).
 Temporaries: the largest linear's gathered operands and output (2d/3d), or gathered input + widest output
-(1d), plus fp32 logits and their gradient on the last stage, plus one block's full activations while it
+(1d), plus fp32 logits and their gradient on the last stage (Megatron-core: one fp32 copy, `logit_bytes`),
+plus one block's full activations while it
 is recomputed (full recompute; torchtitan's per-op selective rule: the block's rc=none tensors it did not save,
 `op_remade_bytes`). Gradients are accumulated into their fp32 buckets (executor/data_parallel/grad_sync.py),
 which ARE the gradients counted above: no extra flat buffer.
@@ -105,8 +107,11 @@ def op_remade_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
 
 
 def in_flight(b: LayoutBatch, N: Arr, first: bool) -> Arr:
+    """Micro-batches of the stage's blocks alive at once: the schedule's warm-up forwards plus one, in chunks of
+    1 / v of the stage (modes/stages.schedule, Megatron-core's get_pp_rank_microbatches: stage r warms up with
+    2 (pp - r - 1) + (v - 1) pp chunk forwards interleaved, pp - r - 1 without)."""
     pp, v = b.pp.astype(float), b.v.astype(float)
-    interleaved = pp * (1 + (pp - 1) / (pp * v)) if first else 1 + (pp - 1) / v
+    interleaved = pp + (pp - 1) / v if first else pp - (pp - 1) / v
     return np.minimum(N, np.where(v > 1, interleaved, pp if first else 1.0))
 
 
@@ -162,7 +167,7 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
                 + H * np.minimum(fl, 1.0) * activations.last_stage_bytes(d, mode, b, V))
     else:
         acts = fl * Ls * _block_acts(d, mode, b, d.recompute) + F * fl_first * 4 * T * d.h / m.act_split(t, b.sp)
-    temp = _temporaries(d, mode, b, T, V) + H * 2 * 4.0 * T * V / t
+    temp = _temporaries(d, mode, b, T, V) + H * logit_bytes(d) * T * V / t
     if d.recompute == "full":
         full = d if d.activations == "megatron" else replace(d, recompute="none")
         temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
@@ -182,6 +187,15 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
         "activations": acts,
         "temporaries": temp,
     }
+
+
+def logit_bytes(d: Dims) -> float:
+    """Bytes per local logit the loss holds beyond the head's 16-bit output (_temporaries): paracube's executor an
+    fp32 copy and its fp32 gradient (8); Megatron-core one fp32 copy (4), which its vocabulary-parallel cross
+    entropy turns into the softmax it saves and then into the gradient in place (tensor_parallel/cross_entropy.py,
+    fusions/fused_cross_entropy.py: exp_ / div_ on the fp32 logits, grad_input = softmax), cast to 16 bits for
+    the head (the 16-bit output's bytes, counted already)."""
+    return 4.0 if d.activations == "megatron" else 8.0
 
 
 def total(mem: dict[str, Arr]) -> Arr:

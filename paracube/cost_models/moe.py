@@ -25,7 +25,8 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
 - memory: expert parameters (c bytes), fp32 gradients, AdamW state (sharded over edp with zero >= 1,
   gradients with zero >= 2, parameters with zero = 3); saved activations per in-flight micro-batch and MoE
   block: the permuted tokens (R h), the expert intermediates (3 R f_e / etp: gate, up, activation) and the
-  router's probabilities (T E, fp32); temporaries: one block's dispatch send and receive buffers.
+  router's probabilities (T E, fp32); temporaries: one block's dispatch send and receive buffers, alive inside
+  the block only: on the stage holding the head, beyond what the loss holds then (moe_step._heaviest).
 T = mb s / (cp t) tokens per rank (the tensor group's tokens split before dispatch).
 """
 
@@ -255,6 +256,7 @@ class StageCost:
     sent: float = 0.0  # bytes per step
     memory: dict[str, float] = field(default_factory=dict)
     events: list[CommEvent] = field(default_factory=list)  # one micro-batch's + the step's
+    buffers: float = 0.0  # one block's dispatch send and receive buffers (bytes; alive inside a MoE block only)
 
 
 def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
@@ -297,7 +299,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.sent += sum(e.sent_bytes() for e in out.events)
         acts = d.c * (b.received * d.h + 3 * b.received * moe.expert_ffn / layout.etp) + 4 * b.tokens * moe.experts
         out.memory["activations"] += (1 if rec else k) * in_flight * acts
-        out.memory["temporaries"] += 2 * d.c * b.tokens * moe.top_k * d.h
+        out.buffers = 2 * d.c * b.tokens * moe.top_k * d.h
         if d.fp8 and d.fp8_experts:  # each expert weight's FP8 copy and its transpose (fp8.WEIGHT_COPY_BYTES)
             out.memory["temporaries"] += 2.0 * n_exp
     ge = grad_event(model, layout, stage, d)

@@ -7,8 +7,8 @@ W + (pp - 1) / (v N) W + the dense per-step part + the slowest stage's expert gr
 layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under full recomputation), leaves
 after the dense buckets G_d: max(0, G - max(0, b W / N - G_d)); where the expert group spans nodes the gradients
 also slow the last backward's all_to_alls on the NICs they share, moe_contention.py) + the experts' norm all_reduce
-(moe_counts.norm_event, exposed) + its expert optimizer step. Memory: the most loaded stage's dense parts plus its
-expert parts (first and last stage, as analytic.py counts them).
+(moe_counts.norm_event, exposed) + its expert optimizer step. Memory: of the first and the last stage (as
+analytic.py counts them), each its dense parts plus its own expert parts, the heavier (_heaviest).
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.links import LinkCache
+from paracube.cost_models.memory import logit_bytes
 from paracube.cost_models.moe import expert_links, expert_placement, moe_layers_of, priced, stage_cost
 from paracube.cost_models.moe_a2a import a2a_terms
 from paracube.cost_models.moe_contention import exposed_grads, slowdown
@@ -40,9 +43,10 @@ def stage_index(name: str, pp: int, model: ModelSpec | None = None, layout: Layo
 
 
 def in_flight(layout: Layout, n_micro: int, stage: int) -> float:
-    """Micro-batches whose activations a stage holds at once (1F1B: pp - stage; memory.in_flight's count)."""
+    """Micro-batches whose activations a stage holds at once (memory.in_flight's count): 1F1B pp - stage; interleaved
+    its 2 (pp - stage - 1) + (v - 1) pp warm-up chunk forwards plus one, v chunks a micro-batch."""
     pp, v = layout.pp, layout.interleave
-    held = (pp - stage) if v == 1 else pp * (1 + (pp - 1) / (pp * v)) if stage == 0 else 1 + (pp - 1) / v
+    held = (pp - stage) if v == 1 else (2 * (pp - stage - 1) + (v - 1) * pp + 1) / v
     return float(min(n_micro, held))
 
 
@@ -85,8 +89,8 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         slow_by = slowdown(nic, other, links[("edp",)][0])
         grad = exposed_grads(c.step_comm, max(0.0, share * (w / n - busy)), c.comm_bwd, slow_by)
     step = w + bubble + rest + grad + c.norm_comm + c.optim
-    heavy = max(("first", "last"), key=lambda s: _total(est.memory, costs[s].memory))
-    mem = MemoryBreakdown(**{k: getattr(est.memory, k) + v for k, v in costs[heavy].memory.items()})
+    loss = (d.c + logit_bytes(d)) * mb * d.s * d.V / layout.tensor_size  # the head's logits and loss (memory.py)
+    mem = _heaviest(est.memory, getattr(scores, "memory_stages", ()), costs, loss, layout.pp)
     per_step = ("grad_sync", "optimizer")  # the expert gradients and their norm (moe_counts.norm_event)
     micro_events = [e for e in c.events if e.phase not in per_step]
     dense = drop_stage_events(est.events, unshared_blocks(model, layout, index[STAGE_NAMES[old_slow]]))
@@ -117,8 +121,24 @@ def expert_flops(model: ModelSpec, d: Dims) -> float:
     return 6.0 * d.global_batch * d.s * moe.moe_layers(model.layers) * per_token
 
 
-def _total(m: MemoryBreakdown, extra: dict[str, float]) -> float:
-    return sum(getattr(m, k) + v for k, v in extra.items())
+def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, pp: int) -> MemoryBreakdown:
+    """The heavier of the first and the last stage, each its dense part's memory (Scores.memory_stages, row 0) plus
+    its own expert parts; without the dense stages, the dense part's heaviest stage plus the heavier expert parts.
+    A MoE block's dispatch buffers are alive inside the block only, never with the head's logits and loss (`loss`
+    bytes, at the end of the last stage's forward and the start of its backward): on the stage holding the head
+    they count beyond those, elsewhere in full (with the largest linear's operands: an upper bound)."""
+    def parts(base: dict[str, float], s: str) -> dict[str, float]:
+        out = {k: base[k] + v for k, v in costs[s].memory.items()}
+        head = s == "last" or pp == 1
+        out["temporaries"] += max(0.0, costs[s].buffers - loss) if head else costs[s].buffers
+        return out
+
+    if len(stages) == 2:
+        both = [parts({k: float(np.asarray(part[k]).ravel()[0]) for k in part}, s)
+                for s, part in zip(("first", "last"), stages, strict=True)]
+        return MemoryBreakdown(**max(both, key=lambda m: sum(m.values())))
+    base = {k: getattr(dense, k) for k in costs["first"].memory}
+    return MemoryBreakdown(**max((parts(base, s) for s in ("first", "last")), key=lambda m: sum(m.values())))
 
 
 def _note(model: ModelSpec, layout: Layout) -> str:
