@@ -117,3 +117,33 @@ def test_bad_ep_for_the_model_is_refused(h100: object, name: str, text: str, mes
         return
     with pytest.raises(ParacubeError, match=message):
         estimate(PRESETS[name], TRAIN, parse_layout(text), h100, with_events=False)
+
+
+def test_memory_is_one_stages_dense_and_expert_parts(h100: object) -> None:
+    """Reference: each pipeline stage's own dense memory (memory.stage_memory with zero=1's sharding, as the dense
+    engine counts the first and the last stage) plus that stage's expert parts (moe.stage_cost, its own in-flight
+    micro-batches), the dispatch buffers beyond the loss's logits on the last stage; candidate: the estimate's
+    memory. Same closed forms summed in another order: equal to float rounding (1e-9)."""
+    from paracube.cost_models.analytic import prepare
+    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.links import LinkCache
+    from paracube.cost_models.memory import logit_bytes, stage_memory, total, with_zero, zero_shards
+    from paracube.cost_models.moe import expert_links, stage_cost
+    from paracube.cost_models.moe_step import in_flight
+    from paracube.cost_models.validity import layout_arrays
+
+    model, layout = PRESETS["qwen3-30b-a3b"], parse_layout("dp=8,pp=2,ep=8,tp=none,mb=2,v=24,zero=1")
+    train = TrainingSpec(global_batch=512, dtype="bf16", recompute="selective", activations="megatron")
+    d, mb, _ = prepare(model, train, layout)
+    g = gemm_model(h100, "bf16")
+    links = expert_links(layout, LinkCache(h100))
+    b = layout_arrays(layout, mb)
+    n = train.global_batch // (layout.dp * mb)
+    stages = []
+    for stage, first, last in ((0, True, False), (1, False, True)):
+        dense = with_zero(stage_memory(d, "none", b, first, last), zero_shards("none", b), 1)
+        moe = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n, stage))
+        loss = (d.c + logit_bytes(d)) * mb * d.s * d.V if last else 0.0
+        stages.append(float(total(dense)[0]) + sum(moe.memory.values()) + max(0.0, moe.buffers - loss))
+    got = estimate(model, train, layout, h100, with_events=False).memory.total
+    assert got == pytest.approx(max(stages), rel=1e-9)
