@@ -38,7 +38,7 @@ def test_runtimes_declare_their_scaling() -> None:
     assert FP8_SCALINGS == ("delayed", "dynamic")
     declared = {name: get_runtime(name).fp8_scaling for name in ("paracube", "megatron", "torchtitan")}
     assert declared == {"paracube": "delayed", "megatron": "delayed", "torchtitan": "dynamic"}
-    assert get_runtime("torchtitan").engine_options()["fp8_scaling"] == "dynamic"
+    assert get_runtime("torchtitan").engine_options().fp8_scaling == "dynamic"
     assert "fp8" in get_runtime("torchtitan").dtypes
     with pytest.raises(ValueError) as err:
         replace(get_runtime("torchtitan"), fp8_scaling="tensorwise")
@@ -57,7 +57,7 @@ def test_engines_agree_under_dynamic_scaling(text: str) -> None:
     topo = load_topology("dgx-h100", gpus=16)
     layout = parse_layout(text)
     options = get_runtime("torchtitan").engine_options()
-    an, ev = (estimate_with(e, SMALL, _fp8(), layout, topo, **options) for e in ("analytic", "event"))
+    an, ev = (estimate_with(e, SMALL, _fp8(), layout, topo, options=options) for e in ("analytic", "event"))
     assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.02), text
     assert ev.compute_time_s == pytest.approx(an.compute_time_s, rel=1e-6), text
     assert ev.memory == an.memory and ev.comm_bytes_per_gpu == an.comm_bytes_per_gpu, text

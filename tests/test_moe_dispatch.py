@@ -134,9 +134,9 @@ def test_engines_agree_with_deepep(h100: object, name: str, text: str, recompute
 
 
 def test_runtimes_declare_their_dispatcher() -> None:
-    assert get_runtime("megatron").engine_options()["moe_dispatch"] == "deepep"
+    assert get_runtime("megatron").engine_options().moe_dispatch == "deepep"
     for name in ("paracube", "torchtitan", "deepspeed"):  # per-expert copies through one all_to_all
-        assert get_runtime(name).engine_options()["moe_dispatch"] == "alltoall"
+        assert get_runtime(name).engine_options().moe_dispatch == "alltoall"
     with pytest.raises(ParacubeError, match="moe dispatcher"):
         estimate(PRESETS["tiny-moe"], TRAIN, parse_layout("dp=2,ep=2"), load_topology("dgx-h100", gpus=8),
                  moe_dispatch="allgather")

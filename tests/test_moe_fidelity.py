@@ -28,8 +28,8 @@ def h100() -> object:
 
 
 def test_runtimes_declare_whether_expert_gemms_run_fp8() -> None:
-    assert get_runtime("megatron").engine_options()["fp8_experts"] is True
-    assert get_runtime("paracube").engine_options()["fp8_experts"] is False  # its executor's experts: bf16 matmuls
+    assert get_runtime("megatron").engine_options().fp8_experts is True
+    assert get_runtime("paracube").engine_options().fp8_experts is False  # its executor's experts: bf16 matmuls
 
 
 def test_fp8_experts_are_faster_and_both_engines_read_the_declaration(h100: object) -> None:

@@ -65,7 +65,7 @@ def test_search_respects_pins_and_chooses_recompute() -> None:
     from paracube.runtimes import RUNTIMES  # the search prices with the runtime's options (zero=3: prefetch)
 
     direct = estimate(MODEL, replace(training, recompute=lay.recompute), lay.with_(recompute=None), topo,
-                      **RUNTIMES["paracube"].engine_options())
+                      options=RUNTIMES["paracube"].engine_options())
     assert est.step_time_s == pytest.approx(direct.step_time_s, rel=1e-9)
     pinned = search(MODEL, training, topo, 16, fixed=parse_layout("dp=2,tp=1d:8,sp=0,rc=full"), top_k=20,
                     recomputes=["none", "selective", "full"])
@@ -238,5 +238,5 @@ def test_fsdp_row_plans_with_torchtitan_at_zero3() -> None:
 
     assert lay.overlap  # torchtitan's reduce-scatters run under backward; its gathers are prefetched
     direct = estimate(r.model, r.training, lay.with_(recompute=None), topo, with_events=False,
-                      **RUNTIMES["torchtitan"].engine_options())
+                      options=RUNTIMES["torchtitan"].engine_options())
     assert pred == pytest.approx(direct.step_time_s, rel=1e-9)

@@ -35,12 +35,12 @@ def test_shared_pool_estimates_are_each_layouts_own_and_pruning_stays_exact() ->
     assert {m: repr(lay) for m, (lay, _) in fast.best_per_mode.items()} == \
         {m: repr(lay) for m, (lay, _) in full.best_per_mode.items()}
     rt = RUNTIMES["torchtitan"]
-    opts = {**rt.engine_options(), "param_overlap": chosen(PARAM_OVERLAP, rt, None),
-            "fsdp_prefetch": chosen(FSDP_PREFETCH, rt, None)}  # what the search passes (search.py's options)
+    opts = rt.engine_options().with_(param_overlap=chosen(PARAM_OVERLAP, rt, None),
+                                     fsdp_prefetch=chosen(FSDP_PREFETCH, rt, None))  # what search.py passes
     placements = {repr(lay.with_(placement=())) for lay, _ in fast.ranked}
     assert len(placements) < len(fast.ranked)  # some layouts differ only in placement: the shared path ran
     for lay, est in fast.ranked:
-        assert est == estimate(model, training, lay, topo, with_events=False, **opts), str(lay)
+        assert est == estimate(model, training, lay, topo, with_events=False, options=opts), str(lay)
 
 
 

@@ -24,6 +24,7 @@ from paracube.cost_models.compute import elementwise_forward, gemm_model
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.event import estimate_with
 from paracube.cost_models.validity import layout_arrays
+from paracube.engine_options import EngineOptions
 from paracube.errors import ParacubeError
 from paracube.layout import parse_layout
 from paracube.runtimes import RUNTIMES, get_runtime
@@ -40,8 +41,8 @@ def _train(recompute: str, dtype: str = "bf16") -> TrainingSpec:
     return TrainingSpec(global_batch=16, dtype=dtype, recompute=recompute)  # type: ignore[arg-type]
 
 
-def _options(selective: str) -> dict[str, object]:
-    return {**get_runtime("torchtitan").engine_options(), "selective": selective}
+def _options(selective: str) -> EngineOptions:
+    return get_runtime("torchtitan").engine_options().with_(selective=selective)
 
 
 def test_runtimes_declare_their_rule() -> None:
@@ -50,7 +51,7 @@ def test_runtimes_declare_their_rule() -> None:
     assert SELECTIVE_RULES == ("attention", "op")
     assert {n: r.selective for n, r in RUNTIMES.items()} == {"paracube": "attention", "megatron": "attention",
                                                             "torchtitan": "op", "deepspeed": "attention"}
-    assert get_runtime("torchtitan").engine_options()["selective"] == "op"
+    assert get_runtime("torchtitan").engine_options().selective == "op"
     with pytest.raises(ValueError) as err:
         replace(get_runtime("torchtitan"), selective="layer")
     assert "\n" not in str(err.value) and "'layer'" in str(err.value) and "attention, op" in str(err.value)
@@ -129,11 +130,12 @@ def test_engines_agree_under_the_op_rule(text: str, dtype: str) -> None:
     topo = load_topology("dgx-h100", gpus=8)
     layout = parse_layout(text)
     train = _train("selective", dtype)
-    an, ev = (estimate_with(e, LLAMA, train, layout, topo, **_options("op")) for e in ("analytic", "event"))
+    an, ev = (estimate_with(e, LLAMA, train, layout, topo, options=_options("op")) for e in ("analytic", "event"))
     assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.02), text
     assert ev.compute_time_s == pytest.approx(an.compute_time_s, rel=1e-6), text
     assert ev.memory == an.memory, text
-    an_a, ev_a = (estimate_with(e, LLAMA, train, layout, topo, **_options("attention")) for e in ("analytic", "event"))
+    an_a, ev_a = (estimate_with(e, LLAMA, train, layout, topo, options=_options("attention"))
+                  for e in ("analytic", "event"))
     assert ev.compute_time_s - ev_a.compute_time_s == pytest.approx(an.compute_time_s - an_a.compute_time_s,
                                                                     rel=1e-6, abs=1e-12), text
     assert np.isfinite(an.step_time_s) and an.compute_time_s != an_a.compute_time_s, text

@@ -231,7 +231,7 @@ def test_memory_per_parameter_for_each_runtimes_gradient_dtype(runtime: str) -> 
     n = None
     for zero, want in forms.items():
         m = estimate(spec, training, parse_layout(f"dp={d},zero={zero},mb=1"), topo, with_events=False,
-                     **rt.engine_options()).memory
+                     options=rt.engine_options()).memory
         n = n or m.gradients / g
         assert (m.parameters + m.gradients + m.optimizer) / n == pytest.approx(want, rel=1e-6), (runtime, zero)
 
@@ -458,12 +458,12 @@ def test_search_prices_each_zero_stage_and_ranks_by_step_time() -> None:
         if zs == (2, 3):
             for lay, est in res.ranked:
                 again = estimate(spec, training, lay, topo, with_events=False,
-                                 **RUNTIMES["paracube"].engine_options())  # FSDP prefetch (fsdp_overlap.py)
+                                 options=RUNTIMES["paracube"].engine_options())  # FSDP prefetch (fsdp_overlap.py)
                 assert again.step_time_s == est.step_time_s
     assert best[(0, 1, 2, 3)] == pytest.approx(min(best[(0, 1)], best[(2, 3)]))
     pinned = search(spec, training, topo, 16, fixed=parse_layout("dp=4,pp=2,tp=1d:2,zero=2"), top_k=1).ranked[0]
     assert (pinned[0].pp, pinned[0].zero) == (2, 2)
-    again = estimate(spec, training, pinned[0], topo, with_events=False, **RUNTIMES["paracube"].engine_options())
+    again = estimate(spec, training, pinned[0], topo, with_events=False, options=RUNTIMES["paracube"].engine_options())
     assert again.step_time_s == pinned[1].step_time_s and again.memory.total == pinned[1].memory.total
     with pytest.raises(ParacubeError, match="runs zero=2/3 with dp > 1 and untied embeddings"):
         search(replace(spec, tied_embeddings=True), training, topo, 16, fixed=parse_layout("dp=4,pp=2,tp=1d:2,zero=2"))

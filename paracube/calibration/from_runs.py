@@ -200,10 +200,9 @@ def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube")
 
     rt = get_runtime(run.runtime or runtime)
     param_overlap = chosen(PARAM_OVERLAP, rt, layout)
-    return estimate(run.model, run.training, layout, topo, with_events=False, param_overlap=param_overlap,
-                    grad_bytes=run.grad_bytes, gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling,
-                    fp8_experts=rt.fp8_experts, moe_dispatch=rt.moe_dispatch, selective=rt.selective,
-                    **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes})).step_time_s
+    options = rt.engine_options().with_(param_overlap=param_overlap, grad_bytes=run.grad_bytes,
+                                        **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes}))
+    return estimate(run.model, run.training, layout, topo, with_events=False, options=options).step_time_s
 
 
 PARAMS = ("eff_max", "m0", "mem_eff", "intra", "inter", "fp8_eff_max", "fp8_m0", "flash_eff")

@@ -31,6 +31,7 @@ from paracube.cli.train_terms import (
     headroom_line,
     train_cost,
 )
+from paracube.engine_options import EngineOptions
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
@@ -76,7 +77,7 @@ def estimate_with(engine: str, w: Workload, layout: Layout, topo: object, **opti
     return dispatch(engine, w.model, w.training, layout, topo, **options)
 
 
-def engine_options(w: Workload) -> dict[str, bool | int | str]:
+def engine_options(w: Workload) -> EngineOptions:
     """The engines' overlap options of the workload's runtime (Runtime.engine_options: the one place)."""
     from paracube.runtimes import get_runtime
 
@@ -159,7 +160,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
     exhaustive = len(result.ranked) < pool
     if args.refine:
         opts = engine_options(w)  # as the search priced them (planner/search.py)
-        refined = [(lay, estimate_with("event", w, lay, topo, **opts)) for lay, _ in ranked[: args.refine]]
+        refined = [(lay, estimate_with("event", w, lay, topo, options=opts)) for lay, _ in ranked[: args.refine]]
         ranked = sorted(refined, key=lambda r: r[1].step_time_s) + ranked[args.refine:]
         choices = explain(ranked[: args.refine], w.layout)
     else:

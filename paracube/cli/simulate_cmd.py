@@ -107,14 +107,14 @@ def simulate_cmd(args: argparse.Namespace) -> int:
 
         with make_console().status("simulating one step ..."):
             result = simulate(w.model, w.training, layout, topo, overlap=args.overlap,
-                              timeline=bool(args.trace or args.timeline), **engine_options(w))
+                              timeline=bool(args.trace or args.timeline), options=engine_options(w))
         est = result.estimate
         if args.trace:
             write_chrome_trace(result, args.trace)
         if args.timeline:
             plot_timeline(result, args.timeline, title=f"{layout}: {_summary(w)} (event engine, one step)")
     else:
-        est = estimate_with("analytic", w, layout, topo, **engine_options(w))
+        est = estimate_with("analytic", w, layout, topo, options=engine_options(w))
     if args.plot:
         from paracube.cli.plots import plot_estimates
 

@@ -9,7 +9,6 @@ its explicit CommEvents (traffic.py), its communication by mesh axes and kinds, 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from paracube.cost_models.analytic_scores import (
 from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.comm import axes_used
 from paracube.cost_models.compute import GemmModel, gemm_model, model_flops_per_step
-from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
+from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_options, with_pins
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
@@ -33,10 +32,10 @@ from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
+from paracube.engine_options import EngineOptions, options_of
 from paracube.errors import ParacubeError, check
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
-from paracube.modes.buckets import BUCKET_BYTES
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES, ModelSpec, TrainingSpec
 
 
@@ -90,59 +89,35 @@ def _notes(layout: Layout, d: Dims, note: str | None, stage: str) -> list[str]:
     return notes
 
 
-def estimate(
-    model: ModelSpec,
-    training: TrainingSpec,
-    layout: Layout,
-    topo: object,
-    with_events: bool = True,
-    cache: LinkCache | None = None,
-    param_overlap: bool = False,
-    fsdp_prefetch: bool = False,
-    grad_bytes: int = 4,
-    bucket_bytes: int = BUCKET_BYTES,
-    gather_16bit: bool = False,
-    fp8_scaling: str = "delayed",
-    fp8_experts: bool = False,
-    moe_dispatch: str = "alltoall",
-    selective: str = "attention",
-) -> StepEstimate:
-    """Predict one training step of `layout` on `topo` (see the module docstrings of this package).
-    `param_overlap`: the runtime overlaps zero=1's parameter all_gather with the next forward (off: as before);
-    `fsdp_prefetch`: zero=2/3 as FSDP runs them (fsdp_overlap.py); `grad_bytes`: the runtime's gradient element
-    bytes (memory and the gradient reductions' payload, Dims.grad_dtype); `gather_16bit`: zero=1's parameter
-    all_gather sends the 16-bit parameters (Runtime.param_gather_16bit); `fp8_experts`: with fp8 the routed experts'
-    GEMMs run FP8 (Runtime.fp8_experts); `moe_dispatch`: the runtime's MoE dispatcher (Runtime.moe_dispatch,
-    moe_dispatch.py). `bucket_bytes`: the gradient bucket
-    limit (default the executor's, modes/buckets.BUCKET_BYTES; a published run priced with its stack's own,
-    calibration/from_runs.py). `fp8_scaling`: how the runtime scales FP8 tensors (Runtime.fp8_scaling, fp8.py);
-    `selective`: what rc=selective recomputes (Runtime.selective, recompute.py)."""
-    d, mb, note = prepare(model, training, layout, grad_bytes=grad_bytes, gather_16bit=gather_16bit,
-                          fp8_scaling=fp8_scaling, fp8_experts=fp8_experts, moe_dispatch=moe_dispatch,
-                          selective=selective)
+def estimate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: object, with_events: bool = True,
+             cache: LinkCache | None = None, options: EngineOptions | None = None, **changes: object) -> StepEstimate:
+    """Predict one training step of `layout` on `topo` (see the module docstrings of this package), run as the
+    stack `options` describes (engine_options.py: its overlaps, gradient element and bucket, FP8 scaling and
+    parameter gather, MoE dispatcher, selective rule; default: each field's default), with single fields changed
+    by `changes` (`param_overlap=True`)."""
+    o = options_of(options, changes)
+    d, mb, note = prepare(model, training, layout, o)
     g = gemm_model(topo, training.dtype)  # type: ignore[arg-type]
     cache = cache or LinkCache(topo)
     links = layout_links(layout, cache)
     batch = layout_arrays(layout, mb)
     res = evaluate(d, layout.mode, batch, links, g, zero=layout.zero, overlap=layout.overlap,
-                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=param_overlap,
-                   fsdp_prefetch=fsdp_prefetch, bucket_bytes=bucket_bytes)
+                   kw=layout.keep_weights or 0, tpo=layout.tpo, shard=layout.shard, param_overlap=o.param_overlap,
+                   fsdp_prefetch=o.fsdp_prefetch, bucket_bytes=o.bucket_bytes)
     return finish(model, layout, d, mb, note, res, 0, links, g, cache, with_events)
 
 
-def prepare(model: ModelSpec, training: TrainingSpec, layout: Layout, grad_bytes: int = 4,
-            gather_16bit: bool = False, fp8_scaling: str = "delayed", fp8_experts: bool = False,
-            moe_dispatch: str = "alltoall", selective: str = "attention") -> tuple[Dims, int, str | None]:
+def prepare(model: ModelSpec, training: TrainingSpec, layout: Layout,
+            options: EngineOptions | None = None) -> tuple[Dims, int, str | None]:
     """`estimate`'s dims (a cp rank's view, with the runtime's choices), micro-batch and its note; raises on an
     invalid layout or option."""
     from paracube.cost_models.validity import violations  # local: keeps the import graph one-way
 
-    check(moe_dispatch in DISPATCHERS, f"moe dispatcher {moe_dispatch!r}; valid: {', '.join(DISPATCHERS)}")
-    check(fp8_scaling in FP8_SCALINGS, f"fp8 scaling {fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
-    check(selective in SELECTIVE_RULES, f"selective rule {selective!r}; valid: {', '.join(SELECTIVE_RULES)}")
-    d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
-                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
-                              moe_dispatch=moe_dispatch, selective=selective),
+    o = options or EngineOptions()
+    check(o.moe_dispatch in DISPATCHERS, f"moe dispatcher {o.moe_dispatch!r}; valid: {', '.join(DISPATCHERS)}")
+    check(o.fp8_scaling in FP8_SCALINGS, f"fp8 scaling {o.fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
+    check(o.selective in SELECTIVE_RULES, f"selective rule {o.selective!r}; valid: {', '.join(SELECTIVE_RULES)}")
+    d = context_local(with_options(with_pins(dims_of(dense_part(model), training), layout), o),
                       layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from paracube.engine_options import EngineOptions
 from paracube.errors import check
 from paracube.modes import MODES
 from paracube.modes.base import padded
@@ -53,6 +54,7 @@ class Dims:
     gather_16bit: bool = False  # zero=1 all-gathers the c-byte parameters, not fp32 (Runtime.param_gather_16bit)
     fp8_scaling: str = "delayed"  # how the runtime scales FP8 tensors (Runtime.fp8_scaling; cost_models/fp8.py)
     fp8_experts: bool = False  # with fp8, the routed experts' GEMMs run FP8 (Runtime.fp8_experts; cost_models/moe.py)
+    fp8_param_gather: bool = False  # with fp8, block linear weights held / gathered as FP8 (Runtime.fp8_param_gather)
     moe_dispatch: str = "alltoall"  # the MoE dispatcher (Runtime.moe_dispatch; cost_models/moe_dispatch.py)
     selective: str = "attention"  # what rc=selective recomputes (Runtime.selective; cost_models/recompute.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
@@ -176,6 +178,13 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         fp8=training.dtype == "fp8",
         mla=model.mla,
     )
+
+
+def with_options(d: Dims, o: EngineOptions) -> Dims:
+    """`d` with the runtime's per-element choices (engine_options.py) the closed forms read from Dims."""
+    return replace(d, grad_bytes=o.grad_bytes, gather_16bit=o.gather_16bit, fp8_param_gather=o.fp8_param_gather,
+                   fp8_scaling=o.fp8_scaling, fp8_experts=o.fp8_experts, moe_dispatch=o.moe_dispatch,
+                   selective=o.selective)
 
 
 def with_pins(d: Dims, layout: object) -> Dims:

@@ -18,30 +18,26 @@ from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import priced
 from paracube.cost_models.validity import layout_arrays
+from paracube.engine_options import EngineOptions
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.modes import LayoutBatch
 from paracube.modes.batch import FIELDS
-from paracube.modes.buckets import BUCKET_BYTES
 from paracube.workload import ModelSpec, TrainingSpec
 
 
 def estimate_many(model: ModelSpec, training: TrainingSpec, layouts: list[Layout], topo: object, cache: LinkCache,
-                  param_overlap: bool = False, fsdp_prefetch: bool = False, grad_bytes: int = 4,
-                  bucket_bytes: int = BUCKET_BYTES, gather_16bit: bool = False, fp8_scaling: str = "delayed",
-                  fp8_experts: bool = False, moe_dispatch: str = "alltoall", selective: str = "attention"
-                  ) -> dict[str, StepEstimate]:
-    """repr(layout) -> estimate(model, training, layout, topo, with_events=False, cache=cache, ...) of each valid
-    layout (the options as estimate's); empty for MoE / MLA models."""
+                  options: EngineOptions | None = None) -> dict[str, StepEstimate]:
+    """repr(layout) -> estimate(model, training, layout, topo, with_events=False, cache=cache, options=options) of
+    each valid layout; empty for MoE / MLA models."""
+    o = options or EngineOptions()
     if priced(model):
         return {}
     groups: dict[tuple, list[tuple]] = {}
     for lay in layouts:
         try:
-            d, mb, note = prepare(model, training, lay, grad_bytes=grad_bytes, gather_16bit=gather_16bit,
-                                  fp8_scaling=fp8_scaling, fp8_experts=fp8_experts, moe_dispatch=moe_dispatch,
-                                  selective=selective)
+            d, mb, note = prepare(model, training, lay, o)
         except ParacubeError:
             continue
         links = layout_links(lay, cache)
@@ -54,8 +50,8 @@ def estimate_many(model: ModelSpec, training: TrainingSpec, layouts: list[Layout
         batch = LayoutBatch(**{f: np.concatenate([getattr(b, f) for b in one]) for f in FIELDS})
         links = {ax: tuple(np.concatenate([it[3][ax][k] for it in items]) for k in range(2)) for ax in axes}
         res = evaluate(d, mode, batch, links, g, zero=zero, overlap=overlap, kw=kw, tpo=tpo,  # type: ignore[arg-type]
-                       shard=shard, param_overlap=param_overlap, fsdp_prefetch=fsdp_prefetch,
-                       bucket_bytes=bucket_bytes)
+                       shard=shard, param_overlap=o.param_overlap, fsdp_prefetch=o.fsdp_prefetch,
+                       bucket_bytes=o.bucket_bytes)
         for i, (lay, mb, note, _) in enumerate(items):
             out[repr(lay)] = finish(model, lay, d, mb, note, res, i, links, g, cache)
     return out

@@ -26,21 +26,19 @@ import time
 from dataclasses import dataclass, field, replace
 
 from paracube.cost_models.analytic import estimate as analytic_estimate
-from paracube.cost_models.analytic import layout_links
+from paracube.cost_models.analytic import layout_links, prepare
 from paracube.cost_models.compute import gemm_model
-from paracube.cost_models.dims import context_local, dims_of, with_pins
 from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.event_sim import Sim
 from paracube.cost_models.event_trace import Timeline
 from paracube.cost_models.links import LinkCache
-from paracube.cost_models.moe import dense_part, expert_links, priced
+from paracube.cost_models.moe import expert_links, priced
 from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_program import with_blocks
-from paracube.cost_models.validity import resolve_micro_batch
+from paracube.engine_options import EngineOptions, options_of
 from paracube.errors import ParacubeError, check, unknown
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
-from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies.protocol import RoutedTopology
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -55,47 +53,34 @@ class EventResult:
 
 
 def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
-             overlap: bool = False, timeline: bool = True, with_events: bool = True,
-             param_overlap: bool = False, fsdp_prefetch: bool = False, grad_bytes: int = 4,
-             bucket_bytes: int = BUCKET_BYTES, fuse: bool = True, gather_16bit: bool = False,
-             fp8_scaling: str = "delayed", fp8_experts: bool = False, moe_dispatch: str = "alltoall",
-             selective: str = "attention") -> EventResult:
+             overlap: bool = False, timeline: bool = True, with_events: bool = True, fuse: bool = True,
+             options: EngineOptions | None = None, **changes: object) -> EventResult:
     """Replay one training step of `layout` on `topo`; returns the estimate, the timeline and run stats.
-    `param_overlap`: zero=1's parameter all_gathers overlapped with the first forward (event_program.py);
-    `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters asynchronous (fsdp_overlap.py);
-    `bucket_bytes`: the gradient bucket limit, as analytic.estimate takes it (modes/buckets.py); `fuse=False`: every
-    op simulated one by one (event_fuse.py's reference; the same answer, more simpy events); `fp8_scaling`: how the
-    runtime scales FP8 tensors, as analytic.estimate takes it (fp8.py); `selective`: what rc=selective recomputes
-    (Runtime.selective, recompute.py)."""
+    `options` / `changes`: how the stack runs it, as analytic.estimate takes them (engine_options.py);
+    `overlap`: the event engine's tp weight-gradient overlap; `fuse=False`: every op simulated one by one
+    (event_fuse.py's reference; the same answer, more simpy events)."""
+    o = options_of(options, changes)
     check(isinstance(layout, Layout), f"layout {layout!r} is not a Layout; parse it with parse_layout")
     n_dev = getattr(topo, "num_devices", None)
     check(isinstance(n_dev, int), f"topology {topo!r} has no num_devices; load one with load_topology")
     check(layout.world_size <= n_dev, f"layout {layout} needs {layout.world_size} devices; topology "
           f"{getattr(topo, 'name', topo)!r} has {n_dev} (ranks 0..{n_dev - 1})")
-    base = analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
-                             fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes,
-                             bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling,
-                             fp8_experts=fp8_experts, moe_dispatch=moe_dispatch, selective=selective)
-    # a cp rank's view; MoE blocks: moe_program.with_blocks
-    d = context_local(replace(with_pins(dims_of(dense_part(model), training), layout), grad_bytes=grad_bytes,
-                              gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
-                              moe_dispatch=moe_dispatch, selective=selective),
-                      layout.cp, layout.cp_comm)  # traffic.py's elements
-    mb, _ = resolve_micro_batch(layout, d)
+    base = analytic_estimate(model, training, layout, topo, with_events=with_events, options=o)
+    d, mb, _ = prepare(model, training, layout, o)  # a cp rank's view (traffic.py's elements); MoE: with_blocks
     n_micro = d.global_batch // (layout.dp * mb)
     if layout.interleave > 1 and n_micro % layout.pp:
         raise ParacubeError(f"layout {layout}: interleaved 1F1B needs the micro-batch count ({n_micro}) to be "
                             f"a multiple of pp={layout.pp}; change the global batch or mb")
     g = gemm_model(topo, training.dtype)
     programs = [build_stage(layout.with_(micro_batch=mb), d, mb, s, g, overlap, overlap or layout.overlap,
-                            param_overlap, fsdp_prefetch, bucket_bytes) for s in range(layout.pp)]
+                            o.param_overlap, o.fsdp_prefetch, o.bucket_bytes) for s in range(layout.pp)]
     if priced(model):
         mlay = layout.with_(micro_batch=mb)
-        links = expert_links(mlay, LinkCache(topo), dispatch_of(model.moe, moe_dispatch))
+        links = expert_links(mlay, LinkCache(topo), dispatch_of(model.moe, o.moe_dispatch))
         programs = [with_blocks(p, model, d, mlay, mb, g, links, n_micro) for p in programs]
-    sim = Sim(layout, topo, programs, n_micro, overlap, timeline, param_overlap, fsdp_prefetch, fuse)
+    sim = Sim(layout, topo, programs, n_micro, overlap, timeline, o.param_overlap, o.fsdp_prefetch, fuse)
     sim.waits = g if g.waits else None
-    sim.dispatch = dispatch_of(model.moe, moe_dispatch)  # the all_to_alls' bytes by dispatcher (moe_dispatch.py)
+    sim.dispatch = dispatch_of(model.moe, o.moe_dispatch)  # the all_to_alls' bytes by dispatcher (moe_dispatch.py)
     if not g.comm:  # uncalibrated all_reduces take the faster of ring and tree, as the analytic model does
         sim.alpha_beta = {axes: (float(bw[0]), float(lat[0]))
                           for axes, (bw, lat) in layout_links(layout, LinkCache(topo)).items()}
@@ -126,45 +111,24 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
 
 
 def estimate_event(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
-                   with_events: bool = True, overlap: bool = False, param_overlap: bool = False,
-                   fsdp_prefetch: bool = False, grad_bytes: int = 4, bucket_bytes: int = BUCKET_BYTES,
-                   gather_16bit: bool = False, fp8_scaling: str = "delayed", fp8_experts: bool = False,
-                   moe_dispatch: str = "alltoall", selective: str = "attention") -> StepEstimate:
+                   with_events: bool = True, overlap: bool = False, options: EngineOptions | None = None,
+                   **changes: object) -> StepEstimate:
     """Like the analytic `estimate`, timed by the discrete-event simulation (engine="event")."""
     return simulate(model, training, layout, topo, overlap=overlap, timeline=False, with_events=with_events,
-                    param_overlap=param_overlap, fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes,
-                    bucket_bytes=bucket_bytes, gather_16bit=gather_16bit, fp8_scaling=fp8_scaling,
-                    fp8_experts=fp8_experts, moe_dispatch=moe_dispatch, selective=selective).estimate
+                    options=options_of(options, changes)).estimate
 
 
 def estimate_with(engine: str, model: ModelSpec, training: TrainingSpec, layout: Layout, topo: RoutedTopology,
-                  with_events: bool = True, **options: object) -> StepEstimate:
-    """`--engine analytic|event`: one entry point for the CLI. Options: overlap=True (event only);
-    param_overlap=True and fsdp_prefetch=True (both engines: how the runtime runs zero's parameter gathers,
-    planner/dimensions.engine_options); grad_bytes, bucket_bytes (both engines: the stack's gradients);
-    fp8_scaling (both engines: how the stack scales FP8 tensors, fp8.py); selective (both engines: what
-    rc=selective recomputes, recompute.py)."""
-    param_overlap = bool(options.pop("param_overlap", False))
-    fsdp_prefetch = bool(options.pop("fsdp_prefetch", False))
-    grad_bytes = int(options.pop("grad_bytes", 4))  # type: ignore[call-overload]
-    bucket_bytes = int(options.pop("bucket_bytes", BUCKET_BYTES))  # type: ignore[call-overload]
-    gather_16bit = bool(options.pop("gather_16bit", False))  # zero=1's gather in 16 bits (Runtime.param_gather_16bit)
-    fp8_scaling = str(options.pop("fp8_scaling", "delayed"))
-    fp8_experts = bool(options.pop("fp8_experts", False))  # the routed experts' GEMMs in FP8 (Runtime.fp8_experts)
-    moe_dispatch = str(options.pop("moe_dispatch", "alltoall"))  # the MoE dispatcher (Runtime.moe_dispatch)
-    selective = str(options.pop("selective", "attention"))  # what rc=selective recomputes (Runtime.selective)
+                  with_events: bool = True, overlap: bool = False, options: EngineOptions | None = None,
+                  **changes: object) -> StepEstimate:
+    """`--engine analytic|event`: one entry point for the CLI, the stack's options as both engines take them
+    (engine_options.py); `overlap=True` (the tp weight-gradient overlap) is the event engine's only."""
+    o = options_of(options, changes)
     if engine == "analytic":
-        check(not options, f"engine analytic takes no options {sorted(options)}; valid only with engine event")
-        return analytic_estimate(model, training, layout, topo, with_events=with_events, param_overlap=param_overlap,
-                                 fsdp_prefetch=fsdp_prefetch, grad_bytes=grad_bytes, bucket_bytes=bucket_bytes,
-                                 gather_16bit=gather_16bit, fp8_scaling=fp8_scaling, fp8_experts=fp8_experts,
-                                 moe_dispatch=moe_dispatch, selective=selective)
+        check(not overlap, "engine analytic takes no option overlap; valid only with engine event")
+        return analytic_estimate(model, training, layout, topo, with_events=with_events, options=o)
     if engine == "event":
-        extra = sorted(set(options) - {"overlap"})
-        check(not extra, f"unknown event-engine options {extra}; valid: overlap")
-        return estimate_event(model, training, layout, topo, with_events, bool(options.get("overlap", False)),
-                              param_overlap, fsdp_prefetch, grad_bytes, bucket_bytes, gather_16bit, fp8_scaling,
-                              fp8_experts, moe_dispatch, selective)
+        return estimate_event(model, training, layout, topo, with_events, overlap, o)
     raise unknown("engine", engine, ENGINES)
 
 

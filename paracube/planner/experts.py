@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.links import LinkCache
+from paracube.engine_options import EngineOptions
 from paracube.errors import ParacubeError, divisors
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
@@ -79,7 +80,7 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
 
 def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus: int, rt: Runtime,
                    fixed: Layout | None, micro_batches: list[int] | None, mem_cap: float, top_k: int,
-                   options: dict | None = None) -> tuple[list[tuple[Layout, StepEstimate]], int, Counter]:
+                   options: EngineOptions | None = None) -> tuple[list[tuple[Layout, StepEstimate]], int, Counter]:
     """(ranked (layout, estimate) pairs, layouts scored, rejections by reason); `options`: analytic.estimate's
     (the runtime's engine options, the run's gradient element and bucket: search.py)."""
     per_node = int(getattr(topo, "devices_per_node", None) or gpus)
@@ -97,7 +98,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
                 rejected["runtime"] += 1
                 break
             try:
-                est = estimate(model, training, zl, topo, with_events=False, cache=cache, **(options or {}))
+                est = estimate(model, training, zl, topo, with_events=False, cache=cache, options=options)
             except ParacubeError:
                 rejected["invalid"] += 1
                 break

@@ -52,7 +52,7 @@ from dataclasses import replace
 
 from paracube.cost_models.analytic import estimate, layout_links
 from paracube.cost_models.compute import gemm_model
-from paracube.cost_models.dims import context_local, dims_of, with_pins
+from paracube.cost_models.dims import context_local, dims_of, with_options, with_pins
 from paracube.cost_models.estimate_batch import estimate_many
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import priced
@@ -163,8 +163,8 @@ def search(
     if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
         # the run's gradients, bucket and the runtime's overlaps and fp8 experts, as the dense path prices them
-        opts = {**rt.engine_options(), "param_overlap": chosen(PARAM_OVERLAP, rt, fixed), "grad_bytes": grad_bytes,
-                **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes})}
+        opts = rt.engine_options().with_(param_overlap=chosen(PARAM_OVERLAP, rt, fixed), grad_bytes=grad_bytes,
+                                         **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
         ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k,
                                                   opts)
         check(bool(ranked), f"no layout of {gpus} GPUs fits {model.name} (global batch {training.global_batch}) "
@@ -173,8 +173,8 @@ def search(
                                              "the experts and dp x tp, tp a divisor of the heads)"))
         return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
-    d = replace(with_pins(dims_of(model, training), fixed), grad_bytes=grad_bytes,  # fa= pinned: that kernel
-                gather_16bit=rt.param_gather_16bit, fp8_scaling=rt.fp8_scaling, selective=rt.selective)
+    # the runtime's per-element choices and the run's gradient element; fa= pinned: that kernel
+    d = with_options(with_pins(dims_of(model, training), fixed), rt.engine_options().with_(grad_bytes=grad_bytes))
     rcs, zs = _choices(training, fixed, recomputes, zeros, rt)
     check(0.0 <= memory_headroom < 1.0, f"memory headroom {memory_headroom!r} must be a fraction in [0, 1)")
     mem_cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
@@ -210,11 +210,9 @@ def search(
     # zero=1's parameter gather overlapped with the next forward where the runtime does it (dimensions.py);
     # priced by `estimate` only (the search's per-configuration zero prices zero=1 as zero=0's all_reduce).
     param_overlap = chosen(PARAM_OVERLAP, rt, fixed)
-    options = {"param_overlap": param_overlap, "fsdp_prefetch": s.fsdp_prefetch,  # = rt.engine_options(),
-               "grad_bytes": grad_bytes, "gather_16bit": rt.param_gather_16bit,  # grad_bytes: a run's own
-               "fp8_scaling": rt.fp8_scaling, "fp8_experts": rt.fp8_experts,
-               "moe_dispatch": rt.moe_dispatch,
-               "selective": rt.selective}
+    options = rt.engine_options().with_(param_overlap=param_overlap, fsdp_prefetch=s.fsdp_prefetch,
+                                        grad_bytes=grad_bytes,  # a run's own gradient element and bucket
+                                        **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
 
     def score(lay: Layout) -> StepEstimate:  # a mode's best is often in the ranking too: estimated once
         # Placements enter an estimate only through the links of its groups: layouts equal but for a placement
@@ -227,12 +225,11 @@ def search(
                 estimates[key] = replace(estimates[shared], layout=str(lay))
             else:
                 estimates[key] = estimates[shared] = fresh.pop(key, None) or estimate(
-                    model, training, lay, topo, with_events=False, cache=s.cache, **options, **bucket)
+                    model, training, lay, topo, with_events=False, cache=s.cache, options=options)
         return estimates[key]
 
-    bucket = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
     # the ranking's estimates in a few vectorized evaluations (estimate_batch.py: the same results as estimate)
-    fresh = estimate_many(model, training, [lay for _, lay in s.best[:top_k]], topo, s.cache, **options, **bucket)
+    fresh = estimate_many(model, training, [lay for _, lay in s.best[:top_k]], topo, s.cache, options)
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
     # HSDP, and zero=1 with its gather overlapped, are priced exactly by `estimate` only: rank by its prices.
     if (fixed is not None and fixed.hybrid) or (param_overlap and any(lay.zero == 1 for lay, _ in ranked)):

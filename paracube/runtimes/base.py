@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from paracube.engine_options import EngineOptions
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES
@@ -113,6 +114,8 @@ class Runtime:
     fp8_tpo: bool = True  # it runs tpo with fp8 GEMMs
     fp8_scaling: str = "delayed"  # how it scales FP8 tensors (module docstring; workload.FP8_SCALINGS)
     fp8_experts: bool = False  # with fp8, the routed experts' grouped GEMMs run FP8 too (TE's grouped linear)
+    # with fp8, the block linears' weights held and zero=1-gathered as FP8 (Megatron-core --fp8-param-gather)
+    fp8_param_gather: bool = False
     moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
     selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
 
@@ -125,19 +128,14 @@ class Runtime:
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
 
-    def engine_options(self) -> dict[str, bool | int | str]:
-        """The cost models' options for how this stack runs (analytic.estimate, event.simulate: `param_overlap`
-        zero=1's gather under the next forward, `fsdp_prefetch` zero=2/3's prefetch and asynchronous
-        reduce-scatters, `grad_bytes` its gradients' element size, memory.py; `fp8_scaling` how it scales FP8
-        tensors, cost_models/fp8.py; `fp8_experts` its routed experts' GEMMs in FP8 with
-        --dtype fp8, cost_models/moe.py; `moe_dispatch` its MoE dispatcher, moe_dispatch.py; `selective` what
-        rc=selective recomputes, cost_models/recompute.py);
+    def engine_options(self) -> EngineOptions:
+        """How the cost models price this stack's runs (engine_options.py: each field and where it is priced);
         planner/dimensions.PARAM_OVERLAP / FSDP_PREFETCH read the same fields."""
-        return {"param_overlap": self.param_gather_overlap and self.param_gather_overlap_default,
-                "fsdp_prefetch": self.fsdp_prefetch, "grad_bytes": self.grad_bytes,
-                "gather_16bit": self.param_gather_16bit, "fp8_scaling": self.fp8_scaling,
-                "fp8_experts": self.fp8_experts, "moe_dispatch": self.moe_dispatch,
-                "selective": self.selective}
+        return EngineOptions(param_overlap=self.param_gather_overlap and self.param_gather_overlap_default,
+                             fsdp_prefetch=self.fsdp_prefetch, grad_bytes=self.grad_bytes,
+                             gather_16bit=self.param_gather_16bit, fp8_param_gather=self.fp8_param_gather,
+                             fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts,
+                             moe_dispatch=self.moe_dispatch, selective=self.selective)
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
@@ -231,7 +229,8 @@ class Runtime:
                              "fsdp_prefetch": self.fsdp_prefetch},
                 "expert_parallel": self.expert_parallel, "expert_tensor_parallel": self.expert_tensor_parallel,
                 "export_target": self.export_target, "cp_comms": list(self.cp_comms),
-                "fp8_scaling": self.fp8_scaling, "fp8_experts": self.fp8_experts, "moe_dispatch": self.moe_dispatch,
+                "fp8_scaling": self.fp8_scaling, "fp8_experts": self.fp8_experts,
+                "fp8_param_gather": self.fp8_param_gather, "moe_dispatch": self.moe_dispatch,
                 "selective": self.selective}
 
 

@@ -164,7 +164,7 @@ def validate(plan: Plan, steps: int, topo: Any, source: str) -> dict[str, Any]:
     from paracube.runtimes import DEFAULT_RUNTIME, get_runtime
 
     est = estimate(plan.model, plan.training, layout, topo, with_events=False,
-                   **get_runtime(DEFAULT_RUNTIME).engine_options())
+                   options=get_runtime(DEFAULT_RUNTIME).engine_options())
     out = compare(est, measure(plan, steps), calibration)
     out["cluster"] = source
     out["calibrated"] = calibration is not None

@@ -1,0 +1,54 @@
+"""How a training stack runs a layout, as both cost engines price it: one typed, frozen object.
+
+`Runtime.engine_options()` (runtimes/base.py) is the one place it is made; the search (planner/search.py), the
+published-run fits (calibration/from_runs.py) and the CLI pass it, whole, to `analytic.estimate`,
+`estimate_batch.estimate_many` and `event.simulate`, whose `prepare` copies the per-element choices into `Dims`
+(`cost_models/dims.with_options`). A choice a new stack needs is a field here, read where it is priced, never a new
+parameter threaded through every engine's signature. The engines also take single fields as keywords
+(`estimate(..., param_overlap=True)`: `dataclasses.replace` of the options given), which tests use.
+
+Fields (where each is priced):
+- param_overlap: zero=1's parameter all_gather hidden under the next forward (grad_overlap.py, event_program.py);
+- fsdp_prefetch: zero=2/3's gathers prefetched and reduce-scatters asynchronous (fsdp_overlap.py);
+- grad_bytes: bytes per gradient element it keeps and reduces (memory.py, traffic.py: 4 fp32, 2 16-bit);
+- bucket_bytes: its gradient bucket limit (modes/buckets.py; a published run's own, calibration/from_runs.py);
+- gather_16bit: zero=1's parameter all_gather sends the 16-bit parameters, not fp32 master shards (traffic.py);
+- fp8_param_gather: with fp8, the block linears' weights are held and all-gathered as FP8 (Megatron-core's
+  --fp8-param-gather; memory.py, fp8.py, traffic.py);
+- fp8_scaling: how it scales FP8 tensors, "delayed" or "dynamic" (fp8.py; workload.FP8_SCALINGS);
+- fp8_experts: with fp8, the routed experts' grouped GEMMs run FP8 too (moe.py);
+- moe_dispatch: its MoE token dispatcher, "alltoall" or "deepep" (moe_dispatch.py);
+- selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from paracube.modes.buckets import BUCKET_BYTES
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    param_overlap: bool = False
+    fsdp_prefetch: bool = False
+    grad_bytes: int = 4
+    bucket_bytes: int = BUCKET_BYTES
+    gather_16bit: bool = False
+    fp8_param_gather: bool = False
+    fp8_scaling: str = "delayed"
+    fp8_experts: bool = False
+    moe_dispatch: str = "alltoall"
+    selective: str = "attention"
+
+    def with_(self, **changes: object) -> EngineOptions:
+        """A copy with `changes` (field names of this class; another name: TypeError)."""
+        return replace(self, **changes) if changes else self  # type: ignore[arg-type]
+
+
+def options_of(options: EngineOptions | None, changes: dict[str, object]) -> EngineOptions:
+    """`options` (default: every field's default) with the single-field keywords an engine was called with."""
+    return (options or EngineOptions()).with_(**changes)
+
+
+__all__ = ["EngineOptions", "options_of"]
