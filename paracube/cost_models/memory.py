@@ -79,6 +79,8 @@ def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
     # Korthikanti's 18 sbh less what grouped-query attention and llama recipes do not keep (_gqa_saving, _MASKS)
     own = 18 - _gqa_saving(d) - (_MASKS if d.family == "llama" else 0)
     X = own * sbh + (4 if d.family == "gpt" else 6) * mb * s * d.f
+    if d.fp8:  # Transformer Engine saves each block linear's input as its FP8 cast (1 byte, not 2; _FP8_SAVED)
+        X = X - _FP8_SAVED * sbh - mb * s * d.f
     # 5 a s^2 b: the unfused core's softmax and dropout (fa=0); flash (Transformer Engine's fused attention in
     # Megatron-core) keeps no s x s tensor, as selective recomputation drops it.
     att = 5.0 * d.heads * s * s * mb if recompute == "none" and not d.flash else 0.0
@@ -93,6 +95,11 @@ def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
 # 4 (1 - kv / h) sbh; its two 1-byte-per-element dropout masks (after the attention projection and the MLP, 2 sbh)
 # are not kept by llama-family recipes (Megatron-core / NeMo llama and Nemotron configs: hidden_dropout 0).
 _MASKS = 2
+# With FP8 (fp8.py), Transformer Engine's linears save for the wgrad GEMM the FP8 cast of their input instead of
+# the bf16 input (te.Linear / LayerNormLinear / LayerNormMLP save the quantized `inputmat` / `ln_out`): the QKV,
+# projection and fc1 inputs (2 sbh each) and fc2's input (2 sbf: the GeLU or SwiGLU output) halve, 3 sbh + sbf
+# less per block. Without sp, 1D keeps the QKV and fc1 inputs whole on every rank (one_d.megatron_block).
+_FP8_SAVED = 3
 
 
 def _gqa_saving(d: Dims) -> float:
