@@ -504,6 +504,8 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--cp-comm-type": [("tc", "cp_comm_type", lambda v: _documented_cp_comm_type(_str(v)))],
     "--fp8-format": [("tc", "fp8", lambda v: _literal("fp8", _str(v)))],
     "--fp8-recipe": [("tc", "fp8_recipe", lambda v: _literal("fp8_recipe", _str(v)))],
+    # Megatron-LM's core_transformer_config_from_args sets TransformerConfig.fp8_param from --fp8-param-gather
+    "--fp8-param-gather": [("ddp", "fp8_param_gather", _on), ("tc", "fp8_param", _on)],
 }
 
 
@@ -571,6 +573,8 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
     fp8 = plan.training.dtype == "fp8"
     assert (transformer.fp8, transformer.bf16) == (("hybrid", True) if fp8 else (None, plan.training.dtype == "bf16"))
     assert not fp8 or transformer.fp8_recipe == "delayed"  # Transformer Engine's delayed scaling, as paracube's
+    # FP8 weights held and gathered in FP8, as the megatron runtime prices them (Runtime.fp8_param_gather)
+    assert (ddp.fp8_param_gather, transformer.fp8_param) == (fp8, fp8)
     assert (transformer.num_query_groups or m.heads) == m.num_kv_heads
     assert transformer.gated_linear_unit == (m.family == "llama")
     assert (transformer.recompute_granularity or "none") == plan.training.recompute

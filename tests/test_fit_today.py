@@ -18,12 +18,15 @@ from paracube.calibration.from_runs import (
     preset_topology,
     read_runs,
 )
+from paracube.cost_models import fp8
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL, GemmModel, attention_core_time
 from paracube.cost_models.dims import dims_of, with_pins
-from paracube.cost_models.memory import stage_memory
+from paracube.cost_models.event import estimate_event
+from paracube.cost_models.memory import _block_acts, stage_memory
 from paracube.cost_models.validity import layout_arrays
 from paracube.layout import parse_layout
+from paracube.runtimes import get_runtime
 from paracube.topologies.presets import PRESETS
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -175,3 +178,44 @@ def test_shipped_fit_on_representative_held_out_rows(runs: dict) -> None:
         r = older[name]
         _, pred = predict(r, preset_topology(r), "megatron")
         assert abs(pred / r.measured_s - 1) <= bound, (name, pred, r.measured_s)
+
+
+@pytest.mark.parametrize("text", ["dp=2,tp=1d:8,mb=1,sp", "dp=2,tp=1d:8,mb=1", "dp=16,tp=none,mb=1"])
+def test_megatron_activations_with_fp8_save_the_linears_inputs_as_fp8(runs: dict, text: str) -> None:
+    """Transformer Engine saves each block linear's input as its FP8 cast (memory._FP8_SAVED): with fp8 a block
+    keeps 3 sbh + sbf bytes less than with bf16 (QKV, projection and fc1 inputs, fc2's input of width f), split over
+    t with sp; without sp 1D keeps the QKV and fc1 inputs whole on every rank, 2 sbh + (sbh + sbf) / t."""
+    r = runs["n4-340B-fp8-256"]
+    lay = parse_layout(text)
+    b = layout_arrays(lay, 1)
+    fp8, bf16 = (with_pins(dims_of(r.model, replace(r.training, dtype=dt)), lay) for dt in ("fp8", "bf16"))
+    saved = _block_acts(bf16, lay.mode, b, "selective")[0] - _block_acts(fp8, lay.mode, b, "selective")[0]
+    s, h, f, t = r.model.seq_len, r.model.hidden, r.model.ffn_hidden, lay.tensor_size
+    want = (3 * s * h + s * f) / t if lay.sequence_parallel or t == 1 else 2 * s * h + (s * h + s * f) / t
+    assert saved == pytest.approx(want, rel=1e-12)
+
+
+def test_fp8_parameters_held_as_the_megatron_runtime_declares(runs: dict) -> None:
+    """Megatron-core's --fp8-param-gather (Runtime.fp8_param_gather, fp8.py): the block linears' weights are held
+    in FP8 with their transposes, c + 2 -> 1 + 1 bytes per weight element, so parameters drop by (c - 1) W and the
+    held copies by W; nothing else moves, both engines carry the same memory; Nemotron-4 340B's 128-GPU FP8 row,
+    refused for memory before (90 GiB > 80 GiB), now plans with its own layout."""
+    r = runs["n4-340B-fp8-128"]
+    topo, lay = preset_topology(r), r.layout
+    rt = get_runtime("megatron")
+    assert rt.engine_options().fp8_param_gather and not get_runtime("paracube").engine_options().fp8_param_gather
+    on = rt.engine_options().with_(grad_bytes=r.grad_bytes)
+    off = on.with_(fp8_param_gather=False)
+    a_on, a_off = (estimate(r.model, r.training, lay, topo, with_events=False, options=o) for o in (on, off))
+    d = with_pins(dims_of(r.model, r.training), lay)
+    W = max(float(fp8.weight_elements(d, lay.mode, layout_arrays(lay, 1), np.array([f]), np.array([la]))[0])
+            for f, la in ((1, 0), (0, 0), (0, 1)))  # every stage holds 12 blocks: the same W
+    assert a_off.memory.parameters - a_on.memory.parameters == pytest.approx(W, rel=1e-9)  # c = 2
+    assert a_off.memory.temporaries - a_on.memory.temporaries == pytest.approx(W, rel=1e-9)
+    assert (a_on.memory.gradients, a_on.memory.optimizer, a_on.memory.activations) == \
+        (a_off.memory.gradients, a_off.memory.optimizer, a_off.memory.activations)
+    assert a_on.step_time_s == a_off.step_time_s  # the gather is priced at 16 bits either way (fp8.py)
+    assert a_off.memory.total > 80 * 2**30 > a_on.memory.total
+    e_on = estimate_event(r.model, r.training, lay, topo, with_events=False, options=on)
+    assert e_on.memory == a_on.memory
+    assert str(predict(r, topo, "megatron")[0]) == "dp=2,pp=8,tp=1d:8,mb=1,v=12,sp,zero=1,overlap,tpo"

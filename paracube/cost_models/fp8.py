@@ -25,8 +25,15 @@ every rank of a stage scales alike; 4 bytes per tensor (`amax_bytes`), latency-b
 Memory (`copy_bytes`, held for the whole step, counted in temporaries): each block linear's FP8 weight and its
 transpose (WEIGHT_COPY_BYTES = 2 per local weight element) and, per FP8 tensor (X, W, dY of every linear),
 its scale, inverse scale and amax history in fp32 (SCALE_BYTES = 4 x (2 + amax_history_len) = 72).
-FP8 parameter all-gather (FSDP2's float8 all-gather, Megatron's --fp8-param-gather) is the runtime's choice:
-not priced here (the all-gathers stay bf16).
+FP8 parameters (Runtime.fp8_param_gather: Megatron-core's --fp8-param-gather, "keep the compute param in fp8 and
+perform the param all-gather in fp8", distributed_data_parallel_config.py; NeMo's FP8 recipes turn it on): the block
+linears' weights are held as FP8 (1 byte) with no bf16 compute copy, their transposes cached beside them
+(`param_bytes_saved`, `copy_bytes`: c + 2 -> 1 + 1 bytes per weight element). Not priced yet: zero=1's all_gather
+sends those weights in FP8 (Megatron-core keeps FP8 parameters in buckets of their own), priced here at 16 bits,
+which over-prices a gather the stack runs under the next forward (param_overlap); the cast moves into the
+optimizer step (each rank casts its shard before the gather), priced as before, once per step on the stage's
+weights. FSDP2's float8 all-gather (torchao's tensorwise
+recipe) is not a runtime's declaration here: zero=2/3 gathers stay bf16.
 Scaling (Dims.fp8_scaling, declared by the runtime: Runtime.fp8_scaling, workload.FP8_SCALINGS). Everything above
 is "delayed" (Transformer Engine, Megatron-core, paracube's executor). "dynamic" is torchao's Float8Linear as
 torchtitan 0.3.0 runs it (recipe "rowwise": each tensor scaled from its own amax at every cast; torchao
@@ -94,7 +101,16 @@ def copy_bytes(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr
         return np.zeros(len(b.dp))
     Ls = stage_layers(d.L, b.pp, b.v, np.where(b.pp == 1, 1, first), last)  # type: ignore[attr-defined]
     scales = Ls * block_linears(d) * TENSORS_PER_LINEAR * SCALE_BYTES
-    return WEIGHT_COPY_BYTES * weight_elements(d, mode, b, first, last) + scales
+    copies = WEIGHT_COPY_BYTES - (1.0 if getattr(d, "fp8_param_gather", False) else 0.0)  # FP8 params: transpose
+    return copies * weight_elements(d, mode, b, first, last) + scales
+
+
+def param_bytes_saved(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr) -> Arr:
+    """Bytes of a stage's parameters less with FP8 parameters (Runtime.fp8_param_gather, module docstring): its
+    block linears' weights held as their 1-byte FP8 copy instead of the c-byte compute copy."""
+    if not getattr(d, "fp8", False) or dynamic(d) or not getattr(d, "fp8_param_gather", False):
+        return np.zeros(len(b.dp))
+    return (d.c - 1.0) * weight_elements(d, mode, b, first, last)  # type: ignore[attr-defined]
 
 
 def block_linears(d: object) -> int:

@@ -48,7 +48,9 @@ biases, the position table) stays gathered for the whole step, with an fp32 accu
 gathered form (executor/layers/kept.py): payload (1 + 4/e) bytes each (e bytes per element of its dtype), counted
 in temporaries.
 FP8 (`--dtype fp8`, fp8.py): the 16-bit layout above (bf16 parameters, fp32 masters) plus the block linears' FP8
-weight copies (weight and transpose, 1 byte each per local weight element) and their scales, in temporaries.
+weight copies (weight and transpose, 1 byte each per local weight element) and their scales, in temporaries; with
+FP8 parameters (Runtime.fp8_param_gather) those weights are held in FP8 only (1 byte in parameters, the transpose in
+temporaries). Megatron's count with FP8: the linears' saved inputs are their FP8 casts (_FP8_SAVED).
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
         temp = temp + fp8.copy_bytes(d, mode, b, F, H)
     optimizer = 12 * np.ceil(n_local / zero_shards(mode, b, d.cp)) if zero == 1 else optimizer_bytes(d.c) * n_local
     return {
-        "parameters": d.c * n_local,
+        "parameters": d.c * n_local - fp8.param_bytes_saved(d, mode, b, F, H),  # FP8 parameters (fp8.py)
         "gradients": d.grad_bytes * n_local,
         "optimizer": optimizer,
         "activations": acts,

@@ -32,6 +32,7 @@ from paracube.export.common import (
 from paracube.export.moe_flags import megatron_moe_args
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
+from paracube.runtimes import get_runtime
 
 WRITTEN_FOR = "Megatron-LM core_r0.16.1 (pretrain_gpt.py arguments; megatron-core 0.16.1 configs)"
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # zero -> Megatron-FSDP's data_parallel_sharding_strategy
@@ -114,6 +115,8 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     args.append(f"--attention-backend {'flash' if lay.uses_flash else 'local'}")
     if t.dtype == "fp8":  # Transformer Engine: bf16 parameters and activations, FP8 GEMM inputs (e4m3 / e5m2)
         args += ["--bf16", "--fp8-format hybrid", "--fp8-recipe delayed"]
+        if get_runtime("megatron").fp8_param_gather:  # FP8 weights held and gathered in FP8, as priced
+            args.append("--fp8-param-gather")
     elif t.dtype != "fp32":
         args.append(f"--{t.dtype}")
     if t.dtype in ("bf16", "fp8"):
