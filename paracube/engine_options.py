@@ -23,8 +23,9 @@ Fields (where each is priced):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
+from paracube.errors import check
 from paracube.modes.buckets import BUCKET_BYTES
 
 
@@ -42,7 +43,9 @@ class EngineOptions:
     selective: str = "attention"
 
     def with_(self, **changes: object) -> EngineOptions:
-        """A copy with `changes` (field names of this class; another name: TypeError)."""
+        """A copy with `changes` (field names of this class; another name is refused in one line)."""
+        bad = sorted(set(changes) - {f.name for f in fields(self)})
+        check(not bad, f"unknown engine options {bad}; valid: {', '.join(f.name for f in fields(self))}")
         return replace(self, **changes) if changes else self  # type: ignore[arg-type]
 
 

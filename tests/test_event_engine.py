@@ -277,7 +277,7 @@ def test_engine_dispatch_and_bad_names() -> None:
     assert estimate_with("event", SMALL, TRAIN, layout, topo).engine == "event"
     with pytest.raises(ParacubeError, match="unknown engine 'packet'; valid: analytic, event"):
         estimate_with("packet", SMALL, TRAIN, layout, topo)
-    with pytest.raises(ParacubeError, match="unknown event-engine options \\['speed'\\]"):
+    with pytest.raises(ParacubeError, match="unknown engine options \\['speed'\\]; valid: param_overlap, "):
         estimate_with("event", SMALL, TRAIN, layout, topo, speed=2)
 
 
