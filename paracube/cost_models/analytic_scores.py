@@ -30,7 +30,21 @@ stage's gather time and Fw = share_f x (compute + tensor-parallel communication)
 of the first micro-batch (share_f = 1/3, 1/4 with full recomputation),
     exposed parameter gather = max(0, Ga - Fw)
 assuming every bucket's gather must land before the end of that first forward (a bucket's layers may come
-earlier: this is the optimistic bound of waiting once; the event engine waits once at the same point).
+earlier: this is the optimistic bound of waiting once; the event engine waits once at the same point). Every stage
+issues its gathers at the step's start: they follow the optimizer step, which the stages end together (the grad-norm
+all_reduce spans them), and Megatron-core's interleaved schedule launches them "at the same time across the
+pipeline-parallel group" (pipeline_parallel/schedules.py); a later stage's first forward comes (pp-1 of them at
+most) forwards later, so stage 0 pays. (Issued as each stage's first input arrives, the stages' gathers would run one
+after another along the pipeline: the event engine did so before 2026-12, +42% on n4-340B-fp8-256.) Megatron-core with
+virtual stages and align_param_gather gathers each model chunk's buffer apart (chunks 0 and 1 at the start, chunk c
+as chunk c-1's first forward starts; a chunk's buckets issued last blocks first, so its first forward waits for all
+of them), which would expose only Gc + (v-1) max(0, Gc - pp Fw), Gc = Ga / v; priced so, the NeMo Nemotron-4 340B
+rows (v = 12) come out 6-7% under their measured times (n4-340B-fp8-2048: -14%, past test_fit_today's 10%), as if the
+gathers held the compute. Megatron-core says why (distributed_data_parallel.py, param_and_grad_buffer.partition_buckets:
+"because of the use of CUDA_DEVICE_MAX_CONNECTIONS=1, having multiple back-to-back communications will prevent the
+overlap of the communication kernels with computation kernels": one hardware queue for every stream, the compute
+kernels launched after a chunk's queued bucket gathers wait behind them; not measured here), so the wait-once form
+stays.
 zero=2/3 (comm.py, traffic.py): the per-micro-batch unit reduce-scatters and zero=3's gathers are priced in
 line with compute unless the engine is asked for `fsdp_prefetch` (gathers prefetched one unit ahead, the
 runtime's Runtime.fsdp_prefetch) and / or the layout has `overlap` (reduce-scatters asynchronous, HSDP's

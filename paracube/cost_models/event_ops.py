@@ -36,6 +36,7 @@ class StageProgram:
     bwd_last: list[list[Op]]  # the last micro-batch's backward (kept reduce-scatters; grad buckets)
     tail: list[Op]  # per-step collectives after the last backward
     fwd_first: list[list[Op]] = field(default_factory=list)  # the first micro-batch's (kept gathers)
+    gathers: list[Op] = field(default_factory=list)  # param_overlap: zero=1's, issued at the step's start (event_sim)
     send_bytes: int = 0
     compute_fwd: float = 0.0
     compute_bwd: float = 0.0

@@ -179,8 +179,9 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
                 fsdp_prefetch: bool = False, bucket_bytes: int = BUCKET_BYTES) -> StageProgram:
     """`overlap`: tp weight-gradient reduce-scatters hidden under dX; `grad_overlap` (default: `overlap`):
     data-parallel gradient buckets issued during the last backward; `param_overlap` (zero=1): the parameter
-    all_gathers (the previous step's, in the steady state) issued asynchronously as the step's first forward
-    starts and waited on when the stage's first chunk of it ends (analytic.py: max(0, gather - forward));
+    all_gathers (the previous step's, in the steady state) issued asynchronously at the step's start, on every
+    stage at once (`prog.gathers`, event_sim.Sim.device), and waited on when the stage's first chunk of its first
+    forward ends (analytic_scores.py: max(0, gather - forward));
     `fsdp_prefetch` (zero=2/3): each unit's gather prefetched, its reduce-scatter asynchronous (fsdp_overlap.py);
     `bucket_bytes`: the gradient bucket limit (traffic.stage_events; the analytic engine is given the same)."""
     grad_overlap = overlap if grad_overlap is None else grad_overlap
@@ -238,12 +239,12 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
             _release_buckets(grads, -1, bounds[0], prog.bwd_last[c])
     if buckets:
         tail.insert(0, Op("wait", "gradients.wait"))
-    if param_overlap and layout.zero == 1:
+    if param_overlap and layout.zero == 1:  # issued by every stage at the step's start (event_sim.Sim.device)
         gathers = [op for op in tail if op.event and op.event.label == "params"]
         for op in gathers:
             tail.remove(op)
         if gathers:
-            prog.fwd_first[0][:0] = [replace(op, asynchronous=True) for op in gathers]
+            prog.gathers = [replace(op, asynchronous=True) for op in gathers]
             prog.fwd_first[0].append(Op("wait", "params.wait"))
     if layout.cp > 1:  # the p2p ring alongside the attention blocks (event_context.py)
         unit, arrays = context.attention_unit(layout.tensor_mode), layout_arrays(layout, mb)

@@ -276,6 +276,8 @@ class Sim:
         prog, pp, v = self.programs[stage], self.layout.pp, self.layout.interleave
         last_v = pp * v - 1
         pending: list = []
+        for op in prog.gathers:  # param_overlap: after the optimizer step, before any input arrives (event_program.py)
+            yield from self.run_op(stage, op, pending)
         for kind, c, m in schedule(pp, v, self.n_micro, stage):
             vs = c * pp + stage
             if kind == "F":
