@@ -26,7 +26,7 @@ from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.comm import axes_used
 from paracube.cost_models.compute import GemmModel, gemm_model, model_flops_per_step
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_pins
-from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
+from paracube.cost_models.links import DRAG, SHARED, LinkCache, placement_of, shared_axes
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS
@@ -57,6 +57,8 @@ def layout_links(layout: Layout, cache: LinkCache) -> Links:
         links[axes] = (np.array([bw]), np.array([lat]))
     tensor, data = shared_axes(layout.tensor_mode.axes, layout.hybrid)
     links[SHARED] = tuple(np.array([x]) for x in cache.get_shared(place, tensor, data))  # type: ignore[assignment]
+    f = cache.nvlink_share(place, layout.zero_axes)  # the data-parallel ring's hops in a node, and across nodes
+    links[DRAG] = (np.array([f]), np.array([1.0 - f]))
     return links
 
 

@@ -49,6 +49,7 @@ import numpy as np
 
 from paracube.cost_models.compute import GemmModel, stage_compute_time
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.overlap_drag import beside
 from paracube.cost_models.traffic import parameter_units
 from paracube.modes import LayoutBatch
 from paracube.modes.buckets import padded_numel
@@ -93,7 +94,7 @@ def _beside(P: Arr, C: Arr, busy_end: Arr, t: Arr, slow: Arr | float) -> Arr:
 
 
 def _unit(state: State, a: Arr, work: Arr, r: Arr, live: Arr, prefetch: bool = True, sync: Arr | bool = False,
-          ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0) -> State:
+          ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> State:
     """One unit of the recursion. State (S, P, C, R, Q, A, T): the zero group's stream free, previous unit's compute
     start and end, the previous unit's reduce-scatter not yet queued, the replica stream free (HSDP), the previous
     unit's replica all_reduce not yet queued, the previous unit's tensor bandwidth seconds. This unit's gather `a`
@@ -102,10 +103,11 @@ def _unit(state: State, a: Arr, work: Arr, r: Arr, live: Arr, prefetch: bool = T
     unit's tensor collectives ran beside the stream from its start until that gather was done (prefetch; else its
     backlog), slowed by `slow` (1 / r - 1) for that part (`_beside`), which moves its end; this unit computes `work`
     (its tensor seconds `t`) once the previous compute and its gather are done (and, `sync`: the previous
-    reduce-scatter, in line without overlap); its own reduce-scatter `r` is queued at its end (next step)."""
+    reduce-scatter, in line without overlap); its own reduce-scatter `r` is queued at its end (next step). The
+    previous unit's compute beside the stream is slowed by `drag` (overlap_drag.py) too."""
     S, P, C, R, Q, A, T = state
     G = np.maximum(S, P if prefetch else C) + a
-    C = C + _beside(P, C, G if prefetch else S, T, slow)
+    C = C + _beside(P, C, G if prefetch else S, T, slow) + beside(P, C, G if prefetch else S, drag)
     if not prefetch:
         G = np.maximum(S, C) + a
     S2 = np.maximum(G, C) + R
@@ -115,18 +117,18 @@ def _unit(state: State, a: Arr, work: Arr, r: Arr, live: Arr, prefetch: bool = T
     return tuple(np.where(live, o, x) for o, x in zip(out, state, strict=True))  # type: ignore[return-value]
 
 
-def _close(state: State, slow: Arr | float) -> State:
+def _close(state: State, slow: Arr | float, drag: Arr | float = 0.0) -> State:
     """The last unit of a pass beside what is left of the stream's backlog (no gather follows it)."""
     S, P, C, R, Q, A, T = state
-    return (S, P, C + _beside(P, C, S, T, slow), R, Q, A, T)
+    return (S, P, C + _beside(P, C, S, T, slow) + beside(P, C, S, drag), R, Q, A, T)
 
 
 def _blocks(state: State, blocks: Arr, a: Arr, work: Arr, r: Arr, prefetch: bool = True, sync: Arr | bool = False,
-            ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0) -> State:
+            ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> State:
     """`blocks` identical units: EXACT of them exactly, then the last one's increment for each of the rest."""
     inc = tuple(np.zeros_like(x) for x in state)
     for k in range(min(int(blocks.max()) if blocks.size else 0, EXACT)):
-        nxt = _unit(state, a, work, r, k < blocks, prefetch, sync, ar, t, slow)
+        nxt = _unit(state, a, work, r, k < blocks, prefetch, sync, ar, t, slow, drag)
         inc = tuple(n - s for n, s in zip(nxt, state, strict=True))
         state = nxt
     rest = np.maximum(blocks - EXACT, 0).astype(float)
@@ -138,43 +140,45 @@ Units = tuple[Arr, Arr, Arr]
 
 def micro_batch_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, prefetch: bool = True,
                         overlap: Arr | bool = True, ar: Units | None = None, tensor: tuple[Units, Units] | None = None,
-                        slow: Arr | float = 0.0) -> Arr:
+                        slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> Arr:
     """Seconds of one micro-batch (forward + backward), gathers prefetched (`prefetch`) and reduce-scatters
     asynchronous (`overlap`, per layout), else in line. Per unit kind (embedding, block, head): forward f,
     backward b, gather a (the same in forward and backward), reduce-scatter r and (the step's last micro-batch,
     HSDP with overlap) replica all_reduce `ar`; an absent unit has zeros. The head is kept gathered from its
     forward to its backward (no second gather). `tensor`: per unit kind, the tensor collectives' bandwidth seconds
-    in f and in b, slowed by `slow` (1 / r - 1) where the stream runs beside them (contention)."""
+    in f and in b, slowed by `slow` (1 / r - 1) where the stream runs beside them (contention); the compute side
+    beside the stream slowed by `drag` (overlap_drag.py)."""
     sync = ~np.asarray(overlap, dtype=bool)
     z = np.zeros(np.shape(blocks))
     ar = ar or (z, z, z)
     tf, tb = tensor or ((z, z, z), (z, z, z))
     edge = [f[k] + bw[k] + ag[k] + rs[k] > 0 for k in (0, 2)]
-    st = _unit((z, z, z, z, z, z, z), ag[0], f[0], z, edge[0], prefetch, t=tf[0], slow=slow)
-    st = _blocks(st, blocks, ag[1], f[1], z, prefetch, t=tf[1], slow=slow)
-    st = _close(_unit(st, ag[2], f[2], z, edge[1], prefetch, t=tf[2], slow=slow), slow)
+    st = _unit((z, z, z, z, z, z, z), ag[0], f[0], z, edge[0], prefetch, t=tf[0], slow=slow, drag=drag)
+    st = _blocks(st, blocks, ag[1], f[1], z, prefetch, t=tf[1], slow=slow, drag=drag)
+    st = _close(_unit(st, ag[2], f[2], z, edge[1], prefetch, t=tf[2], slow=slow, drag=drag), slow, drag)
     S, P, C = st[:3]
     st = (S, C, C, z, z, z, z)  # the backward starts with the head, its parameters still gathered
-    st = _unit(st, z, bw[2], rs[2], edge[1], prefetch, sync, ar[2], tb[2], slow)
-    st = _blocks(st, blocks, ag[1], bw[1], rs[1], prefetch, sync, ar[1], tb[1], slow)
-    st = _close(_unit(st, ag[0], bw[0], rs[0], edge[0], prefetch, sync, ar[0], tb[0], slow), slow)
+    st = _unit(st, z, bw[2], rs[2], edge[1], prefetch, sync, ar[2], tb[2], slow, drag)
+    st = _blocks(st, blocks, ag[1], bw[1], rs[1], prefetch, sync, ar[1], tb[1], slow, drag)
+    st = _close(_unit(st, ag[0], bw[0], rs[0], edge[0], prefetch, sync, ar[0], tb[0], slow, drag), slow, drag)
     S, P, C, R, Q, A, _ = st
     return np.maximum(np.maximum(C, np.maximum(S, C) + R), np.maximum(Q, C) + A)
 
 
 def exposed_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, prefetch: bool = True,
                     overlap: Arr | bool = True, ar: Units | None = None, tensor: tuple[Units, Units] | None = None,
-                    slow: Arr | float = 0.0) -> Arr:
+                    slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> Arr:
     """Per layout: seconds of one micro-batch's FSDP gathers and reduce-scatters that compute does not hide (and
-    what the tensor collectives beside them lose, `tensor` and `slow`: micro_batch_seconds)."""
+    what the tensor collectives and the compute beside them lose, `tensor`, `slow`, `drag`: micro_batch_seconds)."""
     busy = f[0] + bw[0] + blocks * (f[1] + bw[1]) + f[2] + bw[2]
-    return np.maximum(0.0, micro_batch_seconds(blocks, f, bw, ag, rs, prefetch, overlap, ar, tensor, slow) - busy)
+    return np.maximum(0.0, micro_batch_seconds(blocks, f, bw, ag, rs, prefetch, overlap, ar, tensor, slow, drag)
+                      - busy)
 
 
 def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr, F: Arr, H: Arr, n_zero: Arr,
                      compute: Arr, micro: Arr, fsdp: dict[str, tuple[Arr, Arr]], prefetch: bool = True,
                      overlap: Arr | bool = True, tensor_bw: Arr | float = 0.0, tensor_bwd: Arr | float = 0.0,
-                     slow: Arr | float = 0.0) -> tuple[Arr, Arr]:
+                     slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> tuple[Arr, Arr]:
     """A stage's per-step communication on the compute side (`micro`, per layout) with its FSDP gathers and
     reduce-scatters (`fsdp[kind]` = (latency seconds summed, bandwidth seconds summed): analytic._stage)
     replaced by what prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`, the layout's: per layout)
@@ -185,7 +189,8 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     and equal blocks; the embedding's lookup is negligible; compute forward 1/3, backward 2/3 (1/4, 3/4 under full
     recomputation: its forward runs inside backward), the in-line communication as the tensor collectives' bytes
     (`tensor_bw` bandwidth seconds per step, `tensor_bwd` of them in backward; module docstring). Those seconds
-    are the blocks', slowed by `slow` (contention.slowdown) where the stream runs beside them (`_beside`)."""
+    are the blocks', slowed by `slow` (contention.slowdown) where the stream runs beside them (`_beside`); the
+    compute side beside the stream by `drag` (overlap_drag.per_layout)."""
     N = (d.global_batch / (b.dp * b.mb))[rows]
     blocks = stage_layers(d.L, b.pp, b.v, F, H)[rows].astype(float)
     sizes = unit_sizes(d, mode, b, F, H, n_zero)[rows]
@@ -223,9 +228,10 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     stream = [fsdp[k] for k in ("all_gather", "reduce_scatter") if k in fsdp]
     links = sum(e for _, e in stream) / np.maximum(sum(a + e for a, e in stream), 1e-30) if stream else 0.0
     slow = slow * links
-    plain = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, None, tensor, slow)  # type: ignore[arg-type]
+    plain = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, None, tensor, slow,  # type: ignore[arg-type]
+                            drag)
     last = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, tuple(np.where(ov, x, 0.0) for x in ar),
-                           tensor, slow)  # type: ignore[arg-type]
+                           tensor, slow, drag)  # type: ignore[arg-type]
     return micro - inline + (N - 1) * plain + last, replica
 
 
