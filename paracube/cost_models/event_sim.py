@@ -17,7 +17,9 @@
 - asynchronous collectives queue on a stream per communicator (stage, mesh axes): calls of one group run in issue
   order, calls of different groups concurrently (NCCL runs each communicator on its own stream). They still share
   links (event_network.py);
-- collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages.
+- collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages;
+- the data-parallel stream's asynchronous collectives leave the compute side a debt (overlap_drag.py), paid before
+  its next compute op or at the end of the pass, absorbed by its idle time (event_drag.py).
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ import simpy
 from paracube.cost_models import event_fuse
 from paracube.cost_models.collective import call_steps, ring_steps
 from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.event_drag import Drag
 from paracube.cost_models.event_fuse import Fused, compile_ops, compute_phase
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template
 from paracube.cost_models.event_ops import Op, StageProgram, StageStats
 from paracube.cost_models.event_program import schedule
 from paracube.cost_models.event_trace import Span
 from paracube.cost_models.moe_a2a import PLAIN, a2a_template
-from paracube.cost_models.overlap_drag import nvlink_share, owed
+from paracube.cost_models.overlap_drag import owed
 from paracube.cost_models.tpo import runs
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -42,7 +45,7 @@ from paracube.modes.experts import EXPERT_AXES
 from paracube.topologies.protocol import RoutedTopology
 
 
-class Sim:
+class Sim(Drag):
     def __init__(self, layout: Layout, topo: RoutedTopology, programs: list[StageProgram], n_micro: int,
                  overlap: bool, timeline: bool, param_overlap: bool = False, fsdp_prefetch: bool = False,
                  fuse: bool = True) -> None:
@@ -54,7 +57,7 @@ class Sim:
         self.tagged: dict[tuple[int, str], simpy.Process] = {}  # (stage, tag) -> an asynchronous op in flight
         self.waits: GemmModel | None = None  # the device model's per-call waits (GemmModel.call_wait; simulate)
         self.drag = 0.0  # the device generation's overlap drag (GemmModel.overlap_drag; simulate sets it)
-        self._drags: dict[tuple[str, ...], float] = {}  # per axes: drag x the ring's NVLink share
+        self._drags: dict[tuple[str, ...], float] = {}  # per axes: drag x the ring's NVLink share (Drag)
         self.dispatch = PLAIN  # the MoE dispatcher's all_to_all bytes (moe_dispatch.py; simulate sets it)
         # (bandwidth, latency) per axes where the algorithm may be a tree (uncalibrated; simulate sets it)
         self.alpha_beta: dict[tuple[str, ...], tuple[float, float]] = {}
@@ -150,34 +153,6 @@ class Sim:
                             else ring_steps(e.kind, e.group_size, e.payload_bytes))
             hit = self._calls[key] = (steps, chunk, self.call_wait(e))
         return hit
-
-    def drag_of(self, axes: tuple[str, ...]) -> float:
-        """D x f of an asynchronous collective over `axes` (overlap_drag.py): the data-parallel stream's
-        (Layout.data_axes / zero_axes: not HSDP's replica all-reduce), 0 for any other."""
-        if not self.drag or axes not in (self.layout.data_axes, self.layout.zero_axes):
-            return 0.0
-        if axes not in self._drags:
-            dpn = int(getattr(self.topo, "devices_per_node", 0) or 0)
-            self._drags[axes] = self.drag * nvlink_share(self.layout.groups(axes)[0], dpn)
-        return self._drags[axes]
-
-    def idle(self, stage: int, event: simpy.Event):
-        """Wait for `event`, the compute side idle meanwhile (it absorbs the drag: overlap_drag.py)."""
-        st = self.stages[stage]
-        st.idle_since = self.env.now
-        yield event
-        st.idle += self.env.now - st.idle_since
-        st.idle_since = None
-
-    def pay(self, stage: int):
-        """Run the compute seconds the stage owes to the drag (overlap_drag.py), if any."""
-        st = self.stages[stage]
-        if st.debt > 0:
-            debt, st.debt = st.debt, 0.0
-            st.busy_since = self.env.now
-            yield self.env.timeout(debt)
-            st.busy += debt
-            st.busy_since = None
 
     def comm(self, stage: int, op: Op):
         e = op.event

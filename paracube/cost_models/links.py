@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from paracube.cost_models.overlap_drag import nvlink_share
 from paracube.layout import Layout
 from paracube.topologies.sharing import ratios
 
 SHARED = ("shared",)  # Links key of (tensor ratio, data-parallel ratio): LinkCache.get_shared of the two groups
-DRAG = ("drag",)  # Links key of the data-parallel ring's hop shares (in a node, across: LinkCache.nvlink_share)
 
 Runs = tuple[tuple[int, bool], ...]
 
@@ -108,8 +108,6 @@ class LinkCache:
         runs = runs_for(placement, axes)
         hit = self._nvlink.get(runs)
         if hit is None:
-            from paracube.cost_models.overlap_drag import nvlink_share
-
             dpn = int(getattr(self.topo, "devices_per_node", 0) or 0)
             hit = self._nvlink[runs] = nvlink_share(groups_from_runs(runs)[0], dpn) if any(m for _, m in runs) \
                 else 0.0

@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 Arr = NDArray[np.float64]
+DRAG = ("drag",)  # Links key of the data-parallel ring's hop shares (in a node, across: links.LinkCache.nvlink_share)
 
 
 def nvlink_share(ranks: NDArray[np.int64], devices_per_node: int) -> float:
@@ -54,8 +55,6 @@ def beside(start: Arr, end: Arr, busy_end: Arr, drag: Arr | float) -> Arr:
 def per_layout(links: dict, n: int, figure: float) -> Arr:
     """D x f per layout: the generation's drag `figure` times the data-parallel ring's NVLink share (Links[DRAG],
     analytic.layout_links; 0 where the links do not carry it: the search's own pass, as contention.slowdown)."""
-    from paracube.cost_models.links import DRAG
-
     if DRAG not in links or figure == 0.0:
         return np.zeros(n)
     return figure * np.broadcast_to(np.asarray(links[DRAG][0], dtype=np.float64), (n,))
@@ -66,4 +65,4 @@ def owed(drag: float, dur: float, idle: float) -> float:
     return max(0.0, drag * (dur - idle) - idle)
 
 
-__all__ = ["beside", "nvlink_share", "owed", "per_layout"]
+__all__ = ["DRAG", "beside", "nvlink_share", "owed", "per_layout"]
