@@ -19,6 +19,9 @@ the first at the end of the block that completes it (a fraction x1 of the backwa
 backward ends, carrying the last block's gradients, the bucket it completes and the embedding's (a fraction
 xl of the stage's bucket bytes). With G the gradient time and B the wall time of one micro-batch's backward,
     exposed gradient time = max(0, G - B (1 - x1), xl G, and every release between: grad_overlap.py)
+with B lengthened by what the stream beside it costs: the tensor collectives' link share (contention.py) and the
+compute's overlap drag c = D f min(G (1 - share left for the end), B (1 - x1)) (overlap_drag.py), which the
+step pays (zero=1's gather beside the first forward and FSDP's units: the same drag, below and fsdp_overlap.py)
 (the queue's finish time: the stream's last idle moment precedes some release). B = share x (compute +
 tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
 recomputed forward runs inside backward). Everything else per step (grad norm, metrics) stays exposed, and
