@@ -49,13 +49,13 @@ import numpy as np
 
 from paracube.cost_models.compute import GemmModel, stage_compute_time
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.event_ops import Op
+from paracube.cost_models.fsdp_copies import RS_BYTES, gather_copy, scatter_copy
 from paracube.cost_models.overlap_drag import beside
 from paracube.cost_models.traffic import parameter_units
 from paracube.modes import LayoutBatch
 from paracube.modes.buckets import padded_numel
 from paracube.modes.stages import stage_layers
-
-Op = Any  # event_program.Op (not imported: event_program imports this module)
 
 Arr = np.ndarray
 EXACT = 4  # blocks iterated exactly before extrapolating (module docstring)
@@ -221,6 +221,14 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     total = sizes[:, 0] + blocks * sizes[:, 1] + sizes[:, 2]
     ag = per_call("all_gather", 2 * n_units - 1, 2 * total - sizes[:, 2])
     rs = per_call("reduce_scatter", n_units, total)
+    # FSDP's copy-out after each gather (the head's once: kept gathered) and copy-in before each reduce-scatter,
+    # on the compute side of their units (fsdp_copies.py); what they add is paid in full below
+    rate = g.mem_bw * g.mem_eff
+    out = [np.where(ag[k] > 0, gather_copy(d.c * sizes[:, k], rate), 0.0) for k in range(3)]
+    cin = [np.where(rs[k] > 0, scatter_copy(RS_BYTES * sizes[:, k], d.c, rate), 0.0) for k in range(3)]
+    f = tuple(f[k] + out[k] for k in range(3))  # type: ignore[assignment]
+    bw = (bw[0] + out[0] + cin[0], bw[1] + out[1] + cin[1], bw[2] + cin[2])  # type: ignore[assignment]
+    copies = 2 * out[0] + cin[0] + blocks * (2 * out[1] + cin[1]) + out[2] + cin[2]
     ov = np.asarray(overlap, dtype=bool)
     ar = per_call("replica", n_units, total, 1.0)
     replica = np.where(ov, sum(fsdp["replica"]), 0.0) if "replica" in fsdp else np.zeros(len(rows))
@@ -232,7 +240,7 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
                             drag)
     last = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, tuple(np.where(ov, x, 0.0) for x in ar),
                            tensor, slow, drag)  # type: ignore[arg-type]
-    return micro - inline + (N - 1) * plain + last, replica
+    return micro - inline + (N - 1) * plain + last + N * copies, replica
 
 
 EMBEDDING = ("emb", "tok_emb", "pos_emb", "embedding")
@@ -247,10 +255,13 @@ def _unit_key(name: str) -> str | None:
     return "emb" if parts[0] in EMBEDDING else ("head" if parts[0] in HEAD else None)
 
 
-def _prefetched(ops: list[Op], backward: bool, prefetch: bool = True, overlap: bool = True) -> list[Op]:
+def _prefetched(ops: list[Op], backward: bool, prefetch: bool = True, overlap: bool = True,
+                copy: tuple[int, float] = (2, 0.0)) -> list[Op]:
     """One micro-batch's forward or backward with every unit's gather issued as the previous unit starts and
     waited for as its own starts (the first unit's: at once), and (backward) its reduce-scatter asynchronous,
-    all of them waited for at the end (module docstring)."""
+    all of them waited for at the end (module docstring); each gather's copy-out after it, each reduce-scatter's
+    copy-in before it (fsdp_copies.py; `copy`: (c, memory-bound bytes/s), 0: none)."""
+    c, rate = copy
     gathers = {_unit_key(op.name): op for op in ops if op.kind == "comm" and op.name.endswith(".gather")}
     order = list(dict.fromkeys(k for k in (_unit_key(op.name) for op in ops) if k is not None))
     with_gather = [k for k in order if k in gathers]
@@ -273,9 +284,14 @@ def _prefetched(ops: list[Op], backward: bool, prefetch: bool = True, overlap: b
                 out.append(replace(gathers[key], kind="wait", name=f"{key}.gather.wait", event=None, tag=key))
             elif key in gathers:  # in line, before the unit's first op (as analytic's recursion has it)
                 out.append(gathers[key])
+            if key in gathers and rate > 0:
+                out.append(Op("compute", f"{key}.gather.copy", float(gather_copy(gathers[key].event.payload_bytes,
+                                                                                  rate))))
             issue(nxt[key])
         if op.kind == "comm" and op.name.endswith(".gather"):
             continue
+        if op.kind == "comm" and op.name.endswith(".rs") and rate > 0:
+            out.append(Op("compute", f"{op.name}.copy", float(scatter_copy(op.event.payload_bytes, c, rate))))
         if backward and overlap and op.kind == "comm" and op.name.endswith(".rs"):
             op = replace(op, asynchronous=True)
         out.append(op)
@@ -301,12 +317,13 @@ def replica_buckets(prog: Any) -> None:
     prog.tail.insert(0, replace(reps[0], kind="wait", name="gradients.replicas.wait", event=None))
 
 
-def prefetch_program(prog: Any, prefetch: bool = True, overlap: bool = True) -> None:
+def prefetch_program(prog: Any, prefetch: bool = True, overlap: bool = True, copy: tuple[int, float] = (2, 0.0)
+                     ) -> None:
     """The event program of a zero=2/3 stage (pp = 1; with pipelines event_program.py leaves them in line),
     rewritten with FSDP's prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`: the layout's)
     (module docstring); in place."""
     for lists, backward in ((prog.fwd, False), (prog.fwd_first, False), (prog.bwd, True), (prog.bwd_last, True)):
-        lists[:] = [_prefetched(ops, backward, prefetch, overlap) for ops in lists]
+        lists[:] = [_prefetched(ops, backward, prefetch, overlap, copy) for ops in lists]
     if overlap:
         replica_buckets(prog)
 
