@@ -21,11 +21,12 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   pricing the FP8 gather would halve the gathered bytes and drop the per-use weight casts, a faster step, so it is
   not their miss. Every torchtitan FSDP row's measured step lies between the model's prefetched step (all too fast,
   -6% to -24%) and its step with every gather and reduce-scatter in line (+4% to +9% on A100, -2% on H200): the
-  FSDP2 collectives hide less than fsdp_overlap.py's recursion gives (on H200, none). Part of it is the overlap
-  drag (cost_models/overlap_drag.py: compute beside a data-parallel NVLink ring slowed, D per generation fitted on
-  the fit rows): Ampere's D = 0.25 (fitted on the A100 rows) takes these rows from -6 / -8 / -14 / -24% to
-  -3 / -5 / -10 / -17%; Hopper's and Blackwell's refits send D to 0 (their Megatron-core fit rows show none), so
-  the H200 rows and the B200 / GB200 wide data-parallel rows keep their miss.
+  FSDP2 collectives hide less than fsdp_overlap.py's recursion gives (on H200, none). Two parts are priced: the
+  overlap drag (cost_models/overlap_drag.py: compute beside a data-parallel NVLink ring slowed, D per generation
+  fitted on the fit rows; Ampere's D = 0.25 takes these rows from -6 / -8 / -14 / -24% to -3 / -5 / -10 / -17%)
+  and FSDP2's copy-out / copy-in kernels on the compute stream (cost_models/fsdp_copies.py: to -1 / -3 / -7 /
+  -12.5%; H200 -14 / -15% to -12 / -14%). Hopper's and Blackwell's refits send D to 0 (their Megatron-core fit
+  rows show none), so the H200 rows and the B200 / GB200 wide data-parallel rows keep most of their miss.
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
   recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);
