@@ -21,7 +21,12 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   pricing the FP8 gather would halve the gathered bytes and drop the per-use weight casts, a faster step, so it is
   not their miss. Every torchtitan FSDP row's measured step lies between the model's prefetched step (all too fast,
   -6% to -24%) and its step with every gather and reduce-scatter in line (+4% to +9% on A100, -2% on H200): the
-  FSDP2 collectives hide less than fsdp_overlap.py's recursion gives (on H200, none), not yet priced.
+  FSDP2 collectives hide less than fsdp_overlap.py's recursion gives (on H200, none). Two parts are priced: the
+  overlap drag (cost_models/overlap_drag.py: compute beside a data-parallel NVLink ring slowed, D per generation
+  fitted on the fit rows; Ampere's D = 0.25 takes these rows from -6 / -8 / -14 / -24% to -3 / -5 / -10 / -17%)
+  and FSDP2's copy-out / copy-in kernels on the compute stream (cost_models/fsdp_copies.py: to -1 / -3 / -7 /
+  -12.5%; H200 -14 / -15% to -12 / -14%). Hopper's and Blackwell's refits send D to 0 (their Megatron-core fit
+  rows show none), so the H200 rows and the B200 / GB200 wide data-parallel rows keep most of their miss.
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
   recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);
@@ -68,7 +73,7 @@ from paracube.calibration.from_runs import (  # noqa: E402
 )
 from paracube.cost_models.moe_a2a import A2A_NIC_EFF, A2A_NIC_SOURCE  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
-from paracube.topologies.efficiency import FABRICS, FP8_GEMM, GENERATIONS, sources  # noqa: E402
+from paracube.topologies.efficiency import FABRICS, FP8_GEMM, GENERATIONS, OVERLAP_DRAG, sources  # noqa: E402
 from paracube.topologies.nvswitch import fabrics  # noqa: E402
 from paracube.topologies.presets import PRESETS  # noqa: E402
 
@@ -82,8 +87,9 @@ MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
 # rows of both systems (freeing flash_eff and NVLink 5 too sends the FP8 eff_max to its bound 0.95 and flash
 # attention to 0.20: the rows cannot separate them); the 16-bit curve, mem_eff and flash_eff stay Hopper's (no
 # 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED).
-HOPPER_FREE = ("eff_max", "mem_eff", "intra", "fp8_eff_max", "flash_eff")
-BLACKWELL_FREE = ("fp8_eff_max",)
+HOPPER_FREE = ("eff_max", "mem_eff", "intra", "fp8_eff_max", "flash_eff", "overlap_drag")
+BLACKWELL_FREE = ("fp8_eff_max", "overlap_drag")
+AMPERE_FREE = ("overlap_drag",)  # the rest as fitted 2026-11 (topologies/efficiency.py)
 BLACKWELL = ("dgx-b200", "gb200-nvl72")
 DEVICE_GROUP = {"V100-SXM3-32GB": "V100", "A100-SXM-80GB": "A100", "H100-SXM-80GB": "H100",
                 "H200-SXM-141GB": "H200", "B200-SXM-180GB": "B200/GB200", "B200-GB200-186GB": "B200/GB200"}
@@ -104,6 +110,9 @@ def _figures() -> None:
         if gen in FP8_GEMM:
             e = FP8_GEMM[gen].values
             line += f"; FP8 GEMM eff_max {e['fp8_eff_max']:.2f}, m0 {e['fp8_m0']:.0f}"
+        if gen in OVERLAP_DRAG:
+            drag = OVERLAP_DRAG[gen]
+            line += f"; overlap drag {drag.values['overlap_drag']:.2f}{'' if drag.fitted else ' (NOT FITTED)'}"
         print(line)
     print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
                                     for k, f in FABRICS.items()))
@@ -121,9 +130,14 @@ def _errors(sel: list) -> str:
     return f"mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} ({len(errs)} runs)"
 
 
-def refit(today: list[Run]) -> None:
+def refit(today: list[Run], runs: list[Run]) -> None:
     """Hopper on the dgx-h100 fit rows; Blackwell on the fit rows of both Blackwell systems at once (the DGX B200
-    and the GB200 NVL72 share the generation's figures and NVLink 5; their devices keep their own datasheet peaks)."""
+    and the GB200 NVL72 share the generation's figures and NVLink 5; their devices keep their own datasheet peaks);
+    Ampere's overlap drag alone on the dgx-a100 fit rows."""
+    fit, rows = fit_runs(runs, "dgx-a100", rounds=1, runtime="megatron", free=AMPERE_FREE)
+    print(f"refit dgx-a100 ({', '.join(AMPERE_FREE)} free): {fit}")
+    for r, lay, pred in rows:
+        print(f"  {r.name:18s} {r.split:8s} {r.measured_s:8.3f} {pred:8.3f} {pred / r.measured_s - 1:+7.1%}  {lay}")
     fit, rows = fit_runs(today, "dgx-h100", rounds=1, runtime="megatron", free=HOPPER_FREE)
     print(f"refit dgx-h100 ({', '.join(HOPPER_FREE)} free): {fit}")
     for r, lay, pred in rows:
@@ -207,7 +221,7 @@ def main() -> None:
                 if sel:
                     print(f"  {group:10s} {split + label:14s} {_errors(sel)}")
     if args.refit:
-        refit(files[1])
+        refit(files[1], files[0])
         refit_moe(files[3])
 
 

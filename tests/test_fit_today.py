@@ -25,6 +25,7 @@ from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.memory import _block_acts, stage_memory
 from paracube.cost_models.validity import layout_arrays
+from paracube.errors import ParacubeError
 from paracube.layout import parse_layout
 from paracube.runtimes import get_runtime
 from paracube.topologies.presets import PRESETS
@@ -76,6 +77,16 @@ def test_rows_refused_for_memory_now_plan_with_their_cp(runs: dict) -> None:
     assert r.grad_bytes == 2
     lay, _ = predict(r, preset_topology(r), "megatron")
     assert (lay.cp, lay.dp, lay.zero) == (2, 8, 1)
+
+
+def test_a_pinned_row_refused_says_why_its_own_pass_refused_it(runs: dict) -> None:
+    """Llama 3 70B FSDP on 64 GB200s, seq 8192 (the search also tries cp = 2, 4, whose dp cannot be the pinned 64):
+    the refusal names the cp = 1 pass's reason (memory over the device's), not the cp passes' "matches no layout"
+    (what it said before)."""
+    r = runs["gb200-l3-70B-fsdp"]
+    with pytest.raises(ParacubeError) as err:
+        predict(r, preset_topology(r), "megatron")
+    assert "none: memory >" in str(err.value) and "none: no none layout" not in str(err.value)
 
 
 def test_gradient_and_gather_elements_priced_as_the_stack_keeps_them(runs: dict) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 from paracube.cost_models.analytic import estimate
+from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.event import estimate_event
+from paracube.cost_models.overlap_drag import nvlink_share
 from paracube.layout import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
@@ -39,16 +41,19 @@ def test_engines_agree_with_param_overlap(gb: int, text: str) -> None:
 
 @pytest.mark.parametrize("gb,text", DP_ONLY)
 def test_overlap_hides_at_most_the_gather(gb: int, text: str) -> None:
-    """0 < saved <= the gather's time in both engines (the analytic saving is min(gather, forward): all of it
-    with mb=8), and the two savings agree to 2% of the step."""
+    """0 < saved <= the gather's time in both engines (the analytic saving is min(gather, forward) less the
+    forward's drag beside it, overlap_drag.py: with mb=8 the gather less D f of it), and the two savings agree to
+    2% of the step."""
     layout, training, topo = _case(gb, text)
     off = estimate(SPEC, training, layout, topo, with_events=False)
     on = estimate(SPEC, training, layout, topo, with_events=False, param_overlap=True)
     gather = off.comm_time_by_kind["all_gather"]
     saved = off.step_time_s - on.step_time_s
     assert 0.0 < saved <= gather * (1 + 1e-12)
-    if layout.micro_batch == 8:  # the forward of 8 sequences outlasts the gather: hidden whole
-        assert saved == pytest.approx(gather, rel=1e-9)
+    if layout.micro_batch == 8:  # the forward of 8 sequences outlasts the gather: hidden whole, less its drag
+        drag = gemm_model(topo, "bf16").overlap_drag * nvlink_share(layout.groups(layout.zero_axes)[0],
+                                                                    topo.devices_per_node)
+        assert saved == pytest.approx(gather * (1.0 - drag), rel=1e-9)
     e_off = estimate_event(SPEC, training, layout, topo)
     e_on = estimate_event(SPEC, training, layout, topo, param_overlap=True)
     assert 0.0 < e_off.step_time_s - e_on.step_time_s <= gather * (1 + 1e-9)

@@ -30,6 +30,7 @@ from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
+from paracube.cost_models.overlap_drag import DRAG
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.engine_options import EngineOptions, options_of
@@ -56,6 +57,8 @@ def layout_links(layout: Layout, cache: LinkCache) -> Links:
         links[axes] = (np.array([bw]), np.array([lat]))
     tensor, data = shared_axes(layout.tensor_mode.axes, layout.hybrid)
     links[SHARED] = tuple(np.array([x]) for x in cache.get_shared(place, tensor, data))  # type: ignore[assignment]
+    f = cache.nvlink_share(place, layout.zero_axes)  # the data-parallel ring's hops in a node, and across nodes
+    links[DRAG] = (np.array([f]), np.array([1.0 - f]))
     return links
 
 

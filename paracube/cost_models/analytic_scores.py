@@ -19,6 +19,9 @@ the first at the end of the block that completes it (a fraction x1 of the backwa
 backward ends, carrying the last block's gradients, the bucket it completes and the embedding's (a fraction
 xl of the stage's bucket bytes). With G the gradient time and B the wall time of one micro-batch's backward,
     exposed gradient time = max(0, G - B (1 - x1), xl G, and every release between: grad_overlap.py)
+with B lengthened by what the stream beside it costs: the tensor collectives' link share (contention.py) and the
+compute's overlap drag c = D f min(G (1 - share left for the end), B (1 - x1)) (overlap_drag.py), which the
+step pays (zero=1's gather beside the first forward and FSDP's units: the same drag, below and fsdp_overlap.py)
 (the queue's finish time: the stream's last idle moment precedes some release). B = share x (compute +
 tensor-parallel communication) of a micro-batch, share = 2/3 of it (3/4 with full recomputation: the
 recomputed forward runs inside backward). Everything else per step (grad norm, metrics) stays exposed, and
@@ -78,6 +81,7 @@ from paracube.cost_models.fsdp_overlap import prefetched_micro
 from paracube.cost_models.grad_overlap import Profile, release_profile
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
 from paracube.cost_models.memory import stage_memory, total, with_zero
+from paracube.cost_models.overlap_drag import beside, per_layout
 from paracube.cost_models.tpo import TpoPricing
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
@@ -233,6 +237,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
                           tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
     stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap) for s in STAGES)
     contend = slowdown(links, len(rows))  # tensor collectives beside the data-parallel stream (contention.py)
+    drag = per_layout(links, len(rows), g.overlap_drag)  # compute beside the data-parallel stream (overlap_drag.py)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
         n_zero = traffic.group_size(traffic.zero_axes)
         ov = np.broadcast_to(np.asarray(overlap, dtype=bool), rows.shape)
@@ -241,7 +246,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
             st.fsdp, st.compute, st.micro, st.tensor_bw, st.tensor_bwd, contend, d.recompute == "full", traffic.zero,
             ov), 0.0)) for st in stages)
         parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
-                                  fsdp_prefetch, ov, st.tensor_bw, st.tensor_bwd, contend)
+                                  fsdp_prefetch, ov, st.tensor_bw, st.tensor_bwd, contend, drag)
                  for name, st in zip(STAGES, stages, strict=True)]
         single = (b.pp == 1)[rows]  # pp > 1: zero's gathers / reduce-scatters priced in line (exposed), both engines
         stages = tuple(replace(st, micro=np.where(single, m, st.micro), step=st.step - np.where(single, rep, 0.0))
@@ -268,20 +273,27 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         grads = [np.where(half, st.grad / 2, st.grad) for st in stages]
         bwd = [share * (st.compute + st.micro) / N for st in stages]
         # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
+        windows = [stream_window(st.releases, b.v, rows) for st in stages]
         late = [grad_extra(np.where(half, st.stream_bw[0] / 2, st.stream_bw[0]), bw, st.tensor_bwd / N, contend,
-                           *stream_window(st.releases, b.v, rows)) for bw, st in zip(bwd, stages, strict=True)]
-        exposed = np.max([exposed_grad_time(gr, bw + x, index[name], pp, v, st.releases, rows)
-                          for name, st, gr, bw, x in zip(STAGES, stages, grads, bwd, late, strict=True)], axis=0)
+                           *w) for bw, st, w in zip(bwd, stages, windows, strict=True)]
+        # the last backward beside the buckets' stream, from its first release, slowed (overlap_drag.py)
+        pulled = [beside(0.0, bw * (1.0 - x1), gr * (1.0 - s_end), drag)
+                  for bw, gr, (x1, s_end) in zip(bwd, grads, windows, strict=True)]
+        exposed = np.max([exposed_grad_time(gr, bw + x + c, index[name], pp, v, st.releases, rows)
+                          for name, st, gr, bw, x, c in zip(STAGES, stages, grads, bwd, late, pulled, strict=True)],
+                         axis=0)
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed
-        step_comm = step_comm - np.where(overlap, hidden - np.stack(late)[slow, idx], 0.0)
+        step_comm = step_comm - np.where(overlap, hidden - np.stack(late)[slow, idx] - np.stack(pulled)[slow, idx],
+                                         0.0)
     if param_overlap and traffic.zero == 1:  # exposed gather: max(0, gather - one chunk's forward of the stage)
         fwd_share = 0.25 if d.recompute == "full" else 1.0 / 3.0
         fwd = fwd_share * (pick("compute") + pick("micro")) / (N * b.v[rows])
         gather = pick("gather")
         gather_bw = np.stack([st.stream_bw[1] for st in stages])[slow, idx]  # type: ignore[index]
         early = extra(gather_bw, fwd, (pick("tensor_bw") - pick("tensor_bwd")) / (N * b.v[rows]), contend)  # contention
-        step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd - early)) + early
+        pulled_f = beside(0.0, fwd, gather, drag)  # that forward beside the gathers, slowed (overlap_drag.py)
+        step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd - early - pulled_f)) + early + pulled_f
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
         shards = traffic.group_size(traffic.zero_axes)

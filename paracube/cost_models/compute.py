@@ -45,6 +45,7 @@ from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
 from paracube.topologies.calibration import as_calibration
+from paracube.topologies.efficiency import overlap_drag
 from paracube.topologies.protocol import Topology
 from paracube.workload import DTYPE_BYTES, check_dtype_on
 
@@ -77,6 +78,9 @@ class GemmModel:
     # Fused (flash) attention: the fraction of `peak` its kernel reaches (a fitted figure per generation,
     # topologies/efficiency.py); 0: its score and value GEMMs on this model's curve, like any GEMM.
     flash_eff: float = 0.0
+    # Compute seconds lost per second a data-parallel collective's NVLink ring runs beside it (a fitted figure per
+    # generation, topologies/efficiency.OVERLAP_DRAG; cost_models/overlap_drag.py); 0: overlap is free.
+    overlap_drag: float = 0.0
 
     @property
     def waits(self) -> bool:
@@ -143,15 +147,17 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
             fp8_peak = replace(fp8_peak, m0=m0, n0=m0, k0=m0)
         return replace(base, linear=fp8_peak)
     cal = as_calibration(topo.calibration)
+    drag = overlap_drag(device)
     if cal is None:  # the device's own per-op overhead (local-cpu: oversubscribed CPU ranks), else 0
         half = float(getattr(device, "gemm_half_dim", 0.0)) or GemmModel.m0
         return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
                          m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
-                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)))
+                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)), overlap_drag=drag)
     gemm = cal.gemm
-    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff")
+    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag")
              if gemm is not None and getattr(gemm, k) is not None}
+    known.setdefault("overlap_drag", drag)  # a calibration without it: the generation's
     overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
     # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
     by_mode = tuple(sorted(cal.op_overheads(dtype).items()))

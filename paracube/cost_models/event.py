@@ -80,6 +80,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
         programs = [with_blocks(p, model, d, mlay, mb, g, links, n_micro) for p in programs]
     sim = Sim(layout, topo, programs, n_micro, overlap, timeline, o.param_overlap, o.fsdp_prefetch, fuse)
     sim.waits = g if g.waits else None
+    sim.drag = g.overlap_drag  # compute beside the data-parallel stream (overlap_drag.py)
     sim.dispatch = dispatch_of(model.moe, o.moe_dispatch)  # the all_to_alls' bytes by dispatcher (moe_dispatch.py)
     if not g.comm:  # uncalibrated all_reduces take the faster of ring and tree, as the analytic model does
         sim.alpha_beta = {axes: (float(bw[0]), float(lat[0]))

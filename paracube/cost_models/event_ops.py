@@ -53,9 +53,15 @@ class StageStats:
     by_axis: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     end: float = 0.0
+    idle: float = 0.0  # seconds the compute side waited (waits, arrivals) so far
+    idle_since: float | None = None
+    debt: float = 0.0  # compute seconds owed to the data-parallel stream's drag (overlap_drag.py), not yet run
 
     def busy_at(self, now: float) -> float:
         return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
+
+    def idle_at(self, now: float) -> float:
+        return self.idle + (now - self.idle_since if self.idle_since is not None else 0.0)
 
 
 __all__ = ["Op", "StageProgram", "StageStats"]

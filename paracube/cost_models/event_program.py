@@ -30,7 +30,7 @@ from paracube.cost_models.dims import Dims, context_local, local_params
 from paracube.cost_models.event_compute import add_op_overhead, unit_compute
 from paracube.cost_models.event_context import ring_ops
 from paracube.cost_models.event_ops import Op, StageProgram
-from paracube.cost_models.fsdp_overlap import prefetch_program
+from paracube.cost_models.fsdp_program import prefetch_program
 from paracube.cost_models.tpo import program_gemm_steps
 from paracube.cost_models.traffic import act_split, micro_batch_events, parameter_units, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
@@ -255,7 +255,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]
     # reduce-scatters async with the layout's overlap; pp > 1: in line (exposed), as analytic.py prices them
     if layout.zero >= 2 and layout.pp == 1 and (fsdp_prefetch or grad_overlap):
-        prefetch_program(prog, fsdp_prefetch, grad_overlap)
+        prefetch_program(prog, fsdp_prefetch, grad_overlap, (d.c, g.mem_bw * g.mem_eff))  # fsdp_copies.py
     # The optimizer step (compute.optimizer_time, as the analytic model prices it), after the gradients.
     n_local = local_params(d, layout.mode, layout.tensor_size, layout.q, layers, first, last)
     shard = zero_group(layout) if layout.zero else 1

@@ -17,7 +17,9 @@
 - asynchronous collectives queue on a stream per communicator (stage, mesh axes): calls of one group run in issue
   order, calls of different groups concurrently (NCCL runs each communicator on its own stream). They still share
   links (event_network.py);
-- collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages.
+- collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages;
+- the data-parallel stream's asynchronous collectives leave the compute side a debt (overlap_drag.py), paid before
+  its next compute op or at the end of the pass, absorbed by its idle time (event_drag.py).
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ import simpy
 from paracube.cost_models import event_fuse
 from paracube.cost_models.collective import call_steps, ring_steps
 from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.event_drag import Drag
 from paracube.cost_models.event_fuse import Fused, compile_ops, compute_phase
 from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template
 from paracube.cost_models.event_ops import Op, StageProgram, StageStats
 from paracube.cost_models.event_program import schedule
 from paracube.cost_models.event_trace import Span
 from paracube.cost_models.moe_a2a import PLAIN, a2a_template
+from paracube.cost_models.overlap_drag import owed
 from paracube.cost_models.tpo import runs
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -41,7 +45,7 @@ from paracube.modes.experts import EXPERT_AXES
 from paracube.topologies.protocol import RoutedTopology
 
 
-class Sim:
+class Sim(Drag):
     def __init__(self, layout: Layout, topo: RoutedTopology, programs: list[StageProgram], n_micro: int,
                  overlap: bool, timeline: bool, param_overlap: bool = False, fsdp_prefetch: bool = False,
                  fuse: bool = True) -> None:
@@ -52,6 +56,8 @@ class Sim:
         self.record = timeline
         self.tagged: dict[tuple[int, str], simpy.Process] = {}  # (stage, tag) -> an asynchronous op in flight
         self.waits: GemmModel | None = None  # the device model's per-call waits (GemmModel.call_wait; simulate)
+        self.drag = 0.0  # the device generation's overlap drag (GemmModel.overlap_drag; simulate sets it)
+        self._drags: dict[tuple[str, ...], float] = {}  # per axes: drag x the ring's NVLink share (Drag)
         self.dispatch = PLAIN  # the MoE dispatcher's all_to_all bytes (moe_dispatch.py; simulate sets it)
         # (bandwidth, latency) per axes where the algorithm may be a tree (uncalibrated; simulate sets it)
         self.alpha_beta: dict[tuple[str, ...], tuple[float, float]] = {}
@@ -160,6 +166,7 @@ class Sim:
         if req is not None:
             yield req
         t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+        idle0 = self.stages[stage].idle_at(t0)
         if wait:  # for the group's ranks to be scheduled (DeviceSpec call and ring waits)
             yield self.env.timeout(wait)
         if op.alongside:  # a cp ring step: the transfer alongside one block's attention (event_context.py)
@@ -176,6 +183,10 @@ class Sim:
             yield self.net.run(self.template(stage, e.axes, e.kind), steps, chunk)
         if stream is not None and req is not None:
             stream.release(req)
+        drag = self.drag_of(e.axes) if op.asynchronous else 0.0
+        if drag:  # the compute side beside it owes the drag (overlap_drag.owed)
+            st = self.stages[stage]
+            st.debt += owed(drag, self.env.now - t0, st.idle_at(self.env.now) - idle0)
         self._comm_done(stage, op.name, e, t0, busy0)
 
     def gemm(self, stage: int, op: Op, seconds: float | None = None):
@@ -222,18 +233,21 @@ class Sim:
             if not isinstance(item, Fused):
                 yield from self.run_op(stage, item, pending)
             elif all(p.triggered for p in pending):  # nothing in flight reads this stage's progress meanwhile
+                yield from self.pay(stage)
                 yield from event_fuse.replay(self, stage, item)
             else:
                 for op in item.ops:
                     yield from self.run_op(stage, op, pending)
+        yield from self.pay(stage)  # before what follows the pass (a send, the step's end)
 
     def run_op(self, stage: int, op: Op, pending: list):
         st = self.stages[stage]
         if op.kind == "compute":
             t0 = self.env.now
             st.busy_since = t0
-            yield self.env.timeout(op.seconds)
-            st.busy += op.seconds
+            seconds, st.debt = op.seconds + st.debt, 0.0  # with what the drag left owed (overlap_drag.py)
+            yield self.env.timeout(seconds)
+            st.busy += seconds
             st.busy_since = None
             st.compute += op.seconds
             if self.record:
@@ -241,10 +255,10 @@ class Sim:
         elif op.kind == "wait" and op.tag:  # one tagged op only (fsdp_overlap.py: a unit's prefetched gather)
             proc = self.tagged.pop((stage, op.tag), None)
             if proc is not None:
-                yield proc
+                yield from self.idle(stage, proc)
         elif op.kind == "wait":
             if pending:
-                yield simpy.AllOf(self.env, pending)
+                yield from self.idle(stage, simpy.AllOf(self.env, pending))
                 pending.clear()
         elif op.asynchronous:  # build_stage marks ops asynchronous only when they overlap
             pending.append(self.env.process(self.comm(stage, op)))
@@ -282,13 +296,13 @@ class Sim:
             vs = c * pp + stage
             if kind == "F":
                 if vs > 0:
-                    yield self._arrival("act", vs, m)
+                    yield from self.idle(stage, self._arrival("act", vs, m))
                 yield from self.run_ops(stage, prog.fwd_first[c] if m == 0 else prog.fwd[c], pending)
                 if vs < last_v:
                     yield from self.send(stage, "act", vs + 1, m, prog.send_bytes)
             else:
                 if vs < last_v:
-                    yield self._arrival("grad", vs, m)
+                    yield from self.idle(stage, self._arrival("grad", vs, m))
                 yield from self.run_ops(stage, prog.bwd_last[c] if m == self.n_micro - 1 else prog.bwd[c], pending)
                 if vs > 0:
                     yield from self.send(stage, "grad", vs - 1, m, prog.send_bytes)

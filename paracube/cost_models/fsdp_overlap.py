@@ -13,7 +13,7 @@ prefetch; paracube's executor/data_parallel/fsdp.py): per micro-batch, in regist
   group's calls in issue order (torch's ProcessGroupNCCL, one NCCL stream per device and group);
 - HSDP (with overlap): the per-step replica all_reduce of each unit's shard (traffic.py) is issued as the last
   micro-batch's reduce_scatter of that unit is queued, on the replica group's stream (the recursion's Q); the
-  event engine issues each one after its unit's reduce-scatter (`replica_buckets`). Both start it when its
+  event engine issues each one after its unit's reduce-scatter (fsdp_program.replica_buckets). Both start it when its
   reduce-scatter is issued, not when that ends (FSDP2 waits for the reduce-scatter first): optimistic by at
   most the overlap of the two on their separate streams.
 The recursion (times relative to the micro-batch's start; P: when a unit's compute starts, C: when it ends,
@@ -36,25 +36,23 @@ collectives' forward and backward bytes (Entry.backward), which is where the eve
 The blocks are identical, so the analytic engine iterates `EXACT` blocks and extrapolates the rest by the last
 block's increment (the recursion is max-plus with constant increments once its transient is over, which here
 takes at most two blocks); the event engine simulates the same issue and wait points op by op
-(`prefetch_program`). Without prefetch every gather and reduce-scatter runs in line (comm.py).
+(fsdp_program.prefetch_program). Without prefetch every gather and reduce-scatter runs in line (comm.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
 from paracube.cost_models.compute import GemmModel, stage_compute_time
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.fsdp_copies import RS_BYTES, gather_copy, scatter_copy
+from paracube.cost_models.overlap_drag import beside
 from paracube.cost_models.traffic import parameter_units
 from paracube.modes import LayoutBatch
 from paracube.modes.buckets import padded_numel
 from paracube.modes.stages import stage_layers
-
-Op = Any  # event_program.Op (not imported: event_program imports this module)
 
 Arr = np.ndarray
 EXACT = 4  # blocks iterated exactly before extrapolating (module docstring)
@@ -93,7 +91,7 @@ def _beside(P: Arr, C: Arr, busy_end: Arr, t: Arr, slow: Arr | float) -> Arr:
 
 
 def _unit(state: State, a: Arr, work: Arr, r: Arr, live: Arr, prefetch: bool = True, sync: Arr | bool = False,
-          ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0) -> State:
+          ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> State:
     """One unit of the recursion. State (S, P, C, R, Q, A, T): the zero group's stream free, previous unit's compute
     start and end, the previous unit's reduce-scatter not yet queued, the replica stream free (HSDP), the previous
     unit's replica all_reduce not yet queued, the previous unit's tensor bandwidth seconds. This unit's gather `a`
@@ -102,10 +100,11 @@ def _unit(state: State, a: Arr, work: Arr, r: Arr, live: Arr, prefetch: bool = T
     unit's tensor collectives ran beside the stream from its start until that gather was done (prefetch; else its
     backlog), slowed by `slow` (1 / r - 1) for that part (`_beside`), which moves its end; this unit computes `work`
     (its tensor seconds `t`) once the previous compute and its gather are done (and, `sync`: the previous
-    reduce-scatter, in line without overlap); its own reduce-scatter `r` is queued at its end (next step)."""
+    reduce-scatter, in line without overlap); its own reduce-scatter `r` is queued at its end (next step). The
+    previous unit's compute beside the stream is slowed by `drag` (overlap_drag.py) too."""
     S, P, C, R, Q, A, T = state
     G = np.maximum(S, P if prefetch else C) + a
-    C = C + _beside(P, C, G if prefetch else S, T, slow)
+    C = C + _beside(P, C, G if prefetch else S, T, slow) + beside(P, C, G if prefetch else S, drag)
     if not prefetch:
         G = np.maximum(S, C) + a
     S2 = np.maximum(G, C) + R
@@ -115,18 +114,18 @@ def _unit(state: State, a: Arr, work: Arr, r: Arr, live: Arr, prefetch: bool = T
     return tuple(np.where(live, o, x) for o, x in zip(out, state, strict=True))  # type: ignore[return-value]
 
 
-def _close(state: State, slow: Arr | float) -> State:
+def _close(state: State, slow: Arr | float, drag: Arr | float = 0.0) -> State:
     """The last unit of a pass beside what is left of the stream's backlog (no gather follows it)."""
     S, P, C, R, Q, A, T = state
-    return (S, P, C + _beside(P, C, S, T, slow), R, Q, A, T)
+    return (S, P, C + _beside(P, C, S, T, slow) + beside(P, C, S, drag), R, Q, A, T)
 
 
 def _blocks(state: State, blocks: Arr, a: Arr, work: Arr, r: Arr, prefetch: bool = True, sync: Arr | bool = False,
-            ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0) -> State:
+            ar: Arr | float = 0.0, t: Arr | float = 0.0, slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> State:
     """`blocks` identical units: EXACT of them exactly, then the last one's increment for each of the rest."""
     inc = tuple(np.zeros_like(x) for x in state)
     for k in range(min(int(blocks.max()) if blocks.size else 0, EXACT)):
-        nxt = _unit(state, a, work, r, k < blocks, prefetch, sync, ar, t, slow)
+        nxt = _unit(state, a, work, r, k < blocks, prefetch, sync, ar, t, slow, drag)
         inc = tuple(n - s for n, s in zip(nxt, state, strict=True))
         state = nxt
     rest = np.maximum(blocks - EXACT, 0).astype(float)
@@ -138,43 +137,45 @@ Units = tuple[Arr, Arr, Arr]
 
 def micro_batch_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, prefetch: bool = True,
                         overlap: Arr | bool = True, ar: Units | None = None, tensor: tuple[Units, Units] | None = None,
-                        slow: Arr | float = 0.0) -> Arr:
+                        slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> Arr:
     """Seconds of one micro-batch (forward + backward), gathers prefetched (`prefetch`) and reduce-scatters
     asynchronous (`overlap`, per layout), else in line. Per unit kind (embedding, block, head): forward f,
     backward b, gather a (the same in forward and backward), reduce-scatter r and (the step's last micro-batch,
     HSDP with overlap) replica all_reduce `ar`; an absent unit has zeros. The head is kept gathered from its
     forward to its backward (no second gather). `tensor`: per unit kind, the tensor collectives' bandwidth seconds
-    in f and in b, slowed by `slow` (1 / r - 1) where the stream runs beside them (contention)."""
+    in f and in b, slowed by `slow` (1 / r - 1) where the stream runs beside them (contention); the compute side
+    beside the stream slowed by `drag` (overlap_drag.py)."""
     sync = ~np.asarray(overlap, dtype=bool)
     z = np.zeros(np.shape(blocks))
     ar = ar or (z, z, z)
     tf, tb = tensor or ((z, z, z), (z, z, z))
     edge = [f[k] + bw[k] + ag[k] + rs[k] > 0 for k in (0, 2)]
-    st = _unit((z, z, z, z, z, z, z), ag[0], f[0], z, edge[0], prefetch, t=tf[0], slow=slow)
-    st = _blocks(st, blocks, ag[1], f[1], z, prefetch, t=tf[1], slow=slow)
-    st = _close(_unit(st, ag[2], f[2], z, edge[1], prefetch, t=tf[2], slow=slow), slow)
+    st = _unit((z, z, z, z, z, z, z), ag[0], f[0], z, edge[0], prefetch, t=tf[0], slow=slow, drag=drag)
+    st = _blocks(st, blocks, ag[1], f[1], z, prefetch, t=tf[1], slow=slow, drag=drag)
+    st = _close(_unit(st, ag[2], f[2], z, edge[1], prefetch, t=tf[2], slow=slow, drag=drag), slow, drag)
     S, P, C = st[:3]
     st = (S, C, C, z, z, z, z)  # the backward starts with the head, its parameters still gathered
-    st = _unit(st, z, bw[2], rs[2], edge[1], prefetch, sync, ar[2], tb[2], slow)
-    st = _blocks(st, blocks, ag[1], bw[1], rs[1], prefetch, sync, ar[1], tb[1], slow)
-    st = _close(_unit(st, ag[0], bw[0], rs[0], edge[0], prefetch, sync, ar[0], tb[0], slow), slow)
+    st = _unit(st, z, bw[2], rs[2], edge[1], prefetch, sync, ar[2], tb[2], slow, drag)
+    st = _blocks(st, blocks, ag[1], bw[1], rs[1], prefetch, sync, ar[1], tb[1], slow, drag)
+    st = _close(_unit(st, ag[0], bw[0], rs[0], edge[0], prefetch, sync, ar[0], tb[0], slow, drag), slow, drag)
     S, P, C, R, Q, A, _ = st
     return np.maximum(np.maximum(C, np.maximum(S, C) + R), np.maximum(Q, C) + A)
 
 
 def exposed_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, prefetch: bool = True,
                     overlap: Arr | bool = True, ar: Units | None = None, tensor: tuple[Units, Units] | None = None,
-                    slow: Arr | float = 0.0) -> Arr:
+                    slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> Arr:
     """Per layout: seconds of one micro-batch's FSDP gathers and reduce-scatters that compute does not hide (and
-    what the tensor collectives beside them lose, `tensor` and `slow`: micro_batch_seconds)."""
+    what the tensor collectives and the compute beside them lose, `tensor`, `slow`, `drag`: micro_batch_seconds)."""
     busy = f[0] + bw[0] + blocks * (f[1] + bw[1]) + f[2] + bw[2]
-    return np.maximum(0.0, micro_batch_seconds(blocks, f, bw, ag, rs, prefetch, overlap, ar, tensor, slow) - busy)
+    return np.maximum(0.0, micro_batch_seconds(blocks, f, bw, ag, rs, prefetch, overlap, ar, tensor, slow, drag)
+                      - busy)
 
 
 def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr, F: Arr, H: Arr, n_zero: Arr,
                      compute: Arr, micro: Arr, fsdp: dict[str, tuple[Arr, Arr]], prefetch: bool = True,
                      overlap: Arr | bool = True, tensor_bw: Arr | float = 0.0, tensor_bwd: Arr | float = 0.0,
-                     slow: Arr | float = 0.0) -> tuple[Arr, Arr]:
+                     slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> tuple[Arr, Arr]:
     """A stage's per-step communication on the compute side (`micro`, per layout) with its FSDP gathers and
     reduce-scatters (`fsdp[kind]` = (latency seconds summed, bandwidth seconds summed): analytic._stage)
     replaced by what prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`, the layout's: per layout)
@@ -185,7 +186,8 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     and equal blocks; the embedding's lookup is negligible; compute forward 1/3, backward 2/3 (1/4, 3/4 under full
     recomputation: its forward runs inside backward), the in-line communication as the tensor collectives' bytes
     (`tensor_bw` bandwidth seconds per step, `tensor_bwd` of them in backward; module docstring). Those seconds
-    are the blocks', slowed by `slow` (contention.slowdown) where the stream runs beside them (`_beside`)."""
+    are the blocks', slowed by `slow` (contention.slowdown) where the stream runs beside them (`_beside`); the
+    compute side beside the stream by `drag` (overlap_drag.per_layout)."""
     N = (d.global_batch / (b.dp * b.mb))[rows]
     blocks = stage_layers(d.L, b.pp, b.v, F, H)[rows].astype(float)
     sizes = unit_sizes(d, mode, b, F, H, n_zero)[rows]
@@ -216,6 +218,14 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     total = sizes[:, 0] + blocks * sizes[:, 1] + sizes[:, 2]
     ag = per_call("all_gather", 2 * n_units - 1, 2 * total - sizes[:, 2])
     rs = per_call("reduce_scatter", n_units, total)
+    # FSDP's copy-out after each gather (the head's once: kept gathered) and copy-in before each reduce-scatter,
+    # on the compute side of their units (fsdp_copies.py); what they add is paid in full below
+    rate = g.mem_bw * g.mem_eff
+    out = [np.where(ag[k] > 0, gather_copy(d.c * sizes[:, k], rate), 0.0) for k in range(3)]
+    cin = [np.where(rs[k] > 0, scatter_copy(RS_BYTES * sizes[:, k], d.c, rate), 0.0) for k in range(3)]
+    f = tuple(f[k] + out[k] for k in range(3))  # type: ignore[assignment]
+    bw = (bw[0] + out[0] + cin[0], bw[1] + out[1] + cin[1], bw[2] + cin[2])  # type: ignore[assignment]
+    copies = 2 * out[0] + cin[0] + blocks * (2 * out[1] + cin[1]) + out[2] + cin[2]
     ov = np.asarray(overlap, dtype=bool)
     ar = per_call("replica", n_units, total, 1.0)
     replica = np.where(ov, sum(fsdp["replica"]), 0.0) if "replica" in fsdp else np.zeros(len(rows))
@@ -223,86 +233,11 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     stream = [fsdp[k] for k in ("all_gather", "reduce_scatter") if k in fsdp]
     links = sum(e for _, e in stream) / np.maximum(sum(a + e for a, e in stream), 1e-30) if stream else 0.0
     slow = slow * links
-    plain = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, None, tensor, slow)  # type: ignore[arg-type]
+    plain = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, None, tensor, slow,  # type: ignore[arg-type]
+                            drag)
     last = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, tuple(np.where(ov, x, 0.0) for x in ar),
-                           tensor, slow)  # type: ignore[arg-type]
-    return micro - inline + (N - 1) * plain + last, replica
+                           tensor, slow, drag)  # type: ignore[arg-type]
+    return micro - inline + (N - 1) * plain + last + N * copies, replica
 
 
-EMBEDDING = ("emb", "tok_emb", "pos_emb", "embedding")
-HEAD = ("ln_f", "head", "loss")
-
-
-def _unit_key(name: str) -> str | None:
-    """The FSDP unit an op of the event program belongs to (traffic labels, event_program op names)."""
-    parts = name.split(".")
-    if parts[0] == "layers" and len(parts) > 1:
-        return f"layers.{parts[1]}"
-    return "emb" if parts[0] in EMBEDDING else ("head" if parts[0] in HEAD else None)
-
-
-def _prefetched(ops: list[Op], backward: bool, prefetch: bool = True, overlap: bool = True) -> list[Op]:
-    """One micro-batch's forward or backward with every unit's gather issued as the previous unit starts and
-    waited for as its own starts (the first unit's: at once), and (backward) its reduce-scatter asynchronous,
-    all of them waited for at the end (module docstring)."""
-    gathers = {_unit_key(op.name): op for op in ops if op.kind == "comm" and op.name.endswith(".gather")}
-    order = list(dict.fromkeys(k for k in (_unit_key(op.name) for op in ops) if k is not None))
-    with_gather = [k for k in order if k in gathers]
-    nxt = {k: next((g for g in with_gather if order.index(g) > i), None) for i, k in enumerate(order)}
-    out: list[Op] = []
-    issued: set[str] = set()
-
-    def issue(key: str | None) -> None:
-        if prefetch and key is not None and key not in issued:
-            issued.add(key)
-            out.append(replace(gathers[key], asynchronous=True, tag=key))
-
-    issue(with_gather[0] if with_gather else None)
-    started: set[str] = set()
-    for op in ops:
-        key = _unit_key(op.name)
-        if key is not None and key not in started:
-            started.add(key)
-            if key in gathers and prefetch:
-                out.append(replace(gathers[key], kind="wait", name=f"{key}.gather.wait", event=None, tag=key))
-            elif key in gathers:  # in line, before the unit's first op (as analytic's recursion has it)
-                out.append(gathers[key])
-            issue(nxt[key])
-        if op.kind == "comm" and op.name.endswith(".gather"):
-            continue
-        if backward and overlap and op.kind == "comm" and op.name.endswith(".rs"):
-            op = replace(op, asynchronous=True)
-        out.append(op)
-    if backward and overlap:
-        out.append(replace(ops[-1], kind="wait", name="reduce_scatter.wait", event=None, asynchronous=False, tag="",
-                           seconds=0.0, gemm=0.0))
-    return out
-
-
-def replica_buckets(prog: Any) -> None:
-    """HSDP with overlap: each unit's replica all_reduce (the step's tail, registration order) issued
-    asynchronously right after the last micro-batch's reduce-scatter of that unit (backward order), as FSDP2
-    does once per step; waited for before the optimizer. In place (pp = 1: one chunk)."""
-    reps = [op for op in prog.tail if op.event is not None and op.event.label == "gradients.replicas"]
-    ops = prog.bwd_last[0]
-    where = [i for i, op in enumerate(ops) if op.kind == "comm" and op.name.endswith(".rs")]
-    if not reps or len(where) != len(reps):
-        return
-    for op in reps:
-        prog.tail.remove(op)
-    for i, op in sorted(zip(where, reversed(reps), strict=True), reverse=True):
-        ops.insert(i + 1, replace(op, asynchronous=True))
-    prog.tail.insert(0, replace(reps[0], kind="wait", name="gradients.replicas.wait", event=None))
-
-
-def prefetch_program(prog: Any, prefetch: bool = True, overlap: bool = True) -> None:
-    """The event program of a zero=2/3 stage (pp = 1; with pipelines event_program.py leaves them in line),
-    rewritten with FSDP's prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`: the layout's)
-    (module docstring); in place."""
-    for lists, backward in ((prog.fwd, False), (prog.fwd_first, False), (prog.bwd, True), (prog.bwd_last, True)):
-        lists[:] = [_prefetched(ops, backward, prefetch, overlap) for ops in lists]
-    if overlap:
-        replica_buckets(prog)
-
-
-__all__ = ["EXACT", "exposed_seconds", "micro_batch_seconds", "prefetch_program", "prefetched_micro", "unit_sizes"]
+__all__ = ["EXACT", "exposed_seconds", "micro_batch_seconds", "prefetched_micro", "unit_sizes"]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from paracube.cost_models.overlap_drag import nvlink_share
 from paracube.layout import Layout
 from paracube.topologies.sharing import ratios
 
@@ -57,6 +58,7 @@ class LinkCache:
         self._cache: dict[Runs, tuple[float, float]] = {}
         self._keyed: dict[bytes, tuple[float, float]] = {}
         self._shared: dict[tuple[Runs, Runs], tuple[float, float]] = {}
+        self._nvlink: dict[Runs, float] = {}
         self.queries = 0
         self.memo: dict = {}  # derived queries over the same topology (cost_models/moe_a2a.py)
 
@@ -98,6 +100,17 @@ class LinkCache:
                 ga, gb = groups_from_runs(key[0]), groups_from_runs(key[1])
                 hit = ratios(self.topo, ga[0], ga[1:], gb[0], gb[1:])
             self._shared[key] = hit
+        return hit
+
+    def nvlink_share(self, placement: Sequence[tuple[str, int]], axes: Sequence[str]) -> float:
+        """overlap_drag.nvlink_share of the groups over `axes` (their first group; node-major placements make
+        every group alike)."""
+        runs = runs_for(placement, axes)
+        hit = self._nvlink.get(runs)
+        if hit is None:
+            dpn = int(getattr(self.topo, "devices_per_node", 0) or 0)
+            hit = self._nvlink[runs] = nvlink_share(groups_from_runs(runs)[0], dpn) if any(m for _, m in runs) \
+                else 0.0
         return hit
 
 

@@ -66,8 +66,8 @@ def _mode_structures(s: _Search, mode: str, gpus: int) -> list[Structure]:
         # Filter on the structure first, so the reasons below speak of the layouts asked for.
         sts = [st for st in sts if (not fixed.shape or st.shape == fixed.shape)
                and (fixed.dp == 1 or st.dp == fixed.dp) and (fixed.pp == 1 or st.pp == fixed.pp)]
-        if not sts:
-            s.explanations[mode] = f"no {mode} layout of {gpus} GPUs matches {fixed} (layers % pp, shape)"
+        if not sts:  # a pass that matched the pinned layout (another cp degree) keeps its reason (memory, ...)
+            s.explanations.setdefault(mode, f"no {mode} layout of {gpus} GPUs matches {fixed} (layers % pp, shape)")
             return []
     why_fp8 = s.runtime.dtype_check(mode, "fp8") if s.d.fp8 and s.runtime.dtype_check else None
     if why_fp8:  # the runtime trains fp8 in some modes only (paracube: none / 1D, executor/layers/fp8.py)

@@ -95,6 +95,9 @@ class GemmFit:
     fp8_m0: float | None = None
     # The fused (flash) attention kernel's fraction of the 16-bit peak; absent: its GEMMs on the curve above.
     flash_eff: float | None = None
+    # Compute seconds lost per second a data-parallel NVLink ring runs beside it (cost_models/overlap_drag.py);
+    # absent: the device generation's figure (topologies/efficiency.OVERLAP_DRAG).
+    overlap_drag: float | None = None
     POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0", "flash_eff")
 
 

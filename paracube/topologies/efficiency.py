@@ -5,7 +5,9 @@ Peaks stay the spec sheets' (devices.py, rates.py). These few efficiencies, the 
   m0 = n0 = k0) of the 16-bit GEMMs and, where the generation has FP8 tensor cores, one of the FP8 GEMMs
   (`fp8_eff_max`, `fp8_m0`), and the memory-bound efficiency mem_eff (fraction of HBM bandwidth the fused
   elementwise kernels, the FP8 casts and Adam reach);
-- per fabric, the fraction of the nominal per-direction rate a collective reaches (NCCL bus bandwidth / link).
+- per fabric, the fraction of the nominal per-direction rate a collective reaches (NCCL bus bandwidth / link);
+- per device generation, the overlap drag (OVERLAP_DRAG, cost_models/overlap_drag.py): compute seconds lost per
+  second a data-parallel collective's NVLink ring runs beside it (its kernels hold SMs and HBM bandwidth).
 Fitted by `paracube calibrate --from-runs benchmarks/data/published_runs.csv` (calibration/from_runs.py; fit and
 held-out rows: benchmarks/published_runs.py), 2026-11, on the A100 and V100 rows (eff_max and mem_eff end at
 the upper ends of their plausible ranges, 0.95 and 0.9; with m0 ~ 330 a 4096^3 fp16 GEMM runs at 75% of peak).
@@ -102,6 +104,21 @@ FP8_GEMM: dict[str, Figures] = {
                          f"fp8_m0 NOT FITTED: hopper's m0 ({_SHAPES})"),
 }
 
+# Overlap drag (cost_models/overlap_drag.py): compute seconds lost per second a data-parallel collective's
+# NVLink ring runs beside the compute stream. Fitted by `benchmarks/published_runs.py --refit` (2026-12, fit8):
+# ampere alone (its other figures as fitted 2026-11) on the dgx-a100 fit rows: 0.252 (least squares on log
+# residuals; the fit rows' mean |error| 2.4% -> 1.6%, the dp=128 rows -5.8 / -5.2 / -3.8% -> -2.2 / -0.2 / +0.7%,
+# the held-out rows unchanged: their rings cross nodes one member per node or they do not overlap); hopper with
+# the generation's other free figures on the dgx-h100 fit rows, blackwell with its FP8 eff_max on its fit rows:
+# both go to 0 (the Megatron-core rows there show no drag: their FP8 Nemotron rows are already slow).
+OVERLAP_DRAG: dict[str, Figures] = {
+    "volta": Figures({"overlap_drag": 0.0}, "no run of the set overlaps a data-parallel stream on V100", False),
+    "ampere": Figures({"overlap_drag": 0.25}, f"fitted on the dgx-a100 rows of {RUNS}", True),
+    "hopper": Figures({"overlap_drag": 0.0}, f"fitted on the dgx-h100 rows of {TODAY} (goes to 0)", True),
+    "blackwell": Figures({"overlap_drag": 0.0},
+                         f"fitted on the dgx-b200 and gb200-nvl72 rows of {TODAY} (goes to 0)", True),
+}
+
 FABRICS: dict[str, Figures] = {
     "nvlink2-nvswitch": Figures({"eff": 0.47}, f"fitted on the dgx2-v100 rows of {RUNS}", True),
     "nvlink3-nvswitch": Figures({"eff": 0.50}, f"fitted on the dgx-a100 rows of {RUNS}", True),
@@ -124,7 +141,15 @@ def device_eff(device: DeviceSpec) -> dict[str, float] | None:
     if device.name not in CALIBRATED_DEVICES or device.generation not in GENERATIONS:
         return None
     fp8 = FP8_GEMM.get(device.generation)
-    return {**GENERATIONS[device.generation].values, **(fp8.values if fp8 and device.has_fp8 else {})}
+    drag = OVERLAP_DRAG[device.generation].values if device.generation in OVERLAP_DRAG else {}
+    return {**GENERATIONS[device.generation].values, **(fp8.values if fp8 and device.has_fp8 else {}), **drag}
+
+
+def overlap_drag(device: DeviceSpec) -> float:
+    """The device generation's overlap drag (OVERLAP_DRAG; 0 for devices without fitted figures)."""
+    if device.name not in CALIBRATED_DEVICES or device.generation not in OVERLAP_DRAG:
+        return 0.0
+    return OVERLAP_DRAG[device.generation].values["overlap_drag"]
 
 
 def fabric_eff(name: str) -> float:
@@ -143,6 +168,8 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
         out["gemm"] = _say(gen)
         if device.has_fp8 and device.generation in FP8_GEMM:
             out["fp8 gemm"] = _say(FP8_GEMM[device.generation])
+        if device.generation in OVERLAP_DRAG:
+            out["overlap drag"] = _say(OVERLAP_DRAG[device.generation])
     for tier, fabric in (("intra-node", intra), ("inter-node", inter)):
         if fabric:
             out[f"{tier} {fabric}"] = _say(FABRICS[fabric]) if fabric in FABRICS else "nominal rate: no figure"
@@ -164,7 +191,7 @@ def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = Non
     m0 = eff["m0"]
     return Calibration(gemm=GemmFit(eff_max=eff["eff_max"], m0=m0, n0=m0, k0=m0, mem_eff=eff["mem_eff"],
                                     fp8_eff_max=eff.get("fp8_eff_max"), fp8_m0=eff.get("fp8_m0"),
-                                    flash_eff=eff.get("flash_eff")))
+                                    flash_eff=eff.get("flash_eff"), overlap_drag=eff.get("overlap_drag")))
 
 
 @dataclass(frozen=True)
@@ -181,6 +208,7 @@ class Fit:
     fp8_eff_max: float | None = None
     fp8_m0: float | None = None
     flash_eff: float | None = None  # fused attention's fraction of the 16-bit peak (None: the shipped figure)
+    overlap_drag: float | None = None  # cost_models/overlap_drag.py's D (None: the shipped figure)
 
     def device(self) -> dict[str, float]:
         out = {"eff_max": self.eff_max, "m0": self.m0, "mem_eff": self.mem_eff}
@@ -188,6 +216,8 @@ class Fit:
             out.update(fp8_eff_max=self.fp8_eff_max, fp8_m0=self.fp8_m0)
         if self.flash_eff is not None:
             out["flash_eff"] = self.flash_eff
+        if self.overlap_drag is not None:
+            out["overlap_drag"] = self.overlap_drag
         return out
 
 
