@@ -62,7 +62,8 @@ def ring_channel_table(topo: Topology, arr: np.ndarray, nics: np.ndarray) -> tup
     count = np.bincount(seg[owner_pos], minlength=n_seg)
     begin = np.cumsum(count) - count  # each segment's first owner in owner_pos
     # hop i of a row: member i -> member (i + 1) mod n
-    nxt = np.roll(np.arange(m * n).reshape(m, n), -1, axis=1).reshape(-1)
+    nxt = np.arange(1, m * n + 1)
+    nxt[n - 1::n] -= n  # the last member of a row sends to its first
     cross = node.reshape(-1) != node.reshape(-1)[nxt]
     seg_a, seg_b = seg, seg[nxt]
     c = np.where(cross, np.maximum(1, np.minimum(np.minimum(count[seg_a], count[seg_b]), RING_CHANNELS)), 1)
