@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from paracube import __version__
 from paracube.errors import ParacubeError, check
@@ -110,26 +109,40 @@ class Plan:
         return replace(self, layout=layout, gpus=gpus, launch=launch, prediction=None)
 
 
-class _LaunchFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    backend: Backend = "auto"
-    nnodes: PositiveInt = 1
-    nproc_per_node: PositiveInt
+@lru_cache(maxsize=1)
+def _file_models() -> tuple[type, type]:
+    """(_PlanFile, _LaunchFile): the pydantic models a plan file is read with, built on first use: pydantic takes
+    ~50 ms to import, and `paracube plan` only writes plans (the models are the same on every call)."""
+    from pydantic import BaseModel, ConfigDict, PositiveInt
+
+    class _LaunchFile(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        backend: Backend = "auto"
+        nnodes: PositiveInt = 1
+        nproc_per_node: PositiveInt
+
+    class _PlanFile(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        schema_version: int
+        paracube_version: str = ""
+        model: dict[str, Any]
+        training: dict[str, Any]
+        cluster: str
+        gpus: PositiveInt
+        layout: str
+        runtime: str = "paracube"
+        launch: _LaunchFile
+        prediction: dict[str, Any] | None = None
+        notes: list[str] = []
+
+    return _PlanFile, _LaunchFile
 
 
-class _PlanFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    schema_version: int
-    paracube_version: str = ""
-    model: dict[str, Any]
-    training: dict[str, Any]
-    cluster: str
-    gpus: PositiveInt
-    layout: str
-    runtime: str = "paracube"
-    launch: _LaunchFile
-    prediction: dict[str, Any] | None = None
-    notes: list[str] = []
+def __getattr__(name: str) -> type:
+    """`_PlanFile` / `_LaunchFile` (schemas.py subclasses them), built on first use (PEP 562)."""
+    if name in ("_PlanFile", "_LaunchFile"):
+        return _file_models()[name == "_LaunchFile"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def plan_from_dict(data: Any, source: str = "plan") -> Plan:
@@ -139,8 +152,10 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
           f"{source}: schema_version={version!r} is not supported; this paracube reads schema_version "
           f"{' or '.join(map(str, READ_VERSIONS))}")
     check(version != 1 or "runtime" not in data, f"{source}: field 'runtime' needs schema_version 2 (got 1)")
+    from pydantic import ValidationError
+
     try:
-        raw = _PlanFile.model_validate(data)
+        raw = _file_models()[0].model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"

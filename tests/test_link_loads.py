@@ -95,6 +95,22 @@ def test_loads_channels_and_links_equal_direct(topo) -> None:
         assert (link.bandwidth, link.latency) == (bw, max([h[1] for h in hops] + [0.0])), runs
 
 
+def _direct_channels(topo, rows: list[tuple[int, ...]]) -> list[tuple]:
+    return [(s, r, share, len(hop) == 1, i) for i, g in enumerate(rows) for hop in topo._ring_channels(g)
+            for s, r, share in hop]
+
+
+def test_channel_table_equals_ring_channels(topo) -> None:
+    """ring_batch.ring_channel_table (every group of a query at once) lists each group's channels as
+    Topology._ring_channels does, in the same (group, hop, channel) order."""
+    n, dpn = topo.num_devices, topo.devices_per_node
+    for runs in [*_runs(n, dpn), ((2, True), (n // 2, False))]:
+        groups = groups_from_runs(runs)
+        rows = [tuple(sorted(g)) for g in groups.tolist()]
+        got = list(zip(*(c.tolist() for c in topo.ring_channel_arrays(groups)), strict=True))
+        assert got == _direct_channels(topo, rows), runs
+
+
 class _RoutesOnly:
     """The topology seen through `route` and `ring_channels` only: LinkTable's path before route_hop."""
 
@@ -132,3 +148,5 @@ def test_translated_channels_need_the_same_nic_split() -> None:
     rows = [tuple(sorted(r)) for r in groups.tolist()]
     assert odd.ring_channels_many(groups) == [odd._ring_channels(r) for r in rows] != chans
     assert np.array_equal(odd._link_load(frozenset(rows)), _direct_load(odd, frozenset(rows)))
+    got = list(zip(*(c.tolist() for c in odd.ring_channel_arrays(groups)), strict=True))
+    assert got == _direct_channels(odd, rows)  # ring_batch.py keys NICs per node: the odd node's split kept

@@ -176,3 +176,50 @@ def test_compute_lower_bound_is_below_every_zero_2_3_placement() -> None:
                         assert np.all(bound <= step * (1 + 1e-12)), (mode, struct, z, overlap)
                         checked += n
     assert checked > 200
+
+
+def test_distinct_link_rows_give_every_placements_own_time() -> None:
+    """scoring._placement_times evaluates a configuration once per distinct link row of its structure and spreads
+    the times to the placements: the same floats as evaluating every placement on its own links (scoring._evaluate
+    on one row per layout), zero=0..3 rows included (torchtitan's stages, gpt3-2.7b on 64 A100s)."""
+    from collections import Counter
+
+    import numpy as np
+
+    from paracube.cost_models.comm import axes_used
+    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.links import LinkCache
+    from paracube.modes import LayoutBatch
+    from paracube.planner.configs import _configs, _mode_structures
+    from paracube.planner.fits import _valid
+    from paracube.planner.scoring import _evaluate, _overlaps, _placement_times, _structure_links
+    from paracube.planner.search_state import _Search
+
+    topo = load_topology("dgx-a100", gpus=64)
+    model, training = PRESETS["gpt3-2.7b"], TrainingSpec(global_batch=512, dtype="bf16")
+    rt = RUNTIMES["torchtitan"]
+    s = _Search(model, dims_of(model, training), gemm_model(topo, "bf16"), 80e9, LinkCache(topo), None, None, 10,
+                zeros=(0, 1, 2, 3), runtime=rt, overlap_chosen=True)
+    compared = 0
+    for mode in ("1d", "2d", "3d"):
+        sts = _mode_structures(s, mode, 64)
+        places = {st: st.placements() for st in sts}
+        owners = [st for st in sts for _ in _configs(st, 512, s.d.L, None, None, rt)]
+        batch = LayoutBatch.of_rows([c for st in sts for c in _configs(st, 512, s.d.L, None, None, rt)])
+        idx, zeros, kws = _valid(s, mode, batch, np.array([len(places[st]) for st in owners]), Counter())
+        batch, owners = batch.take(idx), [owners[i] for i in idx]
+        if not len(batch):
+            continue
+        st_links = _structure_links(s, mode, owners, places)
+        ovs, tpos = _overlaps(s, mode, batch)
+        got = _placement_times(s, mode, batch, owners, st_links, zeros, zeros, kws, ovs, tpos)
+        mat = np.concatenate([st_links[st] for st in owners])
+        links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode))}
+        rows = np.repeat(np.arange(len(batch)), [len(st_links[st]) for st in owners])
+        want = _evaluate(s, mode, batch, links, rows, zeros, zeros, kws, ovs, tpos)
+        assert np.array_equal(got, want), mode
+        assert len({tuple(r.reshape(-1)) for st in set(owners) for r in st_links[st]}) < len(mat)  # rows shared
+        assert np.any(zeros >= 2)
+        compared += len(got)
+    assert compared > 1000

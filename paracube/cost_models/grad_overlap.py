@@ -49,12 +49,21 @@ Profile = tuple[Arr, Arr, Arr]  # per layout and release: chunk, fraction of the
 
 
 @lru_cache(maxsize=4096)
-def _releases(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int, v: int,
-              bucket_bytes: int) -> tuple[tuple[float, float, float], ...]:
-    """(chunk, fraction of its blocks done, share of the bucket bytes released then or later) per release."""
+def _buckets(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int,
+             bucket_bytes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(releases per block, bytes of the buckets from each one on) of a stage: its interleavings v share them
+    (a search asks for ~5 v per stage)."""
     units = parameter_units(mode, d, t, q, layers, first, last)
     sizes, counts = bucket_plan(units, first, last, dp, bucket_bytes)  # = padded bucket_numels, release_counts
     after = [*itertools.accumulate(reversed(sizes))][::-1] + [0]  # after[i] = sum(sizes[i:]), exact (ints)
+    return tuple(counts), tuple(after)
+
+
+@lru_cache(maxsize=4096)
+def _releases(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int, v: int,
+              bucket_bytes: int) -> tuple[tuple[float, float, float], ...]:
+    """(chunk, fraction of its blocks done, share of the bucket bytes released then or later) per release."""
+    counts, after = _buckets(mode, d, t, q, layers, first, last, dp, bucket_bytes)
     total, issued, out = max(after[0], 1), 0, []
     per = max(layers, 1) / v  # blocks per chunk (analytic: an even split)
     for j, n in enumerate(counts):

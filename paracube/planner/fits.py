@@ -41,13 +41,26 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
 
     shards = zero_shards(mode, sub, s.d.cp)  # ranks zero shards the optimizer over (2.5D: dp x depth; dp x cp)
     ones = np.ones_like(sub.dp)
-    flags = [(ones, np.where(sub.pp == 1, 1, 0)), (np.where(sub.pp == 1, 1, 0), ones)]  # (first, last) of mems
-    units = ([memory_units(unit_totals(s.d, mode, sub, f, h, shards)) for f, h in flags] if max(zeros) >= 2
-             else [None] * 2)
 
-    def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:
-        return np.maximum(*(total(with_zero(m, shards, z, u, s.d.grad_bytes)) for m, u in zip(ms, units, strict=True)))
+    def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:  # zero 0 / 1: no unit totals read
+        return np.maximum(*(total(with_zero(m, shards, z, None, s.d.grad_bytes)) for m in ms))
 
+    def high_peak(ms: list[dict[str, np.ndarray]], z: int, rows: np.ndarray) -> np.ndarray:
+        """zero=2/3 peak memory of the configurations `rows` (inf elsewhere): their FSDP unit totals
+        (comm.unit_totals, per distinct stage shape) are computed only where a stage 2/3 can be chosen."""
+        out = np.full(len(idx), np.inf)
+        if not rows.any():
+            return out
+        part, n = sub.take(rows), shards[rows]
+        one = np.ones_like(part.dp)
+        flags = [(one, np.where(part.pp == 1, 1, 0)), (np.where(part.pp == 1, 1, 0), one)]  # (first, last) of ms
+        if not units:  # zero=2 and 3 ask for the same rows (`zero` is settled by the stages below 2)
+            units.extend(memory_units(unit_totals(s.d, mode, part, f, h, n)) for f, h in flags)
+        out[rows] = np.maximum(*(total(with_zero({k: v[rows] for k, v in m.items()}, n, z, u, s.d.grad_bytes))
+                                 for m, u in zip(ms, units, strict=True)))
+        return out
+
+    units: list[tuple[np.ndarray, ...]] = []  # high_peak's unit totals, computed once
     base = mems(base_kw)
     zero = np.full(len(idx), -1)
     tied_pp = s.d.tied & (sub.pp > 1) & s.runtime.tied_pp_zero0  # tied + pp > 1: zero=0 (paracube's executor)
@@ -56,8 +69,10 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     for z in zeros:
         if z and not np.any(shards > 1):
             continue
-        mem = peak(base, z * ones)
         ok = (z == 0) | ((shards > 1) & ~tied_pp)
+        # zero=2/3: only where such a stage may be chosen (below: pp = 1, or pipelines no lower stage fits; ok's rows)
+        maybe = (shards > 1) & ((sub.pp == 1) | (zero < 0))
+        mem = peak(base, z * ones) if z < 2 else high_peak(base, z, maybe)
         if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
             # at pp = 1, and with pipelines where the runtime runs them (Runtime.zeros_with_pp; both engines price
             # them, untied: analytic.estimate refuses tied ones); tied embeddings where it runs them at this stage

@@ -32,6 +32,16 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
     return out
 
 
+def _distinct_links(s: _Search, st: Structure, links: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first placement of each distinct row of `links` ([placements, axes, (bw, lat)]), each placement's
+    distinct row): placements whose groups see the same links on every axis set score alike (once per search)."""
+    key = (st, s.d.cp > 1)
+    if key not in s.distinct:
+        _, first, inverse = np.unique(links.reshape(len(links), -1), axis=0, return_index=True, return_inverse=True)
+        s.distinct[key] = (first, inverse.reshape(-1))
+    return s.distinct[key]
+
+
 def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
                   places: dict[Structure, Placements], st_links: dict[Structure, np.ndarray],
                   zero: np.ndarray | None, kw: np.ndarray, overlap: np.ndarray, tpo: np.ndarray,
@@ -138,9 +148,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         return
     layout_rows = np.repeat(np.arange(len(batch)), n_places)  # each configuration once per placement
     place_idx = np.concatenate([np.arange(c) for c in n_places])
-    link_mat = np.concatenate([st_links[st] for st in owners])
-    links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
-    step_time = _evaluate(s, mode, batch, links, layout_rows, zeros, zero_arg, kws, ovs, tpos)
+    step_time = _placement_times(s, mode, batch, owners, st_links, zeros, zero_arg, kws, ovs, tpos)
     s.scored += len(layout_rows)
     taken = 0
     bar = _kth(s)  # slower layouts cannot enter the ranking: built only for the mode's best (per_mode_best)
@@ -164,6 +172,24 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     if not taken:  # layouts fit, but only ones the pins exclude (e.g. with sp where sp=0 is pinned)
         top = mode_rej.most_common(2)
         s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or f"no layout matches {s.fixed}"
+
+
+def _placement_times(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
+                     st_links: dict[Structure, np.ndarray], zeros: np.ndarray, zero_arg: np.ndarray | None,
+                     kws: np.ndarray, ovs: np.ndarray, tpos: np.ndarray) -> np.ndarray:
+    """Step time of each configuration of `batch` on each placement of its structure (configurations in order,
+    then placements). Placements enter a step time only through their links: each configuration is evaluated
+    once per distinct link row of its structure (_distinct_links; evaluate is elementwise per layout, so these
+    are the floats every placement's own evaluation gives) and the times are spread to its placements."""
+    distinct = {st: _distinct_links(s, st, st_links[st]) for st in dict.fromkeys(owners)}
+    n_distinct = np.array([len(distinct[st][0]) for st in owners])
+    link_mat = np.concatenate([st_links[st][distinct[st][0]] for st in owners])
+    links = {ax: (link_mat[:, k, 0], link_mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
+    per_distinct = _evaluate(s, mode, batch, links, np.repeat(np.arange(len(batch)), n_distinct), zeros, zero_arg,
+                             kws, ovs, tpos)
+    start = np.cumsum(n_distinct) - n_distinct
+    n_places = np.array([len(st_links[st]) for st in owners])
+    return per_distinct[np.repeat(start, n_places) + np.concatenate([distinct[st][1] for st in owners])]
 
 
 def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.ndarray, zeros: np.ndarray,

@@ -69,6 +69,7 @@ class _Search:
     scored: int = 0
     pruned: int = 0
     links: dict = field(default_factory=dict)  # (structure, cp > 1) -> its placements' links (scoring.py)
+    distinct: dict = field(default_factory=dict)  # (structure, cp > 1) -> its distinct link rows (scoring.py)
 
 
 def _matches(layout: Layout, fixed: Layout | None) -> bool:

@@ -9,12 +9,13 @@ rank pairs over the analytic and event engines). Three exact shortcuts (issue 26
   (switch, switch) pair, instead of one path and one dict lookup per edge per rank pair. Where a piece is missing
   (no NIC, no fabric switch, an irregular graph) it answers None and the topology routes the pair as before.
   Its latency is summed edge by edge in path order (the same float additions as before).
-- Translated rings (`ring_channels_many`): Topology._ring_channels of a sorted group depends only on which
-  node each member sits in and on which members share a NIC (the first member per NIC opens a channel). Where
-  every node splits its local ranks over its NICs the same way, a group g = h + d x devices_per_node (h another
-  group of the same offsets and the same local rank of its first member) has h's channels shifted by that many
-  ranks. So the channels are computed once per class of groups (offsets from the first rank, its local rank) and
-  shifted with numpy; anywhere else every group is computed directly.
+- Translated rings (`ring_channels_many`, channels as tuples): Topology._ring_channels of a sorted group depends
+  only on which node each member sits in and on which members share a NIC (the first member per NIC opens a
+  channel). Where every node splits its local ranks over its NICs the same way, a group g = h + d x
+  devices_per_node (h another group of the same offsets and the same local rank of its first member) has h's
+  channels shifted by that many ranks. So the channels are computed once per class of groups (offsets from the
+  first rank, its local rank) and shifted with numpy; anywhere else every group is computed directly. The flat
+  channels of a query's groups (`channel_arrays`, what the link loads read) come from ring_batch.py: all at once.
 - One array of routes (`HopTable`): every rank pair routed so far keeps its edge ids in one CSR array, so the
   edges of all channels of all groups are one numpy gather, concatenated in the loop's order (group, hop,
   channel, edge). `link_load` bincounts them: whole hops as integers, split hops weighted by their share, the same
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from paracube.topologies.hop_batch import PartRoutes
+from paracube.topologies.ring_batch import ring_channel_table
 
 # topology.Topology (not imported: it imports this module); reads its route caches (_ranks, _nic_of, _in_node ...)
 Topology = Any
@@ -167,31 +169,16 @@ def _classes(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray,
 def channel_arrays(topo: Topology, groups: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
     """Every channel of every group's ring, flattened in the order Topology._link_load's loop visits them
     (groups in order, hops in ring order, channels in order): (senders, receivers, shares, whether the channel is
-    its hop's only one, the index of its group)."""
+    its hop's only one, the index of its group). Groups of one size (a mesh axis' groups): all at once
+    (ring_batch.py); else group by group."""
     empty = np.zeros(0, dtype=np.int64)
     if not groups:
         return empty, empty, np.zeros(0), np.zeros(0, dtype=bool), empty
-    classes = _classes(topo, groups)
-    if classes is None:
-        flat = [(s, r, share, len(hop) == 1, i) for i, g in enumerate(groups) for hop in topo._ring_channels(g)
-                for s, r, share in hop]
-        return _columns(flat)
-    arr, reps, inverse = classes
-    parts, order = [], []
-    for cls, rep in enumerate(reps.tolist()):
-        flat = [(s, r, share, len(hop) == 1, rep) for hop in topo._ring_channels(groups[rep]) for s, r, share in hop]
-        send, recv, share, whole, _ = _columns(flat)
-        rows = np.nonzero(inverse == cls)[0]
-        shift = (arr[rows, 0] - arr[rep, 0])[:, None]  # whole nodes: the class's channels, translated
-        k = len(flat)
-        parts.append(((send[None, :] + shift).reshape(-1), (recv[None, :] + shift).reshape(-1),
-                      np.tile(share, len(rows)), np.tile(whole, len(rows))))
-        order.append(np.repeat(rows, k))
-    cols = [np.concatenate([p[i] for p in parts]) for i in range(4)] + [np.concatenate(order)]
-    if len(parts) > 1:  # back to the groups' order (stable: a group's channels keep theirs)
-        perm = np.argsort(cols[4], kind="stable")
-        cols = [c[perm] for c in cols]
-    return tuple(cols)
+    if len({len(g) for g in groups}) == 1:
+        return ring_channel_table(topo, np.array(groups, dtype=np.int64), topo._nic_keys())
+    flat = [(s, r, share, len(hop) == 1, i) for i, g in enumerate(groups) for hop in topo._ring_channels(g)
+            for s, r, share in hop]
+    return _columns(flat)
 
 
 def _columns(flat: list[tuple[int, int, float, bool, int]]) -> tuple[np.ndarray, ...]:

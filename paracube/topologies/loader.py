@@ -22,89 +22,17 @@ Numbers may be written as 300e9 (YAML 1.1 reads that as a string; numeric fields
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from paracube.errors import ParacubeError, check, did_you_mean, unknown
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.presets import DEVICES, PRESETS, Preset, build_switched
 from paracube.topologies.topology import DeviceSpec, Topology
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class DeviceModel(_Model):
-    name: str
-    peak_flops: dict[str, float]
-    memory_bytes: float = Field(gt=0)
-    memory_bandwidth: float = Field(gt=0)
-    op_overhead_s: float = Field(default=0.0, ge=0)
-    call_overhead_s: float = Field(default=0.0, ge=0)
-    ring_wait_s: float = Field(default=0.0, ge=0)
-    gemm_half_dim: float = Field(default=0.0, ge=0)
-    generation: str = ""
-
-    @field_validator("peak_flops")
-    @classmethod
-    def _dtypes(cls, value: dict[str, float]) -> dict[str, float]:
-        missing = [k for k in ("fp32", "fp16", "bf16") if k not in value]
-        if missing:
-            raise ValueError(f"missing keys {missing}; expected fp32, fp16, bf16 (FLOP/s)")
-        bad = {k: v for k, v in value.items() if not v > 0}
-        if bad:
-            raise ValueError(f"{bad} must be positive FLOP/s")
-        return value
-
-
-class LinkModel(_Model):
-    bandwidth: float = Field(gt=0)
-    latency: float = Field(gt=0)
-
-
-class InterNodeModel(LinkModel):
-    nics_per_node: int = Field(default=1, ge=1)
-    nodes_per_leaf: int | None = Field(default=None, ge=1)
-    oversubscription: float = Field(default=1.0, ge=1.0)
-    spine_latency: float = Field(default=3e-7, gt=0)
-    pcie_bandwidth: float = Field(default=31.5e9, gt=0)
-    pcie_latency: float = Field(default=1e-6, gt=0)
-
-
-class GraphNodeModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    id: str
-    kind: Literal["gpu", "nic", "switch", "cpu"]
-    node_index: int | None = None
-    local_rank: int | None = None
-
-
-class GraphLinkModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    a: str
-    b: str
-    bandwidth: float  # positivity is checked by Topology, which names the link
-    latency: float
-
-
-class GraphModel(_Model):
-    nodes: list[GraphNodeModel]
-    links: list[GraphLinkModel]
-
-
-class TopologyFile(_Model):
-    name: str
-    device: DeviceModel | str
-    nodes: int = Field(ge=1)
-    devices_per_node: int = Field(ge=1)
-    intra_node: LinkModel | None = None
-    inter_node: InterNodeModel | None = None
-    graph: GraphModel | None = None
-    calibration: dict[str, Any] | None = None
+if TYPE_CHECKING:  # pydantic (~50 ms) loads only when a file is read: presets need none of it
+    from paracube.topologies.topology_file import TopologyFile
 
 
 def list_topologies() -> list[str]:
@@ -194,6 +122,10 @@ def _validated(data: Any, source: str) -> TopologyFile:
     """The file's structure checked by pydantic; one line naming the first bad field otherwise."""
     check(isinstance(data, dict), f"{source}: expected a mapping with name, device, nodes, devices_per_node, "
           f"...; got {type(data).__name__}")
+    from pydantic import ValidationError
+
+    from paracube.topologies.topology_file import TopologyFile
+
     try:
         return TopologyFile.model_validate(data)  # lax mode: "300e9" strings become floats
     except ValidationError as exc:
@@ -212,6 +144,10 @@ def _validated(data: Any, source: str) -> TopologyFile:
 
 def _unknown_key(source: str, loc: tuple) -> str:
     """`my.yaml: field device_per_node: unknown key; did you mean devices_per_node? valid: ...`."""
+    from pydantic import BaseModel
+
+    from paracube.topologies.topology_file import TopologyFile
+
     parts = [str(p) for p in loc if p not in ("DeviceModel", "str")]
     model: type[BaseModel] = TopologyFile
     for part in parts[:-1]:  # the model the key was found in
@@ -268,6 +204,8 @@ def load_topology(name_or_path: str, gpus: int | None = None, nodes: int | None 
               + ("is a directory" if path.is_dir() else "does not exist")
               + f"; give a YAML file (docs/topologies.md) or a preset: {', '.join(PRESETS)}")
         raise unknown("topology", name_or_path, PRESETS, ", or the path of a YAML file (docs/topologies.md)")
+    import yaml  # only files need it (~10 ms to import)
+
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -281,4 +219,6 @@ def load_topology(name_or_path: str, gpus: int | None = None, nodes: int | None 
 
 def save_topology(topo: Topology, path: str | Path) -> None:
     """Write the explicit form; `load_topology(path)` gives an equal topology."""
+    import yaml
+
     Path(path).write_text(yaml.safe_dump(topo.to_dict(), sort_keys=False, width=120))

@@ -53,12 +53,11 @@ from paracube.topologies.link_loads import (
     ring_channels_many,
     uniform_nics,
 )
+from paracube.topologies.ring_batch import RING_CHANNELS, nic_keys
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
 Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
-# NCCL opens 16+ channels on NVSwitch systems (NCCL_MAX_NCHANNELS 32); the NICs (<= 8 per node) bound them first.
-RING_CHANNELS = 16
 
 
 @dataclass(frozen=True)
@@ -125,6 +124,7 @@ class Topology:
         self._parts = HopParts(self)  # routes between nodes by cached pieces (link_loads.py)
         self._table = HopTable(self)  # every hop's edge ids as one array: link loads by numpy gathers
         self._nics_uniform: bool | None = None
+        self._nic_key_arr: np.ndarray | None = None  # per rank, its NIC as an integer (ring_batch.nic_keys)
 
     @property
     def calibration(self) -> Calibration | None:
@@ -369,6 +369,11 @@ class Topology:
             self._nics_uniform = uniform_nics(self)
         return self._nics_uniform
 
+    def _nic_keys(self) -> np.ndarray:
+        if self._nic_key_arr is None:
+            self._nic_key_arr = nic_keys(self)
+        return self._nic_key_arr
+
     def _owners(self, members: tuple[int, ...]) -> tuple[int, ...]:
         """The first member (by rank) of each distinct NIC the members use."""
         out = self._owner_cache.get(members)
@@ -438,9 +443,9 @@ class Topology:
             return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
         load = self._load_cached(groups)
         # a hop's rate R puts share x R on each channel's edges: R <= bw / load on every edge (equal hop rates)
-        pairs = [(s, r) for chans in self._ring_channels(group) for s, r, _share in chans]
+        send, recv = channel_arrays(self, [group])[:2]  # its channels, in _ring_channels' order (ring_batch.py)
         # the HopTable's rows of the group's channels: the ids and latencies _hops gives (link_loads.py)
-        rows = self._table.rows(*np.array(pairs, dtype=np.int64).T)
+        rows = self._table.rows(send, recv)
         ids = self._table.gather(rows)[0]
         # min over hops of min over edges of bw / load == min over all the group's edges (same float divisions)
         bandwidth = float((self._bw_arr[ids] / load[ids]).min()) if len(ids) else math.inf
