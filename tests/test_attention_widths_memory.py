@@ -21,6 +21,7 @@ import pytest
 from dist_helpers import run_distributed, saved_bytes
 
 from paracube.cost_models import estimate
+from paracube.cost_models.activations import block_bytes
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.memory import _block_acts, attention_widths
 from paracube.cost_models.validity import layout_arrays
@@ -84,6 +85,26 @@ def test_megatron_mla_per_tensor_sum(layout: str, dtype: str, rc: str) -> None:
     if not sp and t > 1:  # one_d.megatron_block's own convention, not MLA's: it holds 10 sbh whole (8 with FP8),
         per_token += 2 * h * (1 - 1 / t)  # the 2 sbh of dropout masks llama recipes do not keep among them
     assert _block_acts(d, lay.mode, b, rc)[0] == pytest.approx(per_token * lay.micro_batch * d.s, rel=1e-12)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("rc", ["none", "selective", "full"])
+def test_executor_count_wide_heads_closed_form(layout: str, rc: str) -> None:
+    """paracube's count, Qwen3-30B-A3B's attention (the executor refuses a head width other than h / heads; its
+    count is what its llama attention keeps at these widths): wide minus h / heads per head."""
+    lay = parse_layout(layout)
+    b = layout_arrays(lay, lay.micro_batch)
+    narrow = replace(_dims(QWEN, "bf16", rc), activations="paracube")
+    wide = replace(narrow, head_size=128, qk_norm=True)
+    diff = block_bytes(wide, lay.mode, b) - block_bytes(narrow, lay.mode, b)
+    c, t, T = 2, lay.tensor_size, lay.micro_batch * narrow.s
+    qw, kw, h, kv = 32 * 128, 4 * 128, 2048, 4 * 64
+    # q, k, v (views of the qkv output, or the qkv output selective keeps), the output (projection's input), the
+    # q / k norms' inputs and fp32 rstd per head; the rotary tables [s, head width] (cos, sin; selective: remade)
+    per_token = c * (qw + 2 * kw - h - 2 * kv) + c * (qw - h) + c * (qw + kw) + 4 * (32 + 4)
+    rotary = 2 * c * narrow.s * (128 - 64) if rc == "none" else 0.0
+    expected = 0.0 if rc == "full" else per_token * T / t + rotary
+    assert diff[0] == pytest.approx(expected, rel=1e-12)
 
 
 # --- paracube's count, measured on the executor --------------------------------------------------------------

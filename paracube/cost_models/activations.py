@@ -25,7 +25,9 @@ parallelism (sp) else 1:
   c sum(h_in h_out) / q; 3D c sum(h_in h_out) / q^2; none for serial/1D (their weights are the parameters).
 - q, k, v, attention output and the core's own tensors: c T (h_qkv + h) / t + flash 4 b heads s / t, unfused
   (c + [dropout] (1 + c)) b heads s^2 / t; 2D/3D with a sequence split across ranks also the gathered keys
-  and values (`split_sequence_bytes`).
+  and values (`split_sequence_bytes`). A head width other than h / heads (Qwen3) or latent attention (MLA):
+  these tensors at their true widths, plus MLA's latent and its norms' inputs and Qwen3's q / k norms' inputs
+  (`attention_widths`; MLA measured on the executor, tests/test_attention_widths_memory.py).
 - hidden dropout masks: 2 T h / k (serial/1D), 2 T h / t (2D/3D).
 - GELU input (fc output + bias): c T f / t.
   Family llama: SwiGLU's input (fused gate+up output) c T 2f / t and the rotary tables cos, sin:

@@ -19,7 +19,9 @@ fp32 gradient buffers and (zero=3) two gathered units in temporaries.
 Activations of one block for one micro-batch (Korthikanti et al. 2022, bytes for 16-bit activations, scaled
 by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t tensor ranks). The paper's
 34 sbh = 18 sbh + 4 sbf at f = 4h, so for any f we use X = 18 sbh + 4 sbf (llama SwiGLU: 18 sbh + 6 sbf),
-less 4 (1 - kv/h) sbh with grouped-query attention (K, V) and, llama family, the 2 sbh of the dropout masks:
+less 4 (1 - kv/h) sbh with grouped-query attention (K, V) and, llama family, the 2 sbh of the dropout masks; a
+head width other than h / heads (Qwen3) or latent attention (MLA) adds its true widths' terms (`attention_widths`:
+queries, keys, values, the core's output, q / k norms' inputs, MLA's latents; sb per-token bytes whole and split):
   none:            X + 5 a s^2 b
   1d:              10 sbh + (X - 10 sbh)/t + 5 a s^2 b/t       (= sbh(10 + 24/t + 5as/(ht)) at f = 4h)
   1d + sp:         (X + 5 a s^2 b)/t                            (= sbh/t (34 + 5as/h))
