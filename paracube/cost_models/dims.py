@@ -78,7 +78,7 @@ class Dims:
     @property
     def kv_width(self) -> int:
         """Width of the keys (and of the values): kv heads x head width (`kv` is the dense part's, at h / heads)."""
-        return self.kv // (self.h // self.heads) * self.head_size if self.head_size else self.kv
+        return self.kv // max(self.h // self.heads, 1) * self.head_size if self.head_size else self.kv
 
     @property
     def attn_in_width(self) -> int:
