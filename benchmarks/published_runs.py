@@ -35,9 +35,11 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   alltoall dispatcher (DeepEP refuses padding to capacity; cost_models/moe_dispatch.py); DeepSeek-V3's node-limited
   routing (4 of 8 groups) from its preset. One MoE figure, the all-to-all's NIC efficiency
   (cost_models/moe_a2a.A2A_NIC_EFF), is fitted on qwen3-235b-256 alone (split `fit`, an alltoall row); the other
-  rows are held out. qwen3-30b-16 (pp 2 x v 24, mb 2, edp 1) fits in 79.7 of 80 GiB as memory.py counts it; that
-  count leaves out Qwen3's 2h-wide queries and attention output (about 4 sbh a block, +3.1 GiB here), with which the
-  run would not fit under core-attention-only recomputation: it kept less (the source does not say how). Neither the
+  rows are held out. qwen3-30b-16 (pp 2 x v 24, mb 2, edp 1) is refused: with Qwen3's 2h-wide queries and attention
+  output, 2 x 128-wide keys and values and its q / k norms' inputs counted (memory.attention_widths, 9 sbh a block
+  more than at h / heads per head) it needs 86.3 GiB of 80 under core-attention-only recomputation, so the run kept
+  less (the source does not say how: Megatron-core's recompute_modules moe_act + layernorm would drop about 4.6 +
+  3.1 GiB by this count; full recomputation needs 47.9 GiB). Neither the
   dispatcher nor Megatron-core's a2a overlap (--overlap-moe-expert-parallel-comm, off by default) is stated for the
   dropless rows: deepseek-v3-1024 lies between no overlap (+22.7%) and its all_to_alls fully hidden (about -21%), the
   two 26.04 FP8 rows between DeepEP (-26.9%, -8.1%) and the alltoall dispatcher (+19.8%, +29.6%).

@@ -25,7 +25,9 @@ parallelism (sp) else 1:
   c sum(h_in h_out) / q; 3D c sum(h_in h_out) / q^2; none for serial/1D (their weights are the parameters).
 - q, k, v, attention output and the core's own tensors: c T (h_qkv + h) / t + flash 4 b heads s / t, unfused
   (c + [dropout] (1 + c)) b heads s^2 / t; 2D/3D with a sequence split across ranks also the gathered keys
-  and values (`split_sequence_bytes`).
+  and values (`split_sequence_bytes`). A head width other than h / heads (Qwen3) or latent attention (MLA):
+  these tensors at their true widths, plus MLA's latent and its norms' inputs and Qwen3's q / k norms' inputs
+  (`attention_widths`; MLA measured on the executor, tests/test_attention_widths_memory.py).
 - hidden dropout masks: 2 T h / k (serial/1D), 2 T h / t (2D/3D).
 - GELU input (fc output + bias): c T f / t.
   Family llama: SwiGLU's input (fused gate+up output) c T 2f / t and the rotary tables cos, sin:
@@ -84,20 +86,24 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
         return {"block input": block_input}
     if d.recompute == "selective" and d.selective == "op":  # torchtitan's per-op rule (recompute.py)
         return recompute.op_saved_bytes(d, mode, b, attention_core_bytes(d, mb, sp["all"]))
-    h_qkv = float(d.linears[0][2])  # qkv output width (3h; h + 2 kv with GQA)
-    # q, k, v: views of the qkv output (selective keeps the qkv output itself), or (unfused) the contiguous
-    # copies its bmms multiply, in the compute dtype
-    attention = c * T * h_qkv / sp["all"]
+    w = attention_widths(d)
     # The core is recomputed under selective recomputation, except with cp: its key / value exchange runs in
     # it, so the executor keeps it out of the recomputed region (executor/model/blocks.py; redoing it would
     # exchange again) and it saves what it saves at rc=none.
     core_kept = d.recompute != "selective" or d.cp > 1
+    # q, k, v: views of the qkv output (selective keeps the qkv output itself), or (unfused) the contiguous
+    # copies its bmms multiply, in the compute dtype; MLA: the core's q, k, v, or (selective) the up projections'
+    # outputs; plus MLA's latent and its norms' inputs, and the per-head q / k norms' inputs (attention_widths)
+    attention = (c * (w["qkv"] if core_kept else w["kept"]) + w["heads"]) * T / sp["all"] \
+        + w["whole"] * T / _sequence_shards(b) + w["latent"] * T
     if core_kept:  # the attention core's own saved tensors
         attention = attention + attention_core_bytes(d, mb, sp["all"])
     # The core's output: flash saves it; none / 1D keep it anyway as proj's input (2D / 3D's proj keeps its
     # gathered input instead, counted with the linear inputs; the unfused core's bmm does not save its output).
     if replicated or (core_kept and d.flash):
-        attention = attention + c * T * h / sp["all"]
+        attention = attention + c * T * w["out"] / sp["all"]
+    if d.mla is not None and core_kept and d.flash:  # and the projection its own copy (attention_widths)
+        attention = attention + c * T * w["out"] / sp["all"]
     if MODES[mode].token_axes:
         attention = attention + split_sequence_bytes(d, b, sp)
     if replicated:  # none / 1D: the residual stream, LayerNorm inputs and GELU input in the compute dtype
@@ -112,7 +118,7 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     act_fn_input = c * T * f / sp["all"]
     if d.family == "llama":  # SwiGLU keeps its fused gate+up input [T, 2f] (compute dtype), and the rotary
         # cos, sin tables [s, head_dim] (executor/layers/llama.py), made inside the core (selective: recomputed)
-        rotary = 2 * c * d.s * (h / d.heads) if core_kept else 0.0
+        rotary = 2 * c * d.s * w["rotary"] if core_kept else 0.0
         act_fn_input = c * T * 2 * f / sp["all"] + rotary
     # Hidden dropout after the attention projection and after the MLP: one boolean mask each, on the block's
     # activations (whole in none / 1D, sequence shards with sp, split over all t ranks in 2D / 3D).
@@ -120,6 +126,42 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     return {"layernorms": norms, "linear inputs": linear_inputs, "attention": attention,
             "activation-function input": act_fn_input, "gathered weights": weights + zero,
             "dropout masks": masks + zero}
+
+
+def attention_widths(d: Dims) -> dict[str, float]:
+    """What one block's attention keeps per token beyond the norms and the QKV / down projections' shared input
+    (executor/layers/llama.py, executor/layers/mla.py), for block_terms: "qkv" columns of the core's q, k, v (at
+    rc=none), "kept" those selective recomputation keeps (the checkpointed core's inputs), "out" the core's output
+    (the projection's input), "rotary" the width of the rotary cos / sin tables, all in the compute dtype and over
+    the rank's heads; bytes per token: "heads" over the rank's heads, "whole" on every tensor rank (sequence shards
+    with sp), "latent" whole on every tensor rank even with sp.
+    - h / heads per head (gpt, llama): q, k, v views of the qkv output h + 2 kv (gpt 3h), output h.
+    - a head width other than h / heads (Dims.head_size, Qwen3): the same with queries and output q_width =
+      heads x head width, keys and values kv_width; with qk_norm, per-head RMSNorms that keep their inputs and
+      fp32 rstd (executor/layers/rms_norm.py): (c (q_width + kv_width) + 4 (heads + kv heads)) per token.
+    - MLA (Dims.mla; r_q, r_kv latent ranks, d_n, d_r, d_v head widths, H heads): the core's q and k are new tensors
+      of H (d_n + d_r) columns each (RoPE'd parts concatenated; the up projections' outputs die), v a contiguous
+      copy of H d_v, the output H d_v, which flash keeps as [b, H, s, d_v] and the projection as its [T, H d_v] copy
+      (q is a fresh [b, H, s] tensor, so the output's transpose is no view, unlike the dense core's whose q views
+      the qkv output: 2 H d_v kept with the flash core); selective keeps the up projections' outputs instead, H (d_n
+      + d_r) + H (d_n + d_v); the rotary tables d_r wide. Every tensor rank keeps the latent [c_q, c_kv', k_r]
+      whole, w = (r_q or h) + r_kv + d_r columns (the up projections' inputs are views of it; with sp it is the
+      gathered one: no re-gather in backward), and the q / kv norms' inputs and rstd (the kv norm's input is a view
+      of kv_a's output, whose storage it keeps: c (r_q + r_kv + d_r) + 8; c (r_kv + d_r) + 4 without q_lora_rank),
+      on the rank's sequence shard with sp. The down projections' input is the block's normed x (the dense QKV
+      input, counted in block_terms)."""
+    c, m = float(d.c), d.mla
+    if m is not None:
+        H = float(d.heads)
+        norms = c * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim) + E * (2 if m.q_lora_rank else 1)
+        return {"qkv": H * (2 * m.qk_head_dim + m.v_head_dim), "kept": H * (m.qk_head_dim + m.qk_nope_head_dim
+                + m.v_head_dim), "out": H * m.v_head_dim, "rotary": float(m.qk_rope_head_dim), "heads": 0.0,
+                "whole": norms, "latent": c * ((m.q_lora_rank or d.h) + m.kv_lora_rank + m.qk_rope_head_dim)}
+    qw, kw = float(d.q_width), float(d.kv_width)
+    qkv = qw + 2 * kw if d.family == "llama" else float(d.linears[0][2])
+    head = float(d.head_size or d.h / d.heads)
+    norms = c * (qw + kw) + E * (qw + kw) / head if d.qk_norm else 0.0
+    return {"qkv": qkv, "kept": qkv, "out": qw, "rotary": head, "heads": norms, "whole": 0.0, "latent": 0.0}
 
 
 def split_sequence_bytes(d: Dims, b: LayoutBatch, sp: dict[str, Arr]) -> Arr:

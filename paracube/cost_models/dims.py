@@ -64,6 +64,21 @@ class Dims:
     # Multi-head latent attention (ModelSpec.mla): its tensor-parallel collectives and parameters as the executor
     # runs them (executor/layers/mla.py; cost_models/mla.py); its GEMMs are priced by cost_models/moe.py
     mla: MLASpec | None = None
+    # A head width other than hidden / heads (ModelSpec.head_size, Qwen3; 0: hidden / heads) and per-head q / k norms
+    # (ModelSpec.qk_norm): the dense part keeps its linears at hidden / heads (moe.dense_part: moe.attention_delta
+    # prices the difference); the activation counts read the true widths (q_width, kv_width).
+    head_size: int = 0
+    qk_norm: bool = False
+
+    @property
+    def q_width(self) -> int:
+        """Width of the queries and of the attention output (the projection's input): heads x head width."""
+        return self.heads * self.head_size if self.head_size else self.h
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the keys (and of the values): kv heads x head width (`kv` is the dense part's, at h / heads)."""
+        return self.kv // max(self.h // self.heads, 1) * self.head_size if self.head_size else self.kv
 
     @property
     def attn_in_width(self) -> int:

@@ -19,7 +19,9 @@ fp32 gradient buffers and (zero=3) two gathered units in temporaries.
 Activations of one block for one micro-batch (Korthikanti et al. 2022, bytes for 16-bit activations, scaled
 by c/2 so fp32 doubles them; s sequence, b micro-batch, h hidden, a heads, t tensor ranks). The paper's
 34 sbh = 18 sbh + 4 sbf at f = 4h, so for any f we use X = 18 sbh + 4 sbf (llama SwiGLU: 18 sbh + 6 sbf),
-less 4 (1 - kv/h) sbh with grouped-query attention (K, V) and, llama family, the 2 sbh of the dropout masks:
+less 4 (1 - kv/h) sbh with grouped-query attention (K, V) and, llama family, the 2 sbh of the dropout masks; a
+head width other than h / heads (Qwen3) or latent attention (MLA) adds its true widths' terms (`attention_widths`:
+queries, keys, values, the core's output, q / k norms' inputs, MLA's latents; sb per-token bytes whole and split):
   none:            X + 5 a s^2 b
   1d:              10 sbh + (X - 10 sbh)/t + 5 a s^2 b/t       (= sbh(10 + 24/t + 5as/(ht)) at f = 4h)
   1d + sp:         (X + 5 a s^2 b)/t                            (= sbh/t (34 + 5as/h))
@@ -83,13 +85,17 @@ def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
     X = own * sbh + (4 if d.family == "gpt" else 6) * mb * s * d.f
     if d.fp8:  # Transformer Engine saves each block linear's input as its FP8 cast (1 byte, not 2; _FP8_SAVED)
         X = X - _FP8_SAVED * sbh - mb * s * d.f
+    whole, split = attention_widths(d)  # true attention widths beyond the dense part's (wide heads, MLA)
+    X = X + split * mb * s
     # 5 a s^2 b: the unfused core's softmax and dropout (fa=0); flash (Transformer Engine's fused attention in
     # Megatron-core) keeps no s x s tensor, as selective recomputation drops it.
     att = 5.0 * d.heads * s * s * mb if recompute == "none" and not d.flash else 0.0
     scale = d.c / 2.0
     if recompute == "full":
         return scale * 2 * sbh / m.act_split(t, b.sp)
-    return m.megatron_block(d, X, att, sbh, mb * s, t, q, depth, b.sp, scale)
+    # `whole`: tensors every tensor rank keeps whole without sp, sequence shards with it (MLA's latents)
+    return m.megatron_block(d, X, att, sbh, mb * s, t, q, depth, b.sp, scale) + scale * whole * mb * s / m.act_split(
+        t, b.sp)
 
 
 # Korthikanti's per-block count assumes multi-head attention and dropout. Of its attention terms, K and V (2 sbh
@@ -106,6 +112,40 @@ _FP8_SAVED = 3
 
 def _gqa_saving(d: Dims) -> float:
     return 4.0 * (1.0 - d.kv / d.h)
+
+
+def attention_widths(d: Dims) -> tuple[float, float]:
+    """Bytes per token (16-bit, Korthikanti's units) one block's true attention keeps beyond the dense part's terms
+    (queries h, keys and values kv, the projection's input h: split over the tensor ranks; the QKV input h: whole
+    without sp), as (whole: kept whole on every tensor rank without sp, sequence shards with it; split: over the
+    tensor ranks). Megatron-core 0.16.1, Transformer Engine modules, flash attention (the core saves q, k, v, its
+    output and the softmax statistics; selective recomputation keeps them: they are the checkpoint's inputs):
+    - a head width other than h / heads (Qwen3; attention.py): queries and the core's output (the projection's
+      input) q_width = heads x head width, keys and values kv_width = kv heads x head width: 4 (q_width - h) +
+      4 (kv_width - kv); with qk_norm the per-head RMSNorms keep their inputs, the queries and the keys (TE's
+      RMSNorm saves its input): 2 (q_width + kv_width); with FP8 the projection keeps its input's FP8 cast,
+      1 byte a column: - (q_width - h).
+    - multi-head latent attention (multi_latent_attention.py; DeepSeek-V3's layer spec: q / kv down projections
+      TELinear duplicated over the tensor group, the up projections TELayerNormColumnParallelLinear fusing
+      q_layernorm / kv_layernorm, a separate input norm): the down projections share the input norm's output
+      (Korthikanti's QKV input, counted); each up projection keeps its norm's input and its norm's output, whole
+      on every tensor rank (sequence shards with sp: TE re-gathers them in backward): whole 4 (r_q + r_kv)
+      (r_q = 0 without q_lora_rank: q_proj reads the shared input); per rank's heads the core keeps q and k,
+      H (d_n + d_r) each (RoPE applied: new contiguous tensors; the up projections' outputs are not kept), v and
+      its output H d_v each (the output is the projection's input): split 4 H (d_n + d_r) + 4 H d_v - 4 h - 4 kv.
+      With FP8 each linear keeps its input's FP8 cast: the two down projections each their own cast of the
+      input (2 h bytes, against the dense QKV's one h: whole + h), the up projections' norm outputs at 1 byte
+      (whole - (r_q + r_kv)), the projection's input (split - (H d_v - h)).
+    (0, 0) for attention of h / heads per head."""
+    h, kv, heads, m = float(d.h), float(d.kv), float(d.heads), d.mla
+    if m is not None:
+        latent = float((m.q_lora_rank or 0) + m.kv_lora_rank)
+        whole = 4 * latent + (h - latent if d.fp8 else 0.0)
+        split = 4 * heads * (m.qk_head_dim + m.v_head_dim) - 4 * h - 4 * kv - (heads * m.v_head_dim - h if d.fp8 else 0)
+        return whole, split
+    qw, kw = float(d.q_width), float(d.kv_width)
+    split = 4 * (qw - h) + 4 * (kw - kv) + (2 * (qw + kw) if d.qk_norm else 0.0) - (qw - h if d.fp8 else 0.0)
+    return 0.0, split
 
 
 def op_remade_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
