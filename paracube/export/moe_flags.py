@@ -11,7 +11,8 @@ blocks, MLA or a head width other than hidden / heads; nothing for a dense model
   --moe-router-group-topk (group-limited routing, MoESpec.groups), --moe-grouped-gemm,
   --moe-expert-capacity-factor (dropless when unset), --overlap-moe-expert-parallel-comm for the layout's `a2ao`
   (its combined 1F1B schedule; --delay-wgrad-compute is not written: not priced apart); MLA:
-  --multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim; --kv-channels and --qk-layernorm (Qwen3).
+  --multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim;
+  --kv-channels and --qk-layernorm (Qwen3).
   The same names serve Megatron-DeepSpeed's export where DeepSpeed-MoE has them: --num-experts, --topk,
   --moe-expert-parallel-size (it has no expert tensor parallelism: the runtime refuses etp > 1).
 - torchtitan: --parallelism.expert_parallel_degree (the model's experts come from its --module config).
