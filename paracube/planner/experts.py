@@ -77,7 +77,7 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                                          overlap=dp > 1 and rt.overlaps_grad(pp),
                                          recompute=fixed.recompute if fixed is not None else None)
                             on = replace(lay, a2ao=True)
-                            out.append(on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype, moe is not None)
+                            out.append(on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype)
                                        else lay)
     return out
 

@@ -215,7 +215,7 @@ class Runtime:
         if layout.etp > 1 and not self.expert_tensor_parallel:
             return f"{who} does not run tensor parallelism inside experts (etp={layout.etp}); valid: etp=1"
         if layout.a2ao:
-            why_a2a = self.a2a_overlap_refusal(layout, dtype, moe)
+            why_a2a = self.a2a_overlap_refusal(layout, dtype)
             if why_a2a:
                 return f"{who} {why_a2a}"
         why_moe = self.moe_check(layout) if moe and self.moe_check is not None else None
@@ -228,13 +228,13 @@ class Runtime:
                 return f"{who} does not run {layout}: {why}"
         return None
 
-    def a2a_overlap_refusal(self, layout: Layout, dtype: str | None = None, moe: bool = True) -> str | None:
+    def a2a_overlap_refusal(self, layout: Layout, dtype: str | None = None) -> str | None:
         """Why it cannot run `a2ao` on this layout (after "runtime NAME (TITLE)"), else None: Megatron-core 0.16's
         TransformerConfig checks (expert parallelism, a virtual pipeline with pp > 1, no full recomputation, bf16 /
         fp16 parameters; fp8 trains them in bf16)."""
         if not self.moe_a2a_overlap:
             return "does not overlap the MoE all_to_alls with another micro-batch's compute; drop a2ao"
-        if not moe or layout.ep == 1:
+        if layout.ep == 1:  # (ep > 1 on a model without experts: moe.violations refuses it)
             return "overlaps the MoE all_to_alls (a2ao) with expert parallelism only; add ep=N (N > 1) or drop a2ao"
         if layout.pp > 1 and layout.interleave == 1:
             return f"runs a2ao with pipelines (pp={layout.pp}) only interleaved; add v=N (N > 1) or drop a2ao"
