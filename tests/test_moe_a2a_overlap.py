@@ -1,6 +1,7 @@
 """The MoE all_to_alls overlapped with another micro-batch's compute (Layout `a2ao`, cost_models/moe_a2a_overlap.py):
 the closed form against a step-by-step two-stream reference, both engines agreeing with and without it, the step
-never longer with it and shorter by less than the all_to_alls it can hide, and the one-line refusals where it cannot run."""
+never longer with it and shorter by less than the all_to_alls it can hide, and the one-line refusals where it
+cannot run."""
 
 from __future__ import annotations
 
