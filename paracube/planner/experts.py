@@ -76,9 +76,8 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                                          sequence_parallel=sp, ep=int(ep), etp=int(etp),
                                          overlap=dp > 1 and rt.overlaps_grad(pp),
                                          recompute=fixed.recompute if fixed is not None else None)
-                            on = replace(lay, a2ao=True)
-                            out.append(on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype)
-                                       else lay)
+                            on = replace(lay, a2ao=True) if a2ao else lay
+                            out.append(on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else lay)
     return out
 
 
