@@ -132,3 +132,13 @@ def test_refused_in_one_line(capsys: pytest.CaptureFixture[str], runtime: str, t
                  "--dtype", dtype, "--layout", text])
     err = capsys.readouterr().err
     assert code == 2 and err == f"paracube: error: layout {parse_layout(text)}: {message}\n"
+
+
+def test_full_recomputation_of_the_run_is_refused_by_the_engines(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--recompute full` (the run's, not the layout's rc=): the engines refuse the layout in one line."""
+    text = "dp=8,ep=4,tp=none,mb=1,a2ao"
+    code = main(["simulate", "--model", "tiny-moe", "--cluster", "dgx-h100", "--gpus", "8", "--runtime", "megatron",
+                 "--recompute", "full", "--layout", text])
+    assert code == 2 and capsys.readouterr().err == (
+        f"paracube: error: layout {text}: a2ao (the MoE all_to_all overlap) does not run with full recomputation; "
+        "valid: rc=none/selective\n")
