@@ -29,6 +29,9 @@ dp_shard (torchtitan's data_parallel_replicate / shard degrees): the groups of `
 coordinates, those of `dp_replicate` the ranks with equal dp_shard; `zero_axes` / `replica_axes` name them.
 `tpo`: tensor-parallel collectives overlapped with the GEMMs that produce or consume them (collective matmul:
 Megatron's --tp-comm-overlap, torchtitan's async TP; Wang et al. 2023); the same bytes, only the exposed part priced.
+`a2ao`: the MoE all_to_alls (dispatch / combine) of one micro-batch overlapped with the compute of another
+(Megatron-core's --overlap-moe-expert-parallel-comm: the combined 1F1B schedule; needs ep > 1, pp = 1 or v > 1, no
+full recomputation: cost_models/moe_a2a_overlap.py); `a2ao=0` forbids it.
 `cp=N` (none, 1d): context parallelism, a mesh axis between dp and the tensor axes (Megatron-core's order
 tp-cp-dp-pp, innermost first): each sequence split into 2N chunks, cp rank i holding chunks i and 2N-1-i (causal
 load balance); attention exchanges keys and values over cp by `cpc=p2p` (ring, overlapped with attention; Megatron's
@@ -85,6 +88,8 @@ class Layout:
     zero: int = 0  # ZERO_STAGES: 0 none, 1 optimizer state sharded over dp, 2 gradients too, 3 parameters too
     shard: int | None = None  # HSDP: zero's shard group (divides dp); None: all of dp
     tpo: bool = False  # tensor-parallel collectives overlapped with their GEMMs (collective matmul)
+    a2ao: bool = False  # MoE all_to_alls overlapped with another micro-batch's compute (module docstring)
+    forbid_a2ao: bool = False  # `a2ao=0`
     # Pins for the search (the planner fills in what is not pinned): `sp=0` forbids sequence parallelism,
     # `rc=none|selective|full` fixes activation recomputation (None: TrainingSpec.recompute, or searched).
     forbid_sp: bool = False
@@ -136,6 +141,7 @@ class Layout:
         check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
         check(not (self.forbid_overlap and self.overlap), "overlap and overlap=0 together: give one")
         check(not (self.forbid_tpo and self.tpo), "tpo and tpo=0 together: give one")
+        check(not (self.forbid_a2ao and self.a2ao), "a2ao and a2ao=0 together: give one")
         check(not (self.forbid_zero and self.zero), f"zero=0 and zero={self.zero} together: give one")
         check(self.recompute is None or self.recompute in RECOMPUTES,
               f"rc={self.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
@@ -351,6 +357,10 @@ class Layout:
             parts.append("tpo")
         if self.forbid_tpo:
             parts.append("tpo=0")
+        if self.a2ao:
+            parts.append("a2ao")
+        if self.forbid_a2ao:
+            parts.append("a2ao=0")
         if self.keep_weights is not None:
             parts.append(f"kw={self.keep_weights}")
         if self.flash is not None:
@@ -371,7 +381,7 @@ class Layout:
 LAYOUT_SYNTAX = ("dp=N,pp=N[,cp=N[,cpc=p2p|ag]][,ep=N][,etp=N],tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3]"
                  "[,shard=N]"
                  "[,rc=none|selective|full]"
-                 "[,overlap][,tpo]" + "".join(f"[,{f} (tp={m.variant_of})]" for f, m in VARIANTS.items()) +
+                 "[,overlap][,tpo][,a2ao]" + "".join(f"[,{f} (tp={m.variant_of})]" for f, m in VARIANTS.items()) +
                  "[,kw=0|1][,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
@@ -396,6 +406,9 @@ def parse_layout(text: str) -> Layout:
         elif key == "tpo":
             check(value.strip() in ("", "0", "1"), f"layout {text!r}: tpo={value!r}; valid: tpo, tpo=0|1")
             fields["forbid_tpo" if value.strip() == "0" else "tpo"] = True
+        elif key == "a2ao":
+            check(value.strip() in ("", "0", "1"), f"layout {text!r}: a2ao={value!r}; valid: a2ao, a2ao=0|1")
+            fields["forbid_a2ao" if value.strip() == "0" else "a2ao"] = True
         elif key == "kw":
             check(value.strip() in ("0", "1"), f"layout {text!r}: kw={value!r} is not valid; valid: kw=0, kw=1")
             fields["keep_weights"] = int(value)

@@ -88,6 +88,9 @@ PLANS: dict[str, Plan] = {
     "cp-ag-pp": make("llama2-13b", "dp=2,pp=2,cp=4,cpc=ag,tp=1d:2,mb=1", batch=64),
     "cp-ag-fp8-tpo": make("llama2-7b", "dp=2,cp=2,cpc=ag,tp=1d:4,mb=1,sp,tpo", batch=64, dtype="fp8"),
     "fp8-zero1": make("gpt3-13b", "dp=8,tp=1d:8,mb=1,sp,zero=1,overlap", batch=64, dtype="fp8"),
+    # the MoE all_to_alls overlapped with another micro-batch's compute (megatron's combined 1F1B, interleaved)
+    "moe-a2a-overlap": make("qwen3-30b-a3b", "dp=8,pp=2,v=2,ep=4,tp=1d:2,mb=1,sp,zero=1,overlap,a2ao", batch=256,
+                            runtime="megatron"),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -101,6 +104,8 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("tpo-without-sp", "torchtitan"): "it needs sp",
     ("fp16-full", "torchtitan"): "not fp16",
     ("moe-deepseek-mla-etp", "torchtitan"): "no tensor parallelism inside experts",
+    ("moe-a2a-overlap", "torchtitan"): "(a2ao)",
+    ("moe-a2a-overlap", "deepspeed"): "without interleaving",
     ("moe-qwen3-ep", "torchtitan"): "fold over dp_shard x cp x tp",
     ("moe-deepseek-mla-etp", "deepspeed"): "no tensor parallelism inside experts",
     ("moe-deepseek-paracube", "torchtitan"): "fold over dp_shard x cp x tp",
@@ -506,6 +511,7 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--fp8-recipe": [("tc", "fp8_recipe", lambda v: _literal("fp8_recipe", _str(v)))],
     # Megatron-LM's core_transformer_config_from_args sets TransformerConfig.fp8_param from --fp8-param-gather
     "--fp8-param-gather": [("ddp", "fp8_param_gather", _on), ("tc", "fp8_param", _on)],
+    "--overlap-moe-expert-parallel-comm": [("tc", "overlap_moe_expert_parallel_comm", _on)],
 }
 
 
@@ -571,6 +577,7 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
     if lay.cp > 1:
         assert transformer.cp_comm_type == {"p2p": "p2p", "ag": "all_gather"}[lay.cp_comm or "p2p"]
     fp8 = plan.training.dtype == "fp8"
+    assert transformer.overlap_moe_expert_parallel_comm == lay.a2ao
     assert (transformer.fp8, transformer.bf16) == (("hybrid", True) if fp8 else (None, plan.training.dtype == "bf16"))
     assert not fp8 or transformer.fp8_recipe == "delayed"  # Transformer Engine's delayed scaling, as paracube's
     # FP8 weights held and gathered in FP8, as the megatron runtime prices them (Runtime.fp8_param_gather)

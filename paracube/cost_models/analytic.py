@@ -126,6 +126,8 @@ def prepare(model: ModelSpec, training: TrainingSpec, layout: Layout,
                       layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)
+    if layout.a2ao and d.recompute == "full":  # Megatron-core refuses it; not priced (moe_a2a_overlap.py)
+        bad.append("a2ao (the MoE all_to_all overlap) does not run with full recomputation; valid: rc=none/selective")
     if layout.zero >= 2 and layout.pp > 1 and d.tied:
         bad.append(f"zero={layout.zero} with pp={layout.pp} and tied embeddings is not priced (paracube's executor "
                    "shards the stages' tied copies at zero=0/1 only); untie them, or use pp=1 or zero=0/1")

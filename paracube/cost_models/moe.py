@@ -257,6 +257,8 @@ class StageCost:
     memory: dict[str, float] = field(default_factory=dict)
     events: list[CommEvent] = field(default_factory=list)  # one micro-batch's + the step's
     buffers: float = 0.0  # one block's dispatch send and receive buffers (bytes; alive inside a MoE block only)
+    a2a_fwd: float = 0.0  # per micro-batch, its forward's dispatch / combine all_to_alls (s; moe_a2a_overlap.py)
+    a2a_bwd: float = 0.0  # per micro-batch, its backward's
 
 
 def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
@@ -284,6 +286,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd)
         out.comm += k * (cf * (2 if rec else 1) + cb)
         out.comm_bwd += k * (cb + (cf if rec else 0.0))
+        out.a2a_fwd = k * sum(comm_time(e, links, moe.imbalance, g) for e in b.events_fwd if routed(e))
+        out.a2a_bwd = k * sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd if routed(e))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
         out.comm -= k * dropped_time(dropped_events(model, d, layout, mb), links, g)
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch

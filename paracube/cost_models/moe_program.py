@@ -9,7 +9,9 @@ counts over ep, the aux loss's over tp), and in the tail the experts' norm all_r
 true attention smaller than the dense part's). The all_to_alls run with payload x imbalance (the most loaded
 receiver sets their time; the declared events keep the balanced bytes). The expert gradient reduction runs in the
 tail before the optimizer (with the layout's `overlap`: issued as the last backward starts, waited on in the tail,
-as moe_step.py prices it), and the expert optimizer step is added to the optimizer op.
+as moe_step.py prices it), and the expert optimizer step is added to the optimizer op. With the layout's `a2ao`, the
+`fwd` / `bwd` lists' compute is shortened by what the combined 1F1B steps hide of the partner pass's all_to_alls
+(moe_a2a_overlap.py: its saving, the SMs' slowdown included, scaled to the lists' micro-batches).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from dataclasses import replace
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.event_program import Op, StageProgram
-from paracube.cost_models.moe import attention_delta, block_cost, grad_event, moe_layers_of, routed, stage_cost
+from paracube.cost_models.moe import (
+    StageCost,
+    attention_delta,
+    block_cost,
+    grad_event,
+    moe_layers_of,
+    routed,
+    stage_cost,
+)
+from paracube.cost_models.moe_a2a_overlap import SM_SHARE, combined, list_share
 from paracube.cost_models.moe_counts import norm_event
 from paracube.cost_models.moe_step import in_flight
 from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
@@ -110,13 +121,35 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
         at = next((j for j, op in enumerate(prog.tail) if op.name.startswith("grad_norm") or op.name == "optimizer"),
                   len(prog.tail))
         prog.tail.insert(at, Op("comm", ne.label, event=ne))
-    optim = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage)).optim
+    sc = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage))
+    if layout.a2ao and sc.a2a_fwd + sc.a2a_bwd > 0:
+        _overlap(prog, sc, list_share(layout.pp, layout.interleave, n_micro, stage))
+    optim = sc.optim
     for j, op in enumerate(prog.tail):
         if op.kind == "compute" and op.name == "optimizer":
             prog.tail[j] = replace(op, seconds=op.seconds + optim)
     prog.compute_fwd = sum(op.seconds for ch in prog.fwd for op in ch if op.kind == "compute")
     prog.compute_bwd = sum(op.seconds for ch in prog.bwd for op in ch if op.kind == "compute")
     return prog
+
+
+def _overlap(prog: StageProgram, sc: StageCost, psi: float) -> None:
+    """`a2ao` in the `fwd` / `bwd` lists (module docstring): the all_to_alls stay as they run (their links shared as
+    without it); what a combined step hides of one pass's is taken off its partner's compute (at most that compute:
+    x = max(0, (1 - s) A - C)), every compute op of the partner's list scaled alike."""
+    compute = {id(lists): sum(op.seconds for ch in lists for op in ch if op.kind == "compute")
+               for lists in (prog.fwd, prog.bwd)}
+    cmb = combined(compute[id(prog.fwd)] + compute[id(prog.bwd)], sc.a2a_fwd, sc.a2a_bwd)
+    s = SM_SHARE
+    for lists, hidden in ((prog.fwd, (1.0 - s) * cmb.a_bwd - cmb.x_bwd), (prog.bwd, (1.0 - s) * cmb.a_fwd - cmb.x_fwd)):
+        total = compute[id(lists)]
+        if total <= 0 or hidden <= 0:
+            continue
+        scale = max(0.0, 1.0 - psi * hidden / total)
+        for ch in lists:
+            for j, op in enumerate(ch):
+                if op.kind == "compute":
+                    ch[j] = replace(op, seconds=op.seconds * scale)
 
 
 __all__ = ["with_blocks"]

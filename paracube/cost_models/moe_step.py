@@ -7,7 +7,8 @@ W + (pp - 1) / (v N) W + the dense per-step part + the slowest stage's expert gr
 layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under full recomputation), leaves
 after the dense buckets G_d: max(0, G - max(0, b W / N - G_d)); where the expert group spans nodes the gradients
 also slow the last backward's all_to_alls on the NICs they share, moe_contention.py) + the experts' norm all_reduce
-(moe_counts.norm_event, exposed) + its expert optimizer step. Memory: of the first and the last stage (as
+(moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each stage's work less
+the all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py). Memory: of the first and the last stage (as
 analytic.py counts them), each its dense parts plus its own expert parts, the heavier (_heaviest).
 """
 
@@ -24,6 +25,7 @@ from paracube.cost_models.links import LinkCache
 from paracube.cost_models.memory import logit_bytes
 from paracube.cost_models.moe import expert_links, expert_placement, moe_layers_of, priced, stage_cost
 from paracube.cost_models.moe_a2a import a2a_terms
+from paracube.cost_models.moe_a2a_overlap import combined, overlapped_fraction
 from paracube.cost_models.moe_contention import exposed_grads, slowdown
 from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
@@ -67,6 +69,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     old_bubble = float(scores.bubble[0])
     rest = est.step_time_s - old_w - old_bubble
     work = {s: float(st.compute[0] + st.micro[0]) + n * (costs[s].compute + costs[s].comm)
+            - _a2a_saved(layout, float(st.compute[0]) / n + costs[s].compute, costs[s], n, index[s])
             for s, st in zip(STAGE_NAMES, scores.stages, strict=True)}
     slow = max(STAGE_NAMES, key=lambda s: work[s])
     c = costs[slow]
@@ -110,6 +113,14 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
                    flops_per_gpu=flops, mfu=flops / (step * g.peak), comm_time_by_axis=by_axis,
                    comm_time_by_kind=by_kind, events=events,
                    notes=(*est.notes, _note(model, layout)))
+
+
+def _a2a_saved(layout: Layout, compute: float, c: Any, n: float, stage: int) -> float:
+    """Seconds `a2ao` takes off a stage's work: its combined steps' saving (moe_a2a_overlap.py) x their count."""
+    if not layout.a2ao or c.a2a_fwd + c.a2a_bwd <= 0:
+        return 0.0
+    share = overlapped_fraction(layout.pp, layout.interleave, int(n), stage)
+    return share * n * combined(compute, c.a2a_fwd, c.a2a_bwd).saved
 
 
 def expert_flops(model: ModelSpec, d: Dims) -> float:

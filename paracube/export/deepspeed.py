@@ -53,6 +53,8 @@ def why_not(plan: Plan) -> str | None:
         return f"its hybrid sharding (zero_hpz_partition_size) is for zero=3 only (shard={lay.shard}, zero={lay.zero})"
     if lay.tpo:
         return "Megatron-DeepSpeed does not overlap tensor-parallel communication with GEMMs (tpo)"
+    if lay.a2ao:
+        return "DeepSpeed-MoE does not overlap its all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
     if lay.cp > 1:
         return (f"it has no context parallelism (cp={lay.cp}): DeepSpeed-Ulysses all-to-alls heads, not a key / "
                 "value ring")

@@ -26,6 +26,8 @@ def why_not(plan: Plan) -> str | None:
         return f"paracube's executor runs pp=1 only for {lay.mode} (pp={lay.pp})"
     if lay.sequence_parallel and not support.sequence_parallel:
         return "paracube's executor does not implement sequence parallelism (sp)"
+    if lay.a2ao:
+        return "paracube's executor does not overlap the MoE all_to_alls with another micro-batch's compute (a2ao)"
     if lay.cp > 1 and (lay.cp_comm or "p2p") not in support.context_parallel:
         runs = "/".join(support.context_parallel)
         return (f"paracube's executor runs context parallelism with cpc={runs} only" if runs else

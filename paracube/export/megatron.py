@@ -48,6 +48,8 @@ def why_not(plan: Plan) -> str | None:
                 f"with shard={lay.shard} is not written")
     if lay.tpo and not lay.sequence_parallel:
         return "its tensor-parallel overlap (--tp-comm-overlap) needs sequence parallelism (sp)"
+    if lay.a2ao:  # --overlap-moe-expert-parallel-comm's own checks (Runtime.a2a_overlap_refusal)
+        return get_runtime("megatron").a2a_overlap_refusal(lay, plan.training.dtype)
     return None
 
 

@@ -9,8 +9,10 @@ blocks, MLA or a head width other than hidden / heads; nothing for a dense model
   the plan's runtime dispatches so and the model is dropless (Runtime.moe_dispatch, moe_dispatch.dispatch_of: the
   dispatch the plan was priced with; a plan made for paracube exports alltoall), --moe-router-num-groups /
   --moe-router-group-topk (group-limited routing, MoESpec.groups), --moe-grouped-gemm,
-  --moe-expert-capacity-factor (dropless when unset); MLA: --multi-latent-attention, --q-lora-rank,
-  --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim; --kv-channels and --qk-layernorm (Qwen3).
+  --moe-expert-capacity-factor (dropless when unset), --overlap-moe-expert-parallel-comm for the layout's `a2ao`
+  (its combined 1F1B schedule; --delay-wgrad-compute is not written: not priced apart); MLA:
+  --multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim;
+  --kv-channels and --qk-layernorm (Qwen3).
   The same names serve Megatron-DeepSpeed's export where DeepSpeed-MoE has them: --num-experts, --topk,
   --moe-expert-parallel-size (it has no expert tensor parallelism: the runtime refuses etp > 1).
 - torchtitan: --parallelism.expert_parallel_degree (the model's experts come from its --module config).
@@ -45,6 +47,8 @@ def megatron_moe_args(plan: Plan) -> list[str]:
             args.append(f"--moe-layer-freq [{pattern}]")
         if e.capacity_factor is not None:
             args.append(f"--moe-expert-capacity-factor {e.capacity_factor:g}")
+        if lay.a2ao:
+            args.append("--overlap-moe-expert-parallel-comm")
     if m.mla is not None:
         a = m.mla
         args += ["--multi-latent-attention", f"--kv-lora-rank {a.kv_lora_rank}", f"--qk-head-dim {a.qk_nope_head_dim}",

@@ -68,6 +68,8 @@ def why_not(plan: Plan) -> str | None:
                 f"cpc=ag, not cpc={lay.cp_comm or 'p2p (unpinned)'}")
     if lay.etp > 1:
         return f"it has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
+    if lay.a2ao:
+        return "it does not overlap its MoE all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
     shard = lay.shard_size if lay.zero >= 2 else 1  # data_parallel_flags: FSDP's shard degree
     if lay.ep > 1 and (shard * lay.cp * lay.tensor_size) % lay.ep:
         return (f"its experts fold over dp_shard x cp x tp = {shard * lay.cp * lay.tensor_size} ranks only "

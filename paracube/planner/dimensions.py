@@ -16,6 +16,10 @@ runtime offers it and prices the other value for the best layout only, as its ru
              asynchronous (cost_models/fsdp_overlap.py): dominant (the recursion's exposed time <= in line). No
              Layout field: every runtime here runs FSDP that way (Runtime.fsdp_prefetch)
     Runtime.engine_options() gives the engines both booleans (param_overlap, fsdp_prefetch) in every command.
+    a2ao     MoE dispatch / combine all_to_alls of one micro-batch overlapped with another's compute (Megatron-core's
+             combined 1F1B; cost_models/moe_a2a_overlap.py): dominant (the step never longer in time: exposed
+             max(a, c + s a) <= a + c); taken only where the runtime turns it on by default or the layout pins it
+             (Megatron: opt-in, so pinned only), on the layouts it runs there (Runtime.a2a_overlap_refusal)
     kw       kept weights (2d / 2.5d / 3d): 1 where several micro-batches and memory allow
     fa       attention kernel: flash dominant (compute.py, activations.py)
     cpc      context parallelism's key / value exchange (p2p ring, ag all-gather; modes/context.py): a pass over
@@ -67,6 +71,9 @@ PARAM_OVERLAP = Dimension("param_overlap", (False, True), lambda f: None,
 FSDP_PREFETCH = Dimension("fsdp_prefetch", (False, True), lambda f: None,
                           lambda r: _on_off(r.fsdp_prefetch, r.fsdp_prefetch), True,
                           "zero=2/3's gathers prefetched, reduce-scatters asynchronous")
+A2AO = Dimension("a2ao", (False, True), lambda f: True if f.a2ao else (False if f.forbid_a2ao else None),
+                 lambda r: _on_off(r.moe_a2a_overlap, r.moe_a2a_overlap_default), True,
+                 "MoE all_to_alls overlapped with another micro-batch's compute")
 KW = Dimension("kw", (0, 1), lambda f: f.keep_weights, lambda r: (0, 1), doc="kept weights (2d / 2.5d / 3d)")
 FA = Dimension("fa", (1, 0), lambda f: f.flash, lambda r: (1, 0), 1, "attention kernel (1 flash, 0 unfused)")
 CPC = Dimension("cpc", CP_COMMS, lambda f: f.cp_comm, lambda r: r.cp_comms, doc="context parallelism's exchange")
@@ -77,7 +84,7 @@ ETP = Dimension("etp", _EXPERT_WAYS[:4], lambda f: f.etp if f.etp > 1 else None,
                 lambda r: _EXPERT_WAYS[:4] if r.expert_tensor_parallel else (1,),
                 doc="tensor parallelism inside an expert (MoE models)")
 DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, FSDP_PREFETCH, KW, FA,
-                                                        CPC, EP, ETP)}
+                                                        CPC, EP, ETP, A2AO)}
 
 
 def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
@@ -98,5 +105,5 @@ def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
     return bool(vals) and vals[0] == dim.dominant
 
 
-__all__ = ["CPC", "DIMENSIONS", "EP", "ETP", "FA", "FSDP_PREFETCH", "KW", "OVERLAP", "PARAM_OVERLAP", "PRICED_ZEROS",
-           "RC", "TPO", "ZERO", "Dimension", "chosen", "values"]
+__all__ = ["A2AO", "CPC", "DIMENSIONS", "EP", "ETP", "FA", "FSDP_PREFETCH", "KW", "OVERLAP", "PARAM_OVERLAP",
+           "PRICED_ZEROS", "RC", "TPO", "ZERO", "Dimension", "chosen", "values"]

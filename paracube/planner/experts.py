@@ -7,7 +7,8 @@ one layout. The space is small: tensor modes none / 1d (the modes that fold, Lay
 pp with a valid block split, dp the rest, ep among the divisors of the experts that divide dp t, etp in {1, t}
 (Megatron-core's etp = 1 or tp; torchtitan's the same) where the runtime runs it, mb in {1, 2}, zero the runtime's
 lowest stage that fits (of 0 and 1), sp with tp > 1 where the runtime runs it, the gradient overlap as the runtime
-does it by default. A few hundred estimates, about 0.1 s each for DeepSeek-V3 on 1024 GPUs.
+does it by default, and a2ao (dimensions.A2AO) where chosen and the runtime runs it on the layout. A few hundred
+estimates, about 0.1 s each for DeepSeek-V3 on 1024 GPUs.
 Pins of `fixed` (dp, pp, v, tp, ep, etp, mb, zero, rc) are respected; v = 1 unless pinned. The dimensions
 ep / etp are declared in dimensions.py (EP, ETP).
 """
@@ -26,7 +27,7 @@ from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.stages import split_ok
-from paracube.planner.dimensions import EP, ETP, values
+from paracube.planner.dimensions import A2AO, EP, ETP, chosen, values
 from paracube.runtimes import Runtime
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -43,6 +44,7 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
     modes = [m for m, spec in MODES.items() if spec.context_parallel and m in rt.modes
              and (fixed is None or not fixed.shape or fixed.mode == m)]
     eps, etps = values(EP, rt, fixed), values(ETP, rt, fixed)
+    a2ao = chosen(A2AO, rt, fixed)  # where the runtime runs it on the layout (Runtime.a2a_overlap_refusal)
     out = []
     for mode in modes:
         shapes = MODES[mode].shapes(min(gpus, per_node)) if MODES[mode].axes else [()]
@@ -70,11 +72,12 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                         if moe is None and int(ep) * int(etp) > 1:
                             continue
                         for mb in mbs:
-                            out.append(Layout(dp=dp, pp=pp, mode=mode, shape=shape,
-                                              micro_batch=mb, interleave=v, sequence_parallel=sp, ep=int(ep),
-                                              etp=int(etp),
-                                              overlap=dp > 1 and rt.overlaps_grad(pp),
-                                              recompute=fixed.recompute if fixed is not None else None))
+                            lay = Layout(dp=dp, pp=pp, mode=mode, shape=shape, micro_batch=mb, interleave=v,
+                                         sequence_parallel=sp, ep=int(ep), etp=int(etp),
+                                         overlap=dp > 1 and rt.overlaps_grad(pp),
+                                         recompute=fixed.recompute if fixed is not None else None)
+                            on = replace(lay, a2ao=True) if a2ao else lay
+                            out.append(on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else lay)
     return out
 
 

@@ -67,6 +67,7 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "recompute": (lambda lay: f"rc={lay.recompute}", lambda f: f.recompute is not None),
     "overlap": (lambda lay: "overlap" if lay.overlap else "no overlap", lambda f: f.overlap),
     "tpo": (lambda lay: "tpo" if lay.tpo else "no tpo", lambda f: f.tpo),
+    "a2ao": (lambda lay: "a2ao" if lay.a2ao else "no a2ao", lambda f: f.a2ao or f.forbid_a2ao),  # MoE a2a overlap
     "attention": (lambda lay: "fa=1" if lay.uses_flash else "fa=0", lambda f: f.flash is not None),
     "placement": (lambda lay: "place=" + ".".join(big_placement(lay) or ("-",)), lambda f: bool(f.placement)),
 }
@@ -109,10 +110,10 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
     for part, (label, is_pinned) in PARTS.items():
         if (part == "v" and best.pp == 1) or (part == "sp" and not best.tensor_mode.sequence_parallel) or \
                 (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute) \
-                or (part in ("overlap", "tpo") and not any(getattr(lay, part) for lay, _ in rows)) \
+                or (part in ("overlap", "tpo", "a2ao") and not any(getattr(lay, part) for lay, _ in rows)) \
                 or (part == "cpc" and best.cp == 1) \
                 or (part in ("ep", "etp") and all(lay.ep == lay.etp == 1 for lay, _ in rows)):  # MoE: both told
-            continue  # not a choice of its own (overlap, tpo: the runtime does not offer it here)
+            continue  # not a choice of its own (overlap, tpo, a2ao: the runtime does not offer it here)
         value = label(best)
         if fixed is not None and is_pinned(fixed):
             out.append(Choice(part, value, True))

@@ -37,6 +37,10 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   core re-run in backward; Megatron-core, DeepSpeed, paracube's executor) or "op" (torchtitan's per-op selective
   activation checkpointing); both engines price its recomputed forward work and memory its saved tensors
   (cost_models/recompute.py).
+- `moe_a2a_overlap`: the MoE dispatch / combine all_to_alls of one micro-batch overlapped with another's compute
+  (Layout `a2ao`; Megatron-core's --overlap-moe-expert-parallel-comm, opt-in: `moe_a2a_overlap_default` False), with
+  its constraints (`a2a_overlap_refusal`: ep > 1, pp = 1 or interleaved, no full recomputation, 16-bit training);
+  both engines price it (cost_models/moe_a2a_overlap.py).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -118,6 +122,8 @@ class Runtime:
     fp8_param_gather: bool = False
     moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
     selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
+    moe_a2a_overlap: bool = False  # it runs Layout `a2ao` (module docstring)
+    moe_a2a_overlap_default: bool = False  # and turns it on without a flag
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
@@ -208,6 +214,10 @@ class Runtime:
             return f"{who} does not run expert parallelism (ep={layout.ep}); valid: ep=1"
         if layout.etp > 1 and not self.expert_tensor_parallel:
             return f"{who} does not run tensor parallelism inside experts (etp={layout.etp}); valid: etp=1"
+        if layout.a2ao:
+            why_a2a = self.a2a_overlap_refusal(layout, dtype)
+            if why_a2a:
+                return f"{who} {why_a2a}"
         why_moe = self.moe_check(layout) if moe and self.moe_check is not None else None
         if why_moe:
             return f"{who} does not run {layout}: {why_moe}"
@@ -218,6 +228,22 @@ class Runtime:
                 return f"{who} does not run {layout}: {why}"
         return None
 
+    def a2a_overlap_refusal(self, layout: Layout, dtype: str | None = None) -> str | None:
+        """Why it cannot run `a2ao` on this layout (after "runtime NAME (TITLE)"), else None: Megatron-core 0.16's
+        TransformerConfig checks (expert parallelism, a virtual pipeline with pp > 1, no full recomputation, bf16 /
+        fp16 parameters; fp8 trains them in bf16)."""
+        if not self.moe_a2a_overlap:
+            return "does not overlap the MoE all_to_alls with another micro-batch's compute; drop a2ao"
+        if layout.ep == 1:  # (ep > 1 on a model without experts: moe.violations refuses it)
+            return "overlaps the MoE all_to_alls (a2ao) with expert parallelism only; add ep=N (N > 1) or drop a2ao"
+        if layout.pp > 1 and layout.interleave == 1:
+            return f"runs a2ao with pipelines (pp={layout.pp}) only interleaved; add v=N (N > 1) or drop a2ao"
+        if layout.recompute == "full":
+            return "does not run a2ao with full recomputation; valid: rc=none/selective"
+        if dtype == "fp32":
+            return "runs a2ao in bf16 / fp16 / fp8 only (16-bit parameters), not fp32; drop a2ao"
+        return None
+
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "title": self.title, "modes": list(self.modes), "pipeline": self.pipeline,
                 "interleave": self.interleave, "sequence_parallel": self.sequence_parallel,
@@ -226,6 +252,7 @@ class Runtime:
                 "overlaps": {"grad_reduce": [self.grad_overlap, self.grad_overlap_default, self.grad_overlap_pp],
                              "param_gather": [self.param_gather_overlap, self.param_gather_overlap_default],
                              "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap,
+                "moe_a2a": [self.moe_a2a_overlap, self.moe_a2a_overlap_default],
                              "fsdp_prefetch": self.fsdp_prefetch},
                 "expert_parallel": self.expert_parallel, "expert_tensor_parallel": self.expert_tensor_parallel,
                 "export_target": self.export_target, "cp_comms": list(self.cp_comms),

@@ -43,6 +43,10 @@ RUNTIME = Runtime(
     # dropless MoE as NVIDIA's Hopper recipes run it: the flex dispatcher on DeepEP (cost_models/moe_dispatch.py; a
     # capacity factor falls back to alltoall, which Megatron-core requires for padding to capacity)
     moe_dispatch="deepep",
+    # --overlap-moe-expert-parallel-comm (combined 1F1B, pipeline_parallel/combined_1f1b.py): runs, opt-in
+    # (megatron-core 0.16 ModelParallelConfig.overlap_moe_expert_parallel_comm = False)
+    moe_a2a_overlap=True,
+    moe_a2a_overlap_default=False,
     fp8_param_gather=True,  # --fp8-param-gather: NeMo's FP8 recipes (bf16_with_fp8_mixed) hold and gather FP8 weights
     fp8_experts=True,  # TEGroupedLinear under fp8_autocast: the routed experts' GEMMs in FP8 (megatron-core experts.py)
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
