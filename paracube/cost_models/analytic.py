@@ -18,9 +18,7 @@ from paracube.cost_models.analytic_scores import (
     Links,
     Scores,
     StageScores,
-    compute_lower_bound,
     evaluate,
-    step_lower_bound,
 )
 from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.comm import axes_used
@@ -32,6 +30,7 @@ from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
 from paracube.cost_models.overlap_drag import DRAG
+from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bound
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.engine_options import EngineOptions, options_of

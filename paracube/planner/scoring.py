@@ -8,8 +8,9 @@ from collections import Counter
 
 import numpy as np
 
-from paracube.cost_models.analytic_scores import compute_lower_bound, evaluate, step_lower_bound
+from paracube.cost_models.analytic_scores import evaluate
 from paracube.cost_models.comm import axes_used
+from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bound
 from paracube.modes import MODES, LayoutBatch
 from paracube.planner.configs import _configs
 from paracube.planner.enumerate import Structure

@@ -1,0 +1,45 @@
+"""The planner's exact pruning bounds on `analytic_scores.evaluate`'s Scores: a step time no placement of a
+configuration beats (`step_lower_bound`, on links no worse than any placement's) and one no zero stage beats
+(`compute_lower_bound`, compute and the optimizer step only); planner/scoring.py skips what they prove slower."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paracube.cost_models.analytic_scores import Scores
+from paracube.cost_models.dims import Dims
+from paracube.modes import LayoutBatch
+
+Arr = np.ndarray
+
+
+def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap: bool | Arr = False) -> Arr:
+    """Per layout of `scores` (`evaluate` on links no worse on any axis set than every placement's: the most
+    bandwidth and the least latency over the placements), a step time that no placement of it beats. Every
+    collective's time grows with latency and falls with bandwidth (calibrated pairs and the per-call overhead
+    are the same on every placement), so each stage's per-micro-batch communication is at most any
+    placement's: the slowest stage's work W and the bubble W (pp-1)/(v N) are bounds. Of the per-step part,
+    the slowest stage pays its communication (less the gradient reduction when overlapped: what overlap hides
+    depends on the backward) and optimizer step, at least their least sum over the stages. The planner skips
+    the placements of a configuration whose bound exceeds a step time it has already found (planner/search.py)."""
+    work = np.max([s.compute + s.micro for s in scores.stages], axis=0)
+    per_step = np.min([s.step - s.grad * np.asarray(overlap) + s.optim for s in scores.stages], axis=0)
+    N = d.global_batch / (b.dp * b.mb)[rows]
+    return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + per_step
+
+
+def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr) -> Arr:
+    """Per layout of `scores` (any links, any zero pricing), a step time that no placement of it beats at zero=2/3
+    (or any zero): the slowest stage's compute W with its bubble W (pp-1)/(v N), plus the least optimizer step
+    over the stages. Compute and the optimizer step do not depend on the links, nor compute on zero (the
+    optimizer's shard is the row's own zero); every communication term evaluate adds is >= 0 (collective times,
+    fsdp_overlap's exposed seconds and contention's extras are clipped at 0; the per-step part loses at most the
+    gradient reduction and the replica all_reduce it contains), so the step is at least this. The planner prunes
+    zero=2/3 configurations by it (their exact price needs their own evaluation: planner/scoring.py)."""
+    work = np.max([s.compute for s in scores.stages], axis=0)
+    optim = np.min([s.optim for s in scores.stages], axis=0)
+    N = d.global_batch / (b.dp * b.mb)[rows]
+    return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + optim
+
+
+__all__ = ["compute_lower_bound", "step_lower_bound"]
