@@ -61,9 +61,10 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   BLACKWELL_FP8_MAX), 0.50-0.66 on the others, where flash attention (0.13-0.28), memory-bound work (0.15-0.17)
   and the bf16 head (0.06-0.12) are Hopper's fractions: a slower non-FP8 part on Blackwell would slow the held-out
   rows more than the 175B ones, but no fit row separates it (freed, mem_eff goes to 0.42, flash_eff to 0.20).
-  By model, not by device: on each system the Nemotron-4 rows are 10-16 points faster than GPT-3 175B and Llama 3
-  8B (GB200: +1.8 / +4.8% vs -14.1 / -14.2%); the 15B rows stay -11.6 / -9.6% with no gradient overlap at all, so
-  no collective explains them, and one FP8 figure per device would trade the fit rows against them.
+  By model, not by device: on the GB200 the Nemotron-4 rows are 16-19 points below GPT-3 175B and Llama 3 8B
+  (-14.1 / -14.2% vs +1.8 / +4.8%), on the B200 the 15B row 11-24 points (-21.3% vs -10.1 / +2.3%; the 340B's
+  exposed NDR ring covers it there); the 15B rows stay -11.6 / -9.6% with no gradient overlap at all, so no
+  collective explains them, and one FP8 figure per device would trade the fit rows against them.
 What no run exercises is borrowed from the nearest fitted generation / fabric and flagged (`fitted=False`, or a
 `note` naming the figure) with its source; `paracube topologies` prints every preset's sources (`sources`).
 """
