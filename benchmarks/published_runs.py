@@ -27,6 +27,12 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   and FSDP2's copy-out / copy-in kernels on the compute stream (cost_models/fsdp_copies.py: to -1 / -3 / -7 /
   -12.5%; H200 -14 / -15% to -12 / -14%). Hopper's and Blackwell's refits send D to 0 (their Megatron-core fit
   rows show none), so the H200 rows and the B200 / GB200 wide data-parallel rows keep most of their miss.
+  The H200 runs compiled (torch.compile, docs/published-runs.md), so their FP8 casts are fused as fp8.py prices
+  them (6 bytes per element). Their step (step_breakdown.py): FP8 GEMMs 0.49, flash attention 0.27 (Hopper's
+  0.347 of the bf16 peak, fitted on Megatron-core's cuDNN attention), memory-bound 0.17, bf16 0.06; torchtitan
+  runs attention through PyTorch's SDPA (0.3.0 puts cuDNN first; the 2025-06 run's backend is not stated): at
+  0.23 of the peak (FlashAttention-2's range on H100) attention alone would take the rows to -0.1 / -1.8%. Not
+  priced: no fit row runs SDPA's attention on Hopper.
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
   recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from paracube.errors import ParacubeError, check
+from paracube.estimate import StepEstimate
 from paracube.layout import Layout, parse_layout
 from paracube.model_presets import resolve_model
 from paracube.modes.buckets import GRAD_BYTES
@@ -195,6 +196,11 @@ def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube")
     """Analytic step time of a fully specified layout (mb, v chosen) of the run, priced as `predict` prices it
     for the runtime (the row's own, else `runtime`): its parameter-gather overlap and FP8 scaling, the run's
     gradient bucket."""
+    return run_estimate(run, layout, topo, runtime).step_time_s
+
+
+def run_estimate(run: Run, layout: Layout, topo: object, runtime: str = "paracube") -> StepEstimate:
+    """`step_time`'s whole analytic estimate (compute, exposed communication, bubble, time per mesh axis)."""
     from paracube.cost_models.analytic import estimate  # local: calibration sits above cost_models
     from paracube.planner.dimensions import PARAM_OVERLAP, chosen
 
@@ -202,7 +208,7 @@ def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube")
     param_overlap = chosen(PARAM_OVERLAP, rt, layout)
     options = rt.engine_options().with_(param_overlap=param_overlap, grad_bytes=run.grad_bytes,
                                         **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes}))
-    return estimate(run.model, run.training, layout, topo, with_events=False, options=options).step_time_s
+    return estimate(run.model, run.training, layout, topo, with_events=False, options=options)
 
 
 PARAMS = ("eff_max", "m0", "mem_eff", "intra", "inter", "fp8_eff_max", "fp8_m0", "flash_eff", "overlap_drag")

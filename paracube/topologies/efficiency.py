@@ -46,6 +46,25 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   fast, as the A100 dp=128 tp=none row is: the exposed part of a wide NVLink-bound gradient ring is larger than
   the overlap model gives. The 16-bit curve, mem_eff and flash_eff are Hopper's (no 16-bit Blackwell row),
   NVLink 5 borrows NVLink 4's figure and NDR is the physical 0.85.
+  The held-out rows, read with benchmarks/step_breakdown.py (2026-12, bw8; datasheet peaks rechecked: dense, per
+  GPU): the same Nemotron-4 340B layout (dp=4, pp=4, tp=8, v=12) is measured 1.22x slower on the B200 than on the
+  GB200 and predicted 1.47x. Compute differs by the peaks' 1.10 (1.145 vs 1.043 s); the rest is the B200's dp ring,
+  one member per node over NDR (0.777 s, 0.566 s of it exposed) where the GB200's stays in NVLink 5 (0.043 s): NDR
+  is 0.30 of the B200 step, NVLink 5 0.06 of the GB200's. Measured, every same-layout pair is 1.21-1.27x apart (Llama
+  3 8B on one node, Nemotron-4 15B dp=64 inside NVLink, the 340B across NDR), as if the B200's NDR traffic were
+  hidden and the device itself were 1.2x slower, not the peaks' 1.11x (1000 W vs 1200 W, NeMo 25.02 vs 25.04):
+  neither a generation figure nor NVLink 5's can move the two rows apart the other way. Pricing the FP8 parameter
+  all-gather Megatron-core runs (fp8.py, not priced yet; measured with every gathered element at 1 byte) takes
+  b200-n4-340B from +2.9% to -8.4% and the H100 340B FP8 rows from -2..-7% to -4..-11%, gb200-n4-340B -14.2 to
+  -14.9%: the 340B steps' compute is predicted too fast on both generations once that gather is priced. Share of
+  the step per figure (step_breakdown.py): FP8 GEMMs 0.69-0.70 on GPT-3 175B (the fit rows that hold
+  BLACKWELL_FP8_MAX), 0.50-0.66 on the others, where flash attention (0.13-0.28), memory-bound work (0.15-0.17)
+  and the bf16 head (0.06-0.12) are Hopper's fractions: a slower non-FP8 part on Blackwell would slow the held-out
+  rows more than the 175B ones, but no fit row separates it (freed, mem_eff goes to 0.42, flash_eff to 0.20).
+  By model, not by device: on the GB200 the Nemotron-4 rows are 16-19 points below GPT-3 175B and Llama 3 8B
+  (-14.1 / -14.2% vs +1.8 / +4.8%), on the B200 the 15B row 11-24 points (-21.3% vs -10.1 / +2.3%; the 340B's
+  exposed NDR ring covers it there); the 15B rows stay -11.6 / -9.6% with no gradient overlap at all, so no
+  collective explains them, and one FP8 figure per device would trade the fit rows against them.
 What no run exercises is borrowed from the nearest fitted generation / fabric and flagged (`fitted=False`, or a
 `note` naming the figure) with its source; `paracube topologies` prints every preset's sources (`sources`).
 """
