@@ -248,8 +248,9 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
                                   fsdp_prefetch, ov, st.tensor_bw, st.tensor_bwd, contend, drag)
                  for name, st in zip(STAGES, stages, strict=True)]
         single = (b.pp == 1)[rows]  # pp > 1: zero's gathers / reduce-scatters priced in line (exposed), both engines
-        stages = tuple(replace(st, micro=np.where(single, m, st.micro), step=st.step - np.where(single, rep, 0.0))
-                       for st, (m, rep) in zip(stages, parts, strict=True))
+        stages = tuple(replace(st, micro=np.where(single, m, st.micro), step=st.step - np.where(single, rep, 0.0),
+                               compute=st.compute + np.where(single, cp, 0.0))
+                       for st, (m, rep, cp) in zip(stages, parts, strict=True))
     work = np.stack([s.compute + s.micro for s in stages])
     slow = np.argmax(work, axis=0)
     idx = np.arange(len(slow))

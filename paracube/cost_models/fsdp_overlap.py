@@ -175,7 +175,7 @@ def exposed_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, pref
 def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr, F: Arr, H: Arr, n_zero: Arr,
                      compute: Arr, micro: Arr, fsdp: dict[str, tuple[Arr, Arr]], prefetch: bool = True,
                      overlap: Arr | bool = True, tensor_bw: Arr | float = 0.0, tensor_bwd: Arr | float = 0.0,
-                     slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> tuple[Arr, Arr]:
+                     slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> tuple[Arr, Arr, Arr]:
     """A stage's per-step communication on the compute side (`micro`, per layout) with its FSDP gathers and
     reduce-scatters (`fsdp[kind]` = (latency seconds summed, bandwidth seconds summed): analytic._stage)
     replaced by what prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`, the layout's: per layout)
@@ -187,7 +187,8 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     recomputation: its forward runs inside backward), the in-line communication as the tensor collectives' bytes
     (`tensor_bw` bandwidth seconds per step, `tensor_bwd` of them in backward; module docstring). Those seconds
     are the blocks', slowed by `slow` (contention.slowdown) where the stream runs beside them (`_beside`); the
-    compute side beside the stream by `drag` (overlap_drag.per_layout)."""
+    compute side beside the stream by `drag` (overlap_drag.per_layout). Third: the step's seconds of FSDP's copy
+    kernels (fsdp_copies.py), compute-stream work the caller adds to the stage's compute, as the event engine does."""
     N = (d.global_batch / (b.dp * b.mb))[rows]
     blocks = stage_layers(d.L, b.pp, b.v, F, H)[rows].astype(float)
     sizes = unit_sizes(d, mode, b, F, H, n_zero)[rows]
@@ -237,7 +238,8 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
                             drag)
     last = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, tuple(np.where(ov, x, 0.0) for x in ar),
                            tensor, slow, drag)  # type: ignore[arg-type]
-    return micro - inline + (N - 1) * plain + last + N * copies, replica
+    # the copies are compute-stream kernels: the caller adds them to the stage's compute (the event engine's ops)
+    return micro - inline + (N - 1) * plain + last, replica, N * copies
 
 
 __all__ = ["EXACT", "exposed_seconds", "micro_batch_seconds", "prefetched_micro", "unit_sizes"]
