@@ -27,7 +27,8 @@ Every fit reads a point's cost: its wall time per call, or, when CPU ranks outnu
 What the cost model reads: `compute.gemm_model` reads gemm.{eff_max, m0, n0, k0, mem_eff} (peak and
 memory bandwidth come from the device, which calibrate sets to the fitted peak_flops and bandwidth, so
 eff_max = mem_eff = 1 for the microbenchmarks, times the probe fit's efficiency below).
-cost_models/collective.py prices a call on a group of n ranks with link (B, a) as latency_factor(kind, n) a + sent_factor(kind, n) P / B (ring), e.g.
+cost_models/collective.py prices a call on a group of n ranks with link (B, a) as
+latency_factor(kind, n) a + sent_factor(kind, n) P / B (ring), e.g.
     all_reduce: 2(n-1) a + 2(n-1)/n P / B,   all_gather / reduce_scatter: (n-1) a + (n-1)/n P / B;
 the per-kind, per-size (latency, bandwidth) here are the a and B of exactly that formula (fit_alpha_beta
 uses collective.py's factors), and the cost model uses them in place of the link's for that kind and group
