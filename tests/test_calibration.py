@@ -25,9 +25,11 @@ from paracube.calibration.fit import fit_alpha_beta, fit_elementwise, fit_gemm, 
 from paracube.calibration.microbench import (
     PROBE_MICRO_BATCH,
     PROBE_MODEL,
+    PROBE_SEQS,
     BenchConfig,
     BenchResult,
     pattern_groups,
+    probe_model,
     run_benchmarks,
     run_probes,
 )
@@ -42,6 +44,7 @@ from paracube.layout import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES
 from paracube.topologies import load_topology
+from paracube.topologies.calibration import Probe
 from paracube.workload import TrainingSpec
 
 SIZES = (256, 4096, 65536, 1 << 20)
@@ -164,7 +167,7 @@ def test_microbenchmarks_run_on_two_ranks() -> None:
                       comm_bytes=(256, 4096), patterns=((2, 1),), reps=2, warmup=1, min_time_s=0.005,
                       timeout_s=120)
     res = run_benchmarks(cfg)
-    res.probe = run_probes(probe_layouts(2), ("fp32", "bf16"), 2, 2, timeout_s=120)
+    res.probe = run_probes(probe_layouts(2), ("fp32", "bf16"), 2, 2, timeout_s=120, seqs=(16,))  # fresh ranks
     assert [(p["m"], p["n"], p["k"]) for p in res.gemm] == [(32, 32, 32), (64, 64, 64)]
     assert len(res.collective) == 3 * 2  # 3 kinds x 2 sizes
     assert {p["bytes"] for p in res.collective} == {256, 4096}
@@ -173,8 +176,8 @@ def test_microbenchmarks_run_on_two_ranks() -> None:
     assert {p["stride"] for p in res.collective} == {"1"}
     # Step probes: the serial GPT and 1D on both ranks; their dispatch counts are the cost model's, plus at
     # most one mul per parameter tensor (29 here) when the gradient norm is clipped, which the formula omits.
-    assert [(p["layout"], p["dtype"]) for p in res.probe] == [
-        ("dp=1", "fp32"), ("dp=1", "bf16"), ("dp=1,tp=1d:2", "fp32"), ("dp=1,tp=1d:2", "bf16")]
+    assert [(p["layout"], p["dtype"], p["seq_len"]) for p in res.probe] == [
+        ("dp=1", "fp32", 16), ("dp=1", "bf16", 16), ("dp=1,tp=1d:2", "fp32", 16), ("dp=1,tp=1d:2", "bf16", 16)]
     assert all(bf["ops"] > fp["ops"] for fp, bf in zip(res.probe[::2], res.probe[1::2], strict=True))  # casts
     for p in res.probe[::2]:
         layout = parse_layout(p["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
@@ -219,16 +222,53 @@ def test_host_overheads_recover_the_per_op_cost_and_the_message_wait_the_probes_
 
     texts = ("dp=1", "dp=2,tp=1d:4", "dp=2,tp=2d:2x2", "tp=3d:2x2x2")
     probes = [{"layout": t, "dtype": "fp32", "time_s": step(t, truth)} for t in texts]
-    by_mode, fitted = fit_host_overheads(topo, probes)
+    by_mode, fitted, eff = fit_host_overheads(topo, probes)
     assert set(by_mode) == {"fp32"} and set(by_mode["fp32"]) == set(MODES)
     assert all(v == pytest.approx(per_op, rel=1e-9) for v in by_mode["fp32"].values())
     assert fitted == pytest.approx(wait, rel=1e-9)
+    assert eff == 1.0  # one sequence length: the microbenchmarks' rates as they are
     assert topo.calibration.elementwise.op_overhead_by_mode == {}  # the probe fit leaves no trace
     assert topo.calibration.elementwise.step_wait_s is None
     for text, probe in zip(texts, probes, strict=True):
         assert step(text, truth) == pytest.approx(probe["time_s"], rel=1e-12)
     fast = [{"layout": "dp=1", "dtype": "fp32", "time_s": 1e-9}]  # faster than its GEMMs alone
-    assert fit_host_overheads(topo, fast) == ({"fp32": {m: 0.0 for m in MODES}}, 0.0)
+    assert fit_host_overheads(topo, fast) == ({"fp32": {m: 0.0 for m in MODES}}, 0.0, 1.0)
+
+
+def test_probes_at_two_sequence_lengths_recover_the_compute_efficiency_as_well() -> None:
+    """Probes priced with 20 us per op (fp32), 35 us (bf16), a training step's GEMMs and elementwise ops at
+    0.4 of the microbenchmarks' rates and 0.3 ms per collective message, at both PROBE_SEQS, give back those
+    four figures. Tolerance 1e-4: the serial fit is scipy's bounded least squares (its default 1e-8 tolerances
+    on the cost), exact data; the wait is then closed form."""
+    cal = build_calibration(_synthetic_result(), machine_info(8, "gloo"))
+    topo = calibrated_topology("local-cpu", 8, cal)
+    per_op, wait, eff = {"fp32": 20e-6, "bf16": 35e-6}, 0.3e-3, 0.4
+    made = copy.deepcopy(cal)
+    made["elementwise"]["op_overhead_by_mode"] = {d: {m: c for m in MODES} for d, c in per_op.items()}
+    made["elementwise"]["step_wait_s"] = wait
+    made["gemm"]["eff_max"] = made["gemm"]["mem_eff"] = eff
+    truth = calibrated_topology("local-cpu", 8, made)
+    probes = []
+    for text in ("dp=1", "dp=2,tp=1d:4", "dp=2,tp=2d:2x2"):
+        layout = parse_layout(text).with_(micro_batch=PROBE_MICRO_BATCH)
+        for seq in PROBE_SEQS:
+            for dtype in per_op:
+                tr = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp, dtype=dtype)
+                t = estimate(probe_model(seq), tr, layout, truth, with_events=False).step_time_s
+                probes.append({"layout": text, "dtype": dtype, "seq_len": seq, "time_s": t})
+    by_mode, fitted, fitted_eff = fit_host_overheads(topo, probes)
+    assert fitted_eff == pytest.approx(eff, rel=1e-4)
+    for dtype, c in per_op.items():
+        assert all(v == pytest.approx(c, rel=1e-4) for v in by_mode[dtype].values())
+    assert fitted == pytest.approx(wait, rel=1e-4)
+
+
+def test_probe_sequence_length_round_trips_and_a_bad_one_is_refused() -> None:
+    good = {"layout": "dp=1", "dtype": "fp32", "ops": 10, "time_s": 0.01, "cpu_s": 0.01, "seq_len": 64}
+    assert Probe.parse("probes[0]", good).to_dict()["seq_len"] == 64
+    assert Probe.parse("probes[0]", {k: v for k, v in good.items() if k != "seq_len"}).seq_len == PROBE_MODEL.seq_len
+    with pytest.raises(ParacubeError, match=r"probes\[0\]\.seq_len.*positive integer"):
+        Probe.parse("probes[0]", {**good, "seq_len": 0})
 
 
 def test_calibration_with_other_cpu_binding_is_refused(monkeypatch) -> None:

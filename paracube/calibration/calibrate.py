@@ -21,6 +21,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from paracube.calibration.fit import Fit, fit_alpha_beta, fit_elementwise, fit_gemm
@@ -107,19 +108,27 @@ def probe_layouts(nproc: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]) -> tuple[dict[str, dict[str, float]], float]:
+def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]
+                       ) -> tuple[dict[str, dict[str, float]], float, float]:
     """(seconds per dispatched op, by dtype and tensor mode; seconds each collective message waits to be
-    scheduled) from the step probes. `topo` is left as is: the trials price a private copy.
+    scheduled; the fraction of the microbenchmarks' GEMM and memory rates a training step reaches) from the
+    step probes. `topo` is left as is: the trials price a private copy.
 
-    Per op: what the fitted model (GEMMs, elementwise bandwidth) leaves unexplained of a dtype's serial probe
-    (dp=1, one model per rank, every rank busy: no collective), spread over its ops (compute.ops_per_step),
-    at least 0: the executor's glue, autograd (and autocast's casts in bf16); every tensor mode dispatches
-    its ops at that rate. Wait: the least-squares figure (relative errors) that prices what the parallel
-    probes' steps leave beyond their ops and the collectives' CPU cost, per message of their collectives
+    Serial probes (dp=1, one model per rank, every rank busy: no collective) price as
+        step = compute / eff + c_dtype x ops      (compute: GEMMs, elementwise and optimizer at the fitted rates)
+    and, probed at two sequence lengths (microbench.PROBE_SEQS: the same ops, 4x the tokens), give both figures
+    by least squares (relative errors, at least 0): c_dtype is the executor's glue, autograd (and autocast's
+    casts in bf16) per op, and eff how fast the step's GEMMs and elementwise ops run against the
+    microbenchmarks' (which repeat one op on warm caches; a step's ops allocate their outputs and read what the
+    previous op left): measured on a 2-core VM, the serial step grew 15 -> 24 ms from seq 16 to 64 while the
+    fitted rates priced +3 ms. With one sequence length, eff = 1. Every tensor mode dispatches its ops at
+    c_dtype. Wait: the least-squares figure (relative errors) that prices what the parallel probes' steps leave
+    beyond their ops, compute and the collectives' CPU cost, per message of their collectives
     (collective.wait_steps: gloo's algorithms), at least 0. On a host whose ranks share cores a message
     waits for its receiver to be scheduled among the other ranks (topologies/local_cpu.py); the CPU-time
     basis of the collective fits (timing_basis) leaves that idle time out. 0 without parallel probes."""
-    from paracube.calibration.microbench import PROBE_MICRO_BATCH, PROBE_MODEL
+    from paracube.calibration.fit import _nonneg_linear
+    from paracube.calibration.microbench import PROBE_MICRO_BATCH, PROBE_MODEL, probe_model
     from paracube.cost_models import estimate
     from paracube.modes import MODES
     from paracube.topologies import topology_from_dict
@@ -128,27 +137,40 @@ def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]) -> tuple[di
     trial = topology_from_dict(topo.to_dict(), source="calibration trial")
     base = trial.calibration or Calibration()
 
-    def step(probe: dict[str, Any], per_op: dict[str, dict[str, float]], wait: float) -> float:
+    def step(probe: dict[str, Any], per_op: dict[str, dict[str, float]], wait: float, eff: float = 1.0) -> float:
         layout = parse_layout(probe["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
         dtype = probe.get("dtype", "fp32")
-        trial.calibration = base.with_op_overheads(per_op, wait)
+        trial.calibration = base.with_op_overheads(per_op, wait).with_compute_eff(eff)
         training = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp, dtype=dtype)
-        return estimate(PROBE_MODEL, training, layout, trial, with_events=False).step_time_s
+        spec = probe_model(int(probe.get("seq_len", PROBE_MODEL.seq_len)))
+        return estimate(spec, training, layout, trial, with_events=False).step_time_s
 
-    out: dict[str, dict[str, float]] = {}
-    for probe in probes:
-        if parse_layout(probe["layout"]).world_size == 1:
-            dtype = probe.get("dtype", "fp32")
-            t0, t1 = (step(probe, {dtype: {"none": per}}, 0.0) for per in (0.0, 1e-3))
-            per_op = max(0.0, (probe["time_s"] - t0) / ((t1 - t0) / 1e-3))
-            out[dtype] = {mode: per_op for mode in MODES}
+    serial = [p for p in probes if parse_layout(p["layout"]).world_size == 1]
+    dtypes = sorted({p.get("dtype", "fp32") for p in serial})
+    cols, times = [], []
+    for p in serial:
+        dtype = p.get("dtype", "fp32")
+        g = step(p, {dtype: {"none": 0.0}}, 0.0)
+        f = (step(p, {dtype: {"none": 1e-3}}, 0.0) - g) / 1e-3
+        cols.append([g] + [f if d == dtype else 0.0 for d in dtypes])
+        times.append(float(p["time_s"]))
+    A, t = np.array(cols, dtype=float).reshape(len(serial), 1 + len(dtypes)), np.array(times)
+    if len({p.get("seq_len", PROBE_MODEL.seq_len) for p in serial}) > 1:
+        x = _nonneg_linear(A, t)
+        slow, per = max(float(x[0]), 1e-3), [float(v) for v in x[1:]]
+    else:  # eff = 1: each dtype's per-op cost by least squares (exact for one probe), at least 0
+        rest, slow = t - A[:, 0], 1.0
+        per = [max(0.0, float(np.sum(A[:, i] * rest / t**2) / max(np.sum((A[:, i] / t) ** 2), 1e-300)))
+               for i in range(1, 1 + len(dtypes))]
+    out = {d: {mode: c for mode in MODES} for d, c in zip(dtypes, per, strict=True)}
+    eff = 1.0 / slow
     num = den = 0.0
     for probe in probes:
         if parse_layout(probe["layout"]).world_size > 1:
-            t0, t1 = (step(probe, out, wait) for wait in (0.0, 1e-3))
-            per_wait, t = (t1 - t0) / 1e-3, probe["time_s"]
-            num, den = num + per_wait * (t - t0) / t**2, den + (per_wait / t) ** 2
-    return out, max(0.0, num / den) if den > 0 else 0.0
+            t0, t1 = (step(probe, out, wait, eff) for wait in (0.0, 1e-3))
+            per_wait, tm = (t1 - t0) / 1e-3, probe["time_s"]
+            num, den = num + per_wait * (tm - t0) / tm**2, den + (per_wait / tm) ** 2
+    return out, max(0.0, num / den) if den > 0 else 0.0, eff
 
 
 def layout_gemm_shapes(model: ModelSpec, layout_text: str) -> set[tuple[int, int, int]]:
@@ -270,22 +292,27 @@ def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
     chosen = resolve_backend(cfg.backend)
     timing = timing_basis(nproc, chosen)
     # Probe rounds before and after the microbenchmarks: a machine's speed drifts over tens of seconds, and
-    # the rounds' spread is the probes' uncertainty (probe_spread).
+    # the rounds' spread is the probes' uncertainty (probe_spread). A probe's step is its faster round: other
+    # jobs only ever slow a step down (measured under a load of 20 on a 2-core VM: one round of the serial
+    # probe 126 ms, the other 19 ms, as on the quiet machine).
     rounds, steps = (1, 3) if quick else (2, 6)
     layouts = probe_layouts(nproc)
     probe_runs = [run_probes(layouts, PROBE_DTYPES, steps, nproc, backend, cfg.timeout_s)]
     result = add_costs(run_benchmarks(cfg), timing)
     probe_runs += [run_probes(layouts, PROBE_DTYPES, steps, nproc, backend, cfg.timeout_s)
                    for _ in range(rounds - 1)]
-    result.probe = [{**first, "time_s": sum(r[i]["time_s"] for r in probe_runs) / rounds,
+    result.probe = [{**first, "time_s": min(r[i]["time_s"] for r in probe_runs),
                      "cpu_s": sum(r[i]["cpu_s"] for r in probe_runs) / rounds,
                      "round_times_s": [r[i]["time_s"] for r in probe_runs]}
                     for i, first in enumerate(probe_runs[0])]
     calibration = build_calibration(result, machine_info(nproc, chosen), timing)
     topo = calibrated_topology(cluster, nproc, calibration)
-    by_mode, wait = fit_host_overheads(topo, result.probe)
+    by_mode, wait, eff = fit_host_overheads(topo, result.probe)
     calibration["elementwise"]["op_overhead_by_mode"], calibration["elementwise"]["step_wait_s"] = by_mode, wait
-    calibration["probes"] = [{k: p[k] for k in ("layout", "dtype", "ops", "time_s", "cpu_s", "round_times_s")}
+    for key in ("eff_max", "mem_eff"):  # the fitted rates as a training step reaches them (fit_host_overheads)
+        calibration["gemm"][key] *= eff
+    calibration["probes"] = [{k: p[k] for k in ("layout", "dtype", "seq_len", "ops", "time_s", "cpu_s",
+                                                "round_times_s")}
                              for p in result.probe]
     return calibrated_topology(cluster, nproc, calibration), result, calibration
 

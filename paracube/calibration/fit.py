@@ -18,15 +18,17 @@ at load time into topologies.calibration.Calibration):
       link: {latency, bandwidth, rms_rel_err}  # one joint fit over every kind and size
       residuals: {gemm, elementwise, comm, link, probe}   # RMS relative error of each fit; probe: spread of
                                                           # the step probes over rounds (calibrate.probe_spread)
-      probes: [{layout, dtype, ops, time_s, cpu_s, round_times_s}]   # what the two above were fitted to
+      probes: [{layout, dtype, seq_len, ops, time_s, cpu_s, round_times_s}]   # what the probe figures were
+                                                          # fitted to (time_s: the faster round)
 
 Every fit reads a point's cost: its wall time per call, or, when CPU ranks outnumber the cores they share
 (`timing.basis: cpu`), ranks_per_core x its CPU seconds per call (calibrate.timing_basis says why).
 
 What the cost model reads: `compute.gemm_model` reads gemm.{eff_max, m0, n0, k0, mem_eff} (peak and
 memory bandwidth come from the device, which calibrate sets to the fitted peak_flops and bandwidth, so
-eff_max = 1 and mem_eff = 1). cost_models/collective.py prices a call on a group of n ranks with link (B, a)
-as latency_factor(kind, n) a + sent_factor(kind, n) P / B (ring), e.g.
+eff_max = mem_eff = 1 for the microbenchmarks, times the probe fit's efficiency below).
+cost_models/collective.py prices a call on a group of n ranks with link (B, a) as
+latency_factor(kind, n) a + sent_factor(kind, n) P / B (ring), e.g.
     all_reduce: 2(n-1) a + 2(n-1)/n P / B,   all_gather / reduce_scatter: (n-1) a + (n-1)/n P / B;
 the per-kind, per-size (latency, bandwidth) here are the a and B of exactly that formula (fit_alpha_beta
 uses collective.py's factors), and the cost model uses them in place of the link's for that kind and group
@@ -38,7 +40,9 @@ which includes the wait for peers last synchronized with other ranks), for every
 other modes read `comm`. compute.py prices `ops_per_step` dispatched ops per step at
 `elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`, the bare in-place op of the elementwise fit)
 and each collective message (collective.wait_steps) at `elementwise.step_wait_s`: calibrate.fit_host_overheads
-sets the first from the serial probe step and the second, by least squares, from the parallel ones.
+sets the first, and gemm.eff_max = gemm.mem_eff (the fraction of the microbenchmarks' GEMM and memory rates a
+training step reaches), from the serial probe steps at two sequence lengths, and the second, by least squares,
+from the parallel ones.
 """
 
 from __future__ import annotations

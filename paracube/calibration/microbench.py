@@ -12,8 +12,8 @@ per call, its communication threads included), each the mean over ranks:
   calls stay on stride 1; payload = the whole tensor
   (all-gather output, reduce-scatter input, all-reduce tensor), as in paracube/estimate.py;
   each rank's mean over `reps` calls after `warmup` calls.
-`run_probes` (one launch per layout): executor training steps of PROBE_MODEL per layout and dtype, with
-their dispatched ops (_step_probe).
+`run_probes` (one launch per layout): executor training steps of PROBE_MODEL per layout, dtype and sequence
+length (PROBE_SEQS), with their dispatched ops (_step_probe).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -54,7 +54,7 @@ class BenchResult:
     gemm: list[dict[str, Any]] = field(default_factory=list)  # {m, n, k, time_s}
     elementwise: list[dict[str, Any]] = field(default_factory=list)  # {bytes, time_s}
     collective: list[dict[str, Any]] = field(default_factory=list)  # {kind, n, stride, bytes, time_s}
-    # {layout, dtype, ops, time_s, cpu_s, round_times_s} per step (run_probes, in rounds: calibrate.py)
+    # {layout, dtype, seq_len, ops, time_s, cpu_s, round_times_s} per step (run_probes, in rounds: calibrate.py)
     probe: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -103,11 +103,19 @@ def _timed_for(fn: Any, min_time: float, sync: Any) -> tuple[float, float]:
 # model sends so little).
 PROBE_MODEL = ModelSpec("step-probe", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=64, seq_len=16)
 PROBE_MICRO_BATCH = 4  # 3D splits a micro-batch's sequences over q^2 = 4
+# Two sequence lengths: the same ops and calls, every activation (and so every tensor collective's payload)
+# 4x larger at the second, so that the fit can tell a per-message wait from a per-byte one (fit_host_overheads).
+PROBE_SEQS = (16, 64)
 
 
-def _step_probe(mesh: Any, device: torch.device, dtype: str) -> tuple[Callable[[], None], int]:
+def probe_model(seq_len: int) -> ModelSpec:
+    """PROBE_MODEL at `seq_len` tokens per sequence."""
+    return replace(PROBE_MODEL, seq_len=seq_len)
+
+
+def _step_probe(mesh: Any, device: torch.device, dtype: str, spec: ModelSpec) -> tuple[Callable[[], None], int]:
     """(step, dispatched ops of one step): one executor training step (forward, backward, gradient sync,
-    clipping, AdamW) of PROBE_MODEL on `mesh`, one micro-batch of PROBE_MICRO_BATCH sequences per
+    clipping, AdamW) of `spec` (a probe_model) on `mesh`, one micro-batch of PROBE_MICRO_BATCH sequences per
     data-parallel replica, parameters in the compute dtype (fp32 masters in the optimizer for bf16)."""
     from paracube.executor.data_parallel.optim import build_optimizer
     from paracube.executor.layers.functional import COMPUTE_DTYPES
@@ -117,14 +125,14 @@ def _step_probe(mesh: Any, device: torch.device, dtype: str) -> tuple[Callable[[
     from paracube.modes.buckets import BUCKET_BYTES
 
     layout = mesh.layout
-    model = build_model(PROBE_MODEL, mesh, dtype=COMPUTE_DTYPES[dtype]).to(device)
+    model = build_model(spec, mesh, dtype=COMPUTE_DTYPES[dtype]).to(device)
     opt = build_optimizer(model, mesh, 0, BUCKET_BYTES, lr=1e-3)
     gen = torch.Generator().manual_seed(0)  # the same tokens on every rank
-    ids = torch.randint(0, PROBE_MODEL.vocab, (PROBE_MICRO_BATCH, PROBE_MODEL.seq_len), generator=gen).to(device)
+    ids = torch.randint(0, spec.vocab, (PROBE_MICRO_BATCH, spec.seq_len), generator=gen).to(device)
     batch = [(ids, ids.roll(-1, dims=1))]
 
-    def step() -> None:
-        train_step(model, opt, mesh, batch, PROBE_MODEL.seq_len * PROBE_MICRO_BATCH * layout.dp)
+    def step() -> None:  # overlapping the gradient sync only where the layout says so, as `paracube run` does
+        train_step(model, opt, mesh, batch, spec.seq_len * PROBE_MICRO_BATCH * layout.dp, overlap=layout.overlap)
 
     step()  # creates the optimizer state
     counter = DispatchCounter()
@@ -134,8 +142,8 @@ def _step_probe(mesh: Any, device: torch.device, dtype: str) -> tuple[Callable[[
 
 
 def _probe_rank(rank: int, world: int, device: torch.device, layout_text: str, dtypes: tuple[str, ...],
-                steps: int) -> list[dict[str, Any]]:
-    """One probe job: every dtype of one layout, in a process holding that one mesh (as `run` and
+                steps: int, seqs: tuple[int, ...]) -> list[dict[str, Any]]:
+    """One probe job: every dtype and sequence length of one layout, in a process holding that one mesh (as `run` and
     `validate` do: process groups of other layouts in the same process slowed the 1D probe by 5-15%).
     A serial layout runs one model per rank, every rank busy."""
     from paracube.executor.mesh import Mesh
@@ -143,22 +151,25 @@ def _probe_rank(rank: int, world: int, device: torch.device, layout_text: str, d
 
     layout = parse_layout(layout_text)
     mesh = Mesh.single(layout) if layout.world_size == 1 else Mesh(layout, rank)
-    probes = [(dtype, *_step_probe(mesh, device, dtype)) for dtype in dtypes]
+    probes = [(dtype, seq, *_step_probe(mesh, device, dtype, probe_model(seq))) for seq in seqs for dtype in dtypes]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out = []
-    for dtype, step, ops in probes:
+    for dtype, seq, step, ops in probes:
         dist.barrier()
         t, c = _timed(step, steps, 0, sync)
-        out.append({"layout": layout_text, "dtype": dtype, "ops": ops, "time_s": t, "cpu_s": c})
+        out.append({"layout": layout_text, "dtype": dtype, "seq_len": seq, "ops": ops, "time_s": t, "cpu_s": c})
     return out
 
 
 def run_probes(layouts: tuple[str, ...], dtypes: tuple[str, ...], steps: int, nproc: int, backend: str = "auto",
-               timeout_s: float = 300.0) -> list[dict[str, Any]]:
-    """Step probes of every (dtype, layout) on nproc local ranks, one launch per layout; rank means."""
+               timeout_s: float = 300.0, seqs: tuple[int, ...] = PROBE_SEQS) -> list[dict[str, Any]]:
+    """Step probes of every (dtype, sequence length, layout) on nproc local ranks, one launch per layout; rank
+    means."""
     out = []
     for text in layouts:
-        per_rank = run_on_ranks(_probe_rank, nproc, (text, dtypes, steps), backend, timeout_s, "calibration probe")
+        # fresh interpreters, as `paracube run`'s workers: forked ones step faster (local_ranks.run_on_ranks)
+        per_rank = run_on_ranks(_probe_rank, nproc, (text, dtypes, steps, seqs), backend, timeout_s,
+                                "calibration probe", fresh=True)
         for i, row in enumerate(per_rank[0]):
             out.append({**row, **{key: sum(r[i][key] for r in per_rank) / nproc for key in ("time_s", "cpu_s")}})
     return out
@@ -236,4 +247,5 @@ def run_benchmarks(cfg: BenchConfig) -> BenchResult:
     return _average(per_rank)
 
 
-__all__ = ["KINDS", "BenchConfig", "BenchResult", "pattern_groups", "run_benchmarks", "run_probes"]
+__all__ = ["KINDS", "PROBE_MICRO_BATCH", "PROBE_MODEL", "PROBE_SEQS", "BenchConfig", "BenchResult", "pattern_groups",
+           "probe_model", "run_benchmarks", "run_probes"]

@@ -82,14 +82,17 @@ def calibrate_command(args: argparse.Namespace) -> int:
         console.print(f"{args.nproc} ranks share {timing['cores']} cores: every point is priced at "
                       f"{timing['ranks_per_core']:g} x its CPU time (the step is CPU-throughput bound)")
     probes = Table(title="step probes (executor steps of a model with few FLOPs)")
-    for col in ("layout", "dtype", "ops", "measured step", "per op"):
+    for col in ("layout", "dtype", "seq", "ops", "measured step", "per op"):
         probes.add_column(col, justify="left" if col == "layout" else "right")
     by_mode = cal["elementwise"].get("op_overhead_by_mode", {})
     for p in cal.get("probes", []):
         mode = parse_layout(p["layout"]).mode
         per_op = by_mode.get(p["dtype"], {}).get(mode, 0.0)
-        probes.add_row(p["layout"], p["dtype"], str(p["ops"]), human_time(p["time_s"]), human_time(per_op))
+        probes.add_row(p["layout"], p["dtype"], str(p.get("seq_len", "")), str(p["ops"]), human_time(p["time_s"]),
+                       human_time(per_op))
     console.print(probes)
+    console.print(f"GEMMs and elementwise ops in a training step at {g['eff_max']:.2f} of the microbenchmarks' rates "
+                  "(fitted on the serial probes at two sequence lengths)")
     wait = cal["elementwise"].get("step_wait_s")
     if wait:
         console.print(f"wait per collective message (collective.wait_steps), fitted on the parallel probes: "

@@ -181,6 +181,7 @@ class Probe:
     time_s: float
     cpu_s: float
     round_times_s: tuple[float, ...] = ()
+    seq_len: int = 16  # tokens per sequence of the probe model (calibration.microbench.PROBE_SEQS)
 
     @staticmethod
     def parse(where: str, data: object) -> Probe:
@@ -195,8 +196,11 @@ class Probe:
         nums = {k: number(f"{where}.{k}", data.get(k), 0.0) for k in ("ops", "time_s", "cpu_s")}
         if isinstance(data["ops"], int):
             nums["ops"] = data["ops"]  # a count: written back as the integer it was
+        seq = data.get("seq_len", 16)
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise field_error(f"{where}.seq_len", "a positive integer", seq)
         return Probe(data["layout"], data["dtype"], **nums,
-                     round_times_s=tuple(number(f"{where}.round_times_s", r, 0.0) for r in rounds))
+                     round_times_s=tuple(number(f"{where}.round_times_s", r, 0.0) for r in rounds), seq_len=seq)
 
     def to_dict(self) -> dict[str, Any]:
         return {**plain(self), "round_times_s": list(self.round_times_s)}
@@ -267,6 +271,15 @@ class Calibration:
         probe fit)."""
         base = self.elementwise or Elementwise()
         return replace(self, elementwise=replace(base, op_overhead_by_mode=by_mode, step_wait_s=step_wait_s))
+
+    def with_compute_eff(self, eff: float) -> Calibration:
+        """A copy whose gemm.eff_max and mem_eff are `eff` x this one's (calibrate's probe fit: the fitted GEMM and
+        memory rates as a training step reaches them); this one where eff == 1."""
+        if eff == 1.0:
+            return self
+        gemm = self.gemm or GemmFit()  # absent figures: compute.GemmModel's defaults (0.85, 0.8)
+        return replace(self, gemm=replace(gemm, eff_max=eff * (gemm.eff_max or 0.85),
+                                          mem_eff=eff * (gemm.mem_eff or 0.8)))
 
 
 def _section(where: str, key: str, value: object) -> Any:

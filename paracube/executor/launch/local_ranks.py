@@ -2,7 +2,8 @@
 processes of this machine and returns the results in rank order.
 
 Used by calibration (microbenchmarks, step probes), validation and the multi-process tests. Ranks fork from a
-forkserver that has imported torch once (a launch takes ~0.3 s instead of seconds), join the rendezvous store
+forkserver that has imported torch once (a launch takes ~0.3 s instead of seconds; `fresh`: new interpreters,
+as `paracube run` starts them, for timings that must describe its runs), join the rendezvous store
 that this process hosts on 127.0.0.1 (rendezvous.py: bound on port 0 by the store itself, so no other job can
 take the port between choosing and binding it; the ranks are its clients, as under torchrun's agent), use
 gloo on CPU (bound to cores as `paracube run` binds them, affinity.py) or NCCL on CUDA, and report back
@@ -93,13 +94,22 @@ def _collect(procs: list[Any], results: Any, nproc: int, timeout_s: float) -> tu
 
 
 def run_on_ranks(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "auto",
-                 timeout_s: float = 300.0, what: str = "run", preload: Sequence[str] = ()) -> list[Any]:
+                 timeout_s: float = 300.0, what: str = "run", preload: Sequence[str] = (),
+                 fresh: bool = False) -> list[Any]:
     """fn(rank, nproc, device, *args) on nproc local ranks (fn importable at module level); results in rank
     order. RanksFailed naming the rank if one fails, dies or the run times out. `preload`: modules the
-    forkserver imports once (honoured by the first call of this process, which starts the server)."""
+    forkserver imports once (honoured by the first call of this process, which starts the server). `fresh`:
+    each rank a new interpreter (spawn: seconds to import torch) instead of a forkserver child, as `paracube
+    run`'s workers are. Why it matters for timing: forkserver children share the server's interpreter heap
+    copy-on-write, which ranks sharing a core keep warm in its caches; measured on a 2-core VM, 8 ranks, the
+    tiny GPT's dp=2,tp=2d:2x2 step (train(), alternating runs) took 165 / 167 ms forked and 203 / 197 ms
+    fresh, as `paracube run` (200 ms)."""
     backend = resolve_backend(backend)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
+    if fresh:
+        ctx = mp.get_context("spawn")
+    else:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
     results = ctx.Queue()
     store = launcher_store()  # lives until every rank has ended (the finally below)
     procs = [ctx.Process(target=_worker, args=(r, nproc, store.port, backend, fn, args, results), daemon=True)
