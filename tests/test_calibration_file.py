@@ -21,7 +21,7 @@ def _written() -> dict:
     cal = build_calibration(_synthetic_result(), machine_info(4, "gloo"))
     cal["comm_alternating"] = {"all_reduce": {"4": {"latency": 5e-4, "bandwidth": 2e8, "rms_rel_err": 0.1}}}
     cal["elementwise"]["op_overhead_by_mode"] = {"fp32": {"1d": 1e-5, "2d": 2e-5}, "bf16": {"1d": 3e-5}}
-    cal["probes"] = [{"layout": "dp=4", "dtype": "fp32", "ops": 1234, "time_s": 0.1, "cpu_s": 0.09,
+    cal["probes"] = [{"layout": "dp=4", "dtype": "fp32", "seq_len": 16, "ops": 1234, "time_s": 0.1, "cpu_s": 0.09,
                       "round_times_s": [0.1, 0.1]}]
     return cal
 
