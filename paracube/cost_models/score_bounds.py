@@ -1,6 +1,7 @@
 """The planner's exact pruning bounds on `analytic_scores.evaluate`'s Scores: a step time no placement of a
 configuration beats (`step_lower_bound`, on links no worse than any placement's) and one no zero stage beats
-(`compute_lower_bound`, compute and the optimizer step only); planner/scoring.py skips what they prove slower."""
+(`compute_lower_bound`: compute, in-line communication and the optimizer step only); planner/scoring.py skips
+what they prove slower."""
 
 from __future__ import annotations
 
@@ -29,14 +30,20 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
 
 
 def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr) -> Arr:
-    """Per layout of `scores` (any links, any zero pricing), a step time that no placement of it beats at zero=2/3
-    (or any zero): the slowest stage's compute W with its bubble W (pp-1)/(v N), plus the least optimizer step
-    over the stages. Compute and the optimizer step do not depend on the links, nor compute on zero (the
-    optimizer's shard is the row's own zero); every communication term evaluate adds is >= 0 (collective times,
-    fsdp_overlap's exposed seconds and contention's extras are clipped at 0; the per-step part loses at most the
-    gradient reduction and the replica all_reduce it contains), so the step is at least this. The planner prunes
-    zero=2/3 configurations by it (their exact price needs their own evaluation: planner/scoring.py)."""
-    work = np.max([s.compute for s in scores.stages], axis=0)
+    """Per layout of `scores` (`evaluate` with zero priced per configuration, as the search's bound pass: no FSDP
+    unit collectives; on links no worse than any placement's), a step time that no placement of it beats at
+    zero=2/3 (or any zero): the slowest stage's compute and per-micro-batch communication W with its bubble
+    W (pp-1)/(v N), plus the least optimizer step over the stages. zero=2/3 keep every per-micro-batch collective
+    of zero=0 (the tensor-parallel and context-parallel ones, the pipeline sends: comm.StepTraffic.entries adds
+    the unit collectives to them, over the zero group, on which no declared per-micro-batch collective runs) and
+    their time falls with better links (step_lower_bound); evaluate then adds only terms >= 0 to a zero=2/3 stage
+    (the unit collectives, in line with pipelines; with pp = 1 fsdp_overlap.prefetched_micro replaces just their
+    seconds by its exposed seconds, clipped at 0, and the copy kernels add to compute; contention's extras are
+    clipped at 0). Compute and the optimizer step do not depend on the links, nor compute on zero (the
+    optimizer's shard is the row's own zero); the per-step part loses at most the gradient reduction and the
+    replica all_reduce it contains, so it is >= 0. The step is at least this. The planner prunes zero=2/3
+    configurations by it (their exact price needs their own evaluation: planner/scoring.py)."""
+    work = np.max([s.compute + s.micro for s in scores.stages], axis=0)
     optim = np.min([s.optim for s in scores.stages], axis=0)
     N = d.global_batch / (b.dp * b.mb)[rows]
     return work * (1 + (b.pp - 1)[rows] / (b.v[rows] * N)) + optim

@@ -46,17 +46,18 @@ def _distinct_links(s: _Search, st: Structure, links: np.ndarray) -> tuple[np.nd
 def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
                   places: dict[Structure, Placements], st_links: dict[Structure, np.ndarray],
                   zero: np.ndarray | None, kw: np.ndarray, overlap: np.ndarray, tpo: np.ndarray,
-                  high: np.ndarray | None = None) -> np.ndarray:
-    """Which configurations of `batch` may still hold one of the best `top_k` layouts of the search, or the
-    mode's best: those whose lower bound over all placements (analytic.step_lower_bound on each axis set's best
-    link over the structure's placements) is within the larger of the top_k-th best step time (the layouts
-    kept by earlier passes and modes, and the configurations' first placements) and the mode's best so far
-    (real layouts the pins allow, so the bar is met). Exact: no layout skipped here beats the top_k that scoring
-    the rest finds, nor the mode's best; it spares the placements of configurations that lose whatever their
-    placement. In a cp=1 pass the bar is also at least the best cp=1 step time so far, so that the best cp=1
-    layout stays too (a cp > 1 layout's runner-up). `high`: the zero=2/3 configurations, which this single
-    evaluation prices as zero=0 (not their step time): they set no bar and are bounded by their compute and
-    optimizer step only (analytic.compute_lower_bound)."""
+                  high: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(which configurations, their lower bounds, whether the pins allow them). Which configurations of
+    `batch` may still hold one of the best `top_k` layouts of the search, or the mode's best: those whose lower
+    bound over all placements (analytic.step_lower_bound on each axis set's best link over the structure's
+    placements) is within the larger of the top_k-th best step time (the layouts kept by earlier passes and
+    modes, and the configurations' first placements) and the mode's best so far (real layouts the pins allow,
+    so the bar is met). Exact: no layout skipped here beats the top_k that scoring the rest finds, nor the
+    mode's best; it spares the placements of configurations that lose whatever their placement. In a cp=1 pass
+    the bar is also at least the best cp=1 step time so far, so that the best cp=1 layout stays too (a cp > 1
+    layout's runner-up). `high`: the zero=2/3 configurations, which this single evaluation prices as zero=0
+    (not their step time): they set no bar and are bounded by their compute, in-line communication and
+    optimizer step only (analytic.compute_lower_bound; _staged_times bounds them again)."""
     n = len(batch)
     best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
     # One evaluation: each configuration on its first placement's links, then on its structure's best links.
@@ -65,14 +66,16 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     rows = np.concatenate([np.arange(n), np.arange(n)])
     res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows])
     found = res.step_time[:n] if high is None else np.where(high, np.inf, res.step_time[:n])
+    allowed = np.ones(n, dtype=bool)
     if s.fixed is not None:  # the bar counts only layouts the pins allow (no placement pin: any placement)
-        allowed = [_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed) for i, st in enumerate(owners)]
+        allowed = np.array([_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed)
+                            for i, st in enumerate(owners)], dtype=bool)
         found = np.where(allowed, found, np.inf)
     bar = max(_kth(s, found), _mode_best(s, mode, found), _cp1_best(s, found))
     bound = step_lower_bound(res, s.d, batch, rows, overlap[rows])[n:]
     if high is not None and np.any(high):
         bound = np.where(high, compute_lower_bound(res, s.d, batch, rows)[n:], bound)
-    return bound <= bar * (1 + 1e-9)  # the bar's own configuration stays despite rounding
+    return bound <= bar * (1 + 1e-9), bound, allowed  # the bar's own configuration stays despite rounding
 
 
 def _kth(s: _Search, found: np.ndarray | None = None) -> float:
@@ -135,21 +138,28 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
     # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
     # prices them as zero=0, so they are pruned by their compute-only bound (the zero=0/1 rows by their bound).
+    bound = allowed = None
     if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch):
-        keep = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos, high=zeros >= 2)
+        keep, bound, allowed = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos,
+                                             high=zeros >= 2)
+        s.pruned += int(n_places[~keep].sum())
+        kept = np.nonzero(keep)[0]
+        batch, owners, n_places, zeros, kws, ovs, tpos, bound, allowed = (
+            batch.take(kept), [owners[i] for i in kept], n_places[kept], zeros[kept], kws[kept], ovs[kept],
+            tpos[kept], bound[kept], allowed[kept])
+    keep, step_time = _staged_times(s, mode, batch, owners, st_links, zeros, kws, ovs, tpos, bound, allowed)
+    if not keep.all():  # zero=2/3 configurations the zero=0/1 layouts scored first beat (_staged_times)
         s.pruned += int(n_places[~keep].sum())
         kept = np.nonzero(keep)[0]
         batch, owners, n_places, zeros, kws, ovs, tpos = (batch.take(kept), [owners[i] for i in kept],
                                                           n_places[kept], zeros[kept], kws[kept], ovs[kept],
                                                           tpos[kept])
-        zero_arg = zeros if s.zeros != (0,) else None
     if not len(batch):
         top = mode_rej.most_common(2)
         s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
         return
     layout_rows = np.repeat(np.arange(len(batch)), n_places)  # each configuration once per placement
     place_idx = np.concatenate([np.arange(c) for c in n_places])
-    step_time = _placement_times(s, mode, batch, owners, st_links, zeros, zero_arg, kws, ovs, tpos)
     s.scored += len(layout_rows)
     taken = 0
     bar = _kth(s)  # slower layouts cannot enter the ranking: built only for the mode's best (per_mode_best)
@@ -173,6 +183,41 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     if not taken:  # layouts fit, but only ones the pins exclude (e.g. with sp where sp=0 is pinned)
         top = mode_rej.most_common(2)
         s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or f"no layout matches {s.fixed}"
+
+
+def _staged_times(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
+                  st_links: dict[Structure, np.ndarray], zeros: np.ndarray, kws: np.ndarray, ovs: np.ndarray,
+                  tpos: np.ndarray, bound: np.ndarray | None, allowed: np.ndarray | None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(which configurations of `batch` stay, the step time of each on each placement, as _placement_times, of
+    those that stay). Scored in stages, as evaluate prices them apart (_evaluate): zero=0/1, then each zero=2/3
+    stage. `bound` (pruning; None: every configuration stays): before a zero=2/3 stage, its configurations whose
+    lower bound (compute_lower_bound) exceeds the bar the layouts scored so far set (as _within_bound's, over
+    the layouts the pins allow: `allowed`) are dropped. Exact as _within_bound is: the bar is the top_k-th best,
+    the mode's best or the best cp=1 step time of real layouts, which a dropped configuration cannot beat."""
+    n_places = np.array([len(st_links[st]) for st in owners], dtype=np.int64)
+    keep = np.ones(len(batch), dtype=bool)
+    times: list[np.ndarray | None] = [None] * len(batch)
+    found: list[np.ndarray] = []
+    for sel in [zeros < 2, *(zeros == z for z in sorted(set(zeros[zeros >= 2].tolist())))]:
+        if bound is not None and allowed is not None and found:
+            f = np.concatenate(found)
+            bar = max(_kth(s, f), _mode_best(s, mode, f), _cp1_best(s, f))
+            keep &= ~(sel & (bound > bar * (1 + 1e-9)))
+            sel = sel & keep
+        idx = np.nonzero(sel)[0]
+        if not len(idx):
+            continue
+        sub = zeros[idx]
+        t = _placement_times(s, mode, batch.take(idx), [owners[i] for i in idx], st_links, sub,
+                             sub if s.zeros != (0,) else None, kws[idx], ovs[idx], tpos[idx])
+        counts = n_places[idx]
+        for i, part in zip(idx.tolist(), np.split(t, np.cumsum(counts)[:-1]), strict=True):
+            times[i] = part
+        if allowed is not None:
+            found.append(np.where(np.repeat(allowed[idx], counts), t, np.inf))
+    parts = [times[i] for i in np.nonzero(keep)[0].tolist()]
+    return keep, np.concatenate(parts) if parts else np.zeros(0)
 
 
 def _placement_times(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],
