@@ -14,16 +14,16 @@ from paracube.errors import check
 from paracube.topologies.device import DeviceSpec
 from paracube.topologies.rates import NIC_LAT, PCIE4_X16, PCIE_LAT, SPINE_LAT
 
-if TYPE_CHECKING:  # networkx, numpy and the graph model load only when a topology is built (fast listing)
-    import networkx as nx
-
+if TYPE_CHECKING:  # numpy and the graph model load only when a topology is built (fast listing)
+    from paracube.topologies.link_graph import LinkGraph
     from paracube.topologies.topology import Topology
 
 
-def new_graph() -> nx.Graph:
-    import networkx as nx
+def new_graph() -> LinkGraph:
+    """An empty graph for a builder (link_graph.py: networkx's subset, without importing networkx)."""
+    from paracube.topologies.link_graph import LinkGraph
 
-    return nx.Graph()
+    return LinkGraph()
 
 
 def make_topology(*args: Any) -> Topology:
@@ -32,13 +32,13 @@ def make_topology(*args: Any) -> Topology:
     return Topology(*args)
 
 
-def add_gpu(g: nx.Graph, node: int, local: int, **attrs: object) -> str:
+def add_gpu(g: LinkGraph, node: int, local: int, **attrs: object) -> str:
     name = f"n{node}.gpu{local}"
     g.add_node(name, kind="gpu", node_index=node, local_rank=local, **attrs)
     return name
 
 
-def add_fat_tree(g: nx.Graph, nics: list[list[str]], nic_bandwidth: float, nic_latency: float = NIC_LAT,
+def add_fat_tree(g: LinkGraph, nics: list[list[str]], nic_bandwidth: float, nic_latency: float = NIC_LAT,
                  nodes_per_leaf: int | None = None, oversubscription: float = 1.0,
                  spine_latency: float = SPINE_LAT) -> None:
     """Connect NIC k of node i to leaf `leaf{i // nodes_per_leaf}[.rail{k}]`, and leaves to one spine."""

@@ -24,11 +24,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
-
 from paracube.errors import ParacubeError, check, did_you_mean, unknown
 from paracube.topologies.calibration import Calibration, as_calibration
-from paracube.topologies.presets import DEVICES, PRESETS, Preset, build_switched
+from paracube.topologies.presets import DEVICES, PRESETS, Preset, build_switched, new_graph
 from paracube.topologies.topology import DeviceSpec, Topology
 
 if TYPE_CHECKING:  # pydantic (~50 ms) loads only when a file is read: presets need none of it
@@ -172,7 +170,7 @@ def _from_graph(spec: TopologyFile, device: DeviceSpec, calibration: Calibration
     check((gpus is None or gpus == spec.nodes * spec.devices_per_node) and nodes in (None, spec.nodes),
           f"{source}: an explicit graph has {spec.nodes} nodes x {spec.devices_per_node} devices; "
           f"it cannot be resized to gpus={gpus}, nodes={nodes}")
-    g = nx.Graph()
+    g = new_graph()
     for node in spec.graph.nodes:
         attrs = node.model_dump(exclude={"id"})
         g.add_node(node.id, **{k: v for k, v in attrs.items() if v is not None})

@@ -1,4 +1,4 @@
-"""A cluster as a networkx graph, and what a collective over a group of ranks sees on it.
+"""A cluster as a graph (link_graph.py; `graph`: networkx), and what a collective over a group of ranks sees on it.
 
 Graph: nodes have `kind` in {"gpu", "nic", "switch", "cpu"}. A "gpu" node is the compute device that holds
 one rank (a CPU process for `local-cpu`) and carries `node_index` and `local_rank`; rank r is local GPU
@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
+from paracube.topologies.link_graph import LinkGraph
 from paracube.topologies.link_loads import (
     HopParts,
     HopTable,
@@ -76,7 +76,7 @@ class Topology:
     malformed one refused); it round-trips through YAML.
     """
 
-    def __init__(self, name: str, graph: nx.Graph, device: DeviceSpec, num_nodes: int, devices_per_node: int,
+    def __init__(self, name: str, graph: Any, device: DeviceSpec, num_nodes: int, devices_per_node: int,
                  calibration: Calibration | Mapping[str, Any] | None = None) -> None:
         check(isinstance(num_nodes, int) and num_nodes >= 1,
               f"topology {name!r}: nodes={num_nodes!r} must be >= 1")
@@ -87,9 +87,10 @@ class Topology:
         self.num_nodes = num_nodes
         self.devices_per_node = devices_per_node
         self.calibration = calibration  # parsed by the setter
-        self.graph: nx.Graph = nx.freeze(graph.copy())
+        # a LinkGraph (the builders': no networkx on the planning path) or a networkx.Graph, copied either way
+        self._graph: Any = graph.copy() if isinstance(graph, LinkGraph) else _frozen(graph)
         self._ranks: list[str] = self._validate()
-        g = self.graph
+        g = self._graph
         self._adj: dict[str, tuple[str, ...]] = {u: tuple(g.adj[u]) for u in g.nodes}
         self._node_of: dict[str, int | None] = {u: g.nodes[u].get("node_index") for u in g.nodes}
         self._bw: dict[Edge, float] = {}
@@ -127,6 +128,13 @@ class Topology:
         self._nic_key_arr: np.ndarray | None = None  # per rank, its NIC as an integer (ring_batch.nic_keys)
 
     @property
+    def graph(self) -> Any:
+        """The cluster as a frozen networkx.Graph (built on first use from a LinkGraph: link_graph.py)."""
+        if isinstance(self._graph, LinkGraph):
+            self._graph = self._graph.to_networkx()
+        return self._graph
+
+    @property
     def calibration(self) -> Calibration | None:
         return self._calibration
 
@@ -136,7 +144,7 @@ class Topology:
 
     # --- validation -----------------------------------------------------------------------------------
     def _validate(self) -> list[str]:
-        g, where = self.graph, f"topology {self.name!r}"
+        g, where = self._graph, f"topology {self.name!r}"
         slots: dict[tuple[int, int], str] = {}
         for node, data in g.nodes(data=True):
             kind = data.get("kind")
@@ -166,7 +174,12 @@ class Topology:
                 check(_positive(value), f"{where}: link {u!r}-{v!r} has {attr}={value!r}; "
                       "expected a positive number (bytes/s for bandwidth, seconds for latency)")
         ranks = [slots[(r // self.devices_per_node, r % self.devices_per_node)] for r in range(expected)]
-        reachable = nx.node_connected_component(g, ranks[0])
+        reachable, queue = {ranks[0]}, deque([ranks[0]])  # ranks[0]'s connected component
+        while queue:
+            for v in g.adj[queue.popleft()]:
+                if v not in reachable:
+                    reachable.add(v)
+                    queue.append(v)
         for node in ranks:
             check(node in reachable, f"{where}: device {node!r} is disconnected from device {ranks[0]!r}")
         return ranks
@@ -204,7 +217,7 @@ class Topology:
             if not all(u.startswith(prefix) for u in members):
                 prefix = ""  # irregular names: a template of its own
             cut = len(prefix)
-            attrs, bw, lat, node_of = self.graph.nodes, self._bw, self._lat, self._node_of
+            attrs, bw, lat, node_of = self._graph.nodes, self._bw, self._lat, self._node_of
             nodes = frozenset((u[cut:], attrs[u]["kind"], str(attrs[u].get("nic", ""))[cut:])
                               for u in members)
             edges = frozenset((u[cut:], v[cut:], bw[(u, v)], lat[(u, v)])  # both directions: no sorting
@@ -249,7 +262,7 @@ class Topology:
     def _nic_of(self, gpu: str) -> str | None:
         """The GPU's `nic` attribute, else the nearest NIC of its node (BFS order breaks ties)."""
         if gpu not in self._egress:
-            named = self.graph.nodes[gpu].get("nic")
+            named = self._graph.nodes[gpu].get("nic")
             ni = self._node_of[gpu]
             sig, prefix = self._template(ni)  # type: ignore[arg-type]
             key = (sig, gpu[len(prefix):])
@@ -262,7 +275,7 @@ class Topology:
                     u = queue.popleft()
                     for v in self._adj[u]:
                         if v not in seen and self._node_of[v] == ni:
-                            if self.graph.nodes[v]["kind"] == "nic":
+                            if self._graph.nodes[v]["kind"] == "nic":
                                 named = v
                                 break
                             seen.add(v)
@@ -490,8 +503,8 @@ class Topology:
     # --- export ---------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """YAML-serializable explicit form; `load_topology` of it gives an equal topology."""
-        nodes = [{"id": n, **_plain(d)} for n, d in self.graph.nodes(data=True)]
-        links = [{"a": u, "b": v, **_plain(d)} for u, v, d in self.graph.edges(data=True)]
+        nodes = [{"id": n, **_plain(d)} for n, d in self._graph.nodes(data=True)]
+        links = [{"a": u, "b": v, **_plain(d)} for u, v, d in self._graph.edges(data=True)]
         out: dict[str, Any] = {"name": self.name, "device": self.device.to_dict(), "nodes": self.num_nodes,
                                "devices_per_node": self.devices_per_node,
                                "graph": {"nodes": nodes, "links": links}}
@@ -513,7 +526,7 @@ class Topology:
 
     def __repr__(self) -> str:
         return (f"Topology({self.name!r}, {self.num_nodes} nodes x {self.devices_per_node} "
-                f"{self.device.name}, {self.graph.number_of_nodes()} graph nodes)")
+                f"{self.device.name}, {self._graph.number_of_nodes()} graph nodes)")
 
     def describe(self) -> dict[str, Any]:
         """Headline figures for `paracube topologies`."""
@@ -529,13 +542,20 @@ class Topology:
             # One rank per node (local rank 0 on every node): what a cross-node ring of single GPUs gets.
             inter = self.group_link(range(0, self.num_devices, dpn))
             out.update(inter_node_bandwidth=inter.bandwidth, inter_node_latency=inter.latency)
-            nics = [n for n in self._members.get(0, []) if self.graph.nodes[n]["kind"] == "nic"]
+            nics = [n for n in self._members.get(0, []) if self._graph.nodes[n]["kind"] == "nic"]
             out["nics_per_node"] = len(nics)
             out["injection_bandwidth_per_node"] = sum(
                 self._bw[(n, v)] for n in nics for v in self._adj[n] if self._node_of[v] is None)
         if self.calibration is not None:
             out["calibrated"] = True
         return out
+
+
+def _frozen(graph: Any) -> Any:
+    """A frozen copy of a networkx graph (a caller's: networkx is loaded already)."""
+    import networkx as nx
+
+    return nx.freeze(graph.copy())
 
 
 def _plain(attrs: dict[str, Any]) -> dict[str, Any]:
