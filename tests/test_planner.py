@@ -171,6 +171,10 @@ PRUNE_CASES = [
     ("gpt3-2.7b", 64, {"overlap": True, "zeros": [0, 1]}),
     ("gpt3-13b", 128, {"fixed": "sp=0"}),
     ("gpt3-13b", 128, {"fixed": "pp=4,mb=1"}),
+    # zero=2/3 configurations bounded again after the zero=0/1 layouts are scored (scoring._staged_times)
+    ("gpt3-13b", 128, {"runtime": "torchtitan", "recomputes": ["none", "selective", "full"]}),
+    ("gpt3-13b", 128, {"recomputes": ["none", "selective", "full"]}),
+    ("gpt3-13b", 64, {"runtime": "deepspeed"}),
 ]
 
 
