@@ -1,4 +1,4 @@
-"""Cluster topologies: a networkx graph of devices, NICs and switches, presets, and YAML files.
+"""Cluster topologies: a graph of devices, NICs and switches (link_graph.py; networkx on request), presets, YAML.
 
 Names load on first use (PEP 562), so that `paracube topologies` (presets + listing) imports no networkx.
 """
