@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paracube.cost_models.event_links import LinkTable, Template
 from paracube.cost_models.links import LinkCache, groups_from_runs, runs_for
 from paracube.cost_models.moe_dispatch import Dispatch
 from paracube.topologies.efficiency import fabric_eff
 from paracube.topologies.nvswitch import SYSTEMS, fabrics
+
+if TYPE_CHECKING:  # the event engine's link table loads where an all-to-all is priced (not for dense models)
+    from paracube.cost_models.event_links import LinkTable, Template
 
 A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe.expert_links, moe.comm_time)
 # The fraction of a NIC's line rate an all_to_all's cross-node flows reach, on the fabric links they cross (in place
@@ -146,6 +149,8 @@ def a2a_link(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Seque
         else:
             table = cache.memo.get("table")
             if table is None:
+                from paracube.cost_models.event_links import LinkTable
+
                 table = cache.memo["table"] = LinkTable(topo)  # type: ignore[arg-type]
             dpn = int(topo.devices_per_node)  # type: ignore[attr-defined]
             weights, alpha, fabric = _weights(table, groups, int(groups[0][0]), dpn, dispatch)

@@ -15,18 +15,21 @@ priced (the stand-in's GEMMs are narrow, so the rings are exposed either way).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
-from paracube.cost_models.event_program import StageProgram
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.stages import stage_chunks
 from paracube.workload import ModelSpec
+
+if TYPE_CHECKING:  # annotations only: the event engine loads where it runs
+    from paracube.cost_models.event_program import StageProgram
 
 MLP = "layers.0.mlp."  # one block's MLP collectives (traffic labels carry the stage-local block index)
 
