@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -134,6 +133,8 @@ def write_cache(path: Path, key: dict[str, Any], figs: CpuFigures) -> None:
 
 def run_probe() -> CpuFigures | None:
     """`measure()` in a fresh interpreter (torch stays out of this process); None when it fails."""
+    import subprocess  # only here: every topology load imports this module (~10 ms)
+
     try:
         done = subprocess.run([sys.executable, "-m", "paracube.topologies.cpu_probe"], capture_output=True,
                               text=True, timeout=PROBE_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
