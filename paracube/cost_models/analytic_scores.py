@@ -139,6 +139,16 @@ def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
     return first.astype(np.int64), last.astype(np.int64)
 
 
+def _same_stage(pp: Arr) -> list[int]:
+    """Per stage of STAGES, the first stage with the same edge flags on every configuration (itself if none):
+    every stage is the first at pp = 1, the middle is the first at pp <= 2 (_flags). _stage and prefetched_micro
+    read the stage only through its flags, so such stages are computed once."""
+    flags = [_flags(s, pp) for s in STAGES]
+    return [next(j for j in range(k + 1) if all(np.array_equal(a, b) for a, b in zip(flags[j], flags[k],
+                                                                                  strict=True)))
+            for k in range(len(STAGES))]
+
+
 def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Links, g: GemmModel, stage: str,
            rows: Arr, zero: Arr | None = None, tpo: Arr | None = None, overlap: bool | Arr = False) -> StageScores:
     """Per-config quantities (counts, payloads, compute) are computed once per configuration of `b`;
@@ -234,7 +244,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
                           tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
-    stages = tuple(_stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap) for s in STAGES)
+    same = _same_stage(b.pp)
+    stages: tuple[StageScores, ...] = ()
+    for k, s in enumerate(STAGES):  # a stage with an earlier one's edge flags is that one (same inputs)
+        stages += (stages[same[k]] if same[k] < k else
+                   _stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap),)
     contend = slowdown(links, len(rows))  # tensor collectives beside the data-parallel stream (contention.py)
     drag = per_layout(links, len(rows), g.overlap_drag)  # compute beside the data-parallel stream (overlap_drag.py)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
@@ -244,9 +258,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         stages = tuple(replace(st, micro=st.micro + np.where(piped, fsdp_extra(
             st.fsdp, st.compute, st.micro, st.tensor_bw, st.tensor_bwd, contend, d.recompute == "full", traffic.zero,
             ov), 0.0)) for st in stages)
-        parts = [prefetched_micro(d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp,
-                                  fsdp_prefetch, ov, st.tensor_bw, st.tensor_bwd, contend, drag)
-                 for name, st in zip(STAGES, stages, strict=True)]
+        parts: list[tuple[Arr, Arr, Arr]] = []
+        for k, (name, st) in enumerate(zip(STAGES, stages, strict=True)):
+            parts.append(parts[same[k]] if same[k] < k else prefetched_micro(
+                d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp, fsdp_prefetch, ov,
+                st.tensor_bw, st.tensor_bwd, contend, drag))
         single = (b.pp == 1)[rows]  # pp > 1: zero's gathers / reduce-scatters priced in line (exposed), both engines
         stages = tuple(replace(st, micro=np.where(single, m, st.micro), step=st.step - np.where(single, rep, 0.0),
                                compute=st.compute + np.where(single, cp, 0.0))
