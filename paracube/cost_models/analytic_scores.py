@@ -229,7 +229,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
 def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, rows: Arr | None = None,
              zero: Arr | int | None = None, overlap: bool | Arr = False, kw: Arr | int = 0,
              tpo: bool | Arr = False, shard: int | None = None, param_overlap: bool = False,
-             fsdp_prefetch: bool = False, bucket_bytes: int = BUCKET_BYTES) -> Scores:
+             fsdp_prefetch: bool = False, bucket_bytes: int = BUCKET_BYTES, memory: bool = True) -> Scores:
     """Scores of many layouts of one mode. `b`: one entry per configuration (valid ones); `rows[i]`: the
     configuration of layout i (default: one layout per configuration); `links[axes]`: (bandwidth,
     latency) arrays per layout. `overlap` and `tpo`: for every layout, or per layout (bool arrays).
@@ -237,7 +237,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     module docstring). `fsdp_prefetch`: zero=2/3's gathers prefetched and reduce-scatters overlapped
     (int zero >= 2, pp = 1; with pipelines they are priced in line;
     cost_models/fsdp_overlap.py). `bucket_bytes`: the gradient bucket limit
-    (modes/buckets.py; default DDP's 25 MiB)."""
+    (modes/buckets.py; default DDP's 25 MiB). `memory=False`: the step time and its parts only (no step time
+    reads memory; the planner's scoring passes checked it already): `memory` NaN, no parts."""
     rows = np.arange(len(b)) if rows is None else rows
     tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
@@ -310,6 +311,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         early = extra(gather_bw, fwd, (pick("tensor_bw") - pick("tensor_bwd")) / (N * b.v[rows]), contend)  # contention
         pulled_f = beside(0.0, fwd, gather, drag)  # that forward beside the gathers, slowed (overlap_drag.py)
         step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd - early - pulled_f)) + early + pulled_f
+    optim = pick("optim")
+    step_time, compute, comm = W + bubble + step_comm + optim, pick("compute") + optim, pick("micro") + pick("step")
+    if not memory:
+        return Scores(step_time=step_time, compute=compute, comm=comm, bubble=bubble, sent_bytes=pick("sent"),
+                      memory=np.full(len(rows), np.nan), memory_parts={}, stage=slow, stages=stages)
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
         shards = traffic.group_size(traffic.zero_axes)
@@ -320,9 +326,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     heavy = np.argmax(tot, axis=0)
     cidx = np.arange(len(heavy))
     parts = {k: np.stack([m[k] for m in mems])[heavy, cidx][rows] for k in MEM_KEYS}
-    optim = pick("optim")
-    return Scores(step_time=W + bubble + step_comm + optim, compute=pick("compute") + optim,
-                  comm=pick("micro") + pick("step"), bubble=bubble, sent_bytes=pick("sent"),
+    return Scores(step_time=step_time, compute=compute, comm=comm, bubble=bubble, sent_bytes=pick("sent"),
                   memory=tot[heavy, cidx][rows], memory_parts=parts,
                   stage=slow, stages=stages, memory_stages=tuple(
                       {k: np.broadcast_to(m[k], tot.shape[1:])[rows] for k in MEM_KEYS} for m in mems))

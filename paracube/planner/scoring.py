@@ -64,7 +64,8 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     mat = np.array([st_links[st][0] for st in owners] + [best[st] for st in owners])
     links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
     rows = np.concatenate([np.arange(n), np.arange(n)])
-    res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows])
+    res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows],
+                   memory=False)  # memory: checked by _valid
     found = res.step_time[:n] if high is None else np.where(high, np.inf, res.step_time[:n])
     allowed = np.ones(n, dtype=bool)
     if s.fixed is not None:  # the bar counts only layouts the pins allow (no placement pin: any placement)
@@ -245,7 +246,7 @@ def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.n
     high = zeros[rows] >= 2
     if not np.any(high):
         return evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero_arg, overlap=ovs[rows], kw=kws,
-                        tpo=tpos[rows]).step_time
+                        tpo=tpos[rows], memory=False).step_time
     out = np.zeros(len(rows))
     for z in [None, *sorted(set(zeros[zeros >= 2].tolist()))]:
         sel = ~high if z is None else zeros[rows] == z
@@ -257,5 +258,5 @@ def _evaluate(s: _Search, mode: str, batch: LayoutBatch, links: dict, rows: np.n
         arg = (np.where(zeros >= 2, 0, zeros)[cfg] if zero_arg is not None else None) if z is None else int(z)
         out[sel] = evaluate(s.d, mode, batch.take(cfg), sub, s.g, rows=sub_rows.reshape(-1), zero=arg,
                             overlap=ovs[rows[sel]], kw=kws[cfg], tpo=tpos[rows[sel]],
-                            fsdp_prefetch=s.fsdp_prefetch and z is not None).step_time
+                            fsdp_prefetch=s.fsdp_prefetch and z is not None, memory=False).step_time
     return out
