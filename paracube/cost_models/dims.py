@@ -19,6 +19,7 @@ from typing import Any
 
 from paracube.engine_options import EngineOptions
 from paracube.errors import check
+from paracube.frozen_hash import frozen_hash, frozen_state
 from paracube.modes import MODES
 from paracube.modes.base import padded
 from paracube.moe_spec import MLASpec
@@ -69,6 +70,12 @@ class Dims:
     # prices the difference); the activation counts read the true widths (q_width, kv_width).
     head_size: int = 0
     qk_norm: bool = False
+
+    def __hash__(self) -> int:  # computed once (frozen_hash.py): a key of the inner loops' caches and dicts
+        return frozen_hash(self)
+
+    def __getstate__(self) -> dict:
+        return frozen_state(self)
 
     @property
     def q_width(self) -> int:

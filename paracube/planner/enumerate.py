@@ -17,6 +17,7 @@ from functools import lru_cache
 import numpy as np
 
 from paracube.cost_models.comm import axes_used
+from paracube.frozen_hash import frozen_hash, frozen_state
 from paracube.layout import TENSOR_AXES
 from paracube.modes import MODES
 from paracube.modes.stages import split_ok
@@ -45,6 +46,12 @@ class Structure:
     dp: int
     pp: int
     cp: int = 1
+
+    def __hash__(self) -> int:  # computed once (frozen_hash.py): a key of the inner loops' caches and dicts
+        return frozen_hash(self)
+
+    def __getstate__(self) -> dict:
+        return frozen_state(self)
 
     def sizes(self) -> dict[str, int]:
         m = MODES[self.mode]
