@@ -173,12 +173,12 @@ class StepTraffic:
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
             back = sum(late[s] * p for s, (_, p) in by_source.items() if s in late)
-            out.append(replace(self._entry(kind, axes, dtype, count, payload), backward=back))
+            out.append(self._entry(kind, axes, dtype, count, payload, backward=back))
         for (tag, kind, axes, dtype), by_source in self.tpo_sums.items():
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
             back = sum(late[s] * p for s, (_, p) in by_source.items() if s in late)
-            out.append(replace(self._entry(kind, axes, dtype, count, payload), tpo=tag, backward=back))
+            out.append(self._entry(kind, axes, dtype, count, payload, backward=back, tpo=tag))
         if self.zero >= 2:  # per micro-batch: unit reduce-scatters; zero=3 gathers (traffic._zero_micro_batch)
             units, padded, held, _, _ = self.units(first, last)  # pp > 1: none held (unit_totals)
             single = b.pp == 1
@@ -268,7 +268,8 @@ class StepTraffic:
         return unit_totals(self.d, self.mode.name, self.b, first, last, self.group_size(self.zero_axes))
 
     def _entry(self, kind: str, axes: tuple[str, ...], dtype: str, count: Arr, payload: Arr,
-               n: Callable[[], Arr] | None = None, per_step: bool = False, tag: str = "") -> Entry:
+               n: Callable[[], Arr] | None = None, per_step: bool = False, tag: str = "",
+               backward: Arr | float = 0.0, tpo: str = "") -> Entry:
         """An Entry on the group of `axes` (size n(), default the product of the axes' sizes); group sizes
         and the collective factors of (kind, n) are computed once per batch, shared by the stages."""
         slot = (axes, tag)  # `tag` names a group whose size is not the product of its axes' sizes
@@ -278,7 +279,7 @@ class StepTraffic:
         size, live, factors = self._groups[slot]
         if kind not in factors:
             factors[kind] = (latency_factor(kind, size), sent_factor(kind, size))
-        return Entry(kind, axes, dtype, count * live, payload * live, size, per_step, factors[kind])
+        return Entry(kind, axes, dtype, count * live, payload * live, size, per_step, factors[kind], tpo, backward)
 
 
 @lru_cache(maxsize=4096)
