@@ -30,8 +30,9 @@ def fp8_padded(d: Dims, layout: Layout, moe: object, T: int) -> bool:
     token count is already a multiple of FP8_ALIGN): with FP8 experts (Dims.fp8_experts), dropless routing (the
     counts vary from micro-batch to micro-batch: all of a rank's L local experts' counts land on the multiple with
     probability about 16^-L only), or a capacity whose per-expert count ceil(T k cf / E) x ep x etp (every source rank's
-    capacity, Megatron-core moe_utils.get_capacity) is off it. Megatron-core's moe_router_padding_for_fp8 (off by
-    default) would pad the routing map instead; not a runtime's declaration here."""
+    capacity, Megatron-core moe_utils.get_capacity) is off it. Megatron-core's moe_router_padding_for_quantization
+    (off by default; "pad the routing_map ... This can remove the explicit padding in the GroupedMLP layer",
+    transformer_config.py) would remove the copies; not a runtime's declaration here."""
     if not (d.fp8 and d.fp8_experts):
         return False
     cf = getattr(moe, "capacity_factor", None)
