@@ -113,3 +113,37 @@ def test_fp8_experts_pay_the_quantization_padding_copies(h100: object) -> None:
     padded_a = estimate(model, FP8, layout, h100, with_events=False, fp8_experts=True)
     padded_e = estimate_event(model, FP8, layout, h100, with_events=False, fp8_experts=True)
     assert abs(padded_e.step_time_s / padded_a.step_time_s - 1) < 0.02
+
+
+def test_passes_follow_the_dispatcher(h100: object) -> None:
+    """Megatron-core's token moves by dispatcher (moe_passes.py): alltoall permutes at the source, sorts by local
+    expert and back, unpermutes (8 R h + T h); DeepEP permutes the U tokens that arrived into R copies and back
+    (4 R h + U h, U = ep p(ep) T); HybridEP's kernels do both, and pad to the FP8 multiple (no copies); DeepEP with
+    a capacity factor runs as alltoall. Engines agree on each (2%)."""
+    from paracube.cost_models.moe_dispatch import dispatch_of
+    from paracube.cost_models.moe_passes import fp8_padded
+
+    model, layout = PRESETS["qwen3-30b-a3b"], parse_layout("dp=16,ep=16,tp=none,mb=1,zero=1")
+    moe = model.moe
+    assert moe is not None
+    T, R, local = 4096, 4096 * moe.top_k, moe.experts // 16
+    base = replace(dims_of(model, replace(FP8, dtype="bf16")), fp8_experts=True)
+    h, c, act = base.h, base.c, base.c * 3 * R * moe.expert_ffn
+
+    def moves(dispatcher: str, spec: object = moe) -> float:
+        f, _ = pass_bytes(replace(base, moe_dispatch=dispatcher), layout, moe.expert_ffn, local, T, R, moe=spec)
+        return f - act
+
+    U = 16 * dispatch_of(moe, "deepep").hit(16) * T
+    assert 0 < U < R
+    assert moves("alltoall") == c * (8 * R * h + T * h)
+    assert moves("deepep") == pytest.approx(c * (4 * R * h + U * h), rel=1e-12)
+    assert moves("hybridep") == 0.0
+    assert moves("deepep", replace(moe, capacity_factor=1.0)) == moves("alltoall")
+    fp8 = replace(dims_of(model, FP8), fp8_experts=True)
+    assert fp8_padded(replace(fp8, moe_dispatch="deepep"), layout, moe, T)
+    assert not fp8_padded(replace(fp8, moe_dispatch="hybridep"), layout, moe, T)
+    for name in ("alltoall", "deepep", "hybridep"):
+        a = estimate(model, FP8, layout, h100, with_events=False, fp8_experts=True, moe_dispatch=name)
+        e = estimate_event(model, FP8, layout, h100, with_events=False, fp8_experts=True, moe_dispatch=name)
+        assert abs(e.step_time_s / a.step_time_s - 1) < 0.02

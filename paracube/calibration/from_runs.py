@@ -26,9 +26,9 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
     capacity_factor  optional, MoE rows: the experts' capacity factor of a token-drop run (Megatron-Bridge's
                    "tokendrop": 1.0, padded to capacity); empty: the preset's (dropless). It also sets the dispatcher:
                    Megatron-core runs DeepEP dropless only (cost_models/moe_dispatch.py)
-    dispatcher     optional, MoE rows: the token dispatcher the run used (moe_dispatch.DISPATCHERS): alltoall, or
-                   deepep for a dispatcher that sends a token once per remote node (DeepEP; HybridEP, Megatron-core's
-                   flex backend "hybridep", is priced alike); empty: the runtime's (Runtime.moe_dispatch)
+    dispatcher     optional, MoE rows: the token dispatcher the run used (moe_dispatch.DISPATCHERS): alltoall,
+                   deepep or hybridep (Megatron-core's flex dispatcher backends); empty: the runtime's
+                   (Runtime.moe_dispatch)
 
 Prediction: the planner's best layout matching the row's layout (search with `fixed`), its analytic step
 time. Fit (`fit_runs`): least squares on log(predicted / measured) over the fit rows of the few

@@ -158,7 +158,7 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     up = gemms(m, 2 * fe, d.h)  # gate and up fused [h, 2 f_e / etp]
     down = gemms(m, d.h, fe)
     router = g.gemms(T, moe.experts, d.h)
-    pf, pb = pass_bytes(d, layout, moe.expert_ffn, local, T, R, fp8_padded(d, layout, moe, T))
+    pf, pb = pass_bytes(d, layout, moe.expert_ffn, local, T, R, fp8_padded(d, layout, moe, T), moe)
     bw = g.mem_bw * g.mem_eff
     fwd = local * float(up[0] + down[0]) + float(router[0]) + pf / bw
     bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2]) + pb / bw
