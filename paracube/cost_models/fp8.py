@@ -28,11 +28,12 @@ its scale, inverse scale and amax history in fp32 (SCALE_BYTES = 4 x (2 + amax_h
 FP8 parameters (Runtime.fp8_param_gather: Megatron-core's --fp8-param-gather, "keep the compute param in fp8 and
 perform the param all-gather in fp8", distributed_data_parallel_config.py; NeMo's FP8 recipes turn it on): the block
 linears' weights are held as FP8 (1 byte) with no bf16 compute copy, their transposes cached beside them
-(`param_bytes_saved`, `copy_bytes`: c + 2 -> 1 + 1 bytes per weight element). Not priced yet: zero=1's all_gather
-sends those weights in FP8 (Megatron-core keeps FP8 parameters in buckets of their own), priced here at 16 bits,
-which over-prices a gather the stack runs under the next forward (param_overlap); the cast moves into the
-optimizer step (each rank casts its shard before the gather), priced as before, once per step on the stage's
-weights. FSDP2's float8 all-gather (torchao's tensorwise
+(`param_bytes_saved`, `copy_bytes`: c + 2 -> 1 + 1 bytes per weight element), and zero=1's all_gather sends them
+in FP8 (`gathered_fraction`: of a stage's n local elements its W block linear weight elements at 1 byte, the rest
+at Dims.gather_bytes; Megatron-core keeps the FP8 parameters in buffers of their own, here every bucket is scaled
+alike, so the bucket count and the byte total are exact, each bucket's share of the FP8 bytes is not). The cast
+moves into the optimizer step (each rank casts its shard before the gather), priced as before, once per step on
+the stage's weights. FSDP2's float8 all-gather (torchao's tensorwise
 recipe) is not a runtime's declaration here: zero=2/3 gathers stay bf16.
 Scaling (Dims.fp8_scaling, declared by the runtime: Runtime.fp8_scaling, workload.FP8_SCALINGS). Everything above
 is "delayed" (Transformer Engine, Megatron-core, paracube's executor). "dynamic" is torchao's Float8Linear as
@@ -101,14 +102,28 @@ def copy_bytes(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr
         return np.zeros(len(b.dp))
     Ls = stage_layers(d.L, b.pp, b.v, np.where(b.pp == 1, 1, first), last)  # type: ignore[attr-defined]
     scales = Ls * block_linears(d) * TENSORS_PER_LINEAR * SCALE_BYTES
-    copies = WEIGHT_COPY_BYTES - (1.0 if getattr(d, "fp8_param_gather", False) else 0.0)  # FP8 params: transpose
+    copies = WEIGHT_COPY_BYTES - (1.0 if fp8_params(d) else 0.0)  # FP8 params: transpose
     return copies * weight_elements(d, mode, b, first, last) + scales
+
+
+def fp8_params(d: object) -> bool:
+    """The block linears' weights are held and zero=1-gathered in FP8 (Dims.fp8_param_gather with delayed scaling,
+    module docstring)."""
+    return bool(getattr(d, "fp8", False)) and not dynamic(d) and bool(getattr(d, "fp8_param_gather", False))
+
+
+def gathered_fraction(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr, n_local: Arr) -> Arr:
+    """zero=1's parameter all_gather bytes as a fraction of the same gather at Dims.gather_bytes per element: 1,
+    or with FP8 parameters 1 - (e - 1) / e x W / n (module docstring; e = gather_bytes, W the stage's block linear
+    weight elements of its `n_local`)."""
+    e = float(d.gather_bytes)  # type: ignore[attr-defined]
+    return 1.0 - (e - 1.0) / e * weight_elements(d, mode, b, first, last) / np.maximum(n_local, 1)
 
 
 def param_bytes_saved(d: object, mode: str, b: LayoutBatch, first: Arr | int, last: Arr) -> Arr:
     """Bytes of a stage's parameters less with FP8 parameters (Runtime.fp8_param_gather, module docstring): its
     block linears' weights held as their 1-byte FP8 copy instead of the c-byte compute copy."""
-    if not getattr(d, "fp8", False) or dynamic(d) or not getattr(d, "fp8_param_gather", False):
+    if not fp8_params(d):
         return np.zeros(len(b.dp))
     return (d.c - 1.0) * weight_elements(d, mode, b, first, last)  # type: ignore[attr-defined]
 
