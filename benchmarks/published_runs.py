@@ -26,13 +26,15 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   fitted on the fit rows; Ampere's D = 0.25 takes these rows from -6 / -8 / -14 / -24% to -3 / -5 / -10 / -17%)
   and FSDP2's copy-out / copy-in kernels on the compute stream (cost_models/fsdp_copies.py: to -1 / -3 / -7 /
   -12.5%; H200 -14 / -15% to -12 / -14%). Hopper's and Blackwell's refits send D to 0 (their Megatron-core fit
-  rows show none), so the H200 rows and the B200 / GB200 wide data-parallel rows keep most of their miss.
+  rows show none), so the H200 rows and the B200 / GB200 wide data-parallel rows keep most of their miss. Since
+  fit6 (2026-12-03: the cross-entropy's fp32 passes priced, compute.CE_BYTES; Ampere's D refit to 0.20; Hopper's
+  FP8 eff_max to 0.583) the A100 rows are -0.8 / -3.1 / -7.9 / -13.9%, the H200 ones -7.6 / -9.2%.
   The H200 runs compiled (torch.compile, docs/published-runs.md), so their FP8 casts are fused as fp8.py prices
-  them (6 bytes per element). Their step (step_breakdown.py): FP8 GEMMs 0.49, flash attention 0.27 (Hopper's
-  0.347 of the bf16 peak, fitted on Megatron-core's cuDNN attention), memory-bound 0.17, bf16 0.06; torchtitan
-  runs attention through PyTorch's SDPA (0.3.0 puts cuDNN first; the 2025-06 run's backend is not stated): at
-  0.23 of the peak (FlashAttention-2's range on H100) attention alone would take the rows to -0.1 / -1.8%. Not
-  priced: no fit row runs SDPA's attention on Hopper.
+  dynamic scaling's (6 bytes per element). Their step (step_breakdown.py, fit6): FP8 GEMMs 0.50, flash attention
+  0.26 (Hopper's 0.346 of the bf16 peak, fitted on Megatron-core's cuDNN attention), memory-bound 0.17, bf16 0.06;
+  torchtitan runs attention through PyTorch's SDPA (0.3.0 puts cuDNN first; the 2025-06 run's backend is not
+  stated): at 0.23 of the peak (FlashAttention-2's range on H100) the rows would be +4.5 / +2.8%. Not priced: no
+  fit row runs SDPA's attention on Hopper.
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
   recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);
@@ -89,13 +91,14 @@ DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_today.csv"
 FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
 MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
-# What each refit frees (from_runs.PARAMS). Hopper: NDR and m0 are held (topologies/efficiency.py: NDR at NCCL's
-# physical bus bandwidth, m0 at fit2's 108; freed, both go where they absorb other misses); the FP8 m0 is the
-# 16-bit curve's. Blackwell: the FP8 eff_max only, on the fit
+# What each refit frees (from_runs.PARAMS). Hopper: NDR, m0 and NVLink 4 are held (topologies/efficiency.py: NDR at
+# NCCL's physical bus bandwidth, m0 at fit2's 108, NVLink 4 at fit5's 0.874; freed, each goes where it absorbs
+# other misses: NVLink 4 to its bound 1.0 once the FP8 parameter gather is priced); the FP8 m0 is the 16-bit
+# curve's. Blackwell: the FP8 eff_max only, on the fit
 # rows of both systems (freeing flash_eff and NVLink 5 too sends the FP8 eff_max to its bound 0.95 and flash
 # attention to 0.20: the rows cannot separate them); the 16-bit curve, mem_eff and flash_eff stay Hopper's (no
 # 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED).
-HOPPER_FREE = ("eff_max", "mem_eff", "intra", "fp8_eff_max", "flash_eff", "overlap_drag")
+HOPPER_FREE = ("eff_max", "mem_eff", "fp8_eff_max", "flash_eff", "overlap_drag")
 BLACKWELL_FREE = ("fp8_eff_max", "overlap_drag")
 AMPERE_FREE = ("overlap_drag",)  # the rest as fitted 2026-11 (topologies/efficiency.py)
 BLACKWELL = ("dgx-b200", "gb200-nvl72")
