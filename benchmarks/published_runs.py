@@ -27,13 +27,13 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   and FSDP2's copy-out / copy-in kernels on the compute stream (cost_models/fsdp_copies.py: to -1 / -3 / -7 /
   -12.5%; H200 -14 / -15% to -12 / -14%). Hopper's and Blackwell's refits send D to 0 (their Megatron-core fit
   rows show none), so the H200 rows and the B200 / GB200 wide data-parallel rows keep most of their miss. Since
-  fit6 (2026-12-03: the cross-entropy's fp32 passes priced, compute.CE_BYTES; Ampere's D refit to 0.20; Hopper's
-  FP8 eff_max to 0.583) the A100 rows are -0.8 / -3.1 / -7.9 / -13.9%, the H200 ones -7.6 / -9.2%.
+  fit6 (2026-12-03: the cross-entropy's fp32 passes priced, compute.CE_BYTES; Ampere's D refit to 0.23; Hopper's
+  FP8 eff_max to 0.572) the A100 rows are -0.9 / -2.8 / -7.5 / -13.1%, the H200 ones -7.5 / -9.1%.
   The H200 runs compiled (torch.compile, docs/published-runs.md), so their FP8 casts are fused as fp8.py prices
-  dynamic scaling's (6 bytes per element). Their step (step_breakdown.py, fit6): FP8 GEMMs 0.50, flash attention
-  0.26 (Hopper's 0.346 of the bf16 peak, fitted on Megatron-core's cuDNN attention), memory-bound 0.17, bf16 0.06;
+  dynamic scaling's (6 bytes per element). Their step (step_breakdown.py, fit6): FP8 GEMMs 0.51, flash attention
+  0.26 (Hopper's 0.348 of the bf16 peak, fitted on Megatron-core's cuDNN attention), memory-bound 0.16, bf16 0.06;
   torchtitan runs attention through PyTorch's SDPA (0.3.0 puts cuDNN first; the 2025-06 run's backend is not
-  stated): at 0.23 of the peak (FlashAttention-2's range on H100) the rows would be +4.5 / +2.8%. Not priced: no
+  stated): at 0.23 of the peak (FlashAttention-2's range on H100) the rows would be +4.7 / +2.9%. Not priced: no
   fit row runs SDPA's attention on Hopper.
 - benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
   (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective

@@ -16,10 +16,11 @@ GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k,
 Memory-bound elementwise work (norms, residual adds, bias, GELU, hidden dropout, cross-entropy) is priced at
 memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc), backward
 twice that (a coarse count of reads + writes); the attention core's s x s work as above. Cross-entropy over the
-local logits [T, V/t]: CE_BYTES = 52 a logit, Megatron-core's fp32 vocabulary-parallel passes (tensor_parallel/
-cross_entropy.py, unfused): .float() 2 + 4, max 4, in-place subtract, exp, divide 3 x 8, sum 4; backward 8 (grad
-= softmax x dloss in place) + 6 (cast back) (fused, fusions/fused_cross_entropy.py: about 40). It was 12 until
-2026-12-03; the V100 / A100 fit rows, not refitted, went from 2.6 / 1.6% mean |error| to 1.6 / 1.4%.
+local logits [T, V/t]: CE_BYTES = 28 a logit, Megatron-core's fp32 vocabulary-parallel cross-entropy as NeMo 2
+runs it (cross_entropy_loss_fusion, fusions/fused_cross_entropy.py's jit-fused passes): .float() with the max
+(2 + 4), subtract-exp-sum (4 + 4), divide (4 + 4); backward softmax x dloss cast to 16 bits (4 + 2). Unfused
+(tensor_parallel/cross_entropy.py, each op a pass) it is 52. It was 12 until 2026-12-03 (topologies/efficiency.py
+fit6).
 Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   none [T, h_in] x [h_in, h_out]; 1d column [T, h_in] x [h_in, h_out/t], row [T, h_in/t] x [h_in/t, h_out];
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
@@ -53,7 +54,7 @@ from paracube.topologies.efficiency import overlap_drag
 from paracube.topologies.protocol import Topology
 from paracube.workload import DTYPE_BYTES, check_dtype_on
 
-CE_BYTES = 52.0  # HBM bytes per local logit of the fp32 vocabulary-parallel cross-entropy (module docstring)
+CE_BYTES = 28.0  # HBM bytes per local logit of the fp32 vocabulary-parallel cross-entropy (module docstring)
 ITEM_BYTES = {**DTYPE_BYTES, **{DTYPE_NAMES[k]: v for k, v in DTYPE_BYTES.items()}}  # training and torch names
 
 Arr = np.ndarray
