@@ -23,12 +23,15 @@ dynamic scaling costs (below, CAST_BYTES = 6). Per micro-batch: X in the forward
 in the backward. Per step: the weights, cast once at DELAYED_CAST_BYTES (TE keeps the FP8 weight across
 micro-batches, `is_first_microbatch`; Megatron-core's --fp8-param-gather casts them right after the optimizer
 step), priced with the optimizer step by both engines (`step_time`). MoE experts' GEMMs (moe.py) still cast at
-CAST_BYTES (block_linear_gemms' default; not revisited with the dense linears).
+CAST_BYTES (block_linear_gemms' default; not revisited with the dense linears). paracube's own executor casts
+unfused (executor/layers/fp8.py); it is priced with TE's fusions too (no run of it on an FP8 GPU separates them).
 Amax reduction (`amax_collectives`, traffic.stage_events): once per step the stage's amaxes (X, W, dY of every
 block linear, fp32) are max-reduced in one fused all_reduce over TE's amax reduction group, Megatron-core's
 (parallel_state.get_amax_reduction_group: the tensor x data-parallel ranks, here data_axes + tensor_axes), so
 every rank of a stage scales alike; 4 bytes per tensor (`amax_bytes`), latency-bound, priced by both engines
-(comm.py's per-step entries, the event engine from stage_events).
+(comm.py's per-step entries, the event engine from stage_events). Not priced: TE reduces at every fp8_autocast
+exit, forward and backward (Megatron-core opens one per TransformerBlock call: 2 per model chunk and micro-batch);
+counted so (a trial, 2026-12-03) the H100 pipeline FP8 rows move 0.4-0.7 points slower.
 Memory (`copy_bytes`, held for the whole step, counted in temporaries): each block linear's FP8 weight and its
 transpose (WEIGHT_COPY_BYTES = 2 per local weight element) and, per FP8 tensor (X, W, dY of every linear),
 its scale, inverse scale and amax history in fp32 (SCALE_BYTES = 4 x (2 + amax_history_len) = 72).
