@@ -48,8 +48,8 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   rows -1.3% to -5.5%), where the Llama 3.1 405B FP8 rows at the same tp=8 are +7..+9% (too slow). Tried and
   not shipped (bw9): NCCL's tuning-model ring latencies (8.4 us a call, 3.4 / 14 us a NVLink / network step,
   src/graph/tuning.cc) on the zero=1 reduce-scatters and gathers (the A100 dp=128 all_reduce rows break if the
-  all_reduce gets them too); tpo GEMMs split into t chunks of m / t rows (340B FP8 to -1..+2%, but its bf16
-  rows +11..+16% and the 405B's +7..+12%); TE's amax all_reduce at every fp8_autocast exit (2 per model chunk and
+  all_reduce gets them too); 1D GEMMs split into t chunks of m / t rows (340B FP8 to -5..+2%, but its bf16
+  rows +11..+16%, the 405B's +7..+12%, the A100 pipelines' up to +30%); TE's amax all_reduce at every fp8_autocast exit (2 per model chunk and
   micro-batch, Megatron-core's TransformerBlock, not once per step: real, latency-bound, 0.4-0.7 points).
 - blackwell, on 4 FP8 rows of both systems (DGX B200 and GB200 NVL72: Llama 3 8B on 8 GPUs, GPT-3 175B on 512 /
   128): the FP8 eff_max only, 0.557 at Hopper's m0 (fit6, 2026-12-03, with the FP8 gather, casts and
