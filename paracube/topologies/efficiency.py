@@ -46,11 +46,14 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   +4%, too slow) against the 340B FP8 one (-4%, too fast); a link figure does not explain that. The 340B FP8
   rows' miss grows with dp (-0.8% at dp=2 to -8.0% at dp=32: measured +0.33 s, predicted +0.08 s; the bf16 cp=2
   rows -1.3% to -5.5%), where the Llama 3.1 405B FP8 rows at the same tp=8 are +7..+9% (too slow). Tried and
-  not shipped (bw9): NCCL's tuning-model ring latencies (8.4 us a call, 3.4 / 14 us a NVLink / network step,
-  src/graph/tuning.cc) on the zero=1 reduce-scatters and gathers (the A100 dp=128 all_reduce rows break if the
-  all_reduce gets them too); 1D GEMMs split into t chunks of m / t rows (340B FP8 to -5..+2%, but its bf16
-  rows +11..+16%, the 405B's +7..+12%, the A100 pipelines' up to +30%); TE's amax all_reduce at every fp8_autocast exit (2 per model chunk and
-  micro-batch, Megatron-core's TransformerBlock, not once per step: real, latency-bound, 0.4-0.7 points).
+  not shipped (bw9, measured before the refit): NCCL's tuning-model ring latencies (src/graph/tuning.cc: 14 us a
+  network step) as the NIC latency of every collective take b200-n4-15B from -19% to -1%, but the A100 dp=128
+  all_reduce rows to +8..+81% (their ring of 128); added to the zero=1 reduce-scatters and gathers alone (8.4 us
+  a call, 3.4 / 14 us an NVLink / network step) they made rows faster through the overlap formulas (not
+  understood); 1D GEMMs split into t chunks of m / t rows (340B FP8 to -5..+2%, but its bf16 rows +11..+16%, the
+  405B's +7..+12%, the A100 pipelines' up to +30%); TE's amax all_reduce at every fp8_autocast exit (fp8.py:
+  0.4-0.7 points); after it, TE's FP8 userbuffers for the tpo all-gathers (1 byte an element: Nemotron-4 15B FP8 -2.4
+  points, 340B -0.8, 405B -1.0; H100 fit 2.6 / 4.2% -> 2.3 / 5.0%, Blackwell held out 11.4 -> 12.1%).
 - blackwell, on 4 FP8 rows of both systems (DGX B200 and GB200 NVL72: Llama 3 8B on 8 GPUs, GPT-3 175B on 512 /
   128): the FP8 eff_max only, 0.557 at Hopper's m0 (fit6, 2026-12-03, with the FP8 gather, casts and
   cross-entropy above: 0.520) (freeing flash_eff and NVLink 5 too sends it to its bound
