@@ -26,29 +26,53 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   fitted on the fit rows; Ampere's D = 0.25 takes these rows from -6 / -8 / -14 / -24% to -3 / -5 / -10 / -17%)
   and FSDP2's copy-out / copy-in kernels on the compute stream (cost_models/fsdp_copies.py: to -1 / -3 / -7 /
   -12.5%; H200 -14 / -15% to -12 / -14%). Hopper's and Blackwell's refits send D to 0 (their Megatron-core fit
-  rows show none), so the H200 rows and the B200 / GB200 wide data-parallel rows keep most of their miss.
+  rows show none), so the H200 rows and the B200 / GB200 wide data-parallel rows keep most of their miss. Since
+  fit6 (2026-12-03: the cross-entropy's fp32 passes priced, compute.CE_BYTES; Ampere's D refit to 0.23; Hopper's
+  FP8 eff_max to 0.572) the A100 rows are -0.9 / -2.8 / -7.5 / -13.1%, the H200 ones -7.5 / -9.1%.
   The H200 runs compiled (torch.compile, docs/published-runs.md), so their FP8 casts are fused as fp8.py prices
-  them (6 bytes per element). Their step (step_breakdown.py): FP8 GEMMs 0.49, flash attention 0.27 (Hopper's
-  0.347 of the bf16 peak, fitted on Megatron-core's cuDNN attention), memory-bound 0.17, bf16 0.06; torchtitan
-  runs attention through PyTorch's SDPA (0.3.0 puts cuDNN first; the 2025-06 run's backend is not stated): at
-  0.23 of the peak (FlashAttention-2's range on H100) attention alone would take the rows to -0.1 / -1.8%. Not
-  priced: no fit row runs SDPA's attention on Hopper.
-- benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4): Megatron-Bridge MoE runs on DGX H100
-  (step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run, selective
-  recomputation assumed, Megatron-core's bucket, NeMo's grad_reduce convention: bf16 with fp8, else fp32);
-  GPT-OSS-120B not listed (sliding-window attention). The dispatcher is the runtime's (megatron: DeepEP,
-  Runtime.moe_dispatch) except on the "tokendrop" rows (capacity_factor 1.0), which Megatron-core runs with the
-  alltoall dispatcher (DeepEP refuses padding to capacity; cost_models/moe_dispatch.py); DeepSeek-V3's node-limited
-  routing (4 of 8 groups) from its preset. One MoE figure, the all-to-all's NIC efficiency
-  (cost_models/moe_a2a.A2A_NIC_EFF), is fitted on qwen3-235b-256 alone (split `fit`, an alltoall row); the other
-  rows are held out. qwen3-30b-16 (pp 2 x v 24, mb 2, edp 1) is refused: with Qwen3's 2h-wide queries and attention
-  output, 2 x 128-wide keys and values and its q / k norms' inputs counted (memory.attention_widths, 9 sbh a block
-  more than at h / heads per head) it needs 86.3 GiB of 80 under core-attention-only recomputation, so the run kept
-  less (the source does not say how: Megatron-core's recompute_modules moe_act + layernorm would drop about 4.6 +
-  3.1 GiB by this count; full recomputation needs 47.9 GiB). Neither the
-  dispatcher nor Megatron-core's a2a overlap (--overlap-moe-expert-parallel-comm, off by default) is stated for the
-  dropless rows: deepseek-v3-1024 lies between no overlap (+22.7%) and its all_to_alls fully hidden (about -21%), the
-  two 26.04 FP8 rows between DeepEP (-26.9%, -8.1%) and the alltoall dispatcher (+19.8%, +29.6%).
+  dynamic scaling's (6 bytes per element). Their step (step_breakdown.py, fit6): FP8 GEMMs 0.51, flash attention
+  0.26 (Hopper's 0.348 of the bf16 peak, fitted on Megatron-core's cuDNN attention), memory-bound 0.16, bf16 0.06;
+  torchtitan runs attention through PyTorch's SDPA (0.3.0 puts cuDNN first; the 2025-06 run's backend is not
+  stated): at 0.23 of the peak (FlashAttention-2's range on H100) the rows would be +4.7 / +2.9%. Not priced: no
+  fit row runs SDPA's attention on Hopper.
+- benchmarks/data/published_runs_moe.csv (docs/published-runs.md section 4, and section 5's Mixtral 8x7B):
+  Megatron-Bridge MoE runs on DGX H100 and NeMo's Mixtral 8x7B on DGX-B200 / GB200 NVL72 (held out; never in
+  published_runs_today.csv, whose rows are dense shapes; NeMo 2.2's MixtralConfig: alltoall dispatcher, dropless, no
+  recomputation set). Step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run,
+  Megatron-core's bucket, NeMo's grad_reduce convention (bf16 with fp8, else fp32) unless the recipe says otherwise;
+  GPT-OSS-120B not listed (sliding-window attention). What each run ran, where a recipe states it (Megatron-Bridge
+  0.6.2's flat perf recipes, perf_recipes/qwen/h100/qwen3_moe.py, whose FP8 Qwen3 configs have the 26.04 rows' GBS and
+  layouts; the 25.09 rows' configs are not in any released package): the 26.04 FP8 rows ran no recomputation,
+  Qwen3-30B on HybridEP (flex backend `hybridep`: DeepEP's bytes, its kernels permute) without the a2a overlap,
+  Qwen3-235B on the alltoall dispatcher with --overlap-moe-expert-parallel-comm (layout `a2ao`); DeepSeek-V3's recipe
+  reduces gradients in bf16 (grad_reduce_in_fp32=False from 0.1.0rc4 on). The 25.09 rows keep selective recomputation
+  (assumed) and the runtime's dispatcher (megatron: DeepEP, Runtime.moe_dispatch) except on the "tokendrop" rows
+  (capacity_factor 1.0: alltoall, DeepEP refuses padding to capacity; cost_models/moe_dispatch.py); the `dispatcher`
+  column names a row's own. DeepSeek-V3's node-limited routing (4 of 8 groups) from its preset. One MoE figure, the
+  all-to-all's NIC efficiency (cost_models/moe_a2a.A2A_NIC_EFF), is fitted on qwen3-235b-256 alone (split `fit`, an
+  alltoall row); the other rows are held out. The block's token moves follow the dispatcher (moe_passes.py: DeepEP
+  permutes the tokens that arrived, without alltoall's sort; HybridEP's kernels permute and pad): deepseek-v3-1024
+  +22.5 -> +20.5%; FP8 experts copy their tokens into TE's quantization padding and back (moe_passes.fp8_padded; -26.9
+  -> -23.2% and -8.1 -> -5.5% on the FP8 rows as first priced). qwen3-30b-16 (pp 2 x v 24, mb 2, edp 1) is refused:
+  with Qwen3's 2h-wide queries and attention output, 2 x 128-wide keys and values and its q / k norms' inputs counted
+  (memory.attention_widths, 9 sbh a block more than at h / heads per head) it needs 86.3 GiB of 80 under
+  core-attention-only recomputation, so the run kept less (the source does not say how: Megatron-core's
+  recompute_modules moe_act + layernorm would drop about 4.6 + 3.1 GiB by this count; full recomputation, 0.1.0rc4's
+  recipe default, needs 47.9 GiB and prices +22.8%; at core-attention-only it prices -3.3%). Readings of the held-out
+  misses (step_breakdown.py): qwen3-30b-16-fp8 (-35.5%; -25.5% with alltoall's token moves and DeepEP's bytes) is not
+  FP8's GEMMs (in bf16 this layout prices 19.8 s, -32.6%); its all_to_alls price at 38 GB/s of RDMA per GPU, near
+  DeepEP's own internode table (EP16 on 2 nodes: 43 GB/s); not priced: the host's share of 48 fine-grained blocks a
+  micro-batch of 4096 tokens (about 2 ms of GPU work per block forward) run without CUDA graphs, and the host waits of
+  dropless routing (the expert counts copied to the host every MoE forward: TEGroupedMLP's tokens_per_expert.tolist(),
+  HybridEP's unknown permuted-token count), after which the GPU runs at the host's launch rate: the overhead the later
+  recipes' CUDA graphs of attn / moe_router / moe_preprocess and full-iteration graphs target; no fit row exercises
+  it. qwen3-235b-256-fp8 (-16.6%) prices all_to_all-bound combined steps (moe_a2a_overlap.py): the measured step needs
+  them about 20% longer (the overlapped all_to_alls slower than alone, or hiding less). deepseek-v3-1024 (+20.2%): its
+  priced compute (19.3 s) plus its all_to_alls' NIC bytes at the full line rate (8.4 s) already exceed the measured
+  25.3 s, so the run hid part of them (with `a2ao` it prices -12.9%) or its compute takes at most 16.4 s (15% under
+  the priced); 0.6.2's perf recipe for it (GBS 16384, not the row's 8192) recomputes mla_up_proj + mlp instead of core
+  attention, turns overlap_grad_reduce off and runs HybridEP without the a2a overlap: not applied. Mixtral 8x7B: -2.1%
+  (B200), -10.1% (GB200: the GB200 dense rows miss alike).
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.
@@ -89,13 +113,14 @@ DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_today.csv"
 FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
 MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
-# What each refit frees (from_runs.PARAMS). Hopper: NDR and m0 are held (topologies/efficiency.py: NDR at NCCL's
-# physical bus bandwidth, m0 at fit2's 108; freed, both go where they absorb other misses); the FP8 m0 is the
-# 16-bit curve's. Blackwell: the FP8 eff_max only, on the fit
+# What each refit frees (from_runs.PARAMS). Hopper: NDR, m0 and NVLink 4 are held (topologies/efficiency.py: NDR at
+# NCCL's physical bus bandwidth, m0 at fit2's 108, NVLink 4 at fit5's 0.874; freed, each goes where it absorbs
+# other misses: NVLink 4 to its bound 1.0 once the FP8 parameter gather is priced); the FP8 m0 is the 16-bit
+# curve's. Blackwell: the FP8 eff_max only, on the fit
 # rows of both systems (freeing flash_eff and NVLink 5 too sends the FP8 eff_max to its bound 0.95 and flash
 # attention to 0.20: the rows cannot separate them); the 16-bit curve, mem_eff and flash_eff stay Hopper's (no
 # 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED).
-HOPPER_FREE = ("eff_max", "mem_eff", "intra", "fp8_eff_max", "flash_eff", "overlap_drag")
+HOPPER_FREE = ("eff_max", "mem_eff", "fp8_eff_max", "flash_eff", "overlap_drag")
 BLACKWELL_FREE = ("fp8_eff_max", "overlap_drag")
 AMPERE_FREE = ("overlap_drag",)  # the rest as fitted 2026-11 (topologies/efficiency.py)
 BLACKWELL = ("dgx-b200", "gb200-nvl72")

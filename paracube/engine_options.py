@@ -17,7 +17,7 @@ Fields (where each is priced):
   --fp8-param-gather; memory.py, fp8.py, traffic.py);
 - fp8_scaling: how it scales FP8 tensors, "delayed" or "dynamic" (fp8.py; workload.FP8_SCALINGS);
 - fp8_experts: with fp8, the routed experts' grouped GEMMs run FP8 too (moe.py);
-- moe_dispatch: its MoE token dispatcher, "alltoall" or "deepep" (moe_dispatch.py);
+- moe_dispatch: its MoE token dispatcher, "alltoall", "deepep" or "hybridep" (moe_dispatch.py);
 - selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES).
 """
 

@@ -1,9 +1,9 @@
 """The named models (`--model NAME`) and how a name or a config.json path resolves to a ModelSpec.
 
 Presets: GPT-2 (Radford et al. 2019; tied head, as HF GPT2LMHeadModel), the GPT-3 family (Brown et al. 2020,
-Table 2.1), LLaMA-2 (Touvron et al. 2023), the MoE models of their HF configs, and `tiny`, the embedded default
-that trains in seconds on CPU ranks. Anything else that names an existing path is read as a Hugging Face
-`config.json` (hf_config.py).
+Table 2.1), LLaMA-2 (Touvron et al. 2023), Llama 3 (Dubey et al. 2024), the MoE models of their HF configs, and
+`tiny`, the embedded default that trains in seconds on CPU ranks. Anything else that names an existing path is
+read as a Hugging Face `config.json` (hf_config.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,16 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab
                      attention_dropout=0.1, embedding_dropout=0.1)
 
 
-def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, ffn, 32000, 4096, family="llama", kv_heads=kv)
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int = 32000,
+           seq: int = 4096, **kw: Any) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, ffn, vocab, seq, family="llama", kv_heads=kv, **kw)
+
+
+def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
+    # Llama 3 / 3.1 (Dubey et al. 2024, Table 3; HF meta-llama/Llama-3.1-*/config.json): 8 KV heads, vocabulary
+    # 128,256, rotary base 500,000, RMSNorm eps 1e-5, untied; pretrained at 8,192 tokens (3.1's 128K context is a
+    # later stage: --seq to plan it).
+    return _llama(name, layers, hidden, heads, 8, ffn, vocab=128256, seq=8192, rope_theta=500000.0, rms_eps=1e-5)
 
 
 def _moe(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, moe: MoESpec,
@@ -78,6 +86,9 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     _llama("llama2-7b", 32, 4096, 32, 32, 11008),
     _llama("llama2-13b", 40, 5120, 40, 40, 13824),
     _llama("llama2-70b", 80, 8192, 64, 8, 28672),
+    _llama3("llama3-8b", 32, 4096, 32, 14336),
+    _llama3("llama3-70b", 80, 8192, 64, 28672),
+    _llama3("llama3-405b", 126, 16384, 128, 53248),
     *MOE_PRESETS,
 ]}
 

@@ -82,8 +82,6 @@ def test_megatron_mla_per_tensor_sum(layout: str, dtype: str, rc: str) -> None:
     split = 2 * H * (dn + dr) * 2 + 2 * H * dv + e * H * dv + 2 * 2 * f + e * f
     sp = lay.sequence_parallel
     per_token = (whole + split) / t if sp else whole + split / t
-    if not sp and t > 1:  # one_d.megatron_block's own convention, not MLA's: it holds 10 sbh whole (8 with FP8),
-        per_token += 2 * h * (1 - 1 / t)  # the 2 sbh of dropout masks llama recipes do not keep among them
     assert _block_acts(d, lay.mode, b, rc)[0] == pytest.approx(per_token * lay.micro_batch * d.s, rel=1e-12)
 
 

@@ -33,6 +33,10 @@ def test_published_sizes() -> None:
     assert gpt2.tied_embeddings and gpt2.num_parameters() == 124_439_808  # HF GPT2LMHeadModel's count
     assert PRESETS["llama2-70b"].num_parameters() == 68_976_648_192
     assert abs(PRESETS["gpt3-175b"].num_parameters() / 1e9 - 175.2) < 0.1
+    # Llama 3.1 8B / 70B / 405B: the parameter counts of their HF safetensors (model cards).
+    assert PRESETS["llama3-8b"].num_parameters() == 8_030_261_248
+    assert PRESETS["llama3-70b"].num_parameters() == 70_553_706_496
+    assert PRESETS["llama3-405b"].num_parameters() == 405_853_388_800
 
 
 def test_hf_config_and_unknown_model(tmp_path) -> None:

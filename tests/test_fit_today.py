@@ -209,8 +209,9 @@ def test_megatron_activations_with_fp8_save_the_linears_inputs_as_fp8(runs: dict
 def test_fp8_parameters_held_as_the_megatron_runtime_declares(runs: dict) -> None:
     """Megatron-core's --fp8-param-gather (Runtime.fp8_param_gather, fp8.py): the block linears' weights are held
     in FP8 with their transposes, c + 2 -> 1 + 1 bytes per weight element, so parameters drop by (c - 1) W and the
-    held copies by W; nothing else moves, both engines carry the same memory; Nemotron-4 340B's 128-GPU FP8 row,
-    refused for memory before (90 GiB > 80 GiB), now plans with its own layout."""
+    held copies by W, and zero=1's all_gather sends them at 1 byte; the other memory does not move, both engines
+    carry the same memory and bytes; Nemotron-4 340B's 128-GPU FP8 row, refused for memory before
+    (90 GiB > 80 GiB), now plans with its own layout."""
     r = runs["n4-340B-fp8-128"]
     topo, lay = preset_topology(r), r.layout
     rt = get_runtime("megatron")
@@ -225,8 +226,17 @@ def test_fp8_parameters_held_as_the_megatron_runtime_declares(runs: dict) -> Non
     assert a_off.memory.temporaries - a_on.memory.temporaries == pytest.approx(W, rel=1e-9)
     assert (a_on.memory.gradients, a_on.memory.optimizer, a_on.memory.activations) == \
         (a_off.memory.gradients, a_off.memory.optimizer, a_off.memory.activations)
-    assert a_on.step_time_s == a_off.step_time_s  # the gather is priced at 16 bits either way (fp8.py)
     assert a_off.memory.total > 80 * 2**30 > a_on.memory.total
     e_on = estimate_event(r.model, r.training, lay, topo, with_events=False, options=on)
     assert e_on.memory == a_on.memory
+    # zero=1's gather: the W weight elements at 1 byte, the other n - W at 2 (bf16), both engines' bytes
+    b_on, b_off = (estimate(r.model, r.training, lay, topo, options=o) for o in (on, off))
+    gathered = [sum(c.payload_bytes for c in e.events if c.kind == "all_gather" and c.phase == "optimizer")
+                for e in (b_on, b_off)]
+    n = a_off.memory.gradients / r.grad_bytes  # first stage: embedding and 12 blocks
+    W_first = float(fp8.weight_elements(d, lay.mode, layout_arrays(lay, 1), np.array([1]), np.array([0]))[0])
+    # 1e-5: the gathered buckets are padded to a multiple of dp (a few elements each), n is not
+    assert gathered[0] == pytest.approx(gathered[1] * (1 - W_first / (2 * n)), rel=1e-5)
+    e_bytes = estimate_event(r.model, r.training, lay, topo, options=on).comm_bytes_per_gpu
+    assert e_bytes == pytest.approx(b_on.comm_bytes_per_gpu, rel=1e-9)
     assert str(predict(r, topo, "megatron")[0]) == "dp=2,pp=8,tp=1d:8,mb=1,v=12,sp,zero=1,overlap,tpo"

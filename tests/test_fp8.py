@@ -44,9 +44,10 @@ def test_engines_price_fp8_alike() -> None:
 
 def test_fp8_compute_closed_form() -> None:
     """One H100, tp=none, N micro-batches of T tokens: fp8 - bf16 compute = N L sum over the block linears of
-    (their three GEMMs at the FP8 model - at the bf16 model + CAST_BYTES (T h_in + T h_out) / bw), plus, with
-    the optimizer step (in compute_time_s), the weights' casts once: L sum(h_in h_out) CAST_BYTES / bw.
-    Attention and the head are bf16 in both."""
+    (their three GEMMs at the FP8 model - at the bf16 model + (x T h_in + y T h_out) / bw), (x, y) the linear's
+    delayed-scaling cast bytes as Transformer Engine fuses them (fp8.TE_CASTS: qkv (2, 4), proj (4, 4), fc (2, 0),
+    fc2 (2, 4)), plus, with the optimizer step (in compute_time_s), the weights' casts once:
+    L sum(h_in h_out) DELAYED_CAST_BYTES / bw. Attention and the head are bf16 in both."""
     topo = load_topology("dgx-h100", gpus=1)
     layout = parse_layout("dp=1,mb=4")
     an8, an16 = estimate(SMALL, FP8, layout, topo), estimate(SMALL, BF16, layout, topo)
@@ -55,13 +56,14 @@ def test_fp8_compute_closed_form() -> None:
     T, N, L = 4 * 128, 16 // 4, SMALL.layers
     bw = g16.mem_bw * g16.mem_eff
     linears = [(256, 768), (256, 256), (256, 1024), (1024, 256)]  # gpt: qkv, proj, fc, fc2
+    casts = [(2.0, 4.0), (4.0, 4.0), (2.0, 0.0), (2.0, 4.0)]  # (X, dY) bytes per element, written out
     delta = gemms = 0.0
-    for h_in, h_out in linears:
-        fast = sum(float(x) for x in g8.linear.gemms(T, h_out, h_in))
-        slow = sum(float(x) for x in g16.gemms(T, h_out, h_in))
+    for (h_in, h_out), (x, y) in zip(linears, casts, strict=True):
+        fast = sum(float(v) for v in g8.linear.gemms(T, h_out, h_in))
+        slow = sum(float(v) for v in g16.gemms(T, h_out, h_in))
         gemms += fast - slow
-        delta += fast - slow + fp8.CAST_BYTES * (T * h_in + T * h_out) / bw
-    weights = L * sum(i * o for i, o in linears) * fp8.CAST_BYTES / bw
+        delta += fast - slow + (x * T * h_in + y * T * h_out) / bw
+    weights = L * sum(i * o for i, o in linears) * fp8.DELAYED_CAST_BYTES / bw
     # compute_time_s includes the optimizer step (one GPU: no communication, the step is all compute)
     assert an8.compute_time_s - an16.compute_time_s == pytest.approx(N * L * delta + weights, rel=1e-9)
     # the FP8 GEMMs are faster than their bf16 copies (the curves share m0); at this toy width the casts may eat it

@@ -92,16 +92,21 @@ def test_dynamic_scaling_has_no_amax_reduction_and_holds_no_copies() -> None:
 
 @pytest.mark.parametrize(("recompute", "forwards"), [("none", 1), ("full", 2)])
 def test_dynamic_scaling_casts_the_weights_every_micro_batch(recompute: str, forwards: int) -> None:
-    """One H100, N = 4 micro-batches: delayed casts the block weights once per step (with the optimizer step),
-    dynamic in every forward (twice per micro-batch under full recomputation, which re-runs it):
-    compute(dynamic) - compute(delayed) = (forwards x N - 1) x L sum(h_in h_out) CAST_BYTES / bw, in both engines."""
+    """One H100, N = 4 micro-batches of T tokens: delayed casts the block weights once per step (with the optimizer
+    step, DELAYED_CAST_BYTES each), dynamic in every forward (twice per micro-batch under full recomputation, which
+    re-runs it) at CAST_BYTES; dynamic casts X (every forward) and dY at CAST_BYTES where delayed casts them at
+    the linear's fused (x, y) bytes (fp8.TE_CASTS). compute(dynamic) - compute(delayed) =
+    N L sum [forwards (CAST_BYTES W + (CAST_BYTES - x) T h_in) + (CAST_BYTES - y) T h_out] / bw
+    - L sum W DELAYED_CAST_BYTES / bw (W = h_in h_out), in both engines."""
     topo = load_topology("dgx-h100", gpus=1)
     layout = parse_layout("dp=1,mb=4")
     g = gemm_model(topo, "bf16")
-    weights = SMALL.layers * sum(i * o for i, o in LINEARS) * fp8.CAST_BYTES / (g.mem_bw * g.mem_eff)
-    N = 16 // 4
+    bw, c, L, N, T = g.mem_bw * g.mem_eff, fp8.CAST_BYTES, SMALL.layers, 16 // 4, 4 * 128
+    casts = [(2.0, 4.0), (4.0, 4.0), (2.0, 0.0), (2.0, 4.0)]  # gpt: qkv, proj, fc, fc2 (X, dY), written out
+    per_micro = sum(forwards * (c * i * o + (c - x) * T * i) + (c - y) * T * o
+                    for (i, o), (x, y) in zip(LINEARS, casts, strict=True))
+    expected = (N * L * per_micro - L * sum(i * o for i, o in LINEARS) * fp8.DELAYED_CAST_BYTES) / bw
     for engine in ("analytic", "event"):
         delayed, dynamic = (estimate_with(engine, SMALL, _fp8(recompute), layout, topo, fp8_scaling=s)
                             for s in ("delayed", "dynamic"))
-        assert dynamic.compute_time_s - delayed.compute_time_s == pytest.approx((forwards * N - 1) * weights,
-                                                                                rel=1e-6), engine
+        assert dynamic.compute_time_s - delayed.compute_time_s == pytest.approx(expected, rel=1e-6), engine

@@ -135,6 +135,7 @@ def _optim(est: object) -> float:
     ("layout", "dp=2,tp=1d:2", "layout='dp=2,tp=1d:2' has 4 ranks"),
     ("recompute", "most", "recompute"),
     ("capacity_factor", "1.0", "capacity_factor='1.0' for"),  # a dense model has no experts to drop tokens at
+    ("dispatcher", "alltoall", "dispatcher='alltoall' for"),  # nor tokens to dispatch
 ])
 def test_runs_csv_errors_name_row_and_field(tmp_path: Path, field: str, value: str, word: str) -> None:
     rows = [r for r in _rows() if r["run"].startswith("v-")]
@@ -246,3 +247,38 @@ def test_fsdp_row_plans_with_torchtitan_at_zero3() -> None:
     direct = estimate(r.model, r.training, lay.with_(recompute=None), topo, with_events=False,
                       options=RUNTIMES["torchtitan"].engine_options())
     assert pred == pytest.approx(direct.step_time_s, rel=1e-9)
+
+
+MOE = DATA.with_name("published_runs_moe.csv")
+
+
+def test_runs_csv_dispatcher_column(tmp_path: Path) -> None:
+    """The optional dispatcher column of MoE rows: the row is priced with that dispatcher (reference: the estimate
+    with the runtime's options and that moe_dispatch), empty the runtime's; a bad name, or DeepEP with a capacity
+    factor (Megatron-core refuses it), is one line naming the row."""
+    from paracube.calibration.from_runs import run_estimate
+    from paracube.runtimes import get_runtime
+
+    with MOE.open(newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["run"] == "qwen3-30b-16-fp8"]
+    assert rows[0]["dispatcher"] == "hybridep"
+    rows.append({**rows[0], "run": "plain", "dispatcher": ""})
+    rows.append({**rows[0], "run": "a2a", "dispatcher": "alltoall"})
+    hybrid, plain, a2a = read_runs(_write(tmp_path / "moe.csv", rows), tuple(PRESETS))
+    assert (hybrid.dispatcher, plain.dispatcher, a2a.dispatcher) == ("hybridep", None, "alltoall")
+    lay = parse_layout("dp=16,ep=16,tp=none,mb=1,zero=1,overlap")
+    rt = get_runtime("megatron")
+    steps = []
+    for r, name in ((hybrid, "hybridep"), (plain, rt.moe_dispatch), (a2a, "alltoall")):
+        ref = estimate(r.model, r.training, lay, preset_topology(r), with_events=False,
+                       options=rt.engine_options().with_(moe_dispatch=name, grad_bytes=r.grad_bytes,
+                                                         bucket_bytes=r.bucket_bytes))
+        steps.append(run_estimate(r, lay, preset_topology(r), "megatron").step_time_s)
+        assert steps[-1] == ref.step_time_s
+    assert len(set(steps)) == 3  # 2 nodes: the deduplicating dispatchers send a token once per remote node
+    for edit, words in ((dict(dispatcher="nccl"), "dispatcher='nccl'; valid: alltoall, deepep, hybridep"),
+                        (dict(dispatcher="deepep", capacity_factor="1.0"), "DeepEP dropless only")):
+        bad = [rows[0], {**rows[0], **edit}]
+        with pytest.raises(ParacubeError, match=r"row 3 \(qwen3-30b-16-fp8\)") as err:
+            read_runs(_write(tmp_path / "bad.csv", bad), tuple(PRESETS))
+        assert words in str(err.value) and "\n" not in str(err.value)

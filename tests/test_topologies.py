@@ -422,7 +422,7 @@ def test_current_presets_load_size_and_plan(name: str, nodes: int, per_node: int
     assert "m0 NOT FITTED" in sources["fp8 gemm"]
     if name == "dgx-h200":
         assert sources["gemm"].startswith(f"fitted on the dgx-h100 rows of {today}; m0 NOT FITTED")
-        assert sources["intra-node nvlink4-nvswitch"] == f"fitted on the dgx-h100 rows of {today}"
+        assert sources["intra-node nvlink4-nvswitch"].startswith(f"fitted on the dgx-h100 rows of {today} (fit5; held")
     else:
         assert sources["gemm"].startswith("NOT FITTED: borrowed from hopper; no 16-bit Blackwell run")
         assert sources["fp8 gemm"].startswith(f"fitted on the dgx-b200 and gb200-nvl72 rows of {today}")

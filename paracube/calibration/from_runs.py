@@ -26,6 +26,9 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
     capacity_factor  optional, MoE rows: the experts' capacity factor of a token-drop run (Megatron-Bridge's
                    "tokendrop": 1.0, padded to capacity); empty: the preset's (dropless). It also sets the dispatcher:
                    Megatron-core runs DeepEP dropless only (cost_models/moe_dispatch.py)
+    dispatcher     optional, MoE rows: the token dispatcher the run used (moe_dispatch.DISPATCHERS): alltoall,
+                   deepep or hybridep (Megatron-core's flex dispatcher backends); empty: the runtime's
+                   (Runtime.moe_dispatch)
 
 Prediction: the planner's best layout matching the row's layout (search with `fixed`), its analytic step
 time. Fit (`fit_runs`): least squares on log(predicted / measured) over the fit rows of the few
@@ -42,12 +45,13 @@ from pathlib import Path
 
 import numpy as np
 
+from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout, parse_layout
 from paracube.model_presets import resolve_model
 from paracube.modes.buckets import GRAD_BYTES
-from paracube.runtimes import RUNTIMES, get_runtime
+from paracube.runtimes import RUNTIMES, Runtime, get_runtime
 from paracube.topologies.nvswitch import SYSTEMS, fabrics
 from paracube.topologies.presets import PRESETS, Fit
 from paracube.workload import ModelSpec, TrainingSpec
@@ -69,6 +73,7 @@ class Run:
     runtime: str | None = None  # the row's own runtime (None: the caller's)
     bucket_bytes: int | None = None  # the run's gradient bucket in bytes (None: modes/buckets.BUCKET_BYTES)
     grad_bytes: int = 4  # the run's gradient element (grad_reduce column: fp32 4, bf16 2)
+    dispatcher: str | None = None  # the run's MoE token dispatcher (None: the runtime's)
 
 
 def _int(where: str, value: str) -> int:
@@ -125,6 +130,12 @@ def parse_row(i: int, row: dict[str, str], clusters: tuple[str, ...]) -> Run:
     if cap:
         check(model.moe is not None, f"{where}: capacity_factor={cap!r} for {model.name}, which has no experts")
         model = replace(model, moe=replace(model.moe, capacity_factor=_float(f"{where}: capacity_factor", cap)))
+    dispatcher = (row.get("dispatcher") or "").strip() or None
+    if dispatcher is not None:
+        check(model.moe is not None, f"{where}: dispatcher={dispatcher!r} for {model.name}, which has no experts")
+        check(dispatcher in DISPATCHERS, f"{where}: dispatcher={dispatcher!r}; valid: {', '.join(DISPATCHERS)}")
+        check(dispatcher != "deepep" or not cap, f"{where}: dispatcher=deepep with capacity_factor={cap}: "
+              "Megatron-core runs DeepEP dropless only (leave one empty)")
     runtime = (row.get("runtime") or "").strip() or None
     if runtime is not None and runtime not in RUNTIMES:
         raise ParacubeError(f"{where}: runtime={runtime!r}; valid: {', '.join(RUNTIMES)}")
@@ -145,7 +156,7 @@ def parse_row(i: int, row: dict[str, str], clusters: tuple[str, ...]) -> Run:
     return Run(row["run"], row["cluster"], gpus, model, training, layout,
                _float(f"{where}: measured_step_s", row["measured_step_s"]), split, runtime,
                _bucket(where, (row.get("grad_bucket") or "").strip(), layout),
-               _grad_bytes(where, (row.get("grad_reduce") or "").strip()))
+               _grad_bytes(where, (row.get("grad_reduce") or "").strip()), dispatcher)
 
 
 GRAD_REDUCE = {"": 4, "fp32": 4, "bf16": 2}
@@ -199,12 +210,18 @@ def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube")
     return run_estimate(run, layout, topo, runtime).step_time_s
 
 
+def run_runtime(run: Run, runtime: str = "paracube") -> Runtime:
+    """The runtime a row is priced for: its own (else `runtime`), with the row's MoE dispatcher where it names one."""
+    rt = get_runtime(run.runtime or runtime)
+    return rt if run.dispatcher is None else replace(rt, moe_dispatch=run.dispatcher)
+
+
 def run_estimate(run: Run, layout: Layout, topo: object, runtime: str = "paracube") -> StepEstimate:
     """`step_time`'s whole analytic estimate (compute, exposed communication, bubble, time per mesh axis)."""
     from paracube.cost_models.analytic import estimate  # local: calibration sits above cost_models
     from paracube.planner.dimensions import PARAM_OVERLAP, chosen
 
-    rt = get_runtime(run.runtime or runtime)
+    rt = run_runtime(run, runtime)
     param_overlap = chosen(PARAM_OVERLAP, rt, layout)
     options = rt.engine_options().with_(param_overlap=param_overlap, grad_bytes=run.grad_bytes,
                                         **({} if run.bucket_bytes is None else {"bucket_bytes": run.bucket_bytes}))
@@ -322,11 +339,11 @@ def predict(run: Run, topo: object, runtime: str = "paracube") -> tuple[Layout, 
     A layout the runtime cannot run: ParacubeError (one line)."""
     from paracube.planner.search import search  # local: calibration sits above the planner in the layers
 
-    runtime = run.runtime or runtime
-    why = get_runtime(runtime).refusal(run.layout, run.model.family, run.model.tied_embeddings, run.training.dtype)
+    rt = run_runtime(run, runtime)
+    why = rt.refusal(run.layout, run.model.family, run.model.tied_embeddings, run.training.dtype)
     check(why is None, f"run {run.name}: layout {run.layout}: {why}")
     fixed = run.layout if run.layout.sequence_parallel else run.layout.with_(forbid_sp=True)
-    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1], runtime=runtime,
+    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1], runtime=rt,
                  bucket_bytes=run.bucket_bytes, grad_bytes=None if run.grad_bytes == 4 else run.grad_bytes)
     lay, est = res.ranked[0]
     # A layout axis the cost models do not price yet is dropped by the search's match (cp: context parallelism,

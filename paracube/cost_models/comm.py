@@ -209,7 +209,10 @@ class StepTraffic:
             g = self.d.grad_bytes  # the buckets' element (Dims.grad_dtype): fp32, or 16-bit gradients
             out.append(self._entry("reduce_scatter", self.data_axes, self.d.grad_dtype, count, padded_grads * g // 4,
                                    per_step=True))
-            gathered = padded_grads * self.d.gather_bytes // 4  # fp32 masters or the 16-bit parameters
+            # fp32 masters or the 16-bit parameters; FP8 ones for the block linears' weights (fp8.py)
+            gathered = padded_grads * self.d.gather_bytes // 4
+            if fp8.fp8_params(self.d):
+                gathered = gathered * fp8.gathered_fraction(self.d, self.mode.name, b, first, last, grads / 4)
             out.append(self._entry("all_gather", self.data_axes, F32 if self.d.gather_bytes == 4 else self.d.dtype,
                                    count, gathered, per_step=True))
             dp = cp_after_dp(("dp",), self.d.cp)

@@ -15,7 +15,12 @@ Time: roofline per GEMM with an efficiency that falls for small local matrices,
 GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
 Memory-bound elementwise work (norms, residual adds, bias, GELU, hidden dropout, cross-entropy) is priced at
 memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc), backward
-twice that (a coarse count of reads + writes); the attention core's s x s work as above.
+twice that (a coarse count of reads + writes); the attention core's s x s work as above. Cross-entropy over the
+local logits [T, V/t]: CE_BYTES = 28 a logit, Megatron-core's fp32 vocabulary-parallel cross-entropy as NeMo 2
+runs it (cross_entropy_loss_fusion, fusions/fused_cross_entropy.py's jit-fused passes): .float() with the max
+(2 + 4), subtract-exp-sum (4 + 4), divide (4 + 4); backward softmax x dloss cast to 16 bits (4 + 2). Unfused
+(tensor_parallel/cross_entropy.py, each op a pass) it is 52. It was 12 until 2026-12-03 (topologies/efficiency.py
+fit6).
 Local GEMM shapes (T tokens of a micro-batch, t tensor ranks):
   none [T, h_in] x [h_in, h_out]; 1d column [T, h_in] x [h_in, h_out/t], row [T, h_in/t] x [h_in/t, h_out];
   2d [T/q, h_in] x [h_in, h_out/q]; 2.5d [T/(dq), h_in] x [h_in, h_out/q];
@@ -49,6 +54,7 @@ from paracube.topologies.efficiency import overlap_drag
 from paracube.topologies.protocol import Topology
 from paracube.workload import DTYPE_BYTES, check_dtype_on
 
+CE_BYTES = 28.0  # HBM bytes per local logit of the fp32 vocabulary-parallel cross-entropy (module docstring)
 ITEM_BYTES = {**DTYPE_BYTES, **{DTYPE_NAMES[k]: v for k, v in DTYPE_BYTES.items()}}  # training and torch names
 
 Arr = np.ndarray
@@ -111,22 +117,25 @@ class GemmModel:
         """(Y = X A, dX = dY A^T, dA = X^T dY) seconds of a linear with local shapes X [m, k], A [k, n]."""
         return self.gemm_time(m, n, k), self.gemm_time(m, k, n), self.gemm_time(k, n, m)
 
-    def block_linear_gemms(self, m: Arr, n: Arr, k: Arr, weight_cast: bool = False) -> tuple[Arr, Arr, Arr]:
+    def block_linear_gemms(self, m: Arr, n: Arr, k: Arr, weight_cast: bool = False,
+                           cast_bytes: tuple[float, float] = fp8.DYNAMIC_CASTS) -> tuple[Arr, Arr, Arr]:
         """`gemms` of a block's linear: with FP8 at the FP8 model, plus the casts of X (forward) and dY
-        (backward, with dX) as fp8.py prices them; `weight_cast` (fp8.weight_cast_per_micro_batch: dynamic
-        scaling) also the weight A's, with the forward."""
+        (backward, with dX) as fp8.py prices them, `cast_bytes` = (X's, dY's) bytes per element (fp8.cast_bytes:
+        the linear's under the run's scaling); `weight_cast` (fp8.weight_cast_per_micro_batch: dynamic scaling)
+        also the weight A's at fp8.CAST_BYTES, with the forward."""
         if self.linear is None:
             return self.gemms(m, n, k)
         f, dx, da = self.linear.gemms(m, n, k)
         bw = self.mem_bw * self.mem_eff
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
-        cast_f = fp8.CAST_BYTES * (m * k + (k * n if weight_cast else 0.0)) / bw
-        return f + cast_f, dx + fp8.CAST_BYTES * m * n / bw, da
+        cast_f = (cast_bytes[0] * m * k + (fp8.CAST_BYTES * k * n if weight_cast else 0.0)) / bw
+        return f + cast_f, dx + cast_bytes[1] * m * n / bw, da
 
-    def linear_time(self, m: Arr, n: Arr, k: Arr, weight_cast: bool = False) -> tuple[Arr, Arr]:
-        """(forward, backward) time of one block linear with local shapes X [m, k], A [k, n] (`weight_cast`:
-        block_linear_gemms)."""
-        f, dx, da = self.block_linear_gemms(m, n, k, weight_cast)
+    def linear_time(self, m: Arr, n: Arr, k: Arr, weight_cast: bool = False,
+                    cast_bytes: tuple[float, float] = fp8.DYNAMIC_CASTS) -> tuple[Arr, Arr]:
+        """(forward, backward) time of one block linear with local shapes X [m, k], A [k, n] (`weight_cast`,
+        `cast_bytes`: block_linear_gemms)."""
+        f, dx, da = self.block_linear_gemms(m, n, k, weight_cast, cast_bytes)
         return f, dx + da
 
 
@@ -192,9 +201,9 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     Ls = stage_layers(d.L, pp, b.v, np.where(pp == 1, 1, first), last)
     fwd_blk = np.zeros_like(T)
     bwd_blk = np.zeros_like(T)
-    for n, (_, h_in, h_out, _) in enumerate(d.linears):
+    for n, (name, h_in, h_out, _) in enumerate(d.linears):
         fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b),  # FP8 where g.linear
-                                 fp8.weight_cast_per_micro_batch(d))
+                                 fp8.weight_cast_per_micro_batch(d), fp8.cast_bytes(d, name))
         fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
     attn_f, attn_b = attention_core_time(d, mb, t, g)
     elem_f = elementwise_forward(d, mode, b, g)
@@ -207,7 +216,7 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     V = padded(d.V, m.vocab_split(t, b.q))
     hf, hdx, hda = g.gemms(*local_shape(mode, T, d.h, V, True, b))  # the head stays bf16 under FP8
     hb = hdx + hda
-    ce = 3 * 4.0 * T * V / t / (g.mem_bw * g.mem_eff)
+    ce = CE_BYTES * T * V / t / (g.mem_bw * g.mem_eff)
     per_micro = Ls * per_block + last * (hf + hb + ce)
     return N * per_micro
 

@@ -35,7 +35,8 @@ def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tu
     for n, (name, h_in, h_out, _) in enumerate(d.linears):
         m, nn, k = local_shape(mode, T, h_in, h_out, n in (0, 2), a)
         # FP8 (and its casts) where g.linear
-        f, dx, da = (float(x[0]) for x in g.block_linear_gemms(m, nn, k, fp8.weight_cast_per_micro_batch(d)))
+        f, dx, da = (float(x[0]) for x in g.block_linear_gemms(m, nn, k, fp8.weight_cast_per_micro_batch(d),
+                                                                        fp8.cast_bytes(d, name)))
         out[name] = (f, dx, da)
         gemm_total += f + dx + da
         fwd_total += f

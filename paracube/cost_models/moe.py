@@ -12,11 +12,13 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   tokens per expert or narrow experts run at low efficiency); dispatch and combine all_to_all over ep (and
   the etp all_gather / reduce_scatter), each priced on the folded group's ranks (in-node or across nodes by
   the placement, LinkCache; an all_to_all as every rank's flows to its peers, moe_a2a.py), the most loaded
-  rank's share x imbalance; memory-bound passes at the device's memory rate (pass_bytes: the token permute, the
+  rank's share x imbalance; memory-bound passes at the device's memory rate (moe_passes.py: the token permute, the
   sort by local expert and back, the unpermute, the experts' SwiGLU; Megatron-core's moe_utils.permute /
   sort_chunks_by_idxs / unpermute); with fp8 and a runtime that runs them so (Runtime.fp8_experts, Dims), the
-  experts' GEMMs at the FP8 model with their casts (compute.GemmModel.block_linear_gemms); backward: GEMMs 2x,
-  the same four collectives; full recomputation runs the forward again (dispatch included, as Megatron-core recomputes);
+  experts' GEMMs at the FP8 model with their casts (compute.GemmModel.block_linear_gemms) and, where the tokens per
+  expert are not all multiples of 16, Transformer Engine's quantization padding copies (moe_passes.fp8_padded);
+  backward: GEMMs 2x, the same four collectives; full recomputation runs the forward again (dispatch included, as
+  Megatron-core recomputes);
 - per step: the expert gradients' all_reduce over edp (fp32; exposed, or under the last backward as
   grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
 - attention correction (MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden / heads, Qwen3):
@@ -45,6 +47,7 @@ from paracube.cost_models.memory import optimizer_bytes
 from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
+from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.errors import divisors
 from paracube.estimate import CommEvent
@@ -141,17 +144,6 @@ def _events(colls: list, d: Dims, z: ExpertSizes, layout: Layout, phase: str, bl
     return out
 
 
-def pass_bytes(d: Dims, layout: Layout, ffn: int, local: int, T: int, R: float) -> tuple[float, float]:
-    """(forward, backward) bytes of one block's memory-bound passes on the most loaded rank (module docstring):
-    permute 2 R h, the sort by local expert and back 4 R h (ep > 1 and several local experts), unpermute 2 R h + T h,
-    the experts' SwiGLU 3 R f_e / etp forward (twice that backward: its inputs and gradient read, two written)."""
-    c, h = d.c, d.h
-    sort = 4 * R * h if layout.ep > 1 and local > 1 else 0.0
-    moves = c * (2 * R * h + sort + 2 * R * h + T * h)
-    act = c * 3 * R * ffn / layout.etp
-    return moves + act, moves + 2 * act
-
-
 def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, block: int = 0) -> BlockCost:
     moe = model.moe
     assert moe is not None
@@ -166,7 +158,7 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     up = gemms(m, 2 * fe, d.h)  # gate and up fused [h, 2 f_e / etp]
     down = gemms(m, d.h, fe)
     router = g.gemms(T, moe.experts, d.h)
-    pf, pb = pass_bytes(d, layout, moe.expert_ffn, local, T, R)
+    pf, pb = pass_bytes(d, layout, moe.expert_ffn, local, T, R, fp8_padded(d, layout, moe, T), moe)
     bw = g.mem_bw * g.mem_eff
     fwd = local * float(up[0] + down[0]) + float(router[0]) + pf / bw
     bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2]) + pb / bw

@@ -12,6 +12,11 @@ Two dispatchers (Runtime.moe_dispatch, Dims.moe_dispatch; priced by moe_a2a.a2a_
   exchange, by the permute). Combine reverses the path with the same bytes. Megatron-core refuses DeepEP with
   padding to capacity (transformer_config.py: "Flex token dispatcher with deepep backend does not support
   moe_pad_expert_input_to_capacity"), so a capacity factor (token-drop runs) falls back to "alltoall".
+- "hybridep": the flex dispatcher's HybridEP backend (--moe-flex-dispatcher-backend hybridep; DeepEP's hybrid-ep
+  branch): priced with DeepEP's bytes (one copy per remote node over RDMA, forwarded over NVLink), and with a
+  capacity factor too (Megatron-core's _HybridEPManager runs drop_and_pad); its kernels also permute the tokens by
+  local expert and pad them to the FP8 multiple, so the block runs no permute / unpermute passes of its own
+  (moe_passes.py).
 Routing limits (MoESpec.groups / group_topk; HF deepseek_v3 n_group / topk_group; Megatron-core
 moe_router_num_groups / moe_router_group_topk, moe_utils.group_limited_topk): the experts form `groups` equal groups,
 a token's group_topk groups are those with the best sums of their top k / group_topk scores, and its k experts the
@@ -42,7 +47,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-DISPATCHERS = ("alltoall", "deepep")
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
+DEDUP = ("deepep", "hybridep")  # one copy per remote node
 
 
 @dataclass(frozen=True)
@@ -77,12 +83,20 @@ class Dispatch:
         return f_nvl, f_nic
 
 
+def effective(moe: object, dispatcher: str) -> str:
+    """The dispatcher a model's MoE blocks run under a runtime's (module docstring): "deepep" with a capacity factor
+    falls back to "alltoall"."""
+    if dispatcher == "deepep" and getattr(moe, "capacity_factor", None) is not None:
+        return "alltoall"
+    return dispatcher
+
+
 def dispatch_of(moe: object, dispatcher: str) -> Dispatch:
-    """The Dispatch of a model's MoE spec (moe_spec.MoESpec) under a runtime's dispatcher: "deepep" without a
-    capacity factor, else the plain all_to_all (module docstring)."""
-    if moe is None or dispatcher != "deepep" or getattr(moe, "capacity_factor", None) is not None:
+    """The Dispatch of a model's MoE spec (moe_spec.MoESpec) under a runtime's dispatcher: deduplicating for
+    "deepep" (dropless) and "hybridep", else the plain all_to_all (module docstring)."""
+    if moe is None or effective(moe, dispatcher) not in DEDUP:
         return Dispatch()
     return Dispatch(True, moe.experts, moe.top_k, moe.groups, moe.group_topk)  # type: ignore[attr-defined]
 
 
-__all__ = ["DISPATCHERS", "Dispatch", "dispatch_of"]
+__all__ = ["DEDUP", "DISPATCHERS", "Dispatch", "dispatch_of", "effective"]

@@ -70,7 +70,8 @@ def op_gemm_time(d: Dims, mode: str, b: LayoutBatch, g: object) -> Arr:
     for (n, width), again in zip(matmuls(d), recomputed(d), strict=True):
         if again:
             shape = m.gemm_shape(T, d.linears[n][1], width, n in (0, 2), b.t, b.q, b.depth)
-            total = total + g.block_linear_gemms(*shape, weight_cast)[0]  # type: ignore[attr-defined]
+            total = total + g.block_linear_gemms(*shape, weight_cast,  # type: ignore[attr-defined]
+                                                 fp8.cast_bytes(d, d.linears[n][0]))[0]  # type: ignore[attr-defined]
     return total
 
 

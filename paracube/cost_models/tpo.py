@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from paracube.cost_models import fp8
 from paracube.cost_models.compute import GemmModel, local_shape
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
@@ -51,14 +52,17 @@ Arr = np.ndarray
 
 
 def gemm_seconds(d: Dims, mode: str, b: LayoutBatch, tag: str, g: GemmModel) -> Arr:
-    """Seconds of the GEMM `tag` ("LINEAR.GEMM", modes.base.Collective.tpo) of one micro-batch, per configuration
-    (at the compute dtype's GEMM model, as since tpo was added; the event engine's unit_compute takes FP8's)."""
+    """Seconds of the GEMM `tag` ("LINEAR.GEMM", modes.base.Collective.tpo) of one micro-batch, per configuration:
+    the block linear's as compute.GemmModel.block_linear_gemms prices it (FP8 where the model has an FP8 curve,
+    with the casts), as the event engine's unit_compute does (before 2026-12-03 the bf16 GEMM, which hid more of
+    an FP8 row's ring than its faster GEMM can)."""
     name, gemm = tag.split(".")
     assert gemm in TPO_GEMMS
     index = [li[0] for li in d.linears].index(name)
     _, h_in, h_out, _ = d.linears[index]
     m, n, k = local_shape(mode, (b.mb * d.s).astype(float), h_in, h_out, index in (0, 2), b)
-    return g.gemms(m, n, k)[TPO_GEMMS.index(gemm)]
+    f_dx_da = g.block_linear_gemms(m, n, k, fp8.weight_cast_per_micro_batch(d), fp8.cast_bytes(d, name))
+    return f_dx_da[TPO_GEMMS.index(gemm)]
 
 
 def hidden(alpha_beta: Arr, n: Arr, gemm: Arr) -> Arr:

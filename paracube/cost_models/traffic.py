@@ -50,6 +50,7 @@ from functools import lru_cache
 from paracube.cost_models import fp8
 from paracube.cost_models.dims import Dims, context_local, padded_vocab
 from paracube.cost_models.mla import mla_layer_sizes
+from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES, context
@@ -235,8 +236,11 @@ def stage_events(layout: Layout, d: Dims, mb: int, stage: str = "first",
     for c in fp8.amax_collectives(layout, d, layers):  # --dtype fp8: the amaxes, before the norm (step.py)
         log.add(*c)
     log.add("all_reduce", norm_axes(layout), 4, F32, "optimizer", "grad_norm")
+    # FP8 parameters: every bucket's gather scaled by the stage's fraction (fp8.gathered_fraction), as comm.py
+    frac = (float(fp8.gathered_fraction(d, layout.mode, layout_arrays(layout, mb), int(first), int(last),  # type: ignore[arg-type]
+                                        float(sum(buckets)))[0]) if zero1 and fp8.fp8_params(d) else 1.0)
     for n in buckets if zero1 else []:
-        log.add("all_gather", layout.data_axes, d.gather_bytes * padded_numel(n, shards),
+        log.add("all_gather", layout.data_axes, round(d.gather_bytes * padded_numel(n, shards) * frac),
                 F32 if d.gather_bytes == 4 else d.dtype, "optimizer", "params")
     for n in units if zero == 2 else []:
         log.add("all_gather", layout.zero_axes, 4 * n, F32, "optimizer", "params")

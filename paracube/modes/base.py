@@ -19,158 +19,38 @@ step `step_collectives`, then the generic gradient / grad-norm / metrics all-red
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-F32 = "float32"
-COMPUTE = "compute"  # the training's compute dtype (Dims.dtype)
+from paracube.modes.collective import (
+    COMPUTE,
+    F32,
+    TPO_GEMMS,
+    Collective,
+    IntOrArr,
+    Payload,
+    Sizes,
+    chunks,
+    coll,
+    first_exposed,
+)
+from paracube.modes.split_rules import (
+    TOKEN_RULE,
+    VOCAB_MULTIPLE,
+    Rule,
+    divides,
+    key_window,
+    kv_gather_groups,
+    padded,
+    sequence_pieces,
+    split,
+    tokens_split_ok,
+)
+
 LAYER_UNITS = ("ln1", "qkv", "proj", "ln2", "fc", "fc2")  # a block, in forward order
-IntOrArr = Any  # int (one layout) or np.ndarray of int64 (a LayoutBatch)
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """Sizes a payload depends on: T tokens of a micro-batch (on one cp rank: b s / cp), tensor ranks t, grid side q,
-    2.5D depth, sp flag, V the padded vocabulary, (per-step collectives) blocks of the stage and its edge flags, and
-    cp the context-parallel ranks."""
-
-    T: IntOrArr
-    t: IntOrArr
-    q: IntOrArr
-    depth: IntOrArr
-    sp: IntOrArr
-    V: IntOrArr
-    layers: IntOrArr = 0
-    first: IntOrArr = 0
-    last: IntOrArr = 0
-    cp: IntOrArr = 1  # context parallelism (Layout.cp): T is then a rank's b s / cp tokens (modes/context.py)
-
-
-Payload = Callable[[Sizes], IntOrArr]
-Ring = Callable[[int, bool], tuple[float, ...]]  # tpo: (group size, paired) -> GEMM fraction per exchange
-
-
-def first_exposed(n: int, paired: bool) -> tuple[float, ...]:
-    """The default tpo ring (1D + sp, priced so since tpo was added): its first exchange exposed, the whole GEMM
-    spread over the other n - 2 (cost_models/tpo.py)."""
-    return (0.0,) + (1.0 / (n - 2),) * (n - 2) if n > 2 else (0.0,) * (n - 1)
-
-
-def chunks(n: int, paired: bool) -> tuple[float, ...]:
-    """A ring with one GEMM chunk (1/n of it) alongside each of its n - 1 exchanges (executor/layers/ring.py: an
-    all-gather's chunk s on the block held at step s, a reduce-scatter's chunk of step s >= 1; the remaining
-    chunk runs with no exchange in flight)."""
-    return (1.0 / n,) * (n - 1)
-
-
-@dataclass(frozen=True)
-class Collective:
-    kind: str  # all_gather | reduce_scatter | all_reduce | send
-    axes: tuple[str, ...]
-    dtype: str  # COMPUTE or F32
-    payload: Payload  # bytes, per call
-    label: str
-    phase: str = "fwd"  # edge / per-step collectives; layer collectives take theirs from their list
-    when: str = ""  # "sp" | "no_sp" | "" (always)
-    # A weight collective (a linear's weight / bias, the position table): with kept weights (Layout kw=1)
-    # the forward gather runs once per step (the first micro-batch's forward, not in recompute) and the
-    # gradient reduce-scatter once (the last micro-batch's backward), gradients accumulated in gathered form.
-    kept: bool = False
-    # 1 where this collective is issued for these Sizes, 0 where not (None: always), e.g. the key / value
-    # gather of a sequence split over ranks, issued over the one group that holds a whole sequence.
-    applies: Callable[[Sizes], IntOrArr] | None = None
-    # tpo (Layout.tpo: collective matmul): the GEMM this collective is decomposed against, "LINEAR.GEMM" with
-    # LINEAR a name of Dims.linears and GEMM f (Y = X A), dx (dX = dY A^T) or da (dA = X^T dY); "": not overlapped.
-    tpo: str = ""
-    # Calls per issue, each of `payload` bytes (None: one), e.g. SUMMA's q broadcast steps per GEMM operand.
-    calls: Callable[[Sizes], IntOrArr] | None = None
-    # tpo: the executor's ring schedule, ring(n, paired) -> the fraction of the `tpo` GEMM alongside each of the
-    # ring's n - 1 exchanges on its slowest rank (paired: the linear's weight ring ran in this forward, i.e. not a
-    # kept weight reused); `lockstep`: run in lock step with that weight ring (2D / 3D forwards: X's and A's
-    # rings), the two sharing those GEMM chunks (cost_models/tpo.py).
-    ring: Ring = first_exposed
-    lockstep: bool = False
-
-
-TPO_GEMMS = ("f", "dx", "da")
-
-
-def coll(kind: str, axes: tuple[str, ...] | str, dtype: str, payload: Payload, label: str,
-         phase: str = "fwd", when: str = "", kept: bool = False,
-         applies: Callable[[Sizes], IntOrArr] | None = None, tpo: str = "",
-         calls: Callable[[Sizes], IntOrArr] | None = None, ring: Ring = first_exposed,
-         lockstep: bool = False) -> Collective:
-    return Collective(kind, (axes,) if isinstance(axes, str) else tuple(axes), dtype, payload, label, phase, when,
-                      kept, applies, tpo=tpo, calls=calls, ring=ring, lockstep=lockstep)
-
-
-def split(x: IntOrArr, k: IntOrArr) -> IntOrArr:
-    """x / k: exact integer division on ints, true division on float arrays (compute and memory models)."""
-    if isinstance(x, (int, np.integer)) and isinstance(k, (int, np.integer)):
-        return x // k
-    return x / k
-
-
-VOCAB_MULTIPLE = 128  # Megatron-LM's make_vocab_size_divisible_by (its default)
-
-
-def padded(V: int, by: IntOrArr) -> IntOrArr:
-    """The vocabulary as Megatron-LM pads it (`_vocab_size_with_padding`): up to a multiple of 128 x its split
-    `by` (Megatron: x tp). The executor pads its embedding and head to this size and masks the padded logits
-    out of the loss; every cost model counts it. GPT-2's 50,257: 50,304 at by = 1, 50,688 at 4, 51,200 at 8."""
-    multiple = VOCAB_MULTIPLE * by
-    return -(-V // multiple) * multiple
-
-
-def divides(a: IntOrArr, b: IntOrArr) -> np.ndarray:
-    return np.asarray(a) % np.asarray(b) == 0
-
-
-Rule = tuple[str, Callable[[Any, Any], np.ndarray]]  # (reason, predicate(dims, LayoutBatch))
-
-TOKEN_RULE = "micro-batch tokens % token split != 0"
-
-
-def tokens_split_ok(mb: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
-    """Whether n ranks can split a micro-batch of mb sequences of s tokens (flattened batch-major, b x s) into n
-    equal blocks: any micro-batch whose token count divides. A block may hold whole sequences, part of one, or
-    the end of one and the start of the next (executor/layers/tokens.py)."""
-    return (np.asarray(mb) * s) % np.asarray(n) == 0
-
-
-def sequence_pieces(T: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
-    """Consecutive token blocks of c = T / n tokens that first end on a sequence boundary: s / gcd(c, s) (1: every
-    block holds whole sequences). A group of g consecutive blocks holds whole sequences iff pieces | g."""
-    c = np.asarray(T) // np.asarray(n)
-    return np.asarray(s) // np.gcd(c, s)
-
-
-def key_window(T: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
-    """Keys a rank's c = T / n queries attend over when its block is not whole sequences, at most over ranks:
-    from the start of its first token's sequence to its last token, c + s - gcd(c, s) (s when c divides s).
-    Whole sequences: s (each query row has at most s keys)."""
-    c = np.asarray(T) // np.asarray(n)
-    return np.where(c % s == 0, s, c + s - np.gcd(c, s))
-
-
-def kv_gather_groups(axes: tuple[str, ...], sizes: dict[str, IntOrArr],
-                     pieces: IntOrArr) -> list[tuple[tuple[str, ...], np.ndarray]]:
-    """Where a sequence split into `pieces` token blocks over `axes` (major -> minor) gathers its keys and
-    values: for each suffix of `axes` (minor first), 1 where it is the smallest suffix whose ranks hold whole
-    sequences (its size a multiple of `pieces`), else 0; all 0 when pieces = 1 (sequences whole on a rank)."""
-    pieces = np.asarray(pieces)
-    done = pieces <= 1
-    out: list[tuple[tuple[str, ...], np.ndarray]] = []
-    size: IntOrArr = 1
-    for i in range(len(axes) - 1, -1, -1):
-        size = size * sizes[axes[i]]
-        hit = ~done & (np.asarray(size) % pieces == 0)
-        out.append((axes[i:], hit))
-        done = done | hit
-    return out
 
 
 @dataclass(frozen=True)
@@ -422,7 +302,8 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
+# What a mode module imports: this file's declarations and the vocabulary of collective.py and split_rules.py.
 __all__ = ["COMPUTE", "F32", "LAYER_UNITS", "TOKEN_RULE", "TPO_GEMMS", "VOCAB_MULTIPLE", "Collective",
-           "ExecutorSupport", "IntOrArr", "Rule", "Sizes", "TensorMode", "coll", "divides", "divisors",
-           "kv_gather_groups", "padded",
-           "key_window", "sequence_pieces", "split", "split_embedding", "tokens_split_ok"]
+           "ExecutorSupport", "IntOrArr", "Payload", "Rule", "Sizes", "TensorMode", "chunks", "coll", "divides",
+           "divisors", "first_exposed", "key_window", "kv_gather_groups", "padded", "sequence_pieces", "split",
+           "split_embedding", "tokens_split_ok"]

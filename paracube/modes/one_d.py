@@ -187,10 +187,10 @@ class OneD(TensorMode):
 
     def megatron_block(self, d: Any, X: Any, att: Any, sbh: Any, T: Any, t: Any, q: Any, depth: Any,
                        sp: Any, scale: float) -> Any:
-        """10 sbh + (X - 10 sbh)/t + 5 a s^2 b/t; with sp everything / t. The 10 sbh every rank keeps whole: the
-        two norms' inputs (4), their outputs entering QKV and fc1 (4; 2 with FP8, saved as 1-byte casts), the two
-        dropout masks (2)."""
-        whole = (8 if d.fp8 else 10) * sbh
+        """W + (X - W)/t + 5 a s^2 b/t; with sp everything / t. W, what every rank keeps whole: the two norms'
+        inputs (4 sbh), their outputs entering QKV and fc1 (4; 2 with FP8, saved as 1-byte casts), the two
+        dropout masks (2; none in llama-family recipes, which run without dropout and which X leaves out too)."""
+        whole = (10 - 2 * bool(d.fp8) - 2 * (d.family == "llama")) * sbh
         return scale * np.where(sp > 0, (X + att) / t, whole + (X - whole) / t + att / t)
 
     def linear_temporaries(self, c: int, T: Any, h_in: int, h_out: Any, t: Any, q: Any, depth: Any) -> Any:

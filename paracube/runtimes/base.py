@@ -32,7 +32,8 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   (token, expert) pair in one all_to_all (paracube's executor, torchtitan, DeepSpeed-MoE, Megatron-core's alltoall
   dispatcher), or "deepep", one copy per remote node over the NICs forwarded over NVLink once per GPU (Megatron-core's
   flex dispatcher on DeepEP, as NVIDIA's Hopper recipes run dropless MoE; a model with a capacity factor falls back to
-  alltoall, Megatron-core's rule); both engines price it.
+  alltoall, Megatron-core's rule), or "hybridep" (the flex dispatcher's HybridEP backend: DeepEP's bytes, its kernels
+  permuting the tokens; no runtime declares it, a published row names it); both engines price it.
 - `selective`: what `rc=selective` recomputes (workload.SELECTIVE_RULES): "attention" (Megatron's: the attention
   core re-run in backward; Megatron-core, DeepSpeed, paracube's executor) or "op" (torchtitan's per-op selective
   activation checkpointing); both engines price its recomputed forward work and memory its saved tensors

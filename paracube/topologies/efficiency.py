@@ -38,8 +38,25 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   16-bit peak 0.347 (compute.attention_core_time: the long-sequence rows fix it), NVLink 4 at 0.874, and mem_eff
   (0.9, its bound). m0 stays at fit2's 108: freed it goes to its bound 16 (the fit then memorises rows; held-out
   3.1% either way). The H200 shares the generation and its fabrics.
+  Refit 2026-12-03 (fit6) once zero=1's FP8 parameter gather (fp8.gathered_fraction), Transformer Engine's fused
+  FP8 casts (fp8.TE_CASTS: 4 bytes a cast with delayed scaling, less where the norm / activation writes FP8) and
+  the fp32 cross-entropy's passes (compute.CE_BYTES, 28 bytes a logit, was 12) are priced: eff_max 0.694, FP8
+  eff_max 0.572, flash 0.348, mem_eff 0.9 (bound); NVLink 4 held at fit5's 0.874: freed, it goes to its bound
+  1.0 (with the FP8 gather priced, with or without the other two), trading the Nemotron-4 15B FP8 fit rows (+3 /
+  +4%, too slow) against the 340B FP8 one (-4%, too fast); a link figure does not explain that. The 340B FP8
+  rows' miss grows with dp (-0.8% at dp=2 to -8.0% at dp=32: measured +0.33 s, predicted +0.08 s; the bf16 cp=2
+  rows -1.3% to -5.5%), where the Llama 3.1 405B FP8 rows at the same tp=8 are +7..+9% (too slow). Tried and
+  not shipped (bw9, measured before the refit): NCCL's tuning-model ring latencies (src/graph/tuning.cc: 14 us a
+  network step) as the NIC latency of every collective take b200-n4-15B from -19% to -1%, but the A100 dp=128
+  all_reduce rows to +8..+81% (their ring of 128); added to the zero=1 reduce-scatters and gathers alone (8.4 us
+  a call, 3.4 / 14 us an NVLink / network step) they made rows faster through the overlap formulas (not
+  understood); 1D GEMMs split into t chunks of m / t rows (340B FP8 to -5..+2%, but its bf16 rows +11..+16%, the
+  405B's +7..+12%, the A100 pipelines' up to +30%); TE's amax all_reduce at every fp8_autocast exit (fp8.py:
+  0.4-0.7 points); after it, TE's FP8 userbuffers for the tpo all-gathers (1 byte an element: Nemotron-4 15B FP8 -2.4
+  points, 340B -0.8, 405B -1.0; H100 fit 2.6 / 4.2% -> 2.3 / 5.0%, Blackwell held out 11.4 -> 12.1%).
 - blackwell, on 4 FP8 rows of both systems (DGX B200 and GB200 NVL72: Llama 3 8B on 8 GPUs, GPT-3 175B on 512 /
-  128): the FP8 eff_max only, 0.557 at Hopper's m0 (freeing flash_eff and NVLink 5 too sends it to its bound
+  128): the FP8 eff_max only, 0.557 at Hopper's m0 (fit6, 2026-12-03, with the FP8 gather, casts and
+  cross-entropy above: 0.520) (freeing flash_eff and NVLink 5 too sends it to its bound
   0.95 and flash to 0.20). The misses are structural: on one node the GB200 runs Llama 3 8B 27% faster than the
   B200 where the datasheet peaks differ by 11% (a newer NeMo, 25.04 vs 25.02, and a 1200 W power limit). The
   rows whose step is a 64-way data-parallel ring with 8 members per node (Nemotron-4 15B, tp=none) are 13-21%
@@ -54,9 +71,9 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   3 8B on one node, Nemotron-4 15B dp=64 inside NVLink, the 340B across NDR), as if the B200's NDR traffic were
   hidden and the device itself were 1.2x slower, not the peaks' 1.11x (1000 W vs 1200 W, NeMo 25.02 vs 25.04):
   neither a generation figure nor NVLink 5's can move the two rows apart the other way. Pricing the FP8 parameter
-  all-gather Megatron-core runs (fp8.py, not priced yet; measured with every gathered element at 1 byte) takes
-  b200-n4-340B from +2.9% to -8.4% and the H100 340B FP8 rows from -2..-7% to -4..-11%, gb200-n4-340B -14.2 to
-  -14.9%: the 340B steps' compute is predicted too fast on both generations once that gather is priced. Share of
+  all-gather Megatron-core runs (fp8.gathered_fraction, since fit6) takes b200-n4-340B from +2.9% to -7.8% and the
+  H100 340B FP8 rows from -2..-7% to -4..-11%, gb200-n4-340B -14.2 to -14.9% (before fit6's other changes and
+  refit: after them +2.9 -> -6.4%, -14.2 -> -13.6%): the 340B steps' compute is predicted too fast. Share of
   the step per figure (step_breakdown.py): FP8 GEMMs 0.69-0.70 on GPT-3 175B (the fit rows that hold
   BLACKWELL_FP8_MAX), 0.50-0.66 on the others, where flash attention (0.13-0.28), memory-bound work (0.15-0.17)
   and the bf16 head (0.06-0.12) are Hopper's fractions: a slower non-FP8 part on Blackwell would slow the held-out
@@ -82,11 +99,11 @@ if TYPE_CHECKING:
 RUNS = "benchmarks/data/published_runs.csv"
 TODAY = "benchmarks/data/published_runs_today.csv"
 
-# Fitted 2026-12 (fit5; calibration/from_runs.fit_runs, runtime megatron; benchmarks/published_runs.py --refit),
-# m0 held at fit2's figure and NDR at NCCL's physical bus bandwidth (docstring):
-HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.690, 108.0, 0.90, 0.629, 0.347
+# Fitted 2026-12-03 (fit6; calibration/from_runs.fit_runs, runtime megatron; benchmarks/published_runs.py --refit),
+# m0 held at fit2's figure, NVLink 4 at fit5's and NDR at NCCL's physical bus bandwidth (docstring):
+HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.694, 108.0, 0.90, 0.572, 0.348
 NVLINK4, NDR = 0.874, 0.85
-BLACKWELL_FP8_MAX = 0.557  # the B200 rows' misses have opposite signs (+2.3%, -10.1%): structural, see above
+BLACKWELL_FP8_MAX = 0.520  # the B200 rows' misses have opposite signs (+2.4%, -9.8%): structural, see above
 
 
 @dataclass(frozen=True)
@@ -127,12 +144,13 @@ FP8_GEMM: dict[str, Figures] = {
 # NVLink ring runs beside the compute stream. Fitted by `benchmarks/published_runs.py --refit` (2026-12, fit8):
 # ampere alone (its other figures as fitted 2026-11) on the dgx-a100 fit rows: 0.252 (least squares on log
 # residuals; the fit rows' mean |error| 2.4% -> 1.6%, the dp=128 rows -5.8 / -5.2 / -3.8% -> -2.2 / -0.2 / +0.7%,
-# the held-out rows unchanged: their rings cross nodes one member per node or they do not overlap); hopper with
+# the held-out rows unchanged: their rings cross nodes one member per node or they do not overlap); refit
+# 2026-12-03 (fit6) with the cross-entropy's 28 bytes a logit (compute.CE_BYTES): 0.231, shipped 0.23; hopper with
 # the generation's other free figures on the dgx-h100 fit rows, blackwell with its FP8 eff_max on its fit rows:
 # both go to 0 (the Megatron-core rows there show no drag: their FP8 Nemotron rows are already slow).
 OVERLAP_DRAG: dict[str, Figures] = {
     "volta": Figures({"overlap_drag": 0.0}, "no run of the set overlaps a data-parallel stream on V100", False),
-    "ampere": Figures({"overlap_drag": 0.25}, f"fitted on the dgx-a100 rows of {RUNS}", True),
+    "ampere": Figures({"overlap_drag": 0.23}, f"fitted on the dgx-a100 rows of {RUNS}", True),
     "hopper": Figures({"overlap_drag": 0.0}, f"fitted on the dgx-h100 rows of {TODAY} (goes to 0)", True),
     "blackwell": Figures({"overlap_drag": 0.0},
                          f"fitted on the dgx-b200 and gb200-nvl72 rows of {TODAY} (goes to 0)", True),
@@ -142,7 +160,8 @@ FABRICS: dict[str, Figures] = {
     "nvlink2-nvswitch": Figures({"eff": 0.47}, f"fitted on the dgx2-v100 rows of {RUNS}", True),
     "nvlink3-nvswitch": Figures({"eff": 0.50}, f"fitted on the dgx-a100 rows of {RUNS}", True),
     "hdr-ib": Figures({"eff": 0.78}, f"fitted on the dgx-a100 rows of {RUNS}", True),
-    "nvlink4-nvswitch": Figures({"eff": NVLINK4}, f"fitted on the dgx-h100 rows of {TODAY}", True),
+    "nvlink4-nvswitch": Figures({"eff": NVLINK4}, f"fitted on the dgx-h100 rows of {TODAY} (fit5; held in fit6: "
+                                "freed, it goes to its bound 1.0)", True),
     "ndr-ib": Figures({"eff": NDR}, "set to NCCL's NDR bus bandwidth (0.85 of 400 Gb/s; held in the Hopper fit "
                       f"on the dgx-h100 rows of {TODAY})", True),
 }
