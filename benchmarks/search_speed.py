@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -184,10 +185,9 @@ class _Unlimited:
     """The same topology with unbounded device memory (for the throughput figure only)."""
 
     def __init__(self, topo: object) -> None:
-        dev = topo.device  # type: ignore[attr-defined]
         self._topo = topo
-        self.device = SimpleNamespace(name=dev.name, peak_flops=dev.peak_flops, memory_bytes=float("inf"),
-                                      memory_bandwidth=dev.memory_bandwidth)
+        # every field of the device (the cost model reads its generation, overheads...), memory unbounded
+        self.device = replace(topo.device, memory_bytes=float("inf"))  # type: ignore[attr-defined]
         self.calibration = getattr(topo, "calibration", None)
 
     def group_link(self, ranks: object, concurrent: object = ()) -> object:
