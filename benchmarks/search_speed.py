@@ -186,8 +186,9 @@ class _Unlimited:
 
     def __init__(self, topo: object) -> None:
         self._topo = topo
-        # every field of the device (the cost model reads its generation, overheads...), memory unbounded
-        self.device = replace(topo.device, memory_bytes=float("inf"))  # type: ignore[attr-defined]
+        # every field of the device (the cost model reads its generation, overheads...), memory unbounded (1e30 B:
+        # DeviceSpec refuses inf)
+        self.device = replace(topo.device, memory_bytes=1e30)  # type: ignore[attr-defined]
         self.calibration = getattr(topo, "calibration", None)
 
     def group_link(self, ranks: object, concurrent: object = ()) -> object:
