@@ -138,7 +138,8 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     ovs, tpos = _overlaps(s, mode, batch)
     # zero=2/3: `overlap` = each unit's reduce-scatter asynchronous under the backward (fsdp_overlap.py)
     # zero=2/3 rows are priced exactly only with their own stage (_evaluate): the bound's single evaluation
-    # prices them as zero=0, so they are pruned by their compute-only bound (the zero=0/1 rows by their bound).
+    # prices them as zero=0, so they are pruned by their compute and in-line communication (the zero=0/1 rows by
+    # their bound), and again against the zero=0/1 layouts once those are scored (_staged_times).
     bound = allowed = None
     if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch):
         keep, bound, allowed = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos,
