@@ -98,7 +98,7 @@ def local_cpu_device(processes: int, cores: int | None = None, figures: CpuFigur
     flops = {"fp32": peak, "fp16": peak / 4, "bf16": peak / 4, "fp8": peak / 4}
     return DeviceSpec("cpu-process", {k: v / r for k, v in flops.items()}, _host_memory_bytes() / processes,
                       10e9 / r, op_overhead_s=op_s * r, ring_wait_s=CPU_STEP_WAIT_S * (r - 1),
-                      gemm_half_dim=CPU_GEMM_HALF_DIM)
+                      gemm_half_dim=CPU_GEMM_HALF_DIM, ranks_per_core=r)
 
 
 def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, float]:
