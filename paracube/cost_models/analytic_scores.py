@@ -4,9 +4,9 @@
 attaches its explicit CommEvents, traffic.py); the planner's exact pruning bounds on them: score_bounds.py.
 Pipeline (1F1B, interleaved with v chunks; Narayanan et al. 2021): with W the per-step work of the slowest
 stage (compute + its per-micro-batch communication over N micro-batches), step = W (1 + (pp-1)/(v N))
-+ per-step communication (gradients, grad norm, metrics); on CPU ranks that share cores the bubble term is
-times shared_cores.bubble_share (the idle stages' ranks give their cores to the busy ones). The stages considered are first (embedding),
-middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
++ per-step communication (gradients, grad norm, metrics); on CPU ranks that share cores the bubble term
+is times shared_cores.bubble_share (the idle stages' ranks give their cores to the busy ones). The stages
+considered are first (embedding), middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
 communication is not overlapped (see comm.py) unless the layout says `tpo`: then each collective a mode
 declares overlappable exposes what the GEMM chunks beside its ring's exchanges do not hide (cost_models/tpo.py). The
 data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
@@ -78,11 +78,11 @@ from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowd
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.fsdp_overlap import prefetched_micro
-from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.grad_overlap import Profile, release_profile
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.overlap_drag import beside, per_layout
+from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.tpo import TpoPricing
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES

@@ -34,8 +34,8 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
 
 def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, ranks_per_core: float = 1.0) -> Arr:
     """Per layout of `scores` (any links, any zero pricing), a step time that no placement of it beats at zero=2/3
-    (or any zero): the slowest stage's compute W with its bubble W (pp-1)/(v N) (x bubble_share), plus the least optimizer step
-    over the stages. Compute and the optimizer step do not depend on the links, nor compute on zero (the
+    (or any zero): the slowest stage's compute W with its bubble W (pp-1)/(v N) (x bubble_share), plus the least
+    optimizer step over the stages. Compute and the optimizer step do not depend on the links, nor compute on zero (the
     optimizer's shard is the row's own zero); every communication term evaluate adds is >= 0 (collective times,
     fsdp_overlap's exposed seconds and contention's extras are clipped at 0; the per-step part loses at most the
     gradient reduction and the replica all_reduce it contains), so the step is at least this. The planner prunes
