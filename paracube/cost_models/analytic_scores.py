@@ -8,8 +8,8 @@ stage (compute + its per-micro-batch communication over N micro-batches), step =
 is times shared_cores.bubble_share (the idle stages' ranks give their cores to the busy ones). The stages
 considered are first (embedding), middle and last (head, loss); memory is that of the most loaded stage.
 Tensor-parallel and pipeline communication is not overlapped (see comm.py) unless the layout says `tpo`: then
-each collective a mode declares overlappable exposes what the GEMM chunks beside its ring's exchanges do not hide (cost_models/tpo.py). The
-data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
+each collective a mode declares overlappable exposes what the GEMM chunks beside its ring's exchanges do not
+hide (cost_models/tpo.py). The data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
 its buckets are reduced, one after the other on the data-parallel communicator's own stream, while the last
 micro-batch's backward runs (torch DDP, Megatron's overlap_grad_reduce; the event engine simulates exactly
 this); with pp > 1 per stage and model chunk, during that stage's (chunk's) own last backward, and the step
