@@ -4,12 +4,11 @@
 attaches its explicit CommEvents, traffic.py); the planner's exact pruning bounds on them: score_bounds.py.
 Pipeline (1F1B, interleaved with v chunks; Narayanan et al. 2021): with W the per-step work of the slowest
 stage (compute + its per-micro-batch communication over N micro-batches), step = W (1 + (pp-1)/(v N))
-+ per-step communication (gradients, grad norm, metrics); on CPU ranks that share cores the bubble term
-is times shared_cores.bubble_share (the idle stages' ranks give their cores to the busy ones). The stages
-considered are first (embedding), middle and last (head, loss); memory is that of the most loaded stage.
-Tensor-parallel and pipeline communication is not overlapped (see comm.py) unless the layout says `tpo`: then
-each collective a mode declares overlappable exposes what the GEMM chunks beside its ring's exchanges do not
-hide (cost_models/tpo.py). The data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
++ per-step communication (gradients, grad norm, metrics). The stages considered are first (embedding),
+middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
+communication is not overlapped (see comm.py) unless the layout says `tpo`: then each collective a mode
+declares overlappable exposes what the GEMM chunks beside its ring's exchanges do not hide (cost_models/tpo.py). The
+data-parallel gradient reduction is exposed whole unless the layout overlaps it (`overlap`, Layout.overlap):
 its buckets are reduced, one after the other on the data-parallel communicator's own stream, while the last
 micro-batch's backward runs (torch DDP, Megatron's overlap_grad_reduce; the event engine simulates exactly
 this); with pp > 1 per stage and model chunk, during that stage's (chunk's) own last backward, and the step
@@ -57,6 +56,8 @@ replica groups get their own links.
 Each collective call also costs the device model's call wait (GemmModel.call_wait: on uncalibrated local-cpu
 ranks sharing cores, every message the call passes waits to be scheduled, collective.wait_steps and
 topologies/local_cpu.py; 0 elsewhere); the event engine adds the same per call.
+CPU ranks that share cores (GemmModel.ranks_per_core > 1) pay the pipeline bubble at shared_cores.bubble_share:
+the idle stages' ranks give their cores to the busy ones.
 """
 
 from __future__ import annotations
