@@ -3,8 +3,8 @@
 Measured (microbench.py): GEMMs, elementwise ops, collectives per kind / group size / payload / axis pattern,
 and step probes (executor steps of a model with few FLOPs, serial and 1D/2D/3D). Priced on the basis the host
 calls for (timing_basis: wall time, or CPU time x ranks per core when ranks share cores), fitted (fit.py),
-then the per-op overhead set from the serial probe step and the wait per collective message from the parallel
-ones (fit_host_overheads).
+then the per-op overhead set from the serial probe step and the waits per collective call and per message from
+the parallel ones (fit_host_overheads).
 
 The file is the base preset in explicit form with (a) the device's fp32 peak and memory bandwidth set to
 the fitted values (fp16/bf16 peaks keep the preset's ratio to fp32), (b) for a one-node hub preset
@@ -77,8 +77,8 @@ def timing_basis(nproc: int, backend: str) -> dict[str, Any]:
     model): step wall = 1.06-1.14 x 4 x the mean CPU seconds per rank per step, in every mode; the wall time
     inside collectives on groups of 2 was 1.2-2.4x (the data-parallel all-reduce 6x) what the lockstep
     microbenchmark measured, their waits absorbing the other groups' work. What this leaves out (the
-    executor's glue; idle cores while messages wait to be scheduled) is in the per-op overhead and the wait
-    per collective message fitted on the step probes (fit_host_overheads)."""
+    executor's glue; idle cores while calls and messages wait to be scheduled) is in the per-op overhead and the
+    waits per collective call and message fitted on the step probes (fit_host_overheads)."""
     cores = len(affinity.available_cores())
     if backend == "gloo" and nproc > cores:
         return {"basis": "cpu", "ranks_per_core": nproc / cores, "cores": cores}
