@@ -122,7 +122,8 @@ def main() -> int:
         peak, op_s = core_figures(figs)
         where = f"probed, cache {cache_path()}" if figs is not None else "fixed (probe disabled or failed)"
         print(f"core figures ({where}): fp32 peak {peak / 1e9:.0f} GFLOP/s, {op_s * 1e6:.1f} us per op; "
-              f"{CPU_STEP_WAIT_S * 1e3:.2f} ms wait per collective message and other rank on the core (fixed)",
+              f"{CPU_STEP_WAIT_S * 1e3:.2f} ms wait per collective message and other rank on the core (fixed); "
+              "the pipeline bubble at its share on shared cores (cost_models/shared_cores.py)",
               flush=True)
     pred: dict[str, float] = {}
     meas: dict[str, float] = {}
@@ -134,6 +135,10 @@ def main() -> int:
                 plans[f"plan --gpus {gpus}"] = planned(gpus, folder)
         if args.plans != "fitted":
             plans.update(held_out(folder))
+        if args.cal:  # a calibration prices the rank count it was measured with (calibrate --nproc)
+            world = load_topology(source).num_devices
+            for name in [n for n, (plan, _) in plans.items() if plan.layout.world_size != world]:
+                print(f"{name}: {plans.pop(name)[0].layout.world_size} ranks, not priced by {source} ({world} ranks)")
         for name, (plan, _) in plans.items():
             layout = plan.layout.with_(micro_batch=plan.micro_batch)
             topo = load_topology(source, gpus=layout.world_size)

@@ -202,17 +202,21 @@ def test_cpu_ranks_sharing_cores_are_priced_by_cpu_time(monkeypatch) -> None:
     assert cal["comm"]["all_gather"]["4"]["latency"] == pytest.approx(0.8 * 200e-6, rel=1e-6)
 
 
-def test_host_overheads_recover_the_per_op_cost_and_the_message_wait_the_probes_were_made_with() -> None:
-    """Probes priced by the calibrated model with 30 us per dispatched op (the serial probe) and 0.5 ms per
-    collective message (the parallel ones) give back exactly those figures, the per-op one for every tensor
-    mode; a serial probe faster than the model's GEMMs alone gives 0 per op (never negative); priced with the
-    fitted figures, each probe's step is the one it was made from."""
+@pytest.mark.parametrize("wait, call", [(0.5e-3, 0.0), (0.1e-3, 0.9e-3)])
+def test_host_overheads_recover_the_per_op_cost_and_the_waits_the_probes_were_made_with(wait: float,
+                                                                                        call: float) -> None:
+    """Probes priced by the calibrated model with 30 us per dispatched op (the serial probe), `wait` per
+    collective message and `call` per collective call (the parallel ones) give back those figures, the per-op
+    one for every tensor mode (tolerance 1e-6: scipy's nnls on exact data); a serial probe faster than the
+    model's GEMMs alone gives 0 per op (never negative); priced with the fitted figures, each probe's step is
+    the one it was made from."""
     cal = build_calibration(_synthetic_result(), machine_info(8, "gloo"))
     topo = calibrated_topology("local-cpu", 8, cal)
-    per_op, wait = 30e-6, 0.5e-3
+    per_op = 30e-6
     made = copy.deepcopy(cal)
     made["elementwise"]["op_overhead_by_mode"] = {"fp32": {m: per_op for m in MODES}}
     made["elementwise"]["step_wait_s"] = wait
+    made["elementwise"]["call_wait_s"] = call
     truth = calibrated_topology("local-cpu", 8, made)
 
     def step(text: str, on: object) -> float:
@@ -222,17 +226,18 @@ def test_host_overheads_recover_the_per_op_cost_and_the_message_wait_the_probes_
 
     texts = ("dp=1", "dp=2,tp=1d:4", "dp=2,tp=2d:2x2", "tp=3d:2x2x2")
     probes = [{"layout": t, "dtype": "fp32", "time_s": step(t, truth)} for t in texts]
-    by_mode, fitted, eff = fit_host_overheads(topo, probes)
+    by_mode, fitted, fitted_call, eff = fit_host_overheads(topo, probes)
     assert set(by_mode) == {"fp32"} and set(by_mode["fp32"]) == set(MODES)
     assert all(v == pytest.approx(per_op, rel=1e-9) for v in by_mode["fp32"].values())
-    assert fitted == pytest.approx(wait, rel=1e-9)
+    assert fitted == pytest.approx(wait, rel=1e-6)
+    assert fitted_call == pytest.approx(call, rel=1e-6, abs=1e-12)
     assert eff == 1.0  # one sequence length: the microbenchmarks' rates as they are
     assert topo.calibration.elementwise.op_overhead_by_mode == {}  # the probe fit leaves no trace
     assert topo.calibration.elementwise.step_wait_s is None
     for text, probe in zip(texts, probes, strict=True):
         assert step(text, truth) == pytest.approx(probe["time_s"], rel=1e-12)
     fast = [{"layout": "dp=1", "dtype": "fp32", "time_s": 1e-9}]  # faster than its GEMMs alone
-    assert fit_host_overheads(topo, fast) == ({"fp32": {m: 0.0 for m in MODES}}, 0.0, 1.0)
+    assert fit_host_overheads(topo, fast) == ({"fp32": {m: 0.0 for m in MODES}}, 0.0, 0.0, 1.0)
 
 
 def test_probes_at_two_sequence_lengths_recover_the_compute_efficiency_as_well() -> None:
@@ -256,7 +261,7 @@ def test_probes_at_two_sequence_lengths_recover_the_compute_efficiency_as_well()
                 tr = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp, dtype=dtype)
                 t = estimate(probe_model(seq), tr, layout, truth, with_events=False).step_time_s
                 probes.append({"layout": text, "dtype": dtype, "seq_len": seq, "time_s": t})
-    by_mode, fitted, fitted_eff = fit_host_overheads(topo, probes)
+    by_mode, fitted, _, fitted_eff = fit_host_overheads(topo, probes)
     assert fitted_eff == pytest.approx(eff, rel=1e-4)
     for dtype, c in per_op.items():
         assert all(v == pytest.approx(c, rel=1e-4) for v in by_mode[dtype].values())

@@ -3,8 +3,8 @@
 Measured (microbench.py): GEMMs, elementwise ops, collectives per kind / group size / payload / axis pattern,
 and step probes (executor steps of a model with few FLOPs, serial and 1D/2D/3D). Priced on the basis the host
 calls for (timing_basis: wall time, or CPU time x ranks per core when ranks share cores), fitted (fit.py),
-then the per-op overhead set from the serial probe step and the wait per collective message from the parallel
-ones (fit_host_overheads).
+then the per-op overhead set from the serial probe step and the waits per collective call and per message from
+the parallel ones (fit_host_overheads).
 
 The file is the base preset in explicit form with (a) the device's fp32 peak and memory bandwidth set to
 the fitted values (fp16/bf16 peaks keep the preset's ratio to fp32), (b) for a one-node hub preset
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.optimize import nnls
 
 from paracube.calibration.fit import Fit, fit_alpha_beta, fit_elementwise, fit_gemm
 from paracube.calibration.microbench import (
@@ -76,8 +77,8 @@ def timing_basis(nproc: int, backend: str) -> dict[str, Any]:
     model): step wall = 1.06-1.14 x 4 x the mean CPU seconds per rank per step, in every mode; the wall time
     inside collectives on groups of 2 was 1.2-2.4x (the data-parallel all-reduce 6x) what the lockstep
     microbenchmark measured, their waits absorbing the other groups' work. What this leaves out (the
-    executor's glue; idle cores while messages wait to be scheduled) is in the per-op overhead and the wait
-    per collective message fitted on the step probes (fit_host_overheads)."""
+    executor's glue; idle cores while calls and messages wait to be scheduled) is in the per-op overhead and the
+    waits per collective call and message fitted on the step probes (fit_host_overheads)."""
     cores = len(affinity.available_cores())
     if backend == "gloo" and nproc > cores:
         return {"basis": "cpu", "ranks_per_core": nproc / cores, "cores": cores}
@@ -109,10 +110,11 @@ def probe_layouts(nproc: int) -> tuple[str, ...]:
 
 
 def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]
-                       ) -> tuple[dict[str, dict[str, float]], float, float]:
+                       ) -> tuple[dict[str, dict[str, float]], float, float, float]:
     """(seconds per dispatched op, by dtype and tensor mode; seconds each collective message waits to be
-    scheduled; the fraction of the microbenchmarks' GEMM and memory rates a training step reaches) from the
-    step probes. `topo` is left as is: the trials price a private copy.
+    scheduled; seconds each collective call waits for its group to be scheduled; the fraction of the
+    microbenchmarks' GEMM and memory rates a training step reaches) from the step probes. `topo` is left as is:
+    the trials price a private copy.
 
     Serial probes (dp=1, one model per rank, every rank busy: no collective) price as
         step = compute / eff + c_dtype x ops      (compute: GEMMs, elementwise and optimizer at the fitted rates)
@@ -122,11 +124,16 @@ def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]
     microbenchmarks' (which repeat one op on warm caches; a step's ops allocate their outputs and read what the
     previous op left): measured on a 2-core VM, the serial step grew 15 -> 24 ms from seq 16 to 64 while the
     fitted rates priced +3 ms. With one sequence length, eff = 1. Every tensor mode dispatches its ops at
-    c_dtype. Wait: the least-squares figure (relative errors) that prices what the parallel probes' steps leave
-    beyond their ops, compute and the collectives' CPU cost, per message of their collectives
-    (collective.wait_steps: gloo's algorithms), at least 0. On a host whose ranks share cores a message
-    waits for its receiver to be scheduled among the other ranks (topologies/local_cpu.py); the CPU-time
-    basis of the collective fits (timing_basis) leaves that idle time out. 0 without parallel probes."""
+    c_dtype. Waits: what the parallel probes' steps leave beyond their ops, compute and the collectives' CPU
+    cost, as w_msg per message of their collectives (collective.wait_steps: gloo's algorithms) plus w_call per
+    call, by non-negative least squares (relative errors; scipy nnls). On a host whose ranks share cores the
+    CPU-time basis of the collective fits (timing_basis) leaves out the time a call's ranks sit idle while
+    they wait to be scheduled: once per call for the group to meet (its ranks drift apart on shared cores), and
+    per message for its receiver (topologies/local_cpu.py). Measured on a 2-core VM, 8 ranks (2026-12-03): the
+    per-message wait alone (one figure over the 1D, 2D and 3D probes) priced the probes +5..+20% / -17..-23% /
+    -2..+13% (1D's 15 calls carry 60 messages, 2D's 91 calls 140, 3D's 110 calls 408: a figure per message
+    cannot serve them all); per call they agree within -9..+10%, the fit giving ~0.9 ms per call and ~0 per
+    message. Both 0 without parallel probes; with one parallel layout the per-message figure alone."""
     from paracube.calibration.fit import _nonneg_linear
     from paracube.calibration.microbench import PROBE_MICRO_BATCH, PROBE_MODEL, probe_model
     from paracube.cost_models import estimate
@@ -137,10 +144,11 @@ def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]
     trial = topology_from_dict(topo.to_dict(), source="calibration trial")
     base = trial.calibration or Calibration()
 
-    def step(probe: dict[str, Any], per_op: dict[str, dict[str, float]], wait: float, eff: float = 1.0) -> float:
+    def step(probe: dict[str, Any], per_op: dict[str, dict[str, float]], wait: float, eff: float = 1.0,
+             call: float = 0.0) -> float:
         layout = parse_layout(probe["layout"]).with_(micro_batch=PROBE_MICRO_BATCH)
         dtype = probe.get("dtype", "fp32")
-        trial.calibration = base.with_op_overheads(per_op, wait).with_compute_eff(eff)
+        trial.calibration = base.with_op_overheads(per_op, wait, call).with_compute_eff(eff)
         training = TrainingSpec(global_batch=PROBE_MICRO_BATCH * layout.dp, dtype=dtype)
         spec = probe_model(int(probe.get("seq_len", PROBE_MODEL.seq_len)))
         return estimate(spec, training, layout, trial, with_events=False).step_time_s
@@ -164,13 +172,20 @@ def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]
                for i in range(1, 1 + len(dtypes))]
     out = {d: {mode: c for mode in MODES} for d, c in zip(dtypes, per, strict=True)}
     eff = 1.0 / slow
-    num = den = 0.0
+    rows, rest = [], []
     for probe in probes:
         if parse_layout(probe["layout"]).world_size > 1:
-            t0, t1 = (step(probe, out, wait, eff) for wait in (0.0, 1e-3))
-            per_wait, tm = (t1 - t0) / 1e-3, probe["time_s"]
-            num, den = num + per_wait * (tm - t0) / tm**2, den + (per_wait / tm) ** 2
-    return out, max(0.0, num / den) if den > 0 else 0.0, eff
+            tm, t0 = float(probe["time_s"]), step(probe, out, 0.0, eff)
+            per_msg = (step(probe, out, 1e-3, eff) - t0) / 1e-3
+            per_call = (step(probe, out, 0.0, eff, 1e-3) - t0) / 1e-3
+            rows.append([per_msg / tm, per_call / tm])
+            rest.append((tm - t0) / tm)
+    if not rows:
+        return out, 0.0, 0.0, eff
+    layouts = {p["layout"] for p in probes if parse_layout(p["layout"]).world_size > 1}
+    A = np.array(rows) if len(layouts) > 1 else np.array(rows)[:, :1]
+    x, _ = nnls(A, np.array(rest))
+    return out, float(x[0]), float(x[1]) if len(x) > 1 else 0.0, eff
 
 
 def layout_gemm_shapes(model: ModelSpec, layout_text: str) -> set[tuple[int, int, int]]:
@@ -307,8 +322,9 @@ def calibrate(cluster: str = "local-cpu", nproc: int = 8, quick: bool = False,
                     for i, first in enumerate(probe_runs[0])]
     calibration = build_calibration(result, machine_info(nproc, chosen), timing)
     topo = calibrated_topology(cluster, nproc, calibration)
-    by_mode, wait, eff = fit_host_overheads(topo, result.probe)
+    by_mode, wait, call, eff = fit_host_overheads(topo, result.probe)
     calibration["elementwise"]["op_overhead_by_mode"], calibration["elementwise"]["step_wait_s"] = by_mode, wait
+    calibration["elementwise"]["call_wait_s"] = call
     for key in ("eff_max", "mem_eff"):  # the fitted rates as a training step reaches them (fit_host_overheads)
         calibration["gemm"][key] *= eff
     calibration["probes"] = [{k: p[k] for k in ("layout", "dtype", "seq_len", "ops", "time_s", "cpu_s",

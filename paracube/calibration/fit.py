@@ -9,6 +9,7 @@ at load time into topologies.calibration.Calibration):
       timing: {basis: wall | cpu, ranks_per_core, cores}   # how a measured point became seconds (below)
       gemm: {eff_max, m0, n0, k0, mem_eff, peak_flops, rms_rel_err}
       elementwise: {op_overhead_s, bandwidth, rms_rel_err, step_wait_s,   # s per collective message, probes
+                    call_wait_s,                                           # s per collective call, probes
                     op_overhead_by_mode: {fp32: {none, 1d, ...}, bf16: {...}}}   # s per op, serial probe
       comm:                                    # per collective kind, per group size (string key)
         all_reduce: {"2": {latency, bandwidth, rms_rel_err}, "4": {...}, "8": {...}}
@@ -39,10 +40,10 @@ of them) for kinds and sizes that were not measured. Modes whose collectives alt
 which includes the wait for peers last synchronized with other ranks), for every collective of the step;
 other modes read `comm`. compute.py prices `ops_per_step` dispatched ops per step at
 `elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`, the bare in-place op of the elementwise fit)
-and each collective message (collective.wait_steps) at `elementwise.step_wait_s`: calibrate.fit_host_overheads
-sets the first, and gemm.eff_max = gemm.mem_eff (the fraction of the microbenchmarks' GEMM and memory rates a
-training step reaches), from the serial probe steps at two sequence lengths, and the second, by least squares,
-from the parallel ones.
+and each collective message (collective.wait_steps) at `elementwise.step_wait_s` plus each collective call at
+`elementwise.call_wait_s`: calibrate.fit_host_overheads sets the first, and gemm.eff_max = gemm.mem_eff (the
+fraction of the microbenchmarks' GEMM and memory rates a training step reaches), from the serial probe steps at
+two sequence lengths, and the waits, by non-negative least squares, from the parallel ones.
 """
 
 from __future__ import annotations

@@ -93,10 +93,10 @@ def calibrate_command(args: argparse.Namespace) -> int:
     console.print(probes)
     console.print(f"GEMMs and elementwise ops in a training step at {g['eff_max']:.2f} of the microbenchmarks' rates "
                   "(fitted on the serial probes at two sequence lengths)")
-    wait = cal["elementwise"].get("step_wait_s")
-    if wait:
-        console.print(f"wait per collective message (collective.wait_steps), fitted on the parallel probes: "
-                      f"{human_time(wait)}")
+    wait, call = cal["elementwise"].get("step_wait_s"), cal["elementwise"].get("call_wait_s")
+    if wait is not None or call is not None:
+        console.print(f"waits fitted on the parallel probes: {human_time(call or 0.0)} per collective call, "
+                      f"{human_time(wait or 0.0)} per message (collective.wait_steps)")
     console.print(f"wrote {path} ({time.perf_counter() - t0:.0f} s); use it with --cluster {path}")
     return 0
 

@@ -56,6 +56,8 @@ replica groups get their own links.
 Each collective call also costs the device model's call wait (GemmModel.call_wait: on uncalibrated local-cpu
 ranks sharing cores, every message the call passes waits to be scheduled, collective.wait_steps and
 topologies/local_cpu.py; 0 elsewhere); the event engine adds the same per call.
+CPU ranks that share cores (GemmModel.ranks_per_core > 1) pay the pipeline bubble at shared_cores.bubble_share:
+the idle stages' ranks give their cores to the busy ones.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ from paracube.cost_models.grad_overlap import Profile, release_profile
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.overlap_drag import beside, per_layout
+from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.tpo import TpoPricing
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
@@ -277,7 +280,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
 
     N = d.global_batch / (b.dp * b.mb)[rows]
     W = work[slow, idx]
-    bubble = (b.pp - 1)[rows] / (b.v[rows] * N) * W
+    # ranks sharing cores: the idle stages' ranks give their core to the busy ones (shared_cores.py)
+    bubble = bubble_share(b.pp[rows], g.ranks_per_core) * (b.pp - 1)[rows] / (b.v[rows] * N) * W
     step_comm = pick("step")
     if np.any(overlap):  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0

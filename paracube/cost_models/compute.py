@@ -78,6 +78,7 @@ class GemmModel:
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
     call_overhead: float = 0.0  # seconds per collective call beyond its ring steps (DeviceSpec.call_overhead_s)
     ring_wait: float = 0.0  # seconds per message that waits for its rank to be scheduled (DeviceSpec.ring_wait_s)
+    ranks_per_core: float = 1.0  # CPU ranks sharing a core (DeviceSpec.ranks_per_core; shared_cores.py's bubble)
     # FP8 (dtype "fp8", cost_models/fp8.py): the block linears' GEMMs at the fp8 peak on their own curve, their
     # operands cast (memory-bound at this model's bandwidth); everything else at this (bf16) model. None: no FP8.
     linear: GemmModel | None = None
@@ -162,7 +163,8 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
         return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
                          m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
-                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)), overlap_drag=drag)
+                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)), overlap_drag=drag,
+                         ranks_per_core=_ranks_per_core(device, cal))
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag")
              if gemm is not None and getattr(gemm, k) is not None}
@@ -171,9 +173,18 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
     # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
     by_mode = tuple(sorted(cal.op_overheads(dtype).items()))
     wait = cal.elementwise.step_wait_s if cal.elementwise is not None else None
+    call = cal.elementwise.call_wait_s if cal.elementwise is not None else None
     return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
                      op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table(),
-                     ring_wait=wait or 0.0)
+                     ring_wait=wait or 0.0, call_overhead=call or 0.0,
+                     ranks_per_core=_ranks_per_core(device, cal))
+
+
+def _ranks_per_core(device: object, cal: object) -> float:
+    """The device's ranks per core, else (a calibration written before devices carried it) its timing's."""
+    r = float(getattr(device, "ranks_per_core", 1.0))
+    timing = getattr(cal, "timing", None)
+    return r if r != 1.0 or timing is None else float(timing.ranks_per_core)
 
 
 def local_shape(

@@ -17,7 +17,12 @@ runs of uncontended ops replayed as one timeout; event_network.py: links shared 
   produce its gradients are done, as the executor does (executor/data_parallel/grad_sync.py) and the
   analytic model prices; buckets hold at most `bucket_bytes` (modes/buckets.py; a published run: its stack's,
   calibration/from_runs.py), the same limit the analytic engine is given;
-- collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages.
+- collectives over groups that span pipeline stages (the grad-norm all-reduce) synchronize the stages;
+- CPU ranks that share cores (GemmModel.ranks_per_core > 1): the simulation runs every stage at its 1/r share of
+  a core; the critical stage's bubble (its idle time: step - compute - exposed, plus the exposed time it waited for
+  other stages at stage-spanning collectives) is then taken at shared_cores.bubble_share, the
+  analytic engine's factor (the idle stages' ranks give their cores to the busy ones; the timeline keeps the
+  unshared schedule).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import expert_links, priced
 from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_program import with_blocks
+from paracube.cost_models.shared_cores import bubble_share
 from paracube.engine_options import EngineOptions, options_of
 from paracube.errors import ParacubeError, check, unknown
 from paracube.estimate import StepEstimate
@@ -91,6 +97,13 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     step = max(st.end for st in sim.stages)
     crit = max(range(layout.pp), key=lambda s: sim.stages[s].compute + sim.stages[s].exposed)
     st = sim.stages[crit]
+    # ranks sharing cores: the critical stage's simulated bubble (its idle time, the wait for the other stages at
+    # stage-spanning collectives included) at its share (shared_cores.py), as the analytic engine prices it
+    exposed, bubble = st.exposed, max(0.0, step - st.compute - st.exposed)
+    share = float(bubble_share(layout.pp, g.ranks_per_core))
+    if share < 1.0:
+        exposed, bubble = st.exposed - st.synced, max(0.0, step - st.compute - st.exposed + st.synced)
+        step, bubble = step - (1.0 - share) * bubble, share * bubble
     peak = g.peak
     flops = base.flops_per_gpu * layout.world_size
     notes = [n for n in base.notes if not n.startswith("pipeline:")]
@@ -100,7 +113,7 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
                  + ("; gradient buckets overlap backward" if overlap or layout.overlap
                     else "; gradient reduction after backward (layout without overlap)"))
     est = replace(base, engine="event", step_time_s=step, compute_time_s=st.compute, comm_time_s=st.comm,
-                  exposed_comm_time_s=st.exposed, bubble_time_s=max(0.0, step - st.compute - st.exposed),
+                  exposed_comm_time_s=exposed, bubble_time_s=bubble,
                   mfu=flops / (step * peak * layout.world_size), comm_time_by_axis=dict(st.by_axis),
                   comm_time_by_kind=dict(st.by_kind), notes=tuple(notes))
     # simpy numbers every scheduled event (a private counter): the next id is the number scheduled.

@@ -56,6 +56,7 @@ class StageStats:
     idle: float = 0.0  # seconds the compute side waited (waits, arrivals) so far
     idle_since: float | None = None
     debt: float = 0.0  # compute seconds owed to the data-parallel stream's drag (overlap_drag.py), not yet run
+    synced: float = 0.0  # seconds stage-spanning collectives waited for the other stages to arrive (in `exposed`)
 
     def busy_at(self, now: float) -> float:
         return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)

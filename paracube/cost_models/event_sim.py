@@ -207,11 +207,12 @@ class Sim(Drag):
         sub = e.group_size < self.layout.pp
         k = (sub, self.barrier_seen[sub, stage])
         self.barrier_seen[sub, stage] += 1
-        slot = self.barriers.setdefault(k, [0, self.env.event()])
+        slot = self.barriers.setdefault(k, [0, self.env.event(), 0.0])
         t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
         slot[0] += 1
         if slot[0] == (e.group_size if sub else self.layout.pp):
             del self.barriers[k]
+            slot[2] = self.env.now  # the last stage arrived: the call starts
             wait = self.call_of(e)[2]
             if wait:
                 yield self.env.timeout(wait)
@@ -219,6 +220,7 @@ class Sim(Drag):
             slot[1].succeed()
         else:
             yield slot[1]
+            self.stages[stage].synced += slot[2] - t0
         self._comm_done(stage, e.label, e, t0, busy0)
 
     def compiled(self, stage: int, ops: list[Op]) -> list:

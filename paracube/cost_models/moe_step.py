@@ -29,6 +29,7 @@ from paracube.cost_models.moe_a2a_overlap import combined, overlapped_fraction
 from paracube.cost_models.moe_contention import exposed_grads, slowdown
 from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
+from paracube.cost_models.shared_cores import bubble_share
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
 from paracube.workload import ModelSpec
@@ -74,7 +75,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     slow = max(STAGE_NAMES, key=lambda s: work[s])
     c = costs[slow]
     w = work[slow]
-    bubble = (layout.pp - 1) / (layout.interleave * n) * w
+    bubble = float(bubble_share(layout.pp, g.ranks_per_core)) * (layout.pp - 1) / (layout.interleave * n) * w
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
     # window (one queue on the same NICs): exposed max(0, G_e - max(0, b (W / N - A) - G_d)), b its backward's share
     # (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes (else

@@ -8,7 +8,8 @@ ParacubeError line naming the field and what it expects; `to_dict` writes the sa
 (absent fields stay absent), so files written before this module load and round-trip unchanged.
 
 What the cost model reads (compute.gemm_model): gemm.{eff_max, m0, n0, k0, mem_eff}, elementwise.op_overhead_s,
-op_overhead_by_mode[dtype][mode] (`op_overheads`) and step_wait_s, and the per-kind, per-size collective fits of `comm`
+op_overhead_by_mode[dtype][mode] (`op_overheads`), step_wait_s and call_wait_s, and the per-kind, per-size
+collective fits of `comm`
 and `comm_alternating` (`comm_table`, the rows cost_models/collective.calibrated_link reads).
 """
 
@@ -113,13 +114,15 @@ class LinkFit:
 
 @dataclass(frozen=True)
 class Elementwise:
-    """Seconds per dispatched op (bare, and per dtype and tensor mode from the step probes), bandwidth, and the
-    seconds each message of a collective waits to be scheduled (collective.wait_steps; from the step probes)."""
+    """Seconds per dispatched op (bare, and per dtype and tensor mode from the step probes), bandwidth, the
+    seconds each message of a collective waits to be scheduled (collective.wait_steps) and the seconds each call
+    waits for its group's ranks to be scheduled together (both from the step probes)."""
 
     op_overhead_s: float | None = None
     bandwidth: float | None = None
     rms_rel_err: float | None = None
     step_wait_s: float | None = None
+    call_wait_s: float | None = None
     op_overhead_by_mode: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @staticmethod
@@ -129,7 +132,7 @@ class Elementwise:
         by_mode = {str(dt): {str(m): number(f"{where}.op_overhead_by_mode.{dt}.{m}", s, 0.0)
                              for m, s in mapping(f"{where}.op_overhead_by_mode.{dt}", modes).items()}
                    for dt, modes in by_dtype.items()}
-        known(where, data, ("op_overhead_s", "bandwidth", "rms_rel_err", "step_wait_s"))
+        known(where, data, ("op_overhead_s", "bandwidth", "rms_rel_err", "step_wait_s", "call_wait_s"))
         base = {k: number(f"{where}.{k}", v, 0.0, k == "bandwidth") for k, v in data.items()}
         return Elementwise(**base, op_overhead_by_mode=by_mode)
 
@@ -265,12 +268,13 @@ class Calibration:
         by_dtype = self.elementwise.op_overhead_by_mode if self.elementwise else {}
         return dict(by_dtype.get(dtype) or by_dtype.get("bf16" if dtype == "fp16" else dtype) or {})
 
-    def with_op_overheads(self, by_mode: dict[str, dict[str, float]], step_wait_s: float | None = None
-                          ) -> Calibration:
-        """A copy whose elementwise.op_overhead_by_mode is `by_mode` and step_wait_s `step_wait_s` (calibrate's
-        probe fit)."""
+    def with_op_overheads(self, by_mode: dict[str, dict[str, float]], step_wait_s: float | None = None,
+                          call_wait_s: float | None = None) -> Calibration:
+        """A copy whose elementwise.op_overhead_by_mode is `by_mode`, step_wait_s `step_wait_s` and call_wait_s
+        `call_wait_s` (calibrate's probe fit)."""
         base = self.elementwise or Elementwise()
-        return replace(self, elementwise=replace(base, op_overhead_by_mode=by_mode, step_wait_s=step_wait_s))
+        return replace(self, elementwise=replace(base, op_overhead_by_mode=by_mode, step_wait_s=step_wait_s,
+                                                 call_wait_s=call_wait_s))
 
     def with_compute_eff(self, eff: float) -> Calibration:
         """A copy whose gemm.eff_max and mem_eff are `eff` x this one's (calibrate's probe fit: the fitted GEMM and

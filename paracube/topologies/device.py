@@ -35,6 +35,9 @@ class DeviceSpec:
     # The device generation ("volta", "ampere", "hopper", "blackwell", ...): keys the fitted efficiencies
     # (topologies/efficiency.py); "" for devices outside the presets' table (a YAML device, local CPUs).
     generation: str = ""
+    # CPU ranks that share each core (1: a device of its own, every accelerator): an idle pipeline stage's
+    # ranks give their core share to the busy ones (cost_models/shared_cores.py). Set by the local-cpu preset.
+    ranks_per_core: float = 1.0
 
     def __post_init__(self) -> None:
         missing = [k for k in REQUIRED_DTYPES if k not in self.peak_flops]
@@ -49,6 +52,8 @@ class DeviceSpec:
         for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim"):
             value = getattr(self, attr)
             check(value == 0 or _positive(value), f"device {self.name!r}: {attr}={value!r} must be a number >= 0")
+        check(_positive(self.ranks_per_core) and self.ranks_per_core >= 1,
+              f"device {self.name!r}: ranks_per_core={self.ranks_per_core!r} must be a number >= 1")
 
     @property
     def has_fp8(self) -> bool:
@@ -62,6 +67,8 @@ class DeviceSpec:
                 del out[attr]
         if not out["generation"]:
             del out["generation"]
+        if out["ranks_per_core"] == 1:
+            del out["ranks_per_core"]
         return out
 
 

@@ -7,7 +7,10 @@ use (r = ranks_per_core = max(1, ranks / cores)): peaks, memory bandwidth and hu
 collective passes (collective.wait_steps: gloo's algorithms, e.g. 2 ceil(log2 n) for an all_reduce, n (n - 1)
 for a reduce_scatter) waits (r - 1) x CPU_STEP_WAIT_S for its receiver to be scheduled among the r - 1 other
 ranks on its core (DeviceSpec.ring_wait_s). The cost model reads these overheads from the device
-(DeviceSpec.op_overhead_s, ring_wait_s; compute.gemm_model) only when the topology has no calibration.
+(DeviceSpec.op_overhead_s, ring_wait_s; compute.gemm_model) only when the topology has no calibration. The
+device also carries r (DeviceSpec.ranks_per_core), calibrated or not: a pipeline's idle stages give their
+ranks' core share to the busy ones, so the bubble costs only what the cores sit idle (cost_models/shared_cores.py;
+with 8 ranks on 2 cores a 2-stage pipeline's bubble is free).
 
 Where a core's figures come from (core_figures): this machine's probe (cpu_probe.py: measured once, a second
 or so plus torch's import in a subprocess, by the first local-cpu load that needs it, then read from the
@@ -98,7 +101,7 @@ def local_cpu_device(processes: int, cores: int | None = None, figures: CpuFigur
     flops = {"fp32": peak, "fp16": peak / 4, "bf16": peak / 4, "fp8": peak / 4}
     return DeviceSpec("cpu-process", {k: v / r for k, v in flops.items()}, _host_memory_bytes() / processes,
                       10e9 / r, op_overhead_s=op_s * r, ring_wait_s=CPU_STEP_WAIT_S * (r - 1),
-                      gemm_half_dim=CPU_GEMM_HALF_DIM)
+                      gemm_half_dim=CPU_GEMM_HALF_DIM, ranks_per_core=r)
 
 
 def local_cpu_link(processes: int, cores: int | None = None) -> tuple[float, float]:

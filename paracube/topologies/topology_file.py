@@ -22,6 +22,7 @@ class DeviceModel(_Model):
     ring_wait_s: float = Field(default=0.0, ge=0)
     gemm_half_dim: float = Field(default=0.0, ge=0)
     generation: str = ""
+    ranks_per_core: float = Field(default=1.0, ge=1)
 
     @field_validator("peak_flops")
     @classmethod
