@@ -3,8 +3,9 @@
 `evaluate` returns `Scores` (the planner's fast path; analytic.estimate prices one layout through it and
 attaches its explicit CommEvents, traffic.py); the planner's exact pruning bounds on them: score_bounds.py.
 Pipeline (1F1B, interleaved with v chunks; Narayanan et al. 2021): with W the per-step work of the slowest
-stage (compute + its per-micro-batch communication over N micro-batches), step = W (1 + (pp-1)/(v N))
-+ per-step communication (gradients, grad norm, metrics). The stages considered are first (embedding),
+stage (compute + its per-micro-batch communication over N micro-batches), step = W + the bubble (every other
+stage's micro-batch over v chunks, pipeline_bubble.py: W (pp-1)/(v N) with equal stages) + per-step communication
+(gradients, grad norm, metrics). The stages considered are first (embedding),
 middle and last (head, loss); memory is that of the most loaded stage. Tensor-parallel and pipeline
 communication is not overlapped (see comm.py) unless the layout says `tpo`: then each collective a mode
 declares overlappable exposes what the GEMM chunks beside its ring's exchanges do not hide (cost_models/tpo.py). The
@@ -83,6 +84,7 @@ from paracube.cost_models.grad_overlap import Profile, release_profile
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.overlap_drag import beside, per_layout
+from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.tpo import TpoPricing
 from paracube.modes import MODES, LayoutBatch
@@ -281,7 +283,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     N = d.global_batch / (b.dp * b.mb)[rows]
     W = work[slow, idx]
     # ranks sharing cores: the idle stages' ranks give their core to the busy ones (shared_cores.py)
-    bubble = bubble_share(b.pp[rows], g.ranks_per_core) * (b.pp - 1)[rows] / (b.v[rows] * N) * W
+    bubble = bubble_seconds(work, b.pp[rows], b.v[rows], N, bubble_share(b.pp[rows], g.ranks_per_core))
     step_comm = pick("step")
     if np.any(overlap):  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0

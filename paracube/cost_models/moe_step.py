@@ -1,15 +1,13 @@
-"""The analytic engine's step with MoE blocks (and the attention correction) added: cost_models/moe.py's per-stage
-terms on top of the dense part's Scores.
-
-With N micro-batches, a stage's work becomes W_s + N (compute_s + comm_s) (the MoE collectives, the counts of
-moe_counts.py included, are in line with compute: Megatron-core's dispatcher waits on them), the step
-W + (pp - 1) / (v N) W + the dense per-step part + the slowest stage's expert gradient reduction (exposed; with the
-layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under full recomputation), leaves
-after the dense buckets G_d: max(0, G - max(0, b W / N - G_d)); where the expert group spans nodes the gradients
-also slow the last backward's all_to_alls on the NICs they share, moe_contention.py) + the experts' norm all_reduce
-(moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each stage's work less
-the all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py). Memory: of the first and the last stage (as
-analytic.py counts them), each its dense parts plus its own expert parts, the heavier (_heaviest).
+"""The analytic engine's step with MoE blocks (and the attention correction) added: cost_models/moe.py's per-stage terms
+on top of the dense part's Scores. With N micro-batches, a stage's work becomes W_s + N (compute_s + comm_s) (the
+MoE collectives, the counts of moe_counts.py included, are in line with compute: Megatron-core's dispatcher waits on
+them), the step W + the bubble (pipeline_bubble.py) + the dense per-step part + the slowest stage's expert gradient
+reduction (exposed; with the layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under
+full recomputation), leaves after the dense buckets G_d: max(0, G - max(0, b W / N - G_d)); where the expert group
+spans nodes the gradients also slow the last backward's all_to_alls on the NICs they share, moe_contention.py) + the
+experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each
+stage's work less the all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py). Memory: of the first and the
+last stage (as analytic.py counts them), each its dense parts plus its own expert parts, the heavier (_heaviest).
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from paracube.cost_models.moe_a2a_overlap import combined, overlapped_fraction
 from paracube.cost_models.moe_contention import exposed_grads, slowdown
 from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
+from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
@@ -75,7 +74,9 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     slow = max(STAGE_NAMES, key=lambda s: work[s])
     c = costs[slow]
     w = work[slow]
-    bubble = float(bubble_share(layout.pp, g.ranks_per_core)) * (layout.pp - 1) / (layout.interleave * n) * w
+    stacked = np.array([[work[s]] for s in STAGE_NAMES])  # the bubble: every other stage's micro-batch
+    bubble = float(bubble_seconds(stacked, np.array([layout.pp]), layout.interleave, n,
+                                  bubble_share(layout.pp, g.ranks_per_core))[0])
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
     # window (one queue on the same NICs): exposed max(0, G_e - max(0, b (W / N - A) - G_d)), b its backward's share
     # (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes (else

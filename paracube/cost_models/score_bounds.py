@@ -9,6 +9,7 @@ import numpy as np
 
 from paracube.cost_models.analytic_scores import Scores
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.modes import LayoutBatch
 
@@ -21,23 +22,24 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
     bandwidth and the least latency over the placements), a step time that no placement of it beats. Every
     collective's time grows with latency and falls with bandwidth (calibrated pairs and the per-call overhead
     are the same on every placement), so each stage's per-micro-batch communication is at most any
-    placement's: the slowest stage's work W and the bubble W (pp-1)/(v N) (times shared_cores.bubble_share where
+    placement's: the slowest stage's work W and the bubble (pipeline_bubble.py, growing with every stage's work;
+    times shared_cores.bubble_share where
     CPU ranks share cores, as evaluate prices it) are bounds. Of the per-step part,
     the slowest stage pays its communication (less the gradient reduction when overlapped: what overlap hides
     depends on the backward) and optimizer step, at least their least sum over the stages. The planner skips
     the placements of a configuration whose bound exceeds a step time it has already found (planner/search.py)."""
-    work = np.max([s.compute + s.micro for s in scores.stages], axis=0)
+    work = np.stack([s.compute + s.micro for s in scores.stages])
     per_step = np.min([s.step - s.grad * np.asarray(overlap) + s.optim for s in scores.stages], axis=0)
     N = d.global_batch / (b.dp * b.mb)[rows]
     share = bubble_share(b.pp[rows], ranks_per_core)
-    return work * (1 + share * (b.pp - 1)[rows] / (b.v[rows] * N)) + per_step
+    return work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share) + per_step
 
 
 def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, ranks_per_core: float = 1.0) -> Arr:
     """Per layout of `scores` (`evaluate` with zero priced per configuration, as the search's bound pass: no FSDP unit
     collectives; on links no worse than any placement's), a step time that no placement of it beats at zero=2/3 (or
-    any zero): the slowest stage's compute and per-micro-batch communication W with its bubble W (pp-1)/(v N) (x
-    bubble_share), plus the least optimizer step over the stages. zero=2/3 keep every per-micro-batch collective of
+    any zero): the slowest stage's compute and per-micro-batch communication W with its bubble (pipeline_bubble.py;
+    x bubble_share), plus the least optimizer step over the stages. zero=2/3 keep every per-micro-batch collective of
     zero=0 (the tensor-parallel and context-parallel ones, the pipeline sends: comm.StepTraffic.entries adds the
     unit collectives to them, over the zero group, on which no declared per-micro-batch collective runs) and their
     time falls with better links (step_lower_bound); evaluate then adds only terms >= 0 to a zero=2/3 stage (the
@@ -47,11 +49,11 @@ def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, rank
     row's own zero); the per-step part loses at most the gradient reduction and the replica all_reduce it contains,
     so it is >= 0. The step is at least this. The planner prunes zero=2/3 configurations by it (their exact price
     needs their own evaluation: planner/scoring.py)."""
-    work = np.max([s.compute + s.micro for s in scores.stages], axis=0)
+    work = np.stack([s.compute + s.micro for s in scores.stages])
     optim = np.min([s.optim for s in scores.stages], axis=0)
     N = d.global_batch / (b.dp * b.mb)[rows]
     share = bubble_share(b.pp[rows], ranks_per_core)
-    return work * (1 + share * (b.pp - 1)[rows] / (b.v[rows] * N)) + optim
+    return work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share) + optim
 
 
 __all__ = ["compute_lower_bound", "step_lower_bound"]
