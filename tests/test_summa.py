@@ -1,4 +1,4 @@
-"""2D's SUMMA variant (`tp=2d:QxQ,summa`, modes/two_d.py TwoDSumma): the seed paper's 2D baseline, priced alike by
+"""2D's SUMMA variant (`tp=2d:QxQ,summa`, modes/two_d_summa.py TwoDSumma): the seed paper's 2D baseline, priced alike by
 both engines, its bytes equal to SUMMA's closed form, its q broadcast steps per GEMM operand, refused by the
 executor and searched only on request.
 """

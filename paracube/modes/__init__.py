@@ -8,7 +8,7 @@ Torch-free and cost-model-free: paracube.layout reads it.
 
 from __future__ import annotations
 
-from paracube.modes import none, one_d, three_d, two_d, two_half_d
+from paracube.modes import none, one_d, three_d, two_d, two_d_summa, two_half_d
 from paracube.modes.base import TensorMode
 from paracube.modes.batch import LayoutBatch
 
@@ -16,7 +16,7 @@ MODES: dict[str, TensorMode] = {
     none.MODE.name: none.MODE,
     one_d.MODE.name: one_d.MODE,
     two_d.MODE.name: two_d.MODE,
-    two_d.SUMMA.name: two_d.SUMMA,  # 2D's SUMMA baseline: `tp=2d:QxQ,summa`, priced, not run
+    two_d_summa.SUMMA.name: two_d_summa.SUMMA,  # 2D's SUMMA baseline: `tp=2d:QxQ,summa`, priced, not run
     two_half_d.MODE.name: two_half_d.MODE,
     three_d.MODE.name: three_d.MODE,
 }
