@@ -153,7 +153,7 @@ def test_a_mode_is_named_only_where_it_is_declared() -> None:
     pattern = re.compile("|".join(names))
     found = {str(p.relative_to(root)) for p in root.rglob("*.py") if pattern.search(p.read_text())}
     own = {f"{pkg}/{stem}.py" for pkg in ("modes", "executor/layers")
-           for stem in ("one_d", "two_d", "two_half_d", "three_d")}
+           for stem in ("one_d", "two_d", "two_d_summa", "two_half_d", "three_d")}
     assert found <= own | {"modes/__init__.py"}, sorted(found - own)
     for name, mode in MODES.items():  # the declarations those readers use
         assert mode.dispatches_like in ("", *MODES) and mode.dispatches_like != name
