@@ -63,6 +63,24 @@ def test_event_engine_grows_alike(h100: object) -> None:
     assert abs(se / sa - 1) < 0.02
 
 
+@pytest.mark.parametrize(("name", "text", "recompute"), [
+    ("mixtral-8x7b", "dp=8,pp=2,v=2,ep=8,tp=none,mb=1", "selective"),
+    ("qwen3-30b-a3b", "dp=4,pp=2,v=2,ep=4,etp=2,tp=1d:2,mb=1,zero=1", "full"),
+    ("qwen3-30b-a3b", "dp=8,pp=2,v=2,ep=8,tp=none,mb=1,zero=1,a2ao", "selective"),
+])
+def test_engines_agree_with_waits_across_stages(h100: object, name: str, text: str, recompute: str) -> None:
+    """Pipelines (interleaved), full recomputation (the wait again in the recomputed forward), `a2ao` (the wait
+    outside the overlapped compute): the engines within 2% (as tests/test_moe_cost.py), each step longer with the
+    waits than without."""
+    model, training = PRESETS[name], replace(TRAIN, recompute=recompute)
+    for engine in (estimate, estimate_event):
+        assert grown(engine, model, training, text, h100) > 0
+    layout = parse_layout(text)
+    sa = estimate(model, training, layout, h100, with_events=False, options=WAITS).step_time_s
+    se = estimate_event(model, training, layout, h100, with_events=False, options=WAITS).step_time_s
+    assert abs(se / sa - 1) < 0.02
+
+
 def test_no_wait_when_padded_to_a_capacity(h100: object) -> None:
     """A capacity factor sizes every buffer (Megatron-core's drop_and_pad): the same step with or without waits."""
     base = PRESETS["qwen3-30b-a3b"]
