@@ -59,20 +59,29 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   core-attention-only recomputation, so the run kept less (the source does not say how: Megatron-core's
   recompute_modules moe_act + layernorm would drop about 4.6 + 3.1 GiB by this count; full recomputation, 0.1.0rc4's
   recipe default, needs 47.9 GiB and prices +22.8%; at core-attention-only it prices -3.3%). Readings of the held-out
-  misses (step_breakdown.py): qwen3-30b-16-fp8 (-35.5%; -25.5% with alltoall's token moves and DeepEP's bytes) is not
-  FP8's GEMMs (in bf16 this layout prices 19.8 s, -32.6%); its all_to_alls price at 38 GB/s of RDMA per GPU, near
-  DeepEP's own internode table (EP16 on 2 nodes: 43 GB/s); not priced: the host's share of 48 fine-grained blocks a
-  micro-batch of 4096 tokens (about 2 ms of GPU work per block forward) run without CUDA graphs, and the host waits of
-  dropless routing (the expert counts copied to the host every MoE forward: TEGroupedMLP's tokens_per_expert.tolist(),
-  HybridEP's unknown permuted-token count), after which the GPU runs at the host's launch rate: the overhead the later
-  recipes' CUDA graphs of attn / moe_router / moe_preprocess and full-iteration graphs target; no fit row exercises
-  it. qwen3-235b-256-fp8 (-16.6%) prices all_to_all-bound combined steps (moe_a2a_overlap.py): the measured step needs
-  them about 20% longer (the overlapped all_to_alls slower than alone, or hiding less). deepseek-v3-1024 (+20.2%): its
-  priced compute (19.3 s) plus its all_to_alls' NIC bytes at the full line rate (8.4 s) already exceed the measured
-  25.3 s, so the run hid part of them (with `a2ao` it prices -12.9%) or its compute takes at most 16.4 s (15% under
-  the priced); 0.6.2's perf recipe for it (GBS 16384, not the row's 8192) recomputes mla_up_proj + mlp instead of core
-  attention, turns overlap_grad_reduce off and runs HybridEP without the a2a overlap: not applied. Mixtral 8x7B: -2.1%
-  (B200), -10.1% (GB200: the GB200 dense rows miss alike).
+  misses (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
+  (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
+  qwen3-30b-16-fp8 (-34.9%) is not FP8's GEMMs (in bf16 this layout prices 20.1 s, -31.6%); its all_to_alls price at
+  38 GB/s of RDMA per GPU, near DeepEP's own internode table (EP16 on 2 nodes: 43 GB/s); it misses 3.4 ms per block
+  and micro-batch (9.6 measured, 6.2 priced), about 70 host waits' worth: a reading, a host issuing the fine-grained
+  blocks' ops (4096 tokens, about 2 ms of GPU work per block forward, eight experts' GEMMs and casts) slower than the
+  GPU runs them, between two waits (the recipe keeps cuda_graph_impl "none"; the later recipes' CUDA graphs of attn /
+  moe_router / moe_preprocess and full-iteration graphs target it); not priced: no runtime declares the ops it
+  launches per block, and no fit row exercises it. qwen3-235b-256-fp8 (-16.2%) prices all_to_all-bound combined steps
+  (moe_a2a_overlap.py; +32.0% without `a2ao`): the measured step needs its all_to_alls 26% slower (A2A_NIC_EFF 0.72 on
+  this row alone; one layer's combined 1F1B streams scheduled by hand, dependencies included, take 9.8 ms against the
+  model's 10.2), i.e. the overlapped all_to_alls run slower than alone, or hide about 2/3 of what the model hides.
+  deepseek-v3-1024 (+20.4%): its priced compute (19.4 s) plus its all_to_alls' NIC bytes at the full line rate (8.4 s)
+  already exceed the measured 25.3 s, so the run hid part of them (with `a2ao` it prices -13.0%; hiding 0.6 of what
+  the model's `a2ao` hides would meet it, as on qwen3-235b-256-fp8) or its compute takes at most 16.4 s (15% under the
+  priced; its FLOPs, 8.12e15 a GPU and step, are within 1% of 6 x its 37.5B active parameters (DeepSeek-V3's "37B")
+  plus MLA's attention core). Its recipe's multi-token-prediction layer (mtp_num_layers 1 in every release, on the
+  last stage with the loss: pipeline layout "Et|(tt|)*30mL") is not priced: it would make the step longer, not
+  shorter. The 26.04 FP8 rows ran Transformer Engine's current scaling (Megatron-Bridge's fp8_cs: "tensorwise"),
+  priced as delayed scaling except the experts' casts (already at dynamic scaling's 6 bytes; the dense linears' casts
+  would add under 1% by a rough count). 0.6.2's perf recipe for DeepSeek-V3 (GBS 16384, not the row's 8192) recomputes
+  mla_up_proj + mlp instead of core attention, turns overlap_grad_reduce off and runs HybridEP without the a2a
+  overlap: not applied. Mixtral 8x7B: -1.9% (B200), -9.7% (GB200: the GB200 dense rows miss alike).
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.

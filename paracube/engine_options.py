@@ -18,7 +18,8 @@ Fields (where each is priced):
 - fp8_scaling: how it scales FP8 tensors, "delayed" or "dynamic" (fp8.py; workload.FP8_SCALINGS);
 - fp8_experts: with fp8, the routed experts' grouped GEMMs run FP8 too (moe.py);
 - moe_dispatch: its MoE token dispatcher, "alltoall", "deepep" or "hybridep" (moe_dispatch.py);
-- selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES).
+- selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES);
+- moe_host_sync: its dropless MoE forward waits on the host for the expert counts (host_sync.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class EngineOptions:
     fp8_experts: bool = False
     moe_dispatch: str = "alltoall"
     selective: str = "attention"
+    moe_host_sync: bool = False
 
     def with_(self, **changes: object) -> EngineOptions:
         """A copy with `changes` (field names of this class; another name is refused in one line)."""

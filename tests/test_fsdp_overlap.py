@@ -99,7 +99,8 @@ def test_engines_agree_with_prefetch_hsdp_tpo_and_overlap() -> None:
     """Within 2% (the issue's bound) on all 25 layouts, with the options the runtime gives (torchtitan: FSDP
     prefetch and zero=1's gather overlap); the same bytes."""
     options = RUNTIMES["torchtitan"].engine_options()
-    assert options == EngineOptions(param_overlap=True, fsdp_prefetch=True, fp8_scaling="dynamic", selective="op")
+    assert options == EngineOptions(param_overlap=True, fsdp_prefetch=True, fp8_scaling="dynamic", selective="op",
+                                    moe_host_sync=True)
     for text in AGREE + POSITIONAL + PIPELINED:
         layout = parse_layout(text)
         rc = layout.recompute or "none"
@@ -121,5 +122,6 @@ def test_every_runtime_prefetches_and_the_dimension_reads_it() -> None:
                              fsdp_prefetch=chosen(FSDP_PREFETCH, rt, None), grad_bytes=rt.grad_bytes,
                              gather_16bit=rt.param_gather_16bit, fp8_param_gather=rt.fp8_param_gather,
                              fp8_scaling=rt.fp8_scaling, fp8_experts=rt.fp8_experts,
-                             moe_dispatch=rt.moe_dispatch, selective=rt.selective)
+                             moe_dispatch=rt.moe_dispatch, selective=rt.selective,
+                             moe_host_sync=rt.moe_host_sync)
         assert opts.fsdp_prefetch  # FSDP2, DeepSpeed stage 3, Megatron-FSDP, executor/data_parallel/fsdp.py

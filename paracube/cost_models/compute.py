@@ -88,6 +88,7 @@ class GemmModel:
     # Compute seconds lost per second a data-parallel collective's NVLink ring runs beside it (a fitted figure per
     # generation, topologies/efficiency.OVERLAP_DRAG; cost_models/overlap_drag.py); 0: overlap is free.
     overlap_drag: float = 0.0
+    sync: float = 0.0  # seconds the device idles per host wait (DeviceSpec.sync_s; cost_models/host_sync.py)
 
     @property
     def waits(self) -> bool:
@@ -164,7 +165,7 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
                          m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
                          ring_wait=float(getattr(device, "ring_wait_s", 0.0)), overlap_drag=drag,
-                         ranks_per_core=_ranks_per_core(device, cal))
+                         ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag")
              if gemm is not None and getattr(gemm, k) is not None}
@@ -177,7 +178,7 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
     return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
                      op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table(),
                      ring_wait=wait or 0.0, call_overhead=call or 0.0,
-                     ranks_per_core=_ranks_per_core(device, cal))
+                     ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
 
 
 def _ranks_per_core(device: object, cal: object) -> float:

@@ -58,6 +58,7 @@ class Dims:
     fp8_param_gather: bool = False  # with fp8, block linear weights held / gathered as FP8 (Runtime.fp8_param_gather)
     moe_dispatch: str = "alltoall"  # the MoE dispatcher (Runtime.moe_dispatch; cost_models/moe_dispatch.py)
     selective: str = "attention"  # what rc=selective recomputes (Runtime.selective; cost_models/recompute.py)
+    moe_host_sync: bool = False  # dropless MoE forwards wait on the host (Runtime.moe_host_sync; host_sync.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
     # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
     cp: int = 1
@@ -206,7 +207,7 @@ def with_options(d: Dims, o: EngineOptions) -> Dims:
     """`d` with the runtime's per-element choices (engine_options.py) the closed forms read from Dims."""
     return replace(d, grad_bytes=o.grad_bytes, gather_16bit=o.gather_16bit, fp8_param_gather=o.fp8_param_gather,
                    fp8_scaling=o.fp8_scaling, fp8_experts=o.fp8_experts, moe_dispatch=o.moe_dispatch,
-                   selective=o.selective)
+                   selective=o.selective, moe_host_sync=o.moe_host_sync)
 
 
 def with_pins(d: Dims, layout: object) -> Dims:

@@ -18,7 +18,8 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   experts' GEMMs at the FP8 model with their casts (compute.GemmModel.block_linear_gemms) and, where the tokens per
   expert are not all multiples of 16, Transformer Engine's quantization padding copies (moe_passes.fp8_padded);
   backward: GEMMs 2x, the same four collectives; full recomputation runs the forward again (dispatch included, as
-  Megatron-core recomputes);
+  Megatron-core recomputes); a dropless block's forward also idles while its host waits for the expert counts
+  (host_sync.py, where the runtime waits);
 - per step: the expert gradients' all_reduce over edp (fp32; exposed, or under the last backward as
   grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
 - attention correction (MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden / heads, Qwen3):
@@ -42,6 +43,7 @@ import numpy as np
 from paracube.cost_models.collective import collective_time
 from paracube.cost_models.compute import GemmModel, attention_core_time, optimizer_time
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.host_sync import sync_seconds
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
 from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
@@ -132,6 +134,7 @@ class BlockCost:
     tokens: int
     received: float
     events_pre: list[CommEvent] = field(default_factory=list)  # the forward's counts before dispatch (moe_counts)
+    wait: float = 0.0  # of `fwd`, the seconds the GPU idles on its host's waits (host_sync.py)
 
 
 def _events(colls: list, d: Dims, z: ExpertSizes, layout: Layout, phase: str, block: int) -> list[CommEvent]:
@@ -160,12 +163,13 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     router = g.gemms(T, moe.experts, d.h)
     pf, pb = pass_bytes(d, layout, moe.expert_ffn, local, T, R, fp8_padded(d, layout, moe, T), moe)
     bw = g.mem_bw * g.mem_eff
-    fwd = local * float(up[0] + down[0]) + float(router[0]) + pf / bw
+    wait = sync_seconds(moe, d, g)  # the GPU's idle while its host waits for the expert counts (host_sync.py)
+    fwd = local * float(up[0] + down[0]) + float(router[0]) + pf / bw + wait
     bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2]) + pb / bw
     z = ExpertSizes(T=T, k=moe.top_k, received=R / layout.etp)
     return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp), d, z, layout, "fwd", block),
                      _events(block_bwd(d, layout.etp), d, z, layout, "bwd", block), T, R,
-                     block_count_events(layout, moe, mb, d.dtype, "fwd", f"layers.{block}."))
+                     block_count_events(layout, moe, mb, d.dtype, "fwd", f"layers.{block}."), wait)
 
 
 def routed(e: CommEvent) -> bool:
@@ -251,6 +255,7 @@ class StageCost:
     buffers: float = 0.0  # one block's dispatch send and receive buffers (bytes; alive inside a MoE block only)
     a2a_fwd: float = 0.0  # per micro-batch, its forward's dispatch / combine all_to_alls (s; moe_a2a_overlap.py)
     a2a_bwd: float = 0.0  # per micro-batch, its backward's
+    waits: float = 0.0  # per micro-batch, of `compute`, the host waits (host_sync.py; no compute to overlap with)
 
 
 def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
@@ -276,6 +281,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         cf = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_pre + b.events_fwd)
         cb = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd)
         out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd)
+        out.waits = k * b.wait * (2 if rec else 1)
         out.comm += k * (cf * (2 if rec else 1) + cb)
         out.comm_bwd += k * (cb + (cf if rec else 0.0))
         out.a2a_fwd = k * sum(comm_time(e, links, moe.imbalance, g) for e in b.events_fwd if routed(e))

@@ -11,7 +11,8 @@ receiver sets their time; the declared events keep the balanced bytes). The expe
 tail before the optimizer (with the layout's `overlap`: issued as the last backward starts, waited on in the tail,
 as moe_step.py prices it), and the expert optimizer step is added to the optimizer op. With the layout's `a2ao`, the
 `fwd` / `bwd` lists' compute is shortened by what the combined 1F1B steps hide of the partner pass's all_to_alls
-(moe_a2a_overlap.py: its saving, the SMs' slowdown included, scaled to the lists' micro-batches).
+(moe_a2a_overlap.py: its saving, the SMs' slowdown included, scaled to the lists' micro-batches). A dropless block's
+host wait (host_sync.py) is its own compute op before the dispatch, outside the overlap's compute (as moe_step.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import replace
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.event_program import Op, StageProgram
+from paracube.cost_models.host_sync import HOST_WAIT
 from paracube.cost_models.moe import (
     StageCost,
     attention_delta,
@@ -45,19 +47,25 @@ def _timed(e: CommEvent, imbalance: float) -> CommEvent:
 
 
 def _ops(events: list[CommEvent], seconds: float, name: str, imbalance: float,
-         pre: list[CommEvent] | None = None) -> list[Op]:
-    """`pre` (the forward's counts, moe_counts.py), then the collectives before the experts' compute, the experts,
-    the ones after (the first half of the list is issued before: dispatch (+ gather) forward; combine's gradient
-    (+ scatter's) backward)."""
+         pre: list[CommEvent] | None = None, wait: float = 0.0) -> list[Op]:
+    """`pre` (the forward's counts, moe_counts.py), then the host's wait (`wait` seconds of `seconds`: host_sync.py),
+    the collectives before the experts' compute, the experts, the ones after (the first half of the list is issued
+    before: dispatch (+ gather) forward; combine's gradient (+ scatter's) backward)."""
     half = len(events) // 2
     comm = [Op("comm", e.label, event=_timed(e, imbalance)) for e in events]
     first = [Op("comm", e.label, event=e) for e in pre or []]
-    return [*first, *comm[:half], Op("compute", name, seconds), *comm[half:]]
+    held = [Op("compute", name + HOST_WAIT, wait)] if wait > 0 else []
+    return [*first, *held, *comm[:half], Op("compute", name, seconds - wait), *comm[half:]]
+
+
+def _hidable(op: Op) -> bool:
+    """A compute op that other work may overlap: not a host wait (the GPU idles; host_sync.py)."""
+    return op.kind == "compute" and not op.name.endswith(HOST_WAIT)
 
 
 def _adjust(ops: list[Op], prefix: str, delta: float) -> None:
     """Add `delta` seconds to the largest compute op named under `prefix` (kept >= 0)."""
-    idx = [j for j, op in enumerate(ops) if op.kind == "compute" and op.name.startswith(prefix)]
+    idx = [j for j, op in enumerate(ops) if _hidable(op) and op.name.startswith(prefix)]
     if delta and idx:
         j = max(idx, key=lambda j: ops[j].seconds)
         ops[j] = replace(ops[j], seconds=max(0.0, ops[j].seconds + delta))
@@ -98,13 +106,13 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                 if is_moe:
                     assert block is not None
                     _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd, f"layers.{i}.experts", imb,
-                                                  block.events_pre))
+                                                  block.events_pre, block.wait))
             for lists in (prog.bwd, prog.bwd_last):
                 _adjust(lists[c], f"layers.{i}.", ab + (af if rec else 0.0))
                 if is_moe:
                     assert block is not None
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,
-                                 block.events_pre) if rec else []
+                                 block.events_pre, block.wait) if rec else []
                     _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd, f"layers.{i}.experts.bwd",
                                                          imb))
     drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)
@@ -137,7 +145,7 @@ def _overlap(prog: StageProgram, sc: StageCost, psi: float) -> None:
     """`a2ao` in the `fwd` / `bwd` lists (module docstring): the all_to_alls stay as they run (their links shared as
     without it); what a combined step hides of one pass's is taken off its partner's compute (at most that compute:
     x = max(0, (1 - s) A - C)), every compute op of the partner's list scaled alike."""
-    compute = {id(lists): sum(op.seconds for ch in lists for op in ch if op.kind == "compute")
+    compute = {id(lists): sum(op.seconds for ch in lists for op in ch if _hidable(op))
                for lists in (prog.fwd, prog.bwd)}
     cmb = combined(compute[id(prog.fwd)] + compute[id(prog.bwd)], sc.a2a_fwd, sc.a2a_bwd)
     s = SM_SHARE
@@ -148,7 +156,7 @@ def _overlap(prog: StageProgram, sc: StageCost, psi: float) -> None:
         scale = max(0.0, 1.0 - psi * hidden / total)
         for ch in lists:
             for j, op in enumerate(ch):
-                if op.kind == "compute":
+                if _hidable(op):
                     ch[j] = replace(op, seconds=op.seconds * scale)
 
 

@@ -6,7 +6,8 @@ reduction (exposed; with the layout's `overlap` only what one micro-batch's back
 full recomputation), leaves after the dense buckets G_d: max(0, G - max(0, b W / N - G_d)); where the expert group
 spans nodes the gradients also slow the last backward's all_to_alls on the NICs they share, moe_contention.py) + the
 experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each
-stage's work less the all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py). Memory: of the first and the
+stage's work less the all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py; its compute without the host
+waits of host_sync.py, which the combined step's C / 3 : 2 C / 3 split does not describe). Memory: of the first and the
 last stage (as analytic.py counts them), each its dense parts plus its own expert parts, the heavier (_heaviest).
 """
 
@@ -69,7 +70,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     old_bubble = float(scores.bubble[0])
     rest = est.step_time_s - old_w - old_bubble
     work = {s: float(st.compute[0] + st.micro[0]) + n * (costs[s].compute + costs[s].comm)
-            - _a2a_saved(layout, float(st.compute[0]) / n + costs[s].compute, costs[s], n, index[s])
+            - _a2a_saved(layout, float(st.compute[0]) / n + costs[s].compute - costs[s].waits, costs[s], n, index[s])
             for s, st in zip(STAGE_NAMES, scores.stages, strict=True)}
     slow = max(STAGE_NAMES, key=lambda s: work[s])
     c = costs[slow]

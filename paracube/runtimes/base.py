@@ -42,6 +42,9 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   (Layout `a2ao`; Megatron-core's --overlap-moe-expert-parallel-comm, opt-in: `moe_a2a_overlap_default` False), with
   its constraints (`a2a_overlap_refusal`: ep > 1, pp = 1 or interleaved, no full recomputation, 16-bit training);
   both engines price it (cost_models/moe_a2a_overlap.py).
+- `moe_host_sync`: its dropless MoE blocks copy the expert counts to the host and wait for them every forward
+  (the buffers are sized from them; no CUDA graph captures the dispatch's preprocessing): the GPU idles for the
+  device's DeviceSpec.sync_s per MoE block forward; both engines price it (cost_models/host_sync.py).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -124,6 +127,7 @@ class Runtime:
     moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
     selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
     moe_a2a_overlap: bool = False  # it runs Layout `a2ao` (module docstring)
+    moe_host_sync: bool = False  # its dropless MoE forward waits on the host for the expert counts (module docstring)
     moe_a2a_overlap_default: bool = False  # and turns it on without a flag
 
     def __post_init__(self) -> None:
@@ -142,7 +146,8 @@ class Runtime:
                              fsdp_prefetch=self.fsdp_prefetch, grad_bytes=self.grad_bytes,
                              gather_16bit=self.param_gather_16bit, fp8_param_gather=self.fp8_param_gather,
                              fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts,
-                             moe_dispatch=self.moe_dispatch, selective=self.selective)
+                             moe_dispatch=self.moe_dispatch, selective=self.selective,
+                             moe_host_sync=self.moe_host_sync)
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
@@ -259,7 +264,7 @@ class Runtime:
                 "export_target": self.export_target, "cp_comms": list(self.cp_comms),
                 "fp8_scaling": self.fp8_scaling, "fp8_experts": self.fp8_experts,
                 "fp8_param_gather": self.fp8_param_gather, "moe_dispatch": self.moe_dispatch,
-                "selective": self.selective}
+                "selective": self.selective, "moe_host_sync": self.moe_host_sync}
 
 
 __all__ = ["MEGATRON_STYLE", "DtypeCheck", "ModeCheck", "Runtime"]

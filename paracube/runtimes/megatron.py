@@ -47,6 +47,9 @@ RUNTIME = Runtime(
     # (megatron-core 0.16 ModelParallelConfig.overlap_moe_expert_parallel_comm = False)
     moe_a2a_overlap=True,
     moe_a2a_overlap_default=False,
+    # dropless MoE copies the expert counts to the host every forward (token_dispatcher.py cuda_sync_point, HybridEP's
+    # blocking dispatch, TEGroupedMLP's tokens_per_expert.tolist()); no CUDA graph of moe_preprocess (host_sync.py)
+    moe_host_sync=True,
     fp8_param_gather=True,  # --fp8-param-gather: NeMo's FP8 recipes (bf16_with_fp8_mixed) hold and gather FP8 weights
     fp8_experts=True,  # TEGroupedLinear under fp8_autocast: the routed experts' GEMMs in FP8 (megatron-core experts.py)
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",

@@ -88,6 +88,7 @@ RUNTIME = Runtime(
     expert_tensor_parallel=False,
     moe_blocks=True,
     moe_check=executor_refusal,
+    moe_host_sync=True,  # the split sizes and expert counts read on the host (executor/model/moe.py `.tolist()`)
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
     mla_with_moe=True,  # MLA + MoE blocks in one model (DeepSeek-V2/V3), tests/test_moe_run.py
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",

@@ -52,6 +52,7 @@ RUNTIME = Runtime(
     # expert tensor parallelism (ParallelismConfig)
     expert_parallel=True,
     expert_tensor_parallel=False,
+    moe_host_sync=True,  # its dropless dispatch reads the all_to_all's splits on the host (input_splits.tolist())
     source="torchtitan ParallelismConfig (docs/exports.md)",
     cp_comms=("ag",),
 )

@@ -38,6 +38,9 @@ class DeviceSpec:
     # CPU ranks that share each core (1: a device of its own, every accelerator): an idle pipeline stage's
     # ranks give their core share to the busy ones (cost_models/shared_cores.py). Set by the local-cpu preset.
     ranks_per_core: float = 1.0
+    # Seconds the device idles per host wait on its results (the queue drained, then the host's next launch:
+    # cost_models/host_sync.py, a dropless MoE block's expert counts); 0: none priced (the local CPU is its host).
+    sync_s: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [k for k in REQUIRED_DTYPES if k not in self.peak_flops]
@@ -49,7 +52,7 @@ class DeviceSpec:
         for attr in ("memory_bytes", "memory_bandwidth"):
             value = getattr(self, attr)
             check(_positive(value), f"device {self.name!r}: {attr}={value!r} must be a positive number")
-        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim"):
+        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim", "sync_s"):
             value = getattr(self, attr)
             check(value == 0 or _positive(value), f"device {self.name!r}: {attr}={value!r} must be a number >= 0")
         check(_positive(self.ranks_per_core) and self.ranks_per_core >= 1,
@@ -62,7 +65,7 @@ class DeviceSpec:
 
     def to_dict(self) -> dict[str, Any]:
         out = {**asdict(self), "peak_flops": dict(self.peak_flops)}
-        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim"):
+        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim", "sync_s"):
             if not out[attr]:  # files of devices without them stay as they were
                 del out[attr]
         if not out["generation"]:

@@ -211,6 +211,8 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
     for tier, fabric in (("intra-node", intra), ("inter-node", inter)):
         if fabric:
             out[f"{tier} {fabric}"] = _say(FABRICS[fabric]) if fabric in FABRICS else "nominal rate: no figure"
+    if device.sync_s > 0:  # the GPU's idle per host wait (cost_models/host_sync.py)
+        out["host wait"] = f"NOT FITTED: {device.sync_s * 1e6:.0f} us, an estimate (devices.HOST_SYNC_S)"
     return out
 
 

@@ -23,6 +23,7 @@ class DeviceModel(_Model):
     gemm_half_dim: float = Field(default=0.0, ge=0)
     generation: str = ""
     ranks_per_core: float = Field(default=1.0, ge=1)
+    sync_s: float = Field(default=0.0, ge=0)
 
     @field_validator("peak_flops")
     @classmethod
