@@ -106,6 +106,30 @@ def test_expert_memory_falls_with_ep_and_zero(h100: object) -> None:
     assert sharded < plain / 1.5
 
 
+# Layouts whose dense zero group (dp) and expert-data-parallel group (edp = dp tp / ep) differ: qwen3-30b-a3b's
+# wide heads (2h queries) and tiny-mla's latent attention add dense attention parameters in moe.stage_cost.
+@pytest.mark.parametrize(("name", "text"), [
+    ("qwen3-30b-a3b", "dp=16,ep=16,tp=none,mb=1,zero=1"),
+    ("qwen3-30b-a3b", "dp=16,ep=8,tp=none,mb=1,zero=1"),
+    ("tiny-mla", "dp=8,ep=4,tp=1d:2,mb=1,zero=1"),
+])
+def test_zero_shards_experts_over_edp_and_every_dense_parameter_over_dp(h100: object, name: str, text: str) -> None:
+    """Reference: Megatron-core's distributed optimizer (zero=1), 12 bytes (fp32 master, two moments) per parameter
+    sharded over its data-parallel group: the experts' over edp, every other parameter's (the attention correction's
+    included) over dp: 12 (n_e / edp + (P - n_e) / dp), P the rank's parameters (its parameter bytes / 2, bf16),
+    n_e its expert parameters (moe.expert_params_per_rank). Candidate: the estimate's optimizer bytes. Tolerance: the
+    dense buckets pad to a multiple of dp (memory.with_zero: 12 ceil(n / dp), under 12 bytes more) plus float
+    rounding."""
+    from paracube.cost_models.moe import expert_params_per_rank
+
+    model, layout = PRESETS[name], parse_layout(text)
+    mem = estimate(model, TRAIN, layout, h100, with_events=False).memory
+    n_e = expert_params_per_rank(model, layout, 0)
+    assert 0 < layout.expert_data <= layout.dp
+    want = 12 * (n_e / layout.expert_data + (mem.parameters / 2 - n_e) / layout.dp)
+    assert mem.optimizer == pytest.approx(want, abs=12 + 1e-9 * want)
+
+
 @pytest.mark.parametrize(("name", "text", "message"), [
     ("qwen3-30b-a3b", "dp=16,ep=16,etp=1,tp=none", None),
     ("mixtral-8x7b", "dp=16,ep=16,tp=none", r"ep=16 must divide the 8 experts of mixtral-8x7b; valid: 1, 2, 4, 8"),

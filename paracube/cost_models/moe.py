@@ -26,7 +26,11 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   the difference between the true attention linears and the dense part's (qkv [h, h + 2 kv], proj [h, h]),
   and the attention core with qk / v head widths instead of hidden / heads, at the dense part's shapes;
 - memory: expert parameters (c bytes), fp32 gradients, AdamW state (sharded over edp with zero >= 1,
-  gradients with zero >= 2, parameters with zero = 3); saved activations per in-flight micro-batch and MoE
+  gradients with zero >= 2, parameters with zero = 3); the attention correction's parameters are dense ones,
+  sharded alike over the dense zero group (dp x cp, Layout.zero_axes), as Megatron-core's distributed optimizer
+  shards every non-expert parameter over the data-parallel group and the experts over the expert-data-parallel
+  one (megatron/core/optimizer/__init__.py: intra_expt_dp_group), and each rank's optimizer step updates its
+  shards; saved activations per in-flight micro-batch and MoE
   block: the permuted tokens (R h), the expert intermediates (3 R f_e / etp: gate, up, activation) and the
   router's probabilities (T E, fp32); temporaries: one block's dispatch send and receive buffers, alive inside
   the block only: on the stage holding the head, beyond what the loss holds then (moe_step._heaviest).
@@ -269,11 +273,12 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     k = moe_layers_of(model, layout, stage)
     n_exp = expert_params_per_rank(model, layout, stage)
     n_att = layers * aparams
-    edp = layout.expert_data
-    z3, z2, z1 = (edp if layout.zero >= s else 1 for s in (3, 2, 1))
-    out.memory["parameters"] += d.c * (n_exp / z3 + n_att)
-    out.memory["gradients"] += d.grad_bytes * (n_exp / z2 + n_att)  # the runtime's gradient element (Dims)
-    out.memory["optimizer"] += optimizer_bytes(d.c) * (n_exp / z1 + n_att)
+    # zero shards the experts over edp, the attention's extra parameters (dense ones) over the dense zero group
+    z3, z2, z1 = (_shards(layout, layout.expert_data, s) for s in (3, 2, 1))
+    d3, d2, d1 = (_shards(layout, layout.axis_size_of(layout.zero_axes), s) for s in (3, 2, 1))
+    out.memory["parameters"] += d.c * (n_exp / z3 + n_att / d3)
+    out.memory["gradients"] += d.grad_bytes * (n_exp / z2 + n_att / d2)  # the runtime's gradient element (Dims)
+    out.memory["optimizer"] += optimizer_bytes(d.c) * (n_exp / z1 + n_att / d1)
     if k:
         moe = model.moe
         assert moe is not None
@@ -313,8 +318,14 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     if ne is not None:
         out.norm_comm = comm_time(ne, links, 1.0, g)
         out.events.append(ne)
-    out.optim = float(np.asarray(optimizer_time(np.asarray([n_exp / z1 + n_att]), d.c, g)).ravel()[0])
+    out.optim = float(np.asarray(optimizer_time(np.asarray([n_exp / z1 + n_att / d1]), d.c, g)).ravel()[0])
     return out
+
+
+def _shards(layout: Layout, group: int, stage: int) -> int:
+    """The ranks a part is sharded over at zero stage `stage` (1 optimizer, 2 gradients, 3 parameters): its zero
+    group (`group`) where the layout's zero reaches that stage, else 1 (replicated)."""
+    return group if layout.zero >= stage else 1
 
 
 def priced(model: ModelSpec) -> bool:
