@@ -53,12 +53,17 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   alltoall row); the other rows are held out. The block's token moves follow the dispatcher (moe_passes.py: DeepEP
   permutes the tokens that arrived, without alltoall's sort; HybridEP's kernels permute and pad): deepseek-v3-1024
   +22.5 -> +20.5%; FP8 experts copy their tokens into TE's quantization padding and back (moe_passes.fp8_padded; -26.9
-  -> -23.2% and -8.1 -> -5.5% on the FP8 rows as first priced). qwen3-30b-16 (pp 2 x v 24, mb 2, edp 1) is refused:
-  with Qwen3's 2h-wide queries and attention output, 2 x 128-wide keys and values and its q / k norms' inputs counted
-  (memory.attention_widths, 9 sbh a block more than at h / heads per head) it needs 86.3 GiB of 80 under
-  core-attention-only recomputation, so the run kept less (the source does not say how: Megatron-core's
-  recompute_modules moe_act + layernorm would drop about 4.6 + 3.1 GiB by this count; full recomputation, 0.1.0rc4's
-  recipe default, needs 47.9 GiB and prices +22.8%; at core-attention-only it prices -3.3%). Readings of the held-out
+  -> -23.2% and -8.1 -> -5.5% on the FP8 rows as first priced). The 25.09 Qwen3 rows reduce gradients in bf16:
+  Megatron-Bridge 0.1.0rc4's recipes set grad_reduce_in_fp32=False on the precision config they are given
+  (recipes/qwen/qwen3_30b_a3b.py:175, qwen3_235b_a22b.py:172), which MixedPrecisionConfig.setup writes over the ddp
+  config's True (training/mixed_precision.py:90-133, config.py:1120); 0.6.2's _perf_precision says the performance
+  scripts' get_precision_config always sets it False (perf_recipes/_common.py:90-110). qwen3-30b-16 (pp 2 x v 24,
+  mb 2, edp 1: the experts' optimizer state unsharded, as Megatron-core's expert-data-parallel group of one holds it)
+  prices 79.2 GiB of 80 under core-attention-only recomputation (parameters 4.8, gradients 4.8, optimizer 21.3,
+  activations 41.2 over 49 in-flight chunk micro-batches, temporaries 7.0 of the last stage's logits); it was refused
+  at 86.3 GiB with fp32 gradients (9.7) and the wide-head attention's optimizer state counted unsharded (23.6; moe.py).
+  It prices -1.9% (qwen3-235b-256 -0.2 -> -0.3%, A2A_NIC_EFF not refitted); full recomputation, 0.1.0rc4's recipe
+  default, needs 40.9 GiB and prices +24.1%. Readings of the held-out
   misses (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
   (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
   qwen3-30b-16-fp8 (-34.9%) is not FP8's GEMMs (in bf16 this layout prices 20.1 s, -31.6%); its all_to_alls price at

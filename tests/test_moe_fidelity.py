@@ -147,3 +147,24 @@ def test_passes_follow_the_dispatcher(h100: object) -> None:
         a = estimate(model, FP8, layout, h100, with_events=False, fp8_experts=True, moe_dispatch=name)
         e = estimate_event(model, FP8, layout, h100, with_events=False, fp8_experts=True, moe_dispatch=name)
         assert abs(e.step_time_s / a.step_time_s - 1) < 0.02
+
+
+def test_the_qwen3_30b_tokendrop_row_fits_with_its_recipes_bf16_gradients() -> None:
+    """qwen3-30b-16 (benchmarks/data/published_runs_moe.csv; Megatron-Bridge 0.1.0rc4's recipe sets
+    grad_reduce_in_fp32=False): reference its memory with fp32 gradients, candidate with the row's bf16 ones: the
+    gradients exactly half (dense and expert buckets alike, Dims.grad_bytes), every other part equal; and the
+    planner matches the row's own layout, not refusing it for memory (predict raises where nothing fits)."""
+    from pathlib import Path
+
+    from paracube.calibration.from_runs import predict, preset_topology, read_runs, run_estimate
+
+    csv = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs_moe.csv"
+    run = next(r for r in read_runs(csv, ("dgx-h100", "dgx-b200", "gb200-nvl72")) if r.name == "qwen3-30b-16")
+    assert run.grad_bytes == 2
+    topo = preset_topology(run)
+    half, full = (run_estimate(r, run.layout, topo).memory for r in (run, replace(run, grad_bytes=4)))
+    assert half.gradients == pytest.approx(full.gradients / 2, rel=1e-12)
+    for part in ("parameters", "optimizer", "activations", "temporaries"):
+        assert getattr(half, part) == pytest.approx(getattr(full, part), rel=1e-12)
+    layout, _ = predict(run, topo)
+    assert (layout.pp, layout.interleave, layout.ep, layout.micro_batch) == (2, 24, 8, 2)

@@ -22,7 +22,8 @@ A runs CSV has one row per measured run. Columns (one line of error naming row a
     grad_reduce    optional: fp32 (default) | bf16, the gradient buffers' dtype, which the data-parallel
                    reduction sends and memory holds (Megatron-core's grad_reduce_in_fp32; NeMo's performance
                    scripts set it False for FP8 runs, scripts/performance/llm/pretrain_*.py, and keep
-                   bf16_mixed's True for bf16 ones)
+                   bf16_mixed's True for bf16 ones; Megatron-Bridge's Qwen3-MoE and DeepSeek-V3 recipes set it
+                   False in every precision, 0.1.0rc4 recipes/qwen/qwen3_30b_a3b.py:175)
     capacity_factor  optional, MoE rows: the experts' capacity factor of a token-drop run (Megatron-Bridge's
                    "tokendrop": 1.0, padded to capacity); empty: the preset's (dropless). It also sets the dispatcher:
                    Megatron-core runs DeepEP dropless only (cost_models/moe_dispatch.py)
