@@ -119,11 +119,12 @@ def test_zero_shards_experts_over_edp_and_every_dense_parameter_over_dp(h100: ob
     included) over dp: 12 (n_e / edp + (P - n_e) / dp), P the rank's parameters (its parameter bytes / 2, bf16),
     n_e its expert parameters (moe.expert_params_per_rank). Candidate: the estimate's optimizer bytes. Tolerance: the
     dense buckets pad to a multiple of dp (memory.with_zero: 12 ceil(n / dp), under 12 bytes more) plus float
-    rounding."""
+    rounding. The event engine reports the same memory (one count for both engines)."""
     from paracube.cost_models.moe import expert_params_per_rank
 
     model, layout = PRESETS[name], parse_layout(text)
     mem = estimate(model, TRAIN, layout, h100, with_events=False).memory
+    assert estimate_event(model, TRAIN, layout, h100, with_events=False).memory == mem
     n_e = expert_params_per_rank(model, layout, 0)
     assert 0 < layout.expert_data <= layout.dp
     want = 12 * (n_e / layout.expert_data + (mem.parameters / 2 - n_e) / layout.dp)
