@@ -66,7 +66,7 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   default, needs 40.9 GiB and prices +24.1%. Readings of the held-out
   misses (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
   (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
-  qwen3-30b-16-fp8 (-34.9%) is not FP8's GEMMs (in bf16 this layout prices 20.1 s, -31.6%); its all_to_alls price at
+  qwen3-30b-16-fp8 (-35.0%) is not FP8's GEMMs (in bf16 this layout prices 20.1 s, -31.6%); its all_to_alls price at
   38 GB/s of RDMA per GPU, near DeepEP's own internode table (EP16 on 2 nodes: 43 GB/s); it misses 3.4 ms per block
   and micro-batch (9.6 measured, 6.2 priced), about 70 host waits' worth: a reading, a host issuing the fine-grained
   blocks' ops (4096 tokens, about 2 ms of GPU work per block forward, eight experts' GEMMs and casts) slower than the
