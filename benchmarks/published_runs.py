@@ -62,9 +62,9 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   prices 79.2 GiB of 80 under core-attention-only recomputation (parameters 4.8, gradients 4.8, optimizer 21.3,
   activations 41.2 over 49 in-flight chunk micro-batches, temporaries 7.0 of the last stage's logits); it was refused
   at 86.3 GiB with fp32 gradients (9.7) and the wide-head attention's optimizer state counted unsharded (23.6; moe.py).
-  It prices -1.9% (qwen3-235b-256 -0.2 -> -0.3%, A2A_NIC_EFF not refitted); full recomputation, 0.1.0rc4's recipe
-  default, needs 40.9 GiB and prices +24.1%. Readings of the held-out
-  misses (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
+  It prices -1.9% (qwen3-235b-256 -0.2 -> -0.3%: refit_moe gives 0.896, the shipped 0.90 stands); full
+  recomputation, 0.1.0rc4's recipe default, needs 40.9 GiB and prices +24.1%. Readings of the held-out misses
+  (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
   (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
   qwen3-30b-16-fp8 (-35.0%) is not FP8's GEMMs (in bf16 this layout prices 20.1 s, -31.6%); its all_to_alls price at
   38 GB/s of RDMA per GPU, near DeepEP's own internode table (EP16 on 2 nodes: 43 GB/s); it misses 3.4 ms per block
