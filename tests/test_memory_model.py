@@ -154,6 +154,19 @@ def test_pipeline_in_flight() -> None:
     ) == (49152, 65536, 16384)
 
 
+@pytest.mark.parametrize("mode,layout", [("none", Layout(pp=2)), ("1d", parse_layout("dp=1,pp=2,tp=1d:2"))])
+def test_only_the_head_stage_holds_the_heads_temporaries(mode: str, layout: Layout) -> None:
+    """The head's output (and its gathered operands) lives on the stage that runs the head: a pipeline's first stage
+    holds the same temporaries whatever the vocabulary; the last stage's grow with it. Reference: the same model with
+    a vocabulary of 64, whose head output is smaller than the blocks' largest linear."""
+    def temps(vocab: int, first: bool) -> float:
+        d = dims_of(replace(TINY, vocab=vocab), TrainingSpec(global_batch=8))
+        return float(stage_memory(d, mode, layout_arrays(layout, 1), first, not first)["temporaries"][0])
+
+    assert temps(64 * 1024, True) == temps(64, True)
+    assert temps(64 * 1024, False) > temps(64, False)
+
+
 @pytest.mark.parametrize("pp,v", [(2, 2), (2, 24), (4, 2), (8, 4), (9, 7), (4, 1)])
 def test_in_flight_equals_the_schedules_alive_chunks(pp: int, v: int) -> None:
     """Reference: walk modes.stages.schedule (the executor's and Megatron-core's order) on the first and the last

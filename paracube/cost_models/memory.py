@@ -164,15 +164,16 @@ def in_flight(b: LayoutBatch, N: Arr, first: bool) -> Arr:
     return np.minimum(N, np.where(v > 1, interleaved, pp if first else 1.0))
 
 
-def _temporaries(d: Dims, mode: str, b: LayoutBatch, T: Arr, V: Arr) -> Arr:
-    """The largest linear's gathered operands and output (the head's output is the padded vocabulary)."""
+def _temporaries(d: Dims, mode: str, b: LayoutBatch, T: Arr, V: Arr, H: Arr) -> Arr:
+    """The largest linear's gathered operands and output; the head's (its output the padded vocabulary) on the
+    stage that holds the head only (H > 0): a pipeline's other stages never run it."""
     m = MODES[mode]
     t, q, depth = b.t, b.q, b.depth
     temp = np.zeros_like(T)
     for _, h_in, h_out, _ in d.linears:
         temp = np.maximum(temp, m.linear_temporaries(d.c, T, h_in, h_out, t, q, depth))
     head = m.tied_head_temporaries if d.tied and m.tied_head_roles else m.linear_temporaries  # the mode's tied head
-    return np.maximum(temp, head(d.c, T, d.h, V, t, q, depth))
+    return np.maximum(temp, np.where(H > 0, head(d.c, T, d.h, V, t, q, depth), 0.0))
 
 
 def kept_bytes(d: Dims, mode: str, b: LayoutBatch, F: Arr, H: Arr) -> Arr:
@@ -216,7 +217,7 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
                 + H * np.minimum(fl, 1.0) * activations.last_stage_bytes(d, mode, b, V))
     else:
         acts = fl * Ls * _block_acts(d, mode, b, d.recompute) + F * fl_first * 4 * T * d.h / m.act_split(t, b.sp)
-    temp = _temporaries(d, mode, b, T, V) + H * logit_bytes(d) * T * V / t
+    temp = _temporaries(d, mode, b, T, V, H) + H * logit_bytes(d) * T * V / t
     if d.recompute == "full":
         full = d if d.activations == "megatron" else replace(d, recompute="none")
         temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
