@@ -45,10 +45,10 @@ from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
 from paracube.cost_models.dims import Dims, param_dims
-from paracube.cost_models.traffic import parameter_sizes, parameter_units
+from paracube.cost_models.traffic import parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
-from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
+from paracube.modes.buckets import BUCKET_BYTES, bucket_sizes, padded_numel
 from paracube.modes.rows import unique_rows
 from paracube.modes.stages import backward_spans, stage_chunks, stage_layers
 
@@ -288,8 +288,10 @@ class StepTraffic:
 @lru_cache(maxsize=4096)
 def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int,
                    bucket_bytes: int) -> tuple[int, int, int]:
-    buckets = bucket_numels(parameter_sizes(mode, d, t, q, layers, first, last), bucket_bytes)
-    return len(buckets), 4 * sum(buckets), 4 * sum(padded_numel(n, dp) for n in buckets)
+    # bucket_sizes: bucket_numels of the flattened units, packed unit by unit (a stage's blocks repeat)
+    buckets = bucket_sizes(parameter_units(mode, d, t, q, layers, first, last), bucket_bytes)[0]
+    total = sum(buckets)
+    return len(buckets), 4 * total, 4 * (sum(padded_numel(n, dp) for n in buckets) if dp > 1 else total)
 
 
 @lru_cache(maxsize=8192)

@@ -44,6 +44,7 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
+from paracube.topologies.group_links import group_links
 from paracube.topologies.link_graph import LinkGraph
 from paracube.topologies.link_loads import (
     HopParts,
@@ -58,6 +59,7 @@ from paracube.topologies.ring_batch import RING_CHANNELS, nic_keys
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
 Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
+LINK_CACHE = 4096  # group_link answers kept per topology
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class Topology:
         self._egress: dict[str, str | None] = {}
         self._tpl_nics: dict[tuple[int, str], str | None] = {}
         # Per-instance caches (no global state): keyed by canonical (sorted) rank tuples.
-        self._link_cached = lru_cache(maxsize=4096)(self._group_link_uncached)
+        self._links: dict[tuple[tuple[int, ...], frozenset[tuple[int, ...]]], GroupLink] = {}  # group_link's
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
         self._in_node_paths: dict[tuple[str, str], tuple[str, ...] | None] = {}
         # Ring hop (rank a -> rank b): its directed edges as ids into _bw_arr, and its summed latency. Link loads
@@ -475,8 +477,21 @@ class Topology:
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
         """Ring bandwidth and per-step latency of `ranks`, sharing links with `concurrent` groups."""
-        group = self._group(ranks)
-        return self._link_cached(group, self._groups(concurrent) | {group})
+        return self.group_links([(ranks, concurrent)])[0]
+
+    def group_links(self, queries: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> list[GroupLink]:
+        """group_link of each (ranks, concurrent) query; the new ones computed together (group_links.py)."""
+        keys = []
+        for ranks, concurrent in queries:
+            group = self._group(ranks)
+            keys.append((group, self._groups(concurrent) | {group}))
+        new = list(dict.fromkeys(k for k in keys if k not in self._links))
+        answers = dict(zip(new, group_links(self, new), strict=True))
+        out = [answers[k] if k in answers else self._links[k] for k in keys]
+        if len(self._links) + len(answers) > LINK_CACHE:  # bounded: each key holds a mesh axis' groups
+            self._links.clear()
+        self._links.update(answers)
+        return out
 
     def _groups(self, concurrent: Sequence[Sequence[int]]) -> frozenset[tuple[int, ...]]:
         """Canonical (sorted) groups; vectorized for the usual [n_groups, size] integer array."""

@@ -1,0 +1,104 @@
+"""Many group queries at once (Topology.group_links): Topology.group_link's answers, bit for bit, in one numpy pass.
+
+A search asks `group_link(group, concurrent)` for every axis set of every placement (469 distinct queries for
+GPT-3 175B on 1,024 A100s), each over all the groups of a mesh axis. One at a time, each query is ~40 numpy calls
+on ~1k-element arrays, so fixed per-call costs dominate. Here the queries whose groups have one size are stacked:
+- the channels of every group of every query: one ring_channel_table over the stacked rows (a row's channels
+  depend on that row only: its owners are keyed by row, its hops stay in the row), flattened in (query, group,
+  hop, channel) order, each query's groups in the order Topology._link_load's loop visits them (`list(groups)`
+  of the same frozenset, built the same way);
+- their routes: one HopTable lookup (new rank pairs routed together; a pair's route does not depend on when it
+  is asked);
+- the link loads: one bincount over (query, edge) bins. A bin belongs to one query, and bincount adds a bin's
+  weights in input order, so each query's loads are the same integers and the same float additions, in the same
+  order, as link_loads.link_load of that query alone;
+- the answer: the group's own channels are the rows of the stack that are the group (a row's channels depend on
+  that row only), so its bandwidth is min(bandwidth / load) over their edges and its latency the max of their
+  routes' latencies (min and max do not depend on order): Topology._group_link_uncached's figures.
+Queries with groups of mixed sizes, or of one rank, go through Topology.group_link as before.
+tests/test_group_links.py compares every answer with group_link's, query by query.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from paracube.topologies.ring_batch import ring_channel_table
+
+Topology = Any  # topology.Topology (it imports this module); reads its caches (_table, _bw_arr, _nic_keys ...)
+Query = tuple[tuple[int, ...], frozenset]  # (the sorted group, every concurrent group with it, sorted)
+MAX_BINS = 1 << 22  # (query, edge) load bins of one pass: 32 MiB of float64
+
+
+def group_links(topo: Topology, queries: Sequence[Query]) -> list[Any]:
+    """GroupLink of each (group, groups) query, as Topology._group_link_uncached(group, groups) answers it."""
+    from paracube.topologies.topology import GroupLink
+
+    out: list[Any] = [None] * len(queries)
+    by_size: dict[int, list[int]] = {}
+    for i, (group, groups) in enumerate(queries):
+        size = len(group)
+        if size < 2 or any(len(g) != size for g in groups):
+            out[i] = topo._group_link_uncached(group, groups)
+        else:
+            by_size.setdefault(size, []).append(i)
+    dpn = topo.devices_per_node
+    step = max(1, MAX_BINS // max(len(topo._bw_arr), 1))  # queries per pass: (query, edge) bins bounded
+    for same in by_size.values():
+        for at in range(0, len(same), step):
+            idx = same[at:at + step]
+            for i, (bw, lat) in zip(idx, _stacked(topo, [queries[i] for i in idx]), strict=True):
+                per_node = Counter(r // dpn for r in queries[i][0])
+                out[i] = GroupLink(bw, max(lat, 0.0), len(per_node), max(per_node.values()))
+    return out
+
+
+def _stacked(topo: Topology, queries: list[Query]) -> list[tuple[float, float]]:
+    """(bandwidth, latency) of queries whose groups all have one size >= 2."""
+    table, n_edges = topo._table, len(topo._bw_arr)
+    lists = [list(groups) for _, groups in queries]  # the loop's order (Topology._link_load: list(groups))
+    counts = np.array([len(lst) for lst in lists], dtype=np.int64)
+    offsets = np.cumsum(counts) - counts  # each query's first row in the stack
+    own = offsets + np.array([lst.index(g) for lst, (g, _) in zip(lists, queries, strict=True)], dtype=np.int64)
+    arr = np.array([g for lst in lists for g in lst], dtype=np.int64)
+    send, recv, share, whole, row = ring_channel_table(topo, arr, topo._nic_keys())
+    query = np.repeat(np.arange(len(queries)), counts)[row]  # each channel's query
+    rows = table.rows(send, recv)
+    ids, lens = table.gather(rows)
+    bins = ids + np.repeat(query * n_edges, lens)  # (query, edge) bins
+    size = len(queries) * n_edges
+    load = np.bincount(bins[np.repeat(whole, lens)], minlength=size)
+    if not whole.all():  # split hops: their shares, weighted per edge, summed in input order per bin
+        part = np.repeat(~whole, lens)
+        load = load + np.bincount(bins[part], weights=np.repeat(share, lens)[part], minlength=size)
+    # the group's own channels: its row of the stack
+    mine = row == own[query]
+    sel = rows[mine]
+    q_sel = query[mine]
+    ids_g, lens_g = table.gather(sel)
+    ratio = topo._bw_arr[ids_g] / load[ids_g + np.repeat(q_sel * n_edges, lens_g)]
+    lat = table.latencies(sel)
+    # per query: min over its channels' edges, max over its channels' latencies (channels come query by query)
+    edges_per_q = np.bincount(np.repeat(q_sel, lens_g), minlength=len(queries))
+    chans_per_q = np.bincount(q_sel, minlength=len(queries))
+    bw = _segment(np.minimum, ratio, edges_per_q, math.inf)
+    latency = _segment(np.maximum, lat, chans_per_q, 0.0)
+    return list(zip(bw.tolist(), latency.tolist(), strict=True))
+
+
+def _segment(op: np.ufunc, values: np.ndarray, lengths: np.ndarray, empty: float) -> np.ndarray:
+    """op.reduce of each consecutive segment of `values` (`lengths` per segment; an empty one: `empty`)."""
+    out = np.full(len(lengths), empty)
+    live = lengths > 0
+    if live.any():
+        starts = (np.cumsum(lengths) - lengths)[live]
+        out[live] = op.reduceat(values, starts)
+    return out
+
+
+__all__ = ["group_links"]
