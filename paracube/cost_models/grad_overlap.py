@@ -60,6 +60,15 @@ def _buckets(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last:
 
 
 @lru_cache(maxsize=4096)
+def _release_table(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int, v: int,
+                   bucket_bytes: int) -> NDArray[np.float64]:
+    """_releases as a read-only [releases, 3] array (release_profile gathers its rows from these)."""
+    out = np.array(_releases(mode, d, t, q, layers, first, last, dp, v, bucket_bytes), dtype=np.float64).reshape(-1, 3)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=4096)
 def _releases(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int, v: int,
               bucket_bytes: int) -> tuple[tuple[float, float, float], ...]:
     """(chunk, fraction of its blocks done, share of the bucket bytes released then or later) per release."""
@@ -82,13 +91,13 @@ def release_profile(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr,
     keys = np.stack(cols, axis=-1).reshape(-1, len(cols))
     uniq, inverse = unique_rows(keys)
     d = param_dims(d)  # the cache key: what sizes the parameters (the search's passes share it)
-    rel = [_releases(mode, d, int(k[0]), int(k[1]), int(k[2]), bool(k[3]), bool(k[4]), int(k[5]), int(k[6]),
-                     bucket_bytes) for k in uniq]
-    width = max([len(r) for r in rel] + [1])
-    table = np.zeros((len(uniq), width, 3))
-    for i, r in enumerate(rel):
-        if r:
-            table[i, :len(r)] = r
+    rel = [_release_table(mode, d, t_, q_, n, bool(f), bool(h), dp_, v_, bucket_bytes)
+           for t_, q_, n, f, h, dp_, v_ in uniq.tolist()]
+    lens = np.array([len(r) for r in rel], dtype=np.int64)
+    table = np.zeros((len(uniq), max(int(lens.max(initial=0)), 1), 3))
+    if lens.sum():  # every key's releases at once: row i, columns 0 .. len - 1
+        row = np.repeat(np.arange(len(rel)), lens)
+        table[row, np.arange(len(row)) - np.repeat(np.cumsum(lens) - lens, lens)] = np.concatenate(rel)
     out = table[inverse.reshape(-1)]
     return out[..., 0], out[..., 1], out[..., 2]
 
