@@ -35,6 +35,7 @@ per step, HSDP's all_reduce of 4 P_u / n over dp_replicate and zero=2's fp32 all
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -319,11 +320,8 @@ def _pipelined_units(padded: tuple[int, ...], first: bool, last: bool, pp: int, 
         return pair, pair
     # Walk the chunks' births (first backward) and deaths (n_micro-th) in backward order; n_micro > 1, so a
     # chunk's birth comes strictly before its death.
-    live, peak = 0, 0
-    for dies, c in _chunk_events(pp, v, n_micro):
-        live += -chunk[c] if dies else chunk[c]
-        peak = max(peak, live)
-    return peak, pair
+    live = itertools.accumulate(-chunk[c] if dies else chunk[c] for dies, c in _chunk_events(pp, v, n_micro))
+    return max(0, max(live, default=0)), pair  # the most live at once (0 before the first birth)
 
 
 @lru_cache(maxsize=4096)

@@ -74,13 +74,24 @@ def _releases(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last
     """(chunk, fraction of its blocks done, share of the bucket bytes released then or later) per release."""
     counts, after = _buckets(mode, d, t, q, layers, first, last, dp, bucket_bytes)
     total, issued, out = max(after[0], 1), 0, []
-    per = max(layers, 1) / v  # blocks per chunk (analytic: an even split)
+    at = _release_points(layers, v, len(counts))
     for j, n in enumerate(counts):
         if n:
-            done = min(j + 1, max(layers, 1))  # blocks finished (the final release: all of them)
-            chunk = v - 1 - min(int((done - 1) // per), v - 1)
-            out.append((float(chunk), (done - (v - 1 - chunk) * per) / per, after[issued] / total))
+            out.append((*at[j], after[issued] / total))
         issued += n
+    return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def _release_points(layers: int, v: int, n: int) -> tuple[tuple[float, float], ...]:
+    """(chunk, fraction of its blocks done) of a release at the end of backward block j = 0 .. n - 1 (the stage's
+    other releases share them: they depend on its blocks and v only)."""
+    per = max(layers, 1) / v  # blocks per chunk (analytic: an even split)
+    out = []
+    for j in range(n):
+        done = min(j + 1, max(layers, 1))  # blocks finished (the final release: all of them)
+        chunk = v - 1 - min(int((done - 1) // per), v - 1)
+        out.append((float(chunk), (done - (v - 1 - chunk) * per) / per))
     return tuple(out)
 
 
