@@ -1,4 +1,4 @@
-"""Many group queries at once (Topology.group_links): Topology.group_link's answers, bit for bit, in one numpy pass.
+"""Many group queries at once (Topology.group_links): each query's answer alone, bit for bit, in one numpy pass.
 
 A search asks `group_link(group, concurrent)` for every axis set of every placement (469 distinct queries for
 GPT-3 175B on 1,024 A100s), each over all the groups of a mesh axis. One at a time, each query is ~40 numpy calls
@@ -15,8 +15,9 @@ on ~1k-element arrays, so fixed per-call costs dominate. Here the queries whose 
 - the answer: the group's own channels are the rows of the stack that are the group (a row's channels depend on
   that row only), so its bandwidth is min(bandwidth / load) over their edges and its latency the max of their
   routes' latencies (min and max do not depend on order): Topology._group_link_uncached's figures.
-Queries with groups of mixed sizes, or of one rank, go through Topology.group_link as before.
-tests/test_group_links.py compares every answer with group_link's, query by query.
+Queries with groups of mixed sizes, or of one rank, are computed one at a time (`one_group_link`: the query alone,
+as Topology computed every query before). `cached_group_links`: Topology's per-instance cache of the answers.
+tests/test_group_links.py compares every answer with one_group_link's, query by query.
 """
 
 from __future__ import annotations
@@ -24,27 +25,65 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from paracube.topologies.link_loads import channel_arrays
 from paracube.topologies.ring_batch import ring_channel_table
 
 Topology = Any  # topology.Topology (it imports this module); reads its caches (_table, _bw_arr, _nic_keys ...)
 Query = tuple[tuple[int, ...], frozenset]  # (the sorted group, every concurrent group with it, sorted)
 MAX_BINS = 1 << 22  # (query, edge) load bins of one pass: 32 MiB of float64
+LINK_CACHE = 4096  # group_link answers kept per topology
 
 
-def group_links(topo: Topology, queries: Sequence[Query]) -> list[Any]:
-    """GroupLink of each (group, groups) query, as Topology._group_link_uncached(group, groups) answers it."""
-    from paracube.topologies.topology import GroupLink
+@dataclass(frozen=True)
+class GroupLink:
+    bandwidth: float  # bytes/s each rank of a ring over the group gets, after link sharing
+    latency: float  # seconds per ring step (alpha)
+    nodes: int  # nodes the group spans
+    ranks_per_node: int  # max ranks of the group in one node
 
+
+def cached_group_links(topo: Topology, keys: list[Query], cache: dict[Query, GroupLink]) -> list[GroupLink]:
+    """GroupLink of each (sorted group, groups) key: from `cache`, the new ones computed together and kept there
+    (bounded: each key holds a mesh axis' groups)."""
+    new = list(dict.fromkeys(k for k in keys if k not in cache))
+    answers = dict(zip(new, group_links(topo, new), strict=True))
+    out = [answers[k] if k in answers else cache[k] for k in keys]
+    if len(cache) + len(answers) > LINK_CACHE:
+        cache.clear()
+    cache.update(answers)
+    return out
+
+
+def one_group_link(topo: Topology, group: tuple[int, ...], groups: frozenset) -> GroupLink:
+    """One query, alone (Topology._group_link_uncached): the reference group_links' batches agree with."""
+    per_node = Counter(r // topo.devices_per_node for r in group)
+    if len(group) < 2:
+        return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
+    load = topo._load_cached(groups)
+    # a hop's rate R puts share x R on each channel's edges: R <= bw / load on every edge (equal hop rates)
+    send, recv = channel_arrays(topo, [group])[:2]  # its channels, in _ring_channels' order (ring_batch.py)
+    # the HopTable's rows of the group's channels: the ids and latencies _hops gives (link_loads.py)
+    rows = topo._table.rows(send, recv)
+    ids = topo._table.gather(rows)[0]
+    # min over hops of min over edges of bw / load == min over all the group's edges (same float divisions)
+    bandwidth = float((topo._bw_arr[ids] / load[ids]).min()) if len(ids) else math.inf
+    latency = float(topo._table.latencies(rows).max()) if len(rows) else 0.0
+    return GroupLink(bandwidth, max(latency, 0.0), len(per_node), max(per_node.values()))
+
+
+def group_links(topo: Topology, queries: Sequence[Query]) -> list[GroupLink]:
+    """GroupLink of each (group, groups) query, as one_group_link(group, groups) answers it."""
     out: list[Any] = [None] * len(queries)
     by_size: dict[int, list[int]] = {}
     for i, (group, groups) in enumerate(queries):
         size = len(group)
         if size < 2 or any(len(g) != size for g in groups):
-            out[i] = topo._group_link_uncached(group, groups)
+            out[i] = one_group_link(topo, group, groups)
         else:
             by_size.setdefault(size, []).append(i)
     dpn = topo.devices_per_node
@@ -101,4 +140,4 @@ def _segment(op: np.ufunc, values: np.ndarray, lengths: np.ndarray, empty: float
     return out
 
 
-__all__ = ["group_links"]
+__all__ = ["LINK_CACHE", "GroupLink", "cached_group_links", "group_links", "one_group_link"]

@@ -32,10 +32,8 @@ Results are cached per (sorted group, set of sorted concurrent groups), so reord
 
 from __future__ import annotations
 
-import math
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -44,7 +42,7 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
-from paracube.topologies.group_links import group_links
+from paracube.topologies.group_links import GroupLink, cached_group_links, one_group_link
 from paracube.topologies.link_graph import LinkGraph
 from paracube.topologies.link_loads import (
     HopParts,
@@ -59,15 +57,6 @@ from paracube.topologies.ring_batch import RING_CHANNELS, nic_keys
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
 Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
-LINK_CACHE = 4096  # group_link answers kept per topology
-
-
-@dataclass(frozen=True)
-class GroupLink:
-    bandwidth: float  # bytes/s each rank of a ring over the group gets, after link sharing
-    latency: float  # seconds per ring step (alpha)
-    nodes: int  # nodes the group spans
-    ranks_per_node: int  # max ranks of the group in one node
 
 
 class Topology:
@@ -453,19 +442,7 @@ class Topology:
         return link_load(self, self._table, list(groups))  # link_loads.py: numpy gathers, the loop's floats
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
-        per_node = Counter(r // self.devices_per_node for r in group)
-        if len(group) < 2:
-            return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
-        load = self._load_cached(groups)
-        # a hop's rate R puts share x R on each channel's edges: R <= bw / load on every edge (equal hop rates)
-        send, recv = channel_arrays(self, [group])[:2]  # its channels, in _ring_channels' order (ring_batch.py)
-        # the HopTable's rows of the group's channels: the ids and latencies _hops gives (link_loads.py)
-        rows = self._table.rows(send, recv)
-        ids = self._table.gather(rows)[0]
-        # min over hops of min over edges of bw / load == min over all the group's edges (same float divisions)
-        bandwidth = float((self._bw_arr[ids] / load[ids]).min()) if len(ids) else math.inf
-        latency = float(self._table.latencies(rows).max()) if len(rows) else 0.0
-        return GroupLink(bandwidth, max(latency, 0.0), len(per_node), max(per_node.values()))
+        return one_group_link(self, group, groups)  # group_links.py
 
     def ring_loads(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> tuple[np.ndarray, ...]:
         """(edge ids of the group's ring hops, ring hops crossing every edge with `concurrent` running, every
@@ -485,13 +462,7 @@ class Topology:
         for ranks, concurrent in queries:
             group = self._group(ranks)
             keys.append((group, self._groups(concurrent) | {group}))
-        new = list(dict.fromkeys(k for k in keys if k not in self._links))
-        answers = dict(zip(new, group_links(self, new), strict=True))
-        out = [answers[k] if k in answers else self._links[k] for k in keys]
-        if len(self._links) + len(answers) > LINK_CACHE:  # bounded: each key holds a mesh axis' groups
-            self._links.clear()
-        self._links.update(answers)
-        return out
+        return cached_group_links(self, keys, self._links)
 
     def _groups(self, concurrent: Sequence[Sequence[int]]) -> frozenset[tuple[int, ...]]:
         """Canonical (sorted) groups; vectorized for the usual [n_groups, size] integer array."""
