@@ -22,6 +22,7 @@ tests/test_group_links.py compares every answer with one_group_link's, query by 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -104,7 +105,9 @@ def _stacked(topo: Topology, queries: list[Query]) -> list[tuple[float, float]]:
     counts = np.array([len(lst) for lst in lists], dtype=np.int64)
     offsets = np.cumsum(counts) - counts  # each query's first row in the stack
     own = offsets + np.array([lst.index(g) for lst, (g, _) in zip(lists, queries, strict=True)], dtype=np.int64)
-    arr = np.array([g for lst in lists for g in lst], dtype=np.int64)
+    width = len(queries[0][0])  # the stacked groups, row by row (fromiter: no tuple conversions)
+    ranks = itertools.chain.from_iterable(g for lst in lists for g in lst)
+    arr = np.fromiter(ranks, dtype=np.int64, count=int(counts.sum()) * width).reshape(-1, width)
     send, recv, share, whole, row = ring_channel_table(topo, arr, topo._nic_keys())
     query = np.repeat(np.arange(len(queries)), counts)[row]  # each channel's query
     rows = table.rows(send, recv)
