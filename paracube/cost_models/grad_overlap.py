@@ -98,6 +98,14 @@ def _release_points(layers: int, v: int, n: int) -> tuple[tuple[float, float], .
 def release_profile(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr, last: Arr, dp: Arr, v: Arr,
                     bucket_bytes: int) -> Profile:
     """Per layout (arrays alike), padded to the most releases: (chunk, fraction, S); S = 0 pads."""
+    profile, _, inverse = release_keys(mode, d, t, q, layers, first, last, dp, v, bucket_bytes)
+    return tuple(x[inverse] for x in profile)  # type: ignore[return-value]
+
+
+def release_keys(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr, last: Arr, dp: Arr, v: Arr,
+                 bucket_bytes: int) -> tuple[Profile, Arr, Arr]:
+    """release_profile once per distinct stage shape: (the profile, a row per shape; each shape's v; each layout's
+    row), so that callers gather the rows their layouts read instead of a [layouts, releases] copy per stage."""
     cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), np.shape(t)) for x in (t, q, layers, first, last, dp, v)]
     keys = np.stack(cols, axis=-1).reshape(-1, len(cols))
     uniq, inverse = unique_rows(keys)
@@ -109,8 +117,7 @@ def release_profile(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr,
     if lens.sum():  # every key's releases at once: row i, columns 0 .. len - 1
         row = np.repeat(np.arange(len(rel)), lens)
         table[row, np.arange(len(row)) - np.repeat(np.cumsum(lens) - lens, lens)] = np.concatenate(rel)
-    out = table[inverse.reshape(-1)]
-    return out[..., 0], out[..., 1], out[..., 2]
+    return (table[..., 0], table[..., 1], table[..., 2]), uniq[:, 6], inverse.reshape(-1)
 
 
 def exposed_grad_time(grad: Arr, backward: Arr, stage_index: Arr, pp: Arr, v: Arr, profile: Profile) -> Arr:
@@ -134,4 +141,4 @@ def stream_window(profile: Profile, v: Arr) -> tuple[Arr, Arr]:
     return x1, s_end
 
 
-__all__ = ["Profile", "exposed_grad_time", "release_profile", "stream_window"]
+__all__ = ["Profile", "exposed_grad_time", "release_keys", "release_profile", "stream_window"]
