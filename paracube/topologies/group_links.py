@@ -36,7 +36,7 @@ from paracube.topologies.ring_batch import ring_channel_table
 
 Topology = Any  # topology.Topology (it imports this module); reads its caches (_table, _bw_arr, _nic_keys ...)
 Query = tuple[tuple[int, ...], frozenset]  # (the sorted group, every concurrent group with it, sorted)
-MAX_BINS = 1 << 22  # (query, edge) load bins of one pass: 32 MiB of float64
+MAX_BINS = 1 << 17  # (query, edge) load bins of one pass (1 MiB of float64: temporaries the allocator reuses)
 LINK_CACHE = 4096  # group_link answers kept per topology
 
 
