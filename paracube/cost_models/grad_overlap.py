@@ -73,13 +73,10 @@ def _releases(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last
               bucket_bytes: int) -> tuple[tuple[float, float, float], ...]:
     """(chunk, fraction of its blocks done, share of the bucket bytes released then or later) per release."""
     counts, after = _buckets(mode, d, t, q, layers, first, last, dp, bucket_bytes)
-    total, issued, out = max(after[0], 1), 0, []
+    total = max(after[0], 1)
     at = _release_points(layers, v, len(counts))
-    for j, n in enumerate(counts):
-        if n:
-            out.append((*at[j], after[issued] / total))
-        issued += n
-    return tuple(out)
+    issued = itertools.accumulate(counts, initial=0)  # buckets issued before each release (one more: the total)
+    return tuple((*p, after[i] / total) for p, n, i in zip(at, counts, issued, strict=False) if n)
 
 
 @lru_cache(maxsize=1024)
