@@ -86,15 +86,14 @@ class LinkCache:
 
     def prefetch(self, items: Iterable[tuple[bytes, Sequence[tuple[str, int]], Sequence[str]]]) -> None:
         """get_keyed of every (key, placement, axes) item into `keyed`; the new topology queries asked together
-        (topo.group_links, where the topology has it: the same answers, in one numpy pass)."""
+        (topo.partition_links, where the topology has it: the same answers, in one numpy pass)."""
         todo: dict[bytes, Runs] = {}
         for key, place, axes in items:
             if key not in todo and key not in self.keyed:
                 todo[key] = runs_for(place, axes)
         runs = [r for r in dict.fromkeys(todo.values()) if r not in self._cache and any(m for _, m in r)]
-        if len(runs) > 1 and hasattr(self.topo, "group_links"):
-            groups = [groups_from_runs(r) for r in runs]
-            for r, link in zip(runs, self.topo.group_links([(g[0], g[1:]) for g in groups]), strict=True):
+        if len(runs) > 1 and hasattr(self.topo, "partition_links"):  # each runs' groups: a partition of the ranks
+            for r, link in zip(runs, self.topo.partition_links([groups_from_runs(r) for r in runs]), strict=True):
                 self._cache[r] = (float(link.bandwidth), float(link.latency))
             self.queries += len(runs)
         for key, r in todo.items():

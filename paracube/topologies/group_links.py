@@ -38,6 +38,7 @@ Topology = Any  # topology.Topology (it imports this module); reads its caches (
 Query = tuple[tuple[int, ...], frozenset]  # (the sorted group, every concurrent group with it, sorted)
 MAX_BINS = 1 << 17  # (query, edge) load bins of one pass (1 MiB of float64: temporaries the allocator reuses)
 LINK_CACHE = 4096  # group_link answers kept per topology
+DYADIC = float(1 << 20)  # partition_links: split-hop shares that are multiples of 1 / DYADIC sum exactly
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,56 @@ def group_links(topo: Topology, queries: Sequence[Query]) -> list[GroupLink]:
     return out
 
 
+def partition_links(topo: Topology, parts: Sequence[np.ndarray], cache: dict[tuple, GroupLink]) -> list[GroupLink]:
+    """group_link(p[0], concurrent=p[1:]) of each partition p: an [n_groups, size] rank array whose rows are sorted
+    and disjoint (a mesh axis' groups: cost_models/links.py). Kept in `cache` by the array's bytes. Stacked in the
+    arrays' own row order, not the frozenset's: a link load is a sum of whole hops (integers) and of split hops'
+    shares 1 / C; where every C is a power of two (<= 2^20), each share and partial sum is a multiple of 2^-20 far
+    below 2^33, exact in any order, so the loads and the answers are one_group_link's bit for bit. A query with
+    another C (3, 5 ... channels), or an array that is not such a partition, is asked through group_links."""
+    out: list[Any] = [None] * len(parts)
+    todo: dict[int, list[tuple[int, tuple, np.ndarray]]] = {}
+    for i, p in enumerate(parts):
+        arr = np.asarray(p)
+        key = (arr.shape, arr.dtype.str, arr.tobytes())
+        if key in cache:
+            out[i] = cache[key]
+        elif _partition(topo, arr):
+            todo.setdefault(arr.shape[1], []).append((i, key, arr.astype(np.int64, copy=False)))
+        else:
+            out[i] = cache[key] = topo.group_links([(arr[0], arr[1:])])[0]
+    dpn = topo.devices_per_node
+    for same in todo.values():
+        step = max(1, MAX_BINS // max(len(topo._bw_arr), 1))  # queries per pass: (query, edge) bins bounded
+        for at in range(0, len(same), step):
+            chunk = same[at:at + step]
+            counts = np.array([len(a) for _, _, a in chunk], dtype=np.int64)
+            own = np.cumsum(counts) - counts  # each query's group: its first row
+            bw, latency, dyadic = _loads(topo, np.concatenate([a for _, _, a in chunk]), counts, own)
+            for (i, key, arr), b, lat, exact in zip(chunk, bw.tolist(), latency.tolist(), dyadic.tolist(),
+                                                    strict=True):
+                if exact:
+                    per_node = Counter((arr[0] // dpn).tolist())
+                    out[i] = GroupLink(b, max(lat, 0.0), len(per_node), max(per_node.values()))
+                else:  # a share that is no power-of-two fraction: the loop's order (group_links)
+                    out[i] = topo.group_links([(arr[0], arr[1:])])[0]
+                if len(cache) >= LINK_CACHE:
+                    cache.clear()
+                cache[key] = out[i]
+    return out
+
+
+def _partition(topo: Topology, arr: np.ndarray) -> bool:
+    """Whether `arr` is [n_groups, size >= 2] ranks of the topology, each row strictly increasing, no rank twice."""
+    if arr.ndim != 2 or arr.dtype.kind not in "iu" or arr.shape[1] < 2 or arr.size == 0:
+        return False
+    if int(arr.min()) < 0 or int(arr.max()) >= topo.num_devices or not bool((arr[:, 1:] > arr[:, :-1]).all()):
+        return False
+    return int(np.bincount(arr.reshape(-1)).max()) <= 1
+
+
 def _stacked(topo: Topology, queries: list[Query]) -> list[tuple[float, float]]:
     """(bandwidth, latency) of queries whose groups all have one size >= 2."""
-    table, n_edges = topo._table, len(topo._bw_arr)
     lists = [list(groups) for _, groups in queries]  # the loop's order (Topology._link_load: list(groups))
     counts = np.array([len(lst) for lst in lists], dtype=np.int64)
     offsets = np.cumsum(counts) - counts  # each query's first row in the stack
@@ -108,12 +156,20 @@ def _stacked(topo: Topology, queries: list[Query]) -> list[tuple[float, float]]:
     width = len(queries[0][0])  # the stacked groups, row by row (fromiter: no tuple conversions)
     ranks = itertools.chain.from_iterable(g for lst in lists for g in lst)
     arr = np.fromiter(ranks, dtype=np.int64, count=int(counts.sum()) * width).reshape(-1, width)
+    bw, latency, _ = _loads(topo, arr, counts, own)
+    return list(zip(bw.tolist(), latency.tolist(), strict=True))
+
+
+def _loads(topo: Topology, arr: np.ndarray, counts: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per query of the stacked rows of `arr` (`counts` rows each, its group at row `own`): (bandwidth, latency,
+    whether every split channel's share is a multiple of 2^-20)."""
+    table, n_edges, n_q = topo._table, len(topo._bw_arr), len(counts)
     send, recv, share, whole, row = ring_channel_table(topo, arr, topo._nic_keys())
-    query = np.repeat(np.arange(len(queries)), counts)[row]  # each channel's query
+    query = np.repeat(np.arange(n_q), counts)[row]  # each channel's query
     rows = table.rows(send, recv)
     ids, lens = table.gather(rows)
     bins = ids + np.repeat(query * n_edges, lens)  # (query, edge) bins
-    size = len(queries) * n_edges
+    size = n_q * n_edges
     load = np.bincount(bins[np.repeat(whole, lens)], minlength=size)
     if not whole.all():  # split hops: their shares, weighted per edge, summed in input order per bin
         part = np.repeat(~whole, lens)
@@ -126,11 +182,12 @@ def _stacked(topo: Topology, queries: list[Query]) -> list[tuple[float, float]]:
     ratio = topo._bw_arr[ids_g] / load[ids_g + np.repeat(q_sel * n_edges, lens_g)]
     lat = table.latencies(sel)
     # per query: min over its channels' edges, max over its channels' latencies (channels come query by query)
-    edges_per_q = np.bincount(np.repeat(q_sel, lens_g), minlength=len(queries))
-    chans_per_q = np.bincount(q_sel, minlength=len(queries))
+    edges_per_q = np.bincount(np.repeat(q_sel, lens_g), minlength=n_q)
+    chans_per_q = np.bincount(q_sel, minlength=n_q)
     bw = _segment(np.minimum, ratio, edges_per_q, math.inf)
     latency = _segment(np.maximum, lat, chans_per_q, 0.0)
-    return list(zip(bw.tolist(), latency.tolist(), strict=True))
+    dyadic = np.bincount(query[np.modf(share * DYADIC)[0] != 0], minlength=n_q) == 0
+    return bw, latency, dyadic
 
 
 def _segment(op: np.ufunc, values: np.ndarray, lengths: np.ndarray, empty: float) -> np.ndarray:
@@ -143,4 +200,4 @@ def _segment(op: np.ufunc, values: np.ndarray, lengths: np.ndarray, empty: float
     return out
 
 
-__all__ = ["LINK_CACHE", "GroupLink", "cached_group_links", "group_links", "one_group_link"]
+__all__ = ["LINK_CACHE", "GroupLink", "cached_group_links", "group_links", "one_group_link", "partition_links"]

@@ -42,7 +42,7 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
-from paracube.topologies.group_links import GroupLink, cached_group_links, one_group_link
+from paracube.topologies.group_links import GroupLink, cached_group_links, one_group_link, partition_links
 from paracube.topologies.link_graph import LinkGraph
 from paracube.topologies.link_loads import (
     HopParts,
@@ -102,6 +102,7 @@ class Topology:
         self._tpl_nics: dict[tuple[int, str], str | None] = {}
         # Per-instance caches (no global state): keyed by canonical (sorted) rank tuples.
         self._links: dict[tuple[tuple[int, ...], frozenset[tuple[int, ...]]], GroupLink] = {}  # group_link's
+        self._partitions: dict[tuple, GroupLink] = {}  # partition_links' answers, by the array's bytes
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
         self._in_node_paths: dict[tuple[str, str], tuple[str, ...] | None] = {}
         # Ring hop (rank a -> rank b): its directed edges as ids into _bw_arr, and its summed latency. Link loads
@@ -463,6 +464,11 @@ class Topology:
             group = self._group(ranks)
             keys.append((group, self._groups(concurrent) | {group}))
         return cached_group_links(self, keys, self._links)
+
+    def partition_links(self, parts: Sequence[np.ndarray]) -> list[GroupLink]:
+        """group_link(p[0], concurrent=p[1:]) of each [n_groups, size] rank array of disjoint sorted rows (a mesh
+        axis' groups); the same answers, without a frozenset per query (group_links.py: partition_links)."""
+        return partition_links(self, parts, self._partitions)
 
     def _groups(self, concurrent: Sequence[Sequence[int]]) -> frozenset[tuple[int, ...]]:
         """Canonical (sorted) groups; vectorized for the usual [n_groups, size] integer array."""
