@@ -17,6 +17,10 @@ on ~1k-element arrays, so fixed per-call costs dominate. Here the queries whose 
   routes' latencies (min and max do not depend on order): Topology._group_link_uncached's figures.
 Queries with groups of mixed sizes, or of one rank, are computed one at a time (`one_group_link`: the query alone,
 as Topology computed every query before). `cached_group_links`: Topology's per-instance cache of the answers.
+`partition_links` (what a search asks: each query a mesh axis' disjoint sorted groups, cost_models/links.py) stacks
+the arrays in their own row order and keys its cache by their bytes, with no frozenset per query: the loads then
+add split shares in another order, which is exact where every share is a power-of-two fraction (its docstring);
+other queries go through group_links.
 tests/test_group_links.py compares every answer with one_group_link's, query by query.
 """
 

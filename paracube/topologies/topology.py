@@ -27,7 +27,8 @@ node, on the receiving node, RING_CHANNELS) parallel channels, the i-th sending 
 member (first member per NIC, by rank: same rail on DGX), each carrying 1/C of the hop's bytes. A link's load
 is the summed fraction of the hops crossing it, so concurrent rings through one node share its NICs; a group
 with one member per node (tp=8 inside the node) has one channel, as before.
-Results are cached per (sorted group, set of sorted concurrent groups), so reordered queries hit the cache.
+Results are cached per (sorted group, set of sorted concurrent groups), so reordered queries hit the cache;
+`group_links` / `partition_links` answer many queries in one numpy pass (group_links.py).
 """
 
 from __future__ import annotations
