@@ -38,7 +38,7 @@ from paracube.topologies.ring_batch import ring_channel_table
 Topology = Any
 Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
 _MISSING = object()
-DENSE_PAIRS = 1 << 22  # HopTable's dense pair index up to 2,048 ranks (32 MiB); a sorted index beyond
+DENSE_PAIRS = 1 << 22  # HopTable's dense pair index up to 2,048 ranks (16 MiB of int32); a sorted index beyond
 
 
 class HopParts:
@@ -199,7 +199,7 @@ class HopTable:
         self._rows = np.zeros(0, dtype=np.int64)  # their rows in start/length
         # up to DENSE_PAIRS rank pairs: every pair's row (-1: not routed yet) in one array, looked up by key
         # (a gather, not a binary search per hop: a search looks up ~600k hops)
-        self._dense = np.full(self.n * self.n, -1, dtype=np.int64) if self.n * self.n <= DENSE_PAIRS else None
+        self._dense = np.full(self.n * self.n, -1, dtype=np.int32) if self.n * self.n <= DENSE_PAIRS else None
         self.flat = np.zeros(1024, dtype=np.int64)
         self.used = 0
         self._latency = np.zeros(0)  # each row's summed link latency (Topology._hops)
