@@ -194,6 +194,9 @@ class _Unlimited:
     def group_link(self, ranks: object, concurrent: object = ()) -> object:
         return self._topo.group_link(ranks, concurrent=concurrent)  # type: ignore[attr-defined]
 
+    def partition_links(self, parts: object) -> object:  # the batched queries (LinkCache.prefetch), as the topology's
+        return self._topo.partition_links(parts)  # type: ignore[attr-defined]
+
 
 if __name__ == "__main__":
     main()

@@ -80,7 +80,7 @@ from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowd
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.fsdp_overlap import prefetched_micro
-from paracube.cost_models.grad_overlap import Profile, release_profile
+from paracube.cost_models.grad_overlap import Profile, release_keys
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.overlap_drag import beside, per_layout
@@ -107,7 +107,8 @@ class StageScores:
     sent: Arr
     compute: Arr
     grad: Arr  # the data-parallel gradient reduction's part of `step` (s), what overlap may hide
-    releases: Profile  # when the backward issues which share of the buckets, per configuration (release_profile)
+    # when the backward issues which share of the buckets: (per stage shape, its v, each configuration's shape)
+    releases: tuple[Profile, Arr, Arr] | tuple[()]  # (grad_overlap.release_keys; () without overlap)
     optim: Arr  # the optimizer step (s, compute.optimizer_time), once per step, outside the pipeline
     gather: Arr  # zero=1's parameter all_gather after the optimizer step (s): what param_overlap may hide
     fsdp: dict[str, tuple[Arr, Arr]]  # zero=2/3's per-unit gathers / reduce-scatters: (latency s, bandwidth s)
@@ -225,8 +226,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     if np.any(overlap):
         dp = traffic.group_size(traffic.data_axes) if traffic.zero == 1 else np.ones_like(b.dp)
         layers = stage_layers(d.L, b.pp, b.v, F, H) * np.ones_like(b.dp)
-        releases = release_profile(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp), H * np.ones_like(b.dp), dp,
-                                   b.v, traffic.bucket_bytes)  # per configuration: evaluate reads it by rows
+        releases = release_keys(mode, d, b.t, b.q, layers, F * np.ones_like(b.dp), H * np.ones_like(b.dp), dp,
+                                b.v, traffic.bucket_bytes)  # per stage shape: evaluate reads it by rows
     return StageScores(entries, micro, step, sent[rows], compute, grad, releases, optim,
                        gather, fsdp, ring, tensor_bw, tensor_bwd, (grad_bw, gather_bw))
 
@@ -296,15 +297,16 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         grads = [np.where(half, st.grad / 2, st.grad) for st in stages]
         bwd = [share * (st.compute + st.micro) / N for st in stages]
         # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
-        windows = [stream_window(st.releases, b.v, rows) for st in stages]
+        shapes = [st.releases[2][rows] for st in stages]  # each layout's stage shape (release_keys)
+        windows = [stream_window(st.releases[0], st.releases[1], at) for st, at in zip(stages, shapes, strict=True)]
         late = [grad_extra(np.where(half, st.stream_bw[0] / 2, st.stream_bw[0]), bw, st.tensor_bwd / N, contend,
                            *w) for bw, st, w in zip(bwd, stages, windows, strict=True)]
         # the last backward beside the buckets' stream, from its first release, slowed (overlap_drag.py)
         pulled = [beside(0.0, bw * (1.0 - x1), gr * (1.0 - s_end), drag)
                   for bw, gr, (x1, s_end) in zip(bwd, grads, windows, strict=True)]
-        exposed = np.max([exposed_grad_time(gr, bw + x + c, index[name], pp, v, st.releases, rows)
-                          for name, st, gr, bw, x, c in zip(STAGES, stages, grads, bwd, late, pulled, strict=True)],
-                         axis=0)
+        exposed = np.max([exposed_grad_time(gr, bw + x + c, index[name], pp, v, st.releases[0], at)
+                          for name, st, gr, bw, x, c, at in zip(STAGES, stages, grads, bwd, late, pulled, shapes,
+                                                                strict=True)], axis=0)
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed
         step_comm = step_comm - np.where(overlap, hidden - np.stack(late)[slow, idx] - np.stack(pulled)[slow, idx],

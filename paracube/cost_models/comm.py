@@ -35,6 +35,7 @@ per step, HSDP's all_reduce of 4 P_u / n over dp_replicate and zero=2's fp32 all
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -45,10 +46,10 @@ from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
 from paracube.cost_models.dims import Dims, param_dims
-from paracube.cost_models.traffic import parameter_sizes, parameter_units
+from paracube.cost_models.traffic import parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
-from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
+from paracube.modes.buckets import BUCKET_BYTES, bucket_sizes, padded_numel
 from paracube.modes.rows import unique_rows
 from paracube.modes.stages import backward_spans, stage_chunks, stage_layers
 
@@ -288,8 +289,10 @@ class StepTraffic:
 @lru_cache(maxsize=4096)
 def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int,
                    bucket_bytes: int) -> tuple[int, int, int]:
-    buckets = bucket_numels(parameter_sizes(mode, d, t, q, layers, first, last), bucket_bytes)
-    return len(buckets), 4 * sum(buckets), 4 * sum(padded_numel(n, dp) for n in buckets)
+    # bucket_sizes: bucket_numels of the flattened units, packed unit by unit (a stage's blocks repeat)
+    buckets = bucket_sizes(parameter_units(mode, d, t, q, layers, first, last), bucket_bytes)[0]
+    total = sum(buckets)
+    return len(buckets), 4 * total, 4 * (sum(padded_numel(n, dp) for n in buckets) if dp > 1 else total)
 
 
 @lru_cache(maxsize=8192)
@@ -317,11 +320,8 @@ def _pipelined_units(padded: tuple[int, ...], first: bool, last: bool, pp: int, 
         return pair, pair
     # Walk the chunks' births (first backward) and deaths (n_micro-th) in backward order; n_micro > 1, so a
     # chunk's birth comes strictly before its death.
-    live, peak = 0, 0
-    for dies, c in _chunk_events(pp, v, n_micro):
-        live += -chunk[c] if dies else chunk[c]
-        peak = max(peak, live)
-    return peak, pair
+    live = itertools.accumulate(-chunk[c] if dies else chunk[c] for dies, c in _chunk_events(pp, v, n_micro))
+    return max(0, max(live, default=0)), pair  # the most live at once (0 before the first birth)
 
 
 @lru_cache(maxsize=4096)

@@ -236,8 +236,9 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     slow = slow * links
     plain = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, None, tensor, slow,  # type: ignore[arg-type]
                             drag)
+    # the last micro-batch carries HSDP's replica all_reduce; without one (ar all zero) it is the others' recursion
     last = exposed_seconds(blocks, f, bw, ag, rs, prefetch, overlap, tuple(np.where(ov, x, 0.0) for x in ar),
-                           tensor, slow, drag)  # type: ignore[arg-type]
+                           tensor, slow, drag) if "replica" in fsdp else plain  # type: ignore[arg-type]
     # the copies are compute-stream kernels: the caller adds them to the stage's compute (the event engine's ops)
     return micro - inline + (N - 1) * plain + last, replica, N * copies
 

@@ -60,37 +60,61 @@ def _buckets(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last:
 
 
 @lru_cache(maxsize=4096)
+def _release_table(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int, v: int,
+                   bucket_bytes: int) -> NDArray[np.float64]:
+    """_releases as a read-only [releases, 3] array (release_profile gathers its rows from these)."""
+    out = np.array(_releases(mode, d, t, q, layers, first, last, dp, v, bucket_bytes), dtype=np.float64).reshape(-1, 3)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=4096)
 def _releases(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int, v: int,
               bucket_bytes: int) -> tuple[tuple[float, float, float], ...]:
     """(chunk, fraction of its blocks done, share of the bucket bytes released then or later) per release."""
     counts, after = _buckets(mode, d, t, q, layers, first, last, dp, bucket_bytes)
-    total, issued, out = max(after[0], 1), 0, []
+    total = max(after[0], 1)
+    at = _release_points(layers, v, len(counts))
+    issued = itertools.accumulate(counts, initial=0)  # buckets issued before each release (one more: the total)
+    return tuple((*p, after[i] / total) for p, n, i in zip(at, counts, issued, strict=False) if n)
+
+
+@lru_cache(maxsize=1024)
+def _release_points(layers: int, v: int, n: int) -> tuple[tuple[float, float], ...]:
+    """(chunk, fraction of its blocks done) of a release at the end of backward block j = 0 .. n - 1 (the stage's
+    other releases share them: they depend on its blocks and v only)."""
     per = max(layers, 1) / v  # blocks per chunk (analytic: an even split)
-    for j, n in enumerate(counts):
-        if n:
-            done = min(j + 1, max(layers, 1))  # blocks finished (the final release: all of them)
-            chunk = v - 1 - min(int((done - 1) // per), v - 1)
-            out.append((float(chunk), (done - (v - 1 - chunk) * per) / per, after[issued] / total))
-        issued += n
+    out = []
+    for j in range(n):
+        done = min(j + 1, max(layers, 1))  # blocks finished (the final release: all of them)
+        chunk = v - 1 - min(int((done - 1) // per), v - 1)
+        out.append((float(chunk), (done - (v - 1 - chunk) * per) / per))
     return tuple(out)
 
 
 def release_profile(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr, last: Arr, dp: Arr, v: Arr,
                     bucket_bytes: int) -> Profile:
     """Per layout (arrays alike), padded to the most releases: (chunk, fraction, S); S = 0 pads."""
+    profile, _, inverse = release_keys(mode, d, t, q, layers, first, last, dp, v, bucket_bytes)
+    return tuple(x[inverse] for x in profile)  # type: ignore[return-value]
+
+
+def release_keys(mode: str, d: Dims, t: Arr, q: Arr, layers: Arr, first: Arr, last: Arr, dp: Arr, v: Arr,
+                 bucket_bytes: int) -> tuple[Profile, Arr, Arr]:
+    """release_profile once per distinct stage shape: (the profile, a row per shape; each shape's v; each layout's
+    row), so that callers gather the rows their layouts read instead of a [layouts, releases] copy per stage."""
     cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), np.shape(t)) for x in (t, q, layers, first, last, dp, v)]
     keys = np.stack(cols, axis=-1).reshape(-1, len(cols))
     uniq, inverse = unique_rows(keys)
     d = param_dims(d)  # the cache key: what sizes the parameters (the search's passes share it)
-    rel = [_releases(mode, d, int(k[0]), int(k[1]), int(k[2]), bool(k[3]), bool(k[4]), int(k[5]), int(k[6]),
-                     bucket_bytes) for k in uniq]
-    width = max([len(r) for r in rel] + [1])
-    table = np.zeros((len(uniq), width, 3))
-    for i, r in enumerate(rel):
-        if r:
-            table[i, :len(r)] = r
-    out = table[inverse.reshape(-1)]
-    return out[..., 0], out[..., 1], out[..., 2]
+    rel = [_release_table(mode, d, t_, q_, n, bool(f), bool(h), dp_, v_, bucket_bytes)
+           for t_, q_, n, f, h, dp_, v_ in uniq.tolist()]
+    lens = np.array([len(r) for r in rel], dtype=np.int64)
+    table = np.zeros((len(uniq), max(int(lens.max(initial=0)), 1), 3))
+    if lens.sum():  # every key's releases at once: row i, columns 0 .. len - 1
+        row = np.repeat(np.arange(len(rel)), lens)
+        table[row, np.arange(len(row)) - np.repeat(np.cumsum(lens) - lens, lens)] = np.concatenate(rel)
+    return (table[..., 0], table[..., 1], table[..., 2]), uniq[:, 6], inverse.reshape(-1)
 
 
 def exposed_grad_time(grad: Arr, backward: Arr, stage_index: Arr, pp: Arr, v: Arr, profile: Profile) -> Arr:
@@ -114,4 +138,4 @@ def stream_window(profile: Profile, v: Arr) -> tuple[Arr, Arr]:
     return x1, s_end
 
 
-__all__ = ["Profile", "exposed_grad_time", "release_profile", "stream_window"]
+__all__ = ["Profile", "exposed_grad_time", "release_keys", "release_profile", "stream_window"]

@@ -1,8 +1,8 @@
-"""grad_overlap.py's per-layout functions over a search's batch, with the release profile kept per configuration.
+"""grad_overlap.py's per-layout functions over a search's batch, with the release profile kept per stage shape.
 
-A release profile (grad_overlap.release_profile) depends on the configuration only (the stage's shape), while the
-search scores every configuration on many placements: `by_layout` indexes a per-configuration profile's results by
-`rows` (the layouts' configurations) instead of the profile itself, and `exposed_grad_time` evaluates
+A release profile depends on the stage's shape only (grad_overlap.release_keys: one row per distinct shape), while
+the search scores every configuration on many placements: `stream_window` indexes the rows' results by `rows` (each
+layout's row of the profile) instead of the profile itself, and `exposed_grad_time` evaluates
 grad_overlap.exposed_grad_time on groups of layouts whose configurations have about the same number of releases,
 each group's profile trimmed to its widest (a power of two: few groups). The padding it drops holds only S = 0
 entries, which grad_overlap.exposed_grad_time reads as -inf: the result is the same element by element, while a
@@ -20,16 +20,17 @@ Arr = np.ndarray
 
 
 def stream_window(profile: Profile, v: Arr, rows: Arr) -> tuple[Arr, Arr]:
-    """grad_overlap.stream_window per layout, from a per-configuration profile and v (`rows`: each layout's
-    configuration): a row's window reads only that row."""
+    """grad_overlap.stream_window per layout, from a profile and v per row (configuration or stage shape; `rows`:
+    each layout's row): a row's window reads only that row."""
     x1, s_end = grad_overlap.stream_window(profile, v)
     return x1[rows], s_end[rows]
 
 
 def exposed_grad_time(grad: Arr, backward: Arr, stage_index: Arr, pp: Arr, v: Arr, profile: Profile,
                       rows: Arr) -> Arr:
-    """grad_overlap.exposed_grad_time per layout (grad, backward, stage_index, pp, v: per layout) from a
-    per-configuration profile; layouts grouped by their profile's width rounded up to a power of two."""
+    """grad_overlap.exposed_grad_time per layout (grad, backward, stage_index, pp, v: per layout) from a profile
+    per row (configuration or stage shape; `rows`: each layout's row); layouts grouped by their profile's width
+    rounded up to a power of two."""
     chunk, frac, share = profile
     width = share.shape[1] if share.ndim == 2 else 0
     if width <= 8 or len(rows) == 0:

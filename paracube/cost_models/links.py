@@ -10,7 +10,7 @@ distinct query we call `topo.group_link(groups[0], concurrent=groups[1:])` once.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class LinkCache:
     def __init__(self, topo: object) -> None:
         self.topo = topo
         self._cache: dict[Runs, tuple[float, float]] = {}
-        self._keyed: dict[bytes, tuple[float, float]] = {}
+        self.keyed: dict[bytes, tuple[float, float]] = {}  # get_keyed's answers
         self._shared: dict[tuple[Runs, Runs], tuple[float, float]] = {}
         self._nvlink: dict[Runs, float] = {}
         self.queries = 0
@@ -79,10 +79,25 @@ class LinkCache:
         self, key: bytes, placement: Sequence[tuple[str, int]], axes: Sequence[str]
     ) -> tuple[float, float]:
         """Like get, memoized under a caller's precomputed key (the planner's encoded runs)."""
-        hit = self._keyed.get(key)
+        hit = self.keyed.get(key)
         if hit is None:
-            hit = self._keyed[key] = self.get(placement, axes)
+            hit = self.keyed[key] = self.get(placement, axes)
         return hit
+
+    def prefetch(self, items: Iterable[tuple[bytes, Sequence[tuple[str, int]], Sequence[str]]]) -> None:
+        """get_keyed of every (key, placement, axes) item into `keyed`; the new topology queries asked together
+        (topo.partition_links, where the topology has it: the same answers, in one numpy pass)."""
+        todo: dict[bytes, Runs] = {}
+        for key, place, axes in items:
+            if key not in todo and key not in self.keyed:
+                todo[key] = runs_for(place, axes)
+        runs = [r for r in dict.fromkeys(todo.values()) if r not in self._cache and any(m for _, m in r)]
+        if len(runs) > 1 and hasattr(self.topo, "partition_links"):  # each runs' groups: a partition of the ranks
+            for r, link in zip(runs, self.topo.partition_links([groups_from_runs(r) for r in runs]), strict=True):
+                self._cache[r] = (float(link.bandwidth), float(link.latency))
+            self.queries += len(runs)
+        for key, r in todo.items():
+            self.keyed[key] = self.get_runs(r)
 
     def get(self, placement: Sequence[tuple[str, int]], axes: Sequence[str]) -> tuple[float, float]:
         return self.get_runs(runs_for(placement, axes))

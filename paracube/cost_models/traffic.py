@@ -304,19 +304,20 @@ def parameter_units(mode_name: str, d: Dims, t: int, q: int, layers: int, first:
         if pos:
             emb.append(mode.embedding_shard(0, pos, h, t, q))
         units.append(tuple(int(x) for x in emb))
-    for _ in range(layers):
+    if layers > 0:  # every block alike: its unit computed once
         if d.mla is not None:  # latent attention's parameters (cost_models/mla.py)
-            units.append(mla_layer_sizes(mode, d, t, q))
-            continue
-        sizes: list[int] = []
-        for n, (_, h_in, h_out, bias) in enumerate(d.linears):
-            if n in (0, 2):  # the norm before attention / before the MLP
-                sizes += [vec] * nv
-            w = mode.linear_shard(h_in, h_out, False, n in (1, 3), t, q)
-            sizes.append(w)
-            if bias:
-                sizes.append(mode.linear_shard(h_in, h_out, True, n in (1, 3), t, q) - w)
-        units.append(tuple(int(x) for x in sizes))
+            block = mla_layer_sizes(mode, d, t, q)
+        else:
+            sizes: list[int] = []
+            for n, (_, h_in, h_out, bias) in enumerate(d.linears):
+                if n in (0, 2):  # the norm before attention / before the MLP
+                    sizes += [vec] * nv
+                w = mode.linear_shard(h_in, h_out, False, n in (1, 3), t, q)
+                sizes.append(w)
+                if bias:
+                    sizes.append(mode.linear_shard(h_in, h_out, True, n in (1, 3), t, q) - w)
+            block = tuple(int(x) for x in sizes)
+        units += [block] * layers
     if last:
         sizes = [vec] * nv
         if d.head_count(int(first), 1):  # a tied head (same stage as the embedding) has no weight of its own

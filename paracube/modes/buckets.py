@@ -96,6 +96,14 @@ def bucket_plan(units: Sequence[Sequence[int]], first: bool, last: bool, dp: int
     numbers as `padded_numel` over `bucket_numels` and `release_counts`, the greedy packing walked unit by unit
     (reverse order) with each unit's result memoized on the bucket it enters with (a stage's blocks are equal, so
     the packing of one block repeats): what the cost models read per stage shape (grad_overlap.py)."""
+    sizes, totals = bucket_sizes(units, bucket_bytes)
+    buckets = [padded_numel(n, dp) for n in sizes] if dp > 1 else sizes
+    blocks = totals[int(last):len(units) - int(first)]  # reverse order, as release_counts walks them
+    return buckets, _issued(buckets, blocks, totals[0] if last else 0)
+
+
+def bucket_sizes(units: Sequence[Sequence[int]], bucket_bytes: int = BUCKET_BYTES) -> tuple[list[int], list[int]]:
+    """(bucket_numels of the flattened units, each unit's elements in reverse order): bucket_plan's packing."""
     sizes: list[int] = []
     totals: list[int] = []  # each unit's elements, reverse order
     open_, filled = False, 0  # the bucket being filled: has a parameter, its elements
@@ -106,9 +114,7 @@ def bucket_plan(units: Sequence[Sequence[int]], first: bool, last: bool, dp: int
         totals.append(total)
     if open_:
         sizes.append(filled)
-    buckets = [padded_numel(n, dp) for n in sizes] if dp > 1 else sizes
-    blocks = totals[int(last):len(units) - int(first)]  # reverse order, as release_counts walks them
-    return buckets, _issued(buckets, blocks, totals[0] if last else 0)
+    return sizes, totals
 
 
 @lru_cache(maxsize=65536)
@@ -132,5 +138,5 @@ def padded_numel(n: int, dp: int) -> int:
     return -(-n // dp) * dp
 
 
-__all__ = ["BUCKET_BYTES", "GRAD_BYTES", "bucket_numels", "bucket_plan", "padded_numel", "plan_buckets", "plan_units",
-           "release_counts"]
+__all__ = ["BUCKET_BYTES", "GRAD_BYTES", "bucket_numels", "bucket_plan", "bucket_sizes", "padded_numel", "plan_buckets",
+           "plan_units", "release_counts"]

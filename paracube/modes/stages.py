@@ -79,7 +79,7 @@ def stage_layers(L: int, pp: Any, v: Any, first: Any, last: Any) -> Any:
     if any(np.ndim(x) for x in (pp, v, first, last)):  # arrays over layouts: each distinct stage once
         cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (pp, v, first, last)))
         keys, inverse = unique_rows(np.stack([c.reshape(-1) for c in cols], axis=1))
-        per = np.array([_uneven_layers(int(L), *(int(x) for x in k)) for k in keys], dtype=np.int64)
+        per = np.array([_uneven_layers(int(L), *k) for k in keys.tolist()], dtype=np.int64)
         return per[inverse.reshape(-1)].reshape(cols[0].shape)
     return _uneven_layers(L, pp, v, first, last)
 

@@ -23,14 +23,16 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
     """[placements, axes, (bw, lat)] per structure of `owners` (cached topology queries; each structure's array
     built once per search: its recomputation passes share it; read only)."""
     axes_list = axes_used(mode, cp=s.d.cp > 1)
-    out = {}
-    for st in dict.fromkeys(owners):
-        key = (st, s.d.cp > 1)
-        if key not in s.links:
-            s.links[key] = np.array([[s.cache.get_keyed(k, place, ax) for k, ax in zip(keys, axes_list, strict=True)]
-                                     for place, keys in places[st]])
-        out[st] = s.links[key]
-    return out
+    cp = s.d.cp > 1
+    new = [st for st in dict.fromkeys(owners) if (st, cp) not in s.links]
+    keyed, n_axes = s.cache.keyed, len(axes_list)
+    flat = {st: [k for _, keys in places[st] for k in keys] for st in new}  # placement-major, axes minor
+    # every new query of these structures at once (cost_models/links.py: LinkCache.prefetch)
+    s.cache.prefetch((k, places[st][i // n_axes][0], axes_list[i % n_axes]) for st in new
+                     for i, k in enumerate(flat[st]) if k not in keyed)
+    for st in new:
+        s.links[st, cp] = np.array([keyed[k] for k in flat[st]]).reshape(len(places[st]), n_axes, 2)
+    return {st: s.links[st, cp] for st in dict.fromkeys(owners)}
 
 
 def _distinct_links(s: _Search, st: Structure, links: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

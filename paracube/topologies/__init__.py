@@ -11,7 +11,7 @@ from typing import Any
 _WHERE = {
     "list_topologies": "loader", "load_topology": "loader", "save_topology": "loader",
     "topology_from_dict": "loader", "DEVICES": "presets", "PRESETS": "presets", "Preset": "presets",
-    "DeviceSpec": "device", "GroupLink": "topology", "Topology": "topology", "describe_preset": "listing",
+    "DeviceSpec": "device", "GroupLink": "group_links", "Topology": "topology", "describe_preset": "listing",
 }
 __all__ = sorted(_WHERE)
 

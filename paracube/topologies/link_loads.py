@@ -38,6 +38,7 @@ from paracube.topologies.ring_batch import ring_channel_table
 Topology = Any
 Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
 _MISSING = object()
+DENSE_PAIRS = 1 << 22  # HopTable's dense pair index up to 2,048 ranks (16 MiB of int32); a sorted index beyond
 
 
 class HopParts:
@@ -196,6 +197,9 @@ class HopTable:
         self.n = topo.num_devices
         self._keys = np.zeros(0, dtype=np.int64)  # a * n + b, sorted
         self._rows = np.zeros(0, dtype=np.int64)  # their rows in start/length
+        # up to DENSE_PAIRS rank pairs: every pair's row (-1: not routed yet) in one array, looked up by key
+        # (a gather, not a binary search per hop: a search looks up ~600k hops)
+        self._dense = np.full(self.n * self.n, -1, dtype=np.int32) if self.n * self.n <= DENSE_PAIRS else None
         self.flat = np.zeros(1024, dtype=np.int64)
         self.used = 0
         self._latency = np.zeros(0)  # each row's summed link latency (Topology._hops)
@@ -205,6 +209,13 @@ class HopTable:
 
     def rows(self, send: np.ndarray, recv: np.ndarray) -> np.ndarray:
         keys = send * self.n + recv
+        if self._dense is not None:
+            rows = self._dense[keys]
+            new = rows < 0
+            if new.any():
+                self._add(np.unique(keys[new]))
+                rows = self._dense[keys]
+            return rows
         pos = np.searchsorted(self._keys, keys)
         known = pos < len(self._keys)
         known[known] = self._keys[pos[known]] == keys[known]
@@ -237,9 +248,13 @@ class HopTable:
         starts = self.used + np.cumsum(lens) - lens
         self.used = end
         rows = np.arange(len(self._start), len(self._start) + len(keys), dtype=np.int64)
-        merged = np.concatenate((self._keys, keys[ok], keys[~ok]))  # rows: the routed-by-parts pairs first
-        order = np.argsort(merged, kind="stable")
-        self._keys, self._rows = merged[order], np.concatenate((self._rows, rows))[order]
+        added = np.concatenate((keys[ok], keys[~ok]))  # rows: the routed-by-parts pairs first
+        if self._dense is not None:
+            self._dense[added] = rows
+        else:
+            merged = np.concatenate((self._keys, added))
+            order = np.argsort(merged, kind="stable")
+            self._keys, self._rows = merged[order], np.concatenate((self._rows, rows))[order]
         self._start, self._length = np.concatenate((self._start, starts)), np.concatenate((self._length, lens))
         self._latency = np.concatenate((self._latency, fast_lat, np.array(slow_lat, dtype=np.float64)))
 

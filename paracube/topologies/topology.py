@@ -27,15 +27,14 @@ node, on the receiving node, RING_CHANNELS) parallel channels, the i-th sending 
 member (first member per NIC, by rank: same rail on DGX), each carrying 1/C of the hop's bytes. A link's load
 is the summed fraction of the hops crossing it, so concurrent rings through one node share its NICs; a group
 with one member per node (tp=8 inside the node) has one channel, as before.
-Results are cached per (sorted group, set of sorted concurrent groups), so reordered queries hit the cache.
+Results are cached per (sorted group, set of sorted concurrent groups), so reordered queries hit the cache;
+`group_links` / `partition_links` answer many queries in one numpy pass (group_links.py).
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -44,6 +43,7 @@ import numpy as np
 from paracube.errors import check
 from paracube.topologies.calibration import Calibration, as_calibration
 from paracube.topologies.device import DeviceSpec, _positive
+from paracube.topologies.group_links import GroupLink, cached_group_links, one_group_link, partition_links
 from paracube.topologies.link_graph import LinkGraph
 from paracube.topologies.link_loads import (
     HopParts,
@@ -58,14 +58,6 @@ from paracube.topologies.ring_batch import RING_CHANNELS, nic_keys
 NODE_KINDS: tuple[str, ...] = ("gpu", "nic", "switch", "cpu")
 Edge = tuple[str, str]
 Channels = tuple[tuple[int, int, float], ...]  # a ring hop: (sending rank, receiving rank, share) per channel
-
-
-@dataclass(frozen=True)
-class GroupLink:
-    bandwidth: float  # bytes/s each rank of a ring over the group gets, after link sharing
-    latency: float  # seconds per ring step (alpha)
-    nodes: int  # nodes the group spans
-    ranks_per_node: int  # max ranks of the group in one node
 
 
 class Topology:
@@ -110,7 +102,8 @@ class Topology:
         self._egress: dict[str, str | None] = {}
         self._tpl_nics: dict[tuple[int, str], str | None] = {}
         # Per-instance caches (no global state): keyed by canonical (sorted) rank tuples.
-        self._link_cached = lru_cache(maxsize=4096)(self._group_link_uncached)
+        self._links: dict[tuple[tuple[int, ...], frozenset[tuple[int, ...]]], GroupLink] = {}  # group_link's
+        self._partitions: dict[tuple, GroupLink] = {}  # partition_links' answers, by the array's bytes
         self._load_cached = lru_cache(maxsize=512)(self._link_load)
         self._in_node_paths: dict[tuple[str, str], tuple[str, ...] | None] = {}
         # Ring hop (rank a -> rank b): its directed edges as ids into _bw_arr, and its summed latency. Link loads
@@ -451,19 +444,7 @@ class Topology:
         return link_load(self, self._table, list(groups))  # link_loads.py: numpy gathers, the loop's floats
 
     def _group_link_uncached(self, group: tuple[int, ...], groups: frozenset[tuple[int, ...]]) -> GroupLink:
-        per_node = Counter(r // self.devices_per_node for r in group)
-        if len(group) < 2:
-            return GroupLink(math.inf, 0.0, len(per_node), max(per_node.values(), default=0))
-        load = self._load_cached(groups)
-        # a hop's rate R puts share x R on each channel's edges: R <= bw / load on every edge (equal hop rates)
-        send, recv = channel_arrays(self, [group])[:2]  # its channels, in _ring_channels' order (ring_batch.py)
-        # the HopTable's rows of the group's channels: the ids and latencies _hops gives (link_loads.py)
-        rows = self._table.rows(send, recv)
-        ids = self._table.gather(rows)[0]
-        # min over hops of min over edges of bw / load == min over all the group's edges (same float divisions)
-        bandwidth = float((self._bw_arr[ids] / load[ids]).min()) if len(ids) else math.inf
-        latency = float(self._table.latencies(rows).max()) if len(rows) else 0.0
-        return GroupLink(bandwidth, max(latency, 0.0), len(per_node), max(per_node.values()))
+        return one_group_link(self, group, groups)  # group_links.py
 
     def ring_loads(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> tuple[np.ndarray, ...]:
         """(edge ids of the group's ring hops, ring hops crossing every edge with `concurrent` running, every
@@ -475,8 +456,20 @@ class Topology:
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
         """Ring bandwidth and per-step latency of `ranks`, sharing links with `concurrent` groups."""
-        group = self._group(ranks)
-        return self._link_cached(group, self._groups(concurrent) | {group})
+        return self.group_links([(ranks, concurrent)])[0]
+
+    def group_links(self, queries: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> list[GroupLink]:
+        """group_link of each (ranks, concurrent) query; the new ones computed together (group_links.py)."""
+        keys = []
+        for ranks, concurrent in queries:
+            group = self._group(ranks)
+            keys.append((group, self._groups(concurrent) | {group}))
+        return cached_group_links(self, keys, self._links)
+
+    def partition_links(self, parts: Sequence[np.ndarray]) -> list[GroupLink]:
+        """group_link(p[0], concurrent=p[1:]) of each [n_groups, size] rank array of disjoint sorted rows (a mesh
+        axis' groups); the same answers, without a frozenset per query (group_links.py: partition_links)."""
+        return partition_links(self, parts, self._partitions)
 
     def _groups(self, concurrent: Sequence[Sequence[int]]) -> frozenset[tuple[int, ...]]:
         """Canonical (sorted) groups; vectorized for the usual [n_groups, size] integer array."""
