@@ -45,7 +45,7 @@ from paracube.cost_models import estimate  # noqa: E402
 from paracube.plan import Plan, default_plan, load_plan  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
 from paracube.topologies.cpu_probe import CpuFigures, cache_path, cpu_figures, run_probe  # noqa: E402
-from paracube.topologies.local_cpu import CPU_STEP_WAIT_S, core_figures, host_cores  # noqa: E402
+from paracube.topologies.local_cpu import CPU_STEP_WAIT_S, core_figures, host_cores, sched_slice_s  # noqa: E402
 
 
 def load() -> str:
@@ -122,7 +122,8 @@ def main() -> int:
         peak, op_s = core_figures(figs)
         where = f"probed, cache {cache_path()}" if figs is not None else "fixed (probe disabled or failed)"
         print(f"core figures ({where}): fp32 peak {peak / 1e9:.0f} GFLOP/s, {op_s * 1e6:.1f} us per op; "
-              f"{CPU_STEP_WAIT_S * 1e3:.2f} ms wait per collective message and other rank on the core (fixed); "
+              f"{CPU_STEP_WAIT_S * 1e3:.2f} ms wait per collective message and other rank on the core (fixed), "
+              f"{sched_slice_s() * 1e3:.2f} ms (the scheduler's slice) per point-to-point message and other rank; "
               "the pipeline bubble at its share on shared cores (cost_models/shared_cores.py)",
               flush=True)
     pred: dict[str, float] = {}
