@@ -55,6 +55,9 @@ call, each waiting DeviceSpec.ring_wait_s. They are gloo's CPU algorithms, not t
     all_gather, broadcast, reduce, all_to_all   n - 1
     send                                        1               the receiver's wait
 
+A send (a pipeline's hand-off) waits at least DeviceSpec.send_wait_s instead (GemmModel.call_wait): its receiver is
+woken beside ranks that compute, not beside ranks blocked in the same call (topologies/local_cpu.py).
+
 Measured inside training steps of the tiny GPT, 8 ranks on a 2-core VM (recorder spans, mean seconds per
 call): all_reduce 1.5-1.9 ms (n=2), 3.5-4.4 (n=4), 3.6-5.0 (n=8); all_gather 1.1-1.3 (n=2), 2.5 (n=4);
 reduce_scatter 1.3-2.6 (n=2), 9.6-10.4 (n=4), independent of the payload (128 B to 128 KB): about 0.9 ms per

@@ -78,6 +78,7 @@ class GemmModel:
     comm: tuple[tuple[str, int, bool, float, float], ...] = ()
     call_overhead: float = 0.0  # seconds per collective call beyond its ring steps (DeviceSpec.call_overhead_s)
     ring_wait: float = 0.0  # seconds per message that waits for its rank to be scheduled (DeviceSpec.ring_wait_s)
+    send_wait: float = 0.0  # seconds a point-to-point message waits beside computing ranks (DeviceSpec.send_wait_s)
     ranks_per_core: float = 1.0  # CPU ranks sharing a core (DeviceSpec.ranks_per_core; shared_cores.py's bubble)
     # FP8 (dtype "fp8", cost_models/fp8.py): the block linears' GEMMs at the fp8 peak on their own curve, their
     # operands cast (memory-bound at this model's bandwidth); everything else at this (bf16) model. None: no FP8.
@@ -92,14 +93,19 @@ class GemmModel:
 
     @property
     def waits(self) -> bool:
-        return bool(self.call_overhead or self.ring_wait)
+        return bool(self.call_overhead or self.ring_wait or self.send_wait)
 
     def call_wait(self, kind: str, n: Arr, call_bytes: Arr, dtype: str) -> Arr:
         """Seconds one call on n ranks waits beyond its alpha-beta time: the call overhead plus its messages'
-        scheduling waits (collective.wait_steps); 0 without them (accelerators). The payload does not matter:
-        a step's calls are latency-bound on a shared core (measured, collective.py)."""
+        scheduling waits (collective.wait_steps); a send (a pipeline's hand-off, whose receiver is woken beside
+        ranks that compute, not beside ranks in the same collective) at least send_wait per message; 0 without
+        them (accelerators). The payload does not matter: a step's calls are latency-bound on a shared core
+        (measured, collective.py)."""
         del call_bytes, dtype
-        return self.call_overhead + self.ring_wait * wait_steps(kind, n)
+        wait = self.call_overhead + self.ring_wait * wait_steps(kind, n)
+        if kind == "send" and self.send_wait:
+            return np.maximum(wait, self.send_wait * wait_steps(kind, n))
+        return wait
 
     def op_cost(self, mode: str) -> float:
         """Seconds per dispatched op in a step of `mode`, else of the mode it dispatches like (its
@@ -164,7 +170,8 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
         return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
                          m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
-                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)), overlap_drag=drag,
+                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)),
+                         send_wait=float(getattr(device, "send_wait_s", 0.0)), overlap_drag=drag,
                          ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag")
@@ -178,6 +185,7 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
     return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
                      op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table(),
                      ring_wait=wait or 0.0, call_overhead=call or 0.0,
+                     send_wait=float(getattr(device, "send_wait_s", 0.0)),  # the scheduler's: calibrated or not
                      ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
 
 

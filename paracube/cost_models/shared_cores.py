@@ -17,7 +17,8 @@ k = 1 .. pp - 1, so the bubble's share that still costs is
 (k/pp >= 1/r for k = 1, i.e. r >= pp: pp = 2 with 8 ranks on 2 cores), between for fewer ranks per core.
 Measured on a 2-core VM, 8 ranks (r = 4), the tiny GPT, dp=2,pp=2,tp=1d:2 with 1, 2 and 4 micro-batches
 (benchmarks/validate_local.py's 1D pipeline; 38 / 56 / 95 ms, 2026-12-03): priced with the nominal bubble
-(21-23 ms) 60 / 79 / 120 ms, with share = 0 37 / 58 / 99 ms.
+(21-23 ms) 60 / 79 / 120 ms, with share = 0 37 / 58 / 99 ms (with a send at one collective message's wait
+of 0.35 ms; with the send wait and the 0.28 ms step wait of topologies/local_cpu.py 35.1 / 56.4 / 98.9 ms).
 Both engines price it alike: the analytic bubble times `share`, and the event engine's simulated bubble of
 its critical stage (step - compute - exposed) likewise (the simulation runs each stage at its 1/r share).
 """

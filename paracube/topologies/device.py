@@ -29,6 +29,10 @@ class DeviceSpec:
     # Seconds per latency step of a collective whose ring has 3 or more ranks, likewise: each step waits for the
     # ring's ranks to be scheduled on shared cores (a pair exchanges without it: cost_models.collective).
     ring_wait_s: float = 0.0
+    # Seconds a point-to-point message (a pipeline's hand-off) waits for its receiver to be scheduled beside
+    # ranks that compute on its core, in place of a collective's waits where longer (compute.GemmModel.call_wait);
+    # 0 for accelerators. Set by the local-cpu preset (topologies/local_cpu.py).
+    send_wait_s: float = 0.0
     # The GEMM efficiency curve's half-efficiency dimension (compute.GemmModel m0 = n0 = k0) priced without a
     # calibration; 0: the model's default (64, accelerators). A CPU core reaches near its peak at small shapes.
     gemm_half_dim: float = 0.0
@@ -52,7 +56,7 @@ class DeviceSpec:
         for attr in ("memory_bytes", "memory_bandwidth"):
             value = getattr(self, attr)
             check(_positive(value), f"device {self.name!r}: {attr}={value!r} must be a positive number")
-        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim", "sync_s"):
+        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "send_wait_s", "gemm_half_dim", "sync_s"):
             value = getattr(self, attr)
             check(value == 0 or _positive(value), f"device {self.name!r}: {attr}={value!r} must be a number >= 0")
         check(_positive(self.ranks_per_core) and self.ranks_per_core >= 1,
@@ -65,7 +69,7 @@ class DeviceSpec:
 
     def to_dict(self) -> dict[str, Any]:
         out = {**asdict(self), "peak_flops": dict(self.peak_flops)}
-        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "gemm_half_dim", "sync_s"):
+        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "send_wait_s", "gemm_half_dim", "sync_s"):
             if not out[attr]:  # files of devices without them stay as they were
                 del out[attr]
         if not out["generation"]:

@@ -20,6 +20,7 @@ class DeviceModel(_Model):
     op_overhead_s: float = Field(default=0.0, ge=0)
     call_overhead_s: float = Field(default=0.0, ge=0)
     ring_wait_s: float = Field(default=0.0, ge=0)
+    send_wait_s: float = Field(default=0.0, ge=0)
     gemm_half_dim: float = Field(default=0.0, ge=0)
     generation: str = ""
     ranks_per_core: float = Field(default=1.0, ge=1)
