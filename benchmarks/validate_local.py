@@ -4,8 +4,9 @@ Plans (`--plans`): `held-out` (default), plan families the local-cpu figures wer
 6; the preset's per-op and per-call figures were set on the three `fitted` plans): 1D (dp=2,tp=1d:4), 2D
 (dp=2,tp=2d:2x2), 2.5D (tp=2.5d:2x2x2), a pipeline with 1D inside (dp=2,pp=2,tp=1d:2) and one of replicas
 (dp=4,pp=2), each the tiny GPT at the default plan's global batch 8 and micro-batch 4 where it divides; `fitted`:
-the default plan (`paracube run` without a plan: tiny GPT, 3D 2x2x2 on 8 ranks) and what `paracube plan
---gpus 4` and `--gpus 8` choose (tiny model, every other option at its default); `all`: both. Each is
+the default plan (`paracube run` without a plan: tiny GPT, 3D 2x2x2 on 8 ranks, a fitted plan) and what `paracube
+plan --gpus 4` and `--gpus 8` choose (tiny model, every other option at its default; the planner's picks, on
+2026-12-03 pipelines, dp=2,pp=2 and dp=4,pp=2, not the fitted dp=4 / dp=8); `all`: both. Each is
 trained by `paracube run PLAN --steps N --metrics FILE --data synthetic` (a subprocess, as a user runs it),
 N = --steps for the default plan and as many steps as take about as long for the faster plans (at most 80);
 the plans take turns, --rounds times (a shared machine's speed drifts by tens of percent over minutes: taking
