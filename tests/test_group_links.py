@@ -15,6 +15,7 @@ import pytest
 from paracube.cost_models.links import LinkCache, groups_from_runs, runs_for
 from paracube.topologies import load_topology
 from paracube.topologies.link_loads import DENSE_PAIRS
+from tests.test_link_loads import _runs as link_load_runs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # the last: more ranks than HopTable's dense pair index holds (its sorted index)
@@ -24,16 +25,8 @@ TOPOLOGIES = [("dgx-a100", 128), ("dgx-h100", 256), ("gb200-nvl72", 144), ("long
 
 
 def _runs(n: int, dpn: int) -> list[tuple[tuple[int, bool], ...]]:
-    """Placements (innermost first): groups inside a node, across nodes, strided, of several sizes."""
-    out = [((n, True),), ((dpn, True), (n // dpn, False)), ((dpn, False), (n // dpn, True)),
-           ((2, True), (n // 2, False)), ((2, False), (n // 2, True))]
-    for inner in (2, 4):
-        if dpn % inner == 0 and dpn > inner:
-            out += [((inner, True), (n // inner, False)), ((inner, False), (dpn // inner, True), (n // dpn, True)),
-                    ((inner, True), (dpn // inner, False), (n // dpn, True))]
-    if n // dpn >= 4:
-        out.append(((dpn, False), (2, True), (n // dpn // 2, False)))
-    return list(dict.fromkeys(out))
+    """test_link_loads' placements (innermost first: inside a node, across nodes, strided) and pairs either way."""
+    return list(dict.fromkeys([*link_load_runs(n, dpn), ((2, True), (n // 2, False)), ((2, False), (n // 2, True))]))
 
 
 def _queries(n: int, dpn: int) -> list[tuple[list[int], list[list[int]]]]:
