@@ -13,15 +13,14 @@ from paracube.calibration.calibrate import (
     build_calibration,
     calibrated_topology,
     check_calibration,
-    fit_host_overheads,
     layout_gemm_shapes,
     machine_info,
-    probe_layouts,
     probe_spread,
     timing_basis,
     write_topology,
 )
 from paracube.calibration.fit import fit_alpha_beta, fit_elementwise, fit_gemm, gemm_time
+from paracube.calibration.host_overheads import fit_host_overheads, probe_layouts
 from paracube.calibration.microbench import (
     PROBE_MICRO_BATCH,
     PROBE_MODEL,

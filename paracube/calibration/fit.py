@@ -41,7 +41,7 @@ which includes the wait for peers last synchronized with other ranks), for every
 other modes read `comm`. compute.py prices `ops_per_step` dispatched ops per step at
 `elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`, the bare in-place op of the elementwise fit)
 and each collective message (collective.wait_steps) at `elementwise.step_wait_s` plus each collective call at
-`elementwise.call_wait_s`: calibrate.fit_host_overheads sets the first, and gemm.eff_max = gemm.mem_eff (the
+`elementwise.call_wait_s`: host_overheads.fit_host_overheads sets the first, and gemm.eff_max = gemm.mem_eff (the
 fraction of the microbenchmarks' GEMM and memory rates a training step reaches), from the serial probe steps at
 two sequence lengths, and the waits, by non-negative least squares, from the parallel ones.
 """
