@@ -82,6 +82,21 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   (-14.1 / -14.2% vs +1.8 / +4.8%), on the B200 the 15B row 11-24 points (-21.3% vs -10.1 / +2.3%; the 340B's
   exposed NDR ring covers it there); the 15B rows stay -11.6 / -9.6% with no gradient overlap at all, so no
   collective explains them, and one FP8 figure per device would trade the fit rows against them.
+  Checked again after fit6 (bw1, 2026-12-03; nothing shipped). At equal tokens per GPU and step (n4-15B-fp8-16,
+  l31-8B-fp8-8, n4-340B-fp8-128 against the Blackwell rows of those models) B200 is measured 1.84 / 1.87 / 1.86x
+  the H100, 0.81-0.82 of the FP8 peaks' 2.27 on three models and layouts, GB200 2.22 / 2.38 / 2.27x (0.88-0.94 of
+  2.53); priced 2.39 / 2.23 / 1.97x and 2.64 / 2.44 / 2.61x. With the dp stream hidden nowhere (no gradient and no
+  gather overlap) b200 / gb200-n4-15B price -2.4 / -4.9%, but the 340B +13.9 / -11.9% and GPT-3 175B +7.1 / +6.5%.
+  NCCL's ring latencies (8.4 us a call, 3.4 / 14 us an NVLink / network step; by hand, not priced) add ~0.3 ms to
+  each of the 15B row's 131 bucket calls, ~0.04 s a pass: on the B200 the gathers (0.087 s priced) then still fit
+  in the first forward (0.145 s) and the reduce-scatters in the last backward. FP8 m0 512 with eff_max refit
+  (0.609): the fit rows +3.0 / -10.4 / +2.1 / +4.1%, the Nemotron rows -21.2 / -5.3 / -14.1 / -12.3%; flash_eff
+  freed with it (0.297, FP8 0.539): -19.9 / -7.5 / -12.8 / -14.7%. NVLink 5 at 0.6: gb200-n4-340B -8.3%, the 15B
+  rows unchanged. Overlap drag 0.23 (Ampere's): b200 / gb200-n4-15B -16.5 / -11.0%. Nemotron's encoding moves the
+  bytes it should (by hand: squared ReLU on f and a gated MLP on 2f/3 each move ~18-19 f bytes a token through
+  activation, casts and operand reads; the 256k-vocabulary cross-entropy is 16 ms of the 15B B200 step).
+  gb200-n4-340B and gb200-gpt3-175B price with nearly one mix of figures (FP8 0.69 / 0.76, memory 0.08 / 0.09,
+  flash 0.07 / 0.04, bf16 0.06 / 0.02) and miss by -13.6 / +1.5%: no generation figure can separate them.
 What no run exercises is borrowed from the nearest fitted generation / fabric and flagged (`fitted=False`, or a
 `note` naming the figure) with its source; `paracube topologies` prints every preset's sources (`sources`).
 """
