@@ -24,6 +24,16 @@ i.e. collective_time("all_to_all", n, 1, P, B_a2a, a). On a DGX with the group o
 each rank's cross-node share through its own NIC. B_nic: the line rate x A2A_NIC_EFF (fitted: below), not the ring's
 fabric efficiency (NCCL's all-to-all is many per-peer flows, not a ring's few large channels).
 
+Latency of the deduplicating dispatchers (Dispatch.dedup: DeepEP, HybridEP; moe_dispatch.py): one call is ONE kernel
+that puts every token to every remote node at once over RDMA and forwards it over NVLink as its chunks arrive
+(deepseek-ai/DeepEP's normal internode kernels: RDMA senders, NVLink forwarders and receivers on their own SMs, all
+peers in flight together), not a sequence of per-peer exchanges: its latency is one route's, a, not (n - 1) a. Both
+engines decompose the call into the same n - 1 steps, so each step carries a / (n - 1) (`_weights`). DeepEP's own
+table (H800, CX7 400 Gb/s, 4096 tokens of DeepSeek-V3's shape: 0.87-0.89 of the line rate at EP 32 / 64 once its
+counted bytes are the remote nodes' only) times the whole call, so its startup sits inside that rate, which is
+A2A_NIC_EFF's (fitted on an alltoall row, 0.90). The plain all_to_all (NCCL's grouped sends, the alltoall dispatcher)
+keeps (n - 1) a: its fit row was fitted with it.
+
 Engines: the analytic engine reads `a2a_link` (moe.expert_links, keyed A2A + axes); the event engine simulates
 `a2a_template` (event_sim.Sim.template for an all_to_all): one flow class of the representative rank whose link
 weights are the w(e) above, sharing links max-min fairly with whatever else runs (event_network.py). A topology
@@ -119,6 +129,8 @@ def _weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
             own[link] = own.get(link, 0.0) + share * f
             if nodes[u].get("node_index") is None or nodes[v].get("node_index") is None:
                 fabric.add(link)  # a leaf / spine switch at one end: the fat tree's links
+    if dispatch.dedup and n > 1:  # one kernel to every peer at once: one route's latency a call (module docstring)
+        alpha /= n - 1
     scale = nic_scale(table.topo)
     # each own flow on e weighs share x max(k, r) / r; summed over its flows on e: max(k(e), r(e))
     return ({link: max(float(load[link]), r) / (scale if link in fabric else 1.0) for link, r in own.items()}, alpha,
