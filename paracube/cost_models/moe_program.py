@@ -27,6 +27,7 @@ from paracube.cost_models.moe import (
     StageCost,
     attention_delta,
     block_cost,
+    delta_again,
     grad_event,
     moe_layers_of,
     routed,
@@ -91,6 +92,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                 links: dict, n_micro: int) -> StageProgram:
     stage = prog.stage
     af, ab, _ = attention_delta(model, d, layout, mb, g)
+    rerun = delta_again(model, d, layout, mb, g, af)  # the correction's forward the backward re-runs
     rec = d.recompute == "full"
     moe = model.moe
     block = block_cost(model, d, layout, mb, g) if moe is not None and moe_layers_of(model, layout, stage) else None
@@ -108,7 +110,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                     _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd, f"layers.{i}.experts", imb,
                                                   block.events_pre, block.wait))
             for lists in (prog.bwd, prog.bwd_last):
-                _adjust(lists[c], f"layers.{i}.", ab + (af if rec else 0.0))
+                _adjust(lists[c], f"layers.{i}.", ab + rerun)
                 if is_moe:
                     assert block is not None
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,
