@@ -3,8 +3,9 @@
 Decomposition (one formula set for both engines; analytic.py and event.py each call it from one hook):
 - the dense engines price `dense_part(model)`: the model without its routed experts, every block's MLP the
   blocks' mean of the dense MLP width and the shared expert's (shared experts run on the dense tensor group,
-  as in Megatron-core), at least 128 wide so tensor splits divide it (the <= 128-wide stand-in overprices an
-  all-MoE model's block by under 1%), attention as grouped-query attention of hidden / heads per head;
+  as in Megatron-core), at least 128 wide so tensor splits divide it, attention as grouped-query attention of
+  hidden / heads per head; each stage's blocks then take their own MLP width back (mlp_delta.py: the dense blocks'
+  ffn_hidden, the shared expert's, none without one), in both engines;
 - this module adds, per MoE block and micro-batch on one rank (modes/experts.py declares its collectives):
   router GEMM [T, h] x [h, E]; the routed experts' grouped GEMM, E / ep local experts each a SwiGLU of width
   f_e / etp on m = R / (E / ep) tokens, R = T k etp x imbalance the most loaded rank's tokens (grouped-GEMM
@@ -50,6 +51,7 @@ from paracube.cost_models.dims import Dims
 from paracube.cost_models.host_sync import sync_seconds
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
+from paracube.cost_models.mlp_delta import mlp_delta
 from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
@@ -285,10 +287,12 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
                links: dict, in_flight: float) -> StageCost:
     out = StageCost(memory={"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0, "activations": 0.0,
                             "temporaries": 0.0})
-    layers = sum(len(c) for c in stage_chunks(model.layers, layout.pp, layout.interleave, stage))
+    held = [i for c in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in c]
+    layers = len(held)
     af, ab, aparams = attention_delta(model, d, layout, mb, g)
     rec = d.recompute == "full"
     out.compute += layers * (af + ab + delta_again(model, d, layout, mb, g, af))
+    out.compute += mlp_delta(model, d, layout, mb, g, held)  # each block's MLP at its own width (mlp_delta.py)
     k = moe_layers_of(model, layout, stage)
     n_exp = expert_params_per_rank(model, layout, stage)
     n_att = layers * aparams
