@@ -62,31 +62,46 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   prices 79.2 GiB of 80 under core-attention-only recomputation (parameters 4.8, gradients 4.8, optimizer 21.3,
   activations 41.2 over 49 in-flight chunk micro-batches, temporaries 7.0 of the last stage's logits); it was refused
   at 86.3 GiB with fp32 gradients (9.7) and the wide-head attention's optimizer state counted unsharded (23.6; moe.py).
-  It prices -1.9% (qwen3-235b-256 -0.2 -> -0.3%: refit_moe gives 0.896, the shipped 0.90 stands); full
-  recomputation, 0.1.0rc4's recipe default, needs 40.9 GiB and prices +24.1%. Readings of the held-out misses
+  It prices -1.9% (qwen3-235b-256 -0.2 -> -0.3%: refit_moe gave 0.896, the shipped 0.90 stood); full
+  recomputation, 0.1.0rc4's recipe default, needs 40.9 GiB and prices +24.1%. moe12 (2026-12-03) priced three pieces
+  as Megatron-core runs them, each general: DeepEP / HybridEP calls pay one route latency, not (n - 1) (one kernel to
+  every peer at once, moe_a2a.py); selective recomputation re-runs the attention core at its true head widths
+  (moe.delta_again: MLA's 192 / 128, Qwen3's 128 against the dense part's hidden / heads); each stage's blocks take
+  their own MLP width (mlp_delta.py: DeepSeek-V3's shared expert 2048, not the 2816-wide mean, and no 128-wide
+  stand-in where a block has no shared expert). Refit on the fit row: A2A_NIC_EFF 0.911 (shipped 0.91). Rows before ->
+  after: qwen3-235b-256 -0.3 -> +0.1% (fit), qwen3-30b-16 -1.9 -> +0.3%, deepseek-v3-1024 +20.4 -> +15.7%,
+  qwen3-30b-16-fp8 -35.0 -> -39.0%, qwen3-235b-256-fp8 -16.2 -> -17.0%, Mixtral -1.9 -> -2.2% (B200), -9.7 -> -10.3%
+  (GB200); every dense row unchanged. Readings of the held-out misses
   (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
   (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
-  qwen3-30b-16-fp8 (-35.0%) is not FP8's GEMMs (in bf16 this layout prices 20.1 s, -31.6%); its all_to_alls price at
-  38 GB/s of RDMA per GPU, near DeepEP's own internode table (EP16 on 2 nodes: 43 GB/s); it misses 3.4 ms per block
-  and micro-batch (9.6 measured, 6.2 priced), about 70 host waits' worth: a reading, a host issuing the fine-grained
+  qwen3-30b-16-fp8 (-39.0%; -35.0% before moe12) is not FP8's GEMMs (in bf16 this layout priced 20.1 s, -31.6%); its
+  all_to_alls price at DeepEP's own rate (0.91 of the line rate, one route latency a call); it misses 3.7 ms per block
+  and micro-batch (9.6 measured, 5.8 priced), about 75 host waits' worth: a reading, a host issuing the fine-grained
   blocks' ops (4096 tokens, about 2 ms of GPU work per block forward, eight experts' GEMMs and casts) slower than the
   GPU runs them, between two waits (the recipe keeps cuda_graph_impl "none"; the later recipes' CUDA graphs of attn /
   moe_router / moe_preprocess and full-iteration graphs target it); not priced: no runtime declares the ops it
-  launches per block, and no fit row exercises it. qwen3-235b-256-fp8 (-16.2%) prices all_to_all-bound combined steps
-  (moe_a2a_overlap.py; +32.0% without `a2ao`): the measured step needs its all_to_alls 26% slower (A2A_NIC_EFF 0.72 on
+  launches per block, and no fit row exercises it. qwen3-235b-256-fp8 (-17.0%) prices all_to_all-bound combined steps
+  (moe_a2a_overlap.py; +30.6% without `a2ao`): the measured step needs its all_to_alls 27% slower (A2A_NIC_EFF 0.72 on
   this row alone; one layer's combined 1F1B streams scheduled by hand, dependencies included, take 9.8 ms against the
-  model's 10.2), i.e. the overlapped all_to_alls run slower than alone, or hide about 2/3 of what the model hides.
-  deepseek-v3-1024 (+20.4%): its priced compute (19.4 s) plus its all_to_alls' NIC bytes at the full line rate (8.4 s)
-  already exceed the measured 25.3 s, so the run hid part of them (with `a2ao` it prices -13.0%; hiding 0.6 of what
-  the model's `a2ao` hides would meet it, as on qwen3-235b-256-fp8) or its compute takes at most 16.4 s (15% under the
-  priced; its FLOPs, 8.12e15 a GPU and step, are within 1% of 6 x its 37.5B active parameters (DeepSeek-V3's "37B")
-  plus MLA's attention core). Its recipe's multi-token-prediction layer (mtp_num_layers 1 in every release, on the
-  last stage with the loss: pipeline layout "Et|(tt|)*30mL") is not priced: it would make the step longer, not
-  shorter. The 26.04 FP8 rows ran Transformer Engine's current scaling (Megatron-Bridge's fp8_cs: "tensorwise"),
+  model's 10.2), i.e. the overlapped all_to_alls run slower than alone, or hide 0.64 of what the model hides (no
+  independently sourced figure found: overlap_drag.py's Hopper drag is 0, moe_contention.py needs edp > 1, the
+  SM share s only slows the partner's compute, which is not this row's bound). deepseek-v3-1024 (+15.7%): its priced
+  compute (19.8 s: per MoE block and micro-batch 17.8 ms, of which the MLA core 4.9 at flash_eff 0.348 with its
+  selective re-run, the routed experts' GEMMs 6.8 at 0.63-0.65 of the peak, their memory-bound passes 1.0) plus its
+  all_to_alls (9.3 s at 0.91 of the line rate, DeepEP's own EP64 rate) and the tp / pp / bubble (1.6 s) exceed the
+  measured 25.3 s; no A2A_NIC_EFF meets it (even 1.5), so the run hid part of its all_to_alls (with `a2ao` it prices
+  -13.6%; hiding 0.54 of what the model's `a2ao` hides would meet it, near qwen3-235b-256-fp8's 0.64) or ran other
+  settings than assumed (0.6.2's recompute of mla_up_proj + mlp instead of the core: about -0.8 s); its FLOPs, 8.12e15 a
+  GPU and step, are within 1% of 6 x its 37.5B active parameters (DeepSeek-V3's "37B") plus MLA's attention core.
+  Its recipe's pipeline layout "Et|(tt|)*30mL" (chunks of 1, 30 x 2 and 0 blocks; ours 1, 29 x 2, 1, 1) leaves the
+  same slowest stage, 8 MoE blocks; its multi-token-prediction layer (mtp_num_layers 1 in every release, on the last
+  stage with the loss) is not priced: that stage would run 7 MoE blocks and two heads (227 ms a micro-batch by the
+  model's figures, against 215 for 8 MoE blocks), a longer step, not a shorter one. The 26.04 FP8 rows ran Transformer
+  Engine's current scaling (Megatron-Bridge's fp8_cs: "tensorwise"),
   priced as delayed scaling except the experts' casts (already at dynamic scaling's 6 bytes; the dense linears' casts
   would add under 1% by a rough count). 0.6.2's perf recipe for DeepSeek-V3 (GBS 16384, not the row's 8192) recomputes
   mla_up_proj + mlp instead of core attention, turns overlap_grad_reduce off and runs HybridEP without the a2a
-  overlap: not applied. Mixtral 8x7B: -1.9% (B200), -9.7% (GB200: the GB200 dense rows miss alike).
+  overlap: not applied. Mixtral 8x7B: -2.2% (B200), -10.3% (GB200: the GB200 dense rows miss alike).
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.

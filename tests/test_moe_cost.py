@@ -172,3 +172,23 @@ def test_memory_is_one_stages_dense_and_expert_parts(h100: object) -> None:
         stages.append(float(total(dense)[0]) + sum(moe.memory.values()) + max(0.0, moe.buffers - loss))
     got = estimate(model, train, layout, h100, with_events=False).memory.total
     assert got == pytest.approx(max(stages), rel=1e-9)
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full", "none"])
+def test_recomputation_reruns_the_true_attention_core(h100: object, recompute: str) -> None:
+    """Megatron-core's core_attn checkpoint re-runs the whole core at its true head widths (moe.delta_again):
+    Qwen3-235B's heads (128 wide) are twice the dense part's (4096 / 64), so selective recomputation re-runs one more
+    dense core forward (compute.attention_core_time) than the dense part does; full recomputation the whole
+    correction; none nothing."""
+    from paracube.cost_models.analytic import prepare
+    from paracube.cost_models.compute import attention_core_time, gemm_model
+    from paracube.cost_models.moe import attention_delta, delta_again
+
+    model, layout = PRESETS["qwen3-235b-a22b"], parse_layout("dp=4,pp=2,ep=4,tp=1d:2,sp,mb=1,zero=1")
+    train = TrainingSpec(global_batch=32, dtype="bf16", recompute=recompute)
+    d, mb, _ = prepare(model, train, layout)
+    g = gemm_model(h100, "bf16")  # type: ignore[arg-type]
+    af, _, _ = attention_delta(model, d, layout, mb, g)
+    core_f = float(np.ravel(attention_core_time(d, mb, layout.tensor_size, g)[0])[0])
+    want = {"selective": core_f, "full": af, "none": 0.0}[recompute]
+    assert delta_again(model, d, layout, mb, g, af) == pytest.approx(want, rel=1e-12)

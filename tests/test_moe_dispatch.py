@@ -115,6 +115,23 @@ def test_deepep_link_is_the_slower_of_its_nvlink_and_nic_bytes(h100: object, ep:
     assert bw > plain  # fewer bytes over the NICs
 
 
+@pytest.mark.parametrize("ep", [16, 32])
+def test_deepep_call_pays_one_route_latency(h100: object, ep: int) -> None:
+    """DeepEP's kernel reaches every peer at once (moe_a2a.py): its n - 1 steps sum to the one route latency that each
+    of the plain all_to_all's n - 1 steps pays; the event engine's template carries the analytic link's latency."""
+    from paracube.cost_models.event_links import LinkTable
+    from paracube.cost_models.moe_a2a import a2a_template
+
+    spec = dispatch_of(PRESETS["qwen3-30b-a3b"].moe, "deepep")
+    lay = parse_layout(f"dp={ep},ep={ep},tp=none,mb=1")
+    _, lat = expert_links(lay, LinkCache(h100), spec)[A2A + ("ep",)]
+    _, plain = expert_links(lay, LinkCache(h100))[A2A + ("ep",)]
+    assert lat * (ep - 1) == pytest.approx(plain, rel=1e-12)
+    groups = np.asarray(lay.expert_groups("ep"))
+    tpl = a2a_template(LinkTable(h100), "t", groups, int(groups[0][0]), 8, spec)  # type: ignore[arg-type]
+    assert tpl.alpha == pytest.approx(lat, rel=1e-12)
+
+
 @pytest.mark.parametrize(("name", "text", "recompute"), [
     ("qwen3-30b-a3b", "dp=32,ep=32,tp=none,mb=1,zero=1", "selective"),
     ("qwen3-30b-a3b", "dp=16,ep=16,tp=none,mb=1,zero=1", "selective"),

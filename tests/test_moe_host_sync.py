@@ -52,10 +52,13 @@ def test_analytic_step_grows_by_the_waits(h100: object, recompute: str, forwards
 
 def test_event_engine_grows_alike(h100: object) -> None:
     """The event engine reads the same block forward (moe.block_cost): its growth is the analytic one, within 2% of
-    the growth (its link sharing and schedule around the same compute ops), and the engines agree within 2%."""
-    model = PRESETS["qwen3-30b-a3b"]
-    a = grown(estimate, model, TRAIN, LAYOUT, h100)
-    e = grown(estimate_event, model, TRAIN, LAYOUT, h100)
+    the growth (its link sharing and schedule around the same compute ops), and the engines agree within 2%. zero=0:
+    zero=1's parameter gathers run beside the first forward, and the event engine hides part of what they leave
+    exposed under the waits' idle time (the GPU's comm stream runs on while its compute stream waits: 4.59 of 4.80 ms
+    on this layout at zero=1), which the analytic engine's gather overlap does not see."""
+    model, text = PRESETS["qwen3-30b-a3b"], LAYOUT.replace("zero=1", "zero=0")
+    a = grown(estimate, model, TRAIN, text, h100)
+    e = grown(estimate_event, model, TRAIN, text, h100)
     assert e == pytest.approx(a, rel=0.02)
     layout = parse_layout(LAYOUT)
     sa = estimate(model, TRAIN, layout, h100, with_events=False, options=WAITS).step_time_s

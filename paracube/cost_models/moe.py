@@ -3,8 +3,9 @@
 Decomposition (one formula set for both engines; analytic.py and event.py each call it from one hook):
 - the dense engines price `dense_part(model)`: the model without its routed experts, every block's MLP the
   blocks' mean of the dense MLP width and the shared expert's (shared experts run on the dense tensor group,
-  as in Megatron-core), at least 128 wide so tensor splits divide it (the <= 128-wide stand-in overprices an
-  all-MoE model's block by under 1%), attention as grouped-query attention of hidden / heads per head;
+  as in Megatron-core), at least 128 wide so tensor splits divide it, attention as grouped-query attention of
+  hidden / heads per head; each stage's blocks then take their own MLP width back (mlp_delta.py: the dense blocks'
+  ffn_hidden, the shared expert's, none without one), in both engines;
 - this module adds, per MoE block and micro-batch on one rank (modes/experts.py declares its collectives):
   router GEMM [T, h] x [h, E]; the routed experts' grouped GEMM, E / ep local experts each a SwiGLU of width
   f_e / etp on m = R / (E / ep) tokens, R = T k etp x imbalance the most loaded rank's tokens (grouped-GEMM
@@ -50,6 +51,7 @@ from paracube.cost_models.dims import Dims
 from paracube.cost_models.host_sync import sync_seconds
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
+from paracube.cost_models.mlp_delta import mlp_delta
 from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
@@ -217,11 +219,9 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
     T = mb * d.s // layout.cp
     if model.mla is not None:
         true = [(a, b) for _, a, b in model.mla.linears(h, model.heads)]
-        qk, v = model.mla.qk_head_dim, model.mla.v_head_dim
     else:
         q, kv = model.heads * model.head_dim, model.num_kv_heads * model.head_dim
         true = [(h, q + 2 * kv), (q, h)]
-        qk = v = model.head_dim
     dense = [(h, h + 2 * d.kv), (h, h)]
 
     def lin(shapes: list[tuple[int, int]]) -> tuple[float, float]:
@@ -232,15 +232,36 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
         return f, b
 
     (tf, tb), (df, db) = lin(true), lin(dense)
-    core_f, core_b = attention_core_time(d, mb, t, g)
-    ratio = (qk + v) / (2.0 * (d.h // d.heads)) - 1.0
+    core_f, core_b = _core_delta(model, d, layout, mb, g)
     params = sum(a * o for a, o in true) - sum(a * o for a, o in dense)
     # MLA's down projections and norms are whole on every tensor rank (Dims.attn_replicated; executor/layers/mla.py)
     rep = d.attn_replicated
     norms = rep - (h * (model.mla.q_lora_rank or 0) + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)
                    if model.mla is not None else 0)
-    return tf - df + ratio * float(np.asarray(core_f).ravel()[0]), tb - db + ratio * float(
-        np.asarray(core_b).ravel()[0]), (params - (rep - norms)) // t + rep
+    return tf - df + core_f, tb - db + core_b, (params - (rep - norms)) // t + rep
+
+
+def _core_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float]:
+    """(forward s, backward s) the attention core at its true qk / v head widths adds to the dense part's."""
+    if model.mla is not None:
+        qk, v = model.mla.qk_head_dim, model.mla.v_head_dim
+    else:
+        qk = v = model.head_dim
+    core_f, core_b = attention_core_time(d, mb, layout.tensor_size, g)
+    ratio = (qk + v) / (2.0 * (d.h // d.heads)) - 1.0
+    return ratio * float(np.asarray(core_f).ravel()[0]), ratio * float(np.asarray(core_b).ravel()[0])
+
+
+def delta_again(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, forward: float) -> float:
+    """Forward seconds of the attention correction (`forward`: attention_delta's) the backward runs again: all of it
+    under full recomputation; under selective recomputation of the attention core (recompute.py's "attention" rule,
+    whose dense part re-runs the dense core) the core's correction: Megatron-core's core_attn checkpoint re-runs the
+    whole core at its true head widths, MLA's too (multi_latent_attention.py: _checkpointed_attention_forward)."""
+    if d.recompute == "full":
+        return forward
+    if d.recompute == "selective" and d.selective == "attention" and (model.mla is not None or model.head_size):
+        return _core_delta(model, d, layout, mb, g)[0]
+    return 0.0
 
 
 @dataclass
@@ -266,10 +287,12 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
                links: dict, in_flight: float) -> StageCost:
     out = StageCost(memory={"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0, "activations": 0.0,
                             "temporaries": 0.0})
-    layers = sum(len(c) for c in stage_chunks(model.layers, layout.pp, layout.interleave, stage))
+    held = [i for c in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in c]
+    layers = len(held)
     af, ab, aparams = attention_delta(model, d, layout, mb, g)
     rec = d.recompute == "full"
-    out.compute += layers * (af * (2 if rec else 1) + ab)
+    out.compute += layers * (af + ab + delta_again(model, d, layout, mb, g, af))
+    out.compute += mlp_delta(model, d, layout, mb, g, held)  # each block's MLP at its own width (mlp_delta.py)
     k = moe_layers_of(model, layout, stage)
     n_exp = expert_params_per_rank(model, layout, stage)
     n_att = layers * aparams
@@ -332,6 +355,6 @@ def priced(model: ModelSpec) -> bool:
     return model.moe is not None or model.mla is not None or model.head_size is not None
 
 
-__all__ = ["BlockCost", "StageCost", "attention_delta", "block_cost", "dense_part", "expert_links",
+__all__ = ["BlockCost", "StageCost", "attention_delta", "block_cost", "delta_again", "dense_part", "expert_links",
            "expert_placement", "grad_event", "moe_layers_of", "priced", "stage_cost", "tokens_per_rank",
            "violations"]

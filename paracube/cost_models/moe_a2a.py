@@ -24,6 +24,16 @@ i.e. collective_time("all_to_all", n, 1, P, B_a2a, a). On a DGX with the group o
 each rank's cross-node share through its own NIC. B_nic: the line rate x A2A_NIC_EFF (fitted: below), not the ring's
 fabric efficiency (NCCL's all-to-all is many per-peer flows, not a ring's few large channels).
 
+Latency of the deduplicating dispatchers (Dispatch.dedup: DeepEP, HybridEP; moe_dispatch.py): one call is ONE kernel
+that puts every token to every remote node at once over RDMA and forwards it over NVLink as its chunks arrive
+(deepseek-ai/DeepEP's normal internode kernels: RDMA senders, NVLink forwarders and receivers on their own SMs, all
+peers in flight together), not a sequence of per-peer exchanges: its latency is one route's, a, not (n - 1) a. Both
+engines decompose the call into the same n - 1 steps, so each step carries a / (n - 1) (`_weights`). DeepEP's own
+table (H800, CX7 400 Gb/s, 4096 tokens of DeepSeek-V3's shape: 0.87-0.89 of the line rate at EP 32 / 64 once its
+counted bytes are the remote nodes' only) times the whole call, so its startup sits inside that rate, which is
+A2A_NIC_EFF's (fitted on an alltoall row, 0.90). The plain all_to_all (NCCL's grouped sends, the alltoall dispatcher)
+keeps (n - 1) a: its fit row was fitted with it.
+
 Engines: the analytic engine reads `a2a_link` (moe.expert_links, keyed A2A + axes); the event engine simulates
 `a2a_template` (event_sim.Sim.template for an all_to_all): one flow class of the representative rank whose link
 weights are the w(e) above, sharing links max-min fairly with whatever else runs (event_network.py). A topology
@@ -50,11 +60,12 @@ A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe.expe
 # The fraction of a NIC's line rate an all_to_all's cross-node flows reach, on the fabric links they cross (in place
 # of the fabric's ring-fitted efficiency, efficiency.FABRICS). FITTED on ONE row, qwen3-235b-256
 # (benchmarks/data/published_runs_moe.csv, Megatron-Bridge 25.09, ep=32 over 4 DGX H100 nodes); the other MoE rows
-# are held out (its alltoall dispatcher: a token-drop run). Refitted on this head (`published_runs.py --refit`: 0.899;
-# 0.92 before the Hopper NVLink refit); DeepEP's own table (H800, CX7 400 Gb/s) reads 0.87-0.89 of the line rate once
-# its counted bytes are the remote nodes' only (moe_dispatch.py). NDR InfiniBand only was fitted; the other fabrics
-# of the NVSwitch presets borrow it.
-A2A_NIC_EFF = 0.90
+# are held out (its alltoall dispatcher: a token-drop run). Refitted on this head (`published_runs.py --refit`: 0.911,
+# once the attention core's selective recomputation is priced at its true head width, moe.delta_again, and each block's
+# MLP at its own width, mlp_delta.py; 0.899 before them, 0.92 before the Hopper NVLink refit); DeepEP's own table
+# (H800, CX7 400 Gb/s) reads 0.87-0.89 of the line rate once its counted bytes are the remote nodes' only
+# (moe_dispatch.py). NDR InfiniBand only was fitted; the other fabrics of the NVSwitch presets borrow it.
+A2A_NIC_EFF = 0.91
 PLAIN = Dispatch()  # the plain all_to_all: every flow as it is
 A2A_NIC_SOURCE = "fitted on qwen3-235b-256 (benchmarks/data/published_runs_moe.csv) only; other fabrics borrow it"
 
@@ -119,6 +130,8 @@ def _weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
             own[link] = own.get(link, 0.0) + share * f
             if nodes[u].get("node_index") is None or nodes[v].get("node_index") is None:
                 fabric.add(link)  # a leaf / spine switch at one end: the fat tree's links
+    if dispatch.dedup and n > 1:  # one kernel to every peer at once: one route's latency a call (module docstring)
+        alpha /= n - 1
     scale = nic_scale(table.topo)
     # each own flow on e weighs share x max(k, r) / r; summed over its flows on e: max(k(e), r(e))
     return ({link: max(float(load[link]), r) / (scale if link in fabric else 1.0) for link, r in own.items()}, alpha,

@@ -23,10 +23,12 @@ from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.event_program import Op, StageProgram
 from paracube.cost_models.host_sync import HOST_WAIT
+from paracube.cost_models.mlp_delta import block_deltas
 from paracube.cost_models.moe import (
     StageCost,
     attention_delta,
     block_cost,
+    delta_again,
     grad_event,
     moe_layers_of,
     routed,
@@ -91,24 +93,27 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                 links: dict, n_micro: int) -> StageProgram:
     stage = prog.stage
     af, ab, _ = attention_delta(model, d, layout, mb, g)
+    rerun = delta_again(model, d, layout, mb, g, af)  # the correction's forward the backward re-runs
     rec = d.recompute == "full"
     moe = model.moe
     block = block_cost(model, d, layout, mb, g) if moe is not None and moe_layers_of(model, layout, stage) else None
     imb = moe.imbalance if moe is not None else 1.0
     chunks = stage_chunks(model.layers, layout.pp, layout.interleave, stage)
+    mlp = iter(block_deltas(model, d, layout, mb, g, [i for ch in chunks for i in ch]))  # mlp_delta.py
     local = 0  # the program names a stage's blocks 0.. in chunk order (event_program.build_stage)
     for c, layers in enumerate(chunks):
         for block_index in layers:
             i, local = local, local + 1
+            mf, mbw = next(mlp)
             is_moe = block is not None and moe is not None and moe.is_moe_layer(block_index)
             for lists in (prog.fwd, prog.fwd_first):
-                _adjust(lists[c], f"layers.{i}.", af)
+                _adjust(lists[c], f"layers.{i}.", af + mf)
                 if is_moe:
                     assert block is not None
                     _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd, f"layers.{i}.experts", imb,
                                                   block.events_pre, block.wait))
             for lists in (prog.bwd, prog.bwd_last):
-                _adjust(lists[c], f"layers.{i}.", ab + (af if rec else 0.0))
+                _adjust(lists[c], f"layers.{i}.", ab + rerun + mbw)
                 if is_moe:
                     assert block is not None
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,

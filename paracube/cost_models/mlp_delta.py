@@ -1,0 +1,84 @@
+"""Each block's MLP at its own width against the dense part's stand-in (both engines: moe.stage_cost, moe_program.py).
+
+The dense engines price `moe.dense_part(model)`, whose every block has an MLP of the blocks' mean width f_mean (the
+dense blocks' ffn_hidden and the MoE blocks' shared expert, averaged, at least moe.MIN_WIDTH): right for the model's
+whole FLOPs, not for a stage. A stage holds its own blocks: DeepSeek-V3's 3 dense blocks (18432 wide) sit on the
+first stages, its MoE blocks' shared expert is 2048 wide, so a stage of MoE blocks ran a 2816-wide stand-in, 1.375x
+the shared expert's GEMMs; a MoE block without a shared expert (Mixtral, Qwen3-MoE) runs no dense MLP at all
+(moe_unshared.py drops its collectives), where the stand-in kept a 128-wide one.
+
+Correction per block i on the stage, one micro-batch, one rank: its true width f_i (ModelSpec.ffn_hidden for a dense
+block, MoESpec.shared_ffn for a MoE block, 0 without a shared expert) priced exactly as the dense engines price the
+stand-in (compute.stage_compute_time: the gated MLP's fc [h, 2 f] and fc2 [f, h] at the mode's local shapes,
+GemmModel.linear_time with the FP8 casts where the dtype has them; the SwiGLU's share of compute.elementwise_forward,
+4 c T f / t bytes forward, twice that backward), minus the stand-in's:
+    forward  = L(f_i) - L(f_mean),   backward = B(f_i) - B(f_mean)
+with the forward run again in backward under full recomputation; under the "op" selective rule (recompute.py) the
+elementwise part's (it re-runs every elementwise op; its re-run matmuls stay the stand-in's, as recompute.py prices
+them). The tensor-parallel collectives of the MLP carry T h, whatever the width: unchanged. A dense model (no MoE
+blocks) is its own dense part: no correction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paracube.cost_models import fp8
+from paracube.cost_models.compute import GemmModel, local_shape
+from paracube.cost_models.dims import Dims
+from paracube.cost_models.validity import layout_arrays
+from paracube.layout import Layout
+from paracube.workload import ModelSpec
+
+
+def true_width(model: ModelSpec, block: int) -> int:
+    """Block `block`'s dense MLP width: the dense blocks' ffn_hidden, a MoE block's shared expert (0: none)."""
+    moe = model.moe
+    if moe is None or not moe.is_moe_layer(block):
+        return model.ffn_hidden
+    return moe.shared_ffn
+
+
+def _mlp(d: Dims, layout: Layout, mb: int, g: GemmModel, f: int) -> tuple[float, float, float]:
+    """(forward s, backward s, the forward's elementwise s) of one block's gated MLP of width f, one micro-batch, one
+    rank (module docstring)."""
+    if f <= 0:
+        return 0.0, 0.0, 0.0
+    b = layout_arrays(layout, mb)
+    T = (b.mb * d.s).astype(float)
+    fwd = bwd = 0.0
+    for name, h_in, h_out, column in (("fc", d.h, 2 * f, True), ("fc2", f, d.h, False)):
+        lf, lb = g.linear_time(*local_shape(layout.mode, T, h_in, h_out, column, b),
+                               fp8.weight_cast_per_micro_batch(d), fp8.cast_bytes(d, name))
+        fwd, bwd = fwd + float(np.ravel(lf)[0]), bwd + float(np.ravel(lb)[0])
+    elem = float(np.ravel(d.c * 4 * T * f / b.t / (g.mem_bw * g.mem_eff))[0])  # elementwise_forward's f term
+    return fwd + elem, bwd + 2 * elem, elem
+
+
+def block_deltas(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
+                 blocks: list[int]) -> list[tuple[float, float]]:
+    """Per block of `blocks` (global indices): (forward s, backward s) its true MLP adds to the stand-in's, one
+    micro-batch, one rank, the backward with any recomputed forward (module docstring); zeros for a model without
+    MoE blocks."""
+    if model.moe is None:
+        return [(0.0, 0.0)] * len(blocks)
+    full = d.recompute == "full"
+    op = d.recompute == "selective" and d.selective == "op"
+    stand = _mlp(d, layout, mb, g, d.f)
+    cache: dict[int, tuple[float, float]] = {}
+    out = []
+    for i in blocks:
+        f = true_width(model, i)
+        if f not in cache:
+            tf, tb, te = (a - b for a, b in zip(_mlp(d, layout, mb, g, f), stand, strict=True))
+            cache[f] = (tf, tb + (tf if full else te if op else 0.0))
+        out.append(cache[f])
+    return out
+
+
+def mlp_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, blocks: list[int]) -> float:
+    """Seconds the true MLPs of `blocks` add to the stand-in's, one micro-batch, one rank (`block_deltas` summed)."""
+    return sum(f + b for f, b in block_deltas(model, d, layout, mb, g, blocks))
+
+
+__all__ = ["block_deltas", "mlp_delta", "true_width"]
