@@ -17,6 +17,16 @@ from paracube.topologies.rates import GiB
 # before the next long kernel (the split sizes read, the permute, the all_to_all or dispatch launch: ~4 ops at
 # ~10 us of PyTorch dispatch and launch each), the same for every GPU generation (a host figure, not a device's).
 HOST_SYNC_S = 50e-6
+# A GPU host's seconds per op it issues (cost_models/host_issue.py: between two host waits the GPU runs no faster than
+# its host issues the ops), NOT FITTED (no fit row exercises it): measured on a server CPU (the 2-core Intel Xeon this
+# package is developed on, torch 2.13 eager, CPU tensors of 8 tokens, nice -20, medians of 300) as the slope of the
+# time of one Megatron-core 0.16.1 transformer layer with a MoE MLP (local spec: its Python, PyTorch's dispatch and
+# autograd) against its aten op count (TorchDispatchMode) over 2 / 4 / 8 / 16 local experts: forward 169 / 193 / 241 /
+# 337 ops in 1640 / 1831 / 2422 / 3340 us (10.1 us an op, intercept -67 us), backward 209 / 249 / 329 / 489 ops in
+# 1177 / 1372 / 1872 / 2749 us (5.6 us an op: the autograd engine's C++ loop). No CUDA launch is in them (a lower bound
+# on a GPU host); the same for every GPU generation (a host figure, not a device's).
+HOST_OP_S = 10e-6
+HOST_BWD_OP_S = 5.6e-6
 
 # V100 SXM2 datasheet: 125 TF tensor fp16, 15.7 TF fp32, 900 GB/s HBM2. No bf16 hardware: bf16 at fp32 speed.
 V100_SXM2_16GB = DeviceSpec("V100-SXM2-16GB", {"fp32": 15.7e12, "fp16": 125e12, "bf16": 15.7e12},
