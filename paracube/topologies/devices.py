@@ -19,12 +19,12 @@ from paracube.topologies.rates import GiB
 HOST_SYNC_S = 50e-6
 # A GPU host's seconds per op it issues (cost_models/host_issue.py: between two host waits the GPU runs no faster than
 # its host issues the ops), NOT FITTED (no fit row exercises it): measured on a server CPU (the 2-core Intel Xeon this
-# package is developed on, torch 2.13 eager, CPU tensors of 8 tokens, nice -20, medians of 300) as the slope of the
-# time of one Megatron-core 0.16.1 transformer layer with a MoE MLP (local spec: its Python, PyTorch's dispatch and
-# autograd) against its aten op count (TorchDispatchMode) over 2 / 4 / 8 / 16 local experts: forward 169 / 193 / 241 /
-# 337 ops in 1640 / 1831 / 2422 / 3340 us (10.1 us an op, intercept -67 us), backward 209 / 249 / 329 / 489 ops in
-# 1177 / 1372 / 1872 / 2749 us (5.6 us an op: the autograd engine's C++ loop). No CUDA launch is in them (a lower bound
-# on a GPU host); the same for every GPU generation (a host figure, not a device's).
+# package is developed on, torch 2.13 eager, nice -20) by benchmarks/host_ops.py: one Megatron-core 0.16.1 transformer
+# layer with a MoE MLP (its Python, PyTorch's dispatch and autograd; 8 tokens, the ops' work negligible), time over its
+# aten op count at 2 / 4 / 8 / 16 local experts, four runs on 2026-12-03: forward 9.2-10.1 us an op (169 / 193 / 241 /
+# 337 ops), backward 5.4-5.8 us (209 / 249 / 329 / 489 ops: the autograd engine's C++ loop); the slopes against the
+# op count alike (8.9-10.1 / 5.2-5.6 us). No CUDA launch is in them (a lower bound on a GPU host); the same for every
+# GPU generation (a host figure, not a device's).
 HOST_OP_S = 10e-6
 HOST_BWD_OP_S = 5.6e-6
 
