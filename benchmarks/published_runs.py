@@ -74,13 +74,22 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   (GB200); every dense row unchanged. Readings of the held-out misses
   (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
   (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
-  qwen3-30b-16-fp8 (-39.0%; -35.0% before moe12) is not FP8's GEMMs (in bf16 this layout priced 20.1 s, -31.6%); its
-  all_to_alls price at DeepEP's own rate (0.91 of the line rate, one route latency a call); it misses 3.7 ms per block
-  and micro-batch (9.6 measured, 5.8 priced), about 75 host waits' worth: a reading, a host issuing the fine-grained
-  blocks' ops (4096 tokens, about 2 ms of GPU work per block forward, eight experts' GEMMs and casts) slower than the
-  GPU runs them, between two waits (the recipe keeps cuda_graph_impl "none"; the later recipes' CUDA graphs of attn /
-  moe_router / moe_preprocess and full-iteration graphs target it); not priced: no runtime declares the ops it
-  launches per block, and no fit row exercises it. qwen3-235b-256-fp8 (-17.0%) prices all_to_all-bound combined steps
+  qwen3-30b-16-fp8 (-35.1%) is not FP8's GEMMs (in bf16 this layout prices 19.9 s, -32.4%); its all_to_alls price at
+  DeepEP's own rate (0.91 of the line rate, one route latency a call); it missed 3.7 ms per block and micro-batch (9.6
+  measured, 5.8 priced), about 75 host waits' worth. Between two waits the GPU runs no faster than its host issues the
+  block's ops (cost_models/host_issue.py, moe11; the recipe keeps cuda_graph_impl "none", the later recipes' CUDA
+  graphs of attn / moe_router / moe_preprocess and full-iteration graphs target it): Megatron-core's layer issues 145
+  + 12 x 8 = 241 aten ops a block forward and 329 backward (benchmarks/host_ops.py), at 10 / 5.6 us an op
+  (devices.HOST_OP_S, measured on a Xeon, NOT FITTED) 2.41 ms forward against about 2.1 ms of priced GPU work: -39.0
+  -> -35.1% (before moe12's one-latency DeepEP calls: 2.26 ms of GPU work, -35.0 -> -33.4%); its backward (1.84 ms of
+  host, 3.5 of GPU) and every other row's blocks are GPU-bound (the capacity-padded rows do not wait; a dense block's
+  91 + 147 ops, 1.7 ms, are at most 0.32 of any dense row's GPU block). The rest is not explained: it needs 5.6 ms of
+  host a block forward, 23 us an op over the count, not tuned. The count leaves out each kernel's CUDA launch, the ep
+  = 16 dispatcher's own ops (the row runs HybridEP, whose kernels permute), Transformer Engine's per-module Python and
+  FP8 current scaling's amax and cast per GEMM input (its fused norms, rotary and SwiGLU issue fewer ops than the
+  count's); and each wait also lasts until the slowest of the 16 peers has issued its dispatch (HybridEP exchanges the
+  counts first: host_sync.py), not priced.
+  qwen3-235b-256-fp8 (-17.0%) prices all_to_all-bound combined steps
   (moe_a2a_overlap.py; +30.6% without `a2ao`): the measured step needs its all_to_alls 27% slower (A2A_NIC_EFF 0.72 on
   this row alone; one layer's combined 1F1B streams scheduled by hand, dependencies included, take 9.8 ms against the
   model's 10.2), i.e. the overlapped all_to_alls run slower than alone, or hide 0.64 of what the model hides (no

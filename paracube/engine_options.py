@@ -19,7 +19,8 @@ Fields (where each is priced):
 - fp8_experts: with fp8, the routed experts' grouped GEMMs run FP8 too (moe.py);
 - moe_dispatch: its MoE token dispatcher, "alltoall", "deepep" or "hybridep" (moe_dispatch.py);
 - selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES);
-- moe_host_sync: its dropless MoE forward waits on the host for the expert counts (host_sync.py).
+- moe_host_sync: its dropless MoE forward waits on the host for the expert counts (host_sync.py);
+- moe_host_ops: the ops it issues per MoE block, counted from its code (MoEHostOps; host_issue.py), or None.
 """
 
 from __future__ import annotations
@@ -28,6 +29,22 @@ from dataclasses import dataclass, fields, replace
 
 from paracube.errors import check
 from paracube.modes.buckets import BUCKET_BYTES
+
+
+@dataclass(frozen=True)
+class MoEHostOps:
+    """Ops a runtime's host issues per MoE block and micro-batch (host_issue.py): forward `fwd` + `fwd_expert` per
+    local expert, backward `bwd` + `bwd_expert` per local expert (aten ops, views included, as its code runs them)."""
+
+    fwd: int
+    fwd_expert: int
+    bwd: int
+    bwd_expert: int
+
+    def __post_init__(self) -> None:
+        for name in ("fwd", "fwd_expert", "bwd", "bwd_expert"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value >= 0, f"MoE host ops {name}={value!r}; valid: an integer >= 0")
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,7 @@ class EngineOptions:
     moe_dispatch: str = "alltoall"
     selective: str = "attention"
     moe_host_sync: bool = False
+    moe_host_ops: MoEHostOps | None = None
 
     def with_(self, **changes: object) -> EngineOptions:
         """A copy with `changes` (field names of this class; another name is refused in one line)."""
@@ -56,4 +74,4 @@ def options_of(options: EngineOptions | None, changes: dict[str, object]) -> Eng
     return (options or EngineOptions()).with_(**changes)
 
 
-__all__ = ["EngineOptions", "options_of"]
+__all__ = ["EngineOptions", "MoEHostOps", "options_of"]

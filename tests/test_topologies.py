@@ -416,8 +416,9 @@ def test_current_presets_load_size_and_plan(name: str, nodes: int, per_node: int
     # is flagged NOT FITTED in `paracube topologies`
     sources = preset_sources(name)
     assert set(sources) == {"gemm", "fp8 gemm", "overlap drag", f"intra-node {nvlink[1]}", "inter-node ndr-ib",
-                            "host wait"}
+                            "host wait", "host issue"}
     assert sources["host wait"].startswith("NOT FITTED")  # a dropless MoE block's host wait (host_sync.py)
+    assert sources["host issue"].startswith("NOT FITTED")  # its host's seconds per op (host_issue.py)
     assert sources["overlap drag"].startswith("fitted on the dgx-")  # Hopper's / Blackwell's refits (goes to 0)
     today = "benchmarks/data/published_runs_today.csv"
     assert sources["inter-node ndr-ib"].startswith("set to NCCL's NDR bus bandwidth")
@@ -444,10 +445,12 @@ def test_fitted_generations_keep_their_sources() -> None:
 
     a100 = preset_sources("dgx-a100")
     wait = "NOT FITTED: 50 us, an estimate (devices.HOST_SYNC_S)"  # every GPU's (cost_models/host_sync.py)
+    issue = a100["host issue"]  # every GPU host's seconds per op (cost_models/host_issue.py)
+    assert issue.startswith("NOT FITTED") and issue.endswith("(devices.HOST_OP_S)")
     assert a100 == {**{k: "fitted on the dgx-a100 rows of benchmarks/data/published_runs.csv"
                        for k in ("gemm", "overlap drag", "intra-node nvlink3-nvswitch", "inter-node hdr-ib")},
-                    "host wait": wait}
+                    "host wait": wait, "host issue": issue}
     assert preset_sources("dgx2-v100")["inter-node edr-ib"].startswith("NOT FITTED: borrowed from hdr-ib")
     assert preset_sources("dgx2-v100")["overlap drag"].startswith("NOT FITTED: no run of the set overlaps")
     assert preset_sources("longhorn") == {"gemm": "model defaults (eff_max 0.85, m0 64, mem_eff 0.8): no fit for "
-                                          "this device", "host wait": wait}
+                                          "this device", "host wait": wait, "host issue": issue}

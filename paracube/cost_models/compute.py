@@ -212,6 +212,24 @@ def model_flops_per_step(d: Dims) -> float:
     return 3.0 * (d.L * per_layer + 2 * T * d.h * d.V)
 
 
+def block_compute_time(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tuple[Arr, Arr]:
+    """(forward, backward) seconds of one block, one micro-batch, one rank: linears, attention core, elementwise; the
+    backward with what selective recomputation re-runs in it (full recomputation's forward is the caller's)."""
+    T = (b.mb * d.s).astype(float)
+    fwd_blk = np.zeros_like(T)
+    bwd_blk = np.zeros_like(T)
+    for n, (name, h_in, h_out, _) in enumerate(d.linears):
+        fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b),  # FP8 where g.linear
+                                 fp8.weight_cast_per_micro_batch(d), fp8.cast_bytes(d, name))
+        fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
+    attn_f, attn_b = attention_core_time(d, b.mb, b.t, g)
+    elem_f = elementwise_forward(d, mode, b, g)
+    bwd = bwd_blk + attn_b + 2 * elem_f
+    if d.recompute == "selective":  # the runtime's rule (Dims.selective, recompute.py)
+        bwd = bwd + recompute.selective_time(d, mode, b, g, attn_f, elem_f)
+    return fwd_blk + attn_f + elem_f, bwd
+
+
 def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel, first: Arr | int = 0) -> Arr:
     """Compute time of one step on one rank of a stage (all micro-batches, recompute included)."""
     m = MODES[mode]
@@ -219,19 +237,8 @@ def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmMod
     N = d.global_batch // (dp * mb)
     T = (mb * d.s).astype(float)
     Ls = stage_layers(d.L, pp, b.v, np.where(pp == 1, 1, first), last)
-    fwd_blk = np.zeros_like(T)
-    bwd_blk = np.zeros_like(T)
-    for n, (name, h_in, h_out, _) in enumerate(d.linears):
-        fwd, bwd = g.linear_time(*local_shape(mode, T, h_in, h_out, n in (0, 2), b),  # FP8 where g.linear
-                                 fp8.weight_cast_per_micro_batch(d), fp8.cast_bytes(d, name))
-        fwd_blk, bwd_blk = fwd_blk + fwd, bwd_blk + bwd
-    attn_f, attn_b = attention_core_time(d, mb, t, g)
-    elem_f = elementwise_forward(d, mode, b, g)
-    per_block = fwd_blk + bwd_blk + attn_f + attn_b + 3 * elem_f
-    if d.recompute == "full":
-        per_block = per_block + fwd_blk + attn_f + elem_f
-    elif d.recompute == "selective":  # the runtime's rule (Dims.selective, recompute.py)
-        per_block = per_block + recompute.selective_time(d, mode, b, g, attn_f, elem_f)
+    fwd, bwd = block_compute_time(d, mode, b, g)
+    per_block = fwd + bwd + (fwd if d.recompute == "full" else 0.0)
     # Head (vocab-parallel linear h -> V) and cross-entropy on the last stage.
     V = padded(d.V, m.vocab_split(t, b.q))
     hf, hdx, hda = g.gemms(*local_shape(mode, T, d.h, V, True, b))  # the head stays bf16 under FP8

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from paracube.engine_options import EngineOptions
+from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.errors import check
 from paracube.frozen_hash import frozen_hash, frozen_state
 from paracube.modes import MODES
@@ -59,6 +59,7 @@ class Dims:
     moe_dispatch: str = "alltoall"  # the MoE dispatcher (Runtime.moe_dispatch; cost_models/moe_dispatch.py)
     selective: str = "attention"  # what rc=selective recomputes (Runtime.selective; cost_models/recompute.py)
     moe_host_sync: bool = False  # dropless MoE forwards wait on the host (Runtime.moe_host_sync; host_sync.py)
+    moe_host_ops: MoEHostOps | None = None  # ops issued per MoE block (Runtime.moe_host_ops; host_issue.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
     # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
     cp: int = 1
@@ -207,7 +208,7 @@ def with_options(d: Dims, o: EngineOptions) -> Dims:
     """`d` with the runtime's per-element choices (engine_options.py) the closed forms read from Dims."""
     return replace(d, grad_bytes=o.grad_bytes, gather_16bit=o.gather_16bit, fp8_param_gather=o.fp8_param_gather,
                    fp8_scaling=o.fp8_scaling, fp8_experts=o.fp8_experts, moe_dispatch=o.moe_dispatch,
-                   selective=o.selective, moe_host_sync=o.moe_host_sync)
+                   selective=o.selective, moe_host_sync=o.moe_host_sync, moe_host_ops=o.moe_host_ops)
 
 
 def with_pins(d: Dims, layout: object) -> Dims:

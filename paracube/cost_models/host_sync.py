@@ -18,9 +18,11 @@ all_to_all or the dispatch kernel launched) at PyTorch's eager cost per op, and 
 figure; 0 where none is set: the local CPU, whose host is the device), added to the block's forward compute
 (moe.block_cost, BlockCost.wait), which both engines read (the event engine as an op of its own before the
 dispatch); `a2ao`'s combined steps overlap compute, not the wait (moe_step.py, moe_program.py). NOT FITTED: no fit
-row exercises it (devices.HOST_SYNC_S gives its source). What it leaves out: a host slower than its GPU between two
-waits (the ops of a fine-grained block, each issued at the host's rate, longer than the GPU's kernels) keeps the GPU
-waiting for the whole segment; that needs the ops a runtime launches per block, not declared here.
+row exercises it (devices.HOST_SYNC_S gives its source). A host slower than its GPU between two waits (the ops of a
+fine-grained block, each issued at the host's rate, longer than the GPU's kernels) keeps the GPU waiting for the whole
+segment: host_issue.py prices it from the ops a runtime declares per block (Runtime.moe_host_ops). What it leaves out:
+where the dispatch exchanges the counts among the expert group before its host reads them (DeepEP's and HybridEP's
+received counts), each wait also lasts until the slowest peer has issued its dispatch; not priced.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   expert are not all multiples of 16, Transformer Engine's quantization padding copies (moe_passes.fp8_padded);
   backward: GEMMs 2x, the same four collectives; full recomputation runs the forward again (dispatch included, as
   Megatron-core recomputes); a dropless block's forward also idles while its host waits for the expert counts
-  (host_sync.py, where the runtime waits);
+  (host_sync.py, where the runtime waits), and between two waits runs no faster than its host issues the block's ops
+  (host_issue.py: max(GPU work, host issue time) per segment, the GPU work the dense block's and this module's);
 - per step: the expert gradients' all_reduce over edp (fp32; exposed, or under the last backward as
   grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
 - attention correction (MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden / heads, Qwen3):
@@ -48,10 +49,11 @@ import numpy as np
 from paracube.cost_models.collective import collective_time
 from paracube.cost_models.compute import GemmModel, attention_core_time, optimizer_time
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.host_issue import block_idle
 from paracube.cost_models.host_sync import sync_seconds
 from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
-from paracube.cost_models.mlp_delta import mlp_delta
+from paracube.cost_models.mlp_delta import block_deltas, mlp_delta
 from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
@@ -281,6 +283,8 @@ class StageCost:
     a2a_fwd: float = 0.0  # per micro-batch, its forward's dispatch / combine all_to_alls (s; moe_a2a_overlap.py)
     a2a_bwd: float = 0.0  # per micro-batch, its backward's
     waits: float = 0.0  # per micro-batch, of `compute`, the host waits (host_sync.py; no compute to overlap with)
+    issue_fwd: float = 0.0  # per MoE block and micro-batch, the forward's wait for its host's issue (host_issue.py)
+    issue_bwd: float = 0.0  # per MoE block and micro-batch, the backward's (its recomputed forward's included)
 
 
 def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
@@ -291,7 +295,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     layers = len(held)
     af, ab, aparams = attention_delta(model, d, layout, mb, g)
     rec = d.recompute == "full"
-    out.compute += layers * (af + ab + delta_again(model, d, layout, mb, g, af))
+    again = delta_again(model, d, layout, mb, g, af)
+    out.compute += layers * (af + ab + again)
     out.compute += mlp_delta(model, d, layout, mb, g, held)  # each block's MLP at its own width (mlp_delta.py)
     k = moe_layers_of(model, layout, stage)
     n_exp = expert_params_per_rank(model, layout, stage)
@@ -308,8 +313,14 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         b = block_cost(model, d, layout, mb, g)
         cf = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_pre + b.events_fwd)
         cb = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd)
-        out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd)
-        out.waits = k * b.wait * (2 if rec else 1)
+        # the host's issue beyond the block's GPU work: the dense block's (host_issue.py), this module's and its own
+        # MLP width's (mlp_delta.py); the backward's without a full recomputation's forward (host_issue.idle_seconds)
+        first = next(i for i in held if moe.is_moe_layer(i))
+        mf, mbw = block_deltas(model, d, layout, mb, g, [first])[0]
+        gpu_b = ab + b.bwd + cb + (mbw - mf if rec else mbw + again)
+        out.issue_fwd, out.issue_bwd = block_idle(moe, d, layout, mb, g, af + b.fwd - b.wait + cf + mf, gpu_b)
+        out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd + out.issue_fwd + out.issue_bwd)
+        out.waits = k * (b.wait * (2 if rec else 1) + out.issue_fwd + out.issue_bwd)
         out.comm += k * (cf * (2 if rec else 1) + cb)
         out.comm_bwd += k * (cb + (cf if rec else 0.0))
         out.a2a_fwd = k * sum(comm_time(e, links, moe.imbalance, g) for e in b.events_fwd if routed(e))

@@ -12,7 +12,9 @@ tail before the optimizer (with the layout's `overlap`: issued as the last backw
 as moe_step.py prices it), and the expert optimizer step is added to the optimizer op. With the layout's `a2ao`, the
 `fwd` / `bwd` lists' compute is shortened by what the combined 1F1B steps hide of the partner pass's all_to_alls
 (moe_a2a_overlap.py: its saving, the SMs' slowdown included, scaled to the lists' micro-batches). A dropless block's
-host wait (host_sync.py) is its own compute op before the dispatch, outside the overlap's compute (as moe_step.py).
+host wait (host_sync.py) is its own compute op before the dispatch, outside the overlap's compute (as moe_step.py),
+and so is its forward's and backward's wait for the host's issue (host_issue.py, moe.stage_cost's issue_fwd / issue_bwd:
+added to the forward's wait op, and a wait op of its own before the backward's collectives).
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
     imb = moe.imbalance if moe is not None else 1.0
     chunks = stage_chunks(model.layers, layout.pp, layout.interleave, stage)
     mlp = iter(block_deltas(model, d, layout, mb, g, [i for ch in chunks for i in ch]))  # mlp_delta.py
+    sc = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage))
+    fi, bi = sc.issue_fwd, sc.issue_bwd  # the host's issue beyond the GPU's work (host_issue.py)
     local = 0  # the program names a stage's blocks 0.. in chunk order (event_program.build_stage)
     for c, layers in enumerate(chunks):
         for block_index in layers:
@@ -110,16 +114,16 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                 _adjust(lists[c], f"layers.{i}.", af + mf)
                 if is_moe:
                     assert block is not None
-                    _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd, f"layers.{i}.experts", imb,
-                                                  block.events_pre, block.wait))
+                    _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd + fi, f"layers.{i}.experts", imb,
+                                                  block.events_pre, block.wait + fi))
             for lists in (prog.bwd, prog.bwd_last):
                 _adjust(lists[c], f"layers.{i}.", ab + rerun + mbw)
                 if is_moe:
                     assert block is not None
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,
                                  block.events_pre, block.wait) if rec else []
-                    _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd, f"layers.{i}.experts.bwd",
-                                                         imb))
+                    _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd + bi, f"layers.{i}.experts.bwd",
+                                                         imb, wait=bi))
     drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)
     ge = grad_event(model, layout, stage, d)
     if ge is not None:
@@ -134,7 +138,6 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
         at = next((j for j, op in enumerate(prog.tail) if op.name.startswith("grad_norm") or op.name == "optimizer"),
                   len(prog.tail))
         prog.tail.insert(at, Op("comm", ne.label, event=ne))
-    sc = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage))
     if layout.a2ao and sc.a2a_fwd + sc.a2a_bwd > 0:
         _overlap(prog, sc, list_share(layout.pp, layout.interleave, n_micro, stage))
     optim = sc.optim

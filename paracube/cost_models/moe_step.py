@@ -7,8 +7,9 @@ full recomputation), leaves after the dense buckets G_d: max(0, G - max(0, b W /
 spans nodes the gradients also slow the last backward's all_to_alls on the NICs they share, moe_contention.py) + the
 experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each
 stage's work less the all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py; its compute without the host
-waits of host_sync.py, which the combined step's C / 3 : 2 C / 3 split does not describe). Memory: of the first and the
-last stage (as analytic.py counts them), each its dense parts plus its own expert parts, the heavier (_heaviest).
+waits of host_sync.py and host_issue.py, which the combined step's C / 3 : 2 C / 3 split does not describe). Memory:
+of the first and the last stage (as analytic.py counts them), each its dense parts plus its own expert parts, the
+heavier (_heaviest).
 """
 
 from __future__ import annotations

@@ -45,6 +45,9 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
 - `moe_host_sync`: its dropless MoE blocks copy the expert counts to the host and wait for them every forward
   (the buffers are sized from them; no CUDA graph captures the dispatch's preprocessing): the GPU idles for the
   device's DeviceSpec.sync_s per MoE block forward; both engines price it (cost_models/host_sync.py).
+- `moe_host_ops`: the ops its host issues per MoE block forward and backward (engine_options.MoEHostOps, counted from
+  its own code), or None (not counted): between two of its waits the GPU runs no faster than the host issues them,
+  max(GPU work, ops x the host's seconds per op) per segment; both engines price it (cost_models/host_issue.py).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -57,7 +60,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from paracube.engine_options import EngineOptions
+from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES
@@ -128,6 +131,7 @@ class Runtime:
     selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
     moe_a2a_overlap: bool = False  # it runs Layout `a2ao` (module docstring)
     moe_host_sync: bool = False  # its dropless MoE forward waits on the host for the expert counts (module docstring)
+    moe_host_ops: MoEHostOps | None = None  # ops its host issues per MoE block (module docstring)
     moe_a2a_overlap_default: bool = False  # and turns it on without a flag
 
     def __post_init__(self) -> None:
@@ -147,7 +151,7 @@ class Runtime:
                              gather_16bit=self.param_gather_16bit, fp8_param_gather=self.fp8_param_gather,
                              fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts,
                              moe_dispatch=self.moe_dispatch, selective=self.selective,
-                             moe_host_sync=self.moe_host_sync)
+                             moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops)
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
@@ -264,7 +268,8 @@ class Runtime:
                 "export_target": self.export_target, "cp_comms": list(self.cp_comms),
                 "fp8_scaling": self.fp8_scaling, "fp8_experts": self.fp8_experts,
                 "fp8_param_gather": self.fp8_param_gather, "moe_dispatch": self.moe_dispatch,
-                "selective": self.selective, "moe_host_sync": self.moe_host_sync}
+                "selective": self.selective, "moe_host_sync": self.moe_host_sync,
+                "moe_host_ops": None if self.moe_host_ops is None else list(vars(self.moe_host_ops).values())}
 
 
 __all__ = ["MEGATRON_STYLE", "DtypeCheck", "ModeCheck", "Runtime"]

@@ -13,6 +13,7 @@ a2a / a2a+p2p variants are Ulysses-style head scatters, not priced).
 
 from __future__ import annotations
 
+from paracube.engine_options import MoEHostOps
 from paracube.runtimes.base import MEGATRON_STYLE, Runtime
 
 RUNTIME = Runtime(
@@ -50,6 +51,11 @@ RUNTIME = Runtime(
     # dropless MoE copies the expert counts to the host every forward (token_dispatcher.py cuda_sync_point, HybridEP's
     # blocking dispatch, TEGroupedMLP's tokens_per_expert.tolist()); no CUDA graph of moe_preprocess (host_sync.py)
     moe_host_sync=True,
+    # the aten ops of one Megatron-core 0.16.1 transformer layer with a MoE MLP as it runs them (local spec: RMSNorm, qk
+    # norms, rotary, the fused attention core as one op, the router with its aux loss, the alltoall dispatcher's
+    # permute, SequentialMLP's experts), forward and backward, counted at 2 / 4 / 8 / 16 local experts:
+    # 145 + 12 L and 169 + 20 L exactly (benchmarks/host_ops.py; cost_models/host_issue.py)
+    moe_host_ops=MoEHostOps(fwd=145, fwd_expert=12, bwd=169, bwd_expert=20),
     fp8_param_gather=True,  # --fp8-param-gather: NeMo's FP8 recipes (bf16_with_fp8_mixed) hold and gather FP8 weights
     fp8_experts=True,  # TEGroupedLinear under fp8_autocast: the routed experts' GEMMs in FP8 (megatron-core experts.py)
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",

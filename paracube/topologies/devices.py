@@ -17,6 +17,16 @@ from paracube.topologies.rates import GiB
 # before the next long kernel (the split sizes read, the permute, the all_to_all or dispatch launch: ~4 ops at
 # ~10 us of PyTorch dispatch and launch each), the same for every GPU generation (a host figure, not a device's).
 HOST_SYNC_S = 50e-6
+# A GPU host's seconds per op it issues (cost_models/host_issue.py: between two host waits the GPU runs no faster than
+# its host issues the ops), NOT FITTED (no fit row exercises it): measured on a server CPU (the 2-core Intel Xeon this
+# package is developed on, torch 2.13 eager, nice -20) by benchmarks/host_ops.py: one Megatron-core 0.16.1 transformer
+# layer with a MoE MLP (its Python, PyTorch's dispatch and autograd; 8 tokens, the ops' work negligible), time over its
+# aten op count at 2 / 4 / 8 / 16 local experts, four runs on 2026-12-03: forward 9.2-10.1 us an op (169 / 193 / 241 /
+# 337 ops), backward 5.4-5.8 us (209 / 249 / 329 / 489 ops: the autograd engine's C++ loop); the slopes against the
+# op count alike (8.9-10.1 / 5.2-5.6 us). No CUDA launch is in them (a lower bound on a GPU host); the same for every
+# GPU generation (a host figure, not a device's).
+HOST_OP_S = 10e-6
+HOST_BWD_OP_S = 5.6e-6
 
 # V100 SXM2 datasheet: 125 TF tensor fp16, 15.7 TF fp32, 900 GB/s HBM2. No bf16 hardware: bf16 at fp32 speed.
 V100_SXM2_16GB = DeviceSpec("V100-SXM2-16GB", {"fp32": 15.7e12, "fp16": 125e12, "bf16": 15.7e12},

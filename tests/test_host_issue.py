@@ -1,0 +1,124 @@
+"""The host's issue time of a dropless MoE block (cost_models/host_issue.py): reference closed forms against both
+engines. A host-bound block grows the step by the host's extra seconds exactly (doubling the declared ops adds micro-
+batches x blocks x the ops' seconds); a block whose GPU work exceeds its host's time, a block padded to a capacity, a
+runtime without waits and a dense model are unchanged; the engines agree; a bad declaration is refused in one line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paracube.cost_models.analytic import estimate
+from paracube.cost_models.event import estimate_event
+from paracube.engine_options import MoEHostOps
+from paracube.errors import ParacubeError
+from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
+from paracube.runtimes import get_runtime
+from paracube.topologies import load_topology
+from paracube.topologies.devices import HOST_BWD_OP_S, HOST_OP_S
+from paracube.workload import TrainingSpec
+
+TRAIN = TrainingSpec(global_batch=32, dtype="fp8", recompute="none")
+MEGATRON = get_runtime("megatron").engine_options()
+NONE = MEGATRON.with_(moe_host_ops=None)
+BIG = MoEHostOps(fwd=2000, fwd_expert=100, bwd=1000, bwd_expert=50)  # host-bound on any block below
+BIGGER = MoEHostOps(fwd=4000, fwd_expert=200, bwd=2000, bwd_expert=100)
+LAYOUT = "dp=16,ep=16,tp=none,mb=1,zero=1"  # qwen3-30b-16-fp8's: one stage, every block on the critical path
+ENGINES = (estimate, estimate_event)
+
+
+@pytest.fixture(scope="module")
+def h100() -> object:
+    return load_topology("dgx-h100", gpus=16)
+
+
+def step(engine: object, model: object, training: TrainingSpec, layout: str, topo: object, options: object) -> float:
+    return engine(model, training, parse_layout(layout), topo, with_events=False, options=options).step_time_s
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_host_bound_block_grows_by_its_host_seconds(h100: object, engine: object, recompute: str) -> None:
+    """Host-bound (ops x 1000 s of GPU work): each micro-batch's MoE blocks take their host's time, so doubling the
+    ops adds micro-batches x blocks x (forward ops x HOST_OP_S + backward ops x HOST_BWD_OP_S); under full
+    recomputation the recomputed forward's ops once more. Float sums of ~1e-2 s terms: 1e-6 relative (the event
+    engine's schedule is unchanged between the two: the extra is one op per pass)."""
+    model = PRESETS["qwen3-30b-a3b"]
+    training = replace(TRAIN, recompute=recompute)
+    local = model.moe.experts // 16  # type: ignore[union-attr]
+    fwd = (BIGGER.fwd - BIG.fwd + (BIGGER.fwd_expert - BIG.fwd_expert) * local) * HOST_OP_S
+    bwd = (BIGGER.bwd - BIG.bwd + (BIGGER.bwd_expert - BIG.bwd_expert) * local) * HOST_BWD_OP_S
+    per_block = fwd * (2 if recompute == "full" else 1) + bwd
+    blocks = model.moe.moe_layers(model.layers)  # type: ignore[union-attr]
+    micro = TRAIN.global_batch // 16
+    grown = (step(engine, model, training, LAYOUT, h100, MEGATRON.with_(moe_host_ops=BIGGER))
+             - step(engine, model, training, LAYOUT, h100, MEGATRON.with_(moe_host_ops=BIG)))
+    assert grown == pytest.approx(micro * blocks * per_block, rel=1e-6)
+
+
+@pytest.mark.parametrize(("name", "layout", "dtype"), [
+    ("mixtral-8x7b", "dp=16,ep=8,tp=none,mb=2,zero=1", "fp8"),  # b200/gb200-mixtral's layout: 1 local expert
+    ("qwen3-30b-a3b", "dp=8,pp=2,v=2,ep=8,tp=none,mb=2,zero=1", "bf16"),
+])
+def test_block_with_more_gpu_work_than_host_time_is_unchanged(h100: object, name: str, layout: str,
+                                                               dtype: str) -> None:
+    """The runtime's declared ops on blocks whose GPU work exceeds their host's issue time: the step exactly as
+    without the declaration, in both engines (and these blocks do wait: host-bound ops would grow them)."""
+    model, training = PRESETS[name], replace(TRAIN, dtype=dtype)
+    for engine in ENGINES:
+        none = step(engine, model, training, layout, h100, NONE)
+        assert step(engine, model, training, layout, h100, MEGATRON) == none
+        assert step(engine, model, training, layout, h100, MEGATRON.with_(moe_host_ops=BIG)) > none
+
+
+@pytest.mark.parametrize("case", ["capacity", "no waits", "dense"])
+def test_no_waits_the_host_runs_ahead(h100: object, case: str) -> None:
+    """No host wait (a block padded to a capacity, a runtime that does not wait, a dense model): the host runs ahead
+    of the GPU and is hidden, even with host-bound op counts: the step exactly as without them, in both engines."""
+    model = PRESETS["qwen3-30b-a3b"]
+    options, layout = MEGATRON.with_(moe_host_ops=BIG), LAYOUT
+    if case == "capacity":
+        model = replace(model, moe=replace(model.moe, capacity_factor=1.0))
+    elif case == "no waits":
+        options = options.with_(moe_host_sync=False)
+    else:
+        model, layout = PRESETS["llama3-8b"], "dp=16,tp=none,mb=1,zero=1"
+    for engine in ENGINES:
+        assert step(engine, model, TRAIN, layout, h100, options) == step(engine, model, TRAIN, layout, h100,
+                                                                        options.with_(moe_host_ops=None))
+
+
+@pytest.mark.parametrize(("text", "recompute"), [
+    (LAYOUT, "none"),
+    ("dp=8,pp=2,v=2,ep=8,tp=none,mb=1,zero=1", "full"),
+    ("dp=8,pp=2,v=2,ep=8,tp=none,mb=1,zero=1,a2ao", "selective"),
+])
+def test_engines_agree_host_bound(h100: object, text: str, recompute: str) -> None:
+    """Host-bound blocks with pipelines, full recomputation and `a2ao` (the host's extra outside the overlapped
+    compute): the engines within 2% (as tests/test_moe_cost.py), each step longer than without the declaration."""
+    model = PRESETS["qwen3-30b-a3b"]
+    training = replace(TRAIN, recompute=recompute, dtype="bf16")
+    options = MEGATRON.with_(moe_host_ops=BIG)
+    sa, se = (step(e, model, training, text, h100, options) for e in ENGINES)
+    assert abs(se / sa - 1) < 0.02
+    for engine, s in zip(ENGINES, (sa, se), strict=True):
+        assert s > step(engine, model, training, text, h100, NONE)
+
+
+def test_local_cpu_is_its_own_host() -> None:
+    """The local CPU (sync_s = 0: its host is the device, its op overhead priced per op already): no host issue."""
+    topo = load_topology("local-cpu", gpus=4)
+    model = PRESETS["tiny-moe"]
+    training = TrainingSpec(global_batch=8, dtype="fp32", recompute="none")
+    layout = "dp=4,ep=4,tp=none,mb=1"
+    assert step(estimate, model, training, layout, topo, MEGATRON.with_(moe_host_ops=BIG)) == step(
+        estimate, model, training, layout, topo, NONE)
+
+
+@pytest.mark.parametrize(("field", "value"), [("fwd", -1), ("bwd_expert", 1.5)])
+def test_bad_declaration_refused(field: str, value: object) -> None:
+    ops = {"fwd": 1, "fwd_expert": 1, "bwd": 1, "bwd_expert": 1, field: value}
+    with pytest.raises(ParacubeError, match=f"{field}={value!r}; valid: an integer >= 0"):
+        MoEHostOps(**ops)  # type: ignore[arg-type]
