@@ -81,7 +81,7 @@ from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.fsdp_overlap import prefetched_micro
 from paracube.cost_models.grad_overlap import Profile, release_keys
-from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
+from paracube.cost_models.grad_overlap_batch import exposed_by_config, stream_window
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.overlap_drag import beside, per_layout
 from paracube.cost_models.pipeline_bubble import bubble_seconds
@@ -292,8 +292,6 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         # reduce_scatter half overlaps backward (the all_gather follows the optimizer step).
         half = (np.asarray(zero)[rows] >= 1 if zero is not None and not isinstance(zero, (int, np.integer))
                 else np.zeros(len(rows), dtype=bool))
-        pp, v = b.pp[rows], b.v[rows]
-        index = {"first": np.zeros_like(pp), "middle": np.where(pp > 2, 1, 0), "last": pp - 1}
         grads = [np.where(half, st.grad / 2, st.grad) for st in stages]
         bwd = [share * (st.compute + st.micro) / N for st in stages]
         # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
@@ -304,9 +302,12 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         # the last backward beside the buckets' stream, from its first release, slowed (overlap_drag.py)
         pulled = [beside(0.0, bw * (1.0 - x1), gr * (1.0 - s_end), drag)
                   for bw, gr, (x1, s_end) in zip(bwd, grads, windows, strict=True)]
-        exposed = np.max([exposed_grad_time(gr, bw + x + c, index[name], pp, v, st.releases[0], at)
-                          for name, st, gr, bw, x, c, at in zip(STAGES, stages, grads, bwd, late, pulled, shapes,
-                                                                strict=True)], axis=0)
+        # each stage's index in the pipeline, per configuration (exposed_by_config gathers it per layout)
+        index = {"first": np.zeros_like(b.pp), "middle": np.where(b.pp > 2, 1, 0), "last": b.pp - 1}
+        exposed = np.max([exposed_by_config(gr, bw + x + c, index[name], b.pp, b.v, st.releases[0], st.releases[2],
+                                            rows)
+                          for name, st, gr, bw, x, c in zip(STAGES, stages, grads, bwd, late, pulled, strict=True)],
+                         axis=0)
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed
         step_comm = step_comm - np.where(overlap, hidden - np.stack(late)[slow, idx] - np.stack(pulled)[slow, idx],
