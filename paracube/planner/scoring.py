@@ -28,8 +28,8 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
     keyed, n_axes = s.cache.keyed, len(axes_list)
     flat = {st: [k for _, keys in places[st] for k in keys] for st in new}  # placement-major, axes minor
     # every new query of these structures at once (cost_models/links.py: LinkCache.prefetch)
-    s.cache.prefetch((k, places[st][i // n_axes][0], axes_list[i % n_axes]) for st in new
-                     for i, k in enumerate(flat[st]) if k not in keyed)
+    s.cache.prefetch((k, place, ax) for st in new for place, keys in places[st]
+                     for ax, k in zip(axes_list, keys, strict=True) if k not in keyed)
     for st in new:
         s.links[st, cp] = np.array([keyed[k] for k in flat[st]]).reshape(len(places[st]), n_axes, 2)
     return {st: s.links[st, cp] for st in dict.fromkeys(owners)}
@@ -124,12 +124,14 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     places = {st: st.placements() for st in sts}
     owners: list[Structure] = []
     rows: list[tuple[int, ...]] = []
+    counts: list[int] = []  # each configuration's placements (its structure's)
     for st in sts:
-        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed, s.runtime):
-            rows.append(cfg)
-            owners.append(st)
+        cfgs = _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed, s.runtime)
+        rows.extend(cfgs)
+        owners.extend([st] * len(cfgs))
+        counts.extend([len(places[st])] * len(cfgs))
     batch = LayoutBatch.of_rows(rows)
-    n_places = np.array([len(places[st]) for st in owners])
+    n_places = np.array(counts, dtype=np.int64)
     mode_rej: Counter = Counter()
     idx, zeros, kws = _valid(s, mode, batch, n_places, mode_rej)
     s.rejected.update(mode_rej)
