@@ -78,6 +78,29 @@ def test_hops_equal_direct_routes(topo) -> None:
         assert any(v is not None for v in topo._parts._up.values())
 
 
+def test_pairs_inside_nodes_equal_direct_routes(topo) -> None:
+    """hop_batch.NodeRoutes (HopTable's pairs inside one node, by template) against each pair's own route."""
+    from paracube.topologies.hop_batch import NodeRoutes
+
+    dpn, n = topo.devices_per_node, topo.num_devices
+    nodes = sorted({0, 1, topo.num_nodes - 1} & set(range(topo.num_nodes)))
+    pairs = [(x, y) for k in nodes for x in range(k * dpn, min((k + 1) * dpn, n))
+             for y in range(k * dpn, min((k + 1) * dpn, n)) if x != y]
+    a, b = (np.array(c, dtype=np.int64) for c in zip(*pairs, strict=True))
+    ok, ids, lens, lat = NodeRoutes(topo).route(a, b)
+    assert ok.any() or dpn == 1
+    got = np.split(ids, np.cumsum(lens)[:-1]) if len(lens) else []
+    for (x, y), i, l_ in zip([p for p, k in zip(pairs, ok.tolist(), strict=True) if k], got, lat.tolist(),
+                             strict=True):
+        want_ids, want_lat = _direct_hop(topo, x, y)
+        assert i.tolist() == want_ids and l_ == want_lat, (x, y)
+    rows = topo._table.rows(a, b)  # what the link loads read, whichever way each pair was routed
+    for (x, y), r in zip(pairs, rows.tolist(), strict=True):
+        want_ids, want_lat = _direct_hop(topo, x, y)
+        assert topo._table.gather(np.array([r]))[0].tolist() == want_ids, (x, y)
+        assert float(topo._table.latencies(np.array([r]))[0]) == want_lat, (x, y)
+
+
 def test_loads_channels_and_links_equal_direct(topo) -> None:
     n, dpn = topo.num_devices, topo.devices_per_node
     for runs in _runs(n, dpn):

@@ -21,7 +21,7 @@ from paracube.cost_models.analytic_scores import (
     evaluate,
 )
 from paracube.cost_models.collective import fastest_time
-from paracube.cost_models.comm import axes_used
+from paracube.cost_models.comm import Entry, axes_used
 from paracube.cost_models.compute import GemmModel, gemm_model, model_flops_per_step
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_options, with_pins
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
@@ -62,23 +62,38 @@ def layout_links(layout: Layout, cache: LinkCache) -> Links:
     return links
 
 
-def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel, i: int = 0) -> tuple[dict, dict]:
+def _breakdown(layout: Layout, chosen: StageScores, links: Links, g: GemmModel, i: int = 0,
+               memo: dict | None = None) -> tuple[dict, dict]:
     """Communication time of one layout's chosen stage (row `i` of the scores) by mesh axes and by collective
-    kind."""
+    kind. `memo` (estimate_batch.py: the layouts of one evaluation): each entry's per-row times kept by stage
+    and entry, so a batch computes every entry's vector once, not once per layout; the same floats (row i of
+    the same vectorized calls; call_wait does not read the call's bytes)."""
     by_axis: dict[str, float] = defaultdict(float)
     by_kind: dict[str, float] = defaultdict(float)
-    for e in chosen.entries:
+    for k, e in enumerate(chosen.entries):
         if e.count[i] > 0:
-            tm = float(e.time(*links[e.axes], g.comm, layout.tensor_mode.alternating)[i])
-            if e.kind == "all_reduce" and not g.comm:  # as _stage prices it
-                tm = float(fastest_time(e.kind, e.n, e.count, e.payload, *links[e.axes])[i])
-            tm += float(e.count[i] * g.call_wait(e.kind, e.n, e.payload / max(e.count[i], 1), e.dtype)[i])
+            times = None if memo is None else memo.get((id(chosen), k))
+            if times is None:
+                times = _entry_times(e, links, g, layout.tensor_mode.alternating)
+                if memo is not None:
+                    memo[id(chosen), k] = times
+            tm = float(times[0][i])
+            tm += float(e.count[i] * times[1][i])
             by_axis[".".join(e.axes)] += tm
             by_kind[e.kind] += tm
     if chosen.ring is not None and chosen.ring[i] > 0:  # the exposed part of cp's p2p ring (context_parallel.py)
         by_axis["cp"] += float(chosen.ring[i])
         by_kind["send"] += float(chosen.ring[i])
     return dict(by_axis), dict(by_kind)
+
+
+def _entry_times(e: Entry, links: Links, g: GemmModel, alternating: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(an entry's time per row, as _stage prices it: uncalibrated all_reduce the faster of ring and tree; its
+    call wait per call, per row)."""
+    tm = e.time(*links[e.axes], g.comm, alternating)
+    if e.kind == "all_reduce" and not g.comm:  # as _stage prices it
+        tm = fastest_time(e.kind, e.n, e.count, e.payload, *links[e.axes])
+    return tm, g.call_wait(e.kind, e.n, e.payload / np.maximum(e.count, 1), e.dtype)
 
 
 def _notes(layout: Layout, d: Dims, note: str | None, stage: str) -> list[str]:
@@ -136,10 +151,12 @@ def prepare(model: ModelSpec, training: TrainingSpec, layout: Layout,
 
 
 def finish(model: ModelSpec, layout: Layout, d: Dims, mb: int, note: str | None, res: Scores, i: int,
-           links: Links, g: GemmModel, cache: LinkCache, with_events: bool = False) -> StepEstimate:
-    """`estimate`'s result for the layout priced in row `i` of `res` (its links: `links`, arrays of res's rows)."""
+           links: Links, g: GemmModel, cache: LinkCache, with_events: bool = False,
+           memo: dict | None = None) -> StepEstimate:
+    """`estimate`'s result for the layout priced in row `i` of `res` (its links: `links`, arrays of res's rows;
+    `memo`: shared by the layouts of one `res`, _breakdown)."""
     stage = STAGES[int(res.stage[i])]
-    by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[i])], links, g, i)
+    by_axis, by_kind = _breakdown(layout, res.stages[int(res.stage[i])], links, g, i, memo)
     world = layout.world_size
     flops = model_flops_per_step(d)
     step = float(res.step_time[i])

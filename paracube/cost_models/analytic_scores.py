@@ -81,7 +81,7 @@ from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.fsdp_overlap import prefetched_micro
 from paracube.cost_models.grad_overlap import Profile, release_keys
-from paracube.cost_models.grad_overlap_batch import exposed_grad_time, stream_window
+from paracube.cost_models.grad_overlap_batch import exposed_by_config, stream_window
 from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.overlap_drag import beside, per_layout
 from paracube.cost_models.pipeline_bubble import bubble_seconds
@@ -177,7 +177,10 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         e_sent = e.sent()
         per_call = e.payload / np.maximum(e.count, 1)
         calls = (e.count * g.call_wait(e.kind, e.n, per_call, e.dtype))[rows] if g.waits else 0.0
-        alpha_beta = (e.count * e.latency_steps())[rows] * lat + e_sent[rows] / bw
+        # each layout's bandwidth seconds and whether its configuration calls: once per entry (read below)
+        sent_t = e_sent[rows] / bw
+        live = e.count[rows] > 0
+        alpha_beta = (e.count * e.latency_steps())[rows] * lat + sent_t
         tm = alpha_beta + calls
         if e.tpo and tpo_pricing is not None:  # collective matmul: the ring's exchanges beside GEMM chunks (tpo.py)
             tm = tm - np.where(tpo, tpo_pricing.hidden(e, alpha_beta, rows), 0.0)
@@ -185,11 +188,11 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             depth2 = latency_factor("all_reduce", e.n, "tree")
             tm = np.minimum(tm, (e.count * depth2)[rows] * lat + (depth2 * e.payload)[rows] / bw + calls)
         if not np.all(e.count > 0):  # no call, no time (a one-rank group's link may be infinitely fast)
-            tm = np.where(e.count[rows] > 0, tm, 0.0)
+            tm = np.where(live, tm, 0.0)
         if traffic.zero >= 2 and (e.axes == traffic.zero_axes or e.axes == ("dp_replicate",)) \
                 and e.per_step == (e.axes == ("dp_replicate",)):  # fsdp_overlap.py's inputs (HSDP: "replica")
-            fsdp["replica" if e.per_step else e.kind] = (np.where(e.count[rows] > 0, tm - e_sent[rows] / bw, 0.0),
-                            np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0))
+            fsdp["replica" if e.per_step else e.kind] = (np.where(live, tm - sent_t, 0.0),
+                                                         np.where(live, sent_t, 0.0))
         if e.per_step:
             step += tm
             # The gradient buckets (all_reduce over grad_axes; zero=1: reduce_scatter), not the norm
@@ -197,14 +200,14 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
             if e.kind in ("all_reduce", "reduce_scatter") and e.axes == grad_axes \
                     and np.any(e.payload > 64):
                 grad += tm
-                grad_bw += np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
+                grad_bw += np.where(live, sent_t, 0.0)
             if e.kind == "all_gather" and traffic.zero == 1 and e.axes == grad_axes:
                 gather += tm
-                gather_bw += np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
+                gather_bw += np.where(live, sent_t, 0.0)
         else:
             micro += tm
             if tensor and set(e.axes) <= tensor:
-                seconds = np.where(e.count[rows] > 0, e_sent[rows] / bw, 0.0)
+                seconds = np.where(live, sent_t, 0.0)
                 if e.tpo and tpo_pricing is not None:  # what its GEMMs hide of a slowed ring step costs nothing
                     seconds = seconds * np.clip(tm / np.maximum(alpha_beta, 1e-30), 0.0, 1.0)
                 tensor_bw += seconds
@@ -292,8 +295,6 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         # reduce_scatter half overlaps backward (the all_gather follows the optimizer step).
         half = (np.asarray(zero)[rows] >= 1 if zero is not None and not isinstance(zero, (int, np.integer))
                 else np.zeros(len(rows), dtype=bool))
-        pp, v = b.pp[rows], b.v[rows]
-        index = {"first": np.zeros_like(pp), "middle": np.where(pp > 2, 1, 0), "last": pp - 1}
         grads = [np.where(half, st.grad / 2, st.grad) for st in stages]
         bwd = [share * (st.compute + st.micro) / N for st in stages]
         # the last backward's tensor collectives beside the buckets (contention.py), in that backward's time
@@ -304,9 +305,12 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         # the last backward beside the buckets' stream, from its first release, slowed (overlap_drag.py)
         pulled = [beside(0.0, bw * (1.0 - x1), gr * (1.0 - s_end), drag)
                   for bw, gr, (x1, s_end) in zip(bwd, grads, windows, strict=True)]
-        exposed = np.max([exposed_grad_time(gr, bw + x + c, index[name], pp, v, st.releases[0], at)
-                          for name, st, gr, bw, x, c, at in zip(STAGES, stages, grads, bwd, late, pulled, shapes,
-                                                                strict=True)], axis=0)
+        # each stage's index in the pipeline, per configuration (exposed_by_config gathers it per layout)
+        index = {"first": np.zeros_like(b.pp), "middle": np.where(b.pp > 2, 1, 0), "last": b.pp - 1}
+        exposed = np.max([exposed_by_config(gr, bw + x + c, index[name], b.pp, b.v, st.releases[0], st.releases[2],
+                                            rows)
+                          for name, st, gr, bw, x, c in zip(STAGES, stages, grads, bwd, late, pulled, strict=True)],
+                         axis=0)
         grad = pick("grad")
         hidden = np.where(half, grad / 2, grad) - exposed
         step_comm = step_comm - np.where(overlap, hidden - np.stack(late)[slow, idx] - np.stack(pulled)[slow, idx],

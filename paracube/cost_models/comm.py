@@ -300,12 +300,26 @@ def _chunk_totals(padded: tuple[int, ...], first: bool, last: bool, pp: int, v: 
                   L: int) -> tuple[tuple[int, ...], int]:
     """pp > 1: (each model chunk's padded unit elements, the largest consecutive pair within one chunk). Units
     come in segments, one per model chunk: the embedding with chunk 0, the final unit with the last."""
+    seg, same = _unit_chunks(first, last, pp, v, L)
+    units = np.asarray(padded, dtype=np.int64)  # integer sums: exact (element counts, far below 2^62)
+    pair = int(units.max())
+    if same.any():
+        pair = max(pair, int((units[:-1] + units[1:])[same].max()))
+    chunk = np.bincount(seg, weights=units.astype(np.float64), minlength=v)
+    return tuple(int(x) for x in chunk), pair
+
+
+@lru_cache(maxsize=4096)
+def _unit_chunks(first: bool, last: bool, pp: int, v: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each unit's model chunk, whether each consecutive pair of units shares one) of a pipeline stage: what
+    _chunk_totals reads of the stage's shape (its padded lengths vary with the zero group; these do not)."""
     stage = 0 if first else (pp - 1 if last else 1)
     sizes = [len(c) for c in stage_chunks(L, pp, v, stage)]
-    seg = ([0] if first else []) + [c for c, k in enumerate(sizes) for _ in range(k)] + ([v - 1] if last else [])
-    pairs = [a + b for a, b, x, y in zip(padded, padded[1:], seg, seg[1:], strict=False) if x == y] + list(padded)
-    chunk = np.bincount(np.asarray(seg), weights=np.asarray(padded, dtype=np.float64), minlength=v)
-    return tuple(int(x) for x in chunk), max(pairs)
+    seg = np.array(([0] if first else []) + [c for c, k in enumerate(sizes) for _ in range(k)]
+                   + ([v - 1] if last else []), dtype=np.int64)
+    same = seg[1:] == seg[:-1]
+    seg.flags.writeable = same.flags.writeable = False
+    return seg, same
 
 
 def _pipelined_units(padded: tuple[int, ...], first: bool, last: bool, pp: int, v: int, L: int,

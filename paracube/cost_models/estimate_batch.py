@@ -28,9 +28,10 @@ from paracube.workload import ModelSpec, TrainingSpec
 
 
 def estimate_many(model: ModelSpec, training: TrainingSpec, layouts: list[Layout], topo: object, cache: LinkCache,
-                  options: EngineOptions | None = None) -> dict[str, StepEstimate]:
+                  options: EngineOptions | None = None, links_out: dict | None = None) -> dict[str, StepEstimate]:
     """repr(layout) -> estimate(model, training, layout, topo, with_events=False, cache=cache, options=options) of
-    each valid layout; empty for MoE / MLA models."""
+    each valid layout; empty for MoE / MLA models. `links_out`: filled with repr(layout) -> its
+    analytic.layout_links (the caller's keys reuse them instead of asking again)."""
     o = options or EngineOptions()
     if priced(model):
         return {}
@@ -52,8 +53,11 @@ def estimate_many(model: ModelSpec, training: TrainingSpec, layouts: list[Layout
         res = evaluate(d, mode, batch, links, g, zero=zero, overlap=overlap, kw=kw, tpo=tpo,  # type: ignore[arg-type]
                        shard=shard, param_overlap=o.param_overlap, fsdp_prefetch=o.fsdp_prefetch,
                        bucket_bytes=o.bucket_bytes)
-        for i, (lay, mb, note, _) in enumerate(items):
-            out[repr(lay)] = finish(model, lay, d, mb, note, res, i, links, g, cache)
+        memo: dict = {}  # the group's entry times, computed once (analytic._breakdown)
+        for i, (lay, mb, note, own) in enumerate(items):
+            out[repr(lay)] = finish(model, lay, d, mb, note, res, i, links, g, cache, memo=memo)
+            if links_out is not None:
+                links_out[repr(lay)] = own
     return out
 
 

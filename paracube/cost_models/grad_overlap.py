@@ -62,10 +62,30 @@ def _buckets(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last:
 @lru_cache(maxsize=4096)
 def _release_table(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int, v: int,
                    bucket_bytes: int) -> NDArray[np.float64]:
-    """_releases as a read-only [releases, 3] array (release_profile gathers its rows from these)."""
-    out = np.array(_releases(mode, d, t, q, layers, first, last, dp, v, bucket_bytes), dtype=np.float64).reshape(-1, 3)
+    """_releases as a read-only [releases, 3] array (release_profile gathers its rows from these), built by numpy:
+    the points are _release_points' floats, and S_j = after[issued_j] / total divides the same integers (below
+    2^53: exact as float64) in float64, the correctly rounded quotient Python's int division gives too."""
+    counts, after, issued = _bucket_arrays(mode, d, t, q, layers, first, last, dp, bucket_bytes)
+    if after is None:  # byte counts past 2^53 (never in practice): Python's division
+        out = np.array(_releases(mode, d, t, q, layers, first, last, dp, v, bucket_bytes),
+                       dtype=np.float64).reshape(-1, 3)
+    else:
+        live = counts != 0
+        points = np.array(_release_points(layers, v, len(counts)), dtype=np.float64).reshape(-1, 2)
+        out = np.concatenate([points[live], (after[issued[live]] / max(int(after[0]), 1))[:, None]], axis=1)
     out.flags.writeable = False
     return out
+
+
+@lru_cache(maxsize=4096)
+def _bucket_arrays(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool, dp: int,
+                   bucket_bytes: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """_buckets as arrays: (releases per block, bytes from each bucket on as float64 (None past 2^53), the
+    buckets issued before each block's release); its interleavings v share them."""
+    counts, after = _buckets(mode, d, t, q, layers, first, last, dp, bucket_bytes)
+    c = np.array(counts, dtype=np.int64)
+    exact = max(after) < 2**53
+    return c, np.array(after, dtype=np.float64) if exact else None, np.cumsum(c) - c
 
 
 @lru_cache(maxsize=4096)

@@ -47,4 +47,34 @@ def exposed_grad_time(grad: Arr, backward: Arr, stage_index: Arr, pp: Arr, v: Ar
     return out
 
 
-__all__ = ["exposed_grad_time", "stream_window"]
+def exposed_by_config(grad: Arr, backward: Arr, stage_index: Arr, pp: Arr, v: Arr, profile: Profile, shape: Arr,
+                      rows: Arr) -> Arr:
+    """exposed_grad_time with stage_index, pp, v and the profile row (`shape`) given per configuration and `rows`
+    each layout's configuration (grad, backward: per layout). A configuration's placements share
+    -(s + chunk pp), 1 - frac and S: computed once per configuration, then gathered per layout; the same
+    operations on the same operands as grad_overlap.exposed_grad_time, in its order, so the same floats
+    (grouped by profile width as exposed_grad_time is)."""
+    if len(rows) <= 2 * len(shape):  # a layout or two per configuration: nothing shared to gain
+        return exposed_grad_time(grad, backward, stage_index[rows], pp[rows], v[rows], profile, shape[rows])
+    chunk, frac, share = profile
+    lead = -(stage_index[:, None] + chunk[shape] * pp[:, None])  # per configuration
+    rest, live = 1.0 - frac[shape], share[shape]
+    slot = (backward / np.maximum(v[rows], 1))[:, None]
+    width = live.shape[1]
+    if width <= 8 or len(rows) == 0:
+        groups = [(slice(None), rows, width)]
+    else:
+        on = share > 0
+        used = np.where(on.any(axis=1), width - np.argmax(on[:, ::-1], axis=1), 1)  # up to the last S > 0
+        cap = np.minimum(2 ** np.ceil(np.log2(np.maximum(used, 1))).astype(np.int64), width)[shape[rows]]
+        groups = [(sel, rows[sel], int(k)) for k in np.unique(cap) for sel in [np.nonzero(cap == k)[0]]]
+    out = np.empty(len(rows))
+    for sel, r, k in groups:
+        sl = slot[sel]
+        at = lead[r, :k] * sl - sl * rest[r, :k]
+        s_k = live[r, :k]
+        out[sel] = np.maximum(0.0, np.where(s_k > 0, at + s_k * grad[sel][:, None], -np.inf).max(axis=1))
+    return out
+
+
+__all__ = ["exposed_by_config", "exposed_grad_time", "stream_window"]

@@ -78,10 +78,21 @@ def stage_layers(L: int, pp: Any, v: Any, first: Any, last: Any) -> Any:
         return v * base - first * (deficit == 2) - last * (deficit >= 1)
     if any(np.ndim(x) for x in (pp, v, first, last)):  # arrays over layouts: each distinct stage once
         cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (pp, v, first, last)))
-        keys, inverse = unique_rows(np.stack([c.reshape(-1) for c in cols], axis=1))
-        per = np.array([_uneven_layers(int(L), *k) for k in keys.tolist()], dtype=np.int64)
-        return per[inverse.reshape(-1)].reshape(cols[0].shape)
+        # an evaluation asks again with the same arrays (each stage's cost models): answered from the last ones
+        return _uneven_rows(int(L), cols[0].shape, *(np.ascontiguousarray(c).tobytes() for c in cols))
     return _uneven_layers(L, pp, v, first, last)
+
+
+@lru_cache(maxsize=256)
+def _uneven_rows(L: int, shape: tuple[int, ...], pp: bytes, v: bytes, first: bytes, last: bytes) -> np.ndarray:
+    """stage_layers of int64 arrays (given by their bytes and common shape; a function of them only), read-only:
+    the callers compute new arrays from it."""
+    cols = [np.frombuffer(x, dtype=np.int64) for x in (pp, v, first, last)]
+    keys, inverse = unique_rows(np.stack(cols, axis=1))
+    per = np.array([_uneven_layers(L, *k) for k in keys.tolist()], dtype=np.int64)
+    out = per[inverse.reshape(-1)].reshape(shape)
+    out.flags.writeable = False
+    return out
 
 
 @lru_cache(maxsize=4096)

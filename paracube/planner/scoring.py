@@ -28,8 +28,8 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
     keyed, n_axes = s.cache.keyed, len(axes_list)
     flat = {st: [k for _, keys in places[st] for k in keys] for st in new}  # placement-major, axes minor
     # every new query of these structures at once (cost_models/links.py: LinkCache.prefetch)
-    s.cache.prefetch((k, places[st][i // n_axes][0], axes_list[i % n_axes]) for st in new
-                     for i, k in enumerate(flat[st]) if k not in keyed)
+    s.cache.prefetch((k, place, ax) for st in new for place, keys in places[st]
+                     for ax, k in zip(axes_list, keys, strict=True) if k not in keyed)
     for st in new:
         s.links[st, cp] = np.array([keyed[k] for k in flat[st]]).reshape(len(places[st]), n_axes, 2)
     return {st: s.links[st, cp] for st in dict.fromkeys(owners)}
@@ -62,22 +62,26 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     optimizer step only (analytic.compute_lower_bound; _staged_times bounds them again)."""
     n = len(batch)
     best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
-    # One evaluation: each configuration on its first placement's links, then on its structure's best links.
-    mat = np.array([st_links[st][0] for st in owners] + [best[st] for st in owners])
+    # One evaluation: each configuration on its first placement's links (not the zero=2/3 ones: they set no bar),
+    # then on its structure's best links. Elementwise per row: the rows left out change no other row.
+    low = np.arange(n) if high is None else np.nonzero(~high)[0]
+    m = len(low)
+    mat = np.array([st_links[owners[i]][0] for i in low.tolist()] + [best[st] for st in owners])
     links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
-    rows = np.concatenate([np.arange(n), np.arange(n)])
+    rows = np.concatenate([low, np.arange(n)])
     res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=overlap[rows], kw=kw, tpo=tpo[rows],
                    memory=False)  # memory: checked by _valid
-    found = res.step_time[:n] if high is None else np.where(high, np.inf, res.step_time[:n])
+    found = np.full(n, np.inf)
+    found[low] = res.step_time[:m]
     allowed = np.ones(n, dtype=bool)
     if s.fixed is not None:  # the bar counts only layouts the pins allow (no placement pin: any placement)
         allowed = np.array([_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed)
                             for i, st in enumerate(owners)], dtype=bool)
         found = np.where(allowed, found, np.inf)
     bar = max(_kth(s, found), _mode_best(s, mode, found), _cp1_best(s, found))
-    bound = step_lower_bound(res, s.d, batch, rows, overlap[rows], s.g.ranks_per_core)[n:]
+    bound = step_lower_bound(res, s.d, batch, rows, overlap[rows], s.g.ranks_per_core)[m:]
     if high is not None and np.any(high):
-        bound = np.where(high, compute_lower_bound(res, s.d, batch, rows, s.g.ranks_per_core)[n:], bound)
+        bound = np.where(high, compute_lower_bound(res, s.d, batch, rows, s.g.ranks_per_core)[m:], bound)
     return bound <= bar * (1 + 1e-9), bound, allowed  # the bar's own configuration stays despite rounding
 
 
@@ -124,12 +128,14 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     places = {st: st.placements() for st in sts}
     owners: list[Structure] = []
     rows: list[tuple[int, ...]] = []
+    counts: list[int] = []  # each configuration's placements (its structure's)
     for st in sts:
-        for cfg in _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed, s.runtime):
-            rows.append(cfg)
-            owners.append(st)
+        cfgs = _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed, s.runtime)
+        rows.extend(cfgs)
+        owners.extend([st] * len(cfgs))
+        counts.extend([len(places[st])] * len(cfgs))
     batch = LayoutBatch.of_rows(rows)
-    n_places = np.array([len(places[st]) for st in owners])
+    n_places = np.array(counts, dtype=np.int64)
     mode_rej: Counter = Counter()
     idx, zeros, kws = _valid(s, mode, batch, n_places, mode_rej)
     s.rejected.update(mode_rej)

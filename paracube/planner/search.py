@@ -220,8 +220,9 @@ def search(
         # whose groups see the same links (the pool holds many) share one estimate, their own layout named in it.
         key = repr(lay)  # every field
         if key not in estimates:
+            own = known_links.get(key) or layout_links(lay, s.cache)  # estimate_many's, where it priced it
             shared = (repr(lay.with_(placement=())), tuple((ax, float(bw[0]), float(lat[0])) for ax, (bw, lat)
-                                                           in layout_links(lay, s.cache).items()))
+                                                           in own.items()))
             if shared in estimates and lay.micro_batch is not None:
                 estimates[key] = replace(estimates[shared], layout=str(lay))
             else:
@@ -230,7 +231,8 @@ def search(
         return estimates[key]
 
     # the ranking's estimates in a few vectorized evaluations (estimate_batch.py: the same results as estimate)
-    fresh = estimate_many(model, training, [lay for _, lay in s.best[:top_k]], topo, s.cache, options)
+    known_links: dict = {}
+    fresh = estimate_many(model, training, [lay for _, lay in s.best[:top_k]], topo, s.cache, options, known_links)
     ranked = [(lay, score(lay)) for _, lay in s.best[:top_k]]
     # HSDP, and zero=1 with its gather overlapped, are priced exactly by `estimate` only: rank by its prices.
     if (fixed is not None and fixed.hybrid) or (param_overlap and any(lay.zero == 1 for lay, _ in ranked)):

@@ -11,7 +11,9 @@ on ~1k-element arrays, so fixed per-call costs dominate. Here the queries whose 
   is asked);
 - the link loads: one bincount over (query, edge) bins. A bin belongs to one query, and bincount adds a bin's
   weights in input order, so each query's loads are the same integers and the same float additions, in the same
-  order, as link_loads.link_load of that query alone;
+  order, as link_loads.link_load of that query alone; where every split share is a multiple of 2^-20 (the usual
+  1 / 2^k channels) whole and split hops are counted in one weighted bincount instead: every partial sum is then a
+  multiple of 2^-20 below 2^33, exact in any order, so the loads are the same values;
 - the answer: the group's own channels are the rows of the stack that are the group (a row's channels depend on
   that row only), so its bandwidth is min(bandwidth / load) over their edges and its latency the max of their
   routes' latencies (min and max do not depend on order): Topology._group_link_uncached's figures.
@@ -174,8 +176,13 @@ def _loads(topo: Topology, arr: np.ndarray, counts: np.ndarray, own: np.ndarray)
     ids, lens = table.gather(rows)
     bins = ids + np.repeat(query * n_edges, lens)  # (query, edge) bins
     size = n_q * n_edges
-    load = np.bincount(bins[np.repeat(whole, lens)], minlength=size)
-    if not whole.all():  # split hops: their shares, weighted per edge, summed in input order per bin
+    odd = np.modf(share * DYADIC)[0] != 0  # shares that are no multiple of 2^-20
+    if whole.all():
+        load = np.bincount(bins, minlength=size)
+    elif not odd.any():  # 1.0 and multiples of 2^-20: partial sums exact (partition_links), one weighted count
+        load = np.bincount(bins, weights=np.repeat(share, lens), minlength=size)
+    else:  # split hops: their shares, weighted per edge, summed in input order per bin after the whole counts
+        load = np.bincount(bins[np.repeat(whole, lens)], minlength=size)
         part = np.repeat(~whole, lens)
         load = load + np.bincount(bins[part], weights=np.repeat(share, lens)[part], minlength=size)
     # the group's own channels: its row of the stack
@@ -190,7 +197,7 @@ def _loads(topo: Topology, arr: np.ndarray, counts: np.ndarray, own: np.ndarray)
     chans_per_q = np.bincount(q_sel, minlength=n_q)
     bw = _segment(np.minimum, ratio, edges_per_q, math.inf)
     latency = _segment(np.maximum, lat, chans_per_q, 0.0)
-    dyadic = np.bincount(query[np.modf(share * DYADIC)[0] != 0], minlength=n_q) == 0
+    dyadic = np.bincount(query[odd], minlength=n_q) == 0
     return bw, latency, dyadic
 
 

@@ -91,4 +91,77 @@ class PartRoutes:
         return ok, ids, lens, lat
 
 
-__all__ = ["PartRoutes"]
+class NodeRoutes:
+    """Rank pairs inside one node routed by the node's template, with numpy: Topology._hops' ids and latencies.
+
+    Topology._path routes a pair on one node (Topology._node_of) as _in_node does: the template path of (the node's
+    signature, the two members' labels), its labels prefixed with the node's own prefix (Topology._template). Here
+    each (signature, label a, label b) is routed once, through _in_node itself, on its first pair; every pair then
+    takes that path's edges on its own node, looked up by (node, edge labels) in a table of the edges inside nodes
+    (built once from Topology._eid: the same ids). Latencies are added column by column in path order, as
+    PartRoutes does (Python's sum: bit-identical). Pairs on two nodes, or whose template has no path (the topology
+    then searches the whole graph), are left to the caller."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        t, n = topo, topo.num_devices
+        names = t._ranks
+        node = [t._node_of[names[r]] for r in range(n)]
+        self.node = np.array([-1 if x is None else x for x in node], dtype=np.int64)
+        labels: dict[tuple[int, str], int] = {}  # (signature, label) -> its id
+        sig, loc = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        for r, ni in enumerate(node):
+            if ni is not None:
+                s_id, prefix = t._template(ni)
+                sig[r], loc[r] = s_id, labels.setdefault((s_id, names[r][len(prefix):]), len(labels))
+        self.sig, self.loc, self.n_labels = sig, loc, max(len(labels), 1)
+        self.inner: dict[tuple[int, str, str], int] | None = None  # (node, label u, label v) -> edge id
+        self.paths: dict[int, tuple[tuple[str, str], ...] | None] = {}  # (sig, a, b) code -> edge labels
+        self.lat = np.asarray(t._lat_of, dtype=np.float64)
+
+    def _inner(self) -> dict[tuple[int, str, str], int]:
+        if self.inner is None:  # every edge with both ends in one node, by its labels there
+            t = self.topo
+            self.inner = {}
+            for (u, v), i in t._eid.items():
+                ni = t._node_of[u]
+                if ni is not None and t._node_of[v] == ni:
+                    cut = len(t._template(ni)[1])
+                    self.inner[ni, u[cut:], v[cut:]] = i
+        return self.inner
+
+    def route(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        """For the pairs a[i] -> b[i]: (which were routed here, then for those only: their edge ids concatenated
+        in pair order, edges per pair, each pair's summed latency)."""
+        t, empty = self.topo, np.zeros(0, dtype=np.int64)
+        dpn = t.devices_per_node  # Topology._hops asks HopParts first where a // dpn != b // dpn: not here
+        ok = (self.node[a] >= 0) & (self.node[a] == self.node[b]) & (a != b) & (a // dpn == b // dpn)
+        code = (self.sig[a] * self.n_labels + self.loc[a]) * self.n_labels + self.loc[b]
+        if ok.any():
+            uniq, first = np.unique(code[ok], return_index=True)
+            at = np.nonzero(ok)[0]
+            for c, j in zip(uniq.tolist(), at[first].tolist(), strict=True):
+                if c not in self.paths:
+                    src, dst = t._ranks[int(a[j])], t._ranks[int(b[j])]
+                    path = t._in_node(src, dst)
+                    cut = len(t._template(t._node_of[src])[1])
+                    self.paths[c] = None if not path else tuple(
+                        (u[cut:], v[cut:]) for u, v in zip(path, path[1:], strict=False))
+            ok &= np.array([self.paths.get(c) is not None for c in code.tolist()], dtype=bool)
+        if not ok.any():
+            return ok, empty, empty, np.zeros(0)
+        inner = self._inner()
+        ids_list = [inner[nd, u, v] for nd, c in zip(self.node[a[ok]].tolist(), code[ok].tolist(), strict=True)
+                    for u, v in self.paths[c]]  # type: ignore[union-attr]
+        lens = np.array([len(self.paths[c]) for c in code[ok].tolist()], dtype=np.int64)  # type: ignore[arg-type]
+        ids = np.array(ids_list, dtype=np.int64)
+        pos = np.arange(len(ids), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        mat = np.zeros((len(lens), int(lens.max(initial=0))))
+        mat[np.repeat(np.arange(len(lens)), lens), pos] = self.lat[ids]
+        lat = np.zeros(len(lens))
+        for col in mat.T:  # left to right, as sum() adds them
+            lat = lat + col
+        return ok, ids, lens, lat
+
+
+__all__ = ["NodeRoutes", "PartRoutes"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from paracube.topologies.hop_batch import PartRoutes
+from paracube.topologies.hop_batch import NodeRoutes, PartRoutes
 from paracube.topologies.ring_batch import ring_channel_table
 
 # topology.Topology (not imported: it imports this module); reads its route caches (_ranks, _nic_of, _in_node ...)
@@ -204,6 +204,7 @@ class HopTable:
         self.used = 0
         self._latency = np.zeros(0)  # each row's summed link latency (Topology._hops)
         self._parts: PartRoutes | None = None  # built at the first pairs routed
+        self._nodes: NodeRoutes | None = None
         self._start = np.zeros(0, dtype=np.int64)
         self._length = np.zeros(0, dtype=np.int64)
 
@@ -226,12 +227,21 @@ class HopTable:
 
     def _add(self, keys: np.ndarray) -> None:
         """Route the new pairs and append them: those whose route splits into parts all at once
-        (hop_batch.PartRoutes), the rest as Topology._hops does (same ids, same latency additions)."""
+        (hop_batch.PartRoutes), those inside one node by its template (hop_batch.NodeRoutes), the rest as
+        Topology._hops does (same ids, same latency additions)."""
         t, n = self.topo, self.n
         a, b = keys // n, keys % n
         if self._parts is None:
-            self._parts = PartRoutes(t)
+            self._parts, self._nodes = PartRoutes(t), NodeRoutes(t)
         ok, fast_ids, fast_lens, fast_lat = self._parts.route(a, b)
+        inner, in_ids, in_lens, in_lat = self._nodes.route(a[~ok], b[~ok])  # pairs inside one node, by template
+        if inner.any():  # routed by parts, then inside nodes, then the rest: rows in that order (`added`)
+            rest = np.nonzero(~ok)[0]
+            keys = np.concatenate((keys[ok], keys[rest[inner]], keys[rest[~inner]]))
+            a, b = keys // n, keys % n
+            ok = np.arange(len(keys)) < len(fast_lens) + len(in_lens)
+            fast_ids, fast_lens = np.concatenate((fast_ids, in_ids)), np.concatenate((fast_lens, in_lens))
+            fast_lat = np.concatenate((fast_lat, in_lat))
         slow_ids: list[int] = []
         slow_lens, slow_lat = [], []
         for x, y in zip(a[~ok].tolist(), b[~ok].tolist(), strict=True):

@@ -450,8 +450,11 @@ class Topology:
         """(edge ids of the group's ring hops, ring hops crossing every edge with `concurrent` running, every
         edge's bandwidth): what topologies/sharing.py splits between two sets of groups running at once."""
         group = self._group(ranks)
-        ids = [self._hops(s, r)[0] for chans in self._ring_channels(group) for s, r, _ in chans]
-        edges = np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
+        # its channels' edges (the set: np.unique sorts), by the hop table (each pair's _hops ids; ring_batch.py's
+        # channels are _ring_channels', in its order)
+        send, recv = channel_arrays(self, [group])[:2]
+        ids = self._table.gather(self._table.rows(send, recv))[0] if len(send) else np.zeros(0, dtype=np.int64)
+        edges = np.unique(ids)
         return edges, self._load_cached(self._groups(concurrent) | {group}), self._bw_arr
 
     def group_link(self, ranks: Sequence[int], concurrent: Sequence[Sequence[int]] = ()) -> GroupLink:
