@@ -66,9 +66,9 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   recomputation, 0.1.0rc4's recipe default, needs 40.9 GiB and prices +24.1%. moe12 (2026-12-03) priced three pieces
   as Megatron-core runs them, each general: DeepEP / HybridEP calls pay one route latency, not (n - 1) (one kernel to
   every peer at once, moe_a2a.py); selective recomputation re-runs the attention core at its true head widths
-  (moe.delta_again: MLA's 192 / 128, Qwen3's 128 against the dense part's hidden / heads); each stage's blocks take
-  their own MLP width (mlp_delta.py: DeepSeek-V3's shared expert 2048, not the 2816-wide mean, and no 128-wide
-  stand-in where a block has no shared expert). Refit on the fit row: A2A_NIC_EFF 0.911 (shipped 0.91). Rows before ->
+  (attention_correction.delta_again: MLA's 192 / 128, Qwen3's 128 against the dense part's hidden / heads); each
+  stage's blocks take their own MLP width (mlp_delta.py: DeepSeek-V3's shared expert 2048, not the 2816-wide mean, and
+  no 128-wide stand-in where a block has no shared expert). Refit on the fit row: A2A_NIC_EFF 0.911 (shipped 0.91). Rows before ->
   after: qwen3-235b-256 -0.3 -> +0.1% (fit), qwen3-30b-16 -1.9 -> +0.3%, deepseek-v3-1024 +20.4 -> +15.7%,
   qwen3-30b-16-fp8 -35.0 -> -39.0%, qwen3-235b-256-fp8 -16.2 -> -17.0%, Mixtral -1.9 -> -2.2% (B200), -9.7 -> -10.3%
   (GB200); every dense row unchanged. Readings of the held-out misses

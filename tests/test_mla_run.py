@@ -171,7 +171,7 @@ def test_what_mla_does_not_run_is_refused_in_one_line(layout: str, expect: str) 
 def test_mla_parameters_per_rank_are_priced() -> None:
     """The count the buckets are built from (traffic.parameter_units) is the model's own on one rank, and in
     1D the replicated down projections are whole on every rank (ModelSpec.num_parameters: the serial count);
-    the memory model counts the same (cost_models/moe.attention_delta)."""
+    the memory model counts the same (cost_models/attention_correction.attention_delta)."""
     d = dims_of(SPEC, TrainingSpec(global_batch=8))
     one = local_parameter_count(parse_layout("dp=1"), d)
     assert one == SPEC.num_parameters()  # its vocabulary (256) needs no padding

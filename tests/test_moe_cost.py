@@ -176,13 +176,13 @@ def test_memory_is_one_stages_dense_and_expert_parts(h100: object) -> None:
 
 @pytest.mark.parametrize("recompute", ["selective", "full", "none"])
 def test_recomputation_reruns_the_true_attention_core(h100: object, recompute: str) -> None:
-    """Megatron-core's core_attn checkpoint re-runs the whole core at its true head widths (moe.delta_again):
-    Qwen3-235B's heads (128 wide) are twice the dense part's (4096 / 64), so selective recomputation re-runs one more
-    dense core forward (compute.attention_core_time) than the dense part does; full recomputation the whole
-    correction; none nothing."""
+    """Megatron-core's core_attn checkpoint re-runs the whole core at its true head widths
+    (attention_correction.delta_again): Qwen3-235B's heads (128 wide) are twice the dense part's (4096 / 64), so
+    selective recomputation re-runs one more dense core forward (compute.attention_core_time) than the dense part
+    does; full recomputation the whole correction; none nothing."""
     from paracube.cost_models.analytic import prepare
+    from paracube.cost_models.attention_correction import attention_delta, delta_again
     from paracube.cost_models.compute import attention_core_time, gemm_model
-    from paracube.cost_models.moe import attention_delta, delta_again
 
     model, layout = PRESETS["qwen3-235b-a22b"], parse_layout("dp=4,pp=2,ep=4,tp=1d:2,sp,mb=1,zero=1")
     train = TrainingSpec(global_batch=32, dtype="bf16", recompute=recompute)

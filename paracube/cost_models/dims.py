@@ -68,8 +68,9 @@ class Dims:
     # runs them (executor/layers/mla.py; cost_models/mla.py); its GEMMs are priced by cost_models/moe.py
     mla: MLASpec | None = None
     # A head width other than hidden / heads (ModelSpec.head_size, Qwen3; 0: hidden / heads) and per-head q / k norms
-    # (ModelSpec.qk_norm): the dense part keeps its linears at hidden / heads (moe.dense_part: moe.attention_delta
-    # prices the difference); the activation counts read the true widths (q_width, kv_width).
+    # (ModelSpec.qk_norm): the dense part keeps its linears at hidden / heads (moe.dense_part:
+    # attention_correction.attention_delta prices the difference); the activation counts read the true widths
+    # (q_width, kv_width).
     head_size: int = 0
     qk_norm: bool = False
 

@@ -7,7 +7,7 @@ Split as Megatron-core splits MLA in 1D (tensor modes none and 1D run it): the d
 whole on every tensor rank, q_b and kv_b by columns (whole heads), proj by rows (the mode's `linear_shard`),
 the block norms as the mode's vectors. The tensor-parallel collectives are the mode's declaration reading
 Dims.attn_in_width (the latent's width) and Dims.attn_replicated (modes/one_d.py); the GEMMs and the attention
-core are priced by cost_models/moe.attention_delta.
+core are priced by cost_models/attention_correction.attention_delta.
 
 --dtype fp8 (`fp8_linears`, read by cost_models/fp8.py): every one of these linears runs FP8 GEMMs in the executor
 (executor/layers/mla.py), so a block's casts, FP8 weight copies and amaxes are those of its 7 linears (6 without

@@ -24,7 +24,8 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   (host_issue.py: max(GPU work, host issue time) per segment, the GPU work the dense block's and this module's);
 - per step: the expert gradients' all_reduce over edp (fp32; exposed, or under the last backward as
   grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
-- attention correction (MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden / heads, Qwen3):
+- attention correction (attention_correction.py; MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden /
+  heads, Qwen3):
   the difference between the true attention linears and the dense part's (qkv [h, h + 2 kv], proj [h, h]),
   and the attention core with qk / v head widths instead of hidden / heads, at the dense part's shapes;
 - memory: expert parameters (c bytes), fp32 gradients, AdamW state (sharded over edp with zero >= 1,
@@ -46,8 +47,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from paracube.cost_models.attention_correction import attention_delta, delta_again
 from paracube.cost_models.collective import collective_time
-from paracube.cost_models.compute import GemmModel, attention_core_time, optimizer_time
+from paracube.cost_models.compute import GemmModel, optimizer_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.host_issue import block_idle
 from paracube.cost_models.host_sync import sync_seconds
@@ -213,59 +215,6 @@ def grad_event(model: ModelSpec, layout: Layout, stage: int, d: Dims | None = No
     return CommEvent("all_reduce", ("edp",), layout.expert_data, size * n, dtype, "grad_sync", "expert_gradients")
 
 
-def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float, int]:
-    """(forward s, backward s, parameters) one block's true attention adds to the dense part's (module doc)."""
-    if model.mla is None and model.head_size is None:
-        return 0.0, 0.0, 0
-    h, t = d.h, layout.tensor_size
-    T = mb * d.s // layout.cp
-    if model.mla is not None:
-        true = [(a, b) for _, a, b in model.mla.linears(h, model.heads)]
-    else:
-        q, kv = model.heads * model.head_dim, model.num_kv_heads * model.head_dim
-        true = [(h, q + 2 * kv), (q, h)]
-    dense = [(h, h + 2 * d.kv), (h, h)]
-
-    def lin(shapes: list[tuple[int, int]]) -> tuple[float, float]:
-        f = b = 0.0
-        for a, o in shapes:
-            y, dx, da = g.gemms(T, max(o // t, 1), a)
-            f, b = f + float(y), b + float(dx + da)
-        return f, b
-
-    (tf, tb), (df, db) = lin(true), lin(dense)
-    core_f, core_b = _core_delta(model, d, layout, mb, g)
-    params = sum(a * o for a, o in true) - sum(a * o for a, o in dense)
-    # MLA's down projections and norms are whole on every tensor rank (Dims.attn_replicated; executor/layers/mla.py)
-    rep = d.attn_replicated
-    norms = rep - (h * (model.mla.q_lora_rank or 0) + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)
-                   if model.mla is not None else 0)
-    return tf - df + core_f, tb - db + core_b, (params - (rep - norms)) // t + rep
-
-
-def _core_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float]:
-    """(forward s, backward s) the attention core at its true qk / v head widths adds to the dense part's."""
-    if model.mla is not None:
-        qk, v = model.mla.qk_head_dim, model.mla.v_head_dim
-    else:
-        qk = v = model.head_dim
-    core_f, core_b = attention_core_time(d, mb, layout.tensor_size, g)
-    ratio = (qk + v) / (2.0 * (d.h // d.heads)) - 1.0
-    return ratio * float(np.asarray(core_f).ravel()[0]), ratio * float(np.asarray(core_b).ravel()[0])
-
-
-def delta_again(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, forward: float) -> float:
-    """Forward seconds of the attention correction (`forward`: attention_delta's) the backward runs again: all of it
-    under full recomputation; under selective recomputation of the attention core (recompute.py's "attention" rule,
-    whose dense part re-runs the dense core) the core's correction: Megatron-core's core_attn checkpoint re-runs the
-    whole core at its true head widths, MLA's too (multi_latent_attention.py: _checkpointed_attention_forward)."""
-    if d.recompute == "full":
-        return forward
-    if d.recompute == "selective" and d.selective == "attention" and (model.mla is not None or model.head_size):
-        return _core_delta(model, d, layout, mb, g)[0]
-    return 0.0
-
-
 @dataclass
 class StageCost:
     """What one stage adds per micro-batch (work: compute + exposed collectives) and per step."""
@@ -366,6 +315,6 @@ def priced(model: ModelSpec) -> bool:
     return model.moe is not None or model.mla is not None or model.head_size is not None
 
 
-__all__ = ["BlockCost", "StageCost", "attention_delta", "block_cost", "delta_again", "dense_part", "expert_links",
+__all__ = ["BlockCost", "StageCost", "block_cost", "dense_part", "expert_links",
            "expert_placement", "grad_event", "moe_layers_of", "priced", "stage_cost", "tokens_per_rank",
            "violations"]

@@ -61,9 +61,9 @@ A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe.expe
 # of the fabric's ring-fitted efficiency, efficiency.FABRICS). FITTED on ONE row, qwen3-235b-256
 # (benchmarks/data/published_runs_moe.csv, Megatron-Bridge 25.09, ep=32 over 4 DGX H100 nodes); the other MoE rows
 # are held out (its alltoall dispatcher: a token-drop run). Refitted on this head (`published_runs.py --refit`: 0.911,
-# once the attention core's selective recomputation is priced at its true head width, moe.delta_again, and each block's
-# MLP at its own width, mlp_delta.py; 0.899 before them, 0.92 before the Hopper NVLink refit); DeepEP's own table
-# (H800, CX7 400 Gb/s) reads 0.87-0.89 of the line rate once its counted bytes are the remote nodes' only
+# once the attention core's selective recomputation is priced at its true head width, attention_correction.py, and
+# each block's MLP at its own width, mlp_delta.py; 0.899 before them, 0.92 before the Hopper NVLink refit); DeepEP's
+# own table (H800, CX7 400 Gb/s) reads 0.87-0.89 of the line rate once its counted bytes are the remote nodes' only
 # (moe_dispatch.py). NDR InfiniBand only was fitted; the other fabrics of the NVSwitch presets borrow it.
 A2A_NIC_EFF = 0.91
 PLAIN = Dispatch()  # the plain all_to_all: every flow as it is

@@ -5,9 +5,9 @@ all_gather,) the experts' compute, (etp reduce_scatter,) combine all_to_all; in 
 dense backward (after its recomputation under full recomputation, which repeats the forward ones): the backward
 collectives around the experts' backward compute; before a forward's dispatch its counts (moe_counts.py: the copy
 counts over ep, the aux loss's over tp), and in the tail the experts' norm all_reduce. The attention correction
-(moe.attention_delta) is added to the largest compute op of each block's forward and backward (it may be negative: a
-true attention smaller than the dense part's). The all_to_alls run with payload x imbalance (the most loaded
-receiver sets their time; the declared events keep the balanced bytes). The expert gradient reduction runs in the
+(attention_correction.attention_delta) is added to the largest compute op of each block's forward and backward (it may
+be negative: a true attention smaller than the dense part's). The all_to_alls run with payload x imbalance (the most
+loaded receiver sets their time; the declared events keep the balanced bytes). The expert gradient reduction runs in the
 tail before the optimizer (with the layout's `overlap`: issued as the last backward starts, waited on in the tail,
 as moe_step.py prices it), and the expert optimizer step is added to the optimizer op. With the layout's `a2ao`, the
 `fwd` / `bwd` lists' compute is shortened by what the combined 1F1B steps hide of the partner pass's all_to_alls
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from paracube.cost_models.attention_correction import attention_delta, delta_again
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.event_program import Op, StageProgram
@@ -28,9 +29,7 @@ from paracube.cost_models.host_sync import HOST_WAIT
 from paracube.cost_models.mlp_delta import block_deltas
 from paracube.cost_models.moe import (
     StageCost,
-    attention_delta,
     block_cost,
-    delta_again,
     grad_event,
     moe_layers_of,
     routed,

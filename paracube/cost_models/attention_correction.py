@@ -1,0 +1,76 @@
+"""The attention correction of a model whose attention is not the dense part's: multi-head latent attention
+(DeepSeek-V2, arXiv 2405.04434) or a head width other than hidden / heads (Qwen3).
+
+The dense engines price `moe.dense_part(model)`, whose attention is grouped-query attention of hidden / heads per
+head (qkv [h, h + 2 kv], proj [h, h]). Per block and micro-batch on one rank, this module gives what the true
+attention adds to that: the difference between the true attention linears and the dense part's at the dense
+part's token count, the attention core at its true qk / v head widths (the dense core scaled by (qk + v) / (2 h /
+heads)), and the parameters; `delta_again` the forward part a backward re-runs under recomputation. Read by
+moe.stage_cost (analytic) and moe_program.with_blocks (event), so both engines add the same seconds. Split from
+moe.py, which prices the experts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paracube.cost_models.compute import GemmModel, attention_core_time
+from paracube.cost_models.dims import Dims
+from paracube.layout import Layout
+from paracube.workload import ModelSpec
+
+
+def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float, int]:
+    """(forward s, backward s, parameters) one block's true attention adds to the dense part's (module doc)."""
+    if model.mla is None and model.head_size is None:
+        return 0.0, 0.0, 0
+    h, t = d.h, layout.tensor_size
+    T = mb * d.s // layout.cp
+    if model.mla is not None:
+        true = [(a, b) for _, a, b in model.mla.linears(h, model.heads)]
+    else:
+        q, kv = model.heads * model.head_dim, model.num_kv_heads * model.head_dim
+        true = [(h, q + 2 * kv), (q, h)]
+    dense = [(h, h + 2 * d.kv), (h, h)]
+
+    def lin(shapes: list[tuple[int, int]]) -> tuple[float, float]:
+        f = b = 0.0
+        for a, o in shapes:
+            y, dx, da = g.gemms(T, max(o // t, 1), a)
+            f, b = f + float(y), b + float(dx + da)
+        return f, b
+
+    (tf, tb), (df, db) = lin(true), lin(dense)
+    core_f, core_b = _core_delta(model, d, layout, mb, g)
+    params = sum(a * o for a, o in true) - sum(a * o for a, o in dense)
+    # MLA's down projections and norms are whole on every tensor rank (Dims.attn_replicated; executor/layers/mla.py)
+    rep = d.attn_replicated
+    norms = rep - (h * (model.mla.q_lora_rank or 0) + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)
+                   if model.mla is not None else 0)
+    return tf - df + core_f, tb - db + core_b, (params - (rep - norms)) // t + rep
+
+
+def _core_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float]:
+    """(forward s, backward s) the attention core at its true qk / v head widths adds to the dense part's."""
+    if model.mla is not None:
+        qk, v = model.mla.qk_head_dim, model.mla.v_head_dim
+    else:
+        qk = v = model.head_dim
+    core_f, core_b = attention_core_time(d, mb, layout.tensor_size, g)
+    ratio = (qk + v) / (2.0 * (d.h // d.heads)) - 1.0
+    return ratio * float(np.asarray(core_f).ravel()[0]), ratio * float(np.asarray(core_b).ravel()[0])
+
+
+def delta_again(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, forward: float) -> float:
+    """Forward seconds of the attention correction (`forward`: attention_delta's) the backward runs again: all of it
+    under full recomputation; under selective recomputation of the attention core (recompute.py's "attention" rule,
+    whose dense part re-runs the dense core) the core's correction: Megatron-core's core_attn checkpoint re-runs the
+    whole core at its true head widths, MLA's too (multi_latent_attention.py: _checkpointed_attention_forward)."""
+    if d.recompute == "full":
+        return forward
+    if d.recompute == "selective" and d.selective == "attention" and (model.mla is not None or model.head_size):
+        return _core_delta(model, d, layout, mb, g)[0]
+    return 0.0
+
+
+__all__ = ["attention_delta", "delta_again"]
