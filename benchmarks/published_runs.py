@@ -119,7 +119,14 @@ from paracube.calibration.from_runs import (  # noqa: E402
 )
 from paracube.cost_models.moe_a2a import A2A_NIC_EFF, A2A_NIC_SOURCE  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
-from paracube.topologies.efficiency import FABRICS, FP8_GEMM, GENERATIONS, OVERLAP_DRAG, sources  # noqa: E402
+from paracube.topologies.efficiency import (  # noqa: E402
+    FABRICS,
+    FP8_GEMM,
+    GENERATIONS,
+    OVERLAP_DRAG,
+    STRAGGLER,
+    sources,
+)
 from paracube.topologies.nvswitch import fabrics  # noqa: E402
 from paracube.topologies.presets import PRESETS  # noqa: E402
 
@@ -134,9 +141,9 @@ MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
 # rows of both systems (freeing flash_eff and NVLink 5 too sends the FP8 eff_max to its bound 0.95 and flash
 # attention to 0.20: the rows cannot separate them); the 16-bit curve, mem_eff and flash_eff stay Hopper's (no
 # 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED).
-HOPPER_FREE = ("eff_max", "mem_eff", "fp8_eff_max", "flash_eff", "overlap_drag")
-BLACKWELL_FREE = ("fp8_eff_max", "overlap_drag")
-AMPERE_FREE = ("overlap_drag",)  # the rest as fitted 2026-11 (topologies/efficiency.py)
+HOPPER_FREE = ("eff_max", "mem_eff", "fp8_eff_max", "flash_eff", "overlap_drag", "straggler")
+BLACKWELL_FREE = ("fp8_eff_max", "overlap_drag", "straggler")
+AMPERE_FREE = ("overlap_drag", "straggler")  # the rest as fitted 2026-11 (topologies/efficiency.py)
 BLACKWELL = ("dgx-b200", "gb200-nvl72")
 DEVICE_GROUP = {"V100-SXM3-32GB": "V100", "A100-SXM-80GB": "A100", "H100-SXM-80GB": "H100",
                 "H200-SXM-141GB": "H200", "B200-SXM-180GB": "B200/GB200", "B200-GB200-186GB": "B200/GB200"}
@@ -160,6 +167,9 @@ def _figures() -> None:
         if gen in OVERLAP_DRAG:
             drag = OVERLAP_DRAG[gen]
             line += f"; overlap drag {drag.values['overlap_drag']:.2f}{'' if drag.fitted else ' (NOT FITTED)'}"
+        if gen in STRAGGLER:
+            jit = STRAGGLER[gen]
+            line += f"; replica jitter {jit.values['straggler']:.3f} sqrt(s){'' if jit.fitted else ' (NOT FITTED)'}"
         print(line)
     print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
                                     for k, f in FABRICS.items()))

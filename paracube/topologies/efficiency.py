@@ -116,8 +116,9 @@ TODAY = "benchmarks/data/published_runs_today.csv"
 
 # Fitted 2026-12-03 (fit6; calibration/from_runs.fit_runs, runtime megatron; benchmarks/published_runs.py --refit),
 # m0 held at fit2's figure, NVLink 4 at fit5's and NDR at NCCL's physical bus bandwidth (docstring):
-HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.694, 108.0, 0.90, 0.572, 0.348
+HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.704, 108.0, 0.90, 0.587, 0.344
 NVLINK4, NDR = 0.874, 0.85
+STRAGGLER_HOPPER = 0.014  # sqrt(s): 20 ms of jitter over a 2 s step (scale1, 2026-12-03; STRAGGLER below)
 BLACKWELL_FP8_MAX = 0.520  # the B200 rows' misses have opposite signs (+2.4%, -9.8%): structural, see above
 
 
@@ -171,6 +172,20 @@ OVERLAP_DRAG: dict[str, Figures] = {
                          f"fitted on the dgx-b200 and gb200-nvl72 rows of {TODAY} (goes to 0)", True),
 }
 
+# Per-rank jitter s (sqrt(s)) the step's barrier over the data-parallel replicas meets (cost_models/stragglers.py:
+# wait = s sqrt(T) E[max of dp normals]). Fitted by `benchmarks/published_runs.py --refit` with each generation's
+# other free figures on its fit rows (2026-12-03, scale1): hopper 0.01396 (shipped 0.014); ampere 0.0015 beside its
+# drag (0.21 then; the A100 rd / rd-dp pairs, 1-8 against 128-1024 GPUs, show no growth: shipped 0, the drag as fitted
+# alone, 0.23); blackwell goes to 0 on its fit rows; no V100 run of the set has data-parallel replicas.
+STRAGGLER: dict[str, Figures] = {
+    "volta": Figures({"straggler": 0.0}, "no run of the set has data-parallel replicas on V100", False),
+    "ampere": Figures({"straggler": 0.0}, f"fitted on the dgx-a100 rows of {RUNS} (0.0015 beside the drag, under "
+                      "0.4% of any A100 step: 0 shipped)", True),
+    "hopper": Figures({"straggler": STRAGGLER_HOPPER}, f"fitted on the dgx-h100 rows of {TODAY}", True),
+    "blackwell": Figures({"straggler": 0.0},
+                         f"fitted on the dgx-b200 and gb200-nvl72 rows of {TODAY} (goes to 0)", True),
+}
+
 FABRICS: dict[str, Figures] = {
     "nvlink2-nvswitch": Figures({"eff": 0.47}, f"fitted on the dgx2-v100 rows of {RUNS}", True),
     "nvlink3-nvswitch": Figures({"eff": 0.50}, f"fitted on the dgx-a100 rows of {RUNS}", True),
@@ -195,7 +210,9 @@ def device_eff(device: DeviceSpec) -> dict[str, float] | None:
         return None
     fp8 = FP8_GEMM.get(device.generation)
     drag = OVERLAP_DRAG[device.generation].values if device.generation in OVERLAP_DRAG else {}
-    return {**GENERATIONS[device.generation].values, **(fp8.values if fp8 and device.has_fp8 else {}), **drag}
+    jitter = STRAGGLER[device.generation].values if device.generation in STRAGGLER else {}
+    return {**GENERATIONS[device.generation].values, **(fp8.values if fp8 and device.has_fp8 else {}), **drag,
+            **jitter}
 
 
 def overlap_drag(device: DeviceSpec) -> float:
@@ -203,6 +220,13 @@ def overlap_drag(device: DeviceSpec) -> float:
     if device.name not in CALIBRATED_DEVICES or device.generation not in OVERLAP_DRAG:
         return 0.0
     return OVERLAP_DRAG[device.generation].values["overlap_drag"]
+
+
+def straggler(device: DeviceSpec) -> float:
+    """The device generation's per-rank jitter s (STRAGGLER; 0 for devices without fitted figures)."""
+    if device.name not in CALIBRATED_DEVICES or device.generation not in STRAGGLER:
+        return 0.0
+    return STRAGGLER[device.generation].values["straggler"]
 
 
 def fabric_eff(name: str) -> float:
@@ -223,6 +247,8 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
             out["fp8 gemm"] = _say(FP8_GEMM[device.generation])
         if device.generation in OVERLAP_DRAG:
             out["overlap drag"] = _say(OVERLAP_DRAG[device.generation])
+        if device.generation in STRAGGLER:
+            out["straggler"] = _say(STRAGGLER[device.generation])
     for tier, fabric in (("intra-node", intra), ("inter-node", inter)):
         if fabric:
             out[f"{tier} {fabric}"] = _say(FABRICS[fabric]) if fabric in FABRICS else "nominal rate: no figure"
@@ -246,7 +272,8 @@ def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = Non
     m0 = eff["m0"]
     return Calibration(gemm=GemmFit(eff_max=eff["eff_max"], m0=m0, n0=m0, k0=m0, mem_eff=eff["mem_eff"],
                                     fp8_eff_max=eff.get("fp8_eff_max"), fp8_m0=eff.get("fp8_m0"),
-                                    flash_eff=eff.get("flash_eff"), overlap_drag=eff.get("overlap_drag")))
+                                    flash_eff=eff.get("flash_eff"), overlap_drag=eff.get("overlap_drag"),
+                                    straggler=eff.get("straggler")))
 
 
 @dataclass(frozen=True)
@@ -264,6 +291,7 @@ class Fit:
     fp8_m0: float | None = None
     flash_eff: float | None = None  # fused attention's fraction of the 16-bit peak (None: the shipped figure)
     overlap_drag: float | None = None  # cost_models/overlap_drag.py's D (None: the shipped figure)
+    straggler: float | None = None  # cost_models/stragglers.py's s (None: the shipped figure)
 
     def device(self) -> dict[str, float]:
         out = {"eff_max": self.eff_max, "m0": self.m0, "mem_eff": self.mem_eff}
@@ -273,6 +301,8 @@ class Fit:
             out["flash_eff"] = self.flash_eff
         if self.overlap_drag is not None:
             out["overlap_drag"] = self.overlap_drag
+        if self.straggler is not None:
+            out["straggler"] = self.straggler
         return out
 
 
