@@ -88,3 +88,15 @@ def test_the_search_adds_the_same_wait(gb: int, text: str) -> None:
     assert str(lay) == str(lay0)
     want = float(straggler_wait(without.step_time_s, lay.dp, s))
     assert with_it.step_time_s - without.step_time_s == pytest.approx(want, rel=1e-9)
+
+
+def test_pruning_by_the_bounds_keeps_the_same_ranking() -> None:
+    """score_bounds adds the wait on its bound (the wait grows with the step): pruned and exhaustive searches rank
+    the same layouts at the same step times (1e-12: the same float sums) with a large figure."""
+    from paracube.planner.search import search
+
+    topo = _topo(64, 0.05)
+    training = TrainingSpec(global_batch=64, dtype="bf16", recompute="none")
+    pruned, full = (search(SPEC, training, topo, 64, top_k=5, prune=p).ranked for p in (True, False))
+    assert [str(lay) for lay, _ in pruned] == [str(lay) for lay, _ in full]
+    assert [e.step_time_s for _, e in pruned] == pytest.approx([e.step_time_s for _, e in full], rel=1e-12)
