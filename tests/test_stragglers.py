@@ -11,7 +11,7 @@ from scipy import integrate, stats
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.event import estimate_event
-from paracube.cost_models.stragglers import expected_max, straggler_wait
+from paracube.cost_models.stragglers import expected_max, straggler_wait, without_wait
 from paracube.layout import parse_layout
 from paracube.topologies import load_topology
 from paracube.topologies.calibration import as_calibration
@@ -100,3 +100,10 @@ def test_pruning_by_the_bounds_keeps_the_same_ranking() -> None:
     pruned, full = (search(SPEC, training, topo, 64, top_k=5, prune=p).ranked for p in (True, False))
     assert [str(lay) for lay, _ in pruned] == [str(lay) for lay, _ in full]
     assert [e.step_time_s for _, e in pruned] == pytest.approx([e.step_time_s for _, e in full], rel=1e-12)
+
+
+@pytest.mark.parametrize("step,replicas,s", [(2.0, 512, 0.014), (1e-3, 8, 0.05), (30.0, 2, 0.2), (0.5, 1, 0.1)])
+def test_without_wait_inverts_the_wait(step: float, replicas: int, s: float) -> None:
+    """moe_step.with_moe takes the dense part's wait off before adding the experts' time: the inverse is exact."""
+    with_it = step + float(straggler_wait(step, replicas, s))
+    assert float(without_wait(with_it, replicas, s)) == pytest.approx(step, rel=1e-12)

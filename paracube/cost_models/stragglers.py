@@ -15,7 +15,8 @@ mean (exact 0.564, 1.029, 2.070, 3.044 at R = 2, 4, 32, 512; Blom 0.590, 1.049, 
 replica (its tensor, context and pipeline groups) synchronize every layer or micro-batch: they are one noise
 unit, whose extra waits the generation's efficiencies already absorb at any scale; only the replica count grows
 with a weak-scaling series.
-Both engines add `wait` to the step they price (analytic_scores.evaluate, event.simulate), T their own step.
+Both engines add `wait` to the step they price (analytic_scores.evaluate, event.simulate), T their own step
+(with experts: the whole step, moe_step.with_moe re-pricing the dense part's wait with the experts' time in T).
 
 Checked against the published weak-scaling series (benchmarks/published_runs.py; topologies/efficiency.py):
 the measured steps grow 1-10% from their smallest to their largest run where the rest of the model stays flat.
@@ -49,4 +50,12 @@ def straggler_wait(step: ArrayLike, replicas: ArrayLike, s: float) -> Arr:
     return s * np.sqrt(np.maximum(step, 0.0)) * expected_max(replicas)
 
 
-__all__ = ["expected_max", "straggler_wait"]
+def without_wait(step: ArrayLike, replicas: ArrayLike, s: float) -> Arr:
+    """The step T before its wait, from T + s sqrt(T) E = `step` (the positive root: sqrt(T) = (sqrt(c^2 + 4 step)
+    - c) / 2, c = s E): what moe_step.with_moe re-prices once the experts' time is added."""
+    step = np.asarray(step, dtype=np.float64)
+    c = s * expected_max(replicas)
+    return ((np.sqrt(c * c + 4.0 * np.maximum(step, 0.0)) - c) / 2.0) ** 2
+
+
+__all__ = ["expected_max", "straggler_wait", "without_wait"]
