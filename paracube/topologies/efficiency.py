@@ -97,6 +97,9 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   activation, casts and operand reads; the 256k-vocabulary cross-entropy is 16 ms of the 15B B200 step).
   gb200-n4-340B and gb200-gpt3-175B price with nearly one mix of figures (FP8 0.69 / 0.76, memory 0.08 / 0.09,
   flash 0.07 / 0.04, bf16 0.06 / 0.02) and miss by -13.6 / +1.5%: no generation figure can separate them.
+Scale (scale1, 2026-12-03): the step's wait for the slowest data-parallel replica priced (cost_models/stragglers.py,
+whose docstring gives the weak-scaling series' growth and what else was checked); Hopper refit with it on its fit
+rows: s 0.014 (STRAGGLER), eff_max 0.704, FP8 eff_max 0.587, flash 0.344 (mem_eff at its bound).
 What no run exercises is borrowed from the nearest fitted generation / fabric and flagged (`fitted=False`, or a
 `note` naming the figure) with its source; `paracube topologies` prints every preset's sources (`sources`).
 """
@@ -172,11 +175,9 @@ OVERLAP_DRAG: dict[str, Figures] = {
                          f"fitted on the dgx-b200 and gb200-nvl72 rows of {TODAY} (goes to 0)", True),
 }
 
-# Per-rank jitter s (sqrt(s)) the step's barrier over the data-parallel replicas meets (cost_models/stragglers.py:
-# wait = s sqrt(T) E[max of dp normals]). Fitted by `benchmarks/published_runs.py --refit` with each generation's
-# other free figures on its fit rows (2026-12-03, scale1): hopper 0.01396 (shipped 0.014); ampere 0.0015 beside its
-# drag (0.21 then; the A100 rd / rd-dp pairs, 1-8 against 128-1024 GPUs, show no growth: shipped 0, the drag as fitted
-# alone, 0.23); blackwell goes to 0 on its fit rows; no V100 run of the set has data-parallel replicas.
+# Per-rank jitter s (sqrt(s)) the step's barrier over the data-parallel replicas meets (cost_models/stragglers.py).
+# `benchmarks/published_runs.py --refit` (scale1): hopper 0.01396; ampere 0.0015 beside a drag of 0.21 (shipped 0 and
+# the drag fitted alone, 0.23); blackwell 0 on its fit rows; no V100 run has data-parallel replicas.
 STRAGGLER: dict[str, Figures] = {
     "volta": Figures({"straggler": 0.0}, "no run of the set has data-parallel replicas on V100", False),
     "ampere": Figures({"straggler": 0.0}, f"fitted on the dgx-a100 rows of {RUNS} (0.0015 beside the drag, under "
