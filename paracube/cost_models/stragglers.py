@@ -19,26 +19,26 @@ Both engines add `wait` to the step they price (analytic_scores.evaluate, event.
 (with experts: the whole step, moe_step.with_moe re-pricing the dense part's wait with the experts' time in T).
 
 Fitted and checked on the published runs (scale1, 2026-12-03; benchmarks/published_runs.py, topologies/
-efficiency.py). The weak-scaling series' measured steps grow from their smallest to their largest run
-(Nemotron-4 15B FP8 16 -> 2048 GPUs +4.0%, 340B FP8 128 -> 2048 +10.4%, Llama 3.1 70B FP8 64 -> 2048 +5.1%, 8B bf16 8
--> 128 +3.0%; the A100 rd / rd-dp pairs, 1-8 against 128-1024 GPUs, do not) where the model stayed flat (+0.0, +2.5,
-+0.3, 0.0%). Priced since: the wait above; refit with Hopper's free figures on the fit rows: s 0.01396 (shipped 0.014), eff_max
-0.704, FP8 0.587, flash 0.344 (mem_eff at its bound); Ampere 0.0015 beside its drag (shipped 0), Blackwell 0. H100 fit
-2.6 / 4.2 -> 2.6 / 4.4%, held out 3.4 / 8.8 -> 3.3 / 8.0%, H200 8.3 / 9.1 -> 6.9 / 7.6%, the other lines' means within 0.1
-point (Blackwell's fit max 9.8 -> 9.5%). Checked and not shipped (`s` refit with the same figures, each row's layout held): NCCL's tuning
-model of the zero=1 reduce-scatters and gathers (src/graph/tuning.cc, ring Simple: 8.4 us a call, 3.4 us an NVLink
-step, 14 us a network step, the inter-node steps nodes - 1): held out 3.3 / 8.6%; serialized it adds 30 / 44 / 42 /
-6 ms to those four series' largest runs over their smallest, a third or less of their growth even if all exposed
-(bw9's 14 us on every step is not NCCL's model). A per-GPU speed spread (the step times sigma E[max of the world's
-GPUs]): sigma 1.5%, held out 2.8 / 9.1%, but on compute alone sigma goes to 4.6% with eff_max 0.78 (it trades
-against the efficiencies) and V100's own fit sends its held-out row to 8%. The barrier over world / tp units
-(pipeline stages and cp ranks as independent replicas): held out 2.7 / 9.2%, H200 4.4%, Blackwell 8.6% (borrowing s),
-but stages exchange every micro-batch: not independent. Transformer Engine's delayed-scaling amax all_reduce over
-tp x dp x cp at every fp8_autocast exit (2 N v barriers a step, s sqrt(K T) E[max of dp]): s 0.005, the 340B FP8
-series flat (-3.0 .. -2.5%), H100 fit 1.5 / 4.7%, held out 2.8 / 9.2%, but the FP8 eff_max it frees (0.629) sends the
-H200 rows (torchtitan: no such barrier) to -11% and Blackwell's held-out line to 12.5%. The 340B FP8 series grows
-about linearly in dp (+0.05, +0.05, +0.08, +0.15 s a doubling), where E[max]'s increments shrink: no term checked
-has that shape.
+efficiency.py). The weak-scaling series' measured steps grow from their smallest to their largest run (Nemotron-4
+15B FP8 16 -> 2048 GPUs +4.0%, 340B FP8 128 -> 2048 +10.4%, Llama 3.1 70B FP8 64 -> 2048 +5.1%, 8B bf16 8 -> 128
++3.0%; the A100 rd / rd-dp pairs, 1-8 against 128-1024 GPUs, do not) where the model stayed flat (+0.0, +2.5, +0.3,
+0.0%). Priced since: the wait above; refit with Hopper's free figures on the fit rows: s 0.01396 (shipped 0.014),
+eff_max 0.704, FP8 0.587, flash 0.344 (mem_eff at its bound); Ampere 0.0015 beside its drag (shipped 0), Blackwell
+0. H100 fit 2.6 / 4.2 -> 2.6 / 4.4%, held out 3.4 / 8.8 -> 3.3 / 8.0%, H200 8.3 / 9.1 -> 6.9 / 7.6%, the other
+lines' means within 0.1 point (Blackwell's fit max 9.8 -> 9.5%). Checked and not shipped (`s` refit with the same
+figures, each row's layout held): NCCL's tuning model of the zero=1 reduce-scatters and gathers
+(src/graph/tuning.cc, ring Simple: 8.4 us a call, 3.4 us an NVLink step, 14 us a network step, the inter-node steps
+nodes - 1): held out 3.3 / 8.6%; serialized it adds 30 / 44 / 42 / 6 ms to those four series' largest runs over
+their smallest, a third or less of their growth even if all exposed (bw9's 14 us on every step is not NCCL's model).
+A per-GPU speed spread (the step times sigma E[max of the world's GPUs]): sigma 1.5%, held out 2.8 / 9.1%, but on
+compute alone sigma goes to 4.6% with eff_max 0.78 (it trades against the efficiencies) and V100's own fit sends its
+held-out row to 8%. The barrier over world / tp units (pipeline stages and cp ranks as independent replicas): held
+out 2.7 / 9.2%, H200 4.4%, Blackwell 8.6% (borrowing s), but stages exchange every micro-batch: not independent.
+Transformer Engine's delayed-scaling amax all_reduce over tp x dp x cp at every fp8_autocast exit (2 N v barriers a
+step, s sqrt(K T) E[max of dp]): s 0.005, the 340B FP8 series flat (-3.0 .. -2.5%), H100 fit 1.5 / 4.7%, held out
+2.8 / 9.2%, but the FP8 eff_max it frees (0.629) sends the H200 rows (torchtitan: no such barrier) to -11% and
+Blackwell's held-out line to 12.5%. The 340B FP8 series grows about linearly in dp (+0.05, +0.05, +0.08, +0.15 s a
+doubling), where E[max]'s increments shrink: no term checked has that shape.
 """
 
 from __future__ import annotations
