@@ -7,7 +7,9 @@ Peaks stay the spec sheets' (devices.py, rates.py). These few efficiencies, the 
   elementwise kernels, the FP8 casts and Adam reach);
 - per fabric, the fraction of the nominal per-direction rate a collective reaches (NCCL bus bandwidth / link);
 - per device generation, the overlap drag (OVERLAP_DRAG, cost_models/overlap_drag.py): compute seconds lost per
-  second a data-parallel collective's NVLink ring runs beside it (its kernels hold SMs and HBM bandwidth).
+  second a data-parallel collective's NVLink ring runs beside it (its kernels hold SMs and HBM bandwidth);
+- per device generation, the replica jitter (STRAGGLER, cost_models/stragglers.py): the step's barrier over the
+  data-parallel replicas waits s sqrt(step) E[max of dp normals] for the slowest.
 Fitted by `paracube calibrate --from-runs benchmarks/data/published_runs.csv` (calibration/from_runs.py; fit and
 held-out rows: benchmarks/published_runs.py), 2026-11, on the A100 and V100 rows (eff_max and mem_eff end at
 the upper ends of their plausible ranges, 0.95 and 0.9; with m0 ~ 330 a 4096^3 fp16 GEMM runs at 75% of peak).
