@@ -140,7 +140,8 @@ MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
 # curve's. Blackwell: the FP8 eff_max only, on the fit
 # rows of both systems (freeing flash_eff and NVLink 5 too sends the FP8 eff_max to its bound 0.95 and flash
 # attention to 0.20: the rows cannot separate them); the 16-bit curve, mem_eff and flash_eff stay Hopper's (no
-# 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED).
+# 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED). Each fit frees the
+# generation's replica jitter too (cost_models/stragglers.py: Hopper 0.014, Ampere and Blackwell ~0).
 HOPPER_FREE = ("eff_max", "mem_eff", "fp8_eff_max", "flash_eff", "overlap_drag", "straggler")
 BLACKWELL_FREE = ("fp8_eff_max", "overlap_drag", "straggler")
 AMPERE_FREE = ("overlap_drag", "straggler")  # the rest as fitted 2026-11 (topologies/efficiency.py)
