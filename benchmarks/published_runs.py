@@ -68,10 +68,10 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   every peer at once, moe_a2a.py); selective recomputation re-runs the attention core at its true head widths
   (attention_correction.delta_again: MLA's 192 / 128, Qwen3's 128 against the dense part's hidden / heads); each
   stage's blocks take their own MLP width (mlp_delta.py: DeepSeek-V3's shared expert 2048, not the 2816-wide mean, and
-  no 128-wide stand-in where a block has no shared expert). Refit on the fit row: A2A_NIC_EFF 0.911 (shipped 0.91). Rows before ->
-  after: qwen3-235b-256 -0.3 -> +0.1% (fit), qwen3-30b-16 -1.9 -> +0.3%, deepseek-v3-1024 +20.4 -> +15.7%,
-  qwen3-30b-16-fp8 -35.0 -> -39.0%, qwen3-235b-256-fp8 -16.2 -> -17.0%, Mixtral -1.9 -> -2.2% (B200), -9.7 -> -10.3%
-  (GB200); every dense row unchanged. Readings of the held-out misses
+  no 128-wide stand-in where a block has no shared expert). Refit on the fit row: A2A_NIC_EFF 0.911 (shipped 0.91).
+  Rows before -> after: qwen3-235b-256 -0.3 -> +0.1% (fit), qwen3-30b-16 -1.9 -> +0.3%, deepseek-v3-1024 +20.4 ->
+  +15.7%, qwen3-30b-16-fp8 -35.0 -> -39.0%, qwen3-235b-256-fp8 -16.2 -> -17.0%, Mixtral -1.9 -> -2.2% (B200), -9.7 ->
+  -10.3% (GB200); every dense row unchanged. Readings of the held-out misses
   (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
   (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
   qwen3-30b-16-fp8 (-35.1%) is not FP8's GEMMs (in bf16 this layout prices 19.9 s, -32.4%); its all_to_alls price at
@@ -143,7 +143,14 @@ from paracube.calibration.from_runs import (  # noqa: E402
 )
 from paracube.cost_models.moe_a2a import A2A_NIC_EFF, A2A_NIC_SOURCE  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
-from paracube.topologies.efficiency import FABRICS, FP8_GEMM, GENERATIONS, OVERLAP_DRAG, sources  # noqa: E402
+from paracube.topologies.efficiency import (  # noqa: E402
+    FABRICS,
+    FP8_GEMM,
+    GENERATIONS,
+    OVERLAP_DRAG,
+    STRAGGLER,
+    sources,
+)
 from paracube.topologies.nvswitch import fabrics  # noqa: E402
 from paracube.topologies.presets import PRESETS  # noqa: E402
 
@@ -157,10 +164,11 @@ MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
 # curve's. Blackwell: the FP8 eff_max only, on the fit
 # rows of both systems (freeing flash_eff and NVLink 5 too sends the FP8 eff_max to its bound 0.95 and flash
 # attention to 0.20: the rows cannot separate them); the 16-bit curve, mem_eff and flash_eff stay Hopper's (no
-# 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED).
-HOPPER_FREE = ("eff_max", "mem_eff", "fp8_eff_max", "flash_eff", "overlap_drag")
-BLACKWELL_FREE = ("fp8_eff_max", "overlap_drag")
-AMPERE_FREE = ("overlap_drag",)  # the rest as fitted 2026-11 (topologies/efficiency.py)
+# 16-bit Blackwell row), NDR is the physical 0.85, NVLink 5 borrows NVLink 4's (NOT FITTED). Each fit frees the
+# generation's replica jitter too (cost_models/stragglers.py: Hopper 0.014, Ampere and Blackwell ~0).
+HOPPER_FREE = ("eff_max", "mem_eff", "fp8_eff_max", "flash_eff", "overlap_drag", "straggler")
+BLACKWELL_FREE = ("fp8_eff_max", "overlap_drag", "straggler")
+AMPERE_FREE = ("overlap_drag", "straggler")  # the rest as fitted 2026-11 (topologies/efficiency.py)
 BLACKWELL = ("dgx-b200", "gb200-nvl72")
 DEVICE_GROUP = {"V100-SXM3-32GB": "V100", "A100-SXM-80GB": "A100", "H100-SXM-80GB": "H100",
                 "H200-SXM-141GB": "H200", "B200-SXM-180GB": "B200/GB200", "B200-GB200-186GB": "B200/GB200"}
@@ -184,6 +192,9 @@ def _figures() -> None:
         if gen in OVERLAP_DRAG:
             drag = OVERLAP_DRAG[gen]
             line += f"; overlap drag {drag.values['overlap_drag']:.2f}{'' if drag.fitted else ' (NOT FITTED)'}"
+        if gen in STRAGGLER:
+            jit = STRAGGLER[gen]
+            line += f"; replica jitter {jit.values['straggler']:.3f} sqrt(s){'' if jit.fitted else ' (NOT FITTED)'}"
         print(line)
     print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
                                     for k, f in FABRICS.items()))

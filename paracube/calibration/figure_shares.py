@@ -19,7 +19,7 @@ from paracube.layout import Layout
 from paracube.topologies.presets import PRESETS, Fit
 
 STEP = 0.01  # +-1% on a figure: small against the kinks of the overlap model's max()es, large against rounding
-SPEEDS = tuple(p for p in PARAMS if p not in ("m0", "fp8_m0", "overlap_drag"))
+SPEEDS = tuple(p for p in PARAMS if p not in ("m0", "fp8_m0", "overlap_drag", "straggler"))
 
 
 def shipped(run: Run) -> Fit:

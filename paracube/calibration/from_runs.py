@@ -229,11 +229,13 @@ def run_estimate(run: Run, layout: Layout, topo: object, runtime: str = "paracub
     return estimate(run.model, run.training, layout, topo, with_events=False, options=options)
 
 
-PARAMS = ("eff_max", "m0", "mem_eff", "intra", "inter", "fp8_eff_max", "fp8_m0", "flash_eff", "overlap_drag")
+PARAMS = ("eff_max", "m0", "mem_eff", "intra", "inter", "fp8_eff_max", "fp8_m0", "flash_eff", "overlap_drag",
+          "straggler")
 # plausible ranges: GEMM efficiencies below the datasheet peak, shape constants of a few tiles, memory-bound
 # kernels below HBM bandwidth, collectives below the link rate, fused attention below the GEMMs' eff_max
 BOUNDS = ((0.2, 0.95), (16.0, 512.0), (0.2, 0.9), (0.1, 1.0), (0.1, 1.0), (0.2, 0.95), (16.0, 1024.0), (0.1, 0.8),
-          (0.0, 1.0))  # overlap_drag: from free overlap to none (cost_models/overlap_drag.py)
+          (0.0, 1.0), (0.0, 0.2))  # overlap_drag: from free overlap to none (cost_models/overlap_drag.py);
+# straggler: from no jitter to 0.2 sqrt(s) (a 2 s step's replicas 14% apart: cost_models/stragglers.py)
 
 
 def exercised(runs: list[Run]) -> tuple[str, ...]:
@@ -248,14 +250,14 @@ def exercised(runs: list[Run]) -> tuple[str, ...]:
     flash = any(r.layout.flash != 0 for r in runs)
     ok = {"eff_max": sixteen, "m0": sixteen and shapes, "mem_eff": True, "intra": any(r.gpus > 1 for r in runs),
           "inter": multi, "fp8_eff_max": eight, "fp8_m0": eight and shapes, "flash_eff": flash and shapes,
-          "overlap_drag": False}  # freed by name only (benchmarks/published_runs.py --refit): the other figures
-    # absorb part of it, so a default fit keeps the shipped figure
+          "overlap_drag": False, "straggler": False}  # freed by name only (benchmarks/published_runs.py
+    # --refit): the other figures absorb part of them, so a default fit keeps the shipped figures
     return tuple(p for p in PARAMS if ok[p])
 
 
 def _value(fit: Fit, p: str) -> float:
     v = getattr(fit, p)
-    if v is None and p == "overlap_drag":  # no figure: overlap free
+    if v is None and p in ("overlap_drag", "straggler"):  # no figure: overlap free, no jitter
         return 0.0
     if v is None and p == "flash_eff":  # no figure yet: what the GEMM curve gives a 4096-token head of 128
         return fit.eff_max * 4096 / (4096 + fit.m0) * 128 / (128 + fit.m0)
@@ -324,7 +326,8 @@ def shipped_fit(device: str, cluster: str) -> Fit:
     eff = DEVICE_EFF.get(device, {"eff_max": 0.85, "m0": 64.0, "mem_eff": 0.8})
     intra, inter = CLUSTER_FABRICS.get(cluster, ("", ""))
     return Fit(eff["eff_max"], eff["m0"], eff["mem_eff"], FABRIC_EFF.get(intra, 1.0), FABRIC_EFF.get(inter, 1.0),
-               eff.get("fp8_eff_max"), eff.get("fp8_m0"), eff.get("flash_eff"), eff.get("overlap_drag"))
+               eff.get("fp8_eff_max"), eff.get("fp8_m0"), eff.get("flash_eff"), eff.get("overlap_drag"),
+               eff.get("straggler"))
 
 
 # Every NVSwitch preset's (intra-node, inter-node) fabrics (topologies/nvswitch.py): runs on any of them fit
@@ -383,6 +386,8 @@ def cluster_file(cluster: str, fit: Fit) -> dict[str, object]:
         gemm["flash_eff"] = fit.flash_eff
     if fit.overlap_drag is not None:
         gemm["overlap_drag"] = fit.overlap_drag
+    if fit.straggler is not None:
+        gemm["straggler"] = fit.straggler
     return {"name": f"{cluster}-calibrated", "device": topo.device.name,  # type: ignore[attr-defined]
             "nodes": preset.default_nodes, "devices_per_node": per,
             "intra_node": {"bandwidth": float(intra["bandwidth"]), "latency": float(intra["latency"])},

@@ -54,6 +54,8 @@ runtime's Runtime.fsdp_prefetch) and / or the layout has `overlap` (reduce-scatt
 replica all_reduce under the last micro-batch's backward): then per micro-batch what the recursion of
 cost_models/fsdp_overlap.py leaves exposed; zero=2's per-step all_gather stays exposed; HSDP's shard and
 replica groups get their own links.
+The step's barrier over the data-parallel replicas waits for the slowest of them: s sqrt(step) E[max of dp
+normals] (cost_models/stragglers.py; s the generation's jitter figure, GemmModel.straggler), added last.
 Each collective call also costs the device model's call wait (GemmModel.call_wait: on uncalibrated local-cpu
 ranks sharing cores, every message the call passes waits to be scheduled, collective.wait_steps and
 topologies/local_cpu.py; 0 elsewhere); the event engine adds the same per call.
@@ -86,6 +88,7 @@ from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.overlap_drag import beside, per_layout
 from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
+from paracube.cost_models.stragglers import straggler_wait
 from paracube.cost_models.tpo import TpoPricing
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
@@ -325,6 +328,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         step_comm = step_comm - (gather - np.maximum(0.0, gather - fwd - early - pulled_f)) + early + pulled_f
     optim = pick("optim")
     step_time, compute, comm = W + bubble + step_comm + optim, pick("compute") + optim, pick("micro") + pick("step")
+    step_time = step_time + straggler_wait(step_time, b.dp[rows], g.straggler)  # the slowest replica (stragglers.py)
     if not memory:
         return Scores(step_time=step_time, compute=compute, comm=comm, bubble=bubble, sent_bytes=pick("sent"),
                       memory=np.full(len(rows), np.nan), memory_parts={}, stage=slow, stages=stages)

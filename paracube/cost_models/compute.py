@@ -50,7 +50,7 @@ from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
 from paracube.topologies.calibration import as_calibration
-from paracube.topologies.efficiency import overlap_drag
+from paracube.topologies.efficiency import overlap_drag, straggler
 from paracube.topologies.protocol import Topology
 from paracube.workload import DTYPE_BYTES, check_dtype_on
 
@@ -89,6 +89,9 @@ class GemmModel:
     # Compute seconds lost per second a data-parallel collective's NVLink ring runs beside it (a fitted figure per
     # generation, topologies/efficiency.OVERLAP_DRAG; cost_models/overlap_drag.py); 0: overlap is free.
     overlap_drag: float = 0.0
+    # Per-rank jitter s (sqrt(s)) the step's barrier over the data-parallel replicas meets (a fitted figure per
+    # generation, topologies/efficiency.STRAGGLER; cost_models/stragglers.py); 0: no wait.
+    straggler: float = 0.0
     sync: float = 0.0  # seconds the device idles per host wait (DeviceSpec.sync_s; cost_models/host_sync.py)
 
     @property
@@ -164,19 +167,20 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
             fp8_peak = replace(fp8_peak, m0=m0, n0=m0, k0=m0)
         return replace(base, linear=fp8_peak)
     cal = as_calibration(topo.calibration)
-    drag = overlap_drag(device)
+    drag, jitter = overlap_drag(device), straggler(device)
     if cal is None:  # the device's own per-op overhead (local-cpu: oversubscribed CPU ranks), else 0
         half = float(getattr(device, "gemm_half_dim", 0.0)) or GemmModel.m0
         return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
                          m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
                          ring_wait=float(getattr(device, "ring_wait_s", 0.0)),
-                         send_wait=float(getattr(device, "send_wait_s", 0.0)), overlap_drag=drag,
+                         send_wait=float(getattr(device, "send_wait_s", 0.0)), overlap_drag=drag, straggler=jitter,
                          ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
     gemm = cal.gemm
-    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag")
-             if gemm is not None and getattr(gemm, k) is not None}
+    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag",
+                                           "straggler") if gemm is not None and getattr(gemm, k) is not None}
     known.setdefault("overlap_drag", drag)  # a calibration without it: the generation's
+    known.setdefault("straggler", jitter)
     overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
     # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
     by_mode = tuple(sorted(cal.op_overheads(dtype).items()))

@@ -22,7 +22,9 @@ runs of uncontended ops replayed as one timeout; event_network.py: links shared 
   a core; the critical stage's bubble (its idle time: step - compute - exposed, plus the exposed time it waited for
   other stages at stage-spanning collectives) is then taken at shared_cores.bubble_share, the
   analytic engine's factor (the idle stages' ranks give their cores to the busy ones; the timeline keeps the
-  unshared schedule).
+  unshared schedule);
+- the step's barrier over the data-parallel replicas meets the slowest of them: the simulated step plus
+  stragglers.straggler_wait (a closed form of its length and dp, as the analytic engine adds it).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from paracube.cost_models.moe import expert_links, priced
 from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_program import with_blocks
 from paracube.cost_models.shared_cores import bubble_share
+from paracube.cost_models.stragglers import straggler_wait
 from paracube.engine_options import EngineOptions, options_of
 from paracube.errors import ParacubeError, check, unknown
 from paracube.estimate import StepEstimate
@@ -104,6 +107,8 @@ def simulate(model: ModelSpec, training: TrainingSpec, layout: Layout, topo: Rou
     if share < 1.0:
         exposed, bubble = st.exposed - st.synced, max(0.0, step - st.compute - st.exposed + st.synced)
         step, bubble = step - (1.0 - share) * bubble, share * bubble
+    wait = float(straggler_wait(step, layout.dp, g.straggler))  # the step's barrier meets the slowest replica
+    step, exposed = step + wait, exposed + wait  # (stragglers.py, as analytic_scores.evaluate adds it)
     peak = g.peak
     flops = base.flops_per_gpu * layout.world_size
     notes = [n for n in base.notes if not n.startswith("pipeline:")]

@@ -31,6 +31,7 @@ from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
+from paracube.cost_models.stragglers import straggler_wait, without_wait
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
 from paracube.workload import ModelSpec
@@ -69,7 +70,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     old_slow = int(scores.stage[0])
     old_w = float(scores.stages[old_slow].compute[0] + scores.stages[old_slow].micro[0])
     old_bubble = float(scores.bubble[0])
-    rest = est.step_time_s - old_w - old_bubble
+    rest = float(without_wait(est.step_time_s, layout.dp, g.straggler)) - old_w - old_bubble  # wait: below
     work = {s: float(st.compute[0] + st.micro[0]) + n * (costs[s].compute + costs[s].comm)
             - _a2a_saved(layout, float(st.compute[0]) / n + costs[s].compute - costs[s].waits, costs[s], n, index[s])
             for s, st in zip(STAGE_NAMES, scores.stages, strict=True)}
@@ -96,6 +97,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         slow_by = slowdown(nic, other, links[("edp",)][0])
         grad = exposed_grads(c.step_comm, max(0.0, share * (w / n - busy)), c.comm_bwd, slow_by)
     step = w + bubble + rest + grad + c.norm_comm + c.optim
+    step += float(straggler_wait(step, layout.dp, g.straggler))  # the slowest replica, on the whole step
     loss = (d.c + logit_bytes(d)) * mb * d.s * d.V / layout.tensor_size  # the head's logits and loss (memory.py)
     mem = _heaviest(est.memory, getattr(scores, "memory_stages", ()), costs, loss, layout.pp)
     per_step = ("grad_sync", "optimizer")  # the expert gradients and their norm (moe_counts.norm_event)

@@ -11,13 +11,14 @@ from paracube.cost_models.analytic_scores import Scores
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
+from paracube.cost_models.stragglers import straggler_wait
 from paracube.modes import LayoutBatch
 
 Arr = np.ndarray
 
 
 def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap: bool | Arr = False,
-                     ranks_per_core: float = 1.0) -> Arr:
+                     ranks_per_core: float = 1.0, straggler: float = 0.0) -> Arr:
     """Per layout of `scores` (`evaluate` on links no worse on any axis set than every placement's: the most
     bandwidth and the least latency over the placements), a step time that no placement of it beats. Every
     collective's time grows with latency and falls with bandwidth (calibrated pairs and the per-call overhead
@@ -27,15 +28,19 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
     CPU ranks share cores, as evaluate prices it) are bounds. Of the per-step part,
     the slowest stage pays its communication (less the gradient reduction when overlapped: what overlap hides
     depends on the backward) and optimizer step, at least their least sum over the stages. The planner skips
-    the placements of a configuration whose bound exceeds a step time it has already found (planner/search.py)."""
+    the placements of a configuration whose bound exceeds a step time it has already found (planner/search.py).
+    `straggler`: the generation's jitter figure; evaluate's slowest-replica wait grows with the step it is added to
+    (stragglers.py), so the wait on the bound is a bound of it."""
     work = np.stack([s.compute + s.micro for s in scores.stages])
     per_step = np.min([s.step - s.grad * np.asarray(overlap) + s.optim for s in scores.stages], axis=0)
     N = d.global_batch / (b.dp * b.mb)[rows]
     share = bubble_share(b.pp[rows], ranks_per_core)
-    return work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share) + per_step
+    bound = work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share) + per_step
+    return bound + straggler_wait(bound, b.dp[rows], straggler)
 
 
-def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, ranks_per_core: float = 1.0) -> Arr:
+def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, ranks_per_core: float = 1.0,
+                        straggler: float = 0.0) -> Arr:
     """Per layout of `scores` (`evaluate` with zero priced per configuration, as the search's bound pass: no FSDP unit
     collectives; on links no worse than any placement's), a step time that no placement of it beats at zero=2/3 (or
     any zero): the slowest stage's compute and per-micro-batch communication W with its bubble (pipeline_bubble.py;
@@ -48,12 +53,13 @@ def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, rank
     0). Compute and the optimizer step do not depend on the links, nor compute on zero (the optimizer's shard is the
     row's own zero); the per-step part loses at most the gradient reduction and the replica all_reduce it contains,
     so it is >= 0. The step is at least this. The planner prunes zero=2/3 configurations by it (their exact price
-    needs their own evaluation: planner/scoring.py)."""
+    needs their own evaluation: planner/scoring.py). `straggler`: as step_lower_bound adds it."""
     work = np.stack([s.compute + s.micro for s in scores.stages])
     optim = np.min([s.optim for s in scores.stages], axis=0)
     N = d.global_batch / (b.dp * b.mb)[rows]
     share = bubble_share(b.pp[rows], ranks_per_core)
-    return work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share) + optim
+    bound = work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share) + optim
+    return bound + straggler_wait(bound, b.dp[rows], straggler)
 
 
 __all__ = ["compute_lower_bound", "step_lower_bound"]

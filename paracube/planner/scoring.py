@@ -79,9 +79,10 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
                             for i, st in enumerate(owners)], dtype=bool)
         found = np.where(allowed, found, np.inf)
     bar = max(_kth(s, found), _mode_best(s, mode, found), _cp1_best(s, found))
-    bound = step_lower_bound(res, s.d, batch, rows, overlap[rows], s.g.ranks_per_core)[m:]
+    st = s.g.straggler  # the step's wait for its slowest replica (stragglers.py): the bounds carry it
+    bound = step_lower_bound(res, s.d, batch, rows, overlap[rows], s.g.ranks_per_core, st)[m:]
     if high is not None and np.any(high):
-        bound = np.where(high, compute_lower_bound(res, s.d, batch, rows, s.g.ranks_per_core)[m:], bound)
+        bound = np.where(high, compute_lower_bound(res, s.d, batch, rows, s.g.ranks_per_core, st)[m:], bound)
     return bound <= bar * (1 + 1e-9), bound, allowed  # the bar's own configuration stays despite rounding
 
 

@@ -99,6 +99,9 @@ class GemmFit:
     # Compute seconds lost per second a data-parallel NVLink ring runs beside it (cost_models/overlap_drag.py);
     # absent: the device generation's figure (topologies/efficiency.OVERLAP_DRAG).
     overlap_drag: float | None = None
+    # Per-rank jitter, sqrt(s), that the step's barrier over the data-parallel replicas meets
+    # (cost_models/stragglers.py); absent: the device generation's figure (topologies/efficiency.STRAGGLER).
+    straggler: float | None = None
     POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0", "flash_eff")
 
 

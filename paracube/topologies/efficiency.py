@@ -7,7 +7,9 @@ Peaks stay the spec sheets' (devices.py, rates.py). These few efficiencies, the 
   elementwise kernels, the FP8 casts and Adam reach);
 - per fabric, the fraction of the nominal per-direction rate a collective reaches (NCCL bus bandwidth / link);
 - per device generation, the overlap drag (OVERLAP_DRAG, cost_models/overlap_drag.py): compute seconds lost per
-  second a data-parallel collective's NVLink ring runs beside it (its kernels hold SMs and HBM bandwidth).
+  second a data-parallel collective's NVLink ring runs beside it (its kernels hold SMs and HBM bandwidth);
+- per device generation, the replica jitter (STRAGGLER, cost_models/stragglers.py): the step's barrier over the
+  data-parallel replicas waits s sqrt(step) E[max of dp normals] for the slowest.
 Fitted by `paracube calibrate --from-runs benchmarks/data/published_runs.csv` (calibration/from_runs.py; fit and
 held-out rows: benchmarks/published_runs.py), 2026-11, on the A100 and V100 rows (eff_max and mem_eff end at
 the upper ends of their plausible ranges, 0.95 and 0.9; with m0 ~ 330 a 4096^3 fp16 GEMM runs at 75% of peak).
@@ -97,6 +99,9 @@ benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py -
   activation, casts and operand reads; the 256k-vocabulary cross-entropy is 16 ms of the 15B B200 step).
   gb200-n4-340B and gb200-gpt3-175B price with nearly one mix of figures (FP8 0.69 / 0.76, memory 0.08 / 0.09,
   flash 0.07 / 0.04, bf16 0.06 / 0.02) and miss by -13.6 / +1.5%: no generation figure can separate them.
+Scale (scale1, 2026-12-03): the step's wait for the slowest data-parallel replica priced (cost_models/stragglers.py,
+whose docstring gives the weak-scaling series' growth and what else was checked); Hopper refit with it on its fit
+rows: s 0.014 (STRAGGLER), eff_max 0.704, FP8 eff_max 0.587, flash 0.344 (mem_eff at its bound).
 What no run exercises is borrowed from the nearest fitted generation / fabric and flagged (`fitted=False`, or a
 `note` naming the figure) with its source; `paracube topologies` prints every preset's sources (`sources`).
 """
@@ -117,8 +122,9 @@ TODAY = "benchmarks/data/published_runs_today.csv"
 
 # Fitted 2026-12-03 (fit6; calibration/from_runs.fit_runs, runtime megatron; benchmarks/published_runs.py --refit),
 # m0 held at fit2's figure, NVLink 4 at fit5's and NDR at NCCL's physical bus bandwidth (docstring):
-HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.694, 108.0, 0.90, 0.572, 0.348
+HOPPER_BF16_MAX, HOPPER_M0, HOPPER_MEM, HOPPER_FP8_MAX, HOPPER_FLASH = 0.704, 108.0, 0.90, 0.587, 0.344
 NVLINK4, NDR = 0.874, 0.85
+STRAGGLER_HOPPER = 0.014  # sqrt(s): 20 ms of jitter over a 2 s step (scale1, 2026-12-03; STRAGGLER below)
 BLACKWELL_FP8_MAX = 0.520  # the B200 rows' misses have opposite signs (+2.4%, -9.8%): structural, see above
 
 
@@ -172,6 +178,18 @@ OVERLAP_DRAG: dict[str, Figures] = {
                          f"fitted on the dgx-b200 and gb200-nvl72 rows of {TODAY} (goes to 0)", True),
 }
 
+# Per-rank jitter s (sqrt(s)) the step's barrier over the data-parallel replicas meets (cost_models/stragglers.py).
+# `benchmarks/published_runs.py --refit` (scale1): hopper 0.01396; ampere 0.0015 beside a drag of 0.21 (shipped 0 and
+# the drag fitted alone, 0.23); blackwell 0 on its fit rows; no V100 run has data-parallel replicas.
+STRAGGLER: dict[str, Figures] = {
+    "volta": Figures({"straggler": 0.0}, "no run of the set has data-parallel replicas on V100", False),
+    "ampere": Figures({"straggler": 0.0}, f"fitted on the dgx-a100 rows of {RUNS} (0.0015 beside the drag, under "
+                      "0.4% of any A100 step: 0 shipped)", True),
+    "hopper": Figures({"straggler": STRAGGLER_HOPPER}, f"fitted on the dgx-h100 rows of {TODAY}", True),
+    "blackwell": Figures({"straggler": 0.0},
+                         f"fitted on the dgx-b200 and gb200-nvl72 rows of {TODAY} (goes to 0)", True),
+}
+
 FABRICS: dict[str, Figures] = {
     "nvlink2-nvswitch": Figures({"eff": 0.47}, f"fitted on the dgx2-v100 rows of {RUNS}", True),
     "nvlink3-nvswitch": Figures({"eff": 0.50}, f"fitted on the dgx-a100 rows of {RUNS}", True),
@@ -196,7 +214,9 @@ def device_eff(device: DeviceSpec) -> dict[str, float] | None:
         return None
     fp8 = FP8_GEMM.get(device.generation)
     drag = OVERLAP_DRAG[device.generation].values if device.generation in OVERLAP_DRAG else {}
-    return {**GENERATIONS[device.generation].values, **(fp8.values if fp8 and device.has_fp8 else {}), **drag}
+    jitter = STRAGGLER[device.generation].values if device.generation in STRAGGLER else {}
+    return {**GENERATIONS[device.generation].values, **(fp8.values if fp8 and device.has_fp8 else {}), **drag,
+            **jitter}
 
 
 def overlap_drag(device: DeviceSpec) -> float:
@@ -204,6 +224,13 @@ def overlap_drag(device: DeviceSpec) -> float:
     if device.name not in CALIBRATED_DEVICES or device.generation not in OVERLAP_DRAG:
         return 0.0
     return OVERLAP_DRAG[device.generation].values["overlap_drag"]
+
+
+def straggler(device: DeviceSpec) -> float:
+    """The device generation's per-rank jitter s (STRAGGLER; 0 for devices without fitted figures)."""
+    if device.name not in CALIBRATED_DEVICES or device.generation not in STRAGGLER:
+        return 0.0
+    return STRAGGLER[device.generation].values["straggler"]
 
 
 def fabric_eff(name: str) -> float:
@@ -224,6 +251,8 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
             out["fp8 gemm"] = _say(FP8_GEMM[device.generation])
         if device.generation in OVERLAP_DRAG:
             out["overlap drag"] = _say(OVERLAP_DRAG[device.generation])
+        if device.generation in STRAGGLER:
+            out["straggler"] = _say(STRAGGLER[device.generation])
     for tier, fabric in (("intra-node", intra), ("inter-node", inter)):
         if fabric:
             out[f"{tier} {fabric}"] = _say(FABRICS[fabric]) if fabric in FABRICS else "nominal rate: no figure"
@@ -249,7 +278,8 @@ def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = Non
     m0 = eff["m0"]
     return Calibration(gemm=GemmFit(eff_max=eff["eff_max"], m0=m0, n0=m0, k0=m0, mem_eff=eff["mem_eff"],
                                     fp8_eff_max=eff.get("fp8_eff_max"), fp8_m0=eff.get("fp8_m0"),
-                                    flash_eff=eff.get("flash_eff"), overlap_drag=eff.get("overlap_drag")))
+                                    flash_eff=eff.get("flash_eff"), overlap_drag=eff.get("overlap_drag"),
+                                    straggler=eff.get("straggler")))
 
 
 @dataclass(frozen=True)
@@ -267,6 +297,7 @@ class Fit:
     fp8_m0: float | None = None
     flash_eff: float | None = None  # fused attention's fraction of the 16-bit peak (None: the shipped figure)
     overlap_drag: float | None = None  # cost_models/overlap_drag.py's D (None: the shipped figure)
+    straggler: float | None = None  # cost_models/stragglers.py's s (None: the shipped figure)
 
     def device(self) -> dict[str, float]:
         out = {"eff_max": self.eff_max, "m0": self.m0, "mem_eff": self.mem_eff}
@@ -276,6 +307,8 @@ class Fit:
             out["flash_eff"] = self.flash_eff
         if self.overlap_drag is not None:
             out["overlap_drag"] = self.overlap_drag
+        if self.straggler is not None:
+            out["straggler"] = self.straggler
         return out
 
 
