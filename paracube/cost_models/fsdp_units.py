@@ -11,11 +11,8 @@ lives from its chunk's first backward to the end of its N-th, so the peak is the
 births (+ chunk elements) and deaths (-) in backward order (modes.stages.backward_spans), and zero=3 gathers a
 consecutive pair of one chunk's units; N = 1: that pair for both.
 
-`unit_totals` computes the pp > 1 peaks of every stage shape of a batch at once: the running sums over each
-shape's event list (padded with zeros, which repeat the last sum and change no maximum) by one int64 cumsum.
-Exact: the same integer additions as `_pipelined_units` (Python ints there), far below 2^62 (element counts),
-so the same values; tests/test_fsdp_units.py compares every shape with the per-shape reference `_unit_totals`.
-"""
+Each stage shape is computed once per process (lru caches: a search asks for a few 10k shapes, most of them again
+in its later passes). Moved out of comm.py (comm.StepTraffic prices the units it returns)."""
 
 from __future__ import annotations
 
@@ -86,25 +83,14 @@ def _chunk_events(pp: int, v: int, n_micro: int) -> tuple[tuple[int, int], ...]:
 
 
 @lru_cache(maxsize=4096)
-def _event_arrays(pp: int, v: int, n_micro: int) -> tuple[np.ndarray, np.ndarray]:
-    """_chunk_events as (chunk, +1 birth / -1 death) int64 arrays (none for one micro-batch: _pipelined_units)."""
-    events = _chunk_events(pp, v, n_micro) if n_micro > 1 else ()
-    chunk = np.array([c for _, c in events], dtype=np.int64)
-    sign = np.array([-1 if dies else 1 for dies, _ in events], dtype=np.int64)
-    chunk.flags.writeable = sign.flags.writeable = False
-    return chunk, sign
-
-
-@lru_cache(maxsize=4096)
 def _padded_units(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
                   n: int) -> tuple[int, ...]:
     return tuple(padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last))
 
 
-@lru_cache(maxsize=4096)  # unit_totals asks it for pp = 1 stage shapes only
+@lru_cache(maxsize=65536)  # the search asks for a few 10k stage shapes
 def _unit_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
                  n: int, pp: int = 1, v: int = 1, n_micro: int = 1) -> tuple[int, int, int, int, int]:
-    """unit_totals of one stage shape (the reference its batch equals; it asks this for pp = 1 shapes)."""
     padded = _padded_units(mode, d, t, q, layers, first, last, n)
     if pp > 1:  # pipelines (untied): nothing held; gradient buffers accumulated across micro-batches
         return len(padded), sum(padded), 0, *_pipelined_units(padded, first, last, pp, v, d.L, n_micro)
@@ -124,60 +110,19 @@ def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr,
     (the last; tied embeddings on the stage: the embedding too), the largest sum of two consecutive padded units
     (the fp32 gradient buffers live at once: data_parallel/sharded.py) and the most gathered at once
     (data_parallel/fsdp.py: that pair; tied: the embedding plus the largest pair of the others). Keyed by the
-    stage's shape. Pipelines (pp > 1): nothing gathered once; buffers and gathers per chunk (_pipelined_units),
-    every shape's at once (module docstring)."""
+    stage's shape. Pipelines (pp > 1): nothing gathered once; buffers and gathers per chunk (_pipelined_units)."""
     cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
             for x in (b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last, n, b.pp, b.v,
                       np.maximum(d.global_batch // (b.dp * b.mb), 1))]
-    keys, inverse = unique_rows(np.stack(cols, axis=1))
-    out = _key_totals(mode, param_dims(d), keys)[inverse.reshape(-1)]  # param_dims: what sizes the parameters
+    rows = np.stack(cols, axis=1)
+    keys, inverse = unique_rows(rows)
+    # Pipelines (data_parallel/sharded.py, fsdp.py; untied): no unit held from forward to backward, every unit's
+    # fp32 gradient buffer alive through the step (accumulated unsharded, reduce-scattered at the end).
+    pd = param_dims(d)  # the cache key: what sizes the parameters
+    per = np.array([_unit_totals(mode, pd, t, q, n_layers, bool(f), bool(h), n_zero, pp, v, n_micro)
+                    for t, q, n_layers, f, h, n_zero, pp, v, n_micro in keys.tolist()], dtype=np.int64)
+    out = per[inverse.reshape(-1)]
     return out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4]
-
-
-def _key_totals(mode: str, d: Dims, keys: Arr) -> Arr:
-    """[keys, 5] int64: _unit_totals of each (t, q, blocks, first, last, n, pp, v, N) row of `keys`."""
-    out = np.zeros((len(keys), 5), dtype=np.int64)
-    shapes, shape_of = unique_rows(keys[:, :6])  # the padded units depend on these only
-    padded = [_padded_units(mode, d, t, q, n_layers, bool(f), bool(h), n)
-              for t, q, n_layers, f, h, n in shapes.tolist()]
-    out[:, 0] = np.array([len(p) for p in padded], dtype=np.int64)[shape_of]
-    out[:, 1] = np.array([sum(p) for p in padded], dtype=np.int64)[shape_of]
-    single = keys[:, 6] == 1
-    if single.any():  # pp = 1: v and N do not enter (_unit_totals)
-        own, own_of = np.unique(shape_of[single], return_inverse=True)
-        per = np.array([_unit_totals(mode, d, *shapes[s].tolist()[:3], bool(shapes[s, 3]), bool(shapes[s, 4]),
-                                     int(shapes[s, 5])) for s in own.tolist()], dtype=np.int64).reshape(-1, 5)
-        out[single, 2:] = per[own_of.reshape(-1), 2:]
-    pipe = np.nonzero(~single)[0]
-    if len(pipe):
-        out[pipe, 3:] = _pipelined_peaks(d, keys[pipe], shapes, shape_of[pipe], padded)
-    return out
-
-
-def _pipelined_peaks(d: Dims, keys: Arr, shapes: Arr, shape_of: Arr, padded: list[tuple[int, ...]]) -> Arr:
-    """[keys, 2]: _pipelined_units of each pp > 1 row of `keys` (its shape: shapes[shape_of]), the running sums of
-    every row at once (module docstring)."""
-    stages, stage_of = unique_rows(np.column_stack([shape_of, keys[:, 6], keys[:, 7]]))  # (shape, pp, v)
-    chunk_pairs = [_chunk_totals(padded[s], bool(shapes[s, 3]), bool(shapes[s, 4]), pp, v, d.L)
-                   for s, pp, v in stages.tolist()]
-    chunks = np.zeros((len(stages), int(stages[:, 2].max())), dtype=np.int64)
-    for i, (chunk, _) in enumerate(chunk_pairs):
-        chunks[i, :len(chunk)] = chunk
-    stage_of = stage_of.reshape(-1)
-    pair = np.array([p for _, p in chunk_pairs], dtype=np.int64)[stage_of]
-    sched, sched_of = unique_rows(keys[:, 6:9])  # (pp, v, N): the births and deaths in backward order
-    events = [_event_arrays(pp, v, n_micro) for pp, v, n_micro in sched.tolist()]
-    lens = np.array([len(c) for c, _ in events], dtype=np.int64)
-    at, sign = np.zeros((2, len(sched), max(1, int(lens.max()))), dtype=np.int64)  # zeros pad: no change
-    if lens.sum():  # every schedule's events at once: row i, columns 0 .. len - 1
-        row = np.repeat(np.arange(len(events)), lens)
-        col = np.arange(len(row)) - np.repeat(np.cumsum(lens) - lens, lens)
-        at[row, col] = np.concatenate([c for c, _ in events])
-        sign[row, col] = np.concatenate([s for _, s in events])
-    sched_of = sched_of.reshape(-1)
-    live = np.cumsum(chunks[stage_of[:, None], at[sched_of]] * sign[sched_of], axis=1)
-    peak = np.where(keys[:, 8] == 1, pair, np.maximum(live.max(axis=1), 0))  # N = 1: the pair (_pipelined_units)
-    return np.column_stack([peak, pair])
 
 
 def memory_units(totals: tuple[Arr, ...]) -> tuple[Arr, Arr, Arr]:
