@@ -261,9 +261,9 @@ class StepTraffic:
         for c, bits in zip(cols, (13, 13, 13, 1, 1, 22), strict=True):
             key = (key << bits) | c
         _, first_row, inverse = np.unique(key, return_index=True, return_inverse=True)
-        per = np.array([_bucket_totals(self.mode.name, param_dims(self.d), int(cols[0][i]), int(cols[1][i]),
-                                       int(cols[2][i]), bool(cols[3][i]), bool(cols[4][i]),
-                                       int(cols[5][i]), self.bucket_bytes) for i in first_row], dtype=np.int64)
+        pd, shapes = param_dims(self.d), np.stack([c[first_row] for c in cols], axis=1).tolist()
+        per = np.array([_bucket_totals(self.mode.name, pd, t, q, n_layers, bool(f), bool(h), n, self.bucket_bytes)
+                        for t, q, n_layers, f, h, n in shapes], dtype=np.int64)
         out = per[inverse.reshape(-1)]
         return out[:, 0], out[:, 1], out[:, 2]
 
