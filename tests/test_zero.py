@@ -10,7 +10,7 @@ process groups, as torch requires, and wait): 3 AdamW steps of 2 micro-batches w
 - memory (the same fp32 copy): parameter, gradient and optimizer bytes per rank measured on the executor's
   tensors equal the estimate's, and the peaks of gathered parameters and of fp32 unit gradient buffers equal
   the memory model's (two consecutive units; tied embeddings: the held embedding unit plus two:
-  comm.unit_totals).
+  fsdp_units.unit_totals).
 Modes none, 1D (+sp), 2D (kw=1: zero gradients until the last micro-batch), 2.5D (zero over dp x dep) and 3D
 (1x1x1: its layers over FSDP units; the 2x2x2 cube with dp=2 needs 16 ranks); tied embeddings (GPT-2 style) in
 none + HSDP, 2D and 2.5D. zero=2 in 2D / 2.5D / 3D runs the same unit reduce-scatters, held to the model by the

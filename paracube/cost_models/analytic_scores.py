@@ -73,6 +73,7 @@ from paracube.cost_models.collective import calibrated_link, latency_factor
 from paracube.cost_models.comm import Entry, StepTraffic, memory_units, stage_layers_params
 from paracube.cost_models.compute import (
     GemmModel,
+    block_compute_time,
     fp8_step_time,
     ops_per_step,
     optimizer_time,
@@ -159,9 +160,11 @@ def _same_stage(pp: Arr) -> list[int]:
 
 
 def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Links, g: GemmModel, stage: str,
-           rows: Arr, zero: Arr | None = None, tpo: Arr | None = None, overlap: bool | Arr = False) -> StageScores:
+           rows: Arr, zero: Arr | None = None, tpo: Arr | None = None, overlap: bool | Arr = False,
+           blocks: tuple[Arr, Arr] | None = None) -> StageScores:
     """Per-config quantities (counts, payloads, compute) are computed once per configuration of `b`;
-    only the link-dependent times are evaluated per layout (`rows` maps layouts to configurations)."""
+    only the link-dependent times are evaluated per layout (`rows` maps layouts to configurations). `blocks`:
+    compute.block_compute_time of `b`, which every stage shares (computed once per evaluate)."""
     F, H = _flags(stage, b.pp)
     entries = traffic.entries(F, H)
     n = len(rows)
@@ -224,7 +227,7 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         micro += ring
         sent += N * ring_sent
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
-    compute = (stage_compute_time(d, mode, b, H, g, F) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
+    compute = (stage_compute_time(d, mode, b, H, g, F, blocks) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
     n_local = stage_layers_params(d, mode, b, F, H)
     shard = np.where(zero >= 1, traffic.group_size(traffic.zero_axes), 1) if zero is not None else 1.0
     optim = (optimizer_time(n_local, d.c, g, shard) + fp8_step_time(d, mode, b, F, H, g))[rows]
@@ -258,10 +261,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
                           tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
     same = _same_stage(b.pp)
+    blocks = block_compute_time(d, mode, b, g)  # one block's (forward, backward): every stage's (compute.py)
     stages: tuple[StageScores, ...] = ()
     for k, s in enumerate(STAGES):  # a stage with an earlier one's edge flags is that one (same inputs)
         stages += (stages[same[k]] if same[k] < k else
-                   _stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap),)
+                   _stage(d, mode, b, traffic, links, g, s, rows, zero, tpo_rows, overlap, blocks),)
     contend = slowdown(links, len(rows))  # tensor collectives beside the data-parallel stream (contention.py)
     drag = per_layout(links, len(rows), g.overlap_drag)  # compute beside the data-parallel stream (overlap_drag.py)
     if traffic.zero >= 2 and (fsdp_prefetch or np.any(overlap)):  # what prefetch / async reduce-scatters expose
@@ -275,7 +279,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
         for k, (name, st) in enumerate(zip(STAGES, stages, strict=True)):
             parts.append(parts[same[k]] if same[k] < k else prefetched_micro(
                 d, mode, b, g, rows, *_flags(name, b.pp), n_zero, st.compute, st.micro, st.fsdp, fsdp_prefetch, ov,
-                st.tensor_bw, st.tensor_bwd, contend, drag))
+                st.tensor_bw, st.tensor_bwd, contend, drag, blocks))
         single = (b.pp == 1)[rows]  # pp > 1: zero's gathers / reduce-scatters priced in line (exposed), both engines
         stages = tuple(replace(st, micro=np.where(single, m, st.micro), step=st.step - np.where(single, rep, 0.0),
                                compute=st.compute + np.where(single, cp, 0.0))

@@ -35,7 +35,6 @@ per step, HSDP's all_reduce of 4 P_u / n over dp_replicate and zero=2's fp32 all
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -46,12 +45,12 @@ from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
 from paracube.cost_models.dims import Dims, param_dims
+from paracube.cost_models.fsdp_units import memory_units, unit_totals
 from paracube.cost_models.traffic import parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_sizes, padded_numel
-from paracube.modes.rows import unique_rows
-from paracube.modes.stages import backward_spans, stage_chunks, stage_layers
+from paracube.modes.stages import stage_layers
 
 Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
@@ -180,8 +179,9 @@ class StepTraffic:
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
             back = sum(late[s] * p for s, (_, p) in by_source.items() if s in late)
             out.append(self._entry(kind, axes, dtype, count, payload, backward=back, tpo=tag))
-        if self.zero >= 2:  # per micro-batch: unit reduce-scatters; zero=3 gathers (traffic._zero_micro_batch)
-            units, padded, held, _, _ = self.units(first, last)  # pp > 1: none held (unit_totals)
+        totals = self.units(first, last) if self.zero >= 2 else None  # the stage's FSDP units (unit_totals)
+        if totals is not None:  # per micro-batch: unit reduce-scatters; zero=3 gathers (traffic._zero_micro_batch)
+            units, padded, held, _, _ = totals  # pp > 1: none held (unit_totals)
             single = b.pp == 1
             once = single * (1 + int(d.tied) * first * last)  # units gathered once per micro-batch (unit_totals)
             rs = np.where(single, N, 1)  # pipelines: in the last micro-batch's backward only
@@ -193,10 +193,11 @@ class StepTraffic:
         shard = d.c * self.sizes.T * d.h // self.mode.act_split(b.t, b.sp)
         out.append(self._entry("send", ("pp",), d.dtype, sends, sends * shard,
                                n=lambda: np.where(b.pp > 1, 2, 1), tag="send"))
-        return out + self._per_step(first, last, layers)
+        return out + self._per_step(first, last, layers, totals)
 
-    def _per_step(self, first: Arr, last: Arr, layers: Arr) -> list[Entry]:
-        """The mode's per-step collectives, gradients, grad norm, metrics."""
+    def _per_step(self, first: Arr, last: Arr, layers: Arr, totals: tuple[Arr, ...] | None) -> list[Entry]:
+        """The mode's per-step collectives, gradients, grad norm, metrics (`totals`: the stage's unit_totals,
+        zero=2/3)."""
         b, m = self.b, self.mode
         one = np.ones_like(b.dp)
         at_stage = replace(self.sizes, layers=layers, first=first, last=last)
@@ -217,8 +218,8 @@ class StepTraffic:
             out.append(self._entry("all_gather", self.data_axes, F32 if self.d.gather_bytes == 4 else self.d.dtype,
                                    count, gathered, per_step=True))
             dp = cp_after_dp(("dp",), self.d.cp)
-        elif self.zero >= 2:  # per step: HSDP's replica all_reduce; zero=2's parameter all_gather (fp32)
-            units, padded, _, _, _ = self.units(first, last)
+        elif totals is not None:  # per step: HSDP's replica all_reduce; zero=2's parameter all_gather (fp32)
+            units, padded, _, _, _ = totals
             shards = self.group_size(self.zero_axes)
             out.append(self._entry("all_reduce", ("dp_replicate",), F32, units * one, 4 * padded // shards,
                                    per_step=True))
@@ -260,9 +261,9 @@ class StepTraffic:
         for c, bits in zip(cols, (13, 13, 13, 1, 1, 22), strict=True):
             key = (key << bits) | c
         _, first_row, inverse = np.unique(key, return_index=True, return_inverse=True)
-        per = np.array([_bucket_totals(self.mode.name, param_dims(self.d), int(cols[0][i]), int(cols[1][i]),
-                                       int(cols[2][i]), bool(cols[3][i]), bool(cols[4][i]),
-                                       int(cols[5][i]), self.bucket_bytes) for i in first_row], dtype=np.int64)
+        pd, shapes = param_dims(self.d), np.stack([c[first_row] for c in cols], axis=1).tolist()
+        per = np.array([_bucket_totals(self.mode.name, pd, t, q, n_layers, bool(f), bool(h), n, self.bucket_bytes)
+                        for t, q, n_layers, f, h, n in shapes], dtype=np.int64)
         out = per[inverse.reshape(-1)]
         return out[:, 0], out[:, 1], out[:, 2]
 
@@ -293,105 +294,6 @@ def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool,
     buckets = bucket_sizes(parameter_units(mode, d, t, q, layers, first, last), bucket_bytes)[0]
     total = sum(buckets)
     return len(buckets), 4 * total, 4 * (sum(padded_numel(n, dp) for n in buckets) if dp > 1 else total)
-
-
-@lru_cache(maxsize=8192)
-def _chunk_totals(padded: tuple[int, ...], first: bool, last: bool, pp: int, v: int,
-                  L: int) -> tuple[tuple[int, ...], int]:
-    """pp > 1: (each model chunk's padded unit elements, the largest consecutive pair within one chunk). Units
-    come in segments, one per model chunk: the embedding with chunk 0, the final unit with the last."""
-    seg, same = _unit_chunks(first, last, pp, v, L)
-    units = np.asarray(padded, dtype=np.int64)  # integer sums: exact (element counts, far below 2^62)
-    pair = int(units.max())
-    if same.any():
-        pair = max(pair, int((units[:-1] + units[1:])[same].max()))
-    chunk = np.bincount(seg, weights=units.astype(np.float64), minlength=v)
-    return tuple(int(x) for x in chunk), pair
-
-
-@lru_cache(maxsize=4096)
-def _unit_chunks(first: bool, last: bool, pp: int, v: int, L: int) -> tuple[np.ndarray, np.ndarray]:
-    """(each unit's model chunk, whether each consecutive pair of units shares one) of a pipeline stage: what
-    _chunk_totals reads of the stage's shape (its padded lengths vary with the zero group; these do not)."""
-    stage = 0 if first else (pp - 1 if last else 1)
-    sizes = [len(c) for c in stage_chunks(L, pp, v, stage)]
-    seg = np.array(([0] if first else []) + [c for c, k in enumerate(sizes) for _ in range(k)]
-                   + ([v - 1] if last else []), dtype=np.int64)
-    same = seg[1:] == seg[:-1]
-    seg.flags.writeable = same.flags.writeable = False
-    return seg, same
-
-
-def _pipelined_units(padded: tuple[int, ...], first: bool, last: bool, pp: int, v: int, L: int,
-                     n_micro: int) -> tuple[int, int]:
-    """pp > 1 (data_parallel/sharded.py, fsdp.py): (the most fp32 gradient-buffer elements live at once, the most
-    units' elements gathered at once). A chunk's buffers live from its first micro-batch's backward to the end of
-    its last one (n_micro > 1; one micro-batch: the consecutive pair of its in-flight and filling units, as
-    pp = 1), so the peak is at the end of some chunk's first backward, in the backward order of
-    modes.stages.schedule (backward_spans); zero=3 holds a consecutive pair of one chunk's units."""
-    chunk, pair = _chunk_totals(padded, first, last, pp, v, L)
-    if n_micro == 1:
-        return pair, pair
-    # Walk the chunks' births (first backward) and deaths (n_micro-th) in backward order; n_micro > 1, so a
-    # chunk's birth comes strictly before its death.
-    live = itertools.accumulate(-chunk[c] if dies else chunk[c] for dies, c in _chunk_events(pp, v, n_micro))
-    return max(0, max(live, default=0)), pair  # the most live at once (0 before the first birth)
-
-
-@lru_cache(maxsize=4096)
-def _chunk_events(pp: int, v: int, n_micro: int) -> tuple[tuple[int, int], ...]:
-    """(dies, chunk) of the chunks' births (first backward) and deaths (n_micro-th), in backward order."""
-    events = sorted((at, dies, c) for c, span in enumerate(backward_spans(pp, v, n_micro))
-                    for dies, at in enumerate(span) if at != np.inf)
-    return tuple((dies, c) for _, dies, c in events)
-
-
-@lru_cache(maxsize=4096)
-def _padded_units(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
-                  n: int) -> tuple[int, ...]:
-    return tuple(padded_numel(sum(u), n) for u in parameter_units(mode, d, t, q, layers, first, last))
-
-
-@lru_cache(maxsize=65536)  # the search asks for a few 10k stage shapes
-def _unit_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool, last: bool,
-                 n: int, pp: int = 1, v: int = 1, n_micro: int = 1) -> tuple[int, int, int, int, int]:
-    padded = _padded_units(mode, d, t, q, layers, first, last, n)
-    if pp > 1:  # pipelines (untied): nothing held; gradient buffers accumulated across micro-batches
-        return len(padded), sum(padded), 0, *_pipelined_units(padded, first, last, pp, v, d.L, n_micro)
-    pairs = [a + b for a, b in zip(padded, padded[1:], strict=False)] or padded
-    if not (d.tied and first and last):
-        return len(padded), sum(padded), padded[-1], max(pairs), max(pairs)
-    # Tied embeddings on one stage: the embedding unit stays gathered from its forward to its backward (the head
-    # reuses the table, data_parallel/fsdp.py): gathered once per micro-batch, held next to the other units' pair.
-    rest = [a + b for a, b in zip(padded[1:], padded[2:], strict=False)] or padded[1:] or [0]
-    return len(padded), sum(padded), padded[-1] + padded[0], max(pairs), padded[0] + max(rest)
-
-
-def unit_totals(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr,
-                n: Arr) -> tuple[Arr, Arr, Arr, Arr, Arr]:
-    """Per layout (zero=2/3, modes/buckets.plan_units): the stage's FSDP units, the sum of their lengths padded
-    to a multiple of the zero group's n ranks, the padded length of the units zero=3 gathers once per micro-batch
-    (the last; tied embeddings on the stage: the embedding too), the largest sum of two consecutive padded units
-    (the fp32 gradient buffers live at once: data_parallel/sharded.py) and the most gathered at once
-    (data_parallel/fsdp.py: that pair; tied: the embedding plus the largest pair of the others). Keyed by the
-    stage's shape. Pipelines (pp > 1): nothing gathered once; buffers and gathers per chunk (_pipelined_units)."""
-    cols = [np.broadcast_to(np.asarray(x, dtype=np.int64), b.dp.shape)
-            for x in (b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last, n, b.pp, b.v,
-                      np.maximum(d.global_batch // (b.dp * b.mb), 1))]
-    rows = np.stack(cols, axis=1)
-    keys, inverse = unique_rows(rows)
-    # Pipelines (data_parallel/sharded.py, fsdp.py; untied): no unit held from forward to backward, every unit's
-    # fp32 gradient buffer alive through the step (accumulated unsharded, reduce-scattered at the end).
-    pd = param_dims(d)  # the cache key: what sizes the parameters
-    per = np.array([_unit_totals(mode, pd, t, q, n_layers, bool(f), bool(h), n_zero, pp, v, n_micro)
-                    for t, q, n_layers, f, h, n_zero, pp, v, n_micro in keys.tolist()], dtype=np.int64)
-    out = per[inverse.reshape(-1)]
-    return out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4]
-
-
-def memory_units(totals: tuple[Arr, ...]) -> tuple[Arr, Arr, Arr]:
-    """unit_totals' (summed, gradient-buffer pair, gathered at once): what memory.with_zero reads."""
-    return totals[1], totals[3], totals[4]
 
 
 def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero: int = 0,

@@ -234,14 +234,16 @@ def block_compute_time(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tupl
     return fwd_blk + attn_f + elem_f, bwd
 
 
-def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel, first: Arr | int = 0) -> Arr:
-    """Compute time of one step on one rank of a stage (all micro-batches, recompute included)."""
+def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel, first: Arr | int = 0,
+                       blocks: tuple[Arr, Arr] | None = None) -> Arr:
+    """Compute time of one step on one rank of a stage (all micro-batches, recompute included); `blocks`: the
+    batch's block_compute_time where the caller has it (every stage's: the same floats as computing it here)."""
     m = MODES[mode]
     dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
     N = d.global_batch // (dp * mb)
     T = (mb * d.s).astype(float)
     Ls = stage_layers(d.L, pp, b.v, np.where(pp == 1, 1, first), last)
-    fwd, bwd = block_compute_time(d, mode, b, g)
+    fwd, bwd = block_compute_time(d, mode, b, g) if blocks is None else blocks
     per_block = fwd + bwd + (fwd if d.recompute == "full" else 0.0)
     # Head (vocab-parallel linear h -> V) and cross-entropy on the last stage.
     V = padded(d.V, m.vocab_split(t, b.q))

@@ -175,7 +175,8 @@ def exposed_seconds(blocks: Arr, f: Units, bw: Units, ag: Units, rs: Units, pref
 def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr, F: Arr, H: Arr, n_zero: Arr,
                      compute: Arr, micro: Arr, fsdp: dict[str, tuple[Arr, Arr]], prefetch: bool = True,
                      overlap: Arr | bool = True, tensor_bw: Arr | float = 0.0, tensor_bwd: Arr | float = 0.0,
-                     slow: Arr | float = 0.0, drag: Arr | float = 0.0) -> tuple[Arr, Arr, Arr]:
+                     slow: Arr | float = 0.0, drag: Arr | float = 0.0, block_times: tuple[Arr, Arr] | None = None
+                     ) -> tuple[Arr, Arr, Arr]:
     """A stage's per-step communication on the compute side (`micro`, per layout) with its FSDP gathers and
     reduce-scatters (`fsdp[kind]` = (latency seconds summed, bandwidth seconds summed): analytic._stage)
     replaced by what prefetch (`prefetch`) and asynchronous reduce-scatters (`overlap`, the layout's: per layout)
@@ -188,13 +189,15 @@ def prefetched_micro(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, rows: Arr
     (`tensor_bw` bandwidth seconds per step, `tensor_bwd` of them in backward; module docstring). Those seconds
     are the blocks', slowed by `slow` (contention.slowdown) where the stream runs beside them (`_beside`); the
     compute side beside the stream by `drag` (overlap_drag.per_layout). Third: the step's seconds of FSDP's copy
-    kernels (fsdp_copies.py), compute-stream work the caller adds to the stage's compute, as the event engine does."""
+    kernels (fsdp_copies.py), compute-stream work the caller adds to the stage's compute, as the event engine does.
+    `block_times`: compute.block_compute_time of `b` where the caller has it (stage_compute_time's `blocks`)."""
     N = (d.global_batch / (b.dp * b.mb))[rows]
     blocks = stage_layers(d.L, b.pp, b.v, F, H)[rows].astype(float)
     sizes = unit_sizes(d, mode, b, F, H, n_zero)[rows]
     share_f = 0.25 if d.recompute == "full" else 1.0 / 3.0
     inline = sum(a + e for k, (a, e) in fsdp.items() if k != "replica")
-    head = ((stage_compute_time(d, mode, b, H, g, F) - stage_compute_time(d, mode, b, 0 * H, g, F))[rows] / N
+    head = ((stage_compute_time(d, mode, b, H, g, F, block_times)
+             - stage_compute_time(d, mode, b, 0 * H, g, F, block_times))[rows] / N
             if np.any(H) else np.zeros(len(rows)))
     comm = (micro - inline) / N  # one micro-batch's other in-line communication (the tensor collectives)
     blk_compute = np.maximum(compute / N - head, 0.0) / np.maximum(blocks, 1.0)

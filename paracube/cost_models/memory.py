@@ -276,11 +276,11 @@ def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
     - zero=1: the fp32 master weights and Adam's two moments sharded, 12 ceil(n / shards) bytes per rank for n
       local parameters (executor/data_parallel/optim.py), instead of 8 n (fp32) or 12 n (16-bit);
     - zero=2 (`units` = (P, Q): the stage's FSDP units' lengths padded to a multiple of `shards`, summed, and
-      the largest sum of two consecutive ones; comm.unit_totals): gradients 4 P / shards and optimizer
+      the largest sum of two consecutive ones; fsdp_units.unit_totals): gradients 4 P / shards and optimizer
       12 P / shards, plus two fp32 unit gradient buffers 4 Q (the one being reduce-scattered, the one filling)
       in temporaries: 16-bit 2 + 16 / d bytes per parameter;
     - zero=3: parameters c P / shards too, plus the gathered units c G (`units`' third, default Q: two; tied
-      embeddings on the stage: the embedding unit plus two others, comm.unit_totals): 18 / d (fp32: 16 / d).
+      embeddings on the stage: the embedding unit plus two others, fsdp_units.unit_totals): 18 / d (fp32: 16 / d).
     (executor/data_parallel/sharded.py, fsdp.py; the tests measure these bytes on the executor's tensors.)
     `grad_bytes` (Dims.grad_bytes, the runtime's gradient dtype): 4 above; 2 for a stack keeping 16-bit
     gradients (DeepSpeed's ZeRO: the paper's 16, 4 + 12/d, 2 + 14/d, 16/d bytes per parameter)."""

@@ -47,7 +47,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
 
     def high_peak(ms: list[dict[str, np.ndarray]], z: int, rows: np.ndarray) -> np.ndarray:
         """zero=2/3 peak memory of the configurations `rows` (inf elsewhere): their FSDP unit totals
-        (comm.unit_totals, per distinct stage shape) are computed only where a stage 2/3 can be chosen."""
+        (fsdp_units.unit_totals, per distinct stage shape) are computed only where a stage 2/3 can be chosen."""
         out = np.full(len(idx), np.inf)
         if not rows.any():
             return out

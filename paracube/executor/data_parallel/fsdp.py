@@ -19,7 +19,7 @@ embedding unit is held gathered from its forward to its backward (not resharded 
 not gathered again before its backward; torchtitan / FSDP2 put a tied table in one unit with its user likewise)
 and not counted in the two: it is gathered once per micro-batch, and its gradient (head + lookup) reaches the
 table once, summed by autograd, before the unit is reduce-scattered (sharded.py). Priced alike: traffic.py
-(no backward gather of the embedding), comm.unit_totals (gathered at once: the embedding plus a pair).
+(no backward gather of the embedding), fsdp_units.unit_totals (gathered at once: the embedding plus a pair).
 Pipelines (pp > 1, executor/pipeline/schedule.py): a stage's units are split into segments, one per model chunk
 (the embedding with chunk 0, the final unit with the last chunk). A chunk's forward or backward of one micro-batch
 is one pass over its segment; the schedule calls `begin_chunk` before and `end_chunk_forward` after each chunk

@@ -28,7 +28,7 @@ ranks); the rank with index k in the zero group (Layout.zero_axes: dp, or dp_sha
   Chosen as torch.distributed.pipelining runs FSDP2 (set_requires_gradient_sync(False) until the last backward)
   and Megatron accumulates main_grad: one reduce-scatter per unit per step instead of one per micro-batch (n times
   fewer bytes, the n micro-batches interleave with other stages' work), for 4 bytes per stage parameter of
-  buffers held from the chunk's first backward to the end of its last (comm.unit_totals: 1F1B all the stage's
+  buffers held from the chunk's first backward to the end of its last (fsdp_units.unit_totals: 1F1B all the stage's
   units, 4 P instead of the pair 4 Q; interleaved, the most chunks live at once under the schedule). zero=3 still
   gathers every unit before each micro-batch's forward and backward (fsdp.py "Pipelines").
 - HSDP (`shard=N`, N < dp): the zero group is N consecutive dp ranks (dp_shard); after the last micro-batch
