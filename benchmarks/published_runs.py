@@ -71,7 +71,10 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   no 128-wide stand-in where a block has no shared expert). Refit on the fit row: A2A_NIC_EFF 0.911 (shipped 0.91).
   Rows before -> after: qwen3-235b-256 -0.3 -> +0.1% (fit), qwen3-30b-16 -1.9 -> +0.3%, deepseek-v3-1024 +20.4 ->
   +15.7%, qwen3-30b-16-fp8 -35.0 -> -39.0%, qwen3-235b-256-fp8 -16.2 -> -17.0%, Mixtral -1.9 -> -2.2% (B200), -9.7 ->
-  -10.3% (GB200); every dense row unchanged. Readings of the held-out misses
+  -10.3% (GB200); every dense row unchanged. Since the Hopper refit beside the replica jitter
+  (cost_models/stragglers.py, scale1) and the host issue (host_issue.py, moe11): qwen3-235b-256 +0.3% (fit),
+  qwen3-30b-16 +0.6%, deepseek-v3-1024 +16.0%, qwen3-30b-16-fp8 -34.9%, qwen3-235b-256-fp8 -17.0%, Mixtral -2.2%
+  (B200), -10.2% (GB200). Readings of the held-out misses
   (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
   (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
   qwen3-30b-16-fp8 (-35.1%) is not FP8's GEMMs (in bf16 this layout prices 19.9 s, -32.4%); its all_to_alls price at
