@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 
 from rich.console import Console
@@ -140,7 +141,11 @@ def search_config(w: Workload, headroom: float = DEFAULT_MEMORY_HEADROOM, top_k:
 def _search(w: Workload, topo: object, top_k: int = POOL, headroom: float = DEFAULT_MEMORY_HEADROOM):  # noqa: ANN202
     # Without --recompute the planner chooses recomputation; zero stages, overlap and tpo: what the runtime runs.
     config = search_config(w, headroom, top_k)
-    with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
+    console = Console(stderr=True)
+    # The spinner only where it shows: a terminal or a notebook (elsewhere rich prints nothing for it and redirects
+    # nothing), so that scripts do not pay its imports and refresh thread (~10 ms of a ~1 s plan).
+    shown = console.is_terminal or console.is_jupyter
+    with console.status(f"searching layouts of {w.gpus} devices ...") if shown else nullcontext():
         return config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)
 
 
