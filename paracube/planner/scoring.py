@@ -5,6 +5,7 @@ The search's contract: planner/search.py."""
 from __future__ import annotations
 
 from collections import Counter
+from itertools import chain
 
 import numpy as np
 
@@ -30,8 +31,10 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
     # every new query of these structures at once (cost_models/links.py: LinkCache.prefetch)
     s.cache.prefetch((k, place, ax) for st in new for place, keys in places[st]
                      for ax, k in zip(axes_list, keys, strict=True) if k not in keyed)
-    for st in new:
-        s.links[st, cp] = np.array([keyed[k] for k in flat[st]]).reshape(len(places[st]), n_axes, 2)
+    for st in new:  # the (bw, lat) floats as they are (fromiter: no tuple-by-tuple array conversion)
+        pairs = chain.from_iterable(map(keyed.__getitem__, flat[st]))
+        s.links[st, cp] = np.fromiter(pairs, dtype=np.float64, count=2 * len(flat[st])).reshape(
+            len(places[st]), n_axes, 2)
     return {st: s.links[st, cp] for st in dict.fromkeys(owners)}
 
 
