@@ -97,7 +97,10 @@ def _kth(s: _Search, found: np.ndarray | None = None) -> float:
 
 
 def _mode_best(s: _Search, mode: str, found: np.ndarray) -> float:
-    """The mode's best step time so far (its earlier passes and `found`): what its best layout must beat."""
+    """The mode's best step time so far (its earlier passes and `found`): what its best layout must beat; -inf (no
+    bar of its own) where the search keeps no exact mode bests (`s.mode_bests`: search.py)."""
+    if not s.mode_bests:
+        return -float("inf")
     known = [s.per_mode_best[mode][0]] if mode in s.per_mode_best else []
     return float(min([*known, *found.tolist()], default=float("inf")))
 
@@ -145,6 +148,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     s.rejected.update(mode_rej)
     # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.
     batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
+    n_valid = len(batch)
     st_links = _structure_links(s, mode, owners, places)
     zero_arg = zeros if s.zeros != (0,) else None
     ovs, tpos = _overlaps(s, mode, batch)
@@ -168,9 +172,10 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         batch, owners, n_places, zeros, kws, ovs, tpos = (batch.take(kept), [owners[i] for i in kept],
                                                           n_places[kept], zeros[kept], kws[kept], ovs[kept],
                                                           tpos[kept])
-    if not len(batch):
-        top = mode_rej.most_common(2)
-        s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
+    if not len(batch):  # (without mode bests, a mode the bar prunes whole has valid layouts: nothing to explain)
+        if s.mode_bests or not n_valid:
+            top = mode_rej.most_common(2)
+            s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
         return
     layout_rows = np.repeat(np.arange(len(batch)), n_places)  # each configuration once per placement
     place_idx = np.concatenate([np.arange(c) for c in n_places])
