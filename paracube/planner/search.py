@@ -11,8 +11,10 @@ the mode's best so far (in a cp=1 pass also the best cp=1 step so far: a cp > 1 
 configurations, which that single evaluation cannot price, by their compute and in-line communication (analytic.
 compute_lower_bound), against that bar and again, before each zero=2/3 stage is scored, against the bar the
 zero=0/1 layouts scored first set (scoring._staged_times): the top_k found and each mode's best are exact, and
-configurations that lose whatever their placement are not expanded (`pruned`). A rejected or pruned
-configuration counts once per placement of its structure, so `scored + pruned + sum(rejected) == enumerated layouts`.
+configurations that lose whatever their placement are not expanded (`pruned`). `mode_bests=False` (paracube plan,
+which shows the ranking only): no mode's best is kept, the bar has no mode part, and only the ranking is exact.
+A rejected or pruned configuration counts once per placement of its structure, so
+`scored + pruned + sum(rejected) == enumerated layouts`.
 Runtime (`runtime`, paracube/runtimes; default paracube): only what it runs is enumerated (its tensor modes,
 pipelines, interleaving, sp, zero stages), and the searched dimensions take its values (planner/dimensions.py):
 recomputations and zero stages it runs; `overlap` (gradient reduction overlapped with backward) and `tpo`
