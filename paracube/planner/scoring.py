@@ -68,6 +68,10 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     # One evaluation: each configuration on its first placement's links (not the zero=2/3 ones: they set no bar),
     # then on its structure's best links. Elementwise per row: the rows left out change no other row.
     low = np.arange(n) if high is None else np.nonzero(~high)[0]
+    if not s.mode_bests and max(_kth(s), _cp1_best(s, np.zeros(0))) < np.inf:
+        # Without mode bests, once top_k layouts are kept the first placements only lower a bar that is already
+        # finite: not evaluated (a higher bar prunes less; measured: fewer rows cost less than the few more kept)
+        low = low[:0]
     m = len(low)
     mat = np.array([st_links[owners[i]][0] for i in low.tolist()] + [best[st] for st in owners])
     links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
