@@ -69,7 +69,7 @@ def in_process(job: list[str], repeat: int) -> dict:
     """This process's tree: imports, topology, search cold and warm (min of `repeat`), the result's counts."""
     args = build_parser(["plan"]).parse_args(["plan", *job])
     w = workload_from_args(args, partial_layout=True)
-    config = search_config(w, args.memory_headroom, max(args.top, args.refine, EXPLAIN_POOL))
+    config = plan_config(w, args)
     t0 = time.perf_counter()
     topo = w.topology
     t_topo = time.perf_counter() - t0
@@ -86,6 +86,17 @@ def in_process(job: list[str], repeat: int) -> dict:
             "ranked": [(str(lay), est.step_time_s) for lay, est in res.ranked],
             "best_per_mode": sorted((est.step_time_s, m, str(lay), est.mfu, est.memory.total)
                                     for m, (lay, est) in res.best_per_mode.items())}
+
+
+def plan_config(w: object, args: argparse.Namespace) -> object:
+    """The search configuration `paracube plan` runs (its pool; no exact best per mode where the tree has the
+    option, planning_cmd.PLAN_MODE_BESTS: a tree without it keeps them)."""
+    import paracube.cli.planning_cmd as pc
+
+    pool = max(args.top, args.refine, EXPLAIN_POOL)
+    if hasattr(pc, "PLAN_MODE_BESTS"):
+        return search_config(w, args.memory_headroom, pool, pc.PLAN_MODE_BESTS)  # type: ignore[arg-type]
+    return search_config(w, args.memory_headroom, pool)  # type: ignore[arg-type]
 
 
 def measure(tree: Path, job: list[str], repeat: int) -> dict:
@@ -141,17 +152,20 @@ def main() -> None:
                   f"{r['pruned']:,}  rejected {r['rejected']:,}  topology queries {r['queries']}")
         ref = results["this tree"]
         for name, r in list(results.items())[1:]:
-            same = r["ranked"] == ref["ranked"] and r["best_per_mode"] == ref["best_per_mode"]
-            print(f"ranking ({len(ref['ranked'])} layouts) and best per mode vs {name}: "
+            # best per mode where both trees keep them (plan's configuration does not: SearchConfig.mode_bests)
+            modes = bool(r["best_per_mode"]) and bool(ref["best_per_mode"])
+            same = r["ranked"] == ref["ranked"] and (not modes or r["best_per_mode"] == ref["best_per_mode"])
+            print(f"ranking ({len(ref['ranked'])} layouts){' and best per mode' if modes else ''} vs {name}: "
                   f"{'identical' if same else 'DIFFERENT'}")
-    print("best per mode (this tree):")
-    for t, mode, lay, mfu, mem in ref["best_per_mode"]:
+    shown = next((n for n, r in results.items() if r["best_per_mode"]), None)
+    print(f"best per mode ({shown or 'none kept'}):")
+    for t, mode, lay, mfu, mem in results[shown]["best_per_mode"] if shown else []:
         print(f"  {mode:5} {t:8.3f} s  MFU {mfu:5.1%}  mem {mem / 2**30:6.1f} GiB  {lay}")
     if not ours.exhaustive:
         return
     args = build_parser(["plan"]).parse_args(["plan", *job])
     w = workload_from_args(args, partial_layout=True)
-    config = search_config(w, args.memory_headroom, max(args.top, args.refine, EXPLAIN_POOL))
+    config = plan_config(w, args)
     topo = w.topology
     t0 = time.perf_counter()
     res = config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)

@@ -200,6 +200,26 @@ def test_bound_pruning_keeps_the_exact_ranking(model: str, gpus: int, options: d
         {m: repr(lay) for m, (lay, _) in full.best_per_mode.items()}
 
 
+@pytest.mark.parametrize(("model", "gpus", "options"), PRUNE_CASES)
+def test_pruning_without_mode_bests_keeps_the_exact_ranking(model: str, gpus: int, options: dict) -> None:
+    """`mode_bests=False` (paracube plan's search: the bar is the top_k-th best, and the best cp=1 step, only)
+    returns the ranking of the exhaustive search: the same ranked layouts and step times, the same rejections,
+    every valid layout either scored or pruned; no best per mode."""
+    from paracube.layout import parse_layout
+    from paracube.topologies import load_topology
+
+    if "fixed" in options:
+        options = {**options, "fixed": parse_layout(options["fixed"])}
+    tp = load_topology("dgx-a100", gpus=gpus)
+    training = TrainingSpec(global_batch=512, dtype="bf16", recompute="selective")
+    fast = search(PRESETS[model], training, tp, gpus, top_k=10, mode_bests=False, **options)
+    full = search(PRESETS[model], training, tp, gpus, top_k=10, prune=False, **options)
+    assert fast.pruned > 0 and fast.best_per_mode == {}
+    assert fast.scored + fast.pruned == full.scored and fast.rejected == full.rejected
+    assert [(repr(lay), est.step_time_s) for lay, est in fast.ranked] == \
+        [(repr(lay), est.step_time_s) for lay, est in full.ranked]
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_step_lower_bound_is_below_every_placement(overlap: bool) -> None:
     """analytic.step_lower_bound on each axis set's best link over a structure's placements is at most the step

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 
 from rich.console import Console
@@ -41,6 +42,7 @@ from paracube.planner.config import POOL
 
 MODE_ORDER = tuple(MODES)  # the registry's order (paracube/modes)
 EXPLAIN_POOL = POOL  # ranked layouts the runner-ups of `plan` are looked for in (planner/explain.py)
+PLAN_MODE_BESTS = False  # `plan` shows the ranked pool only: no exact best per mode (SearchConfig.mode_bests)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -125,11 +127,12 @@ def _unpriced(layout: Layout, est: StepEstimate) -> tuple[str, ...]:
     return ()
 
 
-def search_config(w: Workload, headroom: float = DEFAULT_MEMORY_HEADROOM, top_k: int = POOL):  # noqa: ANN201
+def search_config(w: Workload, headroom: float = DEFAULT_MEMORY_HEADROOM, top_k: int = POOL,  # noqa: ANN201
+                  mode_bests: bool = True):
     """The search plan, compare and sweep share (planner/config.py), for this workload; its size checked first."""
     from paracube.planner.config import SearchConfig, check_size
 
-    config = SearchConfig(w.search_recompute, top_k, headroom, w.runtime)
+    config = SearchConfig(w.search_recompute, top_k, headroom, w.runtime, mode_bests)
     if w.layout is None:  # a pinned layout searches a fraction of it
         check_size(config, w.model, w.training, w.gpus)
     else:
@@ -137,10 +140,15 @@ def search_config(w: Workload, headroom: float = DEFAULT_MEMORY_HEADROOM, top_k:
     return config
 
 
-def _search(w: Workload, topo: object, top_k: int = POOL, headroom: float = DEFAULT_MEMORY_HEADROOM):  # noqa: ANN202
+def _search(w: Workload, topo: object, top_k: int = POOL, headroom: float = DEFAULT_MEMORY_HEADROOM,  # noqa: ANN202
+            mode_bests: bool = True):
     # Without --recompute the planner chooses recomputation; zero stages, overlap and tpo: what the runtime runs.
-    config = search_config(w, headroom, top_k)
-    with Console(stderr=True).status(f"searching layouts of {w.gpus} devices ..."):
+    config = search_config(w, headroom, top_k, mode_bests)
+    console = Console(stderr=True)
+    # The spinner only where it shows: a terminal or a notebook (elsewhere rich prints nothing for it and redirects
+    # nothing), so that scripts do not pay its imports and refresh thread (~10 ms of a ~1 s plan).
+    shown = console.is_terminal or console.is_jupyter
+    with console.status(f"searching layouts of {w.gpus} devices ...") if shown else nullcontext():
         return config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)
 
 
@@ -149,13 +157,13 @@ def plan_cmd(args: argparse.Namespace) -> int:
     w = workload_from_args(args, partial_layout=True)
     out = writable(args.out, "-o", args.force)
     pool = max(args.top, args.refine, EXPLAIN_POOL)
-    search_config(w, args.memory_headroom, pool)  # a search too large is refused before the topology is built
+    search_config(w, args.memory_headroom, pool, PLAN_MODE_BESTS)  # too large a search: refused before the topology
     topo = w.topology
     from paracube.planner.explain import dedupe, explain
 
     if args.runnable:
         print("paracube plan: --runnable is no longer needed (every plan runs) and is ignored", file=sys.stderr)
-    result = _search(w, topo, pool, args.memory_headroom)
+    result = _search(w, topo, pool, args.memory_headroom, PLAN_MODE_BESTS)
     ranked = _with_zero(dedupe(result.ranked), w.layout)
     exhaustive = len(result.ranked) < pool
     if args.refine:

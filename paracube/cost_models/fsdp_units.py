@@ -58,6 +58,7 @@ def _unit_chunks(first: bool, last: bool, pp: int, v: int, L: int) -> tuple[np.n
     return seg, same
 
 
+@lru_cache(maxsize=8192)  # stage shapes of other tensor shapes / zero groups pad to the same units (~60% repeats)
 def _pipelined_units(padded: tuple[int, ...], first: bool, last: bool, pp: int, v: int, L: int,
                      n_micro: int) -> tuple[int, int]:
     """pp > 1 (data_parallel/sharded.py, fsdp.py): (the most fp32 gradient-buffer elements live at once, the most

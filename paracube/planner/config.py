@@ -9,6 +9,8 @@ for the same job). `SearchConfig` holds the choices a command does not pin:
                      the best layout depends on it; every command uses the same pool
     memory_headroom  the fraction of device memory held back (DEFAULT_MEMORY_HEADROOM = 0.10; cli/train_terms.py
                      states where the 10% comes from)
+    mode_bests       each tensor mode's best layout, exact (`compare`'s table); `plan` shows the ranked pool only and
+                     turns it off, so that the search prunes what cannot enter the pool (planner/search.py)
 Zero stages, overlap, tpo and every other searched dimension come from the runtime (planner/dimensions.py).
 
 Size guard (`check_size`): before a topology is built or a layout enumerated, the number of layouts the
@@ -52,6 +54,7 @@ class SearchConfig:
     top_k: int = POOL
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM
     runtime: str = "paracube"
+    mode_bests: bool = True  # each mode's best exact (compare's table); False: the ranked pool only (plan)
 
     def recomputes(self) -> list[str] | None:
         return list(RECOMPUTES) if self.search_recompute else None
@@ -61,7 +64,7 @@ class SearchConfig:
         from paracube.planner.search import search  # the cost models: loaded when a search runs
 
         return search(model, training, topo, gpus, fixed=fixed, top_k=self.top_k, recomputes=self.recomputes(),
-                      runtime=self.runtime, memory_headroom=self.memory_headroom)
+                      runtime=self.runtime, memory_headroom=self.memory_headroom, mode_bests=self.mode_bests)
 
     def size(self, model: ModelSpec, training: TrainingSpec, gpus: int) -> int:
         """About how many layouts the search enumerates (module docstring)."""

@@ -5,6 +5,7 @@ The search's contract: planner/search.py."""
 from __future__ import annotations
 
 from collections import Counter
+from itertools import chain
 
 import numpy as np
 
@@ -30,8 +31,10 @@ def _structure_links(s: _Search, mode: str, owners: list[Structure], places: dic
     # every new query of these structures at once (cost_models/links.py: LinkCache.prefetch)
     s.cache.prefetch((k, place, ax) for st in new for place, keys in places[st]
                      for ax, k in zip(axes_list, keys, strict=True) if k not in keyed)
-    for st in new:
-        s.links[st, cp] = np.array([keyed[k] for k in flat[st]]).reshape(len(places[st]), n_axes, 2)
+    for st in new:  # the (bw, lat) floats as they are (fromiter: no tuple-by-tuple array conversion)
+        pairs = chain.from_iterable(map(keyed.__getitem__, flat[st]))
+        s.links[st, cp] = np.fromiter(pairs, dtype=np.float64, count=2 * len(flat[st])).reshape(
+            len(places[st]), n_axes, 2)
     return {st: s.links[st, cp] for st in dict.fromkeys(owners)}
 
 
@@ -65,6 +68,10 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     # One evaluation: each configuration on its first placement's links (not the zero=2/3 ones: they set no bar),
     # then on its structure's best links. Elementwise per row: the rows left out change no other row.
     low = np.arange(n) if high is None else np.nonzero(~high)[0]
+    if not s.mode_bests and max(_kth(s), _cp1_best(s, np.zeros(0))) < np.inf:
+        # Without mode bests, once top_k layouts are kept the first placements only lower a bar that is already
+        # finite: not evaluated (a higher bar prunes less; measured: fewer rows cost less than the few more kept)
+        low = low[:0]
     m = len(low)
     mat = np.array([st_links[owners[i]][0] for i in low.tolist()] + [best[st] for st in owners])
     links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
@@ -94,7 +101,10 @@ def _kth(s: _Search, found: np.ndarray | None = None) -> float:
 
 
 def _mode_best(s: _Search, mode: str, found: np.ndarray) -> float:
-    """The mode's best step time so far (its earlier passes and `found`): what its best layout must beat."""
+    """The mode's best step time so far (its earlier passes and `found`): what its best layout must beat; -inf (no
+    bar of its own) where the search keeps no exact mode bests (`s.mode_bests`: search.py)."""
+    if not s.mode_bests:
+        return -float("inf")
     known = [s.per_mode_best[mode][0]] if mode in s.per_mode_best else []
     return float(min([*known, *found.tolist()], default=float("inf")))
 
@@ -142,6 +152,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     s.rejected.update(mode_rej)
     # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.
     batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
+    n_valid = len(batch)
     st_links = _structure_links(s, mode, owners, places)
     zero_arg = zeros if s.zeros != (0,) else None
     ovs, tpos = _overlaps(s, mode, batch)
@@ -165,9 +176,10 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         batch, owners, n_places, zeros, kws, ovs, tpos = (batch.take(kept), [owners[i] for i in kept],
                                                           n_places[kept], zeros[kept], kws[kept], ovs[kept],
                                                           tpos[kept])
-    if not len(batch):
-        top = mode_rej.most_common(2)
-        s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
+    if not len(batch):  # (without mode bests, a mode the bar prunes whole has valid layouts: nothing to explain)
+        if s.mode_bests or not n_valid:
+            top = mode_rej.most_common(2)
+            s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
         return
     layout_rows = np.repeat(np.arange(len(batch)), n_places)  # each configuration once per placement
     place_idx = np.concatenate([np.arange(c) for c in n_places])

@@ -11,8 +11,10 @@ the mode's best so far (in a cp=1 pass also the best cp=1 step so far: a cp > 1 
 configurations, which that single evaluation cannot price, by their compute and in-line communication (analytic.
 compute_lower_bound), against that bar and again, before each zero=2/3 stage is scored, against the bar the
 zero=0/1 layouts scored first set (scoring._staged_times): the top_k found and each mode's best are exact, and
-configurations that lose whatever their placement are not expanded (`pruned`). A rejected or pruned
-configuration counts once per placement of its structure, so `scored + pruned + sum(rejected) == enumerated layouts`.
+configurations that lose whatever their placement are not expanded (`pruned`). `mode_bests=False` (paracube plan,
+which shows the ranking only): no mode's best is kept, the bar has no mode part, and only the ranking is exact.
+A rejected or pruned configuration counts once per placement of its structure, so
+`scored + pruned + sum(rejected) == enumerated layouts`.
 Runtime (`runtime`, paracube/runtimes; default paracube): only what it runs is enumerated (its tensor modes,
 pipelines, interleaving, sp, zero stages), and the searched dimensions take its values (planner/dimensions.py):
 recomputations and zero stages it runs; `overlap` (gradient reduction overlapped with backward) and `tpo`
@@ -139,6 +141,7 @@ def search(
     memory_headroom: float = 0.0,
     bucket_bytes: int | None = None,
     grad_bytes: int | None = None,
+    mode_bests: bool = True,
 ) -> SearchResult:
     """Rank every valid layout of `gpus` devices that the runtime runs (default paracube: each mode's
     ExecutorSupport, modes.executor_runs) by predicted step time; raise ParacubeError if none fits. The zero
@@ -148,7 +151,10 @@ def search(
     `memory_headroom`: the fraction of device memory held back (allocator, NCCL buffers, fragmentation); a
     layout fits in the rest. `bucket_bytes`: the gradient bucket limit the ranked layouts are priced with
     (None: the executor's, modes/buckets.py; calibration/from_runs.py prices a published run with its stack's);
-    `grad_bytes` likewise the gradient element (None: the runtime's, Runtime.grad_bytes)."""
+    `grad_bytes` likewise the gradient element (None: the runtime's, Runtime.grad_bytes). `mode_bests=False`: no
+    mode's best is kept exact nor returned (`best_per_mode` empty; for callers that show only the ranking, as
+    `paracube plan`): the bar is then the top_k-th best (and the best cp=1 step in cp=1 passes) only, which prunes
+    every configuration that cannot enter the ranking; the ranking is the same."""
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     bad_experts = moe_violations(model, fixed) if fixed is not None else []
@@ -185,7 +191,7 @@ def search(
                 overlap or (fixed is not None and fixed.overlap), fixed.keep_weights if fixed is not None else None,
                 prune, runtime=rt, overlap_chosen=chosen(OVERLAP, rt, fixed),
                 tpo_pinned=fixed is not None and fixed.tpo, tpo_chosen=chosen(TPO, rt, fixed),
-                fsdp_prefetch=chosen(FSDP_PREFETCH, rt, fixed))
+                fsdp_prefetch=chosen(FSDP_PREFETCH, rt, fixed), mode_bests=mode_bests)
     check(fixed is None or fixed.cp == 1 or bool(rt.cp_comms),
           f"runtime {rt.name} does not run context parallelism (cp={fixed.cp if fixed else 1}); valid: cp=1")
     # Context parallelism: a structural axis (enumerate.context_degrees), each degree a pass with a cp rank's dims,
@@ -257,6 +263,6 @@ def search(
         alt_est = score(alt)
         if alt_est.memory.total <= s.mem_cap:
             ranked = sorted([*ranked, (alt, alt_est)], key=lambda r: r[1].step_time_s)
-    per_mode = {m: (lay, score(lay)) for m, (_, lay) in s.per_mode_best.items()}
+    per_mode = {m: (lay, score(lay)) for m, (_, lay) in s.per_mode_best.items()} if mode_bests else {}
     return SearchResult(ranked, s.scored, s.rejected, per_mode, time.perf_counter() - t0, s.explanations,
                         s.cache.queries, s.pruned)

@@ -57,6 +57,7 @@ class _Search:
     overlap: bool = False  # gradient reduction overlapped with backward (Layout.overlap) in every layout
     kw_pin: int | None = None  # the fixed layout's kw (None: searched in modes that keep weights)
     prune: bool = True  # skip configurations whose lower bound loses (_within_bound)
+    mode_bests: bool = True  # each mode's best exact (the bar keeps it: scoring._mode_best); False: the ranking only
     runtime: Runtime = RUNTIMES["paracube"]  # what runs the plans: the layouts it runs, its overlaps
     overlap_chosen: bool = False  # the runtime overlaps the gradient reduction by default (dimensions.OVERLAP)
     tpo_pinned: bool = False  # the fixed layout's tpo: every tensor-parallel layout has it
