@@ -33,8 +33,8 @@ import torch
 from dist_helpers import F64, TOL_FP64, fp64_optimizer, rel_err, run_distributed
 
 from paracube.cost_models import estimate
-from paracube.cost_models.comm import memory_units, unit_totals
 from paracube.cost_models.dims import dims_of
+from paracube.cost_models.fsdp_units import memory_units, unit_totals
 from paracube.cost_models.memory import stage_memory, with_zero
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays

@@ -70,7 +70,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from paracube.cost_models.collective import calibrated_link, latency_factor
-from paracube.cost_models.comm import Entry, StepTraffic, memory_units, stage_layers_params
+from paracube.cost_models.comm import Entry, StepTraffic, stage_layers_params
 from paracube.cost_models.compute import (
     GemmModel,
     block_compute_time,
@@ -83,6 +83,7 @@ from paracube.cost_models.contention import extra, fsdp_extra, grad_extra, slowd
 from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.fsdp_overlap import prefetched_micro
+from paracube.cost_models.fsdp_units import memory_units
 from paracube.cost_models.grad_overlap import Profile, release_keys
 from paracube.cost_models.grad_overlap_batch import exposed_by_config, stream_window
 from paracube.cost_models.memory import stage_memory, total, with_zero

@@ -45,7 +45,7 @@ from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
 from paracube.cost_models.dims import Dims, param_dims
-from paracube.cost_models.fsdp_units import memory_units, unit_totals
+from paracube.cost_models.fsdp_units import unit_totals
 from paracube.cost_models.traffic import parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
@@ -56,8 +56,7 @@ Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
 SOURCES = ("layer_fwd", "layer_bwd", "embedding", "head")
 
-__all__ = ["Entry", "StepTraffic", "axes_used", "comm_entries", "memory_units", "stage_layers_params",
-           "unit_totals"]
+__all__ = ["Entry", "StepTraffic", "axes_used", "comm_entries", "stage_layers_params"]
 
 
 @dataclass

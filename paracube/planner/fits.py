@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from paracube.cost_models.comm import memory_units, unit_totals
+from paracube.cost_models.fsdp_units import memory_units, unit_totals
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
 from paracube.cost_models.validity import first_violation, rules
 from paracube.modes import MODES, LayoutBatch
