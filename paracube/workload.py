@@ -63,6 +63,11 @@ class ModelSpec:
     (embd_pdrop). The GPT-2/GPT-3 presets use 0.1 for all three (Megatron's GPT default and GPT-2's config);
     llama has none (attention_dropout as its config says, 0 by default); tiny and small use 0 (they are the
     equivalence tests' models: dropout draws masks the serial reference cannot share).
+    Sliding-window attention (HF `sliding_window`, Mistral v0.1, Gemma 2/3, GPT-OSS): in a windowed block the
+    query at position i sees the keys j with i - sliding_window < j <= i (transformers' sliding-window mask; Megatron
+    `--window-size (sliding_window - 1, 0)`). `window_pattern` says which blocks are windowed: a string of "W"
+    (windowed) and "F" (full causal attention) repeated over the blocks from block 0 (GPT-OSS "WF", Gemma 3
+    "WWWWWF"; HF `layer_types` / Megatron `--window-attn-skip-freq k` = "W" x (k - 1) + "F"); None: every block.
     """
 
     name: str
@@ -84,6 +89,8 @@ class ModelSpec:
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (Qwen3: q_norm, k_norm)
     moe: MoESpec | None = None  # mixture-of-experts blocks (moe_spec.py); None: dense
     mla: MLASpec | None = None  # multi-head latent attention (moe_spec.py); None: (grouped-query) attention
+    sliding_window: int | None = None  # keys a windowed block's query sees, itself included; None: full causal
+    window_pattern: str | None = None  # "W" / "F" per block, repeated; None: every block windowed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "moe", moe_from_dict(self.moe, f"model {self.name!r}"))
@@ -110,6 +117,15 @@ class ModelSpec:
             check(self.family == "llama" or self.kv_heads == self.heads,
                   f"model {self.name!r}: kv_heads={self.kv_heads} != heads={self.heads}; grouped-query "
                   "attention needs family llama")
+        check(self.sliding_window is None or (isinstance(self.sliding_window, int)
+              and not isinstance(self.sliding_window, bool) and self.sliding_window > 0),
+              f"model {self.name!r}: sliding_window={self.sliding_window!r} must be a positive integer or null")
+        check(self.window_pattern is None or (isinstance(self.window_pattern, str) and self.window_pattern != ""
+              and set(self.window_pattern) <= {"W", "F"}),
+              f"model {self.name!r}: window_pattern={self.window_pattern!r} must be a non-empty string of W "
+              "(windowed block) and F (full attention), or null (every block windowed)")
+        check(self.window_pattern is None or self.sliding_window is not None,
+              f"model {self.name!r}: window_pattern={self.window_pattern!r} needs sliding_window set")
         for attr in ("rms_eps", "rope_theta"):
             value = getattr(self, attr)
             check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
@@ -118,6 +134,13 @@ class ModelSpec:
             value = getattr(self, attr)
             check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1,
                   f"model {self.name!r}: {attr}={value!r} must be a probability in [0, 1)")
+
+    def attention_window(self, i: int) -> int | None:
+        """Keys block `i`'s query sees (its sliding window, itself included), or None for full causal attention."""
+        if self.sliding_window is None:
+            return None
+        pattern = self.window_pattern or "W"
+        return self.sliding_window if pattern[i % len(pattern)] == "W" else None
 
     @property
     def head_dim(self) -> int:
@@ -169,7 +192,8 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         # The MoE-era fields only where set: plans of dense models read as they did before them.
         data = asdict(self)
-        for key, default in (("head_size", None), ("qk_norm", False), ("moe", None), ("mla", None)):
+        for key, default in (("head_size", None), ("qk_norm", False), ("moe", None), ("mla", None),
+                             ("sliding_window", None), ("window_pattern", None)):
             if data[key] == default:
                 del data[key]
         return data
