@@ -53,7 +53,8 @@ def test_mask_of_whole_sequences_and_split_blocks_is_the_naive_rule(w: int | Non
     if w is not None and w < s:
         assert torch.equal(got, want)
     else:  # a window covering the sequence hides nothing: the caller's plain causal path
-        assert got is None and effective_window(w, s) is None and torch.equal(want, torch.ones(s, s, dtype=torch.bool).tril())
+        assert got is None and effective_window(w, s) is None
+        assert torch.equal(want, torch.ones(s, s, dtype=torch.bool).tril())
     # a flat block of 24 queries (tokens 40..63) over keys from its first sequence's start (32): two sequences
     q0, k0 = 40, 32
     got = window_mask((q0, k0, s), 24, 32, torch.device("cpu"), w)
@@ -154,3 +155,11 @@ def test_a_window_covering_the_sequence_is_bit_identical_to_none(spec: ModelSpec
         assert torch.equal(loss_w, loss)
         assert all(torch.equal(grads_w[n], g) for n, g in grads.items())
     assert not torch.equal(_loss_and_grads(spec, fa)[0], loss)
+
+
+@pytest.mark.parametrize("spec", [LLAMA_W, GPT_W, MLA_W], ids=["llama", "gpt", "mla"])
+def test_each_block_takes_the_window_of_its_pattern(spec: ModelSpec) -> None:
+    """Pattern "WWF" over 4 blocks: blocks 0, 1, 3 windowed, block 2 full (ModelSpec.attention_window)."""
+    spec = replace(spec, layers=4, window_pattern="WWF")
+    model = build_model(spec, Mesh.single(), seed=5)
+    assert [b.attn.window for b in model.blocks] == [8, 8, None, 8]
