@@ -5,7 +5,9 @@ Chunks (Megatron-core / Llama 3 causal load balance): a sequence of s tokens spl
 c = s / (2 cp); cp rank i holds chunks i and 2 cp - 1 - i, concatenated in that order (`chunk_positions`).
 `load_balanced` takes a rank's tokens (ids, labels) from a micro-batch [b, s]; position ids follow the chunks
 (the GPT position table's rows, llama's rotary angles), and the causal mask between a query and a key follows
-their global positions: query at p reads key at p' iff p' <= p.
+their global positions: query at p reads key at p' iff p' <= p (and p - p' < w in a block with a sliding window w:
+attention_mask.py). Every block is still exchanged; a block no query of the rank sees (outside every window) is
+not computed, so the recorded bytes are the full-attention ones the cost model prices.
 
 Attention of a rank's n = s / cp queries (its heads: 1D splits them over tp) against every rank's keys, in
 blocks, each block merged by online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022):
@@ -44,6 +46,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from paracube.executor.comm import all_gather, reduce_scatter
+from paracube.executor.layers.attention_mask import effective_window, ranges_meet, visible
 from paracube.executor.layers.functional import upcast
 from paracube.executor.mesh import Mesh
 from paracube.modes import MODES, context
@@ -53,11 +56,15 @@ KV_TAG, DKV_TAG = 0x6B76, 0x646B  # gloo matches p2p messages by tag: keys / val
 
 
 # --- chunks ------------------------------------------------------------------------------------------------
+def chunk_ranges(s: int, cp: int, i: int) -> list[tuple[int, int]]:
+    """The global position ranges [start, end) of cp rank i's two chunks of s / (2 cp): i and 2 cp - 1 - i."""
+    c = s // (2 * cp)
+    return [(i * c, (i + 1) * c), ((2 * cp - 1 - i) * c, (2 * cp - i) * c)]
+
+
 def chunk_positions(s: int, cp: int, i: int, device: torch.device | None = None) -> Tensor:
     """Global positions [s / cp] of the tokens cp rank i holds: chunks i and 2 cp - 1 - i of s / (2 cp)."""
-    c = s // (2 * cp)
-    first = torch.arange(i * c, (i + 1) * c, device=device)
-    return torch.cat([first, torch.arange((2 * cp - 1 - i) * c, (2 * cp - i) * c, device=device)])
+    return torch.cat([torch.arange(a, b, device=device) for a, b in chunk_ranges(s, cp, i)])
 
 
 def load_balanced(t: Tensor, cp: int, i: int) -> Tensor:
@@ -116,8 +123,14 @@ def block_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor,
 class _Ring:
     """This rank's cp ring: peers, positions of every rank's tokens, recorded sends."""
 
-    def __init__(self, mesh: Mesh, s: int, device: torch.device) -> None:
+    def __init__(self, mesh: Mesh, s: int, device: torch.device, window: int | None) -> None:
         self.mesh, self.cp, self.i = mesh, mesh.layout.cp, mesh.coord("cp")
+        self.window = effective_window(window, s)
+        mine = chunk_ranges(s, self.cp, self.i)
+        # Whether any query of this rank sees any key of rank j: a block wholly outside the window is skipped
+        # (its exchange is not: the bytes stay the priced ones)
+        self.live = [any(ranges_meet(q, k, self.window) for q in mine for k in chunk_ranges(s, self.cp, j))
+                     for j in range(self.cp)]
         self.nxt, self.prev = mesh.axis_peer("cp", 1), mesh.axis_peer("cp", -1)
         self.group = mesh.group(CP)
         self.pos = [chunk_positions(s, self.cp, j, device) for j in range(self.cp)]
@@ -125,8 +138,12 @@ class _Ring:
         self.kv_label, self.dkv_label = f"{unit}.cp_kv", f"{unit}.cp_dkv"
 
     def allowed(self, j: int) -> Tensor:
-        """Mask [n, n] of this rank's queries against cp rank j's keys (global positions)."""
-        return self.pos[self.i].unsqueeze(-1) >= self.pos[j].unsqueeze(0)
+        """Mask [n, n] of this rank's queries against cp rank j's keys (global positions; attention_mask.py)."""
+        return visible(self.pos[self.i], self.pos[j], self.window)
+
+    def allowed_all(self) -> Tensor:
+        """Mask [n, s] of this rank's queries against every rank's keys, in cp index order (the gathered KV)."""
+        return visible(self.pos[self.i], torch.cat(self.pos), self.window)
 
     def exchange(self, t: Tensor, tag: int, label: str, backward: bool) -> tuple[list[Any], Tensor]:
         """Post the send of t to the next rank and the receive of as much from the previous one; the requests
@@ -154,8 +171,8 @@ class _RingAttention(torch.autograd.Function):
     """Attention of q [b, H, n, d] over every cp rank's k, v [b, kv, n, d] by the p2p ring (module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int) -> Tensor:
-        ring = _Ring(mesh, s, q.device)
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None) -> Tensor:
+        ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         qf = upcast(q)
         held = torch.stack([k, v])
@@ -164,21 +181,22 @@ class _RingAttention(torch.autograd.Function):
             # The next block's exchange is posted before this block's attention: it runs while we compute.
             reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, False) if step < ring.cp - 1 else ([], held)
             j = (ring.i - step) % ring.cp
-            o, l_j = block_forward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
-                                   ring.allowed(j))
-            out, lse = (o, l_j) if out is None else merge(out, lse, o, l_j)  # type: ignore[arg-type]
+            if ring.live[j]:  # the own block (step 0) always is: each query sees itself
+                o, l_j = block_forward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
+                                       ring.allowed(j))
+                out, lse = (o, l_j) if out is None else merge(out, lse, o, l_j)  # type: ignore[arg-type]
             _wait(reqs)
             held = buf
         result = heads_inner(out.to(q.dtype))  # type: ignore[union-attr]
         ctx.save_for_backward(q, k, v, result, lse)
-        ctx.args = (mesh, s)
+        ctx.args = (mesh, s, window)
         return result
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        mesh, s = ctx.args
-        ring = _Ring(mesh, s, q.device)
+        mesh, s, window = ctx.args
+        ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         qf, do = upcast(q), upcast(grad)
         delta = (do * upcast(out)).sum(-1, keepdim=True)
@@ -189,10 +207,13 @@ class _RingAttention(torch.autograd.Function):
         for step in range(ring.cp):
             reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, True) if step < ring.cp - 1 else ([], held)
             j = (ring.i - step) % ring.cp
-            dq_j, dk, dv = block_backward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
-                                          ring.allowed(j), do, lse, delta)
-            dq += dq_j
-            mine = torch.stack([_fold(dk, group), _fold(dv, group)])
+            if ring.live[j]:
+                dq_j, dk, dv = block_backward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
+                                              ring.allowed(j), do, lse, delta)
+                dq += dq_j
+                mine = torch.stack([_fold(dk, group), _fold(dv, group)])
+            else:  # no query here sees the block: it adds nothing to dK, dV, which still travel on with it
+                mine = torch.zeros((2, *k.shape), dtype=qf.dtype, device=qf.device)
             if arriving is not None:
                 _wait(arriving_reqs)  # posted in the previous step
                 mine = mine + upcast(arriving)
@@ -203,56 +224,57 @@ class _RingAttention(torch.autograd.Function):
             held = buf
         _wait(arriving_reqs)
         dkv = arriving
-        return dq.to(q.dtype), dkv[0], dkv[1], None, None  # type: ignore[index]
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None  # type: ignore[index]
 
 
 class _GatherAttention(torch.autograd.Function):
     """Attention of q over the all-gathered k, v of every cp rank (cpc=ag, module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int) -> Tensor:
-        ring = _Ring(mesh, s, q.device)
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None) -> Tensor:
+        ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         kv = all_gather(torch.stack([k, v]), mesh, CP, 3, label=ring.kv_label)  # [2, b, kv, s, d], cp index order
-        allowed = ring.pos[ring.i].unsqueeze(-1) >= torch.cat(ring.pos).unsqueeze(0)
+        allowed = ring.allowed_all()
         out, lse = block_forward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group), allowed)
         result = heads_inner(out.to(q.dtype))
         ctx.save_for_backward(q, k, v, result, lse)
-        ctx.args = (mesh, s)
+        ctx.args = (mesh, s, window)
         return result
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        mesh, s = ctx.args
-        ring = _Ring(mesh, s, q.device)
+        mesh, s, window = ctx.args
+        ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         kv = all_gather(torch.stack([k, v]), mesh, CP, 3, backward=True, label=ring.kv_label)
-        allowed = ring.pos[ring.i].unsqueeze(-1) >= torch.cat(ring.pos).unsqueeze(0)
+        allowed = ring.allowed_all()
         do = upcast(grad)
         delta = (do * upcast(out)).sum(-1, keepdim=True)
         dq, dk, dv = block_backward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group),
                                     allowed, do, lse, delta)
         dkv = reduce_scatter(torch.stack([_fold(dk, group), _fold(dv, group)]).to(k.dtype), mesh, CP, 3,
                              backward=True, label=ring.dkv_label)
-        return dq.to(q.dtype), dkv[0], dkv[1], None, None
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None
 
 
-def context_attention(q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int) -> Tensor:
+def context_attention(q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None = None) -> Tensor:
     """Causal attention of this cp rank's queries q [b, H, n, d] (n = s / cp, chunk_positions) over the keys
-    and values k, v [b, kv, n, d] of every cp rank, exchanged as the layout's cpc says (None: p2p)."""
+    and values k, v [b, kv, n, d] of every cp rank, exchanged as the layout's cpc says (None: p2p); `window`: the
+    block's sliding window (None: full causal)."""
     fn = _GatherAttention if mesh.layout.cp_comm == "ag" else _RingAttention
-    return fn.apply(q, k, v, mesh, s)
+    return fn.apply(q, k, v, mesh, s, window)
 
 
-def context_parallel_attention(qkv: Tensor, heads: int, s: int, mesh: Mesh) -> Tensor:
+def context_parallel_attention(qkv: Tensor, heads: int, s: int, mesh: Mesh, window: int | None = None) -> Tensor:
     """functional.local_attention of a cp rank's chunks: qkv [b, s / cp, heads * 3 * d] (columns [heads, 3, d])
     -> [b, s / cp, heads * d]."""
     b, n, width = qkv.shape
     d = width // (3 * heads)
     q, k, v = qkv.view(b, n, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)
-    return context_attention(q, k, v, mesh, s).transpose(1, 2).reshape(b, n, heads * d)
+    return context_attention(q, k, v, mesh, s, window).transpose(1, 2).reshape(b, n, heads * d)
 
 
-__all__ = ["block_backward", "block_forward", "chunk_positions", "context_attention", "context_parallel_attention",
-           "load_balanced", "merge"]
+__all__ = ["block_backward", "block_forward", "chunk_positions", "chunk_ranges", "context_attention",
+           "context_parallel_attention", "load_balanced", "merge"]

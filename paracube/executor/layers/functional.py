@@ -19,6 +19,8 @@ Attention of a rank's heads over whole sequences, one of two kernels (Layout `fa
   boolean mask), probs x V (bmm, saves the dropped probabilities and V). Per rank and micro-batch it keeps
   the contiguous Q, K, V it multiplies (c T h_qkv / t) and c + 1 + c bytes per score (Korthikanti et al.
   2022: 5 a s^2 b at c = 2); without dropout only the softmax output (c per score).
+A block with a sliding window shorter than its sequences (ModelSpec.attention_window) runs either kernel with the
+explicit mask of attention_mask.py instead of the causal one; a window covering the sequence runs the causal path.
 Grouped-query attention runs unfused as one bmm per kv head: its r query heads stacked along the rows
 ([r s, d] x [d, s]), so K and V are never repeated.
 """
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from paracube.executor.comm import Axes, all_reduce
+from paracube.executor.layers.attention_mask import sequence_mask
 from paracube.executor.layers.dropout import dropout, seeded
 from paracube.executor.layers.tokens import Geometry, window_mask
 from paracube.executor.mesh import Mesh
@@ -186,35 +189,37 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int |
 
 
 def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0, seed: int | None = None,
-                    kv: Tensor | None = None, geometry: Geometry | None = None) -> Tensor:
+                    kv: Tensor | None = None, geometry: Geometry | None = None, window: int | None = None) -> Tensor:
     """Causal attention: qkv [b, c, heads*3*d] with columns [heads, 3, d] -> [b, c, heads*d]. kv None: whole
     sequences (c = s, keys and values from qkv); else [1, keys, heads, 2, d], the window of keys and values a
-    split sequence's queries read, `geometry` placing both (executor/layers/tokens.py).
+    split sequence's queries read, `geometry` placing both (executor/layers/tokens.py). `window`: the block's
+    sliding window (attention_mask.py; None: full causal).
     flash: scaled_dot_product_attention, else Megatron's unfused core attention (module docstring)."""
     if kv is not None and geometry is not None:
-        return _split_sequence_attention(qkv, heads, flash, p, seed, kv, geometry)
+        return _split_sequence_attention(qkv, heads, flash, p, seed, kv, geometry, window)
     b, s, width = qkv.shape
     d = width // (3 * heads)
+    allowed = sequence_mask(s, window, qkv.device)  # None: the plain causal path (a window >= s included)
     if flash:
         q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)
-        out = flash_attention(q, k, v, p, seed)
+        out = flash_attention(q, k, v, p, seed, allowed=allowed)
         return out.transpose(1, 2).reshape(b, s, heads * d)
     c = compute_dtype(qkv)
     # Contiguous [b heads, s, d] copies in the compute dtype: what the two bmms keep (Megatron's Q, K, V).
     q, k, v = qkv.to(c).view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).reshape(3, b * heads, s, d).unbind(0)
-    out = core_attention(q, k, v, p, seed)
+    out = core_attention(q, k, v, p, seed, allowed)
     return out.view(b, heads, s, d).transpose(1, 2).reshape(b, s, heads * d)
 
 
 def _split_sequence_attention(qkv: Tensor, heads: int, flash: bool, p: float, seed: int | None, kv: Tensor,
-                              geometry: Geometry) -> Tensor:
+                              geometry: Geometry, window: int | None) -> Tensor:
     """local_attention's queries against the window of keys and values (kv [1, keys, heads, 2, d]), masked to
     each query's sequence (the mask made here, inside a selective recomputation); unfused: a contiguous copy of
     q, and k, v read from the window (which backward keeps)."""
     b, c, width = qkv.shape
     d = width // (3 * heads)
     keys = kv.shape[1]
-    allowed = window_mask(geometry, c, keys, qkv.device)
+    allowed = window_mask(geometry, c, keys, qkv.device, window)
     q = qkv.view(b, c, heads, 3, d)[..., 0, :].transpose(1, 2)
     k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2)
     if flash:

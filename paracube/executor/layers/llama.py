@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import Axes, gather_fn
+from paracube.executor.layers.attention_mask import sequence_mask
 from paracube.executor.layers.context_parallel import chunk_positions, context_attention
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention, fp32
 from paracube.executor.layers.rms_norm import rms_norm
@@ -53,22 +54,24 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: bool = True, p: float = 0.0,
-                  seed: int | None = None, kv: Tensor | None = None, geometry: Geometry | None = None) -> Tensor:
+                  seed: int | None = None, kv: Tensor | None = None, geometry: Geometry | None = None,
+                  window: int | None = None) -> Tensor:
     """Causal attention: qkv [b, c, kv_heads * (group + 2) * d] -> [b, c, kv_heads*group*d]. kv None: whole
     sequences (c = s); else [1, keys, kv_heads, 2, d], the window of keys and values a split sequence's queries
     read, `geometry` placing both (executor/layers/tokens.py: rotary positions and the mask follow from it).
+    `window`: the block's sliding window (attention_mask.py; None: full causal).
     flash: scaled_dot_product_attention; else Megatron's unfused core attention (functional.core_attention),
     the group's query heads stacked along the rows of one bmm per kv head."""
     b, c, width = qkv.shape
     d = width // (kv_heads * (group + 2))
     g = qkv.view(b, c, kv_heads, group + 2, d)
     q = g[..., :group, :].reshape(b, c, kv_heads * group, d).transpose(1, 2)
-    allowed = None
     if kv is None or geometry is None:
         # v copied out of qkv: backward then keeps v alone, not the whole qkv output it is a view of
         k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
         cos, sin = rotary_tables(c, d, theta, qkv)
         q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        allowed = sequence_mask(c, window, qkv.device)  # None: the plain causal path (a window >= s included)
     else:
         # v copied out of the window, as above (k is rotated into a new tensor anyway)
         k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2).contiguous()
@@ -77,7 +80,7 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: b
         _, k_pos = window_positions(geometry, c, keys, qkv.device)
         cos, sin = cos[k_pos], sin[k_pos]  # the queries are the window's last c tokens: views of these
         q, k = rotary(q, cos[keys - c:], sin[keys - c:]), rotary(k, cos, sin)
-        allowed = window_mask(geometry, c, keys, qkv.device)
+        allowed = window_mask(geometry, c, keys, qkv.device, window)
     keys = k.shape[2]
     if not flash:
         n = b * kv_heads
@@ -90,9 +93,10 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: b
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 
-def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float, s: int, mesh: Mesh) -> Tensor:
+def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float, s: int, mesh: Mesh,
+                         window: int | None = None) -> Tensor:
     """gqa_attention of a cp rank's chunks (qkv [b, s / cp, ...], executor/layers/context_parallel.py): q and k
-    rotated at their global positions, then attention over every cp rank's k, v."""
+    rotated at their global positions, then attention over every cp rank's k, v (within `window` of each query)."""
     b, c, width = qkv.shape
     d = width // (kv_heads * (group + 2))
     g = qkv.view(b, c, kv_heads, group + 2, d)
@@ -103,7 +107,7 @@ def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float, s
     # Indexed once: q's and k's rotations then save the same two tables (indexing per use made a copy each).
     cos, sin = cos[pos], sin[pos]
     q, k = rotary(q, cos, sin), rotary(k, cos, sin)
-    out = context_attention(q, k, v, mesh, s)
+    out = context_attention(q, k, v, mesh, s, window)
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 
@@ -132,9 +136,10 @@ def swiglu(y: Tensor) -> Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
+    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True, window: int | None = None):
         super().__init__()
         self.selective, self.flash, self.p, self.mode = selective, flash, mode.spec.attention_dropout, mode
+        self.window = window  # the block's sliding window (ModelSpec.attention_window), None: full causal
         spec = mode.spec
         h, kv = spec.hidden, spec.num_kv_heads * spec.head_dim
         self.group = spec.heads // spec.num_kv_heads
@@ -147,12 +152,13 @@ class LlamaAttention(nn.Module):
         """x: block-layout activations of sequences of s tokens."""
         qkv = self.qkv(x)
         if self.mode.mesh.layout.cp > 1:  # context parallelism: keys and values exchanged over cp
-            return self.proj(context_parallel_gqa(qkv, self.kv_local, self.group, self.theta, s, self.mode.mesh))
+            return self.proj(context_parallel_gqa(qkv, self.kv_local, self.group, self.theta, s, self.mode.mesh,
+                                                  self.window))
         split = self.mode.sequence_split(qkv, s)
         # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
         kv = split.keys_values(qkv, self.kv_local, self.group, self.mode.mesh) if split is not None else None
         args = (split.queries(qkv) if split is not None else qkv, self.kv_local, self.group, self.theta,
-                self.flash, self.p, seed, kv, split.geometry if split is not None else None)
+                self.flash, self.p, seed, kv, split.geometry if split is not None else None, self.window)
         if self.selective and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
             # (the same dropout mask: it is drawn from `seed`).

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import copy_to_group, gather_fn
+from paracube.executor.layers.attention_mask import sequence_mask
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention
 from paracube.executor.layers.gemm import PLAIN, PlainGemm
 from paracube.executor.layers.llama import rotary, rotary_tables
@@ -83,9 +84,10 @@ def _down(mesh: Mesh, h_in: int, h_out: int, axes: tuple[str, ...]) -> ShardedMo
 
 
 def mla_core(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec, theta: float, flash: bool = True,
-             p: float = 0.0, seed: int | None = None) -> Tensor:
+             p: float = 0.0, seed: int | None = None, window: int | None = None) -> Tensor:
     """Causal attention of whole sequences: q [b, s, H (d_n + d_r)], kv [b, s, H (d_n + d_v)], k_rope [b, s, d_r]
-    (shared by the heads) -> [b, s, H d_v]. flash: scaled_dot_product_attention, else Megatron's unfused core."""
+    (shared by the heads) -> [b, s, H d_v], within the block's sliding window `window` (attention_mask.py; None:
+    full causal). flash: scaled_dot_product_attention, else Megatron's unfused core."""
     b, s, _ = q.shape
     dn, dr, dv = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
     q_nope, q_rope = q.view(b, s, heads, dn + dr).transpose(1, 2).split([dn, dr], dim=-1)
@@ -95,12 +97,13 @@ def mla_core(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec, th
     q = torch.cat([q_nope, q_rope], dim=-1)
     k = torch.cat([k_nope, k_r.expand(b, heads, s, dr)], dim=-1)
     v = v.contiguous()  # backward keeps v alone, not the whole kv_b output it is a view of
+    allowed = sequence_mask(s, window, q.device)  # None: the plain causal path (a window >= s included)
     if flash:
-        out = flash_attention(q, k, v, p, seed)
+        out = flash_attention(q, k, v, p, seed, allowed=allowed)
     else:
         n = b * heads
         out = core_attention(q.reshape(n, s, dn + dr), k.reshape(n, s, dn + dr), v.reshape(n, s, dv), p,
-                             seed).view(b, heads, s, dv)
+                             seed, allowed).view(b, heads, s, dv)
     return out.transpose(1, 2).reshape(b, s, heads * dv)
 
 
@@ -108,9 +111,10 @@ class MLAttention(nn.Module):
     """The block's attention for a model with `spec.mla` (module docstring), built from any Mode that keeps
     whole sequences per tensor rank with heads split over its tensor axes (none, 1D)."""
 
-    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
+    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True, window: int | None = None):
         super().__init__()
         spec, mesh = mode.spec, mode.mesh
+        self.window = window  # the block's sliding window (ModelSpec.attention_window), None: full causal
         mla = spec.mla
         assert mla is not None
         self.mla, self.mode, self.mesh = mla, mode, mesh
@@ -149,7 +153,8 @@ class MLAttention(nn.Module):
         m = self.mla
         c_q, c_kv, k_rope = self.latent(x).split(
             [m.q_lora_rank or self.mode.spec.hidden, m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
-        args = (self.q_b(c_q), self.kv_b(c_kv), k_rope, self.heads, m, self.theta, self.flash, self.p, seed)
+        args = (self.q_b(c_q), self.kv_b(c_kv), k_rope, self.heads, m, self.theta, self.flash, self.p, seed,
+                self.window)
         if self.selective and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al.): keep q, kv and k_r, redo the core in backward.
             out = checkpoint(mla_core, *args, use_reentrant=False, preserve_rng_state=False)

@@ -15,6 +15,8 @@ to the query's own sequence and causal. This is the all-gather form of context p
 `cp_comm_type="all_gather"`, Llama 3's), applied to the tensor group's own token split, so no mesh axis is
 added. When c divides s the mask is the lower-right causal one and the rank holding a sequence's end does the
 work of a whole-sequence rank; a block straddling two sequences computes the masked scores of its window.
+A block with a sliding window (ModelSpec.attention_window) masks by the same global indices (attention_mask.py);
+the gathered window of keys is unchanged, so the bytes stay the priced ones.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import Tensor
 
 from paracube.executor.comm import gather_fn
+from paracube.executor.layers.attention_mask import effective_window, visible
 from paracube.executor.layers.shards import block
 from paracube.executor.mesh import Mesh
 from paracube.modes.base import kv_gather_groups, sequence_pieces
@@ -38,12 +41,14 @@ def local_positions(mesh: Mesh, axes: tuple[str, ...], T: int, s: int, device: t
     return (start + torch.arange(size, device=device)) % s
 
 
-def window_mask(geometry: Geometry, queries: int, keys: int, device: torch.device) -> Tensor:
-    """[queries, keys] booleans: key j visible to query i (same sequence, not after it)."""
+def window_mask(geometry: Geometry, queries: int, keys: int, device: torch.device,
+                sliding: int | None = None) -> Tensor:
+    """[queries, keys] booleans: key j visible to query i (same sequence, not after it, within the block's
+    sliding window `sliding`: attention_mask.visible on the global indices)."""
     q0, k0, s = geometry
-    q = q0 + torch.arange(queries, device=device).unsqueeze(-1)
+    q = q0 + torch.arange(queries, device=device)
     k = k0 + torch.arange(keys, device=device)
-    return (k <= q) & (k // s == q // s)
+    return visible(q, k, effective_window(sliding, s)) & (k.unsqueeze(0) // s == q.unsqueeze(-1) // s)
 
 
 def window_positions(geometry: Geometry, queries: int, keys: int, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -23,11 +23,12 @@ from paracube.workload import ModelSpec
 
 
 class Attention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True):
+    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True, window: int | None = None):
         super().__init__()
         h = mode.spec.hidden
         self.heads, self.selective, self.flash, self.p = mode.heads_local, selective, flash, mode.spec.attention_dropout
         self.mode = mode
+        self.window = window  # the block's sliding window (ModelSpec.attention_window), None: full causal
         self.qkv = mode.linear("qkv", h, 3 * h, True)
         self.proj = mode.linear("proj", h, h, True)
 
@@ -35,12 +36,12 @@ class Attention(nn.Module):
         """x: block-layout activations of sequences of s tokens."""
         qkv = self.qkv(x)
         if self.mode.mesh.layout.cp > 1:  # context parallelism: keys and values exchanged over cp
-            return self.proj(context_parallel_attention(qkv, self.heads, s, self.mode.mesh))
+            return self.proj(context_parallel_attention(qkv, self.heads, s, self.mode.mesh, self.window))
         split = self.mode.sequence_split(qkv, s)
         # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
         kv = split.keys_values(qkv, self.heads, 1, self.mode.mesh) if split is not None else None
         args = (split.queries(qkv) if split is not None else qkv, self.heads, self.flash, self.p, seed, kv,
-                split.geometry if split is not None else None)
+                split.geometry if split is not None else None, self.window)
         if self.selective and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
             # (the same dropout mask: it is drawn from `seed`).
@@ -70,8 +71,11 @@ class Block(nn.Module):
         flash = mode.mesh.layout.uses_flash
         self.p = mode.spec.dropout
         self.ln1 = mode.layer_norm()
-        self.attn = (MLAttention(mode, selective, flash) if mode.spec.mla is not None  # latent attention (mla.py)
-                     else LlamaAttention(mode, selective, flash) if llama else Attention(mode, selective, flash))
+        # By the block's global index (pipeline stages hold blocks under theirs): its sliding window or None
+        window = mode.spec.attention_window(index) if index is not None else None
+        self.attn = (MLAttention(mode, selective, flash, window) if mode.spec.mla is not None  # latent (mla.py)
+                     else LlamaAttention(mode, selective, flash, window) if llama
+                     else Attention(mode, selective, flash, window))
         self.ln2 = mode.layer_norm()
         self.mlp = MoEMLP(mode, index) if is_moe_block(mode.spec, index) else SwiGLU(mode) if llama else MLP(mode)
 

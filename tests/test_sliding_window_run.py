@@ -1,0 +1,159 @@
+"""Sliding-window attention run by the executor (ModelSpec.sliding_window / window_pattern; the mask:
+executor/layers/attention_mask.py) against its serial model, in every kind of attention path.
+
+The equivalence template (tests/test_context_parallel.py's): the serial model against the sharded copy, both fp64
+(dist_helpers.TOL_FP64: why fp64 and why rel 1e-5), 3 AdamW steps of 2 micro-batches with clipping: each step's
+loss and gradient norm, every gradient of the first step (the reduced ones, before clipping) and every parameter
+after the steps. Windowed models have a window of 8 over sequences of 32 and the pattern "WF" (block 0 windowed,
+block 1 full: both kinds run; with pp=2 stage 1 holds block 1 alone, so a local index would window it). Cases:
+dp=2; 1D + sp; 2D with a rank's tokens a quarter of a sequence and, unfused, blocks straddling two sequences
+(tokens.py's split-sequence mask); cp=2 by ring and by all-gather and cp=4 by ring (whose window leaves whole
+key blocks out of a rank's view: computed nowhere, still exchanged); pp=2; a windowed tiny-moe over ep=2
+(GPT-OSS's shape); MLA over 1D + sp. Then one fp32 step's collectives equal the cost model's list
+(traffic.stage_events as a multiset: zero difference; the key / value exchanges are full attention's, the
+window moves no fewer bytes) except for models with MoE blocks (tiny-moe; tiny-mla's block 1), whose
+routing-dependent bytes tests/test_moe_run.py checks. And
+where marked, a window of seq_len runs BIT-IDENTICAL to no window in that layout (loss and every gradient of one
+fp32 micro-batch, torch.equal). ONE 4-rank launch: 2-rank cases run on ranks 0-1 (ranks 2-3 build the same groups).
+
+The GPT model's key bias (qkv bias, key columns) is bounded apart in cp cases, as test_context_parallel states why:
+its serial gradient is 0 in exact arithmetic (also within a window: softmax ignores a constant added to a row's
+allowed scores) and AdamW turns the cp shares' rounding noise into steps of up to 3.17 lr per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from dist_helpers import F64, TOL_FP64, fp64_optimizer, one_step_events, rel_err, run_distributed
+from test_context_parallel import _full_grads, _key_columns
+from test_equivalence_model import MAX_NORM, STEPS
+from test_pipeline import _stage_name
+
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.traffic import stage_events
+from paracube.estimate import traffic_difference
+from paracube.executor import Mesh, build_model, serial_reference, train_step
+from paracube.layout import parse_layout
+from paracube.model_presets import PRESETS
+from paracube.workload import ModelSpec, TrainingSpec
+
+LLAMA = ModelSpec("swa-llama", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=32, family="llama",
+                  kv_heads=2, sliding_window=8, window_pattern="WF")
+GPT = ModelSpec("swa-gpt", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=32, sliding_window=8,
+                window_pattern="WF")
+MOE = replace(PRESETS["tiny-moe"], name="swa-moe", seq_len=32, sliding_window=8, window_pattern="WF")
+MLA = replace(PRESETS["tiny-mla"], name="swa-mla", seq_len=32, sliding_window=8, window_pattern="WF")
+MODELS = {"llama": LLAMA, "gpt": GPT, "moe": MOE, "mla": MLA}
+N_MICRO, LR = 2, 1e-3  # fp64_optimizer's lr
+CASES = [  # (layout, model, sequences per micro-batch, recompute, bit-identity checked at window = seq_len)
+    ("dp=2", "llama", 2, "none", False),
+    ("tp=1d:2,sp", "llama", 2, "selective", True),
+    ("tp=2d:2x2", "gpt", 1, "none", True),  # 8 tokens per rank: a quarter of a sequence, keys gathered
+    ("tp=2d:2x2,fa=0", "llama", 3, "full", True),  # 24 tokens per rank: blocks straddling two sequences
+    ("cp=2", "llama", 2, "none", True),
+    ("cp=2,cpc=ag", "llama", 2, "full", False),
+    ("cp=4", "gpt", 2, "none", True),  # chunks of 4: rank 0's queries see nothing of rank 3's keys
+    ("pp=2", "llama", 2, "none", False),
+    ("dp=2,ep=2", "moe", 2, "none", False),
+    ("tp=1d:2,sp", "mla", 2, "none", False),
+]
+IDS = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES]
+
+
+def _batches(spec: ModelSpec, dp: int, mb: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    gen = torch.Generator().manual_seed(23)
+    return [[(torch.randint(0, spec.vocab, (mb, spec.seq_len), generator=gen),
+              torch.randint(0, spec.vocab, (mb, spec.seq_len), generator=gen)) for _ in range(N_MICRO)]
+            for _ in range(dp)]
+
+
+def _against_serial(spec: ModelSpec, mesh: Mesh, recompute: str, micro: list, every: list, tokens: int) -> dict:
+    """Relative errors of the steps' losses and norms, the first step's gradients and the final parameters, and
+    the largest difference of the GPT key bias columns (bounded apart in cp: module docstring)."""
+    model = build_model(spec, mesh, seed=5, recompute=recompute, dtype=F64)
+    ref = serial_reference(spec, seed=5, dtype=F64, vocab=model.vocab)
+    opt, ref_opt = fp64_optimizer(model), fp64_optimizer(ref)
+    errors: dict[str, float] = {}
+    grads: dict[str, dict[str, torch.Tensor]] = {}
+
+    def keep(key: str) -> Any:  # the first step's reduced gradients, before clipping
+        return lambda m: grads.setdefault(key, _full_grads(m, m.mesh))
+
+    for step in range(STEPS):
+        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM, after_backward=keep("model"))
+        want = train_step(ref, ref_opt, ref.mesh, every, tokens, MAX_NORM, after_backward=keep("ref"))
+        errors[f"step{step}.loss"] = abs(res.loss - want.loss) / want.loss
+        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - want.grad_norm) / want.grad_norm
+    full, key_diff = dict(ref.named_parameters()), 0.0
+    for name, p in model.named_parameters():
+        errors[f"grad:{name}"] = rel_err(grads["model"][name], model.block_of(name, grads["ref"][name]))
+        mine, theirs = p.detach(), model.block_of(name, full[name]).detach()
+        if name.endswith("attn.qkv.bias") and mesh.layout.cp > 1:
+            key_diff = max(key_diff, (_key_columns(mine, spec) - _key_columns(theirs, spec)).abs().max().item())
+            others = torch.ones_like(mine, dtype=torch.bool)
+            _key_columns(others, spec).fill_(False)
+            mine, theirs = mine[others], theirs[others]
+        errors[f"param:{name}"] = rel_err(mine, theirs)
+    return {"errors": errors, "key_diff": key_diff}
+
+
+def _bit_identical(spec: ModelSpec, mesh: Mesh, recompute: str, ids: torch.Tensor, labels: torch.Tensor) -> bool:
+    """One fp32 forward and backward with window = seq_len and with no window: equal loss and gradients."""
+    runs = []
+    for window in (spec.seq_len, None):
+        model = build_model(replace(spec, sliding_window=window, window_pattern=None), mesh, seed=5,
+                            recompute=recompute)
+        loss, _ = model(ids, labels)
+        loss.backward()
+        runs.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (a, ga), (b, gb) = runs
+    return torch.equal(a, b) and all(torch.equal(x, y) for x, y in zip(ga, gb, strict=True))
+
+
+def _one_case(rank: int, text: str, family: str, mb: int, recompute: str, bitwise: bool) -> dict[str, Any]:
+    spec, layout = MODELS[family], parse_layout(text)
+    if rank >= layout.world_size:
+        Mesh(layout, 0)  # the same new_group calls as the case's ranks
+        return {}
+    mesh = Mesh(layout, rank)
+    batches = _batches(spec, layout.dp, mb)
+    micro, every = batches[mesh.coord("dp")], [m for r in batches for m in r]
+    tokens = layout.dp * mb * N_MICRO * spec.seq_len
+    out = _against_serial(spec, mesh, recompute, micro, every, tokens)
+    out["stage"] = _stage_name(mesh)
+    if spec.moe is None:  # fp32: the priced payloads (MoE's depend on the routing taken: module docstring)
+        out["events"] = one_step_events(build_model(spec, mesh, seed=5, recompute=recompute), micro, tokens,
+                                        MAX_NORM)
+    if bitwise:
+        out["bit_identical"] = _bit_identical(spec, mesh, recompute, *micro[0])
+    return out
+
+
+def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
+    return [_one_case(rank, *case) for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def results() -> list[list[dict[str, Any]]]:
+    return run_distributed(_all_cases, 4, timeout=900.0)  # [rank][case]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
+def test_windowed_model_matches_serial_and_the_cost_model(results, case: int) -> None:
+    text, family, mb, rc, bitwise = CASES[case]
+    spec, layout = MODELS[family], parse_layout(text).with_(micro_batch=mb)
+    d = dims_of(spec, TrainingSpec(global_batch=layout.dp * mb * N_MICRO, dtype="fp32", recompute=rc))
+    for rank in range(layout.world_size):
+        r = results[rank][case]
+        bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
+        assert not bad, f"{text} rank {rank}: relative errors above {TOL_FP64}: {bad}"
+        assert r["key_diff"] <= 2 * STEPS * 3.17 * LR, r["key_diff"]
+        if "events" in r:
+            diff = traffic_difference(stage_events(layout, d, mb, r["stage"]), r["events"])
+            assert not diff["missing_in_executor"] and not diff["unpredicted"], (text, rank, diff)
+        if bitwise:
+            assert r["bit_identical"], f"{text} rank {rank}: window = seq_len differs from no window"
