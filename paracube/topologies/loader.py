@@ -49,13 +49,26 @@ def _check_size(where: str, nodes: int, per_node: int) -> tuple[int, int]:
     return nodes, per_node
 
 
-def _sizes(where: str, dpn: int, default_nodes: int, gpus: int | None, nodes: int | None) -> tuple[int, int]:
+def _sizes(where: str, dpn: int, default_nodes: int, gpus: int | None, nodes: int | None,
+           per_host: int = 0) -> tuple[int, int]:
     """(nodes, devices per node) from the requested counts; fewer GPUs than one node use part of a node."""
-    return _check_size(where, *_requested_sizes(where, dpn, default_nodes, gpus, nodes))
+    return _check_size(where, *_requested_sizes(where, dpn, default_nodes, gpus, nodes, per_host))
+
+
+def partial_racks(gpus: int, dpn: int, per_host: int) -> tuple[int, int] | None:
+    """(racks, GPUs per rack) for a GPU count that does not fill whole racks of dpn, where a rack (one NVLink
+    domain of several hosts) may be used in part: the fewest racks holding equal numbers of whole hosts (NVIDIA's
+    GB200 NVL72 runs: 64, 128, 256, 512 GPUs as racks of 64, 16 of their 18 compute trays; NeMo performance
+    summary 25.04, ../shared/docs/published-runs.md section 5); None if no such split exists."""
+    if per_host <= 0 or gpus % per_host:
+        return None
+    racks = next((r for r in range(-(-gpus // dpn), gpus // per_host + 1)
+                  if gpus % r == 0 and (gpus // r) % per_host == 0), None)
+    return None if racks is None else (racks, gpus // racks)
 
 
 def _requested_sizes(where: str, dpn: int, default_nodes: int, gpus: int | None,
-                     nodes: int | None) -> tuple[int, int]:
+                     nodes: int | None, per_host: int = 0) -> tuple[int, int]:
     check(nodes is None or (isinstance(nodes, int) and nodes >= 1), f"{where}: nodes={nodes!r} must be >= 1")
     if gpus is None:
         return (nodes or default_nodes), dpn
@@ -63,6 +76,14 @@ def _requested_sizes(where: str, dpn: int, default_nodes: int, gpus: int | None,
     if gpus < dpn:
         check(nodes in (None, 1), f"{where}: gpus={gpus} fit in one node, but nodes={nodes}")
         return 1, gpus
+    racks = partial_racks(gpus, dpn, per_host) if gpus % dpn else None
+    if racks is not None:
+        check(nodes is None or nodes == racks[0], f"{where}: gpus={gpus} run as {racks[0]} racks of {racks[1]} "
+              f"(whole hosts of {per_host}), but nodes={nodes}")
+        return racks
+    if per_host > 0 and gpus % per_host:
+        raise ParacubeError(f"{where}: gpus={gpus} is not a multiple of the {per_host} GPUs of a host; try "
+                            f"{gpus // per_host * per_host} or {(gpus // per_host + 1) * per_host}")
     check(gpus % dpn == 0, f"{where}: gpus={gpus} is not a multiple of the {dpn} devices per node "
           f"(or fewer than one node); try {gpus // dpn * dpn} or {(gpus // dpn + 1) * dpn}")
     check(nodes is None or nodes * dpn == gpus,
@@ -76,7 +97,8 @@ def _from_preset(preset: Preset, gpus: int | None, nodes: int | None) -> Topolog
         check(gpus is None or (isinstance(gpus, int) and gpus >= 1),
               f"{preset.name}: gpus={gpus!r} must be >= 1")
         return preset.build(*_check_size(preset.name, 1, gpus or preset.devices_per_node))
-    n, per = _sizes(preset.name, preset.devices_per_node, preset.default_nodes, gpus, nodes)
+    n, per = _sizes(preset.name, preset.devices_per_node, preset.default_nodes, gpus, nodes,
+                    preset.devices_per_host)
     return preset.build(n, per)
 
 

@@ -159,6 +159,9 @@ class Preset:
     default_nodes: int
     description: str
     fixed_nodes: bool = False  # local-cpu: always one node, `gpus` sets the process count
+    # GPUs per host where a node (NVLink domain) spans several hosts: such a node may be used in part, in whole
+    # hosts (gb200-nvl72: 4 per compute tray); 0: nodes are used whole
+    devices_per_host: int = 0
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in [
@@ -170,7 +173,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("dgx-h200", dgx_h200, 8, 16, "DGX H200: 8 x H200 141 GB (4.8 TB/s), NVSwitch 450 GB/s, 8 x NDR"),
     Preset("dgx-b200", dgx_b200, 8, 16, "DGX B200: 8 x B200 180 GB (8 TB/s), NVLink 5 900 GB/s, 8 x NDR"),
     Preset("gb200-nvl72", gb200_nvl72, 72, 2, "GB200 NVL72: 72 x B200 in one NVLink 5 domain (900 GB/s), "
-           "4 per Grace host, 72 x NDR per rack"),
+           "4 per Grace host, 72 x NDR per rack", devices_per_host=4),
     Preset("local-cpu", local_cpu, 8, 1, "this machine: 8 gloo CPU processes (calibrate to measure)",
            fixed_nodes=True),
 ]}
