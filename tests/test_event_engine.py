@@ -21,7 +21,7 @@ from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template,
 from paracube.cost_models.event_program import schedule
 from paracube.cost_models.event_trace import chrome_trace, plot_timeline, write_chrome_trace
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology, topology_from_dict
 from paracube.workload import ModelSpec, TrainingSpec
 

@@ -22,7 +22,7 @@ from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.event_trace import chrome_trace, plot_timeline
 from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 

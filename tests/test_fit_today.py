@@ -26,7 +26,7 @@ from paracube.cost_models.event import estimate_event
 from paracube.cost_models.memory import _block_acts, stage_memory
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.runtimes import get_runtime
 from paracube.topologies.presets import PRESETS
 from paracube.workload import ModelSpec, TrainingSpec

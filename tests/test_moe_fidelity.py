@@ -13,7 +13,7 @@ from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.moe import block_cost, grad_event, pass_bytes
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.runtimes import get_runtime
 from paracube.topologies import load_topology

@@ -37,7 +37,7 @@ def test_deepseek_v3_plans_with_paracubes_runtime(capsys: pytest.CaptureFixture[
     """MLA + MoE in one model runs in paracube's executor (tests/test_moe_run.py), so the default runtime plans
     DeepSeek-V3: the chosen ep and etp with why, a layout the executor runs, and its Megatron export."""
     from paracube.executor import check_divisibility
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.model_presets import PRESETS
 
     plan = tmp_path / "dsv3.json"

@@ -22,7 +22,7 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.overlap_drag import nvlink_share
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.planner import search
 from paracube.topologies import load_topology
 from paracube.topologies.loader import topology_from_dict

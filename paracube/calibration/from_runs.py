@@ -49,7 +49,8 @@ import numpy as np
 from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import resolve_model
 from paracube.modes.buckets import GRAD_BYTES
 from paracube.runtimes import RUNTIMES, Runtime, get_runtime

@@ -62,7 +62,8 @@ from paracube.cost_models.moe import priced
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
-from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
+from paracube.layout import Layout
+from paracube.layout_checks import RECOMPUTES, TENSOR_MODES
 from paracube.modes import MODES
 from paracube.planner.configs import _mode_structures
 from paracube.planner.dimensions import (
