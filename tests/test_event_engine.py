@@ -328,7 +328,8 @@ def test_bad_links_ranks_and_disconnected_devices_are_named() -> None:
 def test_engines_agree_on_published_layouts(row: str, text: str) -> None:
     """Both engines model the same step: tp collectives in line, dp buckets on their own stream during the last
     backward, interleaved stages. Their step times agree within 5% on these published layouts."""
-    from paracube.calibration.from_runs import preset_topology, read_runs
+    from paracube.calibration.run_prediction import preset_topology
+    from paracube.calibration.runs_csv import read_runs
     from paracube.topologies.presets import PRESETS
 
     data = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.csv"

@@ -68,7 +68,7 @@ def test_fused_runs_give_the_op_by_op_answer() -> None:
 
 
 def test_both_engines_price_the_bucket_they_are_given() -> None:
-    """A Megatron-sized bucket (published runs: max(40M, 1M x dp x cp) fp32 elements, calibration/from_runs.py)
+    """A Megatron-sized bucket (published runs: max(40M, 1M x dp x cp) fp32 elements, calibration/runs_csv.py)
     reaches the event engine's programs as it reaches the analytic traffic: the same gradient collectives, fewer
     than with the default 25 MiB; the estimates' event lists agree."""
     layout = parse_layout("pp=2,tp=1d:2,dp=2,mb=1,overlap")

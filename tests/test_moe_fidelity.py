@@ -156,7 +156,8 @@ def test_the_qwen3_30b_tokendrop_row_fits_with_its_recipes_bf16_gradients() -> N
     planner matches the row's own layout, not refusing it for memory (predict raises where nothing fits)."""
     from pathlib import Path
 
-    from paracube.calibration.from_runs import predict, preset_topology, read_runs, run_estimate
+    from paracube.calibration.run_prediction import predict, preset_topology, run_estimate
+    from paracube.calibration.runs_csv import read_runs
 
     csv = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs_moe.csv"
     run = next(r for r in read_runs(csv, ("dgx-h100", "dgx-b200", "gb200-nvl72")) if r.name == "qwen3-30b-16")
