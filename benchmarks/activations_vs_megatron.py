@@ -24,7 +24,7 @@ from paracube.cost_models import activations  # noqa: E402
 from paracube.cost_models.dims import dims_of, with_pins  # noqa: E402
 from paracube.cost_models.memory import _block_acts, in_flight, stage_memory  # noqa: E402
 from paracube.cost_models.validity import layout_arrays  # noqa: E402
-from paracube.layout import parse_layout  # noqa: E402
+from paracube.layout_parse import parse_layout  # noqa: E402
 from paracube.model_presets import PRESETS  # noqa: E402
 from paracube.workload import TrainingSpec
 

@@ -62,7 +62,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     from paracube.calibration.microbench import run_on_ranks
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     world = parse_layout(args.layout).world_size
     with tempfile.TemporaryDirectory() as root:

@@ -1,11 +1,11 @@
 """Analytic vs event engine on every published layout (docs/published-runs.md), without contention knobs.
 
-For every row of benchmarks/data/published_runs.csv: the planner's layout for the row (calibration.from_runs.
+For every row of benchmarks/data/published_runs.csv: the planner's layout for the row (calibration.run_prediction.
 predict: TP/PP/DP pinned, mb and v chosen), its analytic step time, the event engine's (same layout, the
 layout's own `overlap` of gradient buckets with backward; no tensor-parallel overlap option), their relative
 difference, the exposed communication of each, and the event engine's wall time. Both engines price the row's
 gradient bucket (its grad_bucket column, e.g. Megatron-core's max(40M, 1M x dp x cp) elements; calibration/
-from_runs.py), as the search that chose the layout did; `--bucket default` prices both with modes/buckets.py's
+runs_csv.py), as the search that chose the layout did; `--bucket default` prices both with modes/buckets.py's
 25 MiB instead (the figures before the event engine took the bucket). Ends with the mean and max |difference|
 (the issue asks <= 5%).
 Usage: python benchmarks/engines_agree.py [--runs CSV] [--only NAME ...] [--bucket run|default]
@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from paracube.calibration.from_runs import predict, preset_topology, read_runs  # noqa: E402
+from paracube.calibration.run_prediction import predict, preset_topology  # noqa: E402
+from paracube.calibration.runs_csv import read_runs  # noqa: E402
 from paracube.cost_models.analytic import estimate  # noqa: E402
 from paracube.cost_models.event import estimate_event  # noqa: E402
 from paracube.topologies.presets import PRESETS  # noqa: E402

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from paracube.cost_models.analytic import estimate  # noqa: E402
 from paracube.cost_models.event import simulate  # noqa: E402
 from paracube.cost_models.event_trace import write_chrome_trace  # noqa: E402
-from paracube.layout import parse_layout  # noqa: E402
+from paracube.layout_parse import parse_layout  # noqa: E402
 from paracube.model_presets import PRESETS  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
 from paracube.workload import ModelSpec, TrainingSpec

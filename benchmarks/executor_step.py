@@ -226,7 +226,7 @@ def _ours(rank: int, world: int, spec: ModelSpec, layout_text: str, global_batch
     from paracube.executor.model.gpt import build_model
     from paracube.executor.training.data import parse_source, replica_micro_batches
     from paracube.executor.training.step import train_step
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     layout = parse_layout(layout_text)
     mesh = Mesh(layout, rank)

@@ -59,7 +59,7 @@ def losses(out: Path, dtype: str) -> list[float]:
 
 def eval_world(layout: str) -> int:
     sys.path.insert(0, str(ROOT))
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     return parse_layout(layout).world_size
 

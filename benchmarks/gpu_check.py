@@ -67,7 +67,7 @@ def check_equivalence(spec: Any, cfg: dict, device: Any) -> dict[str, Any]:
     from paracube.cost_models.traffic import stage_events
     from paracube.executor import Mesh, build_model, serial_reference, train_step
     from paracube.executor.data_parallel.optim import build_optimizer
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.modes.buckets import BUCKET_BYTES
     from paracube.workload import TrainingSpec
 
@@ -108,7 +108,7 @@ def check_gemms(spec: Any, cfg: dict, device: Any) -> list[dict[str, Any]]:
     from paracube.cost_models.compute import gemm_model, local_shape
     from paracube.cost_models.dims import dims_of, padded_vocab
     from paracube.cost_models.validity import layout_arrays
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.modes import MODES
     from paracube.topologies import load_topology
     from paracube.workload import TrainingSpec
@@ -149,7 +149,7 @@ def check_memory(spec: Any, cfg: dict, device: Any) -> dict[str, Any]:
     from paracube.cost_models.analytic import estimate
     from paracube.executor import Mesh, build_model, train_step
     from paracube.executor.data_parallel.optim import build_optimizer
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.modes.buckets import BUCKET_BYTES
     from paracube.topologies import load_topology
     from paracube.workload import TrainingSpec
@@ -219,7 +219,7 @@ def check_tpo(spec: Any, cfg: dict, device: Any) -> list[dict[str, Any]]:
     from paracube.cost_models.compute import local_shape
     from paracube.cost_models.dims import dims_of
     from paracube.cost_models.validity import layout_arrays
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.workload import TrainingSpec
 
     d = dims_of(spec, TrainingSpec(global_batch=cfg["mb"], dtype="bf16"))

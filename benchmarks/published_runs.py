@@ -12,7 +12,7 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   H200 torchtitan FSDP rows, NeMo's long-sequence sweep (Llama 2 7B FP8; step = NeMo's llama2 FLOP count /
   (GPUs x model TFLOP/s)). Nemotron-4's squared-ReLU MLP (ffn f, 2 matrices) is the FLOP-equivalent gated
   llama MLP of ffn 2f/3 (3 matrices). Megatron-core rows price Megatron-core's own gradient bucket
-  (grad_bucket=mcore: max(40M, 1M x dp x cp) elements; calibration/from_runs.py).
+  (grad_bucket=mcore: max(40M, 1M x dp x cp) elements; calibration/runs_csv.py).
 - benchmarks/data/published_runs_fsdp.csv: torchtitan FSDP2 on 64 A100 (held out, not fitted). Its `selective` rows
   and the H200 ones are torchtitan's per-op selective AC, priced by that runtime's rule (Runtime.selective "op",
   cost_models/recompute.py); the Llama 3 8B row is the source's "selective op AC" figure (2973 tokens/s/GPU; its
@@ -118,7 +118,7 @@ Every ring that crosses nodes runs as NCCL's channels over the NICs its members 
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.
 Rows the model cannot plan yet are listed with their one-line reason: context-parallel layouts (cp > 1) wait
-for their pricing here (calibration/from_runs.py).
+for their pricing here (calibration/run_prediction.py).
 The shipped efficiencies (topologies/efficiency.py, per device generation and fabric) are printed first with
 where each came from ("NOT FITTED" where no run exercises a figure). `--refit` re-runs the fits that produced
 the Hopper and Blackwell figures (calibration/from_runs.fit_runs on each cluster's fit rows, the free figures of
@@ -135,15 +135,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from paracube.calibration.from_runs import (  # noqa: E402
-    Run,
-    fit_cluster,
-    fit_runs,
-    predict,
-    preset_topology,
-    read_runs,
-    shipped_fit,
-)
+from paracube.calibration.from_runs import fit_cluster, fit_runs, shipped_fit  # noqa: E402
+from paracube.calibration.run_prediction import predict, preset_topology  # noqa: E402
+from paracube.calibration.runs_csv import Run, read_runs  # noqa: E402
 from paracube.cost_models.moe_a2a import A2A_NIC_EFF, A2A_NIC_SOURCE  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
 from paracube.topologies.efficiency import (  # noqa: E402

@@ -19,7 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from paracube.calibration.figure_shares import figure_shares  # noqa: E402
-from paracube.calibration.from_runs import Run, predict, preset_topology, read_runs, run_estimate  # noqa: E402
+from paracube.calibration.run_prediction import predict, preset_topology, run_estimate  # noqa: E402
+from paracube.calibration.runs_csv import Run, read_runs  # noqa: E402
 from paracube.errors import ParacubeError, check  # noqa: E402
 from paracube.topologies.presets import PRESETS  # noqa: E402
 

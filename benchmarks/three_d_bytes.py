@@ -42,7 +42,7 @@ SCHEMES = (",kw=0", ",kw=1", "")  # "": the layout as written (only where kw doe
 
 def _model_bytes(preset: str, gpus: int, layout_text: str, batch: int, dtype: str) -> tuple[float, float]:
     from paracube.cost_models import estimate
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.model_presets import PRESETS
     from paracube.topologies import load_topology
     from paracube.workload import TrainingSpec
@@ -54,7 +54,7 @@ def _model_bytes(preset: str, gpus: int, layout_text: str, batch: int, dtype: st
 
 def _one_step(rank: int, world: int, device: torch.device, preset: str, layout_text: str, batch: int) -> list:
     from paracube.executor import Mesh, build_model, train_step
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.model_presets import PRESETS
 
     spec, layout = PRESETS[preset], parse_layout(layout_text)

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from paracube.calibration.microbench import run_probes  # noqa: E402
 from paracube.cli.main import main as cli  # noqa: E402
 from paracube.cost_models import estimate  # noqa: E402
-from paracube.layout import parse_layout  # noqa: E402
+from paracube.layout_parse import parse_layout  # noqa: E402
 from paracube.plan import Plan, default_plan, load_plan  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402
 from paracube.topologies.cpu_probe import CpuFigures, cache_path, cpu_figures, run_probe  # noqa: E402

@@ -202,7 +202,7 @@ Bian et al.'s 2D is Optimus, i.e. SUMMA: per GEMM operand q broadcast steps (for
 placement), so the two 2Ds differ only in how their GEMMs communicate. 1D vs SUMMA-2D vs our 2D vs 3D, and the
 reason for each gap, from the numbers."""),
     ("code", """from paracube.cost_models.analytic import estimate
-from paracube.layout import VARIANTS
+from paracube.layout_checks import VARIANTS
 lay2, est2 = best["2d"]
 summa_layout = lay2.with_(mode=VARIANTS["summa"].name, keep_weights=None)
 four = {"1d": best["1d"], "SUMMA-2d": (summa_layout, estimate(model, training, summa_layout, c)),

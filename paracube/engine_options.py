@@ -1,7 +1,7 @@
 """How a training stack runs a layout, as both cost engines price it: one typed, frozen object.
 
 `Runtime.engine_options()` (runtimes/base.py) is the one place it is made; the search (planner/search.py), the
-published-run fits (calibration/from_runs.py) and the CLI pass it, whole, to `analytic.estimate`,
+published-run fits (calibration/run_prediction.py) and the CLI pass it, whole, to `analytic.estimate`,
 `estimate_batch.estimate_many` and `event.simulate`, whose `prepare` copies the per-element choices into `Dims`
 (`cost_models/dims.with_options`). A choice a new stack needs is a field here, read where it is priced, never a new
 parameter threaded through every engine's signature. The engines also take single fields as keywords
@@ -11,7 +11,7 @@ Fields (where each is priced):
 - param_overlap: zero=1's parameter all_gather hidden under the next forward (grad_overlap.py, event_program.py);
 - fsdp_prefetch: zero=2/3's gathers prefetched and reduce-scatters asynchronous (fsdp_overlap.py);
 - grad_bytes: bytes per gradient element it keeps and reduces (memory.py, traffic.py: 4 fp32, 2 16-bit);
-- bucket_bytes: its gradient bucket limit (modes/buckets.py; a published run's own, calibration/from_runs.py);
+- bucket_bytes: its gradient bucket limit (modes/buckets.py; a published run's own, calibration/runs_csv.py);
 - gather_16bit: zero=1's parameter all_gather sends the 16-bit parameters, not fp32 master shards (traffic.py);
 - fp8_param_gather: with fp8, the block linears' weights are held and all-gathered as FP8 (Megatron-core's
   --fp8-param-gather; memory.py, fp8.py, traffic.py);

@@ -1,20 +1,7 @@
-"""A parallel layout: data parallel x pipeline parallel x one tensor mode, and its placement on ranks.
+"""A parallel layout: data parallel x pipeline parallel x one tensor mode; `Layout`, its fields, sizes and axes.
 
-The rank grid is one `arange(world).reshape(...)`; every process group is a slice of it. Mesh axes:
-
-| mode | tensor axes (outer -> inner) | sizes | activations [T, h]: tokens split over | hidden split over |
-|------|------------------------------|-------|----------------------------------------|-------------------|
-| none | -                            | -     | -                                      | -                 |
-| 1d   | tp                           | p     | - (replicated)                         | - (replicated)    |
-| 2d   | row, col                     | q, q  | row                                    | col               |
-| 2.5d | dep, row, col                | d,q,q | dep (major), row                       | col               |
-| 3d   | z, y, x                      | q,q,q | x (major), y                           | z                 |
-
-An axis is named after the coordinate that varies along it: the group of axis `col` is the q ranks of one
-grid row. `placement` lists every axis from innermost (consecutive ranks, i.e. the same node) to outermost;
-the default keeps the tensor axes innermost, then dp, then pp (Megatron's order).
-Syntax: `dp=2,pp=4[,cp=2[,cpc=p2p|ag]][,ep=4][,etp=2],tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full]
-[,kw=0|1][,fa=0|1][,place=x.y.z.dp.pp]`.
+Its placement on ranks (rank grid, mesh axes, `place=`) is rank_grid.py's; its text form, layout_parse.py's; the
+valid values of its fields and their checks, layout_checks.py's. What the fields mean, named by their text form:
 `fa`: attention kernel; 1 flash attention (fused, saves no s x s scores; the executor's default), 0 Megatron's
 unfused core attention (scores, masked softmax, dropout and the product with V, which saves s x s tensors).
 `sp=0` forbids sequence parallelism and `rc=` pins activation recomputation: pins the planner respects
@@ -55,24 +42,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
-from paracube.errors import ParacubeError, check, divisors, divisors_text
+from paracube.errors import ParacubeError, check
+from paracube.layout_checks import check_fields
 from paracube.modes import MODES, TensorMode
+from paracube.rank_grid import RankGrid
 
 ModeName = str  # a key of paracube.modes.MODES
-TENSOR_MODES: tuple[str, ...] = tuple(MODES)
 TENSOR_AXES: dict[str, tuple[str, ...]] = {name: m.axes for name, m in MODES.items()}
-SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
-ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
-RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
-CP_COMMS: tuple[str, ...] = ("p2p", "ag")  # context parallelism's key/value exchange: ring p2p, all-gather
-# Mode variants named by a flag after their base mode's tp= (e.g. `tp=2d:8x8,summa`): TensorMode.variant_flag.
-VARIANTS: dict[str, TensorMode] = {m.variant_flag: m for m in MODES.values() if m.variant_flag}
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(RankGrid):
     dp: int = 1
     pp: int = 1
     mode: ModeName = "none"
@@ -107,50 +87,7 @@ class Layout:
     flash: int | None = None
 
     def __post_init__(self) -> None:
-        check(self.mode in TENSOR_MODES, f"tensor mode {self.mode!r} is not valid; valid: {', '.join(TENSOR_MODES)}")
-        for name, value in (("dp", self.dp), ("pp", self.pp), ("cp", self.cp), ("interleave", self.interleave)):
-            check(isinstance(value, int) and value >= 1, f"{name}={value!r} must be a positive integer")
-        check(self.micro_batch is None or (isinstance(self.micro_batch, int) and self.micro_batch >= 1),
-              f"mb={self.micro_batch!r} must be a positive integer")
-        shape = self.shape
-        shape_text = "x".join(map(str, shape)) or "()"
-        check(MODES[self.mode].shape_ok(shape),
-              f"tensor shape {shape_text} is not valid for {self.mode}: {SHAPE_RULES[self.mode]}")
-        with_sp = [name for name, m in MODES.items() if m.sequence_parallel]
-        check(not self.sequence_parallel or self.mode in with_sp,
-              f"sequence parallelism (sp) applies to tp={'/'.join(with_sp)} only, not {self.mode}")
-        check(self.zero in ZERO_STAGES, f"zero={self.zero!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))} "
-              "(0 none, 1 optimizer state sharded over dp, 2 gradients too, 3 parameters too)")
-        check(self.shard is None or (isinstance(self.shard, int) and self.shard >= 1),
-              f"shard={self.shard!r} must be a positive integer")
-        check(self.shard is None or self.zero >= 1,
-              f"shard={self.shard} shards zero's state: it needs zero=1, 2 or 3 (zero={self.zero})")
-        if self.shard is not None and self.dp % self.shard:
-            raise ParacubeError(f"shard={self.shard} must divide dp={self.dp}; valid: {divisors_text(self.dp)}")
-        check(not self.tpo or bool(MODES[self.mode].axes), "tpo overlaps tensor-parallel collectives: it needs "
-              f"tp={'/'.join(n for n, m in MODES.items() if m.axes)}, not {self.mode}")
-        check(self.cp == 1 or MODES[self.mode].context_parallel,
-              f"cp={self.cp} (context parallelism) applies to "
-              f"tp={'/'.join(n for n, m in MODES.items() if m.context_parallel)} only, not {self.mode}: "
-              "its token split is already context parallel")
-        check(self.cp_comm is None or self.cp_comm in CP_COMMS,
-              f"cpc={self.cp_comm!r} is not valid; valid: {', '.join(CP_COMMS)} (ring p2p, all-gather)")
-        check(self.cp_comm is None or self.cp > 1,
-              f"cpc={self.cp_comm} sets context parallelism's exchange: it needs cp > 1")
-        self._check_experts()
-        check(not (self.forbid_sp and self.sequence_parallel), "sp and sp=0 together: give one")
-        check(not (self.forbid_overlap and self.overlap), "overlap and overlap=0 together: give one")
-        check(not (self.forbid_tpo and self.tpo), "tpo and tpo=0 together: give one")
-        check(not (self.forbid_a2ao and self.a2ao), "a2ao and a2ao=0 together: give one")
-        check(not (self.forbid_zero and self.zero), f"zero=0 and zero={self.zero} together: give one")
-        check(self.recompute is None or self.recompute in RECOMPUTES,
-              f"rc={self.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
-        check(self.keep_weights in (None, 0, 1), f"kw={self.keep_weights!r} is not valid; valid: 0, 1")
-        check(not self.keep_weights or MODES[self.mode].keeps_weights,
-              f"kw=1 keeps gathered weights: tp={'/'.join(n for n, m in MODES.items() if m.keeps_weights)} only, "
-              f"not {self.mode}")
-        check(self.flash in (None, 0, 1), f"fa={self.flash!r} is not valid; valid: 0 (unfused), 1 (flash)")
-        check(self.interleave == 1 or self.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
+        check_fields(self)
         if self.placement:
             # Axes of size 1 may be left out: they go outermost.
             missing = tuple(a for a in self.default_placement if a not in self.placement and self.axis_size(a) == 1)
@@ -159,44 +96,11 @@ class Layout:
                   f"place={'.'.join(self.placement)} must list each of the axes "
                   f"{', '.join(self.default_placement)} once")
 
-    def _check_experts(self) -> None:
-        for name, value in (("ep", self.ep), ("etp", self.etp)):
-            check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                  f"{name}={value!r} must be a positive integer")
-        if self.ep * self.etp == 1:
-            return
-        # Folding regroups whole-token ranks: the modes whose tensor group does not split tokens (none, 1d).
-        folds = [n for n, m in MODES.items() if m.context_parallel]
-        check(self.mode in folds, f"ep={self.ep},etp={self.etp} (expert parallelism) applies to tp={'/'.join(folds)} "
-              f"only, not {self.mode}")
-        dense = self.dp * self.cp * self.tensor_size
-        if dense % (self.ep * self.etp):
-            found = divisors(dense)
-            valid = (", ".join(str(n) for n in found if dense % (n * self.etp) == 0) if found is not None
-                     else f"a divisor of {dense // math.gcd(dense, self.etp)}")
-            raise ParacubeError(f"ep={self.ep} x etp={self.etp} must divide the dp x cp x tp = {dense} ranks it folds "
-                                f"over; valid ep: {valid}")
-
     # --- sizes -----------------------------------------------------------------------------------------
     @property
     def expert_data(self) -> int:
         """Ranks of the expert-data-parallel group (edp = dp cp tp / (ep etp)): they reduce expert gradients."""
         return self.dp * self.cp * self.tensor_size // (self.ep * self.etp)
-
-    def expert_groups(self, axis: str) -> np.ndarray:
-        """[n_groups, size] ranks of the folded expert axis `axis` (etp, ep, edp, or ep.etp: an expert shard's
-        all-to-all peers with their etp ranks), every pipeline stage's dp x cp x tp ranks in rank order
-        regrouped as (edp, ep, etp), etp innermost (module docstring)."""
-        sizes = {"edp": self.expert_data, "ep": self.ep, "etp": self.etp}
-        axes = tuple(axis.split("."))
-        check(all(a in sizes for a in axes), f"expert axis {axis!r}; valid: edp, ep, etp, ep.etp")
-        grid = self.rank_grid()  # (pp, dp, cp, *tensor)
-        stages = np.sort(grid.reshape(self.pp, -1), axis=1).reshape(self.pp, self.expert_data, self.ep, self.etp)
-        names = ("pp", "edp", "ep", "etp")
-        src = [names.index(a) for a in axes]
-        moved = np.moveaxis(stages, src, list(range(4 - len(axes), 4)))
-        return moved.reshape(-1, math.prod(sizes[a] for a in axes))
-
 
     @property
     def uses_flash(self) -> bool:
@@ -291,32 +195,6 @@ class Layout:
     def effective_placement(self) -> tuple[str, ...]:
         return self.placement or self.default_placement
 
-    # --- rank grid ---------------------------------------------------------------------------------------
-    def rank_grid(self) -> np.ndarray:
-        """Ranks indexed by canonical coordinates (pp, dp, cp, *tensor axes)."""
-        outer_first = tuple(reversed(self.effective_placement))
-        grid = np.arange(self.world_size).reshape([self.axis_size(a) for a in outer_first])
-        return grid.transpose([outer_first.index(a) for a in self.axis_names])
-
-    def groups(self, axes: tuple[str, ...] | str) -> np.ndarray:
-        """[n_groups, group_size]: every group of ranks that differ only along `axes` (first axis major)."""
-        axes = (axes,) if isinstance(axes, str) else tuple(axes)
-        grid, names = self.rank_grid(), self.axis_names
-        if any(a in ("dp_shard", "dp_replicate") for a in axes):  # HSDP: dp split into (replicate, shard)
-            i = names.index("dp")
-            grid = grid.reshape(grid.shape[:i] + (self.axis_size("dp_replicate"), self.shard_size) + grid.shape[i + 1:])
-            names = names[:i] + ("dp_replicate", "dp_shard") + names[i + 1:]
-        src = [names.index(a) for a in axes]
-        moved = np.moveaxis(grid, src, list(range(grid.ndim - len(axes), grid.ndim)))
-        return moved.reshape(-1, math.prod(self.axis_size(a) for a in axes))
-
-    def coords(self, rank: int) -> dict[str, int]:
-        where = np.argwhere(self.rank_grid() == rank)
-        check(len(where) == 1, f"rank {rank} is outside world size {self.world_size}")
-        out = dict(zip(self.axis_names, (int(c) for c in where[0]), strict=True))
-        out["dp_replicate"], out["dp_shard"] = divmod(out["dp"], self.shard_size)
-        return out
-
     # --- text --------------------------------------------------------------------------------------------
     def __str__(self) -> str:
         parts = [f"dp={self.dp}"]
@@ -376,84 +254,3 @@ class Layout:
 
     def with_(self, **changes: object) -> Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
-
-
-LAYOUT_SYNTAX = ("dp=N,pp=N[,cp=N[,cpc=p2p|ag]][,ep=N][,etp=N],tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3]"
-                 "[,shard=N]"
-                 "[,rc=none|selective|full]"
-                 "[,overlap][,tpo][,a2ao]" + "".join(f"[,{f} (tp={m.variant_of})]" for f, m in VARIANTS.items()) +
-                 "[,kw=0|1][,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
-
-
-def parse_layout(text: str) -> Layout:
-    """Parse `dp=2,pp=4,tp=3d:4x4x4,mb=1,v=2,sp,zero=1,place=x.y.z.dp.pp`. Missing parts default to 1/none."""
-    check(isinstance(text, str) and text.strip() != "", f"empty layout; expected {LAYOUT_SYNTAX}")
-    fields: dict[str, object] = {}
-    seen: set[str] = set()
-    variant: TensorMode | None = None
-    for raw in text.strip().split(","):
-        part = raw.strip()
-        key, _, value = part.partition("=")
-        key = key.strip().lower()
-        check(key not in seen, f"layout {text!r}: {key!r} given twice")
-        seen.add(key)
-        if key == "sp":
-            check(value.strip() in ("", "0", "1"), f"layout {text!r}: sp={value!r}; valid: sp, sp=1, sp=0 (forbid)")
-            fields["forbid_sp" if value.strip() == "0" else "sequence_parallel"] = True
-        elif key == "overlap":
-            check(value.strip() in ("", "0", "1"), f"layout {text!r}: overlap={value!r}; valid: overlap, overlap=0|1")
-            fields["forbid_overlap" if value.strip() == "0" else "overlap"] = True
-        elif key == "tpo":
-            check(value.strip() in ("", "0", "1"), f"layout {text!r}: tpo={value!r}; valid: tpo, tpo=0|1")
-            fields["forbid_tpo" if value.strip() == "0" else "tpo"] = True
-        elif key == "a2ao":
-            check(value.strip() in ("", "0", "1"), f"layout {text!r}: a2ao={value!r}; valid: a2ao, a2ao=0|1")
-            fields["forbid_a2ao" if value.strip() == "0" else "a2ao"] = True
-        elif key == "kw":
-            check(value.strip() in ("0", "1"), f"layout {text!r}: kw={value!r} is not valid; valid: kw=0, kw=1")
-            fields["keep_weights"] = int(value)
-        elif key == "fa":
-            check(value.strip() in ("0", "1"), f"layout {text!r}: fa={value!r} is not valid; valid: fa=0 (unfused "
-                  "attention), fa=1 (flash attention)")
-            fields["flash"] = int(value)
-        elif key == "rc":
-            check(value.strip() in RECOMPUTES,
-                  f"layout {text!r}: rc={value!r} is not valid; valid: {', '.join(RECOMPUTES)}")
-            fields["recompute"] = value.strip()
-        elif key in ("dp", "pp", "cp", "ep", "etp", "mb", "v", "shard"):
-            check(value.strip().isdigit() and int(value) >= 1,
-                  f"layout {text!r}: {key}={value!r} must be a positive integer")
-            fields[{"mb": "micro_batch", "v": "interleave"}.get(key, key)] = int(value)
-        elif key == "cpc":
-            check(value.strip() in CP_COMMS, f"layout {text!r}: cpc={value!r} is not valid; valid: "
-                  f"{', '.join(CP_COMMS)} (ring p2p, all-gather)")
-            fields["cp_comm"] = value.strip()
-        elif key == "zero":
-            check(value.strip().isdigit() and int(value) in ZERO_STAGES,
-                  f"layout {text!r}: zero={value!r} is not valid; valid: {', '.join(map(str, ZERO_STAGES))}")
-            if int(value):
-                fields["zero"] = int(value)
-            else:
-                fields["forbid_zero"] = True  # an explicit zero=0: a pin (the default 0 is searched)
-        elif key == "tp":
-            mode, _, shape = value.strip().lower().partition(":")
-            check(mode in TENSOR_MODES, f"layout {text!r}: tensor mode {mode!r} is not valid; "
-                  f"valid: {', '.join(TENSOR_MODES)} (e.g. tp=1d:8, tp=2d:4x4, tp=2.5d:4x4x2, tp=3d:4x4x4)")
-            dims = shape.split("x") if shape else []
-            check(all(d.strip().isdigit() and int(d) >= 1 for d in dims),
-                  f"layout {text!r}: tensor shape {shape!r} must be positive integers joined by 'x' "
-                  f"({SHAPE_RULES[mode]})")
-            fields["mode"] = mode
-            fields["shape"] = tuple(int(d) for d in dims)
-        elif key == "place":
-            fields["placement"] = tuple(a.strip() for a in value.split(".") if a.strip())
-        elif key in VARIANTS:
-            check(value.strip() in ("", "1"), f"layout {text!r}: {key}={value!r}; valid: {key}")
-            variant = VARIANTS[key]
-        else:
-            raise ParacubeError(f"layout {text!r}: unknown part {part!r}; expected {LAYOUT_SYNTAX}")
-    if variant is not None:
-        check(fields.get("mode") == variant.variant_of, f"layout {text!r}: {variant.variant_flag} is a variant of "
-              f"tp={variant.variant_of}, not of tp={fields.get('mode', 'none')}")
-        fields["mode"] = variant.name
-    return Layout(**fields)  # type: ignore[arg-type]

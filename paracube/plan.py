@@ -30,7 +30,8 @@ from typing import Any, Literal
 
 from paracube import __version__
 from paracube.errors import ParacubeError, check
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.workload import ModelSpec, TrainingSpec
 

@@ -25,7 +25,7 @@ class PlanSchema(_PlanFile):
     model: ModelSpec  # type: ignore[assignment]
     training: TrainingSpec  # type: ignore[assignment]
     cluster: str  # a topology preset name, or the absolute path of a topology YAML file
-    layout: str  # dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp][,zero=0|1|3][,place=...] (paracube/layout.py)
+    layout: str  # dp=N,pp=N,tp=MODE:SHAPE[,mb=N][,v=N][,sp][,zero=0|1|3][,place=...] (paracube/layout_parse.py)
     runtime: str = "paracube"  # paracube | megatron | torchtitan | deepspeed (paracube/runtimes)
     launch: _LaunchFile
 

@@ -86,7 +86,7 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def layout_from(text: str) -> Any:
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     return parse_layout(text)
 

@@ -29,7 +29,8 @@ from paracube.errors import ParacubeError
 from paracube.executor import Mesh, build_model
 from paracube.executor.layers.dropout import DropoutSeeds
 from paracube.hf_config import from_hf_config
-from paracube.layout import RECOMPUTES, parse_layout
+from paracube.layout_checks import RECOMPUTES
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.planner.explain import explain
 from paracube.planner.search import search

@@ -26,7 +26,7 @@ from paracube.cost_models.dims import dims_of
 from paracube.cost_models.memory import _block_acts, attention_widths
 from paracube.cost_models.validity import layout_arrays
 from paracube.executor import Mesh, build_model
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.topologies import load_topology
 from paracube.workload import TrainingSpec

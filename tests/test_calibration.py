@@ -39,7 +39,7 @@ from paracube.cost_models.dims import dims_of
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.executor.launch import affinity
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES
 from paracube.topologies import load_topology

@@ -152,7 +152,7 @@ def test_plan_refine_reranks_with_the_event_engine(tmp_path, capsys) -> None:
 def test_plan_gives_a_plan_the_executor_accepts_without_runnable(tmp_path, capsys) -> None:
     """Every ranked layout runs (the search emits only what the executor runs); --runnable is a no-op."""
     from paracube.executor.launch.start import NodeSpec, preflight
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     out_file = tmp_path / "p.json"
     code, out, err = run_cli(capsys, "plan", "--model", "small", "--cluster", "dgx-h100", "--gpus", "16",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from paracube.cost_models.contention import extra
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology
 from paracube.topologies.sharing import ratios
 

@@ -10,7 +10,8 @@ import pytest
 from paracube.errors import ParacubeError
 from paracube.estimate import CommEvent, traffic_difference
 from paracube.hf_config import from_hf_config
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS, resolve_model
 from paracube.plan import default_plan, load_plan, plan_from_dict
 from paracube.workload import ModelSpec

@@ -18,7 +18,8 @@ from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import layout_arrays, violations
 from paracube.errors import ParacubeError
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES as MODE_DECLS
 from paracube.workload import ModelSpec, TrainingSpec

@@ -17,7 +17,8 @@ from dist_helpers import rel_err, run_distributed
 
 from paracube.executor import Mesh, build_model, serial_reference
 from paracube.executor.layers.shards import block
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.modes import MODES
 from paracube.workload import ModelSpec
 

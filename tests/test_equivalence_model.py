@@ -24,7 +24,8 @@ from paracube.executor import Mesh, build_model, check_divisibility, serial_refe
 from paracube.executor.comm import all_reduce
 from paracube.executor.data_parallel.optim import MasterAdamW, build_optimizer
 from paracube.executor.model.gpt import ParallelGPT
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.workload import ModelSpec
 
 SPEC = ModelSpec("test", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=100, seq_len=16)  # padded in every mode

@@ -21,7 +21,7 @@ from paracube.cost_models.event_network import FlowNetwork, LinkTable, Template,
 from paracube.cost_models.event_program import schedule
 from paracube.cost_models.event_trace import chrome_trace, plot_timeline, write_chrome_trace
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology, topology_from_dict
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -328,7 +328,8 @@ def test_bad_links_ranks_and_disconnected_devices_are_named() -> None:
 def test_engines_agree_on_published_layouts(row: str, text: str) -> None:
     """Both engines model the same step: tp collectives in line, dp buckets on their own stream during the last
     backward, interleaved stages. Their step times agree within 5% on these published layouts."""
-    from paracube.calibration.from_runs import preset_topology, read_runs
+    from paracube.calibration.run_prediction import preset_topology
+    from paracube.calibration.runs_csv import read_runs
     from paracube.topologies.presets import PRESETS
 
     data = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.csv"

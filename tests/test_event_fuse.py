@@ -22,7 +22,7 @@ from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.event_trace import chrome_trace, plot_timeline
 from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -68,7 +68,7 @@ def test_fused_runs_give_the_op_by_op_answer() -> None:
 
 
 def test_both_engines_price_the_bucket_they_are_given() -> None:
-    """A Megatron-sized bucket (published runs: max(40M, 1M x dp x cp) fp32 elements, calibration/from_runs.py)
+    """A Megatron-sized bucket (published runs: max(40M, 1M x dp x cp) fp32 elements, calibration/runs_csv.py)
     reaches the event engine's programs as it reaches the analytic traffic: the same gradient collectives, fewer
     than with the default 25 MiB; the estimates' event lists agree."""
     layout = parse_layout("pp=2,tp=1d:2,dp=2,mb=1,overlap")

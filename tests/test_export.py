@@ -18,7 +18,7 @@ import pytest
 
 from paracube.cli.main import main
 from paracube.export import TARGETS, export_plan
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.plan import LaunchSpec, Plan, default_plan, load_plan
 from paracube.workload import TrainingSpec

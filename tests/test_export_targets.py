@@ -40,7 +40,7 @@ from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.errors import ParacubeError
 from paracube.export import export_plan
 from paracube.export.common import EXPRESSIBLE, accumulation_steps
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import LaunchSpec, Plan

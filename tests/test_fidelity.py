@@ -27,7 +27,8 @@ from paracube.executor.comm import CommRecorder
 from paracube.executor.data_parallel.grad_sync import grad_sync_for
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.layers.functional import COMPUTE_DTYPES
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec

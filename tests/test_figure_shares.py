@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from paracube.calibration.figure_shares import SPEEDS, figure_shares, shipped
-from paracube.calibration.from_runs import predict, preset_topology, read_runs
+from paracube.calibration.run_prediction import predict, preset_topology
+from paracube.calibration.runs_csv import read_runs
 from paracube.topologies.presets import PRESETS
 
 TODAY = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs_today.csv"

@@ -10,14 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paracube.calibration.from_runs import (
-    GRAD_BYTES,
-    MCORE_BUCKET_MIN,
-    MCORE_BUCKET_PER_DP,
-    predict,
-    preset_topology,
-    read_runs,
-)
+from paracube.calibration.run_prediction import predict, preset_topology
+from paracube.calibration.runs_csv import MCORE_BUCKET_MIN, MCORE_BUCKET_PER_DP, read_runs
 from paracube.cost_models import fp8
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL, GemmModel, attention_core_time
@@ -26,7 +20,8 @@ from paracube.cost_models.event import estimate_event
 from paracube.cost_models.memory import _block_acts, stage_memory
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
+from paracube.modes.buckets import GRAD_BYTES
 from paracube.runtimes import get_runtime
 from paracube.topologies.presets import PRESETS
 from paracube.workload import ModelSpec, TrainingSpec

@@ -18,7 +18,7 @@ from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.executor.sizes import check_dtype
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 

@@ -37,7 +37,7 @@ from paracube.executor import Mesh, build_model, serial_reference, train_step
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.layers.fp8 import E4M3, E5M2, STATE, Fp8Gemm, Fp8Scaling, amax_of
 from paracube.executor.sizes import check_dtype
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.runtimes import RUNTIMES
 from paracube.workload import Fp8Recipe, TrainingSpec, check_dtype_on

@@ -19,7 +19,7 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.event import estimate_event, estimate_with
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.runtimes import get_runtime
 from paracube.topologies import load_topology
 from paracube.workload import FP8_SCALINGS, ModelSpec, TrainingSpec

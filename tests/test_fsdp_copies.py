@@ -14,7 +14,7 @@ from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.fsdp_copies import RS_BYTES
 from paracube.cost_models.fsdp_overlap import unit_sizes
 from paracube.cost_models.validity import layout_arrays
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 

@@ -11,7 +11,7 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.fsdp_overlap import exposed_seconds, micro_batch_seconds
 from paracube.engine_options import EngineOptions
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.runtimes import RUNTIMES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from paracube.cli.main import main
 from paracube.errors import ParacubeError
 from paracube.hf_config import from_hf_config
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.plan import default_plan, plan_from_dict
 from paracube.topologies.loader import topology_from_dict
 

@@ -40,7 +40,8 @@ from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, serial_reference, train_step
 from paracube.executor.data_parallel.grad_sync import GradSync
 from paracube.executor.data_parallel.optim import DistributedAdamW, build_optimizer
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec

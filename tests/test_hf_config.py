@@ -15,7 +15,7 @@ from paracube.cost_models.dims import dims_of, local_params
 from paracube.cost_models.traffic import local_parameter_count
 from paracube.errors import ParacubeError
 from paracube.hf_config import from_hf_config
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.workload import TrainingSpec
 

@@ -25,7 +25,7 @@ from paracube.cost_models.memory import kept_bytes
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, serial_reference
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.modes import LayoutBatch
 from paracube.workload import TrainingSpec
 

@@ -23,7 +23,7 @@ from paracube.executor import Mesh, build_model, check_divisibility, serial_refe
 from paracube.executor.comm import all_reduce
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.layers.llama import gqa_attention, rotary, rotary_tables, swiglu
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec

@@ -16,7 +16,8 @@ from paracube.cost_models.memory import _block_acts, in_flight, stage_memory
 from paracube.cost_models.traffic import local_parameter_count
 from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import layout_arrays
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.workload import ModelSpec, TrainingSpec
 

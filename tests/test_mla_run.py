@@ -26,7 +26,7 @@ from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference
 from paracube.executor.data_parallel.optim import build_optimizer
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.workload import TrainingSpec

@@ -15,7 +15,7 @@ from paracube.cost_models.compute import gemm_model, stage_compute_time
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.mlp_delta import mlp_delta, true_width
 from paracube.cost_models.validity import layout_arrays
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.topologies import load_topology
 from paracube.workload import TrainingSpec

@@ -22,7 +22,8 @@ from paracube.cost_models.dims import Dims, dims_of
 from paracube.cost_models.traffic import layout_sizes
 from paracube.executor import Mesh, build_model
 from paracube.executor.model.gpt import MODES as EXECUTOR_MODES
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.modes import MODES, runnable_modes
 from paracube.modes.base import COMPUTE, Collective
 from paracube.workload import ModelSpec, TrainingSpec

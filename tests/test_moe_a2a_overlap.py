@@ -13,7 +13,7 @@ from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.moe_a2a_overlap import SM_SHARE, combined, list_share, overlapped_fraction
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.runtimes import get_runtime
 from paracube.topologies import load_topology

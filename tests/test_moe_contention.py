@@ -9,7 +9,7 @@ import pytest
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.moe_contention import exposed_grads, slowdown
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.topologies import load_topology
 from paracube.workload import TrainingSpec

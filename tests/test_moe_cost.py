@@ -9,7 +9,7 @@ import pytest
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.experts import balanced_routing, splits
 from paracube.topologies import load_topology

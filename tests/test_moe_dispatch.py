@@ -18,7 +18,7 @@ from paracube.cost_models.moe import expert_links
 from paracube.cost_models.moe_a2a import A2A, A2A_NIC_EFF
 from paracube.cost_models.moe_dispatch import Dispatch, dispatch_of
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.moe_spec import MoESpec
 from paracube.runtimes import get_runtime

@@ -13,7 +13,7 @@ from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.moe import block_cost, grad_event, pass_bytes
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.runtimes import get_runtime
 from paracube.topologies import load_topology
@@ -156,7 +156,8 @@ def test_the_qwen3_30b_tokendrop_row_fits_with_its_recipes_bf16_gradients() -> N
     planner matches the row's own layout, not refusing it for memory (predict raises where nothing fits)."""
     from pathlib import Path
 
-    from paracube.calibration.from_runs import predict, preset_topology, read_runs, run_estimate
+    from paracube.calibration.run_prediction import predict, preset_topology, run_estimate
+    from paracube.calibration.runs_csv import read_runs
 
     csv = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs_moe.csv"
     run = next(r for r in read_runs(csv, ("dgx-h100", "dgx-b200", "gb200-nvl72")) if r.name == "qwen3-30b-16")

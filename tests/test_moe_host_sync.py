@@ -11,7 +11,7 @@ import pytest
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.runtimes import get_runtime
 from paracube.topologies import load_topology

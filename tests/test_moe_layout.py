@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 
 
 @pytest.mark.parametrize("text", ["dp=4,ep=2,etp=2,tp=1d:2", "dp=8,ep=8,tp=none", "dp=2,pp=2,cp=2,ep=4,tp=1d:2,sp",

@@ -37,7 +37,7 @@ def test_deepseek_v3_plans_with_paracubes_runtime(capsys: pytest.CaptureFixture[
     """MLA + MoE in one model runs in paracube's executor (tests/test_moe_run.py), so the default runtime plans
     DeepSeek-V3: the chosen ep and etp with why, a layout the executor runs, and its Megatron export."""
     from paracube.executor import check_divisibility
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.model_presets import PRESETS
 
     plan = tmp_path / "dsv3.json"
@@ -93,9 +93,10 @@ def test_bad_moe_configs_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], 
 
 
 def test_published_moe_rows_load_and_plan_with_their_layouts() -> None:
-    """benchmarks/data/published_runs_moe.csv through the row loader (calibration/from_runs.py): every row reads,
+    """benchmarks/data/published_runs_moe.csv through the row loader (calibration/runs_csv.py): every row reads,
     and a planned row keeps its pinned ep / pp / v / tp (the error figures: benchmarks/published_runs.py)."""
-    from paracube.calibration.from_runs import predict, read_runs
+    from paracube.calibration.run_prediction import predict
+    from paracube.calibration.runs_csv import read_runs
     from paracube.topologies import load_topology
     from paracube.topologies.presets import PRESETS
 

@@ -34,7 +34,7 @@ from paracube.estimate import CommEvent, traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.model.moe import moe_blocks, set_routing
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.experts import splits

@@ -12,7 +12,7 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.overlap_drag import nvlink_share, owed
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology
 from paracube.topologies.calibration import as_calibration
 from paracube.workload import ModelSpec, TrainingSpec

@@ -36,7 +36,7 @@ from paracube.executor import Mesh, build_model, serial_reference, train_step
 from paracube.executor.comm import all_reduce
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.pipeline.schedule import reduce_tied_embedding_grads, run_pipeline
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import backward_spans, chunk_layers, schedule, split_ok, stage_chunks, stage_layers
 from paracube.workload import ModelSpec, TrainingSpec

@@ -16,7 +16,8 @@ import pytest
 
 from paracube.cli.main import main
 from paracube.errors import ParacubeError
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS, resolve_model
 from paracube.plan import load_plan
 from paracube.planner import search

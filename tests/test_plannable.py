@@ -15,7 +15,7 @@ from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.validity import layout_arrays
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.planner import search
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec

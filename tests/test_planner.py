@@ -125,7 +125,7 @@ def test_an_explicit_zero_0_is_a_pin() -> None:
     """zero=0 is also the default, so `--layout zero=0` must still pin it (as sp=0 pins sp off). At dp=8 the
     unsharded layouts need 3.0 MB per device and zero=2/3 about 2.0 MB: with 2.5 MB the free search shards,
     the pinned one finds nothing that fits."""
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     training = TrainingSpec(global_batch=8)
     free = search(TINY, training, topo(8, mem=2.5e6), 8, fixed=parse_layout("dp=8,tp=none"))
@@ -183,7 +183,7 @@ def test_bound_pruning_keeps_the_exact_ranking(model: str, gpus: int, options: d
     """Skipping the placements of configurations whose lower bound loses changes nothing the search returns:
     the same ranked layouts and step times, the same best per mode, the same rejections, and the layouts it
     skips are exactly those it did not score."""
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.topologies import load_topology
 
     if "fixed" in options:
@@ -205,7 +205,7 @@ def test_pruning_without_mode_bests_keeps_the_exact_ranking(model: str, gpus: in
     """`mode_bests=False` (paracube plan's search: the bar is the top_k-th best, and the best cp=1 step, only)
     returns the ranking of the exhaustive search: the same ranked layouts and step times, the same rejections,
     every valid layout either scored or pruned; no best per mode."""
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
     from paracube.topologies import load_topology
 
     if "fixed" in options:

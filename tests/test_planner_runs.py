@@ -15,7 +15,7 @@ import pytest
 
 from paracube.errors import ParacubeError
 from paracube.executor.launch.start import NodeSpec, preflight
-from paracube.layout import RECOMPUTES
+from paracube.layout_checks import RECOMPUTES
 from paracube.model_presets import PRESETS
 from paracube.plan import LaunchSpec, Plan
 from paracube.planner import search
@@ -97,7 +97,7 @@ def test_tied_embeddings_are_planned_with_pipelines() -> None:
 @pytest.mark.parametrize("layout", ["pp=2,tp=2d:2x2", "dp=2,pp=2,tp=1d:2,zero=1", "tp=3d:2x2x2"])
 def test_a_pinned_tied_layout_is_planned_and_passes_preflight(layout) -> None:
     """Tied embeddings in 2D / 3D and with pipelines at zero=1, once refused, are planned and run (test_tied.py)."""
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     model, training = replace(TINY, layers=4, tied_embeddings=True), TrainingSpec(global_batch=32)
     fixed = parse_layout(layout)
@@ -113,7 +113,7 @@ def test_a_pinned_tied_layout_is_planned_and_passes_preflight(layout) -> None:
 @pytest.mark.parametrize("layout", ["dp=2,tp=2.5d:2x2x2,zero=1", "tp=2.5d:2x2x2,zero=1"])
 def test_a_pinned_2_5d_zero1_is_planned_and_passes_preflight(layout) -> None:
     """2.5D shards its optimizer over (dp, dep): zero=1 is planned (even at dp=1, over depth alone) and runs."""
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     fixed = parse_layout(layout)
     training = TrainingSpec(global_batch=32)

@@ -1,5 +1,5 @@
 """Fidelity on published runs: layout pins, the search's recompute / zero / overlap choices, runs CSV input,
-and the calibrated cluster file (calibration/from_runs.py, cli/runs_cmd.py)."""
+and the calibrated cluster file (calibration/runs_csv.py, run_prediction.py, from_runs.py, cli/runs_cmd.py)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from paracube.calibration.from_runs import (
-    cluster_file,
-    fit_runs,
-    predict,
-    preset_topology,
-    read_runs,
-    shipped_fit,
-)
+from paracube.calibration.from_runs import cluster_file, fit_runs, shipped_fit
+from paracube.calibration.run_prediction import predict, preset_topology
+from paracube.calibration.runs_csv import read_runs
 from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import gemm_model
 from paracube.cost_models.overlap_drag import nvlink_share
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.planner import search
 from paracube.topologies import load_topology
 from paracube.topologies.loader import topology_from_dict
@@ -256,7 +251,7 @@ def test_runs_csv_dispatcher_column(tmp_path: Path) -> None:
     """The optional dispatcher column of MoE rows: the row is priced with that dispatcher (reference: the estimate
     with the runtime's options and that moe_dispatch), empty the runtime's; a bad name, or DeepEP with a capacity
     factor (Megatron-core refuses it), is one line naming the row."""
-    from paracube.calibration.from_runs import run_estimate
+    from paracube.calibration.run_prediction import run_estimate
     from paracube.runtimes import get_runtime
 
     with MOE.open(newline="") as fh:

@@ -13,7 +13,8 @@ from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.tpo import hidden
-from paracube.layout import RECOMPUTES, parse_layout
+from paracube.layout_checks import RECOMPUTES
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES, executor_runs, runnable_modes
 from paracube.plan import load_plan

@@ -22,7 +22,7 @@ from dist_helpers import run_distributed, saved_bytes
 
 from paracube.cost_models import estimate
 from paracube.executor import Mesh, build_model
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 

@@ -16,7 +16,7 @@ from paracube.cli.main import main
 from paracube.cli.scale_down import scale_down
 from paracube.errors import ParacubeError
 from paracube.executor.launch.start import NodeSpec, preflight
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.plan import LaunchSpec, Plan, load_plan
 from paracube.workload import TrainingSpec

@@ -26,7 +26,7 @@ from paracube.cost_models.event import estimate_with
 from paracube.cost_models.validity import layout_arrays
 from paracube.engine_options import EngineOptions
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.runtimes import RUNTIMES, get_runtime
 from paracube.topologies import load_topology
 from paracube.workload import SELECTIVE_RULES, ModelSpec, TrainingSpec

@@ -18,7 +18,7 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import load_topology, topology_from_dict
 from paracube.topologies.device import DeviceSpec
 from paracube.topologies.local_cpu import SCHED_BASE_SLICE_S, local_cpu_device, sched_slice_s

@@ -16,7 +16,7 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.planner import search
 from paracube.topologies import load_topology, topology_from_dict

@@ -25,7 +25,7 @@ from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.model.gpt import ParallelGPT, _resize
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec

@@ -13,7 +13,7 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.executor.sizes import check_divisibility
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.modes import MODES
 from paracube.planner import search
 from paracube.planner.theory import layer_bytes_table

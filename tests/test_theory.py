@@ -15,7 +15,8 @@ import pytest
 from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
 from paracube.estimate import CommEvent, MemoryBreakdown, StepEstimate
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.planner.theory import (
     layer_bytes_table,
     scaling_exponent,

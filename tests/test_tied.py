@@ -39,7 +39,7 @@ from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference
 from paracube.executor.data_parallel.optim import build_optimizer
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.modes import MODES, executor_runs
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology

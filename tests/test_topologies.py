@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from paracube.errors import ParacubeError
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies import (
     PRESETS,
     DeviceSpec,

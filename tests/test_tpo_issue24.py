@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from paracube.cli.main import main
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.plan import default_plan
 
 BAD = [  # (layout, dtype, a phrase of the one-line refusal)

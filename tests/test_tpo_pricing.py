@@ -18,7 +18,7 @@ import torch
 from paracube.cost_models import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.tpo import hidden, program_gemm_steps, ring_hidden, runs
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES
 from paracube.modes.base import chunks, coll

@@ -18,7 +18,7 @@ from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, serial_reference, train_step
 from paracube.executor.model.gpt import ParallelGPT
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.workload import ModelSpec, TrainingSpec
 
 SPEC = ModelSpec("gpt2-vocab", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=50257, seq_len=16)

@@ -42,7 +42,8 @@ from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.executor.data_parallel.optim import build_optimizer
-from paracube.layout import Layout, parse_layout
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.runtimes import RUNTIMES
 from paracube.topologies import load_topology

@@ -35,7 +35,7 @@ from paracube.calibration.microbench import (
 from paracube.errors import ParacubeError, check
 from paracube.executor.launch import affinity
 from paracube.executor.launch.local_ranks import resolve_backend
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.topologies.calibration import as_calibration
 from paracube.topologies.topology import Topology

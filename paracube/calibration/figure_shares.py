@@ -1,8 +1,8 @@
 """How much of a published row's predicted step each efficiency figure prices: share[f] = -d ln(step) / d ln(f).
 
-The step of a fully specified layout (calibration/from_runs.run_estimate, the row's cluster with its shipped figures,
-from_runs.shipped_fit) is, where no overlap max() switches side, a sum of work / (peak x figure) terms and of
-latencies: share[f] is then the fraction of the step that runs at figure f's speed (1: a step that is all f's
+The step of a fully specified layout (calibration/run_prediction.run_estimate, the row's cluster with its shipped
+figures, from_runs.shipped_fit) is, where no overlap max() switches side, a sum of work / (peak x figure) terms and
+of latencies: share[f] is then the fraction of the step that runs at figure f's speed (1: a step that is all f's
 work; the shares sum to the elasticity of the step in all figures at once, less than 1 by the latency-bound part).
 A central difference of +-STEP on f. Which part of a residual a figure could take: a row missing by e needs f's
 speed changed by about e / share[f]. Shape constants (m0, fp8_m0) and the overlap drag (a coefficient, not a
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from paracube.calibration.from_runs import PARAMS, Run, preset_topology, run_estimate, shipped_fit
+from paracube.calibration.from_runs import PARAMS, shipped_fit
+from paracube.calibration.run_prediction import preset_topology, run_estimate
+from paracube.calibration.runs_csv import Run
 from paracube.layout import Layout
 from paracube.topologies.presets import PRESETS, Fit
 

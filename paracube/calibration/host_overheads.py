@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.topologies.calibration import Calibration
 from paracube.topologies.topology import Topology
 

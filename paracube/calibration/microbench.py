@@ -147,7 +147,7 @@ def _probe_rank(rank: int, world: int, device: torch.device, layout_text: str, d
     `validate` do: process groups of other layouts in the same process slowed the 1D probe by 5-15%).
     A serial layout runs one model per rank, every rank busy."""
     from paracube.executor.mesh import Mesh
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     layout = parse_layout(layout_text)
     mesh = Mesh.single(layout) if layout.world_size == 1 else Mesh(layout, rank)

@@ -41,7 +41,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
         return calibrate_from_runs(args)
     from paracube.calibration.calibrate import calibrate, fit_all, write_topology
-    from paracube.layout import parse_layout
+    from paracube.layout_parse import parse_layout
 
     t0 = time.perf_counter()
     with Console(stderr=True).status(f"calibrating: microbenchmarks on {args.nproc} ranks ..."):

@@ -80,7 +80,8 @@ class Workload:
 def workload_from_args(args: argparse.Namespace, partial_layout: bool = False) -> Workload:
     """`partial_layout`: the layout constrains a search (plan, compare): its ranks must divide --gpus and the
     search chooses the rest (dp, ...); otherwise (simulate) it is the whole layout of --gpus ranks."""
-    from paracube.layout import Layout, parse_layout
+    from paracube.layout import Layout
+    from paracube.layout_parse import parse_layout
 
     model = with_seq_len(resolve_model(args.model), args.seq)
     layout = parse_layout(args.layout) if args.layout else None

@@ -40,7 +40,8 @@ def _summary(rows: list) -> list[str]:
 def calibrate_from_runs(args: argparse.Namespace) -> int:
     import yaml
 
-    from paracube.calibration.from_runs import FITTABLE, cluster_file, fit_runs, read_runs
+    from paracube.calibration.from_runs import FITTABLE, cluster_file, fit_runs
+    from paracube.calibration.runs_csv import read_runs
     from paracube.topologies.presets import PRESETS
 
     if args.cluster not in FITTABLE:
@@ -62,7 +63,8 @@ def calibrate_from_runs(args: argparse.Namespace) -> int:
 
 
 def validate_from_runs(args: argparse.Namespace) -> int:
-    from paracube.calibration.from_runs import predict, read_runs
+    from paracube.calibration.run_prediction import predict
+    from paracube.calibration.runs_csv import read_runs
     from paracube.topologies import load_topology
     from paracube.topologies.presets import PRESETS
 

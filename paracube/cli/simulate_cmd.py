@@ -25,7 +25,7 @@ from paracube.cli.outputs import add_force_option, writable
 from paracube.cli.planning_cmd import ROW_COLUMNS, _row, _summary, engine_options, estimate_with
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.plan import load_plan, plan_cluster
 
 

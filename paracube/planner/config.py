@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from paracube.errors import check
-from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
+from paracube.layout import Layout
+from paracube.layout_checks import RECOMPUTES, TENSOR_MODES
 from paracube.modes import MODES
 from paracube.modes.stages import split_ok
 from paracube.planner.enumerate import divisors, structures

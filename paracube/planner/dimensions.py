@@ -36,7 +36,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from paracube.layout import CP_COMMS, RECOMPUTES, ZERO_STAGES, Layout
+from paracube.layout import Layout
+from paracube.layout_checks import CP_COMMS, RECOMPUTES, ZERO_STAGES
 from paracube.runtimes import Runtime
 
 PRICED_ZEROS = ZERO_STAGES  # zero stages the cost models price (all of them)

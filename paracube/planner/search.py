@@ -62,7 +62,8 @@ from paracube.cost_models.moe import priced
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
-from paracube.layout import RECOMPUTES, TENSOR_MODES, Layout
+from paracube.layout import Layout
+from paracube.layout_checks import RECOMPUTES, TENSOR_MODES
 from paracube.modes import MODES
 from paracube.planner.configs import _mode_structures
 from paracube.planner.dimensions import (
@@ -150,7 +151,7 @@ def search(
     scores every placement of every configuration (the same result, slower: for tests and benchmarks).
     `memory_headroom`: the fraction of device memory held back (allocator, NCCL buffers, fragmentation); a
     layout fits in the rest. `bucket_bytes`: the gradient bucket limit the ranked layouts are priced with
-    (None: the executor's, modes/buckets.py; calibration/from_runs.py prices a published run with its stack's);
+    (None: the executor's, modes/buckets.py; calibration/run_prediction.py prices a published run with its stack's);
     `grad_bytes` likewise the gradient element (None: the runtime's, Runtime.grad_bytes). `mode_bests=False`: no
     mode's best is kept exact nor returned (`best_per_mode` empty; for callers that show only the ranking, as
     `paracube plan`): the bar is then the top_k-th best (and the best cp=1 step in cp=1 passes) only, which prunes

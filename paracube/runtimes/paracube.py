@@ -18,7 +18,7 @@ with sp; zero=0/1; etp=1; cp=1); MLA with dense MLPs (executor/layers/mla.py), n
 
 from __future__ import annotations
 
-from paracube.layout import RECOMPUTES
+from paracube.layout_checks import RECOMPUTES
 from paracube.modes import MODES, executor_runs, runnable_modes
 from paracube.modes.experts import executor_refusal
 from paracube.runtimes.base import Runtime

@@ -1,9 +1,9 @@
 """The graph a topology is built on, without networkx: an undirected graph with node and edge attributes.
 
-Routing and group queries (topology.py) need only nodes, attributes and adjacency; importing networkx costs
-~0.07 s, and ~0.5 s where its bytecode is not cached, on every `paracube plan`. The builders (fabric.py,
-presets.py, loader.py) fill a LinkGraph; `Topology.graph` hands out the networkx graph, built on first use, for
-code that wants one (the event engine's routes, the MoE all-to-all, calibration, users).
+Routing and group queries (routing.py, group_queries.py) need only nodes, attributes and adjacency; importing
+networkx costs ~0.07 s, and ~0.5 s where its bytecode is not cached, on every `paracube plan`. The builders
+(fabric.py, presets.py, loader.py) fill a LinkGraph; `Topology.graph` hands out the networkx graph, built on
+first use, for code that wants one (the event engine's routes, the MoE all-to-all, calibration, users).
 
 Same answers as networkx.Graph for what it offers (tests/test_link_graph.py builds both): `add_node` and
 `add_edge` keep networkx's insertion orders (a node first added by an edge, adjacency in the order edges

@@ -2,7 +2,7 @@
 
 `describe_preset(name, nodes)` equals `load_topology(name, nodes=nodes).describe()` (tests/test_topologies.py
 checks every preset) without importing networkx, numpy or pydantic, so that listing the presets starts fast.
-It follows the routes of topology.py for the presets' shapes: the intra-node ring's worst hop, and the
+It follows the routes of routing.py for the presets' shapes: the intra-node ring's worst hop, and the
 inter-node ring of local rank 0 of every node, GPU -> its NIC -> leaf [-> spine -> leaf] -> NIC -> GPU; its
 bandwidth is the narrowest link (one ring hop per directed link), its latency the path's summed latencies.
 """

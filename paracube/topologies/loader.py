@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from paracube.errors import ParacubeError, check, did_you_mean, unknown
 from paracube.topologies.calibration import Calibration, as_calibration
+from paracube.topologies.device import DeviceSpec
 from paracube.topologies.presets import DEVICES, PRESETS, Preset, build_switched, new_graph
-from paracube.topologies.topology import DeviceSpec, Topology
+from paracube.topologies.topology import Topology
 
 if TYPE_CHECKING:  # pydantic (~50 ms) loads only when a file is read: presets need none of it
     from paracube.topologies.topology_file import TopologyFile

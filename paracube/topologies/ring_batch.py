@@ -1,6 +1,6 @@
 """The ring channels of many equal-size groups at once, with numpy: Topology._ring_channels' answers, in its order.
 
-A sorted group runs a node-major ring (topology.py's docstring): hop i goes from member i to member i + 1 (the
+A sorted group runs a node-major ring (group_queries.py's docstring): hop i goes from member i to member i + 1 (the
 last back to the first). A hop inside a node is one channel (a, b, 1.0). A hop from node A to node B runs as
     C = max(1, min(owners on A, owners on B, RING_CHANNELS))
 channels, where the owners of a node are the group's first member (by rank) per distinct NIC there
