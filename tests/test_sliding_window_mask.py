@@ -27,7 +27,7 @@ from paracube.executor.layers.functional import local_attention
 from paracube.executor.layers.llama import gqa_attention, rotary, rotary_tables
 from paracube.executor.layers.tokens import window_mask
 from paracube.executor.mesh import Mesh
-from paracube.layout import parse_layout
+from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.workload import ModelSpec
 
