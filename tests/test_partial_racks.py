@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from paracube.calibration.from_runs import preset_topology, read_runs
+from paracube.calibration.run_prediction import preset_topology
+from paracube.calibration.runs_csv import read_runs
 from paracube.errors import ParacubeError
 from paracube.topologies.loader import load_topology, partial_racks
 from paracube.topologies.presets import PRESETS

@@ -12,19 +12,18 @@ from paracube.errors import check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.runtimes import Runtime, get_runtime
+from paracube.topologies.loader import preset_sizes
 from paracube.topologies.presets import PRESETS, Fit
 
 
 def preset_topology(run: Run, fit: Fit | None = None) -> object:
     """The run's cluster preset at its GPU count, with `fit`'s efficiencies (default: the shipped ones)."""
     preset = PRESETS[run.cluster]
-    # GPUs per node: the preset's, or (a run smaller than a node, or not a multiple of it: 128 GPUs of GB200
-    # NVL72 racks run as 2 x 64) the largest divisor of the run's GPU count below it.
-    per = max(n for n in range(1, min(run.gpus, preset.devices_per_node) + 1) if run.gpus % n == 0)
-    check(run.gpus % per == 0, f"run {run.name}: gpus={run.gpus} is not a multiple of {per} per node")
+    # As the CLI builds it (loader.preset_sizes): 128 GPUs of GB200 NVL72 racks run as 2 x 64
+    nodes, per = preset_sizes(preset, run.gpus)
     if fit is None:
-        return preset.build(run.gpus // per, per)
-    return preset.build(run.gpus // per, per, fit=fit)
+        return preset.build(nodes, per)
+    return preset.build(nodes, per, fit=fit)
 
 
 def step_time(run: Run, layout: Layout, topo: object, runtime: str = "paracube") -> float:

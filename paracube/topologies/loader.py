@@ -98,9 +98,13 @@ def _from_preset(preset: Preset, gpus: int | None, nodes: int | None) -> Topolog
         check(gpus is None or (isinstance(gpus, int) and gpus >= 1),
               f"{preset.name}: gpus={gpus!r} must be >= 1")
         return preset.build(*_check_size(preset.name, 1, gpus or preset.devices_per_node))
-    n, per = _sizes(preset.name, preset.devices_per_node, preset.default_nodes, gpus, nodes,
-                    preset.devices_per_host)
-    return preset.build(n, per)
+    return preset.build(*preset_sizes(preset, gpus, nodes))
+
+
+def preset_sizes(preset: Preset, gpus: int | None, nodes: int | None = None) -> tuple[int, int]:
+    """(nodes, devices per node) a preset is built with for a GPU count: whole nodes, part of one node, or (a
+    rack of several hosts) the fewest equal racks of whole hosts (partial_racks)."""
+    return _sizes(preset.name, preset.devices_per_node, preset.default_nodes, gpus, nodes, preset.devices_per_host)
 
 
 def topology_from_dict(data: Any, source: str = "topology", gpus: int | None = None,
