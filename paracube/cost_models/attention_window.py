@@ -2,7 +2,7 @@
 
 Contract (workload.ModelSpec): in a windowed block the query at position i sees the keys i - w < j <= i (w =
 `sliding_window`, itself included; Megatron `--window-size (w - 1, 0)`); `window_pattern` says which blocks are
-windowed (Dims.window, Dims.window_blocks of the L blocks).
+windowed (Dims.window; Dims.window_frac, the share of the blocks windowed).
 
 Exact band: a windowed block's scores are sum over queries of min(i + 1, w) key-query pairs,
     band(s, w) = w s - w (w - 1) / 2        (w <= s; s (s + 1) / 2, causal, for w >= s)      (`band_pairs`)
@@ -19,7 +19,7 @@ the causal pairs: a windowed query tile meets its own key tile and the one befor
 
 Price: the causal kernel's score GEMMs (compute.attention_core_time: FLASH_CAUSAL of the s x s work, at the fitted
 flash_eff, fitted on causal runs whose kernels compute their diagonal tiles too) scaled by
-    share = 1 - f + f x tiles(w) / tiles(causal)          (f = window_blocks / L: the model's windowed blocks)
+    share = 1 - f + f x tiles(w) / tiles(causal)          (f = Dims.window_frac: the model's windowed blocks)
 so each computed tile costs what a causal tile costs, and w >= s (or no window) is exactly the causal price
 (share 1.0). The blocks' mean: a pipeline stage is priced with the model's mean share (GPT-OSS's "WF" puts
 within one block of half its blocks on every stage). The unfused core (fa=0, Megatron's unfused path,
@@ -79,10 +79,9 @@ def window_share(d: Dims) -> float:
     """The share of the causal flash kernel's score work one block of `d` does on average (module docstring); exactly
     1.0 without windows or with windows no shorter than the sequence."""
     s = d.s * d.cp  # the whole sequence (d is a cp rank's view)
-    if not d.window or not d.window_blocks or d.window >= s:
+    if not d.window or not d.window_frac or d.window >= s:
         return 1.0
-    f = d.window_blocks / d.L
-    return 1.0 - f + f * band_fraction(s, d.cp, d.window)
+    return 1.0 - d.window_frac + d.window_frac * band_fraction(s, d.cp, d.window)
 
 
 __all__ = ["TILE", "band_fraction", "band_pairs", "chunk_work", "rank_work", "window_share"]
