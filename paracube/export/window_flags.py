@@ -23,6 +23,11 @@ from paracube.workload import ModelSpec
 TORCHTITAN_WINDOW = (128, "WF")  # (sliding_window, window_pattern) of torchtitan 0.3.0's gpt_oss module
 
 
+def windowed(model: ModelSpec) -> bool:
+    """Some block of the model is windowed (a pattern of F only, or no sliding_window: full attention)."""
+    return model.sliding_window is not None and "W" in (model.window_pattern or "W")
+
+
 def skip_freq(model: ModelSpec) -> int | None:
     """k of --window-attn-skip-freq for the model's pattern (None: every block windowed); 0 if Megatron's integer
     form cannot express it."""
@@ -35,7 +40,7 @@ def skip_freq(model: ModelSpec) -> int | None:
 
 def megatron_window_refusal(plan: Plan) -> str | None:
     m, lay = plan.model, plan.layout
-    if m.sliding_window is None:
+    if not windowed(m):
         return None
     if skip_freq(m) == 0:
         return (f"its --window-attn-skip-freq k writes window_pattern W x (k - 1) + F (WF, WWF, ...) or every block "
@@ -49,14 +54,14 @@ def megatron_window_refusal(plan: Plan) -> str | None:
 
 def megatron_window_args(model: ModelSpec) -> list[str]:
     """--window-size and --window-attn-skip-freq of a windowed model (module docstring); [] without windows."""
-    if model.sliding_window is None:
+    if not windowed(model):
         return []
     k = skip_freq(model)
     return [f"--window-size {model.sliding_window - 1},0", *([f"--window-attn-skip-freq {k}"] if k else [])]
 
 
 def torchtitan_window_refusal(model: ModelSpec) -> str | None:
-    if model.sliding_window is None or (model.sliding_window, model.window_pattern) == TORCHTITAN_WINDOW:
+    if not windowed(model) or (model.sliding_window, model.window_pattern) == TORCHTITAN_WINDOW:
         return None
     w, pattern = TORCHTITAN_WINDOW
     return (f"its only sliding windows are its gpt_oss module's (sliding_window={w}, window_pattern={pattern}), not "
@@ -64,17 +69,17 @@ def torchtitan_window_refusal(model: ModelSpec) -> str | None:
 
 
 def torchtitan_window_notes(plan: Plan) -> list[str]:
-    if plan.model.sliding_window is None:
+    if not windowed(plan.model):
         return []
     cp = " and its FlexAttention backend (the varlen backend has no context parallelism)" if plan.layout.cp > 1 else ""
     return [f"sliding-window attention: MODEL_MODULE=gpt_oss (torchtitan 0.3.0's only module with windows){cp}"]
 
 
 def deepspeed_window_refusal(model: ModelSpec) -> str | None:
-    if model.sliding_window is None:
+    if not windowed(model):
         return None
     return f"Megatron-DeepSpeed has no sliding-window attention (sliding_window={model.sliding_window}); valid: none"
 
 
 __all__ = ["TORCHTITAN_WINDOW", "deepspeed_window_refusal", "megatron_window_args", "megatron_window_refusal",
-           "skip_freq", "torchtitan_window_notes", "torchtitan_window_refusal"]
+           "skip_freq", "torchtitan_window_notes", "torchtitan_window_refusal", "windowed"]
