@@ -22,9 +22,10 @@ Field mapping:
   the attention's q / k / v / o biases (8,000 a block), the experts' biases (gate_up 2 x 2880 + down 2880 per
   expert: 1,105,920 a block) and the router's (128): 40.1M parameters of 116.8B (0.034%), their adds elementwise;
   the attention sinks (one learned logit per head, 64 a block: one more column in each softmax, no GEMM); the
-  clamped SwiGLU (swiglu_limit 7: clamp, x sigmoid(1.702 x), (up + 1)), a few elementwise ops per expert
-  activation where paracube prices SwiGLU's (memory-bound, well under 1% of the block's time); YaRN rope scaling
-  (rope_scaling): other rotary frequencies and a scaled cos / sin, the same ops and FLOPs as plain rotary.
+  clamped SwiGLU (swiglu_limit 7: clamp, x sigmoid(1.702 x), (up + 1)), a few more elementwise FLOPs per expert
+  activation on the tensors SwiGLU reads and writes (fused, as megatron-core's weighted_bias_quick_geglu_impl runs
+  it, the same bytes, which is what paracube prices); YaRN rope scaling (rope_scaling): other rotary frequencies and
+  a scaled cos / sin, the same ops and FLOPs as plain rotary.
 A config that names routed experts but not their sizes is refused naming the missing field.
 """
 
