@@ -31,6 +31,10 @@ modes/context.py): a rank's work is the band tiles of its two chunks' queries (k
 unlike causal attention the ranks differ (rank 0 holds the first w queries, which see fewer keys), so the share is
 the busiest rank's tiles over its causal tiles (cp equal ranks under causal attention). The key / value exchange
 is unchanged: the executor (and Transformer Engine) exchange every block, masked.
+
+Unchanged by windows: memory (flash keeps no s x s tensor; the unfused core's scores and mask, memory.py, are still
+s x s) and the model FLOPs of MFU (compute.model_flops_per_step keeps its 4 b s^2 h per block convention, so MFU
+stays comparable across models; it is not the work done).
 """
 
 from __future__ import annotations
