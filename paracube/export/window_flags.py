@@ -78,7 +78,7 @@ def torchtitan_window_notes(plan: Plan) -> list[str]:
 def deepspeed_window_refusal(model: ModelSpec) -> str | None:
     if not windowed(model):
         return None
-    return f"Megatron-DeepSpeed has no sliding-window attention (sliding_window={model.sliding_window}); valid: none"
+    return f"Megatron-DeepSpeed has no sliding-window attention (sliding_window={model.sliding_window})"
 
 
 __all__ = ["TORCHTITAN_WINDOW", "deepspeed_window_refusal", "megatron_window_args", "megatron_window_refusal",
