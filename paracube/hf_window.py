@@ -3,7 +3,9 @@
 transformers' fields: `sliding_window` (MistralConfig: 4096 by default, Mistral-7B-v0.1's; MixtralConfig and
 Qwen3MoeConfig: None; GptOssConfig: 128), `use_sliding_window` (Qwen's switch: false turns the window off) and
 `layer_types`, one of "sliding_attention" / "full_attention" per block (GptOssConfig builds "sliding_attention" at
-even blocks, "full_attention" at odd ones, when a file omits it; Gemma 2/3 likewise). A window no shorter than
+even blocks, "full_attention" at odd ones, when a file omits it; Gemma 2/3 likewise; Qwen's configs, without it and
+with use_sliding_window true, window the blocks from `max_window_layers` on, as transformers' Qwen3MoeConfig derives
+its layer_types). A window no shorter than
 max_position_embeddings never masks a key: read as None (full causal attention). `layer_types` becomes
 `window_pattern`, its shortest repeating period from block 0 ("W" windowed, "F" full; GPT-OSS: "WF"); a period
 of all "W" is None (every block windowed), all "F" no window at all.
@@ -52,6 +54,12 @@ def window_fields(data: dict[str, Any], defaults: dict[str, Any], get: Callable[
     types = data["layer_types"] if "layer_types" in data else defaults.get("layer_types")
     if callable(types):  # the config class derives it from the block count (GptOssConfig)
         types = types(layers)
+    if types is None and data.get("use_sliding_window") is True:  # Qwen's switch: windows from max_window_layers on
+        first = data.get("max_window_layers")
+        check(isinstance(first, int) and not isinstance(first, bool) and 0 <= first <= layers,
+              f"{path}: field 'max_window_layers'={first!r} must be a block index 0..{layers} with "
+              "use_sliding_window=true (the blocks from it on are windowed)")
+        types = ["full_attention"] * first + ["sliding_attention"] * (layers - first)
     pattern = shortest_period(pattern_of(types, layers, path)) if types is not None else "W"
     if window is None or window >= seq_len or "W" not in pattern:
         return {}

@@ -87,6 +87,17 @@ def test_mistral_and_mixtral_windows_are_read(tmp_path: Path) -> None:
     assert from_hf_config(_config(tmp_path, {"model_type": "mixtral"})).sliding_window is None  # MixtralConfig()
 
 
+def test_qwen_windows_from_max_window_layers_on(tmp_path: Path) -> None:
+    qwen = {"model_type": "qwen3_moe", "num_hidden_layers": 4, "max_position_embeddings": 4096, "sliding_window": 512,
+            "use_sliding_window": True}
+    spec = from_hf_config(_config(tmp_path, {**qwen, "max_window_layers": 2}))
+    assert (spec.sliding_window, spec.window_pattern) == (512, "FFWW")
+    assert from_hf_config(_config(tmp_path, {**qwen, "max_window_layers": 0})).window_pattern is None
+    assert from_hf_config(_config(tmp_path, {**qwen, "max_window_layers": 4})).sliding_window is None
+    with pytest.raises(ParacubeError, match="field 'max_window_layers'=None must be a block index 0..4"):
+        from_hf_config(_config(tmp_path, qwen))
+
+
 @pytest.mark.parametrize(("types", "pattern", "window"), [
     ([SLIDING] * 5 + [FULL], "WWWWWF", 512),  # Gemma 3's period of six
     ([SLIDING, FULL, SLIDING, FULL, SLIDING, FULL], "WF", 512),
