@@ -39,8 +39,16 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   Megatron-Bridge MoE runs on DGX H100 and NeMo's Mixtral 8x7B on DGX-B200 / GB200 NVL72 (held out; never in
   published_runs_today.csv, whose rows are dense shapes; NeMo 2.2's MixtralConfig: alltoall dispatcher, dropless, no
   recomputation set). Step = GBS x seq / (tokens/s/GPU x GPUs), the presets' shapes, routing force-balanced as run,
-  Megatron-core's bucket, NeMo's grad_reduce convention (bf16 with fp8, else fp32) unless the recipe says otherwise;
-  GPT-OSS-120B not listed (sliding-window attention). What each run ran, where a recipe states it (Megatron-Bridge
+  Megatron-core's bucket, NeMo's grad_reduce convention (bf16 with fp8, else fp32) unless the recipe says otherwise.
+  GPT-OSS-120B (26.04, bf16, 64 GPUs; the gpt-oss-120b preset: 128-key windows in every other block, priced by
+  cost_models/attention_window.py) assumes what the 26.04 FP8 rows ran, its own recipe not being in any package
+  here: no recomputation, gradients reduced in bf16 (the performance scripts' get_precision_config), dropless, the
+  runtime's dispatcher (DeepEP); it prices -37.0% (8.88 s against 14.10; 9.21 s, -34.7%, were its windows full
+  attention; full recomputation would give 10.91 s), a held-out miss not read yet. Not priced: GPT-OSS's attention
+  sinks (megatron-core's TransformerConfig.softmax_type "learnable": which attention kernel then runs is Transformer
+  Engine's choice, not visible here), its biases and clamped SwiGLU (hf_moe.py: a fraction of a percent of the FLOPs;
+  megatron-core fuses the clamped gate, weighted_bias_quick_geglu_impl); its 64-wide heads run at the flash_eff
+  fitted on 128-wide ones. What each run ran, where a recipe states it (Megatron-Bridge
   0.6.2's flat perf recipes, perf_recipes/qwen/h100/qwen3_moe.py, whose FP8 Qwen3 configs have the 26.04 rows' GBS and
   layouts; the 25.09 rows' configs are not in any released package): the 26.04 FP8 rows ran no recomputation,
   Qwen3-30B on HybridEP (flex backend `hybridep`: DeepEP's bytes, its kernels permute) without the a2a overlap,

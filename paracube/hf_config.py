@@ -1,6 +1,7 @@
 """A ModelSpec from a Hugging Face `config.json` of model_type gpt2, llama, mistral or a MoE type (hf_moe.py),
 read as transformers reads it: a field the file omits takes the default of that model_type's config class
 (`HF_DEFAULTS`); configs of look-alike models that are not the gpt or llama family are refused with the reason.
+Sliding-window attention (sliding_window, use_sliding_window, layer_types) is read by hf_window.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from paracube.errors import ParacubeError, check
-from paracube.hf_moe import MOE_HF_DEFAULTS, moe_fields
+from paracube.hf_moe import GPT_OSS_UNMODELLED, MOE_HF_DEFAULTS, moe_fields
+from paracube.hf_window import window_fields
 from paracube.workload import ModelSpec
 
 
@@ -41,13 +43,13 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
                 "num_key_value_heads": 8, "max_position_embeddings": 131072, "vocab_size": 32000,
                 "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096,
                 "attention_dropout": 0.0},
-    **MOE_HF_DEFAULTS,  # mixtral, qwen3_moe, deepseek_v3 (hf_moe.py)
+    **MOE_HF_DEFAULTS,  # mixtral, qwen3_moe, deepseek_v3, gpt_oss (hf_moe.py)
 }
 # model_type of each `architectures` name, for configs that omit model_type.
 _ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "GPT2Model": "gpt2", "LlamaForCausalLM": "llama",
                   "LlamaModel": "llama", "MistralForCausalLM": "mistral", "MistralModel": "mistral",
                   "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe",
-                  "DeepseekV3ForCausalLM": "deepseek_v3"}
+                  "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss"}
 # Decoder configs that look alike but are other models (why they are not the gpt or llama family).
 _OTHER_MODELS = {"qwen2": "its q/k/v projections have biases",
                  "qwen2_moe": "its q/k/v projections have biases", "gpt_neox": "parallel attention, partial rotary",
@@ -101,18 +103,16 @@ def from_hf_config(path: Path) -> ModelSpec:
                          attention_dropout=float(get("attn_pdrop", (int, float))),
                          embedding_dropout=float(get("embd_pdrop", (int, float))))
     for key, allowed in _LLAMA_MUST.items():
-        check(data.get(key, allowed) == allowed, f"{path}: field {key!r}={data.get(key)!r} is not supported "
-              f"by the llama family (valid: {allowed!r})")
+        unmodelled = model_type == "gpt_oss" and key in GPT_OSS_UNMODELLED  # hf_moe.py: what it leaves out
+        check(unmodelled or data.get(key, allowed) == allowed,
+              f"{path}: field {key!r}={data.get(key)!r} is not supported by the llama family (valid: {allowed!r})")
     hidden, heads = get("hidden_size"), get("num_attention_heads")
     extra = moe_fields(model_type, data, get, path) if model_type in MOE_HF_DEFAULTS else {}
     check(data.get("head_dim") in (None, hidden // max(heads or 1, 1)) or "head_size" in extra,
           f"{path}: field 'head_dim'={data.get('head_dim')!r} must be hidden_size / num_attention_heads")
-    seq_len = get("max_position_embeddings")
-    if "sliding_window" in defaults and data.get("use_sliding_window") is not False:
-        window = get("sliding_window", nullable=True)
-        check(window is None or window >= seq_len, f"{path}: field 'sliding_window'={window} < "
-              f"max_position_embeddings={seq_len}: sliding-window attention is not the llama family's (use null)")
-    return ModelSpec(name=str(name), layers=get("num_hidden_layers"), hidden=hidden, heads=heads,
+    seq_len, layers = get("max_position_embeddings"), get("num_hidden_layers")
+    extra.update(window_fields(data, defaults, get, path, seq_len, layers))  # sliding windows (hf_window.py)
+    return ModelSpec(name=str(name), layers=layers, hidden=hidden, heads=heads,
                      ffn_hidden=get("intermediate_size"), vocab=get("vocab_size"), seq_len=seq_len,
                      family="llama", kv_heads=get("num_key_value_heads") or heads,
                      tied_embeddings=get("tie_word_embeddings", bool), rms_eps=float(get("rms_norm_eps", (int, float))),

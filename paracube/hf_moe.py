@@ -1,4 +1,4 @@
-"""Hugging Face configs of mixture-of-experts models: mixtral, qwen3_moe, deepseek_v3 (moe_spec.py's fields).
+"""Hugging Face configs of mixture-of-experts models: mixtral, qwen3_moe, deepseek_v3, gpt_oss (moe_spec.py's fields).
 
 Defaults of each model_type's config class (transformers 4.5x: models/mixtral/configuration_mixtral.py
 MixtralConfig, models/qwen3_moe/configuration_qwen3_moe.py Qwen3MoeConfig,
@@ -14,6 +14,18 @@ Field mapping:
   group-limited routing, MoESpec.groups / group_topk); MLA's q_lora_rank,
   kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim. The multi-token-prediction module
   (num_nextn_predict_layers) is not counted.
+- gpt_oss (transformers' GptOssConfig, models/gpt_oss/configuration_gpt_oss.py; openai/gpt-oss-120b and -20b):
+  num_local_experts, num_experts_per_tok, intermediate_size (each expert's), head_dim (64, not hidden / heads =
+  45), softmax routing (over the top-k router logits: the same cost as a softmax over all), every block an MoE
+  block, no shared expert, router_aux_loss_coef; sliding_window and layer_types (hf_window.py: "WF").
+  NOT modelled (`GPT_OSS_UNMODELLED` lets its config set them), with their size in gpt-oss-120b:
+  the attention's q / k / v / o biases (8,000 a block), the experts' biases (gate_up 2 x 2880 + down 2880 per
+  expert: 1,105,920 a block) and the router's (128): 40.1M parameters of 116.8B (0.034%), their adds elementwise;
+  the attention sinks (one learned logit per head, 64 a block: one more column in each softmax, no GEMM); the
+  clamped SwiGLU (swiglu_limit 7: clamp, x sigmoid(1.702 x), (up + 1)), a few more elementwise FLOPs per expert
+  activation on the tensors SwiGLU reads and writes (fused, as megatron-core's weighted_bias_quick_geglu_impl runs
+  it, the same bytes, which is what paracube prices); YaRN rope scaling (rope_scaling): other rotary frequencies and
+  a scaled cos / sin, the same ops and FLOPs as plain rotary.
 A config that names routed experts but not their sizes is refused naming the missing field.
 """
 
@@ -43,22 +55,36 @@ MOE_HF_DEFAULTS: dict[str, dict[str, Any]] = {
                     "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "first_k_dense_replace": 3,
                     "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                     "qk_nope_head_dim": 128, "v_head_dim": 128, "n_group": 8, "topk_group": 4},
+    "gpt_oss": {"hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+                "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "vocab_size": 201088,
+                "tie_word_embeddings": False, "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "sliding_window": 128,
+                "attention_dropout": 0.0, "num_local_experts": 128, "num_experts_per_tok": 4,
+                "router_aux_loss_coef": 0.9,
+                # GptOssConfig: "sliding_attention" at even blocks, "full_attention" at odd ones, when omitted
+                "layer_types": lambda n: ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]},
 }
+# Fields of the llama family's must-be list (hf_config._LLAMA_MUST) a gpt_oss config sets otherwise: not modelled
+GPT_OSS_UNMODELLED = ("attention_bias", "rope_scaling")
 # The field naming the routed experts, and the one sizing them, per model_type (refusal of a partial config).
 _ROUTED = {"mixtral": ("num_local_experts", "intermediate_size"), "qwen3_moe": ("num_experts", "moe_intermediate_size"),
-           "deepseek_v3": ("n_routed_experts", "moe_intermediate_size")}
+           "deepseek_v3": ("n_routed_experts", "moe_intermediate_size"),
+           "gpt_oss": ("num_local_experts", "intermediate_size")}
 
 
 def moe_fields(model_type: str, data: dict[str, Any], get: Callable[..., Any], path: object) -> dict[str, Any]:
     """ModelSpec keyword arguments beyond the llama family's (moe, mla, head_size, qk_norm) for an MoE config."""
     count, size = _ROUTED[model_type]
-    check(count not in data or size in data or model_type == "mixtral",
+    check(count not in data or size in data or model_type in ("mixtral", "gpt_oss"),
           f"{path}: {count}={data.get(count)!r} routed experts but no {size!r} (each expert's intermediate size)")
     aux = float(get("router_aux_loss_coef", (int, float))) if "router_aux_loss_coef" in data or \
         "router_aux_loss_coef" in MOE_HF_DEFAULTS[model_type] else 0.0
     if model_type == "mixtral":
         return {"moe": MoESpec(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"),
                                expert_ffn=get("intermediate_size"), aux_loss=aux)}
+    if model_type == "gpt_oss":
+        return {"moe": MoESpec(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"),
+                               expert_ffn=get("intermediate_size"), aux_loss=aux),
+                "head_size": get("head_dim")}
     if model_type == "qwen3_moe":
         only = data.get("mlp_only_layers") or []
         check(only == [], f"{path}: field 'mlp_only_layers'={only!r} is not supported (valid: [] or null)")

@@ -1,7 +1,8 @@
 """The named models (`--model NAME`) and how a name or a config.json path resolves to a ModelSpec.
 
 Presets: GPT-2 (Radford et al. 2019; tied head, as HF GPT2LMHeadModel), the GPT-3 family (Brown et al. 2020,
-Table 2.1), LLaMA-2 (Touvron et al. 2023), Llama 3 (Dubey et al. 2024), the MoE models of their HF configs, and
+Table 2.1), LLaMA-2 (Touvron et al. 2023), Llama 3 (Dubey et al. 2024), the MoE models of their HF configs (GPT-OSS
+with sliding-window attention), and
 `tiny`, the embedded default that trains in seconds on CPU ranks. Anything else that names an existing path is
 read as a Hugging Face `config.json` (hf_config.py).
 """
@@ -45,7 +46,8 @@ def _moe(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, voc
 
 
 # HF config.json of each (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen3-235B-A22B,
-# deepseek-ai/DeepSeek-V3); tests/test_moe_workload.py checks the published parameter counts.
+# deepseek-ai/DeepSeek-V3, openai/gpt-oss-120b, gpt-oss-20b); tests/test_moe_workload.py (test_sliding_window.py:
+# GPT-OSS) checks the published parameter counts.
 MOE_PRESETS = [
     _moe("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, MoESpec(8, 2, 14336, aux_loss=0.02), rms_eps=1e-5),
     _moe("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, MoESpec(8, 2, 16384, aux_loss=0.001), rms_eps=1e-5),
@@ -57,6 +59,12 @@ MOE_PRESETS = [
          MoESpec(256, 8, 2048, shared_ffn=2048, router="sigmoid", first_dense=3, aux_loss=0.0001,
                  groups=8, group_topk=4), rope_theta=10000.0,
          mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536)),
+    # openai/gpt-oss-120b and gpt-oss-20b (HF config.json; hf_moe.py says what is not modelled: biases, attention
+    # sinks, the clamped SwiGLU, YaRN): head_dim 64 (not 2880 / 64), softmax over the top-4 router logits, alternating
+    # sliding-window (128 keys) and full attention from block 0; 4096: their initial_context_length.
+    *(_moe(name, layers, 2880, 64, 8, 2880, 201088, MoESpec(experts, 4, 2880, aux_loss=0.9), head_size=64,
+           rope_theta=150000.0, rms_eps=1e-5, sliding_window=128, window_pattern="WF")
+      for name, layers, experts in (("gpt-oss-120b", 36, 128), ("gpt-oss-20b", 24, 32))),
     # For tests and the local machine: top-2 of 8 small experts and one shared expert; tiny-mla: MLA, block 0 dense.
     ModelSpec("tiny-moe", layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=64, family="llama",
               moe=MoESpec(8, 2, 32, shared_ffn=32, aux_loss=0.01)),

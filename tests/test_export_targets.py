@@ -91,6 +91,13 @@ PLANS: dict[str, Plan] = {
     # the MoE all_to_alls overlapped with another micro-batch's compute (megatron's combined 1F1B, interleaved)
     "moe-a2a-overlap": make("qwen3-30b-a3b", "dp=8,pp=2,v=2,ep=4,tp=1d:2,mb=1,sp,zero=1,overlap,a2ao", batch=256,
                             runtime="megatron"),
+    # sliding-window attention (export/window_flags.py): GPT-OSS's "WF" as the published 26.04 run's layout, and
+    # folded for torchtitan's gpt_oss module; a dense model windowed in every block with cp (all-gather)
+    "window-gpt-oss-pp-ep": make("gpt-oss-120b", "dp=16,pp=4,ep=8,tp=none,mb=1,zero=1,overlap", batch=1280,
+                                 recompute="none", runtime="megatron"),
+    "window-gpt-oss-fsdp-ep": make("gpt-oss-20b", "dp=8,ep=8,tp=none,mb=1,zero=3,overlap", batch=256),
+    "window-all-cp-ag": replace(make("llama2-7b", "dp=2,cp=2,cpc=ag,tp=1d:2,mb=1,sp", batch=64),
+                                model=replace(PRESETS["llama2-7b"], sliding_window=1024)),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -117,6 +124,11 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("cp-ag-pp", "deepspeed"): "no context parallelism",
     ("cp-ag-fp8-tpo", "deepspeed"): "(tpo)",
     ("fp8-zero1", "deepspeed"): "it has no FP8 training",
+    ("window-gpt-oss-pp-ep", "torchtitan"): "fold over dp_shard x cp x tp",
+    ("window-gpt-oss-pp-ep", "deepspeed"): "no sliding-window attention",
+    ("window-gpt-oss-fsdp-ep", "deepspeed"): "no sliding-window attention",
+    ("window-all-cp-ag", "torchtitan"): "its only sliding windows are its gpt_oss module's",
+    ("window-all-cp-ag", "deepspeed"): "no context parallelism",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",
@@ -204,9 +216,15 @@ def test_torchtitan_config_manager_accepts_the_export(name: str) -> None:
 
     plan = PLANS[name]
     lay, t = plan.layout, plan.training
-    # llama3_debugmodel stands for the user's MODEL_CONFIG: the flags override what the plan sets.
-    args = script_words(text, "-m torchtitan.train", {"MODEL_MODULE": "llama3", "MODEL_CONFIG": "llama3_debugmodel"})
-    config = torchtitan_parse(args)
+    # llama3_debugmodel stands for the user's MODEL_CONFIG: the flags override what the plan sets; a windowed model
+    # runs in the gpt_oss module (its only one with sliding windows: export/window_flags.py), gpt_oss_20b standing in
+    windowed = plan.model.sliding_window is not None
+    module = {"MODEL_MODULE": "gpt_oss", "MODEL_CONFIG": "gpt_oss_20b"} if windowed else {
+        "MODEL_MODULE": "llama3", "MODEL_CONFIG": "llama3_debugmodel"}
+    config = torchtitan_parse(script_words(text, "-m torchtitan.train", module))
+    if windowed:  # its blocks' windows are the plan's (GPT-OSS-20B's 24 blocks)
+        assert [block.attention.sliding_window_size for block in config.model_spec.model.layers] == [
+            plan.model.attention_window(i) for i in range(plan.model.layers)]
     par, tr = config.parallelism, config.training
     dims = ParallelDims.from_config(par, world_size=plan.gpus)  # asserts the degrees multiply to the world
     shard = lay.shard_size if lay.zero >= 2 else 1
@@ -512,6 +530,8 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     # Megatron-LM's core_transformer_config_from_args sets TransformerConfig.fp8_param from --fp8-param-gather
     "--fp8-param-gather": [("ddp", "fp8_param_gather", _on), ("tc", "fp8_param", _on)],
     "--overlap-moe-expert-parallel-comm": [("tc", "overlap_moe_expert_parallel_comm", _on)],
+    "--window-size": [("tc", "window_size", lambda v: tuple(int(x) for x in _str(v).split(",")))],
+    "--window-attn-skip-freq": [("tc", "window_attn_skip_freq", _int)],
 }
 
 
@@ -583,6 +603,11 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
     # FP8 weights held and gathered in FP8, as the megatron runtime prices them (Runtime.fp8_param_gather)
     assert (ddp.fp8_param_gather, transformer.fp8_param) == (fp8, fp8)
     assert (transformer.num_query_groups or m.heads) == m.num_kv_heads
+    # sliding windows: Megatron's own rule of which blocks (numbered from 1) are windowed, and (w - 1, 0) keys
+    from megatron.core.transformer.utils import is_layer_window_attention
+    assert [is_layer_window_attention(transformer.window_size, transformer.window_attn_skip_freq, i + 1)
+            for i in range(m.layers)] == [m.attention_window(i) is not None for i in range(m.layers)]
+    assert transformer.window_size == (None if m.sliding_window is None else (m.sliding_window - 1, 0))
     assert transformer.gated_linear_unit == (m.family == "llama")
     assert (transformer.recompute_granularity or "none") == plan.training.recompute
     assert kwargs["model"].get("share_embeddings_and_output_weights", True) == m.tied_embeddings

@@ -65,10 +65,10 @@ def test_mistral_maps_to_llama_when_its_fields_match(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("data", "message"), [
     ({"model_type": "qwen2"}, r"model_type 'qwen2' is not supported \(its q/k/v projections have biases\); "
-                              "supported: gpt2, llama, mistral, mixtral, qwen3_moe, deepseek_v3"),
+                              "supported: gpt2, llama, mistral, mixtral, qwen3_moe, deepseek_v3, gpt_oss"),
     ({"model_type": "gpt_neox"}, "model_type 'gpt_neox' is not supported"),
     ({"architectures": ["OPTForCausalLM"]}, "no model_type and no known architectures"),
-    ({"model_type": "mistral"}, "field 'sliding_window'=4096 < max_position_embeddings=131072"),
+    ({"model_type": "mistral", "sliding_window": 0}, "field 'sliding_window'=0 must be a positive integer"),
     ({"model_type": "llama", "attention_bias": True}, "field 'attention_bias'=True is not supported"),
     ({"model_type": "llama", "hidden_act": "gelu"}, "field 'hidden_act'='gelu' is not supported"),
     ({"model_type": "llama", "num_key_value_heads": 5}, "heads=32 is not divisible by kv_heads=5"),

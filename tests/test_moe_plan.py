@@ -102,7 +102,8 @@ def test_published_moe_rows_load_and_plan_with_their_layouts() -> None:
 
     csv = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs_moe.csv"
     runs = {r.name: r for r in read_runs(csv, tuple(PRESETS))}
-    assert len(runs) == 7 and all(r.model.moe is not None for r in runs.values())  # 5 H100, 2 Mixtral on Blackwell
+    # 6 H100 (GPT-OSS-120B with sliding windows among them), 2 Mixtral on Blackwell
+    assert len(runs) == 8 and all(r.model.moe is not None for r in runs.values())
     # one MoE figure (moe_a2a.A2A_NIC_EFF) is fitted on qwen3-235b-256 alone; the rest are held out
     assert [n for n, r in runs.items() if r.split == "fit"] == ["qwen3-235b-256"]
     r = runs["qwen3-235b-256"]

@@ -93,7 +93,8 @@ def simulate_cmd(args: argparse.Namespace) -> int:
     layout = parse_layout(str(layout))  # re-validate after the flags
     from paracube.runtimes import get_runtime
 
-    why = get_runtime(w.runtime).refusal(layout, w.model.family, w.model.tied_embeddings, w.training.dtype)
+    why = get_runtime(w.runtime).refusal(layout, w.model.family, w.model.tied_embeddings, w.training.dtype,
+                                         windowed=w.model.sliding_window is not None)
     if why:
         raise ParacubeError(f"layout {layout}: {why}")
     if (args.trace or args.timeline or args.overlap) and args.engine != "event":

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from paracube.cost_models import fp8, recompute
+from paracube.cost_models.attention_window import window_share
 from paracube.cost_models.collective import wait_steps
 from paracube.cost_models.dims import DTYPE_NAMES, Dims, full_sequence
 from paracube.modes import MODES, LayoutBatch
@@ -282,6 +283,8 @@ def attention_core_time(d: Dims, mb: Arr, t: Arr, g: GemmModel) -> tuple[Arr, Ar
     cp blocks of s keys (its own and cp - 1 received, modes/context.py); the causal load balance gives every rank
     1 / cp of the whole causal work, i.e. cp blocks of the s x s work above (cost_models/context_parallel.py),
     and flash reads the cp blocks' keys and values.
+    Sliding-window attention (Dims.window): flash's score GEMMs scaled by attention_window.window_share (the band's
+    tiles, the busiest cp rank's; 1.0 for w >= s); the unfused core still materialises and masks the s x s scores.
     """
     hd = d.h // d.heads
     pairs = mb * d.heads / t
@@ -291,6 +294,7 @@ def attention_core_time(d: Dims, mb: Arr, t: Arr, g: GemmModel) -> tuple[Arr, Ar
         gemms = d.cp * pairs * 2 * (2.0 * d.s * d.s * hd) / (g.peak * g.flash_eff)  # cp blocks, as above
     if d.flash:
         io = d.c * 2.0 * (1 + d.cp) * mb * d.s * d.h / t / bw  # q, out; k, v of cp blocks (4 c T h at cp = 1)
+        gemms = gemms * window_share(d)  # sliding windows: the band's tiles (attention_window.py); else 1.0
         return FLASH_CAUSAL * gemms + io, FLASH_CAUSAL * FLASH_BWD * gemms + 2 * io
     scores = d.cp * mb * d.heads * float(d.s) * d.s / t
     drop = 2.0 * d.c + 1 if d.attention_dropout > 0 else 0.0

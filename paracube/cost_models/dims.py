@@ -73,6 +73,11 @@ class Dims:
     # (q_width, kv_width).
     head_size: int = 0
     qk_norm: bool = False
+    # Sliding-window attention (ModelSpec.sliding_window / window_pattern): `window` keys a windowed block's query
+    # sees (0: none), `window_frac` the share of the model's blocks windowed (a share, not a count: the event engine
+    # prices one block on dims of L = pp); compute.attention_core_time prices the band (cost_models/attention_window.py)
+    window: int = 0
+    window_frac: float = 0.0
 
     def __hash__(self) -> int:  # computed once (frozen_hash.py): a key of the inner loops' caches and dicts
         return frozen_hash(self)
@@ -210,6 +215,8 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         embedding_dropout=model.embedding_dropout,
         fp8=training.dtype == "fp8",
         mla=model.mla,
+        window=model.sliding_window or 0,
+        window_frac=sum(model.attention_window(i) is not None for i in range(model.layers)) / model.layers,
     )
 
 

@@ -34,6 +34,7 @@ from paracube.export.common import (
 )
 from paracube.export.megatron import TRAINING_ARGS, big_axes, tokenizer_args
 from paracube.export.moe_flags import deepspeed_moe_args
+from paracube.export.window_flags import deepspeed_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
 
@@ -62,6 +63,8 @@ def why_not(plan: Plan) -> str | None:
         return f"DeepSpeed-MoE has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if plan.model.mla is not None:
         return "Megatron-DeepSpeed has no multi-head latent attention (MLA)"
+    if (why_window := deepspeed_window_refusal(plan.model)) is not None:
+        return why_window
     if plan.training.dtype == "fp8":  # its pretrain_gpt.py has --bf16 / --fp16 only: no FP8 GEMMs to turn on
         return ("it has no FP8 training (Megatron-DeepSpeed's pretrain_gpt.py takes --bf16 or --fp16, no FP8 "
                 "linears); valid: --dtype bf16, fp16 or fp32")

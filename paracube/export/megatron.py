@@ -30,6 +30,7 @@ from paracube.export.common import (
     tensor_size,
 )
 from paracube.export.moe_flags import megatron_moe_args
+from paracube.export.window_flags import megatron_window_args, megatron_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
 from paracube.runtimes import get_runtime
@@ -50,7 +51,7 @@ def why_not(plan: Plan) -> str | None:
         return "its tensor-parallel overlap (--tp-comm-overlap) needs sequence parallelism (sp)"
     if lay.a2ao:  # --overlap-moe-expert-parallel-comm's own checks (Runtime.a2a_overlap_refusal)
         return get_runtime("megatron").a2a_overlap_refusal(lay, plan.training.dtype)
-    return None
+    return megatron_window_refusal(plan)  # sliding windows (window_flags.py)
 
 
 CP_COMM_TYPE = {"p2p": "p2p", "ag": "all_gather"}  # cpc -> megatron-core TransformerConfig.cp_comm_type
@@ -155,7 +156,7 @@ def model_args(plan: Plan) -> list[str]:
             args += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    return args
+    return args + megatron_window_args(m)
 
 
 def tokenizer_args(plan: Plan) -> tuple[list[str], list[str]]:

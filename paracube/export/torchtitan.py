@@ -44,6 +44,7 @@ from paracube.export.common import (
 )
 from paracube.export.megatron import big_axes
 from paracube.export.moe_flags import torchtitan_moe_flags
+from paracube.export.window_flags import torchtitan_window_notes, torchtitan_window_refusal
 from paracube.plan import Plan
 
 WRITTEN_FOR = "torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)"
@@ -70,6 +71,8 @@ def why_not(plan: Plan) -> str | None:
         return f"it has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if lay.a2ao:
         return "it does not overlap its MoE all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
+    if (why_window := torchtitan_window_refusal(plan.model)) is not None:
+        return why_window
     shard = lay.shard_size if lay.zero >= 2 else 1  # data_parallel_flags: FSDP's shard degree
     if lay.ep > 1 and (shard * lay.cp * lay.tensor_size) % lay.ep:
         return (f"its experts fold over dp_shard x cp x tp = {shard * lay.cp * lay.tensor_size} ranks only "
@@ -132,8 +135,11 @@ def training_flags(plan: Plan) -> list[str]:
     """Training options, then the activation-checkpoint subcommand (last: see the module docstring)."""
     lay, t = plan.layout, plan.training
     local = t.global_batch // lay.dp if lay.pp > 1 else plan.micro_batch
-    # torchtitan 0.3.0 captures CUDA graphs by default and refuses them with pp ("Set --training.disable_cuda_graphs")
-    graphs = ["--training.disable_cuda_graphs"] if lay.pp > 1 else []
+    # torchtitan 0.3.0 captures CUDA graphs by default and refuses them with pp ("Set --training.disable_cuda_graphs"),
+    # and with expert parallelism on its default all-to-all dispatcher, which synchronises with the CPU (trainer.py:
+    # "CUDA graphs support only expert parallel token dispatcher configurations without CPU synchronization"; the
+    # runtime prices that sync, Runtime.moe_host_sync)
+    graphs = ["--training.disable_cuda_graphs"] if lay.pp > 1 or lay.ep > 1 else []
     return [f"--training.local_batch_size {local}", *graphs, f"--training.global_batch_size {t.global_batch}",
             f"--training.seq_len {plan.seq_len}", f"--training.mixed_precision_param {TORCH_DTYPES[t.dtype]}",
             "--training.mixed_precision_reduce float32", "--training.max_norm 1.0",
@@ -148,7 +154,7 @@ def attention_notes(plan: Plan) -> list[str]:
     if max(m.dropout, m.attention_dropout, m.embedding_dropout) > 0:
         notes.append(f"torchtitan trains without dropout; the model sets dropout {m.dropout:g}, attention dropout "
                      f"{m.attention_dropout:g}")
-    return notes
+    return notes + torchtitan_window_notes(plan)
 
 
 def fp8_notes(plan: Plan) -> tuple[list[str], list[str]]:

@@ -96,7 +96,8 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
     for lay in candidates(model, training, gpus, per_node, rt, fixed, micro_batches):
         for z in zeros:
             zl = replace(lay, zero=z)
-            why = rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None)
+            why = rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
+                             windowed=model.sliding_window is not None)
             if why:
                 rejected["runtime"] += 1
                 break

@@ -197,7 +197,8 @@ def search(
           f"runtime {rt.name} does not run context parallelism (cp={fixed.cp if fixed else 1}); valid: cp=1")
     # Context parallelism: a structural axis (enumerate.context_degrees), each degree a pass with a cp rank's dims,
     # and per degree > 1 a pass per exchange the runtime offers (dimensions.CPC), in modes that take cp.
-    cpcs = [str(c) for c in values(CPC, rt, fixed)]
+    # sliding windows: only the exchanges the runtime runs them with (Runtime.window_cp_comms)
+    cpcs = [str(c) for c in values(CPC, rt, fixed) if c in rt.cp_comms_for(model.sliding_window is not None)]
     for rc in rcs:
         for cp in context_degrees(d.s, gpus, fixed.cp if fixed else 1, bool(cpcs)):
             for cpc in cpcs if cp > 1 else [None]:

@@ -48,6 +48,9 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
 - `moe_host_ops`: the ops its host issues per MoE block forward and backward (engine_options.MoEHostOps, counted from
   its own code), or None (not counted): between two of its waits the GPU runs no faster than the host issues them,
   max(GPU work, ops x the host's seconds per op) per segment; both engines price it (cost_models/host_issue.py).
+- `sliding_window`: it trains models with sliding-window attention (ModelSpec.sliding_window); `window_cp_comms`: the
+  context-parallel exchanges it runs them with (None: all of cp_comms; `cp_comms_for`), e.g. Transformer Engine
+  refuses sliding windows with its p2p ring. The search offers only those (planner/search.py); `refusal` names them.
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -133,6 +136,8 @@ class Runtime:
     moe_host_sync: bool = False  # its dropless MoE forward waits on the host for the expert counts (module docstring)
     moe_host_ops: MoEHostOps | None = None  # ops its host issues per MoE block (module docstring)
     moe_a2a_overlap_default: bool = False  # and turns it on without a flag
+    sliding_window: bool = True  # it trains sliding-window attention (module docstring)
+    window_cp_comms: tuple[str, ...] | None = None  # the cp exchanges it runs windowed models with (None: cp_comms)
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
@@ -152,6 +157,12 @@ class Runtime:
                              fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts,
                              moe_dispatch=self.moe_dispatch, selective=self.selective,
                              moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops)
+
+    def cp_comms_for(self, windowed: bool) -> tuple[str, ...]:
+        """The context-parallel exchanges it runs for a model with (`windowed`) or without sliding windows."""
+        if not windowed or self.window_cp_comms is None:
+            return self.cp_comms
+        return tuple(c for c in self.cp_comms if c in self.window_cp_comms)
 
     # --- what it runs ------------------------------------------------------------------------------------
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
@@ -173,9 +184,9 @@ class Runtime:
                 and (sequence_parallel or not (self.tpo_needs_sp or MODES[mode].tpo_needs_sp)))
 
     def refusal(self, layout: Layout, family: str = "gpt", tied_embeddings: bool = False,
-                dtype: str | None = None, moe: bool = False) -> str | None:
+                dtype: str | None = None, moe: bool = False, windowed: bool = False) -> str | None:
         """Why this runtime cannot run `layout` (one line naming the runtime and what is valid), else None; `moe`:
-        the model has MoE blocks (moe_check)."""
+        the model has MoE blocks (moe_check); `windowed`: sliding-window attention (sliding_window, window_cp_comms)."""
         who = f"runtime {self.name} ({self.title})"
         tensor = "tp=" + "/".join(self.modes)
         if layout.mode not in self.modes:
@@ -220,6 +231,15 @@ class Runtime:
         if layout.cp > 1 and layout.cp_comm is not None and layout.cp_comm not in self.cp_comms:
             return (f"{who} does not run cpc={layout.cp_comm} (context parallelism's exchange); "
                     f"valid: cpc={'/'.join(self.cp_comms)}")
+        if windowed and not self.sliding_window:
+            return f"{who} does not train sliding-window attention; valid: a model without sliding_window"
+        if windowed and layout.cp > 1 and self.cp_comms:
+            comms = self.cp_comms_for(True)
+            if not comms:
+                return f"{who} does not run sliding-window attention with cp={layout.cp}; valid: cp=1"
+            if layout.cp_comm is not None and layout.cp_comm not in comms:
+                return (f"{who} runs sliding-window attention with context parallelism with cpc={'/'.join(comms)} "
+                        f"only, not cpc={layout.cp_comm}")
         if layout.ep > 1 and not self.expert_parallel:
             return f"{who} does not run expert parallelism (ep={layout.ep}); valid: ep=1"
         if layout.etp > 1 and not self.expert_tensor_parallel:
@@ -266,6 +286,7 @@ class Runtime:
                              "fsdp_prefetch": self.fsdp_prefetch},
                 "expert_parallel": self.expert_parallel, "expert_tensor_parallel": self.expert_tensor_parallel,
                 "export_target": self.export_target, "cp_comms": list(self.cp_comms),
+                "sliding_window": self.sliding_window, "window_cp_comms": list(self.cp_comms_for(True)),
                 "fp8_scaling": self.fp8_scaling, "fp8_experts": self.fp8_experts,
                 "fp8_param_gather": self.fp8_param_gather, "moe_dispatch": self.moe_dispatch,
                 "selective": self.selective, "moe_host_sync": self.moe_host_sync,

@@ -9,7 +9,8 @@ comm overlap. Gradients in the 16-bit training dtype (ZeRO's partitioned gradien
 16, 4 + 12/d, 2 + 14/d, 16/d bytes per parameter for zero=0..3).
 comm overlap. No context parallelism: DeepSpeed-Ulysses splits the sequence too, but exchanges q, k, v by
 all-to-alls over the heads (each rank then attends whole sequences for heads / N), not the ring / all-gather of
-keys and values that Layout cp=N declares (modes/context.py).
+keys and values that Layout cp=N declares (modes/context.py). No sliding-window attention: Megatron-DeepSpeed's
+GPT model has no window argument (as far as we know; it is not installed here).
 """
 
 from __future__ import annotations
@@ -44,4 +45,5 @@ RUNTIME = Runtime(
     expert_tensor_parallel=False,
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
+    sliding_window=False,  # Megatron-DeepSpeed has no window argument (module docstring)
 )

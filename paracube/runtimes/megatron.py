@@ -9,6 +9,11 @@ too), --overlap-param-gather (the distributed optimizer's / FSDP's parameter all
 pipeline sends (--overlap-p2p-comm). Context parallelism: --context-parallel-size with --cp-comm-type p2p (the
 ring, overlapped with attention; its default) or all_gather (megatron-core TransformerConfig.cp_comm_type; the
 a2a / a2a+p2p variants are Ulysses-style head scatters, not priced).
+Sliding-window attention: --window-size (w - 1, 0) and --window-attn-skip-freq (TransformerConfig.window_size /
+window_attn_skip_freq; megatron-core 0.16.1 passes window_size to Transformer Engine's DotProductAttention,
+extensions/transformer_engine.py, with no context-parallel check of its own). Transformer Engine's
+attn_forward_func_with_cp runs sliding windows only with cp_comm_type a2a, or all_gather (as we know its
+context_parallel.py; Transformer Engine is not installed here to check): with cp > 1, cpc=ag only.
 """
 
 from __future__ import annotations
@@ -60,4 +65,5 @@ RUNTIME = Runtime(
     fp8_experts=True,  # TEGroupedLinear under fp8_autocast: the routed experts' GEMMs in FP8 (megatron-core experts.py)
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
     cp_comms=("p2p", "ag"),
+    window_cp_comms=("ag",),  # Transformer Engine: no sliding window on the p2p ring (module docstring)
 )

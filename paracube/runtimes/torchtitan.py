@@ -17,6 +17,10 @@ Async TP is not on by default (a flag): the search still offers it, as `tpo` in 
 Context parallelism: parallelism.context_parallel_degree, torch's context_parallel with the head-tail load
 balancer (context_parallel_load_balancer="headtail": the chunks i and 2 cp - 1 - i of modes/context.py) and torch's
 default rotate method "allgather" (the keys and values all-gathered over cp): cpc=ag.
+Sliding-window attention: 0.3.0's gpt_oss module only (models/gpt_oss/__init__.py: a 128-key window at even
+blocks, "WF"; its llama3 / qwen3 modules have none: export/torchtitan.py refuses other windows); with cp > 1
+its FlexAttention backend all-gathers keys and values (distributed/context_parallel/api.py apply_cp_to_forward;
+the varlen backend raises NotImplementedError): cpc=ag, as above.
 """
 
 from __future__ import annotations

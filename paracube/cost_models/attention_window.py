@@ -1,0 +1,91 @@
+"""Sliding-window attention priced: the share of causal attention's score work a windowed model's flash kernel does.
+
+Contract (workload.ModelSpec): in a windowed block the query at position i sees the keys i - w < j <= i (w =
+`sliding_window`, itself included; Megatron `--window-size (w - 1, 0)`); `window_pattern` says which blocks are
+windowed (Dims.window; Dims.window_frac, the share of the blocks windowed).
+
+Exact band: a windowed block's scores are sum over queries of min(i + 1, w) key-query pairs,
+    band(s, w) = w s - w (w - 1) / 2        (w <= s; s (s + 1) / 2, causal, for w >= s)      (`band_pairs`)
+against s (s + 1) / 2 for causal attention.
+
+Tiles: a flash kernel computes whole tiles of Bq queries x Bk keys, masking inside them; for a local (windowed)
+mask it visits, per query tile, the key tiles the band of any of its rows meets (FlashAttention-2's
+n_block_min / n_block_max for Is_local; the causal kernel likewise computes its diagonal tiles whole). TILE = 128 x
+128 is FlashAttention-2's forward tile for head widths 64 without dropout (flash_fwd_launch_template.h,
+run_mha_fwd_hdim64: Flash_fwd_kernel_traits<64, 128, 128, ...>), as we recall it: flash-attn is not installed
+here to check, and cuDNN's fused attention (Transformer Engine's default on Hopper) does not publish its tiles.
+At w = 128, s = 4096 the band's tiles are 63 of the causal kernel's 528 (0.119), where the exact band is 0.062 of
+the causal pairs: a windowed query tile meets its own key tile and the one before.
+
+Price: the causal kernel's score GEMMs (compute.attention_core_time: FLASH_CAUSAL of the s x s work, at the fitted
+flash_eff, fitted on causal runs whose kernels compute their diagonal tiles too) scaled by
+    share = 1 - f + f x tiles(w) / tiles(causal)          (f = Dims.window_frac: the model's windowed blocks)
+so each computed tile costs what a causal tile costs, and w >= s (or no window) is exactly the causal price
+(share 1.0). The blocks' mean: a pipeline stage is priced with the model's mean share (GPT-OSS's "WF" puts
+within one block of half its blocks on every stage). The unfused core (fa=0, Megatron's unfused path,
+transformer/dot_product_attention.py with utils.get_sliding_window_causal_mask) materialises the s x s scores and
+masks them: its price is unchanged by the window.
+
+Context parallelism (Dims.cp > 1, load-balanced chunks i and 2 cp - 1 - i of c = s / (2 cp) tokens,
+modes/context.py): a rank's work is the band tiles of its two chunks' queries (key tiles on the sequence's grid);
+unlike causal attention the ranks differ (rank 0 holds the first w queries, which see fewer keys), so the share is
+the busiest rank's tiles over its causal tiles (cp equal ranks under causal attention). The key / value exchange
+is unchanged: the executor (and Transformer Engine) exchange every block, masked.
+
+Unchanged by windows: memory (flash keeps no s x s tensor; the unfused core's scores and mask, memory.py, are still
+s x s) and the model FLOPs of MFU (compute.model_flops_per_step keeps its 4 b s^2 h per block convention, so MFU
+stays comparable across models; it is not the work done).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from paracube.cost_models.dims import Dims
+
+TILE = 128  # a flash kernel's query and key tile (module docstring: FlashAttention-2, head width 64)
+
+
+def band_pairs(s: int, w: int) -> int:
+    """Key-query pairs of causal attention over s positions with window w (module docstring, closed form)."""
+    return s * (s + 1) // 2 if w >= s else w * s - w * (w - 1) // 2
+
+
+def chunk_work(q0: int, q1: int, w: int, tile: int = TILE) -> int:
+    """Score entries a flash kernel computes for the queries q0 <= i < q1 under window w: query tiles from q0, per
+    query tile the key tiles (of the sequence's grid) its rows' bands meet, each whole; tile 1: the exact band."""
+    starts = np.arange(q0, q1, tile, dtype=np.int64)
+    ends = np.minimum(starts + tile, q1) - 1  # each query tile's last row
+    first = np.maximum(0, starts - w + 1)  # the first key its first row sees
+    keys = (ends - first + 1) if tile == 1 else (ends // tile - first // tile + 1) * tile
+    return int(((ends - starts + 1) * keys).sum())
+
+
+def rank_work(s: int, cp: int, rank: int, w: int, tile: int = TILE) -> int:
+    """chunk_work of one cp rank's queries: chunks rank and 2 cp - 1 - rank of s / (2 cp) (the whole s at cp = 1)."""
+    if cp == 1:
+        return chunk_work(0, s, w, tile)
+    c = s // (2 * cp)
+    return sum(chunk_work(k * c, (k + 1) * c, w, tile) for k in (rank, 2 * cp - 1 - rank))
+
+
+@lru_cache(maxsize=256)
+def band_fraction(s: int, cp: int, w: int, tile: int = TILE) -> float:
+    """The busiest cp rank's windowed tiles over its causal tiles (1.0 for w >= s): one windowed block's share."""
+    if w >= s:
+        return 1.0
+    return max(rank_work(s, cp, r, w, tile) for r in range(cp)) / max(rank_work(s, cp, r, s, tile) for r in range(cp))
+
+
+def window_share(d: Dims) -> float:
+    """The share of the causal flash kernel's score work one block of `d` does on average (module docstring); exactly
+    1.0 without windows or with windows no shorter than the sequence."""
+    s = d.s * d.cp  # the whole sequence (d is a cp rank's view)
+    if not d.window or not d.window_frac or d.window >= s:
+        return 1.0
+    return 1.0 - d.window_frac + d.window_frac * band_fraction(s, d.cp, d.window)
+
+
+__all__ = ["TILE", "band_fraction", "band_pairs", "chunk_work", "rank_work", "window_share"]
