@@ -16,8 +16,10 @@ Field mapping:
   (num_nextn_predict_layers) is not counted.
 - gpt_oss (transformers' GptOssConfig, models/gpt_oss/configuration_gpt_oss.py; openai/gpt-oss-120b and -20b):
   num_local_experts, num_experts_per_tok, intermediate_size (each expert's), head_dim (64, not hidden / heads =
-  45), softmax routing (over the top-k router logits: the same cost as a softmax over all), every block an MoE
-  block, no shared expert, router_aux_loss_coef; sliding_window and layer_types (hf_window.py: "WF").
+  45; a head_dim equal to hidden / heads is read as None, ModelSpec.head_size's contract, so that a small
+  config the executor runs is not refused as another width), softmax routing (over the top-k router logits: the
+  same cost as a softmax over all), every block an MoE block, no shared expert, router_aux_loss_coef;
+  sliding_window and layer_types (hf_window.py: "WF").
   NOT modelled (`GPT_OSS_UNMODELLED` lets its config set them), with their size in gpt-oss-120b:
   the attention's q / k / v / o biases (8,000 a block), the experts' biases (gate_up 2 x 2880 + down 2880 per
   expert: 1,105,920 a block) and the router's (128): 40.1M parameters of 116.8B (0.034%), their adds elementwise;
@@ -82,9 +84,10 @@ def moe_fields(model_type: str, data: dict[str, Any], get: Callable[..., Any], p
         return {"moe": MoESpec(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"),
                                expert_ffn=get("intermediate_size"), aux_loss=aux)}
     if model_type == "gpt_oss":
+        head_dim = get("head_dim")
         return {"moe": MoESpec(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"),
                                expert_ffn=get("intermediate_size"), aux_loss=aux),
-                "head_size": get("head_dim")}
+                "head_size": None if head_dim * get("num_attention_heads") == get("hidden_size") else head_dim}
     if model_type == "qwen3_moe":
         only = data.get("mlp_only_layers") or []
         check(only == [], f"{path}: field 'mlp_only_layers'={only!r} is not supported (valid: [] or null)")

@@ -7,13 +7,17 @@ steps and the parameters after them equal the serial model's (rel 1e-5, serial a
 dist_helpers.TOL_FP64 says why); the collectives of an fp32 step equal `traffic.stage_events` of the same plan as
 a multiset (the key / value gathers included); the activation bytes autograd saves on the rank holding a
 sequence's end (the largest) equal the model's (2%). Plus the refusal of a micro-batch no split divides, and the
-planner accepting what now runs."""
+planner accepting what now runs.
+
+The same launch runs the sliding-window 2.5D and 3D cases (tests/test_sliding_window_run.py's CASES_8, whole and
+split sequences: one 8-rank launch instead of two), checked by that file's `check_case`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+import test_sliding_window_run as windowed
 import torch
 from dist_helpers import (
     F64,
@@ -87,13 +91,19 @@ def _one_case(rank: int, layout_text: str, mb: int, recompute: str, family: str)
     return out
 
 
-def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
-    return [_one_case(rank, *case) for case in CASES]
+def _all_cases(rank: int, world: int) -> dict[str, list[dict[str, Any]]]:
+    return {"split": [_one_case(rank, *case) for case in CASES],
+            "windowed": [windowed._one_case(rank, *case) for case in windowed.CASES_8]}
 
 
 @pytest.fixture(scope="module")
-def results() -> list[list[dict[str, Any]]]:
-    return run_distributed(_all_cases, 8, timeout=600.0)  # [rank][case]
+def executed() -> list[dict[str, list[dict[str, Any]]]]:
+    return run_distributed(_all_cases, 8, timeout=900.0)  # [rank]{"split" | "windowed": [case]}
+
+
+@pytest.fixture(scope="module")
+def results(executed) -> list[list[dict[str, Any]]]:
+    return [per_rank["split"] for per_rank in executed]  # [rank][case]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
@@ -115,6 +125,12 @@ def test_split_sequences_match_serial_traffic_and_memory(results, case: int) -> 
         est = estimate(spec, training(text, mb, rc), layout, load_topology("local-cpu", gpus=8), with_events=False)
         measured = max(per_case[case]["activations"] for per_case in results)
         assert measured == pytest.approx(est.memory.activations, rel=0.02)
+
+
+@pytest.mark.parametrize("case", range(len(windowed.CASES_8)), ids=windowed.IDS_8)
+def test_windowed_2_5d_and_3d_match_serial_and_the_cost_model(executed, case: int) -> None:
+    """Sliding-window attention in 2.5D and 3D (tests/test_sliding_window_run.py: its models, cases and checks)."""
+    windowed.check_case([per_rank["windowed"][case] for per_rank in executed], *windowed.CASES_8[case])
 
 
 GRID9 = ModelSpec("grid9", layers=2, hidden=72, heads=9, ffn_hidden=144, vocab=99, seq_len=18)  # 2D 3x3 sizes

@@ -12,11 +12,13 @@ import pytest
 
 from paracube.cli.main import main
 from paracube.errors import ParacubeError
+from paracube.executor import check_divisibility
 from paracube.export import export_plan
 from paracube.hf_config import from_hf_config
 from paracube.hf_window import shortest_period
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
+from paracube.moe_spec import MoESpec
 from paracube.plan import LaunchSpec, Plan
 from paracube.runtimes import get_runtime
 from paracube.workload import ModelSpec, TrainingSpec
@@ -37,6 +39,12 @@ MISTRAL_V01 = {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
                "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
                "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
                "sliding_window": 4096, "tie_word_embeddings": False, "vocab_size": 32000}
+# A gpt_oss config small enough for `paracube run` on local CPU ranks: 4 blocks "WF", a window of 8 over 32 positions,
+# 4 experts top-2, head_dim = hidden / heads (what the published config's fields become at this size)
+TINY_GPT_OSS = {**GPT_OSS_120B, "head_dim": 16, "hidden_size": 64, "intermediate_size": 64,
+                "layer_types": [SLIDING, FULL] * 2, "max_position_embeddings": 32, "num_attention_heads": 4,
+                "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+                "sliding_window": 8, "vocab_size": 256}
 SMALL = {"model_type": "mistral", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
          "num_key_value_heads": 8, "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 4096,
          "sliding_window": 512}
@@ -64,6 +72,19 @@ def test_gpt_oss_configs_are_the_presets(tmp_path: Path) -> None:
 
 # (total, active) in billions as OpenAI's model card publishes them (arXiv 2508.10925, Table 1: 116.83 / 5.13 and
 # 20.91 / 3.61); the card's active count leaves out the embedding table (201088 x 2880 = 0.579B), ours counts it.
+def test_a_tiny_gpt_oss_config_reads_as_the_model_the_executor_runs(tmp_path: Path) -> None:
+    """head_dim = hidden / heads reads as head_size None (ModelSpec.head_size's contract; the executor refused the
+    config before as "a head width other than hidden / heads"); the window, its pattern and the experts as given;
+    the checks `paracube run` makes before any rank starts accept expert parallelism (ep=2)."""
+    spec = from_hf_config(_config(tmp_path, TINY_GPT_OSS))
+    want = ModelSpec(spec.name, layers=4, hidden=64, heads=4, ffn_hidden=64, vocab=256, seq_len=32, family="llama",
+                     kv_heads=2, rms_eps=1e-5, rope_theta=150000.0,
+                     moe=MoESpec(experts=4, top_k=2, expert_ffn=64, aux_loss=0.9), sliding_window=8,
+                     window_pattern="WF")
+    assert spec == want
+    check_divisibility(spec, parse_layout("dp=4,ep=2,tp=none"), 2, 8, 32)  # a refusal raises ParacubeError
+
+
 @pytest.mark.parametrize(("name", "total", "active"), [("gpt-oss-120b", 116.83, 5.13), ("gpt-oss-20b", 20.91, 3.61)])
 def test_gpt_oss_presets_have_the_published_sizes(name: str, total: float, active: float) -> None:
     m = PRESETS[name]
