@@ -92,6 +92,7 @@ from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.stragglers import straggler_wait
 from paracube.cost_models.tpo import TpoPricing
+from paracube.cost_models.window_stages import stage_delta, stages_differ
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import stage_layers
@@ -229,6 +230,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
         sent += N * ring_sent
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
     compute = (stage_compute_time(d, mode, b, H, g, F, blocks) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
+    if stages_differ(d):  # sliding windows: the stage's own blocks, not the model's mean share (window_stages.py)
+        compute = compute + stage_delta(d, mode, b, g, F, H, blocks or block_compute_time(d, mode, b, g))[rows]
     n_local = stage_layers_params(d, mode, b, F, H)
     shard = np.where(zero >= 1, traffic.group_size(traffic.zero_axes), 1) if zero is not None else 1.0
     optim = (optimizer_time(n_local, d.c, g, shard) + fp8_step_time(d, mode, b, F, H, g))[rows]
