@@ -21,9 +21,9 @@ program from its own blocks (`block_units`: each block's units at its own share,
 windows, with every block windowed (f = 1) or none (the window no shorter than the sequence, the unfused core,
 fa=0, which masks the whole s x s scores) every block prices alike: no correction, the same floats as before.
 
-Left at the mean share: the analytic bubble's pp - 2 middle stages are each the slowest middle one (pipeline_bubble.py,
-over-counting the fill and drain by their windowed blocks' difference over N micro-batches; the event engine replays
-each stage), context parallelism's p2p ring exposure (context_parallel.ring_time: max(0, step - attention block) of
+The analytic bubble (pipeline_bubble.py, v = 1) sums every other stage's micro-batch: its pp - 2 middle stages are
+the represented one less `middle_excess`, what their own windowed blocks save against it. Left at the mean share:
+context parallelism's p2p ring exposure (context_parallel.ring_time: max(0, step - attention block) of
 the mean block) and a MoE block's host issue time (host_issue.py).
 """
 
@@ -82,21 +82,47 @@ def _per_block(fb: tuple[Arr, Arr], full: bool) -> Arr:
     return f + b + (f if full else 0.0)
 
 
+def _kinds(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tuple[Arr, Arr]:
+    """(T(1), T(0)) per configuration of `b`: one windowed block's and one full block's seconds (module docstring)."""
+    full = d.recompute == "full"
+    return tuple(_per_block(block_compute_time(replace(d, window_frac=x), mode, b, g), full)  # type: ignore[return-value]
+                 for x in (1.0, 0.0))
+
+
+def _per_config(b: LayoutBatch, first: Arr | int, last: Arr | int, count: Any) -> Arr:
+    """count(pp, v, first, last) per configuration of `b`, once per distinct row."""
+    cols = np.stack(np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (b.pp, b.v, first, last))), axis=1)
+    keys, inverse = unique_rows(cols)
+    return np.array([count(*key) for key in keys.tolist()], dtype=float)[inverse.reshape(-1)]
+
+
 def stage_delta(d: Dims, mode: str, b: LayoutBatch, g: GemmModel, first: Arr, last: Arr,
                 blocks: tuple[Arr, Arr]) -> Arr:
     """Seconds per step, per configuration of `b`, that a stage's own blocks add to its Ls blocks at the mean share
     (module docstring: N (k T(1) + (Ls - k) T(0) - Ls T(f))); `first` / `last` its edge flags, `blocks` the batch's
     compute.block_compute_time of `d`. Call it where `stages_differ(d)`."""
-    full = d.recompute == "full"
-    per_w = _per_block(block_compute_time(replace(d, window_frac=1.0), mode, b, g), full)
-    per_f = _per_block(block_compute_time(replace(d, window_frac=0.0), mode, b, g), full)
+    per_w, per_f = _kinds(d, mode, b, g)
     Ls = stage_layers(d.L, b.pp, b.v, first, last)
-    cols = np.stack(np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (b.pp, b.v, first, last))), axis=1)
-    keys, inverse = unique_rows(cols)
-    k = np.array([represented_windowed(d.window_pattern, d.L, *key) for key in keys.tolist()],
-                 dtype=float)[inverse.reshape(-1)]
+    k = _per_config(b, first, last, lambda pp, v, f, h: represented_windowed(d.window_pattern, d.L, pp, v, f, h))
     N = d.global_batch // (b.dp * b.mb)
-    return N * (k * per_w + (Ls - k) * per_f - Ls * _per_block(blocks, full))
+    return N * (k * per_w + (Ls - k) * per_f - Ls * _per_block(blocks, d.recompute == "full"))
+
+
+def _middle_windowed(pattern: str, L: int, pp: int, v: int) -> int:
+    """Windowed blocks of the middle stages 1 .. pp - 2 together, beyond pp - 2 times the represented one's."""
+    if pp < 3:
+        return 0
+    own = sum(stage_windowed(pattern, L, pp, v, s) for s in range(1, pp - 1))
+    return own - (pp - 2) * represented_windowed(pattern, L, pp, v, 0, 0)
+
+
+def middle_excess(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> Arr:
+    """Seconds per step, per configuration of `b`, by which pp - 2 copies of the represented middle stage exceed the
+    middle stages' own work (pipeline_bubble.bubble_seconds' `middle_less`): N (sum_s k_s - (pp - 2) k) (T(0) - T(1)),
+    each middle stage taken at the represented one's block count. Call it where `stages_differ(d)`."""
+    per_w, per_f = _kinds(d, mode, b, g)
+    extra = _per_config(b, 0, 0, lambda pp, v, f, h: _middle_windowed(d.window_pattern, d.L, pp, v))
+    return d.global_batch // (b.dp * b.mb) * extra * (per_f - per_w)
 
 
 def block_units(d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
@@ -112,4 +138,5 @@ def block_units(d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
     return [own[1.0 if is_windowed(d.window_pattern, i) else 0.0] for i in held]
 
 
-__all__ = ["block_units", "is_windowed", "represented_windowed", "stage_delta", "stage_windowed", "stages_differ"]
+__all__ = ["block_units", "is_windowed", "middle_excess", "represented_windowed", "stage_delta", "stage_windowed",
+           "stages_differ"]
