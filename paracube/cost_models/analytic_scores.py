@@ -142,8 +142,8 @@ class Scores:
     # heavier); () where not kept
     memory_stages: tuple[dict[str, Arr], ...] = ()
     # what the middle stages' own windowed blocks take off pp - 2 copies of the middle one (s per step, per layout:
-    # window_stages.middle_excess; the bubble's `middle_less`); 0.0 where they are alike
-    middle_less: Arr | float = 0.0
+    # window_stages.middle_excess; the bubble's `middle_less`); None where they are alike
+    middle_less: Arr | None = None
 
 
 def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
@@ -301,7 +301,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     N = d.global_batch / (b.dp * b.mb)[rows]
     W = work[slow, idx]
     # ranks sharing cores: the idle stages' ranks give their core to the busy ones (shared_cores.py)
-    less = middle_excess(d, mode, b, g)[rows] if stages_differ(d) else 0.0  # sliding windows (window_stages.py)
+    less = middle_excess(d, mode, b, g)[rows] if stages_differ(d) else None  # sliding windows (window_stages.py)
     bubble = bubble_seconds(work, b.pp[rows], b.v[rows], N, bubble_share(b.pp[rows], g.ranks_per_core), less)
     step_comm = pick("step")
     if np.any(overlap):  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
