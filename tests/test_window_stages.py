@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from paracube.cost_models.analytic import estimate, layout_links, prepare
 from paracube.cost_models.analytic_scores import STAGES, evaluate
 from paracube.cost_models.attention_window import band_fraction
 from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL, gemm_model
+from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.validity import layout_arrays
-from paracube.cost_models.window_stages import represented_windowed, stage_windowed
+from paracube.cost_models.window_stages import is_windowed, represented_windowed, stage_ring, stage_windowed
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.stages import stage_chunks
@@ -115,9 +117,30 @@ def test_the_bubble_sums_each_middle_stage_at_its_own_blocks(h100: object) -> No
     assert float(res.bubble[0]) == pytest.approx((sum(work) - max(work)) / N, rel=1e-9)
 
 
+def test_the_p2p_ring_hides_behind_each_blocks_own_attention(h100: object) -> None:
+    """cp=2 p2p: per stage, the ring's exposed seconds are its blocks' own (context_parallel.ring_time of one layer at
+    the block's share: 1 windowed, 0 full), summed over the stage's blocks. At 100 GB/s a ring step (8.4 MB of keys and
+    values: 84 us) outlasts a windowed block's attention on one key block (47 us forward) and hides behind a full
+    one's (118 us): a windowed block exposes its steps, a full one does not. 1e-12: a few float64 sums."""
+    layout = parse_layout("dp=2,pp=4,cp=2,cpc=p2p,tp=none,mb=1")
+    d, mb, _ = prepare(GEMMA, TRAIN, layout)
+    g = gemm_model(h100, "bf16")  # type: ignore[arg-type]
+    b, rows, one = layout_arrays(layout, mb), np.arange(1), np.array([1])
+    bw, lat = np.array([1e11]), np.array([0.0])
+    block = {x: float(ring_time(replace(d, window_frac=x), "none", b, bw, lat, g, one, rows)[0][0]) for x in (0.0, 1.0)}
+    assert block[1.0] > block[0.0]
+    for name in STAGES:
+        s = _stage_of(name, 4)
+        first, last = np.array([int(s == 0)]), np.array([int(s == 3)])
+        shares = [1.0 if is_windowed("WWWWWF", i) else 0.0 for c in stage_chunks(8, 4, 1, s) for i in c]
+        got = float(stage_ring(d, "none", b, bw, lat, g, first, last, rows)[0])
+        assert got == pytest.approx(sum(block[x] for x in shares), rel=1e-12)
+
+
 # The engines differ by the event engine's link sharing and schedule: the existing 2% bound on steps
 # (tests/test_sliding_window.py, tests/test_moe_cost.py); their compute is one closed form (1e-6, test_event_engine.py).
-@pytest.mark.parametrize("text", LAYOUTS)
+@pytest.mark.parametrize("text", [*LAYOUTS, "dp=2,pp=4,cp=2,cpc=p2p,tp=none,mb=1",
+                                  "dp=2,pp=2,v=2,cp=2,cpc=p2p,tp=1d:2,mb=1"])
 def test_engines_agree_on_stages_with_their_own_windows(h100: object, text: str) -> None:
     layout = parse_layout(text)
     a = estimate(GEMMA, TRAIN, layout, h100, with_events=False)

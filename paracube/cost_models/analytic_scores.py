@@ -92,7 +92,7 @@ from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.stragglers import straggler_wait
 from paracube.cost_models.tpo import TpoPricing
-from paracube.cost_models.window_stages import middle_excess, stage_delta, stages_differ
+from paracube.cost_models.window_stages import middle_excess, stage_delta, stage_ring, stages_differ
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import stage_layers
@@ -227,6 +227,8 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     ring = None
     if d.cp > 1:  # context parallelism's p2p ring, overlapped with attention block by block (context_parallel.py)
         exposed, ring_sent = ring_time(d, mode, b, *links[("cp",)], g, stage_layers(d.L, b.pp, b.v, F, H), rows)
+        if stages_differ(d) and d.cp_comm == "p2p":  # each block's steps beside its own attention (window_stages.py)
+            exposed = stage_ring(d, mode, b, *links[("cp",)], g, F, H, rows)
         N = d.global_batch // (b.dp * b.mb)
         ring = N[rows] * exposed
         micro += ring

@@ -34,7 +34,7 @@ from paracube.cost_models.fsdp_program import prefetch_program
 from paracube.cost_models.tpo import program_gemm_steps
 from paracube.cost_models.traffic import act_split, micro_batch_events, parameter_units, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
-from paracube.cost_models.window_stages import block_units
+from paracube.cost_models.window_stages import block_shares, block_units
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import context
@@ -251,7 +251,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     if layout.cp > 1:  # the p2p ring alongside the attention blocks (event_context.py)
         unit, arrays = context.attention_unit(layout.tensor_mode), layout_arrays(layout, mb)
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
-            lists[:] = [ring_ops(ops, d, layout.mode, arrays, g, unit) for ops in lists]
+            lists[:] = [ring_ops(ops, d, layout.mode, arrays, g, unit, block_shares(d, layout, stage)) for ops in lists]
     if layout.tpo:
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]

@@ -22,9 +22,10 @@ windows, with every block windowed (f = 1) or none (the window no shorter than t
 fa=0, which masks the whole s x s scores) every block prices alike: no correction, the same floats as before.
 
 The analytic bubble (pipeline_bubble.py, v = 1) sums every other stage's micro-batch: its pp - 2 middle stages are
-the represented one less `middle_excess`, what their own windowed blocks save against it. Left at the mean share:
-context parallelism's p2p ring exposure (context_parallel.ring_time: max(0, step - attention block) of
-the mean block) and a MoE block's host issue time (host_issue.py).
+the represented one less `middle_excess`, what their own windowed blocks save against it. Context parallelism's p2p
+ring steps run beside each block's own attention (`stage_ring`; the event engine: event_context.ring_ops with
+`block_shares`): a windowed block hides less of its exchange. Left at the mean share: a MoE block's host issue time
+(host_issue.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from paracube.cost_models.compute import GemmModel, block_compute_time
+from paracube.cost_models.context_parallel import ring_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.event_compute import unit_compute
 from paracube.layout import Layout
@@ -125,18 +127,36 @@ def middle_excess(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> Arr:
     return d.global_batch // (b.dp * b.mb) * extra * (per_f - per_w)
 
 
+def block_shares(d: Dims, layout: Layout, stage: int) -> list[float] | None:
+    """Each block of `stage`'s windowed share (1.0 windowed, 0.0 full), in the event program's order (its chunks'
+    blocks, named 0.. by event_program.build_stage); None where `stages_differ(d)` is not: every block at the mean."""
+    if not stages_differ(d):
+        return None
+    chunks = stage_chunks(d.L, layout.pp, layout.interleave, stage)
+    return [1.0 if is_windowed(d.window_pattern, i) else 0.0 for c in chunks for i in c]
+
+
 def block_units(d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
                 comp: dict[str, tuple[float, float, float]]) -> list[dict[str, Any]]:
-    """The event engine's units (event_compute.unit_compute) of each block of `stage`, in the program's order (its
-    chunks' blocks, named 0.. by event_program.build_stage): each at its own windowed share where `stages_differ(d)`,
-    else `comp` (the mean block's) for all."""
-    chunks = stage_chunks(d.L, layout.pp, layout.interleave, stage)
-    held = [i for c in chunks for i in c]
-    if not stages_differ(d):
-        return [comp] * len(held)
+    """The event engine's units (event_compute.unit_compute) of each block of `stage`, in the program's order: each at
+    its own windowed share (`block_shares`), else `comp` (the mean block's) for all."""
+    shares = block_shares(d, layout, stage)
+    if shares is None:
+        return [comp] * sum(len(c) for c in stage_chunks(d.L, layout.pp, layout.interleave, stage))
     own = {x: unit_compute(replace(d, window_frac=x), layout, mb, g) for x in (0.0, 1.0)}
-    return [own[1.0 if is_windowed(d.window_pattern, i) else 0.0] for i in held]
+    return [own[x] for x in shares]
 
 
-__all__ = ["block_units", "is_windowed", "middle_excess", "represented_windowed", "stage_delta", "stage_windowed",
-           "stages_differ"]
+def stage_ring(d: Dims, mode: str, b: LayoutBatch, bw: Arr, lat: Arr, g: GemmModel, first: Arr, last: Arr,
+               rows: Arr) -> Arr:
+    """context_parallel.ring_time's exposed seconds of a stage's p2p ring, per layout, each block's ring steps beside
+    its own attention blocks: k windowed and Ls - k full blocks (the bytes are the same). Call it where
+    `stages_differ(d)`."""
+    Ls = stage_layers(d.L, b.pp, b.v, first, last)
+    k = _per_config(b, first, last, lambda pp, v, f, h: represented_windowed(d.window_pattern, d.L, pp, v, f, h))
+    return (ring_time(replace(d, window_frac=1.0), mode, b, bw, lat, g, k, rows)[0]
+            + ring_time(replace(d, window_frac=0.0), mode, b, bw, lat, g, Ls - k, rows)[0])
+
+
+__all__ = ["block_shares", "block_units", "is_windowed", "middle_excess", "represented_windowed", "stage_delta",
+           "stage_ring", "stage_windowed", "stages_differ"]
