@@ -6,17 +6,20 @@ f = Dims.window_frac), right for the model's whole work, not for a stage: a stag
 (Dims.window_pattern, repeated from block 0: ModelSpec.attention_window). GPT-OSS's "WF" on an even number of blocks
 per stage puts k = Ls / 2 everywhere (the mean: exact before this module); Gemma 3's "WWWWWF", or an odd number of
 blocks per stage, does not: L = 8 blocks of "WWWWWF" on pp = 4 put the full block 5 on stage 2 alone, which then
-does more attention work than the others, and the step follows it (the bubble the others).
+does more attention work than the others, and the step follows it (the bubble the others); GPT-OSS-120B's 36 blocks
+on pp = 4 put 9 on a stage, 5 windowed on stages 0 and 2, 4 on stages 1 and 3.
 
 Per stage, one micro-batch, one rank, with T(x) = forward + backward (+ the forward again under full recomputation;
 selective recomputation's re-run is in the backward, compute.block_compute_time) of one block priced at windowed
 share x (Dims.window_frac = x: 1 a windowed block, 0 a full one, f the model's mean):
-    own blocks          = k T(1) + (Ls - k) T(0)
-    correction (`stage_delta`) = own blocks - Ls T(f)
+    own blocks                  = k T(1) + (Ls - k) T(0)
+    correction (`stage_delta`)  = own blocks - Ls T(f)
 the same correction in kind as mlp_delta.py's per-block MLP widths. The analytic engine adds it to each of its three
 representative stages (analytic_scores.STAGES), standing for: the first stage (0), the last (pp - 1), and of the
-middle ones the fullest (modes/stages.stage_layers' block count) with the fewest windowed blocks, the slowest of them
-(a windowed block costs less than a full one, compute.attention_core_time). The event engine builds every stage's
+middle ones the fullest (modes/stages.stage_layers' block count, which prices the middle's other terms) with the
+fewest windowed blocks, the slowest of them (a windowed block costs less than a full one). Only a split leaving more
+than 2 blocks short (stage_layers) has middle stages of unequal counts, where a less full one with fewer windowed
+blocks could be the slower; the event engine, which runs every stage, prices that. The event engine builds every stage's
 program from its own blocks (`block_units`: each block's units at its own share, event_compute.unit_compute). Without
 windows, with every block windowed (f = 1) or none (the window no shorter than the sequence, the unfused core,
 fa=0, which masks the whole s x s scores) every block prices alike: no correction, the same floats as before.
