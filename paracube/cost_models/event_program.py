@@ -250,8 +250,9 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
             prog.fwd_first[0].append(Op("wait", "params.wait"))
     if layout.cp > 1:  # the p2p ring alongside the attention blocks (event_context.py)
         unit, arrays = context.attention_unit(layout.tensor_mode), layout_arrays(layout, mb)
+        shares = block_shares(d, layout, stage)  # each block's own attention beside its steps (window_stages.py)
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
-            lists[:] = [ring_ops(ops, d, layout.mode, arrays, g, unit, block_shares(d, layout, stage)) for ops in lists]
+            lists[:] = [ring_ops(ops, d, layout.mode, arrays, g, unit, shares) for ops in lists]
     if layout.tpo:
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]
