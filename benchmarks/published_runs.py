@@ -43,8 +43,9 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   GPT-OSS-120B (26.04, bf16, 64 GPUs; the gpt-oss-120b preset: 128-key windows in every other block, priced by
   cost_models/attention_window.py) assumes what the 26.04 FP8 rows ran, its own recipe not being in any package
   here: no recomputation, gradients reduced in bf16 (the performance scripts' get_precision_config), dropless, the
-  runtime's dispatcher (DeepEP); it prices -37.0% (8.88 s against 14.10; 9.21 s, -34.7%, were its windows full
-  attention; full recomputation would give 10.91 s), a held-out miss not read yet. Not priced: GPT-OSS's attention
+  runtime's dispatcher (DeepEP); it prices -36.8% (8.91 s against 14.10, each stage priced with its own 9 blocks, 4 or
+  5 of them windowed: cost_models/window_stages.py; 8.88 s at the model's mean share; 9.21 s, -34.7%, were its windows
+  full attention; full recomputation would give 10.95 s), a held-out miss not read yet. Not priced: GPT-OSS's attention
   sinks (megatron-core's TransformerConfig.softmax_type "learnable": which attention kernel then runs is Transformer
   Engine's choice, not visible here), its biases and clamped SwiGLU (hf_moe.py: a fraction of a percent of the FLOPs;
   megatron-core fuses the clamped gate, weighted_bias_quick_geglu_impl); its 64-wide heads run at the flash_eff

@@ -92,6 +92,7 @@ from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.stragglers import straggler_wait
 from paracube.cost_models.tpo import TpoPricing
+from paracube.cost_models.window_stages import middle_excess, stage_delta, stage_ring, stages_differ
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.modes.stages import stage_layers
@@ -140,6 +141,9 @@ class Scores:
     # the first and the last stage's memory by MEM_KEYS (moe_step adds each its own expert parts, then takes the
     # heavier); () where not kept
     memory_stages: tuple[dict[str, Arr], ...] = ()
+    # what the middle stages' own windowed blocks take off pp - 2 copies of the middle one (s per step, per layout:
+    # window_stages.middle_excess; the bubble's `middle_less`); None where they are alike
+    middle_less: Arr | None = None
 
 
 def _flags(stage: str, pp: Arr) -> tuple[Arr, Arr]:
@@ -223,12 +227,16 @@ def _stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links: Link
     ring = None
     if d.cp > 1:  # context parallelism's p2p ring, overlapped with attention block by block (context_parallel.py)
         exposed, ring_sent = ring_time(d, mode, b, *links[("cp",)], g, stage_layers(d.L, b.pp, b.v, F, H), rows)
+        if stages_differ(d) and d.cp_comm == "p2p":  # each block's steps beside its own attention (window_stages.py)
+            exposed = stage_ring(d, mode, b, *links[("cp",)], g, F, H, rows)
         N = d.global_batch // (b.dp * b.mb)
         ring = N[rows] * exposed
         micro += ring
         sent += N * ring_sent
     # Per-op overhead (Python dispatch + launch; zero without a calibration) is compute-side time of the rank.
     compute = (stage_compute_time(d, mode, b, H, g, F, blocks) + g.op_cost(mode) * ops_per_step(d, mode, b, F, H))[rows]
+    if stages_differ(d):  # sliding windows: the stage's own blocks, not the model's mean share (window_stages.py)
+        compute = compute + stage_delta(d, mode, b, g, F, H, blocks or block_compute_time(d, mode, b, g))[rows]
     n_local = stage_layers_params(d, mode, b, F, H)
     shard = np.where(zero >= 1, traffic.group_size(traffic.zero_axes), 1) if zero is not None else 1.0
     optim = (optimizer_time(n_local, d.c, g, shard) + fp8_step_time(d, mode, b, F, H, g))[rows]
@@ -295,7 +303,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     N = d.global_batch / (b.dp * b.mb)[rows]
     W = work[slow, idx]
     # ranks sharing cores: the idle stages' ranks give their core to the busy ones (shared_cores.py)
-    bubble = bubble_seconds(work, b.pp[rows], b.v[rows], N, bubble_share(b.pp[rows], g.ranks_per_core))
+    less = middle_excess(d, mode, b, g)[rows] if stages_differ(d) else None  # sliding windows (window_stages.py)
+    bubble = bubble_seconds(work, b.pp[rows], b.v[rows], N, bubble_share(b.pp[rows], g.ranks_per_core), less)
     step_comm = pick("step")
     if np.any(overlap):  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0
@@ -336,7 +345,7 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     step_time = step_time + straggler_wait(step_time, b.dp[rows], g.straggler)  # the slowest replica (stragglers.py)
     if not memory:
         return Scores(step_time=step_time, compute=compute, comm=comm, bubble=bubble, sent_bytes=pick("sent"),
-                      memory=np.full(len(rows), np.nan), memory_parts={}, stage=slow, stages=stages)
+                      memory=np.full(len(rows), np.nan), memory_parts={}, stage=slow, stages=stages, middle_less=less)
     mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
         shards = traffic.group_size(traffic.zero_axes)
@@ -350,7 +359,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     return Scores(step_time=step_time, compute=compute, comm=comm, bubble=bubble, sent_bytes=pick("sent"),
                   memory=tot[heavy, cidx][rows], memory_parts=parts,
                   stage=slow, stages=stages, memory_stages=tuple(
-                      {k: np.broadcast_to(m[k], tot.shape[1:])[rows] for k in MEM_KEYS} for m in mems))
+                      {k: np.broadcast_to(m[k], tot.shape[1:])[rows] for k in MEM_KEYS} for m in mems),
+                  middle_less=less)
 
 
 __all__ = ["MEM_KEYS", "STAGES", "Links", "Scores", "StageScores", "evaluate"]

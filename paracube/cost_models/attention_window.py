@@ -21,8 +21,8 @@ Price: the causal kernel's score GEMMs (compute.attention_core_time: FLASH_CAUSA
 flash_eff, fitted on causal runs whose kernels compute their diagonal tiles too) scaled by
     share = 1 - f + f x tiles(w) / tiles(causal)          (f = Dims.window_frac: the model's windowed blocks)
 so each computed tile costs what a causal tile costs, and w >= s (or no window) is exactly the causal price
-(share 1.0). The blocks' mean: a pipeline stage is priced with the model's mean share (GPT-OSS's "WF" puts
-within one block of half its blocks on every stage). The unfused core (fa=0, Megatron's unfused path,
+(share 1.0). f is the model's mean share; a pipeline stage holds its own blocks, each priced at its own share (f = 1
+windowed, 0 full: cost_models/window_stages.py). The unfused core (fa=0, Megatron's unfused path,
 transformer/dot_product_attention.py with utils.get_sliding_window_causal_mask) materialises the s x s scores and
 masks them: its price is unchanged by the window.
 
@@ -33,8 +33,9 @@ the busiest rank's tiles over its causal tiles (cp equal ranks under causal atte
 is unchanged: the executor (and Transformer Engine) exchange every block, masked.
 
 Unchanged by windows: memory (flash keeps no s x s tensor; the unfused core's scores and mask, memory.py, are still
-s x s) and the model FLOPs of MFU (compute.model_flops_per_step keeps its 4 b s^2 h per block convention, so MFU
-stays comparable across models; it is not the work done).
+s x s) and the model FLOPs of MFU (compute.model_flops_per_step keeps its 4 b s^2 h per block convention, windowed
+blocks included, as torchtitan's and Megatron-LM's FLOP counts do, so MFU stays comparable across models; it is not
+the work done).
 """
 
 from __future__ import annotations

@@ -75,9 +75,12 @@ class Dims:
     qk_norm: bool = False
     # Sliding-window attention (ModelSpec.sliding_window / window_pattern): `window` keys a windowed block's query
     # sees (0: none), `window_frac` the share of the model's blocks windowed (a share, not a count: the event engine
-    # prices one block on dims of L = pp); compute.attention_core_time prices the band (cost_models/attention_window.py)
+    # prices one block on dims of L = pp); compute.attention_core_time prices the band (attention_window.py);
+    # `window_pattern` which blocks are windowed (ModelSpec.window_pattern; "": every block): a stage's own blocks
+    # (cost_models/window_stages.py)
     window: int = 0
     window_frac: float = 0.0
+    window_pattern: str = ""
 
     def __hash__(self) -> int:  # computed once (frozen_hash.py): a key of the inner loops' caches and dicts
         return frozen_hash(self)
@@ -217,6 +220,7 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         mla=model.mla,
         window=model.sliding_window or 0,
         window_frac=sum(model.attention_window(i) is not None for i in range(model.layers)) / model.layers,
+        window_pattern=(model.window_pattern or "") if model.sliding_window else "",
     )
 
 

@@ -51,11 +51,16 @@ def _take(ops: list[Any], layer: int, phase: str, unit: str, seconds: float) -> 
         seconds -= cut
 
 
-def ring_ops(ops: list[Any], d: Dims, mode: str, b: LayoutBatch, g: GemmModel, unit: str) -> list[Any]:
-    """One op list of a cp layout with its p2p ring steps alongside the attention blocks (module docstring)."""
+def ring_ops(ops: list[Any], d: Dims, mode: str, b: LayoutBatch, g: GemmModel, unit: str,
+             shares: list[float] | None = None) -> list[Any]:
+    """One op list of a cp layout with its p2p ring steps alongside the attention blocks (module docstring);
+    `shares`: each layer's windowed share where its blocks differ (window_stages.block_shares), its attention blocks
+    then its own; None: every layer's of `d`."""
     if d.cp == 1 or d.cp_comm != "p2p":
         return ops
-    block_f, block_b = (float(x[0]) for x in ring_blocks(d, mode, b, g))
+    mean = tuple(float(x[0]) for x in ring_blocks(d, mode, b, g))
+    own = {x: tuple(float(y[0]) for y in ring_blocks(replace(d, window_frac=x), mode, b, g))
+           for x in set(shares or ())}
     out = list(ops)
     ring = [i for i, op in enumerate(out) if op.kind == "comm" and op.event is not None
             and is_ring(op.event.kind, op.event.axes)]
@@ -64,6 +69,7 @@ def ring_ops(ops: list[Any], d: Dims, mode: str, b: LayoutBatch, g: GemmModel, u
         groups.setdefault(_layer_phase(out[i]), []).append(i)
     drop: set[int] = set()
     for (layer, phase), idx in groups.items():
+        block_f, block_b = mean if shares is None else own[shares[layer]]
         if phase != "bwd":
             for i in idx:
                 out[i] = replace(out[i], gemm=block_f, alongside=True)

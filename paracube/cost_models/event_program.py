@@ -34,6 +34,7 @@ from paracube.cost_models.fsdp_program import prefetch_program
 from paracube.cost_models.tpo import program_gemm_steps
 from paracube.cost_models.traffic import act_split, micro_batch_events, parameter_units, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
+from paracube.cost_models.window_stages import block_shares, block_units
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import context
@@ -154,12 +155,13 @@ Grouped = dict[tuple[int, str], dict[str, list[CommEvent]]]
 HEAD_UNITS = ("ln_f", "head", "loss")
 
 
-def _chunk_fwd(by: Grouped, units: tuple[str, ...], comp: dict, lo: int, hi: int, emb: bool,
+def _chunk_fwd(by: Grouped, units: tuple[str, ...], comp: dict, own: list[dict], lo: int, hi: int, emb: bool,
                head: bool) -> list[Op]:
-    """One micro-batch's forward through blocks lo..hi-1 (the embedding before, the head after)."""
+    """One micro-batch's forward through blocks lo..hi-1 (`own`: each block's units; the embedding before, the head
+    after, from `comp`)."""
     ops = _units_fwd(("emb",), by.get((-1, "fwd"), {}), {}, "", "fwd") if emb else []
     for i in range(lo, hi):
-        ops += _units_fwd(units, by.get((i, "fwd"), {}), comp, f"layers.{i}.", "fwd")
+        ops += _units_fwd(units, by.get((i, "fwd"), {}), own[i], f"layers.{i}.", "fwd")
     if head:
         ops += _units_fwd(HEAD_UNITS, by.get((-1, "fwd"), {}), comp, "", "fwd")
     return ops
@@ -196,16 +198,16 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     early, _ = _group(micro_batch_events(layout, one, mb, kind, (0, 2)))
     late, _ = _group(micro_batch_events(layout, one, mb, kind, (1, 2)))
     comp = unit_compute(d, layout, mb, g)
+    own = block_units(d, layout, mb, g, stage, comp)  # each block's, at its own window (window_stages.py)
     units = layout.tensor_mode.program_units
     sizes = [len(c) for c in stage_chunks(d.L, pp, v, stage)]  # modes/stages.py: uneven splits too
     layers = sum(sizes)
     bounds = [sum(sizes[:c]) for c in range(v + 1)]
-    rec = comp["_recompute"][0]
     head = [last and c == v - 1 for c in range(v)]
-    prog = StageProgram(stage, [_chunk_fwd(late, units, comp, bounds[c], bounds[c + 1], first and c == 0, head[c])
-                                for c in range(v)],
+    prog = StageProgram(stage, [_chunk_fwd(late, units, comp, own, bounds[c], bounds[c + 1], first and c == 0,
+                                           head[c]) for c in range(v)],
                         [[] for _ in range(v)], [[] for _ in range(v)], tail,
-                        fwd_first=[_chunk_fwd(early, units, comp, bounds[c], bounds[c + 1], first and c == 0,
+                        fwd_first=[_chunk_fwd(early, units, comp, own, bounds[c], bounds[c + 1], first and c == 0,
                                               head[c]) for c in range(v)])
     grads = [op for op in tail if op.event and op.event.label == "gradients"]  # one per bucket, issue order
     buckets = grad_overlap and bool(grads)
@@ -217,7 +219,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
             prog.bwd[c] += _units_bwd(HEAD_UNITS, early.get((-1, "bwd"), {}), comp, "", overlap)
             prog.bwd_last[c] += _units_bwd(HEAD_UNITS, late.get((-1, "bwd"), {}), comp, "", overlap)
         for i in reversed(range(bounds[c], bounds[c + 1])):
-            prog.bwd[c] += _layer_bwd(early, units, comp, i, rec, overlap)
+            prog.bwd[c] += _layer_bwd(early, units, own[i], i, own[i]["_recompute"][0], overlap)
         if first and c == 0:
             prog.bwd[c] += _units_bwd(("emb",), early.get((-1, "bwd"), {}), {}, "", False)
     # The last micro-batch's backward runs chunk v-1 first and chunk 0 last: the order the gradient buckets
@@ -229,7 +231,7 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
     j = 0
     for c in reversed(range(v)):
         for i in reversed(range(bounds[c], bounds[c + 1])):
-            prog.bwd_last[c] += _layer_bwd(late, units, comp, i, rec, overlap)
+            prog.bwd_last[c] += _layer_bwd(late, units, own[i], i, own[i]["_recompute"][0], overlap)
             if buckets and j < len(counts) - 1:
                 _release_buckets(grads, counts[j], i, prog.bwd_last[c])
             j += 1
@@ -248,8 +250,9 @@ def build_stage(layout: Layout, d: Dims, mb: int, stage: int, g: GemmModel, over
             prog.fwd_first[0].append(Op("wait", "params.wait"))
     if layout.cp > 1:  # the p2p ring alongside the attention blocks (event_context.py)
         unit, arrays = context.attention_unit(layout.tensor_mode), layout_arrays(layout, mb)
+        shares = block_shares(d, layout, stage)  # each block's own attention beside its steps (window_stages.py)
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
-            lists[:] = [ring_ops(ops, d, layout.mode, arrays, g, unit) for ops in lists]
+            lists[:] = [ring_ops(ops, d, layout.mode, arrays, g, unit, shares) for ops in lists]
     if layout.tpo:
         for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
             lists[:] = [_apply_tpo(ops, layout, d, comp) for ops in lists]

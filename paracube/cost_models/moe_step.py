@@ -79,7 +79,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     w = work[slow]
     stacked = np.array([[work[s]] for s in STAGE_NAMES])  # the bubble: every other stage's micro-batch
     bubble = float(bubble_seconds(stacked, np.array([layout.pp]), layout.interleave, n,
-                                  bubble_share(layout.pp, g.ranks_per_core))[0])
+                                  bubble_share(layout.pp, g.ranks_per_core), scores.middle_less)[0])
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
     # window (one queue on the same NICs): exposed max(0, G_e - max(0, b (W / N - A) - G_d)), b its backward's share
     # (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes (else

@@ -23,11 +23,16 @@ import numpy as np
 Arr = np.ndarray
 
 
-def bubble_seconds(work: Arr, pp: Arr, v: Arr, N: Arr, share: Arr | float = 1.0) -> Arr:
+def bubble_seconds(work: Arr, pp: Arr, v: Arr, N: Arr, share: Arr | float = 1.0,
+                   middle_less: Arr | None = None) -> Arr:
     """`work`: [3, n] per-micro-batch work of the first, middle and last stage; pp, v, N per layout; `share`: the
-    part of the bubble paid (shared_cores.bubble_share; 1 on accelerators)."""
+    part of the bubble paid (shared_cores.bubble_share; 1 on accelerators); `middle_less`: what the pp - 2 middle
+    stages' own work falls short of pp - 2 copies of `work[1]` (sliding windows: window_stages.middle_excess; None:
+    equal middle stages)."""
     pp = np.asarray(pp)
     total = work[0] + np.maximum(pp - 2, 0) * work[1] + work[2]
+    if middle_less is not None:
+        total = total - middle_less
     slowest = np.max(work, axis=0)
     others = np.where(np.asarray(v) > 1, (pp - 1) * slowest, np.where(pp > 1, total - slowest, 0.0))
     return share * others / (v * N)
