@@ -166,8 +166,10 @@ def cost(sim: Sim, stage: int, op: Op) -> tuple[float, float, int] | None:
 def replay(sim: Sim, stage: int, f: Fused) -> Iterator[Any]:
     """One fused run: one timeout, then its bookkeeping (and spans) as its ops one by one would have left."""
     t0 = sim.env.now
-    yield sim.env.timeout(f.seconds)
     st = sim.stages[stage]
+    st.flow(t0)
+    yield sim.env.timeout(f.seconds)
+    st.mark = sim.env.now  # booked below (nothing else of the stage is in flight: Sim.run_ops)
     st.busy += f.compute
     st.compute += f.compute
     st.comm += f.comm

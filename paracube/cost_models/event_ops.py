@@ -57,9 +57,21 @@ class StageStats:
     idle_since: float | None = None
     debt: float = 0.0  # compute seconds owed to the data-parallel stream's drag (overlap_drag.py), not yet run
     synced: float = 0.0  # seconds stage-spanning collectives waited for the other stages to arrive (in `exposed`)
+    calls: dict[object, tuple[str, str]] = field(default_factory=dict)  # its collectives in flight: (axes, kind)
+    mark: float = 0.0  # the time `flow` booked up to
 
-    def busy_at(self, now: float) -> float:
-        return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
+    def flow(self, now: float) -> None:
+        """Book the seconds since the last call: exposed while any of the stage's collectives is in flight and it
+        computes nothing (one wall-clock second once, however many calls share it: compute + exposed never exceeds
+        the stage's time), each call's axes and kind an equal share. Called before every change of `busy_since`
+        or `calls`."""
+        if self.calls and self.busy_since is None and now > self.mark:
+            dt = now - self.mark
+            self.exposed += dt
+            for axis, kind in self.calls.values():
+                self.by_axis[axis] += dt / len(self.calls)
+                self.by_kind[kind] += dt / len(self.calls)
+        self.mark = now
 
     def idle_at(self, now: float) -> float:
         return self.idle + (now - self.idle_since if self.idle_since is not None else 0.0)
