@@ -26,6 +26,7 @@ class Op:
     gemm_steps: tuple[float, ...] = ()  # tpo: of those, the seconds beside each ring exchange (sum: gemm)
     tag: str = ""  # an asynchronous op a `wait` with the same tag waits for alone (fsdp_overlap.py's prefetch)
     alongside: bool = False  # the transfer and `gemm` seconds of compute together (cp ring step: event_context.py)
+    hides: float = 0.0  # a2ao: compute seconds cut from `seconds` for the all_to_alls a partner hides (moe_program)
 
 
 @dataclass
@@ -41,6 +42,9 @@ class StageProgram:
     compute_fwd: float = 0.0
     compute_bwd: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+
+A2AO_AXIS = "ep"  # the axis of the all_to_alls a2ao hides (moe_traffic.py)
 
 
 @dataclass
@@ -72,6 +76,14 @@ class StageStats:
                 self.by_axis[axis] += dt / len(self.calls)
                 self.by_kind[kind] += dt / len(self.calls)
         self.mark = now
+
+    def hide(self, seconds: float) -> None:
+        """a2ao: `seconds` of compute the program cut for the ep all_to_alls they hide (Op.hides) are compute, not
+        exposed all_to_all time (the stage ran the all_to_alls whole and the compute shortened: the same step)."""
+        self.compute += seconds
+        self.exposed -= seconds
+        self.by_axis[A2AO_AXIS] -= seconds
+        self.by_kind["all_to_all"] -= seconds
 
     def idle_at(self, now: float) -> float:
         return self.idle + (now - self.idle_since if self.idle_since is not None else 0.0)

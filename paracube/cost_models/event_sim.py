@@ -258,6 +258,8 @@ class Sim(Drag):
             st.busy += seconds
             st.busy_since = None
             st.compute += op.seconds
+            if op.hides:
+                st.hide(op.hides)
             if self.record:
                 self.spans.append(Span(stage, "compute", op.name, t0, self.env.now, compute_phase(op.name)))
         elif op.kind == "wait" and op.tag:  # one tagged op only (fsdp_overlap.py: a unit's prefetched gather)
