@@ -124,7 +124,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
                        e.sent_bytes() for e in c.events if e.phase in per_step),
                    flops_per_gpu=flops, mfu=flops / (step * g.peak), comm_time_by_axis=by_axis,
                    comm_time_by_kind=by_kind, events=events,
-                   notes=(*est.notes, _note(model, layout)))
+                   notes=(*_stage_notes(est.notes, STAGE_NAMES[old_slow], slow), _note(model, layout)))
 
 
 def _a2a_saved(layout: Layout, compute: float, c: Any, n: float, stage: int) -> float:
@@ -162,6 +162,16 @@ def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, p
         return MemoryBreakdown(**max(both, key=lambda m: sum(m.values())))
     base = {k: getattr(dense, k) for k in costs["first"].memory}
     return MemoryBreakdown(**max((parts(base, s) for s in ("first", "last")), key=lambda m: sum(m.values())))
+
+
+def _stage_notes(notes: tuple[str, ...], dense: str, slow: str) -> tuple[str, ...]:
+    """analytic.py's pipeline note naming the stage whose time (and breakdown) the step is: with the experts, `slow`;
+    the dense events and communication stay those of the slowest stage without them (`dense`) where it differs."""
+    if slow == dense:
+        return notes
+    return tuple(f"pipeline: time of the slowest stage ({slow}); dense events and communication of the slowest "
+                 f"without the experts ({dense}); memory of the most loaded" if n.startswith("pipeline:") else n
+                 for n in notes)
 
 
 def _note(model: ModelSpec, layout: Layout) -> str:
