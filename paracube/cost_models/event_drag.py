@@ -46,8 +46,10 @@ class Drag:
         st = self.stages[stage]
         if st.debt > 0:
             debt, st.debt = st.debt, 0.0
+            st.flow(self.env.now)
             st.busy_since = self.env.now
             yield self.env.timeout(debt)
+            st.flow(self.env.now)
             st.busy += debt
             st.busy_since = None
 

@@ -61,6 +61,7 @@ class Fused:
     by_kind: dict[str, float] = field(default_factory=dict)
     jobs: int = 0
     ring_steps: int = 0
+    hides: float = 0.0  # its compute ops' Op.hides
 
 
 def private_keys(links: Mapping[Hashable, frozenset[int]], shared: set[Hashable]) -> set[Hashable]:
@@ -98,7 +99,7 @@ def compile_ops(ops: list[Op], cost: Callable[[Op], tuple[float, float, int] | N
                     by_kind[op.event.kind] += seconds
                     jobs, ring = jobs + 1, ring + steps
             out.append(Fused(tuple(pieces), t, busy, tuple(op for op, _ in run), comm, dict(by_axis),
-                             dict(by_kind), jobs, ring))
+                             dict(by_kind), jobs, ring, sum(op.hides for op, _ in run)))
         run.clear()
 
     for op in ops:
@@ -166,8 +167,10 @@ def cost(sim: Sim, stage: int, op: Op) -> tuple[float, float, int] | None:
 def replay(sim: Sim, stage: int, f: Fused) -> Iterator[Any]:
     """One fused run: one timeout, then its bookkeeping (and spans) as its ops one by one would have left."""
     t0 = sim.env.now
-    yield sim.env.timeout(f.seconds)
     st = sim.stages[stage]
+    st.flow(t0)
+    yield sim.env.timeout(f.seconds)
+    st.mark = sim.env.now  # booked below (nothing else of the stage is in flight: Sim.run_ops)
     st.busy += f.compute
     st.compute += f.compute
     st.comm += f.comm
@@ -176,6 +179,8 @@ def replay(sim: Sim, stage: int, f: Fused) -> Iterator[Any]:
         st.by_axis[axis] += sec
     for kind, sec in f.by_kind.items():
         st.by_kind[kind] += sec
+    if f.hides:
+        st.hide(f.hides)
     sim.net.stats["jobs"] += f.jobs
     sim.net.stats["ring_steps"] += f.ring_steps
     sim.net.stats["fused_runs"] += 1

@@ -26,6 +26,7 @@ class Op:
     gemm_steps: tuple[float, ...] = ()  # tpo: of those, the seconds beside each ring exchange (sum: gemm)
     tag: str = ""  # an asynchronous op a `wait` with the same tag waits for alone (fsdp_overlap.py's prefetch)
     alongside: bool = False  # the transfer and `gemm` seconds of compute together (cp ring step: event_context.py)
+    hides: float = 0.0  # a2ao: compute seconds cut from `seconds` for the all_to_alls a partner hides (moe_program)
 
 
 @dataclass
@@ -43,6 +44,9 @@ class StageProgram:
     notes: list[str] = field(default_factory=list)
 
 
+A2AO_AXIS = "ep"  # the axis of the all_to_alls a2ao hides (moe_traffic.py)
+
+
 @dataclass
 class StageStats:
     busy: float = 0.0  # compute seconds so far
@@ -57,9 +61,29 @@ class StageStats:
     idle_since: float | None = None
     debt: float = 0.0  # compute seconds owed to the data-parallel stream's drag (overlap_drag.py), not yet run
     synced: float = 0.0  # seconds stage-spanning collectives waited for the other stages to arrive (in `exposed`)
+    calls: dict[object, tuple[str, str]] = field(default_factory=dict)  # its collectives in flight: (axes, kind)
+    mark: float = 0.0  # the time `flow` booked up to
 
-    def busy_at(self, now: float) -> float:
-        return self.busy + (now - self.busy_since if self.busy_since is not None else 0.0)
+    def flow(self, now: float) -> None:
+        """Book the seconds since the last call: exposed while any of the stage's collectives is in flight and it
+        computes nothing (one wall-clock second once, however many calls share it: compute + exposed never exceeds
+        the stage's time), each call's axes and kind an equal share. Called before every change of `busy_since`
+        or `calls`."""
+        if self.calls and self.busy_since is None and now > self.mark:
+            dt = now - self.mark
+            self.exposed += dt
+            for axis, kind in self.calls.values():
+                self.by_axis[axis] += dt / len(self.calls)
+                self.by_kind[kind] += dt / len(self.calls)
+        self.mark = now
+
+    def hide(self, seconds: float) -> None:
+        """a2ao: `seconds` of compute the program cut for the ep all_to_alls they hide (Op.hides) are compute, not
+        exposed all_to_all time (the stage ran the all_to_alls whole and the compute shortened: the same step)."""
+        self.compute += seconds
+        self.exposed -= seconds
+        self.by_axis[A2AO_AXIS] -= seconds
+        self.by_kind["all_to_all"] -= seconds
 
     def idle_at(self, now: float) -> float:
         return self.idle + (now - self.idle_since if self.idle_since is not None else 0.0)

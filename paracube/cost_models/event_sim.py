@@ -123,16 +123,18 @@ class Sim(Drag):
         return tpl
 
     # --- recording --------------------------------------------------------------------------------
-    def _comm_done(self, stage: int, name: str, e: CommEvent, t0: float, busy0: float) -> None:
+    def _comm_start(self, stage: int, e: CommEvent) -> object:
+        """A collective of the stage in flight from now (StageStats.flow books its exposed seconds); its key."""
+        st, key = self.stages[stage], object()
+        st.flow(self.env.now)
+        st.calls[key] = (".".join(e.axes), e.kind)
+        return key
+
+    def _comm_done(self, stage: int, name: str, e: CommEvent, t0: float, key: object) -> None:
         st, now = self.stages[stage], self.env.now
-        dur = now - t0
-        hidden = st.busy_at(now) - busy0  # compute that ran meanwhile (only for asynchronous ones)
-        exposed = max(0.0, dur - hidden)
-        axis = ".".join(e.axes)
-        st.comm += dur
-        st.exposed += exposed
-        st.by_axis[axis] += exposed
-        st.by_kind[e.kind] += exposed
+        st.comm += now - t0
+        st.flow(now)  # exposed: its seconds beside no compute (and not already booked to a concurrent call)
+        del st.calls[key]
         if self.record:
             self.spans.append(Span(stage, "comm", name, t0, now, f"{e.phase}:{e.kind}"))
 
@@ -165,7 +167,7 @@ class Sim(Drag):
         req = stream.request() if stream is not None else None
         if req is not None:
             yield req
-        t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+        t0, key = self.env.now, self._comm_start(stage, e)
         idle0 = self.stages[stage].idle_at(t0)
         if wait:  # for the group's ranks to be scheduled (DeviceSpec call and ring waits)
             yield self.env.timeout(wait)
@@ -187,15 +189,17 @@ class Sim(Drag):
         if drag:  # the compute side beside it owes the drag (overlap_drag.owed)
             st = self.stages[stage]
             st.debt += owed(drag, self.env.now - t0, st.idle_at(self.env.now) - idle0)
-        self._comm_done(stage, op.name, e, t0, busy0)
+        self._comm_done(stage, op.name, e, t0, key)
 
     def gemm(self, stage: int, op: Op, seconds: float | None = None):
         """The GEMM (or `seconds` of its chunks) a tpo collective overlaps: compute time of the stage (it counts as
         hiding the collective)."""
         st = self.stages[stage]
         seconds = op.gemm if seconds is None else seconds
+        st.flow(self.env.now)
         st.busy_since = self.env.now
         yield self.env.timeout(seconds)
+        st.flow(self.env.now)
         st.busy += seconds
         st.busy_since = None
         st.compute += seconds
@@ -208,7 +212,7 @@ class Sim(Drag):
         k = (sub, self.barrier_seen[sub, stage])
         self.barrier_seen[sub, stage] += 1
         slot = self.barriers.setdefault(k, [0, self.env.event(), 0.0])
-        t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
+        t0, key = self.env.now, self._comm_start(stage, e)
         slot[0] += 1
         if slot[0] == (e.group_size if sub else self.layout.pp):
             del self.barriers[k]
@@ -221,7 +225,7 @@ class Sim(Drag):
         else:
             yield slot[1]
             self.stages[stage].synced += slot[2] - t0
-        self._comm_done(stage, e.label, e, t0, busy0)
+        self._comm_done(stage, e.label, e, t0, key)
 
     def compiled(self, stage: int, ops: list[Op]) -> list:
         """`ops` with its fusible runs precomputed (event_fuse.compile_ops), once per op list."""
@@ -246,12 +250,16 @@ class Sim(Drag):
         st = self.stages[stage]
         if op.kind == "compute":
             t0 = self.env.now
+            st.flow(t0)
             st.busy_since = t0
             seconds, st.debt = op.seconds + st.debt, 0.0  # with what the drag left owed (overlap_drag.py)
             yield self.env.timeout(seconds)
+            st.flow(self.env.now)
             st.busy += seconds
             st.busy_since = None
             st.compute += op.seconds
+            if op.hides:
+                st.hide(op.hides)
             if self.record:
                 self.spans.append(Span(stage, "compute", op.name, t0, self.env.now, compute_phase(op.name)))
         elif op.kind == "wait" and op.tag:  # one tagged op only (fsdp_overlap.py: a unit's prefetched gather)
@@ -279,13 +287,13 @@ class Sim(Drag):
         assert self.net is not None
         dst = to_vstage % self.layout.pp
         if dst != stage:
-            t0, busy0 = self.env.now, self.stages[stage].busy_at(self.env.now)
             ev = CommEvent("send", ("pp",), 2, nbytes, "", "pipeline", kind)
+            t0, key = self.env.now, self._comm_start(stage, ev)
             wait = self.call_of(ev)[2]
             if wait:
                 yield self.env.timeout(wait)
             yield self.net.run(self.send_template(stage, dst), 1, float(nbytes))
-            self._comm_done(stage, f"send {kind} mb{micro} -> stage {dst}", ev, t0, busy0)
+            self._comm_done(stage, f"send {kind} mb{micro} -> stage {dst}", ev, t0, key)
         self._arrival(kind, to_vstage, micro).succeed()
 
     def device(self, stage: int):

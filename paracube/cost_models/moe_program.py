@@ -163,8 +163,8 @@ def _overlap(prog: StageProgram, sc: StageCost, psi: float) -> None:
         scale = max(0.0, 1.0 - psi * hidden / total)
         for ch in lists:
             for j, op in enumerate(ch):
-                if _hidable(op):
-                    ch[j] = replace(op, seconds=op.seconds * scale)
+                if _hidable(op):  # the cut booked as compute, not all_to_all time (StageStats.hide)
+                    ch[j] = replace(op, seconds=op.seconds * scale, hides=op.hides + op.seconds * (1.0 - scale))
 
 
 __all__ = ["with_blocks"]

@@ -70,12 +70,17 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     old_slow = int(scores.stage[0])
     old_w = float(scores.stages[old_slow].compute[0] + scores.stages[old_slow].micro[0])
     old_bubble = float(scores.bubble[0])
-    rest = float(without_wait(est.step_time_s, layout.dp, g.straggler)) - old_w - old_bubble  # wait: below
+    # the dense step's per-step communication (its exposed gradient reduction, ...); the stages' optimizer steps
+    # differ (the embedding, the head): the slowest stage's own is added below, as its compute is
+    rest = (float(without_wait(est.step_time_s, layout.dp, g.straggler)) - old_w - old_bubble
+            - float(scores.stages[old_slow].optim[0]))  # wait: below
     work = {s: float(st.compute[0] + st.micro[0]) + n * (costs[s].compute + costs[s].comm)
             - _a2a_saved(layout, float(st.compute[0]) / n + costs[s].compute - costs[s].waits, costs[s], n, index[s])
             for s, st in zip(STAGE_NAMES, scores.stages, strict=True)}
     slow = max(STAGE_NAMES, key=lambda s: work[s])
     c = costs[slow]
+    dense_slow = scores.stages[STAGE_NAMES.index(slow)]  # its dense part (not the dense-only slowest stage's)
+    dense_optim = float(dense_slow.optim[0])
     w = work[slow]
     stacked = np.array([[work[s]] for s in STAGE_NAMES])  # the bubble: every other stage's micro-batch
     bubble = float(bubble_seconds(stacked, np.array([layout.pp]), layout.interleave, n,
@@ -84,7 +89,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     # window (one queue on the same NICs): exposed max(0, G_e - max(0, b (W / N - A) - G_d)), b its backward's share
     # (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes (else
     # 0); there the gradients also slow that backward's all_to_alls on each rank's NIC (moe_contention.py).
-    dense_grad = float(scores.stages[STAGE_NAMES.index(slow)].grad[0])
+    dense_grad = float(dense_slow.grad[0])
     # An expert group wider than a node: its all_to_alls hold the NICs the expert gradients (over edp, outside it)
     # need, so only the rest of the backward hides them (the event engine's links are shared max-min fairly).
     dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
@@ -96,7 +101,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         nic, other = a2a_terms(cache, expert_placement(layout), ("ep",), dispatch)
         slow_by = slowdown(nic, other, links[("edp",)][0])
         grad = exposed_grads(c.step_comm, max(0.0, share * (w / n - busy)), c.comm_bwd, slow_by)
-    step = w + bubble + rest + grad + c.norm_comm + c.optim
+    step = w + bubble + rest + dense_optim + grad + c.norm_comm + c.optim
     step += float(straggler_wait(step, layout.dp, g.straggler))  # the slowest replica, on the whole step
     loss = (d.c + logit_bytes(d)) * mb * d.s * d.V / layout.tensor_size  # the head's logits and loss (memory.py)
     mem = _heaviest(est.memory, getattr(scores, "memory_stages", ()), costs, loss, layout.pp)
@@ -111,14 +116,15 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     by_kind["all_to_all"] = by_kind.get("all_to_all", 0.0) + moe_comm
     by_axis = dict(est.comm_time_by_axis)
     by_axis["ep"] = by_axis.get("ep", 0.0) + moe_comm
-    compute = est.compute_time_s + n * costs[slow].compute + c.optim
+    # the compute the step counts: the slowest stage's (w's), dense and MoE, and its optimizer steps
+    compute = float(dense_slow.compute[0]) + dense_optim + n * c.compute + c.optim
     return replace(est, step_time_s=step, compute_time_s=compute, comm_time_s=est.comm_time_s + moe_comm,
                    exposed_comm_time_s=step - compute - bubble, bubble_time_s=bubble, memory=mem,
                    comm_bytes_per_gpu=est.comm_bytes_per_gpu + n * c.sent + sum(
                        e.sent_bytes() for e in c.events if e.phase in per_step),
                    flops_per_gpu=flops, mfu=flops / (step * g.peak), comm_time_by_axis=by_axis,
                    comm_time_by_kind=by_kind, events=events,
-                   notes=(*est.notes, _note(model, layout)))
+                   notes=(*_stage_notes(est.notes, STAGE_NAMES[old_slow], slow), _note(model, layout)))
 
 
 def _a2a_saved(layout: Layout, compute: float, c: Any, n: float, stage: int) -> float:
@@ -156,6 +162,16 @@ def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, p
         return MemoryBreakdown(**max(both, key=lambda m: sum(m.values())))
     base = {k: getattr(dense, k) for k in costs["first"].memory}
     return MemoryBreakdown(**max((parts(base, s) for s in ("first", "last")), key=lambda m: sum(m.values())))
+
+
+def _stage_notes(notes: tuple[str, ...], dense: str, slow: str) -> tuple[str, ...]:
+    """analytic.py's pipeline note naming the stage whose time (and breakdown) the step is: with the experts, `slow`;
+    the dense events and communication stay those of the slowest stage without them (`dense`) where it differs."""
+    if slow == dense:
+        return notes
+    return tuple(f"pipeline: time of the slowest stage ({slow}); dense events and communication of the slowest "
+                 f"without the experts ({dense}); memory of the most loaded" if n.startswith("pipeline:") else n
+                 for n in notes)
 
 
 def _note(model: ModelSpec, layout: Layout) -> str:
