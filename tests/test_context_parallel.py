@@ -203,6 +203,39 @@ def _key_columns(t: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     return t.reshape(-1, 3, spec.hidden // spec.heads)[:, 1]
 
 
+def compare_with_serial(spec: ModelSpec, mesh: Any, model: Any, ref: Any, opts: tuple[Any, Any],
+                        batches: tuple[list, list], tokens: int) -> tuple[dict[str, float], float]:
+    """STEPS steps of the sharded model and its serial reference: relative errors of each step's loss and norm,
+    of the first step's reduced gradients and of the parameters after the steps, and (cp > 1) the largest
+    difference of the GPT key bias columns, bounded apart (test_cp_matches_serial_and_the_cost_model)."""
+    from paracube.executor import train_step
+
+    (opt, ref_opt), (micro, every) = opts, batches
+    errors: dict[str, float] = {}
+    grads: dict[str, dict[str, torch.Tensor]] = {}
+
+    def keep(key: str) -> Any:  # the first step's reduced gradients, before clipping
+        return lambda m: grads.setdefault(key, _full_grads(m, m.mesh))
+
+    for step in range(STEPS):
+        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM, after_backward=keep("model"))
+        want = train_step(ref, ref_opt, ref.mesh, every, tokens, MAX_NORM, after_backward=keep("ref"))
+        errors[f"step{step}.loss"] = abs(res.loss - want.loss) / want.loss
+        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - want.grad_norm) / want.grad_norm
+    full, key_diff = dict(ref.named_parameters()), 0.0
+    for name, p in model.named_parameters():
+        if name in grads["model"]:
+            errors[f"grad:{name}"] = rel_err(grads["model"][name], model.block_of(name, grads["ref"][name]))
+        mine, theirs = p.detach(), model.block_of(name, full[name]).detach()
+        if name.endswith("attn.qkv.bias") and mesh.layout.cp > 1:
+            key_diff = max(key_diff, (_key_columns(mine, spec) - _key_columns(theirs, spec)).abs().max().item())
+            others = torch.ones_like(mine, dtype=torch.bool)
+            _key_columns(others, spec).fill_(False)
+            mine, theirs = mine[others], theirs[others]
+        errors[f"param:{name}"] = rel_err(mine, theirs)
+    return errors, key_diff
+
+
 def _cp_case(rank: int, text: str, family: str, recompute: str) -> dict[str, Any]:
     from paracube.executor import Mesh, build_model, serial_reference, train_step
     from paracube.executor.data_parallel.optim import build_optimizer
@@ -221,29 +254,7 @@ def _cp_case(rank: int, text: str, family: str, recompute: str) -> dict[str, Any
     ref = serial_reference(spec, seed=5, dtype=torch.float64, vocab=model.vocab)
     opt = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, **ADAMW)
     ref_opt = build_optimizer(ref, ref.mesh, 0, BUCKET_BYTES, **ADAMW)
-    errors: dict[str, float] = {}
-    grads: dict[str, dict[str, torch.Tensor]] = {}
-    def keep(key: str) -> Any:  # the first step's reduced gradients, before clipping
-        return lambda m: grads.setdefault(key, _full_grads(m, m.mesh))
-
-    for step in range(STEPS):
-        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM, after_backward=keep("model"))
-        want = train_step(ref, ref_opt, ref.mesh, every, tokens, MAX_NORM, after_backward=keep("ref"))
-        errors[f"step{step}.loss"] = abs(res.loss - want.loss) / want.loss
-        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - want.grad_norm) / want.grad_norm
-    full = dict(ref.named_parameters())
-    key_diff = 0.0
-    for name, p in model.named_parameters():
-        if name in grads["model"]:
-            errors[f"grad:{name}"] = rel_err(grads["model"][name], model.block_of(name, grads["ref"][name]))
-        mine, theirs = p.detach(), model.block_of(name, full[name]).detach()
-        if name.endswith("attn.qkv.bias"):  # the key bias: see test_cp_matches_serial_and_the_cost_model
-            key_diff = max(key_diff, (_key_columns(mine, spec) - _key_columns(theirs, spec)).abs().max()
-                           .item())
-            others = torch.ones_like(mine, dtype=torch.bool)
-            _key_columns(others, spec).fill_(False)
-            mine, theirs = mine[others], theirs[others]
-        errors[f"param:{name}"] = rel_err(mine, theirs)
+    errors, key_diff = compare_with_serial(spec, mesh, model, ref, (opt, ref_opt), (micro, every), tokens)
     # One fp32 step: its collectives against the cost model's list (fp32: the dtype the declaration prices).
     mesh.recorder.reset()
     model32 = build_model(spec, mesh, seed=5, recompute=recompute)

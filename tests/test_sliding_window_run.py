@@ -39,15 +39,15 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import F64, TOL_FP64, fp64_optimizer, one_step_events, rel_err, run_distributed
-from test_context_parallel import _full_grads, _key_columns
+from dist_helpers import F64, TOL_FP64, fp64_optimizer, one_step_events, run_distributed
+from test_context_parallel import compare_with_serial
 from test_equivalence_model import MAX_NORM, STEPS
 from test_pipeline import _stage_name
 
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
-from paracube.executor import Mesh, build_model, serial_reference, train_step
+from paracube.executor import Mesh, build_model, serial_reference
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.workload import ModelSpec, TrainingSpec
@@ -98,27 +98,7 @@ def _against_serial(spec: ModelSpec, mesh: Mesh, recompute: str, micro: list, ev
     model = build_model(spec, mesh, seed=5, recompute=recompute, dtype=F64)
     ref = serial_reference(spec, seed=5, dtype=F64, vocab=model.vocab)
     opt, ref_opt = fp64_optimizer(model), fp64_optimizer(ref)
-    errors: dict[str, float] = {}
-    grads: dict[str, dict[str, torch.Tensor]] = {}
-
-    def keep(key: str) -> Any:  # the first step's reduced gradients, before clipping
-        return lambda m: grads.setdefault(key, _full_grads(m, m.mesh))
-
-    for step in range(STEPS):
-        res = train_step(model, opt, mesh, micro, tokens, MAX_NORM, after_backward=keep("model"))
-        want = train_step(ref, ref_opt, ref.mesh, every, tokens, MAX_NORM, after_backward=keep("ref"))
-        errors[f"step{step}.loss"] = abs(res.loss - want.loss) / want.loss
-        errors[f"step{step}.grad_norm"] = abs(res.grad_norm - want.grad_norm) / want.grad_norm
-    full, key_diff = dict(ref.named_parameters()), 0.0
-    for name, p in model.named_parameters():
-        errors[f"grad:{name}"] = rel_err(grads["model"][name], model.block_of(name, grads["ref"][name]))
-        mine, theirs = p.detach(), model.block_of(name, full[name]).detach()
-        if name.endswith("attn.qkv.bias") and mesh.layout.cp > 1:
-            key_diff = max(key_diff, (_key_columns(mine, spec) - _key_columns(theirs, spec)).abs().max().item())
-            others = torch.ones_like(mine, dtype=torch.bool)
-            _key_columns(others, spec).fill_(False)
-            mine, theirs = mine[others], theirs[others]
-        errors[f"param:{name}"] = rel_err(mine, theirs)
+    errors, key_diff = compare_with_serial(spec, mesh, model, ref, (opt, ref_opt), (micro, every), tokens)
     return {"errors": errors, "key_diff": key_diff}
 
 
