@@ -29,6 +29,7 @@ from paracube.export.common import (
     shell_command,
     tensor_size,
 )
+from paracube.export.llama4_flags import megatron_llama4_args
 from paracube.export.moe_flags import megatron_moe_args
 from paracube.export.window_flags import megatron_window_args, megatron_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
@@ -156,7 +157,7 @@ def model_args(plan: Plan) -> list[str]:
             args += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    return args + megatron_window_args(m)
+    return args + megatron_window_args(m) + megatron_llama4_args(m)
 
 
 def tokenizer_args(plan: Plan) -> tuple[list[str], list[str]]:
