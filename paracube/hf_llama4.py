@@ -8,7 +8,8 @@ Field mapping (ModelSpec / MoESpec):
   vocab_size, rms_norm_eps, rope_theta, tie_word_embeddings, attention_dropout, router_aux_loss_coef;
 - intermediate_size_mlp: the dense blocks' SwiGLU width (ModelSpec.ffn_hidden); intermediate_size: each routed
   expert's and the one shared expert's width (Llama4TextMoe: experts + shared_expert, no gate on the shared one);
-- num_local_experts, num_experts_per_tok; the router: sigmoid of the top-k logits (Llama4Router: router "sigmoid");
+- num_local_experts, num_experts_per_tok; the router: sigmoid of the top-k logits, unnormalized (Llama4Router: router
+  "sigmoid"), scaling each expert's input (Llama4TextMoe's routed_in: MoESpec.probs_on_input);
 - moe_layers (default: range(interleave_moe_layer_step - 1, layers, step): blocks step-1, 2 step-1, ...): MoE at
   block i when (i + 1) % step == 0, which is MoESpec.sparse_step = step with first_dense 0; a moe_layers list of
   another shape is refused in one line;
@@ -91,7 +92,7 @@ def llama4_fields(data: dict[str, Any], get: Callable[..., Any], path: object) -
     check(step > 0, f"{path}: field 'interleave_moe_layer_step'={step!r} must be a positive integer")
     moe = MoESpec(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"),
                   expert_ffn=get("intermediate_size"), shared_ffn=get("intermediate_size"), router="sigmoid",
-                  sparse_step=step, aux_loss=float(get("router_aux_loss_coef", (int, float))))
+                  sparse_step=step, aux_loss=float(get("router_aux_loss_coef", (int, float))), probs_on_input=True)
     listed = data.get("moe_layers")
     check(listed is None or listed == [i for i in range(layers) if moe.is_moe_layer(i)],
           f"{path}: field 'moe_layers'={listed!r} is not supported; valid: null or every k-th block "

@@ -67,12 +67,12 @@ MOE_PRESETS = [
       for name, layers, experts in (("gpt-oss-120b", 36, 128), ("gpt-oss-20b", 24, 32))),
     # meta-llama/Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E (HF config.json text_config; hf_llama4.py says
     # what is not modelled: the vision tower, 871.9M parameters, the L2 q / k norm, NoPE's skipped rotary, attention
-    # temperature tuning): top-1 sigmoid routing, one shared expert of 8192, dense blocks of 16384 between Maverick's
-    # MoE blocks (1, 3, 5, ...), NoPE every 4th block, attention within chunks of 8192 tokens (8192: the longest
-    # sequence priced, where chunked attention is plain causal attention). Text model 107.77B / 400.71B parameters
-    # (109B / 400B published with the vision tower: tests/test_llama4.py), 17.2B active.
+    # temperature tuning): top-1 sigmoid routing scaling the expert's input, one shared expert of 8192, dense blocks
+    # of 16384 between Maverick's MoE blocks (1, 3, 5, ...), NoPE every 4th block, attention within chunks of 8192
+    # tokens (8192: the longest sequence priced, where chunked attention is plain causal attention). Text model
+    # 107.77B / 400.71B parameters (109B / 400B published with the vision tower: tests/test_llama4.py), 17.2B active.
     *(_moe(name, 48, 5120, 40, 8, 16384, 202048, MoESpec(experts, 1, 8192, shared_ffn=8192, router="sigmoid",
-                                                          sparse_step=step, aux_loss=0.001),
+                                                          sparse_step=step, aux_loss=0.001, probs_on_input=True),
            rope_theta=500000.0, rms_eps=1e-5, seq_len=8192, attention_chunk=8192, rope_pattern="RRRN",
            qk_l2_norm=l2)
       for name, experts, step, l2 in (("llama4-scout", 16, 1, True), ("llama4-maverick", 128, 2, False))),

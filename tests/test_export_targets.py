@@ -136,7 +136,7 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("window-all-cp-ag", "deepspeed"): "no context parallelism",
     ("llama4-scout-ep", "deepspeed"): "no NoPE blocks or the L2 q / k norm",
     ("llama4-maverick-pp-ep", "torchtitan"): "fold over dp_shard x cp x tp",
-    ("llama4-maverick-pp-ep", "deepspeed"): "no NoPE blocks (Llama 4's attention)",
+    ("llama4-maverick-pp-ep", "deepspeed"): "no NoPE blocks or router scores on the experts' input",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",
@@ -544,6 +544,7 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--no-rope-freq": [("tc", "no_rope_freq", lambda v: [int(x) for x in _str(v).strip("[]").split(",")]
                         if _str(v).startswith("[") else _int(v))],
     "--qk-l2-norm": [("tc", "qk_l2_norm", _on)],
+    "--moe-apply-probs-on-input": [("tc", "moe_apply_probs_on_input", _on)],
 }
 
 
@@ -630,8 +631,8 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
         freq = transformer.moe_layer_freq
         assert (freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(m.layers)]) == [
             int(m.moe.is_moe_layer(i)) for i in range(m.layers)]
-        assert (transformer.moe_shared_expert_intermediate_size or 0, transformer.moe_router_score_function) == (
-            m.moe.shared_ffn, m.moe.router)
+        assert (transformer.moe_shared_expert_intermediate_size or 0, transformer.moe_router_score_function,
+                transformer.moe_apply_probs_on_input) == (m.moe.shared_ffn, m.moe.router, m.moe.probs_on_input)
     assert (transformer.recompute_granularity or "none") == plan.training.recompute
     assert kwargs["model"].get("share_embeddings_and_output_weights", True) == m.tied_embeddings
     assert ddp.use_distributed_optimizer == (lay.zero == 1)

@@ -16,10 +16,12 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.executor import check_divisibility
+from paracube.export import export_plan
 from paracube.hf_config import from_hf_config
 from paracube.hf_llama4 import vision_parameters
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
+from paracube.plan import LaunchSpec, Plan
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -162,7 +164,9 @@ def test_engines_agree_within_2_percent(name: str, text: str) -> None:
 
 @pytest.mark.parametrize(("change", "message"), [({"rope_pattern": "RN"}, "NoPE blocks (rope_pattern)"),
                                                  ({"qk_l2_norm": True}, "the L2 q / k norm (qk_l2_norm)"),
-                                                 ({"attention_chunk": 32}, "--seq 64 > attention_chunk_size 32")])
+                                                 ({"attention_chunk": 32}, "--seq 64 > attention_chunk_size 32"),
+                                                 ({"moe": replace(PRESETS["tiny-moe"].moe, probs_on_input=True)},
+                                                  "router scores on the experts' input (moe.probs_on_input)")])
 def test_executor_refuses_what_it_does_not_build(change: dict[str, Any], message: str) -> None:
     """tiny-moe with one Llama 4 attention feature: refused before launch in one line; a chunk no shorter than the
     sequence is plain causal attention and runs."""
@@ -171,3 +175,16 @@ def test_executor_refuses_what_it_does_not_build(change: dict[str, Any], message
         check_divisibility(replace(PRESETS["tiny-moe"], **change), layout, 1, 8, 64)
     assert message in str(refused.value) and "\n" not in str(refused.value)
     check_divisibility(replace(PRESETS["tiny-moe"], attention_chunk=64), layout, 1, 8, 64)
+
+
+def test_megatron_refuses_scores_on_the_input_beyond_top_1() -> None:
+    """megatron-core's experts assert moe_router_topk == 1 for moe_apply_probs_on_input: top-2 refused in one line."""
+    scout = PRESETS["llama4-scout"]
+    assert scout.moe is not None
+    model = replace(scout, moe=replace(scout.moe, top_k=2))
+    lay = parse_layout("dp=8,ep=8,tp=none,mb=1")
+    plan = Plan(model, TRAIN, lay, "dgx-h100", 8, LaunchSpec(nproc_per_node=8, nnodes=1), runtime="megatron")
+    with pytest.raises(ParacubeError, match=None) as refused:
+        export_plan(plan, "megatron")
+    assert "top-1 routing only (moe_apply_probs_on_input); top_k=2" in str(refused.value)
+    assert "\n" not in str(refused.value)

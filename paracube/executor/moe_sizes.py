@@ -23,7 +23,9 @@ def check_moe(spec: ModelSpec, layout: Layout) -> None:
     # chunked attention over sequences up to one chunk is plain causal attention, which the executor runs
     check_chunk(spec, spec.seq_len)
     llama4 = [what for what, on in (("NoPE blocks (rope_pattern)", spec.rope_pattern is not None),
-                                    ("the L2 q / k norm (qk_l2_norm)", spec.qk_l2_norm)) if on]
+                                    ("the L2 q / k norm (qk_l2_norm)", spec.qk_l2_norm),
+                                    ("router scores on the experts' input (moe.probs_on_input)",
+                                     bool(spec.moe and spec.moe.probs_on_input))) if on]
     if llama4:  # Llama 4's attention (attention_chunk.py): priced and exported, not built by executor/layers
         raise ParacubeError(f"{where}: the executor does not run {', '.join(llama4)} yet; plan and export it "
                             "(--runtime megatron)")

@@ -9,7 +9,10 @@
   attention is Megatron's plain causal attention. MoE placement, the shared expert and the sigmoid top-1 router are
   moe_flags.py's (--moe-layer-freq as a 0 / 1 list: Megatron's integer form puts MoE at blocks 0, k, 2k, ...,
   Llama 4 at k - 1, 2k - 1, ...).
-- deepspeed: Megatron-DeepSpeed has neither NoPE blocks nor the L2 q / k norm: refused in one line.
+  The router's score on the expert's input (MoESpec.probs_on_input, moe_flags.py's --moe-apply-probs-on-input):
+  megatron-core's experts assert top-1 routing for it (experts.py): other top_k refused in one line.
+- deepspeed: Megatron-DeepSpeed has neither NoPE blocks nor the L2 q / k norm nor scores on the experts' input:
+  refused in one line.
 - torchtitan: the model's blocks come from its --module config: nothing written.
 """
 
@@ -33,10 +36,19 @@ def megatron_llama4_args(model: ModelSpec) -> list[str]:
     return args
 
 
+def megatron_llama4_refusal(model: ModelSpec) -> str | None:
+    if model.moe is not None and model.moe.probs_on_input and model.moe.top_k > 1:
+        return (f"it applies router scores on the experts' input with top-1 routing only (moe_apply_probs_on_input); "
+                f"top_k={model.moe.top_k}")
+    return None
+
+
 def deepspeed_llama4_refusal(model: ModelSpec) -> str | None:
+    on_input = bool(model.moe and model.moe.probs_on_input)
     parts = [what for what, on in (("NoPE blocks", model.rope_pattern is not None),
-                                   ("the L2 q / k norm", model.qk_l2_norm)) if on]
-    return f"Megatron-DeepSpeed has no {' or '.join(parts)} (Llama 4's attention)" if parts else None
+                                   ("the L2 q / k norm", model.qk_l2_norm),
+                                   ("router scores on the experts' input", on_input)) if on]
+    return f"Megatron-DeepSpeed has no {' or '.join(parts)} (Llama 4's)" if parts else None
 
 
-__all__ = ["deepspeed_llama4_refusal", "megatron_llama4_args"]
+__all__ = ["deepspeed_llama4_refusal", "megatron_llama4_args", "megatron_llama4_refusal"]
