@@ -98,6 +98,8 @@ def llama4_fields(data: dict[str, Any], get: Callable[..., Any], path: object) -
           f"{path}: field 'moe_layers'={listed!r} is not supported; valid: null or every k-th block "
           f"[k-1, 2k-1, ...] (k = interleave_moe_layer_step = {step})")
     interval = get("no_rope_layer_interval")
+    check(interval > 0, f"{path}: field 'no_rope_layer_interval'={interval!r} must be a positive integer (NoPE every "
+          "that many blocks)")
     bits = data.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
     check(isinstance(bits, list) and len(bits) == layers and all(b in (0, 1) for b in bits),
           f"{path}: field 'no_rope_layers'={bits!r} must be a list of 1 (rope) / 0 (NoPE), one per block "
@@ -108,6 +110,8 @@ def llama4_fields(data: dict[str, Any], get: Callable[..., Any], path: object) -
     check(types is None or types == derived, f"{path}: field 'layer_types' other than no_rope_layers' "
           f"(chunked_attention at rope blocks, full_attention at NoPE blocks) is not supported; valid: null")
     chunk = get("attention_chunk_size", nullable=True)
+    check(chunk is None or chunk > 0, f"{path}: field 'attention_chunk_size'={chunk!r} must be a positive integer "
+          "(tokens per chunk) or null")
     hidden, heads, head_dim = get("hidden_size"), get("num_attention_heads"), get("head_dim", nullable=True)
     return {"moe": moe, "ffn_hidden": get("intermediate_size_mlp"),
             "head_size": None if head_dim in (None, hidden // heads) and hidden % heads == 0 else head_dim,
