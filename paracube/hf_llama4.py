@@ -113,6 +113,7 @@ def llama4_fields(data: dict[str, Any], get: Callable[..., Any], path: object) -
     check(chunk is None or chunk > 0, f"{path}: field 'attention_chunk_size'={chunk!r} must be a positive integer "
           "(tokens per chunk) or null")
     hidden, heads, head_dim = get("hidden_size"), get("num_attention_heads"), get("head_dim", nullable=True)
+    check(heads > 0, f"{path}: field 'num_attention_heads'={heads!r} must be a positive integer")
     return {"moe": moe, "ffn_hidden": get("intermediate_size_mlp"),
             "head_size": None if head_dim in (None, hidden // heads) and hidden % heads == 0 else head_dim,
             "attention_chunk": chunk, "rope_pattern": None if rope == "R" else rope,

@@ -111,6 +111,7 @@ def test_presets_have_the_published_sizes(data: dict[str, Any], preset: str, tot
     ({**SCOUT_TEXT, "interleave_moe_layer_step": 0}, "field 'interleave_moe_layer_step'=0 must be a positive"),
     ({**SCOUT_TEXT, "attention_chunk_size": 0}, "field 'attention_chunk_size'=0 must be a positive"),
     ({"model_type": "llama4_text", "no_rope_layer_interval": 0}, "field 'no_rope_layer_interval'=0 must be"),
+    ({"model_type": "llama4_text", "num_attention_heads": 0}, "field 'num_attention_heads'=0 must be a positive"),
     ({"model_type": "llama4_text", "use_qk_norm": 1}, "field 'use_qk_norm' must be true or false, got 1"),
 ])
 def test_bad_configs_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], data: dict[str, Any],
