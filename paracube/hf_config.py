@@ -1,4 +1,5 @@
-"""A ModelSpec from a Hugging Face `config.json` of model_type gpt2, llama, mistral or a MoE type (hf_moe.py),
+"""A ModelSpec from a Hugging Face `config.json` of model_type gpt2, llama, mistral, a MoE type (hf_moe.py) or Llama 4's
+(llama4 / llama4_text: hf_llama4.py, the language model of its text_config),
 read as transformers reads it: a field the file omits takes the default of that model_type's config class
 (`HF_DEFAULTS`); configs of look-alike models that are not the gpt or llama family are refused with the reason.
 Sliding-window attention (sliding_window, use_sliding_window, layer_types) is read by hf_window.py.
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from paracube.errors import ParacubeError, check
+from paracube.hf_llama4 import LLAMA4_TEXT_DEFAULTS, LLAMA4_TYPES, llama4_fields, text_config
 from paracube.hf_moe import GPT_OSS_UNMODELLED, MOE_HF_DEFAULTS, moe_fields
 from paracube.hf_window import window_fields
 from paracube.workload import ModelSpec
@@ -44,12 +46,14 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
                 "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096,
                 "attention_dropout": 0.0},
     **MOE_HF_DEFAULTS,  # mixtral, qwen3_moe, deepseek_v3, gpt_oss (hf_moe.py)
+    **{t: LLAMA4_TEXT_DEFAULTS for t in LLAMA4_TYPES},  # llama4's text_config, llama4_text (hf_llama4.py)
 }
 # model_type of each `architectures` name, for configs that omit model_type.
 _ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "GPT2Model": "gpt2", "LlamaForCausalLM": "llama",
                   "LlamaModel": "llama", "MistralForCausalLM": "mistral", "MistralModel": "mistral",
                   "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe",
-                  "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss"}
+                  "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss",
+                  "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4_text"}
 # Decoder configs that look alike but are other models (why they are not the gpt or llama family).
 _OTHER_MODELS = {"qwen2": "its q/k/v projections have biases",
                  "qwen2_moe": "its q/k/v projections have biases", "gpt_neox": "parallel attention, partial rotary",
@@ -84,6 +88,9 @@ def from_hf_config(path: Path) -> ModelSpec:
     check(isinstance(data, dict), f"{path}: expected a JSON object with model hyper-parameters")
     model_type = _hf_model_type(data, path)
     defaults = HF_DEFAULTS[model_type]
+    name = config_name(path, data.get("_name_or_path"))
+    if model_type in LLAMA4_TYPES:  # the language model: a llama4 config's text_config (hf_llama4.py)
+        data = text_config(data, path)
 
     def get(key: str, kind: type | tuple[type, ...] = int, nullable: bool = False) -> Any:
         """The file's value, else the class default; null only where transformers derives the value."""
@@ -93,7 +100,6 @@ def from_hf_config(path: Path) -> ModelSpec:
               f"{path}: field {key!r} must be {_KIND_NAMES[kind]}, got {value!r}")
         return value
 
-    name = config_name(path, data.get("_name_or_path"))
     if model_type == "gpt2":
         hidden = get("n_embd")
         return ModelSpec(name=str(name), layers=get("n_layer"), hidden=hidden, heads=get("n_head"),
@@ -103,17 +109,20 @@ def from_hf_config(path: Path) -> ModelSpec:
                          attention_dropout=float(get("attn_pdrop", (int, float))),
                          embedding_dropout=float(get("embd_pdrop", (int, float))))
     for key, allowed in _LLAMA_MUST.items():
-        unmodelled = model_type == "gpt_oss" and key in GPT_OSS_UNMODELLED  # hf_moe.py: what it leaves out
+        unmodelled = (model_type == "gpt_oss" and key in GPT_OSS_UNMODELLED  # hf_moe.py: what it leaves out
+                      or model_type in LLAMA4_TYPES and key == "rope_scaling")  # hf_llama4.py: the same FLOPs
         check(unmodelled or data.get(key, allowed) == allowed,
               f"{path}: field {key!r}={data.get(key)!r} is not supported by the llama family (valid: {allowed!r})")
     hidden, heads = get("hidden_size"), get("num_attention_heads")
-    extra = moe_fields(model_type, data, get, path) if model_type in MOE_HF_DEFAULTS else {}
+    extra = moe_fields(model_type, data, get, path) if model_type in MOE_HF_DEFAULTS else \
+        llama4_fields(data, get, path) if model_type in LLAMA4_TYPES else {}
     check(data.get("head_dim") in (None, hidden // max(heads or 1, 1)) or "head_size" in extra,
           f"{path}: field 'head_dim'={data.get('head_dim')!r} must be hidden_size / num_attention_heads")
-    seq_len, layers = get("max_position_embeddings"), get("num_hidden_layers")
+    seq_len, layers = extra.pop("seq_len", None) or get("max_position_embeddings"), get("num_hidden_layers")
     extra.update(window_fields(data, defaults, get, path, seq_len, layers))  # sliding windows (hf_window.py)
     return ModelSpec(name=str(name), layers=layers, hidden=hidden, heads=heads,
-                     ffn_hidden=get("intermediate_size"), vocab=get("vocab_size"), seq_len=seq_len,
+                     ffn_hidden=extra.pop("ffn_hidden", None) or get("intermediate_size"), vocab=get("vocab_size"),
+                     seq_len=seq_len,
                      family="llama", kv_heads=get("num_key_value_heads") or heads,
                      tied_embeddings=get("tie_word_embeddings", bool), rms_eps=float(get("rms_norm_eps", (int, float))),
                      rope_theta=float(get("rope_theta", (int, float))),

@@ -2,7 +2,7 @@
 
 Presets: GPT-2 (Radford et al. 2019; tied head, as HF GPT2LMHeadModel), the GPT-3 family (Brown et al. 2020,
 Table 2.1), LLaMA-2 (Touvron et al. 2023), Llama 3 (Dubey et al. 2024), the MoE models of their HF configs (GPT-OSS
-with sliding-window attention), and
+with sliding-window attention, Llama 4 Scout and Maverick), and
 `tiny`, the embedded default that trains in seconds on CPU ranks. Anything else that names an existing path is
 read as a Hugging Face `config.json` (hf_config.py).
 """
@@ -41,8 +41,8 @@ def _moe(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, voc
          **kw: Any) -> ModelSpec:
     # Sequence 4096: the pretraining length of DeepSeek-V3 (arXiv 2412.19437 Section 4.2) and Qwen3's first
     # stage; Mixtral's is not published, 4096 is Megatron-core's MoE examples'.
-    return ModelSpec(name, layers, hidden, heads, ffn, vocab, 4096, family="llama", kv_heads=kv, moe=moe,
-                     rope_theta=kw.pop("rope_theta", 1e6), **kw)
+    return ModelSpec(name, layers, hidden, heads, ffn, vocab, kw.pop("seq_len", 4096), family="llama", kv_heads=kv,
+                     moe=moe, rope_theta=kw.pop("rope_theta", 1e6), **kw)
 
 
 # HF config.json of each (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen3-235B-A22B,
@@ -65,6 +65,17 @@ MOE_PRESETS = [
     *(_moe(name, layers, 2880, 64, 8, 2880, 201088, MoESpec(experts, 4, 2880, aux_loss=0.9), head_size=64,
            rope_theta=150000.0, rms_eps=1e-5, sliding_window=128, window_pattern="WF")
       for name, layers, experts in (("gpt-oss-120b", 36, 128), ("gpt-oss-20b", 24, 32))),
+    # meta-llama/Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E (HF config.json text_config; hf_llama4.py says
+    # what is not modelled: the vision tower, 871.9M parameters, the L2 q / k norm, NoPE's skipped rotary, attention
+    # temperature tuning): top-1 sigmoid routing scaling the expert's input, one shared expert of 8192, dense blocks
+    # of 16384 between Maverick's MoE blocks (1, 3, 5, ...), NoPE every 4th block, attention within chunks of 8192
+    # tokens (8192: the longest sequence priced, where chunked attention is plain causal attention). Text model
+    # 107.77B / 400.71B parameters (109B / 400B published with the vision tower: tests/test_llama4.py), 17.2B active.
+    *(_moe(name, 48, 5120, 40, 8, 16384, 202048, MoESpec(experts, 1, 8192, shared_ffn=8192, router="sigmoid",
+                                                          sparse_step=step, aux_loss=0.001, probs_on_input=True),
+           rope_theta=500000.0, rms_eps=1e-5, seq_len=8192, attention_chunk=8192, rope_pattern="RRRN",
+           qk_l2_norm=l2)
+      for name, experts, step, l2 in (("llama4-scout", 16, 1, True), ("llama4-maverick", 128, 2, False))),
     # For tests and the local machine: top-2 of 8 small experts and one shared expert; tiny-mla: MLA, block 0 dense.
     ModelSpec("tiny-moe", layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=64, family="llama",
               moe=MoESpec(8, 2, 32, shared_ffn=32, aux_loss=0.01)),

@@ -13,7 +13,10 @@ the load-balancing loss (Switch Transformer's, HF router_aux_loss_coef). `imbala
 loaded expert's tokens to the balanced share the cost model prices (1.0 = force-balanced routing, as
 published benchmarks run it). `groups` / `group_topk`: group-limited (node-limited) routing, DeepSeek-V3's
 (arXiv 2412.19437 Section 2.1.2: each token to at most 4 nodes; HF n_group / topk_group): the experts form `groups`
-equal groups and a token's top-k lie in the `group_topk` best (1 / 1: no limit).
+equal groups and a token's top-k lie in the `group_topk` best (1 / 1: no limit). `probs_on_input`: the router's
+score multiplies the token before its expert (Llama 4: Llama4TextMoe scales routed_in by sigmoid of the top-1 logit,
+unnormalized; Megatron --moe-apply-probs-on-input, top-1 only), not the expert's output: a multiply of the same
+[tokens, h] size moved, the same FLOPs and bytes, a different model (SwiGLU is not linear).
 
 Parameters of one MoE block's MLP part: router h E (+ E for sigmoid routing's score-correction bias),
 E x 3 h f_e routed, 3 h f_s shared (+ h for the shared gate). Active per token: router, k x 3 h f_e, shared.
@@ -56,6 +59,7 @@ class MoESpec:
     imbalance: float = 1.0
     groups: int = 1  # routing groups of experts (HF deepseek_v3 n_group; Megatron-core moe_router_num_groups)
     group_topk: int = 1  # groups a token's experts may lie in (HF topk_group; moe_router_group_topk)
+    probs_on_input: bool = False  # the score scales the expert's input (Llama 4), not its output
 
     def validate(self, where: str) -> None:
         _positive(where, self, ("experts", "top_k", "expert_ffn", "sparse_step"))
@@ -65,6 +69,8 @@ class MoESpec:
               f"{where}: shared_ffn={self.shared_ffn!r} must be a non-negative integer")
         check(not self.shared_gate or self.shared_ffn > 0,
               f"{where}: shared_gate needs a shared expert (shared_ffn > 0)")
+        check(isinstance(self.probs_on_input, bool),
+              f"{where}: probs_on_input={self.probs_on_input!r} must be true or false")
         check(self.router in ("softmax", "sigmoid"), f"{where}: router={self.router!r}; valid: softmax, sigmoid")
         check(isinstance(self.first_dense, int) and self.first_dense >= 0,
               f"{where}: first_dense={self.first_dense!r} must be a non-negative integer")

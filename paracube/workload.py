@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from paracube.attention_chunk import validate_attention
 from paracube.errors import ParacubeError, check
 from paracube.moe_spec import MLASpec, MoESpec, mla_from_dict, moe_from_dict
 
@@ -68,6 +69,8 @@ class ModelSpec:
     `--window-size (sliding_window - 1, 0)`). `window_pattern` says which blocks are windowed: a string of "W"
     (windowed) and "F" (full causal attention) repeated over the blocks from block 0 (GPT-OSS "WF", Gemma 3
     "WWWWWF"; HF `layer_types` / Megatron `--window-attn-skip-freq k` = "W" x (k - 1) + "F"); None: every block.
+    Llama 4's attention (attention_chunk.py): `attention_chunk` (rope blocks attend within chunks of that many
+    tokens; sequences up to it only), `rope_pattern` ("R" / "N" per block: NoPE blocks), `qk_l2_norm`.
     """
 
     name: str
@@ -91,6 +94,9 @@ class ModelSpec:
     mla: MLASpec | None = None  # multi-head latent attention (moe_spec.py); None: (grouped-query) attention
     sliding_window: int | None = None  # keys a windowed block's query sees, itself included; None: full causal
     window_pattern: str | None = None  # "W" / "F" per block, repeated; None: every block windowed
+    attention_chunk: int | None = None  # Llama 4: rope blocks attend within chunks of this many tokens
+    rope_pattern: str | None = None  # "R" (rotary) / "N" (NoPE) per block, repeated; None: rotary everywhere
+    qk_l2_norm: bool = False  # Llama 4: weightless L2 (RMS) norm of q and k in the rope blocks
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "moe", moe_from_dict(self.moe, f"model {self.name!r}"))
@@ -126,6 +132,7 @@ class ModelSpec:
               "(windowed block) and F (full attention), or null (every block windowed)")
         check(self.window_pattern is None or self.sliding_window is not None,
               f"model {self.name!r}: window_pattern={self.window_pattern!r} needs sliding_window set")
+        validate_attention(self)
         for attr in ("rms_eps", "rope_theta"):
             value = getattr(self, attr)
             check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
@@ -193,7 +200,8 @@ class ModelSpec:
         # The MoE-era fields only where set: plans of dense models read as they did before them.
         data = asdict(self)
         for key, default in (("head_size", None), ("qk_norm", False), ("moe", None), ("mla", None),
-                             ("sliding_window", None), ("window_pattern", None)):
+                             ("sliding_window", None), ("window_pattern", None), ("attention_chunk", None),
+                             ("rope_pattern", None), ("qk_l2_norm", False)):
             if data[key] == default:
                 del data[key]
         return data

@@ -98,6 +98,11 @@ PLANS: dict[str, Plan] = {
     "window-gpt-oss-fsdp-ep": make("gpt-oss-20b", "dp=8,ep=8,tp=none,mb=1,zero=3,overlap", batch=256),
     "window-all-cp-ag": replace(make("llama2-7b", "dp=2,cp=2,cpc=ag,tp=1d:2,mb=1,sp", batch=64),
                                 model=replace(PRESETS["llama2-7b"], sliding_window=1024)),
+    # Llama 4 (export/llama4_flags.py): Scout's NoPE every 4th block and L2 q / k norm, Maverick's MoE at odd blocks
+    # (--moe-layer-freq as a list), a shared expert, sigmoid top-1 routing
+    "llama4-scout-ep": make("llama4-scout", "dp=8,ep=8,tp=none,mb=1,zero=3,overlap", batch=256),
+    "llama4-maverick-pp-ep": make("llama4-maverick", "dp=8,pp=2,ep=8,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256,
+                                  runtime="megatron"),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -129,6 +134,9 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("window-gpt-oss-fsdp-ep", "deepspeed"): "no sliding-window attention",
     ("window-all-cp-ag", "torchtitan"): "its only sliding windows are its gpt_oss module's",
     ("window-all-cp-ag", "deepspeed"): "no context parallelism",
+    ("llama4-scout-ep", "deepspeed"): "no NoPE blocks or the L2 q / k norm",
+    ("llama4-maverick-pp-ep", "torchtitan"): "fold over dp_shard x cp x tp",
+    ("llama4-maverick-pp-ep", "deepspeed"): "no NoPE blocks or router scores on the experts' input",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",
@@ -532,6 +540,11 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--overlap-moe-expert-parallel-comm": [("tc", "overlap_moe_expert_parallel_comm", _on)],
     "--window-size": [("tc", "window_size", lambda v: tuple(int(x) for x in _str(v).split(",")))],
     "--window-attn-skip-freq": [("tc", "window_attn_skip_freq", _int)],
+    # Megatron-LM parses --no-rope-freq as --moe-layer-freq (an integer or a Python list)
+    "--no-rope-freq": [("tc", "no_rope_freq", lambda v: [int(x) for x in _str(v).strip("[]").split(",")]
+                        if _str(v).startswith("[") else _int(v))],
+    "--qk-l2-norm": [("tc", "qk_l2_norm", _on)],
+    "--moe-apply-probs-on-input": [("tc", "moe_apply_probs_on_input", _on)],
 }
 
 
@@ -609,6 +622,17 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
             for i in range(m.layers)] == [m.attention_window(i) is not None for i in range(m.layers)]
     assert transformer.window_size == (None if m.sliding_window is None else (m.sliding_window - 1, 0))
     assert transformer.gated_linear_unit == (m.family == "llama")
+    # Llama 4: Megatron's per-block rotary skip (no_rope_freq, expanded in __post_init__: 1 = NoPE) and the L2 norm;
+    # MoE blocks by Megatron's own list (1 = MoE) against the model's
+    from paracube.attention_chunk import uses_rope
+    assert (transformer.no_rope_freq or [0] * m.layers) == [int(not uses_rope(m, i)) for i in range(m.layers)]
+    assert transformer.qk_l2_norm == m.qk_l2_norm
+    if m.moe is not None:
+        freq = transformer.moe_layer_freq
+        assert (freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(m.layers)]) == [
+            int(m.moe.is_moe_layer(i)) for i in range(m.layers)]
+        assert (transformer.moe_shared_expert_intermediate_size or 0, transformer.moe_router_score_function,
+                transformer.moe_apply_probs_on_input) == (m.moe.shared_ffn, m.moe.router, m.moe.probs_on_input)
     assert (transformer.recompute_granularity or "none") == plan.training.recompute
     assert kwargs["model"].get("share_embeddings_and_output_weights", True) == m.tied_embeddings
     assert ddp.use_distributed_optimizer == (lay.zero == 1)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from paracube.attention_chunk import check_chunk
 from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.errors import check
 from paracube.frozen_hash import frozen_hash, frozen_state
@@ -197,6 +198,7 @@ def _interned(d: Dims) -> Dims:
 
 
 def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
+    check_chunk(model, training.sequence_length(model))  # Llama 4: chunked attention priced up to one chunk only
     return Dims(
         L=model.layers,
         h=model.hidden,

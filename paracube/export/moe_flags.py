@@ -4,7 +4,9 @@ blocks, MLA or a head width other than hidden / heads; nothing for a dense model
 - megatron (Megatron-core TransformerConfig / MLATransformerConfig): --num-experts, --moe-router-topk,
   --expert-model-parallel-size, --expert-tensor-parallel-size, --moe-ffn-hidden-size,
   --moe-shared-expert-intermediate-size, --moe-layer-freq (a 0/1 list where the first blocks are dense),
-  --moe-router-score-function, --moe-router-load-balancing-type aux_loss with --moe-aux-loss-coeff,
+  --moe-router-score-function, --moe-apply-probs-on-input (MoESpec.probs_on_input; Megatron runs it with top-1
+  routing only: export/llama4_flags.py refuses top_k > 1),
+  --moe-router-load-balancing-type aux_loss with --moe-aux-loss-coeff,
   --moe-token-dispatcher-type alltoall, or flex with --moe-flex-dispatcher-backend deepep (DeepEP installed) where
   the plan's runtime dispatches so and the model is dropless (Runtime.moe_dispatch, moe_dispatch.dispatch_of: the
   dispatch the plan was priced with; a plan made for paracube exports alltoall), --moe-router-num-groups /
@@ -45,6 +47,8 @@ def megatron_moe_args(plan: Plan) -> list[str]:
         if e.first_dense or e.sparse_step > 1:
             pattern = ",".join("1" if e.is_moe_layer(i) else "0" for i in range(m.layers))
             args.append(f"--moe-layer-freq [{pattern}]")
+        if e.probs_on_input:
+            args.append("--moe-apply-probs-on-input")
         if e.capacity_factor is not None:
             args.append(f"--moe-expert-capacity-factor {e.capacity_factor:g}")
         if lay.a2ao:

@@ -1,0 +1,54 @@
+"""Llama 4's attention in the exports (ModelSpec.rope_pattern, qk_l2_norm, attention_chunk: attention_chunk.py).
+
+- megatron (megatron-core 0.16.1 TransformerConfig): `--no-rope-freq k` where rope_pattern is "R" x (k - 1) + "N"
+  and k divides the blocks (its rule: [0] x (k - 1) + [1] repeated, 1 = skip rotary, attention.py reads it per block
+  numbered from 1), else the 0 / 1 list; `--qk-l2-norm` (gpt_layer_specs' L2Norm on q and k). Megatron puts the L2
+  norm in every block, NoPE blocks too, where transformers' Llama 4 skips it (Llama4TextAttention: rope blocks
+  only): the weightless norm of a NoPE block's q and k differs, which no parameter or FLOP count sees.
+  attention_chunk writes nothing: paracube prices sequences up to one chunk only (check_chunk), where chunked
+  attention is Megatron's plain causal attention. MoE placement, the shared expert and the sigmoid top-1 router are
+  moe_flags.py's (--moe-layer-freq as a 0 / 1 list: Megatron's integer form puts MoE at blocks 0, k, 2k, ...,
+  Llama 4 at k - 1, 2k - 1, ...).
+  The router's score on the expert's input (MoESpec.probs_on_input, moe_flags.py's --moe-apply-probs-on-input):
+  megatron-core's experts assert top-1 routing for it (experts.py): other top_k refused in one line.
+- deepspeed: Megatron-DeepSpeed has neither NoPE blocks nor the L2 q / k norm nor scores on the experts' input:
+  refused in one line.
+- torchtitan: the model's blocks come from its --module config: nothing written.
+"""
+
+from __future__ import annotations
+
+from paracube.attention_chunk import uses_rope
+from paracube.workload import ModelSpec
+
+
+def megatron_llama4_args(model: ModelSpec) -> list[str]:
+    args: list[str] = []
+    if model.rope_pattern is not None:
+        k = len(model.rope_pattern)
+        if model.rope_pattern == "R" * (k - 1) + "N" and model.layers % k == 0:
+            args.append(f"--no-rope-freq {k}")
+        else:
+            skips = ",".join("0" if uses_rope(model, i) else "1" for i in range(model.layers))
+            args.append(f"--no-rope-freq [{skips}]")
+    if model.qk_l2_norm:
+        args.append("--qk-l2-norm")
+    return args
+
+
+def megatron_llama4_refusal(model: ModelSpec) -> str | None:
+    if model.moe is not None and model.moe.probs_on_input and model.moe.top_k > 1:
+        return (f"it applies router scores on the experts' input with top-1 routing only (moe_apply_probs_on_input); "
+                f"top_k={model.moe.top_k}")
+    return None
+
+
+def deepspeed_llama4_refusal(model: ModelSpec) -> str | None:
+    on_input = bool(model.moe and model.moe.probs_on_input)
+    parts = [what for what, on in (("NoPE blocks", model.rope_pattern is not None),
+                                   ("the L2 q / k norm", model.qk_l2_norm),
+                                   ("router scores on the experts' input", on_input)) if on]
+    return f"Megatron-DeepSpeed has no {' or '.join(parts)} (Llama 4's)" if parts else None
+
+
+__all__ = ["deepspeed_llama4_refusal", "megatron_llama4_args", "megatron_llama4_refusal"]
