@@ -14,10 +14,12 @@ Applied to qkv before any split of the sequence (token splits' key gathers, cont
 keys every rank reads are normed once, where they were computed.
 
 Gradients: gamma is replicated over the tensor group; each rank's gradient covers its heads and its tokens only.
-`reduced` passes it through copy_to_group (Megatron's f: identity forward, all-reduce of the gradient backward)
-over the tensor axes the step's gradient all-reduce does not already sum (the mode's axes less its grad_axes:
-2.5D's dep is summed there with dp, as its other parameters' depth shares are), once per block and micro-batch
-(2 d values: the bytes of a 2D RMSNorm gamma's gather and reduce-scatter, which sum its partial gradients alike).
+`qk_normed` passes the two gammas, stacked, through copy_to_group (Megatron's f: identity forward, all-reduce of
+the gradient backward) over the tensor axes the step's gradient all-reduce does not already sum (the mode's axes
+less its grad_axes: 2.5D's dep is summed there with dp, as its other parameters' depth shares are): one
+all-reduce of 2 d values per block and micro-batch, as this executor's 2D / 3D RMSNorm gammas sum their partial
+gradients per micro-batch (gather forward, reduce-scatter backward), in every mode alike. (1D + sp sums its
+replicated weights once per step instead, one_d.sequence_parallel_params: fewer, larger collectives.)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from paracube.executor.layers.functional import upcast
 from paracube.executor.layers.serial import ShardedModule
 from paracube.executor.layers.shards import make_spec
 from paracube.executor.mesh import Mesh
+from paracube.layout import Layout
 from paracube.modes import MODES
 
 
@@ -41,24 +44,20 @@ def head_rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
 
 
 class HeadRMSNorm(ShardedModule):
-    """gamma [d] replicated over the tensor group; `reduced()` is gamma with its gradient summed over the axes
-    that split the heads or tokens within a replica (module docstring)."""
+    """gamma [d], replicated over the tensor group (its gradient summed by `qk_normed`)."""
 
     def __init__(self, mesh: Mesh, head_dim: int):
         super().__init__()
         self.mesh = mesh
-        tensor = mesh.layout.tensor_axes
-        self.add_param("weight", make_spec(mesh, (head_dim,), {}, replicated_axes=tensor))
-        summed = MODES[mesh.layout.mode].grad_axes
-        axes = tuple(a for a in tensor if a not in summed)
-        # One group where the mesh builds it (the whole tensor group); else one per axis (2.5D's row, col)
-        self.groups = [axes] if axes == tensor else [(a,) for a in axes]
+        self.add_param("weight", make_spec(mesh, (head_dim,), {}, replicated_axes=mesh.layout.tensor_axes))
 
-    def reduced(self) -> Tensor:
-        w = self.weight
-        for axes in self.groups:
-            w = copy_to_group(w, self.mesh, axes, label="attn.qk_norm")
-        return w
+
+def gamma_groups(layout: Layout) -> list[tuple[str, ...]]:
+    """The groups the gammas' gradients are summed over (module docstring): the tensor axes less the mode's
+    grad_axes, as one group where the mesh builds it (the whole tensor group), else one per axis (2.5D's row, col)."""
+    tensor = layout.tensor_axes
+    axes = tuple(a for a in tensor if a not in MODES[layout.mode].grad_axes)
+    return [] if not axes else [axes] if axes == tensor else [(a,) for a in axes]
 
 
 def qk_normed(qkv: Tensor, groups: int, per_group: int, q_norm: HeadRMSNorm, k_norm: HeadRMSNorm,
@@ -67,10 +66,12 @@ def qk_normed(qkv: Tensor, groups: int, per_group: int, q_norm: HeadRMSNorm, k_n
     k_norm (the values as they were)."""
     d = qkv.shape[-1] // (groups * (per_group + 2))
     g = qkv.unflatten(-1, (groups, per_group + 2, d))
-    q_w, k_w = q_norm.reduced(), k_norm.reduced()
-    gamma = torch.cat([q_w.expand(per_group, d), k_w.unsqueeze(0)])  # [per_group + 1, d]: the queries, the key
+    both = torch.stack([q_norm.weight, k_norm.weight])  # one gradient sum for the two per block and micro-batch
+    for axes in gamma_groups(q_norm.mesh.layout):
+        both = copy_to_group(both, q_norm.mesh, axes, label="attn.qk_norm")
+    gamma = both[[0] * per_group + [1]]  # [per_group + 1, d]: the group's queries, then its key
     normed = head_rms_norm(g[..., :per_group + 1, :], gamma, eps)
     return torch.cat([normed, g[..., per_group + 1:, :]], dim=-2).flatten(-3)
 
 
-__all__ = ["HeadRMSNorm", "head_rms_norm", "qk_normed"]
+__all__ = ["HeadRMSNorm", "gamma_groups", "head_rms_norm", "qk_normed"]

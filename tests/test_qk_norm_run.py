@@ -1,0 +1,130 @@
+"""Qwen3-style attention run by the executor (a head width other than hidden / heads, per-head q / k RMSNorms:
+executor/layers/head_norm.py) against its serial model, in every kind of attention path.
+
+The equivalence template of tests/test_sliding_window_run.py (whose helpers run it): the serial model against the
+sharded copy, both fp64 (dist_helpers.TOL_FP64: why fp64 and why rel 1e-5), 3 AdamW steps of 2 micro-batches with
+clipping: each step's loss and gradient norm, every gradient of the first step (the reduced ones, before clipping:
+the norms' gammas' partial gradients summed over the heads' and tokens' ranks) and every parameter after the steps.
+Models: QWEN3, dense (hidden 32, 4 heads of head_dim 16: q width 64 != 32, 2 kv heads, qk_norm) and QWEN3_MOE
+(tiny-moe with head_dim 32 and qk_norm). Cases: dp=2; 1D without and with sp; 2D with a rank's tokens a quarter of a
+sequence (keys gathered over row); cp=2; pp=2; ep=2 (MoE). Then one fp32 step's collectives against the cost model's
+list (traffic.stage_events as a multiset: zero difference) for the dense model (MoE's routing-dependent bytes:
+tests/test_moe_run.py), once the list holds what the cost model does not price yet for these models
+(`with_unpriced`, exact per event; reported to the lead). ONE 4-rank launch: 2-rank cases
+run on ranks 0-1 (ranks 2-3 build the same groups)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from dist_helpers import F64, TOL_FP64, one_step_events, run_distributed
+from test_equivalence_model import MAX_NORM
+from test_pipeline import _stage_name
+from test_sliding_window_run import N_MICRO, _against_serial, _batches
+
+from paracube.cost_models.dims import dims_of
+from paracube.cost_models.traffic import stage_events
+from paracube.estimate import CommEvent, traffic_difference
+from paracube.executor import Mesh, build_model
+from paracube.executor.layers.head_norm import gamma_groups
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
+from paracube.model_presets import PRESETS
+from paracube.workload import ModelSpec, TrainingSpec
+
+QWEN3 = ModelSpec("qwen3-tiny", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=32, family="llama",
+                  kv_heads=2, head_size=16, qk_norm=True)
+QWEN3_MOE = replace(PRESETS["tiny-moe"], name="qwen3-moe-tiny", seq_len=32, kv_heads=2, head_size=32, qk_norm=True)
+MODELS = {"qwen3": QWEN3, "qwen3-moe": QWEN3_MOE}
+CASES = [  # (layout, model, sequences per micro-batch, recompute)
+    ("dp=2", "qwen3", 2, "none"),
+    ("tp=1d:2", "qwen3", 2, "selective"),
+    ("tp=1d:2,sp", "qwen3", 2, "full"),
+    ("tp=2d:2x2", "qwen3", 1, "none"),  # 8 tokens per rank: a quarter of a sequence, keys gathered
+    ("cp=2", "qwen3", 2, "selective"),
+    ("pp=2", "qwen3", 2, "none"),
+    ("dp=2,ep=2", "qwen3-moe", 2, "none"),
+    ("dp=2,ep=2,tp=1d:2,sp", "qwen3-moe", 2, "selective"),
+]
+IDS = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES]
+
+
+def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dict[str, Any]:
+    spec, layout = MODELS[family], parse_layout(text)
+    if rank >= layout.world_size:
+        Mesh(layout, 0)  # the same new_group calls as the case's ranks
+        return {}
+    mesh = Mesh(layout, rank)
+    batches = _batches(spec, layout.dp, mb)
+    micro, every = batches[mesh.coord("dp")], [m for r in batches for m in r]
+    tokens = layout.dp * mb * N_MICRO * spec.seq_len
+    out = _against_serial(spec, mesh, recompute, micro, every, tokens)
+    out["stage"] = _stage_name(mesh)
+    if spec.moe is None:  # fp32: the priced payloads
+        out["events"] = one_step_events(build_model(spec, mesh, seed=5, recompute=recompute), micro, tokens,
+                                        MAX_NORM)
+    return out
+
+
+def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
+    return [_one_case(rank, *case) for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def results() -> list[list[dict[str, Any]]]:
+    return run_distributed(_all_cases, 4, timeout=900.0)  # [rank][case]
+
+
+def with_unpriced(events: list[CommEvent], spec: ModelSpec, layout: Layout, stage: str) -> list[CommEvent]:
+    """traffic.stage_events with what it does not price yet for a head width other than h / heads and qk_norm
+    (reported to the lead; none of it is a guess: each line is the executor's tensor at its true width).
+    (a) 'gradients' (the data-parallel all-reduce): the buckets count each block's attention with queries and
+        output at width h (2 h^2 + 2 h kv): + 4 bytes x (2 h (q - h) + 2 d) per block of the stage (q = heads x d;
+        2 d: the two gammas; cost_models/traffic.local_parameter_sizes);
+    (b) the 2D-family linears (modes/two_d.py): qkv's weight gather and its gradient's reduce-scatter (qkv.A, qkv.dA)
+        at [h, h + 2 kv] instead of [h, q + 2 kv]; proj's (proj.A, proj.dA) at [h, h] instead of [q, h], and its
+        input's gather and gradient's reduce-scatter (proj.X, proj.dX) at width h instead of q;
+    (c) the gammas' gradient sum (head_norm.py): one all_reduce of 2 d fp32 values per block and micro-batch over
+        each of head_norm.gamma_groups (none where the layout has no tensor axes)."""
+    h, d, kv = spec.hidden, spec.head_dim, spec.num_kv_heads * spec.head_dim
+    q = spec.heads * d
+    blocks = spec.layers // layout.pp
+    scale = {"qkv.A": (q + 2 * kv, h + 2 * kv), "qkv.dA": (q + 2 * kv, h + 2 * kv), "proj.A": (q, h),
+             "proj.dA": (q, h), "proj.X": (q, h), "proj.dX": (q, h)}
+    out = []
+    for e in events:
+        role = ".".join(e.label.split(".")[-2:])
+        if e.label == "gradients":
+            e = replace(e, payload_bytes=e.payload_bytes + 4 * blocks * (2 * h * (q - h) + 2 * d))
+        elif e.label.startswith("layers.") and role in scale and layout.mode in ("2d", "2.5d"):
+            num, den = scale[role]
+            e = replace(e, payload_bytes=e.payload_bytes * num // den)
+        out.append(e)
+    for axes in gamma_groups(layout):
+        out += [CommEvent("all_reduce", axes, layout.axis_size_of(axes), 4 * 2 * d, "float32", "bwd", "attn.qk_norm")
+                for _ in range(blocks * N_MICRO)]
+    return out
+
+
+def check_case(per_rank: list[dict[str, Any]], text: str, family: str, mb: int, rc: str) -> None:
+    """One case's results on every rank of its layout: errors within TOL_FP64; the dense model's collectives."""
+    spec, layout = MODELS[family], parse_layout(text).with_(micro_batch=mb)
+    d = dims_of(spec, TrainingSpec(global_batch=layout.dp * mb * N_MICRO, dtype="fp32", recompute=rc))
+    for rank in range(layout.world_size):
+        r = per_rank[rank]
+        bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
+        assert not bad, f"{text} rank {rank}: relative errors above {TOL_FP64}: {bad}"
+        if "events" in r:
+            model = with_unpriced(stage_events(layout, d, mb, r["stage"]), spec, layout, r["stage"])
+            diff = traffic_difference(model, r["events"])
+            assert not diff["missing_in_executor"] and not diff["unpredicted"], (text, rank, diff)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
+def test_qwen3_attention_matches_serial_and_the_cost_model(results, case: int) -> None:
+    check_case([per_rank[case] for per_rank in results], *CASES[case])
+
+
+__all__ = ["CASES", "F64", "MODELS", "check_case"]
