@@ -11,7 +11,8 @@ sequence (keys gathered over row); cp=2; pp=2; ep=2 (MoE). Then one fp32 step's 
 list (traffic.stage_events as a multiset: zero difference) for the dense model (MoE's routing-dependent bytes:
 tests/test_moe_run.py), once the list holds what the cost model does not price yet for these models
 (`with_unpriced`, exact per event; reported to the lead). ONE 4-rank launch: 2-rank cases
-run on ranks 0-1 (ranks 2-3 build the same groups)."""
+run on ranks 0-1 (ranks 2-3 build the same groups). The 2.5D and 3D cases (CASES_8) run in
+tests/test_token_split.py's 8-rank launch, checked there by `check_case`."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from paracube.executor.layers.head_norm import gamma_groups
 from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
+from paracube.modes import MODES
 from paracube.workload import ModelSpec, TrainingSpec
 
 QWEN3 = ModelSpec("qwen3-tiny", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=32, family="llama",
@@ -48,7 +50,12 @@ CASES = [  # (layout, model, sequences per micro-batch, recompute)
     ("dp=2,ep=2", "qwen3-moe", 2, "none"),
     ("dp=2,ep=2,tp=1d:2,sp", "qwen3-moe", 2, "selective"),
 ]
+CASES_8 = [  # 2.5D and 3D, run by tests/test_token_split.py's 8-rank launch (c = 8 mb tokens per rank)
+    ("tp=3d:2x2x2", "qwen3", 1, "selective"),  # a quarter of a sequence per rank, keys gathered over (x, z)
+    ("tp=2.5d:2x2x2", "qwen3", 3, "none"),  # blocks of 24 straddling two sequences; gammas summed over dep by dp's
+]
 IDS = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES]
+IDS_8 = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES_8]
 
 
 def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dict[str, Any]:
@@ -81,24 +88,27 @@ def with_unpriced(events: list[CommEvent], spec: ModelSpec, layout: Layout, stag
     """traffic.stage_events with what it does not price yet for a head width other than h / heads and qk_norm
     (reported to the lead; none of it is a guess: each line is the executor's tensor at its true width).
     (a) 'gradients' (the data-parallel all-reduce): the buckets count each block's attention with queries and
-        output at width h (2 h^2 + 2 h kv): + 4 bytes x (2 h (q - h) + 2 d) per block of the stage (q = heads x d;
-        2 d: the two gammas; cost_models/traffic.local_parameter_sizes);
-    (b) the 2D-family linears (modes/two_d.py): qkv's weight gather and its gradient's reduce-scatter (qkv.A, qkv.dA)
-        at [h, h + 2 kv] instead of [h, q + 2 kv]; proj's (proj.A, proj.dA) at [h, h] instead of [q, h], and its
-        input's gather and gradient's reduce-scatter (proj.X, proj.dX) at width h instead of q;
+        output at width h (2 h^2 + 2 h kv): + 4 bytes x (2 h (q - h) / t + 2 d) per block of the stage (q = heads x d,
+        t the ranks splitting a weight, 2 d the two replicated gammas; cost_models/traffic.local_parameter_sizes);
+    (b) the 2D-family and 3D linears (modes/two_d.py, three_d.py): qkv's weight gather and its gradient's
+        reduce-scatter (qkv.A, qkv.dA; 3D also its output's, qkv.Y, qkv.dY) at [h, h + 2 kv] instead of
+        [h, q + 2 kv]; proj's (proj.A, proj.dA) at [h, h] instead of [q, h], and its input's gather and gradient's
+        reduce-scatter (proj.X, proj.dX) at width h instead of q;
     (c) the gammas' gradient sum (head_norm.py): one all_reduce of 2 d fp32 values per block and micro-batch over
         each of head_norm.gamma_groups (none where the layout has no tensor axes)."""
     h, d, kv = spec.hidden, spec.head_dim, spec.num_kv_heads * spec.head_dim
     q = spec.heads * d
     blocks = spec.layers // layout.pp
-    scale = {"qkv.A": (q + 2 * kv, h + 2 * kv), "qkv.dA": (q + 2 * kv, h + 2 * kv), "proj.A": (q, h),
-             "proj.dA": (q, h), "proj.X": (q, h), "proj.dX": (q, h)}
+    t = layout.tensor_size // layout.axis_size_of(tuple(a for a in layout.tensor_axes
+                                                        if a in MODES[layout.mode].grad_axes))  # 2.5D: not dep
+    scale = {**{r: (q + 2 * kv, h + 2 * kv) for r in ("qkv.A", "qkv.dA", "qkv.Y", "qkv.dY")},
+             **{r: (q, h) for r in ("proj.A", "proj.dA", "proj.X", "proj.dX")}}
     out = []
     for e in events:
         role = ".".join(e.label.split(".")[-2:])
         if e.label == "gradients":
-            e = replace(e, payload_bytes=e.payload_bytes + 4 * blocks * (2 * h * (q - h) + 2 * d))
-        elif e.label.startswith("layers.") and role in scale and layout.mode in ("2d", "2.5d"):
+            e = replace(e, payload_bytes=e.payload_bytes + 4 * blocks * (2 * h * (q - h) // t + 2 * d))
+        elif e.label.startswith("layers.") and role in scale and layout.mode in ("2d", "2.5d", "3d"):
             num, den = scale[role]
             e = replace(e, payload_bytes=e.payload_bytes * num // den)
         out.append(e)
@@ -127,4 +137,4 @@ def test_qwen3_attention_matches_serial_and_the_cost_model(results, case: int) -
     check_case([per_rank[case] for per_rank in results], *CASES[case])
 
 
-__all__ = ["CASES", "F64", "MODELS", "check_case"]
+__all__ = ["CASES", "CASES_8", "F64", "IDS_8", "MODELS", "check_case"]
