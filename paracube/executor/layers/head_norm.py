@@ -6,9 +6,12 @@ Order, as Qwen3Attention.forward: q = q_norm(q_proj(x).view(..., heads, d)), k =
 untouched, THEN rotary on q and k. Qwen3RMSNorm over each head's d values:
     y = gamma * (x / sqrt(mean_d(x^2) + eps))      (statistics in fp32, the result cast back to x's dtype, then
                                                     times gamma: `weight * hidden_states.to(input_dtype)`)
-gamma_q, gamma_k [d] each, shared by every head (eps = ModelSpec.rms_eps). Here the statistics run in
-functional.upcast's dtype (fp32; fp64 for the fp64 equivalence copies) and gamma is cast to the compute dtype, so
-the output stays in the compute dtype as the linear's did.
+gamma_q, gamma_k [d] each, shared by every head (eps = ModelSpec.rms_eps). Computed by executor/layers/rms_norm.py
+over each head's d values (no collective): statistics in fp32 (fp64 for the fp64 equivalence copies), the product
+with gamma too, then cast to the compute dtype (Qwen3RMSNorm casts before multiplying by gamma: the same in fp32,
+one rounding apart in bf16, as this executor's other RMSNorms); it saves its input (a view of the qkv output,
+which the attention keeps anyway) and an fp32 rstd per head. The normed heads and the values are copied into a new
+qkv tensor (what the attention then reads and keeps).
 
 Applied to qkv before any split of the sequence (token splits' key gathers, context parallelism's exchanges): the
 keys every rank reads are normed once, where they were computed.
@@ -29,18 +32,12 @@ from torch import Tensor
 
 from paracube.executor.comm import copy_to_group
 from paracube.executor.layers.functional import upcast
+from paracube.executor.layers.rms_norm import rms_norm
 from paracube.executor.layers.serial import ShardedModule
 from paracube.executor.layers.shards import make_spec
 from paracube.executor.mesh import Mesh
 from paracube.layout import Layout
 from paracube.modes import MODES
-
-
-def head_rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
-    """Qwen3RMSNorm over the last dimension (module docstring): gamma * (x / sqrt(mean(x^2) + eps))."""
-    xf = upcast(x)
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return gamma.to(x.dtype) * normed.to(x.dtype)
 
 
 class HeadRMSNorm(ShardedModule):
@@ -63,15 +60,16 @@ def gamma_groups(layout: Layout) -> list[tuple[str, ...]]:
 def qk_normed(qkv: Tensor, groups: int, per_group: int, q_norm: HeadRMSNorm, k_norm: HeadRMSNorm,
               eps: float) -> Tensor:
     """qkv [..., groups * (per_group + 2) * d] with every query head normed by q_norm and every key head by
-    k_norm (the values as they were)."""
+    k_norm (the values as they were): a new tensor of qkv's shape."""
     d = qkv.shape[-1] // (groups * (per_group + 2))
     g = qkv.unflatten(-1, (groups, per_group + 2, d))
-    both = torch.stack([q_norm.weight, k_norm.weight])  # one gradient sum for the two per block and micro-batch
-    for axes in gamma_groups(q_norm.mesh.layout):
-        both = copy_to_group(both, q_norm.mesh, axes, label="attn.qk_norm")
-    gamma = both[[0] * per_group + [1]]  # [per_group + 1, d]: the group's queries, then its key
-    normed = head_rms_norm(g[..., :per_group + 1, :], gamma, eps)
-    return torch.cat([normed, g[..., per_group + 1:, :]], dim=-2).flatten(-3)
+    mesh = q_norm.mesh
+    both = upcast(torch.stack([q_norm.weight, k_norm.weight]))  # the gradient sum in fp32 (fp64 copies: fp64)
+    for axes in gamma_groups(mesh.layout):
+        both = copy_to_group(both, mesh, axes, label="attn.qk_norm")
+    q = rms_norm(g[..., :per_group, :], both[0], mesh, (), d, eps)
+    k = rms_norm(g[..., per_group:per_group + 1, :], both[1], mesh, (), d, eps)
+    return torch.cat([q, k, g[..., per_group + 1:, :]], dim=-2).flatten(-3)
 
 
-__all__ = ["HeadRMSNorm", "gamma_groups", "head_rms_norm", "qk_normed"]
+__all__ = ["HeadRMSNorm", "gamma_groups", "qk_normed"]
