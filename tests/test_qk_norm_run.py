@@ -8,9 +8,10 @@ the norms' gammas' partial gradients summed over the heads' and tokens' ranks) a
 Models: QWEN3, dense (hidden 32, 4 heads of head_dim 16: q width 64 != 32, 2 kv heads, qk_norm) and QWEN3_MOE
 (tiny-moe with head_dim 32 and qk_norm). Cases: dp=2; 1D without and with sp; 2D with a rank's tokens a quarter of a
 sequence (keys gathered over row); cp=2; pp=2; ep=2 (MoE). Then one fp32 step's collectives against the cost model's
-list (traffic.stage_events as a multiset: zero difference) for the dense model (MoE's routing-dependent bytes:
-tests/test_moe_run.py), once the list holds what the cost model does not price yet for these models
-(`with_unpriced`, exact per event; reported to the lead). ONE 4-rank launch: 2-rank cases
+list as a multiset, zero difference: traffic.stage_events, and for the MoE model cost_models/moe_traffic's list for
+the routing the run took (tests/test_moe_run.py's check: each ep peer's logged expert counts give the all_to_alls'
+bytes), once the list holds what the cost model does not price yet for these models (`with_unpriced`, exact per
+event; reported to the lead). ONE 4-rank launch: 2-rank cases
 run on ranks 0-1 (ranks 2-3 build the same groups). The 2.5D and 3D cases (CASES_8) run in
 tests/test_token_split.py's 8-rank launch, checked there by `check_case`."""
 
@@ -19,21 +20,26 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from dist_helpers import F64, TOL_FP64, one_step_events, run_distributed
 from test_equivalence_model import MAX_NORM
 from test_pipeline import _stage_name
 from test_sliding_window_run import N_MICRO, _against_serial, _batches
 
 from paracube.cost_models.dims import dims_of
+from paracube.cost_models.moe_traffic import moe_stage_events, with_routing
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent, traffic_difference
 from paracube.executor import Mesh, build_model
 from paracube.executor.layers.head_norm import gamma_groups
+from paracube.executor.model.moe import moe_blocks
 from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES
+from paracube.modes.experts import splits
 from paracube.workload import ModelSpec, TrainingSpec
 
 QWEN3 = ModelSpec("qwen3-tiny", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=32, family="llama",
@@ -69,9 +75,12 @@ def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dic
     tokens = layout.dp * mb * N_MICRO * spec.seq_len
     out = _against_serial(spec, mesh, recompute, micro, every, tokens)
     out["stage"] = _stage_name(mesh)
-    if spec.moe is None:  # fp32: the priced payloads
-        out["events"] = one_step_events(build_model(spec, mesh, seed=5, recompute=recompute), micro, tokens,
-                                        MAX_NORM)
+    model = build_model(spec, mesh, seed=5, recompute=recompute)  # fp32: the priced payloads
+    log: list[torch.Tensor] = []
+    for block in moe_blocks(model):
+        block.routing_log = log  # the expert counts of each MoE forward, in issue order (tests/test_moe_run.py)
+    out["events"] = one_step_events(model, micro, tokens, MAX_NORM)
+    out["routing"], out["ep"], out["edp"] = [c.tolist() for c in log], mesh.index(("ep",)), mesh.index(("edp",))
     return out
 
 
@@ -118,8 +127,23 @@ def with_unpriced(events: list[CommEvent], spec: ModelSpec, layout: Layout, stag
     return out
 
 
+def _priced(per_rank: list[dict[str, Any]], rank: int, spec: ModelSpec, layout: Layout, d: Any,
+            mb: int) -> list[CommEvent]:
+    """The cost model's collectives of `rank`'s step; MoE: moe_traffic's for the routing the run took (each ep
+    peer's logged expert counts -> modes/experts.splits, x h x 4 bytes: tests/test_moe_run.py's check)."""
+    r = per_rank[rank]
+    if spec.moe is None:
+        return stage_events(layout, d, mb, r["stage"])
+    peers = {p["ep"]: p for p in per_rank[:layout.world_size] if (p["stage"], p["edp"]) == (r["stage"], r["edp"])}
+    sent = []
+    for f in range(len(r["routing"])):
+        m = splits(np.array([peers[q]["routing"][f] for q in range(len(peers))]), len(peers)) * spec.hidden * 4
+        sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum())))
+    return with_routing(moe_stage_events(layout, d, spec.moe, mb, r["stage"]), sent)
+
+
 def check_case(per_rank: list[dict[str, Any]], text: str, family: str, mb: int, rc: str) -> None:
-    """One case's results on every rank of its layout: errors within TOL_FP64; the dense model's collectives."""
+    """One case's results on every rank of its layout: errors within TOL_FP64; its collectives."""
     spec, layout = MODELS[family], parse_layout(text).with_(micro_batch=mb)
     d = dims_of(spec, TrainingSpec(global_batch=layout.dp * mb * N_MICRO, dtype="fp32", recompute=rc))
     for rank in range(layout.world_size):
@@ -127,8 +151,9 @@ def check_case(per_rank: list[dict[str, Any]], text: str, family: str, mb: int, 
         bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
         assert not bad, f"{text} rank {rank}: relative errors above {TOL_FP64}: {bad}"
         if "events" in r:
-            model = with_unpriced(stage_events(layout, d, mb, r["stage"]), spec, layout, r["stage"])
+            model = with_unpriced(_priced(per_rank, rank, spec, layout, d, mb), spec, layout, r["stage"])
             diff = traffic_difference(model, r["events"])
+            assert any(k[0] == "all_to_all" for k in r["events"]) == (layout.ep > 1), (text, rank)
             assert not diff["missing_in_executor"] and not diff["unpredicted"], (text, rank, diff)
 
 
