@@ -9,9 +9,10 @@ untouched, THEN rotary on q and k. Qwen3RMSNorm over each head's d values:
 gamma_q, gamma_k [d] each, shared by every head (eps = ModelSpec.rms_eps). Computed by executor/layers/rms_norm.py
 over each head's d values (no collective): statistics in fp32 (fp64 for the fp64 equivalence copies), the product
 with gamma too, then cast to the compute dtype (Qwen3RMSNorm casts before multiplying by gamma: the same in fp32,
-one rounding apart in bf16, as this executor's other RMSNorms); it saves its input (a view of the qkv output,
-which the attention keeps anyway) and an fp32 rstd per head. The normed heads and the values are copied into a new
-qkv tensor (what the attention then reads and keeps).
+one rounding apart in bf16, as this executor's other RMSNorms); it saves its input (the queries and keys, copied out of
+the qkv output so that its values are not kept with them) and an fp32 rstd per head: c (q + kv) + 4 (heads +
+kv_heads) bytes per token, cost_models/activations.py's count. The normed heads and the values are copied into a new
+qkv tensor, what the attention then reads.
 
 Applied to qkv before any split of the sequence (token splits' key gathers, context parallelism's exchanges): the
 keys every rank reads are normed once, where they were computed.
@@ -67,8 +68,11 @@ def qk_normed(qkv: Tensor, groups: int, per_group: int, q_norm: HeadRMSNorm, k_n
     both = upcast(torch.stack([q_norm.weight, k_norm.weight]))  # the gradient sum in fp32 (fp64 copies: fp64)
     for axes in gamma_groups(mesh.layout):
         both = copy_to_group(both, mesh, axes, label="attn.qk_norm")
-    q = rms_norm(g[..., :per_group, :], both[0], mesh, (), d, eps)
-    k = rms_norm(g[..., per_group:per_group + 1, :], both[1], mesh, (), d, eps)
+    # The norms' inputs copied out of qkv: what they keep for backward is then the queries and keys alone, not the
+    # whole qkv output (its values) that views of it would keep alive
+    qk = g[..., :per_group + 1, :].contiguous()
+    q = rms_norm(qk[..., :per_group, :], both[0], mesh, (), d, eps)
+    k = rms_norm(qk[..., per_group:, :], both[1], mesh, (), d, eps)
     return torch.cat([q, k, g[..., per_group + 1:, :]], dim=-2).flatten(-3)
 
 
