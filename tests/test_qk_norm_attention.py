@@ -5,16 +5,21 @@ RMSNormed per head with gamma_q / gamma_k, rotated, causal softmax(q k^T / sqrt(
 head j // r (repeat_kv), then o_proj. Both sides fp64 with the same weights, the norm gammas random (ones would
 hide a q / k swap); the only difference is the order of the sums, so rel 1e-10 is far above fp64 rounding (~1e-15
 per op over a few hundred terms) and far below any formula difference (a missing norm or swapped gamma: O(1)).
-Also the parameter count of the built model equals ModelSpec's (attention_parameters counts 2 d for the norms)."""
+Also the parameter count of the built model equals ModelSpec's (attention_parameters counts 2 d for the norms), and
+a head width a layout cannot split is refused before launch in one line (executor/sizes.py)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import pytest
 import torch
 from dist_helpers import rel_err
 
-from paracube.executor import serial_reference
+from paracube.errors import ParacubeError
+from paracube.executor import check_divisibility, serial_reference
+from paracube.layout_parse import parse_layout
 from paracube.executor.layers.llama import rotary, rotary_tables
 from paracube.workload import ModelSpec
 
@@ -73,3 +78,13 @@ def test_qwen3_model_parameters_equal_the_spec_count() -> None:
     model = serial_reference(QWEN3, seed=3)
     blocks = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks.0."))
     assert blocks == QWEN3.layer_parameters(0)
+
+
+def test_a_head_width_the_layout_cannot_split_is_refused_in_one_line() -> None:
+    """3D 2x2x2 splits the hidden size 8 ways; 2 heads of width 6 (12) do not split so: refused before launch."""
+    layout = parse_layout("tp=3d:2x2x2")
+    check_divisibility(QWEN3, layout, 1, 1, 16)  # 4 x 16 = 64 splits 8 ways: no refusal
+    with pytest.raises(ParacubeError, match=r"^heads x head_dim \(2 x 6\)=12 is not divisible by 8 .*use a multiple "
+                                            r"of 8$") as refused:
+        check_divisibility(replace(QWEN3, heads=2, kv_heads=2, head_size=6), layout, 1, 1, 16)
+    assert "\n" not in str(refused.value)
