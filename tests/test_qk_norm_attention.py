@@ -19,8 +19,8 @@ from dist_helpers import rel_err
 
 from paracube.errors import ParacubeError
 from paracube.executor import check_divisibility, serial_reference
-from paracube.layout_parse import parse_layout
 from paracube.executor.layers.llama import rotary, rotary_tables
+from paracube.layout_parse import parse_layout
 from paracube.workload import ModelSpec
 
 QWEN3 = ModelSpec("qwen3-tiny", layers=1, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=16, family="llama",
