@@ -88,8 +88,8 @@ def test_megatron_mla_per_tensor_sum(layout: str, dtype: str, rc: str) -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rc", ["none", "selective", "full"])
 def test_executor_count_wide_heads_closed_form(layout: str, rc: str) -> None:
-    """paracube's count, Qwen3-30B-A3B's attention (the executor refuses a head width other than h / heads; its
-    count is what its llama attention keeps at these widths): wide minus h / heads per head."""
+    """paracube's count, Qwen3-30B-A3B's attention (what the executor's llama attention keeps at these widths;
+    measured against the count in tests/test_qk_norm_run.py): wide minus h / heads per head."""
     lay = parse_layout(layout)
     b = layout_arrays(lay, lay.micro_batch)
     narrow = replace(_dims(QWEN, "bf16", rc), activations="paracube")

@@ -83,18 +83,3 @@ def test_a_routed_expert_config_missing_its_sizes_is_refused(tmp_path: Path) -> 
         ModelSpec.from_dict({**PRESETS["tiny-moe"].to_dict(), "moe": {"experts": 8, "top_k": 2}})
     with pytest.raises(ParacubeError, match="moe blocks need family llama"):
         ModelSpec("x", 2, 64, 4, 128, 256, 64, moe=MoESpec(8, 2, 32))
-
-
-def test_executor_refuses_per_head_qk_norms_in_one_line() -> None:
-    """Qwen3's q / k RMSNorms are priced and exported but not built by the executor: refused before launch, in one
-    line, rather than run silently without them."""
-    from dataclasses import replace
-
-    from paracube.executor.sizes import check_divisibility
-    from paracube.layout_parse import parse_layout
-    from paracube.model_presets import PRESETS
-
-    model = replace(PRESETS["tiny-moe"], qk_norm=True)
-    with pytest.raises(ParacubeError, match=r"^model tiny-moe in .*: the executor does not run per-head q / k norms "
-                                            r"\(qk_norm\) yet; plan and export it \(--runtime megatron\)$"):
-        check_divisibility(model, parse_layout("dp=2,ep=2,mb=1"), 1, 4, 64)

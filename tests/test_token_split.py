@@ -10,13 +10,15 @@ sequence's end (the largest) equal the model's (2%). Plus the refusal of a micro
 planner accepting what now runs.
 
 The same launch runs the sliding-window 2.5D and 3D cases (tests/test_sliding_window_run.py's CASES_8, whole and
-split sequences: one 8-rank launch instead of two), checked by that file's `check_case`."""
+split sequences: one 8-rank launch instead of two), checked by that file's `check_case`, and Qwen3-style attention's
+(tests/test_qk_norm_run.py's CASES_8: a head width other than hidden / heads, per-head q / k norms) likewise."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+import test_qk_norm_run as qwen3
 import test_sliding_window_run as windowed
 import torch
 from dist_helpers import (
@@ -93,12 +95,13 @@ def _one_case(rank: int, layout_text: str, mb: int, recompute: str, family: str)
 
 def _all_cases(rank: int, world: int) -> dict[str, list[dict[str, Any]]]:
     return {"split": [_one_case(rank, *case) for case in CASES],
-            "windowed": [windowed._one_case(rank, *case) for case in windowed.CASES_8]}
+            "windowed": [windowed._one_case(rank, *case) for case in windowed.CASES_8],
+            "qwen3": [qwen3._one_case(rank, *case) for case in qwen3.CASES_8]}
 
 
 @pytest.fixture(scope="module")
 def executed() -> list[dict[str, list[dict[str, Any]]]]:
-    return run_distributed(_all_cases, 8, timeout=900.0)  # [rank]{"split" | "windowed": [case]}
+    return run_distributed(_all_cases, 8, timeout=900.0)  # [rank]{"split" | "windowed" | "qwen3": [case]}
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +168,9 @@ def test_micro_batches_below_the_token_split_are_plannable() -> None:
     with pytest.raises(ParacubeError, match=r"3d: micro-batch tokens % token split != 0"):  # 24 x 1 or 3 tokens
         search(tiny, TrainingSpec(global_batch=3, seq_len=24), load_topology("dgx-a100", gpus=64), 64,
                fixed=parse_layout("tp=3d:4x4x4"), top_k=1)
+
+
+@pytest.mark.parametrize("case", range(len(qwen3.CASES_8)), ids=qwen3.IDS_8)
+def test_qwen3_attention_in_2_5d_and_3d_matches_serial_and_the_cost_model(executed, case: int) -> None:
+    """Qwen3-style attention in 2.5D and 3D (tests/test_qk_norm_run.py: its models, cases and checks)."""
+    qwen3.check_case([per_rank["qwen3"][case] for per_rank in executed], *qwen3.CASES_8[case])

@@ -14,12 +14,6 @@ from paracube.workload import ModelSpec
 def check_moe(spec: ModelSpec, layout: Layout) -> None:
     where = f"model {spec.name} in {layout}"
     moe = spec.moe
-    if spec.head_size is not None and spec.mla is None:
-        raise ParacubeError(f"{where}: the executor does not run a head width other than hidden / heads yet; plan "
-                            "and export it (--runtime megatron)")
-    if spec.qk_norm:  # Qwen3's per-head q / k RMSNorms: priced and exported, not built by executor/layers
-        raise ParacubeError(f"{where}: the executor does not run per-head q / k norms (qk_norm) yet; plan and "
-                            "export it (--runtime megatron)")
     # chunked attention over sequences up to one chunk is plain causal attention, which the executor runs
     check_chunk(spec, spec.seq_len)
     llama4 = [what for what, on in (("NoPE blocks (rope_pattern)", spec.rope_pattern is not None),

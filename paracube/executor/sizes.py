@@ -80,6 +80,12 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
     if layout.sequence_parallel:  # with cp: the cp rank's s / cp tokens split over tp
         rules.append(("seq_len / cp (sequence parallelism)" if layout.cp > 1 else "seq_len (sequence parallelism)",
                       seq_len // layout.cp, layout.tensor_size))
+    if spec.head_size is not None and spec.mla is None:  # the attention's widths split as the hidden size does
+        qw, kvw = spec.heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        rules += [(f"heads x head_dim ({spec.heads} x {spec.head_dim})", qw, n) for name, _, n in list(rules)
+                  if name == "hidden"]
+        rules += [(f"qkv width ({spec.heads} + 2 x {spec.num_kv_heads}) x {spec.head_dim}", qw + 2 * kvw, n)
+                  for name, _, n in list(rules) if name == "hidden"]
     if MODES[mode].axes:  # a rank's query heads read whole kv groups (executor/layers/llama.py): the heads' split
         rules.insert(1, ("kv_heads", spec.num_kv_heads, q))
     if micro_batch is not None:

@@ -4,12 +4,14 @@ their serial initialization. gpt.py assembles them through any Mode, whose `line
 
 Fused layouts of the full tensors (the same in every mode, so a contiguous block of columns is a whole
 unit and a seed gives the same model in every layout):
-- qkv [h, h + 2 kv]: columns [kv_heads, r + 2, d] (r = heads / kv_heads, d = head_dim): per kv group its
-  r query heads, then its key head and its value head. A rank holding 1/n of the columns holds
-  kv_heads / n whole groups (kv_heads % n == 0): its heads / n query heads and the kv heads they read.
+- qkv [h, q + 2 kv] (q = heads x d, kv = kv_heads x d; d = ModelSpec.head_dim: hidden / heads, or head_size,
+  Qwen3's 128 with hidden 2048 and 32 heads), proj [q, h]. qkv's columns [kv_heads, r + 2, d] (r = heads /
+  kv_heads): per kv group its r query heads, then its key head and its value head. A rank holding 1/n of the
+  columns holds kv_heads / n whole groups (kv_heads % n == 0): its heads / n query heads and the kv heads they read.
   Query head g * r + i reads kv head g (transformers' repeat_kv order).
 - gate+up [h, 2f]: columns [f, 2] = (gate_j, up_j) interleaved; an even block of columns holds whole
   pairs, so SwiGLU(x)_j = silu(gate_j) * up_j needs no communication and yields down's input block.
+qk_norm (Qwen3): per-head RMSNorms of the queries and keys in qkv, before rotary (head_norm.py).
 RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, in fp32 (the residual stream's dtype); split over the
 hidden dimension it all-reduces one statistic per token (sum of x^2) each way. Rotary: transformers'
 rotate_half form, inv_freq_j = theta^(-2j/d), positions 0..s-1 of each whole local sequence.
@@ -30,6 +32,7 @@ from paracube.executor.comm import Axes, gather_fn
 from paracube.executor.layers.attention_mask import sequence_mask
 from paracube.executor.layers.context_parallel import chunk_positions, context_attention
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention, fp32
+from paracube.executor.layers.head_norm import HeadRMSNorm, qk_normed
 from paracube.executor.layers.rms_norm import rms_norm
 from paracube.executor.layers.serial import Mode, ShardedModule
 from paracube.executor.layers.shards import block, make_spec
@@ -141,16 +144,21 @@ class LlamaAttention(nn.Module):
         self.selective, self.flash, self.p, self.mode = selective, flash, mode.spec.attention_dropout, mode
         self.window = window  # the block's sliding window (ModelSpec.attention_window), None: full causal
         spec = mode.spec
-        h, kv = spec.hidden, spec.num_kv_heads * spec.head_dim
+        h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.group = spec.heads // spec.num_kv_heads
         self.kv_local = mode.heads_local // self.group  # kv_heads / n (sizes.py checks it divides)
-        self.theta = spec.rope_theta
-        self.qkv = mode.linear("qkv", h, h + 2 * kv, False)
-        self.proj = mode.linear("proj", h, h, False)
+        self.theta, self.eps = spec.rope_theta, spec.rms_eps
+        self.qkv = mode.linear("qkv", h, q + 2 * kv, False)
+        if spec.qk_norm:  # Qwen3's per-head q / k RMSNorms (head_norm.py), before rotary
+            self.q_norm, self.k_norm = HeadRMSNorm(mode.mesh, spec.head_dim), HeadRMSNorm(mode.mesh, spec.head_dim)
+        self.qk_norm = spec.qk_norm
+        self.proj = mode.linear("proj", q, h, False)
 
     def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
         """x: block-layout activations of sequences of s tokens."""
         qkv = self.qkv(x)
+        if self.qk_norm:
+            qkv = qk_normed(qkv, self.kv_local, self.group, self.q_norm, self.k_norm, self.eps)
         if self.mode.mesh.layout.cp > 1:  # context parallelism: keys and values exchanged over cp
             return self.proj(context_parallel_gqa(qkv, self.kv_local, self.group, self.theta, s, self.mode.mesh,
                                                   self.window))
@@ -198,7 +206,7 @@ def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor
     0.02 (residual projections 0.02 / sqrt(2 L), as gpt), norms 1."""
     gen = torch.Generator().manual_seed(seed)
     h, f, V, L = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers
-    kv = spec.num_kv_heads * spec.head_dim
+    q, kv = spec.heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
 
     def normal(*shape: int, std: float = 0.02) -> Tensor:
         return torch.empty(shape).normal_(0.0, std, generator=gen)
@@ -208,8 +216,11 @@ def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor
     for i in range(L):
         p = f"blocks.{i}."
         yield p + "ln1.weight", torch.ones(h)
-        yield p + "attn.qkv.weight", normal(h, h + 2 * kv)
-        yield p + "attn.proj.weight", normal(h, h, std=resid_std)
+        yield p + "attn.qkv.weight", normal(h, q + 2 * kv)
+        if spec.qk_norm:
+            yield p + "attn.q_norm.weight", torch.ones(spec.head_dim)
+            yield p + "attn.k_norm.weight", torch.ones(spec.head_dim)
+        yield p + "attn.proj.weight", normal(q, h, std=resid_std)
         yield p + "ln2.weight", torch.ones(h)
         yield p + "mlp.fc.weight", normal(h, 2 * f)
         yield p + "mlp.fc2.weight", normal(f, h, std=resid_std)
