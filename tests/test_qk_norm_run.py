@@ -28,15 +28,14 @@ import pytest
 import torch
 from dist_helpers import F64, TOL_FP64, one_step_events, run_distributed, saved_bytes
 from test_equivalence_model import MAX_NORM
-from test_pipeline import _stage_name
-from test_sliding_window_run import N_MICRO, _against_serial, _batches
+from test_sliding_window_run import N_MICRO, serial_case
 
 from paracube.cost_models import estimate
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.moe_traffic import moe_stage_events, with_routing
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent, traffic_difference
-from paracube.executor import Mesh, build_model
+from paracube.executor import build_model
 from paracube.executor.layers.head_norm import gamma_groups
 from paracube.executor.model.moe import moe_blocks
 from paracube.layout import Layout
@@ -71,15 +70,9 @@ IDS_8 = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES_8]
 
 def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dict[str, Any]:
     spec, layout = MODELS[family], parse_layout(text)
-    if rank >= layout.world_size:
-        Mesh(layout, 0)  # the same new_group calls as the case's ranks
+    if (start := serial_case(rank, spec, layout, mb, recompute)) is None:
         return {}
-    mesh = Mesh(layout, rank)
-    batches = _batches(spec, layout.dp, mb)
-    micro, every = batches[mesh.coord("dp")], [m for r in batches for m in r]
-    tokens = layout.dp * mb * N_MICRO * spec.seq_len
-    out = _against_serial(spec, mesh, recompute, micro, every, tokens)
-    out["stage"] = _stage_name(mesh)
+    mesh, micro, tokens, out = start
     model = build_model(spec, mesh, seed=5, recompute=recompute)  # fp32: the priced payloads
     # What autograd saves in one forward (MoE's depends on the routing). Not in the 2D family and 3D: their count
     # keeps the gathered weights and proj's gathered input at hidden / heads per head (not priced yet)

@@ -102,6 +102,22 @@ def _against_serial(spec: ModelSpec, mesh: Mesh, recompute: str, micro: list, ev
     return {"errors": errors, "key_diff": key_diff}
 
 
+def serial_case(rank: int, spec: ModelSpec, layout: Any, mb: int,
+                recompute: str) -> tuple[Mesh, list, int, dict[str, Any]] | None:
+    """A case's common start on `rank`: None outside the layout (after the case ranks' new_group calls); else its
+    mesh, its micro-batches, the step's tokens and `_against_serial`'s errors with the rank's stage name."""
+    if rank >= layout.world_size:
+        Mesh(layout, 0)  # the same new_group calls as the case's ranks
+        return None
+    mesh = Mesh(layout, rank)
+    batches = _batches(spec, layout.dp, mb)
+    micro, every = batches[mesh.coord("dp")], [m for r in batches for m in r]
+    tokens = layout.dp * mb * N_MICRO * spec.seq_len
+    out = _against_serial(spec, mesh, recompute, micro, every, tokens)
+    out["stage"] = _stage_name(mesh)
+    return mesh, micro, tokens, out
+
+
 def _bit_identical(spec: ModelSpec, mesh: Mesh, recompute: str, ids: torch.Tensor, labels: torch.Tensor) -> bool:
     """One fp32 forward and backward with window = seq_len and with no window: equal loss and gradients."""
     runs = []
@@ -117,15 +133,9 @@ def _bit_identical(spec: ModelSpec, mesh: Mesh, recompute: str, ids: torch.Tenso
 
 def _one_case(rank: int, text: str, family: str, mb: int, recompute: str, bitwise: bool) -> dict[str, Any]:
     spec, layout = MODELS[family], parse_layout(text)
-    if rank >= layout.world_size:
-        Mesh(layout, 0)  # the same new_group calls as the case's ranks
+    if (start := serial_case(rank, spec, layout, mb, recompute)) is None:
         return {}
-    mesh = Mesh(layout, rank)
-    batches = _batches(spec, layout.dp, mb)
-    micro, every = batches[mesh.coord("dp")], [m for r in batches for m in r]
-    tokens = layout.dp * mb * N_MICRO * spec.seq_len
-    out = _against_serial(spec, mesh, recompute, micro, every, tokens)
-    out["stage"] = _stage_name(mesh)
+    mesh, micro, tokens, out = start
     if spec.moe is None:  # fp32: the priced payloads (MoE's depend on the routing taken: module docstring)
         out["events"] = one_step_events(build_model(spec, mesh, seed=5, recompute=recompute), micro, tokens,
                                         MAX_NORM)
