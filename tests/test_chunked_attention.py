@@ -20,8 +20,11 @@ from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.executor.layers.attention_mask import visible
 from paracube.executor.layers.context_parallel import chunk_positions
+from paracube.export import export_plan
+from paracube.export.llama4_flags import chunk_export_refusal
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
+from paracube.plan import LaunchSpec, Plan
 from paracube.topologies import load_topology
 from paracube.workload import TrainingSpec
 
@@ -125,3 +128,21 @@ def test_runtimes_without_chunked_attention_refuse_beyond_one_chunk(capsys: pyte
     assert code == 2 and len(err.splitlines()) == 1
     assert f"runtime {runtime}" in err and "attention_chunk=8192" in err and "--seq 16384" in err
     assert err.endswith("valid: --seq <= 8192, or --runtime paracube")
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_exports_refuse_chunks_their_runtime_cannot_train(target: str) -> None:
+    """A plan of Scout at 2 chunks exported to a target whose runtime has no chunked_attention: one line; at one
+    chunk the chunk check passes (megatron writes its flags). (deepspeed refuses Scout for its NoPE blocks first.)"""
+    lay = parse_layout("dp=8,ep=8,tp=none,mb=1")
+    for seq, refused in ((16384, True), (8192, False)):
+        plan = Plan(SCOUT, replace(TRAIN, seq_len=seq), lay, "dgx-h100", 8, LaunchSpec(nproc_per_node=8, nnodes=1),
+                    runtime=target)
+        why = chunk_export_refusal(plan, target)
+        assert (why is not None) == refused
+        if refused:
+            assert why is not None and "attention_chunk=8192" in why and why.endswith("valid: --seq <= 8192")
+            with pytest.raises(ParacubeError, match="attention_chunk=8192") as err:
+                export_plan(plan, target)
+            assert "\n" not in str(err.value)
+    assert "--no-rope-freq 4" in export_plan(plan, "megatron").text
