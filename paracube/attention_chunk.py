@@ -16,6 +16,8 @@ transformers 4.57 models/llama4/modeling_llama4.py (Llama4TextAttention, Llama4T
   which the cost model does not subtract.
 - `qk_l2_norm`: q and k divided by their RMS over each head (Llama4TextL2Norm: no weights) in the rope blocks, when
   HF use_qk_norm (Scout: true, Maverick: false); no parameters, a few memory-bound passes over q and k not priced.
+The executor runs all three (NoPE and the norm, after rotary: executor/layers/qk_positions.py) and the router's
+score on the experts' input (MoESpec.probs_on_input: executor/model/moe.py).
 """
 
 from __future__ import annotations
