@@ -15,8 +15,9 @@ Field mapping (ModelSpec / MoESpec):
   another shape is refused in one line;
 - attention_chunk_size -> attention_chunk; no_rope_layers (default: NoPE every no_rope_layer_interval-th block,
   1-based) -> rope_pattern; use_qk_norm -> qk_l2_norm (attention_chunk.py);
-- seq_len: min(max_position_embeddings, attention_chunk_size): Scout's max_position_embeddings is 10,485,760, and
-  only sequences up to the chunk are priced (exactly: plain causal attention); --seq chooses another.
+- seq_len: min(max_position_embeddings, attention_chunk_size): Scout's max_position_embeddings is 10,485,760; one
+  chunk is Llama 4's short-context training length; --seq chooses another (longer: chunked attention priced,
+  attention_chunk.py).
 rope_scaling (Scout: "llama3") is read and not modelled: other rotary frequencies, the same ops and FLOPs.
 NOT modelled, with its size:
 - the vision tower and projector (`vision_parameters`; Scout's and Maverick's vision_config: 34 ViT blocks of 1408,

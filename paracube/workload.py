@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from paracube.attention_chunk import validate_attention
+from paracube.attention_chunk import Chunk, uses_rope, validate_attention
 from paracube.errors import ParacubeError, check
 from paracube.moe_spec import MLASpec, MoESpec, mla_from_dict, moe_from_dict
 
@@ -70,7 +70,7 @@ class ModelSpec:
     (windowed) and "F" (full causal attention) repeated over the blocks from block 0 (GPT-OSS "WF", Gemma 3
     "WWWWWF"; HF `layer_types` / Megatron `--window-attn-skip-freq k` = "W" x (k - 1) + "F"); None: every block.
     Llama 4's attention (attention_chunk.py): `attention_chunk` (rope blocks attend within chunks of that many
-    tokens; sequences up to it only), `rope_pattern` ("R" / "N" per block: NoPE blocks), `qk_l2_norm`.
+    tokens), `rope_pattern` ("R" / "N" per block: NoPE blocks), `qk_l2_norm`.
     """
 
     name: str
@@ -143,7 +143,10 @@ class ModelSpec:
                   f"model {self.name!r}: {attr}={value!r} must be a probability in [0, 1)")
 
     def attention_window(self, i: int) -> int | None:
-        """Keys block `i`'s query sees (its sliding window, itself included), or None for full causal attention."""
+        """Block `i`'s mask: keys its query sees (its sliding window, itself included), or its attention chunk
+        (attention_chunk.Chunk, a chunked rope block), or None for full causal attention."""
+        if self.attention_chunk is not None:
+            return Chunk(self.attention_chunk) if uses_rope(self, i) else None
         if self.sliding_window is None:
             return None
         pattern = self.window_pattern or "W"

@@ -619,7 +619,8 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
     # sliding windows: Megatron's own rule of which blocks (numbered from 1) are windowed, and (w - 1, 0) keys
     from megatron.core.transformer.utils import is_layer_window_attention
     assert [is_layer_window_attention(transformer.window_size, transformer.window_attn_skip_freq, i + 1)
-            for i in range(m.layers)] == [m.attention_window(i) is not None for i in range(m.layers)]
+            for i in range(m.layers)] == [m.sliding_window is not None and m.attention_window(i) is not None
+                                          for i in range(m.layers)]  # (Llama 4's chunks: not windows)
     assert transformer.window_size == (None if m.sliding_window is None else (m.sliding_window - 1, 0))
     assert transformer.gated_linear_unit == (m.family == "llama")
     # Llama 4: Megatron's per-block rotary skip (no_rope_freq, expanded in __post_init__: 1 = NoPE) and the L2 norm;

@@ -125,24 +125,6 @@ def test_bad_configs_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", ["plan", "simulate"])
-def test_a_sequence_beyond_one_chunk_exits_2_in_one_line(capsys: pytest.CaptureFixture[str], command: str) -> None:
-    layout = ["--layout", "dp=8,ep=8,tp=none,mb=1"] if command == "simulate" else []
-    code = main([command, "--model", "llama4-scout", "--cluster", "dgx-h100", "--gpus", "8", "--seq", "16384",
-                 *layout])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and err.endswith("llama4-scout: --seq 16384 > attention_chunk_size 8192: chunked attention is "
-                                      "not priced yet; valid: --seq <= 8192") and len(err.splitlines()) == 1
-
-
-def test_the_pricing_path_refuses_a_sequence_beyond_one_chunk() -> None:
-    """Not only the CLI: a TrainingSpec that asks for 2 chunks is refused by the cost model (both engines)."""
-    topo, layout = load_topology("dgx-h100", gpus=8), parse_layout("dp=8,ep=8,tp=none,mb=1")
-    for engine in (estimate, estimate_event):
-        with pytest.raises(ParacubeError, match=r"--seq 16384 > attention_chunk_size 8192"):
-            engine(PRESETS["llama4-scout"], replace(TRAIN, seq_len=16384), layout, topo)
-
-
 def test_plan_scout_on_64_h100s_says_why_its_ep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "--model", "llama4-scout", "--cluster", "dgx-h100", "--gpus", "64",
                  "-o", str(tmp_path / "plan.json")])
@@ -165,19 +147,23 @@ def test_engines_agree_within_2_percent(name: str, text: str) -> None:
     assert abs(e.step_time_s / a.step_time_s - 1) < 0.02
 
 
-@pytest.mark.parametrize(("change", "message"), [({"rope_pattern": "RN"}, "NoPE blocks (rope_pattern)"),
-                                                 ({"qk_l2_norm": True}, "the L2 q / k norm (qk_l2_norm)"),
-                                                 ({"attention_chunk": 32}, "--seq 64 > attention_chunk_size 32"),
-                                                 ({"moe": replace(PRESETS["tiny-moe"].moe, probs_on_input=True)},
-                                                  "router scores on the experts' input (moe.probs_on_input)")])
-def test_executor_refuses_what_it_does_not_build(change: dict[str, Any], message: str) -> None:
-    """tiny-moe with one Llama 4 attention feature: refused before launch in one line; a chunk no shorter than the
-    sequence is plain causal attention and runs."""
-    layout = parse_layout("dp=2,ep=2,tp=none,mb=1")
+@pytest.mark.parametrize("change", [{"rope_pattern": "RN"}, {"qk_l2_norm": True}, {"attention_chunk": 32},
+                                    {"moe": replace(PRESETS["tiny-moe"].moe, probs_on_input=True)}])
+def test_the_executor_builds_each_llama4_feature(change: dict[str, Any]) -> None:
+    """tiny-moe with one Llama 4 feature passes the executor's checks before launch (tests/test_sliding_window_run.py
+    runs them against the serial model)."""
+    check_divisibility(replace(PRESETS["tiny-moe"], **change), parse_layout("dp=2,ep=2,tp=none,mb=1"), 1, 8, 64)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"rope_pattern": "RN"}, "rope_pattern='RN', qk_l2_norm=False need family llama without mla"),
+    ({"qk_l2_norm": True}, "need family llama without mla (rotary grouped-query attention), got family 'gpt'"),
+    ({"attention_chunk": 0}, "attention_chunk=0 must be a positive integer"),
+    ({"attention_chunk": 16, "sliding_window": 8}, "attention_chunk=16 with sliding_window=8: one mask per block")])
+def test_llama4_fields_a_model_cannot_have_are_refused_in_one_line(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ParacubeError, match=None) as refused:
-        check_divisibility(replace(PRESETS["tiny-moe"], **change), layout, 1, 8, 64)
+        replace(PRESETS["tiny"], **change)
     assert message in str(refused.value) and "\n" not in str(refused.value)
-    check_divisibility(replace(PRESETS["tiny-moe"], attention_chunk=64), layout, 1, 8, 64)
 
 
 def test_megatron_refuses_scores_on_the_input_beyond_top_1() -> None:

@@ -16,6 +16,13 @@ routing-dependent bytes tests/test_moe_run.py checks. And
 where marked, a window of seq_len runs BIT-IDENTICAL to no window in that layout (loss and every gradient of one
 fp32 micro-batch, torch.equal). ONE 4-rank launch: 2-rank cases run on ranks 0-1 (ranks 2-3 build the same groups).
 
+Llama 4's attention runs in the same launch and checks (its chunk mask is the same helper, attention_mask.py):
+"l4" models have attention chunks of 8 over sequences of 32 (20 in "l4-c20": chunks spanning token blocks, the last
+chunk partial) and rope_pattern "RN" (block 0 chunked with rotary and the L2 q / k norm, block 1 NoPE with full
+causal attention: with pp=2 stage 1 holds it alone, so a local index would rotate and chunk it); "l4-moe" is
+tiny-moe so, with Llama 4's top-1 sigmoid router scaling the experts' input (MoESpec.probs_on_input). Bit-identity
+there compares a chunk of seq_len with no chunk.
+
 The 2.5D and 3D cases (CASES_8, 8 ranks: a 2x2x2 mesh splits a micro-batch's tokens 4 ways) run in
 tests/test_token_split.py's 8-rank launch, not one of their own, and are checked there by `check_case`, the same
 checks. With s = 32 a rank holds c = 8 mb tokens: mb = 1 splits each sequence into 4 blocks of 8 (the window of
@@ -58,8 +65,14 @@ GPT = ModelSpec("swa-gpt", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64
                 window_pattern="WF")
 MOE = replace(PRESETS["tiny-moe"], name="swa-moe", seq_len=32, sliding_window=8, window_pattern="WF")
 MLA = replace(PRESETS["tiny-mla"], name="swa-mla", seq_len=32, sliding_window=8, window_pattern="WF")
+L4 = ModelSpec("l4-llama", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=32, family="llama",
+               kv_heads=2, attention_chunk=8, rope_pattern="RN", qk_l2_norm=True)
+_TINY = PRESETS["tiny-moe"]
+L4_MOE = replace(_TINY, name="l4-moe", seq_len=32, attention_chunk=8, rope_pattern="RN", qk_l2_norm=True,
+                 moe=replace(_TINY.moe, top_k=1, router="sigmoid", probs_on_input=True))
 MODELS = {"llama": LLAMA, "gpt": GPT, "moe": MOE, "mla": MLA, "llama-w20": replace(LLAMA, sliding_window=20),
-          "gpt-w20": replace(GPT, sliding_window=20)}
+          "gpt-w20": replace(GPT, sliding_window=20), "l4": L4, "l4-c20": replace(L4, attention_chunk=20),
+          "l4-moe": L4_MOE}
 N_MICRO, LR = 2, 1e-3  # fp64_optimizer's lr
 CASES = [  # (layout, model, sequences per micro-batch, recompute, bit-identity checked at window = seq_len)
     ("dp=2", "llama", 2, "none", False),
@@ -72,6 +85,15 @@ CASES = [  # (layout, model, sequences per micro-batch, recompute, bit-identity 
     ("pp=2", "llama", 2, "none", False),
     ("dp=2,ep=2", "moe", 2, "none", False),
     ("tp=1d:2,sp", "mla", 2, "none", False),
+    # Llama 4: chunks, NoPE, the L2 norm (module docstring)
+    ("tp=1d:2,sp", "l4", 2, "selective", True),
+    ("tp=2d:2x2", "l4-c20", 1, "none", True),  # a quarter of a sequence per rank; chunks spanning blocks
+    ("tp=2d:2x2,fa=0", "l4", 3, "full", False),  # blocks straddling two sequences
+    ("cp=2", "l4-c20", 2, "none", True),
+    ("cp=4,cpc=ag", "l4", 2, "selective", False),  # chunks of 4 tokens: some ranks' keys are in no query's chunk
+    ("cp=4", "l4", 2, "none", True),
+    ("pp=2", "l4", 2, "none", False),
+    ("dp=2,ep=2", "l4-moe", 2, "none", False),
 ]
 CASES_8 = [  # 2.5D and 3D, run by tests/test_token_split.py's launch (module docstring: c = 8 mb tokens per rank)
     ("tp=3d:2x2x2,kw=1", "llama", 2, "selective", False),  # window shorter than a block, gathered over z
@@ -80,6 +102,8 @@ CASES_8 = [  # 2.5D and 3D, run by tests/test_token_split.py's launch (module do
     ("tp=2.5d:2x2x2", "gpt-w20", 1, "none", True),  # window spanning three blocks, gathered over (dep, row)
     ("tp=2.5d:2x2x2,kw=1,fa=0", "llama", 3, "selective", False),  # blocks straddling two sequences
     ("tp=2.5d:2x2x2", "gpt", 4, "full", True),  # whole sequences
+    ("tp=3d:2x2x2", "l4-c20", 1, "selective", True),  # Llama 4 (module docstring): chunks spanning blocks
+    ("tp=2.5d:2x2x2,fa=0", "l4", 3, "none", False),  # blocks straddling two sequences
 ]
 IDS = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES]
 IDS_8 = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES_8]
@@ -119,11 +143,13 @@ def serial_case(rank: int, spec: ModelSpec, layout: Any, mb: int,
 
 
 def _bit_identical(spec: ModelSpec, mesh: Mesh, recompute: str, ids: torch.Tensor, labels: torch.Tensor) -> bool:
-    """One fp32 forward and backward with window = seq_len and with no window: equal loss and gradients."""
+    """One fp32 forward and backward with window (attention chunk) = seq_len and with none: equal loss and
+    gradients."""
     runs = []
     for window in (spec.seq_len, None):
-        model = build_model(replace(spec, sliding_window=window, window_pattern=None), mesh, seed=5,
-                            recompute=recompute)
+        masked = (replace(spec, attention_chunk=window) if spec.attention_chunk is not None
+                  else replace(spec, sliding_window=window, window_pattern=None))
+        model = build_model(masked, mesh, seed=5, recompute=recompute)
         loss, _ = model(ids, labels)
         loss.backward()
         runs.append((loss.detach(), [p.grad for p in model.parameters()]))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from paracube.attention_chunk import check_chunk
+from paracube.attention_chunk import chunk_refusal
 from paracube.errors import ParacubeError, check, divisors_text
 from paracube.executor.launch.run_args import int_at_least  # torch-free: one argparse type for CLI and worker
 from paracube.model_presets import DEFAULT_MODEL, resolve_model
@@ -85,7 +85,6 @@ def workload_from_args(args: argparse.Namespace, partial_layout: bool = False) -
     from paracube.layout_parse import parse_layout
 
     model = with_seq_len(resolve_model(args.model), args.seq)
-    check_chunk(model, model.seq_len)  # Llama 4 beyond one attention chunk: refused before any search
     layout = parse_layout(args.layout) if args.layout else None
     if args.micro_batch is not None:
         layout = (layout or Layout()).with_(micro_batch=args.micro_batch) if layout or partial_layout else None
@@ -114,6 +113,9 @@ def runtime_from_args(args: argparse.Namespace, layout: Layout | None, model: Mo
     if all_ok and name == "all":
         return name
     runtime = get_runtime(name)
+    why_chunk = chunk_refusal(model, model.seq_len, runtime)  # Llama 4 beyond one chunk: before any search
+    if why_chunk:
+        raise ParacubeError(why_chunk)
     if layout is not None:
         why = runtime.refusal(layout, model.family, model.tied_embeddings, dtype, moe=model.moe is not None,
                               windowed=model.sliding_window is not None)

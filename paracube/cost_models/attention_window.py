@@ -1,8 +1,19 @@
-"""Sliding-window attention priced: the share of causal attention's score work a windowed model's flash kernel does.
+"""Sliding-window and chunked attention priced: the share of causal attention's score work a flash kernel does.
 
 Contract (workload.ModelSpec): in a windowed block the query at position i sees the keys i - w < j <= i (w =
 `sliding_window`, itself included; Megatron `--window-size (w - 1, 0)`); `window_pattern` says which blocks are
 windowed (Dims.window; Dims.window_frac, the share of the blocks windowed).
+
+Chunked attention (Llama 4, ModelSpec.attention_chunk; Dims.chunked): the query at i sees the keys
+floor(i / c) c <= j <= i (attention_chunk.py), the same machinery with the row's first key at the start of its chunk
+instead of i - w + 1 (`first_key`): a whole chunk of c tokens has c (c + 1) / 2 pairs,
+    chunk_pairs(s, c) = n c (c + 1) / 2 + r (r + 1) / 2      (s = n c + r; causal for c >= s)   (`band_pairs`)
+its blocks "windowed" in Dims' terms (window = c, window_frac the share of rope blocks, window_pattern W at rope
+blocks and F at NoPE blocks), so the per-stage pricing (window_stages.py) and everything below hold unchanged. With c
+a multiple of the tile (Llama 4: 8192) no query tile straddles two chunks: the tiles are the exact chunks' diagonal
+tiles (FlexAttention's block mask for a fixed-block AND causal mask, torchtitan models/common/attention.py
+get_fixed_block_mask_mod, visits the same). Under context parallelism the chunks put different loads on the cp ranks
+(a rank's load-balanced chunks may straddle attention-chunk boundaries): the busiest rank's tiles, as for windows.
 
 Exact band: a windowed block's scores are sum over queries of min(i + 1, w) key-query pairs,
     band(s, w) = w s - w (w - 1) / 2        (w <= s; s (s + 1) / 2, causal, for w >= s)      (`band_pairs`)
@@ -49,44 +60,59 @@ from paracube.cost_models.dims import Dims
 TILE = 128  # a flash kernel's query and key tile (module docstring: FlashAttention-2, head width 64)
 
 
-def band_pairs(s: int, w: int) -> int:
-    """Key-query pairs of causal attention over s positions with window w (module docstring, closed form)."""
-    return s * (s + 1) // 2 if w >= s else w * s - w * (w - 1) // 2
+def band_pairs(s: int, w: int, chunked: bool = False) -> int:
+    """Key-query pairs of causal attention over s positions with window w, or attention chunks of w tokens
+    (`chunked`) (module docstring, closed forms)."""
+    if w >= s:
+        return s * (s + 1) // 2
+    if chunked:
+        n, r = divmod(s, w)
+        return n * w * (w + 1) // 2 + r * (r + 1) // 2
+    return w * s - w * (w - 1) // 2
 
 
-def chunk_work(q0: int, q1: int, w: int, tile: int = TILE) -> int:
-    """Score entries a flash kernel computes for the queries q0 <= i < q1 under window w: query tiles from q0, per
-    query tile the key tiles (of the sequence's grid) its rows' bands meet, each whole; tile 1: the exact band."""
+def first_key(q: np.ndarray, w: int, chunked: bool = False) -> np.ndarray:
+    """The first key the query at position q sees: the start of its chunk (`chunked`) or of its window."""
+    return (q // w) * w if chunked else np.maximum(0, q - w + 1)
+
+
+def chunk_work(q0: int, q1: int, w: int, tile: int = TILE, chunked: bool = False) -> int:
+    """Score entries a flash kernel computes for the queries q0 <= i < q1 under window (or attention chunk) w: query
+    tiles from q0, per query tile the key tiles (of the sequence's grid) its rows' bands meet, each whole; tile 1: the
+    exact band. (A query tile's rows see the keys from its first row's first key to its last row: first_key grows
+    with the row in both masks.)"""
     starts = np.arange(q0, q1, tile, dtype=np.int64)
     ends = np.minimum(starts + tile, q1) - 1  # each query tile's last row
-    first = np.maximum(0, starts - w + 1)  # the first key its first row sees
+    first = first_key(starts, w, chunked)  # the first key its first row sees
     keys = (ends - first + 1) if tile == 1 else (ends // tile - first // tile + 1) * tile
     return int(((ends - starts + 1) * keys).sum())
 
 
-def rank_work(s: int, cp: int, rank: int, w: int, tile: int = TILE) -> int:
+def rank_work(s: int, cp: int, rank: int, w: int, tile: int = TILE, chunked: bool = False) -> int:
     """chunk_work of one cp rank's queries: chunks rank and 2 cp - 1 - rank of s / (2 cp) (the whole s at cp = 1)."""
     if cp == 1:
-        return chunk_work(0, s, w, tile)
+        return chunk_work(0, s, w, tile, chunked)
     c = s // (2 * cp)
-    return sum(chunk_work(k * c, (k + 1) * c, w, tile) for k in (rank, 2 * cp - 1 - rank))
+    return sum(chunk_work(k * c, (k + 1) * c, w, tile, chunked) for k in (rank, 2 * cp - 1 - rank))
 
 
 @lru_cache(maxsize=256)
-def band_fraction(s: int, cp: int, w: int, tile: int = TILE) -> float:
-    """The busiest cp rank's windowed tiles over its causal tiles (1.0 for w >= s): one windowed block's share."""
+def band_fraction(s: int, cp: int, w: int, tile: int = TILE, chunked: bool = False) -> float:
+    """The busiest cp rank's windowed (chunked) tiles over its causal tiles (1.0 for w >= s): one masked block's
+    share."""
     if w >= s:
         return 1.0
-    return max(rank_work(s, cp, r, w, tile) for r in range(cp)) / max(rank_work(s, cp, r, s, tile) for r in range(cp))
+    return (max(rank_work(s, cp, r, w, tile, chunked) for r in range(cp))
+            / max(rank_work(s, cp, r, s, tile) for r in range(cp)))
 
 
 def window_share(d: Dims) -> float:
     """The share of the causal flash kernel's score work one block of `d` does on average (module docstring); exactly
-    1.0 without windows or with windows no shorter than the sequence."""
+    1.0 without windows (chunks) or with windows (chunks) no shorter than the sequence."""
     s = d.s * d.cp  # the whole sequence (d is a cp rank's view)
     if not d.window or not d.window_frac or d.window >= s:
         return 1.0
-    return 1.0 - d.window_frac + d.window_frac * band_fraction(s, d.cp, d.window)
+    return 1.0 - d.window_frac + d.window_frac * band_fraction(s, d.cp, d.window, TILE, d.chunked)
 
 
-__all__ = ["TILE", "band_fraction", "band_pairs", "chunk_work", "rank_work", "window_share"]
+__all__ = ["TILE", "band_fraction", "band_pairs", "chunk_work", "first_key", "rank_work", "window_share"]

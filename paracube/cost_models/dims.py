@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from paracube.attention_chunk import check_chunk
 from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.errors import check
 from paracube.frozen_hash import frozen_hash, frozen_state
@@ -79,9 +78,13 @@ class Dims:
     # prices one block on dims of L = pp); compute.attention_core_time prices the band (attention_window.py);
     # `window_pattern` which blocks are windowed (ModelSpec.window_pattern; "": every block): a stage's own blocks
     # (cost_models/window_stages.py)
+    # Chunked attention (Llama 4, ModelSpec.attention_chunk) in the same fields: `window` the chunk's tokens,
+    # `window_frac` the share of rope (chunked) blocks, `window_pattern` W at rope blocks and F at NoPE blocks, and
+    # `chunked` True: the mask is chunks, not a sliding band (attention_window.py)
     window: int = 0
     window_frac: float = 0.0
     window_pattern: str = ""
+    chunked: bool = False
 
     def __hash__(self) -> int:  # computed once (frozen_hash.py): a key of the inner loops' caches and dicts
         return frozen_hash(self)
@@ -198,7 +201,7 @@ def _interned(d: Dims) -> Dims:
 
 
 def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
-    check_chunk(model, training.sequence_length(model))  # Llama 4: chunked attention priced up to one chunk only
+    masks = [model.attention_window(i) for i in range(model.layers)]  # sliding windows or attention chunks
     return Dims(
         L=model.layers,
         h=model.hidden,
@@ -220,10 +223,19 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         embedding_dropout=model.embedding_dropout,
         fp8=training.dtype == "fp8",
         mla=model.mla,
-        window=model.sliding_window or 0,
-        window_frac=sum(model.attention_window(i) is not None for i in range(model.layers)) / model.layers,
-        window_pattern=(model.window_pattern or "") if model.sliding_window else "",
+        window=model.sliding_window or model.attention_chunk or 0,
+        window_frac=sum(m is not None for m in masks) / model.layers,
+        window_pattern=mask_pattern(model),
+        chunked=model.attention_chunk is not None,
     )
+
+
+def mask_pattern(model: ModelSpec) -> str:
+    """Dims.window_pattern: the model's window_pattern, or its rope_pattern as W (chunked rope block) / F (NoPE);
+    "" where every block is masked alike (or none is)."""
+    if model.attention_chunk is not None:
+        return (model.rope_pattern or "").replace("R", "W").replace("N", "F")
+    return (model.window_pattern or "") if model.sliding_window else ""
 
 
 def with_options(d: Dims, o: EngineOptions) -> Dims:

@@ -32,7 +32,7 @@ from paracube.export.common import (
     shell_command,
     tensor_size,
 )
-from paracube.export.llama4_flags import deepspeed_llama4_refusal
+from paracube.export.llama4_flags import chunk_export_refusal, deepspeed_llama4_refusal
 from paracube.export.megatron import TRAINING_ARGS, big_axes, tokenizer_args
 from paracube.export.moe_flags import deepspeed_moe_args
 from paracube.export.window_flags import deepspeed_window_refusal
@@ -66,7 +66,7 @@ def why_not(plan: Plan) -> str | None:
         return "Megatron-DeepSpeed has no multi-head latent attention (MLA)"
     if (why_window := deepspeed_window_refusal(plan.model)) is not None:
         return why_window
-    if (why_llama4 := deepspeed_llama4_refusal(plan.model)) is not None:
+    if (why_llama4 := deepspeed_llama4_refusal(plan.model) or chunk_export_refusal(plan, "deepspeed")) is not None:
         return why_llama4
     if plan.training.dtype == "fp8":  # its pretrain_gpt.py has --bf16 / --fp16 only: no FP8 GEMMs to turn on
         return ("it has no FP8 training (Megatron-DeepSpeed's pretrain_gpt.py takes --bf16 or --fp16, no FP8 "

@@ -29,7 +29,7 @@ from paracube.export.common import (
     shell_command,
     tensor_size,
 )
-from paracube.export.llama4_flags import megatron_llama4_args, megatron_llama4_refusal
+from paracube.export.llama4_flags import chunk_export_refusal, megatron_llama4_args, megatron_llama4_refusal
 from paracube.export.moe_flags import megatron_moe_args
 from paracube.export.window_flags import megatron_window_args, megatron_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
@@ -52,7 +52,8 @@ def why_not(plan: Plan) -> str | None:
         return "its tensor-parallel overlap (--tp-comm-overlap) needs sequence parallelism (sp)"
     if lay.a2ao:  # --overlap-moe-expert-parallel-comm's own checks (Runtime.a2a_overlap_refusal)
         return get_runtime("megatron").a2a_overlap_refusal(lay, plan.training.dtype)
-    return megatron_window_refusal(plan) or megatron_llama4_refusal(plan.model)  # window_flags.py, llama4_flags.py
+    return (megatron_window_refusal(plan) or megatron_llama4_refusal(plan.model)  # window_flags.py, llama4_flags.py
+            or chunk_export_refusal(plan, "megatron"))
 
 
 CP_COMM_TYPE = {"p2p": "p2p", "ag": "all_gather"}  # cpc -> megatron-core TransformerConfig.cp_comm_type

@@ -42,6 +42,7 @@ from paracube.export.common import (
     shell_command,
     tensor_size,
 )
+from paracube.export.llama4_flags import chunk_export_refusal
 from paracube.export.megatron import big_axes
 from paracube.export.moe_flags import torchtitan_moe_flags
 from paracube.export.window_flags import torchtitan_window_notes, torchtitan_window_refusal
@@ -71,7 +72,7 @@ def why_not(plan: Plan) -> str | None:
         return f"it has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if lay.a2ao:
         return "it does not overlap its MoE all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
-    if (why_window := torchtitan_window_refusal(plan.model)) is not None:
+    if (why_window := torchtitan_window_refusal(plan.model) or chunk_export_refusal(plan, "torchtitan")) is not None:
         return why_window
     shard = lay.shard_size if lay.zero >= 2 else 1  # data_parallel_flags: FSDP's shard degree
     if lay.ep > 1 and (shard * lay.cp * lay.tensor_size) % lay.ep:

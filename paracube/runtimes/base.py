@@ -51,6 +51,9 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
 - `sliding_window`: it trains models with sliding-window attention (ModelSpec.sliding_window); `window_cp_comms`: the
   context-parallel exchanges it runs them with (None: all of cp_comms; `cp_comms_for`), e.g. Transformer Engine
   refuses sliding windows with its p2p ring. The search offers only those (planner/search.py); `refusal` names them.
+- `chunked_attention`: it trains chunked attention (Llama 4, ModelSpec.attention_chunk) over sequences longer than
+  one chunk, with every cp exchange it runs (`chunk_note` says why not); without it such sequences are refused in
+  one line before any search (attention_chunk.chunk_refusal), sequences up to one chunk being plain causal.
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -138,6 +141,8 @@ class Runtime:
     moe_a2a_overlap_default: bool = False  # and turns it on without a flag
     sliding_window: bool = True  # it trains sliding-window attention (module docstring)
     window_cp_comms: tuple[str, ...] | None = None  # the cp exchanges it runs windowed models with (None: cp_comms)
+    chunked_attention: bool = False  # it trains chunked attention beyond one chunk (module docstring)
+    chunk_note: str = ""  # why it does not
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
@@ -287,6 +292,7 @@ class Runtime:
                 "expert_parallel": self.expert_parallel, "expert_tensor_parallel": self.expert_tensor_parallel,
                 "export_target": self.export_target, "cp_comms": list(self.cp_comms),
                 "sliding_window": self.sliding_window, "window_cp_comms": list(self.cp_comms_for(True)),
+                "chunked_attention": self.chunked_attention,
                 "fp8_scaling": self.fp8_scaling, "fp8_experts": self.fp8_experts,
                 "fp8_param_gather": self.fp8_param_gather, "moe_dispatch": self.moe_dispatch,
                 "selective": self.selective, "moe_host_sync": self.moe_host_sync,

@@ -10,7 +10,8 @@ comm overlap. Gradients in the 16-bit training dtype (ZeRO's partitioned gradien
 comm overlap. No context parallelism: DeepSpeed-Ulysses splits the sequence too, but exchanges q, k, v by
 all-to-alls over the heads (each rank then attends whole sequences for heads / N), not the ring / all-gather of
 keys and values that Layout cp=N declares (modes/context.py). No sliding-window attention: Megatron-DeepSpeed's
-GPT model has no window argument (as far as we know; it is not installed here).
+GPT model has no window argument (as far as we know; it is not installed here); nor chunked attention (Llama 4
+over more than one chunk: refused, attention_chunk.chunk_refusal).
 """
 
 from __future__ import annotations
@@ -45,5 +46,6 @@ RUNTIME = Runtime(
     expert_tensor_parallel=False,
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
+    chunk_note=" (Megatron-DeepSpeed has no chunked attention)",
     sliding_window=False,  # Megatron-DeepSpeed has no window argument (module docstring)
 )

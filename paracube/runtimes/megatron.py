@@ -14,6 +14,9 @@ window_attn_skip_freq; megatron-core 0.16.1 passes window_size to Transformer En
 extensions/transformer_engine.py, with no context-parallel check of its own). Transformer Engine's
 attn_forward_func_with_cp runs sliding windows only with cp_comm_type a2a, or all_gather (as we know its
 context_parallel.py; Transformer Engine is not installed here to check): with cp > 1, cpc=ag only.
+Chunked attention (Llama 4) over more than one chunk: none. megatron-core 0.16.1's TransformerConfig has no chunk
+field; its one `attention_chunk` (transformer/attention.py) is flash-attn's argument in the inference decode path,
+set to 0: sequences up to one chunk only (plain causal attention; attention_chunk.chunk_refusal).
 """
 
 from __future__ import annotations
@@ -66,4 +69,5 @@ RUNTIME = Runtime(
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
     cp_comms=("p2p", "ag"),
     window_cp_comms=("ag",),  # Transformer Engine: no sliding window on the p2p ring (module docstring)
+    chunk_note=" (megatron-core 0.16.1 has no chunked attention mask in training)",
 )

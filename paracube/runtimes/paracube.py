@@ -14,6 +14,7 @@ in none and 1D, with every zero stage (FSDP gathers the bf16 shards, the layer c
 chunk GEMMs are the linear's FP8 GEMMs). MoE blocks (executor/model/moe.py) with expert parallelism folded over
 each stage's dp x tp ranks, in the modes, zero stages and layouts modes/experts.executor_refusal allows (none, 1D
 with sp; zero=0/1; etp=1; cp=1); MLA with dense MLPs (executor/layers/mla.py), not with MoE blocks yet.
+Llama 4's chunked attention over sequences longer than one chunk, in every path (executor/layers/attention_mask.py).
 """
 
 from __future__ import annotations
@@ -95,4 +96,6 @@ RUNTIME = Runtime(
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),
     cp_note=" (paracube's executor does not run it yet)",
+    # chunked attention beyond one chunk in every tensor mode and cp exchange (executor/layers/attention_mask.py)
+    chunked_attention=True,
 )

@@ -21,6 +21,9 @@ Sliding-window attention: 0.3.0's gpt_oss module only (models/gpt_oss/__init__.p
 blocks, "WF"; its llama3 / qwen3 modules have none: export/torchtitan.py refuses other windows); with cp > 1
 its FlexAttention backend all-gathers keys and values (distributed/context_parallel/api.py apply_cp_to_forward;
 the varlen backend raises NotImplementedError): cpc=ag, as above.
+Chunked attention (Llama 4) over more than one chunk: none. 0.3.0 has no llama4 module (models/: llama3, qwen3,
+gpt_oss, deepseek_v3, ...); models/common/attention.get_fixed_block_mask_mod (q_idx // size == kv_idx // size, a
+FlexAttention mask to AND with the causal one) is there, built by no model: sequences up to one chunk only.
 """
 
 from __future__ import annotations
@@ -59,4 +62,5 @@ RUNTIME = Runtime(
     moe_host_sync=True,  # its dropless dispatch reads the all_to_all's splits on the host (input_splits.tolist())
     source="torchtitan ParallelismConfig (docs/exports.md)",
     cp_comms=("ag",),
+    chunk_note=" (torchtitan 0.3.0 has no llama4 module; no model builds its fixed-block mask)",
 )

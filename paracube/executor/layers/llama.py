@@ -11,7 +11,8 @@ unit and a seed gives the same model in every layout):
   Query head g * r + i reads kv head g (transformers' repeat_kv order).
 - gate+up [h, 2f]: columns [f, 2] = (gate_j, up_j) interleaved; an even block of columns holds whole
   pairs, so SwiGLU(x)_j = silu(gate_j) * up_j needs no communication and yields down's input block.
-qk_norm (Qwen3): per-head RMSNorms of the queries and keys in qkv, before rotary (head_norm.py).
+qk_norm (Qwen3): per-head RMSNorms of the queries and keys in qkv, before rotary (head_norm.py). Llama 4: NoPE
+blocks skip rotary, its L2 norm follows it (qk_positions.py; `positioned`).
 RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma, in fp32 (the residual stream's dtype); split over the
 hidden dimension it all-reduces one statistic per token (sum of x^2) each way. Rotary: transformers'
 rotate_half form, inv_freq_j = theta^(-2j/d), positions 0..s-1 of each whole local sequence.
@@ -33,6 +34,7 @@ from paracube.executor.layers.attention_mask import sequence_mask
 from paracube.executor.layers.context_parallel import chunk_positions, context_attention
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention, fp32
 from paracube.executor.layers.head_norm import HeadRMSNorm, qk_normed
+from paracube.executor.layers.qk_positions import QKPositions, l2_norm
 from paracube.executor.layers.rms_norm import rms_norm
 from paracube.executor.layers.serial import Mode, ShardedModule
 from paracube.executor.layers.shards import block, make_spec
@@ -56,15 +58,29 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: bool = True, p: float = 0.0,
+def positioned(q: Tensor, k: Tensor, q_tables: tuple[Tensor, Tensor], k_tables: tuple[Tensor, Tensor],
+               how: QKPositions) -> tuple[Tensor, Tensor]:
+    """q, k rotated by their (cos, sin) tables unless a NoPE block, then L2-normed where `how` says
+    (qk_positions.py: the order)."""
+    if how.rope:
+        q, k = rotary(q, *q_tables), rotary(k, *k_tables)
+    if how.l2_eps is not None:
+        q, k = l2_norm(q, how.l2_eps), l2_norm(k, how.l2_eps)
+    return q, k
+
+
+def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPositions, flash: bool = True,
+                  p: float = 0.0,
                   seed: int | None = None, kv: Tensor | None = None, geometry: Geometry | None = None,
                   window: int | None = None) -> Tensor:
     """Causal attention: qkv [b, c, kv_heads * (group + 2) * d] -> [b, c, kv_heads*group*d]. kv None: whole
     sequences (c = s); else [1, keys, kv_heads, 2, d], the window of keys and values a split sequence's queries
     read, `geometry` placing both (executor/layers/tokens.py: rotary positions and the mask follow from it).
-    `window`: the block's sliding window (attention_mask.py; None: full causal).
+    `window`: the block's sliding window or attention chunk (attention_mask.py; None: full causal); `theta`: the
+    rotary base, or the block's QKPositions (NoPE, L2 norm).
     flash: scaled_dot_product_attention; else Megatron's unfused core attention (functional.core_attention),
     the group's query heads stacked along the rows of one bmm per kv head."""
+    how = theta if isinstance(theta, QKPositions) else QKPositions(theta)
     b, c, width = qkv.shape
     d = width // (kv_heads * (group + 2))
     g = qkv.view(b, c, kv_heads, group + 2, d)
@@ -72,17 +88,17 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: b
     if kv is None or geometry is None:
         # v copied out of qkv: backward then keeps v alone, not the whole qkv output it is a view of
         k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
-        cos, sin = rotary_tables(c, d, theta, qkv)
-        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        cos, sin = rotary_tables(c, d, how.theta, qkv)
+        q, k = positioned(q, k, (cos, sin), (cos, sin), how)
         allowed = sequence_mask(c, window, qkv.device)  # None: the plain causal path (a window >= s included)
     else:
         # v copied out of the window, as above (k is rotated into a new tensor anyway)
         k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2).contiguous()
         keys = k.shape[2]
-        cos, sin = rotary_tables(geometry[2], d, theta, qkv)
+        cos, sin = rotary_tables(geometry[2], d, how.theta, qkv)
         _, k_pos = window_positions(geometry, c, keys, qkv.device)
         cos, sin = cos[k_pos], sin[k_pos]  # the queries are the window's last c tokens: views of these
-        q, k = rotary(q, cos[keys - c:], sin[keys - c:]), rotary(k, cos, sin)
+        q, k = positioned(q, k, (cos[keys - c:], sin[keys - c:]), (cos, sin), how)
         allowed = window_mask(geometry, c, keys, qkv.device, window)
     keys = k.shape[2]
     if not flash:
@@ -96,7 +112,7 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float, flash: b
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 
-def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float, s: int, mesh: Mesh,
+def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPositions, s: int, mesh: Mesh,
                          window: int | None = None) -> Tensor:
     """gqa_attention of a cp rank's chunks (qkv [b, s / cp, ...], executor/layers/context_parallel.py): q and k
     rotated at their global positions, then attention over every cp rank's k, v (within `window` of each query)."""
@@ -105,11 +121,12 @@ def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float, s
     g = qkv.view(b, c, kv_heads, group + 2, d)
     q = g[..., :group, :].reshape(b, c, kv_heads * group, d).transpose(1, 2)
     k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
-    cos, sin = rotary_tables(s, d, theta, qkv)
+    how = theta if isinstance(theta, QKPositions) else QKPositions(theta)
+    cos, sin = rotary_tables(s, d, how.theta, qkv)
     pos = chunk_positions(s, mesh.layout.cp, mesh.coord("cp"), qkv.device)
     # Indexed once: q's and k's rotations then save the same two tables (indexing per use made a copy each).
     cos, sin = cos[pos], sin[pos]
-    q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+    q, k = positioned(q, k, (cos, sin), (cos, sin), how)
     out = context_attention(q, k, v, mesh, s, window)
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
@@ -139,15 +156,18 @@ def swiglu(y: Tensor) -> Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True, window: int | None = None):
+    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True, window: int | None = None,
+                 positions: QKPositions | None = None):
         super().__init__()
         self.selective, self.flash, self.p, self.mode = selective, flash, mode.spec.attention_dropout, mode
-        self.window = window  # the block's sliding window (ModelSpec.attention_window), None: full causal
+        self.window = window  # the block's sliding window or chunk (ModelSpec.attention_window), None: full causal
         spec = mode.spec
         h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.group = spec.heads // spec.num_kv_heads
         self.kv_local = mode.heads_local // self.group  # kv_heads / n (sizes.py checks it divides)
-        self.theta, self.eps = spec.rope_theta, spec.rms_eps
+        # the rotary base, or the block's NoPE / L2 norm (qk_positions.block_positions)
+        self.theta: float | QKPositions = positions or spec.rope_theta
+        self.eps = spec.rms_eps
         self.qkv = mode.linear("qkv", h, q + 2 * kv, False)
         if spec.qk_norm:  # Qwen3's per-head q / k RMSNorms (head_norm.py), before rotary
             self.q_norm, self.k_norm = HeadRMSNorm(mode.mesh, spec.head_dim), HeadRMSNorm(mode.mesh, spec.head_dim)
@@ -230,4 +250,5 @@ def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor
 
 
 __all__ = ["LlamaAttention", "SplitRMSNorm", "SwiGLU", "context_parallel_gqa", "gqa_attention", "llama_init_tensors",
+           "positioned",
            "rotary", "rotary_tables", "swiglu"]

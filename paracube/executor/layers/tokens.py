@@ -44,11 +44,11 @@ def local_positions(mesh: Mesh, axes: tuple[str, ...], T: int, s: int, device: t
 def window_mask(geometry: Geometry, queries: int, keys: int, device: torch.device,
                 sliding: int | None = None) -> Tensor:
     """[queries, keys] booleans: key j visible to query i (same sequence, not after it, within the block's
-    sliding window `sliding`: attention_mask.visible on the global indices)."""
+    sliding window or attention chunk `sliding`: attention_mask.visible on positions in their sequences)."""
     q0, k0, s = geometry
     q = q0 + torch.arange(queries, device=device)
     k = k0 + torch.arange(keys, device=device)
-    return visible(q, k, effective_window(sliding, s)) & (k.unsqueeze(0) // s == q.unsqueeze(-1) // s)
+    return visible(q % s, k % s, effective_window(sliding, s)) & (k.unsqueeze(0) // s == q.unsqueeze(-1) // s)
 
 
 def window_positions(geometry: Geometry, queries: int, keys: int, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -17,6 +17,7 @@ from paracube.executor.layers.dropout import dropout
 from paracube.executor.layers.functional import local_attention
 from paracube.executor.layers.llama import LlamaAttention, SwiGLU, llama_init_tensors
 from paracube.executor.layers.mla import MLAttention, mla_init_tensors
+from paracube.executor.layers.qk_positions import block_positions
 from paracube.executor.layers.serial import Mode
 from paracube.executor.model.moe import MoEMLP, is_moe_block, moe_init_tensors
 from paracube.workload import ModelSpec
@@ -71,10 +72,11 @@ class Block(nn.Module):
         flash = mode.mesh.layout.uses_flash
         self.p = mode.spec.dropout
         self.ln1 = mode.layer_norm()
-        # By the block's global index (pipeline stages hold blocks under theirs): its sliding window or None
+        # By the block's global index (pipeline stages hold blocks under theirs): its sliding window, attention
+        # chunk or None; llama: its rotary / NoPE and L2 norm (qk_positions.py)
         window = mode.spec.attention_window(index) if index is not None else None
         self.attn = (MLAttention(mode, selective, flash, window) if mode.spec.mla is not None  # latent (mla.py)
-                     else LlamaAttention(mode, selective, flash, window) if llama
+                     else LlamaAttention(mode, selective, flash, window, block_positions(mode.spec, index)) if llama
                      else Attention(mode, selective, flash, window))
         self.ln2 = mode.layer_norm()
         self.mlp = MoEMLP(mode, index) if is_moe_block(mode.spec, index) else SwiGLU(mode) if llama else MLP(mode)

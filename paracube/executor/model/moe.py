@@ -6,8 +6,11 @@ Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequen
 - router: scores = softmax(x W_r) (Mixtral, Qwen3-MoE) or sigmoid(x W_r) (DeepSeek-V3, its top-k chosen on
   scores + a score-correction bias, a zero buffer here: the bias-update rule of auxiliary-loss-free balancing is
   not run), in fp32 (fp64 for fp64 copies); the top-k experts per token, their weights the chosen scores
-  normalized to sum 1 (HF norm_topk_prob). `route` (set_routing): an explicit hook choosing the experts instead,
-  `route(block index, scores) -> [N, k]` indices (deterministic routing for tests; no patching).
+  normalized to sum 1 (HF norm_topk_prob); with MoESpec.probs_on_input (Llama 4) the chosen scores unnormalized,
+  multiplying the expert's input instead of its output (transformers' Llama4TextMoe: routed_in = x * sigmoid of
+  the top-k logits, in x's dtype; megatron-core 0.16.1 experts.py moe_apply_probs_on_input: permuted_probs *
+  hidden_states, cast back, the output then unweighted). `route` (set_routing): an explicit hook choosing the
+  experts instead, `route(block index, scores) -> [N, k]` indices (deterministic routing for tests; no patching).
 - capacity (spec.capacity_factor c): each expert keeps at most ceil(c N k / E) of the rank's copies, earlier
   tokens first (Megatron-core's drop policy per rank); the dropped copies contribute nothing (their token keeps
   the shared expert and the residual). None: dropless.
@@ -154,7 +157,7 @@ class MoEMLP(nn.Module):
         scores = logits.softmax(-1) if moe.router == "softmax" else logits.sigmoid()
         idx = self._choose(scores)
         top = scores.gather(1, idx)
-        weights = (top / top.sum(-1, keepdim=True)).reshape(-1)
+        weights = (top if moe.probs_on_input else top / top.sum(-1, keepdim=True)).reshape(-1)
         flat = idx.reshape(-1)
         keep = torch.ones_like(flat, dtype=torch.bool)
         if moe.capacity_factor is not None:
@@ -167,8 +170,9 @@ class MoEMLP(nn.Module):
         if self.routing_log is not None and self.mesh.recorder.current_phase != "bwd":  # not a recompute's
             self.routing_log.append(counts.detach().clone())
         tokens = torch.div(sel, k, rounding_mode="floor")
-        routed = self._experts(xf[tokens], counts)
-        out = xf.new_zeros(N, h).index_add(0, tokens, routed * weights[sel].to(routed.dtype)[:, None])
+        w = weights[sel][:, None]  # the chosen copies' weights: on the input (Llama 4) or the output
+        routed = self._experts(xf[tokens] * w.to(xf.dtype) if moe.probs_on_input else xf[tokens], counts)
+        out = xf.new_zeros(N, h).index_add(0, tokens, routed if moe.probs_on_input else routed * w.to(routed.dtype))
         if moe.aux_loss and torch.is_grad_enabled():
             out = _AuxLossScaler.apply(out, self._aux(scores, idx, shape[0]), self.aux_grad_scale * shape[1]
                                        * self.sp_ways)
