@@ -34,8 +34,8 @@ from paracube.calibration.microbench import (
 )
 from paracube.cost_models import estimate
 from paracube.cost_models.collective import collective_time as _time
-from paracube.cost_models.compute import ops_per_step
 from paracube.cost_models.dims import dims_of
+from paracube.cost_models.step_ops import ops_per_step
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.executor.launch import affinity

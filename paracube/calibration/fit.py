@@ -38,7 +38,7 @@ size (collective.calibrated_link; `compute.gemm_model` carries them). The joint
 of them) for kinds and sizes that were not measured. Modes whose collectives alternate mesh axes (2D, 2.5D,
 3D) read `comm_alternating` (microbench.py: measured with calls cycling through the groups of every stride,
 which includes the wait for peers last synchronized with other ranks), for every collective of the step;
-other modes read `comm`. compute.py prices `ops_per_step` dispatched ops per step at
+other modes read `comm`. compute.py prices `step_ops.ops_per_step` dispatched ops per step at
 `elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`, the bare in-place op of the elementwise fit)
 and each collective message (collective.wait_steps) at `elementwise.step_wait_s` plus each collective call at
 `elementwise.call_wait_s`: host_overheads.fit_host_overheads sets the first, and gemm.eff_max = gemm.mem_eff (the

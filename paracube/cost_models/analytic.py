@@ -22,9 +22,10 @@ from paracube.cost_models.analytic_scores import (
 )
 from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.comm import Entry, axes_used
-from paracube.cost_models.compute import GemmModel, gemm_model, model_flops_per_step
+from paracube.cost_models.compute import GemmModel, gemm_model
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_options, with_pins
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
+from paracube.cost_models.model_flops import model_flops_per_step
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS

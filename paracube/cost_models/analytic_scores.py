@@ -75,7 +75,6 @@ from paracube.cost_models.compute import (
     GemmModel,
     block_compute_time,
     fp8_step_time,
-    ops_per_step,
     optimizer_time,
     stage_compute_time,
 )
@@ -90,6 +89,7 @@ from paracube.cost_models.memory import stage_memory, total, with_zero
 from paracube.cost_models.overlap_drag import beside, per_layout
 from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
+from paracube.cost_models.step_ops import ops_per_step
 from paracube.cost_models.stragglers import straggler_wait
 from paracube.cost_models.tpo import TpoPricing
 from paracube.cost_models.window_stages import middle_excess, stage_delta, stage_ring, stages_differ

@@ -29,7 +29,7 @@ Optimizer step (once per step, after the last backward): a fused Adam (Megatron'
 memory bound: per local parameter it reads and writes the fp32 master weight, both moments and reads the
 fp32 gradient (28 bytes), and writes the 16-bit copy the next forward reads (c bytes at c < 4):
     optimizer_time = n_local (28 + c [c < 4]) / (mem_bw mem_eff) / shard     (shard = dp with zero >= 1).
-Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counted from the executor) costs
+Per-op overhead: with a calibration, every dispatched op (step_ops.ops_per_step, counted from the executor) costs
 `calibration.elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
 autograd and launch, which dominate small models on CPUs. calibrate.py measures it per tensor mode with
 step probes, so it also carries what a mode's step costs beyond its fitted GEMMs and collectives (the
@@ -46,7 +46,7 @@ import numpy as np
 from paracube.cost_models import fp8, recompute
 from paracube.cost_models.attention_window import window_share
 from paracube.cost_models.collective import wait_steps
-from paracube.cost_models.dims import DTYPE_NAMES, Dims, full_sequence
+from paracube.cost_models.dims import DTYPE_NAMES, Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
@@ -208,26 +208,6 @@ def local_shape(
     return MODES[mode].gemm_shape(T, h_in, h_out, column, b.t, b.q, b.depth)
 
 
-def model_flops_per_step(d: Dims) -> float:
-    """Model FLOPs of one optimizer step for the whole model (fwd + bwd, no recomputation); a cp rank's dims are
-    taken back to whole sequences first: the numerator of MFU (analytic.py, event.py).
-
-    Convention (Narayanan et al. 2021, eq. 72 B s l h^2 (1 + s / 6h + V / 12 l h) with the block linears counted as
-    they are): per block the linears' 2 T h_in h_out, and the scores Q K^T and values P V at 2 b s^2 h each over the
-    whole s x s, no causal sparsity; backward twice the forward. A sliding-window block (Dims.window) counts the
-    same s x s: windows are the kernel's saving (compute.attention_core_time prices the band it computes), not model
-    FLOPs, as every published convention counts them: torchtitan's MoE / GPT-OSS count (models/utils.py
-    get_moe_model_nparams_and_flops, 0.3.0) puts 6 x heads x (qk + v head width) x seq_len per token in every block
-    with attention, windowed or not ("we follow the convention and do not account for sparsity in causal
-    attention"); Megatron-LM's num_floating_point_operations (as Megatron-Bridge 0.3.1 training/utils/flop_utils.py
-    carries it; megatron-core's wheel has no megatron/training) halves the score term for the causal mask and has
-    no window term. So MFU compares windowed and unwindowed models on one count of work."""
-    d = full_sequence(d)
-    T = d.global_batch * d.s
-    per_layer = 2 * T * d.sum_w() + 4 * d.global_batch * d.s * d.s * d.h
-    return 3.0 * (d.L * per_layer + 2 * T * d.h * d.V)
-
-
 def block_compute_time(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tuple[Arr, Arr]:
     """(forward, backward) seconds of one block, one micro-batch, one rank: linears, attention core, elementwise; the
     backward with what selective recomputation re-runs in it (full recomputation's forward is the caller's)."""
@@ -324,42 +304,3 @@ def fp8_step_time(d: Dims, mode: str, b: LayoutBatch, first: Arr | int, last: Ar
     if g.linear is None:
         return np.zeros(len(b.dp))
     return fp8.step_time(d, mode, b, first, last, g.mem_bw * g.mem_eff)
-
-
-# Ops (torch dispatches: kernels, views, collectives) one rank launches per training step of the executor:
-#   ops = N * (Ls * OPS_LAYER + (F + H) / 2 * OPS_EDGE + n_tensors * OPS_GRAD_MICRO) + n_tensors * OPS_TENSOR
-#         + OPS_STEP (+ 3 with a tensor group) + (dp > 1) * (n_tensors * OPS_DP_TENSOR + OPS_DP)
-# N micro-batches, Ls blocks of the stage, F / H: the stage holds the embedding / the head (their ops and the
-# loss's are OPS_EDGE, split evenly between first and last stage: exact without pipelining), n_tensors the
-# rank's parameter tensors (12 per block, 2 embedding, 3 final norm + head). Per tensor and step: AdamW's 10
-# (step += 1, decay, lerp, mul + addcmul, item, sqrt, div, add eps, addcdiv), the grad norm's 3 (pow, sum,
-# add) on the tensor's norm leader, its reduced gradient's view into its bucket (slice, view); per tensor
-# and micro-batch OPS_GRAD_MICRO: accumulating the gradient into its fp32 bucket (slice, view, add_;
-# executor/data_parallel/grad_sync.py). Per step: zeros, stack, item, metrics and norm all-reduces (detach, clone,
-# collective), the bucket's zero_; with dp > 1 the bucket's one all_reduce (one bucket assumed: tiny
-# models; each further bucket adds 2 ops). The per-block and edge counts
-# are each mode's forward + backward dispatch sequence (executor/layers/one_d.py, two_d.py, three_d.py); all of them
-# were counted with validation/ops.py on tiny (L = 2, 3; N = 1, 2; dp = 1, 2); the formula reproduces those
-# counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a stray dispatch or two);
-# tests/test_cost_model.py re-counts configurations the constants were not read from.
-# 2.5D dispatches like 2D plus one slice of the ids per micro-batch (counted on tiny 2x2x2) and the gradient
-# sync over (dp, dep) at any dp; 1D with sequence parallelism is assumed to dispatch like 1D.
-# Per mode: TensorMode.ops_layer / ops_edge (paracube/modes).
-OPS_LAYER = {name: m.ops_layer for name, m in MODES.items()}
-OPS_EDGE = {name: m.ops_edge for name, m in MODES.items()}
-OPS_TENSOR, OPS_STEP, OPS_TENSOR_GROUP, OPS_DP_TENSOR, OPS_DP, OPS_GRAD_MICRO = 15, 17, 3, 0, 1, 3
-
-
-def ops_per_step(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
-    """Dispatched ops of one step on one rank of a stage (formula above), as an array over configurations."""
-    m = MODES[mode]
-    N = d.global_batch // (b.dp * b.mb)
-    Ls = stage_layers(d.L, b.pp, b.v, first, last)
-    tensors = 12 * Ls + 2 * first + 3 * last
-    micro = Ls * m.ops_layer + (first + last) / 2 * m.ops_edge + tensors * OPS_GRAD_MICRO
-    step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if m.axes else 0)
-    grad_group = b.dp
-    for axis in m.grad_axes[1:]:  # 2.5D: dp x dep
-        grad_group = grad_group * m.axis_sizes(b.q, b.t, b.depth)[axis]
-    dp_sync = (grad_group > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
-    return (N * micro + step + dp_sync).astype(float)

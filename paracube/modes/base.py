@@ -98,7 +98,7 @@ class TensorMode:
     collective_axes: tuple[tuple[str, ...], ...] = ()  # every tensor group its collectives use
     mesh_groups: tuple[tuple[str, ...], ...] = ()  # extra process groups the executor builds
     executor: ExecutorSupport | None = None
-    ops_layer: int = 0  # torch dispatches per block, forward + backward (compute.ops_per_step)
+    ops_layer: int = 0  # torch dispatches per block, forward + backward (step_ops.ops_per_step)
     ops_edge: int = 0  # embedding + head + loss dispatches
     program_units: tuple[str, ...] = LAYER_UNITS  # units of a block in the event engine's program
     merged_units: tuple[tuple[str, tuple[str, ...]], ...] = ()  # program unit -> its linears (1D halves)
