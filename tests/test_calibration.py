@@ -295,7 +295,7 @@ def test_bench_config_cycles_every_mesh_axis_of_each_group_size() -> None:
 def test_op_overhead_is_read_per_dtype_and_mode() -> None:
     """fp16 dispatches like bf16 (the same autocast casts), 2.5D like 2D; unprobed modes and dtypes fall back
     to the elementwise fit's op_overhead_s."""
-    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.device_model import gemm_model
 
     cal = build_calibration(_synthetic_result(), machine_info(8, "gloo"))
     cal["elementwise"]["op_overhead_by_mode"] = {"fp32": {"1d": 1e-5, "2d": 2e-5}, "bf16": {"1d": 3e-5}}

@@ -14,8 +14,9 @@ import pytest
 from paracube.cost_models.analytic import estimate, layout_links, prepare
 from paracube.cost_models.analytic_scores import STAGES, evaluate
 from paracube.cost_models.attention_window import band_fraction
-from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL, gemm_model
+from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL
 from paracube.cost_models.context_parallel import ring_time
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.links import LinkCache

@@ -22,7 +22,8 @@ from paracube.cost_models.analytic_scores import (
 )
 from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.comm import Entry, axes_used
-from paracube.cost_models.compute import GemmModel, gemm_model
+from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_options, with_pins
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
 from paracube.cost_models.model_flops import model_flops_per_step

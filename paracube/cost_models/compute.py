@@ -11,8 +11,8 @@ backward recomputing the scores, no s x s memory traffic).
 Time: roofline per GEMM with an efficiency that falls for small local matrices,
     eff(m, n, k) = eff_max * m/(m + m0) * n/(n + n0) * k/(k + k0)
 (defaults eff_max = 0.85, m0 = n0 = k0 = 64: a 4096^3 GEMM runs at ~81% of peak, 1024^3 at ~71%, 256^3 at
-~54%, 64^3 at ~11%; the topology's calibration.gemm may override any of the four). Each linear runs three
-GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
+~54%, 64^3 at ~11%; the topology's calibration.gemm may override any of the four: device_model.gemm_model).
+Each linear runs three GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
 Memory-bound elementwise work (norms, residual adds, bias, GELU, hidden dropout, cross-entropy) is priced at
 memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc), backward
 twice that (a coarse count of reads + writes); the attention core's s x s work as above. Cross-entropy over the
@@ -39,7 +39,7 @@ device's `op_overhead_s` (0 for accelerators; the local-cpu preset prices its ov
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,10 +50,7 @@ from paracube.cost_models.dims import DTYPE_NAMES, Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
-from paracube.topologies.calibration import as_calibration
-from paracube.topologies.efficiency import overlap_drag, straggler
-from paracube.topologies.protocol import Topology
-from paracube.workload import DTYPE_BYTES, check_dtype_on
+from paracube.workload import DTYPE_BYTES
 
 CE_BYTES = 28.0  # HBM bytes per local logit of the fp32 vocabulary-parallel cross-entropy (module docstring)
 ITEM_BYTES = {**DTYPE_BYTES, **{DTYPE_NAMES[k]: v for k, v in DTYPE_BYTES.items()}}  # training and torch names
@@ -71,7 +68,8 @@ class GemmModel:
     k0: float = 64.0
     mem_eff: float = 0.8
     # Calibrated extras (zero / empty without a calibration). They ride on the device model so that every
-    # caller that builds it with `gemm_model(topo)` (estimate, the planner's vectorized path) reads the same.
+    # caller that builds it with `device_model.gemm_model(topo)` (estimate, the planner's vectorized path) reads
+    # the same.
     op_overhead: float = 0.0  # seconds per launched op (Python dispatch + kernel launch), ops.py counts them
     # per tensor mode, where calibrate's step probes measured it (mode, seconds per op); else op_overhead
     op_overhead_by_mode: tuple[tuple[str, float], ...] = ()
@@ -149,56 +147,6 @@ class GemmModel:
         `cast_bytes`: block_linear_gemms)."""
         f, dx, da = self.block_linear_gemms(m, n, k, weight_cast, cast_bytes)
         return f, dx + da
-
-
-def gemm_model(topo: Topology, dtype: str) -> GemmModel:
-    """The device's roofline for `dtype` with the topology's calibration (if any) applied. fp8: the bf16
-    model with the FP8 model of the block linears' GEMMs as its `linear` (fp8 peak, the calibration's
-    fp8_eff_max / fp8_m0 where fitted, else the 16-bit curve); refused on a device without an fp8 peak."""
-    device = topo.device
-    if dtype == "fp8":
-        check_dtype_on(dtype, device.name, device.peak_flops)
-        base = gemm_model(topo, "bf16")
-        fp8_peak = replace(base, peak=float(device.peak_flops["fp8"]))
-        gemm = getattr(as_calibration(topo.calibration), "gemm", None)
-        eff_max, m0 = getattr(gemm, "fp8_eff_max", None), getattr(gemm, "fp8_m0", None)
-        if eff_max is not None:
-            fp8_peak = replace(fp8_peak, eff_max=eff_max)
-        if m0 is not None:
-            fp8_peak = replace(fp8_peak, m0=m0, n0=m0, k0=m0)
-        return replace(base, linear=fp8_peak)
-    cal = as_calibration(topo.calibration)
-    drag, jitter = overlap_drag(device), straggler(device)
-    if cal is None:  # the device's own per-op overhead (local-cpu: oversubscribed CPU ranks), else 0
-        half = float(getattr(device, "gemm_half_dim", 0.0)) or GemmModel.m0
-        return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
-                         m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
-                         call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
-                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)),
-                         send_wait=float(getattr(device, "send_wait_s", 0.0)), overlap_drag=drag, straggler=jitter,
-                         ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
-    gemm = cal.gemm
-    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag",
-                                           "straggler") if gemm is not None and getattr(gemm, k) is not None}
-    known.setdefault("overlap_drag", drag)  # a calibration without it: the generation's
-    known.setdefault("straggler", jitter)
-    overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
-    # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
-    by_mode = tuple(sorted(cal.op_overheads(dtype).items()))
-    wait = cal.elementwise.step_wait_s if cal.elementwise is not None else None
-    call = cal.elementwise.call_wait_s if cal.elementwise is not None else None
-    return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
-                     op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table(),
-                     ring_wait=wait or 0.0, call_overhead=call or 0.0,
-                     send_wait=float(getattr(device, "send_wait_s", 0.0)),  # the scheduler's: calibrated or not
-                     ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
-
-
-def _ranks_per_core(device: object, cal: object) -> float:
-    """The device's ranks per core, else (a calibration written before devices carried it) its timing's."""
-    r = float(getattr(device, "ranks_per_core", 1.0))
-    timing = getattr(cal, "timing", None)
-    return r if r != 1.0 or timing is None else float(timing.ranks_per_core)
 
 
 def local_shape(

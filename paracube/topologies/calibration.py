@@ -7,7 +7,7 @@ compared against this machine needs). `Calibration.from_dict` checks every field
 ParacubeError line naming the field and what it expects; `to_dict` writes the same YAML mapping back
 (absent fields stay absent), so files written before this module load and round-trip unchanged.
 
-What the cost model reads (compute.gemm_model): gemm.{eff_max, m0, n0, k0, mem_eff}, elementwise.op_overhead_s,
+What the cost model reads (device_model.gemm_model): gemm.{eff_max, m0, n0, k0, mem_eff}, elementwise.op_overhead_s,
 op_overhead_by_mode[dtype][mode] (`op_overheads`), step_wait_s and call_wait_s, and the per-kind, per-size
 collective fits of `comm`
 and `comm_alternating` (`comm_table`, the rows cost_models/collective.calibrated_link reads).
