@@ -13,13 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from paracube.cost_models.analytic_scores import (
-    STAGES,
-    Links,
-    Scores,
-    StageScores,
-    evaluate,
-)
+from paracube.cost_models.analytic_scores import Scores, evaluate
 from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.comm import Entry, axes_used
 from paracube.cost_models.compute import GemmModel
@@ -33,6 +27,7 @@ from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
 from paracube.cost_models.overlap_drag import DRAG
 from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bound
+from paracube.cost_models.stage_scores import STAGES, Links, StageScores
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.engine_options import EngineOptions, options_of
