@@ -43,7 +43,7 @@ from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES
 from paracube.topologies import load_topology
-from paracube.topologies.calibration import Probe
+from paracube.topologies.calibration_sections import Probe
 from paracube.workload import TrainingSpec
 
 SIZES = (256, 4096, 65536, 1 << 20)

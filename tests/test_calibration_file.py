@@ -12,7 +12,8 @@ from paracube.cli.main import main
 from paracube.cost_models.device_model import gemm_model
 from paracube.errors import ParacubeError
 from paracube.topologies import load_topology
-from paracube.topologies.calibration import Calibration, CommFit
+from paracube.topologies.calibration import Calibration
+from paracube.topologies.calibration_sections import CommFit
 from tests.test_calibration import _synthetic_result
 
 

@@ -273,7 +273,8 @@ def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = Non
     eff = shipped if eff is None else {**(shipped or {}), **eff}  # a fit without an FP8 curve keeps the shipped one
     if eff is None:
         return None
-    from paracube.topologies.calibration import Calibration, GemmFit
+    from paracube.topologies.calibration import Calibration
+    from paracube.topologies.calibration_sections import GemmFit
 
     m0 = eff["m0"]
     return Calibration(gemm=GemmFit(eff_max=eff["eff_max"], m0=m0, n0=m0, k0=m0, mem_eff=eff["mem_eff"],
