@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from paracube.modes.base import ExecutorSupport, TensorMode
+from paracube.modes.base import TensorMode
+from paracube.modes.executor_support import ExecutorSupport
 
 
 class NoTensorMode(TensorMode):
