@@ -139,8 +139,7 @@ def prepare(sim: Sim) -> None:
                     continue
                 axes = op.event.axes
                 if "pp" in axes and op.event.group_size >= sim.layout.pp:
-                    continue  # a barrier of every stage (event_collectives.Collectives._barrier): it runs while all
-                    # stages wait
+                    continue  # a barrier of every stage (Collectives._barrier): it runs while all stages wait
                 key = sim.template_key(s, axes, op.event.kind)
                 links[key] = sim.template(0 if "pp" in axes else s, axes, op.event.kind).links
                 if op.asynchronous or op.tag or "pp" in axes:  # may run alongside a job on the same template
