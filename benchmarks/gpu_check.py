@@ -105,7 +105,8 @@ def check_gemms(spec: Any, cfg: dict, device: Any) -> list[dict[str, Any]]:
     import numpy as np
     import torch
 
-    from paracube.cost_models.compute import gemm_model, local_shape
+    from paracube.cost_models.compute import local_shape
+    from paracube.cost_models.device_model import gemm_model
     from paracube.cost_models.dims import dims_of, padded_vocab
     from paracube.cost_models.validity import layout_arrays
     from paracube.layout_parse import parse_layout

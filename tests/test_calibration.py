@@ -34,8 +34,8 @@ from paracube.calibration.microbench import (
 )
 from paracube.cost_models import estimate
 from paracube.cost_models.collective import collective_time as _time
-from paracube.cost_models.compute import ops_per_step
 from paracube.cost_models.dims import dims_of
+from paracube.cost_models.step_ops import ops_per_step
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.executor.launch import affinity
@@ -43,7 +43,7 @@ from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES
 from paracube.topologies import load_topology
-from paracube.topologies.calibration import Probe
+from paracube.topologies.calibration_sections import Probe
 from paracube.workload import TrainingSpec
 
 SIZES = (256, 4096, 65536, 1 << 20)
@@ -295,7 +295,7 @@ def test_bench_config_cycles_every_mesh_axis_of_each_group_size() -> None:
 def test_op_overhead_is_read_per_dtype_and_mode() -> None:
     """fp16 dispatches like bf16 (the same autocast casts), 2.5D like 2D; unprobed modes and dtypes fall back
     to the elementwise fit's op_overhead_s."""
-    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.device_model import gemm_model
 
     cal = build_calibration(_synthetic_result(), machine_info(8, "gloo"))
     cal["elementwise"]["op_overhead_by_mode"] = {"fp32": {"1d": 1e-5, "2d": 2e-5}, "bf16": {"1d": 3e-5}}

@@ -9,10 +9,11 @@ import yaml
 
 from paracube.calibration.calibrate import build_calibration, calibrated_topology, machine_info, write_topology
 from paracube.cli.main import main
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.errors import ParacubeError
 from paracube.topologies import load_topology
-from paracube.topologies.calibration import Calibration, CommFit
+from paracube.topologies.calibration import Calibration
+from paracube.topologies.calibration_sections import CommFit
 from tests.test_calibration import _synthetic_result
 
 

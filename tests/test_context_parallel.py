@@ -137,7 +137,9 @@ def test_attention_flops_causal_balance() -> None:
     """With the causal load balance every cp rank does 1 / cp of the attention: cp blocks of its s / cp queries x
     s / cp keys (compute.attention_core_time on a cp rank's dims: cp x one block's GEMM seconds, flash reading the
     cp blocks' k, v), and the model FLOPs stay those of whole sequences."""
-    from paracube.cost_models.compute import attention_core_time, gemm_model, model_flops_per_step
+    from paracube.cost_models.compute import attention_core_time
+    from paracube.cost_models.device_model import gemm_model
+    from paracube.cost_models.model_flops import model_flops_per_step
 
     d = dims_of(LLAMA, _train(32768))
     g = gemm_model(H100, "bf16")

@@ -342,14 +342,14 @@ def test_planner_and_estimate_agree_on_a_calibrated_topology() -> None:
 
 @pytest.mark.slow
 def test_ops_per_step_equals_dispatches_counted_on_real_steps() -> None:
-    """compute.ops_per_step is the executor's dispatch count: run step 2 of tiny under a TorchDispatchMode on
+    """step_ops.ops_per_step is the executor's dispatch count: run step 2 of tiny under a TorchDispatchMode on
     local ranks and compare with the formula (the most loaded rank: replicated parameters are normed on their
     leader only). Configurations the constants were not read from: 1D tp=2 without data parallelism, micro-
     batch 2 (N = 4 micro-batches); dp=2 without tensor parallelism, 3 layers, N = 2. By hand for the second:
     tensors 12*3 + 5 = 41; 41 * 15 + 17 + 1 + 2 * (3 * 85 + 43 + 41 * 3) = 615 + 18 + 842 = 1475."""
     import dataclasses
 
-    from paracube.cost_models.compute import ops_per_step
+    from paracube.cost_models.step_ops import ops_per_step
     from paracube.plan import default_plan
     from paracube.validation.ops import count_step_ops
 

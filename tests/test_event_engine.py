@@ -373,7 +373,7 @@ def test_event_programs_issue_the_step_events(text: str, model: ModelSpec, recom
     bwd for all but the last, bwd_last, then the tail) issues exactly traffic.py's collectives of the step
     (pipeline sends aside: the engine rebuilds them from the schedule). With kw=1 a kept weight's gather runs
     in the first micro-batch's forward only and its gradient's reduce-scatter in the last backward only."""
-    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.device_model import gemm_model
     from paracube.cost_models.dims import dims_of, with_pins
     from paracube.cost_models.event_program import build_stage
     from paracube.cost_models.traffic import stage_events

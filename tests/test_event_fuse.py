@@ -77,7 +77,7 @@ def test_both_engines_price_the_bucket_they_are_given() -> None:
     topo = load_topology("dgx-a100", gpus=8)
     big = 4 * 40_000_000
     d = replace(dims_of(model, training), global_batch=layout.dp)
-    g = __import__("paracube.cost_models.compute", fromlist=["gemm_model"]).gemm_model(topo, "bf16")
+    g = __import__("paracube.cost_models.device_model", fromlist=["gemm_model"]).gemm_model(topo, "bf16")
     counts = {}
     for bucket in (25 * 2**20, big):
         prog = build_stage(layout, d, 1, 0, g, grad_overlap=False, bucket_bytes=bucket)

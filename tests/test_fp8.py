@@ -14,7 +14,7 @@ import pytest
 from paracube.cli.main import main
 from paracube.cost_models import fp8
 from paracube.cost_models.analytic import estimate
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.executor.sizes import check_dtype

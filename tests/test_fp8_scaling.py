@@ -16,7 +16,7 @@ import pytest
 
 from paracube.cost_models import fp8
 from paracube.cost_models.analytic import estimate
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event, estimate_with
 from paracube.errors import ParacubeError
 from paracube.layout_parse import parse_layout

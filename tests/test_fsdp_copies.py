@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from paracube.cost_models.analytic import estimate, prepare
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.fsdp_copies import RS_BYTES

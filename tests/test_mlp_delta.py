@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from paracube.cost_models.analytic import estimate, prepare
-from paracube.cost_models.compute import gemm_model, stage_compute_time
+from paracube.cost_models.compute import stage_compute_time
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.mlp_delta import mlp_delta, true_width
 from paracube.cost_models.validity import layout_arrays

@@ -150,7 +150,7 @@ def test_memory_is_one_stages_dense_and_expert_parts(h100: object) -> None:
     micro-batches), the dispatch buffers beyond the loss's logits on the last stage; candidate: the estimate's
     memory. Same closed forms summed in another order: equal to float rounding (1e-9)."""
     from paracube.cost_models.analytic import prepare
-    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.device_model import gemm_model
     from paracube.cost_models.links import LinkCache
     from paracube.cost_models.memory import logit_bytes, stage_memory, total, with_zero, zero_shards
     from paracube.cost_models.moe import expert_links, stage_cost
@@ -182,7 +182,8 @@ def test_recomputation_reruns_the_true_attention_core(h100: object, recompute: s
     does; full recomputation the whole correction; none nothing."""
     from paracube.cost_models.analytic import prepare
     from paracube.cost_models.attention_correction import attention_delta, delta_again
-    from paracube.cost_models.compute import attention_core_time, gemm_model
+    from paracube.cost_models.compute import attention_core_time
+    from paracube.cost_models.device_model import gemm_model
 
     model, layout = PRESETS["qwen3-235b-a22b"], parse_layout("dp=4,pp=2,ep=4,tp=1d:2,sp,mb=1,zero=1")
     train = TrainingSpec(global_batch=32, dtype="bf16", recompute=recompute)

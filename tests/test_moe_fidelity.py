@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from paracube.cost_models.analytic import estimate
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.moe import block_cost, grad_event, pass_bytes

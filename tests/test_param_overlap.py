@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from paracube.cost_models.analytic import estimate
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.overlap_drag import nvlink_share
 from paracube.layout_parse import parse_layout

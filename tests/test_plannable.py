@@ -11,7 +11,7 @@ import pytest
 
 from paracube.cli.main import main
 from paracube.cost_models.analytic import evaluate, layout_links
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.validity import layout_arrays

@@ -228,7 +228,7 @@ def test_step_lower_bound_is_below_every_placement(overlap: bool) -> None:
 
     from paracube.cost_models.analytic import evaluate, step_lower_bound
     from paracube.cost_models.comm import axes_used
-    from paracube.cost_models.compute import gemm_model
+    from paracube.cost_models.device_model import gemm_model
     from paracube.cost_models.links import LinkCache
     from paracube.cost_models.validity import first_violation
     from paracube.modes import MODES, LayoutBatch

@@ -14,7 +14,7 @@ from paracube.calibration.run_prediction import predict, preset_topology
 from paracube.calibration.runs_csv import read_runs
 from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.overlap_drag import nvlink_share
 from paracube.errors import ParacubeError
 from paracube.layout_parse import parse_layout
@@ -118,7 +118,8 @@ def test_overlap_hides_gradient_reduction_up_to_one_backward() -> None:
 
 def _optim(est: object) -> float:
     """The optimizer step's part of compute: what compute has beyond the per-micro-batch work."""
-    from paracube.cost_models.compute import gemm_model, optimizer_time
+    from paracube.cost_models.compute import optimizer_time
+    from paracube.cost_models.device_model import gemm_model
 
     g = gemm_model(load_topology("dgx-a100", gpus=32), "bf16")
     return float(optimizer_time(MODEL.num_parameters(), 2, g))

@@ -20,7 +20,8 @@ import pytest
 from paracube.cost_models import fp8, recompute
 from paracube.cost_models.activations import block_bytes
 from paracube.cost_models.analytic import estimate
-from paracube.cost_models.compute import elementwise_forward, gemm_model
+from paracube.cost_models.compute import elementwise_forward
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.event import estimate_with
 from paracube.cost_models.validity import layout_arrays

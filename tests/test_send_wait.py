@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from paracube.cost_models.analytic import estimate
-from paracube.cost_models.compute import GemmModel, gemm_model
+from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.layout_parse import parse_layout

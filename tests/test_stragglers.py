@@ -9,7 +9,7 @@ import pytest
 from scipy import integrate, stats
 
 from paracube.cost_models.analytic import estimate
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.stragglers import expected_max, straggler_wait, without_wait
 from paracube.layout_parse import parse_layout

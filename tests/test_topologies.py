@@ -116,7 +116,8 @@ def test_local_cpu_prices_ranks_sharing_cores() -> None:
 def test_local_cpu_gemm_curve_saturates_early_and_accelerators_keep_theirs() -> None:
     """A CPU core runs small GEMMs near its peak: the uncalibrated local-cpu model uses its device's half-efficiency
     dimension (CPU_GEMM_HALF_DIM), an accelerator preset the default curve; a negative value is refused."""
-    from paracube.cost_models.compute import GemmModel, gemm_model
+    from paracube.cost_models.compute import GemmModel
+    from paracube.cost_models.device_model import gemm_model
     from paracube.errors import ParacubeError
     from paracube.topologies.local_cpu import CPU_GEMM_HALF_DIM
 

@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 
 from paracube.cost_models.analytic import estimate, layout_links, prepare
-from paracube.cost_models.analytic_scores import STAGES, evaluate
+from paracube.cost_models.analytic_scores import evaluate
 from paracube.cost_models.attention_window import band_fraction
-from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL, gemm_model
+from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL
 from paracube.cost_models.context_parallel import ring_time
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.links import LinkCache
+from paracube.cost_models.stage_scores import STAGES
 from paracube.cost_models.validity import layout_arrays
 from paracube.cost_models.window_stages import is_windowed, represented_windowed, stage_ring, stage_windowed
 from paracube.layout_parse import parse_layout

@@ -25,7 +25,7 @@ at load time into topologies.calibration.Calibration):
 Every fit reads a point's cost: its wall time per call, or, when CPU ranks outnumber the cores they share
 (`timing.basis: cpu`), ranks_per_core x its CPU seconds per call (calibrate.timing_basis says why).
 
-What the cost model reads: `compute.gemm_model` reads gemm.{eff_max, m0, n0, k0, mem_eff} (peak and
+What the cost model reads: `device_model.gemm_model` reads gemm.{eff_max, m0, n0, k0, mem_eff} (peak and
 memory bandwidth come from the device, which calibrate sets to the fitted peak_flops and bandwidth, so
 eff_max = mem_eff = 1 for the microbenchmarks, times the probe fit's efficiency below).
 cost_models/collective.py prices a call on a group of n ranks with link (B, a) as
@@ -33,12 +33,12 @@ latency_factor(kind, n) a + sent_factor(kind, n) P / B (ring), e.g.
     all_reduce: 2(n-1) a + 2(n-1)/n P / B,   all_gather / reduce_scatter: (n-1) a + (n-1)/n P / B;
 the per-kind, per-size (latency, bandwidth) here are the a and B of exactly that formula (fit_alpha_beta
 uses collective.py's factors), and the cost model uses them in place of the link's for that kind and group
-size (collective.calibrated_link; `compute.gemm_model` carries them). The joint
+size (collective.calibrated_link; `device_model.gemm_model` carries them). The joint
 `link` fit also goes into the topology graph (hub links of latency a/2 and bandwidth B: a ring hop crosses two
 of them) for kinds and sizes that were not measured. Modes whose collectives alternate mesh axes (2D, 2.5D,
 3D) read `comm_alternating` (microbench.py: measured with calls cycling through the groups of every stride,
 which includes the wait for peers last synchronized with other ranks), for every collective of the step;
-other modes read `comm`. compute.py prices `ops_per_step` dispatched ops per step at
+other modes read `comm`. compute.py prices `step_ops.ops_per_step` dispatched ops per step at
 `elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`, the bare in-place op of the elementwise fit)
 and each collective message (collective.wait_steps) at `elementwise.step_wait_s` plus each collective call at
 `elementwise.call_wait_s`: host_overheads.fit_host_overheads sets the first, and gemm.eff_max = gemm.mem_eff (the

@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 # and the others (listed by `paracube --help`) cost nothing.
 COMMANDS = {
     "plan": ("paracube.cli.planning_cmd", "rank every valid layout and write the best as a plan file"),
-    "compare": ("paracube.cli.planning_cmd", "the best layout of each tensor mode side by side"),
+    "compare": ("paracube.cli.compare_cmd", "the best layout of each tensor mode side by side"),
     "simulate": ("paracube.cli.simulate_cmd", "full breakdown of one layout (a plan file, or options + --layout)"),
     "sweep": ("paracube.cli.sweep_cmd", "time and cost to train over cluster types and sizes, with the Pareto front"),
     "models": ("paracube.cli.info_cmd", "list the model presets"),

@@ -1,9 +1,9 @@
-"""`paracube plan`, `paracube compare`, `paracube simulate`: search layouts, compare modes, break one down."""
+"""`paracube plan`: search every layout, write the best as a plan file; and what `compare` and `simulate` share
+with it (the search, the workload's summary line, an estimate's table row)."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
@@ -28,19 +28,15 @@ from paracube.cli.train_terms import (
     DEFAULT_MEMORY_HEADROOM,
     TOKENS_PER_PARAMETER,
     add_train_options,
-    headroom_fraction,
     headroom_line,
     train_cost,
 )
 from paracube.engine_options import EngineOptions
-from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
-from paracube.modes import COMPARE_BASELINE, MODES
 from paracube.plan import LaunchSpec, Plan, recorded_cluster
 from paracube.planner.config import POOL
 
-MODE_ORDER = tuple(MODES)  # the registry's order (paracube/modes)
 EXPLAIN_POOL = POOL  # ranked layouts the runner-ups of `plan` are looked for in (planner/explain.py)
 PLAN_MODE_BESTS = False  # `plan` shows the ranked pool only: no exact best per mode (SearchConfig.mode_bests)
 
@@ -58,17 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     # Every plan runs now (the search emits only what the executor runs): kept so old scripts still work.
     p.add_argument("--runnable", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=plan_cmd)
-
-    p = sub.add_parser("compare", help="the best layout of each tensor mode (or, --runtime all, of each runtime) "
-                       "side by side")
-    add_workload_options(p)
-    p.add_argument("--tensor-only", action="store_true",
-                   help="all devices in one tensor group (dp=pp=1), as in Bian et al.'s experiments")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="write a time/memory picture")
-    p.add_argument("--memory-headroom", type=headroom_fraction, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
-                   help=f"fraction of device memory left free (default {DEFAULT_MEMORY_HEADROOM:g}; see plan --help)")
-    add_force_option(p)
-    p.set_defaults(handler=compare_cmd)
 
 
 
@@ -232,91 +217,3 @@ def _with_zero(ranked: list, fixed: Layout | None) -> list:
     if fixed is None or not fixed.zero:
         return ranked
     return [(lay.with_(zero=fixed.zero), est) for lay, est in ranked]
-
-
-def _tensor_only_shapes(gpus: int) -> dict[str, list[tuple[int, ...]]]:
-    """Per tensor mode, its shapes of exactly `gpus` ranks (every device in the tensor group)."""
-    return {name: [s for s in m.shapes(gpus) if math.prod(s) == gpus] for name, m in MODES.items() if m.axes}
-
-
-def _tensor_only_best(w: Workload, topo: object,
-                      headroom: float = 0.0) -> tuple[dict[str, tuple[Layout, StepEstimate]], dict[str, str]]:
-    """Best layout per mode with every device in the tensor group (the paper's setting)."""
-    from paracube.planner import search
-
-    best: dict[str, tuple[Layout, StepEstimate]] = {}
-    why: dict[str, str] = {}
-    for mode, shapes in _tensor_only_shapes(w.gpus).items():
-        for shape in shapes:
-            try:
-                found = search(w.model, w.training, topo, w.gpus, fixed=Layout(mode=mode, shape=shape), top_k=1,
-                               runtime=w.runtime, memory_headroom=headroom)
-            except ParacubeError as exc:
-                why.setdefault(mode, str(exc))
-                continue
-            lay, est = found.ranked[0]
-            if mode not in best or est.step_time_s < best[mode][1].step_time_s:
-                best[mode] = (lay, est)
-    why = {m: text for m, text in why.items() if m not in best}  # another shape of the mode was valid
-    for mode in _tensor_only_shapes(w.gpus):
-        if mode not in best and mode not in why:
-            why[mode] = f"{w.gpus} devices do not form a {mode} tensor group"
-    return best, why
-
-
-def _tensor_only_verdict(w: Workload, topo: object, best: dict[str, tuple[Layout, StepEstimate]]) -> str:
-    """Which mode wins and the main reason, in one line (planner/verdict.py)."""
-    from paracube.planner.verdict import explain_modes
-
-    return explain_modes(best, w.model, w.training, topo)
-
-
-def compare_cmd(args: argparse.Namespace) -> int:
-    if args.runtime == "all":
-        from paracube.cli.runtime_compare import Planning, compare_runtimes
-
-        return compare_runtimes(args, Planning(lambda w: _search(w, w.topology).ranked[0], _summary, _row,
-                                               ROW_COLUMNS))
-    w = workload_from_args(args, partial_layout=True)
-    writable(args.plot, "--plot", args.force)
-    search_config(w, args.memory_headroom)  # a search too large is refused before the topology is built
-    topo = w.topology
-    if args.tensor_only:
-        best, explanations = _tensor_only_best(w, topo, args.memory_headroom)
-    else:
-        result = _search(w, topo, headroom=args.memory_headroom)
-        best = {m: result.best_per_mode[m] for m in MODE_ORDER if m in result.best_per_mode}
-        explanations = result.explanations
-    base = best.get(COMPARE_BASELINE)
-    rows = []
-    for mode, (lay, est) in best.items():
-        speedup = base[1].step_time_s / est.step_time_s if base else None
-        rows.append((mode, lay, est, speedup))
-    verdict = _tensor_only_verdict(w, topo, best) if args.tensor_only and best else None
-    if args.json:
-        print_json({"workload": _summary(w), "modes": [
-            {"mode": m, "speedup_over_1d": s, **est.to_dict(), "layout": str(lay)} for m, lay, est, s in rows],
-            "no_layout": explanations, **({"verdict": verdict} if verdict else {})})
-    else:
-        table = Table(title=_summary(w) + ": best layout per tensor mode")
-        table.add_column("mode")
-        table.add_column("best layout")
-        for col in ROW_COLUMNS:
-            table.add_column(col, justify="right")
-        table.add_column("speedup vs 1D", justify="right")
-        for mode, lay, est, speedup in rows:
-            table.add_row(mode, str(lay), *_row(est), f"{speedup:.2f}x" if speedup else "-")
-        console = make_console()
-        console.print(table)
-        for mode, why in explanations.items():
-            console.print(f"{mode}: no valid layout: {why}")
-        if verdict:
-            console.print(verdict, highlight=False)
-    if args.plot:
-        from paracube.cli.plots import plot_estimates
-
-        plot_estimates([r[2] for r in rows], [f"{m}\n{lay}" for m, lay, _, _ in rows], args.plot,
-                       title=_summary(w))
-        if not args.json:
-            print(f"wrote {args.plot}")
-    return 0

@@ -21,7 +21,7 @@ from paracube.layout import Layout
 
 @dataclass(frozen=True)
 class Planning:
-    """What `paracube compare` shares with this view (cli/planning_cmd.py): the best layout of a workload, the
+    """What `paracube compare` shares with this view (cli/compare_cmd.py): the best layout of a workload, the
     workload's one-line summary, and the table row of an estimate with its column names."""
 
     best: Callable[[Workload], tuple[Layout, StepEstimate]]

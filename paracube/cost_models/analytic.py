@@ -13,24 +13,21 @@ from dataclasses import replace
 
 import numpy as np
 
-from paracube.cost_models.analytic_scores import (
-    STAGES,
-    Links,
-    Scores,
-    StageScores,
-    evaluate,
-)
+from paracube.cost_models.analytic_scores import Scores, evaluate
 from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.comm import Entry, axes_used
-from paracube.cost_models.compute import GemmModel, gemm_model, model_flops_per_step
+from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_options, with_pins
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
+from paracube.cost_models.model_flops import model_flops_per_step
 from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
 from paracube.cost_models.overlap_drag import DRAG
 from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bound
+from paracube.cost_models.stage_scores import STAGES, Links, StageScores
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays, resolve_micro_batch
 from paracube.engine_options import EngineOptions, options_of

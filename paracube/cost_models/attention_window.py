@@ -44,7 +44,7 @@ the busiest rank's tiles over its causal tiles (cp equal ranks under causal atte
 is unchanged: the executor (and Transformer Engine) exchange every block, masked.
 
 Unchanged by windows: memory (flash keeps no s x s tensor; the unfused core's scores and mask, memory.py, are still
-s x s) and the model FLOPs of MFU (compute.model_flops_per_step keeps its 4 b s^2 h per block convention, windowed
+s x s) and the model FLOPs of MFU (model_flops.model_flops_per_step keeps its 4 b s^2 h per block convention, windowed
 blocks included, as torchtitan's and Megatron-LM's FLOP counts do, so MFU stays comparable across models; it is not
 the work done).
 """

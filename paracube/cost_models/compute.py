@@ -11,8 +11,8 @@ backward recomputing the scores, no s x s memory traffic).
 Time: roofline per GEMM with an efficiency that falls for small local matrices,
     eff(m, n, k) = eff_max * m/(m + m0) * n/(n + n0) * k/(k + k0)
 (defaults eff_max = 0.85, m0 = n0 = k0 = 64: a 4096^3 GEMM runs at ~81% of peak, 1024^3 at ~71%, 256^3 at
-~54%, 64^3 at ~11%; the topology's calibration.gemm may override any of the four). Each linear runs three
-GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
+~54%, 64^3 at ~11%; the topology's calibration.gemm may override any of the four: device_model.gemm_model).
+Each linear runs three GEMMs on local shapes: Y = X A (m, n, k), dX = dY A^T (m, k, n), dA = X^T dY (k, n, m).
 Memory-bound elementwise work (norms, residual adds, bias, GELU, hidden dropout, cross-entropy) is priced at
 memory bandwidth x mem_eff (default 0.8): forward bytes per block c * (12 T h_loc + 4 T f_loc), backward
 twice that (a coarse count of reads + writes); the attention core's s x s work as above. Cross-entropy over the
@@ -29,7 +29,7 @@ Optimizer step (once per step, after the last backward): a fused Adam (Megatron'
 memory bound: per local parameter it reads and writes the fp32 master weight, both moments and reads the
 fp32 gradient (28 bytes), and writes the 16-bit copy the next forward reads (c bytes at c < 4):
     optimizer_time = n_local (28 + c [c < 4]) / (mem_bw mem_eff) / shard     (shard = dp with zero >= 1).
-Per-op overhead: with a calibration, every dispatched op (`ops_per_step`, counted from the executor) costs
+Per-op overhead: with a calibration, every dispatched op (step_ops.ops_per_step, counted from the executor) costs
 `calibration.elementwise.op_overhead_by_mode[dtype][mode]` (else `op_overhead_s`) on top: Python dispatch,
 autograd and launch, which dominate small models on CPUs. calibrate.py measures it per tensor mode with
 step probes, so it also carries what a mode's step costs beyond its fitted GEMMs and collectives (the
@@ -39,21 +39,18 @@ device's `op_overhead_s` (0 for accelerators; the local-cpu preset prices its ov
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from paracube.cost_models import fp8, recompute
 from paracube.cost_models.attention_window import window_share
 from paracube.cost_models.collective import wait_steps
-from paracube.cost_models.dims import DTYPE_NAMES, Dims, full_sequence
+from paracube.cost_models.dims import DTYPE_NAMES, Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import padded
 from paracube.modes.stages import stage_layers
-from paracube.topologies.calibration import as_calibration
-from paracube.topologies.efficiency import overlap_drag, straggler
-from paracube.topologies.protocol import Topology
-from paracube.workload import DTYPE_BYTES, check_dtype_on
+from paracube.workload import DTYPE_BYTES
 
 CE_BYTES = 28.0  # HBM bytes per local logit of the fp32 vocabulary-parallel cross-entropy (module docstring)
 ITEM_BYTES = {**DTYPE_BYTES, **{DTYPE_NAMES[k]: v for k, v in DTYPE_BYTES.items()}}  # training and torch names
@@ -71,7 +68,8 @@ class GemmModel:
     k0: float = 64.0
     mem_eff: float = 0.8
     # Calibrated extras (zero / empty without a calibration). They ride on the device model so that every
-    # caller that builds it with `gemm_model(topo)` (estimate, the planner's vectorized path) reads the same.
+    # caller that builds it with `device_model.gemm_model(topo)` (estimate, the planner's vectorized path) reads
+    # the same.
     op_overhead: float = 0.0  # seconds per launched op (Python dispatch + kernel launch), ops.py counts them
     # per tensor mode, where calibrate's step probes measured it (mode, seconds per op); else op_overhead
     op_overhead_by_mode: tuple[tuple[str, float], ...] = ()
@@ -151,81 +149,11 @@ class GemmModel:
         return f, dx + da
 
 
-def gemm_model(topo: Topology, dtype: str) -> GemmModel:
-    """The device's roofline for `dtype` with the topology's calibration (if any) applied. fp8: the bf16
-    model with the FP8 model of the block linears' GEMMs as its `linear` (fp8 peak, the calibration's
-    fp8_eff_max / fp8_m0 where fitted, else the 16-bit curve); refused on a device without an fp8 peak."""
-    device = topo.device
-    if dtype == "fp8":
-        check_dtype_on(dtype, device.name, device.peak_flops)
-        base = gemm_model(topo, "bf16")
-        fp8_peak = replace(base, peak=float(device.peak_flops["fp8"]))
-        gemm = getattr(as_calibration(topo.calibration), "gemm", None)
-        eff_max, m0 = getattr(gemm, "fp8_eff_max", None), getattr(gemm, "fp8_m0", None)
-        if eff_max is not None:
-            fp8_peak = replace(fp8_peak, eff_max=eff_max)
-        if m0 is not None:
-            fp8_peak = replace(fp8_peak, m0=m0, n0=m0, k0=m0)
-        return replace(base, linear=fp8_peak)
-    cal = as_calibration(topo.calibration)
-    drag, jitter = overlap_drag(device), straggler(device)
-    if cal is None:  # the device's own per-op overhead (local-cpu: oversubscribed CPU ranks), else 0
-        half = float(getattr(device, "gemm_half_dim", 0.0)) or GemmModel.m0
-        return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
-                         m0=half, n0=half, k0=half, op_overhead=float(getattr(device, "op_overhead_s", 0.0)),
-                         call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
-                         ring_wait=float(getattr(device, "ring_wait_s", 0.0)),
-                         send_wait=float(getattr(device, "send_wait_s", 0.0)), overlap_drag=drag, straggler=jitter,
-                         ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
-    gemm = cal.gemm
-    known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag",
-                                           "straggler") if gemm is not None and getattr(gemm, k) is not None}
-    known.setdefault("overlap_drag", drag)  # a calibration without it: the generation's
-    known.setdefault("straggler", jitter)
-    overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
-    # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
-    by_mode = tuple(sorted(cal.op_overheads(dtype).items()))
-    wait = cal.elementwise.step_wait_s if cal.elementwise is not None else None
-    call = cal.elementwise.call_wait_s if cal.elementwise is not None else None
-    return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth), **known,
-                     op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table(),
-                     ring_wait=wait or 0.0, call_overhead=call or 0.0,
-                     send_wait=float(getattr(device, "send_wait_s", 0.0)),  # the scheduler's: calibrated or not
-                     ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
-
-
-def _ranks_per_core(device: object, cal: object) -> float:
-    """The device's ranks per core, else (a calibration written before devices carried it) its timing's."""
-    r = float(getattr(device, "ranks_per_core", 1.0))
-    timing = getattr(cal, "timing", None)
-    return r if r != 1.0 or timing is None else float(timing.ranks_per_core)
-
-
 def local_shape(
     mode: str, T: Arr, h_in: int, h_out: Arr, column: bool, b: LayoutBatch
 ) -> tuple[Arr, Arr, Arr]:
     """(m, n, k) of the forward GEMM of one linear on one rank (the mode's gemm_shape)."""
     return MODES[mode].gemm_shape(T, h_in, h_out, column, b.t, b.q, b.depth)
-
-
-def model_flops_per_step(d: Dims) -> float:
-    """Model FLOPs of one optimizer step for the whole model (fwd + bwd, no recomputation); a cp rank's dims are
-    taken back to whole sequences first: the numerator of MFU (analytic.py, event.py).
-
-    Convention (Narayanan et al. 2021, eq. 72 B s l h^2 (1 + s / 6h + V / 12 l h) with the block linears counted as
-    they are): per block the linears' 2 T h_in h_out, and the scores Q K^T and values P V at 2 b s^2 h each over the
-    whole s x s, no causal sparsity; backward twice the forward. A sliding-window block (Dims.window) counts the
-    same s x s: windows are the kernel's saving (compute.attention_core_time prices the band it computes), not model
-    FLOPs, as every published convention counts them: torchtitan's MoE / GPT-OSS count (models/utils.py
-    get_moe_model_nparams_and_flops, 0.3.0) puts 6 x heads x (qk + v head width) x seq_len per token in every block
-    with attention, windowed or not ("we follow the convention and do not account for sparsity in causal
-    attention"); Megatron-LM's num_floating_point_operations (as Megatron-Bridge 0.3.1 training/utils/flop_utils.py
-    carries it; megatron-core's wheel has no megatron/training) halves the score term for the causal mask and has
-    no window term. So MFU compares windowed and unwindowed models on one count of work."""
-    d = full_sequence(d)
-    T = d.global_batch * d.s
-    per_layer = 2 * T * d.sum_w() + 4 * d.global_batch * d.s * d.s * d.h
-    return 3.0 * (d.L * per_layer + 2 * T * d.h * d.V)
 
 
 def block_compute_time(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tuple[Arr, Arr]:
@@ -324,42 +252,3 @@ def fp8_step_time(d: Dims, mode: str, b: LayoutBatch, first: Arr | int, last: Ar
     if g.linear is None:
         return np.zeros(len(b.dp))
     return fp8.step_time(d, mode, b, first, last, g.mem_bw * g.mem_eff)
-
-
-# Ops (torch dispatches: kernels, views, collectives) one rank launches per training step of the executor:
-#   ops = N * (Ls * OPS_LAYER + (F + H) / 2 * OPS_EDGE + n_tensors * OPS_GRAD_MICRO) + n_tensors * OPS_TENSOR
-#         + OPS_STEP (+ 3 with a tensor group) + (dp > 1) * (n_tensors * OPS_DP_TENSOR + OPS_DP)
-# N micro-batches, Ls blocks of the stage, F / H: the stage holds the embedding / the head (their ops and the
-# loss's are OPS_EDGE, split evenly between first and last stage: exact without pipelining), n_tensors the
-# rank's parameter tensors (12 per block, 2 embedding, 3 final norm + head). Per tensor and step: AdamW's 10
-# (step += 1, decay, lerp, mul + addcmul, item, sqrt, div, add eps, addcdiv), the grad norm's 3 (pow, sum,
-# add) on the tensor's norm leader, its reduced gradient's view into its bucket (slice, view); per tensor
-# and micro-batch OPS_GRAD_MICRO: accumulating the gradient into its fp32 bucket (slice, view, add_;
-# executor/data_parallel/grad_sync.py). Per step: zeros, stack, item, metrics and norm all-reduces (detach, clone,
-# collective), the bucket's zero_; with dp > 1 the bucket's one all_reduce (one bucket assumed: tiny
-# models; each further bucket adds 2 ops). The per-block and edge counts
-# are each mode's forward + backward dispatch sequence (executor/layers/one_d.py, two_d.py, three_d.py); all of them
-# were counted with validation/ops.py on tiny (L = 2, 3; N = 1, 2; dp = 1, 2); the formula reproduces those
-# counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a stray dispatch or two);
-# tests/test_cost_model.py re-counts configurations the constants were not read from.
-# 2.5D dispatches like 2D plus one slice of the ids per micro-batch (counted on tiny 2x2x2) and the gradient
-# sync over (dp, dep) at any dp; 1D with sequence parallelism is assumed to dispatch like 1D.
-# Per mode: TensorMode.ops_layer / ops_edge (paracube/modes).
-OPS_LAYER = {name: m.ops_layer for name, m in MODES.items()}
-OPS_EDGE = {name: m.ops_edge for name, m in MODES.items()}
-OPS_TENSOR, OPS_STEP, OPS_TENSOR_GROUP, OPS_DP_TENSOR, OPS_DP, OPS_GRAD_MICRO = 15, 17, 3, 0, 1, 3
-
-
-def ops_per_step(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
-    """Dispatched ops of one step on one rank of a stage (formula above), as an array over configurations."""
-    m = MODES[mode]
-    N = d.global_batch // (b.dp * b.mb)
-    Ls = stage_layers(d.L, b.pp, b.v, first, last)
-    tensors = 12 * Ls + 2 * first + 3 * last
-    micro = Ls * m.ops_layer + (first + last) / 2 * m.ops_edge + tensors * OPS_GRAD_MICRO
-    step = tensors * OPS_TENSOR + OPS_STEP + (OPS_TENSOR_GROUP if m.axes else 0)
-    grad_group = b.dp
-    for axis in m.grad_axes[1:]:  # 2.5D: dp x dep
-        grad_group = grad_group * m.axis_sizes(b.q, b.t, b.depth)[axis]
-    dp_sync = (grad_group > 1) * (tensors * OPS_DP_TENSOR + OPS_DP)
-    return (N * micro + step + dp_sync).astype(float)

@@ -14,7 +14,7 @@ import numpy as np
 
 from paracube.cost_models.analytic import finish, layout_links, prepare
 from paracube.cost_models.analytic_scores import evaluate
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import priced
 from paracube.cost_models.validity import layout_arrays

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from paracube.cost_models.analytic import estimate as analytic_estimate
 from paracube.cost_models.analytic import layout_links, prepare
-from paracube.cost_models.compute import gemm_model
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.event_sim import Sim
 from paracube.cost_models.event_trace import Timeline

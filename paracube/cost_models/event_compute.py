@@ -4,7 +4,7 @@
 block (attention core, norms, elementwise) is `stage_compute_time` of one block minus its GEMMs, one third forward,
 two thirds backward (a quarter each for forward and recompute under full recomputation); 1D merges a block half's
 two linears into one unit; the head carries the cross-entropy. `add_op_overhead`: the per-op dispatch overhead
-(compute.ops_per_step x op_cost; 0 on accelerators) spread over a program's lists.
+(step_ops.ops_per_step x op_cost; 0 on accelerators) spread over a program's lists.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from dataclasses import replace
 import numpy as np
 
 from paracube.cost_models import fp8
-from paracube.cost_models.compute import GemmModel, local_shape, ops_per_step, stage_compute_time
+from paracube.cost_models.compute import GemmModel, local_shape, stage_compute_time
 from paracube.cost_models.dims import Dims, padded_vocab
 from paracube.cost_models.event_ops import Op, StageProgram
+from paracube.cost_models.step_ops import ops_per_step
 from paracube.cost_models.validity import layout_arrays
 from paracube.layout import Layout
 
@@ -61,7 +62,7 @@ def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tu
 
 def add_op_overhead(layout: Layout, d: Dims, mb: int, g: GemmModel, first: bool, last: bool,
                      prog: StageProgram) -> None:
-    """The per-op overhead the analytic model adds to compute (compute.ops_per_step x op_cost: 0 on
+    """The per-op overhead the analytic model adds to compute (step_ops.ops_per_step x op_cost: 0 on
     accelerators): a micro-batch's ops a third in its forward, two thirds in its backward, spread over the
     chunks; the per-step ops (optimizer, gradient bookkeeping) in the tail."""
     cost = g.op_cost(layout.mode)

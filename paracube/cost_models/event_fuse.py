@@ -8,10 +8,11 @@ cannot depend on anything else the step does.
 Contract (exact, not an approximation):
 - a template (event_network.Template: the representative group of one stage's communicator) is *private* when no
   other template of the run uses any of its links and no asynchronous or tagged op runs on it. Collectives over
-  every pipeline stage (the grad-norm all-reduce: event_sim.Sim._barrier) do not count: their one job runs while
-  every stage's device waits at the barrier, so it meets no synchronous op of any stage. A job on it never
-  shares a link, so event_network.FlowNetwork always runs it on its fast path: duration = steps x step_time(chunk),
-  known before it starts; the call's wait (GemmModel.call_wait) comes before it, as in event_sim.Sim.comm;
+  every pipeline stage (the grad-norm all-reduce: event_collectives.Collectives._barrier) do not count: their one
+  job runs while every stage's device waits at the barrier, so it meets no synchronous op of any stage. A job on it
+  never shares a link, so event_network.FlowNetwork always runs it on its fast path: duration = steps x
+  step_time(chunk), known before it starts; the call's wait (GemmModel.call_wait) comes before it, as in
+  event_collectives.Collectives.comm;
 - a *fusible* op is a compute op, or a plain synchronous collective (no tpo GEMM, no cp block alongside, no tag,
   not stage-spanning) on a private template;
 - a maximal run of fusible ops of one op list is precomputed once per list (`compile_ops`): the same list serves
@@ -20,8 +21,8 @@ Contract (exact, not an approximation):
 - the replay (event_sim.Sim.replay) books compute, communication, exposed time per axis and kind, the network's
   job and ring-step counts and (timeline) every op's span at its offset, as the ops one by one would have;
 - it is taken only when no asynchronous op of the stage is in flight: those read the stage's compute progress as
-  they end (event_sim.Sim._comm_done: hidden = busy at end - busy at start), which a fused run does not expose
-  op by op; then the run's ops execute one by one.
+  they end (event_collectives.Collectives._comm_done: hidden = busy at end - busy at start), which a fused run
+  does not expose op by op; then the run's ops execute one by one.
 The only difference from running the ops one by one is the order of floating-point additions of the same
 durations (relative 1e-15 per op); tests/test_event_fuse.py compares both paths.
 """
@@ -138,7 +139,7 @@ def prepare(sim: Sim) -> None:
                     continue
                 axes = op.event.axes
                 if "pp" in axes and op.event.group_size >= sim.layout.pp:
-                    continue  # a barrier of every stage (event_sim.Sim._barrier): it runs while all stages wait
+                    continue  # a barrier of every stage (Collectives._barrier): it runs while all stages wait
                 key = sim.template_key(s, axes, op.event.kind)
                 links[key] = sim.template(0 if "pp" in axes else s, axes, op.event.kind).links
                 if op.asynchronous or op.tag or "pp" in axes:  # may run alongside a job on the same template

@@ -21,7 +21,8 @@ A job is one collective: `steps` synchronized ring steps; in each, a latency `al
 its slowest hop ends. Rates are recomputed whenever a transfer starts or ends. Fast path: a job whose links no
 other active job uses runs its remaining steps in one jump (the step time is cached per template); when
 another job arrives on its links it is materialized back into step-by-step mode (its position inside the
-current step is interpolated linearly). Link ids, capacities and the templates themselves: event_links.py.
+current step is interpolated linearly). Link ids, capacities and paths: event_paths.py; the templates themselves:
+event_links.py.
 """
 
 from __future__ import annotations

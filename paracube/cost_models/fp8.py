@@ -6,7 +6,7 @@ activations, the residual stream, norms, softmax and every collective stay
 bf16 (Dims.c = 2), with fp32 gradients and fp32 AdamW masters and moments (memory.py's 16-bit layout): fp8
 with fp16 master state cannot be asked for. The four linears of every block run their three GEMMs on FP8
 inputs, e4m3 for X and W (forward), e5m2 for dY (backward), at the device's fp8 peak on a GEMM curve of their
-own (compute.gemm_model: calibration gemm.fp8_eff_max / fp8_m0, else the 16-bit curve). Attention's core (flash,
+own (device_model.gemm_model: calibration gemm.fp8_eff_max / fp8_m0, else the 16-bit curve). Attention's core (flash,
 bf16) and the head (Megatron-core's output layer is not an FP8 module) stay bf16.
 
 Casts, memory-bound at HBM bandwidth x mem_eff, per element of an operand (local GEMM shapes X [m, k], W [k, n],

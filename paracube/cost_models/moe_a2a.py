@@ -35,9 +35,9 @@ A2A_NIC_EFF's (fitted on an alltoall row, 0.90). The plain all_to_all (NCCL's gr
 keeps (n - 1) a: its fit row was fitted with it.
 
 Engines: the analytic engine reads `a2a_link` (moe.expert_links, keyed A2A + axes); the event engine simulates
-`a2a_template` (event_sim.Sim.template for an all_to_all): one flow class of the representative rank whose link
-weights are the w(e) above, sharing links max-min fairly with whatever else runs (event_network.py). A topology
-without routes (cost_models/uniform_topology.py) keeps the ring link (topology.group_link).
+`a2a_template` (event_collectives.Collectives.template for an all_to_all): one flow class of the representative
+rank whose link weights are the w(e) above, sharing links max-min fairly with whatever else runs (event_network.py).
+A topology without routes (cost_models/uniform_topology.py) keeps the ring link (topology.group_link).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ drain by what the lighter stages lack (GPT-3 1.3B on two stages: the event engin
 under the old form, 0.1% above this one). Interleaved (v > 1), the warm-up runs the devices' chunks of several
 micro-batches in turn and the slowest device's own chunks pace it: Narayanan's (pp - 1) / (v N) of its work,
 kept (the event engine agrees within 1.1% on tests/test_param_overlap.py's interleaved layouts; with the sum of
-the others it ran up to 2.2% above). The three representative stages of analytic_scores.STAGES stand for pp
+the others it ran up to 2.2% above). The three representative stages of stage_scores.STAGES stand for pp
 stages: first, pp - 2 middle ones, last. The bubble only grows when a stage's work grows, so the search's bounds
 (score_bounds.py) stay bounds on links no worse than any placement's.
 """

@@ -15,7 +15,7 @@ share x (Dims.window_frac = x: 1 a windowed block, 0 a full one, f the model's m
     own blocks                  = k T(1) + (Ls - k) T(0)
     correction (`stage_delta`)  = own blocks - Ls T(f)
 the same correction in kind as mlp_delta.py's per-block MLP widths. The analytic engine adds it to each of its three
-representative stages (analytic_scores.STAGES), standing for: the first stage (0), the last (pp - 1), and of the
+representative stages (stage_scores.STAGES), standing for: the first stage (0), the last (pp - 1), and of the
 middle ones the fullest (modes/stages.stage_layers' block count, which prices the middle's other terms) with the
 fewest windowed blocks, the slowest of them (a windowed block costs less than a full one). Only a split leaving more
 than 2 blocks short (stage_layers) has middle stages of unequal counts, where a less full one with fewer windowed

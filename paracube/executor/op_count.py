@@ -2,7 +2,7 @@
 
 `DispatchCounter` is a TorchDispatchMode: while active it counts every dispatch by op name on this thread
 (and autograd's backward on CPU). Collectives count too (c10d dispatches), as they do in the per-layer
-constants of `cost_models.compute.ops_per_step`, which validation and calibration compare with it.
+constants of `cost_models.step_ops.ops_per_step`, which validation and calibration compare with it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ three_d.py), registered by one line in paracube/modes/__init__.py. Everything he
 on Python ints (one layout) and on numpy int64 arrays (a LayoutBatch) alike, so ONE declaration feeds:
 - the explicit per-event list of a step (cost_models/traffic.py, compared with what the executor records),
 - the vectorized per-(kind, axes, dtype) sums of the analytic model (cost_models/comm.py),
-- memory, activations and compute (cost_models/*), the planner and the executor's mode dispatch.
+- memory, activations and compute (cost_models/*), the planner and the executor's mode dispatch (what the
+  executor runs of a mode: executor_support.py).
 
 Collectives (`Collective`): kind, mesh axes, dtype (COMPUTE = the training's compute dtype, or float32),
 payload bytes as a function of `Sizes`, label, phase (edge and per-step collectives; a layer's forward
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from paracube.modes.collective import (
     coll,
     first_exposed,
 )
+from paracube.modes.executor_support import ExecutorSupport
 from paracube.modes.split_rules import (
     TOKEN_RULE,
     VOCAB_MULTIPLE,
@@ -51,34 +52,6 @@ from paracube.modes.split_rules import (
 )
 
 LAYER_UNITS = ("ln1", "qkv", "proj", "ln2", "fc", "fc2")  # a block, in forward order
-
-
-@dataclass(frozen=True)
-class ExecutorSupport:
-    """paracube's executor runs this mode: its Mode class (module:Class) and the options it implements."""
-
-    impl: str
-    pipeline: bool = False
-    sequence_parallel: bool = False
-    zero_stages: tuple[int, ...] = (0,)  # zero stages it runs: 1 distributed optimizer, 2 + gradients, 3 + params
-    # with pipelines, gradient buckets overlap each stage's (chunk's) last backward (executor grad_sync.py,
-    # tests/test_pipeline.py): the `overlap` dimension is searched at pp > 1 too (runtimes read this)
-    grad_overlap_pp: bool = True
-    families: tuple[str, ...] = ("gpt", "llama")  # model families it builds and is tested on
-    # runs tpo (Layout.tpo): the mode's `tpo`-tagged collectives as rings overlapped with their GEMMs
-    # (executor/layers/collective_matmul.py); the paracube runtime offers tpo where this is set
-    tpo: bool = False
-    # context parallelism's exchanges (modes/context.py: "p2p", "ag") it runs, its default first; () none
-    # (executor/layers/context_parallel.py)
-    context_parallel: tuple[str, ...] = ()
-    # training dtypes it runs (fp8: FP8 GEMMs in the block linears, executor/layers/fp8.py)
-    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
-    mla: bool = False  # runs multi-head latent attention (ModelSpec.mla; executor/layers/mla.py)
-
-    @property
-    def zero(self) -> bool:
-        """It runs the distributed optimizer (zero=1)."""
-        return 1 in self.zero_stages
 
 
 class TensorMode:
@@ -98,7 +71,7 @@ class TensorMode:
     collective_axes: tuple[tuple[str, ...], ...] = ()  # every tensor group its collectives use
     mesh_groups: tuple[tuple[str, ...], ...] = ()  # extra process groups the executor builds
     executor: ExecutorSupport | None = None
-    ops_layer: int = 0  # torch dispatches per block, forward + backward (compute.ops_per_step)
+    ops_layer: int = 0  # torch dispatches per block, forward + backward (step_ops.ops_per_step)
     ops_edge: int = 0  # embedding + head + loss dispatches
     program_units: tuple[str, ...] = LAYER_UNITS  # units of a block in the event engine's program
     merged_units: tuple[tuple[str, tuple[str, ...]], ...] = ()  # program unit -> its linears (1D halves)
@@ -304,6 +277,6 @@ def divisors(n: int) -> list[int]:
 
 # What a mode module imports: this file's declarations and the vocabulary of collective.py and split_rules.py.
 __all__ = ["COMPUTE", "F32", "LAYER_UNITS", "TOKEN_RULE", "TPO_GEMMS", "VOCAB_MULTIPLE", "Collective",
-           "ExecutorSupport", "IntOrArr", "Payload", "Rule", "Sizes", "TensorMode", "chunks", "coll", "divides",
+           "IntOrArr", "Payload", "Rule", "Sizes", "TensorMode", "chunks", "coll", "divides",
            "divisors", "first_exposed", "key_window", "kv_gather_groups", "padded", "sequence_pieces", "split",
            "split_embedding", "tokens_split_ok"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from paracube.modes.base import ExecutorSupport, TensorMode
+from paracube.modes.base import TensorMode
+from paracube.modes.executor_support import ExecutorSupport
 
 
 class NoTensorMode(TensorMode):
@@ -13,7 +14,7 @@ class NoTensorMode(TensorMode):
                                context_parallel=("p2p", "ag"), dtypes=("fp32", "fp16", "bf16", "fp8"), mla=True)
     megatron_style = True
     ties_embeddings = True
-    ops_layer, ops_edge = 85, 43  # counted with validation/ops.py (see compute.ops_per_step)
+    ops_layer, ops_edge = 85, 43  # counted with validation/ops.py (see step_ops.ops_per_step)
 
 
 MODE = NoTensorMode()

@@ -23,7 +23,6 @@ from paracube.modes.base import (
     COMPUTE,
     F32,
     Collective,
-    ExecutorSupport,
     IntOrArr,
     TensorMode,
     coll,
@@ -32,6 +31,7 @@ from paracube.modes.base import (
     padded,
     split,
 )
+from paracube.modes.executor_support import ExecutorSupport
 
 TP = ("tp",)
 

@@ -31,7 +31,6 @@ from paracube.modes.base import (
     F32,
     TOKEN_RULE,
     Collective,
-    ExecutorSupport,
     IntOrArr,
     TensorMode,
     chunks,
@@ -41,6 +40,7 @@ from paracube.modes.base import (
     split_embedding,
     tokens_split_ok,
 )
+from paracube.modes.executor_support import ExecutorSupport
 from paracube.modes.two_d import block
 
 PLANE = ("x", "y")

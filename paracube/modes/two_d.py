@@ -34,7 +34,6 @@ from paracube.modes.base import (
     F32,
     TOKEN_RULE,
     Collective,
-    ExecutorSupport,
     IntOrArr,
     TensorMode,
     chunks,
@@ -44,6 +43,7 @@ from paracube.modes.base import (
     split_embedding,
     tokens_split_ok,
 )
+from paracube.modes.executor_support import ExecutorSupport
 
 ROW, COL = ("row",), ("col",)
 

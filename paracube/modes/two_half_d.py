@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from paracube.modes.base import ExecutorSupport, IntOrArr, divisors
+from paracube.modes.base import IntOrArr, divisors
+from paracube.modes.executor_support import ExecutorSupport
 from paracube.modes.two_d import TwoD
 
 

@@ -1,13 +1,13 @@
 """A topology's calibration, parsed once at load time into frozen dataclasses.
 
-The YAML shape is the `calibration:` section that `paracube calibrate` writes (schema 1; fields documented
-in calibration/fit.py). Every section is optional here: the cost model prices what is measured and keeps the
-topology's figures for the rest (calibration.calibrate.check_calibration requires the sections a run
-compared against this machine needs). `Calibration.from_dict` checks every field and raises one
-ParacubeError line naming the field and what it expects; `to_dict` writes the same YAML mapping back
+The YAML shape is the `calibration:` section that `paracube calibrate` writes (schema 1; fields documented in
+calibration/fit.py; one dataclass per section: calibration_sections.py). Every section is optional here: the cost
+model prices what is measured and keeps the topology's figures for the rest (calibration.calibrate.check_calibration
+requires the sections a run compared against this machine needs). `Calibration.from_dict` checks every field and
+raises one ParacubeError line naming the field and what it expects; `to_dict` writes the same YAML mapping back
 (absent fields stay absent), so files written before this module load and round-trip unchanged.
 
-What the cost model reads (compute.gemm_model): gemm.{eff_max, m0, n0, k0, mem_eff}, elementwise.op_overhead_s,
+What the cost model reads (device_model.gemm_model): gemm.{eff_max, m0, n0, k0, mem_eff}, elementwise.op_overhead_s,
 op_overhead_by_mode[dtype][mode] (`op_overheads`), step_wait_s and call_wait_s, and the per-kind, per-size
 collective fits of `comm`
 and `comm_alternating` (`comm_table`, the rows cost_models/collective.calibrated_link reads).
@@ -15,144 +15,15 @@ and `comm_alternating` (`comm_table`, the rows cost_models/collective.calibrated
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any
 
 from paracube.estimate import COLLECTIVE_KINDS
+from paracube.topologies.calibration_sections import CommFit, Elementwise, GemmFit, LinkFit, Machine, Probe, Timing
 from paracube.topologies.fields import field_error, floats, known, mapping, number, plain
 
 SECTIONS = ("schema", "created", "machine", "timing", "gemm", "elementwise", "comm", "comm_alternating", "link",
             "residuals", "probes")
-
-
-@dataclass(frozen=True)
-class Machine:
-    """Where the calibration was measured (check_calibration compares it with this machine)."""
-
-    hostname: str | None = None
-    cpu_model: str | None = None
-    nproc: int | None = None
-    torch_version: str | None = None
-    backend: str | None = None
-    cpu_count: int | None = None
-    cpu_bind: str | None = None
-
-    @staticmethod
-    def parse(where: str, data: object) -> Machine:
-        data = mapping(where, data)
-        known(where, data, tuple(f.name for f in fields(Machine)))
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in ("nproc", "cpu_count"):
-                ok = (value is None and key == "cpu_count") or (
-                    isinstance(value, int) and not isinstance(value, bool) and value >= 1)
-                expected = "a positive integer"
-            else:
-                ok, expected = isinstance(value, str), "a string"
-            if not ok:
-                raise field_error(f"{where}.{key}", expected, value)
-            out[key] = value
-        return Machine(**out)
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How a measured point became seconds: wall time, or ranks_per_core x CPU seconds (calibrate.timing_basis)."""
-
-    basis: str = "wall"
-    ranks_per_core: float = 1.0
-    cores: int | None = None
-
-    @staticmethod
-    def parse(where: str, data: object) -> Timing:
-        data = mapping(where, data)
-        known(where, data, ("basis", "ranks_per_core", "cores"))
-        basis = data.get("basis", "wall")
-        if basis not in ("wall", "cpu"):
-            raise field_error(f"{where}.basis", "wall or cpu", basis)
-        cores = data.get("cores")
-        if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
-            raise field_error(f"{where}.cores", "a positive integer", cores)
-        return Timing(basis, number(f"{where}.ranks_per_core", data.get("ranks_per_core", 1.0), positive=True),
-                      cores)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"basis": self.basis, "ranks_per_core": self.ranks_per_core, "cores": self.cores}
-
-
-@dataclass(frozen=True)
-class GemmFit:
-    """compute.GemmModel's efficiency parameters (absent ones keep its defaults) and the fitted peak."""
-
-    eff_max: float | None = None
-    m0: float | None = None
-    n0: float | None = None
-    k0: float | None = None
-    mem_eff: float | None = None
-    peak_flops: float | None = None
-    rms_rel_err: float | None = None
-    # The FP8 GEMMs' curve (at the device's fp8 peak; m0 = n0 = k0); absent: the 16-bit curve's figures.
-    fp8_eff_max: float | None = None
-    fp8_m0: float | None = None
-    # The fused (flash) attention kernel's fraction of the 16-bit peak; absent: its GEMMs on the curve above.
-    flash_eff: float | None = None
-    # Compute seconds lost per second a data-parallel NVLink ring runs beside it (cost_models/overlap_drag.py);
-    # absent: the device generation's figure (topologies/efficiency.OVERLAP_DRAG).
-    overlap_drag: float | None = None
-    # Per-rank jitter, sqrt(s), that the step's barrier over the data-parallel replicas meets
-    # (cost_models/stragglers.py); absent: the device generation's figure (topologies/efficiency.STRAGGLER).
-    straggler: float | None = None
-    POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0", "flash_eff")
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """One (latency, bandwidth) pair: the joint fit over every collective kind and size."""
-
-    latency: float
-    bandwidth: float
-    rms_rel_err: float | None = None
-    POSITIVE = ("bandwidth",)
-
-
-@dataclass(frozen=True)
-class Elementwise:
-    """Seconds per dispatched op (bare, and per dtype and tensor mode from the step probes), bandwidth, the
-    seconds each message of a collective waits to be scheduled (collective.wait_steps) and the seconds each call
-    waits for its group's ranks to be scheduled together (both from the step probes)."""
-
-    op_overhead_s: float | None = None
-    bandwidth: float | None = None
-    rms_rel_err: float | None = None
-    step_wait_s: float | None = None
-    call_wait_s: float | None = None
-    op_overhead_by_mode: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    @staticmethod
-    def parse(where: str, data: object) -> Elementwise:
-        data = dict(mapping(where, data))
-        by_dtype = mapping(f"{where}.op_overhead_by_mode", data.pop("op_overhead_by_mode", None) or {})
-        by_mode = {str(dt): {str(m): number(f"{where}.op_overhead_by_mode.{dt}.{m}", s, 0.0)
-                             for m, s in mapping(f"{where}.op_overhead_by_mode.{dt}", modes).items()}
-                   for dt, modes in by_dtype.items()}
-        known(where, data, ("op_overhead_s", "bandwidth", "rms_rel_err", "step_wait_s", "call_wait_s"))
-        base = {k: number(f"{where}.{k}", v, 0.0, k == "bandwidth") for k, v in data.items()}
-        return Elementwise(**base, op_overhead_by_mode=by_mode)
-
-    def to_dict(self, with_modes: bool) -> dict[str, Any]:
-        out = {k: v for k, v in plain(self).items() if k != "op_overhead_by_mode"}
-        return {**out, "op_overhead_by_mode": self.op_overhead_by_mode} if with_modes else out
-
-
-class CommFit(NamedTuple):
-    """The fitted (latency, bandwidth) of one collective kind on groups of n ranks."""
-
-    kind: str
-    n: int
-    alternating: bool  # measured with calls cycling through the groups of every stride
-    latency: float
-    bandwidth: float
-    rms_rel_err: float | None = None
 
 
 def _comm(where: str, data: object, alternating: bool) -> tuple[CommFit, ...]:
@@ -175,41 +46,6 @@ def _comm_dict(fits: tuple[CommFit, ...]) -> dict[str, dict[str, dict[str, float
         out.setdefault(f.kind, {})[str(f.n)] = entry if f.rms_rel_err is None else {**entry,
                                                                                      "rms_rel_err": f.rms_rel_err}
     return out
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One step probe (calibrate.fit_op_overheads): a layout's measured step and its dispatched ops."""
-
-    layout: str
-    dtype: str
-    ops: float
-    time_s: float
-    cpu_s: float
-    round_times_s: tuple[float, ...] = ()
-    seq_len: int = 16  # tokens per sequence of the probe model (calibration.microbench.PROBE_SEQS)
-
-    @staticmethod
-    def parse(where: str, data: object) -> Probe:
-        data = mapping(where, data)
-        known(where, data, tuple(f.name for f in fields(Probe)))
-        for key in ("layout", "dtype"):
-            if not isinstance(data.get(key), str):
-                raise field_error(f"{where}.{key}", "a string", data.get(key))
-        rounds = data.get("round_times_s", [])
-        if not isinstance(rounds, (list, tuple)):
-            raise field_error(f"{where}.round_times_s", "a list of seconds", rounds)
-        nums = {k: number(f"{where}.{k}", data.get(k), 0.0) for k in ("ops", "time_s", "cpu_s")}
-        if isinstance(data["ops"], int):
-            nums["ops"] = data["ops"]  # a count: written back as the integer it was
-        seq = data.get("seq_len", 16)
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-            raise field_error(f"{where}.seq_len", "a positive integer", seq)
-        return Probe(data["layout"], data["dtype"], **nums,
-                     round_times_s=tuple(number(f"{where}.round_times_s", r, 0.0) for r in rounds), seq_len=seq)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**plain(self), "round_times_s": list(self.round_times_s)}
 
 
 @dataclass(frozen=True)
@@ -320,5 +156,4 @@ def as_calibration(value: object, where: str = "calibration") -> Calibration | N
     return Calibration.from_dict(value, where)
 
 
-__all__ = ["Calibration", "CommFit", "Elementwise", "GemmFit", "LinkFit", "Machine", "Probe",
-           "Timing", "as_calibration"]
+__all__ = ["Calibration", "as_calibration"]

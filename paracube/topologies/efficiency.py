@@ -109,13 +109,9 @@ What no run exercises is borrowed from the nearest fitted generation / fabric an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from paracube.topologies.device import DeviceSpec
 from paracube.topologies.devices import HOST_BWD_OP_S, HOST_OP_S
-
-if TYPE_CHECKING:
-    from paracube.topologies.calibration import Calibration
 
 RUNS = "benchmarks/data/published_runs.csv"
 TODAY = "benchmarks/data/published_runs_today.csv"
@@ -265,51 +261,6 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
 
 def _say(f: Figures) -> str:
     return (f.source if f.fitted else f"NOT FITTED: {f.source}") + (f"; {f.note}" if f.note else "")
-
-
-def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = None) -> Calibration | None:
-    """The device's GEMM / memory efficiencies (`eff`, else its generation's) as a calibration (None: none)."""
-    shipped = device_eff(device)
-    eff = shipped if eff is None else {**(shipped or {}), **eff}  # a fit without an FP8 curve keeps the shipped one
-    if eff is None:
-        return None
-    from paracube.topologies.calibration import Calibration, GemmFit
-
-    m0 = eff["m0"]
-    return Calibration(gemm=GemmFit(eff_max=eff["eff_max"], m0=m0, n0=m0, k0=m0, mem_eff=eff["mem_eff"],
-                                    fp8_eff_max=eff.get("fp8_eff_max"), fp8_m0=eff.get("fp8_m0"),
-                                    flash_eff=eff.get("flash_eff"), overlap_drag=eff.get("overlap_drag"),
-                                    straggler=eff.get("straggler")))
-
-
-@dataclass(frozen=True)
-class Fit:
-    """Efficiencies of one cluster (a device and its two fabrics), as fitted by calibration/from_runs.py;
-    a preset built with `fit=` uses them instead of the shipped figures. fp8_*: the FP8 GEMM curve (None:
-    the shipped one)."""
-
-    eff_max: float
-    m0: float
-    mem_eff: float
-    intra: float  # NVLink / NVSwitch: fraction of the nominal rate a collective reaches
-    inter: float  # InfiniBand
-    fp8_eff_max: float | None = None
-    fp8_m0: float | None = None
-    flash_eff: float | None = None  # fused attention's fraction of the 16-bit peak (None: the shipped figure)
-    overlap_drag: float | None = None  # cost_models/overlap_drag.py's D (None: the shipped figure)
-    straggler: float | None = None  # cost_models/stragglers.py's s (None: the shipped figure)
-
-    def device(self) -> dict[str, float]:
-        out = {"eff_max": self.eff_max, "m0": self.m0, "mem_eff": self.mem_eff}
-        if self.fp8_eff_max is not None and self.fp8_m0 is not None:
-            out.update(fp8_eff_max=self.fp8_eff_max, fp8_m0=self.fp8_m0)
-        if self.flash_eff is not None:
-            out["flash_eff"] = self.flash_eff
-        if self.overlap_drag is not None:
-            out["overlap_drag"] = self.overlap_drag
-        if self.straggler is not None:
-            out["straggler"] = self.straggler
-        return out
 
 
 # The tables as the rest of the package reads them: per device name, per fabric name.

@@ -7,7 +7,7 @@ use (r = ranks_per_core = max(1, ranks / cores)): peaks, memory bandwidth and hu
 collective passes (collective.wait_steps: gloo's algorithms, e.g. 2 ceil(log2 n) for an all_reduce, n (n - 1)
 for a reduce_scatter) waits (r - 1) x CPU_STEP_WAIT_S for its receiver to be scheduled among the r - 1 other
 ranks on its core (DeviceSpec.ring_wait_s). The cost model reads these overheads from the device
-(DeviceSpec.op_overhead_s, ring_wait_s; compute.gemm_model) only when the topology has no calibration. The
+(DeviceSpec.op_overhead_s, ring_wait_s; device_model.gemm_model) only when the topology has no calibration. The
 device also carries, calibrated or not, the wait of a point-to-point message (DeviceSpec.send_wait_s: the
 scheduler's, below) and r (DeviceSpec.ranks_per_core): a pipeline's idle stages give their
 ranks' core share to the busy ones, so the bubble costs only what the cores sit idle (cost_models/shared_cores.py;

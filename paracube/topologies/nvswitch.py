@@ -17,7 +17,8 @@ from paracube.errors import check
 from paracube.topologies import devices as dev
 from paracube.topologies import rates as r
 from paracube.topologies.device import DeviceSpec
-from paracube.topologies.efficiency import Fit, fabric_eff, published_calibration
+from paracube.topologies.efficiency import fabric_eff
+from paracube.topologies.efficiency_calibration import Fit, published_calibration
 from paracube.topologies.fabric import build_switched
 
 if TYPE_CHECKING:

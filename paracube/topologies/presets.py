@@ -28,10 +28,9 @@ from paracube.topologies.devices import (  # noqa: F401  (re-exported)
 from paracube.topologies.efficiency import (  # noqa: F401  (re-exported: listing.py, from_runs.py, tests)
     DEVICE_EFF,
     FABRIC_EFF,
-    Fit,
     fabric_eff,
-    published_calibration,
 )
+from paracube.topologies.efficiency_calibration import Fit, published_calibration  # noqa: F401  (re-exported)
 from paracube.topologies.fabric import add_fat_tree, add_gpu, build_switched, make_topology, new_graph  # noqa: F401
 from paracube.topologies.local_cpu import (  # noqa: F401  (re-exported: listing.py, tests)
     CPU_OP_S,

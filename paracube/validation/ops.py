@@ -1,6 +1,6 @@
 """Count the ops (torch dispatches) one training step of a plan launches on each rank.
 
-What `cost_models.compute.ops_per_step` predicts, measured: each rank runs the executor's `train()` for two
+What `cost_models.step_ops.ops_per_step` predicts, measured: each rank runs the executor's `train()` for two
 steps; a `wrap_step` hook (executor/training/hooks.py) runs each step under a DispatchCounter (executor/op_count.py)
 and the counts of step 2 are kept (step 1 also creates the optimizer state). Collectives count as ops too
 (c10d dispatches), as they do in the formula's per-layer constants.
