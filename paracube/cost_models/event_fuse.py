@@ -18,7 +18,7 @@ Contract (exact, not an approximation):
 - a maximal run of fusible ops of one op list is precomputed once per list (`compile_ops`): the same list serves
   every micro-batch of the stage (event_program.StageProgram: fwd / bwd per chunk), so 1F1B's steady state
   replays it, and the run costs one timeout of the summed seconds;
-- the replay (event_sim.Sim.replay) books compute, communication, exposed time per axis and kind, the network's
+- the replay (event_fuse.replay) books compute, communication, exposed time per axis and kind, the network's
   job and ring-step counts and (timeline) every op's span at its offset, as the ops one by one would have;
 - it is taken only when no asynchronous op of the stage is in flight: those read the stage's compute progress as
   they end (event_collectives.Collectives._comm_done: hidden = busy at end - busy at start), which a fused run

@@ -2,10 +2,10 @@
 
 The count the per-op overhead is priced on (compute.GemmModel.op_cost seconds per op; the analytic model adds
 ops_per_step x op_cost to a stage's compute, event_compute.add_op_overhead spreads the same over a program):
-    ops = N * (Ls * OPS_LAYER + (F + H) / 2 * OPS_EDGE + n_tensors * OPS_GRAD_MICRO) + n_tensors * OPS_TENSOR
+    ops = N * (Ls * ops_layer + (F + H) / 2 * ops_edge + n_tensors * OPS_GRAD_MICRO) + n_tensors * OPS_TENSOR
           + OPS_STEP (+ 3 with a tensor group) + (dp > 1) * (n_tensors * OPS_DP_TENSOR + OPS_DP)
 N micro-batches, Ls blocks of the stage, F / H: the stage holds the embedding / the head (their ops and the
-loss's are OPS_EDGE, split evenly between first and last stage: exact without pipelining), n_tensors the
+loss's are ops_edge, split evenly between first and last stage: exact without pipelining), n_tensors the
 rank's parameter tensors (12 per block, 2 embedding, 3 final norm + head). Per tensor and step: AdamW's 10
 (step += 1, decay, lerp, mul + addcmul, item, sqrt, div, add eps, addcdiv), the grad norm's 3 (pow, sum,
 add) on the tensor's norm leader, its reduced gradient's view into its bucket (slice, view); per tensor
@@ -19,7 +19,7 @@ counts exactly for none/1D and within 4 ops for 2D/3D (whose ranks differ by a s
 tests/test_cost_model.py re-counts configurations the constants were not read from.
 2.5D dispatches like 2D plus one slice of the ids per micro-batch (counted on tiny 2x2x2) and the gradient
 sync over (dp, dep) at any dp; 1D with sequence parallelism is assumed to dispatch like 1D.
-Per mode: TensorMode.ops_layer / ops_edge (paracube/modes).
+ops_layer / ops_edge: the mode's own counts (TensorMode.ops_layer / ops_edge, paracube/modes).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from paracube.modes.stages import stage_layers
 
 Arr = np.ndarray
 
-OPS_LAYER = {name: m.ops_layer for name, m in MODES.items()}
-OPS_EDGE = {name: m.ops_edge for name, m in MODES.items()}
 OPS_TENSOR, OPS_STEP, OPS_TENSOR_GROUP, OPS_DP_TENSOR, OPS_DP, OPS_GRAD_MICRO = 15, 17, 3, 0, 1, 3
 
 

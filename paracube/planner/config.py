@@ -33,8 +33,9 @@ from paracube.errors import check
 from paracube.layout import Layout
 from paracube.layout_checks import RECOMPUTES, TENSOR_MODES
 from paracube.modes import MODES
+from paracube.modes.base import divisors
 from paracube.modes.stages import split_ok
-from paracube.planner.enumerate import divisors, structures
+from paracube.planner.enumerate import structures
 from paracube.runtimes import RUNTIMES
 from paracube.workload import ModelSpec, TrainingSpec
 

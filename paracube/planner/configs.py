@@ -7,8 +7,9 @@ import numpy as np
 
 from paracube.layout import Layout
 from paracube.modes import MODES
+from paracube.modes.base import divisors
 from paracube.modes.stages import split_ok
-from paracube.planner.enumerate import NO_SHAPE, Structure, divisors, structures
+from paracube.planner.enumerate import NO_SHAPE, Structure, structures
 from paracube.planner.search_state import _Search
 from paracube.runtimes import RUNTIMES, Runtime
 from paracube.workload import ModelSpec

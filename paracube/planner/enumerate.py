@@ -20,13 +20,8 @@ from paracube.cost_models.comm import axes_used
 from paracube.frozen_hash import frozen_hash, frozen_state
 from paracube.layout import TENSOR_AXES
 from paracube.modes import MODES
+from paracube.modes.base import divisors
 from paracube.modes.stages import split_ok
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of n, ascending (O(sqrt n): the planner asks for them of up to a million GPUs)."""
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return small + [n // k for k in reversed(small) if k * k != n]
 
 
 def tensor_shapes(mode: str, gpus: int) -> list[tuple[int, ...]]:
