@@ -30,8 +30,8 @@ from paracube.export.common import (
     tensor_size,
 )
 from paracube.export.llama4_flags import megatron_llama4_args, megatron_llama4_refusal
-from paracube.export.oss_flags import megatron_oss_args, megatron_oss_refusal
 from paracube.export.moe_flags import megatron_moe_args
+from paracube.export.oss_flags import megatron_oss_args, megatron_oss_refusal
 from paracube.export.window_flags import megatron_window_args, megatron_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
