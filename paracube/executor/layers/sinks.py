@@ -13,8 +13,12 @@ How each kernel adds the sink column, exactly once per query row:
   (functional._ScaledCausalSoftmax, `row_sinks` gives each row its head's logit), dropped after it; its gradient
   ds_h = -sum_rows p_sink (sum_j g_j p_j) from the saved probabilities and the sink's own;
 - flash (`sink_flash`): scaled_dot_product_attention over one more key whose score is s_h and whose value is 0: q
-  gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1 (scale stays 1 / sqrt(d)), the mask one
-  more allowed column; autograd carries ds_h through q's extra column. Exact; it copies q, k, v (d + 1 wide).
+  gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1 (scale stays 1 / sqrt(d)), v a zero
+  column (one head width for the flash kernels; sliced off the output), the mask one more allowed column; autograd
+  carries ds_h through q's extra column. Exact, but not a fused sink kernel's memory: it keeps d + 1 wide q, k, v,
+  its own output (not shared with proj's input) and the mask, which the activation count (priced as FlashAttention
+  with sinks, FA3 / cuDNN, keep: q, k, v, O, L) leaves out: +11.7% of the activations of tests/test_gpt_oss_run's
+  OSS model (d 8, fp32, mb 2; unfused: +0.6%, the sink probabilities [b heads s] fp32).
 - context parallelism (context_parallel.py, ring and all-gather): after the blocks' online-softmax merge, each rank
   merges the sink into its own queries' rows once: L' = logaddexp(L, s_h), O' = O e^(L - L') (`sink_merge`); the
   backward's P_j = exp(S_j - L') and D' = rowsum(dO' O') are then the softmax with the sink column, and
@@ -78,14 +82,16 @@ def sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: i
     sink_key = torch.zeros((*k.shape[:2], 1, d + 1), dtype=k.dtype, device=k.device)
     sink_key[..., d] = 1.0
     k1 = torch.cat([F.pad(k, (0, 1)), sink_key], dim=2)
-    v1 = torch.cat([v, torch.zeros((*v.shape[:2], 1, d), dtype=v.dtype, device=v.device)], dim=2)
+    # v as wide as q and k (a zero column, sliced off the output): the flash kernels take one head width
+    v1 = F.pad(v, (0, 1, 0, 1))
     if allowed is None:
         allowed = torch.ones(c, keys, dtype=torch.bool, device=q.device).tril()
     mask = torch.cat([allowed, torch.ones(c, 1, dtype=torch.bool, device=q.device)], dim=1)
     if p <= 0.0 or seed is None:
-        return F.scaled_dot_product_attention(q1, k1, v1, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q1, k1, v1, attn_mask=mask, scale=scale, enable_gqa=gqa)[..., :d]
     with seeded(seed, q.device):
-        return F.scaled_dot_product_attention(q1, k1, v1, attn_mask=mask, dropout_p=p, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=mask, dropout_p=p, scale=scale, enable_gqa=gqa)
+    return out[..., :d]
 
 
 def sink_merge(out: Tensor, lse: Tensor, sinks: Tensor | None) -> tuple[Tensor, Tensor]:
