@@ -54,7 +54,8 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   its 64-wide heads run at the flash_eff fitted on 128-wide ones. What each run ran, where a recipe states it
   (Megatron-Bridge 0.6.2's flat perf recipes, perf_recipes/qwen/h100/qwen3_moe.py, whose FP8 Qwen3 configs have the
   26.04 rows' GBS and layouts; the 25.09 rows' configs are not in any released package): the 26.04 FP8 rows ran no
-  recomputation, Qwen3-30B on HybridEP (flex backend `hybridep`: DeepEP's bytes, its kernels permute) without the a2a overlap,
+  recomputation, Qwen3-30B on HybridEP (flex backend `hybridep`: DeepEP's bytes, its kernels permute) without the
+  a2a overlap,
   Qwen3-235B on the alltoall dispatcher with --overlap-moe-expert-parallel-comm (layout `a2ao`); DeepSeek-V3's recipe
   reduces gradients in bf16 (grad_reduce_in_fp32=False from 0.1.0rc4 on). The 25.09 rows keep selective recomputation
   (assumed) and the runtime's dispatcher (megatron: DeepEP, Runtime.moe_dispatch) except on the "tokendrop" rows
