@@ -163,3 +163,14 @@ def test_other_models_plans_keep_their_fields() -> None:
     assert not {"expert_bias", "swiglu_limit", "swiglu_alpha"} & set(mixtral["moe"])
     oss = PRESETS["gpt-oss-20b"]
     assert ModelSpec.from_dict(oss.to_dict()) == oss
+
+
+def test_a_runtime_without_sinks_refuses_them_in_one_line() -> None:
+    """DeepSpeed (Megatron-DeepSpeed) has no attention sinks: its refusal names them; the others run them."""
+    from paracube.runtimes import get_runtime
+
+    lay = parse_layout("dp=8,tp=none")
+    why = get_runtime("deepspeed").refusal(lay, "llama", sinks=True)
+    assert why is not None and "attention sinks (attention_sinks=true)" in why and "\n" not in why
+    assert get_runtime("deepspeed").refusal(lay, "llama") is None
+    assert all(get_runtime(n).refusal(lay, "llama", sinks=True) is None for n in ("paracube", "megatron", "torchtitan"))

@@ -46,4 +46,5 @@ RUNTIME = Runtime(
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
     sliding_window=False,  # Megatron-DeepSpeed has no window argument (module docstring)
+    attention_sinks=False,  # nor GPT-OSS's sinks (export/oss_flags.py)
 )
