@@ -149,13 +149,6 @@ def test_sinks_need_grouped_query_attention() -> None:
         replace(PRESETS["tiny-mla"], attention_bias=True)
 
 
-def test_published_parameter_counts() -> None:
-    """openai's model cards: 116.83B (gpt-oss-120b) and 20.91B (gpt-oss-20b) parameters in all, to the 10M printed;
-    without the biases and sinks the 120b preset counted 116.79B."""
-    assert round(PRESETS["gpt-oss-120b"].num_parameters() / 1e7) == 11683
-    assert round(PRESETS["gpt-oss-20b"].num_parameters() / 1e7) == 2091
-
-
 def test_other_models_plans_keep_their_fields() -> None:
     """The new fields appear in a plan's model only where set (plans of other models read as before)."""
     mixtral = PRESETS["mixtral-8x7b"].to_dict()
