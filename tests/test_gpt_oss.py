@@ -167,3 +167,27 @@ def test_a_runtime_without_sinks_refuses_them_in_one_line() -> None:
     assert why is not None and "attention sinks (attention_sinks=true)" in why and "\n" not in why
     assert get_runtime("deepspeed").refusal(lay, "llama") is None
     assert all(get_runtime(n).refusal(lay, "llama", sinks=True) is None for n in ("paracube", "megatron", "torchtitan"))
+
+
+# A dense llama with GPT-OSS's attention (llama3-8b's shape, 8 blocks): the sinks' gradient all_reduce and the biases'
+# gathers are declared once (modes/sinks.py, the modes' bias collectives) and read by both engines, whose step times
+# then agree within the bound test_sliding_window.py holds them to (2%: link sharing and the pipeline schedule).
+@pytest.mark.parametrize("text", ["dp=4,tp=1d:2,sp,mb=1", "dp=2,tp=2d:2x2,mb=1", "tp=3d:2x2x2,mb=1",
+                                  "dp=2,pp=2,tp=2.5d:2x2x1,mb=1"])
+def test_engines_agree_with_sinks_and_biases(text: str) -> None:
+    from paracube.cost_models.analytic import estimate
+    from paracube.cost_models.event import estimate_event
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    plain = replace(PRESETS["llama3-8b"], layers=8, seq_len=4096)
+    oss = replace(plain, attention_sinks=True, attention_bias=True)
+    train, topo, layout = TrainingSpec(global_batch=32, dtype="bf16"), load_topology("dgx-h100", gpus=16), \
+        parse_layout(text)
+    a = estimate(oss, train, layout, topo, with_events=True)
+    e = estimate_event(oss, train, layout, topo, with_events=False)
+    assert abs(e.step_time_s / a.step_time_s - 1) < 0.02
+    base = estimate(plain, train, layout, topo, with_events=True)
+    assert a.memory.parameters > base.memory.parameters
+    sinks = [ev for ev in a.events if ev.label.endswith(".sinks")]
+    assert all(ev.payload_bytes == 4 * oss.heads and ev.kind == "all_reduce" for ev in sinks) and sinks
