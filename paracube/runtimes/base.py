@@ -51,7 +51,6 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
 - `sliding_window`: it trains models with sliding-window attention (ModelSpec.sliding_window); `window_cp_comms`: the
   context-parallel exchanges it runs them with (None: all of cp_comms; `cp_comms_for`), e.g. Transformer Engine
   refuses sliding windows with its p2p ring. The search offers only those (planner/search.py); `refusal` names them.
-- `attention_sinks`: it trains GPT-OSS's attention sinks (ModelSpec.attention_sinks; Megatron-DeepSpeed does not).
 - `p2p_overlap`: pipeline sends overlapped with compute (every stack here; the cost models' 1F1B already
   assumes it: a send costs only its wire time on the critical path).
 `engine_options()` is the one place the engines' overlap options are read from (plan, simulate, sweep, compare,
@@ -139,7 +138,7 @@ class Runtime:
     moe_a2a_overlap_default: bool = False  # and turns it on without a flag
     sliding_window: bool = True  # it trains sliding-window attention (module docstring)
     window_cp_comms: tuple[str, ...] | None = None  # the cp exchanges it runs windowed models with (None: cp_comms)
-    attention_sinks: bool = True  # it trains GPT-OSS's attention sinks (ModelSpec.attention_sinks)
+    attention_sinks: bool = True  # it trains GPT-OSS's attention sinks (ModelSpec.attention_sinks; DeepSpeed: no)
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
@@ -188,8 +187,7 @@ class Runtime:
     def refusal(self, layout: Layout, family: str = "gpt", tied_embeddings: bool = False,
                 dtype: str | None = None, moe: bool = False, windowed: bool = False, sinks: bool = False) -> str | None:
         """Why this runtime cannot run `layout` (one line naming the runtime and what is valid), else None; `moe`:
-        the model has MoE blocks (moe_check); `windowed`: sliding-window attention (sliding_window, window_cp_comms);
-        `sinks`: attention sinks (attention_sinks)."""
+        MoE blocks (moe_check); `windowed`: sliding windows (window_cp_comms); `sinks`: attention sinks."""
         who = f"runtime {self.name} ({self.title})"
         tensor = "tp=" + "/".join(self.modes)
         if layout.mode not in self.modes:
