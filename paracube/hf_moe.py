@@ -62,8 +62,9 @@ MOE_HF_DEFAULTS: dict[str, dict[str, Any]] = {
                 # GptOssConfig: "sliding_attention" at even blocks, "full_attention" at odd ones, when omitted
                 "layer_types": lambda n: ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]},
 }
-# Fields of the llama family's must-be list (hf_config._LLAMA_MUST) a gpt_oss config sets otherwise: not modelled
-GPT_OSS_UNMODELLED = ("attention_bias", "rope_scaling")  # attention_bias: read by moe_fields
+# Fields of the llama family's must-be list (hf_config._LLAMA_MUST) a gpt_oss config may set otherwise: attention_bias
+# (read by moe_fields) and rope_scaling (YaRN: not modelled)
+GPT_OSS_UNMODELLED = ("attention_bias", "rope_scaling")
 # The field naming the routed experts, and the one sizing them, per model_type (refusal of a partial config).
 _ROUTED = {"mixtral": ("num_local_experts", "intermediate_size"), "qwen3_moe": ("num_experts", "moe_intermediate_size"),
            "deepseek_v3": ("n_routed_experts", "moe_intermediate_size"),
