@@ -20,6 +20,12 @@ runs against paracube's executor on identical weights.
 Routing (softmax over the top-k router logits) is paracube's softmax routing normalized over the top-k: the same
 weights exactly (exp(z_e) / sum over the top-k of exp(z_e')).
 Not modelled: YaRN rope scaling (HF rope_scaling; other rotary frequencies and a scaled cos / sin, the same FLOPs).
+Priced (both engines): every bias and sink as a parameter (memory, gradient buckets and their reduction, optimizer
+state and step; cost_models/dims.py, moe.py, moe_traffic.py) and the sinks' per-block gradient all_reduce
+(modes/sinks.py). Not priced apart, as work: the sink column (one more score per softmax row of s keys: 1 / s more
+of the core's elementwise work, inside the attention kernel), the bias adds (GEMM epilogues) and the clamp (two
+clamps and an add on the tensors the SwiGLU pass already reads and writes: no more bytes, moe_passes.py prices
+the pass by its bytes).
 """
 
 from __future__ import annotations
