@@ -45,14 +45,17 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   here: no recomputation, gradients reduced in bf16 (the performance scripts' get_precision_config), dropless, the
   runtime's dispatcher (DeepEP); it prices -36.8% (8.91 s against 14.10, each stage priced with its own 9 blocks, 4 or
   5 of them windowed: cost_models/window_stages.py; 8.88 s at the model's mean share; 9.21 s, -34.7%, were its windows
-  full attention; full recomputation would give 10.95 s), a held-out miss not read yet. Not priced: GPT-OSS's attention
-  sinks (megatron-core's TransformerConfig.softmax_type "learnable": which attention kernel then runs is Transformer
-  Engine's choice, not visible here), its biases and clamped SwiGLU (hf_moe.py: a fraction of a percent of the FLOPs;
-  megatron-core fuses the clamped gate, weighted_bias_quick_geglu_impl); its 64-wide heads run at the flash_eff
-  fitted on 128-wide ones. What each run ran, where a recipe states it (Megatron-Bridge
-  0.6.2's flat perf recipes, perf_recipes/qwen/h100/qwen3_moe.py, whose FP8 Qwen3 configs have the 26.04 rows' GBS and
-  layouts; the 25.09 rows' configs are not in any released package): the 26.04 FP8 rows ran no recomputation,
-  Qwen3-30B on HybridEP (flex backend `hybridep`: DeepEP's bytes, its kernels permute) without the a2a overlap,
+  full attention; full recomputation would give 10.95 s), a held-out miss not read yet. The preset is GPT-OSS exactly
+  (gpt_oss_spec.py): its 40.1M bias and sink parameters are priced as parameters, gradients (their reduction) and
+  optimizer state (8.913452 -> 8.913518 s, 55.962 -> 55.974 GiB per GPU when they were added); their elementwise work
+  is not priced apart: the sink column (one more score per softmax row; megatron-core's softmax_type "learnable", in
+  whichever attention kernel Transformer Engine picks, not visible here), the bias adds and the clamped SwiGLU
+  (megatron-core fuses the clamped gate, weighted_bias_quick_geglu_impl) move no bytes the priced passes do not;
+  its 64-wide heads run at the flash_eff fitted on 128-wide ones. What each run ran, where a recipe states it
+  (Megatron-Bridge 0.6.2's flat perf recipes, perf_recipes/qwen/h100/qwen3_moe.py, whose FP8 Qwen3 configs have the
+  26.04 rows' GBS and layouts; the 25.09 rows' configs are not in any released package): the 26.04 FP8 rows ran no
+  recomputation, Qwen3-30B on HybridEP (flex backend `hybridep`: DeepEP's bytes, its kernels permute) without the
+  a2a overlap,
   Qwen3-235B on the alltoall dispatcher with --overlap-moe-expert-parallel-comm (layout `a2ao`); DeepSeek-V3's recipe
   reduces gradients in bf16 (grad_reduce_in_fp32=False from 0.1.0rc4 on). The 25.09 rows keep selective recomputation
   (assumed) and the runtime's dispatcher (megatron: DeepEP, Runtime.moe_dispatch) except on the "tokendrop" rows

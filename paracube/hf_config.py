@@ -109,7 +109,7 @@ def from_hf_config(path: Path) -> ModelSpec:
                          attention_dropout=float(get("attn_pdrop", (int, float))),
                          embedding_dropout=float(get("embd_pdrop", (int, float))))
     for key, allowed in _LLAMA_MUST.items():
-        unmodelled = (model_type == "gpt_oss" and key in GPT_OSS_UNMODELLED  # hf_moe.py: what it leaves out
+        unmodelled = (model_type == "gpt_oss" and key in GPT_OSS_UNMODELLED  # hf_moe.py: read there, or left out
                       or model_type in LLAMA4_TYPES and key == "rope_scaling")  # hf_llama4.py: the same FLOPs
         check(unmodelled or data.get(key, allowed) == allowed,
               f"{path}: field {key!r}={data.get(key)!r} is not supported by the llama family (valid: {allowed!r})")

@@ -20,14 +20,11 @@ Field mapping:
   config the executor runs is not refused as another width), softmax routing (over the top-k router logits: the
   same cost as a softmax over all), every block an MoE block, no shared expert, router_aux_loss_coef;
   sliding_window and layer_types (hf_window.py: "WF").
-  NOT modelled (`GPT_OSS_UNMODELLED` lets its config set them), with their size in gpt-oss-120b:
-  the attention's q / k / v / o biases (8,000 a block), the experts' biases (gate_up 2 x 2880 + down 2880 per
-  expert: 1,105,920 a block) and the router's (128): 40.1M parameters of 116.8B (0.034%), their adds elementwise;
-  the attention sinks (one learned logit per head, 64 a block: one more column in each softmax, no GEMM); the
-  clamped SwiGLU (swiglu_limit 7: clamp, x sigmoid(1.702 x), (up + 1)), a few more elementwise FLOPs per expert
-  activation on the tensors SwiGLU reads and writes (fused, as megatron-core's weighted_bias_quick_geglu_impl runs
-  it, the same bytes, which is what paracube prices); YaRN rope scaling (rope_scaling): other rotary frequencies and
-  a scaled cos / sin, the same ops and FLOPs as plain rotary.
+  GPT-OSS's own parts (gpt_oss_spec.py): attention_bias (GptOssConfig default true: q / k / v / o biases), the
+  attention sinks (every gpt_oss model has them: GptOssAttention.sinks), the router's and experts' biases (always:
+  GptOssTopKRouter.bias, GptOssExperts.gate_up_proj_bias / down_proj_bias), swiglu_limit (default 7.0; alpha 1.702
+  is fixed in GptOssExperts). NOT modelled (`GPT_OSS_UNMODELLED` lets its config set it): YaRN rope scaling
+  (rope_scaling): other rotary frequencies and a scaled cos / sin, the same ops and FLOPs as plain rotary.
 A config that names routed experts but not their sizes is refused naming the missing field.
 """
 
@@ -61,11 +58,12 @@ MOE_HF_DEFAULTS: dict[str, dict[str, Any]] = {
                 "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "vocab_size": 201088,
                 "tie_word_embeddings": False, "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "sliding_window": 128,
                 "attention_dropout": 0.0, "num_local_experts": 128, "num_experts_per_tok": 4,
-                "router_aux_loss_coef": 0.9,
+                "router_aux_loss_coef": 0.9, "attention_bias": True, "swiglu_limit": 7.0,
                 # GptOssConfig: "sliding_attention" at even blocks, "full_attention" at odd ones, when omitted
                 "layer_types": lambda n: ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]},
 }
-# Fields of the llama family's must-be list (hf_config._LLAMA_MUST) a gpt_oss config sets otherwise: not modelled
+# Fields of the llama family's must-be list (hf_config._LLAMA_MUST) a gpt_oss config may set otherwise: attention_bias
+# (read by moe_fields) and rope_scaling (YaRN: not modelled)
 GPT_OSS_UNMODELLED = ("attention_bias", "rope_scaling")
 # The field naming the routed experts, and the one sizing them, per model_type (refusal of a partial config).
 _ROUTED = {"mixtral": ("num_local_experts", "intermediate_size"), "qwen3_moe": ("num_experts", "moe_intermediate_size"),
@@ -84,10 +82,13 @@ def moe_fields(model_type: str, data: dict[str, Any], get: Callable[..., Any], p
         return {"moe": MoESpec(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"),
                                expert_ffn=get("intermediate_size"), aux_loss=aux)}
     if model_type == "gpt_oss":
-        head_dim = get("head_dim")
+        head_dim, limit, bias = get("head_dim"), get("swiglu_limit", (int, float)), get("attention_bias", bool)
+        check(limit > 0, f"{path}: field 'swiglu_limit'={limit!r} must be a positive number (GPT-OSS: 7.0)")
         return {"moe": MoESpec(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"),
-                               expert_ffn=get("intermediate_size"), aux_loss=aux),
-                "head_size": None if head_dim * get("num_attention_heads") == get("hidden_size") else head_dim}
+                               expert_ffn=get("intermediate_size"), aux_loss=aux, expert_bias=True,
+                               swiglu_limit=float(limit)),
+                "head_size": None if head_dim * get("num_attention_heads") == get("hidden_size") else head_dim,
+                "attention_sinks": True, "attention_bias": bias}
     if model_type == "qwen3_moe":
         only = data.get("mlp_only_layers") or []
         check(only == [], f"{path}: field 'mlp_only_layers'={only!r} is not supported (valid: [] or null)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from paracube.errors import check, unknown
+from paracube.gpt_oss_spec import SWIGLU_LIMIT
 from paracube.hf_config import from_hf_config
 from paracube.moe_spec import MLASpec, MoESpec
 from paracube.workload import ModelSpec
@@ -59,11 +60,14 @@ MOE_PRESETS = [
          MoESpec(256, 8, 2048, shared_ffn=2048, router="sigmoid", first_dense=3, aux_loss=0.0001,
                  groups=8, group_topk=4), rope_theta=10000.0,
          mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536)),
-    # openai/gpt-oss-120b and gpt-oss-20b (HF config.json; hf_moe.py says what is not modelled: biases, attention
-    # sinks, the clamped SwiGLU, YaRN): head_dim 64 (not 2880 / 64), softmax over the top-4 router logits, alternating
-    # sliding-window (128 keys) and full attention from block 0; 4096: their initial_context_length.
-    *(_moe(name, layers, 2880, 64, 8, 2880, 201088, MoESpec(experts, 4, 2880, aux_loss=0.9), head_size=64,
-           rope_theta=150000.0, rms_eps=1e-5, sliding_window=128, window_pattern="WF")
+    # openai/gpt-oss-120b and gpt-oss-20b (HF config.json; gpt_oss_spec.py: attention sinks, q / k / v / o biases,
+    # router and expert biases, the SwiGLU clamped at 7.0; hf_moe.py: YaRN is not modelled): head_dim 64 (not
+    # 2880 / 64), softmax over the top-4 router logits, alternating sliding-window (128 keys) and full attention from
+    # block 0; 4096: their initial_context_length.
+    *(_moe(name, layers, 2880, 64, 8, 2880, 201088,
+           MoESpec(experts, 4, 2880, aux_loss=0.9, expert_bias=True, swiglu_limit=SWIGLU_LIMIT), head_size=64,
+           rope_theta=150000.0, rms_eps=1e-5, sliding_window=128, window_pattern="WF", attention_sinks=True,
+           attention_bias=True)
       for name, layers, experts in (("gpt-oss-120b", 36, 128), ("gpt-oss-20b", 24, 32))),
     # meta-llama/Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E (HF config.json text_config; hf_llama4.py says
     # what is not modelled: the vision tower, 871.9M parameters, the L2 q / k norm, NoPE's skipped rotary, attention

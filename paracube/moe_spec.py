@@ -17,9 +17,12 @@ equal groups and a token's top-k lie in the `group_topk` best (1 / 1: no limit).
 score multiplies the token before its expert (Llama 4: Llama4TextMoe scales routed_in by sigmoid of the top-1 logit,
 unnormalized; Megatron --moe-apply-probs-on-input, top-1 only), not the expert's output: a multiply of the same
 [tokens, h] size moved, the same FLOPs and bytes, a different model (SwiGLU is not linear).
+GPT-OSS's experts (gpt_oss_spec.py): `expert_bias` (router bias [E], each expert's gate+up bias [2 f_e] and down
+bias [h]), `swiglu_limit` / `swiglu_alpha` (the clamped SwiGLU; None: plain silu(gate) x up).
 
 Parameters of one MoE block's MLP part: router h E (+ E for sigmoid routing's score-correction bias),
-E x 3 h f_e routed, 3 h f_s shared (+ h for the shared gate). Active per token: router, k x 3 h f_e, shared.
+E x 3 h f_e routed, 3 h f_s shared (+ h for the shared gate); expert_bias: + E (router) + E (2 f_e + h). Active
+per token: router, k x 3 h f_e (+ k (2 f_e + h) biases), shared.
 
 MLA (DeepSeek-V2, arXiv 2405.04434, Section 2.1): q = W_uq norm(W_dq x) (or W_q x without `q_lora_rank`),
 [c_kv, k_rope] = W_dkv x (kv_lora_rank + qk_rope_head_dim columns), [k_nope, v] = W_ukv norm(c_kv);
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from paracube.errors import ParacubeError, check, divisors_text
+from paracube.gpt_oss_spec import SWIGLU_ALPHA, validate_experts
 
 Router = Literal["softmax", "sigmoid"]
 
@@ -60,6 +64,9 @@ class MoESpec:
     groups: int = 1  # routing groups of experts (HF deepseek_v3 n_group; Megatron-core moe_router_num_groups)
     group_topk: int = 1  # groups a token's experts may lie in (HF topk_group; moe_router_group_topk)
     probs_on_input: bool = False  # the score scales the expert's input (Llama 4), not its output
+    expert_bias: bool = False  # GPT-OSS: router and experts' linears have biases (gpt_oss_spec.py)
+    swiglu_limit: float | None = None  # GPT-OSS's clamped SwiGLU (gpt_oss_spec.py); None: plain SwiGLU
+    swiglu_alpha: float = SWIGLU_ALPHA  # its gate's sigmoid slope (read only with swiglu_limit)
 
     def validate(self, where: str) -> None:
         _positive(where, self, ("experts", "top_k", "expert_ffn", "sparse_step"))
@@ -71,6 +78,7 @@ class MoESpec:
               f"{where}: shared_gate needs a shared expert (shared_ffn > 0)")
         check(isinstance(self.probs_on_input, bool),
               f"{where}: probs_on_input={self.probs_on_input!r} must be true or false")
+        validate_experts(self, where)
         check(self.router in ("softmax", "sigmoid"), f"{where}: router={self.router!r}; valid: softmax, sigmoid")
         check(isinstance(self.first_dense, int) and self.first_dense >= 0,
               f"{where}: first_dense={self.first_dense!r} must be a non-negative integer")
@@ -101,13 +109,17 @@ class MoESpec:
     def mlp_parameters(self, h: int) -> int:
         """Router, routed experts, shared expert (and gate) of one MoE block."""
         bias = self.experts if self.router == "sigmoid" else 0
-        return h * self.experts + bias + self.experts * 3 * h * self.expert_ffn + 3 * h * self.shared_ffn \
-            + (h if self.shared_gate else 0)
+        return h * self.experts + bias + self.bias_parameters(h, self.experts) \
+            + self.experts * 3 * h * self.expert_ffn + 3 * h * self.shared_ffn + (h if self.shared_gate else 0)
 
     def active_mlp_parameters(self, h: int) -> int:
         """What one token's forward multiplies by: router, its top_k experts, the shared expert."""
-        return h * self.experts + self.top_k * 3 * h * self.expert_ffn + 3 * h * self.shared_ffn \
-            + (h if self.shared_gate else 0)
+        return h * self.experts + self.bias_parameters(h, self.top_k) + self.top_k * 3 * h * self.expert_ffn \
+            + 3 * h * self.shared_ffn + (h if self.shared_gate else 0)
+
+    def bias_parameters(self, h: int, experts: int) -> int:
+        """expert_bias: the router's E and `experts` experts' 2 f_e + h (0 without)."""
+        return self.experts + experts * (2 * self.expert_ffn + h) if self.expert_bias else 0
 
     def expert_tokens(self, tokens: int) -> float:
         """Tokens the most loaded expert processes out of `tokens` routed ones (imbalance, capacity)."""

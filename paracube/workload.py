@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from paracube.attention_chunk import Chunk, uses_rope, validate_attention
 from paracube.errors import ParacubeError, check
+from paracube.gpt_oss_spec import plan_defaults, sink_parameters
+from paracube.gpt_oss_spec import validate_attention as validate_oss
 from paracube.moe_spec import MLASpec, MoESpec, mla_from_dict, moe_from_dict
 
 Family = Literal["gpt", "llama"]
@@ -97,6 +99,8 @@ class ModelSpec:
     attention_chunk: int | None = None  # Llama 4: rope blocks attend within chunks of this many tokens
     rope_pattern: str | None = None  # "R" (rotary) / "N" (NoPE) per block, repeated; None: rotary everywhere
     qk_l2_norm: bool = False  # Llama 4: weightless L2 (RMS) norm of q and k in the rope blocks
+    attention_sinks: bool = False  # GPT-OSS: a learned sink logit per head in every softmax row (gpt_oss_spec.py)
+    attention_bias: bool = False  # GPT-OSS: q / k / v / o projections with biases
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "moe", moe_from_dict(self.moe, f"model {self.name!r}"))
@@ -133,6 +137,7 @@ class ModelSpec:
         check(self.window_pattern is None or self.sliding_window is not None,
               f"model {self.name!r}: window_pattern={self.window_pattern!r} needs sliding_window set")
         validate_attention(self)
+        validate_oss(self)
         for attr in ("rms_eps", "rope_theta"):
             value = getattr(self, attr)
             check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
@@ -166,7 +171,7 @@ class ModelSpec:
         if self.mla is not None:
             return self.mla.attention_parameters(h, self.heads)
         q, kv = self.heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return 2 * h * q + 2 * h * kv + (2 * self.head_dim if self.qk_norm else 0)
+        return 2 * h * q + 2 * h * kv + (2 * self.head_dim if self.qk_norm else 0) + sink_parameters(self)
 
     def layer_parameters(self, i: int | None = None) -> int:
         """Parameters of transformer block `i` (None: a dense block; MoE blocks differ: moe_spec.py)."""
@@ -204,9 +209,12 @@ class ModelSpec:
         data = asdict(self)
         for key, default in (("head_size", None), ("qk_norm", False), ("moe", None), ("mla", None),
                              ("sliding_window", None), ("window_pattern", None), ("attention_chunk", None),
-                             ("rope_pattern", None), ("qk_l2_norm", False)):
+                             ("rope_pattern", None), ("qk_l2_norm", False), ("attention_sinks", False),
+                             ("attention_bias", False)):
             if data[key] == default:
                 del data[key]
+        if data.get("moe") is not None:
+            data["moe"] = plan_defaults(data["moe"])
         return data
 
     @classmethod

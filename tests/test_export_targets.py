@@ -408,6 +408,13 @@ def _backend(v: str | None) -> Any:
     return AttnBackend[_str(v)]
 
 
+def _quick_gelu(v: str | None) -> Any:
+    from megatron.core.activations import quick_gelu
+
+    _on(v)
+    return quick_gelu
+
+
 def _silu(v: str | None) -> Any:
     import torch.nn.functional as F
 
@@ -482,6 +489,11 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--normalization": [("tc", "normalization", _str)],
     "--swiglu": [("tc", "gated_linear_unit", _on), ("tc", "activation_func", _silu)],
     "--disable-bias-linear": [("tc", "add_bias_linear", _off)],
+    # GPT-OSS (export/oss_flags.py): Megatron-LM's --quick-geglu sets gated_linear_unit and activation_func quick_gelu
+    "--softmax-type": [("tc", "softmax_type", _str)],
+    "--quick-geglu": [("tc", "gated_linear_unit", _on), ("tc", "activation_func", _quick_gelu)],
+    "--glu-linear-offset": [("tc", "glu_linear_offset", _float)],
+    "--activation-func-clamp-value": [("tc", "activation_func_clamp_value", _float)],
     "--group-query-attention": [("run", "group_query_attention", _on)],
     "--num-query-groups": [("tc", "num_query_groups", _int)],
     "--seq-length": [("model", "max_sequence_length", _int)],
@@ -623,6 +635,11 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
                                           for i in range(m.layers)]  # (Llama 4's chunks: not windows)
     assert transformer.window_size == (None if m.sliding_window is None else (m.sliding_window - 1, 0))
     assert transformer.gated_linear_unit == (m.family == "llama")
+    # GPT-OSS's sinks, biases and clamped SwiGLU (oss_flags.py), as megatron-core reads them
+    clamp = m.moe.swiglu_limit if m.moe is not None else None
+    assert (transformer.softmax_type, transformer.add_bias_linear) == (
+        "learnable" if m.attention_sinks else "vanilla", m.attention_bias or m.family == "gpt")
+    assert (transformer.activation_func_clamp_value, transformer.glu_linear_offset) == (clamp, 1.0 if clamp else 0.0)
     # Llama 4: Megatron's per-block rotary skip (no_rope_freq, expanded in __post_init__: 1 = NoPE) and the L2 norm;
     # MoE blocks by Megatron's own list (1 = MoE) against the model's
     from paracube.attention_chunk import uses_rope

@@ -11,13 +11,15 @@ planner accepting what now runs.
 
 The same launch runs the sliding-window 2.5D and 3D cases (tests/test_sliding_window_run.py's CASES_8, whole and
 split sequences: one 8-rank launch instead of two), checked by that file's `check_case`, and Qwen3-style attention's
-(tests/test_qk_norm_run.py's CASES_8: a head width other than hidden / heads, per-head q / k norms) likewise."""
+(tests/test_qk_norm_run.py's CASES_8: a head width other than hidden / heads, per-head q / k norms) likewise, and
+GPT-OSS's (tests/test_gpt_oss_run.py's CASES_8: attention sinks and biases)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+import test_gpt_oss_run as oss
 import test_qk_norm_run as qwen3
 import test_sliding_window_run as windowed
 import torch
@@ -96,12 +98,13 @@ def _one_case(rank: int, layout_text: str, mb: int, recompute: str, family: str)
 def _all_cases(rank: int, world: int) -> dict[str, list[dict[str, Any]]]:
     return {"split": [_one_case(rank, *case) for case in CASES],
             "windowed": [windowed._one_case(rank, *case) for case in windowed.CASES_8],
-            "qwen3": [qwen3._one_case(rank, *case) for case in qwen3.CASES_8]}
+            "qwen3": [qwen3._one_case(rank, *case) for case in qwen3.CASES_8],
+            "oss": [oss._one_case(rank, *case) for case in oss.CASES_8]}
 
 
 @pytest.fixture(scope="module")
 def executed() -> list[dict[str, list[dict[str, Any]]]]:
-    return run_distributed(_all_cases, 8, timeout=900.0)  # [rank]{"split" | "windowed" | "qwen3": [case]}
+    return run_distributed(_all_cases, 8, timeout=900.0)  # [rank]{"split" | "windowed" | "qwen3" | "oss": [case]}
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +177,9 @@ def test_micro_batches_below_the_token_split_are_plannable() -> None:
 def test_qwen3_attention_in_2_5d_and_3d_matches_serial_and_the_cost_model(executed, case: int) -> None:
     """Qwen3-style attention in 2.5D and 3D (tests/test_qk_norm_run.py: its models, cases and checks)."""
     qwen3.check_case([per_rank["qwen3"][case] for per_rank in executed], *qwen3.CASES_8[case])
+
+
+@pytest.mark.parametrize("case", range(len(oss.CASES_8)), ids=oss.IDS_8)
+def test_gpt_oss_in_2_5d_and_3d_matches_serial_and_the_cost_model(executed, case: int) -> None:
+    """GPT-OSS's sinks and biases in 2.5D and 3D (tests/test_gpt_oss_run.py: its models, cases and checks)."""
+    oss.check_case([per_rank["oss"][case] for per_rank in executed], *oss.CASES_8[case])

@@ -60,7 +60,8 @@ def predict(run: Run, topo: object, runtime: str = "paracube") -> tuple[Layout, 
 
     rt = run_runtime(run, runtime)
     why = rt.refusal(run.layout, run.model.family, run.model.tied_embeddings, run.training.dtype,
-                     moe=run.model.moe is not None, windowed=run.model.sliding_window is not None)
+                     moe=run.model.moe is not None, windowed=run.model.sliding_window is not None,
+                     sinks=run.model.attention_sinks)
     check(why is None, f"run {run.name}: layout {run.layout}: {why}")
     fixed = run.layout if run.layout.sequence_parallel else run.layout.with_(forbid_sp=True)
     res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1], runtime=rt,

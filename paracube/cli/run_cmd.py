@@ -95,7 +95,8 @@ def runnable_plan(plan: Plan, source: str | None) -> Plan:
     made_for = get_runtime(plan.runtime)
     why = get_runtime(DEFAULT_RUNTIME).refusal(plan.layout, plan.model.family, plan.model.tied_embeddings,
                                                plan.training.dtype, moe=plan.model.moe is not None,
-                                               windowed=plan.model.sliding_window is not None)
+                                               windowed=plan.model.sliding_window is not None,
+                                               sinks=plan.model.attention_sinks)
     if why:
         hint = f"; export it with `paracube export {source} --to {made_for.export_target}`" if made_for.export_target \
             else ""

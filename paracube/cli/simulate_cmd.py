@@ -94,7 +94,7 @@ def simulate_cmd(args: argparse.Namespace) -> int:
     from paracube.runtimes import get_runtime
 
     why = get_runtime(w.runtime).refusal(layout, w.model.family, w.model.tied_embeddings, w.training.dtype,
-                                         windowed=w.model.sliding_window is not None)
+                                         windowed=w.model.sliding_window is not None, sinks=w.model.attention_sinks)
     if why:
         raise ParacubeError(f"layout {layout}: {why}")
     if (args.trace or args.timeline or args.overlap) and args.engine != "event":

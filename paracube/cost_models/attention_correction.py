@@ -43,6 +43,8 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
     (tf, tb), (df, db) = lin(true), lin(dense)
     core_f, core_b = _core_delta(model, d, layout, mb, g)
     params = sum(a * o for a, o in true) - sum(a * o for a, o in dense)
+    if model.attention_bias:  # qkv's bias at its true width (the dense part's is h + 2 kv: Dims.linears)
+        params += true[0][1] - dense[0][1]
     # MLA's down projections and norms are whole on every tensor rank (Dims.attn_replicated; executor/layers/mla.py)
     rep = d.attn_replicated
     norms = rep - (h * (model.mla.q_lora_rank or 0) + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)

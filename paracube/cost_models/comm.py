@@ -50,6 +50,7 @@ from paracube.cost_models.traffic import parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_sizes, padded_numel
+from paracube.modes.sinks import sink_collectives
 from paracube.modes.stages import stage_layers
 
 Arr = np.ndarray
@@ -90,8 +91,10 @@ class Entry:
 
 
 def stage_layers_params(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
-    """Closed form of local parameters per rank of a stage (the mode's `local_params`, vectorized)."""
-    return MODES[mode].local_params(d, b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last)
+    """Closed form of local parameters per rank of a stage (the mode's `local_params`, vectorized; the attention
+    sinks whole on every rank: Dims.sink_params)."""
+    layers = stage_layers(d.L, b.pp, b.v, first, last)
+    return MODES[mode].local_params(d, b.t, b.q, layers, first, last) + layers * d.sink_params
 
 
 @lru_cache(maxsize=64)
@@ -99,6 +102,7 @@ def _declared(mode: str, d: Dims) -> tuple[tuple[str, tuple[Collective, ...]], .
     """The mode's per-micro-batch collectives by source (built once per mode and model dimensions)."""
     m = MODES[mode]
     out = [(source, tuple(getattr(m, source)(d))) for source in SOURCES]
+    out.append(("layer_bwd", tuple(sink_collectives(d, m))))  # GPT-OSS's sinks (modes/sinks.py; none without)
     if d.cp > 1:  # the key / value exchange (modes/context.py); its p2p ring steps: context_parallel.py
         unit = context.attention_unit(m)
         for source, colls in (("layer_fwd", context.layer_fwd(d, d.cp_comm, unit)),

@@ -3,7 +3,9 @@
 Linears of one block (h_in, h_out, has_bias), fused as the executor fuses them:
 - gpt:   qkv [h, 3h], proj [h, h], fc [h, f], fc2 [f, h], all with biases; 2 LayerNorms (gamma, beta).
 - llama: qkv [h, h + 2 kv] (GQA: kv = kv_heads * head_dim), proj [h, h], gate+up [h, 2f], down [f, h],
-  no biases; 2 RMSNorms (gamma only); no position table (rotary). The executor trains both families with
+  no biases (GPT-OSS's `attention_bias`: qkv and proj with biases); 2 RMSNorms (gamma only); no position
+  table (rotary); GPT-OSS's attention sinks (`sinks`): `heads` more per block, whole on every rank
+  (modes/sinks.py). The executor trains both families with
   these shapes (executor/layers/llama.py: fused column orders).
 Tied embeddings (`tied`): the head is the embedding's transpose, counted once where one stage holds both
 (a last stage that is not also the first keeps its own copy, as Megatron-LM does).
@@ -85,6 +87,8 @@ class Dims:
     window_frac: float = 0.0
     window_pattern: str = ""
     chunked: bool = False
+    attention_bias: bool = False  # ModelSpec.attention_bias (GPT-OSS): qkv and proj with biases
+    sinks: bool = False  # ModelSpec.attention_sinks (GPT-OSS): `heads` logits per block (sink_params)
 
     def __hash__(self) -> int:  # computed once (frozen_hash.py): a key of the inner loops' caches and dicts
         return frozen_hash(self)
@@ -141,8 +145,8 @@ class Dims:
         if self.family == "gpt":
             return (("qkv", h, 3 * h, True), ("proj", h, h, True), ("fc", h, f, True), ("fc2", f, h, True))
         return (
-            ("qkv", h, h + 2 * self.kv, False),
-            ("proj", h, h, False),
+            ("qkv", h, h + 2 * self.kv, self.attention_bias),
+            ("proj", h, h, self.attention_bias),
             ("fc", h, 2 * f, False),
             ("fc2", f, h, False),
         )
@@ -164,7 +168,12 @@ class Dims:
     @property
     def row_bias(self) -> int:
         """Bias elements of the two row-parallel linears (replicated in 1D)."""
-        return 2 * self.h if self.family == "gpt" else 0
+        return 2 * self.h if self.family == "gpt" else (self.h if self.attention_bias else 0)
+
+    @property
+    def sink_params(self) -> int:
+        """Attention sinks of one block, whole on every tensor rank (0 without)."""
+        return self.heads if self.sinks else 0
 
     def sum_hin(self) -> int:
         return sum(li[1] for li in self.linears)
@@ -191,7 +200,8 @@ def param_dims(d: Dims) -> Dims:
     parallelism, dtypes) share them. Equal results are one object (`_interned`): those caches' lookups then
     match it by identity instead of comparing its fields (a value object: the same keys either way)."""
     return _interned(Dims(L=d.L, h=d.h, f=d.f, V=d.V, s=0, s_model=d.s_model, heads=d.heads, kv=d.kv,
-                          family=d.family, c=0, dtype="", recompute="", global_batch=0, tied=d.tied, mla=d.mla))
+                          family=d.family, c=0, dtype="", recompute="", global_batch=0, tied=d.tied, mla=d.mla,
+                          attention_bias=d.attention_bias, sinks=d.sinks))
 
 
 @lru_cache(maxsize=256)
@@ -227,6 +237,8 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         window_frac=sum(m is not None for m in masks) / model.layers,
         window_pattern=mask_pattern(model),
         chunked=model.attention_chunk is not None,
+        attention_bias=model.attention_bias,
+        sinks=model.attention_sinks,
     )
 
 
@@ -292,4 +304,4 @@ def padded_vocab(V: int, split: int) -> int:
 def local_params(d: Dims, mode: str, t: int, q: int, layers: int, first: bool, last: bool) -> int:
     """Closed form of the parameters one rank stores (one pipeline stage of `layers` blocks): each mode's
     `local_params` (paracube/modes), on ints."""
-    return int(MODES[mode].local_params(d, t, q, layers, int(first), int(last)))
+    return int(MODES[mode].local_params(d, t, q, layers, int(first), int(last))) + layers * d.sink_params

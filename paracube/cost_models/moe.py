@@ -28,6 +28,8 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   heads, Qwen3):
   the difference between the true attention linears and the dense part's (qkv [h, h + 2 kv], proj [h, h]),
   and the attention core with qk / v head widths instead of hidden / heads, at the dense part's shapes;
+- GPT-OSS: experts' biases with their weights (b1 split like w1 over etp), the router's a dense parameter; the
+  clamped SwiGLU and the bias adds change no bytes of the passes priced (moe_passes.py; fused: gpt_oss_spec.py);
 - memory: expert parameters (c bytes), fp32 gradients, AdamW state (sharded over edp with zero >= 1,
   gradients with zero >= 2, parameters with zero = 3); the attention correction's parameters are dense ones,
   sharded alike over the dense zero group (dp x cp, Layout.zero_axes), as Megatron-core's distributed optimizer
@@ -201,7 +203,9 @@ def expert_params_per_rank(model: ModelSpec, layout: Layout, stage: int) -> int:
     moe = model.moe
     if moe is None:
         return 0
-    per_block = (moe.experts // layout.ep) * 3 * model.hidden * (moe.expert_ffn // layout.etp)
+    fe = moe.expert_ffn // layout.etp
+    bias = 2 * fe + model.hidden if moe.expert_bias else 0  # GPT-OSS: b1 [2 f_e / etp], b2 [h]
+    per_block = (moe.experts // layout.ep) * (3 * model.hidden * fe + bias)
     return moe_layers_of(model, layout, stage) * per_block
 
 
@@ -249,7 +253,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     out.compute += mlp_delta(model, d, layout, mb, g, held)  # each block's MLP at its own width (mlp_delta.py)
     k = moe_layers_of(model, layout, stage)
     n_exp = expert_params_per_rank(model, layout, stage)
-    n_att = layers * aparams
+    n_att = layers * aparams + k * (model.moe.experts if model.moe and model.moe.expert_bias else 0)  # + router bias
     # zero shards the experts over edp, the attention's extra parameters (dense ones) over the dense zero group
     z3, z2, z1 = (_shards(layout, layout.expert_data, s) for s in (3, 2, 1))
     d3, d2, d1 = (_shards(layout, layout.axis_size_of(layout.zero_axes), s) for s in (3, 2, 1))

@@ -13,7 +13,8 @@ Per MoE block on the stage and micro-batch, a rank holding T = b s / (tp with sp
   MLP's (the mode's linears, same T h payloads), so the mode's layer lists stay as they are (without a shared
 expert the block's MLP collectives are dropped).
 Per step: the dense gradient buckets hold the block's router, shared expert and gate instead of the dense MLP
-(experts excluded); the sequence-parallel all_reduce adds the router and gate (replicated over tp); the experts'
+(experts excluded); the sequence-parallel all_reduce adds the router and gate (replicated over tp; GPT-OSS's router
+bias with them, its experts' biases in the experts' buckets: moe_spec.MoESpec.expert_bias); the experts'
 own zero=0 buckets all_reduce over edp (ep = 1: over the data and tensor axes) after the dense ones; the
 experts' squared norm is summed over ep (`grad_norm.experts`, one fp32) before the step's grad-norm all_reduce.
 """
@@ -77,7 +78,7 @@ def _dense_sizes(layout: Layout, d: Dims, moe: MoESpec, stage: str, moe_layers: 
     for b, g in enumerate(chunks):
         block = body[b * width:(b + 1) * width]
         if g in moe_layers:
-            block = block[:-mlp] + [h * moe.experts]
+            block = block[:-mlp] + [h * moe.experts] + ([moe.experts] if moe.expert_bias else [])  # GPT-OSS bias
             if moe.shared_ffn:
                 block += [int(mode.linear_shard(h, 2 * moe.shared_ffn, False, False, t, q)),
                           int(mode.linear_shard(moe.shared_ffn, h, False, True, t, q))]
@@ -85,6 +86,12 @@ def _dense_sizes(layout: Layout, d: Dims, moe: MoESpec, stage: str, moe_layers: 
                 block.append(h)
         out += block
     return out + list(sizes[len(sizes) - head:])
+
+
+def _expert_sizes(local: int, h: int, moe: MoESpec) -> list[int]:
+    """A block's local expert parameters in registration order: w1, w2 (GPT-OSS: then b1, b2)."""
+    f = moe.expert_ffn
+    return [local * h * 2 * f, local * f * h] + ([local * 2 * f, local * h] if moe.expert_bias else [])
 
 
 def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str = "first",
@@ -121,8 +128,8 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     local = E // ep
     groups = [(tuple(layout.data_axes), bucket_numels(_dense_sizes(layout, d, moe, stage, layers), bucket_bytes),
                "gradients"),
-              (expert_axes(layout), bucket_numels([local * d.h * 2 * moe.expert_ffn, local * moe.expert_ffn * d.h]
-                                                  * len(layers), bucket_bytes), "gradients.experts")]
+              (expert_axes(layout), bucket_numels(_expert_sizes(local, d.h, moe) * len(layers), bucket_bytes),
+               "gradients.experts")]
     step: list[CommEvent] = []  # after the dense buckets, before the grad norm (grad_sync.py, training/step.py)
     gathers: list[CommEvent] = []
     for axes, numels, label in groups:
@@ -135,7 +142,8 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
                 step += ev("all_reduce", axes, 4 * n, "float32", "grad_sync", label)
     norm = norm_event(layout, layers)
     step += [norm] if norm is not None else []
-    router = len(layers) * d.h * (E + (1 if moe.shared_gate else 0))  # replicated over tp, summed with sp
+    # replicated over tp, summed with sp (GPT-OSS: the router's bias too)
+    router = len(layers) * (d.h * (E + (1 if moe.shared_gate else 0)) + (E if moe.expert_bias else 0))
     chunks = [i for c in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage)) for i in c]
     # no shared expert: a MoE block runs no dense MLP, so none of the mode's MLP collectives (1D + sp: its
     # sequence gather / reduce-scatter); labels carry the stage-local block index (traffic._micro_batch)

@@ -56,6 +56,7 @@ from paracube.layout import Layout
 from paracube.modes import MODES, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
+from paracube.modes.sinks import sink_collectives
 from paracube.modes.stages import stage_layers
 
 
@@ -126,7 +127,7 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[i
     if first:
         log.issue(mode.embedding(d), micro=micro)
     cp_fwd, cp_bwd = context_collectives(log.layout, d)
-    fwd, bwd = mode.layer_fwd(d) + cp_fwd, mode.layer_bwd(d) + cp_bwd
+    fwd, bwd = mode.layer_fwd(d) + cp_fwd, mode.layer_bwd(d) + cp_bwd + sink_collectives(d, mode)
     for i in range(layers):
         for ph in _phases(d):
             log.issue(fwd, ph, f"layers.{i}.", micro)
@@ -316,6 +317,8 @@ def parameter_units(mode_name: str, d: Dims, t: int, q: int, layers: int, first:
                 sizes.append(w)
                 if bias:
                     sizes.append(mode.linear_shard(h_in, h_out, True, n in (1, 3), t, q) - w)
+                if n == 1 and d.sinks:  # GPT-OSS's sinks, registered after proj (executor/layers/llama.py)
+                    sizes.append(d.sink_params)
             block = tuple(int(x) for x in sizes)
         units += [block] * layers
     if last:

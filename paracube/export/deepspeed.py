@@ -35,6 +35,7 @@ from paracube.export.common import (
 from paracube.export.llama4_flags import chunk_export_refusal, deepspeed_llama4_refusal
 from paracube.export.megatron import TRAINING_ARGS, big_axes, tokenizer_args
 from paracube.export.moe_flags import deepspeed_moe_args
+from paracube.export.oss_flags import deepspeed_oss_refusal
 from paracube.export.window_flags import deepspeed_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
@@ -64,7 +65,7 @@ def why_not(plan: Plan) -> str | None:
         return f"DeepSpeed-MoE has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if plan.model.mla is not None:
         return "Megatron-DeepSpeed has no multi-head latent attention (MLA)"
-    if (why_window := deepspeed_window_refusal(plan.model)) is not None:
+    if (why_window := deepspeed_window_refusal(plan.model) or deepspeed_oss_refusal(plan.model)) is not None:
         return why_window
     if (why_llama4 := deepspeed_llama4_refusal(plan.model) or chunk_export_refusal(plan, "deepspeed")) is not None:
         return why_llama4

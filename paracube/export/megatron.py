@@ -31,6 +31,7 @@ from paracube.export.common import (
 )
 from paracube.export.llama4_flags import chunk_export_refusal, megatron_llama4_args, megatron_llama4_refusal
 from paracube.export.moe_flags import megatron_moe_args
+from paracube.export.oss_flags import megatron_oss_args, megatron_oss_refusal
 from paracube.export.window_flags import megatron_window_args, megatron_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
@@ -52,7 +53,8 @@ def why_not(plan: Plan) -> str | None:
         return "its tensor-parallel overlap (--tp-comm-overlap) needs sequence parallelism (sp)"
     if lay.a2ao:  # --overlap-moe-expert-parallel-comm's own checks (Runtime.a2a_overlap_refusal)
         return get_runtime("megatron").a2a_overlap_refusal(lay, plan.training.dtype)
-    return (megatron_window_refusal(plan) or megatron_llama4_refusal(plan.model)  # window_flags.py, llama4_flags.py
+    # window_flags.py, llama4_flags.py, oss_flags.py
+    return (megatron_window_refusal(plan) or megatron_llama4_refusal(plan.model) or megatron_oss_refusal(plan.model)
             or chunk_export_refusal(plan, "megatron"))
 
 
@@ -153,7 +155,8 @@ def model_args(plan: Plan) -> list[str]:
             f"--max-position-embeddings {m.seq_len}", f"--make-vocab-size-divisible-by {VOCAB_DIVISOR}",
             f"--hidden-dropout {m.dropout:g}", f"--attention-dropout {m.attention_dropout:g}"]
     if m.family == "llama":
-        args += ["--position-embedding-type rope", "--normalization RMSNorm", "--swiglu", "--disable-bias-linear"]
+        # --swiglu --disable-bias-linear, or GPT-OSS's activation, biases and sinks (oss_flags.py)
+        args += ["--position-embedding-type rope", "--normalization RMSNorm", *megatron_oss_args(m)]
         if m.num_kv_heads != m.heads:
             args += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
     if not m.tied_embeddings:

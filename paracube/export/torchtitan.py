@@ -45,6 +45,7 @@ from paracube.export.common import (
 from paracube.export.llama4_flags import chunk_export_refusal
 from paracube.export.megatron import big_axes
 from paracube.export.moe_flags import torchtitan_moe_flags
+from paracube.export.oss_flags import torchtitan_oss_notes, torchtitan_oss_refusal
 from paracube.export.window_flags import torchtitan_window_notes, torchtitan_window_refusal
 from paracube.plan import Plan
 
@@ -72,7 +73,8 @@ def why_not(plan: Plan) -> str | None:
         return f"it has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if lay.a2ao:
         return "it does not overlap its MoE all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
-    if (why_window := torchtitan_window_refusal(plan.model) or chunk_export_refusal(plan, "torchtitan")) is not None:
+    if (why_window := torchtitan_window_refusal(plan.model) or torchtitan_oss_refusal(plan.model)
+                      or chunk_export_refusal(plan, "torchtitan")) is not None:
         return why_window
     shard = lay.shard_size if lay.zero >= 2 else 1  # data_parallel_flags: FSDP's shard degree
     if lay.ep > 1 and (shard * lay.cp * lay.tensor_size) % lay.ep:
@@ -155,7 +157,7 @@ def attention_notes(plan: Plan) -> list[str]:
     if max(m.dropout, m.attention_dropout, m.embedding_dropout) > 0:
         notes.append(f"torchtitan trains without dropout; the model sets dropout {m.dropout:g}, attention dropout "
                      f"{m.attention_dropout:g}")
-    return notes + torchtitan_window_notes(plan)
+    return notes + torchtitan_window_notes(plan) + torchtitan_oss_notes(m)
 
 
 def fp8_notes(plan: Plan) -> tuple[list[str], list[str]]:

@@ -45,7 +45,8 @@ def _not_run_because(st: Structure, model: ModelSpec, runtime: Runtime) -> str:
     """Why the runtime does not run a structure (paracube: executor/sizes.py refuses it with the same cause)."""
     if runtime.mode_check is None:
         why = runtime.refusal(Layout(dp=st.dp, pp=st.pp, mode=st.mode, shape=st.shape), model.family,
-                              model.tied_embeddings, windowed=model.sliding_window is not None)
+                              model.tied_embeddings, windowed=model.sliding_window is not None,
+                              sinks=model.attention_sinks)
         return why or f"runtime {runtime.name} does not run {st.mode}"
     support = MODES[st.mode].executor
     if support is None:

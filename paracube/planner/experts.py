@@ -97,7 +97,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         for z in zeros:
             zl = replace(lay, zero=z)
             why = rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
-                             windowed=model.sliding_window is not None)
+                             windowed=model.sliding_window is not None, sinks=model.attention_sinks)
             if why:
                 rejected["runtime"] += 1
                 break

@@ -143,6 +143,7 @@ class Runtime:
     window_cp_comms: tuple[str, ...] | None = None  # the cp exchanges it runs windowed models with (None: cp_comms)
     chunked_attention: bool = False  # it trains chunked attention beyond one chunk (module docstring)
     chunk_note: str = ""  # why it does not
+    attention_sinks: bool = True  # it trains GPT-OSS's attention sinks (ModelSpec.attention_sinks; DeepSpeed: no)
 
     def __post_init__(self) -> None:
         if self.fp8_scaling not in FP8_SCALINGS:
@@ -189,9 +190,9 @@ class Runtime:
                 and (sequence_parallel or not (self.tpo_needs_sp or MODES[mode].tpo_needs_sp)))
 
     def refusal(self, layout: Layout, family: str = "gpt", tied_embeddings: bool = False,
-                dtype: str | None = None, moe: bool = False, windowed: bool = False) -> str | None:
+                dtype: str | None = None, moe: bool = False, windowed: bool = False, sinks: bool = False) -> str | None:
         """Why this runtime cannot run `layout` (one line naming the runtime and what is valid), else None; `moe`:
-        the model has MoE blocks (moe_check); `windowed`: sliding-window attention (sliding_window, window_cp_comms)."""
+        MoE blocks (moe_check); `windowed`: sliding windows (window_cp_comms); `sinks`: attention sinks."""
         who = f"runtime {self.name} ({self.title})"
         tensor = "tp=" + "/".join(self.modes)
         if layout.mode not in self.modes:
@@ -238,6 +239,8 @@ class Runtime:
                     f"valid: cpc={'/'.join(self.cp_comms)}")
         if windowed and not self.sliding_window:
             return f"{who} does not train sliding-window attention; valid: a model without sliding_window"
+        if sinks and not self.attention_sinks:
+            return f"{who} does not train attention sinks (attention_sinks=true); valid: a model without them"
         if windowed and layout.cp > 1 and self.cp_comms:
             comms = self.cp_comms_for(True)
             if not comms:

@@ -48,4 +48,5 @@ RUNTIME = Runtime(
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
     chunk_note=" (Megatron-DeepSpeed has no chunked attention)",
     sliding_window=False,  # Megatron-DeepSpeed has no window argument (module docstring)
+    attention_sinks=False,  # nor GPT-OSS's sinks (export/oss_flags.py)
 )

@@ -48,6 +48,7 @@ from torch import Tensor
 from paracube.executor.comm import all_gather, reduce_scatter
 from paracube.executor.layers.attention_mask import effective_window, ranges_meet, visible
 from paracube.executor.layers.functional import upcast
+from paracube.executor.layers.sinks import sink_grad, sink_merge
 from paracube.executor.mesh import Mesh
 from paracube.modes import MODES, context
 
@@ -171,7 +172,8 @@ class _RingAttention(torch.autograd.Function):
     """Attention of q [b, H, n, d] over every cp rank's k, v [b, kv, n, d] by the p2p ring (module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None,
+                sinks: Tensor | None = None) -> Tensor:
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         qf = upcast(q)
@@ -187,14 +189,15 @@ class _RingAttention(torch.autograd.Function):
                 out, lse = (o, l_j) if out is None else merge(out, lse, o, l_j)  # type: ignore[arg-type]
             _wait(reqs)
             held = buf
-        result = heads_inner(out.to(q.dtype))  # type: ignore[union-attr]
-        ctx.save_for_backward(q, k, v, result, lse)
+        out, lse = sink_merge(out, lse, sinks)  # type: ignore[arg-type]  # once per query row (sinks.py)
+        result = heads_inner(out.to(q.dtype))
+        ctx.save_for_backward(q, k, v, result, lse, sinks)
         ctx.args = (mesh, s, window)
         return result
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         mesh, s, window = ctx.args
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
@@ -224,27 +227,29 @@ class _RingAttention(torch.autograd.Function):
             held = buf
         _wait(arriving_reqs)
         dkv = arriving
-        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None  # type: ignore[index]
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None, sink_grad(sinks, lse, delta)  # type: ignore[index]
 
 
 class _GatherAttention(torch.autograd.Function):
     """Attention of q over the all-gathered k, v of every cp rank (cpc=ag, module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None,
+                sinks: Tensor | None = None) -> Tensor:
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         kv = all_gather(torch.stack([k, v]), mesh, CP, 3, label=ring.kv_label)  # [2, b, kv, s, d], cp index order
         allowed = ring.allowed_all()
         out, lse = block_forward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group), allowed)
+        out, lse = sink_merge(out, lse, sinks)
         result = heads_inner(out.to(q.dtype))
-        ctx.save_for_backward(q, k, v, result, lse)
+        ctx.save_for_backward(q, k, v, result, lse, sinks)
         ctx.args = (mesh, s, window)
         return result
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         mesh, s, window = ctx.args
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
@@ -256,15 +261,16 @@ class _GatherAttention(torch.autograd.Function):
                                     allowed, do, lse, delta)
         dkv = reduce_scatter(torch.stack([_fold(dk, group), _fold(dv, group)]).to(k.dtype), mesh, CP, 3,
                              backward=True, label=ring.dkv_label)
-        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None, sink_grad(sinks, lse, delta)
 
 
-def context_attention(q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None = None) -> Tensor:
+def context_attention(q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None = None,
+                      sinks: Tensor | None = None) -> Tensor:
     """Causal attention of this cp rank's queries q [b, H, n, d] (n = s / cp, chunk_positions) over the keys
     and values k, v [b, kv, n, d] of every cp rank, exchanged as the layout's cpc says (None: p2p); `window`: the
-    block's sliding window (None: full causal)."""
+    block's sliding window (None: full causal); `sinks` [H]: the heads' sink logits (sinks.py)."""
     fn = _GatherAttention if mesh.layout.cp_comm == "ag" else _RingAttention
-    return fn.apply(q, k, v, mesh, s, window)
+    return fn.apply(q, k, v, mesh, s, window, sinks)
 
 
 def context_parallel_attention(qkv: Tensor, heads: int, s: int, mesh: Mesh, window: int | None = None) -> Tensor:

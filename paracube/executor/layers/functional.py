@@ -144,35 +144,44 @@ class _ScaledCausalSoftmax(torch.autograd.Function):
     """softmax(scale * scores) over keys, masked, in fp32 inside; saves only its output (Megatron's fused masked
     softmax). Mask: causal over square scores of whole sequences (rows are queries at positions row % s, stacked
     GQA heads repeating them), or `allowed` [c, keys] (a window of a split sequence, executor/layers/tokens.py; rows
-    r c, query row % c)."""
+    r c, query row % c). `sinks` [n, rows]: each row's sink logit, one more column dropped after the softmax
+    (executor/layers/sinks.py); its gradient -p_sink sum(g p) per row."""
 
     @staticmethod
-    def forward(ctx: Any, scores: Tensor, scale: float, allowed: Tensor | None) -> Tensor:
+    def forward(ctx: Any, scores: Tensor, scale: float, allowed: Tensor | None, sinks: Tensor | None = None) -> Tensor:
         rows, keys = scores.shape[-2:]
         if allowed is None:
             q_pos = torch.arange(rows, device=scores.device) % keys
             future = torch.arange(keys, device=scores.device) > q_pos.unsqueeze(-1)
         else:
             future = ~allowed.repeat(rows // allowed.shape[0], 1)
-        probs = torch.softmax((upcast(scores) * scale).masked_fill(future, float("-inf")), dim=-1).to(scores.dtype)
-        ctx.save_for_backward(probs)
+        logits = (upcast(scores) * scale).masked_fill(future, float("-inf"))
+        if sinks is not None:  # the sink column, dropped after the softmax; its probability kept for backward
+            full = torch.softmax(torch.cat([logits, sinks.to(logits.dtype).unsqueeze(-1)], dim=-1), dim=-1)
+            logits, sink_p = full[..., :-1], full[..., -1]
+            probs = logits.to(scores.dtype)
+        else:
+            probs, sink_p = torch.softmax(logits, dim=-1).to(scores.dtype), None
+        ctx.save_for_backward(probs, sink_p)
         ctx.scale = scale
         return probs
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        (probs,) = ctx.saved_tensors
+        probs, sink_p = ctx.saved_tensors
         y, g = upcast(probs), upcast(grad)
-        return (ctx.scale * y * (g - (g * y).sum(-1, keepdim=True))).to(grad.dtype), None, None
+        gy = (g * y).sum(-1, keepdim=True)
+        d_sinks = None if sink_p is None else -(sink_p * gy.squeeze(-1))  # the sink column's g is 0
+        return (ctx.scale * y * (g - gy)).to(grad.dtype), None, None, d_sinks
 
 
 def core_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None,
-                   allowed: Tensor | None = None) -> Tensor:
+                   allowed: Tensor | None = None, sinks: Tensor | None = None) -> Tensor:
     """Megatron's unfused attention: q [n, r c, d] (r query heads per k/v head stacked along rows), k, v
     [n, keys, d] -> [n, r c, d]; causal over whole sequences (c = keys), or masked by `allowed` [c, keys];
-    dropout p on the probabilities (mask from `seed`)."""
+    dropout p on the probabilities (mask from `seed`); `sinks` [n, r c] each row's sink logit (sinks.row_sinks)."""
     scores = torch.bmm(q, k.transpose(1, 2))
-    probs = _ScaledCausalSoftmax.apply(scores, 1.0 / math.sqrt(q.shape[-1]), allowed)
+    probs = _ScaledCausalSoftmax.apply(scores, 1.0 / math.sqrt(q.shape[-1]), allowed, sinks)
     return torch.bmm(dropout(probs, p, seed), v)
 
 

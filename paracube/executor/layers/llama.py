@@ -38,6 +38,7 @@ from paracube.executor.layers.qk_positions import QKPositions, l2_norm
 from paracube.executor.layers.rms_norm import rms_norm
 from paracube.executor.layers.serial import Mode, ShardedModule
 from paracube.executor.layers.shards import block, make_spec
+from paracube.executor.layers.sinks import AttentionSinks, oss_init_tensors, row_sinks, sink_flash
 from paracube.executor.layers.tokens import Geometry, window_mask, window_positions
 from paracube.executor.mesh import Mesh
 from paracube.workload import ModelSpec
@@ -72,12 +73,13 @@ def positioned(q: Tensor, k: Tensor, q_tables: tuple[Tensor, Tensor], k_tables: 
 def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPositions, flash: bool = True,
                   p: float = 0.0,
                   seed: int | None = None, kv: Tensor | None = None, geometry: Geometry | None = None,
-                  window: int | None = None) -> Tensor:
+                  window: int | None = None, sinks: Tensor | None = None) -> Tensor:
     """Causal attention: qkv [b, c, kv_heads * (group + 2) * d] -> [b, c, kv_heads*group*d]. kv None: whole
     sequences (c = s); else [1, keys, kv_heads, 2, d], the window of keys and values a split sequence's queries
     read, `geometry` placing both (executor/layers/tokens.py: rotary positions and the mask follow from it).
     `window`: the block's sliding window or attention chunk (attention_mask.py; None: full causal); `theta`: the
-    rotary base, or the block's QKPositions (NoPE, L2 norm).
+    rotary base, or the block's QKPositions (NoPE, L2 norm). `sinks` [kv_heads group]: the local query heads' sink
+    logits (sinks.py; None: no sinks).
     flash: scaled_dot_product_attention; else Megatron's unfused core attention (functional.core_attention),
     the group's query heads stacked along the rows of one bmm per kv head."""
     how = theta if isinstance(theta, QKPositions) else QKPositions(theta)
@@ -104,16 +106,18 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPosit
     if not flash:
         n = b * kv_heads
         cd = compute_dtype(qkv)
+        rows = None if sinks is None else row_sinks(sinks, b, kv_heads, group, c)
         out = core_attention(q.to(cd).reshape(n, group * c, d), k.to(cd).reshape(n, keys, d),
-                             v.to(cd).reshape(n, keys, d), p, seed, allowed)
+                             v.to(cd).reshape(n, keys, d), p, seed, allowed, rows)
         return out.view(b, kv_heads * group, c, d).transpose(1, 2).reshape(b, c, kv_heads * group * d)
     # enable_gqa: query head j reads kv head j // group, without materializing repeated k, v
-    out = flash_attention(q, k, v, p, seed, gqa=group > 1, allowed=allowed)
+    out = flash_attention(q, k, v, p, seed, gqa=group > 1, allowed=allowed) if sinks is None else \
+        sink_flash(q, k, v, sinks, p, seed, group > 1, allowed)
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 
 def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPositions, s: int, mesh: Mesh,
-                         window: int | None = None) -> Tensor:
+                         window: int | None = None, sinks: Tensor | None = None) -> Tensor:
     """gqa_attention of a cp rank's chunks (qkv [b, s / cp, ...], executor/layers/context_parallel.py): q and k
     rotated at their global positions, then attention over every cp rank's k, v (within `window` of each query)."""
     b, c, width = qkv.shape
@@ -127,7 +131,7 @@ def context_parallel_gqa(qkv: Tensor, kv_heads: int, group: int, theta: float | 
     # Indexed once: q's and k's rotations then save the same two tables (indexing per use made a copy each).
     cos, sin = cos[pos], sin[pos]
     q, k = positioned(q, k, (cos, sin), (cos, sin), how)
-    out = context_attention(q, k, v, mesh, s, window)
+    out = context_attention(q, k, v, mesh, s, window, sinks)
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 
@@ -150,9 +154,15 @@ class _SwiGLU(torch.autograd.Function):
         return torch.stack([d_gate, grad * gate * sig], dim=-1).flatten(-2)
 
 
-def swiglu(y: Tensor) -> Tensor:
-    """[..., 2 f_local] with (gate, up) interleaved -> silu(gate) * up [..., f_local]."""
-    return _SwiGLU.apply(y)
+def swiglu(y: Tensor, limit: float | None = None, alpha: float = 1.0) -> Tensor:
+    """[..., 2 f_local] with (gate, up) interleaved -> silu(gate) * up [..., f_local]; with `limit` GPT-OSS's clamped
+    SwiGLU (gpt_oss_spec.py): (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit), by autograd
+    (it keeps its few elementwise intermediates)."""
+    if limit is None:
+        return _SwiGLU.apply(y)
+    pairs = y.unflatten(-1, (-1, 2))
+    gate, up = pairs[..., 0].clamp(max=limit), pairs[..., 1].clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
 class LlamaAttention(nn.Module):
@@ -168,25 +178,29 @@ class LlamaAttention(nn.Module):
         # the rotary base, or the block's NoPE / L2 norm (qk_positions.block_positions)
         self.theta: float | QKPositions = positions or spec.rope_theta
         self.eps = spec.rms_eps
-        self.qkv = mode.linear("qkv", h, q + 2 * kv, False)
+        self.qkv = mode.linear("qkv", h, q + 2 * kv, spec.attention_bias)
         if spec.qk_norm:  # Qwen3's per-head q / k RMSNorms (head_norm.py), before rotary
             self.q_norm, self.k_norm = HeadRMSNorm(mode.mesh, spec.head_dim), HeadRMSNorm(mode.mesh, spec.head_dim)
         self.qk_norm = spec.qk_norm
-        self.proj = mode.linear("proj", q, h, False)
+        self.proj = mode.linear("proj", q, h, spec.attention_bias)
+        if spec.attention_sinks:  # GPT-OSS: its local query heads start at its qkv columns' (sinks.py)
+            self.sinks = AttentionSinks(mode.mesh, spec.heads)
+            self.head0 = self.qkv.shard_specs["weight"].offsets[1] // ((self.group + 2) * spec.head_dim) * self.group
 
     def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
         """x: block-layout activations of sequences of s tokens."""
         qkv = self.qkv(x)
         if self.qk_norm:
             qkv = qk_normed(qkv, self.kv_local, self.group, self.q_norm, self.k_norm, self.eps)
+        sinks = self.sinks.local(self.head0, self.mode.heads_local) if hasattr(self, "sinks") else None
         if self.mode.mesh.layout.cp > 1:  # context parallelism: keys and values exchanged over cp
             return self.proj(context_parallel_gqa(qkv, self.kv_local, self.group, self.theta, s, self.mode.mesh,
-                                                  self.window))
+                                                  self.window, sinks))
         split = self.mode.sequence_split(qkv, s)
         # A sequence split over ranks gathers its keys and values here, outside the recomputed core.
         kv = split.keys_values(qkv, self.kv_local, self.group, self.mode.mesh) if split is not None else None
         args = (split.queries(qkv) if split is not None else qkv, self.kv_local, self.group, self.theta,
-                self.flash, self.p, seed, kv, split.geometry if split is not None else None, self.window)
+                self.flash, self.p, seed, kv, split.geometry if split is not None else None, self.window, sinks)
         if self.selective and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
             # (the same dropout mask: it is drawn from `seed`).
@@ -241,6 +255,7 @@ def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor
             yield p + "attn.q_norm.weight", torch.ones(spec.head_dim)
             yield p + "attn.k_norm.weight", torch.ones(spec.head_dim)
         yield p + "attn.proj.weight", normal(q, h, std=resid_std)
+        yield from oss_init_tensors(spec, p + "attn.", q + 2 * kv, normal)
         yield p + "ln2.weight", torch.ones(h)
         yield p + "mlp.fc.weight", normal(h, 2 * f)
         yield p + "mlp.fc2.weight", normal(f, h, std=resid_std)

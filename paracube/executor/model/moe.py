@@ -77,35 +77,46 @@ class _AuxLossScaler(torch.autograd.Function):
 
 
 class Experts(ShardedModule):
-    """This rank's E / ep routed experts: w1 [E, h, 2 f_e] (gate, up interleaved), w2 [E, f_e, h], split along E
-    over ep (rank r: experts r E/ep ..), replicated over edp (its index 0 the leader)."""
+    """This rank's E / ep routed experts: w1 [E, h, 2 f_e] (gate, up interleaved), w2 [E, f_e, h] (GPT-OSS: biases b1
+    [E, 2 f_e], b2 [E, h]; the clamped SwiGLU), split along E over ep (rank r: experts r E/ep ..), replicated over
+    edp (its index 0 the leader)."""
 
-    def __init__(self, mesh: Mesh, experts: int, h: int, f: int):
+    def __init__(self, mesh: Mesh, experts: int, h: int, f: int, moe: Any = None):
         super().__init__()
         ep, r = mesh.size(EP), mesh.coord("ep") if mesh.size(EP) > 1 else 0
         self.local = experts // ep
         # Reduced over edp (folded: Mesh's expert groups); ep = 1: every rank of the stage holds them all
         axes = EDP if ep > 1 else tuple(dict.fromkeys((*mesh.layout.data_axes, *mesh.tensor_axes)))
         leader = all(mesh.coord(a) == 0 for a in axes if mesh.size((a,)) > 1)
-        for name, shape in (("w1", (experts, h, 2 * f)), ("w2", (experts, f, h))):
-            self.add_param(name, ShardSpec(shape, (r * self.local, 0, 0), (self.local, *shape[1:]), leader, ()))
+        self.bias = moe is not None and moe.expert_bias
+        self.limit, self.alpha = (moe.swiglu_limit, moe.swiglu_alpha) if moe is not None else (None, 1.0)
+        shapes = (("w1", (experts, h, 2 * f)), ("w2", (experts, f, h)))
+        for name, shape in shapes + ((("b1", (experts, 2 * f)), ("b2", (experts, h))) if self.bias else ()):
+            zeros = (0,) * (len(shape) - 1)
+            self.add_param(name, ShardSpec(shape, (r * self.local, *zeros), (self.local, *shape[1:]), leader, ()))
             getattr(self, name).grad_axes = axes  # data_parallel/grad_sync.py reduces it over them
 
     def forward(self, x: Tensor, counts: list[int]) -> Tensor:
         """x [n, h] sorted by local expert, `counts[j]` rows for expert j."""
-        outs = [swiglu(part @ self.w1[j]) @ self.w2[j] for j, part in enumerate(x.split(counts))]
+        outs = [self._one(j, part) for j, part in enumerate(x.split(counts))]
         return torch.cat(outs) if outs else x
 
+    def _one(self, j: int, x: Tensor) -> Tensor:
+        if not self.bias:
+            return swiglu(x @ self.w1[j], self.limit, self.alpha) @ self.w2[j]
+        return swiglu(x @ self.w1[j] + self.b1[j], self.limit, self.alpha) @ self.w2[j] + self.b2[j]
 
-def _replicated_linear(mode: Mode, h_in: int, h_out: int) -> SerialLinear:
+
+def _replicated_linear(mode: Mode, h_in: int, h_out: int, bias: bool = False) -> SerialLinear:
     """A linear every tensor rank holds whole, used on its tokens (1D + sp: sequence shards, its gradient then summed
     over tp with the mode's other sequence-parallel parameters)."""
-    lin = SerialLinear(mode.mesh, h_in, h_out, False)
+    lin = SerialLinear(mode.mesh, h_in, h_out, bias)
     lin.fp8 = False  # type: ignore[attr-defined]  # router and gate: no FP8 GEMM (Megatron-core's are not TE linears)
     tensor = mode.mesh.tensor_axes
-    lin.shard_specs["weight"] = make_spec(mode.mesh, (h_in, h_out), {}, replicated_axes=tensor)
-    if getattr(mode, "sp", False):
-        mode.sequence_parallel_params.append(lin.weight)  # type: ignore[attr-defined]
+    for name, shape in (("weight", (h_in, h_out)), ("bias", (h_out,)))[:2 if bias else 1]:
+        lin.shard_specs[name] = make_spec(mode.mesh, shape, {}, replicated_axes=tensor)
+        if getattr(mode, "sp", False):
+            mode.sequence_parallel_params.append(getattr(lin, name))  # type: ignore[attr-defined]
     return lin
 
 
@@ -116,8 +127,8 @@ class MoEMLP(nn.Module):
         assert moe is not None
         self.moe, self.mesh, self.index, self.h = moe, mode.mesh, index, spec.hidden
         self.sp_ways = mode.mesh.size(mode.mesh.tensor_axes) if getattr(mode, "sp", False) else 1
-        self.router = _replicated_linear(mode, spec.hidden, moe.experts)
-        self.experts = Experts(mode.mesh, moe.experts, spec.hidden, moe.expert_ffn)
+        self.router = _replicated_linear(mode, spec.hidden, moe.experts, moe.expert_bias)  # GPT-OSS: with a bias
+        self.experts = Experts(mode.mesh, moe.experts, spec.hidden, moe.expert_ffn, moe)
         if moe.router == "sigmoid":  # DeepSeek-V3's score-correction bias (chooses, does not weight)
             self.register_buffer("score_bias", torch.zeros(moe.experts), persistent=False)
         if moe.shared_ffn:
@@ -154,6 +165,8 @@ class MoEMLP(nn.Module):
         xf = x.reshape(-1, h)
         N, E, k = xf.shape[0], moe.experts, moe.top_k
         logits = upcast(xf) @ upcast(self.router.weight)
+        if moe.expert_bias:
+            logits = logits + upcast(self.router.bias)
         scores = logits.softmax(-1) if moe.router == "softmax" else logits.sigmoid()
         idx = self._choose(scores)
         top = scores.gather(1, idx)
@@ -260,6 +273,10 @@ def moe_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]
         yield p + "router.weight", normal(h, E)
         yield p + "experts.w1", normal(E, h, 2 * fe)
         yield p + "experts.w2", normal(E, fe, h, std=resid)
+        if moe.expert_bias:  # GPT-OSS: drawn after the block's weights (models without keep their draws)
+            yield p + "router.bias", normal(E)
+            yield p + "experts.b1", normal(E, 2 * fe)
+            yield p + "experts.b2", normal(E, h)
         if fs:
             yield p + "shared.fc.weight", normal(h, 2 * fs)
             yield p + "shared.fc2.weight", normal(fs, h, std=resid)

@@ -1,0 +1,125 @@
+"""Attention sinks (ModelSpec.attention_sinks, GPT-OSS; the formula: paracube/gpt_oss_spec.py) in every attention path.
+
+The parameter: s [heads], one logit per query head, held whole and replicated over the tensor group (AttentionSinks).
+A rank uses its own query heads' (`local`: the heads its qkv output columns hold, first = the qkv weight's column
+offset / ((r + 2) d) x r, llama.py's fused layout). Its gradient covers those heads and the rank's tokens only:
+`local` passes s through copy_to_group (identity forward, all-reduce of the gradient backward) over
+modes/sinks.sink_groups (the tensor axes less the mode's grad_axes, which the step's all-reduce already sums), one
+all_reduce of `heads` fp32 values per block and micro-batch, labelled "attn.sinks" (the cost model's list:
+cost_models/oss_traffic.py); context parallelism's ranks are summed by the gradient all-reduce over dp x cp.
+
+How each kernel adds the sink column, exactly once per query row:
+- unfused (functional.core_attention): the masked, scaled scores get one more column holding s_h before the softmax
+  (functional._ScaledCausalSoftmax, `row_sinks` gives each row its head's logit), dropped after it; its gradient
+  ds_h = -sum_rows p_sink (sum_j g_j p_j) from the saved probabilities and the sink's own;
+- flash (`sink_flash`): scaled_dot_product_attention over one more key whose score is s_h and whose value is 0: q
+  gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1 (scale stays 1 / sqrt(d)), v a zero
+  column (one head width for the flash kernels; sliced off the output), the mask one more allowed column; autograd
+  carries ds_h through q's extra column. Exact, but not a fused sink kernel's memory: it keeps d + 1 wide q, k, v,
+  its own output (not shared with proj's input) and the mask, which the activation count (priced as FlashAttention
+  with sinks, FA3 / cuDNN, keep: q, k, v, O, L) leaves out: +11.7% of the activations of tests/test_gpt_oss_run's
+  OSS model (d 8, fp32, mb 2; unfused: +0.6%, the sink probabilities [b heads s] fp32).
+- context parallelism (context_parallel.py, ring and all-gather): after the blocks' online-softmax merge, each rank
+  merges the sink into its own queries' rows once: L' = logaddexp(L, s_h), O' = O e^(L - L') (`sink_merge`); the
+  backward's P_j = exp(S_j - L') and D' = rowsum(dO' O') are then the softmax with the sink column, and
+  ds_h = -sum_rows e^(s_h - L') D' (`sink_grad`).
+torchtitan 0.3.0 applies the same function as out x sigmoid(lse - s_h) (models/gpt_oss/model.py
+apply_attention_sink_rescale); tests/test_gpt_oss.py compares.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from paracube.executor.comm import copy_to_group
+from paracube.executor.layers.dropout import seeded
+from paracube.executor.layers.functional import upcast
+from paracube.executor.layers.serial import ShardedModule
+from paracube.executor.layers.shards import make_spec
+from paracube.executor.mesh import Mesh
+from paracube.modes import MODES
+from paracube.modes.sinks import sink_groups
+
+
+class AttentionSinks(ShardedModule):
+    """s [heads], replicated over the tensor group (its gradient summed by `local`)."""
+
+    def __init__(self, mesh: Mesh, heads: int):
+        super().__init__()
+        self.mesh = mesh
+        self.add_param("weight", make_spec(mesh, (heads,), {}, replicated_axes=mesh.layout.tensor_axes))
+
+    def local(self, first: int, count: int) -> Tensor:
+        """The logits of query heads first .. first + count - 1, in the statistics' dtype (fp32; fp64 copies: fp64)."""
+        s = upcast(self.weight)
+        for axes in sink_groups(MODES[self.mesh.layout.mode]):
+            s = copy_to_group(s, self.mesh, axes, label="attn.sinks")
+        return s[first:first + count]
+
+
+def row_sinks(sinks: Tensor, b: int, kv_heads: int, group: int, c: int) -> Tensor:
+    """[b kv_heads, group c]: each row of the unfused core's stacked scores (per kv head its group query heads of c
+    queries) with its query head's logit."""
+    per = sinks.view(kv_heads, group, 1).expand(kv_heads, group, c).reshape(1, kv_heads, group * c)
+    return per.expand(b, -1, -1).reshape(b * kv_heads, group * c)
+
+
+def sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: int | None, gqa: bool,
+               allowed: Tensor | None) -> Tensor:
+    """scaled_dot_product_attention (q [b, H, c, d], k, v [b, kv, keys, d]) with the sink key (module docstring):
+    causal over whole sequences (allowed None: c = keys) or masked by `allowed` [c, keys]."""
+    b, heads, c, d = q.shape
+    keys = k.shape[2]
+    scale = 1.0 / math.sqrt(d)
+    extra = (sinks / scale).to(q.dtype).view(1, heads, 1, 1).expand(b, heads, c, 1)
+    q1 = torch.cat([q, extra], dim=-1)
+    sink_key = torch.zeros((*k.shape[:2], 1, d + 1), dtype=k.dtype, device=k.device)
+    sink_key[..., d] = 1.0
+    k1 = torch.cat([F.pad(k, (0, 1)), sink_key], dim=2)
+    # v as wide as q and k (a zero column, sliced off the output): the flash kernels take one head width
+    v1 = F.pad(v, (0, 1, 0, 1))
+    if allowed is None:
+        allowed = torch.ones(c, keys, dtype=torch.bool, device=q.device).tril()
+    mask = torch.cat([allowed, torch.ones(c, 1, dtype=torch.bool, device=q.device)], dim=1)
+    if p <= 0.0 or seed is None:
+        return F.scaled_dot_product_attention(q1, k1, v1, attn_mask=mask, scale=scale, enable_gqa=gqa)[..., :d]
+    with seeded(seed, q.device):
+        out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=mask, dropout_p=p, scale=scale, enable_gqa=gqa)
+    return out[..., :d]
+
+
+def sink_merge(out: Tensor, lse: Tensor, sinks: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(O', L') of a row's merged blocks (out [b, H, n, d], lse [b, H, n, 1]) with the sink column; unchanged
+    without sinks."""
+    if sinks is None:
+        return out, lse
+    new = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, -1, 1, 1))
+    return out * torch.exp(lse - new), new
+
+
+def sink_grad(sinks: Tensor | None, lse: Tensor, delta: Tensor) -> Tensor | None:
+    """ds [H] = -sum over batch and rows of p_sink D' (lse: L', delta: D' = rowsum(dO' O'), [b, H, n, 1])."""
+    if sinks is None:
+        return None
+    p_sink = torch.exp(sinks.to(lse.dtype).view(1, -1, 1, 1) - lse)
+    return -(p_sink * delta).sum((0, 2, 3)).to(sinks.dtype)
+
+
+def oss_init_tensors(spec: Any, prefix: str, qkv_width: int, normal: Callable[..., Tensor]
+                     ) -> Iterator[tuple[str, Tensor]]:
+    """A block's GPT-OSS attention tensors (llama_init_tensors' generator `normal`, 0.02): q / k / v / o biases and
+    the sinks, drawn after the block's other attention tensors (models without them keep their draws)."""
+    if spec.attention_bias:
+        yield prefix + "qkv.bias", normal(qkv_width)
+        yield prefix + "proj.bias", normal(spec.hidden)
+    if spec.attention_sinks:
+        yield prefix + "sinks.weight", normal(spec.heads)
+
+
+__all__ = ["AttentionSinks", "oss_init_tensors", "row_sinks", "sink_flash", "sink_grad", "sink_merge"]
