@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from paracube.cli.main import main
@@ -89,6 +89,7 @@ TOPO_PATHS = [[k] for k in TOPOLOGY] + [["intra_node", k] for k in ("bandwidth",
 
 @FUZZ
 @given(st.sampled_from(TOPO_PATHS), json_values, st.booleans())
+@example(["device"], {"\n": 0}, False)  # a key with a line break: named quoted, the message stays one line
 def test_fuzz_topology_yaml(path: list[str], value: object, delete: bool) -> None:
     _outcome("topology", topology_from_dict, _mutate(TOPOLOGY, path, value, delete), "fuzz.yaml")
 

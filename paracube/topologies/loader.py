@@ -161,10 +161,17 @@ def _validated(data: Any, source: str) -> TopologyFile:
         extra = next((e for e in errs if e["type"] == "extra_forbidden" and "str" not in e["loc"]), None)
         if extra is not None:
             raise ParacubeError(_unknown_key(source, extra["loc"])) from None
-        field = ".".join(str(p) for p in err["loc"] if p not in ("DeviceModel", "str")) or "(top level)"
+        field = ".".join(_key_text(p) for p in err["loc"] if p not in ("DeviceModel", "str")) or "(top level)"
         shown = err["type"] != "missing" and not isinstance(err["input"], dict)
         value = f" (got {err['input']!r})" if shown else ""
         raise ParacubeError(f"{source}: field {field}: {err['msg']}{value}") from None
+
+
+def _key_text(key: object) -> str:
+    """A file's key as an error names it: as written, or quoted with escapes where it holds a line break or other
+    unprintable character (the message stays one line)."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
 
 
 def _unknown_key(source: str, loc: tuple) -> str:
@@ -183,7 +190,7 @@ def _unknown_key(source: str, loc: tuple) -> str:
             break
         model = inner[0]
     valid = list(model.model_fields)
-    return (f"{source}: field {'.'.join(parts)}: unknown key; {did_you_mean(parts[-1], valid)}"
+    return (f"{source}: field {'.'.join(_key_text(p) for p in parts)}: unknown key; {did_you_mean(parts[-1], valid)}"
             f"valid keys here: {', '.join(valid)} (docs/topologies.md)")
 
 
