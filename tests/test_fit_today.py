@@ -14,10 +14,11 @@ from paracube.calibration.run_prediction import predict, preset_topology
 from paracube.calibration.runs_csv import MCORE_BUCKET_MIN, MCORE_BUCKET_PER_DP, read_runs
 from paracube.cost_models import fp8
 from paracube.cost_models.analytic import estimate
+from paracube.cost_models.block_acts import megatron_block_bytes as _block_acts
 from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL, GemmModel, attention_core_time
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_event
-from paracube.cost_models.memory import _block_acts, stage_memory
+from paracube.cost_models.memory import stage_memory
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.layout_parse import parse_layout

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from paracube.cost_models import fp8, recompute
+from paracube.cost_models import fp8, offload, recompute
 from paracube.cost_models.attention_window import window_share
 from paracube.cost_models.collective import wait_steps
 from paracube.cost_models.dims import DTYPE_NAMES, Dims, full_sequence
@@ -94,6 +94,7 @@ class GemmModel:
     # generation, topologies/efficiency.STRAGGLER; cost_models/stragglers.py); 0: no wait.
     straggler: float = 0.0
     sync: float = 0.0  # seconds the device idles per host wait (DeviceSpec.sync_s; cost_models/host_sync.py)
+    host_bw: float = 0.0  # bytes/s per direction to the host (DeviceSpec.host_bandwidth; cost_models/offload.py)
 
     @property
     def waits(self) -> bool:
@@ -176,7 +177,8 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
                          ring_wait=float(getattr(device, "ring_wait_s", 0.0)),
                          send_wait=float(getattr(device, "send_wait_s", 0.0)), overlap_drag=drag, straggler=jitter,
-                         ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
+                         ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)),
+                         host_bw=float(getattr(device, "host_bandwidth", 0.0)))
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag",
                                            "straggler") if gemm is not None and getattr(gemm, k) is not None}
@@ -191,7 +193,8 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
                      op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table(),
                      ring_wait=wait or 0.0, call_overhead=call or 0.0,
                      send_wait=float(getattr(device, "send_wait_s", 0.0)),  # the scheduler's: calibrated or not
-                     ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
+                     ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)),
+                         host_bw=float(getattr(device, "host_bandwidth", 0.0)))
 
 
 def _ranks_per_core(device: object, cal: object) -> float:
@@ -243,7 +246,7 @@ def block_compute_time(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tupl
     bwd = bwd_blk + attn_b + 2 * elem_f
     if d.recompute == "selective":  # the runtime's rule (Dims.selective, recompute.py)
         bwd = bwd + recompute.selective_time(d, mode, b, g, attn_f, elem_f)
-    return fwd_blk + attn_f + elem_f, bwd
+    return offload.with_transfers(d, mode, b, g.host_bw, fwd_blk + attn_f + elem_f, bwd)  # off=N (offload.py)
 
 
 def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel, first: Arr | int = 0,

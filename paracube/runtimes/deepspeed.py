@@ -16,6 +16,7 @@ GPT model has no window argument (as far as we know; it is not installed here).
 from __future__ import annotations
 
 from paracube.runtimes.base import MEGATRON_STYLE, Runtime
+from paracube.runtimes.offload import Offload
 
 RUNTIME = Runtime(
     name="deepspeed",
@@ -46,4 +47,9 @@ RUNTIME = Runtime(
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
     sliding_window=False,  # Megatron-DeepSpeed has no window argument (module docstring)
+    # activation_checkpointing.cpu_checkpointing: with full recomputation, every layer's checkpoint but the last on
+    # the host, copied by an asynchronous engine on its own stream (runtimes/offload.py)
+    offload=Offload(("full",), keep_last=True, overlap=True, all_but_last=True,
+                    flags='ds_config activation_checkpointing {"cpu_checkpointing": true}',
+                    source="deepspeed 0.19.8 activation_checkpointing/checkpointing.py:65-69, 501-510"),
 )

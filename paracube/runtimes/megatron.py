@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from paracube.engine_options import MoEHostOps
 from paracube.runtimes.base import MEGATRON_STYLE, Runtime
+from paracube.runtimes.offload import Offload
 
 RUNTIME = Runtime(
     name="megatron",
@@ -66,4 +67,8 @@ RUNTIME = Runtime(
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
     cp_comms=("p2p", "ag"),
     window_cp_comms=("ag",),  # Transformer Engine: no sliding window on the p2p ring (module docstring)
+    # --cpu-offloading --cpu-offloading-num-layers N: the first N < layers layers, no pipelines, no recomputation
+    # (runtimes/offload.py; transformer_config.py:1137-1152), Transformer Engine's copies on their own stream
+    offload=Offload(("none",), keep_last=True, overlap=True, flags="--cpu-offloading --cpu-offloading-num-layers N",
+                    source="megatron-core 0.16.1 transformer_config.py:1137-1152, model_parallel_config.py:370-386"),
 )

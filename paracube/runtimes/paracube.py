@@ -22,6 +22,7 @@ from paracube.layout_checks import RECOMPUTES
 from paracube.modes import MODES, executor_runs, runnable_modes
 from paracube.modes.experts import executor_refusal
 from paracube.runtimes.base import Runtime
+from paracube.runtimes.offload import Offload
 
 
 def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> str | None:
@@ -95,4 +96,8 @@ RUNTIME = Runtime(
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),
     cp_note=" (paracube's executor does not run it yet)",
+    # torch.autograd.graph.save_on_cpu around the first N blocks (executor/model/gpt.py): copies in line on the compute
+    # stream, pp = 1, without full recomputation (runtimes/offload.py)
+    offload=Offload(("none", "selective"), keep_last=False, overlap=False, flags="off=N (save_on_cpu)",
+                    source="torch/autograd/graph.py:400-420 (save_on_cpu); executor/model/gpt.py"),
 )

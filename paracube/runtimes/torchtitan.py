@@ -59,4 +59,6 @@ RUNTIME = Runtime(
     moe_host_sync=True,  # its dropless dispatch reads the all_to_all's splits on the host (input_splits.tolist())
     source="torchtitan ParallelismConfig (docs/exports.md)",
     cp_comms=("ag",),
+    # offload=None: no activation offloading in 0.3.0's trainer (enable_cpu_offload is FSDP's parameters, gradients
+    # and optimizer state; runtimes/offload.py)
 )
