@@ -54,17 +54,17 @@ def offload_rungs(rt: Runtime, fixed: Layout | None, layers: int, recompute: str
 
 
 def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
-    """Set `s` up for each count of `rungs` in turn (s.d, s.offload, s.offload_below) and yield; stop after a pass
-    that refused no configuration for memory (a larger count would fit no more)."""
-    below: Dims | None = None
+    """Set `s` up for each count of `rungs` in turn (s.d, s.offload) and yield; stop after a pass that refused no
+    configuration for memory (a larger count would fit no more). `s.offload_fitted` collects, per mode, the layouts
+    (but for the micro-batch) found valid by the ladder's passes so far (`valid` skips them)."""
+    s.offload_fitted = {} if len(rungs) > 1 else None
     for n in rungs:
-        s.d, s.offload, s.offload_below = replace(base, offload_frac=n / base.L), n, below
+        s.d, s.offload = replace(base, offload_frac=n / base.L), n
         before = _memory_rejections(s.rejected)
         yield
         if _memory_rejections(s.rejected) == before:
             break
-        below = s.d
-    s.offload, s.offload_below = 0, None
+    s.offload, s.offload_fitted = 0, None
 
 
 def _memory_rejections(rejected: Counter) -> int:
@@ -73,39 +73,32 @@ def _memory_rejections(rejected: Counter) -> int:
 
 def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """fits._valid, in an offloading pass less the configurations whose layout (but for its micro-batch) fits with
-    the previous count, those at pp > 1 and those whose offloaded activations exceed the host's memory (each counted
-    once per placement as rejected)."""
+    """fits._valid, in an offloading pass less the configurations whose layout (but for its micro-batch) an earlier
+    pass of the ladder found valid, those at pp > 1 and those whose offloaded activations exceed the host's memory
+    (each counted once per placement as rejected)."""
     idx, zero, kw = _valid(s, mode, batch, n_places, rejected)
-    if not s.offload or not len(idx):
-        return idx, zero, kw
-    drop = np.zeros(len(idx), dtype=bool)
-    if s.offload_below is not None:
-        d, s.d = s.d, s.offload_below
-        try:
-            lower = _valid(s, mode, batch, n_places, Counter())[0]
-        finally:
-            s.d = d
-        drop = _same_layout(batch, idx, lower)
+    fitted = s.offload_fitted.setdefault(mode, set()) if s.offload_fitted is not None else None
+    keep = np.ones(len(idx), dtype=bool)
+    if s.offload and len(idx):
+        sub = batch.take(idx)
+        drop = np.array([k in (fitted or set()) for k in _keys(batch, idx)], dtype=bool)
         _count(rejected, "fits with fewer offloaded blocks", idx[drop], n_places)
-    sub = batch.take(idx)
-    piped = ~drop & (sub.pp > 1)  # every runtime offloads at pp = 1 only (runtimes/offload.py)
-    _count(rejected, "offloads activations at pp = 1 only", idx[piped], n_places)
-    drop = drop | piped
-    Ls = stage_layers(s.d.L, sub.pp, sub.v, np.ones_like(sub.pp), np.ones_like(sub.pp))
-    over = ~drop & (host_bytes(s.d, mode, sub, Ls, np.ones(len(idx))) > s.host_cap)
-    _count(rejected, f"host memory > {s.host_cap / 2**30:.0f} GiB per device (off={s.offload})", idx[over], n_places)
-    keep = ~(drop | over)
+        piped = ~drop & (sub.pp > 1)  # every runtime offloads at pp = 1 only (runtimes/offload.py)
+        _count(rejected, "offloads activations at pp = 1 only", idx[piped], n_places)
+        Ls = stage_layers(s.d.L, sub.pp, sub.v, np.ones_like(sub.pp), np.ones_like(sub.pp))
+        over = ~drop & ~piped & (host_bytes(s.d, mode, sub, Ls, np.ones(len(idx))) > s.host_cap)
+        _count(rejected, f"host memory > {s.host_cap / 2**30:.0f} GiB per device (off={s.offload})", idx[over],
+               n_places)
+        keep = ~(drop | piped | over)
+    if fitted is not None:
+        fitted.update(_keys(batch, idx[keep]))
     return idx[keep], zero[keep], kw[keep]
 
 
-def _same_layout(batch: LayoutBatch, rows: np.ndarray, others: np.ndarray) -> np.ndarray:
-    """Per configuration of `rows`: some configuration of `others` is its layout but for the micro-batch."""
-    def keys(r: np.ndarray) -> list[tuple[int, ...]]:
-        return list(zip(*(getattr(batch, k)[r].tolist() for k in ("dp", "pp", "t", "q", "depth", "v", "sp")),
-                        strict=True))
-    known = set(keys(others))
-    return np.array([k in known for k in keys(rows)], dtype=bool)
+def _keys(batch: LayoutBatch, rows: np.ndarray) -> list[tuple[int, ...]]:
+    """Per configuration of `rows`, its layout but for the micro-batch (LayoutBatch FIELDS less mb)."""
+    return list(zip(*(getattr(batch, k)[rows].tolist() for k in ("dp", "pp", "t", "q", "depth", "v", "sp")),
+                    strict=True))
 
 
 def _count(rejected: Counter, why: str, configs: np.ndarray, n_places: np.ndarray) -> None:

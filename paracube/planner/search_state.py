@@ -65,7 +65,8 @@ class _Search:
     fsdp_prefetch: bool = False  # zero=2/3 priced with prefetch (dimensions.FSDP_PREFETCH)
     host_cap: float = float("inf")  # host memory per device for offloaded activations (planner/offload_passes.py)
     offload: int = 0  # the pass's offloaded blocks (Layout off=N; offload_passes.py)
-    offload_below: Dims | None = None  # the previous offloading pass's dims (its fitting configurations are skipped)
+    # per mode, the layouts (but for the micro-batch) an offloading ladder's passes found valid so far (None: no ladder)
+    offload_fitted: dict[str, set[tuple[int, ...]]] | None = None
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
