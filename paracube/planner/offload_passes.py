@@ -2,14 +2,15 @@
 
 Offloading never shortens a layout's step in the model (it adds exposed copies, cost_models/offload.py) and only
 frees device memory, so the search takes it only where it is what fits: per recomputation and context-parallel pass,
-a pass without offloading, then, while some configuration of the previous pass was refused for memory, a pass per
-offloaded count of the runtime's ladder (runtimes/offload.offload_counts: k/16 of the blocks, fewest first) in which
-only the configurations whose layout fits with no micro-batch at fewer offloaded blocks are scored, each within the
-host's memory (cost_models/offload.host_bytes <= DeviceSpec.host_memory_bytes less the memory headroom); `valid`
-counts the others as rejected. Offloading is not bought for a larger micro-batch of a layout that fits without it
-(the model puts such gains at a fraction of a percent: l2-7B-64K, 15.348 -> 15.343 s with mb=8, off=26, inside what
-it leaves out, cost_models/offload.py). A layout offloading turns from refused into fitting (a pinned micro-batch, no
-recomputation instead of full) is then priced like any other and wins where faster.
+a pass without offloading, then a pass per offloaded count of the runtime's ladder (runtimes/offload.offload_counts:
+k/16 of the blocks, fewest first) over the configurations that pass refused for memory and whose layout fits with no
+micro-batch at fewer offloaded blocks, while any is left; one that fits the device is valid where its offloaded
+bytes fit the host's memory too (cost_models/offload.host_bytes <= DeviceSpec.host_memory_bytes less the memory
+headroom), and counted then as refused for host memory, not device memory (`valid`: each layout counted once, so
+`enumerated` is the pass without offloading's). Offloading is not bought for a larger micro-batch of a layout that
+fits without it (the model puts such gains at a fraction of a percent: l2-7B-64K, 15.348 -> 15.343 s with mb=8, off=26,
+inside what it leaves out, cost_models/offload.py). A layout offloading turns from refused into fitting (a pinned
+micro-batch, no recomputation instead of full) is then priced like any other and wins where faster.
 Offered where the runtime offloads with the pass's recomputation (Runtime.offload), at pp = 1, on a device with a
 host link (DeviceSpec.host_bandwidth > 0: every GPU preset; local-cpu has none: its host memory is its device
 memory, offloading frees nothing); a layout's pin `off=N` (0 included) is the only count searched.
@@ -25,6 +26,7 @@ import numpy as np
 
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.offload import host_bytes
+from paracube.cost_models.validity import first_violation
 from paracube.errors import check
 from paracube.layout import Layout
 from paracube.modes import LayoutBatch
@@ -35,7 +37,7 @@ from paracube.planner.search_state import _Search
 from paracube.runtimes import Runtime
 from paracube.runtimes.offload import offload_counts, offload_refusal
 
-MEMORY = "memory >"  # the start of the fit pass's memory rejection (fits._valid)
+MEMORY = "memory >"  # the start of the fit pass's memory rejection line (fits._valid)
 
 
 def offload_rungs(rt: Runtime, fixed: Layout | None, layers: int, recompute: str, host_link: bool) -> list[int]:
@@ -54,58 +56,74 @@ def offload_rungs(rt: Runtime, fixed: Layout | None, layers: int, recompute: str
 
 
 def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
-    """Set `s` up for each count of `rungs` in turn (s.d, s.offload) and yield; stop after a pass that refused no
-    configuration for memory (a larger count would fit no more). `s.offload_fitted` collects, per mode, the layouts
-    (but for the micro-batch) found valid by the ladder's passes so far (`valid` skips them)."""
-    s.offload_fitted = {} if len(rungs) > 1 else None
+    """Set `s` up for each count of `rungs` in turn (s.d, s.offload) and yield; stop once no configuration is left
+    that offloading could make fit (`valid` keeps, per mode, the layouts found valid so far and the configurations
+    still refused for memory whose layout no micro-batch fitted)."""
+    ladder = len(rungs) > 1
+    s.offload_fitted, s.offload_pending = ({}, {}) if ladder else (None, None)
     for n in rungs:
         s.d, s.offload = replace(base, offload_frac=n / base.L), n
-        before = _memory_rejections(s.rejected)
         yield
-        if _memory_rejections(s.rejected) == before:
+        if not ladder or not any(s.offload_pending.values()):  # type: ignore[union-attr]
             break
-    s.offload, s.offload_fitted = 0, None
-
-
-def _memory_rejections(rejected: Counter) -> int:
-    return sum(v for k, v in rejected.items() if k.startswith(MEMORY))
+    s.offload, s.offload_fitted, s.offload_pending = 0, None, None
 
 
 def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """fits._valid, in an offloading pass less the configurations whose layout (but for its micro-batch) an earlier
-    pass of the ladder found valid, those at pp > 1 and those whose offloaded activations exceed the host's memory
-    (each counted once per placement as rejected)."""
-    idx, zero, kw = _valid(s, mode, batch, n_places, rejected)
-    fitted = s.offload_fitted.setdefault(mode, set()) if s.offload_fitted is not None else None
-    keep = np.ones(len(idx), dtype=bool)
-    if s.offload and len(idx):
-        sub = batch.take(idx)
-        drop = np.array([k in (fitted or set()) for k in _keys(batch, idx)], dtype=bool)
-        _count(rejected, "fits with fewer offloaded blocks", idx[drop], n_places)
-        piped = ~drop & (sub.pp > 1)  # every runtime offloads at pp = 1 only (runtimes/offload.py)
-        _count(rejected, "offloads activations at pp = 1 only", idx[piped], n_places)
-        Ls = stage_layers(s.d.L, sub.pp, sub.v, np.ones_like(sub.pp), np.ones_like(sub.pp))
-        over = ~drop & ~piped & (host_bytes(s.d, mode, sub, Ls, np.ones(len(idx))) > s.host_cap)
-        _count(rejected, f"host memory > {s.host_cap / 2**30:.0f} GiB per device (off={s.offload})", idx[over],
-               n_places)
-        keep = ~(drop | piped | over)
-    if fitted is not None:
-        fitted.update(_keys(batch, idx[keep]))
+    """fits._valid; along a ladder, its first pass also notes what fitted and what was refused for memory only, and
+    each offloading pass looks at those refused configurations whose layout no micro-batch fitted yet: the ones that
+    fit now (device and host) are valid and no longer counted as refused for memory (a layout counts once: refused
+    only where no count fits it), the ones past the host's memory are counted as such."""
+    if s.offload_fitted is None or s.offload_pending is None:
+        return _valid(s, mode, batch, n_places, rejected)
+    fitted, pending = s.offload_fitted.setdefault(mode, set()), s.offload_pending.setdefault(mode, set())
+    rows = _rows(batch, np.arange(len(batch)))
+    if not s.offload:
+        idx, zero, kw = _valid(s, mode, batch, n_places, rejected)
+        fitted.update(_keys(batch, idx))
+        refused = (first_violation(mode, s.d, batch) < 0) & ~np.isin(np.arange(len(batch)), idx) & (batch.pp == 1)
+        pending.update(r for r, k, no in zip(rows, _keys(batch, np.arange(len(batch))), refused, strict=True)
+                       if no and k not in fitted)
+        return idx, zero, kw
+    take = np.array([r in pending for r in rows], dtype=bool)
+    cand = np.nonzero(take)[0]
+    found, zero, kw = _valid(s, mode, batch.take(cand), n_places[cand], Counter())  # rules and memory: counted
+    idx = cand[found]
+    sub = batch.take(idx)
+    Ls = stage_layers(s.d.L, sub.pp, sub.v, np.ones_like(sub.pp), np.ones_like(sub.pp))
+    over = host_bytes(s.d, mode, sub, Ls, np.ones(len(idx))) > s.host_cap
+    memory = f"{MEMORY} {s.mem_cap / 2**30:.0f} GiB per device"  # fits._valid's line
+    _count(rejected, memory, idx, n_places, -1)
+    host = f"host memory > {s.host_cap / 2**30:.0f} GiB per device (off={s.offload})"
+    _count(rejected, host, idx[over], n_places)
+    if over.any() and not (~over).any():
+        s.explanations[mode] = f"{host} ({int(n_places[np.unique(idx[over])].sum())} layouts)"
+    keep = ~over
+    fitted.update(_keys(batch, idx[keep]))
+    pending.difference_update(_rows(batch, idx))
+    pending.difference_update({r for r in pending if r[:5] + r[6:] in fitted})
     return idx[keep], zero[keep], kw[keep]
 
 
+_FIELDS = ("dp", "pp", "t", "q", "depth", "mb", "v", "sp")  # LayoutBatch.FIELDS; a layout but its mb: all but [5]
+
+
+def _rows(batch: LayoutBatch, rows: np.ndarray) -> list[tuple[int, ...]]:
+    """Per configuration of `rows`, its fields."""
+    return list(zip(*(getattr(batch, k)[rows].tolist() for k in _FIELDS), strict=True))
+
+
 def _keys(batch: LayoutBatch, rows: np.ndarray) -> list[tuple[int, ...]]:
-    """Per configuration of `rows`, its layout but for the micro-batch (LayoutBatch FIELDS less mb)."""
-    return list(zip(*(getattr(batch, k)[rows].tolist() for k in ("dp", "pp", "t", "q", "depth", "v", "sp")),
-                    strict=True))
+    """Per configuration of `rows`, its layout but for the micro-batch."""
+    return [r[:5] + r[6:] for r in _rows(batch, rows)]
 
 
-def _count(rejected: Counter, why: str, configs: np.ndarray, n_places: np.ndarray) -> None:
+def _count(rejected: Counter, why: str, configs: np.ndarray, n_places: np.ndarray, sign: int = 1) -> None:
     """Each configuration once (one may be valid at several zero stages), per placement of its structure."""
     n = int(n_places[np.unique(configs)].sum())
     if n:
-        rejected[why] += n
+        rejected[why] += sign * n
 
 
 __all__ = ["offload_passes", "offload_rungs", "valid"]

@@ -177,7 +177,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
                                                           n_places[kept], zeros[kept], kws[kept], ovs[kept],
                                                           tpos[kept])
     if not len(batch):  # (without mode bests, a mode the bar prunes whole has valid layouts: nothing to explain)
-        if s.mode_bests or not n_valid:
+        if (s.mode_bests or not n_valid) and not s.offload:  # an offloading pass: its first pass's explanation stands
             top = mode_rej.most_common(2)
             s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
         return

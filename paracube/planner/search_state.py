@@ -67,6 +67,8 @@ class _Search:
     offload: int = 0  # the pass's offloaded blocks (Layout off=N; offload_passes.py)
     # per mode, the layouts (but for the micro-batch) an offloading ladder's passes found valid so far (None: no ladder)
     offload_fitted: dict[str, set[tuple[int, ...]]] | None = None
+    # per mode, the configurations refused for memory that offloading may make fit (offload_passes.valid)
+    offload_pending: dict[str, set[tuple[int, ...]]] | None = None
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
