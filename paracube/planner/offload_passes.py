@@ -3,7 +3,7 @@
 Offloading never shortens a layout's step in the model (it adds exposed copies, cost_models/offload.py) and only
 frees device memory, so the search takes it only where it is what fits: per recomputation and context-parallel pass,
 a pass without offloading, then a pass per offloaded count of the runtime's ladder (runtimes/offload.offload_counts:
-k/16 of the blocks, fewest first) over the configurations that pass refused for memory and whose layout fits with no
+k/8 of the blocks, fewest first) over the configurations that pass refused for memory and whose layout fits with no
 micro-batch at fewer offloaded blocks, while any is left; one that fits the device is valid where its offloaded
 bytes fit the host's memory too (cost_models/offload.host_bytes <= DeviceSpec.host_memory_bytes less the memory
 headroom), and counted then as refused for host memory, not device memory (`valid`: each layout counted once, so
@@ -61,12 +61,18 @@ def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
     still refused for memory whose layout no micro-batch fitted)."""
     ladder = len(rungs) > 1
     s.offload_fitted, s.offload_pending = ({}, {}) if ladder else (None, None)
-    for n in rungs:
-        s.d, s.offload = replace(base, offload_frac=n / base.L), n
+    # after the pass without offloading, a probe at the most blocks keeps only what some count can fit (`valid`)
+    for n, probe in [(rungs[0], False), *([(rungs[-1], True)] if ladder else []), *((m, False) for m in rungs[1:])]:
+        s.d, s.offload, s.offload_probe = replace(base, offload_frac=n / base.L), n, probe
         yield
         if not ladder or not any(s.offload_pending.values()):  # type: ignore[union-attr]
             break
-    s.offload, s.offload_fitted, s.offload_pending = 0, None, None
+    s.offload, s.offload_fitted, s.offload_pending, s.offload_probe = 0, None, None, False
+
+
+def skips(s: _Search, mode: str) -> bool:
+    """An offloading pass has nothing to look at in this mode (no configuration of it is pending)."""
+    return bool(s.offload) and not (s.offload_pending or {}).get(mode)
 
 
 def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
@@ -78,18 +84,19 @@ def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejec
     if s.offload_fitted is None or s.offload_pending is None:
         return _valid(s, mode, batch, n_places, rejected)
     fitted, pending = s.offload_fitted.setdefault(mode, set()), s.offload_pending.setdefault(mode, set())
-    rows = _rows(batch, np.arange(len(batch)))
     if not s.offload:
         idx, zero, kw = _valid(s, mode, batch, n_places, rejected)
         fitted.update(_keys(batch, idx))
         refused = (first_violation(mode, s.d, batch) < 0) & ~np.isin(np.arange(len(batch)), idx) & (batch.pp == 1)
-        pending.update(r for r, k, no in zip(rows, _keys(batch, np.arange(len(batch))), refused, strict=True)
-                       if no and k not in fitted)
+        pending.update(r for r in _rows(batch, np.nonzero(refused)[0]) if r[:5] + r[6:] not in fitted)
         return idx, zero, kw
-    take = np.array([r in pending for r in rows], dtype=bool)
-    cand = np.nonzero(take)[0]
+    single = np.nonzero(batch.pp == 1)[0]  # pending configurations are pp = 1 ones
+    cand = single[np.array([r in pending for r in _rows(batch, single)], dtype=bool)] if len(single) else single
     found, zero, kw = _valid(s, mode, batch.take(cand), n_places[cand], Counter())  # rules and memory: counted
     idx = cand[found]
+    if s.offload_probe:  # the most blocks: what cannot fit even so leaves the ladder; nothing is valid yet
+        pending.intersection_update(_rows(batch, idx))
+        return idx[:0], zero[:0], kw[:0]
     sub = batch.take(idx)
     Ls = stage_layers(s.d.L, sub.pp, sub.v, np.ones_like(sub.pp), np.ones_like(sub.pp))
     over = host_bytes(s.d, mode, sub, Ls, np.ones(len(idx))) > s.host_cap

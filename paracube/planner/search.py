@@ -81,7 +81,7 @@ from paracube.planner.dimensions import (
 )
 from paracube.planner.enumerate import context_degrees
 from paracube.planner.experts import search_experts
-from paracube.planner.offload_passes import offload_passes, offload_rungs
+from paracube.planner.offload_passes import offload_passes, offload_rungs, skips
 from paracube.planner.scoring import _search_mode
 from paracube.planner.search_state import RUNNABLE_MODES, SearchResult, _Search
 from paracube.runtimes import RUNTIMES, Runtime
@@ -210,7 +210,8 @@ def search(
             for cpc in cpcs if cp > 1 else [None]:
                 for _ in offload_passes(s, context_local(replace(d, recompute=rc), cp, cpc), rungs):
                     for mode in modes:
-                        sts = _mode_structures(s, mode, gpus) if cp == 1 or MODES[mode].context_parallel else []
+                        runs = (cp == 1 or MODES[mode].context_parallel) and not skips(s, mode)
+                        sts = _mode_structures(s, mode, gpus) if runs else []
                         if sts:
                             _search_mode(s, mode, sts)
     s.d = d

@@ -69,6 +69,7 @@ class _Search:
     offload_fitted: dict[str, set[tuple[int, ...]]] | None = None
     # per mode, the configurations refused for memory that offloading may make fit (offload_passes.valid)
     offload_pending: dict[str, set[tuple[int, ...]]] | None = None
+    offload_probe: bool = False  # the pass at the ladder's most blocks that only prunes offload_pending
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)

@@ -44,9 +44,10 @@ class Offload:
     source: str = ""
 
 
-def offload_counts(off: Offload | None, layers: int, rungs: int = 16) -> tuple[int, ...]:
+def offload_counts(off: Offload | None, layers: int, rungs: int = 8) -> tuple[int, ...]:
     """The offloaded block counts the search tries, fewest first: k / `rungs` of the blocks (rounded up), k = 1 ..
-    `rungs`, within what the runtime runs; () where it does not offload."""
+    `rungs`, within what the runtime runs; () where it does not offload. Eighths: each count is a pass of the search
+    (planner/offload_passes.py), and a finer ladder saves under an eighth of the blocks' copies."""
     if off is None or layers < 1:
         return ()
     most = layers - 1 if off.keep_last else layers
