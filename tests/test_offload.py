@@ -189,3 +189,20 @@ def test_local_cpu_has_no_host_link_to_offload_over() -> None:
     assert np.isclose(topo.device.host_bandwidth, 0.0)  # type: ignore[attr-defined]
     with pytest.raises(ParacubeError, match="no host link figure"):
         estimate(MODELS["tiny"], TrainingSpec(global_batch=8), parse_layout("dp=2,mb=1,off=1"), topo)
+
+
+def test_the_plan_file_carries_the_offload_and_plans_without_it_are_unchanged(tmp_path: object) -> None:
+    """A plan's layout string carries off=N through save and load; a layout without offloading writes no off= (the
+    text plans had before); a count past the model's blocks is refused in one line when the plan is read."""
+    from paracube.plan import LaunchSpec, Plan, load_plan, plan_from_dict
+
+    def plan(text: str) -> Plan:
+        return Plan(LLAMA, TRAIN, parse_layout(text), "dgx-h100", 8, LaunchSpec(nproc_per_node=8), runtime="megatron")
+
+    path = plan("dp=8,tp=none,mb=1,off=20").save(tmp_path / "p.json")  # type: ignore[operator]
+    assert load_plan(path).layout == parse_layout("dp=8,tp=none,mb=1,off=20")
+    assert plan("dp=8,tp=none,mb=1").to_dict()["layout"] == "dp=8,tp=none,mb=1"
+    bad = {**plan("dp=8,tp=none,mb=1").to_dict(), "layout": "dp=8,tp=none,mb=1,off=33"}
+    with pytest.raises(ParacubeError, match=r"off=33 offloads more blocks than the model's 32; valid: off=N with N "
+                                            r"in \[0, 32\]"):
+        plan_from_dict(bad, "p.json")
