@@ -11,9 +11,11 @@ Device memory (`resident_blocks`): blocks of saved activations on the device at 
     resident = fl Ls - max(0, fl n - min(n, 2))
 every offloaded block's tensors leave the device but two blocks' worth of buffers: in forward the block whose copy
 out is still running while the next block computes, in backward the block being differentiated and the one reloaded
-ahead of it (Transformer Engine's double-buffered reload, Megatron-core's cpu_offloading_double_buffering;
-paracube's in-line copies need one: two is an upper bound there). The last block's stay whatever N (Megatron-core
-refuses N = layers, transformer_config.py:1137-1141: its backward follows its forward at once).
+ahead of it (Transformer Engine's offload handler reloads one group ahead, as we know it: it is not installed here;
+Megatron-core's cpu_offloading_double_buffering, model_parallel_config.py:389, off by default, changes how those
+buffers are reused, not their count; paracube's in-line copies need one: two is an upper bound there). The last
+block's stay whatever N (Megatron-core refuses N = layers, transformer_config.py:1137-1141: its backward follows its
+forward at once).
 Host memory (`host_bytes`): fl n B per device at the end of the forward, at most DeviceSpec.host_memory_bytes (the
 host's memory over the GPUs it hosts, topologies/host_link.py): planner/offload_passes.py refuses a layout past it.
 

@@ -70,5 +70,5 @@ RUNTIME = Runtime(
     # --cpu-offloading --cpu-offloading-num-layers N: the first N < layers layers, no pipelines, no recomputation
     # (runtimes/offload.py; transformer_config.py:1137-1152), Transformer Engine's copies on their own stream
     offload=Offload(("none",), keep_last=True, overlap=True, flags="--cpu-offloading --cpu-offloading-num-layers N",
-                    source="megatron-core 0.16.1 transformer_config.py:1137-1152, model_parallel_config.py:370-386"),
+                    source="megatron-core 0.16.1 transformer_config.py:1137-1152, model_parallel_config.py:370-389"),
 )

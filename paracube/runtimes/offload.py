@@ -4,7 +4,7 @@ EngineOptions.offload_overlap, cost_models/offload.py).
 
 What the stacks run (installed packages, cited by file:line):
 - Megatron-core 0.16.1: TransformerConfig.cpu_offloading / cpu_offloading_num_layers / cpu_offloading_activations
-  (model_parallel_config.py:370-386; Megatron-LM's --cpu-offloading, --cpu-offloading-num-layers): layer-level, the
+  (model_parallel_config.py:370-389; Megatron-LM's --cpu-offloading, --cpu-offloading-num-layers): layer-level, the
   first N transformer layers through Transformer Engine's get_cpu_offload_context (extensions/transformer_engine.py:
   2298-2326, transformer_block.py:303-315), copies on their own CUDA stream, double-buffered. Its checks
   (transformer_config.py:1137-1152): 0 <= N < num_layers (the last layer's activations stay: its backward follows
