@@ -131,8 +131,9 @@ fitted on it): the activations of its 80 blocks without recomputation do not fit
 "memory > 186 GiB" until 2026-12-03). With activation offloading (Layout off=N: Megatron-core's --cpu-offloading
 --cpu-offloading-num-layers N, priced by cost_models/offload.py over the GB200's NVLink-C2C, 225 GB/s a GPU and
 direction, host memory 240 GB a GPU: datasheet figures, NOT FITTED) the search offloads the fewest blocks of its ladder
-that fit, 30 of 80 (178.6 GiB; 25 do not fit), and prices 4.134 s against 4.061 measured, +1.8% (the copies expose
-31 ms: 4.103 s were everything kept on the device). The recipe's own offload setting is not stated in
+(eighths) that fit, 30 of 80 (178.6 GiB; 20, the rung below, and 25 do not fit), and prices 4.134 s against 4.061
+measured, +1.8% (the event engine 4.136 s; the copies expose 31 ms in both: 4.103 s were everything kept on the
+device). The recipe's own offload setting is not stated in
 docs/published-runs.md: off=30 is the planner's choice, not the run's.
 Rows the model cannot plan yet are listed with their one-line reason: context-parallel layouts (cp > 1) wait
 for their pricing here (calibration/run_prediction.py).
