@@ -206,3 +206,17 @@ def test_the_plan_file_carries_the_offload_and_plans_without_it_are_unchanged(tm
     with pytest.raises(ParacubeError, match=r"off=33 offloads more blocks than the model's 32; valid: off=N with N "
                                             r"in \[0, 32\]"):
         plan_from_dict(bad, "p.json")
+
+
+@pytest.mark.parametrize(("layout", "recompute", "says"), [
+    ("dp=2,pp=2,off=1", "none", "offloads activations without pipelines only (off=1 with pp=2)"),
+    ("dp=2,off=1", "full", "offloads activations with rc=none/selective only, not rc=full (off=1)"),
+    ("dp=2,off=3", "none", "offloads at most 2 of 2 blocks, not off=3"),
+])
+def test_the_executor_refuses_what_it_cannot_offload_before_any_rank_starts(layout: str, recompute: str, says: str
+                                                                            ) -> None:
+    from paracube.executor.sizes import check_offload
+
+    with pytest.raises(ParacubeError) as refused:
+        check_offload(MODELS["tiny"], parse_layout(layout), recompute)
+    assert "\n" not in str(refused.value) and says in str(refused.value)
