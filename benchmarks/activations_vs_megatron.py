@@ -21,8 +21,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from paracube.cost_models import activations  # noqa: E402
+from paracube.cost_models.block_acts import megatron_block_bytes as _block_acts  # noqa: E402
 from paracube.cost_models.dims import dims_of, with_pins  # noqa: E402
-from paracube.cost_models.memory import _block_acts, in_flight, stage_memory  # noqa: E402
+from paracube.cost_models.memory import in_flight, stage_memory  # noqa: E402
 from paracube.cost_models.validity import layout_arrays  # noqa: E402
 from paracube.layout_parse import parse_layout  # noqa: E402
 from paracube.model_presets import PRESETS  # noqa: E402

@@ -129,6 +129,15 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.
+gb200-l3-70B-fsdp (NeMo 25.04 on GB200 NVL72: Llama 3 70B, FSDP over 64 GPUs, seq 8192, mb 1, fp8; held out, nothing
+fitted on it): the activations of its 80 blocks without recomputation do not fit (225.8 GiB a device; it was refused
+"memory > 186 GiB" until 2026-12-03). With activation offloading (Layout off=N: Megatron-core's --cpu-offloading
+--cpu-offloading-num-layers N, priced by cost_models/offload.py over the GB200's NVLink-C2C, 225 GB/s a GPU and
+direction, host memory 240 GB a GPU: datasheet figures, NOT FITTED) the search offloads the fewest blocks of its ladder
+(eighths) that fit, 30 of 80 (178.6 GiB; 20, the rung below, and 25 do not fit), and prices 4.134 s against 4.061
+measured, +1.8% (the event engine 4.136 s; the copies expose 31 ms in both: 4.103 s were everything kept on the
+device). The recipe's own offload setting is not stated in
+docs/published-runs.md: off=30 is the planner's choice, not the run's.
 Rows the model cannot plan yet are listed with their one-line reason: context-parallel layouts (cp > 1) wait
 for their pricing here (calibration/run_prediction.py).
 The shipped efficiencies (topologies/efficiency.py, per device generation and fabric) are printed first with

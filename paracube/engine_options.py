@@ -20,7 +20,9 @@ Fields (where each is priced):
 - moe_dispatch: its MoE token dispatcher, "alltoall", "deepep" or "hybridep" (moe_dispatch.py);
 - selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES);
 - moe_host_sync: its dropless MoE forward waits on the host for the expert counts (host_sync.py);
-- moe_host_ops: the ops it issues per MoE block, counted from its code (MoEHostOps; host_issue.py), or None.
+- moe_host_ops: the ops it issues per MoE block, counted from its code (MoEHostOps; host_issue.py), or None;
+- offload_overlap: offloaded activations (Layout off=N) copied on their own stream beside compute, else in line
+  (runtimes/offload.py; cost_models/offload.py).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class EngineOptions:
     selective: str = "attention"
     moe_host_sync: bool = False
     moe_host_ops: MoEHostOps | None = None
+    offload_overlap: bool = False
 
     def with_(self, **changes: object) -> EngineOptions:
         """A copy with `changes` (field names of this class; another name is refused in one line)."""

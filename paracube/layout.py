@@ -35,6 +35,10 @@ ep x etp must divide dp x cp x tp; tokens reach their experts by all-to-all over
 micro-batches of a step, gathered once per step, their gradients accumulated in gathered form and
 reduce-scattered once per step (FSDP's reshard_after_forward=False); 0 re-gathers them every micro-batch.
 Unpinned (None) the planner chooses; the executor and the estimate of an unpinned layout use 0.
+`off=N` (activation offloading, pp = 1): the saved activations of the model's first N blocks go to host memory in
+forward and come back in backward (Megatron-core --cpu-offloading-num-layers N; paracube's executor:
+torch.autograd.graph.save_on_cpu); N in [0, layers] (the runtime may allow less: runtimes/offload.py; priced by
+cost_models/offload.py). Unpinned (None) the planner chooses (planner/offload_passes.py); `off=0` pins none.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class Layout(RankGrid):
     # `fa=0|1` pins the attention kernel (1 flash, 0 unfused); None: not pinned (the executor runs flash,
     # the planner searches both).
     flash: int | None = None
+    offload: int | None = None  # `off=N`: the first N blocks' activations offloaded to the host (None: not pinned)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -243,6 +248,8 @@ class Layout(RankGrid):
             parts.append(f"kw={self.keep_weights}")
         if self.flash is not None:
             parts.append(f"fa={self.flash}")
+        if self.offload is not None:
+            parts.append(f"off={self.offload}")
         if self.placement and self.placement != self.default_placement:
             # cp=1 is left out of the text (layouts written before cp existed round-trip unchanged); a placement
             # that only moves size-1 axes is the default one (the same rank grid) and is not printed

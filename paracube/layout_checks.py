@@ -70,6 +70,9 @@ def check_fields(layout: Layout) -> None:
           f"kw=1 keeps gathered weights: tp={'/'.join(n for n, m in MODES.items() if m.keeps_weights)} only, "
           f"not {layout.mode}")
     check(layout.flash in (None, 0, 1), f"fa={layout.flash!r} is not valid; valid: 0 (unfused), 1 (flash)")
+    check(layout.offload is None or (isinstance(layout.offload, int) and not isinstance(layout.offload, bool)
+                                     and layout.offload >= 0),
+          f"off={layout.offload!r} is not valid; valid: off=N, N in [0, layers] (blocks offloaded to the host)")
     check(layout.interleave == 1 or layout.pp > 1, "interleave v > 1 needs pipeline parallelism (pp > 1)")
 
 

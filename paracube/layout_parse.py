@@ -1,7 +1,7 @@
 """A layout from its text: `parse_layout` of `dp=2,pp=4,tp=3d:4x4x4,...`; `str(layout)` is its inverse (layout.py).
 
 Syntax: `dp=2,pp=4[,cp=2[,cpc=p2p|ag]][,ep=4][,etp=2],tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full]
-[,kw=0|1][,fa=0|1][,place=x.y.z.dp.pp]`.
+[,kw=0|1][,fa=0|1][,off=N][,place=x.y.z.dp.pp]`.
 What each part means is layout.py's docstring; the values it may take, layout_checks.py's. A part that is not valid
 raises one line naming the layout, the part and what is valid.
 """
@@ -17,7 +17,7 @@ LAYOUT_SYNTAX = ("dp=N,pp=N[,cp=N[,cpc=p2p|ag]][,ep=N][,etp=N],tp=MODE:SHAPE[,mb
                  "[,shard=N]"
                  "[,rc=none|selective|full]"
                  "[,overlap][,tpo][,a2ao]" + "".join(f"[,{f} (tp={m.variant_of})]" for f, m in VARIANTS.items()) +
-                 "[,kw=0|1][,fa=0|1][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
+                 "[,kw=0|1][,fa=0|1][,off=N][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
 def parse_layout(text: str) -> Layout:
@@ -53,6 +53,10 @@ def parse_layout(text: str) -> Layout:
             check(value.strip().isdigit() and int(value) >= 1,
                   f"layout {text!r}: {key}={value!r} must be a positive integer")
             fields[{"mb": "micro_batch", "v": "interleave"}.get(key, key)] = int(value)
+        elif key == "off":
+            check(value.strip().isdigit(), f"layout {text!r}: off={value!r} is not valid; valid: off=N, N in [0, "
+                  "layers] (the blocks whose activations are offloaded to the host)")
+            fields["offload"] = int(value)
         elif key == "cpc":
             check(value.strip() in CP_COMMS, f"layout {text!r}: cpc={value!r} is not valid; valid: "
                   f"{', '.join(CP_COMMS)} (ring p2p, all-gather)")

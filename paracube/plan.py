@@ -64,6 +64,9 @@ class Plan:
     def __post_init__(self) -> None:
         check(self.layout.world_size == self.gpus,
               f"layout {self.layout} needs {self.layout.world_size} ranks but the plan has gpus={self.gpus}")
+        check(not self.layout.offload or self.layout.offload <= self.model.layers,
+              f"layout {self.layout}: off={self.layout.offload} offloads more blocks than the model's "
+              f"{self.model.layers}; valid: off=N with N in [0, {self.model.layers}]")
         check(self.launch.nnodes * self.launch.nproc_per_node == self.gpus,
               f"launch nnodes={self.launch.nnodes} x nproc_per_node={self.launch.nproc_per_node} "
               f"!= gpus={self.gpus}")

@@ -22,8 +22,8 @@ import torch
 from dist_helpers import rel_err, run_distributed, saved_bytes
 
 from paracube.cost_models import activations, estimate
+from paracube.cost_models.block_acts import megatron_block_bytes as _block_acts
 from paracube.cost_models.dims import dims_of, padded_vocab, with_pins
-from paracube.cost_models.memory import _block_acts
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.executor import Mesh, build_model

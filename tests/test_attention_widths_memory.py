@@ -2,8 +2,8 @@
 multi-head latent attention (DeepSeek-V2/V3), in both counts (equivalence: a closed form per family against the
 count; the executor's measured saved bytes against paracube's count).
 
-- Megatron's count (memory._block_acts): the wide-head model minus the same model at hidden / heads per head
-  equals memory.attention_widths' terms (4 (q_width - h) + 4 (kv_width - kv) + qk norms' inputs, less the
+- Megatron's count (block_acts.megatron_block_bytes): the wide-head model minus the same model at hidden / heads
+  per head equals block_acts.attention_widths' terms (4 (q_width - h) + 4 (kv_width - kv) + qk norms' inputs, less the
   projection input's FP8 saving), in every recomputation, sp and tp; MLA's per block equals a per-tensor sum
   written out here by hand (Megatron-core's MLA: latents, q, k, v, output).
 - paracube's count (activations.block_bytes): MLA measured on the executor (tests/dist_helpers.saved_bytes, the
@@ -22,8 +22,9 @@ from dist_helpers import run_distributed, saved_bytes
 
 from paracube.cost_models import estimate
 from paracube.cost_models.activations import block_bytes
+from paracube.cost_models.block_acts import attention_widths
+from paracube.cost_models.block_acts import megatron_block_bytes as _block_acts
 from paracube.cost_models.dims import dims_of
-from paracube.cost_models.memory import _block_acts, attention_widths
 from paracube.cost_models.validity import layout_arrays
 from paracube.executor import Mesh, build_model
 from paracube.layout_parse import parse_layout

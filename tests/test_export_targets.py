@@ -103,6 +103,11 @@ PLANS: dict[str, Plan] = {
     "llama4-scout-ep": make("llama4-scout", "dp=8,ep=8,tp=none,mb=1,zero=3,overlap", batch=256),
     "llama4-maverick-pp-ep": make("llama4-maverick", "dp=8,pp=2,ep=8,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256,
                                   runtime="megatron"),
+    # activation offloading (Layout off=N, runtimes/offload.py): Megatron-core's first N < layers layers without
+    # recomputation; DeepSpeed's cpu_checkpointing, every checkpoint but the last, with full recomputation only
+    "offload-megatron": make("llama2-7b", "dp=8,tp=none,mb=1,off=16", batch=64, recompute="none", runtime="megatron"),
+    "offload-deepspeed": make("llama2-7b", "dp=8,tp=1d:2,mb=1,off=31", batch=64, recompute="full",
+                              runtime="deepspeed"),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -137,6 +142,10 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("llama4-scout-ep", "deepspeed"): "no NoPE blocks or the L2 q / k norm",
     ("llama4-maverick-pp-ep", "torchtitan"): "fold over dp_shard x cp x tp",
     ("llama4-maverick-pp-ep", "deepspeed"): "no NoPE blocks or router scores on the experts' input",
+    ("offload-megatron", "torchtitan"): "does not offload activations to the host (off=16)",
+    ("offload-megatron", "deepspeed"): "offloads activations with rc=full only, not rc=none (off=16)",
+    ("offload-deepspeed", "torchtitan"): "does not offload activations to the host (off=31)",
+    ("offload-deepspeed", "megatron"): "offloads activations with rc=none only, not rc=full (off=31)",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",
@@ -359,6 +368,7 @@ def test_deepspeed_config_accepts_the_export(name: str) -> None:
         assert zero.reduce_bucket_size == BUCKET_BYTES // GRAD_BYTES
         assert zero.zero_hpz_partition_size == (lay.shard or 1)
     assert ("--deepspeed-activation-checkpointing" in text) == (plan.training.recompute == "full")
+    assert config.get("activation_checkpointing", {}).get("cpu_checkpointing", False) == bool(lay.offload)
 
 
 def test_deepspeed_refuses_a_wrong_config() -> None:
@@ -556,6 +566,8 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--no-rope-freq": [("tc", "no_rope_freq", lambda v: [int(x) for x in _str(v).strip("[]").split(",")]
                         if _str(v).startswith("[") else _int(v))],
     "--qk-l2-norm": [("tc", "qk_l2_norm", _on)],
+    "--cpu-offloading": [("tc", "cpu_offloading", _on)],
+    "--cpu-offloading-num-layers": [("tc", "cpu_offloading_num_layers", _int)],
     "--moe-apply-probs-on-input": [("tc", "moe_apply_probs_on_input", _on)],
 }
 
@@ -652,6 +664,9 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
         assert (transformer.moe_shared_expert_intermediate_size or 0, transformer.moe_router_score_function,
                 transformer.moe_apply_probs_on_input) == (m.moe.shared_ffn, m.moe.router, m.moe.probs_on_input)
     assert (transformer.recompute_granularity or "none") == plan.training.recompute
+    # activation offloading: TransformerConfig's own checks ran (N < layers, pp = 1, no recomputation)
+    assert (transformer.cpu_offloading, transformer.cpu_offloading_num_layers,
+            transformer.cpu_offloading_activations) == (bool(lay.offload), lay.offload or 0, True)
     assert kwargs["model"].get("share_embeddings_and_output_weights", True) == m.tied_embeddings
     assert ddp.use_distributed_optimizer == (lay.zero == 1)
     assert ddp.use_megatron_fsdp == (lay.zero >= 2)

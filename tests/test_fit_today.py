@@ -14,10 +14,11 @@ from paracube.calibration.run_prediction import predict, preset_topology
 from paracube.calibration.runs_csv import MCORE_BUCKET_MIN, MCORE_BUCKET_PER_DP, read_runs
 from paracube.cost_models import fp8
 from paracube.cost_models.analytic import estimate
+from paracube.cost_models.block_acts import megatron_block_bytes as _block_acts
 from paracube.cost_models.compute import FLASH_BWD, FLASH_CAUSAL, GemmModel, attention_core_time
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_event
-from paracube.cost_models.memory import _block_acts, stage_memory
+from paracube.cost_models.memory import stage_memory
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
 from paracube.layout_parse import parse_layout
@@ -75,10 +76,11 @@ def test_rows_refused_for_memory_now_plan_with_their_cp(runs: dict) -> None:
 
 
 def test_a_pinned_row_refused_says_why_its_own_pass_refused_it(runs: dict) -> None:
-    """Llama 3 70B FSDP on 64 GB200s, seq 8192 (the search also tries cp = 2, 4, whose dp cannot be the pinned 64):
-    the refusal names the cp = 1 pass's reason (memory over the device's), not the cp passes' "matches no layout"
-    (what it said before)."""
+    """Llama 3 70B FSDP on 64 GB200s, seq 8192, activation offloading forbidden (off=0; the search also tries cp = 2,
+    4, whose dp cannot be the pinned 64): the refusal names the cp = 1 pass's reason (memory over the device's), not
+    the cp passes' "matches no layout" (what it said before). Planned with offloading: tests/test_offload.py."""
     r = runs["gb200-l3-70B-fsdp"]
+    r = replace(r, layout=r.layout.with_(offload=0))
     with pytest.raises(ParacubeError) as err:
         predict(r, preset_topology(r), "megatron")
     assert "none: memory >" in str(err.value) and "none: no none layout" not in str(err.value)

@@ -123,5 +123,6 @@ def test_every_runtime_prefetches_and_the_dimension_reads_it() -> None:
                              gather_16bit=rt.param_gather_16bit, fp8_param_gather=rt.fp8_param_gather,
                              fp8_scaling=rt.fp8_scaling, fp8_experts=rt.fp8_experts,
                              moe_dispatch=rt.moe_dispatch, selective=rt.selective,
-                             moe_host_sync=rt.moe_host_sync, moe_host_ops=rt.moe_host_ops)
+                             moe_host_sync=rt.moe_host_sync, moe_host_ops=rt.moe_host_ops,
+                             offload_overlap=rt.offload is not None and rt.offload.overlap)
         assert opts.fsdp_prefetch  # FSDP2, DeepSpeed stage 3, Megatron-FSDP, executor/data_parallel/fsdp.py

@@ -3,7 +3,9 @@ divides (GPT-2's 50,257), against the serial reference (equivalence template): t
 micro-batch, losses and parameters after 3 AdamW steps through train_step (relative 1e-5, serial and sharded
 copies in fp64: dist_helpers.TOL_FP64 says why), the collectives of one fp32 step equal to the model's
 (`traffic.stage_events`, zero difference) and the bytes autograd saves for backward equal to
-cost_models/activations.py (2%).
+cost_models/activations.py (2%). Offloaded layouts (off=N) run the same equivalence, and the blocks' offload hooks
+pack exactly the tensors (count and bytes) those blocks save without offloading, into host ('cpu') tensors, and no
+other block packs any.
 
 One rank launch per world size runs every case of that size; the tests assert on the results.
 """
@@ -25,6 +27,7 @@ from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference, train_step
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.model.gpt import ParallelGPT, _resize
+from paracube.executor.model.offload import BlockOffload
 from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES
 from paracube.topologies import load_topology
@@ -53,7 +56,11 @@ CASES = [  # (layout, recompute, model)
     ("tp=1d:4,sp,fa=0", "none", "test"),
     ("tp=2d:2x2,fa=0", "none", "test"),
     ("tp=3d:2x2x2,fa=0", "none", "test"),
+    # activation offloading (off=N, executor/model/offload.py): the first N blocks under save_on_cpu
+    ("dp=2,tp=1d:2,sp,off=1", "none", "test"),
+    ("tp=1d:4,sp,off=2", "selective", "llama"),
 ]
+PRICED = [c for c in CASES if "off=" not in c[0]]  # local-cpu has no host link to price offloading on
 LLAMA = ModelSpec("llama", layers=2, hidden=32, heads=8, ffn_hidden=64, vocab=64, seq_len=16, family="llama",
                   kv_heads=4, rope_theta=500.0)
 SPECS = {"test": SPEC, "gpt2-vocab": GPT2_VOCAB, "llama": LLAMA,
@@ -143,7 +150,33 @@ def _one_case(rank: int, layout_text: str, recompute: str, model_name: str) -> d
         errs[f"step{step}.loss"] = abs(res.loss - ref_step_losses[step]) / ref_step_losses[step]
     for name, p in model.named_parameters():
         errs[f"param:{name}"] = rel_err(p, _block_of(model, ref, name))
-    return {"errors": errs, "events": events, "activations": {"fp32": saved, "bf16": saved16}}
+    packs = _offload_packs(spec, mesh, recompute, *micro[0]) if layout.offload else None
+    return {"errors": errs, "events": events, "activations": {"fp32": saved, "bf16": saved16}, "packs": packs}
+
+
+def _offload_packs(spec: ModelSpec, mesh: Mesh, recompute: str, ids: torch.Tensor, labels: torch.Tensor
+                   ) -> dict[str, dict[int, tuple[int, int, list[str]]]]:
+    """Per block, (tensors, bytes, devices) that the offloaded model's hooks packed in one forward, and (tensors,
+    bytes) that the same model's blocks save with offloading turned off (counted by a saved-tensors hook)."""
+    model = build_model(spec, mesh, seed=7, recompute=recompute, dtype=F64)
+    model(ids, labels)
+    packed = {i: (c.tensors, c.bytes, sorted(c.devices)) for i, c in model.offload.packed.items()}
+    plain = build_model(spec, mesh, seed=7, recompute=recompute, dtype=F64)
+    plain.offload = BlockOffload(0, False)  # this copy offloads nothing
+    saved: dict[int, tuple[int, int, list[str]]] = {}
+    x = plain.embed(plain.context_tokens(ids), ids.shape[1])
+    for i in plain.chunks[0]:
+        count = [0, 0]
+
+        def pack(t: torch.Tensor, count: list[int] = count) -> torch.Tensor:
+            count[0] += 1
+            count[1] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            x = plain.run_block(plain.blocks[i], x, ids.shape[1])
+        saved[i] = (count[0], count[1], ["cpu"])
+    return {"packed": packed, "saved": saved}
 
 
 def run_cases(rank: int, world: int, cases: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Any]:
@@ -185,8 +218,20 @@ def test_traffic_equals_prediction(results, case) -> None:
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c not in PRICED], ids=lambda c: "-".join(c))
+def test_offloaded_blocks_pack_their_saved_tensors_to_the_host(results, case) -> None:
+    """Exactly the first N blocks pack, each what it saves without offloading (tensors and bytes equal), into
+    host tensors (on CPU ranks save_on_cpu keeps the tensor itself: the count, not the copy, is the evidence)."""
+    n = parse_layout(case[0]).offload
+    for rank, r in enumerate(results[case]):
+        packed, saved = r["packs"]["packed"], r["packs"]["saved"]
+        assert sorted(packed) == list(range(n)), (rank, sorted(packed))
+        for i in range(n):
+            assert packed[i][0] > 0 and packed[i] == saved[i], (rank, i, packed[i], saved[i])
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c))
+@pytest.mark.parametrize("case", PRICED, ids=lambda c: "-".join(c))
 def test_saved_activations_equal_the_model(results, case, dtype) -> None:
     layout = parse_layout(case[0]).with_(micro_batch=B)
     training = replace(_training(case[0], case[1]), dtype=dtype)

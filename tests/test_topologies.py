@@ -417,8 +417,9 @@ def test_current_presets_load_size_and_plan(name: str, nodes: int, per_node: int
     # is flagged NOT FITTED in `paracube topologies`
     sources = preset_sources(name)
     assert set(sources) == {"gemm", "fp8 gemm", "overlap drag", "straggler", f"intra-node {nvlink[1]}",
-                            "inter-node ndr-ib", "host wait", "host issue"}
+                            "inter-node ndr-ib", "host wait", "host issue", "host link"}
     assert sources["host wait"].startswith("NOT FITTED")  # a dropless MoE block's host wait (host_sync.py)
+    assert sources["host link"].startswith("NOT FITTED")  # activation offloading's link (host_link.py)
     assert sources["host issue"].startswith("NOT FITTED")  # its host's seconds per op (host_issue.py)
     assert sources["overlap drag"].startswith("fitted on the dgx-")  # Hopper's / Blackwell's refits (goes to 0)
     assert sources["straggler"].startswith("fitted on the dgx-")  # Hopper's (H200: its generation), Blackwell's (0)
@@ -453,7 +454,9 @@ def test_fitted_generations_keep_their_sources() -> None:
                        for k in ("gemm", "overlap drag", "intra-node nvlink3-nvswitch", "inter-node hdr-ib")},
                     "straggler": "fitted on the dgx-a100 rows of benchmarks/data/published_runs.csv (0.0015 beside the "
                                  "drag, under 0.4% of any A100 step: 0 shipped)",
-                    "host wait": wait, "host issue": issue}
+                    "host wait": wait, "host issue": issue,
+                    "host link": "NOT FITTED: 32 GB/s per direction to the host, 250 GB host memory per GPU, datasheet "
+                                 "figures (topologies/host_link.py; no run offloads activations)"}
     assert preset_sources("dgx2-v100")["inter-node edr-ib"].startswith("NOT FITTED: borrowed from hdr-ib")
     assert preset_sources("dgx2-v100")["overlap drag"].startswith("NOT FITTED: no run of the set overlaps")
     assert preset_sources("dgx2-v100")["straggler"].startswith("NOT FITTED: no run of the set has data-parallel")

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paracube.cost_models import fp8, recompute
+from paracube.cost_models import fp8, offload, recompute
 from paracube.cost_models.attention_window import window_share
 from paracube.cost_models.collective import wait_steps
 from paracube.cost_models.dims import DTYPE_NAMES, Dims
@@ -92,6 +92,7 @@ class GemmModel:
     # generation, topologies/efficiency.STRAGGLER; cost_models/stragglers.py); 0: no wait.
     straggler: float = 0.0
     sync: float = 0.0  # seconds the device idles per host wait (DeviceSpec.sync_s; cost_models/host_sync.py)
+    host_bw: float = 0.0  # bytes/s per direction to the host (DeviceSpec.host_bandwidth; cost_models/offload.py)
 
     @property
     def waits(self) -> bool:
@@ -171,7 +172,7 @@ def block_compute_time(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tupl
     bwd = bwd_blk + attn_b + 2 * elem_f
     if d.recompute == "selective":  # the runtime's rule (Dims.selective, recompute.py)
         bwd = bwd + recompute.selective_time(d, mode, b, g, attn_f, elem_f)
-    return fwd_blk + attn_f + elem_f, bwd
+    return offload.with_transfers(d, mode, b, g.host_bw, fwd_blk + attn_f + elem_f, bwd)  # off=N (offload.py)
 
 
 def stage_compute_time(d: Dims, mode: str, b: LayoutBatch, last: Arr, g: GemmModel, first: Arr | int = 0,

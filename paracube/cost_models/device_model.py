@@ -53,7 +53,8 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
                          call_overhead=float(getattr(device, "call_overhead_s", 0.0)),
                          ring_wait=float(getattr(device, "ring_wait_s", 0.0)),
                          send_wait=float(getattr(device, "send_wait_s", 0.0)), overlap_drag=drag, straggler=jitter,
-                         ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
+                         ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)),
+                         host_bw=float(getattr(device, "host_bandwidth", 0.0)))
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag",
                                            "straggler") if gemm is not None and getattr(gemm, k) is not None}
@@ -68,7 +69,8 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
                      op_overhead=overhead or 0.0, op_overhead_by_mode=by_mode, comm=cal.comm_table(),
                      ring_wait=wait or 0.0, call_overhead=call or 0.0,
                      send_wait=float(getattr(device, "send_wait_s", 0.0)),  # the scheduler's: calibrated or not
-                     ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)))
+                     ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)),
+                     host_bw=float(getattr(device, "host_bandwidth", 0.0)))
 
 
 def _ranks_per_core(device: object, cal: object) -> float:

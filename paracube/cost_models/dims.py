@@ -85,6 +85,11 @@ class Dims:
     # `chunked` True: the mask is chunks, not a sliding band (attention_window.py)
     window: int = 0
     window_frac: float = 0.0
+    # Activation offloading (Layout off=N, pp = 1; cost_models/offload.py): the share N / L of the blocks whose saved
+    # activations go to the host (a share, as window_frac: the event engine prices one block on dims of L = pp), and
+    # whether the runtime copies them beside compute (EngineOptions.offload_overlap) or in line
+    offload_frac: float = 0.0
+    offload_overlap: bool = False
     window_pattern: str = ""
     chunked: bool = False
     attention_bias: bool = False  # ModelSpec.attention_bias (GPT-OSS): qkv and proj with biases
@@ -254,13 +259,19 @@ def with_options(d: Dims, o: EngineOptions) -> Dims:
     """`d` with the runtime's per-element choices (engine_options.py) the closed forms read from Dims."""
     return replace(d, grad_bytes=o.grad_bytes, gather_16bit=o.gather_16bit, fp8_param_gather=o.fp8_param_gather,
                    fp8_scaling=o.fp8_scaling, fp8_experts=o.fp8_experts, moe_dispatch=o.moe_dispatch,
-                   selective=o.selective, moe_host_sync=o.moe_host_sync, moe_host_ops=o.moe_host_ops)
+                   selective=o.selective, moe_host_sync=o.moe_host_sync, moe_host_ops=o.moe_host_ops,
+                   offload_overlap=o.offload_overlap)
 
 
 def with_pins(d: Dims, layout: object) -> Dims:
-    """`d` with the layout's pinned recomputation (Layout.recompute, `rc=`) and attention kernel (`fa=`)."""
+    """`d` with the layout's pinned recomputation (Layout.recompute, `rc=`), offloaded blocks (`off=`, in [0, L]) and
+    attention kernel (`fa=`)."""
     rc = getattr(layout, "recompute", None)
     d = d if rc is None or rc == d.recompute else replace(d, recompute=rc)
+    off = getattr(layout, "offload", None)
+    if off:
+        check(off <= d.L, f"off={off} offloads more blocks than the model's {d.L}; valid: off=N with N in [0, {d.L}]")
+        d = replace(d, offload_frac=off / d.L)
     fa = getattr(layout, "flash", None)
     return d if fa is None or bool(fa) == d.flash else replace(d, flash=bool(fa))
 

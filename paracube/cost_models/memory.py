@@ -52,7 +52,8 @@ in temporaries.
 FP8 (`--dtype fp8`, fp8.py): the 16-bit layout above (bf16 parameters, fp32 masters) plus the block linears' FP8
 weight copies (weight and transpose, 1 byte each per local weight element) and their scales, in temporaries; with
 FP8 parameters (Runtime.fp8_param_gather) those weights are held in FP8 only (1 byte in parameters, the transpose in
-temporaries). Megatron's count with FP8: the linears' saved inputs are their FP8 casts (_FP8_SAVED).
+temporaries). Megatron's count with FP8: the linears' saved inputs are their FP8 casts (_FP8_SAVED). The per-block
+counts: block_acts.py. Activation offloading (off=N) takes the offloaded blocks off the fl Ls: offload.py.
 """
 
 from __future__ import annotations
@@ -62,90 +63,16 @@ from dataclasses import replace
 import numpy as np
 
 from paracube.cost_models import activations, fp8
+from paracube.cost_models.block_acts import megatron_block_bytes, saved_block_bytes
 from paracube.cost_models.comm import stage_layers_params
 from paracube.cost_models.context_parallel import kv_buffer_bytes
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.offload import resident_blocks
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import COMPUTE, Collective, Sizes, padded
 from paracube.modes.stages import stage_layers
 
 Arr = np.ndarray
-
-
-def _block_acts(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
-    """Korthikanti et al.'s bytes of one block (the formulas above; per mode: TensorMode.megatron_block)."""
-    if recompute == "selective" and d.selective == "op":  # torchtitan's per-op rule: what it saves (recompute.py)
-        return activations.block_bytes(d, mode, b)
-    t, q, depth, mb = (x.astype(float) for x in (b.t, b.q, b.depth, b.mb))
-    m = MODES[mode]
-    s, h = d.s, d.h
-    sbh = mb * s * h
-    # Korthikanti's 18 sbh less what grouped-query attention and llama recipes do not keep (_gqa_saving, _MASKS)
-    own = 18 - _gqa_saving(d) - (_MASKS if d.family == "llama" else 0)
-    X = own * sbh + (4 if d.family == "gpt" else 6) * mb * s * d.f
-    if d.fp8:  # Transformer Engine saves each block linear's input as its FP8 cast (1 byte, not 2; _FP8_SAVED)
-        X = X - _FP8_SAVED * sbh - mb * s * d.f
-    whole, split = attention_widths(d)  # true attention widths beyond the dense part's (wide heads, MLA)
-    X = X + split * mb * s
-    # 5 a s^2 b: the unfused core's softmax and dropout (fa=0); flash (Transformer Engine's fused attention in
-    # Megatron-core) keeps no s x s tensor, as selective recomputation drops it.
-    att = 5.0 * d.heads * s * s * mb if recompute == "none" and not d.flash else 0.0
-    scale = d.c / 2.0
-    if recompute == "full":
-        return scale * 2 * sbh / m.act_split(t, b.sp)
-    # `whole`: tensors every tensor rank keeps whole without sp, sequence shards with it (MLA's latents)
-    return m.megatron_block(d, X, att, sbh, mb * s, t, q, depth, b.sp, scale) + scale * whole * mb * s / m.act_split(
-        t, b.sp)
-
-
-# Korthikanti's per-block count assumes multi-head attention and dropout. Of its attention terms, K and V (2 sbh
-# each) shrink to kv / heads of that with grouped-query attention (d.kv = kv_heads x head dim), a saving of
-# 4 (1 - kv / h) sbh; its two 1-byte-per-element dropout masks (after the attention projection and the MLP, 2 sbh)
-# are not kept by llama-family recipes (Megatron-core / NeMo llama and Nemotron configs: hidden_dropout 0).
-_MASKS = 2
-# With FP8 (fp8.py), Transformer Engine's linears save for the wgrad GEMM the FP8 cast of their input instead of
-# the bf16 input (te.Linear / LayerNormLinear / LayerNormMLP save the quantized `inputmat` / `ln_out`): the QKV,
-# projection and fc1 inputs (2 sbh each) and fc2's input (2 sbf: the GeLU or SwiGLU output) halve, 3 sbh + sbf
-# less per block. Without sp, 1D keeps the QKV and fc1 inputs whole on every rank (one_d.megatron_block).
-_FP8_SAVED = 3
-
-
-def _gqa_saving(d: Dims) -> float:
-    return 4.0 * (1.0 - d.kv / d.h)
-
-
-def attention_widths(d: Dims) -> tuple[float, float]:
-    """Bytes per token (16-bit, Korthikanti's units) one block's true attention keeps beyond the dense part's terms
-    (queries h, keys and values kv, the projection's input h: split over the tensor ranks; the QKV input h: whole
-    without sp), as (whole: kept whole on every tensor rank without sp, sequence shards with it; split: over the
-    tensor ranks). Megatron-core 0.16.1, Transformer Engine modules, flash attention (the core saves q, k, v, its
-    output and the softmax statistics; selective recomputation keeps them: they are the checkpoint's inputs):
-    - a head width other than h / heads (Qwen3; attention.py): queries and the core's output (the projection's
-      input) q_width = heads x head width, keys and values kv_width = kv heads x head width: 4 (q_width - h) +
-      4 (kv_width - kv); with qk_norm the per-head RMSNorms keep their inputs, the queries and the keys (TE's
-      RMSNorm saves its input): 2 (q_width + kv_width); with FP8 the projection keeps its input's FP8 cast,
-      1 byte a column: - (q_width - h).
-    - multi-head latent attention (multi_latent_attention.py; DeepSeek-V3's layer spec: q / kv down projections
-      TELinear duplicated over the tensor group, the up projections TELayerNormColumnParallelLinear fusing
-      q_layernorm / kv_layernorm, a separate input norm): the down projections share the input norm's output
-      (Korthikanti's QKV input, counted); each up projection keeps its norm's input and its norm's output, whole
-      on every tensor rank (sequence shards with sp: TE re-gathers them in backward): whole 4 (r_q + r_kv)
-      (r_q = 0 without q_lora_rank: q_proj reads the shared input); per rank's heads the core keeps q and k,
-      H (d_n + d_r) each (RoPE applied: new contiguous tensors; the up projections' outputs are not kept), v and
-      its output H d_v each (the output is the projection's input): split 4 H (d_n + d_r) + 4 H d_v - 4 h - 4 kv.
-      With FP8 each linear keeps its input's FP8 cast: the two down projections each their own cast of the
-      input (2 h bytes, against the dense QKV's one h: whole + h), the up projections' norm outputs at 1 byte
-      (whole - (r_q + r_kv)), the projection's input (split - (H d_v - h)).
-    (0, 0) for attention of h / heads per head."""
-    h, kv, heads, m = float(d.h), float(d.kv), float(d.heads), d.mla
-    if m is not None:
-        latent = float((m.q_lora_rank or 0) + m.kv_lora_rank)
-        whole = 4 * latent + (h - latent if d.fp8 else 0.0)
-        split = 4 * heads * (m.qk_head_dim + m.v_head_dim) - 4 * h - 4 * kv - (heads * m.v_head_dim - h if d.fp8 else 0)
-        return whole, split
-    qw, kw = float(d.q_width), float(d.kv_width)
-    split = 4 * (qw - h) + 4 * (kw - kv) + (2 * (qw + kw) if d.qk_norm else 0.0) - (qw - h if d.fp8 else 0.0)
-    return 0.0, split
 
 
 def op_remade_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
@@ -212,15 +139,16 @@ def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, ze
     # min(N, 2 pp) of its forwards alive), the head's in the last chunk of the last stage (1 alive).
     fl_first = np.where(b.v > 1, np.minimum(N, 2.0 * pp), fl)
     V = padded(d.V, m.vocab_split(t, b.q))
+    blocks = resident_blocks(d, Ls, fl) * saved_block_bytes(d, mode, b)  # fl Ls blocks, less those offloaded (off=N)
     if d.activations == "paracube":
-        acts = (fl * Ls * activations.block_bytes(d, mode, b) + F * fl_first * activations.first_stage_bytes(d, mode, b)
+        acts = (blocks + F * fl_first * activations.first_stage_bytes(d, mode, b)
                 + H * np.minimum(fl, 1.0) * activations.last_stage_bytes(d, mode, b, V))
     else:
-        acts = fl * Ls * _block_acts(d, mode, b, d.recompute) + F * fl_first * 4 * T * d.h / m.act_split(t, b.sp)
+        acts = blocks + F * fl_first * 4 * T * d.h / m.act_split(t, b.sp)
     temp = _temporaries(d, mode, b, T, V, H) + H * logit_bytes(d) * T * V / t
     if d.recompute == "full":
         full = d if d.activations == "megatron" else replace(d, recompute="none")
-        temp = temp + (_block_acts(d, mode, b, "none") if d.activations == "megatron"
+        temp = temp + (megatron_block_bytes(d, mode, b, "none") if d.activations == "megatron"
                        else activations.block_bytes(full, mode, b))
     if d.recompute == "selective" and d.selective == "op":  # one block's re-made tensors live during its backward
         temp = temp + op_remade_bytes(d, mode, b)

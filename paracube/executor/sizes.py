@@ -8,6 +8,8 @@ from paracube.layout import Layout
 from paracube.modes import MODES, runnable_modes
 from paracube.modes.base import tokens_split_ok
 from paracube.modes.stages import split_ok
+from paracube.runtimes import RUNTIMES
+from paracube.runtimes.offload import offload_refusal
 from paracube.workload import ModelSpec
 
 
@@ -136,6 +138,15 @@ def check_context_parallel(spec: ModelSpec, layout: Layout, seq_len: int, comms:
                             "runs without dropout on the probabilities; set attention_dropout 0 or use cp=1")
 
 
+def check_offload(spec: ModelSpec, layout: Layout, recompute: str) -> None:
+    """Activation offloading (off=N) as the executor runs it (runtimes/paracube.py's Offload: pp = 1, N in [0, layers],
+    no full recomputation): one line naming the bad value and what is valid."""
+    rt = RUNTIMES["paracube"]
+    why = offload_refusal(rt.name, rt.offload, layout, spec.layers, recompute)
+    if why:
+        raise ParacubeError(f"layout {layout}: paracube's executor {why}")
+
+
 def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica: int, layout: Layout) -> str:
     """One line: the micro-batch's tokens, the split they miss, and the nearest micro-batch sizes whose tokens
     split (modes.base.tokens_split_ok), dividing the replica's batch `per_replica` when some do."""
@@ -154,4 +165,4 @@ def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica:
             f"{split} ways (needed by {layout}); nearest valid micro-batch sizes: {', '.join(map(str, near))}{tail}")
 
 
-__all__ = ["check_context_parallel", "check_divisibility", "token_split_refusal"]
+__all__ = ["check_context_parallel", "check_divisibility", "check_offload", "token_split_refusal"]

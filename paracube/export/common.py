@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from paracube import __version__
 from paracube.errors import ParacubeError, check
 from paracube.plan import Plan
+from paracube.runtimes import get_runtime
+from paracube.runtimes.offload import offload_refusal
 
 TARGETS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "torchrun", "slurm")
 # target -> a function returning why it cannot express a plan (None: it can); filled by each target module.
@@ -59,6 +61,13 @@ def one_d_only(plan: Plan) -> str | None:
     if plan.layout.tensor_mode.megatron_style:
         return None
     return f"its tensor parallelism is 1D (Megatron-style); tensor mode {mode} has no equivalent"
+
+
+def offload_why(plan: Plan, target: str) -> str | None:
+    """Why the target's runtime cannot offload the plan's activations as the layout says (off=N; its Runtime.offload,
+    runtimes/offload.py: the stack, the count of the model's blocks, the recomputation), else None."""
+    rt = get_runtime(target)
+    return offload_refusal(rt.name, rt.offload, plan.layout, plan.model.layers, plan.training.recompute)
 
 
 def header(plan: Plan, target: str, written_for: str, notes: Sequence[str] = ()) -> list[str]:

@@ -27,6 +27,7 @@ from paracube.export.common import (
     accumulation_steps,
     comment,
     header,
+    offload_why,
     one_d_only,
     refuse_unless_expressible,
     shell_command,
@@ -45,7 +46,7 @@ CONFIG_FILE = "ds_config.json"
 
 
 def why_not(plan: Plan) -> str | None:
-    if (why := one_d_only(plan)) is not None:
+    if (why := one_d_only(plan) or offload_why(plan, "deepspeed")) is not None:
         return why
     lay = plan.layout
     if lay.interleave > 1:
@@ -116,7 +117,7 @@ def ds_config(plan: Plan) -> dict:
         config["fp16"] = {"enabled": True, "loss_scale": 0}
     if t.recompute != "none":
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
-                                              "cpu_checkpointing": False}
+                                              "cpu_checkpointing": bool(plan.layout.offload)}  # off=N (N = L - 1)
     return config
 
 

@@ -24,6 +24,7 @@ from paracube.export.common import (
     accumulation_steps,
     comment,
     header,
+    offload_why,
     one_d_only,
     refuse_unless_expressible,
     shell_command,
@@ -43,7 +44,7 @@ VOCAB_DIVISOR = 128  # Megatron's default --make-vocab-size-divisible-by
 
 
 def why_not(plan: Plan) -> str | None:
-    if (why := one_d_only(plan)) is not None:
+    if (why := one_d_only(plan) or offload_why(plan, "megatron")) is not None:
         return why
     lay = plan.layout
     if lay.shard is not None and lay.zero >= 2:
@@ -117,6 +118,8 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
         args.append("--recompute-granularity selective")
     elif t.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if lay.offload:  # activation offloading (off=N): the first N layers' activations to the host (runtimes/offload.py)
+        args += ["--cpu-offloading", f"--cpu-offloading-num-layers {lay.offload}"]
     # Attention kernel (layout fa): flash, or Megatron's own core attention ("local": QK^T, fused masked softmax,
     # dropout, x V), the unfused one paracube prices for fa=0.
     args.append(f"--attention-backend {'flash' if lay.uses_flash else 'local'}")

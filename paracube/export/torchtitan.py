@@ -37,6 +37,7 @@ from paracube.export.common import (
     Export,
     comment,
     header,
+    offload_why,
     one_d_only,
     refuse_unless_expressible,
     shell_command,
@@ -58,7 +59,7 @@ RESHARD = {2: "never", 3: "always"}  # zero -> fsdp_reshard_after_forward
 
 
 def why_not(plan: Plan) -> str | None:
-    if (why := one_d_only(plan)) is not None:
+    if (why := one_d_only(plan) or offload_why(plan, "torchtitan")) is not None:
         return why
     if plan.training.dtype not in TORCH_DTYPES:
         return (f"it trains in bf16 or fp32 (mixed_precision_param) or fp8 (its float8 converter), not "

@@ -25,6 +25,9 @@ runtime offers it and prices the other value for the best layout only, as its ru
     cpc      context parallelism's key / value exchange (p2p ring, ag all-gather; modes/context.py): a pass over
              the configurations per value where the runtime offers both (Runtime.cp_comms; the cp degree itself
              is a structural axis: planner/enumerate.context_degrees)
+    off      activation offloading to the host (Layout off=N): 1 where the runtime offloads (Runtime.offload), the
+             search then passes over offloaded block counts, fewest first, only where nothing fits with fewer
+             (planner/offload_passes.py: never faster in the model, it only frees device memory); a pin is the count
     ep, etp  expert parallelism and tensor parallelism inside experts (models with MoE blocks): every value the
              model's experts and the layout's dp x cp x tp ranks admit, priced per layout (planner/experts.py)
 The search reads `values(dim, runtime, fixed, asked)`, never a runtime's name, so a new dimension is a new
@@ -84,8 +87,10 @@ EP = Dimension("ep", _EXPERT_WAYS, lambda f: f.ep if f.ep > 1 else None,
 ETP = Dimension("etp", _EXPERT_WAYS[:4], lambda f: f.etp if f.etp > 1 else None,
                 lambda r: _EXPERT_WAYS[:4] if r.expert_tensor_parallel else (1,),
                 doc="tensor parallelism inside an expert (MoE models)")
+OFF = Dimension("off", (0, 1), lambda f: None if f.offload is None else int(f.offload > 0),
+                lambda r: (0, 1) if r.offload is not None else (0,), doc="activation offloading to the host")
 DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, FSDP_PREFETCH, KW, FA,
-                                                        CPC, EP, ETP, A2AO)}
+                                                        CPC, EP, ETP, A2AO, OFF)}
 
 
 def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
@@ -106,5 +111,5 @@ def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
     return bool(vals) and vals[0] == dim.dominant
 
 
-__all__ = ["A2AO", "CPC", "DIMENSIONS", "EP", "ETP", "FA", "FSDP_PREFETCH", "KW", "OVERLAP", "PARAM_OVERLAP",
+__all__ = ["A2AO", "CPC", "DIMENSIONS", "EP", "ETP", "FA", "FSDP_PREFETCH", "KW", "OFF", "OVERLAP", "PARAM_OVERLAP",
            "PRICED_ZEROS", "RC", "TPO", "ZERO", "Dimension", "chosen", "values"]

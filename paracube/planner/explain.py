@@ -69,6 +69,8 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "tpo": (lambda lay: "tpo" if lay.tpo else "no tpo", lambda f: f.tpo),
     "a2ao": (lambda lay: "a2ao" if lay.a2ao else "no a2ao", lambda f: f.a2ao or f.forbid_a2ao),  # MoE a2a overlap
     "attention": (lambda lay: "fa=1" if lay.uses_flash else "fa=0", lambda f: f.flash is not None),
+    # activation offloading: told where some ranked layout offloads (planner/offload_passes.py)
+    "offload": (lambda lay: f"off={lay.offload or 0}", lambda f: f.offload is not None),
     "placement": (lambda lay: "place=" + ".".join(big_placement(lay) or ("-",)), lambda f: bool(f.placement)),
 }
 
@@ -111,7 +113,7 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
         if (part == "v" and best.pp == 1) or (part == "sp" and not best.tensor_mode.sequence_parallel) or \
                 (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute) \
                 or (part in ("overlap", "tpo", "a2ao") and not any(getattr(lay, part) for lay, _ in rows)) \
-                or (part == "cpc" and best.cp == 1) \
+                or (part == "cpc" and best.cp == 1) or (part == "offload" and not any(lay.offload for lay, _ in rows)) \
                 or (part in ("ep", "etp") and all(lay.ep == lay.etp == 1 for lay, _ in rows)):  # MoE: both told
             continue  # not a choice of its own (overlap, tpo, a2ao: the runtime does not offer it here)
         value = label(best)

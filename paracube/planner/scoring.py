@@ -15,7 +15,7 @@ from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bo
 from paracube.modes import MODES, LayoutBatch
 from paracube.planner.configs import _configs
 from paracube.planner.enumerate import Structure
-from paracube.planner.fits import _valid
+from paracube.planner.offload_passes import valid
 from paracube.planner.search_state import Placements, _layout, _matches, _Search
 
 
@@ -148,7 +148,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     batch = LayoutBatch.of_rows(rows)
     n_places = np.array(counts, dtype=np.int64)
     mode_rej: Counter = Counter()
-    idx, zeros, kws = _valid(s, mode, batch, n_places, mode_rej)
+    idx, zeros, kws = valid(s, mode, batch, n_places, mode_rej)  # fits._valid, less what offloading skips
     s.rejected.update(mode_rej)
     # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.
     batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
@@ -177,7 +177,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
                                                           n_places[kept], zeros[kept], kws[kept], ovs[kept],
                                                           tpos[kept])
     if not len(batch):  # (without mode bests, a mode the bar prunes whole has valid layouts: nothing to explain)
-        if s.mode_bests or not n_valid:
+        if (s.mode_bests or not n_valid) and not s.offload:  # an offloading pass: its first pass's explanation stands
             top = mode_rej.most_common(2)
             s.explanations[mode] = "; ".join(f"{r} ({n} layouts)" for r, n in top) or "no configuration"
         return
@@ -194,7 +194,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
                       s.d.recompute if s.rc_pin else None, bool(ovs[row]), int(kws[row]),
                       s.fixed.flash if s.fixed else None, bool(tpos[row]), s.fixed.shard if s.fixed else None,
-                      s.d.cp_comm)
+                      s.d.cp_comm, s.offload)
         if not _matches(lay, s.fixed):
             continue
         s.best.append((float(step_time[j]), lay))

@@ -45,7 +45,8 @@ in every mode, with and without pipelines and zero=1 (a mode declaring ties_embe
 out). zero=1 shards over the mode's
 gradient group (memory.zero_shards: dp; 2.5D dp x depth), so it is searched wherever that group has several
 ranks (2.5D too at dp=1). Attention: flash unless the layout pins `fa=0` (unfused is dominated in the model);
-the best layout's fa=0 variant joins the ranking.
+the best layout's fa=0 variant joins the ranking. Activation offloading (`off=N`): a pass per offloaded block count
+where nothing fits with fewer, only for what did not fit (planner/offload_passes.py).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from paracube.planner.dimensions import (
 )
 from paracube.planner.enumerate import context_degrees
 from paracube.planner.experts import search_experts
+from paracube.planner.offload_passes import offload_passes, offload_rungs, skips
 from paracube.planner.scoring import _search_mode
 from paracube.planner.search_state import RUNNABLE_MODES, SearchResult, _Search
 from paracube.runtimes import RUNTIMES, Runtime
@@ -199,14 +201,19 @@ def search(
     # and per degree > 1 a pass per exchange the runtime offers (dimensions.CPC), in modes that take cp.
     # sliding windows: only the exchanges the runtime runs them with (Runtime.window_cp_comms)
     cpcs = [str(c) for c in values(CPC, rt, fixed) if c in rt.cp_comms_for(model.sliding_window is not None)]
+    # Activation offloading: per pass, offloaded block counts where nothing fits with fewer (offload_passes.py)
+    host_link = float(getattr(topo.device, "host_bandwidth", 0.0)) > 0  # type: ignore[attr-defined]
+    s.host_cap = float(getattr(topo.device, "host_memory_bytes", 0.0)) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
     for rc in rcs:
+        rungs = offload_rungs(rt, fixed, d.L, rc, host_link)
         for cp in context_degrees(d.s, gpus, fixed.cp if fixed else 1, bool(cpcs)):
             for cpc in cpcs if cp > 1 else [None]:
-                s.d = context_local(replace(d, recompute=rc), cp, cpc)
-                for mode in modes:
-                    sts = _mode_structures(s, mode, gpus) if cp == 1 or MODES[mode].context_parallel else []
-                    if sts:
-                        _search_mode(s, mode, sts)
+                for _ in offload_passes(s, context_local(replace(d, recompute=rc), cp, cpc), rungs):
+                    for mode in modes:
+                        runs = (cp == 1 or MODES[mode].context_parallel) and not skips(s, mode)
+                        sts = _mode_structures(s, mode, gpus) if runs else []
+                        if sts:
+                            _search_mode(s, mode, sts)
     s.d = d
     if not s.best:
         lines = "; ".join(f"{m}: {why}" for m, why in s.explanations.items())

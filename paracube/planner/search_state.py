@@ -63,6 +63,13 @@ class _Search:
     tpo_pinned: bool = False  # the fixed layout's tpo: every tensor-parallel layout has it
     tpo_chosen: bool = False  # the runtime overlaps tensor-parallel collectives with GEMMs (dimensions.TPO)
     fsdp_prefetch: bool = False  # zero=2/3 priced with prefetch (dimensions.FSDP_PREFETCH)
+    host_cap: float = float("inf")  # host memory per device for offloaded activations (planner/offload_passes.py)
+    offload: int = 0  # the pass's offloaded blocks (Layout off=N; offload_passes.py)
+    # per mode, the layouts (but for the micro-batch) an offloading ladder's passes found valid so far (None: no ladder)
+    offload_fitted: dict[str, set[tuple[int, ...]]] | None = None
+    # per mode, the configurations refused for memory that offloading may make fit (offload_passes.valid)
+    offload_pending: dict[str, set[tuple[int, ...]]] | None = None
+    offload_probe: bool = False  # the pass at the ladder's most blocks that only prunes offload_pending
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
@@ -92,11 +99,12 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
 def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
             recompute: str | None = None, overlap: bool = False, kw: int | None = None,
             flash: int | None = None, tpo: bool = False, shard: int | None = None,
-            cp_comm: str | None = None) -> Layout:
+            cp_comm: str | None = None, offload: int = 0) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
         cp=st.cp,
         cp_comm=cp_comm if st.cp > 1 else None,
+        offload=offload or None,  # off=N only where blocks are offloaded: other layouts' text unchanged
         tpo=tpo and bool(MODES[st.mode].axes),
         shard=shard if zero else None,
         keep_weights=kw if MODES[st.mode].keeps_weights else None,

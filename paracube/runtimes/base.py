@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.layout import Layout
 from paracube.modes import MODES
+from paracube.runtimes.offload import Offload, offload_refusal
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES
 
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
@@ -125,6 +126,7 @@ class Runtime:
     # What it does not run of a layout with MoE blocks (one line), or None: it runs every such layout it runs
     moe_check: Callable[[Layout], str | None] | None = None
     source: str = ""  # where the facts come from
+    offload: Offload | None = None  # activation offloading (Layout off=N; runtimes/offload.py); None: none
     cp_comms: tuple[str, ...] = ()  # context parallelism's exchanges it runs, its default first (module docstring)
     cp_note: str = ""  # why it has no context parallelism (cp_comms empty)
     fp8_zeros: tuple[int, ...] | None = None  # zero stages it trains fp8 with (None: every zero stage it runs)
@@ -162,7 +164,8 @@ class Runtime:
                              gather_16bit=self.param_gather_16bit, fp8_param_gather=self.fp8_param_gather,
                              fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts,
                              moe_dispatch=self.moe_dispatch, selective=self.selective,
-                             moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops)
+                             moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops,
+                             offload_overlap=self.offload is not None and self.offload.overlap)
 
     def cp_comms_for(self, windowed: bool) -> tuple[str, ...]:
         """The context-parallel exchanges it runs for a model with (`windowed`) or without sliding windows."""
@@ -256,6 +259,9 @@ class Runtime:
             why_a2a = self.a2a_overlap_refusal(layout, dtype)
             if why_a2a:
                 return f"{who} {why_a2a}"
+        why_off = offload_refusal(self.name, self.offload, layout)
+        if why_off:
+            return f"{who} {why_off}"
         why_moe = self.moe_check(layout) if moe and self.moe_check is not None else None
         if why_moe:
             return f"{who} does not run {layout}: {why_moe}"

@@ -17,6 +17,7 @@ over more than one chunk: refused, attention_chunk.chunk_refusal).
 from __future__ import annotations
 
 from paracube.runtimes.base import MEGATRON_STYLE, Runtime
+from paracube.runtimes.offload import Offload
 
 RUNTIME = Runtime(
     name="deepspeed",
@@ -49,4 +50,9 @@ RUNTIME = Runtime(
     chunk_note=" (Megatron-DeepSpeed has no chunked attention)",
     sliding_window=False,  # Megatron-DeepSpeed has no window argument (module docstring)
     attention_sinks=False,  # nor GPT-OSS's sinks (export/oss_flags.py)
+    # activation_checkpointing.cpu_checkpointing: with full recomputation, every layer's checkpoint but the last on
+    # the host, copied by an asynchronous engine on its own stream (runtimes/offload.py)
+    offload=Offload(("full",), keep_last=True, overlap=True, all_but_last=True,
+                    flags='ds_config activation_checkpointing {"cpu_checkpointing": true}',
+                    source="deepspeed 0.19.8 activation_checkpointing/checkpointing.py:65-69, 501-510"),
 )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from paracube.engine_options import MoEHostOps
 from paracube.runtimes.base import MEGATRON_STYLE, Runtime
+from paracube.runtimes.offload import Offload
 
 RUNTIME = Runtime(
     name="megatron",
@@ -70,4 +71,8 @@ RUNTIME = Runtime(
     cp_comms=("p2p", "ag"),
     window_cp_comms=("ag",),  # Transformer Engine: no sliding window on the p2p ring (module docstring)
     chunk_note=" (megatron-core 0.16.1 has no chunked attention mask in training)",
+    # --cpu-offloading --cpu-offloading-num-layers N: the first N < layers layers, no pipelines, no recomputation
+    # (runtimes/offload.py; transformer_config.py:1137-1152), Transformer Engine's copies on their own stream
+    offload=Offload(("none",), keep_last=True, overlap=True, flags="--cpu-offloading --cpu-offloading-num-layers N",
+                    source="megatron-core 0.16.1 transformer_config.py:1137-1152, model_parallel_config.py:370-389"),
 )

@@ -23,6 +23,7 @@ from paracube.layout_checks import RECOMPUTES
 from paracube.modes import MODES, executor_runs, runnable_modes
 from paracube.modes.experts import executor_refusal
 from paracube.runtimes.base import Runtime
+from paracube.runtimes.offload import Offload
 
 
 def _check(mode: str, pp: int, sp: bool, zero: int, tied: bool, family: str) -> str | None:
@@ -98,4 +99,8 @@ RUNTIME = Runtime(
     cp_note=" (paracube's executor does not run it yet)",
     # chunked attention beyond one chunk in every tensor mode and cp exchange (executor/layers/attention_mask.py)
     chunked_attention=True,
+    # torch.autograd.graph.save_on_cpu around the first N blocks (executor/model/gpt.py): copies in line on the compute
+    # stream, pp = 1, without full recomputation (runtimes/offload.py)
+    offload=Offload(("none", "selective"), keep_last=False, overlap=False, flags="off=N (save_on_cpu)",
+                    source="torch/autograd/graph.py:400-420 (save_on_cpu); executor/model/gpt.py"),
 )

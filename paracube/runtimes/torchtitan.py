@@ -63,4 +63,6 @@ RUNTIME = Runtime(
     source="torchtitan ParallelismConfig (docs/exports.md)",
     cp_comms=("ag",),
     chunk_note=" (torchtitan 0.3.0 has no llama4 module; no model builds its fixed-block mask)",
+    # offload=None: no activation offloading in 0.3.0's trainer (enable_cpu_offload is FSDP's parameters, gradients
+    # and optimizer state; runtimes/offload.py)
 )

@@ -45,6 +45,10 @@ class DeviceSpec:
     # Seconds the device idles per host wait on its results (the queue drained, then the host's next launch:
     # cost_models/host_sync.py, a dropless MoE block's expert counts); 0: none priced (the local CPU is its host).
     sync_s: float = 0.0
+    # The GPU's link to its host CPU, bytes/s per direction, and its share of the host's memory (bytes): what
+    # activation offloading moves over and fills (topologies/host_link.py, cost_models/offload.py); 0: none.
+    host_bandwidth: float = 0.0
+    host_memory_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [k for k in REQUIRED_DTYPES if k not in self.peak_flops]
@@ -56,7 +60,8 @@ class DeviceSpec:
         for attr in ("memory_bytes", "memory_bandwidth"):
             value = getattr(self, attr)
             check(_positive(value), f"device {self.name!r}: {attr}={value!r} must be a positive number")
-        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "send_wait_s", "gemm_half_dim", "sync_s"):
+        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "send_wait_s", "gemm_half_dim", "sync_s",
+                     "host_bandwidth", "host_memory_bytes"):
             value = getattr(self, attr)
             check(value == 0 or _positive(value), f"device {self.name!r}: {attr}={value!r} must be a number >= 0")
         check(_positive(self.ranks_per_core) and self.ranks_per_core >= 1,
@@ -69,7 +74,8 @@ class DeviceSpec:
 
     def to_dict(self) -> dict[str, Any]:
         out = {**asdict(self), "peak_flops": dict(self.peak_flops)}
-        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "send_wait_s", "gemm_half_dim", "sync_s"):
+        for attr in ("op_overhead_s", "call_overhead_s", "ring_wait_s", "send_wait_s", "gemm_half_dim", "sync_s",
+                     "host_bandwidth", "host_memory_bytes"):
             if not out[attr]:  # files of devices without them stay as they were
                 del out[attr]
         if not out["generation"]:

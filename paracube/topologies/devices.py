@@ -4,12 +4,16 @@ Peaks are dense (no 2:4 sparsity): NVIDIA's datasheets quote tensor-core rates "
 rate; the dense figure is half of it. A device with FP8 tensor cores carries a "fp8" peak (the FP8 GEMM rate,
 e4m3 and e5m2 alike); without one `--dtype fp8` is refused (paracube.workload.check_dtype_on). Memory: the
 datasheet's "N GB" taken as N GiB, as nvidia-smi reports these parts (an "80GB" A100 / H100 has 80 GiB).
-The generation keys the fitted efficiencies (efficiency.py).
+The generation keys the fitted efficiencies (efficiency.py). Each preset GPU's host link and host memory share:
+host_link.py (NOT FITTED datasheet figures).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from paracube.topologies.device import DeviceSpec
+from paracube.topologies.host_link import host_link
 from paracube.topologies.rates import GiB
 
 # A GPU's idle per host wait (DeviceSpec.sync_s, cost_models/host_sync.py), NOT FITTED (no fit row exercises it):
@@ -62,6 +66,17 @@ B200_SXM_180GB = DeviceSpec("B200-SXM-180GB", {"fp32": 75e12, "tf32": 1.125e15, 
 B200_GB200_186GB = DeviceSpec("B200-GB200-186GB", {"fp32": 80e12, "tf32": 1.25e15, "fp16": 2.5e15, "bf16": 2.5e15,
                                                    "fp8": 5e15}, 186 * GiB, 8e12, generation="blackwell",
                                                    sync_s=HOST_SYNC_S)
+
+
+
+def _hosted(d: DeviceSpec) -> DeviceSpec:
+    """`d` with its host link and host memory share (host_link.py), where the table has them."""
+    bandwidth, memory = host_link(d.name)
+    return replace(d, host_bandwidth=bandwidth, host_memory_bytes=memory) if bandwidth else d
+
+
+V100_SXM3_32GB, A100_SXM_80GB, H100_SXM_80GB, H200_SXM_141GB, B200_SXM_180GB, B200_GB200_186GB = map(_hosted, (
+    V100_SXM3_32GB, A100_SXM_80GB, H100_SXM_80GB, H200_SXM_141GB, B200_SXM_180GB, B200_GB200_186GB))
 
 DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
     V100_SXM2_16GB, V100_SXM3_32GB, RTX5000_16GB, A100_SXM_80GB, H100_SXM_80GB, H200_SXM_141GB, B200_SXM_180GB,

@@ -112,6 +112,7 @@ from dataclasses import dataclass
 
 from paracube.topologies.device import DeviceSpec
 from paracube.topologies.devices import HOST_BWD_OP_S, HOST_OP_S
+from paracube.topologies.host_link import describe
 
 RUNS = "benchmarks/data/published_runs.csv"
 TODAY = "benchmarks/data/published_runs_today.csv"
@@ -252,6 +253,8 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
     for tier, fabric in (("intra-node", intra), ("inter-node", inter)):
         if fabric:
             out[f"{tier} {fabric}"] = _say(FABRICS[fabric]) if fabric in FABRICS else "nominal rate: no figure"
+    if device.host_bandwidth > 0:  # activation offloading's link and host memory (host_link.py)
+        out["host link"] = describe(device.host_bandwidth, device.host_memory_bytes)
     if device.sync_s > 0:  # the GPU's idle per host wait (cost_models/host_sync.py)
         out["host wait"] = f"NOT FITTED: {device.sync_s * 1e6:.0f} us, an estimate (devices.HOST_SYNC_S)"
         out["host issue"] = (f"NOT FITTED: {HOST_OP_S * 1e6:.1f} us an op forward, {HOST_BWD_OP_S * 1e6:.1f} backward, "

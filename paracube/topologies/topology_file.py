@@ -25,6 +25,8 @@ class DeviceModel(_Model):
     generation: str = ""
     ranks_per_core: float = Field(default=1.0, ge=1)
     sync_s: float = Field(default=0.0, ge=0)
+    host_bandwidth: float = Field(default=0.0, ge=0)  # bytes/s per direction to the host (topologies/host_link.py)
+    host_memory_bytes: float = Field(default=0.0, ge=0)  # the device's share of its host's memory
 
     @field_validator("peak_flops")
     @classmethod

@@ -31,7 +31,8 @@ from paracube.executor.layers.serial import Mode
 from paracube.executor.layers.shards import ShardSpec, gather_full
 from paracube.executor.mesh import Mesh
 from paracube.executor.model.blocks import Block, StageBlocks, init_tensors
-from paracube.executor.sizes import check_divisibility
+from paracube.executor.model.offload import BlockOffload
+from paracube.executor.sizes import check_divisibility, check_offload
 from paracube.modes import MODES as TENSOR_MODES
 from paracube.modes.base import padded, tokens_split_ok
 from paracube.modes.stages import stage_chunks
@@ -75,6 +76,7 @@ class ParallelGPT(nn.Module):
         check(spec.family in FAMILIES, f"model family {spec.family!r} is not built by the executor; "
               f"valid: {', '.join(FAMILIES)}")
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
+        check_offload(spec, mesh.layout, recompute)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
         layout = mesh.layout
         split = TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)
@@ -97,6 +99,8 @@ class ParallelGPT(nn.Module):
             self.tok_emb = self.mode.token_embedding()
             self.pos_emb = self.mode.position_embedding() if spec.family == "gpt" else None  # llama: rotary
         self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk], recompute == "selective")
+        # activation offloading (Layout off=N): pinned host copies where CUDA is (save_on_cpu's own test for pinning)
+        self.offload = BlockOffload(layout.offload or 0, torch.cuda.is_available())
         # --dtype fp8: the blocks' linears multiply FP8 operands with delayed scaling (executor/layers/fp8.py)
         self.fp8: Fp8Scaling | None = attach_fp8(self.blocks) if fp8 else None
         # Tied embeddings across stages (Megatron): the last stage holds its own copy of the word embedding
@@ -219,7 +223,8 @@ class ParallelGPT(nn.Module):
             self.check_batch(ids, labels)
             x = self.embed(self.context_tokens(ids), ids.shape[1])
         for i in self.chunks[chunk]:
-            x = self.run_block(self.blocks[i], x, ids.shape[1])
+            with self.offload.block(i):  # off=N: the first N blocks' saved tensors go to the host (offload.py)
+                x = self.run_block(self.blocks[i], x, ids.shape[1])
         if not (self.last_stage and chunk == len(self.chunks) - 1):
             return x
         local_labels = self.mode.split_tokens(self.context_tokens(labels))
