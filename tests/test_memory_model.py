@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.comm import stage_layers_params
 from paracube.cost_models.dims import dims_of, padded_vocab
+from paracube.cost_models.local_parameters import local_parameter_count
 from paracube.cost_models.memory import _block_acts, in_flight, stage_memory
-from paracube.cost_models.traffic import local_parameter_count
 from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import layout_arrays
 from paracube.layout import Layout
