@@ -5,11 +5,9 @@ Linears of one block (h_in, h_out, has_bias), fused as the executor fuses them:
 - llama: qkv [h, q + 2 kv] (GQA: kv = kv_heads * head width), proj [q, h], gate+up [h, 2f], down [f, h],
   no biases; 2 RMSNorms (gamma only); no position table (rotary). The executor trains both families with
   these shapes (executor/layers/llama.py: fused column orders).
-q = heads x head width: h, except with a head width other than h / heads (ModelSpec.head_size, Qwen3), whose
-queries and attention output are q wide (gpt: qkv [h, 3 q], proj [q, h]); with qk_norm (Qwen3) each block adds
-the per-head q / k RMSNorms' two gammas of the head width, registered after qkv and replicated over the tensor
-group (executor/layers/head_norm.py; `qk_norm_params`). The head width flows from ModelSpec through `dims_of`
-alone: every consumer (compute, memory, activations, traffic, the modes' collectives) reads these widths.
+q = heads x head width (h but for ModelSpec.head_size, Qwen3; gpt: qkv [h, 3 q]); qk_norm adds per block two
+replicated gammas of the head width after qkv (executor/layers/head_norm.py; `qk_norm_params`). The widths flow
+from ModelSpec through `dims_of` alone to every consumer (compute, memory, activations, traffic, the modes).
 Tied embeddings (`tied`): the head is the embedding's transpose, counted once where one stage holds both
 (a last stage that is not also the first keeps its own copy, as Megatron-LM does).
 The vocabulary is padded as Megatron pads it, to a multiple of 128 x the vocab split (`padded_vocab`); the
@@ -76,8 +74,7 @@ class Dims:
     # runs them (executor/layers/mla.py; cost_models/mla.py); its GEMMs are priced by cost_models/moe.py
     mla: MLASpec | None = None
     # A head width other than hidden / heads (ModelSpec.head_size, Qwen3; 0: hidden / heads) and per-head q / k norms
-    # (ModelSpec.qk_norm): the linears at their true widths (module docstring); the attention core's extra width is
-    # attention_correction's
+    # (ModelSpec.qk_norm): the linears at their true widths (module docstring; the core's: attention_correction.py)
     head_size: int = 0
     qk_norm: bool = False
     # Sliding-window attention (ModelSpec.sliding_window / window_pattern): `window` keys a windowed block's query
@@ -196,14 +193,12 @@ class Dims:
 
 
 @lru_cache(maxsize=256)
-@lru_cache(maxsize=256)
 def param_dims(d: Dims) -> Dims:
     """`d` with only what sizes the parameters kept (L, h, f, V, s_model, heads, kv, family, tied, mla, head_size,
-    qk_norm; the rest
-    at Dims' defaults): the key of the caches of per-stage parameter and bucket sizes (local_parameters.parameter_units,
-    comm.py, grad_overlap.py), which read nothing else, so the search's passes (recomputations, context
-    parallelism, dtypes) share them. Equal results are one object (`_interned`): those caches' lookups then
-    match it by identity instead of comparing its fields (a value object: the same keys either way)."""
+    qk_norm; the rest at Dims' defaults): the key of the caches of per-stage parameter and bucket sizes
+    (local_parameters.parameter_units, comm.py, grad_overlap.py), which read nothing else, so the search's passes
+    (recomputations, context parallelism, dtypes) share them. Equal results are one object (`_interned`): those
+    caches' lookups then match it by identity instead of comparing its fields (the same keys either way)."""
     return _interned(Dims(L=d.L, h=d.h, f=d.f, V=d.V, s=0, s_model=d.s_model, heads=d.heads, kv=d.kv,
                           family=d.family, c=0, dtype="", recompute="", global_batch=0, tied=d.tied, mla=d.mla,
                           head_size=d.head_size, qk_norm=d.qk_norm))
