@@ -86,10 +86,17 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   -10.3% (GB200); every dense row unchanged. Since the Hopper refit beside the replica jitter
   (cost_models/stragglers.py, scale1) and the host issue (host_issue.py, moe11): qwen3-235b-256 +0.3% (fit),
   qwen3-30b-16 +0.6%, deepseek-v3-1024 +16.0%, qwen3-30b-16-fp8 -34.9%, qwen3-235b-256-fp8 -17.0%, Mixtral -2.2%
-  (B200), -10.2% (GB200). Readings of the held-out misses
-  (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
+  (B200), -10.2% (GB200). qn2 (2026-12-03) prices Qwen3's attention at its true widths everywhere (cost_models/dims.py:
+  qkv [h, q + 2 kv], proj [q, h] in the dense engines' GEMMs, parameters, gradient buckets and tensor collectives, the
+  q / k norms' gammas and their gradient sum; before, the width difference was a compute and memory correction whose
+  gradients were never reduced, its GEMMs on the bf16 curve with FP8) and no longer charges the dense buckets' exposed
+  tail twice beside the expert gradients (moe_step.py): qwen3-235b-256 27.304 -> 27.296 s (+0.3%, fit), qwen3-30b-16
+  12.562 -> 12.563 s (+0.6%; +23.6% under full recomputation), qwen3-30b-16-fp8 -34.9 -> -35.8% (the wide linears'
+  FP8 GEMMs: compute 14.47 -> 14.21 s), qwen3-235b-256-fp8 -17.0 -> -18.4%, gpt-oss-120b-64 8.913 -> 8.910 s
+  (-36.8%), Mixtral -2.2 -> -2.4% (B200), GB200 unchanged (-10.2%); every dense row unchanged. Readings of the
+  held-out misses (step_breakdown.py). Dropless blocks idle the GPU while their host waits for the expert counts
   (cost_models/host_sync.py, Runtime.moe_host_sync, 50 us a wait, NOT FITTED): +0.1 to +0.6 points on these rows.
-  qwen3-30b-16-fp8 (-35.1%) is not FP8's GEMMs (in bf16 this layout prices 19.9 s, -32.4%); its all_to_alls price at
+  qwen3-30b-16-fp8 (-35.8%) is not FP8's GEMMs (in bf16 this layout prices 20.0 s, -32.2%); its all_to_alls price at
   DeepEP's own rate (0.91 of the line rate, one route latency a call); it missed 3.7 ms per block and micro-batch (9.6
   measured, 5.8 priced), about 75 host waits' worth. Between two waits the GPU runs no faster than its host issues the
   block's ops (cost_models/host_issue.py, moe11; the recipe keeps cuda_graph_impl "none", the later recipes' CUDA
@@ -104,8 +111,8 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   FP8 current scaling's amax and cast per GEMM input (its fused norms, rotary and SwiGLU issue fewer ops than the
   count's); and each wait also lasts until the slowest of the 16 peers has issued its dispatch (HybridEP exchanges the
   counts first: host_sync.py), not priced.
-  qwen3-235b-256-fp8 (-17.0%) prices all_to_all-bound combined steps
-  (moe_a2a_overlap.py; +30.6% without `a2ao`): the measured step needs its all_to_alls 27% slower (A2A_NIC_EFF 0.72 on
+  qwen3-235b-256-fp8 (-18.4%) prices all_to_all-bound combined steps
+  (moe_a2a_overlap.py; +28.6% without `a2ao`): the measured step needs its all_to_alls 27% slower (A2A_NIC_EFF 0.72 on
   this row alone; one layer's combined 1F1B streams scheduled by hand, dependencies included, take 9.8 ms against the
   model's 10.2), i.e. the overlapped all_to_alls run slower than alone, or hide 0.64 of what the model hides (no
   independently sourced figure found: overlap_drag.py's Hopper drag is 0, moe_contention.py needs edp > 1, the
@@ -125,7 +132,7 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   priced as delayed scaling except the experts' casts (already at dynamic scaling's 6 bytes; the dense linears' casts
   would add under 1% by a rough count). 0.6.2's perf recipe for DeepSeek-V3 (GBS 16384, not the row's 8192) recomputes
   mla_up_proj + mlp instead of core attention, turns overlap_grad_reduce off and runs HybridEP without the a2a
-  overlap: not applied. Mixtral 8x7B: -2.2% (B200), -10.3% (GB200: the GB200 dense rows miss alike).
+  overlap: not applied. Mixtral 8x7B: -2.4% (B200), -10.2% (GB200: the GB200 dense rows miss alike).
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.

@@ -3,8 +3,9 @@ multi-head latent attention (DeepSeek-V2/V3), in both counts (equivalence: a clo
 count; the executor's measured saved bytes against paracube's count).
 
 - Megatron's count (block_acts.megatron_block_bytes): the wide-head model minus the same model at hidden / heads
-  per head equals block_acts.attention_widths' terms (4 (q_width - h) + 4 (kv_width - kv) + qk norms' inputs, less the
-  projection input's FP8 saving), in every recomputation, sp and tp; MLA's per block equals a per-tensor sum
+  per head equals 4 (q_width - h) + 4 (kv_width - kv) + qk norms' inputs, less the projection input's FP8 saving
+  (the keys' and values' part Korthikanti's GQA terms at the true kv width, the rest block_acts.attention_widths'),
+  in every recomputation, sp and tp; MLA's per block equals a per-tensor sum
   written out here by hand (Megatron-core's MLA: latents, q, k, v, output).
 - paracube's count (activations.block_bytes): MLA measured on the executor (tests/dist_helpers.saved_bytes, the
   storages autograd saves during one forward) on tiny-mla with dense MLPs, none / 1D / 1D + sp, rc none and
@@ -36,8 +37,9 @@ QWEN = PRESETS["qwen3-30b-a3b"]
 DSV3 = PRESETS["deepseek-v3"]
 
 
-def _dims(model, dtype: str, recompute: str, **fields):  # noqa: ANN001, ANN202
-    d = dims_of(replace(model, moe=None, head_size=None, qk_norm=False),
+def _dims(model, dtype: str, recompute: str, wide: bool = False, **fields):  # noqa: ANN001, ANN202
+    """The model's dense dims (no experts), at its own head width (`wide`) or at hidden / heads per head."""
+    d = dims_of(replace(model, moe=None) if wide else replace(model, moe=None, head_size=None, qk_norm=False),
                 TrainingSpec(global_batch=64, dtype=dtype, recompute=recompute, activations="megatron"))
     return replace(d, **fields)
 
@@ -52,15 +54,14 @@ def test_megatron_wide_heads_closed_form(layout: str, dtype: str, rc: str) -> No
     """Qwen3-30B-A3B (h 2048, 32 heads of 128, 4 kv heads, qk norms): wide minus h / heads per head."""
     lay = parse_layout(layout)
     b = layout_arrays(lay, lay.micro_batch)
-    narrow = _dims(QWEN, dtype, rc)
-    wide = replace(narrow, head_size=128, qk_norm=True)
+    narrow, wide = _dims(QWEN, dtype, rc), _dims(QWEN, dtype, rc, wide=True)
     diff = _block_acts(wide, lay.mode, b, rc) - _block_acts(narrow, lay.mode, b, rc)
     t = lay.tensor_size
-    qw, kw, h, kv = 32 * 128, 4 * 128, 2048, 4 * 64  # the dense part's kv: 4 heads of h / heads
+    qw, kw, h, kv = 32 * 128, 4 * 128, 2048, 4 * 64  # kv: 4 heads of h / heads
     per_token = 4 * (qw - h) + 4 * (kw - kv) + 2 * (qw + kw) - ((qw - h) if dtype == "fp8" else 0)
     expected = 0.0 if rc == "full" else per_token * lay.micro_batch * narrow.s / t  # all split over the heads
     assert diff[0] == pytest.approx(expected, rel=1e-12)
-    assert attention_widths(wide) == (0.0, per_token)
+    assert attention_widths(wide) == (0.0, per_token - 4 * (kw - kv))  # the keys' and values': _gqa_saving's
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -94,7 +95,7 @@ def test_executor_count_wide_heads_closed_form(layout: str, rc: str) -> None:
     lay = parse_layout(layout)
     b = layout_arrays(lay, lay.micro_batch)
     narrow = replace(_dims(QWEN, "bf16", rc), activations="paracube")
-    wide = replace(narrow, head_size=128, qk_norm=True)
+    wide = replace(_dims(QWEN, "bf16", rc, wide=True), activations="paracube")
     diff = block_bytes(wide, lay.mode, b) - block_bytes(narrow, lay.mode, b)
     c, t, T = 2, lay.tensor_size, lay.micro_batch * narrow.s
     qw, kw, h, kv = 32 * 128, 4 * 128, 2048, 4 * 64

@@ -70,7 +70,7 @@ def test_release_profile_is_the_event_engines() -> None:
     the last block's gradients, the bucket it completes and the embedding's, never less than the embedding."""
     from paracube.cost_models.dims import dims_of
     from paracube.cost_models.grad_overlap import release_profile
-    from paracube.cost_models.traffic import parameter_units
+    from paracube.cost_models.local_parameters import parameter_units
     from paracube.modes.buckets import bucket_numels, release_counts
 
     d = dims_of(PRESETS["gpt3-1.3b"], TrainingSpec(global_batch=64, dtype="bf16"))

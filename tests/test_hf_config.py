@@ -12,7 +12,7 @@ import pytest
 
 from paracube.cli.main import main
 from paracube.cost_models.dims import dims_of, local_params
-from paracube.cost_models.traffic import local_parameter_count
+from paracube.cost_models.local_parameters import local_parameter_count
 from paracube.errors import ParacubeError
 from paracube.hf_config import from_hf_config
 from paracube.layout_parse import parse_layout

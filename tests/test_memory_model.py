@@ -13,8 +13,8 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.block_acts import megatron_block_bytes as _block_acts
 from paracube.cost_models.comm import stage_layers_params
 from paracube.cost_models.dims import dims_of, padded_vocab
+from paracube.cost_models.local_parameters import local_parameter_count
 from paracube.cost_models.memory import in_flight, stage_memory
-from paracube.cost_models.traffic import local_parameter_count
 from paracube.cost_models.uniform_topology import DeviceSpec, UniformTopology
 from paracube.cost_models.validity import layout_arrays
 from paracube.layout import Layout

@@ -21,7 +21,8 @@ import torch
 from dist_helpers import F64, TOL_FP64, fp64_optimizer, one_step_events, run_distributed, steps_against_serial
 
 from paracube.cost_models.dims import dims_of
-from paracube.cost_models.traffic import local_parameter_count, stage_events
+from paracube.cost_models.local_parameters import local_parameter_count
+from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, check_divisibility, serial_reference
@@ -169,7 +170,7 @@ def test_what_mla_does_not_run_is_refused_in_one_line(layout: str, expect: str) 
 
 
 def test_mla_parameters_per_rank_are_priced() -> None:
-    """The count the buckets are built from (traffic.parameter_units) is the model's own on one rank, and in
+    """The count the buckets are built from (local_parameters.parameter_units) is the model's own on one rank, and in
     1D the replicated down projections are whole on every rank (ModelSpec.num_parameters: the serial count);
     the memory model counts the same (cost_models/attention_correction.attention_delta)."""
     d = dims_of(SPEC, TrainingSpec(global_batch=8))

@@ -23,7 +23,8 @@ from paracube.calibration.runs_csv import read_runs
 from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.block_acts import saved_block_bytes
-from paracube.cost_models.compute import block_compute_time, gemm_model
+from paracube.cost_models.compute import block_compute_time
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import dims_of, with_options
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.validity import layout_arrays

@@ -10,11 +10,11 @@ Models: QWEN3, dense (hidden 32, 4 heads of head_dim 16: q width 64 != 32, 2 kv 
 sequence (keys gathered over row); cp=2; pp=2; ep=2 (MoE). Then one fp32 step's collectives against the cost model's
 list as a multiset, zero difference: traffic.stage_events, and for the MoE model cost_models/moe_traffic's list for
 the routing the run took (tests/test_moe_run.py's check: each ep peer's logged expert counts give the all_to_alls'
-bytes), once the list holds what the cost model does not price yet for these models (`with_unpriced`, exact per
-event; the 2026-12-03 note). And the dense model's saved activations (autograd's storages in one forward, on
-the largest rank) equal paracube's count within 2% (the bound tests/test_token_split.py and test_fidelity.py hold
-the dense count to: the model leaves out a few per-token scalars; measured here <= 0.13%), in the modes whose count
-reads the head width (none, 1D, cp; not yet 2D / 2.5D / 3D: reported). ONE 4-rank launch:
+bytes): the cost model prices every width of these models (queries and output heads x head width: qkv's and
+proj's weights, their gathers and gradients; the q / k norms' gammas in the gradient buckets and their per-block
+gradient sums, modes/head_norm.py). And the dense model's saved activations (autograd's storages in one forward,
+on the largest rank) equal paracube's count within 2% (the bound tests/test_token_split.py and test_fidelity.py
+hold the dense count to: the model leaves out a few per-token scalars), in every mode. ONE 4-rank launch:
 2-rank cases run on ranks 0-1 (ranks 2-3 build the same groups). The 2.5D and 3D cases (CASES_8) run in
 tests/test_token_split.py's 8-rank launch, checked there by `check_case`."""
 
@@ -36,12 +36,10 @@ from paracube.cost_models.moe_traffic import moe_stage_events, with_routing
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent, traffic_difference
 from paracube.executor import build_model
-from paracube.executor.layers.head_norm import gamma_groups
 from paracube.executor.model.moe import moe_blocks
 from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
-from paracube.modes import MODES
 from paracube.modes.experts import splits
 from paracube.topologies import load_topology
 from paracube.workload import ModelSpec, TrainingSpec
@@ -74,9 +72,8 @@ def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dic
         return {}
     mesh, micro, tokens, out = start
     model = build_model(spec, mesh, seed=5, recompute=recompute)  # fp32: the priced payloads
-    # What autograd saves in one forward (MoE's depends on the routing). Not in the 2D family and 3D: their count
-    # keeps the gathered weights and proj's gathered input at hidden / heads per head (not priced yet)
-    if spec.moe is None and layout.pp == 1 and not MODES[layout.mode].token_axes:
+    # What autograd saves in one forward (MoE's depends on the routing)
+    if spec.moe is None and layout.pp == 1:
         _, out["activations"] = saved_bytes(build_model(spec, mesh, seed=5, recompute=recompute), *micro[0])
     log: list[torch.Tensor] = []
     for block in moe_blocks(model):
@@ -93,40 +90,6 @@ def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def results() -> list[list[dict[str, Any]]]:
     return run_distributed(_all_cases, 4, timeout=900.0)  # [rank][case]
-
-
-def with_unpriced(events: list[CommEvent], spec: ModelSpec, layout: Layout, stage: str) -> list[CommEvent]:
-    """traffic.stage_events with what it does not price yet for a head width other than h / heads and qk_norm
-    (the 2026-12-03 note; none of it is a guess: each line is the executor's tensor at its true width).
-    (a) 'gradients' (the data-parallel all-reduce): the buckets count each block's attention with queries and
-        output at width h (2 h^2 + 2 h kv): + 4 bytes x (2 h (q - h) / t + 2 d) per block of the stage (q = heads x d,
-        t the ranks splitting a weight, 2 d the two replicated gammas; cost_models/traffic.local_parameter_sizes);
-    (b) the 2D-family and 3D linears (modes/two_d.py, three_d.py): qkv's weight gather and its gradient's
-        reduce-scatter (qkv.A, qkv.dA; 3D also its output's, qkv.Y, qkv.dY) at [h, h + 2 kv] instead of
-        [h, q + 2 kv]; proj's (proj.A, proj.dA) at [h, h] instead of [q, h], and its input's gather and gradient's
-        reduce-scatter (proj.X, proj.dX) at width h instead of q;
-    (c) the gammas' gradient sum (head_norm.py): one all_reduce of 2 d fp32 values per block and micro-batch over
-        each of head_norm.gamma_groups (none where the layout has no tensor axes)."""
-    h, d, kv = spec.hidden, spec.head_dim, spec.num_kv_heads * spec.head_dim
-    q = spec.heads * d
-    blocks = spec.layers // layout.pp
-    t = layout.tensor_size // layout.axis_size_of(tuple(a for a in layout.tensor_axes
-                                                        if a in MODES[layout.mode].grad_axes))  # 2.5D: not dep
-    scale = {**{r: (q + 2 * kv, h + 2 * kv) for r in ("qkv.A", "qkv.dA", "qkv.Y", "qkv.dY")},
-             **{r: (q, h) for r in ("proj.A", "proj.dA", "proj.X", "proj.dX")}}
-    out = []
-    for e in events:
-        role = ".".join(e.label.split(".")[-2:])
-        if e.label == "gradients":
-            e = replace(e, payload_bytes=e.payload_bytes + 4 * blocks * (2 * h * (q - h) // t + 2 * d))
-        elif e.label.startswith("layers.") and role in scale and layout.mode in ("2d", "2.5d", "3d"):
-            num, den = scale[role]
-            e = replace(e, payload_bytes=e.payload_bytes * num // den)
-        out.append(e)
-    for axes in gamma_groups(layout):
-        out += [CommEvent("all_reduce", axes, layout.axis_size_of(axes), 4 * 2 * d, "float32", "bwd", "attn.qk_norm")
-                for _ in range(blocks * N_MICRO)]
-    return out
 
 
 def _priced(per_rank: list[dict[str, Any]], rank: int, spec: ModelSpec, layout: Layout, d: Any,
@@ -154,8 +117,7 @@ def check_case(per_rank: list[dict[str, Any]], text: str, family: str, mb: int, 
         bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
         assert not bad, f"{text} rank {rank}: relative errors above {TOL_FP64}: {bad}"
         if "events" in r:
-            model = with_unpriced(_priced(per_rank, rank, spec, layout, d, mb), spec, layout, r["stage"])
-            diff = traffic_difference(model, r["events"])
+            diff = traffic_difference(_priced(per_rank, rank, spec, layout, d, mb), r["events"])
             assert not diff["missing_in_executor"] and not diff["unpredicted"], (text, rank, diff)
             assert any(k[0] == "all_to_all" for k in r["events"]) == (layout.ep > 1), (text, rank)
     if "activations" in per_rank[0]:  # the largest rank's saved bytes against paracube's count

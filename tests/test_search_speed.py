@@ -54,7 +54,7 @@ def test_fast_helpers_equal_what_they_replace() -> None:
     import numpy as np
 
     from paracube.cost_models.dims import dims_of
-    from paracube.cost_models.traffic import parameter_units
+    from paracube.cost_models.local_parameters import parameter_units
     from paracube.modes.buckets import bucket_numels, bucket_plan, padded_numel, release_counts
     from paracube.modes.rows import unique_rows
     from paracube.modes.stages import _uneven_layers, stage_layers
@@ -95,7 +95,7 @@ def test_release_shares_are_the_plain_sums() -> None:
     """grad_overlap._releases' S_j (suffix sums of bucket_plan's sizes) equal sum(sizes[issued:]) / total."""
     from paracube.cost_models.dims import dims_of
     from paracube.cost_models.grad_overlap import _releases
-    from paracube.cost_models.traffic import parameter_units
+    from paracube.cost_models.local_parameters import parameter_units
     from paracube.modes.buckets import bucket_numels, padded_numel, release_counts
 
     d = dims_of(PRESETS["gpt3-2.7b"], TrainingSpec(global_batch=512))

@@ -137,8 +137,8 @@ def attention_widths(d: Dims) -> dict[str, float]:
     with sp), "latent" whole on every tensor rank even with sp.
     - h / heads per head (gpt, llama): q, k, v views of the qkv output h + 2 kv (gpt 3h), output h.
     - a head width other than h / heads (Dims.head_size, Qwen3): the same with queries and output q_width =
-      heads x head width, keys and values kv_width; with qk_norm, per-head RMSNorms that keep their inputs and
-      fp32 rstd (executor/layers/rms_norm.py): (c (q_width + kv_width) + 4 (heads + kv heads)) per token.
+      heads x head width, keys and values kv; with qk_norm, per-head RMSNorms that keep their inputs and
+      fp32 rstd (executor/layers/rms_norm.py): (c (q_width + kv) + 4 (heads + kv heads)) per token.
     - MLA (Dims.mla; r_q, r_kv latent ranks, d_n, d_r, d_v head widths, H heads): the core's q and k are new tensors
       of H (d_n + d_r) columns each (RoPE'd parts concatenated; the up projections' outputs die), v a contiguous
       copy of H d_v, the output H d_v, which flash keeps as [b, H, s, d_v] and the projection as its [T, H d_v] copy
@@ -157,9 +157,9 @@ def attention_widths(d: Dims) -> dict[str, float]:
         return {"qkv": H * (2 * m.qk_head_dim + m.v_head_dim), "kept": H * (m.qk_head_dim + m.qk_nope_head_dim
                 + m.v_head_dim), "out": H * m.v_head_dim, "rotary": float(m.qk_rope_head_dim), "heads": 0.0,
                 "whole": norms, "latent": c * ((m.q_lora_rank or d.h) + m.kv_lora_rank + m.qk_rope_head_dim)}
-    qw, kw = float(d.q_width), float(d.kv_width)
-    qkv = qw + 2 * kw if d.family == "llama" else float(d.linears[0][2])
-    head = float(d.head_size or d.h / d.heads)
+    qw, kw = float(d.q_width), float(d.kv)
+    qkv = float(d.linears[0][2])
+    head = float(d.head_width)
     norms = c * (qw + kw) + E * (qw + kw) / head if d.qk_norm else 0.0
     return {"qkv": qkv, "kept": qkv, "out": qw, "rotary": head, "heads": norms, "whole": 0.0, "latent": 0.0}
 
@@ -188,7 +188,7 @@ def split_sequence_bytes(d: Dims, b: LayoutBatch, sp: dict[str, Arr]) -> Arr:
         per_score = d.c + (1 + d.c if d.attention_dropout > 0 else 0)
         extra = d.c * (window - tokens) * kv + per_score * tokens * (window - d.s) * d.heads / heads_split
     if d.family == "llama" and d.recompute != "selective":
-        extra = extra + 2 * d.c * (window - d.s) * (d.h / d.heads)
+        extra = extra + 2 * d.c * (window - d.s) * d.head_width
     return np.where(sequence_pieces(T, d.s, n) > 1, extra, 0.0)
 
 

@@ -9,7 +9,6 @@ its explicit CommEvents (traffic.py), its communication by mesh axes and kinds, 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
 
 import numpy as np
 
@@ -132,8 +131,7 @@ def prepare(model: ModelSpec, training: TrainingSpec, layout: Layout,
     check(o.moe_dispatch in DISPATCHERS, f"moe dispatcher {o.moe_dispatch!r}; valid: {', '.join(DISPATCHERS)}")
     check(o.fp8_scaling in FP8_SCALINGS, f"fp8 scaling {o.fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
     check(o.selective in SELECTIVE_RULES, f"selective rule {o.selective!r}; valid: {', '.join(SELECTIVE_RULES)}")
-    dense = replace(dims_of(dense_part(model), training), head_size=model.head_size or 0, qk_norm=model.qk_norm)
-    d = context_local(with_options(with_pins(dense, layout), o),
+    d = context_local(with_options(with_pins(dims_of(dense_part(model), training), layout), o),
                       layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)

@@ -1,11 +1,14 @@
 """The attention correction of a model whose attention is not the dense part's: multi-head latent attention
 (DeepSeek-V2, arXiv 2405.04434) or a head width other than hidden / heads (Qwen3).
 
-The dense engines price `moe.dense_part(model)`, whose attention is grouped-query attention of hidden / heads per
-head (qkv [h, h + 2 kv], proj [h, h]). Per block and micro-batch on one rank, this module gives what the true
-attention adds to that: the difference between the true attention linears and the dense part's at the dense
-part's token count, the attention core at its true qk / v head widths (the dense core scaled by (qk + v) / (2 h /
-heads)), and the parameters; `delta_again` the forward part a backward re-runs under recomputation. Read by
+The dense engines price `moe.dense_part(model)`: a head width other than hidden / heads with its linears at their
+true widths (Dims.linears: qkv [h, q + 2 kv], proj [q, h]; their parameters, collectives and activations too), MLA's
+attention as grouped-query attention of hidden / heads per head (qkv [h, h + 2 kv], proj [h, h]) with its own
+parameters and collectives (cost_models/mla.py). Per block and micro-batch on one rank, this module gives what the
+true attention adds to that: MLA's the difference between its linears and the dense part's at the dense part's
+token count, and their parameters; both, the attention core at its true qk / v head widths (the dense core, which
+compute.attention_core_time prices at h / heads per head, scaled by (qk + v) / (2 h / heads)); `delta_again` the
+forward part a backward re-runs under recomputation. Read by
 moe.stage_cost (analytic) and moe_program.with_blocks (event), so both engines add the same seconds. Split from
 moe.py, which prices the experts.
 """
@@ -24,13 +27,11 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
     """(forward s, backward s, parameters) one block's true attention adds to the dense part's (module doc)."""
     if model.mla is None and model.head_size is None:
         return 0.0, 0.0, 0
+    if model.mla is None:  # a head width other than h / heads: its linears are the dense engines' (Dims.linears)
+        return (*_core_delta(model, d, layout, mb, g), 0)
     h, t = d.h, layout.tensor_size
     T = mb * d.s // layout.cp
-    if model.mla is not None:
-        true = [(a, b) for _, a, b in model.mla.linears(h, model.heads)]
-    else:
-        q, kv = model.heads * model.head_dim, model.num_kv_heads * model.head_dim
-        true = [(h, q + 2 * kv), (q, h)]
+    true = [(a, b) for _, a, b in model.mla.linears(h, model.heads)]
     dense = [(h, h + 2 * d.kv), (h, h)]
 
     def lin(shapes: list[tuple[int, int]]) -> tuple[float, float]:
@@ -47,8 +48,7 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
         params += true[0][1] - dense[0][1]
     # MLA's down projections and norms are whole on every tensor rank (Dims.attn_replicated; executor/layers/mla.py)
     rep = d.attn_replicated
-    norms = rep - (h * (model.mla.q_lora_rank or 0) + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)
-                   if model.mla is not None else 0)
+    norms = rep - (h * (model.mla.q_lora_rank or 0) + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim))
     return tf - df + core_f, tb - db + core_b, (params - (rep - norms)) // t + rep
 
 

@@ -71,9 +71,9 @@ def attention_widths(d: Dims) -> tuple[float, float]:
     tensor ranks). Megatron-core 0.16.1, Transformer Engine modules, flash attention (the core saves q, k, v, its
     output and the softmax statistics; selective recomputation keeps them: they are the checkpoint's inputs):
     - a head width other than h / heads (Qwen3; attention.py): queries and the core's output (the projection's
-      input) q_width = heads x head width, keys and values kv_width = kv heads x head width: 4 (q_width - h) +
-      4 (kv_width - kv); with qk_norm the per-head RMSNorms keep their inputs, the queries and the keys (TE's
-      RMSNorm saves its input): 2 (q_width + kv_width); with FP8 the projection keeps its input's FP8 cast,
+      input) q_width = heads x head width: 4 (q_width - h) (keys and values, kv = kv heads x head width, are
+      Korthikanti's terms already: _gqa_saving); with qk_norm the per-head RMSNorms keep their inputs, the queries
+      and the keys (TE's RMSNorm saves its input): 2 (q_width + kv); with FP8 the projection keeps its input's FP8 cast,
       1 byte a column: - (q_width - h).
     - multi-head latent attention (multi_latent_attention.py; DeepSeek-V3's layer spec: q / kv down projections
       TELinear duplicated over the tensor group, the up projections TELayerNormColumnParallelLinear fusing
@@ -93,8 +93,8 @@ def attention_widths(d: Dims) -> tuple[float, float]:
         whole = 4 * latent + (h - latent if d.fp8 else 0.0)
         split = 4 * heads * (m.qk_head_dim + m.v_head_dim) - 4 * h - 4 * kv - (heads * m.v_head_dim - h if d.fp8 else 0)
         return whole, split
-    qw, kw = float(d.q_width), float(d.kv_width)
-    split = 4 * (qw - h) + 4 * (kw - kv) + (2 * (qw + kw) if d.qk_norm else 0.0) - (qw - h if d.fp8 else 0.0)
+    qw = float(d.q_width)
+    split = 4 * (qw - h) + (2 * (qw + kv) if d.qk_norm else 0.0) - (qw - h if d.fp8 else 0.0)
     return 0.0, split
 
 

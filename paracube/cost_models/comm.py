@@ -44,9 +44,9 @@ import numpy as np
 from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
-from paracube.cost_models.dims import Dims, param_dims
+from paracube.cost_models.dims import Dims, local_params, param_dims
 from paracube.cost_models.fsdp_units import unit_totals
-from paracube.cost_models.traffic import parameter_units
+from paracube.cost_models.local_parameters import parameter_units
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_sizes, padded_numel
@@ -91,10 +91,8 @@ class Entry:
 
 
 def stage_layers_params(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
-    """Closed form of local parameters per rank of a stage (the mode's `local_params`, vectorized; the attention
-    sinks whole on every rank: Dims.sink_params)."""
-    layers = stage_layers(d.L, b.pp, b.v, first, last)
-    return MODES[mode].local_params(d, b.t, b.q, layers, first, last) + layers * d.sink_params
+    """Closed form of local parameters per rank of a stage (dims.local_params, vectorized)."""
+    return local_params(d, mode, b.t, b.q, stage_layers(d.L, b.pp, b.v, first, last), first, last)
 
 
 @lru_cache(maxsize=64)

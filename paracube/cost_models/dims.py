@@ -2,11 +2,14 @@
 
 Linears of one block (h_in, h_out, has_bias), fused as the executor fuses them:
 - gpt:   qkv [h, 3h], proj [h, h], fc [h, f], fc2 [f, h], all with biases; 2 LayerNorms (gamma, beta).
-- llama: qkv [h, h + 2 kv] (GQA: kv = kv_heads * head_dim), proj [h, h], gate+up [h, 2f], down [f, h],
+- llama: qkv [h, q + 2 kv] (GQA: kv = kv_heads * head width), proj [q, h], gate+up [h, 2f], down [f, h],
   no biases (GPT-OSS's `attention_bias`: qkv and proj with biases); 2 RMSNorms (gamma only); no position
   table (rotary); GPT-OSS's attention sinks (`sinks`): `heads` more per block, whole on every rank
   (modes/sinks.py). The executor trains both families with
   these shapes (executor/layers/llama.py: fused column orders).
+q = heads x head width (h but for ModelSpec.head_size, Qwen3; gpt: qkv [h, 3 q]); qk_norm adds per block two
+replicated gammas of the head width after qkv (executor/layers/head_norm.py; `qk_norm_params`). The widths flow
+from ModelSpec through `dims_of` alone to every consumer (compute, memory, activations, traffic, the modes).
 Tied embeddings (`tied`): the head is the embedding's transpose, counted once where one stage holds both
 (a last stage that is not also the first keeps its own copy, as Megatron-LM does).
 The vocabulary is padded as Megatron pads it, to a multiple of 128 x the vocab split (`padded_vocab`); the
@@ -18,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
+
+import numpy as np
 
 from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.errors import check
@@ -40,7 +45,7 @@ class Dims:
     s: int  # training sequence length (tokens per sequence)
     s_model: int  # positions of the learned position table (gpt)
     heads: int
-    kv: int  # kv_heads * head_dim (== h without GQA)
+    kv: int  # kv_heads * head width (== h without GQA): the keys' (and values') width
     family: str
     c: int  # compute dtype bytes
     dtype: str  # torch dtype name of the compute dtype
@@ -70,9 +75,7 @@ class Dims:
     # runs them (executor/layers/mla.py; cost_models/mla.py); its GEMMs are priced by cost_models/moe.py
     mla: MLASpec | None = None
     # A head width other than hidden / heads (ModelSpec.head_size, Qwen3; 0: hidden / heads) and per-head q / k norms
-    # (ModelSpec.qk_norm): the dense part keeps its linears at hidden / heads (moe.dense_part:
-    # attention_correction.attention_delta prices the difference); the activation counts read the true widths
-    # (q_width, kv_width).
+    # (ModelSpec.qk_norm): the linears at their true widths (module docstring; the core's: attention_correction.py)
     head_size: int = 0
     qk_norm: bool = False
     # Sliding-window attention (ModelSpec.sliding_window / window_pattern): `window` keys a windowed block's query
@@ -102,14 +105,23 @@ class Dims:
         return frozen_state(self)
 
     @property
+    def head_width(self) -> int:
+        """Width of one attention head: head_size, else h / heads."""
+        return self.head_size or self.h // self.heads
+
+    @property
     def q_width(self) -> int:
         """Width of the queries and of the attention output (the projection's input): heads x head width."""
         return self.heads * self.head_size if self.head_size else self.h
 
     @property
-    def kv_width(self) -> int:
-        """Width of the keys (and of the values): kv heads x head width (`kv` is the dense part's, at h / heads)."""
-        return self.kv // max(self.h // self.heads, 1) * self.head_size if self.head_size else self.kv
+    def kv_heads(self) -> int:
+        return self.kv // max(self.head_width, 1)
+
+    @property
+    def qk_norm_params(self) -> int:
+        """Parameters of one block's q / k norms (the two gammas, replicated over the tensor group); 0 without."""
+        return 2 * self.head_width if self.qk_norm else 0
 
     @property
     def attn_in_width(self) -> int:
@@ -146,12 +158,12 @@ class Dims:
 
     @property
     def linears(self) -> tuple[tuple[str, int, int, bool], ...]:
-        h, f = self.h, self.f
+        h, f, q = self.h, self.f, self.q_width
         if self.family == "gpt":
-            return (("qkv", h, 3 * h, True), ("proj", h, h, True), ("fc", h, f, True), ("fc2", f, h, True))
+            return (("qkv", h, 3 * q, True), ("proj", q, h, True), ("fc", h, f, True), ("fc2", f, h, True))
         return (
-            ("qkv", h, h + 2 * self.kv, self.attention_bias),
-            ("proj", h, h, self.attention_bias),
+            ("qkv", h, q + 2 * self.kv, self.attention_bias),
+            ("proj", q, h, self.attention_bias),
             ("fc", h, 2 * f, False),
             ("fc2", f, h, False),
         )
@@ -193,20 +205,20 @@ class Dims:
         return sum(li[2] for li in self.linears if li[3])
 
     def layer_params(self) -> int:
+        """Parameters of one block split with its linears (the q / k norms' replicated gammas apart: `local_params`)."""
         return self.sum_w() + self.sum_bias() + 2 * self.norm_vectors * self.h
 
 
 @lru_cache(maxsize=256)
-@lru_cache(maxsize=256)
 def param_dims(d: Dims) -> Dims:
-    """`d` with only what sizes the parameters kept (L, h, f, V, s_model, heads, kv, family, tied, mla; the rest
-    at Dims' defaults): the key of the caches of per-stage parameter and bucket sizes (traffic.parameter_units,
-    comm.py, grad_overlap.py), which read nothing else, so the search's passes (recomputations, context
-    parallelism, dtypes) share them. Equal results are one object (`_interned`): those caches' lookups then
-    match it by identity instead of comparing its fields (a value object: the same keys either way)."""
+    """`d` with only what sizes the parameters kept (L, h, f, V, s_model, heads, kv, family, tied, mla, head_size,
+    qk_norm; the rest at Dims' defaults): the key of the caches of per-stage parameter and bucket sizes
+    (local_parameters.parameter_units, comm.py, grad_overlap.py), which read nothing else, so the search's passes
+    (recomputations, context parallelism, dtypes) share them. Equal results are one object (`_interned`): those
+    caches' lookups then match it by identity instead of comparing its fields (the same keys either way)."""
     return _interned(Dims(L=d.L, h=d.h, f=d.f, V=d.V, s=0, s_model=d.s_model, heads=d.heads, kv=d.kv,
                           family=d.family, c=0, dtype="", recompute="", global_batch=0, tied=d.tied, mla=d.mla,
-                          attention_bias=d.attention_bias, sinks=d.sinks))
+                          attention_bias=d.attention_bias, sinks=d.sinks, head_size=d.head_size, qk_norm=d.qk_norm))
 
 
 @lru_cache(maxsize=256)
@@ -238,6 +250,8 @@ def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
         embedding_dropout=model.embedding_dropout,
         fp8=training.dtype == "fp8",
         mla=model.mla,
+        head_size=model.head_size or 0,
+        qk_norm=model.qk_norm,
         window=model.sliding_window or model.attention_chunk or 0,
         window_frac=sum(m is not None for m in masks) / model.layers,
         window_pattern=mask_pattern(model),
@@ -312,7 +326,9 @@ def padded_vocab(V: int, split: int) -> int:
     return int(padded(V, split))
 
 
-def local_params(d: Dims, mode: str, t: int, q: int, layers: int, first: bool, last: bool) -> int:
+def local_params(d: Dims, mode: str, t: Any, q: Any, layers: Any, first: Any, last: Any) -> Any:
     """Closed form of the parameters one rank stores (one pipeline stage of `layers` blocks): each mode's
-    `local_params` (paracube/modes), on ints."""
-    return int(MODES[mode].local_params(d, t, q, layers, int(first), int(last))) + layers * d.sink_params
+    `local_params` (paracube/modes) plus every block's replicated q / k norm gammas (`Dims.qk_norm_params`) and
+    GPT-OSS's attention sinks (`Dims.sink_params`, whole on every rank), on ints or on a LayoutBatch's arrays."""
+    n = MODES[mode].local_params(d, t, q, layers, first * 1, last * 1) + layers * (d.qk_norm_params + d.sink_params)
+    return n if isinstance(n, np.ndarray) else int(n)

@@ -31,8 +31,9 @@ from paracube.cost_models.event_compute import add_op_overhead, unit_compute
 from paracube.cost_models.event_context import ring_ops
 from paracube.cost_models.event_ops import Op, StageProgram
 from paracube.cost_models.fsdp_program import prefetch_program
+from paracube.cost_models.local_parameters import parameter_units
 from paracube.cost_models.tpo import program_gemm_steps
-from paracube.cost_models.traffic import act_split, micro_batch_events, parameter_units, stage_events, zero_group
+from paracube.cost_models.traffic import act_split, micro_batch_events, stage_events, zero_group
 from paracube.cost_models.validity import layout_arrays
 from paracube.cost_models.window_stages import block_shares, block_units
 from paracube.estimate import CommEvent

@@ -48,8 +48,8 @@ import numpy as np
 from paracube.cost_models.compute import GemmModel, stage_compute_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.fsdp_copies import RS_BYTES, gather_copy, scatter_copy
+from paracube.cost_models.local_parameters import parameter_units
 from paracube.cost_models.overlap_drag import beside
-from paracube.cost_models.traffic import parameter_units
 from paracube.modes import LayoutBatch
 from paracube.modes.buckets import padded_numel
 from paracube.modes.stages import stage_layers

@@ -40,7 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from paracube.cost_models.dims import Dims, param_dims
-from paracube.cost_models.traffic import parameter_units
+from paracube.cost_models.local_parameters import parameter_units
 from paracube.modes.buckets import bucket_plan
 from paracube.modes.rows import unique_rows
 

@@ -1,6 +1,6 @@
 """Multi-head latent attention's parameters per rank, as the executor registers them (executor/layers/mla.py).
 
-One block, registration order (the gradient buckets' order, reversed; traffic.parameter_units):
+One block, registration order (the gradient buckets' order, reversed; local_parameters.parameter_units):
 norm 1; q_a [h, r_q] and q_norm [r_q] (with q_lora_rank), q_b [r_q or h, H (d_n + d_r)], kv_a [h, r_kv + d_r],
 kv_norm [r_kv], kv_b [r_kv, H (d_n + d_v)], proj [H d_v, h]; norm 2; the MLP's gate+up [h, 2f] and down [f, h].
 Split as Megatron-core splits MLA in 1D (tensor modes none and 1D run it): the down projections and their norms

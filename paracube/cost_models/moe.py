@@ -3,9 +3,10 @@
 Decomposition (one formula set for both engines; analytic.py and event.py each call it from one hook):
 - the dense engines price `dense_part(model)`: the model without its routed experts, every block's MLP the
   blocks' mean of the dense MLP width and the shared expert's (shared experts run on the dense tensor group,
-  as in Megatron-core), at least 128 wide so tensor splits divide it, attention as grouped-query attention of
-  hidden / heads per head; each stage's blocks then take their own MLP width back (mlp_delta.py: the dense blocks'
-  ffn_hidden, the shared expert's, none without one), in both engines;
+  as in Megatron-core), at least 128 wide so tensor splits divide it, attention's linears at their true widths
+  (a head width other than hidden / heads and q / k norms: Dims.linears, qk_norm_params); each stage's blocks
+  then take their own MLP width back (mlp_delta.py: the dense blocks' ffn_hidden, the shared expert's, none
+  without one), in both engines;
 - this module adds, per MoE block and micro-batch on one rank (modes/experts.py declares its collectives):
   router GEMM [T, h] x [h, E]; the routed experts' grouped GEMM, E / ep local experts each a SwiGLU of width
   f_e / etp on m = R / (E / ep) tokens, R = T k etp x imbalance the most loaded rank's tokens (grouped-GEMM
@@ -26,8 +27,8 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
 - attention correction (attention_correction.py; MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden /
   heads, Qwen3):
-  the difference between the true attention linears and the dense part's (qkv [h, h + 2 kv], proj [h, h]),
-  and the attention core with qk / v head widths instead of hidden / heads, at the dense part's shapes;
+  MLA's: the difference between the true attention linears and the dense part's (qkv [h, h + 2 kv], proj [h, h]);
+  both: the attention core with qk / v head widths instead of hidden / heads, at the dense part's shapes;
 - GPT-OSS: experts' biases with their weights (b1 split like w1 over etp), the router's a dense parameter; the
   clamped SwiGLU and the bias adds change no bytes of the passes priced (moe_passes.py; fused: gpt_oss_spec.py);
 - memory: expert parameters (c bytes), fp32 gradients, AdamW state (sharded over edp with zero >= 1,
@@ -75,15 +76,11 @@ MIN_WIDTH = 128
 
 def dense_part(model: ModelSpec) -> ModelSpec:
     """What the dense engines price (module docstring); a dense model unchanged."""
-    if model.moe is None and model.mla is None and model.head_size is None:
+    if model.moe is None:  # MLA and head widths kept: Dims prices them as they run (Dims.mla, Dims.linears)
         return model
-    f = model.ffn_hidden
-    if model.moe is not None:
-        k = model.moe.moe_layers(model.layers)
-        mean = ((model.layers - k) * f + k * model.moe.shared_ffn) / model.layers
-        f = max(MIN_WIDTH, MIN_WIDTH * round(mean / MIN_WIDTH))
-    # mla kept: Dims.mla prices its tensor-parallel collectives and parameters as they run (cost_models/mla.py)
-    return replace(model, ffn_hidden=f, moe=None, head_size=None, qk_norm=False)
+    k = model.moe.moe_layers(model.layers)
+    mean = ((model.layers - k) * model.ffn_hidden + k * model.moe.shared_ffn) / model.layers
+    return replace(model, ffn_hidden=max(MIN_WIDTH, MIN_WIDTH * round(mean / MIN_WIDTH)), moe=None)
 
 
 def violations(model: ModelSpec, layout: Layout) -> list[str]:

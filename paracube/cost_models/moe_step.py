@@ -3,13 +3,13 @@ on top of the dense part's Scores. With N micro-batches, a stage's work becomes 
 MoE collectives, the counts of moe_counts.py included, are in line with compute: Megatron-core's dispatcher waits on
 them), the step W + the bubble (pipeline_bubble.py) + the dense per-step part + the slowest stage's expert gradient
 reduction (exposed; with the layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under
-full recomputation), leaves after the dense buckets G_d: max(0, G - max(0, b W / N - G_d)); where the expert group
-spans nodes the gradients also slow the last backward's all_to_alls on the NICs they share, moe_contention.py) + the
-experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each
-stage's work less the all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py; its compute without the host
-waits of host_sync.py and host_issue.py, which the combined step's C / 3 : 2 C / 3 split does not describe). Memory:
-of the first and the last stage (as analytic.py counts them), each its dense parts plus its own expert parts, the
-heavier (_heaviest).
+full recomputation), leaves after the dense buckets G_d, less their own exposed tail T_d: max(0, G - (b W / N - G_d)
+- T_d); where the expert group spans nodes the gradients also slow the last backward's all_to_alls on the NICs they
+share, moe_contention.py) + the experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert optimizer
+step. With the layout's `a2ao`, each stage's work less the all_to_alls its combined 1F1B steps hide
+(moe_a2a_overlap.py; its compute without the host waits of host_sync.py and host_issue.py, which the combined step's
+C / 3 : 2 C / 3 split does not describe). Memory: of the first and the last stage (as analytic.py counts them), each
+its dense parts plus its own expert parts, the heavier (_heaviest).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.grad_overlap_batch import exposed_grad_time
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.memory import logit_bytes
 from paracube.cost_models.moe import expert_links, expert_placement, moe_layers_of, priced, stage_cost
@@ -86,16 +87,18 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     bubble = float(bubble_seconds(stacked, np.array([layout.pp]), layout.interleave, n,
                                   bubble_share(layout.pp, g.ranks_per_core), scores.middle_less)[0])
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
-    # window (one queue on the same NICs): exposed max(0, G_e - max(0, b (W / N - A) - G_d)), b its backward's share
-    # (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes (else
-    # 0); there the gradients also slow that backward's all_to_alls on each rank's NIC (moe_contention.py).
+    # window (one queue on the same NICs), which drains max(0, G_d + G_e - b (W / N - A)) after it, b its backward's
+    # share (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes
+    # (else 0); the dense part's step already pays the dense buckets' own tail T_d (grad_overlap.py), so the experts add
+    # max(0, G_e - (b (W / N - A) - G_d) - T_d) (before 2026-12-03 without - T_d: the tail counted twice). Where
+    # the expert group spans nodes the gradients also slow that backward's all_to_alls on its NICs (moe_contention.py).
     dense_grad = float(dense_slow.grad[0])
     # An expert group wider than a node: its all_to_alls hold the NICs the expert gradients (over edp, outside it)
     # need, so only the rest of the backward hides them (the event engine's links are shared max-min fairly).
     dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
     busy = c.comm if layout.ep * layout.etp > dpn else 0.0
     share = 0.75 if d.recompute == "full" else 2.0 / 3.0  # the backward's part of a micro-batch (analytic.py's)
-    window = max(0.0, share * (w / n - busy) - dense_grad)
+    window = share * (w / n - busy) - dense_grad + (dense_tail(scores, layout, n, share) if layout.overlap else 0.0)
     grad = max(0.0, c.step_comm - window) if layout.overlap else c.step_comm
     if layout.overlap and busy > 0 and c.step_comm > 0:  # its gradients over edp share the NICs (moe_contention.py)
         nic, other = a2a_terms(cache, expert_placement(layout), ("ep",), dispatch)
@@ -125,6 +128,20 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
                    flops_per_gpu=flops, mfu=flops / (step * g.peak), comm_time_by_axis=by_axis,
                    comm_time_by_kind=by_kind, events=events,
                    notes=(*_stage_notes(est.notes, STAGE_NAMES[old_slow], slow), _note(model, layout)))
+
+
+def dense_tail(scores: Any, layout: Layout, n: float, share: float) -> float:
+    """T_d: the dense buckets' exposed time the dense part's step pays (analytic_scores.evaluate's, without its
+    contention and drag terms), the largest over the stages, each's backward its dense part's b W_s / N."""
+    index = {"first": 0, "middle": 1 if layout.pp > 2 else 0, "last": layout.pp - 1}
+    out = 0.0
+    for name, st in zip(STAGE_NAMES, scores.stages, strict=True):
+        if st.releases:
+            at = np.array([index[name]])
+            out = max(out, float(exposed_grad_time(st.grad[:1], share * (st.compute[:1] + st.micro[:1]) / n, at,
+                                                   np.array([layout.pp]), np.array([layout.interleave]),
+                                                   st.releases[0], st.releases[2][:1])[0]))
+    return out
 
 
 def _a2a_saved(layout: Layout, compute: float, c: Any, n: float, stage: int) -> float:

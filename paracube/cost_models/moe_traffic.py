@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.local_parameters import local_parameter_sizes
 from paracube.cost_models.moe_counts import block_count_events, norm_event
-from paracube.cost_models.traffic import local_parameter_sizes, stage_events
+from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES

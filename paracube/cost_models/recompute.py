@@ -49,9 +49,9 @@ def matmuls(d: Dims) -> list[tuple[int, int]]:
     """The block's forward matmuls in torchtitan's order: (index of the paracube linear it is part of, its output
     width)."""
     qkv, fc = d.linears[0][2], d.linears[2][2]
-    kv = (qkv - d.h) // 2
+    kv = (qkv - d.q_width) // 2
     gated = d.family == "llama"  # fc is the fused gate + up projection (w1, w3)
-    return ([(0, d.h), (0, kv), (0, kv), (1, d.linears[1][2])]
+    return ([(0, d.q_width), (0, kv), (0, kv), (1, d.linears[1][2])]
             + ([(2, fc // 2), (2, fc // 2)] if gated else [(2, fc)]) + [(3, d.linears[3][2])])
 
 

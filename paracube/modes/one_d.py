@@ -32,6 +32,7 @@ from paracube.modes.base import (
     split,
 )
 from paracube.modes.executor_support import ExecutorSupport
+from paracube.modes.head_norm import gamma_grads
 
 TP = ("tp",)
 
@@ -89,7 +90,7 @@ class OneD(TensorMode):
     rules = (
         ("heads % p != 0", lambda d, b: divides(d.heads, b.t)),
         ("ffn hidden % p != 0", lambda d, b: divides(d.f, b.t)),
-        ("kv heads % p != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.t)),
+        ("kv heads % p != 0", lambda d, b: divides(d.kv_heads, b.t)),
         ("sequence parallel: seq % p != 0", lambda d, b: ~b.sp.astype(bool) | divides(d.s, b.t)),
     )
 
@@ -154,7 +155,7 @@ class OneD(TensorMode):
         return _block_half(d, "attn", False) + _block_half(d, "mlp", False)
 
     def layer_bwd(self, d: Any) -> list[Collective]:
-        return _block_half(d, "attn", True) + _block_half(d, "mlp", True)
+        return _block_half(d, "attn", True) + gamma_grads(d, self) + _block_half(d, "mlp", True)
 
     def head(self, d: Any) -> list[Collective]:
         def thc(z: Any) -> Any:

@@ -41,6 +41,7 @@ from paracube.modes.base import (
     tokens_split_ok,
 )
 from paracube.modes.executor_support import ExecutorSupport
+from paracube.modes.head_norm import gamma_grads
 from paracube.modes.two_d import block
 
 PLANE = ("x", "y")
@@ -145,7 +146,7 @@ class ThreeD(TensorMode):
     rules = (
         (TOKEN_RULE, lambda d, b: tokens_split_ok(b.mb, d.s, b.q**2)),
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
-        ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
+        ("kv heads % q != 0", lambda d, b: divides(d.kv_heads, b.q)),
         ("hidden % q^3 != 0", lambda d, b: divides(d.h, b.q**3)),
         ("3 * hidden % q^3 != 0", lambda d, b: divides(3 * d.h, b.q**3)),
         ("ffn hidden % q^3 != 0", lambda d, b: divides(d.f, b.q**3)),
@@ -204,10 +205,10 @@ class ThreeD(TensorMode):
         return split_embedding(d, ("x",), tok, PLANE, ("y",))
 
     def layer_fwd(self, d: Any) -> list[Collective]:
-        return block(d, False, _norm, _block_linear, self.kv_gathers(d))
+        return block(d, False, _norm, _block_linear, self.kv_gathers(d) + gamma_grads(d, self))
 
     def layer_bwd(self, d: Any) -> list[Collective]:
-        return block(d, True, _norm, _block_linear, self.kv_gathers(d))
+        return block(d, True, _norm, _block_linear, self.kv_gathers(d) + gamma_grads(d, self))
 
     def head(self, d: Any) -> list[Collective]:
         """ln_f, the head (tied: the linear of roles x, y, z on the table's blocks) and the cross-entropy's

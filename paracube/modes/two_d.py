@@ -44,6 +44,7 @@ from paracube.modes.base import (
     tokens_split_ok,
 )
 from paracube.modes.executor_support import ExecutorSupport
+from paracube.modes.head_norm import gamma_grads
 
 ROW, COL = ("row",), ("col",)
 
@@ -125,9 +126,10 @@ def _tied_head(d: Any, mode: TensorMode, backward: bool) -> list[Collective]:
 
 
 def block(d: Any, backward: bool, norm: Any, linear: Any, kv: list[Collective]) -> list[Collective]:
-    """A block's collectives in forward order: ln1, qkv, the attention's key / value gather `kv` (a sequence
-    split over ranks: TensorMode.kv_gathers, its forward or backward half), proj, ln2, fc, fc2 (shared with
-    3D). norm(d, label, backward); linear(d, index, label, h_in, h_out, bias, backward)."""
+    """A block's collectives in forward order: ln1, qkv, the attention's `kv` (the key / value gather of a sequence
+    split over ranks: TensorMode.kv_gathers, its forward or backward half; the q / k norms' gamma gradients:
+    head_norm.gamma_grads), proj, ln2, fc, fc2 (shared with 3D). norm(d, label, backward); linear(d, index,
+    label, h_in, h_out, bias, backward)."""
     out: list[Collective] = []
     for n, (name, h_in, h_out, bias) in enumerate(d.linears):
         if n in (0, 2):
@@ -162,7 +164,7 @@ class TwoD(TensorMode):
     rules = (
         (TOKEN_RULE, lambda d, b: tokens_split_ok(b.mb, d.s, b.q * b.depth)),
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
-        ("kv heads % q != 0", lambda d, b: divides(d.kv // (d.h // d.heads), b.q)),
+        ("kv heads % q != 0", lambda d, b: divides(d.kv_heads, b.q)),
         ("hidden % q^2 != 0", lambda d, b: divides(d.h, b.q**2)),
         ("ffn hidden % q^2 != 0", lambda d, b: divides(d.f, b.q**2)),
         ("seq % q != 0", lambda d, b: divides(d.s, b.q)),
@@ -220,10 +222,10 @@ class TwoD(TensorMode):
         return split_embedding(d, ROW, tok)
 
     def layer_fwd(self, d: Any) -> list[Collective]:
-        return block(d, False, norm_collectives, _block_linear, self.kv_gathers(d))
+        return block(d, False, norm_collectives, _block_linear, self.kv_gathers(d) + gamma_grads(d, self))
 
     def layer_bwd(self, d: Any) -> list[Collective]:
-        return block(d, True, norm_collectives, _block_linear, self.kv_gathers(d))
+        return block(d, True, norm_collectives, _block_linear, self.kv_gathers(d) + gamma_grads(d, self))
 
     def head(self, d: Any) -> list[Collective]:
         """ln_f, the head (tied: `_tied_head`) and the cross-entropy's max and sum over the logits' vocabulary

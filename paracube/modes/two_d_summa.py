@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from paracube.modes.base import COMPUTE, F32, Collective, coll
+from paracube.modes.head_norm import gamma_grads
 from paracube.modes.two_d import COL, ROW, TwoD, block, norm_collectives, tokens_per_rank
 
 
@@ -66,10 +67,10 @@ class TwoDSumma(TwoD):
     dispatches_like = "2d"
 
     def layer_fwd(self, d: Any) -> list[Collective]:
-        return block(d, False, norm_collectives, _summa_block_linear, self.kv_gathers(d))
+        return block(d, False, norm_collectives, _summa_block_linear, self.kv_gathers(d) + gamma_grads(d, self))
 
     def layer_bwd(self, d: Any) -> list[Collective]:
-        return block(d, True, norm_collectives, _summa_block_linear, self.kv_gathers(d))
+        return block(d, True, norm_collectives, _summa_block_linear, self.kv_gathers(d) + gamma_grads(d, self))
 
     def head(self, d: Any) -> list[Collective]:
         out: list[Collective] = []

@@ -38,7 +38,7 @@ from paracube.executor.layers.serial import ShardedModule
 from paracube.executor.layers.shards import make_spec
 from paracube.executor.mesh import Mesh
 from paracube.layout import Layout
-from paracube.modes import MODES
+from paracube.modes import MODES, head_norm
 
 
 class HeadRMSNorm(ShardedModule):
@@ -51,11 +51,9 @@ class HeadRMSNorm(ShardedModule):
 
 
 def gamma_groups(layout: Layout) -> list[tuple[str, ...]]:
-    """The groups the gammas' gradients are summed over (module docstring): the tensor axes less the mode's
-    grad_axes, as one group where the mesh builds it (the whole tensor group), else one per axis (2.5D's row, col)."""
-    tensor = layout.tensor_axes
-    axes = tuple(a for a in tensor if a not in MODES[layout.mode].grad_axes)
-    return [] if not axes else [axes] if axes == tensor else [(a,) for a in axes]
+    """The groups the gammas' gradients are summed over (module docstring): the mode's declaration
+    (modes/head_norm.py, which the cost models price)."""
+    return head_norm.gamma_groups(MODES[layout.mode])
 
 
 def qk_normed(qkv: Tensor, groups: int, per_group: int, q_norm: HeadRMSNorm, k_norm: HeadRMSNorm,
