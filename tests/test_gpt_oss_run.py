@@ -27,16 +27,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-import torch
-from dist_helpers import TOL_FP64, one_step_events, run_distributed
-from test_equivalence_model import MAX_NORM
-from test_qk_norm_run import _priced
+from dist_helpers import TOL_FP64, run_distributed
+from test_qk_norm_run import _priced, routed_step
 from test_sliding_window_run import N_MICRO, serial_case
 
 from paracube.cost_models.dims import dims_of
 from paracube.estimate import traffic_difference
 from paracube.executor import build_model
-from paracube.executor.model.moe import moe_blocks
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.workload import ModelSpec, TrainingSpec
@@ -73,11 +70,7 @@ def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dic
         return {}
     mesh, micro, tokens, out = start
     model = build_model(spec, mesh, seed=5, recompute=recompute)  # fp32: the priced payloads
-    log: list[torch.Tensor] = []
-    for block in moe_blocks(model):
-        block.routing_log = log  # the expert counts of each MoE forward, in issue order (tests/test_moe_run.py)
-    out["events"] = one_step_events(model, micro, tokens, MAX_NORM)
-    out["routing"], out["ep"], out["edp"] = [c.tolist() for c in log], mesh.index(("ep",)), mesh.index(("edp",))
+    out.update(routed_step(model, mesh, micro, tokens))
     return out
 
 

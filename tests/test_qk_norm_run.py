@@ -75,12 +75,18 @@ def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dic
     # What autograd saves in one forward (MoE's depends on the routing)
     if spec.moe is None and layout.pp == 1:
         _, out["activations"] = saved_bytes(build_model(spec, mesh, seed=5, recompute=recompute), *micro[0])
+    out.update(routed_step(model, mesh, micro, tokens))
+    return out
+
+
+def routed_step(model: Any, mesh: Any, micro: list, tokens: int) -> dict[str, Any]:
+    """One step's collectives, the expert counts of each MoE forward in issue order (tests/test_moe_run.py) and the
+    rank's ep / edp indices: what `_priced` reads."""
     log: list[torch.Tensor] = []
     for block in moe_blocks(model):
-        block.routing_log = log  # the expert counts of each MoE forward, in issue order (tests/test_moe_run.py)
-    out["events"] = one_step_events(model, micro, tokens, MAX_NORM)
-    out["routing"], out["ep"], out["edp"] = [c.tolist() for c in log], mesh.index(("ep",)), mesh.index(("edp",))
-    return out
+        block.routing_log = log
+    return {"events": one_step_events(model, micro, tokens, MAX_NORM), "routing": [c.tolist() for c in log],
+            "ep": mesh.index(("ep",)), "edp": mesh.index(("edp",))}
 
 
 def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
