@@ -19,7 +19,7 @@ memory, offloading frees nothing); a layout's pin `off=N` (0 included) is the on
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -32,7 +32,9 @@ from paracube.layout import Layout
 from paracube.modes import LayoutBatch
 from paracube.modes.stages import stage_layers
 from paracube.planner.dimensions import OFF, values
+from paracube.planner.enumerate import Structure
 from paracube.planner.fits import _valid
+from paracube.planner.offload_floors import mark_losers
 from paracube.planner.search_state import _Search
 from paracube.runtimes import Runtime
 from paracube.runtimes.offload import offload_counts, offload_refusal
@@ -61,13 +63,17 @@ def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
     still refused for memory whose layout no micro-batch fitted)."""
     ladder = len(rungs) > 1
     s.offload_fitted, s.offload_pending = ({}, {}) if ladder else (None, None)
+    s.offload_floors, s.offload_lost = ({}, {}) if ladder else (None, None)
     # after the pass without offloading, a probe at the most blocks keeps only what some count can fit (`valid`)
     for n, probe in [(rungs[0], False), *([(rungs[-1], True)] if ladder else []), *((m, False) for m in rungs[1:])]:
         s.d, s.offload, s.offload_probe = replace(base, offload_frac=n / base.L), n, probe
+        if n and ladder:  # what needs at least this count (the probe: the ladder's first) and cannot win: not scored
+            mark_losers(s, rungs[1] if probe else n)
         yield
         if not ladder or not any(s.offload_pending.values()):  # type: ignore[union-attr]
             break
-    s.offload, s.offload_fitted, s.offload_pending, s.offload_probe = 0, None, None, False
+    s.offload, s.offload_fitted, s.offload_pending, s.offload_floors, s.offload_lost = 0, None, None, None, None
+    s.offload_probe = False
 
 
 def skips(s: _Search, mode: str) -> bool:
@@ -75,7 +81,18 @@ def skips(s: _Search, mode: str) -> bool:
     return bool(s.offload) and not (s.offload_pending or {}).get(mode)
 
 
-def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
+def pending_configs(s: _Search, mode: str) -> tuple[list[tuple[int, ...]], list[Structure]] | None:
+    """On a ladder's offloading pass, the mode's pending configurations (their rows in the order the pass without
+    offloading enumerated them, and their structures): all that pass looks at, so nothing else is enumerated; None
+    on any other pass."""
+    if not s.offload or s.offload_pending is None:
+        return None
+    pending = s.offload_pending.get(mode, {})
+    return list(pending), list(pending.values())
+
+
+def valid(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], n_places: np.ndarray,
+          rejected: Counter, bounds: Callable[[np.ndarray], list[tuple[float, float]]] | None = None
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """fits._valid; along a ladder, its first pass also notes what fitted and what was refused for memory only, and
     each offloading pass looks at those refused configurations whose layout no micro-batch fitted yet: the ones that
@@ -83,19 +100,26 @@ def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejec
     only where no count fits it), the ones past the host's memory are counted as such."""
     if s.offload_fitted is None or s.offload_pending is None:
         return _valid(s, mode, batch, n_places, rejected)
-    fitted, pending = s.offload_fitted.setdefault(mode, set()), s.offload_pending.setdefault(mode, set())
+    fitted, pending = s.offload_fitted.setdefault(mode, set()), s.offload_pending.setdefault(mode, {})
     if not s.offload:
         idx, zero, kw = _valid(s, mode, batch, n_places, rejected)
         fitted.update(_keys(batch, idx))
         refused = (first_violation(mode, s.d, batch) < 0) & ~np.isin(np.arange(len(batch)), idx) & (batch.pp == 1)
-        pending.update(r for r in _rows(batch, np.nonzero(refused)[0]) if r[:5] + r[6:] not in fitted)
+        cand = np.nonzero(refused)[0]
+        rows = _rows(batch, cand)
+        new = [i for i, r in enumerate(rows) if r[:5] + r[6:] not in fitted]
+        pending.update((rows[i], owners[int(cand[i])]) for i in new)
+        if bounds is not None and new and s.offload_floors is not None:  # their floors: offload_floors.py
+            s.offload_floors.setdefault(mode, {}).update(zip([rows[i] for i in new], bounds(cand[new]), strict=True))
         return idx, zero, kw
     single = np.nonzero(batch.pp == 1)[0]  # pending configurations are pp = 1 ones
     cand = single[np.array([r in pending for r in _rows(batch, single)], dtype=bool)] if len(single) else single
     found, zero, kw = _valid(s, mode, batch.take(cand), n_places[cand], Counter())  # rules and memory: counted
     idx = cand[found]
     if s.offload_probe:  # the most blocks: what cannot fit even so leaves the ladder; nothing is valid yet
-        pending.intersection_update(_rows(batch, idx))
+        fit = set(_rows(batch, idx))
+        for r in [r for r in pending if r not in fit]:
+            del pending[r]
         return idx[:0], zero[:0], kw[:0]
     sub = batch.take(idx)
     Ls = stage_layers(s.d.L, sub.pp, sub.v, np.ones_like(sub.pp), np.ones_like(sub.pp))
@@ -108,8 +132,12 @@ def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejec
         s.explanations[mode] = f"{host} ({int(n_places[np.unique(idx[over])].sum())} layouts)"
     keep = ~over
     fitted.update(_keys(batch, idx[keep]))
-    pending.difference_update(_rows(batch, idx))
-    pending.difference_update({r for r in pending if r[:5] + r[6:] in fitted})
+    for r in [*_rows(batch, idx), *(r for r in pending if r[:5] + r[6:] in fitted)]:
+        pending.pop(r, None)
+    lost = (s.offload_lost or {}).get(mode)
+    if lost:  # fits, but its floor lost (offload_floors.py): pruned, as scoring._within_bound would prune it
+        keep &= ~np.array([r in lost for r in _rows(batch, idx)], dtype=bool) & ~over
+        s.pruned += int(n_places[idx[~keep & ~over]].sum())  # per zero stage it fits at, as _search_mode counts
     return idx[keep], zero[keep], kw[keep]
 
 
@@ -133,4 +161,4 @@ def _count(rejected: Counter, why: str, configs: np.ndarray, n_places: np.ndarra
         rejected[why] += sign * n
 
 
-__all__ = ["offload_passes", "offload_rungs", "valid"]
+__all__ = ["offload_passes", "offload_rungs", "pending_configs", "skips", "valid"]

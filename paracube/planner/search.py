@@ -81,7 +81,7 @@ from paracube.planner.dimensions import (
 )
 from paracube.planner.enumerate import context_degrees
 from paracube.planner.experts import search_experts
-from paracube.planner.offload_passes import offload_passes, offload_rungs, skips
+from paracube.planner.offload_passes import offload_passes, offload_rungs, pending_configs, skips
 from paracube.planner.scoring import _search_mode
 from paracube.planner.search_state import RUNNABLE_MODES, SearchResult, _Search
 from paracube.runtimes import RUNTIMES, Runtime
@@ -211,8 +211,10 @@ def search(
                 for _ in offload_passes(s, context_local(replace(d, recompute=rc), cp, cpc), rungs):
                     for mode in modes:
                         runs = (cp == 1 or MODES[mode].context_parallel) and not skips(s, mode)
-                        sts = _mode_structures(s, mode, gpus) if runs else []
-                        if sts:
+                        # a ladder's offloading pass looks only at its pending configurations (offload_passes.py)
+                        rung = pending_configs(s, mode) is not None
+                        sts = _mode_structures(s, mode, gpus) if runs and not rung else []
+                        if sts or (runs and rung):
                             _search_mode(s, mode, sts)
     s.d = d
     if not s.best:
