@@ -1,8 +1,9 @@
 """The offloading ladder's exact pruning (planner/offload_passes.py): a configuration refused for device memory
-without offloading leaves the ladder once no offloaded layout of it could enter the ranking, be its mode's best or
-the cp=1 runner-up.
+without offloading is not scored once no offloaded layout of it could enter the ranking, be its mode's best or the
+cp=1 runner-up.
 
-Its floor at an offloaded count n (pp = 1: a stage of all L blocks, N = global_batch / (dp mb) micro-batches):
+Its floor at an offloaded count n (pp = 1: a stage of all L blocks, N = global_batch / (dp mb) micro-batches),
+computed on the ladder's first pass after the probe (for what some count fits):
     floor(n) = C + n N (out + back)
 C: score_bounds.compute_lower_bound without offloading on each axis set's best link over the structure's placements,
 with the optimizer sharded as at zero >= 1 where the search allows it (no more than at zero=0; that bound holds at
@@ -20,6 +21,7 @@ tolerance): marked lost (`mark_losers`), it stays on the ladder for its fit chec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -37,36 +39,38 @@ from paracube.planner.search_state import _Search
 
 def floors(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], st_links: dict[Structure, np.ndarray],
            ovs: np.ndarray, tpos: np.ndarray) -> list[tuple[float, float]]:
-    """Per configuration of `batch` (refused for device memory without offloading; s.d without offloading), its
-    floor as (C, N (out + back)) (module docstring); `st_links`: [placements, axes, (bw, lat)] per structure."""
-    if not len(batch):
-        return []
+    """Per configuration of `batch` (refused for device memory without offloading), its floor as (C, N (out + back))
+    (module docstring); `st_links`: [placements, axes, (bw, lat)] per structure."""
+    d = replace(s.d, offload_frac=0.0)  # the pass's dims without offloading
     best = {st: np.stack([m[:, :, 0].max(axis=0), m[:, :, 1].min(axis=0)], axis=1) for st, m in st_links.items()}
     mat = np.array([best[st] for st in owners])
-    links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=s.d.cp > 1))}
+    links = {ax: (mat[:, k, 0], mat[:, k, 1]) for k, ax in enumerate(axes_used(mode, cp=d.cp > 1))}
     rows = np.arange(len(batch))
     zero = np.full(len(batch), int(max(s.zeros) >= 1))
     kws = [int(s.kw_pin == 1)] if s.kw_pin is not None or not MODES[mode].keeps_weights else [0, 1]
     low = np.full(len(batch), np.inf)
     for kw in kws:
-        res = evaluate(s.d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=ovs, kw=kw, tpo=tpos, memory=False)
-        low = np.minimum(low, compute_lower_bound(res, s.d, batch, rows, s.g.ranks_per_core, s.g.straggler))
-    fwd, bwd = block_compute_time(s.d, mode, batch, s.g)  # without offloading (s.d: the ladder's first pass)
-    f_all, b_all = with_transfers(replace(s.d, offload_frac=1.0), mode, batch, s.g.host_bw, fwd, bwd)
-    per_block = (s.d.global_batch / (batch.dp * batch.mb)) * ((f_all - fwd) + (b_all - bwd))
+        res = evaluate(d, mode, batch, links, s.g, rows=rows, zero=zero, overlap=ovs, kw=kw, tpo=tpos, memory=False)
+        low = np.minimum(low, compute_lower_bound(res, d, batch, rows, s.g.ranks_per_core, s.g.straggler))
+    fwd, bwd = block_compute_time(d, mode, batch, s.g)
+    f_all, b_all = with_transfers(replace(d, offload_frac=1.0), mode, batch, s.g.host_bw, fwd, bwd)
+    per_block = (d.global_batch / (batch.dp * batch.mb)) * ((f_all - fwd) + (b_all - bwd))
     return list(zip(low.tolist(), np.broadcast_to(per_block, low.shape).tolist(), strict=True))
 
 
-def mark_losers(s: _Search, least: int) -> None:
-    """Mark lost (s.offload_lost) the pending configurations (s.offload_pending) whose floor at `least` offloaded
-    blocks (the fewest any of them may still take) exceeds their mode's bar now (module docstring)."""
-    for mode, pending in (s.offload_pending or {}).items():
-        floor = (s.offload_floors or {}).get(mode)
-        if not floor or not pending:
-            continue
-        bar = _bar(s, mode) * (1 + 1e-9)  # the bar's own configuration stays despite rounding (as _within_bound)
-        lost = s.offload_lost.setdefault(mode, set())  # type: ignore[union-attr]
-        lost.update(r for r in pending if r not in lost and floor[r][0] + least * floor[r][1] > bar)
+def mark_losers(s: _Search, mode: str, rows: list[tuple[int, ...]],
+                bounds: Callable[[np.ndarray], list[tuple[float, float]]]) -> None:
+    """On a ladder's offloading pass (s.offload blocks, the fewest any pending configuration may still take), mark
+    lost (s.offload_lost) those of the mode's pending configurations `rows` whose floor exceeds the mode's bar now
+    (module docstring); `bounds(indices of rows)`: their floors, asked once per configuration (the first such pass,
+    after the probe has left only what some count fits)."""
+    floor = s.offload_floors.setdefault(mode, {})  # type: ignore[union-attr]
+    new = np.array([i for i, r in enumerate(rows) if r not in floor], dtype=np.int64)
+    if len(new):
+        floor.update(zip([rows[i] for i in new.tolist()], bounds(new), strict=True))
+    bar = _bar(s, mode) * (1 + 1e-9)  # the bar's own configuration stays despite rounding (as _within_bound)
+    lost = s.offload_lost.setdefault(mode, set())  # type: ignore[union-attr]
+    lost.update(r for r in rows if r not in lost and floor[r][0] + s.offload * floor[r][1] > bar)
 
 
 __all__ = ["floors", "mark_losers"]

@@ -19,7 +19,7 @@ memory, offloading frees nothing); a layout's pin `off=N` (0 included) is the on
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -34,7 +34,6 @@ from paracube.modes.stages import stage_layers
 from paracube.planner.dimensions import OFF, values
 from paracube.planner.enumerate import Structure
 from paracube.planner.fits import _valid
-from paracube.planner.offload_floors import mark_losers
 from paracube.planner.search_state import _Search
 from paracube.runtimes import Runtime
 from paracube.runtimes.offload import offload_counts, offload_refusal
@@ -67,8 +66,6 @@ def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
     # after the pass without offloading, a probe at the most blocks keeps only what some count can fit (`valid`)
     for n, probe in [(rungs[0], False), *([(rungs[-1], True)] if ladder else []), *((m, False) for m in rungs[1:])]:
         s.d, s.offload, s.offload_probe = replace(base, offload_frac=n / base.L), n, probe
-        if n and ladder:  # what needs at least this count (the probe: the ladder's first) and cannot win: not scored
-            mark_losers(s, rungs[1] if probe else n)
         yield
         if not ladder or not any(s.offload_pending.values()):  # type: ignore[union-attr]
             break
@@ -92,8 +89,7 @@ def pending_configs(s: _Search, mode: str) -> tuple[list[tuple[int, ...]], list[
 
 
 def valid(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], n_places: np.ndarray,
-          rejected: Counter, bounds: Callable[[np.ndarray], list[tuple[float, float]]] | None = None
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          rejected: Counter) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """fits._valid; along a ladder, its first pass also notes what fitted and what was refused for memory only, and
     each offloading pass looks at those refused configurations whose layout no micro-batch fitted yet: the ones that
     fit now (device and host) are valid and no longer counted as refused for memory (a layout counts once: refused
@@ -109,8 +105,6 @@ def valid(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], n_
         rows = _rows(batch, cand)
         new = [i for i, r in enumerate(rows) if r[:5] + r[6:] not in fitted]
         pending.update((rows[i], owners[int(cand[i])]) for i in new)
-        if bounds is not None and new and s.offload_floors is not None:  # their floors: offload_floors.py
-            s.offload_floors.setdefault(mode, {}).update(zip([rows[i] for i in new], bounds(cand[new]), strict=True))
         return idx, zero, kw
     single = np.nonzero(batch.pp == 1)[0]  # pending configurations are pp = 1 ones
     cand = single[np.array([r in pending for r in _rows(batch, single)], dtype=bool)] if len(single) else single

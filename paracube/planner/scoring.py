@@ -16,7 +16,7 @@ from paracube.modes import MODES, LayoutBatch
 from paracube.planner.bars import _bar, _cp1_best, _kth
 from paracube.planner.configs import _configs
 from paracube.planner.enumerate import Structure
-from paracube.planner.offload_floors import floors
+from paracube.planner.offload_floors import floors, mark_losers
 from paracube.planner.offload_passes import pending_configs, valid
 from paracube.planner.search_state import Placements, _layout, _matches, _Search
 
@@ -128,13 +128,15 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     batch = LayoutBatch.of_rows(rows)
     n_places = np.array(counts, dtype=np.int64)
     mode_rej: Counter = Counter()
-    def bounds(rows: np.ndarray) -> list[tuple[float, float]]:  # of what offloading may fit (offload_floors.py)
-        sub, own = batch.take(rows), [owners[i] for i in rows.tolist()]
-        return floors(s, mode, sub, own, _structure_links(s, mode, own, places), *_overlaps(s, mode, sub))
-
     prunes = s.prune and (s.fixed is None or not s.fixed.placement)
-    # fits._valid, less what offloading skips
-    idx, zeros, kws = valid(s, mode, batch, owners, n_places, mode_rej, bounds if prunes else None)
+    if pending is not None and prunes and not s.offload_probe:  # pending ones that cannot win: offload_floors.py
+
+        def bounds(rows: np.ndarray) -> list[tuple[float, float]]:
+            sub, own = batch.take(rows), [owners[i] for i in rows.tolist()]
+            return floors(s, mode, sub, own, _structure_links(s, mode, own, places), *_overlaps(s, mode, sub))
+
+        mark_losers(s, mode, rows, bounds)
+    idx, zeros, kws = valid(s, mode, batch, owners, n_places, mode_rej)  # fits._valid, less what offloading skips
     s.rejected.update(mode_rej)
     # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.
     batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
