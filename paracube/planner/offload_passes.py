@@ -74,8 +74,9 @@ def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
 
 
 def skips(s: _Search, mode: str) -> bool:
-    """An offloading pass has nothing to look at in this mode (no configuration of it is pending)."""
-    return bool(s.offload) and not (s.offload_pending or {}).get(mode)
+    """A ladder's offloading pass has nothing to look at in this mode (no configuration of it is pending); a pinned
+    off=N (no ladder: its one pass) skips nothing."""
+    return bool(s.offload) and s.offload_pending is not None and not s.offload_pending.get(mode)
 
 
 def pending_configs(s: _Search, mode: str) -> tuple[list[tuple[int, ...]], list[Structure]] | None:
