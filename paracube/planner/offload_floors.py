@@ -58,19 +58,19 @@ def floors(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], s
     return list(zip(low.tolist(), np.broadcast_to(per_block, low.shape).tolist(), strict=True))
 
 
-def mark_losers(s: _Search, mode: str, rows: list[tuple[int, ...]],
-                bounds: Callable[[np.ndarray], list[tuple[float, float]]]) -> None:
+def mark_losers(s: _Search, mode: str, bounds: Callable[[list[tuple[int, ...]]], list[tuple[float, float]]]) -> None:
     """On a ladder's offloading pass (s.offload blocks, the fewest any pending configuration may still take), mark
-    lost (s.offload_lost) those of the mode's pending configurations `rows` whose floor exceeds the mode's bar now
-    (module docstring); `bounds(indices of rows)`: their floors, asked once per configuration (the first such pass,
-    after the probe has left only what some count fits)."""
+    lost (s.offload_lost) the mode's pending configurations whose floor exceeds the mode's bar now (module
+    docstring); `bounds(rows)`: the floors of pending configurations, asked once per configuration (all of the
+    mode's at its first such pass, after the probe has left only what some count fits)."""
+    pending = (s.offload_pending or {}).get(mode, {})
     floor = s.offload_floors.setdefault(mode, {})  # type: ignore[union-attr]
-    new = np.array([i for i, r in enumerate(rows) if r not in floor], dtype=np.int64)
-    if len(new):
-        floor.update(zip([rows[i] for i in new.tolist()], bounds(new), strict=True))
+    new = [r for r in pending if r not in floor]
+    if new:
+        floor.update(zip(new, bounds(new), strict=True))
     bar = _bar(s, mode) * (1 + 1e-9)  # the bar's own configuration stays despite rounding (as _within_bound)
     lost = s.offload_lost.setdefault(mode, set())  # type: ignore[union-attr]
-    lost.update(r for r in rows if r not in lost and floor[r][0] + s.offload * floor[r][1] > bar)
+    lost.update(r for r in pending if r not in lost and floor[r][0] + s.offload * floor[r][1] > bar)
 
 
 __all__ = ["floors", "mark_losers"]

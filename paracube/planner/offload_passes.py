@@ -27,8 +27,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from paracube.cost_models.block_acts import saved_block_bytes
 from paracube.cost_models.dims import Dims
-from paracube.cost_models.offload import host_bytes
+from paracube.cost_models.offload import host_bytes, resident_blocks
 from paracube.cost_models.validity import first_violation
 from paracube.errors import check
 from paracube.layout import Layout
@@ -65,7 +66,7 @@ def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
     still refused for memory whose layout no micro-batch fitted)."""
     ladder = len(rungs) > 1
     s.offload_fitted, s.offload_pending = ({}, {}) if ladder else (None, None)
-    s.offload_floors, s.offload_lost = ({}, {}) if ladder else (None, None)
+    s.offload_floors, s.offload_lost, s.offload_need = ({}, {}, {}) if ladder else (None, None, None)
     # after the pass without offloading, a probe at the most blocks keeps only what some count can fit (`valid`)
     for n, probe in [(rungs[0], False), *([(rungs[-1], True)] if ladder else []), *((m, False) for m in rungs[1:])]:
         s.d, s.offload, s.offload_probe = replace(base, offload_frac=n / base.L), n, probe
@@ -73,7 +74,7 @@ def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
         if not ladder or not any(s.offload_pending.values()):  # type: ignore[union-attr]
             break
     s.offload, s.offload_fitted, s.offload_pending, s.offload_floors, s.offload_lost = 0, None, None, None, None
-    s.offload_probe = False
+    s.offload_need, s.offload_probe = None, False
 
 
 def skips(s: _Search, mode: str) -> bool:
@@ -83,13 +84,29 @@ def skips(s: _Search, mode: str) -> bool:
 
 
 def pending_configs(s: _Search, mode: str) -> tuple[list[tuple[int, ...]], list[Structure]] | None:
-    """On a ladder's offloading pass, the mode's pending configurations (their rows in the order the pass without
-    offloading enumerated them, and their structures): all that pass looks at, so nothing else is enumerated; None
-    on any other pass."""
-    if not s.offload or s.offload_pending is None:
+    """On a ladder's offloading pass, the mode's pending configurations that may fit at its count (their rows in the
+    order the pass without offloading enumerated them, and their structures): all that pass looks at, so nothing
+    else is enumerated; None on any other pass. May fit: the least peak the pass without offloading found, less
+    the saved activations the count takes off the device, within the memory cap (`_freed`: exact, the activations
+    being the only memory offloading changes, memory.stage_memory; 1e-9 of the cap spares rounding); the others
+    cannot fit, so fits._valid would refuse them: on the probe (the most blocks) they leave the ladder, on a rung
+    they stay pending, unchecked."""
+    if not s.offload or s.offload_pending is None or s.offload_need is None:
         return None
-    pending = s.offload_pending.get(mode, {})
-    return list(pending), list(pending.values())
+    pending, need = s.offload_pending.get(mode, {}), s.offload_need.get(mode, {})
+    freed = _freed(s.d)
+    may = [r for r in pending if need[r][0] - freed * need[r][1] <= s.mem_cap * (1 + 1e-9)]
+    if s.offload_probe:
+        keep = set(may)
+        for r in [r for r in pending if r not in keep]:
+            del pending[r]
+    return may, [pending[r] for r in may]
+
+
+def _freed(d: Dims) -> float:
+    """Blocks' worth of saved activations `d`'s offloaded count takes off the device at pp = 1 (a stage of all L
+    blocks, one micro-batch in flight: memory.in_flight): L less the resident blocks (offload.resident_blocks)."""
+    return float(d.L - resident_blocks(d, np.array([float(d.L)]), np.ones(1))[0])
 
 
 def valid(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], n_places: np.ndarray,
@@ -102,13 +119,19 @@ def valid(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], n_
         return _valid(s, mode, batch, n_places, rejected)
     fitted, pending = s.offload_fitted.setdefault(mode, set()), s.offload_pending.setdefault(mode, {})
     if not s.offload:
-        idx, zero, kw = _valid(s, mode, batch, n_places, rejected)
+        least: list[np.ndarray] = []
+        idx, zero, kw = _valid(s, mode, batch, n_places, rejected, least)
         fitted.update(_keys(batch, idx))
         refused = (first_violation(mode, s.d, batch) < 0) & ~np.isin(np.arange(len(batch)), idx) & (batch.pp == 1)
         cand = np.nonzero(refused)[0]
         rows = _rows(batch, cand)
         new = [i for i, r in enumerate(rows) if r[:5] + r[6:] not in fitted]
         pending.update((rows[i], owners[int(cand[i])]) for i in new)
+        if new and s.offload_need is not None:  # (least peak, one block's saved bytes): pending_configs
+            at = cand[new]
+            saved = np.broadcast_to(saved_block_bytes(s.d, mode, batch.take(at)), (len(new),))
+            need = zip(least[0][at].tolist(), saved.tolist(), strict=True)
+            s.offload_need.setdefault(mode, {}).update(zip([rows[i] for i in new], need, strict=True))
         return idx, zero, kw
     single = np.nonzero(batch.pp == 1)[0]  # pending configurations are pp = 1 ones
     cand = single[np.array([r in pending for r in _rows(batch, single)], dtype=bool)] if len(single) else single

@@ -17,7 +17,7 @@ from paracube.planner.bars import _bar, _cp1_best, _kth
 from paracube.planner.configs import _configs
 from paracube.planner.enumerate import Structure
 from paracube.planner.offload_floors import floors, mark_losers
-from paracube.planner.offload_passes import pending_configs, valid
+from paracube.planner.offload_passes import valid
 from paracube.planner.search_state import Placements, _layout, _matches, _Search
 
 
@@ -111,11 +111,12 @@ def _overlaps(s: _Search, mode: str, batch: LayoutBatch) -> tuple[np.ndarray, np
     return np.asarray(ovs, dtype=bool), tpos
 
 
-def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
-    """Score every valid layout of one mode and keep its best `top_k` (matching `fixed`)."""
+def _search_mode(s: _Search, mode: str, sts: list[Structure],
+                 pending: tuple[list[tuple[int, ...]], list[Structure]] | None = None) -> None:
+    """Score every valid layout of one mode and keep its best `top_k` (matching `fixed`); `pending`: on an
+    offloading ladder's pass, the configurations to look at instead (offload_passes.pending_configs)."""
     owners: list[Structure] = []
     rows: list[tuple[int, ...]] = []
-    pending = pending_configs(s, mode)  # an offloading ladder's pass: only what is pending (offload_passes.py)
     if pending is not None:
         rows, owners = pending
         sts = list(dict.fromkeys(owners))
@@ -131,11 +132,12 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     prunes = s.prune and (s.fixed is None or not s.fixed.placement)
     if pending is not None and prunes and not s.offload_probe:  # pending ones that cannot win: offload_floors.py
 
-        def bounds(rows: np.ndarray) -> list[tuple[float, float]]:
-            sub, own = batch.take(rows), [owners[i] for i in rows.tolist()]
-            return floors(s, mode, sub, own, _structure_links(s, mode, own, places), *_overlaps(s, mode, sub))
+        def bounds(new: list[tuple[int, ...]]) -> list[tuple[float, float]]:
+            sub, own = LayoutBatch.of_rows(new), [s.offload_pending[mode][r] for r in new]  # type: ignore[index]
+            links = _structure_links(s, mode, own, {st: st.placements() for st in own})
+            return floors(s, mode, sub, own, links, *_overlaps(s, mode, sub))
 
-        mark_losers(s, mode, rows, bounds)
+        mark_losers(s, mode, bounds)
     idx, zeros, kws = valid(s, mode, batch, owners, n_places, mode_rej)  # fits._valid, less what offloading skips
     s.rejected.update(mode_rej)
     # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.

@@ -214,10 +214,10 @@ def search(
                     for mode in modes:
                         runs = (cp == 1 or MODES[mode].context_parallel) and not skips(s, mode)
                         # a ladder's offloading pass looks only at its pending configurations (offload_passes.py)
-                        rung = pending_configs(s, mode) is not None
-                        sts = _mode_structures(s, mode, gpus) if runs and not rung else []
-                        if sts or (runs and rung):
-                            _search_mode(s, mode, sts)
+                        rung = pending_configs(s, mode) if runs else None
+                        sts = _mode_structures(s, mode, gpus) if runs and rung is None else []
+                        if sts or (rung is not None and rung[0]):
+                            _search_mode(s, mode, sts, rung)
     s.d = d
     if not s.best:
         lines = "; ".join(f"{m}: {why}" for m, why in s.explanations.items())

@@ -73,6 +73,9 @@ class _Search:
     offload_floors: dict[str, dict[tuple[int, ...], tuple[float, float]]] | None = None
     # per mode, the pending configurations whose floor lost: fit-checked along the ladder, never scored (pruned)
     offload_lost: dict[str, set[tuple[int, ...]]] | None = None
+    # per mode, each pending configuration's (least peak without offloading, one block's saved bytes): what count
+    # may fit it (offload_passes.pending_configs)
+    offload_need: dict[str, dict[tuple[int, ...], tuple[float, float]]] | None = None
     offload_probe: bool = False  # the pass at the ladder's most blocks that only prunes offload_pending
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
