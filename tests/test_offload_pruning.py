@@ -5,10 +5,12 @@ chosen (Llama 3 70B FSDP on 64 GB200s, benchmarks/published_runs.py's gb200-l3-7
 on cases where the ladder runs but offloading loses (GPT-3 175B on 64 and 128 H100s: configurations are marked lost
 there); and the floor against the step `estimate` prices for offloaded layouts of every zero stage (the bound the
 pruning's exactness rests on). Float bound: the floor and the estimate sum the same terms in another order (1e-9
-relative, as the planner's own bar tolerance)."""
+relative, as the planner's own bar tolerance); and the fit a count is predicted to give against fits._valid's
+(the ladder skips the checks it proves would refuse)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -102,3 +104,39 @@ def test_the_floor_bounds_every_offloaded_step(name: str, gb200_row: object) -> 
                         checked += 1
         assert all(np.isfinite(f) and f > 0 and p >= 0 for f, p in fl)
     assert checked > 50
+
+
+@pytest.mark.parametrize("name", ["gb200-l3-70B", "gpt3-175b-h100-64"])
+def test_what_a_count_frees_predicts_the_fit_check(name: str, gb200_row: object) -> None:
+    """The ladder checks a configuration at a count only where its least peak without offloading, less the saved
+    activations the count frees, is within the cap (offload_passes.pending_configs): that prediction equals the least
+    peak fits._valid computes with the count (rel 1e-9: the same terms summed in another order), on pp = 1
+    configurations of every zero stage the search allows, so no configuration that fits is left unchecked."""
+    from paracube.cost_models.block_acts import saved_block_bytes
+    from paracube.planner.fits import _valid
+    from paracube.planner.offload_passes import _freed
+
+    model, training, topo, gpus, runtime = _case(name, gb200_row)
+    rt = RUNTIMES[runtime]
+    d = replace(with_options(dims_of(model, training), rt.engine_options()), recompute="none")
+    s = _Search(model, d, gemm_model(topo, training.dtype), float("inf"), LinkCache(topo), None, None, 10,  # type: ignore[arg-type]
+                zeros=tuple(z for z in (0, 1, 2, 3) if z in rt.zeros), runtime=rt)
+    checked = 0
+    for mode in ("none", "1d"):
+        rows = [row for st in _mode_structures(s, mode, gpus) if st.pp == 1
+                for row in _configs(st, d.global_batch, d.L, None, None, rt)]
+        batch = LayoutBatch.of_rows(rows)
+        n_places = np.ones(len(rows), dtype=np.int64)
+        s.d = d
+        least0: list[np.ndarray] = []
+        _valid(s, mode, batch, n_places, Counter(), least0)
+        saved = np.broadcast_to(saved_block_bytes(d, mode, batch), (len(rows),))
+        for n in (1, 2, 3, d.L // 8, d.L // 2, d.L - 1):
+            s.d = replace(d, offload_frac=n / d.L)
+            least: list[np.ndarray] = []
+            _valid(s, mode, batch, n_places, Counter(), least)
+            finite = np.isfinite(least0[0])
+            assert np.array_equal(finite, np.isfinite(least[0]))
+            np.testing.assert_allclose(least0[0][finite] - _freed(s.d) * saved[finite], least[0][finite], rtol=1e-9)
+            checked += int(finite.sum())
+    assert checked > 100
