@@ -14,8 +14,9 @@ micro-batch, no recomputation instead of full) is then priced like any other and
 Offered where the runtime offloads with the pass's recomputation (Runtime.offload), at pp = 1, on a device with a
 host link (DeviceSpec.host_bandwidth > 0: every GPU preset; local-cpu has none: its host memory is its device
 memory, offloading frees nothing); a layout's pin `off=N` (0 included) is the only count searched.
-A pass of the ladder looks only at the configurations still pending (`pending_configs`, kept with their structures in
-the order the pass without offloading enumerated them): nothing else is enumerated again. Those whose floor loses
+A pass of the ladder looks only at the configurations still pending that its count may fit (`pending_configs`: kept
+with their structures in the order the pass without offloading enumerated them, and with the least peak that pass
+found): nothing else is enumerated or fit-checked again. Those whose floor loses
 (planner/offload_floors.py) are fit-checked alike (the same counts) but counted as pruned, not scored.
 """
 
