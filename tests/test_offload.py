@@ -13,6 +13,7 @@ the 2% its other tests hold it to.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 from paracube.calibration.run_prediction import predict, preset_topology, run_estimate
 from paracube.calibration.runs_csv import read_runs
 from paracube.cli.main import main
+from paracube.cli.train_terms import human_bytes
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.block_acts import saved_block_bytes
 from paracube.cost_models.compute import block_compute_time
@@ -207,6 +209,28 @@ def test_the_plan_file_carries_the_offload_and_plans_without_it_are_unchanged(tm
     with pytest.raises(ParacubeError, match=r"off=33 offloads more blocks than the model's 32; valid: off=N with N "
                                             r"in \[0, 32\]"):
         plan_from_dict(bad, "p.json")
+
+
+def test_plan_and_simulate_report_the_host_bytes_of_an_offloaded_layout(tmp_path: object,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Where a layout offloads (off=N), `plan` and `simulate` print one line of the bytes a device keeps in host
+    memory, N blocks' saved activations of one micro-batch (reference: N x block_acts.saved_block_bytes, pp = 1), and
+    plan --json carries them; a layout without off= prints no such line."""
+    saved, _, _ = _block("megatron", "dp=8,tp=none,mb=1")
+    host_cap = float(_topo().device.host_memory_bytes)  # type: ignore[attr-defined]
+    args = ["--model", "llama2-7b", "--cluster", "dgx-h100", "--gpus", "8", "--runtime", "megatron",
+            "--global-batch", "16", "--seq", "4096", "--recompute", "none"]
+    out = tmp_path / "p.json"  # type: ignore[operator]
+    assert main(["simulate", *args, "--layout", "dp=8,tp=none,mb=1,off=20"]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("host memory:")]
+    assert line == [f"host memory: {human_bytes(20 * saved)} of {human_bytes(host_cap)} per device "
+                    f"({20 * saved / host_cap:.1%}), the activations of off=20 of 32 blocks; "
+                    f"{human_bytes(host_cap - 20 * saved)} more would fit"]
+    assert main(["plan", *args, "--layout", "dp=8,tp=none,mb=1,off=20", "-o", str(out), "--force", "--json"]) == 0
+    assert np.isclose(json.loads(capsys.readouterr().out)["host_bytes"], 20 * saved, rtol=1e-12)
+    assert main(["plan", *args, "--layout", "dp=8,tp=none,mb=1", "-o", str(out), "--force"]) == 0
+    printed = capsys.readouterr().out
+    assert "memory:" in printed and "host memory:" not in printed
 
 
 @pytest.mark.parametrize(("layout", "recompute", "says"), [

@@ -11,6 +11,7 @@ a head width a layout cannot split is refused before launch in one line (executo
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -88,3 +89,39 @@ def test_a_head_width_the_layout_cannot_split_is_refused_in_one_line() -> None:
                                             r"of 8$") as refused:
         check_divisibility(replace(QWEN3, heads=2, kv_heads=2, head_size=6), layout, 1, 1, 16)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("text", "over"), [("tp=2d:2x2", "q^2"), ("tp=2.5d:2x2x2", "q^2"), ("tp=3d:2x2x2", "q^3")])
+def test_the_planner_refuses_the_head_widths_the_executor_refuses(text: str, over: str) -> None:
+    """Equivalence of the two size checks on a Qwen3-like width: hidden 64 splits over q^2 (q^3) ranks, but 2 heads of
+    width 5 (queries 10, qkv 30) do not. The cost model's validity (modes' rules: planner and estimate) refuses the
+    layout with the width reasons the executor names first, and `estimate` (paracube simulate, a pinned plan) refuses
+    it in one line (the search of such a model tries only the modes that fold: planner/experts.py); with 16-wide heads
+    (queries 32, qkv 96) neither refuses."""
+    from paracube.cost_models.analytic import estimate
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.validity import violations
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    training = TrainingSpec(global_batch=8, seq_len=16, dtype="bf16")
+    layout = parse_layout(text)
+    odd = replace(QWEN3, hidden=64, ffn_hidden=128, heads=2, kv_heads=2, head_size=5)
+    wide = replace(odd, head_size=16)
+    for spec, refused in ((odd, True), (wide, False)):
+        planner = violations(layout, dims_of(spec, training), 1)
+        try:
+            check_divisibility(spec, layout, 1, training.global_batch, 16)
+            executor = None
+        except ParacubeError as e:
+            executor = str(e)
+        assert (executor is not None) == refused == bool(planner)
+        if refused:
+            assert planner == [f"heads x head_dim % {over} != 0",
+                               f"qkv width (heads + 2 kv heads) x head_dim % {over} != 0"]
+            assert executor.startswith("heads x head_dim (2 x 5)=10 is not divisible by")  # type: ignore[union-attr]
+    topo = load_topology("dgx-h100", gpus=layout.world_size)
+    says = rf"^layout dp=1,{re.escape(text)},mb=1: heads x head_dim % {re.escape(over)} != 0; qkv width"
+    with pytest.raises(ParacubeError, match=says):
+        estimate(odd, training, layout.with_(micro_batch=1), topo, with_events=False)
+    assert estimate(wide, training, layout.with_(micro_batch=1), topo, with_events=False).step_time_s > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,21 @@ def test_declarations() -> None:
     assert all(rt.grad_overlap and rt.grad_overlap_default for rt in RUNTIMES.values())
     with pytest.raises(Exception, match="unknown runtime 'nemo'; valid: paracube, megatron, torchtitan, deepspeed"):
         get_runtime("nemo")
+
+
+def test_to_dict_lists_every_declaration_the_offload_one_included() -> None:
+    """Runtime.to_dict is JSON data and carries the activation-offloading declaration field by field (reference: the
+    Offload dataclass's own fields), None for torchtitan, which does not offload activations."""
+    for rt in RUNTIMES.values():
+        data = json.loads(json.dumps(rt.to_dict()))
+        assert data["name"] == rt.name and data["modes"] == list(rt.modes)
+        if rt.offload is None:
+            assert data["offload"] is None
+            continue
+        ref = {f.name: getattr(rt.offload, f.name) for f in fields(rt.offload)}
+        assert data["offload"] == {k: list(v) if isinstance(v, tuple) else v for k, v in ref.items()}
+    assert RUNTIMES["torchtitan"].to_dict()["offload"] is None
+    assert RUNTIMES["megatron"].to_dict()["offload"]["recomputes"] == list(RUNTIMES["megatron"].offload.recomputes)  # type: ignore[index, union-attr]
 
 
 def test_paracube_runtime_is_what_the_executor_runs() -> None:

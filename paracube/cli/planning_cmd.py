@@ -29,6 +29,7 @@ from paracube.cli.train_terms import (
     TOKENS_PER_PARAMETER,
     add_train_options,
     headroom_line,
+    host_line,
     train_cost,
 )
 from paracube.engine_options import EngineOptions
@@ -137,6 +138,18 @@ def _search(w: Workload, topo: object, top_k: int = POOL, headroom: float = DEFA
         return config.run(w.model, w.training, topo, w.gpus, fixed=w.layout)
 
 
+def _host(w: Workload, layout: Layout, topo: object, headroom: float) -> tuple[float, str] | None:
+    """(host bytes per device, the line that reports them: train_terms.host_line) of an offloaded layout; None
+    without off=."""
+    if not layout.offload:
+        return None
+    from paracube.cost_models.analytic import host_memory  # the cost models: loaded when a command needs them
+
+    host = host_memory(w.model, w.training, layout, engine_options(w))
+    cap = float(getattr(topo.device, "host_memory_bytes", 0.0))  # type: ignore[attr-defined]
+    return host, host_line(host, cap, layout.offload, w.model.layers, headroom)
+
+
 # --- commands -----------------------------------------------------------------------------------------------
 def plan_cmd(args: argparse.Namespace) -> int:
     w = workload_from_args(args, partial_layout=True)
@@ -161,16 +174,18 @@ def plan_cmd(args: argparse.Namespace) -> int:
     best_layout, best_est = ranked[0]
     device_memory = float(topo.device.memory_bytes)  # type: ignore[attr-defined]
     memory = headroom_line(best_est.memory.total, device_memory, args.memory_headroom)
+    host = _host(w, best_layout, topo, args.memory_headroom)  # an offloaded layout's host bytes (off=N), else None
     tokens = args.tokens if args.tokens is not None else TOKENS_PER_PARAMETER * w.model.num_parameters()
     cost = train_cost(tokens, w.training.global_batch * w.training.sequence_length(w.model), best_est.step_time_s,
                       w.gpus, args.price_per_gpu_hour)
-    plan = make_plan(w, best_layout, best_est, topo, (memory,))
+    plan = make_plan(w, best_layout, best_est, topo, (memory,) + ((host[1],) if host else ()))
     assert out is not None
     path = plan.save(out)
     if args.json:
         print_json({"plan_file": str(path), "best": {"layout": str(best_layout), **best_est.to_dict()},
                     "train": cost.to_dict(), "memory_headroom": args.memory_headroom,
                     "memory_left_bytes": device_memory * (1 - args.memory_headroom) - best_est.memory.total,
+                    **({"host_bytes": host[0]} if host else {}),
                     "ranked": [{"layout": str(lay), **est.to_dict()} for lay, est in ranked[: args.top]],
                     "choices": [c.to_dict() for c in choices],
                     "scored": result.scored, "pruned": result.pruned, "rejected": dict(result.rejected),
@@ -198,6 +213,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
         console.print(f"note: {note}", markup=False)
     console.print(cost.line(args.tokens is None), highlight=False, markup=False)
     console.print(memory, highlight=False, markup=False)
+    if host:
+        console.print(host[1], highlight=False, markup=False)
     from paracube.runtimes import get_runtime
 
     target = get_runtime(w.runtime).export_target

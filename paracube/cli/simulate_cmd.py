@@ -22,7 +22,7 @@ from paracube.cli.options import (
     console as make_console,
 )
 from paracube.cli.outputs import add_force_option, writable
-from paracube.cli.planning_cmd import ROW_COLUMNS, _row, _summary, engine_options, estimate_with
+from paracube.cli.planning_cmd import ROW_COLUMNS, _host, _row, _summary, engine_options, estimate_with
 from paracube.errors import ParacubeError
 from paracube.estimate import StepEstimate
 from paracube.layout_parse import parse_layout
@@ -126,6 +126,9 @@ def simulate_cmd(args: argparse.Namespace) -> int:
     console = make_console()
     console.print(f"[bold]{layout}[/bold]: {_summary(w)} ({args.engine} engine)")
     _print_breakdown(console, est, args.events)
+    host = _host(w, layout, topo, 0.0)  # an offloaded layout's host bytes (off=N)
+    if host:
+        console.print(host[1], highlight=False, markup=False)
     for out in (args.plot, args.trace, args.timeline):
         if out:
             console.print(f"wrote {Path(out)}")

@@ -133,3 +133,15 @@ def headroom_line(used: float, device_memory: float, headroom: float) -> str:
     fit = f"{human_bytes(left)} more would fit" if left >= 0 else f"{human_bytes(-left)} over the headroom"
     return (f"memory: {human_bytes(used)} of {human_bytes(device_memory)} per device "
             f"({used / device_memory:.1%}); {held}; {fit}")
+
+
+def host_line(host: float, host_memory: float, offload: int, layers: int, headroom: float) -> str:
+    """`host memory: 63.0 GiB of 223.5 GiB per device (28.2%), the activations of off=30 of 80 blocks; ...`: what
+    an offloaded layout keeps on the host (cost_models/analytic.host_memory), against the host's share a device has
+    (DeviceSpec.host_memory_bytes), the planner's limit being that less the headroom."""
+    cap = host_memory * (1 - headroom)
+    share = f" ({host / host_memory:.1%})" if host_memory > 0 else ""
+    fit = f"{human_bytes(cap - host)} more would fit" if host <= cap else f"{human_bytes(host - cap)} over the headroom"
+    return (f"host memory: {human_bytes(host)} of {human_bytes(host_memory)} per device{share}, the activations of "
+            f"off={offload} of {layers} blocks; {fit}")
+

@@ -24,6 +24,7 @@ from paracube.cost_models.moe import dense_part
 from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
+from paracube.cost_models.offload import host_bytes
 from paracube.cost_models.overlap_drag import DRAG
 from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bound
 from paracube.cost_models.stage_scores import STAGES, Links, StageScores
@@ -33,6 +34,7 @@ from paracube.engine_options import EngineOptions, options_of
 from paracube.errors import ParacubeError, check
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
+from paracube.modes.stages import stage_layers
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES, ModelSpec, TrainingSpec
 
 
@@ -180,5 +182,18 @@ def finish(model: ModelSpec, layout: Layout, d: Dims, mb: int, note: str | None,
 estimate_batch = evaluate  # the name the design notes use for the vectorized path
 
 
+
+def host_memory(model: ModelSpec, training: TrainingSpec, layout: Layout, options: EngineOptions | None = None
+                ) -> float:
+    """Bytes one device keeps in host memory for the layout's offloaded activations (off=N): offload.host_bytes, as
+    the planner checks them against DeviceSpec.host_memory_bytes (planner/offload_passes.py); 0 without off=."""
+    if not layout.offload:
+        return 0.0
+    d, mb, _ = prepare(model, training, layout, options)
+    b = layout_arrays(layout, mb)
+    ones = np.ones_like(b.pp)
+    return float(host_bytes(d, layout.mode, b, stage_layers(d.L, b.pp, b.v, ones, ones), np.ones(1))[0])
+
+
 __all__ = ["Scores", "StageScores", "compute_lower_bound", "estimate", "estimate_batch", "evaluate", "finish",
-           "layout_links", "prepare", "step_lower_bound"]
+           "host_memory", "layout_links", "prepare", "step_lower_bound"]

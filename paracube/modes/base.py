@@ -42,6 +42,7 @@ from paracube.modes.split_rules import (
     TOKEN_RULE,
     VOCAB_MULTIPLE,
     Rule,
+    attention_width_rules,
     divides,
     key_window,
     kv_gather_groups,
@@ -277,6 +278,6 @@ def divisors(n: int) -> list[int]:
 
 # What a mode module imports: this file's declarations and the vocabulary of collective.py and split_rules.py.
 __all__ = ["COMPUTE", "F32", "LAYER_UNITS", "TOKEN_RULE", "TPO_GEMMS", "VOCAB_MULTIPLE", "Collective",
-           "IntOrArr", "Payload", "Rule", "Sizes", "TensorMode", "chunks", "coll", "divides",
+           "IntOrArr", "Payload", "Rule", "Sizes", "TensorMode", "attention_width_rules", "chunks", "coll", "divides",
            "divisors", "first_exposed", "key_window", "kv_gather_groups", "padded", "sequence_pieces", "split",
            "split_embedding", "tokens_split_ok"]

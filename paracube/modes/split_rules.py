@@ -39,6 +39,19 @@ Rule = tuple[str, Callable[[Any, Any], np.ndarray]]  # (reason, predicate(dims, 
 TOKEN_RULE = "micro-batch tokens % token split != 0"
 
 
+def attention_width_rules(over: str, n: Callable[[Any], IntOrArr]) -> tuple[Rule, Rule]:
+    """Where a head is not hidden / heads wide (ModelSpec.head_size, Qwen3; not MLA), the query width heads x head_dim
+    and the qkv width (heads + 2 kv heads) x head_dim split over the `n(b)` ranks the hidden size splits over (`over`
+    names them): the executor refuses them otherwise (executor/sizes.py: its rules beside "hidden"); elsewhere both
+    hold."""
+    def plain(d: Any) -> bool:
+        return not d.head_size or d.mla is not None
+
+    return ((f"heads x head_dim % {over} != 0", lambda d, b: plain(d) | divides(d.q_width, n(b))),
+            (f"qkv width (heads + 2 kv heads) x head_dim % {over} != 0",
+             lambda d, b: plain(d) | divides(d.q_width + 2 * d.kv, n(b))))
+
+
 def tokens_split_ok(mb: IntOrArr, s: IntOrArr, n: IntOrArr) -> IntOrArr:
     """Whether n ranks can split a micro-batch of mb sequences of s tokens (flattened batch-major, b x s) into n
     equal blocks: any micro-batch whose token count divides. A block may hold whole sequences, part of one, or

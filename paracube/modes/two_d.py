@@ -36,6 +36,7 @@ from paracube.modes.base import (
     Collective,
     IntOrArr,
     TensorMode,
+    attention_width_rules,
     chunks,
     coll,
     divides,
@@ -166,6 +167,7 @@ class TwoD(TensorMode):
         ("heads % q != 0", lambda d, b: divides(d.heads, b.q)),
         ("kv heads % q != 0", lambda d, b: divides(d.kv_heads, b.q)),
         ("hidden % q^2 != 0", lambda d, b: divides(d.h, b.q**2)),
+        *attention_width_rules("q^2", lambda b: b.q**2),
         ("ffn hidden % q^2 != 0", lambda d, b: divides(d.f, b.q**2)),
         ("seq % q != 0", lambda d, b: divides(d.s, b.q)),
     )

@@ -14,18 +14,23 @@ from paracube.modes import MODES, LayoutBatch
 from paracube.planner.search_state import _Search
 
 
-def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter,
+           least: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices of the configurations that pass the size rules and fit in device memory (placement changes
     neither), each one's zero stage (the lowest of `s.zeros` that fits) and kept weights (kw: 1 where the
     mode keeps weights, the step has several micro-batches and the kept weights fit too, unless pinned);
-    each rejection counts once per placement of its structure."""
+    each rejection counts once per placement of its structure. `least` (a list): gets, per configuration of
+    `batch`, the least peak memory over the zero stages it may take (inf where the rules or the runtime refuse
+    it): it fits exactly where that is within s.mem_cap."""
     viol = first_violation(mode, s.d, batch)
     for i, (text, _) in enumerate(rules(mode)):
         cnt = int(n_places[viol == i].sum())
         if cnt:
             rejected[text] += cnt
     idx = np.nonzero(viol < 0)[0]
+    low = np.full(len(idx), np.inf)  # the least peak over the stages that may be taken (`least`)
+    if least is not None:
+        least.append(np.full(len(batch), np.inf))
     if not len(idx):
         return idx, idx, idx
     zeros = [z for z in sorted(s.zeros) if s.runtime.runs(mode, zero=z)]
@@ -86,7 +91,10 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
             extra.append((z, (mem <= s.mem_cap) & ok))
         else:
             zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
+        low = np.minimum(low, np.where(ok, mem, np.inf))
         runs = runs | ok
+    if least is not None:
+        least[-1][idx] = low
     unrun = ~runs if min(zeros) >= 2 else np.zeros(len(idx), dtype=bool)  # only zero=2/3 allowed, none runs
     if unrun.any():
         pps = "" if any(z in s.runtime.zeros_with_pp for z in zeros) else ", pp=1"  # where it runs them (above)

@@ -14,6 +14,10 @@ micro-batch, no recomputation instead of full) is then priced like any other and
 Offered where the runtime offloads with the pass's recomputation (Runtime.offload), at pp = 1, on a device with a
 host link (DeviceSpec.host_bandwidth > 0: every GPU preset; local-cpu has none: its host memory is its device
 memory, offloading frees nothing); a layout's pin `off=N` (0 included) is the only count searched.
+A pass of the ladder looks only at the configurations still pending that its count may fit (`pending_configs`: kept
+with their structures in the order the pass without offloading enumerated them, and with the least peak that pass
+found): nothing else is enumerated or fit-checked again. Those whose floor loses
+(planner/offload_floors.py) are fit-checked alike (the same counts) but counted as pruned, not scored.
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ from dataclasses import replace
 
 import numpy as np
 
+from paracube.cost_models.block_acts import saved_block_bytes
 from paracube.cost_models.dims import Dims
-from paracube.cost_models.offload import host_bytes
+from paracube.cost_models.offload import host_bytes, resident_blocks
 from paracube.cost_models.validity import first_violation
 from paracube.errors import check
 from paracube.layout import Layout
 from paracube.modes import LayoutBatch
 from paracube.modes.stages import stage_layers
 from paracube.planner.dimensions import OFF, values
+from paracube.planner.enumerate import Structure
 from paracube.planner.fits import _valid
 from paracube.planner.search_state import _Search
 from paracube.runtimes import Runtime
@@ -61,41 +67,81 @@ def offload_passes(s: _Search, base: Dims, rungs: list[int]) -> Iterator[None]:
     still refused for memory whose layout no micro-batch fitted)."""
     ladder = len(rungs) > 1
     s.offload_fitted, s.offload_pending = ({}, {}) if ladder else (None, None)
+    s.offload_floors, s.offload_lost, s.offload_need = ({}, {}, {}) if ladder else (None, None, None)
     # after the pass without offloading, a probe at the most blocks keeps only what some count can fit (`valid`)
     for n, probe in [(rungs[0], False), *([(rungs[-1], True)] if ladder else []), *((m, False) for m in rungs[1:])]:
         s.d, s.offload, s.offload_probe = replace(base, offload_frac=n / base.L), n, probe
         yield
         if not ladder or not any(s.offload_pending.values()):  # type: ignore[union-attr]
             break
-    s.offload, s.offload_fitted, s.offload_pending, s.offload_probe = 0, None, None, False
+    s.offload, s.offload_fitted, s.offload_pending, s.offload_floors, s.offload_lost = 0, None, None, None, None
+    s.offload_need, s.offload_probe = None, False
 
 
 def skips(s: _Search, mode: str) -> bool:
-    """An offloading pass has nothing to look at in this mode (no configuration of it is pending)."""
-    return bool(s.offload) and not (s.offload_pending or {}).get(mode)
+    """A ladder's offloading pass has nothing to look at in this mode (no configuration of it is pending); a pinned
+    off=N (no ladder: its one pass) skips nothing."""
+    return bool(s.offload) and s.offload_pending is not None and not s.offload_pending.get(mode)
 
 
-def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pending_configs(s: _Search, mode: str) -> tuple[list[tuple[int, ...]], list[Structure]] | None:
+    """On a ladder's offloading pass, the mode's pending configurations that may fit at its count (their rows in the
+    order the pass without offloading enumerated them, and their structures): all that pass looks at, so nothing
+    else is enumerated; None on any other pass. May fit: the least peak the pass without offloading found, less
+    the saved activations the count takes off the device, within the memory cap (`_freed`: exact, the activations
+    being the only memory offloading changes, memory.stage_memory; 1e-9 of the cap spares rounding); the others
+    cannot fit, so fits._valid would refuse them: on the probe (the most blocks) they leave the ladder, on a rung
+    they stay pending, unchecked."""
+    if not s.offload or s.offload_pending is None or s.offload_need is None:
+        return None
+    pending, need = s.offload_pending.get(mode, {}), s.offload_need.get(mode, {})
+    freed = _freed(s.d)
+    may = [r for r in pending if need[r][0] - freed * need[r][1] <= s.mem_cap * (1 + 1e-9)]
+    if s.offload_probe:
+        keep = set(may)
+        for r in [r for r in pending if r not in keep]:
+            del pending[r]
+    return may, [pending[r] for r in may]
+
+
+def _freed(d: Dims) -> float:
+    """Blocks' worth of saved activations `d`'s offloaded count takes off the device at pp = 1 (a stage of all L
+    blocks, one micro-batch in flight: memory.in_flight): L less the resident blocks (offload.resident_blocks)."""
+    return float(d.L - resident_blocks(d, np.array([float(d.L)]), np.ones(1))[0])
+
+
+def valid(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], n_places: np.ndarray,
+          rejected: Counter) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """fits._valid; along a ladder, its first pass also notes what fitted and what was refused for memory only, and
     each offloading pass looks at those refused configurations whose layout no micro-batch fitted yet: the ones that
     fit now (device and host) are valid and no longer counted as refused for memory (a layout counts once: refused
     only where no count fits it), the ones past the host's memory are counted as such."""
     if s.offload_fitted is None or s.offload_pending is None:
         return _valid(s, mode, batch, n_places, rejected)
-    fitted, pending = s.offload_fitted.setdefault(mode, set()), s.offload_pending.setdefault(mode, set())
+    fitted, pending = s.offload_fitted.setdefault(mode, set()), s.offload_pending.setdefault(mode, {})
     if not s.offload:
-        idx, zero, kw = _valid(s, mode, batch, n_places, rejected)
+        least: list[np.ndarray] = []
+        idx, zero, kw = _valid(s, mode, batch, n_places, rejected, least)
         fitted.update(_keys(batch, idx))
         refused = (first_violation(mode, s.d, batch) < 0) & ~np.isin(np.arange(len(batch)), idx) & (batch.pp == 1)
-        pending.update(r for r in _rows(batch, np.nonzero(refused)[0]) if r[:5] + r[6:] not in fitted)
+        cand = np.nonzero(refused)[0]
+        rows = _rows(batch, cand)
+        new = [i for i, r in enumerate(rows) if r[:5] + r[6:] not in fitted]
+        pending.update((rows[i], owners[int(cand[i])]) for i in new)
+        if new and s.offload_need is not None:  # (least peak, one block's saved bytes): pending_configs
+            at = cand[new]
+            saved = np.broadcast_to(saved_block_bytes(s.d, mode, batch.take(at)), (len(new),))
+            need = zip(least[0][at].tolist(), saved.tolist(), strict=True)
+            s.offload_need.setdefault(mode, {}).update(zip([rows[i] for i in new], need, strict=True))
         return idx, zero, kw
     single = np.nonzero(batch.pp == 1)[0]  # pending configurations are pp = 1 ones
     cand = single[np.array([r in pending for r in _rows(batch, single)], dtype=bool)] if len(single) else single
     found, zero, kw = _valid(s, mode, batch.take(cand), n_places[cand], Counter())  # rules and memory: counted
     idx = cand[found]
     if s.offload_probe:  # the most blocks: what cannot fit even so leaves the ladder; nothing is valid yet
-        pending.intersection_update(_rows(batch, idx))
+        fit = set(_rows(batch, idx))
+        for r in [r for r in pending if r not in fit]:
+            del pending[r]
         return idx[:0], zero[:0], kw[:0]
     sub = batch.take(idx)
     Ls = stage_layers(s.d.L, sub.pp, sub.v, np.ones_like(sub.pp), np.ones_like(sub.pp))
@@ -108,8 +154,12 @@ def valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejec
         s.explanations[mode] = f"{host} ({int(n_places[np.unique(idx[over])].sum())} layouts)"
     keep = ~over
     fitted.update(_keys(batch, idx[keep]))
-    pending.difference_update(_rows(batch, idx))
-    pending.difference_update({r for r in pending if r[:5] + r[6:] in fitted})
+    for r in [*_rows(batch, idx), *(r for r in pending if r[:5] + r[6:] in fitted)]:
+        pending.pop(r, None)
+    lost = (s.offload_lost or {}).get(mode)
+    if lost:  # fits, but its floor lost (offload_floors.py): pruned, as scoring._within_bound would prune it
+        keep &= ~np.array([r in lost for r in _rows(batch, idx)], dtype=bool) & ~over
+        s.pruned += int(n_places[idx[~keep & ~over]].sum())  # per zero stage it fits at, as _search_mode counts
     return idx[keep], zero[keep], kw[keep]
 
 
@@ -133,4 +183,4 @@ def _count(rejected: Counter, why: str, configs: np.ndarray, n_places: np.ndarra
         rejected[why] += sign * n
 
 
-__all__ = ["offload_passes", "offload_rungs", "valid"]
+__all__ = ["offload_passes", "offload_rungs", "pending_configs", "skips", "valid"]

@@ -13,8 +13,10 @@ from paracube.cost_models.analytic_scores import evaluate
 from paracube.cost_models.comm import axes_used
 from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bound
 from paracube.modes import MODES, LayoutBatch
+from paracube.planner.bars import _bar, _cp1_best, _kth
 from paracube.planner.configs import _configs
 from paracube.planner.enumerate import Structure
+from paracube.planner.offload_floors import floors, mark_losers
 from paracube.planner.offload_passes import valid
 from paracube.planner.search_state import Placements, _layout, _matches, _Search
 
@@ -85,37 +87,12 @@ def _within_bound(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
         allowed = np.array([_matches(_layout(st, batch.row(i), places[st][0][0]), s.fixed)
                             for i, st in enumerate(owners)], dtype=bool)
         found = np.where(allowed, found, np.inf)
-    bar = max(_kth(s, found), _mode_best(s, mode, found), _cp1_best(s, found))
+    bar = _bar(s, mode, found)
     st = s.g.straggler  # the step's wait for its slowest replica (stragglers.py): the bounds carry it
     bound = step_lower_bound(res, s.d, batch, rows, overlap[rows], s.g.ranks_per_core, st)[m:]
     if high is not None and np.any(high):
         bound = np.where(high, compute_lower_bound(res, s.d, batch, rows, s.g.ranks_per_core, st)[m:], bound)
     return bound <= bar * (1 + 1e-9), bound, allowed  # the bar's own configuration stays despite rounding
-
-
-def _kth(s: _Search, found: np.ndarray | None = None) -> float:
-    """The top_k-th best step time among the layouts kept so far (every pass, every mode: `s.best`) and `found`
-    (real layouts the pins allow): no layout slower than it enters the ranking. inf while fewer are known."""
-    times = np.array([t for t, _ in s.best] + ([] if found is None else found.tolist()))
-    return float(np.partition(times, s.top_k - 1)[s.top_k - 1]) if len(times) >= s.top_k else float("inf")
-
-
-def _mode_best(s: _Search, mode: str, found: np.ndarray) -> float:
-    """The mode's best step time so far (its earlier passes and `found`): what its best layout must beat; -inf (no
-    bar of its own) where the search keeps no exact mode bests (`s.mode_bests`: search.py)."""
-    if not s.mode_bests:
-        return -float("inf")
-    known = [s.per_mode_best[mode][0]] if mode in s.per_mode_best else []
-    return float(min([*known, *found.tolist()], default=float("inf")))
-
-
-def _cp1_best(s: _Search, found: np.ndarray) -> float:
-    """In a cp=1 pass, the best step time without context parallelism so far (`s.best` and `found`): what the
-    best cp=1 layout must beat (search.py names it as a cp > 1 layout's runner-up, from `s.best`); -inf in a
-    cp > 1 pass (no bar of its own)."""
-    if s.d.cp > 1:
-        return -float("inf")
-    return float(min([t for t, lay in s.best if lay.cp == 1] + found.tolist(), default=float("inf")))
 
 
 def _overlaps(s: _Search, mode: str, batch: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -134,21 +111,34 @@ def _overlaps(s: _Search, mode: str, batch: LayoutBatch) -> tuple[np.ndarray, np
     return np.asarray(ovs, dtype=bool), tpos
 
 
-def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
-    """Score every valid layout of one mode and keep its best `top_k` (matching `fixed`)."""
-    places = {st: st.placements() for st in sts}
+def _search_mode(s: _Search, mode: str, sts: list[Structure],
+                 pending: tuple[list[tuple[int, ...]], list[Structure]] | None = None) -> None:
+    """Score every valid layout of one mode and keep its best `top_k` (matching `fixed`); `pending`: on an
+    offloading ladder's pass, the configurations to look at instead (offload_passes.pending_configs)."""
     owners: list[Structure] = []
     rows: list[tuple[int, ...]] = []
-    counts: list[int] = []  # each configuration's placements (its structure's)
-    for st in sts:
+    if pending is not None:
+        rows, owners = pending
+        sts = list(dict.fromkeys(owners))
+    places = {st: st.placements() for st in sts}
+    for st in sts if pending is None else []:
         cfgs = _configs(st, s.d.global_batch, s.d.L, s.micro_batches, s.fixed, s.runtime)
         rows.extend(cfgs)
         owners.extend([st] * len(cfgs))
-        counts.extend([len(places[st])] * len(cfgs))
+    counts = [len(places[st]) for st in owners]  # each configuration's placements (its structure's)
     batch = LayoutBatch.of_rows(rows)
     n_places = np.array(counts, dtype=np.int64)
     mode_rej: Counter = Counter()
-    idx, zeros, kws = valid(s, mode, batch, n_places, mode_rej)  # fits._valid, less what offloading skips
+    prunes = s.prune and (s.fixed is None or not s.fixed.placement)
+    if pending is not None and prunes and not s.offload_probe:  # pending ones that cannot win: offload_floors.py
+
+        def bounds(new: list[tuple[int, ...]]) -> list[tuple[float, float]]:
+            sub, own = LayoutBatch.of_rows(new), [s.offload_pending[mode][r] for r in new]  # type: ignore[index]
+            links = _structure_links(s, mode, own, {st: st.placements() for st in own})
+            return floors(s, mode, sub, own, links, *_overlaps(s, mode, sub))
+
+        mark_losers(s, mode, bounds)
+    idx, zeros, kws = valid(s, mode, batch, owners, n_places, mode_rej)  # fits._valid, less what offloading skips
     s.rejected.update(mode_rej)
     # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.
     batch, owners, n_places = batch.take(idx), [owners[i] for i in idx], n_places[idx]
@@ -161,7 +151,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure]) -> None:
     # prices them as zero=0, so they are pruned by their compute and in-line communication (the zero=0/1 rows by
     # their bound), and again against the zero=0/1 layouts once those are scored (_staged_times).
     bound = allowed = None
-    if s.prune and (s.fixed is None or not s.fixed.placement) and len(batch):
+    if prunes and len(batch):
         keep, bound, allowed = _within_bound(s, mode, batch, owners, places, st_links, zero_arg, kws, ovs, tpos,
                                              high=zeros >= 2)
         s.pruned += int(n_places[~keep].sum())
@@ -225,7 +215,7 @@ def _staged_times(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
     for sel in [zeros < 2, *(zeros == z for z in sorted(set(zeros[zeros >= 2].tolist())))]:
         if bound is not None and allowed is not None and found:
             f = np.concatenate(found)
-            bar = max(_kth(s, f), _mode_best(s, mode, f), _cp1_best(s, f))
+            bar = _bar(s, mode, f)
             keep &= ~(sel & (bound > bar * (1 + 1e-9)))
             sel = sel & keep
         idx = np.nonzero(sel)[0]

@@ -46,7 +46,9 @@ out). zero=1 shards over the mode's
 gradient group (memory.zero_shards: dp; 2.5D dp x depth), so it is searched wherever that group has several
 ranks (2.5D too at dp=1). Attention: flash unless the layout pins `fa=0` (unfused is dominated in the model);
 the best layout's fa=0 variant joins the ranking. Activation offloading (`off=N`): a pass per offloaded block count
-where nothing fits with fewer, only for what did not fit (planner/offload_passes.py).
+where nothing fits with fewer, only for what did not fit (planner/offload_passes.py); what it could fit but whose floor
+(no offloading's compute bound plus the copies' least cost) loses to the bar is fit-checked, not scored (exact:
+planner/offload_floors.py).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ from paracube.planner.dimensions import (
 )
 from paracube.planner.enumerate import context_degrees
 from paracube.planner.experts import search_experts
-from paracube.planner.offload_passes import offload_passes, offload_rungs, skips
+from paracube.planner.offload_passes import offload_passes, offload_rungs, pending_configs, skips
 from paracube.planner.scoring import _search_mode
 from paracube.planner.search_state import RUNNABLE_MODES, SearchResult, _Search
 from paracube.runtimes import RUNTIMES, Runtime
@@ -211,9 +213,11 @@ def search(
                 for _ in offload_passes(s, context_local(replace(d, recompute=rc), cp, cpc), rungs):
                     for mode in modes:
                         runs = (cp == 1 or MODES[mode].context_parallel) and not skips(s, mode)
-                        sts = _mode_structures(s, mode, gpus) if runs else []
-                        if sts:
-                            _search_mode(s, mode, sts)
+                        # a ladder's offloading pass looks only at its pending configurations (offload_passes.py)
+                        rung = pending_configs(s, mode) if runs else None
+                        sts = _mode_structures(s, mode, gpus) if runs and rung is None else []
+                        if sts or (rung is not None and rung[0]):
+                            _search_mode(s, mode, sts, rung)
     s.d = d
     if not s.best:
         lines = "; ".join(f"{m}: {why}" for m, why in s.explanations.items())

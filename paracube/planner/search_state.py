@@ -68,7 +68,14 @@ class _Search:
     # per mode, the layouts (but for the micro-batch) an offloading ladder's passes found valid so far (None: no ladder)
     offload_fitted: dict[str, set[tuple[int, ...]]] | None = None
     # per mode, the configurations refused for memory that offloading may make fit (offload_passes.valid)
-    offload_pending: dict[str, set[tuple[int, ...]]] | None = None
+    offload_pending: dict[str, dict[tuple[int, ...], Structure]] | None = None  # each with its structure
+    # per mode, each pending configuration's floor (C, per offloaded block): planner/offload_floors.py
+    offload_floors: dict[str, dict[tuple[int, ...], tuple[float, float]]] | None = None
+    # per mode, the pending configurations whose floor lost: fit-checked along the ladder, never scored (pruned)
+    offload_lost: dict[str, set[tuple[int, ...]]] | None = None
+    # per mode, each pending configuration's (least peak without offloading, one block's saved bytes): what count
+    # may fit it (offload_passes.pending_configs)
+    offload_need: dict[str, dict[tuple[int, ...], tuple[float, float]]] | None = None
     offload_probe: bool = False  # the pass at the ladder's most blocks that only prunes offload_pending
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)

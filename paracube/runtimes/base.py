@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.layout import Layout
 from paracube.modes import MODES
+from paracube.runtimes.describe import runtime_dict
 from paracube.runtimes.offload import Offload, offload_refusal
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES
 
@@ -289,23 +290,8 @@ class Runtime:
         return None
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "title": self.title, "modes": list(self.modes), "pipeline": self.pipeline,
-                "interleave": self.interleave, "sequence_parallel": self.sequence_parallel,
-                "zeros": list(self.zeros), "zeros_with_pp": list(self.zeros_with_pp),
-                "hybrid_shard": self.hybrid_shard, "recomputes": list(self.recomputes), "dtypes": list(self.dtypes),
-                "overlaps": {"grad_reduce": [self.grad_overlap, self.grad_overlap_default, self.grad_overlap_pp],
-                             "param_gather": [self.param_gather_overlap, self.param_gather_overlap_default],
-                             "tpo": [self.tpo, self.tpo_default, self.tpo_needs_sp], "p2p": self.p2p_overlap,
-                "moe_a2a": [self.moe_a2a_overlap, self.moe_a2a_overlap_default],
-                             "fsdp_prefetch": self.fsdp_prefetch},
-                "expert_parallel": self.expert_parallel, "expert_tensor_parallel": self.expert_tensor_parallel,
-                "export_target": self.export_target, "cp_comms": list(self.cp_comms),
-                "sliding_window": self.sliding_window, "window_cp_comms": list(self.cp_comms_for(True)),
-                "chunked_attention": self.chunked_attention,
-                "fp8_scaling": self.fp8_scaling, "fp8_experts": self.fp8_experts,
-                "fp8_param_gather": self.fp8_param_gather, "moe_dispatch": self.moe_dispatch,
-                "selective": self.selective, "moe_host_sync": self.moe_host_sync,
-                "moe_host_ops": None if self.moe_host_ops is None else list(vars(self.moe_host_ops).values())}
+        """Every declaration as JSON-ready data (runtimes/describe.py)."""
+        return runtime_dict(self)
 
 
 __all__ = ["MEGATRON_STYLE", "DtypeCheck", "ModeCheck", "Runtime"]
