@@ -16,7 +16,6 @@ from paracube.modes import MODES, LayoutBatch
 from paracube.planner.bars import _bar, _cp1_best, _kth
 from paracube.planner.configs import _configs
 from paracube.planner.enumerate import Structure
-from paracube.planner.offload_floors import floors, mark_losers
 from paracube.planner.offload_passes import valid
 from paracube.planner.search_state import Placements, _layout, _matches, _Search
 
@@ -130,14 +129,6 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure],
     n_places = np.array(counts, dtype=np.int64)
     mode_rej: Counter = Counter()
     prunes = s.prune and (s.fixed is None or not s.fixed.placement)
-    if pending is not None and prunes and not s.offload_probe:  # pending ones that cannot win: offload_floors.py
-
-        def bounds(new: list[tuple[int, ...]]) -> list[tuple[float, float]]:
-            sub, own = LayoutBatch.of_rows(new), [s.offload_pending[mode][r] for r in new]  # type: ignore[index]
-            links = _structure_links(s, mode, own, {st: st.placements() for st in own})
-            return floors(s, mode, sub, own, links, *_overlaps(s, mode, sub))
-
-        mark_losers(s, mode, bounds)
     idx, zeros, kws = valid(s, mode, batch, owners, n_places, mode_rej)  # fits._valid, less what offloading skips
     s.rejected.update(mode_rej)
     # From here on only the valid configurations: `batch`, `owners`, `n_places`, `zeros`, `kws` are theirs.

@@ -46,9 +46,7 @@ out). zero=1 shards over the mode's
 gradient group (memory.zero_shards: dp; 2.5D dp x depth), so it is searched wherever that group has several
 ranks (2.5D too at dp=1). Attention: flash unless the layout pins `fa=0` (unfused is dominated in the model);
 the best layout's fa=0 variant joins the ranking. Activation offloading (`off=N`): a pass per offloaded block count
-where nothing fits with fewer, only for what did not fit (planner/offload_passes.py); what it could fit but whose floor
-(no offloading's compute bound plus the copies' least cost) loses to the bar is fit-checked, not scored (exact:
-planner/offload_floors.py).
+where nothing fits with fewer, only for what did not fit (planner/offload_passes.py).
 """
 
 from __future__ import annotations

@@ -69,10 +69,6 @@ class _Search:
     offload_fitted: dict[str, set[tuple[int, ...]]] | None = None
     # per mode, the configurations refused for memory that offloading may make fit (offload_passes.valid)
     offload_pending: dict[str, dict[tuple[int, ...], Structure]] | None = None  # each with its structure
-    # per mode, each pending configuration's floor (C, per offloaded block): planner/offload_floors.py
-    offload_floors: dict[str, dict[tuple[int, ...], tuple[float, float]]] | None = None
-    # per mode, the pending configurations whose floor lost: fit-checked along the ladder, never scored (pruned)
-    offload_lost: dict[str, set[tuple[int, ...]]] | None = None
     # per mode, each pending configuration's (least peak without offloading, one block's saved bytes): what count
     # may fit it (offload_passes.pending_configs)
     offload_need: dict[str, dict[tuple[int, ...], tuple[float, float]]] | None = None
