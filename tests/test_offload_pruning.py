@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_planner import assert_same_search
 
 from paracube.calibration.run_prediction import preset_topology
 from paracube.calibration.runs_csv import read_runs
@@ -54,12 +55,7 @@ def test_offload_ladder_keeps_the_exact_ranking(name: str, mode_bests: bool, gb2
     kw = {"top_k": 10, "runtime": runtime, "recomputes": ["none", "selective"], "mode_bests": mode_bests}
     fast = search(model, training, topo, gpus, **kw)  # type: ignore[arg-type]
     full = search(model, training, topo, gpus, prune=False, **kw)  # type: ignore[arg-type]
-    assert fast.pruned > 0 and full.pruned == 0
-    assert fast.scored + fast.pruned == full.scored and fast.rejected == full.rejected
-    assert [(repr(lay), est.step_time_s) for lay, est in fast.ranked] == \
-        [(repr(lay), est.step_time_s) for lay, est in full.ranked]
-    assert {m: repr(lay) for m, (lay, _) in fast.best_per_mode.items()} == \
-        {m: repr(lay) for m, (lay, _) in full.best_per_mode.items()}
+    assert_same_search(fast, full)
     if name == "gb200-l3-70B":
         best, est = fast.ranked[0]
         assert str(best) == "dp=64,tp=none,mb=1,zero=3,rc=none,overlap,off=30"

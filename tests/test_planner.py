@@ -17,7 +17,7 @@ from paracube.errors import ParacubeError
 from paracube.layout import Layout
 from paracube.model_presets import PRESETS
 from paracube.modes.base import TOKEN_RULE
-from paracube.planner import search
+from paracube.planner import SearchResult, search
 from paracube.workload import ModelSpec, TrainingSpec
 
 TINY = PRESETS["tiny"]
@@ -178,6 +178,17 @@ PRUNE_CASES = [
 ]
 
 
+def assert_same_search(fast: SearchResult, full: SearchResult) -> None:
+    """The pruned search `fast` against the exhaustive `full` (prune=False): the same ranked layouts and step times,
+    best per mode and rejections, and what it skipped exactly what it did not score."""
+    assert fast.pruned > 0 and full.pruned == 0
+    assert fast.scored + fast.pruned == full.scored and fast.rejected == full.rejected
+    assert [(repr(lay), est.step_time_s) for lay, est in fast.ranked] == \
+        [(repr(lay), est.step_time_s) for lay, est in full.ranked]
+    assert {m: repr(lay) for m, (lay, _) in fast.best_per_mode.items()} == \
+        {m: repr(lay) for m, (lay, _) in full.best_per_mode.items()}
+
+
 @pytest.mark.parametrize(("model", "gpus", "options"), PRUNE_CASES)
 def test_bound_pruning_keeps_the_exact_ranking(model: str, gpus: int, options: dict) -> None:
     """Skipping the placements of configurations whose lower bound loses changes nothing the search returns:
@@ -192,12 +203,7 @@ def test_bound_pruning_keeps_the_exact_ranking(model: str, gpus: int, options: d
     training = TrainingSpec(global_batch=512, dtype="bf16", recompute="selective")
     fast = search(PRESETS[model], training, tp, gpus, top_k=10, **options)
     full = search(PRESETS[model], training, tp, gpus, top_k=10, prune=False, **options)
-    assert fast.pruned > 0 and full.pruned == 0
-    assert fast.scored + fast.pruned == full.scored and fast.rejected == full.rejected
-    assert [(repr(lay), est.step_time_s) for lay, est in fast.ranked] == \
-        [(repr(lay), est.step_time_s) for lay, est in full.ranked]
-    assert {m: repr(lay) for m, (lay, _) in fast.best_per_mode.items()} == \
-        {m: repr(lay) for m, (lay, _) in full.best_per_mode.items()}
+    assert_same_search(fast, full)
 
 
 @pytest.mark.parametrize(("model", "gpus", "options"), PRUNE_CASES)
