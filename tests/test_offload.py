@@ -245,3 +245,22 @@ def test_the_executor_refuses_what_it_cannot_offload_before_any_rank_starts(layo
     with pytest.raises(ParacubeError) as refused:
         check_offload(MODELS["tiny"], parse_layout(layout), recompute)
     assert "\n" not in str(refused.value) and says in str(refused.value)
+
+
+@pytest.mark.parametrize("model", ["tiny-moe", "tiny-mla"])
+def test_offloading_blocks_the_model_does_not_price_is_refused_on_both_sides(
+        capsys: pytest.CaptureFixture[str], model: str) -> None:
+    """MoE / MLA blocks (and attention wider than hidden / heads) are priced by planner/experts.py, which never
+    offloads: a pinned off=N is refused by the planner and the estimate in one line (not dropped), and by the
+    executor before any rank starts."""
+    from paracube.executor.sizes import check_offload
+
+    layout = "dp=8,ep=2,tp=none,mb=1,off=1" if model == "tiny-moe" else "dp=8,tp=none,mb=1,off=1"
+    code = main(["plan", "--model", model, "--cluster", "dgx-h100", "--gpus", "8", "--layout", layout])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "activation offloading is priced for dense blocks" in err, err
+    with pytest.raises(ParacubeError, match="activation offloading is priced for dense blocks"):
+        estimate(MODELS[model], TrainingSpec(global_batch=8), parse_layout(layout), load_topology("dgx-h100", gpus=8))
+    with pytest.raises(ParacubeError) as refused:
+        check_offload(MODELS[model], parse_layout(layout), "none")
+    assert "\n" not in str(refused.value) and "dense blocks of hidden / heads attention only" in str(refused.value)

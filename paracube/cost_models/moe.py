@@ -84,8 +84,11 @@ def dense_part(model: ModelSpec) -> ModelSpec:
 
 
 def violations(model: ModelSpec, layout: Layout) -> list[str]:
-    """What a layout's ep / etp cannot do with this model (one clause each, naming the valid values)."""
+    """What a layout's ep / etp (and off) cannot do with this model (one clause each, naming the valid values)."""
     moe = model.moe
+    if layout.offload and priced(model):  # the search never offers it there (planner/experts.py): refused alike
+        return [f"off={layout.offload}: activation offloading is priced for dense blocks of hidden / heads attention "
+                f"only (cost_models/offload.py), not {model.name}'s; valid: off=0"]
     if layout.ep * layout.etp == 1:
         return []
     if moe is None:

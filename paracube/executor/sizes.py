@@ -143,6 +143,9 @@ def check_offload(spec: ModelSpec, layout: Layout, recompute: str) -> None:
     no full recomputation): one line naming the bad value and what is valid."""
     rt = RUNTIMES["paracube"]
     why = offload_refusal(rt.name, rt.offload, layout, spec.layers, recompute)
+    if layout.offload and (spec.moe is not None or spec.mla is not None or spec.head_size is not None):
+        why = ("offloads the activations of dense blocks of hidden / heads attention only (as the model prices); "
+               "valid: off=0")
     if why:
         raise ParacubeError(f"layout {layout}: paracube's executor {why}")
 
