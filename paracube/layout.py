@@ -50,6 +50,7 @@ from paracube.errors import ParacubeError, check
 from paracube.layout_checks import check_fields
 from paracube.modes import MODES, TensorMode
 from paracube.rank_grid import RankGrid
+from paracube.recompute_modules import modules_text
 
 ModeName = str  # a key of paracube.modes.MODES
 TENSOR_AXES: dict[str, tuple[str, ...]] = {name: m.axes for name, m in MODES.items()}
@@ -78,6 +79,9 @@ class Layout(RankGrid):
     # `rc=none|selective|full` fixes activation recomputation (None: TrainingSpec.recompute, or searched).
     forbid_sp: bool = False
     recompute: str | None = None
+    # `rcm=a+b`: selective recomputation of exactly these modules (recompute_modules.py; rc=selective implied);
+    # None: the runtime's rule for rc=selective
+    recompute_modules: tuple[str, ...] | None = None
     # `overlap`: the data-parallel gradient reduction runs during the last micro-batch's backward (DDP
     # buckets, Megatron's overlap_grad_reduce); the analytic model then exposes only what backward does not hide.
     overlap: bool = False
@@ -232,6 +236,8 @@ class Layout(RankGrid):
             parts.append(f"shard={self.shard}")
         if self.recompute is not None:
             parts.append(f"rc={self.recompute}")
+        if self.recompute_modules is not None:
+            parts.append(f"rcm={modules_text(self.recompute_modules)}")
         if self.overlap:
             parts.append("overlap")
         if self.forbid_overlap:

@@ -13,6 +13,7 @@ from typing import Any
 
 from paracube.errors import ParacubeError, check, divisors, divisors_text
 from paracube.modes import MODES, TensorMode
+from paracube.recompute_modules import MODULES, parse_modules
 
 TENSOR_MODES: tuple[str, ...] = tuple(MODES)
 SHAPE_RULES = {name: m.shape_rule for name, m in MODES.items()}
@@ -65,6 +66,12 @@ def check_fields(layout: Layout) -> None:
     check(not (layout.forbid_zero and layout.zero), f"zero=0 and zero={layout.zero} together: give one")
     check(layout.recompute is None or layout.recompute in RECOMPUTES,
           f"rc={layout.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
+    check(layout.recompute_modules is None or layout.recompute in (None, "selective"),
+          f"rcm= recomputes modules under rc=selective, not rc={layout.recompute}; valid: drop rc= or rc=selective")
+    check(layout.recompute_modules is None or (
+        isinstance(layout.recompute_modules, tuple) and len(layout.recompute_modules) > 0
+        and parse_modules("+".join(map(str, layout.recompute_modules))) == layout.recompute_modules),
+          f"rcm={layout.recompute_modules!r} is not valid; valid: modules of {', '.join(MODULES)} in that order")
     check(layout.keep_weights in (None, 0, 1), f"kw={layout.keep_weights!r} is not valid; valid: 0, 1")
     check(not layout.keep_weights or MODES[layout.mode].keeps_weights,
           f"kw=1 keeps gathered weights: tp={'/'.join(n for n, m in MODES.items() if m.keeps_weights)} only, "

@@ -1,7 +1,8 @@
 """A layout from its text: `parse_layout` of `dp=2,pp=4,tp=3d:4x4x4,...`; `str(layout)` is its inverse (layout.py).
 
 Syntax: `dp=2,pp=4[,cp=2[,cpc=p2p|ag]][,ep=4][,etp=2],tp=3d:4x4x4[,mb=2][,v=2][,sp|sp=0][,zero=1][,rc=full]
-[,kw=0|1][,fa=0|1][,off=N][,place=x.y.z.dp.pp]`.
+[,rcm=layernorm+moe_act][,kw=0|1][,fa=0|1][,off=N]
+[,place=x.y.z.dp.pp]`.
 What each part means is layout.py's docstring; the values it may take, layout_checks.py's. A part that is not valid
 raises one line naming the layout, the part and what is valid.
 """
@@ -12,10 +13,11 @@ from paracube.errors import ParacubeError, check
 from paracube.layout import Layout
 from paracube.layout_checks import CP_COMMS, RECOMPUTES, SHAPE_RULES, TENSOR_MODES, VARIANTS, ZERO_STAGES
 from paracube.modes import TensorMode
+from paracube.recompute_modules import parse_modules
 
 LAYOUT_SYNTAX = ("dp=N,pp=N[,cp=N[,cpc=p2p|ag]][,ep=N][,etp=N],tp=MODE:SHAPE[,mb=N][,v=N][,sp|sp=0][,zero=0|1|2|3]"
                  "[,shard=N]"
-                 "[,rc=none|selective|full]"
+                 "[,rc=none|selective|full][,rcm=MODULE+MODULE]"
                  "[,overlap][,tpo][,a2ao]" + "".join(f"[,{f} (tp={m.variant_of})]" for f, m in VARIANTS.items()) +
                  "[,kw=0|1][,fa=0|1][,off=N][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
@@ -49,6 +51,8 @@ def parse_layout(text: str) -> Layout:
             check(value.strip() in RECOMPUTES,
                   f"layout {text!r}: rc={value!r} is not valid; valid: {', '.join(RECOMPUTES)}")
             fields["recompute"] = value.strip()
+        elif key == "rcm":
+            fields["recompute_modules"] = parse_modules(value, f"layout {text!r}: rcm")
         elif key in ("dp", "pp", "cp", "ep", "etp", "mb", "v", "shard"):
             check(value.strip().isdigit() and int(value) >= 1,
                   f"layout {text!r}: {key}={value!r} must be a positive integer")
