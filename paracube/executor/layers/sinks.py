@@ -42,6 +42,7 @@ from paracube.executor.layers.dropout import seeded
 from paracube.executor.layers.functional import upcast
 from paracube.executor.layers.serial import ShardedModule
 from paracube.executor.layers.shards import make_spec
+from paracube.executor.layers.sink_kernels import fused_sink_flash, kernel_for, sink_grad, sink_merge
 from paracube.executor.mesh import Mesh
 from paracube.modes import MODES
 from paracube.modes.sinks import sink_groups
@@ -72,8 +73,19 @@ def row_sinks(sinks: Tensor, b: int, kv_heads: int, group: int, c: int) -> Tenso
 
 def sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: int | None, gqa: bool,
                allowed: Tensor | None) -> Tensor:
-    """scaled_dot_product_attention (q [b, H, c, d], k, v [b, kv, keys, d]) with the sink key (module docstring):
-    causal over whole sequences (allowed None: c = keys) or masked by `allowed` [c, keys]."""
+    """Attention with sinks on the flash path (q [b, H, c, d], k, v [b, kv, keys, d]): causal over whole sequences
+    (allowed None: c = keys) or masked by `allowed` [c, keys]. The fused kernel (sink_kernels.py) where one takes
+    the operands and there is no dropout, else `padded_sink_flash`."""
+    dropout = p > 0.0 and seed is not None
+    kernel = None if dropout else kernel_for(q, k, v, allowed)
+    if kernel is None:
+        return padded_sink_flash(q, k, v, sinks, p, seed, gqa, allowed)
+    return fused_sink_flash(q, k, v, sinks, allowed, kernel, 1.0 / math.sqrt(q.shape[-1]))
+
+
+def padded_sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: int | None, gqa: bool,
+                      allowed: Tensor | None) -> Tensor:
+    """scaled_dot_product_attention over one more key, the sink (module docstring): sink_flash's fallback."""
     b, heads, c, d = q.shape
     keys = k.shape[2]
     scale = 1.0 / math.sqrt(d)
@@ -94,23 +106,6 @@ def sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: i
     return out[..., :d]
 
 
-def sink_merge(out: Tensor, lse: Tensor, sinks: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(O', L') of a row's merged blocks (out [b, H, n, d], lse [b, H, n, 1]) with the sink column; unchanged
-    without sinks."""
-    if sinks is None:
-        return out, lse
-    new = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, -1, 1, 1))
-    return out * torch.exp(lse - new), new
-
-
-def sink_grad(sinks: Tensor | None, lse: Tensor, delta: Tensor) -> Tensor | None:
-    """ds [H] = -sum over batch and rows of p_sink D' (lse: L', delta: D' = rowsum(dO' O'), [b, H, n, 1])."""
-    if sinks is None:
-        return None
-    p_sink = torch.exp(sinks.to(lse.dtype).view(1, -1, 1, 1) - lse)
-    return -(p_sink * delta).sum((0, 2, 3)).to(sinks.dtype)
-
-
 def oss_init_tensors(spec: Any, prefix: str, qkv_width: int, normal: Callable[..., Tensor]
                      ) -> Iterator[tuple[str, Tensor]]:
     """A block's GPT-OSS attention tensors (llama_init_tensors' generator `normal`, 0.02): q / k / v / o biases and
@@ -122,4 +117,5 @@ def oss_init_tensors(spec: Any, prefix: str, qkv_width: int, normal: Callable[..
         yield prefix + "sinks.weight", normal(spec.heads)
 
 
-__all__ = ["AttentionSinks", "oss_init_tensors", "row_sinks", "sink_flash", "sink_grad", "sink_merge"]
+__all__ = ["AttentionSinks", "oss_init_tensors", "padded_sink_flash", "row_sinks", "sink_flash", "sink_grad",
+           "sink_merge"]
