@@ -12,17 +12,21 @@ How each kernel adds the sink column, exactly once per query row:
 - unfused (functional.core_attention): the masked, scaled scores get one more column holding s_h before the softmax
   (functional._ScaledCausalSoftmax, `row_sinks` gives each row its head's logit), dropped after it; its gradient
   ds_h = -sum_rows p_sink (sum_j g_j p_j) from the saved probabilities and the sink's own;
-- flash (`sink_flash`): scaled_dot_product_attention over one more key whose score is s_h and whose value is 0: q
-  gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1 (scale stays 1 / sqrt(d)), v a zero
-  column (one head width for the flash kernels; sliced off the output), the mask one more allowed column; autograd
-  carries ds_h through q's extra column. Exact, but not a fused sink kernel's memory: it keeps d + 1 wide q, k, v,
-  its own output (not shared with proj's input) and the mask, which the activation count (priced as FlashAttention
-  with sinks, FA3 / cuDNN, keep: q, k, v, O, L) leaves out: +11.7% of the activations of tests/test_gpt_oss_run's
-  OSS model (d 8, fp32, mb 2; unfused: +0.6%, the sink probabilities [b heads s] fp32).
+- flash (`sink_flash`): the sink merged into the flash kernel's own log-sum-exp (sink_kernels.py: one autograd
+  Function; which aten op runs on which device and mask): L' = logaddexp(L, s_h), O' = O e^(L - L'), the kernel's
+  own backward run with (O', L'), ds_h = -sum_rows e^(s_h - L') D'. It saves q, k, v, O' (the projection's input
+  storage), L' and s, what the activation count prices (FlashAttention with sinks, FA3 / cuDNN: q, k, v, O, L), and
+  with a mask (a sliding window, a split sequence) that boolean [c, keys] mask, which the count leaves out:
+  tests/test_gpt_oss_run's OSS model (d 8, fp32, mb 2, one rank, rc none) saves +0.38% over the count, its windowed
+  block's 32 x 32 mask (the padded path below: +11.7%; unfused: +0.6%, the sink probabilities [b heads s] fp32;
+  `python -m pytest -q -s tests/test_sink_kernels.py -k oss_model`). With attention dropout, or operands no kernel
+  takes, `padded_sink_flash`: scaled_dot_product_attention over one more key whose score is s_h and whose value is
+  0: q gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1 (scale stays 1 / sqrt(d)), v a
+  zero column (one head width for the flash kernels; sliced off the output), the mask one more allowed column;
+  autograd carries ds_h through q's extra column. Exact, but it keeps d + 1 wide q, k, v, its own output (not
+  shared with proj's input) and the mask.
 - context parallelism (context_parallel.py, ring and all-gather): after the blocks' online-softmax merge, each rank
-  merges the sink into its own queries' rows once: L' = logaddexp(L, s_h), O' = O e^(L - L') (`sink_merge`); the
-  backward's P_j = exp(S_j - L') and D' = rowsum(dO' O') are then the softmax with the sink column, and
-  ds_h = -sum_rows e^(s_h - L') D' (`sink_grad`).
+  merges the sink into its own queries' rows once, as the fused flash path does (`sink_merge`, `sink_grad`).
 torchtitan 0.3.0 applies the same function as out x sigmoid(lse - s_h) (models/gpt_oss/model.py
 apply_attention_sink_rescale); tests/test_gpt_oss.py compares.
 """
