@@ -13,6 +13,7 @@ written out, and what it saves for backward.
 - The OSS model of tests/test_gpt_oss_run.py (one rank, mb 2, fp32, rc none): its saved bytes (dist_helpers.
   saved_bytes) minus the activation count equal, on flash, the windowed blocks' boolean masks (s^2 bytes each);
   unfused, the sink probabilities [b, heads, s] fp32 per block. Printed with -s (sinks.py's figure).
+- Attention dropout runs the padded path (sinks.py).
 - The CUDA kernels' calls (flash, efficient) run on meta tensors: argument order and the shapes of the outputs
   and gradients (no numerics: no GPU here).
 """
@@ -67,6 +68,7 @@ def _operands(kv: int, group: int, c: int, keys: int, dtype: torch.dtype, seed: 
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
@@ -83,7 +85,7 @@ def test_fused_sinks_match_the_sink_softmax(group: int, mask: str) -> None:
     for fn in (lambda: sink_flash(q, k, v, sinks, 0.0, None, group > 1, allowed),
                lambda: _reference(q, k, v, sinks, ref_mask)):
         out = fn()
-        runs.append(tuple(t.detach() for t in (out, *torch.autograd.grad(out, (q, k, v, sinks), grad))))
+        runs.append((out, *torch.autograd.grad(out, (q, k, v, sinks), grad)))
     for ours, ref, what in zip(runs[0], runs[1], ("out", "dq", "dk", "dv", "ds"), strict=True):
         assert ours.shape == ref.shape and _rel(ours, ref) < TOL, (what, _rel(ours, ref))
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=ref_mask, enable_gqa=group > 1)
@@ -165,3 +167,12 @@ def test_oss_model_saved_bytes_against_the_count(fa: int) -> None:
     left_out = windowed * s * s if fa else OSS.layers * 4 * mb * OSS.heads * s
     print(f"OSS fa={fa}: measured {measured} B, counted {counted:.0f} B, {(measured / counted - 1) * 100:+.2f}%")
     assert measured - counted == left_out
+
+
+def test_dropout_runs_the_padded_path() -> None:
+    """Attention dropout: no fused kernel (sink_kernels.py: the kernels' RNG state is not carried); sink_flash is the
+    padded path with the same seed, and the dropout acts (it differs from the undropped fused output)."""
+    q, k, v, sinks = _operands(2, 3, 6, 6, F64)
+    dropped = sink_flash(q, k, v, sinks, 0.5, 11, True, None)
+    assert torch.equal(dropped, padded_sink_flash(q, k, v, sinks, 0.5, 11, True, None))
+    assert _rel(dropped, sink_flash(q, k, v, sinks, 0.0, None, True, None)) > 1e-3
