@@ -2,10 +2,11 @@
 
 Reference: torchtitan 0.3.0's models/gpt_oss (installed beside paracube): `apply_attention_sink_rescale` (model.py:
 out x sigmoid(lse - sinks) on a softmax attention's output and log-sum-exp) and `swiglu` (moe.py: the clamped SwiGLU on
-interleaved gate / up columns). Our kernels add the sink as one more softmax column (unfused), as one more key
-(flash) or by a log-sum-exp merge (context parallelism: tests/test_gpt_oss_run.py), a different computation of the
-same function: agreement in fp64 (relative 1e-10: a few roundings of a 1e-16 unit apart over sums of <= 64 terms)
-is the evidence the formulas are right. The experts' biases and the top-k softmax routing against HF's GptOssMLP
+interleaved gate / up columns). Our kernels add the sink as one more softmax column (unfused) or by a log-sum-exp
+merge (flash: merged into the flash kernel's own, executor/layers/sink_kernels.py, asserted to run; context
+parallelism: after its blocks' merge, tests/test_gpt_oss_run.py), a different computation of the same function:
+agreement in fp64 (relative 1e-10: a few roundings of a 1e-16 unit apart over sums of <= 64 terms) is the evidence
+the formulas are right. The experts' biases and the top-k softmax routing against HF's GptOssMLP
 formulas written out here (router logits x W + b, softmax over the top-k logits, sum of the weighted experts'
 swiglu(x W1 + b1) W2 + b2).
 """
@@ -38,6 +39,20 @@ TOL = 1e-10  # fp64 (module docstring)
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def _runs_fused_sinks(out: torch.Tensor) -> bool:
+    """Whether the fused sink Function (executor/layers/sink_kernels.py) produced `out` (walking its graph)."""
+    todo, seen = [out.grad_fn], set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if type(fn).__name__ == "_FusedSinkFlashBackward":
+            return True
+        todo.extend(next_fn for next_fn, _ in fn.next_functions)
+    return False
 
 
 def _reference_attention(qkv: torch.Tensor, kv_heads: int, group: int, sinks: torch.Tensor,
@@ -76,6 +91,7 @@ def test_attention_sinks_match_torchtitans_rescale(flash: bool, window: int | No
         out = fn()
         dq, ds = torch.autograd.grad(out, (qkv, sinks), grad)
         runs.append((out, dq, ds))
+    assert _runs_fused_sinks(runs[0][0]) == flash  # flash: the kernel's log-sum-exp merge (not the padded key)
     for ours, ref, what in zip(runs[0], runs[1], ("output", "d qkv", "d sinks"), strict=True):
         assert _rel(ours, ref) < TOL, (what, _rel(ours, ref))
     without = gqa_attention(qkv, kv_heads, group, 10000.0, flash, window=window)

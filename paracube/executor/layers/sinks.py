@@ -12,17 +12,21 @@ How each kernel adds the sink column, exactly once per query row:
 - unfused (functional.core_attention): the masked, scaled scores get one more column holding s_h before the softmax
   (functional._ScaledCausalSoftmax, `row_sinks` gives each row its head's logit), dropped after it; its gradient
   ds_h = -sum_rows p_sink (sum_j g_j p_j) from the saved probabilities and the sink's own;
-- flash (`sink_flash`): scaled_dot_product_attention over one more key whose score is s_h and whose value is 0: q
-  gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1 (scale stays 1 / sqrt(d)), v a zero
-  column (one head width for the flash kernels; sliced off the output), the mask one more allowed column; autograd
-  carries ds_h through q's extra column. Exact, but not a fused sink kernel's memory: it keeps d + 1 wide q, k, v,
-  its own output (not shared with proj's input) and the mask, which the activation count (priced as FlashAttention
-  with sinks, FA3 / cuDNN, keep: q, k, v, O, L) leaves out: +11.7% of the activations of tests/test_gpt_oss_run's
-  OSS model (d 8, fp32, mb 2; unfused: +0.6%, the sink probabilities [b heads s] fp32).
+- flash (`sink_flash`): the sink merged into the flash kernel's own log-sum-exp (sink_kernels.py: one autograd
+  Function; which aten op runs on which device and mask): L' = logaddexp(L, s_h), O' = O e^(L - L'), the kernel's
+  own backward run with (O', L'), ds_h = -sum_rows e^(s_h - L') D'. It saves q, k, v, O' (the projection's input
+  storage), L' and s, what the activation count prices (FlashAttention with sinks, FA3 / cuDNN: q, k, v, O, L), and
+  with a mask (a sliding window, a split sequence) that boolean [c, keys] mask, which the count leaves out:
+  tests/test_gpt_oss_run's OSS model (d 8, fp32, mb 2, one rank, rc none) saves +0.38% over the count, its windowed
+  block's 32 x 32 mask (the padded path below: +11.7%; unfused: +0.6%, the sink probabilities [b heads s] fp32;
+  `python -m pytest -q -s tests/test_sink_kernels.py -k oss_model`). With attention dropout, or operands no kernel
+  takes, `padded_sink_flash`: scaled_dot_product_attention over one more key whose score is s_h and whose value is
+  0: q gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1 (scale stays 1 / sqrt(d)), v a
+  zero column (one head width for the flash kernels; sliced off the output), the mask one more allowed column;
+  autograd carries ds_h through q's extra column. Exact, but it keeps d + 1 wide q, k, v, its own output (not
+  shared with proj's input) and the mask.
 - context parallelism (context_parallel.py, ring and all-gather): after the blocks' online-softmax merge, each rank
-  merges the sink into its own queries' rows once: L' = logaddexp(L, s_h), O' = O e^(L - L') (`sink_merge`); the
-  backward's P_j = exp(S_j - L') and D' = rowsum(dO' O') are then the softmax with the sink column, and
-  ds_h = -sum_rows e^(s_h - L') D' (`sink_grad`).
+  merges the sink into its own queries' rows once, as the fused flash path does (`sink_merge`, `sink_grad`).
 torchtitan 0.3.0 applies the same function as out x sigmoid(lse - s_h) (models/gpt_oss/model.py
 apply_attention_sink_rescale); tests/test_gpt_oss.py compares.
 """
@@ -42,6 +46,7 @@ from paracube.executor.layers.dropout import seeded
 from paracube.executor.layers.functional import upcast
 from paracube.executor.layers.serial import ShardedModule
 from paracube.executor.layers.shards import make_spec
+from paracube.executor.layers.sink_kernels import fused_sink_flash, kernel_for, sink_grad, sink_merge
 from paracube.executor.mesh import Mesh
 from paracube.modes import MODES
 from paracube.modes.sinks import sink_groups
@@ -72,8 +77,19 @@ def row_sinks(sinks: Tensor, b: int, kv_heads: int, group: int, c: int) -> Tenso
 
 def sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: int | None, gqa: bool,
                allowed: Tensor | None) -> Tensor:
-    """scaled_dot_product_attention (q [b, H, c, d], k, v [b, kv, keys, d]) with the sink key (module docstring):
-    causal over whole sequences (allowed None: c = keys) or masked by `allowed` [c, keys]."""
+    """Attention with sinks on the flash path (q [b, H, c, d], k, v [b, kv, keys, d]): causal over whole sequences
+    (allowed None: c = keys) or masked by `allowed` [c, keys]. The fused kernel (sink_kernels.py) where one takes
+    the operands and there is no dropout, else `padded_sink_flash`."""
+    dropout = p > 0.0 and seed is not None
+    kernel = None if dropout else kernel_for(q, k, v, allowed)
+    if kernel is None:
+        return padded_sink_flash(q, k, v, sinks, p, seed, gqa, allowed)
+    return fused_sink_flash(q, k, v, sinks, allowed, kernel, 1.0 / math.sqrt(q.shape[-1]))
+
+
+def padded_sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: int | None, gqa: bool,
+                      allowed: Tensor | None) -> Tensor:
+    """scaled_dot_product_attention over one more key, the sink (module docstring): sink_flash's fallback."""
     b, heads, c, d = q.shape
     keys = k.shape[2]
     scale = 1.0 / math.sqrt(d)
@@ -94,23 +110,6 @@ def sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: i
     return out[..., :d]
 
 
-def sink_merge(out: Tensor, lse: Tensor, sinks: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(O', L') of a row's merged blocks (out [b, H, n, d], lse [b, H, n, 1]) with the sink column; unchanged
-    without sinks."""
-    if sinks is None:
-        return out, lse
-    new = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, -1, 1, 1))
-    return out * torch.exp(lse - new), new
-
-
-def sink_grad(sinks: Tensor | None, lse: Tensor, delta: Tensor) -> Tensor | None:
-    """ds [H] = -sum over batch and rows of p_sink D' (lse: L', delta: D' = rowsum(dO' O'), [b, H, n, 1])."""
-    if sinks is None:
-        return None
-    p_sink = torch.exp(sinks.to(lse.dtype).view(1, -1, 1, 1) - lse)
-    return -(p_sink * delta).sum((0, 2, 3)).to(sinks.dtype)
-
-
 def oss_init_tensors(spec: Any, prefix: str, qkv_width: int, normal: Callable[..., Tensor]
                      ) -> Iterator[tuple[str, Tensor]]:
     """A block's GPT-OSS attention tensors (llama_init_tensors' generator `normal`, 0.02): q / k / v / o biases and
@@ -122,4 +121,5 @@ def oss_init_tensors(spec: Any, prefix: str, qkv_width: int, normal: Callable[..
         yield prefix + "sinks.weight", normal(spec.heads)
 
 
-__all__ = ["AttentionSinks", "oss_init_tensors", "row_sinks", "sink_flash", "sink_grad", "sink_merge"]
+__all__ = ["AttentionSinks", "oss_init_tensors", "padded_sink_flash", "row_sinks", "sink_flash", "sink_grad",
+           "sink_merge"]
