@@ -1,7 +1,7 @@
 """What a checkpoint holds of a model and its optimizer: each rank's local blocks and where they lie.
 
 `checkpoint_state` maps `model.NAME`, `optim.NAME.exp_avg[_sq]` (and `optim.NAME.master`, the fp32 masters of a
-16-bit model: data_parallel/optim.py's checkpoint views) and `fp8.LINEAR.*` (executor/layers/fp8.py) to the
+16-bit model: the optimizers' checkpoint views, data_parallel/) and `fp8.LINEAR.*` (executor/layers/fp8.py) to the
 rank's local tensor (no copy: loads land in it) and to the block's ShardSpec (offsets, sizes, global shape),
 which planners.py hands to DCP. The vocabulary parameters (gpt.VOCAB_DIMS) are saved without their padding,
 which depends on the layout (Megatron's multiple of 128 x the vocab split) and is always zero, so a checkpoint
