@@ -162,23 +162,24 @@ class MLASpec:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
-def moe_from_dict(data: Any, where: str) -> MoESpec | None:
-    if data is None or isinstance(data, MoESpec):
+def _from_dict(cls: type, data: Any, where: str, key: str, required: tuple[str, ...], why: str = "") -> Any:
+    """`data` (a mapping of cls's fields, or already a cls, or None) as a cls; one line naming what is wrong."""
+    if data is None or isinstance(data, cls):
         return data
-    check(isinstance(data, dict), f"{where}: moe must be a mapping of {sorted(MoESpec.__dataclass_fields__)}")
-    bad = sorted(set(data) - set(MoESpec.__dataclass_fields__))
-    check(not bad, f"{where}: unknown moe fields {bad}; valid: {sorted(MoESpec.__dataclass_fields__)}")
-    missing = sorted({"experts", "top_k", "expert_ffn"} - set(data))
-    check(not missing, f"{where}: moe is missing {missing} (a routed-expert block needs its sizes)")
-    return MoESpec(**data)
+    fields = sorted(cls.__dataclass_fields__)
+    check(isinstance(data, dict), f"{where}: {key} must be a mapping of {fields}")
+    bad = sorted(set(data) - set(fields))
+    check(not bad, f"{where}: unknown {key} fields {bad}; valid: {fields}")
+    missing = sorted(set(required) - set(data))
+    check(not missing, f"{where}: {key} is missing {missing}{why}")
+    return cls(**data)
+
+
+def moe_from_dict(data: Any, where: str) -> MoESpec | None:
+    return _from_dict(MoESpec, data, where, "moe", ("experts", "top_k", "expert_ffn"),
+                      " (a routed-expert block needs its sizes)")
 
 
 def mla_from_dict(data: Any, where: str) -> MLASpec | None:
-    if data is None or isinstance(data, MLASpec):
-        return data
-    check(isinstance(data, dict), f"{where}: mla must be a mapping of {sorted(MLASpec.__dataclass_fields__)}")
-    bad = sorted(set(data) - set(MLASpec.__dataclass_fields__))
-    check(not bad, f"{where}: unknown mla fields {bad}; valid: {sorted(MLASpec.__dataclass_fields__)}")
-    missing = sorted({"kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"} - set(data))
-    check(not missing, f"{where}: mla is missing {missing}")
-    return MLASpec(**data)
+    return _from_dict(MLASpec, data, where, "mla",
+                      ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"))

@@ -2,8 +2,9 @@
 SwiGLU: paracube/gpt_oss_spec.py) against its serial model, in every kind of attention path, and its collectives
 against the cost model's list.
 
-The equivalence template of tests/test_sliding_window_run.py (its `serial_case` runs it): the serial model against
-the sharded copy, both fp64 (dist_helpers.TOL_FP64: why fp64 and why rel 1e-5), 3 AdamW steps of 2 micro-batches
+The equivalence template of tests/test_sliding_window_run.py (its `serial_case` runs it, through
+tests/test_qk_norm_run.routed_case, as for Qwen3's attention): the serial model against the sharded copy, both
+fp64 (dist_helpers.TOL_FP64: why fp64 and why rel 1e-5), 3 AdamW steps of 2 micro-batches
 with clipping: each step's loss and gradient norm, every gradient of the first step (the reduced ones, before
 clipping: the sinks' partial gradients summed over the heads' and tokens' ranks, modes/sinks.py) and every parameter
 after the steps. Models, GPT-OSS's shape in small: OSS, dense blocks (hidden 32, 4 heads of 8, 2 kv heads, sinks and
@@ -28,12 +29,11 @@ from typing import Any
 
 import pytest
 from dist_helpers import TOL_FP64, run_distributed
-from test_qk_norm_run import _priced, routed_step
-from test_sliding_window_run import N_MICRO, serial_case
+from test_qk_norm_run import _priced, routed_case
+from test_sliding_window_run import N_MICRO
 
 from paracube.cost_models.dims import dims_of
 from paracube.estimate import traffic_difference
-from paracube.executor import build_model
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.workload import ModelSpec, TrainingSpec
@@ -65,13 +65,7 @@ IDS_8 = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES_8]
 
 
 def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dict[str, Any]:
-    spec, layout = MODELS[family], parse_layout(text)
-    if (start := serial_case(rank, spec, layout, mb, recompute)) is None:
-        return {}
-    mesh, micro, tokens, out = start
-    model = build_model(spec, mesh, seed=5, recompute=recompute)  # fp32: the priced payloads
-    out.update(routed_step(model, mesh, micro, tokens))
-    return out
+    return routed_case(rank, MODELS[family], parse_layout(text), mb, recompute)
 
 
 def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:

@@ -38,8 +38,9 @@ from paracube.cost_models.dims import dims_of
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import traffic_difference
 from paracube.executor import Mesh, build_model, serial_reference, train_step
+from paracube.executor.data_parallel.distributed_adamw import DistributedAdamW
 from paracube.executor.data_parallel.grad_sync import GradSync
-from paracube.executor.data_parallel.optim import DistributedAdamW, build_optimizer
+from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.modes.buckets import BUCKET_BYTES

@@ -14,7 +14,7 @@ Tied embeddings (pp=2, pp=4 and dp=2 x pp=2 x 1D 2): the last stage's copy of th
 gradient and parameters as the first stage's (Megatron's embedding-group all-reduce, priced by stage_events).
 2.5D's raw gradients cover a depth layer's tokens: summed over dep before the comparison (train_step sums
 them over (dp, dep)); 1D + sp's sequence-shard parameters are summed over tp.
-With zero=1 the optimizer is the distributed one (executor/data_parallel/optim.py): each stage's buckets
+With zero=1 the optimizer is the distributed one (executor/data_parallel/distributed_adamw.py): each stage's buckets
 reduce-scattered over dp, the
 updated parameters all-gathered, as stage_events declares for that stage.
 """

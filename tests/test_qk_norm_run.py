@@ -67,13 +67,20 @@ IDS_8 = [f"{c[1]}-{c[0]}-mb={c[2]}-rc={c[3]}" for c in CASES_8]
 
 
 def _one_case(rank: int, text: str, family: str, mb: int, recompute: str) -> dict[str, Any]:
-    spec, layout = MODELS[family], parse_layout(text)
+    return routed_case(rank, MODELS[family], parse_layout(text), mb, recompute, activations=True)
+
+
+def routed_case(rank: int, spec: ModelSpec, layout: Layout, mb: int, recompute: str,
+                activations: bool = False) -> dict[str, Any]:
+    """One case of the equivalence template on this rank ({} where the layout leaves it out): serial_case's errors
+    against the serial model, then one fp32 step's collectives and routing (`routed_step`) on a fresh model of the
+    same seed; `activations`: also what autograd saves in one forward of a dense model (pp = 1; MoE's depends on
+    the routing), as out["activations"]."""
     if (start := serial_case(rank, spec, layout, mb, recompute)) is None:
         return {}
     mesh, micro, tokens, out = start
     model = build_model(spec, mesh, seed=5, recompute=recompute)  # fp32: the priced payloads
-    # What autograd saves in one forward (MoE's depends on the routing)
-    if spec.moe is None and layout.pp == 1:
+    if activations and spec.moe is None and layout.pp == 1:
         _, out["activations"] = saved_bytes(build_model(spec, mesh, seed=5, recompute=recompute), *micro[0])
     out.update(routed_step(model, mesh, micro, tokens))
     return out

@@ -146,16 +146,8 @@ def cluster_file(cluster: str, fit: Fit) -> dict[str, object]:
     if g.has_edge(leaf, "spine"):
         inter["spine_latency"] = float(g.edges[leaf, "spine"]["latency"])
     intra = g.edges["n0.gpu0", "n0.switch"]
-    gemm: dict[str, float] = {"eff_max": fit.eff_max, "m0": fit.m0, "n0": fit.m0, "k0": fit.m0,
-                              "mem_eff": fit.mem_eff}
-    if fit.fp8_eff_max is not None and fit.fp8_m0 is not None:
-        gemm.update(fp8_eff_max=fit.fp8_eff_max, fp8_m0=fit.fp8_m0)
-    if fit.flash_eff is not None:
-        gemm["flash_eff"] = fit.flash_eff
-    if fit.overlap_drag is not None:
-        gemm["overlap_drag"] = fit.overlap_drag
-    if fit.straggler is not None:
-        gemm["straggler"] = fit.straggler
+    device = fit.device()  # the curve is one m0 for every dimension (n0 = k0 = m0), written out after it
+    gemm = {"eff_max": device.pop("eff_max"), "m0": device.pop("m0"), "n0": fit.m0, "k0": fit.m0, **device}
     return {"name": f"{cluster}-calibrated", "device": topo.device.name,  # type: ignore[attr-defined]
             "nodes": preset.default_nodes, "devices_per_node": per,
             "intra_node": {"bandwidth": float(intra["bandwidth"]), "latency": float(intra["latency"])},

@@ -270,6 +270,16 @@ def split_embedding(d: Any, axes: tuple[str, ...], tok: Payload, pos_axes: tuple
     return out
 
 
+def replica_grad_groups(mode: TensorMode) -> list[tuple[str, ...]]:
+    """The groups a parameter replicated over the tensor group sums its gradient over, where each tensor rank's
+    gradient covers only its own heads and tokens (the q / k norms' gammas: head_norm.py; the attention sinks:
+    sinks.py): the mode's tensor axes less its grad_axes (those the step's gradient all-reduce already sums: 2.5D's
+    dep), as one group where that is the whole tensor group (the mesh builds it), else one per axis (2.5D: row,
+    col). None without tensor axes."""
+    axes = tuple(a for a in mode.axes if a not in mode.grad_axes)
+    return [] if not axes else [axes] if axes == mode.axes else [(a,) for a in axes]
+
+
 def divisors(n: int) -> list[int]:
     """The divisors of n, ascending (O(sqrt n): the planner asks for them of up to a million GPUs)."""
     small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
@@ -279,5 +289,5 @@ def divisors(n: int) -> list[int]:
 # What a mode module imports: this file's declarations and the vocabulary of collective.py and split_rules.py.
 __all__ = ["COMPUTE", "F32", "LAYER_UNITS", "TOKEN_RULE", "TPO_GEMMS", "VOCAB_MULTIPLE", "Collective",
            "IntOrArr", "Payload", "Rule", "Sizes", "TensorMode", "attention_width_rules", "chunks", "coll", "divides",
-           "divisors", "first_exposed", "key_window", "kv_gather_groups", "padded", "sequence_pieces", "split",
-           "split_embedding", "tokens_split_ok"]
+           "divisors", "first_exposed", "key_window", "kv_gather_groups", "padded", "replica_grad_groups",
+           "sequence_pieces", "split", "split_embedding", "tokens_split_ok"]

@@ -3,9 +3,9 @@
 The two gammas (the head width each) are replicated over the tensor group; each tensor rank's gradient covers its
 own heads and tokens only. The executor (executor/layers/head_norm.py: `qk_normed`, copy_to_group) sums them per
 block and micro-batch, in backward, with one all_reduce of the two stacked gammas (2 x head width fp32 values) over
-each group of `gamma_groups`: the mode's tensor axes less its grad_axes (those the step's data-parallel gradient
-all-reduce already sums: 2.5D's dep), as one group where that is the whole tensor group (the mesh builds it), else
-one per axis (2.5D: row, col). None without tensor axes. Labelled with the mode's attention unit
+each group of base.replica_grad_groups: the mode's tensor axes less its grad_axes (those the step's data-parallel
+gradient all-reduce already sums: 2.5D's dep), as one group where that is the whole tensor group (the mesh builds it),
+else one per axis (2.5D: row, col). None without tensor axes. Labelled with the mode's attention unit
 (context.attention_unit), where the event engine places it.
 """
 
@@ -13,14 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from paracube.modes.base import F32, Collective, TensorMode, coll
+from paracube.modes.base import F32, Collective, TensorMode, coll, replica_grad_groups
 from paracube.modes.context import attention_unit
-
-
-def gamma_groups(mode: TensorMode) -> list[tuple[str, ...]]:
-    """The groups the gammas' gradients are summed over (module docstring)."""
-    axes = tuple(a for a in mode.axes if a not in mode.grad_axes)
-    return [] if not axes else [axes] if axes == mode.axes else [(a,) for a in axes]
 
 
 def gamma_grads(d: Any, mode: TensorMode) -> list[Collective]:
@@ -29,7 +23,7 @@ def gamma_grads(d: Any, mode: TensorMode) -> list[Collective]:
         return []
     unit = attention_unit(mode)
     return [coll("all_reduce", axes, F32, lambda z: 4 * 2 * d.head_width, f"{unit}.qk_norm", "bwd")
-            for axes in gamma_groups(mode)]
+            for axes in replica_grad_groups(mode)]
 
 
-__all__ = ["gamma_groups", "gamma_grads"]
+__all__ = ["gamma_grads"]

@@ -1,1 +1,2 @@
-"""Sharded, reshardable checkpoints on torch.distributed.checkpoint: the store, its files, DCP planners."""
+"""Sharded, reshardable checkpoints on torch.distributed.checkpoint: the store, its state dict, its files, DCP
+planners."""

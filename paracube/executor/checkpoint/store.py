@@ -7,8 +7,8 @@ Layout on disk (`root/`):
 Parameters (the compute copy, in its dtype), AdamW moments (fp32) and, with a 16-bit compute dtype, the fp32
 master weights (`optim.NAME.master`, optim.py's checkpoint views) and, with `--dtype fp8`, every linear's
 amax history and scales (`fp8.LINEAR.*`, whole, written by its stage's first rank) are plain local tensors, each rank's
-rectangular block of the full tensor (ShardSpec offsets/sizes); checkpoint_planners.py tells DCP where each
-block lies. Replicas that are not
+rectangular block of the full tensor (ShardSpec offsets/sizes; state.py builds that state dict); planners.py
+tells DCP where each block lies. Replicas that are not
 `replica_leader` write nothing, so each element is written once (the last pipeline stage's copy of a tied
 embedding, gpt.py `tied_copy`, is not a leader: the first stage's is saved, a load sets both). The
 recorded parameter shapes are every rank's (pipeline stages hold different parameters). On load every
@@ -16,7 +16,7 @@ rank (replicas too) reads,
 for each local block, the saved chunks that overlap it: a checkpoint of one layout loads into any other
 (3D 2x2x2 -> 1D 4 -> back).
 Small state (step, LR schedule, data position, RNG, plan, layout) lives in `paracube.json`, with the size
-and sha256 of every other file (checkpoint_files.py: finding checkpoints, verifying them; re-exported here).
+and sha256 of every other file (files.py: finding checkpoints, verifying them; re-exported here).
 Fault injection (tests) goes through `after_shard_written`, called on a rank once its files are written
 while the other ranks may still be inside the save.
 """
@@ -29,7 +29,6 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,108 +53,17 @@ from paracube.executor.checkpoint.files import (
     verify_everywhere,
 )
 from paracube.executor.checkpoint.planners import BlockLoadPlanner, BlockSavePlanner, check_blocks
-from paracube.executor.layers.shards import ShardSpec
-from paracube.executor.model.gpt import VOCAB_DIMS
+from paracube.executor.checkpoint.state import (
+    adam_step,
+    all_shapes,
+    checkpoint_state,
+    sharded_parameters,
+    wants_masters,
+)
 
-MOMENTS = ("exp_avg", "exp_avg_sq")
 ShardWrittenHook = Callable[[int, int], None]
 """(rank, step): called on that rank right after its shard files of `step` are written, before the save
 completes (the other ranks may still be writing). Tests use it to kill a rank mid-save."""
-
-
-# --- the state dict: local blocks and where they lie ---------------------------------------------------
-def _named(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    params = dict(model.named_parameters())
-    specs = model.shard_specs  # type: ignore[attr-defined]
-    missing = sorted(set(params) - set(specs))
-    if missing:
-        raise ParacubeError(f"model parameters without a ShardSpec: {missing[:3]}")
-    return params
-
-
-def _unpadded(name: str, spec: ShardSpec, vocab: int | None) -> ShardSpec | None:
-    """The block of the parameter as saved: the vocabulary parameters (gpt.VOCAB_DIMS) without the padding,
-    which depends on the layout (Megatron's multiple of 128 x the vocab split) and is always zero (weights,
-    gradients, moments), so a checkpoint of one layout loads into another. None: the block is all padding."""
-    dim = VOCAB_DIMS.get(name)
-    if dim is None or vocab is None or spec.global_shape[dim] == vocab:
-        return spec
-    keep = max(0, min(spec.offsets[dim] + spec.sizes[dim], vocab) - spec.offsets[dim])
-    if keep == 0:
-        return None
-    shape, sizes = list(spec.global_shape), list(spec.sizes)
-    shape[dim], sizes[dim] = vocab, keep
-    return replace(spec, global_shape=tuple(shape), sizes=tuple(sizes))
-
-
-def _saved_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    vocab = getattr(getattr(model, "spec", None), "vocab", None)
-    shapes = {}
-    for n, s in model.shard_specs.items():  # type: ignore[attr-defined]
-        dim = VOCAB_DIMS.get(n)
-        shape = list(s.global_shape)
-        if dim is not None and vocab is not None:
-            shape[dim] = vocab
-        shapes[n] = tuple(shape)
-    return shapes
-
-
-def _all_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    """Collective: the saved shapes of every rank's parameters (each pipeline stage holds its own)."""
-    ours = _saved_shapes(model)
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return ours
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, ours)
-    return {n: s for shapes in every for n, s in shapes.items()}
-
-
-def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, for_load: bool,
-                masters: bool = False, fp8: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, ShardSpec]]:
-    """`model.NAME`, `optim.NAME.exp_avg[_sq]` (and `optim.NAME.master`) -> the local block (no copy: loads
-    land in it), and the same keys -> the block's ShardSpec. A load creates missing moments (fp32 zeros) to
-    receive the saved ones, and the masters where `masters` (the checkpoint has them); vocabulary parameters
-    without their padding (`_unpadded`). `fp8`: with the FP8 scaling state of an fp8 model (`fp8.NAME.*`,
-    executor/layers/fp8.py Fp8Scaling.checkpoint_entries; a load takes it where the checkpoint has it)."""
-    specs = model.shard_specs  # type: ignore[attr-defined]
-    vocab = getattr(getattr(model, "spec", None), "vocab", None)
-    sd: dict[str, torch.Tensor] = {}
-    where: dict[str, ShardSpec] = {}
-    for name, p in _named(model).items():
-        spec = _unpadded(name, specs[name], vocab)  # None: all padding here, nothing to save or load
-
-        def real(t: torch.Tensor, spec: ShardSpec | None = spec, name: str = name) -> torch.Tensor:
-            if spec is None or spec is specs[name]:
-                return t
-            dim = VOCAB_DIMS[name]
-            return t.narrow(dim, 0, spec.sizes[dim])  # a view: loads land in the parameter
-
-        if spec is not None:
-            sd[f"model.{name}"], where[f"model.{name}"] = real(p.data), spec
-        if optimizer is None:
-            continue
-        state = optimizer.state.get(p)
-        if not state and not for_load:
-            continue
-        names = (*MOMENTS, "master") if (masters if for_load else "master" in (state or {})) else MOMENTS
-        for m in names:
-            if for_load and m not in (state or {}):
-                optimizer.state[p][m] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            if spec is not None:
-                sd[f"optim.{name}.{m}"], where[f"optim.{name}.{m}"] = real(optimizer.state[p][m]), spec
-    scaling = getattr(model, "fp8", None)
-    for key, (t, spec) in (scaling.checkpoint_entries(model.mesh).items() if scaling is not None and fp8 else ()):
-        sd[key], where[key] = t, spec  # type: ignore[attr-defined]
-    return sd, where
-
-
-def _adam_step(optimizer: torch.optim.Optimizer | None) -> float | None:
-    if optimizer is None:
-        return None
-    for state in optimizer.state.values():
-        if "step" in state:
-            return float(state["step"])
-    return None
 
 
 # --- save ----------------------------------------------------------------------------------------------
@@ -193,8 +101,8 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
     root = Path(root)
     rank = dist.get_rank()
     final, tmp = step_dir(root, step), root / f"step_{step}.tmp"
-    sd, specs = _state_dict(model, optimizer, for_load=False)
-    shapes = _all_shapes(model)
+    sd, specs = checkpoint_state(model, optimizer, for_load=False)
+    shapes = all_shapes(model)
     check_blocks(sd, specs)  # before anything is written (the planner checks again, inside DCP)
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -208,7 +116,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
         record = {
             "format": FORMAT_VERSION,
             "step": step,
-            "adam_step": _adam_step(optimizer),
+            "adam_step": adam_step(optimizer),
             "has_optimizer": any(k.startswith("optim.") for k in sd),
             "has_masters": any(k.endswith(".master") for k in sd),
             "has_fp8": any(k.startswith("fp8.") for k in sd),
@@ -233,7 +141,7 @@ def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimiz
 # --- load ----------------------------------------------------------------------------------------------
 def _check_shapes(ckpt: Path, meta: dict[str, Any], model: torch.nn.Module) -> None:
     saved = {n: tuple(s) for n, s in (meta.get("params") or {}).items()}
-    ours = _all_shapes(model)
+    ours = all_shapes(model)
     if saved != ours:
         bad = sorted(n for n in set(saved) | set(ours) if saved.get(n) != ours.get(n))
         raise ParacubeError(f"checkpoint {str(ckpt)!r} does not fit this model: parameter {bad[0]!r} has shape "
@@ -251,8 +159,8 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     _check_shapes(ckpt, meta, model)
     verify_everywhere(ckpt, meta)
     load_optim = optimizer is not None and bool(meta.get("has_optimizer"))
-    sd, specs = _state_dict(model, optimizer if load_optim else None, for_load=True,
-                            masters=bool(meta.get("has_masters")) and _wants_masters(model),
+    sd, specs = checkpoint_state(model, optimizer if load_optim else None, for_load=True,
+                            masters=bool(meta.get("has_masters")) and wants_masters(model),
                             fp8=bool(meta.get("has_fp8")))
     check_blocks(sd, specs)
     try:
@@ -262,17 +170,12 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
         raise ParacubeError(f"checkpoint {str(ckpt)!r} is corrupt or unreadable: "
                             f"{first[-1] if first else type(exc).__name__}") from None
     if load_optim and optimizer is not None:
-        for p in _named(model).values():
+        for p in sharded_parameters(model).values():
             optimizer.state[p]["step"] = torch.tensor(float(meta["adam_step"] or meta["step"]), dtype=torch.float32)
     rng = (meta.get("rng") or {}).get("torch")
     if rng:
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(rng)), dtype=torch.uint8))
     return meta
-
-
-def _wants_masters(model: torch.nn.Module) -> bool:
-    """A 16-bit model's optimizer (a checkpoint view) takes fp32 masters; an fp32 model's has none."""
-    return next(model.parameters()).dtype != torch.float32
 
 
 # --- export --------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ for all of them before the optimizer runs.
   with context parallelism cp after dp, its ranks holding replicas of every parameter).
 - zero=1: one reduce_scatter over the same grad_axes (dp; 2.5D: dp and depth, whose ranks hold replicas of
   the same weights) of the bucket padded to a multiple of that group's size n, in place: the rank with index
-  k in the group (mesh.index, dp major) keeps shard k, its chunk of the bucket (data_parallel/optim.py updates it
-  and all-gathers the parameters back over the same group).
+  k in the group (mesh.index, dp major) keeps shard k, its chunk of the bucket (data_parallel/distributed_adamw.py
+  updates it and all-gathers the parameters back over the same group).
   Tied embeddings with pp > 1 (ParallelGPT.tied_embedding: the first stage's word embedding and the last
   stage's copy): the two copies sit in differently laid-out buckets on their stages, so their reduce-scattered
   shards do not hold the same elements. Their gradients are summed BEFORE the reduce-scatter instead: the

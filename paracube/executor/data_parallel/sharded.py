@@ -11,7 +11,7 @@ ranks); the rank with index k in the zero group (Layout.zero_axes: dp, or dp_sha
   bytes, kept across micro-batches); the buffer is freed when the collective is waited for, which is when
   the next unit is issued (at most two gradient buffers live: the one in flight and the one filling; the
   micro-batch's last unit is waited for at once). After the optimizer step the parameters are all-gathered
-  in fp32 (zero=1's all_gather, data_parallel/optim.py). Reduce-scatters run whether or not `overlap` is
+  in fp32 (zero=1's all_gather, data_parallel/distributed_adamw.py). Reduce-scatters run whether or not `overlap` is
   set: a rank never holds the whole gradient (FSDP always reduces in backward).
 - zero=3 (data_parallel/fsdp.py): parameters live only as compute-dtype shards; a unit is all-gathered
   (compute dtype) before its forward and resharded after it, all-gathered again before its backward and

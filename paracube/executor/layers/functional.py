@@ -1,5 +1,5 @@
-"""Autograd pieces shared by the tensor modes: compute dtype, split LayerNorm, vocab-parallel
-cross-entropy, local causal attention.
+"""Autograd pieces shared by the tensor modes: compute dtype, split LayerNorm, the vocabulary-split embedding
+lookup, vocab-parallel cross-entropy, local causal attention.
 
 Precision (the plan's dtype; Megatron's mixed precision, Micikevicius et al. 2018): the model's parameters
 ARE the compute copy (fp32, bf16 or fp16; `COMPUTE_DTYPES`), so activations, the residual stream and the
@@ -106,6 +106,15 @@ class _SplitLayerNorm(torch.autograd.Function):
 
 def split_layer_norm(x: Tensor, gamma: Tensor, beta: Tensor, mesh: Mesh, axes: Axes, hidden: int) -> Tensor:
     return _SplitLayerNorm.apply(x, gamma, beta, mesh, axes, hidden)
+
+
+def vocab_block_lookup(ids: Tensor, weight: Tensor, v0: int, vl: int) -> Tensor:
+    """Embeddings of `ids` from this rank's rows [v0, v0 + vl) of a vocabulary-split table (`weight`, those rows):
+    ids outside the block give zeros, so the sum of the ranks' lookups over the vocabulary split is the whole
+    table's (Megatron's VocabParallelEmbedding; its in-block mask is what autograd saves of it)."""
+    local = ids - v0
+    inside = (local >= 0) & (local < vl)
+    return F.embedding(local.clamp(0, vl - 1), weight) * inside.unsqueeze(-1)
 
 
 class _VocabParallelCE(torch.autograd.Function):

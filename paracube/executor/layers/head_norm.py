@@ -38,7 +38,8 @@ from paracube.executor.layers.serial import ShardedModule
 from paracube.executor.layers.shards import make_spec
 from paracube.executor.mesh import Mesh
 from paracube.layout import Layout
-from paracube.modes import MODES, head_norm
+from paracube.modes import MODES
+from paracube.modes.base import replica_grad_groups
 
 
 class HeadRMSNorm(ShardedModule):
@@ -52,8 +53,8 @@ class HeadRMSNorm(ShardedModule):
 
 def gamma_groups(layout: Layout) -> list[tuple[str, ...]]:
     """The groups the gammas' gradients are summed over (module docstring): the mode's declaration
-    (modes/head_norm.py, which the cost models price)."""
-    return head_norm.gamma_groups(MODES[layout.mode])
+    (modes/base.replica_grad_groups, which the cost models price through modes/head_norm.py)."""
+    return replica_grad_groups(MODES[layout.mode])
 
 
 def qk_normed(qkv: Tensor, groups: int, per_group: int, q_norm: HeadRMSNorm, k_norm: HeadRMSNorm,

@@ -21,7 +21,7 @@ rotate_half form, inv_freq_j = theta^(-2j/d), positions 0..s-1 of each whole loc
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -235,12 +235,16 @@ class SplitRMSNorm(ShardedModule):
         return rms_norm(x, gamma, self.mesh, self.stat_axes, self.hidden, self.eps)
 
 
-def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
-    """The serial initialization of the llama family, one full tensor at a time, in a fixed order: normal
-    0.02 (residual projections 0.02 / sqrt(2 L), as gpt), norms 1."""
+AttentionInit = Callable[[str, Callable[..., Tensor], float], Iterator[tuple[str, Tensor]]]
+"""(prefix `blocks.I.attn.`, the generator's `normal`, the residual projections' std) -> a block's attention tensors."""
+
+
+def decoder_init_tensors(spec: ModelSpec, seed: int, attention: AttentionInit) -> Iterator[tuple[str, Tensor]]:
+    """The serial initialization of the llama family, one full tensor at a time, in a fixed order, from one
+    generator of `seed`: normal 0.02 (residual projections 0.02 / sqrt(2 L), as gpt), norms 1; each block's
+    attention tensors from `attention` (GQA: llama_init_tensors; MLA: mla.mla_init_tensors), between its norms."""
     gen = torch.Generator().manual_seed(seed)
     h, f, V, L = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers
-    q, kv = spec.heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
 
     def normal(*shape: int, std: float = 0.02) -> Tensor:
         return torch.empty(shape).normal_(0.0, std, generator=gen)
@@ -250,12 +254,7 @@ def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor
     for i in range(L):
         p = f"blocks.{i}."
         yield p + "ln1.weight", torch.ones(h)
-        yield p + "attn.qkv.weight", normal(h, q + 2 * kv)
-        if spec.qk_norm:
-            yield p + "attn.q_norm.weight", torch.ones(spec.head_dim)
-            yield p + "attn.k_norm.weight", torch.ones(spec.head_dim)
-        yield p + "attn.proj.weight", normal(q, h, std=resid_std)
-        yield from oss_init_tensors(spec, p + "attn.", q + 2 * kv, normal)
+        yield from attention(p + "attn.", normal, resid_std)
         yield p + "ln2.weight", torch.ones(h)
         yield p + "mlp.fc.weight", normal(h, 2 * f)
         yield p + "mlp.fc2.weight", normal(f, h, std=resid_std)
@@ -264,6 +263,21 @@ def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor
         yield "head.weight", normal(h, V)
 
 
-__all__ = ["LlamaAttention", "SplitRMSNorm", "SwiGLU", "context_parallel_gqa", "gqa_attention", "llama_init_tensors",
-           "positioned",
-           "rotary", "rotary_tables", "swiglu"]
+def llama_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
+    """decoder_init_tensors with grouped-query attention: qkv, the q / k norms (qk_norm), proj, then GPT-OSS's
+    biases and sinks."""
+    h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+
+    def attention(p: str, normal: Callable[..., Tensor], resid_std: float) -> Iterator[tuple[str, Tensor]]:
+        yield p + "qkv.weight", normal(h, q + 2 * kv)
+        if spec.qk_norm:
+            yield p + "q_norm.weight", torch.ones(spec.head_dim)
+            yield p + "k_norm.weight", torch.ones(spec.head_dim)
+        yield p + "proj.weight", normal(q, h, std=resid_std)
+        yield from oss_init_tensors(spec, p, q + 2 * kv, normal)
+
+    return decoder_init_tensors(spec, seed, attention)
+
+
+__all__ = ["AttentionInit", "LlamaAttention", "SplitRMSNorm", "SwiGLU", "context_parallel_gqa", "decoder_init_tensors",
+           "gqa_attention", "llama_init_tensors", "positioned", "rotary", "rotary_tables", "swiglu"]

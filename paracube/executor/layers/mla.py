@@ -37,8 +37,7 @@ and the block must run through paracube's recorded collectives and shard specs l
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +47,7 @@ from paracube.executor.comm import copy_to_group, gather_fn
 from paracube.executor.layers.attention_mask import sequence_mask
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention
 from paracube.executor.layers.gemm import PLAIN, PlainGemm
-from paracube.executor.layers.llama import rotary, rotary_tables
+from paracube.executor.layers.llama import decoder_init_tensors, rotary, rotary_tables
 from paracube.executor.layers.serial import Mode, SerialLinear, SerialRMSNorm, ShardedModule
 from paracube.executor.layers.shards import block, make_spec
 from paracube.executor.mesh import Mesh
@@ -164,35 +163,24 @@ class MLAttention(nn.Module):
 
 
 def mla_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
-    """The serial initialization of a llama-family model with MLA, one full tensor at a time, in a fixed order:
-    normal 0.02 (the output projection and the MLP's down projection 0.02 / sqrt(2 L), as llama), norms 1."""
+    """llama.decoder_init_tensors with MLA: the query's down projection and norm (q_lora_rank), its up projection,
+    the compressed key-value's down projection, norm and up projection, and the output projection (0.02 /
+    sqrt(2 L), as llama's)."""
     mla = spec.mla
     assert mla is not None
-    gen = torch.Generator().manual_seed(seed)
-    h, f, V, L, H = spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers, spec.heads
+    h, H = spec.hidden, spec.heads
 
-    def normal(*shape: int, std: float = 0.02) -> Tensor:
-        return torch.empty(shape).normal_(0.0, std, generator=gen)
-
-    yield "tok_emb.weight", normal(V, h)
-    resid_std = 0.02 / math.sqrt(2 * L)
-    for i in range(L):
-        p = f"blocks.{i}."
-        yield p + "ln1.weight", torch.ones(h)
+    def attention(p: str, normal: Callable[..., Tensor], resid_std: float) -> Iterator[tuple[str, Tensor]]:
         if mla.q_lora_rank:
-            yield p + "attn.q_a.weight", normal(h, mla.q_lora_rank)
-            yield p + "attn.q_norm.weight", torch.ones(mla.q_lora_rank)
-        yield p + "attn.q_b.weight", normal(mla.q_lora_rank or h, H * mla.qk_head_dim)
-        yield p + "attn.kv_a.weight", normal(h, mla.kv_lora_rank + mla.qk_rope_head_dim)
-        yield p + "attn.kv_norm.weight", torch.ones(mla.kv_lora_rank)
-        yield p + "attn.kv_b.weight", normal(mla.kv_lora_rank, H * (mla.qk_nope_head_dim + mla.v_head_dim))
-        yield p + "attn.proj.weight", normal(H * mla.v_head_dim, h, std=resid_std)
-        yield p + "ln2.weight", torch.ones(h)
-        yield p + "mlp.fc.weight", normal(h, 2 * f)
-        yield p + "mlp.fc2.weight", normal(f, h, std=resid_std)
-    yield "ln_f.weight", torch.ones(h)
-    if not spec.tied_embeddings:
-        yield "head.weight", normal(h, V)
+            yield p + "q_a.weight", normal(h, mla.q_lora_rank)
+            yield p + "q_norm.weight", torch.ones(mla.q_lora_rank)
+        yield p + "q_b.weight", normal(mla.q_lora_rank or h, H * mla.qk_head_dim)
+        yield p + "kv_a.weight", normal(h, mla.kv_lora_rank + mla.qk_rope_head_dim)
+        yield p + "kv_norm.weight", torch.ones(mla.kv_lora_rank)
+        yield p + "kv_b.weight", normal(mla.kv_lora_rank, H * (mla.qk_nope_head_dim + mla.v_head_dim))
+        yield p + "proj.weight", normal(H * mla.v_head_dim, h, std=resid_std)
+
+    return decoder_init_tensors(spec, seed, attention)
 
 
 __all__ = ["HeadColumns", "MLAttention", "mla_core", "mla_init_tensors"]

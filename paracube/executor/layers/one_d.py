@@ -15,12 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, all_reduce, copy_to_group, reduce_from_group, reduce_scatter, scatter_fn
 from paracube.executor.layers.collective_matmul import TPO_LINEARS, RingGatherLinear, RingLinearScatter
-from paracube.executor.layers.functional import compute_dtype, fp32, main_grad, vocab_parallel_ce
+from paracube.executor.layers.functional import compute_dtype, fp32, main_grad, vocab_block_lookup, vocab_parallel_ce
 from paracube.executor.layers.gemm import PLAIN, PlainGemm
 from paracube.executor.layers.serial import Mode, SerialPositionEmbedding, ShardedModule, TiedHead
 from paracube.executor.layers.shards import block, make_spec
@@ -134,9 +133,7 @@ class VocabParallelEmbedding(ShardedModule):
         self.add_param("weight", make_spec(mesh, (vocab, hidden), {0: (self.v0, self.vl)}))
 
     def forward(self, ids: Tensor) -> Tensor:
-        local = ids - self.v0
-        inside = (local >= 0) & (local < self.vl)
-        emb = fp32(F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1))  # as priced
+        emb = fp32(vocab_block_lookup(ids, self.weight, self.v0, self.vl))  # as priced
         if self.sp:
             return scatter_fn(emb, self.mesh, TP, SEQ, label="tok_emb")
         return reduce_from_group(emb, self.mesh, TP, label="tok_emb")

@@ -4,8 +4,8 @@ The parameter: s [heads], one logit per query head, held whole and replicated ov
 A rank uses its own query heads' (`local`: the heads its qkv output columns hold, first = the qkv weight's column
 offset / ((r + 2) d) x r, llama.py's fused layout). Its gradient covers those heads and the rank's tokens only:
 `local` passes s through copy_to_group (identity forward, all-reduce of the gradient backward) over
-modes/sinks.sink_groups (the tensor axes less the mode's grad_axes, which the step's all-reduce already sums), one
-all_reduce of `heads` fp32 values per block and micro-batch, labelled "attn.sinks" (the cost model's list:
+modes/base.replica_grad_groups (the tensor axes less the mode's grad_axes, which the step's all-reduce already
+sums), one all_reduce of `heads` fp32 values per block and micro-batch, labelled "attn.sinks" (the cost model's list:
 cost_models/oss_traffic.py); context parallelism's ranks are summed by the gradient all-reduce over dp x cp.
 
 How each kernel adds the sink column, exactly once per query row:
@@ -49,7 +49,7 @@ from paracube.executor.layers.shards import make_spec
 from paracube.executor.layers.sink_kernels import fused_sink_flash, kernel_for, sink_grad, sink_merge
 from paracube.executor.mesh import Mesh
 from paracube.modes import MODES
-from paracube.modes.sinks import sink_groups
+from paracube.modes.base import replica_grad_groups
 
 
 class AttentionSinks(ShardedModule):
@@ -63,7 +63,7 @@ class AttentionSinks(ShardedModule):
     def local(self, first: int, count: int) -> Tensor:
         """The logits of query heads first .. first + count - 1, in the statistics' dtype (fp32; fp64 copies: fp64)."""
         s = upcast(self.weight)
-        for axes in sink_groups(MODES[self.mesh.layout.mode]):
+        for axes in replica_grad_groups(MODES[self.mesh.layout.mode]):
             s = copy_to_group(s, self.mesh, axes, label="attn.sinks")
         return s[first:first + count]
 

@@ -20,13 +20,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_gather, gather_fn, reduce_scatter, scatter_fn
 from paracube.executor.layers.collective_matmul import TPO_LINEARS
 from paracube.executor.layers.collective_matmul_3d import RingLinear3D
-from paracube.executor.layers.functional import compute_dtype, fp32, split_layer_norm, vocab_parallel_ce
+from paracube.executor.layers.functional import (
+    compute_dtype,
+    fp32,
+    split_layer_norm,
+    vocab_block_lookup,
+    vocab_parallel_ce,
+)
 from paracube.executor.layers.kept import KeptWeights, kept_gather
 from paracube.executor.layers.llama import SplitRMSNorm
 from paracube.executor.layers.serial import Mode, ShardedModule
@@ -146,9 +151,7 @@ class TokenEmbedding3D(ShardedModule):
                                            {0: (self.v0, self.vl), 1: block(hidden, mesh, ("z", "y"))}))
 
     def forward(self, ids: Tensor) -> Tensor:
-        local = ids - self.v0
-        inside = (local >= 0) & (local < self.vl)
-        emb = F.embedding(local.clamp(0, self.vl - 1), self.weight) * inside.unsqueeze(-1)
+        emb = vocab_block_lookup(ids, self.weight, self.v0, self.vl)
         emb = scatter_fn(fp32(emb), self.mesh, ("x",), 0, label="tok_emb")  # summed in fp32, as priced
         emb = gather_fn(emb, self.mesh, ("y",), -1, label="tok_emb.h")
         start, size = block(emb.shape[0], self.mesh, ("y",))

@@ -7,7 +7,7 @@ cost_models/traffic.py declares.
 Gradients are summed over dp in buckets (grad_sync.py), issued as the last micro-batch's backward produces
 them (`overlap=True`; with pp > 1 each stage's buckets during its own last backward, per model chunk when
 interleaved: grad_sync.py) or all after it (`overlap=False`); both give bit-identical results. With the
-distributed optimizer (optim.DistributedAdamW, zero=1) the buckets are reduce-scattered, the norm is summed
+distributed optimizer (distributed_adamw.DistributedAdamW, zero=1) the buckets are reduce-scattered, the norm is summed
 over the shards and the updated parameters are all-gathered by the optimizer: at once, or (`param_overlap`)
 asynchronously, finished by the next forward's module pre-hooks (param_gather.py), bit-identical either way.
 
@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from paracube.executor.comm import all_reduce
+from paracube.executor.data_parallel.distributed_adamw import DistributedAdamW
 from paracube.executor.data_parallel.grad_sync import GradSync, grad_sync_for
-from paracube.executor.data_parallel.optim import DistributedAdamW
 from paracube.executor.data_parallel.sharded import ShardedSync
 from paracube.executor.layers.functional import main_grad
 from paracube.executor.mesh import Mesh, metrics_axes
