@@ -347,3 +347,26 @@ def test_the_module_set_comes_from_the_layout_or_the_default() -> None:
     assert recomputed_modules("none", parse_layout("dp=1,rcm=moe_act+layernorm")) == {"layernorm", "moe_act"}
     model = _serial_model(DENSE, ("layernorm", "mlp"))
     assert all(b.discard_norms and b.mlp_region and not b.attn.selective for b in model.blocks)
+
+
+def test_paracube_run_scales_rcm_down_and_preflight_refuses_what_recomputes_nothing() -> None:
+    """`paracube run PLAN --model M --gpus G` (cli/scale_down.py) keeps the plan's rcm= modules that apply to M and
+    says which it drops; the preflight (what `paracube run` checks before any rank starts) accepts the scaled plan
+    and refuses, in one line, a module the model does not have."""
+    from paracube.cli.scale_down import scale_down
+    from paracube.executor.launch.start import NodeSpec, preflight
+    from paracube.plan import LaunchSpec, Plan
+    from paracube.workload import TrainingSpec
+
+    plan = Plan(PRESETS["qwen3-30b-a3b"], TrainingSpec(global_batch=64, dtype="fp32", recompute="selective"),
+                parse_layout("dp=8,pp=2,ep=8,tp=none,mb=1,rcm=layernorm+moe_act"), "dgx-h100", 16, LaunchSpec(8, 2))
+    moe, notes = scale_down(plan, PRESETS["tiny-moe"], 4)
+    assert moe.layout.recompute_modules == ("layernorm", "moe_act") and len(notes) == 1
+    dense, notes = scale_down(plan, PRESETS["tiny"], 4)
+    assert dense.layout.recompute_modules == ("layernorm",) and "rcm= drops moe_act" in notes[-1]
+    for scaled in (moe, dense):
+        preflight(scaled, NodeSpec(), data="synthetic", check_devices=False)
+    with pytest.raises(ParacubeError) as err:
+        preflight(dense.with_layout(dense.layout.with_(recompute_modules=("moe_act",))), NodeSpec(),
+                  data="synthetic", check_devices=False)
+    assert "moe_act recomputes" in str(err.value) and "\n" not in str(err.value)
