@@ -21,7 +21,9 @@ only fn re-runs. Why not saved_tensors_hooks: the innermost hooks win, so they w
 (off=N's save_on_cpu) for everything else the consumer saves. Values: fn re-runs the same ops on the same inputs, so
 the recomputed outputs are the forward's bit for bit (tests/test_recompute_modules.py).
 Caller's contract (Megatron's): the outputs are used by nothing after the consumer in forward, and every backward
-node reading them runs after hook's grad_fn (the consumer's output is downstream of every use).
+node reading them runs after hook's grad_fn (the consumer's output is downstream of every use). The hooks sit on
+nodes inside a block, so under zero=3 (data_parallel/fsdp.py: the unit gathered by the block output's backward) the
+recomputation reads gathered parameters.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 def region(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) keeping only args for backward (module docstring); fn itself without autograd."""
+    """fn(*args) keeping only args for backward (module docstring); plain fn(*args) where no graph is recorded."""
     if not torch.is_grad_enabled():
         return fn(*args)
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
