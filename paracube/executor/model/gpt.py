@@ -48,7 +48,7 @@ def _implementation(impl: str) -> type[Mode]:
 # What the executor runs: every mode whose declaration (paracube/modes) names an implementation.
 MODES: dict[str, type[Mode]] = {name: _implementation(m.executor.impl)
                                 for name, m in TENSOR_MODES.items() if m.executor is not None}
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full")  # selective's modules: the layout's rcm= (executor/sizes.recomputed_modules)
 FAMILIES = ("gpt", "llama")  # what the executor builds (a plan of another family is refused, never replaced)
 VOCAB_DIMS = {"tok_emb.weight": 0, "head.weight": 1}  # parameters padded along the vocabulary
 
