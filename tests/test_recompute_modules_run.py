@@ -23,7 +23,8 @@ without `rcm=` and then once per module with `rcm=MODULE`:
 Memory (in process, serial): the bytes of the distinct storages a model keeps for backward at the end of one
 forward (counted with torch.autograd.graph.saved_tensors_hooks, measured after the forward: a discarded storage is
 then empty), with and without each module, per block; the drop equals the closed form of saved_drop (its docstring).
-Refusals: a module that applies to no block of the model, rcm= with rc=full, in one line before any rank starts.
+Refusals, in one line before any rank starts: a module that applies to no block of the model, rcm= with rc=full,
+off=N next to modules other than core_attn; `paracube run PLAN --model M` keeps the rcm= modules that apply to M.
 """
 
 from __future__ import annotations
