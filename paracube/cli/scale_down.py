@@ -1,7 +1,8 @@
 """`paracube run PLAN --model M --gpus G`: the plan's layout scaled down to another model on fewer ranks.
 
 A plan for 64 GPUs cannot run on a laptop, but its parallel structure can: the scaled plan keeps the
-plan's tensor mode, the interleave v of its pipeline schedule, zero, sequence parallelism, recomputation,
+plan's tensor mode, the interleave v of its pipeline schedule, zero, sequence parallelism, recomputation (and its
+rcm= modules that apply to the new model: recompute_modules.applies; the others are dropped, said in the notes),
 overlap, tpo (collective matmul), cpc, dtype and placement order, and shrinks dp, pp, cp and the tensor shape to
 G ranks within the same shape family (each of dp, pp, cp and the tensor group stays > 1 exactly where the plan's
 is; no factor grows). Among the candidates it takes the one closest to the plan's proportions: each factor x's target
@@ -26,6 +27,7 @@ from paracube.modes import MODES
 from paracube.modes.base import tokens_split_ok
 from paracube.modes.stages import split_ok
 from paracube.plan import LaunchSpec, Plan
+from paracube.recompute_modules import applies
 from paracube.workload import ModelSpec, TrainingSpec
 
 
@@ -93,6 +95,7 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
         base = Layout(mode=lay.mode, shape=shape, dp=dp, pp=pp, cp=cp, cp_comm=lay.cp_comm if cp > 1 else None,
                       interleave=v, sequence_parallel=sp,
                       zero=lay.zero if dp > 1 else 0, recompute=lay.recompute, overlap=lay.overlap and dp > 1,
+                      recompute_modules=_modules(lay, model),
                       keep_weights=lay.keep_weights, tpo=lay.tpo and bool(shape), ep=ep)
         split = base.token_split
         n_micro = 2 * pp if pp > 1 else 2
@@ -115,6 +118,12 @@ def scale_down(plan: Plan, model: ModelSpec, gpus: int) -> tuple[Plan, list[str]
                         "try another --gpus or --model")
 
 
+def _modules(layout: Layout, model: ModelSpec) -> tuple[str, ...] | None:
+    """The layout's rcm= modules that re-run something in `model` (None: none given, or none applies)."""
+    kept = tuple(m for m in layout.recompute_modules or () if applies(m, model))
+    return kept or None
+
+
 def _plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, layout: Layout, gpus: int) -> Plan:
     return Plan(model=spec, training=training, layout=layout, cluster="local-cpu", gpus=gpus,
                 launch=LaunchSpec(nproc_per_node=gpus, backend=plan.launch.backend),
@@ -125,6 +134,9 @@ def _notes(plan: Plan, model: ModelSpec, spec: ModelSpec, layout: Layout, traini
     notes = [f"scaled {plan.model.name} {plan.layout} ({plan.gpus} GPUs) -> {spec.name} {layout} "
              f"({layout.world_size} ranks), global batch {training.global_batch} x "
              f"{training.sequence_length(spec)} tokens, {training.dtype}"]
+    dropped = [m for m in plan.layout.recompute_modules or () if m not in (layout.recompute_modules or ())]
+    if dropped:
+        notes.append(f"rcm= drops {'+'.join(dropped)}: {model.name} has nothing they recompute")
     if spec.layers != model.layers:
         notes.append(f"{model.name} has {model.layers} layers; runs {spec.layers} so that pp={layout.pp} x "
                      f"v={layout.interleave} virtual stages each hold a block")

@@ -8,6 +8,7 @@ from paracube.layout import Layout
 from paracube.modes import MODES, runnable_modes
 from paracube.modes.base import tokens_split_ok
 from paracube.modes.stages import split_ok
+from paracube.recompute_modules import DEFAULT, modules_text, violations
 from paracube.runtimes import RUNTIMES
 from paracube.runtimes.offload import offload_refusal
 from paracube.workload import ModelSpec
@@ -150,6 +151,33 @@ def check_offload(spec: ModelSpec, layout: Layout, recompute: str) -> None:
         raise ParacubeError(f"layout {layout}: paracube's executor {why}")
 
 
+def recomputed_modules(recompute: str, layout: Layout) -> frozenset[str]:
+    """The modules the executor recomputes (recompute_modules.MODULES' names): the layout's `rcm=` (rc=selective
+    implied), else DEFAULT under rc=selective (Megatron-core's default, the executor's selective of before), else
+    none (rc=none; rc=full recomputes whole blocks instead: model/gpt.py)."""
+    if layout.recompute_modules is not None:
+        return frozenset(layout.recompute_modules)
+    return frozenset(DEFAULT) if recompute == "selective" else frozenset()
+
+
+def check_recompute_modules(spec: ModelSpec, layout: Layout, recompute: str) -> None:
+    """`rcm=` as the executor runs it: with selective recomputation (not rc=full), each module re-running something
+    in this model (recompute_modules.violations), no activation offloading next to modules other than core_attn
+    (off=N's host copies would keep what they discard); one line naming the bad value and what is valid."""
+    mods = layout.recompute_modules
+    if mods is None:
+        return
+    if recompute == "full":
+        raise ParacubeError(f"rcm={modules_text(mods)} with recompute full: rcm= names the modules of selective "
+                            "recomputation; valid: recompute selective (or none: rcm= implies it), or drop rcm=")
+    bad = violations(mods, spec)
+    if bad:
+        raise ParacubeError(bad[0])
+    if layout.offload and set(mods) - set(DEFAULT):
+        raise ParacubeError(f"layout {layout}: off={layout.offload} with rcm={modules_text(mods)}: the executor "
+                            f"offloads activations with rcm=core_attn only; valid: off=0 or rcm=core_attn")
+
+
 def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica: int, layout: Layout) -> str:
     """One line: the micro-batch's tokens, the split they miss, and the nearest micro-batch sizes whose tokens
     split (modes.base.tokens_split_ok), dividing the replica's batch `per_replica` when some do."""
@@ -168,4 +196,5 @@ def token_split_refusal(micro_batch: int, seq_len: int, split: int, per_replica:
             f"{split} ways (needed by {layout}); nearest valid micro-batch sizes: {', '.join(map(str, near))}{tail}")
 
 
-__all__ = ["check_context_parallel", "check_divisibility", "check_offload", "token_split_refusal"]
+__all__ = ["check_context_parallel", "check_divisibility", "check_offload", "check_recompute_modules",
+           "recomputed_modules", "token_split_refusal"]

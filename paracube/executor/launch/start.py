@@ -70,7 +70,7 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
               resume: bool = False, check_devices: bool = True, seed: int = 0) -> int:
     """Everything that can be checked before a rank starts; returns processes per node.
     Raises ParacubeError (one line: the bad value and what is valid)."""
-    from paracube.executor.sizes import check_dtype, check_offload
+    from paracube.executor.sizes import check_dtype, check_offload, check_recompute_modules
     from paracube.executor.training.step import check_divisibility
 
     nproc = node.nproc_per_node or plan.launch.nproc_per_node
@@ -89,6 +89,7 @@ def preflight(plan: Plan, node: NodeSpec, data: str = "text", checkpoint_dir: st
     seq = plan.seq_len
     check_dtype(plan.training.dtype, plan.layout)
     check_offload(plan.model, plan.layout, plan.training.recompute)
+    check_recompute_modules(plan.model, plan.layout, plan.training.recompute)
     check_divisibility(with_seq_len(plan.model, seq), plan.layout, plan.micro_batch, plan.training.global_batch, seq)
     parse_source(data, plan.model.vocab, seq)
     if checkpoint_dir is not None:

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import Axes, gather_fn
 from paracube.executor.layers.attention_mask import sequence_mask
 from paracube.executor.layers.context_parallel import chunk_positions, context_attention
+from paracube.executor.layers.discard import region
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention, fp32
 from paracube.executor.layers.head_norm import HeadRMSNorm, qk_normed
 from paracube.executor.layers.qk_positions import QKPositions, l2_norm
@@ -166,10 +166,11 @@ def swiglu(y: Tensor, limit: float | None = None, alpha: float = 1.0) -> Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True, window: int | None = None,
-                 positions: QKPositions | None = None):
+    def __init__(self, mode: Mode, modules: frozenset[str] = frozenset(), flash: bool = True,
+                 window: int | None = None, positions: QKPositions | None = None):
         super().__init__()
-        self.selective, self.flash, self.p, self.mode = selective, flash, mode.spec.attention_dropout, mode
+        self.flash, self.p, self.mode = flash, mode.spec.attention_dropout, mode
+        self.selective = "core_attn" in modules  # recompute_modules.py; blocks.py threads the set
         self.window = window  # the block's sliding window or chunk (ModelSpec.attention_window), None: full causal
         spec = mode.spec
         h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -201,12 +202,9 @@ class LlamaAttention(nn.Module):
         kv = split.keys_values(qkv, self.kv_local, self.group, self.mode.mesh) if split is not None else None
         args = (split.queries(qkv) if split is not None else qkv, self.kv_local, self.group, self.theta,
                 self.flash, self.p, seed, kv, split.geometry if split is not None else None, self.window, sinks)
-        if self.selective and torch.is_grad_enabled():
-            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
-            # (the same dropout mask: it is drawn from `seed`).
-            out = checkpoint(gqa_attention, *args, use_reentrant=False, preserve_rng_state=False)
-        else:
-            out = gqa_attention(*args)
+        # core_attn (Korthikanti et al.): keep only qkv, redo the attention core in backward (the same dropout
+        # mask: it is drawn from `seed`).
+        out = region(gqa_attention, *args) if self.selective else gqa_attention(*args)
         return self.proj(split.output(out) if split is not None else out)
 
 

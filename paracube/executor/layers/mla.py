@@ -41,10 +41,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.comm import copy_to_group, gather_fn
 from paracube.executor.layers.attention_mask import sequence_mask
+from paracube.executor.layers.discard import Discard, region
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention
 from paracube.executor.layers.gemm import PLAIN, PlainGemm
 from paracube.executor.layers.llama import decoder_init_tensors, rotary, rotary_tables
@@ -82,11 +82,12 @@ def _down(mesh: Mesh, h_in: int, h_out: int, axes: tuple[str, ...]) -> ShardedMo
     return _replicated(SerialLinear(mesh, h_in, h_out, False), mesh, axes)
 
 
-def mla_core(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec, theta: float, flash: bool = True,
-             p: float = 0.0, seed: int | None = None, window: int | None = None) -> Tensor:
-    """Causal attention of whole sequences: q [b, s, H (d_n + d_r)], kv [b, s, H (d_n + d_v)], k_rope [b, s, d_r]
-    (shared by the heads) -> [b, s, H d_v], within the block's sliding window `window` (attention_mask.py; None:
-    full causal). flash: scaled_dot_product_attention, else Megatron's unfused core."""
+def mla_rope(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec,
+             theta: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The heads' queries, keys and values [b, H, s, d_n + d_r], [b, H, s, d_n + d_r], [b, H, s, d_v] from the up
+    projections q [b, s, H (d_n + d_r)], kv [b, s, H (d_n + d_v)] and the shared rotary key k_rope [b, s, d_r]: q_r
+    and k_r rotated, k_r given to every head (Megatron-core's qkv_up_proj_and_rope_apply after its GEMMs,
+    multi_latent_attention.py ~l.760-836)."""
     b, s, _ = q.shape
     dn, dr, dv = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
     q_nope, q_rope = q.view(b, s, heads, dn + dr).transpose(1, 2).split([dn, dr], dim=-1)
@@ -95,29 +96,48 @@ def mla_core(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec, th
     q_rope, k_r = rotary(q_rope, cos, sin), rotary(k_rope.unsqueeze(1), cos, sin)
     q = torch.cat([q_nope, q_rope], dim=-1)
     k = torch.cat([k_nope, k_r.expand(b, heads, s, dr)], dim=-1)
-    v = v.contiguous()  # backward keeps v alone, not the whole kv_b output it is a view of
+    return q, k, v.contiguous()  # backward keeps v alone, not the whole kv_b output it is a view of
+
+
+def mla_attend(q: Tensor, k: Tensor, v: Tensor, flash: bool = True, p: float = 0.0, seed: int | None = None,
+               window: int | None = None) -> Tensor:
+    """Causal attention of the heads' q, k, v (mla_rope) -> [b, s, H d_v], within the block's sliding window
+    `window` (attention_mask.py; None: full causal). flash: scaled_dot_product_attention, else Megatron's unfused
+    core."""
+    b, heads, s, dv = v.shape
+    d = q.shape[-1]
     allowed = sequence_mask(s, window, q.device)  # None: the plain causal path (a window >= s included)
     if flash:
         out = flash_attention(q, k, v, p, seed, allowed=allowed)
     else:
         n = b * heads
-        out = core_attention(q.reshape(n, s, dn + dr), k.reshape(n, s, dn + dr), v.reshape(n, s, dv), p,
+        out = core_attention(q.reshape(n, s, d), k.reshape(n, s, d), v.reshape(n, s, dv), p,
                              seed, allowed).view(b, heads, s, dv)
     return out.transpose(1, 2).reshape(b, s, heads * dv)
+
+
+def mla_core(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec, theta: float, flash: bool = True,
+             p: float = 0.0, seed: int | None = None, window: int | None = None) -> Tensor:
+    """Causal attention of whole sequences: q [b, s, H (d_n + d_r)], kv [b, s, H (d_n + d_v)], k_rope [b, s, d_r]
+    (shared by the heads) -> [b, s, H d_v]: mla_rope, then mla_attend."""
+    return mla_attend(*mla_rope(q, kv, k_rope, heads, mla, theta), flash, p, seed, window)
 
 
 class MLAttention(nn.Module):
     """The block's attention for a model with `spec.mla` (module docstring), built from any Mode that keeps
     whole sequences per tensor rank with heads split over its tensor axes (none, 1D)."""
 
-    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True, window: int | None = None):
+    def __init__(self, mode: Mode, modules: frozenset[str] = frozenset(), flash: bool = True,
+                 window: int | None = None):
         super().__init__()
         spec, mesh = mode.spec, mode.mesh
         self.window = window  # the block's sliding window (ModelSpec.attention_window), None: full causal
         mla = spec.mla
         assert mla is not None
         self.mla, self.mode, self.mesh = mla, mode, mesh
-        self.selective, self.flash, self.p, self.theta = selective, flash, spec.attention_dropout, spec.rope_theta
+        self.flash, self.p, self.theta = flash, spec.attention_dropout, spec.rope_theta
+        # recompute_modules.py: core_attn (region of the core), mla_up_proj (discard of q, k, v: module docstring)
+        self.selective, self.up_proj = "core_attn" in modules, "mla_up_proj" in modules
         self.heads = mode.heads_local
         self.axes = mesh.layout.tensor_axes  # (): none; ("tp",): 1D (other modes are refused: executor/sizes.py)
         self.sp = bool(mesh.layout.sequence_parallel) and mesh.size(self.axes) > 1
@@ -152,13 +172,20 @@ class MLAttention(nn.Module):
         m = self.mla
         c_q, c_kv, k_rope = self.latent(x).split(
             [m.q_lora_rank or self.mode.spec.hidden, m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
+        if self.up_proj and torch.is_grad_enabled():
+            # mla_up_proj (Megatron-core's qkv_up_checkpoint, multi_latent_attention.py l.344, 838): the up
+            # projections and rotary run without a graph, their q, k, v freed once the core used them and made
+            # again (GEMMs included) right before the core's backward.
+            ckpt = Discard(lambda cq, ckv, kr: mla_rope(self.q_b(cq), self.kv_b(ckv), kr, self.heads, m, self.theta))
+            q, k, v = ckpt(c_q, c_kv, k_rope)
+            core = (q, k, v, self.flash, self.p, seed, self.window)
+            out = region(mla_attend, *core) if self.selective else mla_attend(*core)
+            ckpt.discard(out)
+            return self.proj(out)
         args = (self.q_b(c_q), self.kv_b(c_kv), k_rope, self.heads, m, self.theta, self.flash, self.p, seed,
                 self.window)
-        if self.selective and torch.is_grad_enabled():
-            # Selective recomputation (Korthikanti et al.): keep q, kv and k_r, redo the core in backward.
-            out = checkpoint(mla_core, *args, use_reentrant=False, preserve_rng_state=False)
-        else:
-            out = mla_core(*args)
+        # core_attn (Korthikanti et al.): keep q, kv and k_r, redo rotary and the core in backward.
+        out = region(mla_core, *args) if self.selective else mla_core(*args)
         return self.proj(out)
 
 
@@ -183,4 +210,4 @@ def mla_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]
     return decoder_init_tensors(spec, seed, attention)
 
 
-__all__ = ["HeadColumns", "MLAttention", "mla_core", "mla_init_tensors"]
+__all__ = ["HeadColumns", "MLAttention", "mla_attend", "mla_core", "mla_init_tensors", "mla_rope"]

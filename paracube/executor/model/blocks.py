@@ -1,18 +1,23 @@
 """The blocks of the GPT (attention, MLP, a transformer block, a stage's blocks) and the serial initialization.
 
 Built from one tensor mode's layers (`Mode`, executor/layers); the assembled model is executor/model/gpt.py.
+Selective recomputation by module (`modules`: a frozenset of paracube/recompute_modules.py's names, executor/sizes.
+recomputed_modules; checkpoints: executor/layers/discard.py), where megatron-core 0.16.1 puts them
+(transformer_layer.py l.379-450, 576-800): core_attn in the attention (region of the core), layernorm the
+input and pre-MLP norms (discard: freed after the attention / the MLP ran, made again before their backward),
+mlp a dense block's MLP (region); the MoE layer's and latent attention's modules in model/moe.py and layers/mla.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from paracube.executor.layers.context_parallel import context_parallel_attention
+from paracube.executor.layers.discard import Discard, region
 from paracube.executor.layers.dropout import dropout
 from paracube.executor.layers.functional import local_attention
 from paracube.executor.layers.llama import LlamaAttention, SwiGLU, llama_init_tensors
@@ -24,10 +29,12 @@ from paracube.workload import ModelSpec
 
 
 class Attention(nn.Module):
-    def __init__(self, mode: Mode, selective: bool = False, flash: bool = True, window: int | None = None):
+    def __init__(self, mode: Mode, modules: frozenset[str] = frozenset(), flash: bool = True,
+                 window: int | None = None):
         super().__init__()
         h = mode.spec.hidden
-        self.heads, self.selective, self.flash, self.p = mode.heads_local, selective, flash, mode.spec.attention_dropout
+        self.heads, self.flash, self.p = mode.heads_local, flash, mode.spec.attention_dropout
+        self.selective = "core_attn" in modules
         self.mode = mode
         self.window = window  # the block's sliding window (ModelSpec.attention_window), None: full causal
         self.qkv = mode.linear("qkv", h, 3 * h, True)
@@ -43,12 +50,9 @@ class Attention(nn.Module):
         kv = split.keys_values(qkv, self.heads, 1, self.mode.mesh) if split is not None else None
         args = (split.queries(qkv) if split is not None else qkv, self.heads, self.flash, self.p, seed, kv,
                 split.geometry if split is not None else None, self.window)
-        if self.selective and torch.is_grad_enabled():
-            # Selective recomputation (Korthikanti et al.): keep only qkv, redo the attention core in backward
-            # (the same dropout mask: it is drawn from `seed`).
-            out = checkpoint(local_attention, *args, use_reentrant=False, preserve_rng_state=False)
-        else:
-            out = local_attention(*args)
+        # core_attn (Korthikanti et al.): keep only qkv, redo the attention core in backward (the same dropout
+        # mask: it is drawn from `seed`).
+        out = region(local_attention, *args) if self.selective else local_attention(*args)
         return self.proj(split.output(out) if split is not None else out)
 
 
@@ -64,9 +68,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + dropout(attn(ln1(x))), then + dropout(mlp(ln2(.))); `seeds` (DropoutSeeds.block) or None: no dropout."""
+    """x + dropout(attn(ln1(x))), then + dropout(mlp(ln2(.))); `seeds` (DropoutSeeds.block) or None: no dropout;
+    `modules`: what it recomputes (module docstring)."""
 
-    def __init__(self, mode: Mode, selective: bool = False, index: int | None = None):
+    def __init__(self, mode: Mode, modules: frozenset[str] = frozenset(), index: int | None = None):
         super().__init__()
         llama = mode.spec.family == "llama"
         flash = mode.mesh.layout.uses_flash
@@ -75,27 +80,42 @@ class Block(nn.Module):
         # By the block's global index (pipeline stages hold blocks under theirs): its sliding window, attention
         # chunk or None; llama: its rotary / NoPE and L2 norm (qk_positions.py)
         window = mode.spec.attention_window(index) if index is not None else None
-        self.attn = (MLAttention(mode, selective, flash, window) if mode.spec.mla is not None  # latent (mla.py)
-                     else LlamaAttention(mode, selective, flash, window, block_positions(mode.spec, index)) if llama
-                     else Attention(mode, selective, flash, window))
+        self.attn = (MLAttention(mode, modules, flash, window) if mode.spec.mla is not None  # latent (mla.py)
+                     else LlamaAttention(mode, modules, flash, window, block_positions(mode.spec, index)) if llama
+                     else Attention(mode, modules, flash, window))
         self.ln2 = mode.layer_norm()
-        self.mlp = MoEMLP(mode, index) if is_moe_block(mode.spec, index) else SwiGLU(mode) if llama else MLP(mode)
+        moe = is_moe_block(mode.spec, index)
+        self.mlp = MoEMLP(mode, index, modules) if moe else SwiGLU(mode) if llama else MLP(mode)
+        self.discard_norms = "layernorm" in modules
+        self.mlp_region = "mlp" in modules and not moe  # Megatron's `mlp`: a dense block's MLP only
 
     def forward(self, x: Tensor, seeds: tuple[int, int, int] | None = None, s: int = 0) -> Tensor:
         """s: tokens per sequence (the flat token layout's attention needs it)."""
         attn_seed, out_seeds = (seeds[0], seeds[1:]) if seeds is not None else (None, (None, None))
-        x = x + dropout(self.attn(self.ln1(x), attn_seed, s), self.p, out_seeds[0])
-        return x + dropout(self.mlp(self.ln2(x)), self.p, out_seeds[1])
+        x = x + dropout(self._normed(self.ln1, x, lambda y: self.attn(y, attn_seed, s)), self.p, out_seeds[0])
+        mlp = (lambda y: region(self.mlp, y)) if self.mlp_region else self.mlp
+        return x + dropout(self._normed(self.ln2, x, mlp), self.p, out_seeds[1])
+
+    def _normed(self, norm: nn.Module, x: Tensor, consumer: Callable[[Tensor], Tensor]) -> Tensor:
+        """consumer(norm(x)); `layernorm`: the norm's output freed once the consumer ran, made again right before
+        the consumer's backward (Megatron discards it after the attention / the MLP: transformer_layer.py l.611-614,
+        797-800)."""
+        if not (self.discard_norms and torch.is_grad_enabled()):
+            return consumer(norm(x))
+        ckpt = Discard(norm)
+        out = consumer(ckpt(x))
+        ckpt.discard(out)
+        return out
 
 
 class StageBlocks(nn.Module):
     """The blocks a pipeline stage holds, under their global indices (so parameter names stay the serial
     model's, `blocks.<i>.`); iterates in order like a ModuleList."""
 
-    def __init__(self, mode: Mode, indices: list[int], selective: bool = False):
+    def __init__(self, mode: Mode, indices: list[int], modules: frozenset[str] = frozenset()):
         super().__init__()
         for i in indices:
-            self.add_module(str(i), Block(mode, selective, i))
+            self.add_module(str(i), Block(mode, modules, i))
 
     def __iter__(self) -> Iterator[nn.Module]:
         return iter(self._modules.values())  # type: ignore[arg-type]

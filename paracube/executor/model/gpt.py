@@ -32,7 +32,7 @@ from paracube.executor.layers.shards import ShardSpec, gather_full
 from paracube.executor.mesh import Mesh
 from paracube.executor.model.blocks import Block, StageBlocks, init_tensors
 from paracube.executor.model.offload import BlockOffload
-from paracube.executor.sizes import check_divisibility, check_offload
+from paracube.executor.sizes import check_divisibility, check_offload, check_recompute_modules, recomputed_modules
 from paracube.modes import MODES as TENSOR_MODES
 from paracube.modes.base import padded, tokens_split_ok
 from paracube.modes.stages import stage_chunks
@@ -48,7 +48,7 @@ def _implementation(impl: str) -> type[Mode]:
 # What the executor runs: every mode whose declaration (paracube/modes) names an implementation.
 MODES: dict[str, type[Mode]] = {name: _implementation(m.executor.impl)
                                 for name, m in TENSOR_MODES.items() if m.executor is not None}
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full")  # selective's modules: the layout's rcm= (executor/sizes.recomputed_modules)
 FAMILIES = ("gpt", "llama")  # what the executor builds (a plan of another family is refused, never replaced)
 VOCAB_DIMS = {"tok_emb.weight": 0, "head.weight": 1}  # parameters padded along the vocabulary
 
@@ -77,7 +77,10 @@ class ParallelGPT(nn.Module):
               f"valid: {', '.join(FAMILIES)}")
         check_divisibility(spec, mesh.layout, None, 0, spec.seq_len)
         check_offload(spec, mesh.layout, recompute)
+        check_recompute_modules(spec, mesh.layout, recompute)
         self.spec, self.mesh, self.recompute = spec, mesh, recompute
+        # selective recomputation's modules (layout rcm=, else core_attn under rc=selective): the blocks run them
+        self.recompute_modules = recomputed_modules(recompute, mesh.layout)
         layout = mesh.layout
         split = TENSOR_MODES[mode_name].vocab_split(layout.tensor_size, layout.q)
         # `vocab`: another padded size (a multiple of the split), e.g. a serial reference padded as the model it
@@ -98,7 +101,7 @@ class ParallelGPT(nn.Module):
         if self.first_stage:
             self.tok_emb = self.mode.token_embedding()
             self.pos_emb = self.mode.position_embedding() if spec.family == "gpt" else None  # llama: rotary
-        self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk], recompute == "selective")
+        self.blocks = StageBlocks(self.mode, [i for chunk in self.chunks for i in chunk], self.recompute_modules)
         # activation offloading (Layout off=N): pinned host copies where CUDA is (save_on_cpu's own test for pinning)
         self.offload = BlockOffload(layout.offload or 0, torch.cuda.is_available())
         # --dtype fp8: the blocks' linears multiply FP8 operands with delayed scaling (executor/layers/fp8.py)

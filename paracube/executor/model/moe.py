@@ -45,16 +45,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from paracube.executor.comm import all_reduce
+from paracube.executor.layers.discard import region
 from paracube.executor.layers.experts import EP, all_to_all, exchange_counts
 from paracube.executor.layers.functional import main_grad, upcast
 from paracube.executor.layers.llama import swiglu
-from paracube.executor.layers.serial import Mode, SerialLinear, ShardedModule
-from paracube.executor.layers.shards import ShardSpec, make_spec
+from paracube.executor.layers.serial import Mode, SerialLinear
+from paracube.executor.layers.shards import make_spec
 from paracube.executor.mesh import Mesh
+from paracube.executor.model.routed_experts import Experts
 from paracube.workload import ModelSpec
 
 Route = Callable[[int, Tensor], Tensor]
-EDP = ("edp",)
 
 
 def is_moe_block(spec: ModelSpec, index: int | None) -> bool:
@@ -76,37 +77,6 @@ class _AuxLossScaler(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
-class Experts(ShardedModule):
-    """This rank's E / ep routed experts: w1 [E, h, 2 f_e] (gate, up interleaved), w2 [E, f_e, h] (GPT-OSS: biases b1
-    [E, 2 f_e], b2 [E, h]; the clamped SwiGLU), split along E over ep (rank r: experts r E/ep ..), replicated over
-    edp (its index 0 the leader)."""
-
-    def __init__(self, mesh: Mesh, experts: int, h: int, f: int, moe: Any = None):
-        super().__init__()
-        ep, r = mesh.size(EP), mesh.coord("ep") if mesh.size(EP) > 1 else 0
-        self.local = experts // ep
-        # Reduced over edp (folded: Mesh's expert groups); ep = 1: every rank of the stage holds them all
-        axes = EDP if ep > 1 else tuple(dict.fromkeys((*mesh.layout.data_axes, *mesh.tensor_axes)))
-        leader = all(mesh.coord(a) == 0 for a in axes if mesh.size((a,)) > 1)
-        self.bias = moe is not None and moe.expert_bias
-        self.limit, self.alpha = (moe.swiglu_limit, moe.swiglu_alpha) if moe is not None else (None, 1.0)
-        shapes = (("w1", (experts, h, 2 * f)), ("w2", (experts, f, h)))
-        for name, shape in shapes + ((("b1", (experts, 2 * f)), ("b2", (experts, h))) if self.bias else ()):
-            zeros = (0,) * (len(shape) - 1)
-            self.add_param(name, ShardSpec(shape, (r * self.local, *zeros), (self.local, *shape[1:]), leader, ()))
-            getattr(self, name).grad_axes = axes  # data_parallel/grad_sync.py reduces it over them
-
-    def forward(self, x: Tensor, counts: list[int]) -> Tensor:
-        """x [n, h] sorted by local expert, `counts[j]` rows for expert j."""
-        outs = [self._one(j, part) for j, part in enumerate(x.split(counts))]
-        return torch.cat(outs) if outs else x
-
-    def _one(self, j: int, x: Tensor) -> Tensor:
-        if not self.bias:
-            return swiglu(x @ self.w1[j], self.limit, self.alpha) @ self.w2[j]
-        return swiglu(x @ self.w1[j] + self.b1[j], self.limit, self.alpha) @ self.w2[j] + self.b2[j]
-
-
 def _replicated_linear(mode: Mode, h_in: int, h_out: int, bias: bool = False) -> SerialLinear:
     """A linear every tensor rank holds whole, used on its tokens (1D + sp: sequence shards, its gradient then summed
     over tp with the mode's other sequence-parallel parameters)."""
@@ -121,14 +91,24 @@ def _replicated_linear(mode: Mode, h_in: int, h_out: int, bias: bool = False) ->
 
 
 class MoEMLP(nn.Module):
-    def __init__(self, mode: Mode, index: int):
+    """`modules` (recompute_modules.py): `moe` checkpoints the whole layer (region: router, counts, dispatch, experts,
+    combine, aux loss, shared experts all run again in backward; megatron-core moe_layer.py l.432-450), and then
+    supersedes moe_act and shared_experts (it drops their tensors already; a discard inside a region's recompute
+    would free the recomputed copy, not the one the graph reads); else `shared_experts` checkpoints the shared
+    experts (region, their gate included: Megatron's SharedExpertMLP holds it) and `moe_act` discards each expert's
+    activation output (Experts._one)."""
+
+    def __init__(self, mode: Mode, index: int, modules: frozenset[str] = frozenset()):
         super().__init__()
         spec, moe = mode.spec, mode.spec.moe
         assert moe is not None
+        self.whole = "moe" in modules
+        self.shared_region = "shared_experts" in modules and not self.whole
         self.moe, self.mesh, self.index, self.h = moe, mode.mesh, index, spec.hidden
         self.sp_ways = mode.mesh.size(mode.mesh.tensor_axes) if getattr(mode, "sp", False) else 1
         self.router = _replicated_linear(mode, spec.hidden, moe.experts, moe.expert_bias)  # GPT-OSS: with a bias
-        self.experts = Experts(mode.mesh, moe.experts, spec.hidden, moe.expert_ffn, moe)
+        self.experts = Experts(mode.mesh, moe.experts, spec.hidden, moe.expert_ffn, moe,
+                               "moe_act" in modules and not self.whole)
         if moe.router == "sigmoid":  # DeepSeek-V3's score-correction bias (chooses, does not weight)
             self.register_buffer("score_bias", torch.zeros(moe.experts), persistent=False)
         if moe.shared_ffn:
@@ -161,6 +141,15 @@ class MoEMLP(nn.Module):
         return self.moe.aux_loss * (counts * E / (k * s) * partial).sum()
 
     def forward(self, x: Tensor) -> Tensor:
+        return region(self._layer, x) if self.whole else self._layer(x)
+
+    def _shared(self, x: Tensor) -> Tensor:
+        shared = self.shared.fc2(swiglu(self.shared.fc(x)))
+        if self.moe.shared_gate:
+            shared = shared * torch.sigmoid(upcast(self.shared_gate(x))).to(shared.dtype)
+        return shared
+
+    def _layer(self, x: Tensor) -> Tensor:
         shape, h, moe = x.shape, self.h, self.moe
         xf = x.reshape(-1, h)
         N, E, k = xf.shape[0], moe.experts, moe.top_k
@@ -191,10 +180,7 @@ class MoEMLP(nn.Module):
                                        * self.sp_ways)
         out = out.view(shape)
         if moe.shared_ffn:
-            shared = self.shared.fc2(swiglu(self.shared.fc(x)))
-            if moe.shared_gate:
-                shared = shared * torch.sigmoid(upcast(self.shared_gate(x))).to(shared.dtype)
-            out = out + shared
+            out = out + (region(self._shared, x) if self.shared_region else self._shared(x))
         return out
 
     def _experts(self, routed: Tensor, counts: Tensor) -> Tensor:

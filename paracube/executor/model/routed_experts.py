@@ -1,0 +1,67 @@
+"""The routed experts of an MoE block (executor/model/moe.py's MoEMLP runs them between dispatch and combine): this
+rank's E / ep SwiGLU experts, their parameters split along E over ep and replicated over the expert-data-parallel
+group (edp), whose gradients data_parallel/grad_sync.py reduces over the axes each parameter names (`grad_axes`).
+`discard_act` (rcm=moe_act, recompute_modules.py): each expert's activation output is Megatron-core's
+output-discarding checkpoint (experts.py l.100-275; executor/layers/discard.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from paracube.executor.layers.discard import Discard
+from paracube.executor.layers.experts import EP
+from paracube.executor.layers.llama import swiglu
+from paracube.executor.layers.serial import ShardedModule
+from paracube.executor.layers.shards import ShardSpec
+from paracube.executor.mesh import Mesh
+
+EDP = ("edp",)
+
+
+class Experts(ShardedModule):
+    """This rank's E / ep routed experts: w1 [E, h, 2 f_e] (gate, up interleaved), w2 [E, f_e, h] (GPT-OSS: biases b1
+    [E, 2 f_e], b2 [E, h]; the clamped SwiGLU), split along E over ep (rank r: experts r E/ep ..), replicated over
+    edp (its index 0 the leader)."""
+
+    def __init__(self, mesh: Mesh, experts: int, h: int, f: int, moe: Any = None, discard_act: bool = False):
+        super().__init__()
+        self.discard_act = discard_act  # moe_act: each expert's activation output discarded (_one)
+        ep, r = mesh.size(EP), mesh.coord("ep") if mesh.size(EP) > 1 else 0
+        self.local = experts // ep
+        # Reduced over edp (folded: Mesh's expert groups); ep = 1: every rank of the stage holds them all
+        axes = EDP if ep > 1 else tuple(dict.fromkeys((*mesh.layout.data_axes, *mesh.tensor_axes)))
+        leader = all(mesh.coord(a) == 0 for a in axes if mesh.size((a,)) > 1)
+        self.bias = moe is not None and moe.expert_bias
+        self.limit, self.alpha = (moe.swiglu_limit, moe.swiglu_alpha) if moe is not None else (None, 1.0)
+        shapes = (("w1", (experts, h, 2 * f)), ("w2", (experts, f, h)))
+        for name, shape in shapes + ((("b1", (experts, 2 * f)), ("b2", (experts, h))) if self.bias else ()):
+            zeros = (0,) * (len(shape) - 1)
+            self.add_param(name, ShardSpec(shape, (r * self.local, *zeros), (self.local, *shape[1:]), leader, ()))
+            getattr(self, name).grad_axes = axes  # data_parallel/grad_sync.py reduces it over them
+
+    def forward(self, x: Tensor, counts: list[int]) -> Tensor:
+        """x [n, h] sorted by local expert, `counts[j]` rows for expert j."""
+        outs = [self._one(j, part) for j, part in enumerate(x.split(counts))]
+        return torch.cat(outs) if outs else x
+
+    def _one(self, j: int, x: Tensor) -> Tensor:
+        h = x @ self.w1[j] + self.b1[j] if self.bias else x @ self.w1[j]
+        if self.discard_act and torch.is_grad_enabled():
+            # moe_act (megatron-core experts.py l.100-275, CheckpointWithoutOutput of the activation): its output
+            # [n_j, f_e] freed once w2's GEMM used it, made again from h right before that GEMM's backward
+            ckpt = Discard(self._act)
+            y = ckpt(h) @ self.w2[j]
+            ckpt.discard(y)
+        else:
+            y = self._act(h) @ self.w2[j]
+        return y + self.b2[j] if self.bias else y
+
+    def _act(self, h: Tensor) -> Tensor:
+        return swiglu(h, self.limit, self.alpha)
+
+
+__all__ = ["EDP", "Experts"]
