@@ -44,9 +44,10 @@ import numpy as np
 from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
-from paracube.cost_models.dims import Dims, local_params, param_dims
+from paracube.cost_models.dims import Dims, local_params
 from paracube.cost_models.fsdp_units import unit_totals
 from paracube.cost_models.local_parameters import parameter_units
+from paracube.cost_models.param_dims import param_dims
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_sizes, padded_numel

@@ -26,7 +26,8 @@ from dataclasses import replace
 import numpy as np
 
 from paracube.cost_models.compute import GemmModel, fp8_step_time, optimizer_time
-from paracube.cost_models.dims import Dims, context_local, local_params
+from paracube.cost_models.context_dims import context_local
+from paracube.cost_models.dims import Dims, local_params
 from paracube.cost_models.event_compute import add_op_overhead, unit_compute
 from paracube.cost_models.event_context import ring_ops
 from paracube.cost_models.event_ops import Op, StageProgram

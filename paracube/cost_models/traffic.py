@@ -46,7 +46,8 @@ A group of size 1 issues nothing.
 from __future__ import annotations
 
 from paracube.cost_models import fp8
-from paracube.cost_models.dims import Dims, context_local, padded_vocab
+from paracube.cost_models.context_dims import context_local
+from paracube.cost_models.dims import Dims, padded_vocab
 from paracube.cost_models.local_parameters import local_parameter_sizes, parameter_units
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
