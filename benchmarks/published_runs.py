@@ -51,7 +51,8 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   each stage priced with its own 9 blocks, 4 or 5 of them windowed: cost_models/window_stages.py), a held-out miss
   not read yet. Every other MoE row unchanged by rcm (before -> after: qwen3-235b-256 +0.3 -> +0.3% (fit),
   qwen3-30b-16 +0.6 -> +0.6%, deepseek-v3-1024 +16.0 -> +16.0%, qwen3-30b-16-fp8 -35.8 -> -35.8%,
-  qwen3-235b-256-fp8 -18.4 -> -18.4%, Mixtral -2.4 -> -2.4% (B200), -10.2 -> -10.2% (GB200)). The preset is GPT-OSS exactly
+  qwen3-235b-256-fp8 -18.4 -> -18.4%, Mixtral -2.4 -> -2.4% (B200), -10.2 -> -10.2% (GB200)).
+  The preset is GPT-OSS exactly
   (gpt_oss_spec.py): its 40.1M bias and sink parameters are priced as parameters, gradients (their reduction) and
   optimizer state (8.913452 -> 8.913518 s, 55.962 -> 55.974 GiB per GPU when they were added); their elementwise work
   is not priced apart: the sink column (one more score per softmax row; megatron-core's softmax_type "learnable", in
