@@ -102,19 +102,21 @@ def test_dense_memory_saved_closed_forms() -> None:
 
 def test_moe_and_mla_memory_saved_closed_forms() -> None:
     """tiny-mla on 1D with sp (t = k = 2, ep = 4, one micro-batch in flight): T = mb s tokens at the tensor group,
-    T_r = T / t at a rank's experts, R = T_r top_k etp imbalance the copies its experts receive. mla_up_proj frees q,
-    k, v, c T H (2 d_qk + d_v) / t a block; mlp the dense block's c T (h / k + 3 f / t); moe_act the experts'
-    activation output c R f_e; shared_experts the shared expert's gated output and fc2 input c T 3 f_s / t; moe the
+    T_r = T / t at a rank's experts, R = T_r top_k etp imbalance the copies its experts receive. mla_up_proj frees
+    q, k, v (in paracube's count with the core recomputed: the up projections' outputs, c T H (d_qk + d_n + d_v) / t)
+    a block; mlp the dense block's c T (h / k + 3 f / t); moe_act the experts' activation output c R f_e;
+    shared_experts the shared expert's gated output and fc2 input c T 3 f_s / t; moe the
     whole MoE layer, c (R h + 3 R f_e) + 4 T_r E, and its shared expert's."""
     text, c, t, mb = "dp=4,ep=4,tp=1d:2,sp,mb=1", 2.0, 2, 1
     m, moe, mla = MLA, MLA.moe, MLA.mla
     T, h, H = float(mb * m.seq_len), m.hidden, m.heads
     n_moe = moe.moe_layers(m.layers)
     R = T / t * moe.top_k * moe.imbalance
-    qkv = H * (2 * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) + mla.v_head_dim)
+    # with the core recomputed, paracube's count keeps the up projections' outputs (activations.attention_widths)
+    up = H * (2 * mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
     shared = c * T * 3 * moe.shared_ffn / t
     acts = c * (R * h + 3 * R * moe.expert_ffn) + 4 * T / t * moe.experts
-    assert _saved(m, text, "mla_up_proj") == pytest.approx(m.layers * c * T * qkv / t, rel=1e-9)
+    assert _saved(m, text, "mla_up_proj") == pytest.approx(m.layers * c * T * up / t, rel=1e-9)
     assert _saved(m, text, "mlp") == pytest.approx((m.layers - n_moe) * c * T * (h / t + 3 * m.ffn_hidden / t),
                                                    rel=1e-9)
     assert _saved(m, text, "moe_act") == pytest.approx(n_moe * c * R * moe.expert_ffn, rel=1e-9)

@@ -24,7 +24,9 @@ Sources: megatron-core 0.16.1.
 - mla_up_proj (discard, multi_latent_attention.py:119, 838-845, discarded at 344-347): re-run the q / kv up
   projections' forward GEMMs (q_up [r_q, H d_qk] or, without q_lora_rank, q_proj [h, H d_qk]; kv_up [r_kv,
   H (d_n + d_v)], column-parallel) and their rotary / concatenation (writing q, k, v: c T H (2 d_qk + d_v) / t, read
-  and written once, 2x that / bw); no longer kept: q, k, v, c T H (2 d_qk + d_v) / t.
+  and written once, 2x that / bw); no longer kept: q, k, v, c T H (2 d_qk + d_v) / t (paracube's executor's count
+  with the core recomputed keeps the up projections' outputs instead, activations.attention_widths "kept":
+  c T H (d_qk + d_n + d_v) / t).
 - mlp (region, dense blocks only: transformer_layer.py:447-449, 719-737): re-run F(f) (a dense model: the dense
   engines' fc and fc2 forward GEMMs and SwiGLU / GELU bytes, 4 c T f / t); no longer kept: fc's input (its fused norm's
   output, c T h / k: counted once with layernorm), the activation's input c T f_a / t (f_a = 2 f gated, f GELU) and
@@ -140,8 +142,10 @@ def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     out = np.zeros_like(T)
     if "layernorm" in mods:
         out = out + 2 * c * T * d.h / shards
-    if "mla_up_proj" in mods and d.mla is not None:
-        out = out + c * T * mla_widths(d)[3] / t
+    if "mla_up_proj" in mods and d.mla is not None:  # paracube's count, core recomputed: the up outputs it keeps
+        m = d.mla
+        up = d.heads * (m.qk_head_dim + m.qk_nope_head_dim + m.v_head_dim)
+        out = out + c * T * (up if d.activations == "paracube" and core_recomputed(d) else mla_widths(d)[3]) / t
     if "mlp" in mods:
         out = out + mlp_saved(d, T, t, shards, float(d.f), mods)
     return out
