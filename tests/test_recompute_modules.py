@@ -48,6 +48,8 @@ def test_runtimes_declare_their_modules() -> None:
         why = RUNTIMES[name].refusal(parse_layout("dp=8,rcm=layernorm"))
         assert why and "\n" not in why and "rcm=layernorm" in why and "drop rcm=" in why
     assert RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=layernorm+mlp")) is None
+    why = RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=moe_act"), model=DENSE)  # the model has no experts
+    assert why and "\n" not in why and "rcm=moe_act" in why and "valid for it: core_attn, layernorm, mlp" in why
 
 
 @pytest.mark.parametrize(("model", "text"), CASES)

@@ -199,9 +199,11 @@ class Runtime:
                 and (sequence_parallel or not (self.tpo_needs_sp or MODES[mode].tpo_needs_sp)))
 
     def refusal(self, layout: Layout, family: str = "gpt", tied_embeddings: bool = False,
-                dtype: str | None = None, moe: bool = False, windowed: bool = False, sinks: bool = False) -> str | None:
+                dtype: str | None = None, moe: bool = False, windowed: bool = False, sinks: bool = False,
+                model: object | None = None) -> str | None:
         """Why this runtime cannot run `layout` (one line naming the runtime and what is valid), else None; `moe`:
-        MoE blocks (moe_check); `windowed`: sliding windows (window_cp_comms); `sinks`: attention sinks."""
+        MoE blocks (moe_check); `windowed`: sliding windows (window_cp_comms); `sinks`: attention sinks; `model`
+        (workload.ModelSpec, where known): rcm= modules it has no block for (recompute_modules.violations)."""
         who = f"runtime {self.name} ({self.title})"
         tensor = "tp=" + "/".join(self.modes)
         if layout.mode not in self.modes:
@@ -220,7 +222,7 @@ class Runtime:
             return f"{who} does not run hybrid sharding (shard={layout.shard}); drop shard="
         if layout.recompute is not None and layout.recompute not in self.recomputes:
             return f"{who} does not run rc={layout.recompute}; valid: rc={'/'.join(self.recomputes)}"
-        why_rcm = rcm_refusal(self.recompute_modules, layout)
+        why_rcm = rcm_refusal(self.recompute_modules, layout, model)
         if why_rcm:
             return f"{who} {why_rcm}"
         if dtype is not None and dtype not in self.dtypes:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from paracube.layout import Layout
-from paracube.recompute_modules import modules_text
+from paracube.recompute_modules import modules_text, violations
 
 
 def a2a_refusal(runs: bool, layout: Layout, dtype: str | None = None) -> str | None:
@@ -24,9 +24,9 @@ def a2a_refusal(runs: bool, layout: Layout, dtype: str | None = None) -> str | N
     return None
 
 
-def rcm_refusal(modules: tuple[str, ...], layout: Layout) -> str | None:
+def rcm_refusal(modules: tuple[str, ...], layout: Layout, model: object | None = None) -> str | None:
     """Why `rcm=` cannot run on this layout, `modules`: those the runtime recomputes (Runtime.recompute_modules);
-    whether they apply to the model is the estimate's check (recompute_modules.violations)."""
+    with the model, a module it has no block for (recompute_modules.violations; the estimate checks it too)."""
     pinned = layout.recompute_modules
     if not pinned:
         return None
@@ -36,7 +36,8 @@ def rcm_refusal(modules: tuple[str, ...], layout: Layout) -> str | None:
     lacking = [m for m in pinned if m not in modules]
     if lacking:
         return f"does not recompute {', '.join(lacking)} (rcm={modules_text(pinned)}); valid: {', '.join(modules)}"
-    return None
+    bad = violations(pinned, model) if model is not None else []
+    return f"cannot run {bad[0]}" if bad else None
 
 
 __all__ = ["a2a_refusal", "rcm_refusal"]
