@@ -11,14 +11,24 @@ the memory closed forms are the same sums of a few products (rel 1e-9).
 
 from __future__ import annotations
 
+from collections import defaultdict
+
+import numpy as np
 import pytest
 
 from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
+from paracube.cost_models.comm import comm_entries
+from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_with
+from paracube.cost_models.recompute_modules_cost import MLP_LABELS
+from paracube.cost_models.traffic import stage_events
+from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
+from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
+from paracube.modes import MODES
 from paracube.planner.search import search
 from paracube.recompute_modules import MODULES, applies
 from paracube.runtimes import RUNTIMES
@@ -138,6 +148,37 @@ def test_moe_reruns_its_all_to_alls() -> None:
     assert ep["rcm=core_attn+moe_act"] == ep["rcm=core_attn"]
     again = [e for e in est["rcm=core_attn+moe"].events if e.phase == "recompute" and e.kind == "all_to_all"]
     assert again and not [e for e in est["rcm=core_attn+moe_act"].events if e.phase == "recompute"]
+
+
+@pytest.mark.parametrize(("mode", "shape", "sp", "kw"), [("1d", (2,), True, None), ("1d", (2,), False, None),
+                                                       ("2d", (2, 2), False, 1), ("3d", (2, 2, 2), False, 0)])
+def test_mlp_reissues_its_tensor_collectives(mode: str, shape: tuple[int, ...], sp: bool, kw: int | None) -> None:
+    """rcm=mlp re-runs the MLP's forward in backward, its tensor-parallel collectives with it: the explicit list holds
+    each block's MLP forward collectives once more in phase "recompute" (kept weights, kw=1, not gathered again), and
+    the closed form (comm.py) sums the same calls and bytes per (kind, axes, dtype); pp = 3 interleaved, each stage."""
+    model = PRESETS["small"]
+    training = TrainingSpec(global_batch=2 * 8 * 6, dtype="bf16", recompute="selective")
+    for stage in ("first", "middle", "last"):
+        layout = Layout(dp=2, pp=3, mode=mode, shape=shape, micro_batch=8, interleave=1, sequence_parallel=sp,
+                        keep_weights=kw, recompute_modules=("core_attn", "mlp"))
+        d = with_pins(dims_of(model, training), layout)
+        events = stage_events(layout, d, 8, stage)
+        again = [e for e in events if e.phase == "recompute"]
+        mlp_fwd = [e for e in events if e.phase == "fwd" and e.label.split(".", 2)[-1].startswith(MLP_LABELS)
+                   and e.label.startswith("layers.")]
+        kept = kw == 1 and bool(MODES[mode].keeps_weights)
+        assert again and (len(again) < len(mlp_fwd) if kept else len(again) == len(mlp_fwd)), (mode, stage)
+        want: dict = defaultdict(lambda: [0, 0])
+        for e in events:
+            want[(e.kind, e.axes, e.dtype)][0] += 1
+            want[(e.kind, e.axes, e.dtype)][1] += e.payload_bytes
+        first, last = np.array([int(stage == "first")]), np.array([int(stage == "last")])
+        got: dict = defaultdict(lambda: [0, 0])
+        for e in comm_entries(d, mode, layout_arrays(layout, 8), first, last, kw=kw or 0):
+            if e.count[0]:
+                got[(e.kind, e.axes, e.dtype)][0] += int(e.count[0])
+                got[(e.kind, e.axes, e.dtype)][1] += int(e.payload[0])
+        assert dict(got) == dict(want), (mode, stage)
 
 
 def test_bad_input_is_one_line() -> None:

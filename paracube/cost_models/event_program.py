@@ -172,8 +172,9 @@ def _chunk_fwd(by: Grouped, units: tuple[str, ...], comp: dict, own: list[dict],
 def _layer_bwd(by: Grouped, units: tuple[str, ...], comp: dict, i: int, rec: float, overlap: bool) -> list[Op]:
     """Block i's backward, after its recomputation (full recomputation)."""
     ops: list[Op] = []
-    if rec > 0:
+    if rec > 0 or (i, "recompute") in by:  # (rcm=mlp: its MLP's collectives again, compute in the backward's)
         ops += _units_fwd(units, by.get((i, "recompute"), {}), {}, f"layers.{i}.", "recompute")
+    if rec > 0:
         ops.append(Op("compute", f"layers.{i}.recompute", rec))
     return ops + _units_bwd(units, by.get((i, "bwd"), {}), comp, f"layers.{i}.", overlap)
 

@@ -30,7 +30,9 @@ Sources: megatron-core 0.16.1.
 - mlp (region, dense blocks only: transformer_layer.py:447-449, 719-737): re-run F(f) (a dense model: the dense
   engines' fc and fc2 forward GEMMs and SwiGLU / GELU bytes, 4 c T f / t); no longer kept: fc's input (its fused norm's
   output, c T h / k: counted once with layernorm), the activation's input c T f_a / t (f_a = 2 f gated, f GELU) and
-  fc2's input c T f / t. Its tensor-parallel collectives re-run with it are not priced (left undone).
+  fc2's input c T f / t. Its tensor-parallel forward collectives run again in the backward (`again_collectives`:
+  1D's all_gather and reduce_scatter with sp, its all_reduce without; 2D / 3D's fc / fc2 gathers), phase
+  "recompute", in both engines (on a model with MoE blocks its dense blocks' are not priced).
 - moe_act (discard, moe/experts.py:100-275, TEGroupedMLP's activation_checkpoint): re-run the experts' activation,
   3 c R f_e / etp / bw (moe_passes.pass_bytes' SwiGLU forward); no longer kept: its output, c R f_e / etp.
 - shared_experts (region, moe/moe_layer.py:150-160 shared_experts_recompute): re-run F(f_s) of the shared expert;
@@ -151,6 +153,15 @@ def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     return out
 
 
+MLP_LABELS = ("mlp.", "fc.", "fc2.")  # a block's MLP collectives (modes: 1D's half "mlp", 2D / 3D's fc, fc2 linears)
+
+
+def again_collectives(d: Dims, colls: list) -> list:
+    """The forward collectives of a block (modes' layer_fwd) the backward issues again: the MLP's under mlp (its
+    region re-runs its forward, tensor-parallel collectives included: traffic.py, comm.py, event_program.py)."""
+    return [c for c in colls if c.label.startswith(MLP_LABELS)] if "mlp" in modules(d) else []
+
+
 def moe_side(layout: object) -> tuple[str, ...]:
     """The pinned modules moe.py prices (the MoE blocks' and, on a model with MoE blocks, its dense blocks' mlp)."""
     return tuple(m for m in (getattr(layout, "recompute_modules", None) or ()) if m not in DENSE)
@@ -188,5 +199,6 @@ def moe_rcm_saved(model: Any, d: Dims, layout: Any, mb: int, held: list[int], mo
     return k * per_moe + (len(held) - k) * dense
 
 
-__all__ = ["DENSE", "by_module", "core_recomputed", "dense_modules", "dense_saved", "dense_time", "experts_rerun",
-           "mla_widths", "modules", "moe_rcm_saved", "moe_saved", "moe_side", "mlp_saved"]
+__all__ = ["DENSE", "MLP_LABELS", "again_collectives", "by_module", "core_recomputed", "dense_modules", "dense_saved",
+           "dense_time", "experts_rerun", "mla_widths", "modules", "moe_rcm_saved", "moe_saved", "moe_side",
+           "mlp_saved"]
