@@ -14,8 +14,8 @@ else 1; 2D / 3D: t: TensorMode.act_split), c the compute dtype's bytes, bw the m
 token copies at the most loaded rank's experts (moe.block_cost), f_e / etp the expert width there, F(f) the forward of a
 gated MLP of width f (mlp_delta._mlp: fc [h, 2 f], fc2 [f, h] at the mode's local shapes, its SwiGLU 4 c T f / t).
 Sources: megatron-core 0.16.1.
-- core_attn (region; transformer/attention.py:328-331, 381 _checkpointed_attention_forward): recompute.py's "attention" rule:
-  the core's forward again, its own tensors not kept (activations.py, block_acts.py).
+- core_attn (region; transformer/attention.py:328-331, 381 _checkpointed_attention_forward): recompute.py's
+  "attention" rule: the core's forward again, its own tensors not kept (activations.py, block_acts.py).
 - layernorm (discard: CheckpointWithoutOutput, transformer_layer.py:576-616 input norm, 671-680 and 797-803 pre-MLP
   norm): re-run the two norms' forward, 2 x 2 c T h / k / bw (each reads and writes c T h / k); no longer kept: their
   outputs, 2 c T h / k. (Megatron's Transformer Engine spec fuses a dense block's norms into the next linear, an
