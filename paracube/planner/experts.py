@@ -128,7 +128,9 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
                 break
             rejected["memory"] += 1
         if memory_only and rungs:
-            fits += ladder(lay, zeros, rungs, price, mem_cap)
+            saved = ladder(lay, zeros, rungs, price, mem_cap)
+            fits += saved
+            rejected["memory"] -= len(zeros) * len(saved)  # refused only where no rung fits it (as offloading's)
     fits.sort(key=lambda r: r[1].step_time_s)
     return fits[:top_k], scored, rejected
 
