@@ -23,9 +23,9 @@ from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_options,
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
 from paracube.cost_models.model_flops import model_flops_per_step
 from paracube.cost_models.moe import dense_part
-from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
+from paracube.cost_models.moe_violations import violations as moe_violations
 from paracube.cost_models.offload import host_bytes
 from paracube.cost_models.overlap_drag import DRAG
 from paracube.cost_models.recompute_modules_cost import dense_modules

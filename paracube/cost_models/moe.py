@@ -65,12 +65,10 @@ from paracube.cost_models.moe_dispatch import Dispatch
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, experts_rerun, moe_rcm_saved, moe_side
-from paracube.errors import divisors
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import ExpertSizes, block_bwd, block_fwd
 from paracube.modes.stages import stage_chunks
-from paracube.recompute_modules import violations as rcm_violations
 from paracube.workload import ModelSpec
 
 MIN_WIDTH = 128
@@ -83,31 +81,6 @@ def dense_part(model: ModelSpec) -> ModelSpec:
     k = model.moe.moe_layers(model.layers)
     mean = ((model.layers - k) * model.ffn_hidden + k * model.moe.shared_ffn) / model.layers
     return replace(model, ffn_hidden=max(MIN_WIDTH, MIN_WIDTH * round(mean / MIN_WIDTH)), moe=None)
-
-
-def violations(model: ModelSpec, layout: Layout) -> list[str]:
-    """What a layout's ep / etp (and off, rcm) cannot do with this model (one clause each, naming the valid values)."""
-    moe = model.moe
-    if layout.recompute_modules:  # a module that re-runs nothing in this model (recompute_modules.py)
-        bad = rcm_violations(layout.recompute_modules, model)
-        if bad:
-            return bad
-    if layout.offload and priced(model):  # the search never offers it there (planner/experts.py): refused alike
-        return [f"off={layout.offload}: activation offloading is priced for dense blocks of hidden / heads attention "
-                f"only (cost_models/offload.py), not {model.name}'s; valid: off=0"]
-    if layout.ep * layout.etp == 1:
-        return []
-    if moe is None:
-        return [f"ep={layout.ep},etp={layout.etp} split experts: model {model.name} has none (use ep=1,etp=1)"]
-    bad = []
-    if moe.experts % layout.ep:
-        folded, found = layout.dp * layout.cp * layout.tensor_size, divisors(moe.experts)
-        valid = (", ".join(str(n) for n in found if folded % (n * layout.etp) == 0) if found is not None
-                 else f"a divisor of {moe.experts}")
-        bad.append(f"ep={layout.ep} must divide the {moe.experts} experts of {model.name}; valid: {valid}")
-    if moe.expert_ffn % layout.etp:
-        bad.append(f"etp={layout.etp} must divide the expert width {moe.expert_ffn}")
-    return bad
 
 
 def tokens_per_rank(layout: Layout, mb: int, s: int) -> int:
@@ -331,5 +304,4 @@ def priced(model: ModelSpec) -> bool:
 
 
 __all__ = ["BlockCost", "StageCost", "block_cost", "dense_part", "expert_links",
-           "expert_placement", "grad_event", "moe_layers_of", "priced", "stage_cost", "tokens_per_rank",
-           "violations"]
+           "expert_placement", "grad_event", "moe_layers_of", "priced", "stage_cost", "tokens_per_rank"]

@@ -61,7 +61,7 @@ from paracube.cost_models.dims import dims_of, with_options, with_pins
 from paracube.cost_models.estimate_batch import estimate_many
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import priced
-from paracube.cost_models.moe import violations as moe_violations
+from paracube.cost_models.moe_violations import violations as moe_violations
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout

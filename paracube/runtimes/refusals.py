@@ -13,7 +13,7 @@ def a2a_refusal(runs: bool, layout: Layout, dtype: str | None = None) -> str | N
     parameters; fp8 trains them in bf16)."""
     if not runs:
         return "does not overlap the MoE all_to_alls with another micro-batch's compute; drop a2ao"
-    if layout.ep == 1:  # (ep > 1 on a model without experts: moe.violations refuses it)
+    if layout.ep == 1:  # (ep > 1 on a model without experts: moe_violations.violations refuses it)
         return "overlaps the MoE all_to_alls (a2ao) with expert parallelism only; add ep=N (N > 1) or drop a2ao"
     if layout.pp > 1 and layout.interleave == 1:
         return f"runs a2ao with pipelines (pp={layout.pp}) only interleaved; add v=N (N > 1) or drop a2ao"
