@@ -29,6 +29,7 @@ from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes import MODES
+from paracube.planner.explain import explain
 from paracube.planner.search import search
 from paracube.recompute_modules import MODULES, applies
 from paracube.runtimes import RUNTIMES
@@ -224,5 +225,8 @@ def test_planner_keeps_a_pin_and_climbs_the_ladder() -> None:
     pin = parse_layout("dp=8,ep=8,tp=1d:2,mb=2,sp,zero=1,overlap")
     cap = 0.9 * float(topo16.device.memory_bytes)  # `paracube plan`'s 10% headroom
     assert estimate(qwen, train, pin, topo16).memory.total > cap
-    best, est = search(qwen, train, topo16, 16, fixed=pin, runtime="megatron", memory_headroom=0.1).ranked[0]
+    ranked = search(qwen, train, topo16, 16, fixed=pin, runtime="megatron", memory_headroom=0.1).ranked
+    best, est = ranked[0]
     assert best.recompute_modules == ("layernorm", "moe_act") and est.memory.total <= cap
+    why = next(c for c in explain(ranked, pin) if c.part == "rcm")  # told as chosen, not pinned
+    assert (why.value, why.pinned) == ("rcm=layernorm+moe_act", False)
