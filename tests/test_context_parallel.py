@@ -61,7 +61,7 @@ def test_all_gather_exchange_and_recompute_by_hand() -> None:
 import numpy as np  # noqa: E402
 
 from paracube.cost_models.analytic import estimate  # noqa: E402
-from paracube.cost_models.dims import context_local  # noqa: E402
+from paracube.cost_models.context_dims import context_local  # noqa: E402
 from paracube.cost_models.event import estimate_event  # noqa: E402
 from paracube.estimate import ring_sent_factor  # noqa: E402
 from paracube.topologies import load_topology  # noqa: E402

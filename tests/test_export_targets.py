@@ -108,6 +108,10 @@ PLANS: dict[str, Plan] = {
     "offload-megatron": make("llama2-7b", "dp=8,tp=none,mb=1,off=16", batch=64, recompute="none", runtime="megatron"),
     "offload-deepspeed": make("llama2-7b", "dp=8,tp=1d:2,mb=1,off=31", batch=64, recompute="full",
                               runtime="deepspeed"),
+    # selective recomputation by module (rcm=, recompute_modules.py): Megatron-core's --recompute-modules, as
+    # NVIDIA's GPT-OSS / Qwen3 recipes run it; torchtitan and DeepSpeed have none
+    "rcm-qwen3-megatron": make("qwen3-30b-a3b", "dp=8,ep=8,tp=none,mb=1,zero=3,overlap,rcm=layernorm+moe_act",
+                               batch=256, runtime="megatron"),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -146,6 +150,8 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("offload-megatron", "deepspeed"): "offloads activations with rc=full only, not rc=none (off=16)",
     ("offload-deepspeed", "torchtitan"): "does not offload activations to the host (off=31)",
     ("offload-deepspeed", "megatron"): "offloads activations with rc=none only, not rc=full (off=31)",
+    ("rcm-qwen3-megatron", "torchtitan"): "no recomputation by module (rcm=layernorm+moe_act",
+    ("rcm-qwen3-megatron", "deepspeed"): "no recomputation by module (rcm=layernorm+moe_act",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",
@@ -175,6 +181,9 @@ def script_words(text: str, after: str, env: dict[str, str]) -> list[str]:
     return shlex.split(command)
 
 
+MANY_VALUES = ("--recompute-modules",)  # Megatron-LM's nargs="*" flags the export writes
+
+
 def flag_values(words: list[str]) -> list[tuple[str, str | None]]:
     """[(--flag, value or None)] in order; a value is a word that does not start with --."""
     out: list[tuple[str, str | None]] = []
@@ -182,8 +191,9 @@ def flag_values(words: list[str]) -> list[tuple[str, str | None]]:
         if word.startswith("--"):
             out.append((word, None))
         else:
-            assert out and out[-1][1] is None, f"stray word {word!r} in the Megatron command"
-            out[-1] = (out[-1][0], word)
+            many = out and out[-1][0] in MANY_VALUES  # a list-valued flag (nargs="*"): its words joined by spaces
+            assert out and (out[-1][1] is None or many), f"stray word {word!r} in the Megatron command"
+            out[-1] = (out[-1][0], word if out[-1][1] is None else f"{out[-1][1]} {word}")
     return out
 
 
@@ -478,6 +488,7 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--recompute-granularity": [("tc", "recompute_granularity", _str)],
     "--recompute-method": [("tc", "recompute_method", _str)],
     "--recompute-num-layers": [("tc", "recompute_num_layers", _int)],
+    "--recompute-modules": [("tc", "recompute_modules", lambda v: _str(v).split())],
     "--attention-backend": [("tc", "attention_backend", _backend)],
     "--bf16": [("tc", "bf16", _on), ("opt", "bf16", _on)],
     "--fp16": [("tc", "fp16", _on), ("opt", "fp16", _on)],
@@ -635,6 +646,10 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
         assert transformer.cp_comm_type == {"p2p": "p2p", "ag": "all_gather"}[lay.cp_comm or "p2p"]
     fp8 = plan.training.dtype == "fp8"
     assert transformer.overlap_moe_expert_parallel_comm == lay.a2ao
+    # rcm=: selective recomputation of exactly these modules (TransformerConfig's own names and checks)
+    assert transformer.recompute_modules == (list(lay.recompute_modules) if lay.recompute_modules else ["core_attn"])
+    assert transformer.recompute_granularity == ("selective" if lay.recompute_modules else
+                                                 {"none": None}.get(plan.training.recompute, plan.training.recompute))
     assert (transformer.fp8, transformer.bf16) == (("hybrid", True) if fp8 else (None, plan.training.dtype == "bf16"))
     assert not fp8 or transformer.fp8_recipe == "delayed"  # Transformer Engine's delayed scaling, as paracube's
     # FP8 weights held and gathered in FP8, as the megatron runtime prices them (Runtime.fp8_param_gather)

@@ -12,8 +12,9 @@ import pytest
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.attention_window import TILE, band_fraction, band_pairs, chunk_work, rank_work, window_share
 from paracube.cost_models.compute import attention_core_time
+from paracube.cost_models.context_dims import context_local
 from paracube.cost_models.device_model import gemm_model
-from paracube.cost_models.dims import context_local, dims_of
+from paracube.cost_models.dims import dims_of
 from paracube.cost_models.event import estimate_event
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS

@@ -118,7 +118,7 @@ def runtime_from_args(args: argparse.Namespace, layout: Layout | None, model: Mo
         raise ParacubeError(why_chunk)
     if layout is not None:
         why = runtime.refusal(layout, model.family, model.tied_embeddings, dtype, moe=model.moe is not None,
-                              windowed=model.sliding_window is not None, sinks=model.attention_sinks)
+                              windowed=model.sliding_window is not None, sinks=model.attention_sinks, model=model)
         if why:
             raise ParacubeError(f"layout {layout}: {why}")
     elif dtype not in runtime.dtypes:

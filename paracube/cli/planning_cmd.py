@@ -98,8 +98,9 @@ def make_plan(w: Workload, layout: Layout, est: StepEstimate, topo: object, note
     per_node = min(w.gpus, int(host))
     if w.gpus % per_node:
         per_node = w.gpus
-    # A searched (or rc=-pinned) recomputation is the plan's training recomputation.
-    training = replace(w.training, recompute=layout.recompute) if layout.recompute else w.training
+    # A searched (or rc=-pinned) recomputation is the plan's training recomputation (rcm=: selective, implied).
+    rc = layout.recompute or ("selective" if layout.recompute_modules else None)
+    training = replace(w.training, recompute=rc) if rc else w.training
     return Plan(model=w.model, training=training, layout=layout, cluster=recorded_cluster(w.cluster), gpus=w.gpus,
                 launch=LaunchSpec(nproc_per_node=per_node, nnodes=w.gpus // per_node),
                 prediction=est.to_dict(), notes=est.notes + _unpriced(layout, est) + notes, runtime=w.runtime)

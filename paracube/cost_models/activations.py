@@ -54,6 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from paracube.cost_models import recompute
+from paracube.cost_models import recompute_modules_cost as rmc
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import key_window, sequence_pieces
@@ -90,7 +91,7 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     # The core is recomputed under selective recomputation, except with cp: its key / value exchange runs in
     # it, so the executor keeps it out of the recomputed region (executor/model/blocks.py; redoing it would
     # exchange again) and it saves what it saves at rc=none.
-    core_kept = d.recompute != "selective" or d.cp > 1
+    core_kept = not rmc.core_recomputed(d) or d.cp > 1  # (by module: rcm= without core_attn keeps it)
     # q, k, v: views of the qkv output (selective keeps the qkv output itself), or (unfused) the contiguous
     # copies its bmms multiply, in the compute dtype; MLA: the core's q, k, v, or (selective) the up projections'
     # outputs; plus MLA's latent and its norms' inputs, and the per-head q / k norms' inputs (attention_widths)
@@ -178,7 +179,7 @@ def split_sequence_bytes(d: Dims, b: LayoutBatch, sp: dict[str, Arr]) -> Arr:
     window = key_window(T, d.s, n).astype(float)
     heads_split = sp["all"] / sp["tok"]
     kv = 2.0 * d.kv / heads_split  # key and value columns of the rank's heads
-    if d.recompute == "selective":
+    if rmc.core_recomputed(d):
         extra = d.c * window * kv
     elif d.flash and d.family == "gpt":  # q views the qkv output, k and v the window
         extra = d.c * window * kv + d.c * tokens * window
@@ -187,7 +188,7 @@ def split_sequence_bytes(d: Dims, b: LayoutBatch, sp: dict[str, Arr]) -> Arr:
     else:
         per_score = d.c + (1 + d.c if d.attention_dropout > 0 else 0)
         extra = d.c * (window - tokens) * kv + per_score * tokens * (window - d.s) * d.heads / heads_split
-    if d.family == "llama" and d.recompute != "selective":
+    if d.family == "llama" and not rmc.core_recomputed(d):
         extra = extra + 2 * d.c * (window - d.s) * d.head_width
     return np.where(sequence_pieces(T, d.s, n) > 1, extra, 0.0)
 

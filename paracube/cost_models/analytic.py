@@ -9,6 +9,7 @@ its explicit CommEvents (traffic.py), its communication by mesh axes and kinds, 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 
@@ -16,16 +17,18 @@ from paracube.cost_models.analytic_scores import Scores, evaluate
 from paracube.cost_models.collective import fastest_time
 from paracube.cost_models.comm import Entry, axes_used
 from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.context_dims import context_local
 from paracube.cost_models.device_model import gemm_model
-from paracube.cost_models.dims import Dims, context_local, dims_of, padded_vocab, with_options, with_pins
+from paracube.cost_models.dims import Dims, dims_of, padded_vocab, with_options, with_pins
 from paracube.cost_models.links import SHARED, LinkCache, placement_of, shared_axes
 from paracube.cost_models.model_flops import model_flops_per_step
 from paracube.cost_models.moe import dense_part
-from paracube.cost_models.moe import violations as moe_violations
 from paracube.cost_models.moe_dispatch import DISPATCHERS
 from paracube.cost_models.moe_step import with_moe
+from paracube.cost_models.moe_violations import violations as moe_violations
 from paracube.cost_models.offload import host_bytes
 from paracube.cost_models.overlap_drag import DRAG
+from paracube.cost_models.recompute_modules_cost import dense_modules
 from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bound
 from paracube.cost_models.stage_scores import STAGES, Links, StageScores
 from paracube.cost_models.traffic import stage_events
@@ -135,6 +138,8 @@ def prepare(model: ModelSpec, training: TrainingSpec, layout: Layout,
     check(o.selective in SELECTIVE_RULES, f"selective rule {o.selective!r}; valid: {', '.join(SELECTIVE_RULES)}")
     d = context_local(with_options(with_pins(dims_of(dense_part(model), training), layout), o),
                       layout.cp, layout.cp_comm)  # a cp rank's view; MoE / MLA: added by moe_step.with_moe
+    if d.recompute_modules is not None and model.moe is not None:  # the MoE blocks' own: moe.py's
+        d = replace(d, recompute_modules=dense_modules(d, True))
     mb, note = resolve_micro_batch(layout, d)
     bad = violations(layout, d, mb) + moe_violations(model, layout)
     if layout.a2ao and d.recompute == "full":  # Megatron-core refuses it; not priced (moe_a2a_overlap.py)

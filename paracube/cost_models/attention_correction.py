@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paracube.cost_models import recompute_modules_cost as rmc
 from paracube.cost_models.compute import GemmModel, attention_core_time
 from paracube.cost_models.dims import Dims
 from paracube.layout import Layout
@@ -70,7 +71,7 @@ def delta_again(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel
     whole core at its true head widths, MLA's too (multi_latent_attention.py: _checkpointed_attention_forward)."""
     if d.recompute == "full":
         return forward
-    if d.recompute == "selective" and d.selective == "attention" and (model.mla is not None or model.head_size):
+    if rmc.core_recomputed(d) and (model.mla is not None or model.head_size):  # (rcm= naming core_attn too)
         return _core_delta(model, d, layout, mb, g)[0]
     return 0.0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from paracube.cost_models import activations
+from paracube.cost_models import recompute_modules_cost as rmc
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 
@@ -16,10 +17,11 @@ Arr = np.ndarray
 
 
 def saved_block_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
-    """Bytes one block keeps for its backward under `d.recompute`, by the count `d.activations` names."""
-    if d.activations == "paracube":
-        return activations.block_bytes(d, mode, b)
-    return megatron_block_bytes(d, mode, b, d.recompute)
+    """Bytes one block keeps for its backward under `d.recompute`, by the count `d.activations` names, less what
+    the recomputed modules other than core_attn no longer keep (recompute_modules_cost.dense_saved)."""
+    kept = (activations.block_bytes(d, mode, b) if d.activations == "paracube"
+            else megatron_block_bytes(d, mode, b, d.recompute))
+    return kept - rmc.dense_saved(d, mode, b) if d.recompute == "selective" and d.recompute_modules else kept
 
 
 def megatron_block_bytes(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> Arr:
@@ -39,7 +41,9 @@ def megatron_block_bytes(d: Dims, mode: str, b: LayoutBatch, recompute: str) -> 
     X = X + split * mb * s
     # 5 a s^2 b: the unfused core's softmax and dropout (fa=0); flash (Transformer Engine's fused attention in
     # Megatron-core) keeps no s x s tensor, as selective recomputation drops it.
-    att = 5.0 * d.heads * s * s * mb if recompute == "none" and not d.flash else 0.0
+    # the core recomputed: the rule's, or rcm= naming core_attn (recompute_modules_cost.modules)
+    core_again = recompute == "selective" and (d.recompute_modules is None or "core_attn" in d.recompute_modules)
+    att = 5.0 * d.heads * s * s * mb if recompute != "full" and not core_again and not d.flash else 0.0
     scale = d.c / 2.0
     if recompute == "full":
         return scale * 2 * sbh / m.act_split(t, b.sp)

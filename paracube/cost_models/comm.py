@@ -44,9 +44,11 @@ import numpy as np
 from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
 from paracube.cost_models.context_parallel import is_ring
-from paracube.cost_models.dims import Dims, local_params, param_dims
+from paracube.cost_models.dims import Dims, local_params
 from paracube.cost_models.fsdp_units import unit_totals
 from paracube.cost_models.local_parameters import parameter_units
+from paracube.cost_models.param_dims import param_dims
+from paracube.cost_models.recompute_modules_cost import again_collectives
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_sizes, padded_numel
@@ -101,6 +103,7 @@ def _declared(mode: str, d: Dims) -> tuple[tuple[str, tuple[Collective, ...]], .
     m = MODES[mode]
     out = [(source, tuple(getattr(m, source)(d))) for source in SOURCES]
     out.append(("layer_bwd", tuple(sink_collectives(d, m))))  # GPT-OSS's sinks (modes/sinks.py; none without)
+    out.append(("layer_again", tuple(again_collectives(d, m.layer_fwd(d)))))  # rcm=mlp (recompute_modules_cost.py)
     if d.cp > 1:  # the key / value exchange (modes/context.py); its p2p ring steps: context_parallel.py
         unit = context.attention_unit(m)
         for source, colls in (("layer_fwd", context.layer_fwd(d, d.cp_comm, unit)),
@@ -162,14 +165,15 @@ class StepTraffic:
         layers = stage_layers(d.L, b.pp, b.v, first, last)
         recompute = 2 if d.recompute == "full" else 1
         scale = {"layer_fwd": N * recompute * layers, "layer_bwd": N * layers, "embedding": N * first,
-                 "head": N * last}
-        once = {"layer_fwd": layers, "layer_bwd": layers, "embedding": first, "head": last}  # kw=1
-        for s in SOURCES:
+                 "head": N * last, "layer_again": N * layers}
+        once = {"layer_fwd": layers, "layer_bwd": layers, "embedding": first, "head": last, "layer_again": 0}  # kw=1
+        for s in (*SOURCES, "layer_again"):
             scale[s + ".kept"] = np.where(self.kw == 1, once[s], scale[s])
         out: list[Entry] = []
         # in backward: the layers' backward lists and, under full recomputation, their recomputed forward
         late = {"layer_bwd": N * layers, "layer_bwd.kept": scale["layer_bwd.kept"],
-                "layer_fwd": N * (recompute - 1) * layers}
+                "layer_fwd": N * (recompute - 1) * layers, "layer_again": N * layers,
+                "layer_again.kept": scale["layer_again.kept"]}
         for (kind, axes, dtype), by_source in self.sums.items():
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())

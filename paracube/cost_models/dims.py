@@ -19,7 +19,6 @@ executor pads its embedding and head to the same size (executor/model/gpt.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -65,6 +64,8 @@ class Dims:
     fp8_param_gather: bool = False  # with fp8, block linear weights held / gathered as FP8 (Runtime.fp8_param_gather)
     moe_dispatch: str = "alltoall"  # the MoE dispatcher (Runtime.moe_dispatch; cost_models/moe_dispatch.py)
     selective: str = "attention"  # what rc=selective recomputes (Runtime.selective; cost_models/recompute.py)
+    # rc=selective by module (Layout.recompute_modules, `rcm=`; cost_models/recompute_modules_cost.py); None: the rule
+    recompute_modules: tuple[str, ...] | None = None
     moe_host_sync: bool = False  # dropless MoE forwards wait on the host (Runtime.moe_host_sync; host_sync.py)
     moe_host_ops: MoEHostOps | None = None  # ops issued per MoE block (Runtime.moe_host_ops; host_issue.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
@@ -209,24 +210,6 @@ class Dims:
         return self.sum_w() + self.sum_bias() + 2 * self.norm_vectors * self.h
 
 
-@lru_cache(maxsize=256)
-def param_dims(d: Dims) -> Dims:
-    """`d` with only what sizes the parameters kept (L, h, f, V, s_model, heads, kv, family, tied, mla, head_size,
-    qk_norm; the rest at Dims' defaults): the key of the caches of per-stage parameter and bucket sizes
-    (local_parameters.parameter_units, comm.py, grad_overlap.py), which read nothing else, so the search's passes
-    (recomputations, context parallelism, dtypes) share them. Equal results are one object (`_interned`): those
-    caches' lookups then match it by identity instead of comparing its fields (the same keys either way)."""
-    return _interned(Dims(L=d.L, h=d.h, f=d.f, V=d.V, s=0, s_model=d.s_model, heads=d.heads, kv=d.kv,
-                          family=d.family, c=0, dtype="", recompute="", global_batch=0, tied=d.tied, mla=d.mla,
-                          attention_bias=d.attention_bias, sinks=d.sinks, head_size=d.head_size, qk_norm=d.qk_norm))
-
-
-@lru_cache(maxsize=256)
-def _interned(d: Dims) -> Dims:
-    """The first Dims equal to `d` this process saw (lru_cache returns the stored result for an equal key)."""
-    return d
-
-
 def dims_of(model: ModelSpec, training: TrainingSpec) -> Dims:
     masks = [model.attention_window(i) for i in range(model.layers)]  # sliding windows or attention chunks
     return Dims(
@@ -278,9 +261,11 @@ def with_options(d: Dims, o: EngineOptions) -> Dims:
 
 
 def with_pins(d: Dims, layout: object) -> Dims:
-    """`d` with the layout's pinned recomputation (Layout.recompute, `rc=`), offloaded blocks (`off=`, in [0, L]) and
-    attention kernel (`fa=`)."""
-    rc = getattr(layout, "recompute", None)
+    """`d` with the layout's pinned recomputation (Layout.recompute, `rc=`; `rcm=`: selective by module), offloaded
+    blocks (`off=`, in [0, L]) and attention kernel (`fa=`)."""
+    rc, rcm = getattr(layout, "recompute", None), getattr(layout, "recompute_modules", None)
+    if rcm:
+        d = replace(d, recompute="selective", recompute_modules=tuple(rcm))
     d = d if rc is None or rc == d.recompute else replace(d, recompute=rc)
     off = getattr(layout, "offload", None)
     if off:
@@ -288,32 +273,6 @@ def with_pins(d: Dims, layout: object) -> Dims:
         d = replace(d, offload_frac=off / d.L)
     fa = getattr(layout, "flash", None)
     return d if fa is None or bool(fa) == d.flash else replace(d, flash=bool(fa))
-
-
-def context_local(d: Dims, cp: int, cp_comm: str | None = None) -> Dims:
-    """The dimensions one rank of a cp-way context-parallel group sees: s / cp tokens of each sequence (its two
-    load-balanced chunks, modes/context.py), attention over the cp x s keys of the whole sequence. Everything
-    linear in the tokens (GEMMs, activations, tensor-parallel and pipeline traffic) is then the plain model's on
-    s / cp; attention's extra factor cp is priced from `cp` (compute.attention_core_time). Idempotent."""
-    comm = cp_comm or d.cp_comm
-    if cp == 1 or (d.cp == cp and d.cp_comm == comm):
-        return d
-    if d.cp == cp:
-        return replace(d, cp_comm=comm)
-    check(d.cp == 1 and d.s % (2 * cp) == 0,
-          f"cp={cp} splits each sequence into {2 * cp} chunks: sequence length {d.s * d.cp} is not a multiple "
-          f"of {2 * cp}; valid: {', '.join(map(str, valid_cps(d.s)))}")
-    return replace(d, s=d.s // cp, cp=cp, cp_comm=comm)
-
-
-def valid_cps(s: int, most: int = 64) -> list[int]:
-    """cp degrees up to `most` that split sequences of s tokens into 2 cp equal chunks (1: no context parallelism)."""
-    return [1] + [k for k in range(2, most + 1) if s % (2 * k) == 0]
-
-
-def full_sequence(d: Dims) -> Dims:
-    """The inverse of `context_local`: the whole-sequence dimensions (model FLOPs, reporting)."""
-    return d if d.cp == 1 else replace(d, s=d.s * d.cp, cp=1)
 
 
 def vocab_split(mode: str, t: int, q: int) -> int:

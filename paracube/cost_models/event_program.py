@@ -26,7 +26,8 @@ from dataclasses import replace
 import numpy as np
 
 from paracube.cost_models.compute import GemmModel, fp8_step_time, optimizer_time
-from paracube.cost_models.dims import Dims, context_local, local_params
+from paracube.cost_models.context_dims import context_local
+from paracube.cost_models.dims import Dims, local_params
 from paracube.cost_models.event_compute import add_op_overhead, unit_compute
 from paracube.cost_models.event_context import ring_ops
 from paracube.cost_models.event_ops import Op, StageProgram
@@ -171,8 +172,9 @@ def _chunk_fwd(by: Grouped, units: tuple[str, ...], comp: dict, own: list[dict],
 def _layer_bwd(by: Grouped, units: tuple[str, ...], comp: dict, i: int, rec: float, overlap: bool) -> list[Op]:
     """Block i's backward, after its recomputation (full recomputation)."""
     ops: list[Op] = []
-    if rec > 0:
+    if rec > 0 or (i, "recompute") in by:  # (rcm=mlp: its MLP's collectives again, compute in the backward's)
         ops += _units_fwd(units, by.get((i, "recompute"), {}), {}, f"layers.{i}.", "recompute")
+    if rec > 0:
         ops.append(Op("compute", f"layers.{i}.recompute", rec))
     return ops + _units_bwd(units, by.get((i, "bwd"), {}), comp, f"layers.{i}.", overlap)
 

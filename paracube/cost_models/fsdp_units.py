@@ -21,8 +21,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from paracube.cost_models.dims import Dims, param_dims
+from paracube.cost_models.dims import Dims
 from paracube.cost_models.local_parameters import parameter_units
+from paracube.cost_models.param_dims import param_dims
 from paracube.modes import LayoutBatch
 from paracube.modes.buckets import padded_numel
 from paracube.modes.rows import unique_rows

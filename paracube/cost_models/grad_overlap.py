@@ -39,8 +39,9 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import NDArray
 
-from paracube.cost_models.dims import Dims, param_dims
+from paracube.cost_models.dims import Dims
 from paracube.cost_models.local_parameters import parameter_units
+from paracube.cost_models.param_dims import param_dims
 from paracube.modes.buckets import bucket_plan
 from paracube.modes.rows import unique_rows
 

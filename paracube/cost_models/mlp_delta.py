@@ -15,7 +15,9 @@ GemmModel.linear_time with the FP8 casts where the dtype has them; the SwiGLU's 
     forward  = L(f_i) - L(f_mean),   backward = B(f_i) - B(f_mean)
 with the forward run again in backward under full recomputation; under the "op" selective rule (recompute.py) the
 elementwise part's (it re-runs every elementwise op; its re-run matmuls stay the stand-in's, as recompute.py prices
-them). The tensor-parallel collectives of the MLP carry T h, whatever the width: unchanged. A dense model (no MoE
+them); and its whole true forward L(f_i) under rcm= naming the block's MLP (recompute_modules_cost.py: mlp a dense
+block's, shared_experts / moe a MoE block's shared expert).
+The tensor-parallel collectives of the MLP carry T h, whatever the width: unchanged. A dense model (no MoE
 blocks) is its own dense part: no correction.
 """
 
@@ -26,6 +28,7 @@ import numpy as np
 from paracube.cost_models import fp8
 from paracube.cost_models.compute import GemmModel, local_shape
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.recompute_modules_cost import moe_side
 from paracube.cost_models.validity import layout_arrays
 from paracube.layout import Layout
 from paracube.workload import ModelSpec
@@ -65,14 +68,17 @@ def block_deltas(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmMode
     full = d.recompute == "full"
     op = d.recompute == "selective" and d.selective == "op"
     stand = _mlp(d, layout, mb, g, d.f)
-    cache: dict[int, tuple[float, float]] = {}
+    mods = moe_side(layout)  # rcm=: mlp re-runs a dense block's, shared_experts / moe a MoE block's shared expert
+    cache: dict[tuple[int, bool], tuple[float, float]] = {}
     out = []
     for i in blocks:
         f = true_width(model, i)
-        if f not in cache:
-            tf, tb, te = (a - b for a, b in zip(_mlp(d, layout, mb, g, f), stand, strict=True))
-            cache[f] = (tf, tb + (tf if full else te if op else 0.0))
-        out.append(cache[f])
+        again = ("mlp" in mods) if not model.moe.is_moe_layer(i) else bool({"shared_experts", "moe"} & set(mods))
+        if (f, again) not in cache:
+            true = _mlp(d, layout, mb, g, f)
+            tf, tb, te = (a - b for a, b in zip(true, stand, strict=True))
+            cache[f, again] = (tf, tb + (tf if full else te if op else 0.0) + (true[0] if again else 0.0))
+        out.append(cache[f, again])
     return out
 
 

@@ -9,7 +9,8 @@ states with its sources. What a rank computes, and in what time, is compute.py's
 
 from __future__ import annotations
 
-from paracube.cost_models.dims import Dims, full_sequence
+from paracube.cost_models.context_dims import full_sequence
+from paracube.cost_models.dims import Dims
 
 
 def model_flops_per_step(d: Dims) -> float:

@@ -64,7 +64,7 @@ from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
-from paracube.errors import divisors
+from paracube.cost_models.recompute_modules_cost import MOE_REGION, experts_rerun, moe_rcm_saved, moe_side
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import ExpertSizes, block_bwd, block_fwd
@@ -81,27 +81,6 @@ def dense_part(model: ModelSpec) -> ModelSpec:
     k = model.moe.moe_layers(model.layers)
     mean = ((model.layers - k) * model.ffn_hidden + k * model.moe.shared_ffn) / model.layers
     return replace(model, ffn_hidden=max(MIN_WIDTH, MIN_WIDTH * round(mean / MIN_WIDTH)), moe=None)
-
-
-def violations(model: ModelSpec, layout: Layout) -> list[str]:
-    """What a layout's ep / etp (and off) cannot do with this model (one clause each, naming the valid values)."""
-    moe = model.moe
-    if layout.offload and priced(model):  # the search never offers it there (planner/experts.py): refused alike
-        return [f"off={layout.offload}: activation offloading is priced for dense blocks of hidden / heads attention "
-                f"only (cost_models/offload.py), not {model.name}'s; valid: off=0"]
-    if layout.ep * layout.etp == 1:
-        return []
-    if moe is None:
-        return [f"ep={layout.ep},etp={layout.etp} split experts: model {model.name} has none (use ep=1,etp=1)"]
-    bad = []
-    if moe.experts % layout.ep:
-        folded, found = layout.dp * layout.cp * layout.tensor_size, divisors(moe.experts)
-        valid = (", ".join(str(n) for n in found if folded % (n * layout.etp) == 0) if found is not None
-                 else f"a divisor of {moe.experts}")
-        bad.append(f"ep={layout.ep} must divide the {moe.experts} experts of {model.name}; valid: {valid}")
-    if moe.expert_ffn % layout.etp:
-        bad.append(f"etp={layout.etp} must divide the expert width {moe.expert_ffn}")
-    return bad
 
 
 def tokens_per_rank(layout: Layout, mb: int, s: int) -> int:
@@ -177,7 +156,8 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     bw = g.mem_bw * g.mem_eff
     wait = sync_seconds(moe, d, g)  # the GPU's idle while its host waits for the expert counts (host_sync.py)
     fwd = local * float(up[0] + down[0]) + float(router[0]) + pf / bw + wait
-    bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2]) + pb / bw
+    bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2]) + pb / bw \
+        + experts_rerun(d, moe_side(layout), R, fe, bw)  # rcm=moe_act (recompute_modules_cost.py)
     z = ExpertSizes(T=T, k=moe.top_k, received=R / layout.etp)
     return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp), d, z, layout, "fwd", block),
                      _events(block_bwd(d, layout.etp), d, z, layout, "bwd", block), T, R,
@@ -248,6 +228,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     layers = len(held)
     af, ab, aparams = attention_delta(model, d, layout, mb, g)
     rec = d.recompute == "full"
+    mods = moe_side(layout)  # rcm= of the MoE blocks (recompute_modules_cost.py): moe re-runs their whole forward
+    rerun = rec or MOE_REGION in mods
     again = delta_again(model, d, layout, mb, g, af)
     out.compute += layers * (af + ab + again)
     out.compute += mlp_delta(model, d, layout, mb, g, held)  # each block's MLP at its own width (mlp_delta.py)
@@ -272,10 +254,10 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         mf, mbw = block_deltas(model, d, layout, mb, g, [first])[0]
         gpu_b = ab + b.bwd + cb + (mbw - mf if rec else mbw + again)
         out.issue_fwd, out.issue_bwd = block_idle(moe, d, layout, mb, g, af + b.fwd - b.wait + cf + mf, gpu_b)
-        out.compute += k * (b.fwd * (2 if rec else 1) + b.bwd + out.issue_fwd + out.issue_bwd)
-        out.waits = k * (b.wait * (2 if rec else 1) + out.issue_fwd + out.issue_bwd)
-        out.comm += k * (cf * (2 if rec else 1) + cb)
-        out.comm_bwd += k * (cb + (cf if rec else 0.0))
+        out.compute += k * (b.fwd * (2 if rerun else 1) + b.bwd + out.issue_fwd + out.issue_bwd)
+        out.waits = k * (b.wait * (2 if rerun else 1) + out.issue_fwd + out.issue_bwd)
+        out.comm += k * (cf * (2 if rerun else 1) + cb)
+        out.comm_bwd += k * (cb + (cf if rerun else 0.0))
         out.a2a_fwd = k * sum(comm_time(e, links, moe.imbalance, g) for e in b.events_fwd if routed(e))
         out.a2a_bwd = k * sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd if routed(e))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
@@ -285,7 +267,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         for i in blocks:  # one micro-batch's, in issue order per block (the whole forward, then backward)
             out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}."))
                            for e in b.events_pre + b.events_fwd]
-            if rec:
+            if rerun:
                 out.events += [replace(e, phase="recompute", label=e.label.replace("layers.0.", f"layers.{i}."))
                                for e in b.events_pre + b.events_fwd]
         for i in reversed(blocks):
@@ -293,6 +275,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.sent += sum(e.sent_bytes() for e in out.events)
         acts = d.c * (b.received * d.h + 3 * b.received * moe.expert_ffn / layout.etp) + 4 * b.tokens * moe.experts
         out.memory["activations"] += (1 if rec else k) * in_flight * acts
+        if mods:  # what rcm= no longer keeps (recompute_modules_cost.py)
+            out.memory["activations"] -= in_flight * moe_rcm_saved(model, d, layout, mb, held, mods, acts, b.received)
         out.buffers = 2 * d.c * b.tokens * moe.top_k * d.h
         if d.fp8 and d.fp8_experts:  # each expert weight's FP8 copy and its transpose (fp8.WEIGHT_COPY_BYTES)
             out.memory["temporaries"] += 2.0 * n_exp
@@ -320,5 +304,4 @@ def priced(model: ModelSpec) -> bool:
 
 
 __all__ = ["BlockCost", "StageCost", "block_cost", "dense_part", "expert_links",
-           "expert_placement", "grad_event", "moe_layers_of", "priced", "stage_cost", "tokens_per_rank",
-           "violations"]
+           "expert_placement", "grad_event", "moe_layers_of", "priced", "stage_cost", "tokens_per_rank"]

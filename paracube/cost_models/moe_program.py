@@ -39,6 +39,7 @@ from paracube.cost_models.moe_a2a_overlap import SM_SHARE, combined, list_share
 from paracube.cost_models.moe_counts import norm_event
 from paracube.cost_models.moe_step import in_flight
 from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
+from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_side
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.stages import stage_chunks
@@ -96,6 +97,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
     af, ab, _ = attention_delta(model, d, layout, mb, g)
     rerun = delta_again(model, d, layout, mb, g, af)  # the correction's forward the backward re-runs
     rec = d.recompute == "full"
+    rerun_moe = rec or MOE_REGION in moe_side(layout)  # rcm=moe re-runs the MoE layer (recompute_modules_cost.py)
     moe = model.moe
     block = block_cost(model, d, layout, mb, g) if moe is not None and moe_layers_of(model, layout, stage) else None
     imb = moe.imbalance if moe is not None else 1.0
@@ -120,7 +122,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                 if is_moe:
                     assert block is not None
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,
-                                 block.events_pre, block.wait) if rec else []
+                                 block.events_pre, block.wait) if rerun_moe else []
                     _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd + bi, f"layers.{i}.experts.bwd",
                                                          imb, wait=bi))
     drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)

@@ -26,6 +26,7 @@ from dataclasses import replace
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.local_parameters import local_parameter_sizes
 from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.recompute_modules_cost import moe_side
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -106,7 +107,8 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     ways = layout.tensor_size if sp else 1
     T, k, E = mb * d.s // ways, moe.top_k, moe.experts
     n_micro = d.global_batch // (layout.dp * mb)
-    phases = ("fwd", "recompute") if d.recompute == "full" else ("fwd",)
+    # full recomputation and rcm=moe re-run the MoE layer's forward, its counts and all_to_alls (recompute_modules_cost)
+    phases = ("fwd", "recompute") if d.recompute == "full" or "moe" in moe_side(layout) else ("fwd",)
     a2a = d.c * T * k * d.h
 
     def ev(kind: str, axes: tuple[str, ...], payload: int, dtype: str, phase: str, label: str) -> list[CommEvent]:

@@ -4,6 +4,7 @@ engine takes the block's time from there, event_compute.unit_compute, and spread
 1/3 forward : 2/3 backward, the shares the analytic engine's overlap models use for every rule but full
 recomputation) and the tensors it keeps (`op_saved_bytes`, activations.block_terms).
 
+By module (Dims.recompute_modules, Layout `rcm=`): recompute_modules_cost.py, whose "core_attn" is the "attention" rule.
 "attention" (Megatron-core's --recompute-granularity selective, Korthikanti et al. 2022 sec. 5; DeepSpeed,
 paracube's executor): the attention core re-run (compute.attention_core_time's forward); activations.py drops the
 core's own tensors.
@@ -39,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from paracube.cost_models import fp8
+from paracube.cost_models import recompute_modules_cost as rmc
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 
@@ -76,10 +78,12 @@ def op_gemm_time(d: Dims, mode: str, b: LayoutBatch, g: object) -> Arr:
 
 
 def selective_time(d: Dims, mode: str, b: LayoutBatch, g: object, attn_f: Arr, elem_f: Arr) -> Arr:
-    """Forward seconds rc=selective re-runs per block, one micro-batch, one rank: the attention core's forward
-    (`attn_f`, "attention") or the op rule's matmuls / casts plus the block's elementwise forward (`elem_f`)."""
-    if d.selective == "attention":
-        return attn_f
+    """Forward seconds rc=selective re-runs per block, one micro-batch, one rank: by module (the "attention" rule or
+    rcm=, recompute_modules_cost.py) the attention core's forward (`attn_f`, core_attn) and the other modules'; or the
+    op rule's matmuls / casts plus the block's elementwise forward (`elem_f`)."""
+    if rmc.by_module(d):
+        core = attn_f if rmc.core_recomputed(d) else 0.0
+        return core + rmc.dense_time(d, mode, b, g) if rmc.modules(d) != rmc.DEFAULT else attn_f
     return op_gemm_time(d, mode, b, g) + elem_f
 
 

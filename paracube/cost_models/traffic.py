@@ -4,7 +4,8 @@ Expanded from the mode's declaration (paracube/modes: embedding, layer_fwd / lay
 per-step collectives; docs/algorithms.md), in the order one rank issues them. cost_models/comm.py sums
 the same declaration in closed form; tests/test_cost_model.py holds the two equal and tests/test_fidelity.py
 holds this list equal to what the executor records. Generic parts:
-- full recomputation issues a layer's forward collectives twice (phases fwd and recompute);
+- full recomputation issues a layer's forward collectives twice (phases fwd and recompute); rc=selective by module
+  its MLP's again under mlp (recompute_modules_cost.again_collectives);
 - kept weights (Layout kw=1): a `kept` collective (a weight gather / its gradient's reduce-scatter) is
   issued once per step: forward in the first micro-batch's forward (not in recompute), backward in the
   last micro-batch's backward;
@@ -46,8 +47,10 @@ A group of size 1 issues nothing.
 from __future__ import annotations
 
 from paracube.cost_models import fp8
-from paracube.cost_models.dims import Dims, context_local, padded_vocab
+from paracube.cost_models.context_dims import context_local
+from paracube.cost_models.dims import Dims, padded_vocab
 from paracube.cost_models.local_parameters import local_parameter_sizes, parameter_units
+from paracube.cost_models.recompute_modules_cost import again_collectives
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -126,9 +129,11 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[i
         log.issue(mode.embedding(d), micro=micro)
     cp_fwd, cp_bwd = context_collectives(log.layout, d)
     fwd, bwd = mode.layer_fwd(d) + cp_fwd, mode.layer_bwd(d) + cp_bwd + sink_collectives(d, mode)
+    again = again_collectives(d, fwd) if d.recompute == "selective" else []  # rcm=mlp (recompute_modules_cost.py)
     for i in range(layers):
         for ph in _phases(d):
             log.issue(fwd, ph, f"layers.{i}.", micro)
+        log.issue(again, "recompute", f"layers.{i}.", micro)
         log.issue(bwd, "bwd", f"layers.{i}.", micro)
     if last:
         log.issue(mode.head(d), micro=micro)

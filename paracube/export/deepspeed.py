@@ -40,6 +40,7 @@ from paracube.export.oss_flags import deepspeed_oss_refusal
 from paracube.export.window_flags import deepspeed_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
+from paracube.recompute_modules import modules_text
 
 WRITTEN_FOR = "DeepSpeed 0.19.8 (ds_config) with Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, pretrain_gpt.py)"
 CONFIG_FILE = "ds_config.json"
@@ -59,6 +60,9 @@ def why_not(plan: Plan) -> str | None:
         return "Megatron-DeepSpeed does not overlap tensor-parallel communication with GEMMs (tpo)"
     if lay.a2ao:
         return "DeepSpeed-MoE does not overlap its all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
+    if lay.recompute_modules:  # Megatron-DeepSpeed's --recompute-granularity selective: the attention core only
+        return (f"Megatron-DeepSpeed has no recomputation by module (rcm={modules_text(lay.recompute_modules)}: "
+                "Megatron-core's --recompute-modules); valid: rc=none/selective/full without rcm=")
     if lay.cp > 1:
         return (f"it has no context parallelism (cp={lay.cp}): DeepSpeed-Ulysses all-to-alls heads, not a key / "
                 "value ring")

@@ -114,7 +114,9 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     args += placement
     notes += more
     args += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {t.global_batch}"]
-    if t.recompute == "selective":
+    if lay.recompute_modules:  # rcm=: selective by module (recompute_modules.py: Megatron-core's own names)
+        args += ["--recompute-granularity selective", f"--recompute-modules {' '.join(lay.recompute_modules)}"]
+    elif t.recompute == "selective":
         args.append("--recompute-granularity selective")
     elif t.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]

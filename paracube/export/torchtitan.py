@@ -49,6 +49,7 @@ from paracube.export.moe_flags import torchtitan_moe_flags
 from paracube.export.oss_flags import torchtitan_oss_notes, torchtitan_oss_refusal
 from paracube.export.window_flags import torchtitan_window_notes, torchtitan_window_refusal
 from paracube.plan import Plan
+from paracube.recompute_modules import modules_text
 
 WRITTEN_FOR = "torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)"
 # torchtitan's mixed_precision_param per paracube dtype (fp8: bf16 with float8 block linears, FP8_CONVERTER)
@@ -74,6 +75,9 @@ def why_not(plan: Plan) -> str | None:
         return f"it has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if lay.a2ao:
         return "it does not overlap its MoE all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
+    if lay.recompute_modules:  # 0.3.0's activation_checkpoint: none / selective (its per-op rule) / full
+        return (f"it has no recomputation by module (rcm={modules_text(lay.recompute_modules)}: Megatron-core's "
+                "--recompute-modules); valid: rc=none/selective/full without rcm=")
     if (why_window := torchtitan_window_refusal(plan.model) or torchtitan_oss_refusal(plan.model)
                       or chunk_export_refusal(plan, "torchtitan")) is not None:
         return why_window

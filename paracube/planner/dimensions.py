@@ -25,6 +25,11 @@ runtime offers it and prices the other value for the best layout only, as its ru
     cpc      context parallelism's key / value exchange (p2p ring, ag all-gather; modes/context.py): a pass over
              the configurations per value where the runtime offers both (Runtime.cp_comms; the cp degree itself
              is a structural axis: planner/enumerate.context_degrees)
+    rcm      selective recomputation by module (rcm=; recompute_modules.py): models with MoE blocks or MLA only
+             (planner/experts.py), a ladder of module sets (RCM_LADDER) tried, fewest first, only on a layout that
+             fits at no zero stage without them (under rc=none / selective; the set the search then records is the
+             first rung that fits), where the runtime declares the modules (Runtime.recompute_modules); a pin is the
+             only set searched. Dense models: not searched (a pin is priced)
     off      activation offloading to the host (Layout off=N): 1 where the runtime offloads (Runtime.offload), the
              search then passes over offloaded block counts, fewest first, only where nothing fits with fewer
              (planner/offload_passes.py: never faster in the model, it only frees device memory); a pin is the count
@@ -60,7 +65,20 @@ def _on_off(enabled: bool, default: bool) -> tuple[object, ...]:
     return (True, False) if enabled and default else ((False, True) if enabled else (False,))
 
 
-RC = Dimension("rc", RECOMPUTES, lambda f: f.recompute, lambda r: r.recomputes, doc="activation recomputation")
+RC = Dimension("rc", RECOMPUTES, lambda f: f.recompute or ("selective" if f.recompute_modules else None),
+               lambda r: r.recomputes, doc="activation recomputation")
+# rc=selective by module (rcm=), a memory ladder: each rung the one before plus the next module in order of re-run time
+# per byte no longer kept (recompute_modules_cost.py: the memory-bound norms and experts' activation first, the
+# attention core, MLA's up projections, the dense MLPs and shared experts, last the whole MoE layer with its
+# all_to_alls); the modules a model lacks dropped from each rung (planner/experts.py)
+RCM_LADDER: tuple[tuple[str, ...], ...] = (
+    ("layernorm", "moe_act"), ("core_attn", "layernorm", "moe_act"),
+    ("core_attn", "layernorm", "mla_up_proj", "moe_act"),
+    ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts"),
+    ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe"))
+RCM = Dimension("rcm", RCM_LADDER, lambda f: f.recompute_modules,
+                lambda r: tuple(rung for rung in RCM_LADDER if set(rung) <= set(r.recompute_modules)),
+                doc="selective recomputation by module")
 ZERO = Dimension("zero", PRICED_ZEROS, lambda f: f.zero or (0 if f.forbid_zero else None), lambda r: r.zeros,
                  doc="zero stage")
 OVERLAP = Dimension("overlap", (False, True), lambda f: True if f.overlap else (False if f.forbid_overlap else None),
@@ -90,7 +108,7 @@ ETP = Dimension("etp", _EXPERT_WAYS[:4], lambda f: f.etp if f.etp > 1 else None,
 OFF = Dimension("off", (0, 1), lambda f: None if f.offload is None else int(f.offload > 0),
                 lambda r: (0, 1) if r.offload is not None else (0,), doc="activation offloading to the host")
 DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (RC, ZERO, OVERLAP, TPO, PARAM_OVERLAP, FSDP_PREFETCH, KW, FA,
-                                                        CPC, EP, ETP, A2AO, OFF)}
+                                                        CPC, EP, ETP, A2AO, OFF, RCM)}
 
 
 def values(dim: Dimension, runtime: Runtime, fixed: Layout | None, asked: list[object] | None = None
@@ -112,4 +130,4 @@ def chosen(dim: Dimension, runtime: Runtime, fixed: Layout | None) -> bool:
 
 
 __all__ = ["A2AO", "CPC", "DIMENSIONS", "EP", "ETP", "FA", "FSDP_PREFETCH", "KW", "OFF", "OVERLAP", "PARAM_OVERLAP",
-           "PRICED_ZEROS", "RC", "TPO", "ZERO", "Dimension", "chosen", "values"]
+           "PRICED_ZEROS", "RC", "RCM", "RCM_LADDER", "TPO", "ZERO", "Dimension", "chosen", "values"]

@@ -2,12 +2,12 @@
 
 Works on the search's ranked results only (planner.search's `ranked`, plus `best_per_mode`): for each
 part of the best layout (dp, pp, cp and its exchange cpc, tensor mode and shape, micro-batch, interleave v, sequence
-parallelism, overlap, tpo, attention kernel fa, placement) that was not pinned by the user's --layout, the runner-up is
-the best-ranked layout with a different value of that part (for placement: the same layout otherwise), and the
-margin is its predicted step time relative to the best: (t_runner_up - t_best) / t_best; for cp > 1 the runner-up
-is the best layout without context parallelism (cp=1). v is a choice only
-with pp > 1, sp only with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid
-layout (fewer rows than asked for), a part with no other value is reported as the only valid one.
+parallelism, overlap, tpo, recompute modules rcm, attention kernel fa, placement) that was not pinned by the user's
+--layout, the runner-up is the best-ranked layout with a different value of that part (for placement: the same
+layout otherwise), and the margin is its predicted step time relative to the best: (t_runner_up - t_best) / t_best;
+for cp > 1 the runner-up is the best layout without context parallelism (cp=1). v is a choice only with pp > 1,
+sp only with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid layout
+(fewer rows than asked for), a part with no other value is reported as the only valid one.
 Rows that differ only in where size-1 axes sit are the same layout (size-1 axes change no group):
 `dedupe` keeps the first of them.
 """
@@ -32,8 +32,8 @@ def big_placement(layout: Layout) -> tuple[str, ...]:
 def canonical_key(layout: Layout) -> tuple:
     return (layout.dp, layout.pp, layout.cp, layout.cp_comm, layout.mode, layout.shape, layout.micro_batch,
             layout.interleave,
-            layout.sequence_parallel, layout.zero, layout.recompute, layout.overlap, layout.tpo, layout.uses_flash,
-            big_placement(layout))
+            layout.sequence_parallel, layout.zero, layout.recompute, layout.recompute_modules, layout.overlap,
+            layout.tpo, layout.uses_flash, big_placement(layout))
 
 
 def dedupe(ranked: Ranked) -> list[tuple[Layout, StepEstimate]]:
@@ -65,6 +65,9 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
     "zero": (lambda lay: f"zero={lay.zero}", lambda f: f.zero != 0 or f.forbid_zero),
     "recompute": (lambda lay: f"rc={lay.recompute}", lambda f: f.recompute is not None),
+    # selective recomputation by module: told where some ranked layout has it (dimensions.RCM, planner/experts.py)
+    "rcm": (lambda lay: "rcm=" + "+".join(lay.recompute_modules) if lay.recompute_modules else "no rcm",
+            lambda f: f.recompute_modules is not None),
     "overlap": (lambda lay: "overlap" if lay.overlap else "no overlap", lambda f: f.overlap),
     "tpo": (lambda lay: "tpo" if lay.tpo else "no tpo", lambda f: f.tpo),
     "a2ao": (lambda lay: "a2ao" if lay.a2ao else "no a2ao", lambda f: f.a2ao or f.forbid_a2ao),  # MoE a2a overlap
@@ -114,6 +117,7 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
                 (part == "placement" and len(big_placement(best)) < 2) or (part == "recompute" and not best.recompute) \
                 or (part in ("overlap", "tpo", "a2ao") and not any(getattr(lay, part) for lay, _ in rows)) \
                 or (part == "cpc" and best.cp == 1) or (part == "offload" and not any(lay.offload for lay, _ in rows)) \
+                or (part == "rcm" and not any(lay.recompute_modules for lay, _ in rows)) \
                 or (part in ("ep", "etp") and all(lay.ep == lay.etp == 1 for lay, _ in rows)):  # MoE: both told
             continue  # not a choice of its own (overlap, tpo, a2ao: the runtime does not offer it here)
         value = label(best)

@@ -175,7 +175,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure],
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
                       s.d.recompute if s.rc_pin else None, bool(ovs[row]), int(kws[row]),
                       s.fixed.flash if s.fixed else None, bool(tpos[row]), s.fixed.shard if s.fixed else None,
-                      s.d.cp_comm, s.offload)
+                      s.d.cp_comm, s.offload, s.d.recompute_modules if s.d.recompute == "selective" else None)
         if not _matches(lay, s.fixed):
             continue
         s.best.append((float(step_time[j]), lay))

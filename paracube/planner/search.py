@@ -55,12 +55,13 @@ import time
 from dataclasses import replace
 
 from paracube.cost_models.analytic import estimate, layout_links
+from paracube.cost_models.context_dims import context_local
 from paracube.cost_models.device_model import gemm_model
-from paracube.cost_models.dims import context_local, dims_of, with_options, with_pins
+from paracube.cost_models.dims import dims_of, with_options, with_pins
 from paracube.cost_models.estimate_batch import estimate_many
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.moe import priced
-from paracube.cost_models.moe import violations as moe_violations
+from paracube.cost_models.moe_violations import violations as moe_violations
 from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout

@@ -102,7 +102,7 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
 def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], ...], zero: int = 0,
             recompute: str | None = None, overlap: bool = False, kw: int | None = None,
             flash: int | None = None, tpo: bool = False, shard: int | None = None,
-            cp_comm: str | None = None, offload: int = 0) -> Layout:
+            cp_comm: str | None = None, offload: int = 0, modules: tuple[str, ...] | None = None) -> Layout:
     full = tuple(a for a, _ in place)
     return Layout(
         cp=st.cp,
@@ -115,6 +115,7 @@ def _layout(st: Structure, row: tuple[int, ...], place: tuple[tuple[str, int], .
         overlap=overlap and st.dp > 1,
         zero=zero,
         recompute=recompute,
+        recompute_modules=modules if recompute in (None, "selective") else None,  # a pinned rcm= (Dims)
         dp=st.dp,
         pp=st.pp,
         mode=st.mode,

@@ -38,6 +38,9 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   core re-run in backward; Megatron-core, DeepSpeed, paracube's executor) or "op" (torchtitan's per-op selective
   activation checkpointing); both engines price its recomputed forward work and memory its saved tensors
   (cost_models/recompute.py).
+- `recompute_modules`: the modules a layout's `rcm=` may name (paracube/recompute_modules.py: Megatron-core's
+  --recompute-modules; Megatron-core and paracube's executor all seven, the others none); `refusal` names them; both
+  engines price each (cost_models/recompute_modules_cost.py), the search tries them on layouts that do not fit.
 - `moe_a2a_overlap`: the MoE dispatch / combine all_to_alls of one micro-batch overlapped with another's compute
   (Layout `a2ao`; Megatron-core's --overlap-moe-expert-parallel-comm, opt-in: `moe_a2a_overlap_default` False), with
   its constraints (`a2a_overlap_refusal`: ep > 1, pp = 1 or interleaved, no full recomputation, 16-bit training);
@@ -71,6 +74,7 @@ from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.runtimes.describe import runtime_dict
 from paracube.runtimes.offload import Offload, offload_refusal
+from paracube.runtimes.refusals import a2a_refusal, rcm_refusal
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES
 
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
@@ -138,6 +142,7 @@ class Runtime:
     fp8_param_gather: bool = False
     moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
     selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
+    recompute_modules: tuple[str, ...] = ()  # what a layout's rcm= may name (module docstring; recompute_modules.py)
     moe_a2a_overlap: bool = False  # it runs Layout `a2ao` (module docstring)
     moe_host_sync: bool = False  # its dropless MoE forward waits on the host for the expert counts (module docstring)
     moe_host_ops: MoEHostOps | None = None  # ops its host issues per MoE block (module docstring)
@@ -194,9 +199,11 @@ class Runtime:
                 and (sequence_parallel or not (self.tpo_needs_sp or MODES[mode].tpo_needs_sp)))
 
     def refusal(self, layout: Layout, family: str = "gpt", tied_embeddings: bool = False,
-                dtype: str | None = None, moe: bool = False, windowed: bool = False, sinks: bool = False) -> str | None:
+                dtype: str | None = None, moe: bool = False, windowed: bool = False, sinks: bool = False,
+                model: object | None = None) -> str | None:
         """Why this runtime cannot run `layout` (one line naming the runtime and what is valid), else None; `moe`:
-        MoE blocks (moe_check); `windowed`: sliding windows (window_cp_comms); `sinks`: attention sinks."""
+        MoE blocks (moe_check); `windowed`: sliding windows (window_cp_comms); `sinks`: attention sinks; `model`
+        (workload.ModelSpec, where known): rcm= modules it has no block for (recompute_modules.violations)."""
         who = f"runtime {self.name} ({self.title})"
         tensor = "tp=" + "/".join(self.modes)
         if layout.mode not in self.modes:
@@ -215,6 +222,9 @@ class Runtime:
             return f"{who} does not run hybrid sharding (shard={layout.shard}); drop shard="
         if layout.recompute is not None and layout.recompute not in self.recomputes:
             return f"{who} does not run rc={layout.recompute}; valid: rc={'/'.join(self.recomputes)}"
+        why_rcm = rcm_refusal(self.recompute_modules, layout, model)
+        if why_rcm:
+            return f"{who} {why_rcm}"
         if dtype is not None and dtype not in self.dtypes:
             return f"{who} does not train in {dtype}; valid: {', '.join(self.dtypes)}"
         why_dtype = self.dtype_check(layout.mode, dtype) if dtype is not None and self.dtype_check else None
@@ -274,20 +284,8 @@ class Runtime:
         return None
 
     def a2a_overlap_refusal(self, layout: Layout, dtype: str | None = None) -> str | None:
-        """Why it cannot run `a2ao` on this layout (after "runtime NAME (TITLE)"), else None: Megatron-core 0.16's
-        TransformerConfig checks (expert parallelism, a virtual pipeline with pp > 1, no full recomputation, bf16 /
-        fp16 parameters; fp8 trains them in bf16)."""
-        if not self.moe_a2a_overlap:
-            return "does not overlap the MoE all_to_alls with another micro-batch's compute; drop a2ao"
-        if layout.ep == 1:  # (ep > 1 on a model without experts: moe.violations refuses it)
-            return "overlaps the MoE all_to_alls (a2ao) with expert parallelism only; add ep=N (N > 1) or drop a2ao"
-        if layout.pp > 1 and layout.interleave == 1:
-            return f"runs a2ao with pipelines (pp={layout.pp}) only interleaved; add v=N (N > 1) or drop a2ao"
-        if layout.recompute == "full":
-            return "does not run a2ao with full recomputation; valid: rc=none/selective"
-        if dtype == "fp32":
-            return "runs a2ao in bf16 / fp16 / fp8 only (16-bit parameters), not fp32; drop a2ao"
-        return None
+        """Why it cannot run `a2ao` on this layout (after "runtime NAME (TITLE)"), else None (runtimes/refusals.py)."""
+        return a2a_refusal(self.moe_a2a_overlap, layout, dtype)
 
     def to_dict(self) -> dict[str, object]:
         """Every declaration as JSON-ready data (runtimes/describe.py)."""

@@ -22,6 +22,7 @@ set to 0: sequences up to one chunk only (plain causal attention; attention_chun
 from __future__ import annotations
 
 from paracube.engine_options import MoEHostOps
+from paracube.recompute_modules import MODULES
 from paracube.runtimes.base import MEGATRON_STYLE, Runtime
 from paracube.runtimes.offload import Offload
 
@@ -53,6 +54,9 @@ RUNTIME = Runtime(
     # dropless MoE as NVIDIA's Hopper recipes run it: the flex dispatcher on DeepEP (cost_models/moe_dispatch.py; a
     # capacity factor falls back to alltoall, which Megatron-core requires for padding to capacity)
     moe_dispatch="deepep",
+    # --recompute-granularity selective --recompute-modules ... (TransformerConfig.recompute_modules, megatron-core
+    # 0.16.1 transformer_config.py; transformer_layer.py:379-450): every module (recompute_modules.py)
+    recompute_modules=tuple(MODULES),
     # --overlap-moe-expert-parallel-comm (combined 1F1B, pipeline_parallel/combined_1f1b.py): runs, opt-in
     # (megatron-core 0.16 ModelParallelConfig.overlap_moe_expert_parallel_comm = False)
     moe_a2a_overlap=True,

@@ -67,7 +67,7 @@ def offload_refusal(name: str, off: Offload | None, layout: Layout, layers: int 
         return f"does not offload activations to the host (off={n}); valid: off=0 (or drop off=)"
     if layout.pp > 1:
         return f"offloads activations without pipelines only (off={n} with pp={layout.pp}); valid: pp=1 or off=0"
-    rc = layout.recompute or recompute
+    rc = layout.recompute or ("selective" if layout.recompute_modules else recompute)  # rcm=: selective implied
     if rc is not None and rc not in off.recomputes:
         return (f"offloads activations with rc={'/'.join(off.recomputes)} only, not rc={rc} (off={n}); "
                 f"valid: rc={'/'.join(off.recomputes)} or off=0")

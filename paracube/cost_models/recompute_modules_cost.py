@@ -1,0 +1,204 @@
+"""rc=selective by module (Layout `rcm=`, paracube/recompute_modules.py): per module, per block it applies to, the
+forward seconds re-run in backward and the activation bytes no longer kept, one micro-batch, one rank. Both engines read
+them: the dense part's modules through compute.block_compute_time (its backward; the event engine takes a block's time
+from there, event_compute.unit_compute) and block_acts.saved_block_bytes (memory.py, offload.py); the MoE side's through
+moe.block_cost / stage_cost and mlp_delta.block_deltas (moe_program.py inserts the same terms).
+
+Which modules (`modules`): the layout's rcm= (Dims.recompute_modules), else the runtime's rule: Megatron's "attention"
+rule is recompute_modules.DEFAULT ("core_attn",), priced exactly as before rcm= existed (recompute.py); torchtitan's
+"op" rule is no module. The dense engines price `moe.dense_part(model)`: on a model with MoE blocks they take only the
+modules of every block (`DENSE`; analytic.prepare strips the rest, `dense_modules`) and moe.py the blocks' own.
+
+T tokens of the micro-batch at the tensor group (b s / cp), t tensor ranks, k = the activations' split (1D: t with sp,
+else 1; 2D / 3D: t: TensorMode.act_split), c the compute dtype's bytes, bw the memory rate (mem_bw x mem_eff), R the
+token copies at the most loaded rank's experts (moe.block_cost), f_e / etp the expert width there, F(f) the forward of a
+gated MLP of width f (mlp_delta._mlp: fc [h, 2 f], fc2 [f, h] at the mode's local shapes, its SwiGLU 4 c T f / t).
+Sources: megatron-core 0.16.1.
+- core_attn (region; transformer/attention.py:328-331, 381 _checkpointed_attention_forward): recompute.py's
+  "attention" rule: the core's forward again, its own tensors not kept (activations.py, block_acts.py).
+- layernorm (discard: CheckpointWithoutOutput, transformer_layer.py:576-616 input norm, 671-680 and 797-803 pre-MLP
+  norm): re-run the two norms' forward, 2 x 2 c T h / k / bw (each reads and writes c T h / k); no longer kept: their
+  outputs, 2 c T h / k. (Megatron's Transformer Engine spec fuses a dense block's norms into the next linear, an
+  IdentityOp the flag skips, transformer_layer.py:383-440: there only MLA's input norm and a MoE block's pre-MLP norm
+  are modules; priced here as paracube's executor runs them, both norms of every block.)
+- mla_up_proj (discard, multi_latent_attention.py:119, 838-845, discarded at 344-347): re-run the q / kv up
+  projections' forward GEMMs (q_up [r_q, H d_qk] or, without q_lora_rank, q_proj [h, H d_qk]; kv_up [r_kv,
+  H (d_n + d_v)], column-parallel) and their rotary / concatenation (writing q, k, v: c T H (2 d_qk + d_v) / t, read
+  and written once, 2x that / bw); no longer kept: q, k, v, c T H (2 d_qk + d_v) / t (paracube's executor's count
+  with the core recomputed keeps the up projections' outputs instead, activations.attention_widths "kept":
+  c T H (d_qk + d_n + d_v) / t).
+- mlp (region, dense blocks only: transformer_layer.py:447-449, 719-737): re-run F(f) (a dense model: the dense
+  engines' fc and fc2 forward GEMMs and SwiGLU / GELU bytes, 4 c T f / t); no longer kept: fc's input (its fused norm's
+  output, c T h / k: counted once with layernorm), the activation's input c T f_a / t (f_a = 2 f gated, f GELU) and
+  fc2's input c T f / t. Its tensor-parallel forward collectives run again in the backward (`again_collectives`:
+  1D's all_gather and reduce_scatter with sp, its all_reduce without; 2D / 3D's fc / fc2 gathers), phase
+  "recompute", in both engines (on a model with MoE blocks its dense blocks' are not priced).
+- moe_act (discard, moe/experts.py:100-275, TEGroupedMLP's activation_checkpoint): re-run the experts' activation,
+  3 c R f_e / etp / bw (moe_passes.pass_bytes' SwiGLU forward); no longer kept: its output, c R f_e / etp.
+- shared_experts (region, moe/moe_layer.py:150-160 shared_experts_recompute): re-run F(f_s) of the shared expert;
+  no longer kept: its activation's input and fc2's input, c T 3 f_s / t (its input, the norm's output, is kept).
+- moe (region, moe/moe_layer.py:432-450 moe_layer_recompute): re-run the MoE layer's whole forward (router, the
+  dispatch and combine all_to_alls (their time and bytes again in the backward, as full recomputation's:
+  moe.stage_cost, moe_program.py), the permutes, the experts, the shared expert F(f_s)); no longer kept: every
+  tensor of the MoE layer's (moe.stage_cost's activations: R h + 3 R f_e / etp in c bytes, the router's T E fp32) and
+  the shared expert's (as shared_experts), its input kept.
+The re-made tensors of the one block whose backward runs are not added to the peak (as for core_attn).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from paracube.cost_models import fp8
+from paracube.cost_models.dims import Dims
+from paracube.modes import MODES, LayoutBatch
+from paracube.recompute_modules import DEFAULT
+
+Arr = np.ndarray
+DENSE: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj")  # of every block: the dense engines' on MoE models
+MOE_REGION = "moe"
+
+
+def modules(d: Dims) -> tuple[str, ...]:
+    """The modules rc=selective re-runs (module docstring); () without selective recomputation or under "op"."""
+    if d.recompute != "selective":
+        return ()
+    if d.recompute_modules is not None:
+        return d.recompute_modules
+    return DEFAULT if d.selective == "attention" else ()
+
+
+def core_recomputed(d: Dims) -> bool:
+    """The attention core is recomputed (Megatron's default rule, or rcm= naming core_attn)."""
+    return "core_attn" in modules(d)
+
+
+def by_module(d: Dims) -> bool:
+    """Selective recomputation by module (the "attention" rule or rcm=), not torchtitan's "op" rule."""
+    return d.recompute == "selective" and (d.recompute_modules is not None or d.selective == "attention")
+
+
+def dense_modules(d: Dims, has_moe: bool) -> tuple[str, ...] | None:
+    """What the dense engines take of the pinned modules: on a model with MoE blocks those of every block (DENSE)."""
+    if d.recompute_modules is None or not has_moe:
+        return d.recompute_modules
+    return tuple(m for m in d.recompute_modules if m in DENSE)
+
+
+def _shards(mode: str, b: LayoutBatch) -> Arr:
+    return np.asarray(MODES[mode].act_split(b.t, b.sp), dtype=float)
+
+
+def mla_widths(d: Dims) -> tuple[float, float, float, float]:
+    """(q's input width, q's columns H d_qk, kv_up's columns H (d_n + d_v), q, k, v's columns H (2 d_qk + d_v)) of
+    latent attention."""
+    m = d.mla
+    assert m is not None
+    H = float(d.heads)
+    return (float(m.q_lora_rank or d.h), H * m.qk_head_dim, H * (m.qk_nope_head_dim + m.v_head_dim),
+            H * (2 * m.qk_head_dim + m.v_head_dim))
+
+
+def dense_time(d: Dims, mode: str, b: LayoutBatch, g: object) -> Arr:
+    """Forward seconds the dense part's modules other than core_attn re-run per block (module docstring)."""
+    mods = modules(d)
+    T = (b.mb * d.s).astype(float)
+    bw = g.mem_bw * g.mem_eff  # type: ignore[attr-defined]
+    c = float(d.c)
+    out = np.zeros_like(T)
+    if "layernorm" in mods:
+        out = out + 4 * c * T * d.h / _shards(mode, b) / bw
+    if "mla_up_proj" in mods and d.mla is not None:
+        r_q, wq, wkv, qkv = mla_widths(d)
+        m = MODES[mode]
+        for k_in, width in ((r_q, wq), (float(d.mla.kv_lora_rank), wkv)):
+            out = out + g.gemm_time(*m.gemm_shape(T, k_in, width, True, b.t, b.q, b.depth))  # type: ignore[attr-defined]
+        out = out + 2 * c * T * qkv / b.t / bw
+    if "mlp" in mods:
+        m = MODES[mode]
+        for n in (2, 3):  # fc, fc2 (Dims.linears), as compute.block_compute_time runs them
+            name, h_in, h_out, _ = d.linears[n]
+            shape = m.gemm_shape(T, h_in, h_out, n == 2, b.t, b.q, b.depth)
+            out = out + g.block_linear_gemms(*shape, fp8.weight_cast_per_micro_batch(d),  # type: ignore[attr-defined]
+                                             fp8.cast_bytes(d, name))[0]
+        out = out + 4 * c * T * d.f / b.t / bw  # elementwise_forward's f term: the activation
+    return out
+
+
+def mlp_saved(d: Dims, T: Arr, t: Arr, shards: Arr, f: float, mods: tuple[str, ...]) -> Arr:
+    """Bytes a dense MLP of width f keeps that `mlp` no longer keeps (module docstring), one block."""
+    gated = 2.0 if d.family == "llama" else 1.0
+    inner = d.c * T * (gated + 1.0) * f / t
+    return inner + (0.0 if "layernorm" in mods else d.c * T * d.h / shards)
+
+
+def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
+    """Bytes one dense-part block no longer keeps under the modules other than core_attn (module docstring)."""
+    mods = modules(d)
+    T = (b.mb * d.s).astype(float)
+    t = b.t.astype(float)
+    shards = _shards(mode, b)
+    c = float(d.c)
+    out = np.zeros_like(T)
+    if "layernorm" in mods:
+        out = out + 2 * c * T * d.h / shards
+    if "mla_up_proj" in mods and d.mla is not None:  # paracube's count, core recomputed: the up outputs it keeps
+        m = d.mla
+        up = d.heads * (m.qk_head_dim + m.qk_nope_head_dim + m.v_head_dim)
+        out = out + c * T * (up if d.activations == "paracube" and core_recomputed(d) else mla_widths(d)[3]) / t
+    if "mlp" in mods:
+        out = out + mlp_saved(d, T, t, shards, float(d.f), mods)
+    return out
+
+
+MLP_LABELS = ("mlp.", "fc.", "fc2.")  # a block's MLP collectives (modes: 1D's half "mlp", 2D / 3D's fc, fc2 linears)
+
+
+def again_collectives(d: Dims, colls: list) -> list:
+    """The forward collectives of a block (modes' layer_fwd) the backward issues again: the MLP's under mlp (its
+    region re-runs its forward, tensor-parallel collectives included: traffic.py, comm.py, event_program.py)."""
+    return [c for c in colls if c.label.startswith(MLP_LABELS)] if "mlp" in modules(d) else []
+
+
+def moe_side(layout: object) -> tuple[str, ...]:
+    """The pinned modules moe.py prices (the MoE blocks' and, on a model with MoE blocks, its dense blocks' mlp)."""
+    return tuple(m for m in (getattr(layout, "recompute_modules", None) or ()) if m not in DENSE)
+
+
+def experts_rerun(d: Dims, mods: tuple[str, ...], R: float, fe: float, bw: float) -> float:
+    """Forward seconds moe_act re-runs per MoE block (the experts' activation, module docstring); 0 without it or
+    under `moe` (its whole forward is re-run, moe.stage_cost)."""
+    return 3 * d.c * R * fe / bw if "moe_act" in mods and MOE_REGION not in mods else 0.0
+
+
+def moe_saved(d: Dims, mods: tuple[str, ...], acts: float, R: float, fe: float, shared: float, T: float,
+              t: float) -> float:
+    """Bytes one MoE block no longer keeps (module docstring): `acts` its MoE layer's tensors, `shared` its shared
+    expert's width, T its tokens at the tensor group, t the tensor ranks."""
+    gated = 2.0 if d.family == "llama" else 1.0
+    shared_inner = d.c * T * (gated + 1.0) * shared / t
+    if MOE_REGION in mods:
+        return acts + shared_inner
+    return (d.c * R * fe if "moe_act" in mods else 0.0) + (shared_inner if "shared_experts" in mods else 0.0)
+
+
+def moe_rcm_saved(model: Any, d: Dims, layout: Any, mb: int, held: list[int], mods: tuple[str, ...], acts: float,
+                  R: float) -> float:
+    """Bytes a stage's blocks `held` (global indices) of a model with MoE blocks no longer keep per micro-batch under
+    the MoE side's modules (`moe_side`): each MoE block's `moe_saved` (`acts`: its MoE layer's tensors,
+    moe.stage_cost), each dense block's `mlp_saved` at its width (ModelSpec.ffn_hidden)."""
+    moe = model.moe
+    T, t = float(mb * d.s), float(layout.tensor_size)
+    shards = float(np.asarray(MODES[layout.mode].act_split(np.array([layout.tensor_size]),
+                                                             np.array([int(layout.sequence_parallel)])))[0])
+    k = sum(1 for i in held if moe.is_moe_layer(i))
+    per_moe = moe_saved(d, mods, acts, R, moe.expert_ffn / layout.etp, float(moe.shared_ffn), T, t)
+    dense = float(mlp_saved(d, T, t, shards, float(model.ffn_hidden), mods)) if "mlp" in mods else 0.0  # type: ignore[arg-type]
+    return k * per_moe + (len(held) - k) * dense
+
+
+__all__ = ["DENSE", "MLP_LABELS", "again_collectives", "by_module", "core_recomputed", "dense_modules", "dense_saved",
+           "dense_time", "experts_rerun", "mla_widths", "modules", "moe_rcm_saved", "moe_saved", "moe_side",
+           "mlp_saved"]

@@ -1,0 +1,232 @@
+"""Selective recomputation by module (Layout `rcm=`; paracube/recompute_modules.py, priced by
+cost_models/recompute_modules_cost.py): the runtimes' declarations and refusals, both engines pricing every module
+alike, the memory each module no longer keeps against its closed form from the model's shapes, the MoE layer's
+all_to_alls re-run under `moe`, rc=selective without rcm= priced exactly as rcm=core_attn, the planner's ladder and
+pins, and each bad input in one line (exit 2 from the CLI).
+
+Tolerances: the engines' compute is one formula read twice (rel 1e-6: float rounding of sums taken in another order);
+their steps within 2% (the event engine overlaps what the analytic one takes as fractions, tests/test_event_engine.py);
+the memory closed forms are the same sums of a few products (rel 1e-9).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from paracube.cli.main import main
+from paracube.cost_models.analytic import estimate
+from paracube.cost_models.comm import comm_entries
+from paracube.cost_models.dims import dims_of, with_pins
+from paracube.cost_models.event import estimate_with
+from paracube.cost_models.recompute_modules_cost import MLP_LABELS
+from paracube.cost_models.traffic import stage_events
+from paracube.cost_models.validity import layout_arrays
+from paracube.errors import ParacubeError
+from paracube.layout import Layout
+from paracube.layout_parse import parse_layout
+from paracube.model_presets import PRESETS
+from paracube.modes import MODES
+from paracube.planner.explain import explain
+from paracube.planner.search import search
+from paracube.recompute_modules import MODULES, applies
+from paracube.runtimes import RUNTIMES
+from paracube.topologies import load_topology
+from paracube.workload import TrainingSpec
+
+DENSE = PRESETS["small"]  # gpt, h 256, f 1024
+LLAMA = PRESETS["llama2-7b"]
+MLA = PRESETS["tiny-mla"]  # MLA, a dense first block, MoE blocks with a shared expert
+TRAIN = TrainingSpec(global_batch=16, dtype="bf16", recompute="selective")
+# (model, layout on 8 GPUs): none, 1D with sp, pipelines with experts
+CASES = [(DENSE, "dp=2,tp=1d:4,sp,mb=2"), (DENSE, "dp=4,pp=2,tp=none,mb=1"), (LLAMA, "dp=2,tp=1d:4,sp,mb=1"),
+         (MLA, "dp=4,ep=4,tp=1d:2,sp,mb=1"), (MLA, "dp=4,pp=2,ep=4,tp=none,mb=1")]
+
+
+def _topo(gpus: int = 8) -> object:
+    return load_topology("dgx-h100", gpus=gpus)
+
+
+def test_runtimes_declare_their_modules() -> None:
+    """Megatron-core and paracube's executor recompute every module, torchtitan and DeepSpeed none; to_dict lists
+    them; a runtime without one refuses rcm= in one line naming what is valid."""
+    assert {n: r.recompute_modules for n, r in RUNTIMES.items()} == {
+        "paracube": tuple(MODULES), "megatron": tuple(MODULES), "torchtitan": (), "deepspeed": ()}
+    assert RUNTIMES["megatron"].to_dict()["recompute_modules"] == list(MODULES)
+    for name in ("torchtitan", "deepspeed"):
+        why = RUNTIMES[name].refusal(parse_layout("dp=8,rcm=layernorm"))
+        assert why and "\n" not in why and "rcm=layernorm" in why and "drop rcm=" in why
+    assert RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=layernorm+mlp")) is None
+    why = RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=moe_act"), model=DENSE)  # the model has no experts
+    assert why and "\n" not in why and "rcm=moe_act" in why and "valid for it: core_attn, layernorm, mlp" in why
+
+
+@pytest.mark.parametrize(("model", "text"), CASES)
+def test_selective_without_rcm_is_core_attn(model: object, text: str) -> None:
+    """rc=selective without rcm= is Megatron's default module list, ["core_attn"]: every figure equal."""
+    for engine in ("analytic", "event"):
+        rule, pinned = (estimate_with(engine, model, TRAIN, parse_layout(text + extra), _topo())
+                        for extra in ("", ",rcm=core_attn"))
+        assert rule.step_time_s == pinned.step_time_s and rule.compute_time_s == pinned.compute_time_s, engine
+        assert rule.memory == pinned.memory and rule.comm_time_by_axis == pinned.comm_time_by_axis, engine
+
+
+@pytest.mark.parametrize(("model", "text"), CASES)
+def test_engines_price_each_module_alike(model: object, text: str) -> None:
+    """Per module the model has: both engines' compute equal, memory equal, steps within 2%; the module re-runs
+    forward work (compute above rcm=core_attn's) and frees memory (activations below it; with pipelines, not above)."""
+    base = estimate(model, TRAIN, parse_layout(text + ",rcm=core_attn"), _topo())
+    for name in MODULES:
+        if name == "core_attn" or not applies(name, model):
+            continue
+        lay = parse_layout(f"{text},rcm=core_attn+{name}")
+        an, ev = (estimate_with(e, model, TRAIN, lay, _topo()) for e in ("analytic", "event"))
+        assert ev.compute_time_s == pytest.approx(an.compute_time_s, rel=1e-6), name
+        assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.02), name
+        assert ev.memory == an.memory, name
+        if lay.pp == 1:  # (with pipelines the slowest / heaviest stage may hold no block the module is in)
+            assert an.compute_time_s > base.compute_time_s and an.memory.activations < base.memory.activations, name
+        assert an.compute_time_s >= base.compute_time_s and an.memory.activations <= base.memory.activations, name
+
+
+def _saved(model: object, text: str, name: str) -> float:
+    """Activation bytes rcm=core_attn+NAME keeps less than rcm=core_attn (the estimate's, one stage)."""
+    a, b = (estimate(model, TRAIN, parse_layout(f"{text},rcm={mods}"), _topo()).memory.activations
+            for mods in ("core_attn", f"core_attn+{name}"))
+    return a - b
+
+
+def test_dense_memory_saved_closed_forms() -> None:
+    """One stage of L blocks, one micro-batch in flight (pp = 1), T = mb s tokens, t tensor ranks, k = t with sp,
+    c = 2: layernorm frees the two norms' outputs, 2 c T h / k a block; mlp its fc input c T h / k, the GELU's input
+    and fc2's input, 2 c T f / t (gpt) or c T 3 f / t (llama's gated fc output and fc2's input); both together count
+    the norm's output once."""
+    c = 2.0
+    for model, text, mb, t, k in ((DENSE, "dp=2,tp=1d:4,sp,mb=2", 2, 4, 4), (DENSE, "dp=8,tp=none,mb=2", 2, 1, 1),
+                                  (LLAMA, "dp=2,tp=1d:4,mb=1", 1, 4, 1)):
+        T, h, f, L = float(mb * model.seq_len), model.hidden, model.ffn_hidden, model.layers
+        inner = (3.0 if model.family == "llama" else 2.0) * c * T * f / t
+        assert _saved(model, text, "layernorm") == pytest.approx(L * 2 * c * T * h / k, rel=1e-9), text
+        assert _saved(model, text, "mlp") == pytest.approx(L * (c * T * h / k + inner), rel=1e-9), text
+        assert _saved(model, text, "layernorm+mlp") == pytest.approx(L * (2 * c * T * h / k + inner), rel=1e-9)
+
+
+def test_moe_and_mla_memory_saved_closed_forms() -> None:
+    """tiny-mla on 1D with sp (t = k = 2, ep = 4, one micro-batch in flight): T = mb s tokens at the tensor group,
+    T_r = T / t at a rank's experts, R = T_r top_k etp imbalance the copies its experts receive. mla_up_proj frees
+    q, k, v (in paracube's count with the core recomputed: the up projections' outputs, c T H (d_qk + d_n + d_v) / t)
+    a block; mlp the dense block's c T (h / k + 3 f / t); moe_act the experts' activation output c R f_e;
+    shared_experts the shared expert's gated output and fc2 input c T 3 f_s / t; moe the
+    whole MoE layer, c (R h + 3 R f_e) + 4 T_r E, and its shared expert's."""
+    text, c, t, mb = "dp=4,ep=4,tp=1d:2,sp,mb=1", 2.0, 2, 1
+    m, moe, mla = MLA, MLA.moe, MLA.mla
+    T, h, H = float(mb * m.seq_len), m.hidden, m.heads
+    n_moe = moe.moe_layers(m.layers)
+    R = T / t * moe.top_k * moe.imbalance
+    # with the core recomputed, paracube's count keeps the up projections' outputs (activations.attention_widths)
+    up = H * (2 * mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
+    shared = c * T * 3 * moe.shared_ffn / t
+    acts = c * (R * h + 3 * R * moe.expert_ffn) + 4 * T / t * moe.experts
+    assert _saved(m, text, "mla_up_proj") == pytest.approx(m.layers * c * T * up / t, rel=1e-9)
+    assert _saved(m, text, "mlp") == pytest.approx((m.layers - n_moe) * c * T * (h / t + 3 * m.ffn_hidden / t),
+                                                   rel=1e-9)
+    assert _saved(m, text, "moe_act") == pytest.approx(n_moe * c * R * moe.expert_ffn, rel=1e-9)
+    assert _saved(m, text, "shared_experts") == pytest.approx(n_moe * shared, rel=1e-9)
+    assert _saved(m, text, "moe") == pytest.approx(n_moe * (acts + shared), rel=1e-9)
+
+
+def test_moe_reruns_its_all_to_alls() -> None:
+    """rcm=moe re-runs the MoE layer's forward in backward, its dispatch and combine included: the expert-parallel
+    traffic and time are full recomputation's (which re-runs the same forward), the recompute phase holds the
+    all_to_alls, and moe_act alone runs none again."""
+    text = "dp=4,ep=4,tp=1d:2,sp,mb=1"
+    est = {rc: estimate(MLA, TRAIN, parse_layout(f"{text},{rc}"), _topo(), with_events=True)
+           for rc in ("rcm=core_attn", "rcm=core_attn+moe", "rcm=core_attn+moe_act", "rc=full")}
+    ep = {k: e.comm_time_by_axis["ep"] for k, e in est.items()}
+    assert ep["rcm=core_attn+moe"] == pytest.approx(ep["rc=full"], rel=1e-12) and ep["rc=full"] > ep["rcm=core_attn"]
+    assert ep["rcm=core_attn+moe_act"] == ep["rcm=core_attn"]
+    again = [e for e in est["rcm=core_attn+moe"].events if e.phase == "recompute" and e.kind == "all_to_all"]
+    assert again and not [e for e in est["rcm=core_attn+moe_act"].events if e.phase == "recompute"]
+
+
+@pytest.mark.parametrize(("mode", "shape", "sp", "kw"), [("1d", (2,), True, None), ("1d", (2,), False, None),
+                                                       ("2d", (2, 2), False, 1), ("3d", (2, 2, 2), False, 0)])
+def test_mlp_reissues_its_tensor_collectives(mode: str, shape: tuple[int, ...], sp: bool, kw: int | None) -> None:
+    """rcm=mlp re-runs the MLP's forward in backward, its tensor-parallel collectives with it: the explicit list holds
+    each block's MLP forward collectives once more in phase "recompute" (kept weights, kw=1, not gathered again), and
+    the closed form (comm.py) sums the same calls and bytes per (kind, axes, dtype); pp = 3 interleaved, each stage."""
+    model = PRESETS["small"]
+    training = TrainingSpec(global_batch=2 * 8 * 6, dtype="bf16", recompute="selective")
+    for stage in ("first", "middle", "last"):
+        layout = Layout(dp=2, pp=3, mode=mode, shape=shape, micro_batch=8, interleave=1, sequence_parallel=sp,
+                        keep_weights=kw, recompute_modules=("core_attn", "mlp"))
+        d = with_pins(dims_of(model, training), layout)
+        events = stage_events(layout, d, 8, stage)
+        again = [e for e in events if e.phase == "recompute"]
+        mlp_fwd = [e for e in events if e.phase == "fwd" and e.label.split(".", 2)[-1].startswith(MLP_LABELS)
+                   and e.label.startswith("layers.")]
+        kept = kw == 1 and bool(MODES[mode].keeps_weights)
+        assert again and (len(again) < len(mlp_fwd) if kept else len(again) == len(mlp_fwd)), (mode, stage)
+        want: dict = defaultdict(lambda: [0, 0])
+        for e in events:
+            want[(e.kind, e.axes, e.dtype)][0] += 1
+            want[(e.kind, e.axes, e.dtype)][1] += e.payload_bytes
+        first, last = np.array([int(stage == "first")]), np.array([int(stage == "last")])
+        got: dict = defaultdict(lambda: [0, 0])
+        for e in comm_entries(d, mode, layout_arrays(layout, 8), first, last, kw=kw or 0):
+            if e.count[0]:
+                got[(e.kind, e.axes, e.dtype)][0] += int(e.count[0])
+                got[(e.kind, e.axes, e.dtype)][1] += int(e.payload[0])
+        assert dict(got) == dict(want), (mode, stage)
+
+
+def test_bad_input_is_one_line() -> None:
+    """A module the model lacks, rcm= with rc=full / none, rcm= on a runtime without it: one line naming the value
+    and what is valid."""
+    for model, text, phrase in ((DENSE, "dp=8,rcm=moe_act", "valid for it: core_attn, layernorm, mlp"),
+                                (MLA, "dp=8,ep=8,rcm=mlp+moe", None)):
+        if phrase is None:  # every module of tiny-mla applies: no refusal
+            estimate(model, TRAIN, parse_layout(text), _topo())
+            continue
+        with pytest.raises(ParacubeError) as err:
+            estimate(model, TRAIN, parse_layout(text), _topo())
+        assert "\n" not in str(err.value) and phrase in str(err.value) and "rcm=moe_act" in str(err.value)
+    with pytest.raises(ParacubeError, match="rcm= recomputes modules under rc=selective, not rc=full"):
+        parse_layout("dp=8,rc=full,rcm=layernorm")
+
+
+@pytest.mark.parametrize(("argv", "phrase"), [
+    (("simulate", "--runtime", "torchtitan", "--layout", "dp=8,rcm=layernorm"), "does not recompute by module"),
+    (("simulate", "--runtime", "megatron", "--layout", "dp=8,rcm=moe_act"), "valid for it: core_attn"),
+    (("plan", "--runtime", "deepspeed", "--layout", "dp=8,rcm=core_attn"), "does not recompute by module"),
+    (("plan", "--layout", "dp=8,rc=full,rcm=layernorm"), "not rc=full"),
+])
+def test_cli_refuses_in_one_line(argv: tuple[str, ...], phrase: str, capsys: pytest.CaptureFixture[str],
+                                 tmp_path: object) -> None:
+    code = main([*argv, "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "-o", f"{tmp_path}/p.json"]
+                if argv[0] == "plan" else [*argv, "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and phrase in err and "Traceback" not in err, err
+
+
+def test_planner_keeps_a_pin_and_climbs_the_ladder() -> None:
+    """A pinned rcm= stays on every ranked layout (dense and MoE searches); a MoE layout that fits at no zero stage
+    without modules is ranked with the first rung of the ladder that fits (dimensions.RCM_LADDER), which then fits."""
+    topo = _topo()
+    dense = search(DENSE, TRAIN, topo, 8, fixed=parse_layout("dp=8,rcm=layernorm+mlp"), runtime="megatron")
+    assert all(lay.recompute_modules == ("layernorm", "mlp") for lay, _ in dense.ranked)
+    moe = search(MLA, TRAIN, topo, 8, fixed=parse_layout("dp=8,ep=8,rcm=moe_act"), runtime="megatron")
+    assert all(lay.recompute_modules == ("moe_act",) for lay, _ in moe.ranked)
+    qwen = PRESETS["qwen3-30b-a3b"]
+    train = TrainingSpec(global_batch=1024, dtype="bf16")
+    topo16 = _topo(16)
+    pin = parse_layout("dp=8,ep=8,tp=1d:2,mb=2,sp,zero=1,overlap")
+    cap = 0.9 * float(topo16.device.memory_bytes)  # `paracube plan`'s 10% headroom
+    assert estimate(qwen, train, pin, topo16).memory.total > cap
+    ranked = search(qwen, train, topo16, 16, fixed=pin, runtime="megatron", memory_headroom=0.1).ranked
+    best, est = ranked[0]
+    assert best.recompute_modules == ("layernorm", "moe_act") and est.memory.total <= cap
+    why = next(c for c in explain(ranked, pin) if c.part == "rcm")  # told as chosen, not pinned
+    assert (why.value, why.pinned) == ("rcm=layernorm+moe_act", False)
