@@ -6,7 +6,7 @@ total/q^2, 1d replicated norms, row biases and pos_emb), as the executor holds i
 their gradients in fp32 buckets (4; grad_sync.py, Megatron's main_grad; Dims.grad_bytes: 2 for a runtime keeping
 16-bit gradients, DeepSpeed's ZeRO), and AdamW's fp32 state: two moments
 (8) plus, for a 16-bit compute dtype, the fp32 master weights (4; optim.MasterAdamW). fp32: 4 + 4 + 8 = 16
-bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer, executor/data_parallel/optim.py):
+bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer, executor/data_parallel/distributed_adamw.py):
 optimizer 12 ceil(n / z) = fp32 master shard + two moments, in every dtype (the reduce-scatter writes the
 shard in place, into the bucket: no extra gradient buffer), so c + 4 + 12/z (one bucket padded to a
 multiple of z; with several buckets each is padded, < z elements more per bucket). z = `zero_shards`: the
@@ -202,7 +202,7 @@ def with_zero(mem: dict[str, Arr], shards: Arr, zero: Arr | int,
     (zero_shards: dp, 2.5D dp x depth; HSDP: the shard group), from the zero=0 parts `mem` (c bytes per
     parameter, fp32 gradients, Adam + fp32 masters for 16-bit: Rajbhandari et al. 2020 with fp32 gradients):
     - zero=1: the fp32 master weights and Adam's two moments sharded, 12 ceil(n / shards) bytes per rank for n
-      local parameters (executor/data_parallel/optim.py), instead of 8 n (fp32) or 12 n (16-bit);
+      local parameters (executor/data_parallel/distributed_adamw.py), instead of 8 n (fp32) or 12 n (16-bit);
     - zero=2 (`units` = (P, Q): the stage's FSDP units' lengths padded to a multiple of `shards`, summed, and
       the largest sum of two consecutive ones; fsdp_units.unit_totals): gradients 4 P / shards and optimizer
       12 P / shards, plus two fp32 unit gradient buffers 4 Q (the one being reduce-scattered, the one filling)
