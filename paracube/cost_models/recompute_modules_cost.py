@@ -22,7 +22,7 @@ Sources: megatron-core 0.16.1.
   n = 2, where each is a module of its own (paracube's executor); where its dense norms run inside the next linear
   (Megatron-core's Transformer Engine spec, models/gpt/gpt_layer_specs.py: standard attention's input norm inside
   linear_qkv, TELayerNormColumnParallelLinear, :279; a dense MLP's pre-MLP norm inside linear_fc1, :265 / :291 /
-  :492-497; both left IdentityOp, which transformer_layer.py:379-432 does not recompute), n counts only latent
+  :492-497; both left IdentityOp, which transformer_layer.py:379-444 does not recompute: 384, 432), n counts only latent
   attention's input norm (a TENorm, :248) and a MoE block's pre-MLP norm (a TENorm, the router reads it): a dense
   standard-attention block 0, a MoE or latent-attention block 1, a MoE block with latent attention 2. The dense
   engines price every block's share (`dense_norms`: 2, or latent attention's 1), moe.py each MoE block's pre-MLP norm
