@@ -284,10 +284,11 @@ def test_fused_layernorm_closed_forms(model: object, ep: str, norms: int) -> Non
                     runtime, engine)
 
 
-def test_fused_layernorm_refused_on_dense_models(capsys: pytest.CaptureFixture[str]) -> None:
+def test_fused_layernorm_refused_on_dense_models(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
     """rcm=layernorm on a dense model without latent attention re-runs nothing where the norms are fused: the
     megatron runtime refuses it in one line naming itself, the model and what is valid (the runtime's refusal, the
-    estimate, the search, the CLI: exit 2); paracube's runtime prices it; with latent attention it is valid."""
+    estimate, the search, the CLI and the export of paracube's plan to it: exit 2); paracube's runtime prices it; with
+    latent attention it is valid."""
     llama = PRESETS["llama3-8b"]
     why = RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=layernorm"), model=llama)
     assert why and "\n" not in why and "runtime megatron" in why and "'llama3-8b'" in why
@@ -306,3 +307,10 @@ def test_fused_layernorm_refused_on_dense_models(capsys: pytest.CaptureFixture[s
         code = main(argv + (["-o", "/dev/null"] if cmd == "plan" else []))
         out = capsys.readouterr().err.strip()
         assert code == 2 and "\n" not in out and "runtime megatron" in out and "valid for it: core_attn, mlp" in out
+    plan = f"{tmp_path}/p.json"
+    assert main(["plan", "--layout", "dp=8,rcm=layernorm", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus",
+                 "8", "-o", plan]) == 0
+    capsys.readouterr()
+    assert main(["export", plan, "--to", "megatron", "-o", f"{tmp_path}/x"]) == 2
+    out = capsys.readouterr().err.strip()
+    assert "\n" not in out and "runtime megatron" in out and "valid for it: core_attn, mlp" in out
