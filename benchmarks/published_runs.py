@@ -44,14 +44,17 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   cost_models/attention_window.py) runs its recipe (Megatron-Bridge 0.6.2 recipes/gpt_oss/h100/gpt_oss.py and
   perf_recipes/gpt_oss/h100/gpt_oss.py: PP 4, EP 8, the alltoall dispatcher, selective recomputation of
   recompute_modules ["layernorm", "moe_act"], Layout rcm=layernorm+moe_act priced by
-  cost_models/recompute_modules_cost.py: the two norms' outputs and the experts' activation re-made, the attention
-  core kept), gradients reduced in bf16 (the performance scripts' get_precision_config), dropless. It prices -35.2%
-  (9.143 s against 14.10; rcm 2026-12-03: before, assumed rc=none on DeepEP, 8.910 s, -36.8%; the alltoall dispatcher
-  alone 9.050 s, the modules alone 9.003 s; rc=selective's core_attn instead 9.261 s, full recomputation 11.231 s;
-  each stage priced with its own 9 blocks, 4 or 5 of them windowed: cost_models/window_stages.py), a held-out miss
-  not read yet. Every other MoE row unchanged by rcm (before -> after: qwen3-235b-256 +0.3 -> +0.3% (fit),
-  qwen3-30b-16 +0.6 -> +0.6%, deepseek-v3-1024 +16.0 -> +16.0%, qwen3-30b-16-fp8 -35.8 -> -35.8%,
-  qwen3-235b-256-fp8 -18.4 -> -18.4%, Mixtral -2.4 -> -2.4% (B200), -10.2 -> -10.2% (GB200)).
+  cost_models/recompute_modules_cost.py: the pre-MLP norm's output and the experts' activation re-made, the attention
+  core kept; the input norm runs inside linear_qkv, Transformer Engine's LayerNormLinear, and is no module to
+  recompute, Runtime.fused_norms), gradients reduced in bf16 (the performance scripts' get_precision_config),
+  dropless. It prices -35.2% (9.132 s against 14.10, 52.03 GiB per GPU; tefuse 2026-12-03: 9.143 s and 51.24 GiB
+  when both norms were priced as re-made, every other row unchanged; rcm 2026-12-03: before, assumed rc=none on
+  DeepEP, 8.910 s, -36.8%; the alltoall dispatcher alone 9.050 s, the modules alone 9.003 s; rc=selective's core_attn
+  instead 9.261 s, full recomputation 11.231 s; each stage priced with its own 9 blocks, 4 or 5 of them windowed:
+  cost_models/window_stages.py), a held-out miss not read yet. Every other MoE row unchanged by rcm (before -> after:
+  qwen3-235b-256 +0.3 -> +0.3% (fit), qwen3-30b-16 +0.6 -> +0.6%, deepseek-v3-1024 +16.0 -> +16.0%,
+  qwen3-30b-16-fp8 -35.8 -> -35.8%, qwen3-235b-256-fp8 -18.4 -> -18.4%, Mixtral -2.4 -> -2.4% (B200), -10.2 -> -10.2%
+  (GB200)).
   The preset is GPT-OSS exactly
   (gpt_oss_spec.py): its 40.1M bias and sink parameters are priced as parameters, gradients (their reduction) and
   optimizer state (8.913452 -> 8.913518 s, 55.962 -> 55.974 GiB per GPU when they were added); their elementwise work

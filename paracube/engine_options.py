@@ -19,6 +19,8 @@ Fields (where each is priced):
 - fp8_experts: with fp8, the routed experts' grouped GEMMs run FP8 too (moe.py);
 - moe_dispatch: its MoE token dispatcher, "alltoall", "deepep" or "hybridep" (moe_dispatch.py);
 - selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES);
+- fused_norms: its dense norms run inside the next linear, rcm=layernorm re-running only latent attention's input
+  norm and a MoE block's pre-MLP norm (Runtime.fused_norms; recompute_modules_cost.py);
 - moe_host_sync: its dropless MoE forward waits on the host for the expert counts (host_sync.py);
 - moe_host_ops: the ops it issues per MoE block, counted from its code (MoEHostOps; host_issue.py), or None;
 - offload_overlap: offloaded activations (Layout off=N) copied on their own stream beside compute, else in line
@@ -61,6 +63,7 @@ class EngineOptions:
     fp8_experts: bool = False
     moe_dispatch: str = "alltoall"
     selective: str = "attention"
+    fused_norms: bool = False
     moe_host_sync: bool = False
     moe_host_ops: MoEHostOps | None = None
     offload_overlap: bool = False

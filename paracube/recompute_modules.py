@@ -64,11 +64,13 @@ def modules_text(modules: tuple[str, ...]) -> str:
     return "+".join(modules)
 
 
-def applies(module: str, spec: Any) -> bool:
-    """Whether `module` re-runs anything in model `spec` (workload.ModelSpec)."""
+def applies(module: str, spec: Any, fused_norms: bool = False) -> bool:
+    """Whether `module` re-runs anything in model `spec` (workload.ModelSpec) on a runtime whose dense norms run
+    inside the next linear (`fused_norms`, Runtime.fused_norms) or not: there `layernorm` re-runs only latent
+    attention's input norm and a MoE block's pre-MLP norm (cost_models/recompute_modules_cost.py)."""
     needs, moe = MODULES[module].needs, spec.moe
     if needs == "any":
-        return True
+        return module != "layernorm" or not fused_norms or spec.mla is not None or moe is not None
     if needs == "mla":
         return spec.mla is not None
     if needs == "dense_mlp":
@@ -78,8 +80,15 @@ def applies(module: str, spec: Any) -> bool:
     return moe is not None  # "moe"
 
 
-def violations(modules: tuple[str, ...], spec: Any) -> list[str]:
-    """One line per module that would re-run nothing in `spec` (a pin that changes nothing is a mistake)."""
-    return [f"rcm={modules_text(modules)}: {m} recomputes {MODULES[m].what}, which model {spec.name!r} does not "
-            f"have; valid for it: {', '.join(n for n in MODULES if applies(n, spec))}"
-            for m in modules if not applies(m, spec)]
+FUSED = ("the norms that are modules of their own (latent attention's input norm, a MoE block's pre-MLP norm; "
+         "Transformer Engine runs a dense block's inside the next linear)")
+
+
+def violations(modules: tuple[str, ...], spec: Any, fused_norms: bool = False) -> list[str]:
+    """One line per module that would re-run nothing in `spec` (a pin that changes nothing is a mistake);
+    `fused_norms`: the runtime's (`applies`)."""
+    valid = ", ".join(n for n in MODULES if applies(n, spec, fused_norms))
+    what = {n: FUSED if n == "layernorm" and fused_norms else m.what for n, m in MODULES.items()}
+    return [f"rcm={modules_text(modules)}: {m} recomputes {what[m]}, which model {spec.name!r} does not have; "
+            f"valid for it: {valid}"
+            for m in modules if not applies(m, spec, fused_norms)]

@@ -12,6 +12,7 @@ the memory closed forms are the same sums of a few products (rel 1e-9).
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,11 +20,13 @@ import pytest
 from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.comm import comm_entries
+from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_with
 from paracube.cost_models.recompute_modules_cost import MLP_LABELS
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays
+from paracube.engine_options import EngineOptions
 from paracube.errors import ParacubeError
 from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
@@ -60,7 +63,8 @@ def test_runtimes_declare_their_modules() -> None:
         assert why and "\n" not in why and "rcm=layernorm" in why and "drop rcm=" in why
     assert RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=layernorm+mlp")) is None
     why = RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=moe_act"), model=DENSE)  # the model has no experts
-    assert why and "\n" not in why and "rcm=moe_act" in why and "valid for it: core_attn, layernorm, mlp" in why
+    # (nor a norm of its own: Megatron-core's fused norms, test_fused_layernorm_refused_on_dense_models)
+    assert why and "\n" not in why and "rcm=moe_act" in why and "valid for it: core_attn, mlp" in why
 
 
 @pytest.mark.parametrize(("model", "text"), CASES)
@@ -215,8 +219,10 @@ def test_planner_keeps_a_pin_and_climbs_the_ladder() -> None:
     """A pinned rcm= stays on every ranked layout (dense and MoE searches); a MoE layout that fits at no zero stage
     without modules is ranked with the first rung of the ladder that fits (dimensions.RCM_LADDER), which then fits."""
     topo = _topo()
-    dense = search(DENSE, TRAIN, topo, 8, fixed=parse_layout("dp=8,rcm=layernorm+mlp"), runtime="megatron")
+    dense = search(DENSE, TRAIN, topo, 8, fixed=parse_layout("dp=8,rcm=layernorm+mlp"), runtime="paracube")
     assert all(lay.recompute_modules == ("layernorm", "mlp") for lay, _ in dense.ranked)
+    dense = search(DENSE, TRAIN, topo, 8, fixed=parse_layout("dp=8,rcm=core_attn+mlp"), runtime="megatron")
+    assert all(lay.recompute_modules == ("core_attn", "mlp") for lay, _ in dense.ranked)
     moe = search(MLA, TRAIN, topo, 8, fixed=parse_layout("dp=8,ep=8,rcm=moe_act"), runtime="megatron")
     assert all(lay.recompute_modules == ("moe_act",) for lay, _ in moe.ranked)
     qwen = PRESETS["qwen3-30b-a3b"]
@@ -226,7 +232,85 @@ def test_planner_keeps_a_pin_and_climbs_the_ladder() -> None:
     cap = 0.9 * float(topo16.device.memory_bytes)  # `paracube plan`'s 10% headroom
     assert estimate(qwen, train, pin, topo16).memory.total > cap
     ranked = search(qwen, train, topo16, 16, fixed=pin, runtime="megatron", memory_headroom=0.1).ranked
-    best, est = ranked[0]
-    assert best.recompute_modules == ("layernorm", "moe_act") and est.memory.total <= cap
-    why = next(c for c in explain(ranked, pin) if c.part == "rcm")  # told as chosen, not pinned
-    assert (why.value, why.pinned) == ("rcm=layernorm+moe_act", False)
+    # the pin's own shape (etp=1; the search also ranks etp=2, which fits without modules): Megatron-core's fused
+    # norms leave layernorm+moe_act and core_attn+layernorm+moe_act 0.35 / 0.23 GiB over the cap; the rung with moe fits
+    same = [(lay, est) for lay, est in ranked if lay.etp == 1]
+    best, est = same[0]
+    assert best.recompute_modules == ("core_attn", "layernorm", "moe") and est.memory.total <= cap
+    why = next(c for c in explain(same, pin) if c.part == "rcm")  # told as chosen, not pinned
+    assert (why.value, why.pinned) == ("rcm=core_attn+layernorm+moe", False)
+
+
+# Fused norms (Runtime.fused_norms): per block kind, the norms rcm=layernorm re-runs where a dense block's run inside
+# the next linear. A MoE model with a dense first block of GQA attention (0 norms) and 3 MoE blocks (1 each: the
+# pre-MLP norm); tiny-mla without experts (1 a block: latent attention's input norm); tiny-mla (its dense MLA block 1,
+# its MoE MLA block 2). Paracube's executor re-runs both norms of every block.
+_TM = PRESETS["tiny-moe"]
+GQA_MOE = replace(_TM, name="tiny-moe-gqa", layers=4, kv_heads=2, moe=replace(_TM.moe, first_dense=1))
+MLA_DENSE = replace(MLA, name="tiny-mla-dense", moe=None)
+FUSED = [(GQA_MOE, ",ep=4", 3), (MLA_DENSE, "", 2), (MLA, ",ep=4", 3)]
+
+
+def test_runtimes_declare_fused_norms() -> None:
+    """Megatron-core (its Transformer Engine spec) runs a dense block's norms inside the next linear; paracube's
+    executor, torchtitan and DeepSpeed keep them as modules; engine_options carries it, to_dict lists it."""
+    assert {n: r.fused_norms for n, r in RUNTIMES.items()} == {
+        "paracube": False, "megatron": True, "torchtitan": False, "deepspeed": False}
+    assert RUNTIMES["megatron"].engine_options().fused_norms and RUNTIMES["megatron"].to_dict()["fused_norms"]
+    assert not RUNTIMES["paracube"].engine_options().fused_norms
+
+
+@pytest.mark.parametrize(("model", "ep", "norms"), FUSED)
+def test_fused_layernorm_closed_forms(model: object, ep: str, norms: int) -> None:
+    """rcm=layernorm against rcm=core_attn, one stage of L blocks (pp = 1), n = 4 micro-batches, T = mb s tokens,
+    k = t = 2 with sp, c = 2, bw the device's memory rate: it frees N c T h / k and re-runs N x 2 c T h / k / bw per
+    micro-batch, N the norms it recomputes (FUSED's; paracube's runtime: 2 L). Memory under the megatron runtime's
+    options, the re-run under fused_norms alone (megatron's host issue, host_issue.py, hides a tiny MoE block's GPU
+    work); both engines alike."""
+    text, c, k, n = "dp=4,tp=1d:2,sp,mb=1" + ep, 2.0, 2.0, 4
+    g = gemm_model(_topo(), "bf16")
+    bw = g.mem_bw * g.mem_eff
+    one = c * model.seq_len * model.hidden / k  # one norm's output, one micro-batch
+    for runtime, opts, want in (("paracube", RUNTIMES["paracube"].engine_options(), 2 * model.layers),
+                                ("megatron", RUNTIMES["megatron"].engine_options(), norms),
+                                ("fused", EngineOptions(fused_norms=True), norms)):
+        for engine in ("analytic", "event"):
+            a, b = (estimate_with(engine, model, TRAIN, parse_layout(f"{text},rcm={mods}"), _topo(), options=opts)
+                    for mods in ("core_attn", "core_attn+layernorm"))
+            assert a.memory.activations - b.memory.activations == pytest.approx(want * one, rel=1e-9), (runtime,
+                                                                                                          engine)
+            if runtime != "megatron":
+                assert b.compute_time_s - a.compute_time_s == pytest.approx(n * want * 2 * one / bw, rel=1e-6), (
+                    runtime, engine)
+
+
+def test_fused_layernorm_refused_on_dense_models(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
+    """rcm=layernorm on a dense model without latent attention re-runs nothing where the norms are fused: the
+    megatron runtime refuses it in one line naming itself, the model and what is valid (the runtime's refusal, the
+    estimate, the search, the CLI and the export of paracube's plan to it: exit 2); paracube's runtime prices it; with
+    latent attention it is valid."""
+    llama = PRESETS["llama3-8b"]
+    why = RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=layernorm"), model=llama)
+    assert why and "\n" not in why and "runtime megatron" in why and "'llama3-8b'" in why
+    assert "valid for it: core_attn, mlp" in why
+    assert RUNTIMES["paracube"].refusal(parse_layout("dp=8,rcm=layernorm"), model=llama) is None
+    assert RUNTIMES["megatron"].refusal(parse_layout("dp=8,rcm=layernorm"), model=MLA_DENSE) is None
+    assert not applies("layernorm", llama, fused_norms=True) and applies("layernorm", GQA_MOE, fused_norms=True)
+    with pytest.raises(ParacubeError) as err:
+        estimate(llama, TRAIN, parse_layout("dp=8,rcm=layernorm"), _topo(), fused_norms=True)
+    assert "\n" not in str(err.value) and "valid for it: core_attn, mlp" in str(err.value)
+    with pytest.raises(ParacubeError, match="valid for it: core_attn, mlp"):
+        search(DENSE, TRAIN, _topo(), 8, fixed=parse_layout("dp=8,rcm=layernorm"), runtime="megatron")
+    for cmd in ("simulate", "plan"):
+        argv = [cmd, "--runtime", "megatron", "--layout", "dp=8,rcm=layernorm", "--model", "llama3-8b",
+                "--cluster", "dgx-h100", "--gpus", "8"]
+        code = main(argv + (["-o", "/dev/null"] if cmd == "plan" else []))
+        out = capsys.readouterr().err.strip()
+        assert code == 2 and "\n" not in out and "runtime megatron" in out and "valid for it: core_attn, mlp" in out
+    plan = f"{tmp_path}/p.json"
+    assert main(["plan", "--layout", "dp=8,rcm=layernorm", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus",
+                 "8", "-o", plan]) == 0
+    capsys.readouterr()
+    assert main(["export", plan, "--to", "megatron", "-o", f"{tmp_path}/x"]) == 2
+    out = capsys.readouterr().err.strip()
+    assert "\n" not in out and "runtime megatron" in out and "valid for it: core_attn, mlp" in out

@@ -39,7 +39,8 @@ def _check_runtime(plan: Plan, target: str, source: str) -> None:
     made_for = get_runtime(plan.runtime)
     runtime = for_target(target) or get_runtime(DEFAULT_RUNTIME)
     why = runtime.refusal(plan.layout, plan.model.family, plan.model.tied_embeddings, plan.training.dtype,
-                          windowed=plan.model.sliding_window is not None, sinks=plan.model.attention_sinks)
+                          windowed=plan.model.sliding_window is not None, sinks=plan.model.attention_sinks,
+                          model=plan.model)  # rcm= modules the model has no block for on this runtime
     if why:
         made = "" if made_for is runtime else f" (made for runtime {made_for.name}; plan with --runtime {runtime.name})"
         raise ParacubeError(f"{source}: cannot export to {target}: layout {plan.layout}: {why}{made}")

@@ -141,7 +141,7 @@ def prepare(model: ModelSpec, training: TrainingSpec, layout: Layout,
     if d.recompute_modules is not None and model.moe is not None:  # the MoE blocks' own: moe.py's
         d = replace(d, recompute_modules=dense_modules(d, True))
     mb, note = resolve_micro_batch(layout, d)
-    bad = violations(layout, d, mb) + moe_violations(model, layout)
+    bad = violations(layout, d, mb) + moe_violations(model, layout, o.fused_norms)
     if layout.a2ao and d.recompute == "full":  # Megatron-core refuses it; not priced (moe_a2a_overlap.py)
         bad.append("a2ao (the MoE all_to_all overlap) does not run with full recomputation; valid: rc=none/selective")
     if layout.zero >= 2 and layout.pp > 1 and d.tied:

@@ -64,7 +64,7 @@ from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
-from paracube.cost_models.recompute_modules_cost import MOE_REGION, experts_rerun, moe_rcm_saved, moe_side
+from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_rcm_saved, moe_rerun, moe_side
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import ExpertSizes, block_bwd, block_fwd
@@ -157,7 +157,7 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     wait = sync_seconds(moe, d, g)  # the GPU's idle while its host waits for the expert counts (host_sync.py)
     fwd = local * float(up[0] + down[0]) + float(router[0]) + pf / bw + wait
     bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2]) + pb / bw \
-        + experts_rerun(d, moe_side(layout), R, fe, bw)  # rcm=moe_act (recompute_modules_cost.py)
+        + moe_rerun(d, layout, mb, R, fe, bw)  # rcm=moe_act, layernorm (recompute_modules_cost.py)
     z = ExpertSizes(T=T, k=moe.top_k, received=R / layout.etp)
     return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp), d, z, layout, "fwd", block),
                      _events(block_bwd(d, layout.etp), d, z, layout, "bwd", block), T, R,
@@ -275,8 +275,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.sent += sum(e.sent_bytes() for e in out.events)
         acts = d.c * (b.received * d.h + 3 * b.received * moe.expert_ffn / layout.etp) + 4 * b.tokens * moe.experts
         out.memory["activations"] += (1 if rec else k) * in_flight * acts
-        if mods:  # what rcm= no longer keeps (recompute_modules_cost.py)
-            out.memory["activations"] -= in_flight * moe_rcm_saved(model, d, layout, mb, held, mods, acts, b.received)
+        # what rcm= no longer keeps (recompute_modules_cost.py; 0 without it)
+        out.memory["activations"] -= in_flight * moe_rcm_saved(model, d, layout, mb, held, mods, acts, b.received)
         out.buffers = 2 * d.c * b.tokens * moe.top_k * d.h
         if d.fp8 and d.fp8_experts:  # each expert weight's FP8 copy and its transpose (fp8.WEIGHT_COPY_BYTES)
             out.memory["temporaries"] += 2.0 * n_exp

@@ -10,11 +10,12 @@ from paracube.recompute_modules import violations as rcm_violations
 from paracube.workload import ModelSpec
 
 
-def violations(model: ModelSpec, layout: Layout) -> list[str]:
-    """What a layout's ep / etp (and off, rcm) cannot do with this model (one clause each, naming the valid values)."""
+def violations(model: ModelSpec, layout: Layout, fused_norms: bool = False) -> list[str]:
+    """What a layout's ep / etp (and off, rcm) cannot do with this model (one clause each, naming the valid values);
+    `fused_norms`: the runtime's (Runtime.fused_norms: rcm=layernorm re-runs no norm of a dense block)."""
     moe = model.moe
     if layout.recompute_modules:  # a module that re-runs nothing in this model (recompute_modules.py)
-        bad = rcm_violations(layout.recompute_modules, model)
+        bad = rcm_violations(layout.recompute_modules, model, fused_norms)
         if bad:
             return bad
     if layout.offload and priced(model):  # the search never offers it there (planner/experts.py): refused alike

@@ -17,10 +17,17 @@ Sources: megatron-core 0.16.1.
 - core_attn (region; transformer/attention.py:328-331, 381 _checkpointed_attention_forward): recompute.py's
   "attention" rule: the core's forward again, its own tensors not kept (activations.py, block_acts.py).
 - layernorm (discard: CheckpointWithoutOutput, transformer_layer.py:576-616 input norm, 671-680 and 797-803 pre-MLP
-  norm): re-run the two norms' forward, 2 x 2 c T h / k / bw (each reads and writes c T h / k); no longer kept: their
-  outputs, 2 c T h / k. (Megatron's Transformer Engine spec fuses a dense block's norms into the next linear, an
-  IdentityOp the flag skips, transformer_layer.py:383-440: there only MLA's input norm and a MoE block's pre-MLP norm
-  are modules; priced here as paracube's executor runs them, both norms of every block.)
+  norm): re-run the forward of n norms, n x 2 c T h / k / bw (each reads and writes c T h / k); no longer kept: their
+  outputs, n c T h / k. n per block (`block_norms`) by the runtime (Dims.fused_norms, Runtime.fused_norms): both norms,
+  n = 2, where each is a module of its own (paracube's executor); where its dense norms run inside the next linear
+  (Megatron-core's Transformer Engine spec, models/gpt/gpt_layer_specs.py: standard attention's input norm inside
+  linear_qkv, TELayerNormColumnParallelLinear, :279; a dense MLP's pre-MLP norm inside linear_fc1, :265 / :291 /
+  :492-497; both left IdentityOp, which transformer_layer.py:379-444 does not recompute: 384, 432), n counts only latent
+  attention's input norm (a TENorm, :248) and a MoE block's pre-MLP norm (a TENorm, the router reads it): a dense
+  standard-attention block 0, a MoE or latent-attention block 1, a MoE block with latent attention 2. The dense
+  engines price every block's share (`dense_norms`: 2, or latent attention's 1), moe.py each MoE block's pre-MLP norm
+  under fused norms (`moe_rerun`, `moe_rcm_saved`). Under mlp with fused norms the pre-MLP norm's output is
+  inside fc1 and mlp frees it (`mlp_saved`).
 - mla_up_proj (discard, multi_latent_attention.py:119, 838-845, discarded at 344-347): re-run the q / kv up
   projections' forward GEMMs (q_up [r_q, H d_qk] or, without q_lora_rank, q_proj [h, H d_qk]; kv_up [r_kv,
   H (d_n + d_v)], column-parallel) and their rotary / concatenation (writing q, k, v: c T H (2 d_qk + d_v) / t, read
@@ -87,6 +94,24 @@ def dense_modules(d: Dims, has_moe: bool) -> tuple[str, ...] | None:
     return tuple(m for m in d.recompute_modules if m in DENSE)
 
 
+def block_norms(d: Dims, moe_block: bool) -> int:
+    """Norms rcm=layernorm re-runs in one block (module docstring): 2, or with fused norms latent attention's input
+    norm and a MoE block's pre-MLP norm."""
+    return int(d.mla is not None) + int(moe_block) if d.fused_norms else 2
+
+
+def dense_norms(d: Dims) -> int:
+    """Of `block_norms`, those of every block (the dense engines'); a MoE block's pre-MLP norm under fused norms is
+    moe.py's (`moe_norms`)."""
+    return block_norms(d, False) if "layernorm" in modules(d) else 0
+
+
+def moe_norms(d: Dims) -> int:
+    """Of `block_norms`, the MoE blocks' own: their pre-MLP norm under fused norms (the dense engines price both
+    norms of every block otherwise)."""
+    return block_norms(d, True) - block_norms(d, False) if "layernorm" in modules(d) else 0
+
+
 def _shards(mode: str, b: LayoutBatch) -> Arr:
     return np.asarray(MODES[mode].act_split(b.t, b.sp), dtype=float)
 
@@ -109,7 +134,7 @@ def dense_time(d: Dims, mode: str, b: LayoutBatch, g: object) -> Arr:
     c = float(d.c)
     out = np.zeros_like(T)
     if "layernorm" in mods:
-        out = out + 4 * c * T * d.h / _shards(mode, b) / bw
+        out = out + dense_norms(d) * 2 * c * T * d.h / _shards(mode, b) / bw
     if "mla_up_proj" in mods and d.mla is not None:
         r_q, wq, wkv, qkv = mla_widths(d)
         m = MODES[mode]
@@ -127,11 +152,12 @@ def dense_time(d: Dims, mode: str, b: LayoutBatch, g: object) -> Arr:
     return out
 
 
-def mlp_saved(d: Dims, T: Arr, t: Arr, shards: Arr, f: float, mods: tuple[str, ...]) -> Arr:
-    """Bytes a dense MLP of width f keeps that `mlp` no longer keeps (module docstring), one block."""
+def mlp_saved(d: Dims, T: Arr, t: Arr, shards: Arr, f: float) -> Arr:
+    """Bytes a dense MLP of width f keeps that `mlp` no longer keeps (module docstring), one block; its norm's output
+    unless layernorm frees it (a norm of its own: not under fused norms)."""
     gated = 2.0 if d.family == "llama" else 1.0
     inner = d.c * T * (gated + 1.0) * f / t
-    return inner + (0.0 if "layernorm" in mods else d.c * T * d.h / shards)
+    return inner + (0.0 if "layernorm" in modules(d) and not d.fused_norms else d.c * T * d.h / shards)
 
 
 def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
@@ -143,13 +169,13 @@ def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     c = float(d.c)
     out = np.zeros_like(T)
     if "layernorm" in mods:
-        out = out + 2 * c * T * d.h / shards
+        out = out + dense_norms(d) * c * T * d.h / shards
     if "mla_up_proj" in mods and d.mla is not None:  # paracube's count, core recomputed: the up outputs it keeps
         m = d.mla
         up = d.heads * (m.qk_head_dim + m.qk_nope_head_dim + m.v_head_dim)
         out = out + c * T * (up if d.activations == "paracube" and core_recomputed(d) else mla_widths(d)[3]) / t
     if "mlp" in mods:
-        out = out + mlp_saved(d, T, t, shards, float(d.f), mods)
+        out = out + mlp_saved(d, T, t, shards, float(d.f))
     return out
 
 
@@ -184,21 +210,34 @@ def moe_saved(d: Dims, mods: tuple[str, ...], acts: float, R: float, fe: float, 
     return (d.c * R * fe if "moe_act" in mods else 0.0) + (shared_inner if "shared_experts" in mods else 0.0)
 
 
+def _layout_shards(layout: Any) -> float:
+    """The activations' split k of a layout (TensorMode.act_split)."""
+    return float(np.asarray(MODES[layout.mode].act_split(np.array([layout.tensor_size]),
+                                                          np.array([int(layout.sequence_parallel)])))[0])
+
+
+def moe_rerun(d: Dims, layout: Any, mb: int, R: float, fe: float, bw: float) -> float:
+    """Forward seconds rcm= re-runs per MoE block beyond the dense engines' (module docstring): `experts_rerun` and
+    layernorm's `moe_norms` (the pre-MLP norm under fused norms), 2 c T h / k / bw each."""
+    norms = moe_norms(d) * 2 * d.c * mb * d.s * d.h / _layout_shards(layout) / bw
+    return experts_rerun(d, moe_side(layout), R, fe, bw) + norms
+
+
 def moe_rcm_saved(model: Any, d: Dims, layout: Any, mb: int, held: list[int], mods: tuple[str, ...], acts: float,
                   R: float) -> float:
     """Bytes a stage's blocks `held` (global indices) of a model with MoE blocks no longer keep per micro-batch under
     the MoE side's modules (`moe_side`): each MoE block's `moe_saved` (`acts`: its MoE layer's tensors,
-    moe.stage_cost), each dense block's `mlp_saved` at its width (ModelSpec.ffn_hidden)."""
+    moe.stage_cost) and its `moe_norms`' outputs, each dense block's `mlp_saved` at its width (ModelSpec.ffn_hidden)."""
     moe = model.moe
     T, t = float(mb * d.s), float(layout.tensor_size)
-    shards = float(np.asarray(MODES[layout.mode].act_split(np.array([layout.tensor_size]),
-                                                             np.array([int(layout.sequence_parallel)])))[0])
+    shards = _layout_shards(layout)
     k = sum(1 for i in held if moe.is_moe_layer(i))
-    per_moe = moe_saved(d, mods, acts, R, moe.expert_ffn / layout.etp, float(moe.shared_ffn), T, t)
-    dense = float(mlp_saved(d, T, t, shards, float(model.ffn_hidden), mods)) if "mlp" in mods else 0.0  # type: ignore[arg-type]
+    per_moe = moe_saved(d, mods, acts, R, moe.expert_ffn / layout.etp, float(moe.shared_ffn), T, t) \
+        + moe_norms(d) * d.c * T * d.h / shards
+    dense = float(mlp_saved(d, T, t, shards, float(model.ffn_hidden))) if "mlp" in mods else 0.0  # type: ignore[arg-type]
     return k * per_moe + (len(held) - k) * dense
 
 
-__all__ = ["DENSE", "MLP_LABELS", "again_collectives", "by_module", "core_recomputed", "dense_modules", "dense_saved",
-           "dense_time", "experts_rerun", "mla_widths", "modules", "moe_rcm_saved", "moe_saved", "moe_side",
-           "mlp_saved"]
+__all__ = ["DENSE", "MLP_LABELS", "again_collectives", "block_norms", "by_module", "core_recomputed", "dense_modules",
+           "dense_norms", "dense_saved", "dense_time", "experts_rerun", "mla_widths", "modules", "moe_norms",
+           "moe_rcm_saved", "moe_rerun", "moe_saved", "moe_side", "mlp_saved"]

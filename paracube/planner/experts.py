@@ -145,7 +145,7 @@ def module_rungs(model: ModelSpec, training: TrainingSpec, rt: Runtime, fixed: L
         return []
     out: list[tuple[str, ...]] = []
     for rung in values(RCM, rt, fixed):
-        kept = tuple(m for m in rung if applies(m, model))  # type: ignore[union-attr]
+        kept = tuple(m for m in rung if applies(m, model, rt.fused_norms))  # type: ignore[union-attr]
         if kept and kept not in out:
             out.append(kept)
     return out

@@ -161,7 +161,7 @@ def search(
     every configuration that cannot enter the ranking; the ranking is the same."""
     t0 = time.perf_counter()
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
-    bad_experts = moe_violations(model, fixed) if fixed is not None else []
+    bad_experts = moe_violations(model, fixed, rt.fused_norms) if fixed is not None else []
     check(not bad_experts, f"layout {fixed}: {'; '.join(bad_experts)}")
     mla_only = model.moe is None and model.head_size is None and rt.mla  # dense MLPs with MLA: runtime.mla
     check(not priced(model) or rt.moe_blocks or mla_only, f"runtime {rt.name} ({rt.title}) does not train "

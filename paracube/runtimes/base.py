@@ -41,6 +41,9 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
 - `recompute_modules`: the modules a layout's `rcm=` may name (paracube/recompute_modules.py: Megatron-core's
   --recompute-modules; Megatron-core and paracube's executor all seven, the others none); `refusal` names them; both
   engines price each (cost_models/recompute_modules_cost.py), the search tries them on layouts that do not fit.
+- `fused_norms`: its dense norms run inside the next linear (Transformer Engine's LayerNormLinear: Megatron-core's TE
+  spec), so rcm=layernorm recomputes only latent attention's input norm and a MoE block's pre-MLP norm; both engines
+  price it (recompute_modules_cost.py), `refusal` refuses rcm=layernorm where it recomputes nothing.
 - `moe_a2a_overlap`: the MoE dispatch / combine all_to_alls of one micro-batch overlapped with another's compute
   (Layout `a2ao`; Megatron-core's --overlap-moe-expert-parallel-comm, opt-in: `moe_a2a_overlap_default` False), with
   its constraints (`a2a_overlap_refusal`: ep > 1, pp = 1 or interleaved, no full recomputation, 16-bit training);
@@ -143,6 +146,7 @@ class Runtime:
     moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
     selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
     recompute_modules: tuple[str, ...] = ()  # what a layout's rcm= may name (module docstring; recompute_modules.py)
+    fused_norms: bool = False  # its dense norms run inside the next linear (module docstring)
     moe_a2a_overlap: bool = False  # it runs Layout `a2ao` (module docstring)
     moe_host_sync: bool = False  # its dropless MoE forward waits on the host for the expert counts (module docstring)
     moe_host_ops: MoEHostOps | None = None  # ops its host issues per MoE block (module docstring)
@@ -169,7 +173,7 @@ class Runtime:
                              fsdp_prefetch=self.fsdp_prefetch, grad_bytes=self.grad_bytes,
                              gather_16bit=self.param_gather_16bit, fp8_param_gather=self.fp8_param_gather,
                              fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts,
-                             moe_dispatch=self.moe_dispatch, selective=self.selective,
+                             moe_dispatch=self.moe_dispatch, selective=self.selective, fused_norms=self.fused_norms,
                              moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops,
                              offload_overlap=self.offload is not None and self.offload.overlap)
 
@@ -222,7 +226,7 @@ class Runtime:
             return f"{who} does not run hybrid sharding (shard={layout.shard}); drop shard="
         if layout.recompute is not None and layout.recompute not in self.recomputes:
             return f"{who} does not run rc={layout.recompute}; valid: rc={'/'.join(self.recomputes)}"
-        why_rcm = rcm_refusal(self.recompute_modules, layout, model)
+        why_rcm = rcm_refusal(self.recompute_modules, layout, model, self.fused_norms)
         if why_rcm:
             return f"{who} {why_rcm}"
         if dtype is not None and dtype not in self.dtypes:

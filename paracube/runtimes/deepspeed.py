@@ -48,6 +48,9 @@ RUNTIME = Runtime(
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
     chunk_note=" (Megatron-DeepSpeed has no chunked attention)",
+    # no rcm= (recompute_modules empty), so fused_norms is never read (Megatron-DeepSpeed's norms are modules of
+    # their own, as far as we know; it is not installed here)
+    fused_norms=False,
     sliding_window=False,  # Megatron-DeepSpeed has no window argument (module docstring)
     attention_sinks=False,  # nor GPT-OSS's sinks (export/oss_flags.py)
     # activation_checkpointing.cpu_checkpointing: with full recomputation, every layer's checkpoint but the last on

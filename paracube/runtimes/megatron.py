@@ -57,6 +57,12 @@ RUNTIME = Runtime(
     # --recompute-granularity selective --recompute-modules ... (TransformerConfig.recompute_modules, megatron-core
     # 0.16.1 transformer_config.py; transformer_layer.py:379-450): every module (recompute_modules.py)
     recompute_modules=tuple(MODULES),
+    # the Transformer Engine spec (models/gpt/gpt_layer_specs.py): standard attention's input norm inside linear_qkv
+    # (TELayerNormColumnParallelLinear, :279; input_layernorm left IdentityOp, transformer/transformer_layer.py:224), a
+    # dense MLP's pre-MLP norm inside linear_fc1 (:265, :291 IdentityOp without experts; :492-497); MLA's input norm
+    # (:248) and a MoE block's pre-MLP norm (the router reads it) are TENorm modules; transformer_layer.py:379-444
+    # recomputes only a norm that is no IdentityOp (cost_models/recompute_modules_cost.py)
+    fused_norms=True,
     # --overlap-moe-expert-parallel-comm (combined 1F1B, pipeline_parallel/combined_1f1b.py): runs, opt-in
     # (megatron-core 0.16 ModelParallelConfig.overlap_moe_expert_parallel_comm = False)
     moe_a2a_overlap=True,

@@ -92,6 +92,7 @@ RUNTIME = Runtime(
     moe_blocks=True,
     moe_check=executor_refusal,
     recompute_modules=tuple(MODULES),  # rcm=: every module in every mode (executor/, branch exec_rcm)
+    fused_norms=False,  # its norms are modules of their own, rcm=layernorm re-runs both (executor/model/blocks.py)
     moe_host_sync=True,  # the split sizes and expert counts read on the host (executor/model/moe.py `.tolist()`)
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
     mla_with_moe=True,  # MLA + MoE blocks in one model (DeepSeek-V2/V3), tests/test_moe_run.py

@@ -24,9 +24,11 @@ def a2a_refusal(runs: bool, layout: Layout, dtype: str | None = None) -> str | N
     return None
 
 
-def rcm_refusal(modules: tuple[str, ...], layout: Layout, model: object | None = None) -> str | None:
+def rcm_refusal(modules: tuple[str, ...], layout: Layout, model: object | None = None,
+                fused_norms: bool = False) -> str | None:
     """Why `rcm=` cannot run on this layout, `modules`: those the runtime recomputes (Runtime.recompute_modules);
-    with the model, a module it has no block for (recompute_modules.violations; the estimate checks it too)."""
+    with the model, a module it has no block for (recompute_modules.violations, with the runtime's `fused_norms`:
+    rcm=layernorm on a dense model without latent attention; the estimate checks it too)."""
     pinned = layout.recompute_modules
     if not pinned:
         return None
@@ -36,7 +38,7 @@ def rcm_refusal(modules: tuple[str, ...], layout: Layout, model: object | None =
     lacking = [m for m in pinned if m not in modules]
     if lacking:
         return f"does not recompute {', '.join(lacking)} (rcm={modules_text(pinned)}); valid: {', '.join(modules)}"
-    bad = violations(pinned, model) if model is not None else []
+    bad = violations(pinned, model, fused_norms) if model is not None else []
     return f"cannot run {bad[0]}" if bad else None
 
 

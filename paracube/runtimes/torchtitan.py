@@ -44,6 +44,9 @@ RUNTIME = Runtime(
     dtypes=("bf16", "fp32", "fp8"),
     fp8_scaling="dynamic",
     selective="op",  # SelectiveAC: per-op selective activation checkpointing (cost_models/recompute.py)
+    # no rcm= (recompute_modules empty), so fused_norms is never read; its norms are modules of their own anyway
+    # (attention_norm / ffn_norm, torchtitan 0.3.0 models/llama3/model.py:39-40)
+    fused_norms=False,
     grad_overlap=True,
     grad_overlap_default=True,
     grad_overlap_pp=True,
