@@ -320,13 +320,13 @@ def test_blockwise_attention_with_online_softmax_equals_sdpa() -> None:
     with grouped-query attention (2 query heads per kv head). fp64: the two sum the same terms in other orders,
     so they agree to ~1e-15; 1e-12 leaves that margin, a wrong mask or merge is off by O(1)."""
     from paracube.executor.layers.context_parallel import (
-        _expand,
-        _fold,
         block_backward,
         block_forward,
         chunk_positions,
         merge,
     )
+    from paracube.executor.layers.kv_heads import expand as _expand
+    from paracube.executor.layers.kv_heads import fold as _fold
 
     torch.manual_seed(0)
     b, heads, kv_heads, s, d, cp = 2, 4, 2, 16, 8, 4

@@ -6,10 +6,11 @@ total/q^2, 1d replicated norms, row biases and pos_emb), as the executor holds i
 their gradients in fp32 buckets (4; grad_sync.py, Megatron's main_grad; Dims.grad_bytes: 2 for a runtime keeping
 16-bit gradients, DeepSpeed's ZeRO), and AdamW's fp32 state: two moments
 (8) plus, for a 16-bit compute dtype, the fp32 master weights (4; optim.MasterAdamW). fp32: 4 + 4 + 8 = 16
-bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer, executor/data_parallel/distributed_adamw.py):
-optimizer 12 ceil(n / z) = fp32 master shard + two moments, in every dtype (the reduce-scatter writes the
-shard in place, into the bucket: no extra gradient buffer), so c + 4 + 12/z (one bucket padded to a
-multiple of z; with several buckets each is padded, < z elements more per bucket). z = `zero_shards`: the
+bytes; bf16/fp16: 2 + 4 + 12 = 18 (Megatron's figure). zero=1 (distributed optimizer,
+executor/data_parallel/distributed_adamw.py): optimizer 12 ceil(n / z) = fp32 master shard + two moments, in every
+dtype (the reduce-scatter writes the shard in place, into the bucket: no extra gradient buffer), so c + 4 + 12/z
+(one bucket padded to a multiple of z; with several buckets each is padded, < z elements more per bucket).
+z = `zero_shards`: the
 ranks of the mode's grad_axes, dp (2.5D: dp x depth, its weights' replicas over depth shard too).
 zero=2 / zero=3 (`with_zero`, executor/data_parallel/sharded.py): FSDP units padded to a multiple of the zero
 group; gradients and optimizer state (zero=3: parameters too) per rank are the shards, 16-bit 2 + 16/d and 18/d

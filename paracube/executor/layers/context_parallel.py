@@ -48,6 +48,8 @@ from torch import Tensor
 from paracube.executor.comm import all_gather, reduce_scatter
 from paracube.executor.layers.attention_mask import effective_window, ranges_meet, visible
 from paracube.executor.layers.functional import upcast
+from paracube.executor.layers.kv_heads import expand as expand_kv
+from paracube.executor.layers.kv_heads import fold as fold_kv
 from paracube.executor.layers.sinks import sink_grad, sink_merge
 from paracube.executor.mesh import Mesh
 from paracube.modes import MODES, context
@@ -74,19 +76,6 @@ def load_balanced(t: Tensor, cp: int, i: int) -> Tensor:
 
 
 # --- block math ---------------------------------------------------------------------------------------------
-def _expand(t: Tensor, group: int) -> Tensor:
-    """kv heads [b, kv, n, d] -> their query heads' [b, kv * group, n, d] (query head g * group + r reads kv g)."""
-    return t if group == 1 else t.repeat_interleave(group, dim=1)
-
-
-def _fold(t: Tensor, group: int) -> Tensor:
-    """The query heads' gradient [b, kv * group, n, d] summed back onto their kv heads [b, kv, n, d]."""
-    if group == 1:
-        return t
-    b, h, n, d = t.shape
-    return t.view(b, h // group, group, n, d).sum(2)
-
-
 def _scores(q: Tensor, k: Tensor, allowed: Tensor) -> Tensor:
     s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return s.masked_fill(~allowed, float("-inf"))
@@ -184,7 +173,7 @@ class _RingAttention(torch.autograd.Function):
             reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, False) if step < ring.cp - 1 else ([], held)
             j = (ring.i - step) % ring.cp
             if ring.live[j]:  # the own block (step 0) always is: each query sees itself
-                o, l_j = block_forward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
+                o, l_j = block_forward(qf, expand_kv(upcast(held[0]), group), expand_kv(upcast(held[1]), group),
                                        ring.allowed(j))
                 out, lse = (o, l_j) if out is None else merge(out, lse, o, l_j)  # type: ignore[arg-type]
             _wait(reqs)
@@ -211,10 +200,10 @@ class _RingAttention(torch.autograd.Function):
             reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, True) if step < ring.cp - 1 else ([], held)
             j = (ring.i - step) % ring.cp
             if ring.live[j]:
-                dq_j, dk, dv = block_backward(qf, _expand(upcast(held[0]), group), _expand(upcast(held[1]), group),
+                dq_j, dk, dv = block_backward(qf, expand_kv(upcast(held[0]), group), expand_kv(upcast(held[1]), group),
                                               ring.allowed(j), do, lse, delta)
                 dq += dq_j
-                mine = torch.stack([_fold(dk, group), _fold(dv, group)])
+                mine = torch.stack([fold_kv(dk, group), fold_kv(dv, group)])
             else:  # no query here sees the block: it adds nothing to dK, dV, which still travel on with it
                 mine = torch.zeros((2, *k.shape), dtype=qf.dtype, device=qf.device)
             if arriving is not None:
@@ -240,7 +229,7 @@ class _GatherAttention(torch.autograd.Function):
         group = q.shape[1] // k.shape[1]
         kv = all_gather(torch.stack([k, v]), mesh, CP, 3, label=ring.kv_label)  # [2, b, kv, s, d], cp index order
         allowed = ring.allowed_all()
-        out, lse = block_forward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group), allowed)
+        out, lse = block_forward(upcast(q), expand_kv(upcast(kv[0]), group), expand_kv(upcast(kv[1]), group), allowed)
         out, lse = sink_merge(out, lse, sinks)
         result = heads_inner(out.to(q.dtype))
         ctx.save_for_backward(q, k, v, result, lse, sinks)
@@ -257,9 +246,9 @@ class _GatherAttention(torch.autograd.Function):
         allowed = ring.allowed_all()
         do = upcast(grad)
         delta = (do * upcast(out)).sum(-1, keepdim=True)
-        dq, dk, dv = block_backward(upcast(q), _expand(upcast(kv[0]), group), _expand(upcast(kv[1]), group),
+        dq, dk, dv = block_backward(upcast(q), expand_kv(upcast(kv[0]), group), expand_kv(upcast(kv[1]), group),
                                     allowed, do, lse, delta)
-        dkv = reduce_scatter(torch.stack([_fold(dk, group), _fold(dv, group)]).to(k.dtype), mesh, CP, 3,
+        dkv = reduce_scatter(torch.stack([fold_kv(dk, group), fold_kv(dv, group)]).to(k.dtype), mesh, CP, 3,
                              backward=True, label=ring.dkv_label)
         return dq.to(q.dtype), dkv[0], dkv[1], None, None, None, sink_grad(sinks, lse, delta)
 

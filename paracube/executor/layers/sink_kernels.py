@@ -42,6 +42,9 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend
 
+from paracube.executor.layers.kv_heads import expand as expand_kv
+from paracube.executor.layers.kv_heads import fold as fold_kv
+
 aten = torch.ops.aten
 _BIAS_ALIGN = 16  # the efficient kernel's bias row alignment (scaled_dot_product_attention pads to it)
 
@@ -78,17 +81,6 @@ def _bias(allowed: Tensor | None, q: Tensor, keys: int) -> Tensor:
     return padded.expand(b, heads, c, keys)
 
 
-def _repeat(t: Tensor, group: int) -> Tensor:
-    return t if group == 1 else t.repeat_interleave(group, dim=1)
-
-
-def _fold(t: Tensor, group: int) -> Tensor:
-    if group == 1:
-        return t
-    b, h, n, d = t.shape
-    return t.view(b, h // group, group, n, d).sum(2)
-
-
 def kernel_for(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> str | None:
     """The fused kernel that runs these operands (module docstring), or None (the padded path)."""
     gqa = q.shape[1] != k.shape[1]
@@ -121,7 +113,7 @@ def _forward(kernel: str, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | Non
         return out, lse, (seed, offset)
     group = q.shape[1] // k.shape[1]
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
-        q, _repeat(k, group), _repeat(v, group), _bias(allowed, q, k.shape[2]), True, 0.0, False, scale=scale)
+        q, expand_kv(k, group), expand_kv(v, group), _bias(allowed, q, k.shape[2]), True, 0.0, False, scale=scale)
     return out, lse, (seed, offset)
 
 
@@ -138,9 +130,9 @@ def _backward(kernel: str, grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
             grad, q, k, v, out, lse, None, None, c, keys, 0.0, True, *state, scale=scale)
     group = q.shape[1] // k.shape[1]
     dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-        grad, q, _repeat(k, group), _repeat(v, group), _bias(allowed, q, k.shape[2]), out, lse, *state, 0.0,
+        grad, q, expand_kv(k, group), expand_kv(v, group), _bias(allowed, q, k.shape[2]), out, lse, *state, 0.0,
         [True, True, True, False], False, scale=scale)
-    return dq, _fold(dk, group), _fold(dv, group)
+    return dq, fold_kv(dk, group), fold_kv(dv, group)
 
 
 class _FusedSinkFlash(torch.autograd.Function):
