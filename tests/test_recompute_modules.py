@@ -11,7 +11,7 @@ the memory closed forms are the same sums of a few products (rel 1e-9).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
@@ -21,7 +21,7 @@ from paracube.cost_models.analytic import estimate
 from paracube.cost_models.comm import comm_entries
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_with
-from paracube.cost_models.recompute_modules_cost import MLP_LABELS
+from paracube.cost_models.recompute_modules_cost import AFTER_LAST_SAVED, MLP_LABELS, NORM_LABELS
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.errors import ParacubeError
@@ -152,23 +152,36 @@ def test_moe_reruns_its_all_to_alls() -> None:
 
 
 @pytest.mark.parametrize(("mode", "shape", "sp", "kw"), [("1d", (2,), True, None), ("1d", (2,), False, None),
-                                                       ("2d", (2, 2), False, 1), ("3d", (2, 2, 2), False, 0)])
-def test_mlp_reissues_its_tensor_collectives(mode: str, shape: tuple[int, ...], sp: bool, kw: int | None) -> None:
-    """rcm=mlp re-runs the MLP's forward in backward, its tensor-parallel collectives with it: the explicit list holds
-    each block's MLP forward collectives once more in phase "recompute" (kept weights, kw=1, not gathered again), and
-    the closed form (comm.py) sums the same calls and bytes per (kind, axes, dtype); pp = 3 interleaved, each stage."""
+                                                       ("2d", (2, 2), False, 1), ("2d", (2, 2), False, 0),
+                                                       ("3d", (2, 2, 2), False, 0)])
+def test_mlp_and_layernorm_reissue_their_tensor_collectives(mode: str, shape: tuple[int, ...], sp: bool,
+                                                            kw: int | None) -> None:
+    """rcm=mlp re-runs the MLP's forward in backward up to its region's last saved tensor, its tensor-parallel
+    collectives with it (not the last linear's output reduce / bias gather after its GEMM: AFTER_LAST_SAVED; 1D
+    without sp then none); rcm=layernorm re-runs the norms alone, their collectives with them (2D / 3D: statistics,
+    gamma / beta). The explicit list holds exactly those of each block's forward once more in phase "recompute" (kept
+    weights, kw=1, not gathered again), and the closed form (comm.py) sums the same calls and bytes per (kind, axes,
+    dtype); pp = 3 interleaved, each stage. tests/test_recompute_modules_run.py: the list equals the executor's."""
     model = PRESETS["small"]
     training = TrainingSpec(global_batch=2 * 8 * 6, dtype="bf16", recompute="selective")
     for stage in ("first", "middle", "last"):
         layout = Layout(dp=2, pp=3, mode=mode, shape=shape, micro_batch=8, interleave=1, sequence_parallel=sp,
-                        keep_weights=kw, recompute_modules=("core_attn", "mlp"))
+                        keep_weights=kw, recompute_modules=("core_attn", "layernorm", "mlp"))
         d = with_pins(dims_of(model, training), layout)
         events = stage_events(layout, d, 8, stage)
-        again = [e for e in events if e.phase == "recompute"]
-        mlp_fwd = [e for e in events if e.phase == "fwd" and e.label.split(".", 2)[-1].startswith(MLP_LABELS)
-                   and e.label.startswith("layers.")]
-        kept = kw == 1 and bool(MODES[mode].keeps_weights)
-        assert again and (len(again) < len(mlp_fwd) if kept else len(again) == len(mlp_fwd)), (mode, stage)
+
+        def key(e: object) -> tuple:
+            return (e.kind, e.axes, e.payload_bytes, e.dtype, e.label)  # type: ignore[attr-defined]
+
+        again = Counter(key(e) for e in events if e.phase == "recompute")
+        local = [(e, e.label.split(".", 2)[-1]) for e in events if e.phase == "fwd" and e.label.startswith("layers.")]
+        redo = Counter(key(e) for e, name in local if (name.startswith(MLP_LABELS) and name not in AFTER_LAST_SAVED)
+                       or name.startswith(NORM_LABELS))
+        if kw == 1 and MODES[mode].keeps_weights:  # the kept weights' gathers: the first forward's only
+            assert again and not again - redo and sum(again.values()) < sum(redo.values()), (mode, stage)
+        else:
+            assert again == redo and (bool(again) or (mode == "1d" and not sp)), (mode, stage)
+        assert not [e for e, name in local if name in AFTER_LAST_SAVED and key(e) in again], (mode, stage)
         want: dict = defaultdict(lambda: [0, 0])
         for e in events:
             want[(e.kind, e.axes, e.dtype)][0] += 1

@@ -38,7 +38,12 @@ import torch
 from dist_helpers import F64, TOL_FP64, rel_err, run_distributed
 from test_equivalence_model import MAX_NORM
 
+from paracube.cost_models.dims import dims_of, with_pins
+from paracube.cost_models.moe_traffic import moe_stage_events, with_routing
+from paracube.cost_models.recompute_modules_cost import dense_modules
+from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
+from paracube.estimate import CommEvent
 from paracube.executor import Mesh, build_model, serial_reference, train_step
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.model.moe import MoEMLP, moe_blocks
@@ -47,7 +52,7 @@ from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES
-from paracube.workload import ModelSpec
+from paracube.workload import ModelSpec, TrainingSpec
 
 DENSE = ModelSpec("rcm-dense", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=100, seq_len=16)
 MOE = replace(PRESETS["tiny-moe"], seq_len=16)
@@ -144,6 +149,7 @@ def _run(rank: int, spec: ModelSpec, layout: Layout) -> dict[str, Any]:
             out["events"] = [(*e.key(), e.label, e.phase) for e in rec.events]
             out["splits"] = {s.event: (s.sent, s.received) for s in rec.splits}
             out["inside"] = [i for i in inside if out["events"][i][5] == "fwd"]
+            out["stage"] = mesh.coord("pp")
     if hasattr(opt, "wait_params"):
         opt.wait_params()
     if getattr(opt, "units", None) is not None:  # zero=3: the parameters whole again (resharded after backward)
@@ -170,7 +176,7 @@ def _one_case(rank: int, model_name: str, layout_text: str, modules: tuple[str, 
                                                      for k, p in got["params"].items())
         result["modules"][m] = {"errors": got["errors"], "bitwise": same, "events": got["events"],
                                 "splits": got["splits"], "inside": got["inside"]}
-    result["base_events"], result["base_splits"] = base["events"], base["splits"]
+    result["base_events"], result["base_splits"], result["stage"] = base["events"], base["splits"], base["stage"]
     return result
 
 
@@ -225,6 +231,66 @@ def test_a_module_adds_only_its_own_forward_collectives_again(results, case: int
             assert not again, (rank, again)  # nothing communicated inside what they re-run
         if module in ("mlp", "moe") or (module == "layernorm" and mode in SPLIT_NORMS):
             assert again or (module == "mlp" and mode == "none"), rank  # something to check: not vacuous
+
+
+def model_events(spec: ModelSpec, layout: Layout, stage: int, recorded: list[tuple]) -> list[CommEvent]:
+    """The cost model's list of one step on a rank of pipeline stage `stage` (traffic.stage_events; with MoE blocks
+    moe_traffic.moe_stage_events, the dense engines' modules stripped as analytic.prepare does), fp64 copies, the
+    dispatch / combine payloads those of the routing the run took (its forward all_to_alls in issue order: the
+    splits are checked against the run without the module above, test_moe_runs_every_dispatch...)."""
+    total = layout.pp * layout.dp
+    train = TrainingSpec(global_batch=total * MB, dtype="fp32",
+                         recompute="selective" if layout.recompute_modules else "none")
+    d = replace(with_pins(dims_of(spec, train), layout), c=8, dtype="float64")
+    if spec.moe is not None and d.recompute_modules is not None:
+        d = replace(d, recompute_modules=dense_modules(d, True))
+    name = "first" if stage == 0 else "last"
+    layout = layout.with_(micro_batch=MB)
+    if spec.moe is None:
+        return stage_events(layout, d, MB, name)
+    a2a = [e for e in recorded if e[5] == "fwd" and e[4] in ("moe.dispatch", "moe.combine")]
+    assert [e[4] for e in a2a] == ["moe.dispatch", "moe.combine"] * (len(a2a) // 2)
+    return with_routing(moe_stage_events(layout, d, spec.moe, MB, name),
+                        [(a2a[i][2], a2a[i + 1][2]) for i in range(0, len(a2a), 2)])
+
+
+def _as_recorded(e: CommEvent) -> tuple:
+    """A model event as this fp64 run records it: the fp32 statistics (a norm's, 2D / 2.5D / 3D; the vocab-parallel
+    loss's max and sum) computed in fp64 (layers/functional.upcast: twice the bytes), as tests/test_moe_run.py."""
+    if e.label.endswith((".stats", "loss.max", "loss.sum")) and e.dtype == "float32":
+        e = replace(e, payload_bytes=2 * e.payload_bytes, dtype="float64")
+    return (e.kind, e.axes, e.payload_bytes, e.dtype, e.phase)
+
+
+def _recorded(e: tuple, zero: int) -> tuple:
+    """A recorded event (kind, axes, bytes, dtype, label, phase) under the model's phase names where the two name
+    a phase differently outside any recomputation: zero=2/3's backward unit gathers (the recorder: forward collectives
+    issued in backward, "recompute"; traffic._zero_micro_batch: "bwd") and unit reduce-scatters ("grad_sync" / "bwd"),
+    the experts' norm (recorded outside a phase; moe_counts.norm_event: "optimizer")."""
+    kind, axes, size, dtype, label, phase = e
+    if zero >= 2 and (label, phase) in (("params", "recompute"), ("grads", "grad_sync")):
+        phase = "bwd"
+    if label == "grad_norm.experts" and phase == "":
+        phase = "optimizer"
+    return (kind, axes, size, dtype, phase)
+
+
+@pytest.mark.parametrize("case, module", [(c, None) for c in range(len(CASES))] + _case_modules(),
+                         ids=[f"{i}-without" for i in IDS] + MODULE_IDS)
+def test_the_steps_collectives_equal_the_cost_models(results, case: int, module: str | None) -> None:
+    """Every collective of step 0 on every rank, a multiset of (kind, axes, bytes, dtype, phase), equals the cost
+    model's list for the layout with the module (without it: module None): zero difference, the phase "recompute"
+    events (what the module issues again) included. Labels are not compared: the executor names a collective by its
+    linear (fc.in), the model by its block half (layers.0.mlp.in); the test above checks the executor's against the
+    forward hooks'."""
+    model_name, text, _ = CASES[case]
+    layout = parse_layout(text).with_(recompute_modules=(module,) if module else None)
+    for rank, per_case in enumerate(results):
+        r = per_case[case]
+        events = r["modules"][module]["events"] if module else r["base_events"]
+        want = Counter(map(_as_recorded, model_events(SPECS[model_name], layout, r["stage"], events)))
+        got = Counter(_recorded(e, layout.zero) for e in events)
+        assert not want - got and not got - want, (rank, "model only", want - got, "executor only", got - want)
 
 
 @pytest.mark.parametrize("case", [c for c, case in enumerate(CASES) if "moe" in case[2]],

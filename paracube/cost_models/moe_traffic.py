@@ -26,6 +26,7 @@ from dataclasses import replace
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.local_parameters import local_parameter_sizes
 from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
 from paracube.cost_models.recompute_modules_cost import moe_side
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent
@@ -116,7 +117,11 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
         return [CommEvent(kind, axes, n, int(payload), dtype, phase, label)] if n > 1 else []
 
     extra: list[CommEvent] = []
+    # a dense block's mlp, a shared expert's under shared_experts / moe: its MLP's collectives again (moe_mlp_again.py)
+    again = [e for b in again_blocks(moe, d.L, layout, _stage_index(layout, stage))
+             for e in relabel(again_events(d, layout, mb), b)]
     for _ in range(n_micro):
+        extra += again
         for i in layers:
             for ph in phases:
                 extra += block_count_events(layout, moe, mb, d.dtype, ph, f"layers.{i}.")  # counts, aux counts

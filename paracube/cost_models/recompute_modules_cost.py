@@ -154,12 +154,31 @@ def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
 
 
 MLP_LABELS = ("mlp.", "fc.", "fc2.")  # a block's MLP collectives (modes: 1D's half "mlp", 2D / 3D's fc, fc2 linears)
+NORM_LABELS = ("ln1.", "ln2.")  # a block's two norms' (2D / 2.5D / 3D: statistics all-reduced, gamma / beta gathered)
+# The MLP's last linear's collectives the executor issues after the op that saves fc2's GEMM inputs: 1D's output
+# reduce-scatter (sp) / all-reduce, 2D / 3D's bias gather. torch.utils.checkpoint (non-reentrant) stops the
+# recomputation once the region's last saved tensor is made again, so they are not issued again
+# (executor/layers/discard.py). 3D's output reduce-scatter (fc2.Y) runs inside the GEMM's own autograd Function, whose
+# tensors are saved when it returns: issued again. (Not priced: 1D + sp with tpo, whose fc2 ring reduce-scatter is
+# inside its GEMM's Function too, executor/layers/ring.py, so it is issued again there.)
+AFTER_LAST_SAVED = ("mlp.out", "mlp.g", "fc2.bias")
+
+
+def mlp_again(colls: list) -> list:
+    """Of a block's forward collectives, those a checkpointed MLP region issues again in backward (its forward's up
+    to its last saved tensor: AFTER_LAST_SAVED not)."""
+    return [c for c in colls if c.label.startswith(MLP_LABELS) and c.label not in AFTER_LAST_SAVED]
 
 
 def again_collectives(d: Dims, colls: list) -> list:
-    """The forward collectives of a block (modes' layer_fwd) the backward issues again: the MLP's under mlp (its
-    region re-runs its forward, tensor-parallel collectives included: traffic.py, comm.py, event_program.py)."""
-    return [c for c in colls if c.label.startswith(MLP_LABELS)] if "mlp" in modules(d) else []
+    """The forward collectives of a block (modes' layer_fwd) the backward issues again (traffic.py, comm.py,
+    event_program.py): under mlp the MLP's up to its region's last saved tensor (`mlp_again`); under layernorm the two
+    norms' (their forward re-runs alone: 2D / 2.5D / 3D's statistics all-reduce and gamma / beta gathers; none in
+    none / 1D). On a model with MoE blocks the dense engines' `d` holds only DENSE's modules: the dense blocks' mlp
+    and the shared experts' are moe_mlp_again.py's."""
+    mods = modules(d)
+    again = set(map(id, mlp_again(colls))) if "mlp" in mods else set()
+    return [c for c in colls if id(c) in again or ("layernorm" in mods and c.label.startswith(NORM_LABELS))]
 
 
 def moe_side(layout: object) -> tuple[str, ...]:
@@ -199,6 +218,6 @@ def moe_rcm_saved(model: Any, d: Dims, layout: Any, mb: int, held: list[int], mo
     return k * per_moe + (len(held) - k) * dense
 
 
-__all__ = ["DENSE", "MLP_LABELS", "again_collectives", "by_module", "core_recomputed", "dense_modules", "dense_saved",
-           "dense_time", "experts_rerun", "mla_widths", "modules", "moe_rcm_saved", "moe_saved", "moe_side",
-           "mlp_saved"]
+__all__ = ["AFTER_LAST_SAVED", "DENSE", "MLP_LABELS", "NORM_LABELS", "again_collectives", "by_module",
+           "core_recomputed", "dense_modules", "dense_saved", "dense_time", "experts_rerun", "mla_widths", "mlp_again",
+           "mlp_saved", "modules", "moe_rcm_saved", "moe_saved", "moe_side"]
