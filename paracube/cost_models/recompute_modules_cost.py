@@ -28,11 +28,21 @@ Sources: megatron-core 0.16.1.
   with the core recomputed keeps the up projections' outputs instead, activations.attention_widths "kept":
   c T H (d_qk + d_n + d_v) / t).
 - mlp (region, dense blocks only: transformer_layer.py:447-449, 719-737): re-run F(f) (a dense model: the dense
-  engines' fc and fc2 forward GEMMs and SwiGLU / GELU bytes, 4 c T f / t); no longer kept: fc's input (its fused norm's
-  output, c T h / k: counted once with layernorm), the activation's input c T f_a / t (f_a = 2 f gated, f GELU) and
-  fc2's input c T f / t. Its tensor-parallel forward collectives run again in the backward (`again_collectives`:
-  1D's all_gather and reduce_scatter with sp, its all_reduce without; 2D / 3D's fc / fc2 gathers), phase
-  "recompute", in both engines (on a model with MoE blocks its dense blocks' are not priced).
+  engines' fc and fc2 forward GEMMs and SwiGLU / GELU bytes, 4 c T f / t); no longer kept: the activation's input
+  c T f_a / t (f_a = 2 f gated, f GELU) and fc2's input c T f / t. fc's input, the pre-MLP norm's output, is the
+  region's input in paracube's executor (the norm outside it: executor/model/blocks.py), kept; Megatron's Transformer
+  Engine spec fuses that norm into fc (LayerNormLinear inside the region), so Megatron's count (activations=megatron)
+  frees it too, c T h / k (counted once with layernorm). Its tensor-parallel forward collectives up to the region's
+  last saved tensor run again in the backward (`again_collectives`, `mlp_again`: 1D + sp's all_gather; 2D / 3D's fc
+  gathers and fc2's operand gathers, 3D's fc2 output reduce-scatter, issued inside its GEMM's autograd Function; not
+  the last linear's output reduce after its GEMM, 1D's reduce_scatter / all_reduce, nor its bias gather:
+  torch.utils.checkpoint's early stop, AFTER_LAST_SAVED), phase "recompute", in both engines; on a model with MoE
+  blocks its dense blocks' (and the shared experts' under shared_experts / moe) through moe_mlp_again.py. Megatron-core
+  0.16.1's tensor_parallel.checkpoint (random.py:496-573 CheckpointFunction, reentrant: its backward, l.557, runs the
+  whole function again) re-runs the region to its end, those trailing collectives included: not priced (paracube prices
+  what its executor runs); on 1D + sp that is one reduce_scatter of c T h per block and micro-batch more.
+- layernorm's collectives: 2D / 2.5D / 3D's norms split the hidden dimension, so their re-run forward all-reduces
+  its statistics and gathers gamma (beta) again (`again_collectives`, phase "recompute"); none in none / 1D.
 - moe_act (discard, moe/experts.py:100-275, TEGroupedMLP's activation_checkpoint): re-run the experts' activation,
   3 c R f_e / etp / bw (moe_passes.pass_bytes' SwiGLU forward); no longer kept: its output, c R f_e / etp.
 - shared_experts (region, moe/moe_layer.py:150-160 shared_experts_recompute): re-run F(f_s) of the shared expert;
@@ -131,7 +141,9 @@ def mlp_saved(d: Dims, T: Arr, t: Arr, shards: Arr, f: float, mods: tuple[str, .
     """Bytes a dense MLP of width f keeps that `mlp` no longer keeps (module docstring), one block."""
     gated = 2.0 if d.family == "llama" else 1.0
     inner = d.c * T * (gated + 1.0) * f / t
-    return inner + (0.0 if "layernorm" in mods else d.c * T * d.h / shards)
+    # paracube's executor: the pre-MLP norm sits outside the region, its output the region's kept input
+    fused = d.activations != "paracube" and "layernorm" not in mods  # Megatron's count: the norm fused into fc
+    return inner + (d.c * T * d.h / shards if fused else 0.0)
 
 
 def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
