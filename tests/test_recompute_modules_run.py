@@ -380,6 +380,80 @@ def test_a_module_frees_exactly_what_it_recomputes(model_name: str, module: str)
     assert without - with_module == saved_drop(spec, module) > 0
 
 
+def model_drop(spec: ModelSpec, module: str) -> float:
+    """The bytes the cost model says `module` frees per forward of the serial model (tp none, one micro-batch of
+    MB sequences, fp64 copies: c = 8): the dense engines' (block_acts.saved_block_bytes without and with the module,
+    every block; on a model with MoE blocks only DENSE's modules, as analytic.prepare strips them) plus the MoE side's
+    (recompute_modules_cost.moe_rcm_saved over every block, its `acts` and R as moe.stage_cost counts them: one rank
+    receives all T k copies)."""
+    from paracube.cost_models.block_acts import saved_block_bytes
+    from paracube.cost_models.recompute_modules_cost import moe_rcm_saved, moe_side
+    from paracube.cost_models.validity import layout_arrays
+
+    layout, b = Layout(micro_batch=MB), layout_arrays(Layout(micro_batch=MB), MB)
+
+    def dims(recompute: str, modules: tuple[str, ...] | None) -> Any:
+        d = dims_of(spec, TrainingSpec(global_batch=MB, dtype="fp32", recompute=recompute))
+        d = replace(with_pins(d, Layout(recompute_modules=modules)) if modules else d, c=8, dtype="float64")
+        return replace(d, recompute_modules=dense_modules(d, True)) if spec.moe and modules else d
+
+    d0, d1 = dims("none", None), dims("selective", (module,))
+    dense = spec.layers * float((saved_block_bytes(d0, "none", b) - saved_block_bytes(d1, "none", b))[0])
+    mods = moe_side(Layout(recompute_modules=(module,)))
+    if spec.moe is None or not mods:
+        return dense
+    moe, T = spec.moe, MB * spec.seq_len
+    R = T * moe.top_k * moe.imbalance
+    acts = d1.c * (R * spec.hidden + 3 * R * moe.expert_ffn) + 4 * T * moe.experts  # moe.stage_cost's
+    return dense + moe_rcm_saved(spec, d1, layout, MB, list(range(spec.layers)), mods, acts, R)
+
+
+def known_gap(spec: ModelSpec, module: str) -> int:
+    """What the executor frees beyond the cost model's count (module docstring of recompute_modules_cost.py; each
+    term exact, per block it applies to, e = 8: this run's fp64):
+    - core_attn: the logsumexp [b, heads, s] is fp64 here, fp32 in the count (activations.E): 4 b heads s more;
+    - layernorm: the norms' statistics (LayerNorm mean and rstd, RMSNorm rstd: Dims.stat_width per token), which
+      the norms no longer keep (they run without a graph) and the layernorm term does not subtract yet (the count
+      keeps them, activations.py): 2 e stat_width T (its term is adjusted on branch tefuse);
+    - mla_up_proj: CPU's SDPA math path keeps its own scaled copies of q and k (d_qk = d_n + d_r a head), which a
+      kernel that reads q, k themselves (Megatron's TE attention, the count's) frees: - 2 e T heads d_qk; the rotary
+      tables cos, sin [s, d_r], made again with q, k, and not in the count: + 2 e s d_r;
+    - moe: the count's MoE layer (moe.stage_cost: the dispatched copies R h, the experts' 3 R f_e, the router's
+      fp32 scores T E) lacks what the executor's layer keeps on the combine side, the experts' outputs and their
+      weighted copies (2 e R h), and its routing's bookkeeping: the top-k indices and scores [T, k], their sum [T],
+      the chosen copies' order, token index and weight [R], the aux loss's counts [b, E] and scalar: e (2 T k + T +
+      3 R + b E + 1); its router's scores are fp64 here (4 T E more). The difference is the same with and without
+      the module (the count of the layer), so the module's share of it is the base count's.
+    - mlp, moe_act, shared_experts: none."""
+    T, e, b = MB * spec.seq_len, 8, MB
+    if module == "core_attn":
+        return spec.layers * 4 * b * spec.heads * spec.seq_len
+    if module == "layernorm":
+        stat_width = 1 if spec.family == "llama" else 2
+        return spec.layers * 2 * e * stat_width * T
+    if module == "mla_up_proj":
+        m = spec.mla
+        return spec.layers * (2 * e * spec.seq_len * m.qk_rope_head_dim
+                              - 2 * e * T * spec.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim))
+    if module == "moe":
+        moe = spec.moe
+        R, k = T * moe.top_k, moe.top_k
+        aux = b * moe.experts + 1 if moe.aux_loss else 0
+        per = 2 * e * R * spec.hidden + e * (2 * T * k + T + 3 * R + aux) + 4 * T * moe.experts
+        return sum(moe.is_moe_layer(i) for i in range(spec.layers)) * per
+    return 0
+
+
+@pytest.mark.parametrize("model_name, module", MEMORY, ids=[f"{a}-{b}" for a, b in MEMORY])
+def test_the_bytes_a_module_frees_equal_the_cost_models_count(model_name: str, module: str) -> None:
+    """The measured drop (kept_bytes, as above) equals the cost model's (model_drop) plus the known, exact
+    differences of `known_gap` (zero for mlp, moe_act, shared_experts)."""
+    spec = replace(DENSE, name="rcm-llama", family="llama") if model_name == "llama" else SPECS[model_name]
+    ids = _micro_batches(spec)[0][0]
+    measured = kept_bytes(_serial_model(spec, None), ids, ids) - kept_bytes(_serial_model(spec, (module,)), ids, ids)
+    assert measured - model_drop(spec, module) == known_gap(spec, module), (measured, model_drop(spec, module))
+
+
 @pytest.mark.parametrize("model_name, modules, message", [
     ("dense", ("moe_act",), "moe_act recomputes the routed experts' activation"),
     ("dense", ("mla_up_proj",), "mla_up_proj recomputes latent attention"),
