@@ -20,15 +20,21 @@ without `rcm=` and then once per module with `rcm=MODULE`:
   added events are the forward events issued inside the recomputed modules (forward hooks) less AFTER_LAST_SAVED.
   `moe`: every dispatch / combine all_to_all appears twice as many times, the recomputed ones with the forward's
   split sizes.
+- against the cost model: every collective of step 0 on every rank, a multiset of (kind, axes, bytes, dtype,
+  phase), equals traffic.stage_events / moe_traffic.moe_stage_events for the layout with the module (and without):
+  zero difference, the "recompute" events included (`model_events`; fp64 statistics and three phase names mapped,
+  `_as_recorded`, `_recorded`).
 Memory (in process, serial): the bytes of the distinct storages a model keeps for backward at the end of one
 forward (counted with torch.autograd.graph.saved_tensors_hooks, measured after the forward: a discarded storage is
-then empty), with and without each module, per block; the drop equals the closed form of saved_drop (its docstring).
+then empty), with and without each module, per block; the drop equals the closed form of saved_drop (its docstring)
+and the cost model's count (`model_drop`: block_acts / moe_rcm_saved) plus the exact differences `known_gap` states.
 Refusals, in one line before any rank starts: a module that applies to no block of the model, rcm= with rc=full,
 off=N next to modules other than core_attn; `paracube run PLAN --model M` keeps the rcm= modules that apply to M.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -371,13 +377,22 @@ MEMORY = [("dense", m) for m in ("core_attn", *DENSE_MODULES)] + [("llama", "lay
     ("moe", m) for m in ("layernorm", "moe_act", "shared_experts", "moe")] + [("mla", "mla_up_proj"), ("mla", "mlp")]
 
 
+def _memory_spec(model_name: str) -> ModelSpec:
+    return replace(DENSE, name="rcm-llama", family="llama") if model_name == "llama" else SPECS[model_name]
+
+
+@functools.cache
+def measured_drop(model_name: str, module: str | None) -> int:
+    """kept_bytes of the serial model without `module` less with it (module None: without, kept_bytes itself)."""
+    spec = _memory_spec(model_name)
+    ids = _micro_batches(spec)[0][0]
+    without = kept_bytes(_serial_model(spec, None), ids, ids) if module is None else measured_drop(model_name, None)
+    return without if module is None else without - kept_bytes(_serial_model(spec, (module,)), ids, ids)
+
+
 @pytest.mark.parametrize("model_name, module", MEMORY, ids=[f"{a}-{b}" for a, b in MEMORY])
 def test_a_module_frees_exactly_what_it_recomputes(model_name: str, module: str) -> None:
-    spec = replace(DENSE, name="rcm-llama", family="llama") if model_name == "llama" else SPECS[model_name]
-    ids = _micro_batches(spec)[0][0]
-    without = kept_bytes(_serial_model(spec, None), ids, ids)
-    with_module = kept_bytes(_serial_model(spec, (module,)), ids, ids)
-    assert without - with_module == saved_drop(spec, module) > 0
+    assert measured_drop(model_name, module) == saved_drop(_memory_spec(model_name), module) > 0
 
 
 def model_drop(spec: ModelSpec, module: str) -> float:
@@ -446,11 +461,10 @@ def known_gap(spec: ModelSpec, module: str) -> int:
 
 @pytest.mark.parametrize("model_name, module", MEMORY, ids=[f"{a}-{b}" for a, b in MEMORY])
 def test_the_bytes_a_module_frees_equal_the_cost_models_count(model_name: str, module: str) -> None:
-    """The measured drop (kept_bytes, as above) equals the cost model's (model_drop) plus the known, exact
+    """The measured drop (measured_drop, as above) equals the cost model's (model_drop) plus the known, exact
     differences of `known_gap` (zero for mlp, moe_act, shared_experts)."""
-    spec = replace(DENSE, name="rcm-llama", family="llama") if model_name == "llama" else SPECS[model_name]
-    ids = _micro_batches(spec)[0][0]
-    measured = kept_bytes(_serial_model(spec, None), ids, ids) - kept_bytes(_serial_model(spec, (module,)), ids, ids)
+    spec = _memory_spec(model_name)
+    measured = measured_drop(model_name, module)
     assert measured - model_drop(spec, module) == known_gap(spec, module), (measured, model_drop(spec, module))
 
 
