@@ -194,6 +194,27 @@ def test_mlp_and_layernorm_reissue_their_tensor_collectives(mode: str, shape: tu
         assert dict(got) == dict(want), (mode, stage)
 
 
+def test_moe_models_reissue_their_dense_and_shared_mlp_collectives() -> None:
+    """tiny-mla (block 0 dense, block 1 MoE with a shared expert), 1D + sp: mlp re-issues block 0's MLP input
+    all_gather in backward, shared_experts and moe block 1's shared expert's (moe_mlp_again.py), once per micro-batch
+    in phase "recompute"; both engines book the same time for it under tp, one block's either way."""
+    text = "dp=4,ep=4,tp=1d:2,sp,mb=1"
+    n_micro = TRAIN.global_batch // 4
+    base = {e: estimate_with(e, MLA, TRAIN, parse_layout(f"{text},rcm=core_attn"), _topo()).comm_time_by_axis["tp"]
+            for e in ("analytic", "event")}
+    added = set()
+    for mods, block in (("mlp", 0), ("shared_experts", 1), ("moe", 1)):
+        lay = parse_layout(f"{text},rcm=core_attn+{mods}")
+        est = estimate(MLA, TRAIN, lay, _topo(), with_events=True)
+        again = [e.label for e in est.events if e.phase == "recompute" and e.axes == ("tp",)]
+        assert again == [f"layers.{block}.mlp.in"] * n_micro, mods
+        tp = {e: estimate_with(e, MLA, TRAIN, lay, _topo()).comm_time_by_axis["tp"] - base[e]
+              for e in ("analytic", "event")}
+        assert tp["analytic"] > 0 and tp["event"] == pytest.approx(tp["analytic"], rel=1e-9), mods
+        added.add(round(tp["analytic"], 15))
+    assert len(added) == 1
+
+
 def test_bad_input_is_one_line() -> None:
     """A module the model lacks, rcm= with rc=full / none, rcm= on a runtime without it: one line naming the value
     and what is valid."""
