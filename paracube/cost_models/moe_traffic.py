@@ -4,14 +4,16 @@ dense part, corrected where a MoE block differs. tests/test_moe_run.py holds the
 executor records (a multiset of (kind, axes, payload, dtype): zero difference).
 
 Per MoE block on the stage and micro-batch, a rank holding T = b s / (tp with sp) tokens, k experts per token:
-- forward (and again in a full recomputation): with ep > 1 `moe.counts`, an all_to_all over ep of the E int64
-  copy counts (ep x E / ep, Megatron-core's dispatcher exchanges the same), `moe.dispatch` and `moe.combine`
+- forward (and again in a full recomputation or under rcm=moe, phase "recompute"): with ep > 1 `moe.counts`, an
+  all_to_all over ep of the E int64 copy counts (ep x E / ep, Megatron-core's dispatcher exchanges the same),
+  `moe.dispatch` and `moe.combine`
   (modes/experts.block_fwd: c T k h under balanced routing; `with_routing` puts in the bytes of the routing a run
   took); with sp over tp > 1 and an aux loss, `moe.aux_counts`, an all_reduce over the tensor axes of the [b, E]
   copy counts in the statistics dtype (fp32; fp64 for an fp64 model);
 - backward: the two all_to_alls mirrored (modes/experts.block_bwd). The shared expert's collectives are the dense
   MLP's (the mode's linears, same T h payloads), so the mode's layer lists stay as they are (without a shared
-expert the block's MLP collectives are dropped).
+expert the block's MLP collectives are dropped); rcm= re-issues a dense block's MLP collectives (mlp) and a shared
+expert's (shared_experts, moe) up to their region's last saved tensor, moe_mlp_again.py.
 Per step: the dense gradient buckets hold the block's router, shared expert and gate instead of the dense MLP
 (experts excluded); the sequence-parallel all_reduce adds the router and gate (replicated over tp; GPT-OSS's router
 bias with them, its experts' biases in the experts' buckets: moe_spec.MoESpec.expert_bias); the experts'

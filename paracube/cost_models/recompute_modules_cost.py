@@ -45,13 +45,20 @@ Sources: megatron-core 0.16.1.
   its statistics and gathers gamma (beta) again (`again_collectives`, phase "recompute"); none in none / 1D.
 - moe_act (discard, moe/experts.py:100-275, TEGroupedMLP's activation_checkpoint): re-run the experts' activation,
   3 c R f_e / etp / bw (moe_passes.pass_bytes' SwiGLU forward); no longer kept: its output, c R f_e / etp.
-- shared_experts (region, moe/moe_layer.py:150-160 shared_experts_recompute): re-run F(f_s) of the shared expert;
-  no longer kept: its activation's input and fc2's input, c T 3 f_s / t (its input, the norm's output, is kept).
+- shared_experts (region, moe/moe_layer.py:150-160 shared_experts_recompute): re-run F(f_s) of the shared expert,
+  its MLP collectives up to its last saved tensor with it (as mlp's: moe_mlp_again.py); no longer kept: its
+  activation's input and fc2's input, c T 3 f_s / t (its input, the norm's output, is kept).
 - moe (region, moe/moe_layer.py:432-450 moe_layer_recompute): re-run the MoE layer's whole forward (router, the
-  dispatch and combine all_to_alls (their time and bytes again in the backward, as full recomputation's:
-  moe.stage_cost, moe_program.py), the permutes, the experts, the shared expert F(f_s)); no longer kept: every
-  tensor of the MoE layer's (moe.stage_cost's activations: R h + 3 R f_e / etp in c bytes, the router's T E fp32) and
-  the shared expert's (as shared_experts), its input kept.
+  copy counts' all_to_all, the aux loss's counts all_reduce, the dispatch and combine all_to_alls (their time and
+  bytes again in the backward, as full recomputation's: moe.stage_cost, moe_program.py, moe_traffic.py), the
+  permutes, the experts, the shared expert F(f_s) and its MLP collectives up to its last saved tensor,
+  moe_mlp_again.py); no longer kept: every tensor of the MoE layer's (moe.stage_cost's activations: R h + 3 R f_e /
+  etp in c bytes, the router's T E fp32) and the shared expert's (as shared_experts), its input kept. paracube's
+  executor keeps more in that layer than that count (its experts' outputs and their weighted copies, 2 c R h, and the
+  routing's indices and weights: tests/test_recompute_modules_run.py known_gap), with the module and without.
+Measured against paracube's executor (tests/test_recompute_modules_run.py, fp64, serial): mlp, moe_act and
+shared_experts free exactly these bytes; layernorm also the norms' statistics (4 stat_width T / k per norm, fp32),
+which its term does not subtract; mla_up_proj on CPU's SDPA math path keeps q and k (the kernel's own copies).
 The re-made tensors of the one block whose backward runs are not added to the peak (as for core_attn).
 """
 
