@@ -62,7 +62,7 @@ from paracube.cost_models.mlp_delta import block_deltas, mlp_delta
 from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
-from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
+from paracube.cost_models.moe_mlp_again import stage_again
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, experts_rerun, moe_rcm_saved, moe_side
@@ -236,12 +236,9 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     again = delta_again(model, d, layout, mb, g, af)
     out.compute += layers * (af + ab + again)
     out.compute += mlp_delta(model, d, layout, mb, g, held)  # each block's MLP at its own width (mlp_delta.py)
-    mlp_again = again_blocks(model.moe, model.layers, layout, stage)  # rcm=: their MLP's collectives again
-    for e in again_events(d, layout, mb) if mlp_again else []:  # (moe_mlp_again.py), in the backward
-        key, seconds = (e.kind, e.axes), len(mlp_again) * dropped_time([e], links, g)
-        out.again[key] = out.again.get(key, 0.0) + seconds
-        out.comm, out.comm_bwd = out.comm + seconds, out.comm_bwd + seconds
-    out.events += [e for j in mlp_again for e in relabel(again_events(d, layout, mb), j)]
+    out.again, again_events = stage_again(model, d, layout, mb, stage, links, g)  # rcm=: MLPs' (moe_mlp_again.py)
+    out.comm, out.comm_bwd, out.events = (out.comm + sum(out.again.values()), out.comm_bwd + sum(out.again.values()),
+                                          out.events + again_events)
     k = moe_layers_of(model, layout, stage)
     n_exp = expert_params_per_rank(model, layout, stage)
     n_att = layers * aparams + k * (model.moe.experts if model.moe and model.moe.expert_bias else 0)  # + router bias

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.moe_unshared import dropped_time
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_side
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.stages import stage_chunks
 from paracube.moe_spec import MoESpec
+from paracube.workload import ModelSpec
 
 BLOCK = "layers.0."
 
@@ -47,4 +50,16 @@ def relabel(events: list[CommEvent], block: int) -> list[CommEvent]:
     return [replace(e, label=e.label.replace(BLOCK, f"layers.{block}.", 1)) for e in events]
 
 
-__all__ = ["again_blocks", "again_events", "relabel"]
+def stage_again(model: ModelSpec, d: Dims, layout: Layout, mb: int, stage: int, links: dict,
+                g: GemmModel) -> tuple[dict[tuple[str, tuple[str, ...]], float], list[CommEvent]]:
+    """The analytic engine's terms of one micro-batch on stage `stage`: seconds by (kind, axes), as moe_unshared
+    prices a collective (fastest algorithm, per-call waits), and the events (moe.stage_cost)."""
+    blocks = again_blocks(model.moe, model.layers, layout, stage)
+    one = again_events(d, layout, mb) if blocks else []
+    seconds: dict[tuple[str, tuple[str, ...]], float] = {}
+    for e in one:
+        seconds[e.kind, e.axes] = seconds.get((e.kind, e.axes), 0.0) + len(blocks) * dropped_time([e], links, g)
+    return seconds, [e for j in blocks for e in relabel(one, j)]
+
+
+__all__ = ["again_blocks", "again_events", "relabel", "stage_again"]
