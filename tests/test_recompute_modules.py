@@ -11,7 +11,7 @@ the memory closed forms are the same sums of a few products (rel 1e-9).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import replace
 
 import numpy as np
@@ -23,7 +23,7 @@ from paracube.cost_models.comm import comm_entries
 from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_with
-from paracube.cost_models.recompute_modules_cost import MLP_LABELS
+from paracube.cost_models.recompute_modules_cost import AFTER_LAST_SAVED, MLP_LABELS, NORM_LABELS
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.engine_options import EngineOptions
@@ -104,16 +104,16 @@ def _saved(model: object, text: str, name: str) -> float:
 
 def test_dense_memory_saved_closed_forms() -> None:
     """One stage of L blocks, one micro-batch in flight (pp = 1), T = mb s tokens, t tensor ranks, k = t with sp,
-    c = 2: layernorm frees the two norms' outputs, 2 c T h / k a block; mlp its fc input c T h / k, the GELU's input
-    and fc2's input, 2 c T f / t (gpt) or c T 3 f / t (llama's gated fc output and fc2's input); both together count
-    the norm's output once."""
+    c = 2: layernorm frees the two norms' outputs, 2 c T h / k a block; mlp the GELU's input and fc2's input,
+    2 c T f / t (gpt) or c T 3 f / t (llama's gated fc output and fc2's input), not its input (the pre-MLP norm's
+    output, outside the region in paracube's executor); both together their sum."""
     c = 2.0
     for model, text, mb, t, k in ((DENSE, "dp=2,tp=1d:4,sp,mb=2", 2, 4, 4), (DENSE, "dp=8,tp=none,mb=2", 2, 1, 1),
                                   (LLAMA, "dp=2,tp=1d:4,mb=1", 1, 4, 1)):
         T, h, f, L = float(mb * model.seq_len), model.hidden, model.ffn_hidden, model.layers
         inner = (3.0 if model.family == "llama" else 2.0) * c * T * f / t
         assert _saved(model, text, "layernorm") == pytest.approx(L * 2 * c * T * h / k, rel=1e-9), text
-        assert _saved(model, text, "mlp") == pytest.approx(L * (c * T * h / k + inner), rel=1e-9), text
+        assert _saved(model, text, "mlp") == pytest.approx(L * inner, rel=1e-9), text
         assert _saved(model, text, "layernorm+mlp") == pytest.approx(L * (2 * c * T * h / k + inner), rel=1e-9)
 
 
@@ -121,7 +121,7 @@ def test_moe_and_mla_memory_saved_closed_forms() -> None:
     """tiny-mla on 1D with sp (t = k = 2, ep = 4, one micro-batch in flight): T = mb s tokens at the tensor group,
     T_r = T / t at a rank's experts, R = T_r top_k etp imbalance the copies its experts receive. mla_up_proj frees
     q, k, v (in paracube's count with the core recomputed: the up projections' outputs, c T H (d_qk + d_n + d_v) / t)
-    a block; mlp the dense block's c T (h / k + 3 f / t); moe_act the experts' activation output c R f_e;
+    a block; mlp the dense block's c T 3 f / t; moe_act the experts' activation output c R f_e;
     shared_experts the shared expert's gated output and fc2 input c T 3 f_s / t; moe the
     whole MoE layer, c (R h + 3 R f_e) + 4 T_r E, and its shared expert's."""
     text, c, t, mb = "dp=4,ep=4,tp=1d:2,sp,mb=1", 2.0, 2, 1
@@ -134,8 +134,7 @@ def test_moe_and_mla_memory_saved_closed_forms() -> None:
     shared = c * T * 3 * moe.shared_ffn / t
     acts = c * (R * h + 3 * R * moe.expert_ffn) + 4 * T / t * moe.experts
     assert _saved(m, text, "mla_up_proj") == pytest.approx(m.layers * c * T * up / t, rel=1e-9)
-    assert _saved(m, text, "mlp") == pytest.approx((m.layers - n_moe) * c * T * (h / t + 3 * m.ffn_hidden / t),
-                                                   rel=1e-9)
+    assert _saved(m, text, "mlp") == pytest.approx((m.layers - n_moe) * c * T * 3 * m.ffn_hidden / t, rel=1e-9)
     assert _saved(m, text, "moe_act") == pytest.approx(n_moe * c * R * moe.expert_ffn, rel=1e-9)
     assert _saved(m, text, "shared_experts") == pytest.approx(n_moe * shared, rel=1e-9)
     assert _saved(m, text, "moe") == pytest.approx(n_moe * (acts + shared), rel=1e-9)
@@ -156,23 +155,36 @@ def test_moe_reruns_its_all_to_alls() -> None:
 
 
 @pytest.mark.parametrize(("mode", "shape", "sp", "kw"), [("1d", (2,), True, None), ("1d", (2,), False, None),
-                                                       ("2d", (2, 2), False, 1), ("3d", (2, 2, 2), False, 0)])
-def test_mlp_reissues_its_tensor_collectives(mode: str, shape: tuple[int, ...], sp: bool, kw: int | None) -> None:
-    """rcm=mlp re-runs the MLP's forward in backward, its tensor-parallel collectives with it: the explicit list holds
-    each block's MLP forward collectives once more in phase "recompute" (kept weights, kw=1, not gathered again), and
-    the closed form (comm.py) sums the same calls and bytes per (kind, axes, dtype); pp = 3 interleaved, each stage."""
+                                                       ("2d", (2, 2), False, 1), ("2d", (2, 2), False, 0),
+                                                       ("3d", (2, 2, 2), False, 0)])
+def test_mlp_and_layernorm_reissue_their_tensor_collectives(mode: str, shape: tuple[int, ...], sp: bool,
+                                                            kw: int | None) -> None:
+    """rcm=mlp re-runs the MLP's forward in backward up to its region's last saved tensor, its tensor-parallel
+    collectives with it (not the last linear's output reduce / bias gather after its GEMM: AFTER_LAST_SAVED; 1D
+    without sp then none); rcm=layernorm re-runs the norms alone, their collectives with them (2D / 3D: statistics,
+    gamma / beta). The explicit list holds exactly those of each block's forward once more in phase "recompute" (kept
+    weights, kw=1, not gathered again), and the closed form (comm.py) sums the same calls and bytes per (kind, axes,
+    dtype); pp = 3 interleaved, each stage. tests/test_recompute_modules_run.py: the list equals the executor's."""
     model = PRESETS["small"]
     training = TrainingSpec(global_batch=2 * 8 * 6, dtype="bf16", recompute="selective")
     for stage in ("first", "middle", "last"):
         layout = Layout(dp=2, pp=3, mode=mode, shape=shape, micro_batch=8, interleave=1, sequence_parallel=sp,
-                        keep_weights=kw, recompute_modules=("core_attn", "mlp"))
+                        keep_weights=kw, recompute_modules=("core_attn", "layernorm", "mlp"))
         d = with_pins(dims_of(model, training), layout)
         events = stage_events(layout, d, 8, stage)
-        again = [e for e in events if e.phase == "recompute"]
-        mlp_fwd = [e for e in events if e.phase == "fwd" and e.label.split(".", 2)[-1].startswith(MLP_LABELS)
-                   and e.label.startswith("layers.")]
-        kept = kw == 1 and bool(MODES[mode].keeps_weights)
-        assert again and (len(again) < len(mlp_fwd) if kept else len(again) == len(mlp_fwd)), (mode, stage)
+
+        def key(e: object) -> tuple:
+            return (e.kind, e.axes, e.payload_bytes, e.dtype, e.label)  # type: ignore[attr-defined]
+
+        again = Counter(key(e) for e in events if e.phase == "recompute")
+        local = [(e, e.label.split(".", 2)[-1]) for e in events if e.phase == "fwd" and e.label.startswith("layers.")]
+        redo = Counter(key(e) for e, name in local if (name.startswith(MLP_LABELS) and name not in AFTER_LAST_SAVED)
+                       or name.startswith(NORM_LABELS))
+        if kw == 1 and MODES[mode].keeps_weights:  # the kept weights' gathers: the first forward's only
+            assert again and not again - redo and sum(again.values()) < sum(redo.values()), (mode, stage)
+        else:
+            assert again == redo and (bool(again) or (mode == "1d" and not sp)), (mode, stage)
+        assert not [e for e, name in local if name in AFTER_LAST_SAVED and key(e) in again], (mode, stage)
         want: dict = defaultdict(lambda: [0, 0])
         for e in events:
             want[(e.kind, e.axes, e.dtype)][0] += 1
@@ -184,6 +196,27 @@ def test_mlp_reissues_its_tensor_collectives(mode: str, shape: tuple[int, ...], 
                 got[(e.kind, e.axes, e.dtype)][0] += int(e.count[0])
                 got[(e.kind, e.axes, e.dtype)][1] += int(e.payload[0])
         assert dict(got) == dict(want), (mode, stage)
+
+
+def test_moe_models_reissue_their_dense_and_shared_mlp_collectives() -> None:
+    """tiny-mla (block 0 dense, block 1 MoE with a shared expert), 1D + sp: mlp re-issues block 0's MLP input
+    all_gather in backward, shared_experts and moe block 1's shared expert's (moe_mlp_again.py), once per micro-batch
+    in phase "recompute"; both engines book the same time for it under tp, one block's either way."""
+    text = "dp=4,ep=4,tp=1d:2,sp,mb=1"
+    n_micro = TRAIN.global_batch // 4
+    base = {e: estimate_with(e, MLA, TRAIN, parse_layout(f"{text},rcm=core_attn"), _topo()).comm_time_by_axis["tp"]
+            for e in ("analytic", "event")}
+    added = set()
+    for mods, block in (("mlp", 0), ("shared_experts", 1), ("moe", 1)):
+        lay = parse_layout(f"{text},rcm=core_attn+{mods}")
+        est = estimate(MLA, TRAIN, lay, _topo(), with_events=True)
+        again = [e.label for e in est.events if e.phase == "recompute" and e.axes == ("tp",)]
+        assert again == [f"layers.{block}.mlp.in"] * n_micro, mods
+        tp = {e: estimate_with(e, MLA, TRAIN, lay, _topo()).comm_time_by_axis["tp"] - base[e]
+              for e in ("analytic", "event")}
+        assert tp["analytic"] > 0 and tp["event"] == pytest.approx(tp["analytic"], rel=1e-9), mods
+        added.add(round(tp["analytic"], 15))
+    assert len(added) == 1
 
 
 def test_bad_input_is_one_line() -> None:

@@ -20,15 +20,21 @@ without `rcm=` and then once per module with `rcm=MODULE`:
   added events are the forward events issued inside the recomputed modules (forward hooks) less AFTER_LAST_SAVED.
   `moe`: every dispatch / combine all_to_all appears twice as many times, the recomputed ones with the forward's
   split sizes.
+- against the cost model: every collective of step 0 on every rank, a multiset of (kind, axes, bytes, dtype,
+  phase), equals traffic.stage_events / moe_traffic.moe_stage_events for the layout with the module (and without):
+  zero difference, the "recompute" events included (`model_events`; fp64 statistics and three phase names mapped,
+  `_as_recorded`, `_recorded`).
 Memory (in process, serial): the bytes of the distinct storages a model keeps for backward at the end of one
 forward (counted with torch.autograd.graph.saved_tensors_hooks, measured after the forward: a discarded storage is
-then empty), with and without each module, per block; the drop equals the closed form of saved_drop (its docstring).
+then empty), with and without each module, per block; the drop equals the closed form of saved_drop (its docstring)
+and the cost model's count (`model_drop`: block_acts / moe_rcm_saved) plus the exact differences `known_gap` states.
 Refusals, in one line before any rank starts: a module that applies to no block of the model, rcm= with rc=full,
 off=N next to modules other than core_attn; `paracube run PLAN --model M` keeps the rcm= modules that apply to M.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -38,7 +44,12 @@ import torch
 from dist_helpers import F64, TOL_FP64, rel_err, run_distributed
 from test_equivalence_model import MAX_NORM
 
+from paracube.cost_models.dims import dims_of, with_pins
+from paracube.cost_models.moe_traffic import moe_stage_events, with_routing
+from paracube.cost_models.recompute_modules_cost import dense_modules
+from paracube.cost_models.traffic import stage_events
 from paracube.errors import ParacubeError
+from paracube.estimate import CommEvent
 from paracube.executor import Mesh, build_model, serial_reference, train_step
 from paracube.executor.data_parallel.optim import build_optimizer
 from paracube.executor.model.moe import MoEMLP, moe_blocks
@@ -47,7 +58,7 @@ from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES
-from paracube.workload import ModelSpec
+from paracube.workload import ModelSpec, TrainingSpec
 
 DENSE = ModelSpec("rcm-dense", layers=2, hidden=32, heads=8, ffn_hidden=128, vocab=100, seq_len=16)
 MOE = replace(PRESETS["tiny-moe"], seq_len=16)
@@ -144,6 +155,7 @@ def _run(rank: int, spec: ModelSpec, layout: Layout) -> dict[str, Any]:
             out["events"] = [(*e.key(), e.label, e.phase) for e in rec.events]
             out["splits"] = {s.event: (s.sent, s.received) for s in rec.splits}
             out["inside"] = [i for i in inside if out["events"][i][5] == "fwd"]
+            out["stage"] = mesh.coord("pp")
     if hasattr(opt, "wait_params"):
         opt.wait_params()
     if getattr(opt, "units", None) is not None:  # zero=3: the parameters whole again (resharded after backward)
@@ -170,7 +182,7 @@ def _one_case(rank: int, model_name: str, layout_text: str, modules: tuple[str, 
                                                      for k, p in got["params"].items())
         result["modules"][m] = {"errors": got["errors"], "bitwise": same, "events": got["events"],
                                 "splits": got["splits"], "inside": got["inside"]}
-    result["base_events"], result["base_splits"] = base["events"], base["splits"]
+    result["base_events"], result["base_splits"], result["stage"] = base["events"], base["splits"], base["stage"]
     return result
 
 
@@ -225,6 +237,66 @@ def test_a_module_adds_only_its_own_forward_collectives_again(results, case: int
             assert not again, (rank, again)  # nothing communicated inside what they re-run
         if module in ("mlp", "moe") or (module == "layernorm" and mode in SPLIT_NORMS):
             assert again or (module == "mlp" and mode == "none"), rank  # something to check: not vacuous
+
+
+def model_events(spec: ModelSpec, layout: Layout, stage: int, recorded: list[tuple]) -> list[CommEvent]:
+    """The cost model's list of one step on a rank of pipeline stage `stage` (traffic.stage_events; with MoE blocks
+    moe_traffic.moe_stage_events, the dense engines' modules stripped as analytic.prepare does), fp64 copies, the
+    dispatch / combine payloads those of the routing the run took (its forward all_to_alls in issue order: the
+    splits are checked against the run without the module above, test_moe_runs_every_dispatch...)."""
+    total = layout.pp * layout.dp
+    train = TrainingSpec(global_batch=total * MB, dtype="fp32",
+                         recompute="selective" if layout.recompute_modules else "none")
+    d = replace(with_pins(dims_of(spec, train), layout), c=8, dtype="float64")
+    if spec.moe is not None and d.recompute_modules is not None:
+        d = replace(d, recompute_modules=dense_modules(d, True))
+    name = "first" if stage == 0 else "last"
+    layout = layout.with_(micro_batch=MB)
+    if spec.moe is None:
+        return stage_events(layout, d, MB, name)
+    a2a = [e for e in recorded if e[5] == "fwd" and e[4] in ("moe.dispatch", "moe.combine")]
+    assert [e[4] for e in a2a] == ["moe.dispatch", "moe.combine"] * (len(a2a) // 2)
+    return with_routing(moe_stage_events(layout, d, spec.moe, MB, name),
+                        [(a2a[i][2], a2a[i + 1][2]) for i in range(0, len(a2a), 2)])
+
+
+def _as_recorded(e: CommEvent) -> tuple:
+    """A model event as this fp64 run records it: the fp32 statistics (a norm's, 2D / 2.5D / 3D; the vocab-parallel
+    loss's max and sum) computed in fp64 (layers/functional.upcast: twice the bytes), as tests/test_moe_run.py."""
+    if e.label.endswith((".stats", "loss.max", "loss.sum")) and e.dtype == "float32":
+        e = replace(e, payload_bytes=2 * e.payload_bytes, dtype="float64")
+    return (e.kind, e.axes, e.payload_bytes, e.dtype, e.phase)
+
+
+def _recorded(e: tuple, zero: int) -> tuple:
+    """A recorded event (kind, axes, bytes, dtype, label, phase) under the model's phase names where the two name
+    a phase differently outside any recomputation: zero=2/3's backward unit gathers (the recorder: forward collectives
+    issued in backward, "recompute"; traffic._zero_micro_batch: "bwd") and unit reduce-scatters ("grad_sync" / "bwd"),
+    the experts' norm (recorded outside a phase; moe_counts.norm_event: "optimizer")."""
+    kind, axes, size, dtype, label, phase = e
+    if zero >= 2 and (label, phase) in (("params", "recompute"), ("grads", "grad_sync")):
+        phase = "bwd"
+    if label == "grad_norm.experts" and phase == "":
+        phase = "optimizer"
+    return (kind, axes, size, dtype, phase)
+
+
+@pytest.mark.parametrize("case, module", [(c, None) for c in range(len(CASES))] + _case_modules(),
+                         ids=[f"{i}-without" for i in IDS] + MODULE_IDS)
+def test_the_steps_collectives_equal_the_cost_models(results, case: int, module: str | None) -> None:
+    """Every collective of step 0 on every rank, a multiset of (kind, axes, bytes, dtype, phase), equals the cost
+    model's list for the layout with the module (without it: module None): zero difference, the phase "recompute"
+    events (what the module issues again) included. Labels are not compared: the executor names a collective by its
+    linear (fc.in), the model by its block half (layers.0.mlp.in); the test above checks the executor's against the
+    forward hooks'."""
+    model_name, text, _ = CASES[case]
+    layout = parse_layout(text).with_(recompute_modules=(module,) if module else None)
+    for rank, per_case in enumerate(results):
+        r = per_case[case]
+        events = r["modules"][module]["events"] if module else r["base_events"]
+        want = Counter(map(_as_recorded, model_events(SPECS[model_name], layout, r["stage"], events)))
+        got = Counter(_recorded(e, layout.zero) for e in events)
+        assert not want - got and not got - want, (rank, "model only", want - got, "executor only", got - want)
 
 
 @pytest.mark.parametrize("case", [c for c, case in enumerate(CASES) if "moe" in case[2]],
@@ -305,13 +377,95 @@ MEMORY = [("dense", m) for m in ("core_attn", *DENSE_MODULES)] + [("llama", "lay
     ("moe", m) for m in ("layernorm", "moe_act", "shared_experts", "moe")] + [("mla", "mla_up_proj"), ("mla", "mlp")]
 
 
+def _memory_spec(model_name: str) -> ModelSpec:
+    return replace(DENSE, name="rcm-llama", family="llama") if model_name == "llama" else SPECS[model_name]
+
+
+@functools.cache
+def measured_drop(model_name: str, module: str | None) -> int:
+    """kept_bytes of the serial model without `module` less with it (module None: without, kept_bytes itself)."""
+    spec = _memory_spec(model_name)
+    ids = _micro_batches(spec)[0][0]
+    without = kept_bytes(_serial_model(spec, None), ids, ids) if module is None else measured_drop(model_name, None)
+    return without if module is None else without - kept_bytes(_serial_model(spec, (module,)), ids, ids)
+
+
 @pytest.mark.parametrize("model_name, module", MEMORY, ids=[f"{a}-{b}" for a, b in MEMORY])
 def test_a_module_frees_exactly_what_it_recomputes(model_name: str, module: str) -> None:
-    spec = replace(DENSE, name="rcm-llama", family="llama") if model_name == "llama" else SPECS[model_name]
-    ids = _micro_batches(spec)[0][0]
-    without = kept_bytes(_serial_model(spec, None), ids, ids)
-    with_module = kept_bytes(_serial_model(spec, (module,)), ids, ids)
-    assert without - with_module == saved_drop(spec, module) > 0
+    assert measured_drop(model_name, module) == saved_drop(_memory_spec(model_name), module) > 0
+
+
+def model_drop(spec: ModelSpec, module: str) -> float:
+    """The bytes the cost model says `module` frees per forward of the serial model (tp none, one micro-batch of
+    MB sequences, fp64 copies: c = 8): the dense engines' (block_acts.saved_block_bytes without and with the module,
+    every block; on a model with MoE blocks only DENSE's modules, as analytic.prepare strips them) plus the MoE side's
+    (recompute_modules_cost.moe_rcm_saved over every block, its `acts` and R as moe.stage_cost counts them: one rank
+    receives all T k copies)."""
+    from paracube.cost_models.block_acts import saved_block_bytes
+    from paracube.cost_models.recompute_modules_cost import moe_rcm_saved, moe_side
+    from paracube.cost_models.validity import layout_arrays
+
+    layout, b = Layout(micro_batch=MB), layout_arrays(Layout(micro_batch=MB), MB)
+
+    def dims(recompute: str, modules: tuple[str, ...] | None) -> Any:
+        d = dims_of(spec, TrainingSpec(global_batch=MB, dtype="fp32", recompute=recompute))
+        d = replace(with_pins(d, Layout(recompute_modules=modules)) if modules else d, c=8, dtype="float64")
+        return replace(d, recompute_modules=dense_modules(d, True)) if spec.moe and modules else d
+
+    d0, d1 = dims("none", None), dims("selective", (module,))
+    dense = spec.layers * float((saved_block_bytes(d0, "none", b) - saved_block_bytes(d1, "none", b))[0])
+    mods = moe_side(Layout(recompute_modules=(module,)))
+    if spec.moe is None or not mods:
+        return dense
+    moe, T = spec.moe, MB * spec.seq_len
+    R = T * moe.top_k * moe.imbalance
+    acts = d1.c * (R * spec.hidden + 3 * R * moe.expert_ffn) + 4 * T * moe.experts  # moe.stage_cost's
+    return dense + moe_rcm_saved(spec, d1, layout, MB, list(range(spec.layers)), mods, acts, R)
+
+
+def known_gap(spec: ModelSpec, module: str) -> int:
+    """What the executor frees beyond the cost model's count (module docstring of recompute_modules_cost.py; each
+    term exact, per block it applies to, e = 8: this run's fp64):
+    - core_attn: the logsumexp [b, heads, s] is fp64 here, fp32 in the count (activations.E): 4 b heads s more;
+    - layernorm: the norms' statistics (LayerNorm mean and rstd, RMSNorm rstd: Dims.stat_width per token), which
+      the norms no longer keep (they run without a graph) and the layernorm term does not subtract yet (the count
+      keeps them, activations.py): 2 e stat_width T (its term is adjusted on branch tefuse);
+    - mla_up_proj: CPU's SDPA math path keeps its own scaled copies of q and k (d_qk = d_n + d_r a head), which a
+      kernel that reads q, k themselves (Megatron's TE attention, the count's) frees: - 2 e T heads d_qk; the rotary
+      tables cos, sin [s, d_r], made again with q, k, and not in the count: + 2 e s d_r;
+    - moe: the count's MoE layer (moe.stage_cost: the dispatched copies R h, the experts' 3 R f_e, the router's
+      fp32 scores T E) lacks what the executor's layer keeps on the combine side, the experts' outputs and their
+      weighted copies (2 e R h), and its routing's bookkeeping: the top-k indices and scores [T, k], their sum [T],
+      the chosen copies' order, token index and weight [R], the aux loss's counts [b, E] and scalar: e (2 T k + T +
+      3 R + b E + 1); its router's scores are fp64 here (4 T E more). The difference is the same with and without
+      the module (the count of the layer), so the module's share of it is the base count's.
+    - mlp, moe_act, shared_experts: none."""
+    T, e, b = MB * spec.seq_len, 8, MB
+    if module == "core_attn":
+        return spec.layers * 4 * b * spec.heads * spec.seq_len
+    if module == "layernorm":
+        stat_width = 1 if spec.family == "llama" else 2
+        return spec.layers * 2 * e * stat_width * T
+    if module == "mla_up_proj":
+        m = spec.mla
+        return spec.layers * (2 * e * spec.seq_len * m.qk_rope_head_dim
+                              - 2 * e * T * spec.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim))
+    if module == "moe":
+        moe = spec.moe
+        R, k = T * moe.top_k, moe.top_k
+        aux = b * moe.experts + 1 if moe.aux_loss else 0
+        per = 2 * e * R * spec.hidden + e * (2 * T * k + T + 3 * R + aux) + 4 * T * moe.experts
+        return sum(moe.is_moe_layer(i) for i in range(spec.layers)) * per
+    return 0
+
+
+@pytest.mark.parametrize("model_name, module", MEMORY, ids=[f"{a}-{b}" for a, b in MEMORY])
+def test_the_bytes_a_module_frees_equal_the_cost_models_count(model_name: str, module: str) -> None:
+    """The measured drop (measured_drop, as above) equals the cost model's (model_drop) plus the known, exact
+    differences of `known_gap` (zero for mlp, moe_act, shared_experts)."""
+    spec = _memory_spec(model_name)
+    measured = measured_drop(model_name, module)
+    assert measured - model_drop(spec, module) == known_gap(spec, module), (measured, model_drop(spec, module))
 
 
 @pytest.mark.parametrize("model_name, modules, message", [

@@ -62,6 +62,7 @@ from paracube.cost_models.mlp_delta import block_deltas, mlp_delta
 from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
 from paracube.cost_models.moe_counts import block_count_events, norm_event
 from paracube.cost_models.moe_dispatch import Dispatch
+from paracube.cost_models.moe_mlp_again import stage_again
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_rcm_saved, moe_rerun, moe_side
@@ -218,6 +219,8 @@ class StageCost:
     waits: float = 0.0  # per micro-batch, of `compute`, the host waits (host_sync.py; no compute to overlap with)
     issue_fwd: float = 0.0  # per MoE block and micro-batch, the forward's wait for its host's issue (host_issue.py)
     issue_bwd: float = 0.0  # per MoE block and micro-batch, the backward's (its recomputed forward's included)
+    again: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # of `comm`, by (kind, axes): the
+    # MLP collectives rcm= issues again (moe_mlp_again.py; moe_step books them under their own kind and axes)
 
 
 def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
@@ -233,6 +236,9 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     again = delta_again(model, d, layout, mb, g, af)
     out.compute += layers * (af + ab + again)
     out.compute += mlp_delta(model, d, layout, mb, g, held)  # each block's MLP at its own width (mlp_delta.py)
+    out.again, again_events = stage_again(model, d, layout, mb, stage, links, g)  # rcm=: MLPs' (moe_mlp_again.py)
+    out.comm, out.comm_bwd, out.events = (out.comm + sum(out.again.values()), out.comm_bwd + sum(out.again.values()),
+                                          out.events + again_events)
     k = moe_layers_of(model, layout, stage)
     n_exp = expert_params_per_rank(model, layout, stage)
     n_att = layers * aparams + k * (model.moe.experts if model.moe and model.moe.expert_bias else 0)  # + router bias

@@ -37,6 +37,7 @@ from paracube.cost_models.moe import (
 )
 from paracube.cost_models.moe_a2a_overlap import SM_SHARE, combined, list_share
 from paracube.cost_models.moe_counts import norm_event
+from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
 from paracube.cost_models.moe_step import in_flight
 from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_side
@@ -105,6 +106,8 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
     mlp = iter(block_deltas(model, d, layout, mb, g, [i for ch in chunks for i in ch]))  # mlp_delta.py
     sc = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage))
     fi, bi = sc.issue_fwd, sc.issue_bwd  # the host's issue beyond the GPU's work (host_issue.py)
+    mlp_again = again_blocks(moe, model.layers, layout, stage)  # rcm=: their MLP's collectives again (moe_mlp_again)
+    again_mlp = again_events(d, layout, mb) if mlp_again else []
     local = 0  # the program names a stage's blocks 0.. in chunk order (event_program.build_stage)
     for c, layers in enumerate(chunks):
         for block_index in layers:
@@ -125,6 +128,8 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                                  block.events_pre, block.wait) if rerun_moe else []
                     _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd + bi, f"layers.{i}.experts.bwd",
                                                          imb, wait=bi))
+                if i in mlp_again:
+                    _insert_bwd(lists[c], i, [Op("comm", e.label, event=e) for e in relabel(again_mlp, i)], [])
     drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)
     ge = grad_event(model, layout, stage, d)
     if ge is not None:

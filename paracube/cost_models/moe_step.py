@@ -115,13 +115,17 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         e for e in c.events if e.phase in per_step) if est.events else ()
     flops = est.flops_per_gpu + expert_flops(model, d) / layout.world_size
     by_kind = dict(est.comm_time_by_kind)
-    moe_comm = n * c.comm + c.step_comm + c.norm_comm
+    again = sum(c.again.values())  # rcm='s MLP collectives issued again (moe_mlp_again.py): their own kind and axes
+    moe_comm = n * (c.comm - again) + c.step_comm + c.norm_comm
     by_kind["all_to_all"] = by_kind.get("all_to_all", 0.0) + moe_comm
     by_axis = dict(est.comm_time_by_axis)
     by_axis["ep"] = by_axis.get("ep", 0.0) + moe_comm
+    for (kind, axes), seconds in c.again.items():
+        by_kind[kind] = by_kind.get(kind, 0.0) + n * seconds
+        by_axis[".".join(axes)] = by_axis.get(".".join(axes), 0.0) + n * seconds
     # the compute the step counts: the slowest stage's (w's), dense and MoE, and its optimizer steps
     compute = float(dense_slow.compute[0]) + dense_optim + n * c.compute + c.optim
-    return replace(est, step_time_s=step, compute_time_s=compute, comm_time_s=est.comm_time_s + moe_comm,
+    return replace(est, step_time_s=step, compute_time_s=compute, comm_time_s=est.comm_time_s + moe_comm + n * again,
                    exposed_comm_time_s=step - compute - bubble, bubble_time_s=bubble, memory=mem,
                    comm_bytes_per_gpu=est.comm_bytes_per_gpu + n * c.sent + sum(
                        e.sent_bytes() for e in c.events if e.phase in per_step),

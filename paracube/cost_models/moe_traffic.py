@@ -4,14 +4,16 @@ dense part, corrected where a MoE block differs. tests/test_moe_run.py holds the
 executor records (a multiset of (kind, axes, payload, dtype): zero difference).
 
 Per MoE block on the stage and micro-batch, a rank holding T = b s / (tp with sp) tokens, k experts per token:
-- forward (and again in a full recomputation): with ep > 1 `moe.counts`, an all_to_all over ep of the E int64
-  copy counts (ep x E / ep, Megatron-core's dispatcher exchanges the same), `moe.dispatch` and `moe.combine`
+- forward (and again in a full recomputation or under rcm=moe, phase "recompute"): with ep > 1 `moe.counts`, an
+  all_to_all over ep of the E int64 copy counts (ep x E / ep, Megatron-core's dispatcher exchanges the same),
+  `moe.dispatch` and `moe.combine`
   (modes/experts.block_fwd: c T k h under balanced routing; `with_routing` puts in the bytes of the routing a run
   took); with sp over tp > 1 and an aux loss, `moe.aux_counts`, an all_reduce over the tensor axes of the [b, E]
   copy counts in the statistics dtype (fp32; fp64 for an fp64 model);
 - backward: the two all_to_alls mirrored (modes/experts.block_bwd). The shared expert's collectives are the dense
   MLP's (the mode's linears, same T h payloads), so the mode's layer lists stay as they are (without a shared
-expert the block's MLP collectives are dropped).
+expert the block's MLP collectives are dropped); rcm= re-issues a dense block's MLP collectives (mlp) and a shared
+expert's (shared_experts, moe) up to their region's last saved tensor, moe_mlp_again.py.
 Per step: the dense gradient buckets hold the block's router, shared expert and gate instead of the dense MLP
 (experts excluded); the sequence-parallel all_reduce adds the router and gate (replicated over tp; GPT-OSS's router
 bias with them, its experts' biases in the experts' buckets: moe_spec.MoESpec.expert_bias); the experts'
@@ -26,6 +28,7 @@ from dataclasses import replace
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.local_parameters import local_parameter_sizes
 from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
 from paracube.cost_models.recompute_modules_cost import moe_side
 from paracube.cost_models.traffic import stage_events
 from paracube.estimate import CommEvent
@@ -116,7 +119,11 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
         return [CommEvent(kind, axes, n, int(payload), dtype, phase, label)] if n > 1 else []
 
     extra: list[CommEvent] = []
+    # a dense block's mlp, a shared expert's under shared_experts / moe: its MLP's collectives again (moe_mlp_again.py)
+    again = [e for b in again_blocks(moe, d.L, layout, _stage_index(layout, stage))
+             for e in relabel(again_events(d, layout, mb), b)]
     for _ in range(n_micro):
+        extra += again
         for i in layers:
             for ph in phases:
                 extra += block_count_events(layout, moe, mb, d.dtype, ph, f"layers.{i}.")  # counts, aux counts

@@ -35,20 +35,38 @@ Sources: megatron-core 0.16.1.
   with the core recomputed keeps the up projections' outputs instead, activations.attention_widths "kept":
   c T H (d_qk + d_n + d_v) / t).
 - mlp (region, dense blocks only: transformer_layer.py:447-449, 719-737): re-run F(f) (a dense model: the dense
-  engines' fc and fc2 forward GEMMs and SwiGLU / GELU bytes, 4 c T f / t); no longer kept: fc's input (its fused norm's
-  output, c T h / k: counted once with layernorm), the activation's input c T f_a / t (f_a = 2 f gated, f GELU) and
-  fc2's input c T f / t. Its tensor-parallel forward collectives run again in the backward (`again_collectives`:
-  1D's all_gather and reduce_scatter with sp, its all_reduce without; 2D / 3D's fc / fc2 gathers), phase
-  "recompute", in both engines (on a model with MoE blocks its dense blocks' are not priced).
+  engines' fc and fc2 forward GEMMs and SwiGLU / GELU bytes, 4 c T f / t); no longer kept: the activation's input
+  c T f_a / t (f_a = 2 f gated, f GELU) and fc2's input c T f / t. fc's input, the pre-MLP norm's output, is the
+  region's input in paracube's executor (the norm outside it: executor/model/blocks.py), kept; Megatron's Transformer
+  Engine spec fuses that norm into fc (LayerNormLinear inside the region), so under its fused norms
+  (Runtime.fused_norms) mlp frees it too, c T h / k (where layernorm then frees no dense norm).
+  Its tensor-parallel forward collectives up to the region's
+  last saved tensor run again in the backward (`again_collectives`, `mlp_again`: 1D + sp's all_gather; 2D / 3D's fc
+  gathers and fc2's operand gathers, 3D's fc2 output reduce-scatter, issued inside its GEMM's autograd Function; not
+  the last linear's output reduce after its GEMM, 1D's reduce_scatter / all_reduce, nor its bias gather:
+  torch.utils.checkpoint's early stop, AFTER_LAST_SAVED), phase "recompute", in both engines; on a model with MoE
+  blocks its dense blocks' (and the shared experts' under shared_experts / moe) through moe_mlp_again.py. Megatron-core
+  0.16.1's tensor_parallel.checkpoint (random.py:496-573 CheckpointFunction, reentrant: its backward, l.557, runs the
+  whole function again) re-runs the region to its end, those trailing collectives included: not priced (paracube prices
+  what its executor runs); on 1D + sp that is one reduce_scatter of c T h per block and micro-batch more.
+- layernorm's collectives: 2D / 2.5D / 3D's norms split the hidden dimension, so their re-run forward all-reduces
+  its statistics and gathers gamma (beta) again (`again_collectives`, phase "recompute"); none in none / 1D.
 - moe_act (discard, moe/experts.py:100-275, TEGroupedMLP's activation_checkpoint): re-run the experts' activation,
   3 c R f_e / etp / bw (moe_passes.pass_bytes' SwiGLU forward); no longer kept: its output, c R f_e / etp.
-- shared_experts (region, moe/moe_layer.py:150-160 shared_experts_recompute): re-run F(f_s) of the shared expert;
-  no longer kept: its activation's input and fc2's input, c T 3 f_s / t (its input, the norm's output, is kept).
+- shared_experts (region, moe/moe_layer.py:150-160 shared_experts_recompute): re-run F(f_s) of the shared expert,
+  its MLP collectives up to its last saved tensor with it (as mlp's: moe_mlp_again.py); no longer kept: its
+  activation's input and fc2's input, c T 3 f_s / t (its input, the norm's output, is kept).
 - moe (region, moe/moe_layer.py:432-450 moe_layer_recompute): re-run the MoE layer's whole forward (router, the
-  dispatch and combine all_to_alls (their time and bytes again in the backward, as full recomputation's:
-  moe.stage_cost, moe_program.py), the permutes, the experts, the shared expert F(f_s)); no longer kept: every
-  tensor of the MoE layer's (moe.stage_cost's activations: R h + 3 R f_e / etp in c bytes, the router's T E fp32) and
-  the shared expert's (as shared_experts), its input kept.
+  copy counts' all_to_all, the aux loss's counts all_reduce, the dispatch and combine all_to_alls (their time and
+  bytes again in the backward, as full recomputation's: moe.stage_cost, moe_program.py, moe_traffic.py), the
+  permutes, the experts, the shared expert F(f_s) and its MLP collectives up to its last saved tensor,
+  moe_mlp_again.py); no longer kept: every tensor of the MoE layer's (moe.stage_cost's activations: R h + 3 R f_e /
+  etp in c bytes, the router's T E fp32) and the shared expert's (as shared_experts), its input kept. paracube's
+  executor keeps more in that layer than that count (its experts' outputs and their weighted copies, 2 c R h, and the
+  routing's indices and weights: tests/test_recompute_modules_run.py known_gap), with the module and without.
+Measured against paracube's executor (tests/test_recompute_modules_run.py, fp64, serial): mlp, moe_act and
+shared_experts free exactly these bytes; layernorm also the norms' statistics (4 stat_width T / k per norm, fp32),
+which its term does not subtract; mla_up_proj on CPU's SDPA math path keeps q and k (the kernel's own copies).
 The re-made tensors of the one block whose backward runs are not added to the peak (as for core_attn).
 """
 
@@ -154,10 +172,12 @@ def dense_time(d: Dims, mode: str, b: LayoutBatch, g: object) -> Arr:
 
 def mlp_saved(d: Dims, T: Arr, t: Arr, shards: Arr, f: float) -> Arr:
     """Bytes a dense MLP of width f keeps that `mlp` no longer keeps (module docstring), one block; its norm's output
-    unless layernorm frees it (a norm of its own: not under fused norms)."""
+    only under fused norms (the norm inside fc)."""
     gated = 2.0 if d.family == "llama" else 1.0
     inner = d.c * T * (gated + 1.0) * f / t
-    return inner + (0.0 if "layernorm" in modules(d) and not d.fused_norms else d.c * T * d.h / shards)
+    # paracube's executor: the pre-MLP norm sits outside the region, its output the region's kept input (layernorm
+    # frees it); fused norms (Megatron's Transformer Engine spec): the norm runs inside fc, its output freed with it
+    return inner + (d.c * T * d.h / shards if d.fused_norms else 0.0)
 
 
 def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
@@ -180,12 +200,31 @@ def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
 
 
 MLP_LABELS = ("mlp.", "fc.", "fc2.")  # a block's MLP collectives (modes: 1D's half "mlp", 2D / 3D's fc, fc2 linears)
+NORM_LABELS = ("ln1.", "ln2.")  # a block's two norms' (2D / 2.5D / 3D: statistics all-reduced, gamma / beta gathered)
+# The MLP's last linear's collectives the executor issues after the op that saves fc2's GEMM inputs: 1D's output
+# reduce-scatter (sp) / all-reduce, 2D / 3D's bias gather. torch.utils.checkpoint (non-reentrant) stops the
+# recomputation once the region's last saved tensor is made again, so they are not issued again
+# (executor/layers/discard.py). 3D's output reduce-scatter (fc2.Y) runs inside the GEMM's own autograd Function, whose
+# tensors are saved when it returns: issued again. (Not priced: 1D + sp with tpo, whose fc2 ring reduce-scatter is
+# inside its GEMM's Function too, executor/layers/ring.py, so it is issued again there.)
+AFTER_LAST_SAVED = ("mlp.out", "mlp.g", "fc2.bias")
+
+
+def mlp_again(colls: list) -> list:
+    """Of a block's forward collectives, those a checkpointed MLP region issues again in backward (its forward's up
+    to its last saved tensor: AFTER_LAST_SAVED not)."""
+    return [c for c in colls if c.label.startswith(MLP_LABELS) and c.label not in AFTER_LAST_SAVED]
 
 
 def again_collectives(d: Dims, colls: list) -> list:
-    """The forward collectives of a block (modes' layer_fwd) the backward issues again: the MLP's under mlp (its
-    region re-runs its forward, tensor-parallel collectives included: traffic.py, comm.py, event_program.py)."""
-    return [c for c in colls if c.label.startswith(MLP_LABELS)] if "mlp" in modules(d) else []
+    """The forward collectives of a block (modes' layer_fwd) the backward issues again (traffic.py, comm.py,
+    event_program.py): under mlp the MLP's up to its region's last saved tensor (`mlp_again`); under layernorm the two
+    norms' (their forward re-runs alone: 2D / 2.5D / 3D's statistics all-reduce and gamma / beta gathers; none in
+    none / 1D). On a model with MoE blocks the dense engines' `d` holds only DENSE's modules: the dense blocks' mlp
+    and the shared experts' are moe_mlp_again.py's."""
+    mods = modules(d)
+    again = set(map(id, mlp_again(colls))) if "mlp" in mods else set()
+    return [c for c in colls if id(c) in again or ("layernorm" in mods and c.label.startswith(NORM_LABELS))]
 
 
 def moe_side(layout: object) -> tuple[str, ...]:
@@ -238,6 +277,7 @@ def moe_rcm_saved(model: Any, d: Dims, layout: Any, mb: int, held: list[int], mo
     return k * per_moe + (len(held) - k) * dense
 
 
-__all__ = ["DENSE", "MLP_LABELS", "again_collectives", "block_norms", "by_module", "core_recomputed", "dense_modules",
-           "dense_norms", "dense_saved", "dense_time", "experts_rerun", "mla_widths", "modules", "moe_norms",
-           "moe_rcm_saved", "moe_rerun", "moe_saved", "moe_side", "mlp_saved"]
+__all__ = ["AFTER_LAST_SAVED", "DENSE", "MLP_LABELS", "NORM_LABELS", "again_collectives", "block_norms",
+           "by_module", "core_recomputed", "dense_modules", "dense_norms", "dense_saved", "dense_time",
+           "experts_rerun", "mla_widths", "mlp_again", "modules", "moe_norms", "moe_rcm_saved", "moe_rerun",
+           "moe_saved", "moe_side", "mlp_saved"]
