@@ -153,7 +153,8 @@ def test_memory_is_one_stages_dense_and_expert_parts(h100: object) -> None:
     from paracube.cost_models.device_model import gemm_model
     from paracube.cost_models.links import LinkCache
     from paracube.cost_models.memory import logit_bytes, stage_memory, total, with_zero, zero_shards
-    from paracube.cost_models.moe import expert_links, stage_cost
+    from paracube.cost_models.moe import stage_cost
+    from paracube.cost_models.moe_links import expert_links
     from paracube.cost_models.moe_step import in_flight
     from paracube.cost_models.validity import layout_arrays
 

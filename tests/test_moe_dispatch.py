@@ -14,9 +14,9 @@ import pytest
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.links import LinkCache
-from paracube.cost_models.moe import expert_links
 from paracube.cost_models.moe_a2a import A2A, A2A_NIC_EFF
 from paracube.cost_models.moe_dispatch import Dispatch, dispatch_of
+from paracube.cost_models.moe_links import expert_links
 from paracube.errors import ParacubeError
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS

@@ -139,7 +139,7 @@ def test_an_explicit_zero_0_is_a_pin() -> None:
 def test_link_cache_matches_direct_group_queries() -> None:
     """The merged-run cache keys (links.py) and the planner's encoded keys (enumerate.py) must give what the
     real topology answers for the layout's own groups (Layout.groups) with all concurrent groups."""
-    from paracube.cost_models.comm import axes_used
+    from paracube.cost_models.comm_axes import axes_used
     from paracube.cost_models.links import LinkCache
     from paracube.planner.enumerate import structures
     from paracube.topologies import load_topology
@@ -233,7 +233,7 @@ def test_step_lower_bound_is_below_every_placement(overlap: bool) -> None:
     import numpy as np
 
     from paracube.cost_models.analytic import evaluate, step_lower_bound
-    from paracube.cost_models.comm import axes_used
+    from paracube.cost_models.comm_axes import axes_used
     from paracube.cost_models.device_model import gemm_model
     from paracube.cost_models.links import LinkCache
     from paracube.cost_models.validity import first_violation

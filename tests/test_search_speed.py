@@ -141,7 +141,7 @@ def test_compute_lower_bound_is_below_every_zero_2_3_placement() -> None:
     import numpy as np
 
     from paracube.cost_models.analytic import compute_lower_bound, evaluate
-    from paracube.cost_models.comm import axes_used
+    from paracube.cost_models.comm_axes import axes_used
     from paracube.cost_models.device_model import gemm_model
     from paracube.cost_models.dims import dims_of
     from paracube.cost_models.links import LinkCache
@@ -191,7 +191,7 @@ def test_distinct_link_rows_give_every_placements_own_time() -> None:
 
     import numpy as np
 
-    from paracube.cost_models.comm import axes_used
+    from paracube.cost_models.comm_axes import axes_used
     from paracube.cost_models.device_model import gemm_model
     from paracube.cost_models.dims import dims_of
     from paracube.cost_models.links import LinkCache

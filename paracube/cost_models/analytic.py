@@ -15,7 +15,8 @@ import numpy as np
 
 from paracube.cost_models.analytic_scores import Scores, evaluate
 from paracube.cost_models.collective import fastest_time
-from paracube.cost_models.comm import Entry, axes_used
+from paracube.cost_models.comm import Entry
+from paracube.cost_models.comm_axes import axes_used
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.context_dims import context_local
 from paracube.cost_models.device_model import gemm_model

@@ -43,6 +43,7 @@ import numpy as np
 
 from paracube.cost_models import fp8
 from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
+from paracube.cost_models.comm_axes import cp_after_dp
 from paracube.cost_models.context_parallel import is_ring
 from paracube.cost_models.dims import Dims, local_params
 from paracube.cost_models.fsdp_units import unit_totals
@@ -59,7 +60,7 @@ Arr = np.ndarray
 Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
 SOURCES = ("layer_fwd", "layer_bwd", "embedding", "head")
 
-__all__ = ["Entry", "StepTraffic", "axes_used", "comm_entries", "stage_layers_params"]
+__all__ = ["Entry", "StepTraffic", "comm_entries", "stage_layers_params"]
 
 
 @dataclass
@@ -125,7 +126,7 @@ class StepTraffic:
         n = b.dp if shard is None else np.minimum(shard, b.dp)
         self.groups = {"dp": b.dp, "pp": b.pp, "dp_shard": n, "dp_replicate": b.dp // n, "cp": d.cp,
                        **m.axis_sizes(b.q, b.t, b.depth)}
-        self.data_axes = data_axes(m.grad_axes, d.cp)  # Layout.data_axes: dp x cp with context parallelism
+        self.data_axes = cp_after_dp(m.grad_axes, d.cp)  # Layout.data_axes: dp x cp with context parallelism
         self.hybrid = shard is not None and bool(np.any(n < b.dp))
         self.zero_axes = tuple("dp_shard" if a == "dp" and self.hybrid else a for a in self.data_axes)
         self.sizes = Sizes(T=b.mb * d.s, t=b.t, q=b.q, depth=b.depth, sp=b.sp, V=padded(d.V, m.vocab_split(b.t, b.q)),
@@ -305,32 +306,3 @@ def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero
                  bucket_bytes: int = BUCKET_BYTES, kw: Arr | int = 0, tpo: bool = False,
                  shard: int | None = None) -> list[Entry]:
     return StepTraffic(d, mode, b, zero, bucket_bytes, kw, tpo, shard).entries(first, last)
-
-
-def cp_after_dp(axes: tuple[str, ...], cp: int) -> tuple[str, ...]:
-    """`axes` with "cp" after its dp axis (dp or dp_shard) where cp > 1 (Layout.data_axes)."""
-    if cp == 1:
-        return axes
-    i = next(k for k, a in enumerate(axes) if a in ("dp", "dp_shard")) + 1
-    return (*axes[:i], "cp", *axes[i:])
-
-
-def data_axes(grad_axes: tuple[str, ...], cp: int) -> tuple[str, ...]:
-    return cp_after_dp(grad_axes, cp)
-
-
-def axes_used(mode: str, hybrid: bool = False, cp: bool = False) -> list[tuple[str, ...]]:
-    """Every group (mesh axes) the closed forms of `mode` may use: the planner asks the topology for these
-    (`hybrid`: an HSDP layout's zero groups too, dp split into dp_shard and dp_replicate; `cp`: a context-parallel
-    layout's cp group and its data-parallel groups over dp x cp)."""
-    m = MODES[mode]
-    if cp:
-        base = axes_used(mode, hybrid)
-        grown = [cp_after_dp(ax, 2) if any(a in ("dp", "dp_shard") for a in ax) else ax for ax in base]
-        return list(dict.fromkeys([*base, *grown, ("cp",)]))
-    tensor = m.axes
-    extra = [tensor] if tensor else []
-    zero = [("dp_shard",), ("dp_replicate",), ("dp_shard", *tensor), ("pp", "dp_shard", *tensor),
-            tuple("dp_shard" if a == "dp" else a for a in m.grad_axes)] if hybrid else []  # pp: HSDP's grad norm
-    return list(dict.fromkeys([*m.collective_axes, m.grad_axes, *extra, ("pp", *tensor), ("dp", *tensor), ("pp",),
-                                ("dp",), ("pp", "dp", *tensor), *zero]))

@@ -39,8 +39,9 @@ from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.event_sim import Sim
 from paracube.cost_models.event_trace import Timeline
 from paracube.cost_models.links import LinkCache
-from paracube.cost_models.moe import expert_links, priced
+from paracube.cost_models.moe import priced
 from paracube.cost_models.moe_dispatch import dispatch_of
+from paracube.cost_models.moe_links import expert_links
 from paracube.cost_models.moe_program import with_blocks
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.stragglers import straggler_wait

@@ -56,12 +56,10 @@ from paracube.cost_models.compute import GemmModel, optimizer_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.host_issue import block_idle
 from paracube.cost_models.host_sync import sync_seconds
-from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import optimizer_bytes
 from paracube.cost_models.mlp_delta import block_deltas, mlp_delta
-from paracube.cost_models.moe_a2a import A2A, PLAIN, a2a_link
+from paracube.cost_models.moe_a2a import A2A
 from paracube.cost_models.moe_counts import block_count_events, norm_event
-from paracube.cost_models.moe_dispatch import Dispatch
 from paracube.cost_models.moe_mlp_again import stage_again
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
@@ -93,26 +91,6 @@ def moe_layers_of(model: ModelSpec, layout: Layout, stage: int) -> int:
         return 0
     chunks = stage_chunks(model.layers, layout.pp, layout.interleave, stage)
     return sum(model.moe.is_moe_layer(i) for c in chunks for i in c)
-
-
-def expert_placement(layout: Layout) -> tuple[tuple[str, int], ...]:
-    """The folded axes innermost first (etp, ep, edp within a stage, then pp): Layout.expert_groups' order,
-    exact where pp is the outermost axis of the placement (the default); otherwise each stage's ranks are
-    taken as if consecutive (the estimate notes it)."""
-    return (("etp", layout.etp), ("ep", layout.ep), ("edp", layout.expert_data), ("pp", layout.pp))
-
-
-def expert_links(layout: Layout, cache: LinkCache,
-                 dispatch: Dispatch = PLAIN) -> dict[tuple[str, ...], tuple[float, float]]:
-    """The folded groups' links, and the tensor group's (the aux loss's counts, moe_counts.py); the all_to_all's
-    with the dispatcher's bytes (moe_dispatch.py)."""
-    place = expert_placement(layout)
-    links = {axes: cache.get(place, axes) for axes in (("ep",), ("etp",), ("edp",))}
-    links[A2A + ("ep",)] = a2a_link(cache, place, ("ep",), dispatch)  # dispatch / combine / counts (moe_a2a.py)
-    tensor = tuple(layout.tensor_axes)
-    if tensor:
-        links[tensor] = cache.get(placement_of(layout), tensor)
-    return links
 
 
 @dataclass
@@ -309,5 +287,5 @@ def priced(model: ModelSpec) -> bool:
     return model.moe is not None or model.mla is not None or model.head_size is not None
 
 
-__all__ = ["BlockCost", "StageCost", "block_cost", "dense_part", "expert_links",
-           "expert_placement", "grad_event", "moe_layers_of", "priced", "stage_cost", "tokens_per_rank"]
+__all__ = ["BlockCost", "StageCost", "block_cost", "dense_part", "grad_event", "moe_layers_of", "priced", "stage_cost",
+           "tokens_per_rank"]

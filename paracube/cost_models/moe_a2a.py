@@ -34,7 +34,7 @@ counted bytes are the remote nodes' only) times the whole call, so its startup s
 A2A_NIC_EFF's (fitted on an alltoall row, 0.90). The plain all_to_all (NCCL's grouped sends, the alltoall dispatcher)
 keeps (n - 1) a: its fit row was fitted with it.
 
-Engines: the analytic engine reads `a2a_link` (moe.expert_links, keyed A2A + axes); the event engine simulates
+Engines: the analytic engine reads `a2a_link` (moe_links.expert_links, keyed A2A + axes); the event engine simulates
 `a2a_template` (event_collectives.Collectives.template for an all_to_all): one flow class of the representative
 rank whose link weights are the w(e) above, sharing links max-min fairly with whatever else runs (event_network.py).
 A topology without routes (cost_models/uniform_topology.py) keeps the ring link (topology.group_link).
@@ -56,7 +56,7 @@ from paracube.topologies.nvswitch import SYSTEMS, fabrics
 if TYPE_CHECKING:  # the event engine's link table loads where an all-to-all is priced (not for dense models)
     from paracube.cost_models.event_links import LinkTable, Template
 
-A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe.expert_links, moe.comm_time)
+A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe_links.expert_links, moe.comm_time)
 # The fraction of a NIC's line rate an all_to_all's cross-node flows reach, on the fabric links they cross (in place
 # of the fabric's ring-fitted efficiency, efficiency.FABRICS). FITTED on ONE row, qwen3-235b-256
 # (benchmarks/data/published_runs_moe.csv, Megatron-Bridge 25.09, ep=32 over 4 DGX H100 nodes); the other MoE rows

@@ -24,11 +24,12 @@ from paracube.cost_models.dims import Dims
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.memory import logit_bytes
-from paracube.cost_models.moe import expert_links, expert_placement, moe_layers_of, priced, stage_cost
+from paracube.cost_models.moe import moe_layers_of, priced, stage_cost
 from paracube.cost_models.moe_a2a import a2a_terms
 from paracube.cost_models.moe_a2a_overlap import combined, overlapped_fraction
 from paracube.cost_models.moe_contention import exposed_grads, slowdown
 from paracube.cost_models.moe_dispatch import dispatch_of
+from paracube.cost_models.moe_links import expert_links, expert_placement
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share

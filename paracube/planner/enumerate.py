@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from paracube.cost_models.comm import axes_used
+from paracube.cost_models.comm_axes import axes_used
 from paracube.frozen_hash import frozen_hash, frozen_state
 from paracube.layout import TENSOR_AXES
 from paracube.modes import MODES

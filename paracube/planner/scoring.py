@@ -10,7 +10,7 @@ from itertools import chain
 import numpy as np
 
 from paracube.cost_models.analytic_scores import evaluate
-from paracube.cost_models.comm import axes_used
+from paracube.cost_models.comm_axes import axes_used
 from paracube.cost_models.score_bounds import compute_lower_bound, step_lower_bound
 from paracube.modes import MODES, LayoutBatch
 from paracube.planner.bars import _bar, _cp1_best, _kth
