@@ -271,13 +271,11 @@ def _as_recorded(e: CommEvent) -> tuple:
 def _recorded(e: tuple, zero: int) -> tuple:
     """A recorded event (kind, axes, bytes, dtype, label, phase) under the model's phase names where the two name
     a phase differently outside any recomputation: zero=2/3's backward unit gathers (the recorder: forward collectives
-    issued in backward, "recompute"; traffic._zero_micro_batch: "bwd") and unit reduce-scatters ("grad_sync" / "bwd"),
-    the experts' norm (recorded outside a phase; moe_counts.norm_event: "optimizer")."""
+    issued in backward, "recompute"; traffic._zero_micro_batch: "bwd") and unit reduce-scatters ("grad_sync" /
+    "bwd")."""
     kind, axes, size, dtype, label, phase = e
     if zero >= 2 and (label, phase) in (("params", "recompute"), ("grads", "grad_sync")):
         phase = "bwd"
-    if label == "grad_norm.experts" and phase == "":
-        phase = "optimizer"
     return (kind, axes, size, dtype, phase)
 
 

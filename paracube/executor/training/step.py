@@ -109,7 +109,8 @@ def train_step(model: ParallelGPT, optimizer: torch.optim.Optimizer, mesh: Mesh,
             model.reduce_sequence_parallel_grads()  # 1D + sp: norms, row biases, pos_emb summed over tp
             reduce_tied_embedding_grads(model, mesh)  # pp > 1, tied: both copies get the summed gradient
         sq = _replica_norm_sq(model, mesh, device)
-        experts = expert_norm_sq(model, mesh, device)  # MoE experts: summed over ep
+        with rec.phase("optimizer"):  # the norm's collectives (moe_counts.norm_event)
+            experts = expert_norm_sq(model, mesh, device)  # MoE experts: summed over ep
         if experts is not None:
             sq = sq + experts
         norm_axes = (*stages, *tensor_axes)
