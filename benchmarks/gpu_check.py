@@ -20,7 +20,9 @@
    3D: n row blocks of X; 2D: n blocks of the contraction, accumulated), back to back with no communication:
    chunked / whole is the GEMM time the decomposition costs (cost_models/tpo.py prices the chunks at the whole
    GEMM's time: 1.0).
-Check 1 decides the exit code (0 passed, 1 failed); 2 and 3 are measurements, printed with their ratio to the
+5. Attention sinks (GPT-OSS): the fused kernels' output and gradients against fp32 and against the padded path
+   (sink_checks.py: on CUDA the flash / efficient ops, checked on the CPU only on meta tensors).
+Checks 1 and 5 decide the exit code (0 passed, 1 failed); 2 and 3 are measurements, printed with their ratio to the
 model (flagged outside 0.5-1.5 for GEMMs, 10% for memory: the allocator's cached blocks and cuBLAS workspace
 come on top of what the model counts). Everything runs in one rank process started by the launcher the tests
 use (run_on_ranks: its own rendezvous store on port 0).
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however it is started
 
 from gemm_checks import check_gemms, check_tpo  # noqa: E402
+from sink_checks import check_sinks, report_sinks  # noqa: E402
 
 DEFAULTS = {"cuda": ("gpt3-350m", "dgx-h100", 1, 4), "cpu": ("tiny", "local-cpu", 2, 2)}  # model, topo, mb, micro
 LOSS_TOL, MEM_TOL, GEMM_RANGE = 1e-5, 0.10, (0.5, 1.5)
@@ -156,6 +159,7 @@ def run_checks(rank: int, world: int, device: Any, cfg: dict) -> dict[str, Any]:
     out["gemms"] = check_gemms(spec, cfg, device)
     out["memory"] = check_memory(spec, cfg, device)
     out["tpo"] = check_tpo(spec, cfg, device)
+    out["sinks"] = check_sinks(device, seq=1024 if device.type == "cuda" else 256)
     out["seconds"] = time.perf_counter() - t0
     out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return out
@@ -181,7 +185,7 @@ def report(res: dict[str, Any], cfg: dict) -> list[str]:
     for r in res["tpo"]:
         lines.append(f"   {r['mode']:11s} {r['gemm']:5s} ({r['m']}, {r['n']}, {r['k']}) x{r['chunks']}: "
                      f"{r['whole_us']:9.1f} us vs {r['chunked_us']:9.1f} us  ratio {r['ratio']:.2f}")
-    return lines
+    return lines + report_sinks(res["sinks"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(report(res, cfg)))
     if args.json:
         Path(args.json).write_text(json.dumps({"config": cfg, **res}, indent=1, default=str))
-    return 0 if res["equivalence"]["passed"] else 1
+    return 0 if res["equivalence"]["passed"] and all(r["passed"] for r in res["sinks"]) else 1
 
 
 if __name__ == "__main__":
