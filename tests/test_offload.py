@@ -264,3 +264,20 @@ def test_offloading_blocks_the_model_does_not_price_is_refused_on_both_sides(
     with pytest.raises(ParacubeError) as refused:
         check_offload(MODELS[model], parse_layout(layout), "none")
     assert "\n" not in str(refused.value) and "dense blocks of hidden / heads attention only" in str(refused.value)
+
+
+def test_offloading_beside_recompute_modules_the_executor_lacks_is_refused_by_the_runtime(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """paracube's executor offloads (save_on_cpu) beside rcm=core_attn only (executor/sizes.check_recompute_modules),
+    so its runtime refuses the rest before a plan is written: the planner and the executor agree. Megatron refuses
+    off=N with any recomputation (its cpu_offloading checks)."""
+    runtime = get_runtime("paracube")
+    bad = parse_layout("dp=8,tp=none,mb=1,off=4,rcm=layernorm+mlp")
+    assert "recompute modules core_attn only, not layernorm, mlp" in str(runtime.refusal(bad, family="llama"))
+    assert runtime.refusal(parse_layout("dp=8,tp=none,mb=1,off=4,rcm=core_attn"), family="llama") is None
+    assert "rc=none only" in str(get_runtime("megatron").refusal(
+        parse_layout("dp=8,tp=none,mb=1,off=4,rcm=core_attn"), family="llama"))
+    assert main(["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--layout",
+                 "dp=8,tp=none,mb=1,off=4,rcm=mlp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "valid: rcm=core_attn or off=0" in err

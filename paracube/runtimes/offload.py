@@ -21,7 +21,8 @@ What the stacks run (installed packages, cited by file:line):
 - paracube's executor: torch.autograd.graph.save_on_cpu around each offloaded block's forward (executor/model/
   gpt.py); its copies run on the compute stream (pack: tensor.cpu(), or a pinned copy_ on the current stream;
   torch/autograd/graph.py:400-420): in line, not overlapped. Not with full recomputation (the checkpoint saves
-  nothing inside the block for the hooks to pack) nor pipelines (not wired yet).
+  nothing inside the block for the hooks to pack) nor pipelines (not wired yet), and of the recompute modules (rcm=)
+  with core_attn only (executor/sizes.check_recompute_modules: the discarding checkpoints' storages are not packed).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Offload:
     keep_last: bool  # N <= layers - 1 (the last block's activations stay on the device)
     overlap: bool  # transfers on their own stream, overlapped with compute (else in line on the compute stream)
     all_but_last: bool = False  # N = layers - 1 only (DeepSpeed's cpu_checkpointing: every checkpoint but the last)
+    modules: tuple[str, ...] = ()  # the recompute modules (rcm=) it offloads with, under rc=selective
     flags: str = ""  # how it is turned on
     source: str = ""
 
@@ -71,6 +73,11 @@ def offload_refusal(name: str, off: Offload | None, layout: Layout, layers: int 
     if rc is not None and rc not in off.recomputes:
         return (f"offloads activations with rc={'/'.join(off.recomputes)} only, not rc={rc} (off={n}); "
                 f"valid: rc={'/'.join(off.recomputes)} or off=0")
+    lacking = [m for m in layout.recompute_modules or () if m not in off.modules]
+    if lacking:
+        valid = f"rcm={'+'.join(off.modules)}" if off.modules else "no rcm="
+        return (f"offloads activations with the recompute modules {', '.join(off.modules) or 'none'} only, not "
+                f"{', '.join(lacking)} (off={n}); valid: {valid} or off=0")
     if layers is not None:
         most = layers - 1 if off.keep_last else layers
         if off.all_but_last and n != most:

@@ -105,5 +105,6 @@ RUNTIME = Runtime(
     # torch.autograd.graph.save_on_cpu around the first N blocks (executor/model/gpt.py): copies in line on the compute
     # stream, pp = 1, without full recomputation (runtimes/offload.py)
     offload=Offload(("none", "selective"), keep_last=False, overlap=False, flags="off=N (save_on_cpu)",
+                    modules=("core_attn",),
                     source="torch/autograd/graph.py:400-420 (save_on_cpu); executor/model/gpt.py"),
 )
