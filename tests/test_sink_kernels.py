@@ -9,10 +9,12 @@ written out, and what it saves for backward.
   here): a wrong formula (a sink counted twice, a missing rescale, D taken from O instead of O') differs by
   > 1e-3, so the bound separates the two with room on any CPU. gradcheck (finite differences) on a tiny case.
 - Memory: the distinct storages saved for backward by one call (saved_tensors_hooks) are q, k, v, O', L' and s,
-  plus the boolean mask [c, keys] where one is passed; O' is the storage the caller's [b, c, H d] view reads.
+  plus the boolean mask [c, keys] where one is passed without the recipe that made it (`remake`); with it, backward
+  builds the mask again and the values are the same bit for bit. O' is the storage the caller's [b, c, H d] view
+  reads.
 - The OSS model of tests/test_gpt_oss_run.py (one rank, mb 2, fp32, rc none): its saved bytes (dist_helpers.
-  saved_bytes) minus the activation count equal, on flash, the windowed blocks' boolean masks (s^2 bytes each);
-  unfused, the sink probabilities [b, heads, s] fp32 per block. Printed with -s (sinks.py's figure).
+  saved_bytes) equal the activation count on flash (its blocks pass their masks' recipes); unfused, they exceed it
+  by the sink probabilities [b, heads, s] fp32 per block. Printed with -s (sinks.py's figure).
 - Attention dropout runs the padded path (sinks.py).
 - The CUDA kernels' calls (flash, efficient) run on meta tensors: argument order and the shapes of the outputs
   and gradients (no numerics: no GPU here).
@@ -116,17 +118,24 @@ def _saved_storages(fn: object) -> tuple[torch.Tensor, dict[int, int]]:
     return out, saved
 
 
+@pytest.mark.parametrize("remade", [False, True], ids=["mask-kept", "mask-remade"])
 @pytest.mark.parametrize("mask", ["causal", "window", "split"])
-def test_fused_sinks_save_q_k_v_o_l_and_s(mask: str) -> None:
+def test_fused_sinks_save_q_k_v_o_l_and_s(mask: str, remade: bool) -> None:
     c, keys = (6, 6) if mask != "split" else (6, 10)
     q, k, v, sinks = _operands(2, 3, c, keys, torch.float32)
     allowed = _masks(c, keys)[mask]
-    out, saved = _saved_storages(lambda: sink_flash(q, k, v, sinks, 0.0, None, True, allowed))
+    remake = (lambda: _masks(c, keys)[mask]) if remade else None
+    out, saved = _saved_storages(lambda: sink_flash(q, k, v, sinks, 0.0, None, True, allowed, remake))
     b, heads, _, d = q.shape
     lse = 4 * b * heads * c  # fp32
     expected = sum(t.nbytes for t in (q, k, v, sinks)) + out.nbytes + lse
-    expected += 0 if allowed is None else c * keys  # the boolean mask, one byte per score
+    expected += 0 if allowed is None or remade else c * keys  # the boolean mask, one byte per score
     assert sum(saved.values()) == expected, (saved, expected)
+    grads = torch.autograd.grad(out, (q, k, v, sinks), torch.ones_like(out))
+    kept = sink_flash(q, k, v, sinks, 0.0, None, True, allowed)
+    assert torch.equal(out, kept)
+    kept_grads = torch.autograd.grad(kept, (q, k, v, sinks), torch.ones_like(kept))
+    assert all(torch.equal(a, b) for a, b in zip(grads, kept_grads, strict=True))
     assert out.untyped_storage().data_ptr() in saved
     flat = out.transpose(1, 2).reshape(b, c, heads * d)  # the caller's layout: a view of the saved O'
     assert flat.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
@@ -153,7 +162,7 @@ def test_cuda_kernel_calls_on_meta_tensors(kernel: str) -> None:
 @pytest.mark.parametrize("fa", [1, 0], ids=["flash", "unfused"])
 def test_oss_model_saved_bytes_against_the_count(fa: int) -> None:
     """tests/test_gpt_oss_run's OSS model on one rank (module docstring): measured - counted is what the count
-    leaves out of the sinks' kernels, by formula."""
+    leaves out of the sinks' kernels, by formula (none on flash)."""
     mb = 2
     layout = parse_layout(f"dp=1,fa={fa}").with_(micro_batch=mb)
     gen = torch.Generator().manual_seed(3)
@@ -164,7 +173,7 @@ def test_oss_model_saved_bytes_against_the_count(fa: int) -> None:
     s = OSS.seq_len
     windowed = sum(OSS.attention_window(i) is not None and OSS.attention_window(i) < s for i in range(OSS.layers))
     assert windowed == 1  # "WF": the comparison covers a masked and a causal block
-    left_out = windowed * s * s if fa else OSS.layers * 4 * mb * OSS.heads * s
+    left_out = 0 if fa else OSS.layers * 4 * mb * OSS.heads * s
     print(f"OSS fa={fa}: measured {measured} B, counted {counted:.0f} B, {(measured / counted - 1) * 100:+.2f}%")
     assert measured - counted == left_out
 

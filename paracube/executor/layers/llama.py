@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -92,7 +93,8 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPosit
         k, v = g[..., group, :].transpose(1, 2), g[..., group + 1, :].transpose(1, 2).contiguous()
         cos, sin = rotary_tables(c, d, how.theta, qkv)
         q, k = positioned(q, k, (cos, sin), (cos, sin), how)
-        allowed = sequence_mask(c, window, qkv.device)  # None: the plain causal path (a window >= s included)
+        remake = partial(sequence_mask, c, window, qkv.device)  # None: the plain causal path (a window >= s too)
+        allowed = remake()
     else:
         # v copied out of the window, as above (k is rotated into a new tensor anyway)
         k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2).contiguous()
@@ -101,7 +103,8 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPosit
         _, k_pos = window_positions(geometry, c, keys, qkv.device)
         cos, sin = cos[k_pos], sin[k_pos]  # the queries are the window's last c tokens: views of these
         q, k = positioned(q, k, (cos[keys - c:], sin[keys - c:]), (cos, sin), how)
-        allowed = window_mask(geometry, c, keys, qkv.device, window)
+        remake = partial(window_mask, geometry, c, keys, qkv.device, window)
+        allowed = remake()
     keys = k.shape[2]
     if not flash:
         n = b * kv_heads
@@ -112,7 +115,7 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPosit
         return out.view(b, kv_heads * group, c, d).transpose(1, 2).reshape(b, c, kv_heads * group * d)
     # enable_gqa: query head j reads kv head j // group, without materializing repeated k, v
     out = flash_attention(q, k, v, p, seed, gqa=group > 1, allowed=allowed) if sinks is None else \
-        sink_flash(q, k, v, sinks, p, seed, group > 1, allowed)
+        sink_flash(q, k, v, sinks, p, seed, group > 1, allowed, remake)
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 
 

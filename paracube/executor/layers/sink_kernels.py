@@ -10,9 +10,13 @@ sink softmax's probabilities, D' = rowsum(dO' O') its row terms, so dQ, dK, dV c
 adds ds_h = -sum_rows e^(s_h - L') D' (`sink_grad`). Context parallelism applies both after its blocks' merge
 (context_parallel.py); `fused_sink_flash` applies them around one flash kernel call: a torch.autograd.Function that
 saves q, k, v, O', L' and s only (FlashAttention with sinks, FA3 / cuDNN: what the activation count prices), plus,
-where the caller passes a mask (a sliding window, a sequence split over ranks), that boolean mask [c, keys] (1 byte
-per score; the kernel's own float mask is remade from it in backward). O' is stored [b, c, H, d] (heads inner), so
-the caller's transpose(1, 2).reshape is a view and the projection saves the same storage.
+where the caller passes a mask (a sliding window, a sequence split over ranks) without the recipe that made it, that
+boolean mask [c, keys] (1 byte per score). With its recipe (`remake`, a call that builds the same mask: the
+executor's blocks pass attention_mask.sequence_mask / tokens.window_mask with their arguments) nothing of the mask
+is kept: backward builds it again, O(c keys) elementwise work beside the kernel's O(c keys d), as FlashAttention
+builds its causal / window mask from positions inside the kernel (the kernel's own float mask is remade either way).
+O' is stored [b, c, H, d] (heads inner), so the caller's transpose(1, 2).reshape is a view and the projection saves
+the same storage.
 
 The kernel, `kernel_for` (torch 2.13's aten ops; signatures: native_functions.yaml, torch/_meta_registrations.py
 meta__scaled_dot_product_flash_attention_for_cpu, meta__scaled_dot_product_flash_attention,
@@ -36,6 +40,7 @@ tensor neither kernel takes (fp64, a head width beyond them), other devices. cuD
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -140,34 +145,36 @@ class _FusedSinkFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, allowed: Tensor | None, kernel: str,
-                scale: float) -> Tensor:
+                scale: float, remake: Callable[[], Tensor] | None) -> Tensor:
         b, heads, c, d = q.shape
         out, lse, state = _forward(kernel, q, k, v, allowed, scale)
         new = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, heads, 1))  # L', the kernel's shape (rows >= c)
         rescale = torch.exp(lse[..., :c] - new[..., :c]).unsqueeze(-1)
         merged = torch.empty_permuted((b, heads, c, d), (0, 2, 1, 3), dtype=q.dtype, device=q.device)
         torch.mul(out, rescale, out=merged)  # O' heads inner: the caller's [b, c, H d] is a view of it
-        ctx.save_for_backward(q, k, v, merged, new, sinks, allowed, *state)
-        ctx.args = (kernel, scale)
+        ctx.save_for_backward(q, k, v, merged, new, sinks, allowed if remake is None else None, *state)
+        ctx.args = (kernel, scale, remake)
         return merged
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, merged, new, sinks, allowed, *state = ctx.saved_tensors
-        kernel, scale = ctx.args
+        kernel, scale, remake = ctx.args
+        allowed = allowed if remake is None else remake()
         c = q.shape[2]
         dq, dk, dv = _backward(kernel, grad, q, k, v, merged, new, allowed, tuple(state), scale)
         up = new.dtype
         delta = (grad.to(up) * merged.to(up)).sum(-1, keepdim=True)  # D' = rowsum(dO' O')
         ds = sink_grad(sinks, new[..., :c].unsqueeze(-1), delta)
-        return dq, dk, dv, ds, None, None, None
+        return dq, dk, dv, ds, None, None, None, None
 
 
 def fused_sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, allowed: Tensor | None, kernel: str,
-                     scale: float) -> Tensor:
+                     scale: float, remake: Callable[[], Tensor] | None = None) -> Tensor:
     """Attention with sinks, q [b, H, c, d], k, v [b, kv, keys, d] (H a multiple of kv), sinks [H], causal over whole
-    sequences (allowed None: c = keys) or masked by `allowed` [c, keys], by `kernel` (kernel_for) -> [b, H, c, d]."""
-    return _FusedSinkFlash.apply(q, k, v, sinks, allowed, kernel, scale)
+    sequences (allowed None: c = keys) or masked by `allowed` [c, keys], by `kernel` (kernel_for) -> [b, H, c, d].
+    `remake`: a call returning `allowed` again, so backward rebuilds the mask instead of keeping it."""
+    return _FusedSinkFlash.apply(q, k, v, sinks, allowed, kernel, scale, remake)
 
 
 __all__ = ["fused_sink_flash", "kernel_for", "sink_grad", "sink_merge"]

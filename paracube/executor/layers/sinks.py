@@ -15,16 +15,16 @@ How each kernel adds the sink column, exactly once per query row:
 - flash (`sink_flash`): the sink merged into the flash kernel's own log-sum-exp (sink_kernels.py: one autograd
   Function; which aten op runs on which device and mask): L' = logaddexp(L, s_h), O' = O e^(L - L'), the kernel's
   own backward run with (O', L'), ds_h = -sum_rows e^(s_h - L') D'. It saves q, k, v, O' (the projection's input
-  storage), L' and s, what the activation count prices (FlashAttention with sinks, FA3 / cuDNN: q, k, v, O, L), and
-  with a mask (a sliding window, a split sequence) that boolean [c, keys] mask, which the count leaves out:
-  tests/test_gpt_oss_run's OSS model (d 8, fp32, mb 2, one rank, rc none) saves +0.38% over the count, its windowed
-  block's 32 x 32 mask (the padded path below: +11.7%; unfused: +0.6%, the sink probabilities [b heads s] fp32;
-  `python -m pytest -q -s tests/test_sink_kernels.py -k oss_model`). With attention dropout, or operands no kernel
-  takes, `padded_sink_flash`: scaled_dot_product_attention over one more key whose score is s_h and whose value is
-  0: q gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1 (scale stays 1 / sqrt(d)), v a
-  zero column (one head width for the flash kernels; sliced off the output), the mask one more allowed column;
-  autograd carries ds_h through q's extra column. Exact, but it keeps d + 1 wide q, k, v, its own output (not
-  shared with proj's input) and the mask.
+  storage), L' and s, what the activation count prices (FlashAttention with sinks, FA3 / cuDNN: q, k, v, O, L); a
+  mask (a sliding window, a split sequence) is built again in backward from the recipe llama.py passes, not kept:
+  tests/test_gpt_oss_run's OSS model (d 8, fp32, mb 2, one rank, rc none) saves exactly the count (+0.38% when the
+  windowed block kept its 32 x 32 boolean mask; the padded path below: +11.7%; unfused: +0.6%, the sink
+  probabilities [b heads s] fp32; `python -m pytest -q -s tests/test_sink_kernels.py -k oss_model`). With attention
+  dropout, or operands no kernel takes, `padded_sink_flash`: scaled_dot_product_attention over one more key whose
+  score is s_h and whose value is 0: q gets an extra column s_h sqrt(d), every key a 0 there and the sink key a 1
+  (scale stays 1 / sqrt(d)), v a zero column (one head width for the flash kernels; sliced off the output), the mask
+  one more allowed column; autograd carries ds_h through q's extra column. Exact, but it keeps d + 1 wide q, k, v,
+  its own output (not shared with proj's input) and the mask.
 - context parallelism (context_parallel.py, ring and all-gather): after the blocks' online-softmax merge, each rank
   merges the sink into its own queries' rows once, as the fused flash path does (`sink_merge`, `sink_grad`).
 torchtitan 0.3.0 applies the same function as out x sigmoid(lse - s_h) (models/gpt_oss/model.py
@@ -76,15 +76,16 @@ def row_sinks(sinks: Tensor, b: int, kv_heads: int, group: int, c: int) -> Tenso
 
 
 def sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: int | None, gqa: bool,
-               allowed: Tensor | None) -> Tensor:
+               allowed: Tensor | None, remake: Callable[[], Tensor] | None = None) -> Tensor:
     """Attention with sinks on the flash path (q [b, H, c, d], k, v [b, kv, keys, d]): causal over whole sequences
-    (allowed None: c = keys) or masked by `allowed` [c, keys]. The fused kernel (sink_kernels.py) where one takes
+    (allowed None: c = keys) or masked by `allowed` [c, keys] (`remake`: the call that built it, so the fused
+    kernel's backward builds it again instead of keeping it). The fused kernel (sink_kernels.py) where one takes
     the operands and there is no dropout, else `padded_sink_flash`."""
     dropout = p > 0.0 and seed is not None
     kernel = None if dropout else kernel_for(q, k, v, allowed)
     if kernel is None:
         return padded_sink_flash(q, k, v, sinks, p, seed, gqa, allowed)
-    return fused_sink_flash(q, k, v, sinks, allowed, kernel, 1.0 / math.sqrt(q.shape[-1]))
+    return fused_sink_flash(q, k, v, sinks, allowed, kernel, 1.0 / math.sqrt(q.shape[-1]), remake)
 
 
 def padded_sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, p: float, seed: int | None, gqa: bool,
