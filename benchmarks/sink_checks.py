@@ -10,6 +10,9 @@ softmax with a sink column (`reference`), and the padded path's (sinks.padded_si
 scaled_dot_product_attention) against the same: the fused path passes where its largest relative error is at
 most twice the padded path's plus 1e-3 (both run the same precision; a wrong merge or a misread lse is off by
 O(1)). The kernel each case ran is reported (kernel_for: cuda_flash, cuda_efficient, cpu_flash, or None: padded).
+A third case runs the window without sinks: functional.flash_attention's masked path (sink_kernels.masked_flash:
+the same kernel, the mask rebuilt in backward instead of kept) against scaled_dot_product_attention with the mask,
+both against fp32 (out dq dk dv; ds is "-"), with the same rule.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def _rel(a: Any, b: Any) -> float:
 def check_sinks(device: Any, seq: int = 1024, dtype: Any = None) -> list[dict[str, Any]]:
     import torch
 
+    from paracube.executor.layers.functional import flash_attention
     from paracube.executor.layers.sink_kernels import kernel_for
     from paracube.executor.layers.sinks import padded_sink_flash, sink_flash
 
@@ -66,20 +70,35 @@ def check_sinks(device: Any, seq: int = 1024, dtype: Any = None) -> list[dict[st
                      grad)
         padded = _run(lambda q, k, v, s, a=allowed: padded_sink_flash(q, k, v, s, 0.0, None, True, a),
                       [q, k, v, sinks], grad)
-        names = ("out", "dq", "dk", "dv", "ds")
-        err_f = {n: _rel(f, r) for n, f, r in zip(names, fused, ref, strict=True)}
-        err_p = {n: _rel(p, r) for n, p, r in zip(names, padded, ref, strict=True)}
-        passed = all(err_f[n] <= 2 * err_p[n] + 1e-3 for n in names)
-        rows.append({"case": name, "kernel": kernel_for(q, k, v, allowed), "dtype": str(dtype).split(".")[-1],
-                     "fused": err_f, "padded": err_p, "passed": passed})
+        rows.append(_row(name, kernel_for(q, k, v, allowed), dtype, fused, padded, ref))
+        if allowed is not None:  # the same window without sinks: the masked path against SDPA
+            none = torch.full_like(sinks, float("-inf"))  # a sink of weight 0: the plain softmax
+            ref = _run(lambda q, k, v, m=mask, z=none: reference(q, k, v, z, m), [t.float() for t in (q, k, v)], grad)
+            fused = _run(lambda q, k, v, a=allowed: flash_attention(q, k, v, 0.0, None, True, a, lambda: a),
+                         [q, k, v], grad)
+            plain = _run(lambda q, k, v, a=allowed: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=a, enable_gqa=True), [q, k, v], grad)
+            rows.append(_row(f"{name}, no sinks", kernel_for(q, k, v, allowed), dtype, fused, plain, ref))
     return rows
 
 
+def _row(case: str, kernel: str | None, dtype: Any, fused: list[Any], other: list[Any], ref: list[Any]
+         ) -> dict[str, Any]:
+    names = ("out", "dq", "dk", "dv", "ds")[:len(ref)]
+    err_f = {n: _rel(f, r) for n, f, r in zip(names, fused, ref, strict=True)}
+    err_p = {n: _rel(p, r) for n, p, r in zip(names, other, ref, strict=True)}
+    passed = all(err_f[n] <= 2 * err_p[n] + 1e-3 for n in names)
+    return {"case": case, "kernel": kernel, "dtype": str(dtype).split(".")[-1], "fused": err_f, "padded": err_p,
+            "passed": passed}
+
+
 def report_sinks(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["5. attention sinks: fused kernel vs padded path, max relative error against fp32 (out dq dk dv ds)"]
+    lines = ["5. attention sinks: fused kernel vs padded path (no sinks: vs sdpa), max relative error against fp32 "
+             "(out dq dk dv ds)"]
     for r in rows:
-        f = " ".join(f"{r['fused'][n]:.1e}" for n in ("out", "dq", "dk", "dv", "ds"))
-        p = " ".join(f"{r['padded'][n]:.1e}" for n in ("out", "dq", "dk", "dv", "ds"))
-        lines.append(f"   {r['case']:10s} {r['dtype']} kernel {r['kernel']}: fused {f} | padded {p}: "
+        f = " ".join(f"{r['fused'][n]:.1e}" if n in r["fused"] else "-" for n in ("out", "dq", "dk", "dv", "ds"))
+        p = " ".join(f"{r['padded'][n]:.1e}" if n in r["padded"] else "-" for n in ("out", "dq", "dk", "dv", "ds"))
+        other = "padded" if len(r["padded"]) == 5 else "sdpa"
+        lines.append(f"   {r['case']:20s} {r['dtype']} kernel {r['kernel']}: fused {f} | {other} {p}: "
                      f"{'PASS' if r['passed'] else 'FAIL'}")
     return lines

@@ -15,6 +15,8 @@ written out, and what it saves for backward.
 - The OSS model of tests/test_gpt_oss_run.py (one rank, mb 2, fp32, rc none): its saved bytes (dist_helpers.
   saved_bytes) equal the activation count on flash (its blocks pass their masks' recipes); unfused, they exceed it
   by the sink probabilities [b, heads, s] fp32 per block. Printed with -s (sinks.py's figure).
+- Without sinks, a masked flash call (functional.flash_attention with the mask's recipe) runs the same Function:
+  bit for bit scaled_dot_product_attention's values, keeping no mask where that keeps it as floats.
 - Attention dropout runs the padded path (sinks.py).
 - The CUDA kernels' calls (flash, efficient) run on meta tensors: argument order and the shapes of the outputs
   and gradients (no numerics: no GPU here).
@@ -32,6 +34,7 @@ from test_gpt_oss_run import OSS
 from paracube.cost_models import estimate
 from paracube.executor import Mesh, build_model
 from paracube.executor.layers.attention_mask import sequence_mask
+from paracube.executor.layers.functional import flash_attention
 from paracube.executor.layers.sink_kernels import fused_sink_flash, kernel_for
 from paracube.executor.layers.sinks import padded_sink_flash, sink_flash
 from paracube.executor.layers.tokens import window_mask
@@ -141,6 +144,26 @@ def test_fused_sinks_save_q_k_v_o_l_and_s(mask: str, remade: bool) -> None:
     assert flat.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
     _, padded = _saved_storages(lambda: padded_sink_flash(q, k, v, sinks, 0.0, None, True, allowed))
     assert sum(padded.values()) > expected  # the fallback's d + 1 wide copies (the figure the fused path removes)
+
+
+@pytest.mark.parametrize("mask", ["window", "split"])
+def test_masked_flash_without_sinks_keeps_no_mask(mask: str) -> None:
+    """functional.flash_attention with a mask and its recipe (sink_kernels.masked_flash): bit for bit
+    scaled_dot_product_attention's output and gradients (the same CPU flash op, the same float mask), saving q, k,
+    v, O and L only, where scaled_dot_product_attention also keeps the [c, keys] float mask."""
+    c, keys = (6, 6) if mask != "split" else (6, 10)
+    q, k, v, _ = _operands(2, 3, c, keys, torch.float32)
+    allowed = _masks(c, keys)[mask]
+    out, saved = _saved_storages(lambda: flash_attention(q, k, v, 0.0, None, True, allowed, lambda: allowed))
+    sdpa, sdpa_saved = _saved_storages(lambda: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed, enable_gqa=True))
+    assert torch.equal(out, sdpa)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    sdpa_grads = torch.autograd.grad(sdpa, (q, k, v), torch.ones_like(sdpa))
+    assert all(torch.equal(a, b) for a, b in zip(grads, sdpa_grads, strict=True))
+    lse = 4 * q.shape[0] * q.shape[1] * c  # fp32
+    assert sum(saved.values()) == sum(t.nbytes for t in (q, k, v)) + out.nbytes + lse
+    assert sum(sdpa_saved.values()) == sum(saved.values()) + 4 * c * keys  # its fp32 mask
 
 
 @pytest.mark.parametrize("kernel", ["cuda_flash", "cuda_efficient"])

@@ -170,21 +170,19 @@ def split_sequence_bytes(d: Dims, b: LayoutBatch, sp: dict[str, Arr]) -> Arr:
     case (executor/layers/tokens.py), on the rank with the widest key window W (modes.base.key_window: s when c
     divides s, c + s - gcd(c, s) when blocks straddle sequences): the window's keys and values of its heads,
     c W 2 kv / head split (gpt's flash and selective recomputation keep the window itself; unfused and llama's
-    flash keep k, v made from it, W - c tokens more than their own); flash its [c, W] mask in the compute
-    dtype; unfused the scores beyond c s per head; llama the rotary tables of the window's W positions instead
-    of s. 0 where whole."""
+    flash keep k, v made from it, W - c tokens more than their own); unfused the scores beyond c s per head; llama
+    the rotary tables of the window's W positions instead of s. Flash keeps no [c, W] mask: backward builds it
+    again (executor/layers/sink_kernels.masked_flash). 0 where whole."""
     n = np.asarray(sp["tok"]).astype(np.int64)
     T = (b.mb * d.s).astype(np.int64)
     tokens = (T // n).astype(float)
     window = key_window(T, d.s, n).astype(float)
     heads_split = sp["all"] / sp["tok"]
     kv = 2.0 * d.kv / heads_split  # key and value columns of the rank's heads
-    if rmc.core_recomputed(d):
+    if rmc.core_recomputed(d) or (d.flash and d.family == "gpt"):  # gpt's flash: q views qkv, k and v the window
         extra = d.c * window * kv
-    elif d.flash and d.family == "gpt":  # q views the qkv output, k and v the window
-        extra = d.c * window * kv + d.c * tokens * window
     elif d.flash:  # llama: rotated k and a copy of v over the window, in place of the local tokens' own
-        extra = d.c * (window - tokens) * kv + d.c * tokens * window
+        extra = d.c * (window - tokens) * kv
     else:
         per_score = d.c + (1 + d.c if d.attention_dropout > 0 else 0)
         extra = d.c * (window - tokens) * kv + per_score * tokens * (window - d.s) * d.heads / heads_split

@@ -28,6 +28,8 @@ Grouped-query attention runs unfused as one bmm per kv head: its r query heads s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -37,6 +39,7 @@ from torch import Tensor
 from paracube.executor.comm import Axes, all_reduce
 from paracube.executor.layers.attention_mask import sequence_mask
 from paracube.executor.layers.dropout import dropout, seeded
+from paracube.executor.layers.sink_kernels import kernel_for, masked_flash
 from paracube.executor.layers.tokens import Geometry, window_mask
 from paracube.executor.mesh import Mesh
 
@@ -195,12 +198,18 @@ def core_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | 
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0, seed: int | None = None,
-                    gqa: bool = False, allowed: Tensor | None = None) -> Tensor:
+                    gqa: bool = False, allowed: Tensor | None = None,
+                    remake: Callable[[], Tensor] | None = None) -> Tensor:
     """scaled_dot_product_attention, q [b, heads, c, d], k, v [b, kv heads, keys, d]: causal over whole
-    sequences, or masked by `allowed` [c, keys] (which CPU's flash kernel keeps as a [c, keys] tensor in the
-    compute dtype); dropout_p drawn from `seed`."""
+    sequences, or masked by `allowed` [c, keys]; dropout_p drawn from `seed`. A mask without dropout runs the
+    same kernel through sink_kernels.masked_flash, which keeps no mask when `remake` (the call that built it)
+    is given, as FlashAttention / cuDNN make theirs from positions (scaled_dot_product_attention would keep it
+    as a [c, keys] tensor in the compute dtype); other operands, or dropout, run scaled_dot_product_attention."""
     mask = {"is_causal": True} if allowed is None else {"attn_mask": allowed}
     if p <= 0.0 or seed is None:
+        kernel = None if allowed is None else kernel_for(q, k, v, allowed)
+        if kernel is not None:
+            return masked_flash(q, k, v, allowed, kernel, 1.0 / math.sqrt(q.shape[-1]), remake)
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, **mask)  # type: ignore[arg-type]
     with seeded(seed, q.device):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=gqa, **mask)  # type: ignore[arg-type]
@@ -217,10 +226,11 @@ def local_attention(qkv: Tensor, heads: int, flash: bool = True, p: float = 0.0,
         return _split_sequence_attention(qkv, heads, flash, p, seed, kv, geometry, window)
     b, s, width = qkv.shape
     d = width // (3 * heads)
-    allowed = sequence_mask(s, window, qkv.device)  # None: the plain causal path (a window >= s included)
+    remake = partial(sequence_mask, s, window, qkv.device)
+    allowed = remake()  # None: the plain causal path (a window >= s included)
     if flash:
         q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)
-        out = flash_attention(q, k, v, p, seed, allowed=allowed)
+        out = flash_attention(q, k, v, p, seed, allowed=allowed, remake=remake)
         return out.transpose(1, 2).reshape(b, s, heads * d)
     c = compute_dtype(qkv)
     # Contiguous [b heads, s, d] copies in the compute dtype: what the two bmms keep (Megatron's Q, K, V).
@@ -237,11 +247,12 @@ def _split_sequence_attention(qkv: Tensor, heads: int, flash: bool, p: float, se
     b, c, width = qkv.shape
     d = width // (3 * heads)
     keys = kv.shape[1]
-    allowed = window_mask(geometry, c, keys, qkv.device, window)
+    remake = partial(window_mask, geometry, c, keys, qkv.device, window)
+    allowed = remake()
     q = qkv.view(b, c, heads, 3, d)[..., 0, :].transpose(1, 2)
     k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2)
     if flash:
-        out = flash_attention(q, k, v, p, seed, allowed=allowed)
+        out = flash_attention(q, k, v, p, seed, allowed=allowed, remake=remake)
     else:
         c_dtype = compute_dtype(qkv)
         # q copied (a reshape could view it and keep the whole qkv output); k, v view the window, as priced

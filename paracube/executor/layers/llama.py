@@ -114,7 +114,7 @@ def gqa_attention(qkv: Tensor, kv_heads: int, group: int, theta: float | QKPosit
                              v.to(cd).reshape(n, keys, d), p, seed, allowed, rows)
         return out.view(b, kv_heads * group, c, d).transpose(1, 2).reshape(b, c, kv_heads * group * d)
     # enable_gqa: query head j reads kv head j // group, without materializing repeated k, v
-    out = flash_attention(q, k, v, p, seed, gqa=group > 1, allowed=allowed) if sinks is None else \
+    out = flash_attention(q, k, v, p, seed, gqa=group > 1, allowed=allowed, remake=remake) if sinks is None else \
         sink_flash(q, k, v, sinks, p, seed, group > 1, allowed, remake)
     return out.transpose(1, 2).reshape(b, c, kv_heads * group * d)
 

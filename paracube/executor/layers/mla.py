@@ -38,6 +38,7 @@ and the block must run through paracube's recorded collectives and shard specs l
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -106,9 +107,10 @@ def mla_attend(q: Tensor, k: Tensor, v: Tensor, flash: bool = True, p: float = 0
     core."""
     b, heads, s, dv = v.shape
     d = q.shape[-1]
-    allowed = sequence_mask(s, window, q.device)  # None: the plain causal path (a window >= s included)
+    remake = partial(sequence_mask, s, window, q.device)
+    allowed = remake()  # None: the plain causal path (a window >= s included)
     if flash:
-        out = flash_attention(q, k, v, p, seed, allowed=allowed)
+        out = flash_attention(q, k, v, p, seed, allowed=allowed, remake=remake)
     else:
         n = b * heads
         out = core_attention(q.reshape(n, s, d), k.reshape(n, s, d), v.reshape(n, s, dv), p,

@@ -144,14 +144,18 @@ class _FusedSinkFlash(torch.autograd.Function):
     """One flash kernel call with the sink merged into its log-sum-exp (module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, allowed: Tensor | None, kernel: str,
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, allowed: Tensor | None, kernel: str,
                 scale: float, remake: Callable[[], Tensor] | None) -> Tensor:
         b, heads, c, d = q.shape
         out, lse, state = _forward(kernel, q, k, v, allowed, scale)
-        new = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, heads, 1))  # L', the kernel's shape (rows >= c)
-        rescale = torch.exp(lse[..., :c] - new[..., :c]).unsqueeze(-1)
-        merged = torch.empty_permuted((b, heads, c, d), (0, 2, 1, 3), dtype=q.dtype, device=q.device)
-        torch.mul(out, rescale, out=merged)  # O' heads inner: the caller's [b, c, H d] is a view of it
+        if sinks is None:  # a masked flash call alone: O and L as the kernel gives them, O heads inner
+            new = lse
+            merged = out if out.transpose(1, 2).is_contiguous() else out.transpose(1, 2).contiguous().transpose(1, 2)
+        else:
+            new = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, heads, 1))  # L', the kernel's shape (rows >= c)
+            rescale = torch.exp(lse[..., :c] - new[..., :c]).unsqueeze(-1)
+            merged = torch.empty_permuted((b, heads, c, d), (0, 2, 1, 3), dtype=q.dtype, device=q.device)
+            torch.mul(out, rescale, out=merged)  # O' heads inner: the caller's [b, c, H d] is a view of it
         ctx.save_for_backward(q, k, v, merged, new, sinks, allowed if remake is None else None, *state)
         ctx.args = (kernel, scale, remake)
         return merged
@@ -163,6 +167,8 @@ class _FusedSinkFlash(torch.autograd.Function):
         allowed = allowed if remake is None else remake()
         c = q.shape[2]
         dq, dk, dv = _backward(kernel, grad, q, k, v, merged, new, allowed, tuple(state), scale)
+        if sinks is None:
+            return dq, dk, dv, None, None, None, None, None
         up = new.dtype
         delta = (grad.to(up) * merged.to(up)).sum(-1, keepdim=True)  # D' = rowsum(dO' O')
         ds = sink_grad(sinks, new[..., :c].unsqueeze(-1), delta)
@@ -177,4 +183,12 @@ def fused_sink_flash(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, allowed: Te
     return _FusedSinkFlash.apply(q, k, v, sinks, allowed, kernel, scale, remake)
 
 
-__all__ = ["fused_sink_flash", "kernel_for", "sink_grad", "sink_merge"]
+def masked_flash(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, kernel: str, scale: float,
+                 remake: Callable[[], Tensor] | None) -> Tensor:
+    """Attention without sinks masked by `allowed` [c, keys] through the same Function (q, k, v, O, L kept; the mask
+    rebuilt by `remake` in backward, or kept as booleans without it), where scaled_dot_product_attention would keep
+    the mask as a float tensor in q's dtype (CPU's flash op) or a float bias (CUDA's efficient op)."""
+    return _FusedSinkFlash.apply(q, k, v, None, allowed, kernel, scale, remake)
+
+
+__all__ = ["fused_sink_flash", "kernel_for", "masked_flash", "sink_grad", "sink_merge"]
