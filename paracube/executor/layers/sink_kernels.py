@@ -1,4 +1,6 @@
-"""Attention sinks merged into a kernel's log-sum-exp (sinks.py: the parameter and its other paths).
+"""Attention sinks merged into a kernel's log-sum-exp (sinks.py: the parameter and its other paths), and the same
+kernel call without sinks for masked attention (`masked_flash`: functional.flash_attention's windows and split
+sequences), both keeping no mask where the caller passes the mask's recipe.
 
 A softmax with one more column s_h (value 0) in every row of head h is the plain softmax rescaled once per row:
 with the kernel's row log-sum-exp L and output O,
