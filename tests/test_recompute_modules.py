@@ -317,6 +317,32 @@ def test_fused_layernorm_closed_forms(model: object, ep: str, norms: int) -> Non
                     runtime, engine)
 
 
+@pytest.mark.parametrize(("model", "text", "dense"), [(DENSE, "dp=2,tp=1d:4,sp,mb=2", DENSE.layers),
+                                                      (GQA_MOE, "dp=4,tp=1d:2,sp,mb=1,ep=4", 1),
+                                                      (MLA, "dp=4,tp=1d:2,sp,mb=1,ep=4", 1)])
+def test_fused_mlp_reruns_its_norm(model: object, text: str, dense: int) -> None:
+    """rcm=mlp where the dense blocks' pre-MLP norm runs inside fc (fused norms: Transformer Engine's LayerNormLinear,
+    inside the checkpointed region) against the unfused norms (outside it, paracube's executor): per dense block and
+    micro-batch it re-runs that norm too, one norm pass 2 c T h / k / bw, and frees its output c T h / k; nothing else
+    differs (rcm=core_attn prices alike). One stage (pp = 1), n = 4 micro-batches, T = mb s, k = t with sp, c = 2;
+    both engines; MoE blocks' shared experts do not hold the norm (GQA_MOE has none, tiny-mla one: only `dense`
+    blocks count). Tolerance: rel 1e-6, one formula summed in another order (module docstring)."""
+    lay = parse_layout(text)
+    c, n, k = 2.0, 4, float(lay.tensor_size)
+    g = gemm_model(_topo(), "bf16")
+    one = c * lay.micro_batch * model.seq_len * model.hidden / k  # one norm's output, one micro-batch
+    for engine in ("analytic", "event"):
+        est = {(fused, mods): estimate_with(engine, model, TRAIN, parse_layout(f"{text},rcm={mods}"), _topo(),
+                                            options=EngineOptions(fused_norms=fused))
+               for fused in (False, True) for mods in ("core_attn", "core_attn+mlp")}
+        base_u, base_f = est[False, "core_attn"], est[True, "core_attn"]
+        assert base_u.compute_time_s == base_f.compute_time_s and base_u.memory == base_f.memory, engine
+        mlp_u, mlp_f = est[False, "core_attn+mlp"], est[True, "core_attn+mlp"]
+        assert mlp_f.compute_time_s - mlp_u.compute_time_s == pytest.approx(
+            n * dense * 2 * one / (g.mem_bw * g.mem_eff), rel=1e-6), engine
+        assert mlp_u.memory.activations - mlp_f.memory.activations == pytest.approx(dense * one, rel=1e-9), engine
+
+
 def test_fused_layernorm_refused_on_dense_models(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
     """rcm=layernorm on a dense model without latent attention re-runs nothing where the norms are fused: the
     megatron runtime refuses it in one line naming itself, the model and what is valid (the runtime's refusal, the
