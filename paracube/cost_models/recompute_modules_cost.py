@@ -49,7 +49,11 @@ Sources: megatron-core 0.16.1.
   last saved tensor run again in the backward (`again_collectives`, `mlp_again`: 1D + sp's all_gather; 2D / 3D's fc
   gathers and fc2's operand gathers, 3D's fc2 output reduce-scatter, issued inside its GEMM's autograd Function; not
   the last linear's output reduce after its GEMM, 1D's reduce_scatter / all_reduce, nor its bias gather:
-  torch.utils.checkpoint's early stop, AFTER_LAST_SAVED), phase "recompute", in both engines; on a model with MoE
+  torch.utils.checkpoint's early stop, AFTER_LAST_SAVED; but with `tpo` 1D + sp's output reduce_scatter, a ring
+  inside fc2's own autograd Function, executor/layers/collective_matmul.py RingLinearScatter, whose inputs are saved
+  when it returns: issued again, beside fc2's chunk GEMMs as in the forward), phase "recompute", in both engines
+  (the event engine's ring ops take their chunks' seconds from the block's recompute op, which holds `dense_time`:
+  event_compute.unit_compute, event_program._apply_tpo); on a model with MoE
   blocks its dense blocks' (and the shared experts' under shared_experts / moe) through moe_mlp_again.py. Megatron-core
   0.16.1's tensor_parallel.checkpoint (random.py:496-573 CheckpointFunction, reentrant: its backward, l.557, runs the
   whole function again) re-runs the region to its end, those trailing collectives included: not priced (paracube prices
@@ -217,25 +221,27 @@ NORM_LABELS = ("ln1.", "ln2.")  # a block's two norms' (2D / 2.5D / 3D: statisti
 # reduce-scatter (sp) / all-reduce, 2D / 3D's bias gather. torch.utils.checkpoint (non-reentrant) stops the
 # recomputation once the region's last saved tensor is made again, so they are not issued again
 # (executor/layers/discard.py). 3D's output reduce-scatter (fc2.Y) runs inside the GEMM's own autograd Function, whose
-# tensors are saved when it returns: issued again. (Not priced: 1D + sp with tpo, whose fc2 ring reduce-scatter is
-# inside its GEMM's Function too, executor/layers/ring.py, so it is issued again there.)
+# tensors are saved when it returns: issued again. With tpo, a tpo collective of these (1D + sp's output
+# reduce-scatter, mlp.out) is a ring inside its GEMM's Function too (executor/layers/collective_matmul.py
+# RingLinearScatter): issued again (tests/test_recompute_modules_run.py records it); the bias gathers are no rings.
 AFTER_LAST_SAVED = ("mlp.out", "mlp.g", "fc2.bias")
 
 
-def mlp_again(colls: list) -> list:
+def mlp_again(colls: list, tpo: bool = False) -> list:
     """Of a block's forward collectives, those a checkpointed MLP region issues again in backward (its forward's up
-    to its last saved tensor: AFTER_LAST_SAVED not)."""
-    return [c for c in colls if c.label.startswith(MLP_LABELS) and c.label not in AFTER_LAST_SAVED]
+    to its last saved tensor: AFTER_LAST_SAVED not, unless run as a tpo ring inside its GEMM's Function)."""
+    return [c for c in colls if c.label.startswith(MLP_LABELS)
+            and (c.label not in AFTER_LAST_SAVED or (tpo and bool(c.tpo)))]
 
 
-def again_collectives(d: Dims, colls: list) -> list:
+def again_collectives(d: Dims, colls: list, tpo: bool = False) -> list:
     """The forward collectives of a block (modes' layer_fwd) the backward issues again (traffic.py, comm.py,
-    event_program.py): under mlp the MLP's up to its region's last saved tensor (`mlp_again`); under layernorm the two
-    norms' (their forward re-runs alone: 2D / 2.5D / 3D's statistics all-reduce and gamma / beta gathers; none in
-    none / 1D). On a model with MoE blocks the dense engines' `d` holds only DENSE's modules: the dense blocks' mlp
-    and the shared experts' are moe_mlp_again.py's."""
+    event_program.py): under mlp the MLP's up to its region's last saved tensor (`mlp_again`; `tpo`: the layout's);
+    under layernorm the two norms' (their forward re-runs alone: 2D / 2.5D / 3D's statistics all-reduce and gamma /
+    beta gathers; none in none / 1D). On a model with MoE blocks the dense engines' `d` holds only DENSE's modules:
+    the dense blocks' mlp and the shared experts' are moe_mlp_again.py's."""
     mods = modules(d)
-    again = set(map(id, mlp_again(colls))) if "mlp" in mods else set()
+    again = set(map(id, mlp_again(colls, tpo))) if "mlp" in mods else set()
     return [c for c in colls if id(c) in again or ("layernorm" in mods and c.label.startswith(NORM_LABELS))]
 
 
