@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 
 from paracube.cli.main import main
-from paracube.cost_models.analytic import estimate
+from paracube.cost_models.analytic import estimate, layout_links, prepare
+from paracube.cost_models.analytic_scores import evaluate
 from paracube.cost_models.comm import comm_entries
 from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_with
+from paracube.cost_models.links import LinkCache
 from paracube.cost_models.recompute_modules_cost import AFTER_LAST_SAVED, MLP_LABELS, NORM_LABELS
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays
@@ -31,7 +33,8 @@ from paracube.errors import ParacubeError
 from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
-from paracube.modes import MODES
+from paracube.modes import MODES, LayoutBatch
+from paracube.modes.batch import FIELDS
 from paracube.planner.explain import explain
 from paracube.planner.search import search
 from paracube.recompute_modules import MODULES, applies
@@ -154,22 +157,26 @@ def test_moe_reruns_its_all_to_alls() -> None:
     assert again and not [e for e in est["rcm=core_attn+moe_act"].events if e.phase == "recompute"]
 
 
-@pytest.mark.parametrize(("mode", "shape", "sp", "kw"), [("1d", (2,), True, None), ("1d", (2,), False, None),
-                                                       ("2d", (2, 2), False, 1), ("2d", (2, 2), False, 0),
-                                                       ("3d", (2, 2, 2), False, 0)])
+@pytest.mark.parametrize(("mode", "shape", "sp", "kw", "tpo"), [
+    ("1d", (2,), True, None, False), ("1d", (2,), False, None, False), ("1d", (2,), True, None, True),
+    ("2d", (2, 2), False, 1, False), ("2d", (2, 2), False, 0, False), ("2d", (2, 2), False, 0, True),
+    ("3d", (2, 2, 2), False, 0, False), ("3d", (2, 2, 2), False, 0, True)])
 def test_mlp_and_layernorm_reissue_their_tensor_collectives(mode: str, shape: tuple[int, ...], sp: bool,
-                                                            kw: int | None) -> None:
+                                                            kw: int | None, tpo: bool) -> None:
     """rcm=mlp re-runs the MLP's forward in backward up to its region's last saved tensor, its tensor-parallel
     collectives with it (not the last linear's output reduce / bias gather after its GEMM: AFTER_LAST_SAVED; 1D
-    without sp then none); rcm=layernorm re-runs the norms alone, their collectives with them (2D / 3D: statistics,
+    without sp then none; with tpo a ring among them, 1D + sp's output reduce-scatter, runs inside its GEMM's
+    Function: again); rcm=layernorm re-runs the norms alone, their collectives with them (2D / 3D: statistics,
     gamma / beta). The explicit list holds exactly those of each block's forward once more in phase "recompute" (kept
     weights, kw=1, not gathered again), and the closed form (comm.py) sums the same calls and bytes per (kind, axes,
-    dtype); pp = 3 interleaved, each stage. tests/test_recompute_modules_run.py: the list equals the executor's."""
+    dtype; with tpo per overlapped GEMM); pp = 3 interleaved, each stage. tests/test_recompute_modules_run.py: the
+    list equals the executor's."""
     model = PRESETS["small"]
     training = TrainingSpec(global_batch=2 * 8 * 6, dtype="bf16", recompute="selective")
+    tpo_rings = {c.label for c in MODES[mode].layer_fwd(dims_of(model, training)) if c.tpo} if tpo else set()
     for stage in ("first", "middle", "last"):
         layout = Layout(dp=2, pp=3, mode=mode, shape=shape, micro_batch=8, interleave=1, sequence_parallel=sp,
-                        keep_weights=kw, recompute_modules=("core_attn", "layernorm", "mlp"))
+                        keep_weights=kw, recompute_modules=("core_attn", "layernorm", "mlp"), tpo=tpo)
         d = with_pins(dims_of(model, training), layout)
         events = stage_events(layout, d, 8, stage)
 
@@ -178,24 +185,65 @@ def test_mlp_and_layernorm_reissue_their_tensor_collectives(mode: str, shape: tu
 
         again = Counter(key(e) for e in events if e.phase == "recompute")
         local = [(e, e.label.split(".", 2)[-1]) for e in events if e.phase == "fwd" and e.label.startswith("layers.")]
-        redo = Counter(key(e) for e, name in local if (name.startswith(MLP_LABELS) and name not in AFTER_LAST_SAVED)
+        after = [a for a in AFTER_LAST_SAVED if a not in tpo_rings]
+        redo = Counter(key(e) for e, name in local if (name.startswith(MLP_LABELS) and name not in after)
                        or name.startswith(NORM_LABELS))
+        if tpo and mode == "1d":  # the output's ring reduce-scatter again (the run test records it)
+            assert any(k[4].endswith("mlp.out") for k in again), stage
         if kw == 1 and MODES[mode].keeps_weights:  # the kept weights' gathers: the first forward's only
             assert again and not again - redo and sum(again.values()) < sum(redo.values()), (mode, stage)
         else:
             assert again == redo and (bool(again) or (mode == "1d" and not sp)), (mode, stage)
-        assert not [e for e, name in local if name in AFTER_LAST_SAVED and key(e) in again], (mode, stage)
+        assert not [e for e, name in local if name in after and key(e) in again], (mode, stage)
         want: dict = defaultdict(lambda: [0, 0])
         for e in events:
             want[(e.kind, e.axes, e.dtype)][0] += 1
             want[(e.kind, e.axes, e.dtype)][1] += e.payload_bytes
         first, last = np.array([int(stage == "first")]), np.array([int(stage == "last")])
         got: dict = defaultdict(lambda: [0, 0])
-        for e in comm_entries(d, mode, layout_arrays(layout, 8), first, last, kw=kw or 0):
+        for e in comm_entries(d, mode, layout_arrays(layout, 8), first, last, kw=kw or 0, tpo=tpo):
             if e.count[0]:
                 got[(e.kind, e.axes, e.dtype)][0] += int(e.count[0])
                 got[(e.kind, e.axes, e.dtype)][1] += int(e.payload[0])
         assert dict(got) == dict(want), (mode, stage)
+
+
+@pytest.mark.parametrize("text", ["dp=2,tp=1d:4,sp,tpo,mb=1", "tp=1d:8,sp,tpo,mb=1", "dp=2,tp=2d:2x2,tpo,mb=1",
+                                  "tp=3d:2x2x2,tpo,mb=1"])
+def test_tpo_rings_issued_again_run_beside_their_chunks_in_both_engines(text: str) -> None:
+    """With tpo, the rings rcm=mlp issues again run beside the chunk GEMMs its re-run forward runs: the analytic
+    engine hides them call by call (cost_models/tpo.py, the layer_again entries among its tpo sums), the event engine
+    beside the block's recompute op (event_compute.unit_compute, event_program._apply_tpo). One stage without a
+    data-parallel overlap: both engines' steps are the same sums (rel 1e-9; before the recompute op held the re-run,
+    the event engine exposed those rings whole, up to 5% more on 3D). 1D + sp: the output's ring reduce-scatter is
+    among them (the collectives' list: its bytes again, the executor's record)."""
+    for mods in ("core_attn", "core_attn+mlp", "core_attn+layernorm+mlp"):
+        lay = parse_layout(f"{text},rcm={mods}")
+        an, ev = (estimate_with(e, LLAMA, TRAIN, lay, _topo(), with_events=e == "analytic")
+                  for e in ("analytic", "event"))
+        assert ev.step_time_s == pytest.approx(an.step_time_s, rel=1e-9), mods
+        assert ev.compute_time_s == pytest.approx(an.compute_time_s, rel=1e-9), mods
+        again = Counter(e.label.split(".", 2)[-1] for e in an.events if e.phase == "recompute")
+        if "mlp" in mods and lay.mode == "1d":
+            n = TRAIN.global_batch // lay.dp  # micro-batches of one sequence
+            assert again == {"mlp.in": LLAMA.layers * n, "mlp.out": LLAMA.layers * n}, mods
+
+
+def test_a_batch_counts_the_rings_again_where_its_configuration_runs_tpo() -> None:
+    """The search scores many configurations in one evaluation, tpo per configuration (planner/scoring.py): the ring
+    rcm=mlp issues again (1D + sp's output reduce-scatter) counts where tpo is on only; each configuration's step
+    equals its evaluation alone (rel 1e-12: the same sums)."""
+    lays = [parse_layout(f"dp=2,tp=1d:4,sp{t},mb=1,rcm=core_attn+mlp") for t in (",tpo", "")]
+    topo = _topo()
+    d, mb, _ = prepare(LLAMA, TRAIN, lays[0], EngineOptions())
+    g, cache = gemm_model(topo, "bf16"), LinkCache(topo)
+    links = [layout_links(lay, cache) for lay in lays]
+    batch = LayoutBatch(**{f: np.concatenate([getattr(layout_arrays(lay, mb), f) for lay in lays]) for f in FIELDS})
+    both = {ax: tuple(np.concatenate([lk[ax][k] for lk in links]) for k in range(2)) for ax in links[0]}
+    res = evaluate(d, "1d", batch, both, g, tpo=np.array([True, False]))
+    alone = [evaluate(d, "1d", layout_arrays(lay, mb), lk, g, tpo=lay.tpo).step_time[0]
+             for lay, lk in zip(lays, links, strict=True)]
+    assert res.step_time == pytest.approx(alone, rel=1e-12) and alone[0] != alone[1]
 
 
 def test_moe_models_reissue_their_dense_and_shared_mlp_collectives() -> None:
@@ -315,6 +363,32 @@ def test_fused_layernorm_closed_forms(model: object, ep: str, norms: int) -> Non
             if runtime != "megatron":
                 assert b.compute_time_s - a.compute_time_s == pytest.approx(n * want * 2 * one / bw, rel=1e-6), (
                     runtime, engine)
+
+
+@pytest.mark.parametrize(("model", "text", "dense"), [(DENSE, "dp=2,tp=1d:4,sp,mb=2", DENSE.layers),
+                                                      (GQA_MOE, "dp=4,tp=1d:2,sp,mb=1,ep=4", 1),
+                                                      (MLA, "dp=4,tp=1d:2,sp,mb=1,ep=4", 1)])
+def test_fused_mlp_reruns_its_norm(model: object, text: str, dense: int) -> None:
+    """rcm=mlp where the dense blocks' pre-MLP norm runs inside fc (fused norms: Transformer Engine's LayerNormLinear,
+    inside the checkpointed region) against the unfused norms (outside it, paracube's executor): per dense block and
+    micro-batch it re-runs that norm too, one norm pass 2 c T h / k / bw, and frees its output c T h / k; nothing else
+    differs (rcm=core_attn prices alike). One stage (pp = 1), n = 4 micro-batches, T = mb s, k = t with sp, c = 2;
+    both engines; MoE blocks' shared experts do not hold the norm (GQA_MOE has none, tiny-mla one: only `dense`
+    blocks count). Tolerance: rel 1e-6, one formula summed in another order (module docstring)."""
+    lay = parse_layout(text)
+    c, n, k = 2.0, 4, float(lay.tensor_size)
+    g = gemm_model(_topo(), "bf16")
+    one = c * lay.micro_batch * model.seq_len * model.hidden / k  # one norm's output, one micro-batch
+    for engine in ("analytic", "event"):
+        est = {(fused, mods): estimate_with(engine, model, TRAIN, parse_layout(f"{text},rcm={mods}"), _topo(),
+                                            options=EngineOptions(fused_norms=fused))
+               for fused in (False, True) for mods in ("core_attn", "core_attn+mlp")}
+        base_u, base_f = est[False, "core_attn"], est[True, "core_attn"]
+        assert base_u.compute_time_s == base_f.compute_time_s and base_u.memory == base_f.memory, engine
+        mlp_u, mlp_f = est[False, "core_attn+mlp"], est[True, "core_attn+mlp"]
+        assert mlp_f.compute_time_s - mlp_u.compute_time_s == pytest.approx(
+            n * dense * 2 * one / (g.mem_bw * g.mem_eff), rel=1e-6), engine
+        assert mlp_u.memory.activations - mlp_f.memory.activations == pytest.approx(dense * one, rel=1e-9), engine
 
 
 def test_fused_layernorm_refused_on_dense_models(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:

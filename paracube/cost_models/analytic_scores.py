@@ -122,10 +122,15 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     reads memory; the planner's scoring passes checked it already): `memory` NaN, no parts."""
     rows = np.arange(len(b)) if rows is None else rows
     tpo_rows = np.broadcast_to(np.asarray(tpo, dtype=bool), rows.shape) if np.any(tpo) else None
+    tpo_cfg: bool | Arr = False  # per configuration: the search's tpo is its configuration's (planner/scoring.py)
+    if tpo_rows is not None:
+        tpo_cfg = np.zeros(len(b), dtype=bool)
+        tpo_cfg[rows[tpo_rows]] = True
+        assert np.array_equal(tpo_cfg[rows], tpo_rows), "tpo differs between layouts of one configuration"
     # Traffic of zero=1 (bucket reduce_scatter + all_gather) is exact for one layout (an int zero); a per-
     # configuration array (the search) prices every row like zero=0: the same bytes per rank (search.py).
     traffic = StepTraffic(d, mode, b, int(zero) if isinstance(zero, (int, np.integer)) else 0, kw=kw,
-                          tpo=tpo_rows is not None, shard=shard, bucket_bytes=bucket_bytes)
+                          tpo=tpo_cfg, shard=shard, bucket_bytes=bucket_bytes)
     same = same_stage(b.pp)
     blocks = block_compute_time(d, mode, b, g)  # one block's (forward, backward): every stage's (compute.py)
     stages: tuple[StageScores, ...] = ()

@@ -6,6 +6,8 @@ declaration as the explicit list (traffic.py): each collective a mode declares (
 payload evaluated once on the batch's arrays and is counted
     layer forward:  N * R * Ls   (R = 2 with full recomputation: forward collectives issued twice)
     layer backward: N * Ls
+    layer again:    N * Ls       (rcm=: recompute_modules_cost.again_collectives; with tpo, per configuration, the
+                                  rings issued inside their GEMM's Function too)
     embedding:      N * F        head / loss: N * H
     per step:       1 (gradients: one call per bucket, counted from the same bucket list as traffic.py)
     kept (kw=1):    a `kept` collective (weight gather / its gradient's reduce-scatter) Ls, F or H times
@@ -104,7 +106,12 @@ def _declared(mode: str, d: Dims) -> tuple[tuple[str, tuple[Collective, ...]], .
     m = MODES[mode]
     out = [(source, tuple(getattr(m, source)(d))) for source in SOURCES]
     out.append(("layer_bwd", tuple(sink_collectives(d, m))))  # GPT-OSS's sinks (modes/sinks.py; none without)
-    out.append(("layer_again", tuple(again_collectives(d, m.layer_fwd(d)))))  # rcm=mlp (recompute_modules_cost.py)
+    fwd = m.layer_fwd(d)
+    again = again_collectives(d, fwd)
+    out.append(("layer_again", tuple(again)))  # rcm=mlp (recompute_modules_cost.py)
+    # and with tpo (the layouts whose StepTraffic.tpo is set): the output's ring reduce-scatter inside fc2's Function
+    ids = set(map(id, again))
+    out.append(("layer_again_tpo", tuple(c for c in again_collectives(d, fwd, True) if id(c) not in ids)))
     if d.cp > 1:  # the key / value exchange (modes/context.py); its p2p ring steps: context_parallel.py
         unit = context.attention_unit(m)
         for source, colls in (("layer_fwd", context.layer_fwd(d, d.cp_comm, unit)),
@@ -118,8 +125,12 @@ class StepTraffic:
     layer backward, embedding, head) for every layout of a batch; `entries` scales them to a stage."""
 
     def __init__(self, d: Dims, mode: str, b: LayoutBatch, zero: int = 0, bucket_bytes: int = BUCKET_BYTES,
-                 kw: Arr | int = 0, tpo: bool = False, shard: int | None = None) -> None:
+                 kw: Arr | int = 0, tpo: bool | Arr = False, shard: int | None = None) -> None:
+        """`tpo`: for every configuration of `b`, or per configuration (a bool array): its overlappable collectives
+        summed apart (module docstring) and, under rcm=mlp, the rings its recomputation issues again counted."""
         self.d, self.mode, self.b = d, MODES[mode], b
+        tpo_cfg = np.broadcast_to(np.asarray(tpo, dtype=np.int64), (len(b),))
+        tpo = bool(np.any(tpo_cfg))
         self.zero, self.bucket_bytes = zero, bucket_bytes
         self.kw = np.asarray(kw) if self.mode.keeps_weights else np.zeros((), dtype=np.int64)
         m = self.mode
@@ -136,8 +147,10 @@ class StepTraffic:
         self.tpo_sums: dict[tuple[str, str, tuple[str, ...], str], dict[str, list]] = {}
         self._groups: dict[tuple, tuple[Arr, Arr, dict]] = {}  # (axes, tag) -> (n, live, factors by kind)
         for source, colls in _declared(mode, d):
+            if source == "layer_again_tpo" and not tpo:
+                continue
             for c in colls:
-                mask = self._mask(c)
+                mask = self._mask(c) * (tpo_cfg if source == "layer_again_tpo" else 1)
                 table = self.tpo_sums.setdefault((c.tpo, *self._key(c)), {}) if tpo and c.tpo else \
                     self.sums.setdefault(self._key(c), {})
                 slot = table.setdefault(source + ".kept" * c.kept, [0, 0])
@@ -166,15 +179,16 @@ class StepTraffic:
         layers = stage_layers(d.L, b.pp, b.v, first, last)
         recompute = 2 if d.recompute == "full" else 1
         scale = {"layer_fwd": N * recompute * layers, "layer_bwd": N * layers, "embedding": N * first,
-                 "head": N * last, "layer_again": N * layers}
-        once = {"layer_fwd": layers, "layer_bwd": layers, "embedding": first, "head": last, "layer_again": 0}  # kw=1
-        for s in (*SOURCES, "layer_again"):
+                 "head": N * last, "layer_again": N * layers, "layer_again_tpo": N * layers}
+        once = {"layer_fwd": layers, "layer_bwd": layers, "embedding": first, "head": last, "layer_again": 0,
+                "layer_again_tpo": 0}  # kw=1
+        for s in (*SOURCES, "layer_again", "layer_again_tpo"):
             scale[s + ".kept"] = np.where(self.kw == 1, once[s], scale[s])
         out: list[Entry] = []
         # in backward: the layers' backward lists and, under full recomputation, their recomputed forward
         late = {"layer_bwd": N * layers, "layer_bwd.kept": scale["layer_bwd.kept"],
                 "layer_fwd": N * (recompute - 1) * layers, "layer_again": N * layers,
-                "layer_again.kept": scale["layer_again.kept"]}
+                "layer_again.kept": scale["layer_again.kept"], "layer_again_tpo": N * layers}
         for (kind, axes, dtype), by_source in self.sums.items():
             count = sum(scale[s] * c for s, (c, _) in by_source.items())
             payload = sum(scale[s] * p for s, (_, p) in by_source.items())
@@ -303,6 +317,6 @@ def _bucket_totals(mode: str, d: Dims, t: int, q: int, layers: int, first: bool,
 
 
 def comm_entries(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr, zero: int = 0,
-                 bucket_bytes: int = BUCKET_BYTES, kw: Arr | int = 0, tpo: bool = False,
+                 bucket_bytes: int = BUCKET_BYTES, kw: Arr | int = 0, tpo: bool | Arr = False,
                  shard: int | None = None) -> list[Entry]:
     return StepTraffic(d, mode, b, zero, bucket_bytes, kw, tpo, shard).entries(first, last)

@@ -3,7 +3,11 @@
 `unit_compute`: per linear the three GEMMs (Y = X A, dX = dY A^T, dA = X^T dY) at their local shapes; the rest of a
 block (attention core, norms, elementwise) is `stage_compute_time` of one block minus its GEMMs, one third forward,
 two thirds backward (a quarter each for forward and recompute under full recomputation); 1D merges a block half's
-two linears into one unit; the head carries the cross-entropy. `add_op_overhead`: the per-op dispatch overhead
+two linears into one unit; the head carries the cross-entropy. What rc=selective by module re-runs besides the
+attention core (recompute_modules_cost.dense_time: layernorm, mla_up_proj, mlp) is the block's recompute op, run
+before its backward (as Megatron-core and the executor run it; tpo's re-issued rings run beside its chunk GEMMs
+there, event_program._apply_tpo); the core's re-run stays in the rest (the "attention" rule's shares).
+`add_op_overhead`: the per-op dispatch overhead
 (step_ops.ops_per_step x op_cost; 0 on accelerators) spread over a program's lists.
 """
 
@@ -14,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from paracube.cost_models import fp8
+from paracube.cost_models import recompute_modules_cost as rmc
 from paracube.cost_models.compute import GemmModel, local_shape, stage_compute_time
 from paracube.cost_models.dims import Dims, padded_vocab
 from paracube.cost_models.event_ops import Op, StageProgram
@@ -42,7 +47,9 @@ def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tu
         gemm_total += f + dx + da
         fwd_total += f
     full = d.recompute == "full"
-    rest = block - gemm_total - (fwd_total if full else 0.0)
+    # rcm='s re-run besides the core (compute.block_compute_time holds it in the block's backward)
+    rerun = float(rmc.dense_time(d, mode, a, g)[0]) if rmc.by_module(d) else 0.0
+    rest = block - gemm_total - (fwd_total if full else 0.0) - rerun
     rest_f = rest / (4 if full else 3)
     rest_b = rest - rest_f * (2 if full else 1)
     half = (rest_f / 2, rest_b / 2, 0.0)
@@ -56,7 +63,7 @@ def unit_compute(d: Dims, layout: Layout, mb: int, g: GemmModel) -> dict[str, tu
     hf, hdx, hda = (float(x[0]) for x in g.gemms(m, nn, k))
     ce = (with_head - block) - (hf + hdx + hda)
     out["head"] = (hf + ce / 3, hdx + 2 * ce / 3, hda)
-    out["_recompute"] = (fwd_total + rest_f, 0.0, 0.0) if full else (0.0, 0.0, 0.0)
+    out["_recompute"] = (fwd_total + rest_f, 0.0, 0.0) if full else (rerun, 0.0, 0.0)
     return out
 
 

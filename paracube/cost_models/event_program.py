@@ -112,7 +112,7 @@ GEMM_OP = {"f": "fwd", "dx": "dX", "da": "dA"}  # tpo GEMM -> the suffix of the 
 def _apply_tpo(ops: list[Op], layout: Layout, d: Dims, comp: dict) -> list[Op]:
     """tpo: each overlappable collective of `ops` carries the seconds of its GEMM's chunks beside each of its
     exchanges (tpo.program_gemm_steps, per layer, phase and GEMM), moved out of its unit's compute op (of the same
-    layer and phase; under full recomputation the recompute op)."""
+    layer and phase; under full recomputation or rcm= the recompute op: event_compute.unit_compute)."""
     m = layout.tensor_mode
     decl = {(c.label, c.kind): c for c in (*m.layer_fwd(d), *m.layer_bwd(d)) if c.tpo}
     unit_of = {lin: unit for unit, lins in m.merged_units for lin in lins}
@@ -172,7 +172,7 @@ def _chunk_fwd(by: Grouped, units: tuple[str, ...], comp: dict, own: list[dict],
 def _layer_bwd(by: Grouped, units: tuple[str, ...], comp: dict, i: int, rec: float, overlap: bool) -> list[Op]:
     """Block i's backward, after its recomputation (full recomputation)."""
     ops: list[Op] = []
-    if rec > 0 or (i, "recompute") in by:  # (rcm=mlp: its MLP's collectives again, compute in the backward's)
+    if rec > 0 or (i, "recompute") in by:  # (rcm=mlp: its MLP's collectives again)
         ops += _units_fwd(units, by.get((i, "recompute"), {}), {}, f"layers.{i}.", "recompute")
     if rec > 0:
         ops.append(Op("compute", f"layers.{i}.recompute", rec))

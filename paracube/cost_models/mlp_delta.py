@@ -16,7 +16,8 @@ GemmModel.linear_time with the FP8 casts where the dtype has them; the SwiGLU's 
 with the forward run again in backward under full recomputation; under the "op" selective rule (recompute.py) the
 elementwise part's (it re-runs every elementwise op; its re-run matmuls stay the stand-in's, as recompute.py prices
 them); and its whole true forward L(f_i) under rcm= naming the block's MLP (recompute_modules_cost.py: mlp a dense
-block's, shared_experts / moe a MoE block's shared expert).
+block's, shared_experts / moe a MoE block's shared expert), a dense block's with its pre-MLP norm under fused norms
+(recompute_modules_cost.mlp_norm_time: the norm inside fc, re-run with it).
 The tensor-parallel collectives of the MLP carry T h, whatever the width: unchanged. A dense model (no MoE
 blocks) is its own dense part: no correction.
 """
@@ -28,7 +29,7 @@ import numpy as np
 from paracube.cost_models import fp8
 from paracube.cost_models.compute import GemmModel, local_shape
 from paracube.cost_models.dims import Dims
-from paracube.cost_models.recompute_modules_cost import moe_side
+from paracube.cost_models.recompute_modules_cost import layout_shards, mlp_norm_time, moe_side
 from paracube.cost_models.validity import layout_arrays
 from paracube.layout import Layout
 from paracube.workload import ModelSpec
@@ -69,16 +70,19 @@ def block_deltas(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmMode
     op = d.recompute == "selective" and d.selective == "op"
     stand = _mlp(d, layout, mb, g, d.f)
     mods = moe_side(layout)  # rcm=: mlp re-runs a dense block's, shared_experts / moe a MoE block's shared expert
-    cache: dict[tuple[int, bool], tuple[float, float]] = {}
+    # a dense block's pre-MLP norm with it under fused norms (inside fc); a shared expert's region holds no norm
+    norm = float(mlp_norm_time(d, float(mb * d.s), layout_shards(layout), g.mem_bw * g.mem_eff))
+    cache: dict[tuple[int, bool, bool], tuple[float, float]] = {}
     out = []
     for i in blocks:
-        f = true_width(model, i)
-        again = ("mlp" in mods) if not model.moe.is_moe_layer(i) else bool({"shared_experts", "moe"} & set(mods))
-        if (f, again) not in cache:
+        f, dense = true_width(model, i), not model.moe.is_moe_layer(i)
+        again = ("mlp" in mods) if dense else bool({"shared_experts", "moe"} & set(mods))
+        if (f, again, dense) not in cache:
             true = _mlp(d, layout, mb, g, f)
             tf, tb, te = (a - b for a, b in zip(true, stand, strict=True))
-            cache[f, again] = (tf, tb + (tf if full else te if op else 0.0) + (true[0] if again else 0.0))
-        out.append(cache[f, again])
+            rerun = true[0] + (norm if dense else 0.0) if again else 0.0
+            cache[f, again, dense] = (tf, tb + (tf if full else te if op else 0.0) + rerun)
+        out.append(cache[f, again, dense])
     return out
 
 

@@ -2,7 +2,8 @@
 forward seconds it re-runs in backward (`selective_time`: compute.stage_compute_time adds it to a block; the event
 engine takes the block's time from there, event_compute.unit_compute, and spreads it with the block's non-GEMM rest,
 1/3 forward : 2/3 backward, the shares the analytic engine's overlap models use for every rule but full
-recomputation) and the tensors it keeps (`op_saved_bytes`, activations.block_terms).
+recomputation; by module, what re-runs besides the attention core is the block's recompute op before its backward
+instead, recompute_modules_cost.dense_time) and the tensors it keeps (`op_saved_bytes`, activations.block_terms).
 
 By module (Dims.recompute_modules, Layout `rcm=`): recompute_modules_cost.py, whose "core_attn" is the "attention" rule.
 "attention" (Megatron-core's --recompute-granularity selective, Korthikanti et al. 2022 sec. 5; DeepSpeed,

@@ -39,12 +39,21 @@ Sources: megatron-core 0.16.1.
   c T f_a / t (f_a = 2 f gated, f GELU) and fc2's input c T f / t. fc's input, the pre-MLP norm's output, is the
   region's input in paracube's executor (the norm outside it: executor/model/blocks.py), kept; Megatron's Transformer
   Engine spec fuses that norm into fc (LayerNormLinear inside the region), so under its fused norms
-  (Runtime.fused_norms) mlp frees it too, c T h / k (where layernorm then frees no dense norm).
+  (Runtime.fused_norms) mlp frees it too, c T h / k (where layernorm then frees no dense norm), and re-runs it
+  with fc (`mlp_norm_time`): a norm pass, 2 c T h / k / bw, as layernorm prices one (gpt_layer_specs.py:265 / :291
+  pre_mlp_layernorm IdentityOp on a dense block, :492-497 linear_fc1 column_parallel_layer_norm_linear;
+  transformer_layer.py:703 the identity's output is the region's input, :719-737 tensor_parallel.checkpoint(
+  self.mlp, ...) re-runs linear_fc1 whole, its norm included). A MoE model's dense blocks alike (mlp_delta.py);
+  a shared expert's region does not hold the pre-MLP norm (a TENorm of its own, the router reads it).
   Its tensor-parallel forward collectives up to the region's
   last saved tensor run again in the backward (`again_collectives`, `mlp_again`: 1D + sp's all_gather; 2D / 3D's fc
   gathers and fc2's operand gathers, 3D's fc2 output reduce-scatter, issued inside its GEMM's autograd Function; not
   the last linear's output reduce after its GEMM, 1D's reduce_scatter / all_reduce, nor its bias gather:
-  torch.utils.checkpoint's early stop, AFTER_LAST_SAVED), phase "recompute", in both engines; on a model with MoE
+  torch.utils.checkpoint's early stop, AFTER_LAST_SAVED; but with `tpo` 1D + sp's output reduce_scatter, a ring
+  inside fc2's own autograd Function, executor/layers/collective_matmul.py RingLinearScatter, whose inputs are saved
+  when it returns: issued again, beside fc2's chunk GEMMs as in the forward), phase "recompute", in both engines
+  (the event engine's ring ops take their chunks' seconds from the block's recompute op, which holds `dense_time`:
+  event_compute.unit_compute, event_program._apply_tpo); on a model with MoE
   blocks its dense blocks' (and the shared experts' under shared_experts / moe) through moe_mlp_again.py. Megatron-core
   0.16.1's tensor_parallel.checkpoint (random.py:496-573 CheckpointFunction, reentrant: its backward, l.557, runs the
   whole function again) re-runs the region to its end, those trailing collectives included: not priced (paracube prices
@@ -167,7 +176,14 @@ def dense_time(d: Dims, mode: str, b: LayoutBatch, g: object) -> Arr:
             out = out + g.block_linear_gemms(*shape, fp8.weight_cast_per_micro_batch(d),  # type: ignore[attr-defined]
                                              fp8.cast_bytes(d, name))[0]
         out = out + 4 * c * T * d.f / b.t / bw  # elementwise_forward's f term: the activation
+        out = out + mlp_norm_time(d, T, _shards(mode, b), bw)
     return out
+
+
+def mlp_norm_time(d: Dims, T: Arr | float, shards: Arr | float, bw: float) -> Arr | float:
+    """Forward seconds of the pre-MLP norm `mlp` re-runs with a dense MLP (module docstring): under fused norms
+    (inside fc, LayerNormLinear) one norm pass, 2 c T h / k / bw, as layernorm's; else 0 (outside the region)."""
+    return 2 * d.c * T * d.h / shards / bw if d.fused_norms else 0.0 * T
 
 
 def mlp_saved(d: Dims, T: Arr, t: Arr, shards: Arr, f: float) -> Arr:
@@ -205,25 +221,27 @@ NORM_LABELS = ("ln1.", "ln2.")  # a block's two norms' (2D / 2.5D / 3D: statisti
 # reduce-scatter (sp) / all-reduce, 2D / 3D's bias gather. torch.utils.checkpoint (non-reentrant) stops the
 # recomputation once the region's last saved tensor is made again, so they are not issued again
 # (executor/layers/discard.py). 3D's output reduce-scatter (fc2.Y) runs inside the GEMM's own autograd Function, whose
-# tensors are saved when it returns: issued again. (Not priced: 1D + sp with tpo, whose fc2 ring reduce-scatter is
-# inside its GEMM's Function too, executor/layers/ring.py, so it is issued again there.)
+# tensors are saved when it returns: issued again. With tpo, a tpo collective of these (1D + sp's output
+# reduce-scatter, mlp.out) is a ring inside its GEMM's Function too (executor/layers/collective_matmul.py
+# RingLinearScatter): issued again (tests/test_recompute_modules_run.py records it); the bias gathers are no rings.
 AFTER_LAST_SAVED = ("mlp.out", "mlp.g", "fc2.bias")
 
 
-def mlp_again(colls: list) -> list:
+def mlp_again(colls: list, tpo: bool = False) -> list:
     """Of a block's forward collectives, those a checkpointed MLP region issues again in backward (its forward's up
-    to its last saved tensor: AFTER_LAST_SAVED not)."""
-    return [c for c in colls if c.label.startswith(MLP_LABELS) and c.label not in AFTER_LAST_SAVED]
+    to its last saved tensor: AFTER_LAST_SAVED not, unless run as a tpo ring inside its GEMM's Function)."""
+    return [c for c in colls if c.label.startswith(MLP_LABELS)
+            and (c.label not in AFTER_LAST_SAVED or (tpo and bool(c.tpo)))]
 
 
-def again_collectives(d: Dims, colls: list) -> list:
+def again_collectives(d: Dims, colls: list, tpo: bool = False) -> list:
     """The forward collectives of a block (modes' layer_fwd) the backward issues again (traffic.py, comm.py,
-    event_program.py): under mlp the MLP's up to its region's last saved tensor (`mlp_again`); under layernorm the two
-    norms' (their forward re-runs alone: 2D / 2.5D / 3D's statistics all-reduce and gamma / beta gathers; none in
-    none / 1D). On a model with MoE blocks the dense engines' `d` holds only DENSE's modules: the dense blocks' mlp
-    and the shared experts' are moe_mlp_again.py's."""
+    event_program.py): under mlp the MLP's up to its region's last saved tensor (`mlp_again`; `tpo`: the layout's);
+    under layernorm the two norms' (their forward re-runs alone: 2D / 2.5D / 3D's statistics all-reduce and gamma /
+    beta gathers; none in none / 1D). On a model with MoE blocks the dense engines' `d` holds only DENSE's modules:
+    the dense blocks' mlp and the shared experts' are moe_mlp_again.py's."""
     mods = modules(d)
-    again = set(map(id, mlp_again(colls))) if "mlp" in mods else set()
+    again = set(map(id, mlp_again(colls, tpo))) if "mlp" in mods else set()
     return [c for c in colls if id(c) in again or ("layernorm" in mods and c.label.startswith(NORM_LABELS))]
 
 
@@ -249,7 +267,7 @@ def moe_saved(d: Dims, mods: tuple[str, ...], acts: float, R: float, fe: float, 
     return (d.c * R * fe if "moe_act" in mods else 0.0) + (shared_inner if "shared_experts" in mods else 0.0)
 
 
-def _layout_shards(layout: Any) -> float:
+def layout_shards(layout: Any) -> float:
     """The activations' split k of a layout (TensorMode.act_split)."""
     return float(np.asarray(MODES[layout.mode].act_split(np.array([layout.tensor_size]),
                                                           np.array([int(layout.sequence_parallel)])))[0])
@@ -258,7 +276,7 @@ def _layout_shards(layout: Any) -> float:
 def moe_rerun(d: Dims, layout: Any, mb: int, R: float, fe: float, bw: float) -> float:
     """Forward seconds rcm= re-runs per MoE block beyond the dense engines' (module docstring): `experts_rerun` and
     layernorm's `moe_norms` (the pre-MLP norm under fused norms), 2 c T h / k / bw each."""
-    norms = moe_norms(d) * 2 * d.c * mb * d.s * d.h / _layout_shards(layout) / bw
+    norms = moe_norms(d) * 2 * d.c * mb * d.s * d.h / layout_shards(layout) / bw
     return experts_rerun(d, moe_side(layout), R, fe, bw) + norms
 
 
@@ -269,7 +287,7 @@ def moe_rcm_saved(model: Any, d: Dims, layout: Any, mb: int, held: list[int], mo
     moe.stage_cost) and its `moe_norms`' outputs, each dense block's `mlp_saved` at its width (ModelSpec.ffn_hidden)."""
     moe = model.moe
     T, t = float(mb * d.s), float(layout.tensor_size)
-    shards = _layout_shards(layout)
+    shards = layout_shards(layout)
     k = sum(1 for i in held if moe.is_moe_layer(i))
     per_moe = moe_saved(d, mods, acts, R, moe.expert_ffn / layout.etp, float(moe.shared_ffn), T, t) \
         + moe_norms(d) * d.c * T * d.h / shards
@@ -279,5 +297,5 @@ def moe_rcm_saved(model: Any, d: Dims, layout: Any, mb: int, held: list[int], mo
 
 __all__ = ["AFTER_LAST_SAVED", "DENSE", "MLP_LABELS", "NORM_LABELS", "again_collectives", "block_norms",
            "by_module", "core_recomputed", "dense_modules", "dense_norms", "dense_saved", "dense_time",
-           "experts_rerun", "mla_widths", "mlp_again", "modules", "moe_norms", "moe_rcm_saved", "moe_rerun",
-           "moe_saved", "moe_side", "mlp_saved"]
+           "experts_rerun", "layout_shards", "mla_widths", "mlp_again", "mlp_norm_time", "mlp_saved", "modules",
+           "moe_norms", "moe_rcm_saved", "moe_rerun", "moe_saved", "moe_side"]

@@ -129,7 +129,8 @@ def _micro_batch(log: _Log, first: bool, last: bool, layers: int, micro: tuple[i
         log.issue(mode.embedding(d), micro=micro)
     cp_fwd, cp_bwd = context_collectives(log.layout, d)
     fwd, bwd = mode.layer_fwd(d) + cp_fwd, mode.layer_bwd(d) + cp_bwd + sink_collectives(d, mode)
-    again = again_collectives(d, fwd) if d.recompute == "selective" else []  # rcm=mlp (recompute_modules_cost.py)
+    # rcm=mlp (recompute_modules_cost.py; with tpo the output's ring reduce-scatter too)
+    again = again_collectives(d, fwd, log.layout.tpo) if d.recompute == "selective" else []
     for i in range(layers):
         for ph in _phases(d):
             log.issue(fwd, ph, f"layers.{i}.", micro)
