@@ -38,14 +38,15 @@ per step, HSDP's all_reduce of 4 P_u / n over dp_replicate and zero=2's fp32 all
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
 
 from paracube.cost_models import fp8
-from paracube.cost_models.collective import Table, calibrated_link, collective_time, latency_factor, sent_factor
+from paracube.cost_models.collective import latency_factor, sent_factor
 from paracube.cost_models.comm_axes import cp_after_dp
+from paracube.cost_models.comm_entry import Entry
 from paracube.cost_models.context_parallel import is_ring
 from paracube.cost_models.dims import Dims, local_params
 from paracube.cost_models.fsdp_units import unit_totals
@@ -63,36 +64,6 @@ Key = tuple[str, tuple[str, ...], str]  # (kind, axes, dtype)
 SOURCES = ("layer_fwd", "layer_bwd", "embedding", "head")
 
 __all__ = ["Entry", "StepTraffic", "comm_entries", "stage_layers_params"]
-
-
-@dataclass
-class Entry:
-    kind: str
-    axes: tuple[str, ...]
-    dtype: str
-    count: Arr
-    payload: Arr
-    n: Arr  # group size
-    per_step: bool = False  # once per step (gradients, grad norm, metrics), not per micro-batch
-    factors: tuple[Arr, Arr] | None = None  # (latency_factor, sent_factor) of (kind, n): computed once
-    tpo: str = ""  # the GEMM these calls overlap with under tpo (modes.base.Collective.tpo; cost_models/tpo.py)
-    backward: Arr | float = 0.0  # bytes of `payload` sent during backward (layer backward, full recompute's forward)
-
-    def _factors(self) -> tuple[Arr, Arr]:
-        if self.factors is None:
-            self.factors = (latency_factor(self.kind, self.n), sent_factor(self.kind, self.n))
-        return self.factors
-
-    def latency_steps(self) -> Arr:
-        """Latency-bound steps of one call (collective.latency_factor)."""
-        return self._factors()[0]
-
-    def sent(self) -> Arr:
-        return self._factors()[1] * self.payload
-
-    def time(self, bw: Arr, lat: Arr, table: Table = (), alternating: bool = False) -> Arr:
-        bw, lat = calibrated_link(table, self.kind, self.n, bw, lat, alternating)
-        return collective_time(self.kind, self.n, self.count, self.payload, bw, lat)
 
 
 def stage_layers_params(d: Dims, mode: str, b: LayoutBatch, first: Arr, last: Arr) -> Arr:
