@@ -11,7 +11,7 @@ from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
-from paracube.modes.experts import balanced_routing, splits
+from paracube.modes.experts import EXECUTOR_PROBS, balanced_routing, splits
 from paracube.topologies import load_topology
 from paracube.workload import TrainingSpec
 
@@ -49,7 +49,8 @@ def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> N
 def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object, shared: bool, text: str) -> None:
     """The MoE collectives both engines price (the events of cost_models/moe.py's block and stage costs, which the
     event engine inserts as they are: moe_program.py) are cost_models/moe_traffic's, the list tests/test_moe_run.py
-    holds equal to what the executor records: copy counts, aux-loss counts over tp, dispatch and combine, forward,
+    holds equal to what the executor records: copy counts, aux-loss counts over tp, dispatch (and the routing weights'
+    beside it) and combine, forward,
     recomputation and backward, and the experts' norm (a multiset: zero difference; the expert buckets differ by
     design, moe.grad_event prices one fused reduction). Without a shared expert (Mixtral's shape) a MoE block has no
     MLP collectives (moe_unshared.py), in the estimate as in the executor's list."""
@@ -64,7 +65,8 @@ def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object
         model = replace(model, name="tiny-mixtral", moe=replace(model.moe, shared_ffn=0))
     train = TrainingSpec(global_batch=2 * layout.dp * layout.micro_batch, dtype="bf16",
                          recompute=layout.recompute or "none")
-    est = estimate(model, train, layout, load_topology("dgx-h100", gpus=8))
+    # priced as paracube's executor dispatches: the routing weights' own all_to_all beside the tokens' (its runtime's)
+    est = estimate(model, train, layout, load_topology("dgx-h100", gpus=8), moe_probs=EXECUTOR_PROBS)
     want = moe_stage_events(layout, dims_of(model, train), model.moe, layout.micro_batch)
 
     def moe_part(events: object) -> Counter:
