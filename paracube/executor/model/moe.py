@@ -180,7 +180,9 @@ class MoEMLP(nn.Module):
             routed = self._experts(xf[tokens] * w.to(xf.dtype), counts, None)
         else:  # weighted inside the activation (routed_experts.py), the weights sent beside the tokens
             routed = self._experts(xf[tokens], counts, w)
-        out = xf.new_zeros(N, h).index_add(0, tokens, routed)  # unweighted: the experts weighted their outputs
+        # the unweighted sum per token (the experts weighted their outputs); index_put's accumulate keeps only the
+        # token index for backward (index_add keeps its source too: R h), as Megatron-core's unpermute (scatter_add_)
+        out = xf.new_zeros(N, h).index_put((tokens,), routed, accumulate=True)
         if moe.aux_loss and torch.is_grad_enabled():
             out = _AuxLossScaler.apply(out, self._aux(scores, idx, shape[0]), self.aux_grad_scale * shape[1]
                                        * self.sp_ways)
