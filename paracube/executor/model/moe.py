@@ -181,7 +181,8 @@ class MoEMLP(nn.Module):
         else:  # weighted inside the activation (routed_experts.py), the weights sent beside the tokens
             routed = self._experts(xf[tokens], counts, w)
         # the unweighted sum per token (the experts weighted their outputs); index_put's accumulate keeps only the
-        # token index for backward (index_add keeps its source too: R h), as Megatron-core's unpermute (scatter_add_)
+        # token index for backward (index_add keeps its source too: R h), as megatron-core's unpermute does
+        # (moe_utils.py l.463-466, scatter_add_ of the permuted tokens; its fused one alike)
         out = xf.new_zeros(N, h).index_put((tokens,), routed, accumulate=True)
         if moe.aux_loss and torch.is_grad_enabled():
             out = _AuxLossScaler.apply(out, self._aux(scores, idx, shape[0]), self.aux_grad_scale * shape[1]
