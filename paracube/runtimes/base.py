@@ -177,10 +177,9 @@ class Runtime:
         return EngineOptions(param_overlap=self.param_gather_overlap and self.param_gather_overlap_default,
                              fsdp_prefetch=self.fsdp_prefetch, grad_bytes=self.grad_bytes,
                              gather_16bit=self.param_gather_16bit, fp8_param_gather=self.fp8_param_gather,
-                             fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts,
-                             moe_dispatch=self.moe_dispatch, moe_probs=self.moe_probs, selective=self.selective,
-                             fused_norms=self.fused_norms, moe_host_sync=self.moe_host_sync,
-                             moe_host_ops=self.moe_host_ops,
+                             fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts, moe_dispatch=self.moe_dispatch,
+                             moe_probs=self.moe_probs, selective=self.selective, fused_norms=self.fused_norms,
+                             moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops,
                              offload_overlap=self.offload is not None and self.offload.overlap)
 
     def cp_comms_for(self, windowed: bool) -> tuple[str, ...]:
