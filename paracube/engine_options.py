@@ -18,6 +18,8 @@ Fields (where each is priced):
 - fp8_scaling: how it scales FP8 tensors, "delayed" or "dynamic" (fp8.py; workload.FP8_SCALINGS);
 - fp8_experts: with fp8, the routed experts' grouped GEMMs run FP8 too (moe.py);
 - moe_dispatch: its MoE token dispatcher, "alltoall", "deepep" or "hybridep" (moe_dispatch.py);
+- moe_probs: where its dispatcher sends the routing weights by an all_to_all of their own, "none", "weighted" or
+  "always" (modes/experts.PROBS_RULES; moe_dispatch.sends_probs, moe.py);
 - selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES);
 - fused_norms: its dense norms run inside the next linear, rcm=layernorm re-running only latent attention's input
   norm and a MoE block's pre-MLP norm (Runtime.fused_norms; recompute_modules_cost.py);
@@ -62,6 +64,7 @@ class EngineOptions:
     fp8_scaling: str = "delayed"
     fp8_experts: bool = False
     moe_dispatch: str = "alltoall"
+    moe_probs: str = "none"
     selective: str = "attention"
     fused_norms: bool = False
     moe_host_sync: bool = False

@@ -11,7 +11,7 @@ from paracube.cost_models.event import estimate_event
 from paracube.errors import ParacubeError
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
-from paracube.modes.experts import balanced_routing, splits
+from paracube.modes.experts import EXECUTOR_PROBS, balanced_routing, splits
 from paracube.topologies import load_topology
 from paracube.workload import TrainingSpec
 
@@ -49,7 +49,8 @@ def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> N
 def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object, shared: bool, text: str) -> None:
     """The MoE collectives both engines price (the events of cost_models/moe.py's block and stage costs, which the
     event engine inserts as they are: moe_program.py) are cost_models/moe_traffic's, the list tests/test_moe_run.py
-    holds equal to what the executor records: copy counts, aux-loss counts over tp, dispatch and combine, forward,
+    holds equal to what the executor records: copy counts, aux-loss counts over tp, dispatch (and the routing weights'
+    beside it) and combine, forward,
     recomputation and backward, and the experts' norm (a multiset: zero difference; the expert buckets differ by
     design, moe.grad_event prices one fused reduction). Without a shared expert (Mixtral's shape) a MoE block has no
     MLP collectives (moe_unshared.py), in the estimate as in the executor's list."""
@@ -64,7 +65,8 @@ def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object
         model = replace(model, name="tiny-mixtral", moe=replace(model.moe, shared_ffn=0))
     train = TrainingSpec(global_batch=2 * layout.dp * layout.micro_batch, dtype="bf16",
                          recompute=layout.recompute or "none")
-    est = estimate(model, train, layout, load_topology("dgx-h100", gpus=8))
+    # priced as paracube's executor dispatches: the routing weights' own all_to_all beside the tokens' (its runtime's)
+    est = estimate(model, train, layout, load_topology("dgx-h100", gpus=8), moe_probs=EXECUTOR_PROBS)
     want = moe_stage_events(layout, dims_of(model, train), model.moe, layout.micro_batch)
 
     def moe_part(events: object) -> Counter:
@@ -194,3 +196,51 @@ def test_recomputation_reruns_the_true_attention_core(h100: object, recompute: s
     core_f = float(np.ravel(attention_core_time(d, mb, layout.tensor_size, g)[0])[0])
     want = {"selective": core_f, "full": af, "none": 0.0}[recompute]
     assert delta_again(model, d, layout, mb, g, af) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep", "hybridep"])
+def test_the_routing_weights_all_to_all_is_priced_beside_a_plain_dispatch_only(dispatcher: str) -> None:
+    """Megatron-core's alltoall dispatcher sends the routing weights by an all_to_all of their own beside the tokens'
+    (Runtime.moe_probs "always"; moe_dispatch.sends_probs): both engines list it once per MoE block forward and
+    backward, T k fp32 weights over ep, and the analytic engine prices each as one more all_to_all call, its latency
+    (n - 1) a and its bytes (moe_a2a.py: (n - 1) a + (n - 1) / n P / B_a2a), no other event moving (the sums of
+    floats in another order: rel 1e-9). DeepEP and HybridEP carry the weights inside their own
+    dispatch kernel: both engines' estimates are the same to the last bit."""
+    from collections import Counter
+
+    from paracube.cost_models.collective import collective_time
+    from paracube.cost_models.links import LinkCache
+    from paracube.cost_models.moe import tokens_per_rank
+    from paracube.cost_models.moe_a2a import a2a_link
+    from paracube.cost_models.moe_links import expert_placement
+
+    topo = load_topology("dgx-h100", gpus=32)
+    model, layout = PRESETS["qwen3-30b-a3b"], parse_layout("dp=32,ep=16,tp=none,mb=1,zero=1")  # ep over 2 nodes
+    train = TrainingSpec(global_batch=64, dtype="bf16")
+    an = {p: estimate(model, train, layout, topo, moe_dispatch=dispatcher, moe_probs=p) for p in ("none", "always")}
+    ev = {p: estimate_event(model, train, layout, topo, moe_dispatch=dispatcher, moe_probs=p)
+          for p in ("none", "always")}
+    probs = [e for e in an["always"].events if e.label.endswith("moe.dispatch_probs")]
+    if dispatcher != "alltoall":
+        assert not probs and an["always"] == an["none"] and ev["always"] == ev["none"]
+        return
+    T, k, n_micro, blocks = tokens_per_rank(layout, 1, model.seq_len), model.moe.top_k, 2, model.layers
+    assert {(e.kind, e.axes, e.group_size, e.payload_bytes, e.dtype) for e in probs} == {
+        ("all_to_all", ("ep",), 16, 4 * T * k, "float32")}
+    assert Counter(e.phase for e in probs) == {"fwd": n_micro * blocks, "bwd": n_micro * blocks}
+
+    def keyed(events: object) -> Counter:
+        return Counter((*e.key(), e.phase, e.label) for e in events)  # type: ignore[attr-defined]
+
+    assert keyed(an["always"].events) - keyed(an["none"].events) == keyed(probs)
+    assert not keyed(an["none"].events) - keyed(an["always"].events)
+    assert keyed(ev["always"].events) == keyed(an["always"].events)
+    bw, lat = a2a_link(LinkCache(topo), expert_placement(layout), ("ep",))
+    call = float(collective_time("all_to_all", 16, 1, 4 * T * k, bw, lat))
+    assert lat > 0 and call == pytest.approx(15 * lat + 15 / 16 * 4 * T * k / bw, rel=1e-12)
+    added = an["always"].comm_time_by_kind["all_to_all"] - an["none"].comm_time_by_kind["all_to_all"]
+    assert added == pytest.approx(len(probs) * call, rel=1e-9)
+    # the step: at least those calls (more here: the expert group spans nodes, so its all_to_alls also hold the NICs
+    # the overlapped expert gradients need, moe_step.py's `busy`)
+    assert an["always"].step_time_s - an["none"].step_time_s >= added * (1 - 1e-9)
+    assert ev["always"].step_time_s > ev["none"].step_time_s

@@ -4,15 +4,16 @@ MLA + MoE in one model (tiny-mla: DeepSeek-V2/V3's shape, block 0 dense, block 1
 block MLA attention; modes none with pp and 1D + sp with zero=1) and for Mixtral's shape (no shared expert).
 
 One 4-rank launch. Per case: losses and gradient norms of 3 AdamW steps and every parameter block after them equal
-the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says why; routing is chosen on fp64
-scores, whose rounding differences (~1e-16) cannot reorder top-k scores that differ by more, and a different
-choice would show as an error of order 1); the aux loss is trained (its gradient is in every parameter's). In step
-0 every dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.splits of the routing the
-run took (every ep rank's copies per expert, logged by the blocks) times h x 8 bytes: zero difference, forward and
-backward. And every collective of step 0 on every rank (counts, aux counts, buckets, norms, pipeline sends, ...)
-equals cost_models/moe_traffic's list for the routing taken (a multiset: zero difference); the zero=1 case shards
-the dense buckets over dp and the experts' over edp. Plus the refusals of what the executor does not run, before
-any rank starts.
+the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says why; routing is chosen on fp64 scores,
+whose rounding differences (~1e-16) cannot reorder top-k scores that differ by more, and a different choice would
+show as an error of order 1); the aux loss is trained (its gradient is in every parameter's). In step 0 every
+dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.splits of the routing the run took
+(every ep rank's copies per expert, logged by the blocks) times h x 8 bytes, and the routing weights' all_to_all
+beside the dispatch (moe.dispatch_probs) its copies times 8 bytes (one fp64 weight each, their gradients home in
+backward): zero difference, forward and backward. And every collective of step 0 on every rank (counts, aux counts,
+buckets, norms, pipeline sends, ...) equals cost_models/moe_traffic's list for the routing taken (a multiset: zero
+difference); the zero=1 case shards the dense buckets over dp and the experts' over edp. Plus the refusals of what
+the executor does not run, before any rank starts.
 """
 
 from __future__ import annotations
@@ -174,19 +175,23 @@ def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: 
         for f in range(forwards):  # the f-th MoE forward of every ep peer: the same block and micro-batch
             routing = np.array([members[r]["routing"][f] for r in range(ep)])  # [source, expert]
             model = splits(routing, ep) * row  # bytes [source, destination]: the model's for this routing
+            probs = splits(routing, ep) * 8  # the copies' fp64 routing weights beside them, one each
             for r in range(ep):
                 fwd = [a for a in members[r]["a2a"] if a[1] not in ("bwd", "recompute")]
-                dispatch, combine = fwd[2 * f], fwd[2 * f + 1]
-                assert dispatch[0] == "moe.dispatch" and combine[0] == "moe.combine"
+                dispatch, weights, combine = fwd[3 * f], fwd[3 * f + 1], fwd[3 * f + 2]
+                assert (dispatch[0], weights[0], combine[0]) == ("moe.dispatch", "moe.dispatch_probs", "moe.combine")
                 assert list(dispatch[3]) == model[r].tolist() and list(dispatch[4]) == model[:, r].tolist()
+                assert list(weights[3]) == probs[r].tolist() and list(weights[4]) == probs[:, r].tolist()
                 assert list(combine[3]) == model[:, r].tolist() and list(combine[4]) == model[r].tolist()
                 assert dispatch[2] == model[r].sum() and combine[2] == model[:, r].sum()
+                assert weights[2] == probs[r].sum()
                 checked += 1
-        for r in range(ep):  # backward: each forward's mirror (dY to the experts, dX home), in backward order
+        for r in range(ep):  # backward: each forward's mirror (dY to the experts, dX and the weights' gradients home)
             rows = [np.array([members[q]["routing"][f] for q in range(ep)]) for f in range(forwards)]
             model = [splits(m, ep) * row for m in rows]
             expected = Counter([("moe.combine", tuple(m[r].tolist())) for m in model]
-                               + [("moe.dispatch", tuple(m[:, r].tolist())) for m in model])
+                               + [("moe.dispatch", tuple(m[:, r].tolist())) for m in model]
+                               + [("moe.dispatch_probs", tuple((m[:, r] // row * 8).tolist())) for m in model])
             got = Counter((a[0], tuple(a[3])) for a in members[r]["a2a"] if a[1] == "bwd")
             assert got == expected
             if CASES[case][3] == "full":  # the recomputed forwards send what the forwards sent

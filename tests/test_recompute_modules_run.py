@@ -441,11 +441,12 @@ def known_gap(spec: ModelSpec, module: str) -> int:
       kernel that reads q, k themselves (Megatron's TE attention, the count's) frees: - 2 e T heads d_qk; the rotary
       tables cos, sin [s, d_r], made again with q, k, and not in the count: + 2 e s d_r;
     - moe: the count's MoE layer (moe.stage_cost: the dispatched copies R h, the experts' 3 R f_e, the router's
-      fp32 scores T E) lacks what the executor's layer keeps on the combine side, the experts' outputs and their
-      weighted copies (2 e R h), and its routing's bookkeeping: the top-k indices and scores [T, k], their sum [T],
-      the chosen copies' order, token index and weight [R], the aux loss's counts [b, E] and scalar: e (2 T k + T +
-      3 R + b E + 1); its router's scores are fp64 here (4 T E more). The difference is the same with and without
-      the module (the count of the layer), so the module's share of it is the base count's.
+      fp32 scores T E) is what the executor's layer keeps of [R, *] activations (its experts weight inside the
+      activation and the combine keeps only the token index, as Megatron-core's: nothing of the experts' outputs),
+      less its routing's bookkeeping: the top-k indices and scores [T, k], their sum [T], the chosen copies' order,
+      token index and weight [R], the aux loss's counts [b, E] and scalar: e (2 T k + T + 3 R + b E + 1); its
+      router's scores are fp64 here (4 T E more). The difference is the same with and without the module (the count
+      of the layer), so the module's share of it is the base count's.
     - mlp, moe_act, shared_experts: none."""
     T, e, b = MB * spec.seq_len, 8, MB
     if module == "core_attn":
@@ -461,7 +462,7 @@ def known_gap(spec: ModelSpec, module: str) -> int:
         moe = spec.moe
         R, k = T * moe.top_k, moe.top_k
         aux = b * moe.experts + 1 if moe.aux_loss else 0
-        per = 2 * e * R * spec.hidden + e * (2 * T * k + T + 3 * R + aux) + 4 * T * moe.experts
+        per = e * (2 * T * k + T + 3 * R + aux) + 4 * T * moe.experts
         return sum(moe.is_moe_layer(i) for i in range(spec.layers)) * per
     return 0
 

@@ -63,6 +63,7 @@ class Dims:
     fp8_experts: bool = False  # with fp8, the routed experts' GEMMs run FP8 (Runtime.fp8_experts; cost_models/moe.py)
     fp8_param_gather: bool = False  # with fp8, block linear weights held / gathered as FP8 (Runtime.fp8_param_gather)
     moe_dispatch: str = "alltoall"  # the MoE dispatcher (Runtime.moe_dispatch; cost_models/moe_dispatch.py)
+    moe_probs: str = "none"  # where it sends the routing weights by their own all_to_all (Runtime.moe_probs)
     selective: str = "attention"  # what rc=selective recomputes (Runtime.selective; cost_models/recompute.py)
     # rc=selective by module (Layout.recompute_modules, `rcm=`; cost_models/recompute_modules_cost.py); None: the rule
     recompute_modules: tuple[str, ...] | None = None
@@ -257,8 +258,8 @@ def with_options(d: Dims, o: EngineOptions) -> Dims:
     """`d` with the runtime's per-element choices (engine_options.py) the closed forms read from Dims."""
     return replace(d, grad_bytes=o.grad_bytes, gather_16bit=o.gather_16bit, fp8_param_gather=o.fp8_param_gather,
                    fp8_scaling=o.fp8_scaling, fp8_experts=o.fp8_experts, moe_dispatch=o.moe_dispatch,
-                   selective=o.selective, moe_host_sync=o.moe_host_sync, moe_host_ops=o.moe_host_ops,
-                   offload_overlap=o.offload_overlap, fused_norms=o.fused_norms)
+                   moe_probs=o.moe_probs, selective=o.selective, moe_host_sync=o.moe_host_sync,
+                   moe_host_ops=o.moe_host_ops, offload_overlap=o.offload_overlap, fused_norms=o.fused_norms)
 
 
 def with_pins(d: Dims, layout: object) -> Dims:

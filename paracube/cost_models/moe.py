@@ -12,8 +12,9 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   f_e / etp on m = R / (E / ep) tokens, R = T k etp x imbalance the most loaded rank's tokens (grouped-GEMM
   efficiency: each expert's GEMM at its own shape on the device's GEMM curve, compute.GemmModel.eff, so few
   tokens per expert or narrow experts run at low efficiency); dispatch and combine all_to_all over ep (and
-  the etp all_gather / reduce_scatter), each priced on the folded group's ranks (in-node or across nodes by
-  the placement, LinkCache; an all_to_all as every rank's flows to its peers, moe_a2a.py), the most loaded
+  the etp all_gather / reduce_scatter; the routing weights' all_to_all beside the dispatch where the runtime's
+  dispatcher sends them so, moe_dispatch.sends_probs), each priced on the folded group's ranks (in-node or across
+  nodes by the placement, LinkCache; an all_to_all as every rank's flows to its peers, moe_a2a.py), the most loaded
   rank's share x imbalance; memory-bound passes at the device's memory rate (moe_passes.py: the token permute, the
   sort by local expert and back, the unpermute, the experts' SwiGLU; Megatron-core's moe_utils.permute /
   sort_chunks_by_idxs / unpermute); with fp8 and a runtime that runs them so (Runtime.fp8_experts, Dims), the
@@ -60,13 +61,14 @@ from paracube.cost_models.memory import optimizer_bytes
 from paracube.cost_models.mlp_delta import block_deltas, mlp_delta
 from paracube.cost_models.moe_a2a import A2A
 from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_dispatch import sends_probs
 from paracube.cost_models.moe_mlp_again import stage_again
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_rcm_saved, moe_rerun, moe_side
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
-from paracube.modes.experts import ExpertSizes, block_bwd, block_fwd
+from paracube.modes.experts import PROBS, ROUTER, ExpertSizes, block_bwd, block_fwd, router_dtype
 from paracube.modes.stages import stage_chunks
 from paracube.workload import ModelSpec
 
@@ -112,8 +114,9 @@ def _events(colls: list, d: Dims, z: ExpertSizes, layout: Layout, phase: str, bl
     out = []
     for c in colls:
         n = math.prod(sizes[a] for a in c.axes)
+        dtype = router_dtype(d.dtype)[0] if c.dtype == ROUTER else d.dtype  # the weights': the router's
         if n > 1:
-            out.append(CommEvent(c.kind, c.axes, n, int(c.payload(z)), d.dtype, phase, f"layers.{block}.{c.label}"))
+            out.append(CommEvent(c.kind, c.axes, n, int(c.payload(z)), dtype, phase, f"layers.{block}.{c.label}"))
     return out
 
 
@@ -138,14 +141,16 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     bwd = local * float(up[1] + up[2] + down[1] + down[2]) + float(router[1] + router[2]) + pb / bw \
         + moe_rerun(d, layout, mb, R, fe, bw)  # rcm=moe_act, layernorm (recompute_modules_cost.py)
     z = ExpertSizes(T=T, k=moe.top_k, received=R / layout.etp)
-    return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp), d, z, layout, "fwd", block),
-                     _events(block_bwd(d, layout.etp), d, z, layout, "bwd", block), T, R,
+    probs = sends_probs(moe, d.moe_dispatch, d.moe_probs)  # the weights' own all_to_all (moe_dispatch.py)
+    return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp, probs), d, z, layout, "fwd", block),
+                     _events(block_bwd(d, layout.etp, probs), d, z, layout, "bwd", block), T, R,
                      block_count_events(layout, moe, mb, d.dtype, "fwd", f"layers.{block}."), wait)
 
 
 def routed(e: CommEvent) -> bool:
-    """A dispatch / combine all_to_all: its time scales with the routing imbalance (the counts' does not)."""
-    return e.kind == "all_to_all" and e.label.endswith(("moe.dispatch", "moe.combine"))
+    """A dispatch / combine all_to_all (or the weights' beside the dispatch): its time scales with the routing
+    imbalance (the counts' does not)."""
+    return e.kind == "all_to_all" and e.label.endswith(("moe.dispatch", "moe.combine", PROBS))
 
 
 def comm_time(e: CommEvent, links: dict, imbalance: float, g: GemmModel | None = None) -> float:

@@ -17,6 +17,13 @@ Two dispatchers (Runtime.moe_dispatch, Dims.moe_dispatch; priced by moe_a2a.a2a_
   capacity factor too (Megatron-core's _HybridEPManager runs drop_and_pad); its kernels also permute the tokens by
   local expert and pad them to the FP8 multiple, so the block runs no permute / unpermute passes of its own
   (moe_passes.py).
+The routing weights (Runtime.moe_probs, modes/experts.PROBS_RULES): Megatron-core's alltoall dispatcher (and
+paracube's executor) sends each copy's weight by a second all_to_all beside the tokens' (token_dispatcher.py
+l.647-673), its experts weighting their activation (experts.py l.680-746): with the plain all_to_all that call is
+priced (T k elements of the router's dtype, and one more call's latency: modes/experts.block_fwd's
+moe.dispatch_probs). DeepEP and HybridEP send the weights inside their own dispatch kernel (the flex dispatcher
+hands the probs to the same dispatch call: fused_a2a.py l.116, topk_weights=token_probs): no extra call, nothing
+priced (`sends_probs`).
 Routing limits (MoESpec.groups / group_topk; HF deepseek_v3 n_group / topk_group; Megatron-core
 moe_router_num_groups / moe_router_group_topk, moe_utils.group_limited_topk): the experts form `groups` equal groups,
 a token's group_topk groups are those with the best sums of their top k / group_topk scores, and its k experts the
@@ -99,4 +106,12 @@ def dispatch_of(moe: object, dispatcher: str) -> Dispatch:
     return Dispatch(True, moe.experts, moe.top_k, moe.groups, moe.group_topk)  # type: ignore[attr-defined]
 
 
-__all__ = ["DEDUP", "DISPATCHERS", "Dispatch", "dispatch_of", "effective"]
+def sends_probs(moe: object, dispatcher: str, rule: str) -> bool:
+    """The routing weights travel by an all_to_all of their own (module docstring): the runtime's rule
+    (modes/experts.PROBS_RULES) says so for this model and its dispatch is the plain all_to_all."""
+    if moe is None or effective(moe, dispatcher) in DEDUP or rule == "none":
+        return False
+    return rule == "always" or not getattr(moe, "probs_on_input", False)
+
+
+__all__ = ["DEDUP", "DISPATCHERS", "Dispatch", "dispatch_of", "effective", "sends_probs"]

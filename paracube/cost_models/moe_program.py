@@ -1,10 +1,11 @@
 """The event engine's MoE blocks: cost_models/moe.py's terms inserted into a stage's program (event_program.py).
 
-Per MoE block i of the stage, in every forward list after block i's dense ops: dispatch all_to_all, (etp
-all_gather,) the experts' compute, (etp reduce_scatter,) combine all_to_all; in every backward list before block i's
-dense backward (after its recomputation under full recomputation, which repeats the forward ones): the backward
-collectives around the experts' backward compute; before a forward's dispatch its counts (moe_counts.py: the copy
-counts over ep, the aux loss's over tp), and in the tail the experts' norm all_reduce. The attention correction
+Per MoE block i of the stage, in every forward list after block i's dense ops: dispatch all_to_all (and the
+routing weights' beside it, where priced: moe_dispatch.sends_probs), (etp all_gather,) the experts' compute, (etp
+reduce_scatter,) combine all_to_all; in every backward list before block i's dense backward (after its
+recomputation under full recomputation, which repeats the forward ones): the backward collectives around the
+experts' backward compute; before a forward's dispatch its counts (moe_counts.py: the copy counts over ep, the aux
+loss's over tp), and in the tail the experts' norm all_reduce. The attention correction
 (attention_correction.attention_delta) is added to the largest compute op of each block's forward and backward (it may
 be negative: a true attention smaller than the dense part's). The all_to_alls run with payload x imbalance (the most
 loaded receiver sets their time; the declared events keep the balanced bytes). The expert gradient reduction runs in the
@@ -43,6 +44,7 @@ from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_side
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
+from paracube.modes.experts import before_experts
 from paracube.modes.stages import stage_chunks
 from paracube.workload import ModelSpec
 
@@ -52,11 +54,11 @@ def _timed(e: CommEvent, imbalance: float) -> CommEvent:
 
 
 def _ops(events: list[CommEvent], seconds: float, name: str, imbalance: float,
-         pre: list[CommEvent] | None = None, wait: float = 0.0) -> list[Op]:
+         pre: list[CommEvent] | None = None, wait: float = 0.0, backward: bool = False) -> list[Op]:
     """`pre` (the forward's counts, moe_counts.py), then the host's wait (`wait` seconds of `seconds`: host_sync.py),
-    the collectives before the experts' compute, the experts, the ones after (the first half of the list is issued
-    before: dispatch (+ gather) forward; combine's gradient (+ scatter's) backward)."""
-    half = len(events) // 2
+    the collectives before the experts' compute, the experts, the ones after (modes/experts.before_experts: dispatch
+    (+ the weights', + gather) forward; combine's gradient (+ scatter's) backward)."""
+    half = before_experts([e.label for e in events], backward)
     comm = [Op("comm", e.label, event=_timed(e, imbalance)) for e in events]
     first = [Op("comm", e.label, event=e) for e in pre or []]
     held = [Op("compute", name + HOST_WAIT, wait)] if wait > 0 else []
@@ -127,7 +129,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,
                                  block.events_pre, block.wait) if rerun_moe else []
                     _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd + bi, f"layers.{i}.experts.bwd",
-                                                         imb, wait=bi))
+                                                         imb, wait=bi, backward=True))
                 if i in mlp_again:
                     _insert_bwd(lists[c], i, [Op("comm", e.label, event=e) for e in relabel(again_mlp, i)], [])
     drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)

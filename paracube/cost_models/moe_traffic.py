@@ -6,11 +6,13 @@ executor records (a multiset of (kind, axes, payload, dtype): zero difference).
 Per MoE block on the stage and micro-batch, a rank holding T = b s / (tp with sp) tokens, k experts per token:
 - forward (and again in a full recomputation or under rcm=moe, phase "recompute"): with ep > 1 `moe.counts`, an
   all_to_all over ep of the E int64 copy counts (ep x E / ep, Megatron-core's dispatcher exchanges the same),
-  `moe.dispatch` and `moe.combine`
+  `moe.dispatch`, beside it `moe.dispatch_probs` (the copies' routing weights, T k elements of the router's dtype:
+  fp32, fp64 for an fp64 model; not with MoESpec.probs_on_input, whose weights multiply the copies before the
+  dispatch: modes/experts.EXECUTOR_PROBS) and `moe.combine`
   (modes/experts.block_fwd: c T k h under balanced routing; `with_routing` puts in the bytes of the routing a run
   took); with sp over tp > 1 and an aux loss, `moe.aux_counts`, an all_reduce over the tensor axes of the [b, E]
   copy counts in the statistics dtype (fp32; fp64 for an fp64 model);
-- backward: the two all_to_alls mirrored (modes/experts.block_bwd). The shared expert's collectives are the dense
+- backward: the all_to_alls mirrored (modes/experts.block_bwd). The shared expert's collectives are the dense
   MLP's (the mode's linears, same T h payloads), so the mode's layer lists stay as they are (without a shared
 expert the block's MLP collectives are dropped); rcm= re-issues a dense block's MLP collectives (mlp) and a shared
 expert's (shared_experts, moe) up to their region's last saved tensor, moe_mlp_again.py.
@@ -28,6 +30,7 @@ from dataclasses import replace
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.local_parameters import local_parameter_sizes
 from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_dispatch import sends_probs
 from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
 from paracube.cost_models.recompute_modules_cost import moe_side
 from paracube.cost_models.traffic import stage_events
@@ -35,6 +38,7 @@ from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
+from paracube.modes.experts import EXECUTOR_PROBS, PROBS, router_dtype
 from paracube.modes.stages import stage_chunks
 from paracube.moe_spec import MoESpec
 
@@ -113,6 +117,8 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     # full recomputation and rcm=moe re-run the MoE layer's forward, its counts and all_to_alls (recompute_modules_cost)
     phases = ("fwd", "recompute") if d.recompute == "full" or "moe" in moe_side(layout) else ("fwd",)
     a2a = d.c * T * k * d.h
+    probs = sends_probs(moe, "alltoall", EXECUTOR_PROBS)  # the executor dispatches by one plain all_to_all
+    pdtype, pbytes = router_dtype(d.dtype)
 
     def ev(kind: str, axes: tuple[str, ...], payload: int, dtype: str, phase: str, label: str) -> list[CommEvent]:
         n = _group(layout, axes)
@@ -128,8 +134,12 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
             for ph in phases:
                 extra += block_count_events(layout, moe, mb, d.dtype, ph, f"layers.{i}.")  # counts, aux counts
                 extra += ev("all_to_all", ("ep",), a2a, d.dtype, ph, f"layers.{i}.moe.dispatch")
+                if probs:
+                    extra += ev("all_to_all", ("ep",), pbytes * T * k, pdtype, ph, f"layers.{i}.{PROBS}")
                 extra += ev("all_to_all", ("ep",), a2a, d.dtype, ph, f"layers.{i}.moe.combine")
             extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.combine")
+            if probs:
+                extra += ev("all_to_all", ("ep",), pbytes * T * k, pdtype, "bwd", f"layers.{i}.{PROBS}")
             extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.dispatch")
     # The buckets (grad_sync.py): dense without the experts over the data axes, then the experts' over their group;
     # zero=0 all-reduced (the experts' squared norm then summed over ep), zero=1 reduce-scattered (padded to the
@@ -175,22 +185,32 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
 def with_routing(events: list[CommEvent], sent: list[tuple[int, int]]) -> list[CommEvent]:
     """`events` with the dispatch / combine all_to_alls' payloads those of a routing a run took: `sent[f]` =
     (bytes this rank's f-th MoE forward dispatches, bytes it combines back), forwards in issue order; the
-    backward's mirror sends the swapped sizes (combine's gradient the dispatch's bytes and vice versa). Only the
-    multiset matters (tests compare as such)."""
-    rest = [e for e in events if not e.label.endswith(("moe.dispatch", "moe.combine"))]
-    moe = [e for e in events if e.label.endswith(("moe.dispatch", "moe.combine"))]
+    backward's mirror sends the swapped sizes (combine's gradient the dispatch's bytes and vice versa). The weights'
+    all_to_all (moe.dispatch_probs) sends one element per copy the dispatch sends, its backward one per copy the
+    combine sends back. Only the multiset matters (tests compare as such)."""
+    labels = ("moe.dispatch", "moe.combine", PROBS)
+    rest = [e for e in events if not e.label.endswith(labels)]
+    moe = [e for e in events if e.label.endswith(labels)]
     if not moe:  # ep = 1: no exchange
         return list(events)
     template = {(e.label.rsplit(".", 1)[-1], e.phase): e for e in moe}
     phases = sorted({e.phase for e in moe if e.phase != "bwd"})
+    probs = ("dispatch_probs", "bwd") in template
+    # bytes of the weights per byte of the dispatched copies (the template's: an exact ratio, rows x element size)
+    per = (template["dispatch_probs", "bwd"].payload_bytes, template["dispatch", "bwd"].payload_bytes) if probs \
+        else (0, 1)
     out = list(rest)
     for dispatch, combine in sent:
         for ph in phases:
             out += [replace(template["dispatch", ph], payload_bytes=dispatch),
                     replace(template["combine", ph], payload_bytes=combine)]
+            if probs:
+                out.append(replace(template["dispatch_probs", ph], payload_bytes=dispatch * per[0] // per[1]))
         # backward: combine's gradient sends dY home-to-experts (dispatch's sizes), dispatch's sends dX back
         out += [replace(template["combine", "bwd"], payload_bytes=dispatch),
                 replace(template["dispatch", "bwd"], payload_bytes=combine)]
+        if probs:
+            out.append(replace(template["dispatch_probs", "bwd"], payload_bytes=combine * per[0] // per[1]))
     return out
 
 

@@ -71,8 +71,9 @@ Sources: megatron-core 0.16.1.
   permutes, the experts, the shared expert F(f_s) and its MLP collectives up to its last saved tensor,
   moe_mlp_again.py); no longer kept: every tensor of the MoE layer's (moe.stage_cost's activations: R h + 3 R f_e /
   etp in c bytes, the router's T E fp32) and the shared expert's (as shared_experts), its input kept. paracube's
-  executor keeps more in that layer than that count (its experts' outputs and their weighted copies, 2 c R h, and the
-  routing's indices and weights: tests/test_recompute_modules_run.py known_gap), with the module and without.
+  executor keeps what that count says of the layer's activations (its experts weight inside the activation, Megatron's
+  way: executor/layers/weighted_glu.py) and, beyond it, only the routing's indices and weights
+  (tests/test_recompute_modules_run.py known_gap), with the module and without.
 Measured against paracube's executor (tests/test_recompute_modules_run.py, fp64, serial): mlp, moe_act and
 shared_experts free exactly these bytes; layernorm also the norms' statistics (4 stat_width T / k per norm, fp32),
 which its term does not subtract; mla_up_proj on CPU's SDPA math path keeps q and k (the kernel's own copies).

@@ -10,8 +10,12 @@ routes each to `k` experts. Forward (Megatron-core token_dispatcher.MoEAlltoAllT
     (expert GEMMs)
     scatter    reduce_scatter over etp  the partial expert outputs (row-parallel down projection)
     combine    all_to_all over ep   the outputs back to the tokens' ranks
+Where the experts weight their outputs by the routing weights (the dispatcher sends them: `probs`, PROBS_RULES), a
+second all_to_all beside the dispatch sends each copy's weight, one element of the router's dtype (fp32; fp64 for an
+fp64 model), `moe.dispatch_probs` (megatron-core 0.16.1 token_dispatcher.py l.647-673: global_probs =
+all_to_all(ep_group, permuted_probs, ...)); its backward carries their gradients home.
 Backward: the mirror (combine's gradient is an all_to_all of dY, then the reduce_scatter's gradient an
-all_gather, ...), the same four payloads. Payload convention (estimate.ring_sent_factor): an all_to_all's
+all_gather, ...), the same payloads. Payload convention (estimate.ring_sent_factor): an all_to_all's
 payload is the rank's whole send buffer (bytes to every peer, its own share included), so (n-1)/n of it
 leaves the rank under balanced routing. The expert gradients then reduce over `edp` (the step's gradient
 all_reduce of expert parameters, cost_models/moe.py).
@@ -45,25 +49,57 @@ class ExpertSizes:
     received: IntOrArr
 
 
-def block_fwd(d: Any, etp: int) -> list[Collective]:
-    """One MoE block's forward collectives (d: Dims; h and c read from it)."""
+# Where a runtime's dispatcher sends the routing weights by an all_to_all of their own (Runtime.moe_probs; priced
+# only beside a plain all_to_all dispatch: DeepEP / HybridEP carry them inside their dispatch kernel,
+# cost_models/moe_dispatch.sends_probs):
+# - "none": never (the weights stay on the token's rank: torchtitan multiplies the copies before the dispatch or the
+#   outputs after the combine, DeepSpeed-MoE's combine weights are applied after it);
+# - "weighted": where the experts weight their outputs, not with MoESpec.probs_on_input (paracube's executor:
+#   executor/model/moe.py multiplies the copies before the dispatch there);
+# - "always": with probs_on_input too (Megatron-core's alltoall dispatcher: its experts apply the weights after the
+#   dispatch either way, experts.py l.657-665).
+PROBS_RULES = ("none", "weighted", "always")
+EXECUTOR_PROBS = "weighted"  # paracube's executor (runtimes/paracube.py declares it; moe_traffic.py lists it)
+ROUTER = "router"  # a Collective's dtype: the router's (router_dtype)
+PROBS, FWD_BEFORE, BWD_BEFORE = "moe.dispatch_probs", ("moe.dispatch", "moe.dispatch_probs", "moe.experts.in"), \
+    ("moe.combine", "moe.experts.out")  # the labels issued before the experts' compute, forward and backward
+
+
+def router_dtype(dtype: str) -> tuple[str, int]:
+    """(name, bytes) of the router's scores and weights for a compute dtype: fp32; fp64 for an fp64 model."""
+    return ("float64", 8) if dtype == "float64" else ("float32", 4)
+
+
+def before_experts(labels: list[str], backward: bool) -> int:
+    """How many of a block's collectives (its labels, in issue order) run before the experts' compute."""
+    return sum(label.endswith(BWD_BEFORE if backward else FWD_BEFORE) for label in labels)
+
+
+def block_fwd(d: Any, etp: int, probs: bool = False) -> list[Collective]:
+    """One MoE block's forward collectives (d: Dims; h and c read from it); `probs`: the routing weights' all_to_all
+    beside the dispatch (module docstring)."""
     def sent(z: ExpertSizes) -> IntOrArr:
         return d.c * z.T * z.k * d.h
+
+    def weights(z: ExpertSizes) -> IntOrArr:
+        return router_dtype(d.dtype)[1] * z.T * z.k
 
     def local(z: ExpertSizes) -> IntOrArr:  # tokens this etp rank holds before its etp group gathers them
         return d.c * z.received * d.h
 
     out = [coll("all_to_all", EP, COMPUTE, sent, "moe.dispatch")]  # type: ignore[arg-type]
+    if probs:
+        out.append(coll("all_to_all", EP, ROUTER, weights, PROBS))  # type: ignore[arg-type]
     if etp > 1:
         out += [coll("all_gather", ETP, COMPUTE, local, "moe.experts.in"),  # type: ignore[arg-type]
                 coll("reduce_scatter", ETP, COMPUTE, local, "moe.experts.out")]  # type: ignore[arg-type]
     return out + [coll("all_to_all", EP, COMPUTE, sent, "moe.combine")]  # type: ignore[arg-type]
 
 
-def block_bwd(d: Any, etp: int) -> list[Collective]:
-    """The backward's: combine's gradient first (dY back to the experts), dispatch's last."""
-    fwd = block_fwd(d, etp)
-    return [fwd[-1], *reversed(fwd[1:-1]), fwd[0]]
+def block_bwd(d: Any, etp: int, probs: bool = False) -> list[Collective]:
+    """The backward's: combine's gradient first (dY back to the experts), the weights' then the dispatch's last."""
+    fwd = block_fwd(d, etp, probs)
+    return [fwd[-1], *reversed(fwd[:-1])]
 
 
 def splits(routing: np.ndarray, ep: int, rows: int = 1) -> np.ndarray:
@@ -109,5 +145,6 @@ def executor_refusal(layout: Any) -> str | None:
     return None
 
 
-__all__ = ["EDP", "EP", "ETP", "EXECUTOR_ZEROS", "EXPERT_AXES", "ExpertSizes", "balanced_routing",
-           "block_bwd", "block_fwd", "executor_modes", "executor_refusal", "splits"]
+__all__ = ["EDP", "EP", "ETP", "EXECUTOR_PROBS", "EXECUTOR_ZEROS", "EXPERT_AXES", "PROBS", "PROBS_RULES", "ROUTER",
+           "ExpertSizes", "balanced_routing", "before_experts", "block_bwd", "block_fwd", "executor_modes",
+           "executor_refusal", "router_dtype", "splits"]

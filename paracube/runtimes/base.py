@@ -33,7 +33,8 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   dispatcher), or "deepep", one copy per remote node over the NICs forwarded over NVLink once per GPU (Megatron-core's
   flex dispatcher on DeepEP, as NVIDIA's Hopper recipes run dropless MoE; a model with a capacity factor falls back to
   alltoall, Megatron-core's rule), or "hybridep" (the flex dispatcher's HybridEP backend: DeepEP's bytes, its kernels
-  permuting the tokens; no runtime declares it, a published row names it); both engines price it.
+  permuting the tokens; no runtime declares it, a published row names it); both engines price it. `moe_probs`: where
+  its alltoall dispatcher sends the routing weights by an all_to_all of their own (modes/experts.PROBS_RULES).
 - `selective`: what `rc=selective` recomputes (workload.SELECTIVE_RULES): "attention" (Megatron's: the attention
   core re-run in backward; Megatron-core, DeepSpeed, paracube's executor) or "op" (torchtitan's per-op selective
   activation checkpointing); both engines price its recomputed forward work and memory its saved tensors
@@ -75,6 +76,7 @@ from dataclasses import dataclass
 from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.layout import Layout
 from paracube.modes import MODES
+from paracube.modes.experts import PROBS_RULES
 from paracube.runtimes.describe import runtime_dict
 from paracube.runtimes.offload import Offload, offload_refusal
 from paracube.runtimes.refusals import a2a_refusal, rcm_refusal
@@ -144,6 +146,7 @@ class Runtime:
     # with fp8, the block linears' weights held and zero=1-gathered as FP8 (Megatron-core --fp8-param-gather)
     fp8_param_gather: bool = False
     moe_dispatch: str = "alltoall"  # how it dispatches tokens to experts (module docstring; moe_dispatch.DISPATCHERS)
+    moe_probs: str = "none"  # where it sends the routing weights by their own all_to_all (modes/experts.PROBS_RULES)
     selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
     recompute_modules: tuple[str, ...] = ()  # what a layout's rcm= may name (module docstring; recompute_modules.py)
     fused_norms: bool = False  # its dense norms run inside the next linear (module docstring)
@@ -162,6 +165,8 @@ class Runtime:
             raise ValueError(f"runtime {self.name}: fp8_scaling {self.fp8_scaling!r}; valid: {', '.join(FP8_SCALINGS)}")
         if self.selective not in SELECTIVE_RULES:
             raise ValueError(f"runtime {self.name}: selective {self.selective!r}; valid: {', '.join(SELECTIVE_RULES)}")
+        if self.moe_probs not in PROBS_RULES:
+            raise ValueError(f"runtime {self.name}: moe_probs {self.moe_probs!r}; valid: {', '.join(PROBS_RULES)}")
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
@@ -172,8 +177,8 @@ class Runtime:
         return EngineOptions(param_overlap=self.param_gather_overlap and self.param_gather_overlap_default,
                              fsdp_prefetch=self.fsdp_prefetch, grad_bytes=self.grad_bytes,
                              gather_16bit=self.param_gather_16bit, fp8_param_gather=self.fp8_param_gather,
-                             fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts,
-                             moe_dispatch=self.moe_dispatch, selective=self.selective, fused_norms=self.fused_norms,
+                             fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts, moe_dispatch=self.moe_dispatch,
+                             moe_probs=self.moe_probs, selective=self.selective, fused_norms=self.fused_norms,
                              moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops,
                              offload_overlap=self.offload is not None and self.offload.overlap)
 

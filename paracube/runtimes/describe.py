@@ -26,7 +26,7 @@ def runtime_dict(rt: Runtime) -> dict[str, object]:
             "sliding_window": rt.sliding_window, "window_cp_comms": list(rt.cp_comms_for(True)),
             "chunked_attention": rt.chunked_attention,
             "fp8_scaling": rt.fp8_scaling, "fp8_experts": rt.fp8_experts,
-            "fp8_param_gather": rt.fp8_param_gather, "moe_dispatch": rt.moe_dispatch,
+            "fp8_param_gather": rt.fp8_param_gather, "moe_dispatch": rt.moe_dispatch, "moe_probs": rt.moe_probs,
             "selective": rt.selective, "recompute_modules": list(rt.recompute_modules),
             "fused_norms": rt.fused_norms,
             "moe_host_sync": rt.moe_host_sync,

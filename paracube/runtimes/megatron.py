@@ -54,6 +54,10 @@ RUNTIME = Runtime(
     # dropless MoE as NVIDIA's Hopper recipes run it: the flex dispatcher on DeepEP (cost_models/moe_dispatch.py; a
     # capacity factor falls back to alltoall, which Megatron-core requires for padding to capacity)
     moe_dispatch="deepep",
+    # its alltoall dispatcher sends the routing weights by a second all_to_all (token_dispatcher.py l.647-673), with
+    # --moe-apply-probs-on-input too (experts.py l.657-665 applies them after the dispatch); DeepEP / HybridEP carry
+    # them inside their own dispatch (cost_models/moe_dispatch.sends_probs)
+    moe_probs="always",
     # --recompute-granularity selective --recompute-modules ... (TransformerConfig.recompute_modules, megatron-core
     # 0.16.1 transformer_config.py; transformer_layer.py:379-450): every module (recompute_modules.py)
     recompute_modules=tuple(MODULES),

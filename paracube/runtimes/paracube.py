@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from paracube.layout_checks import RECOMPUTES
 from paracube.modes import MODES, executor_runs, runnable_modes
-from paracube.modes.experts import executor_refusal
+from paracube.modes.experts import EXECUTOR_PROBS, executor_refusal
 from paracube.recompute_modules import MODULES
 from paracube.runtimes.base import Runtime
 from paracube.runtimes.offload import Offload
@@ -93,6 +93,7 @@ RUNTIME = Runtime(
     moe_check=executor_refusal,
     recompute_modules=tuple(MODULES),  # rcm=: every module in every mode (executor/, branch exec_rcm)
     fused_norms=False,  # its norms are modules of their own, rcm=layernorm re-runs both (executor/model/blocks.py)
+    moe_probs=EXECUTOR_PROBS,  # the routing weights' own all_to_all beside the dispatch (executor/model/moe.py)
     moe_host_sync=True,  # the split sizes and expert counts read on the host (executor/model/moe.py `.tolist()`)
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
     mla_with_moe=True,  # MLA + MoE blocks in one model (DeepSeek-V2/V3), tests/test_moe_run.py

@@ -14,8 +14,11 @@ Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequen
 - capacity (spec.capacity_factor c): each expert keeps at most ceil(c N k / E) of the rank's copies, earlier
   tokens first (Megatron-core's drop policy per rank); the dropped copies contribute nothing (their token keeps
   the shared expert and the residual). None: dropless.
-- dispatch (sorted by expert) all-to-all over ep, the rank's E / ep experts (SwiGLU MLPs of expert_ffn, gate
-  and up interleaved as executor/layers/llama.py), combine all-to-all back, weighted sum per token.
+- dispatch (sorted by expert) all-to-all over ep, and the copies' weights beside them by a second all-to-all
+  ("moe.dispatch_probs", the router's dtype; megatron-core 0.16.1 token_dispatcher.py l.647-673), the rank's E / ep
+  experts (SwiGLU MLPs of expert_ffn, gate and up interleaved as executor/layers/llama.py) weighting their
+  activation (routed_experts.py, weighted_glu.py: Megatron-core's TEGroupedMLP), combine all-to-all back, an
+  unweighted sum per token. probs_on_input: the weights multiply the copies before the dispatch; none is sent.
 - shared expert: a SwiGLU of shared_ffn through the mode's linears (1D: column / row split, with sp the sequence
   gathered and reduce-scattered as the dense MLP), times sigmoid(x W_g) where spec.shared_gate (Qwen2-MoE).
 - auxiliary load-balancing loss, per sequence (DeepSeek-V3's sequence-wise balance loss, Megatron-core's
@@ -172,9 +175,15 @@ class MoEMLP(nn.Module):
         if self.routing_log is not None and self.mesh.recorder.current_phase != "bwd":  # not a recompute's
             self.routing_log.append(counts.detach().clone())
         tokens = torch.div(sel, k, rounding_mode="floor")
-        w = weights[sel][:, None]  # the chosen copies' weights: on the input (Llama 4) or the output
-        routed = self._experts(xf[tokens] * w.to(xf.dtype) if moe.probs_on_input else xf[tokens], counts)
-        out = xf.new_zeros(N, h).index_add(0, tokens, routed if moe.probs_on_input else routed * w.to(routed.dtype))
+        w = weights[sel][:, None]  # the chosen copies' weights: on the input (Llama 4) or inside the experts
+        if moe.probs_on_input:
+            routed = self._experts(xf[tokens] * w.to(xf.dtype), counts, None)
+        else:  # weighted inside the activation (routed_experts.py), the weights sent beside the tokens
+            routed = self._experts(xf[tokens], counts, w)
+        # the unweighted sum per token (the experts weighted their outputs); index_put's accumulate keeps only the
+        # token index for backward (index_add keeps its source too: R h), as megatron-core's unpermute does
+        # (moe_utils.py l.463-466, scatter_add_ of the permuted tokens; its fused one alike)
+        out = xf.new_zeros(N, h).index_put((tokens,), routed, accumulate=True)
         if moe.aux_loss and torch.is_grad_enabled():
             out = _AuxLossScaler.apply(out, self._aux(scores, idx, shape[0]), self.aux_grad_scale * shape[1]
                                        * self.sp_ways)
@@ -183,22 +192,26 @@ class MoEMLP(nn.Module):
             out = out + (region(self._shared, x) if self.shared_region else self._shared(x))
         return out
 
-    def _experts(self, routed: Tensor, counts: Tensor) -> Tensor:
-        """Copies sorted by expert -> their expert outputs, in the same order (dispatch, experts, combine)."""
+    def _experts(self, routed: Tensor, counts: Tensor, w: Tensor | None) -> Tensor:
+        """Copies sorted by expert (and their weights w [R, 1], None where applied already) -> their weighted expert
+        outputs, in the same order (dispatch, experts, combine)."""
         ep = self.mesh.size(EP)
         if ep == 1:
-            return self.experts(routed, counts.tolist())
+            return self.experts(routed, counts.tolist(), w)
         local = counts.view(ep, -1)
         got = exchange_counts(local, self.mesh)  # [source, local expert]
         send, recv = local.sum(1).tolist(), got.sum(1).tolist()
         received = all_to_all(routed, send, recv, self.mesh, "moe.dispatch")
+        # the weights beside the tokens, in the router's dtype (megatron-core token_dispatcher.py l.647-673: a second
+        # all_to_all of permuted_probs); its backward carries their gradients home
+        probs = None if w is None else all_to_all(w, send, recv, self.mesh, "moe.dispatch_probs")
         # received is (source, expert)-major; the experts want (expert, source)-major
         starts = torch.cumsum(got.reshape(-1), 0) - got.reshape(-1)
         starts, lengths = starts.view_as(got), got
         perm = torch.cat([torch.arange(int(starts[src, j]), int(starts[src, j] + lengths[src, j]))
                           for j in range(got.shape[1]) for src in range(ep)] or [torch.zeros(0, dtype=torch.long)])
         perm = perm.to(routed.device)
-        y = self.experts(received[perm], got.sum(0).tolist())
+        y = self.experts(received[perm], got.sum(0).tolist(), None if probs is None else probs[perm])
         y = y[torch.argsort(perm)]
         return all_to_all(y, recv, send, self.mesh, "moe.combine")
 

@@ -1,8 +1,12 @@
 """The routed experts of an MoE block (executor/model/moe.py's MoEMLP runs them between dispatch and combine): this
 rank's E / ep SwiGLU experts, their parameters split along E over ep and replicated over the expert-data-parallel
 group (edp), whose gradients data_parallel/grad_sync.py reduces over the axes each parameter names (`grad_axes`).
-`discard_act` (rcm=moe_act, recompute_modules.py): each expert's activation output is Megatron-core's
-output-discarding checkpoint (experts.py l.100-275; executor/layers/discard.py).
+Routing weights (`probs`, one per copy; None with MoESpec.probs_on_input, applied to the input before the dispatch):
+multiplied inside the activation, act(fc1 out) * p (executor/layers/weighted_glu.py, megatron-core 0.16.1 experts.py
+l.680-746), fc2 then runs on that, and fc2's bias (GPT-OSS) is added weighted, y + b2 p (experts.py l.609-626
+_apply_bias): the combine then sums the outputs unweighted and nothing of fc2's output is kept for the weights'
+gradient. `discard_act` (rcm=moe_act, recompute_modules.py): each expert's weighted activation output is
+Megatron-core's output-discarding checkpoint (experts.py l.100-275; executor/layers/discard.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from paracube.executor.layers.experts import EP
 from paracube.executor.layers.llama import swiglu
 from paracube.executor.layers.serial import ShardedModule
 from paracube.executor.layers.shards import ShardSpec
+from paracube.executor.layers.weighted_glu import weighted_act
 from paracube.executor.mesh import Mesh
 
 EDP = ("edp",)
@@ -43,24 +48,32 @@ class Experts(ShardedModule):
             self.add_param(name, ShardSpec(shape, (r * self.local, *zeros), (self.local, *shape[1:]), leader, ()))
             getattr(self, name).grad_axes = axes  # data_parallel/grad_sync.py reduces it over them
 
-    def forward(self, x: Tensor, counts: list[int]) -> Tensor:
-        """x [n, h] sorted by local expert, `counts[j]` rows for expert j."""
-        outs = [self._one(j, part) for j, part in enumerate(x.split(counts))]
+    def forward(self, x: Tensor, counts: list[int], probs: Tensor | None = None) -> Tensor:
+        """x [n, h] sorted by local expert, `counts[j]` rows for expert j; probs [n, 1] their routing weights (None:
+        unweighted, the weights applied to x already)."""
+        ps = probs.split(counts) if probs is not None else [None] * len(counts)
+        outs = [self._one(j, part, p) for j, (part, p) in enumerate(zip(x.split(counts), ps, strict=True))]
         return torch.cat(outs) if outs else x
 
-    def _one(self, j: int, x: Tensor) -> Tensor:
+    def _one(self, j: int, x: Tensor, p: Tensor | None) -> Tensor:
         h = x @ self.w1[j] + self.b1[j] if self.bias else x @ self.w1[j]
+        args = (h,) if p is None else (h, p)
         if self.discard_act and torch.is_grad_enabled():
-            # moe_act (megatron-core experts.py l.100-275, CheckpointWithoutOutput of the activation): its output
-            # [n_j, f_e] freed once w2's GEMM used it, made again from h right before that GEMM's backward
+            # moe_act (megatron-core experts.py l.100-275, CheckpointWithoutOutput of the weighted activation): its
+            # output [n_j, f_e] freed once w2's GEMM used it, made again from h and p right before that GEMM's backward
             ckpt = Discard(self._act)
-            y = ckpt(h) @ self.w2[j]
+            y = ckpt(*args) @ self.w2[j]
             ckpt.discard(y)
         else:
-            y = self._act(h) @ self.w2[j]
-        return y + self.b2[j] if self.bias else y
+            y = self._act(*args) @ self.w2[j]
+        if not self.bias:
+            return y
+        return y + self.b2[j] if p is None else (y + self.b2[j] * p).to(y.dtype)  # Megatron's _apply_bias
 
-    def _act(self, h: Tensor) -> Tensor:
+    def _act(self, h: Tensor, p: Tensor | None = None) -> Tensor:
+        return self._glu(h) if p is None else weighted_act(h, p, self._glu)
+
+    def _glu(self, h: Tensor) -> Tensor:
         return swiglu(h, self.limit, self.alpha)
 
 
