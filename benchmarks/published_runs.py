@@ -143,6 +143,11 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   would add under 1% by a rough count). 0.6.2's perf recipe for DeepSeek-V3 (GBS 16384, not the row's 8192) recomputes
   mla_up_proj + mlp instead of core attention, turns overlap_grad_reduce off and runs HybridEP without the a2a
   overlap: not applied. Mixtral 8x7B: -2.4% (B200), -10.2% (GB200: the GB200 dense rows miss alike).
+  mprobs (2026-12-03): Megatron-core's alltoall dispatcher sends the routing weights by an all_to_all of their own
+  (token_dispatcher.py l.647-673; Runtime.moe_probs, moe_dispatch.sends_probs; DeepEP / HybridEP carry them in their
+  dispatch kernel): qwen3-235b-256 27.296 -> 27.745 s (+0.3 -> +1.9%, fit; A2A_NIC_EFF kept at 0.91, moe_a2a.py says
+  why), qwen3-30b-16 +0.6 -> +0.7%, qwen3-235b-256-fp8 -18.4 -> -16.5%, gpt-oss-120b-64 9.132 -> 9.137 s (-35.2%),
+  Mixtral -2.3% (B200), -10.1% (GB200); the DeepEP / HybridEP rows and every dense row unchanged.
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.
