@@ -112,7 +112,7 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
         return events
     ep, sp = layout.ep, layout.sequence_parallel
     ways = layout.tensor_size if sp else 1
-    T, k, E = mb * d.s // (layout.cp * ways), moe.top_k, moe.experts  # a cp rank's load-balanced chunks
+    T, k, E = mb * d.s * d.cp // (layout.cp * ways), moe.top_k, moe.experts  # a cp rank's chunks (d: either view)
     n_micro = d.global_batch // (layout.dp * mb)
     # full recomputation and rcm=moe re-run the MoE layer's forward, its counts and all_to_alls (recompute_modules_cost)
     phases = ("fwd", "recompute") if d.recompute == "full" or "moe" in moe_side(layout) else ("fwd",)
