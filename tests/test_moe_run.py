@@ -1,7 +1,9 @@
 """MoE blocks run by the executor (executor/model/moe.py, executor/layers/experts.py): tiny-moe (top-2 of 8 experts,
 one shared) against its serial model, and the all-to-alls' recorded split sizes against the model's; the same for
 MLA + MoE in one model (tiny-mla: DeepSeek-V2/V3's shape, block 0 dense, block 1 MoE with sigmoid routing, every
-block MLA attention; modes none with pp and 1D + sp with zero=1) and for Mixtral's shape (no shared expert).
+block MLA attention; modes none with pp and 1D + sp with zero=1) and for Mixtral's shape (no shared expert), and
+with context parallelism (cp=2 beside dp, pp, 1D + sp, zero=1, ep = 1, 2 or 4 folded over dp x cp x tp: each cp rank
+routes its load-balanced chunks, the sequence-wise aux loss sums its counts over cp (x tp), moe_sequence.py).
 
 One 4-rank launch. Per case: losses and gradient norms of 3 AdamW steps and every parameter block after them equal
 the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says why; routing is chosen on fp64 scores,
