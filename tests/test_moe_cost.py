@@ -34,6 +34,8 @@ def h100() -> object:
     ("tiny-moe", "dp=8,ep=4,tp=1d:2,sp,mb=1"),  # the counts over ep and the aux loss's over tp, the experts' norm
     ("mixtral-8x7b", "dp=8,pp=2,ep=8,tp=none,mb=1"),
     ("mixtral-8x7b", "dp=2,pp=2,ep=4,tp=1d:4,sp,mb=1"),  # no shared expert: the MoE blocks' MLP collectives dropped
+    ("qwen3-30b-a3b", "dp=4,cp=2,ep=8,tp=none,mb=1"),  # cp: T = b s / cp, ep folded over dp x cp
+    ("tiny-moe", "dp=2,cp=2,ep=4,tp=1d:2,sp,mb=1"),  # the aux loss's counts over (cp, tp)
 ])
 def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> None:
     model, layout = PRESETS[name], parse_layout(text)
@@ -45,15 +47,17 @@ def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> N
 @pytest.mark.parametrize(("shared", "text"), [(True, "dp=8,ep=4,tp=none,mb=2"), (True, "dp=4,ep=4,tp=1d:2,sp,mb=1"),
                                              (True, "dp=8,ep=8,tp=none,mb=1,zero=1"),
                                              (True, "dp=4,ep=2,tp=1d:2,sp,mb=1,rc=full"),
-                                             (False, "dp=4,ep=4,tp=1d:2,sp,mb=1")])
+                                             (False, "dp=4,ep=4,tp=1d:2,sp,mb=1"),
+                                             (True, "dp=4,cp=2,ep=4,tp=none,mb=1"),  # aux counts over cp
+                                             (True, "dp=2,cp=2,ep=4,tp=1d:2,sp,mb=1,rc=full")])  # over (cp, tp)
 def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object, shared: bool, text: str) -> None:
     """The MoE collectives both engines price (the events of cost_models/moe.py's block and stage costs, which the
     event engine inserts as they are: moe_program.py) are cost_models/moe_traffic's, the list tests/test_moe_run.py
-    holds equal to what the executor records: copy counts, aux-loss counts over tp, dispatch (and the routing weights'
-    beside it) and combine, forward,
-    recomputation and backward, and the experts' norm (a multiset: zero difference; the expert buckets differ by
-    design, moe.grad_event prices one fused reduction). Without a shared expert (Mixtral's shape) a MoE block has no
-    MLP collectives (moe_unshared.py), in the estimate as in the executor's list."""
+    holds equal to what the executor records: copy counts, aux-loss counts over tp (with cp: cp x tp), dispatch
+    (and the routing weights' beside it) and combine, forward, recomputation and backward, and the experts' norm
+    (a multiset: zero difference; the expert buckets differ by design, moe.grad_event prices one fused reduction).
+    Without a shared expert (Mixtral's shape) a MoE block has no MLP collectives (moe_unshared.py), in the estimate
+    as in the executor's list."""
     from collections import Counter
     from dataclasses import replace
 
@@ -74,6 +78,8 @@ def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object
                        if ".moe." in e.label or e.label == "grad_norm.experts")
 
     assert moe_part(want) and moe_part(est.events) == moe_part(want)
+    ev = estimate_event(model, train, layout, load_topology("dgx-h100", gpus=8), moe_probs=EXECUTOR_PROBS)
+    assert moe_part(ev.events) == moe_part(want)  # the event engine's, inserted as they are
     mlp = Counter((*e.key(), e.phase, e.label) for e in est.events if ".mlp." in e.label)
     assert mlp == Counter((*e.key(), e.phase, e.label) for e in want if ".mlp." in e.label)
     assert bool(mlp) == (shared and layout.tensor_size > 1)

@@ -109,3 +109,33 @@ def test_published_moe_rows_load_and_plan_with_their_layouts() -> None:
     r = runs["qwen3-235b-256"]
     lay, step = predict(r, load_topology(r.cluster, gpus=r.gpus), "megatron")
     assert (lay.ep, lay.pp, lay.interleave, lay.tensor_size, lay.dp) == (32, 8, 4, 2, 16) and step > 0
+
+
+def test_a_long_sequence_moe_plan_on_paracubes_runtime_chooses_cp(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    """The executor runs MoE blocks with cp > 1 (tests/test_moe_run.py), so the MoE search takes cp as the dense
+    one does (planner/enumerate.context_degrees: from 8192 tokens on): tiny-moe over 16384 tokens on 8 GPUs ranks
+    cp layouts, with ep > 1 folded over dp x cp among them, and the plan it writes is one the executor runs.
+    MLA + MoE (tiny-mla) with cp stays refused on this runtime (executor/layers/mla.py has no cp path), while
+    Megatron-core's runtime ranks it."""
+    from paracube.executor import check_divisibility
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.search import search
+    from paracube.topologies.loader import load_topology
+    from paracube.workload import TrainingSpec, with_seq_len
+
+    plan = tmp_path / "moe-cp.json"
+    code, out, err = run_cli(capsys, "plan", "--model", "tiny-moe", "--seq", "16384", "--cluster", "dgx-h100",
+                             "--gpus", "8", "-o", str(plan))
+    assert code == 0, err
+    best = parse_layout(json.loads(plan.read_text())["layout"])
+    assert best.cp > 1 and f"cp={best.cp} chosen; best with cp=1" in out  # the runner-up without cp, its time
+    check_divisibility(with_seq_len(PRESETS["tiny-moe"], 16384), best, best.micro_batch, 8, 16384)
+    topo, training = load_topology("dgx-h100", gpus=8), TrainingSpec(global_batch=8, dtype="bf16", seq_len=16384)
+    for name, runtime, runs in (("tiny-moe", "paracube", True), ("tiny-mla", "paracube", False),
+                                ("tiny-mla", "megatron", True)):
+        model = with_seq_len(PRESETS[name], 16384)
+        ranked = [lay for lay, _ in search(model, training, topo, 8, top_k=1000, runtime=runtime).ranked]
+        assert any(lay.cp > 1 and lay.ep > 1 for lay in ranked) == runs, (name, runtime)
+        assert any(lay.cp == 1 for lay in ranked)

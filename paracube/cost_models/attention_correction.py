@@ -31,7 +31,7 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
     if model.mla is None:  # a head width other than h / heads: its linears are the dense engines' (Dims.linears)
         return (*_core_delta(model, d, layout, mb, g), 0)
     h, t = d.h, layout.tensor_size
-    T = mb * d.s // layout.cp
+    T = mb * d.s * d.cp // layout.cp  # a cp rank's tokens (d.s already s / cp in a cp rank's view: context_local)
     true = [(a, b) for _, a, b in model.mla.linears(h, model.heads)]
     dense = [(h, h + 2 * d.kv), (h, h)]
 

@@ -85,6 +85,8 @@ def dense_part(model: ModelSpec) -> ModelSpec:
 
 
 def tokens_per_rank(layout: Layout, mb: int, s: int) -> int:
+    """T of a rank for sequences of s tokens (the whole sequence's: a cp rank's view holds d.s = s / cp, so callers
+    pass d.s x d.cp, context_dims.context_local)."""
     return max(1, mb * s // (layout.cp * layout.tensor_size))
 
 
@@ -123,7 +125,7 @@ def _events(colls: list, d: Dims, z: ExpertSizes, layout: Layout, phase: str, bl
 def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, block: int = 0) -> BlockCost:
     moe = model.moe
     assert moe is not None
-    T = tokens_per_rank(layout, mb, d.s)
+    T = tokens_per_rank(layout, mb, d.s * d.cp)  # d: a cp rank's view (both engines), its s the chunks'
     R = T * moe.top_k * layout.etp * moe.imbalance  # token copies at the most loaded rank's experts
     local = moe.experts // layout.ep
     m = max(R / local, 1.0)

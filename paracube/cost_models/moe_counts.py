@@ -7,9 +7,10 @@ Per MoE block, micro-batch and forward (again in a full recomputation), on a ran
 - `moe.counts`: with ep > 1, one all_to_all over ep of the E int64 copy counts (ep x E / ep: what this rank sends
   to each local expert of each peer), before the dispatch; the receivers size their buffers with it
   (Megatron-core's MoEAlltoAllTokenDispatcher exchanges the same counts);
-- `moe.aux_counts`: with sp over a tensor group of t > 1 and an aux loss, one all_reduce over the tensor axes of
-  the [b, E] per-sequence copy counts (the sequence-wise balance loss of a sequence split over tp), in the
-  statistics dtype (fp32; fp64 for an fp64 model).
+- `moe.aux_counts`: with an aux loss where a sequence is split (cp > 1, and / or sp over a tensor group of t > 1),
+  one all_reduce of the [b, E] per-sequence copy counts over the ranks holding its parts (modes/experts.
+  aux_count_axes: cp then the tensor axes, Megatron-core's tp_cp group), in the statistics dtype (fp32; fp64 for an
+  fp64 model).
 Per step, zero=0 with ep > 1: `grad_norm.experts`, one fp32 all_reduce over ep of the experts' squared gradient
 norm before the step's grad-norm all_reduce (zero=1 sums the experts' shards in the distributed optimizer's norm).
 All are latency-bound (8 E, 4 b E and 4 bytes); each is priced in line (nothing overlaps it: the dispatch waits
@@ -18,10 +19,12 @@ on the counts, the norm on the gradients).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
+from paracube.modes.experts import aux_count_axes
 from paracube.moe_spec import MoESpec
 
 
@@ -32,11 +35,11 @@ def block_count_events(layout: Layout, moe: MoESpec, mb: int, dtype: str, phase:
     out = []
     if layout.ep > 1:
         out.append(CommEvent("all_to_all", ("ep",), layout.ep, 8 * moe.experts, "int64", phase, label + "moe.counts"))
-    t = layout.tensor_size
-    if layout.sequence_parallel and t > 1 and moe.aux_loss:
+    axes = aux_count_axes(layout)
+    if axes and moe.aux_loss:
         stat, size = ("float64", 8) if dtype == "float64" else ("float32", 4)
-        out.append(CommEvent("all_reduce", tuple(layout.tensor_axes), t, size * mb * moe.experts, stat, phase,
-                             label + "moe.aux_counts"))
+        n = math.prod(layout.axis_size(a) for a in axes)
+        out.append(CommEvent("all_reduce", axes, n, size * mb * moe.experts, stat, phase, label + "moe.aux_counts"))
     return out
 
 

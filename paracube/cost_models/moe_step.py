@@ -163,7 +163,7 @@ def expert_flops(model: ModelSpec, d: Dims) -> float:
     if moe is None:
         return 0.0
     per_token = moe.top_k * 3 * d.h * moe.expert_ffn + d.h * moe.experts
-    return 6.0 * d.global_batch * d.s * moe.moe_layers(model.layers) * per_token
+    return 6.0 * d.global_batch * d.s * d.cp * moe.moe_layers(model.layers) * per_token  # whole sequences (d.cp)
 
 
 def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, pp: int) -> MemoryBreakdown:

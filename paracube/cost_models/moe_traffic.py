@@ -3,15 +3,15 @@
 dense part, corrected where a MoE block differs. tests/test_moe_run.py holds the whole list equal to what the
 executor records (a multiset of (kind, axes, payload, dtype): zero difference).
 
-Per MoE block on the stage and micro-batch, a rank holding T = b s / (tp with sp) tokens, k experts per token:
+Per MoE block on the stage and micro-batch, a rank holding T = b s / (cp x tp with sp) tokens, k experts per token:
 - forward (and again in a full recomputation or under rcm=moe, phase "recompute"): with ep > 1 `moe.counts`, an
   all_to_all over ep of the E int64 copy counts (ep x E / ep, Megatron-core's dispatcher exchanges the same),
   `moe.dispatch`, beside it `moe.dispatch_probs` (the copies' routing weights, T k elements of the router's dtype:
   fp32, fp64 for an fp64 model; not with MoESpec.probs_on_input, whose weights multiply the copies before the
   dispatch: modes/experts.EXECUTOR_PROBS) and `moe.combine`
   (modes/experts.block_fwd: c T k h under balanced routing; `with_routing` puts in the bytes of the routing a run
-  took); with sp over tp > 1 and an aux loss, `moe.aux_counts`, an all_reduce over the tensor axes of the [b, E]
-  copy counts in the statistics dtype (fp32; fp64 for an fp64 model);
+  took); with an aux loss where a sequence is split (cp > 1, sp over tp > 1), `moe.aux_counts`, an all_reduce over
+  cp x the tensor axes of the [b, E] copy counts in the statistics dtype (fp32; fp64 for an fp64 model);
 - backward: the all_to_alls mirrored (modes/experts.block_bwd). The shared expert's collectives are the dense
   MLP's (the mode's linears, same T h payloads), so the mode's layer lists stay as they are (without a shared
 expert the block's MLP collectives are dropped); rcm= re-issues a dense block's MLP collectives (mlp) and a shared
@@ -112,7 +112,7 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
         return events
     ep, sp = layout.ep, layout.sequence_parallel
     ways = layout.tensor_size if sp else 1
-    T, k, E = mb * d.s // ways, moe.top_k, moe.experts
+    T, k, E = mb * d.s * d.cp // (layout.cp * ways), moe.top_k, moe.experts  # a cp rank's chunks (d: either view)
     n_micro = d.global_batch // (layout.dp * mb)
     # full recomputation and rcm=moe re-run the MoE layer's forward, its counts and all_to_alls (recompute_modules_cost)
     phases = ("fwd", "recompute") if d.recompute == "full" or "moe" in moe_side(layout) else ("fwd",)

@@ -32,6 +32,8 @@ def group_axes(layout: Layout) -> list[tuple[str, ...]]:
                    tuple(dict.fromkeys((*layout.zero_axes, *tensor)))]
     if tensor or layout.cp > 1:
         combos.append(metrics_axes(layout, ()))
+    if layout.cp > 1 and tensor and layout.sequence_parallel:  # a sequence's ranks (MoE aux counts: moe_sequence.py)
+        combos.append(("cp", *tensor))
     if layout.pp > 1:  # pipeline: grad norm over (pp, *tensor), metrics over every rank
         combos += [("pp", *tensor), metrics_axes(layout, ("pp",))]
         if layout.zero:  # the grad norm over the stages and zero's shards (HSDP: pp, dp_shard)

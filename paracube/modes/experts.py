@@ -102,6 +102,15 @@ def block_bwd(d: Any, etp: int, probs: bool = False) -> list[Collective]:
     return [fwd[-1], *reversed(fwd[:-1])]
 
 
+def aux_count_axes(layout: Any) -> tuple[str, ...]:
+    """The group an MoE block's sequence-wise aux loss sums its [b, E] per-sequence copy counts over (its
+    "moe.aux_counts" all_reduce): the ranks holding parts of one sequence, cp (where > 1) then the tensor axes with
+    sp (a Layout; Megatron-core 0.16.1 reduces over its tp_cp group, transformer/moe/router.py l.315-366,
+    moe_utils.py l.214-233; executor/model/moe_sequence.py). () where every rank holds whole sequences."""
+    tensor = tuple(layout.tensor_axes) if layout.sequence_parallel and layout.tensor_size > 1 else ()
+    return (("cp",) if layout.cp > 1 else ()) + tensor
+
+
 def splits(routing: np.ndarray, ep: int, rows: int = 1) -> np.ndarray:
     """Send sizes [ep sources, ep destinations] in token copies for a routing: `routing[src, e]` tokens of ep rank
     src routed to expert e, experts split contiguously (rank r holds experts r E/ep .. (r+1) E/ep - 1, as
@@ -119,7 +128,8 @@ def balanced_routing(tokens: int, k: int, experts: int, ep: int) -> np.ndarray:
 # What paracube's executor runs of an MoE layout (executor/model/moe.py): the modes whose tensor group keeps whole
 # tokens (the folding ones, TensorMode.context_parallel: none, 1D with its sequence shards), experts whole (etp = 1),
 # their gradients in buckets over edp (data_parallel/grad_sync.py: zero=0 all-reduced, zero=1 sharded over edp as
-# Megatron's distributed optimizer does), no cp.
+# Megatron's distributed optimizer does), with any cp (each cp rank routes its own chunks; the folded groups span
+# dp x cp x tp; executor/model/moe_sequence.py). MLA + cp is refused by executor/sizes.check_mla (no cp path).
 EXECUTOR_ZEROS = (0, 1)
 
 
@@ -137,8 +147,6 @@ def executor_refusal(layout: Any) -> str | None:
     if layout.tensor_size > 1 and not layout.sequence_parallel:
         return (f"MoE blocks with tp={layout.mode}:{layout.tensor_size} run with sp (each tensor rank routes its "
                 "sequence shard); valid: add sp")
-    if layout.cp > 1:
-        return f"MoE blocks with cp={layout.cp} are not run; valid: cp=1"
     if layout.zero not in EXECUTOR_ZEROS:
         return (f"MoE blocks with zero={layout.zero} are not run (the experts' gradients reduce over edp); valid: "
                 f"zero={'/'.join(map(str, EXECUTOR_ZEROS))}")
@@ -146,5 +154,5 @@ def executor_refusal(layout: Any) -> str | None:
 
 
 __all__ = ["EDP", "EP", "ETP", "EXECUTOR_PROBS", "EXECUTOR_ZEROS", "EXPERT_AXES", "PROBS", "PROBS_RULES", "ROUTER",
-           "ExpertSizes", "balanced_routing", "before_experts", "block_bwd", "block_fwd", "executor_modes",
-           "executor_refusal", "router_dtype", "splits"]
+           "ExpertSizes", "aux_count_axes", "balanced_routing", "before_experts", "block_bwd", "block_fwd",
+           "executor_modes", "executor_refusal", "router_dtype", "splits"]

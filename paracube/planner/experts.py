@@ -4,7 +4,8 @@
 Why not the vectorized search (search.py): its LayoutBatch has no expert axes, and the MoE terms depend on the
 folded expert groups' placement (in-node or not) and the per-stage expert memory, which `estimate` prices for
 one layout. The space is small: tensor modes none / 1d (the modes that fold, Layout), t <= the GPUs of a node,
-pp with a valid block split, dp the rest, ep among the divisors of the experts that divide dp t, etp in {1, t}
+cp as the dense search takes it (enumerate.context_degrees: long sequences only), pp with a valid block split, dp
+the rest, ep among the divisors of the experts that divide dp cp t, etp in {1, t}
 (Megatron-core's etp = 1 or tp; torchtitan's the same) where the runtime runs it, mb in {1, 2}, zero the runtime's
 lowest stage that fits (of 0 and 1), sp with tp > 1 where the runtime runs it, the gradient overlap as the runtime
 does it by default, and a2ao (dimensions.A2AO) where chosen and the runtime runs it on the layout. A few hundred
@@ -29,6 +30,7 @@ from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.stages import split_ok
 from paracube.planner.dimensions import A2AO, EP, ETP, RCM, chosen, values
+from paracube.planner.enumerate import context_degrees
 from paracube.recompute_modules import applies
 from paracube.runtimes import Runtime
 from paracube.workload import ModelSpec, TrainingSpec
@@ -47,18 +49,22 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
              and (fixed is None or not fixed.shape or fixed.mode == m)]
     eps, etps = values(EP, rt, fixed), values(ETP, rt, fixed)
     a2ao = chosen(A2AO, rt, fixed)  # where the runtime runs it on the layout (Runtime.a2a_overlap_refusal)
+    # cp as the dense search takes it (enumerate.context_degrees: the pin, else 1 and, for long sequences where
+    # the runtime runs cp, the powers of two that leave >= MIN_CP_TOKENS per rank); the experts fold over dp x cp x t
+    cps = context_degrees(training.sequence_length(model), gpus, fixed.cp if fixed is not None else 1,
+                          bool(rt.cp_comms))
     out = []
-    for mode in modes:
-        shapes = MODES[mode].shapes(min(gpus, per_node)) if MODES[mode].axes else [()]
+    for mode, cp in ((m, c) for m in modes for c in cps):
+        shapes = MODES[mode].shapes(min(gpus // cp, per_node)) if MODES[mode].axes else [()]
         for shape in shapes:
             t = math.prod(shape) if shape else 1
-            if gpus % t or model.heads % t or (fixed is not None and fixed.shape and fixed.tensor_size != t):
+            if gpus % (t * cp) or model.heads % t or (fixed is not None and fixed.shape and fixed.tensor_size != t):
                 continue
-            for pp in _divisors(gpus // t):
+            for pp in _divisors(gpus // (t * cp)):
                 v = fixed.interleave if fixed is not None and rt.interleave and pp > 1 else 1
                 if not (pp == 1 or rt.pipeline) or not split_ok(model.layers, pp, v):
                     continue
-                dp = gpus // (t * pp)
+                dp = gpus // (t * cp * pp)
                 if (fixed is not None and ((fixed.dp > 1 and fixed.dp != dp) or (fixed.pp > 1 and fixed.pp != pp))
                         or training.global_batch % dp):
                     continue
@@ -69,13 +75,13 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                       and not (fixed is not None and fixed.forbid_sp))
                 for ep in eps:
                     for etp in etps:
-                        if experts % int(ep) or (dp * t) % (int(ep) * int(etp)) or int(etp) not in (1, t):
+                        if experts % int(ep) or (dp * cp * t) % (int(ep) * int(etp)) or int(etp) not in (1, t):
                             continue
                         if moe is None and int(ep) * int(etp) > 1:
                             continue
                         for mb in mbs:
-                            lay = Layout(dp=dp, pp=pp, mode=mode, shape=shape, micro_batch=mb, interleave=v,
-                                         sequence_parallel=sp, ep=int(ep), etp=int(etp),
+                            lay = Layout(dp=dp, pp=pp, cp=cp, mode=mode, shape=shape, micro_batch=mb,
+                                         interleave=v, sequence_parallel=sp, ep=int(ep), etp=int(etp),
                                          overlap=dp > 1 and rt.overlaps_grad(pp),
                                          recompute=fixed.recompute if fixed is not None else None,
                                          recompute_modules=fixed.recompute_modules if fixed is not None else None)
@@ -113,7 +119,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         for z in zeros:
             zl = replace(lay, zero=z)
             why = rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
-                             windowed=model.sliding_window is not None, sinks=model.attention_sinks)
+                             windowed=model.sliding_window is not None, sinks=model.attention_sinks, model=model)
             if why:
                 rejected["runtime"] += 1
                 memory_only = False

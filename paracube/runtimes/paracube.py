@@ -12,8 +12,9 @@ default: on gloo CPU ranks the ring's p2p steps are not measured faster than one
 Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delayed scaling, executor/layers/fp8.py)
 in none and 1D, with every zero stage (FSDP gathers the bf16 shards, the layer casts them) and with tpo (1D's ring
 chunk GEMMs are the linear's FP8 GEMMs). MoE blocks (executor/model/moe.py) with expert parallelism folded over
-each stage's dp x tp ranks, in the modes, zero stages and layouts modes/experts.executor_refusal allows (none, 1D
-with sp; zero=0/1; etp=1; cp=1); MLA with dense MLPs (executor/layers/mla.py), not with MoE blocks yet.
+each stage's dp x cp x tp ranks, in the modes, zero stages and layouts modes/experts.executor_refusal allows (none,
+1D with sp; zero=0/1; etp=1; any cp: executor/model/moe_sequence.py); MLA with dense MLPs and MoE blocks
+(executor/layers/mla.py), not with cp (executor/sizes.check_mla).
 Llama 4's chunked attention over sequences longer than one chunk, in every path (executor/layers/attention_mask.py).
 """
 
@@ -86,7 +87,7 @@ RUNTIME = Runtime(
     fp8_tpo=True,  # 1D's ring chunk GEMMs are the linear's FP8 GEMMs (collective_matmul.py)
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     # MoE blocks with ep over the folded expert group (executor/model/moe.py); what it does not run of them
-    # (etp > 1, cp, zero >= 1, 2D/2.5D/3D, 1D without sp) is modes/experts.executor_refusal
+    # (etp > 1, zero >= 2, 2D/2.5D/3D, 1D without sp) is modes/experts.executor_refusal
     expert_parallel=True,
     expert_tensor_parallel=False,
     moe_blocks=True,
@@ -97,6 +98,7 @@ RUNTIME = Runtime(
     moe_host_sync=True,  # the split sizes and expert counts read on the host (executor/model/moe.py `.tolist()`)
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
     mla_with_moe=True,  # MLA + MoE blocks in one model (DeepSeek-V2/V3), tests/test_moe_run.py
+    mla_cp=False,  # executor/layers/mla.py has no context-parallel attention (executor/sizes.check_mla refuses it)
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),

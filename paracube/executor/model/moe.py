@@ -1,6 +1,6 @@
 """The MoE block's MLP as the executor runs it (paracube/moe_spec.py describes it; modes/experts.py declares its
 traffic; executor/layers/experts.py runs the exchanges): modes none and 1D with sp, experts split ep ways over the
-folded expert group, etp = 1.
+folded expert group, etp = 1, cp >= 1 (each cp rank routes its load-balanced chunks: moe_sequence.py).
 
 Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequence shards):
 - router: scores = softmax(x W_r) (Mixtral, Qwen3-MoE) or sigmoid(x W_r) (DeepSeek-V3, its top-k chosen on
@@ -24,11 +24,12 @@ Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequen
 - auxiliary load-balancing loss, per sequence (DeepSeek-V3's sequence-wise balance loss, Megatron-core's
   seq_aux_loss): L = aux_loss x sum_e f_e P_e, f_e = E / (k s) x copies routed to e, P_e = mean over the
   sequence's s tokens of the (normalized) scores. Per sequence so that it is the same function in every layout
-  (a sequence is whole on a rank, or split over tp with sp: the counts are summed over tp, one all_reduce of
-  [b, E], "moe.aux_counts"). The training objective is mean token loss + mean over the step's sequences of the
-  blocks' L: each block adds s L's gradient with the step's loss scale / tokens (set_aux_grad_scale, called by
-  train_step) in backward, Megatron-core's MoEAuxLossAutoScaler, so pipelines need no extra loss plumbing. The
-  reported loss is the language-model loss alone, as Megatron logs it.
+  (a sequence is whole on a rank, or split over cp and / or tp with sp: the counts are summed over those ranks,
+  one all_reduce of [b, E], "moe.aux_counts", moe_sequence.py: Megatron-core's tp_cp group). The training
+  objective is mean token loss + mean over the step's sequences of the blocks' L: each block adds s L's gradient
+  with the step's loss scale / tokens (set_aux_grad_scale, called by train_step) in backward, Megatron-core's
+  MoEAuxLossAutoScaler, so pipelines need no extra loss plumbing. The reported loss is the language-model loss
+  alone, as Megatron logs it.
 
 Gradients: router and gate are replicated over tp (1D: summed over tp with sp, Mode1D.sequence_parallel_params);
 the experts' are reduced over the expert-data-parallel group (`edp`, parameters tagged `grad_axes`,
@@ -55,6 +56,7 @@ from paracube.executor.layers.llama import swiglu
 from paracube.executor.layers.serial import Mode, SerialLinear
 from paracube.executor.layers.shards import make_spec
 from paracube.executor.mesh import Mesh
+from paracube.executor.model.moe_sequence import sequence_split
 from paracube.executor.model.routed_experts import Experts
 from paracube.workload import ModelSpec
 
@@ -108,7 +110,7 @@ class MoEMLP(nn.Module):
         self.whole = "moe" in modules
         self.shared_region = "shared_experts" in modules and not self.whole
         self.moe, self.mesh, self.index, self.h = moe, mode.mesh, index, spec.hidden
-        self.sp_ways = mode.mesh.size(mode.mesh.tensor_axes) if getattr(mode, "sp", False) else 1
+        self.seq_axes, self.seq_ways = sequence_split(mode)  # the ranks holding parts of a sequence (cp x tp with sp)
         self.router = _replicated_linear(mode, spec.hidden, moe.experts, moe.expert_bias)  # GPT-OSS: with a bias
         self.experts = Experts(mode.mesh, moe.experts, spec.hidden, moe.expert_ffn, moe,
                                "moe_act" in modules and not self.whole)
@@ -134,11 +136,11 @@ class MoEMLP(nn.Module):
     def _aux(self, scores: Tensor, idx: Tensor, b: int) -> Tensor:
         """The local part of sum over this rank's sequences of L (module docstring)."""
         E, k = self.moe.experts, self.moe.top_k
-        s = scores.shape[0] // b * self.sp_ways
+        s = scores.shape[0] // b * self.seq_ways
         with torch.no_grad():
             counts = F.one_hot(idx, E).sum(1).view(b, -1, E).sum(1).to(scores.dtype)  # [b, E]
-            if self.sp_ways > 1:
-                counts = all_reduce(counts, self.mesh, self.mesh.tensor_axes, label="moe.aux_counts")
+            if self.seq_ways > 1:  # Megatron-core's tp_cp group (moe_sequence.py)
+                counts = all_reduce(counts, self.mesh, self.seq_axes, label="moe.aux_counts")
         probs = scores / scores.sum(-1, keepdim=True) if self.moe.router == "sigmoid" else scores
         partial = probs.view(b, -1, E).sum(1) / s
         return self.moe.aux_loss * (counts * E / (k * s) * partial).sum()
@@ -186,7 +188,7 @@ class MoEMLP(nn.Module):
         out = xf.new_zeros(N, h).index_put((tokens,), routed, accumulate=True)
         if moe.aux_loss and torch.is_grad_enabled():
             out = _AuxLossScaler.apply(out, self._aux(scores, idx, shape[0]), self.aux_grad_scale * shape[1]
-                                       * self.sp_ways)
+                                       * self.seq_ways)
         out = out.view(shape)
         if moe.shared_ffn:
             out = out + (region(self._shared, x) if self.shared_region else self._shared(x))
