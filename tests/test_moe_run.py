@@ -62,6 +62,10 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("mla", "pp=2,dp=2,ep=2", False, "none"),  # MLA + MoE, mode none: stage 0 the dense block, stage 1 the MoE one
     ("mla", "dp=2,ep=2,tp=1d:2,sp,zero=1", False, "selective"),  # MLA + MoE in 1D + sp, distributed optimizer
     ("mixtral", "dp=2,ep=2,tp=1d:2,sp", False, "none"),  # no shared expert: a MoE block runs no tensor collective
+    ("tiny-moe", "dp=4,ep=2,etp=2", False, "full"),  # etp: each expert's fc1 columns / fc2 rows split 2 ways
+    ("tiny-moe", "dp=4,ep=2,etp=2", True, "none"),  # skewed: the etp peers gather uneven blocks (ep 1 gets none)
+    ("tiny-moe", "dp=2,ep=2,etp=2,tp=1d:2,sp", False, "none"),  # ep x etp folded over dp x tp
+    ("tiny-moe", "dp=4,etp=2,zero=1", False, "none"),  # ep = 1: the etp exchanges alone; experts sharded over edp = 2
 ]
 IDS = [f"{c[0]}-{c[1]}{'-skewed' if c[2] else ''}-rc={c[3]}" for c in CASES]
 
@@ -110,7 +114,8 @@ def _one_case(rank: int, model_name: str, layout_text: str, skew: bool, recomput
         block.routing_log = log  # one list: the forwards in the order this rank ran them
     opt = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, **ADAMW)  # fp64_optimizer's, at the layout's zero
     errors: dict[str, float] = {}
-    out: dict[str, Any] = {"ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "stage": mesh.coord("pp")}
+    out: dict[str, Any] = {"ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "etp": mesh.index(("etp",)),
+                           "stage": mesh.coord("pp")}
     for step in range(STEPS):
         mesh.recorder.reset()
         res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
@@ -156,10 +161,10 @@ def test_moe_matches_serial(results, case: int) -> None:
 def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: int) -> None:
     spec, layout = SPECS[CASES[case][0]], parse_layout(CASES[case][1])
     row = spec.hidden * 8  # fp64 copies of [h]
-    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp) -> ep index -> rank's result
+    groups: dict[tuple[int, int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp, etp) -> ep index -> result
     for per_case in results:
         r = per_case[case]
-        groups.setdefault((r["stage"], r["edp"]), {})[r["ep"]] = r
+        groups.setdefault((r["stage"], r["edp"], r["etp"]), {})[r["ep"]] = r
     if layout.ep == 1:  # no dispatch: every rank runs every expert
         assert not any(per_case[case]["a2a"] for per_case in results)
         return
@@ -222,22 +227,30 @@ def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> Non
     d = replace(dims_of(spec, TrainingSpec(global_batch=MICRO * MB, dtype="fp32", recompute=recompute)),
                 c=8, dtype="float64")  # the run's fp64 copies
     row = spec.hidden * 8
-    peers: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    peers: dict[tuple[int, int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp, etp) -> ep index -> result
     for per_case in results:
         r = per_case[case]
-        peers.setdefault((r["stage"], r["edp"]), {})[r["ep"]] = r
+        peers.setdefault((r["stage"], r["edp"], r["etp"]), {})[r["ep"]] = r
+
+    def received(stage: int, edp: int, etp: int, ep: int, f: int) -> np.ndarray:  # [ep sources, ep destinations]
+        members = peers[stage, edp, etp]
+        return splits(np.array([members[q]["routing"][f] for q in range(len(members))]), len(members)) * row
+
     for rank, per_case in enumerate(results):
         r = per_case[case]
-        members = peers[r["stage"], r["edp"]]
         sent = []
         for f in range(len(r["routing"])):
-            m = splits(np.array([members[q]["routing"][f] for q in range(len(members))]), len(members)) * row
-            sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum())))
+            m = received(r["stage"], r["edp"], r["etp"], r["ep"], f)
+            # the etp group's copies of this rank's experts: every etp peer's received ones (modes/experts.block_fwd)
+            gathered = sum(int(received(r["stage"], r["edp"], t, r["ep"], f)[:, r["ep"]].sum())
+                           for t in range(layout.etp))
+            sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum()), gathered))
         stage = "first" if r["stage"] == 0 else "last"
         model = [_fp64_statistics(e) for e in with_routing(moe_stage_events(layout, d, spec.moe, MB, stage), sent)]
         diff = traffic_difference(model, r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
         assert any(k[0] == "all_to_all" for k in r["events"]) == (layout.ep > 1 and bool(r["routing"]))
+        assert any(k[1] == ("etp",) and k[0] == "reduce_scatter" for k in r["events"]) == (layout.etp > 1)
 
 
 @pytest.mark.parametrize("layout, message", [
@@ -245,7 +258,8 @@ def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> Non
     ("dp=6,ep=6", "8 experts"),
     ("dp=2,ep=2,tp=1d:2", "add sp"),
     ("dp=4,ep=2,zero=2", "zero=2"),
-    ("dp=2,ep=2,etp=2", "etp=2"),
+    ("dp=2,ep=2,etp=3", "etp=3"),
+    ("dp=2,ep=2,etp=2,cp=2", "cp=2"),
     ("dp=2,ep=2,cp=2", "cp=2"),
 ])
 def test_what_the_executor_does_not_run_is_refused_in_one_line(layout: str, message: str) -> None:

@@ -1,6 +1,6 @@
 """The MoE block's MLP as the executor runs it (paracube/moe_spec.py describes it; modes/experts.py declares its
 traffic; executor/layers/experts.py runs the exchanges): modes none and 1D with sp, experts split ep ways over the
-folded expert group, etp = 1.
+folded expert group, each split etp ways (executor/layers/expert_tensor.py: the etp gathers and reduce-scatters).
 
 Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequence shards):
 - router: scores = softmax(x W_r) (Mixtral, Qwen3-MoE) or sigmoid(x W_r) (DeepSeek-V3, its top-k chosen on
@@ -32,9 +32,10 @@ Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequen
 
 Gradients: router and gate are replicated over tp (1D: summed over tp with sp, Mode1D.sequence_parallel_params);
 the experts' are reduced over the expert-data-parallel group (`edp`, parameters tagged `grad_axes`,
-data_parallel/grad_sync.py; zero=1 shards their buckets over it), and, zero=0, their squared norm summed over ep for
-clipping (expert_norm_sq; zero=1: their shards' squares enter the distributed optimizer's norm over dp x tp, every
-expert element once, the stage's ranks being edp x ep).
+data_parallel/grad_sync.py; zero=1 shards their buckets over it), and, zero=0, their squared norm summed over ep and
+etp (its shards are distinct elements) for clipping (expert_norm_sq; zero=1: their shards' squares enter the
+distributed optimizer's norm over dp x tp, every
+expert element once, the stage's ranks being edp x ep x etp).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from torch import Tensor, nn
 
 from paracube.executor.comm import all_reduce
 from paracube.executor.layers.discard import region
+from paracube.executor.layers.expert_tensor import ETP, local_experts
 from paracube.executor.layers.experts import EP, all_to_all, exchange_counts
 from paracube.executor.layers.functional import main_grad, upcast
 from paracube.executor.layers.llama import swiglu
@@ -194,25 +196,18 @@ class MoEMLP(nn.Module):
 
     def _experts(self, routed: Tensor, counts: Tensor, w: Tensor | None) -> Tensor:
         """Copies sorted by expert (and their weights w [R, 1], None where applied already) -> their weighted expert
-        outputs, in the same order (dispatch, experts, combine)."""
+        outputs, in the same order (dispatch, experts and their etp exchanges: expert_tensor.py, combine)."""
         ep = self.mesh.size(EP)
-        if ep == 1:
+        if ep * self.mesh.size(ETP) == 1:
             return self.experts(routed, counts.tolist(), w)
         local = counts.view(ep, -1)
-        got = exchange_counts(local, self.mesh)  # [source, local expert]
+        got = exchange_counts(local, self.mesh) if ep > 1 else local  # [source, local expert]
         send, recv = local.sum(1).tolist(), got.sum(1).tolist()
         received = all_to_all(routed, send, recv, self.mesh, "moe.dispatch")
         # the weights beside the tokens, in the router's dtype (megatron-core token_dispatcher.py l.647-673: a second
         # all_to_all of permuted_probs); its backward carries their gradients home
         probs = None if w is None else all_to_all(w, send, recv, self.mesh, "moe.dispatch_probs")
-        # received is (source, expert)-major; the experts want (expert, source)-major
-        starts = torch.cumsum(got.reshape(-1), 0) - got.reshape(-1)
-        starts, lengths = starts.view_as(got), got
-        perm = torch.cat([torch.arange(int(starts[src, j]), int(starts[src, j] + lengths[src, j]))
-                          for j in range(got.shape[1]) for src in range(ep)] or [torch.zeros(0, dtype=torch.long)])
-        perm = perm.to(routed.device)
-        y = self.experts(received[perm], got.sum(0).tolist(), None if probs is None else probs[perm])
-        y = y[torch.argsort(perm)]
+        y = local_experts(self.experts, received, got, probs, self.mesh)
         return all_to_all(y, recv, send, self.mesh, "moe.combine")
 
 
@@ -249,6 +244,7 @@ def expert_norm_sq(model: nn.Module, mesh: Mesh, device: torch.device) -> Tensor
     for p in params:
         sq += main_grad(p).float().pow(2).sum()
     sq = all_reduce(sq, mesh, EP, label="grad_norm.experts")
+    sq = all_reduce(sq, mesh, ETP, label="grad_norm.experts")  # etp > 1: each rank's shards are distinct elements
     return sq if all(mesh.coord(a) == 0 for a in mesh.tensor_axes) else torch.zeros_like(sq)
 
 
