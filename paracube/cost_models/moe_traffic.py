@@ -126,10 +126,11 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
         return [CommEvent(kind, axes, n, int(payload), dtype, phase, label)] if n > 1 else []
 
     def etp_events(i: int, phase: str) -> list[CommEvent]:  # modes/experts.block_fwd: the etp group's T k etp copies
-        rows = T * k * layout.etp
-        return (ev("all_gather", ("etp",), d.c * rows * d.h, d.dtype, phase, f"layers.{i}.moe.experts.in")
-                + (ev("all_gather", ("etp",), pbytes * rows, pdtype, phase, f"layers.{i}.{ETP_PROBS}") if probs else [])
-                + ev("reduce_scatter", ("etp",), pbytes * rows * d.h, pdtype, phase, f"layers.{i}.moe.experts.out"))
+        rows, gather, scatter = T * k * layout.etp, *(("reduce_scatter", "all_gather") if phase == "bwd" else
+                                                      ("all_gather", "reduce_scatter"))
+        return (ev(gather, ("etp",), d.c * rows * d.h, d.dtype, phase, f"layers.{i}.moe.experts.in")
+                + (ev(gather, ("etp",), pbytes * rows, pdtype, phase, f"layers.{i}.{ETP_PROBS}") if probs else [])
+                + ev(scatter, ("etp",), pbytes * rows * d.h, pdtype, phase, f"layers.{i}.moe.experts.out"))
 
     extra: list[CommEvent] = []
     # a dense block's mlp, a shared expert's under shared_experts / moe: its MLP's collectives again (moe_mlp_again.py)

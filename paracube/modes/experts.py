@@ -31,7 +31,7 @@ model prices the same bytes for the routing the run took (issue #25, item 4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ class ExpertSizes:
 PROBS_RULES = ("none", "weighted", "always")
 EXECUTOR_PROBS = "weighted"  # paracube's executor (runtimes/paracube.py declares it; moe_traffic.py lists it)
 ROUTER = "router"  # a Collective's dtype: the router's (router_dtype)
+MIRROR = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}  # a collective's gradient's kind
 PROBS, ETP_PROBS = "moe.dispatch_probs", "moe.experts.in_probs"
 FWD_BEFORE, BWD_BEFORE = ("moe.dispatch", PROBS, "moe.experts.in", ETP_PROBS), ("moe.combine", "moe.experts.out")
 # (the labels issued before the experts' compute, forward and backward)
@@ -110,9 +111,10 @@ def block_fwd(d: Any, etp: int, probs: bool = False) -> list[Collective]:
 
 
 def block_bwd(d: Any, etp: int, probs: bool = False) -> list[Collective]:
-    """The backward's: combine's gradient first (dY back to the experts), the weights' then the dispatch's last."""
+    """The backward's: combine's gradient first (dY back to the experts), the weights' then the dispatch's last; an
+    etp all_gather's gradient is a reduce_scatter of the same payload and vice versa."""
     fwd = block_fwd(d, etp, probs)
-    return [fwd[-1], *reversed(fwd[:-1])]
+    return [fwd[-1], *(replace(c, kind=MIRROR.get(c.kind, c.kind)) for c in reversed(fwd[:-1]))]
 
 
 def splits(routing: np.ndarray, ep: int, rows: int = 1) -> np.ndarray:
