@@ -97,4 +97,16 @@ def test_gpt_oss_matches_serial_and_the_cost_model(results, case: int) -> None:
     check_case([per_rank[case] for per_rank in results], *CASES[case])
 
 
+def test_biased_experts_with_etp_are_refused_in_one_line() -> None:
+    """GPT-OSS's expert biases with etp > 1: not run (fc2's bias is whole on every etp rank; megatron-core 0.16.1
+    refuses the same, transformer_config.py l.1588-1591), refused before any rank starts (executor/moe_sizes.py)."""
+    from paracube.errors import ParacubeError
+    from paracube.executor import check_divisibility
+
+    with pytest.raises(ParacubeError) as err:
+        check_divisibility(OSS_MOE, parse_layout("dp=2,ep=2,etp=2,tp=1d:2,sp"), None, 0, OSS_MOE.seq_len)
+    assert "etp=2 with biased experts" in str(err.value) and "valid: etp=1" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 __all__ = ["CASES_8", "IDS_8", "MODELS", "check_case"]
