@@ -48,7 +48,9 @@ SPEC = PRESETS["tiny-moe"]
 MLA_MOE = replace(PRESETS["tiny-mla"], moe=replace(PRESETS["tiny-mla"].moe, aux_loss=0.01))
 # Mixtral's shape: softmax top-2 of 8, no shared expert, no dense block
 MIXTRAL = replace(SPEC, name="tiny-mixtral", moe=replace(SPEC.moe, shared_ffn=0))
-SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL}
+# GPT-OSS's experts: biased, clamped SwiGLU (the rest of GPT-OSS: tests/test_gpt_oss_run.py)
+OSS_EXPERTS = replace(SPEC, name="tiny-oss-experts", moe=replace(SPEC.moe, expert_bias=True, swiglu_limit=0.1))
+SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL, "oss": OSS_EXPERTS}
 ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}  # dist_helpers.fp64_optimizer's settings
 MICRO, MB = 4, 2  # micro-batches of the step (split over dp), sequences per micro-batch
 CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
@@ -66,6 +68,7 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("tiny-moe", "dp=4,ep=2,etp=2", True, "none"),  # skewed: the etp peers gather uneven blocks (ep 1 gets none)
     ("tiny-moe", "dp=2,ep=2,etp=2,tp=1d:2,sp", False, "none"),  # ep x etp folded over dp x tp
     ("tiny-moe", "dp=4,etp=2,zero=1", False, "none"),  # ep = 1: the etp exchanges alone; experts sharded over edp = 2
+    ("oss", "dp=4,ep=2,etp=2,zero=1", False, "none"),  # b2 whole on both etp ranks: counted once in the sharded norm
 ]
 IDS = [f"{c[0]}-{c[1]}{'-skewed' if c[2] else ''}-rc={c[3]}" for c in CASES]
 

@@ -27,9 +27,6 @@ def check_moe(spec: ModelSpec, layout: Layout) -> None:
     if moe.expert_ffn % layout.etp:
         raise ParacubeError(f"{where}: etp={layout.etp} does not divide the expert width {moe.expert_ffn}; valid etp: "
                             f"{divisors_text(moe.expert_ffn)}")
-    if moe.expert_bias and layout.etp > 1:  # megatron-core 0.16.1 transformer_config.py l.1588-1591 refuses it too
-        raise ParacubeError(f"{where}: etp={layout.etp} with biased experts (GPT-OSS) is not run (fc2's bias would be "
-                            "added on every etp rank before the reduce-scatter); valid: etp=1")
 
 
 __all__ = ["check_moe"]

@@ -237,12 +237,13 @@ def expert_norm_sq(model: nn.Module, mesh: Mesh, device: torch.device) -> Tensor
     hold the same sums), on the ranks with tensor coordinates 0 (elsewhere 0), so that the step's all_reduce of the
     norm over (pp, tensor axes) adds it once per stage; None without experts (a dense step dispatches no extra op:
     the local-cpu per-op pricing counts them, tests/test_calibration.py)."""
-    params = [p for p in model.parameters() if is_expert(p)]
+    params = [(n, p) for n, p in model.named_parameters() if is_expert(p)]
     if not params:
         return None
     sq = torch.zeros(1, dtype=torch.float32, device=device)
-    for p in params:
-        sq += main_grad(p).float().pow(2).sum()
+    for n, p in params:  # etp replicas (GPT-OSS's b2, routed_experts.py) counted on etp index 0
+        if all(mesh.coord(a) == 0 for a in model.shard_specs[n].replicated_axes):  # type: ignore[index, union-attr]
+            sq += main_grad(p).float().pow(2).sum()
     sq = all_reduce(sq, mesh, EP, label="grad_norm.experts")
     sq = all_reduce(sq, mesh, ETP, label="grad_norm.experts")  # etp > 1: each rank's shards are distinct elements
     return sq if all(mesh.coord(a) == 0 for a in mesh.tensor_axes) else torch.zeros_like(sq)
