@@ -12,7 +12,10 @@ dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.
 beside the dispatch (moe.dispatch_probs) its copies times 8 bytes (one fp64 weight each, their gradients home in
 backward): zero difference, forward and backward. And every collective of step 0 on every rank (counts, aux counts,
 buckets, norms, pipeline sends, ...) equals cost_models/moe_traffic's list for the routing taken (a multiset: zero
-difference); the zero=1 case shards the dense buckets over dp and the experts' over edp. Plus the refusals of what
+difference); the zero=1 case shards the dense buckets over dp and the experts' over edp. The etp cases (tensor
+parallelism inside the experts, executor/layers/expert_tensor.py; GPT-OSS's biased experts among them) list the etp
+gathers and reduce-scatters with the gathered copies of the routing taken. The same launch saves etp shards to a
+checkpoint and loads them into other layouts (every block the serial model's exactly). Plus the refusals of what
 the executor does not run, before any rank starts.
 """
 
@@ -141,13 +144,38 @@ def _one_case(rank: int, model_name: str, layout_text: str, skew: bool, recomput
     return out
 
 
-def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
-    return [_one_case(rank, *case) for case in CASES]
+def _checkpoint_round_trip(rank: int, root: str) -> dict[str, float]:
+    """GPT-OSS-like experts saved from dp=4,ep=2,etp=2 (fc1 column / fc2 row shards, b2 whole on both etp ranks,
+    saved by etp index 0) and loaded into dp=4,ep=4 (etp = 1) and dp=2,etp=2,tp=1d:2,sp, and back into the saving
+    layout: each parameter block's largest difference from the serial model's (a copy: 0 expected)."""
+    from paracube.executor.checkpoint.store import load_checkpoint, save_checkpoint
+
+    spec, saving = OSS_EXPERTS, "dp=4,ep=2,etp=2"
+    ref = {n: p.detach() for n, p in serial_reference(spec, seed=5, dtype=F64).named_parameters()}
+    model = build_model(spec, Mesh(parse_layout(saving), rank), seed=5, dtype=F64)
+    path = save_checkpoint(root, 0, model, torch.optim.AdamW(model.parameters()), {"layout": saving})
+    errors = {}
+    for text in ("dp=4,ep=4", "dp=2,etp=2,tp=1d:2,sp", saving):
+        model = build_model(spec, Mesh(parse_layout(text), rank), seed=1, dtype=F64)  # the load must set every one
+        load_checkpoint(path, model, torch.optim.AdamW(model.parameters()))
+        for name, p in model.named_parameters():
+            errors[f"{text}:{name}"] = (p - model.block_of(name, ref[name])).abs().max().item()
+    return errors
+
+
+def _all_cases(rank: int, world: int, root: str) -> list[Any]:
+    return [_one_case(rank, *case) for case in CASES] + [_checkpoint_round_trip(rank, root)]
 
 
 @pytest.fixture(scope="module")
-def results() -> list[list[dict[str, Any]]]:
-    return run_distributed(_all_cases, 4, timeout=600.0)  # [rank][case]
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[list[Any]]:
+    root = str(tmp_path_factory.mktemp("moe_ckpt"))
+    return run_distributed(_all_cases, 4, root, timeout=600.0)  # [rank][case], the round trip's errors last
+
+
+def test_etp_shards_round_trip_through_a_checkpoint(results) -> None:
+    errors = {k: v for per_rank in results for k, v in per_rank[-1].items()}
+    assert any(".experts.b2" in k for k in errors) and not {k: v for k, v in errors.items() if v != 0.0}
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
