@@ -126,8 +126,8 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
         return [CommEvent(kind, axes, n, int(payload), dtype, phase, label)] if n > 1 else []
 
     def etp_events(i: int, phase: str) -> list[CommEvent]:  # modes/experts.block_fwd: the etp group's T k etp copies
-        rows, gather, scatter = T * k * layout.etp, *(("reduce_scatter", "all_gather") if phase == "bwd" else
-                                                      ("all_gather", "reduce_scatter"))
+        rows = T * k * layout.etp
+        gather, scatter = ("reduce_scatter", "all_gather") if phase == "bwd" else ("all_gather", "reduce_scatter")
         return (ev(gather, ("etp",), d.c * rows * d.h, d.dtype, phase, f"layers.{i}.moe.experts.in")
                 + (ev(gather, ("etp",), pbytes * rows, pdtype, phase, f"layers.{i}.{ETP_PROBS}") if probs else [])
                 + ev(scatter, ("etp",), pbytes * rows * d.h, pdtype, phase, f"layers.{i}.moe.experts.out"))
@@ -218,9 +218,9 @@ def with_routing(events: list[CommEvent], sent: list[tuple[int, ...]]) -> list[C
     for dispatch, combine, *etp in sent:
         for ph in [*phases, "bwd"]:  # the etp exchanges: the same rows in every phase (bytes per gathered byte)
             if etp and ("in", ph) in template:
-                rows = template["in", ph].payload_bytes
+                copies = template["in", "bwd"].payload_bytes  # the template's gathered bytes, b per exchange
                 out += [replace(template["in", ph], payload_bytes=etp[0])]
-                out += [replace(template[name, ph], payload_bytes=etp[0] * b // rows) for name, b in gathered]
+                out += [replace(template[name, ph], payload_bytes=etp[0] * b // copies) for name, b in gathered]
         if ("dispatch", "bwd") not in template:  # ep = 1: the etp exchanges alone
             continue
         for ph in phases:

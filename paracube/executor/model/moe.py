@@ -34,8 +34,7 @@ Gradients: router and gate are replicated over tp (1D: summed over tp with sp, M
 the experts' are reduced over the expert-data-parallel group (`edp`, parameters tagged `grad_axes`,
 data_parallel/grad_sync.py; zero=1 shards their buckets over it), and, zero=0, their squared norm summed over ep and
 etp (its shards are distinct elements) for clipping (expert_norm_sq; zero=1: their shards' squares enter the
-distributed optimizer's norm over dp x tp, every
-expert element once, the stage's ranks being edp x ep x etp).
+distributed optimizer's norm over dp x tp, every expert element once, the stage's ranks being edp x ep x etp).
 """
 
 from __future__ import annotations
