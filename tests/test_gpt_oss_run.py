@@ -55,6 +55,7 @@ CASES = [  # (layout, model, sequences per micro-batch, recompute)
     ("pp=2", "oss", 2, "none"),
     ("dp=2,ep=2", "oss-moe", 2, "none"),
     ("dp=2,ep=2,tp=1d:2,sp,fa=0", "oss-moe", 2, "selective"),
+    ("dp=2,ep=2,etp=2,tp=1d:2,sp", "oss-moe", 2, "none"),  # etp: b2 added by etp index 0, its gradient on both
 ]
 CASES_8 = [  # 2.5D and 3D, run by tests/test_token_split.py's 8-rank launch (c = 8 mb tokens per rank)
     ("tp=3d:2x2x2", "oss", 1, "selective"),  # a quarter of a sequence per rank, keys gathered over (x, z)

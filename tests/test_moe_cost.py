@@ -49,7 +49,9 @@ def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> N
                                              (True, "dp=4,ep=2,tp=1d:2,sp,mb=1,rc=full"),
                                              (False, "dp=4,ep=4,tp=1d:2,sp,mb=1"),
                                              (True, "dp=4,cp=2,ep=4,tp=none,mb=1"),  # aux counts over cp
-                                             (True, "dp=2,cp=2,ep=4,tp=1d:2,sp,mb=1,rc=full")])  # over (cp, tp)
+                                             (True, "dp=2,cp=2,ep=4,tp=1d:2,sp,mb=1,rc=full"),  # over (cp, tp)
+                                             (True, "dp=4,ep=2,etp=2,tp=1d:2,sp,mb=1,rc=full"),  # etp exchanges
+                                             (True, "dp=8,etp=2,tp=none,mb=1")])  # ep = 1: the etp ones alone
 def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object, shared: bool, text: str) -> None:
     """The MoE collectives both engines price (the events of cost_models/moe.py's block and stage costs, which the
     event engine inserts as they are: moe_program.py) are cost_models/moe_traffic's, the list tests/test_moe_run.py
@@ -94,8 +96,16 @@ def test_declared_all_to_all_bytes_are_the_balanced_routing(h100: object) -> Non
     assert len(a2a) == 8 and {e.payload_bytes for e in a2a} == {T * k * h * c} and {e.axes for e in a2a} == {("ep",)}
     counts = [e for e in est.events if e.label.endswith("moe.counts")]  # per block forward: E int64 counts
     assert len(counts) == 2 and {(e.payload_bytes, e.dtype) for e in counts} == {(8 * 8, "int64")}
-    # etp=2: every expert shard's tokens gathered and scattered back over etp, forward and backward
-    assert sum(e.kind == "all_gather" and e.axes == ("etp",) for e in est.events) == 4
+    # etp=2: every expert shard's copies gathered over etp (an all_gather's payload its output: the etp group's
+    # T k etp copies) and their partial outputs reduce-scattered back in the router's fp32, forward and backward
+    # (each one's gradient the other kind); per block forward the etp peers' E int64 received counts gathered
+    ins = [e for e in est.events if e.label.endswith("moe.experts.in")]
+    assert sorted(e.kind for e in ins) == ["all_gather"] * 2 + ["reduce_scatter"] * 2
+    assert {(e.payload_bytes, e.axes) for e in ins} == {(T * k * 2 * h * c, ("etp",))}
+    outs = [e for e in est.events if e.label.endswith("moe.experts.out")]
+    assert len(outs) == 4 and {(e.payload_bytes, e.dtype) for e in outs} == {(T * k * 2 * h * 4, "float32")}
+    gathered = [e for e in est.events if e.label.endswith("moe.etp_counts")]
+    assert len(gathered) == 2 and {(e.kind, e.payload_bytes) for e in gathered} == {("all_gather", 8 * 8 * 2)}
     # the split sizes of a balanced routing: T k / ep token copies to each of the ep peers
     assert np.array_equal(splits(balanced_routing(T, k, 8, 4), 4), np.full((4, 4), T * k / 4))
     skew = np.zeros((4, 8))

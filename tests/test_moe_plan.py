@@ -52,6 +52,25 @@ def test_deepseek_v3_plans_with_paracubes_runtime(capsys: pytest.CaptureFixture[
     assert "--multi-latent-attention" in out and f"--expert-model-parallel-size {best.ep}" in out
 
 
+def test_paracubes_runtime_ranks_etp_layouts_of_a_tiny_moe() -> None:
+    """paracube's executor runs tensor parallelism inside experts (executor/layers/expert_tensor.py,
+    tests/test_moe_run.py), so its runtime's search scores tiny-moe's etp > 1 layouts (etp = tp, 1D with sp) and
+    ranks every one of them beside the etp = 1 ones (memory unbounded here: none is dropped for it)."""
+    from paracube.model_presets import PRESETS
+    from paracube.planner.experts import candidates, search_experts
+    from paracube.runtimes import RUNTIMES
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    model, training, rt = PRESETS["tiny-moe"], TrainingSpec(global_batch=16, dtype="bf16"), RUNTIMES["paracube"]
+    wanted = [c for c in candidates(model, training, 8, 8, rt, None, None) if c.etp > 1]
+    assert wanted and all(c.etp == c.tensor_size and c.sequence_parallel for c in wanted)
+    ranked, scored, rejected = search_experts(model, training, load_topology("dgx-h100", gpus=8), 8, rt, None, None,
+                                              float("inf"), 10 ** 6)
+    got = [lay for lay, est in ranked if lay.etp > 1 and est.step_time_s > 0]
+    assert len(got) == len(wanted) and not rejected["runtime"] and scored >= len(ranked)
+
+
 def _config(tmp_path: Path, data: dict) -> str:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
@@ -70,8 +89,8 @@ def _config(tmp_path: Path, data: dict) -> str:
     # paracube's executor runs MoE blocks with zero=0/1 (its runtime is the default)
     (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=2,tp=none"),
      "MoE blocks with zero=2 are not run (the experts' gradients reduce over edp); valid: zero=0/1"),
-    (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=none"),
-     "runtime paracube (paracube run) does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
+    (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=1d:2", "--runtime", "deepspeed"),
+     "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
 ])
 def test_bad_expert_layouts_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path, argv: tuple, message: str) -> None:

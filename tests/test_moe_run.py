@@ -14,7 +14,10 @@ dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.
 beside the dispatch (moe.dispatch_probs) its copies times 8 bytes (one fp64 weight each, their gradients home in
 backward): zero difference, forward and backward. And every collective of step 0 on every rank (counts, aux counts,
 buckets, norms, pipeline sends, ...) equals cost_models/moe_traffic's list for the routing taken (a multiset: zero
-difference); the zero=1 case shards the dense buckets over dp and the experts' over edp. Plus the refusals of what
+difference); the zero=1 case shards the dense buckets over dp and the experts' over edp. The etp cases (tensor
+parallelism inside the experts, executor/layers/expert_tensor.py; GPT-OSS's biased experts among them) list the etp
+gathers and reduce-scatters with the gathered copies of the routing taken. The same launch saves etp shards to a
+checkpoint and loads them into other layouts (every block the serial model's exactly). Plus the refusals of what
 the executor does not run, before any rank starts.
 """
 
@@ -50,7 +53,9 @@ SPEC = PRESETS["tiny-moe"]
 MLA_MOE = replace(PRESETS["tiny-mla"], moe=replace(PRESETS["tiny-mla"].moe, aux_loss=0.01))
 # Mixtral's shape: softmax top-2 of 8, no shared expert, no dense block
 MIXTRAL = replace(SPEC, name="tiny-mixtral", moe=replace(SPEC.moe, shared_ffn=0))
-SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL}
+# GPT-OSS's experts: biased, clamped SwiGLU (the rest of GPT-OSS: tests/test_gpt_oss_run.py)
+OSS_EXPERTS = replace(SPEC, name="tiny-oss-experts", moe=replace(SPEC.moe, expert_bias=True, swiglu_limit=0.1))
+SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL, "oss": OSS_EXPERTS}
 ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}  # dist_helpers.fp64_optimizer's settings
 MICRO, MB = 4, 2  # micro-batches of the step (split over dp), sequences per micro-batch
 CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
@@ -71,6 +76,12 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("tiny-moe", "cp=2,ep=2,tp=1d:2,sp,zero=1", False, "none"),  # dense shards over cp, the experts' over edp
     ("tiny-moe", "cp=2,tp=1d:2,sp", False, "none"),  # ep = 1: the experts reduced over (cp, tp)
     ("tiny-moe", "pp=2,cp=2,ep=2", False, "none"),
+    ("tiny-moe", "dp=4,ep=2,etp=2", False, "full"),  # etp: each expert's fc1 columns / fc2 rows split 2 ways
+    ("tiny-moe", "dp=4,ep=2,etp=2", True, "none"),  # skewed: the etp peers gather uneven blocks (ep 1 gets none)
+    ("tiny-moe", "dp=2,ep=2,etp=2,tp=1d:2,sp", False, "none"),  # ep x etp folded over dp x tp
+    ("tiny-moe", "dp=4,etp=2,zero=1", False, "none"),  # ep = 1: the etp exchanges alone; experts sharded over edp = 2
+    ("oss", "dp=4,ep=2,etp=2,zero=1", False, "none"),  # b2 whole on both etp ranks: counted once in the sharded norm
+    ("tiny-moe", "dp=2,cp=2,ep=2,etp=2", False, "none"),  # ep x etp folded over dp x cp
 ]
 IDS = [f"{c[0]}-{c[1]}{'-skewed' if c[2] else ''}-rc={c[3]}" for c in CASES]
 
@@ -119,7 +130,8 @@ def _one_case(rank: int, model_name: str, layout_text: str, skew: bool, recomput
         block.routing_log = log  # one list: the forwards in the order this rank ran them
     opt = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, **ADAMW)  # fp64_optimizer's, at the layout's zero
     errors: dict[str, float] = {}
-    out: dict[str, Any] = {"ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "stage": mesh.coord("pp")}
+    out: dict[str, Any] = {"ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "etp": mesh.index(("etp",)),
+                           "stage": mesh.coord("pp")}
     for step in range(STEPS):
         mesh.recorder.reset()
         res = train_step(model, opt, mesh, micro, tokens, MAX_NORM)
@@ -142,13 +154,38 @@ def _one_case(rank: int, model_name: str, layout_text: str, skew: bool, recomput
     return out
 
 
-def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
-    return [_one_case(rank, *case) for case in CASES]
+def _checkpoint_round_trip(rank: int, root: str) -> dict[str, float]:
+    """GPT-OSS-like experts saved from dp=4,ep=2,etp=2 (fc1 column / fc2 row shards, b2 whole on both etp ranks,
+    saved by etp index 0) and loaded into dp=4,ep=4 (etp = 1) and dp=2,etp=2,tp=1d:2,sp, and back into the saving
+    layout: each parameter block's largest difference from the serial model's (a copy: 0 expected)."""
+    from paracube.executor.checkpoint.store import load_checkpoint, save_checkpoint
+
+    spec, saving = OSS_EXPERTS, "dp=4,ep=2,etp=2"
+    ref = {n: p.detach() for n, p in serial_reference(spec, seed=5, dtype=F64).named_parameters()}
+    model = build_model(spec, Mesh(parse_layout(saving), rank), seed=5, dtype=F64)
+    path = save_checkpoint(root, 0, model, torch.optim.AdamW(model.parameters()), {"layout": saving})
+    errors = {}
+    for text in ("dp=4,ep=4", "dp=2,etp=2,tp=1d:2,sp", saving):
+        model = build_model(spec, Mesh(parse_layout(text), rank), seed=1, dtype=F64)  # the load must set every one
+        load_checkpoint(path, model, torch.optim.AdamW(model.parameters()))
+        for name, p in model.named_parameters():
+            errors[f"{text}:{name}"] = (p - model.block_of(name, ref[name])).abs().max().item()
+    return errors
+
+
+def _all_cases(rank: int, world: int, root: str) -> list[Any]:
+    return [_one_case(rank, *case) for case in CASES] + [_checkpoint_round_trip(rank, root)]
 
 
 @pytest.fixture(scope="module")
-def results() -> list[list[dict[str, Any]]]:
-    return run_distributed(_all_cases, 4, timeout=600.0)  # [rank][case]
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[list[Any]]:
+    root = str(tmp_path_factory.mktemp("moe_ckpt"))
+    return run_distributed(_all_cases, 4, root, timeout=600.0)  # [rank][case], the round trip's errors last
+
+
+def test_etp_shards_round_trip_through_a_checkpoint(results) -> None:
+    errors = {k: v for per_rank in results for k, v in per_rank[-1].items()}
+    assert any(".experts.b2" in k for k in errors) and not {k: v for k, v in errors.items() if v != 0.0}
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
@@ -165,10 +202,10 @@ def test_moe_matches_serial(results, case: int) -> None:
 def test_all_to_all_bytes_equal_the_models_for_the_routing_taken(results, case: int) -> None:
     spec, layout = SPECS[CASES[case][0]], parse_layout(CASES[case][1])
     row = spec.hidden * 8  # fp64 copies of [h]
-    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp) -> ep index -> rank's result
+    groups: dict[tuple[int, int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp, etp) -> ep index -> result
     for per_case in results:
         r = per_case[case]
-        groups.setdefault((r["stage"], r["edp"]), {})[r["ep"]] = r
+        groups.setdefault((r["stage"], r["edp"], r["etp"]), {})[r["ep"]] = r
     if layout.ep == 1:  # no dispatch: every rank runs every expert
         assert not any(per_case[case]["a2a"] for per_case in results)
         return
@@ -231,22 +268,30 @@ def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> Non
     d = replace(dims_of(spec, TrainingSpec(global_batch=MICRO * MB, dtype="fp32", recompute=recompute)),
                 c=8, dtype="float64")  # the run's fp64 copies
     row = spec.hidden * 8
-    peers: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    peers: dict[tuple[int, int, int], dict[int, dict[str, Any]]] = {}  # (stage, edp, etp) -> ep index -> result
     for per_case in results:
         r = per_case[case]
-        peers.setdefault((r["stage"], r["edp"]), {})[r["ep"]] = r
+        peers.setdefault((r["stage"], r["edp"], r["etp"]), {})[r["ep"]] = r
+
+    def received(stage: int, edp: int, etp: int, ep: int, f: int) -> np.ndarray:  # [ep sources, ep destinations]
+        members = peers[stage, edp, etp]
+        return splits(np.array([members[q]["routing"][f] for q in range(len(members))]), len(members)) * row
+
     for rank, per_case in enumerate(results):
         r = per_case[case]
-        members = peers[r["stage"], r["edp"]]
         sent = []
         for f in range(len(r["routing"])):
-            m = splits(np.array([members[q]["routing"][f] for q in range(len(members))]), len(members)) * row
-            sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum())))
+            m = received(r["stage"], r["edp"], r["etp"], r["ep"], f)
+            # the etp group's copies of this rank's experts: every etp peer's received ones (modes/experts.block_fwd)
+            gathered = sum(int(received(r["stage"], r["edp"], t, r["ep"], f)[:, r["ep"]].sum())
+                           for t in range(layout.etp))
+            sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum()), gathered))
         stage = "first" if r["stage"] == 0 else "last"
         model = [_fp64_statistics(e) for e in with_routing(moe_stage_events(layout, d, spec.moe, MB, stage), sent)]
         diff = traffic_difference(model, r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
         assert any(k[0] == "all_to_all" for k in r["events"]) == (layout.ep > 1 and bool(r["routing"]))
+        assert any(k[1] == ("etp",) and k[0] == "reduce_scatter" for k in r["events"]) == (layout.etp > 1)
 
 
 @pytest.mark.parametrize("layout, message", [
@@ -254,7 +299,7 @@ def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> Non
     ("dp=6,ep=6", "8 experts"),
     ("dp=2,ep=2,tp=1d:2", "add sp"),
     ("dp=4,ep=2,zero=2", "zero=2"),
-    ("dp=2,ep=2,etp=2", "etp=2"),
+    ("dp=2,ep=2,etp=3", "etp=3"),
     ("dp=2,ep=2,cp=2,mla", "cp=2"),  # MLA has no cp path (executor/sizes.check_mla); MoE blocks with cp run
 ])
 def test_what_the_executor_does_not_run_is_refused_in_one_line(layout: str, message: str) -> None:

@@ -88,12 +88,12 @@ def routed_case(rank: int, spec: ModelSpec, layout: Layout, mb: int, recompute: 
 
 def routed_step(model: Any, mesh: Any, micro: list, tokens: int) -> dict[str, Any]:
     """One step's collectives, the expert counts of each MoE forward in issue order (tests/test_moe_run.py) and the
-    rank's ep / edp indices: what `_priced` reads."""
+    rank's ep / edp / etp indices: what `_priced` reads."""
     log: list[torch.Tensor] = []
     for block in moe_blocks(model):
         block.routing_log = log
     return {"events": one_step_events(model, micro, tokens, MAX_NORM), "routing": [c.tolist() for c in log],
-            "ep": mesh.index(("ep",)), "edp": mesh.index(("edp",))}
+            "ep": mesh.index(("ep",)), "edp": mesh.index(("edp",)), "etp": mesh.index(("etp",))}
 
 
 def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
@@ -108,15 +108,22 @@ def results() -> list[list[dict[str, Any]]]:
 def _priced(per_rank: list[dict[str, Any]], rank: int, spec: ModelSpec, layout: Layout, d: Any,
             mb: int) -> list[CommEvent]:
     """The cost model's collectives of `rank`'s step; MoE: moe_traffic's for the routing the run took (each ep
-    peer's logged expert counts -> modes/experts.splits, x h x 4 bytes: tests/test_moe_run.py's check)."""
+    peer's logged expert counts -> modes/experts.splits, x h x 4 bytes: tests/test_moe_run.py's check; with etp > 1
+    the copies the rank's etp group gathers, every etp peer's received ones)."""
     r = per_rank[rank]
     if spec.moe is None:
         return stage_events(layout, d, mb, r["stage"])
-    peers = {p["ep"]: p for p in per_rank[:layout.world_size] if (p["stage"], p["edp"]) == (r["stage"], r["edp"])}
+
+    def received(etp: int, f: int) -> np.ndarray:  # [ep sources, ep destinations] bytes of the (stage, edp, etp) group
+        peers = {p["ep"]: p for p in per_rank[:layout.world_size]
+                 if (p["stage"], p["edp"], p["etp"]) == (r["stage"], r["edp"], etp)}
+        return splits(np.array([peers[q]["routing"][f] for q in range(len(peers))]), len(peers)) * spec.hidden * 4
+
     sent = []
     for f in range(len(r["routing"])):
-        m = splits(np.array([peers[q]["routing"][f] for q in range(len(peers))]), len(peers)) * spec.hidden * 4
-        sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum())))
+        m = received(r["etp"], f)
+        gathered = sum(int(received(t, f)[:, r["ep"]].sum()) for t in range(layout.etp))
+        sent.append((int(m[r["ep"]].sum()), int(m[:, r["ep"]].sum()), gathered))
     return with_routing(moe_stage_events(layout, d, spec.moe, mb, r["stage"]), sent)
 
 

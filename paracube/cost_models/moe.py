@@ -60,7 +60,7 @@ from paracube.cost_models.host_sync import sync_seconds
 from paracube.cost_models.memory import optimizer_bytes
 from paracube.cost_models.mlp_delta import block_deltas, mlp_delta
 from paracube.cost_models.moe_a2a import A2A
-from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_counts import block_count_events, norm_events
 from paracube.cost_models.moe_dispatch import sends_probs
 from paracube.cost_models.moe_mlp_again import stage_again
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
@@ -276,9 +276,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         bw, lat = links[ge.axes]
         out.step_comm = float(collective_time(ge.kind, ge.group_size, 1, ge.payload_bytes, bw, lat))
         out.events.append(ge)
-    ne = norm_event(layout, k)
-    if ne is not None:
-        out.norm_comm = comm_time(ne, links, 1.0, g)
+    for ne in norm_events(layout, k):
+        out.norm_comm += comm_time(ne, links, 1.0, g)
         out.events.append(ne)
     out.optim = float(np.asarray(optimizer_time(np.asarray([n_exp / z1 + n_att / d1]), d.c, g)).ravel()[0])
     return out

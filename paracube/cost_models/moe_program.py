@@ -37,7 +37,7 @@ from paracube.cost_models.moe import (
     stage_cost,
 )
 from paracube.cost_models.moe_a2a_overlap import SM_SHARE, combined, list_share
-from paracube.cost_models.moe_counts import norm_event
+from paracube.cost_models.moe_counts import norm_events
 from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
 from paracube.cost_models.moe_step import in_flight
 from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
@@ -141,11 +141,10 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
             prog.tail.insert(0, Op("wait", "expert_gradients.wait"))
         else:
             prog.tail.insert(0, op)
-    ne = norm_event(layout, moe_layers_of(model, layout, stage))
-    if ne is not None:  # after the gradients, before the step's grad norm (training/step.py)
-        at = next((j for j, op in enumerate(prog.tail) if op.name.startswith("grad_norm") or op.name == "optimizer"),
-                  len(prog.tail))
-        prog.tail.insert(at, Op("comm", ne.label, event=ne))
+    at = next((j for j, op in enumerate(prog.tail) if op.name.startswith("grad_norm") or op.name == "optimizer"),
+              len(prog.tail))
+    for j, ne in enumerate(norm_events(layout, moe_layers_of(model, layout, stage))):
+        prog.tail.insert(at + j, Op("comm", ne.label, event=ne))  # after the gradients, before the step's grad norm
     if layout.a2ao and sc.a2a_fwd + sc.a2a_bwd > 0:
         _overlap(prog, sc, list_share(layout.pp, layout.interleave, n_micro, stage))
     optim = sc.optim

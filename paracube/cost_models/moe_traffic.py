@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.local_parameters import local_parameter_sizes
-from paracube.cost_models.moe_counts import block_count_events, norm_event
+from paracube.cost_models.moe_counts import block_count_events, norm_events
 from paracube.cost_models.moe_dispatch import sends_probs
 from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
 from paracube.cost_models.recompute_modules_cost import moe_side
@@ -38,7 +38,7 @@ from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.buckets import BUCKET_BYTES, bucket_numels, padded_numel
-from paracube.modes.experts import EXECUTOR_PROBS, PROBS, router_dtype
+from paracube.modes.experts import ETP_PROBS, EXECUTOR_PROBS, PROBS, router_dtype
 from paracube.modes.stages import stage_chunks
 from paracube.moe_spec import MoESpec
 
@@ -65,7 +65,7 @@ def _group(layout: Layout, axes: tuple[str, ...]) -> int:
 
 def expert_axes(layout: Layout) -> tuple[str, ...]:
     """The group the experts' gradients are reduced over (executor/model/moe.Experts)."""
-    if layout.ep > 1:
+    if layout.ep * layout.etp > 1:
         return ("edp",)
     return tuple(dict.fromkeys((*layout.data_axes, *layout.tensor_axes)))
 
@@ -97,9 +97,10 @@ def _dense_sizes(layout: Layout, d: Dims, moe: MoESpec, stage: str, moe_layers: 
     return out + list(sizes[len(sizes) - head:])
 
 
-def _expert_sizes(local: int, h: int, moe: MoESpec) -> list[int]:
-    """A block's local expert parameters in registration order: w1, w2 (GPT-OSS: then b1, b2)."""
-    f = moe.expert_ffn
+def _expert_sizes(local: int, h: int, moe: MoESpec, etp: int = 1) -> list[int]:
+    """A block's local expert parameters in registration order: w1, w2 (GPT-OSS: then b1, b2); fc1's columns and
+    fc2's rows split over etp."""
+    f = moe.expert_ffn // etp
     return [local * h * 2 * f, local * f * h] + ([local * 2 * f, local * h] if moe.expert_bias else [])
 
 
@@ -124,6 +125,13 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
         n = _group(layout, axes)
         return [CommEvent(kind, axes, n, int(payload), dtype, phase, label)] if n > 1 else []
 
+    def etp_events(i: int, phase: str) -> list[CommEvent]:  # modes/experts.block_fwd: the etp group's T k etp copies
+        rows = T * k * layout.etp
+        gather, scatter = ("reduce_scatter", "all_gather") if phase == "bwd" else ("all_gather", "reduce_scatter")
+        return (ev(gather, ("etp",), d.c * rows * d.h, d.dtype, phase, f"layers.{i}.moe.experts.in")
+                + (ev(gather, ("etp",), pbytes * rows, pdtype, phase, f"layers.{i}.{ETP_PROBS}") if probs else [])
+                + ev(scatter, ("etp",), pbytes * rows * d.h, pdtype, phase, f"layers.{i}.moe.experts.out"))
+
     extra: list[CommEvent] = []
     # a dense block's mlp, a shared expert's under shared_experts / moe: its MLP's collectives again (moe_mlp_again.py)
     again = [e for b in again_blocks(moe, d.L, layout, _stage_index(layout, stage))
@@ -136,8 +144,10 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
                 extra += ev("all_to_all", ("ep",), a2a, d.dtype, ph, f"layers.{i}.moe.dispatch")
                 if probs:
                     extra += ev("all_to_all", ("ep",), pbytes * T * k, pdtype, ph, f"layers.{i}.{PROBS}")
+                extra += etp_events(i, ph)
                 extra += ev("all_to_all", ("ep",), a2a, d.dtype, ph, f"layers.{i}.moe.combine")
             extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.combine")
+            extra += etp_events(i, "bwd")
             if probs:
                 extra += ev("all_to_all", ("ep",), pbytes * T * k, pdtype, "bwd", f"layers.{i}.{PROBS}")
             extra += ev("all_to_all", ("ep",), a2a, d.dtype, "bwd", f"layers.{i}.moe.dispatch")
@@ -148,7 +158,8 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     local = E // ep
     groups = [(tuple(layout.data_axes), bucket_numels(_dense_sizes(layout, d, moe, stage, layers), bucket_bytes),
                "gradients"),
-              (expert_axes(layout), bucket_numels(_expert_sizes(local, d.h, moe) * len(layers), bucket_bytes),
+              (expert_axes(layout),
+               bucket_numels(_expert_sizes(local, d.h, moe, layout.etp) * len(layers), bucket_bytes),
                "gradients.experts")]
     step: list[CommEvent] = []  # after the dense buckets, before the grad norm (grad_sync.py, training/step.py)
     gathers: list[CommEvent] = []
@@ -160,8 +171,7 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
                 gathers += ev("all_gather", axes, 4 * padded_numel(n, shards), "float32", "optimizer", "params")
             else:
                 step += ev("all_reduce", axes, 4 * n, "float32", "grad_sync", label)
-    norm = norm_event(layout, layers)
-    step += [norm] if norm is not None else []
+    step += norm_events(layout, layers)
     # replicated over tp, summed with sp (GPT-OSS: the router's bias too)
     router = len(layers) * (d.h * (E + (1 if moe.shared_gate else 0)) + (E if moe.expert_bias else 0))
     chunks = [i for c in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage)) for i in c]
@@ -182,16 +192,19 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     return out + step + gathers + extra
 
 
-def with_routing(events: list[CommEvent], sent: list[tuple[int, int]]) -> list[CommEvent]:
+def with_routing(events: list[CommEvent], sent: list[tuple[int, ...]]) -> list[CommEvent]:
     """`events` with the dispatch / combine all_to_alls' payloads those of a routing a run took: `sent[f]` =
-    (bytes this rank's f-th MoE forward dispatches, bytes it combines back), forwards in issue order; the
-    backward's mirror sends the swapped sizes (combine's gradient the dispatch's bytes and vice versa). The weights'
-    all_to_all (moe.dispatch_probs) sends one element per copy the dispatch sends, its backward one per copy the
-    combine sends back. Only the multiset matters (tests compare as such)."""
-    labels = ("moe.dispatch", "moe.combine", PROBS)
+    (bytes this rank's f-th MoE forward dispatches, bytes it combines back[, bytes of the copies its etp group
+    gathers]), forwards in issue order; the backward's mirror sends the swapped sizes (combine's gradient the
+    dispatch's bytes and vice versa). The weights' all_to_all (moe.dispatch_probs) sends one element per copy the
+    dispatch sends, its backward one per copy the combine sends back; the etp gathers of the copies and their
+    weights and the reduce_scatter of their partial outputs (forward and backward alike) one row per gathered copy.
+    Only the multiset matters (tests compare as such)."""
+    etp_labels = ("moe.experts.in", ETP_PROBS, "moe.experts.out")
+    labels = ("moe.dispatch", "moe.combine", PROBS, *etp_labels)
     rest = [e for e in events if not e.label.endswith(labels)]
     moe = [e for e in events if e.label.endswith(labels)]
-    if not moe:  # ep = 1: no exchange
+    if not moe:  # ep = etp = 1: no exchange
         return list(events)
     template = {(e.label.rsplit(".", 1)[-1], e.phase): e for e in moe}
     phases = sorted({e.phase for e in moe if e.phase != "bwd"})
@@ -199,8 +212,17 @@ def with_routing(events: list[CommEvent], sent: list[tuple[int, int]]) -> list[C
     # bytes of the weights per byte of the dispatched copies (the template's: an exact ratio, rows x element size)
     per = (template["dispatch_probs", "bwd"].payload_bytes, template["dispatch", "bwd"].payload_bytes) if probs \
         else (0, 1)
+    gathered = [(name, template[name, "bwd"].payload_bytes) for name in ("in_probs", "out")
+                if (name, "bwd") in template]
     out = list(rest)
-    for dispatch, combine in sent:
+    for dispatch, combine, *etp in sent:
+        for ph in [*phases, "bwd"]:  # the etp exchanges: the same rows in every phase (bytes per gathered byte)
+            if etp and ("in", ph) in template:
+                copies = template["in", "bwd"].payload_bytes  # the template's gathered bytes, b per exchange
+                out += [replace(template["in", ph], payload_bytes=etp[0])]
+                out += [replace(template[name, ph], payload_bytes=etp[0] * b // copies) for name, b in gathered]
+        if ("dispatch", "bwd") not in template:  # ep = 1: the etp exchanges alone
+            continue
         for ph in phases:
             out += [replace(template["dispatch", ph], payload_bytes=dispatch),
                     replace(template["combine", ph], payload_bytes=combine)]

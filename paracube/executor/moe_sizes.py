@@ -24,6 +24,9 @@ def check_moe(spec: ModelSpec, layout: Layout) -> None:
     if moe.experts % layout.ep:
         raise ParacubeError(f"{where}: ep={layout.ep} does not divide the {moe.experts} experts; valid ep: "
                             f"{divisors_text(moe.experts)}")
+    if moe.expert_ffn % layout.etp:
+        raise ParacubeError(f"{where}: etp={layout.etp} does not divide the expert width {moe.expert_ffn}; valid etp: "
+                            f"{divisors_text(moe.expert_ffn)}")
 
 
 __all__ = ["check_moe"]

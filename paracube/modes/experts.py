@@ -6,14 +6,18 @@ Per MoE block and micro-batch a rank holds `T` tokens (its share of the micro-ba
 and by tp, as Megatron-core's alltoall token dispatcher splits the tensor group's tokens before dispatch) and
 routes each to `k` experts. Forward (Megatron-core token_dispatcher.MoEAlltoAllTokenDispatcher):
     dispatch   all_to_all over ep   each rank sends its T k routed token copies [h] to the ranks of their experts
-    gather     all_gather over etp  the etp ranks of an expert shard gather their tokens (etp > 1)
-    (expert GEMMs)
-    scatter    reduce_scatter over etp  the partial expert outputs (row-parallel down projection)
+    gather     all_gather over etp  the etp ranks of an expert shard gather their tokens (etp > 1), payload the
+                                    gathered copies, etp x received (an all_gather's output, estimate.py)
+    (expert GEMMs on fc1's column / fc2's row shards)
+    scatter    reduce_scatter over etp  the partial expert outputs of the gathered copies (row-parallel fc2), in the
+                                    router's dtype (megatron-core 0.16.1 token_dispatcher.py l.774-783: it
+                                    reduce-scatters hidden_states.to(self.probs.dtype))
     combine    all_to_all over ep   the outputs back to the tokens' ranks
 Where the experts weight their outputs by the routing weights (the dispatcher sends them: `probs`, PROBS_RULES), a
 second all_to_all beside the dispatch sends each copy's weight, one element of the router's dtype (fp32; fp64 for an
 fp64 model), `moe.dispatch_probs` (megatron-core 0.16.1 token_dispatcher.py l.647-673: global_probs =
-all_to_all(ep_group, permuted_probs, ...)); its backward carries their gradients home.
+all_to_all(ep_group, permuted_probs, ...)); its backward carries their gradients home; with etp > 1 the weights are
+gathered over etp beside the tokens, `moe.experts.in_probs` (token_dispatcher.py l.699-701).
 Backward: the mirror (combine's gradient is an all_to_all of dY, then the reduce_scatter's gradient an
 all_gather, ...), the same payloads. Payload convention (estimate.ring_sent_factor): an all_to_all's
 payload is the rank's whole send buffer (bytes to every peer, its own share included), so (n-1)/n of it
@@ -27,7 +31,7 @@ model prices the same bytes for the routing the run took (issue #25, item 4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -61,8 +65,10 @@ class ExpertSizes:
 PROBS_RULES = ("none", "weighted", "always")
 EXECUTOR_PROBS = "weighted"  # paracube's executor (runtimes/paracube.py declares it; moe_traffic.py lists it)
 ROUTER = "router"  # a Collective's dtype: the router's (router_dtype)
-PROBS, FWD_BEFORE, BWD_BEFORE = "moe.dispatch_probs", ("moe.dispatch", "moe.dispatch_probs", "moe.experts.in"), \
-    ("moe.combine", "moe.experts.out")  # the labels issued before the experts' compute, forward and backward
+MIRROR = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}  # a collective's gradient's kind
+PROBS, ETP_PROBS = "moe.dispatch_probs", "moe.experts.in_probs"
+FWD_BEFORE, BWD_BEFORE = ("moe.dispatch", PROBS, "moe.experts.in", ETP_PROBS), ("moe.combine", "moe.experts.out")
+# (the labels issued before the experts' compute, forward and backward)
 
 
 def router_dtype(dtype: str) -> tuple[str, int]:
@@ -77,29 +83,38 @@ def before_experts(labels: list[str], backward: bool) -> int:
 
 def block_fwd(d: Any, etp: int, probs: bool = False) -> list[Collective]:
     """One MoE block's forward collectives (d: Dims; h and c read from it); `probs`: the routing weights' all_to_all
-    beside the dispatch (module docstring)."""
+    beside the dispatch (module docstring), and with etp > 1 their all_gather beside the tokens'."""
     def sent(z: ExpertSizes) -> IntOrArr:
         return d.c * z.T * z.k * d.h
 
     def weights(z: ExpertSizes) -> IntOrArr:
         return router_dtype(d.dtype)[1] * z.T * z.k
 
-    def local(z: ExpertSizes) -> IntOrArr:  # tokens this etp rank holds before its etp group gathers them
-        return d.c * z.received * d.h
+    def gathered(z: ExpertSizes) -> IntOrArr:  # the etp group's copies: an all_gather's output (estimate.py)
+        return d.c * z.received * etp * d.h
+
+    def gathered_weights(z: ExpertSizes) -> IntOrArr:
+        return router_dtype(d.dtype)[1] * z.received * etp
+
+    def partials(z: ExpertSizes) -> IntOrArr:  # reduce-scattered in the router's dtype (module docstring)
+        return router_dtype(d.dtype)[1] * z.received * etp * d.h
 
     out = [coll("all_to_all", EP, COMPUTE, sent, "moe.dispatch")]  # type: ignore[arg-type]
     if probs:
         out.append(coll("all_to_all", EP, ROUTER, weights, PROBS))  # type: ignore[arg-type]
     if etp > 1:
-        out += [coll("all_gather", ETP, COMPUTE, local, "moe.experts.in"),  # type: ignore[arg-type]
-                coll("reduce_scatter", ETP, COMPUTE, local, "moe.experts.out")]  # type: ignore[arg-type]
+        out.append(coll("all_gather", ETP, COMPUTE, gathered, "moe.experts.in"))  # type: ignore[arg-type]
+        if probs:
+            out.append(coll("all_gather", ETP, ROUTER, gathered_weights, ETP_PROBS))  # type: ignore[arg-type]
+        out.append(coll("reduce_scatter", ETP, ROUTER, partials, "moe.experts.out"))  # type: ignore[arg-type]
     return out + [coll("all_to_all", EP, COMPUTE, sent, "moe.combine")]  # type: ignore[arg-type]
 
 
 def block_bwd(d: Any, etp: int, probs: bool = False) -> list[Collective]:
-    """The backward's: combine's gradient first (dY back to the experts), the weights' then the dispatch's last."""
+    """The backward's: combine's gradient first (dY back to the experts), the weights' then the dispatch's last; an
+    etp all_gather's gradient is a reduce_scatter of the same payload and vice versa."""
     fwd = block_fwd(d, etp, probs)
-    return [fwd[-1], *reversed(fwd[:-1])]
+    return [fwd[-1], *(replace(c, kind=MIRROR.get(c.kind, c.kind)) for c in reversed(fwd[:-1]))]
 
 
 def aux_count_axes(layout: Any) -> tuple[str, ...]:
@@ -126,10 +141,11 @@ def balanced_routing(tokens: int, k: int, experts: int, ep: int) -> np.ndarray:
 
 
 # What paracube's executor runs of an MoE layout (executor/model/moe.py): the modes whose tensor group keeps whole
-# tokens (the folding ones, TensorMode.context_parallel: none, 1D with its sequence shards), experts whole (etp = 1),
-# their gradients in buckets over edp (data_parallel/grad_sync.py: zero=0 all-reduced, zero=1 sharded over edp as
-# Megatron's distributed optimizer does), with any cp (each cp rank routes its own chunks; the folded groups span
-# dp x cp x tp; executor/model/moe_sequence.py). MLA + cp is refused by executor/sizes.check_mla (no cp path).
+# tokens (the folding ones, TensorMode.context_parallel: none, 1D with its sequence shards), experts split over ep
+# and etp (executor/layers/expert_tensor.py), their gradients in buckets over edp (data_parallel/grad_sync.py: zero=0
+# all-reduced, zero=1 sharded over edp as Megatron's distributed optimizer does), with any cp (each cp rank routes its
+# own chunks; the folded groups span dp x cp x tp; executor/model/moe_sequence.py). MLA + cp is refused by
+# executor/sizes.check_mla (no cp path).
 EXECUTOR_ZEROS = (0, 1)
 
 
@@ -140,8 +156,6 @@ def executor_modes() -> list[str]:
 def executor_refusal(layout: Any) -> str | None:
     """Why paracube's executor does not run MoE blocks in `layout` (a Layout; one line naming the value and what
     is valid), else None. The runtime declaration (runtimes/paracube.py) and executor/moe_sizes.py read it."""
-    if layout.etp > 1:
-        return f"etp={layout.etp} (tensor parallelism inside an expert) is not run; valid: etp=1"
     if layout.mode not in executor_modes():
         return f"MoE blocks run in tp={'/'.join(executor_modes())}, not tp={layout.mode}"
     if layout.tensor_size > 1 and not layout.sequence_parallel:
@@ -153,6 +167,6 @@ def executor_refusal(layout: Any) -> str | None:
     return None
 
 
-__all__ = ["EDP", "EP", "ETP", "EXECUTOR_PROBS", "EXECUTOR_ZEROS", "EXPERT_AXES", "PROBS", "PROBS_RULES", "ROUTER",
-           "ExpertSizes", "aux_count_axes", "balanced_routing", "before_experts", "block_bwd", "block_fwd",
+__all__ = ["EDP", "EP", "ETP", "ETP_PROBS", "EXECUTOR_PROBS", "EXECUTOR_ZEROS", "EXPERT_AXES", "PROBS", "PROBS_RULES",
+           "ROUTER", "ExpertSizes", "aux_count_axes", "balanced_routing", "before_experts", "block_bwd", "block_fwd",
            "executor_modes", "executor_refusal", "router_dtype", "splits"]

@@ -13,8 +13,8 @@ Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delay
 in none and 1D, with every zero stage (FSDP gathers the bf16 shards, the layer casts them) and with tpo (1D's ring
 chunk GEMMs are the linear's FP8 GEMMs). MoE blocks (executor/model/moe.py) with expert parallelism folded over
 each stage's dp x cp x tp ranks, in the modes, zero stages and layouts modes/experts.executor_refusal allows (none,
-1D with sp; zero=0/1; etp=1; any cp: executor/model/moe_sequence.py); MLA with dense MLPs and MoE blocks
-(executor/layers/mla.py), not with cp (executor/sizes.check_mla).
+1D with sp; zero=0/1; etp >= 1: executor/layers/expert_tensor.py; any cp: executor/model/moe_sequence.py); MLA with
+dense MLPs and MoE blocks (executor/layers/mla.py), not with cp (executor/sizes.check_mla).
 Llama 4's chunked attention over sequences longer than one chunk, in every path (executor/layers/attention_mask.py).
 """
 
@@ -87,9 +87,10 @@ RUNTIME = Runtime(
     fp8_tpo=True,  # 1D's ring chunk GEMMs are the linear's FP8 GEMMs (collective_matmul.py)
     tied_pp_zero0=False,  # tied copies summed before zero=1's reduce-scatter (data_parallel/grad_sync.py)
     # MoE blocks with ep over the folded expert group (executor/model/moe.py); what it does not run of them
-    # (etp > 1, zero >= 2, 2D/2.5D/3D, 1D without sp) is modes/experts.executor_refusal
+    # (zero >= 2, 2D/2.5D/3D, 1D without sp) is modes/experts.executor_refusal; etp > 1 runs
+    # (executor/layers/expert_tensor.py), cp > 1 too (executor/model/moe_sequence.py)
     expert_parallel=True,
-    expert_tensor_parallel=False,
+    expert_tensor_parallel=True,
     moe_blocks=True,
     moe_check=executor_refusal,
     recompute_modules=tuple(MODULES),  # rcm=: every module in every mode (executor/, branch exec_rcm)

@@ -1,6 +1,7 @@
 """The MoE block's MLP as the executor runs it (paracube/moe_spec.py describes it; modes/experts.py declares its
 traffic; executor/layers/experts.py runs the exchanges): modes none and 1D with sp, experts split ep ways over the
-folded expert group, etp = 1, cp >= 1 (each cp rank routes its load-balanced chunks: moe_sequence.py).
+folded expert group, each split etp ways (executor/layers/expert_tensor.py: the etp gathers and reduce-scatters),
+cp >= 1 (each cp rank routes its load-balanced chunks: moe_sequence.py).
 
 Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequence shards):
 - router: scores = softmax(x W_r) (Mixtral, Qwen3-MoE) or sigmoid(x W_r) (DeepSeek-V3, its top-k chosen on
@@ -33,9 +34,9 @@ Per block and micro-batch, a rank's N local tokens x [N, h] (1D + sp: its sequen
 
 Gradients: router and gate are replicated over tp (1D: summed over tp with sp, Mode1D.sequence_parallel_params);
 the experts' are reduced over the expert-data-parallel group (`edp`, parameters tagged `grad_axes`,
-data_parallel/grad_sync.py; zero=1 shards their buckets over it), and, zero=0, their squared norm summed over ep for
-clipping (expert_norm_sq; zero=1: their shards' squares enter the distributed optimizer's norm over dp x tp, every
-expert element once, the stage's ranks being edp x ep).
+data_parallel/grad_sync.py; zero=1 shards their buckets over it), and, zero=0, their squared norm summed over ep and
+etp (its shards are distinct elements) for clipping (expert_norm_sq; zero=1: their shards' squares enter the
+distributed optimizer's norm over dp x tp, every expert element once, the stage's ranks being edp x ep x etp).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from torch import Tensor, nn
 
 from paracube.executor.comm import all_reduce
 from paracube.executor.layers.discard import region
+from paracube.executor.layers.expert_tensor import ETP, local_experts
 from paracube.executor.layers.experts import EP, all_to_all, exchange_counts
 from paracube.executor.layers.functional import main_grad, upcast
 from paracube.executor.layers.llama import swiglu
@@ -196,25 +198,18 @@ class MoEMLP(nn.Module):
 
     def _experts(self, routed: Tensor, counts: Tensor, w: Tensor | None) -> Tensor:
         """Copies sorted by expert (and their weights w [R, 1], None where applied already) -> their weighted expert
-        outputs, in the same order (dispatch, experts, combine)."""
+        outputs, in the same order (dispatch, experts and their etp exchanges: expert_tensor.py, combine)."""
         ep = self.mesh.size(EP)
-        if ep == 1:
+        if ep * self.mesh.size(ETP) == 1:
             return self.experts(routed, counts.tolist(), w)
         local = counts.view(ep, -1)
-        got = exchange_counts(local, self.mesh)  # [source, local expert]
+        got = exchange_counts(local, self.mesh) if ep > 1 else local  # [source, local expert]
         send, recv = local.sum(1).tolist(), got.sum(1).tolist()
         received = all_to_all(routed, send, recv, self.mesh, "moe.dispatch")
         # the weights beside the tokens, in the router's dtype (megatron-core token_dispatcher.py l.647-673: a second
         # all_to_all of permuted_probs); its backward carries their gradients home
         probs = None if w is None else all_to_all(w, send, recv, self.mesh, "moe.dispatch_probs")
-        # received is (source, expert)-major; the experts want (expert, source)-major
-        starts = torch.cumsum(got.reshape(-1), 0) - got.reshape(-1)
-        starts, lengths = starts.view_as(got), got
-        perm = torch.cat([torch.arange(int(starts[src, j]), int(starts[src, j] + lengths[src, j]))
-                          for j in range(got.shape[1]) for src in range(ep)] or [torch.zeros(0, dtype=torch.long)])
-        perm = perm.to(routed.device)
-        y = self.experts(received[perm], got.sum(0).tolist(), None if probs is None else probs[perm])
-        y = y[torch.argsort(perm)]
+        y = local_experts(self.experts, received, got, probs, self.mesh)
         return all_to_all(y, recv, send, self.mesh, "moe.combine")
 
 
@@ -244,13 +239,15 @@ def expert_norm_sq(model: nn.Module, mesh: Mesh, device: torch.device) -> Tensor
     hold the same sums), on the ranks with tensor coordinates 0 (elsewhere 0), so that the step's all_reduce of the
     norm over (pp, tensor axes) adds it once per stage; None without experts (a dense step dispatches no extra op:
     the local-cpu per-op pricing counts them, tests/test_calibration.py)."""
-    params = [p for p in model.parameters() if is_expert(p)]
+    params = [(n, p) for n, p in model.named_parameters() if is_expert(p)]
     if not params:
         return None
     sq = torch.zeros(1, dtype=torch.float32, device=device)
-    for p in params:
-        sq += main_grad(p).float().pow(2).sum()
+    for n, p in params:  # etp replicas (GPT-OSS's b2, routed_experts.py) counted on etp index 0
+        if all(mesh.coord(a) == 0 for a in model.shard_specs[n].replicated_axes):  # type: ignore[index, union-attr]
+            sq += main_grad(p).float().pow(2).sum()
     sq = all_reduce(sq, mesh, EP, label="grad_norm.experts")
+    sq = all_reduce(sq, mesh, ETP, label="grad_norm.experts")  # etp > 1: each rank's shards are distinct elements
     return sq if all(mesh.coord(a) == 0 for a in mesh.tensor_axes) else torch.zeros_like(sq)
 
 
