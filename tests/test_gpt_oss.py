@@ -207,3 +207,16 @@ def test_engines_agree_with_sinks_and_biases(text: str) -> None:
     assert a.memory.parameters > base.memory.parameters
     sinks = [ev for ev in a.events if ev.label.endswith(".sinks")]
     assert all(ev.payload_bytes == 4 * oss.heads and ev.kind == "all_reduce" for ev in sinks) and sinks
+
+
+def test_megatron_refuses_experts_with_biases_over_etp_in_one_line() -> None:
+    """megatron-core 0.16.1 transformer_config.py l.1588-1591 asserts "Bias in Moe is only supported when ETP==1":
+    the megatron runtime refuses GPT-OSS with etp > 1; paracube's executor splits them (executor/model/
+    routed_experts.py) and runs it; a model without expert biases is not refused."""
+    from paracube.runtimes import get_runtime
+
+    lay = parse_layout("dp=4,ep=2,etp=2,tp=1d:2,sp")
+    why = get_runtime("megatron").refusal(lay, "llama", moe=True, model=PRESETS["gpt-oss-120b"])
+    assert why is not None and "etp=2" in why and "expert_bias" in why and "\n" not in why
+    assert get_runtime("megatron").refusal(lay, "llama", moe=True, model=PRESETS["qwen3-30b-a3b"]) is None
+    assert get_runtime("paracube").refusal(lay, "llama", moe=True, model=PRESETS["gpt-oss-120b"]) is None

@@ -24,7 +24,8 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   ring, "ag" all-gather; first = its default, what an unpinned cpc records); () = no context parallelism
   (`cp_note` says why, e.g. DeepSpeed-Ulysses is not this). The ring is priced overlapped with attention, the
   all-gather exposed (cost_models/context_parallel.py).
-- `expert_parallel` / `expert_tensor_parallel`: MoE layouts with ep > 1 / etp > 1 (Layout's folding).
+- `expert_parallel` / `expert_tensor_parallel`: MoE layouts with ep > 1 / etp > 1 (Layout's folding);
+  `etp_expert_biases`: with experts that have biases (GPT-OSS) too.
 - `fp8_scaling`: how it scales FP8 tensors (workload.FP8_SCALINGS): "delayed" (Transformer Engine's amax history,
   Megatron-core and paracube's executor) or "dynamic" (torchao's Float8Linear, torchtitan): both engines price the
   amax reduction, the held FP8 weight copies and the weight casts by it (cost_models/fp8.py).
@@ -79,7 +80,7 @@ from paracube.modes import MODES
 from paracube.modes.experts import PROBS_RULES
 from paracube.runtimes.describe import runtime_dict
 from paracube.runtimes.offload import Offload, offload_refusal
-from paracube.runtimes.refusals import a2a_refusal, rcm_refusal
+from paracube.runtimes.refusals import a2a_refusal, context_refusal, expert_refusal, rcm_refusal, tpo_refusal
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES
 
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
@@ -130,6 +131,7 @@ class Runtime:
     # parallelism inside an expert (etp > 1, Megatron-core's --expert-tensor-parallel-size)
     expert_parallel: bool = False
     expert_tensor_parallel: bool = False
+    etp_expert_biases: bool = True  # experts with biases (GPT-OSS) split over etp > 1 (runtimes/refusals.py)
     moe_blocks: bool = True  # it trains models with MoE blocks
     mla: bool = True  # it trains multi-head latent attention with dense MLPs (paracube's executor: ExecutorSupport.mla)
     mla_with_moe: bool = True  # it trains MLA and MoE blocks in one model (DeepSeek-V2/V3)
@@ -243,39 +245,17 @@ class Runtime:
         if dtype == "fp8" and self.fp8_zeros is not None and layout.zero not in self.fp8_zeros:
             return (f"{who} does not train fp8 with zero={layout.zero}; valid: "
                     f"zero={'/'.join(map(str, self.fp8_zeros))}")
-        if dtype == "fp8" and layout.tpo and not self.fp8_tpo:
-            return f"{who} does not run tpo with fp8 GEMMs; drop tpo (or train in bf16)"
         if family not in self.families:
             return f"{who} does not run the {family} family; valid: {', '.join(self.families)}"
         if layout.overlap and not self.grad_overlap:
             return f"{who} does not overlap the gradient reduction with backward; drop overlap"
-        if layout.tpo and not self.tpo:
-            return f"{who} does not overlap tensor-parallel communication with GEMMs; drop tpo"
-        if layout.tpo and self.tpo_needs_sp and not layout.sequence_parallel:
-            return f"{who} runs tpo with sequence parallelism only; add sp (tp=1d:N,sp,tpo)"
-        if layout.tpo and MODES[layout.mode].tpo_needs_sp and not layout.sequence_parallel:
-            return (f"{who} runs tpo in tp={layout.mode} with sequence parallelism only (without sp its collectives "
-                    f"are all-reduces, none overlappable); add sp (tp={layout.mode}:N,sp,tpo)")
-        if layout.cp > 1 and not self.cp_comms:
-            return f"{who} does not run context parallelism (cp={layout.cp}){self.cp_note}; valid: cp=1"
-        if layout.cp > 1 and layout.cp_comm is not None and layout.cp_comm not in self.cp_comms:
-            return (f"{who} does not run cpc={layout.cp_comm} (context parallelism's exchange); "
-                    f"valid: cpc={'/'.join(self.cp_comms)}")
-        if windowed and not self.sliding_window:
-            return f"{who} does not train sliding-window attention; valid: a model without sliding_window"
-        if sinks and not self.attention_sinks:
-            return f"{who} does not train attention sinks (attention_sinks=true); valid: a model without them"
-        if windowed and layout.cp > 1 and self.cp_comms:
-            comms = self.cp_comms_for(True)
-            if not comms:
-                return f"{who} does not run sliding-window attention with cp={layout.cp}; valid: cp=1"
-            if layout.cp_comm is not None and layout.cp_comm not in comms:
-                return (f"{who} runs sliding-window attention with context parallelism with cpc={'/'.join(comms)} "
-                        f"only, not cpc={layout.cp_comm}")
-        if layout.ep > 1 and not self.expert_parallel:
-            return f"{who} does not run expert parallelism (ep={layout.ep}); valid: ep=1"
-        if layout.etp > 1 and not self.expert_tensor_parallel:
-            return f"{who} does not run tensor parallelism inside experts (etp={layout.etp}); valid: etp=1"
+        why_seq = tpo_refusal(self, layout, dtype) or context_refusal(self, layout, windowed, sinks)
+        if why_seq:
+            return f"{who} {why_seq}"
+        why_experts = expert_refusal(self.expert_parallel, self.expert_tensor_parallel, self.etp_expert_biases,
+                                     layout, model)
+        if why_experts:
+            return f"{who} {why_experts}"
         if layout.a2ao:
             why_a2a = self.a2a_overlap_refusal(layout, dtype)
             if why_a2a:

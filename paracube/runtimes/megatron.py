@@ -51,6 +51,7 @@ RUNTIME = Runtime(
     export_target="megatron",
     expert_parallel=True,  # --expert-model-parallel-size, --expert-tensor-parallel-size
     expert_tensor_parallel=True,
+    etp_expert_biases=False,  # transformer_config.py l.1588-1591: "Bias in Moe is only supported when ETP==1"
     # dropless MoE as NVIDIA's Hopper recipes run it: the flex dispatcher on DeepEP (cost_models/moe_dispatch.py; a
     # capacity factor falls back to alltoall, which Megatron-core requires for padding to capacity)
     moe_dispatch="deepep",

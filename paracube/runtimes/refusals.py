@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from paracube.layout import Layout
+from paracube.modes import MODES
 from paracube.recompute_modules import modules_text, violations
+
+Runtime = Any  # runtimes/base.Runtime, which imports this module (no import back: the layers contract)
 
 
 def a2a_refusal(runs: bool, layout: Layout, dtype: str | None = None) -> str | None:
@@ -42,4 +47,57 @@ def rcm_refusal(modules: tuple[str, ...], layout: Layout, model: object | None =
     return f"cannot run {bad[0]}" if bad else None
 
 
-__all__ = ["a2a_refusal", "rcm_refusal"]
+def expert_refusal(ep: bool, etp: bool, etp_biases: bool, layout: Layout, model: object | None = None) -> str | None:
+    """Why the experts' layout cannot run, by what the runtime runs: `ep` / `etp`, expert (tensor) parallelism
+    (Runtime.expert_parallel / expert_tensor_parallel); `etp_biases`, experts with biases (MoESpec.expert_bias,
+    GPT-OSS) split over etp > 1 (Runtime.etp_expert_biases; megatron-core 0.16.1 transformer_config.py l.1588-1591
+    asserts "Bias in Moe is only supported when ETP==1")."""
+    if layout.ep > 1 and not ep:
+        return f"does not run expert parallelism (ep={layout.ep}); valid: ep=1"
+    if layout.etp > 1 and not etp:
+        return f"does not run tensor parallelism inside experts (etp={layout.etp}); valid: etp=1"
+    moe = getattr(model, "moe", None)
+    if layout.etp > 1 and not etp_biases and moe is not None and moe.expert_bias:
+        return (f"does not split experts with biases over etp={layout.etp} (model {getattr(model, 'name', '?')}: "
+                "expert_bias); valid: etp=1")
+    return None
+
+
+def tpo_refusal(rt: Runtime, layout: Layout, dtype: str | None = None) -> str | None:
+    """Why `tpo` (tensor-parallel collectives overlapped with their GEMMs) cannot run on this layout."""
+    if not layout.tpo:
+        return None
+    if dtype == "fp8" and not rt.fp8_tpo:
+        return "does not run tpo with fp8 GEMMs; drop tpo (or train in bf16)"
+    if not rt.tpo:
+        return "does not overlap tensor-parallel communication with GEMMs; drop tpo"
+    if rt.tpo_needs_sp and not layout.sequence_parallel:
+        return "runs tpo with sequence parallelism only; add sp (tp=1d:N,sp,tpo)"
+    if MODES[layout.mode].tpo_needs_sp and not layout.sequence_parallel:
+        return (f"runs tpo in tp={layout.mode} with sequence parallelism only (without sp its collectives are "
+                f"all-reduces, none overlappable); add sp (tp={layout.mode}:N,sp,tpo)")
+    return None
+
+
+def context_refusal(rt: Runtime, layout: Layout, windowed: bool = False, sinks: bool = False) -> str | None:
+    """Why context parallelism (cp=, cpc=), sliding windows (`windowed`) or attention sinks (`sinks`) cannot run."""
+    if layout.cp > 1 and not rt.cp_comms:
+        return f"does not run context parallelism (cp={layout.cp}){rt.cp_note}; valid: cp=1"
+    if layout.cp > 1 and layout.cp_comm is not None and layout.cp_comm not in rt.cp_comms:
+        return (f"does not run cpc={layout.cp_comm} (context parallelism's exchange); "
+                f"valid: cpc={'/'.join(rt.cp_comms)}")
+    if windowed and not rt.sliding_window:
+        return "does not train sliding-window attention; valid: a model without sliding_window"
+    if sinks and not rt.attention_sinks:
+        return "does not train attention sinks (attention_sinks=true); valid: a model without them"
+    if windowed and layout.cp > 1 and rt.cp_comms:
+        comms = rt.cp_comms_for(True)
+        if not comms:
+            return f"does not run sliding-window attention with cp={layout.cp}; valid: cp=1"
+        if layout.cp_comm is not None and layout.cp_comm not in comms:
+            return (f"runs sliding-window attention with context parallelism with cpc={'/'.join(comms)} only, "
+                    f"not cpc={layout.cp_comm}")
+    return None
+
+
+__all__ = ["a2a_refusal", "context_refusal", "expert_refusal", "rcm_refusal", "tpo_refusal"]
