@@ -209,7 +209,8 @@ class StageCost:
 
 
 def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
-               links: dict, in_flight: float) -> StageCost:
+               links: dict, in_flight: float, events: bool = True) -> StageCost:
+    """One stage's MoE and attention terms; `events` False: every MoE block's bytes (`sent`) without its events."""
     out = StageCost(memory={"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0, "activations": 0.0,
                             "temporaries": 0.0})
     held = [i for c in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in c]
@@ -237,8 +238,10 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         moe = model.moe
         assert moe is not None
         b = block_cost(model, d, layout, mb, g)
-        cf = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_pre + b.events_fwd)
-        cb = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd)
+        tf = [comm_time(e, links, moe.imbalance, g) for e in b.events_fwd]
+        tb = [comm_time(e, links, moe.imbalance, g) for e in b.events_bwd]
+        cf = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_pre) + sum(tf)
+        cb = sum(tb)
         # the host's issue beyond the block's GPU work: the dense block's (host_issue.py), this module's and its own
         # MLP width's (mlp_delta.py); the backward's without a full recomputation's forward (host_issue.idle_seconds)
         first = next(i for i in held if moe.is_moe_layer(i))
@@ -249,21 +252,23 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.waits = k * (b.wait * (2 if rerun else 1) + out.issue_fwd + out.issue_bwd)
         out.comm += k * (cf * (2 if rerun else 1) + cb)
         out.comm_bwd += k * (cb + (cf if rerun else 0.0))
-        out.a2a_fwd = k * sum(comm_time(e, links, moe.imbalance, g) for e in b.events_fwd if routed(e))
-        out.a2a_bwd = k * sum(comm_time(e, links, moe.imbalance, g) for e in b.events_bwd if routed(e))
+        out.a2a_fwd = k * sum(t for e, t in zip(b.events_fwd, tf, strict=True) if routed(e))
+        out.a2a_bwd = k * sum(t for e, t in zip(b.events_bwd, tb, strict=True) if routed(e))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
         out.comm -= k * dropped_time(dropped_events(model, d, layout, mb), links, g)
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch
                   if moe.is_moe_layer(i)]
-        for i in blocks:  # one micro-batch's, in issue order per block (the whole forward, then backward)
+        out.sent += sum(e.sent_bytes() for e in out.events)  # rcm='s MLP collectives (stage_again)
+        sent_f = sum(e.sent_bytes() for e in b.events_pre + b.events_fwd)
+        out.sent += len(blocks) * (sent_f * (2 if rerun else 1) + sum(e.sent_bytes() for e in b.events_bwd))
+        for i in blocks if events else ():  # one micro-batch's, in issue order per block (the forward, then backward)
             out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}."))
                            for e in b.events_pre + b.events_fwd]
             if rerun:
                 out.events += [replace(e, phase="recompute", label=e.label.replace("layers.0.", f"layers.{i}."))
                                for e in b.events_pre + b.events_fwd]
-        for i in reversed(blocks):
+        for i in reversed(blocks) if events else ():
             out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}.")) for e in b.events_bwd]
-        out.sent += sum(e.sent_bytes() for e in out.events)
         acts = d.c * (b.received * d.h + 3 * b.received * moe.expert_ffn / layout.etp) + 4 * b.tokens * moe.experts
         out.memory["activations"] += (1 if rec else k) * in_flight * acts
         # what rcm= no longer keeps (recompute_modules_cost.py; 0 without it)
