@@ -134,6 +134,14 @@ class Dims:
         return (self.mla.q_lora_rank or self.h) + self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
 
     @property
+    def kv_exchanged(self) -> int:
+        """Width per token of the keys and values context parallelism exchanges (modes/context.kv_bytes), over all
+        heads: 2 kv; MLA: H (d_n + d_r) keys and H d_v values (executor/layers/mla.py: its core's own k and v)."""
+        if self.mla is None:
+            return 2 * self.kv
+        return self.heads * (self.mla.qk_head_dim + self.mla.v_head_dim)
+
+    @property
     def attn_replicated(self) -> int:
         """Parameters of one block's attention replicated over the tensor group: MLA's down projections and their
         norms (with sp they take the sequence-parallel gradient all_reduce); 0 otherwise."""
