@@ -42,6 +42,15 @@ def test_ring_exchange_by_hand() -> None:
     assert grads and all(e.axes == ("dp", "cp") and e.group_size == 4 for e in grads)
 
 
+def test_mla_exchange_by_hand() -> None:
+    """MLA (tiny-mla: H = 4, d_n + d_r = 24, d_v = 16; h / H = 16) exchanges its core's k and v: cp=2, tp=1d:2, mb=2,
+    bf16: T = 2 x 64 / 2 = 64, KV = 2 B x 64 x 4 x (24 + 16) / 2 = 10240 B, not the dense width's 2 x 64 x 2 x 64 / 2
+    = 8192 B (Dims.kv_exchanged; the executor's recorded bytes: test_cp_matches_serial_and_the_cost_model)."""
+    d = dims_of(replace(PRESETS["tiny-mla"], moe=None), TrainingSpec(global_batch=2, dtype="bf16"))
+    sent = {e.payload_bytes for e in stage_events(parse_layout("cp=2,tp=1d:2"), d, 2) if e.axes == ("cp",)}
+    assert d.kv_exchanged == 160 and sent == {10240}
+
+
 def test_all_gather_exchange_and_recompute_by_hand() -> None:
     """dp=1, cp=4, cpc=ag, no tp, mb=4, full recomputation: N = 2; T = 4 x 64 / 4 = 64; KV = 2 x 64 x 2 x 64 =
     16384 B, gathered cp KV = 65536 B. Per layer forward an all_gather (again in the recompute), backward an
