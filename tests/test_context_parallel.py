@@ -106,6 +106,18 @@ def test_engines_agree(text: str, rc: str) -> None:
         assert a.comm_time_by_axis.get("cp", 0) == pytest.approx(e.comm_time_by_axis.get("cp", 0), rel=0.02)
 
 
+@pytest.mark.parametrize("text", ["dp=2,cp=2,ep=2,tp=1d:2,sp,mb=1", "dp=4,cp=2,cpc=ag,ep=2,mb=1"])
+def test_engines_agree_on_mla(text: str) -> None:
+    """MLA + MoE (tiny-mla at 16384 tokens) under cp: both engines price the exchange at MLA's k, v widths
+    (Dims.kv_exchanged), within 2% as test_engines_agree says why."""
+    from paracube.workload import with_seq_len
+
+    model, lay, train = with_seq_len(PRESETS["tiny-mla"], 16384), parse_layout(text), _train()
+    a = estimate(model, train, lay, load_topology("dgx-h100", 8), with_events=False)
+    e = estimate_event(model, train, lay, load_topology("dgx-h100", 8), with_events=False)
+    assert abs(e.step_time_s / a.step_time_s - 1) < 0.02, (text, a.step_time_s, e.step_time_s)
+
+
 def test_ring_hidden_where_attention_covers_it() -> None:
     """Inside one node (cp=2 on NVLink) at s = 16384 the block attention outlasts each ring step: the ring's
     exposed time is only the last dK, dV return per layer and micro-batch; the all-gather variant is exposed whole
