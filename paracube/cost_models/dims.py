@@ -135,11 +135,9 @@ class Dims:
 
     @property
     def kv_exchanged(self) -> int:
-        """Width per token of the keys and values context parallelism exchanges (modes/context.kv_bytes), over all
-        heads: 2 kv; MLA: H (d_n + d_r) keys and H d_v values (executor/layers/mla.py: its core's own k and v)."""
-        if self.mla is None:
-            return 2 * self.kv
-        return self.heads * (self.mla.qk_head_dim + self.mla.v_head_dim)
+        """Keys' and values' width per token that cp exchanges (modes/context.kv_bytes): 2 kv; MLA its core's k, v:
+        H (d_n + d_r) + H d_v (executor/layers/mla.py)."""
+        return 2 * self.kv if self.mla is None else self.heads * (self.mla.qk_head_dim + self.mla.v_head_dim)
 
     @property
     def attn_replicated(self) -> int:
