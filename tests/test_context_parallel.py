@@ -42,6 +42,15 @@ def test_ring_exchange_by_hand() -> None:
     assert grads and all(e.axes == ("dp", "cp") and e.group_size == 4 for e in grads)
 
 
+def test_mla_exchange_by_hand() -> None:
+    """MLA (tiny-mla: H = 4, d_n + d_r = 24, d_v = 16; h / H = 16) exchanges its core's k and v: cp=2, tp=1d:2, mb=2,
+    bf16: T = 2 x 64 / 2 = 64, KV = 2 B x 64 x 4 x (24 + 16) / 2 = 10240 B, not the dense width's 2 x 64 x 2 x 64 / 2
+    = 8192 B (Dims.kv_exchanged; the executor's recorded bytes: test_cp_matches_serial_and_the_cost_model)."""
+    d = dims_of(replace(PRESETS["tiny-mla"], moe=None), TrainingSpec(global_batch=2, dtype="bf16"))
+    sent = {e.payload_bytes for e in stage_events(parse_layout("cp=2,tp=1d:2"), d, 2) if e.axes == ("cp",)}
+    assert d.kv_exchanged == 160 and sent == {10240}
+
+
 def test_all_gather_exchange_and_recompute_by_hand() -> None:
     """dp=1, cp=4, cpc=ag, no tp, mb=4, full recomputation: N = 2; T = 4 x 64 / 4 = 64; KV = 2 x 64 x 2 x 64 =
     16384 B, gathered cp KV = 65536 B. Per layer forward an all_gather (again in the recompute), backward an
@@ -95,6 +104,18 @@ def test_engines_agree(text: str, rc: str) -> None:
     assert abs(e.step_time_s / a.step_time_s - 1) < 0.02, (text, a.step_time_s, e.step_time_s)
     if lay.cp_comm != "ag":  # the ring's exposed part is priced and reported on the cp axis by both
         assert a.comm_time_by_axis.get("cp", 0) == pytest.approx(e.comm_time_by_axis.get("cp", 0), rel=0.02)
+
+
+@pytest.mark.parametrize("text", ["dp=2,cp=2,ep=2,tp=1d:2,sp,mb=1", "dp=4,cp=2,cpc=ag,ep=2,mb=1"])
+def test_engines_agree_on_mla(text: str) -> None:
+    """MLA + MoE (tiny-mla at 16384 tokens) under cp: both engines price the exchange at MLA's k, v widths
+    (Dims.kv_exchanged), within 2% as test_engines_agree says why."""
+    from paracube.workload import with_seq_len
+
+    model, lay, train = with_seq_len(PRESETS["tiny-mla"], 16384), parse_layout(text), _train()
+    a = estimate(model, train, lay, load_topology("dgx-h100", 8), with_events=False)
+    e = estimate_event(model, train, lay, load_topology("dgx-h100", 8), with_events=False)
+    assert abs(e.step_time_s / a.step_time_s - 1) < 0.02, (text, a.step_time_s, e.step_time_s)
 
 
 def test_ring_hidden_where_attention_covers_it() -> None:
@@ -166,10 +187,15 @@ def test_bad_cp_refused() -> None:
 # the 4-rank launch runs its 2-rank cases on ranks 0-1 (ranks 2-3 build the same groups, as torch requires).
 SPEC = ModelSpec("cpx", layers=2, hidden=32, heads=4, ffn_hidden=64, vocab=64, seq_len=16)
 GQA = replace(SPEC, family="llama", kv_heads=2)  # grouped-query attention: 2 query heads per kv head
+# MLA (executor/layers/mla.py): keys of d_n + d_r = 24, values of d_v = 16 per head exchanged; one windowed variant
+MLA = replace(PRESETS["tiny-mla"], name="tiny-mla-dense", moe=None, seq_len=16)
+FAMILY = {"gpt": SPEC, "llama": GQA, "mla": MLA, "mla-window": replace(MLA, sliding_window=6, window_pattern="WF")}
 B, N_MICRO, STEPS, MAX_NORM, LR = 2, 2, 3, 0.1, 1e-3
 ADAMW = {"lr": LR, "weight_decay": 0.1, "eps": 1e-6}
 CASES_4 = [("dp=1,cp=2", "gpt", "none"), ("dp=1,cp=2,cpc=ag", "llama", "none"), ("dp=1,cp=4", "gpt", "none"),
-           ("dp=1,pp=2,cp=2", "gpt", "none")]
+           ("dp=1,pp=2,cp=2", "gpt", "none"), ("dp=1,cp=2", "mla", "none"),
+           ("dp=1,cp=2,cpc=ag,tp=1d:2,sp", "mla-window", "selective"),
+           ("dp=1,cp=2,tp=1d:2,rcm=mla_up_proj", "mla", "none")]
 CASES_8 = [("dp=2,cp=2,tp=1d:2,sp", "gpt", "full"), ("dp=2,cp=2,cpc=ag,tp=1d:2", "llama", "selective")]
 
 
@@ -244,7 +270,7 @@ def _cp_case(rank: int, text: str, family: str, recompute: str) -> dict[str, Any
     from paracube.modes.buckets import BUCKET_BYTES
 
     layout = parse_layout(text)
-    spec = GQA if family == "llama" else SPEC
+    spec = FAMILY[family]
     if rank >= layout.world_size:
         Mesh(layout, 0)  # the same new_group calls as the case's ranks
         return {}
@@ -292,7 +318,7 @@ def test_cp_matches_serial_and_the_cost_model(executed, case: tuple[str, int]) -
     columns differ by at most 2 x STEPS x 3.17 lr, while a wrong exchange changes every parameter by O(1)."""
     world, i = case
     text, family, rc = (CASES_4 if world == "4" else CASES_8)[i]
-    spec = GQA if family == "llama" else SPEC
+    spec = FAMILY[family]
     layout = parse_layout(text).with_(micro_batch=B)
     d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc))
     for rank in range(layout.world_size):
@@ -303,8 +329,9 @@ def test_cp_matches_serial_and_the_cost_model(executed, case: tuple[str, int]) -
         assert r["cp_events"] > 0
         diff = traffic_difference(stage_events(layout, d, B, r["stage"]), r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (text, rank, diff)
-    if layout.pp == 1:  # memory: the activations autograd saves on the most loaded rank equal the model's (rel 2%,
-        # as tests/test_token_split.py)
+    # memory: the activations autograd saves on the most loaded rank equal the model's (rel 2%, as
+    # tests/test_token_split.py); not under rcm=mla_up_proj, whose q, k, v saved_bytes sees before they are discarded
+    if layout.pp == 1 and layout.recompute_modules is None:
         from paracube.cost_models import estimate
         from paracube.topologies import load_topology
 

@@ -159,7 +159,6 @@ def test_fp8_with_mla_matches_the_serial_fp8_model_and_is_priced(results) -> Non
     ("tp=2d:2x2", "multi-head latent attention with tensor mode 2d is not run by the executor; valid there: "
                   "tp=none/1d"),
     ("tp=3d:2x2x2", "with tensor mode 3d is not run"),
-    ("cp=2,tp=1d:2", "multi-head latent attention with cp=2 is not run by the executor yet"),
     ("tp=1d:2,sp,tpo", "multi-head latent attention with tpo is not run"),
     ("dp=2,zero=2", "multi-head latent attention with zero=2 is not run"),
 ])

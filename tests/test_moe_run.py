@@ -1,9 +1,10 @@
 """MoE blocks run by the executor (executor/model/moe.py, executor/layers/experts.py): tiny-moe (top-2 of 8 experts,
 one shared) against its serial model, and the all-to-alls' recorded split sizes against the model's; the same for
 MLA + MoE in one model (tiny-mla: DeepSeek-V2/V3's shape, block 0 dense, block 1 MoE with sigmoid routing, every
-block MLA attention; modes none with pp and 1D + sp with zero=1) and for Mixtral's shape (no shared expert), and
-with context parallelism (cp=2 beside dp, pp, 1D + sp, zero=1, ep = 1, 2 or 4 folded over dp x cp x tp: each cp rank
-routes its load-balanced chunks, the sequence-wise aux loss sums its counts over cp (x tp), moe_sequence.py).
+block MLA attention; modes none with pp and 1D + sp with zero=1, and with cp by ring and by all-gather) and for
+Mixtral's shape (no shared expert), and with context parallelism (cp=2 beside dp, pp, 1D + sp, zero=1, ep = 1, 2 or
+4 folded over dp x cp x tp: each cp rank routes its load-balanced chunks, the sequence-wise aux loss sums its counts
+over cp (x tp), moe_sequence.py).
 
 One 4-rank launch. Per case: losses and gradient norms of 3 AdamW steps and every parameter block after them equal
 the serial model's (rel 1e-5, both copies in fp64: dist_helpers.TOL_FP64 says why; routing is chosen on fp64 scores,
@@ -82,6 +83,8 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("tiny-moe", "dp=4,etp=2,zero=1", False, "none"),  # ep = 1: the etp exchanges alone; experts sharded over edp = 2
     ("oss", "dp=4,ep=2,etp=2,zero=1", False, "none"),  # b2 whole on both etp ranks: counted once in the sharded norm
     ("tiny-moe", "dp=2,cp=2,ep=2,etp=2", False, "none"),  # ep x etp folded over dp x cp
+    ("mla", "dp=2,cp=2,ep=2", False, "none"),  # MLA + MoE under cp (mla.py): k, v of their own widths by the ring
+    ("mla", "cp=2,cpc=ag,ep=2,tp=1d:2,sp", False, "none"),  # ... and all-gathered, in 1D + sp
 ]
 IDS = [f"{c[0]}-{c[1]}{'-skewed' if c[2] else ''}-rc={c[3]}" for c in CASES]
 
@@ -300,7 +303,7 @@ def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> Non
     ("dp=2,ep=2,tp=1d:2", "add sp"),
     ("dp=4,ep=2,zero=2", "zero=2"),
     ("dp=2,ep=2,etp=3", "etp=3"),
-    ("dp=2,ep=2,cp=2,mla", "cp=2"),  # MLA has no cp path (executor/sizes.check_mla); MoE blocks with cp run
+    ("dp=2,ep=2,tp=1d:2,sp,tpo,mla", "tpo"),  # MLA with tpo is not built (executor/sizes.check_mla)
 ])
 def test_what_the_executor_does_not_run_is_refused_in_one_line(layout: str, message: str) -> None:
     spec = MLA_MOE if layout.endswith(",mla") else SPEC

@@ -103,7 +103,8 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     # gathered input instead, counted with the linear inputs; the unfused core's bmm does not save its output).
     if replicated or (core_kept and d.flash):
         attention = attention + c * T * w["out"] / sp["all"]
-    if d.mla is not None and core_kept and d.flash:  # and the projection its own copy (attention_widths)
+    # and the projection its own copy (attention_widths); with cp one storage (context_parallel.heads_inner)
+    if d.mla is not None and core_kept and d.flash and d.cp == 1:
         attention = attention + c * T * w["out"] / sp["all"]
     if MODES[mode].token_axes:
         attention = attention + split_sequence_bytes(d, b, sp)

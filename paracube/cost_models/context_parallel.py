@@ -13,8 +13,8 @@ everything linear in the tokens is the plain model's on s / cp:
   the rank's positions; the unfused core's scores are [s / cp, s] per head: cp x the s / cp case);
 - gradients reduce, and zero shards, over Layout.data_axes (dp x cp): comm.py's data-parallel entries on the
   larger group;
-- the exchange (this module), per layer and micro-batch, with KV = c T 2 kv / t bytes (modes/context.kv_bytes)
-  and C = alpha + KV / B one ring step on the cp group's link:
+- the exchange (this module), per layer and micro-batch, with KV = c T W / t bytes (modes/context.kv_bytes; W:
+  Dims.kv_exchanged, MLA's k and v widths) and C = alpha + KV / B one ring step on the cp group's link:
     p2p forward (cp - 1 steps; step k's exchange issued before the attention on block k: Megatron-core's
       AttnFuncWithCPAndKVP2P):     exposed_f = (cp - 1) max(0, C - A_f / cp)
     p2p backward (cp - 1 steps, each one batched exchange of the next KV and the dK, dV travelling with the block,

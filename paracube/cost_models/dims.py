@@ -134,6 +134,12 @@ class Dims:
         return (self.mla.q_lora_rank or self.h) + self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
 
     @property
+    def kv_exchanged(self) -> int:
+        """Keys' and values' width per token that cp exchanges (modes/context.kv_bytes): 2 kv; MLA its core's k, v:
+        H (d_n + d_r) + H d_v (executor/layers/mla.py)."""
+        return 2 * self.kv if self.mla is None else self.heads * (self.mla.qk_head_dim + self.mla.v_head_dim)
+
+    @property
     def attn_replicated(self) -> int:
         """Parameters of one block's attention replicated over the tensor group: MLA's down projections and their
         norms (with sp they take the sequence-parallel gradient all_reduce); 0 otherwise."""

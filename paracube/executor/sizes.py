@@ -104,12 +104,13 @@ def check_divisibility(spec: ModelSpec, layout: Layout, micro_batch: int | None,
 
 def check_mla(spec: ModelSpec, layout: Layout, runs: bool) -> None:
     """Multi-head latent attention (executor/layers/mla.py) runs in the modes whose ExecutorSupport says `mla`
-    (none, 1D with or without sp), with dp, pp and zero=0/1; not with cp, tpo or zero=2/3 (not built yet)."""
+    (none, 1D with or without sp), with dp, pp, cp (its core: context_parallel.py) and zero=0/1; not with tpo or
+    zero=2/3 (not built yet)."""
     where = "/".join(n for n, m in MODES.items() if m.executor is not None and m.executor.mla)
     if not runs:
         raise ParacubeError(f"model {spec.name}: multi-head latent attention with tensor mode {layout.mode} is not run "
                             f"by the executor; valid there: tp={where} (in {layout})")
-    for bad, what, valid in ((layout.cp > 1, f"cp={layout.cp}", "cp=1"), (bool(layout.tpo), "tpo", "drop tpo"),
+    for bad, what, valid in ((bool(layout.tpo), "tpo", "drop tpo"),
                              (layout.zero >= 2, f"zero={layout.zero}", "zero=0/1")):
         if bad:
             raise ParacubeError(f"model {spec.name}: multi-head latent attention with {what} is not run by the "

@@ -5,8 +5,9 @@ splits into 2 cp chunks of s / (2 cp); cp rank i holds chunks i and 2 cp - 1 - i
 Megatron-core / Llama 3). A rank's tokens are T = b s / cp (b: sequences per micro-batch; `Sizes.T` is this
 local count wherever cp > 1, traffic.layout_sizes). Per layer and micro-batch its keys and values are
 
-    KV = c * T * 2 * kv / t    bytes  (kv = kv_heads * head_dim; t: the tensor ranks its heads split over, 1 in
-                               `none`; with 1D + sp the attention's k, v are whole over the T tokens)
+    KV = c * T * W / t    bytes  (W = Dims.kv_exchanged: 2 kv with kv = kv_heads * head_dim; MLA: its core's
+                          k and v, H (qk_nope + qk_rope + v_head_dim); t: the tensor ranks its heads split over,
+                          1 in `none`; with 1D + sp the attention's k, v are whole over the T tokens)
 
 - `cpc=p2p` (ring; Megatron's cp_comm_type=p2p): forward cp - 1 ring steps, each a `send` of KV to cp rank
   (i + 1) % cp (and a receive from (i - 1) % cp: batch_isend_irecv), the next exchange issued before the
@@ -33,8 +34,8 @@ DEFAULT_COMM = "p2p"  # an unpinned cpc (None): what the executor runs and what 
 
 
 def kv_bytes(d: Any, z: Sizes) -> IntOrArr:
-    """KV of one layer, one micro-batch, one rank (module docstring): c T 2 kv / t."""
-    return d.c * z.T * 2 * d.kv // z.t
+    """KV of one layer, one micro-batch, one rank (module docstring): c T W / t."""
+    return d.c * z.T * d.kv_exchanged // z.t
 
 
 def attention_unit(mode: TensorMode) -> str:

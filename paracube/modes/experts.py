@@ -144,8 +144,8 @@ def balanced_routing(tokens: int, k: int, experts: int, ep: int) -> np.ndarray:
 # tokens (the folding ones, TensorMode.context_parallel: none, 1D with its sequence shards), experts split over ep
 # and etp (executor/layers/expert_tensor.py), their gradients in buckets over edp (data_parallel/grad_sync.py: zero=0
 # all-reduced, zero=1 sharded over edp as Megatron's distributed optimizer does), with any cp (each cp rank routes its
-# own chunks; the folded groups span dp x cp x tp; executor/model/moe_sequence.py). MLA + cp is refused by
-# executor/sizes.check_mla (no cp path).
+# own chunks; the folded groups span dp x cp x tp; executor/model/moe_sequence.py), MLA's attention too
+# (executor/layers/mla.py runs it under cp).
 EXECUTOR_ZEROS = (0, 1)
 
 

@@ -14,7 +14,8 @@ in none and 1D, with every zero stage (FSDP gathers the bf16 shards, the layer c
 chunk GEMMs are the linear's FP8 GEMMs). MoE blocks (executor/model/moe.py) with expert parallelism folded over
 each stage's dp x cp x tp ranks, in the modes, zero stages and layouts modes/experts.executor_refusal allows (none,
 1D with sp; zero=0/1; etp >= 1: executor/layers/expert_tensor.py; any cp: executor/model/moe_sequence.py); MLA with
-dense MLPs and MoE blocks (executor/layers/mla.py), not with cp (executor/sizes.check_mla).
+dense MLPs and MoE blocks (executor/layers/mla.py), with cp too (both exchanges: its core is context_parallel.py's, k
+and v of their own widths).
 Llama 4's chunked attention over sequences longer than one chunk, in every path (executor/layers/attention_mask.py).
 """
 
@@ -99,7 +100,7 @@ RUNTIME = Runtime(
     moe_host_sync=True,  # the split sizes and expert counts read on the host (executor/model/moe.py `.tolist()`)
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
     mla_with_moe=True,  # MLA + MoE blocks in one model (DeepSeek-V2/V3), tests/test_moe_run.py
-    mla_cp=False,  # executor/layers/mla.py has no context-parallel attention (executor/sizes.check_mla refuses it)
+    mla_cp=True,  # MLA's core under cp: executor/layers/mla.py (context_parallel.context_attention, p2p and ag)
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),

@@ -19,7 +19,10 @@ P_j = exp(S_j - L), dV_j = P_j^T dO, dS_j = P_j * (dO V_j^T - D), dQ += dS_j K_j
 Statistics in fp32 (fp64 for an fp64 model: functional.upcast), outputs in the compute dtype. Grouped-query
 attention repeats a kv head over its query heads inside the block and sums their dK, dV back.
 
-The exchanges (`cpc`), KV = [2, b, kv heads, n, d] of the rank's k and v in the compute dtype:
+The exchanges (`cpc`), KV = [b, kv heads, n, d_k + d_v] of the rank's k and v side by side (`pack`) in the
+compute dtype (d_k = d_v but for MLA: keys of qk_nope + qk_rope, values of v_head_dim per head, executor/layers/mla.py;
+the scale 1 / sqrt(d_k): megatron-core 0.16.1 multi_latent_attention.py l.126, l.155-165 hands Transformer
+Engine's cp attention k_channels = q_head_dim, v_channels = v_head_dim):
 - p2p (ring, Megatron's cp_comm_type=p2p): forward cp - 1 steps; in each the rank posts (batch_isend_irecv) the
   send of the KV block it holds to cp rank i + 1 and the receive of the next from i - 1 BEFORE the attention on
   the block it holds (the exchange overlaps it). Backward: the blocks circulate again (cp - 1 sends of KV) and
@@ -56,6 +59,18 @@ from paracube.modes import MODES, context
 
 CP = ("cp",)
 KV_TAG, DKV_TAG = 0x6B76, 0x646B  # gloo matches p2p messages by tag: keys / values and their gradients apart
+SEQ = 2  # the token dimension of a packed KV [b, kv, n, d_k + d_v]
+
+
+def pack(k: Tensor, v: Tensor) -> Tensor:
+    """k [b, kv, n, d_k] and v [b, kv, n, d_v] side by side: one KV block to exchange (widths may differ)."""
+    return torch.cat([k, v], dim=-1)
+
+
+def unpack(kv: Tensor, d_k: int, group: int) -> tuple[Tensor, Tensor]:
+    """pack's k, v upcast, each kv head repeated over its `group` query heads."""
+    k, v = kv.split([d_k, kv.shape[-1] - d_k], dim=-1)
+    return expand_kv(upcast(k), group), expand_kv(upcast(v), group)
 
 
 # --- chunks ------------------------------------------------------------------------------------------------
@@ -166,15 +181,14 @@ class _RingAttention(torch.autograd.Function):
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         qf = upcast(q)
-        held = torch.stack([k, v])
+        held, dk_w = pack(k, v), k.shape[-1]
         out = lse = None
         for step in range(ring.cp):
             # The next block's exchange is posted before this block's attention: it runs while we compute.
             reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, False) if step < ring.cp - 1 else ([], held)
             j = (ring.i - step) % ring.cp
             if ring.live[j]:  # the own block (step 0) always is: each query sees itself
-                o, l_j = block_forward(qf, expand_kv(upcast(held[0]), group), expand_kv(upcast(held[1]), group),
-                                       ring.allowed(j))
+                o, l_j = block_forward(qf, *unpack(held, dk_w, group), ring.allowed(j))
                 out, lse = (o, l_j) if out is None else merge(out, lse, o, l_j)  # type: ignore[arg-type]
             _wait(reqs)
             held = buf
@@ -193,19 +207,18 @@ class _RingAttention(torch.autograd.Function):
         qf, do = upcast(q), upcast(grad)
         delta = (do * upcast(out)).sum(-1, keepdim=True)
         dq = torch.zeros_like(qf)
-        held = torch.stack([k, v])
+        held, dk_w = pack(k, v), k.shape[-1]
         arriving: Tensor | None = None  # the partial dK, dV of the block held, from the previous rank
         arriving_reqs: list[Any] = []
         for step in range(ring.cp):
             reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, True) if step < ring.cp - 1 else ([], held)
             j = (ring.i - step) % ring.cp
             if ring.live[j]:
-                dq_j, dk, dv = block_backward(qf, expand_kv(upcast(held[0]), group), expand_kv(upcast(held[1]), group),
-                                              ring.allowed(j), do, lse, delta)
+                dq_j, dk, dv = block_backward(qf, *unpack(held, dk_w, group), ring.allowed(j), do, lse, delta)
                 dq += dq_j
-                mine = torch.stack([fold_kv(dk, group), fold_kv(dv, group)])
+                mine = pack(fold_kv(dk, group), fold_kv(dv, group))
             else:  # no query here sees the block: it adds nothing to dK, dV, which still travel on with it
-                mine = torch.zeros((2, *k.shape), dtype=qf.dtype, device=qf.device)
+                mine = torch.zeros(held.shape, dtype=qf.dtype, device=qf.device)
             if arriving is not None:
                 _wait(arriving_reqs)  # posted in the previous step
                 mine = mine + upcast(arriving)
@@ -216,7 +229,8 @@ class _RingAttention(torch.autograd.Function):
             held = buf
         _wait(arriving_reqs)
         dkv = arriving
-        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None, sink_grad(sinks, lse, delta)  # type: ignore[index]
+        dk_, dv_ = dkv.split([dk_w, v.shape[-1]], dim=-1)  # type: ignore[union-attr]
+        return dq.to(q.dtype), dk_, dv_, None, None, None, sink_grad(sinks, lse, delta)
 
 
 class _GatherAttention(torch.autograd.Function):
@@ -227,9 +241,8 @@ class _GatherAttention(torch.autograd.Function):
                 sinks: Tensor | None = None) -> Tensor:
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
-        kv = all_gather(torch.stack([k, v]), mesh, CP, 3, label=ring.kv_label)  # [2, b, kv, s, d], cp index order
-        allowed = ring.allowed_all()
-        out, lse = block_forward(upcast(q), expand_kv(upcast(kv[0]), group), expand_kv(upcast(kv[1]), group), allowed)
+        kv = all_gather(pack(k, v), mesh, CP, SEQ, label=ring.kv_label)  # [b, kv, s, d_k + d_v], cp index order
+        out, lse = block_forward(upcast(q), *unpack(kv, k.shape[-1], group), ring.allowed_all())
         out, lse = sink_merge(out, lse, sinks)
         result = heads_inner(out.to(q.dtype))
         ctx.save_for_backward(q, k, v, result, lse, sinks)
@@ -242,22 +255,22 @@ class _GatherAttention(torch.autograd.Function):
         mesh, s, window = ctx.args
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
-        kv = all_gather(torch.stack([k, v]), mesh, CP, 3, backward=True, label=ring.kv_label)
-        allowed = ring.allowed_all()
+        kv = all_gather(pack(k, v), mesh, CP, SEQ, backward=True, label=ring.kv_label)
         do = upcast(grad)
         delta = (do * upcast(out)).sum(-1, keepdim=True)
-        dq, dk, dv = block_backward(upcast(q), expand_kv(upcast(kv[0]), group), expand_kv(upcast(kv[1]), group),
-                                    allowed, do, lse, delta)
-        dkv = reduce_scatter(torch.stack([fold_kv(dk, group), fold_kv(dv, group)]).to(k.dtype), mesh, CP, 3,
+        dq, dk, dv = block_backward(upcast(q), *unpack(kv, k.shape[-1], group), ring.allowed_all(), do, lse, delta)
+        dkv = reduce_scatter(pack(fold_kv(dk, group), fold_kv(dv, group)).to(k.dtype), mesh, CP, SEQ,
                              backward=True, label=ring.dkv_label)
-        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None, sink_grad(sinks, lse, delta)
+        dk_, dv_ = dkv.split([k.shape[-1], v.shape[-1]], dim=-1)
+        return dq.to(q.dtype), dk_, dv_, None, None, None, sink_grad(sinks, lse, delta)
 
 
 def context_attention(q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None = None,
                       sinks: Tensor | None = None) -> Tensor:
-    """Causal attention of this cp rank's queries q [b, H, n, d] (n = s / cp, chunk_positions) over the keys
-    and values k, v [b, kv, n, d] of every cp rank, exchanged as the layout's cpc says (None: p2p); `window`: the
-    block's sliding window (None: full causal); `sinks` [H]: the heads' sink logits (sinks.py)."""
+    """Causal attention of this cp rank's queries q [b, H, n, d_k] (n = s / cp, chunk_positions) over the keys
+    k [b, kv, n, d_k] and values v [b, kv, n, d_v] of every cp rank (-> [b, H, n, d_v]), exchanged as the layout's
+    cpc says (None: p2p); `window`: the block's sliding window (None: full causal); `sinks` [H]: the heads' sink
+    logits (sinks.py)."""
     fn = _GatherAttention if mesh.layout.cp_comm == "ag" else _RingAttention
     return fn.apply(q, k, v, mesh, s, window, sinks)
 

@@ -25,6 +25,12 @@ q_lora_rank r_q is h) enters the heads' group ONCE, fused:
   sequence_parallel. The gathered latent is kept for backward (narrower than x: DeepSeek-V3's w = 2112 vs
   h = 7168): no re-gather, unlike the dense column linears.
 The output is one_d's RowLinear (g: all_reduce forward; sp: reduce_scatter forward, all_gather backward).
+Context parallelism (Layout cp > 1, executor/layers/context_parallel.py's contract): a cp rank holds chunks i and
+2 cp - 1 - i of each sequence; everything above runs on its tokens as is (the latent, its f / gather over tp, the
+projections), q_r and k_r are rotated at the tokens' global positions, and the core is context_attention over
+every cp rank's k [.., d_n + d_r] and v [.., d_v] (ring p2p or all-gather, `cpc`), as Megatron-core hands MLA's
+core to Transformer Engine with k_channels = q_head_dim, v_channels = v_head_dim and its cp_comm_type
+(multi_latent_attention.py l.155-165). Dropout on the probabilities and fa=0 are refused under cp (sizes.py).
 Differences from transformers' DeepseekV3Attention, by choice: the rotary pairs in rotate_half order (its
 rope_interleave=True pairs adjacent columns: the same model up to a fixed permutation of the rope columns of
 W_uq and W_dkv), the softmax scale 1 / sqrt(d_n + d_r) without YaRN's mscale (no rope scaling is modelled).
@@ -45,6 +51,7 @@ from torch import Tensor, nn
 
 from paracube.executor.comm import copy_to_group, gather_fn
 from paracube.executor.layers.attention_mask import sequence_mask
+from paracube.executor.layers.context_parallel import chunk_positions, context_attention
 from paracube.executor.layers.discard import Discard, region
 from paracube.executor.layers.functional import compute_dtype, core_attention, flash_attention
 from paracube.executor.layers.gemm import PLAIN, PlainGemm
@@ -83,17 +90,25 @@ def _down(mesh: Mesh, h_in: int, h_out: int, axes: tuple[str, ...]) -> ShardedMo
     return _replicated(SerialLinear(mesh, h_in, h_out, False), mesh, axes)
 
 
-def mla_rope(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec,
-             theta: float) -> tuple[Tensor, Tensor, Tensor]:
+def mla_rope(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec, theta: float,
+             cp: tuple[Mesh, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The heads' queries, keys and values [b, H, s, d_n + d_r], [b, H, s, d_n + d_r], [b, H, s, d_v] from the up
     projections q [b, s, H (d_n + d_r)], kv [b, s, H (d_n + d_v)] and the shared rotary key k_rope [b, s, d_r]: q_r
     and k_r rotated, k_r given to every head (Megatron-core's qkv_up_proj_and_rope_apply after its GEMMs,
-    multi_latent_attention.py ~l.760-836)."""
+    multi_latent_attention.py ~l.760-836). cp (mesh, s): the tokens are a cp rank's chunks of sequences of s,
+    rotated at their global positions (context_parallel.chunk_positions; Megatron-core's RotaryEmbedding with its
+    cp_group, multi_latent_attention.py l.129-135, rope_utils.get_pos_emb_on_this_cp_rank l.48-70)."""
     b, s, _ = q.shape
     dn, dr, dv = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
     q_nope, q_rope = q.view(b, s, heads, dn + dr).transpose(1, 2).split([dn, dr], dim=-1)
     k_nope, v = kv.view(b, s, heads, dn + dv).transpose(1, 2).split([dn, dv], dim=-1)
-    cos, sin = rotary_tables(s, dr, theta, q)
+    if cp is None:
+        cos, sin = rotary_tables(s, dr, theta, q)
+    else:
+        mesh, whole = cp
+        cos, sin = rotary_tables(whole, dr, theta, q)
+        pos = chunk_positions(whole, mesh.layout.cp, mesh.coord("cp"), q.device)
+        cos, sin = cos[pos], sin[pos]  # indexed once: q's and k_r's rotations save the same two tables
     q_rope, k_r = rotary(q_rope, cos, sin), rotary(k_rope.unsqueeze(1), cos, sin)
     q = torch.cat([q_nope, q_rope], dim=-1)
     k = torch.cat([k_nope, k_r.expand(b, heads, s, dr)], dim=-1)
@@ -116,6 +131,13 @@ def mla_attend(q: Tensor, k: Tensor, v: Tensor, flash: bool = True, p: float = 0
         out = core_attention(q.reshape(n, s, d), k.reshape(n, s, d), v.reshape(n, s, dv), p,
                              seed, allowed).view(b, heads, s, dv)
     return out.transpose(1, 2).reshape(b, s, heads * dv)
+
+
+def mla_context(q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None) -> Tensor:
+    """mla_attend of a cp rank's chunks (q, k, v from mla_rope with cp) over every cp rank's keys and values:
+    context_parallel.context_attention with keys of d_n + d_r and values of d_v per head -> [b, s / cp, H d_v]."""
+    b, heads, n, dv = v.shape
+    return context_attention(q, k, v, mesh, s, window).transpose(1, 2).reshape(b, n, heads * dv)
 
 
 def mla_core(q: Tensor, kv: Tensor, k_rope: Tensor, heads: int, mla: MLASpec, theta: float, flash: bool = True,
@@ -170,10 +192,13 @@ class MLAttention(nn.Module):
         return copy_to_group(lat, self.mesh, self.axes, label="attn.latent.f")
 
     def forward(self, x: Tensor, seed: int | None = None, s: int = 0) -> Tensor:
-        """x: [b, s, h] (1D + sp: [b, s / p, h]) of whole sequences."""
+        """x: [b, s, h] (1D + sp: [b, s / p, h]) of whole sequences; with cp a cp rank's chunks of sequences of s
+        tokens ([b, s / cp, h], sp: [b, s / (cp p), h])."""
         m = self.mla
         c_q, c_kv, k_rope = self.latent(x).split(
             [m.q_lora_rank or self.mode.spec.hidden, m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
+        if self.mesh.layout.cp > 1:
+            return self.proj(self._context(c_q, c_kv, k_rope, s))
         if self.up_proj and torch.is_grad_enabled():
             # mla_up_proj (Megatron-core's qkv_up_checkpoint, multi_latent_attention.py l.344, 838): the up
             # projections and rotary run without a graph, their q, k, v freed once the core used them and made
@@ -189,6 +214,20 @@ class MLAttention(nn.Module):
         # core_attn (Korthikanti et al.): keep q, kv and k_r, redo rotary and the core in backward.
         out = region(mla_core, *args) if self.selective else mla_core(*args)
         return self.proj(out)
+
+    def _context(self, c_q: Tensor, c_kv: Tensor, k_rope: Tensor, s: int) -> Tensor:
+        """The core under cp (mla_context): keys and values exchanged over cp. As the dense cp path
+        (context_parallel.py), core_attn leaves it alone (redoing it would exchange again: activations.py prices it
+        kept); mla_up_proj discards and remakes q, k, v around it as without cp."""
+        m, cp = self.mla, (self.mesh, s)
+        if self.up_proj and torch.is_grad_enabled():
+            ckpt = Discard(lambda cq, ckv, kr: mla_rope(self.q_b(cq), self.kv_b(ckv), kr, self.heads, m, self.theta,
+                                                        cp))
+            out = mla_context(*ckpt(c_q, c_kv, k_rope), self.mesh, s, self.window)
+            ckpt.discard(out)
+            return out
+        q, k, v = mla_rope(self.q_b(c_q), self.kv_b(c_kv), k_rope, self.heads, m, self.theta, cp)
+        return mla_context(q, k, v, self.mesh, s, self.window)
 
 
 def mla_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]:
@@ -212,4 +251,4 @@ def mla_init_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, Tensor]]
     return decoder_init_tensors(spec, seed, attention)
 
 
-__all__ = ["HeadColumns", "MLAttention", "mla_attend", "mla_core", "mla_init_tensors", "mla_rope"]
+__all__ = ["HeadColumns", "MLAttention", "mla_attend", "mla_context", "mla_core", "mla_init_tensors", "mla_rope"]
