@@ -122,7 +122,7 @@ def test_every_runtime_prefetches_and_the_dimension_reads_it() -> None:
                              fsdp_prefetch=chosen(FSDP_PREFETCH, rt, None), grad_bytes=rt.grad_bytes,
                              gather_16bit=rt.param_gather_16bit, fp8_param_gather=rt.fp8_param_gather,
                              fp8_scaling=rt.fp8_scaling, fp8_experts=rt.fp8_experts,
-                             moe_dispatch=rt.moe_dispatch, selective=rt.selective,
+                             moe_dispatch=rt.moe_dispatch, moe_probs=rt.moe_probs, selective=rt.selective,
                              moe_host_sync=rt.moe_host_sync, moe_host_ops=rt.moe_host_ops,
                              offload_overlap=rt.offload is not None and rt.offload.overlap,
                              fused_norms=rt.fused_norms)
