@@ -106,16 +106,30 @@ def test_engines_agree(text: str, rc: str) -> None:
         assert a.comm_time_by_axis.get("cp", 0) == pytest.approx(e.comm_time_by_axis.get("cp", 0), rel=0.02)
 
 
-@pytest.mark.parametrize("text", ["dp=2,cp=2,ep=2,tp=1d:2,sp,mb=1", "dp=4,cp=2,cpc=ag,ep=2,mb=1"])
-def test_engines_agree_on_mla(text: str) -> None:
-    """MLA + MoE (tiny-mla at 16384 tokens) under cp: both engines price the exchange at MLA's k, v widths
-    (Dims.kv_exchanged), within 2% as test_engines_agree says why."""
+DSV3 = replace(PRESETS["deepseek-v3"], layers=4, moe=None, ffn_hidden=18432)  # its MLA core 2.86 x the dense one's
+WIDE_CASES = [  # (model, seq, GPUs, layout, recompute): MLA + MoE; MLA whose core outlasts the ring; a wide head
+    ("tiny-mla", 16384, 8, "dp=2,cp=2,ep=2,tp=1d:2,sp,mb=1", "none"),
+    ("tiny-mla", 16384, 8, "dp=4,cp=2,cpc=ag,ep=2,mb=1", "none"),
+    ("dsv3", 32768, 16, "dp=1,cp=2,tp=1d:8,sp,mb=1", "selective"),
+    ("dsv3", 32768, 16, "dp=1,cp=4,tp=1d:4,sp,mb=1", "full"),
+    ("qwen3-30b-a3b", 32768, 16, "dp=1,cp=4,ep=4,tp=1d:4,sp,mb=1", "none"),
+]
+
+
+@pytest.mark.parametrize(("name", "seq", "gpus", "text", "rc"), WIDE_CASES)
+def test_engines_agree_on_mla(name: str, seq: int, gpus: int, text: str, rc: str) -> None:
+    """MLA (+ MoE) and a head width other than h / heads under cp: both engines price the exchange at the true k, v
+    widths (Dims.kv_exchanged) and each ring step against its block's true core (compute.core_scale: the event
+    engine's steps carry it, moe_program.with_blocks adds the rest of the correction), within 2% as
+    test_engines_agree says why; the ring's exposed part alike on the cp axis."""
     from paracube.workload import with_seq_len
 
-    model, lay, train = with_seq_len(PRESETS["tiny-mla"], 16384), parse_layout(text), _train()
-    a = estimate(model, train, lay, load_topology("dgx-h100", 8), with_events=False)
-    e = estimate_event(model, train, lay, load_topology("dgx-h100", 8), with_events=False)
+    model = with_seq_len(DSV3 if name == "dsv3" else PRESETS[name], seq)
+    lay, train, topo = parse_layout(text), _train(seq=seq, rc=rc, gb=16), load_topology("dgx-h100", gpus)
+    a = estimate(model, train, lay, topo, with_events=False)
+    e = estimate_event(model, train, lay, topo, with_events=False)
     assert abs(e.step_time_s / a.step_time_s - 1) < 0.02, (text, a.step_time_s, e.step_time_s)
+    assert a.comm_time_by_axis.get("cp", 0) == pytest.approx(e.comm_time_by_axis.get("cp", 0), rel=0.02)
 
 
 def test_ring_hidden_where_attention_covers_it() -> None:
