@@ -209,7 +209,7 @@ ADAMW = {"lr": LR, "weight_decay": 0.1, "eps": 1e-6}
 CASES_4 = [("dp=1,cp=2", "gpt", "none"), ("dp=1,cp=2,cpc=ag", "llama", "none"), ("dp=1,cp=4", "gpt", "none"),
            ("dp=1,pp=2,cp=2", "gpt", "none"), ("dp=1,cp=2", "mla", "none"),
            ("dp=1,cp=2,cpc=ag,tp=1d:2,sp", "mla-window", "selective"),
-           ("dp=1,cp=2,tp=1d:2,rcm=mla_up_proj", "mla", "none")]
+           ("dp=1,cp=2,tp=1d:2,rcm=mla_up_proj", "mla", "none"), ("dp=1,cp=2", "llama", "selective")]
 CASES_8 = [("dp=2,cp=2,tp=1d:2,sp", "gpt", "full"), ("dp=2,cp=2,cpc=ag,tp=1d:2", "llama", "selective")]
 
 
@@ -332,9 +332,15 @@ def test_cp_matches_serial_and_the_cost_model(executed, case: tuple[str, int]) -
     columns differ by at most 2 x STEPS x 3.17 lr, while a wrong exchange changes every parameter by O(1)."""
     world, i = case
     text, family, rc = (CASES_4 if world == "4" else CASES_8)[i]
+    from paracube.cost_models.dims import with_options
+    from paracube.runtimes import RUNTIMES
+
     spec = FAMILY[family]
     layout = parse_layout(text).with_(micro_batch=B)
-    d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc))
+    # priced as the paracube runtime runs it (Runtime.cp_core_recompute False: under cp its core is kept, not re-run)
+    options = RUNTIMES["paracube"].engine_options()
+    d = with_options(dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc)),
+                     options)
     for rank in range(layout.world_size):
         r = executed[world][rank][i]
         bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
@@ -350,7 +356,8 @@ def test_cp_matches_serial_and_the_cost_model(executed, case: tuple[str, int]) -
         from paracube.topologies import load_topology
 
         train = TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc)
-        est = estimate(spec, train, layout, load_topology("local-cpu", gpus=layout.world_size), with_events=False)
+        est = estimate(spec, train, layout, load_topology("local-cpu", gpus=layout.world_size), with_events=False,
+                       options=options)
         measured = max(executed[world][rank][i]["activations"] for rank in range(layout.world_size))
         assert measured == pytest.approx(est.memory.activations, rel=0.02), (text, measured, est.memory.activations)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paracube.cost_models import recompute_modules_cost as rmc
 from paracube.cost_models.compute import GemmModel, attention_core_time, core_scale
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
@@ -86,8 +87,10 @@ def ring_step_exposed(step: Arr, pair: Arr, block_f: Arr, block_b: Arr, cp: int,
 
 def ring_again(d: Dims) -> bool:
     """The backward re-runs the forward's ring (its cp - 1 KV steps beside the recomputed blocks): full
-    recomputation."""
-    return d.recompute == "full"
+    recomputation, or rc=selective's core re-run by a runtime that runs it with its exchange (Megatron-core's:
+    recompute_modules_cost.core_recomputed, Runtime.cp_core_recompute; the steps traffic.py lists under phase
+    recompute, recompute_modules_cost.again_collectives)."""
+    return d.recompute == "full" or (d.cp > 1 and rmc.core_recomputed(d))
 
 
 def ring_time(d: Dims, mode: str, b: LayoutBatch, bw: Arr, lat: Arr, g: GemmModel, layers: Arr,

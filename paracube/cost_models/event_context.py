@@ -37,15 +37,16 @@ def _is_compute_of(name: str, layer: int, phase: str) -> bool:
     prefix = f"layers.{layer}."
     if not name.startswith(prefix):
         return False
-    if phase == "recompute":
-        return name == prefix + "recompute"
+    if phase == "recompute":  # the recompute op; a selective core re-run sits in the backward's (recompute.py)
+        return name == prefix + "recompute" or name.endswith(BWD_SUFFIXES)
     return name.endswith(".fwd") if phase == "fwd" else name.endswith(BWD_SUFFIXES)
 
 
 def _take(ops: list[Any], layer: int, phase: str, unit: str, seconds: float) -> None:
     """Remove `seconds` from the compute ops of `layer` in `phase`, the attention unit's first."""
     idx = [i for i, op in enumerate(ops) if op.kind == "compute" and _is_compute_of(op.name, layer, phase)]
-    idx.sort(key=lambda i: not ops[i].name.startswith(f"layers.{layer}.{unit}."))
+    own = f"layers.{layer}.{unit}."
+    idx.sort(key=lambda i: (not ops[i].name.endswith(".recompute"), not ops[i].name.startswith(own)))
     for i in idx:
         if seconds <= 0:
             return

@@ -84,7 +84,7 @@ def selective_time(d: Dims, mode: str, b: LayoutBatch, g: object, attn_f: Arr, e
     op rule's matmuls / casts plus the block's elementwise forward (`elem_f`)."""
     if rmc.by_module(d):
         core = attn_f if rmc.core_recomputed(d) else 0.0
-        return core + rmc.dense_time(d, mode, b, g) if rmc.modules(d) != rmc.DEFAULT else attn_f
+        return core + rmc.dense_time(d, mode, b, g) if rmc.modules(d) != rmc.DEFAULT else core
     return op_gemm_time(d, mode, b, g) + elem_f
 
 
