@@ -23,7 +23,8 @@ everything linear in the tokens is the plain model's on s / cp:
     (A_f, A_b: the attention core's forward / backward seconds of the layer at its true head widths:
     compute.attention_core_time x compute.core_scale, so latent attention (DeepSeek-V3's core ~2.86 x the dense
     stand-in's) or a wide head hides what its own core hides; full recomputation repeats the forward exchange
-    inside backward);
+    inside backward, and so does rc=selective's core re-run where the runtime runs it with its exchange:
+    Megatron-core, Runtime.cp_core_recompute; `ring_again`);
     ag: the all_gather / reduce_scatter over cp exposed whole (comm.py prices them as any collective);
 - buffers (temporaries, `kv_buffer_bytes`): p2p 4 KV (the block being used, the one arriving, and in backward the
   dK, dV partials travelling with them); ag the gathered cp KV and, backward, its gradient: 2 cp KV.

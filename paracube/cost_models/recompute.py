@@ -8,7 +8,9 @@ instead, recompute_modules_cost.dense_time) and the tensors it keeps (`op_saved_
 By module (Dims.recompute_modules, Layout `rcm=`): recompute_modules_cost.py, whose "core_attn" is the "attention" rule.
 "attention" (Megatron-core's --recompute-granularity selective, Korthikanti et al. 2022 sec. 5; DeepSpeed,
 paracube's executor): the attention core re-run (compute.attention_core_time's forward); activations.py drops the
-core's own tensors.
+core's own tensors. Under cp only where the runtime re-runs the core with its exchange (Runtime.cp_core_recompute:
+Megatron-core; recompute_modules_cost.core_recomputed, its exchange again: context_parallel.ring_again); paracube's
+executor keeps the cp core (executor/layers/context_parallel.py): no re-run, its tensors kept.
 
 "op" (torchtitan 0.3.0's SelectiveAC, torchtitan/distributed/activation_checkpoint.py): each transformer block is
 one non-reentrant checkpoint region whose policy MUST_SAVEs the outputs of the compute-intensive ops (torch's
