@@ -23,6 +23,9 @@ Fields (where each is priced):
 - selective: what rc=selective recomputes, "attention" or "op" (recompute.py; workload.SELECTIVE_RULES);
 - fused_norms: its dense norms run inside the next linear, rcm=layernorm re-running only latent attention's input
   norm and a MoE block's pre-MLP norm (Runtime.fused_norms; recompute_modules_cost.py);
+- cp_core_recompute: under cp, rc=selective re-runs the attention core with its cp exchange (Megatron-core), else
+  keeps it (paracube's executor) (Runtime.cp_core_recompute; recompute_modules_cost.core_recomputed,
+  context_parallel.ring_again);
 - moe_host_sync: its dropless MoE forward waits on the host for the expert counts (host_sync.py);
 - moe_host_ops: the ops it issues per MoE block, counted from its code (MoEHostOps; host_issue.py), or None;
 - offload_overlap: offloaded activations (Layout off=N) copied on their own stream beside compute, else in line
@@ -67,6 +70,7 @@ class EngineOptions:
     moe_probs: str = "none"
     selective: str = "attention"
     fused_norms: bool = False
+    cp_core_recompute: bool = False
     moe_host_sync: bool = False
     moe_host_ops: MoEHostOps | None = None
     offload_overlap: bool = False

@@ -106,16 +106,30 @@ def test_engines_agree(text: str, rc: str) -> None:
         assert a.comm_time_by_axis.get("cp", 0) == pytest.approx(e.comm_time_by_axis.get("cp", 0), rel=0.02)
 
 
-@pytest.mark.parametrize("text", ["dp=2,cp=2,ep=2,tp=1d:2,sp,mb=1", "dp=4,cp=2,cpc=ag,ep=2,mb=1"])
-def test_engines_agree_on_mla(text: str) -> None:
-    """MLA + MoE (tiny-mla at 16384 tokens) under cp: both engines price the exchange at MLA's k, v widths
-    (Dims.kv_exchanged), within 2% as test_engines_agree says why."""
+DSV3 = replace(PRESETS["deepseek-v3"], layers=4, moe=None, ffn_hidden=18432)  # its MLA core 2.86 x the dense one's
+WIDE_CASES = [  # (model, seq, GPUs, layout, recompute): MLA + MoE; MLA whose core outlasts the ring; a wide head
+    ("tiny-mla", 16384, 8, "dp=2,cp=2,ep=2,tp=1d:2,sp,mb=1", "none"),
+    ("tiny-mla", 16384, 8, "dp=4,cp=2,cpc=ag,ep=2,mb=1", "none"),
+    ("dsv3", 32768, 16, "dp=1,cp=2,tp=1d:8,sp,mb=1", "selective"),
+    ("dsv3", 32768, 16, "dp=1,cp=4,tp=1d:4,sp,mb=1", "full"),
+    ("qwen3-30b-a3b", 32768, 16, "dp=1,cp=4,ep=4,tp=1d:4,sp,mb=1", "none"),
+]
+
+
+@pytest.mark.parametrize(("name", "seq", "gpus", "text", "rc"), WIDE_CASES)
+def test_engines_agree_on_mla(name: str, seq: int, gpus: int, text: str, rc: str) -> None:
+    """MLA (+ MoE) and a head width other than h / heads under cp: both engines price the exchange at the true k, v
+    widths (Dims.kv_exchanged) and each ring step against its block's true core (compute.core_scale: the event
+    engine's steps carry it, moe_program.with_blocks adds the rest of the correction), within 2% as
+    test_engines_agree says why; the ring's exposed part alike on the cp axis."""
     from paracube.workload import with_seq_len
 
-    model, lay, train = with_seq_len(PRESETS["tiny-mla"], 16384), parse_layout(text), _train()
-    a = estimate(model, train, lay, load_topology("dgx-h100", 8), with_events=False)
-    e = estimate_event(model, train, lay, load_topology("dgx-h100", 8), with_events=False)
+    model = with_seq_len(DSV3 if name == "dsv3" else PRESETS[name], seq)
+    lay, train, topo = parse_layout(text), _train(seq=seq, rc=rc, gb=16), load_topology("dgx-h100", gpus)
+    a = estimate(model, train, lay, topo, with_events=False)
+    e = estimate_event(model, train, lay, topo, with_events=False)
     assert abs(e.step_time_s / a.step_time_s - 1) < 0.02, (text, a.step_time_s, e.step_time_s)
+    assert a.comm_time_by_axis.get("cp", 0) == pytest.approx(e.comm_time_by_axis.get("cp", 0), rel=0.02)
 
 
 def test_ring_hidden_where_attention_covers_it() -> None:
@@ -195,7 +209,7 @@ ADAMW = {"lr": LR, "weight_decay": 0.1, "eps": 1e-6}
 CASES_4 = [("dp=1,cp=2", "gpt", "none"), ("dp=1,cp=2,cpc=ag", "llama", "none"), ("dp=1,cp=4", "gpt", "none"),
            ("dp=1,pp=2,cp=2", "gpt", "none"), ("dp=1,cp=2", "mla", "none"),
            ("dp=1,cp=2,cpc=ag,tp=1d:2,sp", "mla-window", "selective"),
-           ("dp=1,cp=2,tp=1d:2,rcm=mla_up_proj", "mla", "none")]
+           ("dp=1,cp=2,tp=1d:2,rcm=mla_up_proj", "mla", "none"), ("dp=1,cp=2", "llama", "selective")]
 CASES_8 = [("dp=2,cp=2,tp=1d:2,sp", "gpt", "full"), ("dp=2,cp=2,cpc=ag,tp=1d:2", "llama", "selective")]
 
 
@@ -318,9 +332,15 @@ def test_cp_matches_serial_and_the_cost_model(executed, case: tuple[str, int]) -
     columns differ by at most 2 x STEPS x 3.17 lr, while a wrong exchange changes every parameter by O(1)."""
     world, i = case
     text, family, rc = (CASES_4 if world == "4" else CASES_8)[i]
+    from paracube.cost_models.dims import with_options
+    from paracube.runtimes import RUNTIMES
+
     spec = FAMILY[family]
     layout = parse_layout(text).with_(micro_batch=B)
-    d = dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc))
+    # priced as the paracube runtime runs it (Runtime.cp_core_recompute False: under cp its core is kept, not re-run)
+    options = RUNTIMES["paracube"].engine_options()
+    d = with_options(dims_of(spec, TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc)),
+                     options)
     for rank in range(layout.world_size):
         r = executed[world][rank][i]
         bad = {k: v for k, v in r["errors"].items() if not v <= TOL_FP64}
@@ -336,7 +356,8 @@ def test_cp_matches_serial_and_the_cost_model(executed, case: tuple[str, int]) -
         from paracube.topologies import load_topology
 
         train = TrainingSpec(global_batch=layout.dp * B * N_MICRO, dtype="fp32", recompute=rc)
-        est = estimate(spec, train, layout, load_topology("local-cpu", gpus=layout.world_size), with_events=False)
+        est = estimate(spec, train, layout, load_topology("local-cpu", gpus=layout.world_size), with_events=False,
+                       options=options)
         measured = max(executed[world][rank][i]["activations"] for rank in range(layout.world_size))
         assert measured == pytest.approx(est.memory.activations, rel=0.02), (text, measured, est.memory.activations)
 

@@ -20,6 +20,7 @@ from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.event import estimate_event
 from paracube.cost_models.event_program import build_stage
 from paracube.cost_models.links import LinkCache
+from paracube.cost_models.recompute_modules_cost import core_recomputed
 from paracube.cost_models.stage_scores import STAGES
 from paracube.cost_models.validity import layout_arrays
 from paracube.cost_models.window_stages import is_windowed, represented_windowed, stage_ring, stage_windowed
@@ -67,11 +68,13 @@ def _saving(d: object, layout: object, mb: int, g: object) -> float:
     """Seconds one windowed block saves against a full one, one micro-batch, one rank: the flash kernel's score GEMMs
     (G = cp blocks x b heads / t x 2 GEMMs of 2 s_rank^2 hd FLOPs at peak x flash_eff) x FLASH_CAUSAL x the band's
     missing tiles, in the forward, the backward (FLASH_BWD) and the forward re-run (selective's attention rule or
-    full recomputation)."""
+    full recomputation; under cp selective re-runs no core with these default options, the paracube runtime's:
+    Runtime.cp_core_recompute, recompute_modules_cost.core_recomputed)."""
     hd = d.h // d.heads  # type: ignore[attr-defined]
     s = d.s  # type: ignore[attr-defined]  # a cp rank's tokens
     G = d.cp * mb * d.heads / layout.tensor_size * 2 * (2.0 * s * s * hd) / (g.peak * g.flash_eff)  # type: ignore
-    return FLASH_CAUSAL * G * (1 - band_fraction(s * d.cp, d.cp, W)) * (1 + FLASH_BWD + 1)  # type: ignore
+    again = 1 if d.recompute == "full" or core_recomputed(d) else 0  # type: ignore[attr-defined, arg-type]
+    return FLASH_CAUSAL * G * (1 - band_fraction(s * d.cp, d.cp, W)) * (1 + FLASH_BWD + again)  # type: ignore
 
 
 def _stage_of(name: str, pp: int) -> int:

@@ -88,10 +88,10 @@ def block_terms(d: Dims, mode: str, b: LayoutBatch) -> dict[str, Arr]:
     if d.recompute == "selective" and d.selective == "op":  # torchtitan's per-op rule (recompute.py)
         return recompute.op_saved_bytes(d, mode, b, attention_core_bytes(d, mb, sp["all"]))
     w = attention_widths(d)
-    # The core is recomputed under selective recomputation, except with cp: its key / value exchange runs in
-    # it, so the executor keeps it out of the recomputed region (executor/model/blocks.py; redoing it would
-    # exchange again) and it saves what it saves at rc=none.
-    core_kept = not rmc.core_recomputed(d) or d.cp > 1  # (by module: rcm= without core_attn keeps it)
+    # The core is recomputed under selective recomputation, except with cp where the runtime keeps it out of the
+    # recomputed region (paracube's executor: its exchange runs in it, executor/layers/context_parallel.py) and it
+    # saves what it saves at rc=none (rmc.core_recomputed: Dims.cp_core_recompute; Megatron-core re-runs it).
+    core_kept = not rmc.core_recomputed(d)  # (by module: rcm= without core_attn keeps it)
     # q, k, v: views of the qkv output (selective keeps the qkv output itself), or (unfused) the contiguous
     # copies its bmms multiply, in the compute dtype; MLA: the core's q, k, v, or (selective) the up projections'
     # outputs; plus MLA's latent and its norms' inputs, and the per-head q / k norms' inputs (attention_widths)

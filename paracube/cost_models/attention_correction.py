@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from paracube.cost_models import recompute_modules_cost as rmc
-from paracube.cost_models.compute import GemmModel, attention_core_time
+from paracube.cost_models.compute import GemmModel, attention_core_time, core_scale
 from paracube.cost_models.dims import Dims
 from paracube.layout import Layout
 from paracube.workload import ModelSpec
@@ -55,12 +55,8 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
 
 def _core_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float]:
     """(forward s, backward s) the attention core at its true qk / v head widths adds to the dense part's."""
-    if model.mla is not None:
-        qk, v = model.mla.qk_head_dim, model.mla.v_head_dim
-    else:
-        qk = v = model.head_dim
     core_f, core_b = attention_core_time(d, mb, layout.tensor_size, g)
-    ratio = (qk + v) / (2.0 * (d.h // d.heads)) - 1.0
+    ratio = core_scale(d) - 1.0  # d: the dense part's, MLA and the head width kept (moe.dense_part)
     return ratio * float(np.asarray(core_f).ravel()[0]), ratio * float(np.asarray(core_b).ravel()[0])
 
 

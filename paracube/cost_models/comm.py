@@ -88,6 +88,8 @@ def _declared(mode: str, d: Dims) -> tuple[tuple[str, tuple[Collective, ...]], .
         for source, colls in (("layer_fwd", context.layer_fwd(d, d.cp_comm, unit)),
                               ("layer_bwd", context.layer_bwd(d, d.cp_comm, unit))):
             out.append((source, tuple(c for c in colls if not is_ring(c.kind, c.axes))))
+        cp_again = again_collectives(d, context.layer_fwd(d, d.cp_comm, unit))  # the core's re-run (Megatron-core)
+        out.append(("layer_again", tuple(c for c in cp_again if not is_ring(c.kind, c.axes))))
     return tuple(out)
 
 

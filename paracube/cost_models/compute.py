@@ -241,6 +241,16 @@ def attention_core_time(d: Dims, mb: Arr, t: Arr, g: GemmModel) -> tuple[Arr, Ar
     return gemms + scores * (2.0 * d.c + drop) / bw, 2 * gemms + scores * (3.0 * d.c + drop) / bw
 
 
+def core_scale(d: Dims) -> float:
+    """The attention core at its true head widths over attention_core_time's (h / heads per head): (qk + v) /
+    (2 h / heads), its GEMMs' widths (Q K^T at qk, P V at v); MLA's qk_nope + qk_rope and v (DeepSeek-V2/V3: 192,
+    128), a head width other than h / heads both (Qwen3); exactly 1.0 for every other model. Read by
+    attention_correction.py (the core's correction) and context_parallel.ring_blocks (the block a ring step hides
+    behind), so the engines time the same core."""
+    qk, v = (d.mla.qk_head_dim, d.mla.v_head_dim) if d.mla is not None else (d.head_width, d.head_width)
+    return (qk + v) / (2.0 * (d.h // d.heads))
+
+
 def optimizer_time(n_local: Arr, c: int, g: GemmModel, shard: Arr | float = 1.0) -> Arr:
     """Seconds of one fused Adam step over `n_local` parameters (module docstring), 1/shard of them updated."""
     per_param = 28.0 + (c if c < 4 else 0)

@@ -20,8 +20,11 @@ everything linear in the tokens is the plain model's on s / cp:
     p2p backward (cp - 1 steps, each one batched exchange of the next KV and the dK, dV travelling with the block,
       C2 = alpha + 2 KV / B; then the last block's dK, dV sent home alone):
                                    exposed_b = (cp - 1) max(0, C2 - A_b / cp) + C
-    (A_f, A_b: the attention core's forward / backward seconds of the layer, compute.attention_core_time; full
-    recomputation repeats the forward exchange inside backward);
+    (A_f, A_b: the attention core's forward / backward seconds of the layer at its true head widths:
+    compute.attention_core_time x compute.core_scale, so latent attention (DeepSeek-V3's core ~2.86 x the dense
+    stand-in's) or a wide head hides what its own core hides; full recomputation repeats the forward exchange
+    inside backward, and so does rc=selective's core re-run where the runtime runs it with its exchange:
+    Megatron-core, Runtime.cp_core_recompute; `ring_again`);
     ag: the all_gather / reduce_scatter over cp exposed whole (comm.py prices them as any collective);
 - buffers (temporaries, `kv_buffer_bytes`): p2p 4 KV (the block being used, the one arriving, and in backward the
   dK, dV partials travelling with them); ag the gathered cp KV and, backward, its gradient: 2 cp KV.
@@ -33,7 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from paracube.cost_models.compute import GemmModel, attention_core_time
+from paracube.cost_models import recompute_modules_cost as rmc
+from paracube.cost_models.compute import GemmModel, attention_core_time, core_scale
 from paracube.cost_models.dims import Dims
 from paracube.modes import MODES, LayoutBatch
 from paracube.modes.base import Sizes
@@ -55,9 +59,23 @@ def kv_buffer_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
 
 
 def ring_blocks(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tuple[Arr, Arr]:
-    """(forward, backward) seconds of the attention on one block of keys, one layer and micro-batch: A / cp."""
+    """(forward, backward) seconds of the attention on one block of keys, one layer and micro-batch: A / cp, the
+    core at its true head widths (compute.core_scale: MLA's, a wide head's; the dense core x 1.0 otherwise)."""
     attn_f, attn_b = attention_core_time(d, b.mb, b.t, g)
-    return np.asarray(attn_f) / d.cp, np.asarray(attn_b) / d.cp
+    k = core_scale(d) / d.cp
+    return np.asarray(attn_f) * k, np.asarray(attn_b) * k
+
+
+def ring_core_extra(d: Dims, mode: str, b: LayoutBatch, g: GemmModel) -> tuple[float, float]:
+    """(forward, backward) seconds per layer and micro-batch of the core's correction (attention_correction.py) that
+    the event engine's p2p ring steps carry (event_context.ring_ops: each step's block at its true width, of which
+    the dense part's ops give the dense core's share): (cp - 1) (A_true - A_dense) / cp each way; a recompute phase
+    of the ring carries the forward's again. 0 without a p2p ring or where the core is the dense one."""
+    if d.cp == 1 or d.cp_comm != "p2p" or core_scale(d) == 1.0:
+        return 0.0, 0.0
+    f, bw = (float(np.asarray(x).ravel()[0]) for x in ring_blocks(d, mode, b, g))
+    keep = (d.cp - 1) * (1.0 - 1.0 / core_scale(d))
+    return keep * f, keep * bw
 
 
 def ring_step_exposed(step: Arr, pair: Arr, block_f: Arr, block_b: Arr, cp: int, recompute: bool) -> Arr:
@@ -66,6 +84,14 @@ def ring_step_exposed(step: Arr, pair: Arr, block_f: Arr, block_b: Arr, cp: int,
     fwd = (cp - 1) * np.maximum(0.0, step - block_f)
     bwd = (cp - 1) * np.maximum(0.0, pair - block_b) + step
     return (2 if recompute else 1) * fwd + bwd
+
+
+def ring_again(d: Dims) -> bool:
+    """The backward re-runs the forward's ring (its cp - 1 KV steps beside the recomputed blocks): full
+    recomputation, or rc=selective's core re-run by a runtime that runs it with its exchange (Megatron-core's:
+    recompute_modules_cost.core_recomputed, Runtime.cp_core_recompute; the steps traffic.py lists under phase
+    recompute, recompute_modules_cost.again_collectives)."""
+    return d.recompute == "full" or (d.cp > 1 and rmc.core_recomputed(d))
 
 
 def ring_time(d: Dims, mode: str, b: LayoutBatch, bw: Arr, lat: Arr, g: GemmModel, layers: Arr,
@@ -78,9 +104,9 @@ def ring_time(d: Dims, mode: str, b: LayoutBatch, bw: Arr, lat: Arr, g: GemmMode
     kv = _kv(d, mode, b)
     block_f, block_b = ring_blocks(d, mode, b, g)
     step, pair = lat + kv[rows] / bw, lat + 2 * kv[rows] / bw
-    exposed = ring_step_exposed(step, pair, block_f[rows], block_b[rows], d.cp, d.recompute == "full")
+    exposed = ring_step_exposed(step, pair, block_f[rows], block_b[rows], d.cp, ring_again(d))
     n_f, n_b = sends_per_layer(d.cp)
-    sends = n_f * (2 if d.recompute == "full" else 1) + n_b
+    sends = n_f * (2 if ring_again(d) else 1) + n_b
     return layers[rows] * exposed, layers * sends * kv
 
 
@@ -89,4 +115,5 @@ def is_ring(kind: str, axes: tuple[str, ...]) -> bool:
     return kind == "send" and axes == ("cp",)
 
 
-__all__ = ["is_ring", "kv_buffer_bytes", "ring_blocks", "ring_step_exposed", "ring_time"]
+__all__ = ["is_ring", "kv_buffer_bytes", "ring_again", "ring_blocks", "ring_core_extra", "ring_step_exposed",
+           "ring_time"]

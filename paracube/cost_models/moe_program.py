@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from paracube.cost_models.attention_correction import attention_delta, delta_again
 from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.context_parallel import ring_again, ring_core_extra
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.event_program import Op, StageProgram
 from paracube.cost_models.host_sync import HOST_WAIT
@@ -42,6 +43,7 @@ from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relab
 from paracube.cost_models.moe_step import in_flight
 from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_side
+from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import before_experts
@@ -99,6 +101,9 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
     stage = prog.stage
     af, ab, _ = attention_delta(model, d, layout, mb, g)
     rerun = delta_again(model, d, layout, mb, g, af)  # the correction's forward the backward re-runs
+    # what the ring steps already carry of the core's correction (their blocks at the true core: event_context.py)
+    ring_f, ring_b = ring_core_extra(d, layout.mode, layout_arrays(layout, mb), g)
+    ring_b += ring_f if ring_again(d) else 0.0  # the recompute phase's ring steps (context_parallel.ring_again)
     rec = d.recompute == "full"
     rerun_moe = rec or MOE_REGION in moe_side(layout)  # rcm=moe re-runs the MoE layer (recompute_modules_cost.py)
     moe = model.moe
@@ -117,13 +122,13 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
             mf, mbw = next(mlp)
             is_moe = block is not None and moe is not None and moe.is_moe_layer(block_index)
             for lists in (prog.fwd, prog.fwd_first):
-                _adjust(lists[c], f"layers.{i}.", af + mf)
+                _adjust(lists[c], f"layers.{i}.", af + mf - ring_f)
                 if is_moe:
                     assert block is not None
                     _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd + fi, f"layers.{i}.experts", imb,
                                                   block.events_pre, block.wait + fi))
             for lists in (prog.bwd, prog.bwd_last):
-                _adjust(lists[c], f"layers.{i}.", ab + rerun + mbw)
+                _adjust(lists[c], f"layers.{i}.", ab + rerun + mbw - ring_b)
                 if is_moe:
                     assert block is not None
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,

@@ -8,7 +8,9 @@ instead, recompute_modules_cost.dense_time) and the tensors it keeps (`op_saved_
 By module (Dims.recompute_modules, Layout `rcm=`): recompute_modules_cost.py, whose "core_attn" is the "attention" rule.
 "attention" (Megatron-core's --recompute-granularity selective, Korthikanti et al. 2022 sec. 5; DeepSpeed,
 paracube's executor): the attention core re-run (compute.attention_core_time's forward); activations.py drops the
-core's own tensors.
+core's own tensors. Under cp only where the runtime re-runs the core with its exchange (Runtime.cp_core_recompute:
+Megatron-core; recompute_modules_cost.core_recomputed, its exchange again: context_parallel.ring_again); paracube's
+executor keeps the cp core (executor/layers/context_parallel.py): no re-run, its tensors kept.
 
 "op" (torchtitan 0.3.0's SelectiveAC, torchtitan/distributed/activation_checkpoint.py): each transformer block is
 one non-reentrant checkpoint region whose policy MUST_SAVEs the outputs of the compute-intensive ops (torch's
@@ -84,7 +86,7 @@ def selective_time(d: Dims, mode: str, b: LayoutBatch, g: object, attn_f: Arr, e
     op rule's matmuls / casts plus the block's elementwise forward (`elem_f`)."""
     if rmc.by_module(d):
         core = attn_f if rmc.core_recomputed(d) else 0.0
-        return core + rmc.dense_time(d, mode, b, g) if rmc.modules(d) != rmc.DEFAULT else attn_f
+        return core + rmc.dense_time(d, mode, b, g) if rmc.modules(d) != rmc.DEFAULT else core
     return op_gemm_time(d, mode, b, g) + elem_f
 
 

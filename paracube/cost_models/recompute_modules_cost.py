@@ -106,8 +106,9 @@ def modules(d: Dims) -> tuple[str, ...]:
 
 
 def core_recomputed(d: Dims) -> bool:
-    """The attention core is recomputed (Megatron's default rule, or rcm= naming core_attn)."""
-    return "core_attn" in modules(d)
+    """The attention core is recomputed (Megatron's default rule, or rcm= naming core_attn); under cp only by a runtime
+    whose re-run runs its exchange too (Dims.cp_core_recompute; context_parallel.ring_again), else kept."""
+    return "core_attn" in modules(d) and (d.cp == 1 or d.cp_core_recompute)
 
 
 def by_module(d: Dims) -> bool:
@@ -243,7 +244,9 @@ def again_collectives(d: Dims, colls: list, tpo: bool = False) -> list:
     the dense blocks' mlp and the shared experts' are moe_mlp_again.py's."""
     mods = modules(d)
     again = set(map(id, mlp_again(colls, tpo))) if "mlp" in mods else set()
-    return [c for c in colls if id(c) in again or ("layernorm" in mods and c.label.startswith(NORM_LABELS))]
+    core = d.cp > 1 and core_recomputed(d)  # the core's cp exchange, re-run with it (Runtime.cp_core_recompute)
+    return [c for c in colls if id(c) in again or ("layernorm" in mods and c.label.startswith(NORM_LABELS))
+            or (core and c.axes == ("cp",))]
 
 
 def moe_side(layout: object) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ per-step collectives; docs/algorithms.md), in the order one rank issues them. co
 the same declaration in closed form; tests/test_cost_model.py holds the two equal and tests/test_fidelity.py
 holds this list equal to what the executor records. Generic parts:
 - full recomputation issues a layer's forward collectives twice (phases fwd and recompute); rc=selective by module
-  its MLP's again under mlp (recompute_modules_cost.again_collectives);
+  its MLP's again under mlp, and the core's cp exchange where the runtime re-runs the core with it
+  (Runtime.cp_core_recompute; recompute_modules_cost.again_collectives);
 - kept weights (Layout kw=1): a `kept` collective (a weight gather / its gradient's reduce-scatter) is
   issued once per step: forward in the first micro-batch's forward (not in recompute), backward in the
   last micro-batch's backward;

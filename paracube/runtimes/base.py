@@ -40,6 +40,15 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
   core re-run in backward; Megatron-core, DeepSpeed, paracube's executor) or "op" (torchtitan's per-op selective
   activation checkpointing); both engines price its recomputed forward work and memory its saved tensors
   (cost_models/recompute.py).
+- `cp_core_recompute`: with cp > 1, rc=selective's attention-core re-run (the "attention" rule, rcm= naming core_attn)
+  runs the core again with its context-parallel exchange inside (Megatron-core: its core_attn checkpoint wraps
+  Transformer Engine's attention, which runs the cp exchange: transformer/attention.py l.328-331 sets the checkpoint
+  whatever cp, l.381-420 `_checkpointed_attention_forward` checkpoints `self.core_attention`, l.1134-1143 calls it;
+  extensions/transformer_engine.py l.1228-1242 hands TE the cp group and cp_comm_type; MLA alike,
+  multi_latent_attention.py l.279-280); False: the core is kept under cp, neither re-run nor exchanged again
+  (paracube's executor: executor/layers/context_parallel.py's core is outside the region, llama.py / mla.py
+  `_context`). Both engines price it (recompute_modules_cost.core_recomputed: the core's re-run and its memory,
+  context_parallel.ring_again: its exchange again).
 - `recompute_modules`: the modules a layout's `rcm=` may name (paracube/recompute_modules.py: Megatron-core's
   --recompute-modules; Megatron-core and paracube's executor all seven, the others none); `refusal` names them; both
   engines price each (cost_models/recompute_modules_cost.py), the search tries them on layouts that do not fit.
@@ -153,6 +162,7 @@ class Runtime:
     selective: str = "attention"  # what rc=selective recomputes (module docstring; workload.SELECTIVE_RULES)
     recompute_modules: tuple[str, ...] = ()  # what a layout's rcm= may name (module docstring; recompute_modules.py)
     fused_norms: bool = False  # its dense norms run inside the next linear (module docstring)
+    cp_core_recompute: bool = False  # under cp, rc=selective re-runs the core and its cp exchange (module docstring)
     moe_a2a_overlap: bool = False  # it runs Layout `a2ao` (module docstring)
     moe_host_sync: bool = False  # its dropless MoE forward waits on the host for the expert counts (module docstring)
     moe_host_ops: MoEHostOps | None = None  # ops its host issues per MoE block (module docstring)
@@ -182,6 +192,7 @@ class Runtime:
                              gather_16bit=self.param_gather_16bit, fp8_param_gather=self.fp8_param_gather,
                              fp8_scaling=self.fp8_scaling, fp8_experts=self.fp8_experts, moe_dispatch=self.moe_dispatch,
                              moe_probs=self.moe_probs, selective=self.selective, fused_norms=self.fused_norms,
+                             cp_core_recompute=self.cp_core_recompute,
                              moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops,
                              offload_overlap=self.offload is not None and self.offload.overlap)
 

@@ -68,6 +68,9 @@ RUNTIME = Runtime(
     # (:248) and a MoE block's pre-MLP norm (the router reads it) are TENorm modules; transformer_layer.py:379-444
     # recomputes only a norm that is no IdentityOp (cost_models/recompute_modules_cost.py)
     fused_norms=True,
+    # under cp its core_attn checkpoint re-runs TE's attention, the cp exchange inside (Runtime.cp_core_recompute:
+    # transformer/attention.py l.328-331, 381-420, 1134-1143; extensions/transformer_engine.py l.1228-1242)
+    cp_core_recompute=True,
     # --overlap-moe-expert-parallel-comm (combined 1F1B, pipeline_parallel/combined_1f1b.py): runs, opt-in
     # (megatron-core 0.16 ModelParallelConfig.overlap_moe_expert_parallel_comm = False)
     moe_a2a_overlap=True,

@@ -96,6 +96,8 @@ RUNTIME = Runtime(
     moe_check=executor_refusal,
     recompute_modules=tuple(MODULES),  # rcm=: every module in every mode (executor/, branch exec_rcm)
     fused_norms=False,  # its norms are modules of their own, rcm=layernorm re-runs both (executor/model/blocks.py)
+    # under cp the core stays out of core_attn's region (executor/layers/llama.py, mla.py `_context`): kept, not re-run
+    cp_core_recompute=False,
     moe_probs=EXECUTOR_PROBS,  # the routing weights' own all_to_all beside the dispatch (executor/model/moe.py)
     moe_host_sync=True,  # the split sizes and expert counts read on the host (executor/model/moe.py `.tolist()`)
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
