@@ -61,28 +61,18 @@ def _scatter(x: Tensor, rows: list[int], mesh: Mesh, backward: bool, label: str)
     return out
 
 
-class _GatherV(torch.autograd.Function):
+class _Mirrored(torch.autograd.Function):
+    """The uneven gather over etp (`gather` True) or reduce-scatter, its backward the other one."""
+
     @staticmethod
-    def forward(ctx: Any, x: Tensor, rows: list[int], mesh: Mesh, label: str) -> Tensor:
-        ctx.args = (rows, mesh, label)
-        return _gather(x, rows, mesh, False, label)
+    def forward(ctx: Any, x: Tensor, rows: list[int], mesh: Mesh, label: str, gather: bool) -> Tensor:
+        ctx.args = (rows, mesh, label, gather)
+        return (_gather if gather else _scatter)(x, rows, mesh, False, label)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        rows, mesh, label = ctx.args
-        return _scatter(grad, rows, mesh, True, label), None, None, None
-
-
-class _ScatterV(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, rows: list[int], mesh: Mesh, label: str) -> Tensor:
-        ctx.args = (rows, mesh, label)
-        return _scatter(x, rows, mesh, False, label)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        rows, mesh, label = ctx.args
-        return _gather(grad, rows, mesh, True, label), None, None, None
+        rows, mesh, label, gather = ctx.args
+        return (_scatter if gather else _gather)(grad, rows, mesh, True, label), None, None, None, None
 
 
 def gather_counts(got: Tensor, mesh: Mesh) -> Tensor:
@@ -99,8 +89,8 @@ def local_experts(experts: Any, x: Tensor, got: Tensor, probs: Tensor | None, me
     if mesh.size(ETP) > 1:
         every = gather_counts(got, mesh)  # [etp, ep, L]
         rows = every.sum((1, 2)).tolist()
-        x = _GatherV.apply(x, rows, mesh, "moe.experts.in")
-        probs = None if probs is None else _GatherV.apply(probs, rows, mesh, "moe.experts.in_probs")
+        x = _Mirrored.apply(x, rows, mesh, "moe.experts.in", True)
+        probs = None if probs is None else _Mirrored.apply(probs, rows, mesh, "moe.experts.in_probs", True)
         got = every.reshape(-1, got.shape[1])  # sources (etp, ep), etp-major: the gathered order
     # (source, expert)-major -> (expert, source)-major
     flat = got.reshape(-1)
@@ -114,7 +104,7 @@ def local_experts(experts: Any, x: Tensor, got: Tensor, probs: Tensor | None, me
         return y
     # reduce-scattered in the router's dtype, as Megatron-core (module docstring)
     wide = getattr(torch, router_dtype(str(y.dtype).removeprefix("torch."))[0])
-    return _ScatterV.apply(y.to(wide), rows, mesh, "moe.experts.out").to(y.dtype)
+    return _Mirrored.apply(y.to(wide), rows, mesh, "moe.experts.out", False).to(y.dtype)
 
 
 __all__ = ["ETP", "gather_counts", "local_experts"]
