@@ -25,7 +25,7 @@ from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.dims import dims_of, with_pins
 from paracube.cost_models.event import estimate_with
 from paracube.cost_models.links import LinkCache
-from paracube.cost_models.recompute_modules_cost import AFTER_LAST_SAVED, MLP_LABELS, NORM_LABELS
+from paracube.cost_models.recompute_again import AFTER_LAST_SAVED, MLP_LABELS, NORM_LABELS
 from paracube.cost_models.traffic import stage_events
 from paracube.cost_models.validity import layout_arrays
 from paracube.engine_options import EngineOptions

@@ -52,7 +52,7 @@ from paracube.cost_models.dims import Dims, local_params
 from paracube.cost_models.fsdp_units import unit_totals
 from paracube.cost_models.local_parameters import parameter_units
 from paracube.cost_models.param_dims import param_dims
-from paracube.cost_models.recompute_modules_cost import again_collectives
+from paracube.cost_models.recompute_again import again_collectives
 from paracube.modes import MODES, LayoutBatch, context
 from paracube.modes.base import COMPUTE, F32, Collective, Sizes, padded
 from paracube.modes.buckets import BUCKET_BYTES, bucket_sizes, padded_numel

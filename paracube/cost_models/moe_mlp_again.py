@@ -2,7 +2,7 @@
 (recompute_modules_cost.py): a dense block's MLP under `mlp`, a MoE block's shared expert under `shared_experts` or
 `moe` (the MoE layer's region holds it: executor/model/moe.py). The dense engines price `moe.dense_part(model)` with
 only DENSE's modules (analytic.prepare), so neither adds them; both engines add them here, from one list
-(`again_events`, recompute_modules_cost.mlp_again: the MLP's forward up to its last saved tensor, phase "recompute"):
+(`again_events`, recompute_again.mlp_again: the MLP's forward up to its last saved tensor, phase "recompute"):
 - the analytic engine adds their time per micro-batch to the MoE stage's (moe.stage_cost, as moe_unshared's drop);
 - the event engine inserts their ops at the start of each such block's backward (moe_program.with_blocks);
 - moe_traffic.moe_stage_events lists them (tests/test_recompute_modules_run.py: equal to the executor's record).

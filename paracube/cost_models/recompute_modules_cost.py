@@ -45,8 +45,8 @@ Sources: megatron-core 0.16.1.
   transformer_layer.py:703 the identity's output is the region's input, :719-737 tensor_parallel.checkpoint(
   self.mlp, ...) re-runs linear_fc1 whole, its norm included). A MoE model's dense blocks alike (mlp_delta.py);
   a shared expert's region does not hold the pre-MLP norm (a TENorm of its own, the router reads it).
-  Its tensor-parallel forward collectives up to the region's
-  last saved tensor run again in the backward (`again_collectives`, `mlp_again`: 1D + sp's all_gather; 2D / 3D's fc
+  Its tensor-parallel forward collectives up to the region's last saved tensor run again in the backward
+  (recompute_again.py `again_collectives`, `mlp_again`: 1D + sp's all_gather; 2D / 3D's fc
   gathers and fc2's operand gathers, 3D's fc2 output reduce-scatter, issued inside its GEMM's autograd Function; not
   the last linear's output reduce after its GEMM, 1D's reduce_scatter / all_reduce, nor its bias gather:
   torch.utils.checkpoint's early stop, AFTER_LAST_SAVED; but with `tpo` 1D + sp's output reduce_scatter, a ring
@@ -217,38 +217,6 @@ def dense_saved(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     return out
 
 
-MLP_LABELS = ("mlp.", "fc.", "fc2.")  # a block's MLP collectives (modes: 1D's half "mlp", 2D / 3D's fc, fc2 linears)
-NORM_LABELS = ("ln1.", "ln2.")  # a block's two norms' (2D / 2.5D / 3D: statistics all-reduced, gamma / beta gathered)
-# The MLP's last linear's collectives the executor issues after the op that saves fc2's GEMM inputs: 1D's output
-# reduce-scatter (sp) / all-reduce, 2D / 3D's bias gather. torch.utils.checkpoint (non-reentrant) stops the
-# recomputation once the region's last saved tensor is made again, so they are not issued again
-# (executor/layers/discard.py). 3D's output reduce-scatter (fc2.Y) runs inside the GEMM's own autograd Function, whose
-# tensors are saved when it returns: issued again. With tpo, a tpo collective of these (1D + sp's output
-# reduce-scatter, mlp.out) is a ring inside its GEMM's Function too (executor/layers/collective_matmul.py
-# RingLinearScatter): issued again (tests/test_recompute_modules_run.py records it); the bias gathers are no rings.
-AFTER_LAST_SAVED = ("mlp.out", "mlp.g", "fc2.bias")
-
-
-def mlp_again(colls: list, tpo: bool = False) -> list:
-    """Of a block's forward collectives, those a checkpointed MLP region issues again in backward (its forward's up
-    to its last saved tensor: AFTER_LAST_SAVED not, unless run as a tpo ring inside its GEMM's Function)."""
-    return [c for c in colls if c.label.startswith(MLP_LABELS)
-            and (c.label not in AFTER_LAST_SAVED or (tpo and bool(c.tpo)))]
-
-
-def again_collectives(d: Dims, colls: list, tpo: bool = False) -> list:
-    """The forward collectives of a block (modes' layer_fwd) the backward issues again (traffic.py, comm.py,
-    event_program.py): under mlp the MLP's up to its region's last saved tensor (`mlp_again`; `tpo`: the layout's);
-    under layernorm the two norms' (their forward re-runs alone: 2D / 2.5D / 3D's statistics all-reduce and gamma /
-    beta gathers; none in none / 1D). On a model with MoE blocks the dense engines' `d` holds only DENSE's modules:
-    the dense blocks' mlp and the shared experts' are moe_mlp_again.py's."""
-    mods = modules(d)
-    again = set(map(id, mlp_again(colls, tpo))) if "mlp" in mods else set()
-    core = d.cp > 1 and core_recomputed(d)  # the core's cp exchange, re-run with it (Runtime.cp_core_recompute)
-    return [c for c in colls if id(c) in again or ("layernorm" in mods and c.label.startswith(NORM_LABELS))
-            or (core and c.axes == ("cp",))]
-
-
 def moe_side(layout: object) -> tuple[str, ...]:
     """The pinned modules moe.py prices (the MoE blocks' and, on a model with MoE blocks, its dense blocks' mlp)."""
     return tuple(m for m in (getattr(layout, "recompute_modules", None) or ()) if m not in DENSE)
@@ -299,7 +267,6 @@ def moe_rcm_saved(model: Any, d: Dims, layout: Any, mb: int, held: list[int], mo
     return k * per_moe + (len(held) - k) * dense
 
 
-__all__ = ["AFTER_LAST_SAVED", "DENSE", "MLP_LABELS", "NORM_LABELS", "again_collectives", "block_norms",
-           "by_module", "core_recomputed", "dense_modules", "dense_norms", "dense_saved", "dense_time",
-           "experts_rerun", "layout_shards", "mla_widths", "mlp_again", "mlp_norm_time", "mlp_saved", "modules",
+__all__ = ["DENSE", "block_norms", "by_module", "core_recomputed", "dense_modules", "dense_norms", "dense_saved",
+           "dense_time", "experts_rerun", "layout_shards", "mla_widths", "mlp_norm_time", "mlp_saved", "modules",
            "moe_norms", "moe_rcm_saved", "moe_rerun", "moe_saved", "moe_side"]

@@ -51,7 +51,7 @@ from paracube.cost_models import fp8
 from paracube.cost_models.context_dims import context_local
 from paracube.cost_models.dims import Dims, padded_vocab
 from paracube.cost_models.local_parameters import local_parameter_sizes, parameter_units
-from paracube.cost_models.recompute_modules_cost import again_collectives
+from paracube.cost_models.recompute_again import again_collectives
 from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
