@@ -71,6 +71,29 @@ def test_paracubes_runtime_ranks_etp_layouts_of_a_tiny_moe() -> None:
     assert len(got) == len(wanted) and not rejected["runtime"] and scored >= len(ranked)
 
 
+def test_paracubes_runtime_ranks_sharded_moe_layouts() -> None:
+    """paracube's executor runs MoE blocks with zero=2 (data_parallel/sharded.py: the experts a unit over edp,
+    tests/test_moe_run.py), so its runtime's search ranks tiny-moe's zero=2 layouts (pinned: unbounded memory picks
+    the lowest stage), ep > 1 among them, each one the executor runs; zero=3 is refused by the runtime (not run)."""
+    from paracube.errors import ParacubeError
+    from paracube.executor import check_divisibility
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.search import search
+    from paracube.topologies.loader import load_topology
+    from paracube.workload import TrainingSpec
+
+    model, training, topo = PRESETS["tiny-moe"], TrainingSpec(global_batch=16, dtype="bf16"), load_topology(
+        "dgx-h100", gpus=8)
+    ranked = [lay for lay, _ in search(model, training, topo, 8, top_k=10 ** 6, runtime="paracube",
+                                       fixed=parse_layout("zero=2")).ranked]
+    assert any(lay.ep > 1 for lay in ranked) and {lay.zero for lay in ranked} == {2}
+    for lay in ranked:
+        check_divisibility(model, lay, lay.micro_batch, 16, model.seq_len)
+    with pytest.raises(ParacubeError, match="'runtime'"):
+        search(model, training, topo, 8, runtime="paracube", fixed=parse_layout("zero=3"))
+
+
 def _config(tmp_path: Path, data: dict) -> str:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
@@ -86,9 +109,9 @@ def _config(tmp_path: Path, data: dict) -> str:
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
     (("plan", "--model", "llama2-7b", "--layout", "dp=16,ep=2,tp=none", "--runtime", "megatron"),
      "model llama2-7b has none"),
-    # paracube's executor runs MoE blocks with zero=0/1 (its runtime is the default)
-    (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=2,tp=none"),
-     "MoE blocks with zero=2 are not run (the experts' gradients reduce over edp); valid: zero=0/1"),
+    # paracube's executor runs MoE blocks with zero=0/1/2 (its runtime is the default)
+    (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=3,tp=none"),
+     "MoE blocks with zero=3 are not run (the experts' gradients reduce over edp); valid: zero=0/1/2"),
     (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=1d:2", "--runtime", "deepspeed"),
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
 ])
