@@ -71,6 +71,27 @@ def test_paracubes_runtime_ranks_etp_layouts_of_a_tiny_moe() -> None:
     assert len(got) == len(wanted) and not rejected["runtime"] and scored >= len(ranked)
 
 
+def test_paracubes_runtime_ranks_sharded_moe_layouts() -> None:
+    """paracube's executor runs MoE blocks with zero=2 and zero=3 (data_parallel/sharded.py, fsdp.py: the experts a
+    unit over edp, tests/test_moe_run.py), so its runtime's search ranks tiny-moe's zero=2 / zero=3 layouts (pinned:
+    unbounded memory picks the lowest stage), ep > 1 among them, each one the executor runs."""
+    from paracube.executor import check_divisibility
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.search import search
+    from paracube.topologies.loader import load_topology
+    from paracube.workload import TrainingSpec
+
+    model, training, topo = PRESETS["tiny-moe"], TrainingSpec(global_batch=16, dtype="bf16"), load_topology(
+        "dgx-h100", gpus=8)
+    for zero in (2, 3):
+        ranked = [lay for lay, _ in search(model, training, topo, 8, top_k=10 ** 6, runtime="paracube",
+                                           fixed=parse_layout(f"zero={zero}")).ranked]
+        assert any(lay.ep > 1 for lay in ranked) and {lay.zero for lay in ranked} == {zero}
+        for lay in ranked:
+            check_divisibility(model, lay, lay.micro_batch, 16, model.seq_len)
+
+
 def _config(tmp_path: Path, data: dict) -> str:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
@@ -86,9 +107,9 @@ def _config(tmp_path: Path, data: dict) -> str:
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
     (("plan", "--model", "llama2-7b", "--layout", "dp=16,ep=2,tp=none", "--runtime", "megatron"),
      "model llama2-7b has none"),
-    # paracube's executor runs MoE blocks with zero=0/1 (its runtime is the default)
-    (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=2,tp=none"),
-     "MoE blocks with zero=2 are not run (the experts' gradients reduce over edp); valid: zero=0/1"),
+    # paracube's executor runs MoE blocks with every zero stage, not with HSDP (its runtime is the default)
+    (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=3,shard=8,tp=none"),
+     "MoE blocks with zero=3 run without HSDP, not shard=8; valid: drop shard="),
     (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=1d:2", "--runtime", "deepspeed"),
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
 ])

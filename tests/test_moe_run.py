@@ -15,16 +15,18 @@ dispatch / combine all_to_all's recorded bytes to each peer equal modes/experts.
 beside the dispatch (moe.dispatch_probs) its copies times 8 bytes (one fp64 weight each, their gradients home in
 backward): zero difference, forward and backward. And every collective of step 0 on every rank (counts, aux counts,
 buckets, norms, pipeline sends, ...) equals cost_models/moe_traffic's list for the routing taken (a multiset: zero
-difference); the zero=1 case shards the dense buckets over dp and the experts' over edp. The etp cases (tensor
-parallelism inside the experts, executor/layers/expert_tensor.py; GPT-OSS's biased experts among them) list the etp
-gathers and reduce-scatters with the gathered copies of the routing taken. The same launch saves etp shards to a
-checkpoint and loads them into other layouts (every block the serial model's exactly). Plus the refusals of what
-the executor does not run, before any rank starts.
+difference); the zero=1 case shards the dense buckets over dp and the experts' over edp, the zero=2 / zero=3 cases shard
+each MoE block's dense parameters over dp and its experts, a unit of their own, over edp (moe_fsdp_traffic.py).
+The etp cases (tensor parallelism inside the experts, executor/layers/expert_tensor.py; GPT-OSS's biased experts
+among them) list the etp gathers and reduce-scatters with the gathered copies of the routing taken. The same launch
+saves etp shards to a checkpoint and loads them into other layouts (every block the serial model's exactly). Plus
+the refusals of what the executor does not run, before any rank starts.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -85,6 +87,20 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("tiny-moe", "dp=2,cp=2,ep=2,etp=2", False, "none"),  # ep x etp folded over dp x cp
     ("mla", "dp=2,cp=2,ep=2", False, "none"),  # MLA + MoE under cp (mla.py): k, v of their own widths by the ring
     ("mla", "cp=2,cpc=ag,ep=2,tp=1d:2,sp", False, "none"),  # ... and all-gathered, in 1D + sp
+    # zero=2 (data_parallel/sharded.py): each MoE block's experts a unit of their own, reduce-scattered over edp
+    # (and gathered after the step), its dense parameters a unit over dp (x cp)
+    ("tiny-moe", "dp=4,ep=2,zero=2", False, "none"),
+    ("tiny-moe", "dp=2,ep=2,tp=1d:2,sp,zero=2", False, "none"),  # ep folded over tp
+    ("tiny-moe", "pp=2,dp=2,ep=2,zero=2", False, "none"),  # each stage's units, reduced in the last micro-batch
+    ("tiny-moe", "dp=2,cp=2,ep=2,zero=2", False, "none"),
+    ("oss", "dp=4,ep=2,etp=2,zero=2", False, "none"),  # etp shards (b2 whole on both etp ranks) over edp = 2
+    # zero=3 (fsdp.py): the block's two units gathered (each over its group) before its forward and backward
+    ("tiny-moe", "dp=4,ep=2,zero=3", False, "none"),
+    ("tiny-moe", "dp=2,ep=2,tp=1d:2,sp,zero=3", False, "none"),
+    ("tiny-moe", "pp=2,dp=2,ep=2,zero=3", False, "none"),
+    ("tiny-moe", "dp=2,cp=2,ep=2,zero=3", False, "full"),  # the block recomputed inside backward: found gathered
+    ("oss", "dp=4,ep=2,etp=2,zero=3", False, "none"),
+    ("tiny-moe", "dp=2,tp=1d:2,sp,zero=3", False, "none"),  # ep = 1: the experts' unit over (dp, tp)
 ]
 IDS = [f"{c[0]}-{c[1]}{'-skewed' if c[2] else ''}-rc={c[3]}" for c in CASES]
 
@@ -150,9 +166,11 @@ def _one_case(rank: int, model_name: str, layout_text: str, skew: bool, recomput
             block.routing_log = None
         errors[f"step{step}.loss"] = abs(res.loss - ref_loss) / ref_loss
         errors[f"step{step}.grad_norm"] = abs(res.grad_norm - ref_norm) / ref_norm
-    for name, p in model.named_parameters():
-        expected = model.block_of(name, ref_params[name])
-        errors[f"param:{name}"] = ((p - expected).norm() / expected.norm()).item()
+    units = getattr(opt, "units", None)  # zero=3: the parameters live as shards, gathered to compare (fsdp.py)
+    with units.gathered() if units is not None else nullcontext():
+        for name, p in model.named_parameters():
+            expected = model.block_of(name, ref_params[name])
+            errors[f"param:{name}"] = ((p - expected).norm() / expected.norm()).item()
     out["errors"] = errors
     return out
 
@@ -301,7 +319,8 @@ def test_the_whole_steps_collectives_equal_the_models(results, case: int) -> Non
     ("dp=4,ep=3", "ep=3"),
     ("dp=6,ep=6", "8 experts"),
     ("dp=2,ep=2,tp=1d:2", "add sp"),
-    ("dp=4,ep=2,zero=2", "zero=2"),
+    ("dp=4,ep=2,zero=2,shard=2", "shard=2"),
+    ("dp=4,ep=2,zero=3,shard=2", "shard=2"),
     ("dp=2,ep=2,etp=3", "etp=3"),
     ("dp=2,ep=2,tp=1d:2,sp,tpo,mla", "tpo"),  # MLA with tpo is not built (executor/sizes.check_mla)
 ])

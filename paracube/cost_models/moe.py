@@ -180,7 +180,9 @@ def grad_event(model: ModelSpec, layout: Layout, stage: int, d: Dims | None = No
     if n == 0 or layout.expert_data == 1:
         return None
     # zero >= 1 reduce-scatters and gathers back instead: the same bytes and ring steps as this all_reduce; in the
-    # runtime's gradient element (Dims.grad_bytes; fp32 without dims)
+    # runtime's gradient element (Dims.grad_bytes; fp32 without dims). zero >= 2 is priced as zero=1 here: the
+    # executor's per-micro-batch reduce-scatters of the expert units (pp = 1) and zero=3's gathers of them are listed
+    # by moe_fsdp_traffic.py (the recorded step), not yet in this step time
     size, dtype = (d.grad_bytes, d.grad_dtype) if d is not None else (4, "float32")
     return CommEvent("all_reduce", ("edp",), layout.expert_data, size * n, dtype, "grad_sync", "expert_gradients")
 

@@ -31,9 +31,10 @@ from paracube.cost_models.dims import Dims
 from paracube.cost_models.local_parameters import local_parameter_sizes
 from paracube.cost_models.moe_counts import block_count_events, norm_events
 from paracube.cost_models.moe_dispatch import sends_probs
+from paracube.cost_models.moe_fsdp_traffic import fsdp_unit_events
 from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
 from paracube.cost_models.recompute_modules_cost import moe_side
-from paracube.cost_models.traffic import stage_events
+from paracube.cost_models.traffic import stage_events, unit_labels
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes import MODES
@@ -49,6 +50,11 @@ def stage_moe_layers(layout: Layout, d: Dims, moe: MoESpec, stage: str) -> list[
     """Global indices of the MoE blocks on pipeline stage `stage`, in order."""
     return [i for chunk in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage))
             for i in chunk if moe.is_moe_layer(i)]
+
+
+def chunks_of(layout: Layout, d: Dims, stage: str) -> list[int]:
+    """Global indices of the blocks on stage `stage`, in order."""
+    return [i for c in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage)) for i in c]
 
 
 def _stage_index(layout: Layout, stage: str) -> int:
@@ -73,6 +79,13 @@ def expert_axes(layout: Layout) -> tuple[str, ...]:
 def _dense_sizes(layout: Layout, d: Dims, moe: MoESpec, stage: str, moe_layers: list[int]) -> list[int]:
     """The stage's parameters outside the experts in registration order: a MoE block's fc, fc2 (and biases)
     replaced by router [h, E], shared fc [h, 2 f_s] / fc2 [f_s, h] (the mode's shards), gate [h, 1]."""
+    return [n for unit in _dense_units(layout, d, moe, stage, moe_layers) for _, n in unit]
+
+
+def _dense_units(layout: Layout, d: Dims, moe: MoESpec, stage: str,
+                 moe_layers: list[int]) -> list[list[tuple[int, int]]]:
+    """_dense_sizes grouped by FSDP unit (embedding on the first stage, each block, final norm + head on the last),
+    each entry (global block index or -1, numel)."""
     mode, t, q, h = MODES[layout.mode], layout.tensor_size, layout.q, d.h
     sizes = local_parameter_sizes(layout, d, stage)
     mlp = sum(1 + bias for _, _, _, bias in d.linears[2:])  # entries of fc, fc2 (and their biases) per block
@@ -83,7 +96,7 @@ def _dense_sizes(layout: Layout, d: Dims, moe: MoESpec, stage: str, moe_layers: 
     chunks = [i for c in stage_chunks(d.L, layout.pp, layout.interleave, _stage_index(layout, stage)) for i in c]
     body = sizes[emb:len(sizes) - head]
     width = len(body) // len(chunks)
-    out = list(sizes[:emb])
+    out = [[(-1, n) for n in sizes[:emb]]] if first else []
     for b, g in enumerate(chunks):
         block = body[b * width:(b + 1) * width]
         if g in moe_layers:
@@ -93,8 +106,8 @@ def _dense_sizes(layout: Layout, d: Dims, moe: MoESpec, stage: str, moe_layers: 
                           int(mode.linear_shard(moe.shared_ffn, h, False, True, t, q))]
             if moe.shared_gate:
                 block.append(h)
-        out += block
-    return out + list(sizes[len(sizes) - head:])
+        out.append([(g, n) for n in block])
+    return out + ([[(-1, n) for n in sizes[len(sizes) - head:]]] if last else [])
 
 
 def _expert_sizes(local: int, h: int, moe: MoESpec, etp: int = 1) -> list[int]:
@@ -156,13 +169,24 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     # group) and, after the optimizer step, all-gathered (training/step.py sums the experts' shards in the norm
     # over (pp, dp, tp): every expert element once, the stage's ranks being edp x ep).
     local = E // ep
-    groups = [(tuple(layout.data_axes), bucket_numels(_dense_sizes(layout, d, moe, stage, layers), bucket_bytes),
-               "gradients"),
+    step: list[CommEvent] = []  # after the dense buckets, before the grad norm (grad_sync.py, training/step.py)
+    gathers: list[CommEvent] = []
+    if layout.zero >= 2:  # FSDP units, an MoE block's experts one of their own (moe_fsdp_traffic.py)
+        units: list[tuple[tuple[str, ...], int]] = []
+        for unit in _dense_units(layout, d, moe, stage, layers):
+            units.append((tuple(layout.zero_axes), sum(n for _, n in unit)))
+            if unit and unit[0][0] in layers:
+                units.append((expert_axes(layout), sum(_expert_sizes(local, d.h, moe, layout.etp))))
+        first, last = layout.pp == 1 or stage == "first", layout.pp == 1 or stage == "last"
+        gathers = fsdp_unit_events(layout, d, units, n_micro, first, last, lambda a: _group(layout, a))
+        names = {f"{label}.{op}" for pair in unit_labels(layout, first, last, len(chunks_of(layout, d, stage)))
+                       for label in pair for op in ("rs", "gather")}
+        events = [e for e in events if not (e.label in names and e.axes == tuple(layout.zero_axes))]
+    dense = bucket_numels(_dense_sizes(layout, d, moe, stage, layers), bucket_bytes)
+    groups = [] if layout.zero >= 2 else [(tuple(layout.data_axes), dense, "gradients"),
               (expert_axes(layout),
                bucket_numels(_expert_sizes(local, d.h, moe, layout.etp) * len(layers), bucket_bytes),
                "gradients.experts")]
-    step: list[CommEvent] = []  # after the dense buckets, before the grad norm (grad_sync.py, training/step.py)
-    gathers: list[CommEvent] = []
     for axes, numels, label in groups:
         shards = _group(layout, axes)
         for n in numels:

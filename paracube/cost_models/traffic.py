@@ -177,6 +177,9 @@ def _unit_labels(layout: Layout, first: bool, last: bool, layers: int) -> list[t
     return out + ([("ln_f", "head")] if last else [])
 
 
+unit_labels = _unit_labels  # public: cost_models/moe_traffic.py replaces these units with an MoE model's
+
+
 def zero_unit_numels(layout: Layout, d: Dims, layers: int, first: bool, last: bool) -> list[int]:
     """zero=2/3: every FSDP unit's flat length (registration order), padded to a multiple of the zero group."""
     n = layout.axis_size_of(layout.zero_axes)

@@ -145,8 +145,9 @@ def balanced_routing(tokens: int, k: int, experts: int, ep: int) -> np.ndarray:
 # and etp (executor/layers/expert_tensor.py), their gradients in buckets over edp (data_parallel/grad_sync.py: zero=0
 # all-reduced, zero=1 sharded over edp as Megatron's distributed optimizer does), with any cp (each cp rank routes its
 # own chunks; the folded groups span dp x cp x tp; executor/model/moe_sequence.py), MLA's attention too
-# (executor/layers/mla.py runs it under cp).
-EXECUTOR_ZEROS = (0, 1)
+# (executor/layers/mla.py runs it under cp); zero=2/3 (data_parallel/sharded.py, fsdp.py: a block's experts a unit of
+# their own, reduce-scattered and gathered over edp, its dense parameters over the zero group), not with HSDP (shard=).
+EXECUTOR_ZEROS = (0, 1, 2, 3)
 
 
 def executor_modes() -> list[str]:
@@ -164,6 +165,8 @@ def executor_refusal(layout: Any) -> str | None:
     if layout.zero not in EXECUTOR_ZEROS:
         return (f"MoE blocks with zero={layout.zero} are not run (the experts' gradients reduce over edp); valid: "
                 f"zero={'/'.join(map(str, EXECUTOR_ZEROS))}")
+    if layout.zero >= 2 and layout.hybrid:
+        return f"MoE blocks with zero={layout.zero} run without HSDP, not shard={layout.shard_size}; valid: drop shard="
     return None
 
 

@@ -13,7 +13,8 @@ Dtypes per mode (ExecutorSupport.dtypes): fp8 (Transformer Engine's hybrid delay
 in none and 1D, with every zero stage (FSDP gathers the bf16 shards, the layer casts them) and with tpo (1D's ring
 chunk GEMMs are the linear's FP8 GEMMs). MoE blocks (executor/model/moe.py) with expert parallelism folded over
 each stage's dp x cp x tp ranks, in the modes, zero stages and layouts modes/experts.executor_refusal allows (none,
-1D with sp; zero=0/1; etp >= 1: executor/layers/expert_tensor.py; any cp: executor/model/moe_sequence.py); MLA with
+1D with sp; every zero stage, zero=2/3 sharding the experts over edp: data_parallel/sharded.py; etp >= 1:
+executor/layers/expert_tensor.py; any cp: executor/model/moe_sequence.py); MLA with
 dense MLPs and MoE blocks (executor/layers/mla.py), with cp too (both exchanges: its core is context_parallel.py's, k
 and v of their own widths).
 Llama 4's chunked attention over sequences longer than one chunk, in every path (executor/layers/attention_mask.py).

@@ -20,6 +20,10 @@ not gathered again before its backward; torchtitan / FSDP2 put a tied table in o
 and not counted in the two: it is gathered once per micro-batch, and its gradient (head + lookup) reaches the
 table once, summed by autograd, before the unit is reduce-scattered (sharded.py). Priced alike: traffic.py
 (no backward gather of the embedding), fsdp_units.unit_totals (gathered at once: the embedding plus a pair).
+MoE blocks (sharded.py): a block's experts are a unit of their own over edp, in the block's slot: gathered,
+waited for and resharded with the block's dense unit at the forward hooks (two collectives, each over its group; a
+slot counts once in the two gathered), resharded alone once its gradients are issued (before the block's attention
+backward ends); torchtitan's per-parameter meshes in one fully_shard do the same (distributed/fsdp.py l.209-275).
 Pipelines (pp > 1, executor/pipeline/schedule.py): a stage's units are split into segments, one per model chunk
 (the embedding with chunk 0, the final unit with the last chunk). A chunk's forward or backward of one micro-batch
 is one pass over its segment; the schedule calls `begin_chunk` before and `end_chunk_forward` after each chunk
@@ -39,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from paracube.executor.data_parallel.sharded import ShardedSync, Unit
+from paracube.executor.data_parallel.sharded import EXPERTS, ShardedSync, Unit
 
 MAX_GATHERED = 2
 
@@ -59,26 +63,36 @@ class _PreBackward(torch.autograd.Function):
 
 
 class ParamUnits:
-    """The parameter shards of a ShardedSync's units (forward order: embedding, blocks, final)."""
+    """The parameter shards of a ShardedSync's units (forward order: embedding, blocks, final), gathered and
+    resharded by slot: a slot is a module's units (an MoE block's dense unit and its experts' unit, each over its
+    own group: sharded.py), the hooks' index k; done_backward reshards one unit."""
 
     def __init__(self, sync: ShardedSync, model: nn.Module) -> None:
         self.sync, self.mesh = sync, sync.mesh
         self.units: list[Unit] = list(reversed(sync.buckets))
-        self.index = {u.name: k for k, u in enumerate(self.units)}
-        self.state = ["full"] * len(self.units)  # full | sharded | gathering | gathered
+        self.index = {u.name: j for j, u in enumerate(self.units)}  # a unit's position in self.units
+        self.slots: list[list[int]] = []  # slot k: its units (an expert unit joins its block's slot)
+        for j, u in enumerate(self.units):
+            if u.name.endswith(EXPERTS) and self.slots:
+                self.slots[-1].append(j)
+            else:
+                self.slots.append([j])
+        self.slot = {self.units[s[0]].name: k for k, s in enumerate(self.slots)}
+        self.state = ["full"] * len(self.units)  # per unit: full | sharded | gathering | gathered
         self.work: list[dist.Work | None] = [None] * len(self.units)
-        self.want: int | None = None  # a prefetch waiting for room
+        self.want: int | None = None  # a slot's prefetch waiting for room
         self.in_backward = False
         self.live_bytes = self.peak_bytes = 0
         spec = getattr(model, "spec", None)
-        tied = bool(spec is not None and spec.tied_embeddings and "embedding" in self.index and "final" in self.index)
-        self.held = {self.index["embedding"]} if tied else set()  # gathered from forward to backward
-        # pp > 1: each unit's model chunk (module docstring); pp = 1: one segment
+        tied = bool(spec is not None and spec.tied_embeddings and "embedding" in self.slot and "final" in self.slot)
+        self.held = {self.slot["embedding"]} if tied else set()  # slots gathered from forward to backward
+        # pp > 1: each slot's model chunk (module docstring); pp = 1: one segment
         chunks = getattr(model, "chunks", [[]])
         self.pipelined = sync.mesh.layout.pp > 1
         chunk_of = {f"blocks.{i}": c for c, idx in enumerate(chunks) for i in idx}
-        self.segment = [chunk_of.get(u.name, 0 if u.name == "embedding" else len(chunks) - 1) if self.pipelined else 0
-                        for u in self.units]
+        names = [self.units[s[0]].name for s in self.slots]
+        self.segment = [chunk_of.get(n, 0 if n == "embedding" else len(chunks) - 1) if self.pipelined else 0
+                        for n in names]
         self.flats: list[Tensor] = []
         self.shards: list[Tensor] = []
         with torch.no_grad():
@@ -90,26 +104,26 @@ class ParamUnits:
                     p.data = flat[u.offsets[i]:u.offsets[i] + p.numel()].view_as(p)
                 self.flats.append(flat)
                 self.shards.append(flat[u.k * u.shard_numel:(u.k + 1) * u.shard_numel].clone())
-        for k in range(len(self.units)):
+        for k in range(len(self.slots)):
             self._reshard(k)
         self._hook(model)
 
     def _hook(self, model: nn.Module) -> None:
         mods = dict(model.named_modules())
-        blocks = [n for n in self.index if n.startswith("blocks.")]
+        blocks = [n for n in self.slot if n.startswith("blocks.")]
         edge_first = ["tok_emb", "pos_emb"] if "pos_emb" in mods and mods["pos_emb"] is not None else ["tok_emb"]
         plan: list[tuple[str, list[str]]] = [("embedding", edge_first)] + [(b, [b]) for b in blocks]
         plan.append(("final", ["ln_f", "head"]))
-        for unit, names in [(u, n) for u, n in plan if u in self.index]:  # pp > 1: the stage's units only
-            k = self.index[unit]
+        for unit, names in [(u, n) for u, n in plan if u in self.slot]:  # pp > 1: the stage's units only
+            k = self.slot[unit]
             mods[names[0]].register_forward_pre_hook(lambda m, a, k=k: self.before_forward(k))
             for name in names:
                 mods[name].register_forward_hook(lambda m, a, out, k=k: self.after_forward(k, out))
 
     # --- hooks ---------------------------------------------------------------------------------------------
     def _same(self, k: int, j: int) -> bool:
-        """Unit j is in unit k's segment (pp > 1: its model chunk) and exists."""
-        return 0 <= j < len(self.units) and self.segment[j] == self.segment[k]
+        """Slot j is in slot k's segment (pp > 1: its model chunk) and exists."""
+        return 0 <= j < len(self.slots) and self.segment[j] == self.segment[k]
 
     def before_forward(self, k: int) -> None:
         if k == 0 and not self.pipelined:  # a micro-batch's forward starts (the embedding is never recomputed)
@@ -146,7 +160,8 @@ class ParamUnits:
             self._prefetch(k - 1)
 
     def done_backward(self, u: Unit) -> None:
-        self._reshard(self.index[u.name])
+        self._reshard_unit(self.index[u.name])
+        self._try_prefetch()
 
     # --- gather / reshard ----------------------------------------------------------------------------------
     def _prefetch(self, k: int) -> None:
@@ -157,38 +172,46 @@ class ParamUnits:
         k = self.want
         if k is None:
             return
-        if self.state[k] != "sharded":
+        if any(self.state[j] != "sharded" for j in self.slots[k]):
             self.want = None
             return
-        live = sum(s in ("gathering", "gathered") for j, s in enumerate(self.state) if j not in self.held)
+        live = sum(any(self.state[j] in ("gathering", "gathered") for j in s)
+                   for i, s in enumerate(self.slots) if i not in self.held)
         if live < MAX_GATHERED:
             self.want = None
             self._gather(k)
 
     def _gather(self, k: int) -> None:
+        for j in self.slots[k]:
+            self._gather_unit(j)
+
+    def _gather_unit(self, k: int) -> None:
         if self.state[k] != "sharded":
             return
         u, flat, shard = self.units[k], self.flats[k], self.shards[k]
         flat.untyped_storage().resize_(u.length * flat.element_size())
         self.live_bytes += u.length * flat.element_size()
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        n = self.sync.group_size
+        n = self.mesh.size(u.axes)
         with torch.no_grad():
             if n == 1:
                 flat.copy_(shard)
             else:
-                order = self.mesh.order(self.sync.axes)
+                order = self.mesh.order(u.axes)
                 chunks = list(flat.chunk(n))
                 by_rank = [chunks[0]] * n
                 for j in range(n):
                     by_rank[order[j]] = chunks[j]
                 rec = self.mesh.recorder
-                with rec.issue("all_gather", self.sync.axes, n, shard, u.length, False, "params"):
-                    self.work[k] = dist.all_gather(by_rank, shard, group=self.mesh.group(self.sync.axes),
-                                                   async_op=True)
+                with rec.issue("all_gather", u.axes, n, shard, u.length, False, "params"):
+                    self.work[k] = dist.all_gather(by_rank, shard, group=self.mesh.group(u.axes), async_op=True)
         self.state[k] = "gathering"
 
     def _wait(self, k: int) -> None:
+        for j in self.slots[k]:
+            self._wait_unit(j)
+
+    def _wait_unit(self, k: int) -> None:
         work, self.work[k] = self.work[k], None
         if work is not None:
             work.wait()
@@ -196,27 +219,31 @@ class ParamUnits:
             self.state[k] = "gathered"
 
     def _reshard(self, k: int) -> None:
+        for j in self.slots[k]:
+            self._reshard_unit(j)
+        self._try_prefetch()
+
+    def _reshard_unit(self, k: int) -> None:
         if self.state[k] == "sharded":
             return
-        self._wait(k)
+        self._wait_unit(k)
         flat = self.flats[k]
         if self.state[k] != "full":
             self.live_bytes -= flat.numel() * flat.element_size()
         flat.untyped_storage().resize_(0)
         self.state[k] = "sharded"
-        self._try_prefetch()
 
     # --- outside the step ----------------------------------------------------------------------------------
     def start(self) -> None:
         """A step starts with every unit sharded (a checkpoint or an evaluation may have left some gathered)."""
         self.want, self.in_backward = None, False
-        for k in range(len(self.units)):
+        for k in range(len(self.slots)):
             self._reshard(k)
 
     def gather_all(self) -> None:
         """Every unit gathered (checkpoints, full state dicts; not a step's traffic, not recorded)."""
-        n = self.sync.group_size
         for k, u in enumerate(self.units):
+            n = self.mesh.size(u.axes)
             if self.state[k] == "sharded":
                 flat = self.flats[k]
                 flat.untyped_storage().resize_(u.length * flat.element_size())
@@ -225,12 +252,12 @@ class ParamUnits:
                     flat.copy_(self.shards[k])
                 else:
                     parts = [torch.empty_like(self.shards[k]) for _ in range(n)]
-                    dist.all_gather(parts, self.shards[k], group=self.mesh.group(self.sync.axes))
-                    order = self.mesh.order(self.sync.axes)
+                    dist.all_gather(parts, self.shards[k], group=self.mesh.group(u.axes))
+                    order = self.mesh.order(u.axes)
                     flat.copy_(torch.cat([parts[order[j]] for j in range(n)]))
                 self.state[k] = "gathered"
             else:
-                self._wait(k)
+                self._wait_unit(k)
 
     @torch.no_grad()
     def shards_from_params(self) -> None:

@@ -34,6 +34,15 @@ ranks); the rank with index k in the zero group (Layout.zero_axes: dp, or dp_sha
 - HSDP (`shard=N`, N < dp): the zero group is N consecutive dp ranks (dp_shard); after the last micro-batch
   each gradient shard is all-reduced over dp_replicate (once per step: FSDP2's set_requires_all_reduce(False)
   on the other micro-batches); the shard group's state is replicated across the dp / N groups.
+MoE blocks (executor/model/routed_experts.py): a block's routed experts are a unit of their own, blocks.<i>.experts,
+sharded over the group their gradients reduce over (`grad_axes`: edp, the folded expert-data-parallel group,
+executor/mesh.py; ep = etp = 1: the data and tensor axes), its shard index the rank's in that group; the block's
+dense parameters (attention, router, shared expert) stay one unit over the zero group. The expert unit follows its
+block's in registration order, so it is issued first in backward, through the same hooks and bucket order; each
+unit is reduce-scattered (zero=2: and its updated shard gathered) over its own group (torchtitan 0.3.0
+distributed/fsdp.py l.209-275: one fully_shard per MoE block with a per-parameter mesh, experts over edp, the rest
+over dp, so FSDP2 issues one collective per mesh for the block; Megatron's distributed optimizer
+shards the experts over the expert-data-parallel group). HSDP shards no expert unit over replicas (edp spans them).
 Tensor modes: a rank's parameters are its blocks of the mode's layout (1D's column / row shards; 2D / 2.5D / 3D's
 weight blocks, which each linear all-gathers over the tensor axes itself, layers/kept.py). The units shard
 those blocks as they are, over the mode's grad axes (Layout.zero_axes: dp; 2.5D dp x dep, the ranks holding
@@ -61,10 +70,15 @@ from torch import Tensor, nn
 from paracube.executor.mesh import Mesh
 from paracube.modes.buckets import padded_numel, plan_units
 
+EXPERTS = ".experts"  # an MoE block's expert unit: "blocks.<i>.experts"
 
-def unit_name(param_name: str) -> str:
-    """The FSDP unit of a parameter: embedding, blocks.<i>, or final."""
+
+def unit_name(param_name: str, experts: bool = False) -> str:
+    """The FSDP unit of a parameter: embedding, blocks.<i> (an MoE block's routed experts: blocks.<i>.experts), or
+    final."""
     head = param_name.split(".")
+    if experts:
+        return f"blocks.{head[1]}{EXPERTS}"
     if head[0] in ("tok_emb", "pos_emb"):
         return "embedding"
     if head[0] == "blocks":
@@ -75,8 +89,9 @@ def unit_name(param_name: str) -> str:
 class Unit:
     """One unit's flat layout, its fp32 gradient shard and (per micro-batch) its gradient buffer."""
 
-    def __init__(self, name: str, params: list[nn.Parameter], shards: int, k: int, device: torch.device) -> None:
-        self.name, self.params = name, params
+    def __init__(self, name: str, params: list[nn.Parameter], shards: int, k: int, device: torch.device,
+                 axes: tuple[str, ...] = ()) -> None:
+        self.name, self.params, self.axes = name, params, axes  # axes: the group it is sharded over
         self.offsets: list[int] = []
         n = 0
         for p in params:
@@ -109,16 +124,23 @@ class ShardedSync:
         self.group_size = mesh.size(self.axes)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         groups: dict[str, list[nn.Parameter]] = {}
+        axes_of: dict[str, tuple[str, ...]] = {}  # a unit's shard group: the zero group; MoE experts: their grad_axes
         for n, p in named:
-            groups.setdefault(unit_name(n), []).append(p)
-        flat = [p for _, p in named]
+            name = unit_name(n, hasattr(p, "grad_axes"))
+            groups.setdefault(name, []).append(p)
+            axes_of[name] = getattr(p, "grad_axes", self.axes)
+        # the flat list in unit order (an expert unit follows its block's dense unit, whose parameters the
+        # registration order interleaves with the experts': router, experts, shared expert)
+        flat = [p for ps in groups.values() for p in ps]
         order = plan_units([[p.numel() for p in ps] for ps in groups.values()])
         names = list(groups)
         device = flat[0].device
-        k = self.shard_index()
         # Buckets in issue (backward) order; each unit's parameters in reverse registration order.
-        self.buckets = [Unit(names[len(names) - 1 - j], [flat[i] for i in idx], self.group_size, k, device)
-                        for j, idx in enumerate(order)]
+        self.buckets = []
+        for j, idx in enumerate(order):
+            name = names[len(names) - 1 - j]
+            axes = axes_of[name]
+            self.buckets.append(Unit(name, [flat[i] for i in idx], mesh.size(axes), mesh.index(axes), device, axes))
         self.where: dict[nn.Parameter, tuple[Unit, int]] = {}
         for u in self.buckets:
             for i, p in enumerate(u.params):
@@ -203,18 +225,18 @@ class ShardedSync:
     def _issue(self, u: Unit) -> None:
         self._wait()  # at most one reduce-scatter in flight, so at most two gradient buffers live
         assert u.buffer is not None
-        n, rec = self.group_size, self.mesh.recorder
+        n, rec = self.mesh.size(u.axes), self.mesh.recorder
         if n == 1:
             u.out = u.buffer
         else:
-            order = self.mesh.order(self.axes)
+            order = self.mesh.order(u.axes)
             chunks = list(u.buffer.chunk(n))
             by_rank = [chunks[0]] * n
             for j in range(n):
                 by_rank[order[j]] = chunks[j]
             u.out = torch.empty(u.shard_numel, dtype=torch.float32, device=u.shard.device)
-            with rec.phase("grad_sync"), rec.issue("reduce_scatter", self.axes, n, u.buffer, u.length, False, "grads"):
-                u.work = dist.reduce_scatter(u.out, by_rank, group=self.mesh.group(self.axes), async_op=True)
+            with rec.phase("grad_sync"), rec.issue("reduce_scatter", u.axes, n, u.buffer, u.length, False, "grads"):
+                u.work = dist.reduce_scatter(u.out, by_rank, group=self.mesh.group(u.axes), async_op=True)
         self.inflight = u
         if self.params is not None and not self.micro_batches:  # zero=3: its backward is done, back to shards
             self.params.done_backward(u)
@@ -240,7 +262,7 @@ class ShardedSync:
         if self.replicas and self.mesh.size(self.replicas) > 1:
             rec, n = self.mesh.recorder, self.mesh.size(self.replicas)
             with rec.phase("grad_sync"):
-                for u in self.buckets:
+                for u in (u for u in self.buckets if u.axes == self.axes):  # experts: edp spans the replicas
                     with rec.issue("all_reduce", self.replicas, n, u.shard, u.shard_numel, False, "gradients.replicas"):
                         dist.all_reduce(u.shard, group=self.mesh.group(self.replicas))
         self.active = False
