@@ -181,3 +181,29 @@ def test_a_long_sequence_moe_plan_on_paracubes_runtime_chooses_cp(capsys: pytest
         if runtime == "paracube":
             cp = next(lay for lay in ranked if lay.cp > 1)
             check_divisibility(model, cp, cp.micro_batch, 8, 16384)
+
+
+@pytest.mark.parametrize("runtime", ["paracube", "megatron"])
+def test_zero3_on_a_model_without_shared_experts_plans(runtime: str) -> None:
+    """Qwen3-30B-A3B has no shared expert, so its MoE blocks drop the dense part's MLP tensor collectives
+    (cost_models/moe_unshared.py); zero=3's gather of a block's unit is labelled after the block's last program
+    unit (traffic._unit_labels: the MLP's in 1D) but runs over dp and stays: the search pinned to zero=3 ranks
+    layouts (it raised KeyError ('dp',) on the dropped gather's missing tensor link before)."""
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.moe import dense_part
+    from paracube.cost_models.moe_unshared import dropped_events
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.search import search
+    from paracube.runtimes import get_runtime
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    model = PRESETS["qwen3-30b-a3b"]
+    d = dims_of(dense_part(model), TrainingSpec(global_batch=512, dtype="bf16"))
+    lay = parse_layout("dp=8,ep=8,tp=1d:2,sp,mb=1,zero=3")
+    dropped = dropped_events(model, d, lay, 1)
+    assert dropped and all(e.axes == ("tp",) for e in dropped)
+    result = search(model, TrainingSpec(global_batch=512, dtype="bf16"), load_topology("dgx-h100", gpus=16), 16,
+                    fixed=parse_layout("zero=3"), top_k=5, runtime=get_runtime(runtime))
+    assert result.ranked and all(lay.zero == 3 for lay, _ in result.ranked)

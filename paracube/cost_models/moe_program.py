@@ -137,7 +137,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                                                          imb, wait=bi, backward=True))
                 if i in mlp_again:
                     _insert_bwd(lists[c], i, [Op("comm", e.label, event=e) for e in relabel(again_mlp, i)], [])
-    drop_ops(prog, unshared_blocks(model, layout, stage))  # no shared expert: no MLP collectives (moe_unshared.py)
+    drop_ops(prog, unshared_blocks(model, layout, stage), layout)  # no shared expert: no MLP collectives
     ge = grad_event(model, layout, stage, d)
     if ge is not None:
         op = Op("comm", "expert_gradients", event=ge, asynchronous=layout.overlap)

@@ -111,7 +111,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     mem = _heaviest(est.memory, getattr(scores, "memory_stages", ()), costs, loss, layout.pp)
     per_step = ("grad_sync", "optimizer")  # the expert gradients and their norm (moe_counts.norm_event)
     micro_events = [e for e in c.events if e.phase not in per_step]
-    dense = drop_stage_events(est.events, unshared_blocks(model, layout, index[STAGE_NAMES[old_slow]]))
+    dense = drop_stage_events(est.events, unshared_blocks(model, layout, index[STAGE_NAMES[old_slow]]), layout)
     events = dense + tuple(e for _ in range(int(n)) for e in micro_events) + tuple(
         e for e in c.events if e.phase in per_step) if est.events else ()
     flops = est.flops_per_gpu + expert_flops(model, d) / layout.world_size

@@ -33,6 +33,7 @@ from paracube.cost_models.moe_counts import block_count_events, norm_events
 from paracube.cost_models.moe_dispatch import sends_probs
 from paracube.cost_models.moe_fsdp_traffic import fsdp_unit_events
 from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
+from paracube.cost_models.moe_unshared import mlp_tensor
 from paracube.cost_models.recompute_modules_cost import moe_side
 from paracube.cost_models.traffic import stage_events, unit_labels
 from paracube.estimate import CommEvent
@@ -204,7 +205,7 @@ def moe_stage_events(layout: Layout, d: Dims, moe: MoESpec, mb: int, stage: str 
     no_mlp = () if moe.shared_ffn else tuple(f"layers.{b}.mlp." for b, g in enumerate(chunks) if g in layers)
     out: list[CommEvent] = []
     for e in events:
-        if no_mlp and e.label.startswith(no_mlp):
+        if mlp_tensor(e.label, e.axes, no_mlp, layout):
             continue
         if e.label in ("gradients", "params"):
             continue  # the dense buckets without the experts: `step`, `gathers`

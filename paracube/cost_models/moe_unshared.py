@@ -42,7 +42,14 @@ def dropped_events(model: ModelSpec, d: Dims, layout: Layout, mb: int) -> list[C
         return []
     one = layout.with_(pp=1, interleave=1, micro_batch=mb)
     return [e for e in stage_events(one, replace(d, L=1, global_batch=layout.dp * mb), mb)
-            if e.label.startswith(MLP) and e.phase in ("fwd", "bwd", "recompute")]
+            if mlp_tensor(e.label, e.axes, (MLP,), layout) and e.phase in ("fwd", "bwd", "recompute")]
+
+
+def mlp_tensor(label: str, axes: tuple[str, ...], prefixes: tuple[str, ...], layout: Layout) -> bool:
+    """A dense MLP's tensor collective: its label under one of `prefixes` and its group inside the tensor group
+    (zero=3's gather of the block's unit, labelled after the block's last program unit, the MLP, is the block's,
+    not the MLP's: traffic._unit_labels)."""
+    return bool(prefixes) and label.startswith(prefixes) and set(axes) <= set(layout.tensor_axes)
 
 
 def unshared_blocks(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
@@ -67,19 +74,21 @@ def dropped_time(events: list[CommEvent], links: dict, g: GemmModel) -> float:
     return total
 
 
-def drop_ops(prog: StageProgram, blocks: list[int]) -> None:
+def drop_ops(prog: StageProgram, blocks: list[int], layout: Layout) -> None:
     """Remove the MLP collectives of the stage-local `blocks` from every forward and backward list of `prog`."""
     prefixes = tuple(f"layers.{i}.mlp." for i in blocks)
     if not prefixes:
         return
     for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
-        lists[:] = [[op for op in ops if not (op.kind == "comm" and op.name.startswith(prefixes))] for ops in lists]
+        lists[:] = [[op for op in ops if not (op.kind == "comm" and mlp_tensor(
+            op.name, op.event.axes if op.event is not None else tuple(layout.tensor_axes), prefixes, layout))]
+                    for ops in lists]
 
 
-def drop_stage_events(events: tuple[CommEvent, ...], blocks: list[int]) -> tuple[CommEvent, ...]:
+def drop_stage_events(events: tuple[CommEvent, ...], blocks: list[int], layout: Layout) -> tuple[CommEvent, ...]:
     """`events` (one stage's step) without the MLP collectives of its stage-local `blocks`."""
     prefixes = tuple(f"layers.{i}.mlp." for i in blocks)
-    return tuple(e for e in events if not (prefixes and e.label.startswith(prefixes)))
+    return tuple(e for e in events if not mlp_tensor(e.label, e.axes, prefixes, layout))
 
 
-__all__ = ["drop_ops", "drop_stage_events", "dropped_events", "dropped_time"]
+__all__ = ["drop_ops", "drop_stage_events", "dropped_events", "dropped_time", "mlp_tensor"]
