@@ -200,8 +200,12 @@ def _note(model: ModelSpec, layout: Layout) -> str:
     moe = model.moe
     if moe is None:
         return "attention priced with its true head widths (cost_models/moe.py)"
-    return (f"experts: {moe.experts} x top-{moe.top_k}, ep={layout.ep}, etp={layout.etp}, edp={layout.expert_data}, "
+    note = (f"experts: {moe.experts} x top-{moe.top_k}, ep={layout.ep}, etp={layout.etp}, edp={layout.expert_data}, "
             f"imbalance {moe.imbalance:g} (cost_models/moe.py)")
+    if layout.zero >= 2 and layout.expert_data > 1:  # moe.grad_event: what the step time does not hold yet
+        note += (f"; zero={layout.zero}: the experts' gradients are timed as zero=1's one reduction a step, not the "
+                 "per-micro-batch reduce-scatters" + (" and gathers" if layout.zero == 3 else "") + " their units run")
+    return note
 
 
 __all__ = ["in_flight", "stage_index", "with_moe"]
