@@ -144,7 +144,6 @@ class Runtime:
     moe_blocks: bool = True  # it trains models with MoE blocks
     mla: bool = True  # it trains multi-head latent attention with dense MLPs (paracube's executor: ExecutorSupport.mla)
     mla_with_moe: bool = True  # it trains MLA and MoE blocks in one model (DeepSeek-V2/V3)
-    mla_cp: bool = True  # it trains MLA with context parallelism (cp > 1; refused where `model` is given)
     # What it does not run of a layout with MoE blocks (one line), or None: it runs every such layout it runs
     moe_check: Callable[[Layout], str | None] | None = None
     source: str = ""  # where the facts come from
@@ -274,8 +273,6 @@ class Runtime:
         why_off = offload_refusal(self.name, self.offload, layout)
         if why_off:
             return f"{who} {why_off}"
-        if layout.cp > 1 and not self.mla_cp and getattr(model, "mla", None) is not None:
-            return f"{who} does not run multi-head latent attention with cp={layout.cp}; valid: cp=1"
         why_moe = self.moe_check(layout) if moe and self.moe_check is not None else None
         if why_moe:
             return f"{who} does not run {layout}: {why_moe}"

@@ -103,7 +103,6 @@ RUNTIME = Runtime(
     moe_host_sync=True,  # the split sizes and expert counts read on the host (executor/model/moe.py `.tolist()`)
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
     mla_with_moe=True,  # MLA + MoE blocks in one model (DeepSeek-V2/V3), tests/test_moe_run.py
-    mla_cp=True,  # MLA's core under cp: executor/layers/mla.py (context_parallel.context_attention, p2p and ag)
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",
     # context parallelism as the executor runs it (ExecutorSupport.context_parallel: none and 1D, p2p and ag)
     cp_comms=tuple(dict.fromkeys(c for s in _SUPPORT for c in s.context_parallel)),
