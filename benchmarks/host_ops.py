@@ -14,7 +14,8 @@ op, as TE's fused kernel; the local spec's unfused core allocates on the GPU), t
 GPU); the router and the dispatcher are subclassed on the built layer for the last two. Not counted: the ops ep > 1
 adds (the counts' all_gather, the all_to_alls, the chunk sorts) and any CUDA launch; Transformer Engine's fused
 kernels (fewer ops) and FP8 casts (more) are not run here.
-Usage: python benchmarks/host_ops.py [--reps N]   (run at nice -n -20 for the timings; ~1 min)
+`--bias` counts only what experts with biases (GPT-OSS) add: TEGroupedMLP._apply_bias (MoEHostOps.bias).
+Usage: python benchmarks/host_ops.py [--reps N] [--bias]   (run at nice -n -20 for the timings; ~1 min)
 """
 
 from __future__ import annotations
@@ -126,12 +127,40 @@ def measure(local: int, reps: int) -> tuple[int, int, float, float]:
     return nf, nb, float(np.median(tf)), float(np.median(tb))
 
 
+def bias_ops() -> None:
+    """The ops experts with biases add (MoEHostOps.bias): TEGroupedMLP._apply_bias, which weights fc2's bias per token
+    expert by expert, counted forward and backward at 2 / 4 / 8 / 16 local experts (8 tokens each). Its two inputs are
+    leaves here, activations in a block: their two AccumulateGrad detaches are not counted."""
+    from megatron.core.transformer.moe.experts import TEGroupedMLP
+
+    rows = []
+    for local in (2, 4, 8, 16):
+        out = torch.randn(8 * local, HIDDEN, requires_grad=True)
+        probs = torch.rand(8 * local, 1, requires_grad=True)
+        biases = [torch.randn(HIDDEN, requires_grad=True) for _ in range(local)]
+        with Count() as c:
+            y = TEGroupedMLP._apply_bias(out, biases, [8] * local, probs)
+        nf = sum(c.ops.values())
+        grad = torch.randn_like(y)
+        with Count() as c:
+            torch.autograd.backward(y, grad)
+        rows.append((local, nf, sum(c.ops.values()) - 2))
+    arr = np.array(rows)
+    fwd, bwd = np.polyfit(arr[:, 0], arr[:, 1], 1), np.polyfit(arr[:, 0], arr[:, 2], 1)
+    print(f"experts' biases: forward {fwd[1]:.1f} + {fwd[0]:.2f} L, backward {bwd[1]:.1f} + {bwd[0]:.2f} L "
+          f"({', '.join(f'{n}: {f} / {b}' for n, f, b in rows)})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--bias", action="store_true", help="count only the ops experts with biases add")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
+    if args.bias:
+        bias_ops()
+        return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29631")
     dist.init_process_group("gloo", rank=0, world_size=1)

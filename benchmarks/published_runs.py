@@ -70,9 +70,10 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   reduces gradients in bf16 (grad_reduce_in_fp32=False from 0.1.0rc4 on). The 25.09 rows keep selective recomputation
   (assumed) and the runtime's dispatcher (megatron: DeepEP, Runtime.moe_dispatch) except on the "tokendrop" rows
   (capacity_factor 1.0: alltoall, DeepEP refuses padding to capacity; cost_models/moe_dispatch.py); the `dispatcher`
-  column names a row's own. DeepSeek-V3's node-limited routing (4 of 8 groups) from its preset. One MoE figure, the
-  all-to-all's NIC efficiency (cost_models/moe_a2a.A2A_NIC_EFF), is fitted on qwen3-235b-256 alone (split `fit`, an
-  alltoall row); the other rows are held out. The block's token moves follow the dispatcher (moe_passes.py: DeepEP
+  column names a row's own. DeepSeek-V3's node-limited routing (4 of 8 groups) from its preset. Two MoE figures are
+  fitted, each on one row (split `fit`): the all-to-all's NIC efficiency (cost_models/moe_a2a.A2A_NIC_EFF) on
+  qwen3-235b-256 (an alltoall row), the GPU host's issue factor (devices.HOST_ISSUE_SCALE) on qwen3-30b-16-fp8 (below);
+  the other rows are held out. The block's token moves follow the dispatcher (moe_passes.py: DeepEP
   permutes the tokens that arrived, without alltoall's sort; HybridEP's kernels permute and pad): deepseek-v3-1024
   +22.5 -> +20.5%; FP8 experts copy their tokens into TE's quantization padding and back (moe_passes.fp8_padded; -26.9
   -> -23.2% and -8.1 -> -5.5% on the FP8 rows as first priced). The 25.09 Qwen3 rows reduce gradients in bf16:
@@ -115,12 +116,20 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   (devices.HOST_OP_S, measured on a Xeon, NOT FITTED) 2.41 ms forward against about 2.1 ms of priced GPU work: -39.0
   -> -35.1% (before moe12's one-latency DeepEP calls: 2.26 ms of GPU work, -35.0 -> -33.4%); its backward (1.84 ms of
   host, 3.5 of GPU) and every other row's blocks are GPU-bound (the capacity-padded rows do not wait; a dense block's
-  91 + 147 ops, 1.7 ms, are at most 0.32 of any dense row's GPU block). The rest is not explained: it needs 5.6 ms of
-  host a block forward, 23 us an op over the count, not tuned. The count leaves out each kernel's CUDA launch, the ep
-  = 16 dispatcher's own ops (the row runs HybridEP, whose kernels permute), Transformer Engine's per-module Python and
-  FP8 current scaling's amax and cast per GEMM input (its fused norms, rotary and SwiGLU issue fewer ops than the
-  count's); and each wait also lasts until the slowest of the 16 peers has issued its dispatch (HybridEP exchanges the
-  counts first: host_sync.py), not priced.
+  91 + 147 ops, 1.7 ms, are at most 0.32 of any dense row's GPU block). The count leaves out each kernel's CUDA
+  launch, the ep = 16 dispatcher's own ops (the row runs HybridEP, whose kernels permute), Transformer Engine's
+  per-module Python and FP8 current scaling's amax and cast per GEMM input (its fused norms, rotary and SwiGLU issue
+  fewer ops than the count's); and each wait also lasts until the slowest of the 16 peers has issued its dispatch
+  (HybridEP exchanges the counts first: host_sync.py). host (2026-12-03) fits what a GPU host adds as ONE factor on the
+  measured seconds per op, devices.HOST_ISSUE_SCALE, on this row, which becomes the second MoE fit row (split `fit`;
+  `--refit`: 2.144, shipped 2.14; the row -35.8 -> -0.2%): 21 us an op forward, 12 backward. Held out: gpt-oss-120b-64
+  (bf16, 16 local experts, pp 4, the alltoall dispatcher; its blocks now host-bound too) -35.2 -> -0.4%, once its
+  experts' biases issue their own ops (Runtime.moe_host_ops bias: TEGroupedMLP._apply_bias weights fc2's bias per
+  token expert by expert, 5 + 2 L forward and 4 + 7 L backward, benchmarks/host_ops.py --bias; without them -11.9%).
+  Fitted on gpt-oss-120b-64 instead, the factor is 2.15 and this row +0.3%; an added launch per op instead of a
+  factor, 8.5 us fitted here, gives gpt-oss +0.6%. The token-drop rows (qwen3-30b-16, qwen3-235b-256) never wait;
+  deepseek-v3-1024 and qwen3-235b-256-fp8 (4 local experts) and the Mixtral rows (1) stay GPU-bound: unchanged, as
+  every dense row.
   qwen3-235b-256-fp8 (-18.4%) prices all_to_all-bound combined steps
   (moe_a2a_overlap.py; +28.6% without `a2ao`): the measured step needs its all_to_alls 27% slower (A2A_NIC_EFF 0.72 on
   this row alone; one layer's combined 1F1B streams scheduled by hand, dependencies included, take 9.8 ms against the
@@ -183,6 +192,7 @@ from paracube.calibration.run_prediction import predict, preset_topology  # noqa
 from paracube.calibration.runs_csv import Run, read_runs  # noqa: E402
 from paracube.cost_models.moe_a2a import A2A_NIC_EFF, A2A_NIC_SOURCE  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
+from paracube.topologies.devices import HOST_ISSUE_SCALE  # noqa: E402
 from paracube.topologies.efficiency import (  # noqa: E402
     FABRICS,
     FP8_GEMM,
@@ -198,6 +208,7 @@ DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_today.csv"
 FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
 MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
+A2A_FIT_ROW, HOST_FIT_ROW = "qwen3-235b-256", "qwen3-30b-16-fp8"  # the MoE fit rows (refit_moe)
 # What each refit frees (from_runs.PARAMS). Hopper: NDR, m0 and NVLink 4 are held (topologies/efficiency.py: NDR at
 # NCCL's physical bus bandwidth, m0 at fit2's 108, NVLink 4 at fit5's 0.874; freed, each goes where it absorbs
 # other misses: NVLink 4 to its bound 1.0 once the FP8 parameter gather is priced); the FP8 m0 is the 16-bit
@@ -239,6 +250,8 @@ def _figures() -> None:
     print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
                                     for k, f in FABRICS.items()))
     print(f"  MoE all-to-all across nodes: {A2A_NIC_EFF:.2f} of the NIC's line rate ({A2A_NIC_SOURCE})")
+    print(f"  GPU host's issue time: {HOST_ISSUE_SCALE:.2f} x the ops' measured seconds (fitted on {HOST_FIT_ROW}; "
+          "devices.HOST_ISSUE_SCALE)")
     print("where each figure comes from, per preset:")
     for name, p in PRESETS.items():
         if p.fixed_nodes or name not in ("dgx2-v100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"):
@@ -274,21 +287,28 @@ def refit(today: list[Run], runs: list[Run]) -> None:
 
 
 def refit_moe(moe: list[Run]) -> None:
-    """A2A_NIC_EFF on the MoE fit row alone: the efficiency in (0.3, 1] whose prediction meets the measured step
-    (bisection: a faster all-to-all only shortens the step)."""
+    """The MoE figures, each on its one fit row, in turn: A2A_NIC_EFF in (0.3, 1] on the all-to-all row (a token-drop
+    row: no host waits), then devices.HOST_ISSUE_SCALE in [1, 4] on the host-bound row at that efficiency; each by
+    bisection (a faster all-to-all only shortens the step, a slower host only lengthens it)."""
     from paracube.cost_models import moe_a2a
+    from paracube.topologies import devices
 
-    for r in (r for r in moe if r.split == "fit"):
-        def err(x: float, r: Run = r) -> float:
-            moe_a2a.A2A_NIC_EFF = x
-            return predict(r, preset_topology(r), "megatron")[1] / r.measured_s - 1
-        lo, hi = 0.3, 1.0
+    def bisect(name: str, setter, lo: float, hi: float, rising: bool) -> float:  # type: ignore[no-untyped-def]
+        r = next(r for r in moe if r.name == name and r.split == "fit")
         for _ in range(14):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if err(mid) > 0 else (lo, mid)
-        print(f"refit A2A_NIC_EFF on {r.name}: {(lo + hi) / 2:.3f} (error {err((lo + hi) / 2):+.2%}; shipped "
-              f"{A2A_NIC_EFF:.2f})")
+            setter(mid)
+            over = predict(r, preset_topology(r), "megatron")[1] > r.measured_s
+            lo, hi = (lo, mid) if over == rising else (mid, hi)
+        setter((lo + hi) / 2)
+        return (lo + hi) / 2
+
+    eff = bisect(A2A_FIT_ROW, lambda x: setattr(moe_a2a, "A2A_NIC_EFF", x), 0.3, 1.0, rising=False)
+    print(f"refit A2A_NIC_EFF on {A2A_FIT_ROW}: {eff:.3f} (shipped {A2A_NIC_EFF:.2f})")
     moe_a2a.A2A_NIC_EFF = A2A_NIC_EFF
+    scale = bisect(HOST_FIT_ROW, lambda x: setattr(devices, "HOST_ISSUE_SCALE", x), 1.0, 4.0, rising=True)
+    print(f"refit HOST_ISSUE_SCALE on {HOST_FIT_ROW}: {scale:.3f} (shipped {HOST_ISSUE_SCALE:.2f})")
+    devices.HOST_ISSUE_SCALE = HOST_ISSUE_SCALE
 
 
 def main() -> None:

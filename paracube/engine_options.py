@@ -43,17 +43,27 @@ from paracube.modes.buckets import BUCKET_BYTES
 @dataclass(frozen=True)
 class MoEHostOps:
     """Ops a runtime's host issues per MoE block and micro-batch (host_issue.py): forward `fwd` + `fwd_expert` per
-    local expert, backward `bwd` + `bwd_expert` per local expert (aten ops, views included, as its code runs them)."""
+    local expert, backward `bwd` + `bwd_expert` per local expert (aten ops, views included, as its code runs them);
+    `bias`: the (fwd, fwd_expert, bwd, bwd_expert) more where the experts carry biases (MoESpec.expert_bias)."""
 
     fwd: int
     fwd_expert: int
     bwd: int
     bwd_expert: int
+    bias: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def __post_init__(self) -> None:
         for name in ("fwd", "fwd_expert", "bwd", "bwd_expert"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 0, f"MoE host ops {name}={value!r}; valid: an integer >= 0")
+        check(isinstance(self.bias, tuple) and len(self.bias) == 4
+              and all(isinstance(v, int) and v >= 0 for v in self.bias),
+              f"MoE host ops bias={self.bias!r}; valid: 4 integers >= 0 (fwd, fwd_expert, bwd, bwd_expert)")
+
+    def of(self, expert_bias: bool) -> tuple[int, int, int, int]:
+        """(fwd, fwd_expert, bwd, bwd_expert) for experts with or without biases."""
+        fwd, fwd_expert, bwd, bwd_expert = self.bias if expert_bias else (0, 0, 0, 0)
+        return self.fwd + fwd, self.fwd_expert + fwd_expert, self.bwd + bwd, self.bwd_expert + bwd_expert
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,8 @@ def test_malformed_calibration_is_one_line_naming_the_field(tmp_path, edit, mess
     assert "\n" not in text and text.startswith(f"{path}: {message}")
 
 
-def test_cli_refuses_a_malformed_calibration_with_exit_2(tmp_path, capsys) -> None:
+def test_cli_refuses_a_malformed_calibration_with_exit_2(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # `plan` writes plan.json here: a checkout's own plan.json must not decide the error
     cal = _written()
     cal["link"]["latency"] = "slow"
     data = calibrated_topology("local-cpu", 4, _written()).to_dict()

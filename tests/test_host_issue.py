@@ -5,6 +5,7 @@ runtime without waits and a dense model are unchanged; the engines agree; a bad 
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -18,7 +19,7 @@ from paracube.model_presets import PRESETS
 from paracube.runtimes import get_runtime
 from paracube.topologies import load_topology
 from paracube.topologies.calibration import as_calibration
-from paracube.topologies.devices import HOST_BWD_OP_S, HOST_OP_S
+from paracube.topologies.devices import HOST_BWD_OP_S, HOST_ISSUE_SCALE, HOST_OP_S
 from paracube.workload import TrainingSpec
 
 TRAIN = TrainingSpec(global_batch=32, dtype="fp8", recompute="none")
@@ -48,14 +49,15 @@ def step(engine: object, model: object, training: TrainingSpec, layout: str, top
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_host_bound_block_grows_by_its_host_seconds(h100: object, engine: object, recompute: str) -> None:
     """Host-bound (ops x 1000 s of GPU work): each micro-batch's MoE blocks take their host's time, so doubling the
-    ops adds micro-batches x blocks x (forward ops x HOST_OP_S + backward ops x HOST_BWD_OP_S); under full
+    ops adds micro-batches x blocks x (forward ops x HOST_OP_S + backward ops x HOST_BWD_OP_S) x HOST_ISSUE_SCALE
+    (the GPU host's factor); under full
     recomputation the recomputed forward's ops once more. Float sums of ~1e-2 s terms: 1e-6 relative (the event
     engine's schedule is unchanged between the two: the extra is one op per pass)."""
     model = PRESETS["qwen3-30b-a3b"]
     training = replace(TRAIN, recompute=recompute)
     local = model.moe.experts // 16  # type: ignore[union-attr]
-    fwd = (BIGGER.fwd - BIG.fwd + (BIGGER.fwd_expert - BIG.fwd_expert) * local) * HOST_OP_S
-    bwd = (BIGGER.bwd - BIG.bwd + (BIGGER.bwd_expert - BIG.bwd_expert) * local) * HOST_BWD_OP_S
+    fwd = (BIGGER.fwd - BIG.fwd + (BIGGER.fwd_expert - BIG.fwd_expert) * local) * HOST_OP_S * HOST_ISSUE_SCALE
+    bwd = (BIGGER.bwd - BIG.bwd + (BIGGER.bwd_expert - BIG.bwd_expert) * local) * HOST_BWD_OP_S * HOST_ISSUE_SCALE
     per_block = fwd * (2 if recompute == "full" else 1) + bwd
     blocks = model.moe.moe_layers(model.layers)  # type: ignore[union-attr]
     micro = TRAIN.global_batch // 16
@@ -64,9 +66,27 @@ def test_host_bound_block_grows_by_its_host_seconds(h100: object, engine: object
     assert grown == pytest.approx(micro * blocks * per_block, rel=1e-6)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_experts_with_biases_issue_their_bias_ops(h100: object, engine: object) -> None:
+    """Experts with biases (GPT-OSS: TEGroupedMLP._apply_bias) issue MoEHostOps.bias more: on a host-bound block the
+    step grows by micro-batches x blocks x those ops' seconds (1e-6 relative, as above); experts without biases
+    (Qwen3) issue none of them: the step exactly as without the declaration."""
+    biased = replace(BIG, bias=(30, 4, 20, 9))
+    gpt_oss, qwen = PRESETS["gpt-oss-120b"], PRESETS["qwen3-30b-a3b"]
+    layout = "dp=16,ep=16,tp=none,mb=1,zero=1"
+    local = gpt_oss.moe.experts // 16  # type: ignore[union-attr]
+    per_block = ((30 + 4 * local) * HOST_OP_S + (20 + 9 * local) * HOST_BWD_OP_S) * HOST_ISSUE_SCALE
+    blocks = gpt_oss.moe.moe_layers(gpt_oss.layers)  # type: ignore[union-attr]
+    grown = (step(engine, gpt_oss, TRAIN, layout, h100, MEGATRON.with_(moe_host_ops=biased))
+             - step(engine, gpt_oss, TRAIN, layout, h100, MEGATRON.with_(moe_host_ops=BIG)))
+    assert grown == pytest.approx(TRAIN.global_batch // 16 * blocks * per_block, rel=1e-6)
+    assert step(engine, qwen, TRAIN, layout, h100, MEGATRON.with_(moe_host_ops=biased)) == step(
+        engine, qwen, TRAIN, layout, h100, MEGATRON.with_(moe_host_ops=BIG))
+
+
 @pytest.mark.parametrize(("name", "layout", "dtype"), [
     ("mixtral-8x7b", "dp=16,ep=8,tp=none,mb=2,zero=1", "fp8"),  # b200/gb200-mixtral's layout: 1 local expert
-    ("qwen3-30b-a3b", "dp=8,pp=2,v=2,ep=8,tp=none,mb=2,zero=1", "bf16"),
+    ("mixtral-8x7b", "dp=8,pp=2,v=2,ep=8,tp=none,mb=2,zero=1", "bf16"),  # with pipelines
 ])
 def test_block_with_more_gpu_work_than_host_time_is_unchanged(h100: object, name: str, layout: str,
                                                                dtype: str) -> None:
@@ -123,8 +143,11 @@ def test_local_cpu_is_its_own_host() -> None:
         estimate, model, training, layout, topo, NONE)
 
 
-@pytest.mark.parametrize(("field", "value"), [("fwd", -1), ("bwd_expert", 1.5)])
+@pytest.mark.parametrize(("field", "value"), [("fwd", -1), ("bwd_expert", 1.5), ("bias", (1, 2, 3)),
+                                              ("bias", (1, -2, 3, 4))])
 def test_bad_declaration_refused(field: str, value: object) -> None:
     ops = {"fwd": 1, "fwd_expert": 1, "bwd": 1, "bwd_expert": 1, field: value}
-    with pytest.raises(ParacubeError, match=f"{field}={value!r}; valid: an integer >= 0"):
+    valid = "4 integers >= 0" if field == "bias" else "an integer >= 0"
+    with pytest.raises(ParacubeError, match=f"{field}={re.escape(repr(value))}; valid: {valid}") as err:
         MoEHostOps(**ops)  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)

@@ -10,19 +10,22 @@ blocks, a block padded to a capacity, a runtime that does not wait) the host run
 Price, per dropless MoE block and micro-batch on one rank (both engines: moe.stage_cost adds it to the stage's compute
 as a wait, moe_program.py as the block's host-wait op, outside `a2ao`'s overlapped compute):
     H_f = (n_f + e_f L) t_f,    H_b = (n_b + e_b L) t_b,    L = the rank's local experts (E / ep)
+(n, e: the runtime's counts, with its experts' bias ops where they carry biases: MoEHostOps.of)
     idle_f = max(0, H_f - G_f),    idle_b = max(0, H_b - G_b)
 (full recomputation re-runs the forward, and its wait, before each block's backward: the backward's segment per block
 then holds both, idle_b = max(0, H_f + H_b - G_f - G_b), G_b without the recomputed forward)
 G_f: the block's forward on the GPU: the dense part's block (compute.block_compute_time) + the attention correction
 + the MoE forward (moe.block_cost, less its wait) + its in-line collectives (counts, dispatch, combine); G_b alike
 (with `a2ao` the collectives are counted whole: a lower bound on the idle). Ops (n, e) are the runtime's declaration
-(Runtime.moe_host_ops, counted from its own code); the seconds per op are the host's (devices.HOST_OP_S /
-HOST_BWD_OP_S, NOT FITTED), on a device with a host of its own (DeviceSpec.sync_s > 0: not the local CPU, whose op
-overhead is priced per op already, compute.py).
+(Runtime.moe_host_ops, counted from its own code); the seconds per op are the host's: devices.HOST_OP_S /
+HOST_BWD_OP_S, measured without a GPU, times devices.HOST_ISSUE_SCALE, fitted on one DGX H100 row (what a GPU host adds
+per op: each kernel's launch, Transformer Engine's Python, the ops the count leaves out), on a device with a host of
+its own (DeviceSpec.sync_s > 0: not the local CPU, whose op overhead is priced per op already, compute.py).
 
-What it leaves out: the CUDA launch of each kernel (the per-op figures were measured on CPU tensors) and the ops a
-runtime adds at ep > 1 (its dispatcher's collectives and chunk sorts), so H is a lower bound; the host's share of a
-step without waits (hidden on every published row: benchmarks/published_runs.py).
+What it leaves out: the host's share of a step without waits (hidden on every published row:
+benchmarks/published_runs.py); the count's shape (a constant and a slope per local expert, from Megatron-core's
+SequentialMLP on CPU) stands for Transformer Engine's grouped GEMM, whose host cost per expert the one fitted factor
+carries at the fit row's 8 local experts only.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from paracube.cost_models.host_sync import waits_per_forward
 from paracube.cost_models.validity import layout_arrays
 from paracube.layout import Layout
 from paracube.moe_spec import MoESpec
-from paracube.topologies.devices import HOST_BWD_OP_S, HOST_OP_S
+from paracube.topologies import devices
 
 
 def issue_seconds(moe: MoESpec, d: Dims, layout: Layout, g: GemmModel) -> tuple[float, float]:
@@ -45,7 +48,10 @@ def issue_seconds(moe: MoESpec, d: Dims, layout: Layout, g: GemmModel) -> tuple[
     if ops is None or g.sync <= 0:
         return 0.0, 0.0
     local = moe.experts // layout.ep
-    return (ops.fwd + ops.fwd_expert * local) * HOST_OP_S, (ops.bwd + ops.bwd_expert * local) * HOST_BWD_OP_S
+    fwd, fwd_expert, bwd, bwd_expert = ops.of(moe.expert_bias)
+    scale = devices.HOST_ISSUE_SCALE  # read per call: published_runs.py --refit fits it
+    return ((fwd + fwd_expert * local) * devices.HOST_OP_S * scale,
+            (bwd + bwd_expert * local) * devices.HOST_BWD_OP_S * scale)
 
 
 def idle_seconds(moe: MoESpec, d: Dims, layout: Layout, g: GemmModel, gpu_fwd: float,

@@ -69,7 +69,7 @@ A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe_link
 # step on the fit row's slowest stage, 143.7 us each at the fabric's (n - 1) latencies) the fit row prices +1.9% and
 # the refit gives 0.946; 0.91 is kept: above DeepEP's own 0.87-0.89 the refit would only carry that small call's
 # latency into the bandwidth of every DeepEP / HybridEP row (none of which sends it); held-out MoE mean |error| 20.8%
-# at 0.91, 21.0% at 0.946.
+# at 0.91, 21.0% at 0.946 (before the host issue factor was fitted, devices.HOST_ISSUE_SCALE).
 A2A_NIC_EFF = 0.91
 PLAIN = Dispatch()  # the plain all_to_all: every flow as it is
 A2A_NIC_SOURCE = "fitted on qwen3-235b-256 (benchmarks/data/published_runs_moe.csv) only; other fabrics borrow it"

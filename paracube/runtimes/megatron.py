@@ -81,8 +81,10 @@ RUNTIME = Runtime(
     # the aten ops of one Megatron-core 0.16.1 transformer layer with a MoE MLP as it runs them (local spec: RMSNorm, qk
     # norms, rotary, the fused attention core as one op, the router with its aux loss, the alltoall dispatcher's
     # permute, SequentialMLP's experts), forward and backward, counted at 2 / 4 / 8 / 16 local experts:
-    # 145 + 12 L and 169 + 20 L exactly (benchmarks/host_ops.py; cost_models/host_issue.py)
-    moe_host_ops=MoEHostOps(fwd=145, fwd_expert=12, bwd=169, bwd_expert=20),
+    # 145 + 12 L and 169 + 20 L exactly (benchmarks/host_ops.py; cost_models/host_issue.py); experts with biases
+    # (GPT-OSS) add TEGroupedMLP._apply_bias's (experts.py l.609-626: fc2's bias weighted per token, expert by expert):
+    # 5 + 2 L forward, 4 + 7 L backward (host_ops.py --bias)
+    moe_host_ops=MoEHostOps(fwd=145, fwd_expert=12, bwd=169, bwd_expert=20, bias=(5, 2, 4, 7)),
     fp8_param_gather=True,  # --fp8-param-gather: NeMo's FP8 recipes (bf16_with_fp8_mixed) hold and gather FP8 weights
     fp8_experts=True,  # TEGroupedLinear under fp8_autocast: the routed experts' GEMMs in FP8 (megatron-core experts.py)
     source="Megatron-LM arguments.py; NeMo 2 recipes (docs/exports.md)",
