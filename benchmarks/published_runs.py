@@ -129,7 +129,9 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   Fitted on gpt-oss-120b-64 instead, the factor is 2.15 and this row +0.3%; an added launch per op instead of a
   factor, 8.5 us fitted here, gives gpt-oss +0.6%. The token-drop rows (qwen3-30b-16, qwen3-235b-256) never wait;
   deepseek-v3-1024 and qwen3-235b-256-fp8 (4 local experts) and the Mixtral rows (1) stay GPU-bound: unchanged, as
-  every dense row.
+  every dense row. Then each pipeline stage's expert gradients from its own last backward (moe_step.py: the slow
+  stage's run while earlier stages drain; the analytic engine had added them after the whole drain, up to 10% above
+  the event engine on few long micro-batches): deepseek-v3-1024 +16.0 -> +15.9%, gpt-oss-120b-64 -0.4 -> -0.3%.
   qwen3-235b-256-fp8 (-18.4%) prices all_to_all-bound combined steps
   (moe_a2a_overlap.py; +28.6% without `a2ao`): the measured step needs its all_to_alls 27% slower (A2A_NIC_EFF 0.72 on
   this row alone; one layer's combined 1F1B streams scheduled by hand, dependencies included, take 9.8 ms against the

@@ -5,7 +5,8 @@ them), the step W + the bubble (pipeline_bubble.py) + the dense per-step part + 
 reduction (exposed; with the layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under
 full recomputation), leaves after the dense buckets G_d, less their own exposed tail T_d: max(0, G - (b W / N - G_d)
 - T_d); where the expert group spans nodes the gradients also slow the last backward's all_to_alls on the NICs they
-share, moe_contention.py) + the experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert optimizer
+share, moe_contention.py; each stage's own, from its own last backward: the stages before the slowest run theirs in
+the drain, so the step pays the latest of them, the drain included) + the experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert optimizer
 step. With the layout's `a2ao`, each stage's work less the all_to_alls its combined 1F1B steps hide
 (moe_a2a_overlap.py; its compute without the host waits of host_sync.py and host_issue.py, which the combined step's
 C / 3 : 2 C / 3 split does not describe). Memory: of the first and the last stage (as analytic.py counts them), each
@@ -93,18 +94,30 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     # (else 0); the dense part's step already pays the dense buckets' own tail T_d (grad_overlap.py), so the experts add
     # max(0, G_e - (b (W / N - A) - G_d) - T_d) (before 2026-12-03 without - T_d: the tail counted twice). Where
     # the expert group spans nodes the gradients also slow that backward's all_to_alls on its NICs (moe_contention.py).
-    dense_grad = float(dense_slow.grad[0])
-    # An expert group wider than a node: its all_to_alls hold the NICs the expert gradients (over edp, outside it)
-    # need, so only the rest of the backward hides them (the event engine's links are shared max-min fairly).
-    dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
-    busy = c.comm if layout.ep * layout.etp > dpn else 0.0
     share = 0.75 if d.recompute == "full" else 2.0 / 3.0  # the backward's part of a micro-batch (analytic.py's)
-    window = share * (w / n - busy) - dense_grad + (dense_tail(scores, layout, n, share) if layout.overlap else 0.0)
-    grad = max(0.0, c.step_comm - window) if layout.overlap else c.step_comm
-    if layout.overlap and busy > 0 and c.step_comm > 0:  # its gradients over edp share the NICs (moe_contention.py)
-        nic, other = a2a_terms(cache, expert_placement(layout), ("ep",), dispatch)
-        slow_by = slowdown(nic, other, links[("edp",)][0])
-        grad = exposed_grads(c.step_comm, max(0.0, share * (w / n - busy)), c.comm_bwd, slow_by)
+    tail_d = dense_tail(scores, layout, n, share) if layout.overlap else 0.0
+
+    def exposed(s: str) -> float:
+        """Stage s's expert gradients left exposed after its own last backward (the comment above)."""
+        cs, ws = costs[s], work[s]
+        # An expert group wider than a node: its all_to_alls hold the NICs the expert gradients (over edp, outside
+        # it) need, so only the rest of the backward hides them (the event engine's links are shared max-min fairly).
+        busy = cs.comm if layout.ep * layout.etp > dpn else 0.0
+        if not layout.overlap:
+            return cs.step_comm
+        if busy > 0 and cs.step_comm > 0:  # its gradients over edp share the NICs (moe_contention.py)
+            nic, other = a2a_terms(cache, expert_placement(layout), ("ep",), dispatch)
+            return exposed_grads(cs.step_comm, max(0.0, share * (ws / n - busy)), cs.comm_bwd,
+                                 slowdown(nic, other, links[("edp",)][0]))
+        dense_grad = float(scores.stages[STAGE_NAMES.index(s)].grad[0])
+        return max(0.0, cs.step_comm - (share * (ws / n - busy) - dense_grad + tail_d))
+
+    dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
+    # Each stage's gradients start after its own last backward: the stages before the slow one run theirs later, in
+    # the drain (the backward share of their part of the bubble), the later ones earlier (taken at the slow one's:
+    # an upper bound); the step ends with the last stage to finish, the drain itself included (the first stage).
+    after = {s: share * bubble * max(0, index[slow] - index[s]) / max(1, layout.pp - 1) for s in STAGE_NAMES}
+    grad = max(after[s] + exposed(s) for s in STAGE_NAMES) - after["first"]
     step = w + bubble + rest + dense_optim + grad + c.norm_comm + c.optim
     step += float(straggler_wait(step, layout.dp, g.straggler))  # the slowest replica, on the whole step
     loss = (d.c + logit_bytes(d)) * mb * d.s * d.V / layout.tensor_size  # the head's logits and loss (memory.py)
