@@ -1,16 +1,16 @@
 """The analytic engine's step with MoE blocks (and the attention correction) added: cost_models/moe.py's per-stage terms
 on top of the dense part's Scores. With N micro-batches, a stage's work becomes W_s + N (compute_s + comm_s) (the
 MoE collectives, the counts of moe_counts.py included, are in line with compute: Megatron-core's dispatcher waits on
-them), the step W + the bubble (pipeline_bubble.py) + the dense per-step part + the slowest stage's expert gradient
-reduction (exposed; with the layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under
-full recomputation), leaves after the dense buckets G_d, less their own exposed tail T_d: max(0, G - (b W / N - G_d)
-- T_d); where the expert group spans nodes the gradients also slow the last backward's all_to_alls on the NICs they
-share, moe_contention.py; each stage's own, from its own last backward: the stages before the slowest run theirs in
-the drain, so the step pays the latest of them, the drain included) + the experts' norm all_reduce (moe_counts.norm_event, exposed) + its expert optimizer
-step. With the layout's `a2ao`, each stage's work less the all_to_alls its combined 1F1B steps hide
-(moe_a2a_overlap.py; its compute without the host waits of host_sync.py and host_issue.py, which the combined step's
-C / 3 : 2 C / 3 split does not describe). Memory: of the first and the last stage (as analytic.py counts them), each
-its dense parts plus its own expert parts, the heavier (_heaviest).
+them), the step W + the bubble (pipeline_bubble.py) + the dense per-step part + the expert gradient reduction
+(exposed; with the layout's `overlap` only what one micro-batch's backward, b = 2/3 of its work (3/4 under full
+recomputation), leaves after the dense buckets G_d, less their own exposed tail T_d: max(0, G - (b W / N - G_d) - T_d);
+where the expert group spans nodes the gradients also slow the last backward's all_to_alls on the NICs they share,
+moe_contention.py; each stage's own from its own last backward: the stages before the slowest run theirs in the
+drain, and the step pays the latest of them, the drain included) + the experts' norm all_reduce
+(moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each stage's work less the
+all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py; its compute without the host waits of host_sync.py and
+host_issue.py, which the combined step's C / 3 : 2 C / 3 split does not describe). Memory: of the first and the last
+stage (as analytic.py counts them), each its dense parts plus its own expert parts, the heavier (_heaviest).
 """
 
 from __future__ import annotations
