@@ -96,6 +96,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     # the expert group spans nodes the gradients also slow that backward's all_to_alls on its NICs (moe_contention.py).
     share = 0.75 if d.recompute == "full" else 2.0 / 3.0  # the backward's part of a micro-batch (analytic.py's)
     tail_d = dense_tail(scores, layout, n, share) if layout.overlap else 0.0
+    dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
 
     def exposed(s: str) -> float:
         """Stage s's expert gradients left exposed after its own last backward (the comment above)."""
@@ -112,7 +113,6 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         dense_grad = float(scores.stages[STAGE_NAMES.index(s)].grad[0])
         return max(0.0, cs.step_comm - (share * (ws / n - busy) - dense_grad + tail_d))
 
-    dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
     # Each stage's gradients start after its own last backward: the stages before the slow one run theirs later, in
     # the drain (the backward share of their part of the bubble), the later ones earlier (taken at the slow one's:
     # an upper bound); the step ends with the last stage to finish, the drain itself included (the first stage).
