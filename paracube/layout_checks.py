@@ -94,6 +94,8 @@ def _check_experts(layout: Layout) -> None:
     check(layout.mode in folds, f"ep={layout.ep},etp={layout.etp} (expert parallelism) applies to tp={'/'.join(folds)} "
           f"only, not {layout.mode}")
     dense = layout.dp * layout.cp * layout.tensor_size
+    check(dense % layout.etp == 0, f"etp={layout.etp} must divide the dp x cp x tp = {dense} ranks experts fold "
+          f"over; valid etp: {divisors_text(dense)}")
     if dense % (layout.ep * layout.etp):
         found = divisors(dense)
         valid = (", ".join(str(n) for n in found if dense % (n * layout.etp) == 0) if found is not None

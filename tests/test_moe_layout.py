@@ -39,6 +39,7 @@ def test_folding_regroups_each_stage_in_rank_order() -> None:
     ("dp=4,ep=0", "layout 'dp=4,ep=0': ep='0' must be a positive integer"),
     ("dp=2,ep=4,etp=2,tp=1d:2", r"ep=4 x etp=2 must divide the dp x cp x tp = 4 ranks it folds over; valid ep: 1, 2"),
     ("dp=2,ep=2,tp=2d:2x2", r"expert parallelism\) applies to tp=none/1d only, not 2d"),
+    ("dp=8,ep=8,etp=3", r"etp=3 must divide the dp x cp x tp = 8 ranks experts fold over; valid etp: 1, 2, 4, 8"),
 ])
 def test_bad_ep_is_refused_in_one_line(text: str, message: str) -> None:
     with pytest.raises(ParacubeError, match=message) as info:
