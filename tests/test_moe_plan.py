@@ -4,6 +4,7 @@ and bad input refused in one line with exit 2."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_paracubes_runtime_ranks_etp_layouts_of_a_tiny_moe() -> None:
     ranked, scored, rejected = search_experts(model, training, load_topology("dgx-h100", gpus=8), 8, rt, None, None,
                                               float("inf"), 10 ** 6)
     got = [lay for lay, est in ranked if lay.etp > 1 and est.step_time_s > 0]
-    assert len(got) == len(wanted) and not rejected["runtime"] and scored >= len(ranked)
+    assert len(got) == len(wanted) and not rejected and scored >= len(ranked)
 
 
 def test_paracubes_runtime_ranks_sharded_moe_layouts() -> None:
@@ -208,3 +209,29 @@ def test_zero3_on_a_model_without_shared_experts_plans(runtime: str) -> None:
     result = search(model, TrainingSpec(global_batch=512, dtype="bf16"), load_topology("dgx-h100", gpus=16), 16,
                     fixed=parse_layout("zero=3"), top_k=5, runtime=get_runtime(runtime))
     assert result.ranked and all(lay.zero == 3 for lay, _ in result.ranked)
+
+
+def test_a_moe_search_that_fits_nothing_says_why_by_reason() -> None:
+    """The MoE search's no-fit line names each reason with its count, as the dense search's does: the runtime's own
+    refusal, the validity rule (one entry per rule, not per layout) and the memory cap with the closest miss."""
+    from paracube.errors import ParacubeError
+    from paracube.model_presets import PRESETS
+    from paracube.planner import search
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    def no_fit(model: str, gpus: int, runtime: str, cluster: str = "dgx-h100", **training: object) -> str:
+        with pytest.raises(ParacubeError) as err:
+            search(PRESETS[model], TrainingSpec(**training), load_topology(cluster, gpus=gpus), gpus,
+                   runtime=runtime)
+        line = str(err.value)
+        assert "\n" not in line and line.startswith(f"no layout of {gpus} GPUs fits {model}")
+        return line
+
+    windows = no_fit("gpt-oss-120b", 72, "deepspeed", global_batch=512, dtype="bf16")
+    assert "runtime deepspeed (DeepSpeed + Megatron-DeepSpeed) does not train sliding-window attention" in windows
+    memory = no_fit("deepseek-v3", 2, "megatron", global_batch=64, dtype="bf16")
+    assert re.search(r"memory > \d+ GiB per device \(the least: [\d.]+ GiB, dp=1,[^)]*\) \(\d+ layouts\)", memory)
+    kv = no_fit("qwen3-235b-a22b", 16, "megatron", "gb200-nvl72", global_batch=512, dtype="fp8", seq_len=131072)
+    rules = re.findall(r"kv heads % p != 0 \(global batch 512[^)]*seq (\d+)\) \((\d+) layouts\)", kv)
+    assert sorted(seq for seq, _ in rules) == ["131072", "65536"] and all(int(n) > 1 for _, n in rules)

@@ -322,6 +322,33 @@ def test_planner_keeps_a_pin_and_climbs_the_ladder() -> None:
     assert (why.value, why.pinned) == ("rcm=core_attn+layernorm+moe", False)
 
 
+
+def test_dense_search_ranks_a_rung_only_where_it_is_faster() -> None:
+    """Choosing the recomputation (none, selective, full), the dense search also passes over the rcm= ladder's rungs
+    (module_ladder.recompute_passes): GPT-3 1.3B on 32 A100s (batch 512, bf16, paracube's 10% headroom) ranks first
+    mb=16 with rcm=layernorm, which fits where that layout without modules does not and beats the best layout without
+    modules; every ranked rung layout is faster than the same layout of every earlier pass that fits (none kept at a
+    tie or a loss), and each choice is told against its runner-up. A pinned recomputation searches no rung."""
+    model, train = PRESETS["gpt3-1.3b"], TrainingSpec(global_batch=512, dtype="bf16")
+    topo = load_topology("dgx-a100", gpus=32)
+    cap = 0.9 * float(topo.device.memory_bytes)
+    res = search(model, train, topo, 32, recomputes=["none", "selective", "full"], memory_headroom=0.1)
+    best, est = res.ranked[0]
+    assert best.recompute_modules == ("layernorm",) and best.micro_batch == 16 and est.memory.total <= cap
+    plain = [(lay, e) for lay, e in res.ranked if lay.recompute_modules is None]
+    assert plain and all(e.step_time_s > est.step_time_s for _, e in plain)
+    for lay, e in res.ranked:
+        if lay.recompute_modules is None:
+            continue
+        for rc in ("none", "selective"):
+            other = estimate(model, train, lay.with_(recompute=rc, recompute_modules=None), topo)
+            assert other.memory.total > cap or other.step_time_s > e.step_time_s, (lay, rc)
+    why = next(c for c in explain(res.ranked, None) if c.part == "rcm")
+    assert why.value == "rcm=layernorm" and not why.pinned
+    pinned = search(model, train, topo, 32, recomputes=["none"], memory_headroom=0.1)
+    assert all(lay.recompute_modules is None for lay, _ in pinned.ranked)
+    assert pinned.ranked[0][1].step_time_s > est.step_time_s
+
 # Fused norms (Runtime.fused_norms): per block kind, the norms rcm=layernorm re-runs where a dense block's run inside
 # the next linear. A MoE model with a dense first block of GQA attention (0 norms) and 3 MoE blocks (1 each: the
 # pre-MLP norm); tiny-mla without experts (1 a block: latent attention's input norm); tiny-mla (its dense MLA block 1,

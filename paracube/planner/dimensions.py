@@ -25,11 +25,14 @@ runtime offers it and prices the other value for the best layout only, as its ru
     cpc      context parallelism's key / value exchange (p2p ring, ag all-gather; modes/context.py): a pass over
              the configurations per value where the runtime offers both (Runtime.cp_comms; the cp degree itself
              is a structural axis: planner/enumerate.context_degrees)
-    rcm      selective recomputation by module (rcm=; recompute_modules.py): models with MoE blocks or MLA only
-             (planner/experts.py), a ladder of module sets (RCM_LADDER) tried, fewest first, only on a layout that
-             fits at no zero stage without them (under rc=none / selective; the set the search then records is the
-             first rung that fits), where the runtime declares the modules (Runtime.recompute_modules); a pin is the
-             only set searched. Dense models: not searched (a pin is priced)
+    rcm      selective recomputation by module (rcm=; recompute_modules.py), a ladder of module sets (RCM_LADDER),
+             where the runtime declares the modules (Runtime.recompute_modules), each rung less the modules the model
+             lacks; a pin is the only set searched. Models with MoE blocks or MLA (planner/experts.py): tried, fewest
+             first, only on a layout that fits at no zero stage without them (under rc=none / selective; the set the
+             search then records is the first rung that fits). Dense models (planner/search.py): where the search
+             chooses the recomputation, one pass per rung (but selective's own core_attn) before rc=full; a layout
+             of a rung is ranked only where it is faster than the same layout of every earlier pass (scoring.py:
+             where it makes a fit, a larger micro-batch or a lower zero stage fit)
     off      activation offloading to the host (Layout off=N): 1 where the runtime offloads (Runtime.offload), the
              search then passes over offloaded block counts, fewest first, only where nothing fits with fewer
              (planner/offload_passes.py: never faster in the model, it only frees device memory); a pin is the count

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 
 from paracube.cost_models.analytic import estimate
@@ -29,9 +28,10 @@ from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.stages import split_ok
-from paracube.planner.dimensions import A2AO, EP, ETP, RCM, chosen, values
+from paracube.planner.dimensions import A2AO, EP, ETP, chosen, values
 from paracube.planner.enumerate import context_degrees
-from paracube.recompute_modules import applies
+from paracube.planner.fits import memory_line
+from paracube.planner.module_ladder import ladder, module_rungs
 from paracube.runtimes import Runtime
 from paracube.workload import ModelSpec, TrainingSpec
 
@@ -104,24 +104,28 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
     scored = 0
     rungs = module_rungs(model, training, rt, fixed)
 
+    memory = memory_line(mem_cap)  # the dense search's line (fits._valid)
+    least: list[tuple[float, Layout]] = []  # the least memory of a layout refused for it (the no-fit message)
+
     def price(zl: Layout) -> StepEstimate | None:
         nonlocal scored
         try:
             est = estimate(model, training, zl, topo, with_events=False, cache=cache, options=options)
-        except ParacubeError:
-            rejected["invalid"] += 1
+        except ParacubeError as e:  # counted by rule: the message less its layout (every layout names its own)
+            rejected[str(e).removeprefix(f"layout {zl}: ")] += 1
             return None
         scored += 1
         return est
 
     for lay in candidates(model, training, gpus, per_node, rt, fixed, micro_batches):
         memory_only = True  # refused at every zero stage for memory alone: the rcm ladder's candidates
+        over: tuple[float, Layout] | None = None
         for z in zeros:
             zl = replace(lay, zero=z)
             why = rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
                              windowed=model.sliding_window is not None, sinks=model.attention_sinks, model=model)
             if why:
-                rejected["runtime"] += 1
+                rejected[why] += 1
                 memory_only = False
                 break
             est = price(zl)
@@ -132,59 +136,17 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
                 fits.append((zl, est))
                 memory_only = False
                 break
-            rejected["memory"] += 1
-        if memory_only and rungs:
-            saved = ladder(lay, zeros, rungs, price, mem_cap)
-            fits += saved
-            rejected["memory"] -= len(zeros) * len(saved)  # refused only where no rung fits it (as offloading's)
+            rejected[memory] += 1
+            over = min(over or (est.memory.total, zl), (est.memory.total, zl), key=lambda m: m[0])
+        saved = ladder(lay, zeros, rungs, price, mem_cap) if memory_only and rungs else []
+        fits += saved
+        rejected[memory] -= len(zeros) * len(saved)  # refused only where no rung fits it (as offloading's)
+        if memory_only and not saved and over is not None and (not least or over[0] < least[0][0]):
+            least[:] = [over]
+    if least and rejected[memory] > 0:  # the closest miss, so a user sees how far off the fit is
+        rejected[f"{memory} (the least: {least[0][0] / 2**30:.1f} GiB, {least[0][1]})"] = rejected.pop(memory)
     fits.sort(key=lambda r: r[1].step_time_s)
-    return fits[:top_k], scored, rejected
-
-
-def module_rungs(model: ModelSpec, training: TrainingSpec, rt: Runtime, fixed: Layout | None
-                 ) -> list[tuple[str, ...]]:
-    """The rcm= ladder's rungs to try (dimensions.RCM): none with a pinned rcm= or a recomputation other than none /
-    selective pinned or trained; each rung less the modules the model lacks, empty and repeated rungs dropped."""
-    rc = fixed.recompute if fixed is not None and fixed.recompute else training.recompute
-    if (fixed is not None and (fixed.recompute_modules or fixed.recompute == "none")) or rc not in ("none",
-                                                                                                  "selective"):
-        return []
-    out: list[tuple[str, ...]] = []
-    for rung in values(RCM, rt, fixed):
-        kept = tuple(m for m in rung if applies(m, model, rt.fused_norms))  # type: ignore[union-attr]
-        if kept and kept not in out:
-            out.append(kept)
-    return out
-
-
-def ladder(lay: Layout, zeros: list[int], rungs: list[tuple[str, ...]], price: Callable, mem_cap: float
-           ) -> list[tuple[Layout, StepEstimate]]:
-    """The first rung of `rungs` under which `lay` fits, at its lowest zero stage where one does (dimensions.RCM). The
-    last rung (the most it saves) at the highest zero stage (the least memory) first: where even that does not fit,
-    nothing else is priced (one estimate for a layout the ladder cannot save); then per zero stage a bisection (each
-    rung keeps a superset of the one before's modules: its memory is never more)."""
-    def fits(z: int, rung: tuple[str, ...]) -> tuple[Layout, StepEstimate] | None:
-        zl = replace(lay, zero=z, recompute=None, recompute_modules=rung)
-        est = price(zl)
-        return (zl, est) if est is not None and est.memory.total <= mem_cap else None
-
-    most = fits(zeros[-1], rungs[-1])
-    if most is None:
-        return []
-    for z in zeros:
-        top = most if z == zeros[-1] else fits(z, rungs[-1])
-        if top is None:
-            continue
-        lo, hi = 0, len(rungs) - 1  # rungs[hi] fits
-        while lo < hi:
-            mid = (lo + hi) // 2
-            found = fits(z, rungs[mid])
-            if found is not None:
-                hi, top = mid, found
-            else:
-                lo = mid + 1
-        return [top]
-    return [most]
+    return fits[:top_k], scored, +rejected
 
 
 __all__ = ["candidates", "search_experts"]

@@ -14,6 +14,13 @@ from paracube.modes import MODES, LayoutBatch
 from paracube.planner.search_state import _Search
 
 
+def memory_line(cap: float, what: str = "memory") -> str:
+    """The rejection line of a memory cap (bytes): whole GiB from 10 GiB on, two digits below (a local rank's
+    0.33 GiB is not "0 GiB")."""
+    gib = cap / 2**30
+    return f"{what} > {gib:.0f} GiB per device" if gib >= 10 else f"{what} > {gib:.2g} GiB per device"
+
+
 def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter,
            least: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices of the configurations that pass the size rules and fit in device memory (placement changes
@@ -113,7 +120,7 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
             n_places[idx[tied_zero1]].sum())
     over = int(n_places[idx[~fits & ~tied_zero1 & ~unrun]].sum())
     if over:
-        rejected[f"memory > {s.mem_cap / 2**30:.0f} GiB per device"] += over
+        rejected[memory_line(s.mem_cap)] += over
     low = zero >= 0
     out_idx = [idx[low]] + [idx[f] for _, f in extra]
     out_zero = [zero[low]] + [np.full(int(f.sum()), z) for z, f in extra]

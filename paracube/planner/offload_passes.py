@@ -39,12 +39,10 @@ from paracube.modes import LayoutBatch
 from paracube.modes.stages import stage_layers
 from paracube.planner.dimensions import OFF, values
 from paracube.planner.enumerate import Structure
-from paracube.planner.fits import _valid
+from paracube.planner.fits import _valid, memory_line
 from paracube.planner.search_state import _Search
 from paracube.runtimes import Runtime
 from paracube.runtimes.offload import offload_counts, offload_refusal
-
-MEMORY = "memory >"  # the start of the fit pass's memory rejection line (fits._valid)
 
 
 def offload_rungs(rt: Runtime, fixed: Layout | None, layers: int, recompute: str, host_link: bool) -> list[int]:
@@ -146,9 +144,9 @@ def valid(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure], n_
     sub = batch.take(idx)
     Ls = stage_layers(s.d.L, sub.pp, sub.v, np.ones_like(sub.pp), np.ones_like(sub.pp))
     over = host_bytes(s.d, mode, sub, Ls, np.ones(len(idx))) > s.host_cap
-    memory = f"{MEMORY} {s.mem_cap / 2**30:.0f} GiB per device"  # fits._valid's line
+    memory = memory_line(s.mem_cap)  # fits._valid's line
     _count(rejected, memory, idx, n_places, -1)
-    host = f"host memory > {s.host_cap / 2**30:.0f} GiB per device (off={s.offload})"
+    host = f"{memory_line(s.host_cap, 'host memory')} (off={s.offload})"
     _count(rejected, host, idx[over], n_places)
     if over.any() and not (~over).any():
         s.explanations[mode] = f"{host} ({int(n_places[np.unique(idx[over])].sum())} layouts)"

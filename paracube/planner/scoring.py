@@ -4,6 +4,7 @@ The search's contract: planner/search.py."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from itertools import chain
 
@@ -173,11 +174,17 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure],
         row = int(layout_rows[j])
         st = owners[row]
         lay = _layout(st, batch.row(row), places[st][place_idx[j]][0], int(zeros[row]),
-                      s.d.recompute if s.rc_pin else None, bool(ovs[row]), int(kws[row]),
+                      s.d.recompute if s.rc_pin and not s.by_modules else None, bool(ovs[row]), int(kws[row]),
                       s.fixed.flash if s.fixed else None, bool(tpos[row]), s.fixed.shard if s.fixed else None,
                       s.d.cp_comm, s.offload, s.d.recompute_modules if s.d.recompute == "selective" else None)
         if not _matches(lay, s.fixed):
             continue
+        # an rcm= pass's layout no faster than the same layout found by an earlier pass (without modules, or with
+        # fewer) re-runs work for memory it does not need: not ranked (the ladder's rungs where they make a fit)
+        same = repr(lay.with_(recompute=None, recompute_modules=None))
+        if s.by_modules and s.ranked_as.get(same, math.inf) <= float(step_time[j]) * (1.0 + 1e-12):
+            continue
+        s.ranked_as[same] = min(s.ranked_as.get(same, math.inf), float(step_time[j]))
         s.best.append((float(step_time[j]), lay))
         if mode not in s.per_mode_best or s.best[-1][0] < s.per_mode_best[mode][0]:
             s.per_mode_best[mode] = s.best[-1]

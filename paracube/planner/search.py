@@ -26,7 +26,8 @@ every result must match; its pins `sp=0` (no sequence parallelism), `rc=` (recom
 respected too; `overlap` (or a fixed layout's) prices every layout with the gradient reduction overlapped
 with backward (analytic.py). Recomputation: `recomputes` lists the choices to search (default: TrainingSpec.recompute
 only; `paracube plan` without --recompute passes none, selective, full); each choice is a pass over the
-configurations with its own Dims, and a layout found so carries it (`rc=`). Distributed optimizer:
+configurations with its own Dims, and a layout found so carries it (`rc=`); with selective among several, the
+rcm= ladder's rungs are passes too (module_ladder.recompute_passes, dimensions.RCM). Distributed optimizer:
 `zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage of 0 and 1
 under which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
 of the all_reduce they replace, so its step time is that of zero=0, except that overlapped only the
@@ -82,6 +83,7 @@ from paracube.planner.dimensions import (
 )
 from paracube.planner.enumerate import context_degrees
 from paracube.planner.experts import search_experts
+from paracube.planner.module_ladder import recompute_passes
 from paracube.planner.offload_passes import offload_passes, offload_rungs, pending_configs, skips
 from paracube.planner.scoring import _search_mode
 from paracube.planner.search_state import RUNNABLE_MODES, SearchResult, _Search
@@ -179,9 +181,11 @@ def search(
         ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k,
                                                   opts)
         check(bool(ranked), f"no layout of {gpus} GPUs fits {model.name} (global batch {training.global_batch}) "
-              f"with runtime {rt.name}: " + (f"rejected {dict(rejected)}" if rejected else
-                                             "no candidate matches the pins (blocks split over pp x v, ep dividing "
-                                             "the experts and dp x tp, tp a divisor of the heads)"))
+              f"with runtime {rt.name}: " + ("; ".join(f"{why} ({n} layouts)" for why, n in rejected.most_common())
+                                             if rejected else "no candidate layout (dp dividing the global batch, "
+                                             "blocks split over pp x v, ep dividing the experts and dp x tp, tp a "
+                                             "divisor of the heads" + (", and the pins" if fixed is not None else "")
+                                             + ")"))
         return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
     modes = _modes(modes, gpus, fixed, rt)
     # the runtime's per-element choices and the run's gradient element; fa= pinned: that kernel
@@ -205,11 +209,15 @@ def search(
     # Activation offloading: per pass, offloaded block counts where nothing fits with fewer (offload_passes.py)
     host_link = float(getattr(topo.device, "host_bandwidth", 0.0)) > 0  # type: ignore[attr-defined]
     s.host_cap = float(getattr(topo.device, "host_memory_bytes", 0.0)) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
-    for rc in rcs:
-        rungs = offload_rungs(rt, fixed, d.L, rc, host_link)
+    for rc, modules in recompute_passes(rcs, model, training, rt, fixed):
+        # selective recomputation by module (dimensions.RCM): its own pass, never offloaded (rcm= with off=N is
+        # refused: recompute_modules.check_recompute_modules)
+        rungs = offload_rungs(rt, fixed, d.L, rc, host_link) if modules is None else [0]
+        s.by_modules = modules is not None
+        rc_dims = replace(d, recompute=rc) if modules is None else replace(d, recompute=rc, recompute_modules=modules)
         for cp in context_degrees(d.s, gpus, fixed.cp if fixed else 1, bool(cpcs)):
             for cpc in cpcs if cp > 1 else [None]:
-                for _ in offload_passes(s, context_local(replace(d, recompute=rc), cp, cpc), rungs):
+                for _ in offload_passes(s, context_local(rc_dims, cp, cpc), rungs):
                     for mode in modes:
                         runs = (cp == 1 or MODES[mode].context_parallel) and not skips(s, mode)
                         # a ladder's offloading pass looks only at its pending configurations (offload_passes.py)
@@ -217,7 +225,7 @@ def search(
                         sts = _mode_structures(s, mode, gpus) if runs and rung is None else []
                         if sts or (rung is not None and rung[0]):
                             _search_mode(s, mode, sts, rung)
-    s.d = d
+    s.d, s.by_modules = d, False
     if not s.best:
         lines = "; ".join(f"{m}: {why}" for m, why in s.explanations.items())
         raise ParacubeError(

@@ -73,9 +73,11 @@ class _Search:
     # may fit it (offload_passes.pending_configs)
     offload_need: dict[str, dict[tuple[int, ...], tuple[float, float]]] | None = None
     offload_probe: bool = False  # the pass at the ladder's most blocks that only prunes offload_pending
+    by_modules: bool = False  # the pass recomputes selectively by module (rcm=: the layouts carry d's modules)
     rejected: Counter = field(default_factory=Counter)
     explanations: dict[str, str] = field(default_factory=dict)
     best: list[tuple[float, Layout]] = field(default_factory=list)
+    ranked_as: dict[str, float] = field(default_factory=dict)  # per layout but its recomputation: its best step
     per_mode_best: dict[str, tuple[float, Layout]] = field(default_factory=dict)
     scored: int = 0
     pruned: int = 0
