@@ -235,3 +235,35 @@ def test_a_moe_search_that_fits_nothing_says_why_by_reason() -> None:
     kv = no_fit("qwen3-235b-a22b", 16, "megatron", "gb200-nvl72", global_batch=512, dtype="fp8", seq_len=131072)
     rules = re.findall(r"kv heads % p != 0 \(global batch 512[^)]*seq (\d+)\) \((\d+) layouts\)", kv)
     assert sorted(seq for seq, _ in rules) == ["131072", "65536"] and all(int(n) > 1 for _, n in rules)
+
+
+def test_moe_search_interleaves_pipelines_and_its_pruning_loses_nothing() -> None:
+    """The MoE search ranks the interleaved variants (v > 1) of the pipelines that fit, where the runtime interleaves
+    (planner/experts.interleaved): a 12-block tiny-moe on 8 GPUs ranks v = 2 .. 6 layouts; the top 5 with the
+    variants pruned by their lower bound (the v = 1 step less (1 - 1 / v) of its bubble) equal the top 5 of the
+    search that prices every variant (an unbounded ranking: nothing pruned), which prices more layouts. A pinned v is
+    the only one; DeepSpeed (no interleaving) ranks none."""
+    from dataclasses import replace
+
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.experts import search_experts
+    from paracube.runtimes import RUNTIMES
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    model = replace(PRESETS["tiny-moe"], name="tiny-moe-12", layers=12)
+    training, topo = TrainingSpec(global_batch=32, dtype="bf16"), load_topology("dgx-h100", gpus=8)
+
+    def ranked(runtime: str, top_k: int, fixed: str | None = None) -> tuple[list[str], int]:
+        lays, scored, _ = search_experts(model, training, topo, 8, RUNTIMES[runtime], fixed and parse_layout(fixed),
+                                         None, float("inf"), top_k)
+        return [str(lay) for lay, _ in lays], scored
+
+    every, priced_all = ranked("megatron", 10 ** 6)
+    assert {int(m) for m in re.findall(r",v=(\d+)", " ".join(every))} == {2, 3, 4, 5, 6}
+    top, priced = ranked("megatron", 5)
+    assert top == every[:5] and priced < priced_all
+    pinned, _ = ranked("megatron", 10 ** 6, "pp=4,v=3")
+    assert pinned and all(",pp=4," in lay and ",v=3," in lay for lay in pinned)
+    assert all(",v=" not in lay for lay in ranked("deepspeed", 10 ** 6)[0])

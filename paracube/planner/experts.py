@@ -8,9 +8,10 @@ cp as the dense search takes it (enumerate.context_degrees: long sequences only)
 the rest, ep among the divisors of the experts that divide dp cp t, etp in {1, t}
 (Megatron-core's etp = 1 or tp; torchtitan's the same) where the runtime runs it, mb in {1, 2}, zero the runtime's
 lowest stage that fits (of 0 and 1), sp with tp > 1 where the runtime runs it, the gradient overlap as the runtime
-does it by default, and a2ao (dimensions.A2AO) where chosen and the runtime runs it on the layout. A few hundred
-estimates, about 0.1 s each for DeepSeek-V3 on 1024 GPUs.
-Pins of `fixed` (dp, pp, v, tp, ep, etp, mb, zero, rc) are respected; v = 1 unless pinned. The dimensions
+does it by default, and a2ao (dimensions.A2AO) where chosen and the runtime runs it on the layout; v = 1, then
+the interleaved variants (v > 1) of the pipelines that fit, where the runtime interleaves (`interleaved`: those
+whose lower bound beats the ranking's last). Two thousand estimates, about 10 ms each, for DeepSeek-V3 on 1024 GPUs.
+Pins of `fixed` (dp, pp, v, tp, ep, etp, mb, zero, rc) are respected (a pinned v the only one). The dimensions
 ep / etp are declared in dimensions.py (EP, ETP).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 
 from paracube.cost_models.analytic import estimate
@@ -143,10 +145,60 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         rejected[memory] -= len(zeros) * len(saved)  # refused only where no rung fits it (as offloading's)
         if memory_only and not saved and over is not None and (not least or over[0] < least[0][0]):
             least[:] = [over]
+    if rt.interleave and (fixed is None or fixed.interleave <= 1):
+        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, chosen(A2AO, rt, fixed))
     if least and rejected[memory] > 0:  # the closest miss, so a user sees how far off the fit is
         rejected[f"{memory} (the least: {least[0][0] / 2**30:.1f} GiB, {least[0][1]})"] = rejected.pop(memory)
     fits.sort(key=lambda r: r[1].step_time_s)
     return fits[:top_k], scored, +rejected
 
 
-__all__ = ["candidates", "search_experts"]
+def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: list[tuple[Layout, StepEstimate]],
+                price: Callable[[Layout], StepEstimate | None], mem_cap: float, top_k: int, zeros: list[int],
+                a2ao: bool) -> list[tuple[Layout, StepEstimate]]:
+    """The interleaved (v > 1) variants of the fitted pipelines (Megatron-core's virtual stages, where the runtime
+    runs them and no v is pinned), each at the lowest zero stage from its v = 1 layout's up where it fits.
+    Pruning: interleaving changes a layout's step in the model only by its bubble ((pp - 1) / (v N) of the slowest
+    device's work, which is at least 1 / v of the v = 1 bubble: pipeline_bubble.py), its pipeline sends (v times
+    as many) and the expert and gradient tails (later, not earlier); the slowest device keeps at least the blocks it
+    held at v = 1. So a variant's step is at least the v = 1 step less (1 - 1 / v) of its bubble: a variant whose
+    bound is no better than the top_k-th best is not priced (unless interleaving turns `a2ao` on: Megatron-core
+    overlaps the all_to_alls with pipelines interleaved only, Runtime.a2a_overlap_refusal). Per layout, v rises
+    until a variant fits at no zero stage (a larger v holds more chunks in flight on the first device)."""
+    best = sorted(e.step_time_s for _, e in fits)[:top_k]
+    out: list[tuple[Layout, StepEstimate]] = []
+    for lay, est in sorted(fits, key=lambda r: r[1].step_time_s):
+        if lay.pp == 1 or (training.global_batch // (lay.dp * lay.micro_batch)) % lay.pp:  # interleaved 1F1B's rule
+            continue
+        for v in (v for v in range(2, model.layers // lay.pp + 1) if split_ok(model.layers, lay.pp, v)):
+            var = replace(lay, interleave=v)
+            on = replace(var, a2ao=True)
+            var = on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else var
+            bar = best[-1] if len(best) >= top_k else math.inf
+            if not var.a2ao and est.step_time_s - est.bubble_time_s * (1.0 - 1.0 / v) >= bar:
+                continue  # loses whatever it prices at (a larger v's bound is lower: it may not)
+            found = _fit(var, [z for z in zeros if z >= lay.zero], rt, model, training, price, mem_cap)
+            if found is None:  # a larger v holds more chunks in flight: no more memory
+                break
+            out.append(found)
+            best = sorted([*best, found[1].step_time_s])[:top_k]
+    return out
+
+
+def _fit(lay: Layout, zeros: list[int], rt: Runtime, model: ModelSpec, training: TrainingSpec,
+         price: Callable[[Layout], StepEstimate | None], mem_cap: float) -> tuple[Layout, StepEstimate] | None:
+    """`lay` at the lowest of `zeros` where the runtime runs it and it fits, priced; None where none does."""
+    for z in zeros:
+        zl = replace(lay, zero=z)
+        if rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
+                      windowed=model.sliding_window is not None, sinks=model.attention_sinks, model=model):
+            return None
+        est = price(zl)
+        if est is None:
+            return None
+        if est.memory.total <= mem_cap:
+            return zl, est
+    return None
+
+
+__all__ = ["candidates", "interleaved", "search_experts"]
