@@ -66,8 +66,8 @@ def test_paracubes_runtime_ranks_etp_layouts_of_a_tiny_moe() -> None:
     model, training, rt = PRESETS["tiny-moe"], TrainingSpec(global_batch=16, dtype="bf16"), RUNTIMES["paracube"]
     wanted = [c for c in candidates(model, training, 8, 8, rt, None, None) if c.etp > 1]
     assert wanted and all(c.etp == c.tensor_size and c.sequence_parallel for c in wanted)
-    ranked, scored, rejected = search_experts(model, training, load_topology("dgx-h100", gpus=8), 8, rt, None, None,
-                                              float("inf"), 10 ** 6)
+    ranked, scored, rejected, _ = search_experts(model, training, load_topology("dgx-h100", gpus=8), 8, rt, None,
+                                                 None, float("inf"), 10 ** 6)
     got = [lay for lay, est in ranked if lay.etp > 1 and est.step_time_s > 0]
     assert len(got) == len(wanted) and not rejected and scored >= len(ranked)
 
@@ -256,8 +256,8 @@ def test_moe_search_interleaves_pipelines_and_its_pruning_loses_nothing() -> Non
     training, topo = TrainingSpec(global_batch=32, dtype="bf16"), load_topology("dgx-h100", gpus=8)
 
     def ranked(runtime: str, top_k: int, fixed: str | None = None) -> tuple[list[str], int]:
-        lays, scored, _ = search_experts(model, training, topo, 8, RUNTIMES[runtime], fixed and parse_layout(fixed),
-                                         None, float("inf"), top_k)
+        lays, scored, _, _ = search_experts(model, training, topo, 8, RUNTIMES[runtime],
+                                            fixed and parse_layout(fixed), None, float("inf"), top_k)
         return [str(lay) for lay, _ in lays], scored
 
     every, priced_all = ranked("megatron", 10 ** 6)
@@ -267,3 +267,29 @@ def test_moe_search_interleaves_pipelines_and_its_pruning_loses_nothing() -> Non
     pinned, _ = ranked("megatron", 10 ** 6, "pp=4,v=3")
     assert pinned and all(",pp=4," in lay and ",v=3," in lay for lay in pinned)
     assert all(",v=" not in lay for lay in ranked("deepspeed", 10 ** 6)[0])
+
+
+def test_moe_search_prunes_the_rcm_ladder_without_changing_its_ranking() -> None:
+    """Under a memory cap that refuses a fifth of the 12-block tiny-moe's layouts (8 GPUs), the layouts the rcm=
+    ladder would climb are pruned where their lower bound (the v = 1 step, less the whole bubble where interleaving
+    may follow) loses to the ranking so far: the top 5 equal the unpruned search's (an unbounded ranking), rcm=
+    layouts among them, with fewer layouts priced and the pruned ones counted as such."""
+    from dataclasses import replace
+
+    from paracube.model_presets import PRESETS
+    from paracube.planner.experts import search_experts
+    from paracube.runtimes import RUNTIMES
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    model = replace(PRESETS["tiny-moe"], name="tiny-moe-12", layers=12)
+    training, topo, rt = TrainingSpec(global_batch=32, dtype="bf16"), load_topology("dgx-h100", gpus=8), \
+        RUNTIMES["megatron"]
+    every = sorted(e.memory.total for _, e in search_experts(model, training, topo, 8, rt, None, None, float("inf"),
+                                                             10 ** 6)[0])
+    cap = every[len(every) // 5]
+    full, priced_all, _, none_pruned = search_experts(model, training, topo, 8, rt, None, None, cap, 10 ** 6)
+    top, priced, _, pruned = search_experts(model, training, topo, 8, rt, None, None, cap, 5)
+    assert [(str(lay), e.step_time_s) for lay, e in top] == [(str(lay), e.step_time_s) for lay, e in full[:5]]
+    assert any(lay.recompute_modules for lay, _ in top) and all(e.memory.total <= cap for _, e in full)
+    assert none_pruned == 0 < pruned and priced < priced_all

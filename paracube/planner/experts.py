@@ -10,7 +10,8 @@ the rest, ep among the divisors of the experts that divide dp cp t, etp in {1, t
 lowest stage that fits (of 0 and 1), sp with tp > 1 where the runtime runs it, the gradient overlap as the runtime
 does it by default, and a2ao (dimensions.A2AO) where chosen and the runtime runs it on the layout; v = 1, then
 the interleaved variants (v > 1) of the pipelines that fit, where the runtime interleaves (`interleaved`: those
-whose lower bound beats the ranking's last). Two thousand estimates, about 10 ms each, for DeepSeek-V3 on 1024 GPUs.
+whose lower bound beats the ranking's last), and the rcm= ladder where its bound does too (`search_experts`).
+DeepSeek-V3 on 1024 H100s (batch 512): about 1,300 estimates of about 10 ms, 290 layouts pruned.
 Pins of `fixed` (dp, pp, v, tp, ep, etp, mb, zero, rc) are respected (a pinned v the only one). The dimensions
 ep / etp are declared in dimensions.py (EP, ETP).
 """
@@ -94,9 +95,14 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
 
 def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus: int, rt: Runtime,
                    fixed: Layout | None, micro_batches: list[int] | None, mem_cap: float, top_k: int,
-                   options: EngineOptions | None = None) -> tuple[list[tuple[Layout, StepEstimate]], int, Counter]:
-    """(ranked (layout, estimate) pairs, layouts scored, rejections by reason); `options`: analytic.estimate's
-    (the runtime's engine options, the run's gradient element and bucket: search.py)."""
+                   options: EngineOptions | None = None
+                   ) -> tuple[list[tuple[Layout, StepEstimate]], int, Counter, int]:
+    """(ranked (layout, estimate) pairs, layouts scored, rejections by reason, layouts pruned); `options`:
+    analytic.estimate's (the runtime's engine options, the run's gradient element and bucket: search.py).
+    Pruned: a layout refused for memory at every zero stage climbs the rcm= ladder (module_ladder.ladder) only where
+    its lower bound beats the ranking's last so far: modules re-run work and save none, so its step at a zero stage is
+    at least that stage's step without them, less the whole bubble where interleaving may follow (`interleaved`);
+    none is pruned where a2ao is chosen (interleaving may turn it on)."""
     per_node = int(getattr(topo, "devices_per_node", None) or gpus)
     cache = LinkCache(topo)
     pinned_zero = fixed is not None and (fixed.zero or fixed.forbid_zero)
@@ -119,9 +125,12 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         scored += 1
         return est
 
+    interleaves = rt.interleave and (fixed is None or fixed.interleave <= 1)
+    pending: list[tuple[float, Layout, tuple[float, Layout]]] = []  # (lower bound, layout, its least memory)
     for lay in candidates(model, training, gpus, per_node, rt, fixed, micro_batches):
         memory_only = True  # refused at every zero stage for memory alone: the rcm ladder's candidates
         over: tuple[float, Layout] | None = None
+        low = math.inf
         for z in zeros:
             zl = replace(lay, zero=z)
             why = rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
@@ -140,17 +149,27 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
                 break
             rejected[memory] += 1
             over = min(over or (est.memory.total, zl), (est.memory.total, zl), key=lambda m: m[0])
-        saved = ladder(lay, zeros, rungs, price, mem_cap) if memory_only and rungs else []
+            low = min(low, est.step_time_s - (est.bubble_time_s if interleaves and lay.pp > 1 else 0.0))
+        if memory_only and over is not None:
+            pending.append((low, lay, over))
+    a2ao, pruned = chosen(A2AO, rt, fixed), 0
+    for low, lay, over in sorted(pending, key=lambda p: p[0]):
+        best = sorted(e.step_time_s for _, e in fits)[:top_k]
+        if rungs and not a2ao and len(best) >= top_k and low >= best[-1]:
+            pruned += 1
+            rejected[memory] -= len(zeros)
+            continue
+        saved = ladder(lay, zeros, rungs, price, mem_cap) if rungs else []
         fits += saved
         rejected[memory] -= len(zeros) * len(saved)  # refused only where no rung fits it (as offloading's)
-        if memory_only and not saved and over is not None and (not least or over[0] < least[0][0]):
+        if not saved and (not least or over[0] < least[0][0]):
             least[:] = [over]
-    if rt.interleave and (fixed is None or fixed.interleave <= 1):
-        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, chosen(A2AO, rt, fixed))
+    if interleaves:
+        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, a2ao)
     if least and rejected[memory] > 0:  # the closest miss, so a user sees how far off the fit is
         rejected[f"{memory} (the least: {least[0][0] / 2**30:.1f} GiB, {least[0][1]})"] = rejected.pop(memory)
     fits.sort(key=lambda r: r[1].step_time_s)
-    return fits[:top_k], scored, +rejected
+    return fits[:top_k], scored, +rejected, pruned
 
 
 def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: list[tuple[Layout, StepEstimate]],
@@ -163,8 +182,9 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
     as many) and the expert and gradient tails (later, not earlier); the slowest device keeps at least the blocks it
     held at v = 1. So a variant's step is at least the v = 1 step less (1 - 1 / v) of its bubble: a variant whose
     bound is no better than the top_k-th best is not priced (unless interleaving turns `a2ao` on: Megatron-core
-    overlaps the all_to_alls with pipelines interleaved only, Runtime.a2a_overlap_refusal). Per layout, v rises
-    until a variant fits at no zero stage (a larger v holds more chunks in flight on the first device)."""
+    overlaps the all_to_alls with pipelines interleaved only, Runtime.a2a_overlap_refusal). Every v whose virtual
+    stages each keep a block (modes/stages.split_ok) is tried: neither memory nor step is monotone in v, the blocks
+    splitting over the devices otherwise for each."""
     best = sorted(e.step_time_s for _, e in fits)[:top_k]
     out: list[tuple[Layout, StepEstimate]] = []
     for lay, est in sorted(fits, key=lambda r: r[1].step_time_s):
@@ -178,8 +198,8 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
             if not var.a2ao and est.step_time_s - est.bubble_time_s * (1.0 - 1.0 / v) >= bar:
                 continue  # loses whatever it prices at (a larger v's bound is lower: it may not)
             found = _fit(var, [z for z in zeros if z >= lay.zero], rt, model, training, price, mem_cap)
-            if found is None:  # a larger v holds more chunks in flight: no more memory
-                break
+            if found is None:  # (a larger v may fit: its blocks split over the devices otherwise)
+                continue
             out.append(found)
             best = sorted([*best, found[1].step_time_s])[:top_k]
     return out

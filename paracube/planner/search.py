@@ -178,15 +178,15 @@ def search(
         # the run's gradients, bucket and the runtime's overlaps and fp8 experts, as the dense path prices them
         opts = rt.engine_options().with_(param_overlap=chosen(PARAM_OVERLAP, rt, fixed), grad_bytes=grad_bytes,
                                          **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
-        ranked, scored, rejected = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap, top_k,
-                                                  opts)
+        ranked, scored, rejected, pruned = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap,
+                                                          top_k, opts)
         check(bool(ranked), f"no layout of {gpus} GPUs fits {model.name} (global batch {training.global_batch}) "
               f"with runtime {rt.name}: " + ("; ".join(f"{why} ({n} layouts)" for why, n in rejected.most_common())
                                              if rejected else "no candidate layout (dp dividing the global batch, "
                                              "blocks split over pp x v, ep dividing the experts and dp x tp, tp a "
                                              "divisor of the heads" + (", and the pins" if fixed is not None else "")
                                              + ")"))
-        return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0)
+        return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0, pruned=pruned)
     modes = _modes(modes, gpus, fixed, rt)
     # the runtime's per-element choices and the run's gradient element; fa= pinned: that kernel
     d = with_options(with_pins(dims_of(model, training), fixed), rt.engine_options().with_(grad_bytes=grad_bytes))
