@@ -51,3 +51,26 @@ def test_engines_agree_on_cross_node_all_to_alls(h100: object, name: str, text: 
     e = estimate_event(model, TRAIN, layout, h100, with_events=False)
     assert a.comm_time_by_axis["ep"] > 0.2 * a.step_time_s  # the all_to_alls matter here
     assert abs(e.step_time_s / a.step_time_s - 1) < 0.02
+
+
+def test_all_pair_links_in_one_pass_equal_the_pair_by_pair_paths(h100: object) -> None:
+    """moe_a2a._pair_links reads every flow's links from the topology's routes in one numpy pass: the same links,
+    split the same way (inside a node, across nodes), numbered in the same order as pair-by-pair paths taken in loop
+    order (a fresh table each: new links are numbered as first met)."""
+    import numpy as np
+
+    from paracube.cost_models.event_links import LinkTable
+    from paracube.cost_models.moe_a2a import _pair_links
+
+    groups = np.arange(32).reshape(2, 16)  # two ep=16 groups, each over two DGX nodes
+    fast = LinkTable(h100)
+    flat, cross = _pair_links(fast, groups, 8)
+    slow = LinkTable(h100)
+    want: dict[bool, list[int]] = {False: [], True: []}
+    for g in groups.tolist():
+        for a in g:
+            for b in g:
+                if a != b:
+                    want[a // 8 != b // 8].extend(slow.path(a, b))
+    assert flat.tolist() == want[False] and cross.tolist() == want[True] and len(cross) > 0
+    assert fast.cap == slow.cap

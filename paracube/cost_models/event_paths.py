@@ -100,6 +100,10 @@ class LinkPaths:
             out = mine[topo_ids]
         return out
 
+    def routes(self, send: np.ndarray, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """`_routes`, for the all-pairs loads of an all_to_all (moe_a2a.py)."""
+        return self._routes(send, recv)
+
     def _routes(self, send: np.ndarray, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(our link ids of the hops' routes concatenated, links per hop, each hop's latency) in one numpy pass;
         None where the topology cannot (then each hop goes through `path`, which names what is wrong)."""

@@ -111,16 +111,9 @@ def _weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
     m = int(np.count_nonzero(groups[row] // dpn == rep // dpn))  # the group's ranks per node
     f_nvl, f_nic = dispatch.factors(n, m)
     share = 1.0 / (n - 1)
-    flat: list[int] = []
-    cross: list[int] = []
-    for g in groups.tolist():
-        for a in g:
-            for b in g:
-                if a != b:
-                    (cross if a // dpn != b // dpn else flat).extend(table.path(a, b))
+    flat, cross = _pair_links(table, groups, dpn)
     size = len(table.cap)
-    load = (np.bincount(np.asarray(flat, dtype=np.int64), minlength=size) * f_nvl
-            + np.bincount(np.asarray(cross, dtype=np.int64), minlength=size) * f_nic) * share
+    load = (np.bincount(flat, minlength=size) * f_nvl + np.bincount(cross, minlength=size) * f_nic) * share
     own: dict[int, float] = {}
     fabric: set[int] = set()
     nodes = table.topo.graph.nodes
@@ -141,6 +134,27 @@ def _weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
     # each own flow on e weighs share x max(k, r) / r; summed over its flows on e: max(k(e), r(e))
     return ({link: max(float(load[link]), r) / (scale if link in fabric else 1.0) for link, r in own.items()}, alpha,
             fabric)
+
+
+def _pair_links(table: LinkTable, groups: np.ndarray, dpn: int) -> tuple[np.ndarray, np.ndarray]:
+    """The links of every flow a -> b (a != b) of every group, in one numpy pass over the topology's routes where it
+    has them (else pair by pair): (those of the flows inside a node, those of the flows across nodes), the pairs
+    taken in the order a loop over the groups, a, b takes them (new links are numbered in that order)."""
+    g = np.asarray(groups, dtype=np.int64)
+    n = g.shape[1]
+    send, recv = np.repeat(g, n, axis=1).ravel(), np.tile(g, (1, n)).ravel()
+    keep = send != recv
+    send, recv = send[keep], recv[keep]
+    routes = table.routes(send, recv)
+    if routes is None:
+        flat: list[int] = []
+        cross: list[int] = []
+        for a, b in zip(send.tolist(), recv.tolist(), strict=True):
+            (cross if a // dpn != b // dpn else flat).extend(table.path(a, b))
+        return np.asarray(flat, dtype=np.int64), np.asarray(cross, dtype=np.int64)
+    ids, lens, _ = routes
+    across = np.repeat(send // dpn != recv // dpn, lens)
+    return ids[~across], ids[across]
 
 
 def a2a_template(table: LinkTable, name: str, groups: np.ndarray, rep: int, dpn: int,
