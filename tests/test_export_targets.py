@@ -43,6 +43,7 @@ from paracube.export.common import EXPRESSIBLE, accumulation_steps
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
+from paracube.modes.stages import chunk_layers
 from paracube.plan import LaunchSpec, Plan
 from paracube.runtimes import get_runtime
 from paracube.workload import TrainingSpec
@@ -112,6 +113,13 @@ PLANS: dict[str, Plan] = {
     # NVIDIA's GPT-OSS / Qwen3 recipes run it; torchtitan and DeepSpeed have none
     "rcm-qwen3-megatron": make("qwen3-30b-a3b", "dp=8,ep=8,tp=none,mb=1,zero=3,overlap,rcm=layernorm+moe_act",
                                batch=256, runtime="megatron"),
+    # uneven pipeline splits (modes/stages.py; export/pipeline_split.py): Llama 3 405B's 126 blocks on 16 stages (one
+    # less on the first and the last), interleaved and not; DeepSeek-V3's 61 blocks on 8 x 7 virtual stages (what
+    # the MoE search picks for 1024 H100s: 1, 2 x 5, 1 x 50), which torchtitan's split cannot place
+    "uneven-pp": make("llama3-405b", "dp=2,pp=16,tp=1d:8,mb=1,sp,zero=1", batch=64),
+    "uneven-pp-interleaved": make("llama3-405b", "dp=2,pp=16,tp=1d:8,mb=1,v=4,sp,zero=1", batch=64),
+    "uneven-moe-interleaved": make("deepseek-v3", "dp=16,pp=8,ep=8,tp=1d:2,mb=1,v=7,sp,zero=1,overlap", batch=256,
+                                   runtime="megatron"),
 }
 
 # (plan, target) -> a phrase of the one-line refusal; every other pair must export and validate.
@@ -152,6 +160,9 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("offload-deepspeed", "megatron"): "offloads activations with rc=none only, not rc=full (off=31)",
     ("rcm-qwen3-megatron", "torchtitan"): "no recomputation by module (rcm=layernorm+moe_act",
     ("rcm-qwen3-megatron", "deepspeed"): "no recomputation by module (rcm=layernorm+moe_act",
+    ("uneven-pp-interleaved", "deepspeed"): "without interleaving",
+    ("uneven-moe-interleaved", "torchtitan"): "cannot place the plan's blocks per virtual stage (1, 2 x 5, 1 x 50;",
+    ("uneven-moe-interleaved", "deepspeed"): "without interleaving",
 }
 
 TARGET_MODULES = {"torchtitan": "torchtitan.config", "deepspeed": "deepspeed.runtime.config",
@@ -275,8 +286,14 @@ def test_torchtitan_config_manager_accepts_the_export(name: str) -> None:
         assert par.pipeline_parallel_microbatch_size == plan.micro_batch and accumulation == 1
         schedule = get_schedule_class(par.pipeline_parallel_schedule)
         assert (schedule.__name__ == "ScheduleInterleaved1F1B") == (lay.interleave > 1)
-        stages, layers, _, _ = _get_pipeline_metadata(dims, par, SimpleNamespace(layers=[None] * plan.model.layers))
+        stages, layers, first, last = _get_pipeline_metadata(dims, par,
+                                                             SimpleNamespace(layers=[None] * plan.model.layers))
         assert (stages, layers) == (lay.pp * lay.interleave, plan.model.layers)
+        # torchtitan's own split places paracube's blocks per virtual stage (modes/stages.py)
+        from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+        parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+        assert [sum(name.startswith("layers.") for name in part) for part in parts] == chunk_layers(
+            plan.model.layers, lay.pp, lay.interleave)
     else:
         assert tr.local_batch_size == plan.micro_batch and accumulation == accumulation_steps(plan)
 
@@ -480,6 +497,7 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--tensor-model-parallel-size": [("tc", "tensor_model_parallel_size", _int)],
     "--pipeline-model-parallel-size": [("tc", "pipeline_model_parallel_size", _int)],
     "--num-layers-per-virtual-pipeline-stage": [("derived", "virtual_pipeline_model_parallel_size", _int)],
+    "--pipeline-model-parallel-layout": [("tc", "pipeline_model_parallel_layout", _str)],
     "--sequence-parallel": [("tc", "sequence_parallel", _on)],
     "--tp-comm-overlap": [("tc", "tp_comm_overlap", _on)],
     "--use-tp-pp-dp-mapping": [("run", "use_tp_pp_dp_mapping", _on)],
@@ -640,6 +658,13 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
     assert (transformer.tensor_model_parallel_size, transformer.pipeline_model_parallel_size) == (lay.tensor_size,
                                                                                                   lay.pp)
     assert (transformer.virtual_pipeline_model_parallel_size or 1) == lay.interleave
+    # Megatron-core builds paracube's blocks per virtual stage (modes/stages.py): its layout's decoder entries, else
+    # the even split
+    split = transformer.pipeline_model_parallel_layout
+    got = ([[x.name for x in split.layout[j % lay.pp][j // lay.pp]].count("decoder")
+            for j in range(lay.pp * lay.interleave)] if split is not None
+           else [m.layers // (lay.pp * lay.interleave)] * (lay.pp * lay.interleave))
+    assert got == chunk_layers(m.layers, lay.pp, lay.interleave)
     assert transformer.sequence_parallel == lay.sequence_parallel and transformer.tp_comm_overlap == lay.tpo
     assert transformer.context_parallel_size == lay.cp
     if lay.cp > 1:

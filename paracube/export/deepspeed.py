@@ -37,8 +37,10 @@ from paracube.export.llama4_flags import chunk_export_refusal, deepspeed_llama4_
 from paracube.export.megatron import TRAINING_ARGS, big_axes, tokenizer_args
 from paracube.export.moe_flags import deepspeed_moe_args
 from paracube.export.oss_flags import deepspeed_oss_refusal
+from paracube.export.pipeline_split import split_text
 from paracube.export.window_flags import deepspeed_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
+from paracube.modes.stages import chunk_layers
 from paracube.plan import Plan
 from paracube.recompute_modules import modules_text
 
@@ -146,6 +148,10 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     notes = []
     if lay.pp == 1:
         args.append("--no-pipeline-parallel")
+    elif len(set(chunk_layers(plan.model.layers, lay.pp))) > 1:
+        notes.append(f"DeepSpeed's pipeline engine balances the {plan.model.layers} blocks over the {lay.pp} stages "
+                     f"itself (PipelineModule partition_method type:transformer); the plan priced "
+                     f"{split_text(plan.model.layers, lay.pp)} blocks per stage")
     if lay.shard is not None:
         notes.append(f"DeepSpeed's hpZ (zero_hpz_partition_size {lay.shard}) shards gradients and optimizer state over "
                      f"all dp={lay.dp} ranks and keeps a parameter copy per group of {lay.shard}; the plan priced "

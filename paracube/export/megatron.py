@@ -4,8 +4,9 @@ Argument names are those of Megatron-LM's `megatron/training/arguments.py` (core
 and data-parallel settings are the fields of megatron-core 0.16.1's TransformerConfig / ModelParallelConfig /
 DistributedDataParallelConfig, which tests/test_export_targets.py builds from the script's flags.
 Tensor / pipeline sizes, `--num-layers-per-virtual-pipeline-stage` = layers / (pp x v) (interleaved 1F1B,
-Narayanan et al. 2021), `--sequence-parallel` (Korthikanti et al. 2022), `--tp-comm-overlap` for tpo (Transformer
-Engine's userbuffer overlap; needs sp). Data parallelism by zero: 1 `--use-distributed-optimizer` (optimizer
+Narayanan et al. 2021; an uneven split: `--pipeline-model-parallel-layout`, export/pipeline_split.py),
+`--sequence-parallel` (Korthikanti et al. 2022), `--tp-comm-overlap` for tpo (Transformer Engine's userbuffer
+overlap; needs sp). Data parallelism by zero: 1 `--use-distributed-optimizer` (optimizer
 state and fp32 master weights sharded over dp; shard=N: `--num-distributed-optimizer-instances dp/N`, Megatron's
 partial distributed optimizer), 2 / 3 Megatron-FSDP (`--use-megatron-fsdp --data-parallel-sharding-strategy
 optim_grads` / `optim_grads_params`; no hybrid shard=N there); `overlap` -> `--overlap-grad-reduce`, plus
@@ -26,6 +27,7 @@ from paracube.export.common import (
     header,
     offload_why,
     one_d_only,
+    quote,
     refuse_unless_expressible,
     shell_command,
     tensor_size,
@@ -33,6 +35,7 @@ from paracube.export.common import (
 from paracube.export.llama4_flags import chunk_export_refusal, megatron_llama4_args, megatron_llama4_refusal
 from paracube.export.moe_flags import megatron_moe_args
 from paracube.export.oss_flags import megatron_oss_args, megatron_oss_refusal
+from paracube.export.pipeline_split import megatron_layout
 from paracube.export.window_flags import megatron_window_args, megatron_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
 from paracube.plan import Plan
@@ -100,10 +103,13 @@ def parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
     lay, t = plan.layout, plan.training
     args = [f"--tensor-model-parallel-size {tensor_size(plan)}", f"--pipeline-model-parallel-size {lay.pp}"]
     notes: list[str] = []
-    if lay.interleave > 1:
+    layout = megatron_layout(plan.model.layers, lay.pp, lay.interleave)  # an uneven split: each stage's blocks
+    if layout is not None:
+        args.append(f"--pipeline-model-parallel-layout {quote(layout)}")
+    elif lay.interleave > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {plan.model.layers // (lay.pp * lay.interleave)}")
-        if accumulation_steps(plan) % lay.pp:
-            notes.append(f"interleaving needs micro-batches per step ({accumulation_steps(plan)}) divisible by pp")
+    if lay.interleave > 1 and accumulation_steps(plan) % lay.pp:
+        notes.append(f"interleaving needs micro-batches per step ({accumulation_steps(plan)}) divisible by pp")
     if lay.sequence_parallel:
         args.append("--sequence-parallel")
     args += context_args(plan)
