@@ -197,3 +197,36 @@ def test_every_plan_is_rechecked_against_the_target_runtime(tmp_path: Path, caps
     assert not out.exists()
     ok = default_plan("dp=4,tp=1d:2,sp,mb=2").save(tmp_path / "z0.json")
     assert run_cli(capsys, "export", str(ok), "--to", "torchtitan", "-o", str(out))[0] == 0 and out.exists()
+
+
+@pytest.mark.parametrize(("runtime", "model", "gpus", "batch"), [
+    ("torchtitan", "qwen3-30b-a3b", 64, 1024),  # its experts fold over dp_shard x cp x tp only
+    ("torchtitan", "qwen3-30b-a3b", 256, 1024),  # its layers_per_stage split: not every interleaving
+    ("megatron", "deepseek-v3", 1024, 512),  # 61 blocks on 8 x 7 virtual stages: --pipeline-model-parallel-layout
+])
+def test_a_plan_made_for_a_runtime_exports_to_it(runtime: str, model: str, gpus: int, batch: int) -> None:
+    """The search offers only what the runtime's stack builds (runtimes/torchtitan_limits.py declares torchtitan's
+    expert folding and pipeline split once, for its Runtime and its export): every ranked plan made for a runtime
+    exports to that runtime's target."""
+    from paracube.planner import search
+    from paracube.runtimes import RUNTIMES
+    from paracube.topologies import load_topology
+
+    rt, spec = RUNTIMES[runtime], PRESETS[model]
+    training = TrainingSpec(global_batch=batch, dtype="bf16")
+    ranked = search(spec, training, load_topology("dgx-h100", gpus=gpus), gpus, runtime=rt,
+                    recomputes=["none", "selective", "full"], memory_headroom=0.1).ranked
+    assert ranked
+    for lay, _ in ranked:
+        plan = Plan(spec, training, lay, "dgx-h100", gpus, LaunchSpec(nproc_per_node=8, nnodes=gpus // 8),
+                    runtime=runtime)
+        assert export_plan(plan, rt.export_target).text
+
+
+def test_torchtitan_refuses_a_split_it_cannot_build_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSeek-V3's 61 blocks on 8 x 7 virtual stages (1, 2 x 5, 1 x 50): torchtitan's layers_per_stage split
+    cannot place them; its runtime says so in one line (exit 2), before any pricing."""
+    code = main(["simulate", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "256", "--runtime",
+                 "torchtitan", "--layout", "dp=32,pp=8,ep=8,tp=none,mb=1,v=7,zero=3"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "runtime torchtitan" in err and "1, 2 x 5, 1 x 50" in err

@@ -37,10 +37,9 @@ from paracube.export.llama4_flags import chunk_export_refusal, deepspeed_llama4_
 from paracube.export.megatron import TRAINING_ARGS, big_axes, tokenizer_args
 from paracube.export.moe_flags import deepspeed_moe_args
 from paracube.export.oss_flags import deepspeed_oss_refusal
-from paracube.export.pipeline_split import split_text
 from paracube.export.window_flags import deepspeed_window_refusal
 from paracube.modes.buckets import BUCKET_BYTES, GRAD_BYTES
-from paracube.modes.stages import chunk_layers
+from paracube.modes.stages import chunk_layers, split_text
 from paracube.plan import Plan
 from paracube.recompute_modules import modules_text
 

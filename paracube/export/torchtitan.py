@@ -12,7 +12,7 @@ Mapping (torchtitan's ParallelismConfig, torchtitan/config/configs.py):
   gradients and optimizer state sharded, ZeRO-2's traffic) and `always` for zero=3.
 - pp -> pipeline_parallel_degree, schedule 1F1B (v = 1) or Interleaved1F1B (v > 1; torch.distributed.pipelining
   names), pipeline_parallel_layers_per_stage and the first / last stage's "less layers" under which torchtitan
-  builds paracube's blocks per stage (export/pipeline_split.py: layers / (pp x v) and 0, 0 for an even split;
+  builds paracube's blocks per stage (runtimes/torchtitan_limits.py: layers / (pp x v) and 0, 0 for an even split;
   torchtitan counts the embedding and the head as one layer each by default, paracube does not).
 - Batch: local_batch_size is per data-parallel rank per accumulation step; without pp it is the micro-batch
   (torchtitan accumulates up to global_batch_size); with pp it is global / dp, split into micro-batches of
@@ -48,10 +48,10 @@ from paracube.export.llama4_flags import chunk_export_refusal
 from paracube.export.megatron import big_axes
 from paracube.export.moe_flags import torchtitan_moe_flags
 from paracube.export.oss_flags import torchtitan_oss_notes, torchtitan_oss_refusal
-from paracube.export.pipeline_split import torchtitan_split, torchtitan_split_refusal
 from paracube.export.window_flags import torchtitan_window_notes, torchtitan_window_refusal
 from paracube.plan import Plan
 from paracube.recompute_modules import modules_text
+from paracube.runtimes.torchtitan_limits import fold_refusal, split, split_refusal
 
 WRITTEN_FOR = "torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)"
 # torchtitan's mixed_precision_param per paracube dtype (fp8: bf16 with float8 block linears, FP8_CONVERTER)
@@ -83,13 +83,9 @@ def why_not(plan: Plan) -> str | None:
     if (why_window := torchtitan_window_refusal(plan.model) or torchtitan_oss_refusal(plan.model)
                       or chunk_export_refusal(plan, "torchtitan")) is not None:
         return why_window
-    if (why_split := torchtitan_split_refusal(plan.model.layers, lay.pp, lay.interleave)) is not None:
-        return why_split
-    shard = lay.shard_size if lay.zero >= 2 else 1  # data_parallel_flags: FSDP's shard degree
-    if lay.ep > 1 and (shard * lay.cp * lay.tensor_size) % lay.ep:
-        return (f"its experts fold over dp_shard x cp x tp = {shard * lay.cp * lay.tensor_size} ranks only "
-                f"(ParallelismConfig.expert_parallel_degree), not ep={lay.ep}: use zero=2/3 or ep dividing that")
-    return None
+    # what its runtime declares it cannot build (runtimes/torchtitan_limits.py): the planner offers neither
+    why_split = split_refusal(plan.model.layers, lay.pp, lay.interleave)
+    return f"it {why_split}" if why_split else fold_refusal(lay)
 
 
 EXPRESSIBLE["torchtitan"] = why_not
@@ -128,12 +124,12 @@ def parallelism_flags(plan: Plan) -> tuple[list[str], list[str]]:
         flags.append(f"--parallelism.context_parallel_degree {lay.cp}")
     if lay.pp > 1:
         schedule = "Interleaved1F1B" if lay.interleave > 1 else "1F1B"
-        split = torchtitan_split(plan.model.layers, lay.pp, lay.interleave)  # why_not refused any other
-        assert split is not None
+        stages = split(plan.model.layers, lay.pp, lay.interleave)  # why_not refused any other
+        assert stages is not None
         flags += [f"--parallelism.pipeline_parallel_schedule {schedule}",
-                  f"--parallelism.pipeline_parallel_layers_per_stage {split[0]}",
-                  f"--parallelism.pipeline_parallel_first_stage_less_layers {split[1]}",
-                  f"--parallelism.pipeline_parallel_last_stage_less_layers {split[2]}",
+                  f"--parallelism.pipeline_parallel_layers_per_stage {stages[0]}",
+                  f"--parallelism.pipeline_parallel_first_stage_less_layers {stages[1]}",
+                  f"--parallelism.pipeline_parallel_last_stage_less_layers {stages[2]}",
                   f"--parallelism.pipeline_parallel_microbatch_size {plan.micro_batch}"]
     if lay.tpo:
         flags += ["--compile.enable", "--compile.enable_async_tensor_parallel"]

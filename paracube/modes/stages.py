@@ -165,4 +165,15 @@ def backward_spans(pp: int, v: int, n_micro: int) -> tuple[tuple[float, float], 
     return tuple(spans)
 
 
-__all__ = ["backward_spans", "chunk_layers", "schedule", "split_ok", "stage_chunks", "stage_layers"]
+def split_text(L: int, pp: int, v: int = 1) -> str:
+    """Blocks per virtual stage in order, runs counted, for messages: '1, 2 x 5, 1 x 50'."""
+    runs: list[list[int]] = []
+    for n in chunk_layers(L, pp, v):
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
+
+
+__all__ = ["backward_spans", "chunk_layers", "schedule", "split_ok", "split_text", "stage_chunks", "stage_layers"]

@@ -18,13 +18,15 @@ from paracube.workload import ModelSpec
 def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int] | None,
              fixed: Layout | None = None, runtime: Runtime = RUNTIMES["paracube"]) -> list[tuple[int, ...]]:
     """(dp, pp, t, q, depth, mb, v, sp) rows (LayoutBatch order) of one structure (sp where the mode has it
-    and the runtime runs it; v > 1 where it interleaves)."""
+    and the runtime runs it; v > 1 where it interleaves; a v only where the runtime builds its split of the
+    blocks, Runtime.pipeline_split)."""
     m = MODES[st.mode]
     per_replica = d_global // st.dp if d_global % st.dp == 0 else 0
     mbs = micro_batches or (divisors(per_replica) if per_replica else [1])
     vs = [v for v in divisors(-(-layers // st.pp)) if split_ok(layers, st.pp, v)] if st.pp > 1 else [1]
     if not runtime.interleave:
         vs = [1]
+    vs = [v for v in vs if runtime.split_refusal(layers, st.pp, v) is None]  # splits the stack cannot build
     with_sp = m.sequence_parallel and runtime.runs(st.mode, sequence_parallel=True)
     sps = (0, 1) if with_sp else (0,)
     if fixed is not None and fixed.forbid_sp:

@@ -146,6 +146,9 @@ class Runtime:
     mla_with_moe: bool = True  # it trains MLA and MoE blocks in one model (DeepSeek-V2/V3)
     # What it does not run of a layout with MoE blocks (one line), or None: it runs every such layout it runs
     moe_check: Callable[[Layout], str | None] | None = None
+    # Why it cannot build paracube's pipeline split of L blocks over pp x v (modes/stages.py; a phrase), or None: it
+    # builds every split (Megatron-core's --pipeline-model-parallel-layout, paracube's executor)
+    pipeline_split: Callable[[int, int, int], str | None] | None = None
     source: str = ""  # where the facts come from
     offload: Offload | None = None  # activation offloading (Layout off=N; runtimes/offload.py); None: none
     cp_comms: tuple[str, ...] = ()  # context parallelism's exchanges it runs, its default first (module docstring)
@@ -276,12 +279,20 @@ class Runtime:
         why_moe = self.moe_check(layout) if moe and self.moe_check is not None else None
         if why_moe:
             return f"{who} does not run {layout}: {why_moe}"
+        layers = getattr(model, "layers", None)
+        why_split = self.split_refusal(layers, layout.pp, layout.interleave) if layers else None
+        if why_split:
+            return f"{who} {why_split}"
         if self.mode_check is not None:
             why = self.mode_check(layout.mode, layout.pp, layout.sequence_parallel, layout.zero, tied_embeddings,
                                   family)
             if why:
                 return f"{who} does not run {layout}: {why}"
         return None
+
+    def split_refusal(self, layers: int, pp: int, v: int) -> str | None:
+        """Why it cannot build paracube's split of `layers` blocks over pp x v (`pipeline_split`), else None."""
+        return self.pipeline_split(layers, pp, v) if pp > 1 and self.pipeline_split is not None else None
 
     def a2a_overlap_refusal(self, layout: Layout, dtype: str | None = None) -> str | None:
         """Why it cannot run `a2ao` on this layout (after "runtime NAME (TITLE)"), else None (runtimes/refusals.py)."""

@@ -23,6 +23,7 @@ def runtime_dict(rt: Runtime) -> dict[str, object]:
                          "fsdp_prefetch": rt.fsdp_prefetch},
             "expert_parallel": rt.expert_parallel, "expert_tensor_parallel": rt.expert_tensor_parallel,
             "etp_expert_biases": rt.etp_expert_biases,
+            "every_pipeline_split": rt.pipeline_split is None,  # else its own rule (Runtime.pipeline_split)
             "export_target": rt.export_target, "cp_comms": list(rt.cp_comms),
             "sliding_window": rt.sliding_window, "window_cp_comms": list(rt.cp_comms_for(True)),
             "chunked_attention": rt.chunked_attention,

@@ -29,6 +29,7 @@ FlexAttention mask to AND with the causal one) is there, built by no model: sequ
 from __future__ import annotations
 
 from paracube.runtimes.base import MEGATRON_STYLE, Runtime
+from paracube.runtimes.torchtitan_limits import fold_refusal, split_refusal
 
 RUNTIME = Runtime(
     name="torchtitan",
@@ -62,6 +63,8 @@ RUNTIME = Runtime(
     # expert tensor parallelism (ParallelismConfig)
     expert_parallel=True,
     expert_tensor_parallel=False,
+    moe_check=fold_refusal,  # ep over dp_shard x cp x tp only (runtimes/torchtitan_limits.py)
+    pipeline_split=split_refusal,  # its layers_per_stage split (runtimes/torchtitan_limits.py)
     moe_host_sync=True,  # its dropless dispatch reads the all_to_all's splits on the host (input_splits.tolist())
     source="torchtitan ParallelismConfig (docs/exports.md)",
     cp_comms=("ag",),
