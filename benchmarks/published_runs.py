@@ -42,7 +42,8 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   Megatron-core's bucket, NeMo's grad_reduce convention (bf16 with fp8, else fp32) unless the recipe says otherwise.
   GPT-OSS-120B (26.04, bf16, 64 GPUs; the gpt-oss-120b preset: 128-key windows in every other block, priced by
   cost_models/attention_window.py) runs its recipe (Megatron-Bridge 0.6.2 recipes/gpt_oss/h100/gpt_oss.py and
-  perf_recipes/gpt_oss/h100/gpt_oss.py: PP 4, EP 8, the alltoall dispatcher, selective recomputation of
+  perf_recipes/gpt_oss/h100/gpt_oss.py: PP 4 without VP (`v=1` pinned: the MoE search interleaves), EP 8, the
+  alltoall dispatcher, selective recomputation of
   recompute_modules ["layernorm", "moe_act"], Layout rcm=layernorm+moe_act priced by
   cost_models/recompute_modules_cost.py: the pre-MLP norm's output and the experts' activation re-made, the attention
   core kept; the input norm runs inside linear_qkv, Transformer Engine's LayerNormLinear, and is no module to

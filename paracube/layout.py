@@ -89,6 +89,7 @@ class Layout(RankGrid):
     forbid_overlap: bool = False
     forbid_tpo: bool = False
     forbid_zero: bool = False  # `zero=0`: pins no sharding (zero=0 is also the default, which the search may change)
+    forbid_interleave: bool = False  # `v=1`: pins plain 1F1B (v=1 is also the default, which the search may change)
     keep_weights: int | None = None  # `kw=0|1` (module docstring); None: not pinned
     # `fa=0|1` pins the attention kernel (1 flash, 0 unfused); None: not pinned (the executor runs flash,
     # the planner searches both).
@@ -224,7 +225,7 @@ class Layout(RankGrid):
             parts.append(m.variant_flag)
         if self.micro_batch is not None:
             parts.append(f"mb={self.micro_batch}")
-        if self.interleave > 1:
+        if self.interleave > 1 or self.forbid_interleave:
             parts.append(f"v={self.interleave}")
         if self.sequence_parallel:
             parts.append("sp")

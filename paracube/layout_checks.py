@@ -64,6 +64,8 @@ def check_fields(layout: Layout) -> None:
     check(not (layout.forbid_tpo and layout.tpo), "tpo and tpo=0 together: give one")
     check(not (layout.forbid_a2ao and layout.a2ao), "a2ao and a2ao=0 together: give one")
     check(not (layout.forbid_zero and layout.zero), f"zero=0 and zero={layout.zero} together: give one")
+    check(not (layout.forbid_interleave and layout.interleave > 1),
+          f"v=1 and v={layout.interleave} together: give one")
     check(layout.recompute is None or layout.recompute in RECOMPUTES,
           f"rc={layout.recompute!r} is not valid; valid: {', '.join(RECOMPUTES)}")
     check(layout.recompute_modules is None or layout.recompute in (None, "selective"),

@@ -57,6 +57,8 @@ def parse_layout(text: str) -> Layout:
             check(value.strip().isdigit() and int(value) >= 1,
                   f"layout {text!r}: {key}={value!r} must be a positive integer")
             fields[{"mb": "micro_batch", "v": "interleave"}.get(key, key)] = int(value)
+            if key == "v" and int(value) == 1:
+                fields["forbid_interleave"] = True  # an explicit v=1: a pin (the default 1 is searched)
         elif key == "off":
             check(value.strip().isdigit(), f"layout {text!r}: off={value!r} is not valid; valid: off=N, N in [0, "
                   "layers] (the blocks whose activations are offloaded to the host)")

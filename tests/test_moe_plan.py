@@ -242,7 +242,7 @@ def test_moe_search_interleaves_pipelines_and_its_pruning_loses_nothing() -> Non
     (planner/experts.interleaved): a 12-block tiny-moe on 8 GPUs ranks v = 2 .. 6 layouts; the top 5 with the
     variants pruned by their lower bound (the v = 1 step less (1 - 1 / v) of its bubble) equal the top 5 of the
     search that prices every variant (an unbounded ranking: nothing pruned), which prices more layouts. A pinned v is
-    the only one; DeepSpeed (no interleaving) ranks none."""
+    the only one (v=1 too); DeepSpeed (no interleaving) ranks none."""
     from dataclasses import replace
 
     from paracube.layout_parse import parse_layout
@@ -266,6 +266,8 @@ def test_moe_search_interleaves_pipelines_and_its_pruning_loses_nothing() -> Non
     assert top == every[:5] and priced < priced_all
     pinned, _ = ranked("megatron", 10 ** 6, "pp=4,v=3")
     assert pinned and all(",pp=4," in lay and ",v=3," in lay for lay in pinned)
+    plain, _ = ranked("megatron", 10 ** 6, "pp=4,v=1")  # an explicit v=1 pins plain 1F1B (Layout.forbid_interleave)
+    assert plain and all(",pp=4," in lay and ",v=" not in lay for lay in plain)
     assert all(",v=" not in lay for lay in ranked("deepspeed", 10 ** 6)[0])
 
 

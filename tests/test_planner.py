@@ -272,3 +272,19 @@ def test_step_lower_bound_is_below_every_placement(overlap: bool) -> None:
                 assert np.all(bound <= step * (1 + 1e-12)), (mode, struct)
                 checked += n
     assert checked > 500
+
+
+def test_an_explicit_v_1_is_a_pin() -> None:
+    """`v=1` given pins plain 1F1B (Layout.forbid_interleave; the default v = 1 is searched, as zero=0's is): the
+    search ranks pp = 4 layouts interleaved without it and none with it; the pin survives the layout's text."""
+    from paracube.layout_parse import parse_layout
+    from paracube.topologies import load_topology
+
+    tp, training = load_topology("dgx-a100", gpus=128), TrainingSpec(global_batch=512, dtype="bf16")
+    free = search(PRESETS["gpt3-13b"], training, tp, 128, fixed=parse_layout("pp=4"), top_k=20).ranked
+    pinned = search(PRESETS["gpt3-13b"], training, tp, 128, fixed=parse_layout("pp=4,v=1"), top_k=20).ranked
+    assert any(lay.interleave > 1 for lay, _ in free) and all(lay.interleave == 1 for lay, _ in pinned)
+    lay = parse_layout("dp=2,pp=4,tp=1d:2,v=1")
+    assert lay.forbid_interleave and str(lay).endswith("v=1") and parse_layout(str(lay)) == lay
+    with pytest.raises(ParacubeError, match="v=1 and v=2 together"):
+        Layout(pp=2, interleave=2, forbid_interleave=True)

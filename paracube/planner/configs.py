@@ -24,7 +24,7 @@ def _configs(st: Structure, d_global: int, layers: int, micro_batches: list[int]
     per_replica = d_global // st.dp if d_global % st.dp == 0 else 0
     mbs = micro_batches or (divisors(per_replica) if per_replica else [1])
     vs = [v for v in divisors(-(-layers // st.pp)) if split_ok(layers, st.pp, v)] if st.pp > 1 else [1]
-    if not runtime.interleave:
+    if not runtime.interleave or (fixed is not None and fixed.forbid_interleave):
         vs = [1]
     vs = [v for v in vs if runtime.split_refusal(layers, st.pp, v) is None]  # splits the stack cannot build
     with_sp = m.sequence_parallel and runtime.runs(st.mode, sequence_parallel=True)

@@ -125,7 +125,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         scored += 1
         return est
 
-    interleaves = rt.interleave and (fixed is None or fixed.interleave <= 1)
+    interleaves = rt.interleave and (fixed is None or (fixed.interleave <= 1 and not fixed.forbid_interleave))
     pending: list[tuple[float, Layout, tuple[float, Layout]]] = []  # (lower bound, layout, its least memory)
     for lay in candidates(model, training, gpus, per_node, rt, fixed, micro_batches):
         memory_only = True  # refused at every zero stage for memory alone: the rcm ladder's candidates
@@ -165,7 +165,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         if not saved and (not least or over[0] < least[0][0]):
             least[:] = [over]
     if interleaves:
-        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, a2ao)
+        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, a2ao, rungs)
     if least and rejected[memory] > 0:  # the closest miss, so a user sees how far off the fit is
         rejected[f"{memory} (the least: {least[0][0] / 2**30:.1f} GiB, {least[0][1]})"] = rejected.pop(memory)
     fits.sort(key=lambda r: r[1].step_time_s)
@@ -174,9 +174,11 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
 
 def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: list[tuple[Layout, StepEstimate]],
                 price: Callable[[Layout], StepEstimate | None], mem_cap: float, top_k: int, zeros: list[int],
-                a2ao: bool) -> list[tuple[Layout, StepEstimate]]:
+                a2ao: bool, rungs: list[tuple[str, ...]] | None = None) -> list[tuple[Layout, StepEstimate]]:
     """The interleaved (v > 1) variants of the fitted pipelines (Megatron-core's virtual stages, where the runtime
-    runs them and no v is pinned), each at the lowest zero stage from its v = 1 layout's up where it fits.
+    runs them and no v is pinned), each at the lowest zero stage from its v = 1 layout's up where it fits, else (a
+    variant of a layout without rcm=, which holds more chunks in flight) at the first rung of the rcm= ladder that
+    fits (`rungs`: module_ladder.ladder).
     Pruning: interleaving changes a layout's step in the model only by its bubble ((pp - 1) / (v N) of the slowest
     device's work, which is at least 1 / v of the v = 1 bubble: pipeline_bubble.py), its pipeline sends (v times
     as many) and the expert and gradient tails (later, not earlier); the slowest device keeps at least the blocks it
@@ -197,7 +199,11 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
             bar = best[-1] if len(best) >= top_k else math.inf
             if not var.a2ao and est.step_time_s - est.bubble_time_s * (1.0 - 1.0 / v) >= bar:
                 continue  # loses whatever it prices at (a larger v's bound is lower: it may not)
-            found = _fit(var, [z for z in zeros if z >= lay.zero], rt, model, training, price, mem_cap)
+            higher = [z for z in zeros if z >= lay.zero]
+            found = _fit(var, higher, rt, model, training, price, mem_cap)
+            if found is None and rungs and not var.recompute_modules and var.recompute in (None, "none", "selective") \
+                    and _runs(var, rt, model, training):
+                found = next(iter(ladder(var, higher, rungs, price, mem_cap)), None)
             if found is None:  # (a larger v may fit: its blocks split over the devices otherwise)
                 continue
             out.append(found)
@@ -205,13 +211,18 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
     return out
 
 
+def _runs(lay: Layout, rt: Runtime, model: ModelSpec, training: TrainingSpec) -> bool:
+    """The runtime runs `lay` (Runtime.refusal, as the candidates were checked)."""
+    return rt.refusal(lay, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
+                      windowed=model.sliding_window is not None, sinks=model.attention_sinks, model=model) is None
+
+
 def _fit(lay: Layout, zeros: list[int], rt: Runtime, model: ModelSpec, training: TrainingSpec,
          price: Callable[[Layout], StepEstimate | None], mem_cap: float) -> tuple[Layout, StepEstimate] | None:
     """`lay` at the lowest of `zeros` where the runtime runs it and it fits, priced; None where none does."""
     for z in zeros:
         zl = replace(lay, zero=z)
-        if rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
-                      windowed=model.sliding_window is not None, sinks=model.attention_sinks, model=model):
+        if not _runs(zl, rt, model, training):
             return None
         est = price(zl)
         if est is None:

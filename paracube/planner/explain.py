@@ -61,7 +61,7 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "ep": (lambda lay: f"ep={lay.ep}", lambda f: f.ep != 1),  # MoE models only (planner/experts.py)
     "etp": (lambda lay: f"etp={lay.etp}", lambda f: f.etp != 1),
     "mb": (lambda lay: f"mb={lay.micro_batch}", lambda f: f.micro_batch is not None),
-    "v": (lambda lay: f"v={lay.interleave}", lambda f: f.interleave != 1),
+    "v": (lambda lay: f"v={lay.interleave}", lambda f: f.interleave != 1 or f.forbid_interleave),
     "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
     "zero": (lambda lay: f"zero={lay.zero}", lambda f: f.zero != 0 or f.forbid_zero),
     "recompute": (lambda lay: f"rc={lay.recompute}", lambda f: f.recompute is not None),

@@ -92,7 +92,7 @@ def _matches(layout: Layout, fixed: Layout | None) -> bool:
     for name in ("dp", "pp", "micro_batch", "interleave", "sequence_parallel"):
         if getattr(fixed, name) != getattr(base, name) and getattr(fixed, name) != getattr(layout, name):
             return False
-    if fixed.forbid_sp and layout.sequence_parallel:
+    if (fixed.forbid_sp and layout.sequence_parallel) or (fixed.forbid_interleave and layout.interleave > 1):
         return False
     if (fixed.cp != 1 and fixed.cp != layout.cp) or (fixed.cp_comm is not None and fixed.cp_comm != layout.cp_comm):
         return False
