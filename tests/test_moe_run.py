@@ -58,7 +58,9 @@ MLA_MOE = replace(PRESETS["tiny-mla"], moe=replace(PRESETS["tiny-mla"].moe, aux_
 MIXTRAL = replace(SPEC, name="tiny-mixtral", moe=replace(SPEC.moe, shared_ffn=0))
 # GPT-OSS's experts: biased, clamped SwiGLU (the rest of GPT-OSS: tests/test_gpt_oss_run.py)
 OSS_EXPERTS = replace(SPEC, name="tiny-oss-experts", moe=replace(SPEC.moe, expert_bias=True, swiglu_limit=0.1))
-SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL, "oss": OSS_EXPERTS}
+# four blocks: room for interleaved pipelines (pp 2 x v 2), which the MoE search now ranks (planner/experts.py)
+MOE4 = replace(SPEC, name="tiny-moe-4", layers=4)
+SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL, "oss": OSS_EXPERTS, "moe4": MOE4}
 ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}  # dist_helpers.fp64_optimizer's settings
 MICRO, MB = 4, 2  # micro-batches of the step (split over dp), sequences per micro-batch
 CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
@@ -67,6 +69,7 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("tiny-moe", "dp=4,ep=4", True, "none"),  # every token to experts 0..2: ranks 2, 3 receive nothing
     ("tiny-moe", "dp=2,ep=2,tp=1d:2,sp", False, "none"),  # ep folded over tp: each tensor rank routes its shard
     ("tiny-moe", "pp=2,dp=2,ep=2", False, "none"),
+    ("moe4", "pp=2,dp=2,ep=2,v=2", False, "none"),  # interleaved 1F1B: each stage's two chunks, one MoE block each
     ("tiny-moe", "dp=2,tp=1d:2,sp", False, "none"),  # ep = 1: every rank holds all experts, reduced over (dp, tp)
     ("tiny-moe", "dp=2,ep=2,tp=1d:2,sp,zero=1", False, "none"),  # dense shards over dp, the experts' over edp
     ("mla", "pp=2,dp=2,ep=2", False, "none"),  # MLA + MoE, mode none: stage 0 the dense block, stage 1 the MoE one

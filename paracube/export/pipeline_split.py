@@ -11,7 +11,7 @@ chunk_layers, what the cost models price and the executor builds) written so eac
 
 from __future__ import annotations
 
-from paracube.modes.stages import chunk_layers
+from paracube.modes.stages import chunk_layers, run_lengths
 
 
 def megatron_layout(layers: int, pp: int, v: int) -> str | None:
@@ -20,13 +20,7 @@ def megatron_layout(layers: int, pp: int, v: int) -> str | None:
     if len(set(chunks)) == 1:
         return None
     stages = [("E" if j == 0 else "") + "t" * n + ("L" if j == len(chunks) - 1 else "") for j, n in enumerate(chunks)]
-    runs: list[list[object]] = []
-    for s in stages[:-1]:
-        if runs and runs[-1][0] == s:
-            runs[-1][1] = int(runs[-1][1]) + 1  # type: ignore[call-overload]
-        else:
-            runs.append([s, 1])
-    return "".join(f"({s}|)*{k}" if k > 1 else f"{s}|" for s, k in runs) + stages[-1]
+    return "".join(f"({s}|)*{k}" if k > 1 else f"{s}|" for s, k in run_lengths(stages[:-1])) + stages[-1]
 
 
 __all__ = ["megatron_layout"]

@@ -165,15 +165,21 @@ def backward_spans(pp: int, v: int, n_micro: int) -> tuple[tuple[float, float], 
     return tuple(spans)
 
 
+def run_lengths(items: list[Any]) -> list[tuple[Any, int]]:
+    """Consecutive equal items counted, in order: [1, 2, 2, 1] -> [(1, 1), (2, 2), (1, 1)]."""
+    runs: list[tuple[Any, int]] = []
+    for item in items:
+        if runs and runs[-1][0] == item:
+            runs[-1] = (item, runs[-1][1] + 1)
+        else:
+            runs.append((item, 1))
+    return runs
+
+
 def split_text(L: int, pp: int, v: int = 1) -> str:
     """Blocks per virtual stage in order, runs counted, for messages: '1, 2 x 5, 1 x 50'."""
-    runs: list[list[int]] = []
-    for n in chunk_layers(L, pp, v):
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
-    return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
+    return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in run_lengths(chunk_layers(L, pp, v)))
 
 
-__all__ = ["backward_spans", "chunk_layers", "schedule", "split_ok", "split_text", "stage_chunks", "stage_layers"]
+__all__ = ["backward_spans", "chunk_layers", "run_lengths", "schedule", "split_ok", "split_text", "stage_chunks",
+           "stage_layers"]

@@ -67,9 +67,8 @@ def ladder(lay: Layout, zeros: list[int], rungs: list[tuple[str, ...]], price: C
     return [most]
 
 
-
 def recompute_passes(rcs: list[str], model: ModelSpec, training: TrainingSpec, rt: Runtime,
-                      fixed: Layout | None) -> list[tuple[str, tuple[str, ...] | None]]:
+                     fixed: Layout | None) -> list[tuple[str, tuple[str, ...] | None]]:
     """The dense search's recomputation passes: each searched recomputation (rcs, as given), then, where the search
     chooses the recomputation and includes selective, one pass per rung of the rcm= ladder the runtime runs on this
     model (module_rungs, dimensions.RCM; the modules a model lacks dropped) other than selective's own
