@@ -213,7 +213,7 @@ def test_zero3_on_a_model_without_shared_experts_plans(runtime: str) -> None:
 
 def test_a_moe_search_that_fits_nothing_says_why_by_reason() -> None:
     """The MoE search's no-fit line names each reason with its count, as the dense search's does: the runtime's own
-    refusal, the validity rule (one entry per rule, not per layout) and the memory cap with the closest miss."""
+    refusal, the validity rule (one entry per rule, not per layout or per cp degree) and the memory cap with the closest miss."""
     from paracube.errors import ParacubeError
     from paracube.model_presets import PRESETS
     from paracube.planner import search
@@ -233,8 +233,9 @@ def test_a_moe_search_that_fits_nothing_says_why_by_reason() -> None:
     memory = no_fit("deepseek-v3", 2, "megatron", global_batch=64, dtype="bf16")
     assert re.search(r"memory > \d+ GiB per device \(the least: [\d.]+ GiB, dp=1,[^)]*\) \(\d+ layouts\)", memory)
     kv = no_fit("qwen3-235b-a22b", 16, "megatron", "gb200-nvl72", global_batch=512, dtype="fp8", seq_len=131072)
-    rules = re.findall(r"kv heads % p != 0 \(global batch 512[^)]*seq (\d+)\) \((\d+) layouts\)", kv)
-    assert sorted(seq for seq, _ in rules) == ["131072", "65536"] and all(int(n) > 1 for _, n in rules)
+    # one entry for the rule, whatever the layout or the cp rank's sequence its message names (validity.RuleError)
+    rules = re.findall(r"kv heads % p != 0( \([^)]*\))? \((\d+) layouts\)", kv)
+    assert len(rules) == 1 and rules[0][0] == "" and int(rules[0][1]) > 1, kv
 
 
 def test_moe_search_interleaves_pipelines_and_its_pruning_loses_nothing() -> None:

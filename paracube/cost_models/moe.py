@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -97,17 +98,17 @@ def moe_layers_of(model: ModelSpec, layout: Layout, stage: int) -> int:
     return sum(model.moe.is_moe_layer(i) for c in chunks for i in c)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BlockCost:
     """One MoE block, one micro-batch, one rank: compute seconds and the collectives, forward and backward."""
 
     fwd: float
     bwd: float
-    events_fwd: list[CommEvent]
-    events_bwd: list[CommEvent]
+    events_fwd: tuple[CommEvent, ...]
+    events_bwd: tuple[CommEvent, ...]
     tokens: int
     received: float
-    events_pre: list[CommEvent] = field(default_factory=list)  # the forward's counts before dispatch (moe_counts)
+    events_pre: tuple[CommEvent, ...] = ()  # the forward's counts before dispatch (moe_counts)
     wait: float = 0.0  # of `fwd`, the seconds the GPU idles on its host's waits (host_sync.py)
 
 
@@ -122,6 +123,7 @@ def _events(colls: list, d: Dims, z: ExpertSizes, layout: Layout, phase: str, bl
     return out
 
 
+@lru_cache(maxsize=1024)  # the stages of a layout, and both engines, price the same block: once (its args hash)
 def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, block: int = 0) -> BlockCost:
     moe = model.moe
     assert moe is not None
@@ -144,9 +146,9 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         + moe_rerun(d, layout, mb, R, fe, bw)  # rcm=moe_act, layernorm (recompute_modules_cost.py)
     z = ExpertSizes(T=T, k=moe.top_k, received=R / layout.etp)
     probs = sends_probs(moe, d.moe_dispatch, d.moe_probs)  # the weights' own all_to_all (moe_dispatch.py)
-    return BlockCost(fwd, bwd, _events(block_fwd(d, layout.etp, probs), d, z, layout, "fwd", block),
-                     _events(block_bwd(d, layout.etp, probs), d, z, layout, "bwd", block), T, R,
-                     block_count_events(layout, moe, mb, d.dtype, "fwd", f"layers.{block}."), wait)
+    return BlockCost(fwd, bwd, tuple(_events(block_fwd(d, layout.etp, probs), d, z, layout, "fwd", block)),
+                     tuple(_events(block_bwd(d, layout.etp, probs), d, z, layout, "bwd", block)), T, R,
+                     tuple(block_count_events(layout, moe, mb, d.dtype, "fwd", f"layers.{block}.")), wait)
 
 
 def routed(e: CommEvent) -> bool:

@@ -68,8 +68,12 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     dispatch = dispatch_of(model.moe, d.moe_dispatch)
     links = expert_links(layout, cache, dispatch)
     index = {s: stage_index(s, layout.pp, model, layout) for s in STAGE_NAMES}
-    costs = {s: stage_cost(model, d, layout, mb, g, index[s], links, in_flight(layout, int(n), index[s]),
-                           events=bool(est.events)) for s in STAGE_NAMES}
+    by_index: dict[int, Any] = {}  # pp <= 2: the middle stage is the first (and with pp = 1 the last): priced once
+    for i in index.values():
+        if i not in by_index:
+            by_index[i] = stage_cost(model, d, layout, mb, g, i, links, in_flight(layout, int(n), i),
+                                     events=bool(est.events))
+    costs = {s: by_index[index[s]] for s in STAGE_NAMES}
     old_slow = int(scores.stage[0])
     old_w = float(scores.stages[old_slow].compute[0] + scores.stages[old_slow].micro[0])
     old_bubble = float(scores.bubble[0])

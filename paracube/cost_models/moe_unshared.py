@@ -15,6 +15,7 @@ priced (the stand-in's GEMMs are narrow, so the rings are exposed either way).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,15 +35,16 @@ if TYPE_CHECKING:  # annotations only: the event engine loads where it runs
 MLP = "layers.0.mlp."  # one block's MLP collectives (traffic labels carry the stage-local block index)
 
 
-def dropped_events(model: ModelSpec, d: Dims, layout: Layout, mb: int) -> list[CommEvent]:
+@lru_cache(maxsize=1024)  # every stage of a layout drops the same (its args hash)
+def dropped_events(model: ModelSpec, d: Dims, layout: Layout, mb: int) -> tuple[CommEvent, ...]:
     """One MoE block's dense-MLP collectives of one micro-batch that the dense part prices and the block does not
-    run (module docstring); [] with a shared expert, without a tensor group or with tpo."""
+    run (module docstring); () with a shared expert, without a tensor group or with tpo."""
     moe = model.moe
     if moe is None or moe.shared_ffn or layout.tensor_size == 1 or layout.tpo:
-        return []
+        return ()
     one = layout.with_(pp=1, interleave=1, micro_batch=mb)
-    return [e for e in stage_events(one, replace(d, L=1, global_batch=layout.dp * mb), mb)
-            if mlp_tensor(e.label, e.axes, (MLP,), layout) and e.phase in ("fwd", "bwd", "recompute")]
+    return tuple(e for e in stage_events(one, replace(d, L=1, global_batch=layout.dp * mb), mb)
+                 if mlp_tensor(e.label, e.axes, (MLP,), layout) and e.phase in ("fwd", "bwd", "recompute"))
 
 
 def mlp_tensor(label: str, axes: tuple[str, ...], prefixes: tuple[str, ...], layout: Layout) -> bool:
@@ -62,7 +64,7 @@ def unshared_blocks(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     return [j for j, i in enumerate(blocks) if moe.is_moe_layer(i)]
 
 
-def dropped_time(events: list[CommEvent], links: dict, g: GemmModel) -> float:
+def dropped_time(events: tuple[CommEvent, ...], links: dict, g: GemmModel) -> float:
     """Seconds the analytic engine priced for `events` (fastest algorithm, per-call waits)."""
     total = 0.0
     for e in events:

@@ -49,6 +49,15 @@ def layout_arrays(layout: Layout, mb: int) -> LayoutBatch:
                            mb=mb, v=layout.interleave, sp=int(layout.sequence_parallel))
 
 
+class RuleError(ParacubeError):
+    """A layout breaking size rules: the message names the layout and the workload; `rules` the broken rules' texts
+    alone (a search counts its refusals by them: the same rule, whatever the layout or the cp rank's sequence)."""
+
+    def __init__(self, message: str, rules: list[str]) -> None:
+        super().__init__(message)
+        self.rules = tuple(rules)
+
+
 def violations(layout: Layout, d: Dims, mb: int) -> list[str]:
     batch = layout_arrays(layout, mb)
     return [text for text, pred in rules(layout.mode) if not bool(np.all(pred(d, batch)))]
@@ -67,15 +76,12 @@ def resolve_micro_batch(layout: Layout, d: Dims) -> tuple[int, str | None]:
     if layout.micro_batch is not None:
         bad = violations(layout, d, layout.micro_batch)
         if bad:
-            raise ParacubeError(
-                f"layout {layout}: {'; '.join(bad)} (global batch {d.global_batch}, "
-                f"{d.L} layers, hidden {d.h}, heads {d.heads}, seq {d.s})"
-            )
+            raise RuleError(f"layout {layout}: {'; '.join(bad)} (global batch {d.global_batch}, "
+                            f"{d.L} layers, hidden {d.h}, heads {d.heads}, seq {d.s})", bad)
         return layout.micro_batch, None
     cands = micro_batch_candidates(layout, d)
     if not cands:
         bad = violations(layout, d, 1) or ["no micro-batch size divides the global batch"]
-        raise ParacubeError(
-            f"layout {layout}: no valid micro-batch size for global batch {d.global_batch}: {'; '.join(bad)}"
-        )
+        raise RuleError(f"layout {layout}: no valid micro-batch size for global batch {d.global_batch}: "
+                        f"{'; '.join(bad)}", bad)
     return cands[0], f"micro-batch not given: chose the smallest valid one, mb={cands[0]}"

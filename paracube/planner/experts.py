@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.links import LinkCache
+from paracube.cost_models.validity import RuleError
 from paracube.engine_options import EngineOptions
 from paracube.errors import ParacubeError, divisors
 from paracube.estimate import StepEstimate
@@ -119,7 +120,10 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         nonlocal scored
         try:
             est = estimate(model, training, zl, topo, with_events=False, cache=cache, options=options)
-        except ParacubeError as e:  # counted by rule: the message less its layout (every layout names its own)
+        except RuleError as e:  # counted by rule (every layout, and a cp rank's sequence, names its own message)
+            rejected["; ".join(e.rules)] += 1
+            return None
+        except ParacubeError as e:  # counted by the message less its layout
             rejected[str(e).removeprefix(f"layout {zl}: ")] += 1
             return None
         scored += 1
