@@ -213,7 +213,8 @@ def test_zero3_on_a_model_without_shared_experts_plans(runtime: str) -> None:
 
 def test_a_moe_search_that_fits_nothing_says_why_by_reason() -> None:
     """The MoE search's no-fit line names each reason with its count, as the dense search's does: the runtime's own
-    refusal, the validity rule (one entry per rule, not per layout or per cp degree) and the memory cap with the closest miss."""
+    refusal, the validity rule (one entry per rule, not per layout or per cp degree) and the memory cap with the
+    closest miss."""
     from paracube.errors import ParacubeError
     from paracube.model_presets import PRESETS
     from paracube.planner import search

@@ -327,8 +327,9 @@ def test_dense_search_ranks_a_rung_only_where_it_is_faster() -> None:
     """Choosing the recomputation (none, selective, full), the dense search also passes over the rcm= ladder's rungs
     (module_ladder.recompute_passes): GPT-3 1.3B on 32 A100s (batch 512, bf16, paracube's 10% headroom) ranks first
     mb=16 with rcm=layernorm, which fits where that layout without modules does not and beats the best layout without
-    modules; every ranked rung layout is faster than the same layout of every earlier pass that fits (none kept at a
-    tie or a loss), and each choice is told against its runner-up. A pinned recomputation searches no rung."""
+    modules; every ranked rung layout, and every rc=selective or rc=full one, is faster than the same layout of every
+    lighter pass that fits (none kept at a tie or a loss), and each choice is told against its runner-up. A pinned
+    recomputation searches no rung."""
     model, train = PRESETS["gpt3-1.3b"], TrainingSpec(global_batch=512, dtype="bf16")
     topo = load_topology("dgx-a100", gpus=32)
     cap = 0.9 * float(topo.device.memory_bytes)
@@ -337,10 +338,9 @@ def test_dense_search_ranks_a_rung_only_where_it_is_faster() -> None:
     assert best.recompute_modules == ("layernorm",) and best.micro_batch == 16 and est.memory.total <= cap
     plain = [(lay, e) for lay, e in res.ranked if lay.recompute_modules is None]
     assert plain and all(e.step_time_s > est.step_time_s for _, e in plain)
+    lighter = {"selective": ("none",), "full": ("none", "selective")}  # the plain passes' order (scoring.py)
     for lay, e in res.ranked:
-        if lay.recompute_modules is None:
-            continue
-        for rc in ("none", "selective"):
+        for rc in ("none", "selective") if lay.recompute_modules else lighter.get(lay.recompute or "none", ()):
             other = estimate(model, train, lay.with_(recompute=rc, recompute_modules=None), topo)
             assert other.memory.total > cap or other.step_time_s > e.step_time_s, (lay, rc)
     why = next(c for c in explain(res.ranked, None) if c.part == "rcm")
@@ -348,6 +348,23 @@ def test_dense_search_ranks_a_rung_only_where_it_is_faster() -> None:
     pinned = search(model, train, topo, 32, recomputes=["none"], memory_headroom=0.1)
     assert all(lay.recompute_modules is None for lay, _ in pinned.ranked)
     assert pinned.ranked[0][1].step_time_s > est.step_time_s
+
+
+def test_selective_beside_fused_attention_is_not_ranked_twice() -> None:
+    """Paracube's executor fuses attention, so rc=selective re-runs nothing there and prices as rc=none: the search
+    ranked every layout twice (rc=none, then rc=selective at the same step time: Llama 2 70B on 256 H100s at 32k
+    tokens). It ranks the lighter only, and the recomputation's choice says why it has no runner-up."""
+    model, train = PRESETS["llama2-70b"], TrainingSpec(global_batch=256, dtype="fp8", seq_len=32768)
+    topo = load_topology("dgx-h100", gpus=256)
+    res = search(model, train, topo, 256, recomputes=["none", "selective", "full"], memory_headroom=0.1)
+    keys = [repr(lay.with_(recompute=None, recompute_modules=None)) for lay, _ in res.ranked]
+    assert len(keys) == len(set(keys)) and res.ranked[0][0].cp > 1
+    none, selective = (estimate(model, train, res.ranked[0][0].with_(recompute=rc), topo) for rc in ("none",
+                                                                                                 "selective"))
+    assert selective.step_time_s == pytest.approx(none.step_time_s, rel=1e-12)  # the tie it drops
+    why = next(c for c in explain(res.ranked, None) if c.part == "recompute")
+    assert why.value == "rc=none" and not why.only_value
+    assert why.runner_up is None or why.runner_up_layout != str(res.ranked[0][0].with_(recompute="selective"))
 
 # Fused norms (Runtime.fused_norms): per block kind, the norms rcm=layernorm re-runs where a dense block's run inside
 # the next linear. A MoE model with a dense first block of GQA attention (0 norms) and 3 MoE blocks (1 each: the

@@ -64,7 +64,9 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "v": (lambda lay: f"v={lay.interleave}", lambda f: f.interleave != 1 or f.forbid_interleave),
     "sp": (lambda lay: "sp" if lay.sequence_parallel else "no sp", lambda f: f.sequence_parallel),
     "zero": (lambda lay: f"zero={lay.zero}", lambda f: f.zero != 0 or f.forbid_zero),
-    "recompute": (lambda lay: f"rc={lay.recompute}", lambda f: f.recompute is not None),
+    # rcm= implies rc=selective (layout.py): a module rung's layout is a selective runner-up, not "rc=None"
+    "recompute": (lambda lay: f"rc={lay.recompute or ('selective' if lay.recompute_modules else 'none')}",
+                  lambda f: f.recompute is not None),
     # selective recomputation by module: told where some ranked layout has it (dimensions.RCM, planner/experts.py)
     "rcm": (lambda lay: "rcm=" + "+".join(lay.recompute_modules) if lay.recompute_modules else "no rcm",
             lambda f: f.recompute_modules is not None),
@@ -76,6 +78,11 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
     "offload": (lambda lay: f"off={lay.offload or 0}", lambda f: f.offload is not None),
     "placement": (lambda lay: "place=" + ".".join(big_placement(lay) or ("-",)), lambda f: bool(f.placement)),
 }
+
+
+# the search ranks a layout under a heavier recomputation only where the same layout under a lighter one is slower or
+# does not fit (planner/scoring.py): their other values may be valid and still unranked
+LIGHTEST_FIRST = ("recompute", "rcm")
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,8 @@ class Choice:
             return f"{self.value} pinned"
         if self.runner_up is None:
             why = "the only valid value" if self.only_value else "no other value among the ranked layouts"
+            if self.part in LIGHTEST_FIRST and not self.only_value:
+                why += " (a heavier recomputation is ranked only where the same layout gains by it)"
             return f"{self.value} chosen; {why}"
         t = self.runner_up_step_time_s or 0.0
         shown = f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
@@ -128,8 +137,8 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
         # cp > 1: the runner-up is the best layout without context parallelism (search adds it to the ranking)
         other = next(((lay, est) for lay, est in rows[1:] if label(lay) != value and (same is None or same(lay))
                       and (part != "cp" or best.cp == 1 or lay.cp == 1)), None)
-        if other is None:
-            out.append(Choice(part, value, False, only_value=exhaustive))
+        if other is None:  # the search ranks no dominated recomputation (scoring.py): never exhaustive in it
+            out.append(Choice(part, value, False, only_value=exhaustive and part not in LIGHTEST_FIRST))
             continue
         lay, est = other
         out.append(Choice(part, value, False, label(lay), str(lay), est.step_time_s, est.step_time_s / t0 - 1))

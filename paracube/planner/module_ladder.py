@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
+from paracube.layout_checks import RECOMPUTES
 from paracube.planner.dimensions import RCM, values
 from paracube.recompute_modules import applies
 from paracube.runtimes import Runtime
@@ -73,11 +74,13 @@ def recompute_passes(rcs: list[str], model: ModelSpec, training: TrainingSpec, r
     chooses the recomputation and includes selective, one pass per rung of the rcm= ladder the runtime runs on this
     model (module_rungs, dimensions.RCM; the modules a model lacks dropped) other than selective's own
     default set, before full recomputation: the memory ladder between re-running the attention core and re-running
-    every block. A pinned rcm= or recomputation keeps its one pass."""
+    every block; the searched recomputations in RECOMPUTES' order (none, selective, full), so the search ranks a
+    heavier pass's layout only where the same layout of a lighter one is slower or does not fit (scoring.py). A
+    pinned rcm= or recomputation keeps its one pass."""
     rungs = module_rungs(model, training, rt, fixed) if len(rcs) > 1 and "selective" in rcs else []
     default = (("core_attn",),)  # rc=selective's modules (Megatron-core's default; recompute_modules.py)
     extra = [("selective", r) for r in rungs if r not in default]
-    plain = [(rc, None) for rc in rcs]
+    plain = [(rc, None) for rc in sorted(rcs, key=RECOMPUTES.index)]  # the least re-run first (scoring.py)
     at = next((i for i, (rc, _) in enumerate(plain) if rc == "full"), len(plain))
     return [*plain[:at], *extra, *plain[at:]]
 

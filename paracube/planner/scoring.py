@@ -179,10 +179,12 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure],
                       s.d.cp_comm, s.offload, s.d.recompute_modules if s.d.recompute == "selective" else None)
         if not _matches(lay, s.fixed):
             continue
-        # an rcm= pass's layout no faster than the same layout found by an earlier pass (without modules, or with
-        # fewer) re-runs work for memory it does not need: not ranked (the ladder's rungs where they make a fit)
+        # a layout no faster than the same layout found by an earlier recomputation pass (the passes go from the
+        # least re-run to the most: none, selective, the rcm= rungs, full) re-runs work for memory it does not need:
+        # not ranked (a heavier recomputation is ranked where it buys a fit; selective's attention core is free
+        # beside fused attention in paracube's runtime, and was ranked twice, as rc=none and rc=selective)
         same = repr(lay.with_(recompute=None, recompute_modules=None))
-        if s.by_modules and s.ranked_as.get(same, math.inf) <= float(step_time[j]) * (1.0 + 1e-12):
+        if s.ranked_as.get(same, math.inf) <= float(step_time[j]) * (1.0 + 1e-12):
             continue
         s.ranked_as[same] = min(s.ranked_as.get(same, math.inf), float(step_time[j]))
         s.best.append((float(step_time[j]), lay))
