@@ -160,6 +160,13 @@ Rows (every row's residual is printed, fit and held-out rows apart, grouped V100
   dispatch kernel): qwen3-235b-256 27.296 -> 27.745 s (+0.3 -> +1.9%, fit; A2A_NIC_EFF kept at 0.91, moe_a2a.py says
   why), qwen3-30b-16 +0.6 -> +0.7%, qwen3-235b-256-fp8 -18.4 -> -16.5%, gpt-oss-120b-64 9.132 -> 9.137 s (-35.2%),
   Mixtral -2.3% (B200), -10.1% (GB200); the DeepEP / HybridEP rows and every dense row unchanged.
+  mid (2026-12-04): memory counts the middle stage too (memory.stage_memory: stage 1, its micro-batches in flight;
+  moe_step._heaviest with its experts): an uneven split leaves stage 1 a block more than the first, and DeepSeek-V3's
+  3 dense first blocks leave the middle stages the most experts. deepseek-v3-1024's layout (pp 8 x v 4) then needs
+  81.1 GiB of 80 under core-attention recomputation; its first rcm= rung that fits, layernorm + moe_act (72.8 GiB),
+  re-runs less than the MLA core: 29.293 -> 28.236 s, +15.9 -> +11.8% (0.6.2's mla_up_proj + mlp, 62.6 GiB: 28.696 s,
+  +13.6%).
+  Every other row unchanged.
 Every ring that crosses nodes runs as NCCL's channels over the NICs its members own (topology.ring_channels: a
 full-node dp ring uses the node's eight NICs, a dp ring with one member per node one NIC); the A100 dp=128 rows'
 residuals under that split, and why no fabric figure is refitted for them: topologies/efficiency.py.

@@ -179,10 +179,35 @@ def test_in_flight_equals_the_schedules_alive_chunks(pp: int, v: int) -> None:
 
     n = 4 * pp
     a = layout_arrays(Layout(pp=pp, interleave=v), 1)
-    for stage, first in ((0, True), (pp - 1, False)):
+    for stage in range(pp):  # every stage by its index; the first and the last by their flags too
         alive = peak = 0
         for op, _, _ in schedule(pp, v, n, stage):
             alive += 1 if op == "F" else -1
             peak = max(peak, alive)
-        assert in_flight(a, np.array([float(n)]), first)[0] == pytest.approx(peak / v)
+        assert in_flight(a, np.array([float(n)]), stage == 0, stage)[0] == pytest.approx(peak / v)
+        if stage in (0, pp - 1):
+            assert in_flight(a, np.array([float(n)]), stage == 0)[0] == pytest.approx(peak / v)
         assert moe_in_flight(Layout(pp=pp, interleave=v), n, stage) == pytest.approx(peak / v)
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_the_middle_stage_is_counted_where_an_uneven_split_makes_it_the_heaviest(v: int) -> None:
+    """30 blocks over pp = 8 (x v): the first and the last stage hold one block less (modes/stages.py), stage 1 the
+    full count with one micro-batch fewer in flight than the first. Full recomputation keeps a block's input only, so
+    the activations are blocks x in flight x that input (+ the embedding output on the first stage): stage 1 holds
+    4 x 7 (1F1B) block inputs against the first's 3 x 8, and is the heaviest stage; the estimate's memory is its
+    total (it took the first's before)."""
+    model = replace(TINY, layers=30, hidden=256, heads=4, ffn_hidden=1024, vocab=64)
+    train = TrainingSpec(global_batch=64, recompute="full", activations="megatron")
+    d = dims_of(model, train)
+    lay = Layout(pp=8, interleave=v, micro_batch=1)
+    a = layout_arrays(lay, 1)
+    first, middle, last = (stage_memory(d, "none", a, f, h) for f, h in ((True, False), (False, False), (False, True)))
+    block = 2 * d.s * d.h * 4  # one fp32 block input (sbh, mb = 1): full recomputation keeps nothing else
+    n = np.array([64.0])
+    assert middle["activations"][0] == pytest.approx(4 * in_flight(a, n, False, 1)[0] * block / 2)
+    assert first["activations"][0] - 3 * in_flight(a, n, True)[0] * block / 2 >= 0  # + the embedding's output
+    totals = [sum(float(x[0]) for x in m.values()) for m in (first, middle, last)]
+    assert totals[1] == max(totals)
+    est = estimate(model, train, lay, topo(8))
+    assert est.memory.total == pytest.approx(totals[1])

@@ -297,3 +297,30 @@ def test_moe_search_prunes_the_rcm_ladder_without_changing_its_ranking() -> None
     assert [(str(lay), e.step_time_s) for lay, e in top] == [(str(lay), e.step_time_s) for lay, e in full[:5]]
     assert any(lay.recompute_modules for lay, _ in top) and all(e.memory.total <= cap for _, e in full)
     assert none_pruned == 0 < pruned and priced < priced_all
+
+
+def test_a_middle_stage_holding_the_most_experts_sets_the_memory() -> None:
+    """DeepSeek-V3 at pp = 16: its 3 dense blocks sit on the first stage (with the embedding), 4 MoE blocks on each
+    middle stage, 2 and the head on the last. At ep = 8 a rank holds 32 experts of each of its MoE blocks: a middle
+    stage's experts alone are 4 x 32 x 3 x 7168 x 2048 parameters (5.6B, 11.3 GB in bf16). The estimate counted the
+    first and the last stage only (52 GiB, 3.1 GiB of parameters: the search ranked this layout first at a batch of
+    8192); it counts the middle too, and the planner no longer ranks a layout whose middle stage does not fit."""
+    from paracube.cost_models.analytic import estimate
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.search import search
+    from paracube.runtimes import get_runtime
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    model = PRESETS["deepseek-v3"]
+    train = TrainingSpec(global_batch=8192, dtype="bf16", recompute="selective")
+    topo = load_topology("dgx-h100", gpus=1024)
+    lay = parse_layout("dp=64,pp=16,ep=8,tp=none,mb=1,zero=1,overlap")
+    est = estimate(model, train, lay, topo, with_events=False, options=get_runtime("megatron").engine_options())
+    experts = 4 * 32 * 3 * 7168 * 2048
+    assert est.memory.parameters >= 2 * experts and est.memory.gradients >= 4 * experts
+    assert est.memory.total > topo.device.memory_bytes
+    res = search(model, train, topo, 1024, runtime=get_runtime("megatron"), top_k=3, memory_headroom=0.1)
+    assert res.ranked and all(e.memory.total <= 0.9 * topo.device.memory_bytes for _, e in res.ranked)
+    assert all(str(lay) != str(layout) for layout, _ in res.ranked)

@@ -208,11 +208,11 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     if not memory:
         return Scores(step_time=step_time, compute=compute, comm=comm, bubble=bubble, sent_bytes=pick("sent"),
                       memory=np.full(len(rows), np.nan), memory_parts={}, stage=slow, stages=stages, middle_less=less)
-    mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in ("first", "last")]
+    mems = [stage_memory(d, mode, b, s == "first", s == "last", kw=kw) for s in STAGES]  # the middle: stage 1
     if zero is not None:  # 1 = optimizer state and fp32 master weights sharded over dp (2.5D: dp x depth), 2, 3
         shards = traffic.group_size(traffic.zero_axes)
         units = [memory_units(traffic.units(*stage_flags(s, b.pp))) if np.any(np.asarray(zero) >= 2) else None
-                 for s in ("first", "last")]
+                 for s in STAGES]
         mems = [with_zero(m, shards, zero, u, d.grad_bytes) for m, u in zip(mems, units, strict=True)]
     tot = np.stack([total(m) for m in mems])
     heavy = np.argmax(tot, axis=0)

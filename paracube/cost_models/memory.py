@@ -83,13 +83,14 @@ def op_remade_bytes(d: Dims, mode: str, b: LayoutBatch) -> Arr:
     return np.maximum(every - activations.block_bytes(d, mode, b), 0.0)
 
 
-def in_flight(b: LayoutBatch, N: Arr, first: bool) -> Arr:
+def in_flight(b: LayoutBatch, N: Arr, first: bool, stage: Arr | int | None = None) -> Arr:
     """Micro-batches of the stage's blocks alive at once: the schedule's warm-up forwards plus one, in chunks of
     1 / v of the stage (modes/stages.schedule, Megatron-core's get_pp_rank_microbatches: stage r warms up with
-    2 (pp - r - 1) + (v - 1) pp chunk forwards interleaved, pp - r - 1 without)."""
+    2 (pp - r - 1) + (v - 1) pp chunk forwards interleaved, pp - r - 1 without); of stage `stage` where given,
+    else of the first (r = 0) or the last (r = pp - 1)."""
     pp, v = b.pp.astype(float), b.v.astype(float)
-    interleaved = pp + (pp - 1) / v if first else pp - (pp - 1) / v
-    return np.minimum(N, np.where(v > 1, interleaved, pp if first else 1.0))
+    r = np.asarray(stage, dtype=float) if stage is not None else (0.0 if first else pp - 1)
+    return np.minimum(N, np.where(v > 1, (2 * (pp - r - 1) + (v - 1) * pp + 1) / v, pp - r))
 
 
 def _temporaries(d: Dims, mode: str, b: LayoutBatch, T: Arr, V: Arr, H: Arr) -> Arr:
@@ -124,18 +125,22 @@ def kept_bytes(d: Dims, mode: str, b: LayoutBatch, F: Arr, H: Arr) -> Arr:
 
 def stage_memory(d: Dims, mode: str, b: LayoutBatch, first: bool, last: bool, zero: int = 0,
                  kw: Arr | int = 0) -> dict[str, Arr]:
-    """Bytes per device of a stage (first / last flags as Python bools) for every layout in `b`."""
+    """Bytes per device of a stage (first / last flags as Python bools) for every layout in `b`; neither flag: the
+    fullest middle stage, stage 1 (modes/stages.stage_layers: it holds the most blocks of the middle stages and the
+    most micro-batches in flight), the first stage where pp <= 2 (stage_scores.stage_flags). A middle stage can be
+    the heaviest: an uneven split takes a block off the first stage (stage 1 holds b (pp - 1) block activations
+    against the first's (b - 1) pp), and a model's dense first blocks leave the middle stages more experts."""
     m = MODES[mode]
     dp, pp, t, mb = b.dp, b.pp, b.t, b.mb
     ones = np.ones(len(dp), dtype=np.int64)
     F, H = (first or False) * ones, (last or False) * ones
-    F = np.where(pp == 1, 1, F)
+    F = np.where((pp == 1) | ((pp == 2) & (F + H == 0)), 1, F)
     H = np.where(pp == 1, 1, H)
     n_local = stage_layers_params(d, mode, b, F, H).astype(float)
     N = (d.global_batch // (dp * mb)).astype(float)
     Ls = stage_layers(d.L, pp, b.v, F, H)
     T = (mb * d.s).astype(float)
-    fl = np.where(F > 0, in_flight(b, N, True), in_flight(b, N, False))
+    fl = np.where(F > 0, in_flight(b, N, True), np.where(H > 0, in_flight(b, N, False), in_flight(b, N, False, 1)))
     # Edge tensors live in one chunk only: the embedding's in chunk 0 of the first stage (interleaved: up to
     # min(N, 2 pp) of its forwards alive), the head's in the last chunk of the last stage (1 alive).
     fl_first = np.where(b.v > 1, np.minimum(N, 2.0 * pp), fl)

@@ -9,8 +9,8 @@ moe_contention.py; each stage's own from its own last backward: the stages befor
 drain, and the step pays the latest of them, the drain included) + the experts' norm all_reduce
 (moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each stage's work less the
 all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py; its compute without the host waits of host_sync.py and
-host_issue.py, which the combined step's C / 3 : 2 C / 3 split does not describe). Memory: of the first and the last
-stage (as analytic.py counts them), each its dense parts plus its own expert parts, the heavier (_heaviest).
+host_issue.py, which the combined step's C / 3 : 2 C / 3 split does not describe). Memory: of the first, the middle and
+the last stage (as analytic.py counts them), each its dense parts plus its own expert parts, the heaviest (_heaviest).
 """
 
 from __future__ import annotations
@@ -184,8 +184,12 @@ def expert_flops(model: ModelSpec, d: Dims) -> float:
 
 
 def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, pp: int) -> MemoryBreakdown:
-    """The heavier of the first and the last stage, each its dense part's memory (Scores.memory_stages, row 0) plus
-    its own expert parts; without the dense stages, the dense part's heaviest stage plus the heavier expert parts.
+    """The heaviest of the first, the middle and the last stage, each its dense part's memory (Scores.memory_stages,
+    row 0; the dense middle is stage 1, memory.stage_memory, which holds at least the micro-batches in flight of the
+    MoE middle stage, stage_index: an upper bound where that is a later one) plus its own expert parts (a model's
+    dense first blocks can leave a middle stage the most experts: DeepSeek-V3 at pp = 16 holds 3 dense blocks on its
+    first stage and 4 MoE blocks on each middle one); without the dense stages, the dense part's heaviest stage plus
+    the heavier expert parts of the first and the last.
     A MoE block's dispatch buffers are alive inside the block only, never with the head's logits and loss (`loss`
     bytes, at the end of the last stage's forward and the start of its backward): on the stage holding the head
     they count beyond those, elsewhere in full (with the largest linear's operands: an upper bound)."""
@@ -195,10 +199,10 @@ def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, p
         out["temporaries"] += max(0.0, costs[s].buffers - loss) if head else costs[s].buffers
         return out
 
-    if len(stages) == 2:
-        both = [parts({k: float(np.asarray(part[k]).ravel()[0]) for k in part}, s)
-                for s, part in zip(("first", "last"), stages, strict=True)]
-        return MemoryBreakdown(**max(both, key=lambda m: sum(m.values())))
+    if len(stages) == len(STAGE_NAMES):
+        every = [parts({k: float(np.asarray(part[k]).ravel()[0]) for k in part}, s)
+                 for s, part in zip(STAGE_NAMES, stages, strict=True)]
+        return MemoryBreakdown(**max(every, key=lambda m: sum(m.values())))
     base = {k: getattr(dense, k) for k in costs["first"].memory}
     return MemoryBreakdown(**max((parts(base, s) for s in ("first", "last")), key=lambda m: sum(m.values())))
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from paracube.cost_models.fsdp_units import memory_units, unit_totals
 from paracube.cost_models.memory import stage_memory, total, with_zero, zero_shards
+from paracube.cost_models.stage_scores import STAGES, stage_flags
 from paracube.cost_models.validity import first_violation, rules
 from paracube.modes import MODES, LayoutBatch
 from paracube.planner.search_state import _Search
@@ -49,13 +50,13 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     base_kw = int(keeps and s.kw_pin == 1)
 
     def mems(kw: int) -> list[dict[str, np.ndarray]]:
-        return [stage_memory(s.d, mode, sub, True, False, kw=kw), stage_memory(s.d, mode, sub, False, True, kw=kw)]
+        return [stage_memory(s.d, mode, sub, f, h, kw=kw) for f, h in ((True, False), (False, False), (False, True))]
 
     shards = zero_shards(mode, sub, s.d.cp)  # ranks zero shards the optimizer over (2.5D: dp x depth; dp x cp)
     ones = np.ones_like(sub.dp)
 
     def peak(ms: list[dict[str, np.ndarray]], z: np.ndarray) -> np.ndarray:  # zero 0 / 1: no unit totals read
-        return np.maximum(*(total(with_zero(m, shards, z, None, s.d.grad_bytes)) for m in ms))
+        return np.max([total(with_zero(m, shards, z, None, s.d.grad_bytes)) for m in ms], axis=0)
 
     def high_peak(ms: list[dict[str, np.ndarray]], z: int, rows: np.ndarray) -> np.ndarray:
         """zero=2/3 peak memory of the configurations `rows` (inf elsewhere): their FSDP unit totals
@@ -64,12 +65,11 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         if not rows.any():
             return out
         part, n = sub.take(rows), shards[rows]
-        one = np.ones_like(part.dp)
-        flags = [(one, np.where(part.pp == 1, 1, 0)), (np.where(part.pp == 1, 1, 0), one)]  # (first, last) of ms
+        flags = [stage_flags(st, part.pp) for st in STAGES]  # (first, last) of ms: first, middle (stage 1), last
         if not units:  # zero=2 and 3 ask for the same rows (`zero` is settled by the stages below 2)
             units.extend(memory_units(unit_totals(s.d, mode, part, f, h, n)) for f, h in flags)
-        out[rows] = np.maximum(*(total(with_zero({k: v[rows] for k, v in m.items()}, n, z, u, s.d.grad_bytes))
-                                 for m, u in zip(ms, units, strict=True)))
+        out[rows] = np.max([total(with_zero({k: v[rows] for k, v in m.items()}, n, z, u, s.d.grad_bytes))
+                            for m, u in zip(ms, units, strict=True)], axis=0)
         return out
 
     units: list[tuple[np.ndarray, ...]] = []  # high_peak's unit totals, computed once
