@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+from moe_cells import CELLS as MOE_CELLS  # notebook 06's
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from seed_cells import CELLS as SEED_CELLS  # notebook 05's cells live next to this file
 
@@ -180,6 +181,7 @@ measures it (GEMMs and every collective under the load of a real run) and `parac
 --cluster cal.yaml` prints predicted against measured time, bytes and memory per rank."""),
     ],
     "05_seed_experiment": SEED_CELLS,
+    "06_mixture_of_experts": MOE_CELLS,
 }
 
 
