@@ -324,3 +324,39 @@ def test_a_middle_stage_holding_the_most_experts_sets_the_memory() -> None:
     res = search(model, train, topo, 1024, runtime=get_runtime("megatron"), top_k=3, memory_headroom=0.1)
     assert res.ranked and all(e.memory.total <= 0.9 * topo.device.memory_bytes for _, e in res.ranked)
     assert all(str(lay) != str(layout) for layout, _ in res.ranked)
+
+
+def test_an_interleaved_variant_climbs_the_rcm_ladder_above_its_layouts_rung() -> None:
+    """planner/experts.interleaved through its explicit `price` hook: a pipeline fitted at the ladder's first rung
+    holds more chunks in flight interleaved; where a variant fits only at a higher rung it is ranked there (it was
+    dropped: only variants of layouts without rcm= climbed the ladder), and never tried at a lighter rung than its
+    layout's. Priced stand-ins: memory 1 at v = 1 whatever the rung, at v > 1 3 less the rung's index (fits: <= 1);
+    step time 10 less the v's saved bubble."""
+    from dataclasses import replace
+
+    from paracube.estimate import MemoryBreakdown, StepEstimate
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.experts import interleaved
+    from paracube.runtimes import get_runtime
+    from paracube.workload import TrainingSpec
+
+    model = replace(PRESETS["tiny-moe"], layers=8)
+    rungs = [("layernorm",), ("layernorm", "moe_act"), ("layernorm", "moe_act", "moe")]
+    priced: list[str] = []
+
+    def price(lay):  # type: ignore[no-untyped-def]
+        priced.append(str(lay))
+        rung = rungs.index(lay.recompute_modules) if lay.recompute_modules else 0
+        mem = 1.0 if lay.interleave == 1 else 3.0 - rung
+        step = 10.0 - 2.0 * (1.0 - 1.0 / lay.interleave)
+        return StepEstimate(str(lay), "analytic", step, step, 0.0, 0.0, 2.0, MemoryBreakdown(parameters=mem), 0.0,
+                            1.0, 0.5)
+
+    base = parse_layout("dp=2,pp=2,ep=2,tp=none,mb=1,zero=1,rcm=layernorm+moe_act")
+    fits = [(base, price(base))]
+    out = interleaved(model, TrainingSpec(global_batch=8), get_runtime("megatron"), fits, price, 1.0, 10, [0, 1],
+                      False, rungs)
+    assert {lay.interleave for lay, _ in out} == {2, 3, 4}  # every v whose 2 v virtual stages keep a block
+    assert all(lay.recompute_modules == rungs[2] and lay.zero == 1 and e.memory.total <= 1.0 for lay, e in out)
+    assert not any("rcm=layernorm," in p for p in priced)  # no variant below its layout's rung

@@ -181,8 +181,8 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
                 a2ao: bool, rungs: list[tuple[str, ...]] | None = None) -> list[tuple[Layout, StepEstimate]]:
     """The interleaved (v > 1) variants of the fitted pipelines (Megatron-core's virtual stages, where the runtime
     runs them and no v is pinned), each at the lowest zero stage from its v = 1 layout's up where it fits, else (a
-    variant of a layout without rcm=, which holds more chunks in flight) at the first rung of the rcm= ladder that
-    fits (`rungs`: module_ladder.ladder).
+    variant holds more chunks in flight) at the first rung of the rcm= ladder above its layout's own (every rung for
+    a layout without rcm=) that fits (`rungs`: module_ladder.ladder).
     Pruning: interleaving changes a layout's step in the model only by its bubble ((pp - 1) / (v N) of the slowest
     device's work, which is at least 1 / v of the v = 1 bubble: pipeline_bubble.py), its pipeline sends (v times
     as many) and the expert and gradient tails (later, not earlier); the slowest device keeps at least the blocks it
@@ -205,9 +205,11 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
                 continue  # loses whatever it prices at (a larger v's bound is lower: it may not)
             higher = [z for z in zeros if z >= lay.zero]
             found = _fit(var, higher, rt, model, training, price, mem_cap)
-            if found is None and rungs and not var.recompute_modules and var.recompute in (None, "none", "selective") \
-                    and _runs(var, rt, model, training):
-                found = next(iter(ladder(var, higher, rungs, price, mem_cap)), None)
+            if found is None and rungs and var.recompute in (None, "none", "selective") \
+                    and _runs(var, rt, model, training):  # the rungs above its layout's own (all without one)
+                above = rungs[rungs.index(var.recompute_modules) + 1:] if var.recompute_modules in rungs else \
+                    rungs if not var.recompute_modules else []
+                found = next(iter(ladder(var, higher, above, price, mem_cap)), None) if above else None
             if found is None:  # (a larger v may fit: its blocks split over the devices otherwise)
                 continue
             out.append(found)
