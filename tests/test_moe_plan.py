@@ -298,6 +298,17 @@ def test_moe_search_prunes_the_rcm_ladder_without_changing_its_ranking() -> None
     assert any(lay.recompute_modules for lay, _ in top) and all(e.memory.total <= cap for _, e in full)
     assert none_pruned == 0 < pruned and priced < priced_all
 
+    # A cap below every layout's weights + gradients + optimizer state: a rung drops activations only, so the ladder
+    # prices nothing, as many estimates as the search without a ladder (rc=none pinned: no rung) makes
+    from paracube.layout import Layout
+
+    statics = [e.memory.parameters + e.memory.gradients + e.memory.optimizer
+               for _, e in search_experts(model, training, topo, 8, rt, None, None, float("inf"), 10 ** 6)[0]]
+    tiny = 0.5 * min(statics)
+    none, without = (search_experts(model, training, topo, 8, rt, fixed, None, tiny, 10 ** 6)
+                     for fixed in (None, Layout(recompute="none")))
+    assert not none[0] and none[1] == without[1] > 0
+
 
 def test_a_middle_stage_holding_the_most_experts_sets_the_memory() -> None:
     """DeepSeek-V3 at pp = 16: its 3 dense blocks sit on the first stage (with the embedding), 4 MoE blocks on each

@@ -130,11 +130,12 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         return est
 
     interleaves = rt.interleave and (fixed is None or (fixed.interleave <= 1 and not fixed.forbid_interleave))
-    pending: list[tuple[float, Layout, tuple[float, Layout]]] = []  # (lower bound, layout, its least memory)
+    # (lower bound, layout, its least memory, its least parameters + gradients + optimizer state)
+    pending: list[tuple[float, Layout, tuple[float, Layout], float]] = []
     for lay in candidates(model, training, gpus, per_node, rt, fixed, micro_batches):
         memory_only = True  # refused at every zero stage for memory alone: the rcm ladder's candidates
         over: tuple[float, Layout] | None = None
-        low = math.inf
+        low = static = math.inf
         for z in zeros:
             zl = replace(lay, zero=z)
             why = rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
@@ -154,16 +155,19 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
             rejected[memory] += 1
             over = min(over or (est.memory.total, zl), (est.memory.total, zl), key=lambda m: m[0])
             low = min(low, est.step_time_s - (est.bubble_time_s if interleaves and lay.pp > 1 else 0.0))
+            static = min(static, est.memory.parameters + est.memory.gradients + est.memory.optimizer)
         if memory_only and over is not None:
-            pending.append((low, lay, over))
+            pending.append((low, lay, over, static))
     a2ao, pruned = chosen(A2AO, rt, fixed), 0
-    for low, lay, over in sorted(pending, key=lambda p: p[0]):
+    for low, lay, over, static in sorted(pending, key=lambda p: p[0]):
         best = sorted(e.step_time_s for _, e in fits)[:top_k]
         if rungs and not a2ao and len(best) >= top_k and low >= best[-1]:
             pruned += 1
             rejected[memory] -= len(zeros)
             continue
-        saved = ladder(lay, zeros, rungs, price, mem_cap) if rungs else []
+        # a rung re-runs modules to drop activations: the weights, gradients and optimizer state stay, so where they
+        # alone exceed the cap at every zero stage no rung fits (nothing priced)
+        saved = ladder(lay, zeros, rungs, price, mem_cap) if rungs and static <= mem_cap else []
         fits += saved
         rejected[memory] -= len(zeros) * len(saved)  # refused only where no rung fits it (as offloading's)
         if not saved and (not least or over[0] < least[0][0]):
