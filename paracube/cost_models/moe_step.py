@@ -24,6 +24,7 @@ from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time
 from paracube.cost_models.links import LinkCache
+from paracube.cost_models.memory import in_flight as memory_in_flight
 from paracube.cost_models.memory import logit_bytes
 from paracube.cost_models.moe import moe_layers_of, priced, stage_cost
 from paracube.cost_models.moe_a2a import a2a_terms
@@ -35,6 +36,7 @@ from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.cost_models.pipeline_bubble import bubble_seconds
 from paracube.cost_models.shared_cores import bubble_share
 from paracube.cost_models.stragglers import straggler_wait, without_wait
+from paracube.cost_models.validity import layout_arrays
 from paracube.estimate import MemoryBreakdown, StepEstimate
 from paracube.layout import Layout
 from paracube.workload import ModelSpec
@@ -51,11 +53,9 @@ def stage_index(name: str, pp: int, model: ModelSpec | None = None, layout: Layo
 
 
 def in_flight(layout: Layout, n_micro: int, stage: int) -> float:
-    """Micro-batches whose activations a stage holds at once (memory.in_flight's count): 1F1B pp - stage; interleaved
-    its 2 (pp - stage - 1) + (v - 1) pp warm-up chunk forwards plus one, v chunks a micro-batch."""
-    pp, v = layout.pp, layout.interleave
-    held = (pp - stage) if v == 1 else (2 * (pp - stage - 1) + (v - 1) * pp + 1) / v
-    return float(min(n_micro, held))
+    """Micro-batches whose activations stage `stage` holds at once: memory.in_flight of one layout (1F1B pp - stage;
+    interleaved its 2 (pp - stage - 1) + (v - 1) pp warm-up chunk forwards plus one, v chunks a micro-batch)."""
+    return float(memory_in_flight(layout_arrays(layout, 1), np.array([float(n_micro)]), stage == 0, stage)[0])
 
 
 def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: Layout, g: GemmModel,

@@ -211,8 +211,8 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
             found = _fit(var, higher, rt, model, training, price, mem_cap)
             if found is None and rungs and var.recompute in (None, "none", "selective") \
                     and _runs(var, rt, model, training):  # the rungs above its layout's own (all without one)
-                above = rungs[rungs.index(var.recompute_modules) + 1:] if var.recompute_modules in rungs else \
-                    rungs if not var.recompute_modules else []
+                own = var.recompute_modules
+                above = rungs if not own else rungs[rungs.index(own) + 1:] if own in rungs else []
                 found = next(iter(ladder(var, higher, above, price, mem_cap)), None) if above else None
             if found is None:  # (a larger v may fit: its blocks split over the devices otherwise)
                 continue
