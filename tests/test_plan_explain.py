@@ -6,6 +6,7 @@ counts readably, and the JSON Schemas (`paracube schema`) accept what paracube w
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -15,13 +16,14 @@ import jsonschema
 import pytest
 
 from paracube.cli.main import main
+from paracube.cost_models.analytic import estimate
 from paracube.errors import ParacubeError
 from paracube.layout import Layout
 from paracube.layout_parse import parse_layout
 from paracube.model_presets import PRESETS, resolve_model
 from paracube.plan import load_plan
 from paracube.planner import search
-from paracube.planner.explain import PARTS, canonical_key, dedupe, explain
+from paracube.planner.explain import PARTS, big_placement, canonical_key, dedupe, explain
 from paracube.schemas import EstimateSchema, PlanSchema, ValidateSchema, json_schema
 from paracube.topologies import load_topology
 from paracube.workload import TrainingSpec
@@ -175,3 +177,50 @@ def test_zero_field_parses_prints_and_is_refused_by_the_executor() -> None:
     check_divisibility(PRESETS["tiny"], parse_layout("dp=2,tp=2d:2x2,zero=3"), 1, 8, 64)  # FSDP units of 2D blocks
     check_divisibility(PRESETS["tiny"], parse_layout("dp=8,zero=3"), 1, 8, 64)  # FSDP runs in mode none
     check_divisibility(PRESETS["tiny"], parse_layout("dp=8,zero=1"), 1, 8, 64)  # the distributed optimizer runs
+
+
+def test_placements_that_price_alike_are_ranked_once() -> None:
+    """A placement whose groups see the same links as a ranked placement of the same configuration is the same
+    layout to the cost models: the ranking holds it once (the first, here the default), while a placement that
+    changes the links, and so the time, is still ranked beside the default."""
+    topo = load_topology("local-cpu", gpus=8)
+    fixed = parse_layout("dp=2,tp=2d:2x2")
+    ranked = search(PRESETS["tiny"], TrainingSpec(), topo, 8, fixed=fixed, top_k=10).ranked
+    seen = [(canonical_key(lay)[:-1], est.step_time_s) for lay, est in ranked]
+    assert len(set(seen)) == len(seen) and len(ranked) > 1
+    # the twins exist: another placement of the best layout prices exactly as it does, and is not ranked
+    best, best_est = ranked[0]
+    assert big_placement(best) == big_placement(best.with_(placement=()))  # the default placement is kept
+    twins = [p for p in itertools.permutations(big_placement(best)) if p != big_placement(best)
+             and estimate(PRESETS["tiny"], TrainingSpec(), best.with_(placement=p), topo).step_time_s
+             == best_est.step_time_s]
+    assert twins and not any(big_placement(lay) in twins and canonical_key(lay)[:-1] == canonical_key(best)[:-1]
+                             for lay, _ in ranked)
+    # links that differ: the README's 13B layout, ranked at two placements with two times
+    topo = load_topology("dgx-a100", gpus=64)
+    training = TrainingSpec(global_batch=512, dtype="bf16", recompute="selective")
+    ranked = search(PRESETS["gpt3-13b"], training, topo, 64, top_k=10,
+                    fixed=parse_layout("dp=4,pp=4,tp=1d:4,sp,zero=1,overlap")).ranked
+    by_config: dict[tuple, set[float]] = {}
+    for lay, est in ranked:
+        by_config.setdefault(canonical_key(lay)[:-1], set()).add(est.step_time_s)
+    assert any(len(times) > 1 for times in by_config.values())
+
+
+def test_no_part_the_search_does_not_vary_is_called_the_only_valid_value(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Where the ranking is exhaustive (fewer rows than the pool), a part with no other ranked value is the only
+    valid one, except the parts the search does not vary (SearchResult.unsearched) or leaves twins of unranked:
+    each of these lines gives its reason, and a layout pinning another value of it plans."""
+    out = str(tmp_path / "p.json")
+    cases = [("tiny", {"cp=1": "cp=2"}),
+             ("tiny-moe", {"cp=1": "cp=2", "zero=0": "zero=1", "fa=1": "fa=0", "mb=2": "mb=4"})]
+    for model, others in cases:
+        code, text, _ = run_cli(capsys, "plan", "--model", model, "--gpus", "8", "-o", out, "--force")
+        assert code == 0
+        lines = {line.split(" chosen; ")[0].strip(): line for line in text.splitlines() if " chosen; " in line}
+        for value, other in others.items():
+            assert "the only valid value" not in lines[value] and "(" in lines[value], lines[value]
+            assert run_cli(capsys, "plan", "--model", model, "--gpus", "8", "--layout", other, "-o", out,
+                           "--force")[0] == 0
+        assert "v=1 chosen; the only valid value" in text  # tiny's 2 blocks split over pp=2 once: a real claim

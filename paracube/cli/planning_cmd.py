@@ -171,7 +171,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         ranked = sorted(refined, key=lambda r: r[1].step_time_s) + ranked[args.refine:]
         choices = explain(ranked[: args.refine], w.layout)
     else:
-        choices = explain(ranked, w.layout, exhaustive)
+        choices = explain(ranked, w.layout, exhaustive, result.unsearched)
     best_layout, best_est = ranked[0]
     device_memory = float(topo.device.memory_bytes)  # type: ignore[attr-defined]
     memory = headroom_line(best_est.memory.total, device_memory, args.memory_headroom)

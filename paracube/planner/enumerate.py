@@ -18,7 +18,7 @@ import numpy as np
 
 from paracube.cost_models.comm_axes import axes_used
 from paracube.frozen_hash import frozen_hash, frozen_state
-from paracube.layout import TENSOR_AXES
+from paracube.layout import TENSOR_AXES, Layout
 from paracube.modes import MODES
 from paracube.modes.base import divisors
 from paracube.modes.stages import split_ok
@@ -127,6 +127,19 @@ def context_degrees(seq: int, gpus: int, pinned: int = 1, offered: bool = True) 
             out.append(cp)
         cp *= 2
     return out
+
+
+def cp_unsearched(seq: int, gpus: int, fixed: Layout | None = None, offered: bool = True) -> str | None:
+    """Why context_degrees leaves out cp > 1 where a layout may still take it (a short sequence on a runtime that runs
+    cp, with ranks left over by the pinned dp, pp and tensor shape); None where cp is searched, pinned, not run or
+    left no ranks (then cp=1 is the only valid value)."""
+    if fixed is not None:
+        if fixed.cp > 1:
+            return None
+        gpus //= max(fixed.dp, 1) * max(fixed.pp, 1) * (fixed.tensor_size if fixed.shape else 1)
+    if gpus < 2 or not offered or seq >= LONG_SEQUENCE:
+        return None
+    return f"cp > 1 is searched for sequences of {LONG_SEQUENCE:,} tokens or more; --layout cp=N prices it"
 
 
 def structures(mode: str, gpus: int, layers: int, cp: int = 1) -> list[Structure]:

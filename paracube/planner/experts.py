@@ -33,7 +33,7 @@ from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.stages import split_ok
 from paracube.planner.dimensions import A2AO, EP, ETP, chosen, values
-from paracube.planner.enumerate import context_degrees
+from paracube.planner.enumerate import context_degrees, cp_unsearched
 from paracube.planner.fits import memory_line
 from paracube.planner.module_ladder import ladder, module_rungs
 from paracube.runtimes import Runtime
@@ -92,6 +92,20 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                             on = replace(lay, a2ao=True) if a2ao else lay
                             out.append(on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else lay)
     return out
+
+
+def experts_unsearched(model: ModelSpec, training: TrainingSpec, gpus: int, rt: Runtime, fixed: Layout | None,
+                       micro_batches: list[int] | None) -> dict[str, str]:
+    """The parts whose other values this search does not enumerate though a layout may take them, with why
+    (SearchResult.unsearched): its zero stages (the lowest that fits), flash attention, the default placement, the
+    micro-batches 1 and 2 (unless the caller lists them) and cp as the dense search takes it."""
+    out = {"zero": "the lowest zero stage that fits is priced, a higher one only where the lower does not fit",
+           "attention": "flash attention only: fa=0 is never faster nor smaller in the model",
+           "placement": "the default placement only"}
+    if micro_batches is None:
+        out["mb"] = "micro-batches of 1 and 2 sequences; --layout mb=N prices another"
+    why = cp_unsearched(training.sequence_length(model), gpus, fixed, bool(rt.cp_comms))
+    return out | ({"cp": why} if why else {})
 
 
 def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus: int, rt: Runtime,

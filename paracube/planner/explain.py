@@ -7,14 +7,15 @@ parallelism, overlap, tpo, recompute modules rcm, attention kernel fa, placement
 layout otherwise), and the margin is its predicted step time relative to the best: (t_runner_up - t_best) / t_best;
 for cp > 1 the runner-up is the best layout without context parallelism (cp=1). v is a choice only with pp > 1,
 sp only with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid layout
-(fewer rows than asked for), a part with no other value is reported as the only valid one.
+(fewer rows than asked for), a part with no other value is reported as the only valid one, except the recomputation
+and the placement: the search leaves their dominated or identically priced twins unranked (UNRANKED_TWINS).
 Rows that differ only in where size-1 axes sit are the same layout (size-1 axes change no group):
 `dedupe` keeps the first of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,9 +81,13 @@ PARTS: dict[str, tuple[Callable[[Layout], str], Callable[[Layout], bool]]] = {
 }
 
 
-# the search ranks a layout under a heavier recomputation only where the same layout under a lighter one is slower or
-# does not fit (planner/scoring.py): their other values may be valid and still unranked
-LIGHTEST_FIRST = ("recompute", "rcm")
+# Parts whose other values may be valid and still unranked (planner/scoring.py), with why: the search ranks a layout
+# under a heavier recomputation only where the same layout under a lighter one is slower or does not fit, and ranks
+# one placement of a configuration where others see the same links (the same estimate)
+UNRANKED_TWINS = {"recompute": "a heavier recomputation is ranked only where the same layout gains by it",
+                  "rcm": "a heavier recomputation is ranked only where the same layout gains by it",
+                  "placement": "a placement whose groups see the same links as a ranked one is the same layout to "
+                               "the model: ranked once"}
 
 
 @dataclass(frozen=True)
@@ -95,14 +100,15 @@ class Choice:
     runner_up_step_time_s: float | None = None
     margin: float | None = None  # (t_runner_up - t_best) / t_best
     only_value: bool = False  # no other value is valid (the ranked list was exhaustive)
+    unranked: str | None = None  # why other values may be valid and still unranked (UNRANKED_TWINS, unsearched)
 
     def line(self) -> str:
         if self.pinned:
             return f"{self.value} pinned"
         if self.runner_up is None:
             why = "the only valid value" if self.only_value else "no other value among the ranked layouts"
-            if self.part in LIGHTEST_FIRST and not self.only_value:
-                why += " (a heavier recomputation is ranked only where the same layout gains by it)"
+            if self.unranked and not self.only_value:
+                why += f" ({self.unranked})"
             return f"{self.value} chosen; {why}"
         t = self.runner_up_step_time_s or 0.0
         shown = f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
@@ -115,8 +121,11 @@ class Choice:
                 "margin": self.margin, "only_value": self.only_value, "line": self.line()}
 
 
-def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = False) -> list[Choice]:
-    """One Choice per part of ranked[0]'s layout (ranked: best first, by step time)."""
+def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = False,
+            unsearched: Mapping[str, str] | None = None) -> list[Choice]:
+    """One Choice per part of ranked[0]'s layout (ranked: best first, by step time); `unsearched`: the parts the
+    search did not vary, with why (SearchResult.unsearched), never reported as having one valid value."""
+    untold = {**UNRANKED_TWINS, **(unsearched or {})}
     rows = sorted(dedupe(ranked), key=lambda r: r[1].step_time_s)
     best, best_est = rows[0]
     t0 = best_est.step_time_s
@@ -137,8 +146,9 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
         # cp > 1: the runner-up is the best layout without context parallelism (search adds it to the ranking)
         other = next(((lay, est) for lay, est in rows[1:] if label(lay) != value and (same is None or same(lay))
                       and (part != "cp" or best.cp == 1 or lay.cp == 1)), None)
-        if other is None:  # the search ranks no dominated recomputation (scoring.py): never exhaustive in it
-            out.append(Choice(part, value, False, only_value=exhaustive and part not in LIGHTEST_FIRST))
+        if other is None:  # the search ranks no dominated recomputation nor placement twin: never exhaustive in them
+            out.append(Choice(part, value, False, only_value=exhaustive and part not in untold,
+                              unranked=untold.get(part)))
             continue
         lay, est = other
         out.append(Choice(part, value, False, label(lay), str(lay), est.step_time_s, est.step_time_s / t0 - 1))

@@ -168,6 +168,7 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure],
     s.scored += len(layout_rows)
     taken = 0
     bar = _kth(s)  # slower layouts cannot enter the ranking: built only for the mode's best (per_mode_best)
+    twins: set[tuple[int, int]] = set()  # (configuration, distinct link row) already ranked: _distinct_links
     for j in np.argsort(step_time, kind="stable"):
         if taken and step_time[j] > bar:
             break
@@ -187,6 +188,13 @@ def _search_mode(s: _Search, mode: str, sts: list[Structure],
         if s.ranked_as.get(same, math.inf) <= float(step_time[j]) * (1.0 + 1e-12):
             continue
         s.ranked_as[same] = min(s.ranked_as.get(same, math.inf), float(step_time[j]))
+        # another placement of a ranked configuration whose groups see the same links on every axis set is the same
+        # layout to the cost models (the same estimate, search.score): ranked once, at the first placement (the
+        # default where it is one of them); a placement that changes the links, and so the time, is still ranked
+        twin = (row, int(_distinct_links(s, st, st_links[st])[1][place_idx[j]]))
+        if twin in twins:
+            continue
+        twins.add(twin)
         s.best.append((float(step_time[j]), lay))
         if mode not in s.per_mode_best or s.best[-1][0] < s.per_mode_best[mode][0]:
             s.per_mode_best[mode] = s.best[-1]

@@ -13,7 +13,9 @@ compute_lower_bound), against that bar and again, before each zero=2/3 stage is 
 zero=0/1 layouts scored first set (scoring._staged_times): the top_k found and each mode's best are exact, and
 configurations that lose whatever their placement are not expanded (`pruned`). `mode_bests=False` (paracube plan,
 which shows the ranking only): no mode's best is kept, the bar has no mode part, and only the ranking is exact.
-A rejected or pruned configuration counts once per placement of its structure, so
+Placements whose groups see the same links on every axis set price alike; the ranking holds the first of them only
+(scoring.py: the default placement where it is one of them). A rejected or pruned configuration counts once per
+placement of its structure, so
 `scored + pruned + sum(rejected) == enumerated layouts`.
 Runtime (`runtime`, paracube/runtimes; default paracube): only what it runs is enumerated (its tensor modes,
 pipelines, interleaving, sp, zero stages), and the searched dimensions take its values (planner/dimensions.py):
@@ -81,8 +83,8 @@ from paracube.planner.dimensions import (
     chosen,
     values,
 )
-from paracube.planner.enumerate import context_degrees
-from paracube.planner.experts import search_experts
+from paracube.planner.enumerate import context_degrees, cp_unsearched
+from paracube.planner.experts import experts_unsearched, search_experts
 from paracube.planner.module_ladder import recompute_passes
 from paracube.planner.offload_passes import offload_passes, offload_rungs, pending_configs, skips
 from paracube.planner.scoring import _search_mode
@@ -186,7 +188,8 @@ def search(
                                              "blocks split over pp x v, ep dividing the experts and dp x tp, tp a "
                                              "divisor of the heads" + (", and the pins" if fixed is not None else "")
                                              + ")"))
-        return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0, pruned=pruned)
+        return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0, pruned=pruned,
+                            unsearched=experts_unsearched(model, training, gpus, rt, fixed, micro_batches))
     modes = _modes(modes, gpus, fixed, rt)
     # the runtime's per-element choices and the run's gradient element; fa= pinned: that kernel
     d = with_options(with_pins(dims_of(model, training), fixed), rt.engine_options().with_(grad_bytes=grad_bytes))
@@ -284,5 +287,6 @@ def search(
         if alt_est.memory.total <= s.mem_cap:
             ranked = sorted([*ranked, (alt, alt_est)], key=lambda r: r[1].step_time_s)
     per_mode = {m: (lay, score(lay)) for m, (_, lay) in s.per_mode_best.items()} if mode_bests else {}
+    why_cp = cp_unsearched(d.s, gpus, fixed, bool(cpcs))
     return SearchResult(ranked, s.scored, s.rejected, per_mode, time.perf_counter() - t0, s.explanations,
-                        s.cache.queries, s.pruned)
+                        s.cache.queries, s.pruned, {"cp": why_cp} if why_cp else {})

@@ -30,6 +30,9 @@ class SearchResult:
     explanations: dict[str, str] = field(default_factory=dict)  # per mode with no valid layout: why
     topology_queries: int = 0
     pruned: int = 0  # valid layouts not scored: their configuration's lower bound loses to found layouts
+    # parts of a layout whose other values the search does not enumerate though a layout may take them, with why
+    # (explain.py never calls such a part's value the only valid one)
+    unsearched: dict[str, str] = field(default_factory=dict)
 
     @property
     def enumerated(self) -> int:
