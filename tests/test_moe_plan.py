@@ -56,7 +56,10 @@ def test_deepseek_v3_plans_with_paracubes_runtime(capsys: pytest.CaptureFixture[
 def test_paracubes_runtime_ranks_etp_layouts_of_a_tiny_moe() -> None:
     """paracube's executor runs tensor parallelism inside experts (executor/layers/expert_tensor.py,
     tests/test_moe_run.py), so its runtime's search scores tiny-moe's etp > 1 layouts (etp = tp, 1D with sp) and
-    ranks every one of them beside the etp = 1 ones (memory unbounded here: none is dropped for it)."""
+    ranks every one of them beside the etp = 1 ones, at each zero stage the search prices (0 and 1; memory unbounded
+    here: none is dropped for it)."""
+    from dataclasses import replace
+
     from paracube.model_presets import PRESETS
     from paracube.planner.experts import candidates, search_experts
     from paracube.runtimes import RUNTIMES
@@ -68,8 +71,9 @@ def test_paracubes_runtime_ranks_etp_layouts_of_a_tiny_moe() -> None:
     assert wanted and all(c.etp == c.tensor_size and c.sequence_parallel for c in wanted)
     ranked, scored, rejected, _ = search_experts(model, training, load_topology("dgx-h100", gpus=8), 8, rt, None,
                                                  None, float("inf"), 10 ** 6)
-    got = [lay for lay, est in ranked if lay.etp > 1 and est.step_time_s > 0]
-    assert len(got) == len(wanted) and not rejected and scored >= len(ranked)
+    got = sorted(repr(lay) for lay, est in ranked if lay.etp > 1 and est.step_time_s > 0)
+    assert got == sorted(repr(replace(c, zero=z)) for c in wanted for z in (0, 1))
+    assert not rejected and scored >= len(ranked)
 
 
 def test_paracubes_runtime_ranks_sharded_moe_layouts() -> None:
@@ -371,3 +375,32 @@ def test_an_interleaved_variant_climbs_the_rcm_ladder_above_its_layouts_rung() -
     assert {lay.interleave for lay, _ in out} == {2, 3, 4}  # every v whose 2 v virtual stages keep a block
     assert all(lay.recompute_modules == rungs[2] and lay.zero == 1 and e.memory.total <= 1.0 for lay, e in out)
     assert not any("rcm=layernorm," in p for p in priced)  # no variant below its layout's rung
+
+
+def test_the_moe_search_ranks_each_zero_stage_that_fits() -> None:
+    """Where zero=0 fits, zero=1 is priced too: it shards the optimizer step (faster) and gathers the parameters after
+    it (slower without the runtime's gather overlap), so neither is the faster everywhere. Qwen3-30B-A3B on 64 H100s
+    at one layout: zero=1 is both smaller and faster, and ranks first (the search ranked zero=0 alone before)."""
+    from paracube.cost_models.analytic import estimate
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.search import search
+    from paracube.runtimes import get_runtime
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    model, training = PRESETS["qwen3-30b-a3b"], TrainingSpec(global_batch=512, dtype="bf16")
+    topo, rt = load_topology("dgx-h100", gpus=64), get_runtime("paracube")
+    fixed = parse_layout("dp=16,pp=2,ep=16,tp=1d:2,mb=1,v=3,sp,overlap")
+    ranked = search(model, training, topo, 64, fixed=fixed, top_k=10, runtime=rt).ranked
+    by_zero: dict[int, tuple] = {}
+    for lay, est in ranked:
+        if lay.etp == 1:  # the layout as pinned (etp=2 variants rank too)
+            by_zero.setdefault(lay.zero, (lay, est))
+    assert set(by_zero) == {0, 1} and ranked[0][0].zero == 1
+    (_, e0), (_, e1) = by_zero[0], by_zero[1]
+    assert e1.step_time_s < e0.step_time_s and e1.memory.total < e0.memory.total
+    opts = rt.engine_options()
+    for lay, est in by_zero.values():  # each the layout's own estimate
+        assert est.step_time_s == estimate(model, training, lay, topo, with_events=False,
+                                           options=opts).step_time_s

@@ -214,7 +214,7 @@ def test_no_part_the_search_does_not_vary_is_called_the_only_valid_value(
     each of these lines gives its reason, and a layout pinning another value of it plans."""
     out = str(tmp_path / "p.json")
     cases = [("tiny", {"cp=1": "cp=2"}),
-             ("tiny-moe", {"cp=1": "cp=2", "zero=0": "zero=1", "fa=1": "fa=0", "mb=2": "mb=4"})]
+             ("tiny-moe", {"cp=1": "cp=2", "fa=1": "fa=0", "mb=2": "mb=4"})]
     for model, others in cases:
         code, text, _ = run_cli(capsys, "plan", "--model", model, "--gpus", "8", "-o", out, "--force")
         assert code == 0
@@ -223,4 +223,5 @@ def test_no_part_the_search_does_not_vary_is_called_the_only_valid_value(
             assert "the only valid value" not in lines[value] and "(" in lines[value], lines[value]
             assert run_cli(capsys, "plan", "--model", model, "--gpus", "8", "--layout", other, "-o", out,
                            "--force")[0] == 0
-        assert "v=1 chosen; the only valid value" in text  # tiny's 2 blocks split over pp=2 once: a real claim
+        if model == "tiny":  # its ranking is exhaustive, and its 2 blocks split over pp=2 once: a true claim
+            assert "v=1 chosen; the only valid value" in text

@@ -18,6 +18,8 @@ from paracube.layout import Layout
 from paracube.model_presets import PRESETS
 from paracube.modes.base import TOKEN_RULE
 from paracube.planner import SearchResult, search
+from paracube.planner.dimensions import FSDP_PREFETCH, PARAM_OVERLAP, chosen
+from paracube.runtimes import get_runtime
 from paracube.workload import ModelSpec, TrainingSpec
 
 TINY = PRESETS["tiny"]
@@ -29,7 +31,11 @@ def topo(gpus: int, mem: float = 1e12) -> UniformTopology:
 
 
 def _brute_force(model: ModelSpec, tr: TrainingSpec, gpus: int, tp: UniformTopology) -> float:
-    """Independent enumeration: every mode/shape/dp/pp/mb/v/sp and every order of the axes, one by one."""
+    """Independent enumeration: every mode/shape/dp/pp/mb/v/sp/zero and every order of the axes, one by one, priced
+    with paracube's runtime's options (the search's: its zero=1 gather and zero=2/3 prefetch overlapped)."""
+    rt = get_runtime("paracube")
+    options = rt.engine_options().with_(param_overlap=chosen(PARAM_OVERLAP, rt, None),
+                                        fsdp_prefetch=chosen(FSDP_PREFETCH, rt, None))
     shapes = (
         [("none", ())]
         + [("1d", (p,)) for p in range(2, gpus + 1)]
@@ -67,8 +73,11 @@ def _brute_force(model: ModelSpec, tr: TrainingSpec, gpus: int, tp: UniformTopol
                 big = [a for a in base.axis_names if base.axis_size(a) > 1]
                 # paracube's runtime overlaps the gradient reduction with backward where it runs it (dp > 1, pp = 1)
                 base = base.with_(overlap=dp > 1 and pp == 1)
-                for perm in itertools.permutations(big):
-                    est = estimate(model, tr, base.with_(placement=perm), tp, with_events=False)
+                # the runtime's zero stages where they shard (dp > 1): 2 and 3 at pp = 1 (Runtime.zeros_with_pp)
+                zeros = (0,) if dp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3)
+                for perm, zero in itertools.product(itertools.permutations(big), zeros):
+                    est = estimate(model, tr, base.with_(placement=perm, zero=zero), tp, with_events=False,
+                                   options=options)
                     if est.memory.total <= tp.device.memory_bytes:
                         best = min(best, est.step_time_s)
     return best

@@ -53,8 +53,9 @@ def run_estimate(run: Run, layout: Layout, topo: object, runtime: str = "paracub
 
 def predict(run: Run, topo: object, runtime: str = "paracube") -> tuple[Layout, float]:
     """The planner's best layout matching the run's (its open fields chosen by the search for `runtime`: its
-    overlaps, zero stages) and its step time (analytic engine). The row's own runtime column, where given,
-    overrides `runtime`. The run's recomputation is pinned; sequence parallelism only where the layout asks.
+    overlaps, micro-batch, interleaving, placement) and its step time (analytic engine). The row's own runtime
+    column, where given, overrides `runtime`. The run's recomputation and zero stage are pinned; sequence
+    parallelism only where the layout asks.
     A layout the runtime cannot run: ParacubeError (one line)."""
     from paracube.planner.search import search  # local: calibration sits above the planner in the layers
 
@@ -64,7 +65,9 @@ def predict(run: Run, topo: object, runtime: str = "paracube") -> tuple[Layout, 
                      sinks=run.model.attention_sinks)
     check(why is None, f"run {run.name}: layout {run.layout}: {why}")
     fixed = run.layout if run.layout.sequence_parallel else run.layout.with_(forbid_sp=True)
-    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[0, 1], runtime=rt,
+    # the row's zero stage: a layout without one ran plain data parallelism (every such row predates the
+    # distributed optimizer: Megatron-LM 2020-21)
+    res = search(run.model, run.training, topo, run.gpus, fixed=fixed, top_k=1, zeros=[run.layout.zero], runtime=rt,
                  bucket_bytes=run.bucket_bytes, grad_bytes=None if run.grad_bytes == 4 else run.grad_bytes)
     lay, est = res.ranked[0]
     # A layout axis the cost models do not price yet is dropped by the search's match (cp: context parallelism,

@@ -25,7 +25,8 @@ def memory_line(cap: float, what: str = "memory") -> str:
 def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, rejected: Counter,
            least: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices of the configurations that pass the size rules and fit in device memory (placement changes
-    neither), each one's zero stage (the lowest of `s.zeros` that fits) and kept weights (kw: 1 where the
+    neither), each one's zero stage (the lowest of `s.zeros` that fits; where that is 0, the configuration again at
+    zero=1 where it fits, and at each zero=2/3 as search.py says) and kept weights (kw: 1 where the
     mode keeps weights, the step has several micro-batches and the kept weights fit too, unless pinned);
     each rejection counts once per placement of its structure. `least` (a list): gets, per configuration of
     `batch`, the least peak memory over the zero stages it may take (inf where the rules or the runtime refuse
@@ -97,7 +98,10 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
             ok = (shards > 1) & (((sub.pp == 1) & tied_ok) | ((sub.pp > 1) & piped & (zero < 0)))
             extra.append((z, (mem <= s.mem_cap) & ok))
         else:
-            zero = np.where((zero < 0) & (mem <= s.mem_cap) & ok, z, zero)
+            fit = (mem <= s.mem_cap) & ok
+            if z == 1:  # beside a zero=0 that fits, zero=1 is a configuration of its own: its optimizer step on a shard
+                extra.append((1, fit & (zero == 0) & (shards > 1)))  # is faster, its gather after it may be slower
+            zero = np.where((zero < 0) & fit, z, zero)
         low = np.minimum(low, np.where(ok, mem, np.inf))
         runs = runs | ok
     if least is not None:

@@ -30,13 +30,14 @@ with backward (analytic.py). Recomputation: `recomputes` lists the choices to se
 only; `paracube plan` without --recompute passes none, selective, full); each choice is a pass over the
 configurations with its own Dims, and a layout found so carries it (`rc=`); with selective among several, the
 rcm= ladder's rungs are passes too (module_ladder.recompute_passes, dimensions.RCM). Distributed optimizer:
-`zeros` (default (0,)) lists the zero stages allowed; a configuration takes the lowest allowed stage of 0 and 1
-under which it fits in memory (zero=1 changes memory only here: its reduce_scatter + all_gather send the bytes
-of the all_reduce they replace, so its step time is that of zero=0, except that overlapped only the
-reduce_scatter half hides under backward: analytic.evaluate); zero=2 and 3 change the step time (per
-micro-batch reduce-scatters, zero=3's per-unit gathers), so each of them that fits (pp = 1, or pipelines where
-the runtime runs them untied: Runtime.zeros_with_pp) is a configuration of its own, priced with its stage: the
-ranking chooses by step time.
+`zeros` (default: the runtime's) lists the zero stages allowed; a configuration takes the lowest allowed stage of 0 and 1
+under which it fits in memory, and where that is zero=0, zero=1 too where it fits, as a configuration of its own
+(its reduce_scatter + all_gather send the bytes of the all_reduce they replace, but overlapped only the
+reduce_scatter half hides under backward, and its optimizer step updates a shard: analytic.evaluate prices both, so
+either may be the faster; before 2026-12-04 zero=1 was searched only where zero=0 did not fit); zero=2 and 3
+change the step time (per micro-batch reduce-scatters, zero=3's per-unit gathers), so each of them that fits (pp =
+1, or pipelines where the runtime runs them untied: Runtime.zeros_with_pp) is a configuration of its own, priced
+with its stage: the ranking chooses by step time.
 A pinned HSDP `shard=N` (zero=2/3 only) is carried into every layout found; the vectorized pass prices it as
 sharding over all of dp, the final ranking by `estimate` with its own shard and replica groups.
 Kept weights (`kw`, 2d / 2.5d / 3d): unless the layout pins it, a configuration keeps its gathered weights for
