@@ -223,5 +223,6 @@ def test_no_part_the_search_does_not_vary_is_called_the_only_valid_value(
             assert "the only valid value" not in lines[value] and "(" in lines[value], lines[value]
             assert run_cli(capsys, "plan", "--model", model, "--gpus", "8", "--layout", other, "-o", out,
                            "--force")[0] == 0
-        if model == "tiny":  # its ranking is exhaustive, and its 2 blocks split over pp=2 once: a true claim
-            assert "v=1 chosen; the only valid value" in text
+    # a claim that holds: pinned dp and tensor shape leave no rank for cp (nor pp), and the ranking is exhaustive
+    code, text, _ = run_cli(capsys, "plan", "--gpus", "8", "--layout", "dp=2,tp=2d:2x2", "-o", out, "--force")
+    assert code == 0 and "cp=1 chosen; the only valid value" in text and "pp=1 chosen; the only valid value" in text

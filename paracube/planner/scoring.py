@@ -235,10 +235,19 @@ def _staged_times(s: _Search, mode: str, batch: LayoutBatch, owners: list[Struct
         counts = n_places[idx]
         for i, part in zip(idx.tolist(), np.split(t, np.cumsum(counts)[:-1]), strict=True):
             times[i] = part
-        if allowed is not None:
-            found.append(np.where(np.repeat(allowed[idx], counts), t, np.inf))
+        if allowed is not None:  # each configuration's distinct placements only: its twins are not ranked (above)
+            reps = np.concatenate([_representatives(s, owners[i], st_links) for i in idx.tolist()])
+            found.append(np.where(np.repeat(allowed[idx], counts) & reps, t, np.inf))
     parts = [times[i] for i in np.nonzero(keep)[0].tolist()]
     return keep, np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _representatives(s: _Search, st: Structure, st_links: dict[Structure, np.ndarray]) -> np.ndarray:
+    """Per placement of `st`, whether it is the first of those whose links are equal (the one the ranking keeps)."""
+    first, _ = _distinct_links(s, st, st_links[st])
+    rep = np.zeros(len(st_links[st]), dtype=bool)
+    rep[first] = True
+    return rep
 
 
 def _placement_times(s: _Search, mode: str, batch: LayoutBatch, owners: list[Structure],

@@ -30,8 +30,8 @@ with backward (analytic.py). Recomputation: `recomputes` lists the choices to se
 only; `paracube plan` without --recompute passes none, selective, full); each choice is a pass over the
 configurations with its own Dims, and a layout found so carries it (`rc=`); with selective among several, the
 rcm= ladder's rungs are passes too (module_ladder.recompute_passes, dimensions.RCM). Distributed optimizer:
-`zeros` (default: the runtime's) lists the zero stages allowed; a configuration takes the lowest allowed stage of 0 and 1
-under which it fits in memory, and where that is zero=0, zero=1 too where it fits, as a configuration of its own
+`zeros` (default: the runtime's) lists the zero stages allowed; a configuration takes the lowest allowed stage of 0
+and 1 under which it fits in memory, and where that is zero=0, zero=1 too where it fits, as a configuration of its own
 (its reduce_scatter + all_gather send the bytes of the all_reduce they replace, but overlapped only the
 reduce_scatter half hides under backward, and its optimizer step updates a shard: analytic.evaluate prices both, so
 either may be the faster; before 2026-12-04 zero=1 was searched only where zero=0 did not fit); zero=2 and 3
