@@ -404,3 +404,24 @@ def test_the_moe_search_ranks_each_zero_stage_that_fits() -> None:
     for lay, est in by_zero.values():  # each the layout's own estimate
         assert est.step_time_s == estimate(model, training, lay, topo, with_events=False,
                                            options=opts).step_time_s
+
+
+def test_the_rcm_ladder_gives_each_zero_stage_its_first_rung_that_fits() -> None:
+    """planner/module_ladder.ladder through its explicit `price` hook: zero=1 holds less, so it fits under a lighter
+    rung than zero=0 (which re-runs less): each zero stage's first fitting rung is returned (before: zero=0's alone,
+    at its heavier rung). Priced stand-ins: memory 3 less the rung's index less the zero stage (fits: <= 1)."""
+    from paracube.estimate import MemoryBreakdown, StepEstimate
+    from paracube.layout_parse import parse_layout
+    from paracube.planner.module_ladder import ladder
+
+    rungs = [("layernorm",), ("layernorm", "moe_act"), ("layernorm", "moe_act", "moe")]
+
+    def price(lay):  # type: ignore[no-untyped-def]
+        mem = 3.0 - rungs.index(lay.recompute_modules) - lay.zero
+        return StepEstimate(str(lay), "analytic", 1.0, 1.0, 0.0, 0.0, 0.0, MemoryBreakdown(parameters=mem), 0.0,
+                            1.0, 0.5)
+
+    lay = parse_layout("dp=2,pp=2,ep=2,tp=none,mb=1")
+    got = [(z.zero, z.recompute_modules) for z, _ in ladder(lay, [0, 1], rungs, price, 1.0)]
+    assert got == [(0, rungs[2]), (1, rungs[1])]
+    assert ladder(lay, [0, 1], rungs, price, -1.0) == []  # nothing fits even at the last rung and zero stage

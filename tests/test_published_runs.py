@@ -14,6 +14,7 @@ from paracube.calibration.run_prediction import predict, preset_topology
 from paracube.calibration.runs_csv import read_runs
 from paracube.cli.main import main
 from paracube.cost_models.analytic import estimate
+from paracube.cost_models.compute import optimizer_time
 from paracube.cost_models.device_model import gemm_model
 from paracube.cost_models.overlap_drag import nvlink_share
 from paracube.errors import ParacubeError
@@ -69,7 +70,7 @@ def test_search_respects_pins_and_chooses_recompute() -> None:
     assert all(lay.recompute == "full" and not lay.sequence_parallel for lay, _ in pinned.ranked)
 
 
-def test_zero1_chosen_only_to_fit() -> None:
+def test_zero1_fits_where_zero0_does_not_and_ranks_beside_it_where_both_fit() -> None:
     big = ModelSpec("big", layers=40, hidden=6144, heads=48, ffn_hidden=4 * 6144, vocab=51200, seq_len=2048)
     training = TrainingSpec(global_batch=1024, dtype="fp16", recompute="full", activations="megatron")
     fixed = parse_layout("dp=32,tp=1d:8,sp=0")
@@ -91,8 +92,21 @@ def test_zero1_chosen_only_to_fit() -> None:
     lay0, _ = search(big, training, topo, 256, fixed=fixed, zeros=[0], top_k=1, runtime=no_overlap).ranked[0]
     assert lay0.zero == 0 and (lay0.micro_batch or 0) < (lay.micro_batch or 0)
     small = search(MODEL, TrainingSpec(global_batch=64, dtype="bf16"), load_topology("dgx-a100", gpus=16), 16,
-                   zeros=[0, 1], top_k=5, runtime=no_overlap)
-    assert all(lay.zero == 0 for lay, _ in small.ranked)  # zero=1 changes no step time: taken only to fit
+                   zeros=[0, 1], top_k=10, runtime=no_overlap)
+    # where both fit both rank (the search ranked zero=0 alone before 2026-12-04): without overlap zero=1 sends the
+    # all_reduce's bytes and its Adam step updates a shard, so it is the faster by that step only, and the smaller
+    by_config: dict[str, dict[int, object]] = {}
+    for lay, e in small.ranked:
+        by_config.setdefault(repr(lay.with_(zero=0)), {})[lay.zero] = e
+    pairs = [(lay, z[0], z[1]) for lay, z in by_config.items() if set(z) == {0, 1}]
+    assert small.ranked[0][0].zero == 1 and any(parse_layout(e.layout).mode == "none" for _, e, _ in pairs)
+    g = gemm_model(load_topology("dgx-a100", gpus=16), "bf16")
+    for lay, e0, e1 in pairs:
+        assert e1.step_time_s < e0.step_time_s and e1.memory.total < e0.memory.total, lay
+        if parse_layout(e0.layout).mode == "none":  # every parameter on each rank: its Adam step, 1 - 1 / dp saved
+            adam = float(optimizer_time(MODEL.num_parameters(), 2, g)) * (1 - 1 / parse_layout(e0.layout).dp)
+            # within 5%: zero=1 also sums the gradient norm over the shards (one small all_reduce)
+            assert e0.step_time_s - e1.step_time_s == pytest.approx(adam, rel=0.05), lay
 
 
 def test_overlap_hides_gradient_reduction_up_to_one_backward() -> None:

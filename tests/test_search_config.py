@@ -55,10 +55,11 @@ def test_a_million_gpus_refused_in_one_line_with_the_size(capsys) -> None:
 
 
 def test_size_estimate_tracks_the_enumerated_count() -> None:
-    # The guard's estimate counts structures x configurations x axis orders; the search counts each distinct
-    # placement and, once more, each zero=2/3 configuration that fits (every mode at pp=1, 2D / 2.5D / 3D
-    # included; with pipelines where zero=0/1 do not fit: ~5.5% of the layouts here): the two agree within 10%
-    # (the distinct placements are most orders on 64 GPUs), and the estimate is what is checked.
+    # The guard's estimate counts structures x configurations x axis orders x (zero=0, zero=1 where it shards); the
+    # search counts each distinct placement, zero=1 where zero=0 fits too, and once more each zero=2/3
+    # configuration that fits (every mode at pp=1, 2D / 2.5D / 3D included; with pipelines where zero=0/1 do not
+    # fit), a configuration that fits at neither zero=0 nor 1 once: the two agree within 10% (80,904 estimated,
+    # 74,881 enumerated here; the distinct placements are most orders on 64 GPUs), and the estimate is checked.
     model, training = resolve_model("gpt3-1.3b"), TrainingSpec(global_batch=512)
     config = SearchConfig(search_recompute=False, memory_headroom=0.0)
     res = search(model, training, load_topology("dgx-a100", gpus=64), 64, top_k=config.top_k,

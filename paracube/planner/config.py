@@ -15,9 +15,10 @@ Zero stages, overlap, tpo and every other searched dimension come from the runti
 
 Size guard (`check_size`): before a topology is built or a layout enumerated, the number of layouts the
 search would enumerate is estimated from the structures alone (per structure: micro-batches x interleavings
-x sp x axis orders x recomputations; the distinct placements are at most the orders of the axes of size > 1;
-zero=2/3 rows, counted once more per stage that fits, are left out: within ~6% of
-`SearchResult.enumerated`, tests/test_search_config.py). A search above MAX_LAYOUTS layouts or MAX_GPUS ranks is
+x sp x axis orders x recomputations, x 2 where zero=1 shards the optimizer beside zero=0; the distinct placements are
+at most the orders of the axes of size > 1; zero=2/3 rows, counted once more per stage that fits, are left out, and
+a configuration that fits at neither zero=0 nor 1 counts once: within 10% of `SearchResult.enumerated`,
+tests/test_search_config.py). A search above MAX_LAYOUTS layouts or MAX_GPUS ranks is
 refused in one line naming the size, instead of swapping: at the goal of 1M layouts/s, MAX_LAYOUTS is about a
 minute of scoring, and a topology graph of MAX_GPUS ranks (networkx, ~1 KiB per node and link) is what fits this
 machine's memory with the search's arrays.
@@ -80,7 +81,10 @@ class SearchConfig:
                 vs = sum(1 for v in divisors(-(-model.layers // st.pp)) if split_ok(model.layers, st.pp, v)
                          ) if st.pp > 1 and rt.interleave else 1
                 big = sum(1 for size in st.sizes().values() if size > 1)
-                total += len(divisors(per_replica)) * vs * (2 if m.sequence_parallel else 1) * math.factorial(big)
+                # zero=1 beside zero=0 where the optimizer shards (memory.zero_shards: dp; 2.5D dp x depth)
+                zeros = 2 if 1 in rt.zeros and st.dp * (st.shape[2] if mode == "2.5d" else 1) > 1 else 1
+                total += (len(divisors(per_replica)) * vs * (2 if m.sequence_parallel else 1) * math.factorial(big)
+                          * zeros)
         return total * n_rc
 
 

@@ -183,7 +183,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         # alone exceed the cap at every zero stage no rung fits (nothing priced)
         saved = ladder(lay, zeros, rungs, price, mem_cap) if rungs and static <= mem_cap else []
         fits += saved
-        rejected[memory] -= len(zeros) * len(saved)  # refused only where no rung fits it (as offloading's)
+        rejected[memory] -= len(zeros) * bool(saved)  # refused only where no rung fits it (as offloading's)
         if not saved and (not least or over[0] < least[0][0]):
             least[:] = [over]
     if interleaves:

@@ -2,10 +2,10 @@
 
 The ladder's rungs each keep a superset of the one before's modules (memory never more), the modules a model lacks
 dropped (recompute_modules.applies; a runtime's fused norms are no module to re-run). Models with MoE blocks or MLA
-(experts.py) climb it per layout only where nothing fits without modules (`ladder`: the first rung that fits). The
-dense search (search.py) makes each rung a pass of its own (`recompute_passes`), its layouts ranked only where faster
-than the same layout of an earlier pass (scoring.py), so a rung is chosen where it buys a fit, a larger micro-batch
-or a lower zero stage.
+(experts.py) climb it per layout only where nothing fits without modules (`ladder`: per zero stage, the first rung
+that fits). The dense search (search.py) makes each rung a pass of its own (`recompute_passes`), its layouts ranked
+only where faster than the same layout of an earlier pass (scoring.py), so a rung is chosen where it buys a fit, a
+larger micro-batch or a lower zero stage.
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ def module_rungs(model: ModelSpec, training: TrainingSpec, rt: Runtime, fixed: L
 
 def ladder(lay: Layout, zeros: list[int], rungs: list[tuple[str, ...]], price: Callable, mem_cap: float
            ) -> list[tuple[Layout, StepEstimate]]:
-    """The first rung of `rungs` under which `lay` fits, at its lowest zero stage where one does (dimensions.RCM). The
-    last rung (the most it saves) at the highest zero stage (the least memory) first: where even that does not fit,
-    nothing else is priced (one estimate for a layout the ladder cannot save); then per zero stage a bisection (each
-    rung keeps a superset of the one before's modules: its memory is never more)."""
+    """Per zero stage of `zeros` where one does, the first rung of `rungs` under which `lay` fits (dimensions.RCM): a
+    higher stage holds less and may fit under a lighter rung, which re-runs less, so each is ranked (as the searches
+    rank each zero stage that fits). The last rung (the most it saves) at the highest zero stage (the least memory)
+    first: where even that does not fit, nothing else is priced (one estimate for a layout the ladder cannot save);
+    then per zero stage a bisection (each rung keeps a superset of the one before's modules: its memory is never
+    more)."""
     def fits(z: int, rung: tuple[str, ...]) -> tuple[Layout, StepEstimate] | None:
         zl = replace(lay, zero=z, recompute=None, recompute_modules=rung)
         est = price(zl)
@@ -52,6 +54,7 @@ def ladder(lay: Layout, zeros: list[int], rungs: list[tuple[str, ...]], price: C
     most = fits(zeros[-1], rungs[-1])
     if most is None:
         return []
+    out = []
     for z in zeros:
         top = most if z == zeros[-1] else fits(z, rungs[-1])
         if top is None:
@@ -64,8 +67,8 @@ def ladder(lay: Layout, zeros: list[int], rungs: list[tuple[str, ...]], price: C
                 hi, top = mid, found
             else:
                 lo = mid + 1
-        return [top]
-    return [most]
+        out.append(top)
+    return out
 
 
 def recompute_passes(rcs: list[str], model: ModelSpec, training: TrainingSpec, rt: Runtime,
