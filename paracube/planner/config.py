@@ -81,8 +81,9 @@ class SearchConfig:
                 vs = sum(1 for v in divisors(-(-model.layers // st.pp)) if split_ok(model.layers, st.pp, v)
                          ) if st.pp > 1 and rt.interleave else 1
                 big = sum(1 for size in st.sizes().values() if size > 1)
-                # zero=1 beside zero=0 where the optimizer shards (memory.zero_shards: dp; 2.5D dp x depth)
-                zeros = 2 if 1 in rt.zeros and st.dp * (st.shape[2] if mode == "2.5d" else 1) > 1 else 1
+                # zero=1 beside zero=0 where the optimizer shards (memory.zero_shards: the mode's grad_axes)
+                sizes = st.sizes()
+                zeros = 2 if 1 in rt.zeros and math.prod(sizes[a] for a in m.grad_axes) > 1 else 1
                 total += (len(divisors(per_replica)) * vs * (2 if m.sequence_parallel else 1) * math.factorial(big)
                           * zeros)
         return total * n_rc
