@@ -69,7 +69,7 @@ def test_paracubes_runtime_ranks_etp_layouts_of_a_tiny_moe() -> None:
     model, training, rt = PRESETS["tiny-moe"], TrainingSpec(global_batch=16, dtype="bf16"), RUNTIMES["paracube"]
     wanted = [c for c in candidates(model, training, 8, 8, rt, None, None) if c.etp > 1]
     assert wanted and all(c.etp == c.tensor_size and c.sequence_parallel for c in wanted)
-    ranked, scored, rejected, _ = search_experts(model, training, load_topology("dgx-h100", gpus=8), 8, rt, None,
+    ranked, scored, rejected, _, _ = search_experts(model, training, load_topology("dgx-h100", gpus=8), 8, rt, None,
                                                  None, float("inf"), 10 ** 6)
     got = sorted(repr(lay) for lay, est in ranked if lay.etp > 1 and est.step_time_s > 0)
     assert got == sorted(repr(replace(c, zero=z)) for c in wanted for z in (0, 1))
@@ -262,7 +262,7 @@ def test_moe_search_interleaves_pipelines_and_its_pruning_loses_nothing() -> Non
     training, topo = TrainingSpec(global_batch=32, dtype="bf16"), load_topology("dgx-h100", gpus=8)
 
     def ranked(runtime: str, top_k: int, fixed: str | None = None) -> tuple[list[str], int]:
-        lays, scored, _, _ = search_experts(model, training, topo, 8, RUNTIMES[runtime],
+        lays, scored, _, _, _ = search_experts(model, training, topo, 8, RUNTIMES[runtime],
                                             fixed and parse_layout(fixed), None, float("inf"), top_k)
         return [str(lay) for lay, _ in lays], scored
 
@@ -296,8 +296,8 @@ def test_moe_search_prunes_the_rcm_ladder_without_changing_its_ranking() -> None
     every = sorted(e.memory.total for _, e in search_experts(model, training, topo, 8, rt, None, None, float("inf"),
                                                              10 ** 6)[0])
     cap = every[len(every) // 5]
-    full, priced_all, _, none_pruned = search_experts(model, training, topo, 8, rt, None, None, cap, 10 ** 6)
-    top, priced, _, pruned = search_experts(model, training, topo, 8, rt, None, None, cap, 5)
+    full, priced_all, _, none_pruned, _ = search_experts(model, training, topo, 8, rt, None, None, cap, 10 ** 6)
+    top, priced, _, pruned, _ = search_experts(model, training, topo, 8, rt, None, None, cap, 5)
     assert [(str(lay), e.step_time_s) for lay, e in top] == [(str(lay), e.step_time_s) for lay, e in full[:5]]
     assert any(lay.recompute_modules for lay, _ in top) and all(e.memory.total <= cap for _, e in full)
     assert none_pruned == 0 < pruned and priced < priced_all
@@ -425,3 +425,28 @@ def test_the_rcm_ladder_gives_each_zero_stage_its_first_rung_that_fits() -> None
     got = [(z.zero, z.recompute_modules) for z, _ in ladder(lay, [0, 1], rungs, price, 1.0)]
     assert got == [(0, rungs[2]), (1, rungs[1])]
     assert ladder(lay, [0, 1], rungs, price, -1.0) == []  # nothing fits even at the last rung and zero stage
+
+
+def test_compare_shows_each_folding_modes_best_for_a_moe_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """`paracube compare` on a MoE model: a row per tensor mode the experts fold over (none, 1d), each that mode's
+    best of the whole search (exact: with mode_bests no layout that may beat its mode's best is pruned), and a line
+    per other mode saying why it has none (it printed an empty table: the MoE search kept no mode's best)."""
+    from paracube.layout_parse import parse_layout
+    from paracube.model_presets import PRESETS
+    from paracube.planner.search import search
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    model, training = PRESETS["tiny-moe"], TrainingSpec(global_batch=32, dtype="bf16")
+    topo = load_topology("dgx-h100", gpus=8)
+    every = search(model, training, topo, 8, top_k=10 ** 6, runtime="megatron").ranked
+    bests = search(model, training, topo, 8, top_k=3, runtime="megatron", mode_bests=True).best_per_mode
+    assert set(bests) == {"none", "1d"}
+    for mode, (_, est) in bests.items():
+        assert est.step_time_s == min(e.step_time_s for lay, e in every if lay.mode == mode), mode
+    # paracube's runtime runs every tensor mode (megatron's: none and 1d, nothing to tell)
+    code, out, _ = run_cli(capsys, "compare", "--model", "tiny-moe", "--gpus", "8", "--json")
+    data = json.loads(out)
+    assert code == 0 and [m["mode"] for m in data["modes"]] == ["none", "1d"]
+    assert all(parse_layout(m["layout"]).mode == m["mode"] for m in data["modes"])
+    assert set(data["no_layout"]) == {"2d", "2.5d", "3d"} and "whole tokens (none, 1d)" in data["no_layout"]["2d"]

@@ -23,6 +23,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.links import LinkCache
@@ -108,12 +109,20 @@ def experts_unsearched(model: ModelSpec, training: TrainingSpec, gpus: int, rt: 
     return out | ({"cp": why} if why else {})
 
 
+class ExpertsResult(NamedTuple):
+    ranked: list[tuple[Layout, StepEstimate]]  # the best top_k, fastest first
+    scored: int
+    rejected: Counter  # by reason
+    pruned: int
+    per_mode: dict[str, tuple[Layout, StepEstimate]]  # each tensor mode's best (exact with mode_bests)
+
+
 def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus: int, rt: Runtime,
                    fixed: Layout | None, micro_batches: list[int] | None, mem_cap: float, top_k: int,
-                   options: EngineOptions | None = None
-                   ) -> tuple[list[tuple[Layout, StepEstimate]], int, Counter, int]:
-    """(ranked (layout, estimate) pairs, layouts scored, rejections by reason, layouts pruned); `options`:
-    analytic.estimate's (the runtime's engine options, the run's gradient element and bucket: search.py).
+                   options: EngineOptions | None = None, mode_bests: bool = False) -> ExpertsResult:
+    """The ranked (layout, estimate) pairs, layouts scored, rejections by reason, layouts pruned and each tensor mode's
+    best; `options`: analytic.estimate's (the runtime's engine options, the run's gradient element and bucket:
+    search.py); `mode_bests`: no layout that may beat its tensor mode's best so far is pruned (`compare`'s table).
     Pruned: a layout refused for memory at every zero stage climbs the rcm= ladder (module_ladder.ladder) only where
     its lower bound beats the ranking's last so far: modules re-run work and save none, so its step at a zero stage is
     at least that stage's step without them, less the whole bubble where interleaving may follow (`interleaved`);
@@ -174,8 +183,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
             pending.append((low, lay, over, static))
     a2ao, pruned = chosen(A2AO, rt, fixed), 0
     for low, lay, over, static in sorted(pending, key=lambda p: p[0]):
-        best = sorted(e.step_time_s for _, e in fits)[:top_k]
-        if rungs and not a2ao and len(best) >= top_k and low >= best[-1]:
+        if rungs and not a2ao and low >= _bar(fits, top_k, lay.mode if mode_bests else None):
             pruned += 1
             rejected[memory] -= len(zeros)
             continue
@@ -187,16 +195,30 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         if not saved and (not least or over[0] < least[0][0]):
             least[:] = [over]
     if interleaves:
-        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, a2ao, rungs)
+        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, a2ao, rungs, mode_bests)
     if least and rejected[memory] > 0:  # the closest miss, so a user sees how far off the fit is
         rejected[f"{memory} (the least: {least[0][0] / 2**30:.1f} GiB, {least[0][1]})"] = rejected.pop(memory)
     fits.sort(key=lambda r: r[1].step_time_s)
-    return fits[:top_k], scored, +rejected, pruned
+    per_mode: dict[str, tuple[Layout, StepEstimate]] = {}
+    for lay, est in fits:
+        per_mode.setdefault(lay.mode, (lay, est))
+    return ExpertsResult(fits[:top_k], scored, +rejected, pruned, per_mode)
+
+
+def _bar(fits: list[tuple[Layout, StepEstimate]], top_k: int, mode: str | None = None) -> float:
+    """The step a layout must beat to enter the ranking: the top_k-th best so far (inf with fewer), and with `mode`
+    (mode_bests) at least that mode's best so far (inf with none)."""
+    best = sorted(e.step_time_s for _, e in fits)[:top_k]
+    bar = best[-1] if len(best) >= top_k else math.inf
+    if mode is not None:
+        bar = max(bar, min((e.step_time_s for lay, e in fits if lay.mode == mode), default=math.inf))
+    return bar
 
 
 def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: list[tuple[Layout, StepEstimate]],
                 price: Callable[[Layout], StepEstimate | None], mem_cap: float, top_k: int, zeros: list[int],
-                a2ao: bool, rungs: list[tuple[str, ...]] | None = None) -> list[tuple[Layout, StepEstimate]]:
+                a2ao: bool, rungs: list[tuple[str, ...]] | None = None, mode_bests: bool = False
+                ) -> list[tuple[Layout, StepEstimate]]:
     """The interleaved (v > 1) variants of the fitted pipelines (Megatron-core's virtual stages, where the runtime
     runs them and no v is pinned), each at the lowest zero stage from its v = 1 layout's up where it fits, else (a
     variant holds more chunks in flight) at the first rung of the rcm= ladder above its layout's own (every rung for
@@ -208,8 +230,8 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
     bound is no better than the top_k-th best is not priced (unless interleaving turns `a2ao` on: Megatron-core
     overlaps the all_to_alls with pipelines interleaved only, Runtime.a2a_overlap_refusal). Every v whose virtual
     stages each keep a block (modes/stages.split_ok) is tried: neither memory nor step is monotone in v, the blocks
-    splitting over the devices otherwise for each."""
-    best = sorted(e.step_time_s for _, e in fits)[:top_k]
+    splitting over the devices otherwise for each. `mode_bests`: nor is one priced whose bound may beat its tensor
+    mode's best so far."""
     out: list[tuple[Layout, StepEstimate]] = []
     for lay, est in sorted(fits, key=lambda r: r[1].step_time_s):
         if lay.pp == 1 or (training.global_batch // (lay.dp * lay.micro_batch)) % lay.pp:  # interleaved 1F1B's rule
@@ -218,7 +240,7 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
             var = replace(lay, interleave=v)
             on = replace(var, a2ao=True)
             var = on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else var
-            bar = best[-1] if len(best) >= top_k else math.inf
+            bar = _bar([*fits, *out], top_k, var.mode if mode_bests else None)
             if not var.a2ao and est.step_time_s - est.bubble_time_s * (1.0 - 1.0 / v) >= bar:
                 continue  # loses whatever it prices at (a larger v's bound is lower: it may not)
             higher = [z for z in zeros if z >= lay.zero]
@@ -231,7 +253,6 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
             if found is None:  # (a larger v may fit: its blocks split over the devices otherwise)
                 continue
             out.append(found)
-            best = sorted([*best, found[1].step_time_s])[:top_k]
     return out
 
 
@@ -256,4 +277,4 @@ def _fit(lay: Layout, zeros: list[int], rt: Runtime, model: ModelSpec, training:
     return None
 
 
-__all__ = ["candidates", "interleaved", "search_experts"]
+__all__ = ["ExpertsResult", "candidates", "interleaved", "search_experts"]

@@ -181,15 +181,21 @@ def search(
         # the run's gradients, bucket and the runtime's overlaps and fp8 experts, as the dense path prices them
         opts = rt.engine_options().with_(param_overlap=chosen(PARAM_OVERLAP, rt, fixed), grad_bytes=grad_bytes,
                                          **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}))
-        ranked, scored, rejected, pruned = search_experts(model, training, topo, gpus, rt, fixed, micro_batches, cap,
-                                                          top_k, opts)
+        ranked, scored, rejected, pruned, per_mode = search_experts(model, training, topo, gpus, rt, fixed,
+                                                                    micro_batches, cap, top_k, opts, mode_bests)
         check(bool(ranked), f"no layout of {gpus} GPUs fits {model.name} (global batch {training.global_batch}) "
               f"with runtime {rt.name}: " + ("; ".join(f"{why} ({n} layouts)" for why, n in rejected.most_common())
                                              if rejected else "no candidate layout (dp dividing the global batch, "
                                              "blocks split over pp x v, ep dividing the experts and dp x tp, tp a "
                                              "divisor of the heads" + (", and the pins" if fixed is not None else "")
                                              + ")"))
-        return SearchResult(ranked, scored, rejected, {}, time.perf_counter() - t0, pruned=pruned,
+        # the tensor modes the experts fold over are searched; each other mode the runtime runs is told why not
+        folds = ", ".join(m for m in rt.modes if MODES[m].context_parallel)
+        unfolded = {m: f"{model.name} is searched layout by layout (MoE blocks, MLA or heads of their own width: "
+                       f"planner/experts.py) in the tensor modes whose groups hold whole tokens ({folds})"
+                    for m in rt.modes if MODES[m].searched and not MODES[m].context_parallel} if mode_bests else {}
+        return SearchResult(ranked, scored, rejected, per_mode if mode_bests else {}, time.perf_counter() - t0,
+                            unfolded, pruned=pruned,
                             unsearched=experts_unsearched(model, training, gpus, rt, fixed, micro_batches))
     modes = _modes(modes, gpus, fixed, rt)
     # the runtime's per-element choices and the run's gradient element; fa= pinned: that kernel
