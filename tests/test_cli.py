@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -88,6 +89,20 @@ def test_sweep_marks_a_pareto_front(capsys) -> None:
     assert len(points) == 4 and any(p["pareto"] for p in points)
     for p in points:
         assert p["cost_usd"] == pytest.approx(p["train_hours"] * p["gpus"] * p["price_per_gpu_hour"])
+
+
+def test_sweep_in_fp8_plans_the_clusters_with_fp8_and_says_why_not_elsewhere(capsys) -> None:
+    """--dtype fp8 (what H100 / B200 buyers plan for): each H100 point is the plan `paracube plan --dtype fp8` makes,
+    and each A100 point a row saying why it has none (no FP8 tensor cores), not a refusal of the whole sweep."""
+    code, out, _ = run_cli(capsys, "sweep", "--model", "small", "--cluster", "dgx-a100,dgx-h100", "--gpus", "8",
+                           "--global-batch", "64", "--dtype", "fp8", "--json")
+    assert code == 0
+    a100, h100 = json.loads(out)
+    assert a100["layout"] is None and "A100-SXM-80GB has no fp8 peak" in a100["reason"] and not a100["pareto"]
+    code, text, _ = run_cli(capsys, "plan", "--model", "small", "--cluster", "dgx-h100", "--gpus", "8",
+                            "--global-batch", "64", "--dtype", "fp8", "--json", "-o", os.devnull, "--force")
+    assert code == 0 and h100["pareto"]
+    assert h100["step_time_s"] == json.loads(text)["ranked"][0]["step_time_s"]
 
 
 def test_pareto_front_by_hand() -> None:

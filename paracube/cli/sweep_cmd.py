@@ -19,7 +19,7 @@ from paracube.errors import ParacubeError, check
 from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.model_presets import resolve_model
-from paracube.workload import ModelSpec, TrainingSpec, with_seq_len
+from paracube.workload import DTYPE_BYTES, ModelSpec, TrainingSpec, with_seq_len
 
 DEFAULT_PRICE_PER_GPU_HOUR = {"longhorn": 0.90, "frontera-rtx": 0.50, "dgx-a100": 1.80, "dgx-h100": 2.50,
                               "local-cpu": 0.0}
@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_force_option(p)
     p.add_argument("--global-batch", type=positive_int, default=None, help="sequences per step (default 512)")
     p.add_argument("--seq", type=positive_int, default=None)
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPE_BYTES),
+                   help="compute dtype (default bf16); fp8 on the clusters whose devices have FP8 tensor cores, a "
+                   "row saying why on the others")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="time vs cost picture with the Pareto front")
     add_runtime_option(p)
     p.add_argument("--json", action="store_true")
@@ -142,7 +144,7 @@ def sweep_cmd(args: argparse.Namespace) -> int:
             table.add_column(col, justify="left" if col in ("cluster", "best layout") else "right")
         for p in points:
             if p.estimate is None:
-                table.add_row(p.cluster, str(p.gpus), f"no layout: {p.reason[:60]}", "-", "-", "-", "-", "-", "")
+                table.add_row(p.cluster, str(p.gpus), f"no layout: {p.reason}", "-", "-", "-", "-", "-", "")
                 continue
             table.add_row(p.cluster, str(p.gpus), str(p.layout), f"{p.estimate.step_time_s:.3f} s",
                           human_bytes(p.estimate.memory.total), f"{p.estimate.mfu * 100:.1f}%",
