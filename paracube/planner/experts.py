@@ -182,8 +182,9 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         if memory_only and over is not None:
             pending.append((low, lay, over, static))
     a2ao, pruned = chosen(A2AO, rt, fixed), 0
+    bars = _Bars(fits, top_k)
     for low, lay, over, static in sorted(pending, key=lambda p: p[0]):
-        if rungs and not a2ao and low >= _bar(fits, top_k, lay.mode if mode_bests else None):
+        if rungs and not a2ao and low >= bars.bar(lay.mode if mode_bests else None):
             pruned += 1
             rejected[memory] -= len(zeros)
             continue
@@ -191,6 +192,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         # alone exceed the cap at every zero stage no rung fits (nothing priced)
         saved = ladder(lay, zeros, rungs, price, mem_cap) if rungs and static <= mem_cap else []
         fits += saved
+        bars.add(saved)
         rejected[memory] -= len(zeros) * bool(saved)  # refused only where no rung fits it (as offloading's)
         if not saved and (not least or over[0] < least[0][0]):
             least[:] = [over]
@@ -205,14 +207,22 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
     return ExpertsResult(fits[:top_k], scored, +rejected, pruned, per_mode)
 
 
-def _bar(fits: list[tuple[Layout, StepEstimate]], top_k: int, mode: str | None = None) -> float:
-    """The step a layout must beat to enter the ranking: the top_k-th best so far (inf with fewer), and with `mode`
-    (mode_bests) at least that mode's best so far (inf with none)."""
-    best = sorted(e.step_time_s for _, e in fits)[:top_k]
-    bar = best[-1] if len(best) >= top_k else math.inf
-    if mode is not None:
-        bar = max(bar, min((e.step_time_s for lay, e in fits if lay.mode == mode), default=math.inf))
-    return bar
+class _Bars:
+    """The step a layout must beat to enter the ranking, kept as layouts are found: the top_k-th best so far (inf
+    with fewer) and, asked for a mode (mode_bests), at least that mode's best so far (inf with none)."""
+
+    def __init__(self, fits: list[tuple[Layout, StepEstimate]], top_k: int) -> None:
+        self.top_k, self.best, self.modes = top_k, [], {}
+        self.add(fits)
+
+    def add(self, found: list[tuple[Layout, StepEstimate]]) -> None:
+        self.best = sorted([*self.best, *(e.step_time_s for _, e in found)])[:self.top_k]
+        for lay, e in found:
+            self.modes[lay.mode] = min(self.modes.get(lay.mode, math.inf), e.step_time_s)
+
+    def bar(self, mode: str | None = None) -> float:
+        bar = self.best[-1] if len(self.best) >= self.top_k else math.inf
+        return max(bar, self.modes.get(mode, math.inf)) if mode is not None else bar
 
 
 def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: list[tuple[Layout, StepEstimate]],
@@ -233,6 +243,7 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
     splitting over the devices otherwise for each. `mode_bests`: nor is one priced whose bound may beat its tensor
     mode's best so far."""
     out: list[tuple[Layout, StepEstimate]] = []
+    bars = _Bars(fits, top_k)
     for lay, est in sorted(fits, key=lambda r: r[1].step_time_s):
         if lay.pp == 1 or (training.global_batch // (lay.dp * lay.micro_batch)) % lay.pp:  # interleaved 1F1B's rule
             continue
@@ -240,7 +251,7 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
             var = replace(lay, interleave=v)
             on = replace(var, a2ao=True)
             var = on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else var
-            bar = _bar([*fits, *out], top_k, var.mode if mode_bests else None)
+            bar = bars.bar(var.mode if mode_bests else None)
             if not var.a2ao and est.step_time_s - est.bubble_time_s * (1.0 - 1.0 / v) >= bar:
                 continue  # loses whatever it prices at (a larger v's bound is lower: it may not)
             higher = [z for z in zeros if z >= lay.zero]
@@ -253,6 +264,7 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
             if found is None:  # (a larger v may fit: its blocks split over the devices otherwise)
                 continue
             out.append(found)
+            bars.add([found])
     return out
 
 

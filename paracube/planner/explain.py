@@ -8,7 +8,8 @@ layout otherwise), and the margin is its predicted step time relative to the bes
 for cp > 1 the runner-up is the best layout without context parallelism (cp=1). v is a choice only with pp > 1,
 sp only with 1d, placement only with two or more axes of size > 1. When the ranked list holds every valid layout
 (fewer rows than asked for), a part with no other value is reported as the only valid one, except the recomputation
-and the placement: the search leaves their dominated or identically priced twins unranked (UNRANKED_TWINS).
+and the placement, whose dominated or identically priced twins the search leaves unranked (UNRANKED_TWINS), and the
+parts it did not vary (SearchResult.unsearched): their lines say why instead.
 Rows that differ only in where size-1 axes sit are the same layout (size-1 axes change no group):
 `dedupe` keeps the first of them.
 """
