@@ -193,6 +193,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -200,15 +201,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from paracube.calibration.from_runs import fit_cluster, fit_runs, shipped_fit  # noqa: E402
 from paracube.calibration.run_prediction import predict, preset_topology  # noqa: E402
 from paracube.calibration.runs_csv import Run, read_runs  # noqa: E402
-from paracube.cost_models.moe_a2a import A2A_NIC_EFF, A2A_NIC_SOURCE  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
-from paracube.topologies.devices import HOST_ISSUE_SCALE  # noqa: E402
 from paracube.topologies.efficiency import (  # noqa: E402
+    A2A_NIC,
     FABRICS,
     FP8_GEMM,
     GENERATIONS,
+    HOST_ISSUE,
     OVERLAP_DRAG,
     STRAGGLER,
+    host_figures,
     sources,
 )
 from paracube.topologies.nvswitch import fabrics  # noqa: E402
@@ -259,9 +261,11 @@ def _figures() -> None:
         print(line)
     print("  fabrics: " + ", ".join(f"{k} {f.values['eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
                                     for k, f in FABRICS.items()))
-    print(f"  MoE all-to-all across nodes: {A2A_NIC_EFF:.2f} of the NIC's line rate ({A2A_NIC_SOURCE})")
-    print(f"  GPU host's issue time: {HOST_ISSUE_SCALE:.2f} x the ops' measured seconds (fitted on {HOST_FIT_ROW}; "
-          "devices.HOST_ISSUE_SCALE)")
+    print("  MoE all-to-all across nodes, of the NIC's line rate: " + ", ".join(
+        f"{k} {f.values['a2a_eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}" for k, f in A2A_NIC.items()))
+    print("  GPU host's issue time, x the ops' measured seconds: " + ", ".join(
+        f"{k} {f.values['host_scale']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
+        for k, f in ((g, host_figures(g)) for g in GENERATIONS)))
     print("where each figure comes from, per preset:")
     for name, p in PRESETS.items():
         if p.fixed_nodes or name not in ("dgx2-v100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"):
@@ -297,28 +301,24 @@ def refit(today: list[Run], runs: list[Run]) -> None:
 
 
 def refit_moe(moe: list[Run]) -> None:
-    """The MoE figures, each on its one fit row, in turn: A2A_NIC_EFF in (0.3, 1] on the all-to-all row (a token-drop
-    row: no host waits), then devices.HOST_ISSUE_SCALE in [1, 4] on the host-bound row at that efficiency; each by
-    bisection (a faster all-to-all only shortens the step, a slower host only lengthens it)."""
-    from paracube.cost_models import moe_a2a
-    from paracube.topologies import devices
+    """The MoE figures, each on its one fit row, in turn: the all_to_all's a2a_eff in (0.3, 1] on the all-to-all row
+    (a token-drop row: no host waits), then the host's host_scale in [1, 4] on the host-bound row at the shipped
+    a2a_eff; each by bisection (a faster all-to-all only shortens the step, a slower host only lengthens it), on
+    presets built with the trial figure (a Fit), the shipped figures otherwise."""
 
-    def bisect(name: str, setter, lo: float, hi: float, rising: bool) -> float:  # type: ignore[no-untyped-def]
+    def bisect(name: str, figure: str, lo: float, hi: float, rising: bool) -> float:
         r = next(r for r in moe if r.name == name and r.split == "fit")
+        start = shipped_fit(PRESETS[r.cluster].build(1, 1).device.name, r.cluster)
         for _ in range(14):
             mid = (lo + hi) / 2
-            setter(mid)
-            over = predict(r, preset_topology(r), "megatron")[1] > r.measured_s
+            over = predict(r, preset_topology(r, replace(start, **{figure: mid})), "megatron")[1] > r.measured_s
             lo, hi = (lo, mid) if over == rising else (mid, hi)
-        setter((lo + hi) / 2)
         return (lo + hi) / 2
 
-    eff = bisect(A2A_FIT_ROW, lambda x: setattr(moe_a2a, "A2A_NIC_EFF", x), 0.3, 1.0, rising=False)
-    print(f"refit A2A_NIC_EFF on {A2A_FIT_ROW}: {eff:.3f} (shipped {A2A_NIC_EFF:.2f})")
-    moe_a2a.A2A_NIC_EFF = A2A_NIC_EFF
-    scale = bisect(HOST_FIT_ROW, lambda x: setattr(devices, "HOST_ISSUE_SCALE", x), 1.0, 4.0, rising=True)
-    print(f"refit HOST_ISSUE_SCALE on {HOST_FIT_ROW}: {scale:.3f} (shipped {HOST_ISSUE_SCALE:.2f})")
-    devices.HOST_ISSUE_SCALE = HOST_ISSUE_SCALE
+    eff = bisect(A2A_FIT_ROW, "a2a_eff", 0.3, 1.0, rising=False)
+    print(f"refit a2a_eff on {A2A_FIT_ROW}: {eff:.3f} (shipped {A2A_NIC['ndr-ib'].values['a2a_eff']:.2f})")
+    scale = bisect(HOST_FIT_ROW, "host_scale", 1.0, 4.0, rising=True)
+    print(f"refit host_scale on {HOST_FIT_ROW}: {scale:.3f} (shipped {HOST_ISSUE['hopper'].values['host_scale']:.2f})")
 
 
 def main() -> None:

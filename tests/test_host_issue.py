@@ -67,6 +67,24 @@ def test_host_bound_block_grows_by_its_host_seconds(h100: object, engine: object
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_host_factor_is_the_presets_figure(h100: object, engine: object) -> None:
+    """The host's factor is a figure of the preset's calibration (gemm.host_scale: efficiency.HOST_ISSUE, a refit's
+    Fit), not module state: a topology whose calibration doubles it doubles a host-bound block's growth (1e-6
+    relative, as above), and the shipped preset carries devices.HOST_ISSUE_SCALE."""
+    cal = as_calibration(h100.calibration)  # type: ignore[attr-defined]
+    assert cal.gemm.host_scale == HOST_ISSUE_SCALE
+    doubled = load_topology("dgx-h100", gpus=16)
+    doubled.calibration = replace(cal, gemm=replace(cal.gemm, host_scale=2 * HOST_ISSUE_SCALE))
+    model = PRESETS["qwen3-30b-a3b"]
+
+    def grown(topo: object) -> float:
+        return (step(engine, model, TRAIN, LAYOUT, topo, MEGATRON.with_(moe_host_ops=BIGGER))
+                - step(engine, model, TRAIN, LAYOUT, topo, MEGATRON.with_(moe_host_ops=BIG)))
+
+    assert grown(doubled) == pytest.approx(2 * grown(h100), rel=1e-6)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_experts_with_biases_issue_their_bias_ops(h100: object, engine: object) -> None:
     """Experts with biases (GPT-OSS: TEGroupedMLP._apply_bias) issue MoEHostOps.bias more: on a host-bound block the
     step grows by micro-batches x blocks x those ops' seconds (1e-6 relative, as above); experts without biases

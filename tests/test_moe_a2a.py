@@ -39,6 +39,26 @@ def test_slower_of_nvlink_and_each_ranks_own_nic(h100: object, ep: int) -> None:
     assert bw < ring_bw  # the ring crossed nodes over every NIC of the node
 
 
+def test_a_fit_prices_its_own_all_to_all_figure() -> None:
+    """The all_to_all's share of the line rate is a figure of the preset (efficiency.A2A_NIC, carried in its
+    calibration), so a refit builds a preset with its trial value (published_runs.py --refit) and no module state
+    changes: the NIC part of an ep=32 group over 4 nodes runs at the fit's rate, the shipped preset's at its own."""
+    from dataclasses import replace
+
+    from paracube.calibration.from_runs import shipped_fit
+    from paracube.topologies.presets import PRESETS as CLUSTERS
+
+    lay = parse_layout("dp=32,ep=32,tp=none,mb=1")
+    start = shipped_fit("H100-SXM-80GB", "dgx-h100")
+    nvlink = load_topology("dgx-h100", gpus=8).group_link(list(range(8))).bandwidth  # type: ignore[attr-defined]
+    for eff in (0.5, A2A_NIC_EFF):
+        topo = CLUSTERS["dgx-h100"].build(4, 8, fit=replace(start, a2a_eff=eff))
+        bw, _ = expert_links(lay, LinkCache(topo))[A2A + ("ep",)]
+        assert bw == pytest.approx(31 / max(7 / nvlink, 24 / (NDR_IB * eff)), rel=1e-6)
+    shipped, _ = expert_links(lay, LinkCache(load_topology("dgx-h100", gpus=32)))[A2A + ("ep",)]
+    assert shipped == pytest.approx(bw, rel=1e-12)
+
+
 @pytest.mark.parametrize(("name", "text"), [
     ("qwen3-30b-a3b", "dp=32,ep=32,tp=none,mb=1,zero=1"),
     ("qwen3-30b-a3b", "dp=16,ep=16,tp=1d:2,sp,mb=1,zero=1,overlap"),

@@ -93,6 +93,9 @@ class GemmModel:
     straggler: float = 0.0
     sync: float = 0.0  # seconds the device idles per host wait (DeviceSpec.sync_s; cost_models/host_sync.py)
     host_bw: float = 0.0  # bytes/s per direction to the host (DeviceSpec.host_bandwidth; cost_models/offload.py)
+    # How much slower the host issues a MoE block's ops than devices.HOST_OP_S measured (a fitted figure per device
+    # generation, topologies/efficiency.HOST_ISSUE; cost_models/host_issue.py); 1: as measured.
+    host_scale: float = 1.0
 
     @property
     def waits(self) -> bool:

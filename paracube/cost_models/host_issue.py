@@ -18,9 +18,10 @@ G_f: the block's forward on the GPU: the dense part's block (compute.block_compu
 + the MoE forward (moe.block_cost, less its wait) + its in-line collectives (counts, dispatch, combine); G_b alike
 (with `a2ao` the collectives are counted whole: a lower bound on the idle). Ops (n, e) are the runtime's declaration
 (Runtime.moe_host_ops, counted from its own code); the seconds per op are the host's: devices.HOST_OP_S /
-HOST_BWD_OP_S, measured without a GPU, times devices.HOST_ISSUE_SCALE, fitted on one DGX H100 row (what a GPU host adds
-per op: each kernel's launch, Transformer Engine's Python, the ops the count leaves out), on a device with a host of
-its own (DeviceSpec.sync_s > 0: not the local CPU, whose op overhead is priced per op already, compute.py).
+HOST_BWD_OP_S, measured without a GPU, times GemmModel.host_scale (the generation's efficiency.HOST_ISSUE,
+devices.HOST_ISSUE_SCALE, fitted on one DGX H100 row: what a GPU host adds per op, each kernel's launch, Transformer
+Engine's Python, the ops the count leaves out), on a device with a host of its own (DeviceSpec.sync_s > 0: not the
+local CPU, whose op overhead is priced per op already, compute.py).
 
 What it leaves out: the host's share of a step without waits (hidden on every published row:
 benchmarks/published_runs.py); the count's shape (a constant and a slope per local expert, from Megatron-core's
@@ -49,9 +50,8 @@ def issue_seconds(moe: MoESpec, d: Dims, layout: Layout, g: GemmModel) -> tuple[
         return 0.0, 0.0
     local = moe.experts // layout.ep
     fwd, fwd_expert, bwd, bwd_expert = ops.of(moe.expert_bias)
-    scale = devices.HOST_ISSUE_SCALE  # read per call: published_runs.py --refit fits it
-    return ((fwd + fwd_expert * local) * devices.HOST_OP_S * scale,
-            (bwd + bwd_expert * local) * devices.HOST_BWD_OP_S * scale)
+    return ((fwd + fwd_expert * local) * devices.HOST_OP_S * g.host_scale,
+            (bwd + bwd_expert * local) * devices.HOST_BWD_OP_S * g.host_scale)
 
 
 def idle_seconds(moe: MoESpec, d: Dims, layout: Layout, g: GemmModel, gpu_fwd: float,

@@ -21,7 +21,8 @@ takes  a + (P / n) max_e w(e) / B(e)  (a: the longest of its routes' summed late
 
 i.e. collective_time("all_to_all", n, 1, P, B_a2a, a). On a DGX with the group over nodes of m ranks each,
 1 / B_a2a = max((m - 1) / B_nvlink, (n - m) / B_nic) / (n - 1): the slower of the NVLink part and the NIC part,
-each rank's cross-node share through its own NIC. B_nic: the line rate x A2A_NIC_EFF (fitted: below), not the ring's
+each rank's cross-node share through its own NIC. B_nic: the line rate x the fabric's all_to_all figure (nic_scale;
+topologies/efficiency.A2A_NIC: A2A_NIC_EFF on NDR, fitted), not the ring's
 fabric efficiency (NCCL's all-to-all is many per-peer flows, not a ring's few large channels).
 
 Latency of the deduplicating dispatchers (Dispatch.dedup: DeepEP, HybridEP; moe_dispatch.py): one call is ONE kernel
@@ -31,7 +32,7 @@ peers in flight together), not a sequence of per-peer exchanges: its latency is 
 engines decompose the call into the same n - 1 steps, so each step carries a / (n - 1) (`_weights`). DeepEP's own
 table (H800, CX7 400 Gb/s, 4096 tokens of DeepSeek-V3's shape: 0.87-0.89 of the line rate at EP 32 / 64 once its
 counted bytes are the remote nodes' only) times the whole call, so its startup sits inside that rate, which is
-A2A_NIC_EFF's (fitted on an alltoall row, 0.90). The plain all_to_all (NCCL's grouped sends, the alltoall dispatcher)
+A2A_NIC_EFF's (fitted on an alltoall row, 0.91). The plain all_to_all (NCCL's grouped sends, the alltoall dispatcher)
 keeps (n - 1) a: its fit row was fitted with it.
 
 Engines: the analytic engine reads `a2a_link` (moe_links.expert_links, keyed A2A + axes); the event engine simulates
@@ -50,29 +51,15 @@ import numpy as np
 
 from paracube.cost_models.links import LinkCache, groups_from_runs, runs_for
 from paracube.cost_models.moe_dispatch import Dispatch
-from paracube.topologies.efficiency import fabric_eff
+from paracube.topologies.calibration import as_calibration
+from paracube.topologies.efficiency import A2A_NIC_EFF, a2a_eff, fabric_eff
 from paracube.topologies.nvswitch import SYSTEMS, fabrics
 
 if TYPE_CHECKING:  # the event engine's link table loads where an all-to-all is priced (not for dense models)
     from paracube.cost_models.event_links import LinkTable, Template
 
 A2A = ("all_to_all",)  # the links key prefix of an all_to_all's group (moe_links.expert_links, moe.comm_time)
-# The fraction of a NIC's line rate an all_to_all's cross-node flows reach, on the fabric links they cross (in place
-# of the fabric's ring-fitted efficiency, efficiency.FABRICS). FITTED on ONE row, qwen3-235b-256
-# (benchmarks/data/published_runs_moe.csv, Megatron-Bridge 25.09, ep=32 over 4 DGX H100 nodes); the other MoE rows
-# are held out (its alltoall dispatcher: a token-drop run). Refitted on this head (`published_runs.py --refit`: 0.911,
-# once the attention core's selective recomputation is priced at its true head width, attention_correction.py, and
-# each block's MLP at its own width, mlp_delta.py; 0.899 before them, 0.92 before the Hopper NVLink refit); DeepEP's
-# own table (H800, CX7 400 Gb/s) reads 0.87-0.89 of the line rate once its counted bytes are the remote nodes' only
-# (moe_dispatch.py). NDR InfiniBand only was fitted; the other fabrics of the NVSwitch presets borrow it. Since the
-# routing weights' own all_to_all is priced beside the alltoall dispatcher's (moe_dispatch.sends_probs: 3,072 calls a
-# step on the fit row's slowest stage, 143.7 us each at the fabric's (n - 1) latencies) the fit row prices +1.9% and
-# the refit gives 0.946; 0.91 is kept: above DeepEP's own 0.87-0.89 the refit would only carry that small call's
-# latency into the bandwidth of every DeepEP / HybridEP row (none of which sends it); held-out MoE mean |error| 20.8%
-# at 0.91, 21.0% at 0.946 (before the host issue factor was fitted, devices.HOST_ISSUE_SCALE).
-A2A_NIC_EFF = 0.91
 PLAIN = Dispatch()  # the plain all_to_all: every flow as it is
-A2A_NIC_SOURCE = "fitted on qwen3-235b-256 (benchmarks/data/published_runs_moe.csv) only; other fabrics borrow it"
 
 
 def _near(groups: np.ndarray, rep: int, dpn: int) -> tuple[np.ndarray, int]:
@@ -84,13 +71,17 @@ def _near(groups: np.ndarray, rep: int, dpn: int) -> tuple[np.ndarray, int]:
 
 
 def nic_scale(topo: object) -> float:
-    """A2A_NIC_EFF over the fabric efficiency an NVSwitch preset's fabric links carry (its shipped one,
-    efficiency.FABRICS; a preset built with other fitted figures, from_runs' refit, is scaled as if shipped); 1 for
-    any other topology (its links' rates as given)."""
+    """The all_to_all's fraction of the line rate (the topology's calibration's gemm.a2a_eff, else its inter-node
+    fabric's, efficiency.A2A_NIC) over the fabric efficiency an NVSwitch preset's fabric links carry (its shipped
+    one, efficiency.FABRICS; a preset built with other fitted fabric figures is scaled as if shipped); 1 for any
+    other topology (its links' rates as given)."""
     name = str(getattr(topo, "name", ""))
     if name not in SYSTEMS:
         return 1.0
-    return A2A_NIC_EFF / fabric_eff(fabrics(name)[1])
+    inter = fabrics(name)[1]
+    gemm = getattr(as_calibration(getattr(topo, "calibration", None)), "gemm", None)
+    eff = getattr(gemm, "a2a_eff", None) or a2a_eff(inter) or A2A_NIC_EFF
+    return eff / fabric_eff(inter)
 
 
 def a2a_weights(table: LinkTable, groups: np.ndarray, rep: int, dpn: int,
@@ -204,4 +195,4 @@ def a2a_terms(cache: LinkCache, placement: Sequence[tuple[str, int]], axes: Sequ
     return hit if hit is not None else (0.0, 1.0 / bw)
 
 
-__all__ = ["A2A", "A2A_NIC_EFF", "A2A_NIC_SOURCE", "a2a_link", "a2a_terms", "a2a_template", "a2a_weights", "nic_scale"]
+__all__ = ["A2A", "A2A_NIC_EFF", "a2a_link", "a2a_terms", "a2a_template", "a2a_weights", "nic_scale"]

@@ -95,7 +95,14 @@ class GemmFit:
     # Per-rank jitter, sqrt(s), that the step's barrier over the data-parallel replicas meets
     # (cost_models/stragglers.py); absent: the device generation's figure (topologies/efficiency.STRAGGLER).
     straggler: float | None = None
-    POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0", "flash_eff")
+    # How much slower the GPU's host issues a MoE block's ops than devices.HOST_OP_S measured
+    # (cost_models/host_issue.py); absent: the device generation's figure (topologies/efficiency.HOST_ISSUE).
+    host_scale: float | None = None
+    # An all_to_all's fraction of the NIC line rate across nodes (cost_models/moe_a2a.py); absent: the inter-node
+    # fabric's figure (topologies/efficiency.A2A_NIC).
+    a2a_eff: float | None = None
+    POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0", "flash_eff",
+                "host_scale", "a2a_eff")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ Peaks stay the spec sheets' (devices.py, rates.py). These few efficiencies, the 
   second a data-parallel collective's NVLink ring runs beside it (its kernels hold SMs and HBM bandwidth);
 - per device generation, the replica jitter (STRAGGLER, cost_models/stragglers.py): the step's barrier over the
   data-parallel replicas waits s sqrt(step) E[max of dp normals] for the slowest.
+- per inter-node fabric, the fraction of the line rate a MoE all_to_all's cross-node flows reach (A2A_NIC,
+  cost_models/moe_a2a.py), and per device generation the host's issue factor on the measured seconds per op
+  (HOST_ISSUE, cost_models/host_issue.py); both ride in a preset's calibration (gemm.a2a_eff, gemm.host_scale), so
+  a refit prices a trial value by building a preset with it (efficiency_calibration.Fit).
 Fitted by `paracube calibrate --from-runs benchmarks/data/published_runs.csv` (calibration/from_runs.py; fit and
 held-out rows: benchmarks/published_runs.py), 2026-11, on the A100 and V100 rows (eff_max and mem_eff end at
 the upper ends of their plausible ranges, 0.95 and 0.9; with m0 ~ 330 a 4096^3 fp16 GEMM runs at 75% of peak).
@@ -199,6 +203,28 @@ FABRICS: dict[str, Figures] = {
 for _name, _like in (("edr-ib", "hdr-ib"), ("xdr-ib", "ndr-ib"), ("nvlink5-nvswitch", "nvlink4-nvswitch")):
     FABRICS[_name] = Figures(FABRICS[_like].values, f"borrowed from {_like}: no run of the set uses {_name}", False)
 
+# The fraction of a NIC's line rate an all_to_all's cross-node flows reach, on the fabric links they cross (in place
+# of the fabric's ring-fitted efficiency, FABRICS; cost_models/moe_a2a.py). FITTED on ONE row, qwen3-235b-256
+# (benchmarks/data/published_runs_moe.csv, Megatron-Bridge 25.09, ep=32 over 4 DGX H100 nodes, the alltoall
+# dispatcher of a token-drop run); the other MoE rows are held out. `published_runs.py --refit` gives 0.911 without
+# the routing weights' own all_to_all (moe_dispatch.sends_probs: 3,072 calls a step on the fit row's slowest stage,
+# 143.7 us each at the fabric's (n - 1) latencies) and 0.946 with it; 0.91 is kept: above DeepEP's own 0.87-0.89 (its
+# table, H800 with CX7 400 Gb/s, once its counted bytes are the remote nodes' only: moe_dispatch.py) the refit would
+# only carry that small call's latency into the bandwidth of every DeepEP / HybridEP row, none of which sends it.
+A2A_NIC_EFF = 0.91
+_A2A_ROW = "qwen3-235b-256 of benchmarks/data/published_runs_moe.csv"
+A2A_NIC: dict[str, Figures] = {"ndr-ib": Figures({"a2a_eff": A2A_NIC_EFF}, f"fitted on {_A2A_ROW} only", True)}
+for _name in ("edr-ib", "hdr-ib", "xdr-ib"):
+    A2A_NIC[_name] = Figures(A2A_NIC["ndr-ib"].values, f"borrowed from ndr-ib ({_A2A_ROW}): no MoE run of the set "
+                             f"uses {_name}", False)
+
+# How much slower a GPU host issues a MoE block's ops than devices.HOST_OP_S / HOST_BWD_OP_S measured
+# (cost_models/host_issue.py; devices.HOST_ISSUE_SCALE says what it carries): fitted on the DGX H100's host, which
+# the H200 shares; every other GPU host borrows it.
+_HOST_ROW = "qwen3-30b-16-fp8 of benchmarks/data/published_runs_moe.csv"
+HOST_ISSUE: dict[str, Figures] = {"hopper": Figures({"host_scale": HOST_ISSUE_SCALE}, f"fitted on {_HOST_ROW}", True)}
+_BORROWED_HOST = Figures(HOST_ISSUE["hopper"].values, "borrowed from the DGX H100's host", False)
+
 # Devices priced with their generation's figures. The SXM2 V100 (longhorn) and the RTX 5000 keep the model's
 # defaults (compute.GemmModel): no published run is on them, and the seed experiment's figures use those.
 CALIBRATED_DEVICES = ("V100-SXM3-32GB", "A100-SXM-80GB", "H100-SXM-80GB", "H200-SXM-141GB", "B200-SXM-180GB",
@@ -212,8 +238,9 @@ def device_eff(device: DeviceSpec) -> dict[str, float] | None:
     fp8 = FP8_GEMM.get(device.generation)
     drag = OVERLAP_DRAG[device.generation].values if device.generation in OVERLAP_DRAG else {}
     jitter = STRAGGLER[device.generation].values if device.generation in STRAGGLER else {}
+    host = host_figures(device.generation).values
     return {**GENERATIONS[device.generation].values, **(fp8.values if fp8 and device.has_fp8 else {}), **drag,
-            **jitter}
+            **jitter, **host}
 
 
 def overlap_drag(device: DeviceSpec) -> float:
@@ -235,6 +262,21 @@ def fabric_eff(name: str) -> float:
     return FABRICS[name].values["eff"] if name in FABRICS else 1.0
 
 
+def a2a_eff(name: str) -> float | None:
+    """An all_to_all's fraction of the line rate on an inter-node fabric (A2A_NIC), None for one without it."""
+    return A2A_NIC[name].values["a2a_eff"] if name in A2A_NIC else None
+
+
+def host_figures(generation: str) -> Figures:
+    """A generation's host issue factor: its own where fitted (HOST_ISSUE), else borrowed from the DGX H100's."""
+    return HOST_ISSUE.get(generation, _BORROWED_HOST)
+
+
+def host_scale(device: DeviceSpec) -> float:
+    """The device's host issue factor (host_figures of its generation)."""
+    return host_figures(device.generation).values["host_scale"]
+
+
 def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, str]:
     """Where each efficiency a preset prices with came from (`paracube topologies`): "fitted on ..." or
     "NOT FITTED: borrowed from ..."; devices without figures price with the model's defaults."""
@@ -253,6 +295,9 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
     for tier, fabric in (("intra-node", intra), ("inter-node", inter)):
         if fabric:
             out[f"{tier} {fabric}"] = _say(FABRICS[fabric]) if fabric in FABRICS else "nominal rate: no figure"
+    if inter in A2A_NIC:
+        f = A2A_NIC[inter]
+        out[f"all-to-all {inter}"] = f"{_say(f)} ({f.values['a2a_eff']:.2f} of the line rate, cost_models/moe_a2a.py)"
     if device.host_bandwidth > 0:  # activation offloading's link and host memory (host_link.py)
         out["host link"] = describe(device.host_bandwidth, device.host_memory_bytes)
     if device.sync_s > 0:  # the GPU's idle per host wait (cost_models/host_sync.py)
@@ -262,16 +307,11 @@ def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, s
 
 
 def _host_issue(generation: str) -> str:
-    """Where a GPU host's seconds per op come from (devices.HOST_ISSUE_SCALE): fitted on a DGX H100 MoE row; the
-    Hopper hosts (DGX H100 and H200: the same Xeons) take it, every other host borrows it."""
+    """Where a GPU host's seconds per op come from (HOST_ISSUE: the measured seconds per op times its factor)."""
+    f = host_figures(generation)
     figure = (f"{HOST_OP_S * 1e6:.1f} us an op forward, {HOST_BWD_OP_S * 1e6:.1f} backward measured on a Xeon, x "
-              f"{HOST_ISSUE_SCALE:.2f} ")
-    if generation == "hopper":
-        return figure + FITTED_HOST_ISSUE
-    return f"NOT FITTED: {figure}borrowed from the DGX H100's host (devices.HOST_ISSUE_SCALE)"
-
-
-FITTED_HOST_ISSUE = "fitted on qwen3-30b-16-fp8 of benchmarks/data/published_runs_moe.csv (devices.HOST_ISSUE_SCALE)"
+              f"{f.values['host_scale']:.2f} ")
+    return (figure + f.source if f.fitted else f"NOT FITTED: {figure}{f.source}") + " (devices.HOST_ISSUE_SCALE)"
 
 
 def _say(f: Figures) -> str:

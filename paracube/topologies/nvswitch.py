@@ -107,7 +107,8 @@ def build(name: str, nodes: int = 16, gpus_per_node: int | None = None, oversubs
     per = s.gpus if gpus_per_node is None else gpus_per_node
     check(1 <= per <= s.gpus, f"{name}: gpus_per_node={per!r}; valid: 1..{s.gpus}")
     topo = build_switched(nodes=nodes, oversubscription=oversubscription, **switched_links(name, per, fit, nic))
-    topo.calibration = published_calibration(topo.device, None if fit is None else fit.device())
+    inter = NICS[nic][1] if nic else s.inter
+    topo.calibration = published_calibration(topo.device, None if fit is None else fit.device(), inter)
     if s.devices_per_host and per > s.devices_per_host:  # launch one process group per host (plan's launch)
         topo.devices_per_host = s.devices_per_host  # type: ignore[attr-defined]
     return topo
