@@ -274,7 +274,7 @@ def host_figures(generation: str) -> Figures:
 
 def host_scale(device: DeviceSpec) -> float:
     """The device's host issue factor (host_figures of its generation)."""
-    return host_figures(device.generation).values["host_scale"]
+    return host_figures(str(getattr(device, "generation", ""))).values["host_scale"]
 
 
 def sources(device: DeviceSpec, intra: str = "", inter: str = "") -> dict[str, str]:
