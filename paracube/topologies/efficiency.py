@@ -14,98 +14,20 @@ Peaks stay the spec sheets' (devices.py, rates.py). These few efficiencies, the 
   cost_models/moe_a2a.py), and per device generation the host's issue factor on the measured seconds per op
   (HOST_ISSUE, cost_models/host_issue.py); both ride in a preset's calibration (gemm.a2a_eff, gemm.host_scale), so
   a refit prices a trial value by building a preset with it (efficiency_calibration.Fit).
-Fitted by `paracube calibrate --from-runs benchmarks/data/published_runs.csv` (calibration/from_runs.py; fit and
-held-out rows: benchmarks/published_runs.py), 2026-11, on the A100 and V100 rows (eff_max and mem_eff end at
-the upper ends of their plausible ranges, 0.95 and 0.9; with m0 ~ 330 a 4096^3 fp16 GEMM runs at 75% of peak).
-Since rings cross nodes through the NICs their members own (fit3/fit4, topology.ring_channels) the A100 rows'
-128-way data-parallel ring of tp=none / 2 / 4 (8, 4, 2 members per node) is NVLink-bound (150 GB/s, 8 x 19.5 GB/s
-of HDR beside it) where it was NIC-bound (19.5 GB/s); the rd-dp rows go from -3.3 / -5.1 / -5.1% to -6.5 / -6.8 /
--5.8% (tp=8, one member per node: +1.0%, unchanged). The miss is not a fabric figure: refitting NVLink 3 and HDR
-with channels (0.47, 0.59) leaves them at -6.4 / -6.2 / -4.5% and moves the held-out rows from 1.7% to 2.8%; a
-longer network step latency (NCCL's Simple protocol, ~14 us) sends the tp=4 / tp=8 rows to +10 / +18%; 16-bit
-gradients (2020 Megatron's fp16 grads) make them faster still. Measured, those three rows pay 75-80 ms over
-their dp=1 rows where the tp=8 one pays 37 ms. Two model errors explained part of it (fit5, 2026-12): the overlap
-model priced the queue's tail at the embedding's bucket alone where the last block's gradients and the bucket it
-completes leave with it (grad_overlap.py, modes/buckets.release_counts), and the tensor-parallel collectives of
-the last backward ran as if the dp ring's NVLink hops were not beside them (cost_models/contention.py). With
-both the rows are -5.8 / -5.2 / -3.8%; tp=none (no tensor collective) keeps most of its miss. Figures kept as
-fitted (2026-11); the channel split is what NCCL does.
-Hopper and Blackwell (2026-12): calibration/from_runs.fit_runs (runtime megatron) on the fit rows of
-benchmarks/data/published_runs_today.csv (`python benchmarks/published_runs.py --refit` re-runs both fits):
-- hopper, on 8 DGX H100 rows (Nemotron-4 15B bf16 and FP8 at 16 and 128 GPUs, Nemotron-4 340B FP8 at 1024,
-  Llama 2 7B FP8 at 16K tokens, Llama 3.1 8B bf16 cp=2 on one node, Llama 3.1 70B bf16 at 64 GPUs), with each
-  row's gradient element (grad_reduce) and Megatron-core's 16-bit parameter all-gather priced. NDR is not fitted:
-  it is held at 0.85, NCCL's bus bandwidth on 400 Gb/s ConnectX-7 (nccl-tests all_reduce on DGX H100 SuperPODs
-  reaches ~42-45 GB/s per NIC of the 50 nominal, 0.85-0.9). Freed, it absorbed what the model missed elsewhere:
-  0.46 (fit2, rings crossing nodes through one NIC) and 0.42 (fit3), which made the Blackwell rows that cross
-  NDR with a wide dp ring wrong (b200-n4-340B +40%). Free (fit5, 2026-12, after the overlap tail and the
-  tensor / data-parallel link sharing were priced): the 16-bit eff_max 0.690, the FP8 eff_max 0.629 (at the
-  16-bit curve's m0, so that no FP8 GEMM runs slower than its bf16 copy), flash attention's fraction of the
-  16-bit peak 0.347 (compute.attention_core_time: the long-sequence rows fix it), NVLink 4 at 0.874, and mem_eff
-  (0.9, its bound). m0 stays at fit2's 108: freed it goes to its bound 16 (the fit then memorises rows; held-out
-  3.1% either way). The H200 shares the generation and its fabrics.
-  Refit 2026-12-03 (fit6) once zero=1's FP8 parameter gather (fp8.gathered_fraction), Transformer Engine's fused
-  FP8 casts (fp8.TE_CASTS: 4 bytes a cast with delayed scaling, less where the norm / activation writes FP8) and
-  the fp32 cross-entropy's passes (compute.CE_BYTES, 28 bytes a logit, was 12) are priced: eff_max 0.694, FP8
-  eff_max 0.572, flash 0.348, mem_eff 0.9 (bound); NVLink 4 held at fit5's 0.874: freed, it goes to its bound
-  1.0 (with the FP8 gather priced, with or without the other two), trading the Nemotron-4 15B FP8 fit rows (+3 /
-  +4%, too slow) against the 340B FP8 one (-4%, too fast); a link figure does not explain that. The 340B FP8
-  rows' miss grows with dp (-0.8% at dp=2 to -8.0% at dp=32: measured +0.33 s, predicted +0.08 s; the bf16 cp=2
-  rows -1.3% to -5.5%), where the Llama 3.1 405B FP8 rows at the same tp=8 are +7..+9% (too slow). Tried and
-  not shipped (bw9, measured before the refit): NCCL's tuning-model ring latencies (src/graph/tuning.cc: 14 us a
-  network step) as the NIC latency of every collective take b200-n4-15B from -19% to -1%, but the A100 dp=128
-  all_reduce rows to +8..+81% (their ring of 128); added to the zero=1 reduce-scatters and gathers alone (8.4 us
-  a call, 3.4 / 14 us an NVLink / network step) they made rows faster through the overlap formulas (not
-  understood); 1D GEMMs split into t chunks of m / t rows (340B FP8 to -5..+2%, but its bf16 rows +11..+16%, the
-  405B's +7..+12%, the A100 pipelines' up to +30%); TE's amax all_reduce at every fp8_autocast exit (fp8.py:
-  0.4-0.7 points); after it, TE's FP8 userbuffers for the tpo all-gathers (1 byte an element: Nemotron-4 15B FP8 -2.4
-  points, 340B -0.8, 405B -1.0; H100 fit 2.6 / 4.2% -> 2.3 / 5.0%, Blackwell held out 11.4 -> 12.1%).
-- blackwell, on 4 FP8 rows of both systems (DGX B200 and GB200 NVL72: Llama 3 8B on 8 GPUs, GPT-3 175B on 512 /
-  128): the FP8 eff_max only, 0.557 at Hopper's m0 (fit6, 2026-12-03, with the FP8 gather, casts and
-  cross-entropy above: 0.520) (freeing flash_eff and NVLink 5 too sends it to its bound
-  0.95 and flash to 0.20). The misses are structural: on one node the GB200 runs Llama 3 8B 27% faster than the
-  B200 where the datasheet peaks differ by 11% (a newer NeMo, 25.04 vs 25.02, and a 1200 W power limit). The
-  rows whose step is a 64-way data-parallel ring with 8 members per node (Nemotron-4 15B, tp=none) are 13-21%
-  fast, as the A100 dp=128 tp=none row is: the exposed part of a wide NVLink-bound gradient ring is larger than
-  the overlap model gives. The 16-bit curve, mem_eff and flash_eff are Hopper's (no 16-bit Blackwell row),
-  NVLink 5 borrows NVLink 4's figure and NDR is the physical 0.85.
-  The held-out rows, read with benchmarks/step_breakdown.py (2026-12, bw8; datasheet peaks rechecked: dense, per
-  GPU): the same Nemotron-4 340B layout (dp=4, pp=4, tp=8, v=12) is measured 1.22x slower on the B200 than on the
-  GB200 and predicted 1.47x. Compute differs by the peaks' 1.10 (1.145 vs 1.043 s); the rest is the B200's dp ring,
-  one member per node over NDR (0.777 s, 0.566 s of it exposed) where the GB200's stays in NVLink 5 (0.043 s): NDR
-  is 0.30 of the B200 step, NVLink 5 0.06 of the GB200's. Measured, every same-layout pair is 1.21-1.27x apart (Llama
-  3 8B on one node, Nemotron-4 15B dp=64 inside NVLink, the 340B across NDR), as if the B200's NDR traffic were
-  hidden and the device itself were 1.2x slower, not the peaks' 1.11x (1000 W vs 1200 W, NeMo 25.02 vs 25.04):
-  neither a generation figure nor NVLink 5's can move the two rows apart the other way. Pricing the FP8 parameter
-  all-gather Megatron-core runs (fp8.gathered_fraction, since fit6) takes b200-n4-340B from +2.9% to -7.8% and the
-  H100 340B FP8 rows from -2..-7% to -4..-11%, gb200-n4-340B -14.2 to -14.9% (before fit6's other changes and
-  refit: after them +2.9 -> -6.4%, -14.2 -> -13.6%): the 340B steps' compute is predicted too fast. Share of
-  the step per figure (step_breakdown.py): FP8 GEMMs 0.69-0.70 on GPT-3 175B (the fit rows that hold
-  BLACKWELL_FP8_MAX), 0.50-0.66 on the others, where flash attention (0.13-0.28), memory-bound work (0.15-0.17)
-  and the bf16 head (0.06-0.12) are Hopper's fractions: a slower non-FP8 part on Blackwell would slow the held-out
-  rows more than the 175B ones, but no fit row separates it (freed, mem_eff goes to 0.42, flash_eff to 0.20).
-  By model, not by device: on the GB200 the Nemotron-4 rows are 16-19 points below GPT-3 175B and Llama 3 8B
-  (-14.1 / -14.2% vs +1.8 / +4.8%), on the B200 the 15B row 11-24 points (-21.3% vs -10.1 / +2.3%; the 340B's
-  exposed NDR ring covers it there); the 15B rows stay -11.6 / -9.6% with no gradient overlap at all, so no
-  collective explains them, and one FP8 figure per device would trade the fit rows against them.
-  Checked again after fit6 (bw1, 2026-12-03; nothing shipped). At equal tokens per GPU and step (n4-15B-fp8-16,
-  l31-8B-fp8-8, n4-340B-fp8-128 against the Blackwell rows of those models) B200 is measured 1.84 / 1.87 / 1.86x
-  the H100, 0.81-0.82 of the FP8 peaks' 2.27 on three models and layouts, GB200 2.22 / 2.38 / 2.27x (0.88-0.94 of
-  2.53); priced 2.39 / 2.23 / 1.97x and 2.64 / 2.44 / 2.61x. With the dp stream hidden nowhere (no gradient and no
-  gather overlap) b200 / gb200-n4-15B price -2.4 / -4.9%, but the 340B +13.9 / -11.9% and GPT-3 175B +7.1 / +6.5%.
-  NCCL's ring latencies (8.4 us a call, 3.4 / 14 us an NVLink / network step; by hand, not priced) add ~0.3 ms to
-  each of the 15B row's 131 bucket calls, ~0.04 s a pass: on the B200 the gathers (0.087 s priced) then still fit
-  in the first forward (0.145 s) and the reduce-scatters in the last backward. FP8 m0 512 with eff_max refit
-  (0.609): the fit rows +3.0 / -10.4 / +2.1 / +4.1%, the Nemotron rows -21.2 / -5.3 / -14.1 / -12.3%; flash_eff
-  freed with it (0.297, FP8 0.539): -19.9 / -7.5 / -12.8 / -14.7%. NVLink 5 at 0.6: gb200-n4-340B -8.3%, the 15B
-  rows unchanged. Overlap drag 0.23 (Ampere's): b200 / gb200-n4-15B -16.5 / -11.0%. Nemotron's encoding moves the
-  bytes it should (by hand: squared ReLU on f and a gated MLP on 2f/3 each move ~18-19 f bytes a token through
-  activation, casts and operand reads; the 256k-vocabulary cross-entropy is 16 ms of the 15B B200 step).
-  gb200-n4-340B and gb200-gpt3-175B price with nearly one mix of figures (FP8 0.69 / 0.76, memory 0.08 / 0.09,
-  flash 0.07 / 0.04, bf16 0.06 / 0.02) and miss by -13.6 / +1.5%: no generation figure can separate them.
-Scale (scale1, 2026-12-03): the step's wait for the slowest data-parallel replica priced (cost_models/stragglers.py,
-whose docstring gives the weak-scaling series' growth and what else was checked); Hopper refit with it on its fit
-rows: s 0.014 (STRAGGLER), eff_max 0.704, FP8 eff_max 0.587, flash 0.344 (mem_eff at its bound).
+Fitted (calibration/from_runs.py; `python benchmarks/published_runs.py --refit` re-runs the fits and prints the fit
+and held-out rows; docs/fidelity.md "How the figures were fitted" keeps what each fit freed, held, tried and read):
+- volta, ampere: on the dgx2-v100 and dgx-a100 rows of benchmarks/data/published_runs.csv (2026-11: eff_max and
+  mem_eff at the upper ends of their ranges, 0.95 and 0.9); Ampere's overlap drag alone since (0.23).
+- hopper: on the 8 dgx-h100 fit rows of benchmarks/data/published_runs_today.csv (Nemotron-4 15B bf16 / FP8 at 16
+  and 128 GPUs, Nemotron-4 340B FP8 at 1024, Llama 2 7B FP8 at 16K tokens, Llama 3.1 8B bf16 cp=2, Llama 3.1 70B
+  bf16 at 64): eff_max, FP8 eff_max, flash attention's fraction of the bf16 peak, mem_eff (at its bound 0.9) and
+  the replica jitter free. Held: NDR at 0.85, NCCL's bus bandwidth on 400 Gb/s ConnectX-7 (freed, it absorbs
+  misses elsewhere and breaks the Blackwell rows that cross NDR); m0 at 108 (freed, it goes to its bound 16 and
+  the fit memorises rows); NVLink 4 at 0.874 (freed, it goes to its bound 1.0, trading fit rows against each
+  other). The H200 shares the generation and its fabrics.
+- blackwell: the FP8 eff_max only, on the 4 fit rows of both systems (DGX B200, GB200 NVL72); the 16-bit curve,
+  mem_eff and flash are Hopper's (no 16-bit Blackwell row), NVLink 5 borrows NVLink 4's, NDR is the physical 0.85.
+  Its held-out misses are structural (docs/fidelity.md: the GB200 runs 1.21-1.27x the B200's on every model).
 What no run exercises is borrowed from the nearest fitted generation / fabric and flagged (`fitted=False`, or a
 `note` naming the figure) with its source; `paracube topologies` prints every preset's sources (`sources`).
 """
