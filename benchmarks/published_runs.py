@@ -21,7 +21,8 @@ Fit and held out (column `split`): the figures are fitted on the `fit` rows only
 fabric, never a factor per run. `--refit` re-runs those fits and prints them beside the shipped figures (minutes):
 Ampere's overlap drag on the dgx-a100 fit rows (AMPERE_FREE), Hopper's free figures on the dgx-h100 fit rows
 (HOPPER_FREE), Blackwell's on the fit rows of both Blackwell systems at once (BLACKWELL_FREE), and the two MoE
-figures each on its one fit row by bisection (refit_moe: the all_to_all's a2a_eff, the host's host_scale).
+figures each on its one fit row by bisection (refit_moe: the all_to_all's a2a_eff, the host's host_scale, the a2a
+overlap's a2ao_eff).
 Usage: python benchmarks/published_runs.py [--runs CSV] [--today CSV] [--fsdp CSV] [--moe CSV] [--runtime NAME]
        [--refit]
 """
@@ -41,12 +42,14 @@ from paracube.calibration.runs_csv import Run, read_runs  # noqa: E402
 from paracube.errors import ParacubeError  # noqa: E402
 from paracube.topologies.efficiency import (  # noqa: E402
     A2A_NIC,
+    A2AO_OVERLAP,
     FABRICS,
     FP8_GEMM,
     GENERATIONS,
     HOST_ISSUE,
     OVERLAP_DRAG,
     STRAGGLER,
+    a2ao_figures,
     host_figures,
     sources,
 )
@@ -57,7 +60,7 @@ DATA = Path(__file__).with_name("data") / "published_runs.csv"
 TODAY = Path(__file__).with_name("data") / "published_runs_today.csv"
 FSDP = Path(__file__).with_name("data") / "published_runs_fsdp.csv"
 MOE = Path(__file__).with_name("data") / "published_runs_moe.csv"
-A2A_FIT_ROW, HOST_FIT_ROW = "qwen3-235b-256", "qwen3-30b-16-fp8"  # the MoE fit rows (refit_moe)
+A2A_FIT_ROW, HOST_FIT_ROW, A2AO_FIT_ROW = "qwen3-235b-256", "qwen3-30b-16-fp8", "qwen3-235b-256-fp8"  # refit_moe
 # What each refit frees (from_runs.PARAMS). Hopper: NDR, m0 and NVLink 4 are held (topologies/efficiency.py: NDR at
 # NCCL's physical bus bandwidth, m0 at fit2's 108, NVLink 4 at fit5's 0.874; freed, each goes where it absorbs
 # other misses: NVLink 4 to its bound 1.0 once the FP8 parameter gather is priced); the FP8 m0 is the 16-bit
@@ -103,6 +106,9 @@ def _figures() -> None:
     print("  GPU host's issue time, x the ops' measured seconds: " + ", ".join(
         f"{k} {f.values['host_scale']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
         for k, f in ((g, host_figures(g)) for g in GENERATIONS)))
+    print("  MoE a2a overlap (a2ao), the share of the two-stream model's hidden time a run hides: " + ", ".join(
+        f"{k} {f.values['a2ao_eff']:.2f}{'' if f.fitted else ' (NOT FITTED)'}"
+        for k, f in ((g, a2ao_figures(g)) for g in GENERATIONS)))
     print("where each figure comes from, per preset:")
     for name, p in PRESETS.items():
         if p.fixed_nodes or name not in ("dgx2-v100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"):
@@ -139,9 +145,10 @@ def refit(today: list[Run], runs: list[Run]) -> None:
 
 def refit_moe(moe: list[Run]) -> None:
     """The MoE figures, each on its one fit row, in turn: the all_to_all's a2a_eff in (0.3, 1] on the all-to-all row
-    (a token-drop row: no host waits), then the host's host_scale in [1, 4] on the host-bound row at the shipped
-    a2a_eff; each by bisection (a faster all-to-all only shortens the step, a slower host only lengthens it), on
-    presets built with the trial figure (a Fit), the shipped figures otherwise."""
+    (a token-drop row: no host waits), the host's host_scale in [1, 4] on the host-bound row, the a2a overlap's
+    a2ao_eff in [0, 1] on the one row that runs it, each with the others shipped; by bisection (a faster all-to-all or
+    a larger hidden share only shortens the step, a slower host only lengthens it), on presets built with the trial
+    figure (a Fit)."""
 
     def bisect(name: str, figure: str, lo: float, hi: float, rising: bool) -> float:
         r = next(r for r in moe if r.name == name and r.split == "fit")
@@ -156,6 +163,8 @@ def refit_moe(moe: list[Run]) -> None:
     print(f"refit a2a_eff on {A2A_FIT_ROW}: {eff:.3f} (shipped {A2A_NIC['ndr-ib'].values['a2a_eff']:.2f})")
     scale = bisect(HOST_FIT_ROW, "host_scale", 1.0, 4.0, rising=True)
     print(f"refit host_scale on {HOST_FIT_ROW}: {scale:.3f} (shipped {HOST_ISSUE['hopper'].values['host_scale']:.2f})")
+    share = bisect(A2AO_FIT_ROW, "a2ao_eff", 0.0, 1.0, rising=False)
+    print(f"refit a2ao_eff on {A2AO_FIT_ROW}: {share:.3f} (shipped {A2AO_OVERLAP['hopper'].values['a2ao_eff']:.2f})")
 
 
 def main() -> None:

@@ -104,6 +104,32 @@ def test_analytic_saving_is_bounded_by_the_hidden_all_to_alls(h100: object) -> N
     assert 0 < off.step_time_s - on.step_time_s < (n - 1) / n * a2a  # part of the all_to_alls hidden, never more
 
 
+@pytest.mark.parametrize("engine", [estimate, estimate_event])
+def test_the_hidden_share_scales_the_saving(engine: object) -> None:
+    """The share of the two streams' hidden time a run hides (gemm.a2ao_eff: topologies/efficiency.A2AO_OVERLAP,
+    shipped on the preset) scales what `a2ao` takes off the step: all of it at 1, none at 0 (the step exactly as
+    without the overlap, in both engines), half of it at 0.5 (the analytic engine exactly, 1e-9 relative: the same
+    sums, the replica jitter's square root left out; the event engine within 1% of the saving: its schedule moves
+    the scaled compute ops as a whole)."""
+    from paracube.topologies.calibration import as_calibration
+
+    model, text = PRESETS["qwen3-30b-a3b"], "dp=16,ep=16,tp=none,mb=1,zero=1"
+    off = parse_layout(text)
+
+    def step(share: float, layout: object) -> float:
+        topo = load_topology("dgx-h100", gpus=16)
+        cal = as_calibration(topo.calibration)  # type: ignore[attr-defined]
+        # without Hopper's replica jitter, whose wait grows with the step's square root (cost_models/stragglers.py)
+        topo.calibration = replace(cal, gemm=replace(cal.gemm, a2ao_eff=share, straggler=0.0))  # type: ignore
+        return engine(model, TRAIN, layout, topo, with_events=False, options=MEGATRON).step_time_s  # type: ignore
+
+    plain, on = step(1.0, off), replace(off, a2ao=True)
+    whole, none, half = step(1.0, on), step(0.0, on), step(0.5, on)
+    assert whole < plain and none == pytest.approx(plain, rel=1e-12)
+    tol = 1e-9 if engine is estimate else 0.01
+    assert plain - half == pytest.approx((plain - whole) / 2, rel=tol)
+
+
 REFUSED = [
     ("paracube", "dp=8,ep=4,tp=none,mb=1,a2ao", "bf16",
      "runtime paracube (paracube run) does not overlap the MoE all_to_alls with another micro-batch's compute; "

@@ -96,6 +96,9 @@ class GemmModel:
     # How much slower the host issues a MoE block's ops than devices.HOST_OP_S measured (a fitted figure per device
     # generation, topologies/efficiency.HOST_ISSUE; cost_models/host_issue.py); 1: as measured.
     host_scale: float = 1.0
+    # The share of what moe_a2a_overlap.py's two streams hide that a run of Layout `a2ao` hides (a fitted figure per
+    # device generation, topologies/efficiency.A2AO_OVERLAP); 1: all of it.
+    a2ao_eff: float = 1.0
 
     @property
     def waits(self) -> bool:

@@ -8,11 +8,11 @@
   timing.ranks_per_core);
 - the topology's calibration (topologies/calibration.py, written by `paracube calibrate` or the shipped
   per-generation figures, topologies/efficiency.py): gemm.{eff_max, m0, n0, k0, mem_eff, flash_eff,
-  overlap_drag, straggler, host_scale}, elementwise.op_overhead_s, op_overhead_by_mode[dtype][mode] (fp16
+  overlap_drag, straggler, host_scale, a2ao_eff}, elementwise.op_overhead_s, op_overhead_by_mode[dtype][mode] (fp16
   dispatches like bf16), step_wait_s (GemmModel.ring_wait) and call_wait_s, and the collective fits
   (Calibration.comm_table);
-- the device generation's overlap drag, straggler and host issue figures (efficiency.overlap_drag / straggler /
-  host_scale) where the calibration has none.
+- the device generation's overlap drag, straggler, host issue and a2a overlap figures (efficiency.overlap_drag /
+  straggler / host_scale / a2ao_eff) where the calibration has none.
 fp8: the bf16 model with an FP8 model of the block linears' GEMMs as its `linear` (fp8 peak; the calibration's
 fp8_eff_max / fp8_m0 where fitted, else the 16-bit curve; cost_models/fp8.py); refused in one line on a device
 without an fp8 peak (workload.check_dtype_on).
@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from paracube.cost_models.compute import GemmModel
 from paracube.topologies.calibration import as_calibration
-from paracube.topologies.efficiency import host_scale, overlap_drag, straggler
+from paracube.topologies.efficiency import a2ao_eff, host_scale, overlap_drag, straggler
 from paracube.topologies.protocol import Topology
 from paracube.workload import check_dtype_on
 
@@ -46,7 +46,7 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
             fp8_peak = replace(fp8_peak, m0=m0, n0=m0, k0=m0)
         return replace(base, linear=fp8_peak)
     cal = as_calibration(topo.calibration)
-    drag, jitter, host = overlap_drag(device), straggler(device), host_scale(device)
+    drag, jitter, host, a2ao = overlap_drag(device), straggler(device), host_scale(device), a2ao_eff(device)
     if cal is None:  # the device's own per-op overhead (local-cpu: oversubscribed CPU ranks), else 0
         half = float(getattr(device, "gemm_half_dim", 0.0)) or GemmModel.m0
         return GemmModel(peak=float(device.peak_flops[dtype]), mem_bw=float(device.memory_bandwidth),
@@ -55,14 +55,15 @@ def gemm_model(topo: Topology, dtype: str) -> GemmModel:
                          ring_wait=float(getattr(device, "ring_wait_s", 0.0)),
                          send_wait=float(getattr(device, "send_wait_s", 0.0)), overlap_drag=drag, straggler=jitter,
                          ranks_per_core=_ranks_per_core(device, cal), sync=float(getattr(device, "sync_s", 0.0)),
-                         host_bw=float(getattr(device, "host_bandwidth", 0.0)), host_scale=host)
+                         host_bw=float(getattr(device, "host_bandwidth", 0.0)), host_scale=host, a2ao_eff=a2ao)
     gemm = cal.gemm
     known = {k: getattr(gemm, k) for k in ("eff_max", "m0", "n0", "k0", "mem_eff", "flash_eff", "overlap_drag",
-                                           "straggler", "host_scale")
+                                           "straggler", "host_scale", "a2ao_eff")
              if gemm is not None and getattr(gemm, k) is not None}
     known.setdefault("overlap_drag", drag)  # a calibration without it: the generation's
     known.setdefault("straggler", jitter)
     known.setdefault("host_scale", host)
+    known.setdefault("a2ao_eff", a2ao)
     overhead = cal.elementwise.op_overhead_s if cal.elementwise is not None else None
     # Per dtype (fp16 dispatches like bf16: the same autocast casts), then per tensor mode.
     by_mode = tuple(sorted(cal.op_overheads(dtype).items()))

@@ -205,6 +205,7 @@ class StageCost:
     buffers: float = 0.0  # one block's dispatch send and receive buffers (bytes; alive inside a MoE block only)
     a2a_fwd: float = 0.0  # per micro-batch, its forward's dispatch / combine all_to_alls (s; moe_a2a_overlap.py)
     a2a_bwd: float = 0.0  # per micro-batch, its backward's
+    a2ao_eff: float = 1.0  # of what `a2ao`'s two streams hide, the share a run hides (GemmModel.a2ao_eff)
     waits: float = 0.0  # per micro-batch, of `compute`, the host waits (host_sync.py; no compute to overlap with)
     issue_fwd: float = 0.0  # per MoE block and micro-batch, the forward's wait for its host's issue (host_issue.py)
     issue_bwd: float = 0.0  # per MoE block and micro-batch, the backward's (its recomputed forward's included)
@@ -216,7 +217,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
                links: dict, in_flight: float, events: bool = True) -> StageCost:
     """One stage's MoE and attention terms; `events` False: every MoE block's bytes (`sent`) without its events."""
     out = StageCost(memory={"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0, "activations": 0.0,
-                            "temporaries": 0.0})
+                            "temporaries": 0.0}, a2ao_eff=g.a2ao_eff)
     held = [i for c in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in c]
     layers = len(held)
     af, ab, aparams = attention_delta(model, d, layout, mb, g)

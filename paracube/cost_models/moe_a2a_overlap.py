@@ -21,7 +21,11 @@ no_pipelining): a fraction (N - 1) / N; interleaved (pp > 1, v > 1), the N v - w
 w = 2 (pp - rank - 1) + (v - 1) pp + 1 chunk forwards (schedules.get_pp_rank_microbatches: one more than without
 it). The analytic engine takes the saving x that fraction of its N micro-batches; the event engine's `fwd` / `bwd`
 lists (every micro-batch's but the first's forward and the last's backward) carry it scaled by
-psi = fraction N / (N - 1). Not priced: the one extra warm-up micro-batch's activations (memory).
+psi = fraction N / (N - 1).
+A run hides a share eta of what these two streams hide (GemmModel.a2ao_eff, StageCost.a2ao_eff: a figure per device
+generation, topologies/efficiency.A2AO_OVERLAP, fitted on the one published run with the overlap): both engines scale
+the saving by it (moe_step._a2a_saved; moe_program._overlap's hidden compute). Not priced: the one extra warm-up
+micro-batch's activations (memory).
 """
 
 from __future__ import annotations

@@ -170,6 +170,7 @@ def _overlap(prog: StageProgram, sc: StageCost, psi: float) -> None:
     cmb = combined(compute[id(prog.fwd)] + compute[id(prog.bwd)], sc.a2a_fwd, sc.a2a_bwd)
     s = SM_SHARE
     for lists, hidden in ((prog.fwd, (1.0 - s) * cmb.a_bwd - cmb.x_bwd), (prog.bwd, (1.0 - s) * cmb.a_fwd - cmb.x_fwd)):
+        hidden *= sc.a2ao_eff  # the share a run hides (moe_a2a_overlap.py)
         total = compute[id(lists)]
         if total <= 0 or hidden <= 0:
             continue

@@ -167,11 +167,12 @@ def dense_tail(scores: Any, layout: Layout, n: float, share: float) -> float:
 
 
 def _a2a_saved(layout: Layout, compute: float, c: Any, n: float, stage: int) -> float:
-    """Seconds `a2ao` takes off a stage's work: its combined steps' saving (moe_a2a_overlap.py) x their count."""
+    """Seconds `a2ao` takes off a stage's work: its combined steps' saving (moe_a2a_overlap.py) x their count x the
+    share a run hides (StageCost.a2ao_eff)."""
     if not layout.a2ao or c.a2a_fwd + c.a2a_bwd <= 0:
         return 0.0
     share = overlapped_fraction(layout.pp, layout.interleave, int(n), stage)
-    return share * n * combined(compute, c.a2a_fwd, c.a2a_bwd).saved
+    return share * n * c.a2ao_eff * combined(compute, c.a2a_fwd, c.a2a_bwd).saved
 
 
 def expert_flops(model: ModelSpec, d: Dims) -> float:

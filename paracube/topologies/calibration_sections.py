@@ -101,8 +101,11 @@ class GemmFit:
     # An all_to_all's fraction of the NIC line rate across nodes (cost_models/moe_a2a.py); absent: the inter-node
     # fabric's figure (topologies/efficiency.A2A_NIC).
     a2a_eff: float | None = None
+    # The share of what the two-stream a2a overlap model hides that a run hides (cost_models/moe_a2a_overlap.py);
+    # absent: the device generation's figure (topologies/efficiency.A2AO_OVERLAP).
+    a2ao_eff: float | None = None
     POSITIVE = ("eff_max", "m0", "n0", "k0", "mem_eff", "peak_flops", "fp8_eff_max", "fp8_m0", "flash_eff",
-                "host_scale", "a2a_eff")
+                "host_scale", "a2a_eff", "a2ao_eff")
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 A preset on a device with fitted figures (efficiency.CALIBRATED_DEVICES) carries them as a Calibration with only
 its gemm section: eff_max, m0 = n0 = k0, mem_eff, and where the generation has them fp8_eff_max / fp8_m0,
-flash_eff, overlap_drag, straggler, host_scale, and the inter-node fabric's a2a_eff (device_model.gemm_model and
-moe_a2a.nic_scale read them like a measured calibration's). `Fit` is one
-cluster's figures as calibration/from_runs.py fits them (the device's, and its two fabrics' `intra` / `inter`
+flash_eff, overlap_drag, straggler, host_scale, a2ao_eff, and the inter-node fabric's a2a_eff
+(device_model.gemm_model and moe_a2a.nic_scale read them like a measured calibration's). `Fit` is one cluster's
+figures as calibration/from_runs.py fits them (the device's, and its two fabrics' `intra` / `inter`
 that nvswitch.py scales link rates by); a preset built with `fit=` prices with it in place of the shipped figures
 (a figure the fit leaves out, an FP8 curve say, stays the shipped one).
 """
@@ -39,7 +39,7 @@ def published_calibration(device: DeviceSpec, eff: dict[str, float] | None = Non
                                     fp8_eff_max=eff.get("fp8_eff_max"), fp8_m0=eff.get("fp8_m0"),
                                     flash_eff=eff.get("flash_eff"), overlap_drag=eff.get("overlap_drag"),
                                     straggler=eff.get("straggler"), host_scale=eff.get("host_scale"),
-                                    a2a_eff=eff.get("a2a_eff")))
+                                    a2a_eff=eff.get("a2a_eff"), a2ao_eff=eff.get("a2ao_eff")))
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class Fit:
     straggler: float | None = None  # cost_models/stragglers.py's s (None: the shipped figure)
     host_scale: float | None = None  # cost_models/host_issue.py's factor (None: the shipped figure)
     a2a_eff: float | None = None  # cost_models/moe_a2a.py's fraction of the NIC line rate (None: the shipped one)
+    a2ao_eff: float | None = None  # cost_models/moe_a2a_overlap.py's share hidden (None: the shipped one)
 
     def device(self) -> dict[str, float]:
         out = {"eff_max": self.eff_max, "m0": self.m0, "mem_eff": self.mem_eff}
@@ -69,7 +70,7 @@ class Fit:
             out["flash_eff"] = self.flash_eff
         if self.overlap_drag is not None:
             out["overlap_drag"] = self.overlap_drag
-        for name in ("straggler", "host_scale", "a2a_eff"):
+        for name in ("straggler", "host_scale", "a2a_eff", "a2ao_eff"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
