@@ -95,6 +95,9 @@ class Layout(RankGrid):
     # the planner searches both).
     flash: int | None = None
     offload: int | None = None  # `off=N`: the first N blocks' activations offloaded to the host (None: not pinned)
+    # A search's pins (`plan --layout ep=64`), not a whole layout: dp = 1 means "not pinned", so the experts' fold
+    # over dp x cp x tp is left to the search (layout_checks._check_experts); never in a layout's text or equality.
+    pin: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_fields(self)

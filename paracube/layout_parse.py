@@ -22,8 +22,9 @@ LAYOUT_SYNTAX = ("dp=N,pp=N[,cp=N[,cpc=p2p|ag]][,ep=N][,etp=N],tp=MODE:SHAPE[,mb
                  "[,kw=0|1][,fa=0|1][,off=N][,place=AXIS.AXIS...], e.g. dp=2,tp=3d:2x2x2")
 
 
-def parse_layout(text: str) -> Layout:
-    """Parse `dp=2,pp=4,tp=3d:4x4x4,mb=1,v=2,sp,zero=1,place=x.y.z.dp.pp`. Missing parts default to 1/none."""
+def parse_layout(text: str, pin: bool = False) -> Layout:
+    """Parse `dp=2,pp=4,tp=3d:4x4x4,mb=1,v=2,sp,zero=1,place=x.y.z.dp.pp`. Missing parts default to 1/none. `pin`:
+    the text pins a search (Layout.pin: without dp, the experts' fold is the search's to check)."""
     check(isinstance(text, str) and text.strip() != "", f"empty layout; expected {LAYOUT_SYNTAX}")
     fields: dict[str, object] = {}
     seen: set[str] = set()
@@ -95,4 +96,4 @@ def parse_layout(text: str) -> Layout:
         check(fields.get("mode") == variant.variant_of, f"layout {text!r}: {variant.variant_flag} is a variant of "
               f"tp={variant.variant_of}, not of tp={fields.get('mode', 'none')}")
         fields["mode"] = variant.name
-    return Layout(**fields)  # type: ignore[arg-type]
+    return Layout(**fields, pin=pin)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from paracube.cli.main import main
+from paracube.layout_parse import parse_layout
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -117,12 +118,58 @@ def _config(tmp_path: Path, data: dict) -> str:
      "MoE blocks with zero=3 run without HSDP, not shard=8; valid: drop shard="),
     (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=1d:2", "--runtime", "deepspeed"),
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
+    # a pin without dp: the experts' divisors are valid (the search sets the ranks ep folds over)
+    (("plan", "--model", "qwen3-30b-a3b", "--layout", "ep=3", "--runtime", "megatron"),
+     "ep=3 must divide the 128 experts of qwen3-30b-a3b; valid: 1, 2, 4, 8, 16, 32, 64, 128"),
+    # a whole layout is checked whole: dp = 1 is one rank to fold ep=8 over
+    (("simulate", "--model", "qwen3-30b-a3b", "--layout", "dp=1,ep=8,tp=none", "--gpus", "1", "--runtime",
+      "megatron"), "ep=8 x etp=1 must divide the dp x cp x tp = 1 ranks it folds over; valid ep: 1"),
 ])
 def test_bad_expert_layouts_exit_2_in_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path, argv: tuple, message: str) -> None:
     monkeypatch.chdir(tmp_path)  # `plan` writes plan.json here by default: a stray one would refuse first
     code, out, err = run_cli(capsys, *argv, "--cluster", "dgx-h100", "--gpus", "16")
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("pins", ["ep=8", "tp=1d:2,ep=16", "pp=2,v=2,ep=8,a2ao"])
+def test_a_pinned_ep_leaves_dp_to_the_search(capsys: pytest.CaptureFixture[str], tmp_path: Path, pins: str) -> None:
+    """`plan --layout ep=N` without dp (Layout.pin: dp = 1 is not a pin): the search sets dp and folds the experts
+    over dp x cp x tp, and its best layout keeps every pin."""
+    from paracube.layout_parse import parse_layout
+    from paracube.plan import load_plan
+
+    code, out, err = run_cli(capsys, "plan", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "16",
+                             "--runtime", "megatron", "--layout", pins, "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    best, pinned = load_plan(tmp_path / "p.json").layout, parse_layout(pins, pin=True)
+    assert (best.ep, best.a2ao) == (pinned.ep, pinned.a2ao)
+    assert pinned.pp == 1 or best.pp == pinned.pp  # pp = 1 and no tp are not pins either
+    assert not pinned.shape or best.tensor_size == pinned.tensor_size
+    assert best.dp * best.cp * best.tensor_size % (best.ep * best.etp) == 0 and best.dp > 1
+
+
+def test_the_moe_search_prices_each_runtimes_first_sharding_stage() -> None:
+    """The MoE search prices every layout unsharded and at the runtime's first sharding stage (experts.searched_zeros):
+    zero=1 where the runtime has it, torchtitan's FSDP (zero=3, its first) there, so torchtitan's plans rank zero=3
+    layouts; a stage it does not price (Megatron-core's zero=3 beside its zero=1) is named as unsearched, never
+    claimed to be invalid."""
+    from paracube.model_presets import PRESETS
+    from paracube.planner.experts import experts_unsearched, searched_zeros
+    from paracube.planner.search import search
+    from paracube.runtimes import get_runtime
+    from paracube.topologies import load_topology
+    from paracube.workload import TrainingSpec
+
+    assert [searched_zeros(get_runtime(n)) for n in ("paracube", "megatron", "torchtitan", "deepspeed")] == [
+        [0, 1], [0, 1], [0, 3], [0, 1]]
+    model, training = PRESETS["tiny-moe"], TrainingSpec(global_batch=16, dtype="bf16")
+    res = search(model, training, load_topology("dgx-h100", gpus=8), 8, top_k=50, runtime=get_runtime("torchtitan"))
+    assert {lay.zero for lay, _ in res.ranked} == {0, 3}
+    megatron = get_runtime("megatron")
+    why = experts_unsearched(model, training, 8, megatron, None, None)["zero"]
+    assert why == "zero=0/1 only; --layout zero=N prices zero=3"
+    assert "zero" not in experts_unsearched(model, training, 8, megatron, parse_layout("zero=3", pin=True), None)
 
 
 @pytest.mark.parametrize(("data", "message"), [

@@ -85,7 +85,7 @@ def workload_from_args(args: argparse.Namespace, partial_layout: bool = False) -
     from paracube.layout_parse import parse_layout
 
     model = with_seq_len(resolve_model(args.model), args.seq)
-    layout = parse_layout(args.layout) if args.layout else None
+    layout = parse_layout(args.layout, pin=partial_layout) if args.layout else None
     if args.micro_batch is not None:
         layout = (layout or Layout()).with_(micro_batch=args.micro_batch) if layout or partial_layout else None
     gpus = args.gpus or (layout.world_size if layout else DEFAULT_GPUS)

@@ -28,7 +28,8 @@ def violations(model: ModelSpec, layout: Layout, fused_norms: bool = False) -> l
     bad = []
     if moe.experts % layout.ep:
         folded, found = layout.dp * layout.cp * layout.tensor_size, divisors(moe.experts)
-        valid = (", ".join(str(n) for n in found if folded % (n * layout.etp) == 0) if found is not None
+        free = layout.pin and layout.dp == 1  # a search's pins without dp: the search sets the ranks ep folds over
+        valid = (", ".join(str(n) for n in found if free or folded % (n * layout.etp) == 0) if found is not None
                  else f"a divisor of {moe.experts}")
         bad.append(f"ep={layout.ep} must divide the {moe.experts} experts of {model.name}; valid: {valid}")
     if moe.expert_ffn % layout.etp:

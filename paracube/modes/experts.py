@@ -159,7 +159,8 @@ def executor_refusal(layout: Any) -> str | None:
     is valid), else None. The runtime declaration (runtimes/paracube.py) and executor/moe_sizes.py read it."""
     if layout.mode not in executor_modes():
         return f"MoE blocks run in tp={'/'.join(executor_modes())}, not tp={layout.mode}"
-    if layout.tensor_size > 1 and not layout.sequence_parallel:
+    unpinned_sp = layout.pin and not layout.forbid_sp  # a search's pins: the search adds sp where it may
+    if layout.tensor_size > 1 and not layout.sequence_parallel and not unpinned_sp:
         return (f"MoE blocks with tp={layout.mode}:{layout.tensor_size} run with sp (each tensor rank routes its "
                 "sequence shard); valid: add sp")
     if layout.zero not in EXECUTOR_ZEROS:

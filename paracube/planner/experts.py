@@ -96,15 +96,27 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
     return out
 
 
+def searched_zeros(rt: Runtime) -> list[int]:
+    """The zero stages the search prices each layout at: none, and the first sharding stage the runtime runs (zero=1
+    where it has it; torchtitan's FSDP, zero=3, where that is its first)."""
+    return [z for z in rt.zeros if z == 0] + [min(z for z in rt.zeros if z > 0)] * any(z > 0 for z in rt.zeros)
+
+
 def experts_unsearched(model: ModelSpec, training: TrainingSpec, gpus: int, rt: Runtime, fixed: Layout | None,
                        micro_batches: list[int] | None) -> dict[str, str]:
     """The parts whose other values this search does not enumerate though a layout may take them, with why
     (SearchResult.unsearched): flash attention, the default placement, the micro-batches 1 and 2 (unless the caller
-    lists them) and cp as the dense search takes it."""
+    lists them), the runtime's zero stages beyond searched_zeros (unless pinned) and cp as the dense search takes
+    it."""
     out = {"attention": "flash attention only: fa=0 is never faster nor smaller in the model",
            "placement": "the default placement only"}
     if micro_batches is None:
         out["mb"] = "micro-batches of 1 and 2 sequences; --layout mb=N prices another"
+    searched = searched_zeros(rt)
+    others = [z for z in rt.zeros if z not in searched]
+    if others and not (fixed is not None and (fixed.zero or fixed.forbid_zero)):
+        out["zero"] = (f"zero={'/'.join(map(str, searched))} only; --layout zero=N prices "
+                       f"{' or '.join(f'zero={z}' for z in others)}")
     why = cp_unsearched(training.sequence_length(model), gpus, fixed, bool(rt.cp_comms))
     return out | ({"cp": why} if why else {})
 
@@ -130,7 +142,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
     per_node = int(getattr(topo, "devices_per_node", None) or gpus)
     cache = LinkCache(topo)
     pinned_zero = fixed is not None and (fixed.zero or fixed.forbid_zero)
-    zeros = [fixed.zero] if pinned_zero else [z for z in (0, 1) if z in rt.zeros]
+    zeros = [fixed.zero] if pinned_zero else searched_zeros(rt)
     rejected: Counter = Counter()
     fits: list[tuple[Layout, StepEstimate]] = []
     scored = 0
