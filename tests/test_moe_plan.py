@@ -119,8 +119,12 @@ def _config(tmp_path: Path, data: dict) -> str:
     (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=1d:2", "--runtime", "deepspeed"),
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
     # a pin without dp: the experts' divisors are valid (the search sets the ranks ep folds over)
-    (("plan", "--model", "qwen3-30b-a3b", "--layout", "ep=3", "--runtime", "megatron"),
-     "ep=3 must divide the 128 experts of qwen3-30b-a3b; valid: 1, 2, 4, 8, 16, 32, 64, 128"),
+    (("plan", "--model", "mixtral-8x7b", "--layout", "ep=16", "--runtime", "megatron"),
+     "ep=16 must divide the 8 experts of mixtral-8x7b; valid: 1, 2, 4, 8"),
+    # ... and ep x etp must divide a pipeline stage's dp x cp x tp ranks for some dp: at most --gpus / pp of them
+    (("plan", "--model", "qwen3-30b-a3b", "--layout", "pp=2,ep=16", "--runtime", "megatron"),
+     "ep=16 x etp=1 must divide the dp x cp x tp ranks of a pipeline stage, at most 8 with --gpus 16 and pp=2; "
+     "valid ep: 1, 2, 4, 8"),
     # a whole layout is checked whole: dp = 1 is one rank to fold ep=8 over
     (("simulate", "--model", "qwen3-30b-a3b", "--layout", "dp=1,ep=8,tp=none", "--gpus", "1", "--runtime",
       "megatron"), "ep=8 x etp=1 must divide the dp x cp x tp = 1 ranks it folds over; valid ep: 1"),

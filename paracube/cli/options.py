@@ -92,6 +92,7 @@ def workload_from_args(args: argparse.Namespace, partial_layout: bool = False) -
     if layout is not None and partial_layout:
         check(gpus % layout.world_size == 0, f"layout {layout} uses {layout.world_size} ranks, which do not divide "
               f"--gpus {gpus}; valid: a layout of {gpus} ranks or of a divisor of {gpus} (the search sets dp)")
+        _check_pinned_fold(layout, gpus)
     elif layout is not None and layout.world_size != gpus:
         raise ParacubeError(f"layout {layout} uses {layout.world_size} ranks but --gpus is {gpus}")
     default_batch = 512 if model.num_parameters() >= 100e6 else 8
@@ -102,6 +103,19 @@ def workload_from_args(args: argparse.Namespace, partial_layout: bool = False) -
         check_micro_batch(layout, training.global_batch, args.layout or "")
     runtime = runtime_from_args(args, layout, model, training.dtype)
     return Workload(model, training, args.cluster, gpus, layout, args.recompute is None, runtime)
+
+
+def _check_pinned_fold(pins: Layout, gpus: int) -> None:
+    """Pinned ep x etp without dp (Layout.pin) must divide a pipeline stage's dp x cp x tp ranks for some dp: at most
+    --gpus / pp of them (pp as pinned, else 1), so ep x etp divides that."""
+    folded = pins.ep * pins.etp
+    if folded == 1 or pins.dp > 1:
+        return
+    stage = gpus // pins.pp
+    if stage % folded:
+        valid = ", ".join(str(n) for n in range(1, stage + 1) if stage % (n * pins.etp) == 0) or "none"
+        raise ParacubeError(f"ep={pins.ep} x etp={pins.etp} must divide the dp x cp x tp ranks of a pipeline stage, "
+                            f"at most {stage} with --gpus {gpus} and pp={pins.pp}; valid ep: {valid}")
 
 
 def runtime_from_args(args: argparse.Namespace, layout: Layout | None, model: ModelSpec, dtype: str,
