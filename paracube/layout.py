@@ -269,5 +269,10 @@ class Layout(RankGrid):
                 parts.append("place=" + ".".join(shown))
         return ",".join(parts)
 
+    @property
+    def fold_open(self) -> bool:
+        """Search pins without dp (`pin`): the ranks the experts fold over (dp x cp x tp) are the search's to set."""
+        return self.pin and self.dp == 1
+
     def with_(self, **changes: object) -> Layout:
         return replace(self, **changes)  # type: ignore[arg-type]

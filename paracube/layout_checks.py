@@ -95,7 +95,7 @@ def _check_experts(layout: Layout) -> None:
     folds = [n for n, m in MODES.items() if m.context_parallel]
     check(layout.mode in folds, f"ep={layout.ep},etp={layout.etp} (expert parallelism) applies to tp={'/'.join(folds)} "
           f"only, not {layout.mode}")
-    if layout.pin and layout.dp == 1:  # dp not pinned: the search folds the experts over the dp it sets
+    if layout.fold_open:  # dp not pinned: the search folds the experts over the dp it sets
         return
     dense = layout.dp * layout.cp * layout.tensor_size
     check(dense % layout.etp == 0, f"etp={layout.etp} must divide the dp x cp x tp = {dense} ranks experts fold "

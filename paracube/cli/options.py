@@ -109,7 +109,7 @@ def _check_pinned_fold(pins: Layout, gpus: int) -> None:
     """Pinned ep x etp without dp (Layout.pin) must divide a pipeline stage's dp x cp x tp ranks for some dp: at most
     --gpus / pp of them (pp as pinned, else 1), so ep x etp divides that."""
     folded = pins.ep * pins.etp
-    if folded == 1 or pins.dp > 1:
+    if folded == 1 or not pins.fold_open:
         return
     stage = gpus // pins.pp
     if stage % folded:

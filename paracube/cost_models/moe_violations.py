@@ -28,9 +28,8 @@ def violations(model: ModelSpec, layout: Layout, fused_norms: bool = False) -> l
     bad = []
     if moe.experts % layout.ep:
         folded, found = layout.dp * layout.cp * layout.tensor_size, divisors(moe.experts)
-        free = layout.pin and layout.dp == 1  # a search's pins without dp: the search sets the ranks ep folds over
-        valid = (", ".join(str(n) for n in found if free or folded % (n * layout.etp) == 0) if found is not None
-                 else f"a divisor of {moe.experts}")
+        fits = [n for n in found if layout.fold_open or folded % (n * layout.etp) == 0] if found is not None else None
+        valid = ", ".join(map(str, fits)) if fits is not None else f"a divisor of {moe.experts}"
         bad.append(f"ep={layout.ep} must divide the {moe.experts} experts of {model.name}; valid: {valid}")
     if moe.expert_ffn % layout.etp:
         bad.append(f"etp={layout.etp} must divide the expert width {moe.expert_ffn}")

@@ -99,7 +99,8 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
 def searched_zeros(rt: Runtime) -> list[int]:
     """The zero stages the search prices each layout at: none, and the first sharding stage the runtime runs (zero=1
     where it has it; torchtitan's FSDP, zero=3, where that is its first)."""
-    return [z for z in rt.zeros if z == 0] + [min(z for z in rt.zeros if z > 0)] * any(z > 0 for z in rt.zeros)
+    sharding = sorted(z for z in rt.zeros if z > 0)
+    return [z for z in rt.zeros if z == 0] + sharding[:1]
 
 
 def experts_unsearched(model: ModelSpec, training: TrainingSpec, gpus: int, rt: Runtime, fixed: Layout | None,

@@ -55,7 +55,7 @@ def split_refusal(layers: int, pp: int, v: int) -> str | None:
 def fold_refusal(layout: Layout) -> str | None:
     """Why torchtitan cannot fold the layout's experts (a clause, "its experts ..."), else None (and for a search's
     pins without dp, Layout.pin: the search sets the ranks they fold over)."""
-    if layout.pin and layout.dp == 1:
+    if layout.fold_open:
         return None
     shard = layout.shard_size if layout.zero >= 2 else 1
     ranks = shard * layout.cp * layout.tensor_size
