@@ -228,3 +228,48 @@ def test_distinct_link_rows_give_every_placements_own_time() -> None:
         assert np.any(zeros >= 2)
         compared += len(got)
     assert compared > 1000
+
+
+def test_moe_search_batches_give_each_layouts_own_estimate() -> None:
+    """The MoE search (planner/experts.py) prices its layouts from one estimate_batch.Batch (dense parts evaluated
+    together, each finished with its own expert terms when asked): qwen3-30b-a3b and tiny-mla with every zero stage,
+    the rcm= ladder and interleaving in play; every ranked estimate equals `estimate` of its layout field by field
+    (no tolerance: row i of a vectorized evaluation is the single layout's arithmetic), and a Batch of layouts
+    differing in ep, etp, zero, rcm= and v gives each its own estimate, refusing what `estimate` refuses."""
+    from dataclasses import replace
+
+    from paracube.cost_models.estimate_batch import Batch
+    from paracube.cost_models.links import LinkCache
+    from paracube.errors import ParacubeError
+    from paracube.layout_parse import parse_layout
+
+    for name, cluster, gpus, rt_name in (("qwen3-30b-a3b", "dgx-h100", 16, "megatron"),
+                                         ("tiny-mla", "local-cpu", 8, "paracube")):
+        topo = load_topology(cluster, gpus=gpus)
+        training = TrainingSpec(global_batch=64, dtype="bf16" if cluster != "local-cpu" else "fp32")
+        model, rt = PRESETS[name], RUNTIMES[rt_name]
+        res = search(model, training, topo, gpus, top_k=40, runtime=rt_name)
+        opts = rt.engine_options().with_(param_overlap=chosen(PARAM_OVERLAP, rt, None), grad_bytes=rt.grad_bytes)
+        assert len(res.ranked) > 5
+        for lay, est in res.ranked:
+            assert est == estimate(model, training, lay, topo, with_events=False, options=opts), str(lay)
+    topo, model = load_topology("dgx-h100", gpus=16), PRESETS["qwen3-30b-a3b"]
+    training = TrainingSpec(global_batch=64, dtype="bf16")
+    base = parse_layout("dp=8,pp=2,ep=8,tp=1d:1,mb=1,zero=1,overlap")
+    layouts = [replace(base, ep=ep, etp=etp, zero=z, interleave=v, recompute_modules=rcm)
+               for ep in (2, 4, 8) for etp in (1,) for z in (0, 1) for v in (1, 2, 3)
+               for rcm in (None, ("moe_act",), ("layernorm", "moe_act"))]
+    layouts.append(replace(base, interleave=2, a2ao=True, recompute="full"))  # refused by estimate (analytic.prepare)
+    batch = Batch(model, training, topo, LinkCache(topo))
+    batch.add(layouts + layouts[:5])  # a layout added twice is evaluated once
+    priced = 0
+    for lay in layouts:
+        try:
+            want = estimate(model, training, lay, topo, with_events=False)
+        except ParacubeError:
+            assert batch.estimate(lay) is None, str(lay)
+            continue
+        assert batch.estimate(lay) == want, str(lay)
+        priced += 1
+    assert len(layouts) - 1 == priced
+    assert batch.estimate(replace(base, ep=1)) is None  # not added

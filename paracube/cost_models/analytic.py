@@ -182,7 +182,7 @@ def finish(model: ModelSpec, layout: Layout, d: Dims, mb: int, note: str | None,
         comm_time_by_kind=by_kind,
         events=events,
         notes=tuple(_notes(layout, d, note, stage)),
-    ), res, model, d, layout.with_(micro_batch=mb), g, cache)
+    ), res, model, d, layout.with_(micro_batch=mb), g, cache, i)
 
 
 estimate_batch = evaluate  # the name the design notes use for the vectorized path

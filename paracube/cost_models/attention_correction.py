@@ -15,6 +15,8 @@ moe.py, which prices the experts.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from paracube.cost_models import recompute_modules_cost as rmc
@@ -28,10 +30,16 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
     """(forward s, backward s, parameters) one block's true attention adds to the dense part's (module doc)."""
     if model.mla is None and model.head_size is None:
         return 0.0, 0.0, 0
+    return _delta_at(model, d, layout.tensor_size, layout.cp, mb, g)
+
+
+@lru_cache(maxsize=4096)  # a search's layouts share a few (tensor size, cp): each priced once
+def _delta_at(model: ModelSpec, d: Dims, t: int, cp: int, mb: int, g: GemmModel) -> tuple[float, float, int]:
+    """`attention_delta` on a tensor group of t ranks and cp context ranks: all it depends on of the layout."""
     if model.mla is None:  # a head width other than h / heads: its linears are the dense engines' (Dims.linears)
-        return (*_core_delta(model, d, layout, mb, g), 0)
-    h, t = d.h, layout.tensor_size
-    T = mb * d.s * d.cp // layout.cp  # a cp rank's tokens (d.s already s / cp in a cp rank's view: context_local)
+        return (*_core_at(d, t, mb, g), 0)
+    h = d.h
+    T = mb * d.s * d.cp // cp  # a cp rank's tokens (d.s already s / cp in a cp rank's view: context_local)
     true = [(a, b) for _, a, b in model.mla.linears(h, model.heads)]
     dense = [(h, h + 2 * d.kv), (h, h)]
 
@@ -43,7 +51,7 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
         return f, b
 
     (tf, tb), (df, db) = lin(true), lin(dense)
-    core_f, core_b = _core_delta(model, d, layout, mb, g)
+    core_f, core_b = _core_at(d, t, mb, g)
     params = sum(a * o for a, o in true) - sum(a * o for a, o in dense)
     if model.attention_bias:  # qkv's bias at its true width (the dense part's is h + 2 kv: Dims.linears)
         params += true[0][1] - dense[0][1]
@@ -53,9 +61,10 @@ def attention_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmM
     return tf - df + core_f, tb - db + core_b, (params - (rep - norms)) // t + rep
 
 
-def _core_delta(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel) -> tuple[float, float]:
-    """(forward s, backward s) the attention core at its true qk / v head widths adds to the dense part's."""
-    core_f, core_b = attention_core_time(d, mb, layout.tensor_size, g)
+def _core_at(d: Dims, t: int, mb: int, g: GemmModel) -> tuple[float, float]:
+    """(forward s, backward s) the attention core at its true qk / v head widths adds to the dense part's, on a
+    tensor group of t ranks."""
+    core_f, core_b = attention_core_time(d, mb, t, g)
     ratio = core_scale(d) - 1.0  # d: the dense part's, MLA and the head width kept (moe.dense_part)
     return ratio * float(np.asarray(core_f).ravel()[0]), ratio * float(np.asarray(core_b).ravel()[0])
 
@@ -68,7 +77,7 @@ def delta_again(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel
     if d.recompute == "full":
         return forward
     if rmc.core_recomputed(d) and (model.mla is not None or model.head_size):  # (rcm= naming core_attn too)
-        return _core_delta(model, d, layout, mb, g)[0]
+        return _core_at(d, layout.tensor_size, mb, g)[0]
     return 0.0
 
 

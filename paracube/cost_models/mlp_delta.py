@@ -24,14 +24,16 @@ blocks) is its own dense part: no correction.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from paracube.cost_models import fp8
 from paracube.cost_models.compute import GemmModel, local_shape
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.recompute_modules_cost import layout_shards, mlp_norm_time, moe_side
-from paracube.cost_models.validity import layout_arrays
 from paracube.layout import Layout
+from paracube.modes import LayoutBatch
 from paracube.workload import ModelSpec
 
 
@@ -46,13 +48,21 @@ def true_width(model: ModelSpec, block: int) -> int:
 def _mlp(d: Dims, layout: Layout, mb: int, g: GemmModel, f: int) -> tuple[float, float, float]:
     """(forward s, backward s, the forward's elementwise s) of one block's gated MLP of width f, one micro-batch, one
     rank (module docstring)."""
+    return _mlp_at(d, layout.mode, layout.tensor_size, layout.q, layout.depth, mb, g, f)
+
+
+@lru_cache(maxsize=4096)  # a search's layouts share a few tensor shapes: each MLP priced once per shape
+def _mlp_at(d: Dims, mode: str, t: int, q: int, depth: int, mb: int, g: GemmModel, f: int
+            ) -> tuple[float, float, float]:
+    """`_mlp` on a tensor group of t ranks (q, depth: the mode's grid): all its GEMM shapes depend on
+    (compute.local_shape)."""
     if f <= 0:
         return 0.0, 0.0, 0.0
-    b = layout_arrays(layout, mb)
+    b = LayoutBatch.one(dp=1, pp=1, t=t, q=q, depth=depth, mb=mb, v=1, sp=0)
     T = (b.mb * d.s).astype(float)
     fwd = bwd = 0.0
     for name, h_in, h_out, column in (("fc", d.h, 2 * f, True), ("fc2", f, d.h, False)):
-        lf, lb = g.linear_time(*local_shape(layout.mode, T, h_in, h_out, column, b),
+        lf, lb = g.linear_time(*local_shape(mode, T, h_in, h_out, column, b),
                                fp8.weight_cast_per_micro_batch(d), fp8.cast_bytes(d, name))
         fwd, bwd = fwd + float(np.ravel(lf)[0]), bwd + float(np.ravel(lb)[0])
     elem = float(np.ravel(d.c * 4 * T * f / b.t / (g.mem_bw * g.mem_eff))[0])  # elementwise_forward's f term

@@ -59,8 +59,9 @@ def in_flight(layout: Layout, n_micro: int, stage: int) -> float:
 
 
 def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: Layout, g: GemmModel,
-             cache: LinkCache) -> StepEstimate:
-    """`est` (the dense part's, from `scores`: analytic.Scores) with the MoE and attention terms added."""
+             cache: LinkCache, row: int = 0) -> StepEstimate:
+    """`est` (the dense part's, row `row` of `scores`: analytic.Scores, whose rows estimate_batch.py evaluates
+    together) with the MoE and attention terms added."""
     if not priced(model):
         return est
     mb = layout.micro_batch or 1
@@ -74,24 +75,25 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
             by_index[i] = stage_cost(model, d, layout, mb, g, i, links, in_flight(layout, int(n), i),
                                      events=bool(est.events))
     costs = {s: by_index[index[s]] for s in STAGE_NAMES}
-    old_slow = int(scores.stage[0])
-    old_w = float(scores.stages[old_slow].compute[0] + scores.stages[old_slow].micro[0])
-    old_bubble = float(scores.bubble[0])
+    old_slow = int(scores.stage[row])
+    old_w = float(scores.stages[old_slow].compute[row] + scores.stages[old_slow].micro[row])
+    old_bubble = float(scores.bubble[row])
     # the dense step's per-step communication (its exposed gradient reduction, ...); the stages' optimizer steps
     # differ (the embedding, the head): the slowest stage's own is added below, as its compute is
     rest = (float(without_wait(est.step_time_s, layout.dp, g.straggler)) - old_w - old_bubble
-            - float(scores.stages[old_slow].optim[0]))  # wait: below
-    work = {s: float(st.compute[0] + st.micro[0]) + n * (costs[s].compute + costs[s].comm)
-            - _a2a_saved(layout, float(st.compute[0]) / n + costs[s].compute - costs[s].waits, costs[s], n, index[s])
+            - float(scores.stages[old_slow].optim[row]))  # wait: below
+    work = {s: float(st.compute[row] + st.micro[row]) + n * (costs[s].compute + costs[s].comm)
+            - _a2a_saved(layout, float(st.compute[row]) / n + costs[s].compute - costs[s].waits, costs[s], n, index[s])
             for s, st in zip(STAGE_NAMES, scores.stages, strict=True)}
     slow = max(STAGE_NAMES, key=lambda s: work[s])
     c = costs[slow]
     dense_slow = scores.stages[STAGE_NAMES.index(slow)]  # its dense part (not the dense-only slowest stage's)
-    dense_optim = float(dense_slow.optim[0])
+    dense_optim = float(dense_slow.optim[row])
     w = work[slow]
     stacked = np.array([[work[s]] for s in STAGE_NAMES])  # the bubble: every other stage's micro-batch
     bubble = float(bubble_seconds(stacked, np.array([layout.pp]), layout.interleave, n,
-                                  bubble_share(layout.pp, g.ranks_per_core), scores.middle_less)[0])
+                                  bubble_share(layout.pp, g.ranks_per_core),
+                                  None if scores.middle_less is None else scores.middle_less[row:row + 1])[0])
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
     # window (one queue on the same NICs), which drains max(0, G_d + G_e - b (W / N - A)) after it, b its backward's
     # share (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes
@@ -99,7 +101,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     # max(0, G_e - (b (W / N - A) - G_d) - T_d) (before 2026-12-03 without - T_d: the tail counted twice). Where
     # the expert group spans nodes the gradients also slow that backward's all_to_alls on its NICs (moe_contention.py).
     share = 0.75 if d.recompute == "full" else 2.0 / 3.0  # the backward's part of a micro-batch (analytic.py's)
-    tail_d = dense_tail(scores, layout, n, share) if layout.overlap else 0.0
+    tail_d = dense_tail(scores, layout, n, share, row) if layout.overlap else 0.0
     dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
 
     def exposed(s: str) -> float:
@@ -114,7 +116,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
             nic, other = a2a_terms(cache, expert_placement(layout), ("ep",), dispatch)
             return exposed_grads(cs.step_comm, max(0.0, share * (ws / n - busy)), cs.comm_bwd,
                                  slowdown(nic, other, links[("edp",)][0]))
-        dense_grad = float(scores.stages[STAGE_NAMES.index(s)].grad[0])
+        dense_grad = float(scores.stages[STAGE_NAMES.index(s)].grad[row])
         return max(0.0, cs.step_comm - (share * (ws / n - busy) - dense_grad + tail_d))
 
     # Each stage's gradients start after its own last backward: the stages before the slow one run theirs later, in
@@ -125,7 +127,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     step = w + bubble + rest + dense_optim + grad + c.norm_comm + c.optim
     step += float(straggler_wait(step, layout.dp, g.straggler))  # the slowest replica, on the whole step
     loss = (d.c + logit_bytes(d)) * mb * d.s * d.V / layout.tensor_size  # the head's logits and loss (memory.py)
-    mem = _heaviest(est.memory, getattr(scores, "memory_stages", ()), costs, loss, layout.pp)
+    mem = _heaviest(est.memory, getattr(scores, "memory_stages", ()), costs, loss, layout.pp, row)
     per_step = ("grad_sync", "optimizer")  # the expert gradients and their norm (moe_counts.norm_event)
     micro_events = [e for e in c.events if e.phase not in per_step]
     dense = drop_stage_events(est.events, unshared_blocks(model, layout, index[STAGE_NAMES[old_slow]]), layout)
@@ -142,7 +144,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         by_kind[kind] = by_kind.get(kind, 0.0) + n * seconds
         by_axis[".".join(axes)] = by_axis.get(".".join(axes), 0.0) + n * seconds
     # the compute the step counts: the slowest stage's (w's), dense and MoE, and its optimizer steps
-    compute = float(dense_slow.compute[0]) + dense_optim + n * c.compute + c.optim
+    compute = float(dense_slow.compute[row]) + dense_optim + n * c.compute + c.optim
     return replace(est, step_time_s=step, compute_time_s=compute, comm_time_s=est.comm_time_s + moe_comm + n * again,
                    exposed_comm_time_s=step - compute - bubble, bubble_time_s=bubble, memory=mem,
                    comm_bytes_per_gpu=est.comm_bytes_per_gpu + n * c.sent + sum(
@@ -152,17 +154,19 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
                    notes=(*_stage_notes(est.notes, STAGE_NAMES[old_slow], slow), _note(model, layout)))
 
 
-def dense_tail(scores: Any, layout: Layout, n: float, share: float) -> float:
+def dense_tail(scores: Any, layout: Layout, n: float, share: float, row: int = 0) -> float:
     """T_d: the dense buckets' exposed time the dense part's step pays (analytic_scores.evaluate's, without its
-    contention and drag terms), the largest over the stages, each's backward its dense part's b W_s / N."""
+    contention and drag terms, row `row` of `scores`), the largest over the stages, each's backward its dense part's
+    b W_s / N."""
+    r = slice(row, row + 1)
     index = {"first": 0, "middle": 1 if layout.pp > 2 else 0, "last": layout.pp - 1}
     out = 0.0
     for name, st in zip(STAGE_NAMES, scores.stages, strict=True):
         if st.releases:
             at = np.array([index[name]])
-            out = max(out, float(exposed_grad_time(st.grad[:1], share * (st.compute[:1] + st.micro[:1]) / n, at,
+            out = max(out, float(exposed_grad_time(st.grad[r], share * (st.compute[r] + st.micro[r]) / n, at,
                                                    np.array([layout.pp]), np.array([layout.interleave]),
-                                                   st.releases[0], st.releases[2][:1])[0]))
+                                                   st.releases[0], st.releases[2][r])[0]))
     return out
 
 
@@ -184,9 +188,10 @@ def expert_flops(model: ModelSpec, d: Dims) -> float:
     return 6.0 * d.global_batch * d.s * d.cp * moe.moe_layers(model.layers) * per_token  # whole sequences (d.cp)
 
 
-def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, pp: int) -> MemoryBreakdown:
+def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, pp: int,
+              row: int = 0) -> MemoryBreakdown:
     """The heaviest of the first, the middle and the last stage, each its dense part's memory (Scores.memory_stages,
-    row 0; the dense middle is stage 1, memory.stage_memory, which holds at least the micro-batches in flight of the
+    row `row`; the dense middle is stage 1, memory.stage_memory, which holds at least the micro-batches in flight of the
     MoE middle stage, stage_index: an upper bound where that is a later one) plus its own expert parts (a model's
     dense first blocks can leave a middle stage the most experts: DeepSeek-V3 at pp = 16 holds 3 dense blocks on its
     first stage and 4 MoE blocks on each middle one); without the dense stages, the dense part's heaviest stage plus
@@ -201,7 +206,7 @@ def _heaviest(dense: MemoryBreakdown, stages: tuple, costs: dict, loss: float, p
         return out
 
     if len(stages) == len(STAGE_NAMES):
-        every = [parts({k: float(np.asarray(part[k]).ravel()[0]) for k in part}, s)
+        every = [parts({k: float(np.asarray(part[k]).ravel()[row]) for k in part}, s)
                  for s, part in zip(STAGE_NAMES, stages, strict=True)]
         return MemoryBreakdown(**max(every, key=lambda m: sum(m.values())))
     base = {k: getattr(dense, k) for k in costs["first"].memory}

@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from paracube.cost_models.analytic import estimate
+from paracube.cost_models.estimate_batch import Batch
 from paracube.cost_models.links import LinkCache
 from paracube.cost_models.validity import RuleError
 from paracube.engine_options import EngineOptions
@@ -154,8 +155,9 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
 
     def price(zl: Layout) -> StepEstimate | None:
         nonlocal scored
-        try:
-            est = estimate(model, training, zl, topo, with_events=False, cache=cache, options=options)
+        try:  # from the batch where it was added (`prefetch`), else here (and refused with its reason)
+            est = batch.estimate(zl) or estimate(model, training, zl, topo, with_events=False, cache=cache,
+                                                 options=options)
         except RuleError as e:  # counted by rule (every layout, and a cp rank's sequence, names its own message)
             rejected["; ".join(e.rules)] += 1
             return None
@@ -168,7 +170,16 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
     interleaves = rt.interleave and (fixed is None or (fixed.interleave <= 1 and not fixed.forbid_interleave))
     # (lower bound, layout, its least memory, its least parameters + gradients + optimizer state)
     pending: list[tuple[float, Layout, tuple[float, Layout], float]] = []
-    for lay in candidates(model, training, gpus, per_node, rt, fixed, micro_batches):
+    layouts = candidates(model, training, gpus, per_node, rt, fixed, micro_batches)
+    # The layouts each phase below may price, added to one batch beforehand (estimate_batch.Batch: their dense parts
+    # in a few vectorized evaluations, each finished when `price` asks for it: the same results as estimate).
+    batch = Batch(model, training, topo, cache, options)
+
+    def prefetch(more: list[Layout]) -> None:
+        batch.add([zl for zl in more if _runs(zl, rt, model, training)])
+
+    prefetch([replace(lay, zero=z) for lay in layouts for z in zeros])
+    for lay in layouts:
         memory_only = True  # refused at every zero stage for memory alone: the rcm ladder's candidates
         over: tuple[float, Layout] | None = None
         low = static = math.inf
@@ -196,6 +207,8 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
             pending.append((low, lay, over, static))
     a2ao, pruned = chosen(A2AO, rt, fixed), 0
     bars = _Bars(fits, top_k)
+    if rungs:  # the ladder's first probe of each (module_ladder.ladder)
+        prefetch([replace(p[1], zero=zeros[-1], recompute=None, recompute_modules=rungs[-1]) for p in pending])
     for low, lay, over, static in sorted(pending, key=lambda p: p[0]):
         if rungs and not a2ao and low >= bars.bar(lay.mode if mode_bests else None):
             pruned += 1
@@ -203,14 +216,15 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
             continue
         # a rung re-runs modules to drop activations: the weights, gradients and optimizer state stay, so where they
         # alone exceed the cap at every zero stage no rung fits (nothing priced)
-        saved = ladder(lay, zeros, rungs, price, mem_cap) if rungs and static <= mem_cap else []
+        saved = ladder(lay, zeros, rungs, price, mem_cap, prefetch) if rungs and static <= mem_cap else []
         fits += saved
         bars.add(saved)
         rejected[memory] -= len(zeros) * bool(saved)  # refused only where no rung fits it (as offloading's)
         if not saved and (not least or over[0] < least[0][0]):
             least[:] = [over]
     if interleaves:
-        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, a2ao, rungs, mode_bests)
+        fits += interleaved(model, training, rt, fits, price, mem_cap, top_k, zeros, a2ao, rungs, mode_bests,
+                            prefetch)
     if least and rejected[memory] > 0:  # the closest miss, so a user sees how far off the fit is
         rejected[f"{memory} (the least: {least[0][0] / 2**30:.1f} GiB, {least[0][1]})"] = rejected.pop(memory)
     fits.sort(key=lambda r: r[1].step_time_s)
@@ -240,8 +254,8 @@ class _Bars:
 
 def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: list[tuple[Layout, StepEstimate]],
                 price: Callable[[Layout], StepEstimate | None], mem_cap: float, top_k: int, zeros: list[int],
-                a2ao: bool, rungs: list[tuple[str, ...]] | None = None, mode_bests: bool = False
-                ) -> list[tuple[Layout, StepEstimate]]:
+                a2ao: bool, rungs: list[tuple[str, ...]] | None = None, mode_bests: bool = False,
+                prefetch: Callable[[list[Layout]], None] | None = None) -> list[tuple[Layout, StepEstimate]]:
     """The interleaved (v > 1) variants of the fitted pipelines (Megatron-core's virtual stages, where the runtime
     runs them and no v is pinned), each at the lowest zero stage from its v = 1 layout's up where it fits, else (a
     variant holds more chunks in flight) at the first rung of the rcm= ladder above its layout's own (every rung for
@@ -254,26 +268,35 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
     overlaps the all_to_alls with pipelines interleaved only, Runtime.a2a_overlap_refusal). Every v whose virtual
     stages each keep a block (modes/stages.split_ok) is tried: neither memory nor step is monotone in v, the blocks
     splitting over the devices otherwise for each. `mode_bests`: nor is one priced whose bound may beat its tensor
-    mode's best so far."""
+    mode's best so far. `prefetch`: told, per fitted layout, the variants it may price (those its bound keeps at
+    the bar so far, which only falls) at each zero stage it may try."""
     out: list[tuple[Layout, StepEstimate]] = []
     bars = _Bars(fits, top_k)
+
+    def variant(lay: Layout, v: int) -> Layout:
+        var, on = replace(lay, interleave=v), replace(lay, interleave=v, a2ao=True)
+        return on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else var
+
+    def kept(var: Layout, est: StepEstimate) -> bool:  # its bound may beat the bar (a larger v's is lower: it may)
+        bar = bars.bar(var.mode if mode_bests else None)
+        return var.a2ao or est.step_time_s - est.bubble_time_s * (1.0 - 1.0 / var.interleave) < bar
+
     for lay, est in sorted(fits, key=lambda r: r[1].step_time_s):
         if lay.pp == 1 or (training.global_batch // (lay.dp * lay.micro_batch)) % lay.pp:  # interleaved 1F1B's rule
             continue
-        for v in (v for v in range(2, model.layers // lay.pp + 1) if split_ok(model.layers, lay.pp, v)):
-            var = replace(lay, interleave=v)
-            on = replace(var, a2ao=True)
-            var = on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else var
-            bar = bars.bar(var.mode if mode_bests else None)
-            if not var.a2ao and est.step_time_s - est.bubble_time_s * (1.0 - 1.0 / v) >= bar:
-                continue  # loses whatever it prices at (a larger v's bound is lower: it may not)
-            higher = [z for z in zeros if z >= lay.zero]
+        variants = [variant(lay, v) for v in range(2, model.layers // lay.pp + 1) if split_ok(model.layers, lay.pp, v)]
+        higher = [z for z in zeros if z >= lay.zero]
+        if prefetch is not None:
+            prefetch([replace(var, zero=z) for var in variants if kept(var, est) for z in higher])
+        for var in variants:
+            if not kept(var, est):
+                continue  # loses whatever it prices at
             found = _fit(var, higher, rt, model, training, price, mem_cap)
             if found is None and rungs and var.recompute in (None, "none", "selective") \
                     and _runs(var, rt, model, training):  # the rungs above its layout's own (all without one)
                 own = var.recompute_modules
                 above = rungs if not own else rungs[rungs.index(own) + 1:] if own in rungs else []
-                found = next(iter(ladder(var, higher, above, price, mem_cap)), None) if above else None
+                found = next(iter(ladder(var, higher, above, price, mem_cap, prefetch)), None) if above else None
             if found is None:  # (a larger v may fit: its blocks split over the devices otherwise)
                 continue
             out.append(found)
