@@ -71,6 +71,7 @@ from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.experts import PROBS, ROUTER, ExpertSizes, block_bwd, block_fwd, router_dtype
 from paracube.modes.stages import stage_chunks
+from paracube.moe_spec import MoESpec
 from paracube.workload import ModelSpec
 
 MIN_WIDTH = 128
@@ -92,10 +93,15 @@ def tokens_per_rank(layout: Layout, mb: int, s: int) -> int:
 
 
 def moe_layers_of(model: ModelSpec, layout: Layout, stage: int) -> int:
+    """MoE blocks on pipeline stage `stage`."""
     if model.moe is None:
         return 0
-    chunks = stage_chunks(model.layers, layout.pp, layout.interleave, stage)
-    return sum(model.moe.is_moe_layer(i) for c in chunks for i in c)
+    return _moe_layers(model.moe, model.layers, layout.pp, layout.interleave, stage)
+
+
+@lru_cache(maxsize=4096)  # asked per layout and stage; a function of the split only
+def _moe_layers(moe: MoESpec, layers: int, pp: int, v: int, stage: int) -> int:
+    return sum(moe.is_moe_layer(i) for c in stage_chunks(layers, pp, v, stage) for i in c)
 
 
 @dataclass(frozen=True)

@@ -65,9 +65,14 @@ def chunk_layers(L: int, pp: int, v: int = 1) -> list[int]:
 
 def stage_chunks(L: int, pp: int, v: int, stage: int) -> list[list[int]]:
     """Global block indices of each model chunk c = 0 .. v-1 on physical stage `stage`."""
+    return [list(c) for c in _stage_chunks(L, pp, v, stage)]
+
+
+@lru_cache(maxsize=4096)  # asked per layout and stage (the MoE search: ~10^5 times, a few hundred keys)
+def _stage_chunks(L: int, pp: int, v: int, stage: int) -> tuple[tuple[int, ...], ...]:
     sizes = chunk_layers(L, pp, v)
     starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    return [list(range(starts[c * pp + stage], starts[c * pp + stage + 1])) for c in range(v)]
+    return tuple(tuple(range(starts[c * pp + stage], starts[c * pp + stage + 1])) for c in range(v))
 
 
 def stage_layers(L: int, pp: Any, v: Any, first: Any, last: Any) -> Any:

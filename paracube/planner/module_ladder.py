@@ -38,15 +38,14 @@ def module_rungs(model: ModelSpec, training: TrainingSpec, rt: Runtime, fixed: L
     return out
 
 
-def ladder(lay: Layout, zeros: list[int], rungs: list[tuple[str, ...]], price: Callable, mem_cap: float,
-           prefetch: Callable[[list[Layout]], None] | None = None) -> list[tuple[Layout, StepEstimate]]:
+def ladder(lay: Layout, zeros: list[int], rungs: list[tuple[str, ...]], price: Callable, mem_cap: float
+           ) -> list[tuple[Layout, StepEstimate]]:
     """Per zero stage of `zeros` where one does, the first rung of `rungs` under which `lay` fits (dimensions.RCM): a
     higher stage holds less and may fit under a lighter rung, which re-runs less, so each is ranked (as the searches
     rank each zero stage that fits). The last rung (the most it saves) at the highest zero stage (the least memory)
     first: where even that does not fit, nothing else is priced (one estimate for a layout the ladder cannot save);
     then per zero stage a bisection (each rung keeps a superset of the one before's modules: its memory is never
-    more). `prefetch`: told the layouts the bisections may price once the first probe fits (experts.py batches
-    them)."""
+    more)."""
     def fits(z: int, rung: tuple[str, ...]) -> tuple[Layout, StepEstimate] | None:
         zl = replace(lay, zero=z, recompute=None, recompute_modules=rung)
         est = price(zl)
@@ -55,8 +54,6 @@ def ladder(lay: Layout, zeros: list[int], rungs: list[tuple[str, ...]], price: C
     most = fits(zeros[-1], rungs[-1])
     if most is None:
         return []
-    if prefetch is not None:
-        prefetch([replace(lay, zero=z, recompute=None, recompute_modules=r) for z in zeros for r in rungs])
     out = []
     for z in zeros:
         top = most if z == zeros[-1] else fits(z, rungs[-1])
