@@ -211,12 +211,15 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
             pending.append((low, lay, over, static))
     a2ao, pruned = chosen(A2AO, rt, fixed), 0
     bars = _Bars(fits, top_k)
+
+    def may_beat(low: float, lay: Layout) -> bool:  # its lower bound beats the bar (none is pruned under a2ao)
+        return a2ao or low < bars.bar(lay.mode if mode_bests else None)
+
     if rungs:  # the ladder's probes of every layout the bar so far (it only falls) leaves it (module_ladder.ladder)
         prefetch([replace(lay, zero=z, recompute=None, recompute_modules=r) for low, lay, _, static in pending
-                  if (a2ao or low < bars.bar(lay.mode if mode_bests else None)) and static <= mem_cap
-                  for z in zeros for r in rungs])
+                  if may_beat(low, lay) and static <= mem_cap for z in zeros for r in rungs])
     for low, lay, over, static in sorted(pending, key=lambda p: p[0]):
-        if rungs and not a2ao and low >= bars.bar(lay.mode if mode_bests else None):
+        if rungs and not may_beat(low, lay):
             pruned += 1
             rejected[memory] -= len(zeros)
             continue
@@ -279,10 +282,12 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
     out: list[tuple[Layout, StepEstimate]] = []
     bars = _Bars(fits, top_k)
 
-    def variant(lay: Layout, v: int) -> Layout:
+    def variant(lay: Layout, v: int) -> Layout:  # with a2ao where it is chosen and the runtime runs it there
         var = replace(lay, interleave=v)
-        on = replace(var, a2ao=True) if a2ao else var
-        return on if a2ao and not rt.a2a_overlap_refusal(on, training.dtype) else var
+        if not a2ao:
+            return var
+        on = replace(var, a2ao=True)
+        return var if rt.a2a_overlap_refusal(on, training.dtype) else on
 
     def kept(var: Layout, est: StepEstimate) -> bool:  # its bound may beat the bar (a larger v's is lower: it may)
         bar = bars.bar(var.mode if mode_bests else None)
