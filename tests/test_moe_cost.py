@@ -36,6 +36,11 @@ def h100() -> object:
     ("mixtral-8x7b", "dp=2,pp=2,ep=4,tp=1d:4,sp,mb=1"),  # no shared expert: the MoE blocks' MLP collectives dropped
     ("qwen3-30b-a3b", "dp=4,cp=2,ep=8,tp=none,mb=1"),  # cp: T = b s / cp, ep folded over dp x cp
     ("tiny-moe", "dp=2,cp=2,ep=4,tp=1d:2,sp,mb=1"),  # the aux loss's counts over (cp, tp)
+    # the expert units' zero=2/3 collectives in line (moe_fsdp.py): per micro-batch, and with pipelines once a step
+    ("qwen3-30b-a3b", "dp=16,ep=8,tp=none,mb=1,zero=3,overlap"),
+    ("qwen3-30b-a3b", "dp=16,tp=none,mb=1,zero=3,overlap"),  # ep = 1: every expert gathered over dp
+    ("qwen3-30b-a3b", "dp=16,ep=4,tp=none,mb=1,zero=2"),
+    ("qwen3-30b-a3b", "dp=8,pp=2,ep=4,tp=none,mb=1,zero=3,overlap"),
 ])
 def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> None:
     model, layout = PRESETS[name], parse_layout(text)
@@ -85,6 +90,57 @@ def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object
     mlp = Counter((*e.key(), e.phase, e.label) for e in est.events if ".mlp." in e.label)
     assert mlp == Counter((*e.key(), e.phase, e.label) for e in want if ".mlp." in e.label)
     assert bool(mlp) == (shared and layout.tensor_size > 1)
+
+
+@pytest.mark.parametrize("text", ["dp=8,ep=4,tp=none,mb=1,zero=3", "dp=8,ep=2,tp=none,mb=1,zero=2,overlap",
+                                  "dp=4,pp=2,ep=2,tp=none,mb=1,zero=3", "dp=4,pp=2,ep=2,tp=none,mb=1,zero=2",
+                                  "dp=4,ep=2,tp=1d:2,sp,mb=1,zero=3,overlap"])
+def test_both_engines_price_the_expert_units_the_executor_runs(text: str) -> None:
+    """zero=2/3: each MoE block's experts are an FSDP unit of their own over edp (moe_fsdp.py); the collectives
+    both engines put in the step (kind, group, bytes, dtype: per micro-batch and per step, two micro-batches) are
+    cost_models/moe_fsdp_traffic's, the list tests/test_moe_run.py holds equal to what the executor records (a
+    multiset, zero difference), and they replace the one expert-gradient all_reduce zero <= 1 prices."""
+    from collections import Counter
+
+    from paracube.cost_models.dims import dims_of
+    from paracube.cost_models.moe_traffic import moe_stage_events
+
+    model, layout = PRESETS["tiny-moe"], parse_layout(text)
+    train = TrainingSpec(global_batch=2 * layout.dp * layout.micro_batch, dtype="bf16")
+    topo = load_topology("dgx-h100", gpus=8)
+
+    def units(events: object) -> Counter:
+        return Counter((e.kind, e.group_size, e.payload_bytes, e.dtype) for e in events  # type: ignore[attr-defined]
+                       if e.axes == ("edp",))
+
+    for stage in ("first", "last") if layout.pp > 1 else ("first",):
+        want = units(moe_stage_events(layout, dims_of(model, train), model.moe, layout.micro_batch, stage))
+        assert want and not any(kind == "all_reduce" for kind, *_ in want)
+        if stage == "first":  # the estimate lists its slowest stage's (moe_step.py); tiny-moe's stages are alike
+            for est in (estimate(model, train, layout, topo), estimate_event(model, train, layout, topo)):
+                assert units(est.events) == want
+                assert est.comm_time_by_axis.get("edp", 0.0) > 0  # in line: exposed, booked on their own axis
+
+
+def test_expert_units_are_priced_in_line_with_the_blocks() -> None:
+    """zero=3 with ep = 1 gathers every expert of a block over the whole data-parallel group each micro-batch, twice
+    (forward, backward), and reduce-scatters its gradient: both engines add those seconds in line (moe_fsdp.py: not
+    prefetched), so the step grows by at least their bandwidth time over zero=1's one reduction a step, and the
+    search no longer ranks it first on Qwen3-30B-A3B with torchtitan's FSDP (2.46 s before, every expert unpriced)."""
+    from paracube.cost_models.collective import collective_time
+    from paracube.cost_models.moe_fsdp import unit_numel
+
+    model = PRESETS["qwen3-30b-a3b"]
+    topo = load_topology("dgx-h100", gpus=64)
+    train = TrainingSpec(global_batch=512, dtype="bf16")
+    z3 = estimate(model, train, parse_layout("dp=64,tp=none,mb=2,zero=3,overlap"), topo, with_events=False)
+    p = unit_numel(model.moe, model.hidden, parse_layout("dp=64,tp=none,mb=2,zero=3"))
+    # a lower bound of the units' seconds a step: 4 micro-batches x 48 blocks x (2 gathers of 2 p bytes + a
+    # reduce-scatter of 4 p) at NVLink 4's 450 GB/s, no latency (no link of the cluster is faster)
+    floor = 4 * 48 * float(collective_time("all_gather", 64, 1, 8 * p, 450e9, 0.0))
+    assert z3.comm_time_by_kind["all_gather"] + z3.comm_time_by_kind["reduce_scatter"] > floor
+    assert z3.step_time_s > 4.0  # 2.46 s with the units unpriced
+    assert "in line" in z3.notes[-1] and "upper bound" in z3.notes[-1]
 
 
 def test_declared_all_to_all_bytes_are_the_balanced_routing(h100: object) -> None:

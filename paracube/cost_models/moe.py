@@ -26,6 +26,9 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   (host_issue.py: max(GPU work, host issue time) per segment, the GPU work the dense block's and this module's);
 - per step: the expert gradients' all_reduce over edp (fp32; exposed, or under the last backward as
   grad_overlap.py hides the dense buckets when the layout overlaps); the optimizer step of expert parameters;
+  zero=2/3 instead: each block's experts an FSDP unit of its own over edp, its gathers and reduce-scatters in line
+  (moe_fsdp.py: per micro-batch with pp = 1, the reduce-scatter once a step with pipelines; zero=2's gather after
+  the optimizer step);
 - attention correction (attention_correction.py; MLA, DeepSeek-V2 arXiv 2405.04434; a head width other than hidden /
   heads, Qwen3):
   MLA's: the difference between the true attention linears and the dense part's (qkv [h, h + 2 kv], proj [h, h]);
@@ -63,6 +66,7 @@ from paracube.cost_models.mlp_delta import block_deltas, mlp_delta
 from paracube.cost_models.moe_a2a import A2A
 from paracube.cost_models.moe_counts import block_count_events, norm_events
 from paracube.cost_models.moe_dispatch import sends_probs
+from paracube.cost_models.moe_fsdp import expert_unit
 from paracube.cost_models.moe_mlp_again import stage_again
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
@@ -185,12 +189,10 @@ def expert_params_per_rank(model: ModelSpec, layout: Layout, stage: int) -> int:
 
 def grad_event(model: ModelSpec, layout: Layout, stage: int, d: Dims | None = None) -> CommEvent | None:
     n = expert_params_per_rank(model, layout, stage)
-    if n == 0 or layout.expert_data == 1:
+    if n == 0 or layout.expert_data == 1 or layout.zero >= 2:  # zero >= 2: the expert units' (moe_fsdp.py)
         return None
-    # zero >= 1 reduce-scatters and gathers back instead: the same bytes and ring steps as this all_reduce; in the
-    # runtime's gradient element (Dims.grad_bytes; fp32 without dims). zero >= 2 is priced as zero=1 here: the
-    # executor's per-micro-batch reduce-scatters of the expert units (pp = 1) and zero=3's gathers of them are listed
-    # by moe_fsdp_traffic.py (the recorded step), not yet in this step time
+    # zero=1 reduce-scatters and gathers back instead: the same bytes and ring steps as this all_reduce; in the
+    # runtime's gradient element (Dims.grad_bytes; fp32 without dims)
     size, dtype = (d.grad_bytes, d.grad_dtype) if d is not None else (4, "float32")
     return CommEvent("all_reduce", ("edp",), layout.expert_data, size * n, dtype, "grad_sync", "expert_gradients")
 
@@ -217,6 +219,10 @@ class StageCost:
     issue_bwd: float = 0.0  # per MoE block and micro-batch, the backward's (its recomputed forward's included)
     again: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # of `comm`, by (kind, axes): the
     # MLP collectives rcm= issues again (moe_mlp_again.py; moe_step books them under their own kind and axes)
+    units: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # of `comm`, by (kind, axes): the
+    # expert units' zero=2/3 collectives in line (moe_fsdp.py; moe_step books them under their own kind and axes)
+    after: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # per step, exposed, by (kind,
+    # axes): the expert units' pipelined reduce-scatter and zero=2's parameter gather (moe_fsdp.py)
 
 
 def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel, stage: int,
@@ -263,6 +269,15 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.waits = k * (b.wait * (2 if rerun else 1) + out.issue_fwd + out.issue_bwd)
         out.comm += k * (cf * (2 if rerun else 1) + cb)
         out.comm_bwd += k * (cb + (cf if rerun else 0.0))
+        unit = expert_unit(moe, d, layout)  # zero=2/3: the experts' FSDP unit of each block (moe_fsdp.py)
+        for e in (*unit.fwd, *unit.bwd_gather, *unit.bwd_scatter):
+            key = (e.kind, e.axes)
+            out.units[key] = out.units.get(key, 0.0) + k * comm_time(e, links, 1.0, g)
+        unit_bwd = sum(comm_time(e, links, 1.0, g) for e in (*unit.bwd_gather, *unit.bwd_scatter))
+        out.comm += sum(out.units.values())
+        out.comm_bwd += k * unit_bwd
+        for e in (*unit.step, *unit.after):
+            out.after[(e.kind, e.axes)] = out.after.get((e.kind, e.axes), 0.0) + k * comm_time(e, links, 1.0, g)
         out.a2a_fwd = k * sum(t for e, t in zip(b.events_fwd, tf, strict=True) if routed(e))
         out.a2a_bwd = k * sum(t for e, t in zip(b.events_bwd, tb, strict=True) if routed(e))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
@@ -271,20 +286,22 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
                   if moe.is_moe_layer(i)]
         out.sent += sum(e.sent_bytes() for e in out.events)  # rcm='s MLP collectives (stage_again)
         sent_f = sum(e.sent_bytes() for e in b.events_pre + b.events_fwd)
-        out.sent += len(blocks) * (sent_f * (2 if rerun else 1) + sum(e.sent_bytes() for e in b.events_bwd))
+        out.sent += len(blocks) * (sent_f * (2 if rerun else 1) + sum(e.sent_bytes() for e in b.events_bwd)
+                                   + sum(e.sent_bytes() for e in (*unit.fwd, *unit.bwd_gather, *unit.bwd_scatter)))
         for i in blocks if events else ():  # one micro-batch's, in issue order per block (the forward, then backward)
             out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}."))
-                           for e in b.events_pre + b.events_fwd]
+                           for e in (*unit.fwd, *b.events_pre, *b.events_fwd)]
             if rerun:
                 out.events += [replace(e, phase="recompute", label=e.label.replace("layers.0.", f"layers.{i}."))
                                for e in b.events_pre + b.events_fwd]
         for i in reversed(blocks) if events else ():
-            out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}.")) for e in b.events_bwd]
+            out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}."))
+                           for e in (*unit.bwd_gather, *b.events_bwd, *unit.bwd_scatter)]
         acts = d.c * (b.received * d.h + 3 * b.received * moe.expert_ffn / layout.etp) + 4 * b.tokens * moe.experts
         out.memory["activations"] += (1 if rec else k) * in_flight * acts
         # what rcm= no longer keeps (recompute_modules_cost.py; 0 without it)
         out.memory["activations"] -= in_flight * moe_rcm_saved(model, d, layout, mb, held, mods, acts, b.received)
-        out.buffers = 2 * d.c * b.tokens * moe.top_k * d.h
+        out.buffers = 2 * d.c * b.tokens * moe.top_k * d.h + unit.temporaries
         if d.fp8 and d.fp8_experts:  # each expert weight's FP8 copy and its transpose (fp8.WEIGHT_COPY_BYTES)
             out.memory["temporaries"] += 2.0 * n_exp
     ge = grad_event(model, layout, stage, d)
@@ -292,6 +309,12 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         bw, lat = links[ge.axes]
         out.step_comm = float(collective_time(ge.kind, ge.group_size, 1, ge.payload_bytes, bw, lat))
         out.events.append(ge)
+    if k and model.moe is not None:  # zero=2/3: the units' per-step collectives (moe_fsdp.py)
+        unit = expert_unit(model.moe, d, layout)
+        blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch
+                  if model.moe.is_moe_layer(i)]
+        out.events += [replace(e, label=e.label.replace("layers.0.", f"layers.{i}."))
+                       for e in (*unit.step, *unit.after) for i in blocks]
     for ne in norm_events(layout, k):
         out.norm_comm += comm_time(ne, links, 1.0, g)
         out.events.append(ne)

@@ -1,6 +1,7 @@
 """zero=2 / zero=3 for a model with MoE blocks: the FSDP units' collectives of one step on one rank, as paracube's
 executor issues them (executor/data_parallel/sharded.py, fsdp.py); cost_models/moe_traffic.py puts them in place of
-traffic.stage_events' dense units.
+traffic.stage_events' dense units. Both engines price the expert units' (moe_fsdp.py; tests/test_moe_cost.py holds their
+collectives equal to these).
 
 Units (forward order): the embedding, each block (an MoE block's dense parameters: attention, router, shared expert,
 gate), an MoE block's routed experts right after it (a unit of their own, sharded over the experts' group:

@@ -8,7 +8,9 @@ experts' backward compute; before a forward's dispatch its counts (moe_counts.py
 loss's over tp), and in the tail the experts' norm all_reduce. The attention correction
 (attention_correction.attention_delta) is added to the largest compute op of each block's forward and backward (it may
 be negative: a true attention smaller than the dense part's). The all_to_alls run with payload x imbalance (the most
-loaded receiver sets their time; the declared events keep the balanced bytes). The expert gradient reduction runs in the
+loaded receiver sets their time; the declared events keep the balanced bytes). zero=2/3: each block's expert unit's
+gathers and reduce-scatter in line around its experts' forward and backward, a pipelined stage's reduce-scatters and
+zero=2's gathers in the tail (moe_fsdp.py, as moe.stage_cost prices them). The expert gradient reduction runs in the
 tail before the optimizer (with the layout's `overlap`: issued as the last backward starts, waited on in the tail,
 as moe_step.py prices it), and the expert optimizer step is added to the optimizer op. With the layout's `a2ao`, the
 `fwd` / `bwd` lists' compute is shortened by what the combined 1F1B steps hide of the partner pass's all_to_alls
@@ -39,6 +41,7 @@ from paracube.cost_models.moe import (
 )
 from paracube.cost_models.moe_a2a_overlap import SM_SHARE, combined, list_share
 from paracube.cost_models.moe_counts import norm_events
+from paracube.cost_models.moe_fsdp import ExpertUnit, expert_unit
 from paracube.cost_models.moe_mlp_again import again_blocks, again_events, relabel
 from paracube.cost_models.moe_step import in_flight
 from paracube.cost_models.moe_unshared import drop_ops, unshared_blocks
@@ -65,6 +68,12 @@ def _ops(events: list[CommEvent], seconds: float, name: str, imbalance: float,
     first = [Op("comm", e.label, event=e) for e in pre or []]
     held = [Op("compute", name + HOST_WAIT, wait)] if wait > 0 else []
     return [*first, *held, *comm[:half], Op("compute", name, seconds - wait), *comm[half:]]
+
+
+def _unit_ops(events: tuple[CommEvent, ...], i: int) -> list[Op]:
+    """The expert unit's collectives (moe_fsdp.py) of the stage's block i, in line."""
+    return [Op("comm", e.label.replace("layers.0.", f"layers.{i}."),
+               event=replace(e, label=e.label.replace("layers.0.", f"layers.{i}."))) for e in events]
 
 
 def _hidable(op: Op) -> bool:
@@ -108,6 +117,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
     rerun_moe = rec or MOE_REGION in moe_side(layout)  # rcm=moe re-runs the MoE layer (recompute_modules_cost.py)
     moe = model.moe
     block = block_cost(model, d, layout, mb, g) if moe is not None and moe_layers_of(model, layout, stage) else None
+    unit = expert_unit(moe, d, layout) if moe is not None else ExpertUnit()  # zero=2/3 (moe_fsdp.py)
     imb = moe.imbalance if moe is not None else 1.0
     chunks = stage_chunks(model.layers, layout.pp, layout.interleave, stage)
     mlp = iter(block_deltas(model, d, layout, mb, g, [i for ch in chunks for i in ch]))  # mlp_delta.py
@@ -125,16 +135,19 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                 _adjust(lists[c], f"layers.{i}.", af + mf - ring_f)
                 if is_moe:
                     assert block is not None
-                    _insert_fwd(lists[c], i, _ops(block.events_fwd, block.fwd + fi, f"layers.{i}.experts", imb,
-                                                  block.events_pre, block.wait + fi))
+                    experts = _ops(block.events_fwd, block.fwd + fi, f"layers.{i}.experts", imb, block.events_pre,
+                                   block.wait + fi)
+                    _insert_fwd(lists[c], i, [*_unit_ops(unit.fwd, i), *experts])
             for lists in (prog.bwd, prog.bwd_last):
                 _adjust(lists[c], f"layers.{i}.", ab + rerun + mbw - ring_b)
                 if is_moe:
                     assert block is not None
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,
                                  block.events_pre, block.wait) if rerun_moe else []
-                    _insert_bwd(lists[c], i, again, _ops(block.events_bwd, block.bwd + bi, f"layers.{i}.experts.bwd",
-                                                         imb, wait=bi, backward=True))
+                    _insert_bwd(lists[c], i, again, [
+                        *_unit_ops(unit.bwd_gather, i),
+                        *_ops(block.events_bwd, block.bwd + bi, f"layers.{i}.experts.bwd", imb, wait=bi, backward=True),
+                        *_unit_ops(unit.bwd_scatter, i)])
                 if i in mlp_again:
                     _insert_bwd(lists[c], i, [Op("comm", e.label, event=e) for e in relabel(again_mlp, i)], [])
     drop_ops(prog, unshared_blocks(model, layout, stage), layout)  # no shared expert: no MLP collectives
@@ -146,6 +159,10 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
             prog.tail.insert(0, Op("wait", "expert_gradients.wait"))
         else:
             prog.tail.insert(0, op)
+    held = [i for i, b in enumerate(b for ch in chunks for b in ch) if block is not None and moe is not None
+            and moe.is_moe_layer(b)]  # the stage's MoE blocks, by the program's block index
+    # zero >= 2 with pipelines: each expert unit's reduce-scatter once a step, in line (moe_fsdp.py)
+    prog.tail[0:0] = [op for i in held for op in _unit_ops(unit.step, i)]
     at = next((j for j, op in enumerate(prog.tail) if op.name.startswith("grad_norm") or op.name == "optimizer"),
               len(prog.tail))
     for j, ne in enumerate(norm_events(layout, moe_layers_of(model, layout, stage))):
@@ -156,6 +173,8 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
     for j, op in enumerate(prog.tail):
         if op.kind == "compute" and op.name == "optimizer":
             prog.tail[j] = replace(op, seconds=op.seconds + optim)
+            prog.tail[j + 1:j + 1] = [op for i in held for op in _unit_ops(unit.after, i)]  # zero=2's gather
+            break
     prog.compute_fwd = sum(op.seconds for ch in prog.fwd for op in ch if op.kind == "compute")
     prog.compute_bwd = sum(op.seconds for ch in prog.bwd for op in ch if op.kind == "compute")
     return prog

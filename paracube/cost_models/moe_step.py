@@ -7,7 +7,9 @@ recomputation), leaves after the dense buckets G_d, less their own exposed tail 
 where the expert group spans nodes the gradients also slow the last backward's all_to_alls on the NICs they share,
 moe_contention.py; each stage's own from its own last backward: the stages before the slowest run theirs in the
 drain, and the step pays the latest of them, the drain included) + the experts' norm all_reduce
-(moe_counts.norm_event, exposed) + its expert optimizer step. With the layout's `a2ao`, each stage's work less the
+(moe_counts.norm_event, exposed) + its expert optimizer step + zero=2/3's expert-unit collectives once a step
+(a pipelined stage's reduce-scatters, zero=2's gathers after the step: exposed, moe_fsdp.py; their per-micro-batch
+ones are in the stage's MoE communication). With the layout's `a2ao`, each stage's work less the
 all_to_alls its combined 1F1B steps hide (moe_a2a_overlap.py; its compute without the host waits of host_sync.py and
 host_issue.py, which the combined step's C / 3 : 2 C / 3 split does not describe). Memory: of the first, the middle and
 the last stage (as analytic.py counts them), each its dense parts plus its own expert parts, the heaviest (_heaviest).
@@ -124,7 +126,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     # an upper bound); the step ends with the last stage to finish, the drain itself included (the first stage).
     after = {s: share * bubble * max(0, index[slow] - index[s]) / max(1, layout.pp - 1) for s in STAGE_NAMES}
     grad = max(after[s] + exposed(s) for s in STAGE_NAMES) - after["first"]
-    step = w + bubble + rest + dense_optim + grad + c.norm_comm + c.optim
+    step = w + bubble + rest + dense_optim + grad + c.norm_comm + c.optim + sum(c.after.values())
     step += float(straggler_wait(step, layout.dp, g.straggler))  # the slowest replica, on the whole step
     loss = (d.c + logit_bytes(d)) * mb * d.s * d.V / layout.tensor_size  # the head's logits and loss (memory.py)
     mem = _heaviest(est.memory, getattr(scores, "memory_stages", ()), costs, loss, layout.pp, row)
@@ -134,18 +136,26 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     events = dense + tuple(e for _ in range(int(n)) for e in micro_events) + tuple(
         e for e in c.events if e.phase in per_step) if est.events else ()
     flops = est.flops_per_gpu + expert_flops(model, d) / layout.world_size
-    by_kind = dict(est.comm_time_by_kind)
-    again = sum(c.again.values())  # rcm='s MLP collectives issued again (moe_mlp_again.py): their own kind and axes
-    moe_comm = n * (c.comm - again) + c.step_comm + c.norm_comm
-    by_kind["all_to_all"] = by_kind.get("all_to_all", 0.0) + moe_comm
-    by_axis = dict(est.comm_time_by_axis)
-    by_axis["ep"] = by_axis.get("ep", 0.0) + moe_comm
-    for (kind, axes), seconds in c.again.items():
-        by_kind[kind] = by_kind.get(kind, 0.0) + n * seconds
-        by_axis[".".join(axes)] = by_axis.get(".".join(axes), 0.0) + n * seconds
+    by_kind, by_axis = dict(est.comm_time_by_kind), dict(est.comm_time_by_axis)
+    # rcm='s MLP collectives issued again (moe_mlp_again.py) and the expert units' (moe_fsdp.py) under their own kind
+    # and axes, as the expert gradients' reduction and norm; the rest of the MoE collectives as all_to_all over ep
+    own = dict(c.again)
+    for key, seconds in c.units.items():
+        own[key] = own.get(key, 0.0) + seconds
+    again = sum(own.values())
+    moe_comm = n * (c.comm - again)
+    step_kinds = {("all_reduce", ("edp",)): c.step_comm, ("all_reduce", ("ep",)): c.norm_comm}
+    for key, seconds in c.after.items():
+        step_kinds[key] = step_kinds.get(key, 0.0) + seconds
+    for (kind, axes), seconds in [(("all_to_all", ("ep",)), moe_comm), *((key, n * t) for key, t in own.items()),
+                                  *step_kinds.items()]:
+        if seconds:
+            by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+            by_axis[".".join(axes)] = by_axis.get(".".join(axes), 0.0) + seconds
     # the compute the step counts: the slowest stage's (w's), dense and MoE, and its optimizer steps
     compute = float(dense_slow.compute[row]) + dense_optim + n * c.compute + c.optim
-    return replace(est, step_time_s=step, compute_time_s=compute, comm_time_s=est.comm_time_s + moe_comm + n * again,
+    return replace(est, step_time_s=step, compute_time_s=compute,
+                   comm_time_s=est.comm_time_s + moe_comm + n * again + sum(step_kinds.values()),
                    exposed_comm_time_s=step - compute - bubble, bubble_time_s=bubble, memory=mem,
                    comm_bytes_per_gpu=est.comm_bytes_per_gpu + n * c.sent + sum(
                        e.sent_bytes() for e in c.events if e.phase in per_step),
@@ -229,9 +239,10 @@ def _note(model: ModelSpec, layout: Layout) -> str:
         return "attention priced with its true head widths (cost_models/moe.py)"
     note = (f"experts: {moe.experts} x top-{moe.top_k}, ep={layout.ep}, etp={layout.etp}, edp={layout.expert_data}, "
             f"imbalance {moe.imbalance:g} (cost_models/moe.py)")
-    if layout.zero >= 2 and layout.expert_data > 1:  # moe.grad_event: what the step time does not hold yet
-        note += (f"; zero={layout.zero}: the experts' gradients are timed as zero=1's one reduction a step, not the "
-                 "per-micro-batch reduce-scatters" + (" and gathers" if layout.zero == 3 else "") + " their units run")
+    if layout.zero >= 2 and layout.expert_data > 1:  # moe_fsdp.py: the expert units in line, not prefetched
+        note += (f"; zero={layout.zero}: each block's experts are a unit of their own over edp, its "
+                 + ("gathers and " if layout.zero == 3 else "") + "reduce-scatters in line (not prefetched: an "
+                 "upper bound, cost_models/moe_fsdp.py)")
     return note
 
 
