@@ -170,6 +170,12 @@ def test_the_moe_search_prices_each_runtimes_first_sharding_stage() -> None:
     model, training = PRESETS["tiny-moe"], TrainingSpec(global_batch=16, dtype="bf16")
     res = search(model, training, load_topology("dgx-h100", gpus=8), 8, top_k=50, runtime=get_runtime("torchtitan"))
     assert {lay.zero for lay, _ in res.ranked} == {0, 3}
+    # torchtitan folds the experts over dp_shard x cp x tp (refusals.expert_refusal): ep over dp runs at zero=3 only.
+    # A layout refused at zero=0 is still priced at zero=3 (before 2026-12-04 the first refusal ended its stages).
+    assert any(lay.zero == 3 and lay.ep > 1 and lay.tensor_size == 1 for lay, _ in res.ranked)
+    for lay, _ in res.ranked:
+        assert get_runtime("torchtitan").refusal(lay, model.family, model.tied_embeddings, "bf16", moe=True,
+                                                 model=model) is None
     megatron = get_runtime("megatron")
     why = experts_unsearched(model, training, 8, megatron, None, None)["zero"]
     assert why == "zero=0/1 only; --layout zero=N prices zero=3"

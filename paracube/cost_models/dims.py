@@ -97,6 +97,9 @@ class Dims:
     # whether the runtime copies them beside compute (EngineOptions.offload_overlap) or in line
     offload_frac: float = 0.0
     offload_overlap: bool = False
+    # zero=2/3: the FSDP units' gathers prefetched (EngineOptions.fsdp_prefetch; moe_fsdp.py reads it, the dense units'
+    # recursion takes it as an argument)
+    fsdp_prefetch: bool = False
     window_pattern: str = ""
     chunked: bool = False
     attention_bias: bool = False  # ModelSpec.attention_bias (GPT-OSS): qkv and proj with biases
@@ -267,7 +270,7 @@ def with_options(d: Dims, o: EngineOptions) -> Dims:
                    fp8_scaling=o.fp8_scaling, fp8_experts=o.fp8_experts, moe_dispatch=o.moe_dispatch,
                    moe_probs=o.moe_probs, selective=o.selective, moe_host_sync=o.moe_host_sync,
                    moe_host_ops=o.moe_host_ops, offload_overlap=o.offload_overlap, fused_norms=o.fused_norms,
-                   cp_core_recompute=o.cp_core_recompute)
+                   cp_core_recompute=o.cp_core_recompute, fsdp_prefetch=o.fsdp_prefetch)
 
 
 def with_pins(d: Dims, layout: object) -> Dims:

@@ -66,14 +66,14 @@ from paracube.cost_models.mlp_delta import block_deltas, mlp_delta
 from paracube.cost_models.moe_a2a import A2A
 from paracube.cost_models.moe_counts import block_count_events, norm_events
 from paracube.cost_models.moe_dispatch import sends_probs
-from paracube.cost_models.moe_fsdp import expert_unit
+from paracube.cost_models.moe_fsdp import Chain, expert_unit
 from paracube.cost_models.moe_mlp_again import stage_again
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
 from paracube.cost_models.moe_unshared import dropped_events, dropped_time
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_rcm_saved, moe_rerun, moe_side
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
-from paracube.modes.experts import PROBS, ROUTER, ExpertSizes, block_bwd, block_fwd, router_dtype
+from paracube.modes.experts import PROBS, ROUTER, ExpertSizes, before_experts, block_bwd, block_fwd, router_dtype
 from paracube.modes.stages import stage_chunks
 from paracube.moe_spec import MoESpec
 from paracube.workload import ModelSpec
@@ -221,6 +221,8 @@ class StageCost:
     # MLP collectives rcm= issues again (moe_mlp_again.py; moe_step books them under their own kind and axes)
     units: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # of `comm`, by (kind, axes): the
     # expert units' zero=2/3 collectives in line (moe_fsdp.py; moe_step books them under their own kind and axes)
+    chain: Chain | None = None  # zero=2/3 prefetched (pp = 1): the MoE parts of the expert units' Chain (moe_fsdp.py;
+    # moe_step adds the dense blocks' work and prices its stalls), their seconds then not in `comm`
     after: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # per step, exposed, by (kind,
     # axes): the expert units' pipelined reduce-scatter and zero=2's parameter gather (moe_fsdp.py)
 
@@ -274,8 +276,20 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
             key = (e.kind, e.axes)
             out.units[key] = out.units.get(key, 0.0) + k * comm_time(e, links, 1.0, g)
         unit_bwd = sum(comm_time(e, links, 1.0, g) for e in (*unit.bwd_gather, *unit.bwd_scatter))
-        out.comm += sum(out.units.values())
-        out.comm_bwd += k * unit_bwd
+        if layout.pp == 1 and d.fsdp_prefetch and out.units:  # prefetched: moe_step prices the stalls (Chain)
+            half_f = before_experts([e.label for e in b.events_fwd], False)
+            half_b = before_experts([e.label for e in b.events_bwd], True)
+            pre_f = b.wait + out.issue_fwd + sum(comm_time(e, links, moe.imbalance, g) for e in b.events_pre) \
+                + sum(tf[:half_f])
+            rerun_f = (b.fwd + cf) if rerun else 0.0
+            out.chain = Chain(k, pre_f, af + mf + b.fwd + out.issue_fwd + cf,
+                              rerun_f + out.issue_bwd + sum(tb[:half_b]),
+                              ab + again + mbw + rerun_f + b.bwd + out.issue_bwd + cb, b.bwd, sum(tb[half_b:]),
+                              sum(comm_time(e, links, 1.0, g) for e in unit.fwd),
+                              sum(comm_time(e, links, 1.0, g) for e in unit.bwd_scatter), layout.overlap)
+        else:  # in line
+            out.comm += sum(out.units.values())
+            out.comm_bwd += k * unit_bwd
         for e in (*unit.step, *unit.after):
             out.after[(e.kind, e.axes)] = out.after.get((e.kind, e.axes), 0.0) + k * comm_time(e, links, 1.0, g)
         out.a2a_fwd = k * sum(t for e, t in zip(b.events_fwd, tf, strict=True) if routed(e))

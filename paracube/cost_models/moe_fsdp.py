@@ -11,14 +11,23 @@ padded to a multiple of edp (modes/buckets.padded_numel), p elements. Per MoE bl
   gradients' all_reduce it replaces is priced so), per micro-batch with pp = 1, once a step (the last micro-batch)
   with pipelines, which accumulate unsharded (executor/data_parallel/sharded.py);
 - zero=2: once a step, after the optimizer step, the updated fp32 shards all-gathered into the parameters (4 p).
-The per-micro-batch ones run in line with the block's compute in both engines: neither prefetches the expert units
-yet (the dense units are prefetched one unit ahead with pp = 1, fsdp_overlap.py), so this is an upper bound by their
-collective seconds; without it (before 2026-12-04) they were not in the step time at all, and a search ranked
-dp = 64 x zero=3 with every expert gathered each micro-batch (qwen3-30b-a3b, torchtitan, 64 H100s) first at 2.46 s.
-A pipelined step's reduce-scatter is the step's expert gradient reduction (moe_step.py hides it under the last
-backward with `overlap`, as the all_reduce it replaces); zero=2's gather is exposed after the optimizer step.
+Prefetched (pp = 1 and the runtime's fsdp_prefetch, as every stack here runs FSDP; torchtitan prefetches a block's
+experts with the block, `set_modules_to_forward_prefetch([next_block, next_block.moe.experts])`), `Chain`: the expert
+units on a stream of their own (their own process group), the first MoE block's gather issued as the micro-batch
+starts, each next one as a block's experts start and waited for as its own experts start; backward (last block
+first) the same, each unit's reduce-scatter issued as its experts' backward ends (asynchronous with the layout's
+`overlap`, else in line), all waited for at the backward's end: the one-stream recursion of fsdp_overlap.py over the
+expert units, the work between two issue points a whole block's (dense and MoE). The dense units run their own
+prefetch beside it and share its links (the event engine's max-min; moe_step._unit_stalls counts each expert
+gather as moving its block's dense gather too, each reduce-scatter its dense one where both are asynchronous).
+Otherwise (pipelines, or no prefetch) they run in line with the block's compute, as the dense units do there.
+Before 2026-12-04 they were not in the step time at all: a search ranked dp = 64 x zero=3 with every expert gathered
+each micro-batch (qwen3-30b-a3b, torchtitan, 64 H100s) first at 2.46 s (now 3.04 s, behind ep=8's 2.95 s).
+A pipelined step's reduce-scatter is exposed once a step, as the dense units' are there; zero=2's gather is exposed
+after the optimizer step.
 Memory: one gathered unit's parameters (zero=3, c p) and one unit's unsharded gradient before its reduce-scatter
-(grad_bytes p), temporaries alive inside the block.
+(grad_bytes p), temporaries alive inside the block (prefetched, the next block's gathered unit is alive beside them:
+not counted, as the dense units' second gathered unit is, memory.with_zero).
 """
 
 from __future__ import annotations
@@ -78,4 +87,49 @@ def expert_unit(moe: MoESpec, d: Dims, layout: Layout) -> ExpertUnit:
         temporaries=float((d.c if layout.zero == 3 else 0) * p + d.grad_bytes * p))
 
 
-__all__ = ["AXES", "ExpertUnit", "expert_unit", "unit_numel"]
+@dataclass(frozen=True)
+class Chain:
+    """One micro-batch of a stage (pp = 1) as the expert units' prefetch sees it: k MoE blocks, the work (compute and
+    in-line communication, seconds) between their issue and wait points (module docstring), a unit's gather `a`
+    (zero=3, else 0) and reduce-scatter `r` seconds, the layout's `overlap` (reduce-scatters asynchronous)."""
+
+    k: int
+    pre_fwd: float  # from the forward's start to the first MoE block's experts
+    block_fwd: float  # from one MoE block's experts to the next's (a whole block's forward)
+    pre_bwd: float  # from the backward's start to the last MoE block's experts' backward
+    block_bwd: float  # from one experts' backward to the next's (a whole block's backward)
+    experts_bwd: float  # the experts' backward itself (its reduce-scatter issued at its end)
+    end_bwd: float  # from the first MoE block's experts' backward end to the backward's end
+    a: float
+    r: float
+    overlap: bool
+
+    def stalls(self) -> float:
+        """Seconds the compute side waits on the units' stream beyond its work (without `overlap` the reduce-scatters
+        in line, after the gather in flight on their links): the one-stream recursion of fsdp_overlap.py over the
+        expert units alone."""
+        k, a, r = self.k, self.a, self.r
+        idle = 0.0
+        if a > 0:  # forward: block j + 1's gather issued as block j's experts start, waited as its own start
+            t, ready = self.pre_fwd, a
+            for j in range(k):
+                idle, t = idle + max(0.0, ready - t), max(t, ready)
+                if j < k - 1:
+                    ready = max(ready, t) + a
+                    t += self.block_fwd
+        stream = ready = a  # backward, last block first: its gather issued as the backward starts
+        t = self.pre_bwd
+        for j in range(k):
+            if a > 0:
+                idle, t = idle + max(0.0, ready - t), max(t, ready)
+                if j < k - 1:  # the next block's, queued on the stream before this one's reduce-scatter
+                    ready = stream = max(stream, t) + a
+            t += self.experts_bwd
+            stream = max(stream, t) + r
+            if not self.overlap:  # in line: after what the stream has in flight (the same links, one at a time)
+                idle, t = idle + stream - t, stream
+            t += self.block_bwd - self.experts_bwd if j < k - 1 else self.end_bwd
+        return idle + max(0.0, stream - t)
+
+
+__all__ = ["AXES", "Chain", "ExpertUnit", "expert_unit", "unit_numel"]

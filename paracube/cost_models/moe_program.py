@@ -9,12 +9,14 @@ loss's over tp), and in the tail the experts' norm all_reduce. The attention cor
 (attention_correction.attention_delta) is added to the largest compute op of each block's forward and backward (it may
 be negative: a true attention smaller than the dense part's). The all_to_alls run with payload x imbalance (the most
 loaded receiver sets their time; the declared events keep the balanced bytes). zero=2/3: each block's expert unit's
-gathers and reduce-scatter in line around its experts' forward and backward, a pipelined stage's reduce-scatters and
-zero=2's gathers in the tail (moe_fsdp.py, as moe.stage_cost prices them). The expert gradient reduction runs in the
-tail before the optimizer (with the layout's `overlap`: issued as the last backward starts, waited on in the tail,
-as moe_step.py prices it), and the expert optimizer step is added to the optimizer op. With the layout's `a2ao`, the
-`fwd` / `bwd` lists' compute is shortened by what the combined 1F1B steps hide of the partner pass's all_to_alls
-(moe_a2a_overlap.py: its saving, the SMs' slowdown included, scaled to the lists' micro-batches). A dropless block's
+gathers and reduce-scatter around its experts' forward and backward, prefetched on their own stream where
+moe_fsdp.Chain prices them so (`_prefetched`: its issue and wait points), else in line; a pipelined stage's
+reduce-scatters and zero=2's gathers in the tail (moe_fsdp.py, as moe.stage_cost prices them). The expert gradient
+reduction runs in the tail before the optimizer (with the layout's `overlap`: issued as the last backward starts,
+waited on in the tail, as moe_step.py prices it), and the expert optimizer step is added to the optimizer op. With
+the layout's `a2ao`, the `fwd` / `bwd` lists' compute is shortened by what the combined 1F1B steps hide of the
+partner pass's all_to_alls (moe_a2a_overlap.py: its saving, the SMs' slowdown included, scaled to the lists'
+micro-batches). A dropless block's
 host wait (host_sync.py) is its own compute op before the dispatch, outside the overlap's compute (as moe_step.py),
 and so is its forward's and backward's wait for the host's issue (host_issue.py, moe.stage_cost's issue_fwd / issue_bwd:
 added to the forward's wait op, and a wait op of its own before the backward's collectives).
@@ -74,6 +76,39 @@ def _unit_ops(events: tuple[CommEvent, ...], i: int) -> list[Op]:
     """The expert unit's collectives (moe_fsdp.py) of the stage's block i, in line."""
     return [Op("comm", e.label.replace("layers.0.", f"layers.{i}."),
                event=replace(e, label=e.label.replace("layers.0.", f"layers.{i}."))) for e in events]
+
+
+def _prefetched(ops: list[Op], unit: ExpertUnit, backward: bool, overlap: bool) -> list[Op]:
+    """One micro-batch's forward or backward with the expert units prefetched (moe_fsdp.Chain: the same issue and
+    wait points): the first MoE block's gather issued as the list starts, each next one as a block's experts start,
+    waited for as its own experts start; backward, each unit's reduce-scatter after its experts' backward
+    (asynchronous with `overlap`, waited for at the list's end)."""
+    suffix = ".experts.bwd" if backward else ".experts"
+    blocks = [op.name[len("layers."):-len(suffix)] for op in ops
+              if op.kind == "compute" and op.name.startswith("layers.") and op.name.endswith(suffix)]
+    gathers = unit.bwd_gather if backward else unit.fwd
+
+    def gather(j: int) -> list[Op]:
+        tag = f"experts.{blocks[j]}.{'bwd' if backward else 'fwd'}"
+        return [replace(op, asynchronous=True, tag=tag) for op in _unit_ops(gathers, int(blocks[j]))]
+
+    out = gather(0) if gathers and blocks else []
+    j = 0
+    for op in ops:
+        if j < len(blocks) and op.kind == "compute" and op.name == f"layers.{blocks[j]}{suffix}":
+            if gathers:
+                out.append(Op("wait", f"layers.{blocks[j]}.experts.unit_gather.wait",
+                              tag=f"experts.{blocks[j]}.{'bwd' if backward else 'fwd'}"))
+                out += gather(j + 1) if j + 1 < len(blocks) else []
+            out.append(op)
+            if backward:
+                out += [replace(rs, asynchronous=overlap) for rs in _unit_ops(unit.bwd_scatter, int(blocks[j]))]
+            j += 1
+            continue
+        out.append(op)
+    if backward and overlap and blocks:
+        out.append(Op("wait", "experts.unit_rs.wait"))
+    return out
 
 
 def _hidable(op: Op) -> bool:
@@ -137,7 +172,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                     assert block is not None
                     experts = _ops(block.events_fwd, block.fwd + fi, f"layers.{i}.experts", imb, block.events_pre,
                                    block.wait + fi)
-                    _insert_fwd(lists[c], i, [*_unit_ops(unit.fwd, i), *experts])
+                    _insert_fwd(lists[c], i, [*([] if sc.chain else _unit_ops(unit.fwd, i)), *experts])
             for lists in (prog.bwd, prog.bwd_last):
                 _adjust(lists[c], f"layers.{i}.", ab + rerun + mbw - ring_b)
                 if is_moe:
@@ -145,11 +180,16 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
                     again = _ops(block.events_fwd, block.fwd, f"layers.{i}.experts.recompute", imb,
                                  block.events_pre, block.wait) if rerun_moe else []
                     _insert_bwd(lists[c], i, again, [
-                        *_unit_ops(unit.bwd_gather, i),
+                        *([] if sc.chain else _unit_ops(unit.bwd_gather, i)),
                         *_ops(block.events_bwd, block.bwd + bi, f"layers.{i}.experts.bwd", imb, wait=bi, backward=True),
-                        *_unit_ops(unit.bwd_scatter, i)])
+                        *([] if sc.chain else _unit_ops(unit.bwd_scatter, i))])
                 if i in mlp_again:
                     _insert_bwd(lists[c], i, [Op("comm", e.label, event=e) for e in relabel(again_mlp, i)], [])
+    if sc.chain is not None:  # zero=2/3 prefetched (pp = 1): the expert units' gathers ahead, reduce-scatters async
+        for lists in (prog.fwd, prog.fwd_first):
+            lists[:] = [_prefetched(ops, unit, False, layout.overlap) for ops in lists]
+        for lists in (prog.bwd, prog.bwd_last):
+            lists[:] = [_prefetched(ops, unit, True, layout.overlap) for ops in lists]
     drop_ops(prog, unshared_blocks(model, layout, stage), layout)  # no shared expert: no MLP collectives
     ge = grad_event(model, layout, stage, d)
     if ge is not None:

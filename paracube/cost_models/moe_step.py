@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from paracube.cost_models.compute import GemmModel
+from paracube.cost_models.compute import GemmModel, stage_compute_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time
 from paracube.cost_models.links import LinkCache
@@ -33,6 +33,7 @@ from paracube.cost_models.moe_a2a import a2a_terms
 from paracube.cost_models.moe_a2a_overlap import combined, overlapped_fraction
 from paracube.cost_models.moe_contention import exposed_grads, slowdown
 from paracube.cost_models.moe_dispatch import dispatch_of
+from paracube.cost_models.moe_fsdp import Chain
 from paracube.cost_models.moe_links import expert_links, expert_placement
 from paracube.cost_models.moe_unshared import drop_stage_events, unshared_blocks
 from paracube.cost_models.pipeline_bubble import bubble_seconds
@@ -86,6 +87,8 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
             - float(scores.stages[old_slow].optim[row]))  # wait: below
     work = {s: float(st.compute[row] + st.micro[row]) + n * (costs[s].compute + costs[s].comm)
             - _a2a_saved(layout, float(st.compute[row]) / n + costs[s].compute - costs[s].waits, costs[s], n, index[s])
+            + n * _unit_stalls(costs[s].chain, float(st.compute[row] + st.micro[row]) / n, model, d, layout, g,
+                               {k: float(v[1][row]) / n for k, v in st.fsdp.items()})
             for s, st in zip(STAGE_NAMES, scores.stages, strict=True)}
     slow = max(STAGE_NAMES, key=lambda s: work[s])
     c = costs[slow]
@@ -143,7 +146,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     for key, seconds in c.units.items():
         own[key] = own.get(key, 0.0) + seconds
     again = sum(own.values())
-    moe_comm = n * (c.comm - again)
+    moe_comm = n * (c.comm - again + (sum(c.units.values()) if c.chain is not None else 0.0))  # prefetched: not in comm
     step_kinds = {("all_reduce", ("edp",)): c.step_comm, ("all_reduce", ("ep",)): c.norm_comm}
     for key, seconds in c.after.items():
         step_kinds[key] = step_kinds.get(key, 0.0) + seconds
@@ -161,7 +164,35 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
                        e.sent_bytes() for e in c.events if e.phase in per_step),
                    flops_per_gpu=flops, mfu=flops / (step * g.peak), comm_time_by_axis=by_axis,
                    comm_time_by_kind=by_kind, events=events,
-                   notes=(*_stage_notes(est.notes, STAGE_NAMES[old_slow], slow), _note(model, layout)))
+                   notes=(*_stage_notes(est.notes, STAGE_NAMES[old_slow], slow),
+                          _note(model, layout, c.chain is not None)))
+
+
+def _unit_stalls(chain: Chain | None, dense: float, model: ModelSpec, d: Dims, layout: Layout, g: GemmModel,
+                 fsdp: dict[str, float]) -> float:
+    """Seconds a micro-batch of a stage (pp = 1) waits on its prefetched expert units (moe_fsdp.Chain). The dense
+    part's work per micro-batch (`dense`: its compute and in-line communication) less the head's (compute.py's head
+    and cross entropy, the backward's first work) spread evenly over the blocks, split forward : backward as
+    analytic.py splits a micro-batch (1 : 2; 1 : 3 under full recomputation). The dense units' gathers and
+    reduce-scatters (`fsdp`: their bandwidth seconds per micro-batch) run beside the experts' in the same windows, one
+    block ahead on their own stream, and share their links (the event engine's max-min): each expert gather is taken
+    to move its block's dense one's bytes too, and each reduce-scatter where both are asynchronous."""
+    if chain is None or model.moe is None:
+        return 0.0
+    n = d.global_batch / (layout.dp * (layout.micro_batch or 1))
+    b1 = layout_arrays(layout, layout.micro_batch or 1)
+    one = np.ones(1)
+    head = float((stage_compute_time(d, layout.mode, b1, one, g, one)
+                  - stage_compute_time(d, layout.mode, b1, 0 * one, g, one))[0]) / n
+    share = 0.25 if d.recompute == "full" else 1.0 / 3.0
+    f, b = (share * (dense - head) / model.layers, (1.0 - share) * (dense - head) / model.layers)
+    first = next(i for i in range(model.layers) if model.moe.is_moe_layer(i)) + 1  # blocks up to the first MoE one
+    gather, scatter = (fsdp.get(kind, 0.0) / model.layers for kind in ("all_gather", "reduce_scatter"))
+    return replace(chain, pre_fwd=chain.pre_fwd + first * f, block_fwd=chain.block_fwd + f,
+                   pre_bwd=chain.pre_bwd + (1.0 - share) * head, block_bwd=chain.block_bwd + b,
+                   end_bwd=chain.end_bwd + first * b,
+                   a=chain.a + gather / 2 if chain.a else 0.0,  # a block's dense gathers: forward, backward
+                   r=chain.r + scatter if chain.overlap else chain.r).stalls()  # else both in line, one at a time
 
 
 def dense_tail(scores: Any, layout: Layout, n: float, share: float, row: int = 0) -> float:
@@ -233,16 +264,16 @@ def _stage_notes(notes: tuple[str, ...], dense: str, slow: str) -> tuple[str, ..
                  for n in notes)
 
 
-def _note(model: ModelSpec, layout: Layout) -> str:
+def _note(model: ModelSpec, layout: Layout, prefetched: bool = False) -> str:
     moe = model.moe
     if moe is None:
         return "attention priced with its true head widths (cost_models/moe.py)"
     note = (f"experts: {moe.experts} x top-{moe.top_k}, ep={layout.ep}, etp={layout.etp}, edp={layout.expert_data}, "
             f"imbalance {moe.imbalance:g} (cost_models/moe.py)")
-    if layout.zero >= 2 and layout.expert_data > 1:  # moe_fsdp.py: the expert units in line, not prefetched
-        note += (f"; zero={layout.zero}: each block's experts are a unit of their own over edp, its "
-                 + ("gathers and " if layout.zero == 3 else "") + "reduce-scatters in line (not prefetched: an "
-                 "upper bound, cost_models/moe_fsdp.py)")
+    if layout.zero >= 2 and layout.expert_data > 1:  # moe_fsdp.py
+        how = "prefetched a block ahead on a stream of their own" if prefetched else "in line"
+        note += (f"; zero={layout.zero}: each block's experts are an FSDP unit of their own over edp, its "
+                 + ("gathers and " if layout.zero == 3 else "") + f"reduce-scatters {how} (cost_models/moe_fsdp.py)")
     return note
 
 

@@ -7,8 +7,9 @@ one layout. The space is small: tensor modes none / 1d (the modes that fold, Lay
 cp as the dense search takes it (enumerate.context_degrees: long sequences only), pp with a valid block split, dp
 the rest, ep among the divisors of the experts that divide dp cp t, etp in {1, t}
 (Megatron-core's etp = 1 or tp; torchtitan's the same) where the runtime runs it, mb in {1, 2}, each of the
-runtime's zero stages 0 and 1 that fits (zero=1 shards the optimizer step and gathers the parameters after it: either
-may be the faster), sp with tp > 1 where the runtime runs it, the gradient overlap as the runtime
+runtime's searched zero stages (searched_zeros: 0 and its first sharding one) it runs the layout at and that fits
+(zero=1 shards the optimizer step and gathers the parameters after it: either may be the faster; torchtitan runs ep
+over dp at zero=3 only), sp with tp > 1 where the runtime runs it, the gradient overlap as the runtime
 does it by default, and a2ao (dimensions.A2AO) where chosen and the runtime runs it on the layout; v = 1, then
 the interleaved variants (v > 1) of the pipelines that fit, where the runtime interleaves (`interleaved`: those
 whose lower bound beats the ranking's last), and the rcm= ladder where its bound does too (`search_experts`).
@@ -173,7 +174,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
 
     interleaves = rt.interleave and (fixed is None or (fixed.interleave <= 1 and not fixed.forbid_interleave))
     # (lower bound, layout, its least memory, its least parameters + gradients + optimizer state)
-    pending: list[tuple[float, Layout, tuple[float, Layout], float]] = []
+    pending: list[tuple[float, Layout, tuple[float, Layout], float, list[int]]] = []  # + the zero stages it runs at
     layouts = candidates(model, training, gpus, per_node, rt, fixed, micro_batches)
     # The layouts each phase below may price, added to one batch beforehand (estimate_batch.Batch: their dense parts
     # in a few vectorized evaluations, each finished when `price` asks for it: the same results as estimate).
@@ -184,17 +185,20 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
 
     prefetch([replace(lay, zero=z) for lay in layouts for z in zeros])
     for lay in layouts:
-        memory_only = True  # refused at every zero stage for memory alone: the rcm ladder's candidates
+        memory_only = True  # refused at every zero stage it runs at for memory alone: the rcm ladder's candidates
         over: tuple[float, Layout] | None = None
         low = static = math.inf
-        for z in zeros:
+        # the zero stages the runtime runs it at: a refusal may be one stage's (torchtitan folds experts over
+        # dp_shard, so ep over dp needs FSDP), counted where it runs at none
+        runs = [z for z in zeros if _runs(replace(lay, zero=z), rt, model, training)]
+        if not runs:
+            zl = replace(lay, zero=zeros[0])
+            rejected[rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
+                                windowed=model.sliding_window is not None, sinks=model.attention_sinks,
+                                model=model)] += 1
+            continue
+        for z in runs:
             zl = replace(lay, zero=z)
-            why = rt.refusal(zl, model.family, model.tied_embeddings, training.dtype, moe=model.moe is not None,
-                             windowed=model.sliding_window is not None, sinks=model.attention_sinks, model=model)
-            if why:
-                rejected[why] += 1
-                memory_only = False
-                break
             est = price(zl)
             if est is None:
                 memory_only = False
@@ -208,7 +212,7 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
             low = min(low, est.step_time_s - (est.bubble_time_s if interleaves and lay.pp > 1 else 0.0))
             static = min(static, est.memory.parameters + est.memory.gradients + est.memory.optimizer)
         if memory_only and over is not None:
-            pending.append((low, lay, over, static))
+            pending.append((low, lay, over, static, runs))
     a2ao, pruned = chosen(A2AO, rt, fixed), 0
     bars = _Bars(fits, top_k)
 
@@ -216,19 +220,19 @@ def search_experts(model: ModelSpec, training: TrainingSpec, topo: object, gpus:
         return a2ao or low < bars.bar(lay.mode if mode_bests else None)
 
     if rungs:  # the ladder's probes of every layout the bar so far (it only falls) leaves it (module_ladder.ladder)
-        prefetch([replace(lay, zero=z, recompute=None, recompute_modules=r) for low, lay, _, static in pending
-                  if may_beat(low, lay) and static <= mem_cap for z in zeros for r in rungs])
-    for low, lay, over, static in sorted(pending, key=lambda p: p[0]):
+        prefetch([replace(lay, zero=z, recompute=None, recompute_modules=r) for low, lay, _, static, runs in pending
+                  if may_beat(low, lay) and static <= mem_cap for z in runs for r in rungs])
+    for low, lay, over, static, runs in sorted(pending, key=lambda p: p[0]):
         if rungs and not may_beat(low, lay):
             pruned += 1
-            rejected[memory] -= len(zeros)
+            rejected[memory] -= len(runs)
             continue
         # a rung re-runs modules to drop activations: the weights, gradients and optimizer state stay, so where they
         # alone exceed the cap at every zero stage no rung fits (nothing priced)
-        saved = ladder(lay, zeros, rungs, price, mem_cap) if rungs and static <= mem_cap else []
+        saved = ladder(lay, runs, rungs, price, mem_cap) if rungs and static <= mem_cap else []
         fits += saved
         bars.add(saved)
-        rejected[memory] -= len(zeros) * bool(saved)  # refused only where no rung fits it (as offloading's)
+        rejected[memory] -= len(runs) * bool(saved)  # refused only where no rung fits it (as offloading's)
         if not saved and (not least or over[0] < least[0][0]):
             least[:] = [over]
     if interleaves:
@@ -333,7 +337,7 @@ def _fit(lay: Layout, zeros: list[int], rt: Runtime, model: ModelSpec, training:
     for z in zeros:
         zl = replace(lay, zero=z)
         if not _runs(zl, rt, model, training):
-            return None
+            continue  # a stage's refusal (search_experts)
         est = price(zl)
         if est is None:
             return None
