@@ -22,7 +22,8 @@ prefetch beside it and share its links (the event engine's max-min; moe_step._un
 gather as moving its block's dense gather too, each reduce-scatter its dense one where both are asynchronous).
 Otherwise (pipelines, or no prefetch) they run in line with the block's compute, as the dense units do there.
 Before 2026-12-04 they were not in the step time at all: a search ranked dp = 64 x zero=3 with every expert gathered
-each micro-batch (qwen3-30b-a3b, torchtitan, 64 H100s) first at 2.46 s (now 3.04 s, behind ep=8's 2.95 s).
+each micro-batch (qwen3-30b-a3b, torchtitan, 64 H100s) first at 2.46 s; priced, it is 3.17 s (event engine 3.15 s)
+and over the memory cap with its gathered unit, and dp = 64 x ep = 8 x zero=3 ranks first at 3.04 s (3.03 s).
 A pipelined step's reduce-scatter is exposed once a step, as the dense units' are there; zero=2's gather is exposed
 after the optimizer step.
 Memory: one gathered unit's parameters (zero=3, c p) and one unit's unsharded gradient before its reduce-scatter
