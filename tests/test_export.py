@@ -100,9 +100,18 @@ def test_deepspeed_config_batch_arithmetic() -> None:
 
 
 def test_torchtitan_dp_shard_or_replicate() -> None:
+    # zero=1 with pipelines: FSDP over all of dp, never resharded (pipelining keeps parameters and gradients
+    # unsharded across micro-batches: ZeRO-1's memory; runtimes/torchtitan.py)
     text = export_plan(plan_13b(), "torchtitan").text
-    assert "--parallelism.data_parallel_replicate_degree 4" in text
-    assert "--parallelism.data_parallel_shard_degree 1" in text
+    assert "--parallelism.data_parallel_replicate_degree 1" in text
+    assert "--parallelism.data_parallel_shard_degree 4" in text
+    assert "--parallelism.fsdp_reshard_after_forward never" in text and "no ZeRO-1" not in text
+    ddp = export_plan(plan_13b(LAYOUT_13B.replace("zero=1", "zero=0")), "torchtitan").text
+    assert "--parallelism.data_parallel_replicate_degree 4" in ddp
+    assert "--parallelism.data_parallel_shard_degree 1" in ddp
+    assert "fsdp_reshard_after_forward" not in ddp
+    replicated = export_plan(plan_13b("dp=16,tp=1d:4,mb=1,zero=1"), "torchtitan").text  # pp = 1: DDP, said so
+    assert "--parallelism.data_parallel_replicate_degree 16" in replicated and "no ZeRO-1" in replicated
     assert "--parallelism.pipeline_parallel_schedule Interleaved1F1B" in text
     assert "--parallelism.enable_sequence_parallel \\\n" in text and text.endswith("activation_checkpoint:selective\n")
     fsdp = export_plan(plan_13b("dp=16,tp=1d:4,mb=1,zero=3"), "torchtitan").text
@@ -227,6 +236,6 @@ def test_torchtitan_refuses_a_split_it_cannot_build_in_one_line(capsys: pytest.C
     """DeepSeek-V3's 61 blocks on 8 x 7 virtual stages (1, 2 x 5, 1 x 50): torchtitan's layers_per_stage split
     cannot place them; its runtime says so in one line (exit 2), before any pricing."""
     code = main(["simulate", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "256", "--runtime",
-                 "torchtitan", "--layout", "dp=32,pp=8,ep=8,tp=none,mb=1,v=7,zero=3"])
+                 "torchtitan", "--layout", "dp=32,pp=8,ep=8,tp=none,mb=1,v=7,zero=1"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "runtime torchtitan" in err and "1, 2 x 5, 1 x 50" in err

@@ -36,7 +36,7 @@ def test_declarations() -> None:
     assert list(RUNTIMES) == ["paracube", "megatron", "torchtitan", "deepspeed"]
     for name, rt in RUNTIMES.items():
         assert rt.name == name and set(rt.modes) <= set(MODES) and set(rt.recomputes) <= set(RECOMPUTES)
-        assert 0 in rt.zeros and set(rt.zeros_with_pp) <= set(rt.zeros)
+        assert 0 in rt.zeros and 0 in rt.zeros_with_pp and set(rt.all_zeros) == set(rt.zeros) | set(rt.zeros_with_pp)
         assert (for_target(rt.export_target) is rt) if rt.export_target else name == "paracube"
     meg, tt, ds = RUNTIMES["megatron"], RUNTIMES["torchtitan"], RUNTIMES["deepspeed"]
     assert meg.modes == tt.modes == ds.modes == tuple(n for n, m in MODES.items() if not m.axes or m.megatron_style)
@@ -88,6 +88,10 @@ REFUSED = [
      "add sp (tp=1d:N,sp,tpo)"),
     (["--runtime", "torchtitan", "--layout", "dp=2,tp=1d:2,sp,zero=1"],
      "layout dp=2,tp=1d:2,sp,zero=1: runtime torchtitan (FSDP2 + DTensor TP) does not run zero=1; valid: zero=0/3"),
+    (["--runtime", "torchtitan", "--layout", "dp=2,pp=2,tp=1d:2,sp,zero=3"],
+     "layout dp=2,pp=2,tp=1d:2,sp,zero=3: runtime torchtitan (FSDP2 + DTensor TP) does not run zero=3 with pipelines "
+     "(pp > 1): torch.distributed.pipelining keeps FSDP2's parameters unsharded and its gradients accumulated "
+     "unsharded across micro-batches, so with pipelines its FSDP is ZeRO-1; valid: zero=0/1"),
     (["--layout", "tp=1d:4,tpo"],
      "layout dp=1,tp=1d:4,tpo: runtime paracube (paracube run) runs tpo in tp=1d with sequence parallelism only "
      "(without sp its collectives are all-reduces, none overlappable); add sp (tp=1d:N,sp,tpo)"),

@@ -9,7 +9,9 @@ Mapping (torchtitan's ParallelismConfig, torchtitan/config/configs.py):
   zero=0/1 -> replicate = dp, shard = 1 (torchtitan has no ZeRO-1: the optimizer state stays replicated);
   zero=2/3 -> shard = shard_size (shard=N, else dp), replicate = dp / shard_size (HSDP when both > 1), with
   fsdp_reshard_after_forward `never` for zero=2 (parameters stay gathered from forward to the end of backward:
-  gradients and optimizer state sharded, ZeRO-2's traffic) and `always` for zero=3.
+  gradients and optimizer state sharded, ZeRO-2's traffic) and `always` for zero=3; with pipelines zero=1 is FSDP
+  over all of dp, `never` (torchtitan's default with pp: pipelining keeps parameters and gradients unsharded
+  across micro-batches, ZeRO-1; runtimes/torchtitan.py, torchtitan_limits.fsdp_shard).
 - pp -> pipeline_parallel_degree, schedule 1F1B (v = 1) or Interleaved1F1B (v > 1; torch.distributed.pipelining
   names), pipeline_parallel_layers_per_stage and the first / last stage's "less layers" under which torchtitan
   builds paracube's blocks per stage (runtimes/torchtitan_limits.py: layers / (pp x v) and 0, 0 for an even split;
@@ -51,7 +53,7 @@ from paracube.export.oss_flags import torchtitan_oss_notes, torchtitan_oss_refus
 from paracube.export.window_flags import torchtitan_window_notes, torchtitan_window_refusal
 from paracube.plan import Plan
 from paracube.recompute_modules import modules_text
-from paracube.runtimes.torchtitan_limits import fold_refusal, split, split_refusal
+from paracube.runtimes.torchtitan_limits import fold_refusal, fsdp_shard, split, split_refusal
 
 WRITTEN_FOR = "torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)"
 # torchtitan's mixed_precision_param per paracube dtype (fp8: bf16 with float8 block linears, FP8_CONVERTER)
@@ -100,16 +102,13 @@ def flag(name: str, on: bool) -> str:
 def data_parallel_flags(plan: Plan) -> tuple[list[str], list[str]]:
     lay = plan.layout
     notes = []
-    if lay.zero >= 2:
-        shard, replicate = lay.shard_size, lay.dp // lay.shard_size
-    else:
-        shard, replicate = 1, lay.dp
-        if lay.zero == 1:
-            notes.append("torchtitan has no ZeRO-1: dp replicates the optimizer state, as with zero=0")
-    flags = [f"--parallelism.data_parallel_replicate_degree {replicate}",
+    shard = fsdp_shard(lay)
+    if lay.zero == 1 and lay.pp == 1:
+        notes.append("torchtitan has no ZeRO-1: dp replicates the optimizer state, as with zero=0")
+    flags = [f"--parallelism.data_parallel_replicate_degree {lay.dp // shard}",
              f"--parallelism.data_parallel_shard_degree {shard}"]
-    if lay.zero >= 2:
-        flags.append(f"--parallelism.fsdp_reshard_after_forward {RESHARD[lay.zero]}")
+    if lay.zero >= 2 or shard > 1:  # zero=1 with pipelines: FSDP, unsharded across micro-batches (torchtitan.py)
+        flags.append(f"--parallelism.fsdp_reshard_after_forward {RESHARD[max(lay.zero, 2)]}")
     return flags, notes
 
 

@@ -83,7 +83,7 @@ class SearchConfig:
                 big = sum(1 for size in st.sizes().values() if size > 1)
                 # zero=1 beside zero=0 where the optimizer shards (memory.zero_shards: the mode's grad_axes)
                 sizes = st.sizes()
-                zeros = 2 if 1 in rt.zeros and math.prod(sizes[a] for a in m.grad_axes) > 1 else 1
+                zeros = 2 if 1 in rt.zeros_at(st.pp) and math.prod(sizes[a] for a in m.grad_axes) > 1 else 1
                 total += (len(divisors(per_replica)) * vs * (2 if m.sequence_parallel else 1) * math.factorial(big)
                           * zeros)
         return total * n_rc

@@ -82,7 +82,7 @@ RCM_LADDER: tuple[tuple[str, ...], ...] = (
 RCM = Dimension("rcm", RCM_LADDER, lambda f: f.recompute_modules,
                 lambda r: tuple(rung for rung in RCM_LADDER if set(rung) <= set(r.recompute_modules)),
                 doc="selective recomputation by module")
-ZERO = Dimension("zero", PRICED_ZEROS, lambda f: f.zero or (0 if f.forbid_zero else None), lambda r: r.zeros,
+ZERO = Dimension("zero", PRICED_ZEROS, lambda f: f.zero or (0 if f.forbid_zero else None), lambda r: r.all_zeros,
                  doc="zero stage")
 OVERLAP = Dimension("overlap", (False, True), lambda f: True if f.overlap else (False if f.forbid_overlap else None),
                     lambda r: _on_off(r.grad_overlap, r.grad_overlap_default), True,

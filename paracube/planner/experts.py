@@ -103,10 +103,11 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
 
 
 def searched_zeros(rt: Runtime) -> list[int]:
-    """The zero stages the search prices each layout at: none, and the first sharding stage the runtime runs (zero=1
-    where it has it; torchtitan's FSDP, zero=3, where that is its first)."""
-    sharding = sorted(z for z in rt.zeros if z > 0)
-    return [z for z in rt.zeros if z == 0] + sharding[:1]
+    """The zero stages the search prices each layout at: none, and the first sharding stage the runtime runs, without
+    and with pipelines (zero=1 where it has it; torchtitan's FSDP: zero=3, and zero=1 with pipelines); a layout is
+    priced at those its pipeline depth runs (`_runs`)."""
+    firsts = {min((z for z in zs if z > 0), default=0) for zs in (rt.zeros, rt.zeros_with_pp)} - {0}
+    return [z for z in rt.all_zeros if z == 0] + sorted(firsts)
 
 
 def experts_unsearched(model: ModelSpec, training: TrainingSpec, gpus: int, rt: Runtime, fixed: Layout | None,
@@ -120,7 +121,7 @@ def experts_unsearched(model: ModelSpec, training: TrainingSpec, gpus: int, rt: 
     if micro_batches is None:
         out["mb"] = "micro-batches of 1 and 2 sequences; --layout mb=N prices another"
     searched = searched_zeros(rt)
-    others = [z for z in rt.zeros if z not in searched]
+    others = [z for z in rt.all_zeros if z not in searched]
     if others and not (fixed is not None and (fixed.zero or fixed.forbid_zero)):
         out["zero"] = (f"zero={'/'.join(map(str, searched))} only; --layout zero=N prices "
                        f"{' or '.join(f'zero={z}' for z in others)}")

@@ -42,7 +42,8 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
         least.append(np.full(len(batch), np.inf))
     if not len(idx):
         return idx, idx, idx
-    zeros = [z for z in sorted(s.zeros) if s.runtime.runs(mode, zero=z)]
+    # each stage where the runtime runs it in this mode, with or without pipelines (`at_depth`: the rows' own pp)
+    zeros = [z for z in sorted(s.zeros) if s.runtime.runs(mode, zero=z) or s.runtime.runs(mode, 2, zero=z)]
     if not zeros:  # a pinned zero stage the runtime does not run in this mode
         rejected[f"runtime {s.runtime.name} does not run zero={s.zeros[0]} in {mode}"] += int(n_places[idx].sum())
         return idx[:0], idx[:0], idx[:0]
@@ -82,14 +83,16 @@ def _valid(s: _Search, mode: str, batch: LayoutBatch, n_places: np.ndarray, reje
     for z in zeros:
         if z and not np.any(shards > 1):
             continue
-        ok = (z == 0) | ((shards > 1) & ~tied_pp)
+        at_depth = np.where(sub.pp == 1, s.runtime.runs(mode, zero=z), s.runtime.runs(mode, 2, zero=z))
+        ok = ((z == 0) | ((shards > 1) & ~tied_pp)) & at_depth
         # zero=2/3: only where such a stage may be chosen (below: pp = 1, or pipelines no lower stage fits; ok's rows)
         maybe = (shards > 1) & ((sub.pp == 1) | (zero < 0))
         mem = peak(base, z * ones) if z < 2 else high_peak(base, z, maybe)
         if z >= 2:  # zero=2/3 change the step time: the search prices each stage that fits
             # at pp = 1, and with pipelines where the runtime runs them (Runtime.zeros_with_pp; both engines price
             # them, untied: analytic.estimate refuses tied ones); tied embeddings where it runs them at this stage
-            tied_ok = not s.d.tied or s.runtime.runs(mode, zero=z, tied_embeddings=True)
+            tied_ok = s.runtime.runs(mode, zero=z) and (not s.d.tied or s.runtime.runs(mode, zero=z,
+                                                                                   tied_embeddings=True))
             piped = z in s.runtime.zeros_with_pp and (not s.d.tied or s.runtime.runs(mode, 2, zero=z,
                                                                                    tied_embeddings=True))
             # with pipelines only where no lower allowed stage fits: zero=2 there sends zero=1's bytes and keeps

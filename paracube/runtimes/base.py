@@ -173,6 +173,7 @@ class Runtime:
     window_cp_comms: tuple[str, ...] | None = None  # the cp exchanges it runs windowed models with (None: cp_comms)
     chunked_attention: bool = False  # it trains chunked attention beyond one chunk (module docstring)
     chunk_note: str = ""  # why it does not
+    zeros_pp_note: str = ""  # why its zero stages differ with pipelines (a clause of the refusal)
     attention_sinks: bool = True  # it trains GPT-OSS's attention sinks (ModelSpec.attention_sinks; DeepSpeed: no)
 
     def __post_init__(self) -> None:
@@ -205,11 +206,20 @@ class Runtime:
         return tuple(c for c in self.cp_comms if c in self.window_cp_comms)
 
     # --- what it runs ------------------------------------------------------------------------------------
+    @property
+    def all_zeros(self) -> tuple[int, ...]:
+        """Every zero stage it runs, with or without pipelines (the search's values; each row keeps those of its pp)."""
+        return tuple(sorted(set(self.zeros) | set(self.zeros_with_pp)))
+
+    def zeros_at(self, pp: int) -> tuple[int, ...]:
+        """The zero stages it runs at this pipeline depth."""
+        return self.zeros if pp == 1 else self.zeros_with_pp
+
     def runs(self, mode: str, pp: int = 1, sequence_parallel: bool = False, zero: int = 0,
              tied_embeddings: bool = False, family: str = "gpt") -> bool:
         """It runs this mode with these options (the planner enumerates only these)."""
         ok = (mode in self.modes and (pp == 1 or self.pipeline) and (not sequence_parallel or self.sequence_parallel)
-              and zero in (self.zeros if pp == 1 else self.zeros_with_pp) and family in self.families)
+              and zero in self.zeros_at(pp) and family in self.families)
         if ok and self.mode_check is not None:
             ok = self.mode_check(mode, pp, sequence_parallel, zero, tied_embeddings, family) is None
         return ok
@@ -239,10 +249,11 @@ class Runtime:
             return f"{who} does not run interleaved pipelines (v={layout.interleave}); valid: v=1"
         if layout.sequence_parallel and not self.sequence_parallel:
             return f"{who} does not run sequence parallelism (sp); drop sp"
-        zeros = self.zeros if layout.pp == 1 else self.zeros_with_pp
+        zeros = self.zeros_at(layout.pp)
         if layout.zero not in zeros:
             where = "" if layout.pp == 1 else " with pipelines (pp > 1)"
-            return f"{who} does not run zero={layout.zero}{where}; valid: zero={'/'.join(map(str, zeros))}"
+            note = self.zeros_pp_note if layout.pp > 1 else ""
+            return f"{who} does not run zero={layout.zero}{where}{note}; valid: zero={'/'.join(map(str, zeros))}"
         if layout.shard is not None and not self.hybrid_shard:
             return f"{who} does not run hybrid sharding (shard={layout.shard}); drop shard="
         if layout.recompute is not None and layout.recompute not in self.recomputes:

@@ -13,6 +13,14 @@ bf16, fp32 and fp8: torchao's Float8Linear as a model converter (`Float8LinearCo
 "rowwise")` in 0.3.0's config registry; no tensorwise recipe, no CLI flag), dynamic scaling (fp8_scaling
 "dynamic": each tensor scaled from its own amax at every cast, no amax history or reduction, the weights cast at
 every use; cost_models/fp8.py). No distributed optimizer (zero=1) or zero=2 of its own.
+With pipelines its FSDP is ZeRO-1 (zero=1, torchtitan_limits.fsdp_shard): torch.distributed.pipelining's stage
+turns FSDP2's reshard after backward and its gradient sync off for every micro-batch but the step's last
+(pipelining/stage.py: backward_maybe_with_nosync, set_reshard_after_backward(False), set_requires_gradient_sync(
+False); perform_reduce_grad once a step), so the parameters stay unsharded from the first backward on and the
+gradients accumulate unsharded in the reduce dtype (fp32): its memory is ZeRO-1's, its traffic one all-gather and
+one reduce-scatter a step (with fsdp_reshard_after_forward `always` one gather more per micro-batch, saving no
+memory: torchtitan's default with pipelines is `never`). zero=3 with pp > 1 would price sharded parameters and
+gradients it does not hold, so it is refused with that reason.
 Async TP is not on by default (a flag): the search still offers it, as `tpo` in the layout it records.
 Context parallelism: parallelism.context_parallel_degree, torch's context_parallel with the head-tail load
 balancer (context_parallel_load_balancer="headtail": the chunks i and 2 cp - 1 - i of modes/context.py) and torch's
@@ -39,7 +47,9 @@ RUNTIME = Runtime(
     interleave=True,
     sequence_parallel=True,
     zeros=(0, 3),
-    zeros_with_pp=(0, 3),
+    zeros_with_pp=(0, 1),  # its FSDP with pipelines: ZeRO-1 (module docstring)
+    zeros_pp_note=(": torch.distributed.pipelining keeps FSDP2's parameters unsharded and its gradients accumulated"
+                   " unsharded across micro-batches, so with pipelines its FSDP is ZeRO-1"),
     hybrid_shard=True,
     recomputes=("none", "selective", "full"),
     dtypes=("bf16", "fp32", "fp8"),

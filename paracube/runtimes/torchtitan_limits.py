@@ -8,7 +8,7 @@ else) and by its export (export/torchtitan.py refuses the same).
   stage are paracube's (modes/stages.chunk_layers); a split none gives (a deficit spread over the last stages) is
   refused.
 - Experts (ParallelismConfig.expert_parallel_degree): ep folds over dp_shard x cp x tp only (efsdp = dp_shard cp tp
-  / ep), dp_shard being the FSDP shard (zero=2/3: shard=N or dp; else 1).
+  / ep), dp_shard being the FSDP shard (`fsdp_shard`).
 """
 
 from __future__ import annotations
@@ -52,17 +52,26 @@ def split_refusal(layers: int, pp: int, v: int) -> str | None:
             "valid: a pp x v that splits the blocks evenly, or with one block less on the first and / or last stage")
 
 
+def fsdp_shard(layout: Layout) -> int:
+    """torchtitan's data_parallel_shard_degree for the layout: the FSDP shard at zero=2/3 (shard=N, else dp); with
+    pipelines zero=1 is FSDP over all of dp kept unsharded across micro-batches (runtimes/torchtitan.py); else 1
+    (dp replicates)."""
+    if layout.zero >= 2:
+        return layout.shard_size
+    return layout.dp if layout.zero == 1 and layout.pp > 1 else 1
+
+
 def fold_refusal(layout: Layout) -> str | None:
     """Why torchtitan cannot fold the layout's experts (a clause, "its experts ..."), else None (and for a search's
     pins without dp, Layout.pin: the search sets the ranks they fold over)."""
     if layout.fold_open:
         return None
-    shard = layout.shard_size if layout.zero >= 2 else 1
-    ranks = shard * layout.cp * layout.tensor_size
+    ranks = fsdp_shard(layout) * layout.cp * layout.tensor_size
     if layout.ep > 1 and ranks % layout.ep:
+        fsdp = "zero=1" if layout.pp > 1 else "zero=3"  # its FSDP stage (runtimes/torchtitan.py)
         return (f"its experts fold over dp_shard x cp x tp = {ranks} ranks only (ParallelismConfig."
-                f"expert_parallel_degree), not ep={layout.ep}: use zero=2/3 or ep dividing that")
+                f"expert_parallel_degree), not ep={layout.ep}: use {fsdp} (FSDP over dp) or ep dividing that")
     return None
 
 
-__all__ = ["fold_refusal", "split", "split_refusal", "stages_of"]
+__all__ = ["fold_refusal", "fsdp_shard", "split", "split_refusal", "stages_of"]

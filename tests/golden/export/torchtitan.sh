@@ -2,7 +2,6 @@
 # written by paracube 0.1.0 (`paracube export --to torchtitan`) for torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)
 # plan: gpt3-13b on 64 x dgx-a100, layout dp=4,pp=4,tp=1d:4,mb=1,v=2,sp,zero=1,overlap
 # global batch 512 x 2048 tokens, bf16, recompute selective
-# note: torchtitan has no ZeRO-1: dp replicates the optimizer state, as with zero=0
 # note: torchtitan trains without dropout; the model sets dropout 0.1, attention dropout 0.1
 # model shape: gpt, 40 layers, hidden 5120, 40 heads (40 kv), ffn 20480, vocab 50257, untied embeddings: choose or add a torchtitan config_registry function of this shape (MODEL_MODULE, MODEL_CONFIG)
 # run on every node (NODE_RANK=0..nnodes-1, MASTER_ADDR = node 0) where torchtitan 0.3.0 is installed
@@ -15,8 +14,9 @@ MASTER_PORT="${MASTER_PORT:-29500}"
 torchrun --nnodes=8 --nproc-per-node=8 --node-rank="$NODE_RANK" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" -m torchtitan.train \
     --module "$MODEL_MODULE" \
     --config "$MODEL_CONFIG" \
-    --parallelism.data_parallel_replicate_degree 4 \
-    --parallelism.data_parallel_shard_degree 1 \
+    --parallelism.data_parallel_replicate_degree 1 \
+    --parallelism.data_parallel_shard_degree 4 \
+    --parallelism.fsdp_reshard_after_forward never \
     --parallelism.tensor_parallel_degree 4 \
     --parallelism.enable_sequence_parallel \
     --parallelism.pipeline_parallel_degree 4 \
