@@ -145,6 +145,26 @@ def test_expert_units_are_priced_in_the_step_in_line_or_prefetched() -> None:
     assert "in line" in line.notes[-1] and "prefetched" in ahead.notes[-1]
 
 
+def test_a_prefetched_expert_unit_is_held_beside_the_current_one() -> None:
+    """Prefetched at zero=3, the next MoE block's expert unit is gathered while the current block's experts run: one
+    more gathered unit (c p bytes) in temporaries than in line, as the dense units count two gathered units
+    (memory.with_zero); zero=2 gathers no unit per block (no change). Mixtral 8x7B's whole-expert unit (ep = 1,
+    2.6 GiB) outweighs its loss's temporaries, so the difference shows in the peak whole."""
+    from paracube.cost_models.moe_fsdp import unit_numel
+
+    model = PRESETS["mixtral-8x7b"]
+    topo = load_topology("dgx-h100", gpus=64)
+    train = TrainingSpec(global_batch=512, dtype="bf16")
+    for text, held in (("dp=64,tp=none,mb=1,zero=3,overlap", 1), ("dp=64,ep=8,tp=none,mb=1,zero=2,overlap", 0)):
+        layout = parse_layout(text)
+        line, ahead = (estimate(model, train, layout, topo, with_events=False, fsdp_prefetch=pf)
+                       for pf in (False, True))
+        extra = held * 2 * unit_numel(model.moe, model.hidden, layout)  # bf16
+        assert ahead.memory.temporaries - line.memory.temporaries == extra, text
+        assert estimate_event(model, train, layout, topo, with_events=False, fsdp_prefetch=True).memory.temporaries \
+            == ahead.memory.temporaries
+
+
 @pytest.mark.parametrize(("k", "pre", "block", "a", "r", "overlap", "want"), [
     (4, 0.0, 0.0, 1.0, 0.5, True, 2 * 4 * 1.0 + 4 * 0.5),  # no work: every collective in turn on the one stream
     (4, 0.0, 0.0, 1.0, 0.5, False, 2 * 4 * 1.0 + 4 * 0.5),  # the same, the reduce-scatters in line

@@ -315,7 +315,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.memory["activations"] += (1 if rec else k) * in_flight * acts
         # what rcm= no longer keeps (recompute_modules_cost.py; 0 without it)
         out.memory["activations"] -= in_flight * moe_rcm_saved(model, d, layout, mb, held, mods, acts, b.received)
-        out.buffers = 2 * d.c * b.tokens * moe.top_k * d.h + unit.temporaries
+        ahead = unit.gathered if out.chain is not None and k > 1 else 0.0  # the prefetched next unit (moe_fsdp.py)
+        out.buffers = 2 * d.c * b.tokens * moe.top_k * d.h + unit.temporaries + ahead
         if d.fp8 and d.fp8_experts:  # each expert weight's FP8 copy and its transpose (fp8.WEIGHT_COPY_BYTES)
             out.memory["temporaries"] += 2.0 * n_exp
     ge = grad_event(model, layout, stage, d)

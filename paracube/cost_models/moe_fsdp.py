@@ -27,8 +27,8 @@ and over the memory cap with its gathered unit, and dp = 64 x ep = 8 x zero=3 ra
 A pipelined step's reduce-scatter is exposed once a step, as the dense units' are there; zero=2's gather is exposed
 after the optimizer step.
 Memory: one gathered unit's parameters (zero=3, c p) and one unit's unsharded gradient before its reduce-scatter
-(grad_bytes p), temporaries alive inside the block (prefetched, the next block's gathered unit is alive beside them:
-not counted, as the dense units' second gathered unit is, memory.with_zero).
+(grad_bytes p), temporaries alive inside the block; prefetched (zero=3, two MoE blocks or more on the stage) the next
+block's gathered unit is alive beside them, c p more, as the dense units count two gathered units (memory.with_zero).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class ExpertUnit:
     step: tuple[CommEvent, ...] = ()  # once a step: the pipelined reduce-scatter (the gradient reduction)
     after: tuple[CommEvent, ...] = ()  # once a step, after the optimizer step (zero=2's parameter gather)
     temporaries: float = 0.0  # bytes alive inside the block (module docstring)
+    gathered: float = 0.0  # one gathered unit's parameter bytes (zero=3: c p; the prefetched next unit's too)
 
 
 def unit_numel(moe: MoESpec, h: int, layout: Layout) -> int:
@@ -85,7 +86,8 @@ def expert_unit(moe: MoESpec, d: Dims, layout: Layout) -> ExpertUnit:
         step=tuple(CommEvent(e.kind, e.axes, e.group_size, e.payload_bytes, e.dtype, "grad_sync", e.label)
                    for e in scatter) if pipelined else (),
         after=ev("all_gather", 4, "float32", "optimizer", "params") if layout.zero == 2 else (),
-        temporaries=float((d.c if layout.zero == 3 else 0) * p + d.grad_bytes * p))
+        temporaries=float((d.c if layout.zero == 3 else 0) * p + d.grad_bytes * p),
+        gathered=float((d.c if layout.zero == 3 else 0) * p))
 
 
 @dataclass(frozen=True)
