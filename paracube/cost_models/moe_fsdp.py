@@ -76,6 +76,7 @@ def expert_unit(moe: MoESpec, d: Dims, layout: Layout) -> ExpertUnit:
         return (CommEvent(kind, AXES, n, size * p, dtype, phase, f"layers.0.experts.unit_{what}"),)
 
     gather = ev("all_gather", d.c, d.dtype, "fwd", "gather") if layout.zero == 3 else ()
+    gathered = float(d.c * p if layout.zero == 3 else 0)
     scatter = ev("reduce_scatter", d.grad_bytes, d.grad_dtype, "bwd", "rs")
     pipelined = layout.pp > 1
     return ExpertUnit(
@@ -86,8 +87,7 @@ def expert_unit(moe: MoESpec, d: Dims, layout: Layout) -> ExpertUnit:
         step=tuple(CommEvent(e.kind, e.axes, e.group_size, e.payload_bytes, e.dtype, "grad_sync", e.label)
                    for e in scatter) if pipelined else (),
         after=ev("all_gather", 4, "float32", "optimizer", "params") if layout.zero == 2 else (),
-        temporaries=float((d.c if layout.zero == 3 else 0) * p + d.grad_bytes * p),
-        gathered=float((d.c if layout.zero == 3 else 0) * p))
+        temporaries=gathered + float(d.grad_bytes * p), gathered=gathered)
 
 
 @dataclass(frozen=True)
