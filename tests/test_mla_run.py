@@ -1,5 +1,5 @@
 """Multi-head latent attention run by the executor (executor/layers/mla.py) in tensor modes none and 1D (+ sp),
-with dp, pp and zero=1, against the serial reference.
+with dp, pp and zero=1/2/3, against the serial reference.
 
 The model: `tiny-mla` with dense MLPs (`tiny-mla` itself, with its MoE block, runs in tests/test_moe_run.py's
 launch), so every block is MLA attention (q_lora_rank 32, kv_lora_rank 32, rope 8,
@@ -39,6 +39,11 @@ CASES = [  # (layout, recompute)
     ("tp=1d:2", "none"),  # f on the latent (backward all_reduce), g on the output; ranks 2.. idle
     ("dp=2,tp=1d:2,sp,zero=1", "selective"),  # the latent all-gathered over the sequence; distributed optimizer
     ("pp=2,tp=1d:2,sp,fa=0", "full"),  # two stages; the unfused core; every forward collective recomputed
+    # zero=2 / zero=3 (data_parallel/sharded.py, fsdp.py): MLA's parameters in the blocks' units, the replicated
+    # down projections and norms whole in every tensor rank's unit
+    ("dp=2,tp=1d:2,sp,zero=3", "selective"),
+    ("dp=4,zero=2", "none"),
+    ("dp=2,pp=2,zero=3", "full"),  # per-micro-batch gathers of each stage's units; the recompute finds them gathered
 ]
 
 
@@ -160,7 +165,6 @@ def test_fp8_with_mla_matches_the_serial_fp8_model_and_is_priced(results) -> Non
                   "tp=none/1d"),
     ("tp=3d:2x2x2", "with tensor mode 3d is not run"),
     ("tp=1d:2,sp,tpo", "multi-head latent attention with tpo is not run"),
-    ("dp=2,zero=2", "multi-head latent attention with zero=2 is not run"),
 ])
 def test_what_mla_does_not_run_is_refused_in_one_line(layout: str, expect: str) -> None:
     with pytest.raises(ParacubeError) as err:

@@ -1,7 +1,7 @@
 """MoE blocks run by the executor (executor/model/moe.py, executor/layers/experts.py): tiny-moe (top-2 of 8 experts,
 one shared) against its serial model, and the all-to-alls' recorded split sizes against the model's; the same for
 MLA + MoE in one model (tiny-mla: DeepSeek-V2/V3's shape, block 0 dense, block 1 MoE with sigmoid routing, every
-block MLA attention; modes none with pp and 1D + sp with zero=1, and with cp by ring and by all-gather) and for
+block MLA attention; modes none with pp and 1D + sp with zero=1/2/3, and with cp by ring and by all-gather) and for
 Mixtral's shape (no shared expert), and with context parallelism (cp=2 beside dp, pp, 1D + sp, zero=1, ep = 1, 2 or
 4 folded over dp x cp x tp: each cp rank routes its load-balanced chunks, the sequence-wise aux loss sums its counts
 over cp (x tp), moe_sequence.py).
@@ -104,6 +104,8 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("tiny-moe", "dp=2,cp=2,ep=2,zero=3", False, "full"),  # the block recomputed inside backward: found gathered
     ("oss", "dp=4,ep=2,etp=2,zero=3", False, "none"),
     ("tiny-moe", "dp=2,tp=1d:2,sp,zero=3", False, "none"),  # ep = 1: the experts' unit over (dp, tp)
+    ("mla", "dp=2,ep=2,tp=1d:2,sp,zero=3", False, "selective"),  # MLA's parameters in the dense units
+    ("mla", "pp=2,dp=2,ep=2,zero=2", False, "none"),
 ]
 IDS = [f"{c[0]}-{c[1]}{'-skewed' if c[2] else ''}-rc={c[3]}" for c in CASES]
 

@@ -18,8 +18,9 @@ interleaved variants of each fitted pipeline) is added to one estimate_batch.Bat
 alike layouts in one vectorized evaluation, each finished with its expert terms when `price` asks for it (the same
 estimate as analytic.estimate, tests/test_search_speed.py). DeepSeek-V3 on 1024 H100s (batch 512): 2,578 layouts
 scored in 5.9 s (16.0 s priced one by one), 210 pruned.
-Pins of `fixed` (dp, pp, v, tp, ep, etp, mb, zero, rc) are respected (a pinned v the only one). The dimensions
-ep / etp are declared in dimensions.py (EP, ETP).
+Pins of `fixed` (dp, pp, v, tp, cp, cpc, ep, etp, mb, zero, rc, rcm, fa, a2ao, overlap=0) are respected (a pinned v
+the only one); search.py refuses the pins this search does not price (tpo, place=) in one line rather than drop
+them. The dimensions ep / etp are declared in dimensions.py (EP, ETP).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
     # the runtime runs cp, the powers of two that leave >= MIN_CP_TOKENS per rank); the experts fold over dp x cp x t
     cps = context_degrees(training.sequence_length(model), gpus, fixed.cp if fixed is not None else 1,
                           bool(rt.cp_comms))
+    off = fixed is not None and fixed.forbid_overlap  # overlap=0: the gradients reduced after the backward
     out = []
     for mode, cp in ((m, c) for m in modes for c in cps):
         shapes = MODES[mode].shapes(min(gpus // cp, per_node)) if MODES[mode].axes else [()]
@@ -94,7 +96,9 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                         for mb in mbs:
                             lay = Layout(dp=dp, pp=pp, cp=cp, mode=mode, shape=shape, micro_batch=mb,
                                          interleave=v, sequence_parallel=sp, ep=int(ep), etp=int(etp),
-                                         overlap=dp > 1 and rt.overlaps_grad(pp),
+                                         overlap=dp > 1 and rt.overlaps_grad(pp) and not off,
+                                         cp_comm=fixed.cp_comm if fixed is not None and cp > 1 else None,
+                                         flash=fixed.flash if fixed is not None else None,
                                          recompute=fixed.recompute if fixed is not None else None,
                                          recompute_modules=fixed.recompute_modules if fixed is not None else None)
                             on = replace(lay, a2ao=True) if a2ao else lay

@@ -176,6 +176,11 @@ def search(
           f"train MoE blocks with multi-head latent attention ({model.name}) yet; plan with --runtime megatron, "
           "torchtitan or deepspeed")
     grad_bytes = rt.grad_bytes if grad_bytes is None else grad_bytes
+    unpriced = [] if fixed is None or not priced(model) else \
+        [p for p, on in (("tpo", fixed.tpo), (f"place={'.'.join(fixed.placement)}", bool(fixed.placement))) if on]
+    check(not unpriced, f"layout {fixed}: {model.name} is searched layout by layout (MoE blocks, MLA or heads of "
+          f"their own width: planner/experts.py), priced at the default placement without tpo; valid: drop "
+          f"{', '.join(unpriced)}")
     if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
         # the run's gradients, bucket and the runtime's overlaps and fp8 experts, as the dense path prices them

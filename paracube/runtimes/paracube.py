@@ -16,7 +16,7 @@ each stage's dp x cp x tp ranks, in the modes, zero stages and layouts modes/exp
 1D with sp; every zero stage, zero=2/3 sharding the experts over edp: data_parallel/sharded.py; etp >= 1:
 executor/layers/expert_tensor.py; any cp: executor/model/moe_sequence.py); MLA with
 dense MLPs and MoE blocks (executor/layers/mla.py), with cp too (both exchanges: its core is context_parallel.py's, k
-and v of their own widths).
+and v of their own widths) and every zero stage; not with tpo (executor/sizes.check_mla).
 Llama 4's chunked attention over sequences longer than one chunk, in every path (executor/layers/attention_mask.py).
 """
 
