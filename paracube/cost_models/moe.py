@@ -223,6 +223,8 @@ class StageCost:
     # expert units' zero=2/3 collectives in line (moe_fsdp.py; moe_step books them under their own kind and axes)
     chain: Chain | None = None  # zero=2/3 prefetched (pp = 1): the MoE parts of the expert units' Chain (moe_fsdp.py;
     # moe_step adds the dense blocks' work and prices its stalls), their seconds then not in `comm`
+    dropped: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # of `comm`, by (kind, axes),
+    # negative: the dense part's MLP collectives blocks without a shared expert do not run (moe_unshared.py)
     after: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # per step, exposed, by (kind,
     # axes): the expert units' pipelined reduce-scatter and zero=2's parameter gather (moe_fsdp.py)
 
@@ -295,7 +297,9 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.a2a_fwd = k * sum(t for e, t in zip(b.events_fwd, tf, strict=True) if routed(e))
         out.a2a_bwd = k * sum(t for e, t in zip(b.events_bwd, tb, strict=True) if routed(e))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
-        out.comm -= k * dropped_time(dropped_events(model, d, layout, mb), links, g)
+        for e in dropped_events(model, d, layout, mb):  # booked under their own kind and axes (moe_step)
+            out.dropped[(e.kind, e.axes)] = out.dropped.get((e.kind, e.axes), 0.0) - k * dropped_time((e,), links, g)
+        out.comm += sum(out.dropped.values())
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch
                   if moe.is_moe_layer(i)]
         out.sent += sum(e.sent_bytes() for e in out.events)  # rcm='s MLP collectives (stage_again)

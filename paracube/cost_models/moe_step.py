@@ -140,10 +140,11 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         e for e in c.events if e.phase in per_step) if est.events else ()
     flops = est.flops_per_gpu + expert_flops(model, d) / layout.world_size
     by_kind, by_axis = dict(est.comm_time_by_kind), dict(est.comm_time_by_axis)
-    # rcm='s MLP collectives issued again (moe_mlp_again.py) and the expert units' (moe_fsdp.py) under their own kind
-    # and axes, as the expert gradients' reduction and norm; the rest of the MoE collectives as all_to_all over ep
+    # rcm='s MLP collectives issued again (moe_mlp_again.py), the expert units' (moe_fsdp.py) and, negative, the dense
+    # MLP collectives blocks without a shared expert drop (moe_unshared.py) under their own kind and axes, as the
+    # expert gradients' reduction and norm; the rest of the MoE collectives as all_to_all over ep
     own = dict(c.again)
-    for key, seconds in c.units.items():
+    for key, seconds in (*c.units.items(), *c.dropped.items()):
         own[key] = own.get(key, 0.0) + seconds
     again = sum(own.values())
     moe_comm = n * (c.comm - again + (sum(c.units.values()) if c.chain is not None else 0.0))  # prefetched: not in comm
