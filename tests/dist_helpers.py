@@ -148,6 +148,21 @@ __all__ = ["F64", "TOL_FP64", "fp64_optimizer", "in_process_rendezvous", "layout
            "run_distributed", "steps_against_serial"]
 
 
+def sharded_memory(model: torch.nn.Module, opt: Any) -> dict[str, int]:
+    """Bytes per rank a zero=2/3 step holds, measured on the executor's tensors (ShardedAdamW: its parameter shards,
+    gradient shards, fp32 masters and moments; the peak of the gathered units and of the unit gradient buffers)."""
+    units = getattr(opt, "units", None)
+    params = units.shard_bytes() if units is not None else sum(p.numel() * p.element_size() for p in model.parameters())
+    return {
+        "parameters": params,
+        "gradients": sum(u.shard.numel() * 4 for u in opt.sync.buckets),
+        "optimizer": sum(m.numel() * m.element_size() for m in opt.masters)
+        + sum(s[k].numel() * s[k].element_size() for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")),
+        "gathered_params": units.peak_bytes if units is not None else 0,
+        "gradient_buffers": opt.sync.peak_grad_bytes,
+    }
+
+
 def saved_bytes(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The model's local loss sum on one micro-batch, and the bytes of the distinct storages autograd saves for
     backward during that forward (parameters excluded): the executor's activation memory."""

@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 import torch
-from dist_helpers import F64, TOL_FP64, fp64_optimizer, one_step_events, run_distributed, steps_against_serial
+from dist_helpers import (
+    F64,
+    TOL_FP64,
+    fp64_optimizer,
+    one_step_events,
+    run_distributed,
+    sharded_memory,
+    steps_against_serial,
+)
 
 from paracube.cost_models.dims import dims_of
 from paracube.cost_models.local_parameters import local_parameter_count
@@ -70,8 +78,10 @@ def _one_case(rank: int, layout_text: str, recompute: str) -> dict[str, Any]:
     tokens = layout.dp * MB * N_MICRO * SPEC.seq_len
     model = build_model(SPEC, mesh, seed=7, recompute=recompute)  # fp32: the priced payloads
     out: dict[str, Any] = {"stage": _stage(mesh), "params": sum(p.numel() for p in model.parameters())}
-    out["events"] = one_step_events(model, micro, tokens, MAX_NORM,
-                                    build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, **ADAMW))
+    opt32 = build_optimizer(model, mesh, layout.zero, BUCKET_BYTES, **ADAMW)
+    out["events"] = one_step_events(model, micro, tokens, MAX_NORM, opt32)
+    if layout.zero >= 2:  # the fp32 step's shards and peaks, as the memory model prices them
+        out["memory"] = sharded_memory(model, opt32)
     model = build_model(SPEC, mesh, seed=7, recompute=recompute, dtype=F64)
     ref = serial_reference(SPEC, seed=7, vocab=model.vocab, dtype=F64)
     # zero=1: the distributed optimizer (its fp32 masters sharded over dp) against the serial one
@@ -129,6 +139,34 @@ def test_mla_matches_serial_and_its_traffic_is_priced(results, case: int) -> Non
         diff = traffic_difference(stage_events(layout, d, MB, r["stage"]), r["events"])
         assert not diff["missing_in_executor"] and not diff["unpredicted"], (rank, diff)
         assert r["params"] == local_parameter_count(layout, d, r["stage"])
+
+
+@pytest.mark.parametrize("case", [i for i, (text, _) in enumerate(CASES) if parse_layout(text).zero >= 2],
+                         ids=[text for text, _ in CASES if parse_layout(text).zero >= 2])
+def test_mla_memory_at_zero_2_3_is_priced(results, case: int) -> None:
+    """zero=2/3: the parameter, gradient and optimizer bytes each rank holds (fp32, measured on its shards) equal the
+    memory model's (`estimate`'s at pp = 1; with pipelines the heaviest stage's, estimate's),
+    MLA's true widths in the blocks' FSDP units, the replicated down projections whole in every tensor rank's unit
+    (before, `estimate` added MLA's correction to the units' sizes again); and the unit buffers it peaks at equal
+    the temporaries the model adds to zero=0's."""
+    from paracube.cost_models import estimate
+    from paracube.topologies import load_topology
+
+    text, rc = CASES[case]
+    layout = parse_layout(text).with_(micro_batch=MB)
+    topo = load_topology("local-cpu", gpus=layout.world_size)
+    est = estimate(SPEC, training(text, rc), layout, topo, with_events=False).memory
+    plain = estimate(SPEC, training(text, rc), layout.with_(zero=0), topo, with_events=False).memory
+    held = [(m["parameters"], m["gradients"], m["optimizer"])
+            for m in (per_case[case]["memory"] for per_case in results[:layout.world_size])]
+    want = (est.parameters, est.gradients, est.optimizer)
+    if layout.pp > 1:  # estimate's are the heaviest stage's: the last (its head), here
+        assert max(held, key=sum) == want
+        return
+    for rank, per_case in enumerate(results[:layout.world_size]):
+        m = per_case[case]["memory"]
+        assert held[rank] == want, rank
+        assert m["gradient_buffers"] + m["gathered_params"] == est.temporaries - plain.temporaries, rank
 
 
 def test_fp8_with_mla_matches_the_serial_fp8_model_and_is_priced(results) -> None:

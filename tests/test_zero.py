@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from dist_helpers import F64, TOL_FP64, fp64_optimizer, rel_err, run_distributed
+from dist_helpers import F64, TOL_FP64, fp64_optimizer, rel_err, run_distributed, sharded_memory
 
 from paracube.cost_models import estimate
 from paracube.cost_models.dims import dims_of
@@ -85,19 +85,6 @@ def _micro(layout: Layout, dp_index: int) -> list[tuple[torch.Tensor, torch.Tens
     return [(ids[s + m * B:s + (m + 1) * B], labels[s + m * B:s + (m + 1) * B]) for m in range(N_MICRO)]
 
 
-def _memory(model: torch.nn.Module, opt: Any) -> dict[str, int]:
-    units = getattr(opt, "units", None)
-    params = units.shard_bytes() if units is not None else sum(p.numel() * p.element_size() for p in model.parameters())
-    return {
-        "parameters": params,
-        "gradients": sum(u.shard.numel() * 4 for u in opt.sync.buckets),
-        "optimizer": sum(m.numel() * m.element_size() for m in opt.masters)
-        + sum(s[k].numel() * s[k].element_size() for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")),
-        "gathered_params": units.peak_bytes if units is not None else 0,
-        "gradient_buffers": opt.sync.peak_grad_bytes,
-    }
-
-
 def _case(rank: int, text: str, recompute: str, tied: bool | str = False) -> dict[str, Any]:
     spec = SPECS[tied]
     layout = parse_layout(text)
@@ -133,7 +120,7 @@ def _case(rank: int, text: str, recompute: str, tied: bool | str = False) -> dic
     mesh.recorder.reset()
     train_step(model, opt, mesh, micro, tokens, MAX_NORM)
     events = [e.key() for e in mesh.recorder.events]
-    memory = _memory(model, opt)
+    memory = sharded_memory(model, opt)
     return {"errors": errors, "events": events, "memory": memory, "clipped": clipped}
 
 

@@ -37,7 +37,9 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   clamped SwiGLU and the bias adds change no bytes of the passes priced (moe_passes.py; fused: gpt_oss_spec.py);
 - memory: expert parameters (c bytes), fp32 gradients, AdamW state (sharded over edp with zero >= 1,
   gradients with zero >= 2, parameters with zero = 3); the attention correction's parameters are dense ones,
-  sharded alike over the dense zero group (dp x cp, Layout.zero_axes), as Megatron-core's distributed optimizer
+  sharded alike over the dense zero group (dp x cp, Layout.zero_axes; MLA's not where a part is the dense FSDP
+  units', which hold its true widths: zero >= 2 gradients and optimizer, zero=3 parameters; tests/test_mla_run.py
+  measures them on the executor), as Megatron-core's distributed optimizer
   shards every non-expert parameter over the data-parallel group and the experts over the expert-data-parallel
   one (megatron/core/optimizer/__init__.py: intra_expt_dp_group), and each rank's optimizer step updates its
   shards; saved activations per in-flight micro-batch and MoE
@@ -248,13 +250,18 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
                                           out.events + again_events)
     k = moe_layers_of(model, layout, stage)
     n_exp = expert_params_per_rank(model, layout, stage)
-    n_att = layers * aparams + k * (model.moe.experts if model.moe and model.moe.expert_bias else 0)  # + router bias
-    # zero shards the experts over edp, the attention's extra parameters (dense ones) over the dense zero group
+    bias = k * (model.moe.experts if model.moe and model.moe.expert_bias else 0)  # GPT-OSS's router bias
+    # zero shards the experts over edp, the attention's extra parameters (dense ones) over the dense zero group. MLA's
+    # correction (true widths less the stand-in's) only where a part is not the dense FSDP units' (memory.with_zero:
+    # zero >= 2 gradients and optimizer, zero=3 parameters): the units already hold MLA's true widths (cost_models/
+    # mla.mla_layer_sizes), its down projections whole on every tensor rank, as the executor shards them
     z3, z2, z1 = (_shards(layout, layout.expert_data, s) for s in (3, 2, 1))
     d3, d2, d1 = (_shards(layout, layout.axis_size_of(layout.zero_axes), s) for s in (3, 2, 1))
-    out.memory["parameters"] += d.c * (n_exp / z3 + n_att / d3)
-    out.memory["gradients"] += d.grad_bytes * (n_exp / z2 + n_att / d2)  # the runtime's gradient element (Dims)
-    out.memory["optimizer"] += optimizer_bytes(d.c) * (n_exp / z1 + n_att / d1)
+    mla = layers * aparams if model.mla is not None else 0
+    n_att = layers * aparams - mla + bias
+    out.memory["parameters"] += d.c * (n_exp / z3 + n_att / d3 + (mla if layout.zero < 3 else 0))
+    out.memory["gradients"] += d.grad_bytes * (n_exp / z2 + n_att / d2 + (mla if layout.zero < 2 else 0))
+    out.memory["optimizer"] += optimizer_bytes(d.c) * (n_exp / z1 + n_att / d1 + (mla / d1 if layout.zero < 2 else 0))
     if k:
         moe = model.moe
         assert moe is not None
@@ -337,7 +344,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     for ne in norm_events(layout, k):
         out.norm_comm += comm_time(ne, links, 1.0, g)
         out.events.append(ne)
-    out.optim = float(np.asarray(optimizer_time(np.asarray([n_exp / z1 + n_att / d1]), d.c, g)).ravel()[0])
+    out.optim = float(np.asarray(optimizer_time(np.asarray([n_exp / z1 + (n_att + mla) / d1]), d.c, g)).ravel()[0])
     return out
 
 
