@@ -8,8 +8,10 @@ recomputation). Both engines take those of such blocks out again, from one list 
   group's links plus the device's per-call wait, as analytic.py prices a collective);
 - the event engine removes their ops from the stage's program (`drop_ops`, moe_program.with_blocks).
 moe_traffic.moe_stage_events drops the same events from the executor's list (tests/test_moe_run.py: zero
-difference). With tpo the MLP's collectives are rings fused with their GEMMs (collective_matmul.py): kept as
-priced (the stand-in's GEMMs are narrow, so the rings are exposed either way).
+difference). With tpo the MLP's collectives are rings fused with their GEMMs (collective_matmul.py) and the engines
+keep them as priced, though the executor runs none (moe_traffic drops them with tpo too; a scratch run of tiny-moe
+and Mixtral's shape at tp=1d:2,sp,tpo matched its serial model and that list): so the MoE search refuses a tpo pin
+(planner/search.py) rather than rank a layout priced with rings it does not run.
 """
 
 from __future__ import annotations
