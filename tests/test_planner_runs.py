@@ -4,7 +4,8 @@ For many (model, cluster, GPU count, dtype) cases -- the preset models of every 
 heads, GPT-2's 50,257 vocabulary, uneven layer counts, tied embeddings -- every layout the search ranks
 (its top 20 and the best of each mode, recomputation and zero searched as `paracube plan` searches them)
 passes the executor's preflight: `launch.preflight`, the checks `paracube run` makes before any rank
-starts (world size, the sizes each split needs, the mode's options, precision). No ranks are started.
+starts (world size, the sizes each split needs, the mode's options, precision). No ranks are started. The same for
+the MoE / MLA search with a zero stage, cp or the attention kernel pinned (tiny-moe, tiny-mla, MLA with dense MLPs).
 """
 
 from __future__ import annotations
@@ -67,6 +68,33 @@ def test_every_emitted_plan_passes_the_executor_preflight(cluster, gpus, dtypes)
                 checked += 1
     assert not refused, f"{len(refused)} of {checked} emitted plans refused, e.g. {refused[:3]}"
     assert checked >= 100  # the cases above emit plenty (pipelines, zero=1, sp, 2.5D among them)
+
+
+MOE_OR_MLA = [PRESETS["tiny-moe"], PRESETS["tiny-mla"],
+              replace(PRESETS["tiny-mla"], name="tiny-mla-dense", moe=None)]  # MLA with dense MLPs
+PINS = ["", "zero=2", "zero=3", "dp=2,pp=2,zero=3", "dp=2,tp=1d:2,sp,zero=3", "cp=2", "cp=2,cpc=ag,zero=3", "fa=0"]
+
+
+@pytest.mark.parametrize("model", MOE_OR_MLA, ids=lambda m: m.name)
+def test_every_pinned_moe_or_mla_plan_passes_the_executor_preflight(model: ModelSpec) -> None:
+    """The search of MoE / MLA models (planner/experts.py, which searches zero=0 and the first sharding stage) with a
+    zero stage, cp or the kernel pinned: every layout it ranks passes `preflight` (before 2026-12-04 MLA at zero=2/3
+    was planned, then refused by `paracube run`)."""
+    from paracube.layout_parse import parse_layout
+
+    training, topo, refused, checked = TrainingSpec(global_batch=16), load_topology("local-cpu", gpus=8), [], 0
+    for pins in PINS:
+        fixed = parse_layout(pins, pin=True) if pins else None
+        for lay, _ in search(model, training, topo, 8, fixed=fixed, top_k=10).ranked:
+            plan = Plan(model=model, training=training, layout=lay, cluster="local-cpu", gpus=8,
+                        launch=LaunchSpec(nproc_per_node=8))
+            try:
+                preflight(plan, NodeSpec(), data="synthetic", check_devices=False)
+            except ParacubeError as exc:
+                refused.append(f"{pins or 'no pins'}: {lay}: {exc}")
+            checked += 1
+    assert not refused, f"{len(refused)} of {checked} ranked plans refused, e.g. {refused[:3]}"
+    assert checked >= 40
 
 
 def test_the_search_still_chooses_pipelines_zero_and_sp_where_they_pay() -> None:
