@@ -41,6 +41,9 @@ def h100() -> object:
     ("qwen3-30b-a3b", "dp=16,tp=none,mb=1,zero=3,overlap"),  # ep = 1: every expert gathered over dp
     ("qwen3-30b-a3b", "dp=16,ep=4,tp=none,mb=1,zero=2"),
     ("qwen3-30b-a3b", "dp=8,pp=2,ep=4,tp=none,mb=1,zero=3,overlap"),
+    # tpo: the MLP rings of blocks without a shared expert dropped by both (moe_unshared.py), their GEMMs kept
+    ("mixtral-8x7b", "dp=2,pp=2,ep=4,tp=1d:4,sp,tpo,mb=1"),
+    ("qwen3-30b-a3b", "dp=4,ep=4,tp=1d:4,sp,tpo,mb=1,zero=1,rc=full"),
 ])
 def test_engines_agree_within_2_percent(h100: object, name: str, text: str) -> None:
     model, layout = PRESETS[name], parse_layout(text)
@@ -65,6 +68,19 @@ def test_dropped_mlp_collectives_come_off_the_tensor_axis(h100: object) -> None:
         assert a.comm_time_by_axis[axis] == pytest.approx(e.comm_time_by_axis[axis], rel=0.05), axis
 
 
+def test_tpo_hides_the_attention_rings_of_a_moe_model_and_runs_no_mlp_ring(h100: object) -> None:
+    """Mixtral's shape at tp=4 with tpo: the step is the one without tpo less what the attention's rings hide (both
+    engines), and neither engine keeps a ring of the MLP its blocks do not run: the serialized tp seconds are the
+    same with and without tpo (before, the stand-in's MLP rings stayed priced under tpo)."""
+    model, on = PRESETS["mixtral-8x7b"], parse_layout("dp=2,pp=2,ep=4,tp=1d:4,sp,tpo,mb=1")
+    off = on.with_(tpo=False)
+    a_on, a_off = (estimate(model, TRAIN, x, h100, with_events=False) for x in (on, off))
+    e_on = estimate_event(model, TRAIN, on, h100, with_events=False)
+    assert a_on.step_time_s < a_off.step_time_s and e_on.step_time_s == pytest.approx(a_on.step_time_s, rel=0.02)
+    assert a_on.comm_time_by_axis["tp"] == pytest.approx(a_off.comm_time_by_axis["tp"], rel=1e-9)
+    assert not [e for e in estimate(model, TRAIN, on, h100).events if ".mlp." in e.label and e.axes == ("tp",)]
+
+
 @pytest.mark.parametrize(("shared", "text"), [(True, "dp=8,ep=4,tp=none,mb=2"), (True, "dp=4,ep=4,tp=1d:2,sp,mb=1"),
                                              (True, "dp=8,ep=8,tp=none,mb=1,zero=1"),
                                              (True, "dp=4,ep=2,tp=1d:2,sp,mb=1,rc=full"),
@@ -72,7 +88,9 @@ def test_dropped_mlp_collectives_come_off_the_tensor_axis(h100: object) -> None:
                                              (True, "dp=4,cp=2,ep=4,tp=none,mb=1"),  # aux counts over cp
                                              (True, "dp=2,cp=2,ep=4,tp=1d:2,sp,mb=1,rc=full"),  # over (cp, tp)
                                              (True, "dp=4,ep=2,etp=2,tp=1d:2,sp,mb=1,rc=full"),  # etp exchanges
-                                             (True, "dp=8,etp=2,tp=none,mb=1")])  # ep = 1: the etp ones alone
+                                             (True, "dp=8,etp=2,tp=none,mb=1"),  # ep = 1: the etp ones alone
+                                             (False, "dp=4,ep=4,tp=1d:2,sp,tpo,mb=1"),  # tpo: no MLP rings either
+                                             (True, "dp=4,ep=4,tp=1d:2,sp,tpo,mb=1")])
 def test_the_engines_price_every_moe_collective_the_executor_issues(h100: object, shared: bool, text: str) -> None:
     """The MoE collectives both engines price (the events of cost_models/moe.py's block and stage costs, which the
     event engine inserts as they are: moe_program.py) are cost_models/moe_traffic's, the list tests/test_moe_run.py

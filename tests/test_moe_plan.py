@@ -155,11 +155,12 @@ def test_a_pinned_ep_leaves_dp_to_the_search(capsys: pytest.CaptureFixture[str],
 
 @pytest.mark.parametrize(("pins", "kept"), [("dp=4,cp=2,cpc=ag,ep=2", {"cp_comm": "ag"}),
                                            ("dp=8,ep=2,fa=0", {"flash": 0}),
-                                           ("dp=8,ep=2,overlap=0", {"overlap": False})])
+                                           ("dp=8,ep=2,overlap=0", {"overlap": False}),
+                                           ("dp=2,tp=1d:4,sp,tpo", {"tpo": True})])
 def test_the_moe_search_keeps_the_pins_it_prices(capsys: pytest.CaptureFixture[str], tmp_path: Path, pins: str,
                                                   kept: dict) -> None:
-    """cpc=, fa= and overlap=0 reach every layout the MoE search prices (before, it built its layouts without them:
-    a pinned cpc=ag was planned and written as the ring), and the written plan keeps them."""
+    """cpc=, fa=, overlap=0 and tpo reach every layout the MoE search prices (before, it built its layouts without
+    them: a pinned cpc=ag was planned and written as the ring), and the written plan keeps them."""
     from paracube.plan import load_plan
 
     code, out, err = run_cli(capsys, "plan", "--model", "tiny-moe", "--cluster", "local-cpu", "--gpus", "8",
@@ -169,13 +170,14 @@ def test_the_moe_search_keeps_the_pins_it_prices(capsys: pytest.CaptureFixture[s
     assert {k: getattr(best, k) for k in kept} == kept
 
 
-@pytest.mark.parametrize(("pins", "bad"), [("dp=2,tp=1d:4,sp,tpo", "drop tpo"),
-                                          ("dp=4,ep=2,tp=1d:2,sp,place=dp.tp", "drop place=")])
+@pytest.mark.parametrize(("model", "pins", "bad"), [("tiny-mla", "dp=2,tp=1d:4,sp,tpo", "drop tpo"),
+                                                   ("tiny-moe", "dp=4,ep=2,tp=1d:2,sp,place=dp.tp", "drop place=")])
 def test_pins_the_moe_search_does_not_price_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                        pins: str, bad: str) -> None:
-    """tpo and place= are not priced layout by layout (planner/experts.py): refused in one line, exit 2, nothing
-    written, instead of a plan that silently drops them."""
-    code, out, err = run_cli(capsys, "plan", "--model", "tiny-moe", "--cluster", "local-cpu", "--gpus", "8",
+                                                        model: str, pins: str, bad: str) -> None:
+    """place= (layout by layout, planner/experts.py, the default placement only) and tpo with MLA (its latent has no
+    collective-matmul form) are not priced: refused in one line, exit 2, nothing written, instead of a plan that
+    silently drops them."""
+    code, out, err = run_cli(capsys, "plan", "--model", model, "--cluster", "local-cpu", "--gpus", "8",
                              "--layout", pins, "-o", str(tmp_path / "p.json"))
     assert code == 2 and bad in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "p.json").exists()

@@ -106,6 +106,9 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("tiny-moe", "dp=2,tp=1d:2,sp,zero=3", False, "none"),  # ep = 1: the experts' unit over (dp, tp)
     ("mla", "dp=2,ep=2,tp=1d:2,sp,zero=3", False, "selective"),  # MLA's parameters in the dense units
     ("mla", "pp=2,dp=2,ep=2,zero=2", False, "none"),
+    # tpo (collective matmul): the attention's and the shared expert's rings; no MLP ring without a shared expert
+    ("mixtral", "dp=2,ep=2,tp=1d:2,sp,tpo", False, "selective"),
+    ("tiny-moe", "pp=2,ep=2,tp=1d:2,sp,tpo,zero=1", False, "full"),
 ]
 IDS = [f"{c[0]}-{c[1]}{'-skewed' if c[2] else ''}-rc={c[3]}" for c in CASES]
 

@@ -71,7 +71,7 @@ from paracube.cost_models.moe_dispatch import sends_probs
 from paracube.cost_models.moe_fsdp import Chain, expert_unit
 from paracube.cost_models.moe_mlp_again import stage_again
 from paracube.cost_models.moe_passes import fp8_padded, pass_bytes
-from paracube.cost_models.moe_unshared import dropped_events, dropped_time
+from paracube.cost_models.moe_unshared import dropped_events, dropped_time, ring_hidden_seconds
 from paracube.cost_models.recompute_modules_cost import MOE_REGION, moe_rcm_saved, moe_rerun, moe_side
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
@@ -226,7 +226,9 @@ class StageCost:
     chain: Chain | None = None  # zero=2/3 prefetched (pp = 1): the MoE parts of the expert units' Chain (moe_fsdp.py;
     # moe_step adds the dense blocks' work and prices its stalls), their seconds then not in `comm`
     dropped: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # of `comm`, by (kind, axes),
-    # negative: the dense part's MLP collectives blocks without a shared expert do not run (moe_unshared.py)
+    # negative: the dense part's MLP collectives blocks without a shared expert do not run (moe_unshared.py), their
+    # serialized seconds; `dropped_hidden` of them (tpo) the step had not paid (their GEMM chunks hid them)
+    dropped_hidden: float = 0.0
     after: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # per step, exposed, by (kind,
     # axes): the expert units' pipelined reduce-scatter and zero=2's parameter gather (moe_fsdp.py)
 
@@ -306,7 +308,9 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
         for e in dropped_events(model, d, layout, mb):  # booked under their own kind and axes (moe_step)
             out.dropped[(e.kind, e.axes)] = out.dropped.get((e.kind, e.axes), 0.0) - k * dropped_time((e,), links, g)
-        out.comm += sum(out.dropped.values())
+        # tpo: the step paid each ring's alpha-beta time less what its GEMM chunks hid (as the dense part priced it)
+        out.dropped_hidden = k * ring_hidden_seconds(dropped_events(model, d, layout, mb), d, layout, mb, links, g)
+        out.comm += sum(out.dropped.values()) + out.dropped_hidden
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch
                   if moe.is_moe_layer(i)]
         out.sent += sum(e.sent_bytes() for e in out.events)  # rcm='s MLP collectives (stage_again)

@@ -147,7 +147,8 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     for key, seconds in (*c.units.items(), *c.dropped.items()):
         own[key] = own.get(key, 0.0) + seconds
     again = sum(own.values())
-    moe_comm = n * (c.comm - again + (sum(c.units.values()) if c.chain is not None else 0.0))  # prefetched: not in comm
+    # prefetched units: not in comm; the dropped rings' hidden seconds: in comm, not in their serialized own
+    moe_comm = n * (c.comm - again - c.dropped_hidden + (sum(c.units.values()) if c.chain is not None else 0.0))
     step_kinds = {("all_reduce", ("edp",)): c.step_comm, ("all_reduce", ("ep",)): c.norm_comm}
     for key, seconds in c.after.items():
         step_kinds[key] = step_kinds.get(key, 0.0) + seconds
@@ -159,7 +160,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     # the compute the step counts: the slowest stage's (w's), dense and MoE, and its optimizer steps
     compute = float(dense_slow.compute[row]) + dense_optim + n * c.compute + c.optim
     return replace(est, step_time_s=step, compute_time_s=compute,
-                   comm_time_s=est.comm_time_s + moe_comm + n * again + sum(step_kinds.values()),
+                   comm_time_s=est.comm_time_s + moe_comm + n * (again + c.dropped_hidden) + sum(step_kinds.values()),
                    exposed_comm_time_s=step - compute - bubble, bubble_time_s=bubble, memory=mem,
                    comm_bytes_per_gpu=est.comm_bytes_per_gpu + n * c.sent + sum(
                        e.sent_bytes() for e in c.events if e.phase in per_step),

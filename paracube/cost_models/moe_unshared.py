@@ -8,10 +8,12 @@ recomputation). Both engines take those of such blocks out again, from one list 
   group's links plus the device's per-call wait, as analytic.py prices a collective);
 - the event engine removes their ops from the stage's program (`drop_ops`, moe_program.with_blocks).
 moe_traffic.moe_stage_events drops the same events from the executor's list (tests/test_moe_run.py: zero
-difference). With tpo the MLP's collectives are rings fused with their GEMMs (collective_matmul.py) and the engines
-keep them as priced, though the executor runs none (moe_traffic drops them with tpo too; a scratch run of tiny-moe
-and Mixtral's shape at tp=1d:2,sp,tpo matched its serial model and that list): so the MoE search refuses a tpo pin
-(planner/search.py) rather than rank a layout priced with rings it does not run.
+difference). With tpo the MLP's collectives are rings fused with the stand-in's MLP GEMMs (collective_matmul.py,
+tpo.py), dropped the same way: the analytic engine subtracts what it priced for each, its alpha-beta time less the
+seconds its GEMM chunks hid (`ring_hidden_seconds`: tpo.TpoPricing's rule for a ring alone), and the event engine
+turns each ring op into the compute op of its GEMM chunks (their seconds had been taken out of the unit's compute
+op; mlp_delta.py takes the stand-in's whole MLP back), so both drop the rings and keep the GEMMs, as the executor
+runs no MLP there (tests/test_moe_run.py's tpo cases).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ MLP = "layers.0.mlp."  # one block's MLP collectives (traffic labels carry the s
 @lru_cache(maxsize=1024)  # every stage of a layout drops the same (its args hash)
 def dropped_events(model: ModelSpec, d: Dims, layout: Layout, mb: int) -> tuple[CommEvent, ...]:
     """One MoE block's dense-MLP collectives of one micro-batch that the dense part prices and the block does not
-    run (module docstring); () with a shared expert, without a tensor group or with tpo."""
+    run (module docstring); () with a shared expert or without a tensor group."""
     moe = model.moe
-    if moe is None or moe.shared_ffn or layout.tensor_size == 1 or layout.tpo:
+    if moe is None or moe.shared_ffn or layout.tensor_size == 1:
         return ()
     one = layout.with_(pp=1, interleave=1, micro_batch=mb)
     return tuple(e for e in stage_events(one, replace(d, L=1, global_batch=layout.dp * mb), mb)
@@ -60,7 +62,7 @@ def unshared_blocks(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     """Stage-local indices (the program's and traffic's block numbering) of the stage's MoE blocks whose MLP
     collectives are dropped (`dropped_events` applies)."""
     moe = model.moe
-    if moe is None or moe.shared_ffn or layout.tensor_size == 1 or layout.tpo:
+    if moe is None or moe.shared_ffn or layout.tensor_size == 1:
         return []
     blocks = [i for chunk in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in chunk]
     return [j for j, i in enumerate(blocks) if moe.is_moe_layer(i)]
@@ -78,15 +80,48 @@ def dropped_time(events: tuple[CommEvent, ...], links: dict, g: GemmModel) -> fl
     return total
 
 
+def ring_hidden_seconds(events: tuple[CommEvent, ...], d: Dims, layout: Layout, mb: int, links: dict,
+                        g: GemmModel) -> float:
+    """Of `events` (one block's MLP collectives), the seconds their tpo rings hid behind their GEMM chunks as the
+    analytic engine priced them (stage_scores: alpha-beta less tpo.TpoPricing.hidden; 1D's rings run alone, no
+    lock-step weight ring); 0 without tpo."""
+    if not layout.tpo or not events:
+        return 0.0
+    from paracube.cost_models.tpo import gemm_seconds, ring_hidden  # the tpo pricing loads where tpo is priced
+    from paracube.cost_models.validity import layout_arrays
+    from paracube.modes import MODES
+
+    mode = MODES[layout.mode]
+    decl = {(c.label, c.kind, c.axes, phase): c for phase, calls in (("fwd", mode.layer_fwd(d)),
+                                                                      ("bwd", mode.layer_bwd(d)))
+            for c in calls if c.tpo}
+    b, total = layout_arrays(layout, mb), 0.0
+    for e in events:
+        c = decl.get((e.label.split(".", 2)[2], e.kind, e.axes, "bwd" if e.phase == "bwd" else "fwd"))
+        if c is None:
+            continue
+        bw, lat = links[e.axes]
+        ab = float(np.asarray(fastest_time(e.kind, e.group_size, 1, e.payload_bytes, bw, lat)).ravel()[0])
+        gemm = np.asarray(gemm_seconds(d, layout.mode, b, c.tpo, g)).ravel()[0]
+        total += float(np.asarray(ring_hidden(c, ab, e.group_size, gemm, False)).ravel()[0])
+    return total
+
+
 def drop_ops(prog: StageProgram, blocks: list[int], layout: Layout) -> None:
-    """Remove the MLP collectives of the stage-local `blocks` from every forward and backward list of `prog`."""
+    """Remove the MLP collectives of the stage-local `blocks` from every forward and backward list of `prog`; a tpo
+    ring's GEMM chunks (Op.gemm) stay, as a compute op of their seconds (module docstring)."""
     prefixes = tuple(f"layers.{i}.mlp." for i in blocks)
     if not prefixes:
         return
+    from paracube.cost_models.event_ops import Op  # the event engine's op type, where its programs are built
+
+    def dropped(op: Op) -> bool:
+        axes = op.event.axes if op.event is not None else tuple(layout.tensor_axes)
+        return op.kind == "comm" and mlp_tensor(op.name, axes, prefixes, layout)
+
     for lists in (prog.fwd, prog.fwd_first, prog.bwd, prog.bwd_last):
-        lists[:] = [[op for op in ops if not (op.kind == "comm" and mlp_tensor(
-            op.name, op.event.axes if op.event is not None else tuple(layout.tensor_axes), prefixes, layout))]
-                    for ops in lists]
+        lists[:] = [[Op("compute", f"{op.name} gemm", op.gemm) if dropped(op) else op
+                     for op in ops if not dropped(op) or op.gemm > 0] for ops in lists]
 
 
 def drop_stage_events(events: tuple[CommEvent, ...], blocks: list[int], layout: Layout) -> tuple[CommEvent, ...]:
@@ -95,4 +130,4 @@ def drop_stage_events(events: tuple[CommEvent, ...], blocks: list[int], layout: 
     return tuple(e for e in events if not mlp_tensor(e.label, e.axes, prefixes, layout))
 
 
-__all__ = ["drop_ops", "drop_stage_events", "dropped_events", "dropped_time", "mlp_tensor"]
+__all__ = ["drop_ops", "drop_stage_events", "dropped_events", "dropped_time", "mlp_tensor", "ring_hidden_seconds"]

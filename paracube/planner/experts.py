@@ -18,9 +18,10 @@ interleaved variants of each fitted pipeline) is added to one estimate_batch.Bat
 alike layouts in one vectorized evaluation, each finished with its expert terms when `price` asks for it (the same
 estimate as analytic.estimate, tests/test_search_speed.py). DeepSeek-V3 on 1024 H100s (batch 512): 2,578 layouts
 scored in 5.9 s (16.0 s priced one by one), 210 pruned.
-Pins of `fixed` (dp, pp, v, tp, cp, cpc, ep, etp, mb, zero, rc, rcm, fa, a2ao, overlap=0) are respected (a pinned v
-the only one); search.py refuses the pins this search does not price (tpo, place=) in one line rather than drop
-them. The dimensions ep / etp are declared in dimensions.py (EP, ETP).
+Pins of `fixed` (dp, pp, v, tp, cp, cpc, ep, etp, mb, zero, rc, rcm, fa, a2ao, overlap=0, tpo) are respected (a
+pinned v the only one; tpo where a tensor group with sp runs it, as the dense search takes it; not searched
+unpinned); search.py refuses the pins this search does not price (place=; tpo with MLA) in one line rather than
+drop them. The dimensions ep / etp are declared in dimensions.py (EP, ETP).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
     cps = context_degrees(training.sequence_length(model), gpus, fixed.cp if fixed is not None else 1,
                           bool(rt.cp_comms))
     off = fixed is not None and fixed.forbid_overlap  # overlap=0: the gradients reduced after the backward
+    tpo = fixed is not None and fixed.tpo
     out = []
     for mode, cp in ((m, c) for m in modes for c in cps):
         shapes = MODES[mode].shapes(min(gpus // cp, per_node)) if MODES[mode].axes else [()]
@@ -97,6 +99,7 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                             lay = Layout(dp=dp, pp=pp, cp=cp, mode=mode, shape=shape, micro_batch=mb,
                                          interleave=v, sequence_parallel=sp, ep=int(ep), etp=int(etp),
                                          overlap=dp > 1 and rt.overlaps_grad(pp) and not off,
+                                         tpo=tpo and sp,  # pinned: where a tensor group with sp runs it (as search.py)
                                          cp_comm=fixed.cp_comm if fixed is not None and cp > 1 else None,
                                          flash=fixed.flash if fixed is not None else None,
                                          recompute=fixed.recompute if fixed is not None else None,

@@ -177,10 +177,11 @@ def search(
           "torchtitan or deepspeed")
     grad_bytes = rt.grad_bytes if grad_bytes is None else grad_bytes
     unpriced = [] if fixed is None or not priced(model) else \
-        [p for p, on in (("tpo", fixed.tpo), (f"place={'.'.join(fixed.placement)}", bool(fixed.placement))) if on]
+        [p for p, on in (("tpo", fixed.tpo and model.mla is not None),
+                         (f"place={'.'.join(fixed.placement)}", bool(fixed.placement))) if on]
     check(not unpriced, f"layout {fixed}: {model.name} is searched layout by layout (MoE blocks, MLA or heads of "
-          f"their own width: planner/experts.py), priced at the default placement without tpo; valid: drop "
-          f"{', '.join(unpriced)}")
+          f"their own width: planner/experts.py), priced at the default placement, and MLA without tpo (its latent "
+          f"has no collective-matmul form here); valid: drop {', '.join(unpriced)}")
     if priced(model):  # MoE blocks / MLA: ep x etp x tp x pp x dp priced layout by layout (planner/experts.py)
         cap = float(topo.device.memory_bytes) * (1.0 - memory_headroom)  # type: ignore[attr-defined]
         # the run's gradients, bucket and the runtime's overlaps and fp8 experts, as the dense path prices them
