@@ -52,20 +52,27 @@ def _emitted(model: ModelSpec, cluster: str, gpus: int, dtype: str) -> tuple[Tra
     return training, [lay for lay, _ in found.ranked] + [lay for lay, _ in found.best_per_mode.values()]
 
 
+def _refusals(model: ModelSpec, training: TrainingSpec, layouts: list, cluster: str, gpus: int) -> list[str]:
+    """`preflight`'s one-line refusal of each layout's plan that it refuses ("layout: why")."""
+    out = []
+    for lay in layouts:
+        plan = Plan(model=model, training=training, layout=lay, cluster=cluster, gpus=gpus,
+                    launch=LaunchSpec(nproc_per_node=gpus))
+        try:
+            preflight(plan, NodeSpec(), data="synthetic", check_devices=False)
+        except ParacubeError as exc:
+            out.append(f"{lay}: {exc}")
+    return out
+
+
 @pytest.mark.parametrize(("cluster", "gpus", "dtypes"), CASES, ids=lambda c: str(c))
 def test_every_emitted_plan_passes_the_executor_preflight(cluster, gpus, dtypes) -> None:
     checked, refused = 0, []
     for model in MODELS:
         for dtype in dtypes:
             training, layouts = _emitted(model, cluster, gpus, dtype)
-            for lay in layouts:
-                plan = Plan(model=model, training=training, layout=lay, cluster=cluster, gpus=gpus,
-                            launch=LaunchSpec(nproc_per_node=gpus))
-                try:
-                    preflight(plan, NodeSpec(), data="synthetic", check_devices=False)
-                except ParacubeError as exc:
-                    refused.append(f"{model.name} {dtype} {lay}: {exc}")
-                checked += 1
+            refused += [f"{model.name} {dtype} {why}" for why in _refusals(model, training, layouts, cluster, gpus)]
+            checked += len(layouts)
     assert not refused, f"{len(refused)} of {checked} emitted plans refused, e.g. {refused[:3]}"
     assert checked >= 100  # the cases above emit plenty (pipelines, zero=1, sp, 2.5D among them)
 
@@ -85,14 +92,9 @@ def test_every_pinned_moe_or_mla_plan_passes_the_executor_preflight(model: Model
     training, topo, refused, checked = TrainingSpec(global_batch=16), load_topology("local-cpu", gpus=8), [], 0
     for pins in PINS:
         fixed = parse_layout(pins, pin=True) if pins else None
-        for lay, _ in search(model, training, topo, 8, fixed=fixed, top_k=10).ranked:
-            plan = Plan(model=model, training=training, layout=lay, cluster="local-cpu", gpus=8,
-                        launch=LaunchSpec(nproc_per_node=8))
-            try:
-                preflight(plan, NodeSpec(), data="synthetic", check_devices=False)
-            except ParacubeError as exc:
-                refused.append(f"{pins or 'no pins'}: {lay}: {exc}")
-            checked += 1
+        layouts = [lay for lay, _ in search(model, training, topo, 8, fixed=fixed, top_k=10).ranked]
+        refused += [f"{pins or 'no pins'}: {why}" for why in _refusals(model, training, layouts, "local-cpu", 8)]
+        checked += len(layouts)
     assert not refused, f"{len(refused)} of {checked} ranked plans refused, e.g. {refused[:3]}"
     assert checked >= 40
 
