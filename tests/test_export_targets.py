@@ -76,6 +76,8 @@ PLANS: dict[str, Plan] = {
     # dense first blocks and sigmoid routing with ep x etp folded over dp x tp
     "moe-qwen3-ep": make("qwen3-30b-a3b", "dp=8,pp=2,ep=4,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
     "moe-qwen3-fsdp-ep": make("qwen3-30b-a3b", "dp=8,ep=8,tp=1d:2,mb=1,sp,zero=3,overlap", batch=256),
+    # tpo with MoE blocks (a pinned tpo the MoE search keeps; no shared expert: no MLP ring, moe_unshared.py)
+    "moe-qwen3-tpo": make("qwen3-30b-a3b", "dp=8,pp=2,ep=8,tp=1d:4,mb=1,sp,zero=1,overlap,tpo", batch=256),
     "moe-deepseek-mla-etp": make("deepseek-v3", "dp=16,ep=8,etp=2,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
     # what `paracube plan --model deepseek-v3 --cluster dgx-h100 --gpus 1024` chose with paracube's runtime before
     # the all_to_all crossed nodes through each rank's own NIC (cost_models/moe_a2a.py; it now keeps ep in a node)
@@ -134,6 +136,7 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("fp16-full", "torchtitan"): "not fp16",
     ("moe-deepseek-mla-etp", "torchtitan"): "no tensor parallelism inside experts",
     ("moe-a2a-overlap", "torchtitan"): "(a2ao)",
+    ("moe-qwen3-tpo", "deepspeed"): "(tpo)",
     ("moe-a2a-overlap", "deepspeed"): "without interleaving",
     ("moe-deepseek-mla-etp", "deepspeed"): "no tensor parallelism inside experts",
     ("moe-deepseek-paracube", "torchtitan"): "its experts fold over dp_shard x cp x tp",

@@ -259,8 +259,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     # mla.mla_layer_sizes), its down projections whole on every tensor rank, as the executor shards them
     z3, z2, z1 = (_shards(layout, layout.expert_data, s) for s in (3, 2, 1))
     d3, d2, d1 = (_shards(layout, layout.axis_size_of(layout.zero_axes), s) for s in (3, 2, 1))
-    mla = layers * aparams if model.mla is not None else 0
-    n_att = layers * aparams - mla + bias
+    mla = layers * aparams if model.mla is not None else 0  # MLA's correction; Qwen3's head widths: none (aparams 0)
+    n_att = bias if model.mla is not None else layers * aparams + bias
     out.memory["parameters"] += d.c * (n_exp / z3 + n_att / d3 + (mla if layout.zero < 3 else 0))
     out.memory["gradients"] += d.grad_bytes * (n_exp / z2 + n_att / d2 + (mla if layout.zero < 2 else 0))
     out.memory["optimizer"] += optimizer_bytes(d.c) * (n_exp / z1 + n_att / d1 + (mla / d1 if layout.zero < 2 else 0))
@@ -306,10 +306,11 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.a2a_fwd = k * sum(t for e, t in zip(b.events_fwd, tf, strict=True) if routed(e))
         out.a2a_bwd = k * sum(t for e, t in zip(b.events_bwd, tb, strict=True) if routed(e))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
-        for e in dropped_events(model, d, layout, mb):  # booked under their own kind and axes (moe_step)
+        unrun = dropped_events(model, d, layout, mb)
+        for e in unrun:  # booked under their own kind and axes (moe_step)
             out.dropped[(e.kind, e.axes)] = out.dropped.get((e.kind, e.axes), 0.0) - k * dropped_time((e,), links, g)
         # tpo: the step paid each ring's alpha-beta time less what its GEMM chunks hid (as the dense part priced it)
-        out.dropped_hidden = k * ring_hidden_seconds(dropped_events(model, d, layout, mb), d, layout, mb, links, g)
+        out.dropped_hidden = k * ring_hidden_seconds(unrun, d, layout, mb, links, g)
         out.comm += sum(out.dropped.values()) + out.dropped_hidden
         blocks = [i for ch in stage_chunks(model.layers, layout.pp, layout.interleave, stage) for i in ch
                   if moe.is_moe_layer(i)]
