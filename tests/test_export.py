@@ -208,12 +208,17 @@ def test_every_plan_is_rechecked_against_the_target_runtime(tmp_path: Path, caps
     assert run_cli(capsys, "export", str(ok), "--to", "torchtitan", "-o", str(out))[0] == 0 and out.exists()
 
 
-@pytest.mark.parametrize(("runtime", "model", "gpus", "batch"), [
-    ("torchtitan", "qwen3-30b-a3b", 64, 1024),  # its experts fold over dp_shard x cp x tp only
-    ("torchtitan", "qwen3-30b-a3b", 256, 1024),  # its layers_per_stage split: not every interleaving
-    ("megatron", "deepseek-v3", 1024, 512),  # 61 blocks on 8 x 7 virtual stages: --pipeline-model-parallel-layout
+@pytest.mark.parametrize(("runtime", "model", "gpus", "batch", "seq"), [
+    ("torchtitan", "qwen3-30b-a3b", 64, 1024, None),  # its experts fold over dp_shard x cp x tp only
+    ("torchtitan", "qwen3-30b-a3b", 256, 1024, None),  # its layers_per_stage split: not every interleaving
+    ("megatron", "deepseek-v3", 1024, 512, None),  # 61 blocks on 8 x 7 virtual stages: --pipeline-model-parallel-layout
+    # long sequences, so the MoE search takes cp: with the exchanges the stack runs (torchtitan's all-gather;
+    # Transformer Engine's all-gather for sliding windows), where it wrote an unpinned cpc, priced as the ring
+    ("torchtitan", "qwen3-30b-a3b", 64, 256, 32768),
+    ("megatron", "gpt-oss-20b", 64, 256, 32768),
 ])
-def test_a_plan_made_for_a_runtime_exports_to_it(runtime: str, model: str, gpus: int, batch: int) -> None:
+def test_a_plan_made_for_a_runtime_exports_to_it(runtime: str, model: str, gpus: int, batch: int,
+                                                 seq: int | None) -> None:
     """The search offers only what the runtime's stack builds (runtimes/torchtitan_limits.py declares torchtitan's
     expert folding and pipeline split once, for its Runtime and its export): every ranked plan made for a runtime
     exports to that runtime's target."""
@@ -222,10 +227,10 @@ def test_a_plan_made_for_a_runtime_exports_to_it(runtime: str, model: str, gpus:
     from paracube.topologies import load_topology
 
     rt, spec = RUNTIMES[runtime], PRESETS[model]
-    training = TrainingSpec(global_batch=batch, dtype="bf16")
+    training = TrainingSpec(global_batch=batch, dtype="bf16", seq_len=seq)
     ranked = search(spec, training, load_topology("dgx-h100", gpus=gpus), gpus, runtime=rt,
                     recomputes=["none", "selective", "full"], memory_headroom=0.1).ranked
-    assert ranked
+    assert ranked and (seq is None or any(lay.cp > 1 for lay, _ in ranked))
     for lay, _ in ranked:
         plan = Plan(spec, training, lay, "dgx-h100", gpus, LaunchSpec(nproc_per_node=8, nnodes=gpus // 8),
                     runtime=runtime)

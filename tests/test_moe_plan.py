@@ -116,8 +116,16 @@ def _config(tmp_path: Path, data: dict) -> str:
     # paracube's executor runs MoE blocks with every zero stage, not with HSDP (its runtime is the default)
     (("plan", "--model", "qwen3-30b-a3b", "--layout", "dp=16,ep=4,zero=3,shard=8,tp=none"),
      "MoE blocks with zero=3 run without HSDP, not shard=8; valid: drop shard="),
-    (("plan", "--model", "tiny-mla", "--layout", "dp=4,ep=2,etp=2,tp=1d:2", "--runtime", "deepspeed"),
+    (("plan", "--model", "tiny-moe", "--layout", "dp=4,ep=2,etp=2,tp=1d:2", "--runtime", "deepspeed"),
      "does not run tensor parallelism inside experts (etp=2); valid: etp=1"),
+    # a model whose blocks the runtime does not train, whatever the layout: refused before any search, with the
+    # runtimes that train it (its export refused such plans after `plan` had written them)
+    (("plan", "--model", "tiny-mla", "--runtime", "deepspeed"),
+     "runtime deepspeed (DeepSpeed + Megatron-DeepSpeed) does not train multi-head latent attention with MoE blocks "
+     "(tiny-mla); valid: --runtime paracube, megatron, torchtitan"),
+    (("simulate", "--model", "llama4-scout", "--layout", "dp=16,ep=16,tp=none", "--runtime", "deepspeed"),
+     "does not train NoPE blocks or the L2 q / k norm or router scores on the experts' input (Llama 4's; "
+     "llama4-scout); valid: --runtime paracube, megatron, torchtitan"),
     # a pin without dp: the experts' divisors are valid (the search sets the ranks ep folds over)
     (("plan", "--model", "mixtral-8x7b", "--layout", "ep=16", "--runtime", "megatron"),
      "ep=16 must divide the 8 experts of mixtral-8x7b; valid: 1, 2, 4, 8"),

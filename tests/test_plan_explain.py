@@ -66,6 +66,24 @@ def test_runner_ups_are_the_best_other_value_of_each_part() -> None:
         assert c.margin >= 0 and c.line().startswith(f"{c.value} chosen; best with {c.runner_up}: ")
 
 
+def test_the_exchange_of_cp_has_no_runner_up_without_cp() -> None:
+    """cpc's runner-up is a layout with another exchange, never one without context parallelism (which has none):
+    torchtitan, which all-gathers only, was told "cpc=ag chosen; best with cpc=p2p" naming a cp=1 layout."""
+    topo, model = load_topology("dgx-h100", gpus=64), PRESETS["llama3-8b"]
+    training = TrainingSpec(global_batch=64, dtype="bf16", seq_len=65536)
+    rows = [(lay, estimate(model, training, lay, topo)) for lay in
+            (parse_layout(t) for t in ("dp=8,cp=8,cpc=ag,tp=none,mb=1,zero=3,overlap",
+                                        "dp=8,tp=1d:8,mb=1,sp,zero=3,overlap"))]
+    rows.sort(key=lambda r: r[1].step_time_s)
+    assert rows[0][0].cp == 8  # cp is the faster here; its exchange then has no other value ranked
+    choices = {c.part: c for c in explain(rows)}
+    assert choices["cpc"].value == "cpc=ag" and choices["cpc"].runner_up is None
+    assert choices["cp"].runner_up == "cp=1"
+    p2p = parse_layout("dp=8,cp=8,cpc=p2p,tp=none,mb=1,zero=3,overlap")
+    choices = {c.part: c for c in explain([*rows, (p2p, estimate(model, training, p2p, topo))])}
+    assert {choices["cpc"].value, choices["cpc"].runner_up} == {"cpc=ag", "cpc=p2p"}  # ranked: the other exchange
+
+
 def test_size_one_axis_placements_are_one_row() -> None:
     a = Layout(dp=2, mode="1d", shape=(4,), placement=("tp", "dp", "pp"))
     b = Layout(dp=2, mode="1d", shape=(4,), placement=("tp", "pp", "dp"))

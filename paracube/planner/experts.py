@@ -4,7 +4,8 @@
 Why not the vectorized search (search.py): its LayoutBatch has no expert axes, and the MoE terms depend on the
 folded expert groups' placement (in-node or not) and the per-stage expert memory, which `estimate` prices for
 one layout. The space is small: tensor modes none / 1d (the modes that fold, Layout), t <= the GPUs of a node,
-cp as the dense search takes it (enumerate.context_degrees: long sequences only), pp with a valid block split, dp
+cp as the dense search takes it (enumerate.context_degrees: long sequences only; each exchange the runtime runs
+the model's attention with, written as cpc=), pp with a valid block split, dp
 the rest, ep among the divisors of the experts that divide dp cp t, etp in {1, t}
 (Megatron-core's etp = 1 or tp; torchtitan's the same) where the runtime runs it, mb in {1, 2}, each of the
 runtime's searched zero stages (searched_zeros: 0 and its first sharding one) it runs the layout at and that fits
@@ -42,7 +43,7 @@ from paracube.estimate import StepEstimate
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.stages import split_ok
-from paracube.planner.dimensions import A2AO, EP, ETP, chosen, values
+from paracube.planner.dimensions import A2AO, CPC, EP, ETP, chosen, values
 from paracube.planner.enumerate import context_degrees, cp_unsearched
 from paracube.planner.fits import memory_line
 from paracube.planner.module_ladder import ladder, module_rungs
@@ -64,9 +65,12 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
     eps, etps = values(EP, rt, fixed), values(ETP, rt, fixed)
     a2ao = chosen(A2AO, rt, fixed)  # where the runtime runs it on the layout (Runtime.a2a_overlap_refusal)
     # cp as the dense search takes it (enumerate.context_degrees: the pin, else 1 and, for long sequences where
-    # the runtime runs cp, the powers of two that leave >= MIN_CP_TOKENS per rank); the experts fold over dp x cp x t
-    cps = context_degrees(training.sequence_length(model), gpus, fixed.cp if fixed is not None else 1,
-                          bool(rt.cp_comms))
+    # the runtime runs cp, the powers of two that leave >= MIN_CP_TOKENS per rank); the experts fold over dp x cp x t.
+    # Each degree > 1 with each exchange the runtime runs the model's attention with (the pin, else every one it
+    # offers; windowed models: Runtime.window_cp_comms), written into the layout: an unpinned cpc is priced as the
+    # ring (modes/context.DEFAULT_COMM), which torchtitan and windowed Megatron-core do not run.
+    cpcs = cp_exchanges(model, rt, fixed)
+    cps = context_degrees(training.sequence_length(model), gpus, fixed.cp if fixed is not None else 1, bool(cpcs))
     off = fixed is not None and fixed.forbid_overlap  # overlap=0: the gradients reduced after the backward
     tpo = fixed is not None and fixed.tpo
     out = []
@@ -95,12 +99,12 @@ def candidates(model: ModelSpec, training: TrainingSpec, gpus: int, per_node: in
                             continue
                         if moe is None and int(ep) * int(etp) > 1:
                             continue
-                        for mb in mbs:
+                        for mb, cpc in ((m, c) for m in mbs for c in (cpcs if cp > 1 else [None])):
                             lay = Layout(dp=dp, pp=pp, cp=cp, mode=mode, shape=shape, micro_batch=mb,
                                          interleave=v, sequence_parallel=sp, ep=int(ep), etp=int(etp),
                                          overlap=dp > 1 and rt.overlaps_grad(pp) and not off,
                                          tpo=tpo and sp,  # pinned: where a tensor group with sp runs it (as search.py)
-                                         cp_comm=fixed.cp_comm if fixed is not None and cp > 1 else None,
+                                         cp_comm=cpc,
                                          flash=fixed.flash if fixed is not None else None,
                                          recompute=fixed.recompute if fixed is not None else None,
                                          recompute_modules=fixed.recompute_modules if fixed is not None else None)
@@ -115,6 +119,12 @@ def searched_zeros(rt: Runtime) -> list[int]:
     priced at those its pipeline depth runs (`_runs`)."""
     firsts = {min((z for z in zs if z > 0), default=0) for zs in (rt.zeros, rt.zeros_with_pp)} - {0}
     return [z for z in rt.all_zeros if z == 0] + sorted(firsts)
+
+
+def cp_exchanges(model: ModelSpec, rt: Runtime, fixed: Layout | None) -> list[str]:
+    """The context-parallel exchanges searched (the pin, else each the runtime runs the model's attention with; the
+    dense search's rule, search.py)."""
+    return [str(c) for c in values(CPC, rt, fixed) if c in rt.cp_comms_for(model.sliding_window is not None)]
 
 
 def experts_unsearched(model: ModelSpec, training: TrainingSpec, gpus: int, rt: Runtime, fixed: Layout | None,
@@ -132,7 +142,7 @@ def experts_unsearched(model: ModelSpec, training: TrainingSpec, gpus: int, rt: 
     if others and not (fixed is not None and (fixed.zero or fixed.forbid_zero)):
         out["zero"] = (f"zero={'/'.join(map(str, searched))} only; --layout zero=N prices "
                        f"{' or '.join(f'zero={z}' for z in others)}")
-    why = cp_unsearched(training.sequence_length(model), gpus, fixed, bool(rt.cp_comms))
+    why = cp_unsearched(training.sequence_length(model), gpus, fixed, bool(cp_exchanges(model, rt, fixed)))
     return out | ({"cp": why} if why else {})
 
 

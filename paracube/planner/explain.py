@@ -146,7 +146,8 @@ def explain(ranked: Ranked, fixed: Layout | None = None, exhaustive: bool = Fals
         same = (lambda lay: canonical_key(lay)[:-1] == canonical_key(best)[:-1]) if part == "placement" else None
         # cp > 1: the runner-up is the best layout without context parallelism (search adds it to the ranking)
         other = next(((lay, est) for lay, est in rows[1:] if label(lay) != value and (same is None or same(lay))
-                      and (part != "cp" or best.cp == 1 or lay.cp == 1)), None)
+                      and (part != "cp" or best.cp == 1 or lay.cp == 1)
+                      and (part != "cpc" or lay.cp > 1)), None)  # cp=1 has no exchange: not cpc's runner-up
         if other is None:  # the search ranks no dominated recomputation nor placement twin: never exhaustive in them
             out.append(Choice(part, value, False, only_value=exhaustive and part not in untold,
                               unranked=untold.get(part)))

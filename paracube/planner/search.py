@@ -73,7 +73,6 @@ from paracube.layout_checks import RECOMPUTES, TENSOR_MODES
 from paracube.modes import MODES
 from paracube.planner.configs import _mode_structures
 from paracube.planner.dimensions import (
-    CPC,
     FSDP_PREFETCH,
     OVERLAP,
     PARAM_OVERLAP,
@@ -85,12 +84,13 @@ from paracube.planner.dimensions import (
     values,
 )
 from paracube.planner.enumerate import context_degrees, cp_unsearched
-from paracube.planner.experts import experts_unsearched, search_experts
+from paracube.planner.experts import cp_exchanges, experts_unsearched, search_experts
 from paracube.planner.module_ladder import recompute_passes
 from paracube.planner.offload_passes import offload_passes, offload_rungs, pending_configs, skips
 from paracube.planner.scoring import _search_mode
 from paracube.planner.search_state import RUNNABLE_MODES, SearchResult, _Search
-from paracube.runtimes import RUNTIMES, Runtime
+from paracube.runtimes import RUNTIMES, Runtime, runtimes_training
+from paracube.runtimes.refusals import model_refusal
 from paracube.workload import ModelSpec, TrainingSpec
 
 __all__ = ["RUNNABLE_MODES", "SearchResult", "search"]
@@ -168,13 +168,9 @@ def search(
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     bad_experts = moe_violations(model, fixed, rt.fused_norms) if fixed is not None else []
     check(not bad_experts, f"layout {fixed}: {'; '.join(bad_experts)}")
-    mla_only = model.moe is None and model.head_size is None and rt.mla  # dense MLPs with MLA: runtime.mla
-    check(not priced(model) or rt.moe_blocks or mla_only, f"runtime {rt.name} ({rt.title}) does not train "
-          f"mixture-of-experts blocks{'' if rt.mla else ' or MLA'} ({model.name}) yet; plan with --runtime megatron, "
-          "torchtitan or deepspeed")
-    check(model.mla is None or model.moe is None or rt.mla_with_moe, f"runtime {rt.name} ({rt.title}) does not "
-          f"train MoE blocks with multi-head latent attention ({model.name}) yet; plan with --runtime megatron, "
-          "torchtitan or deepspeed")
+    why_model = model_refusal(rt, model)  # the model's blocks, once, not every layout's refusal (runtimes/refusals.py)
+    check(why_model is None, f"runtime {rt.name} ({rt.title}) {why_model}; valid: --runtime "
+          f"{', '.join(runtimes_training(model)) or 'none of ' + ', '.join(RUNTIMES)}")
     grad_bytes = rt.grad_bytes if grad_bytes is None else grad_bytes
     unpriced = [] if fixed is None or not priced(model) else \
         [p for p, on in (("tpo", fixed.tpo and model.mla is not None),
@@ -221,7 +217,7 @@ def search(
     # Context parallelism: a structural axis (enumerate.context_degrees), each degree a pass with a cp rank's dims,
     # and per degree > 1 a pass per exchange the runtime offers (dimensions.CPC), in modes that take cp.
     # sliding windows: only the exchanges the runtime runs them with (Runtime.window_cp_comms)
-    cpcs = [str(c) for c in values(CPC, rt, fixed) if c in rt.cp_comms_for(model.sliding_window is not None)]
+    cpcs = cp_exchanges(model, rt, fixed)
     # Activation offloading: per pass, offloaded block counts where nothing fits with fewer (offload_passes.py)
     host_link = float(getattr(topo.device, "host_bandwidth", 0.0)) > 0  # type: ignore[attr-defined]
     s.host_cap = float(getattr(topo.device, "host_memory_bytes", 0.0)) * (1.0 - memory_headroom)  # type: ignore[attr-defined]

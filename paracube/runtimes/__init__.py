@@ -10,6 +10,7 @@ from __future__ import annotations
 from paracube.errors import ParacubeError
 from paracube.runtimes import deepspeed, megatron, paracube, torchtitan
 from paracube.runtimes.base import Runtime
+from paracube.runtimes.refusals import model_refusal
 
 RUNTIMES: dict[str, Runtime] = {
     paracube.RUNTIME.name: paracube.RUNTIME,
@@ -27,9 +28,14 @@ def get_runtime(name: str) -> Runtime:
     return RUNTIMES[name]
 
 
+def runtimes_training(model: object) -> list[str]:
+    """The runtimes that train every block of `model` (workload.ModelSpec; refusals.model_refusal)."""
+    return [name for name, rt in RUNTIMES.items() if model_refusal(rt, model) is None]
+
+
 def for_target(target: str) -> Runtime | None:
     """The runtime whose export target is `target` (None: a launcher such as torchrun / slurm)."""
     return next((r for r in RUNTIMES.values() if r.export_target == target), None)
 
 
-__all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "Runtime", "for_target", "get_runtime"]
+__all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "Runtime", "for_target", "get_runtime", "runtimes_training"]

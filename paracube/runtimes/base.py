@@ -89,7 +89,14 @@ from paracube.modes import MODES
 from paracube.modes.experts import PROBS_RULES
 from paracube.runtimes.describe import runtime_dict
 from paracube.runtimes.offload import Offload, offload_refusal
-from paracube.runtimes.refusals import a2a_refusal, context_refusal, expert_refusal, rcm_refusal, tpo_refusal
+from paracube.runtimes.refusals import (
+    a2a_refusal,
+    context_refusal,
+    expert_refusal,
+    model_refusal,
+    rcm_refusal,
+    tpo_refusal,
+)
 from paracube.workload import FP8_SCALINGS, SELECTIVE_RULES
 
 # Per-mode check of a stack whose support differs by mode (paracube's executor: modes.executor_runs):
@@ -144,6 +151,7 @@ class Runtime:
     moe_blocks: bool = True  # it trains models with MoE blocks
     mla: bool = True  # it trains multi-head latent attention with dense MLPs (paracube's executor: ExecutorSupport.mla)
     mla_with_moe: bool = True  # it trains MLA and MoE blocks in one model (DeepSeek-V2/V3)
+    llama4_blocks: bool = True  # it trains Llama 4's NoPE blocks, L2 q / k norm, router scores on the experts' input
     # What it does not run of a layout with MoE blocks (one line), or None: it runs every such layout it runs
     moe_check: Callable[[Layout], str | None] | None = None
     # Why it cannot build paracube's pipeline split of L blocks over pp x v (modes/stages.py; a phrase), or None: it
@@ -240,6 +248,9 @@ class Runtime:
         MoE blocks (moe_check); `windowed`: sliding windows (window_cp_comms); `sinks`: attention sinks; `model`
         (workload.ModelSpec, where known): rcm= modules it has no block for (recompute_modules.violations)."""
         who = f"runtime {self.name} ({self.title})"
+        why_model = model_refusal(self, model) if model is not None else None
+        if why_model:
+            return f"{who} {why_model}"
         tensor = "tp=" + "/".join(self.modes)
         if layout.mode not in self.modes:
             return f"{who} does not run tp={layout.mode}; valid: {tensor}"

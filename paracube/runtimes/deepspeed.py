@@ -11,7 +11,9 @@ comm overlap. No context parallelism: DeepSpeed-Ulysses splits the sequence too,
 all-to-alls over the heads (each rank then attends whole sequences for heads / N), not the ring / all-gather of
 keys and values that Layout cp=N declares (modes/context.py). No sliding-window attention: Megatron-DeepSpeed's
 GPT model has no window argument (as far as we know; it is not installed here); nor chunked attention (Llama 4
-over more than one chunk: refused, attention_chunk.chunk_refusal).
+over more than one chunk: refused, attention_chunk.chunk_refusal); nor multi-head latent attention, Llama 4's NoPE
+blocks, L2 q / k norm or router scores on the experts' input (its export refused them, export/deepspeed.py, while
+the planner wrote such plans until 2026-12-04: runtimes/refusals.model_refusal now refuses the model up front).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ RUNTIME = Runtime(
     fused_norms=False,
     sliding_window=False,  # Megatron-DeepSpeed has no window argument (module docstring)
     attention_sinks=False,  # nor GPT-OSS's sinks (export/oss_flags.py)
+    mla=False,  # nor multi-head latent attention (DeepSeek-V2/V3's), with or without MoE blocks
+    mla_with_moe=False,
+    llama4_blocks=False,  # nor Llama 4's NoPE blocks, L2 q / k norm or router scores on the experts' input
     # activation_checkpointing.cpu_checkpointing: with full recomputation, every layer's checkpoint but the last on
     # the host, copied by an asynchronous engine on its own stream (runtimes/offload.py)
     offload=Offload(("full",), keep_last=True, overlap=True, all_but_last=True,

@@ -26,7 +26,9 @@ def runtime_dict(rt: Runtime) -> dict[str, object]:
             "every_pipeline_split": rt.pipeline_split is None,  # else its own rule (Runtime.pipeline_split)
             "export_target": rt.export_target, "cp_comms": list(rt.cp_comms),
             "sliding_window": rt.sliding_window, "window_cp_comms": list(rt.cp_comms_for(True)),
-            "chunked_attention": rt.chunked_attention,
+            "chunked_attention": rt.chunked_attention, "attention_sinks": rt.attention_sinks,
+            "moe_blocks": rt.moe_blocks, "mla": rt.mla, "mla_with_moe": rt.mla_with_moe,
+            "llama4_blocks": rt.llama4_blocks,
             "fp8_scaling": rt.fp8_scaling, "fp8_experts": rt.fp8_experts,
             "fp8_param_gather": rt.fp8_param_gather, "moe_dispatch": rt.moe_dispatch, "moe_probs": rt.moe_probs,
             "selective": rt.selective, "recompute_modules": list(rt.recompute_modules),

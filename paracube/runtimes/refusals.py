@@ -12,6 +12,23 @@ from paracube.recompute_modules import modules_text, violations
 Runtime = Any  # runtimes/base.Runtime, which imports this module (no import back: the layers contract)
 
 
+def model_refusal(rt: Runtime, model: Any) -> str | None:
+    """Which of the model's blocks the runtime does not train, by its declarations (Runtime.moe_blocks, mla,
+    mla_with_moe, llama4_blocks), else None; `model`: workload.ModelSpec. Model-wide, so the planner refuses the model
+    before it searches (planner/search.py) rather than writing a plan the stack's export then refuses."""
+    moe, name = getattr(model, "moe", None), getattr(model, "name", "the model")
+    if moe is not None and not rt.moe_blocks:
+        return f"does not train mixture-of-experts blocks ({name})"
+    if getattr(model, "mla", None) is not None and not (rt.mla_with_moe if moe is not None else rt.mla):
+        return f"does not train multi-head latent attention{' with MoE blocks' if moe is not None else ''} ({name})"
+    llama4 = [what for what, on in (("NoPE blocks", getattr(model, "rope_pattern", None) is not None),
+                                    ("the L2 q / k norm", bool(getattr(model, "qk_l2_norm", False))),
+                                    ("router scores on the experts' input", bool(moe and moe.probs_on_input))) if on]
+    if llama4 and not rt.llama4_blocks:
+        return f"does not train {' or '.join(llama4)} (Llama 4's; {name})"
+    return None
+
+
 def a2a_refusal(runs: bool, layout: Layout, dtype: str | None = None) -> str | None:
     """Why `a2ao` cannot run on this layout, `runs`: the runtime runs it (Runtime.moe_a2a_overlap): Megatron-core 0.16's
     TransformerConfig checks (expert parallelism, a virtual pipeline with pp > 1, no full recomputation, bf16 / fp16
@@ -100,4 +117,4 @@ def context_refusal(rt: Runtime, layout: Layout, windowed: bool = False, sinks: 
     return None
 
 
-__all__ = ["a2a_refusal", "context_refusal", "expert_refusal", "rcm_refusal", "tpo_refusal"]
+__all__ = ["a2a_refusal", "context_refusal", "expert_refusal", "model_refusal", "rcm_refusal", "tpo_refusal"]
