@@ -331,8 +331,12 @@ def test_a_moe_search_that_fits_nothing_says_why_by_reason() -> None:
         assert "\n" not in line and line.startswith(f"no layout of {gpus} GPUs fits {model}")
         return line
 
-    windows = no_fit("gpt-oss-120b", 72, "deepspeed", global_batch=512, dtype="bf16")
-    assert "runtime deepspeed (DeepSpeed + Megatron-DeepSpeed) does not train sliding-window attention" in windows
+    with pytest.raises(ParacubeError) as err:  # a model the runtime does not train: refused whole, before any layout
+        search(PRESETS["gpt-oss-120b"], TrainingSpec(global_batch=512, dtype="bf16"),
+               load_topology("dgx-h100", gpus=72), 72, runtime="deepspeed")
+    assert str(err.value) == ("runtime deepspeed (DeepSpeed + Megatron-DeepSpeed) does not train sliding-window "
+                              "attention (gpt-oss-120b: sliding_window=128); valid: --runtime paracube, megatron, "
+                              "torchtitan")
     memory = no_fit("deepseek-v3", 2, "megatron", global_batch=64, dtype="bf16")
     assert re.search(r"memory > \d+ GiB per device \(the least: [\d.]+ GiB, dp=1,[^)]*\) \(\d+ layouts\)", memory)
     kv = no_fit("qwen3-235b-a22b", 16, "megatron", "gb200-nvl72", global_batch=512, dtype="fp8", seq_len=131072)

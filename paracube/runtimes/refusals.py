@@ -14,9 +14,14 @@ Runtime = Any  # runtimes/base.Runtime, which imports this module (no import bac
 
 def model_refusal(rt: Runtime, model: Any) -> str | None:
     """Which of the model's blocks the runtime does not train, by its declarations (Runtime.moe_blocks, mla,
-    mla_with_moe, llama4_blocks), else None; `model`: workload.ModelSpec. Model-wide, so the planner refuses the model
-    before it searches (planner/search.py) rather than writing a plan the stack's export then refuses."""
+    mla_with_moe, llama4_blocks, sliding_window, attention_sinks), else None; `model`: workload.ModelSpec. Model-wide,
+    so the planner refuses the model before it searches (planner/search.py) rather than writing a plan the stack's
+    export then refuses, or reporting every layout refused."""
     moe, name = getattr(model, "moe", None), getattr(model, "name", "the model")
+    if getattr(model, "sliding_window", None) is not None and not rt.sliding_window:
+        return f"does not train sliding-window attention ({name}: sliding_window={model.sliding_window})"
+    if getattr(model, "attention_sinks", False) and not rt.attention_sinks:
+        return f"does not train attention sinks ({name}: attention_sinks=true)"
     if moe is not None and not rt.moe_blocks:
         return f"does not train mixture-of-experts blocks ({name})"
     if getattr(model, "mla", None) is not None and not (rt.mla_with_moe if moe is not None else rt.mla):
