@@ -11,10 +11,9 @@ runs_csv.py), as the search that chose the layout did; `--bucket default` prices
 `--sample N [--seed S]`: instead of the published rows, N random plans (a model, cluster, size, runtime, dtype,
 global batch and sequence, seeded), the search's three best layouts of each priced by both engines: the layouts a
 user is handed, beyond the rows the tests pin (tests/test_moe_cost.py test_engines_agree_within_2_percent, ...).
-Found so (2026-12-04), left: MoE with pp=2, v=2 and 4 micro-batches (event -5%: the analytic interleaved bubble is
-the formula's, the event engine's the schedule's); MoE without ep, pp=2, v=8 with overlap on GB200 (-3%: the dense
-buckets' overlap under interleaving); MoE zero=3 with ep on A100s (event +4..5%: the expert units' gathers and the
-dense ones share the NICs, which the analytic model approximates, moe_fsdp.py).
+Found so (2026-12-04): MoE expert gradients over dp under interleaving, overlapped (the engines 2-7% apart; fixed:
+moe_step.interleaved_windows, moe_program._per_chunk); left: MoE zero=3 with ep on A100s (event +4..5%: the expert
+units' gathers and the dense ones share the NICs, which the analytic model approximates, moe_fsdp.py).
 Usage: python benchmarks/engines_agree.py [--runs CSV] [--only NAME ...] [--bucket run|default]
        python benchmarks/engines_agree.py --sample 20 [--seed 1]
 """

@@ -61,6 +61,19 @@ def in_flight(layout: Layout, n_micro: int, stage: int) -> float:
     return float(memory_in_flight(layout_arrays(layout, 1), np.array([float(n_micro)]), stage == 0, stage)[0])
 
 
+def interleaved_windows(span: float, pp: int, v: int) -> tuple[float, float]:
+    """(the seconds from the first chunk's reduction to the stage's end, the last chunk's own) for expert gradients
+    reduced per model chunk from the start of its last backward, `span` one micro-batch's backward of the stage.
+    Megatron's interleaved cool-down runs the last pp micro-batches' backwards chunk by chunk (v - 1 .. 0), pp of a
+    chunk in a row: from chunk c's last one pp c + 1 chunk backwards (span / v each) remain, so the first chunk's
+    (v - 1) leaves pp (v - 1) + 1 of them and chunk 0's its own one. Chunks of G_e / v bytes' time arriving so on one
+    link leave max(G_e - whole, G_e / v - last) exposed (the queue's drain is linear in c: its extremes); v = 1: the
+    one micro-batch's backward for both (the reduction issued as the last backward starts). Stalls in the cool-down
+    lengthen the windows: not counted (a bound)."""
+    chunk = span / v
+    return (pp * (v - 1) + 1) * chunk, chunk
+
+
 def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: Layout, g: GemmModel,
              cache: LinkCache, row: int = 0) -> StepEstimate:
     """`est` (the dense part's, row `row` of `scores`: analytic.Scores, whose rows estimate_batch.py evaluates
@@ -99,6 +112,8 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     bubble = float(bubble_seconds(stacked, np.array([layout.pp]), layout.interleave, n,
                                   bubble_share(layout.pp, g.ranks_per_core),
                                   None if scores.middle_less is None else scores.middle_less[row:row + 1])[0])
+    # Interleaved (v > 1), each model chunk's share G_e / v from the start of its own last backward (the event engine's
+    # moe_program._per_chunk): `interleaved_windows`.
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
     # window (one queue on the same NICs), which drains max(0, G_d + G_e - b (W / N - A)) after it, b its backward's
     # share (2/3, 3/4 under full recomputation), A the micro-batch's MoE collectives where the expert group spans nodes
@@ -122,7 +137,11 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
             return exposed_grads(cs.step_comm, max(0.0, share * (ws / n - busy)), cs.comm_bwd,
                                  slowdown(nic, other, links[("edp",)][0]))
         dense_grad = float(scores.stages[STAGE_NAMES.index(s)].grad[row])
-        return max(0.0, cs.step_comm - (share * (ws / n - busy) - dense_grad + tail_d))
+        span = share * (ws / n - busy)  # one micro-batch's backward of the stage
+        whole, last = interleaved_windows(span, layout.pp, layout.interleave)
+        v = layout.interleave
+        return max(0.0, cs.step_comm - (whole - dense_grad + tail_d),
+                   cs.step_comm / v - (last - dense_grad / v + tail_d))
 
     # Each stage's gradients start after its own last backward: the stages before the slow one run theirs later, in
     # the drain (the backward share of their part of the bubble), the later ones earlier (taken at the slow one's:
