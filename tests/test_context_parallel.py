@@ -362,12 +362,16 @@ def test_cp_matches_serial_and_the_cost_model(executed, case: tuple[str, int]) -
         assert measured == pytest.approx(est.memory.activations, rel=0.02), (text, measured, est.memory.activations)
 
 
-def test_blockwise_attention_with_online_softmax_equals_sdpa() -> None:
+@pytest.mark.parametrize("tile", [None, 1, 64])
+def test_blockwise_attention_with_online_softmax_equals_sdpa(tile: int | None) -> None:
     """One process: the cp = 4 ring's blocks (each rank's load-balanced chunks against every rank's keys, merged by
     log-sum-exp) and their backward (dQ, dK, dV summed over blocks) equal torch's causal SDPA and its autograd,
     with grouped-query attention (2 query heads per kv head). fp64: the two sum the same terms in other orders,
-    so they agree to ~1e-15; 1e-12 leaves that margin, a wrong mask or merge is off by O(1)."""
+    so they agree to ~1e-15; 1e-12 leaves that margin, a wrong mask or merge is off by O(1). `tile`: the blocks by
+    query tiles of one row and of two (64 scores: b 2 x 4 heads x 4 keys a row), as long sequences run them
+    (context_parallel.TILE_ELEMENTS); None: the default, one tile at this size."""
     from paracube.executor.layers.context_parallel import (
+        TILE_ELEMENTS,
         block_backward,
         block_forward,
         chunk_positions,
@@ -391,7 +395,7 @@ def test_blockwise_attention_with_online_softmax_equals_sdpa() -> None:
         for step in range(cp):  # the ring's order: own block first
             j = (i - step) % cp
             kj, vj = _expand(k.detach()[:, :, pos[j]], group), _expand(v.detach()[:, :, pos[j]], group)
-            o, lj = block_forward(qi, kj, vj, pos[i][:, None] >= pos[j][None, :])
+            o, lj = block_forward(qi, kj, vj, pos[i][:, None] >= pos[j][None, :], tile or TILE_ELEMENTS)
             acc, lse = (o, lj) if acc is None else merge(acc, lse, o, lj)
         out[:, :, pos[i]] = acc
         doi = dout[:, :, pos[i]]
@@ -399,7 +403,7 @@ def test_blockwise_attention_with_online_softmax_equals_sdpa() -> None:
         for j in range(cp):
             a, bk, bv = block_backward(qi, _expand(k.detach()[:, :, pos[j]], group),
                                        _expand(v.detach()[:, :, pos[j]], group), pos[i][:, None] >= pos[j][None, :],
-                                       doi, lse, delta)
+                                       doi, lse, delta, tile or TILE_ELEMENTS)
             dq[:, :, pos[i]] += a
             dk[:, :, pos[j]] += _fold(bk, group)
             dv[:, :, pos[j]] += _fold(bv, group)

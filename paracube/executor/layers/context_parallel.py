@@ -96,9 +96,33 @@ def _scores(q: Tensor, k: Tensor, allowed: Tensor) -> Tensor:
     return s.masked_fill(~allowed, float("-inf"))
 
 
-def block_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+# Scores elements of one query tile: a block's S, P and dS are [b, H, rows, m] per tile, not [b, H, n, m] (1 GiB
+# each in fp32 for 4 heads of 8,192 queries against 8,192 keys, seq 16,384 at cp=2: the executor was killed for
+# memory on a 2.9 GiB rank where the plan priced 137 MiB), so a block stays near the flash kernel's footprint. Rows
+# are independent (softmax, L, O, dQ); dK, dV sum over the tiles. A block within one tile runs as one (every test
+# size), unchanged.
+TILE_ELEMENTS = 1 << 24
+
+
+def _row_tiles(q: Tensor, m: int, tile: int) -> list[slice]:
+    """Query-row slices of q [b, H, n, d] against m keys, each of at most `tile` scores (one row at least)."""
+    n = q.shape[-2]
+    rows = max(1, tile // max(1, q.shape[0] * q.shape[1] * m))
+    return [slice(i, min(n, i + rows)) for i in range(0, n, rows)]
+
+
+def block_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, tile: int = TILE_ELEMENTS
+                  ) -> tuple[Tensor, Tensor]:
     """Upcast q [b, H, n, d], k, v [b, H, m, d], allowed [n, m] -> (softmax(S) V, L [b, H, n, 1]); a row with
-    no allowed key has output 0 and L = -inf."""
+    no allowed key has output 0 and L = -inf. By query tiles of at most `tile` scores (TILE_ELEMENTS)."""
+    tiles = _row_tiles(q, k.shape[-2], tile)
+    if len(tiles) == 1:
+        return _block_forward(q, k, v, allowed)
+    parts = [_block_forward(q[..., r, :], k, v, allowed[r]) for r in tiles]
+    return torch.cat([o for o, _ in parts], dim=-2), torch.cat([lse for _, lse in parts], dim=-2)
+
+
+def _block_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
     s = _scores(q, k, allowed)
     m = s.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -115,8 +139,24 @@ def merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tenso
 
 
 def block_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor, lse: Tensor,
-                   delta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(dQ, dK, dV) of one block, upcast operands, with the final L and D = rowsum(dO * O) (module docstring)."""
+                   delta: Tensor, tile: int = TILE_ELEMENTS) -> tuple[Tensor, Tensor, Tensor]:
+    """(dQ, dK, dV) of one block, upcast operands, with the final L and D = rowsum(dO * O) (module docstring); by
+    query tiles of at most `tile` scores (TILE_ELEMENTS): dQ's rows are the tiles', dK and dV their sum."""
+    tiles = _row_tiles(q, k.shape[-2], tile)
+    if len(tiles) == 1:
+        return _block_backward(q, k, v, allowed, do, lse, delta)
+    dq, dk, dv = [], torch.zeros_like(k), torch.zeros_like(v)
+    for r in tiles:
+        dq_t, dk_t, dv_t = _block_backward(q[..., r, :], k, v, allowed[r], do[..., r, :], lse[..., r, :],
+                                           delta[..., r, :])
+        dq.append(dq_t)
+        dk += dk_t
+        dv += dv_t
+    return torch.cat(dq, dim=-2), dk, dv
+
+
+def _block_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor, lse: Tensor,
+                    delta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     scale = 1.0 / math.sqrt(q.shape[-1])
     p = torch.exp(_scores(q, k, allowed) - lse)
     dv = torch.matmul(p.transpose(-1, -2), do)
