@@ -121,8 +121,7 @@ def _check_pinned_fold(pins: Layout, gpus: int) -> None:
 def runtime_from_args(args: argparse.Namespace, layout: Layout | None, model: ModelSpec, dtype: str,
                       all_ok: bool = False) -> str:
     """--runtime NAME (default paracube), checked: a layout it cannot run is refused in one line."""
-    from paracube.runtimes import DEFAULT_RUNTIME, get_runtime, runtimes_training
-    from paracube.runtimes.refusals import model_refusal
+    from paracube.runtimes import DEFAULT_RUNTIME, get_runtime, model_refusal_line
 
     name = getattr(args, "runtime", None) or DEFAULT_RUNTIME
     if all_ok and name == "all":
@@ -131,10 +130,9 @@ def runtime_from_args(args: argparse.Namespace, layout: Layout | None, model: Mo
     why_chunk = chunk_refusal(model, model.seq_len, runtime)  # Llama 4 beyond one chunk: before any search
     if why_chunk:
         raise ParacubeError(why_chunk)
-    why_model = model_refusal(runtime, model)  # the model's blocks, whatever the layout
+    why_model = model_refusal_line(runtime, model)  # the model's blocks, whatever the layout
     if why_model:
-        raise ParacubeError(f"runtime {name} ({runtime.title}) {why_model}; valid: --runtime "
-                            f"{', '.join(runtimes_training(model)) or 'none'}")
+        raise ParacubeError(why_model)
     if layout is not None:
         why = runtime.refusal(layout, model.family, model.tied_embeddings, dtype, moe=model.moe is not None,
                               windowed=model.sliding_window is not None, sinks=model.attention_sinks, model=model)

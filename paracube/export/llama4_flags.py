@@ -24,6 +24,7 @@ from __future__ import annotations
 from paracube.attention_chunk import chunked_beyond, uses_rope
 from paracube.plan import Plan
 from paracube.runtimes import for_target
+from paracube.runtimes.refusals import llama4_features
 from paracube.workload import ModelSpec
 
 
@@ -60,10 +61,7 @@ def megatron_llama4_refusal(model: ModelSpec) -> str | None:
 
 
 def deepspeed_llama4_refusal(model: ModelSpec) -> str | None:
-    on_input = bool(model.moe and model.moe.probs_on_input)
-    parts = [what for what, on in (("NoPE blocks", model.rope_pattern is not None),
-                                   ("the L2 q / k norm", model.qk_l2_norm),
-                                   ("router scores on the experts' input", on_input)) if on]
+    parts = llama4_features(model)  # what its runtime declares it lacks (Runtime.llama4_blocks)
     return f"Megatron-DeepSpeed has no {' or '.join(parts)} (Llama 4's)" if parts else None
 
 

@@ -89,8 +89,7 @@ from paracube.planner.module_ladder import recompute_passes
 from paracube.planner.offload_passes import offload_passes, offload_rungs, pending_configs, skips
 from paracube.planner.scoring import _search_mode
 from paracube.planner.search_state import RUNNABLE_MODES, SearchResult, _Search
-from paracube.runtimes import RUNTIMES, Runtime, runtimes_training
-from paracube.runtimes.refusals import model_refusal
+from paracube.runtimes import RUNTIMES, Runtime, model_refusal_line
 from paracube.workload import ModelSpec, TrainingSpec
 
 __all__ = ["RUNNABLE_MODES", "SearchResult", "search"]
@@ -168,9 +167,8 @@ def search(
     rt = RUNTIMES[runtime] if isinstance(runtime, str) else runtime
     bad_experts = moe_violations(model, fixed, rt.fused_norms) if fixed is not None else []
     check(not bad_experts, f"layout {fixed}: {'; '.join(bad_experts)}")
-    why_model = model_refusal(rt, model)  # the model's blocks, once, not every layout's refusal (runtimes/refusals.py)
-    check(why_model is None, f"runtime {rt.name} ({rt.title}) {why_model}; valid: --runtime "
-          f"{', '.join(runtimes_training(model)) or 'none of ' + ', '.join(RUNTIMES)}")
+    why_model = model_refusal_line(rt, model)  # the model's blocks, once, not every layout's refusal
+    check(why_model is None, str(why_model))
     grad_bytes = rt.grad_bytes if grad_bytes is None else grad_bytes
     unpriced = [] if fixed is None or not priced(model) else \
         [p for p, on in (("tpo", fixed.tpo and model.mla is not None),

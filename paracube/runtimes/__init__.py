@@ -33,9 +33,18 @@ def runtimes_training(model: object) -> list[str]:
     return [name for name, rt in RUNTIMES.items() if model_refusal(rt, model) is None]
 
 
+def model_refusal_line(rt: Runtime, model: object) -> str | None:
+    """The one-line refusal of a model whose blocks `rt` does not train, naming the runtimes that do, else None."""
+    why = model_refusal(rt, model)
+    if why is None:
+        return None
+    return f"runtime {rt.name} ({rt.title}) {why}; valid: --runtime {', '.join(runtimes_training(model)) or 'none'}"
+
+
 def for_target(target: str) -> Runtime | None:
     """The runtime whose export target is `target` (None: a launcher such as torchrun / slurm)."""
     return next((r for r in RUNTIMES.values() if r.export_target == target), None)
 
 
-__all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "Runtime", "for_target", "get_runtime", "runtimes_training"]
+__all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "Runtime", "for_target", "get_runtime", "model_refusal_line",
+           "runtimes_training"]

@@ -12,6 +12,14 @@ from paracube.recompute_modules import modules_text, violations
 Runtime = Any  # runtimes/base.Runtime, which imports this module (no import back: the layers contract)
 
 
+def llama4_features(model: Any) -> list[str]:
+    """Llama 4's blocks the model has, as a refusal names them (Runtime.llama4_blocks; its export's refusal too)."""
+    moe = getattr(model, "moe", None)
+    return [what for what, on in (("NoPE blocks", getattr(model, "rope_pattern", None) is not None),
+                                  ("the L2 q / k norm", bool(getattr(model, "qk_l2_norm", False))),
+                                  ("router scores on the experts' input", bool(moe and moe.probs_on_input))) if on]
+
+
 def model_refusal(rt: Runtime, model: Any) -> str | None:
     """Which of the model's blocks the runtime does not train, by its declarations (Runtime.moe_blocks, mla,
     mla_with_moe, llama4_blocks, sliding_window, attention_sinks), else None; `model`: workload.ModelSpec. Model-wide,
@@ -26,9 +34,7 @@ def model_refusal(rt: Runtime, model: Any) -> str | None:
         return f"does not train mixture-of-experts blocks ({name})"
     if getattr(model, "mla", None) is not None and not (rt.mla_with_moe if moe is not None else rt.mla):
         return f"does not train multi-head latent attention{' with MoE blocks' if moe is not None else ''} ({name})"
-    llama4 = [what for what, on in (("NoPE blocks", getattr(model, "rope_pattern", None) is not None),
-                                    ("the L2 q / k norm", bool(getattr(model, "qk_l2_norm", False))),
-                                    ("router scores on the experts' input", bool(moe and moe.probs_on_input))) if on]
+    llama4 = llama4_features(model)
     if llama4 and not rt.llama4_blocks:
         return f"does not train {' or '.join(llama4)} (Llama 4's; {name})"
     return None
@@ -122,4 +128,5 @@ def context_refusal(rt: Runtime, layout: Layout, windowed: bool = False, sinks: 
     return None
 
 
-__all__ = ["a2a_refusal", "context_refusal", "expert_refusal", "model_refusal", "rcm_refusal", "tpo_refusal"]
+__all__ = ["a2a_refusal", "context_refusal", "expert_refusal", "llama4_features", "model_refusal", "rcm_refusal",
+           "tpo_refusal"]
