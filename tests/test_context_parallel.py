@@ -370,13 +370,8 @@ def test_blockwise_attention_with_online_softmax_equals_sdpa(tile: int | None) -
     so they agree to ~1e-15; 1e-12 leaves that margin, a wrong mask or merge is off by O(1). `tile`: the blocks by
     query tiles of one row and of two (64 scores: b 2 x 4 heads x 4 keys a row), as long sequences run them
     (context_parallel.TILE_ELEMENTS); None: the default, one tile at this size."""
-    from paracube.executor.layers.context_parallel import (
-        TILE_ELEMENTS,
-        block_backward,
-        block_forward,
-        chunk_positions,
-        merge,
-    )
+    from paracube.executor.layers.attention_blocks import TILE_ELEMENTS, block_backward, block_forward, merge
+    from paracube.executor.layers.context_parallel import chunk_positions
     from paracube.executor.layers.kv_heads import expand as _expand
     from paracube.executor.layers.kv_heads import fold as _fold
 
@@ -407,6 +402,57 @@ def test_blockwise_attention_with_online_softmax_equals_sdpa(tile: int | None) -
             dq[:, :, pos[i]] += a
             dk[:, :, pos[j]] += _fold(bk, group)
             dv[:, :, pos[j]] += _fold(bv, group)
+    for got, want in ((out, ref), (dq, q.grad), (dk, k.grad), (dv, v.grad)):
+        assert rel_err(got, want) < 1e-12
+
+
+@pytest.mark.parametrize(("d_k", "d_v"), [(8, 8), (12, 8), (8, 12)])
+def test_causal_spans_equal_sdpa(d_k: int, d_v: int) -> None:
+    """One process, cp = 4: each rank's causal spans (attention_blocks.causal_span: the own block causal, an
+    earlier rank's early chunk and a later rank's keys for the late chunk's queries, whole; the rest never
+    computed) through the kernel the executor runs on this device (CPU: torch's fused flash kernel, widths
+    d_k != d_v as MLA's zero-padded), merged by log-sum-exp into the rows they cover, equal torch's causal SDPA and
+    its autograd, GQA included; and the spans cover exactly the causal pairs. fp64, 1e-12 as above."""
+    from paracube.executor.layers.attention_blocks import causal_span, merge, span_backward, span_forward
+    from paracube.executor.layers.context_parallel import chunk_positions
+    from paracube.executor.layers.kv_heads import expand as _expand
+    from paracube.executor.layers.kv_heads import fold as _fold
+
+    torch.manual_seed(1)
+    b, heads, kv_heads, s, cp = 2, 4, 2, 32, 4
+    group, n = heads // kv_heads, s // cp
+    q = torch.randn(b, heads, s, d_k, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, kv_heads, s, d_k, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, kv_heads, s, d_v, dtype=torch.float64, requires_grad=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    dout = torch.randn_like(ref)
+    ref.backward(dout)
+    pos = [chunk_positions(s, cp, i) for i in range(cp)]
+    out, dq, dk, dv = torch.zeros_like(ref), torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    kv = [(_expand(k.detach()[:, :, p], group), _expand(v.detach()[:, :, p], group)) for p in pos]
+    for i in range(cp):
+        qi, acc, lse, covered = q.detach()[:, :, pos[i]], None, None, torch.zeros(n, s, dtype=torch.bool)
+        for step in range(cp):
+            j = (i - step) % cp
+            rows, cols, causal = causal_span(cp, i, j, n)
+            o, lj = span_forward(qi[..., rows, :], kv[j][0][..., cols, :], kv[j][1][..., cols, :], causal)
+            if acc is None:
+                acc, lse = o, lj
+            else:
+                acc[..., rows, :], lse[..., rows, :] = merge(acc[..., rows, :], lse[..., rows, :], o, lj)
+            block = torch.ones(n, n, dtype=torch.bool).tril() if causal else torch.ones(n, n, dtype=torch.bool)
+            covered[rows, pos[j][cols]] = block[: rows.stop - rows.start, : cols.stop - cols.start]
+        assert torch.equal(covered, pos[i][:, None] >= torch.arange(s)[None, :])  # exactly the causal pairs
+        out[:, :, pos[i]] = acc
+        doi = dout[:, :, pos[i]]
+        delta = (doi * acc).sum(-1, keepdim=True)
+        for j in range(cp):
+            rows, cols, causal = causal_span(cp, i, j, n)
+            a, bk, bv = span_backward(qi[..., rows, :], kv[j][0][..., cols, :], kv[j][1][..., cols, :], causal,
+                                      doi[..., rows, :], acc[..., rows, :], lse[..., rows, :], delta[..., rows, :])
+            dq[:, :, pos[i][rows]] += a
+            dk[:, :, pos[j][cols]] += _fold(bk, group)
+            dv[:, :, pos[j][cols]] += _fold(bv, group)
     for got, want in ((out, ref), (dq, q.grad), (dk, k.grad), (dv, v.grad)):
         assert rel_err(got, want) < 1e-12
 

@@ -16,13 +16,9 @@ import torch
 from dist_helpers import F64, rel_err
 
 from paracube.executor import build_model
+from paracube.executor.layers.attention_blocks import block_forward, merge
 from paracube.executor.layers.attention_mask import effective_window, ranges_meet, sequence_mask, visible
-from paracube.executor.layers.context_parallel import (
-    block_forward,
-    chunk_positions,
-    chunk_ranges,
-    merge,
-)
+from paracube.executor.layers.context_parallel import chunk_positions, chunk_ranges
 from paracube.executor.layers.functional import local_attention
 from paracube.executor.layers.llama import gqa_attention, rotary, rotary_tables
 from paracube.executor.layers.tokens import window_mask

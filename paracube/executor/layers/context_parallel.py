@@ -9,15 +9,13 @@ their global positions: query at p reads key at p' iff p' <= p (and p - p' < w i
 attention_mask.py). Every block is still exchanged; a block no query of the rank sees (outside every window) is
 not computed, so the recorded bytes are the full-attention ones the cost model prices.
 
-Attention of a rank's n = s / cp queries (its heads: 1D splits them over tp) against every rank's keys, in
-blocks, each block merged by online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022):
-per block j, scores S_j = Q K_j^T / sqrt(d) (masked to -inf), its log-sum-exp L_j = log sum_k exp S_j and
-output O_j = softmax(S_j) V_j; two merge as L = logaddexp(L_a, L_b), O = O_a e^(L_a - L) + O_b e^(L_b - L).
-A rank's own block comes first (each query reads itself, so L stays finite); a block every key of which is in
-a query's future has L_j = -inf and weight 0. Backward with the saved final L and D = rowsum(dO * O):
-P_j = exp(S_j - L), dV_j = P_j^T dO, dS_j = P_j * (dO V_j^T - D), dQ += dS_j K_j / sqrt(d), dK_j = dS_j^T Q / sqrt(d).
-Statistics in fp32 (fp64 for an fp64 model: functional.upcast), outputs in the compute dtype. Grouped-query
-attention repeats a kv head over its query heads inside the block and sums their dK, dV back.
+Attention of a rank's n = s / cp queries (its heads: 1D splits them over tp) against every rank's keys, one block
+per rank, merged by online softmax in fp32 (fp64 for an fp64 model: functional.upcast), outputs in the compute
+dtype (attention_blocks.py: the math, the kernels). A rank's own block comes first (each query reads itself, so L
+stays finite). Full causal attention computes each block's causal span only (attention_blocks.causal_span: the
+own block causal, an earlier rank's early chunk and a later rank's keys for the late chunk's queries, whole); a
+block under a sliding window is computed whole with its mask where any query sees it. Grouped-query attention
+repeats a kv head over its query heads inside the block and sums their dK, dV back.
 
 The exchanges (`cpc`), KV = [b, kv heads, n, d_k + d_v] of the rank's k and v side by side (`pack`) in the
 compute dtype (d_k = d_v but for MLA: keys of qk_nope + qk_rope, values of v_head_dim per head, executor/layers/mla.py;
@@ -41,7 +39,6 @@ recorded bytes could not be held to the cost model's; it also shards sequences r
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -49,6 +46,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from paracube.executor.comm import all_gather, reduce_scatter
+from paracube.executor.layers.attention_blocks import (
+    block_backward,
+    block_forward,
+    causal_span,
+    merge,
+    span_backward,
+    span_forward,
+)
 from paracube.executor.layers.attention_mask import effective_window, ranges_meet, visible
 from paracube.executor.layers.functional import upcast
 from paracube.executor.layers.kv_heads import expand as expand_kv
@@ -90,80 +95,6 @@ def load_balanced(t: Tensor, cp: int, i: int) -> Tensor:
     return t[:, chunk_positions(t.shape[1], cp, i, t.device)].contiguous()
 
 
-# --- block math ---------------------------------------------------------------------------------------------
-def _scores(q: Tensor, k: Tensor, allowed: Tensor) -> Tensor:
-    s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    return s.masked_fill(~allowed, float("-inf"))
-
-
-# Scores elements of one query tile: a block's S, P and dS are [b, H, rows, m] per tile, not [b, H, n, m] (1 GiB
-# each in fp32 for 4 heads of 8,192 queries against 8,192 keys, seq 16,384 at cp=2: the executor was killed for
-# memory on a 2.9 GiB rank where the plan priced 137 MiB), so a block stays near the flash kernel's footprint. Rows
-# are independent (softmax, L, O, dQ); dK, dV sum over the tiles. A block within one tile runs as one (every test
-# size), unchanged.
-TILE_ELEMENTS = 1 << 24
-
-
-def _row_tiles(q: Tensor, m: int, tile: int) -> list[slice]:
-    """Query-row slices of q [b, H, n, d] against m keys, each of at most `tile` scores (one row at least)."""
-    n = q.shape[-2]
-    rows = max(1, tile // max(1, q.shape[0] * q.shape[1] * m))
-    return [slice(i, min(n, i + rows)) for i in range(0, n, rows)]
-
-
-def block_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, tile: int = TILE_ELEMENTS
-                  ) -> tuple[Tensor, Tensor]:
-    """Upcast q [b, H, n, d], k, v [b, H, m, d], allowed [n, m] -> (softmax(S) V, L [b, H, n, 1]); a row with
-    no allowed key has output 0 and L = -inf. By query tiles of at most `tile` scores (TILE_ELEMENTS)."""
-    tiles = _row_tiles(q, k.shape[-2], tile)
-    if len(tiles) == 1:
-        return _block_forward(q, k, v, allowed)
-    parts = [_block_forward(q[..., r, :], k, v, allowed[r]) for r in tiles]
-    return torch.cat([o for o, _ in parts], dim=-2), torch.cat([lse for _, lse in parts], dim=-2)
-
-
-def _block_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
-    s = _scores(q, k, allowed)
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(s - m)
-    total = e.sum(-1, keepdim=True)
-    out = torch.matmul(e, v) / torch.where(total > 0, total, torch.ones_like(total))
-    return out, m + torch.log(total)
-
-
-def merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
-    """Online-softmax merge of two blocks' (output, L); `lse` finite (the rank's own block came first)."""
-    new = torch.logaddexp(lse, lse_b)
-    return out * torch.exp(lse - new) + out_b * torch.exp(lse_b - new), new
-
-
-def block_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor, lse: Tensor,
-                   delta: Tensor, tile: int = TILE_ELEMENTS) -> tuple[Tensor, Tensor, Tensor]:
-    """(dQ, dK, dV) of one block, upcast operands, with the final L and D = rowsum(dO * O) (module docstring); by
-    query tiles of at most `tile` scores (TILE_ELEMENTS): dQ's rows are the tiles', dK and dV their sum."""
-    tiles = _row_tiles(q, k.shape[-2], tile)
-    if len(tiles) == 1:
-        return _block_backward(q, k, v, allowed, do, lse, delta)
-    dq, dk, dv = [], torch.zeros_like(k), torch.zeros_like(v)
-    for r in tiles:
-        dq_t, dk_t, dv_t = _block_backward(q[..., r, :], k, v, allowed[r], do[..., r, :], lse[..., r, :],
-                                           delta[..., r, :])
-        dq.append(dq_t)
-        dk += dk_t
-        dv += dv_t
-    return torch.cat(dq, dim=-2), dk, dv
-
-
-def _block_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor, lse: Tensor,
-                    delta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    p = torch.exp(_scores(q, k, allowed) - lse)
-    dv = torch.matmul(p.transpose(-1, -2), do)
-    ds = p * (torch.matmul(do, v.transpose(-1, -2)) - delta)
-    return torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-1, -2), q) * scale, dv
-
-
 # --- the ring -------------------------------------------------------------------------------------------------
 class _Ring:
     """This rank's cp ring: peers, positions of every rank's tokens, recorded sends."""
@@ -186,9 +117,36 @@ class _Ring:
         """Mask [n, n] of this rank's queries against cp rank j's keys (global positions; attention_mask.py)."""
         return visible(self.pos[self.i], self.pos[j], self.window)
 
-    def allowed_all(self) -> Tensor:
-        """Mask [n, s] of this rank's queries against every rank's keys, in cp index order (the gathered KV)."""
-        return visible(self.pos[self.i], torch.cat(self.pos), self.window)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, j: int, out: Tensor | None, lse: Tensor | None
+               ) -> tuple[Tensor | None, Tensor | None]:
+        """(out, L) with cp rank j's block merged in: q [b, H, n, d_k] upcast, k, v rank j's upcast and expanded;
+        out, L None before the own block (module docstring: spans, or the windowed block's mask)."""
+        if self.window is None:
+            rows, cols, causal = causal_span(self.cp, self.i, j, q.shape[-2])
+            o, l_j = span_forward(q[..., rows, :], k[..., cols, :], v[..., cols, :], causal)
+        elif self.live[j]:  # the own block (j = i) always is: each query sees itself
+            rows = slice(None)
+            o, l_j = block_forward(q, k, v, self.allowed(j))
+        else:
+            return out, lse
+        if out is None or lse is None:
+            return o, l_j
+        out[..., rows, :], lse[..., rows, :] = merge(out[..., rows, :], lse[..., rows, :], o, l_j)
+        return out, lse
+
+    def grads(self, q: Tensor, k: Tensor, v: Tensor, j: int, do: Tensor, out: Tensor, lse: Tensor, delta: Tensor
+              ) -> tuple[Tensor, Tensor, Tensor]:
+        """(dQ, dK, dV) of cp rank j's block against the final upcast out, L and D (attend's operands; dK, dV in
+        the expanded heads), zeros where the block computes nothing."""
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        if self.window is None:
+            rows, cols, causal = causal_span(self.cp, self.i, j, q.shape[-2])
+            dq[..., rows, :], dk[..., cols, :], dv[..., cols, :] = span_backward(
+                q[..., rows, :], k[..., cols, :], v[..., cols, :], causal, do[..., rows, :], out[..., rows, :],
+                lse[..., rows, :], delta[..., rows, :])
+        elif self.live[j]:
+            dq, dk, dv = block_backward(q, k, v, self.allowed(j), do, lse, delta)
+        return dq, dk, dv
 
     def exchange(self, t: Tensor, tag: int, label: str, backward: bool) -> tuple[list[Any], Tensor]:
         """Post the send of t to the next rank and the receive of as much from the previous one; the requests
@@ -226,10 +184,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(ring.cp):
             # The next block's exchange is posted before this block's attention: it runs while we compute.
             reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, False) if step < ring.cp - 1 else ([], held)
-            j = (ring.i - step) % ring.cp
-            if ring.live[j]:  # the own block (step 0) always is: each query sees itself
-                o, l_j = block_forward(qf, *unpack(held, dk_w, group), ring.allowed(j))
-                out, lse = (o, l_j) if out is None else merge(out, lse, o, l_j)  # type: ignore[arg-type]
+            out, lse = ring.attend(qf, *unpack(held, dk_w, group), (ring.i - step) % ring.cp, out, lse)
             _wait(reqs)
             held = buf
         out, lse = sink_merge(out, lse, sinks)  # type: ignore[arg-type]  # once per query row (sinks.py)
@@ -244,21 +199,18 @@ class _RingAttention(torch.autograd.Function):
         mesh, s, window = ctx.args
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
-        qf, do = upcast(q), upcast(grad)
-        delta = (do * upcast(out)).sum(-1, keepdim=True)
+        qf, do, outf = upcast(q), upcast(grad), upcast(out)
+        delta = (do * outf).sum(-1, keepdim=True)
         dq = torch.zeros_like(qf)
         held, dk_w = pack(k, v), k.shape[-1]
         arriving: Tensor | None = None  # the partial dK, dV of the block held, from the previous rank
         arriving_reqs: list[Any] = []
         for step in range(ring.cp):
             reqs, buf = ring.exchange(held, KV_TAG, ring.kv_label, True) if step < ring.cp - 1 else ([], held)
-            j = (ring.i - step) % ring.cp
-            if ring.live[j]:
-                dq_j, dk, dv = block_backward(qf, *unpack(held, dk_w, group), ring.allowed(j), do, lse, delta)
-                dq += dq_j
-                mine = pack(fold_kv(dk, group), fold_kv(dv, group))
-            else:  # no query here sees the block: it adds nothing to dK, dV, which still travel on with it
-                mine = torch.zeros(held.shape, dtype=qf.dtype, device=qf.device)
+            dq_j, dk, dv = ring.grads(qf, *unpack(held, dk_w, group), (ring.i - step) % ring.cp, do, outf, lse,
+                                      delta)
+            dq += dq_j
+            mine = pack(fold_kv(dk, group), fold_kv(dv, group))
             if arriving is not None:
                 _wait(arriving_reqs)  # posted in the previous step
                 mine = mine + upcast(arriving)
@@ -274,7 +226,8 @@ class _RingAttention(torch.autograd.Function):
 
 
 class _GatherAttention(torch.autograd.Function):
-    """Attention of q over the all-gathered k, v of every cp rank (cpc=ag, module docstring)."""
+    """Attention of q over the all-gathered k, v of every cp rank (cpc=ag, module docstring), block by block in the
+    ring's order (own first)."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, s: int, window: int | None,
@@ -282,8 +235,14 @@ class _GatherAttention(torch.autograd.Function):
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         kv = all_gather(pack(k, v), mesh, CP, SEQ, label=ring.kv_label)  # [b, kv, s, d_k + d_v], cp index order
-        out, lse = block_forward(upcast(q), *unpack(kv, k.shape[-1], group), ring.allowed_all())
-        out, lse = sink_merge(out, lse, sinks)
+        keys, values = unpack(kv, k.shape[-1], group)
+        qf, n = upcast(q), q.shape[-2]
+        out = lse = None
+        for step in range(ring.cp):
+            j = (ring.i - step) % ring.cp
+            out, lse = ring.attend(qf, keys[..., j * n:(j + 1) * n, :], values[..., j * n:(j + 1) * n, :], j, out,
+                                   lse)
+        out, lse = sink_merge(out, lse, sinks)  # type: ignore[arg-type]
         result = heads_inner(out.to(q.dtype))
         ctx.save_for_backward(q, k, v, result, lse, sinks)
         ctx.args = (mesh, s, window)
@@ -296,9 +255,15 @@ class _GatherAttention(torch.autograd.Function):
         ring = _Ring(mesh, s, q.device, window)
         group = q.shape[1] // k.shape[1]
         kv = all_gather(pack(k, v), mesh, CP, SEQ, backward=True, label=ring.kv_label)
-        do = upcast(grad)
-        delta = (do * upcast(out)).sum(-1, keepdim=True)
-        dq, dk, dv = block_backward(upcast(q), *unpack(kv, k.shape[-1], group), ring.allowed_all(), do, lse, delta)
+        keys, values = unpack(kv, k.shape[-1], group)
+        qf, do, outf, n = upcast(q), upcast(grad), upcast(out), q.shape[-2]
+        delta = (do * outf).sum(-1, keepdim=True)
+        dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(keys), torch.zeros_like(values)
+        for j in range(ring.cp):
+            cols = slice(j * n, (j + 1) * n)
+            dq_j, dk[..., cols, :], dv[..., cols, :] = ring.grads(qf, keys[..., cols, :], values[..., cols, :], j, do,
+                                                                  outf, lse, delta)
+            dq += dq_j
         dkv = reduce_scatter(pack(fold_kv(dk, group), fold_kv(dv, group)).to(k.dtype), mesh, CP, SEQ,
                              backward=True, label=ring.dkv_label)
         dk_, dv_ = dkv.split([k.shape[-1], v.shape[-1]], dim=-1)
@@ -324,5 +289,4 @@ def context_parallel_attention(qkv: Tensor, heads: int, s: int, mesh: Mesh, wind
     return context_attention(q, k, v, mesh, s, window).transpose(1, 2).reshape(b, n, heads * d)
 
 
-__all__ = ["block_backward", "block_forward", "chunk_positions", "chunk_ranges", "context_attention",
-           "context_parallel_attention", "load_balanced", "merge"]
+__all__ = ["chunk_positions", "chunk_ranges", "context_attention", "context_parallel_attention", "load_balanced"]
