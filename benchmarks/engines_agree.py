@@ -12,10 +12,11 @@ runs_csv.py), as the search that chose the layout did; `--bucket default` prices
 global batch and sequence, seeded), the search's three best layouts of each priced by both engines: the layouts a
 user is handed, beyond the rows the tests pin (tests/test_moe_cost.py test_engines_agree_within_2_percent, ...).
 Found so (2026-12-04): MoE expert gradients over dp under interleaving, overlapped (the engines 2-7% apart; fixed:
-moe_step.interleaved_windows, moe_program._per_chunk). Left: MoE at zero=3 with ep (torchtitan's plans; event +2..6%,
-A100 and GB200 alike): the all_to_alls run beside the FSDP units' asynchronous reduce-scatters and prefetched gathers on
-the same links, which the event engine shares max-min and the analytic model does not count (moe_contention.py has
-the NIC case of the expert gradients only): the backward's dispatch / combine 1.3-1.6x slower there (seeds 5 and 7).
+moe_step.interleaved_windows, moe_program._per_chunk); MoE at zero=3 with ep (torchtitan's plans; event +2..6%):
+the backward's all_to_alls beside the FSDP units' asynchronous reduce-scatters on the same links, which the event
+engine shares max-min (dispatch / combine 1.6-2x their forward time) and the analytic model did not count (fixed
+2026-12-05 for rings on one node: moe_contention.beside; 3.0% -> 0.0%). Left: the same with the rings over nodes (their
+NVLink hops, 3-5%), pipelines of 2 micro-batches (up to 9%), DeepSpeed MoE plans on B200 (-3.8%).
 Usage: python benchmarks/engines_agree.py [--runs CSV] [--only NAME ...] [--bucket run|default]
        python benchmarks/engines_agree.py --sample 20 [--seed 1]
 """

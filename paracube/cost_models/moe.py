@@ -297,7 +297,11 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
                               rerun_f + out.issue_bwd + sum(tb[:half_b]),
                               ab + again + mbw + rerun_f + b.bwd + out.issue_bwd + cb, b.bwd, sum(tb[half_b:]),
                               sum(comm_time(e, links, 1.0, g) for e in unit.fwd),
-                              sum(comm_time(e, links, 1.0, g) for e in unit.bwd_scatter), layout.overlap)
+                              sum(comm_time(e, links, 1.0, g) for e in unit.bwd_scatter), layout.overlap,
+                              a2a_head=sum(t for e, t in zip(b.events_bwd[half_b:], tb[half_b:], strict=True)
+                                           if routed(e)),
+                              a2a_tail=sum(t for e, t in zip(b.events_bwd[:half_b], tb[:half_b], strict=True)
+                                           if routed(e)))
         else:  # in line
             out.comm += sum(out.units.values())
             out.comm_bwd += k * unit_bwd

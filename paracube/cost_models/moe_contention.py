@@ -15,6 +15,16 @@ u the uncontended progress of that backward: real time u (1 - x) + u x s, gradie
 u (1 + x (s - 2)). The gradients (G seconds alone) end at u_g = G / (1 + x (s - 2)), so
     exposed = u x (s - 1) + max(0, G - (C + A)(1 + x (s - 2))),   u = min(C + A, u_g):
 the backward's delay, plus the gradients the backward did not cover. s = 1 (no shared NIC): max(0, G - C).
+
+Beside an FSDP unit's reduce-scatter (zero >= 2, pp = 1, `overlap`: moe_fsdp.Chain): a block's backward all_to_all
+(D seconds alone) starts while the stream still has W seconds of reduce-scatter (alone) queued, on links both use:
+an expert unit's over edp right after the experts' backward (the dispatch's backward follows), the block's dense
+unit's over the data axes as its backward ends (the next block's combine backward follows). Max-min sharing as
+above, per byte 1 / B'_a2a = max(n_a + n_r, o_a + o_r), the ring's (n_r, o_r) = (1 / B_ring, 0) over nodes, (0,
+1 / B_ring) on one node (`rates`: s_a, s_r, each flow's slowdown while both run). The one of the two that finishes
+first ends at D s_a or W s_r; so (`beside`), when D s_a <= W s_r the all_to_all takes e = D (s_a - 1) more and the
+queue ends D s_a (1 - 1 / s_r) later, else e = W s_r (1 - 1 / s_a) and the queue W (s_r - 1) later (one shared
+bottleneck: e = min(D (s - 1), W), the queue D or W / (s - 1) later: the link's work is conserved).
 """
 
 from __future__ import annotations
@@ -39,4 +49,27 @@ def exposed_grads(grads: float, compute: float, a2a: float, s: float) -> float:
     return u * x * (s - 1.0) + max(0.0, grads - span * rate)
 
 
-__all__ = ["exposed_grads", "slowdown"]
+def rates(nic: float, other: float, ring_bw: float, ring_on_node: bool) -> tuple[float, float]:
+    """(s_a, s_r): the all_to_all's and the ring's slowdowns while both run (module docstring), from moe_a2a.a2a_terms's
+    (n_a, o_a) and the ring's bandwidth; (1, 1) where either is free."""
+    alone, ring = max(nic, other), 1.0 / ring_bw if ring_bw > 0 else 0.0
+    if alone <= 0 or ring <= 0:  # a group of one rank (bandwidth inf) or no link
+        return 1.0, 1.0
+    ring_nic, ring_other = (0.0, ring) if ring_on_node else (ring, 0.0)
+    # each flow's per byte on the link classes it uses, the other's load added where both do
+    a2a = max(nic + (ring_nic if nic > 0 else 0.0), other + (ring_other if other > 0 else 0.0))
+    ring_both = max(ring_nic + (nic if ring_nic > 0 else 0.0), ring_other + (other if ring_other > 0 else 0.0))
+    return a2a / alone, ring_both / ring
+
+
+def beside(a2a: float, queued: float, s_a: float, s_r: float) -> tuple[float, float]:
+    """(seconds the all_to_all takes beyond `a2a`, seconds the queue's end moves) for `queued` seconds of reduce-scatter
+    ahead of it on the stream (module docstring)."""
+    if a2a <= 0 or queued <= 0:
+        return 0.0, 0.0
+    if a2a * s_a <= queued * s_r:
+        return a2a * (s_a - 1.0), a2a * s_a * (1.0 - 1.0 / s_r)
+    return queued * s_r * (1.0 - 1.0 / s_a), queued * (s_r - 1.0)
+
+
+__all__ = ["beside", "exposed_grads", "rates", "slowdown"]

@@ -19,7 +19,12 @@ first) the same, each unit's reduce-scatter issued as its experts' backward ends
 `overlap`, else in line), all waited for at the backward's end: the one-stream recursion of fsdp_overlap.py over the
 expert units, the work between two issue points a whole block's (dense and MoE). The dense units run their own
 prefetch beside it and share its links (the event engine's max-min; moe_step._unit_stalls counts each expert
-gather as moving its block's dense gather too, each reduce-scatter its dense one where both are asynchronous).
+gather as moving its block's dense gather too, and with `overlap` queues each block's dense reduce-scatter on the same
+stream as the block's backward ends). The backward's all_to_alls share the links of the reduce-scatters queued beside
+them (moe_contention.beside): the dispatch's right after the expert unit's, the next block's combine after the dense
+unit's. On one node (A100, gpt-oss-20b, dp=8 x ep=4, zero=3) that was the engines' 3.0% (now 0.0%); a ring over nodes
+is taken to share the NICs only, its NVLink hops not counted (the event engine's hops take port bandwidth there: the
+same layouts over two nodes stay 3-5% apart).
 Otherwise (pipelines, or no prefetch) they run in line with the block's compute, as the dense units do there.
 Before 2026-12-04 they were not in the step time at all: a search ranked dp = 64 x zero=3 with every expert gathered
 each micro-batch (qwen3-30b-a3b, torchtitan, 64 H100s) first at 2.46 s; priced, it is 3.17 s (event engine 3.15 s)
@@ -36,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paracube.cost_models.dims import Dims
+from paracube.cost_models.moe_contention import beside
 from paracube.estimate import CommEvent
 from paracube.layout import Layout
 from paracube.modes.buckets import padded_numel
@@ -94,7 +100,11 @@ def expert_unit(moe: MoESpec, d: Dims, layout: Layout) -> ExpertUnit:
 class Chain:
     """One micro-batch of a stage (pp = 1) as the expert units' prefetch sees it: k MoE blocks, the work (compute and
     in-line communication, seconds) between their issue and wait points (module docstring), a unit's gather `a`
-    (zero=3, else 0) and reduce-scatter `r` seconds, the layout's `overlap` (reduce-scatters asynchronous)."""
+    (zero=3, else 0) and reduce-scatter `r` seconds, the layout's `overlap` (reduce-scatters asynchronous). With
+    `overlap`, a block's dense unit's reduce-scatter `r_dense` is queued on the same stream as its backward ends, and
+    the backward's routed all_to_alls beside the queue share its links (moe_contention.beside): `a2a_head` right after
+    the experts' backward (the dispatch's) with the rates of the expert unit's ring, `a2a_tail` right before them (the
+    combine's) with the dense unit's."""
 
     k: int
     pre_fwd: float  # from the forward's start to the first MoE block's experts
@@ -106,11 +116,16 @@ class Chain:
     a: float
     r: float
     overlap: bool
+    r_dense: float = 0.0
+    a2a_head: float = 0.0
+    a2a_tail: float = 0.0
+    unit_rates: tuple[float, float] = (1.0, 1.0)  # moe_contention.rates: (all_to_all, ring) slowdowns
+    dense_rates: tuple[float, float] = (1.0, 1.0)
 
     def stalls(self) -> float:
         """Seconds the compute side waits on the units' stream beyond its work (without `overlap` the reduce-scatters
-        in line, after the gather in flight on their links): the one-stream recursion of fsdp_overlap.py over the
-        expert units alone."""
+        in line, after the gather in flight on their links), and its all_to_alls' time beside the stream's queue: the
+        one-stream recursion of fsdp_overlap.py over the expert units and the blocks' dense reduce-scatters."""
         k, a, r = self.k, self.a, self.r
         idle = 0.0
         if a > 0:  # forward: block j + 1's gather issued as block j's experts start, waited as its own start
@@ -131,7 +146,18 @@ class Chain:
             stream = max(stream, t) + r
             if not self.overlap:  # in line: after what the stream has in flight (the same links, one at a time)
                 idle, t = idle + stream - t, stream
-            t += self.block_bwd - self.experts_bwd if j < k - 1 else self.end_bwd
+            extra, later = beside(self.a2a_head, stream - t, *self.unit_rates)
+            idle, t, stream = idle + extra, t + extra, stream + later
+            if j < k - 1:
+                t += self.block_bwd - self.experts_bwd - self.a2a_tail  # this block's backward ends
+                if self.r_dense > 0:
+                    stream = max(stream, t) + self.r_dense
+                    extra, later = beside(self.a2a_tail, stream - t, *self.dense_rates)
+                    idle, t, stream = idle + extra, t + extra, stream + later
+                t += self.a2a_tail
+            else:
+                stream = max(stream, t) + self.r_dense
+                t += self.end_bwd
         return idle + max(0.0, stream - t)
 
 

@@ -25,13 +25,13 @@ import numpy as np
 from paracube.cost_models.compute import GemmModel, stage_compute_time
 from paracube.cost_models.dims import Dims
 from paracube.cost_models.grad_overlap_batch import exposed_grad_time
-from paracube.cost_models.links import LinkCache
+from paracube.cost_models.links import LinkCache, placement_of
 from paracube.cost_models.memory import in_flight as memory_in_flight
 from paracube.cost_models.memory import logit_bytes
 from paracube.cost_models.moe import moe_layers_of, priced, stage_cost
 from paracube.cost_models.moe_a2a import a2a_terms
 from paracube.cost_models.moe_a2a_overlap import combined, overlapped_fraction
-from paracube.cost_models.moe_contention import exposed_grads, slowdown
+from paracube.cost_models.moe_contention import exposed_grads, rates, slowdown
 from paracube.cost_models.moe_dispatch import dispatch_of
 from paracube.cost_models.moe_fsdp import Chain
 from paracube.cost_models.moe_links import expert_links, expert_placement
@@ -85,6 +85,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     dispatch = dispatch_of(model.moe, d.moe_dispatch)
     links = expert_links(layout, cache, dispatch)
     index = {s: stage_index(s, layout.pp, model, layout) for s in STAGE_NAMES}
+    rings = _ring_rates(layout, cache, links, dispatch) if layout.pp == 1 and layout.zero >= 2 else {}
     by_index: dict[int, Any] = {}  # pp <= 2: the middle stage is the first (and with pp = 1 the last): priced once
     for i in index.values():
         if i not in by_index:
@@ -101,7 +102,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     work = {s: float(st.compute[row] + st.micro[row]) + n * (costs[s].compute + costs[s].comm)
             - _a2a_saved(layout, float(st.compute[row]) / n + costs[s].compute - costs[s].waits, costs[s], n, index[s])
             + n * _unit_stalls(costs[s].chain, float(st.compute[row] + st.micro[row]) / n, model, d, layout, g,
-                               {k: float(v[1][row]) / n for k, v in st.fsdp.items()})
+                               {k: float(v[1][row]) / n for k, v in st.fsdp.items()}, rings)
             for s, st in zip(STAGE_NAMES, scores.stages, strict=True)}
     slow = max(STAGE_NAMES, key=lambda s: work[s])
     c = costs[slow]
@@ -189,15 +190,26 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
                           _note(model, layout, c.chain is not None)))
 
 
+def _ring_rates(layout: Layout, cache: LinkCache, links: dict, dispatch: Any) -> dict[str, tuple[float, float]]:
+    """moe_contention.rates of the expert all_to_all beside the expert units' ring (edp, "unit") and the dense units'
+    (the layout's zero axes, "dense")."""
+    nic, other = a2a_terms(cache, expert_placement(layout), ("ep",), dispatch)
+    dense_place, zero_axes = placement_of(layout), tuple(layout.zero_axes)
+    return {"unit": rates(nic, other, links[("edp",)][0], cache.nvlink_share(expert_placement(layout), ("edp",)) >= 1),
+            "dense": rates(nic, other, cache.get(dense_place, zero_axes)[0],
+                           cache.nvlink_share(dense_place, zero_axes) >= 1)}
+
+
 def _unit_stalls(chain: Chain | None, dense: float, model: ModelSpec, d: Dims, layout: Layout, g: GemmModel,
-                 fsdp: dict[str, float]) -> float:
+                 fsdp: dict[str, float], rings: dict[str, tuple[float, float]]) -> float:
     """Seconds a micro-batch of a stage (pp = 1) waits on its prefetched expert units (moe_fsdp.Chain). The dense
     part's work per micro-batch (`dense`: its compute and in-line communication) less the head's (compute.py's head
     and cross entropy, the backward's first work) spread evenly over the blocks, split forward : backward as
     analytic.py splits a micro-batch (1 : 2; 1 : 3 under full recomputation). The dense units' gathers and
     reduce-scatters (`fsdp`: their bandwidth seconds per micro-batch) run beside the experts' in the same windows, one
     block ahead on their own stream, and share their links (the event engine's max-min): each expert gather is taken
-    to move its block's dense one's bytes too, and each reduce-scatter where both are asynchronous."""
+    to move its block's dense one's bytes too; with `overlap` each block's dense reduce-scatter is queued as its
+    backward ends, and the backward's all_to_alls share the links of what is queued (`rings`: _ring_rates)."""
     if chain is None or model.moe is None:
         return 0.0
     n = d.global_batch / (layout.dp * (layout.micro_batch or 1))
@@ -213,7 +225,8 @@ def _unit_stalls(chain: Chain | None, dense: float, model: ModelSpec, d: Dims, l
                    pre_bwd=chain.pre_bwd + (1.0 - share) * head, block_bwd=chain.block_bwd + b,
                    end_bwd=chain.end_bwd + first * b,
                    a=chain.a + gather / 2 if chain.a else 0.0,  # a block's dense gathers: forward, backward
-                   r=chain.r + scatter if chain.overlap else chain.r).stalls()  # else both in line, one at a time
+                   r_dense=scatter if chain.overlap else 0.0,  # else in line, in the dense part's work
+                   unit_rates=rings.get("unit", (1.0, 1.0)), dense_rates=rings.get("dense", (1.0, 1.0))).stalls()
 
 
 def dense_tail(scores: Any, layout: Layout, n: float, share: float, row: int = 0) -> float:
