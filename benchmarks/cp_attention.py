@@ -22,14 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from paracube.executor.layers.attention_blocks import (
-    block_backward,
-    block_forward,
-    causal_span,
-    merge,
-    span_backward,
-    span_forward,
-)
+from paracube.executor.layers import attention_blocks as blocks
 from paracube.executor.layers.context_parallel import chunk_positions
 
 
@@ -39,12 +32,12 @@ def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: list[torch.T
     masks = [pos[i][:, None] >= pos[j][None, :] for j in range(len(pos))]
     for step in range(len(pos)):
         j = (i - step) % len(pos)
-        o, lj = block_forward(q, k[j], v[j], masks[j])
-        out, lse = (o, lj) if out is None else merge(out, lse, o, lj)  # type: ignore[arg-type]
+        o, lj = blocks.block_forward(q, k[j], v[j], masks[j])
+        out, lse = (o, lj) if out is None else blocks.merge(out, lse, o, lj)  # type: ignore[arg-type]
     do = torch.randn_like(out)  # type: ignore[arg-type]
     delta = (do * out).sum(-1, keepdim=True)  # type: ignore[operator]
     for j in range(len(pos)):
-        block_backward(q, k[j], v[j], masks[j], do, lse, delta)  # type: ignore[arg-type]
+        blocks.block_backward(q, k[j], v[j], masks[j], do, lse, delta)  # type: ignore[arg-type]
 
 
 def _spans(q: torch.Tensor, k: list[torch.Tensor], v: list[torch.Tensor], cp: int, i: int) -> None:
@@ -53,17 +46,17 @@ def _spans(q: torch.Tensor, k: list[torch.Tensor], v: list[torch.Tensor], cp: in
     out = lse = None
     for step in range(cp):
         j = (i - step) % cp
-        rows, cols, causal = causal_span(cp, i, j, n)
-        o, lj = span_forward(q[..., rows, :], k[j][..., cols, :], v[j][..., cols, :], causal)
+        rows, cols, causal = blocks.causal_span(cp, i, j, n)
+        o, lj = blocks.span_forward(q[..., rows, :], k[j][..., cols, :], v[j][..., cols, :], causal)
         if out is None or lse is None:
             out, lse = o, lj
         else:
-            out[..., rows, :], lse[..., rows, :] = merge(out[..., rows, :], lse[..., rows, :], o, lj)
+            out[..., rows, :], lse[..., rows, :] = blocks.merge(out[..., rows, :], lse[..., rows, :], o, lj)
     do = torch.randn_like(out)  # type: ignore[arg-type]
     delta = (do * out).sum(-1, keepdim=True)  # type: ignore[operator]
     for j in range(cp):
-        rows, cols, causal = causal_span(cp, i, j, n)
-        span_backward(q[..., rows, :], k[j][..., cols, :], v[j][..., cols, :], causal, do[..., rows, :],
+        rows, cols, causal = blocks.causal_span(cp, i, j, n)
+        blocks.span_backward(q[..., rows, :], k[j][..., cols, :], v[j][..., cols, :], causal, do[..., rows, :],
                       out[..., rows, :], lse[..., rows, :], delta[..., rows, :])  # type: ignore[index]
 
 

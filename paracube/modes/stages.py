@@ -122,13 +122,6 @@ def _chunk(k: Any, pp: int, v: int, forward: bool) -> Any:
     return c if forward else v - 1 - c
 
 
-def _chunk(k: Any, pp: int, v: int, forward: bool) -> Any:
-    """Model chunk of the k-th forward (or backward) of a stage (ints or arrays): chunks go up forward, down
-    backward, pp micro-batches at a time."""
-    c = (k % (pp * v)) // pp
-    return c if forward else v - 1 - c
-
-
 def schedule(pp: int, v: int, n_micro: int, stage: int) -> list[tuple[str, int, int]]:
     """Order of (F|B, chunk, micro-batch) on `stage`: 1F1B (v = 1) or Megatron's interleaved 1F1B."""
     total = n_micro * v
