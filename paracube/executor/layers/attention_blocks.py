@@ -47,9 +47,13 @@ def causal_span(cp: int, i: int, j: int, n: int) -> Span:
     return slice(half, n), slice(0, n), False
 
 
+# A private aten op (torch 2.13 has it): a torch without it runs the explicit scores.
+_FUSED_CPU = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
 def fused(t: Tensor) -> bool:
     """Whether spans of `t`'s device run the fused kernel (module docstring: CPU)."""
-    return t.device.type == "cpu"
+    return _FUSED_CPU and t.device.type == "cpu"
 
 
 def _padded(t: Tensor, width: int) -> Tensor:
