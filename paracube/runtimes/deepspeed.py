@@ -46,6 +46,10 @@ RUNTIME = Runtime(
     param_gather_16bit=True,
     grad_bytes=2,  # ZeRO keeps 16-bit gradients (the ZeRO paper's 2 + 2 + 12 bytes per parameter)
     expert_parallel=True,  # DeepSpeed-MoE ep_size; no tensor parallelism inside experts
+    # its gate sizes the dispatch buffers on the host every MoE forward: dropless, the capacity is the largest expert
+    # count (all-reduced over ep), then int(C) (deepspeed 0.19.8 moe/sharded_moe.py l.467-475, l.665-667; with a
+    # capacity factor int(C) syncs too, not priced: host_sync.py counts dropless blocks). No host op counts declared.
+    moe_host_sync=True,
     expert_tensor_parallel=False,
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",
