@@ -58,10 +58,13 @@ def _print_breakdown(console: Any, est: StepEstimate, events: bool) -> None:
     for part, value in est.memory.to_dict().items():
         if part != "total":
             table.add_row(f"  memory: {part}", human_bytes(value))
+    # the analytic engine's are each collective's own seconds summed (overlapped ones included), the event engine's
+    # the seconds the step waits on them: labelled so, side by side they differ by what overlap hides
+    how = "exposed" if est.engine == "event" else "serialized"
     for axis, t in sorted(est.comm_time_by_axis.items(), key=lambda kv: -kv[1]):
-        table.add_row(f"  comm on axis {axis}", human_time(t))
+        table.add_row(f"  comm on axis {axis} ({how})", human_time(t))
     for kind, t in sorted(est.comm_time_by_kind.items(), key=lambda kv: -kv[1]):
-        table.add_row(f"  comm {kind}", human_time(t))
+        table.add_row(f"  comm {kind} ({how})", human_time(t))
     table.add_row("collectives per step", str(len(est.events)))
     console.print(table)
     for note in est.notes:
