@@ -11,7 +11,10 @@ tokens (rank i holds chunks i and 2 cp - 1 - i), its n = s / cp queries against 
 - "SDPA whole sequence / cp": torch's causal SDPA of the whole sequence (no cp), forward and backward, divided
   by cp: the per-rank share of the same work without context parallelism, the bound a cp core can approach.
 Prints seconds per rank (mean over ranks and --repeats) and ratios, side by side.
+`--window W`: instead, a sliding window's live blocks, explicit masked scores (before) against the fused kernel on
+each query tile's band of keys (attention_blocks.masked_forward, the executor now).
 Usage: python benchmarks/cp_attention.py [--seq 8192] [--cp 2] [--heads 4] [--head-dim 64] [--repeats 2]
+       [--window W]
 """
 
 from __future__ import annotations
@@ -23,21 +26,29 @@ import torch
 import torch.nn.functional as F
 
 from paracube.executor.layers import attention_blocks as blocks
+from paracube.executor.layers.attention_mask import visible
 from paracube.executor.layers.context_parallel import chunk_positions
 
 
-def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: list[torch.Tensor], i: int) -> None:
-    """Rank i's blocks whole, masked, forward then backward (the ring's order; no exchange)."""
+def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: list[torch.Tensor], i: int,
+            window: int | None = None, fused: bool = False) -> None:
+    """Rank i's blocks whole with their masks (causal, or within `window`), forward then backward (the ring's order;
+    no exchange; a block no query sees skipped, as the ring skips it): explicit scores, or (`fused`) the band boxes
+    of attention_blocks.masked_forward."""
     out = lse = None
-    masks = [pos[i][:, None] >= pos[j][None, :] for j in range(len(pos))]
-    for step in range(len(pos)):
-        j = (i - step) % len(pos)
-        o, lj = blocks.block_forward(q, k[j], v[j], masks[j])
+    masks = [visible(pos[i], pos[j], window) for j in range(len(pos))]
+    live = [j for j in ((i - step) % len(pos) for step in range(len(pos))) if bool(masks[j].any())]
+    for j in live:
+        fwd = blocks.masked_forward if fused else blocks.block_forward
+        o, lj = fwd(q, k[j], v[j], masks[j])
         out, lse = (o, lj) if out is None else blocks.merge(out, lse, o, lj)  # type: ignore[arg-type]
     do = torch.randn_like(out)  # type: ignore[arg-type]
     delta = (do * out).sum(-1, keepdim=True)  # type: ignore[operator]
-    for j in range(len(pos)):
-        blocks.block_backward(q, k[j], v[j], masks[j], do, lse, delta)  # type: ignore[arg-type]
+    for j in live:
+        if fused:
+            blocks.masked_backward(q, k[j], v[j], masks[j], do, out, lse, delta)  # type: ignore[arg-type]
+        else:
+            blocks.block_backward(q, k[j], v[j], masks[j], do, lse, delta)  # type: ignore[arg-type]
 
 
 def _spans(q: torch.Tensor, k: list[torch.Tensor], v: list[torch.Tensor], cp: int, i: int) -> None:
@@ -67,6 +78,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--window", type=int, default=None, help="sliding window: its blocks, explicit vs band boxes")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -87,6 +99,14 @@ def main() -> None:
         x = qs.clone().requires_grad_()
         F.scaled_dot_product_attention(x, ks, vs, is_causal=True).backward(torch.randn_like(qs))
 
+    if a.window is not None:
+        before = sum(timed(lambda i=i: _masked(q[i], k, v, pos, i, a.window)) for i in range(cp)) / cp
+        now = sum(timed(lambda i=i: _masked(q[i], k, v, pos, i, a.window, True)) for i in range(cp)) / cp
+        print(f"seq {s}, cp {cp}, window {a.window}, {a.heads} heads of {d}, fp32, 1 thread: seconds per cp rank, "
+              "forward + backward of its live blocks")
+        print(f"  explicit masked scores (before)  {before:8.3f} s   {before / now:5.2f} x now")
+        print(f"  fused band boxes (executor now)  {now:8.3f} s   1.00 x now")
+        return
     masked = sum(timed(lambda i=i: _masked(q[i], k, v, pos, i)) for i in range(cp)) / cp
     spans = sum(timed(lambda i=i: _spans(q[i], k, v, cp, i)) for i in range(cp)) / cp
     whole = timed(sdpa) / cp

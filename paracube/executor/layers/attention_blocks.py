@@ -21,8 +21,10 @@ back in the backward (aten._scaled_dot_product_flash_attention_for_cpu and its _
 torch.distributed.tensor.experimental's ring attention calls; fp32 and fp64 operands, causal or full); widths
 d_k != d_v (MLA) are zero-padded to one width with the scale kept at 1 / sqrt(d_k) (zero columns add nothing to
 a score and give zero output columns, dropped). Elsewhere (CUDA: the flash kernels there take 16-bit operands only,
-this path's statistics are fp32; no GPU run of this module yet) and for masked blocks, the explicit scores by query
-tiles of at most TILE_ELEMENTS (`block_forward`, `block_backward`). Operands arrive upcast (functional.upcast):
+this path's statistics are fp32; no GPU run of this module yet), the explicit scores by query tiles of at most
+TILE_ELEMENTS (`block_forward`, `block_backward`). A block under a sliding window (`masked_forward`,
+`masked_backward`) runs the fused kernel too on CPU, tile by tile on the band of keys each tile sees, its mask as an
+additive bias. Operands arrive upcast (functional.upcast):
 fp32, or fp64 for the fp64 equivalence tests.
 """
 
@@ -35,6 +37,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 Span = tuple[slice, slice, bool]  # query rows, key columns, causal (else every pair visible)
+# Scores elements of one query tile: a block's S, P and dS are [b, H, rows, m] per tile, not [b, H, n, m] (1 GiB
+# each in fp32 for 4 heads of 8,192 queries against 8,192 keys, seq 16,384 at cp=2: the executor was killed for
+# memory on a 2.9 GiB rank where the plan priced 137 MiB), so a block stays near the flash kernel's footprint. Rows
+# are independent (softmax, L, O, dQ); dK, dV sum over the tiles. masked_forward's boxes are tiled alike.
+TILE_ELEMENTS = 1 << 24
 
 
 def causal_span(cp: int, i: int, j: int, n: int) -> Span:
@@ -88,14 +95,61 @@ def span_backward(q: Tensor, k: Tensor, v: Tensor, causal: bool, do: Tensor, out
     return dq[..., :d_k], dk[..., :d_k], dv[..., :d_v]
 
 
+def masked_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, tile: int = TILE_ELEMENTS
+                   ) -> tuple[Tensor, Tensor]:
+    """block_forward of a block under an arbitrary mask (sliding windows): on CPU by query tiles of at most `tile`
+    scores, each through the fused kernel on the box of key columns its rows see (a window's band: rows x (rows + w)),
+    with the box's mask as an additive -inf bias; a row that sees no key gets output 0 and L = -inf (the kernel gives
+    L = 0 there), a tile that sees none is not run."""
+    if not fused(q):
+        return block_forward(q, k, v, allowed, tile)
+    out = q.new_zeros(*q.shape[:-1], v.shape[-1])
+    lse = q.new_full((*q.shape[:-1], 1), float("-inf"))
+    for rows, cols, box in _boxes(q, allowed, tile):
+        width = max(q.shape[-1], v.shape[-1])
+        bias = torch.zeros(box.shape, dtype=q.dtype, device=q.device).masked_fill(~box, float("-inf"))
+        o, l_t = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *(_padded(t, width) for t in (q[..., rows, :], k[..., cols, :], v[..., cols, :])), 0.0, False,
+            attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))[:2]
+        out[..., rows, :] = o[..., :v.shape[-1]]
+        lse[..., rows, :] = l_t.masked_fill(~box.any(1), float("-inf")).unsqueeze(-1)
+    return out, lse
+
+
+def masked_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor, out: Tensor, lse: Tensor,
+                    delta: Tensor, tile: int = TILE_ELEMENTS) -> tuple[Tensor, Tensor, Tensor]:
+    """block_backward of a masked block against the final out, L and D of its rows, by masked_forward's boxes (a row
+    that sees no key of the box: its scores are -inf, so it adds nothing whatever its final L)."""
+    if not fused(q):
+        return block_backward(q, k, v, allowed, do, lse, delta, tile)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    width = max(d_k, d_v)
+    for rows, cols, box in _boxes(q, allowed, tile):
+        bias = torch.zeros(box.shape, dtype=q.dtype, device=q.device).masked_fill(~box, float("-inf"))
+        g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            *(_padded(t, width) for t in (do[..., rows, :], q[..., rows, :], k[..., cols, :], v[..., cols, :],
+                                          out[..., rows, :])),
+            lse[..., rows, :].squeeze(-1), 0.0, False, attn_mask=bias, scale=1.0 / math.sqrt(d_k))
+        dq[..., rows, :] += g_q[..., :d_k]
+        dk[..., cols, :] += g_k[..., :d_k]
+        dv[..., cols, :] += g_v[..., :d_v]
+    return dq, dk, dv
+
+
+def _boxes(q: Tensor, allowed: Tensor, tile: int) -> list[tuple[slice, slice, Tensor]]:
+    """(query rows, key columns, their mask) of each query tile that sees a key: the columns from its first visible
+    key to its last."""
+    out = []
+    for rows in _row_tiles(q, allowed.shape[-1], tile):
+        seen = allowed[rows].any(0).nonzero()
+        if seen.numel():
+            cols = slice(int(seen[0]), int(seen[-1]) + 1)
+            out.append((rows, cols, allowed[rows, cols]))
+    return out
+
+
 # --- explicit scores (masked blocks; devices without the fused kernel) -----------------------------------------
-# Scores elements of one query tile: a block's S, P and dS are [b, H, rows, m] per tile, not [b, H, n, m] (1 GiB
-# each in fp32 for 4 heads of 8,192 queries against 8,192 keys, seq 16,384 at cp=2: the executor was killed for
-# memory on a 2.9 GiB rank where the plan priced 137 MiB), so a block stays near the flash kernel's footprint. Rows
-# are independent (softmax, L, O, dQ); dK, dV sum over the tiles.
-TILE_ELEMENTS = 1 << 24
-
-
 def _scores(q: Tensor, k: Tensor, allowed: Tensor) -> Tensor:
     s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return s.masked_fill(~allowed, float("-inf"))
@@ -161,5 +215,5 @@ def _block_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor
     return torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-1, -2), q) * scale, dv
 
 
-__all__ = ["TILE_ELEMENTS", "Span", "block_backward", "block_forward", "causal_span", "fused", "merge",
-           "span_backward", "span_forward"]
+__all__ = ["TILE_ELEMENTS", "Span", "block_backward", "block_forward", "causal_span", "fused", "masked_backward",
+           "masked_forward", "merge", "span_backward", "span_forward"]

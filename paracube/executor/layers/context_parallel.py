@@ -14,8 +14,9 @@ per rank, merged by online softmax in fp32 (fp64 for an fp64 model: functional.u
 dtype (attention_blocks.py: the math, the kernels). A rank's own block comes first (each query reads itself, so L
 stays finite). Full causal attention computes each block's causal span only (attention_blocks.causal_span: the
 own block causal, an earlier rank's early chunk and a later rank's keys for the late chunk's queries, whole); a
-block under a sliding window is computed whole with its mask where any query sees it. Grouped-query attention
-repeats a kv head over its query heads inside the block and sums their dK, dV back.
+block under a sliding window is computed with its mask (masked_forward: each query tile on the band of keys it
+sees) where any query sees it. Grouped-query attention repeats a kv head over its query heads inside the block and
+sums their dK, dV back.
 
 The exchanges (`cpc`), KV = [b, kv heads, n, d_k + d_v] of the rank's k and v side by side (`pack`) in the
 compute dtype (d_k = d_v but for MLA: keys of qk_nope + qk_rope, values of v_head_dim per head, executor/layers/mla.py;
@@ -47,9 +48,9 @@ from torch import Tensor
 
 from paracube.executor.comm import all_gather, reduce_scatter
 from paracube.executor.layers.attention_blocks import (
-    block_backward,
-    block_forward,
     causal_span,
+    masked_backward,
+    masked_forward,
     merge,
     span_backward,
     span_forward,
@@ -126,7 +127,7 @@ class _Ring:
             o, l_j = span_forward(q[..., rows, :], k[..., cols, :], v[..., cols, :], causal)
         elif self.live[j]:  # the own block (j = i) always is: each query sees itself
             rows = slice(None)
-            o, l_j = block_forward(q, k, v, self.allowed(j))
+            o, l_j = masked_forward(q, k, v, self.allowed(j))
         else:
             return out, lse
         if out is None or lse is None:
@@ -145,7 +146,7 @@ class _Ring:
                 q[..., rows, :], k[..., cols, :], v[..., cols, :], causal, do[..., rows, :], out[..., rows, :],
                 lse[..., rows, :], delta[..., rows, :])
         elif self.live[j]:
-            dq, dk, dv = block_backward(q, k, v, self.allowed(j), do, lse, delta)
+            dq, dk, dv = masked_backward(q, k, v, self.allowed(j), do, out, lse, delta)
         return dq, dk, dv
 
     def exchange(self, t: Tensor, tag: int, label: str, backward: bool) -> tuple[list[Any], Tensor]:
