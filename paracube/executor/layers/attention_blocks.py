@@ -73,14 +73,30 @@ def _mask(rows: int, cols: int, causal: bool, device: torch.device) -> Tensor:
     return full.tril() if causal else full
 
 
+def _flash(q: Tensor, k: Tensor, v: Tensor, causal: bool, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The fused CPU kernel's (output [.., d_v], L [.., 1]), widths padded to one and the scale kept 1 / sqrt(d_k)."""
+    width = max(q.shape[-1], v.shape[-1])
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        *(_padded(t, width) for t in (q, k, v)), 0.0, causal, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))[:2]
+    return out[..., :v.shape[-1]], lse.unsqueeze(-1)
+
+
+def _flash_backward(q: Tensor, k: Tensor, v: Tensor, causal: bool, do: Tensor, out: Tensor, lse: Tensor,
+                    bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused CPU kernel's (dQ, dK, dV) against the final out and L, as _flash pads and scales."""
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    width = max(d_k, d_v)
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        *(_padded(t, width) for t in (do, q, k, v, out)), lse.squeeze(-1), 0.0, causal, attn_mask=bias,
+        scale=1.0 / math.sqrt(d_k))
+    return dq[..., :d_k], dk[..., :d_k], dv[..., :d_v]
+
+
 def span_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
     """(softmax(S) V [b, H, rows, d_v], L [b, H, rows, 1]) of a span's q [b, H, rows, d_k], k, v [b, H, cols, d]."""
     if not fused(q):
         return block_forward(q, k, v, _mask(q.shape[-2], k.shape[-2], causal, q.device))
-    width = max(q.shape[-1], v.shape[-1])
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        *(_padded(t, width) for t in (q, k, v)), 0.0, causal, scale=1.0 / math.sqrt(q.shape[-1]))[:2]
-    return out[..., :v.shape[-1]], lse.unsqueeze(-1)
+    return _flash(q, k, v, causal)
 
 
 def span_backward(q: Tensor, k: Tensor, v: Tensor, causal: bool, do: Tensor, out: Tensor, lse: Tensor,
@@ -88,11 +104,7 @@ def span_backward(q: Tensor, k: Tensor, v: Tensor, causal: bool, do: Tensor, out
     """(dQ, dK, dV) of a span against the final output `out`, L `lse` and D `delta` of its rows."""
     if not fused(q):
         return block_backward(q, k, v, _mask(q.shape[-2], k.shape[-2], causal, q.device), do, lse, delta)
-    d_k, d_v = q.shape[-1], v.shape[-1]
-    width = max(d_k, d_v)
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        *(_padded(t, width) for t in (do, q, k, v, out)), lse.squeeze(-1), 0.0, causal, scale=1.0 / math.sqrt(d_k))
-    return dq[..., :d_k], dk[..., :d_k], dv[..., :d_v]
+    return _flash_backward(q, k, v, causal, do, out, lse)
 
 
 def masked_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, tile: int = TILE_ELEMENTS
@@ -106,13 +118,9 @@ def masked_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, tile: int =
     out = q.new_zeros(*q.shape[:-1], v.shape[-1])
     lse = q.new_full((*q.shape[:-1], 1), float("-inf"))
     for rows, cols, box in _boxes(q, allowed, tile):
-        width = max(q.shape[-1], v.shape[-1])
-        bias = torch.zeros(box.shape, dtype=q.dtype, device=q.device).masked_fill(~box, float("-inf"))
-        o, l_t = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            *(_padded(t, width) for t in (q[..., rows, :], k[..., cols, :], v[..., cols, :])), 0.0, False,
-            attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))[:2]
-        out[..., rows, :] = o[..., :v.shape[-1]]
-        lse[..., rows, :] = l_t.masked_fill(~box.any(1), float("-inf")).unsqueeze(-1)
+        o, l_t = _flash(q[..., rows, :], k[..., cols, :], v[..., cols, :], False, _bias(box, q))
+        out[..., rows, :] = o
+        lse[..., rows, :] = l_t.masked_fill(~box.any(1, keepdim=True), float("-inf"))
     return out, lse
 
 
@@ -123,18 +131,18 @@ def masked_backward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, do: Tensor
     if not fused(q):
         return block_backward(q, k, v, allowed, do, lse, delta, tile)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    d_k, d_v = q.shape[-1], v.shape[-1]
-    width = max(d_k, d_v)
     for rows, cols, box in _boxes(q, allowed, tile):
-        bias = torch.zeros(box.shape, dtype=q.dtype, device=q.device).masked_fill(~box, float("-inf"))
-        g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            *(_padded(t, width) for t in (do[..., rows, :], q[..., rows, :], k[..., cols, :], v[..., cols, :],
-                                          out[..., rows, :])),
-            lse[..., rows, :].squeeze(-1), 0.0, False, attn_mask=bias, scale=1.0 / math.sqrt(d_k))
-        dq[..., rows, :] += g_q[..., :d_k]
-        dk[..., cols, :] += g_k[..., :d_k]
-        dv[..., cols, :] += g_v[..., :d_v]
+        g_q, g_k, g_v = _flash_backward(q[..., rows, :], k[..., cols, :], v[..., cols, :], False, do[..., rows, :],
+                                        out[..., rows, :], lse[..., rows, :], _bias(box, q))
+        dq[..., rows, :] += g_q
+        dk[..., cols, :] += g_k
+        dv[..., cols, :] += g_v
     return dq, dk, dv
+
+
+def _bias(box: Tensor, like: Tensor) -> Tensor:
+    """A boolean mask as the fused kernel takes it: 0 where visible, -inf elsewhere, in the operands' dtype."""
+    return torch.zeros(box.shape, dtype=like.dtype, device=like.device).masked_fill(~box, float("-inf"))
 
 
 def _boxes(q: Tensor, allowed: Tensor, tile: int) -> list[tuple[slice, slice, Tensor]]:
