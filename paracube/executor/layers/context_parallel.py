@@ -171,6 +171,17 @@ def heads_inner(out: Tensor) -> Tensor:
     return out.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def _finish(ctx: Any, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, sinks: Tensor | None,
+            args: tuple[Mesh, int, int | None]) -> Tensor:
+    """Both exchanges' forward end: the sinks merged once per query row (sinks.py), the output in q's dtype with its
+    heads inner, what the backward reads saved."""
+    out, lse = sink_merge(out, lse, sinks)
+    result = heads_inner(out.to(q.dtype))
+    ctx.save_for_backward(q, k, v, result, lse, sinks)
+    ctx.args = args
+    return result
+
+
 class _RingAttention(torch.autograd.Function):
     """Attention of q [b, H, n, d] over every cp rank's k, v [b, kv, n, d] by the p2p ring (module docstring)."""
 
@@ -188,18 +199,12 @@ class _RingAttention(torch.autograd.Function):
             out, lse = ring.attend(qf, *unpack(held, dk_w, group), (ring.i - step) % ring.cp, out, lse)
             _wait(reqs)
             held = buf
-        out, lse = sink_merge(out, lse, sinks)  # type: ignore[arg-type]  # once per query row (sinks.py)
-        result = heads_inner(out.to(q.dtype))
-        ctx.save_for_backward(q, k, v, result, lse, sinks)
-        ctx.args = (mesh, s, window)
-        return result
+        return _finish(ctx, q, k, v, out, lse, sinks, (mesh, s, window))  # type: ignore[arg-type]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, sinks = ctx.saved_tensors
-        mesh, s, window = ctx.args
-        ring = _Ring(mesh, s, q.device, window)
-        group = q.shape[1] // k.shape[1]
+        (q, k, v, out, lse, sinks), (mesh, s, window) = ctx.saved_tensors, ctx.args
+        ring, group = _Ring(mesh, s, q.device, window), q.shape[1] // k.shape[1]
         qf, do, outf = upcast(q), upcast(grad), upcast(out)
         delta = (do * outf).sum(-1, keepdim=True)
         dq = torch.zeros_like(qf)
@@ -243,18 +248,12 @@ class _GatherAttention(torch.autograd.Function):
             j = (ring.i - step) % ring.cp
             out, lse = ring.attend(qf, keys[..., j * n:(j + 1) * n, :], values[..., j * n:(j + 1) * n, :], j, out,
                                    lse)
-        out, lse = sink_merge(out, lse, sinks)  # type: ignore[arg-type]
-        result = heads_inner(out.to(q.dtype))
-        ctx.save_for_backward(q, k, v, result, lse, sinks)
-        ctx.args = (mesh, s, window)
-        return result
+        return _finish(ctx, q, k, v, out, lse, sinks, (mesh, s, window))  # type: ignore[arg-type]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, sinks = ctx.saved_tensors
-        mesh, s, window = ctx.args
-        ring = _Ring(mesh, s, q.device, window)
-        group = q.shape[1] // k.shape[1]
+        (q, k, v, out, lse, sinks), (mesh, s, window) = ctx.saved_tensors, ctx.args
+        ring, group = _Ring(mesh, s, q.device, window), q.shape[1] // k.shape[1]
         kv = all_gather(pack(k, v), mesh, CP, SEQ, backward=True, label=ring.kv_label)
         keys, values = unpack(kv, k.shape[-1], group)
         qf, do, outf, n = upcast(q), upcast(grad), upcast(out), q.shape[-2]
