@@ -166,7 +166,8 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     W = work[slow, idx]
     # ranks sharing cores: the idle stages' ranks give their core to the busy ones (shared_cores.py)
     less = middle_excess(d, mode, b, g)[rows] if stages_differ(d) else None  # sliding windows (window_stages.py)
-    bubble = bubble_seconds(work, b.pp[rows], b.v[rows], N, bubble_share(b.pp[rows], g.ranks_per_core), less)
+    bubble = bubble_seconds(work, b.pp[rows], b.v[rows], N, bubble_share(b.pp[rows], g.ranks_per_core), less, d.L,
+                            0.75 if d.recompute == "full" else 2.0 / 3.0)
     step_comm = pick("step")
     if np.any(overlap):  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
         share = 0.75 if d.recompute == "full" else 2.0 / 3.0

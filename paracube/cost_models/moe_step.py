@@ -112,7 +112,8 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     stacked = np.array([[work[s]] for s in STAGE_NAMES])  # the bubble: every other stage's micro-batch
     bubble = float(bubble_seconds(stacked, np.array([layout.pp]), layout.interleave, n,
                                   bubble_share(layout.pp, g.ranks_per_core),
-                                  None if scores.middle_less is None else scores.middle_less[row:row + 1])[0])
+                                  None if scores.middle_less is None else scores.middle_less[row:row + 1], d.L,
+                                  0.75 if d.recompute == "full" else 2.0 / 3.0)[0])
     # Interleaved (v > 1), each model chunk's share G_e / v from the start of its own last backward (the event engine's
     # moe_program._per_chunk): `interleaved_windows`.
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's

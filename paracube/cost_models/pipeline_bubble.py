@@ -9,33 +9,50 @@ after the backwards of the stages after it):
 (head and loss) do other work than the middle ones, so pp - 1 copies of the slowest stage over-count the fill and
 drain by what the lighter stages lack (GPT-3 1.3B on two stages: the event engine, which replays every stage, 2.2%
 under the old form, 0.1% above this one). Interleaved (v > 1), the warm-up runs the devices' chunks of several
-micro-batches in turn and the slowest device's own chunks pace it: Narayanan's (pp - 1) / (v N) of its work,
-kept (the event engine agrees within 1.1% on tests/test_param_overlap.py's interleaved layouts; with the sum of
-the others it ran up to 2.2% above). The three representative stages of stage_scores.STAGES stand for pp
-stages: first, pp - 2 middle ones, last. The bubble only grows when a stage's work grows, so the search's bounds
-(score_bounds.py) stay bounds on links no worse than any placement's.
+micro-batches in turn and the slowest device's own chunks pace it: Narayanan's (pp - 1) / (v N) of its work, kept
+where the layers split evenly over the virtual stages (the event engine agrees within 1.1% on
+tests/test_param_overlap.py's interleaved layouts); given the model's blocks (`layers`), an uneven split has the
+schedule itself replayed over its chunks' costs (pipeline_replay.py). The three representative stages of
+stage_scores.STAGES stand for pp
+stages: first, pp - 2 middle ones, last. The bubble plus the slowest stage's work only grows when a stage's work
+grows (the replay's `lower` form for the bounds), so the search's bounds (score_bounds.py) stay bounds on links no
+worse than any placement's.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from paracube.cost_models.pipeline_replay import interleaved_bubble, uneven
+
 Arr = np.ndarray
 
 
 def bubble_seconds(work: Arr, pp: Arr, v: Arr, N: Arr, share: Arr | float = 1.0,
-                   middle_less: Arr | None = None) -> Arr:
-    """`work`: [3, n] per-micro-batch work of the first, middle and last stage; pp, v, N per layout; `share`: the
-    part of the bubble paid (shared_cores.bubble_share; 1 on accelerators); `middle_less`: what the pp - 2 middle
-    stages' own work falls short of pp - 2 copies of `work[1]` (sliding windows: window_stages.middle_excess; None:
-    equal middle stages)."""
+                   middle_less: Arr | None = None, layers: int | None = None, backward: float = 2.0 / 3.0,
+                   lower: bool = False) -> Arr:
+    """`work`: [3, n] work of the first, middle and last stage over the step's N micro-batches; pp, v, N per layout;
+    `share`: the part of the bubble paid (shared_cores.bubble_share; 1 on accelerators); `middle_less`: what the
+    pp - 2 middle stages' own work falls short of pp - 2 copies of `work[1]` (sliding windows:
+    window_stages.middle_excess; None: equal middle stages); `layers`: the model's blocks, to replay interleaved
+    schedules (None: the closed form), `backward` the backward's share of a micro-batch and `lower` the bounds' form
+    (pipeline_replay.py)."""
     pp = np.asarray(pp)
     total = work[0] + np.maximum(pp - 2, 0) * work[1] + work[2]
     if middle_less is not None:
         total = total - middle_less
     slowest = np.max(work, axis=0)
-    others = np.where(np.asarray(v) > 1, (pp - 1) * slowest, np.where(pp > 1, total - slowest, 0.0))
-    return share * others / (v * N)
+    others = np.where(np.asarray(v) > 1, (pp - 1) * slowest, np.where(pp > 1, total - slowest, 0.0)) / (v * N)
+    if layers is not None:
+        pp_, v_ = (np.broadcast_to(np.asarray(x), slowest.shape) for x in (pp, v))
+        shapes, which = np.unique(np.stack([pp_, v_]).astype(np.int64), axis=1, return_inverse=True)
+        replayed = np.array([k > 1 and uneven(layers, int(p), int(k)) for p, k in shapes.T], dtype=bool)
+        rows = np.flatnonzero(replayed[which.ravel()])
+        if rows.size:
+            others = np.array(np.broadcast_to(others, slowest.shape), dtype=np.float64)
+            others[rows] = interleaved_bubble(work[:, rows], layers, pp_[rows], v_[rows],
+                                              np.broadcast_to(np.asarray(N), slowest.shape)[rows], backward, lower)
+    return share * others
 
 
 __all__ = ["bubble_seconds"]

@@ -35,7 +35,8 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
     per_step = np.min([s.step - s.grad * np.asarray(overlap) + s.optim for s in scores.stages], axis=0)
     N = d.global_batch / (b.dp * b.mb)[rows]
     share = bubble_share(b.pp[rows], ranks_per_core)
-    bound = work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share, scores.middle_less) + per_step
+    bound = work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share, scores.middle_less, d.L,
+                                              0.75 if d.recompute == "full" else 2.0 / 3.0, lower=True) + per_step
     return bound + straggler_wait(bound, b.dp[rows], straggler)
 
 
@@ -58,7 +59,8 @@ def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, rank
     optim = np.min([s.optim for s in scores.stages], axis=0)
     N = d.global_batch / (b.dp * b.mb)[rows]
     share = bubble_share(b.pp[rows], ranks_per_core)
-    bound = work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share, scores.middle_less) + optim
+    bound = work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share, scores.middle_less, d.L,
+                                              0.75 if d.recompute == "full" else 2.0 / 3.0, lower=True) + optim
     return bound + straggler_wait(bound, b.dp[rows], straggler)
 
 

@@ -36,6 +36,7 @@ from typing import NamedTuple
 from paracube.cost_models.analytic import estimate
 from paracube.cost_models.estimate_batch import Batch
 from paracube.cost_models.links import LinkCache
+from paracube.cost_models.pipeline_replay import uneven
 from paracube.cost_models.validity import RuleError
 from paracube.engine_options import EngineOptions
 from paracube.errors import ParacubeError, divisors
@@ -292,11 +293,13 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
     variant holds more chunks in flight) at the first rung of the rcm= ladder above its layout's own (every rung for
     a layout without rcm=) that fits (`rungs`: module_ladder.ladder).
     Pruning: interleaving changes a layout's step in the model only by its bubble ((pp - 1) / (v N) of the slowest
-    device's work, which is at least 1 / v of the v = 1 bubble: pipeline_bubble.py), its pipeline sends (v times
-    as many) and the expert and gradient tails (later, not earlier); the slowest device keeps at least the blocks it
-    held at v = 1. So a variant's step is at least the v = 1 step less (1 - 1 / v) of its bubble: a variant whose
-    bound is no better than the top_k-th best is not priced (unless interleaving turns `a2ao` on: Megatron-core
-    overlaps the all_to_alls with pipelines interleaved only, Runtime.a2a_overlap_refusal). Every v whose virtual
+    device's work where the blocks split evenly over the virtual stages, at least 1 / v of the v = 1 bubble:
+    pipeline_bubble.py; an uneven split's replayed bubble can be less, down to 0: pipeline_replay.py), its pipeline
+    sends (v times as many) and the expert and gradient tails (later, not earlier); the slowest device keeps at least
+    the blocks it held at v = 1. So a variant's step is at least the v = 1 step less (1 - 1 / v) of its bubble (an
+    uneven split's: less all of it): a variant whose bound is no better than the top_k-th best is not priced
+    (unless interleaving turns `a2ao` on: Megatron-core overlaps the all_to_alls with pipelines interleaved only,
+    Runtime.a2a_overlap_refusal). Every v whose virtual
     stages each keep a block (modes/stages.split_ok) is tried: neither memory nor step is monotone in v, the blocks
     splitting over the devices otherwise for each. `mode_bests`: nor is one priced whose bound may beat its tensor
     mode's best so far. `prefetch`: told, per fitted layout, the variants it may price (those its bound keeps at
@@ -313,7 +316,8 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
 
     def kept(var: Layout, est: StepEstimate) -> bool:  # its bound may beat the bar (a larger v's is lower: it may)
         bar = bars.bar(var.mode if mode_bests else None)
-        return var.a2ao or est.step_time_s - est.bubble_time_s * (1.0 - 1.0 / var.interleave) < bar
+        saved = 1.0 if uneven(model.layers, var.pp, var.interleave) else 1.0 - 1.0 / var.interleave
+        return var.a2ao or est.step_time_s - est.bubble_time_s * saved < bar
 
     for lay, est in sorted(fits, key=lambda r: r[1].step_time_s):
         if lay.pp == 1 or (training.global_batch // (lay.dp * lay.micro_batch)) % lay.pp:  # interleaved 1F1B's rule
