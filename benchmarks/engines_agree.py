@@ -16,7 +16,11 @@ moe_step.interleaved_windows, moe_program._per_chunk); MoE at zero=3 with ep (to
 the backward's all_to_alls beside the FSDP units' asynchronous reduce-scatters on the same links, which the event
 engine shares max-min (dispatch / combine 1.6-2x their forward time) and the analytic model did not count (fixed
 2026-12-05 for rings on one node: moe_contention.beside; 3.0% -> 0.0%). Left: the same with the rings over nodes (their
-NVLink hops, 3-5%), pipelines of 2 micro-batches (up to 9%), DeepSpeed MoE plans on B200 (-3.8%).
+NVLink hops, 3-5%), DeepSpeed MoE plans on B200 (-3.8%). Pipelines of 2 micro-batches (up to 10%, 2026-12-05):
+interleaved splits priced by the closed form (fixed: pipeline_replay.py) and the expert gradients' window counting the
+forward's host waits (fixed: moe_step.py); up to +3.9% left there (gpt-oss-20b on 32 B200s, v = 7, 8), +3..4.8%
+with the expert gradients over nodes (qwen3-30b-a3b on 64 A100s, v = 4..24: the event engine's stage 0 ends its
+backward later, its pipeline sends exposed).
 Usage: python benchmarks/engines_agree.py [--runs CSV] [--only NAME ...] [--bucket run|default]
        python benchmarks/engines_agree.py --sample 20 [--seed 1]
 """

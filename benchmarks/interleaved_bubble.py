@@ -8,8 +8,9 @@ backward 2; no embedding or head) and their ratio R (1 on even splits: the close
 and event engines' step times for the layout and their difference (the event engine runs the schedule op by op).
 Measured (2026-12-05): llama3-70b on 64 H100s, dp=2,pp=4,tp=1d:8,mb=2 (4 micro-batches), event / analytic - 1 at
 v = 3, 6, 7, 8 (uneven): -6.5%, +1.4%, -4.4%, +1.3% with the closed form, +0.1%, +0.0%, +0.4%, +0.1% with the
-replay. Left: gpt-oss-20b on 32 B200s with 2 micro-batches and `overlap`, +8..10% on every v, even splits too (0 to
--1.2% without `overlap`): the expert gradients' overlap under interleaving, not the split.
+replay. gpt-oss-20b on 32 B200s with 2 micro-batches and `overlap` (the default below), fp8: +4.6..+9.8% on every v,
+even splits too, which was the expert gradients' window (moe_step.py: the backward held the forward's host waits);
+with that fixed +0.1% at v = 1, -2.6..+2.8% interleaved.
 Usage: python benchmarks/interleaved_bubble.py --model gpt-oss-20b --cluster dgx-b200 --gpus 32 --global-batch 64
            --layout dp=16,pp=2,ep=8,mb=2,zero=1,overlap --runtime megatron [--dtype fp8] [--v 2 3 4 5 6 7 8]
 """
