@@ -66,6 +66,7 @@ def _program(pp: int, v: int, n_micro: int) -> _Program:
     where: dict[tuple[str, int, int], int] = {}
     at, tail, order, level = [0] * pp, [n] * pp, [], [0] * (n + 1)
     while len(order) < n:
+        walked = len(order)
         for s in range(pp):
             while at[s] < len(orders[s]):
                 kind, c, m = orders[s][at[s]]
@@ -79,6 +80,8 @@ def _program(pp: int, v: int, n_micro: int) -> _Program:
                 level[i] = max(level[prev[i]], level[dep[i]]) + 1
                 order.append(i)
                 tail[s], at[s] = i, at[s] + 1
+        if len(order) == walked:  # every stage waits on another: not a schedule that runs (stages.schedule's do)
+            raise ValueError(f"pipeline schedule pp={pp}, v={v}, {n_micro} micro-batches deadlocks")
     lv = np.asarray(level[:n])
     fronts = tuple(np.flatnonzero(lv == k) for k in range(1, int(lv.max()) + 1))
     return _Program(*(np.asarray(x, dtype=np.int64) for x in (j, back, prev, dep)), order, fronts,
@@ -118,9 +121,7 @@ def chunk_costs(work: Arr, layers: int, pp: int, v: int, lower: bool = False) ->
     split = np.asarray(chunk_layers(layers, pp, v), dtype=np.float64)
     on_stage = split.reshape(v, pp).sum(axis=0)  # blocks per physical stage
     if lower:
-        least = np.minimum(np.minimum(work[0] / on_stage[0], work[2] / on_stage[-1]),
-                           work[1] / on_stage[1] if pp > 2 else np.inf)
-        return split[:, None] * least[None, :]
+        return split[:, None] * least_per_block(work, layers, pp, v)[None, :]
     per_block = work[1] / (on_stage[1] if pp > 2 else on_stage[0])
     costs = split[:, None] * per_block[None, :]
     for s, row, j in ((0, 0, 0), (pp - 1, 2, pp * v - 1)):
@@ -130,6 +131,13 @@ def chunk_costs(work: Arr, layers: int, pp: int, v: int, lower: bool = False) ->
         costs[mine] = np.where(extra >= 0, costs[mine], spread)
         costs[j] += np.maximum(extra, 0.0)
     return costs
+
+
+def least_per_block(work: Arr, layers: int, pp: int, v: int) -> Arr:
+    """Per layout, the least of the first, middle (pp > 2) and last stage's work per block (`work` [3, n])."""
+    on_stage = np.asarray(chunk_layers(layers, pp, v), dtype=np.float64).reshape(v, pp).sum(axis=0)
+    least = np.minimum(work[0] / on_stage[0], work[2] / on_stage[-1])
+    return np.minimum(least, work[1] / on_stage[1]) if pp > 2 else least
 
 
 @lru_cache(maxsize=4096)
@@ -150,8 +158,8 @@ def _spans(work: Arr, layers: int, pp: int, v: int, n: int, backward: float, low
     slowest = work.max(axis=0) / n
     cap = min(n, LONG * pp)
     if lower:  # every chunk at the least work per block: the unit makespan scaled
-        least = chunk_costs(work / n, layers, pp, v, lower=True)[0] / chunk_layers(layers, pp, v)[0]
-        return least * _unit_makespan(layers, pp, v, cap, backward) + (n - cap) * slowest
+        return least_per_block(work / n, layers, pp, v) * _unit_makespan(layers, pp, v, cap, backward) + \
+            (n - cap) * slowest
     costs = chunk_costs(work / n, layers, pp, v)
     long = makespan(costs, backward, pp, v, cap)
     if n <= cap:
@@ -173,4 +181,4 @@ def interleaved_bubble(work: Arr, layers: int, pp: Arr, v: Arr, N: Arr, backward
     return np.maximum(span - work.max(axis=0), 0.0)
 
 
-__all__ = ["chunk_costs", "interleaved_bubble", "makespan", "uneven"]
+__all__ = ["chunk_costs", "interleaved_bubble", "least_per_block", "makespan", "uneven"]
