@@ -18,7 +18,7 @@ engine shares max-min (dispatch / combine 1.6-2x their forward time) and the ana
 2026-12-05 for rings on one node: moe_contention.beside; 3.0% -> 0.0%). Left: the same with the rings over nodes (their
 NVLink hops, 3-5%), DeepSpeed MoE plans on B200 (-3.8%). Pipelines of 2 micro-batches (up to 10%, 2026-12-05):
 interleaved splits priced by the closed form (fixed: pipeline_replay.py) and the expert gradients' window counting the
-forward's host waits (fixed: moe_step.py); up to +3.9% left there (gpt-oss-20b on 32 B200s, v = 7, 8), +3..4.8%
+forward's host waits (fixed: moe_step.py); up to +4.8% left there (gpt-oss-20b on 32 B200s, v = 7, 8), +3..4.8%
 with the expert gradients over nodes (qwen3-30b-a3b on 64 A100s, v = 4..24: the event engine's stage 0 ends its
 backward later, its pipeline sends exposed).
 Usage: python benchmarks/engines_agree.py [--runs CSV] [--only NAME ...] [--bucket run|default]

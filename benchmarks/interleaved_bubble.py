@@ -9,8 +9,8 @@ and event engines' step times for the layout and their difference (the event eng
 Measured (2026-12-05): llama3-70b on 64 H100s, dp=2,pp=4,tp=1d:8,mb=2 (4 micro-batches), event / analytic - 1 at
 v = 3, 6, 7, 8 (uneven): -6.5%, +1.4%, -4.4%, +1.3% with the closed form, +0.1%, +0.0%, +0.4%, +0.1% with the
 replay. gpt-oss-20b on 32 B200s with 2 micro-batches and `overlap` (the default below), fp8: +4.6..+9.8% on every v,
-even splits too, which was the expert gradients' window (moe_step.py: the backward held the forward's host waits);
-with that fixed +0.1% at v = 1, -2.6..+2.8% interleaved.
+even splits too, most of it the expert gradients' window (moe_step.py: the backward held the forward's host
+waits); with that fixed +0.4% at v = 1, -2.0..+4.7% interleaved (the most at v = 7, 8: one-block chunks).
 Usage: python benchmarks/interleaved_bubble.py --model gpt-oss-20b --cluster dgx-b200 --gpus 32 --global-batch 64
            --layout dp=16,pp=2,ep=8,mb=2,zero=1,overlap --runtime megatron [--dtype fp8] [--v 2 3 4 5 6 7 8]
 """

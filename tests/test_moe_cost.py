@@ -441,9 +441,9 @@ def test_engines_agree_when_expert_gradients_outlast_the_last_backward(layers: i
 def test_engines_agree_when_the_forward_waits_on_its_host(dtype: str) -> None:
     """gpt-oss-20b under Megatron-core (dropless: each MoE block's forward waits on its host, host_sync.py) with 2
     micro-batches on 32 B200s, pp=2: the first stage's expert gradients outlast its last backward, which holds none of
-    the forward's host waits and only the backward's all_to_alls (moe_step.py's B). Before, the analytic engine took the
-    backward's share of the whole micro-batch, waits and collectives included: the event engine 4.4% above (bf16); now
-    within 0.5% (measured 0.0%, 0.1%); both engines are deterministic arithmetic, so the bound is not a tolerance."""
+    the forward's host waits (moe_step.py's B). Before, the analytic engine took the backward's share of the whole
+    micro-batch, the waits included: the event engine 4.4% (bf16) and 5.0% (fp8) above; now within 1% (measured 0.3%,
+    0.4%); both engines are deterministic arithmetic, so the bound is not a timing tolerance."""
     from paracube.runtimes import get_runtime
 
     model, layout = PRESETS["gpt-oss-20b"], parse_layout("dp=16,pp=2,ep=8,tp=none,mb=2,zero=1,overlap")
@@ -451,7 +451,7 @@ def test_engines_agree_when_the_forward_waits_on_its_host(dtype: str) -> None:
     topo, options = load_topology("dgx-b200", gpus=32), get_runtime("megatron").engine_options()
     a = estimate(model, training, layout, topo, with_events=False, options=options)
     e = estimate_event(model, training, layout, topo, with_events=False, options=options)
-    assert abs(e.step_time_s / a.step_time_s - 1) < 0.005, (a.step_time_s, e.step_time_s)
+    assert abs(e.step_time_s / a.step_time_s - 1) < 0.01, (a.step_time_s, e.step_time_s)
 
 
 def test_interleaved_expert_gradients_wait_for_their_own_chunk(h100: object) -> None:

@@ -118,12 +118,11 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     # moe_program._per_chunk): `interleaved_windows`.
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
     # window (one queue on the same NICs), which drains max(0, G_d + G_e - B) after it, B the stage's backward of one
-    # micro-batch: b (W / N - H - A) + A_b (+ H under full recomputation), b its compute's backward share (2/3, 3/4
-    # under full recomputation), H the forward's host waits (host_sync.py: a dropless block waits in its forward only,
-    # again in a recomputed one), A the micro-batch's MoE collectives and A_b the backward's own (0 where the expert
-    # group spans nodes: they hold the NICs; until 2026-12-05 B was b W / N, which gave the forward's waits and
-    # collectives to the backward: gpt-oss-20b, 2 micro-batches on 32 B200s, the event engine 4.4% above); the dense
-    # part's step already pays the dense buckets' own tail T_d (grad_overlap.py), so the experts add
+    # micro-batch: b (W / N - H - A), b its backward's share (2/3, 3/4 under full recomputation), H the forward's host
+    # waits (host_sync.py: a dropless block waits in its forward only; 0 under full recomputation, whose recomputed
+    # forward waits again; until 2026-12-05 counted in B: gpt-oss-20b, 2 micro-batches on 32 B200s, the event engine
+    # 4.4% above), A the micro-batch's MoE collectives where the expert group spans nodes (else 0); the dense part's
+    # step already pays the dense buckets' own tail T_d (grad_overlap.py), so the experts add
     # max(0, G_e - (B - G_d) - T_d) (before 2026-12-03 without - T_d: the tail counted twice). Where the expert group
     # spans nodes the gradients also slow that backward's all_to_alls on its NICs (moe_contention.py).
     share = 0.75 if d.recompute == "full" else 2.0 / 3.0  # the backward's part of a micro-batch (analytic.py's)
@@ -138,13 +137,14 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
         busy = layout.ep * layout.etp > dpn
         if not layout.overlap:
             return cs.step_comm
-        # its backward's compute: the forward's host waits and the collectives left out (a recomputed forward waits)
-        compute = max(0.0, share * (ws / n - cs.waits - cs.comm)) + (cs.waits if d.recompute == "full" else 0.0)
+        # its backward: without the forward's host waits (a recomputed forward waits again), without its collectives
+        # where they hold the NICs
+        waits = 0.0 if d.recompute == "full" else cs.waits
+        span = max(0.0, share * (ws / n - waits - (cs.comm if busy else 0.0)))
         if busy and cs.step_comm > 0:  # its gradients over edp share the NICs (moe_contention.py)
             nic, other = a2a_terms(cache, expert_placement(layout), ("ep",), dispatch)
-            return exposed_grads(cs.step_comm, compute, cs.comm_bwd, slowdown(nic, other, links[("edp",)][0]))
+            return exposed_grads(cs.step_comm, span, cs.comm_bwd, slowdown(nic, other, links[("edp",)][0]))
         dense_grad = float(scores.stages[STAGE_NAMES.index(s)].grad[row])
-        span = compute + (0.0 if busy else cs.comm_bwd)  # one micro-batch's backward of the stage
         whole, last = interleaved_windows(span, layout.pp, layout.interleave)
         v = layout.interleave
         return max(0.0, cs.step_comm - (whole - dense_grad + tail_d),
