@@ -167,10 +167,10 @@ def evaluate(d: Dims, mode: str, b: LayoutBatch, links: Links, g: GemmModel, row
     # ranks sharing cores: the idle stages' ranks give their core to the busy ones (shared_cores.py)
     less = middle_excess(d, mode, b, g)[rows] if stages_differ(d) else None  # sliding windows (window_stages.py)
     bubble = bubble_seconds(work, b.pp[rows], b.v[rows], N, bubble_share(b.pp[rows], g.ranks_per_core), less, d.L,
-                            0.75 if d.recompute == "full" else 2.0 / 3.0)
+                            d.backward_share)
     step_comm = pick("step")
     if np.any(overlap):  # exposed gradient reduction: what the stages' last backwards do not hide (grad_overlap.py)
-        share = 0.75 if d.recompute == "full" else 2.0 / 3.0
+        share = d.backward_share
         # Per-configuration zero (the search) prices zero=1's buckets as the all_reduce they replace; only its
         # reduce_scatter half overlaps backward (the all_gather follows the optimizer step).
         half = (np.asarray(zero)[rows] >= 1 if zero is not None and not isinstance(zero, (int, np.integer))

@@ -112,6 +112,12 @@ class Dims:
         return frozen_state(self)
 
     @property
+    def backward_share(self) -> float:
+        """The backward's part of a micro-batch's compute: 2/3 (backward = 2 x forward), 3/4 under full recomputation
+        (the forward runs again before it)."""
+        return 0.75 if self.recompute == "full" else 2.0 / 3.0
+
+    @property
     def head_width(self) -> int:
         """Width of one attention head: head_size, else h / heads."""
         return self.head_size or self.h // self.heads

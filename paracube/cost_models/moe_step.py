@@ -113,7 +113,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     bubble = float(bubble_seconds(stacked, np.array([layout.pp]), layout.interleave, n,
                                   bubble_share(layout.pp, g.ranks_per_core),
                                   None if scores.middle_less is None else scores.middle_less[row:row + 1], d.L,
-                                  0.75 if d.recompute == "full" else 2.0 / 3.0)[0])
+                                  d.backward_share)[0])
     # Interleaved (v > 1), each model chunk's share G_e / v from the start of its own last backward (the event engine's
     # moe_program._per_chunk): `interleaved_windows`.
     # Overlapped: the dense buckets (their whole time G_d) and the expert gradients share the last backward's
@@ -125,7 +125,7 @@ def with_moe(est: StepEstimate, scores: Any, model: ModelSpec, d: Dims, layout: 
     # step already pays the dense buckets' own tail T_d (grad_overlap.py), so the experts add
     # max(0, G_e - (B - G_d) - T_d) (before 2026-12-03 without - T_d: the tail counted twice). Where the expert group
     # spans nodes the gradients also slow that backward's all_to_alls on its NICs (moe_contention.py).
-    share = 0.75 if d.recompute == "full" else 2.0 / 3.0  # the backward's part of a micro-batch (analytic.py's)
+    share = d.backward_share  # the backward's part of a micro-batch
     tail_d = dense_tail(scores, layout, n, share, row) if layout.overlap else 0.0
     dpn = int(getattr(cache.topo, "devices_per_node", 0) or layout.world_size)
 

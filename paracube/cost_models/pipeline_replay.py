@@ -45,14 +45,12 @@ PER_OP = 10  # a wavefront's numpy calls cost about this many ops walked in Pyth
 
 class _Program(NamedTuple):
     """The schedule's ops: virtual stage, is-backward, the op before it on its stage and the op it waits for (index
-    n_ops: none, an end of 0), an order that runs every op after both, and the wavefronts (ops whose two are in
-    earlier ones)."""
+    n_ops: none, an end of 0), the wavefronts (ops whose two are in earlier ones) and the walk's links."""
 
     j: Arr
     back: Arr
     prev: Arr
     dep: Arr
-    order: list[int]
     fronts: tuple[Arr, ...]
     links: list[tuple[int, int, int]]  # (op, before it on its stage, waited for), in `order`: the walk's
 
@@ -84,7 +82,7 @@ def _program(pp: int, v: int, n_micro: int) -> _Program:
             raise ValueError(f"pipeline schedule pp={pp}, v={v}, {n_micro} micro-batches deadlocks")
     lv = np.asarray(level[:n])
     fronts = tuple(np.flatnonzero(lv == k) for k in range(1, int(lv.max()) + 1))
-    return _Program(*(np.asarray(x, dtype=np.int64) for x in (j, back, prev, dep)), order, fronts,
+    return _Program(*(np.asarray(x, dtype=np.int64) for x in (j, back, prev, dep)), fronts,
                     [(i, prev[i], dep[i]) for i in order])
 
 
@@ -93,7 +91,7 @@ def makespan(costs: Arr, backward: float, pp: int, v: int, n_micro: int) -> Arr:
     a few layouts op by op, many wavefront by wavefront, COLUMNS at a time (every op's end is held)."""
     prog = _program(pp, v, n_micro)
     share = np.where(prog.back, backward, 1.0 - backward)
-    if costs.shape[1] * len(prog.order) < PER_OP * len(prog.fronts):
+    if costs.shape[1] * len(prog.j) < PER_OP * len(prog.fronts):
         return np.array([_walk(prog, (costs[prog.j, k] * share).tolist()) for k in range(costs.shape[1])])
     out = np.empty(costs.shape[1])
     for lo in range(0, costs.shape[1], COLUMNS):

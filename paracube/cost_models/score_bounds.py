@@ -36,7 +36,7 @@ def step_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, overlap
     N = d.global_batch / (b.dp * b.mb)[rows]
     share = bubble_share(b.pp[rows], ranks_per_core)
     bound = work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share, scores.middle_less, d.L,
-                                              0.75 if d.recompute == "full" else 2.0 / 3.0, lower=True) + per_step
+                                              d.backward_share, lower=True) + per_step
     return bound + straggler_wait(bound, b.dp[rows], straggler)
 
 
@@ -60,7 +60,7 @@ def compute_lower_bound(scores: Scores, d: Dims, b: LayoutBatch, rows: Arr, rank
     N = d.global_batch / (b.dp * b.mb)[rows]
     share = bubble_share(b.pp[rows], ranks_per_core)
     bound = work.max(axis=0) + bubble_seconds(work, b.pp[rows], b.v[rows], N, share, scores.middle_less, d.L,
-                                              0.75 if d.recompute == "full" else 2.0 / 3.0, lower=True) + optim
+                                              d.backward_share, lower=True) + optim
     return bound + straggler_wait(bound, b.dp[rows], straggler)
 
 
