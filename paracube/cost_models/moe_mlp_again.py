@@ -12,7 +12,9 @@ whose MLP collectives carry T h, whatever the width). Blocks are numbered stage-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 from paracube.cost_models.compute import GemmModel
 from paracube.cost_models.dims import Dims
@@ -39,14 +41,15 @@ def again_blocks(moe: MoESpec | None, layers: int, layout: Layout, stage: int) -
     return [j for j, i in enumerate(blocks) if (shared if moe.is_moe_layer(i) else "mlp" in mods)]
 
 
-def again_events(d: Dims, layout: Layout, mb: int) -> list[CommEvent]:
+@lru_cache(maxsize=512)  # the stages of a layout and the search's variants of it price the same block: once
+def again_events(d: Dims, layout: Layout, mb: int) -> tuple[CommEvent, ...]:
     """One block's MLP collectives of one micro-batch issued again in backward, labelled `layers.0.`."""
     one = layout.with_(pp=1, interleave=1, micro_batch=mb, recompute_modules=("mlp",))
     dm = replace(d, L=1, global_batch=layout.dp * mb, recompute="selective", recompute_modules=("mlp",))
-    return [e for e in stage_events(one, dm, mb) if e.phase == "recompute" and e.label.startswith(BLOCK)]
+    return tuple(e for e in stage_events(one, dm, mb) if e.phase == "recompute" and e.label.startswith(BLOCK))
 
 
-def relabel(events: list[CommEvent], block: int) -> list[CommEvent]:
+def relabel(events: Sequence[CommEvent], block: int) -> list[CommEvent]:
     return [replace(e, label=e.label.replace(BLOCK, f"layers.{block}.", 1)) for e in events]
 
 
@@ -55,7 +58,7 @@ def stage_again(model: ModelSpec, d: Dims, layout: Layout, mb: int, stage: int, 
     """The analytic engine's terms of one micro-batch on stage `stage`: seconds by (kind, axes), as moe_unshared
     prices a collective (fastest algorithm, per-call waits), and the events (moe.stage_cost)."""
     blocks = again_blocks(model.moe, model.layers, layout, stage)
-    one = again_events(d, layout, mb) if blocks else []
+    one = again_events(d, layout, mb) if blocks else ()
     seconds: dict[tuple[str, tuple[str, ...]], float] = {}
     for e in one:
         seconds[e.kind, e.axes] = seconds.get((e.kind, e.axes), 0.0) + len(blocks) * dropped_time([e], links, g)

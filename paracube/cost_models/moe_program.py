@@ -175,7 +175,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
     sc = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage))
     fi, bi = sc.issue_fwd, sc.issue_bwd  # the host's issue beyond the GPU's work (host_issue.py)
     mlp_again = again_blocks(moe, model.layers, layout, stage)  # rcm=: their MLP's collectives again (moe_mlp_again)
-    again_mlp = again_events(d, layout, mb) if mlp_again else []
+    again_mlp = again_events(d, layout, mb) if mlp_again else ()
     local = 0  # the program names a stage's blocks 0.. in chunk order (event_program.build_stage)
     for c, layers in enumerate(chunks):
         for block_index in layers:

@@ -14,8 +14,9 @@ stage's work spread over its chunks by their blocks; b the backward's share (2/3
 analytic.py's). Each op starts when its stage is free and its input has arrived (the forward of virtual stage j - 1,
 the backward of j + 1; the sends are in the stage works already). The bubble is what the makespan exceeds the
 slowest representative stage's N micro-batches. On even chunks without edge work the replay is the closed form
-exactly (tests/test_pipeline_replay.py); even splits keep the closed form (the event engine agrees with it within 1%
-on the published layouts: benchmarks/engines_agree.py).
+exactly (tests/test_pipeline_replay.py); even splits are priced by pipeline_bubble.py's sum over the other devices,
+which is what this replay gives there where the extra work is the head's (within 0.3% on average,
+tests/test_pipeline_replay.py), at no replay's cost.
 Cost: 2 pp v N ops, replayed wavefront by wavefront over every layout of one (pp, v, N) at once. Beyond LONG pp
 micro-batches the makespan is extrapolated linearly from SHORT pp and LONG pp: once the pipeline is full, each period
 of pp micro-batches adds the same time, at least the slowest stage's pp micro-batches (a dependency cycle across

@@ -292,9 +292,9 @@ def interleaved(model: ModelSpec, training: TrainingSpec, rt: Runtime, fits: lis
     runs them and no v is pinned), each at the lowest zero stage from its v = 1 layout's up where it fits, else (a
     variant holds more chunks in flight) at the first rung of the rcm= ladder above its layout's own (every rung for
     a layout without rcm=) that fits (`rungs`: module_ladder.ladder).
-    Pruning: interleaving changes a layout's step in the model only by its bubble ((pp - 1) / (v N) of the slowest
-    device's work where the blocks split evenly over the virtual stages, at least 1 / v of the v = 1 bubble:
-    pipeline_bubble.py; an uneven split's replayed bubble can be less, down to 0: pipeline_replay.py), its pipeline
+    Pruning: interleaving changes a layout's step in the model only by its bubble (the other devices' work over v N
+    where the blocks split evenly over the virtual stages, at least 1 / v of the v = 1 bubble: pipeline_bubble.py;
+    an uneven split's replayed bubble can be less, down to 0: pipeline_replay.py), its pipeline
     sends (v times as many) and the expert and gradient tails (later, not earlier); the slowest device keeps at least
     the blocks it held at v = 1. So a variant's step is at least the v = 1 step less (1 - 1 / v) of its bubble (an
     uneven split's: less all of it): a variant whose bound is no better than the top_k-th best is not priced
