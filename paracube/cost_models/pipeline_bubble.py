@@ -12,14 +12,15 @@ stage, 2.2% under the old form, 0.1% above this one). Interleaved (v > 1), the f
 of every other device (a v-th of its micro-batch): the same sum over v. Where the layers split evenly over the
 pp v virtual stages this is what Megatron's schedule replayed over the chunks' costs gives (pipeline_replay.py,
 the first and last stage's extra work on their edge chunks): 50 random even interleaved layouts on H100s (5 models,
-pp 2-8, v 2-12, pp to 4 pp micro-batches) priced both ways agree within 0.05% but for one (1.1%), where the old
-interleaved form, (pp - 1) copies of the slowest stage's chunk, put the event engine -5.0% to +3.3% from the
-analytic step (mean |diff| 0.94%), this one -0.1% to +5.5% (mean 0.48%; its positive tail is the pipeline sends of
-one-block chunks with few micro-batches: the replay leaves it too). Given the model's blocks (`layers`), an uneven
-split has the schedule itself replayed over its chunks' costs (pipeline_replay.py). The three representative stages
-of stage_scores.STAGES stand for pp stages: first, pp - 2 middle ones, last. The bubble plus the slowest stage's work
-only grows when a stage's work grows (the sum form: total / (v N) + (1 - 1 / (v N)) max; the replay's `lower` form
-for the bounds), so the search's bounds (score_bounds.py) stay bounds on links no worse than any placement's.
+pp 2-8, v 2-12, pp to 4 pp micro-batches) priced both ways agree within 0.05% on 44, within 0.5% on all but one
+(1.1%). The old interleaved form, (pp - 1) copies of the slowest stage's chunk, put the event engine -5.0% to +3.3%
+from the analytic step on them (mean |diff| 0.94%), this one -0.1% to +5.5% (mean 0.48%; its positive tail is the
+pipeline sends of one-block chunks with few micro-batches: the replay leaves it too). Given the model's blocks
+(`layers`), an uneven split has the schedule itself replayed over its chunks' costs (pipeline_replay.py).
+The three representative stages of stage_scores.STAGES stand for pp stages: first, pp - 2 middle ones, last. The
+bubble plus the slowest stage's work only grows when a stage's work grows (the sum form: total / (v N) +
+(1 - 1 / (v N)) max; the replay's `lower` form for the bounds), so the search's bounds (score_bounds.py) stay
+bounds on links no worse than any placement's.
 """
 
 from __future__ import annotations
