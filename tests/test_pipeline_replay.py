@@ -120,8 +120,8 @@ def test_sum_form_is_the_replay_where_the_head_is_the_extra_work() -> None:
             work[1] = work[0]
         work *= n
         replay = work.max() + interleaved_bubble(work, pp * blocks, np.array([pp]), np.array([v]), np.array([n]))[0]
-        new.append(work.max() + bubble_seconds(work, np.array([pp]), np.array([v]), np.array([float(n)]))[0])
-        new[-1] = new[-1] / replay - 1
+        summed = work.max() + bubble_seconds(work, np.array([pp]), np.array([v]), np.array([float(n)]))[0]
+        new.append(summed / replay - 1)
         old.append(work.max() * (1 + (pp - 1) / (v * n)) / replay - 1)
     assert np.mean(np.abs(new)) < 0.005 and np.mean(np.abs(new)) < np.mean(np.abs(old))
     assert max(np.abs(new)) < 0.05 < max(np.abs(old))
