@@ -28,6 +28,9 @@ Fields (where each is priced):
   context_parallel.ring_again);
 - moe_host_sync: its dropless MoE forward waits on the host for the expert counts (host_sync.py);
 - moe_host_ops: the ops it issues per MoE block, counted from its code (MoEHostOps; host_issue.py), or None;
+- moe_capacity: what it does with a capacity factor, "pad" (drop and pad to the capacity: no host wait) or "drop"
+  (no padding) (Runtime.moe_capacity; MoESpec.load, host_sync.py); "pad" by default, as the published token-drop
+  runs (Megatron-core) were priced before the rule was declared;
 - offload_overlap: offloaded activations (Layout off=N) copied on their own stream beside compute, else in line
   (runtimes/offload.py; cost_models/offload.py).
 """
@@ -83,6 +86,7 @@ class EngineOptions:
     cp_core_recompute: bool = False
     moe_host_sync: bool = False
     moe_host_ops: MoEHostOps | None = None
+    moe_capacity: str = "pad"
     offload_overlap: bool = False
 
     def with_(self, **changes: object) -> EngineOptions:

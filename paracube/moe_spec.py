@@ -48,6 +48,11 @@ def _positive(where: str, obj: Any, attrs: tuple[str, ...]) -> None:
               f"{where}: {attr}={value!r} must be a positive integer")
 
 
+# What a runtime does with a capacity factor (Runtime.moe_capacity): pad every expert to it, drop beyond it without
+# padding, or run dropless only (MoESpec.load)
+CAPACITY_RULES = ("pad", "drop", "none")
+
+
 @dataclass(frozen=True)
 class MoESpec:
     experts: int
@@ -121,11 +126,18 @@ class MoESpec:
         """expert_bias: the router's E and `experts` experts' 2 f_e + h (0 without)."""
         return self.experts + experts * (2 * self.expert_ffn + h) if self.expert_bias else 0
 
-    def expert_tokens(self, tokens: int) -> float:
+    def load(self, capacity_rule: str = "drop") -> float:
+        """The busiest expert's tokens over the balanced share, as the cost models price them under a runtime's
+        capacity rule (CAPACITY_RULES; Runtime.moe_capacity): dropless, `imbalance`; with a capacity factor, "pad"
+        gives every expert exactly its capacity (dropped beyond it, padded up to it), "drop" (and "none") the
+        imbalance capped at the capacity."""
+        if not self.capacity_factor:
+            return self.imbalance
+        return self.capacity_factor if capacity_rule == "pad" else min(self.imbalance, self.capacity_factor)
+
+    def expert_tokens(self, tokens: int, capacity_rule: str = "drop") -> float:
         """Tokens the most loaded expert processes out of `tokens` routed ones (imbalance, capacity)."""
-        balanced = tokens * self.top_k / self.experts
-        load = balanced * self.imbalance
-        return min(load, balanced * self.capacity_factor) if self.capacity_factor else load
+        return tokens * self.top_k / self.experts * self.load(capacity_rule)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,11 @@ PLANS: dict[str, Plan] = {
     # MoE (cost_models/moe.py; export/moe_flags.py): Qwen3's experts with ep, DeepSeek-V3's MLA, shared expert,
     # dense first blocks and sigmoid routing with ep x etp folded over dp x tp
     "moe-qwen3-ep": make("qwen3-30b-a3b", "dp=8,pp=2,ep=4,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256),
+    # a capacity factor (token drop): Megatron drops and pads, Megatron-DeepSpeed takes it, torchtitan refuses it
+    "moe-token-drop": replace(make("mixtral-8x7b", "dp=8,ep=8,tp=1d:2,mb=1,sp,zero=1,overlap", batch=256,
+                                   runtime="megatron"),
+                              model=replace(PRESETS["mixtral-8x7b"], moe=replace(PRESETS["mixtral-8x7b"].moe,
+                                                                                 capacity_factor=1.25))),
     "moe-qwen3-fsdp-ep": make("qwen3-30b-a3b", "dp=8,ep=8,tp=1d:2,mb=1,sp,zero=3,overlap", batch=256),
     # tpo with MoE blocks (a pinned tpo the MoE search keeps; no shared expert: no MLP ring, moe_unshared.py)
     "moe-qwen3-tpo": make("qwen3-30b-a3b", "dp=8,pp=2,ep=8,tp=1d:4,mb=1,sp,zero=1,overlap,tpo", batch=256),
@@ -136,6 +141,7 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("fp16-full", "torchtitan"): "not fp16",
     ("moe-deepseek-mla-etp", "torchtitan"): "no tensor parallelism inside experts",
     ("moe-a2a-overlap", "torchtitan"): "(a2ao)",
+    ("moe-token-drop", "torchtitan"): "its MoE blocks run dropless, without a capacity factor (capacity_factor=1.25)",
     ("moe-qwen3-tpo", "deepspeed"): "(tpo)",
     ("moe-a2a-overlap", "deepspeed"): "without interleaving",
     ("moe-deepseek-mla-etp", "deepspeed"): "no tensor parallelism inside experts",
@@ -578,6 +584,7 @@ MEGATRON_FLAGS: dict[str, list[tuple[str, str, Conv]]] = {
     "--moe-grouped-gemm": [("tc", "moe_grouped_gemm", _on)],
     "--moe-layer-freq": [("tc", "moe_layer_freq", lambda v: [int(x) for x in _str(v).strip("[]").split(",")])],
     "--moe-expert-capacity-factor": [("tc", "moe_expert_capacity_factor", _float)],
+    "--moe-pad-expert-input-to-capacity": [("tc", "moe_pad_expert_input_to_capacity", _on)],
     "--multi-latent-attention": [("tc", "multi_latent_attention", _on)],
     "--q-lora-rank": [("tc", "q_lora_rank", _int)],
     "--kv-lora-rank": [("tc", "kv_lora_rank", _int)],
@@ -655,6 +662,9 @@ def test_megatron_core_configs_accept_the_export(name: str) -> None:
             == (("flex", "deepep") if deepep else ("alltoall", None))
         assert (transformer.moe_router_num_groups or 1, transformer.moe_router_group_topk or 1) == (
             m.moe.groups, m.moe.group_topk)
+        # a capacity factor: drop and pad, as the megatron runtime prices it (Runtime.moe_capacity "pad")
+        assert (transformer.moe_expert_capacity_factor, transformer.moe_pad_expert_input_to_capacity) == (
+            (m.moe.capacity_factor, True) if m.moe.capacity_factor is not None else (None, False))
     ddp = DistributedDataParallelConfig(**kwargs["ddp"])
     OptimizerConfig(**kwargs["opt"])
     unknown = set(kwargs["model"]) - set(inspect.signature(GPTModel.__init__).parameters)

@@ -8,18 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 
-from paracube.cli.main import main
 from paracube.layout_parse import parse_layout
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_qwen3_plan_chooses_ep_and_says_why(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

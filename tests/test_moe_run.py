@@ -60,7 +60,10 @@ MIXTRAL = replace(SPEC, name="tiny-mixtral", moe=replace(SPEC.moe, shared_ffn=0)
 OSS_EXPERTS = replace(SPEC, name="tiny-oss-experts", moe=replace(SPEC.moe, expert_bias=True, swiglu_limit=0.1))
 # four blocks: room for interleaved pipelines (pp 2 x v 2), which the MoE search now ranks (planner/experts.py)
 MOE4 = replace(SPEC, name="tiny-moe-4", layers=4)
-SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL, "oss": OSS_EXPERTS, "moe4": MOE4}
+# a capacity factor (token drop): each expert keeps ceil(c N k / E) of a forward's N tokens' copies, so a layout that
+# keeps every micro-batch's N tokens on one rank (dp, ep, pp; not tp with sp or cp) drops what the serial model drops
+CAPPED = replace(SPEC, name="tiny-moe-capped", moe=replace(SPEC.moe, capacity_factor=1.0))
+SPECS = {"tiny-moe": SPEC, "mla": MLA_MOE, "mixtral": MIXTRAL, "oss": OSS_EXPERTS, "moe4": MOE4, "capped": CAPPED}
 ADAMW = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}  # dist_helpers.fp64_optimizer's settings
 MICRO, MB = 4, 2  # micro-batches of the step (split over dp), sequences per micro-batch
 CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
@@ -69,6 +72,8 @@ CASES = [  # (model, layout, skewed routing, recompute): 4 ranks each
     ("tiny-moe", "dp=4,ep=4", True, "none"),  # every token to experts 0..2: ranks 2, 3 receive nothing
     ("tiny-moe", "dp=2,ep=2,tp=1d:2,sp", False, "none"),  # ep folded over tp: each tensor rank routes its shard
     ("tiny-moe", "pp=2,dp=2,ep=2", False, "none"),
+    ("capped", "dp=4,ep=2", True, "none"),  # skewed over 3 experts at capacity factor 1: most copies dropped
+    ("capped", "pp=2,dp=2,ep=2", False, "full"),  # random routing: the busiest experts' excess dropped
     ("moe4", "pp=2,dp=2,ep=2,v=2", False, "none"),  # interleaved 1F1B: each stage's two chunks, one MoE block each
     ("tiny-moe", "dp=2,tp=1d:2,sp", False, "none"),  # ep = 1: every rank holds all experts, reduced over (dp, tp)
     ("tiny-moe", "dp=2,ep=2,tp=1d:2,sp,zero=1", False, "none"),  # dense shards over dp, the experts' over edp

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -48,7 +48,51 @@ def add_workload_options(p: argparse.ArgumentParser,
                    "attention; default) or Megatron's (Korthikanti et al. 2022)")
     g.add_argument("--layout", default=None, help=layout_help)
     add_runtime_option(g)
+    add_routing_options(g)
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_routing_options(g: Any) -> None:
+    """MoE routing the cost models price (moe_spec.MoESpec.expert_tokens): the model's own unless given."""
+    g.add_argument("--moe-imbalance", type=float, default=None, metavar="F",
+                   help="MoE models: the busiest expert's tokens over the balanced share (default: the model's, 1.0 = "
+                   "force-balanced routing, as published benchmarks run; e.g. 1.2 for 20%% more on the busiest)")
+    g.add_argument("--capacity-factor", default=None, metavar="F|dropless",
+                   help="MoE models: each expert keeps at most F x its balanced share of the tokens (token drop, "
+                   "padded to capacity); dropless: every token kept (default: the model's; dropless for every preset)")
+
+
+def with_routing(model: ModelSpec, args: argparse.Namespace) -> ModelSpec:
+    """The model with --moe-imbalance / --capacity-factor applied (absent: as it is); each refused in one line for a
+    model without routed experts or a value outside what MoESpec prices."""
+    imbalance, capacity = getattr(args, "moe_imbalance", None), getattr(args, "capacity_factor", None)
+    if imbalance is None and capacity is None:
+        return model
+    flag = "--moe-imbalance" if imbalance is not None else "--capacity-factor"
+    check(model.moe is not None, f"{flag}: model {model.name!r} has no routed experts; valid: a MoE model "
+          "(`paracube models` lists them, e.g. mixtral-8x7b, qwen3-30b-a3b, tiny-moe)")
+    moe = model.moe
+    assert moe is not None
+    if imbalance is not None:
+        check(1.0 <= imbalance <= moe.experts, f"--moe-imbalance {imbalance:g}: valid: 1.0 (balanced) to "
+              f"{moe.experts} (every routed token on one of {model.name}'s {moe.experts} experts)")
+        moe = replace(moe, imbalance=float(imbalance))
+    if capacity is not None:
+        moe = replace(moe, capacity_factor=_capacity(capacity))
+    return replace(model, moe=moe)
+
+
+def _capacity(text: str) -> float | None:
+    """--capacity-factor: a positive number, or dropless (None)."""
+    if text.strip().lower() == "dropless":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    check(value > 0 and value != float("inf"), f"--capacity-factor {text!r}: valid: a positive number (e.g. 1.0 or "
+          "1.25) or dropless")
+    return value
 
 
 def add_runtime_option(g: Any, all_ok: bool = False) -> None:
@@ -84,7 +128,7 @@ def workload_from_args(args: argparse.Namespace, partial_layout: bool = False) -
     from paracube.layout import Layout
     from paracube.layout_parse import parse_layout
 
-    model = with_seq_len(resolve_model(args.model), args.seq)
+    model = with_routing(with_seq_len(resolve_model(args.model), args.seq), args)
     layout = parse_layout(args.layout, pin=partial_layout) if args.layout else None
     if args.micro_batch is not None:
         layout = (layout or Layout()).with_(micro_batch=args.micro_batch) if layout or partial_layout else None

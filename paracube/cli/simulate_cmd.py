@@ -16,6 +16,7 @@ from paracube.cli.options import (
     human_time,
     positive_int,
     print_json,
+    with_routing,
     workload_from_args,
 )
 from paracube.cli.options import (
@@ -78,8 +79,8 @@ def _print_breakdown(console: Any, est: StepEstimate, events: bool) -> None:
 def simulate_cmd(args: argparse.Namespace) -> int:
     if args.plan:
         plan = load_plan(args.plan)
-        w = Workload(plan.model, plan.training, plan_cluster(plan, args.cluster, args.plan), plan.gpus, plan.layout,
-                     runtime=args.runtime or plan.runtime)
+        w = Workload(with_routing(plan.model, args), plan.training, plan_cluster(plan, args.cluster, args.plan),
+                     plan.gpus, plan.layout, runtime=args.runtime or plan.runtime)
         layout = plan.layout
     else:
         args.cluster = args.cluster or DEFAULT_CLUSTER

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from rich.progress import Progress
 from rich.table import Table
 
-from paracube.cli.options import add_runtime_option, console, human_bytes, positive_int, print_json, runtime_from_args
+from paracube.cli.options import (
+    add_routing_options,
+    add_runtime_option,
+    console,
+    human_bytes,
+    positive_int,
+    print_json,
+    runtime_from_args,
+    with_routing,
+)
 from paracube.cli.outputs import add_force_option, writable
 from paracube.cli.train_terms import DEFAULT_MEMORY_HEADROOM, headroom_fraction, human_count, parse_tokens
 from paracube.errors import ParacubeError, check
@@ -48,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "row saying why on the others")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="time vs cost picture with the Pareto front")
     add_runtime_option(p)
+    add_routing_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=sweep_cmd)
 
@@ -108,7 +118,7 @@ def sweep(model: ModelSpec, training: TrainingSpec, clusters: list[str], gpu_cou
 
 
 def sweep_cmd(args: argparse.Namespace) -> int:
-    model = with_seq_len(resolve_model(args.model), args.seq)
+    model = with_routing(with_seq_len(resolve_model(args.model), args.seq), args)
     writable(args.plot, "--plot", args.force)
     clusters = _parse_list(args.cluster, "cluster")
     try:

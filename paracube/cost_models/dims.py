@@ -70,6 +70,7 @@ class Dims:
     fused_norms: bool = False  # dense norms inside the next linear (Runtime.fused_norms; recompute_modules_cost.py)
     cp_core_recompute: bool = False  # under cp, selective re-runs the core + exchange (Runtime.cp_core_recompute)
     moe_host_sync: bool = False  # dropless MoE forwards wait on the host (Runtime.moe_host_sync; host_sync.py)
+    moe_capacity: str = "pad"  # what a capacity factor does (Runtime.moe_capacity; MoESpec.load, host_sync.py)
     moe_host_ops: MoEHostOps | None = None  # ops issued per MoE block (Runtime.moe_host_ops; host_issue.py)
     # Context parallelism (Layout.cp): > 1 marks the view of one cp rank (`context_local`): `s` is then its
     # s / cp tokens of each sequence, whose queries attend over keys of cp x s positions (compute.py).
@@ -275,8 +276,8 @@ def with_options(d: Dims, o: EngineOptions) -> Dims:
     return replace(d, grad_bytes=o.grad_bytes, gather_16bit=o.gather_16bit, fp8_param_gather=o.fp8_param_gather,
                    fp8_scaling=o.fp8_scaling, fp8_experts=o.fp8_experts, moe_dispatch=o.moe_dispatch,
                    moe_probs=o.moe_probs, selective=o.selective, moe_host_sync=o.moe_host_sync,
-                   moe_host_ops=o.moe_host_ops, offload_overlap=o.offload_overlap, fused_norms=o.fused_norms,
-                   cp_core_recompute=o.cp_core_recompute, fsdp_prefetch=o.fsdp_prefetch)
+                   moe_capacity=o.moe_capacity, moe_host_ops=o.moe_host_ops, offload_overlap=o.offload_overlap,
+                   fused_norms=o.fused_norms, cp_core_recompute=o.cp_core_recompute, fsdp_prefetch=o.fsdp_prefetch)
 
 
 def with_pins(d: Dims, layout: object) -> Dims:

@@ -7,7 +7,9 @@ for the all_to_all's split sizes; the flex dispatcher's HybridEP dispatch runs `
 token count is not given, fused_a2a.hybrid_ep_dispatch, and DeepEP hands its received counts to the host as a list;
 TEGroupedMLP's `tokens_per_expert.tolist()`, experts.py), torchtitan (`input_splits.tolist()`, token_dispatcher.py)
 and paracube's executor (`counts.tolist()`, executor/model/moe.py). A run padded to a capacity (MoESpec.
-capacity_factor: Megatron-core's drop_and_pad) sizes every buffer from the capacity and does not wait. CUDA graphs
+capacity_factor under a runtime that pads, Runtime.moe_capacity "pad": Megatron-core's drop_and_pad) sizes every
+buffer from the capacity and does not wait; one that drops without padding ("drop": paracube's executor) still reads
+its uneven counts and waits. CUDA graphs
 of the dispatch's preprocessing (Megatron-core's cuda_graph_scope moe_preprocess, the later NVIDIA recipes) would
 remove the wait; no runtime here declares them.
 
@@ -34,9 +36,10 @@ HOST_WAIT = ".host_wait"  # the event engine's op name suffix of a block's wait 
 
 
 def waits_per_forward(moe: object, d: Dims) -> int:
-    """Host waits per MoE block forward (module docstring): 1 for a dropless block of a runtime that waits, else 0."""
-    dropless = getattr(moe, "capacity_factor", None) is None
-    return int(d.moe_host_sync and dropless)
+    """Host waits per MoE block forward (module docstring): 1 for a block of a runtime that waits, dropless or not
+    padded to its capacity, else 0."""
+    sized = getattr(moe, "capacity_factor", None) is not None and d.moe_capacity == "pad"
+    return int(d.moe_host_sync and not sized)
 
 
 def sync_seconds(moe: object, d: Dims, g: GemmModel) -> float:

@@ -9,13 +9,15 @@ Decomposition (one formula set for both engines; analytic.py and event.py each c
   without one), in both engines;
 - this module adds, per MoE block and micro-batch on one rank (modes/experts.py declares its collectives):
   router GEMM [T, h] x [h, E]; the routed experts' grouped GEMM, E / ep local experts each a SwiGLU of width
-  f_e / etp on m = R / (E / ep) tokens, R = T k etp x imbalance the most loaded rank's tokens (grouped-GEMM
+  f_e / etp on m = R / (E / ep) tokens, R = T k etp x load the most loaded rank's tokens (MoESpec.load: the
+  routing imbalance; with a capacity factor, the capacity under a runtime that pads to it, Runtime.moe_capacity,
+  else the imbalance capped at it; grouped-GEMM
   efficiency: each expert's GEMM at its own shape on the device's GEMM curve, compute.GemmModel.eff, so few
   tokens per expert or narrow experts run at low efficiency); dispatch and combine all_to_all over ep (and
   the etp all_gather / reduce_scatter; the routing weights' all_to_all beside the dispatch where the runtime's
   dispatcher sends them so, moe_dispatch.sends_probs), each priced on the folded group's ranks (in-node or across
   nodes by the placement, LinkCache; an all_to_all as every rank's flows to its peers, moe_a2a.py), the most loaded
-  rank's share x imbalance; memory-bound passes at the device's memory rate (moe_passes.py: the token permute, the
+  rank's share x load; memory-bound passes at the device's memory rate (moe_passes.py: the token permute, the
   sort by local expert and back, the unpermute, the experts' SwiGLU; Megatron-core's moe_utils.permute /
   sort_chunks_by_idxs / unpermute); with fp8 and a runtime that runs them so (Runtime.fp8_experts, Dims), the
   experts' GEMMs at the FP8 model with their casts (compute.GemmModel.block_linear_gemms) and, where the tokens per
@@ -140,7 +142,7 @@ def block_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
     moe = model.moe
     assert moe is not None
     T = tokens_per_rank(layout, mb, d.s * d.cp)  # d: a cp rank's view (both engines), its s the chunks'
-    R = T * moe.top_k * layout.etp * moe.imbalance  # token copies at the most loaded rank's experts
+    R = T * moe.top_k * layout.etp * moe.load(d.moe_capacity)  # copies at the most loaded rank's experts
     local = moe.experts // layout.ep
     m = max(R / local, 1.0)
     fe = moe.expert_ffn // layout.etp
@@ -268,9 +270,10 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         moe = model.moe
         assert moe is not None
         b = block_cost(model, d, layout, mb, g)
-        tf = [comm_time(e, links, moe.imbalance, g) for e in b.events_fwd]
-        tb = [comm_time(e, links, moe.imbalance, g) for e in b.events_bwd]
-        cf = sum(comm_time(e, links, moe.imbalance, g) for e in b.events_pre) + sum(tf)
+        load = moe.load(d.moe_capacity)  # the busiest receiver's share (MoESpec.load)
+        tf = [comm_time(e, links, load, g) for e in b.events_fwd]
+        tb = [comm_time(e, links, load, g) for e in b.events_bwd]
+        cf = sum(comm_time(e, links, load, g) for e in b.events_pre) + sum(tf)
         cb = sum(tb)
         # the host's issue beyond the block's GPU work: the dense block's (host_issue.py), this module's and its own
         # MLP width's (mlp_delta.py); the backward's without a full recomputation's forward (host_issue.idle_seconds)
@@ -290,7 +293,7 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         if layout.pp == 1 and d.fsdp_prefetch and out.units:  # prefetched: moe_step prices the stalls (Chain)
             half_f = before_experts([e.label for e in b.events_fwd], False)
             half_b = before_experts([e.label for e in b.events_bwd], True)
-            pre_f = b.wait + out.issue_fwd + sum(comm_time(e, links, moe.imbalance, g) for e in b.events_pre) \
+            pre_f = b.wait + out.issue_fwd + sum(comm_time(e, links, load, g) for e in b.events_pre) \
                 + sum(tf[:half_f])
             rerun_f = (b.fwd + cf) if rerun else 0.0
             out.chain = Chain(k, pre_f, af + mf + b.fwd + out.issue_fwd + cf,

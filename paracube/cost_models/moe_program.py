@@ -7,7 +7,7 @@ recomputation under full recomputation, which repeats the forward ones): the bac
 experts' backward compute; before a forward's dispatch its counts (moe_counts.py: the copy counts over ep, the aux
 loss's over tp), and in the tail the experts' norm all_reduce. The attention correction
 (attention_correction.attention_delta) is added to the largest compute op of each block's forward and backward (it may
-be negative: a true attention smaller than the dense part's). The all_to_alls run with payload x imbalance (the most
+be negative: a true attention smaller than the dense part's). The all_to_alls run with payload x MoESpec.load (the most
 loaded receiver sets their time; the declared events keep the balanced bytes). zero=2/3: each block's expert unit's
 gathers and reduce-scatter around its experts' forward and backward, prefetched on their own stream where
 moe_fsdp.Chain prices them so (`_prefetched`: its issue and wait points), else in line; a pipelined stage's
@@ -169,7 +169,7 @@ def with_blocks(prog: StageProgram, model: ModelSpec, d: Dims, layout: Layout, m
     moe = model.moe
     block = block_cost(model, d, layout, mb, g) if moe is not None and moe_layers_of(model, layout, stage) else None
     unit = expert_unit(moe, d, layout) if moe is not None else ExpertUnit()  # zero=2/3 (moe_fsdp.py)
-    imb = moe.imbalance if moe is not None else 1.0
+    imb = moe.load(d.moe_capacity) if moe is not None else 1.0
     chunks = stage_chunks(model.layers, layout.pp, layout.interleave, stage)
     mlp = iter(block_deltas(model, d, layout, mb, g, [i for ch in chunks for i in ch]))  # mlp_delta.py
     sc = stage_cost(model, d, layout, mb, g, stage, links, in_flight(layout, n_micro, stage))

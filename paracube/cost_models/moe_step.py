@@ -309,7 +309,9 @@ def _note(model: ModelSpec, layout: Layout, prefetched: bool = False) -> str:
     if moe is None:
         return "attention priced with its true head widths (cost_models/moe.py)"
     note = (f"experts: {moe.experts} x top-{moe.top_k}, ep={layout.ep}, etp={layout.etp}, edp={layout.expert_data}, "
-            f"imbalance {moe.imbalance:g} (cost_models/moe.py)")
+            f"imbalance {moe.imbalance:g}"
+            + (f", capacity factor {moe.capacity_factor:g}" if moe.capacity_factor else ", dropless")
+            + " (cost_models/moe.py)")
     if layout.zero >= 2 and layout.expert_data > 1:  # moe_fsdp.py
         how = "prefetched a block ahead on a stream of their own" if prefetched else "in line"
         note += (f"; zero={layout.zero}: each block's experts are an FSDP unit of their own over edp, its "

@@ -11,13 +11,17 @@ blocks, MLA or a head width other than hidden / heads; nothing for a dense model
   the plan's runtime dispatches so and the model is dropless (Runtime.moe_dispatch, moe_dispatch.dispatch_of: the
   dispatch the plan was priced with; a plan made for paracube exports alltoall), --moe-router-num-groups /
   --moe-router-group-topk (group-limited routing, MoESpec.groups), --moe-grouped-gemm,
-  --moe-expert-capacity-factor (dropless when unset), --overlap-moe-expert-parallel-comm for the layout's `a2ao`
+  --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity (dropless when unset),
+  --overlap-moe-expert-parallel-comm for the layout's `a2ao`
   (its combined 1F1B schedule; --delay-wgrad-compute is not written: not priced apart); MLA:
   --multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim;
   --kv-channels and --qk-layernorm (Qwen3).
   The same names serve Megatron-DeepSpeed's export where DeepSpeed-MoE has them: --num-experts, --topk,
-  --moe-expert-parallel-size (it has no expert tensor parallelism: the runtime refuses etp > 1).
-- torchtitan: --parallelism.expert_parallel_degree (the model's experts come from its --module config).
+  --moe-expert-parallel-size (it has no expert tensor parallelism: the runtime refuses etp > 1), and its own
+  --moe-train-capacity-factor for a capacity factor, else --disable-moe-token-dropping (Megatron-DeepSpeed's
+  arguments.py; its default drops at a capacity factor of 1.0, which a dropless plan was not priced with).
+- torchtitan: --parallelism.expert_parallel_degree (the model's experts come from its --module config); it runs
+  MoE dropless only, so a plan with a capacity factor is refused (Runtime.moe_capacity "none").
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ def megatron_moe_args(plan: Plan) -> list[str]:
             args.append(f"--moe-layer-freq [{pattern}]")
         if e.probs_on_input:
             args.append("--moe-apply-probs-on-input")
-        if e.capacity_factor is not None:
-            args.append(f"--moe-expert-capacity-factor {e.capacity_factor:g}")
+        if e.capacity_factor is not None:  # drop and pad, as the megatron runtime prices it (Runtime.moe_capacity)
+            args += [f"--moe-expert-capacity-factor {e.capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]
         if lay.a2ao:
             args.append("--overlap-moe-expert-parallel-comm")
     if m.mla is not None:
@@ -70,7 +74,11 @@ def deepspeed_moe_args(plan: Plan) -> list[str]:
     m, lay = plan.model, plan.layout
     if m.moe is None:
         return []
-    return [f"--num-experts {m.moe.experts}", f"--topk {m.moe.top_k}", f"--moe-expert-parallel-size {lay.ep}"]
+    # Megatron-DeepSpeed drops tokens at --moe-train-capacity-factor (default 1.0) unless told not to: the priced
+    # capacity factor, or dropless (its gate then sizes the capacity from the largest expert count)
+    cap = m.moe.capacity_factor
+    drop = [f"--moe-train-capacity-factor {cap:g}"] if cap is not None else ["--disable-moe-token-dropping"]
+    return [f"--num-experts {m.moe.experts}", f"--topk {m.moe.top_k}", f"--moe-expert-parallel-size {lay.ep}", *drop]
 
 
 def torchtitan_moe_flags(plan: Plan) -> list[str]:

@@ -79,6 +79,9 @@ def why_not(plan: Plan) -> str | None:
         return f"it has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if lay.a2ao:
         return "it does not overlap its MoE all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
+    if plan.model.moe is not None and plan.model.moe.capacity_factor is not None:  # Runtime.moe_capacity "none"
+        return (f"its MoE blocks run dropless, without a capacity factor (capacity_factor="
+                f"{plan.model.moe.capacity_factor:g}); valid: a dropless plan (--capacity-factor dropless)")
     if lay.recompute_modules:  # 0.3.0's activation_checkpoint: none / selective (its per-op rule) / full
         return (f"it has no recomputation by module (rcm={modules_text(lay.recompute_modules)}: Megatron-core's "
                 "--recompute-modules); valid: rc=none/selective/full without rcm=")

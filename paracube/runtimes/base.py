@@ -62,6 +62,13 @@ Overlaps (what the cost models price, cost_models/analytic.py and event_program.
 - `moe_host_sync`: its dropless MoE blocks copy the expert counts to the host and wait for them every forward
   (the buffers are sized from them; no CUDA graph captures the dispatch's preprocessing): the GPU idles for the
   device's DeviceSpec.sync_s per MoE block forward; both engines price it (cost_models/host_sync.py).
+- `moe_capacity`: what it does with a capacity factor (MoESpec.capacity_factor, token-drop runs; CAPACITY_RULES):
+  "pad" drops the copies beyond an expert's capacity and pads every expert's input to it (Megatron-core's
+  drop_and_pad, as NVIDIA's token-drop recipes run it: the buffers sized from the capacity, no host wait; DeepSpeed-
+  MoE's [experts, capacity] dispatch), "drop" drops them without padding (paracube's executor: the busiest expert's
+  tokens min(imbalance, capacity factor) x its balanced share, the counts still read on the host), "none" runs MoE
+  dropless only (a model with a capacity factor is refused in one line); both engines price it (MoESpec.load,
+  cost_models/moe.py; host_sync.py).
 - `moe_host_ops`: the ops its host issues per MoE block forward and backward (engine_options.MoEHostOps, counted from
   its own code), or None (not counted): between two of its waits the GPU runs no faster than the host issues them,
   max(GPU work, ops x the host's seconds per op) per segment; both engines price it (cost_models/host_issue.py).
@@ -87,6 +94,7 @@ from paracube.engine_options import EngineOptions, MoEHostOps
 from paracube.layout import Layout
 from paracube.modes import MODES
 from paracube.modes.experts import PROBS_RULES
+from paracube.moe_spec import CAPACITY_RULES
 from paracube.runtimes.describe import runtime_dict
 from paracube.runtimes.offload import Offload, offload_refusal
 from paracube.runtimes.refusals import (
@@ -176,6 +184,7 @@ class Runtime:
     moe_a2a_overlap: bool = False  # it runs Layout `a2ao` (module docstring)
     moe_host_sync: bool = False  # its dropless MoE forward waits on the host for the expert counts (module docstring)
     moe_host_ops: MoEHostOps | None = None  # ops its host issues per MoE block (module docstring)
+    moe_capacity: str = "none"  # what it does with a capacity factor: pad, drop or none (module docstring)
     moe_a2a_overlap_default: bool = False  # and turns it on without a flag
     sliding_window: bool = True  # it trains sliding-window attention (module docstring)
     window_cp_comms: tuple[str, ...] | None = None  # the cp exchanges it runs windowed models with (None: cp_comms)
@@ -191,6 +200,9 @@ class Runtime:
             raise ValueError(f"runtime {self.name}: selective {self.selective!r}; valid: {', '.join(SELECTIVE_RULES)}")
         if self.moe_probs not in PROBS_RULES:
             raise ValueError(f"runtime {self.name}: moe_probs {self.moe_probs!r}; valid: {', '.join(PROBS_RULES)}")
+        if self.moe_capacity not in CAPACITY_RULES:
+            raise ValueError(f"runtime {self.name}: moe_capacity {self.moe_capacity!r}; valid: "
+                             f"{', '.join(CAPACITY_RULES)}")
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
@@ -205,6 +217,7 @@ class Runtime:
                              moe_probs=self.moe_probs, selective=self.selective, fused_norms=self.fused_norms,
                              cp_core_recompute=self.cp_core_recompute,
                              moe_host_sync=self.moe_host_sync, moe_host_ops=self.moe_host_ops,
+                             moe_capacity=self.moe_capacity,
                              offload_overlap=self.offload is not None and self.offload.overlap)
 
     def cp_comms_for(self, windowed: bool) -> tuple[str, ...]:

@@ -50,6 +50,9 @@ RUNTIME = Runtime(
     # count (all-reduced over ep), then int(C) (deepspeed 0.19.8 moe/sharded_moe.py l.467-475, l.665-667; with a
     # capacity factor int(C) syncs too, not priced: host_sync.py counts dropless blocks). No host op counts declared.
     moe_host_sync=True,
+    # its gate dispatches [experts, capacity] buffers (deepspeed 0.19.8 moe/sharded_moe.py top2gating / topkgating:
+    # the dispatch mask's capacity dimension): every expert padded to its capacity
+    moe_capacity="pad",
     expert_tensor_parallel=False,
     source="DeepSpeed config docs; Megatron-DeepSpeed arguments (docs/exports.md)",
     cp_note=" (DeepSpeed-Ulysses is not context parallelism: it all-to-alls heads, not a key / value ring)",

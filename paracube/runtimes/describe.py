@@ -33,7 +33,7 @@ def runtime_dict(rt: Runtime) -> dict[str, object]:
             "fp8_param_gather": rt.fp8_param_gather, "moe_dispatch": rt.moe_dispatch, "moe_probs": rt.moe_probs,
             "selective": rt.selective, "recompute_modules": list(rt.recompute_modules),
             "fused_norms": rt.fused_norms, "cp_core_recompute": rt.cp_core_recompute,
-            "moe_host_sync": rt.moe_host_sync,
+            "moe_host_sync": rt.moe_host_sync, "moe_capacity": rt.moe_capacity,
             "moe_host_ops": None if rt.moe_host_ops is None else list(vars(rt.moe_host_ops).values()),
             "offload": _offload(rt.offload)}
 

@@ -78,6 +78,9 @@ RUNTIME = Runtime(
     # dropless MoE copies the expert counts to the host every forward (token_dispatcher.py cuda_sync_point, HybridEP's
     # blocking dispatch, TEGroupedMLP's tokens_per_expert.tolist()); no CUDA graph of moe_preprocess (host_sync.py)
     moe_host_sync=True,
+    # a capacity factor runs drop_and_pad (its export writes --moe-pad-expert-input-to-capacity with it, as NVIDIA's
+    # token-drop recipes do: NeMo's MegatronTokenDropCallback), the buffers sized from the capacity, no host wait
+    moe_capacity="pad",
     # the aten ops of one Megatron-core 0.16.1 transformer layer with a MoE MLP as it runs them (local spec: RMSNorm, qk
     # norms, rotary, the fused attention core as one op, the router with its aux loss, the alltoall dispatcher's
     # permute, SequentialMLP's experts), forward and backward, counted at 2 / 4 / 8 / 16 local experts:

@@ -101,6 +101,7 @@ RUNTIME = Runtime(
     cp_core_recompute=False,
     moe_probs=EXECUTOR_PROBS,  # the routing weights' own all_to_all beside the dispatch (executor/model/moe.py)
     moe_host_sync=True,  # the split sizes and expert counts read on the host (executor/model/moe.py `.tolist()`)
+    moe_capacity="drop",  # the copies beyond an expert's capacity dropped, none padded (executor/model/moe.py)
     mla=any(s.mla for s in _SUPPORT),  # none and 1D (executor/layers/mla.py): the MLA search's modes
     mla_with_moe=True,  # MLA + MoE blocks in one model (DeepSeek-V2/V3), tests/test_moe_run.py
     source="paracube/modes (ExecutorSupport), executor/grad_sync.py",

@@ -21,10 +21,10 @@ def llama4_features(model: Any) -> list[str]:
 
 
 def model_refusal(rt: Runtime, model: Any) -> str | None:
-    """Which of the model's blocks the runtime does not train, by its declarations (Runtime.moe_blocks, mla,
-    mla_with_moe, llama4_blocks, sliding_window, attention_sinks), else None; `model`: workload.ModelSpec. Model-wide,
-    so the planner refuses the model before it searches (planner/search.py) rather than writing a plan the stack's
-    export then refuses, or reporting every layout refused."""
+    """Which of the model's blocks the runtime does not train, by its declarations (Runtime.moe_blocks, moe_capacity,
+    mla, mla_with_moe, llama4_blocks, sliding_window, attention_sinks), else None; `model`: workload.ModelSpec.
+    Model-wide, so the planner refuses the model before it searches (planner/search.py) rather than writing a plan
+    the stack's export then refuses, or reporting every layout refused."""
     moe, name = getattr(model, "moe", None), getattr(model, "name", "the model")
     if getattr(model, "sliding_window", None) is not None and not rt.sliding_window:
         return f"does not train sliding-window attention ({name}: sliding_window={model.sliding_window})"
@@ -32,6 +32,9 @@ def model_refusal(rt: Runtime, model: Any) -> str | None:
         return f"does not train attention sinks ({name}: attention_sinks=true)"
     if moe is not None and not rt.moe_blocks:
         return f"does not train mixture-of-experts blocks ({name})"
+    if moe is not None and moe.capacity_factor is not None and rt.moe_capacity == "none":
+        return (f"runs its MoE blocks dropless only, without a capacity factor ({name}: capacity_factor="
+                f"{moe.capacity_factor:g}; --capacity-factor dropless drops it)")
     if getattr(model, "mla", None) is not None and not (rt.mla_with_moe if moe is not None else rt.mla):
         return f"does not train multi-head latent attention{' with MoE blocks' if moe is not None else ''} ({name})"
     llama4 = llama4_features(model)

@@ -76,6 +76,7 @@ RUNTIME = Runtime(
     moe_check=fold_refusal,  # ep over dp_shard x cp x tp only (runtimes/torchtitan_limits.py)
     pipeline_split=split_refusal,  # its layers_per_stage split (runtimes/torchtitan_limits.py)
     moe_host_sync=True,  # its dropless dispatch reads the all_to_all's splits on the host (input_splits.tolist())
+    # moe_capacity "none" (the default): torchtitan 0.3.0's MoE has no capacity factor (models/moe: dropless)
     source="torchtitan ParallelismConfig (docs/exports.md)",
     cp_comms=("ag",),
     chunk_note=" (torchtitan 0.3.0 has no llama4 module; no model builds its fixed-block mask)",
