@@ -53,13 +53,14 @@ def add_workload_options(p: argparse.ArgumentParser,
 
 
 def add_routing_options(g: Any) -> None:
-    """MoE routing the cost models price (moe_spec.MoESpec.expert_tokens): the model's own unless given."""
+    """MoE routing the cost models price (moe_spec.MoESpec.load): the model's own unless given."""
     g.add_argument("--moe-imbalance", type=float, default=None, metavar="F",
                    help="MoE models: the busiest expert's tokens over the balanced share (default: the model's, 1.0 = "
                    "force-balanced routing, as published benchmarks run; e.g. 1.2 for 20%% more on the busiest)")
     g.add_argument("--capacity-factor", default=None, metavar="F|dropless",
-                   help="MoE models: each expert keeps at most F x its balanced share of the tokens (token drop, "
-                   "padded to capacity); dropless: every token kept (default: the model's; dropless for every preset)")
+                   help="MoE models: each expert keeps at most F x its balanced share of the tokens (token drop; "
+                   "padded up to it where the runtime pads: megatron, deepspeed); dropless: every token kept "
+                   "(default: the model's; dropless for every preset)")
 
 
 def with_routing(model: ModelSpec, args: argparse.Namespace) -> ModelSpec:
