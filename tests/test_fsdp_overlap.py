@@ -100,7 +100,7 @@ def test_engines_agree_with_prefetch_hsdp_tpo_and_overlap() -> None:
     prefetch and zero=1's gather overlap); the same bytes."""
     options = RUNTIMES["torchtitan"].engine_options()
     assert options == EngineOptions(param_overlap=True, fsdp_prefetch=True, fp8_scaling="dynamic", selective="op",
-                                    moe_host_sync=True)
+                                    moe_host_sync=True, moe_capacity="none")
     for text in AGREE + POSITIONAL + PIPELINED:
         layout = parse_layout(text)
         rc = layout.recompute or "none"
@@ -124,7 +124,7 @@ def test_every_runtime_prefetches_and_the_dimension_reads_it() -> None:
                              fp8_scaling=rt.fp8_scaling, fp8_experts=rt.fp8_experts,
                              moe_dispatch=rt.moe_dispatch, moe_probs=rt.moe_probs, selective=rt.selective,
                              moe_host_sync=rt.moe_host_sync, moe_host_ops=rt.moe_host_ops,
-                             offload_overlap=rt.offload is not None and rt.offload.overlap,
+                             moe_capacity=rt.moe_capacity, offload_overlap=rt.offload is not None and rt.offload.overlap,
                              cp_core_recompute=rt.cp_core_recompute,
                              fused_norms=rt.fused_norms)
         assert opts.fsdp_prefetch  # FSDP2, DeepSpeed stage 3, Megatron-FSDP, executor/data_parallel/fsdp.py
