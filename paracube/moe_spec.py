@@ -126,7 +126,7 @@ class MoESpec:
         """expert_bias: the router's E and `experts` experts' 2 f_e + h (0 without)."""
         return self.experts + experts * (2 * self.expert_ffn + h) if self.expert_bias else 0
 
-    def load(self, capacity_rule: str = "drop") -> float:
+    def load(self, capacity_rule: str) -> float:
         """The busiest expert's tokens over the balanced share, as the cost models price them under a runtime's
         capacity rule (CAPACITY_RULES; Runtime.moe_capacity): dropless, `imbalance`; with a capacity factor, "pad"
         gives every expert exactly its capacity (dropped beyond it, padded up to it), "drop" (and "none") the
@@ -135,7 +135,7 @@ class MoESpec:
             return self.imbalance
         return self.capacity_factor if capacity_rule == "pad" else min(self.imbalance, self.capacity_factor)
 
-    def expert_tokens(self, tokens: int, capacity_rule: str = "drop") -> float:
+    def expert_tokens(self, tokens: int, capacity_rule: str) -> float:
         """Tokens the most loaded expert processes out of `tokens` routed ones (imbalance, capacity)."""
         return tokens * self.top_k / self.experts * self.load(capacity_rule)
 

@@ -124,7 +124,8 @@ def test_every_runtime_prefetches_and_the_dimension_reads_it() -> None:
                              fp8_scaling=rt.fp8_scaling, fp8_experts=rt.fp8_experts,
                              moe_dispatch=rt.moe_dispatch, moe_probs=rt.moe_probs, selective=rt.selective,
                              moe_host_sync=rt.moe_host_sync, moe_host_ops=rt.moe_host_ops,
-                             moe_capacity=rt.moe_capacity, offload_overlap=rt.offload is not None and rt.offload.overlap,
+                             moe_capacity=rt.moe_capacity,
+                             offload_overlap=rt.offload is not None and rt.offload.overlap,
                              cp_core_recompute=rt.cp_core_recompute,
                              fused_norms=rt.fused_norms)
         assert opts.fsdp_prefetch  # FSDP2, DeepSpeed stage 3, Megatron-FSDP, executor/data_parallel/fsdp.py

@@ -53,6 +53,7 @@ from paracube.export.oss_flags import torchtitan_oss_notes, torchtitan_oss_refus
 from paracube.export.window_flags import torchtitan_window_notes, torchtitan_window_refusal
 from paracube.plan import Plan
 from paracube.recompute_modules import modules_text
+from paracube.runtimes import get_runtime
 from paracube.runtimes.torchtitan_limits import fold_refusal, fsdp_shard, split, split_refusal
 
 WRITTEN_FOR = "torchtitan 0.3.0 (`torchtitan.train` --module/--config with --section.option flags)"
@@ -79,9 +80,10 @@ def why_not(plan: Plan) -> str | None:
         return f"it has no tensor parallelism inside experts (etp={lay.etp}); valid: etp=1"
     if lay.a2ao:
         return "it does not overlap its MoE all_to_alls with another micro-batch's compute (a2ao); drop a2ao"
-    if plan.model.moe is not None and plan.model.moe.capacity_factor is not None:  # Runtime.moe_capacity "none"
+    moe = plan.model.moe
+    if moe is not None and moe.capacity_factor is not None and get_runtime("torchtitan").moe_capacity == "none":
         return (f"its MoE blocks run dropless, without a capacity factor (capacity_factor="
-                f"{plan.model.moe.capacity_factor:g}); valid: a dropless plan (--capacity-factor dropless)")
+                f"{moe.capacity_factor:g}); valid: a dropless plan (--capacity-factor dropless)")
     if lay.recompute_modules:  # 0.3.0's activation_checkpoint: none / selective (its per-op rule) / full
         return (f"it has no recomputation by module (rcm={modules_text(lay.recompute_modules)}: Megatron-core's "
                 "--recompute-modules); valid: rc=none/selective/full without rcm=")
