@@ -149,7 +149,8 @@ def main() -> int:
         peak, op_s = core_figures(figs)
         where = f"probed, cache {cache_path()}" if figs is not None else "fixed (probe disabled or failed)"
         print(f"core figures ({where}): fp32 peak {peak / 1e9:.0f} GFLOP/s, {op_s * 1e6:.1f} us per op; "
-              f"{CPU_STEP_WAIT_S * 1e3:.2f} ms wait per collective message and other rank on the core (fixed), "
+              f"{CPU_STEP_WAIT_S * 1e3:.2f} ms wait per collective message and other rank on the core (fixed; one "
+              "message more a call where the mode's calls switch groups), "
               f"{sched_slice_s() * 1e3:.2f} ms (the scheduler's slice) per point-to-point message and other rank; "
               "the pipeline bubble at its share on shared cores (cost_models/shared_cores.py)",
               flush=True)

@@ -140,3 +140,5 @@ def test_calibrated_pair_replaces_the_link_for_its_kind_and_size_only() -> None:
 def test_wait_steps(kind: str, n: int, want: float) -> None:
     assert float(wait_steps(kind, n)) == want
     assert wait_steps(kind, np.array([n, 1])).tolist() == [want, 0.0]  # vectorized over group sizes
+    # a mode whose calls switch groups: one more message (the group meets), none for a group of one rank
+    assert wait_steps(kind, np.array([n, 1]), alternating=True).tolist() == [want + (n > 1), 0.0]

@@ -438,3 +438,31 @@ def test_local_cpu_waits_priced_alike_by_both_engines(text: str) -> None:
         assert ev.step_time_s == pytest.approx(an.step_time_s, rel=1e-9 if layout.pp == 1 else 0.05)
         times[name] = an.step_time_s
     assert times["waits"] > times["no wait"]
+
+
+@pytest.mark.parametrize("text", ["dp=8", "dp=2,tp=1d:4", "dp=2,tp=2d:2x2", "tp=2.5d:2x2x2", "tp=3d:2x2x2"])
+def test_local_cpu_wait_is_the_messages_times_the_wait(text: str) -> None:
+    """The scheduling waits of a step, in both engines, are exactly ring_wait_s x the messages of its collectives
+    (collective.wait_steps), one more per call where the mode's calls switch groups (2D, 2.5D, 3D:
+    collective.ALTERNATING_MEET): the closed form over the step's recorded events."""
+    from dataclasses import replace
+
+    from paracube.cost_models.collective import wait_steps
+    from paracube.topologies.local_cpu import local_cpu_device
+
+    data = load_topology("local-cpu", gpus=8).to_dict()
+    device = local_cpu_device(8, cores=2)
+    training = TrainingSpec(global_batch=16, dtype="fp32")
+    layout = parse_layout(text)
+    steps, events = {}, ()
+    for name, dev in (("waits", device), ("no wait", replace(device, ring_wait_s=0.0))):
+        topo = topology_from_dict({**data, "device": dev.to_dict()})
+        an = estimate(SMALL, training, layout, topo)
+        steps[name] = (an.step_time_s, estimate_event(SMALL, training, layout, topo).step_time_s)
+        events = an.events if name == "waits" else events
+    alternating = layout.tensor_mode.alternating
+    assert alternating == (layout.mode in ("2d", "2.5d", "3d"))
+    messages = sum(float(wait_steps(e.kind, e.group_size, alternating)) for e in events)
+    for engine in (0, 1):
+        assert steps["waits"][engine] - steps["no wait"][engine] == pytest.approx(device.ring_wait_s * messages,
+                                                                                  rel=1e-9)

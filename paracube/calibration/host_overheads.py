@@ -55,7 +55,8 @@ def fit_host_overheads(topo: Topology, probes: list[dict[str, Any]]
     they wait to be scheduled: once per call for the group to meet (its ranks drift apart on shared cores), and
     per message for its receiver (topologies/local_cpu.py). Measured on a 2-core VM, 8 ranks (2026-12-03): the
     per-message wait alone (one figure over the 1D, 2D and 3D probes) priced the probes +5..+20% / -17..-23% /
-    -2..+13% (1D's 15 calls carry 60 messages, 2D's 91 calls 140, 3D's 110 calls 408: a figure per message
+    -2..+13% (1D's 15 calls carry 60 messages, 2D's 91 calls 140, 3D's 110 calls 408, before 2D and 3D's calls each
+    counted the message of their group's meeting, collective.ALTERNATING_MEET: a figure per message
     cannot serve them all); per call they agree within -9..+10%, the fit giving ~0.9 ms per call and ~0 per
     message. Both 0 without parallel probes; with one parallel layout the per-message figure alone."""
     from paracube.calibration.fit import _nonneg_linear

@@ -95,7 +95,7 @@ def _entry_times(e: Entry, links: Links, g: GemmModel, alternating: bool) -> tup
     tm = e.time(*links[e.axes], g.comm, alternating)
     if e.kind == "all_reduce" and not g.comm:  # as _stage prices it
         tm = fastest_time(e.kind, e.n, e.count, e.payload, *links[e.axes])
-    return tm, g.call_wait(e.kind, e.n, e.payload / np.maximum(e.count, 1), e.dtype)
+    return tm, g.call_wait(e.kind, e.n, e.payload / np.maximum(e.count, 1), e.dtype, alternating)
 
 
 def _notes(layout: Layout, d: Dims, note: str | None, stage: str) -> list[str]:

@@ -55,6 +55,15 @@ call, each waiting DeviceSpec.ring_wait_s. They are gloo's CPU algorithms, not t
     all_gather, broadcast, reduce, all_to_all   n - 1
     send                                        1               the receiver's wait
 
+In a mode whose consecutive collectives switch mesh axes (mode.alternating: 2D, 2.5D, 3D) each call waits
+ALTERNATING_MEET = 1 more message: its group meets first, and the last rank to arrive comes from its own previous
+call in another group, to be scheduled among the others on its core. Measured with `benchmarks/gloo_waits.py`
+(8 ranks on a 2-core VM, 4 KB payloads, 2026-12-05): an all_gather over 2 ranks took 0.83 ms calling one group
+back to back and 1.39 ms cycling through the three axes of a 2x2x2 grid; reduce_scatter 1.48 -> 2.38 ms,
+all_reduce 0.83 -> 1.43 ms, all_gather over 4 ranks 2.92 -> 3.36 ms; a second run +0.45-0.61 ms; a 12 ms
+reduce_scatter over 4 ranks showed none beyond its noise (+0.01, -0.36 ms): +0.4-0.9 ms a call, about one message's wait
+((r - 1) x 0.28 ms = 0.84 ms with r = 4 ranks a core, topologies/local_cpu.py). Not fitted on any plan.
+
 A send (a pipeline's hand-off) waits at least DeviceSpec.send_wait_s instead (GemmModel.call_wait): its receiver is
 woken beside ranks that compute, not beside ranks blocked in the same call (topologies/local_cpu.py).
 
@@ -75,7 +84,7 @@ API (numpy arrays or scalars for n, count, payload, bandwidth, latency; results 
     best_algorithm(kind, n, payload, bw, lat) -> "ring" | "tree"                      # one call, scalars
     fastest_time(kind, n, count, payload, bw, lat) -> Arr           # the faster of ring and tree per element
     call_steps(kind, n, payload, bw, lat) -> (steps, bytes per step)  # one call of the faster algorithm
-    wait_steps(kind, n) -> Arr                       # messages of one gloo call that wait to be scheduled
+    wait_steps(kind, n, alternating=False) -> Arr    # messages of one gloo call that wait to be scheduled
 """
 
 from __future__ import annotations
@@ -86,6 +95,7 @@ from paracube.errors import ParacubeError, check
 from paracube.estimate import COLLECTIVE_KINDS, ring_sent_factor
 
 Arr = np.ndarray
+ALTERNATING_MEET = 1.0  # messages a call waits for its group to meet when calls switch groups (module docstring)
 Table = tuple[tuple[str, int, bool, float, float], ...]  # (kind, n, alternating, latency s, bandwidth B/s)
 ALGORITHMS = ("ring", "tree")
 
@@ -172,10 +182,13 @@ def calibrated_link(table: Table, kind: str, n: int | Arr, bw: Arr, lat: Arr, al
     return bw, lat
 
 
-def wait_steps(kind: str, n: int | Arr) -> Arr:
-    """Messages of one gloo call over n ranks that wait for a rank to be scheduled (module docstring)."""
+def wait_steps(kind: str, n: int | Arr, alternating: bool = False) -> Arr:
+    """Messages of one gloo call over n ranks that wait for a rank to be scheduled (module docstring); one more
+    where consecutive calls switch groups (`alternating`: the group meets first)."""
     _check(kind, "ring")
     n = np.asarray(n, dtype=float)
+    if alternating:
+        return np.where(n >= 2, wait_steps(kind, n) + ALTERNATING_MEET, 0.0)
     if kind == "all_reduce":
         steps = 2.0 * _tree_depth(n)
     elif kind == "reduce_scatter":
@@ -196,4 +209,5 @@ def best_algorithm(kind: str, n: int, payload: float, bw: float, lat: float) -> 
 
 
 __all__ = ["ALGORITHMS", "Table", "best_algorithm", "calibrated_link", "call_steps", "collective_time",
-           "fastest_time", "latency_factor", "ring_steps", "sent_factor", "wait_steps"]
+           "fastest_time", "latency_factor", "ring_steps", "sent_factor", "wait_steps",
+           "ALTERNATING_MEET"]

@@ -104,14 +104,15 @@ class GemmModel:
     def waits(self) -> bool:
         return bool(self.call_overhead or self.ring_wait or self.send_wait)
 
-    def call_wait(self, kind: str, n: Arr, call_bytes: Arr, dtype: str) -> Arr:
+    def call_wait(self, kind: str, n: Arr, call_bytes: Arr, dtype: str, alternating: bool = False) -> Arr:
         """Seconds one call on n ranks waits beyond its alpha-beta time: the call overhead plus its messages'
-        scheduling waits (collective.wait_steps); a send (a pipeline's hand-off, whose receiver is woken beside
-        ranks that compute, not beside ranks in the same collective) at least send_wait per message; 0 without
-        them (accelerators). The payload does not matter: a step's calls are latency-bound on a shared core
+        scheduling waits (collective.wait_steps; `alternating`: the mode's calls switch groups, so each waits
+        for its group to meet); a send (a pipeline's hand-off, whose receiver is woken beside ranks that
+        compute, not beside ranks in the same collective) at least send_wait per message; 0 without them
+        (accelerators). The payload does not matter: a step's calls are latency-bound on a shared core
         (measured, collective.py)."""
         del call_bytes, dtype
-        wait = self.call_overhead + self.ring_wait * wait_steps(kind, n)
+        wait = self.call_overhead + self.ring_wait * wait_steps(kind, n, alternating)
         if kind == "send" and self.send_wait:
             return np.maximum(wait, self.send_wait * wait_steps(kind, n))
         return wait

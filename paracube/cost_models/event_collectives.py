@@ -127,7 +127,8 @@ class Collectives:
         """Seconds the call waits beyond its ring steps (GemmModel.call_wait; 0 on accelerators)."""
         if self.waits is None:
             return 0.0
-        return float(self.waits.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype))
+        return float(self.waits.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype,
+                                          self.layout.tensor_mode.alternating))
 
     def call_of(self, e: CommEvent) -> tuple[int, float, float]:
         """(ring steps, bytes per step, wait seconds) of one call, computed once per distinct call."""

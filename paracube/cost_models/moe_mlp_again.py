@@ -60,8 +60,9 @@ def stage_again(model: ModelSpec, d: Dims, layout: Layout, mb: int, stage: int, 
     blocks = again_blocks(model.moe, model.layers, layout, stage)
     one = again_events(d, layout, mb) if blocks else ()
     seconds: dict[tuple[str, tuple[str, ...]], float] = {}
+    alt = layout.tensor_mode.alternating
     for e in one:
-        seconds[e.kind, e.axes] = seconds.get((e.kind, e.axes), 0.0) + len(blocks) * dropped_time([e], links, g)
+        seconds[e.kind, e.axes] = seconds.get((e.kind, e.axes), 0.0) + len(blocks) * dropped_time([e], links, g, alt)
     return seconds, [e for j in blocks for e in relabel(one, j)]
 
 

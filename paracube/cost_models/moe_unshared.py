@@ -18,6 +18,7 @@ runs no MLP there (tests/test_moe_run.py's tpo cases).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -68,14 +69,16 @@ def unshared_blocks(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     return [j for j, i in enumerate(blocks) if moe.is_moe_layer(i)]
 
 
-def dropped_time(events: tuple[CommEvent, ...], links: dict, g: GemmModel) -> float:
-    """Seconds the analytic engine priced for `events` (fastest algorithm, per-call waits)."""
+def dropped_time(events: Sequence[CommEvent], links: dict, g: GemmModel, alternating: bool) -> float:
+    """Seconds the analytic engine priced for `events` (fastest algorithm, per-call waits; `alternating`: the
+    layout's mode switches groups, GemmModel.call_wait)."""
     total = 0.0
     for e in events:
         bw, lat = links[e.axes]
         t = float(np.asarray(fastest_time(e.kind, e.group_size, 1, e.payload_bytes, bw, lat)).ravel()[0])
         if g.waits:
-            t += float(np.asarray(g.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype)).ravel()[0])
+            t += float(np.asarray(g.call_wait(e.kind, e.group_size, e.payload_bytes, e.dtype,
+                                              alternating)).ravel()[0])
         total += t
     return total
 

@@ -113,7 +113,7 @@ def score_stage(d: Dims, mode: str, b: LayoutBatch, traffic: StepTraffic, links:
         # collective.collective_time, with the per-configuration factors computed before indexing by layout
         e_sent = e.sent()
         per_call = e.payload / np.maximum(e.count, 1)
-        calls = (e.count * g.call_wait(e.kind, e.n, per_call, e.dtype))[rows] if g.waits else 0.0
+        calls = (e.count * g.call_wait(e.kind, e.n, per_call, e.dtype, alternating))[rows] if g.waits else 0.0
         # each layout's bandwidth seconds and whether its configuration calls: once per entry (read below)
         sent_t = e_sent[rows] / bw
         live = e.count[rows] > 0

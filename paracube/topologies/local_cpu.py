@@ -5,13 +5,13 @@ seconds per dispatched op, then each rank's share of a core when ranks outnumber
 use (r = ranks_per_core = max(1, ranks / cores)): peaks, memory bandwidth and hub links' bandwidth run at 1/r
 (the ranks take turns on a core), each dispatched op costs r x op seconds of wall time, and every message a
 collective passes (collective.wait_steps: gloo's algorithms, e.g. 2 ceil(log2 n) for an all_reduce, n (n - 1)
-for a reduce_scatter) waits (r - 1) x CPU_STEP_WAIT_S for its receiver to be scheduled among the r - 1 other
-ranks on its core (DeviceSpec.ring_wait_s). The cost model reads these overheads from the device
-(DeviceSpec.op_overhead_s, ring_wait_s; device_model.gemm_model) only when the topology has no calibration. The
-device also carries, calibrated or not, the wait of a point-to-point message (DeviceSpec.send_wait_s: the
-scheduler's, below) and r (DeviceSpec.ranks_per_core): a pipeline's idle stages give their
-ranks' core share to the busy ones, so the bubble costs only what the cores sit idle (cost_models/shared_cores.py;
-with 8 ranks on 2 cores a 2-stage pipeline's bubble is free).
+for a reduce_scatter, one more where the mode's calls switch groups) waits (r - 1) x CPU_STEP_WAIT_S for its
+receiver to be scheduled among the r - 1 other ranks on its core (DeviceSpec.ring_wait_s). The cost model reads
+these overheads from the device (DeviceSpec.op_overhead_s, ring_wait_s; device_model.gemm_model) only when the
+topology has no calibration. The device also carries, calibrated or not, the wait of a point-to-point message
+(DeviceSpec.send_wait_s: the scheduler's, below) and r (DeviceSpec.ranks_per_core): a pipeline's idle stages give
+their ranks' core share to the busy ones, so the bubble costs only what the cores sit idle
+(cost_models/shared_cores.py; with 8 ranks on 2 cores a 2-stage pipeline's bubble is free).
 
 Where a core's figures come from (core_figures): this machine's probe (cpu_probe.py: measured once, a second
 or so plus torch's import in a subprocess, by the first local-cpu load that needs it, then read from the
@@ -33,7 +33,14 @@ else, with `PARACUBE_NO_CPU_PROBE=1` or a failed probe, the fixed figures below:
   +7%). The VM's speed drifts by day (the 3D plan's step 651-834 ms), so one day's runs set the figure up to
   ~20% off another day's (0.35 ms, fitted on the 820 / 13.1 / 34.3 ms day alone, priced the 3D
   plan +37% on the 651 ms night). Its plan families 1D, 2D, 2.5D and pipelines were held out (that benchmark's
-  table, issue #23).
+  table, issue #23). A gloo microbenchmark of the calls themselves agrees (`benchmarks/gloo_waits.py`, 8 ranks,
+  one group called back to back, 2026-12-05): 0.25-0.35 ms per message and other rank (all_gather and
+  reduce_scatter over 2 and 4 ranks: 0.83, 1.48, 2.92, 12.48 ms a call, priced 0.89, 1.73, 2.68, 10.24 ms).
+- meet wait: a mode whose consecutive collectives switch mesh axes (2D, 2.5D, 3D) waits one message more per
+  call (collective.ALTERNATING_MEET: its group meets first), measured by the same microbenchmark (+0.4-0.9 ms a
+  call cycling through a 2x2x2 grid's axes; priced +0.84 ms) and not fitted on any plan. Without it the held-out
+  2D and 2.5D plans priced 22-31% fast on 2026-12-04 (155 / 289 ms against 195-225 / 385-419 ms measured); the
+  fitted 3D plan now prices 917 ms (its runs above: 651-834 ms; 950-1180 ms on 2026-12-05, a slow day).
 - send wait = (r - 1) x the scheduler's time slice (sched_slice_s: Linux's base slice, 1.5 ms on 2 CPUs) per
   point-to-point message (a pipeline's hand-off of activations or gradients; DeviceSpec.send_wait_s, in place
   of the step wait where longer: compute.GemmModel.call_wait): a collective's ranks wait together, each of the
