@@ -208,6 +208,5 @@ def best_algorithm(kind: str, n: int, payload: float, bw: float, lat: float) -> 
     return "tree" if tree < ring else "ring"
 
 
-__all__ = ["ALGORITHMS", "Table", "best_algorithm", "calibrated_link", "call_steps", "collective_time",
-           "fastest_time", "latency_factor", "ring_steps", "sent_factor", "wait_steps",
-           "ALTERNATING_MEET"]
+__all__ = ["ALGORITHMS", "ALTERNATING_MEET", "Table", "best_algorithm", "calibrated_link", "call_steps",
+           "collective_time", "fastest_time", "latency_factor", "ring_steps", "sent_factor", "wait_steps"]

@@ -313,7 +313,8 @@ def stage_cost(model: ModelSpec, d: Dims, layout: Layout, mb: int, g: GemmModel,
         out.a2a_fwd = k * sum(t for e, t in zip(b.events_fwd, tf, strict=True) if routed(e))
         out.a2a_bwd = k * sum(t for e, t in zip(b.events_bwd, tb, strict=True) if routed(e))
         # no shared expert: the dense part's MLP collectives of these blocks are not run (moe_unshared.py)
-        unrun, alt = dropped_events(model, d, layout, mb), layout.tensor_mode.alternating
+        unrun = dropped_events(model, d, layout, mb)
+        alt = layout.tensor_mode.alternating
         for e in unrun:  # booked under their own kind and axes (moe_step)
             key = (e.kind, e.axes)
             out.dropped[key] = out.dropped.get(key, 0.0) - k * dropped_time((e,), links, g, alt)
